@@ -1,0 +1,2 @@
+//! Criterion benchmarks of the sync object.
+fn main() {}

@@ -1,0 +1,2 @@
+//! `weft-bench`: contended throughput sweeps against baselines.
+fn main() {}

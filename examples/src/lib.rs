@@ -1,0 +1,1 @@
+//! weft examples live in this folder as `[[example]]` targets.

@@ -1,0 +1,1 @@
+//! Lock protocols for the communication path (seed 000).

@@ -1,0 +1,2 @@
+//! Completion cells and sync objects for weft.
+#![deny(unsafe_op_in_unsafe_fn)]

@@ -1,0 +1,2 @@
+//! Providers and Communication Resource Instances for weft.
+#![deny(unsafe_op_in_unsafe_fn)]
