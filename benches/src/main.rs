@@ -1,2 +1,23 @@
 //! `weft-bench`: contended throughput sweeps against baselines.
-fn main() {}
+//!
+//! Every subcommand prints a readable table, or with `--csv` one header line and one row per
+//! configuration. Sweep options take comma lists (`-t 1,2,4,8`).
+
+mod report;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Debug, Parser)]
+#[command(name = "weft-bench", about = "weft benchmark sweeps")]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Debug, Subcommand)]
+enum Cmd {}
+
+fn main() {
+    let cli = Cli::parse();
+    match cli.cmd {}
+}
