@@ -1,0 +1,335 @@
+//! `CompletionCell`: the per-operation state word.
+//!
+//! Every weft request owns one cell. The transport side completes it exactly once; the user
+//! side either polls it (a `Waker` is registered) or attaches it to a
+//! [`SyncObject`](crate::SyncObject), in which case the completion is pushed onto that
+//! object's queue instead. Attaching races with completing; the race is resolved with one
+//! atomic read-modify-write on the state word (seed 003 §4.6.1: "the solution is an atomic
+//! compare and swap"): whoever comes second sees the other's bit and finishes the job.
+//!
+//! # State word
+//!
+//! | bit | name        | set by                       | cleared by            |
+//! |-----|-------------|------------------------------|-----------------------|
+//! | 0   | `COMPLETE`  | the completer (`fetch_or`)   | `reset` (exclusive)   |
+//! | 1   | `ATTACHED`  | `attach` (CAS, not complete) | `detach` (CAS), reset |
+//! | 2   | `HAS_WAKER` | `poll` after storing a waker | `reset`               |
+//!
+//! The outcome slot is written by the completer *before* it sets `COMPLETE`; the attachment
+//! slot is written by the attacher *before* it sets `ATTACHED`. Each slot is read only by the
+//! side that observes the other's bit, so each is written once and read once per cycle.
+//!
+//! # Memory ordering
+//!
+//! * `complete` sets `COMPLETE` with `AcqRel`: the release publishes the outcome to whoever
+//!   observes the bit (a poller, an attacher, `outcome()`); the acquire makes the attacher's
+//!   attachment (written before its release-CAS) visible when `ATTACHED` was already set.
+//! * `attach` CASes `ATTACHED` in with `AcqRel`: release publishes the attachment; on failure
+//!   the acquire load sees the completer's outcome.
+//! * `poll` sets `HAS_WAKER` with `AcqRel` after storing the waker under the slot's mutex; the
+//!   completer takes the waker under the same mutex, so the store is visible to it.
+
+use std::fmt;
+use std::mem::{self, MaybeUninit};
+use std::task::{Context, Poll, Waker};
+
+use crate::loom::cell::UnsafeCell;
+use crate::loom::sync::atomic::{AtomicUsize, Ordering};
+use crate::loom::sync::Mutex;
+use crate::status::{Error, Outcome};
+
+const COMPLETE: usize = 0b001;
+const ATTACHED: usize = 0b010;
+const HAS_WAKER: usize = 0b100;
+
+/// Inline storage for a sync object's completion data: a value that fits two words is stored
+/// in place, anything larger is boxed. This keeps `attach` free of allocation for the data
+/// users actually attach (indices, pointers, `Arc`s, small tuples).
+pub(crate) type DataSlot = MaybeUninit<[usize; 2]>;
+
+/// What `complete` calls when the cell is attached. Type-erased so the cell need not be
+/// generic over the sync object's data type.
+#[derive(Clone, Copy)]
+pub(crate) struct Attachment {
+    /// `Arc::into_raw` of the sync object's shared state; owned by the attachment.
+    pub(crate) sink: *const (),
+    /// Delivers (or, with `None`, cancels) the completion and releases `sink`.
+    pub(crate) deliver: unsafe fn(sink: *const (), data: *mut DataSlot, with_data: bool, outcome: Outcome),
+    /// The user's completion data, meaningful when `with_data`.
+    pub(crate) data: DataSlot,
+    /// `false` for counted attachments (`MPIX_SYNC_NO_COMPLETION_DATA`).
+    pub(crate) with_data: bool,
+}
+
+/// Outcome of [`CompletionCell::try_attach`].
+pub(crate) enum AttachRace {
+    /// The attachment is in place; the completer will deliver it.
+    Attached,
+    /// The cell had completed first; the attachment is handed back with the outcome so the
+    /// attacher delivers it itself.
+    AlreadyComplete(Attachment, Outcome),
+    /// The cell is already attached (to this or another object).
+    AlreadyAttached(Attachment),
+}
+
+/// The per-operation completion state shared by a request and the runtime.
+///
+/// A cell is completed at most once per cycle with [`complete`](Self::complete) and can be
+/// recycled with [`reset`](Self::reset) once its owner has exclusive access again.
+pub struct CompletionCell {
+    /// The state word; see the module docs for the bit table.
+    state: AtomicUsize,
+    /// Written once by the completer before `COMPLETE` is set.
+    outcome: UnsafeCell<Option<Outcome>>,
+    /// Written by the attacher before `ATTACHED` is set; read by the completer or detacher.
+    attachment: UnsafeCell<MaybeUninit<Attachment>>,
+    /// The task (or parked thread) polling this cell directly.
+    waker: Mutex<Option<Waker>>,
+}
+
+// SAFETY: the `UnsafeCell` slots are each written by one party before a release RMW of the
+// state word and read only by the party that observes that bit with acquire ordering (see
+// the module docs), so no slot is accessed concurrently from two threads. The raw pointer in
+// `Attachment` is an `Arc` of a `Send + Sync` sync object whose data type is `Send`.
+unsafe impl Send for CompletionCell {}
+// SAFETY: as for `Send`; every `&self` method synchronizes through the state word or mutex.
+unsafe impl Sync for CompletionCell {}
+
+impl Default for CompletionCell {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl fmt::Debug for CompletionCell {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let s = self.state.load(Ordering::Relaxed);
+        f.debug_struct("CompletionCell")
+            .field("complete", &(s & COMPLETE != 0))
+            .field("attached", &(s & ATTACHED != 0))
+            .finish()
+    }
+}
+
+impl CompletionCell {
+    /// A pending cell.
+    pub fn new() -> Self {
+        CompletionCell {
+            state: AtomicUsize::new(0),
+            outcome: UnsafeCell::new(None),
+            attachment: UnsafeCell::new(MaybeUninit::uninit()),
+            waker: Mutex::new(None),
+        }
+    }
+
+    /// Whether the operation has completed.
+    #[inline]
+    pub fn is_complete(&self) -> bool {
+        // Acquire: a caller that sees `true` may go on to read the outcome.
+        self.state.load(Ordering::Acquire) & COMPLETE != 0
+    }
+
+    /// Whether the cell is attached to a sync object and not yet complete.
+    #[inline]
+    pub fn is_attached(&self) -> bool {
+        self.state.load(Ordering::Relaxed) & (ATTACHED | COMPLETE) == ATTACHED
+    }
+
+    /// The outcome, once complete.
+    #[inline]
+    pub fn outcome(&self) -> Option<Outcome> {
+        if !self.is_complete() {
+            return None;
+        }
+        // SAFETY: `COMPLETE` was observed with acquire ordering, so the completer's write of
+        // the outcome happened before this read and no one writes it again until `reset`,
+        // which needs `&mut self`.
+        self.outcome.with(|p| unsafe { *p })
+    }
+
+    /// Completes the operation: stores `outcome`, then delivers it to the attached sync
+    /// object, or wakes the registered waker.
+    ///
+    /// Returns `false` (and changes nothing) if the cell was already complete: a completion
+    /// is delivered exactly once.
+    pub fn complete(&self, outcome: Outcome) -> bool {
+        // Fast reject of a second completion; the runtime never does this, but a cell must not
+        // be corrupted by it either.
+        if self.state.load(Ordering::Relaxed) & COMPLETE != 0 {
+            return false;
+        }
+        // SAFETY: only the completer writes `outcome`, and only before setting `COMPLETE`;
+        // readers wait for `COMPLETE` (acquire). A racing second completer is excluded by the
+        // runtime's single-completer rule; the check above catches sequential misuse.
+        self.outcome.with_mut(|p| unsafe { *p = Some(outcome) });
+        // AcqRel: release publishes the outcome; acquire sees an attacher's attachment.
+        let prev = self.state.fetch_or(COMPLETE, Ordering::AcqRel);
+        debug_assert_eq!(prev & COMPLETE, 0, "completion cell completed twice");
+        if prev & ATTACHED != 0 {
+            // SAFETY: `ATTACHED` was set by a release-CAS after the attachment was written,
+            // and we observed it with acquire; the attacher no longer touches the slot and a
+            // detacher's CAS must now fail because `COMPLETE` is set.
+            let mut att = self.attachment.with(|p| unsafe { (*p).assume_init() });
+            // SAFETY: the attachment was built by `SyncObject::attach` for its own `deliver`,
+            // and this is the one call that consumes it.
+            unsafe { (att.deliver)(att.sink, &mut att.data, att.with_data, outcome) };
+        }
+        if prev & HAS_WAKER != 0 {
+            let waker = crate::loom::lock(&self.waker).take();
+            if let Some(w) = waker {
+                w.wake();
+            }
+        }
+        true
+    }
+
+    /// Polls for completion, registering `cx`'s waker if still pending.
+    pub fn poll_complete(&self, cx: &mut Context<'_>) -> Poll<Outcome> {
+        if let Some(o) = self.outcome() {
+            return Poll::Ready(o);
+        }
+        {
+            let mut slot = crate::loom::lock(&self.waker);
+            match &*slot {
+                Some(w) if w.will_wake(cx.waker()) => {}
+                _ => *slot = Some(cx.waker().clone()),
+            }
+        }
+        // AcqRel: after this RMW either the completer sees `HAS_WAKER` (and takes the waker
+        // stored above under the mutex) or we see `COMPLETE` here.
+        let prev = self.state.fetch_or(HAS_WAKER, Ordering::AcqRel);
+        if prev & COMPLETE != 0 {
+            // SAFETY: `COMPLETE` observed with acquire (AcqRel RMW); see `outcome`.
+            let o = self.outcome.with(|p| unsafe { *p });
+            if let Some(o) = o {
+                return Poll::Ready(o);
+            }
+        }
+        Poll::Pending
+    }
+
+    /// Attaches `att`, racing with `complete` (seed 003 §4.6.1).
+    ///
+    /// The caller must have exclusive attach rights on this cell (it holds `&mut` of the
+    /// request that owns it), so no two attachers race each other.
+    pub(crate) fn try_attach(&self, att: Attachment) -> AttachRace {
+        let mut cur = self.state.load(Ordering::Acquire);
+        if cur & COMPLETE != 0 {
+            // SAFETY: `COMPLETE` observed with acquire.
+            let o = self.outcome.with(|p| unsafe { *p }).unwrap_or(Err(Error::Cancelled));
+            return AttachRace::AlreadyComplete(att, o);
+        }
+        if cur & ATTACHED != 0 {
+            return AttachRace::AlreadyAttached(att);
+        }
+        // SAFETY: `ATTACHED` is clear, so neither a completer nor a detacher reads the slot,
+        // and the caller's exclusive attach rights mean no one else writes it.
+        self.attachment.with_mut(|p| unsafe { (*p).write(att) });
+        loop {
+            // AcqRel: release publishes the attachment; acquire (on failure) sees the outcome.
+            match self.state.compare_exchange_weak(cur, cur | ATTACHED, Ordering::AcqRel, Ordering::Acquire) {
+                Ok(_) => return AttachRace::Attached,
+                Err(actual) => {
+                    if actual & COMPLETE != 0 {
+                        // The completer won: take the attachment back and deliver it here.
+                        // SAFETY: `ATTACHED` never got set, so the slot is still ours.
+                        let att = self.attachment.with(|p| unsafe { (*p).assume_init() });
+                        // SAFETY: `COMPLETE` observed with acquire.
+                        let o = self.outcome.with(|p| unsafe { *p }).unwrap_or(Err(Error::Cancelled));
+                        return AttachRace::AlreadyComplete(att, o);
+                    }
+                    cur = actual; // a waker bit changed; retry
+                }
+            }
+        }
+    }
+
+    /// Reads the current attachment's sink pointer, if attached and not complete.
+    pub(crate) fn attached_sink(&self) -> Option<*const ()> {
+        // Acquire: pairs with the attacher's release-CAS (the slot is initialized).
+        if self.state.load(Ordering::Acquire) & (ATTACHED | COMPLETE) != ATTACHED {
+            return None;
+        }
+        // SAFETY: `ATTACHED` observed with acquire; the slot is read-only until detach or
+        // complete, and the caller holds the request exclusively (no detach races it).
+        Some(self.attachment.with(|p| unsafe { (*p).assume_init_ref().sink }))
+    }
+
+    /// Detaches: clears `ATTACHED` if the cell has not completed, handing the attachment
+    /// back. Returns `None` if the completion won (it was or is being delivered).
+    pub(crate) fn try_detach(&self) -> Option<Attachment> {
+        let mut cur = self.state.load(Ordering::Acquire);
+        loop {
+            if cur & (ATTACHED | COMPLETE) != ATTACHED {
+                return None;
+            }
+            // AcqRel: acquire pairs with the attacher's release (slot initialized); release
+            // tells a later completer the slot is no longer to be read.
+            match self.state.compare_exchange_weak(cur, cur & !ATTACHED, Ordering::AcqRel, Ordering::Acquire) {
+                // SAFETY: we cleared `ATTACHED` while `COMPLETE` was clear, so the completer
+                // will not read the slot; it was initialized by the attacher.
+                Ok(_) => return Some(self.attachment.with(|p| unsafe { (*p).assume_init() })),
+                Err(actual) => cur = actual,
+            }
+        }
+    }
+
+    /// Makes the cell pending again for reuse (request pools).
+    ///
+    /// Needs `&mut self`: nobody else may hold the cell. An attachment still in place (the
+    /// operation never completed) is cancelled first.
+    pub fn reset(&mut self) {
+        self.cancel_attachment();
+        self.state = AtomicUsize::new(0);
+        self.outcome = UnsafeCell::new(None);
+        *crate::loom::lock(&self.waker) = None;
+    }
+
+    fn cancel_attachment(&mut self) {
+        if let Some(mut att) = self.try_detach() {
+            // SAFETY: the attachment was handed back to us by `try_detach`; delivering a
+            // cancellation consumes it exactly once and releases the sync object.
+            unsafe { (att.deliver)(att.sink, &mut att.data, att.with_data, Err(Error::Cancelled)) };
+        }
+    }
+}
+
+impl Drop for CompletionCell {
+    fn drop(&mut self) {
+        // A cell dropped while attached (the runtime shut down with the operation pending)
+        // still settles its sync object: the completion arrives as `Cancelled`.
+        self.cancel_attachment();
+    }
+}
+
+/// Stores `value` in a data slot, inline when it fits, boxed otherwise.
+pub(crate) fn put_data<T>(value: T) -> DataSlot {
+    let mut slot = DataSlot::uninit();
+    if fits_inline::<T>() {
+        // SAFETY: `T` fits the slot's size and alignment (checked by `fits_inline`).
+        unsafe { slot.as_mut_ptr().cast::<T>().write(value) };
+    } else {
+        let raw = Box::into_raw(Box::new(value));
+        // SAFETY: a pointer fits the slot.
+        unsafe { slot.as_mut_ptr().cast::<*mut T>().write(raw) };
+    }
+    slot
+}
+
+/// Takes the value stored by [`put_data`].
+///
+/// # Safety
+/// `slot` must hold a value stored by `put_data::<T>` that was not taken yet.
+pub(crate) unsafe fn take_data<T>(slot: *mut DataSlot) -> T {
+    if fits_inline::<T>() {
+        // SAFETY: per the contract, the slot holds an inline `T`.
+        unsafe { slot.cast::<T>().read() }
+    } else {
+        // SAFETY: per the contract, the slot holds a `Box<T>` pointer that we now own.
+        unsafe { *Box::from_raw(slot.cast::<*mut T>().read()) }
+    }
+}
+
+const fn fits_inline<T>() -> bool {
+    mem::size_of::<T>() <= mem::size_of::<DataSlot>() && mem::align_of::<T>() <= mem::align_of::<DataSlot>()
+}
