@@ -1,5 +1,69 @@
 //! weft: a runtime for programs in which many threads or async tasks communicate at once.
+//!
+//! weft moves MPI-style tagged messages between *ranks* without the lock contention that
+//! makes multithreaded MPI slow. Its designs come from the research in `shared/seeds`: sync
+//! objects with completion queues (`MPIX_Sync`), a serialized progress owner, Communication
+//! Resource Instances (CRIs) with try-lock and dedicated assignment, and per-communicator
+//! matching.
+//!
+//! # The path of one message
+//!
+//! 1. A thread calls [`Communicator::isend`]; weft builds a [`Request`] (a `Future`) whose
+//!    shared part owns a `CompletionCell` (crate `weft-sync`) — `request.rs`.
+//! 2. The runtime picks a CRI for the thread (dedicated or round-robin, `cri.rs`), takes its
+//!    lock and hands the frame to the transport — `protocol.rs` (`send_frame`).
+//! 3. The transport moves the bytes (embedded provider: a lock-free inbox of the peer's CRI)
+//!    — crate `weft-transport`.
+//! 4. Progress — the owner, the global-lock holder, or any thread winning a CRI's try-lock,
+//!    per the [`ProgressMode`] — drains inboxes — `progress.rs`.
+//! 5. Matching checks the sequence number, pairs the frame with a posted receive or queues
+//!    it as unexpected, copies the payload and completes the cell — `matching.rs`,
+//!    `protocol.rs` (`finish_match`).
+//! 6. Completing the cell wakes the polling task, or pushes the completion onto the attached
+//!    [`SyncObject`]'s queue and wakes its waiters — `weft-sync`.
+//!
+//! # Example
+//!
+//! ```
+//! use weft::{Runtime, Source, Tag};
+//!
+//! // Two ranks in this process (embedded provider), one thread each.
+//! let ranks = Runtime::builder().build_local(2).unwrap();
+//! std::thread::scope(|s| {
+//!     let (r0, r1) = (&ranks[0], &ranks[1]);
+//!     s.spawn(move || {
+//!         let comm = r0.world();
+//!         comm.send(vec![1u64, 2, 3], 1, 42).unwrap();
+//!     });
+//!     s.spawn(move || {
+//!         let comm = r1.world();
+//!         let (v, st) = comm.recv(Vec::<u64>::with_capacity(8), Source::Any, Tag::Is(42)).unwrap();
+//!         assert_eq!((v, st.source), (vec![1, 2, 3], 0));
+//!     });
+//! });
+//! ```
 #![deny(unsafe_op_in_unsafe_fn)]
 
-pub(crate) mod loom;
+mod buffer;
+mod comm;
+mod config;
+mod counters;
+mod cri;
 pub mod lock;
+pub(crate) mod loom;
+mod matching;
+mod progress;
+mod protocol;
+mod request;
+mod runtime;
+mod wait;
+
+pub use buffer::{Primitive, RecvBuf, SendBuf};
+pub use comm::Communicator;
+pub use config::{Assignment, Config, MatchingMode, ProgressMode};
+pub use counters::Snapshot;
+pub use matching::{Source, Tag};
+pub use request::Request;
+pub use runtime::{Builder, Runtime};
+pub use wait::{wait_all, wait_any, wait_some};
+pub use weft_sync::{Attach, AttachError, Completion, Detached, Error, Outcome, Status, SyncObject};

@@ -1,2 +1,30 @@
-//! Providers and Communication Resource Instances for weft.
+//! Providers and Communication Resource Instances (CRIs) for weft.
+//!
+//! A *provider* opens a fabric for one rank; a *CRI* (seed 003 §5.3.1) is one endpoint, one
+//! inbox / completion queue and their protection: a rank opens `k` of them so that threads
+//! can send and progress on different CRIs at once. The runtime (crate `weft`) holds a CRI's
+//! lock while it posts or polls on it; the providers themselves keep no lock on that path.
+//!
+//! * [`embedded`] — the default, pure Rust provider: all ranks in one OS process, each CRI a
+//!   bounded lock-free inbox, RMA by direct copy from registered memory.
+//! * `ofi` (cargo feature `ofi`) — libfabric through the system library.
 #![deny(unsafe_op_in_unsafe_fn)]
+
+mod doorbell;
+pub mod embedded;
+mod frame;
+pub(crate) mod loom;
+
+pub use doorbell::Doorbell;
+pub use frame::{Frame, FrameKind, Header, Payload, INLINE};
+pub use weft_sync::Error;
+
+/// Why a send was not accepted.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SendError {
+    /// The destination's inbox is full (flow control): progress, then retry. Nothing was
+    /// sent and nothing is lost.
+    WouldBlock,
+    /// The destination rank is gone.
+    PeerLost,
+}

@@ -1,0 +1,350 @@
+//! Communicators: point-to-point operations (path steps 1-2) and `dup`.
+//!
+//! A communicator is a context id plus per-rank matching state. Each communicator uses two
+//! contexts: an even one for user messages and the odd one after it for the runtime's own
+//! collective traffic (context agreement), so the two never match each other.
+
+use std::fmt;
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::Arc;
+
+use crossbeam_utils::CachePadded;
+use parking_lot::Mutex;
+use weft_sync::{Error, Status};
+use weft_transport::{FrameKind, Header};
+
+use crate::buffer::{Primitive, RecvBuf, SendBuf};
+use crate::matching::{MatchState, Source, Tag};
+use crate::request::{new_inner, Request};
+use crate::runtime::Shared;
+
+/// One communicator's state on one rank, reachable from its context id.
+pub(crate) struct CommState {
+    /// Context id of this state (user or collective).
+    pub(crate) context: u32,
+    /// Ranks in the communicator.
+    pub(crate) size: u32,
+    /// Whether messages may overtake each other (seed 003 §5.4.4).
+    pub(crate) overtaking: bool,
+    /// Set by `free`; operations then fail with `CommFreed`.
+    freed: AtomicBool,
+    /// Next sequence number to each destination.
+    send_seq: Box<[CachePadded<AtomicU32>]>,
+    /// Matching queues (`MatchingMode::PerComm`).
+    pub(crate) matching: Mutex<MatchState>,
+}
+
+impl CommState {
+    fn new(context: u32, size: u32, overtaking: bool) -> Self {
+        CommState {
+            context,
+            size,
+            overtaking,
+            freed: AtomicBool::new(false),
+            send_seq: (0..size).map(|_| CachePadded::new(AtomicU32::new(0))).collect(),
+            matching: Mutex::new(MatchState::new(size, overtaking)),
+        }
+    }
+
+    #[inline]
+    pub(crate) fn is_freed(&self) -> bool {
+        self.freed.load(Ordering::Acquire)
+    }
+}
+
+/// A communicator: a group of ranks (here: all of them) and a private matching space.
+///
+/// Share it between threads by reference (it is `Sync`); requests borrow it rather than
+/// counting a reference per message (seed 004).
+#[derive(Clone)]
+pub struct Communicator {
+    shared: Arc<Shared>,
+    p2p: Arc<CommState>,
+    coll: Arc<CommState>,
+}
+
+impl fmt::Debug for Communicator {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Communicator")
+            .field("context", &self.p2p.context)
+            .field("rank", &self.rank())
+            .field("size", &self.size())
+            .field("overtaking", &self.p2p.overtaking)
+            .finish()
+    }
+}
+
+impl Communicator {
+    pub(crate) fn create(shared: &Arc<Shared>, context: u32, size: u32, overtaking: bool) -> Result<Self, Error> {
+        let p2p = Arc::new(CommState::new(context, size, overtaking));
+        let coll = Arc::new(CommState::new(context + 1, size, false));
+        shared.install(p2p.clone())?;
+        shared.install(coll.clone())?;
+        Ok(Communicator { shared: shared.clone(), p2p, coll })
+    }
+
+    pub(crate) fn shared(&self) -> &Arc<Shared> {
+        &self.shared
+    }
+
+    /// This rank's rank in the communicator.
+    pub fn rank(&self) -> u32 {
+        self.shared.transport.rank()
+    }
+
+    /// Number of ranks.
+    pub fn size(&self) -> u32 {
+        self.p2p.size
+    }
+
+    /// The context id (for diagnostics).
+    pub fn context_id(&self) -> u32 {
+        self.p2p.context
+    }
+
+    /// Whether messages on this communicator may overtake each other.
+    pub fn allows_overtaking(&self) -> bool {
+        self.p2p.overtaking
+    }
+
+    fn check(&self, rank: u32, tag: i32) -> Result<(), Error> {
+        if self.p2p.is_freed() {
+            return Err(Error::CommFreed);
+        }
+        if rank >= self.size() {
+            return Err(Error::RankOutOfRange { rank, size: self.size() });
+        }
+        let max = self.shared.config.max_tag;
+        if !(0..=max).contains(&tag) {
+            return Err(Error::InvalidTag { tag, max });
+        }
+        Ok(())
+    }
+
+    /// Starts sending `buf` to `dest` with `tag` (`MPI_Isend`). The request resolves to the
+    /// buffer (given back untouched) and the status.
+    ///
+    /// Messages up to the eager threshold are copied out at once; larger ones go by
+    /// rendezvous and the buffer is read in place by the receiver. When the destination's
+    /// inbox is full this call makes progress until there is room (flow control).
+    pub fn isend<B: SendBuf>(&self, buf: B, dest: u32, tag: i32) -> Result<Request<'_, B>, Error> {
+        self.check(dest, tag)?;
+        self.isend_on(&self.p2p, buf, dest, tag)
+    }
+
+    fn isend_on<B: SendBuf>(&self, st: &CommState, buf: B, dest: u32, tag: i32) -> Result<Request<'_, B>, Error> {
+        let s = &*self.shared;
+        let bytes = buf.as_bytes();
+        let len = bytes.len();
+        let seq = if st.overtaking { 0 } else { st.send_seq[dest as usize].fetch_add(1, Ordering::Relaxed) };
+        let k = s.cri_for_thread();
+        let mut header = Header {
+            kind: FrameKind::Eager,
+            src_cri: k as u16,
+            context: st.context,
+            source: self.rank(),
+            tag,
+            seq,
+            len: len as u64,
+            cookie: 0,
+            key: 0,
+        };
+        if len <= s.config.eager_threshold {
+            s.send_frame(k, dest, header, bytes)?;
+            let inner = new_inner(|i| {
+                i.context = st.context;
+                i.cell.complete(Ok(Status { source: dest, tag, bytes: len }));
+            });
+            return Ok(Request::send(self, inner, buf));
+        }
+        // Rendezvous.
+        // SAFETY: the bytes belong to `buf`, which the request keeps (or orphans into the
+        // inner) until the `Fin` completes it; `Fin` handling deregisters before completing.
+        let key = unsafe { s.transport.register(bytes.as_ptr(), len) };
+        let inner = new_inner(|i| {
+            i.context = st.context;
+            i.key.store(key, Ordering::Relaxed);
+        });
+        header.kind = FrameKind::Rts;
+        header.key = key;
+        header.cookie = Arc::into_raw(inner.clone()) as usize as u64;
+        if let Err(e) = s.send_frame(k, dest, header, &[]) {
+            // SAFETY: the cookie was never delivered; take the reference back.
+            drop(unsafe { Arc::from_raw(header.cookie as usize as *const crate::request::ReqInner) });
+            s.transport.deregister(key);
+            return Err(e);
+        }
+        Ok(Request::send(self, inner, buf))
+    }
+
+    /// Starts receiving into `buf`'s capacity from `source` with `tag` (`MPI_Irecv`). The
+    /// request resolves to the buffer, its length set to what arrived, and the status.
+    pub fn irecv<B: RecvBuf>(&self, buf: B, source: impl Into<Source>, tag: impl Into<Tag>) -> Result<Request<'_, B>, Error> {
+        let (source, tag) = (source.into(), tag.into());
+        if let Source::Rank(r) = source {
+            self.check(r, 0)?;
+        } else if self.p2p.is_freed() {
+            return Err(Error::CommFreed);
+        }
+        if let Tag::Is(t) = tag {
+            let max = self.shared.config.max_tag;
+            if !(0..=max).contains(&t) {
+                return Err(Error::InvalidTag { tag: t, max });
+            }
+        }
+        self.irecv_on(&self.p2p, buf, source, tag)
+    }
+
+    fn irecv_on<B: RecvBuf>(&self, st: &CommState, mut buf: B, source: Source, tag: Tag) -> Result<Request<'_, B>, Error> {
+        let s = &*self.shared;
+        let (ptr, cap) = buf.spare();
+        let elem = buf.elem_size();
+        let inner = new_inner(|i| {
+            i.ptr = ptr;
+            i.cap = cap;
+            i.elem = elem;
+            i.context = st.context;
+        });
+        let early = s.with_matching(st, |m| m.post(source, tag, &inner));
+        if let Some(frame) = early {
+            s.finish_match(s.cri_for_thread(), inner.clone(), frame);
+        }
+        Ok(Request::recv(self, inner, buf))
+    }
+
+    /// Sends and waits (`MPI_Send`).
+    pub fn send<B: SendBuf>(&self, buf: B, dest: u32, tag: i32) -> Result<(B, Status), Error> {
+        self.isend(buf, dest, tag)?.wait()
+    }
+
+    /// Receives and waits (`MPI_Recv`).
+    pub fn recv<B: RecvBuf>(&self, buf: B, source: impl Into<Source>, tag: impl Into<Tag>) -> Result<(B, Status), Error> {
+        self.irecv(buf, source, tag)?.wait()
+    }
+
+    /// Sends a slice of primitives and waits (copies it once into an owned buffer for the
+    /// duration of the operation).
+    pub fn send_slice<T: Primitive>(&self, data: &[T], dest: u32, tag: i32) -> Result<Status, Error> {
+        self.send(data.to_vec(), dest, tag).map(|(_, st)| st)
+    }
+
+    /// Receives into a slice of primitives and waits; the status gives the bytes received.
+    pub fn recv_into<T: Primitive>(&self, data: &mut [T], source: impl Into<Source>, tag: impl Into<Tag>) -> Result<Status, Error> {
+        let (buf, st) = self.recv(Vec::<T>::with_capacity(data.len()), source, tag)?;
+        data[..buf.len()].copy_from_slice(&buf);
+        Ok(st)
+    }
+
+    /// Checks for a matching message that has arrived without receiving it (`MPI_Iprobe`):
+    /// `(source, tag, bytes)`. Makes one step of progress first.
+    pub fn iprobe(&self, source: impl Into<Source>, tag: impl Into<Tag>) -> Result<Option<Status>, Error> {
+        if self.p2p.is_freed() {
+            return Err(Error::CommFreed);
+        }
+        self.shared.progress_once();
+        let (source, tag) = (source.into(), tag.into());
+        Ok(self
+            .shared
+            .with_matching(&self.p2p, |m| m.probe(source, tag))
+            .map(|(source, tag, bytes)| Status { source, tag, bytes }))
+    }
+
+    /// Duplicates the communicator (`MPI_Comm_dup`; collective: every rank must call it, in
+    /// the same order per communicator). The new one has its own context and matching
+    /// queues; `overtaking` allows its messages to overtake each other.
+    pub fn dup(&self) -> Result<Communicator, Error> {
+        self.dup_with(self.p2p.overtaking)
+    }
+
+    /// [`dup`](Self::dup), choosing whether the new communicator allows overtaking.
+    pub fn dup_with(&self, overtaking: bool) -> Result<Communicator, Error> {
+        if self.p2p.is_freed() {
+            return Err(Error::CommFreed);
+        }
+        let context = self.agree_context()?;
+        Communicator::create(&self.shared, context, self.size(), overtaking)
+    }
+
+    /// A context id free on every rank: propose the lowest locally free pair, take the
+    /// maximum over ranks, claim it locally, and agree that every rank could; else retry
+    /// above it. (Seed 002's multithreaded mask algorithm replaces this in a later issue.)
+    fn agree_context(&self) -> Result<u32, Error> {
+        let s = &*self.shared;
+        let mut hint = s.next_context.load(Ordering::Relaxed);
+        for _round in 0..64 {
+            let proposal = {
+                let claimed = s.claimed.lock();
+                let mut c = hint & !1;
+                while claimed.contains(&c) || claimed.contains(&(c + 1)) {
+                    c += 2;
+                }
+                c
+            };
+            let candidate = self.allreduce_u32(proposal, u32::max)?;
+            if candidate as usize + 1 >= crate::runtime::MAX_CONTEXTS {
+                return Err(Error::InvalidArgument("out of context ids"));
+            }
+            let ok = {
+                let mut claimed = s.claimed.lock();
+                if claimed.contains(&candidate) || claimed.contains(&(candidate + 1)) {
+                    false
+                } else {
+                    claimed.insert(candidate);
+                    claimed.insert(candidate + 1);
+                    true
+                }
+            };
+            let all_ok = self.allreduce_u32(ok as u32, u32::min)? == 1;
+            if all_ok {
+                s.next_context.fetch_max(candidate + 2, Ordering::Relaxed);
+                return Ok(candidate);
+            }
+            if ok {
+                let mut claimed = s.claimed.lock();
+                claimed.remove(&candidate);
+                claimed.remove(&(candidate + 1));
+            }
+            hint = candidate + 2;
+        }
+        Err(Error::InvalidArgument("context id agreement did not converge"))
+    }
+
+    /// Reduces one `u32` over all ranks on the collective context (gather to 0, then
+    /// broadcast).
+    fn allreduce_u32(&self, value: u32, op: fn(u32, u32) -> u32) -> Result<u32, Error> {
+        const TAG: i32 = 1;
+        let coll = &self.coll;
+        let (me, n) = (self.rank(), self.size());
+        let recv_one = |from: u32| -> Result<u32, Error> {
+            let (b, _) = self.irecv_on(coll, Vec::<u32>::with_capacity(1), Source::Rank(from), Tag::Is(TAG))?.wait()?;
+            b.first().copied().ok_or(Error::InvalidArgument("empty collective message"))
+        };
+        if me == 0 {
+            let mut acc = value;
+            for r in 1..n {
+                acc = op(acc, recv_one(r)?);
+            }
+            for r in 1..n {
+                self.isend_on(coll, vec![acc], r, TAG)?.wait()?;
+            }
+            Ok(acc)
+        } else {
+            self.isend_on(coll, vec![value], 0, TAG)?.wait()?;
+            recv_one(0)
+        }
+    }
+
+    /// Frees the communicator (`MPI_Comm_free`): pending receives fail with `CommFreed`,
+    /// queued messages are dropped, and every handle's later operations fail with
+    /// `CommFreed`. Not collective here; frames still in flight to it are discarded.
+    pub fn free(self) {
+        for st in [&self.p2p, &self.coll] {
+            st.freed.store(true, Ordering::Release);
+            let s = &*self.shared;
+            let posted = s.with_matching(st, |m| m.drain(|f| s.release_frame(f)));
+            for r in posted {
+                r.cell.complete(Err(Error::CommFreed));
+            }
+        }
+    }
+}

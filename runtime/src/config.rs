@@ -1,0 +1,147 @@
+//! Modes and sizes of a runtime, chosen by the builder and overridden by `WEFT_*` variables
+//! (as MCA parameters override Open MPI's defaults), so benchmarks sweep without recompiling.
+
+use std::fmt;
+use std::str::FromStr;
+
+use crate::Error;
+
+/// How waiting threads drive progress (seed 003 ch. 4-5).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ProgressMode {
+    /// Seed 003 Algorithm 1: every waiter loops over its requests and enters progress under
+    /// one lock. The baseline that MPI libraries ship.
+    Global,
+    /// Seed 003 Algorithm 2: one waiter owns progress, the others park on their sync objects
+    /// until their own requests complete; ownership passes to the next waiter.
+    Owner,
+    /// Seed 003 Algorithms 3-4: waiters progress CRIs under try-lock, their dedicated CRI
+    /// first and then the others.
+    Concurrent,
+}
+
+/// How a thread is given a CRI (seed 003 §5.3.3, Algorithm 3).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Assignment {
+    /// A different CRI for every call, first come first served.
+    RoundRobin,
+    /// A CRI per thread, fixed at its first call (thread-local).
+    Dedicated,
+}
+
+/// Where matching happens (seed 003 §5.3.5).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum MatchingMode {
+    /// A queue pair and lock per communicator: communicators match concurrently.
+    PerComm,
+    /// One lock over every communicator's queues, as in MPICH; for comparison.
+    Global,
+}
+
+macro_rules! named_enum {
+    ($t:ty, $what:literal, $( $name:literal => $v:expr ),+ $(,)?) => {
+        impl FromStr for $t {
+            type Err = Error;
+            fn from_str(s: &str) -> Result<Self, Error> {
+                match s.trim().to_ascii_lowercase().as_str() {
+                    $( $name => Ok($v), )+
+                    _ => Err(Error::InvalidArgument(concat!("unknown ", $what, " (expected one of: ", $( $name, " ", )+ ")"))),
+                }
+            }
+        }
+        impl fmt::Display for $t {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                $( if *self == $v { return f.write_str($name); } )+
+                Ok(())
+            }
+        }
+    };
+}
+
+named_enum!(ProgressMode, "progress mode", "global" => ProgressMode::Global, "owner" => ProgressMode::Owner, "concurrent" => ProgressMode::Concurrent);
+named_enum!(Assignment, "CRI assignment", "round-robin" => Assignment::RoundRobin, "dedicated" => Assignment::Dedicated);
+named_enum!(MatchingMode, "matching mode", "per-comm" => MatchingMode::PerComm, "global" => MatchingMode::Global);
+
+/// The resolved configuration of a runtime.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Config {
+    /// Progress mode (`WEFT_PROGRESS`).
+    pub progress: ProgressMode,
+    /// CRI assignment (`WEFT_ASSIGNMENT`).
+    pub assignment: Assignment,
+    /// Matching mode (`WEFT_MATCHING`).
+    pub matching: MatchingMode,
+    /// CRIs per rank (`WEFT_CRIS`).
+    pub cris: usize,
+    /// Largest message sent eagerly; larger ones use rendezvous (`WEFT_EAGER_THRESHOLD`).
+    pub eager_threshold: usize,
+    /// Frames a CRI inbox holds before senders are pushed back (`WEFT_INBOX`).
+    pub inbox_capacity: usize,
+    /// Largest tag accepted (`MPI_TAG_UB`).
+    pub max_tag: i32,
+    /// Measure time spent in matching (two clock reads per match; `WEFT_MATCH_TIMING=1`).
+    pub match_timing: bool,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            progress: ProgressMode::Owner,
+            assignment: Assignment::Dedicated,
+            matching: MatchingMode::PerComm,
+            cris: std::thread::available_parallelism().map_or(1, |n| n.get()),
+            eager_threshold: 16 * 1024,
+            inbox_capacity: 1024,
+            max_tag: i32::MAX,
+            match_timing: false,
+        }
+    }
+}
+
+impl Config {
+    /// Applies `WEFT_*` environment overrides; a malformed value is an error, not ignored.
+    pub fn apply_env(&mut self) -> Result<(), Error> {
+        fn var(name: &str) -> Option<String> {
+            std::env::var(name).ok().filter(|v| !v.trim().is_empty())
+        }
+        fn num(name: &'static str, v: &str) -> Result<usize, Error> {
+            v.trim().parse::<usize>().map_err(|_| Error::InvalidArgument(name))
+        }
+        if let Some(v) = var("WEFT_PROGRESS") {
+            self.progress = v.parse()?;
+        }
+        if let Some(v) = var("WEFT_ASSIGNMENT") {
+            self.assignment = v.parse()?;
+        }
+        if let Some(v) = var("WEFT_MATCHING") {
+            self.matching = v.parse()?;
+        }
+        if let Some(v) = var("WEFT_CRIS") {
+            self.cris = num("WEFT_CRIS must be a positive integer", &v)?;
+        }
+        if let Some(v) = var("WEFT_EAGER_THRESHOLD") {
+            self.eager_threshold = num("WEFT_EAGER_THRESHOLD must be a byte count", &v)?;
+        }
+        if let Some(v) = var("WEFT_INBOX") {
+            self.inbox_capacity = num("WEFT_INBOX must be a positive integer", &v)?;
+        }
+        if let Some(v) = var("WEFT_MATCH_TIMING") {
+            self.match_timing = matches!(v.trim(), "1" | "true" | "yes" | "on");
+        }
+        self.validate()
+    }
+
+    /// Checks the sizes.
+    pub fn validate(&self) -> Result<(), Error> {
+        if self.cris == 0 || self.cris > 1024 {
+            return Err(Error::InvalidArgument("CRI count must be in 1..=1024"));
+        }
+        if self.inbox_capacity == 0 {
+            return Err(Error::InvalidArgument("inbox capacity must be at least 1"));
+        }
+        if self.max_tag < 0 {
+            return Err(Error::InvalidArgument("max tag must be non-negative"));
+        }
+        Ok(())
+    }
+}

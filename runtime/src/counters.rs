@@ -1,0 +1,81 @@
+//! Software counters (seed 003 §5.4: out-of-sequence messages, match time; seed 000 §3.2:
+//! productive vs unproductive progress). Per-message counts live beside the lock that
+//! already serializes their writers (a CRI's, a communicator's matching lock), so counting
+//! adds no shared-counter traffic; only rare events use shared atomics.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use crate::runtime::Shared;
+
+/// Counts kept under one CRI's lock.
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct CriCounters {
+    pub(crate) acquisitions: u64,
+    pub(crate) sent: u64,
+    pub(crate) received: u64,
+    pub(crate) productive: u64,
+    pub(crate) unproductive: u64,
+}
+
+/// Rare-path counters shared by the rank.
+#[derive(Debug, Default)]
+pub(crate) struct Counters {
+    pub(crate) parks: AtomicU64,
+    pub(crate) flow_control_waits: AtomicU64,
+}
+
+/// A point-in-time copy of a runtime's counters (`Runtime::counters`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Snapshot {
+    /// Frames sent (eager messages and rendezvous announcements).
+    pub messages_sent: u64,
+    /// Frames received and handled by progress.
+    pub messages_received: u64,
+    /// Arrivals that found no posted receive.
+    pub unexpected: u64,
+    /// Arrivals ahead of their sequence number.
+    pub out_of_sequence: u64,
+    /// Nanoseconds in matching (only with `match_timing`).
+    pub match_nanos: u64,
+    /// CRI lock acquisitions.
+    pub cri_acquisitions: u64,
+    /// CRI lock acquisitions (or try-locks) that found the lock taken.
+    pub cri_contended: u64,
+    /// Progress-lock acquisitions that found it taken (`Global` mode).
+    pub progress_contended: u64,
+    /// Progress passes over a CRI that handled at least one frame.
+    pub productive_progress: u64,
+    /// Progress passes over a CRI that found nothing.
+    pub unproductive_progress: u64,
+    /// Times a waiter parked its thread.
+    pub parks: u64,
+    /// Sends that waited for a full inbox (flow control).
+    pub flow_control_waits: u64,
+}
+
+/// Reads every counter of `s` (briefly taking each CRI and matching lock).
+pub(crate) fn snapshot(s: &Shared) -> Snapshot {
+    let mut out = Snapshot::default();
+    for cri in s.cris.iter() {
+        let c = *cri.lock.lock();
+        out.messages_sent += c.sent;
+        out.messages_received += c.received;
+        out.cri_acquisitions += c.acquisitions;
+        out.productive_progress += c.productive;
+        out.unproductive_progress += c.unproductive;
+        out.cri_contended += cri.contended.load(Ordering::Relaxed);
+    }
+    for ctx in 0..crate::runtime::MAX_CONTEXTS as u32 {
+        if let Some(comm) = s.context(ctx) {
+            let m = s.with_matching(comm, |m| m.counters);
+            out.unexpected += m.unexpected;
+            out.out_of_sequence += m.out_of_sequence;
+            out.match_nanos += m.match_nanos;
+        }
+    }
+    out.progress_contended = s.progress_contended.load(Ordering::Relaxed);
+    out.parks = s.counters.parks.load(Ordering::Relaxed);
+    out.flow_control_waits = s.counters.flow_control_waits.load(Ordering::Relaxed);
+    out
+}

@@ -1,0 +1,35 @@
+//! Dedicated CRI assignment (seed 003 Algorithm 3, GET-INSTANCE-ID-DEDICATED): a thread
+//! keeps the CRI it was first given, per runtime, in thread-local storage.
+
+use std::cell::RefCell;
+
+thread_local! {
+    /// `(runtime id, CRI index)` pairs of this thread; a handful at most.
+    static DEDICATED: RefCell<Vec<(u64, usize)>> = const { RefCell::new(Vec::new()) };
+}
+
+/// This thread's dedicated CRI in runtime `id`, assigned by `assign` on first use.
+#[inline]
+pub(crate) fn dedicated(id: u64, assign: impl FnOnce() -> usize) -> usize {
+    DEDICATED
+        .try_with(|d| {
+            if let Some(&(_, k)) = d.borrow().iter().find(|(r, _)| *r == id) {
+                return k;
+            }
+            let k = assign();
+            d.borrow_mut().push((id, k));
+            k
+        })
+        .unwrap_or(0)
+}
+
+/// A token naming the calling thread (non-zero), used for progress ownership.
+#[inline]
+pub(crate) fn thread_token() -> u64 {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static NEXT: AtomicU64 = AtomicU64::new(1);
+    thread_local! {
+        static TOKEN: u64 = NEXT.fetch_add(1, Ordering::Relaxed);
+    }
+    TOKEN.try_with(|t| *t).unwrap_or(u64::MAX)
+}

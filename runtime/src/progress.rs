@@ -1,0 +1,318 @@
+//! The three progress modes (path step 4) and blocking waits.
+//!
+//! * `Global` — seed 003 Algorithm 1: a waiter loops over its requests and, while any is
+//!   pending, enters progress under the one progress lock. Never parks (it yields the core
+//!   when a pass was unproductive, as Open MPI's `yield_when_idle`). The baseline.
+//! * `Owner` — seed 003 Algorithm 2: a waiter attaches its pending requests to its
+//!   thread's sync object and waits on it. One waiter at a time owns progress and keeps it
+//!   for its whole wait; when the owner is idle it parks on the rank's doorbell (woken by
+//!   the next frame); the others park on their sync objects and are woken only when their
+//!   own requests complete — or when the owner leaves and hands ownership on.
+//! * `Concurrent` — seed 003 Algorithms 3-4: a waiter progresses its dedicated CRI under
+//!   try-lock, then the others, so every CRI is eventually progressed even if its thread is
+//!   gone; matching runs concurrently per communicator.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::task::{Context, Poll, Wake, Waker};
+
+use event_listener::EventListener;
+use weft_sync::{Progress, Step, SyncObject};
+
+use crate::config::ProgressMode;
+use crate::request::Request;
+use crate::runtime::Shared;
+
+impl Shared {
+    /// One non-blocking step of progress in the configured mode. Returns whether anything
+    /// was handled.
+    pub(crate) fn progress_once(&self) -> bool {
+        match self.config.progress {
+            ProgressMode::Global => self.progress_global() > 0,
+            ProgressMode::Owner => {
+                let me = crate::cri::thread_token();
+                let cur = self.owner.load(Ordering::Relaxed);
+                if cur == me {
+                    return self.progress_all() > 0;
+                }
+                if cur != 0 || !self.try_own(me) {
+                    return false;
+                }
+                let n = self.progress_all();
+                self.release_ownership();
+                n > 0
+            }
+            ProgressMode::Concurrent => self.progress_concurrent() > 0,
+        }
+    }
+
+    /// Algorithm 1's critical section: everything under the progress lock.
+    fn progress_global(&self) -> usize {
+        let _g = match self.progress_lock.try_lock() {
+            Some(g) => g,
+            None => {
+                self.progress_contended.fetch_add(1, Ordering::Relaxed);
+                self.progress_lock.lock()
+            }
+        };
+        self.progress_all()
+    }
+
+    /// Progresses every CRI that has frames (the owner's and the global lock holder's pass).
+    pub(crate) fn progress_all(&self) -> usize {
+        let mut n = self.flush_deferred();
+        for k in 0..self.cris.len() {
+            if self.transport.has_frames(k) {
+                let mut g = self.lock_cri(k);
+                n += self.progress_cri(k, &mut g);
+            }
+        }
+        n
+    }
+
+    /// Seed 003 Algorithm 4: the dedicated CRI first (try-lock), then the others, returning
+    /// at the first CRI that yields completions.
+    ///
+    /// Algorithm 4 walks the others with the shared round-robin counter; this walks them
+    /// from the dedicated index onwards instead, which gives every CRI the same eventual
+    /// progress without writing a shared counter on every call (STYLE habit 5).
+    pub(crate) fn progress_concurrent(&self) -> usize {
+        let n = self.cris.len();
+        let mine = self.cri_for_thread();
+        let mut count = self.flush_deferred();
+        if self.transport.has_frames(mine) {
+            if let Some(mut g) = self.cris[mine].lock.try_lock() {
+                g.acquisitions += 1;
+                count += self.progress_cri(mine, &mut g);
+            } else {
+                self.cris[mine].contended.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        if count > 0 {
+            return count;
+        }
+        for i in 1..n {
+            let k = (mine + i) % n;
+            if !self.transport.has_frames(k) {
+                continue;
+            }
+            if let Some(mut g) = self.cris[k].lock.try_lock() {
+                g.acquisitions += 1;
+                count += self.progress_cri(k, &mut g);
+            } else {
+                self.cris[k].contended.fetch_add(1, Ordering::Relaxed);
+            }
+            if count > 0 {
+                return count;
+            }
+        }
+        count
+    }
+
+    /// Tries to become the progress owner.
+    #[inline]
+    pub(crate) fn try_own(&self, me: u64) -> bool {
+        // Acquire: the new owner sees everything the previous owner did under ownership.
+        self.owner.compare_exchange(0, me, Ordering::Acquire, Ordering::Relaxed).is_ok()
+    }
+
+    /// Gives up ownership and hands it on: one parked waiter is woken to take over, and
+    /// idle async pollers are woken in case frames arrived meanwhile.
+    pub(crate) fn release_ownership(&self) {
+        // Release: pairs with the next owner's acquire.
+        self.owner.store(0, Ordering::Release);
+        self.handoff.notify(1);
+        if self.transport.any_frames() {
+            self.transport.doorbell().ring_all();
+        }
+    }
+
+    /// One step for an async poller; when idle, `cx` is woken by the next frame.
+    pub(crate) fn poll_progress(&self, cx: &mut Context<'_>) -> Step {
+        if self.progress_once() {
+            return Step::Progressed;
+        }
+        self.transport.doorbell().register(cx.waker());
+        if self.transport.any_frames() {
+            // A frame came before the registration: go round again.
+            return Step::Progressed;
+        }
+        Step::Idle
+    }
+
+    /// Unposts a receive that has not matched yet. Returns whether it was unposted.
+    pub(crate) fn cancel_recv(&self, inner: &Arc<crate::request::ReqInner>) -> bool {
+        match self.context(inner.context) {
+            Some(comm) => self.with_matching(comm, |m| m.cancel(inner)),
+            None => false,
+        }
+    }
+}
+
+/// The progress hook of sync objects made by `Runtime::sync_object`.
+pub(crate) struct Hook {
+    pub(crate) shared: Arc<Shared>,
+}
+
+impl Progress for Hook {
+    fn progress(&self) -> Step {
+        if self.shared.progress_once() {
+            Step::Progressed
+        } else {
+            Step::Idle
+        }
+    }
+
+    fn park(&self, listener: EventListener) {
+        park_or_frames(&self.shared, listener, None);
+    }
+
+    fn poll_progress(&self, cx: &mut Context<'_>) -> Step {
+        self.shared.poll_progress(cx)
+    }
+}
+
+/// The hook of an `Owner`-mode wait (Algorithm 2): ownership is kept for the whole wait.
+struct OwnerWait<'a> {
+    shared: &'a Shared,
+    me: u64,
+}
+
+impl Progress for OwnerWait<'_> {
+    fn progress(&self) -> Step {
+        let s = self.shared;
+        if s.owner.load(Ordering::Relaxed) == self.me || s.try_own(self.me) {
+            if s.progress_all() > 0 {
+                Step::Progressed
+            } else {
+                Step::Idle
+            }
+        } else {
+            Step::Park
+        }
+    }
+
+    fn park(&self, listener: EventListener) {
+        let s = self.shared;
+        if s.owner.load(Ordering::Relaxed) == self.me {
+            // The owner sleeps until the next frame (or its own completion).
+            park_or_frames(s, listener, None);
+        } else {
+            // A plain waiter: its completions, or a hand-off of ownership.
+            let handoff = s.handoff.listen();
+            if s.owner.load(Ordering::Acquire) == 0 {
+                return;
+            }
+            s.counters.parks.fetch_add(1, Ordering::Relaxed);
+            park_two(listener, Some(handoff));
+        }
+    }
+}
+
+/// The hook of a `Concurrent`-mode wait (Algorithm 4).
+struct ConcurrentWait<'a> {
+    shared: &'a Shared,
+}
+
+impl Progress for ConcurrentWait<'_> {
+    fn progress(&self) -> Step {
+        if self.shared.progress_concurrent() > 0 {
+            Step::Progressed
+        } else {
+            Step::Idle
+        }
+    }
+
+    fn park(&self, listener: EventListener) {
+        park_or_frames(self.shared, listener, None);
+    }
+}
+
+/// Parks on `listener` and the doorbell, unless frames are already waiting.
+fn park_or_frames(s: &Shared, listener: EventListener, _unused: Option<()>) {
+    let bell = s.transport.doorbell().listen();
+    if s.transport.any_frames() {
+        return;
+    }
+    s.counters.parks.fetch_add(1, Ordering::Relaxed);
+    park_two(listener, Some(bell));
+}
+
+/// Wakes a parked thread.
+struct ThreadWaker(std::thread::Thread);
+
+impl Wake for ThreadWaker {
+    fn wake(self: Arc<Self>) {
+        self.0.unpark();
+    }
+    fn wake_by_ref(self: &Arc<Self>) {
+        self.0.unpark();
+    }
+}
+
+thread_local! {
+    static PARKER: Waker = Waker::from(Arc::new(ThreadWaker(std::thread::current())));
+}
+
+/// Blocks until either listener fires.
+fn park_two(mut a: EventListener, mut b: Option<EventListener>) {
+    use std::future::Future;
+    use std::pin::Pin;
+    let waker = PARKER.with(|w| w.clone());
+    let mut cx = Context::from_waker(&waker);
+    loop {
+        if let Poll::Ready(()) = Pin::new(&mut a).poll(&mut cx) {
+            return;
+        }
+        if let Some(b) = b.as_mut() {
+            if let Poll::Ready(()) = Pin::new(b).poll(&mut cx) {
+                return;
+            }
+        }
+        std::thread::park();
+    }
+}
+
+thread_local! {
+    /// The sync object of this thread's blocking waits (Algorithm 2's SYNC_INIT, once).
+    static WAIT_SYNC: SyncObject<()> = SyncObject::new();
+}
+
+/// Blocks until every request in `reqs` has completed, in the runtime's progress mode.
+pub(crate) fn wait_all<B: Send + 'static>(shared: &Shared, reqs: &mut [Request<'_, B>]) {
+    if reqs.iter().all(|r| r.is_complete()) {
+        return;
+    }
+    match shared.config.progress {
+        ProgressMode::Global => {
+            // Algorithm 1.
+            loop {
+                if reqs.iter().all(|r| r.is_complete()) {
+                    return;
+                }
+                if shared.progress_global() == 0 {
+                    std::thread::yield_now();
+                }
+            }
+        }
+        ProgressMode::Owner | ProgressMode::Concurrent => {
+            // Algorithm 2: attach what is pending, then wait on the sync object.
+            WAIT_SYNC.with(|sync| {
+                for r in reqs.iter_mut() {
+                    if !r.is_complete() {
+                        let _ = sync.attach_counted(r);
+                    }
+                }
+                if shared.config.progress == ProgressMode::Owner {
+                    let me = crate::cri::thread_token();
+                    let _ = sync.wait_all_with(&OwnerWait { shared, me });
+                    if shared.owner.load(Ordering::Relaxed) == me {
+                        shared.release_ownership();
+                    }
+                } else {
+                    let _ = sync.wait_all_with(&ConcurrentWait { shared });
+                }
+            });
+        }
+    }
+}

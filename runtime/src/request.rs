@@ -1,0 +1,278 @@
+//! Requests (path step 1 and 6): the user's handle on an operation in flight.
+//!
+//! A [`Request`] owns the operation's buffer and shares a [`ReqInner`] (which owns the
+//! `CompletionCell`) with the runtime. `ReqInner`s come from a thread-local pool (seed 004:
+//! thread-local request pools), so a send or receive allocates nothing in steady state, and a
+//! request borrows its communicator instead of counting a reference to it on every message
+//! (seed 004: no shared reference count touched per request).
+
+use std::any::Any;
+use std::cell::RefCell;
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::AtomicU64;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use parking_lot::Mutex;
+use weft_sync::{Attach, CompletionCell, Error, Outcome, Status};
+
+use crate::buffer::RecvBuf;
+use crate::comm::Communicator;
+use crate::progress;
+
+/// What kind of operation a request tracks.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Kind {
+    Send,
+    Recv,
+}
+
+/// The runtime's share of a request.
+pub(crate) struct ReqInner {
+    /// Completion state (weft-sync).
+    pub(crate) cell: CompletionCell,
+    /// Receive area (receive) or registered source bytes (rendezvous send).
+    pub(crate) ptr: *mut u8,
+    /// Length of that area in bytes.
+    pub(crate) cap: usize,
+    /// A message must be a whole number of these bytes.
+    pub(crate) elem: usize,
+    /// Remote key of the registered send buffer (rendezvous send), else 0.
+    pub(crate) key: AtomicU64,
+    /// Context of the communicator (for cancel).
+    pub(crate) context: u32,
+    /// The buffer of a request dropped while in flight: kept alive until completion so the
+    /// transport never touches freed memory.
+    pub(crate) orphan: Mutex<Option<Box<dyn Any + Send>>>,
+}
+
+// SAFETY: `ptr` points into the buffer owned by the request (or its orphan slot), which lives
+// at least as long as this `ReqInner` is in flight; it is written only by the single
+// completer before it completes the cell (release) and read by the owner after (acquire).
+unsafe impl Send for ReqInner {}
+// SAFETY: as above; shared access goes through the cell's atomics and the orphan mutex.
+unsafe impl Sync for ReqInner {}
+
+impl Default for ReqInner {
+    fn default() -> Self {
+        ReqInner {
+            cell: CompletionCell::new(),
+            ptr: std::ptr::null_mut(),
+            cap: 0,
+            elem: 1,
+            key: AtomicU64::new(0),
+            context: 0,
+            orphan: Mutex::new(None),
+        }
+    }
+}
+
+/// Pooled requests per thread; beyond this many the extras are freed.
+const POOL_MAX: usize = 4096;
+
+thread_local! {
+    static POOL: RefCell<Vec<Arc<ReqInner>>> = const { RefCell::new(Vec::new()) };
+}
+
+/// A fresh (or recycled) inner, set up by `init` while still exclusively owned.
+pub(crate) fn new_inner(init: impl FnOnce(&mut ReqInner)) -> Arc<ReqInner> {
+    let pooled = POOL.try_with(|p| p.borrow_mut().pop()).ok().flatten();
+    let mut arc = pooled.unwrap_or_default();
+    match Arc::get_mut(&mut arc) {
+        Some(inner) => {
+            inner.cell.reset();
+            inner.ptr = std::ptr::null_mut();
+            inner.cap = 0;
+            inner.elem = 1;
+            *inner.key.get_mut() = 0;
+            inner.context = 0;
+            *inner.orphan.get_mut() = None;
+            init(inner);
+            arc
+        }
+        None => {
+            // Cannot happen (only unique Arcs are pooled), but stay correct if it does.
+            let mut fresh = Arc::new(ReqInner::default());
+            init(Arc::get_mut(&mut fresh).expect("fresh Arc is unique"));
+            fresh
+        }
+    }
+}
+
+/// Returns an inner to this thread's pool if nobody else holds it.
+pub(crate) fn recycle(arc: Arc<ReqInner>) {
+    if Arc::strong_count(&arc) == 1 && arc.cell.is_complete() {
+        let _ = POOL.try_with(|p| {
+            let mut p = p.borrow_mut();
+            if p.len() < POOL_MAX {
+                p.push(arc);
+            }
+        });
+    }
+}
+
+/// A non-blocking operation in flight: `isend` or `irecv`.
+///
+/// It is a `Future` resolving to the buffer and the [`Status`]; [`wait`](Self::wait) blocks
+/// for it, [`test`](Self::test) checks without blocking, and [`wait_all`](crate::wait_all)
+/// and friends wait for many. Dropping a request in flight is safe: a receive is cancelled if
+/// it has not matched yet, and otherwise the runtime keeps the buffer alive until the
+/// transport is done with it.
+pub struct Request<'c, B: Send + 'static> {
+    comm: &'c Communicator,
+    inner: Option<Arc<ReqInner>>,
+    buf: Option<B>,
+    kind: Kind,
+    /// For receives: sets the buffer's length to the bytes received (`RecvBuf::filled`).
+    filled: Option<unsafe fn(&mut B, usize)>,
+}
+
+impl<B: Send + 'static> fmt::Debug for Request<'_, B> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Request").field("kind", &self.kind).field("complete", &self.is_complete()).finish()
+    }
+}
+
+// SAFETY: the cell stays alive while the request or the runtime holds `inner` (the runtime
+// keeps its own `Arc` until it completes the cell), and the runtime completes it once.
+unsafe impl<B: Send + 'static> Attach for Request<'_, B> {
+    fn completion_cell(&self) -> &CompletionCell {
+        match &self.inner {
+            Some(i) => &i.cell,
+            None => done_cell(),
+        }
+    }
+}
+
+/// A completed cell for requests whose result was already taken.
+fn done_cell() -> &'static CompletionCell {
+    static DONE: std::sync::OnceLock<CompletionCell> = std::sync::OnceLock::new();
+    DONE.get_or_init(|| {
+        let c = CompletionCell::new();
+        c.complete(Err(Error::InvalidArgument("request already consumed")));
+        c
+    })
+}
+
+impl<'c, B: Send + 'static> Request<'c, B> {
+    pub(crate) fn send(comm: &'c Communicator, inner: Arc<ReqInner>, buf: B) -> Self {
+        Request { comm, inner: Some(inner), buf: Some(buf), kind: Kind::Send, filled: None }
+    }
+
+    /// Whether the operation has completed (no progress is made).
+    pub fn is_complete(&self) -> bool {
+        self.inner.as_ref().is_none_or(|i| i.cell.is_complete())
+    }
+
+    /// Makes one step of progress and reports whether the operation has completed
+    /// (`MPI_Test`).
+    pub fn test(&mut self) -> bool {
+        if self.is_complete() {
+            return true;
+        }
+        self.comm.shared().progress_once();
+        self.is_complete()
+    }
+
+    /// The communicator this request belongs to.
+    pub fn communicator(&self) -> &'c Communicator {
+        self.comm
+    }
+
+    /// Blocks until complete (`MPI_Wait`) and returns the buffer and status.
+    pub fn wait(mut self) -> Result<(B, Status), Error> {
+        if !self.is_complete() {
+            progress::wait_all(self.comm.shared(), std::slice::from_mut(&mut self));
+        }
+        self.take().expect("request completed")
+    }
+
+    /// Takes the result of a completed request; `None` if still pending or already taken.
+    pub fn take(&mut self) -> Option<Result<(B, Status), Error>> {
+        let outcome = self.inner.as_ref()?.cell.outcome()?;
+        let inner = self.inner.take()?;
+        let mut buf = self.buf.take()?;
+        let res = match outcome {
+            Ok(st) => {
+                if let Some(filled) = self.filled {
+                    // SAFETY: the completer wrote `st.bytes` bytes into the spare area and
+                    // checked them against its length and the element size before
+                    // completing with `Ok`; the acquire in `outcome()` makes them visible.
+                    unsafe { filled(&mut buf, st.bytes) };
+                }
+                Ok((buf, st))
+            }
+            Err(e) => Err(e),
+        };
+        recycle(inner);
+        Some(res)
+    }
+
+    /// The outcome without consuming the request (`None` while pending).
+    pub fn outcome(&self) -> Option<Outcome> {
+        self.inner.as_ref().and_then(|i| i.cell.outcome())
+    }
+
+    pub(crate) fn inner(&self) -> Option<&Arc<ReqInner>> {
+        self.inner.as_ref()
+    }
+}
+
+impl<'c, B: RecvBuf> Request<'c, B> {
+    pub(crate) fn recv(comm: &'c Communicator, inner: Arc<ReqInner>, buf: B) -> Self {
+        Request { comm, inner: Some(inner), buf: Some(buf), kind: Kind::Recv, filled: Some(<B as RecvBuf>::filled) }
+    }
+}
+
+// The buffer is never pinned structurally: a request is moved freely while pending.
+impl<B: Send + 'static> Unpin for Request<'_, B> {}
+
+impl<B: Send + 'static> Future for Request<'_, B> {
+    type Output = Result<(B, Status), Error>;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = &mut *self;
+        let Some(inner) = this.inner.clone() else {
+            return Poll::Ready(Err(Error::InvalidArgument("request polled after completion")));
+        };
+        loop {
+            if inner.cell.is_complete() {
+                drop(inner);
+                return Poll::Ready(this.take().expect("complete"));
+            }
+            match this.comm.shared().poll_progress(cx) {
+                weft_sync::Step::Progressed => continue,
+                _ => break,
+            }
+        }
+        match inner.cell.poll_complete(cx) {
+            Poll::Ready(_) => {
+                drop(inner);
+                Poll::Ready(this.take().expect("complete"))
+            }
+            Poll::Pending => Poll::Pending,
+        }
+    }
+}
+
+impl<B: Send + 'static> Drop for Request<'_, B> {
+    fn drop(&mut self) {
+        let Some(inner) = self.inner.take() else { return };
+        if inner.cell.is_complete() {
+            recycle(inner);
+            return;
+        }
+        if self.kind == Kind::Recv && self.comm.shared().cancel_recv(&inner) {
+            // Unposted before any match: nothing will touch the buffer.
+            inner.cell.complete(Err(Error::Cancelled));
+            return;
+        }
+        // In flight: hand the buffer to the runtime's share so it outlives the transport's
+        // use of it. (An allocation, but only on this abandonment path.)
+        if let Some(buf) = self.buf.take() {
+            *inner.orphan.lock() = Some(Box::new(buf));
+        }
+    }
+}

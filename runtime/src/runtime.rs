@@ -1,0 +1,346 @@
+//! `Runtime` and its builder: one rank's transport, CRIs, communicator table and progress
+//! state. Everything hangs off a `Runtime`; several can live in one process (the embedded
+//! provider's process mode runs one per rank).
+
+use std::fmt;
+use std::sync::atomic::{AtomicPtr, AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
+
+use crossbeam_utils::CachePadded;
+use event_listener::Event;
+use parking_lot::{Mutex, MutexGuard};
+use weft_sync::{Error, Progress, SyncObject};
+use weft_transport::embedded;
+use weft_transport::Frame;
+
+use crate::comm::{CommState, Communicator};
+use crate::config::{Assignment, Config, MatchingMode, ProgressMode};
+use crate::counters::{Counters, CriCounters};
+use crate::matching::MatchState;
+
+/// Largest number of live context ids per runtime.
+pub(crate) const MAX_CONTEXTS: usize = 4096;
+
+/// One CRI as the runtime sees it: the lock that serializes posting and polling on it.
+pub(crate) struct Cri {
+    /// Held while sending on or progressing this CRI; guards its counters.
+    pub(crate) lock: Mutex<CriCounters>,
+    /// Times a thread found the lock taken.
+    pub(crate) contended: AtomicU64,
+}
+
+/// Runtime state shared by every handle of one rank.
+pub(crate) struct Shared {
+    /// Unique id (thread-local CRI assignment is keyed by it).
+    pub(crate) id: u64,
+    /// Resolved configuration.
+    pub(crate) config: Config,
+    /// The transport endpoint of this rank.
+    pub(crate) transport: embedded::Endpoint,
+    /// This rank's CRIs.
+    pub(crate) cris: Box<[CachePadded<Cri>]>,
+    /// Round-robin CRI counter (seed 003 Algorithm 3, GET-INSTANCE-ID-ROUND-ROBIN).
+    pub(crate) rr: CachePadded<AtomicUsize>,
+    /// Communicator state by context id (one atomic load per frame, no lock).
+    pub(crate) contexts: Box<[AtomicPtr<CommState>]>,
+    /// Frames that arrived for a context this rank has not created yet (a fast peer).
+    pub(crate) early_contexts: Mutex<Vec<Frame>>,
+    /// Context ids claimed on this rank (dup agreement).
+    pub(crate) claimed: Mutex<std::collections::BTreeSet<u32>>,
+    /// The single matching lock of `MatchingMode::Global`, with every communicator's queues.
+    pub(crate) global_match: Mutex<Vec<Option<MatchState>>>,
+    /// Progress lock of `ProgressMode::Global` (seed 003 Algorithm 1).
+    pub(crate) progress_lock: CachePadded<Mutex<()>>,
+    /// Times the progress lock was found taken.
+    pub(crate) progress_contended: AtomicU64,
+    /// Progress owner of `ProgressMode::Owner` (a thread token, 0 = none).
+    pub(crate) owner: CachePadded<AtomicU64>,
+    /// Rung when ownership is released, so a parked waiter takes it over.
+    pub(crate) handoff: Event,
+    /// Control frames (rendezvous `Fin`) refused by a full inbox, retried by progress.
+    pub(crate) deferred: Mutex<Vec<(u32, usize, weft_transport::Header)>>,
+    /// Rare-path counters (parks, wakes, hand-offs).
+    pub(crate) counters: Counters,
+    /// Next context id this rank would propose.
+    pub(crate) next_context: AtomicU32,
+}
+
+impl Drop for Shared {
+    fn drop(&mut self) {
+        self.transport.close();
+        for slot in self.contexts.iter() {
+            let p = slot.swap(std::ptr::null_mut(), Ordering::AcqRel);
+            if !p.is_null() {
+                // SAFETY: every non-null slot holds an `Arc::into_raw` reference owned by
+                // the table, released exactly once here.
+                drop(unsafe { Arc::from_raw(p) });
+            }
+        }
+    }
+}
+
+impl Shared {
+    /// Locks CRI `k`, counting contention.
+    #[inline]
+    pub(crate) fn lock_cri(&self, k: usize) -> MutexGuard<'_, CriCounters> {
+        let cri = &self.cris[k];
+        match cri.lock.try_lock() {
+            Some(mut g) => {
+                g.acquisitions += 1;
+                g
+            }
+            None => {
+                cri.contended.fetch_add(1, Ordering::Relaxed);
+                let mut g = cri.lock.lock();
+                g.acquisitions += 1;
+                g
+            }
+        }
+    }
+
+    /// The CRI this thread uses for its next send (seed 003 Algorithm 3).
+    #[inline]
+    pub(crate) fn cri_for_thread(&self) -> usize {
+        let n = self.cris.len();
+        if n == 1 {
+            return 0;
+        }
+        match self.config.assignment {
+            Assignment::RoundRobin => self.rr.fetch_add(1, Ordering::Relaxed) % n,
+            Assignment::Dedicated => crate::cri::dedicated(self.id, || self.rr.fetch_add(1, Ordering::Relaxed) % n),
+        }
+    }
+
+    /// The communicator state of a context, if created on this rank.
+    #[inline]
+    pub(crate) fn context(&self, ctx: u32) -> Option<&CommState> {
+        let p = self.contexts.get(ctx as usize)?.load(Ordering::Acquire);
+        // SAFETY: a non-null slot holds an `Arc<CommState>` reference owned by the table; it
+        // is released only in `Drop`, when no `&self` borrow can exist.
+        (!p.is_null()).then(|| unsafe { &*p })
+    }
+
+    /// Runs `f` on a communicator's matching state under its matching lock.
+    #[inline]
+    pub(crate) fn with_matching<R>(&self, comm: &CommState, f: impl FnOnce(&mut MatchState) -> R) -> R {
+        match self.config.matching {
+            MatchingMode::PerComm => f(&mut comm.matching.lock()),
+            MatchingMode::Global => {
+                let mut all = self.global_match.lock();
+                let st = all[comm.context as usize].get_or_insert_with(|| MatchState::new(comm.size, comm.overtaking));
+                f(st)
+            }
+        }
+    }
+
+    /// Registers a communicator's state under its context id and replays early frames.
+    pub(crate) fn install(&self, state: Arc<CommState>) -> Result<(), Error> {
+        let ctx = state.context as usize;
+        let slot = self.contexts.get(ctx).ok_or(Error::InvalidArgument("out of context ids"))?;
+        let raw = Arc::into_raw(state) as *mut CommState;
+        if slot.compare_exchange(std::ptr::null_mut(), raw, Ordering::AcqRel, Ordering::Acquire).is_err() {
+            // SAFETY: `raw` came from `into_raw` just above and was not published.
+            drop(unsafe { Arc::from_raw(raw) });
+            return Err(Error::InvalidArgument("context id already in use"));
+        }
+        let replay: Vec<Frame> = {
+            let mut early = self.early_contexts.lock();
+            let (mine, rest): (Vec<Frame>, Vec<Frame>) = early.drain(..).partition(|f| f.header.context as usize == ctx);
+            *early = rest;
+            mine
+        };
+        for f in replay {
+            let k = self.cri_for_thread();
+            self.handle_frame(k, f);
+        }
+        Ok(())
+    }
+
+    /// The progress hook blocked waiters use for sync objects of this runtime.
+    pub(crate) fn hook(self: &Arc<Self>) -> Arc<dyn Progress> {
+        Arc::new(crate::progress::Hook { shared: self.clone() })
+    }
+}
+
+/// A weft runtime: one rank.
+///
+/// Cheap to clone (a handle). Create one with [`Runtime::builder`]; with the embedded
+/// provider, [`Builder::build_local`] creates every rank of a world inside this process.
+///
+/// ```
+/// use weft::{Runtime, Source, Tag};
+/// let ranks = Runtime::builder().build_local(2).unwrap();
+/// let (a, b) = (ranks[0].world(), ranks[1].world());
+/// let r = b.irecv(Vec::<u8>::with_capacity(16), Source::Any, Tag::Any).unwrap();
+/// a.send(b"hello".to_vec(), 1, 7).unwrap();
+/// let (buf, status) = r.wait().unwrap();
+/// assert_eq!((&buf[..], status.source, status.tag), (&b"hello"[..], 0, 7));
+/// ```
+#[derive(Clone)]
+pub struct Runtime {
+    shared: Arc<Shared>,
+    world: Communicator,
+}
+
+impl fmt::Debug for Runtime {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Runtime")
+            .field("rank", &self.rank())
+            .field("size", &self.size())
+            .field("config", &self.shared.config)
+            .finish()
+    }
+}
+
+impl Runtime {
+    /// A builder with the default configuration.
+    pub fn builder() -> Builder {
+        Builder { config: Config::default(), use_env: true }
+    }
+
+    /// This rank.
+    pub fn rank(&self) -> u32 {
+        self.shared.transport.rank()
+    }
+
+    /// Number of ranks.
+    pub fn size(&self) -> u32 {
+        self.shared.transport.size()
+    }
+
+    /// The world communicator (all ranks, context 0).
+    pub fn world(&self) -> &Communicator {
+        &self.world
+    }
+
+    /// The resolved configuration.
+    pub fn config(&self) -> &Config {
+        &self.shared.config
+    }
+
+    /// A sync object whose waits and futures drive this runtime's progress.
+    pub fn sync_object<T: Send + 'static>(&self) -> SyncObject<T> {
+        SyncObject::with_progress(self.shared.hook())
+    }
+
+    /// Makes one step of progress in the configured mode; returns whether anything moved
+    /// (`MPIX_Progress`).
+    pub fn progress(&self) -> bool {
+        self.shared.progress_once()
+    }
+
+    /// A snapshot of the runtime's counters.
+    pub fn counters(&self) -> crate::counters::Snapshot {
+        crate::counters::snapshot(&self.shared)
+    }
+}
+
+/// Configures and creates runtimes.
+#[derive(Debug, Clone)]
+pub struct Builder {
+    config: Config,
+    use_env: bool,
+}
+
+impl Builder {
+    /// Progress mode.
+    pub fn progress(mut self, m: ProgressMode) -> Self {
+        self.config.progress = m;
+        self
+    }
+    /// CRI assignment.
+    pub fn assignment(mut self, a: Assignment) -> Self {
+        self.config.assignment = a;
+        self
+    }
+    /// Matching mode.
+    pub fn matching(mut self, m: MatchingMode) -> Self {
+        self.config.matching = m;
+        self
+    }
+    /// CRIs per rank.
+    pub fn cris(mut self, n: usize) -> Self {
+        self.config.cris = n;
+        self
+    }
+    /// Eager/rendezvous threshold in bytes.
+    pub fn eager_threshold(mut self, bytes: usize) -> Self {
+        self.config.eager_threshold = bytes;
+        self
+    }
+    /// Frames each CRI inbox holds (flow control).
+    pub fn inbox_capacity(mut self, frames: usize) -> Self {
+        self.config.inbox_capacity = frames;
+        self
+    }
+    /// Largest tag accepted.
+    pub fn max_tag(mut self, tag: i32) -> Self {
+        self.config.max_tag = tag;
+        self
+    }
+    /// Measure time in matching.
+    pub fn match_timing(mut self, on: bool) -> Self {
+        self.config.match_timing = on;
+        self
+    }
+    /// Whether `WEFT_*` variables override the builder (default: yes).
+    pub fn env(mut self, on: bool) -> Self {
+        self.use_env = on;
+        self
+    }
+
+    /// The configuration that `build*` would use.
+    pub fn resolve(&self) -> Result<Config, Error> {
+        let mut c = self.config.clone();
+        if self.use_env {
+            c.apply_env()?;
+        }
+        c.validate()?;
+        Ok(c)
+    }
+
+    /// A single-rank runtime (rank 0 of 1) on the embedded provider.
+    pub fn build(self) -> Result<Runtime, Error> {
+        Ok(self.build_local(1)?.remove(0))
+    }
+
+    /// `ranks` runtimes sharing one embedded fabric in this process, rank `i` at index `i`.
+    pub fn build_local(self, ranks: u32) -> Result<Vec<Runtime>, Error> {
+        let config = self.resolve()?;
+        let endpoints = embedded::fabric(embedded::EmbeddedOptions {
+            ranks,
+            cris: config.cris,
+            inbox_capacity: config.inbox_capacity,
+            eager_capacity: config.eager_threshold.max(64),
+        })?;
+        static NEXT_ID: AtomicU64 = AtomicU64::new(1);
+        endpoints
+            .into_iter()
+            .map(|ep| {
+                let size = ep.size();
+                let shared = Arc::new(Shared {
+                    id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
+                    cris: (0..config.cris)
+                        .map(|_| CachePadded::new(Cri { lock: Mutex::new(CriCounters::default()), contended: AtomicU64::new(0) }))
+                        .collect(),
+                    rr: CachePadded::new(AtomicUsize::new(0)),
+                    contexts: (0..MAX_CONTEXTS).map(|_| AtomicPtr::new(std::ptr::null_mut())).collect(),
+                    early_contexts: Mutex::new(Vec::new()),
+                    claimed: Mutex::new([0u32, 1].into_iter().collect()),
+                    global_match: Mutex::new((0..MAX_CONTEXTS).map(|_| None).collect()),
+                    progress_lock: CachePadded::new(Mutex::new(())),
+                    progress_contended: AtomicU64::new(0),
+                    owner: CachePadded::new(AtomicU64::new(0)),
+                    handoff: Event::new(),
+                    deferred: Mutex::new(Vec::new()),
+                    counters: Counters::default(),
+                    next_context: AtomicU32::new(2),
+                    transport: ep,
+                    config: config.clone(),
+                });
+                let world = Communicator::create(&shared, 0, size, false)?;
+                Ok(Runtime { shared, world })
+            })
+            .collect()
+    }
+}

@@ -1,0 +1,285 @@
+//! The embedded provider: every rank lives in this OS process.
+//!
+//! Each rank opens `k` CRIs; each CRI is a bounded lock-free inbox (crossbeam's
+//! `ArrayQueue`) into which peers push frames. Sending copies the payload into the frame
+//! (inline for small payloads, else into a buffer from the *sender's* pool, which the
+//! receiver gives back after consuming it), so a send completes locally at once and no
+//! allocation happens per message in steady state. A full inbox is flow control: the send is
+//! refused with [`SendError::WouldBlock`] and the caller progresses before retrying — a
+//! faster sender is slowed down, never loses a message, and never grows memory.
+//!
+//! RMA reads registered memory directly (all ranks share one address space). Every push
+//! rings the destination rank's *doorbell* (an event-listener `Event`), which is how a parked
+//! progress owner learns of network activity.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::sync::Arc;
+
+use crossbeam_queue::ArrayQueue;
+use crossbeam_utils::CachePadded;
+use parking_lot::Mutex;
+
+use crate::doorbell::Doorbell;
+use crate::frame::{Frame, FrameKind, Header, Payload, INLINE};
+use crate::loom::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use crate::{Error, SendError};
+
+/// Sizes of an embedded fabric.
+#[derive(Clone, Copy, Debug)]
+pub struct EmbeddedOptions {
+    /// Number of ranks.
+    pub ranks: u32,
+    /// CRIs per rank.
+    pub cris: usize,
+    /// Frames each CRI inbox holds before senders are pushed back.
+    pub inbox_capacity: usize,
+    /// Capacity of the eager buffers in the per-rank pools (the eager threshold).
+    pub eager_capacity: usize,
+}
+
+impl Default for EmbeddedOptions {
+    fn default() -> Self {
+        EmbeddedOptions { ranks: 1, cris: 1, inbox_capacity: 1024, eager_capacity: 16 * 1024 }
+    }
+}
+
+/// One CRI's receive side.
+struct CriSlot {
+    /// Frames pushed by peers, consumed by whoever holds this CRI.
+    inbox: ArrayQueue<Frame>,
+}
+
+/// A registered memory region.
+#[derive(Clone, Copy)]
+struct Region {
+    ptr: usize,
+    len: usize,
+}
+
+/// Everything peers can reach of one rank.
+struct RankSlot {
+    /// The rank's CRIs.
+    cris: Box<[CachePadded<CriSlot>]>,
+    /// Rung on every push into any of this rank's inboxes.
+    doorbell: Doorbell,
+    /// Cleared when the rank closes; peers then fail with `PeerLost`.
+    alive: AtomicBool,
+    /// Eager buffers for this rank's sends; receivers give them back here.
+    pool: ArrayQueue<Vec<u8>>,
+    /// Memory registered for RMA, by key.
+    regions: Mutex<HashMap<u64, Region>>,
+    /// Next registration key.
+    next_key: AtomicU64,
+}
+
+struct World {
+    ranks: Box<[RankSlot]>,
+    opts: EmbeddedOptions,
+}
+
+/// Creates the ranks of an embedded fabric; hand one [`Endpoint`] to each rank.
+pub fn fabric(opts: EmbeddedOptions) -> Result<Vec<Endpoint>, Error> {
+    if opts.ranks == 0 || opts.cris == 0 || opts.cris > u16::MAX as usize {
+        return Err(Error::InvalidArgument("an embedded fabric needs >= 1 rank and 1..=65535 CRIs"));
+    }
+    if opts.inbox_capacity == 0 {
+        return Err(Error::InvalidArgument("inbox capacity must be at least 1"));
+    }
+    let pool_cap = (opts.cris * opts.inbox_capacity * 2).clamp(64, 1 << 16);
+    let ranks = (0..opts.ranks)
+        .map(|_| RankSlot {
+            cris: (0..opts.cris)
+                .map(|_| CachePadded::new(CriSlot { inbox: ArrayQueue::new(opts.inbox_capacity) }))
+                .collect(),
+            doorbell: Doorbell::new(),
+            alive: AtomicBool::new(true),
+            pool: ArrayQueue::new(pool_cap),
+            regions: Mutex::new(HashMap::new()),
+            next_key: AtomicU64::new(1),
+        })
+        .collect();
+    let world = Arc::new(World { ranks, opts });
+    Ok((0..opts.ranks).map(|r| Endpoint { world: world.clone(), rank: r }).collect())
+}
+
+/// One rank's view of an embedded fabric.
+pub struct Endpoint {
+    world: Arc<World>,
+    rank: u32,
+}
+
+impl fmt::Debug for Endpoint {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("embedded::Endpoint").field("rank", &self.rank).field("size", &self.size()).finish()
+    }
+}
+
+impl Endpoint {
+    /// This rank.
+    #[inline]
+    pub fn rank(&self) -> u32 {
+        self.rank
+    }
+
+    /// Number of ranks.
+    #[inline]
+    pub fn size(&self) -> u32 {
+        self.world.opts.ranks
+    }
+
+    /// CRIs of every rank.
+    #[inline]
+    pub fn num_cris(&self) -> usize {
+        self.world.opts.cris
+    }
+
+    /// Largest payload a pooled eager buffer holds without growing.
+    pub fn eager_capacity(&self) -> usize {
+        self.world.opts.eager_capacity
+    }
+
+    fn me(&self) -> &RankSlot {
+        &self.world.ranks[self.rank as usize]
+    }
+
+    /// Sends one frame with `data` as payload to CRI `dst_cri` of rank `dst`. The payload is
+    /// copied: the send is complete when this returns `Ok`.
+    pub fn send(&self, dst: u32, dst_cri: usize, header: Header, data: &[u8]) -> Result<(), SendError> {
+        let peer = self.world.ranks.get(dst as usize).ok_or(SendError::PeerLost)?;
+        // Acquire: pairs with `close`'s release; a closed peer must not get new frames.
+        if !peer.alive.load(Ordering::Acquire) {
+            return Err(SendError::PeerLost);
+        }
+        let payload = if data.is_empty() {
+            Payload::Empty
+        } else if data.len() <= INLINE {
+            let mut bytes = [0u8; INLINE];
+            bytes[..data.len()].copy_from_slice(data);
+            Payload::Inline { len: data.len() as u8, bytes }
+        } else {
+            let mut buf = self.me().pool.pop().unwrap_or_else(|| Vec::with_capacity(self.world.opts.eager_capacity.max(data.len())));
+            buf.clear();
+            buf.extend_from_slice(data);
+            Payload::Pooled(buf)
+        };
+        let slot = &peer.cris[dst_cri % self.world.opts.cris];
+        match slot.inbox.push(Frame { header, payload }) {
+            Ok(()) => {
+                peer.doorbell.ring();
+                Ok(())
+            }
+            Err(frame) => {
+                self.recycle_own(frame.payload);
+                Err(SendError::WouldBlock)
+            }
+        }
+    }
+
+    /// Takes up to `max` frames from CRI `cri`'s inbox, handing each to `f`. Returns how many.
+    ///
+    /// The caller holds the CRI (its lock, in the runtime); the queue itself is lock-free.
+    #[inline]
+    pub fn poll(&self, cri: usize, max: usize, mut f: impl FnMut(Frame)) -> usize {
+        let inbox = &self.me().cris[cri].inbox;
+        let mut n = 0;
+        while n < max {
+            match inbox.pop() {
+                Some(frame) => {
+                    f(frame);
+                    n += 1;
+                }
+                None => break,
+            }
+        }
+        n
+    }
+
+    /// Whether CRI `cri` has frames waiting.
+    #[inline]
+    pub fn has_frames(&self, cri: usize) -> bool {
+        !self.me().cris[cri].inbox.is_empty()
+    }
+
+    /// Whether any CRI of this rank has frames waiting.
+    pub fn any_frames(&self) -> bool {
+        self.me().cris.iter().any(|c| !c.inbox.is_empty())
+    }
+
+    /// Gives a consumed payload's buffer back to the pool of `source`, the rank that sent it.
+    #[inline]
+    pub fn recycle(&self, source: u32, payload: Payload) {
+        if let Payload::Pooled(buf) = payload {
+            if let Some(r) = self.world.ranks.get(source as usize) {
+                let _ = r.pool.push(buf);
+            }
+        }
+    }
+
+    fn recycle_own(&self, payload: Payload) {
+        self.recycle(self.rank, payload);
+    }
+
+    /// The event rung on every frame pushed to this rank.
+    pub fn doorbell(&self) -> &Doorbell {
+        &self.me().doorbell
+    }
+
+    /// Registers `len` bytes at `ptr` for remote reads; returns the remote key.
+    ///
+    /// # Safety
+    /// The memory must stay valid and unmodified until [`deregister`](Self::deregister) is
+    /// called with the returned key.
+    pub unsafe fn register(&self, ptr: *const u8, len: usize) -> u64 {
+        let key = self.me().next_key.fetch_add(1, Ordering::Relaxed);
+        self.me().regions.lock().insert(key, Region { ptr: ptr as usize, len });
+        key
+    }
+
+    /// Removes a registration. Waits for a remote read in progress on it (reads copy under
+    /// the registration table's lock).
+    pub fn deregister(&self, key: u64) {
+        self.me().regions.lock().remove(&key);
+    }
+
+    /// RMA read: copies `dst.len()` bytes at `offset` of rank `src`'s region `key` into `dst`.
+    pub fn read(&self, src: u32, key: u64, offset: usize, dst: &mut [u8]) -> Result<(), Error> {
+        let peer = self.world.ranks.get(src as usize).ok_or(Error::RankOutOfRange { rank: src, size: self.size() })?;
+        if !peer.alive.load(Ordering::Acquire) {
+            return Err(Error::PeerLost { rank: src });
+        }
+        let regions = peer.regions.lock();
+        let region = regions.get(&key).copied().ok_or(Error::InvalidArgument("unknown remote memory key"))?;
+        let end = offset.checked_add(dst.len()).ok_or(Error::InvalidArgument("remote read out of bounds"))?;
+        if end > region.len {
+            return Err(Error::InvalidArgument("remote read out of bounds"));
+        }
+        // SAFETY: the region was registered with the promise that `ptr..ptr+len` stays valid
+        // until deregistered; deregistration takes the lock we hold, so it cannot happen
+        // during the copy, and `offset..end` is inside the region. `dst` is a distinct
+        // exclusive borrow, so the ranges do not overlap.
+        unsafe { std::ptr::copy_nonoverlapping((region.ptr as *const u8).add(offset), dst.as_mut_ptr(), dst.len()) };
+        Ok(())
+    }
+
+    /// Whether rank `r` is still open.
+    pub fn is_alive(&self, r: u32) -> bool {
+        self.world.ranks.get(r as usize).is_some_and(|s| s.alive.load(Ordering::Acquire))
+    }
+
+    /// Closes this rank: peers' sends and reads to it fail with `PeerLost` from now on, and
+    /// every rank's doorbell is rung so parked peers notice.
+    pub fn close(&self) {
+        // Release: pairs with the acquire loads in `send`/`read`/`is_alive`.
+        self.me().alive.store(false, Ordering::Release);
+        self.me().regions.lock().clear();
+        for r in self.world.ranks.iter() {
+            r.doorbell.ring_all();
+        }
+    }
+
+    /// The header of a frame with no payload, for protocol replies.
+    pub fn control_header(kind: FrameKind, src_cri: u16, source: u32, cookie: u64) -> Header {
+        Header { kind, src_cri, context: 0, source, tag: 0, seq: 0, len: 0, cookie, key: 0 }
+    }
+}

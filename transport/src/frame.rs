@@ -1,0 +1,84 @@
+//! Frames: the unit a provider moves between CRIs (header + payload).
+
+use std::fmt;
+
+/// What a frame carries.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u8)]
+pub enum FrameKind {
+    /// A whole message (at most the eager threshold) in the payload.
+    Eager = 0,
+    /// Ready-to-send of a rendezvous: `len` is the message length, `key` names the sender's
+    /// registered buffer and `cookie` the sender's request.
+    Rts = 1,
+    /// Rendezvous done: the receiver has read the data; `cookie` echoes the RTS cookie.
+    Fin = 2,
+}
+
+/// The envelope of a frame: `(context id, source, tag, sequence)` plus protocol fields.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Header {
+    /// Protocol step.
+    pub kind: FrameKind,
+    /// CRI index of the sender (where replies such as `Fin` go).
+    pub src_cri: u16,
+    /// Communicator context id.
+    pub context: u32,
+    /// Rank of the sender.
+    pub source: u32,
+    /// Message tag.
+    pub tag: i32,
+    /// Per (source, communicator) sequence number.
+    pub seq: u32,
+    /// Payload length (eager) or message length (rendezvous).
+    pub len: u64,
+    /// Sender-side request handle for rendezvous (echoed by `Fin`).
+    pub cookie: u64,
+    /// Remote key of the sender's registered buffer (rendezvous).
+    pub key: u64,
+}
+
+/// Bytes carried inside the frame itself, without a buffer.
+pub const INLINE: usize = 32;
+
+/// A frame's payload.
+pub enum Payload {
+    /// No bytes.
+    Empty,
+    /// Up to [`INLINE`] bytes stored in the frame.
+    Inline {
+        /// Valid length.
+        len: u8,
+        /// Storage.
+        bytes: [u8; INLINE],
+    },
+    /// A pooled buffer; give it back with `recycle` once consumed.
+    Pooled(Vec<u8>),
+}
+
+impl Payload {
+    /// The payload bytes.
+    #[inline]
+    pub fn as_slice(&self) -> &[u8] {
+        match self {
+            Payload::Empty => &[],
+            Payload::Inline { len, bytes } => &bytes[..*len as usize],
+            Payload::Pooled(v) => v,
+        }
+    }
+}
+
+impl fmt::Debug for Payload {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Payload({} bytes)", self.as_slice().len())
+    }
+}
+
+/// A received frame.
+#[derive(Debug)]
+pub struct Frame {
+    /// Envelope.
+    pub header: Header,
+    /// Bytes (eager only).
+    pub payload: Payload,
+}
