@@ -3,6 +3,7 @@
 //! Every subcommand prints a readable table, or with `--csv` one header line and one row per
 //! configuration. Sweep options take comma lists (`-t 1,2,4,8`).
 
+mod multirate;
 mod report;
 
 use clap::{Parser, Subcommand};
@@ -15,9 +16,18 @@ struct Cli {
 }
 
 #[derive(Debug, Subcommand)]
-enum Cmd {}
+enum Cmd {
+    /// The Multirate benchmark (seed 003 §3.5, Appendix A).
+    Multirate(multirate::Args),
+}
 
 fn main() {
     let cli = Cli::parse();
-    match cli.cmd {}
+    let res = match cli.cmd {
+        Cmd::Multirate(a) => multirate::run(&a),
+    };
+    if let Err(e) = res {
+        eprintln!("weft-bench: {e}");
+        std::process::exit(2);
+    }
 }

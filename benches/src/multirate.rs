@@ -1,0 +1,378 @@
+//! `weft-bench multirate`: the Multirate benchmark of seed 003 §3.5 and Appendix A.
+//!
+//! One iteration, as in the public multirate: each receiver pre-posts its `w` receives per
+//! sender and sends a 1-byte "ready"; each sender waits for its readies, sends `w` messages
+//! to each of its receivers and waits for them; each receiver waits for its receives and
+//! sends a 1-byte ack, which the sender receives.
+//!
+//! Patterns (T = pairs): `pairwise` (sender i -> receiver i), `one-to-many` (sender 0 -> all
+//! T receivers), `many-to-one` (all T senders -> receiver 0), `many-to-many` (every sender ->
+//! every receiver). Thread mode: two ranks, T threads each (senders on rank 0, receivers on
+//! rank 1). Process mode: 2T ranks of one thread each, in this OS process on the embedded
+//! provider (senders are ranks 0..T, receivers T..2T). The message rate counts data messages
+//! per second over the whole run.
+
+use std::sync::Barrier;
+use std::time::{Duration, Instant};
+
+use clap::Args as ClapArgs;
+use weft::{Assignment, Communicator, MatchingMode, ProgressMode, Request, Runtime, Source, Tag};
+
+use crate::report::{median, parse_list, Table};
+
+/// Options of `weft-bench multirate` (comma lists sweep).
+#[derive(Debug, ClapArgs)]
+pub struct Args {
+    /// Patterns: pairwise, one-to-many, many-to-one, many-to-many.
+    #[arg(long, default_value = "pairwise")]
+    pattern: String,
+    /// Modes: thread (2 ranks x T threads), process (2T ranks x 1 thread).
+    #[arg(long, default_value = "thread,process")]
+    mode: String,
+    /// Progress modes: global, owner, concurrent.
+    #[arg(long, default_value = "owner")]
+    progress: String,
+    /// CRI assignments: round-robin, dedicated.
+    #[arg(long, default_value = "dedicated")]
+    assignment: String,
+    /// CRIs per rank; `auto` = T in thread mode, 1 in process mode.
+    #[arg(long, default_value = "auto")]
+    cris: String,
+    /// Matching modes: per-comm, global.
+    #[arg(long, default_value = "per-comm")]
+    matching: String,
+    /// Message sizes in bytes.
+    #[arg(short = 's', long = "size", default_value = "0")]
+    size: String,
+    /// Window sizes (messages in flight per pair per iteration).
+    #[arg(short = 'w', long = "window", default_value = "128")]
+    window: String,
+    /// Iterations per run.
+    #[arg(short = 'i', long = "iterations", default_value = "200")]
+    iterations: usize,
+    /// Pairs T.
+    #[arg(short = 't', long = "pairs", default_value = "1,2,4,8")]
+    pairs: String,
+    /// One communicator per pair.
+    #[arg(short = 'c', long = "comm-per-pair")]
+    comm_per_pair: bool,
+    /// Allow overtaking (no message ordering).
+    #[arg(short = 'o', long = "overtaking")]
+    overtaking: bool,
+    /// Runs per configuration; the median is reported.
+    #[arg(long, default_value_t = 3)]
+    runs: usize,
+    /// CSV output.
+    #[arg(long)]
+    csv: bool,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Pattern {
+    Pairwise,
+    OneToMany,
+    ManyToOne,
+    ManyToMany,
+}
+
+impl std::str::FromStr for Pattern {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "pairwise" => Ok(Pattern::Pairwise),
+            "one-to-many" => Ok(Pattern::OneToMany),
+            "many-to-one" => Ok(Pattern::ManyToOne),
+            "many-to-many" => Ok(Pattern::ManyToMany),
+            _ => Err(format!("unknown pattern {s:?} (pairwise, one-to-many, many-to-one, many-to-many)")),
+        }
+    }
+}
+
+impl Pattern {
+    fn name(self) -> &'static str {
+        match self {
+            Pattern::Pairwise => "pairwise",
+            Pattern::OneToMany => "one-to-many",
+            Pattern::ManyToOne => "many-to-one",
+            Pattern::ManyToMany => "many-to-many",
+        }
+    }
+
+    /// `(sender, receiver)` index pairs that exchange messages.
+    fn links(self, t: usize) -> Vec<(usize, usize)> {
+        match self {
+            Pattern::Pairwise => (0..t).map(|i| (i, i)).collect(),
+            Pattern::OneToMany => (0..t).map(|j| (0, j)).collect(),
+            Pattern::ManyToOne => (0..t).map(|i| (i, 0)).collect(),
+            Pattern::ManyToMany => (0..t).flat_map(|i| (0..t).map(move |j| (i, j))).collect(),
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Mode {
+    Thread,
+    Process,
+}
+
+/// One measured configuration.
+#[derive(Clone, Copy, Debug)]
+struct Point {
+    pattern: Pattern,
+    mode: Mode,
+    pairs: usize,
+    size: usize,
+    window: usize,
+    progress: ProgressMode,
+    assignment: Assignment,
+    cris: usize,
+    matching: MatchingMode,
+}
+
+/// Runs the sweep.
+pub fn run(a: &Args) -> Result<(), String> {
+    let patterns: Vec<Pattern> = parse_list(&a.pattern)?;
+    let modes: Vec<Mode> = a
+        .mode
+        .split(',')
+        .map(|m| match m.trim() {
+            "thread" => Ok(Mode::Thread),
+            "process" => Ok(Mode::Process),
+            o => Err(format!("unknown mode {o:?} (thread, process)")),
+        })
+        .collect::<Result<_, _>>()?;
+    let progress: Vec<ProgressMode> = a.progress.split(',').map(|s| s.parse().map_err(|e| format!("{e}"))).collect::<Result<_, _>>()?;
+    let assignment: Vec<Assignment> = a.assignment.split(',').map(|s| s.parse().map_err(|e| format!("{e}"))).collect::<Result<_, _>>()?;
+    let matching: Vec<MatchingMode> = a.matching.split(',').map(|s| s.parse().map_err(|e| format!("{e}"))).collect::<Result<_, _>>()?;
+    let cris: Vec<Option<usize>> = a
+        .cris
+        .split(',')
+        .map(|c| if c.trim() == "auto" { Ok(None) } else { c.trim().parse().map(Some).map_err(|e| format!("bad --cris {c:?}: {e}")) })
+        .collect::<Result<_, _>>()?;
+    let sizes: Vec<usize> = parse_list(&a.size)?;
+    let windows: Vec<usize> = parse_list(&a.window)?;
+    let pairs: Vec<usize> = parse_list(&a.pairs)?;
+    if pairs.contains(&0) || windows.contains(&0) || a.iterations == 0 || a.runs == 0 {
+        return Err("pairs, window, iterations and runs must be positive".into());
+    }
+
+    let mut table = Table::new(&[
+        "pattern", "mode", "pairs", "size", "window", "progress", "assignment", "cris", "matching", "comm_per_pair", "overtaking", "msg_rate",
+    ]);
+    if !a.csv {
+        println!(
+            "# weft-bench multirate: iterations={} runs={} (median) cores={} provider=embedded",
+            a.iterations,
+            a.runs,
+            std::thread::available_parallelism().map_or(1, |n| n.get())
+        );
+    }
+    table.print_header(a.csv);
+    for &pattern in &patterns {
+        for &mode in &modes {
+            for &t in &pairs {
+                for &size in &sizes {
+                    for &window in &windows {
+                        for &pm in &progress {
+                            for &asg in &assignment {
+                                for &c in &cris {
+                                    for &mm in &matching {
+                                        let cris = c.unwrap_or(if mode == Mode::Thread { t } else { 1 });
+                                        let p = Point { pattern, mode, pairs: t, size, window, progress: pm, assignment: asg, cris, matching: mm };
+                                        let mut rates = Vec::with_capacity(a.runs);
+                                        for _ in 0..a.runs {
+                                            rates.push(measure(&p, a.iterations, a.comm_per_pair, a.overtaking)?);
+                                        }
+                                        let rate = median(&rates);
+                                        table.row(vec![
+                                            pattern.name().into(),
+                                            if mode == Mode::Thread { "thread" } else { "process" }.into(),
+                                            t.to_string(),
+                                            size.to_string(),
+                                            window.to_string(),
+                                            pm.to_string(),
+                                            asg.to_string(),
+                                            cris.to_string(),
+                                            mm.to_string(),
+                                            (a.comm_per_pair as u8).to_string(),
+                                            (a.overtaking as u8).to_string(),
+                                            format!("{rate:.0}"),
+                                        ]);
+                                        table.print_last(a.csv);
+                                    }
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Tags: every (sender, receiver) link has its own data, ready and ack tags.
+fn tags(link: usize) -> (i32, i32, i32) {
+    let b = 3 * link as i32;
+    (b, b + 1, b + 2)
+}
+
+/// What one worker does: the links it sends on (as sender) or receives on (as receiver).
+struct Role<'a> {
+    comm_of: Vec<&'a Communicator>,
+    /// `(link index, peer rank)` per link of this worker.
+    links: Vec<(usize, u32)>,
+}
+
+fn measure(p: &Point, iterations: usize, comm_per_pair: bool, overtaking: bool) -> Result<f64, String> {
+    let t = p.pairs;
+    let links = p.pattern.links(t);
+    let nranks = if p.mode == Mode::Thread { 2 } else { 2 * t as u32 };
+    let runtimes = Runtime::builder()
+        .env(false)
+        .progress(p.progress)
+        .assignment(p.assignment)
+        .matching(p.matching)
+        .cris(p.cris)
+        .build_local(nranks)
+        .map_err(|e| e.to_string())?;
+    // Communicators per rank: world, or dups (collective, so every rank dups in parallel).
+    let ncomms = if comm_per_pair && p.mode == Mode::Thread { links.len() } else { usize::from(comm_per_pair || overtaking) };
+    let comms: Vec<Vec<Communicator>> = std::thread::scope(|s| {
+        let hs: Vec<_> = runtimes
+            .iter()
+            .map(|rt| {
+                s.spawn(move || -> Result<Vec<Communicator>, String> {
+                    (0..ncomms).map(|_| rt.world().dup_with(overtaking).map_err(|e| e.to_string())).collect()
+                })
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().expect("dup thread")).collect::<Result<_, _>>()
+    })?;
+    let comm_for = |rank: usize, link: usize| -> &Communicator {
+        if ncomms == 0 {
+            runtimes[rank].world()
+        } else if ncomms == 1 {
+            &comms[rank][0]
+        } else {
+            &comms[rank][link]
+        }
+    };
+    // Rank of sender i / receiver j.
+    let (srank, rrank) = match p.mode {
+        Mode::Thread => ((|_i: usize| 0usize) as fn(usize) -> usize, (|_j: usize| 1usize) as fn(usize) -> usize),
+        Mode::Process => ((|i: usize| i) as fn(usize) -> usize, ((move |_j: usize| 0usize) as fn(usize) -> usize)),
+    };
+    let rrank_of = |j: usize| if p.mode == Mode::Process { t + j } else { rrank(j) };
+    let mut senders: Vec<Role<'_>> = (0..t).map(|_| Role { comm_of: Vec::new(), links: Vec::new() }).collect();
+    let mut receivers: Vec<Role<'_>> = (0..t).map(|_| Role { comm_of: Vec::new(), links: Vec::new() }).collect();
+    for (l, &(i, j)) in links.iter().enumerate() {
+        senders[i].links.push((l, rrank_of(j) as u32));
+        senders[i].comm_of.push(comm_for(srank(i), l));
+        receivers[j].links.push((l, srank(i) as u32));
+        receivers[j].comm_of.push(comm_for(rrank_of(j), l));
+    }
+    let workers = senders.iter().filter(|r| !r.links.is_empty()).count() + receivers.iter().filter(|r| !r.links.is_empty()).count();
+    let barrier = Barrier::new(workers + 1);
+    let warmup = (iterations / 10).clamp(1, 20);
+    let (w, size) = (p.window, p.size);
+    let elapsed = std::thread::scope(|s| -> Result<Duration, String> {
+        let mut hs = Vec::new();
+        for role in senders.iter().filter(|r| !r.links.is_empty()) {
+            let barrier = &barrier;
+            hs.push(s.spawn(move || sender(role, w, size, iterations, warmup, barrier)));
+        }
+        for role in receivers.iter().filter(|r| !r.links.is_empty()) {
+            let barrier = &barrier;
+            hs.push(s.spawn(move || receiver(role, w, size, iterations, warmup, barrier)));
+        }
+        barrier.wait(); // warm-up done
+        barrier.wait(); // start
+        let t0 = Instant::now();
+        barrier.wait(); // end
+        let el = t0.elapsed();
+        for h in hs {
+            h.join().map_err(|_| "worker panicked".to_string())??;
+        }
+        Ok(el)
+    })?;
+    let messages = (links.len() * w * iterations) as f64;
+    Ok(messages / elapsed.as_secs_f64())
+}
+
+fn sender(role: &Role<'_>, w: usize, size: usize, iterations: usize, warmup: usize, barrier: &Barrier) -> Result<(), String> {
+    let e = |e: weft::Error| e.to_string();
+    let mut bufs: Vec<Vec<u8>> = (0..w * role.links.len()).map(|_| vec![7u8; size]).collect();
+    let mut ctl: Vec<Vec<u8>> = (0..role.links.len()).map(|_| Vec::with_capacity(1)).collect();
+    for phase in 0..2 {
+        let n = if phase == 0 { warmup } else { iterations };
+        if phase == 1 {
+            barrier.wait();
+        }
+        for _ in 0..n {
+            // Ready from every receiver.
+            let mut readies: Vec<Request<'_, Vec<u8>>> = Vec::with_capacity(role.links.len());
+            for (x, &(l, peer)) in role.links.iter().enumerate() {
+                readies.push(role.comm_of[x].irecv(ctl.pop().unwrap_or_default(), Source::Rank(peer), Tag::Is(tags(l).1)).map_err(e)?);
+            }
+            weft::wait_all(&mut readies).map_err(e)?;
+            ctl.extend(readies.iter_mut().filter_map(|r| r.take()).filter_map(|r| r.ok()).map(|(b, _)| b));
+            // The window.
+            let mut reqs: Vec<Request<'_, Vec<u8>>> = Vec::with_capacity(bufs.len());
+            for (x, &(l, peer)) in role.links.iter().enumerate() {
+                for _ in 0..w {
+                    let b = bufs.pop().unwrap_or_default();
+                    reqs.push(role.comm_of[x].isend(b, peer, tags(l).0).map_err(e)?);
+                }
+            }
+            weft::wait_all(&mut reqs).map_err(e)?;
+            bufs.extend(reqs.iter_mut().filter_map(|r| r.take()).filter_map(|r| r.ok()).map(|(b, _)| b));
+            // Acks.
+            let mut acks: Vec<Request<'_, Vec<u8>>> = Vec::with_capacity(role.links.len());
+            for (x, &(l, peer)) in role.links.iter().enumerate() {
+                acks.push(role.comm_of[x].irecv(ctl.pop().unwrap_or_default(), Source::Rank(peer), Tag::Is(tags(l).2)).map_err(e)?);
+            }
+            weft::wait_all(&mut acks).map_err(e)?;
+            ctl.extend(acks.iter_mut().filter_map(|r| r.take()).filter_map(|r| r.ok()).map(|(b, _)| b));
+        }
+        barrier.wait();
+    }
+    Ok(())
+}
+
+fn receiver(role: &Role<'_>, w: usize, size: usize, iterations: usize, warmup: usize, barrier: &Barrier) -> Result<(), String> {
+    let e = |e: weft::Error| e.to_string();
+    let mut bufs: Vec<Vec<u8>> = (0..w * role.links.len()).map(|_| Vec::with_capacity(size)).collect();
+    for phase in 0..2 {
+        let n = if phase == 0 { warmup } else { iterations };
+        if phase == 1 {
+            barrier.wait();
+        }
+        for _ in 0..n {
+            let mut reqs: Vec<Request<'_, Vec<u8>>> = Vec::with_capacity(bufs.len());
+            for (x, &(l, peer)) in role.links.iter().enumerate() {
+                for _ in 0..w {
+                    let b = bufs.pop().unwrap_or_else(|| Vec::with_capacity(size));
+                    reqs.push(role.comm_of[x].irecv(b, Source::Rank(peer), Tag::Is(tags(l).0)).map_err(e)?);
+                }
+            }
+            for (x, &(l, peer)) in role.links.iter().enumerate() {
+                role.comm_of[x].send(&b"r"[..], peer, tags(l).1).map_err(e)?;
+            }
+            weft::wait_all(&mut reqs).map_err(e)?;
+            for r in reqs.iter_mut() {
+                match r.take() {
+                    Some(Ok((b, st))) if st.bytes == size => bufs.push(b),
+                    Some(Ok((_, st))) => return Err(format!("received {} bytes, expected {size}", st.bytes)),
+                    Some(Err(err)) => return Err(err.to_string()),
+                    None => return Err("request not complete after wait_all".into()),
+                }
+            }
+            for (x, &(l, peer)) in role.links.iter().enumerate() {
+                role.comm_of[x].send(&b"a"[..], peer, tags(l).2).map_err(e)?;
+            }
+        }
+        barrier.wait();
+    }
+    Ok(())
+}
