@@ -17,6 +17,10 @@ use crate::matching::{message_len, Matched};
 use crate::request::ReqInner;
 use crate::runtime::Shared;
 
+thread_local! {
+    static MATCHED: std::cell::RefCell<Vec<Matched>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
 /// Frames taken from one inbox per progress call (bounded work per call).
 const POLL_BATCH: usize = 64;
 
@@ -75,7 +79,8 @@ impl Shared {
                     self.release_frame(frame);
                     return;
                 }
-                let mut matched: Vec<Matched> = Vec::new();
+                // A reused per-thread scratch list: no allocation per frame.
+                let mut matched = MATCHED.with(|m| std::mem::take(&mut *m.borrow_mut()));
                 let timing = self.config.match_timing.then(std::time::Instant::now);
                 self.with_matching(comm, |m| {
                     m.arrive(frame, &mut matched);
@@ -83,9 +88,10 @@ impl Shared {
                         m.counters.match_nanos += t0.elapsed().as_nanos() as u64;
                     }
                 });
-                for m in matched {
+                for m in matched.drain(..) {
                     self.finish_match(k, m.req, m.frame);
                 }
+                MATCHED.with(|m| *m.borrow_mut() = matched);
             }
             FrameKind::Fin => {
                 let ptr = frame.header.cookie as usize as *const ReqInner;
