@@ -1,0 +1,2 @@
+//! libfabric provider, low level. (WIP)
+pub(crate) mod sys;
