@@ -27,3 +27,9 @@ pub(crate) const WEFT_FI_VERSION: u32 = fi_version(1, 17);
 
 /// `FI_ADDR_UNSPEC` (`((uint64_t) -1)`, a cast bindgen does not evaluate).
 pub(crate) const FI_ADDR_UNSPEC_VALUE: fi_addr_t = u64::MAX;
+
+/// `FI_ADDR_NOTAVAIL` (also `((uint64_t) -1)`): an address that failed to insert.
+pub(crate) const FI_ADDR_NOTAVAIL_VALUE: fi_addr_t = u64::MAX;
+
+/// `FI_KEY_NOTAVAIL` (`((uint64_t) -2)`): `fi_mr_key` under `FI_MR_RAW`.
+pub(crate) const FI_KEY_NOTAVAIL: u64 = u64::MAX - 1;
