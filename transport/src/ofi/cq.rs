@@ -206,7 +206,9 @@ impl CompletionQueue {
         if ret < 0 {
             return CqError::Fatal(OfiError::from_code("fi_cq_readerr", ret as i64));
         }
-        let mut text = super::error::strerror(e.err);
+        // shm (1.17) reports `-FI_E*` here, others `FI_E*`: normalize to positive.
+        let code = i32::try_from(e.err.unsigned_abs()).unwrap_or(i32::MAX);
+        let mut text = super::error::strerror(code);
         let mut buf = [0 as std::os::raw::c_char; 256];
         // SAFETY: valid CQ; err_data from the entry just read (still valid); `buf` of its len.
         let prov = unsafe {
@@ -229,7 +231,7 @@ impl CompletionQueue {
             context: e.op_context as u64,
             error: OfiError {
                 op: "completion",
-                code: e.err,
+                code,
                 text,
             },
             prov_errno: e.prov_errno,
