@@ -27,8 +27,6 @@ mod ofi {
             && !name.starts_with("FI_EP_")
             && !name.starts_with("FI_ENDPOINT")
             && !name.starts_with("FI_EXEC")
-            && name != "FI_ERRNO_OFFSET"
-            || name == "FI_ERRNO_OFFSET"
     }
 
     #[derive(Debug)]

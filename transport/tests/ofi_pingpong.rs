@@ -31,12 +31,18 @@ fn hop(p: &mut Pair, from: Which, data: &[u8], tag: u64) {
     let inject = data.len() <= p.a.ep.inject_size();
     if inject {
         p.post_retry("tinject", |p| {
-            let ep = match from { Which::A => &p.a.ep, Which::B => &p.b.ep };
+            let ep = match from {
+                Which::A => &p.a.ep,
+                Which::B => &p.b.ep,
+            };
             ep.tinject(data, dest, tag).expect("tinject")
         });
     } else {
         p.post_retry("tsend", |p| {
-            let ep = match from { Which::A => &p.a.ep, Which::B => &p.b.ep };
+            let ep = match from {
+                Which::A => &p.a.ep,
+                Which::B => &p.b.ep,
+            };
             // SAFETY: `data` outlives the send-completion wait just below.
             unsafe { ep.tsend(data, None, dest, tag, 3) }.expect("tsend")
         });
@@ -59,7 +65,10 @@ fn run(provider: &str, size: usize) -> Option<Duration> {
         if i == WARMUP {
             timed_from = Some(Instant::now());
         }
-        assert!(start.elapsed() < DEADLINE * 6, "ping-pong on {provider} too slow");
+        assert!(
+            start.elapsed() < DEADLINE * 6,
+            "ping-pong on {provider} too slow"
+        );
         // Post both receives for this round trip first.
         p.post_retry("trecv b", |p| {
             // SAFETY: `buf_b` is not touched until its completion is read in `hop`.
@@ -72,7 +81,10 @@ fn run(provider: &str, size: usize) -> Option<Duration> {
         hop(&mut p, Which::A, &data, 10);
         hop(&mut p, Which::B, &data, 11);
         if i % 4096 == 0 {
-            assert!(buf_a == data && buf_b == data, "payload mismatch at iteration {i}");
+            assert!(
+                buf_a == data && buf_b == data,
+                "payload mismatch at iteration {i}"
+            );
         }
     }
     let elapsed = timed_from.expect("warm-up ran").elapsed();

@@ -150,19 +150,23 @@ impl Endpoint {
         })?;
         let raw = NonNull::new(raw).ok_or_else(|| OfiError::invalid("fi_endpoint", "NULL ep"))?;
         let guard = EpGuard(raw);
-        // SAFETY (all binds and enable): valid endpoint; valid fids of objects of the same
-        // domain, which outlive the endpoint (owned by / Arc'ed in the Endpoint built below).
+        // SAFETY: valid endpoint; valid AV of the same domain, which outlives the endpoint
+        // (Arc'ed in the Endpoint built below).
         check("fi_ep_bind(av)", unsafe {
             sys::weft_fi_ep_bind(raw.as_ptr(), av.fid(), 0)
         })?;
+        // SAFETY: valid endpoint; valid CQ of the same domain, owned by the Endpoint built
+        // below and closed after it.
         check("fi_ep_bind(cq)", unsafe {
             sys::weft_fi_ep_bind(raw.as_ptr(), cq.fid(), sys::FI_TRANSMIT | sys::FI_RECV)
         })?;
         if let Some(c) = &counter {
+            // SAFETY: as for the CQ: valid counter owned by the Endpoint, closed after it.
             check("fi_ep_bind(cntr)", unsafe {
                 sys::weft_fi_ep_bind(raw.as_ptr(), c.fid(), sys::FI_READ | sys::FI_WRITE)
             })?;
         }
+        // SAFETY: valid endpoint with AV and CQ bound.
         check("fi_enable", unsafe { sys::weft_fi_enable(raw.as_ptr()) })?;
 
         let mut name = vec![0u8; MAX_ADDR_LEN];

@@ -90,40 +90,40 @@ impl Info {
         unsafe { self.raw.as_ref() }
     }
 
+    fn fabric_attr(&self) -> Option<&sys::fi_fabric_attr> {
+        // SAFETY: attribute pointers of a fi_info from fi_getinfo/fi_dupinfo are NULL or point
+        // to attributes owned by it, alive (and unmodified) as long as `self`.
+        unsafe { self.raw().fabric_attr.as_ref() }
+    }
+
+    fn domain_attr(&self) -> Option<&sys::fi_domain_attr> {
+        // SAFETY: as in `fabric_attr`.
+        unsafe { self.raw().domain_attr.as_ref() }
+    }
+
+    fn tx_attr(&self) -> Option<&sys::fi_tx_attr> {
+        // SAFETY: as in `fabric_attr`.
+        unsafe { self.raw().tx_attr.as_ref() }
+    }
+
+    fn ep_attr(&self) -> Option<&sys::fi_ep_attr> {
+        // SAFETY: as in `fabric_attr`.
+        unsafe { self.raw().ep_attr.as_ref() }
+    }
+
     /// Provider name as libfabric reports it (e.g. `"tcp;ofi_rxm"`).
     pub fn provider(&self) -> String {
-        let fab = self.raw().fabric_attr;
-        // SAFETY: fabric_attr of a fi_info from fi_getinfo/fi_dupinfo is NULL or valid.
-        let name = if fab.is_null() {
-            ptr::null()
-        } else {
-            unsafe { (*fab).prov_name }
-        };
-        cstr_lossy(name)
+        cstr_lossy(self.fabric_attr().map_or(ptr::null(), |a| a.prov_name))
     }
 
     /// Fabric name (e.g. `"127.0.0.1/32"`, `"shm"`).
     pub fn fabric_name(&self) -> String {
-        let fab = self.raw().fabric_attr;
-        // SAFETY: as in `provider`.
-        let name = if fab.is_null() {
-            ptr::null()
-        } else {
-            unsafe { (*fab).name }
-        };
-        cstr_lossy(name)
+        cstr_lossy(self.fabric_attr().map_or(ptr::null(), |a| a.name))
     }
 
     /// Domain name (e.g. `"lo"`, `"shm"`).
     pub fn domain_name(&self) -> String {
-        let dom = self.raw().domain_attr;
-        // SAFETY: domain_attr is NULL or valid, as above.
-        let name = if dom.is_null() {
-            ptr::null()
-        } else {
-            unsafe { (*dom).name }
-        };
-        cstr_lossy(name)
+        cstr_lossy(self.domain_attr().map_or(ptr::null(), |a| a.name))
     }
 
     /// The capabilities of [`Caps::ALL`] that the chosen configuration grants.
@@ -143,36 +143,18 @@ impl Info {
 
     /// Largest message `inject` accepts (`tx_attr->inject_size`).
     pub fn inject_size(&self) -> usize {
-        let tx = self.raw().tx_attr;
-        // SAFETY: tx_attr is NULL or valid, as above.
-        if tx.is_null() {
-            0
-        } else {
-            unsafe { (*tx).inject_size }
-        }
+        self.tx_attr().map_or(0, |a| a.inject_size)
     }
 
     /// Largest message size (`ep_attr->max_msg_size`).
     pub fn max_msg_size(&self) -> usize {
-        let ep = self.raw().ep_attr;
-        // SAFETY: ep_attr is NULL or valid, as above.
-        if ep.is_null() {
-            0
-        } else {
-            unsafe { (*ep).max_msg_size }
-        }
+        self.ep_attr().map_or(0, |a| a.max_msg_size)
     }
 
     /// `domain_attr->mr_mode` bits.
     pub(crate) fn mr_mode(&self) -> u64 {
-        let dom = self.raw().domain_attr;
-        // SAFETY: domain_attr is NULL or valid, as above.
-        let mode = if dom.is_null() {
-            0
-        } else {
-            unsafe { (*dom).mr_mode }
-        };
-        u64::try_from(mode).unwrap_or(0)
+        self.domain_attr()
+            .map_or(0, |a| u64::try_from(a.mr_mode).unwrap_or(0))
     }
 
     /// True when RMA targets are addressed by virtual address (`FI_MR_VIRT_ADDR`), false when

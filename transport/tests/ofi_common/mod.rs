@@ -7,8 +7,8 @@ use std::sync::{Arc, Once};
 use std::time::{Duration, Instant};
 
 use weft_transport::ofi::{
-    AddressVector, Completion, CompletionError, CqError, Domain, Endpoint, EndpointConfig,
-    FiAddr, Info, Post,
+    AddressVector, Completion, CompletionError, CqError, Domain, Endpoint, EndpointConfig, FiAddr,
+    Info, Post,
 };
 
 /// Every wait in the tests gives up (panics with a message) after this long.
@@ -73,8 +73,14 @@ pub(crate) fn pair_with(provider: &str, config: &EndpointConfig) -> Option<Pair>
     assert_ne!(to_a, to_b, "two endpoints got the same FiAddr");
     Some(Pair {
         info,
-        a: Side { ep: a, done: VecDeque::new() },
-        b: Side { ep: b, done: VecDeque::new() },
+        a: Side {
+            ep: a,
+            done: VecDeque::new(),
+        },
+        b: Side {
+            ep: b,
+            done: VecDeque::new(),
+        },
         to_b,
         to_a,
         av,
@@ -108,7 +114,12 @@ impl Pair {
     }
 
     /// Waits (progressing both sides) for the completion with `ctx` on `which`.
-    pub(crate) fn wait(&mut self, which: Which, ctx: u64, what: &str) -> Result<Completion, CompletionError> {
+    pub(crate) fn wait(
+        &mut self,
+        which: Which,
+        ctx: u64,
+        what: &str,
+    ) -> Result<Completion, CompletionError> {
         let start = Instant::now();
         loop {
             let side = self.side(which);
@@ -159,5 +170,7 @@ impl Pair {
 
 /// Deterministic test payload.
 pub(crate) fn pattern(len: usize, seed: u8) -> Vec<u8> {
-    (0..len).map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed)).collect()
+    (0..len)
+        .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed))
+        .collect()
 }
