@@ -12,6 +12,8 @@
 
 mod doorbell;
 pub mod embedded;
+#[cfg(feature = "ofi")]
+pub mod ofi;
 mod frame;
 pub(crate) mod loom;
 

@@ -1,0 +1,98 @@
+//! Build script of `weft-transport`.
+//!
+//! Without the `ofi` feature it does nothing, so the crate builds on machines without
+//! libfabric. With `ofi` it (1) finds libfabric through `pkg-config`, (2) compiles the C
+//! shims in `csrc/shim.c` (out-of-line wrappers over libfabric's `static inline` calls) and
+//! (3) runs bindgen over `csrc/shim.h` (which includes the `rdma/*.h` headers weft uses) with
+//! an allowlist, writing `$OUT_DIR/ofi_bindings.rs` for `src/ofi/sys.rs`.
+
+fn main() {
+    println!("cargo:rerun-if-changed=build.rs");
+    println!("cargo:rerun-if-env-changed=CARGO_FEATURE_OFI");
+    // Cargo sets CARGO_FEATURE_OFI exactly when the build-dependencies of `ofi` are compiled
+    // in (cfg feature = "ofi" in a build script); both are checked so the intent is explicit.
+    #[cfg(feature = "ofi")]
+    if std::env::var_os("CARGO_FEATURE_OFI").is_some() {
+        ofi::build();
+    }
+}
+
+#[cfg(feature = "ofi")]
+mod ofi {
+    use std::path::PathBuf;
+
+    /// Macros whose values are C `int` error numbers (`fi_errno.h`); every other `FI_*`
+    /// integer macro is a 64-bit flag word and is generated as `u64`.
+    fn is_errno_macro(name: &str) -> bool {
+        name.starts_with("FI_E")
+            && !name.starts_with("FI_EP_")
+            && !name.starts_with("FI_ENDPOINT")
+            && !name.starts_with("FI_EXEC")
+    }
+
+    #[derive(Debug)]
+    struct FlagMacros;
+
+    impl bindgen::callbacks::ParseCallbacks for FlagMacros {
+        fn int_macro(&self, name: &str, _value: i64) -> Option<bindgen::callbacks::IntKind> {
+            use bindgen::callbacks::IntKind;
+            if !name.starts_with("FI_") {
+                return None;
+            }
+            if is_errno_macro(name) {
+                Some(IntKind::Int)
+            } else {
+                Some(IntKind::U64)
+            }
+        }
+    }
+
+    pub(super) fn build() {
+        let lib = pkg_config::Config::new()
+            .atleast_version("1.17")
+            .probe("libfabric")
+            .unwrap_or_else(|e| {
+                panic!(
+                    "feature `ofi` needs libfabric >= 1.17 found through pkg-config \
+                     (Debian: run .ci/ofi-deps.sh): {e}"
+                )
+            });
+
+        let manifest = PathBuf::from(std::env::var("CARGO_MANIFEST_DIR").expect("cargo sets it"));
+        let csrc = manifest.join("csrc");
+        println!("cargo:rerun-if-changed={}", csrc.join("shim.c").display());
+        println!("cargo:rerun-if-changed={}", csrc.join("shim.h").display());
+
+        let mut cc = cc::Build::new();
+        cc.file(csrc.join("shim.c")).include(&csrc).warnings(true);
+        for path in &lib.include_paths {
+            cc.include(path);
+        }
+        cc.compile("weft_ofi_shim");
+
+        let mut builder = bindgen::Builder::default()
+            .header(csrc.join("shim.h").display().to_string())
+            .parse_callbacks(Box::new(FlagMacros))
+            .parse_callbacks(Box::new(bindgen::CargoCallbacks::new()))
+            .allowlist_function("weft_fi_.*")
+            .allowlist_function("fi_getinfo|fi_freeinfo|fi_dupinfo|fi_fabric|fi_strerror")
+            .allowlist_type("fi_.*|fid_.*|fid")
+            .allowlist_var("FI_.*")
+            .default_enum_style(bindgen::EnumVariation::Consts)
+            .prepend_enum_name(false)
+            .derive_default(true)
+            .wrap_unsafe_ops(true)
+            .layout_tests(false)
+            .generate_comments(false);
+        for path in &lib.include_paths {
+            builder = builder.clang_arg(format!("-I{}", path.display()));
+        }
+        let bindings = builder
+            .generate()
+            .unwrap_or_else(|e| panic!("bindgen over libfabric headers failed: {e}"));
+        let out = PathBuf::from(std::env::var("OUT_DIR").expect("cargo sets it"));
+        bindings
+            .write_to_file(out.join("ofi_bindings.rs"))
+            .expect("write ofi_bindings.rs");
+    }
+}
