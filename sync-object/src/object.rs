@@ -256,9 +256,13 @@ impl<T: Send + 'static> SyncObject<T> {
                 // Undo: release the Arc, the count and give the data back.
                 // SAFETY: `sink` came from `Arc::into_raw` above and was never shared.
                 drop(unsafe { Arc::from_raw(att.sink.cast::<Inner<T>>()) });
-                self.inner.pending.fetch_sub(1, Ordering::Relaxed);
                 // SAFETY: the slot holds the data put above (when `with_data`).
-                Err(with_data.then(|| unsafe { take_data::<T>(&mut att.data) }))
+                let data = with_data.then(|| unsafe { take_data::<T>(&mut att.data) });
+                // The count is taken back like a detach does it, waking waiters when it
+                // reaches zero: a waiter may have seen the increment above (`size() == 1`)
+                // and parked, and nothing else would wake it.
+                self.finish_one();
+                Err(data)
             }
         }
     }
