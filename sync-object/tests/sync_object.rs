@@ -816,3 +816,54 @@ fn wait_any_and_next_drive_the_hook() {
     assert_eq!(rest, [0]);
     assert_eq!(hook.log(), ["progress:completed"; 3]);
 }
+
+#[test]
+fn a_delivered_completion_is_not_delivered_again() {
+    // Completed while attached to `a`: the event went to `a`; attaching the request to `b`
+    // (or to `a` again) is refused and queues nothing.
+    let a = SyncObject::new();
+    let b = SyncObject::new();
+    let mut op = Op::new();
+    a.attach(&mut op, 1u8).unwrap();
+    op.0.complete(ok(1));
+    assert_eq!(b.attach(&mut op, 2), Err(AttachError::AlreadyAttached(2)));
+    assert_eq!(a.attach(&mut op, 3), Err(AttachError::AlreadyAttached(3)));
+    assert_eq!(b.attach_counted(&mut op), Err(AttachError::AlreadyAttached(())));
+    assert_eq!((a.size(), a.probe(), b.size(), b.probe()), (0, 1, 0, 0));
+
+    // Completed first, then attached: queued once by that attach, and only by it.
+    let mut late = Op::new();
+    late.0.complete(ok(2));
+    b.attach(&mut late, 4).unwrap();
+    assert_eq!(b.attach(&mut late, 5), Err(AttachError::AlreadyAttached(5)));
+    assert_eq!(a.attach(&mut late, 6), Err(AttachError::AlreadyAttached(6)));
+    assert_eq!((a.probe(), b.probe()), (1, 1));
+    assert_eq!(a.query().map(|c| c.data), Some(1));
+    assert_eq!(b.query().map(|c| c.data), Some(4));
+    assert_eq!(b.detach(&mut late), Detached::AlreadyComplete);
+}
+
+#[test]
+fn a_refused_attach_wakes_a_waiter_that_saw_its_count() {
+    // The refused attach counts itself for a moment; a waiter that saw that count must not
+    // be left parked. Many tries make the interleaving likely (the loom model
+    // `refused_attach_vs_wait_all` checks it exhaustively).
+    let a = SyncObject::new();
+    let mut op = Op::new();
+    a.attach(&mut op, 0u8).unwrap();
+    for _ in 0..200 {
+        let b = SyncObject::<u8>::new();
+        let waiter = {
+            let b = b.clone();
+            thread::spawn(move || b.wait_all())
+        };
+        assert!(b.attach(&mut op, 1).is_err());
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !waiter.is_finished() {
+            assert!(Instant::now() < deadline, "wait_all stranded by a refused attach");
+            thread::yield_now();
+        }
+        assert_eq!(waiter.join().unwrap(), Ok(()));
+    }
+    op.0.complete(ok(0));
+}
