@@ -12,12 +12,18 @@
 //! | bit | name        | set by                       | cleared by            |
 //! |-----|-------------|------------------------------|-----------------------|
 //! | 0   | `COMPLETE`  | the completer (`fetch_or`)   | `reset` (exclusive)   |
-//! | 1   | `ATTACHED`  | `attach` (CAS, not complete) | `detach` (CAS), reset |
+//! | 1   | `ATTACHED`  | `attach` (CAS, not complete; | `detach` (CAS), reset |
+//! |     |             | `fetch_or` once complete)    |                       |
 //! | 2   | `HAS_WAKER` | `poll` after storing a waker | `reset`               |
 //!
 //! The outcome slot is written by the completer *before* it sets `COMPLETE`; the attachment
 //! slot is written by the attacher *before* it sets `ATTACHED`. Each slot is read only by the
 //! side that observes the other's bit, so each is written once and read once per cycle.
+//!
+//! `COMPLETE | ATTACHED` means the completion went to a sync object: either the completer
+//! found the attachment, or an attach found the cell complete, delivered it itself and set
+//! `ATTACHED` afterwards. A later attach sees both bits and is refused, so one completion is
+//! never queued twice (on two objects, or twice on one).
 //!
 //! # Memory ordering
 //!
@@ -215,8 +221,14 @@ impl CompletionCell {
     pub(crate) fn try_attach(&self, att: Attachment) -> AttachRace {
         let mut cur = self.state.load(Ordering::Acquire);
         if cur & COMPLETE != 0 {
+            if cur & ATTACHED != 0 {
+                // The completion was already delivered to the sync object this cell was
+                // attached to; delivering it again would queue the same event twice.
+                return AttachRace::AlreadyAttached(att);
+            }
             // SAFETY: `COMPLETE` observed with acquire.
             let o = self.outcome.with(|p| unsafe { *p }).unwrap_or(Err(Error::Cancelled));
+            self.mark_taken();
             return AttachRace::AlreadyComplete(att, o);
         }
         if cur & ATTACHED != 0 {
@@ -236,12 +248,22 @@ impl CompletionCell {
                         let att = self.attachment.with(|p| unsafe { (*p).assume_init() });
                         // SAFETY: `COMPLETE` observed with acquire.
                         let o = self.outcome.with(|p| unsafe { *p }).unwrap_or(Err(Error::Cancelled));
+                        self.mark_taken();
                         return AttachRace::AlreadyComplete(att, o);
                     }
                     cur = actual; // a waker bit changed; retry
                 }
             }
         }
+    }
+
+    /// Records that an attach took this (complete) cell's completion: sets `ATTACHED` next
+    /// to `COMPLETE`, so that a later attach is refused instead of delivering it again.
+    fn mark_taken(&self) {
+        // Relaxed: the bit is read only by later attachers, who are ordered after us by the
+        // exclusive (`&mut`) access to the request that attaching requires; with `COMPLETE`
+        // set, no completer or detacher looks at it.
+        self.state.fetch_or(ATTACHED, Ordering::Relaxed);
     }
 
     /// Reads the current attachment's sink pointer, if attached and not complete.

@@ -71,7 +71,8 @@ impl<T> Completion<T> {
 /// Why an attach was refused; the data is handed back.
 #[derive(Debug, PartialEq, Eq)]
 pub enum AttachError<T> {
-    /// The request is already attached to a sync object (this one or another).
+    /// The request is already attached to a sync object (this one or another), or it was
+    /// and its completion has already been delivered there.
     AlreadyAttached(T),
 }
 
@@ -214,7 +215,10 @@ impl<T: Send + 'static> SyncObject<T> {
     /// Attaches `request` with completion `data` (`MPIX_Sync_attach`).
     ///
     /// When the request completes its data and status are queued here, and the request is
-    /// detached automatically. A request that has already completed is queued at once.
+    /// detached automatically. A request that has already completed is queued at once,
+    /// unless its completion was already delivered to a sync object: a completion is
+    /// delivered once, so that attach is refused ([`AttachError::AlreadyAttached`]) until
+    /// the cell is [`reset`](CompletionCell::reset).
     pub fn attach<R: Attach + ?Sized>(&self, request: &mut R, data: T) -> Result<(), AttachError<T>> {
         match self.attach_inner(request.completion_cell(), Some(data)) {
             Ok(()) => Ok(()),
@@ -256,9 +260,13 @@ impl<T: Send + 'static> SyncObject<T> {
                 // Undo: release the Arc, the count and give the data back.
                 // SAFETY: `sink` came from `Arc::into_raw` above and was never shared.
                 drop(unsafe { Arc::from_raw(att.sink.cast::<Inner<T>>()) });
-                self.inner.pending.fetch_sub(1, Ordering::Relaxed);
                 // SAFETY: the slot holds the data put above (when `with_data`).
-                Err(with_data.then(|| unsafe { take_data::<T>(&mut att.data) }))
+                let data = with_data.then(|| unsafe { take_data::<T>(&mut att.data) });
+                // The count is taken back like a detach does it, waking waiters when it
+                // reaches zero: a waiter may have seen the increment above (`size() == 1`)
+                // and parked, and nothing else would wake it.
+                self.finish_one();
+                Err(data)
             }
         }
     }
