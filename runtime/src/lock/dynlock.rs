@@ -389,7 +389,7 @@ unsafe impl RawLock for DynLock {
     fn lock(&self, node: Pin<&DynNode>) {
         match &self.imp {
             Imp::Flat(l) => l.lock(node),
-            Imp::Priority(p) => p.lock_high(node),
+            Imp::Priority(p) => p.acquire_high(node),
         }
     }
 
@@ -397,7 +397,7 @@ unsafe impl RawLock for DynLock {
     fn try_lock(&self, node: Pin<&DynNode>) -> bool {
         match &self.imp {
             Imp::Flat(l) => l.try_lock(node),
-            Imp::Priority(p) => p.try_lock_high(node),
+            Imp::Priority(p) => p.try_acquire_high(node),
         }
     }
 
@@ -407,7 +407,7 @@ unsafe impl RawLock for DynLock {
             // SAFETY: forwarded contract.
             Imp::Flat(l) => unsafe { l.unlock(node) },
             // SAFETY: forwarded contract (`lock` of a priority kind is `lock_high`).
-            Imp::Priority(p) => unsafe { p.unlock_high(node) },
+            Imp::Priority(p) => unsafe { p.release_high(node) },
         }
     }
 
@@ -425,7 +425,7 @@ unsafe impl RawPriorityLock for DynLock {
     fn lock_low(&self, node: Pin<&DynNode>) {
         match &self.imp {
             Imp::Flat(l) => l.lock(node),
-            Imp::Priority(p) => p.lock_low(node),
+            Imp::Priority(p) => p.acquire_low(node),
         }
     }
 
@@ -433,7 +433,7 @@ unsafe impl RawPriorityLock for DynLock {
     fn try_lock_low(&self, node: Pin<&DynNode>) -> bool {
         match &self.imp {
             Imp::Flat(l) => l.try_lock(node),
-            Imp::Priority(p) => p.try_lock_low(node),
+            Imp::Priority(p) => p.try_acquire_low(node),
         }
     }
 
@@ -443,7 +443,7 @@ unsafe impl RawPriorityLock for DynLock {
             // SAFETY: forwarded contract.
             Imp::Flat(l) => unsafe { l.unlock(node) },
             // SAFETY: forwarded contract.
-            Imp::Priority(p) => unsafe { p.unlock_low(node) },
+            Imp::Priority(p) => unsafe { p.release_low(node) },
         }
     }
 }

@@ -16,6 +16,10 @@
 //! ([`RawLock::no_waiters`], which may miss an arriving waiter but never invents one), it
 //! reopens the filter.
 //!
+//! [`Priority::acquire_high`], [`Priority::release_high`], [`Priority::acquire_low`],
+//! [`Priority::release_low`] are the seed's four routines with the class's own node;
+//! through [`RawPriorityLock`] (`lock_high`, `lock_low`, ...) they take a [`PriorityNode`].
+//!
 //! Names follow the seed's `P-X-Y` convention: X the protocol of the high class (main path),
 //! Y that of the low class (progress path). [`LockKind`](super::LockKind) parses
 //! `p-hmcs-mcs` (the seed's best overall, §4.2), `p-mcs-mcs`, `p-ticket-ticket`, ...
@@ -57,8 +61,9 @@ pub struct Priority<H, L> {
     low_p: CachePadded<L>,
 }
 
-/// Node of [`Priority`] used through [`RawLock`] (`lock` = high priority): one node per
-/// class. [`Priority::lock_high`]/[`Priority::lock_low`] take the class's node directly.
+/// Node of [`Priority`] used through [`RawLock`]/[`RawPriorityLock`] (`lock` = `lock_high`):
+/// one node per class. The inherent [`Priority::acquire_high`]/[`Priority::acquire_low`] take
+/// the class's node directly.
 #[derive(Debug, Default)]
 pub struct PriorityNode<HN, LN> {
     /// Node for `high_p`.
@@ -98,7 +103,7 @@ impl<H, L> Priority<H, L> {
 impl<H: RawLock, L: RawLock> Priority<H, L> {
     /// Seed 000 Fig. 5 `acquire` (lines 12–18): high priority (main path).
     #[inline]
-    pub fn lock_high(&self, node: Pin<&H::Node>) {
+    pub fn acquire_high(&self, node: Pin<&H::Node>) {
         self.high_p.lock(node);
         // Relaxed: guarded by `high_p` (module docs).
         if !self.go_straight.load(Ordering::Relaxed) {
@@ -107,9 +112,9 @@ impl<H: RawLock, L: RawLock> Priority<H, L> {
         }
     }
 
-    /// Non-waiting [`Priority::lock_high`]; `true` on success.
+    /// Non-waiting [`Priority::acquire_high`]; `true` on success.
     #[inline]
-    pub fn try_lock_high(&self, node: Pin<&H::Node>) -> bool {
+    pub fn try_acquire_high(&self, node: Pin<&H::Node>) -> bool {
         if !self.high_p.try_lock(node) {
             return false;
         }
@@ -130,9 +135,9 @@ impl<H: RawLock, L: RawLock> Priority<H, L> {
     ///
     /// # Safety
     ///
-    /// The caller holds this lock through `lock_high`/`try_lock_high` with `node`.
+    /// The caller holds this lock through `acquire_high`/`try_acquire_high` with `node`.
     #[inline]
-    pub unsafe fn unlock_high(&self, node: Pin<&H::Node>) {
+    pub unsafe fn release_high(&self, node: Pin<&H::Node>) {
         if self.high_p.no_waiters(node) {
             // Relaxed: guarded by `high_p`, released below.
             self.go_straight.store(false, Ordering::Relaxed);
@@ -146,14 +151,14 @@ impl<H: RawLock, L: RawLock> Priority<H, L> {
 
     /// Seed 000 Fig. 5 `acquire_l` (lines 28–32): low priority (progress path).
     #[inline]
-    pub fn lock_low(&self, node: Pin<&L::Node>) {
+    pub fn acquire_low(&self, node: Pin<&L::Node>) {
         self.low_p.lock(node);
         self.filter.acquire();
     }
 
-    /// Non-waiting [`Priority::lock_low`]; `true` on success.
+    /// Non-waiting [`Priority::acquire_low`]; `true` on success.
     #[inline]
-    pub fn try_lock_low(&self, node: Pin<&L::Node>) -> bool {
+    pub fn try_acquire_low(&self, node: Pin<&L::Node>) -> bool {
         if !self.low_p.try_lock(node) {
             return false;
         }
@@ -169,10 +174,10 @@ impl<H: RawLock, L: RawLock> Priority<H, L> {
     ///
     /// # Safety
     ///
-    /// The caller holds this lock through `lock_low`/`try_lock_low` with `node`.
+    /// The caller holds this lock through `acquire_low`/`try_acquire_low` with `node`.
     #[inline]
-    pub unsafe fn unlock_low(&self, node: Pin<&L::Node>) {
-        // SAFETY: we hold the filter (taken in `lock_low`).
+    pub unsafe fn release_low(&self, node: Pin<&L::Node>) {
+        // SAFETY: we hold the filter (taken in `acquire_low`).
         unsafe { self.filter.release() };
         // SAFETY: caller contract: we hold `low_p` with `node`.
         unsafe { self.low_p.unlock(node) };
@@ -202,18 +207,18 @@ unsafe impl<H: RawLock, L: RawLock> RawLock for Priority<H, L> {
 
     #[inline]
     fn lock(&self, node: Pin<&Self::Node>) {
-        self.lock_high(Self::high_node(node))
+        self.acquire_high(Self::high_node(node))
     }
 
     #[inline]
     fn try_lock(&self, node: Pin<&Self::Node>) -> bool {
-        self.try_lock_high(Self::high_node(node))
+        self.try_acquire_high(Self::high_node(node))
     }
 
     #[inline]
     unsafe fn unlock(&self, node: Pin<&Self::Node>) {
         // SAFETY: forwarded contract.
-        unsafe { self.unlock_high(Self::high_node(node)) }
+        unsafe { self.release_high(Self::high_node(node)) }
     }
 
     fn no_waiters(&self, node: Pin<&Self::Node>) -> bool {
@@ -225,18 +230,18 @@ unsafe impl<H: RawLock, L: RawLock> RawLock for Priority<H, L> {
 unsafe impl<H: RawLock, L: RawLock> RawPriorityLock for Priority<H, L> {
     #[inline]
     fn lock_low(&self, node: Pin<&Self::Node>) {
-        Priority::lock_low(self, Self::low_node(node))
+        self.acquire_low(Self::low_node(node))
     }
 
     #[inline]
     fn try_lock_low(&self, node: Pin<&Self::Node>) -> bool {
-        Priority::try_lock_low(self, Self::low_node(node))
+        self.try_acquire_low(Self::low_node(node))
     }
 
     #[inline]
     unsafe fn unlock_low(&self, node: Pin<&Self::Node>) {
         // SAFETY: forwarded contract.
-        unsafe { Priority::unlock_low(self, Self::low_node(node)) }
+        unsafe { self.release_low(Self::low_node(node)) }
     }
 }
 
