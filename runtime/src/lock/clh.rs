@@ -139,7 +139,7 @@ impl Clh {
         if !p.locked.load(Ordering::Acquire) {
             return;
         }
-        let spin = SpinWait::new();
+        let spin = SpinWait::local();
         // Acquire: as above.
         while p.locked.load(Ordering::Acquire) {
             spin.wait();

@@ -81,7 +81,7 @@ impl QNode {
         if s != WAIT {
             return s;
         }
-        let spin = SpinWait::new();
+        let spin = SpinWait::local();
         loop {
             spin.wait();
             // Acquire: as above.
@@ -111,7 +111,7 @@ impl QNode {
                 return;
             }
             // A successor swapped `tail` but has not linked yet: it will, shortly.
-            let spin = SpinWait::new();
+            let spin = SpinWait::local();
             loop {
                 // Acquire: as above.
                 succ = self.next.load(Ordering::Acquire);

@@ -73,7 +73,7 @@ impl Ticket {
 
     #[cold]
     fn wait_turn(&self, me: usize) {
-        let spin = SpinWait::new();
+        let spin = SpinWait::local();
         // Acquire: as in `acquire`.
         while self.c.serving.load(Ordering::Acquire) != me {
             spin.wait();
