@@ -3,6 +3,7 @@
 //! Every subcommand prints a readable table, or with `--csv` one header line and one row per
 //! configuration. Sweep options take comma lists (`-t 1,2,4,8`).
 
+mod locks;
 mod multirate;
 mod report;
 
@@ -19,12 +20,18 @@ struct Cli {
 enum Cmd {
     /// The Multirate benchmark (seed 003 §3.5, Appendix A).
     Multirate(multirate::Args),
+    /// Lock acquisition throughput and latency versus threads, every protocol vs std/parking_lot.
+    Locks(locks::Args),
 }
 
 fn main() {
     let cli = Cli::parse();
     let res = match cli.cmd {
         Cmd::Multirate(a) => multirate::run(&a),
+        Cmd::Locks(args) => {
+            locks::run(&args);
+            Ok(())
+        }
     };
     if let Err(e) = res {
         eprintln!("weft-bench: {e}");
