@@ -157,18 +157,23 @@ impl Shared {
         header.source = self.transport.rank();
         match self.transport.send(dst, cri, header, &[]) {
             Ok(()) | Err(SendError::PeerLost) => {}
-            Err(SendError::WouldBlock) => self.deferred.lock().push((dst, cri, header)),
+            Err(SendError::WouldBlock) => {
+                self.deferred.lock().push((dst, cri, header));
+                self.has_deferred.store(true, std::sync::atomic::Ordering::Release);
+            }
         }
     }
 
     /// Retries deferred control frames; returns how many went out.
     pub(crate) fn flush_deferred(&self) -> usize {
-        let mut pending = self.deferred.lock();
-        if pending.is_empty() {
+        // Acquire: pairs with the store after the push; the common case is one load.
+        if !self.has_deferred.load(std::sync::atomic::Ordering::Acquire) {
             return 0;
         }
+        let mut pending = self.deferred.lock();
         let before = pending.len();
         pending.retain(|&(dst, cri, h)| matches!(self.transport.send(dst, cri, h, &[]), Err(SendError::WouldBlock)));
+        self.has_deferred.store(!pending.is_empty(), std::sync::atomic::Ordering::Release);
         before - pending.len()
     }
 }

@@ -59,6 +59,8 @@ pub(crate) struct Shared {
     pub(crate) handoff: Event,
     /// Control frames (rendezvous `Fin`) refused by a full inbox, retried by progress.
     pub(crate) deferred: Mutex<Vec<(u32, usize, weft_transport::Header)>>,
+    /// `deferred` is non-empty: progress checks this flag instead of taking the lock.
+    pub(crate) has_deferred: std::sync::atomic::AtomicBool,
     /// Rare-path counters (parks, wakes, hand-offs).
     pub(crate) counters: Counters,
     /// Next context id this rank would propose.
@@ -333,6 +335,7 @@ impl Builder {
                     owner: CachePadded::new(AtomicU64::new(0)),
                     handoff: Event::new(),
                     deferred: Mutex::new(Vec::new()),
+                    has_deferred: std::sync::atomic::AtomicBool::new(false),
                     counters: Counters::default(),
                     next_context: AtomicU32::new(2),
                     transport: ep,
