@@ -254,11 +254,17 @@ thread_local! {
     static PARKER: Waker = Waker::from(Arc::new(ThreadWaker(std::thread::current())));
 }
 
-/// Blocks until either listener fires.
+/// Longest single park. A safety net, not the wake-up mechanism: every wake-up path is a
+/// notification, but one intermittent hang seen once under CI load (issue 2 note) was not
+/// reproduced, so a missed notification costs at most this much latency instead of a hang.
+const PARK_LIMIT: std::time::Duration = std::time::Duration::from_millis(50);
+
+/// Blocks until either listener fires (or `PARK_LIMIT` passes; callers re-check).
 fn park_two(mut a: EventListener, mut b: Option<EventListener>) {
     use std::future::Future;
     use std::pin::Pin;
     let waker = PARKER.with(|w| w.clone());
+    let deadline = std::time::Instant::now() + PARK_LIMIT;
     let mut cx = Context::from_waker(&waker);
     loop {
         if let Poll::Ready(()) = Pin::new(&mut a).poll(&mut cx) {
@@ -269,7 +275,11 @@ fn park_two(mut a: EventListener, mut b: Option<EventListener>) {
                 return;
             }
         }
-        std::thread::park();
+        let now = std::time::Instant::now();
+        if now >= deadline {
+            return;
+        }
+        std::thread::park_timeout(deadline - now);
     }
 }
 
@@ -308,6 +318,11 @@ pub(crate) fn wait_all<B: Send + 'static>(shared: &Shared, reqs: &mut [Request<'
                     let _ = sync.wait_all_with(&OwnerWait { shared, me });
                     if shared.owner.load(Ordering::Relaxed) == me {
                         shared.release_ownership();
+                    } else if shared.owner.load(Ordering::Acquire) == 0 {
+                        // We may have been the waiter a hand-off woke, and left without
+                        // taking ownership (our requests were done): pass it on, or a
+                        // parked waiter would wait with no owner.
+                        shared.handoff.notify(1);
                     }
                 } else {
                     let _ = sync.wait_all_with(&ConcurrentWait { shared });
