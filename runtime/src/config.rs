@@ -81,6 +81,12 @@ pub struct Config {
     pub max_tag: i32,
     /// Measure time spent in matching (two clock reads per match; `WEFT_MATCH_TIMING=1`).
     pub match_timing: bool,
+    /// Worker threads of the executor pool (`WEFT_WORKERS`; 0 = no pool threads: spawned
+    /// tasks run only on threads that block in `block_on` or wait on requests).
+    pub workers: usize,
+    /// Packs of at least this many bytes are split into pool tasks
+    /// (`WEFT_PACK_THRESHOLD`; seed 003 §4.6.2).
+    pub pack_threshold: usize,
 }
 
 impl Default for Config {
@@ -94,6 +100,8 @@ impl Default for Config {
             inbox_capacity: 1024,
             max_tag: i32::MAX,
             match_timing: false,
+            workers: std::thread::available_parallelism().map_or(1, |n| n.get()),
+            pack_threshold: 256 * 1024,
         }
     }
 }
@@ -125,6 +133,12 @@ impl Config {
         if let Some(v) = var("WEFT_INBOX") {
             self.inbox_capacity = num("WEFT_INBOX must be a positive integer", &v)?;
         }
+        if let Some(v) = var("WEFT_WORKERS") {
+            self.workers = num("WEFT_WORKERS must be a worker count", &v)?;
+        }
+        if let Some(v) = var("WEFT_PACK_THRESHOLD") {
+            self.pack_threshold = num("WEFT_PACK_THRESHOLD must be a byte count", &v)?;
+        }
         if let Some(v) = var("WEFT_MATCH_TIMING") {
             self.match_timing = matches!(v.trim(), "1" | "true" | "yes" | "on");
         }
@@ -138,6 +152,9 @@ impl Config {
         }
         if self.inbox_capacity == 0 {
             return Err(Error::InvalidArgument("inbox capacity must be at least 1"));
+        }
+        if self.workers > 1024 {
+            return Err(Error::InvalidArgument("worker count must be in 0..=1024"));
         }
         if self.max_tag < 0 {
             return Err(Error::InvalidArgument("max tag must be non-negative"));

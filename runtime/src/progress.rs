@@ -149,6 +149,31 @@ impl Shared {
     }
 }
 
+// ---- Executor hook (issue 4) -------------------------------------------------------------
+
+impl Shared {
+    /// One non-blocking progress pass for an idle pool worker: never waits for a lock. In
+    /// `Owner` mode it takes the owner token only if free (and hands it back: the token
+    /// passes between workers and waiters, no thread keeps it); in `Concurrent` mode it
+    /// progresses the CRIs it wins by try-lock; in `Global` mode it takes the progress
+    /// lock's try path. Returns whether anything was handled.
+    pub(crate) fn progress_idle(&self) -> bool {
+        if !self.transport.any_frames() && !self.has_deferred.load(Ordering::Acquire) {
+            return false;
+        }
+        match self.config.progress {
+            ProgressMode::Global => match self.progress_lock.try_lock() {
+                Some(_g) => self.progress_all() > 0,
+                None => false,
+            },
+            ProgressMode::Owner => self.progress_once(),
+            ProgressMode::Concurrent => self.progress_concurrent() > 0,
+        }
+    }
+}
+
+// ---- end of executor hook -----------------------------------------------------------------
+
 /// The progress hook of sync objects made by `Runtime::sync_object`.
 pub(crate) struct Hook {
     pub(crate) shared: Arc<Shared>,
@@ -194,6 +219,10 @@ impl Progress for OwnerWait<'_> {
 
     fn park(&self, listener: EventListener) {
         let s = self.shared;
+        // Issue 4 (seed 003 §4.6.2): run a pool task instead of sleeping.
+        if crate::executor::help(s) {
+            return;
+        }
         if s.owner.load(Ordering::Relaxed) == self.me {
             // The owner sleeps until the next frame (or its own completion).
             park_or_frames(s, listener, None);
@@ -224,6 +253,10 @@ impl Progress for ConcurrentWait<'_> {
     }
 
     fn park(&self, listener: EventListener) {
+        // Issue 4 (seed 003 §4.6.2): run a pool task instead of sleeping.
+        if crate::executor::help(self.shared) {
+            return;
+        }
         park_or_frames(self.shared, listener, None);
     }
 }

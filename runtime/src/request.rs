@@ -147,7 +147,7 @@ unsafe impl<B: Send + 'static> Attach for Request<'_, B> {
 }
 
 /// A completed cell for requests whose result was already taken.
-fn done_cell() -> &'static CompletionCell {
+pub(crate) fn done_cell() -> &'static CompletionCell {
     static DONE: std::sync::OnceLock<CompletionCell> = std::sync::OnceLock::new();
     DONE.get_or_init(|| {
         let c = CompletionCell::new();

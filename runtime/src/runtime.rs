@@ -13,7 +13,13 @@ use weft_sync::{Error, Progress, SyncObject};
 use weft_transport::embedded;
 use weft_transport::Frame;
 
+use std::future::Future;
+
+use crate::buffer::Primitive;
 use crate::comm::{CommState, Communicator};
+use crate::datatype::Datatype;
+#[allow(unused_imports)] // `JoinError` is named in docs.
+use crate::executor::{JoinError, JoinHandle};
 use crate::config::{Assignment, Config, MatchingMode, ProgressMode};
 use crate::counters::{Counters, CriCounters};
 use crate::matching::MatchState;
@@ -65,6 +71,8 @@ pub(crate) struct Shared {
     pub(crate) counters: Counters,
     /// Next context id this rank would propose.
     pub(crate) next_context: AtomicU32,
+    /// The work-stealing pool (started at the first spawn).
+    pub(crate) executor: crate::executor::Executor,
 }
 
 impl Drop for Shared {
@@ -182,6 +190,22 @@ impl Shared {
 pub struct Runtime {
     shared: Arc<Shared>,
     world: Communicator,
+    /// Shared by the `Runtime` clones only: the last one stops the pool (held for its
+    /// `Drop`).
+    #[allow(dead_code)]
+    exec: Arc<ExecGuard>,
+}
+
+/// Stops the executor pool when the last `Runtime` handle drops (communicators and requests
+/// keep the rank's state alive, not its threads).
+struct ExecGuard {
+    shared: Arc<Shared>,
+}
+
+impl Drop for ExecGuard {
+    fn drop(&mut self) {
+        self.shared.executor.shutdown();
+    }
 }
 
 impl fmt::Debug for Runtime {
@@ -229,6 +253,43 @@ impl Runtime {
     /// (`MPIX_Progress`).
     pub fn progress(&self) -> bool {
         self.shared.progress_once()
+    }
+
+    /// Spawns `future` on this runtime's work-stealing pool (started on first use with
+    /// [`Builder::workers`] threads) and returns its [`JoinHandle`], itself a future giving
+    /// the output, or a [`JoinError`] if the task panicked or the runtime shut down first.
+    ///
+    /// ```
+    /// let rt = weft::Runtime::builder().workers(2).build().unwrap();
+    /// let h = rt.spawn(async { 6 * 7 });
+    /// assert_eq!(rt.block_on(h).unwrap(), 42);
+    /// ```
+    pub fn spawn<F>(&self, future: F) -> JoinHandle<F::Output>
+    where
+        F: Future + Send + 'static,
+        F::Output: Send + 'static,
+    {
+        let pool = self.shared.executor.start(&self.shared).expect("a live Runtime handle keeps the pool open");
+        pool.spawn(future)
+    }
+
+    /// Runs `future` to completion on the calling thread (request and sync-object futures
+    /// drive progress when polled). With `workers(0)` the thread also runs spawned tasks.
+    pub fn block_on<F: Future>(&self, future: F) -> F::Output {
+        crate::executor::block_on(&self.shared, future)
+    }
+
+    /// Packs `src` laid out as `ty` into `dst` (see [`Datatype::pack`]); packs of at least
+    /// the pack threshold are split into pool tasks, so idle workers and waiting threads
+    /// share the copying (seed 003 §4.6.2). Returns the elements written.
+    pub fn pack<T: Primitive>(&self, ty: &Datatype<T>, src: &[T], dst: &mut [T]) -> Result<usize, Error> {
+        crate::datatype::pack_parallel(&self.shared, ty, src, dst)
+    }
+
+    /// Unpacks `src` (packed elements) into `dst` laid out as `ty`, in parallel like
+    /// [`pack`](Self::pack). Returns the elements read.
+    pub fn unpack<T: Primitive>(&self, ty: &Datatype<T>, src: &[T], dst: &mut [T]) -> Result<usize, Error> {
+        crate::datatype::unpack_parallel(&self.shared, ty, src, dst)
     }
 
     /// A snapshot of the runtime's counters.
@@ -285,6 +346,20 @@ impl Builder {
         self.config.match_timing = on;
         self
     }
+    /// Worker threads of the executor pool (default: cores; `WEFT_WORKERS`). The pool starts
+    /// at the first [`Runtime::spawn`] (or parallel pack) and stops when the last `Runtime`
+    /// handle is dropped. With 0 workers, tasks run on threads blocked in
+    /// [`Runtime::block_on`] or in a wait.
+    pub fn workers(mut self, n: usize) -> Self {
+        self.config.workers = n;
+        self
+    }
+    /// Packs of at least this many bytes are split into pool tasks (default 256 KiB;
+    /// `WEFT_PACK_THRESHOLD`).
+    pub fn pack_threshold(mut self, bytes: usize) -> Self {
+        self.config.pack_threshold = bytes;
+        self
+    }
     /// Whether `WEFT_*` variables override the builder (default: yes).
     pub fn env(mut self, on: bool) -> Self {
         self.use_env = on;
@@ -338,11 +413,13 @@ impl Builder {
                     has_deferred: std::sync::atomic::AtomicBool::new(false),
                     counters: Counters::default(),
                     next_context: AtomicU32::new(2),
+                    executor: crate::executor::Executor::new(),
                     transport: ep,
                     config: config.clone(),
                 });
                 let world = Communicator::create(&shared, 0, size, false)?;
-                Ok(Runtime { shared, world })
+                let exec = Arc::new(ExecGuard { shared: shared.clone() });
+                Ok(Runtime { shared, world, exec })
             })
             .collect()
     }

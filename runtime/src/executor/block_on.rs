@@ -1,0 +1,61 @@
+//! Running a future to completion on the calling thread.
+
+use std::future::Future;
+use std::pin::pin;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::task::{Context, Poll, Wake, Waker};
+use std::thread::Thread;
+use std::time::Duration;
+
+use crate::runtime::Shared;
+
+/// The waker of a `block_on` thread: a flag plus an unpark.
+struct Signal {
+    /// Set by a wake, taken by the blocked thread (spurious unparks are ignored).
+    notified: AtomicBool,
+    /// The blocked thread.
+    thread: Thread,
+}
+
+impl Wake for Signal {
+    fn wake(self: Arc<Self>) {
+        self.wake_by_ref();
+    }
+    fn wake_by_ref(self: &Arc<Self>) {
+        // Release: what the waker did before waking is visible after the swap in `block_on`.
+        self.notified.store(true, Ordering::Release);
+        self.thread.unpark();
+    }
+}
+
+/// Polls `future` on this thread until it is ready. The future's own wakers drive it
+/// (request and sync-object futures make progress when polled). With no pool workers
+/// (`workers(0)`) the thread runs pool tasks between polls, so spawned tasks make progress.
+pub(crate) fn block_on<F: Future>(shared: &Shared, future: F) -> F::Output {
+    let mut future = pin!(future);
+    let signal = Arc::new(Signal { notified: AtomicBool::new(false), thread: std::thread::current() });
+    let waker = Waker::from(signal.clone());
+    let mut cx = Context::from_waker(&waker);
+    let runs_tasks = shared.config.workers == 0;
+    loop {
+        if let Poll::Ready(v) = future.as_mut().poll(&mut cx) {
+            return v;
+        }
+        loop {
+            // Acquire: pairs with the release in `wake_by_ref`.
+            if signal.notified.swap(false, Ordering::Acquire) {
+                break;
+            }
+            if runs_tasks {
+                if super::help(shared) {
+                    continue;
+                }
+                // Nobody else runs tasks here: a new one is only noticed by looking again.
+                std::thread::park_timeout(Duration::from_millis(1));
+            } else {
+                std::thread::park();
+            }
+        }
+    }
+}

@@ -1,0 +1,306 @@
+//! The pool: per-worker deques, the global injector, stealers, and the worker loop.
+//!
+//! A worker's loop, one *tick* per task (tokio's `multi_thread/worker.rs` is the model):
+//!
+//! 1. its own deque (FIFO), except every [`INJECT_INTERVAL`] ticks, when the global
+//!    injector comes first, so tasks spawned from outside the pool cannot starve behind
+//!    tasks that keep rescheduling themselves; the same tick makes one progress pass, so a
+//!    busy pool still drains the network;
+//! 2. when it has nothing: one non-blocking progress pass (`Shared::progress_idle`);
+//! 3. then it steals (injector, then the other workers' deques);
+//! 4. then it spins briefly (crossbeam `Backoff`) and parks (`park.rs`).
+//!
+//! The pool starts at the first spawn (no threads for a runtime that never spawns) and
+//! stops when the last `Runtime` handle drops: queued tasks are cancelled (their join
+//! handles give [`JoinError::Cancelled`](super::JoinError)) and the threads are joined.
+
+use std::cell::Cell;
+use std::future::Future;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::thread;
+
+use crossbeam_deque::{Injector, Steal, Stealer, Worker};
+use crossbeam_utils::Backoff;
+use parking_lot::Mutex;
+
+use super::park::Sleepers;
+use super::task::{JoinHandle, Task, TaskRef};
+use crate::runtime::Shared;
+
+/// Every this many ticks a worker looks at the injector first and makes a progress pass
+/// (tokio uses 61 too: a prime, so it does not beat in step with periodic workloads).
+const INJECT_INTERVAL: u32 = 61;
+
+/// The executor state of one runtime (a field of `Shared`): the pool, once started.
+pub(crate) struct Executor {
+    /// The pool, created at the first spawn.
+    pool: OnceLock<Arc<Pool>>,
+    /// Set when the last `Runtime` handle dropped: no new pool may start.
+    closed: AtomicBool,
+    /// The worker threads, joined at shutdown.
+    threads: Mutex<Vec<thread::JoinHandle<()>>>,
+}
+
+impl Executor {
+    pub(crate) fn new() -> Self {
+        Executor { pool: OnceLock::new(), closed: AtomicBool::new(false), threads: Mutex::new(Vec::new()) }
+    }
+
+    /// The pool if it has started and not shut down.
+    #[inline]
+    pub(crate) fn get(&self) -> Option<&Arc<Pool>> {
+        self.pool.get().filter(|p| !p.shutdown.load(Ordering::Acquire))
+    }
+
+    /// The pool, starting it (and its worker threads) on first use; `None` once the runtime
+    /// has shut down.
+    pub(crate) fn start(&self, shared: &Arc<Shared>) -> Option<&Arc<Pool>> {
+        if let Some(p) = self.get() {
+            return Some(p);
+        }
+        if self.closed.load(Ordering::Acquire) {
+            return None;
+        }
+        let pool = self.pool.get_or_init(|| {
+            let n = shared.config.workers;
+            let locals: Vec<Worker<TaskRef>> = (0..n).map(|_| Worker::new_fifo()).collect();
+            let pool = Arc::new(Pool {
+                injector: Injector::new(),
+                stealers: locals.iter().map(|w| w.stealer()).collect(),
+                sleep: Sleepers::new(n),
+                shutdown: AtomicBool::new(false),
+            });
+            let mut threads = self.threads.lock();
+            for (index, local) in locals.into_iter().enumerate() {
+                let (shared, pool) = (shared.clone(), pool.clone());
+                let name = format!("weft-worker-{}.{}", shared.transport.rank(), index);
+                match thread::Builder::new().name(name).spawn(move || worker_main(&shared, &pool, local, index)) {
+                    Ok(h) => threads.push(h),
+                    // Out of threads: the pool runs with fewer workers (waiters still help).
+                    Err(e) => tracing::warn!("weft: could not start worker thread: {e}"),
+                }
+            }
+            pool
+        });
+        (!pool.shutdown.load(Ordering::Acquire)).then_some(pool)
+    }
+
+    /// Stops the pool (the last `Runtime` handle dropped): cancels queued tasks, wakes and
+    /// joins the workers — unless called on one of them, which then exits on its own.
+    pub(crate) fn shutdown(&self) {
+        self.closed.store(true, Ordering::Release);
+        let Some(pool) = self.pool.get() else { return };
+        // SeqCst: pairs with the re-check in `schedule` (a task pushed after the workers
+        // drained the injector is cancelled by its pusher).
+        pool.shutdown.store(true, Ordering::SeqCst);
+        pool.sleep.notify_all();
+        let handles = std::mem::take(&mut *self.threads.lock());
+        let me = thread::current().id();
+        for h in handles {
+            if h.thread().id() != me {
+                let _ = h.join();
+            }
+        }
+        pool.drain();
+    }
+}
+
+/// The shared part of the pool.
+pub(crate) struct Pool {
+    /// Tasks spawned or woken outside the pool's workers.
+    injector: Injector<TaskRef>,
+    /// The workers' deques, for stealing.
+    stealers: Box<[Stealer<TaskRef>]>,
+    /// Who sleeps; how to wake one.
+    pub(super) sleep: Sleepers,
+    /// Set once at shutdown.
+    shutdown: AtomicBool,
+}
+
+/// A worker's own state, reachable from its thread while it runs.
+struct Local {
+    /// The pool this thread works for.
+    pool: *const Pool,
+    /// Its deque.
+    worker: Worker<TaskRef>,
+}
+
+thread_local! {
+    /// The running worker's `Local` (null on other threads).
+    static LOCAL: Cell<*const Local> = const { Cell::new(std::ptr::null()) };
+    /// The thread is running a task from inside a wait (no nested helping).
+    static HELPING: Cell<bool> = const { Cell::new(false) };
+}
+
+impl Pool {
+    /// Spawns `future` onto the pool.
+    pub(crate) fn spawn<F>(self: &Arc<Self>, future: F) -> JoinHandle<F::Output>
+    where
+        F: Future + Send + 'static,
+        F::Output: Send + 'static,
+    {
+        let (task, handle) = Task::new(self.clone(), future);
+        self.schedule(task, false);
+        handle
+    }
+
+    /// Queues a `SCHEDULED` task: on this thread's deque when it is one of our workers, else
+    /// on the injector; then wakes a sleeping worker if there is one.
+    pub(crate) fn schedule(&self, task: TaskRef, _yielded: bool) {
+        if self.shutdown.load(Ordering::Acquire) {
+            task.cancel();
+            return;
+        }
+        let local = LOCAL.with(|l| l.get());
+        // SAFETY: a non-null `LOCAL` points to the `Local` on the stack of this thread's
+        // `worker_main`, which outlives every task it runs.
+        match unsafe { local.as_ref() } {
+            Some(l) if std::ptr::eq(l.pool, self) => l.worker.push(task),
+            _ => {
+                self.injector.push(task);
+                // SeqCst: pairs with the store in `Executor::shutdown`.
+                if self.shutdown.load(Ordering::SeqCst) {
+                    self.drain();
+                    return;
+                }
+            }
+        }
+        self.sleep.notify_one();
+    }
+
+    /// Whether any queue has a task (a sleeping worker's re-check).
+    pub(super) fn has_work(&self) -> bool {
+        !self.injector.is_empty() || self.stealers.iter().any(|s| !s.is_empty())
+    }
+
+    /// Whether the pool is shutting down.
+    pub(super) fn is_shutdown(&self) -> bool {
+        self.shutdown.load(Ordering::Acquire)
+    }
+
+    /// One task from the injector (a batch moves to `local` when given).
+    fn steal_injector(&self, local: Option<&Worker<TaskRef>>) -> Option<TaskRef> {
+        loop {
+            let s = match local {
+                Some(w) => self.injector.steal_batch_and_pop(w),
+                None => self.injector.steal(),
+            };
+            match s {
+                Steal::Success(t) => return Some(t),
+                Steal::Empty => return None,
+                Steal::Retry => continue,
+            }
+        }
+    }
+
+    /// One task from another worker's deque, starting after `from`.
+    fn steal_others(&self, local: Option<&Worker<TaskRef>>, from: usize) -> Option<TaskRef> {
+        let n = self.stealers.len();
+        for i in 0..n {
+            let s = &self.stealers[(from + 1 + i) % n];
+            loop {
+                let got = match local {
+                    Some(w) => s.steal_batch_and_pop(w),
+                    None => s.steal(),
+                };
+                match got {
+                    Steal::Success(t) => return Some(t),
+                    Steal::Empty => break,
+                    Steal::Retry => continue,
+                }
+            }
+        }
+        None
+    }
+
+    /// Cancels every task left in the injector (shutdown).
+    fn drain(&self) {
+        while let Some(t) = self.steal_injector(None) {
+            t.cancel();
+        }
+    }
+}
+
+/// Runs one queued pool task on a thread that is blocked waiting (seed 003 §4.6.2: waiting
+/// threads steal tasks instead of sleeping). Returns whether it ran one. Never nests: a task
+/// run this way that itself waits does not help again.
+pub(crate) fn help(shared: &Shared) -> bool {
+    if HELPING.with(|h| h.get()) {
+        return false;
+    }
+    HELPING.with(|h| h.set(true));
+    let ran = run_one(shared);
+    HELPING.with(|h| h.set(false));
+    ran
+}
+
+/// Runs one queued task (from the injector, else stolen from a worker) on this thread.
+pub(super) fn run_one(shared: &Shared) -> bool {
+    let Some(pool) = shared.executor.get() else { return false };
+    let task = match pool.steal_injector(None) {
+        Some(t) => t,
+        None => match pool.steal_others(None, 0) {
+            Some(t) => t,
+            None => return false,
+        },
+    };
+    task.run();
+    true
+}
+
+/// Clears `LOCAL` when the worker leaves (also on unwind).
+struct ResetLocal;
+
+impl Drop for ResetLocal {
+    fn drop(&mut self) {
+        LOCAL.with(|l| l.set(std::ptr::null()));
+    }
+}
+
+fn worker_main(shared: &Arc<Shared>, pool: &Arc<Pool>, worker: Worker<TaskRef>, index: usize) {
+    pool.sleep.register(index);
+    let local = Local { pool: Arc::as_ptr(pool), worker };
+    LOCAL.with(|l| l.set(&local));
+    let _reset = ResetLocal;
+    let mut tick: u32 = 0;
+    loop {
+        if pool.is_shutdown() {
+            break;
+        }
+        tick = tick.wrapping_add(1);
+        let task = if tick % INJECT_INTERVAL == 0 {
+            shared.progress_idle();
+            pool.steal_injector(Some(&local.worker)).or_else(|| local.worker.pop())
+        } else {
+            local.worker.pop().or_else(|| pool.steal_injector(Some(&local.worker)))
+        };
+        if let Some(t) = task {
+            t.run();
+            continue;
+        }
+        // Idle: progress, then steal, spinning a little, then park.
+        let backoff = Backoff::new();
+        let found = loop {
+            if shared.progress_idle() {
+                break None;
+            }
+            if let Some(t) = pool.steal_injector(Some(&local.worker)).or_else(|| pool.steal_others(Some(&local.worker), index)) {
+                break Some(t);
+            }
+            if backoff.is_completed() || pool.is_shutdown() {
+                super::park::park_worker(shared, pool, index);
+                break None;
+            }
+            backoff.snooze();
+        };
+        if let Some(t) = found {
+            t.run();
+        }
+    }
+    // Shutdown: cancel what is left in our deque (and whatever reached the injector).
+    while let Some(t) = local.worker.pop() {
+        t.cancel();
+    }
+    pool.drain();
+}

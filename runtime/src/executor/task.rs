@@ -1,0 +1,286 @@
+//! One spawned task: a future, its state word, its waker and its [`JoinHandle`].
+//!
+//! # The state word
+//!
+//! | bit | name | meaning |
+//! |---|---|---|
+//! | 0 | `SCHEDULED` | in a run queue (or about to be pushed); set by a wake, cleared by `run` |
+//! | 1 | `RUNNING` | a thread is polling the future |
+//! | 2 | `COMPLETE` | the output (or the error) is stored; the future is gone |
+//!
+//! A wake sets `SCHEDULED`; only the wake that sets it while the task is not `RUNNING` pushes
+//! the task, so a task is in at most one queue. A wake during a poll leaves `SCHEDULED` set,
+//! and the poller pushes the task again when the poll returns `Pending` (to the back of the
+//! queue: a task that keeps waking itself cannot starve the others).
+//!
+//! # Memory ordering
+//!
+//! The stage (future or output) is touched by the thread that holds `RUNNING`, then by the
+//! `JoinHandle` after it sees `COMPLETE`. Setting `RUNNING` is an acquire (it follows the
+//! previous poller's release of `RUNNING`); clearing `RUNNING` / setting `COMPLETE` is a
+//! release, which publishes the stage to the next poller or to the join handle's acquire.
+
+use std::any::Any;
+use std::cell::UnsafeCell;
+use std::fmt;
+use std::future::Future;
+use std::marker::PhantomData;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::pin::Pin;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::task::{Context, Poll, Wake, Waker};
+
+use atomic_waker::AtomicWaker;
+
+use super::pool::Pool;
+
+const SCHEDULED: usize = 1;
+const RUNNING: usize = 2;
+const COMPLETE: usize = 4;
+
+/// A task as the run queues see it.
+pub(crate) type TaskRef = Arc<dyn Runnable>;
+
+/// What the pool does with a queued task.
+pub(crate) trait Runnable: Send + Sync {
+    /// Polls the future once (the task is `SCHEDULED` and in no queue).
+    fn run(self: Arc<Self>);
+    /// Drops the future without polling it and completes the task with
+    /// [`JoinError::Cancelled`] (the pool is shutting down; the task is `SCHEDULED` and in no
+    /// queue).
+    fn cancel(self: Arc<Self>);
+}
+
+/// Why a task gave no output.
+#[derive(Clone, PartialEq, Eq)]
+pub enum JoinError {
+    /// The task panicked; the panic message, when it was a string.
+    Panicked(String),
+    /// The runtime shut down before the task finished, or the output was already taken.
+    Cancelled,
+}
+
+impl fmt::Debug for JoinError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Display::fmt(self, f)
+    }
+}
+
+impl fmt::Display for JoinError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            JoinError::Panicked(m) => write!(f, "task panicked: {m}"),
+            JoinError::Cancelled => f.write_str("task cancelled (runtime shut down)"),
+        }
+    }
+}
+
+impl std::error::Error for JoinError {}
+
+impl JoinError {
+    /// Whether the task panicked.
+    pub fn is_panic(&self) -> bool {
+        matches!(self, JoinError::Panicked(_))
+    }
+}
+
+fn panic_message(p: Box<dyn Any + Send>) -> String {
+    match p.downcast::<String>() {
+        Ok(s) => *s,
+        Err(p) => match p.downcast::<&'static str>() {
+            Ok(s) => (*s).to_string(),
+            Err(_) => "non-string panic payload".to_string(),
+        },
+    }
+}
+
+enum Stage<F: Future> {
+    Running(F),
+    Finished(Result<F::Output, JoinError>),
+    Consumed,
+}
+
+/// A spawned future and everything the pool and the join handle share about it (one
+/// allocation per task).
+pub(crate) struct Task<F: Future> {
+    /// The state word (see the module docs).
+    state: AtomicUsize,
+    /// Where a wake pushes the task.
+    pool: Arc<Pool>,
+    /// The join handle's waker.
+    join: AtomicWaker,
+    /// The future, then its output. Guarded by the state word.
+    stage: UnsafeCell<Stage<F>>,
+}
+
+// SAFETY: the stage is accessed by one thread at a time, as the state word decides (module
+// docs); the future and its output are `Send`.
+unsafe impl<F: Future + Send> Send for Task<F> where F::Output: Send {}
+// SAFETY: as above; shared access is through atomics only.
+unsafe impl<F: Future + Send> Sync for Task<F> where F::Output: Send {}
+
+impl<F> Task<F>
+where
+    F: Future + Send + 'static,
+    F::Output: Send + 'static,
+{
+    /// A task, already `SCHEDULED` (the caller pushes it), and its join handle.
+    pub(crate) fn new(pool: Arc<Pool>, future: F) -> (TaskRef, JoinHandle<F::Output>) {
+        let task = Arc::new(Task {
+            state: AtomicUsize::new(SCHEDULED),
+            pool,
+            join: AtomicWaker::new(),
+            stage: UnsafeCell::new(Stage::Running(future)),
+        });
+        let handle = JoinHandle { task: task.clone(), _out: PhantomData };
+        (task, handle)
+    }
+
+    fn finish(&self, out: Result<F::Output, JoinError>) {
+        // SAFETY: we hold `RUNNING` (or own the task exclusively in `cancel`), so nobody
+        // else touches the stage until `COMPLETE` is published below.
+        unsafe { *self.stage.get() = Stage::Finished(out) };
+        // Release: publishes the output to the join handle's acquire. A wake racing with
+        // this either set `SCHEDULED` before (it pushed nothing: we were `RUNNING`) or sees
+        // `COMPLETE` after; either way the bit is dropped here.
+        self.state.swap(COMPLETE, Ordering::AcqRel);
+        self.join.wake();
+    }
+}
+
+impl<F> Runnable for Task<F>
+where
+    F: Future + Send + 'static,
+    F::Output: Send + 'static,
+{
+    fn run(self: Arc<Self>) {
+        // Acquire: see the previous poller's writes to the future.
+        let prev = self.state.fetch_xor(SCHEDULED | RUNNING, Ordering::Acquire);
+        debug_assert_eq!(prev & (SCHEDULED | RUNNING), SCHEDULED);
+        if prev & COMPLETE != 0 {
+            return;
+        }
+        let waker = Waker::from(self.clone());
+        let mut cx = Context::from_waker(&waker);
+        // SAFETY: we hold `RUNNING`: exclusive access to the stage. The future is never moved
+        // while in the stage (the task is heap-allocated and the stage is replaced, not
+        // moved, when the future finishes), so pinning it in place is sound.
+        let res = catch_unwind(AssertUnwindSafe(|| match unsafe { &mut *self.stage.get() } {
+            Stage::Running(f) => unsafe { Pin::new_unchecked(f) }.poll(&mut cx),
+            _ => Poll::Pending,
+        }));
+        match res {
+            Ok(Poll::Ready(v)) => self.finish(Ok(v)),
+            Err(p) => self.finish(Err(JoinError::Panicked(panic_message(p)))),
+            Ok(Poll::Pending) => {
+                // Release: publishes the future's state to the next poller.
+                let prev = self.state.fetch_and(!RUNNING, Ordering::AcqRel);
+                if prev & SCHEDULED != 0 {
+                    // Woken while running: that wake left the push to us.
+                    let pool = self.pool.clone();
+                    pool.schedule(self, true);
+                }
+            }
+        }
+    }
+
+    fn cancel(self: Arc<Self>) {
+        let prev = self.state.fetch_or(RUNNING, Ordering::Acquire);
+        if prev & (RUNNING | COMPLETE) != 0 {
+            return;
+        }
+        self.finish(Err(JoinError::Cancelled));
+    }
+}
+
+impl<F> Wake for Task<F>
+where
+    F: Future + Send + 'static,
+    F::Output: Send + 'static,
+{
+    fn wake(self: Arc<Self>) {
+        self.wake_by_ref();
+    }
+
+    fn wake_by_ref(self: &Arc<Self>) {
+        let mut s = self.state.load(Ordering::Relaxed);
+        loop {
+            if s & (SCHEDULED | COMPLETE) != 0 {
+                return;
+            }
+            match self.state.compare_exchange_weak(s, s | SCHEDULED, Ordering::AcqRel, Ordering::Relaxed) {
+                Ok(_) => break,
+                Err(a) => s = a,
+            }
+        }
+        if s & RUNNING == 0 {
+            self.pool.schedule(self.clone(), false);
+        }
+    }
+}
+
+/// The join handle's view of a task, without the future's type.
+trait Joinable<T>: Send + Sync {
+    fn poll_join(&self, cx: &mut Context<'_>) -> Poll<Result<T, JoinError>>;
+    fn is_finished(&self) -> bool;
+}
+
+impl<F> Joinable<F::Output> for Task<F>
+where
+    F: Future + Send + 'static,
+    F::Output: Send + 'static,
+{
+    fn poll_join(&self, cx: &mut Context<'_>) -> Poll<Result<F::Output, JoinError>> {
+        // Acquire: pairs with the release in `finish`.
+        if self.state.load(Ordering::Acquire) & COMPLETE == 0 {
+            self.join.register(cx.waker());
+            if self.state.load(Ordering::Acquire) & COMPLETE == 0 {
+                return Poll::Pending;
+            }
+        }
+        // SAFETY: `COMPLETE` is set: the pool never touches the stage again, and the join
+        // handle (the only other user) is borrowed mutably through `poll`.
+        match std::mem::replace(unsafe { &mut *self.stage.get() }, Stage::Consumed) {
+            Stage::Finished(out) => Poll::Ready(out),
+            _ => Poll::Ready(Err(JoinError::Cancelled)),
+        }
+    }
+
+    fn is_finished(&self) -> bool {
+        self.state.load(Ordering::Acquire) & COMPLETE != 0
+    }
+}
+
+/// The output of a spawned task: a `Future` resolving to `Ok(output)`, or to a
+/// [`JoinError`] if the task panicked or the runtime shut down first.
+///
+/// Dropping the handle detaches the task: it keeps running.
+pub struct JoinHandle<T> {
+    task: Arc<dyn Joinable<T>>,
+    _out: PhantomData<fn() -> T>,
+}
+
+impl<T> fmt::Debug for JoinHandle<T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("JoinHandle").field("finished", &self.task.is_finished()).finish()
+    }
+}
+
+impl<T> JoinHandle<T> {
+    /// Whether the task has finished (its output is ready).
+    pub fn is_finished(&self) -> bool {
+        self.task.is_finished()
+    }
+}
+
+impl<T> Future for JoinHandle<T> {
+    type Output = Result<T, JoinError>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        self.task.poll_join(cx)
+    }
+}
+
+// A join handle holds no pinned data.
+impl<T> Unpin for JoinHandle<T> {}
