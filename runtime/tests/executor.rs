@@ -1,0 +1,212 @@
+//! The work-stealing executor: spawn/join, panics, fairness, requests inside the pool in
+//! every progress mode, waiters that run pool tasks, tokio interop.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
+
+use weft::{JoinError, ProgressMode, Runtime, Source, Tag};
+
+fn rt(workers: usize) -> Runtime {
+    Runtime::builder().env(false).workers(workers).cris(2).build().unwrap()
+}
+
+/// Yields once (wakes itself and returns `Pending` the first time).
+struct YieldNow(bool);
+
+impl Future for YieldNow {
+    type Output = ();
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+        if self.0 {
+            return Poll::Ready(());
+        }
+        self.0 = true;
+        cx.waker().wake_by_ref();
+        Poll::Pending
+    }
+}
+
+#[test]
+fn spawn_and_join_many() {
+    let rt = rt(2);
+    let handles: Vec<_> = (0..10_000u64).map(|i| rt.spawn(async move { i * 2 })).collect();
+    let sum = rt.block_on(async {
+        let mut s = 0;
+        for h in handles {
+            s += h.await.unwrap();
+        }
+        s
+    });
+    assert_eq!(sum, (0..10_000u64).map(|i| i * 2).sum::<u64>());
+}
+
+#[test]
+fn tasks_spawn_tasks_and_yield() {
+    let rt = rt(2);
+    let rt2 = rt.clone();
+    let total = rt.block_on(rt.spawn(async move {
+        let mut hs = Vec::new();
+        for i in 0..100usize {
+            hs.push(rt2.spawn(async move {
+                for _ in 0..10 {
+                    YieldNow(false).await;
+                }
+                i
+            }));
+        }
+        let mut t = 0;
+        for h in hs {
+            t += h.await.unwrap();
+        }
+        t
+    }));
+    assert_eq!(total.unwrap(), 4950);
+}
+
+#[test]
+fn a_panic_is_a_join_error() {
+    let rt = rt(1);
+    let h = rt.spawn(async {
+        if std::hint::black_box(true) {
+            panic!("boom in a task");
+        }
+        1
+    });
+    match rt.block_on(h) {
+        Err(JoinError::Panicked(m)) => assert!(m.contains("boom in a task"), "{m}"),
+        other => panic!("expected a panic error, got {other:?}"),
+    }
+    // The worker survived.
+    assert_eq!(rt.block_on(rt.spawn(async { 5 })).unwrap(), 5);
+}
+
+#[test]
+fn no_starvation_by_a_self_waking_task() {
+    // One worker; a task that wakes itself forever until another task sets a flag. The
+    // other task must still get to run (local FIFO + injector every 61 ticks).
+    let rt = rt(1);
+    let flag = Arc::new(AtomicBool::new(false));
+    let spins = Arc::new(AtomicUsize::new(0));
+    let (f2, s2) = (flag.clone(), spins.clone());
+    let hog = rt.spawn(async move {
+        while !f2.load(Ordering::Acquire) {
+            s2.fetch_add(1, Ordering::Relaxed);
+            YieldNow(false).await;
+        }
+    });
+    // Let the hog occupy the worker first.
+    let t0 = Instant::now();
+    while spins.load(Ordering::Relaxed) < 100 && t0.elapsed() < Duration::from_secs(5) {
+        std::thread::yield_now();
+    }
+    let f3 = flag.clone();
+    let setter = rt.spawn(async move { f3.store(true, Ordering::Release) });
+    let start = Instant::now();
+    rt.block_on(async {
+        setter.await.unwrap();
+        hog.await.unwrap();
+    });
+    assert!(start.elapsed() < Duration::from_secs(5), "starved for {:?}", start.elapsed());
+}
+
+#[test]
+fn requests_inside_the_pool_every_mode() {
+    for mode in [ProgressMode::Global, ProgressMode::Owner, ProgressMode::Concurrent] {
+        let ranks = Runtime::builder().env(false).progress(mode).workers(2).cris(2).eager_threshold(1024).build_local(2).unwrap();
+        let (c0, c1) = (ranks[0].world().clone(), ranks[1].world().clone());
+        const N: usize = 200;
+        let recv = ranks[1].spawn(async move {
+            let mut total = 0usize;
+            for i in 0..N {
+                let (b, st) = c1.irecv(Vec::<u8>::with_capacity(4096), 0u32, Tag::Any).unwrap().await.unwrap();
+                assert_eq!(st.tag as usize, i % 7);
+                total += b.len();
+            }
+            total
+        });
+        let send = ranks[0].spawn(async move {
+            for i in 0..N {
+                // Some above the eager threshold (rendezvous).
+                c0.isend(vec![7u8; (i * 37) % 3000], 1, (i % 7) as i32).unwrap().await.unwrap();
+            }
+        });
+        let t0 = Instant::now();
+        ranks[0].block_on(send).unwrap();
+        let total = ranks[1].block_on(recv).unwrap();
+        assert_eq!(total, (0..N).map(|i| (i * 37) % 3000).sum::<usize>(), "{mode}");
+        assert!(t0.elapsed() < Duration::from_secs(20));
+    }
+}
+
+#[test]
+fn owner_mode_waiter_runs_pool_tasks() {
+    // No pool threads: the only way the spawned send runs is the blocked receiver helping
+    // (seed 003 §4.6.2), and it returns once its own receive is complete.
+    let ranks = Runtime::builder().env(false).progress(ProgressMode::Owner).workers(0).cris(1).build_local(2).unwrap();
+    let c0 = ranks[0].world().clone();
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            let c1 = ranks[1].world();
+            let (b, _) = c1.recv(Vec::<u32>::with_capacity(4), 0u32, 1).unwrap();
+            c1.send(vec![b[0] + 1], 0, 2).unwrap();
+        });
+        let sender = c0.clone();
+        let h = ranks[0].spawn(async move {
+            sender.isend(vec![41u32], 1, 1).unwrap().await.unwrap();
+        });
+        let (b, st) = c0.recv(Vec::<u32>::with_capacity(4), Source::Rank(1), Tag::Is(2)).unwrap();
+        assert_eq!((b[0], st.source), (42, 1));
+        assert!(h.is_finished());
+    });
+}
+
+#[test]
+fn sync_object_and_requests_in_tokio() {
+    let ranks = Runtime::builder().env(false).progress(ProgressMode::Owner).workers(0).build_local(2).unwrap();
+    let tokio_rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).build().unwrap();
+    let (c0, c1) = (ranks[0].world().clone(), ranks[1].world().clone());
+    let sync = ranks[1].sync_object::<usize>();
+    const N: usize = 64;
+    let got = tokio_rt.block_on(async move {
+        let mut reqs = Vec::new();
+        for i in 0..N {
+            let mut r = c1.irecv(Vec::<u64>::with_capacity(1), 0u32, i as i32).unwrap();
+            sync.attach(&mut r, i).unwrap();
+            reqs.push(r);
+        }
+        let sender = tokio::spawn(async move {
+            for i in (0..N).rev() {
+                c0.isend(vec![i as u64], 1, i as i32).unwrap().await.unwrap();
+            }
+        });
+        let mut seen = 0usize;
+        while let Some(c) = sync.next().await {
+            assert_eq!(c.outcome.unwrap().tag as usize, c.data);
+            seen += 1;
+        }
+        sender.await.unwrap();
+        for (i, r) in reqs.iter_mut().enumerate() {
+            assert_eq!(r.take().unwrap().unwrap().0, vec![i as u64]);
+        }
+        seen
+    });
+    assert_eq!(got, N);
+}
+
+#[test]
+fn workers_from_env_and_bad_values() {
+    // The builder value is used with env off; a bad count is an error, not a panic.
+    let rt = Runtime::builder().env(false).workers(3).build().unwrap();
+    assert_eq!(rt.config().workers, 3);
+    assert!(Runtime::builder().env(false).workers(100_000).build().is_err());
+    let mut c = weft::Config::default();
+    std::env::set_var("WEFT_WORKERS", "notanumber");
+    assert!(c.apply_env().is_err());
+    std::env::set_var("WEFT_WORKERS", "2");
+    c.apply_env().unwrap();
+    std::env::remove_var("WEFT_WORKERS");
+    assert_eq!(c.workers, 2);
+}
