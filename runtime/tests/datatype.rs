@@ -1,0 +1,166 @@
+//! Datatypes: layouts, pack/unpack against a reference, bad input, parallel packing, and
+//! typed sends/receives (eager and rendezvous).
+
+use weft::{Datatype, Error, ProgressMode, Runtime, Source, Tag};
+
+/// Reference: the selected offsets, in packed order.
+fn offsets_vector(count: usize, blocklen: usize, stride: usize) -> Vec<usize> {
+    (0..count).flat_map(|b| (0..blocklen).map(move |j| b * stride + j)).collect()
+}
+
+#[test]
+fn layouts_size_extent_and_round_trip() {
+    let v = Datatype::<u32>::vector(5, 3, 7).unwrap();
+    assert_eq!((v.size(), v.extent(), v.size_bytes(), v.extent_bytes()), (15, 31, 60, 124));
+    let src: Vec<u32> = (0..31).collect();
+    let mut packed = vec![0; 15];
+    assert_eq!(v.pack(&src, &mut packed).unwrap(), 15);
+    let want: Vec<u32> = offsets_vector(5, 3, 7).iter().map(|&o| o as u32).collect();
+    assert_eq!(packed, want);
+    let mut back = vec![u32::MAX; 31];
+    v.unpack(&packed, &mut back).unwrap();
+    for (i, x) in back.iter().enumerate() {
+        if want.contains(&(i as u32)) {
+            assert_eq!(*x, i as u32);
+        } else {
+            assert_eq!(*x, u32::MAX, "gap {i} written");
+        }
+    }
+
+    let ix = Datatype::<f64>::indexed(&[2, 0, 1, 3], &[10, 99, 0, 4]).unwrap();
+    assert_eq!((ix.size(), ix.extent()), (6, 12));
+    let src: Vec<f64> = (0..12).map(f64::from).collect();
+    assert_eq!(ix.pack_to_vec(&src).unwrap(), vec![10.0, 11.0, 0.0, 4.0, 5.0, 6.0]);
+
+    let c = Datatype::<u8>::contiguous(4);
+    assert_eq!(c.pack_to_vec(b"abcdef").unwrap(), b"abcd");
+    // Empty types are fine.
+    assert_eq!(Datatype::<u8>::vector(0, 4, 8).unwrap().size(), 0);
+    assert_eq!(Datatype::<u8>::indexed(&[], &[]).unwrap().extent(), 0);
+
+    // Partial unpack fills the layout in order.
+    let mut out = vec![0u32; 31];
+    assert_eq!(v.unpack(&[1, 2, 3, 4], &mut out).unwrap(), 4);
+    assert_eq!((out[0], out[1], out[2], out[7], out[8]), (1, 2, 3, 4, 0));
+}
+
+#[test]
+fn bad_input_is_an_error_not_a_panic() {
+    assert!(matches!(Datatype::<u8>::vector(3, 4, 2), Err(Error::InvalidArgument(_))));
+    assert!(matches!(Datatype::<u8>::vector(usize::MAX, 2, 2), Err(Error::InvalidArgument(_))));
+    assert!(matches!(Datatype::<u64>::vector(2, 1, usize::MAX / 2), Err(Error::InvalidArgument(_))));
+    assert!(matches!(Datatype::<u8>::indexed(&[1, 2], &[0]), Err(Error::InvalidArgument(_))));
+    assert!(matches!(Datatype::<u8>::indexed(&[4, 2], &[0, 3]), Err(Error::InvalidArgument(_))));
+    assert!(matches!(Datatype::<u8>::indexed(&[1], &[usize::MAX]), Err(Error::InvalidArgument(_))));
+    let v = Datatype::<u16>::vector(4, 2, 3).unwrap();
+    let mut dst = vec![0u16; 8];
+    assert!(matches!(v.pack(&[0; 10], &mut dst), Err(Error::InvalidArgument(_))), "short source");
+    assert!(matches!(v.pack(&[0; 11], &mut dst[..7]), Err(Error::InvalidArgument(_))), "short destination");
+    assert!(matches!(v.unpack(&[0; 9], &mut [0; 11]), Err(Error::Truncated { message_len: 18, buffer_len: 16 })));
+    assert!(matches!(v.unpack(&[0; 8], &mut [0; 10]), Err(Error::InvalidArgument(_))));
+    let rt = Runtime::builder().env(false).workers(1).build().unwrap();
+    assert!(rt.pack(&v, &[0; 3], &mut dst).is_err());
+    let c = rt.world();
+    assert!(matches!(c.isend_typed(&[0u16; 3], &v, 0, 0), Err(Error::InvalidArgument(_))));
+    let mut small = [0u16; 3];
+    assert!(matches!(c.irecv_typed(&mut small, &v, 0u32, 0), Err(Error::InvalidArgument(_))));
+    let mut ok = [0u16; 11];
+    assert!(matches!(c.irecv_typed(&mut ok, &v, 5u32, 0), Err(Error::RankOutOfRange { .. })));
+}
+
+#[test]
+fn parallel_pack_matches_sequential() {
+    for workers in [0, 1, 2] {
+        let rt = Runtime::builder().env(false).workers(workers).pack_threshold(4096).build().unwrap();
+        let v = Datatype::<u64>::vector(10_000, 5, 9).unwrap();
+        let src: Vec<u64> = (0..v.extent() as u64).collect();
+        let want = v.pack_to_vec(&src).unwrap();
+        let mut got = vec![0u64; v.size()];
+        assert_eq!(rt.pack(&v, &src, &mut got).unwrap(), v.size());
+        assert_eq!(got, want, "workers {workers}");
+        let mut back = vec![0u64; v.extent()];
+        rt.unpack(&v, &got, &mut back).unwrap();
+        let mut want_back = vec![0u64; v.extent()];
+        v.unpack(&want, &mut want_back).unwrap();
+        assert_eq!(back, want_back);
+
+        let lens: Vec<usize> = (0..3000).map(|i| 1 + i % 13).collect();
+        let mut displs = Vec::new();
+        let mut at = 0;
+        for &l in &lens {
+            displs.push(at);
+            at += l + 3;
+        }
+        displs.reverse(); // packed in the given (reversed) order
+        let mut lens_r = lens.clone();
+        lens_r.reverse();
+        let ix = Datatype::<u32>::indexed(&lens_r, &displs).unwrap();
+        let src: Vec<u32> = (0..ix.extent() as u32).collect();
+        let mut got = vec![0u32; ix.size()];
+        rt.pack(&ix, &src, &mut got).unwrap();
+        assert_eq!(got, ix.pack_to_vec(&src).unwrap());
+    }
+}
+
+#[test]
+fn typed_send_and_receive_eager_and_rendezvous() {
+    for mode in [ProgressMode::Owner, ProgressMode::Concurrent] {
+        let ranks = Runtime::builder().env(false).progress(mode).workers(1).eager_threshold(4096).pack_threshold(64 * 1024).build_local(2).unwrap();
+        for (count, blocklen, stride) in [(4, 2, 3), (1000, 3, 5), (100_000, 2, 3)] {
+            let send_ty = Datatype::<f64>::vector(count, blocklen, stride).unwrap();
+            // The receiver lays the same elements out differently: contiguous pairs in a
+            // wider stride.
+            let recv_ty = Datatype::<f64>::vector(count, blocklen, stride + 1).unwrap();
+            let src: Vec<f64> = (0..send_ty.extent()).map(|i| i as f64).collect();
+            let mut dst = vec![-1.0; recv_ty.extent()];
+            std::thread::scope(|s| {
+                s.spawn(|| {
+                    let c = ranks[0].world();
+                    let st = c.send_typed(&src, &send_ty, 1, 3).unwrap();
+                    assert_eq!(st.bytes, send_ty.size_bytes());
+                });
+                let c = ranks[1].world();
+                let st = c.recv_typed(&mut dst, &recv_ty, Source::Any, Tag::Is(3)).unwrap();
+                assert_eq!((st.source, st.bytes), (0, recv_ty.size_bytes()));
+            });
+            for b in 0..count {
+                for j in 0..blocklen {
+                    assert_eq!(dst[b * (stride + 1) + j], (b * stride + j) as f64);
+                }
+                if b + 1 < count {
+                    assert_eq!(dst[b * (stride + 1) + blocklen], -1.0);
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn typed_receive_as_future_truncation_and_sync_object() {
+    let ranks = Runtime::builder().env(false).workers(2).build_local(2).unwrap();
+    let (c0, c1) = (ranks[0].world(), ranks[1].world());
+    let ty = Datatype::<i32>::indexed(&[2, 2], &[6, 0]).unwrap();
+    let mut dst = [0i32; 8];
+    // As a future, driven by the runtime's block_on.
+    let r = c1.irecv_typed(&mut dst, &ty, 0u32, 1).unwrap();
+    c0.send(vec![1i32, 2, 3, 4], 1, 1).unwrap();
+    let st = ranks[1].block_on(r).unwrap();
+    assert_eq!(st.bytes, 16);
+    assert_eq!(dst, [3, 4, 0, 0, 0, 0, 1, 2]);
+    // Too long a message: Truncated, buffer untouched.
+    let mut dst2 = [0i32; 8];
+    let r = c1.irecv_typed(&mut dst2, &ty, 0u32, 2).unwrap();
+    c0.send(vec![9i32; 5], 1, 2).unwrap();
+    assert!(matches!(r.wait(), Err(Error::Truncated { message_len: 20, buffer_len: 16 })));
+    assert_eq!(dst2, [0; 8]);
+    // Attached to a sync object; unpacked after the completion is queued.
+    let sync = ranks[1].sync_object::<u8>();
+    let mut dst3 = [0i32; 8];
+    let mut r = c1.irecv_typed(&mut dst3, &ty, 0u32, 3).unwrap();
+    sync.attach(&mut r, 7).unwrap();
+    c0.send(vec![5i32, 6, 7, 8], 1, 3).unwrap();
+    let c = sync.wait_any().unwrap();
+    assert_eq!(c.data, 7);
+    r.wait().unwrap();
+    assert_eq!(dst3, [7, 8, 0, 0, 0, 0, 5, 6]);
+}
