@@ -5,7 +5,10 @@
 
 mod locks;
 mod multirate;
+mod pack;
 mod report;
+mod spawn;
+mod sync_pingpong;
 
 use clap::{Parser, Subcommand};
 
@@ -22,12 +25,21 @@ enum Cmd {
     Multirate(multirate::Args),
     /// Lock acquisition throughput and latency versus threads, every protocol vs std/parking_lot.
     Locks(locks::Args),
+    /// Executor overheads: spawn+join of empty tasks and a two-task yield ping-pong, weft vs tokio.
+    Spawn(spawn::Args),
+    /// Datatype packing bandwidth versus threads (parallel packing on the pool).
+    Pack(pack::Args),
+    /// Ping-pong whose receiver completes through a sync object vs testing every request.
+    SyncPingpong(sync_pingpong::Args),
 }
 
 fn main() {
     let cli = Cli::parse();
     let res = match cli.cmd {
         Cmd::Multirate(a) => multirate::run(&a),
+        Cmd::Spawn(a) => spawn::run(&a),
+        Cmd::Pack(a) => pack::run(&a),
+        Cmd::SyncPingpong(a) => sync_pingpong::run(&a),
         Cmd::Locks(args) => {
             locks::run(&args);
             Ok(())

@@ -1,0 +1,113 @@
+//! `weft-bench pack`: datatype packing bandwidth versus threads (seed 003 §4.6.2, Fig. 4.8).
+//!
+//! `threads` counts the threads that copy: the calling thread plus `threads - 1` pool
+//! workers (`threads = 1` is the sequential pack). Packs of at least the pack threshold are
+//! split into pool tasks; the caller packs a piece and helps with the rest.
+//!
+//! Datatypes (`f64` elements; `bytes` is the packed size):
+//! `vector` — blocks of 16 elements (128 B) every 32; `indexed` — blocks of 8..=23 elements
+//! with gaps of 8; `contiguous` — one block.
+//!
+//! Columns: `datatype,bytes,threads,seconds,gbps` (median time of one pack over `--runs`).
+
+use std::time::Instant;
+
+use weft::{Datatype, Runtime};
+
+use crate::report::{median, parse_list, Table};
+
+/// Options of `weft-bench pack`.
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    /// Packed sizes in bytes (comma list).
+    #[arg(short = 's', long, default_value = "65536,1048576,16777216")]
+    bytes: String,
+    /// Thread counts (comma list; the caller plus `threads - 1` workers).
+    #[arg(short = 't', long, default_value = "1,2")]
+    threads: String,
+    /// Datatypes (comma list of `vector`, `indexed`, `contiguous`).
+    #[arg(short = 'd', long, default_value = "vector,indexed,contiguous")]
+    datatype: String,
+    /// Pack threshold in bytes (smaller packs are not split).
+    #[arg(long, default_value_t = 256 * 1024)]
+    threshold: usize,
+    /// Repetitions (the median is reported).
+    #[arg(long, default_value_t = 11)]
+    runs: usize,
+    /// CSV output: header `datatype,bytes,threads,seconds,gbps`, one row per configuration.
+    #[arg(long)]
+    csv: bool,
+}
+
+fn make(kind: &str, bytes: usize) -> Result<Datatype<f64>, String> {
+    let elems = (bytes / 8).max(1);
+    let ty = match kind {
+        "vector" => Datatype::vector(elems.div_ceil(16), 16, 32),
+        "contiguous" => Ok(Datatype::contiguous(elems)),
+        "indexed" => {
+            let (mut lens, mut displs, mut at, mut total, mut i) = (Vec::new(), Vec::new(), 0usize, 0usize, 0usize);
+            while total < elems {
+                let l = 8 + i % 16;
+                lens.push(l);
+                displs.push(at);
+                at += l + 8;
+                total += l;
+                i += 1;
+            }
+            Datatype::indexed(&lens, &displs)
+        }
+        other => return Err(format!("unknown datatype {other:?} (vector, indexed, contiguous)")),
+    };
+    ty.map_err(|e| e.to_string())
+}
+
+/// Runs the sweep.
+pub fn run(args: &Args) -> Result<(), String> {
+    let sizes: Vec<usize> = parse_list(&args.bytes)?;
+    let threads: Vec<usize> = parse_list(&args.threads)?;
+    let kinds: Vec<String> = parse_list(&args.datatype)?;
+    if threads.iter().any(|&t| t == 0) {
+        return Err("thread counts must be at least 1".into());
+    }
+    let mut table = Table::new(&["datatype", "bytes", "threads", "seconds", "gbps"]);
+    table.print_header(args.csv);
+    let runtimes: Vec<(usize, Runtime)> = threads
+        .iter()
+        .map(|&t| Runtime::builder().workers(t - 1).pack_threshold(args.threshold).build().map(|r| (t, r)))
+        .collect::<Result<_, _>>()
+        .map_err(|e| e.to_string())?;
+    for kind in &kinds {
+        for &bytes in &sizes {
+            let ty = make(kind, bytes)?;
+            let src: Vec<f64> = (0..ty.extent()).map(|i| i as f64).collect();
+            let mut dst = vec![0.0f64; ty.size()];
+            let want = ty.pack_to_vec(&src).map_err(|e| e.to_string())?;
+            // Enough repetitions per sample for ~20 ms.
+            let reps = (20_000_000 / bytes.max(1)).clamp(1, 10_000);
+            let mut samples: Vec<Vec<f64>> = vec![Vec::new(); runtimes.len()];
+            for (i, (_, rt)) in runtimes.iter().enumerate() {
+                rt.pack(&ty, &src, &mut dst).map_err(|e| e.to_string())?; // warm-up (starts the pool)
+                if dst != want {
+                    return Err(format!("{kind}: parallel pack differs from the sequential one"));
+                }
+                samples[i].clear();
+            }
+            for _ in 0..args.runs.max(1) {
+                for (i, (_, rt)) in runtimes.iter().enumerate() {
+                    let t0 = Instant::now();
+                    for _ in 0..reps {
+                        rt.pack(&ty, &src, &mut dst).map_err(|e| e.to_string())?;
+                    }
+                    samples[i].push(t0.elapsed().as_secs_f64() / reps as f64);
+                }
+            }
+            for (i, (t, _)) in runtimes.iter().enumerate() {
+                let s = median(&samples[i]);
+                let packed = ty.size_bytes();
+                table.row(vec![kind.clone(), packed.to_string(), t.to_string(), format!("{s:.9}"), format!("{:.3}", packed as f64 / s / 1e9)]);
+                table.print_last(args.csv);
+            }
+        }
+    }
+    Ok(())
+}
