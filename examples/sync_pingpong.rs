@@ -20,7 +20,9 @@ fn answer<'c>(c: &'c Communicator, reqs: &mut [Request<'c, Vec<u8>>], idx: usize
     let (buf, st) = reqs[idx].take().ok_or(weft::Error::Cancelled)??;
     assert!(st.bytes == size && buf.iter().all(|&b| b == idx as u8), "ping payload");
     let mut s = c.isend(vec![idx as u8; size], 0, WINDOW as i32)?;
-    while !s.test() {}
+    while !s.test() {
+        std::thread::yield_now();
+    }
     reqs[idx] = post(c, idx, buf)?;
     Ok(())
 }
@@ -35,7 +37,9 @@ fn run(size: usize, iters: usize, use_sync: bool) -> Result<f64, weft::Error> {
                 let tag = i % WINDOW;
                 let mut r = c.irecv(Vec::<u8>::with_capacity(size), 1u32, WINDOW as i32)?;
                 let mut s = c.isend(vec![tag as u8; size], 1, tag as i32)?;
-                while !s.test() {}
+                while !s.test() {
+        std::thread::yield_now();
+    }
                 while !r.test() {}
                 let (pong, _) = r.take().ok_or(weft::Error::Cancelled)??;
                 assert!(pong.len() == size && pong.iter().all(|&b| b == tag as u8), "pong payload");
@@ -52,8 +56,8 @@ fn run(size: usize, iters: usize, use_sync: bool) -> Result<f64, weft::Error> {
             }
             let mut out = Vec::with_capacity(WINDOW);
             while done < iters {
-                if sync.query_bulk(&mut out, WINDOW) == 0 {
-                    ranks[1].progress();
+                if sync.query_bulk(&mut out, WINDOW) == 0 && !ranks[1].progress() {
+                    std::thread::yield_now();
                 }
                 for comp in out.drain(..) {
                     answer(c, &mut reqs, comp.data, size)?;
@@ -63,11 +67,15 @@ fn run(size: usize, iters: usize, use_sync: bool) -> Result<f64, weft::Error> {
             }
         } else {
             while done < iters {
+                let before = done;
                 for idx in 0..WINDOW {
                     if reqs[idx].test() {
                         answer(c, &mut reqs, idx, size)?;
                         done += 1;
                     }
+                }
+                if done == before {
+                    std::thread::yield_now();
                 }
             }
         }
