@@ -298,8 +298,8 @@ impl<T: Primitive> Datatype<T> {
             return 1;
         }
         let threads = shared.config.workers + 1;
-        // A few pieces per thread for balance, each at least half the threshold.
-        let by_size = (self.size_bytes() / (threshold / 2).max(1)).max(1);
+        // A few pieces per thread for balance, each about the threshold or more.
+        let by_size = (self.size_bytes() / threshold).max(2);
         (threads * 4).min(by_size).min(self.units()).max(1)
     }
 }

@@ -19,6 +19,7 @@ use std::future::Future;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::thread;
+use std::time::{Duration, Instant};
 
 use crossbeam_deque::{Injector, Steal, Stealer, Worker};
 use crossbeam_utils::Backoff;
@@ -31,6 +32,11 @@ use crate::runtime::Shared;
 /// Every this many ticks a worker looks at the injector first and makes a progress pass
 /// (tokio uses 61 too: a prime, so it does not beat in step with periodic workloads).
 const INJECT_INTERVAL: u32 = 61;
+
+/// How long an idle worker keeps looking for work (yielding its core between looks) before
+/// it parks: a burst of tasks shortly after (the next pieces of a parallel pack, a reply)
+/// then costs no wake-up. Only the transition to idle pays it, never a sleeping runtime.
+const SEARCH_BEFORE_PARK: Duration = Duration::from_micros(50);
 
 /// The executor state of one runtime (a field of `Shared`): the pool, once started.
 pub(crate) struct Executor {
@@ -281,6 +287,7 @@ fn worker_main(shared: &Arc<Shared>, pool: &Arc<Pool>, worker: Worker<TaskRef>, 
         }
         // Idle: progress, then steal, spinning a little, then park.
         let backoff = Backoff::new();
+        let idle_since = Instant::now();
         let found = loop {
             if shared.progress_idle() {
                 break None;
@@ -288,11 +295,15 @@ fn worker_main(shared: &Arc<Shared>, pool: &Arc<Pool>, worker: Worker<TaskRef>, 
             if let Some(t) = pool.steal_injector(Some(&local.worker)).or_else(|| pool.steal_others(Some(&local.worker), index)) {
                 break Some(t);
             }
-            if backoff.is_completed() || pool.is_shutdown() {
+            if pool.is_shutdown() || (backoff.is_completed() && idle_since.elapsed() >= SEARCH_BEFORE_PARK) {
                 super::park::park_worker(shared, pool, index);
                 break None;
             }
-            backoff.snooze();
+            if backoff.is_completed() {
+                std::thread::yield_now();
+            } else {
+                backoff.snooze();
+            }
         };
         if let Some(t) = found {
             t.run();
