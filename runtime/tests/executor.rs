@@ -210,3 +210,38 @@ fn workers_from_env_and_bad_values() {
     std::env::remove_var("WEFT_WORKERS");
     assert_eq!(c.workers, 2);
 }
+
+#[test]
+fn block_on_inside_a_task_does_not_deadlock() {
+    // One worker: the task blocks it in `block_on`, so it must run the inner task itself.
+    let rt = rt(1);
+    let rt2 = rt.clone();
+    let h = rt.spawn(async move {
+        let inner = rt2.spawn(async { 3 });
+        rt2.block_on(inner).unwrap() + 1
+    });
+    assert_eq!(rt.block_on(h).unwrap(), 4);
+}
+
+#[test]
+fn stampede_chain_of_wakes_across_workers() {
+    // 5,000 tasks, each waiting for the previous one's message: every hand-off is a wake
+    // from one task (maybe on another worker) to the next.
+    let rt = rt(3);
+    let (first_tx, mut rx) = futures::channel::oneshot::channel::<u64>();
+    let mut handles = Vec::new();
+    for _ in 0..5_000 {
+        let (tx, next_rx) = futures::channel::oneshot::channel::<u64>();
+        let prev = std::mem::replace(&mut rx, next_rx);
+        handles.push(rt.spawn(async move {
+            let v = prev.await.expect("sender alive");
+            tx.send(v + 1).expect("receiver alive");
+        }));
+    }
+    first_tx.send(0).unwrap();
+    let last = rt.block_on(rx).unwrap();
+    assert_eq!(last, 5_000);
+    for h in handles {
+        assert!(rt.block_on(h).is_ok());
+    }
+}

@@ -31,13 +31,16 @@ impl Wake for Signal {
 
 /// Polls `future` on this thread until it is ready. The future's own wakers drive it
 /// (request and sync-object futures make progress when polled). With no pool workers
-/// (`workers(0)`) the thread runs pool tasks between polls, so spawned tasks make progress.
+/// (`workers(0)`), or when called from inside a task, the thread runs pool tasks between
+/// polls, so spawned tasks make progress.
 pub(crate) fn block_on<F: Future>(shared: &Shared, future: F) -> F::Output {
     let mut future = pin!(future);
     let signal = Arc::new(Signal { notified: AtomicBool::new(false), thread: std::thread::current() });
     let waker = Waker::from(signal.clone());
     let mut cx = Context::from_waker(&waker);
-    let runs_tasks = shared.config.workers == 0;
+    // With no workers, or on a worker thread (which would otherwise hold up the tasks in its
+    // own deque), this thread runs pool tasks while the future is pending.
+    let runs_tasks = shared.config.workers == 0 || super::pool::on_worker_of(shared);
     loop {
         if let Poll::Ready(v) = future.as_mut().poll(&mut cx) {
             return v;

@@ -5,7 +5,9 @@
 //! only when someone sleeps claims one flag (true -> false) and unparks that thread. The
 //! worker also listens to the rank's doorbell, so network activity wakes it to progress:
 //! in `Owner` mode only while nobody owns progress (the owner listens itself), otherwise to
-//! the ownership hand-off.
+//! the ownership hand-off. Both notify one listener, which may be this worker instead of
+//! the blocked thread that needed it: a worker that cannot use the notification passes it
+//! on (`pass_on`).
 //!
 //! # Memory ordering
 //!
@@ -134,11 +136,13 @@ pub(super) fn park_worker(shared: &Shared, pool: &Pool, index: usize) {
     let waker = Waker::from(Arc::new(Unpark(std::thread::current())));
     let mut cx = Context::from_waker(&waker);
     let deadline = Instant::now() + PARK_LIMIT;
+    let mut heard = false;
     loop {
         if !sleep.parked[index].load(Ordering::Acquire) || pool.is_shutdown() {
             break;
         }
         if let Poll::Ready(()) = Pin::new(&mut listener).poll(&mut cx) {
+            heard = true;
             break;
         }
         let now = Instant::now();
@@ -148,4 +152,24 @@ pub(super) fn park_worker(shared: &Shared, pool: &Pool, index: usize) {
         std::thread::park_timeout(deadline - now);
     }
     sleep.unsleep(index);
+    if heard {
+        pass_on(shared, someone_owns);
+    }
+}
+
+/// A worker woke on a notification that a blocked thread may have needed: the doorbell
+/// (notifying one listener, maybe instead of the progress owner) or an ownership hand-off
+/// (meant for a parked waiter). If this worker cannot use it — progress is held by someone
+/// else, or there is nothing to progress — it passes the notification on, so nobody waits
+/// out a park limit. A successful `Owner`-mode pass releases ownership, which notifies the
+/// hand-off itself.
+fn pass_on(shared: &Shared, handoff: bool) {
+    if shared.progress_idle() {
+        return;
+    }
+    if handoff {
+        shared.handoff.notify(1);
+    } else if shared.transport.any_frames() {
+        shared.transport.doorbell().ring();
+    }
 }

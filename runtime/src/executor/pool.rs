@@ -255,6 +255,14 @@ pub(super) fn run_one(shared: &Shared) -> bool {
     true
 }
 
+/// Whether the calling thread is a worker of `shared`'s pool.
+pub(super) fn on_worker_of(shared: &Shared) -> bool {
+    let Some(pool) = shared.executor.get() else { return false };
+    let local = LOCAL.with(|l| l.get());
+    // SAFETY: see `Pool::schedule`.
+    unsafe { local.as_ref() }.is_some_and(|l| std::ptr::eq(l.pool, Arc::as_ptr(pool)))
+}
+
 /// Clears `LOCAL` when the worker leaves (also on unwind).
 struct ResetLocal;
 
