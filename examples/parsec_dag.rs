@@ -77,8 +77,11 @@ fn gemm(ts: usize, a: &[f64], b: &[f64]) -> Vec<f64> {
     c
 }
 
+/// Tiles of `C` by `(row, column)`.
+type Tiles = HashMap<(usize, usize), Vec<f64>>;
+
 /// One rank's part: returns its `C` tiles.
-fn rank_main(rt: &Runtime, d: &Dims) -> Result<HashMap<(usize, usize), Vec<f64>>, weft::Error> {
+fn rank_main(rt: &Runtime, d: &Dims) -> Result<Tiles, weft::Error> {
     let me = rt.rank() as usize;
     let comm = rt.world();
     let n = d.n();
@@ -189,7 +192,7 @@ fn main() {
         }
     };
     let t0 = std::time::Instant::now();
-    let results: Vec<Result<HashMap<(usize, usize), Vec<f64>>, weft::Error>> =
+    let results: Vec<Result<Tiles, weft::Error>> =
         std::thread::scope(|s| ranks.iter().map(|rt| s.spawn(|| rank_main(rt, &d))).collect::<Vec<_>>().into_iter().map(|h| h.join().expect("rank thread")).collect());
     let elapsed = t0.elapsed();
 

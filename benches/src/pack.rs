@@ -66,7 +66,7 @@ pub fn run(args: &Args) -> Result<(), String> {
     let sizes: Vec<usize> = parse_list(&args.bytes)?;
     let threads: Vec<usize> = parse_list(&args.threads)?;
     let kinds: Vec<String> = parse_list(&args.datatype)?;
-    if threads.iter().any(|&t| t == 0) {
+    if threads.contains(&0) {
         return Err("thread counts must be at least 1".into());
     }
     let mut table = Table::new(&["datatype", "bytes", "threads", "seconds", "gbps"]);

@@ -9,7 +9,7 @@
 //! Columns: `bench,runtime,workers,tasks,seconds` (median of `--runs`; `tasks` is the task
 //! count for `spawn` and the hand-offs for `yield`).
 
-use std::future::{poll_fn, Future};
+use std::future::poll_fn;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::task::Poll;
@@ -55,26 +55,24 @@ struct Turn {
 }
 
 /// Side `me` of the ping-pong: waits for its turn, passes it on, `rounds / 2` times.
-fn side(t: Arc<Turn>, me: usize, rounds: usize) -> impl Future<Output = ()> + Send + 'static {
-    async move {
-        let mut next = me;
-        while next < rounds {
-            poll_fn(|cx| {
-                if t.turn.load(Ordering::Acquire) == next {
-                    return Poll::Ready(());
-                }
-                t.wakers[me].register(cx.waker());
-                if t.turn.load(Ordering::Acquire) == next {
-                    Poll::Ready(())
-                } else {
-                    Poll::Pending
-                }
-            })
-            .await;
-            t.turn.store(next + 1, Ordering::Release);
-            t.wakers[1 - me].wake();
-            next += 2;
-        }
+async fn side(t: Arc<Turn>, me: usize, rounds: usize) {
+    let mut next = me;
+    while next < rounds {
+        poll_fn(|cx| {
+            if t.turn.load(Ordering::Acquire) == next {
+                return Poll::Ready(());
+            }
+            t.wakers[me].register(cx.waker());
+            if t.turn.load(Ordering::Acquire) == next {
+                Poll::Ready(())
+            } else {
+                Poll::Pending
+            }
+        })
+        .await;
+        t.turn.store(next + 1, Ordering::Release);
+        t.wakers[1 - me].wake();
+        next += 2;
     }
 }
 
@@ -136,7 +134,7 @@ impl Exec for Tokio {
 pub fn run(args: &Args) -> Result<(), String> {
     let workers: Vec<usize> = parse_list(&args.workers)?;
     let benches: Vec<String> = parse_list(&args.bench)?;
-    if workers.iter().any(|&w| w == 0) {
+    if workers.contains(&0) {
         return Err("worker counts must be at least 1 (tokio needs one)".into());
     }
     if let Some(b) = benches.iter().find(|b| !matches!(b.as_str(), "spawn" | "yield")) {

@@ -437,7 +437,7 @@ impl<T: Primitive> TypedRecv<'_, T> {
     /// Makes one step of progress; `true` once the message has arrived (then
     /// [`wait`](Self::wait) or `.await` returns at once).
     pub fn test(&mut self) -> bool {
-        self.req.as_mut().is_none_or(|r| r.test())
+        self.req.as_mut().map_or(true, |r| r.test())
     }
 }
 

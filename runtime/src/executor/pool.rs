@@ -146,7 +146,7 @@ impl Pool {
         F: Future + Send + 'static,
         F::Output: Send + 'static,
     {
-        let (task, handle) = Task::new(self.clone(), future);
+        let (task, handle) = Task::create(self.clone(), future);
         self.schedule(task, false);
         handle
     }

@@ -126,7 +126,7 @@ where
     F::Output: Send + 'static,
 {
     /// A task, already `SCHEDULED` (the caller pushes it), and its join handle.
-    pub(crate) fn new(pool: Arc<Pool>, future: F) -> (TaskRef, JoinHandle<F::Output>) {
+    pub(crate) fn create(pool: Arc<Pool>, future: F) -> (TaskRef, JoinHandle<F::Output>) {
         let task = Arc::new(Task {
             state: AtomicUsize::new(SCHEDULED),
             pool,
@@ -163,12 +163,15 @@ where
         }
         let waker = Waker::from(self.clone());
         let mut cx = Context::from_waker(&waker);
-        // SAFETY: we hold `RUNNING`: exclusive access to the stage. The future is never moved
-        // while in the stage (the task is heap-allocated and the stage is replaced, not
-        // moved, when the future finishes), so pinning it in place is sound.
-        let res = catch_unwind(AssertUnwindSafe(|| match unsafe { &mut *self.stage.get() } {
-            Stage::Running(f) => unsafe { Pin::new_unchecked(f) }.poll(&mut cx),
-            _ => Poll::Pending,
+        let res = catch_unwind(AssertUnwindSafe(|| {
+            // SAFETY: we hold `RUNNING`: exclusive access to the stage.
+            match unsafe { &mut *self.stage.get() } {
+                // SAFETY: the future is never moved while in the stage (the task is
+                // heap-allocated and the stage is replaced, not moved, when the future
+                // finishes), so pinning it in place is sound.
+                Stage::Running(f) => unsafe { Pin::new_unchecked(f) }.poll(&mut cx),
+                _ => Poll::Pending,
+            }
         }));
         match res {
             Ok(Poll::Ready(v)) => self.finish(Ok(v)),
