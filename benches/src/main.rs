@@ -3,6 +3,7 @@
 //! Every subcommand prints a readable table, or with `--csv` one header line and one row per
 //! configuration. Sweep options take comma lists (`-t 1,2,4,8`).
 
+mod idle;
 mod locks;
 mod multirate;
 mod pack;
@@ -27,6 +28,8 @@ enum Cmd {
     Locks(locks::Args),
     /// Executor overheads: spawn+join of empty tasks and a two-task yield ping-pong, weft vs tokio.
     Spawn(spawn::Args),
+    /// CPU time used by an idle runtime with a started pool.
+    Idle(idle::Args),
     /// Datatype packing bandwidth versus threads (parallel packing on the pool).
     Pack(pack::Args),
     /// Ping-pong whose receiver completes through a sync object vs testing every request.
@@ -38,6 +41,7 @@ fn main() {
     let res = match cli.cmd {
         Cmd::Multirate(a) => multirate::run(&a),
         Cmd::Spawn(a) => spawn::run(&a),
+        Cmd::Idle(a) => idle::run(&a),
         Cmd::Pack(a) => pack::run(&a),
         Cmd::SyncPingpong(a) => sync_pingpong::run(&a),
         Cmd::Locks(args) => {
