@@ -22,6 +22,51 @@
 //! 6. Completing the cell wakes the polling task, or pushes the completion onto the attached
 //!    [`SyncObject`]'s queue and wakes its waiters — `weft-sync`.
 //!
+//! # Executor
+//!
+//! Each runtime has a work-stealing pool (`executor/`: crossbeam-deque worker deques, a
+//! global injector, stealers) that starts at the first [`Runtime::spawn`] with
+//! [`Builder::workers`] threads (`WEFT_WORKERS`) and stops when the last `Runtime` handle
+//! drops. [`JoinHandle`] is a future giving the task's output or a [`JoinError`] (a panic
+//! is caught, not an abort). An idle worker first makes a non-blocking progress pass (the
+//! owner token's try path in `Owner` mode, CRI try-locks in `Concurrent`, the progress
+//! lock's try path in `Global`), then steals, then parks; new tasks or network activity (the
+//! transport's doorbell) wake it, so an idle runtime costs ~0% CPU. A thread blocked in a
+//! wait runs pool tasks meanwhile (seed 003 §4.6.2). [`Request`] and [`SyncObject`] futures
+//! are executor-agnostic: inside tokio, the first poller that wins progress drives it.
+//!
+//! # Datatypes
+//!
+//! [`Datatype`] describes contiguous, vector and indexed layouts of primitive elements;
+//! [`Communicator::isend_typed`] packs on send and [`Communicator::irecv_typed`] unpacks on
+//! receipt (any size: large messages go by rendezvous). Packs of at least the pack
+//! threshold ([`Builder::pack_threshold`], 256 KiB) are split into pool tasks, so idle
+//! workers and waiting threads share the copying ([`Runtime::pack`]).
+//!
+//! ```
+//! use weft::{Datatype, Runtime};
+//! let rt = Runtime::builder().workers(2).build().unwrap();
+//! // Sum of 1000 tasks, each on the pool.
+//! let handles: Vec<_> = (0..1000u64).map(|i| rt.spawn(async move { i })).collect();
+//! let sum = rt.block_on(async {
+//!     let mut s = 0;
+//!     for h in handles {
+//!         s += h.await.unwrap();
+//!     }
+//!     s
+//! });
+//! assert_eq!(sum, 499_500);
+//! // A column of a 4x4 matrix, sent to ourselves and unpacked into a row layout.
+//! let column = Datatype::<f32>::vector(4, 1, 4).unwrap();
+//! let m: Vec<f32> = (0..16).map(|x| x as f32).collect();
+//! let comm = rt.world();
+//! let mut row = [0f32; 4];
+//! let r = comm.irecv_typed(&mut row, &Datatype::contiguous(4), 0u32, 9).unwrap();
+//! comm.send_typed(&m, &column, 0, 9).unwrap();
+//! r.wait().unwrap();
+//! assert_eq!(row, [0.0, 4.0, 8.0, 12.0]);
+//! ```
+//!
 //! # Example
 //!
 //! ```
