@@ -1,7 +1,8 @@
 //! The executor: a work-stealing task pool with progress built in (DESIGN "Executor", seed
 //! 003 §4.6.2).
 //!
-//! * `task.rs` — one spawned future: its state word, the waker, [`JoinHandle`] and
+//! * `state.rs` — a task's state word (loom models beside it).
+//! * `task.rs` — one spawned future: the waker, [`JoinHandle`] and
 //!   [`JoinError`] (a panic in a task is caught and reported, never an abort).
 //! * `pool.rs` — the pool: a crossbeam-deque `Worker` per thread, one global `Injector`,
 //!   stealers; the worker loop (local queue, the injector every 61 ticks for fairness,
@@ -21,6 +22,7 @@ mod block_on;
 mod park;
 mod pool;
 mod split;
+mod state;
 mod task;
 
 pub(crate) use block_on::block_on;

@@ -1,6 +1,6 @@
 //! One spawned task: a future, its state word, its waker and its [`JoinHandle`].
 //!
-//! # The state word
+//! # The state word (`state.rs`, loom-modelled there)
 //!
 //! | bit | name | meaning |
 //! |---|---|---|
@@ -27,17 +27,13 @@ use std::future::Future;
 use std::marker::PhantomData;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::pin::Pin;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll, Wake, Waker};
 
 use atomic_waker::AtomicWaker;
 
 use super::pool::Pool;
-
-const SCHEDULED: usize = 1;
-const RUNNING: usize = 2;
-const COMPLETE: usize = 4;
+use super::state::{AfterPoll, State, Wake as WakeAction};
 
 /// A task as the run queues see it.
 pub(crate) type TaskRef = Arc<dyn Runnable>;
@@ -105,7 +101,7 @@ enum Stage<F: Future> {
 /// allocation per task).
 pub(crate) struct Task<F: Future> {
     /// The state word (see the module docs).
-    state: AtomicUsize,
+    state: State,
     /// Where a wake pushes the task.
     pool: Arc<Pool>,
     /// The join handle's waker.
@@ -128,7 +124,7 @@ where
     /// A task, already `SCHEDULED` (the caller pushes it), and its join handle.
     pub(crate) fn create(pool: Arc<Pool>, future: F) -> (TaskRef, JoinHandle<F::Output>) {
         let task = Arc::new(Task {
-            state: AtomicUsize::new(SCHEDULED),
+            state: State::scheduled(),
             pool,
             join: AtomicWaker::new(),
             stage: UnsafeCell::new(Stage::Running(future)),
@@ -141,10 +137,9 @@ where
         // SAFETY: we hold `RUNNING` (or own the task exclusively in `cancel`), so nobody
         // else touches the stage until `COMPLETE` is published below.
         unsafe { *self.stage.get() = Stage::Finished(out) };
-        // Release: publishes the output to the join handle's acquire. A wake racing with
-        // this either set `SCHEDULED` before (it pushed nothing: we were `RUNNING`) or sees
-        // `COMPLETE` after; either way the bit is dropped here.
-        self.state.swap(COMPLETE, Ordering::AcqRel);
+        // A wake racing with this either set `SCHEDULED` before (it pushed nothing: we were
+        // `RUNNING`) or sees `COMPLETE` after; either way the bit is dropped here.
+        self.state.complete();
         self.join.wake();
     }
 }
@@ -155,10 +150,7 @@ where
     F::Output: Send + 'static,
 {
     fn run(self: Arc<Self>) {
-        // Acquire: see the previous poller's writes to the future.
-        let prev = self.state.fetch_xor(SCHEDULED | RUNNING, Ordering::Acquire);
-        debug_assert_eq!(prev & (SCHEDULED | RUNNING), SCHEDULED);
-        if prev & COMPLETE != 0 {
+        if !self.state.start_run() {
             return;
         }
         let waker = Waker::from(self.clone());
@@ -177,9 +169,7 @@ where
             Ok(Poll::Ready(v)) => self.finish(Ok(v)),
             Err(p) => self.finish(Err(JoinError::Panicked(panic_message(p)))),
             Ok(Poll::Pending) => {
-                // Release: publishes the future's state to the next poller.
-                let prev = self.state.fetch_and(!RUNNING, Ordering::AcqRel);
-                if prev & SCHEDULED != 0 {
+                if self.state.end_run() == AfterPoll::Reschedule {
                     // Woken while running: that wake left the push to us.
                     let pool = self.pool.clone();
                     pool.schedule(self, true);
@@ -189,11 +179,9 @@ where
     }
 
     fn cancel(self: Arc<Self>) {
-        let prev = self.state.fetch_or(RUNNING, Ordering::Acquire);
-        if prev & (RUNNING | COMPLETE) != 0 {
-            return;
+        if self.state.claim_for_cancel() {
+            self.finish(Err(JoinError::Cancelled));
         }
-        self.finish(Err(JoinError::Cancelled));
     }
 }
 
@@ -207,17 +195,7 @@ where
     }
 
     fn wake_by_ref(self: &Arc<Self>) {
-        let mut s = self.state.load(Ordering::Relaxed);
-        loop {
-            if s & (SCHEDULED | COMPLETE) != 0 {
-                return;
-            }
-            match self.state.compare_exchange_weak(s, s | SCHEDULED, Ordering::AcqRel, Ordering::Relaxed) {
-                Ok(_) => break,
-                Err(a) => s = a,
-            }
-        }
-        if s & RUNNING == 0 {
+        if self.state.wake() == WakeAction::Push {
             self.pool.schedule(self.clone(), false);
         }
     }
@@ -235,10 +213,10 @@ where
     F::Output: Send + 'static,
 {
     fn poll_join(&self, cx: &mut Context<'_>) -> Poll<Result<F::Output, JoinError>> {
-        // Acquire: pairs with the release in `finish`.
-        if self.state.load(Ordering::Acquire) & COMPLETE == 0 {
+        // Acquire (in `is_complete`): pairs with the release in `finish`.
+        if !self.state.is_complete() {
             self.join.register(cx.waker());
-            if self.state.load(Ordering::Acquire) & COMPLETE == 0 {
+            if !self.state.is_complete() {
                 return Poll::Pending;
             }
         }
@@ -251,7 +229,7 @@ where
     }
 
     fn is_finished(&self) -> bool {
-        self.state.load(Ordering::Acquire) & COMPLETE != 0
+        self.state.is_complete()
     }
 }
 
