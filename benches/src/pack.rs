@@ -8,7 +8,8 @@
 //! `vector` — blocks of 16 elements (128 B) every 32; `indexed` — blocks of 8..=23 elements
 //! with gaps of 8; `contiguous` — one block.
 //!
-//! Columns: `datatype,bytes,threads,seconds,gbps` (median time of one pack over `--runs`).
+//! Columns: `datatype,bytes,threads,seconds,gbps` (median over `--runs` samples of the mean
+//! time of one pack; a sample repeats the pack for ~20 ms; thread counts alternate).
 
 use std::time::Instant;
 
@@ -32,7 +33,7 @@ pub struct Args {
     #[arg(long, default_value_t = 256 * 1024)]
     threshold: usize,
     /// Repetitions (the median is reported).
-    #[arg(long, default_value_t = 11)]
+    #[arg(long, default_value_t = 15)]
     runs: usize,
     /// CSV output: header `datatype,bytes,threads,seconds,gbps`, one row per configuration.
     #[arg(long)]
@@ -82,16 +83,18 @@ pub fn run(args: &Args) -> Result<(), String> {
             let src: Vec<f64> = (0..ty.extent()).map(|i| i as f64).collect();
             let mut dst = vec![0.0f64; ty.size()];
             let want = ty.pack_to_vec(&src).map_err(|e| e.to_string())?;
-            // Enough repetitions per sample for ~20 ms.
-            let reps = (20_000_000 / bytes.max(1)).clamp(1, 10_000);
             let mut samples: Vec<Vec<f64>> = vec![Vec::new(); runtimes.len()];
-            for (i, (_, rt)) in runtimes.iter().enumerate() {
+            let mut one = f64::MAX;
+            for (_, rt) in &runtimes {
+                let t0 = Instant::now();
                 rt.pack(&ty, &src, &mut dst).map_err(|e| e.to_string())?; // warm-up (starts the pool)
+                one = one.min(t0.elapsed().as_secs_f64());
                 if dst != want {
                     return Err(format!("{kind}: parallel pack differs from the sequential one"));
                 }
-                samples[i].clear();
             }
+            // Enough repetitions per sample for ~20 ms.
+            let reps = ((0.02 / one.max(1e-9)) as usize).clamp(1, 100_000);
             for _ in 0..args.runs.max(1) {
                 for (i, (_, rt)) in runtimes.iter().enumerate() {
                     let t0 = Instant::now();
