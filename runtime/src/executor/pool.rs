@@ -124,12 +124,36 @@ pub(crate) struct Pool {
     shutdown: AtomicBool,
 }
 
+/// Why a task is queued (where it goes on a worker's own queues).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Hint {
+    /// A new task: the back of the deque (stealable at once).
+    Spawn,
+    /// Woken by another task: the LIFO slot (runs next, warm in cache; tokio's habit).
+    Wake,
+    /// Woke itself while running (a yield): the back of the deque, behind everyone else.
+    Yield,
+}
+
+/// Consecutive LIFO-slot polls before the slot's task goes to the back of the deque, so two
+/// tasks waking each other cannot starve the rest (tokio uses 3 too).
+const MAX_LIFO_POLLS: u32 = 3;
+
 /// A worker's own state, reachable from its thread while it runs.
 struct Local {
     /// The pool this thread works for.
     pool: *const Pool,
     /// Its deque.
     worker: Worker<TaskRef>,
+    /// The task to run next (not stealable; moved to the deque after `MAX_LIFO_POLLS`).
+    lifo: Cell<Option<TaskRef>>,
+}
+
+impl Local {
+    /// The next task of this worker's own queues, LIFO slot first.
+    fn pop(&self) -> Option<TaskRef> {
+        self.lifo.take().or_else(|| self.worker.pop())
+    }
 }
 
 thread_local! {
@@ -147,13 +171,14 @@ impl Pool {
         F::Output: Send + 'static,
     {
         let (task, handle) = Task::create(self.clone(), future);
-        self.schedule(task, false);
+        self.schedule(task, Hint::Spawn);
         handle
     }
 
-    /// Queues a `SCHEDULED` task: on this thread's deque when it is one of our workers, else
-    /// on the injector; then wakes a sleeping worker if there is one.
-    pub(crate) fn schedule(&self, task: TaskRef, _yielded: bool) {
+    /// Queues a `SCHEDULED` task: on this thread's deque when it is one of our workers (a
+    /// task woken by the running one goes to the LIFO slot, to run next), else on the
+    /// injector; then wakes a sleeping worker if there is one.
+    pub(crate) fn schedule(&self, task: TaskRef, hint: Hint) {
         if self.shutdown.load(Ordering::Acquire) {
             task.cancel();
             return;
@@ -162,7 +187,17 @@ impl Pool {
         // SAFETY: a non-null `LOCAL` points to the `Local` on the stack of this thread's
         // `worker_main`, which outlives every task it runs.
         match unsafe { local.as_ref() } {
-            Some(l) if std::ptr::eq(l.pool, self) => l.worker.push(task),
+            Some(l) if std::ptr::eq(l.pool, self) => {
+                if hint == Hint::Wake {
+                    match l.lifo.replace(Some(task)) {
+                        // The slot was free: this worker runs the task next, nobody to wake.
+                        None => return,
+                        Some(prev) => l.worker.push(prev),
+                    }
+                } else {
+                    l.worker.push(task);
+                }
+            }
             _ => {
                 self.injector.push(task);
                 // SeqCst: pairs with the store in `Executor::shutdown`.
@@ -244,6 +279,15 @@ pub(crate) fn help(shared: &Shared) -> bool {
 /// Runs one queued task (from the injector, else stolen from a worker) on this thread.
 pub(super) fn run_one(shared: &Shared) -> bool {
     let Some(pool) = shared.executor.get() else { return false };
+    // On one of our workers (a task waiting inside a wait): its own queues first, where
+    // the tasks it woke are.
+    let local = LOCAL.with(|l| l.get());
+    // SAFETY: see `Pool::schedule`.
+    let own = unsafe { local.as_ref() }.filter(|l| std::ptr::eq(l.pool, Arc::as_ptr(pool))).and_then(|l| l.pop());
+    if let Some(t) = own {
+        t.run();
+        return true;
+    }
     let task = match pool.steal_injector(None) {
         Some(t) => t,
         None => match pool.steal_others(None, 0) {
@@ -274,19 +318,32 @@ impl Drop for ResetLocal {
 
 fn worker_main(shared: &Arc<Shared>, pool: &Arc<Pool>, worker: Worker<TaskRef>, index: usize) {
     pool.sleep.register(index);
-    let local = Local { pool: Arc::as_ptr(pool), worker };
+    let local = Local { pool: Arc::as_ptr(pool), worker, lifo: Cell::new(None) };
     LOCAL.with(|l| l.set(&local));
     let _reset = ResetLocal;
     let mut tick: u32 = 0;
+    let mut lifo_polls = 0u32;
     loop {
         if pool.is_shutdown() {
             break;
         }
         tick = tick.wrapping_add(1);
+        let lifo = local.lifo.take();
         let task = if tick % INJECT_INTERVAL == 0 {
             shared.progress_idle();
+            if let Some(t) = lifo {
+                local.worker.push(t);
+            }
+            lifo_polls = 0;
             pool.steal_injector(Some(&local.worker)).or_else(|| local.worker.pop())
+        } else if lifo.is_some() && lifo_polls < MAX_LIFO_POLLS {
+            lifo_polls += 1;
+            lifo
         } else {
+            if let Some(t) = lifo {
+                local.worker.push(t);
+            }
+            lifo_polls = 0;
             local.worker.pop().or_else(|| pool.steal_injector(Some(&local.worker)))
         };
         if let Some(t) = task {
@@ -317,8 +374,8 @@ fn worker_main(shared: &Arc<Shared>, pool: &Arc<Pool>, worker: Worker<TaskRef>, 
             t.run();
         }
     }
-    // Shutdown: cancel what is left in our deque (and whatever reached the injector).
-    while let Some(t) = local.worker.pop() {
+    // Shutdown: cancel what is left in our queues (and whatever reached the injector).
+    while let Some(t) = local.pop() {
         t.cancel();
     }
     pool.drain();

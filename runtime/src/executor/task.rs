@@ -28,11 +28,12 @@ use std::marker::PhantomData;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::pin::Pin;
 use std::sync::Arc;
-use std::task::{Context, Poll, Wake, Waker};
+use std::mem::ManuallyDrop;
+use std::task::{Context, Poll, RawWaker, RawWakerVTable, Waker};
 
 use atomic_waker::AtomicWaker;
 
-use super::pool::Pool;
+use super::pool::{Hint, Pool};
 use super::state::{AfterPoll, State, Wake as WakeAction};
 
 /// A task as the run queues see it.
@@ -153,7 +154,10 @@ where
         if !self.state.start_run() {
             return;
         }
-        let waker = Waker::from(self.clone());
+        // SAFETY: the raw waker borrows `self`'s reference (the vtable's functions treat the
+        // pointer as an `Arc<Self>`); it is never dropped (`ManuallyDrop`), so it gives back
+        // no reference it did not take, and `self` outlives the poll. Clones take their own.
+        let waker = ManuallyDrop::new(unsafe { Waker::from_raw(RawWaker::new(Arc::as_ptr(&self).cast(), &Self::VTABLE)) });
         let mut cx = Context::from_waker(&waker);
         let res = catch_unwind(AssertUnwindSafe(|| {
             // SAFETY: we hold `RUNNING`: exclusive access to the stage.
@@ -171,8 +175,12 @@ where
             Ok(Poll::Pending) => {
                 if self.state.end_run() == AfterPoll::Reschedule {
                     // Woken while running: that wake left the push to us.
-                    let pool = self.pool.clone();
-                    pool.schedule(self, true);
+                    // SAFETY: `run` is called by a pool worker (which holds an `Arc<Pool>`) or
+                    // by a thread helping through `Shared::executor` (which holds one too), so
+                    // the pool outlives this call even if the task is dropped inside it. This
+                    // avoids cloning the pool's `Arc` (a shared counter) on every yield.
+                    let pool: &Pool = unsafe { &*Arc::as_ptr(&self.pool) };
+                    pool.schedule(self, Hint::Yield);
                 }
             }
         }
@@ -185,19 +193,50 @@ where
     }
 }
 
-impl<F> Wake for Task<F>
+/// The waker: a `RawWaker` over the task's `Arc` (as std's `Wake` builds it, but a poll
+/// can lend it without touching the reference count).
+impl<F> Task<F>
 where
     F: Future + Send + 'static,
     F::Output: Send + 'static,
 {
-    fn wake(self: Arc<Self>) {
-        self.wake_by_ref();
-    }
+    const VTABLE: RawWakerVTable = RawWakerVTable::new(Self::clone_waker, Self::wake_waker, Self::wake_by_ref_waker, Self::drop_waker);
 
     fn wake_by_ref(self: &Arc<Self>) {
         if self.state.wake() == WakeAction::Push {
-            self.pool.schedule(self.clone(), false);
+            self.pool.schedule(self.clone(), Hint::Wake);
         }
+    }
+
+    /// # Safety
+    /// `p` is `Arc::as_ptr` of a live `Arc<Self>` whose reference the caller holds.
+    unsafe fn clone_waker(p: *const ()) -> RawWaker {
+        // SAFETY: per the contract, the count is at least one.
+        unsafe { Arc::increment_strong_count(p.cast::<Self>()) };
+        RawWaker::new(p, &Self::VTABLE)
+    }
+
+    /// # Safety
+    /// `p` carries one reference (a cloned waker), consumed here.
+    unsafe fn wake_waker(p: *const ()) {
+        // SAFETY: per the contract.
+        let task = unsafe { Arc::from_raw(p.cast::<Self>()) };
+        task.wake_by_ref();
+    }
+
+    /// # Safety
+    /// As `clone_waker`.
+    unsafe fn wake_by_ref_waker(p: *const ()) {
+        // SAFETY: per the contract; `ManuallyDrop` leaves the caller's reference alone.
+        let task = ManuallyDrop::new(unsafe { Arc::from_raw(p.cast::<Self>()) });
+        task.wake_by_ref();
+    }
+
+    /// # Safety
+    /// `p` carries one reference, released here.
+    unsafe fn drop_waker(p: *const ()) {
+        // SAFETY: per the contract.
+        drop(unsafe { Arc::from_raw(p.cast::<Self>()) });
     }
 }
 
