@@ -245,3 +245,53 @@ fn stampede_chain_of_wakes_across_workers() {
         assert!(rt.block_on(h).is_ok());
     }
 }
+
+#[test]
+fn no_starvation_by_two_tasks_waking_each_other() {
+    // One worker; two tasks hand a turn back and forth (each wake goes to the LIFO slot)
+    // until a third task, queued behind them, sets a flag. The LIFO slot is bounded, so the
+    // third task runs.
+    use futures::task::AtomicWaker;
+    struct Turn {
+        turn: AtomicUsize,
+        wakers: [AtomicWaker; 2],
+        stop: AtomicBool,
+    }
+    let rt = rt(1);
+    let t = Arc::new(Turn { turn: AtomicUsize::new(0), wakers: Default::default(), stop: AtomicBool::new(false) });
+    let side = |me: usize, t: Arc<Turn>| async move {
+        let mut rounds = 0u64;
+        while !t.stop.load(Ordering::Acquire) {
+            std::future::poll_fn(|cx| {
+                if t.turn.load(Ordering::Acquire) % 2 == me || t.stop.load(Ordering::Acquire) {
+                    return Poll::Ready(());
+                }
+                t.wakers[me].register(cx.waker());
+                if t.turn.load(Ordering::Acquire) % 2 == me || t.stop.load(Ordering::Acquire) {
+                    Poll::Ready(())
+                } else {
+                    Poll::Pending
+                }
+            })
+            .await;
+            t.turn.fetch_add(1, Ordering::AcqRel);
+            t.wakers[1 - me].wake();
+            rounds += 1;
+        }
+        t.wakers[1 - me].wake();
+        rounds
+    };
+    let a = rt.spawn(side(0, t.clone()));
+    let b = rt.spawn(side(1, t.clone()));
+    let t0 = Instant::now();
+    while t.turn.load(Ordering::Relaxed) < 1000 && t0.elapsed() < Duration::from_secs(5) {
+        std::thread::yield_now();
+    }
+    let t2 = t.clone();
+    let stopper = rt.spawn(async move { t2.stop.store(true, Ordering::Release) });
+    rt.block_on(async {
+        stopper.await.unwrap();
+        assert!(a.await.unwrap() + b.await.unwrap() >= 1000);
+    });
+    assert!(t0.elapsed() < Duration::from_secs(10));
+}
