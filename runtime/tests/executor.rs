@@ -295,3 +295,48 @@ fn no_starvation_by_two_tasks_waking_each_other() {
     });
     assert!(t0.elapsed() < Duration::from_secs(10));
 }
+
+#[test]
+fn all_to_all_tasks_every_mode() {
+    // 3 ranks x 2 workers, 6 tasks per rank, each exchanging messages with every other
+    // rank's same-numbered task: wakes cross ranks, workers and progress paths.
+    for mode in [ProgressMode::Global, ProgressMode::Owner, ProgressMode::Concurrent] {
+        let ranks = Runtime::builder().env(false).progress(mode).workers(2).cris(2).eager_threshold(512).build_local(3).unwrap();
+        let t0 = Instant::now();
+        let mut handles = Vec::new();
+        for rt in &ranks {
+            for task in 0..6i32 {
+                let comm = rt.world().clone();
+                handles.push((rt.clone(), rt.spawn(async move {
+                    let me = comm.rank();
+                    let mut got = 0u64;
+                    for round in 0..30u32 {
+                        let mut recvs = Vec::new();
+                        for peer in (0..3).filter(|&p| p != me) {
+                            recvs.push(comm.irecv(Vec::<u32>::with_capacity(256), peer, task).unwrap());
+                        }
+                        let mut sends = Vec::new();
+                        for peer in (0..3).filter(|&p| p != me) {
+                            // Every 5th round above the eager threshold (rendezvous).
+                            let n = if round % 5 == 0 { 200 } else { 4 };
+                            sends.push(comm.isend(vec![me * 1000 + round; n], peer, task).unwrap());
+                        }
+                        for r in recvs {
+                            let (v, st) = r.await.unwrap();
+                            assert_eq!(v[0], st.source * 1000 + round);
+                            got += 1;
+                        }
+                        for s in sends {
+                            s.await.unwrap();
+                        }
+                    }
+                    got
+                })));
+            }
+        }
+        for (rt, h) in handles {
+            assert_eq!(rt.block_on(h).unwrap(), 60, "{mode}");
+        }
+        assert!(t0.elapsed() < Duration::from_secs(30), "{mode}: {:?}", t0.elapsed());
+    }
+}
