@@ -259,6 +259,10 @@ impl Runtime {
     /// [`Builder::workers`] threads) and returns its [`JoinHandle`], itself a future giving
     /// the output, or a [`JoinError`] if the task panicked or the runtime shut down first.
     ///
+    /// A task that holds a `Runtime` clone keeps the pool running until the task finishes.
+    /// Blocking waits inside a task work (the waiting thread runs other tasks meanwhile),
+    /// but `.await` is the better fit.
+    ///
     /// ```
     /// let rt = weft::Runtime::builder().workers(2).build().unwrap();
     /// let h = rt.spawn(async { 6 * 7 });

@@ -197,21 +197,6 @@ fn sync_object_and_requests_in_tokio() {
 }
 
 #[test]
-fn workers_from_env_and_bad_values() {
-    // The builder value is used with env off; a bad count is an error, not a panic.
-    let rt = Runtime::builder().env(false).workers(3).build().unwrap();
-    assert_eq!(rt.config().workers, 3);
-    assert!(Runtime::builder().env(false).workers(100_000).build().is_err());
-    let mut c = weft::Config::default();
-    std::env::set_var("WEFT_WORKERS", "notanumber");
-    assert!(c.apply_env().is_err());
-    std::env::set_var("WEFT_WORKERS", "2");
-    c.apply_env().unwrap();
-    std::env::remove_var("WEFT_WORKERS");
-    assert_eq!(c.workers, 2);
-}
-
-#[test]
 fn block_on_inside_a_task_does_not_deadlock() {
     // One worker: the task blocks it in `block_on`, so it must run the inner task itself.
     let rt = rt(1);

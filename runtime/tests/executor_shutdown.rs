@@ -1,5 +1,5 @@
-//! Pool shutdown and idle cost, each in its own process-wide measurement (own test binary:
-//! they count threads and CPU time of the whole process).
+//! Pool shutdown and idle cost (own test binary, one test: they count the threads and CPU
+//! time of the whole process), and the `WEFT_WORKERS` variable.
 
 use std::time::{Duration, Instant};
 
@@ -26,6 +26,20 @@ fn cpu_seconds() -> f64 {
 
 #[test]
 fn shutdown_and_idle() {
+    // 0. The worker count: builder, environment, bad values (here, in a one-test binary,
+    //    because it sets an environment variable).
+    let rt = Runtime::builder().env(false).workers(3).build().unwrap();
+    assert_eq!(rt.config().workers, 3);
+    drop(rt);
+    assert!(Runtime::builder().env(false).workers(100_000).build().is_err());
+    let mut c = weft::Config::default();
+    std::env::set_var("WEFT_WORKERS", "notanumber");
+    assert!(c.apply_env().is_err());
+    std::env::set_var("WEFT_WORKERS", "2");
+    c.apply_env().unwrap();
+    std::env::remove_var("WEFT_WORKERS");
+    assert_eq!(c.workers, 2);
+
     // 1. Idle: a 2-worker runtime (pool started) that has nothing to do uses < 2% of a core.
     {
         let ranks = Runtime::builder().env(false).workers(2).build_local(2).unwrap();
