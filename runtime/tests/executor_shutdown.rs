@@ -81,4 +81,23 @@ fn shutdown_and_idle() {
     assert!(matches!(res, Err(JoinError::Cancelled) | Ok(7)), "{res:?}");
     assert!(futures::executor::block_on(blocker).is_ok());
     assert_eq!(worker_threads(), 0);
+
+    // 4. Dropping the runtime while a task waits for a message that never comes: no hang, no
+    //    thread left (the pending task is dropped with the rank's state).
+    {
+        let ranks = Runtime::builder().env(false).workers(2).build_local(2).unwrap();
+        let c1 = ranks[1].world().clone();
+        let waiting = ranks[1].spawn(async move { c1.irecv(Vec::<u8>::with_capacity(8), 0u32, 5).unwrap().await.map(|(b, _)| b.len()) });
+        std::thread::sleep(Duration::from_millis(50));
+        assert!(!waiting.is_finished());
+        let t0 = Instant::now();
+        drop(ranks);
+        assert!(t0.elapsed() < Duration::from_secs(5));
+        drop(waiting);
+    }
+    let t0 = Instant::now();
+    while worker_threads() > 0 && t0.elapsed() < Duration::from_secs(5) {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert_eq!(worker_threads(), 0, "worker threads left after dropping a runtime with a waiting task");
 }
