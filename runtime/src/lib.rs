@@ -52,6 +52,7 @@ mod cri;
 pub mod lock;
 pub(crate) mod loom;
 mod matching;
+mod paths;
 mod progress;
 mod protocol;
 mod request;
@@ -60,7 +61,7 @@ mod wait;
 
 pub use buffer::{Primitive, RecvBuf, SendBuf};
 pub use comm::Communicator;
-pub use config::{Assignment, Config, MatchingMode, ProgressMode};
+pub use config::{Assignment, Config, Locks, MatchingMode, ProgressMode};
 pub use counters::Snapshot;
 pub use matching::{Source, Tag};
 pub use request::Request;

@@ -46,16 +46,13 @@ impl Shared {
         }
     }
 
-    /// Algorithm 1's critical section: everything under the progress lock.
+    /// Algorithm 1's critical section: everything under the progress lock, entered with
+    /// low priority (seed 000 §4.1: posting threads go first).
     fn progress_global(&self) -> usize {
-        let _g = match self.progress_lock.try_lock() {
-            Some(g) => g,
-            None => {
-                self.progress_contended.fetch_add(1, Ordering::Relaxed);
-                self.progress_lock.lock()
-            }
-        };
-        self.progress_all()
+        self.progress_lock.low(|_| {
+            let n = self.progress_all();
+            (n, n > 0)
+        })
     }
 
     /// Progresses every CRI that has frames (the owner's and the global lock holder's pass).
@@ -63,8 +60,7 @@ impl Shared {
         let mut n = self.flush_deferred();
         for k in 0..self.cris.len() {
             if self.transport.has_frames(k) {
-                let mut g = self.lock_cri(k);
-                n += self.progress_cri(k, &mut g);
+                n += self.cris[k].lock.low(|c| self.progress_cri(k, c));
             }
         }
         n
@@ -81,12 +77,7 @@ impl Shared {
         let mine = self.cri_for_thread();
         let mut count = self.flush_deferred();
         if self.transport.has_frames(mine) {
-            if let Some(mut g) = self.cris[mine].lock.try_lock() {
-                g.acquisitions += 1;
-                count += self.progress_cri(mine, &mut g);
-            } else {
-                self.cris[mine].contended.fetch_add(1, Ordering::Relaxed);
-            }
+            count += self.cris[mine].lock.try_low(|c| self.progress_cri(mine, c)).unwrap_or(0);
         }
         if count > 0 {
             return count;
@@ -96,12 +87,7 @@ impl Shared {
             if !self.transport.has_frames(k) {
                 continue;
             }
-            if let Some(mut g) = self.cris[k].lock.try_lock() {
-                g.acquisitions += 1;
-                count += self.progress_cri(k, &mut g);
-            } else {
-                self.cris[k].contended.fetch_add(1, Ordering::Relaxed);
-            }
+            count += self.cris[k].lock.try_low(|c| self.progress_cri(k, c)).unwrap_or(0);
             if count > 0 {
                 return count;
             }
@@ -143,7 +129,7 @@ impl Shared {
     /// Unposts a receive that has not matched yet. Returns whether it was unposted.
     pub(crate) fn cancel_recv(&self, inner: &Arc<crate::request::ReqInner>) -> bool {
         match self.context(inner.context) {
-            Some(comm) => self.with_matching(comm, |m| m.cancel(inner)),
+            Some(comm) => self.main_path(|| self.with_matching(comm, |m| m.cancel(inner))),
             None => false,
         }
     }

@@ -110,6 +110,14 @@ impl LockKind {
         }
     }
 
+    /// Whether `flat` is this protocol or one of its two classes.
+    pub fn uses(&self, flat: FlatKind) -> bool {
+        match *self {
+            LockKind::Flat(k) => k == flat,
+            LockKind::Priority { high, low } => high == flat || low == flat,
+        }
+    }
+
     /// Whether this is a two-level priority lock.
     pub fn is_priority(&self) -> bool {
         matches!(self, LockKind::Priority { .. })
