@@ -126,3 +126,52 @@ fn hmcs_over_hwloc_topology_excludes() {
     let lock = DynLock::with_options(LockKind::Flat(FlatKind::Hmcs), &opts);
     assert_eq!(hammer(&lock, 6, 800, |_| DynNode::default()), 4800);
 }
+
+/// Marker of the child's result line in [`synthetic_machines`].
+const CHILD_MARK: &str = "weft-synthetic-topology: ";
+
+/// Run by [`synthetic_machines`] in a child process with `HWLOC_SYNTHETIC` set (hwloc then
+/// describes an imaginary machine): prints the topology read, then checks HMCS exclusion with
+/// threads entering at every leaf of it.
+#[test]
+#[ignore = "run by synthetic_machines in a child process with HWLOC_SYNTHETIC set"]
+fn synthetic_child() {
+    assert!(std::env::var_os("HWLOC_SYNTHETIC").is_some(), "run through synthetic_machines");
+    let topo = Topology::from_hwloc().expect("hwloc loads the synthetic topology");
+    println!("{CHILD_MARK}{topo:?}");
+    assert_valid(&topo);
+    let lock = Hmcs::with_topology(&topo, 2);
+    let cpus = topo.cpus();
+    assert_eq!(hammer(&lock, 8, 500, |t| McsNode::with_cpu(t * 5 % cpus)), 4000);
+}
+
+/// hwloc's synthetic machines: levels come out finest first, nested, without duplicates, with
+/// NUMA nodes placed by the CPUs they serve (below a package-wide L3, or as the package).
+#[test]
+fn synthetic_machines() {
+    let n = |per: usize, cpus: usize| (0..cpus).map(|c| c / per).collect::<Vec<_>>();
+    let cases: [(&str, Topology); 5] = [
+        // 2 packages x 2 cores x 2 PUs.
+        ("pack:2 core:2 pu:2", Topology::from_levels(8, vec![n(2, 8), n(4, 8)])),
+        // A second L3 per package: core, L3, package.
+        ("pack:2 l3:2 core:2 pu:2", Topology::from_levels(16, vec![n(2, 16), n(4, 16), n(8, 16)])),
+        // Sub-NUMA clusters under a package-wide L3: core, NUMA, package (L3 = package).
+        ("pack:2 l3:1 numa:2 core:2 pu:2", Topology::from_levels(16, vec![n(2, 16), n(4, 16), n(8, 16)])),
+        // NUMA above packages, one package each: the two coincide.
+        ("numa:2 pack:1 core:2 pu:1", Topology::from_levels(4, vec![n(1, 4), n(2, 4)])),
+        // One package, per-core L2, shared L3: a single level below the root.
+        ("pack:1 l3:1 l2:4 core:1 pu:1", Topology::from_levels(4, vec![n(1, 4)])),
+    ];
+    let exe = std::env::current_exe().expect("test binary path");
+    for (desc, want) in cases {
+        let out = std::process::Command::new(&exe)
+            .args(["synthetic_child", "--exact", "--ignored", "--nocapture", "--test-threads=1"])
+            .env("HWLOC_SYNTHETIC", desc)
+            .output()
+            .expect("run the child test");
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(out.status.success(), "{desc}: child failed:\n{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+        let got = stdout.lines().find_map(|l| l.split_once(CHILD_MARK).map(|(_, r)| r)).unwrap_or_else(|| panic!("{desc}: no result in\n{stdout}"));
+        assert_eq!(got, format!("{want:?}"), "{desc}");
+    }
+}
