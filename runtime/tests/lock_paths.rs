@@ -126,7 +126,7 @@ fn lock_names_from_the_environment() {
         assert!(matches!(err, weft::Error::InvalidArgument(_)), "{bad}: {err:?}");
         assert!(err.to_string().contains("WEFT_LOCK_HMCS_THRESHOLD"), "{err}");
         assert_eq!(opts.hmcs_threshold, weft::lock::DEFAULT_HMCS_THRESHOLD);
-        let err = Runtime::builder().build().err().expect("a bad threshold fails the build");
+        let Err(err) = Runtime::builder().build() else { panic!("{bad}: a bad threshold must fail the build") };
         assert!(err.to_string().contains("WEFT_LOCK_HMCS_THRESHOLD"), "{err}");
         assert!(Runtime::builder().env(false).build().is_ok());
     }

@@ -286,7 +286,7 @@ mod hwloc_reader {
 
         // Finest first: a stable sort by group count keeps core < caches < NUMA < package
         // where counts tie, and puts e.g. sub-NUMA clusters below a package-wide L3.
-        let mut levels: Vec<Vec<usize>> = candidates.iter().map(|keys| own_groups(keys)).collect();
+        let mut levels: Vec<Vec<usize>> = candidates.iter().map(own_groups).collect();
         levels.sort_by_key(|l| std::cmp::Reverse(l.iter().max().map_or(0, |m| m + 1)));
         Ok(Topology::from_levels(ncpus, levels))
     }
