@@ -2,7 +2,7 @@
 //!
 //! Two readers build the same level structure:
 //!
-//! * [`Topology::from_hwloc`] (cargo feature `hwloc` of `weft`; Debian `libhwloc-dev` and
+//! * `Topology::from_hwloc` (cargo feature `hwloc` of `weft`; Debian `libhwloc-dev` and
 //!   `pkg-config` at build time): cores, data/unified caches L1 to L5, NUMA nodes (CPUs with
 //!   the same set of local NUMA nodes) and packages, from hwloc's object tree.
 //! * [`Topology::from_sysfs`] (always built): `/sys/devices/system/cpu/cpu*/topology/{core_id,
@@ -11,9 +11,9 @@
 //! [`Topology::detect`] tries hwloc first when the feature is on, then sysfs; where neither can
 //! be read the topology is flat (one level, HMCS then behaves as MCS).
 //!
-//! Levels are stored finest first (core, then each shared cache, then package); a level that
-//! groups CPUs exactly as the next coarser one, or that has a single group, is dropped, and the
-//! root (all CPUs) is implicit. Groups are nested by construction: a group at level `l` is the
+//! Levels are stored finest first (core, then each shared cache, then NUMA node (hwloc only)
+//! and package); a level that groups CPUs exactly as the next coarser one, or that has a single
+//! group, is dropped, and the root (all CPUs) is implicit. Groups are nested by construction: a group at level `l` is the
 //! intersection of its partition key with its group at level `l + 1`.
 
 use std::collections::HashMap;
