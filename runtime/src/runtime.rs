@@ -339,7 +339,10 @@ impl Builder {
         let hmcs = [config.locks.progress, config.locks.cri, config.locks.matching]
             .iter()
             .any(|k| k.uses(FlatKind::Hmcs));
-        let lock_options = LockOptions { topology: hmcs.then(Topology::detect), ..LockOptions::default() };
+        let mut lock_options = LockOptions { topology: hmcs.then(Topology::detect), ..LockOptions::default() };
+        if self.use_env {
+            lock_options.apply_env()?;
+        }
         let endpoints = embedded::fabric(embedded::EmbeddedOptions {
             ranks,
             cris: config.cris,

@@ -1,7 +1,7 @@
 //! The runtime's path locks (issue 5): every protocol on every path carries real traffic in
 //! every progress mode, the per-path counters see it, and bad names are errors.
 
-use weft::lock::{FlatKind, LockKind, LockPath};
+use weft::lock::{FlatKind, LockKind, LockOptions, LockPath};
 use weft::{MatchingMode, ProgressMode, Request, Runtime};
 
 const MODES: [ProgressMode; 3] = [ProgressMode::Global, ProgressMode::Owner, ProgressMode::Concurrent];
@@ -112,4 +112,23 @@ fn lock_names_from_the_environment() {
     for v in ["WEFT_LOCK_PROGRESS", "WEFT_LOCK_CRI", "WEFT_LOCK_MATCHING"] {
         std::env::remove_var(v);
     }
+
+    // The HMCS hand-off threshold.
+    std::env::set_var(LockOptions::HMCS_THRESHOLD_VAR, " 8 ");
+    let mut opts = LockOptions::default();
+    opts.apply_env().unwrap();
+    assert_eq!(opts.hmcs_threshold, 8);
+    assert!(Runtime::builder().lock(LockPath::Progress, LockKind::P_HMCS_MCS).build().is_ok());
+    for bad in ["0", "-3", "many", "4294967297"] {
+        std::env::set_var(LockOptions::HMCS_THRESHOLD_VAR, bad);
+        let mut opts = LockOptions::default();
+        let err = opts.apply_env().unwrap_err();
+        assert!(matches!(err, weft::Error::InvalidArgument(_)), "{bad}: {err:?}");
+        assert!(err.to_string().contains("WEFT_LOCK_HMCS_THRESHOLD"), "{err}");
+        assert_eq!(opts.hmcs_threshold, weft::lock::DEFAULT_HMCS_THRESHOLD);
+        let Err(err) = Runtime::builder().build() else { panic!("{bad}: a bad threshold must fail the build") };
+        assert!(err.to_string().contains("WEFT_LOCK_HMCS_THRESHOLD"), "{err}");
+        assert!(Runtime::builder().env(false).build().is_ok());
+    }
+    std::env::remove_var(LockOptions::HMCS_THRESHOLD_VAR);
 }

@@ -230,6 +230,31 @@ impl Default for LockOptions {
     }
 }
 
+impl LockOptions {
+    /// Environment variable overriding [`LockOptions::hmcs_threshold`]: an integer in
+    /// `1..=2^32` (hand-offs within a level before HMCS goes up).
+    pub const HMCS_THRESHOLD_VAR: &'static str = "WEFT_LOCK_HMCS_THRESHOLD";
+
+    /// Applies [`LockOptions::HMCS_THRESHOLD_VAR`] when it is set and not empty;
+    /// [`Error::InvalidArgument`](crate::Error::InvalidArgument) when it is not an integer in
+    /// `1..=2^32` (the options are then unchanged).
+    pub fn apply_env(&mut self) -> Result<(), crate::Error> {
+        const BAD: &str = "WEFT_LOCK_HMCS_THRESHOLD must be an integer in 1..=4294967296";
+        match std::env::var(Self::HMCS_THRESHOLD_VAR) {
+            Ok(v) if v.trim().is_empty() => Ok(()),
+            Ok(v) => match v.trim().parse::<u64>() {
+                Ok(n) if (1..=1 << 32).contains(&n) => {
+                    self.hmcs_threshold = n;
+                    Ok(())
+                }
+                _ => Err(crate::Error::InvalidArgument(BAD)),
+            },
+            Err(std::env::VarError::NotPresent) => Ok(()),
+            Err(std::env::VarError::NotUnicode(_)) => Err(crate::Error::InvalidArgument(BAD)),
+        }
+    }
+}
+
 /// A flat protocol chosen at run time.
 #[derive(Debug)]
 enum Flat {
