@@ -4,6 +4,7 @@
 //! configuration. Sweep options take comma lists (`-t 1,2,4,8`).
 
 mod idle;
+mod lock_regimes;
 mod locks;
 mod multirate;
 mod pack;
@@ -34,6 +35,8 @@ enum Cmd {
     Pack(pack::Args),
     /// Ping-pong whose receiver completes through a sync object vs testing every request.
     SyncPingpong(sync_pingpong::Args),
+    /// Seed 000 §3.4's latency- and throughput-oriented regimes, sweeping the progress-path lock.
+    LockRegimes(lock_regimes::Args),
 }
 
 fn main() {
@@ -44,6 +47,7 @@ fn main() {
         Cmd::Idle(a) => idle::run(&a),
         Cmd::Pack(a) => pack::run(&a),
         Cmd::SyncPingpong(a) => sync_pingpong::run(&a),
+        Cmd::LockRegimes(a) => lock_regimes::run(&a),
         Cmd::Locks(args) => {
             locks::run(&args);
             Ok(())

@@ -99,6 +99,7 @@ mod executor;
 pub mod lock;
 pub(crate) mod loom;
 mod matching;
+mod paths;
 mod progress;
 mod protocol;
 mod request;
@@ -107,7 +108,7 @@ mod wait;
 
 pub use buffer::{Primitive, RecvBuf, SendBuf};
 pub use comm::Communicator;
-pub use config::{Assignment, Config, MatchingMode, ProgressMode};
+pub use config::{Assignment, Config, Locks, MatchingMode, ProgressMode};
 pub use counters::Snapshot;
 pub use datatype::{Datatype, TypedRecv};
 pub use executor::{JoinError, JoinHandle};

@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use crossbeam_utils::CachePadded;
 use event_listener::Event;
-use parking_lot::{Mutex, MutexGuard};
+use parking_lot::Mutex;
 use weft_sync::{Error, Progress, SyncObject};
 use weft_transport::embedded;
 use weft_transport::Frame;
@@ -21,6 +21,8 @@ use crate::datatype::Datatype;
 #[allow(unused_imports)] // `JoinError` is named in docs.
 use crate::executor::{JoinError, JoinHandle};
 use crate::config::{Assignment, Config, MatchingMode, ProgressMode};
+use crate::lock::{FlatKind, LockOptions, Topology};
+use crate::paths::PathLock;
 use crate::counters::{Counters, CriCounters};
 use crate::matching::MatchState;
 
@@ -29,10 +31,9 @@ pub(crate) const MAX_CONTEXTS: usize = 4096;
 
 /// One CRI as the runtime sees it: the lock that serializes posting and polling on it.
 pub(crate) struct Cri {
-    /// Held while sending on or progressing this CRI; guards its counters.
-    pub(crate) lock: Mutex<CriCounters>,
-    /// Times a thread found the lock taken.
-    pub(crate) contended: AtomicU64,
+    /// Held while sending on (high priority) or progressing (low priority) this CRI; guards
+    /// its message counters.
+    pub(crate) lock: PathLock<CriCounters>,
 }
 
 /// Runtime state shared by every handle of one rank.
@@ -54,11 +55,12 @@ pub(crate) struct Shared {
     /// Context ids claimed on this rank (dup agreement).
     pub(crate) claimed: Mutex<std::collections::BTreeSet<u32>>,
     /// The single matching lock of `MatchingMode::Global`, with every communicator's queues.
-    pub(crate) global_match: Mutex<Vec<Option<MatchState>>>,
-    /// Progress lock of `ProgressMode::Global` (seed 003 Algorithm 1).
-    pub(crate) progress_lock: CachePadded<Mutex<()>>,
-    /// Times the progress lock was found taken.
-    pub(crate) progress_contended: AtomicU64,
+    pub(crate) global_match: PathLock<Vec<Option<MatchState>>>,
+    /// The critical section of `ProgressMode::Global` (seed 003 Algorithm 1; posting enters
+    /// it with high priority, progress with low priority, as MPICH's global lock).
+    pub(crate) progress_lock: CachePadded<PathLock<()>>,
+    /// Topology and options for the path locks created later (communicators' matching).
+    pub(crate) lock_options: LockOptions,
     /// Progress owner of `ProgressMode::Owner` (a thread token, 0 = none).
     pub(crate) owner: CachePadded<AtomicU64>,
     /// Rung when ownership is released, so a parked waiter takes it over.
@@ -90,21 +92,13 @@ impl Drop for Shared {
 }
 
 impl Shared {
-    /// Locks CRI `k`, counting contention.
+    /// Runs a main-path step (posting) inside `Global` mode's critical section, with high
+    /// priority; in the other modes the step's own (CRI or matching) lock suffices.
     #[inline]
-    pub(crate) fn lock_cri(&self, k: usize) -> MutexGuard<'_, CriCounters> {
-        let cri = &self.cris[k];
-        match cri.lock.try_lock() {
-            Some(mut g) => {
-                g.acquisitions += 1;
-                g
-            }
-            None => {
-                cri.contended.fetch_add(1, Ordering::Relaxed);
-                let mut g = cri.lock.lock();
-                g.acquisitions += 1;
-                g
-            }
+    pub(crate) fn main_path<R>(&self, f: impl FnOnce() -> R) -> R {
+        match self.config.progress {
+            ProgressMode::Global => self.progress_lock.high(|_| f()),
+            _ => f(),
         }
     }
 
@@ -130,17 +124,30 @@ impl Shared {
         (!p.is_null()).then(|| unsafe { &*p })
     }
 
-    /// Runs `f` on a communicator's matching state under its matching lock.
+    /// Main path: runs `f` on a communicator's matching state under its matching lock,
+    /// with high priority (posting, probing, cancelling).
     #[inline]
     pub(crate) fn with_matching<R>(&self, comm: &CommState, f: impl FnOnce(&mut MatchState) -> R) -> R {
         match self.config.matching {
-            MatchingMode::PerComm => f(&mut comm.matching.lock()),
-            MatchingMode::Global => {
-                let mut all = self.global_match.lock();
-                let st = all[comm.context as usize].get_or_insert_with(|| MatchState::new(comm.size, comm.overtaking));
-                f(st)
-            }
+            MatchingMode::PerComm => comm.matching.high(f),
+            MatchingMode::Global => self.global_match.high(|all| f(Self::global_slot(all, comm))),
         }
+    }
+
+    /// Progress path: [`with_matching`](Self::with_matching) with low priority, for
+    /// arrivals.
+    #[inline]
+    pub(crate) fn with_matching_low<R>(&self, comm: &CommState, f: impl FnOnce(&mut MatchState) -> R) -> R {
+        // An arrival is always handled (matched or queued): a productive acquisition.
+        match self.config.matching {
+            MatchingMode::PerComm => comm.matching.low(|m| (f(m), true)),
+            MatchingMode::Global => self.global_match.low(|all| (f(Self::global_slot(all, comm)), true)),
+        }
+    }
+
+    #[inline]
+    fn global_slot<'a>(all: &'a mut [Option<MatchState>], comm: &CommState) -> &'a mut MatchState {
+        all[comm.context as usize].get_or_insert_with(|| MatchState::new(comm.size, comm.overtaking))
     }
 
     /// Registers a communicator's state under its context id and replays early frames.
@@ -364,6 +371,26 @@ impl Builder {
         self.config.pack_threshold = bytes;
         self
     }
+    /// Lock protocol of one path (see [`Locks`](crate::Locks)).
+    ///
+    /// ```
+    /// use weft::lock::{LockKind, LockPath};
+    /// let rt = weft::Runtime::builder()
+    ///     .env(false)
+    ///     .lock(LockPath::Progress, LockKind::P_HMCS_MCS)
+    ///     .build()
+    ///     .unwrap();
+    /// assert_eq!(rt.config().locks.progress.to_string(), "p-hmcs-mcs");
+    /// ```
+    pub fn lock(mut self, path: crate::lock::LockPath, kind: crate::lock::LockKind) -> Self {
+        self.config.locks.set(path, kind);
+        self
+    }
+    /// Measure how long each path lock is held (two clock reads per acquisition).
+    pub fn lock_timing(mut self, on: bool) -> Self {
+        self.config.lock_timing = on;
+        self
+    }
     /// Whether `WEFT_*` variables override the builder (default: yes).
     pub fn env(mut self, on: bool) -> Self {
         self.use_env = on;
@@ -388,6 +415,13 @@ impl Builder {
     /// `ranks` runtimes sharing one embedded fabric in this process, rank `i` at index `i`.
     pub fn build_local(self, ranks: u32) -> Result<Vec<Runtime>, Error> {
         let config = self.resolve()?;
+        let hmcs = [config.locks.progress, config.locks.cri, config.locks.matching]
+            .iter()
+            .any(|k| k.uses(FlatKind::Hmcs));
+        let mut lock_options = LockOptions { topology: hmcs.then(Topology::detect), ..LockOptions::default() };
+        if self.use_env {
+            lock_options.apply_env()?;
+        }
         let endpoints = embedded::fabric(embedded::EmbeddedOptions {
             ranks,
             cris: config.cris,
@@ -402,15 +436,23 @@ impl Builder {
                 let shared = Arc::new(Shared {
                     id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
                     cris: (0..config.cris)
-                        .map(|_| CachePadded::new(Cri { lock: Mutex::new(CriCounters::default()), contended: AtomicU64::new(0) }))
+                        .map(|_| {
+                            let lock = PathLock::new(config.locks.cri, &lock_options, config.lock_timing, CriCounters::default());
+                            CachePadded::new(Cri { lock })
+                        })
                         .collect(),
                     rr: CachePadded::new(AtomicUsize::new(0)),
                     contexts: (0..MAX_CONTEXTS).map(|_| AtomicPtr::new(std::ptr::null_mut())).collect(),
                     early_contexts: Mutex::new(Vec::new()),
                     claimed: Mutex::new([0u32, 1].into_iter().collect()),
-                    global_match: Mutex::new((0..MAX_CONTEXTS).map(|_| None).collect()),
-                    progress_lock: CachePadded::new(Mutex::new(())),
-                    progress_contended: AtomicU64::new(0),
+                    global_match: PathLock::new(
+                        config.locks.matching,
+                        &lock_options,
+                        config.lock_timing,
+                        (0..MAX_CONTEXTS).map(|_| None).collect(),
+                    ),
+                    progress_lock: CachePadded::new(PathLock::new(config.locks.progress, &lock_options, config.lock_timing, ())),
+                    lock_options: lock_options.clone(),
                     owner: CachePadded::new(AtomicU64::new(0)),
                     handoff: Event::new(),
                     deferred: Mutex::new(Vec::new()),
