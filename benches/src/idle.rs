@@ -1,11 +1,12 @@
 //! `weft-bench idle`: CPU time an idle runtime uses. The pool is started (one task run),
-//! then the process sleeps `--seconds`; CPU time (user + system, `getrusage`) over wall time.
+//! then the process sleeps `--seconds`; CPU time (user + system, `getrusage`) over wall time,
+//! median of `--runs`.
 //!
 //! Columns: `ranks,workers,seconds,cpu_percent` (percent of one core).
 
 use std::time::{Duration, Instant};
 
-use crate::report::Table;
+use crate::report::{median, Table};
 
 /// Options of `weft-bench idle`.
 #[derive(Debug, clap::Args)]
@@ -16,9 +17,12 @@ pub struct Args {
     /// Ranks (each with its own pool).
     #[arg(long, default_value_t = 1)]
     ranks: u32,
-    /// Measurement length in seconds.
+    /// Measurement length in seconds (per run).
     #[arg(long, default_value_t = 5.0)]
     seconds: f64,
+    /// Repetitions (the median is reported).
+    #[arg(long, default_value_t = 1)]
+    runs: usize,
     /// CSV output: header `ranks,workers,seconds,cpu_percent`, one row.
     #[arg(long)]
     csv: bool,
@@ -43,12 +47,18 @@ pub fn run(args: &Args) -> Result<(), String> {
         r.block_on(r.spawn(async {})).map_err(|e| e.to_string())?;
     }
     std::thread::sleep(Duration::from_millis(300));
-    let (c0, t0) = (cpu_seconds(), Instant::now());
-    std::thread::sleep(Duration::from_secs_f64(args.seconds));
-    let (cpu, wall) = (cpu_seconds() - c0, t0.elapsed().as_secs_f64());
+    let mut samples = Vec::new();
+    let mut walls = Vec::new();
+    for _ in 0..args.runs.max(1) {
+        let (c0, t0) = (cpu_seconds(), Instant::now());
+        std::thread::sleep(Duration::from_secs_f64(args.seconds));
+        let (cpu, wall) = (cpu_seconds() - c0, t0.elapsed().as_secs_f64());
+        samples.push(100.0 * cpu / wall);
+        walls.push(wall);
+    }
     let mut table = Table::new(&["ranks", "workers", "seconds", "cpu_percent"]);
     table.print_header(args.csv);
-    table.row(vec![args.ranks.to_string(), args.workers.to_string(), format!("{wall:.3}"), format!("{:.4}", 100.0 * cpu / wall)]);
+    table.row(vec![args.ranks.to_string(), args.workers.to_string(), format!("{:.3}", median(&walls)), format!("{:.4}", median(&samples))]);
     table.print_last(args.csv);
     Ok(())
 }
