@@ -64,11 +64,16 @@ pub(crate) fn split(shared: &Arc<Shared>, pieces: usize, work: &(dyn Fn(usize) +
         let piece = Piece { latch: latch.clone(), work: work_ptr, index };
         drop(pool.spawn(async move { piece.run() }));
     }
-    work(0);
+    // A panic in our piece must not unwind past the pieces still borrowing `work`: wait for
+    // them first, then resume it.
+    let mine = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| work(0)));
     // Acquire: pairs with the pieces' release.
     while latch.remaining.load(Ordering::Acquire) != 0 {
         if !super::pool::run_one(shared) {
             std::thread::park_timeout(Duration::from_millis(10));
         }
+    }
+    if let Err(p) = mine {
+        std::panic::resume_unwind(p);
     }
 }
