@@ -164,3 +164,25 @@ fn typed_receive_as_future_truncation_and_sync_object() {
     r.wait().unwrap();
     assert_eq!(dst3, [7, 8, 0, 0, 0, 0, 5, 6]);
 }
+
+#[test]
+fn empty_types_and_dropped_typed_receives() {
+    let ranks = Runtime::builder().env(false).workers(1).build_local(2).unwrap();
+    let (c0, c1) = (ranks[0].world(), ranks[1].world());
+    // An empty datatype: an empty message, nothing written.
+    let empty = Datatype::<u64>::vector(0, 3, 5).unwrap();
+    let mut dst: [u64; 0] = [];
+    let r = c1.irecv_typed(&mut dst, &empty, 0u32, 1).unwrap();
+    assert_eq!(c0.send_typed(&[], &empty, 1, 1).unwrap().bytes, 0);
+    assert_eq!(r.wait().unwrap().bytes, 0);
+    // A typed receive dropped before its message: the buffer is never written, and the
+    // message goes to the next matching receive.
+    let ty = Datatype::<u8>::vector(2, 1, 2).unwrap();
+    let mut a = [0u8; 3];
+    drop(c1.irecv_typed(&mut a, &ty, 0u32, 2).unwrap());
+    c0.send_typed(&[7, 0, 9], &ty, 1, 2).unwrap();
+    assert_eq!(a, [0, 0, 0]);
+    let mut b = [0u8; 3];
+    c1.recv_typed(&mut b, &ty, Source::Any, Tag::Any).unwrap();
+    assert_eq!(b, [7, 0, 9]);
+}
