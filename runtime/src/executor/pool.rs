@@ -2,13 +2,15 @@
 //!
 //! A worker's loop, one *tick* per task (tokio's `multi_thread/worker.rs` is the model):
 //!
-//! 1. its own deque (FIFO), except every [`INJECT_INTERVAL`] ticks, when the global
-//!    injector comes first, so tasks spawned from outside the pool cannot starve behind
-//!    tasks that keep rescheduling themselves; the same tick makes one progress pass, so a
-//!    busy pool still drains the network;
+//! 1. its LIFO slot (the task woken by the task it ran last; at most [`MAX_LIFO_POLLS`] in a
+//!    row), then its own deque (FIFO), except every [`INJECT_INTERVAL`] ticks, when the
+//!    global injector comes first, so tasks spawned from outside the pool cannot starve
+//!    behind tasks that keep rescheduling themselves; the same tick makes one progress
+//!    pass, so a busy pool still drains the network;
 //! 2. when it has nothing: one non-blocking progress pass (`Shared::progress_idle`);
 //! 3. then it steals (injector, then the other workers' deques);
-//! 4. then it spins briefly (crossbeam `Backoff`) and parks (`park.rs`).
+//! 4. then it searches for [`SEARCH_BEFORE_PARK`] (crossbeam `Backoff`, then yielding) and
+//!    parks (`park.rs`).
 //!
 //! The pool starts at the first spawn (no threads for a runtime that never spawns) and
 //! stops when the last `Runtime` handle drops: queued tasks are cancelled (their join
@@ -89,13 +91,20 @@ impl Executor {
             }
             pool
         });
+        // SeqCst: pairs with `shutdown` (store `closed`, then look for the pool): either it
+        // sees the pool we just started and stops it, or we see `closed` and stop it here.
+        if self.closed.load(Ordering::SeqCst) {
+            self.shutdown();
+            return None;
+        }
         (!pool.shutdown.load(Ordering::Acquire)).then_some(pool)
     }
 
     /// Stops the pool (the last `Runtime` handle dropped): cancels queued tasks, wakes and
     /// joins the workers — unless called on one of them, which then exits on its own.
     pub(crate) fn shutdown(&self) {
-        self.closed.store(true, Ordering::Release);
+        // SeqCst: see the end of `start`.
+        self.closed.store(true, Ordering::SeqCst);
         let Some(pool) = self.pool.get() else { return };
         // SeqCst: pairs with the re-check in `schedule` (a task pushed after the workers
         // drained the injector is cancelled by its pusher).
