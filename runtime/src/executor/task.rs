@@ -25,10 +25,10 @@ use std::cell::UnsafeCell;
 use std::fmt;
 use std::future::Future;
 use std::marker::PhantomData;
+use std::mem::ManuallyDrop;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::pin::Pin;
 use std::sync::Arc;
-use std::mem::ManuallyDrop;
 use std::task::{Context, Poll, RawWaker, RawWakerVTable, Waker};
 
 use atomic_waker::AtomicWaker;
