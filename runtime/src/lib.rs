@@ -52,6 +52,7 @@ mod cri;
 pub mod lock;
 pub(crate) mod loom;
 mod matching;
+mod owner;
 mod paths;
 mod progress;
 mod protocol;
