@@ -176,7 +176,7 @@ impl Progress for OwnerWait<'_> {
         } else if let Some(handoff) = s.owner.listen() {
             // A plain waiter: its completions, or a hand-off of ownership.
             s.counters.parks.fetch_add(1, Ordering::Relaxed);
-            park_two(listener, Some(handoff));
+            park_two(s, listener, Some(handoff));
         }
     }
 }
@@ -207,7 +207,7 @@ fn park_or_frames(s: &Shared, listener: EventListener, _unused: Option<()>) {
         return;
     }
     s.counters.parks.fetch_add(1, Ordering::Relaxed);
-    park_two(listener, Some(bell));
+    park_two(s, listener, Some(bell));
 }
 
 /// Wakes a parked thread.
@@ -247,9 +247,10 @@ fn yield_window() -> std::time::Duration {
 /// Default of [`yield_window`] (`WEFT_YIELD_US` overrides it, in microseconds).
 const DEFAULT_YIELD_NS: u64 = 50_000;
 
-/// Blocks until either listener fires (or `PARK_LIMIT` passes; callers re-check): yields
-/// the core for [`yield_window`] first, then parks.
-fn park_two(mut a: EventListener, mut b: Option<EventListener>) {
+/// Blocks until either listener fires (or `PARK_LIMIT` passes, counted in
+/// `park_timeouts`; callers re-check): yields the core for [`yield_window`] first, then
+/// parks.
+fn park_two(s: &Shared, mut a: EventListener, mut b: Option<EventListener>) {
     use std::future::Future;
     use std::pin::Pin;
     let waker = PARKER.with(|w| w.clone());
@@ -268,6 +269,7 @@ fn park_two(mut a: EventListener, mut b: Option<EventListener>) {
         }
         let now = std::time::Instant::now();
         if now >= deadline {
+            s.counters.park_timeouts.fetch_add(1, Ordering::Relaxed);
             return;
         }
         if now < yield_until {
