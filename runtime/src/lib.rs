@@ -99,6 +99,7 @@ mod executor;
 pub mod lock;
 pub(crate) mod loom;
 mod matching;
+mod owner;
 mod paths;
 mod progress;
 mod protocol;

@@ -119,12 +119,15 @@ pub(super) fn park_worker(shared: &Shared, pool: &Pool, index: usize) {
     sleep.num_sleeping.fetch_add(1, Ordering::SeqCst);
 
     // Network wake-ups (see the module docs for why Owner mode differs).
-    let owner_mode = shared.config.progress == ProgressMode::Owner;
-    let someone_owns = owner_mode && shared.owner.load(Ordering::Acquire) != 0;
-    let mut listener = if someone_owns { shared.handoff.listen() } else { shared.transport.doorbell().listen() };
+    let handoff = if shared.config.progress == ProgressMode::Owner { shared.owner.listen() } else { None };
+    let someone_owns = handoff.is_some();
+    let mut listener = match handoff {
+        Some(l) => l,
+        None => shared.transport.doorbell().listen(),
+    };
 
     let network_ready = if someone_owns {
-        shared.owner.load(Ordering::Acquire) == 0
+        !shared.owner.is_taken()
     } else {
         shared.transport.any_frames() || shared.has_deferred.load(Ordering::Acquire)
     };
@@ -168,7 +171,9 @@ fn pass_on(shared: &Shared, handoff: bool) {
         return;
     }
     if handoff {
-        shared.handoff.notify(1);
+        // This worker owns nothing here (`progress_idle` hands the token back), so `leave`
+        // only passes the hand-off on, and only if the token is still free.
+        shared.owner.leave(crate::cri::thread_token());
     } else if shared.transport.any_frames() {
         shared.transport.doorbell().ring();
     }
