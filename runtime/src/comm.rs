@@ -148,6 +148,7 @@ impl Communicator {
             len: len as u64,
             cookie: 0,
             key: 0,
+            addr: 0,
         };
         if len <= s.config.eager_threshold {
             s.send_frame(k, dest, header, bytes)?;

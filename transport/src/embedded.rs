@@ -76,6 +76,8 @@ struct RankSlot {
 struct World {
     ranks: Box<[RankSlot]>,
     opts: EmbeddedOptions,
+    /// Bumped by every `close` (a rank lost to its peers).
+    lost: AtomicU64,
 }
 
 /// Creates the ranks of an embedded fabric; hand one [`Endpoint`] to each rank.
@@ -99,7 +101,7 @@ pub fn fabric(opts: EmbeddedOptions) -> Result<Vec<Endpoint>, Error> {
             next_key: AtomicU64::new(1),
         })
         .collect();
-    let world = Arc::new(World { ranks, opts });
+    let world = Arc::new(World { ranks, opts, lost: AtomicU64::new(0) });
     Ok((0..opts.ranks).map(|r| Endpoint { world: world.clone(), rank: r }).collect())
 }
 
@@ -271,15 +273,24 @@ impl Endpoint {
     /// every rank's doorbell is rung so parked peers notice.
     pub fn close(&self) {
         // Release: pairs with the acquire loads in `send`/`read`/`is_alive`.
-        self.me().alive.store(false, Ordering::Release);
+        if self.me().alive.swap(false, Ordering::AcqRel) {
+            // Release: pairs with the acquire load in `lost_epoch`.
+            self.world.lost.fetch_add(1, Ordering::Release);
+        }
         self.me().regions.lock().clear();
         for r in self.world.ranks.iter() {
             r.doorbell.ring_all();
         }
     }
 
+    /// Changes whenever a rank of the fabric closes.
+    pub fn lost_epoch(&self) -> u64 {
+        // Acquire: pairs with the release increment in `close`.
+        self.world.lost.load(Ordering::Acquire)
+    }
+
     /// The header of a frame with no payload, for protocol replies.
     pub fn control_header(kind: FrameKind, src_cri: u16, source: u32, cookie: u64) -> Header {
-        Header { kind, src_cri, context: 0, source, tag: 0, seq: 0, len: 0, cookie, key: 0 }
+        Header { kind, src_cri, context: 0, source, tag: 0, seq: 0, len: 0, cookie, key: 0, addr: 0 }
     }
 }
