@@ -161,7 +161,7 @@ impl Communicator {
         // Rendezvous.
         // SAFETY: the bytes belong to `buf`, which the request keeps (or orphans into the
         // inner) until the `Fin` completes it; `Fin` handling deregisters before completing.
-        let key = unsafe { s.transport.register(bytes.as_ptr(), len) };
+        let key = unsafe { s.transport.register(bytes.as_ptr(), len) }?;
         let inner = new_inner(|i| {
             i.context = st.context;
             i.key.store(key, Ordering::Relaxed);

@@ -5,6 +5,7 @@ use std::fmt;
 use std::str::FromStr;
 
 use crate::Error;
+pub use weft_transport::Provider;
 
 /// How waiting threads drive progress (seed 003 ch. 4-5).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -81,6 +82,8 @@ pub struct Config {
     pub max_tag: i32,
     /// Measure time spent in matching (two clock reads per match; `WEFT_MATCH_TIMING=1`).
     pub match_timing: bool,
+    /// Which provider moves frames (`WEFT_PROVIDER=embedded|shm|tcp`).
+    pub provider: Provider,
 }
 
 impl Default for Config {
@@ -94,6 +97,7 @@ impl Default for Config {
             inbox_capacity: 1024,
             max_tag: i32::MAX,
             match_timing: false,
+            provider: Provider::Embedded,
         }
     }
 }
@@ -125,6 +129,9 @@ impl Config {
         if let Some(v) = var("WEFT_INBOX") {
             self.inbox_capacity = num("WEFT_INBOX must be a positive integer", &v)?;
         }
+        if let Some(v) = var("WEFT_PROVIDER") {
+            self.provider = v.parse()?;
+        }
         if let Some(v) = var("WEFT_MATCH_TIMING") {
             self.match_timing = matches!(v.trim(), "1" | "true" | "yes" | "on");
         }
@@ -141,6 +148,10 @@ impl Config {
         }
         if self.max_tag < 0 {
             return Err(Error::InvalidArgument("max tag must be non-negative"));
+        }
+        self.provider.check_available()?;
+        if self.provider != Provider::Embedded && self.eager_threshold > 1 << 20 {
+            return Err(Error::InvalidArgument("the libfabric providers take an eager threshold of at most 1 MiB"));
         }
         Ok(())
     }

@@ -43,6 +43,7 @@ impl Shared {
             match res {
                 Ok(()) => return Ok(()),
                 Err(SendError::PeerLost) => return Err(Error::PeerLost { rank: dst }),
+                Err(SendError::Invalid(what)) => return Err(Error::InvalidArgument(what)),
                 Err(SendError::WouldBlock) => {
                     self.counters.flow_control_waits.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                     if !self.progress_once() {
@@ -130,7 +131,7 @@ impl Shared {
                     // SAFETY: `ptr..ptr+cap` is the receive area owned by the request (or its
                     // orphan slot) until the cell completes, and `len <= cap`.
                     let dst = unsafe { std::slice::from_raw_parts_mut(req.ptr, len) };
-                    self.transport.read(h.source, h.key, 0, dst).map(|()| Status { source: h.source, tag: h.tag, bytes: len })
+                    self.transport.read(&h, dst).map(|()| Status { source: h.source, tag: h.tag, bytes: len })
                 }
                 _ => {
                     let src = frame.payload.as_slice();
@@ -156,7 +157,7 @@ impl Shared {
     pub(crate) fn send_control(&self, dst: u32, cri: usize, mut header: Header) {
         header.source = self.transport.rank();
         match self.transport.send(dst, cri, header, &[]) {
-            Ok(()) | Err(SendError::PeerLost) => {}
+            Ok(()) | Err(SendError::PeerLost) | Err(SendError::Invalid(_)) => {}
             Err(SendError::WouldBlock) => {
                 self.deferred.lock().push((dst, cri, header));
                 self.has_deferred.store(true, std::sync::atomic::Ordering::Release);

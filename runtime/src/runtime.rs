@@ -10,8 +10,7 @@ use crossbeam_utils::CachePadded;
 use event_listener::Event;
 use parking_lot::{Mutex, MutexGuard};
 use weft_sync::{Error, Progress, SyncObject};
-use weft_transport::embedded;
-use weft_transport::Frame;
+use weft_transport::{Frame, Transport};
 
 use crate::comm::{CommState, Communicator};
 use crate::config::{Assignment, Config, MatchingMode, ProgressMode};
@@ -36,7 +35,7 @@ pub(crate) struct Shared {
     /// Resolved configuration.
     pub(crate) config: Config,
     /// The transport endpoint of this rank.
-    pub(crate) transport: embedded::Endpoint,
+    pub(crate) transport: Transport,
     /// This rank's CRIs.
     pub(crate) cris: Box<[CachePadded<Cri>]>,
     /// Round-robin CRI counter (seed 003 Algorithm 3, GET-INSTANCE-ID-ROUND-ROBIN).
@@ -285,6 +284,11 @@ impl Builder {
         self.config.match_timing = on;
         self
     }
+    /// Provider (`WEFT_PROVIDER` overrides it). `Shm` and `Tcp` need the `ofi` feature.
+    pub fn provider(mut self, p: crate::Provider) -> Self {
+        self.config.provider = p;
+        self
+    }
     /// Whether `WEFT_*` variables override the builder (default: yes).
     pub fn env(mut self, on: bool) -> Self {
         self.use_env = on;
@@ -301,20 +305,24 @@ impl Builder {
         Ok(c)
     }
 
-    /// A single-rank runtime (rank 0 of 1) on the embedded provider.
+    /// This process's rank of its job: started by `weftrun` (or under Slurm with
+    /// `WEFT_KVS`), it joins the job through the bootstrap on the configured provider;
+    /// started plainly, it is rank 0 of 1.
     pub fn build(self) -> Result<Runtime, Error> {
-        Ok(self.build_local(1)?.remove(0))
+        let config = self.resolve()?;
+        let transport = crate::provider::open_process(&config)?;
+        Ok(Self::assemble(config, vec![transport])?.remove(0))
     }
 
-    /// `ranks` runtimes sharing one embedded fabric in this process, rank `i` at index `i`.
+    /// `ranks` runtimes in this process, rank `i` at index `i`: one embedded fabric, or (with
+    /// `Shm`/`Tcp`) `ranks` libfabric ranks that exchange addresses directly.
     pub fn build_local(self, ranks: u32) -> Result<Vec<Runtime>, Error> {
         let config = self.resolve()?;
-        let endpoints = embedded::fabric(embedded::EmbeddedOptions {
-            ranks,
-            cris: config.cris,
-            inbox_capacity: config.inbox_capacity,
-            eager_capacity: config.eager_threshold.max(64),
-        })?;
+        let endpoints = crate::provider::local(&config, ranks)?;
+        Self::assemble(config, endpoints)
+    }
+
+    fn assemble(config: Config, endpoints: Vec<Transport>) -> Result<Vec<Runtime>, Error> {
         static NEXT_ID: AtomicU64 = AtomicU64::new(1);
         endpoints
             .into_iter()
