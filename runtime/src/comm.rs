@@ -169,7 +169,9 @@ impl Communicator {
         header.kind = FrameKind::Rts;
         header.key = key;
         header.cookie = Arc::into_raw(inner.clone()) as usize as u64;
+        s.track_rendezvous(dest, &inner);
         if let Err(e) = s.send_frame(k, dest, header, &[]) {
+            s.untrack_rendezvous(&inner);
             // SAFETY: the cookie was never delivered; take the reference back.
             drop(unsafe { Arc::from_raw(header.cookie as usize as *const crate::request::ReqInner) });
             s.transport.deregister(key);

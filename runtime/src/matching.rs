@@ -167,6 +167,25 @@ impl MatchState {
         }
     }
 
+    /// Removes the posted receives that can no longer match because their source is lost
+    /// (`alive(r)` false), or — for `Source::Any` — because no peer is left (`any_alive`
+    /// false). They are appended to `out` with their source, to be failed outside the lock.
+    pub(crate) fn fail_lost(&mut self, alive: impl Fn(u32) -> bool, any_alive: bool, out: &mut Vec<(Arc<ReqInner>, Source)>) {
+        let mut i = 0;
+        while i < self.posted.len() {
+            let dead = match self.posted[i].source {
+                Source::Rank(r) => !alive(r),
+                Source::Any => !any_alive,
+            };
+            if dead {
+                let p = self.posted.remove(i).expect("index in range");
+                out.push((p.req, p.source));
+            } else {
+                i += 1;
+            }
+        }
+    }
+
     /// Probes for an unexpected frame without taking it: `(source, tag, bytes)`.
     pub(crate) fn probe(&self, source: Source, tag: Tag) -> Option<(u32, i32, usize)> {
         self.unexpected

@@ -64,6 +64,8 @@ pub(crate) struct Shared {
     pub(crate) counters: Counters,
     /// Next context id this rank would propose.
     pub(crate) next_context: AtomicU32,
+    /// Lost-peer bookkeeping (rendezvous sends in flight, loss epoch handled).
+    pub(crate) peers: crate::protocol::PeerWatch,
 }
 
 impl Drop for Shared {
@@ -346,6 +348,7 @@ impl Builder {
                     has_deferred: std::sync::atomic::AtomicBool::new(false),
                     counters: Counters::default(),
                     next_context: AtomicU32::new(2),
+                    peers: Default::default(),
                     transport: ep,
                     config: config.clone(),
                 });

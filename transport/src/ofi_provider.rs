@@ -704,6 +704,31 @@ impl Inner {
         }
     }
 
+    /// Before closing: keeps reading the CQs until every send slot is free (bounded by
+    /// [`DRAIN_LIMIT`]), then a few more passes, so frames a provider still buffers (rxm's
+    /// queued injects) leave before the endpoints close.
+    fn drain_sends(&self) {
+        if self.closed.load(Ordering::Acquire) {
+            return;
+        }
+        let deadline = Instant::now() + DRAIN_LIMIT;
+        let mut quiet = 0;
+        while quiet < 20 && Instant::now() < deadline {
+            let mut busy = false;
+            for cri in self.cris.iter() {
+                let mut st = cri.st.lock();
+                self.reap(cri, &mut st);
+                busy |= st.free_send.len() < st.send_dst.len();
+            }
+            if busy {
+                quiet = 0;
+                std::thread::yield_now();
+            } else {
+                quiet += 1;
+            }
+        }
+    }
+
     /// `fi_trywait` on every CRI CQ: whether blocking on the wait fds is safe now.
     fn all_may_block(&self) -> bool {
         self.cris.iter().all(|c| matches!(c.ep.cq().try_wait(), Ok(TryWait::Block)))
@@ -1167,6 +1192,7 @@ impl Rank {
     /// Stops the watcher and says `BYE` to the job. Endpoints close when the rank is
     /// dropped.
     pub fn close(&self) {
+        self.inner.drain_sends();
         drop(self.monitor.lock().take());
         // Release: pairs with the watcher's acquire load.
         self.inner.closed.store(true, Ordering::Release);
