@@ -12,7 +12,7 @@
 //! | `order` | >= 2 | eager and rendezvous messages interleaved on one tag arrive in send order |
 //! | `large` | >= 2 | a 64 MiB message 0 -> 1 and back, contents checked |
 //! | `all` | even, >= 2 | all of the above |
-//! | `peer-lost` | 2 | rank 0 aborts; rank 1's pending receive and rendezvous send fail with `PeerLost` |
+//! | `peer-lost` | 2 | rank 0 kills itself (SIGKILL); rank 1's pending receive and rendezvous send fail with `PeerLost` |
 //! | `netns-server`/`netns-client` | 2 | one message each way (the multi-host test) |
 
 use std::time::{Duration, Instant};
@@ -190,8 +190,11 @@ fn peer_lost(c: &Communicator) -> Res {
     match c.rank() {
         0 => {
             c.recv(Vec::<u8>::with_capacity(1), 1u32, 1).map_err(e)?;
-            eprintln!("rank 0 aborting on purpose");
-            std::process::abort();
+            eprintln!("rank 0 killing itself on purpose");
+            // SAFETY: plain syscalls on this process; SIGKILL cannot be caught (libfabric's
+            // SIGABRT handler would turn an abort into a normal exit), like a crashed node.
+            unsafe { libc::kill(libc::getpid(), libc::SIGKILL) };
+            unreachable!("SIGKILL returned");
         }
         1 => {
             let recv = c.irecv(Vec::<u8>::with_capacity(8), 0u32, 99).map_err(e)?;
