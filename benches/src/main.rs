@@ -5,6 +5,7 @@
 
 mod locks;
 mod multirate;
+mod pingpong;
 mod report;
 
 use clap::{Parser, Subcommand};
@@ -20,6 +21,8 @@ struct Cli {
 enum Cmd {
     /// The Multirate benchmark (seed 003 §3.5, Appendix A).
     Multirate(multirate::Args),
+    /// One-way latency on libfabric (shm, tcp) against fi_pingpong, in real processes.
+    Pingpong(pingpong::Args),
     /// Lock acquisition throughput and latency versus threads, every protocol vs std/parking_lot.
     Locks(locks::Args),
 }
@@ -28,6 +31,7 @@ fn main() {
     let cli = Cli::parse();
     let res = match cli.cmd {
         Cmd::Multirate(a) => multirate::run(&a),
+        Cmd::Pingpong(a) => pingpong::run(&a),
         Cmd::Locks(args) => {
             locks::run(&args);
             Ok(())
