@@ -278,3 +278,18 @@ fn dropped_requests_are_safe() {
     let (b, _) = c1.recv(Vec::<u8>::with_capacity(1 << 20), 0u32, 1).unwrap();
     assert!(b.iter().all(|&x| x == 5));
 }
+
+#[test]
+fn send_to_self_eager_and_rendezvous() {
+    let rts = super::builder().eager_threshold(4096).build_local(1).unwrap();
+    let c = rts[0].world();
+    for n in [0usize, 8, 4096, 100_000] {
+        let data: Vec<u8> = (0..n).map(|i| (i % 253) as u8).collect();
+        let r = c.irecv(Vec::<u8>::with_capacity(n), 0u32, 3).unwrap();
+        let s = c.isend(data.clone(), 0, 3).unwrap();
+        let (b, st) = r.wait().unwrap();
+        s.wait().unwrap();
+        assert_eq!(st.bytes, n);
+        assert!(b == data, "self message of {n} bytes corrupted");
+    }
+}
