@@ -129,12 +129,25 @@ fn worker(p: Provider, size: usize, iterations: usize) -> Result<(), String> {
     Ok(())
 }
 
-/// `fi_pingpong` server + client on 127.0.0.1; the client's `usec/xfer`.
+/// `fi_pingpong` server + client on 127.0.0.1; the client's `usec/xfer`. The client is
+/// retried (new port, longer head start) when it finds no server yet (a loaded machine).
 fn fi_pingpong(p: Provider, size: usize, iterations: usize, run: usize) -> Result<f64, String> {
+    let mut last = String::new();
+    for attempt in 0..4 {
+        match fi_pingpong_once(p, size, iterations, run * 4 + attempt, Duration::from_millis(300 << attempt)) {
+            Ok(v) => return Ok(v),
+            Err(e) => last = e,
+        }
+    }
+    Err(last)
+}
+
+fn fi_pingpong_once(p: Provider, size: usize, iterations: usize, salt: usize, head_start: Duration) -> Result<f64, String> {
     let prov = p.ofi_name().unwrap_or("shm");
-    let port = (40_000 + (std::process::id() as usize % 10_000) + run * 7 + size % 5).to_string();
+    let port = (40_000 + (std::process::id() as usize % 10_000) + salt * 7 + size % 5).to_string();
     let common = ["-e", "rdm", "-m", "tagged", "-p", prov, "-I", &iterations.to_string(), "-S", &size.to_string()];
-    let mut server = Command::new("fi_pingpong")
+    let mut server = Command::new("timeout")
+        .args(["120", "fi_pingpong"])
         .args(common)
         .args(["-B", &port])
         .env("FI_TCP_IFACE", "lo")
@@ -143,7 +156,7 @@ fn fi_pingpong(p: Provider, size: usize, iterations: usize, run: usize) -> Resul
         .stderr(Stdio::null())
         .spawn()
         .map_err(|e| format!("fi_pingpong (package libfabric-bin): {e}"))?;
-    std::thread::sleep(Duration::from_millis(300));
+    std::thread::sleep(head_start);
     let client = Command::new("timeout")
         .args(["120", "fi_pingpong"])
         .args(common)
