@@ -31,8 +31,27 @@ unsafe impl GlobalAlloc for Counting {
 #[global_allocator]
 static GLOBAL: Counting = Counting;
 
+/// parking_lot creates its global table, and a thread's parking data, at the first contended
+/// lock (the ofi watcher's try-lock can meet a runtime thread on a CRI): a one-time cost per
+/// process and thread, paid here before measuring.
+fn warm_parking_lot() {
+    let m = std::sync::Arc::new(parking_lot::Mutex::new(()));
+    let m2 = m.clone();
+    let (tx, rx) = std::sync::mpsc::channel();
+    let t = std::thread::spawn(move || {
+        let g = m2.lock();
+        tx.send(()).unwrap();
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        drop(g);
+    });
+    rx.recv().unwrap();
+    drop(m.lock()); // this thread parks
+    t.join().unwrap();
+}
+
 #[test]
 fn eager_steady_state_allocates_nothing_on_shm() {
+    warm_parking_lot();
     for mode in [ProgressMode::Global, ProgressMode::Owner, ProgressMode::Concurrent] {
         let rts = Runtime::builder().env(false).provider(weft::Provider::Shm).progress(mode).cris(1).build_local(2).unwrap();
         let (c0, c1) = (rts[0].world(), rts[1].world());

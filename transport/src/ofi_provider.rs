@@ -37,9 +37,10 @@
 //! posted slot, so the staging queue is bounded) for the next `poll`.
 //!
 //! A parked progress owner is woken through the rank's [`Doorbell`], rung by a per-rank
-//! *watcher* thread. The watcher reads every CRI's CQ (which also drives the provider's
-//! progress, so a peer's RMA read of this rank's memory completes while all of this rank's
-//! threads sleep) and rings the doorbell when it staged frames. Between passes it blocks on
+//! *watcher* thread. While the rank is idle, the watcher reads every CRI's CQ (which also
+//! drives the provider's progress, so a peer's RMA read of this rank's memory completes while
+//! all of this rank's threads sleep) and rings the doorbell when it staged frames; while the
+//! rank is active it stays out of the way (progress threads are polling). Between passes it blocks on
 //! the CQ wait fds after `fi_trywait` when every CQ has one (`tcp;ofi_rxm`), else it sleeps,
 //! starting at 20 µs and backing off to 1 ms (shm has no wait fd in 1.17). While the rank
 //! has been active in the last few milliseconds ([`Rank::any_frames`] then answers `true`)
@@ -433,6 +434,9 @@ impl Opened {
             domain: self.domain,
             av: self.av,
         });
+        // event-listener allocates an `Event`'s state at its first use: do it now, not at
+        // the first ring in steady state.
+        drop(inner.doorbell.listen());
         for cri in inner.cris.iter() {
             let mut st = cri.st.lock();
             for slot in 0..inner.recv_slots as u32 {
@@ -682,15 +686,15 @@ impl Inner {
         let mut sleep_us = 20u64;
         // Acquire: pairs with the release store in `close`.
         while !self.closed.load(Ordering::Acquire) {
+            if self.recently_active() {
+                // Progress threads poll the CQs themselves while the rank is active (they
+                // spin rather than park, see `any_frames`): stay out of their way.
+                std::thread::sleep(Duration::from_millis(1));
+                continue;
+            }
             if self.reap_all() {
                 self.doorbell.ring();
                 sleep_us = 20;
-            }
-            if self.recently_active() {
-                // Progress threads spin while the rank is active; the watcher only keeps
-                // target-side progress going.
-                std::thread::sleep(Duration::from_millis(1));
-                continue;
             }
             match &fds {
                 Some(fds) if self.all_may_block() => {
