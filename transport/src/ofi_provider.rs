@@ -42,7 +42,8 @@
 //! all of this rank's threads sleep) and rings the doorbell when it staged frames; while the
 //! rank is active it stays out of the way (progress threads are polling). Between passes it blocks on
 //! the CQ wait fds after `fi_trywait` when every CQ has one (`tcp;ofi_rxm`), else it sleeps,
-//! starting at 20 µs and backing off to 1 ms (shm has no wait fd in 1.17). While the rank
+//! starting at 10 µs when the rank goes quiet and backing off to 1 ms (shm has no wait fd in
+//! 1.17), so a wake-up costs at most about the time the rank has been idle. While the rank
 //! has been active in the last few milliseconds ([`Rank::any_frames`] then answers `true`)
 //! progress threads spin instead of parking, so ping-pong latency is not the watcher's.
 //!
@@ -98,7 +99,10 @@ const READS_IN_FLIGHT: usize = 8;
 
 /// How long a rank counts as "active" after its last frame (progress threads spin meanwhile
 /// instead of parking), in coarse-clock milliseconds.
-const ACTIVE_MS: u64 = 4;
+const ACTIVE_MS: u64 = 10;
+
+/// First sleep of the watcher after the rank went quiet (then doubling up to 1 ms).
+const MIN_SLEEP_US: u64 = 10;
 
 /// How long a failed rendezvous read waits for its other chunks to finish before giving up
 /// on them (they target memory this call must not return while they may still write it).
@@ -683,18 +687,23 @@ impl Inner {
     /// The watcher thread: see the module docs.
     fn watch(self: Arc<Self>) {
         let fds: Option<Vec<i32>> = self.cris.iter().map(|c| c.ep.cq().wait_fd()).collect();
-        let mut sleep_us = 20u64;
+        // Short sleeps must be short: the default timer slack (50 us) would round them up.
+        // SAFETY: PR_SET_TIMERSLACK only changes this thread's timer slack (in ns).
+        unsafe { libc::prctl(libc::PR_SET_TIMERSLACK, 1000 as libc::c_ulong) };
+        let mut sleep_us = MIN_SLEEP_US;
         // Acquire: pairs with the release store in `close`.
         while !self.closed.load(Ordering::Acquire) {
             if self.recently_active() {
                 // Progress threads poll the CQs themselves while the rank is active (they
-                // spin rather than park, see `any_frames`): stay out of their way.
+                // spin rather than park, see `any_frames`): stay out of their way, and poll
+                // fast again as soon as the rank goes quiet (a thread may park then).
                 std::thread::sleep(Duration::from_millis(1));
+                sleep_us = MIN_SLEEP_US;
                 continue;
             }
             if self.reap_all() {
                 self.doorbell.ring();
-                sleep_us = 20;
+                sleep_us = MIN_SLEEP_US;
             }
             match &fds {
                 Some(fds) if self.all_may_block() => {
