@@ -97,6 +97,54 @@ fn killed_peer_fails_pending_requests_on_tcp() {
 }
 
 #[test]
+fn worst_exit_code_is_propagated() {
+    let (o, _) = weftrun(3, "shm", "exit-code");
+    // Ranks exit with 0, 3 and 6 after a barrier.
+    assert_eq!(o.status.code(), Some(6), "{}", text(&o));
+}
+
+#[test]
+fn sigint_tears_every_rank_down() {
+    let _g = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let mut child = Command::new(WEFTRUN)
+        .args(["-n", "2", "--provider", "shm", "--timeout", "60", SELFTEST, "block"])
+        .env("FI_TCP_IFACE", "lo")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Read the ranks' pids as they print them.
+    let mut out = std::io::BufReader::new(child.stdout.take().unwrap());
+    let mut pids = Vec::new();
+    let t0 = Instant::now();
+    while pids.len() < 2 && t0.elapsed() < Duration::from_secs(30) {
+        let mut line = String::new();
+        if std::io::BufRead::read_line(&mut out, &mut line).unwrap_or(0) == 0 {
+            break;
+        }
+        if let Some(p) = line.split("pid ").nth(1).and_then(|p| p.trim().parse::<i32>().ok()) {
+            pids.push(p);
+        }
+    }
+    assert_eq!(pids.len(), 2, "ranks did not start");
+    // SAFETY: signalling our own child process, which has not been reaped.
+    unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
+    let t1 = Instant::now();
+    let status = loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            break s;
+        }
+        assert!(t1.elapsed() < Duration::from_secs(15), "weftrun did not stop after SIGINT");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert_eq!(status.code(), Some(130));
+    for p in pids {
+        assert!(!std::path::Path::new(&format!("/proc/{p}")).exists(), "rank process {p} survived");
+    }
+}
+
+#[test]
 fn bad_input_is_a_clear_error() {
     let _g = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
     let o = Command::new(WEFTRUN).args(["-n", "2", "--provider", "carrier-pigeon", SELFTEST]).output().unwrap();

@@ -13,7 +13,9 @@
 //! | `large` | >= 2 | a 64 MiB message 0 -> 1 and back, contents checked |
 //! | `all` | even, >= 2 | all of the above |
 //! | `peer-lost` | 2 | rank 0 kills itself (SIGKILL); rank 1's pending receive and rendezvous send fail with `PeerLost` |
-//! | `netns-server`/`netns-client` | 2 | one message each way (the multi-host test) |
+//! | `netns` | 2 | a message and 1 MiB each way (the multi-host test) |
+//! | `block` | any | prints its pid, then waits for a message that never comes (teardown test) |
+//! | `exit-code` | any | rank `r` exits with status `3 * r` after everyone arrived |
 
 use std::time::{Duration, Instant};
 
@@ -235,6 +237,7 @@ fn netns(c: &Communicator) -> Res {
 fn run(what: &str) -> Res {
     let rt = Runtime::builder().build().map_err(|err| format!("cannot start the runtime: {err}"))?;
     let c = rt.world();
+    let c_rank = c.rank();
     let started = Instant::now();
     match what {
         "hello" => {
@@ -248,6 +251,11 @@ fn run(what: &str) -> Res {
         "large" => large(c),
         "peer-lost" => peer_lost(c),
         "netns" => netns(c),
+        "block" => {
+            println!("pid {}", std::process::id());
+            c.recv(Vec::<u8>::with_capacity(1), Source::Any, 77).map(|_| ()).map_err(e)
+        }
+        "exit-code" => Ok(()),
         "all" => {
             pingpong(c)?;
             println!("pingpong ok");
@@ -277,6 +285,10 @@ fn run(what: &str) -> Res {
         }
     }
     println!("{what} done in {:.0} ms", started.elapsed().as_secs_f64() * 1e3);
+    if what == "exit-code" {
+        drop(rt);
+        std::process::exit(3 * c_rank as i32);
+    }
     Ok(())
 }
 
