@@ -1,9 +1,11 @@
 #!/bin/sh
-# Installs the Debian packages that `cargo build -p weft-transport --features ofi` needs:
-# libfabric 1.17 headers + library, its utilities (fi_info, fi_pingpong), libclang for
-# bindgen, and pkg-config. Does nothing when they are already installed.
+# Installs the Debian packages that the optional features need:
+# * `cargo build -p weft-transport --features ofi`: libfabric 1.17 headers + library, its
+#   utilities (fi_info, fi_pingpong), libclang for bindgen, and pkg-config;
+# * `cargo build -p weft --features hwloc`: libhwloc-dev (hwloc 2.x, found through pkg-config).
+# Does nothing when they are already installed.
 set -eu
-PKGS="libfabric-dev libfabric-bin libclang-dev pkg-config"
+PKGS="libfabric-dev libfabric-bin libclang-dev pkg-config libhwloc-dev"
 missing=""
 for p in $PKGS; do
     if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then

@@ -3,6 +3,7 @@
 //! Every subcommand prints a readable table, or with `--csv` one header line and one row per
 //! configuration. Sweep options take comma lists (`-t 1,2,4,8`).
 
+mod lock_regimes;
 mod locks;
 mod multirate;
 mod pingpong;
@@ -25,6 +26,8 @@ enum Cmd {
     Pingpong(pingpong::Args),
     /// Lock acquisition throughput and latency versus threads, every protocol vs std/parking_lot.
     Locks(locks::Args),
+    /// Seed 000 §3.4's latency- and throughput-oriented regimes, sweeping the progress-path lock.
+    LockRegimes(lock_regimes::Args),
 }
 
 fn main() {
@@ -32,6 +35,7 @@ fn main() {
     let res = match cli.cmd {
         Cmd::Multirate(a) => multirate::run(&a),
         Cmd::Pingpong(a) => pingpong::run(&a),
+        Cmd::LockRegimes(a) => lock_regimes::run(&a),
         Cmd::Locks(args) => {
             locks::run(&args);
             Ok(())

@@ -9,12 +9,12 @@ use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::Arc;
 
 use crossbeam_utils::CachePadded;
-use parking_lot::Mutex;
 use weft_sync::{Error, Status};
 use weft_transport::{FrameKind, Header};
 
 use crate::buffer::{Primitive, RecvBuf, SendBuf};
 use crate::matching::{MatchState, Source, Tag};
+use crate::paths::PathLock;
 use crate::request::{new_inner, Request};
 use crate::runtime::Shared;
 
@@ -31,18 +31,23 @@ pub(crate) struct CommState {
     /// Next sequence number to each destination.
     send_seq: Box<[CachePadded<AtomicU32>]>,
     /// Matching queues (`MatchingMode::PerComm`).
-    pub(crate) matching: Mutex<MatchState>,
+    pub(crate) matching: PathLock<MatchState>,
 }
 
 impl CommState {
-    fn new(context: u32, size: u32, overtaking: bool) -> Self {
+    fn new(shared: &Shared, context: u32, size: u32, overtaking: bool) -> Self {
         CommState {
             context,
             size,
             overtaking,
             freed: AtomicBool::new(false),
             send_seq: (0..size).map(|_| CachePadded::new(AtomicU32::new(0))).collect(),
-            matching: Mutex::new(MatchState::new(size, overtaking)),
+            matching: PathLock::new(
+                shared.config.locks.matching,
+                &shared.lock_options,
+                shared.config.lock_timing,
+                MatchState::new(size, overtaking),
+            ),
         }
     }
 
@@ -76,8 +81,8 @@ impl fmt::Debug for Communicator {
 
 impl Communicator {
     pub(crate) fn create(shared: &Arc<Shared>, context: u32, size: u32, overtaking: bool) -> Result<Self, Error> {
-        let p2p = Arc::new(CommState::new(context, size, overtaking));
-        let coll = Arc::new(CommState::new(context + 1, size, false));
+        let p2p = Arc::new(CommState::new(shared, context, size, overtaking));
+        let coll = Arc::new(CommState::new(shared, context + 1, size, false));
         shared.install(p2p.clone())?;
         shared.install(coll.clone())?;
         Ok(Communicator { shared: shared.clone(), p2p, coll })
@@ -208,7 +213,7 @@ impl Communicator {
             i.elem = elem;
             i.context = st.context;
         });
-        let early = s.with_matching(st, |m| m.post(source, tag, &inner));
+        let early = s.main_path(|| s.with_matching(st, |m| m.post(source, tag, &inner)));
         if let Some(frame) = early {
             s.finish_match(s.cri_for_thread(), inner.clone(), frame);
         }
@@ -248,7 +253,7 @@ impl Communicator {
         let (source, tag) = (source.into(), tag.into());
         Ok(self
             .shared
-            .with_matching(&self.p2p, |m| m.probe(source, tag))
+            .main_path(|| self.shared.with_matching(&self.p2p, |m| m.probe(source, tag)))
             .map(|(source, tag, bytes)| Status { source, tag, bytes }))
     }
 

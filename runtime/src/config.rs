@@ -4,6 +4,7 @@
 use std::fmt;
 use std::str::FromStr;
 
+use crate::lock::{FlatKind, LockKind, LockPath};
 use crate::Error;
 pub use weft_transport::Provider;
 
@@ -63,6 +64,19 @@ named_enum!(ProgressMode, "progress mode", "global" => ProgressMode::Global, "ow
 named_enum!(Assignment, "CRI assignment", "round-robin" => Assignment::RoundRobin, "dedicated" => Assignment::Dedicated);
 named_enum!(MatchingMode, "matching mode", "per-comm" => MatchingMode::PerComm, "global" => MatchingMode::Global);
 
+macro_rules! lock_help {
+    ($var:literal) => {
+        concat!(
+            "unknown lock protocol in ",
+            $var,
+            " (expected tas, ticket, mcs, clh, hmcs, std, parking_lot, or p-X-Y such as p-hmcs-mcs)"
+        )
+    };
+}
+const LOCK_HELP_PROGRESS: &str = lock_help!("WEFT_LOCK_PROGRESS");
+const LOCK_HELP_CRI: &str = lock_help!("WEFT_LOCK_CRI");
+const LOCK_HELP_MATCHING: &str = lock_help!("WEFT_LOCK_MATCHING");
+
 /// The resolved configuration of a runtime.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Config {
@@ -84,6 +98,58 @@ pub struct Config {
     pub match_timing: bool,
     /// Which provider moves frames (`WEFT_PROVIDER=embedded|shm|tcp`).
     pub provider: Provider,
+    /// Lock protocol of each path (`WEFT_LOCK_PROGRESS`, `WEFT_LOCK_CRI`, `WEFT_LOCK_MATCHING`).
+    pub locks: Locks,
+    /// Measure how long each path lock is held (two clock reads per acquisition;
+    /// `WEFT_LOCK_TIMING=1`).
+    pub lock_timing: bool,
+}
+
+/// The lock protocol of each runtime path (seed 000 §4: no single protocol suits every path).
+///
+/// The main path (posting a send, posting a receive) acquires with high priority, the
+/// progress path (polling a CRI, matching an arrival) with low priority; the two classes only
+/// differ for the priority kinds `p-X-Y`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Locks {
+    /// The one critical section of [`ProgressMode::Global`] (posting and progress), as
+    /// MPICH's global lock. Default `p-mcs-mcs`.
+    pub progress: LockKind,
+    /// Each CRI's lock (sending on it, polling it). Default `parking_lot`.
+    pub cri: LockKind,
+    /// Each matching engine's lock (one per communicator, or the one of
+    /// [`MatchingMode::Global`]). Default `parking_lot`.
+    pub matching: LockKind,
+}
+
+impl Default for Locks {
+    fn default() -> Self {
+        Locks {
+            progress: LockKind::P_MCS_MCS,
+            cri: LockKind::Flat(FlatKind::ParkingLot),
+            matching: LockKind::Flat(FlatKind::ParkingLot),
+        }
+    }
+}
+
+impl Locks {
+    /// The protocol of `path`.
+    pub fn get(&self, path: LockPath) -> LockKind {
+        match path {
+            LockPath::Progress => self.progress,
+            LockPath::Cri => self.cri,
+            LockPath::Matching => self.matching,
+        }
+    }
+
+    /// Sets the protocol of `path`.
+    pub fn set(&mut self, path: LockPath, kind: LockKind) {
+        match path {
+            LockPath::Progress => self.progress = kind,
+            LockPath::Cri => self.cri = kind,
+            LockPath::Matching => self.matching = kind,
+        }
+    }
 }
 
 impl Default for Config {
@@ -98,6 +164,8 @@ impl Default for Config {
             max_tag: i32::MAX,
             match_timing: false,
             provider: Provider::Embedded,
+            locks: Locks::default(),
+            lock_timing: false,
         }
     }
 }
@@ -134,6 +202,21 @@ impl Config {
         }
         if let Some(v) = var("WEFT_MATCH_TIMING") {
             self.match_timing = matches!(v.trim(), "1" | "true" | "yes" | "on");
+        }
+        for path in [LockPath::Progress, LockPath::Cri, LockPath::Matching] {
+            let kind = path.kind_from_env().map_err(|_| {
+                Error::InvalidArgument(match path {
+                    LockPath::Progress => LOCK_HELP_PROGRESS,
+                    LockPath::Cri => LOCK_HELP_CRI,
+                    LockPath::Matching => LOCK_HELP_MATCHING,
+                })
+            })?;
+            if let Some(kind) = kind {
+                self.locks.set(path, kind);
+            }
+        }
+        if let Some(v) = var("WEFT_LOCK_TIMING") {
+            self.lock_timing = matches!(v.trim(), "1" | "true" | "yes" | "on");
         }
         self.validate()
     }

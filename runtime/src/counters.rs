@@ -5,16 +5,16 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use crate::config::MatchingMode;
+use crate::lock::LockStatsSnapshot;
+use crate::paths::add;
 use crate::runtime::Shared;
 
-/// Counts kept under one CRI's lock.
+/// Counts kept under one CRI's lock (its acquisitions are counted by the lock itself).
 #[derive(Clone, Copy, Debug, Default)]
 pub(crate) struct CriCounters {
-    pub(crate) acquisitions: u64,
     pub(crate) sent: u64,
     pub(crate) received: u64,
-    pub(crate) productive: u64,
-    pub(crate) unproductive: u64,
 }
 
 /// Rare-path counters shared by the rank.
@@ -38,16 +38,27 @@ pub struct Snapshot {
     pub out_of_sequence: u64,
     /// Nanoseconds in matching (only with `match_timing`).
     pub match_nanos: u64,
-    /// CRI lock acquisitions.
+    /// CRI lock acquisitions (`cri_lock.acquisitions`).
     pub cri_acquisitions: u64,
-    /// CRI lock acquisitions (or try-locks) that found the lock taken.
+    /// CRI lock acquisitions (or try-locks) that found the lock taken (`cri_lock.contended`).
     pub cri_contended: u64,
-    /// Progress-lock acquisitions that found it taken (`Global` mode).
+    /// Progress-lock acquisitions that found it taken, `Global` mode
+    /// (`progress_lock.contended`).
     pub progress_contended: u64,
-    /// Progress passes over a CRI that handled at least one frame.
+    /// Progress passes over a CRI that handled at least one frame (`cri_lock.productive`).
     pub productive_progress: u64,
-    /// Progress passes over a CRI that found nothing.
+    /// Progress passes over a CRI that found nothing (`cri_lock.unproductive`).
     pub unproductive_progress: u64,
+    /// The progress path lock of `Global` mode (seed 000 §3.2): acquisitions, contended
+    /// acquisitions, time held (with lock timing on), and productive vs unproductive passes
+    /// of waiters through the progress engine.
+    pub progress_lock: LockStatsSnapshot,
+    /// Every CRI lock, summed: sends (main path) and polls (progress path; productive when
+    /// a frame was handled).
+    pub cri_lock: LockStatsSnapshot,
+    /// Every matching lock, summed: posts and probes (main path) and arrivals (progress
+    /// path, always productive).
+    pub matching_lock: LockStatsSnapshot,
     /// Times a waiter parked its thread.
     pub parks: u64,
     /// Sends that waited for a full inbox (flow control).
@@ -58,13 +69,10 @@ pub struct Snapshot {
 pub(crate) fn snapshot(s: &Shared) -> Snapshot {
     let mut out = Snapshot::default();
     for cri in s.cris.iter() {
-        let c = *cri.lock.lock();
+        let c = cri.lock.high(|c| *c);
         out.messages_sent += c.sent;
         out.messages_received += c.received;
-        out.cri_acquisitions += c.acquisitions;
-        out.productive_progress += c.productive;
-        out.unproductive_progress += c.unproductive;
-        out.cri_contended += cri.contended.load(Ordering::Relaxed);
+        add(&mut out.cri_lock, cri.lock.stats());
     }
     for ctx in 0..crate::runtime::MAX_CONTEXTS as u32 {
         if let Some(comm) = s.context(ctx) {
@@ -72,9 +80,20 @@ pub(crate) fn snapshot(s: &Shared) -> Snapshot {
             out.unexpected += m.unexpected;
             out.out_of_sequence += m.out_of_sequence;
             out.match_nanos += m.match_nanos;
+            if s.config.matching == MatchingMode::PerComm {
+                add(&mut out.matching_lock, comm.matching.stats());
+            }
         }
     }
-    out.progress_contended = s.progress_contended.load(Ordering::Relaxed);
+    if s.config.matching == MatchingMode::Global {
+        out.matching_lock = s.global_match.stats();
+    }
+    out.progress_lock = s.progress_lock.stats();
+    out.cri_acquisitions = out.cri_lock.acquisitions;
+    out.cri_contended = out.cri_lock.contended;
+    out.productive_progress = out.cri_lock.productive;
+    out.unproductive_progress = out.cri_lock.unproductive;
+    out.progress_contended = out.progress_lock.contended;
     out.parks = s.counters.parks.load(Ordering::Relaxed);
     out.flow_control_waits = s.counters.flow_control_waits.load(Ordering::Relaxed);
     out

@@ -53,6 +53,7 @@ mod cri;
 pub mod lock;
 pub(crate) mod loom;
 mod matching;
+mod paths;
 mod progress;
 mod protocol;
 mod provider;
@@ -62,7 +63,8 @@ mod wait;
 
 pub use buffer::{Primitive, RecvBuf, SendBuf};
 pub use comm::Communicator;
-pub use config::{Assignment, Config, MatchingMode, ProgressMode, Provider};
+
+pub use config::{Assignment, Config, Locks, MatchingMode, ProgressMode, Provider};
 pub use counters::Snapshot;
 pub use matching::{Source, Tag};
 pub use request::Request;

@@ -8,8 +8,21 @@
 //! gap closes (seed 003 §5.4.4 counts these). A communicator created with overtaking allowed
 //! skips the check. The engine itself is single-threaded: the caller holds the communicator's
 //! matching lock (`PerComm`) or the global one (`Global`).
+//!
+//! # Posted receives: bins plus a wildcard list
+//!
+//! A single FIFO of posted receives makes every arrival scan past all receives posted for
+//! other (source, tag) pairs: with T threads each pre-posting w receives on one communicator
+//! (multirate without `-c`), that is O(T·w) per message. Instead, fully specified receives
+//! live in a bin per (source, tag) and wildcard receives in one list, each receive numbered
+//! in post order. An arrival looks at the front of its bin (the earliest specific receive
+//! that fits) and at the first fitting wildcard receive, and takes whichever was posted
+//! first: exactly MPI's "earliest posted receive that matches", in O(1 + wildcards). Bins
+//! keep their capacity, so steady-state matching allocates nothing; empty bins are pruned
+//! only when many distinct (source, tag) pairs have been used.
 
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
+use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::Arc;
 
 use weft_transport::{Frame, FrameKind};
@@ -61,8 +74,47 @@ fn fits(source: Source, tag: Tag, from: u32, t: i32) -> bool {
 pub(crate) struct Posted {
     source: Source,
     tag: Tag,
+    /// Post order within the communicator (bins and wildcard list interleave by it).
+    seq: u64,
     pub(crate) req: Arc<ReqInner>,
 }
+
+/// The bin key of a fully specified (source, tag).
+#[inline]
+fn bin_key(source: u32, tag: i32) -> u64 {
+    (u64::from(source) << 32) | u64::from(tag as u32)
+}
+
+/// Hasher for bin keys: one multiply-xorshift round (keys are small integers, not
+/// attacker-chosen strings, so SipHash's cost buys nothing here).
+#[derive(Default)]
+struct KeyHasher(u64);
+
+impl Hasher for KeyHasher {
+    #[inline]
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.write_u64(u64::from(b));
+        }
+    }
+
+    #[inline]
+    fn write_u64(&mut self, x: u64) {
+        let h = (self.0 ^ x ^ (x >> 31)).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        self.0 = h ^ (h >> 32);
+    }
+
+    #[inline]
+    fn finish(&self) -> u64 {
+        self.0
+    }
+}
+
+/// Bins of fully specified posted receives.
+type Bins = HashMap<u64, VecDeque<Posted>, BuildHasherDefault<KeyHasher>>;
+
+/// Bins beyond which empty ones are dropped (bounded memory with many distinct tags).
+const MAX_IDLE_BINS: usize = 1024;
 
 /// A frame paired with the receive it completes; finished outside the lock.
 pub(crate) struct Matched {
@@ -82,8 +134,12 @@ pub(crate) struct MatchCounters {
 pub(crate) struct MatchState {
     /// Next sequence number expected from each source.
     expected: Vec<u32>,
-    /// Posted receives in post order.
-    posted: VecDeque<Posted>,
+    /// Fully specified posted receives, by (source, tag), each bin in post order.
+    bins: Bins,
+    /// Posted receives with `Source::Any` or `Tag::Any`, in post order.
+    wild: VecDeque<Posted>,
+    /// Next post number.
+    post_seq: u64,
     /// In-sequence frames nobody has asked for yet, in arrival order.
     unexpected: VecDeque<Frame>,
     /// Frames that arrived before their turn.
@@ -98,7 +154,9 @@ impl MatchState {
     pub(crate) fn new(size: u32, overtaking: bool) -> Self {
         MatchState {
             expected: vec![0; size as usize],
-            posted: VecDeque::new(),
+            bins: Bins::default(),
+            wild: VecDeque::new(),
+            post_seq: 0,
             unexpected: VecDeque::new(),
             early: Vec::new(),
             overtaking,
@@ -139,31 +197,58 @@ impl MatchState {
 
     fn pair(&mut self, frame: Frame, out: &mut Vec<Matched>) {
         let (from, tag) = (frame.header.source, frame.header.tag);
-        if let Some(i) = self.posted.iter().position(|p| fits(p.source, p.tag, from, tag)) {
-            let p = self.posted.remove(i).expect("index in range");
-            out.push(Matched { req: p.req, frame });
-        } else {
-            self.counters.unexpected += 1;
-            self.unexpected.push_back(frame);
+        let bin = self.bins.get_mut(&bin_key(from, tag)).filter(|b| !b.is_empty());
+        let wild = if self.wild.is_empty() { None } else { self.wild.iter().position(|p| fits(p.source, p.tag, from, tag)) };
+        // The earliest posted of the two candidates.
+        let p = match (bin, wild) {
+            (Some(b), Some(i)) if self.wild[i].seq < b[0].seq => self.wild.remove(i),
+            (Some(b), _) => b.pop_front(),
+            (None, Some(i)) => self.wild.remove(i),
+            (None, None) => None,
+        };
+        match p {
+            Some(p) => out.push(Matched { req: p.req, frame }),
+            None => {
+                self.counters.unexpected += 1;
+                self.unexpected.push_back(frame);
+            }
         }
     }
 
     /// A receive is posted: take the first fitting unexpected frame, or queue the receive.
     pub(crate) fn post(&mut self, source: Source, tag: Tag, req: &Arc<ReqInner>) -> Option<Frame> {
-        if let Some(i) = self.unexpected.iter().position(|f| fits(source, tag, f.header.source, f.header.tag)) {
-            return self.unexpected.remove(i);
+        if !self.unexpected.is_empty() {
+            if let Some(i) = self.unexpected.iter().position(|f| fits(source, tag, f.header.source, f.header.tag)) {
+                return self.unexpected.remove(i);
+            }
         }
-        self.posted.push_back(Posted { source, tag, req: req.clone() });
+        let seq = self.post_seq;
+        self.post_seq += 1;
+        let posted = Posted { source, tag, seq, req: req.clone() };
+        match (source, tag) {
+            (Source::Rank(r), Tag::Is(t)) => {
+                if self.bins.len() >= MAX_IDLE_BINS && !self.bins.contains_key(&bin_key(r, t)) {
+                    self.bins.retain(|_, b| !b.is_empty());
+                }
+                self.bins.entry(bin_key(r, t)).or_default().push_back(posted);
+            }
+            _ => self.wild.push_back(posted),
+        }
         None
     }
 
     /// Removes a posted receive that has not matched (cancel). Returns whether it was there.
     pub(crate) fn cancel(&mut self, req: &Arc<ReqInner>) -> bool {
-        if let Some(i) = self.posted.iter().position(|p| Arc::ptr_eq(&p.req, req)) {
-            self.posted.remove(i);
-            true
-        } else {
-            false
+        let list = match self.wild.iter().position(|p| Arc::ptr_eq(&p.req, req)) {
+            Some(i) => return self.wild.remove(i).is_some(),
+            None => self.bins.values_mut().find(|b| b.iter().any(|p| Arc::ptr_eq(&p.req, req))),
+        };
+        match list {
+            Some(b) => {
+                b.retain(|p| !Arc::ptr_eq(&p.req, req));
+                true
+            }
+            None => false,
         }
     }
 
@@ -171,19 +256,20 @@ impl MatchState {
     /// (`alive(r)` false), or — for `Source::Any` — because no peer is left (`any_alive`
     /// false). They are appended to `out` with their source, to be failed outside the lock.
     pub(crate) fn fail_lost(&mut self, alive: impl Fn(u32) -> bool, any_alive: bool, out: &mut Vec<(Arc<ReqInner>, Source)>) {
-        let mut i = 0;
-        while i < self.posted.len() {
-            let dead = match self.posted[i].source {
-                Source::Rank(r) => !alive(r),
-                Source::Any => !any_alive,
-            };
-            if dead {
-                let p = self.posted.remove(i).expect("index in range");
-                out.push((p.req, p.source));
-            } else {
-                i += 1;
+        let dead = |p: &Posted| match p.source {
+            Source::Rank(r) => !alive(r),
+            Source::Any => !any_alive,
+        };
+        let mut lost: Vec<Posted> = Vec::new();
+        for list in std::iter::once(&mut self.wild).chain(self.bins.values_mut()) {
+            if list.iter().any(&dead) {
+                let (gone, keep): (VecDeque<Posted>, VecDeque<Posted>) = list.drain(..).partition(|p| dead(p));
+                *list = keep;
+                lost.extend(gone);
             }
         }
+        lost.sort_by_key(|p| p.seq);
+        out.extend(lost.into_iter().map(|p| (p.req, p.source)));
     }
 
     /// Probes for an unexpected frame without taking it: `(source, tag, bytes)`.
@@ -200,7 +286,12 @@ impl MatchState {
         for f in self.unexpected.drain(..).chain(self.early.drain(..)) {
             drop_frame(f);
         }
-        self.posted.drain(..).map(|p| p.req).collect()
+        let mut posted: Vec<Posted> = self.wild.drain(..).collect();
+        for b in self.bins.values_mut() {
+            posted.extend(b.drain(..));
+        }
+        posted.sort_by_key(|p| p.seq);
+        posted.into_iter().map(|p| p.req).collect()
     }
 }
 

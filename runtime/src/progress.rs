@@ -46,16 +46,13 @@ impl Shared {
         }
     }
 
-    /// Algorithm 1's critical section: everything under the progress lock.
+    /// Algorithm 1's critical section: everything under the progress lock, entered with
+    /// low priority (seed 000 §4.1: posting threads go first).
     fn progress_global(&self) -> usize {
-        let _g = match self.progress_lock.try_lock() {
-            Some(g) => g,
-            None => {
-                self.progress_contended.fetch_add(1, Ordering::Relaxed);
-                self.progress_lock.lock()
-            }
-        };
-        self.progress_all()
+        self.progress_lock.low(|_| {
+            let n = self.progress_all();
+            (n, n > 0)
+        })
     }
 
     /// Progresses every CRI that has frames (the owner's and the global lock holder's pass).
@@ -63,8 +60,7 @@ impl Shared {
         let mut n = self.flush_deferred();
         for k in 0..self.cris.len() {
             if self.transport.has_frames(k) {
-                let mut g = self.lock_cri(k);
-                n += self.progress_cri(k, &mut g);
+                n += self.cris[k].lock.low(|c| self.progress_cri(k, c));
             }
         }
         n
@@ -81,12 +77,7 @@ impl Shared {
         let mine = self.cri_for_thread();
         let mut count = self.flush_deferred();
         if self.transport.has_frames(mine) {
-            if let Some(mut g) = self.cris[mine].lock.try_lock() {
-                g.acquisitions += 1;
-                count += self.progress_cri(mine, &mut g);
-            } else {
-                self.cris[mine].contended.fetch_add(1, Ordering::Relaxed);
-            }
+            count += self.cris[mine].lock.try_low(|c| self.progress_cri(mine, c)).unwrap_or(0);
         }
         if count > 0 {
             return count;
@@ -96,12 +87,7 @@ impl Shared {
             if !self.transport.has_frames(k) {
                 continue;
             }
-            if let Some(mut g) = self.cris[k].lock.try_lock() {
-                g.acquisitions += 1;
-                count += self.progress_cri(k, &mut g);
-            } else {
-                self.cris[k].contended.fetch_add(1, Ordering::Relaxed);
-            }
+            count += self.cris[k].lock.try_low(|c| self.progress_cri(k, c)).unwrap_or(0);
             if count > 0 {
                 return count;
             }
@@ -143,7 +129,7 @@ impl Shared {
     /// Unposts a receive that has not matched yet. Returns whether it was unposted.
     pub(crate) fn cancel_recv(&self, inner: &Arc<crate::request::ReqInner>) -> bool {
         match self.context(inner.context) {
-            Some(comm) => self.with_matching(comm, |m| m.cancel(inner)),
+            Some(comm) => self.main_path(|| self.with_matching(comm, |m| m.cancel(inner))),
             None => false,
         }
     }
@@ -259,12 +245,31 @@ thread_local! {
 /// reproduced, so a missed notification costs at most this much latency instead of a hang.
 const PARK_LIMIT: std::time::Duration = std::time::Duration::from_millis(50);
 
-/// Blocks until either listener fires (or `PARK_LIMIT` passes; callers re-check).
+/// How long a waiter yields its core, checking its listeners, before it sleeps in the
+/// kernel. Seed 003 §4.4: waiters "wait peacefully, yielding the usage of CPU core". A
+/// notification during this phase costs the notifier an atomic store (the thread is not
+/// asleep, so `unpark` needs no system call) and the waiter no wake-up latency; only waits
+/// longer than this pay for a futex sleep and wake.
+fn yield_window() -> std::time::Duration {
+    static NANOS: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
+    let ns = *NANOS.get_or_init(|| {
+        std::env::var("WEFT_YIELD_US").ok().and_then(|v| v.trim().parse::<u64>().ok()).map_or(DEFAULT_YIELD_NS, |us| us * 1000)
+    });
+    std::time::Duration::from_nanos(ns)
+}
+
+/// Default of [`yield_window`] (`WEFT_YIELD_US` overrides it, in microseconds).
+const DEFAULT_YIELD_NS: u64 = 50_000;
+
+/// Blocks until either listener fires (or `PARK_LIMIT` passes; callers re-check): yields
+/// the core for [`yield_window`] first, then parks.
 fn park_two(mut a: EventListener, mut b: Option<EventListener>) {
     use std::future::Future;
     use std::pin::Pin;
     let waker = PARKER.with(|w| w.clone());
-    let deadline = std::time::Instant::now() + PARK_LIMIT;
+    let start = std::time::Instant::now();
+    let deadline = start + PARK_LIMIT;
+    let yield_until = start + yield_window();
     let mut cx = Context::from_waker(&waker);
     loop {
         if let Poll::Ready(()) = Pin::new(&mut a).poll(&mut cx) {
@@ -279,7 +284,11 @@ fn park_two(mut a: EventListener, mut b: Option<EventListener>) {
         if now >= deadline {
             return;
         }
-        std::thread::park_timeout(deadline - now);
+        if now < yield_until {
+            std::thread::yield_now();
+        } else {
+            std::thread::park_timeout(deadline - now);
+        }
     }
 }
 

@@ -45,14 +45,15 @@ impl Shared {
         let dst_cri = k % self.transport.num_cris();
         let backoff = crossbeam_utils::Backoff::new();
         loop {
-            let res = {
-                let mut g = self.lock_cri(k);
-                let r = self.transport.send(dst, dst_cri, header, data);
-                if r.is_ok() {
-                    g.sent += 1;
-                }
-                r
-            };
+            let res = self.main_path(|| {
+                self.cris[k].lock.high(|c| {
+                    let r = self.transport.send(dst, dst_cri, header, data);
+                    if r.is_ok() {
+                        c.sent += 1;
+                    }
+                    r
+                })
+            });
             match res {
                 Ok(()) => return Ok(()),
                 Err(SendError::PeerLost) => return Err(Error::PeerLost { rank: dst }),
@@ -68,16 +69,12 @@ impl Shared {
     }
 
     /// Drains up to a batch of frames from CRI `k`; the caller holds its lock (`counters`).
-    /// Returns the number of frames handled.
-    pub(crate) fn progress_cri(&self, k: usize, counters: &mut crate::counters::CriCounters) -> usize {
+    /// Returns the number of frames handled and whether that was productive (for the lock's
+    /// counters, seed 000 §3.2).
+    pub(crate) fn progress_cri(&self, k: usize, counters: &mut crate::counters::CriCounters) -> (usize, bool) {
         let n = self.transport.poll(k, POLL_BATCH, |frame| self.handle_frame(k, frame));
-        if n > 0 {
-            counters.received += n as u64;
-            counters.productive += 1;
-        } else {
-            counters.unproductive += 1;
-        }
-        n
+        counters.received += n as u64;
+        (n, n > 0)
     }
 
     /// Path step 4-5: one received frame.
@@ -96,7 +93,7 @@ impl Shared {
                 // A reused per-thread scratch list: no allocation per frame.
                 let mut matched = MATCHED.with(|m| std::mem::take(&mut *m.borrow_mut()));
                 let timing = self.config.match_timing.then(std::time::Instant::now);
-                self.with_matching(comm, |m| {
+                self.with_matching_low(comm, |m| {
                     m.arrive(frame, &mut matched);
                     if let Some(t0) = timing {
                         m.counters.match_nanos += t0.elapsed().as_nanos() as u64;

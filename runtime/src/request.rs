@@ -163,7 +163,7 @@ impl<'c, B: Send + 'static> Request<'c, B> {
 
     /// Whether the operation has completed (no progress is made).
     pub fn is_complete(&self) -> bool {
-        self.inner.as_ref().is_none_or(|i| i.cell.is_complete())
+        self.inner.as_ref().map_or(true, |i| i.cell.is_complete())
     }
 
     /// Makes one step of progress and reports whether the operation has completed

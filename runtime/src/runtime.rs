@@ -8,12 +8,14 @@ use std::sync::Arc;
 
 use crossbeam_utils::CachePadded;
 use event_listener::Event;
-use parking_lot::{Mutex, MutexGuard};
+use parking_lot::Mutex;
 use weft_sync::{Error, Progress, SyncObject};
 use weft_transport::{Frame, Transport};
 
 use crate::comm::{CommState, Communicator};
 use crate::config::{Assignment, Config, MatchingMode, ProgressMode};
+use crate::lock::{FlatKind, LockOptions, Topology};
+use crate::paths::PathLock;
 use crate::counters::{Counters, CriCounters};
 use crate::matching::MatchState;
 
@@ -22,10 +24,9 @@ pub(crate) const MAX_CONTEXTS: usize = 4096;
 
 /// One CRI as the runtime sees it: the lock that serializes posting and polling on it.
 pub(crate) struct Cri {
-    /// Held while sending on or progressing this CRI; guards its counters.
-    pub(crate) lock: Mutex<CriCounters>,
-    /// Times a thread found the lock taken.
-    pub(crate) contended: AtomicU64,
+    /// Held while sending on (high priority) or progressing (low priority) this CRI; guards
+    /// its message counters.
+    pub(crate) lock: PathLock<CriCounters>,
 }
 
 /// Runtime state shared by every handle of one rank.
@@ -47,11 +48,12 @@ pub(crate) struct Shared {
     /// Context ids claimed on this rank (dup agreement).
     pub(crate) claimed: Mutex<std::collections::BTreeSet<u32>>,
     /// The single matching lock of `MatchingMode::Global`, with every communicator's queues.
-    pub(crate) global_match: Mutex<Vec<Option<MatchState>>>,
-    /// Progress lock of `ProgressMode::Global` (seed 003 Algorithm 1).
-    pub(crate) progress_lock: CachePadded<Mutex<()>>,
-    /// Times the progress lock was found taken.
-    pub(crate) progress_contended: AtomicU64,
+    pub(crate) global_match: PathLock<Vec<Option<MatchState>>>,
+    /// The critical section of `ProgressMode::Global` (seed 003 Algorithm 1; posting enters
+    /// it with high priority, progress with low priority, as MPICH's global lock).
+    pub(crate) progress_lock: CachePadded<PathLock<()>>,
+    /// Topology and options for the path locks created later (communicators' matching).
+    pub(crate) lock_options: LockOptions,
     /// Progress owner of `ProgressMode::Owner` (a thread token, 0 = none).
     pub(crate) owner: CachePadded<AtomicU64>,
     /// Rung when ownership is released, so a parked waiter takes it over.
@@ -83,21 +85,13 @@ impl Drop for Shared {
 }
 
 impl Shared {
-    /// Locks CRI `k`, counting contention.
+    /// Runs a main-path step (posting) inside `Global` mode's critical section, with high
+    /// priority; in the other modes the step's own (CRI or matching) lock suffices.
     #[inline]
-    pub(crate) fn lock_cri(&self, k: usize) -> MutexGuard<'_, CriCounters> {
-        let cri = &self.cris[k];
-        match cri.lock.try_lock() {
-            Some(mut g) => {
-                g.acquisitions += 1;
-                g
-            }
-            None => {
-                cri.contended.fetch_add(1, Ordering::Relaxed);
-                let mut g = cri.lock.lock();
-                g.acquisitions += 1;
-                g
-            }
+    pub(crate) fn main_path<R>(&self, f: impl FnOnce() -> R) -> R {
+        match self.config.progress {
+            ProgressMode::Global => self.progress_lock.high(|_| f()),
+            _ => f(),
         }
     }
 
@@ -123,17 +117,30 @@ impl Shared {
         (!p.is_null()).then(|| unsafe { &*p })
     }
 
-    /// Runs `f` on a communicator's matching state under its matching lock.
+    /// Main path: runs `f` on a communicator's matching state under its matching lock,
+    /// with high priority (posting, probing, cancelling).
     #[inline]
     pub(crate) fn with_matching<R>(&self, comm: &CommState, f: impl FnOnce(&mut MatchState) -> R) -> R {
         match self.config.matching {
-            MatchingMode::PerComm => f(&mut comm.matching.lock()),
-            MatchingMode::Global => {
-                let mut all = self.global_match.lock();
-                let st = all[comm.context as usize].get_or_insert_with(|| MatchState::new(comm.size, comm.overtaking));
-                f(st)
-            }
+            MatchingMode::PerComm => comm.matching.high(f),
+            MatchingMode::Global => self.global_match.high(|all| f(Self::global_slot(all, comm))),
         }
+    }
+
+    /// Progress path: [`with_matching`](Self::with_matching) with low priority, for
+    /// arrivals.
+    #[inline]
+    pub(crate) fn with_matching_low<R>(&self, comm: &CommState, f: impl FnOnce(&mut MatchState) -> R) -> R {
+        // An arrival is always handled (matched or queued): a productive acquisition.
+        match self.config.matching {
+            MatchingMode::PerComm => comm.matching.low(|m| (f(m), true)),
+            MatchingMode::Global => self.global_match.low(|all| (f(Self::global_slot(all, comm)), true)),
+        }
+    }
+
+    #[inline]
+    fn global_slot<'a>(all: &'a mut [Option<MatchState>], comm: &CommState) -> &'a mut MatchState {
+        all[comm.context as usize].get_or_insert_with(|| MatchState::new(comm.size, comm.overtaking))
     }
 
     /// Registers a communicator's state under its context id and replays early frames.
@@ -291,6 +298,26 @@ impl Builder {
         self.config.provider = p;
         self
     }
+    /// Lock protocol of one path (see [`Locks`](crate::Locks)).
+    ///
+    /// ```
+    /// use weft::lock::{LockKind, LockPath};
+    /// let rt = weft::Runtime::builder()
+    ///     .env(false)
+    ///     .lock(LockPath::Progress, LockKind::P_HMCS_MCS)
+    ///     .build()
+    ///     .unwrap();
+    /// assert_eq!(rt.config().locks.progress.to_string(), "p-hmcs-mcs");
+    /// ```
+    pub fn lock(mut self, path: crate::lock::LockPath, kind: crate::lock::LockKind) -> Self {
+        self.config.locks.set(path, kind);
+        self
+    }
+    /// Measure how long each path lock is held (two clock reads per acquisition).
+    pub fn lock_timing(mut self, on: bool) -> Self {
+        self.config.lock_timing = on;
+        self
+    }
     /// Whether `WEFT_*` variables override the builder (default: yes).
     pub fn env(mut self, on: bool) -> Self {
         self.use_env = on;
@@ -312,19 +339,33 @@ impl Builder {
     /// started plainly, it is rank 0 of 1.
     pub fn build(self) -> Result<Runtime, Error> {
         let config = self.resolve()?;
+        let lock_options = self.lock_options(&config)?;
         let transport = crate::provider::open_process(&config)?;
-        Ok(Self::assemble(config, vec![transport])?.remove(0))
+        Ok(Self::assemble(config, lock_options, vec![transport])?.remove(0))
     }
 
     /// `ranks` runtimes in this process, rank `i` at index `i`: one embedded fabric, or (with
     /// `Shm`/`Tcp`) `ranks` libfabric ranks that exchange addresses directly.
     pub fn build_local(self, ranks: u32) -> Result<Vec<Runtime>, Error> {
         let config = self.resolve()?;
+        let lock_options = self.lock_options(&config)?;
         let endpoints = crate::provider::local(&config, ranks)?;
-        Self::assemble(config, endpoints)
+        Self::assemble(config, lock_options, endpoints)
     }
 
-    fn assemble(config: Config, endpoints: Vec<Transport>) -> Result<Vec<Runtime>, Error> {
+    /// Options of the runtime's path locks (the machine topology only when a path uses HMCS).
+    fn lock_options(&self, config: &Config) -> Result<LockOptions, Error> {
+        let hmcs = [config.locks.progress, config.locks.cri, config.locks.matching]
+            .iter()
+            .any(|k| k.uses(FlatKind::Hmcs));
+        let mut lock_options = LockOptions { topology: hmcs.then(Topology::detect), ..LockOptions::default() };
+        if self.use_env {
+            lock_options.apply_env()?;
+        }
+        Ok(lock_options)
+    }
+
+    fn assemble(config: Config, lock_options: LockOptions, endpoints: Vec<Transport>) -> Result<Vec<Runtime>, Error> {
         static NEXT_ID: AtomicU64 = AtomicU64::new(1);
         endpoints
             .into_iter()
@@ -333,15 +374,23 @@ impl Builder {
                 let shared = Arc::new(Shared {
                     id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
                     cris: (0..config.cris)
-                        .map(|_| CachePadded::new(Cri { lock: Mutex::new(CriCounters::default()), contended: AtomicU64::new(0) }))
+                        .map(|_| {
+                            let lock = PathLock::new(config.locks.cri, &lock_options, config.lock_timing, CriCounters::default());
+                            CachePadded::new(Cri { lock })
+                        })
                         .collect(),
                     rr: CachePadded::new(AtomicUsize::new(0)),
                     contexts: (0..MAX_CONTEXTS).map(|_| AtomicPtr::new(std::ptr::null_mut())).collect(),
                     early_contexts: Mutex::new(Vec::new()),
                     claimed: Mutex::new([0u32, 1].into_iter().collect()),
-                    global_match: Mutex::new((0..MAX_CONTEXTS).map(|_| None).collect()),
-                    progress_lock: CachePadded::new(Mutex::new(())),
-                    progress_contended: AtomicU64::new(0),
+                    global_match: PathLock::new(
+                        config.locks.matching,
+                        &lock_options,
+                        config.lock_timing,
+                        (0..MAX_CONTEXTS).map(|_| None).collect(),
+                    ),
+                    progress_lock: CachePadded::new(PathLock::new(config.locks.progress, &lock_options, config.lock_timing, ())),
+                    lock_options: lock_options.clone(),
                     owner: CachePadded::new(AtomicU64::new(0)),
                     handoff: Event::new(),
                     deferred: Mutex::new(Vec::new()),

@@ -35,7 +35,7 @@ fn eager_steady_state_allocates_nothing() {
         let mut sbuf = vec![3u8; 100]; // pooled-buffer path
         let mut tiny = vec![1u8; 8]; // inline path
         let mut rbuf = Vec::<u8>::with_capacity(100);
-        let mut round = |sbuf: &mut Vec<u8>, tiny: &mut Vec<u8>, rbuf: &mut Vec<u8>| {
+        let round = |sbuf: &mut Vec<u8>, tiny: &mut Vec<u8>, rbuf: &mut Vec<u8>| {
             let r = c1.irecv(std::mem::take(rbuf), 0u32, 1).unwrap();
             let s = c0.isend(std::mem::take(sbuf), 1, 1).unwrap();
             *sbuf = s.wait().unwrap().0;

@@ -110,6 +110,14 @@ impl LockKind {
         }
     }
 
+    /// Whether `flat` is this protocol or one of its two classes.
+    pub fn uses(&self, flat: FlatKind) -> bool {
+        match *self {
+            LockKind::Flat(k) => k == flat,
+            LockKind::Priority { high, low } => high == flat || low == flat,
+        }
+    }
+
     /// Whether this is a two-level priority lock.
     pub fn is_priority(&self) -> bool {
         matches!(self, LockKind::Priority { .. })
@@ -219,6 +227,31 @@ pub struct LockOptions {
 impl Default for LockOptions {
     fn default() -> Self {
         LockOptions { topology: None, hmcs_threshold: DEFAULT_HMCS_THRESHOLD }
+    }
+}
+
+impl LockOptions {
+    /// Environment variable overriding [`LockOptions::hmcs_threshold`]: an integer in
+    /// `1..=2^32` (hand-offs within a level before HMCS goes up).
+    pub const HMCS_THRESHOLD_VAR: &'static str = "WEFT_LOCK_HMCS_THRESHOLD";
+
+    /// Applies [`LockOptions::HMCS_THRESHOLD_VAR`] when it is set and not empty;
+    /// [`Error::InvalidArgument`](crate::Error::InvalidArgument) when it is not an integer in
+    /// `1..=2^32` (the options are then unchanged).
+    pub fn apply_env(&mut self) -> Result<(), crate::Error> {
+        const BAD: &str = "WEFT_LOCK_HMCS_THRESHOLD must be an integer in 1..=4294967296";
+        match std::env::var(Self::HMCS_THRESHOLD_VAR) {
+            Ok(v) if v.trim().is_empty() => Ok(()),
+            Ok(v) => match v.trim().parse::<u64>() {
+                Ok(n) if (1..=1 << 32).contains(&n) => {
+                    self.hmcs_threshold = n;
+                    Ok(())
+                }
+                _ => Err(crate::Error::InvalidArgument(BAD)),
+            },
+            Err(std::env::VarError::NotPresent) => Ok(()),
+            Err(std::env::VarError::NotUnicode(_)) => Err(crate::Error::InvalidArgument(BAD)),
+        }
     }
 }
 

@@ -3,7 +3,7 @@
 //! neighbours (threads of the same leaf group) up to `threshold` times before it goes up a
 //! level, which amortizes the expensive remote hand-offs.
 //!
-//! Levels come from [`Topology`] (sysfs, see there). A thread enters at the leaf of the CPU it
+//! Levels come from [`Topology`] (hwloc or sysfs, see there). A thread enters at the leaf of the CPU it
 //! runs on when it calls `lock` (or of the CPU given by [`McsNode::with_cpu`]); the node
 //! remembers the leaf for `unlock`, so a thread migrating while it holds the lock is fine.
 //!
@@ -42,7 +42,8 @@ use crate::lock::McsNode;
 use crate::loom::sync::atomic::{AtomicPtr, Ordering};
 
 /// Default number of hand-offs within a level before passing the lock up (seed 000 §2.3:
-/// the knob trading locality for fairness).
+/// the knob trading locality for fairness). The runtime's path locks take
+/// `WEFT_LOCK_HMCS_THRESHOLD` instead when it is set ([`super::LockOptions::apply_env`]).
 pub const DEFAULT_HMCS_THRESHOLD: u64 = 64;
 
 /// Marks the root in `HNode::parent`.

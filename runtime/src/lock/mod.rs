@@ -158,7 +158,7 @@ pub unsafe trait RawLock: Send + Sync {
 /// A queue lock cannot simply "stop waiting": its node is linked into the queue, the
 /// predecessor will write into it and a successor may already be spinning behind it. Leaving
 /// needs an *abortable* variant of the protocol (Scott's MCS-try/CLH-try, or A-HMCS, seed 000
-/// ref. [10]) in which a leaving waiter unlinks itself. weft does not implement those yet; the
+/// ref. \[10\]) in which a leaving waiter unlinks itself. weft does not implement those yet; the
 /// polling version here is sound but does not keep a place in the queue, so under steady
 /// contention it can time out even though the lock is being passed around.
 ///

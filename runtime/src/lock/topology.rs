@@ -1,14 +1,19 @@
 //! Machine topology for [`super::Hmcs`]: which CPUs share a core, a cache, a package.
 //!
-//! Read from Linux sysfs (`/sys/devices/system/cpu/cpu*/topology/{core_id,
-//! physical_package_id}` and `cpu*/cache/index*/{level,type,shared_cpu_list}`). The `hwloc`
-//! cargo feature of `weft` is declared for a future hwloc-based reader; today the sysfs path is
-//! used in every build. Where sysfs cannot be read the topology is flat (one level, HMCS then
-//! behaves as MCS).
+//! Two readers build the same level structure:
 //!
-//! Levels are stored finest first (core, then each shared cache, then package); a level that
-//! groups CPUs exactly as the next coarser one, or that has a single group, is dropped, and the
-//! root (all CPUs) is implicit. Groups are nested by construction: a group at level `l` is the
+//! * `Topology::from_hwloc` (cargo feature `hwloc` of `weft`; Debian `libhwloc-dev` and
+//!   `pkg-config` at build time): cores, data/unified caches L1 to L5, NUMA nodes (CPUs with
+//!   the same set of local NUMA nodes) and packages, from hwloc's object tree.
+//! * [`Topology::from_sysfs`] (always built): `/sys/devices/system/cpu/cpu*/topology/{core_id,
+//!   physical_package_id}` and `cpu*/cache/index*/{level,type,shared_cpu_list}`.
+//!
+//! [`Topology::detect`] tries hwloc first when the feature is on, then sysfs; where neither can
+//! be read the topology is flat (one level, HMCS then behaves as MCS).
+//!
+//! Levels are stored finest first (core, then each shared cache, then NUMA node (hwloc only)
+//! and package); a level that groups CPUs exactly as the next coarser one, or that has a single
+//! group, is dropped, and the root (all CPUs) is implicit. Groups are nested by construction: a group at level `l` is the
 //! intersection of its partition key with its group at level `l + 1`.
 
 use std::collections::HashMap;
@@ -26,9 +31,17 @@ pub struct Topology {
 }
 
 impl Topology {
-    /// This machine's topology from sysfs, or [`Topology::flat`] over the available
-    /// parallelism when sysfs cannot be read.
+    /// This machine's topology: from hwloc when the `hwloc` feature is on and hwloc can load
+    /// it (read once per process, then cloned), else from sysfs, else [`Topology::flat`] over
+    /// the available parallelism.
     pub fn detect() -> Topology {
+        #[cfg(feature = "hwloc")]
+        {
+            static HWLOC: std::sync::OnceLock<Option<Topology>> = std::sync::OnceLock::new();
+            if let Some(t) = HWLOC.get_or_init(|| Topology::from_hwloc().ok()) {
+                return t.clone();
+            }
+        }
         Topology::from_sysfs(Path::new("/sys/devices/system/cpu")).unwrap_or_else(|_| {
             Topology::flat(std::thread::available_parallelism().map_or(1, |n| n.get()))
         })
@@ -104,6 +117,20 @@ impl Topology {
         Ok(Topology::from_levels(ncpus, levels))
     }
 
+    /// Reads the topology through hwloc (feature `hwloc`): the partitions of the OS CPU ids by
+    /// core, by each data/unified cache level, by NUMA locality and by package, ordered finest
+    /// first and then nested and reduced as for [`Topology::from_levels`]. CPUs that the process
+    /// may not run on (cgroups) are included, as in sysfs. A CPU id that no object of a kind
+    /// covers (e.g. offline) gets a group of its own at that level.
+    ///
+    /// Errors when hwloc cannot load the topology or reports no CPU. hwloc is never allowed to
+    /// unwind into the caller: a panic inside the binding becomes an error as well.
+    #[cfg(feature = "hwloc")]
+    pub fn from_hwloc() -> io::Result<Topology> {
+        std::panic::catch_unwind(hwloc_reader::read)
+            .unwrap_or_else(|_| Err(io::Error::other("hwloc: the binding panicked while reading the topology")))
+    }
+
     /// Number of CPU ids covered.
     pub fn cpus(&self) -> usize {
         self.ncpus
@@ -160,6 +187,121 @@ fn normalize(ncpus: usize, levels: Vec<Vec<usize>>) -> Vec<Vec<usize>> {
         }
     }
     out
+}
+
+/// The hwloc reader. Only calls of `hwloc2` that cannot panic for the arguments given are used:
+/// depths come from `depth()` and are only passed back below it, and no NUMA-node query by type
+/// is made (hwloc2 2.2 maps hwloc 2's virtual NUMA depth to its bridge depth and panics in
+/// `objects_with_type(&ObjectType::NUMANode)`); NUMA locality is each core's `nodeset` instead.
+/// Fields of hwloc objects read: `cpuset`, `complete_cpuset`, `nodeset`, which hwloc2 2.2 lays
+/// out as hwloc 2.x does.
+#[cfg(feature = "hwloc")]
+mod hwloc_reader {
+    use std::io;
+
+    use hwloc2::{ObjectType, TopologyFlag, TopologyObject};
+
+    use super::{number, Topology};
+
+    /// A candidate level: CPU id -> identity of the object covering it (`None`: not covered).
+    type Keys = Vec<Option<(u32, usize)>>;
+
+    pub(super) fn read() -> io::Result<Topology> {
+        // Disallowed CPUs are included so that CPU ids and groups match sysfs.
+        let hw = hwloc2::Topology::with_flags(vec![TopologyFlag::IncludeDisallowed])
+            .ok_or_else(|| io::Error::other("hwloc: cannot load the topology"))?;
+        let depth = hw.depth();
+        // Objects of each kind of interest, by depth (a kind may sit at several depths on
+        // asymmetric machines).
+        let mut cores: Vec<&TopologyObject> = Vec::new();
+        let mut pus: Vec<&TopologyObject> = Vec::new();
+        let mut packages: Vec<(u32, &TopologyObject)> = Vec::new();
+        let mut caches: Vec<(u32, Vec<(u32, &TopologyObject)>)> = Vec::new();
+        for d in 0..depth {
+            let objs = hw.objects_at_depth(d);
+            let cache_level = match hw.type_at_depth(d) {
+                ObjectType::Core => {
+                    cores.extend(objs);
+                    continue;
+                }
+                ObjectType::PU => {
+                    pus.extend(objs);
+                    continue;
+                }
+                ObjectType::Package => {
+                    packages.extend(objs.into_iter().map(|o| (d, o)));
+                    continue;
+                }
+                ObjectType::L1Cache => 1,
+                ObjectType::L2Cache => 2,
+                ObjectType::L3Cache => 3,
+                ObjectType::L4Cache => 4,
+                ObjectType::L5Cache => 5,
+                _ => continue,
+            };
+            match caches.iter_mut().find(|(l, _)| *l == cache_level) {
+                Some((_, v)) => v.extend(objs.into_iter().map(|o| (d, o))),
+                None => caches.push((cache_level, objs.into_iter().map(|o| (d, o)).collect())),
+            }
+        }
+        let highest_pu = pus.iter().flat_map(|o| cpus_of(o)).max();
+        let highest_complete = hw
+            .objects_at_depth(0)
+            .first()
+            .and_then(|root| root.complete_cpuset())
+            .map(|s| s.last())
+            .filter(|&l| l >= 0)
+            .map(|l| l as usize);
+        let ncpus = match (highest_pu, highest_complete) {
+            (None, _) => return Err(io::Error::other("hwloc: no processing unit in the topology")),
+            (Some(a), b) => a.max(b.unwrap_or(0)) + 1,
+        };
+
+        let partition = |objs: &[(u32, &TopologyObject)]| -> Keys {
+            let mut keys = vec![None; ncpus];
+            for (i, (d, o)) in objs.iter().enumerate() {
+                for cpu in cpus_of(o).filter(|&c| c < ncpus) {
+                    keys[cpu] = Some((*d, i));
+                }
+            }
+            keys
+        };
+        // Without core objects every PU is its own core.
+        let core_objs: Vec<(u32, &TopologyObject)> =
+            if cores.is_empty() { pus.iter().map(|&o| (0, o)).collect() } else { cores.iter().map(|&o| (0, o)).collect() };
+        let mut candidates: Vec<Keys> = vec![partition(&core_objs)];
+        caches.sort_by_key(|(l, _)| *l);
+        candidates.extend(caches.iter().map(|(_, objs)| partition(objs)));
+        // NUMA locality: CPUs of cores with the same set of local NUMA nodes.
+        let mut numa: Vec<Option<Vec<u32>>> = vec![None; ncpus];
+        for (_, o) in &core_objs {
+            let nodes: Vec<u32> = o.nodeset().map(|s| s.into_iter().collect()).unwrap_or_default();
+            for cpu in cpus_of(o).filter(|&c| c < ncpus) {
+                numa[cpu] = Some(nodes.clone());
+            }
+        }
+        let numa_ids = number(&numa);
+        candidates.push(numa_ids.iter().zip(&numa).map(|(&id, k)| k.as_ref().map(|_| (0, id))).collect());
+        candidates.push(partition(&packages));
+
+        // Finest first: a stable sort by group count keeps core < caches < NUMA < package
+        // where counts tie, and puts e.g. sub-NUMA clusters below a package-wide L3.
+        let mut levels: Vec<Vec<usize>> = candidates.iter().map(own_groups).collect();
+        levels.sort_by_key(|l| std::cmp::Reverse(l.iter().max().map_or(0, |m| m + 1)));
+        Ok(Topology::from_levels(ncpus, levels))
+    }
+
+    /// OS ids of the CPUs in `o`'s cpuset (empty when it has none).
+    fn cpus_of(o: &TopologyObject) -> impl Iterator<Item = usize> {
+        o.cpuset().into_iter().flatten().map(|c| c as usize)
+    }
+
+    /// Group numbers for a candidate level; every uncovered CPU is a group of its own.
+    fn own_groups(keys: &Keys) -> Vec<usize> {
+        let keyed: Vec<Result<(u32, usize), usize>> =
+            keys.iter().enumerate().map(|(cpu, k)| k.ok_or(cpu)).collect();
+        number(&keyed)
+    }
 }
 
 /// The CPU the calling thread runs on right now (0 where unknown).
