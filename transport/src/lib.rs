@@ -27,7 +27,7 @@ pub mod ofi_provider;
 mod provider;
 
 pub use doorbell::Doorbell;
-pub use provider::{Provider, Transport};
+pub use provider::{Provider, RemoteWindow, RmaOp, Transport};
 pub use frame::{Frame, FrameKind, Header, Payload, INLINE};
 pub use weft_sync::Error;
 

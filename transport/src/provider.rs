@@ -63,7 +63,67 @@ impl fmt::Display for Provider {
     }
 }
 
+/// An atomic read-modify-write of a `u64` in a peer's window ([`Transport::fetch_op`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum RmaOp {
+    /// Add the operand.
+    Sum,
+    /// Read only (the operand is ignored).
+    Read,
+    /// Store the operand (swap).
+    Swap,
+    /// Bitwise or.
+    BitOr,
+    /// Bitwise and.
+    BitAnd,
+    /// Minimum (unsigned).
+    Min,
+    /// Maximum (unsigned).
+    Max,
+}
+
+#[cfg(feature = "ofi")]
+impl RmaOp {
+    fn ofi(self) -> crate::ofi::FetchOp {
+        use crate::ofi::FetchOp;
+        match self {
+            RmaOp::Sum => FetchOp::Sum,
+            RmaOp::Read => FetchOp::Read,
+            RmaOp::Swap => FetchOp::Swap,
+            RmaOp::BitOr => FetchOp::BitOr,
+            RmaOp::BitAnd => FetchOp::BitAnd,
+            RmaOp::Min => FetchOp::Min,
+            RmaOp::Max => FetchOp::Max,
+        }
+    }
+}
+
+/// What a peer needs to target a registered RMA window: send it to them in a message.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct RemoteWindow {
+    /// The rank that registered it.
+    pub rank: u32,
+    /// Registration key.
+    pub key: u64,
+    /// Remote address of byte 0 (libfabric under `FI_MR_VIRT_ADDR`; 0 otherwise).
+    pub base: u64,
+    /// Length in bytes.
+    pub len: u64,
+}
+
+#[cfg(feature = "ofi")]
+impl RemoteWindow {
+    fn ofi(&self) -> crate::ofi_provider::RemoteMem {
+        crate::ofi_provider::RemoteMem { rank: self.rank, region: crate::ofi::RemoteRegion { base: self.base, key: self.key, len: self.len } }
+    }
+}
+
 /// One rank's transport: exactly the operations the runtime uses, dispatched statically.
+///
+/// Transport-level RMA (`register_window`, `put`, `get`, `fetch_op`, `compare_swap`,
+/// `flush`) is posted on a CRI: on libfabric, `put`/`get` are non-blocking and counted on
+/// the CRI's completion counter until `flush(cri)`; on the embedded provider every operation
+/// is complete when it returns.
 #[derive(Debug)]
 pub enum Transport {
     /// The in-process provider.
@@ -190,6 +250,98 @@ impl Transport {
             Transport::Embedded(t) => t.read(h.source, h.key, 0, dst),
             #[cfg(feature = "ofi")]
             Transport::Ofi(t) => t.read(h, dst),
+        }
+    }
+
+    /// Registers `len` bytes at `ptr` as an RMA window peers may read, write and update
+    /// atomically.
+    ///
+    /// # Safety
+    /// The memory must stay valid until [`deregister`](Self::deregister) with the returned
+    /// key, and the owner must not hold Rust references into it while peers may write it.
+    pub unsafe fn register_window(&self, ptr: *mut u8, len: usize) -> Result<RemoteWindow, Error> {
+        let rank = self.rank();
+        match self {
+            Transport::Embedded(t) => {
+                // SAFETY: forwarded contract.
+                let key = unsafe { t.register_window(ptr, len) };
+                Ok(RemoteWindow { rank, key, base: 0, len: len as u64 })
+            }
+            #[cfg(feature = "ofi")]
+            Transport::Ofi(t) => {
+                // SAFETY: forwarded contract.
+                let r = unsafe { t.register_window(ptr, len) }?;
+                Ok(RemoteWindow { rank, key: r.key, base: r.base, len: r.len })
+            }
+        }
+    }
+
+    /// RMA write of `data` to `offset` of window `to`, from CRI `cri`.
+    ///
+    /// # Safety
+    /// `data` must stay valid and unmodified until `flush(cri)` returned.
+    pub unsafe fn put(&self, cri: usize, to: &RemoteWindow, offset: usize, data: &[u8]) -> Result<(), Error> {
+        match self {
+            Transport::Embedded(t) => {
+                let _ = cri;
+                t.put(to.rank, to.key, offset, data)
+            }
+            #[cfg(feature = "ofi")]
+            // SAFETY: forwarded contract.
+            Transport::Ofi(t) => unsafe { t.put(cri, &to.ofi(), offset as u64, data) },
+        }
+    }
+
+    /// RMA read into `out` from `offset` of window `from`, on CRI `cri`.
+    ///
+    /// # Safety
+    /// `out` must stay valid and untouched until `flush(cri)` returned.
+    pub unsafe fn get(&self, cri: usize, from: &RemoteWindow, offset: usize, out: &mut [u8]) -> Result<(), Error> {
+        match self {
+            Transport::Embedded(t) => {
+                let _ = cri;
+                t.read(from.rank, from.key, offset, out)
+            }
+            #[cfg(feature = "ofi")]
+            // SAFETY: forwarded contract.
+            Transport::Ofi(t) => unsafe { t.get(cri, &from.ofi(), offset as u64, out) },
+        }
+    }
+
+    /// Atomic `op` on the `u64` at `offset` of window `at`; returns the old value. Blocking.
+    pub fn fetch_op(&self, cri: usize, at: &RemoteWindow, offset: usize, op: RmaOp, operand: u64) -> Result<u64, Error> {
+        match self {
+            Transport::Embedded(t) => {
+                let _ = cri;
+                t.fetch_op(at.rank, at.key, offset, op, operand)
+            }
+            #[cfg(feature = "ofi")]
+            Transport::Ofi(t) => t.fetch_op(cri, &at.ofi(), offset as u64, op.ofi(), operand),
+        }
+    }
+
+    /// Atomic compare-and-swap on the `u64` at `offset` of window `at`; returns the old
+    /// value (the swap happened if it equals `compare`). Blocking.
+    pub fn compare_swap(&self, cri: usize, at: &RemoteWindow, offset: usize, compare: u64, swap: u64) -> Result<u64, Error> {
+        match self {
+            Transport::Embedded(t) => {
+                let _ = cri;
+                t.compare_swap(at.rank, at.key, offset, compare, swap)
+            }
+            #[cfg(feature = "ofi")]
+            Transport::Ofi(t) => t.compare_swap(cri, &at.ofi(), offset as u64, compare, swap),
+        }
+    }
+
+    /// Waits until every `put`/`get` posted on CRI `cri` has completed.
+    pub fn flush(&self, cri: usize) -> Result<(), Error> {
+        match self {
+            Transport::Embedded(_) => {
+                let _ = cri;
+                Ok(())
+            }
+            #[cfg(feature = "ofi")]
+            Transport::Ofi(t) => t.flush(cri),
         }
     }
 
