@@ -21,6 +21,7 @@ pub(crate) struct CriCounters {
 #[derive(Debug, Default)]
 pub(crate) struct Counters {
     pub(crate) parks: AtomicU64,
+    pub(crate) park_timeouts: AtomicU64,
     pub(crate) flow_control_waits: AtomicU64,
 }
 
@@ -61,6 +62,10 @@ pub struct Snapshot {
     pub matching_lock: LockStatsSnapshot,
     /// Times a waiter parked its thread.
     pub parks: u64,
+    /// Parks that ended by the 50 ms safety limit rather than a notification. Idle waits
+    /// (nothing to receive for a while) end this way normally; a count growing while
+    /// messages flow would point at a missed notification.
+    pub park_timeouts: u64,
     /// Sends that waited for a full inbox (flow control).
     pub flow_control_waits: u64,
 }
@@ -95,6 +100,7 @@ pub(crate) fn snapshot(s: &Shared) -> Snapshot {
     out.unproductive_progress = out.cri_lock.unproductive;
     out.progress_contended = out.progress_lock.contended;
     out.parks = s.counters.parks.load(Ordering::Relaxed);
+    out.park_timeouts = s.counters.park_timeouts.load(Ordering::Relaxed);
     out.flow_control_waits = s.counters.flow_control_waits.load(Ordering::Relaxed);
     out
 }

@@ -53,6 +53,7 @@ mod cri;
 pub mod lock;
 pub(crate) mod loom;
 mod matching;
+mod owner;
 mod paths;
 mod progress;
 mod protocol;

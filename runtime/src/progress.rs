@@ -31,11 +31,10 @@ impl Shared {
             ProgressMode::Global => self.progress_global() > 0,
             ProgressMode::Owner => {
                 let me = crate::cri::thread_token();
-                let cur = self.owner.load(Ordering::Relaxed);
-                if cur == me {
+                if self.owner.is(me) {
                     return self.progress_all() > 0;
                 }
-                if cur != 0 || !self.try_own(me) {
+                if !self.owner.try_own(me) {
                     return false;
                 }
                 let n = self.progress_all();
@@ -95,19 +94,10 @@ impl Shared {
         count
     }
 
-    /// Tries to become the progress owner.
-    #[inline]
-    pub(crate) fn try_own(&self, me: u64) -> bool {
-        // Acquire: the new owner sees everything the previous owner did under ownership.
-        self.owner.compare_exchange(0, me, Ordering::Acquire, Ordering::Relaxed).is_ok()
-    }
-
     /// Gives up ownership and hands it on: one parked waiter is woken to take over, and
     /// idle async pollers are woken in case frames arrived meanwhile.
     pub(crate) fn release_ownership(&self) {
-        // Release: pairs with the next owner's acquire.
-        self.owner.store(0, Ordering::Release);
-        self.handoff.notify(1);
+        self.owner.release();
         if self.transport.any_frames() {
             self.transport.doorbell().ring_all();
         }
@@ -167,7 +157,7 @@ struct OwnerWait<'a> {
 impl Progress for OwnerWait<'_> {
     fn progress(&self) -> Step {
         let s = self.shared;
-        if s.owner.load(Ordering::Relaxed) == self.me || s.try_own(self.me) {
+        if s.owner.own_or_take(self.me) {
             if s.progress_all() > 0 {
                 Step::Progressed
             } else {
@@ -180,17 +170,13 @@ impl Progress for OwnerWait<'_> {
 
     fn park(&self, listener: EventListener) {
         let s = self.shared;
-        if s.owner.load(Ordering::Relaxed) == self.me {
+        if s.owner.is(self.me) {
             // The owner sleeps until the next frame (or its own completion).
             park_or_frames(s, listener, None);
-        } else {
+        } else if let Some(handoff) = s.owner.listen() {
             // A plain waiter: its completions, or a hand-off of ownership.
-            let handoff = s.handoff.listen();
-            if s.owner.load(Ordering::Acquire) == 0 {
-                return;
-            }
             s.counters.parks.fetch_add(1, Ordering::Relaxed);
-            park_two(listener, Some(handoff));
+            park_two(s, listener, Some(handoff));
         }
     }
 }
@@ -221,7 +207,7 @@ fn park_or_frames(s: &Shared, listener: EventListener, _unused: Option<()>) {
         return;
     }
     s.counters.parks.fetch_add(1, Ordering::Relaxed);
-    park_two(listener, Some(bell));
+    park_two(s, listener, Some(bell));
 }
 
 /// Wakes a parked thread.
@@ -261,9 +247,10 @@ fn yield_window() -> std::time::Duration {
 /// Default of [`yield_window`] (`WEFT_YIELD_US` overrides it, in microseconds).
 const DEFAULT_YIELD_NS: u64 = 50_000;
 
-/// Blocks until either listener fires (or `PARK_LIMIT` passes; callers re-check): yields
-/// the core for [`yield_window`] first, then parks.
-fn park_two(mut a: EventListener, mut b: Option<EventListener>) {
+/// Blocks until either listener fires (or `PARK_LIMIT` passes, counted in
+/// `park_timeouts`; callers re-check): yields the core for [`yield_window`] first, then
+/// parks.
+fn park_two(s: &Shared, mut a: EventListener, mut b: Option<EventListener>) {
     use std::future::Future;
     use std::pin::Pin;
     let waker = PARKER.with(|w| w.clone());
@@ -282,6 +269,7 @@ fn park_two(mut a: EventListener, mut b: Option<EventListener>) {
         }
         let now = std::time::Instant::now();
         if now >= deadline {
+            s.counters.park_timeouts.fetch_add(1, Ordering::Relaxed);
             return;
         }
         if now < yield_until {
@@ -325,13 +313,13 @@ pub(crate) fn wait_all<B: Send + 'static>(shared: &Shared, reqs: &mut [Request<'
                 if shared.config.progress == ProgressMode::Owner {
                     let me = crate::cri::thread_token();
                     let _ = sync.wait_all_with(&OwnerWait { shared, me });
-                    if shared.owner.load(Ordering::Relaxed) == me {
+                    if shared.owner.is(me) {
                         shared.release_ownership();
-                    } else if shared.owner.load(Ordering::Acquire) == 0 {
+                    } else {
                         // We may have been the waiter a hand-off woke, and left without
                         // taking ownership (our requests were done): pass it on, or a
-                        // parked waiter would wait with no owner.
-                        shared.handoff.notify(1);
+                        // parked waiter would wait with no owner (`OwnerToken::leave`).
+                        shared.owner.leave(me);
                     }
                 } else {
                     let _ = sync.wait_all_with(&ConcurrentWait { shared });

@@ -7,7 +7,6 @@ use std::sync::atomic::{AtomicPtr, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use crossbeam_utils::CachePadded;
-use event_listener::Event;
 use parking_lot::Mutex;
 use weft_sync::{Error, Progress, SyncObject};
 use weft_transport::{Frame, Transport};
@@ -15,6 +14,7 @@ use weft_transport::{Frame, Transport};
 use crate::comm::{CommState, Communicator};
 use crate::config::{Assignment, Config, MatchingMode, ProgressMode};
 use crate::lock::{FlatKind, LockOptions, Topology};
+use crate::owner::OwnerToken;
 use crate::paths::PathLock;
 use crate::counters::{Counters, CriCounters};
 use crate::matching::MatchState;
@@ -54,10 +54,8 @@ pub(crate) struct Shared {
     pub(crate) progress_lock: CachePadded<PathLock<()>>,
     /// Topology and options for the path locks created later (communicators' matching).
     pub(crate) lock_options: LockOptions,
-    /// Progress owner of `ProgressMode::Owner` (a thread token, 0 = none).
-    pub(crate) owner: CachePadded<AtomicU64>,
-    /// Rung when ownership is released, so a parked waiter takes it over.
-    pub(crate) handoff: Event,
+    /// Progress owner of `ProgressMode::Owner` and its hand-off.
+    pub(crate) owner: CachePadded<OwnerToken>,
     /// Control frames (rendezvous `Fin`) refused by a full inbox, retried by progress.
     pub(crate) deferred: Mutex<Vec<(u32, usize, weft_transport::Header)>>,
     /// `deferred` is non-empty: progress checks this flag instead of taking the lock.
@@ -391,8 +389,7 @@ impl Builder {
                     ),
                     progress_lock: CachePadded::new(PathLock::new(config.locks.progress, &lock_options, config.lock_timing, ())),
                     lock_options: lock_options.clone(),
-                    owner: CachePadded::new(AtomicU64::new(0)),
-                    handoff: Event::new(),
+                    owner: CachePadded::new(OwnerToken::new()),
                     deferred: Mutex::new(Vec::new()),
                     has_deferred: std::sync::atomic::AtomicBool::new(false),
                     counters: Counters::default(),

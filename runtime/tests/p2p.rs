@@ -20,3 +20,20 @@ fn libfabric_providers_need_the_ofi_feature() {
     assert!("carrier-pigeon".parse::<weft::Provider>().is_err());
     assert_eq!("tcp;ofi_rxm".parse::<weft::Provider>().unwrap(), weft::Provider::Tcp);
 }
+
+/// A wait longer than the park limit (50 ms) wakes by the safety net, which is counted; the
+/// message still arrives.
+#[test]
+fn long_waits_count_park_timeouts() {
+    let rts = builder().progress(weft::ProgressMode::Owner).cris(2).eager_threshold(4096).build_local(2).unwrap();
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            std::thread::sleep(std::time::Duration::from_millis(150));
+            rts[0].world().send(vec![5u8], 1, 0).unwrap();
+        });
+        let (b, _) = rts[1].world().recv(Vec::<u8>::with_capacity(1), 0u32, 0).unwrap();
+        assert_eq!(b, vec![5]);
+    });
+    let c = rts[1].counters();
+    assert!(c.park_timeouts >= 1 && c.parks >= 1, "{c:?}");
+}
