@@ -8,6 +8,7 @@ mod lock_regimes;
 mod locks;
 mod multirate;
 mod pack;
+mod pingpong;
 mod report;
 mod spawn;
 mod sync_pingpong;
@@ -25,6 +26,8 @@ struct Cli {
 enum Cmd {
     /// The Multirate benchmark (seed 003 §3.5, Appendix A).
     Multirate(multirate::Args),
+    /// One-way latency on libfabric (shm, tcp) against fi_pingpong, in real processes.
+    Pingpong(pingpong::Args),
     /// Lock acquisition throughput and latency versus threads, every protocol vs std/parking_lot.
     Locks(locks::Args),
     /// Executor overheads: spawn+join of empty tasks and a two-task yield ping-pong, weft vs tokio.
@@ -47,6 +50,7 @@ fn main() {
         Cmd::Idle(a) => idle::run(&a),
         Cmd::Pack(a) => pack::run(&a),
         Cmd::SyncPingpong(a) => sync_pingpong::run(&a),
+        Cmd::Pingpong(a) => pingpong::run(&a),
         Cmd::LockRegimes(a) => lock_regimes::run(&a),
         Cmd::Locks(args) => {
             locks::run(&args);

@@ -11,12 +11,18 @@
 //! rank 1). Process mode: 2T ranks of one thread each, in this OS process on the embedded
 //! provider (senders are ranks 0..T, receivers T..2T). The message rate counts data messages
 //! per second over the whole run.
+//!
+//! With `--provider shm|tcp` (feature `ofi`) every configuration runs as a real job: the
+//! bench re-launches itself through `weftrun` (found next to this binary) — `-n 2T`, one
+//! thread each, in process mode; `-n 2`, T threads each, in thread mode — with the hidden
+//! `--rank-worker` flag; rank 0 times the run between two cross-process barriers and prints
+//! the rate.
 
 use std::sync::Barrier;
 use std::time::{Duration, Instant};
 
 use clap::Args as ClapArgs;
-use weft::{Assignment, Communicator, MatchingMode, ProgressMode, Request, Runtime, Source, Tag};
+use weft::{Assignment, Communicator, MatchingMode, ProgressMode, Provider, Request, Runtime, Source, Tag};
 
 use crate::report::{median, parse_list, Table};
 
@@ -65,6 +71,12 @@ pub struct Args {
     /// CSV output.
     #[arg(long)]
     csv: bool,
+    /// Provider: embedded (ranks in this process), shm or tcp (real processes via weftrun).
+    #[arg(long, default_value = "embedded")]
+    provider: String,
+    /// Internal: run one rank of a launched job (one configuration).
+    #[arg(long, hide = true)]
+    rank_worker: bool,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -156,15 +168,31 @@ pub fn run(a: &Args) -> Result<(), String> {
         return Err("pairs, window, iterations and runs must be positive".into());
     }
 
+    let provider: Provider = a.provider.parse().map_err(|e| format!("{e}"))?;
+    if a.rank_worker {
+        let p = Point {
+            pattern: patterns[0],
+            mode: modes[0],
+            pairs: pairs[0],
+            size: sizes[0],
+            window: windows[0],
+            progress: progress[0],
+            assignment: assignment[0],
+            cris: cris[0].unwrap_or(if modes[0] == Mode::Thread { pairs[0] } else { 1 }),
+            matching: matching[0],
+        };
+        return rank_worker(&p, a, provider);
+    }
     let mut table = Table::new(&[
         "pattern", "mode", "pairs", "size", "window", "progress", "assignment", "cris", "matching", "comm_per_pair", "overtaking", "msg_rate",
     ]);
     if !a.csv {
         println!(
-            "# weft-bench multirate: iterations={} runs={} (median) cores={} provider=embedded",
+            "# weft-bench multirate: iterations={} runs={} (median) cores={} provider={provider}{}",
             a.iterations,
             a.runs,
-            std::thread::available_parallelism().map_or(1, |n| n.get())
+            std::thread::available_parallelism().map_or(1, |n| n.get()),
+            if provider == Provider::Embedded { "" } else { " (one process per rank, via weftrun)" }
         );
     }
     table.print_header(a.csv);
@@ -181,7 +209,11 @@ pub fn run(a: &Args) -> Result<(), String> {
                                         let p = Point { pattern, mode, pairs: t, size, window, progress: pm, assignment: asg, cris, matching: mm };
                                         let mut rates = Vec::with_capacity(a.runs);
                                         for _ in 0..a.runs {
-                                            rates.push(measure(&p, a.iterations, a.comm_per_pair, a.overtaking)?);
+                                            rates.push(if provider == Provider::Embedded {
+                                                measure(&p, a.iterations, a.comm_per_pair, a.overtaking)?
+                                            } else {
+                                                launch(&p, a, provider)?
+                                            });
                                         }
                                         let rate = median(&rates);
                                         table.row(vec![
@@ -373,6 +405,139 @@ fn receiver(role: &Role<'_>, w: usize, size: usize, iterations: usize, warmup: u
             }
         }
         barrier.wait();
+    }
+    Ok(())
+}
+
+/// Tag of the cross-process barrier of launched jobs.
+const BARRIER_TAG: i32 = i32::MAX - 7;
+
+/// Everyone sends to rank 0, rank 0 answers everyone.
+fn cross_barrier(c: &Communicator) -> Result<(), String> {
+    let e = |e: weft::Error| e.to_string();
+    if c.rank() == 0 {
+        for r in 1..c.size() {
+            c.recv(Vec::<u8>::with_capacity(1), r, BARRIER_TAG).map_err(e)?;
+        }
+        for r in 1..c.size() {
+            c.send(&b"b"[..], r, BARRIER_TAG).map_err(e)?;
+        }
+    } else {
+        c.send(&b"b"[..], 0, BARRIER_TAG).map_err(e)?;
+        c.recv(Vec::<u8>::with_capacity(1), 0u32, BARRIER_TAG).map_err(e)?;
+    }
+    Ok(())
+}
+
+/// Runs one configuration as a job of real processes through `weftrun`; returns the rate
+/// rank 0 measured.
+fn launch(p: &Point, a: &Args, provider: Provider) -> Result<f64, String> {
+    let exe = std::env::current_exe().map_err(|e| e.to_string())?;
+    let weftrun = exe.with_file_name("weftrun");
+    if !weftrun.exists() {
+        return Err(format!(
+            "{} not found; build it first: cargo build --release -p weft --features ofi --bin weftrun",
+            weftrun.display()
+        ));
+    }
+    let n = if p.mode == Mode::Thread { 2 } else { 2 * p.pairs };
+    let mut cmd = std::process::Command::new(&weftrun);
+    cmd.args(["-n", &n.to_string(), "--provider", &provider.to_string(), "--timeout", "600"])
+        .arg(&exe)
+        .args(["multirate", "--rank-worker", "--provider", &provider.to_string()])
+        .args(["--pattern", p.pattern.name(), "--mode", if p.mode == Mode::Thread { "thread" } else { "process" }])
+        .args(["-t", &p.pairs.to_string(), "-s", &p.size.to_string(), "-w", &p.window.to_string()])
+        .args(["-i", &a.iterations.to_string(), "--progress", &p.progress.to_string()])
+        .args(["--assignment", &p.assignment.to_string(), "--cris", &p.cris.to_string(), "--matching", &p.matching.to_string()]);
+    if a.comm_per_pair {
+        cmd.arg("-c");
+    }
+    if a.overtaking {
+        cmd.arg("-o");
+    }
+    let out = cmd.stdin(std::process::Stdio::null()).output().map_err(|e| format!("weftrun: {e}"))?;
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    if !out.status.success() {
+        return Err(format!("launched job failed ({}):\n{stdout}{}", out.status, String::from_utf8_lossy(&out.stderr)));
+    }
+    stdout
+        .lines()
+        .find_map(|l| l.strip_prefix("[0] RATE ").and_then(|v| v.trim().parse::<f64>().ok()))
+        .ok_or_else(|| format!("no rate in the job's output:\n{stdout}"))
+}
+
+/// One rank of a launched job (`--rank-worker`): this process's senders or receivers.
+fn rank_worker(p: &Point, a: &Args, provider: Provider) -> Result<(), String> {
+    let rt = Runtime::builder()
+        .env(false)
+        .provider(provider)
+        .progress(p.progress)
+        .assignment(p.assignment)
+        .matching(p.matching)
+        .cris(p.cris)
+        .build()
+        .map_err(|e| e.to_string())?;
+    let t = p.pairs;
+    let want = if p.mode == Mode::Thread { 2 } else { 2 * t as u32 };
+    if rt.size() != want {
+        return Err(format!("job has {} ranks, this configuration needs {want}", rt.size()));
+    }
+    let me = rt.rank() as usize;
+    let links = p.pattern.links(t);
+    let ncomms = if a.comm_per_pair && p.mode == Mode::Thread { links.len() } else { usize::from(a.comm_per_pair || a.overtaking) };
+    let comms: Vec<Communicator> = (0..ncomms).map(|_| rt.world().dup_with(a.overtaking).map_err(|e| e.to_string())).collect::<Result<_, _>>()?;
+    let comm_for = |l: usize| -> &Communicator {
+        match ncomms {
+            0 => rt.world(),
+            1 => &comms[0],
+            _ => &comms[l],
+        }
+    };
+    // This process's workers: in thread mode every sender (rank 0) or every receiver (rank
+    // 1); in process mode the one sender (rank < T) or receiver (rank >= T) it is.
+    let mut senders: Vec<Role<'_>> = (0..t).map(|_| Role { comm_of: Vec::new(), links: Vec::new() }).collect();
+    let mut receivers: Vec<Role<'_>> = (0..t).map(|_| Role { comm_of: Vec::new(), links: Vec::new() }).collect();
+    for (l, &(i, j)) in links.iter().enumerate() {
+        let (srank, rrank) = if p.mode == Mode::Thread { (0, 1) } else { (i, t + j) };
+        if srank == me {
+            senders[i].links.push((l, rrank as u32));
+            senders[i].comm_of.push(comm_for(l));
+        }
+        if rrank == me {
+            receivers[j].links.push((l, srank as u32));
+            receivers[j].comm_of.push(comm_for(l));
+        }
+    }
+    let workers = senders.iter().chain(receivers.iter()).filter(|r| !r.links.is_empty()).count();
+    let barrier = Barrier::new(workers + 1);
+    let warmup = (a.iterations / 10).clamp(1, 20);
+    let (w, size, iterations) = (p.window, p.size, a.iterations);
+    let world = rt.world();
+    let elapsed = std::thread::scope(|s| -> Result<Duration, String> {
+        let mut hs = Vec::new();
+        for role in senders.iter().filter(|r| !r.links.is_empty()) {
+            let barrier = &barrier;
+            hs.push(s.spawn(move || sender(role, w, size, iterations, warmup, barrier)));
+        }
+        for role in receivers.iter().filter(|r| !r.links.is_empty()) {
+            let barrier = &barrier;
+            hs.push(s.spawn(move || receiver(role, w, size, iterations, warmup, barrier)));
+        }
+        barrier.wait(); // warm-up done here
+        cross_barrier(world)?; // ... everywhere
+        barrier.wait(); // start
+        let t0 = Instant::now();
+        barrier.wait(); // end here
+        cross_barrier(world)?; // ... everywhere
+        let el = t0.elapsed();
+        for h in hs {
+            h.join().map_err(|_| "worker panicked".to_string())??;
+        }
+        Ok(el)
+    })?;
+    cross_barrier(world)?;
+    if me == 0 {
+        println!("RATE {}", (links.len() * w * iterations) as f64 / elapsed.as_secs_f64());
     }
     Ok(())
 }

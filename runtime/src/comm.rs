@@ -153,6 +153,7 @@ impl Communicator {
             len: len as u64,
             cookie: 0,
             key: 0,
+            addr: 0,
         };
         if len <= s.config.eager_threshold {
             s.send_frame(k, dest, header, bytes)?;
@@ -165,7 +166,7 @@ impl Communicator {
         // Rendezvous.
         // SAFETY: the bytes belong to `buf`, which the request keeps (or orphans into the
         // inner) until the `Fin` completes it; `Fin` handling deregisters before completing.
-        let key = unsafe { s.transport.register(bytes.as_ptr(), len) };
+        let key = unsafe { s.transport.register(bytes.as_ptr(), len) }?;
         let inner = new_inner(|i| {
             i.context = st.context;
             i.key.store(key, Ordering::Relaxed);
@@ -173,7 +174,9 @@ impl Communicator {
         header.kind = FrameKind::Rts;
         header.key = key;
         header.cookie = Arc::into_raw(inner.clone()) as usize as u64;
+        s.track_rendezvous(dest, &inner);
         if let Err(e) = s.send_frame(k, dest, header, &[]) {
+            s.untrack_rendezvous(&inner);
             // SAFETY: the cookie was never delivered; take the reference back.
             drop(unsafe { Arc::from_raw(header.cookie as usize as *const crate::request::ReqInner) });
             s.transport.deregister(key);

@@ -6,6 +6,7 @@ use std::str::FromStr;
 
 use crate::lock::{FlatKind, LockKind, LockPath};
 use crate::Error;
+pub use weft_transport::Provider;
 
 /// How waiting threads drive progress (seed 003 ch. 4-5).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -101,6 +102,8 @@ pub struct Config {
     /// Packs of at least this many bytes are split into pool tasks
     /// (`WEFT_PACK_THRESHOLD`; seed 003 §4.6.2).
     pub pack_threshold: usize,
+    /// Which provider moves frames (`WEFT_PROVIDER=embedded|shm|tcp`).
+    pub provider: Provider,
     /// Lock protocol of each path (`WEFT_LOCK_PROGRESS`, `WEFT_LOCK_CRI`, `WEFT_LOCK_MATCHING`).
     pub locks: Locks,
     /// Measure how long each path lock is held (two clock reads per acquisition;
@@ -168,6 +171,7 @@ impl Default for Config {
             match_timing: false,
             workers: std::thread::available_parallelism().map_or(1, |n| n.get()),
             pack_threshold: 256 * 1024,
+            provider: Provider::Embedded,
             locks: Locks::default(),
             lock_timing: false,
         }
@@ -207,6 +211,9 @@ impl Config {
         if let Some(v) = var("WEFT_PACK_THRESHOLD") {
             self.pack_threshold = num("WEFT_PACK_THRESHOLD must be a byte count", &v)?;
         }
+        if let Some(v) = var("WEFT_PROVIDER") {
+            self.provider = v.parse()?;
+        }
         if let Some(v) = var("WEFT_MATCH_TIMING") {
             self.match_timing = matches!(v.trim(), "1" | "true" | "yes" | "on");
         }
@@ -241,6 +248,10 @@ impl Config {
         }
         if self.max_tag < 0 {
             return Err(Error::InvalidArgument("max tag must be non-negative"));
+        }
+        self.provider.check_available()?;
+        if self.provider != Provider::Embedded && self.eager_threshold > 1 << 20 {
+            return Err(Error::InvalidArgument("the libfabric providers take an eager threshold of at most 1 MiB"));
         }
         Ok(())
     }

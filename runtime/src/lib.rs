@@ -12,8 +12,9 @@
 //!    shared part owns a `CompletionCell` (crate `weft-sync`) — `request.rs`.
 //! 2. The runtime picks a CRI for the thread (dedicated or round-robin, `cri.rs`), takes its
 //!    lock and hands the frame to the transport — `protocol.rs` (`send_frame`).
-//! 3. The transport moves the bytes (embedded provider: a lock-free inbox of the peer's CRI)
-//!    — crate `weft-transport`.
+//! 3. The transport moves the bytes (embedded provider: a lock-free inbox of the peer's CRI;
+//!    libfabric: `fi_inject`/`fi_send` on the CRI's endpoint) — crate `weft-transport`,
+//!    chosen in `provider.rs`.
 //! 4. Progress — the owner, the global-lock holder, or any thread winning a CRI's try-lock,
 //!    per the [`ProgressMode`] — drains inboxes — `progress.rs`.
 //! 5. Matching checks the sequence number, pairs the frame with a posted receive or queues
@@ -103,13 +104,15 @@ mod owner;
 mod paths;
 mod progress;
 mod protocol;
+mod provider;
 mod request;
 mod runtime;
 mod wait;
 
 pub use buffer::{Primitive, RecvBuf, SendBuf};
 pub use comm::Communicator;
-pub use config::{Assignment, Config, Locks, MatchingMode, ProgressMode};
+
+pub use config::{Assignment, Config, Locks, MatchingMode, ProgressMode, Provider};
 pub use counters::Snapshot;
 pub use datatype::{Datatype, TypedRecv};
 pub use executor::{JoinError, JoinHandle};

@@ -252,6 +252,26 @@ impl MatchState {
         }
     }
 
+    /// Removes the posted receives that can no longer match because their source is lost
+    /// (`alive(r)` false), or — for `Source::Any` — because no peer is left (`any_alive`
+    /// false). They are appended to `out` with their source, to be failed outside the lock.
+    pub(crate) fn fail_lost(&mut self, alive: impl Fn(u32) -> bool, any_alive: bool, out: &mut Vec<(Arc<ReqInner>, Source)>) {
+        let dead = |p: &Posted| match p.source {
+            Source::Rank(r) => !alive(r),
+            Source::Any => !any_alive,
+        };
+        let mut lost: Vec<Posted> = Vec::new();
+        for list in std::iter::once(&mut self.wild).chain(self.bins.values_mut()) {
+            if list.iter().any(&dead) {
+                let (gone, keep): (VecDeque<Posted>, VecDeque<Posted>) = list.drain(..).partition(|p| dead(p));
+                *list = keep;
+                lost.extend(gone);
+            }
+        }
+        lost.sort_by_key(|p| p.seq);
+        out.extend(lost.into_iter().map(|p| (p.req, p.source)));
+    }
+
     /// Probes for an unexpected frame without taking it: `(source, tag, bytes)`.
     pub(crate) fn probe(&self, source: Source, tag: Tag) -> Option<(u32, i32, usize)> {
         self.unexpected

@@ -8,12 +8,14 @@
 //!   straight into the receive buffer (RMA read) and answers `Fin`, which completes the send.
 //!   Memory stays bounded for any message size.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
+use parking_lot::Mutex;
 use weft_sync::{Error, Outcome, Status};
 use weft_transport::{Frame, FrameKind, Header, SendError};
 
-use crate::matching::{message_len, Matched};
+use crate::matching::{message_len, Matched, Source};
 use crate::request::ReqInner;
 use crate::runtime::Shared;
 
@@ -23,6 +25,17 @@ thread_local! {
 
 /// Frames taken from one inbox per progress call (bounded work per call).
 const POLL_BATCH: usize = 64;
+
+/// Peer-loss bookkeeping (a rare path): the transport's loss epoch last handled, and the
+/// rendezvous sends waiting for a `Fin`, which fail with `PeerLost` if their destination is
+/// lost (a `Fin` from a dead process never comes).
+#[derive(Default)]
+pub(crate) struct PeerWatch {
+    /// `transport.lost_epoch()` when losses were last handled.
+    seen: AtomicU64,
+    /// `(destination, request)` of every rendezvous send not finished yet.
+    rendezvous: Mutex<Vec<(u32, Arc<ReqInner>)>>,
+}
 
 impl Shared {
     /// Sends one frame from CRI `k` to `dst`, waiting out flow control: when the peer's inbox
@@ -44,6 +57,7 @@ impl Shared {
             match res {
                 Ok(()) => return Ok(()),
                 Err(SendError::PeerLost) => return Err(Error::PeerLost { rank: dst }),
+                Err(SendError::Invalid(what)) => return Err(Error::InvalidArgument(what)),
                 Err(SendError::WouldBlock) => {
                     self.counters.flow_control_waits.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                     if !self.progress_once() {
@@ -96,6 +110,10 @@ impl Shared {
                 // (`isend`), echoed once by the receiver's `Fin`; taking it back releases
                 // that reference exactly once.
                 let req = unsafe { Arc::from_raw(ptr) };
+                if !self.untrack_rendezvous(&req) {
+                    // Already failed with `PeerLost` (the peer answered, then died).
+                    return;
+                }
                 self.transport.deregister(req.key.load(std::sync::atomic::Ordering::Relaxed));
                 req.cell.complete(Ok(Status { source: frame.header.source, tag: frame.header.tag, bytes: frame.header.len as usize }));
                 req.orphan.lock().take();
@@ -127,7 +145,7 @@ impl Shared {
                     // SAFETY: `ptr..ptr+cap` is the receive area owned by the request (or its
                     // orphan slot) until the cell completes, and `len <= cap`.
                     let dst = unsafe { std::slice::from_raw_parts_mut(req.ptr, len) };
-                    self.transport.read(h.source, h.key, 0, dst).map(|()| Status { source: h.source, tag: h.tag, bytes: len })
+                    self.transport.read(&h, dst).map(|()| Status { source: h.source, tag: h.tag, bytes: len })
                 }
                 _ => {
                     let src = frame.payload.as_slice();
@@ -153,7 +171,7 @@ impl Shared {
     pub(crate) fn send_control(&self, dst: u32, cri: usize, mut header: Header) {
         header.source = self.transport.rank();
         match self.transport.send(dst, cri, header, &[]) {
-            Ok(()) | Err(SendError::PeerLost) => {}
+            Ok(()) | Err(SendError::PeerLost) | Err(SendError::Invalid(_)) => {}
             Err(SendError::WouldBlock) => {
                 self.deferred.lock().push((dst, cri, header));
                 self.has_deferred.store(true, std::sync::atomic::Ordering::Release);
@@ -161,16 +179,93 @@ impl Shared {
         }
     }
 
-    /// Retries deferred control frames; returns how many went out.
+    /// Retries deferred control frames and handles newly lost peers (the rare events of a
+    /// progress pass); returns how many frames went out or requests failed.
     pub(crate) fn flush_deferred(&self) -> usize {
+        let lost = self.handle_lost();
         // Acquire: pairs with the store after the push; the common case is one load.
         if !self.has_deferred.load(std::sync::atomic::Ordering::Acquire) {
-            return 0;
+            return lost;
         }
         let mut pending = self.deferred.lock();
         let before = pending.len();
         pending.retain(|&(dst, cri, h)| matches!(self.transport.send(dst, cri, h, &[]), Err(SendError::WouldBlock)));
         self.has_deferred.store(!pending.is_empty(), std::sync::atomic::Ordering::Release);
-        before - pending.len()
+        before - pending.len() + lost
+    }
+
+    /// Remembers a rendezvous send until its `Fin` (or its destination's loss).
+    pub(crate) fn track_rendezvous(&self, dest: u32, req: &Arc<ReqInner>) {
+        self.peers.rendezvous.lock().push((dest, req.clone()));
+    }
+
+    /// Forgets a rendezvous send; returns whether it was still tracked (whoever removes it
+    /// completes it).
+    pub(crate) fn untrack_rendezvous(&self, req: &Arc<ReqInner>) -> bool {
+        let mut list = self.peers.rendezvous.lock();
+        match list.iter().position(|(_, r)| Arc::ptr_eq(r, req)) {
+            Some(i) => {
+                list.swap_remove(i);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// When the transport reports newly lost peers: fails every posted receive that can no
+    /// longer match and every rendezvous send to a lost rank with `PeerLost`. One load and a
+    /// compare when nothing changed.
+    ///
+    /// Frames a peer sent just before it died may still sit in a CQ when the loss is
+    /// learnt; a receive they would have matched fails instead (as with MPI, delivery of
+    /// messages around a failure is not guaranteed).
+    fn handle_lost(&self) -> usize {
+        let epoch = self.transport.lost_epoch();
+        let seen = self.peers.seen.load(Ordering::Relaxed);
+        if epoch == seen {
+            return 0;
+        }
+        self.fail_lost(seen, epoch)
+    }
+
+    #[cold]
+    fn fail_lost(&self, seen: u64, epoch: u64) -> usize {
+        // One thread handles each change.
+        if self.peers.seen.compare_exchange(seen, epoch, Ordering::AcqRel, Ordering::Relaxed).is_err() {
+            return 0;
+        }
+        let (me, size) = (self.transport.rank(), self.transport.size());
+        let alive = |r: u32| r == me || self.transport.is_alive(r);
+        let first_lost = (0..size).find(|&r| !alive(r)).unwrap_or(me);
+        let any_alive = (0..size).any(|r| r != me && alive(r)) || size == 1;
+        let mut failed = Vec::new();
+        for ctx in 0..crate::runtime::MAX_CONTEXTS as u32 {
+            if let Some(comm) = self.context(ctx) {
+                self.with_matching(comm, |m| m.fail_lost(alive, any_alive, &mut failed));
+            }
+        }
+        let n = failed.len();
+        for (req, source) in failed {
+            let rank = match source {
+                Source::Rank(r) => r,
+                Source::Any => first_lost,
+            };
+            req.cell.complete(Err(Error::PeerLost { rank }));
+        }
+        let sends: Vec<(u32, Arc<ReqInner>)> = {
+            let mut list = self.peers.rendezvous.lock();
+            let (dead, live): (Vec<_>, Vec<_>) = list.drain(..).partition(|(d, _)| !alive(*d));
+            *list = live;
+            dead
+        };
+        let m = sends.len();
+        for (dest, req) in sends {
+            // The cookie reference stays with the dead peer's `Fin` that never comes (one
+            // `ReqInner` leaked per failed rendezvous, never freed under a late `Fin`).
+            self.transport.deregister(req.key.load(Ordering::Relaxed));
+            req.cell.complete(Err(Error::PeerLost { rank: dest }));
+            req.orphan.lock().take();
+        }
+        n + m
     }
 }

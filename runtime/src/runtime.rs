@@ -9,8 +9,7 @@ use std::sync::Arc;
 use crossbeam_utils::CachePadded;
 use parking_lot::Mutex;
 use weft_sync::{Error, Progress, SyncObject};
-use weft_transport::embedded;
-use weft_transport::Frame;
+use weft_transport::{Frame, Transport};
 
 use std::future::Future;
 
@@ -43,7 +42,7 @@ pub(crate) struct Shared {
     /// Resolved configuration.
     pub(crate) config: Config,
     /// The transport endpoint of this rank.
-    pub(crate) transport: embedded::Endpoint,
+    pub(crate) transport: Transport,
     /// This rank's CRIs.
     pub(crate) cris: Box<[CachePadded<Cri>]>,
     /// Round-robin CRI counter (seed 003 Algorithm 3, GET-INSTANCE-ID-ROUND-ROBIN).
@@ -73,6 +72,8 @@ pub(crate) struct Shared {
     pub(crate) next_context: AtomicU32,
     /// The work-stealing pool (started at the first spawn).
     pub(crate) executor: crate::executor::Executor,
+    /// Lost-peer bookkeeping (rendezvous sends in flight, loss epoch handled).
+    pub(crate) peers: crate::protocol::PeerWatch,
 }
 
 impl Drop for Shared {
@@ -369,6 +370,11 @@ impl Builder {
         self.config.pack_threshold = bytes;
         self
     }
+    /// Provider (`WEFT_PROVIDER` overrides it). `Shm` and `Tcp` need the `ofi` feature.
+    pub fn provider(mut self, p: crate::Provider) -> Self {
+        self.config.provider = p;
+        self
+    }
     /// Lock protocol of one path (see [`Locks`](crate::Locks)).
     ///
     /// ```
@@ -405,14 +411,27 @@ impl Builder {
         Ok(c)
     }
 
-    /// A single-rank runtime (rank 0 of 1) on the embedded provider.
+    /// This process's rank of its job: started by `weftrun` (or under Slurm with
+    /// `WEFT_KVS`), it joins the job through the bootstrap on the configured provider;
+    /// started plainly, it is rank 0 of 1.
     pub fn build(self) -> Result<Runtime, Error> {
-        Ok(self.build_local(1)?.remove(0))
+        let config = self.resolve()?;
+        let lock_options = self.lock_options(&config)?;
+        let transport = crate::provider::open_process(&config)?;
+        Ok(Self::assemble(config, lock_options, vec![transport])?.remove(0))
     }
 
-    /// `ranks` runtimes sharing one embedded fabric in this process, rank `i` at index `i`.
+    /// `ranks` runtimes in this process, rank `i` at index `i`: one embedded fabric, or (with
+    /// `Shm`/`Tcp`) `ranks` libfabric ranks that exchange addresses directly.
     pub fn build_local(self, ranks: u32) -> Result<Vec<Runtime>, Error> {
         let config = self.resolve()?;
+        let lock_options = self.lock_options(&config)?;
+        let endpoints = crate::provider::local(&config, ranks)?;
+        Self::assemble(config, lock_options, endpoints)
+    }
+
+    /// Options of the runtime's path locks (the machine topology only when a path uses HMCS).
+    fn lock_options(&self, config: &Config) -> Result<LockOptions, Error> {
         let hmcs = [config.locks.progress, config.locks.cri, config.locks.matching]
             .iter()
             .any(|k| k.uses(FlatKind::Hmcs));
@@ -420,12 +439,10 @@ impl Builder {
         if self.use_env {
             lock_options.apply_env()?;
         }
-        let endpoints = embedded::fabric(embedded::EmbeddedOptions {
-            ranks,
-            cris: config.cris,
-            inbox_capacity: config.inbox_capacity,
-            eager_capacity: config.eager_threshold.max(64),
-        })?;
+        Ok(lock_options)
+    }
+
+    fn assemble(config: Config, lock_options: LockOptions, endpoints: Vec<Transport>) -> Result<Vec<Runtime>, Error> {
         static NEXT_ID: AtomicU64 = AtomicU64::new(1);
         endpoints
             .into_iter()
@@ -457,6 +474,7 @@ impl Builder {
                     counters: Counters::default(),
                     next_context: AtomicU32::new(2),
                     executor: crate::executor::Executor::new(),
+                    peers: Default::default(),
                     transport: ep,
                     config: config.clone(),
                 });

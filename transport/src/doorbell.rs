@@ -47,8 +47,13 @@ impl Doorbell {
 
     /// Wakes every parked thread and task.
     pub fn ring_all(&self) {
+        // As in `ring`: `notify` begins with a full fence, which orders the flag load after
+        // what preceded this call; a task registering concurrently re-checks after its own
+        // fence (`register`), so checking the flag before taking the lock loses no wake-up.
         self.event.notify(usize::MAX);
-        self.wake_tasks();
+        if self.has_wakers.load(Ordering::Relaxed) {
+            self.wake_tasks();
+        }
     }
 
     #[cold]

@@ -55,6 +55,8 @@ struct CriSlot {
 struct Region {
     ptr: usize,
     len: usize,
+    /// Registered as an RMA window (peers may write it), not as a rendezvous buffer.
+    writable: bool,
 }
 
 /// Everything peers can reach of one rank.
@@ -76,6 +78,8 @@ struct RankSlot {
 struct World {
     ranks: Box<[RankSlot]>,
     opts: EmbeddedOptions,
+    /// Bumped by every `close` (a rank lost to its peers).
+    lost: AtomicU64,
 }
 
 /// Creates the ranks of an embedded fabric; hand one [`Endpoint`] to each rank.
@@ -99,7 +103,7 @@ pub fn fabric(opts: EmbeddedOptions) -> Result<Vec<Endpoint>, Error> {
             next_key: AtomicU64::new(1),
         })
         .collect();
-    let world = Arc::new(World { ranks, opts });
+    let world = Arc::new(World { ranks, opts, lost: AtomicU64::new(0) });
     Ok((0..opts.ranks).map(|r| Endpoint { world: world.clone(), rank: r }).collect())
 }
 
@@ -232,7 +236,7 @@ impl Endpoint {
     /// called with the returned key.
     pub unsafe fn register(&self, ptr: *const u8, len: usize) -> u64 {
         let key = self.me().next_key.fetch_add(1, Ordering::Relaxed);
-        self.me().regions.lock().insert(key, Region { ptr: ptr as usize, len });
+        self.me().regions.lock().insert(key, Region { ptr: ptr as usize, len, writable: false });
         key
     }
 
@@ -262,6 +266,89 @@ impl Endpoint {
         Ok(())
     }
 
+    /// Registers `len` bytes at `ptr` as an RMA window that peers may read, write and
+    /// update atomically; returns its key.
+    ///
+    /// # Safety
+    /// The memory must stay valid until [`deregister`](Self::deregister); the owner must
+    /// not hold Rust references into it while peers may write it.
+    pub unsafe fn register_window(&self, ptr: *mut u8, len: usize) -> u64 {
+        let key = self.me().next_key.fetch_add(1, Ordering::Relaxed);
+        self.me().regions.lock().insert(key, Region { ptr: ptr as usize, len, writable: true });
+        key
+    }
+
+    /// Runs `f` on `len` bytes at `offset` of rank `dst`'s region `key` (writable regions
+    /// only when `write`), under that rank's registration lock.
+    fn with_region<R>(&self, dst: u32, key: u64, offset: usize, len: usize, write: bool, f: impl FnOnce(*mut u8) -> R) -> Result<R, Error> {
+        let peer = self.world.ranks.get(dst as usize).ok_or(Error::RankOutOfRange { rank: dst, size: self.size() })?;
+        // Acquire: pairs with `close`'s release.
+        if !peer.alive.load(Ordering::Acquire) {
+            return Err(Error::PeerLost { rank: dst });
+        }
+        let regions = peer.regions.lock();
+        let region = regions.get(&key).copied().ok_or(Error::InvalidArgument("unknown remote memory key"))?;
+        if write && !region.writable {
+            return Err(Error::InvalidArgument("remote region is not a writable RMA window"));
+        }
+        let end = offset.checked_add(len).ok_or(Error::InvalidArgument("remote access out of bounds"))?;
+        if end > region.len {
+            return Err(Error::InvalidArgument("remote access out of bounds"));
+        }
+        // The pointer is only used inside `f`, while the lock keeps the region registered.
+        Ok(f((region.ptr + offset) as *mut u8))
+    }
+
+    /// RMA write: copies `data` to `offset` of rank `dst`'s window `key`. Complete on return.
+    pub fn put(&self, dst: u32, key: u64, offset: usize, data: &[u8]) -> Result<(), Error> {
+        self.with_region(dst, key, offset, data.len(), true, |p| {
+            // SAFETY: `p..p+len` lies inside a registered window (checked by `with_region`),
+            // kept registered by the lock held during this call; `data` is a distinct borrow.
+            unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), p, data.len()) }
+        })
+    }
+
+    /// Atomic read-modify-write of the `u64` at `offset` of rank `dst`'s window `key`;
+    /// returns the old value.
+    pub fn fetch_op(&self, dst: u32, key: u64, offset: usize, op: crate::RmaOp, operand: u64) -> Result<u64, Error> {
+        self.with_region(dst, key, offset, 8, true, |p| {
+            if p as usize % 8 != 0 {
+                return Err(Error::InvalidArgument("atomic target is not 8-byte aligned"));
+            }
+            // SAFETY: 8 aligned bytes inside a registered window (checked above), valid for
+            // the whole call; peers access it only through these atomics.
+            let a = unsafe { std::sync::atomic::AtomicU64::from_ptr(p.cast()) };
+            // AcqRel: an RMA atomic orders like a lock word (acquire what it reads, release
+            // what it writes).
+            let o = std::sync::atomic::Ordering::AcqRel;
+            Ok(match op {
+                crate::RmaOp::Sum => a.fetch_add(operand, o),
+                crate::RmaOp::Read => a.load(std::sync::atomic::Ordering::Acquire),
+                crate::RmaOp::Swap => a.swap(operand, o),
+                crate::RmaOp::BitOr => a.fetch_or(operand, o),
+                crate::RmaOp::BitAnd => a.fetch_and(operand, o),
+                crate::RmaOp::Min => a.fetch_min(operand, o),
+                crate::RmaOp::Max => a.fetch_max(operand, o),
+            })
+        })?
+    }
+
+    /// Atomic compare-and-swap of the `u64` at `offset` of rank `dst`'s window `key`;
+    /// returns the old value (swapped if it equals `compare`).
+    pub fn compare_swap(&self, dst: u32, key: u64, offset: usize, compare: u64, swap: u64) -> Result<u64, Error> {
+        self.with_region(dst, key, offset, 8, true, |p| {
+            if p as usize % 8 != 0 {
+                return Err(Error::InvalidArgument("atomic target is not 8-byte aligned"));
+            }
+            // SAFETY: as in `fetch_op`.
+            let a = unsafe { std::sync::atomic::AtomicU64::from_ptr(p.cast()) };
+            // AcqRel / Acquire: as in `fetch_op`.
+            Ok(match a.compare_exchange(compare, swap, std::sync::atomic::Ordering::AcqRel, std::sync::atomic::Ordering::Acquire) {
+                Ok(v) | Err(v) => v,
+            })
+        })?
+    }
+
     /// Whether rank `r` is still open.
     pub fn is_alive(&self, r: u32) -> bool {
         self.world.ranks.get(r as usize).is_some_and(|s| s.alive.load(Ordering::Acquire))
@@ -271,15 +358,24 @@ impl Endpoint {
     /// every rank's doorbell is rung so parked peers notice.
     pub fn close(&self) {
         // Release: pairs with the acquire loads in `send`/`read`/`is_alive`.
-        self.me().alive.store(false, Ordering::Release);
+        if self.me().alive.swap(false, Ordering::AcqRel) {
+            // Release: pairs with the acquire load in `lost_epoch`.
+            self.world.lost.fetch_add(1, Ordering::Release);
+        }
         self.me().regions.lock().clear();
         for r in self.world.ranks.iter() {
             r.doorbell.ring_all();
         }
     }
 
+    /// Changes whenever a rank of the fabric closes.
+    pub fn lost_epoch(&self) -> u64 {
+        // Acquire: pairs with the release increment in `close`.
+        self.world.lost.load(Ordering::Acquire)
+    }
+
     /// The header of a frame with no payload, for protocol replies.
     pub fn control_header(kind: FrameKind, src_cri: u16, source: u32, cookie: u64) -> Header {
-        Header { kind, src_cri, context: 0, source, tag: 0, seq: 0, len: 0, cookie, key: 0 }
+        Header { kind, src_cri, context: 0, source, tag: 0, seq: 0, len: 0, cookie, key: 0, addr: 0 }
     }
 }

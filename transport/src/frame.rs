@@ -36,6 +36,10 @@ pub struct Header {
     pub cookie: u64,
     /// Remote key of the sender's registered buffer (rendezvous).
     pub key: u64,
+    /// Remote address of that buffer as the provider's RMA names it (`Rts` only; filled in
+    /// by the provider when the frame is sent: the virtual address under libfabric's
+    /// `FI_MR_VIRT_ADDR`, else 0). Senders leave it 0.
+    pub addr: u64,
 }
 
 /// Bytes carried inside the frame itself, without a buffer.

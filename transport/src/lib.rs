@@ -7,17 +7,27 @@
 //!
 //! * [`embedded`] — the default, pure Rust provider: all ranks in one OS process, each CRI a
 //!   bounded lock-free inbox, RMA by direct copy from registered memory.
-//! * `ofi` (cargo feature `ofi`) — libfabric through the system library.
+//! * `ofi` (cargo feature `ofi`) — libfabric through the system library: the low-level
+//!   safe layer in `ofi`, the provider the runtime uses in `ofi_provider`.
+//!
+//! [`Transport`] is what the runtime holds: a static-dispatch enum over the providers, and
+//! [`Provider`] names one (`WEFT_PROVIDER=embedded|shm|tcp`). [`bootstrap`] tells a process
+//! its rank and size and exchanges fabric addresses (`weftrun`, Slurm).
 #![deny(unsafe_op_in_unsafe_fn)]
 
+pub mod bootstrap;
 mod doorbell;
 pub mod embedded;
-#[cfg(feature = "ofi")]
-pub mod ofi;
 mod frame;
 pub(crate) mod loom;
+#[cfg(feature = "ofi")]
+pub mod ofi;
+#[cfg(feature = "ofi")]
+pub mod ofi_provider;
+mod provider;
 
 pub use doorbell::Doorbell;
+pub use provider::{Provider, RemoteWindow, RmaOp, Transport};
 pub use frame::{Frame, FrameKind, Header, Payload, INLINE};
 pub use weft_sync::Error;
 
@@ -29,4 +39,7 @@ pub enum SendError {
     WouldBlock,
     /// The destination rank is gone.
     PeerLost,
+    /// The frame can never be sent (larger than the provider's eager capacity, or naming
+    /// an unregistered rendezvous buffer): a bug in the caller, reported, never retried.
+    Invalid(&'static str),
 }

@@ -1,0 +1,178 @@
+//! `weft-bench pingpong`: one-way small-message latency of weft on libfabric, in real
+//! processes (`weftrun -n 2`), against `fi_pingpong -e rdm -m tagged` (package
+//! `libfabric-bin`) on the same provider, measured alternately in the same run; both on
+//! 127.0.0.1 (`FI_TCP_IFACE=lo`).
+//!
+//! weft's number is (round-trip time) / 2 over `-i` round trips after 1000 warm-up ones,
+//! blocking `send`/`recv` with reused buffers, one thread per rank; `fi_pingpong`'s is its
+//! `usec/xfer` column, which is the same one-way time. Medians over `--runs`.
+
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use clap::Args as ClapArgs;
+use weft::{Provider, Runtime};
+
+use crate::report::{median, parse_list, Table};
+
+/// Options of `weft-bench pingpong`.
+#[derive(Debug, ClapArgs)]
+pub struct Args {
+    /// Providers: shm, tcp.
+    #[arg(long, default_value = "shm,tcp")]
+    provider: String,
+    /// Message sizes in bytes.
+    #[arg(short = 's', long = "size", default_value = "8")]
+    size: String,
+    /// Round trips per run.
+    #[arg(short = 'i', long = "iterations", default_value_t = 20_000)]
+    iterations: usize,
+    /// Runs per configuration (alternating weft and fi_pingpong); the median is reported.
+    #[arg(long, default_value_t = 3)]
+    runs: usize,
+    /// CSV output.
+    #[arg(long)]
+    csv: bool,
+    /// Internal: one rank of the weft side.
+    #[arg(long, hide = true)]
+    rank_worker: bool,
+}
+
+/// Runs the comparison.
+pub fn run(a: &Args) -> Result<(), String> {
+    let providers: Vec<Provider> = a.provider.split(',').map(|p| p.parse().map_err(|e| format!("{e}"))).collect::<Result<_, _>>()?;
+    let sizes: Vec<usize> = parse_list(&a.size)?;
+    if a.iterations == 0 || a.runs == 0 || providers.contains(&Provider::Embedded) {
+        return Err("iterations and runs must be positive; providers are shm and tcp".into());
+    }
+    if a.rank_worker {
+        return worker(providers[0], sizes[0], a.iterations);
+    }
+    let mut table = Table::new(&["provider", "size", "weft_us", "fi_pingpong_us", "ratio"]);
+    if !a.csv {
+        println!(
+            "# weft-bench pingpong: one-way latency, iterations={} runs={} (median) cores={}",
+            a.iterations,
+            a.runs,
+            std::thread::available_parallelism().map_or(1, |n| n.get())
+        );
+    }
+    table.print_header(a.csv);
+    for &p in &providers {
+        for &size in &sizes {
+            let (mut weft, mut fi) = (Vec::new(), Vec::new());
+            for run in 0..a.runs {
+                weft.push(weft_latency(p, size, a.iterations)?);
+                fi.push(fi_pingpong(p, size, a.iterations, run)?);
+            }
+            let (w, f) = (median(&weft), median(&fi));
+            table.row(vec![p.to_string(), size.to_string(), format!("{w:.2}"), format!("{f:.2}"), format!("{:.2}", w / f)]);
+            table.print_last(a.csv);
+        }
+    }
+    Ok(())
+}
+
+fn weft_latency(p: Provider, size: usize, iterations: usize) -> Result<f64, String> {
+    let exe = std::env::current_exe().map_err(|e| e.to_string())?;
+    let weftrun = exe.with_file_name("weftrun");
+    if !weftrun.exists() {
+        return Err(format!("{} not found; build it: cargo build --release -p weft --features ofi --bin weftrun", weftrun.display()));
+    }
+    let out = Command::new(&weftrun)
+        .args(["-n", "2", "--provider", &p.to_string(), "--timeout", "300"])
+        .arg(&exe)
+        .args(["pingpong", "--rank-worker", "--provider", &p.to_string(), "-s", &size.to_string(), "-i", &iterations.to_string()])
+        .stdin(Stdio::null())
+        .output()
+        .map_err(|e| format!("weftrun: {e}"))?;
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    if !out.status.success() {
+        return Err(format!("weft pingpong failed ({}):\n{stdout}{}", out.status, String::from_utf8_lossy(&out.stderr)));
+    }
+    stdout
+        .lines()
+        .find_map(|l| l.strip_prefix("[0] LATENCY_US ").and_then(|v| v.trim().parse().ok()))
+        .ok_or_else(|| format!("no latency in:\n{stdout}"))
+}
+
+/// One rank of the weft side.
+fn worker(p: Provider, size: usize, iterations: usize) -> Result<(), String> {
+    let e = |e: weft::Error| e.to_string();
+    let rt = Runtime::builder().env(false).provider(p).cris(1).build().map_err(e)?;
+    if rt.size() != 2 {
+        return Err("pingpong needs 2 ranks".into());
+    }
+    let c = rt.world();
+    let me = rt.rank();
+    let other = 1 - me;
+    let mut sbuf = vec![1u8; size];
+    let mut rbuf = Vec::<u8>::with_capacity(size);
+    let warmup = 1000;
+    let mut t0 = Instant::now();
+    for i in 0..warmup + iterations {
+        if i == warmup {
+            t0 = Instant::now();
+        }
+        if me == 0 {
+            sbuf = c.send(sbuf, other, 1).map_err(e)?.0;
+            rbuf = c.recv(rbuf, other, 2).map_err(e)?.0;
+        } else {
+            rbuf = c.recv(rbuf, other, 1).map_err(e)?.0;
+            sbuf = c.send(sbuf, other, 2).map_err(e)?.0;
+        }
+    }
+    let el = t0.elapsed();
+    if me == 0 {
+        println!("LATENCY_US {}", el.as_secs_f64() * 1e6 / (2.0 * iterations as f64));
+    }
+    Ok(())
+}
+
+/// `fi_pingpong` server + client on 127.0.0.1; the client's `usec/xfer`. The client is
+/// retried (new port, longer head start) when it finds no server yet (a loaded machine).
+fn fi_pingpong(p: Provider, size: usize, iterations: usize, run: usize) -> Result<f64, String> {
+    let mut last = String::new();
+    for attempt in 0..4 {
+        match fi_pingpong_once(p, size, iterations, run * 4 + attempt, Duration::from_millis(300 << attempt)) {
+            Ok(v) => return Ok(v),
+            Err(e) => last = e,
+        }
+    }
+    Err(last)
+}
+
+fn fi_pingpong_once(p: Provider, size: usize, iterations: usize, salt: usize, head_start: Duration) -> Result<f64, String> {
+    let prov = p.ofi_name().unwrap_or("shm");
+    let port = (40_000 + (std::process::id() as usize % 10_000) + salt * 7 + size % 5).to_string();
+    let common = ["-e", "rdm", "-m", "tagged", "-p", prov, "-I", &iterations.to_string(), "-S", &size.to_string()];
+    let mut server = Command::new("timeout")
+        .args(["120", "fi_pingpong"])
+        .args(common)
+        .args(["-B", &port])
+        .env("FI_TCP_IFACE", "lo")
+        .env("FI_SOCKETS_IFACE", "lo")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .map_err(|e| format!("fi_pingpong (package libfabric-bin): {e}"))?;
+    std::thread::sleep(head_start);
+    let client = Command::new("timeout")
+        .args(["120", "fi_pingpong"])
+        .args(common)
+        .args(["-P", &port, "127.0.0.1"])
+        .env("FI_TCP_IFACE", "lo")
+        .env("FI_SOCKETS_IFACE", "lo")
+        .output();
+    let _ = server.kill();
+    let _ = server.wait();
+    let client = client.map_err(|e| format!("fi_pingpong: {e}"))?;
+    let text = String::from_utf8_lossy(&client.stdout);
+    // Header "bytes #sent #ack total time MB/sec usec/xfer Mxfers/sec", then one row.
+    text.lines()
+        .skip_while(|l| !l.trim_start().starts_with("bytes"))
+        .nth(1)
+        .and_then(|row| row.split_whitespace().nth(6))
+        .and_then(|v| v.parse().ok())
+        .ok_or_else(|| format!("could not read fi_pingpong's output:\n{text}{}", String::from_utf8_lossy(&client.stderr)))
+}

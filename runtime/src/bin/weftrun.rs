@@ -1,0 +1,254 @@
+//! `weftrun -n N [--provider shm|tcp] prog args...`: starts a weft job of `N` processes on
+//! this machine.
+//!
+//! * Serves the job's key-value exchange on 127.0.0.1 (an ephemeral port) with a random
+//!   token, and gives every process `WEFT_RANK`, `WEFT_SIZE`, `WEFT_KVS`, `WEFT_TOKEN` and
+//!   `WEFT_PROVIDER`; `FI_TCP_IFACE`/`FI_SOCKETS_IFACE` default to `lo`.
+//! * Forwards each process's stdout and stderr line by line, prefixed with `[rank] `.
+//! * When a rank dies (non-zero exit or a signal), the others learn it at once through the
+//!   exchange's connections (their pending requests on it fail with `PeerLost`); they get
+//!   `--grace` seconds to finish, then SIGTERM, then SIGKILL. Ctrl-C / SIGTERM to weftrun
+//!   tears every rank down the same way (no grace).
+//! * Exits with the worst status: the largest exit code, `128 + signal` for a rank killed
+//!   by a signal, 130 when interrupted.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::os::unix::process::{CommandExt, ExitStatusExt};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::atomic::{AtomicI32, Ordering};
+use std::time::{Duration, Instant};
+
+use clap::Parser;
+use weft_transport::bootstrap::{random_token, KvsServer};
+use weft_transport::Provider;
+
+/// Start a weft job of N processes on this machine.
+#[derive(Debug, Parser)]
+#[command(name = "weftrun", version, trailing_var_arg = true)]
+struct Args {
+    /// Number of processes (ranks).
+    #[arg(short = 'n', long = "np")]
+    n: u32,
+    /// Provider: shm (one node) or tcp (tcp;ofi_rxm).
+    #[arg(long, default_value = "shm")]
+    provider: String,
+    /// Seconds the other ranks get to finish after one died, before they are killed.
+    #[arg(long, default_value_t = 5.0)]
+    grace: f64,
+    /// Kill the whole job after this many seconds (0 = no limit).
+    #[arg(long, default_value_t = 0.0)]
+    timeout: f64,
+    /// The program and its arguments.
+    #[arg(required = true, num_args = 1.., allow_hyphen_values = true)]
+    command: Vec<String>,
+}
+
+/// The first SIGINT/SIGTERM received (0 = none).
+static SIGNALLED: AtomicI32 = AtomicI32::new(0);
+
+extern "C" fn on_signal(sig: libc::c_int) {
+    // Only an atomic store: async-signal-safe.
+    SIGNALLED.store(sig, Ordering::SeqCst);
+}
+
+fn install_signal_handlers() {
+    for sig in [libc::SIGINT, libc::SIGTERM] {
+        // SAFETY: `on_signal` is an `extern "C" fn(c_int)` that only stores to an atomic,
+        // which is async-signal-safe; `signal` replaces the disposition of a valid signal.
+        unsafe { libc::signal(sig, on_signal as *const () as libc::sighandler_t) };
+    }
+}
+
+/// Forwards `from` to our stdout/stderr, one `[rank] `-prefixed line at a time.
+fn forward(rank: u32, from: impl Read + Send + 'static, to_stderr: bool) -> std::thread::JoinHandle<()> {
+    std::thread::spawn(move || {
+        let mut r = BufReader::new(from);
+        let mut line = Vec::with_capacity(256);
+        loop {
+            line.clear();
+            match r.read_until(b'\n', &mut line) {
+                Ok(0) | Err(_) => break,
+                Ok(_) => {
+                    if !line.ends_with(b"\n") {
+                        line.push(b'\n');
+                    }
+                    let prefix = format!("[{rank}] ");
+                    if to_stderr {
+                        let mut e = std::io::stderr().lock();
+                        let _ = e.write_all(prefix.as_bytes()).and_then(|_| e.write_all(&line));
+                    } else {
+                        let mut o = std::io::stdout().lock();
+                        let _ = o.write_all(prefix.as_bytes()).and_then(|_| o.write_all(&line)).and_then(|_| o.flush());
+                    }
+                }
+            }
+        }
+    })
+}
+
+/// Exit code weftrun reports for one rank's status.
+fn code_of(status: ExitStatus) -> i32 {
+    match (status.code(), status.signal()) {
+        (Some(c), _) => c,
+        (None, Some(s)) => 128 + s,
+        _ => 1,
+    }
+}
+
+fn signal_all(children: &mut [(u32, Child, Option<ExitStatus>)], sig: libc::c_int) {
+    for (_, c, st) in children.iter_mut() {
+        if st.is_none() {
+            // SAFETY: `kill` with the pid of a child we have not reaped yet (so the pid
+            // cannot have been reused) and a valid signal number.
+            unsafe { libc::kill(c.id() as libc::pid_t, sig) };
+        }
+    }
+}
+
+fn main() {
+    let args = Args::parse();
+    std::process::exit(run(&args));
+}
+
+fn run(args: &Args) -> i32 {
+    if args.n == 0 {
+        eprintln!("weftrun: -n must be at least 1");
+        return 2;
+    }
+    let provider: Provider = match args.provider.parse() {
+        Ok(p) if p != Provider::Embedded => p,
+        Ok(_) => {
+            eprintln!("weftrun: the embedded provider cannot span processes; use --provider shm or tcp");
+            return 2;
+        }
+        Err(e) => {
+            eprintln!("weftrun: {e}");
+            return 2;
+        }
+    };
+    let token = match random_token() {
+        Ok(t) => t,
+        Err(e) => {
+            eprintln!("weftrun: {e}");
+            return 1;
+        }
+    };
+    let server = match KvsServer::bind("127.0.0.1:0", args.n, &token) {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("weftrun: cannot serve the key-value exchange: {e}");
+            return 1;
+        }
+    };
+    install_signal_handlers();
+    let kvs = server.local_addr().to_string();
+    let mut children: Vec<(u32, Child, Option<ExitStatus>)> = Vec::new();
+    let mut forwarders = Vec::new();
+    for rank in 0..args.n {
+        let mut cmd = Command::new(&args.command[0]);
+        cmd.args(&args.command[1..])
+            .env("WEFT_RANK", rank.to_string())
+            .env("WEFT_SIZE", args.n.to_string())
+            .env("WEFT_KVS", &kvs)
+            .env("WEFT_TOKEN", &token)
+            .env("WEFT_PROVIDER", provider.to_string())
+            .env_remove("SLURM_PROCID")
+            .stdin(if rank == 0 { Stdio::inherit() } else { Stdio::null() })
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        for var in ["FI_TCP_IFACE", "FI_SOCKETS_IFACE"] {
+            if std::env::var_os(var).is_none() {
+                cmd.env(var, "lo");
+            }
+        }
+        // SAFETY: the closure runs in the child between fork and exec and only calls
+        // `prctl`, which is async-signal-safe: the rank is killed if weftrun dies.
+        unsafe {
+            cmd.pre_exec(|| {
+                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+                Ok(())
+            })
+        };
+        match cmd.spawn() {
+            Ok(mut child) => {
+                if let Some(o) = child.stdout.take() {
+                    forwarders.push(forward(rank, o, false));
+                }
+                if let Some(e) = child.stderr.take() {
+                    forwarders.push(forward(rank, e, true));
+                }
+                children.push((rank, child, None));
+            }
+            Err(e) => {
+                eprintln!("weftrun: cannot start {:?}: {e}", args.command[0]);
+                signal_all(&mut children, libc::SIGKILL);
+                for (_, c, _) in children.iter_mut() {
+                    let _ = c.wait();
+                }
+                return 127;
+            }
+        }
+    }
+
+    let started = Instant::now();
+    let mut failed_at: Option<Instant> = None;
+    let mut term_sent: Option<Instant> = None;
+    let mut worst = 0;
+    let grace = Duration::from_secs_f64(args.grace.max(0.0));
+    loop {
+        let mut running = 0;
+        for (rank, c, st) in children.iter_mut() {
+            if st.is_some() {
+                continue;
+            }
+            match c.try_wait() {
+                Ok(Some(s)) => {
+                    *st = Some(s);
+                    let code = code_of(s);
+                    if code != 0 {
+                        if term_sent.is_none() {
+                            eprintln!("weftrun: rank {rank} exited with status {code}");
+                            failed_at.get_or_insert_with(Instant::now);
+                        }
+                        server.report_lost(*rank);
+                    }
+                    if term_sent.is_none() {
+                        worst = worst.max(code);
+                    }
+                }
+                Ok(None) => running += 1,
+                Err(_) => {
+                    *st = Some(ExitStatus::from_raw(1 << 8));
+                    worst = worst.max(1);
+                }
+            }
+        }
+        if running == 0 {
+            break;
+        }
+        let sig = SIGNALLED.load(Ordering::SeqCst);
+        let timed_out = args.timeout > 0.0 && started.elapsed() > Duration::from_secs_f64(args.timeout);
+        let grace_over = failed_at.is_some_and(|t| t.elapsed() > grace);
+        if term_sent.is_none() && (sig != 0 || timed_out || grace_over) {
+            if sig != 0 {
+                eprintln!("weftrun: interrupted; stopping every rank");
+                worst = worst.max(130);
+            } else if timed_out {
+                eprintln!("weftrun: time limit of {} s reached; stopping every rank", args.timeout);
+                worst = worst.max(124);
+            } else {
+                eprintln!("weftrun: stopping the remaining ranks");
+            }
+            signal_all(&mut children, libc::SIGTERM);
+            term_sent = Some(Instant::now());
+        }
+        if term_sent.is_some_and(|t| t.elapsed() > Duration::from_secs(2)) {
+            signal_all(&mut children, libc::SIGKILL);
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    for f in forwarders {
+        let _ = f.join();
+    }
+    worst
+}

@@ -1,0 +1,94 @@
+//! Choosing the provider (`Builder::provider`, `WEFT_PROVIDER`) and joining a job: the
+//! bootstrap (`weft_transport::bootstrap`) tells this process its rank and size and
+//! exchanges every rank's fabric addresses; a process started plainly is rank 0 of 1.
+
+use weft_transport::bootstrap::Job;
+use weft_transport::embedded;
+use weft_transport::{Provider, Transport};
+
+use crate::config::Config;
+use crate::Error;
+
+/// `ranks` transports of one job inside this process.
+pub(crate) fn local(config: &Config, ranks: u32) -> Result<Vec<Transport>, Error> {
+    match config.provider {
+        Provider::Embedded => Ok(embedded::fabric(embedded::EmbeddedOptions {
+            ranks,
+            cris: config.cris,
+            inbox_capacity: config.inbox_capacity,
+            eager_capacity: config.eager_threshold.max(64),
+        })?
+        .into_iter()
+        .map(Transport::Embedded)
+        .collect()),
+        #[cfg(feature = "ofi")]
+        Provider::Shm | Provider::Tcp => {
+            let opts = ofi::options(config);
+            Ok(weft_transport::ofi_provider::world(&opts, ranks)?.into_iter().map(Transport::Ofi).collect())
+        }
+        #[cfg(not(feature = "ofi"))]
+        p => {
+            p.check_available()?;
+            Err(Error::InvalidArgument("provider not available in this build"))
+        }
+    }
+}
+
+/// This process's transport: its rank of the job the environment describes.
+pub(crate) fn open_process(config: &Config) -> Result<Transport, Error> {
+    let job = Job::from_env()?;
+    match config.provider {
+        Provider::Embedded if job.size > 1 => Err(Error::InvalidArgument(
+            "the embedded provider cannot span processes: set WEFT_PROVIDER=shm or tcp (weftrun sets it)",
+        )),
+        Provider::Embedded => {
+            // A job of one: nothing to exchange; saying BYE when `job` drops here is right,
+            // no peer exists to be told anything.
+            Ok(local(config, 1)?.remove(0))
+        }
+        #[cfg(feature = "ofi")]
+        Provider::Shm | Provider::Tcp => ofi::join(config, job),
+        #[cfg(not(feature = "ofi"))]
+        p => {
+            drop(job);
+            p.check_available()?;
+            Err(Error::InvalidArgument("provider not available in this build"))
+        }
+    }
+}
+
+#[cfg(feature = "ofi")]
+mod ofi {
+    use weft_transport::bootstrap::Job;
+    use weft_transport::ofi_provider::{OfiOptions, Opened};
+    use weft_transport::Transport;
+
+    use crate::config::Config;
+    use crate::Error;
+
+    /// Send buffers per CRI, for frames above the provider's inject size.
+    const SEND_SLOTS: usize = 128;
+
+    pub(super) fn options(config: &Config) -> OfiOptions {
+        OfiOptions {
+            provider: config.provider.ofi_name().unwrap_or("shm").to_string(),
+            cris: config.cris,
+            eager_capacity: config.eager_threshold.max(64),
+            // The inbox capacity bounds the posted receive buffers; 256 x (16 KiB + 56 B)
+            // = 4 MiB per CRI at the default threshold.
+            recv_slots: config.inbox_capacity.clamp(16, 256),
+            send_slots: SEND_SLOTS,
+        }
+    }
+
+    /// Opens the endpoints, exchanges addresses through the job's KVS, connects, and keeps
+    /// the KVS connection to learn of lost peers.
+    pub(super) fn join(config: &Config, mut job: Job) -> Result<Transport, Error> {
+        let opened = Opened::open(&options(config), job.size)?;
+        let blobs = job.exchange(&opened.address_blob())?;
+        let rank = opened.connect(job.rank, &blobs)?;
+        let notifier = rank.loss_notifier();
+        rank.set_monitor(job.monitor(move |r| notifier.lost(r)));
+        Ok(Transport::Ofi(rank))
+    }
+}

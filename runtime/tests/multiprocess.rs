@@ -1,0 +1,294 @@
+//! Multi-process runs through `weftrun` on `shm` and `tcp;ofi_rxm` (the checks themselves
+//! live in the `weft-selftest` binary), plus the multi-host test: two network namespaces
+//! joined by a veth pair, bootstrapped the Slurm way.
+//!
+//! Traffic stays on loopback (`FI_TCP_IFACE=lo`, `FI_SOCKETS_IFACE=lo`, KVS on 127.0.0.1),
+//! except in the netns test. Every run has a time limit (`weftrun --timeout`, or a kill).
+#![cfg(feature = "ofi")]
+
+use std::process::{Command, Output, Stdio};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+const WEFTRUN: &str = env!("CARGO_BIN_EXE_weftrun");
+const SELFTEST: &str = env!("CARGO_BIN_EXE_weft-selftest");
+
+/// One job at a time: the machine may have 2 cores.
+static SERIAL: Mutex<()> = Mutex::new(());
+
+fn weftrun(n: u32, provider: &str, check: &str) -> (Output, Duration) {
+    let _g = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let t0 = Instant::now();
+    let out = Command::new(WEFTRUN)
+        .args(["-n", &n.to_string(), "--provider", provider, "--timeout", "240", SELFTEST, check])
+        .env("FI_TCP_IFACE", "lo")
+        .env("FI_SOCKETS_IFACE", "lo")
+        .env_remove("WEFT_PROVIDER")
+        .stdin(Stdio::null())
+        .output()
+        .expect("weftrun starts");
+    (out, t0.elapsed())
+}
+
+fn text(o: &Output) -> String {
+    format!("--- stdout\n{}--- stderr\n{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr))
+}
+
+fn all_checks(provider: &str) {
+    let (o, t) = weftrun(2, provider, "all");
+    let s = text(&o);
+    assert!(o.status.success(), "weftrun failed on {provider} after {t:?}:\n{s}");
+    for line in ["pingpong ok", "multirate many-to-many ok", "wildcard ok", "order ok", "large ok", "all done"] {
+        for r in 0..2 {
+            assert!(s.contains(&format!("[{r}] {line}")), "missing {line:?} of rank {r}:\n{s}");
+        }
+    }
+}
+
+#[test]
+fn two_ranks_every_check_on_shm() {
+    all_checks("shm");
+}
+
+#[test]
+fn two_ranks_every_check_on_tcp() {
+    all_checks("tcp");
+}
+
+fn multirate_four(provider: &str) {
+    let (o, _) = weftrun(4, provider, "multirate");
+    let s = text(&o);
+    assert!(o.status.success(), "{s}");
+    for r in 0..4 {
+        for p in ["pairwise", "one-to-many", "many-to-one", "many-to-many"] {
+            assert!(s.contains(&format!("[{r}] multirate {p} ok")), "rank {r} {p}:\n{s}");
+        }
+    }
+}
+
+#[test]
+fn four_ranks_multirate_patterns_on_shm() {
+    multirate_four("shm");
+}
+
+#[test]
+fn four_ranks_multirate_patterns_on_tcp() {
+    multirate_four("tcp");
+}
+
+fn killed_peer(provider: &str) {
+    let (o, t) = weftrun(2, provider, "peer-lost");
+    let s = text(&o);
+    // The worst status is rank 0's SIGKILL: 128 + 9.
+    assert_eq!(o.status.code(), Some(137), "{s}");
+    assert!(s.contains("[1] peer-lost ok"), "rank 1 did not see PeerLost:\n{s}");
+    assert!(s.contains("[1] peer-lost done"), "{s}");
+    assert!(t < Duration::from_secs(60), "took {t:?}");
+}
+
+#[test]
+fn killed_peer_fails_pending_requests_on_shm() {
+    killed_peer("shm");
+}
+
+#[test]
+fn killed_peer_fails_pending_requests_on_tcp() {
+    killed_peer("tcp");
+}
+
+#[test]
+fn worst_exit_code_is_propagated() {
+    let (o, _) = weftrun(3, "shm", "exit-code");
+    // Ranks exit with 0, 3 and 6 after a barrier.
+    assert_eq!(o.status.code(), Some(6), "{}", text(&o));
+}
+
+#[test]
+fn sigint_tears_every_rank_down() {
+    let _g = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let mut child = Command::new(WEFTRUN)
+        .args(["-n", "2", "--provider", "shm", "--timeout", "60", SELFTEST, "block"])
+        .env("FI_TCP_IFACE", "lo")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Read the ranks' pids as they print them.
+    let mut out = std::io::BufReader::new(child.stdout.take().unwrap());
+    let mut pids = Vec::new();
+    let t0 = Instant::now();
+    while pids.len() < 2 && t0.elapsed() < Duration::from_secs(30) {
+        let mut line = String::new();
+        if std::io::BufRead::read_line(&mut out, &mut line).unwrap_or(0) == 0 {
+            break;
+        }
+        if let Some(p) = line.split("pid ").nth(1).and_then(|p| p.trim().parse::<i32>().ok()) {
+            pids.push(p);
+        }
+    }
+    assert_eq!(pids.len(), 2, "ranks did not start");
+    // SAFETY: signalling our own child process, which has not been reaped.
+    unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
+    let t1 = Instant::now();
+    let status = loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            break s;
+        }
+        assert!(t1.elapsed() < Duration::from_secs(15), "weftrun did not stop after SIGINT");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert_eq!(status.code(), Some(130));
+    for p in pids {
+        assert!(!std::path::Path::new(&format!("/proc/{p}")).exists(), "rank process {p} survived");
+    }
+}
+
+#[test]
+fn bad_input_is_a_clear_error() {
+    let _g = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let o = Command::new(WEFTRUN).args(["-n", "2", "--provider", "carrier-pigeon", SELFTEST]).output().unwrap();
+    assert_eq!(o.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("unknown provider"), "{}", text(&o));
+    let o = Command::new(SELFTEST).arg("hello").env("WEFT_PROVIDER", "carrier-pigeon").output().unwrap();
+    assert_eq!(o.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("unknown provider"), "{}", text(&o));
+    // A rank with a KVS address but no token.
+    let o = Command::new(SELFTEST)
+        .arg("hello")
+        .envs([("WEFT_RANK", "0"), ("WEFT_SIZE", "2"), ("WEFT_KVS", "127.0.0.1:9"), ("WEFT_PROVIDER", "shm")])
+        .env_remove("WEFT_TOKEN")
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("WEFT_TOKEN"), "{}", text(&o));
+}
+
+#[test]
+fn a_plain_process_is_rank_0_of_1() {
+    let _g = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    for p in ["embedded", "shm", "tcp"] {
+        let o = Command::new(SELFTEST)
+            .arg("hello")
+            .env("WEFT_PROVIDER", p)
+            .env("FI_TCP_IFACE", "lo")
+            .env_remove("WEFT_RANK")
+            .env_remove("WEFT_SIZE")
+            .env_remove("SLURM_NTASKS")
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "{}", text(&o));
+        assert!(String::from_utf8_lossy(&o.stdout).contains(&format!("rank 0 of 1 on {p}")), "{}", text(&o));
+    }
+}
+
+/// Two network namespaces joined by a veth pair; removed on drop.
+struct Netns {
+    names: [String; 2],
+}
+
+impl Netns {
+    fn ip(args: &[&str]) -> Result<(), String> {
+        let o = Command::new("ip").args(args).output().map_err(|e| format!("ip: {e}"))?;
+        if o.status.success() {
+            Ok(())
+        } else {
+            Err(format!("ip {}: {}", args.join(" "), String::from_utf8_lossy(&o.stderr).trim()))
+        }
+    }
+
+    fn create(tag: &str) -> Result<Self, String> {
+        let names = [format!("weft-{tag}-a"), format!("weft-{tag}-b")];
+        let me = Netns { names: names.clone() };
+        let (va, vb) = (format!("wv{tag}a"), format!("wv{tag}b"));
+        for n in &names {
+            Self::ip(&["netns", "add", n])?;
+        }
+        Self::ip(&["link", "add", &va, "type", "veth", "peer", "name", &vb])?;
+        for (i, (v, n)) in [(&va, &names[0]), (&vb, &names[1])].into_iter().enumerate() {
+            Self::ip(&["link", "set", v, "netns", n])?;
+            Self::ip(&["-n", n, "addr", "add", &format!("10.231.{}.{}/24", 77, i + 1), "dev", v])?;
+            Self::ip(&["-n", n, "link", "set", v, "up"])?;
+            Self::ip(&["-n", n, "link", "set", "lo", "up"])?;
+        }
+        Ok(me)
+    }
+}
+
+impl Drop for Netns {
+    fn drop(&mut self) {
+        // Deleting a namespace deletes its end of the veth pair, and so the pair.
+        for n in &self.names {
+            let _ = Command::new("ip").args(["netns", "del", n]).output();
+        }
+    }
+}
+
+#[test]
+fn two_hosts_over_a_veth_pair() {
+    // SAFETY: geteuid has no preconditions.
+    let root = unsafe { libc::geteuid() } == 0;
+    if !root {
+        println!("skipped: the netns test needs root (it creates namespaces and a veth pair)");
+        return;
+    }
+    if Command::new("ip").arg("-V").output().map(|o| !o.status.success()).unwrap_or(true) {
+        println!("skipped: the `ip` command (iproute2) is missing");
+        return;
+    }
+    let _g = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let tag = format!("{}", std::process::id() % 100_000);
+    let ns = match Netns::create(&tag) {
+        Ok(ns) => ns,
+        Err(e) => {
+            println!("skipped: cannot create network namespaces here: {e}");
+            return;
+        }
+    };
+    let token = weft_transport::bootstrap::random_token().unwrap();
+    // Rank 0 serves the KVS on its veth address (the Slurm bootstrap), rank 1 connects.
+    let kvs = "10.231.77.1:47911";
+    let spawn = |rank: usize| {
+        let dev = format!("wv{tag}{}", if rank == 0 { "a" } else { "b" });
+        Command::new("ip")
+            .args(["netns", "exec", &ns.names[rank], SELFTEST, "netns"])
+            .envs([
+                ("SLURM_PROCID", rank.to_string()),
+                ("SLURM_NTASKS", "2".to_string()),
+                ("WEFT_KVS", kvs.to_string()),
+                ("WEFT_TOKEN", token.clone()),
+                ("WEFT_PROVIDER", "tcp".to_string()),
+                ("FI_TCP_IFACE", dev),
+            ])
+            .env_remove("WEFT_RANK")
+            .env_remove("WEFT_SIZE")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("ip netns exec starts")
+    };
+    let mut children = [spawn(0), spawn(1)];
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let mut done = [false, false];
+    while !done.iter().all(|&d| d) && Instant::now() < deadline {
+        for (i, c) in children.iter_mut().enumerate() {
+            if !done[i] && c.try_wait().unwrap().is_some() {
+                done[i] = true;
+            }
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let outs: Vec<Output> = children
+        .into_iter()
+        .map(|mut c| {
+            let _ = c.kill();
+            c.wait_with_output().unwrap()
+        })
+        .collect();
+    drop(ns);
+    for (r, o) in outs.iter().enumerate() {
+        let s = text(o);
+        assert!(o.status.success(), "rank {r} in its namespace failed:\n{s}");
+        assert!(s.contains(&format!("netns ok: rank {r} exchanged with rank {}", 1 - r)), "{s}");
+    }
+}

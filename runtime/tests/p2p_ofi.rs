@@ -1,0 +1,32 @@
+//! The point-to-point suite of `p2p.rs` on libfabric: `shm` and `tcp;ofi_rxm`, every rank
+//! in this process (each with its own domain), traffic pinned to loopback.
+#![cfg(feature = "ofi")]
+
+fn loopback() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    // libfabric reads these once, at its first fi_getinfo.
+    ONCE.call_once(|| {
+        std::env::set_var("FI_TCP_IFACE", "lo");
+        std::env::set_var("FI_SOCKETS_IFACE", "lo");
+    });
+}
+
+mod shm {
+    fn builder() -> weft::Builder {
+        super::loopback();
+        weft::Runtime::builder().env(false).provider(weft::Provider::Shm)
+    }
+    mod p2p_suite {
+        include!("p2p_suite/mod.rs");
+    }
+}
+
+mod tcp {
+    fn builder() -> weft::Builder {
+        super::loopback();
+        weft::Runtime::builder().env(false).provider(weft::Provider::Tcp)
+    }
+    mod p2p_suite {
+        include!("p2p_suite/mod.rs");
+    }
+}

@@ -1,0 +1,360 @@
+// Point-to-point semantics, in every progress mode. Included by `p2p.rs` (embedded
+// provider) and `p2p_ofi.rs` (libfabric shm and tcp), which each define `builder()`.
+
+use std::time::{Duration, Instant};
+
+use weft::{Assignment, Error, MatchingMode, ProgressMode, Request, Runtime, Source, Tag};
+
+const MODES: [ProgressMode; 3] = [ProgressMode::Global, ProgressMode::Owner, ProgressMode::Concurrent];
+
+fn world(n: u32, mode: ProgressMode) -> Vec<Runtime> {
+    super::builder().progress(mode).cris(2).eager_threshold(4096).build_local(n).unwrap()
+}
+
+#[test]
+fn ping_pong_every_mode() {
+    for mode in MODES {
+        let rts = world(2, mode);
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                let c = rts[0].world();
+                for i in 0..200u32 {
+                    c.send(i.to_le_bytes().to_vec(), 1, 3).unwrap();
+                    let (b, st) = c.recv(Vec::<u8>::with_capacity(4), 1u32, 4).unwrap();
+                    assert_eq!(u32::from_le_bytes(b[..4].try_into().unwrap()), i + 1);
+                    assert_eq!((st.source, st.tag, st.bytes), (1, 4, 4));
+                }
+            });
+            s.spawn(|| {
+                let c = rts[1].world();
+                for _ in 0..200u32 {
+                    let (b, _) = c.recv(Vec::<u8>::with_capacity(4), 0u32, 3).unwrap();
+                    let v = u32::from_le_bytes(b[..4].try_into().unwrap());
+                    c.send((v + 1).to_le_bytes().to_vec(), 0, 4).unwrap();
+                }
+            });
+        });
+    }
+}
+
+#[test]
+fn every_size_up_to_64_mib() {
+    let rts = world(2, ProgressMode::Owner);
+    let sizes = [0usize, 1, 31, 32, 33, 4095, 4096, 4097, 1 << 20, 64 << 20];
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            for &n in &sizes {
+                let data: Vec<u8> = (0..n).map(|i| (i * 7 + n) as u8).collect();
+                rts[0].world().send(data, 1, 9).unwrap();
+            }
+        });
+        s.spawn(|| {
+            for &n in &sizes {
+                let (b, st) = rts[1].world().recv(Vec::<u8>::with_capacity(n), 0u32, 9).unwrap();
+                assert_eq!(st.bytes, n);
+                assert_eq!(b.len(), n);
+                assert!(b.iter().enumerate().all(|(i, &x)| x == (i * 7 + n) as u8), "payload of {n} bytes corrupted");
+            }
+        });
+    });
+}
+
+#[test]
+fn fifo_order_per_source_and_wildcards() {
+    for mode in MODES {
+        let rts = world(3, mode);
+        std::thread::scope(|s| {
+            for src in 0..2u32 {
+                let rts = &rts;
+                s.spawn(move || {
+                    for i in 0..300u32 {
+                        rts[src as usize].world().send(vec![src, i], 2, (i % 3) as i32).unwrap();
+                    }
+                });
+            }
+            s.spawn(|| {
+                let mut next = [0u32; 2];
+                for _ in 0..600 {
+                    let (b, st) = rts[2].world().recv(Vec::<u32>::with_capacity(2), Source::Any, Tag::Any).unwrap();
+                    assert_eq!(b[0], st.source);
+                    assert_eq!(b[1], next[st.source as usize], "messages from one source overtook each other");
+                    assert_eq!(st.tag, (b[1] % 3) as i32);
+                    next[st.source as usize] += 1;
+                }
+            });
+        });
+    }
+}
+
+#[test]
+fn unexpected_then_posted_and_tag_selection() {
+    let rts = world(2, ProgressMode::Concurrent);
+    let c0 = rts[0].world();
+    let c1 = rts[1].world();
+    c0.send(b"first".to_vec(), 1, 1).unwrap();
+    c0.send(b"second".to_vec(), 1, 2).unwrap();
+    // Let the frames arrive unexpected.
+    let t0 = Instant::now();
+    while c1.iprobe(Source::Any, 2).unwrap().is_none() {
+        assert!(t0.elapsed() < Duration::from_secs(5));
+    }
+    let (b, _) = c1.recv(Vec::<u8>::with_capacity(16), 0u32, 2).unwrap();
+    assert_eq!(&b, b"second");
+    let (b, _) = c1.recv(Vec::<u8>::with_capacity(16), 0u32, 1).unwrap();
+    assert_eq!(&b, b"first");
+    assert!(rts[1].counters().unexpected >= 2);
+}
+
+#[test]
+fn errors_are_typed_and_lose_nothing() {
+    let rts = world(2, ProgressMode::Owner);
+    let (c0, c1) = (rts[0].world(), rts[1].world());
+    assert_eq!(c0.isend(vec![1u8], 5, 0).unwrap_err(), Error::RankOutOfRange { rank: 5, size: 2 });
+    assert!(matches!(c0.isend(vec![1u8], 1, -1).unwrap_err(), Error::InvalidTag { tag: -1, .. }));
+    assert!(matches!(c1.irecv(Vec::<u8>::new(), 0u32, -3).unwrap_err(), Error::InvalidTag { tag: -3, .. }));
+    let small = super::builder().max_tag(10).build().unwrap();
+    assert_eq!(small.world().isend(vec![0u8], 0, 11).unwrap_err(), Error::InvalidTag { tag: 11, max: 10 });
+    // Truncation, eager and rendezvous: both sizes reported, next message still arrives.
+    for n in [100usize, 100_000] {
+        let s = c0.isend(vec![1u8; n], 1, 5).unwrap();
+        let e = c1.recv(Vec::<u8>::with_capacity(10), 0u32, 5).unwrap_err();
+        assert_eq!(e, Error::Truncated { message_len: n, buffer_len: 10 });
+        s.wait().unwrap();
+    }
+    c0.send(vec![9u8; 3], 1, 5).unwrap();
+    assert_eq!(c1.recv(Vec::<u8>::with_capacity(10), 0u32, 5).unwrap().0, vec![9, 9, 9]);
+    // Typed receive of a non-multiple length.
+    c0.send(vec![1u8; 5], 1, 6).unwrap();
+    assert!(matches!(c1.recv(Vec::<u32>::with_capacity(4), 0u32, 6).unwrap_err(), Error::Misaligned { elem_size: 4, message_len: 5 }));
+    // A freed communicator.
+    let d0 = c0.clone();
+    let pending = std::thread::scope(|s| {
+        let h = s.spawn(|| c1.dup().unwrap());
+        let dup0 = c0.dup().unwrap();
+        let dup1 = h.join().unwrap();
+        let r = dup1.irecv(Vec::<u8>::with_capacity(1), 0u32, 0).unwrap();
+        dup1.clone().free();
+        let out = r.wait();
+        assert_eq!(dup1.isend(vec![0u8], 0, 0).unwrap_err(), Error::CommFreed);
+        drop(dup0);
+        out
+    });
+    assert_eq!(pending.unwrap_err(), Error::CommFreed);
+    drop(d0);
+}
+
+#[test]
+fn dup_isolates_and_overtaking_flag() {
+    let rts = world(2, ProgressMode::Owner);
+    let (a, b) = std::thread::scope(|s| {
+        let h = s.spawn(|| rts[1].world().dup_with(true).unwrap());
+        (rts[0].world().dup_with(true).unwrap(), h.join().unwrap())
+    });
+    assert_eq!(a.context_id(), b.context_id());
+    assert_ne!(a.context_id(), rts[0].world().context_id());
+    assert!(a.allows_overtaking());
+    a.send(b"dup".to_vec(), 1, 0).unwrap();
+    rts[0].world().send(b"world".to_vec(), 1, 0).unwrap();
+    assert_eq!(rts[1].world().recv(Vec::<u8>::with_capacity(8), 0u32, 0).unwrap().0, b"world");
+    assert_eq!(b.recv(Vec::<u8>::with_capacity(8), 0u32, 0).unwrap().0, b"dup");
+}
+
+#[test]
+fn many_threads_one_rank_all_configurations() {
+    for mode in MODES {
+        for asg in [Assignment::RoundRobin, Assignment::Dedicated] {
+            for mm in [MatchingMode::PerComm, MatchingMode::Global] {
+                let rts = super::builder().progress(mode).assignment(asg).matching(mm).cris(3).build_local(2).unwrap();
+                std::thread::scope(|s| {
+                    for t in 0..4i32 {
+                        let rts = &rts;
+                        s.spawn(move || {
+                            let c = rts[0].world();
+                            let mut reqs: Vec<Request<'_, Vec<u8>>> = (0..64).map(|i| c.isend(vec![i as u8; 8], 1, t).unwrap()).collect();
+                            weft::wait_all(&mut reqs).unwrap();
+                        });
+                        s.spawn(move || {
+                            let c = rts[1].world();
+                            let mut reqs: Vec<_> = (0..64).map(|_| c.irecv(Vec::<u8>::with_capacity(8), 0u32, t).unwrap()).collect();
+                            weft::wait_all(&mut reqs).unwrap();
+                            for (i, r) in reqs.iter_mut().enumerate() {
+                                assert_eq!(r.take().unwrap().unwrap().0, vec![i as u8; 8], "{mode} {asg} {mm}");
+                            }
+                        });
+                    }
+                });
+            }
+        }
+    }
+}
+
+#[test]
+fn flow_control_bounds_the_inbox() {
+    // A 4-frame inbox and 2,000 messages sent before any receive is posted: the sender is
+    // pushed back, nothing is lost, order holds.
+    let rts = super::builder().cris(1).inbox_capacity(4).build_local(2).unwrap();
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            for i in 0..2000u32 {
+                rts[0].world().send(vec![i], 1, 0).unwrap();
+            }
+        });
+        s.spawn(|| {
+            std::thread::sleep(Duration::from_millis(50));
+            for i in 0..2000u32 {
+                let (v, _) = rts[1].world().recv(Vec::<u32>::with_capacity(1), 0u32, 0).unwrap();
+                assert_eq!(v, vec![i]);
+            }
+        });
+    });
+    assert!(rts[0].counters().flow_control_waits > 0);
+}
+
+#[test]
+fn sync_object_collects_receives() {
+    let rts = world(2, ProgressMode::Owner);
+    let sync = rts[1].sync_object::<usize>();
+    let c1 = rts[1].world();
+    let mut reqs: Vec<_> = (0..10).map(|i| c1.irecv(Vec::<u8>::with_capacity(4), 0u32, i).unwrap()).collect();
+    for (i, r) in reqs.iter_mut().enumerate() {
+        sync.attach(r, i).unwrap();
+    }
+    assert_eq!(sync.size(), 10);
+    assert!(sync.query().is_none());
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            for i in (0..10).rev() {
+                rts[0].world().send(vec![i as u8], 1, i).unwrap();
+            }
+        });
+        let mut seen = [false; 10];
+        for _ in 0..10 {
+            let c = sync.wait_any().unwrap();
+            assert_eq!(c.outcome.unwrap().tag as usize, c.data);
+            seen[c.data] = true;
+        }
+        assert!(seen.iter().all(|&x| x));
+    });
+    for (i, r) in reqs.iter_mut().enumerate() {
+        assert_eq!(r.take().unwrap().unwrap().0, vec![i as u8]);
+    }
+}
+
+#[test]
+fn async_requests_in_tokio() {
+    let rts = world(2, ProgressMode::Owner);
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).build().unwrap();
+    let c0 = rts[0].world().clone();
+    let c1 = rts[1].world().clone();
+    rt.block_on(async move {
+        let recv = tokio::spawn(async move {
+            let mut total = 0usize;
+            for _ in 0..100 {
+                let (b, _) = c1.irecv(Vec::<u8>::with_capacity(64), 0u32, 1).unwrap().await.unwrap();
+                total += b.len();
+            }
+            total
+        });
+        let send = tokio::spawn(async move {
+            for i in 0..100usize {
+                c0.isend(vec![1u8; i % 64], 1, 1).unwrap().await.unwrap();
+            }
+        });
+        send.await.unwrap();
+        assert_eq!(recv.await.unwrap(), (0..100).map(|i| i % 64).sum::<usize>());
+    });
+}
+
+#[test]
+fn dropped_requests_are_safe() {
+    let rts = world(2, ProgressMode::Owner);
+    let (c0, c1) = (rts[0].world(), rts[1].world());
+    // A receive dropped before matching is cancelled; the message goes to the next receive.
+    drop(c1.irecv(Vec::<u8>::with_capacity(8), 0u32, 0).unwrap());
+    c0.send(b"x".to_vec(), 1, 0).unwrap();
+    assert_eq!(c1.recv(Vec::<u8>::with_capacity(8), 0u32, 0).unwrap().0, b"x");
+    // A rendezvous send dropped in flight: the buffer stays alive until the receiver reads it.
+    drop(c0.isend(vec![5u8; 1 << 20], 1, 1).unwrap());
+    let (b, _) = c1.recv(Vec::<u8>::with_capacity(1 << 20), 0u32, 1).unwrap();
+    assert!(b.iter().all(|&x| x == 5));
+}
+
+#[test]
+fn send_to_self_eager_and_rendezvous() {
+    let rts = super::builder().eager_threshold(4096).build_local(1).unwrap();
+    let c = rts[0].world();
+    for n in [0usize, 8, 4096, 100_000] {
+        let data: Vec<u8> = (0..n).map(|i| (i % 253) as u8).collect();
+        let r = c.irecv(Vec::<u8>::with_capacity(n), 0u32, 3).unwrap();
+        let s = c.isend(data.clone(), 0, 3).unwrap();
+        let (b, st) = r.wait().unwrap();
+        s.wait().unwrap();
+        assert_eq!(st.bytes, n);
+        assert!(b == data, "self message of {n} bytes corrupted");
+    }
+}
+
+/// MPI's rule across specific and wildcard receives: a message matches the earliest posted
+/// receive that fits, whichever kind it is.
+#[test]
+fn earliest_posted_receive_wins_across_wildcards() {
+    for mode in MODES {
+        let rts = world(2, mode);
+        let (a, b) = (rts[0].world(), rts[1].world());
+        let cap = || Vec::<u32>::with_capacity(1);
+        // specific, wildcard-source, any-any, specific, wildcard-tag — all fit (0, 5).
+        let r0 = b.irecv(cap(), 0u32, 5).unwrap();
+        let r1 = b.irecv(cap(), Source::Any, 5).unwrap();
+        let r2 = b.irecv(cap(), Source::Any, Tag::Any).unwrap();
+        let r3 = b.irecv(cap(), 0u32, 5).unwrap();
+        let r4 = b.irecv(cap(), 0u32, Tag::Any).unwrap();
+        // A receive for another tag is not disturbed by any of them.
+        let other = b.irecv(cap(), 0u32, 6).unwrap();
+        for i in 0..5u32 {
+            a.send(vec![i], 1, 5).unwrap();
+        }
+        a.send(vec![99], 1, 6).unwrap();
+        for (i, r) in [r0, r1, r2, r3, r4].into_iter().enumerate() {
+            assert_eq!(r.wait().unwrap().0, vec![i as u32], "{mode}: receive {i} got the wrong message");
+        }
+        assert_eq!(other.wait().unwrap().0, vec![99]);
+        // A wildcard posted before a specific receive takes the first message.
+        let w = b.irecv(cap(), Source::Any, Tag::Any).unwrap();
+        let s = b.irecv(cap(), 0u32, 7).unwrap();
+        a.send(vec![1], 1, 7).unwrap();
+        a.send(vec![2], 1, 7).unwrap();
+        assert_eq!(w.wait().unwrap().0, vec![1], "{mode}");
+        assert_eq!(s.wait().unwrap().0, vec![2], "{mode}");
+        // Cancelled (dropped) receives of both kinds leave the others intact.
+        let d1 = b.irecv(cap(), 0u32, 8).unwrap();
+        let d2 = b.irecv(cap(), Source::Any, 8).unwrap();
+        let keep = b.irecv(cap(), 0u32, 8).unwrap();
+        drop(d1);
+        drop(d2);
+        a.send(vec![3], 1, 8).unwrap();
+        assert_eq!(keep.wait().unwrap().0, vec![3], "{mode}");
+    }
+}
+
+/// Many distinct tags: bins are pruned, nothing is lost.
+#[test]
+fn many_distinct_tags() {
+    let rts = world(2, ProgressMode::Owner);
+    let (a, b) = (rts[0].world(), rts[1].world());
+    for round in 0..3 {
+        let mut reqs: Vec<_> = (0..1500).map(|t| b.irecv(Vec::<u32>::with_capacity(1), 0u32, round * 10_000 + t).unwrap()).collect();
+        // Another thread sends (one thread sending more than an inbox holds to a rank that
+        // nobody progresses would wait on flow control forever).
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                for t in (0..1500).rev() {
+                    a.send(vec![t as u32], 1, round * 10_000 + t).unwrap();
+                }
+            });
+            weft::wait_all(&mut reqs).unwrap();
+        });
+        for (t, r) in reqs.iter_mut().enumerate() {
+            assert_eq!(r.take().unwrap().unwrap().0, vec![t as u32]);
+        }
+    }
+}

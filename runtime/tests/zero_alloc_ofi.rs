@@ -1,0 +1,84 @@
+//! Steady-state eager sends and receives allocate nothing on the libfabric `shm` provider
+//! (counting global allocator over every thread, the ofi watcher included). libfabric itself
+//! allocates with the C allocator, which this does not see: the test checks weft's side of
+//! the path (frames, payload pools, requests, staging).
+#![cfg(feature = "ofi")]
+
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+
+use weft::{ProgressMode, Runtime};
+
+struct Counting;
+static ALLOCS: AtomicUsize = AtomicUsize::new(0);
+static ARMED: AtomicBool = AtomicBool::new(false);
+
+// SAFETY: forwards to the system allocator, only counting.
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, l: Layout) -> *mut u8 {
+        if ARMED.load(Ordering::Relaxed) {
+            ALLOCS.fetch_add(1, Ordering::Relaxed);
+        }
+        // SAFETY: same contract as ours.
+        unsafe { System.alloc(l) }
+    }
+    unsafe fn dealloc(&self, p: *mut u8, l: Layout) {
+        // SAFETY: same contract as ours.
+        unsafe { System.dealloc(p, l) }
+    }
+}
+
+#[global_allocator]
+static GLOBAL: Counting = Counting;
+
+/// parking_lot creates its global table, and a thread's parking data, at the first contended
+/// lock (the ofi watcher's try-lock can meet a runtime thread on a CRI): a one-time cost per
+/// process and thread, paid here before measuring.
+fn warm_parking_lot() {
+    let m = std::sync::Arc::new(parking_lot::Mutex::new(()));
+    let m2 = m.clone();
+    let (tx, rx) = std::sync::mpsc::channel();
+    let t = std::thread::spawn(move || {
+        let g = m2.lock();
+        tx.send(()).unwrap();
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        drop(g);
+    });
+    rx.recv().unwrap();
+    drop(m.lock()); // this thread parks
+    t.join().unwrap();
+}
+
+#[test]
+fn eager_steady_state_allocates_nothing_on_shm() {
+    warm_parking_lot();
+    for mode in [ProgressMode::Global, ProgressMode::Owner, ProgressMode::Concurrent] {
+        let rts = Runtime::builder().env(false).provider(weft::Provider::Shm).progress(mode).cris(1).build_local(2).unwrap();
+        let (c0, c1) = (rts[0].world(), rts[1].world());
+        let mut sbuf = vec![3u8; 100]; // pooled-buffer path
+        let mut tiny = vec![1u8; 8]; // inline path
+        let mut rbuf = Vec::<u8>::with_capacity(100);
+        let round = |sbuf: &mut Vec<u8>, tiny: &mut Vec<u8>, rbuf: &mut Vec<u8>| {
+            let r = c1.irecv(std::mem::take(rbuf), 0u32, 1).unwrap();
+            let s = c0.isend(std::mem::take(sbuf), 1, 1).unwrap();
+            *sbuf = s.wait().unwrap().0;
+            let (b, st) = r.wait().unwrap();
+            assert_eq!(st.bytes, 100);
+            *rbuf = b;
+            let s = c0.isend(std::mem::take(tiny), 1, 2).unwrap(); // unexpected first
+            let r = c1.irecv(std::mem::take(rbuf), 0u32, 2).unwrap();
+            *tiny = s.wait().unwrap().0;
+            *rbuf = r.wait().unwrap().0;
+        };
+        for _ in 0..1000 {
+            round(&mut sbuf, &mut tiny, &mut rbuf); // warm the pools and queues
+        }
+        ALLOCS.store(0, Ordering::Relaxed);
+        ARMED.store(true, Ordering::Relaxed);
+        for _ in 0..10_000 {
+            round(&mut sbuf, &mut tiny, &mut rbuf);
+        }
+        ARMED.store(false, Ordering::Relaxed);
+        assert_eq!(ALLOCS.load(Ordering::Relaxed), 0, "{mode}: allocations in 20,000 steady-state eager messages");
+    }
+}

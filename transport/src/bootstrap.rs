@@ -1,0 +1,560 @@
+//! Bootstrap: how a process learns its rank, the job size and every peer's fabric addresses,
+//! and how it learns that a peer died.
+//!
+//! # Environment
+//!
+//! | variables | who sets them | what happens |
+//! |---|---|---|
+//! | none | — | rank 0 of a job of size 1, no exchange |
+//! | `WEFT_RANK`, `WEFT_SIZE`, `WEFT_KVS=host:port`, `WEFT_TOKEN` | `weftrun` | connect to the KVS `weftrun` serves |
+//! | `SLURM_PROCID`, `SLURM_NTASKS`, `WEFT_KVS=host:port`, `WEFT_TOKEN` | `srun` + the user | rank 0 *serves* the KVS on `WEFT_KVS`, every rank (0 too) connects to it |
+//!
+//! Under Slurm the user exports `WEFT_KVS` (an address of the node of task 0 that every node
+//! can reach) and a random `WEFT_TOKEN` before `srun`, which passes both to every task.
+//! weft launches nothing remotely itself.
+//!
+//! # Protocol (one line per message, over TCP)
+//!
+//! ```text
+//! client -> server   HELLO <token> <rank>      refused (ERR ..., closed) on a wrong token
+//! client -> server   PUT <hex blob>            this rank's fabric addresses
+//! client -> server   GET                       answered once every rank has PUT:
+//! server -> client   ALL <hex 0> ... <hex n-1>
+//! server -> client   LOST <rank>               a rank's connection closed without BYE
+//! client -> server   BYE                       this rank finishes normally
+//! ```
+//!
+//! # Lost peers
+//!
+//! Every rank keeps its connection open for the whole run ([`Monitor`]). When a process
+//! dies, the kernel closes its socket; the server sees EOF without a `BYE` and sends
+//! `LOST <rank>` to every other rank, whose monitor marks the peer lost in the transport —
+//! within milliseconds, with no heartbeat traffic. (CQ errors on a send to the dead peer also
+//! mark it lost, as a second path.)
+
+use std::collections::HashMap;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use crate::Error;
+
+/// How long a client waits for the KVS (connecting, and for every rank to publish).
+const EXCHANGE_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// Longest line accepted (addresses of up to 65535 CRIs are far below this).
+const MAX_LINE: usize = 1 << 24;
+
+fn bootstrap_error(op: &'static str, e: &std::io::Error) -> Error {
+    Error::Transport { op, code: e.raw_os_error().unwrap_or(0) }
+}
+
+/// Lower-case hex of `bytes`.
+pub fn to_hex(bytes: &[u8]) -> String {
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    let mut s = String::with_capacity(bytes.len() * 2);
+    for b in bytes {
+        s.push(HEX[(b >> 4) as usize] as char);
+        s.push(HEX[(b & 15) as usize] as char);
+    }
+    s
+}
+
+/// Decodes [`to_hex`]; `None` if malformed.
+pub fn from_hex(s: &str) -> Option<Vec<u8>> {
+    let s = s.as_bytes();
+    if s.len() % 2 != 0 {
+        return None;
+    }
+    let nib = |c: u8| match c {
+        b'0'..=b'9' => Some(c - b'0'),
+        b'a'..=b'f' => Some(c - b'a' + 10),
+        b'A'..=b'F' => Some(c - b'A' + 10),
+        _ => None,
+    };
+    s.chunks(2).map(|p| Some(nib(p[0])? << 4 | nib(p[1])?)).collect()
+}
+
+/// A random job token: 16 bytes of `/dev/urandom`, hex.
+pub fn random_token() -> Result<String, Error> {
+    let mut b = [0u8; 16];
+    std::fs::File::open("/dev/urandom").and_then(|mut f| f.read_exact(&mut b)).map_err(|e| bootstrap_error("read /dev/urandom", &e))?;
+    Ok(to_hex(&b))
+}
+
+// ----------------------------------------------------------------------------------------
+// Server
+
+/// What the server knows of the job.
+#[derive(Default)]
+struct Table {
+    /// Published blobs by rank.
+    blobs: HashMap<u32, String>,
+    /// A write handle on every connected rank (for `LOST`).
+    conns: HashMap<u32, TcpStream>,
+    /// Ranks whose connection closed without `BYE`.
+    lost: Vec<u32>,
+    /// Ranks that said `BYE`.
+    finished: Vec<u32>,
+}
+
+struct ServerState {
+    size: u32,
+    token: String,
+    table: Mutex<Table>,
+    /// Signalled on every publish and every loss.
+    changed: Condvar,
+    /// Set when the server is dropped.
+    stop: AtomicBool,
+}
+
+/// The key-value server of one job (run by `weftrun`, or by rank 0 under Slurm).
+#[derive(Debug)]
+pub struct KvsServer {
+    addr: SocketAddr,
+    state: Arc<ServerState>,
+    accept: Option<JoinHandle<()>>,
+}
+
+impl std::fmt::Debug for ServerState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ServerState").field("size", &self.size).finish_non_exhaustive()
+    }
+}
+
+impl KvsServer {
+    /// Serves a job of `size` ranks on `addr` (e.g. `127.0.0.1:0`), accepting only clients
+    /// that present `token`.
+    pub fn bind(addr: &str, size: u32, token: &str) -> Result<Self, Error> {
+        if size == 0 {
+            return Err(Error::InvalidArgument("a job needs at least one rank"));
+        }
+        let listener = TcpListener::bind(addr).map_err(|e| bootstrap_error("bind the key-value server", &e))?;
+        let addr = listener.local_addr().map_err(|e| bootstrap_error("local_addr", &e))?;
+        let state = Arc::new(ServerState { size, token: token.to_string(), table: Mutex::new(Table::default()), changed: Condvar::new(), stop: AtomicBool::new(false) });
+        let st = state.clone();
+        let accept = std::thread::Builder::new()
+            .name("weft-kvs".into())
+            .spawn(move || {
+                for conn in listener.incoming() {
+                    if st.stop.load(Ordering::Acquire) {
+                        break;
+                    }
+                    if let Ok(conn) = conn {
+                        let st = st.clone();
+                        let _ = std::thread::Builder::new().name("weft-kvs-conn".into()).spawn(move || serve(&st, conn));
+                    }
+                }
+            })
+            .map_err(|e| bootstrap_error("spawn", &e))?;
+        Ok(KvsServer { addr, state, accept: Some(accept) })
+    }
+
+    /// The address clients connect to.
+    pub fn local_addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// Ranks whose connection closed without `BYE` so far.
+    pub fn lost(&self) -> Vec<u32> {
+        self.state.table.lock().map(|t| t.lost.clone()).unwrap_or_default()
+    }
+
+    /// Ranks that finished normally (`BYE`) so far.
+    pub fn finished(&self) -> Vec<u32> {
+        self.state.table.lock().map(|t| t.finished.clone()).unwrap_or_default()
+    }
+
+    /// Marks `rank` lost as if its connection had closed (`weftrun` calls it when it reaps a
+    /// rank that died before connecting).
+    pub fn report_lost(&self, rank: u32) {
+        lose(&self.state, rank);
+    }
+}
+
+impl Drop for KvsServer {
+    fn drop(&mut self) {
+        self.state.stop.store(true, Ordering::Release);
+        // Unblock `accept` with a connection of our own.
+        let _ = TcpStream::connect_timeout(&self.addr, Duration::from_millis(200));
+        if let Some(a) = self.accept.take() {
+            let _ = a.join();
+        }
+        if let Ok(mut t) = self.state.table.lock() {
+            for (_, c) in t.conns.drain() {
+                let _ = c.shutdown(Shutdown::Both);
+            }
+        }
+        self.state.changed.notify_all();
+    }
+}
+
+fn lose(st: &ServerState, rank: u32) {
+    let Ok(mut t) = st.table.lock() else { return };
+    if t.lost.contains(&rank) || t.finished.contains(&rank) {
+        return;
+    }
+    t.lost.push(rank);
+    t.conns.remove(&rank);
+    let line = format!("LOST {rank}\n");
+    for c in t.conns.values_mut() {
+        let _ = c.write_all(line.as_bytes());
+    }
+    drop(t);
+    st.changed.notify_all();
+}
+
+/// One client connection.
+fn serve(st: &ServerState, conn: TcpStream) {
+    let _ = conn.set_nodelay(true);
+    // An unauthenticated client gets 10 s to say HELLO.
+    let _ = conn.set_read_timeout(Some(Duration::from_secs(10)));
+    let Ok(mut w) = conn.try_clone() else { return };
+    let mut r = BufReader::new(conn);
+    let mut line = String::new();
+    if read_line(&mut r, &mut line).is_err() {
+        return;
+    }
+    let mut parts = line.split_whitespace();
+    let rank = match (parts.next(), parts.next(), parts.next().and_then(|r| r.parse::<u32>().ok())) {
+        (Some("HELLO"), Some(tok), Some(rank)) if tok == st.token && rank < st.size => rank,
+        (Some("HELLO"), Some(tok), _) if tok != st.token => {
+            let _ = w.write_all(b"ERR bad token\n");
+            let _ = w.shutdown(Shutdown::Both);
+            return;
+        }
+        _ => {
+            let _ = w.write_all(b"ERR bad hello\n");
+            let _ = w.shutdown(Shutdown::Both);
+            return;
+        }
+    };
+    {
+        let Ok(mut t) = st.table.lock() else { return };
+        if t.conns.contains_key(&rank) || t.lost.contains(&rank) {
+            drop(t);
+            let _ = w.write_all(b"ERR rank already connected\n");
+            return;
+        }
+        if let Ok(c) = w.try_clone() {
+            t.conns.insert(rank, c);
+        }
+        // Peers lost before this rank connected.
+        for l in t.lost.clone() {
+            let _ = w.write_all(format!("LOST {l}\n").as_bytes());
+        }
+    }
+    let _ = r.get_ref().set_read_timeout(None);
+    let mut said_bye = false;
+    loop {
+        line.clear();
+        if read_line(&mut r, &mut line).is_err() {
+            break;
+        }
+        let mut parts = line.split_whitespace();
+        match parts.next() {
+            Some("PUT") => {
+                let blob = parts.next().unwrap_or("").to_string();
+                if let Ok(mut t) = st.table.lock() {
+                    t.blobs.insert(rank, blob);
+                }
+                st.changed.notify_all();
+            }
+            Some("GET") => {
+                let reply = {
+                    let Ok(mut t) = st.table.lock() else { break };
+                    loop {
+                        if let Some(&l) = t.lost.first() {
+                            break format!("ERR rank {l} lost during the exchange\n");
+                        }
+                        if t.blobs.len() == st.size as usize {
+                            let mut s = String::from("ALL");
+                            for i in 0..st.size {
+                                s.push(' ');
+                                s.push_str(&t.blobs[&i]);
+                            }
+                            s.push('\n');
+                            break s;
+                        }
+                        if st.stop.load(Ordering::Acquire) {
+                            break "ERR server stopped\n".to_string();
+                        }
+                        t = match st.changed.wait_timeout(t, Duration::from_millis(200)) {
+                            Ok((t, _)) => t,
+                            Err(_) => return,
+                        };
+                    }
+                };
+                if w.write_all(reply.as_bytes()).is_err() {
+                    break;
+                }
+            }
+            Some("BYE") => {
+                said_bye = true;
+                if let Ok(mut t) = st.table.lock() {
+                    t.finished.push(rank);
+                    t.conns.remove(&rank);
+                }
+                break;
+            }
+            _ => {
+                let _ = w.write_all(b"ERR unknown command\n");
+            }
+        }
+    }
+    if !said_bye && !st.stop.load(Ordering::Acquire) {
+        lose(st, rank);
+    }
+}
+
+/// Reads one line (without the newline), bounded in length.
+fn read_line(r: &mut BufReader<TcpStream>, line: &mut String) -> std::io::Result<()> {
+    line.clear();
+    let n = r.by_ref().take(MAX_LINE as u64).read_line(line)?;
+    if n == 0 || !line.ends_with('\n') {
+        return Err(std::io::Error::new(std::io::ErrorKind::UnexpectedEof, "connection closed"));
+    }
+    line.pop();
+    Ok(())
+}
+
+// ----------------------------------------------------------------------------------------
+// Client
+
+/// Where this process stands in its job, as the environment says.
+#[derive(Debug)]
+pub struct Job {
+    /// This rank.
+    pub rank: u32,
+    /// Ranks of the job.
+    pub size: u32,
+    /// Connection to the KVS (none for a job of one started without variables).
+    conn: Option<BufReader<TcpStream>>,
+    /// The server this process hosts (rank 0 under Slurm).
+    server: Option<KvsServer>,
+}
+
+fn env(name: &str) -> Option<String> {
+    std::env::var(name).ok().filter(|v| !v.trim().is_empty())
+}
+
+fn env_u32(name: &'static str) -> Result<Option<u32>, Error> {
+    match env(name) {
+        None => Ok(None),
+        Some(v) => v.trim().parse().map(Some).map_err(|_| Error::InvalidArgument(name)),
+    }
+}
+
+impl Job {
+    /// Reads the environment (see the module docs) and connects to the KVS if there is one.
+    pub fn from_env() -> Result<Job, Error> {
+        let (rank, size, slurm) = match (env_u32("WEFT_RANK")?, env_u32("WEFT_SIZE")?) {
+            (Some(r), Some(s)) => (r, s, false),
+            (None, None) => match (env_u32("SLURM_PROCID")?, env_u32("SLURM_NTASKS")?) {
+                (Some(r), Some(s)) if s > 1 && env("WEFT_KVS").is_some() => (r, s, true),
+                (Some(_), Some(s)) if s > 1 => {
+                    return Err(Error::InvalidArgument("under Slurm, export WEFT_KVS=host:port and WEFT_TOKEN before srun"))
+                }
+                _ => return Ok(Job { rank: 0, size: 1, conn: None, server: None }),
+            },
+            _ => return Err(Error::InvalidArgument("WEFT_RANK and WEFT_SIZE must be set together")),
+        };
+        if size == 0 || rank >= size {
+            return Err(Error::InvalidArgument("rank must be below size (WEFT_RANK/WEFT_SIZE or SLURM_PROCID/SLURM_NTASKS)"));
+        }
+        let kvs = env("WEFT_KVS");
+        let token = env("WEFT_TOKEN");
+        match (kvs, token) {
+            (None, _) if size == 1 => Ok(Job { rank, size, conn: None, server: None }),
+            (None, _) => Err(Error::InvalidArgument("WEFT_KVS=host:port is needed for a job of more than one rank")),
+            (Some(_), None) => Err(Error::InvalidArgument("WEFT_TOKEN is needed with WEFT_KVS")),
+            (Some(kvs), Some(token)) => {
+                let server = if slurm && rank == 0 { Some(KvsServer::bind(&kvs, size, &token)?) } else { None };
+                let conn = connect(&kvs, &token, rank)?;
+                Ok(Job { rank, size, conn: Some(conn), server })
+            }
+        }
+    }
+
+    /// Connects rank `rank` of `size` to the KVS at `kvs` with `token` (what `from_env`
+    /// does; exposed for tests and launchers).
+    pub fn connect(kvs: &str, token: &str, rank: u32, size: u32) -> Result<Job, Error> {
+        if rank >= size {
+            return Err(Error::RankOutOfRange { rank, size });
+        }
+        Ok(Job { rank, size, conn: Some(connect(kvs, token, rank)?), server: None })
+    }
+
+    /// Publishes this rank's `blob` and returns every rank's, rank `i` at index `i`.
+    pub fn exchange(&mut self, blob: &[u8]) -> Result<Vec<Vec<u8>>, Error> {
+        let Some(conn) = self.conn.as_mut() else {
+            return Ok(vec![blob.to_vec()]);
+        };
+        let io = |e: std::io::Error| bootstrap_error("key-value exchange", &e);
+        let msg = format!("PUT {}\nGET\n", to_hex(blob));
+        conn.get_mut().write_all(msg.as_bytes()).map_err(io)?;
+        conn.get_ref().set_read_timeout(Some(EXCHANGE_TIMEOUT)).map_err(io)?;
+        let mut line = String::new();
+        loop {
+            read_line(conn, &mut line).map_err(io)?;
+            if line.starts_with("LOST ") {
+                // Reported again by the server's GET answer.
+                continue;
+            }
+            break;
+        }
+        conn.get_ref().set_read_timeout(None).map_err(io)?;
+        let mut parts = line.split_whitespace();
+        if parts.next() != Some("ALL") {
+            return Err(Error::InvalidArgument("the key-value exchange failed (a rank was lost before it finished)"));
+        }
+        let blobs = parts.map(from_hex).collect::<Option<Vec<_>>>().ok_or(Error::InvalidArgument("malformed reply from the key-value server"))?;
+        if blobs.len() != self.size as usize {
+            return Err(Error::InvalidArgument("the key-value server returned the wrong number of ranks"));
+        }
+        Ok(blobs)
+    }
+
+    /// Keeps the connection open to learn of lost peers: `on_lost(rank)` runs on a monitor
+    /// thread for every `LOST` line. Dropping the monitor says `BYE` (a normal finish).
+    pub fn monitor(self, on_lost: impl Fn(u32) + Send + 'static) -> Monitor {
+        let Some(conn) = self.conn else {
+            return Monitor { conn: None, reader: None, _server: self.server };
+        };
+        let writer = conn.get_ref().try_clone().ok();
+        let mut r = conn;
+        let reader = std::thread::Builder::new()
+            .name("weft-kvs-monitor".into())
+            .spawn(move || {
+                let mut line = String::new();
+                while read_line(&mut r, &mut line).is_ok() {
+                    if let Some(rank) = line.strip_prefix("LOST ").and_then(|v| v.trim().parse::<u32>().ok()) {
+                        on_lost(rank);
+                    }
+                }
+            })
+            .ok();
+        Monitor { conn: writer, reader, _server: self.server }
+    }
+}
+
+fn connect(kvs: &str, token: &str, rank: u32) -> Result<BufReader<TcpStream>, Error> {
+    let addrs: Vec<SocketAddr> = kvs.to_socket_addrs().map_err(|_| Error::InvalidArgument("WEFT_KVS must be host:port"))?.collect();
+    let deadline = Instant::now() + EXCHANGE_TIMEOUT;
+    let mut last = None;
+    loop {
+        for a in &addrs {
+            match TcpStream::connect_timeout(a, Duration::from_secs(2)) {
+                Ok(c) => {
+                    let _ = c.set_nodelay(true);
+                    let mut c2 = c.try_clone().map_err(|e| bootstrap_error("connect to the key-value server", &e))?;
+                    c2.write_all(format!("HELLO {token} {rank}\n").as_bytes()).map_err(|e| bootstrap_error("connect to the key-value server", &e))?;
+                    return Ok(BufReader::new(c));
+                }
+                Err(e) => last = Some(e),
+            }
+        }
+        if Instant::now() > deadline {
+            return Err(match last {
+                Some(e) => bootstrap_error("connect to the key-value server", &e),
+                None => Error::InvalidArgument("WEFT_KVS resolves to no address"),
+            });
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Watches a job's KVS connection for lost peers; says `BYE` when dropped.
+#[derive(Debug)]
+pub struct Monitor {
+    /// Write side of the connection.
+    conn: Option<TcpStream>,
+    /// The thread reading `LOST` lines.
+    reader: Option<JoinHandle<()>>,
+    /// The server this process hosts, kept alive with the monitor.
+    _server: Option<KvsServer>,
+}
+
+impl Drop for Monitor {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.conn.take() {
+            let _ = c.write_all(b"BYE\n");
+            let _ = c.shutdown(Shutdown::Both);
+        }
+        if let Some(r) = self.reader.take() {
+            let _ = r.join();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hex_round_trips_and_rejects_garbage() {
+        let b = [0u8, 1, 0x7f, 0x80, 0xff];
+        assert_eq!(from_hex(&to_hex(&b)).as_deref(), Some(&b[..]));
+        assert_eq!(from_hex("abc"), None);
+        assert_eq!(from_hex("zz"), None);
+    }
+
+    #[test]
+    fn exchange_between_three_ranks_and_lost_peer() {
+        let token = random_token().unwrap();
+        let server = KvsServer::bind("127.0.0.1:0", 3, &token).unwrap();
+        let addr = server.local_addr().to_string();
+        let handles: Vec<_> = (0..3u32)
+            .map(|r| {
+                let (addr, token) = (addr.clone(), token.clone());
+                std::thread::spawn(move || {
+                    let mut job = Job::connect(&addr, &token, r, 3).unwrap();
+                    let all = job.exchange(format!("rank{r}").as_bytes()).unwrap();
+                    (job, all)
+                })
+            })
+            .collect();
+        let mut jobs = Vec::new();
+        for h in handles {
+            let (job, all) = h.join().unwrap();
+            assert_eq!(all, vec![b"rank0".to_vec(), b"rank1".to_vec(), b"rank2".to_vec()]);
+            jobs.push(job);
+        }
+        let (tx, rx) = std::sync::mpsc::channel();
+        let mut monitors: Vec<Monitor> = jobs
+            .into_iter()
+            .map(|j| {
+                let tx = tx.clone();
+                let me = j.rank;
+                j.monitor(move |lost| {
+                    let _ = tx.send((me, lost));
+                })
+            })
+            .collect();
+        // Rank 2 "dies": its connection closes without BYE.
+        let m2 = monitors.pop().unwrap();
+        if let Some(c) = &m2.conn {
+            c.shutdown(Shutdown::Both).unwrap();
+        }
+        let mut seen = vec![rx.recv_timeout(Duration::from_secs(5)).unwrap(), rx.recv_timeout(Duration::from_secs(5)).unwrap()];
+        seen.sort();
+        assert_eq!(seen, vec![(0, 2), (1, 2)]);
+        assert_eq!(server.lost(), vec![2]);
+        drop(m2);
+        drop(monitors);
+        // A normal finish is not a loss.
+        std::thread::sleep(Duration::from_millis(100));
+        assert_eq!(server.lost(), vec![2]);
+    }
+
+    #[test]
+    fn wrong_token_is_refused() {
+        let server = KvsServer::bind("127.0.0.1:0", 2, "secret").unwrap();
+        let mut job = Job::connect(&server.local_addr().to_string(), "guess", 0, 2).unwrap();
+        assert!(job.exchange(b"x").is_err());
+        assert!(server.lost().is_empty());
+    }
+}

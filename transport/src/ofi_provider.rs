@@ -1,0 +1,1280 @@
+//! The libfabric provider (cargo feature `ofi`): one rank per OS process over `FI_EP_RDM`
+//! endpoints, built on the safe layer in [`crate::ofi`].
+//!
+//! # Layout of one rank
+//!
+//! | object | count | what for |
+//! |---|---|---|
+//! | domain + address vector (`FI_AV_TABLE`) | 1 | shared by every endpoint of the rank |
+//! | CRI endpoint + its CQ + RMA counter | `k` (one per CRI) | eager frames, protocol frames, transport-level RMA |
+//! | RMA endpoint + its CQ | 1 | the rendezvous reads (`fi_read`) |
+//!
+//! The AV holds `size * (k + 1)` addresses: entry `r * (k + 1) + c` is endpoint `c` of rank
+//! `r` (`c == k` is the RMA endpoint). Each rank publishes its `k + 1` endpoint names as one
+//! blob ([`Opened::address_blob`]) through the bootstrap (or directly, in [`world`]).
+//!
+//! # Eager frames and flow control
+//!
+//! A frame is a 56-byte wire header (the [`Header`] fields) followed by the payload. Every
+//! CRI keeps `recv_slots` receive buffers posted, each `56 + eager_capacity` bytes — never
+//! smaller than the largest frame a peer sends, because `tcp;ofi_rxm` 1.17 stops delivering
+//! after a truncated receive (docs/OFI.md). A completed slot is decoded, its payload copied
+//! into a pooled buffer (or inline), and the slot is posted again at once.
+//!
+//! Sending uses `fi_inject` when the frame fits the provider's inject size (no completion,
+//! no buffer), else one of `send_slots` per-CRI send buffers, freed by its send completion.
+//! There is no credit scheme of our own: `FI_EP_RDM` is reliable, unexpected frames are
+//! buffered by the provider within its own bounded resources, and when those (or our send
+//! slots) are exhausted the post returns `FI_EAGAIN`, which becomes
+//! [`SendError::WouldBlock`]: the runtime progresses and retries. Nothing is dropped and no
+//! memory grows with the number of messages.
+//!
+//! # Polling, staging and parking
+//!
+//! libfabric has no "peek": the only way to learn whether a CQ holds a completion is to read
+//! it. `has_frames` (called by the runtime without the CRI lock) therefore reads the CQ under
+//! the CRI's internal mutex and *stages* the receive completions (at most one entry per
+//! posted slot, so the staging queue is bounded) for the next `poll`.
+//!
+//! A parked progress owner is woken through the rank's [`Doorbell`], rung by a per-rank
+//! *watcher* thread. While the rank is idle, the watcher reads every CRI's CQ (which also
+//! drives the provider's progress, so a peer's RMA read of this rank's memory completes while
+//! all of this rank's threads sleep) and rings the doorbell when it staged frames; while the
+//! rank is active it stays out of the way (progress threads are polling). Between passes it blocks on
+//! the CQ wait fds after `fi_trywait` when every CQ has one (`tcp;ofi_rxm`), else it sleeps,
+//! starting at 10 µs when the rank goes quiet and backing off to 1 ms (shm has no wait fd in
+//! 1.17), so a wake-up costs at most about the time the rank has been idle. While the rank
+//! has been active in the last few milliseconds ([`Rank::any_frames`] then answers `true`)
+//! progress threads spin instead of parking, so ping-pong latency is not the watcher's.
+//!
+//! # Rendezvous
+//!
+//! The sender registers its buffer (`fi_mr_reg`, `FI_REMOTE_READ`); the `Rts` frame carries
+//! the key and — under `FI_MR_VIRT_ADDR` (shm) — the buffer's address in the header's
+//! `addr`. The receiver reads it with `fi_read` from its RMA endpoint, in chunks of at most
+//! 8 MiB with up to 8 in flight, targeting the sender's CRI endpoint (the one the sender
+//! progresses while it waits for the `Fin`).
+//!
+//! # Lost peers
+//!
+//! A peer is marked lost by [`Rank::mark_lost`] (the bootstrap's monitor calls it when the
+//! job's key-value server reports that the peer's connection closed), or when a post or a
+//! completion to it fails. Sends and reads to a lost peer fail with `PeerLost`;
+//! [`Rank::lost_epoch`] changes so the runtime fails pending requests that need it.
+
+use std::collections::{HashMap, VecDeque};
+use std::ptr::NonNull;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use crossbeam_queue::ArrayQueue;
+use crossbeam_utils::CachePadded;
+use parking_lot::Mutex;
+
+use crate::doorbell::Doorbell;
+use crate::frame::{Frame, FrameKind, Header, Payload, INLINE};
+use crate::ofi::{
+    AddressVector, Completion, CompletionError, CqError, Domain, Endpoint, EndpointConfig, FetchOp,
+    FiAddr, Info, MemoryRegion, MrAccess, OfiError, Post, RemoteRegion, TryWait,
+};
+use crate::{Error, SendError};
+
+/// Bytes of the wire header in front of every frame.
+pub const WIRE_HEADER: usize = 56;
+
+/// Largest frame sent with `fi_inject` (bounded by the provider's inject size too); the
+/// frame is assembled on the stack.
+const INJECT_MAX: usize = 4096;
+
+/// Frames up to this size are assembled in a small stack buffer.
+const SMALL_FRAME: usize = 128;
+
+/// Largest single `fi_read` of a rendezvous.
+const READ_CHUNK: usize = 8 << 20;
+
+/// Reads of one rendezvous in flight at once.
+const READS_IN_FLIGHT: usize = 8;
+
+/// How long a rank counts as "active" after its last frame (progress threads spin meanwhile
+/// instead of parking), in coarse-clock milliseconds.
+const ACTIVE_MS: u64 = 10;
+
+/// First sleep of the watcher after the rank went quiet (then doubling up to 1 ms).
+const MIN_SLEEP_US: u64 = 10;
+
+/// How long a failed rendezvous read waits for its other chunks to finish before giving up
+/// on them (they target memory this call must not return while they may still write it).
+const DRAIN_LIMIT: Duration = Duration::from_secs(5);
+
+/// Context kinds (top byte of the `u64` operation context).
+const CTX_RECV: u64 = 1 << 56;
+const CTX_SEND: u64 = 2 << 56;
+const CTX_READ: u64 = 3 << 56;
+const CTX_KIND: u64 = 0xff << 56;
+
+/// Sizes of a libfabric rank.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct OfiOptions {
+    /// libfabric provider name: `"shm"` or `"tcp;ofi_rxm"` (or `"sockets"`).
+    pub provider: String,
+    /// CRIs (endpoints + CQs) per rank.
+    pub cris: usize,
+    /// Largest eager payload; receive slots are this plus the wire header.
+    pub eager_capacity: usize,
+    /// Receive buffers kept posted per CRI.
+    pub recv_slots: usize,
+    /// Send buffers per CRI (for frames above the inject size).
+    pub send_slots: usize,
+}
+
+impl Default for OfiOptions {
+    fn default() -> Self {
+        OfiOptions { provider: "shm".into(), cris: 1, eager_capacity: 16 * 1024, recv_slots: 256, send_slots: 128 }
+    }
+}
+
+impl OfiOptions {
+    fn validate(&self) -> Result<(), Error> {
+        if self.cris == 0 || self.cris > u16::MAX as usize {
+            return Err(Error::InvalidArgument("an ofi rank needs 1..=65535 CRIs"));
+        }
+        if self.eager_capacity > 1 << 20 {
+            return Err(Error::InvalidArgument("the ofi provider's eager threshold is at most 1 MiB"));
+        }
+        if self.recv_slots == 0 || self.send_slots == 0 || self.recv_slots > 1 << 16 || self.send_slots > 1 << 16 {
+            return Err(Error::InvalidArgument("ofi receive/send slots must be in 1..=65536"));
+        }
+        Ok(())
+    }
+}
+
+/// Converts a libfabric error into weft's.
+pub(crate) fn transport_error(e: &OfiError) -> Error {
+    Error::Transport { op: e.op, code: e.code }
+}
+
+/// Coarse monotonic milliseconds (`CLOCK_MONOTONIC_COARSE`: a few ns per read).
+fn coarse_ms() -> u64 {
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: `ts` is a valid out-pointer; CLOCK_MONOTONIC_COARSE exists on Linux.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC_COARSE, &mut ts) };
+    ts.tv_sec as u64 * 1000 + ts.tv_nsec as u64 / 1_000_000
+}
+
+// ----------------------------------------------------------------------------------------
+// Wire format
+
+fn put_u16(b: &mut [u8], at: usize, v: u16) {
+    b[at..at + 2].copy_from_slice(&v.to_le_bytes());
+}
+fn put_u32(b: &mut [u8], at: usize, v: u32) {
+    b[at..at + 4].copy_from_slice(&v.to_le_bytes());
+}
+fn put_u64(b: &mut [u8], at: usize, v: u64) {
+    b[at..at + 8].copy_from_slice(&v.to_le_bytes());
+}
+fn get_u16(b: &[u8], at: usize) -> u16 {
+    u16::from_le_bytes([b[at], b[at + 1]])
+}
+fn get_u32(b: &[u8], at: usize) -> u32 {
+    let mut w = [0u8; 4];
+    w.copy_from_slice(&b[at..at + 4]);
+    u32::from_le_bytes(w)
+}
+fn get_u64(b: &[u8], at: usize) -> u64 {
+    let mut w = [0u8; 8];
+    w.copy_from_slice(&b[at..at + 8]);
+    u64::from_le_bytes(w)
+}
+
+/// Writes `h` into the first [`WIRE_HEADER`] bytes of `out`.
+///
+/// | bytes | field | bytes | field |
+/// |---|---|---|---|
+/// | 0 | kind | 16..20 | seq |
+/// | 1 | 0 | 20..24 | 0 |
+/// | 2..4 | src_cri | 24..32 | len |
+/// | 4..8 | context | 32..40 | cookie |
+/// | 8..12 | source | 40..48 | key |
+/// | 12..16 | tag | 48..56 | addr |
+fn encode(h: &Header, out: &mut [u8]) {
+    out[0] = h.kind as u8;
+    out[1] = 0;
+    put_u16(out, 2, h.src_cri);
+    put_u32(out, 4, h.context);
+    put_u32(out, 8, h.source);
+    put_u32(out, 12, h.tag as u32);
+    put_u32(out, 16, h.seq);
+    put_u32(out, 20, 0);
+    put_u64(out, 24, h.len);
+    put_u64(out, 32, h.cookie);
+    put_u64(out, 40, h.key);
+    put_u64(out, 48, h.addr);
+}
+
+/// Reads a header written by [`encode`]; `None` for a malformed frame.
+fn decode(b: &[u8]) -> Option<Header> {
+    if b.len() < WIRE_HEADER {
+        return None;
+    }
+    let kind = match b[0] {
+        0 => FrameKind::Eager,
+        1 => FrameKind::Rts,
+        2 => FrameKind::Fin,
+        _ => return None,
+    };
+    Some(Header {
+        kind,
+        src_cri: get_u16(b, 2),
+        context: get_u32(b, 4),
+        source: get_u32(b, 8),
+        tag: get_u32(b, 12) as i32,
+        seq: get_u32(b, 16),
+        len: get_u64(b, 24),
+        cookie: get_u64(b, 32),
+        key: get_u64(b, 40),
+        addr: get_u64(b, 48),
+    })
+}
+
+// ----------------------------------------------------------------------------------------
+// Buffers handed to libfabric
+
+/// A heap buffer whose bytes libfabric may read or write while operations on it are
+/// posted; Rust code touches a slot only while no operation on that slot is posted.
+struct RawBuf {
+    /// Start of the allocation (a leaked `Box<[u8]>`).
+    ptr: NonNull<u8>,
+    /// Length in bytes.
+    len: usize,
+}
+
+// SAFETY: the buffer is plain memory; which thread may touch which slot is decided by the
+// owning CRI's mutex and by libfabric's completions (see `Cri`).
+unsafe impl Send for RawBuf {}
+// SAFETY: see `Send`.
+unsafe impl Sync for RawBuf {}
+
+impl RawBuf {
+    fn new(len: usize) -> Self {
+        let b: Box<[u8]> = vec![0u8; len].into_boxed_slice();
+        let ptr = NonNull::new(Box::into_raw(b).cast::<u8>()).unwrap_or(NonNull::dangling());
+        RawBuf { ptr, len }
+    }
+
+    /// Pointer to slot `i` of `size` bytes.
+    fn slot(&self, i: usize, size: usize) -> *mut u8 {
+        debug_assert!((i + 1) * size <= self.len);
+        // SAFETY: `i * size` is inside the allocation (slots are laid out back to back).
+        unsafe { self.ptr.as_ptr().add(i * size) }
+    }
+}
+
+impl Drop for RawBuf {
+    fn drop(&mut self) {
+        // SAFETY: `ptr`/`len` came from `Box::into_raw` of a `Box<[u8]>` of `len` bytes, freed
+        // once here. Its endpoint (declared before it in `Cri`) is already closed, so
+        // libfabric no longer uses it.
+        drop(unsafe { Box::from_raw(std::ptr::slice_from_raw_parts_mut(self.ptr.as_ptr(), self.len)) });
+    }
+}
+
+/// State of one CRI that posting and polling change; guarded by `Cri::st`.
+struct CriState {
+    /// Completed receive slots not yet handed to the runtime: `(slot, bytes)`. At most one
+    /// entry per posted slot.
+    staged: VecDeque<(u32, u32)>,
+    /// Send slots not in use.
+    free_send: Vec<u32>,
+    /// Destination rank of each send slot in use (to mark it lost if the send fails).
+    send_dst: Box<[u32]>,
+    /// Receive slots whose re-post returned `FI_EAGAIN`; retried at the next CQ read.
+    repost: Vec<u32>,
+    /// Transport-level RMA operations posted on this CRI's counter.
+    rma_issued: u64,
+}
+
+/// One CRI: an endpoint with its CQ and counter, its receive and send buffers.
+///
+/// Field order is drop order: the endpoint (and so its CQ) is closed before the buffers it
+/// may still reference are freed.
+struct Cri {
+    /// The endpoint; libfabric owns every posted slot of the buffers below.
+    ep: Endpoint,
+    /// Staging, send slots, reposts. The runtime's CRI lock already serializes most callers;
+    /// this one also covers `send_control` (no runtime lock) and the watcher.
+    st: Mutex<CriState>,
+    /// `st.staged` is non-empty (read without the mutex by `has_frames`).
+    ready: AtomicBool,
+    /// `recv_slots` receive slots.
+    recv_mem: RawBuf,
+    /// `send_slots` send slots.
+    send_mem: RawBuf,
+}
+
+/// A rank's endpoints, opened but not yet connected to the peers.
+pub struct Opened {
+    /// Options used.
+    opts: OfiOptions,
+    /// Number of ranks of the job.
+    size: u32,
+    /// The domain (and, through it, the fabric and info).
+    domain: Arc<Domain>,
+    /// Shared address vector.
+    av: Arc<AddressVector>,
+    /// `k` CRI endpoints then the RMA endpoint.
+    eps: Vec<Endpoint>,
+}
+
+impl std::fmt::Debug for Opened {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ofi_provider::Opened").field("provider", &self.opts.provider).field("size", &self.size).finish_non_exhaustive()
+    }
+}
+
+impl Opened {
+    /// Opens the domain, AV and `cris + 1` endpoints for a job of `size` ranks.
+    pub fn open(opts: &OfiOptions, size: u32) -> Result<Self, Error> {
+        opts.validate()?;
+        if size == 0 {
+            return Err(Error::InvalidArgument("a job needs at least one rank"));
+        }
+        let info = Info::query(&opts.provider).map_err(|e| transport_error(&e))?;
+        let domain = Domain::open_with_fabric(&info).map_err(|e| transport_error(&e))?;
+        let per_rank = opts.cris + 1;
+        let av = AddressVector::open(&domain, size as usize * per_rank).map_err(|e| transport_error(&e))?;
+        let cq_size = opts.recv_slots + opts.send_slots + 64;
+        let mut eps = Vec::with_capacity(per_rank);
+        for _ in 0..opts.cris {
+            let cfg = EndpointConfig { cq_size, wait_fd: true, rma_counter: true };
+            eps.push(Endpoint::open(&domain, &av, &cfg).map_err(|e| transport_error(&e))?);
+        }
+        let cfg = EndpointConfig { cq_size: 4 * READS_IN_FLIGHT + 16, wait_fd: false, rma_counter: false };
+        eps.push(Endpoint::open(&domain, &av, &cfg).map_err(|e| transport_error(&e))?);
+        Ok(Opened { opts: opts.clone(), size, domain, av, eps })
+    }
+
+    /// This rank's endpoint names: for each endpoint a little-endian `u16` length and the
+    /// bytes. Publish it; [`connect`](Self::connect) takes every rank's.
+    pub fn address_blob(&self) -> Vec<u8> {
+        let mut out = Vec::new();
+        for ep in &self.eps {
+            out.extend_from_slice(&(ep.name().len() as u16).to_le_bytes());
+            out.extend_from_slice(ep.name());
+        }
+        out
+    }
+
+    /// Inserts every rank's endpoints into the AV, posts the receive buffers and starts the
+    /// watcher. `blobs[r]` is rank `r`'s [`address_blob`](Self::address_blob).
+    pub fn connect(self, rank: u32, blobs: &[Vec<u8>]) -> Result<Rank, Error> {
+        if blobs.len() != self.size as usize || rank >= self.size {
+            return Err(Error::InvalidArgument("address exchange returned the wrong number of ranks"));
+        }
+        let per_rank = self.opts.cris + 1;
+        let mut peers = Vec::with_capacity(self.size as usize * per_rank);
+        for blob in blobs {
+            let mut at = 0;
+            for _ in 0..per_rank {
+                if at + 2 > blob.len() {
+                    return Err(Error::InvalidArgument("malformed endpoint address from a peer (different CRI count?)"));
+                }
+                let n = get_u16(blob, at) as usize;
+                at += 2;
+                let name = blob.get(at..at + n).ok_or(Error::InvalidArgument("malformed endpoint address from a peer"))?;
+                at += n;
+                peers.push(self.av.insert(name).map_err(|e| transport_error(&e))?);
+            }
+            if at != blob.len() {
+                return Err(Error::InvalidArgument("endpoint addresses do not match this rank's CRI count"));
+            }
+        }
+        let slot_size = WIRE_HEADER + self.opts.eager_capacity;
+        let mut eps = self.eps;
+        let rma_ep = eps.pop().ok_or(Error::InvalidArgument("no RMA endpoint"))?;
+        let inject_limit = rma_ep.inject_size().min(INJECT_MAX);
+        let max_msg = rma_ep.max_msg_size().max(1);
+        let cris: Box<[CachePadded<Cri>]> = eps
+            .into_iter()
+            .map(|ep| {
+                CachePadded::new(Cri {
+                    ep,
+                    st: Mutex::new(CriState {
+                        staged: VecDeque::with_capacity(self.opts.recv_slots),
+                        free_send: (0..self.opts.send_slots as u32).rev().collect(),
+                        send_dst: vec![0; self.opts.send_slots].into_boxed_slice(),
+                        repost: Vec::with_capacity(self.opts.recv_slots),
+                        rma_issued: 0,
+                    }),
+                    ready: AtomicBool::new(false),
+                    recv_mem: RawBuf::new(slot_size * self.opts.recv_slots),
+                    send_mem: RawBuf::new(slot_size * self.opts.send_slots),
+                })
+            })
+            .collect();
+        let inner = Arc::new(Inner {
+            rank,
+            size: self.size,
+            k: self.opts.cris,
+            cris,
+            rma: Mutex::new(()),
+            rma_ep,
+            peers: peers.into_boxed_slice(),
+            alive: (0..self.size).map(|_| AtomicBool::new(true)).collect(),
+            lost_epoch: AtomicU64::new(0),
+            closed: AtomicBool::new(false),
+            regions: Mutex::new(HashMap::new()),
+            pool: ArrayQueue::new((self.opts.cris * self.opts.recv_slots * 2).clamp(64, 1 << 16)),
+            doorbell: Doorbell::new(),
+            eager_capacity: self.opts.eager_capacity,
+            slot_size,
+            recv_slots: self.opts.recv_slots,
+            inject_limit,
+            max_msg,
+            last_active: AtomicU64::new(coarse_ms()),
+            provider: self.opts.provider.clone(),
+            domain: self.domain,
+            av: self.av,
+        });
+        // event-listener allocates an `Event`'s state at its first use: do it now, not at
+        // the first ring in steady state.
+        drop(inner.doorbell.listen());
+        for cri in inner.cris.iter() {
+            let mut st = cri.st.lock();
+            for slot in 0..inner.recv_slots as u32 {
+                inner.post_recv(cri, &mut st, slot)?;
+            }
+        }
+        let w = inner.clone();
+        let watcher = std::thread::Builder::new()
+            .name(format!("weft-ofi-watch-{rank}"))
+            .spawn(move || w.watch())
+            .map_err(|_| Error::InvalidArgument("could not start the ofi watcher thread"))?;
+        Ok(Rank { inner, watcher: Mutex::new(Some(watcher)), monitor: Mutex::new(None) })
+    }
+}
+
+/// Creates `n` ranks of one job inside this process (tests, and `build_local`): each rank
+/// has its own domain; addresses are exchanged directly.
+pub fn world(opts: &OfiOptions, n: u32) -> Result<Vec<Rank>, Error> {
+    let opened = (0..n).map(|_| Opened::open(opts, n)).collect::<Result<Vec<_>, _>>()?;
+    let blobs: Vec<Vec<u8>> = opened.iter().map(Opened::address_blob).collect();
+    opened.into_iter().enumerate().map(|(r, o)| o.connect(r as u32, &blobs)).collect()
+}
+
+/// Everything of one rank, shared with its watcher thread.
+struct Inner {
+    /// This rank.
+    rank: u32,
+    /// Ranks of the job.
+    size: u32,
+    /// CRIs per rank.
+    k: usize,
+    /// The CRIs.
+    cris: Box<[CachePadded<Cri>]>,
+    /// Serializes rendezvous reads on `rma_ep`.
+    rma: Mutex<()>,
+    /// The endpoint rendezvous reads are issued from.
+    rma_ep: Endpoint,
+    /// `size * (k + 1)` peer addresses.
+    peers: Box<[FiAddr]>,
+    /// Per rank: not known to be lost.
+    alive: Box<[AtomicBool]>,
+    /// Bumped on every newly lost peer.
+    lost_epoch: AtomicU64,
+    /// Set by `close`; the watcher exits.
+    closed: AtomicBool,
+    /// Registrations of rendezvous send buffers and RMA windows, by key.
+    regions: Mutex<HashMap<u64, MemoryRegion>>,
+    /// Payload buffers of received frames; given back by `recycle`.
+    pool: ArrayQueue<Vec<u8>>,
+    /// Rung by the watcher when it staged frames, and on lost peers.
+    doorbell: Doorbell,
+    /// Largest eager payload.
+    eager_capacity: usize,
+    /// Bytes per receive/send slot.
+    slot_size: usize,
+    /// Receive slots per CRI.
+    recv_slots: usize,
+    /// Frames up to this size go out with `fi_inject`.
+    inject_limit: usize,
+    /// Largest single message / RMA transfer.
+    max_msg: usize,
+    /// Coarse-clock ms of the last frame sent or received (written only when it changes).
+    last_active: AtomicU64,
+    /// libfabric provider name.
+    provider: String,
+    /// Keeps the domain open for registrations (endpoints hold it too).
+    domain: Arc<Domain>,
+    /// The AV (endpoints hold it too).
+    #[allow(dead_code)]
+    av: Arc<AddressVector>,
+}
+
+impl Inner {
+    #[inline]
+    fn addr(&self, rank: u32, ep: usize) -> FiAddr {
+        self.peers[rank as usize * (self.k + 1) + ep]
+    }
+
+    #[inline]
+    fn touch(&self) {
+        let now = coarse_ms();
+        // Written only when the millisecond changes: no shared write per message.
+        if self.last_active.load(Ordering::Relaxed) != now {
+            self.last_active.store(now, Ordering::Relaxed);
+        }
+    }
+
+    fn recently_active(&self) -> bool {
+        coarse_ms().saturating_sub(self.last_active.load(Ordering::Relaxed)) < ACTIVE_MS
+    }
+
+    fn is_alive(&self, r: u32) -> bool {
+        // Acquire: pairs with the release in `mark_lost`.
+        self.alive.get(r as usize).is_some_and(|a| a.load(Ordering::Acquire))
+    }
+
+    fn mark_lost(&self, r: u32) {
+        if r == self.rank {
+            return;
+        }
+        if let Some(a) = self.alive.get(r as usize) {
+            // Release: whoever sees the flag cleared also sees the epoch bump below once it
+            // reloads the epoch (the runtime reloads it after seeing a failure).
+            if a.swap(false, Ordering::AcqRel) {
+                self.lost_epoch.fetch_add(1, Ordering::Release);
+                self.doorbell.ring_all();
+            }
+        }
+    }
+
+    /// Posts receive slot `slot` of `cri` (or queues it for a re-post on `FI_EAGAIN`).
+    fn post_recv(&self, cri: &Cri, st: &mut CriState, slot: u32) -> Result<(), Error> {
+        let p = cri.recv_mem.slot(slot as usize, self.slot_size);
+        // SAFETY: slot `slot` is not posted (it was just completed, or never posted) and no
+        // Rust reference to it outlives this call; it stays allocated until the endpoint is
+        // closed (field order of `Cri`).
+        let buf = unsafe { std::slice::from_raw_parts_mut(p, self.slot_size) };
+        // SAFETY: as above — libfabric owns the slot until its completion is read.
+        match unsafe { cri.ep.recv(buf, None, None, CTX_RECV | slot as u64) } {
+            Ok(Post::Posted) => Ok(()),
+            Ok(Post::WouldBlock) => {
+                st.repost.push(slot);
+                Ok(())
+            }
+            Err(e) => Err(transport_error(&e)),
+        }
+    }
+
+    /// Reads `cri`'s CQ: stages receives, frees send slots. Returns completions read.
+    fn reap(&self, cri: &Cri, st: &mut CriState) -> usize {
+        let mut buf = [Completion::default(); 16];
+        let mut total = 0;
+        for _ in 0..8 {
+            match cri.ep.cq().read(&mut buf) {
+                Ok(0) => break,
+                Ok(n) => {
+                    for c in &buf[..n] {
+                        self.complete(st, c.context, c.len);
+                    }
+                    total += n;
+                    if n < buf.len() {
+                        break;
+                    }
+                }
+                Err(CqError::Completion(e)) => {
+                    self.failed(cri, st, &e);
+                    total += 1;
+                }
+                Err(CqError::Fatal(_)) => break,
+            }
+        }
+        if !st.repost.is_empty() && !self.closed.load(Ordering::Relaxed) {
+            // Rare (a receive post refused with FI_EAGAIN): slots refused again are queued
+            // anew by `post_recv`.
+            for slot in std::mem::take(&mut st.repost) {
+                let _ = self.post_recv(cri, st, slot);
+            }
+        }
+        cri.ready.store(!st.staged.is_empty(), Ordering::Relaxed);
+        total
+    }
+
+    fn complete(&self, st: &mut CriState, ctx: u64, len: usize) {
+        let slot = (ctx & !CTX_KIND) as u32;
+        match ctx & CTX_KIND {
+            CTX_RECV => st.staged.push_back((slot, len as u32)),
+            CTX_SEND => st.free_send.push(slot),
+            _ => {}
+        }
+    }
+
+    #[cold]
+    fn failed(&self, cri: &Cri, st: &mut CriState, e: &CompletionError) {
+        let slot = (e.context & !CTX_KIND) as u32;
+        match e.context & CTX_KIND {
+            CTX_RECV if !self.closed.load(Ordering::Relaxed) => {
+                let _ = self.post_recv(cri, st, slot);
+            }
+            CTX_SEND => {
+                st.free_send.push(slot);
+                let dst = st.send_dst.get(slot as usize).copied().unwrap_or(u32::MAX);
+                if e.error.code != crate::ofi::errno::FI_ECANCELED {
+                    self.mark_lost(dst);
+                }
+            }
+            _ => {}
+        }
+    }
+
+    /// The next staged frame of `cri` (reading the CQ first if `read_cq` and nothing is
+    /// staged), its slot re-posted.
+    fn next_frame(&self, cri: &Cri, st: &mut CriState, read_cq: bool) -> Option<Frame> {
+        loop {
+            if st.staged.is_empty() && read_cq {
+                self.reap(cri, st);
+            }
+            let (slot, len) = st.staged.pop_front()?;
+            let p = cri.recv_mem.slot(slot as usize, self.slot_size);
+            let len = (len as usize).min(self.slot_size);
+            // SAFETY: the slot's completion was read, so libfabric is done writing it, and it
+            // is not re-posted until the copy below is finished.
+            let bytes = unsafe { std::slice::from_raw_parts(p, len) };
+            let frame = decode(bytes).map(|header| {
+                let data = &bytes[WIRE_HEADER..];
+                let payload = if data.is_empty() {
+                    Payload::Empty
+                } else if data.len() <= INLINE {
+                    let mut b = [0u8; INLINE];
+                    b[..data.len()].copy_from_slice(data);
+                    Payload::Inline { len: data.len() as u8, bytes: b }
+                } else {
+                    let mut v = self.pool.pop().unwrap_or_else(|| Vec::with_capacity(self.eager_capacity));
+                    v.clear();
+                    v.extend_from_slice(data);
+                    Payload::Pooled(v)
+                };
+                Frame { header, payload }
+            });
+            if !self.closed.load(Ordering::Relaxed) {
+                let _ = self.post_recv(cri, st, slot);
+            }
+            cri.ready.store(!st.staged.is_empty(), Ordering::Relaxed);
+            if frame.is_some() {
+                return frame;
+            }
+        }
+    }
+
+    /// Reads every CRI's CQ that is free (try-lock); returns whether frames are staged.
+    fn reap_all(&self) -> bool {
+        let mut found = false;
+        for cri in self.cris.iter() {
+            if cri.ready.load(Ordering::Relaxed) {
+                found = true;
+                continue;
+            }
+            if let Some(mut st) = cri.st.try_lock() {
+                self.reap(cri, &mut st);
+                found |= !st.staged.is_empty();
+            }
+        }
+        found
+    }
+
+    /// The watcher thread: see the module docs.
+    fn watch(self: Arc<Self>) {
+        let fds: Option<Vec<i32>> = self.cris.iter().map(|c| c.ep.cq().wait_fd()).collect();
+        // Short sleeps must be short: the default timer slack (50 us) would round them up.
+        // SAFETY: PR_SET_TIMERSLACK only changes this thread's timer slack (in ns).
+        unsafe { libc::prctl(libc::PR_SET_TIMERSLACK, 1000 as libc::c_ulong) };
+        let mut sleep_us = MIN_SLEEP_US;
+        // Acquire: pairs with the release store in `close`.
+        while !self.closed.load(Ordering::Acquire) {
+            if self.recently_active() {
+                // Progress threads poll the CQs themselves while the rank is active (they
+                // spin rather than park, see `any_frames`): stay out of their way, and poll
+                // fast again as soon as the rank goes quiet (a thread may park then).
+                std::thread::sleep(Duration::from_millis(1));
+                sleep_us = MIN_SLEEP_US;
+                continue;
+            }
+            if self.reap_all() {
+                self.doorbell.ring();
+                sleep_us = MIN_SLEEP_US;
+            }
+            match &fds {
+                Some(fds) if self.all_may_block() => {
+                    let mut pfds: Vec<libc::pollfd> = fds.iter().map(|&fd| libc::pollfd { fd, events: libc::POLLIN, revents: 0 }).collect();
+                    // SAFETY: `pfds` is a valid array of `len` pollfds whose fds are the CQs'
+                    // wait fds, open while `self` (which owns the CQs) lives.
+                    unsafe { libc::poll(pfds.as_mut_ptr(), pfds.len() as libc::nfds_t, 10) };
+                }
+                _ => {
+                    std::thread::sleep(Duration::from_micros(sleep_us));
+                    sleep_us = (sleep_us * 2).min(1000);
+                }
+            }
+        }
+    }
+
+    /// Before closing: keeps reading the CQs until every send slot is free (bounded by
+    /// [`DRAIN_LIMIT`]), then a few more passes, so frames a provider still buffers (rxm's
+    /// queued injects) leave before the endpoints close.
+    fn drain_sends(&self) {
+        if self.closed.load(Ordering::Acquire) {
+            return;
+        }
+        let deadline = Instant::now() + DRAIN_LIMIT;
+        let mut quiet = 0;
+        while quiet < 20 && Instant::now() < deadline {
+            let mut busy = false;
+            for cri in self.cris.iter() {
+                let mut st = cri.st.lock();
+                self.reap(cri, &mut st);
+                busy |= st.free_send.len() < st.send_dst.len();
+            }
+            if busy {
+                quiet = 0;
+                std::thread::yield_now();
+            } else {
+                quiet += 1;
+            }
+        }
+    }
+
+    /// `fi_trywait` on every CRI CQ: whether blocking on the wait fds is safe now.
+    fn all_may_block(&self) -> bool {
+        self.cris.iter().all(|c| matches!(c.ep.cq().try_wait(), Ok(TryWait::Block)))
+    }
+
+    /// Progress for this rank while it waits on its own RMA: reads the CRIs' CQs (try-lock)
+    /// so peers' reads of this rank complete, and rings the doorbell for staged frames.
+    fn progress_while_waiting(&self) {
+        if self.reap_all() {
+            self.doorbell.ring();
+        }
+    }
+}
+
+/// One rank on libfabric. Created by [`Opened::connect`] or [`world`].
+pub struct Rank {
+    /// State shared with the watcher thread.
+    inner: Arc<Inner>,
+    /// The watcher; joined by `close`.
+    watcher: Mutex<Option<JoinHandle<()>>>,
+    /// The bootstrap connection watching for lost peers; dropped (saying `BYE`) by `close`.
+    monitor: Mutex<Option<crate::bootstrap::Monitor>>,
+}
+
+impl std::fmt::Debug for Rank {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ofi_provider::Rank")
+            .field("provider", &self.inner.provider)
+            .field("rank", &self.inner.rank)
+            .field("size", &self.inner.size)
+            .field("cris", &self.inner.k)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Where a transport-level RMA operation goes: a peer's registration.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RemoteMem {
+    /// The rank that registered the memory.
+    pub rank: u32,
+    /// Its address and key, as its [`Rank::register_window`] returned them.
+    pub region: RemoteRegion,
+}
+
+impl Rank {
+    /// This rank.
+    #[inline]
+    pub fn rank(&self) -> u32 {
+        self.inner.rank
+    }
+
+    /// Ranks of the job.
+    #[inline]
+    pub fn size(&self) -> u32 {
+        self.inner.size
+    }
+
+    /// CRIs per rank.
+    #[inline]
+    pub fn num_cris(&self) -> usize {
+        self.inner.k
+    }
+
+    /// Largest eager payload.
+    pub fn eager_capacity(&self) -> usize {
+        self.inner.eager_capacity
+    }
+
+    /// libfabric provider name.
+    pub fn provider_name(&self) -> &str {
+        &self.inner.provider
+    }
+
+    /// Sends one frame to CRI `dst_cri` of rank `dst`, from this rank's CRI of the same
+    /// index. The payload is copied (inject, or a send slot): the caller's buffer is free
+    /// when this returns.
+    pub fn send(&self, dst: u32, dst_cri: usize, header: Header, data: &[u8]) -> Result<(), SendError> {
+        let s = &*self.inner;
+        if !s.is_alive(dst) {
+            return Err(SendError::PeerLost);
+        }
+        let total = WIRE_HEADER + data.len();
+        if total > s.slot_size {
+            return Err(SendError::Invalid("frame larger than the provider's eager capacity"));
+        }
+        let c = dst_cri % s.k;
+        let cri = &s.cris[c];
+        let to = s.addr(dst, c);
+        let mut h = header;
+        if h.kind == FrameKind::Rts {
+            match s.regions.lock().get(&h.key) {
+                Some(mr) => h.addr = mr.remote().base,
+                None => return Err(SendError::Invalid("rendezvous buffer is not registered")),
+            }
+        }
+        let mut st = cri.st.lock();
+        let res = if total <= SMALL_FRAME.min(s.inject_limit) {
+            // Most frames (protocol frames, small messages): a buffer that costs nothing to
+            // zero, rather than 4 KiB of memset per message.
+            let mut buf = [0u8; SMALL_FRAME];
+            encode(&h, &mut buf);
+            buf[WIRE_HEADER..total].copy_from_slice(data);
+            cri.ep.inject(&buf[..total], to)
+        } else if total <= s.inject_limit {
+            let mut buf = [0u8; INJECT_MAX];
+            encode(&h, &mut buf);
+            buf[WIRE_HEADER..total].copy_from_slice(data);
+            cri.ep.inject(&buf[..total], to)
+        } else {
+            let slot = match st.free_send.pop() {
+                Some(slot) => slot,
+                None => {
+                    s.reap(cri, &mut st);
+                    match st.free_send.pop() {
+                        Some(slot) => slot,
+                        None => return Err(SendError::WouldBlock),
+                    }
+                }
+            };
+            let p = cri.send_mem.slot(slot as usize, s.slot_size);
+            // SAFETY: the slot is free (no send posted on it), so nothing else uses it.
+            let buf = unsafe { std::slice::from_raw_parts_mut(p, total) };
+            encode(&h, buf);
+            buf[WIRE_HEADER..].copy_from_slice(data);
+            // SAFETY: the slot stays untouched until the send's completion frees it
+            // (`complete`/`failed`), and allocated until the endpoint closes.
+            let r = unsafe { cri.ep.send(buf, None, to, CTX_SEND | slot as u64) };
+            match r {
+                Ok(Post::Posted) => st.send_dst[slot as usize] = dst,
+                _ => st.free_send.push(slot),
+            }
+            r
+        };
+        match res {
+            Ok(Post::Posted) => {
+                drop(st);
+                s.touch();
+                Ok(())
+            }
+            Ok(Post::WouldBlock) => {
+                // Drive the provider (and free send slots) before the caller retries.
+                s.reap(cri, &mut st);
+                Err(SendError::WouldBlock)
+            }
+            Err(_) => {
+                drop(st);
+                s.mark_lost(dst);
+                Err(SendError::PeerLost)
+            }
+        }
+    }
+
+    /// Hands up to `max` received frames of CRI `cri` to `f`; returns how many. `f` runs
+    /// without any lock of this provider held (it may send).
+    pub fn poll(&self, cri: usize, max: usize, mut f: impl FnMut(Frame)) -> usize {
+        let s = &*self.inner;
+        let c = &s.cris[cri];
+        let mut n = 0;
+        // Read the CQ only when nothing was staged for this call (by `has_frames`): a poll
+        // that drains what `has_frames` found leaves later arrivals to the next pass, which
+        // saves one `fi_cq_read` per message on the latency path.
+        let read_cq = !c.ready.load(Ordering::Relaxed);
+        while n < max {
+            let frame = {
+                let mut st = c.st.lock();
+                s.next_frame(c, &mut st, read_cq)
+            };
+            match frame {
+                Some(frame) => {
+                    f(frame);
+                    n += 1;
+                }
+                None => break,
+            }
+        }
+        if n > 0 {
+            s.touch();
+        }
+        n
+    }
+
+    /// Whether CRI `cri` has frames (reads its CQ; `true` if another thread is on it).
+    #[inline]
+    pub fn has_frames(&self, cri: usize) -> bool {
+        let s = &*self.inner;
+        let c = &s.cris[cri];
+        if c.ready.load(Ordering::Relaxed) {
+            return true;
+        }
+        match c.st.try_lock() {
+            Some(mut st) => {
+                s.reap(c, &mut st);
+                !st.staged.is_empty()
+            }
+            None => true,
+        }
+    }
+
+    /// Whether any CRI has frames — or the rank was active in the last few milliseconds, so
+    /// that progress threads keep polling instead of parking while traffic flows.
+    pub fn any_frames(&self) -> bool {
+        // The clock first: during traffic it answers without reading any CQ.
+        self.inner.recently_active() || (0..self.inner.k).any(|k| self.has_frames(k))
+    }
+
+    /// Gives a consumed payload's buffer back to this rank's pool.
+    #[inline]
+    pub fn recycle(&self, payload: Payload) {
+        if let Payload::Pooled(buf) = payload {
+            let _ = self.inner.pool.push(buf);
+        }
+    }
+
+    /// Rung when the watcher finds frames while threads may be parked.
+    pub fn doorbell(&self) -> &Doorbell {
+        &self.inner.doorbell
+    }
+
+    /// Registers `len` bytes at `ptr` for remote reads; returns the key for `Rts` frames.
+    ///
+    /// # Safety
+    /// The memory must stay valid and unmodified until [`deregister`](Self::deregister).
+    pub unsafe fn register(&self, ptr: *const u8, len: usize) -> Result<u64, Error> {
+        let ptr = NonNull::new(ptr.cast_mut()).ok_or(Error::InvalidArgument("cannot register a null buffer"))?;
+        // SAFETY: forwarded contract: valid until deregistered; peers only read it.
+        let mr = unsafe { MemoryRegion::register(&self.inner.domain, ptr, len, MrAccess::REMOTE_READ) }.map_err(|e| transport_error(&e))?;
+        let key = mr.key();
+        self.inner.regions.lock().insert(key, mr);
+        Ok(key)
+    }
+
+    /// Registers memory for transport-level RMA (read, write, atomics by peers) and returns
+    /// what peers need to target it.
+    ///
+    /// # Safety
+    /// The memory must stay valid until [`deregister`](Self::deregister), and Rust code must
+    /// not hold references into it while peers may write it.
+    pub unsafe fn register_window(&self, ptr: *mut u8, len: usize) -> Result<RemoteRegion, Error> {
+        let ptr = NonNull::new(ptr).ok_or(Error::InvalidArgument("cannot register a null buffer"))?;
+        // SAFETY: forwarded contract.
+        let mr = unsafe { MemoryRegion::register(&self.inner.domain, ptr, len, MrAccess::ALL) }.map_err(|e| transport_error(&e))?;
+        let remote = mr.remote();
+        self.inner.regions.lock().insert(remote.key, mr);
+        Ok(remote)
+    }
+
+    /// Removes a registration (by key).
+    pub fn deregister(&self, key: u64) {
+        self.inner.regions.lock().remove(&key);
+    }
+
+    /// Rendezvous read: fills `dst` from the buffer the `Rts` header `h` names.
+    pub fn read(&self, h: &Header, dst: &mut [u8]) -> Result<(), Error> {
+        let s = &*self.inner;
+        let src = h.source;
+        if src >= s.size {
+            return Err(Error::RankOutOfRange { rank: src, size: s.size });
+        }
+        if dst.is_empty() {
+            return Ok(());
+        }
+        if !s.is_alive(src) {
+            return Err(Error::PeerLost { rank: src });
+        }
+        let remote = RemoteRegion { base: h.addr, key: h.key, len: dst.len() as u64 };
+        let target = s.addr(src, h.src_cri as usize % s.k);
+        let chunk = s.max_msg.min(READ_CHUNK);
+        let len = dst.len();
+        let base = dst.as_mut_ptr();
+        let _g = s.rma.lock();
+        let mut next = 0usize;
+        let mut outstanding = 0usize;
+        let mut err: Option<Error> = None;
+        let mut comps = [Completion::default(); 16];
+        let mut failed_at: Option<Instant> = None;
+        loop {
+            while err.is_none() && next < len && outstanding < READS_IN_FLIGHT {
+                let n = chunk.min(len - next);
+                // SAFETY: `next..next+n` is inside `dst`, which this call borrows mutably and
+                // does not return before every posted chunk has completed (or DRAIN_LIMIT
+                // passed after a failure, see below).
+                let part = unsafe { std::slice::from_raw_parts_mut(base.add(next), n) };
+                // SAFETY: as above.
+                match unsafe { s.rma_ep.read(part, None, target, &remote, next as u64, CTX_READ | next as u64) } {
+                    Ok(Post::Posted) => {
+                        outstanding += 1;
+                        next += n;
+                    }
+                    Ok(Post::WouldBlock) => break,
+                    Err(e) => err = Some(transport_error(&e)),
+                }
+            }
+            if outstanding == 0 && (next >= len || err.is_some()) {
+                break;
+            }
+            let mut progressed = false;
+            match s.rma_ep.cq().read(&mut comps) {
+                Ok(n) => {
+                    outstanding -= n.min(outstanding);
+                    progressed = n > 0;
+                }
+                Err(CqError::Completion(e)) => {
+                    outstanding = outstanding.saturating_sub(1);
+                    err.get_or_insert(Error::Transport { op: "fi_read", code: e.error.code });
+                    progressed = true;
+                }
+                Err(CqError::Fatal(e)) => {
+                    err.get_or_insert(transport_error(&e));
+                }
+            }
+            if !progressed {
+                s.progress_while_waiting();
+                if !s.is_alive(src) {
+                    err.get_or_insert(Error::PeerLost { rank: src });
+                }
+                if err.is_some() {
+                    let t = *failed_at.get_or_insert_with(Instant::now);
+                    if t.elapsed() > DRAIN_LIMIT {
+                        // The peer is gone and its reads never completed; libfabric will
+                        // not complete them anymore either (the connection is dead).
+                        break;
+                    }
+                }
+                std::thread::yield_now();
+            }
+        }
+        match err {
+            Some(Error::Transport { .. }) if !s.is_alive(src) => Err(Error::PeerLost { rank: src }),
+            Some(e) => Err(e),
+            None => {
+                s.touch();
+                Ok(())
+            }
+        }
+    }
+
+    /// Transport-level RMA write of `data` to `offset` of `to`'s region, posted on CRI
+    /// `cri` and counted by its counter; completes at the next [`flush`](Self::flush).
+    ///
+    /// # Safety
+    /// `data` must stay valid and unmodified until `flush(cri)` returned.
+    pub unsafe fn put(&self, cri: usize, to: &RemoteMem, offset: u64, data: &[u8]) -> Result<(), Error> {
+        self.rma_post(cri, to, |ep, dest| {
+            // SAFETY: forwarded contract of `put`.
+            unsafe { ep.write(data, None, dest, &to.region, offset, 0) }
+        })
+    }
+
+    /// Transport-level RMA read into `out` from `offset` of `from`'s region, on CRI `cri`;
+    /// the data is there after the next [`flush`](Self::flush).
+    ///
+    /// # Safety
+    /// `out` must stay valid and untouched until `flush(cri)` returned.
+    pub unsafe fn get(&self, cri: usize, from: &RemoteMem, offset: u64, out: &mut [u8]) -> Result<(), Error> {
+        self.rma_post(cri, from, |ep, src| {
+            // SAFETY: forwarded contract of `get`.
+            unsafe { ep.read(out, None, src, &from.region, offset, 0) }
+        })
+    }
+
+    /// Atomic fetch-and-op on the `u64` at `offset` of `at`'s region; returns the old value.
+    /// Blocking (the result is needed).
+    pub fn fetch_op(&self, cri: usize, at: &RemoteMem, offset: u64, op: FetchOp, operand: u64) -> Result<u64, Error> {
+        let mut result = 0u64;
+        let r = &mut result as *mut u64;
+        self.rma_post(cri, at, |ep, dest| {
+            // SAFETY: `operand` and `result` live on this frame, which does not return before
+            // the flush below has seen the operation complete.
+            unsafe { ep.fetch_atomic_u64(op, &operand, &mut *r, dest, &at.region, offset, 0) }
+        })?;
+        self.flush(cri)?;
+        Ok(result)
+    }
+
+    /// Atomic compare-and-swap on the `u64` at `offset` of `at`'s region; returns the old
+    /// value (the swap happened if it equals `compare`). Blocking.
+    pub fn compare_swap(&self, cri: usize, at: &RemoteMem, offset: u64, compare: u64, swap: u64) -> Result<u64, Error> {
+        let mut result = 0u64;
+        let r = &mut result as *mut u64;
+        self.rma_post(cri, at, |ep, dest| {
+            // SAFETY: as in `fetch_op`.
+            unsafe { ep.compare_swap_u64(&compare, &swap, &mut *r, dest, &at.region, offset, 0) }
+        })?;
+        self.flush(cri)?;
+        Ok(result)
+    }
+
+    fn rma_post(&self, cri: usize, to: &RemoteMem, mut post: impl FnMut(&Endpoint, FiAddr) -> Result<Post, OfiError>) -> Result<(), Error> {
+        let s = &*self.inner;
+        let c = s.cris.get(cri).ok_or(Error::InvalidArgument("CRI index out of range"))?;
+        if to.rank >= s.size {
+            return Err(Error::RankOutOfRange { rank: to.rank, size: s.size });
+        }
+        if c.ep.rma_counter().is_none() {
+            return Err(Error::Transport { op: "rma", code: crate::ofi::errno::FI_EOPNOTSUPP });
+        }
+        let dest = s.addr(to.rank, cri);
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            if !s.is_alive(to.rank) {
+                return Err(Error::PeerLost { rank: to.rank });
+            }
+            let mut st = c.st.lock();
+            match post(&c.ep, dest) {
+                Ok(Post::Posted) => {
+                    st.rma_issued += 1;
+                    return Ok(());
+                }
+                Ok(Post::WouldBlock) => {
+                    s.reap(c, &mut st);
+                }
+                Err(e) => return Err(transport_error(&e)),
+            }
+            drop(st);
+            if Instant::now() > deadline {
+                return Err(Error::Transport { op: "rma", code: crate::ofi::errno::FI_EAGAIN });
+            }
+            std::thread::yield_now();
+        }
+    }
+
+    /// Waits until every transport-level RMA operation posted on CRI `cri` has completed
+    /// (its counter reached the number issued). Fails if one of them failed.
+    pub fn flush(&self, cri: usize) -> Result<(), Error> {
+        let s = &*self.inner;
+        let c = s.cris.get(cri).ok_or(Error::InvalidArgument("CRI index out of range"))?;
+        let Some(counter) = c.ep.rma_counter() else { return Ok(()) };
+        let issued = c.st.lock().rma_issued;
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            let done = counter.read();
+            let errs = counter.read_err();
+            if done + errs >= issued {
+                return if errs > 0 { Err(Error::Transport { op: "rma", code: crate::ofi::errno::FI_EINVAL }) } else { Ok(()) };
+            }
+            s.progress_while_waiting();
+            if Instant::now() > deadline {
+                return Err(Error::Transport { op: "rma flush", code: crate::ofi::errno::FI_EAGAIN });
+            }
+            std::thread::yield_now();
+        }
+    }
+
+    /// Whether rank `r` is not known to be lost.
+    pub fn is_alive(&self, r: u32) -> bool {
+        self.inner.is_alive(r)
+    }
+
+    /// Marks rank `r` lost: sends and reads to it fail with `PeerLost` from now on, the
+    /// lost epoch changes and every parked thread is woken.
+    pub fn mark_lost(&self, r: u32) {
+        self.inner.mark_lost(r);
+    }
+
+    /// Changes whenever a peer is newly lost.
+    #[inline]
+    pub fn lost_epoch(&self) -> u64 {
+        // Acquire: pairs with the release increment in `mark_lost`.
+        self.inner.lost_epoch.load(Ordering::Acquire)
+    }
+
+    /// A handle the bootstrap's monitor uses to mark peers lost without owning the rank.
+    pub fn loss_notifier(&self) -> LossNotifier {
+        LossNotifier { inner: Arc::downgrade(&self.inner) }
+    }
+
+    /// Keeps the job's bootstrap monitor (see [`crate::bootstrap::Job::monitor`]) until
+    /// [`close`](Self::close).
+    pub fn set_monitor(&self, m: crate::bootstrap::Monitor) {
+        *self.monitor.lock() = Some(m);
+    }
+
+    /// Stops the watcher and says `BYE` to the job. Endpoints close when the rank is
+    /// dropped.
+    pub fn close(&self) {
+        self.inner.drain_sends();
+        drop(self.monitor.lock().take());
+        // Release: pairs with the watcher's acquire load.
+        self.inner.closed.store(true, Ordering::Release);
+        if let Some(w) = self.watcher.lock().take() {
+            if w.thread().id() != std::thread::current().id() {
+                let _ = w.join();
+            }
+        }
+        self.inner.doorbell.ring_all();
+    }
+}
+
+impl Drop for Rank {
+    fn drop(&mut self) {
+        self.close();
+    }
+}
+
+/// Marks peers of a rank lost from another thread (the bootstrap monitor); does nothing
+/// once the rank is gone.
+#[derive(Clone, Debug)]
+pub struct LossNotifier {
+    /// The rank, if still alive.
+    inner: std::sync::Weak<Inner>,
+}
+
+impl std::fmt::Debug for Inner {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ofi_provider::Inner").field("rank", &self.rank).finish_non_exhaustive()
+    }
+}
+
+impl LossNotifier {
+    /// Marks `rank` lost (see [`Rank::mark_lost`]).
+    pub fn lost(&self, rank: u32) {
+        if let Some(i) = self.inner.upgrade() {
+            i.mark_lost(rank);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn wire_header_round_trips() {
+        let h = Header { kind: FrameKind::Rts, src_cri: 3, context: 7, source: 9, tag: -1, seq: 42, len: 1 << 40, cookie: 0xdead_beef, key: 77, addr: 0x7fff_0000_1234 };
+        let mut b = [0u8; WIRE_HEADER];
+        encode(&h, &mut b);
+        assert_eq!(decode(&b), Some(h));
+        b[0] = 9;
+        assert_eq!(decode(&b), None);
+        assert_eq!(decode(&b[..10]), None);
+    }
+}

@@ -1,0 +1,373 @@
+//! [`Transport`]: the provider a runtime holds, as a static-dispatch enum (no virtual call on
+//! the message path), and [`Provider`], the name that selects one.
+
+use std::fmt;
+use std::str::FromStr;
+
+use crate::doorbell::Doorbell;
+use crate::embedded;
+use crate::frame::{Frame, Header, Payload};
+use crate::{Error, SendError};
+
+/// Which provider moves a runtime's frames (`WEFT_PROVIDER`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+pub enum Provider {
+    /// Every rank in this process (`build_local`); the default.
+    #[default]
+    Embedded,
+    /// libfabric `shm` (one node; feature `ofi`).
+    Shm,
+    /// libfabric `tcp;ofi_rxm` (across nodes; feature `ofi`).
+    Tcp,
+}
+
+impl Provider {
+    /// The libfabric provider string, for the libfabric providers.
+    pub fn ofi_name(self) -> Option<&'static str> {
+        match self {
+            Provider::Embedded => None,
+            Provider::Shm => Some("shm"),
+            Provider::Tcp => Some("tcp;ofi_rxm"),
+        }
+    }
+
+    /// Whether this build can open the provider: libfabric ones need the `ofi` feature.
+    pub fn check_available(self) -> Result<(), Error> {
+        if self == Provider::Embedded || cfg!(feature = "ofi") {
+            Ok(())
+        } else {
+            Err(Error::InvalidArgument("providers shm and tcp need weft built with the `ofi` cargo feature"))
+        }
+    }
+}
+
+impl FromStr for Provider {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<Self, Error> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "embedded" => Ok(Provider::Embedded),
+            "shm" => Ok(Provider::Shm),
+            "tcp" | "tcp;ofi_rxm" => Ok(Provider::Tcp),
+            _ => Err(Error::InvalidArgument("unknown provider (expected one of: embedded shm tcp)")),
+        }
+    }
+}
+
+impl fmt::Display for Provider {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Provider::Embedded => "embedded",
+            Provider::Shm => "shm",
+            Provider::Tcp => "tcp",
+        })
+    }
+}
+
+/// An atomic read-modify-write of a `u64` in a peer's window ([`Transport::fetch_op`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum RmaOp {
+    /// Add the operand.
+    Sum,
+    /// Read only (the operand is ignored).
+    Read,
+    /// Store the operand (swap).
+    Swap,
+    /// Bitwise or.
+    BitOr,
+    /// Bitwise and.
+    BitAnd,
+    /// Minimum (unsigned).
+    Min,
+    /// Maximum (unsigned).
+    Max,
+}
+
+#[cfg(feature = "ofi")]
+impl RmaOp {
+    fn ofi(self) -> crate::ofi::FetchOp {
+        use crate::ofi::FetchOp;
+        match self {
+            RmaOp::Sum => FetchOp::Sum,
+            RmaOp::Read => FetchOp::Read,
+            RmaOp::Swap => FetchOp::Swap,
+            RmaOp::BitOr => FetchOp::BitOr,
+            RmaOp::BitAnd => FetchOp::BitAnd,
+            RmaOp::Min => FetchOp::Min,
+            RmaOp::Max => FetchOp::Max,
+        }
+    }
+}
+
+/// What a peer needs to target a registered RMA window: send it to them in a message.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct RemoteWindow {
+    /// The rank that registered it.
+    pub rank: u32,
+    /// Registration key.
+    pub key: u64,
+    /// Remote address of byte 0 (libfabric under `FI_MR_VIRT_ADDR`; 0 otherwise).
+    pub base: u64,
+    /// Length in bytes.
+    pub len: u64,
+}
+
+#[cfg(feature = "ofi")]
+impl RemoteWindow {
+    fn ofi(&self) -> crate::ofi_provider::RemoteMem {
+        crate::ofi_provider::RemoteMem { rank: self.rank, region: crate::ofi::RemoteRegion { base: self.base, key: self.key, len: self.len } }
+    }
+}
+
+/// One rank's transport: exactly the operations the runtime uses, dispatched statically.
+///
+/// Transport-level RMA (`register_window`, `put`, `get`, `fetch_op`, `compare_swap`,
+/// `flush`) is posted on a CRI: on libfabric, `put`/`get` are non-blocking and counted on
+/// the CRI's completion counter until `flush(cri)`; on the embedded provider every operation
+/// is complete when it returns.
+#[derive(Debug)]
+pub enum Transport {
+    /// The in-process provider.
+    Embedded(embedded::Endpoint),
+    /// libfabric.
+    #[cfg(feature = "ofi")]
+    Ofi(crate::ofi_provider::Rank),
+}
+
+macro_rules! dispatch {
+    ($self:expr, $t:ident => $e:expr) => {
+        match $self {
+            Transport::Embedded($t) => $e,
+            #[cfg(feature = "ofi")]
+            Transport::Ofi($t) => $e,
+        }
+    };
+}
+
+impl Transport {
+    /// Which provider this is.
+    pub fn provider(&self) -> Provider {
+        match self {
+            Transport::Embedded(_) => Provider::Embedded,
+            #[cfg(feature = "ofi")]
+            Transport::Ofi(r) => {
+                if r.provider_name() == "shm" {
+                    Provider::Shm
+                } else {
+                    Provider::Tcp
+                }
+            }
+        }
+    }
+
+    /// This rank.
+    #[inline]
+    pub fn rank(&self) -> u32 {
+        dispatch!(self, t => t.rank())
+    }
+
+    /// Number of ranks.
+    #[inline]
+    pub fn size(&self) -> u32 {
+        dispatch!(self, t => t.size())
+    }
+
+    /// CRIs of every rank.
+    #[inline]
+    pub fn num_cris(&self) -> usize {
+        dispatch!(self, t => t.num_cris())
+    }
+
+    /// Largest eager payload.
+    #[inline]
+    pub fn eager_capacity(&self) -> usize {
+        dispatch!(self, t => t.eager_capacity())
+    }
+
+    /// Sends one frame to CRI `dst_cri` of `dst` (see the providers); the payload is copied.
+    #[inline]
+    pub fn send(&self, dst: u32, dst_cri: usize, header: Header, data: &[u8]) -> Result<(), SendError> {
+        dispatch!(self, t => t.send(dst, dst_cri, header, data))
+    }
+
+    /// Hands up to `max` received frames of CRI `cri` to `f`; returns how many.
+    #[inline]
+    pub fn poll(&self, cri: usize, max: usize, f: impl FnMut(Frame)) -> usize {
+        dispatch!(self, t => t.poll(cri, max, f))
+    }
+
+    /// Whether CRI `cri` has frames waiting.
+    #[inline]
+    pub fn has_frames(&self, cri: usize) -> bool {
+        dispatch!(self, t => t.has_frames(cri))
+    }
+
+    /// Whether a progress thread should keep polling instead of parking: frames are waiting
+    /// (ofi: or traffic flowed in the last few milliseconds).
+    #[inline]
+    pub fn any_frames(&self) -> bool {
+        dispatch!(self, t => t.any_frames())
+    }
+
+    /// Gives a consumed payload back (to the pool of `source`, the rank that sent it, on the
+    /// embedded provider; to this rank's pool on libfabric).
+    #[inline]
+    pub fn recycle(&self, source: u32, payload: Payload) {
+        match self {
+            Transport::Embedded(t) => t.recycle(source, payload),
+            #[cfg(feature = "ofi")]
+            Transport::Ofi(t) => t.recycle(payload),
+        }
+    }
+
+    /// Rung on network activity while threads may be parked.
+    #[inline]
+    pub fn doorbell(&self) -> &Doorbell {
+        dispatch!(self, t => t.doorbell())
+    }
+
+    /// Registers `len` bytes at `ptr` for a rendezvous; returns the key to put in the `Rts`.
+    ///
+    /// # Safety
+    /// The memory must stay valid and unmodified until [`deregister`](Self::deregister).
+    pub unsafe fn register(&self, ptr: *const u8, len: usize) -> Result<u64, Error> {
+        match self {
+            // SAFETY: forwarded contract.
+            Transport::Embedded(t) => Ok(unsafe { t.register(ptr, len) }),
+            #[cfg(feature = "ofi")]
+            // SAFETY: forwarded contract.
+            Transport::Ofi(t) => unsafe { t.register(ptr, len) },
+        }
+    }
+
+    /// Removes a registration.
+    pub fn deregister(&self, key: u64) {
+        dispatch!(self, t => t.deregister(key))
+    }
+
+    /// Rendezvous read: fills `dst` from the sender's buffer that the `Rts` header `h` names.
+    pub fn read(&self, h: &Header, dst: &mut [u8]) -> Result<(), Error> {
+        match self {
+            Transport::Embedded(t) => t.read(h.source, h.key, 0, dst),
+            #[cfg(feature = "ofi")]
+            Transport::Ofi(t) => t.read(h, dst),
+        }
+    }
+
+    /// Registers `len` bytes at `ptr` as an RMA window peers may read, write and update
+    /// atomically.
+    ///
+    /// # Safety
+    /// The memory must stay valid until [`deregister`](Self::deregister) with the returned
+    /// key, and the owner must not hold Rust references into it while peers may write it.
+    pub unsafe fn register_window(&self, ptr: *mut u8, len: usize) -> Result<RemoteWindow, Error> {
+        let rank = self.rank();
+        match self {
+            Transport::Embedded(t) => {
+                // SAFETY: forwarded contract.
+                let key = unsafe { t.register_window(ptr, len) };
+                Ok(RemoteWindow { rank, key, base: 0, len: len as u64 })
+            }
+            #[cfg(feature = "ofi")]
+            Transport::Ofi(t) => {
+                // SAFETY: forwarded contract.
+                let r = unsafe { t.register_window(ptr, len) }?;
+                Ok(RemoteWindow { rank, key: r.key, base: r.base, len: r.len })
+            }
+        }
+    }
+
+    /// RMA write of `data` to `offset` of window `to`, from CRI `cri`.
+    ///
+    /// # Safety
+    /// `data` must stay valid and unmodified until `flush(cri)` returned.
+    pub unsafe fn put(&self, cri: usize, to: &RemoteWindow, offset: usize, data: &[u8]) -> Result<(), Error> {
+        match self {
+            Transport::Embedded(t) => {
+                let _ = cri;
+                t.put(to.rank, to.key, offset, data)
+            }
+            #[cfg(feature = "ofi")]
+            // SAFETY: forwarded contract.
+            Transport::Ofi(t) => unsafe { t.put(cri, &to.ofi(), offset as u64, data) },
+        }
+    }
+
+    /// RMA read into `out` from `offset` of window `from`, on CRI `cri`.
+    ///
+    /// # Safety
+    /// `out` must stay valid and untouched until `flush(cri)` returned.
+    pub unsafe fn get(&self, cri: usize, from: &RemoteWindow, offset: usize, out: &mut [u8]) -> Result<(), Error> {
+        match self {
+            Transport::Embedded(t) => {
+                let _ = cri;
+                t.read(from.rank, from.key, offset, out)
+            }
+            #[cfg(feature = "ofi")]
+            // SAFETY: forwarded contract.
+            Transport::Ofi(t) => unsafe { t.get(cri, &from.ofi(), offset as u64, out) },
+        }
+    }
+
+    /// Atomic `op` on the `u64` at `offset` of window `at`; returns the old value. Blocking.
+    pub fn fetch_op(&self, cri: usize, at: &RemoteWindow, offset: usize, op: RmaOp, operand: u64) -> Result<u64, Error> {
+        match self {
+            Transport::Embedded(t) => {
+                let _ = cri;
+                t.fetch_op(at.rank, at.key, offset, op, operand)
+            }
+            #[cfg(feature = "ofi")]
+            Transport::Ofi(t) => t.fetch_op(cri, &at.ofi(), offset as u64, op.ofi(), operand),
+        }
+    }
+
+    /// Atomic compare-and-swap on the `u64` at `offset` of window `at`; returns the old
+    /// value (the swap happened if it equals `compare`). Blocking.
+    pub fn compare_swap(&self, cri: usize, at: &RemoteWindow, offset: usize, compare: u64, swap: u64) -> Result<u64, Error> {
+        match self {
+            Transport::Embedded(t) => {
+                let _ = cri;
+                t.compare_swap(at.rank, at.key, offset, compare, swap)
+            }
+            #[cfg(feature = "ofi")]
+            Transport::Ofi(t) => t.compare_swap(cri, &at.ofi(), offset as u64, compare, swap),
+        }
+    }
+
+    /// Waits until every `put`/`get` posted on CRI `cri` has completed.
+    pub fn flush(&self, cri: usize) -> Result<(), Error> {
+        match self {
+            Transport::Embedded(_) => {
+                let _ = cri;
+                Ok(())
+            }
+            #[cfg(feature = "ofi")]
+            Transport::Ofi(t) => t.flush(cri),
+        }
+    }
+
+    /// Whether rank `r` is not known to be lost.
+    #[inline]
+    pub fn is_alive(&self, r: u32) -> bool {
+        dispatch!(self, t => t.is_alive(r))
+    }
+
+    /// Changes whenever a peer is newly lost (the runtime then fails requests needing it).
+    #[inline]
+    pub fn lost_epoch(&self) -> u64 {
+        match self {
+            Transport::Embedded(t) => t.lost_epoch(),
+            #[cfg(feature = "ofi")]
+            Transport::Ofi(t) => t.lost_epoch(),
+        }
+    }
+
+    /// Closes this rank's side.
+    pub fn close(&self) {
+        dispatch!(self, t => t.close())
+    }
+
+    /// The header of a frame with no payload, for protocol replies.
+    pub fn control_header(kind: crate::FrameKind, src_cri: u16, source: u32, cookie: u64) -> Header {
+        embedded::Endpoint::control_header(kind, src_cri, source, cookie)
+    }
+}

@@ -1,0 +1,151 @@
+//! The libfabric provider below the runtime: frames with flow control, rendezvous reads,
+//! transport-level RMA (put/get/fetch-and-op/CAS/flush), lost peers — on shm and
+//! tcp;ofi_rxm, two ranks in this process.
+#![cfg(feature = "ofi")]
+
+use std::time::{Duration, Instant};
+
+use weft_transport::ofi::FetchOp;
+use weft_transport::ofi_provider::{world, OfiOptions, Rank, RemoteMem};
+use weft_transport::{Error, FrameKind, Header, SendError};
+
+const PROVIDERS: [&str; 2] = ["shm", "tcp;ofi_rxm"];
+const DEADLINE: Duration = Duration::from_secs(20);
+
+fn loopback() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        std::env::set_var("FI_TCP_IFACE", "lo");
+        std::env::set_var("FI_SOCKETS_IFACE", "lo");
+    });
+}
+
+fn pair(provider: &str, recv_slots: usize) -> Vec<Rank> {
+    loopback();
+    let opts = OfiOptions { provider: provider.into(), cris: 2, eager_capacity: 1024, recv_slots, send_slots: 8 };
+    world(&opts, 2).unwrap()
+}
+
+fn header(seq: u32, len: usize) -> Header {
+    Header { kind: FrameKind::Eager, src_cri: 1, context: 0, source: 0, tag: 7, seq, len: len as u64, cookie: 0, key: 0, addr: 0 }
+}
+
+#[test]
+fn frames_flow_control_loses_nothing() {
+    for p in PROVIDERS {
+        let r = pair(p, 16);
+        let total = 5000u32;
+        let (mut sent, mut got, mut would_block) = (0u32, 0u32, 0u64);
+        let t0 = Instant::now();
+        while got < total {
+            assert!(t0.elapsed() < DEADLINE, "{p}: stuck at sent {sent} got {got}");
+            // The sender pushes as fast as it can; every 64th attempt the receiver polls.
+            while sent < total {
+                let data = vec![(sent % 251) as u8; (sent as usize * 13) % 1000];
+                match r[0].send(1, 1, header(sent, data.len()), &data) {
+                    Ok(()) => sent += 1,
+                    Err(SendError::WouldBlock) => {
+                        would_block += 1;
+                        break;
+                    }
+                    Err(e) => panic!("{p}: {e:?}"),
+                }
+                if sent % 64 == 0 {
+                    break;
+                }
+            }
+            r[1].poll(1, 64, |f| {
+                assert_eq!(f.header.seq, got, "{p}: order");
+                let n = (got as usize * 13) % 1000;
+                assert_eq!(f.payload.as_slice().len(), n);
+                assert!(f.payload.as_slice().iter().all(|&b| b == (got % 251) as u8));
+                got += 1;
+                r[1].recycle(f.payload);
+            });
+        }
+        println!("{p}: {total} frames, {would_block} WouldBlock");
+        // Nothing arrives on the other CRI, and nothing is left.
+        assert_eq!(r[1].poll(0, 64, |_| panic!("frame on the wrong CRI")), 0);
+    }
+}
+
+#[test]
+fn oversized_frame_is_refused_not_truncated() {
+    for p in PROVIDERS {
+        let r = pair(p, 16);
+        let big = vec![0u8; 1025];
+        assert!(matches!(r[0].send(1, 0, header(0, big.len()), &big), Err(SendError::Invalid(_))));
+    }
+}
+
+#[test]
+fn rma_put_get_atomics_and_flush() {
+    for p in PROVIDERS {
+        let r = pair(p, 16);
+        let mut window = vec![0u64; 4];
+        // SAFETY: `window` outlives the registration (deregistered below) and is only read
+        // by this test after the flushes that complete the remote operations.
+        let region = unsafe { r[1].register_window(window.as_mut_ptr().cast(), 32) }.unwrap();
+        let to = RemoteMem { rank: 1, region };
+        let value = 0x1122_3344_5566_7788u64.to_le_bytes();
+        // SAFETY: `value` lives until the flush below.
+        unsafe { r[0].put(0, &to, 0, &value) }.unwrap();
+        r[0].flush(0).unwrap();
+        let mut back = [0u8; 8];
+        // SAFETY: `back` is untouched until the flush.
+        unsafe { r[0].get(1, &to, 0, &mut back) }.unwrap();
+        r[0].flush(1).unwrap();
+        assert_eq!(back, value, "{p}: get after put");
+        assert_eq!(r[0].fetch_op(0, &to, 8, FetchOp::Sum, 5).unwrap(), 0);
+        assert_eq!(r[0].fetch_op(0, &to, 8, FetchOp::Sum, 7).unwrap(), 5);
+        assert_eq!(r[0].compare_swap(0, &to, 16, 0, 42).unwrap(), 0);
+        assert_eq!(r[0].compare_swap(0, &to, 16, 0, 43).unwrap(), 42, "{p}: CAS must fail on mismatch");
+        r[1].deregister(region.key);
+        assert_eq!(window, vec![0x1122_3344_5566_7788, 12, 42, 0], "{p}");
+        // Out of bounds is an error, not a crash.
+        assert!(r[0].fetch_op(0, &to, 32, FetchOp::Sum, 1).is_err());
+    }
+}
+
+#[test]
+fn rendezvous_read_and_lost_peer() {
+    for p in PROVIDERS {
+        let r = pair(p, 16);
+        let data: Vec<u8> = (0..(3 << 20)).map(|i: usize| (i * 7) as u8).collect();
+        // SAFETY: `data` is not modified and outlives the registration.
+        let key = unsafe { r[0].register(data.as_ptr(), data.len()) }.unwrap();
+        let mut rts = header(0, data.len());
+        rts.kind = FrameKind::Rts;
+        rts.key = key;
+        while let Err(e) = r[0].send(1, 0, rts, &[]) {
+            assert_eq!(e, SendError::WouldBlock);
+        }
+        let t0 = Instant::now();
+        let mut got = None;
+        while got.is_none() {
+            assert!(t0.elapsed() < DEADLINE);
+            r[1].poll(0, 8, |f| got = Some(f.header));
+        }
+        let h = got.unwrap();
+        let mut dst = vec![0u8; data.len()];
+        r[1].read(&h, &mut dst).unwrap();
+        assert!(dst == data, "{p}: rendezvous data");
+        r[0].deregister(key);
+        // Rank 0 is lost: everything towards it fails at once.
+        let epoch = r[1].lost_epoch();
+        r[1].mark_lost(0);
+        assert_ne!(r[1].lost_epoch(), epoch);
+        assert!(!r[1].is_alive(0));
+        assert_eq!(r[1].send(0, 0, header(1, 0), &[]), Err(SendError::PeerLost));
+        assert!(matches!(r[1].read(&h, &mut dst), Err(Error::PeerLost { rank: 0 })));
+    }
+}
+
+#[test]
+fn unknown_provider_is_an_error() {
+    loopback();
+    let opts = OfiOptions { provider: "no-such-provider".into(), ..OfiOptions::default() };
+    assert!(matches!(world(&opts, 2), Err(Error::Transport { op: "fi_getinfo", .. })));
+    let opts = OfiOptions { cris: 0, ..OfiOptions::default() };
+    assert!(matches!(world(&opts, 2), Err(Error::InvalidArgument(_))));
+}
