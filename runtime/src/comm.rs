@@ -8,7 +8,7 @@ use std::fmt;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::Arc;
 
-use crossbeam_utils::CachePadded;
+use crate::config::Assignment;
 use weft_sync::{Error, Status};
 use weft_transport::{FrameKind, Header};
 
@@ -28,20 +28,36 @@ pub(crate) struct CommState {
     pub(crate) overtaking: bool,
     /// Set by `free`; operations then fail with `CommFreed`.
     freed: AtomicBool,
-    /// Next sequence number to each destination.
-    send_seq: Box<[CachePadded<AtomicU32>]>,
+    /// Next sequence number per (ordering channel, destination): row `chan` starts at
+    /// `chan * seq_stride` (rows padded to a cache line, so threads on different channels
+    /// do not share one).
+    send_seq: Box<[AtomicU32]>,
+    /// Row length of `send_seq`.
+    seq_stride: usize,
+    /// Ordering channels: with `Config::per_thread_order` under `Assignment::Dedicated`, the
+    /// CRI count (a thread always sends through its one CRI, whose inbox is FIFO); else 1
+    /// (one sequence per destination: MPI's per-source order).
+    chans: usize,
     /// Matching queues (`MatchingMode::PerComm`).
     pub(crate) matching: PathLock<MatchState>,
 }
 
 impl CommState {
     fn new(shared: &Shared, context: u32, size: u32, overtaking: bool) -> Self {
+        let chans = match shared.config.assignment {
+            Assignment::Dedicated if shared.config.per_thread_order => shared.config.cris.max(1),
+            _ => 1,
+        };
+        // 16 u32 counters per 64-byte line.
+        let seq_stride = (size as usize).div_ceil(16) * 16;
         CommState {
             context,
             size,
             overtaking,
             freed: AtomicBool::new(false),
-            send_seq: (0..size).map(|_| CachePadded::new(AtomicU32::new(0))).collect(),
+            send_seq: (0..chans * seq_stride).map(|_| AtomicU32::new(0)).collect(),
+            seq_stride,
+            chans,
             matching: PathLock::new(
                 shared.config.locks.matching,
                 &shared.lock_options,
@@ -141,8 +157,12 @@ impl Communicator {
         let s = &*self.shared;
         let bytes = buf.as_bytes();
         let len = bytes.len();
-        let seq = if st.overtaking { 0 } else { st.send_seq[dest as usize].fetch_add(1, Ordering::Relaxed) };
         let k = s.cri_for_thread();
+        // With per-thread order, the thread's dedicated CRI is its ordering channel (seed 003
+        // §5.4.4: one sequence per source shared by every thread forces frames that travel
+        // through different CRIs back into one order, filling the out-of-sequence queue).
+        let chan = if st.chans > 1 { k } else { 0 };
+        let seq = if st.overtaking { 0 } else { st.send_seq[chan * st.seq_stride + dest as usize].fetch_add(1, Ordering::Relaxed) };
         let mut header = Header {
             kind: FrameKind::Eager,
             src_cri: k as u16,
@@ -150,6 +170,7 @@ impl Communicator {
             source: self.rank(),
             tag,
             seq,
+            chan: chan as u16,
             len: len as u64,
             cookie: 0,
             key: 0,

@@ -104,6 +104,14 @@ pub struct Config {
     pub pack_threshold: usize,
     /// Which provider moves frames (`WEFT_PROVIDER=embedded|shm|tcp`).
     pub provider: Provider,
+    /// Order messages per sending *thread* instead of per source rank
+    /// (`WEFT_PER_THREAD_ORDER=1`; needs `Assignment::Dedicated`). MPI orders the sends of one
+    /// thread; sends of distinct threads are logically concurrent. With this on, each thread's
+    /// dedicated CRI is its own ordering channel, so frames of different threads never wait
+    /// for each other in the out-of-sequence queue (seed 003 §5.4.4). Off by default: an
+    /// async task that moves between threads (weft's pool, tokio) between two sends to the
+    /// same peer could see them overtake each other.
+    pub per_thread_order: bool,
     /// Lock protocol of each path (`WEFT_LOCK_PROGRESS`, `WEFT_LOCK_CRI`, `WEFT_LOCK_MATCHING`).
     pub locks: Locks,
     /// Measure how long each path lock is held (two clock reads per acquisition;
@@ -172,6 +180,7 @@ impl Default for Config {
             workers: std::thread::available_parallelism().map_or(1, |n| n.get()),
             pack_threshold: 256 * 1024,
             provider: Provider::Embedded,
+            per_thread_order: false,
             locks: Locks::default(),
             lock_timing: false,
         }
@@ -228,6 +237,9 @@ impl Config {
             if let Some(kind) = kind {
                 self.locks.set(path, kind);
             }
+        }
+        if let Some(v) = var("WEFT_PER_THREAD_ORDER") {
+            self.per_thread_order = matches!(v.trim(), "1" | "true" | "yes" | "on");
         }
         if let Some(v) = var("WEFT_LOCK_TIMING") {
             self.lock_timing = matches!(v.trim(), "1" | "true" | "yes" | "on");

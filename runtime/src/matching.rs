@@ -132,8 +132,9 @@ pub(crate) struct MatchCounters {
 
 /// The queues of one communicator on one rank.
 pub(crate) struct MatchState {
-    /// Next sequence number expected from each source.
-    expected: Vec<u32>,
+    /// Next sequence number expected from each source, per ordering channel (grown when a
+    /// channel is first seen).
+    expected: Vec<Vec<u32>>,
     /// Fully specified posted receives, by (source, tag), each bin in post order.
     bins: Bins,
     /// Posted receives with `Source::Any` or `Tag::Any`, in post order.
@@ -153,7 +154,7 @@ pub(crate) struct MatchState {
 impl MatchState {
     pub(crate) fn new(size: u32, overtaking: bool) -> Self {
         MatchState {
-            expected: vec![0; size as usize],
+            expected: vec![Vec::new(); size as usize],
             bins: Bins::default(),
             wild: VecDeque::new(),
             post_seq: 0,
@@ -171,11 +172,15 @@ impl MatchState {
             self.pair(frame, out);
             return;
         }
-        let src = frame.header.source as usize;
-        let Some(exp) = self.expected.get_mut(src) else {
+        let (src, chan) = (frame.header.source as usize, frame.header.chan as usize);
+        let Some(chans) = self.expected.get_mut(src) else {
             // A source outside the communicator: the frame is malformed; drop it.
             return;
         };
+        if chan >= chans.len() {
+            chans.resize(chan + 1, 0);
+        }
+        let exp = &mut chans[chan];
         if frame.header.seq != *exp {
             self.counters.out_of_sequence += 1;
             self.early.push(frame);
@@ -183,14 +188,16 @@ impl MatchState {
         }
         *exp = exp.wrapping_add(1);
         self.pair(frame, out);
-        // The gap may have closed for frames that came early from this source.
+        // The gap may have closed for frames that came early on this channel.
         while !self.early.is_empty() {
-            let want = self.expected[src];
-            let Some(i) = self.early.iter().position(|f| f.header.source as usize == src && f.header.seq == want) else {
+            let want = self.expected[src][chan];
+            let Some(i) = self.early.iter().position(|f| {
+                f.header.source as usize == src && f.header.chan as usize == chan && f.header.seq == want
+            }) else {
                 break;
             };
             let f = self.early.swap_remove(i);
-            self.expected[src] = want.wrapping_add(1);
+            self.expected[src][chan] = want.wrapping_add(1);
             self.pair(f, out);
         }
     }

@@ -375,6 +375,12 @@ impl Builder {
         self.config.provider = p;
         self
     }
+    /// Order messages per sending thread rather than per source rank (see
+    /// [`Config::per_thread_order`]; only with `Assignment::Dedicated`).
+    pub fn per_thread_order(mut self, on: bool) -> Self {
+        self.config.per_thread_order = on;
+        self
+    }
     /// Lock protocol of one path (see [`Locks`](crate::Locks)).
     ///
     /// ```

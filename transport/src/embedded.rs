@@ -376,6 +376,6 @@ impl Endpoint {
 
     /// The header of a frame with no payload, for protocol replies.
     pub fn control_header(kind: FrameKind, src_cri: u16, source: u32, cookie: u64) -> Header {
-        Header { kind, src_cri, context: 0, source, tag: 0, seq: 0, len: 0, cookie, key: 0, addr: 0 }
+        Header { kind, src_cri, context: 0, source, tag: 0, seq: 0, chan: 0, len: 0, cookie, key: 0, addr: 0 }
     }
 }

@@ -28,8 +28,13 @@ pub struct Header {
     pub source: u32,
     /// Message tag.
     pub tag: i32,
-    /// Per (source, communicator) sequence number.
+    /// Per (source, communicator, `chan`) sequence number.
     pub seq: u32,
+    /// Ordering channel: frames of one (source, communicator) are matched in `seq` order
+    /// within a channel; frames of different channels are logically concurrent (MPI: sends
+    /// of distinct threads are unordered). The runtime uses the sender thread's dedicated
+    /// CRI as its channel, so the sequence stays in order through that CRI's FIFO inbox.
+    pub chan: u16,
     /// Payload length (eager) or message length (rendezvous).
     pub len: u64,
     /// Sender-side request handle for rendezvous (echoed by `Fin`).

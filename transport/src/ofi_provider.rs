@@ -194,7 +194,7 @@ fn get_u64(b: &[u8], at: usize) -> u64 {
 /// | bytes | field | bytes | field |
 /// |---|---|---|---|
 /// | 0 | kind | 16..20 | seq |
-/// | 1 | 0 | 20..24 | 0 |
+/// | 1 | 0 | 20..22 | chan |
 /// | 2..4 | src_cri | 24..32 | len |
 /// | 4..8 | context | 32..40 | cookie |
 /// | 8..12 | source | 40..48 | key |
@@ -207,7 +207,8 @@ fn encode(h: &Header, out: &mut [u8]) {
     put_u32(out, 8, h.source);
     put_u32(out, 12, h.tag as u32);
     put_u32(out, 16, h.seq);
-    put_u32(out, 20, 0);
+    put_u16(out, 20, h.chan);
+    put_u16(out, 22, 0);
     put_u64(out, 24, h.len);
     put_u64(out, 32, h.cookie);
     put_u64(out, 40, h.key);
@@ -232,6 +233,7 @@ fn decode(b: &[u8]) -> Option<Header> {
         source: get_u32(b, 8),
         tag: get_u32(b, 12) as i32,
         seq: get_u32(b, 16),
+        chan: get_u16(b, 20),
         len: get_u64(b, 24),
         cookie: get_u64(b, 32),
         key: get_u64(b, 40),
@@ -1269,7 +1271,7 @@ mod tests {
 
     #[test]
     fn wire_header_round_trips() {
-        let h = Header { kind: FrameKind::Rts, src_cri: 3, context: 7, source: 9, tag: -1, seq: 42, len: 1 << 40, cookie: 0xdead_beef, key: 77, addr: 0x7fff_0000_1234 };
+        let h = Header { kind: FrameKind::Rts, src_cri: 3, context: 7, source: 9, tag: -1, seq: 42, chan: 5, len: 1 << 40, cookie: 0xdead_beef, key: 77, addr: 0x7fff_0000_1234 };
         let mut b = [0u8; WIRE_HEADER];
         encode(&h, &mut b);
         assert_eq!(decode(&b), Some(h));

@@ -17,6 +17,7 @@
 //! round, not a time slice of spinning.
 
 /// Rounds a [`SpinWait::local`] waiter spins (one `spin_loop` hint each) before yielding.
+#[cfg(not(loom))]
 pub(crate) const LOCAL_SPINS: u32 = 64;
 
 /// One waiter's backoff state.
