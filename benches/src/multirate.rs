@@ -308,28 +308,41 @@ fn measure(p: &Point, iterations: usize, comm_per_pair: bool, overtaking: bool) 
     let barrier = Barrier::new(workers + 1);
     let warmup = (iterations / 10).clamp(1, 20);
     let (w, size) = (p.window, p.size);
-    let elapsed = std::thread::scope(|s| -> Result<Duration, String> {
+    let elapsed = run_roles(&senders, &receivers, &barrier, (w, size, iterations, warmup), || Ok(()))?;
+    let messages = (links.len() * w * iterations) as f64;
+    Ok(messages / elapsed.as_secs_f64())
+}
+
+/// Runs every role with links on its own thread and times the measured phase: the roles
+/// and this thread meet at `barrier` after the warm-up, at the start and at the end; `sync`
+/// runs after the warm-up and end meetings (a cross-process barrier in a launched job).
+fn run_roles(
+    senders: &[Role<'_>],
+    receivers: &[Role<'_>],
+    barrier: &Barrier,
+    (w, size, iterations, warmup): (usize, usize, usize, usize),
+    sync: impl Fn() -> Result<(), String>,
+) -> Result<Duration, String> {
+    std::thread::scope(|s| {
         let mut hs = Vec::new();
         for role in senders.iter().filter(|r| !r.links.is_empty()) {
-            let barrier = &barrier;
             hs.push(s.spawn(move || sender(role, w, size, iterations, warmup, barrier)));
         }
         for role in receivers.iter().filter(|r| !r.links.is_empty()) {
-            let barrier = &barrier;
             hs.push(s.spawn(move || receiver(role, w, size, iterations, warmup, barrier)));
         }
-        barrier.wait(); // warm-up done
+        barrier.wait(); // warm-up done here
+        sync()?;
         barrier.wait(); // start
         let t0 = Instant::now();
-        barrier.wait(); // end
+        barrier.wait(); // end here
+        sync()?;
         let el = t0.elapsed();
         for h in hs {
             h.join().map_err(|_| "worker panicked".to_string())??;
         }
         Ok(el)
-    })?;
-    let messages = (links.len() * w * iterations) as f64;
-    Ok(messages / elapsed.as_secs_f64())
+    })
 }
 
 fn sender(role: &Role<'_>, w: usize, size: usize, iterations: usize, warmup: usize, barrier: &Barrier) -> Result<(), String> {
@@ -513,28 +526,8 @@ fn rank_worker(p: &Point, a: &Args, provider: Provider) -> Result<(), String> {
     let warmup = (a.iterations / 10).clamp(1, 20);
     let (w, size, iterations) = (p.window, p.size, a.iterations);
     let world = rt.world();
-    let elapsed = std::thread::scope(|s| -> Result<Duration, String> {
-        let mut hs = Vec::new();
-        for role in senders.iter().filter(|r| !r.links.is_empty()) {
-            let barrier = &barrier;
-            hs.push(s.spawn(move || sender(role, w, size, iterations, warmup, barrier)));
-        }
-        for role in receivers.iter().filter(|r| !r.links.is_empty()) {
-            let barrier = &barrier;
-            hs.push(s.spawn(move || receiver(role, w, size, iterations, warmup, barrier)));
-        }
-        barrier.wait(); // warm-up done here
-        cross_barrier(world)?; // ... everywhere
-        barrier.wait(); // start
-        let t0 = Instant::now();
-        barrier.wait(); // end here
-        cross_barrier(world)?; // ... everywhere
-        let el = t0.elapsed();
-        for h in hs {
-            h.join().map_err(|_| "worker panicked".to_string())??;
-        }
-        Ok(el)
-    })?;
+    // Each phase boundary is crossed here, then across the job.
+    let elapsed = run_roles(&senders, &receivers, &barrier, (w, size, iterations, warmup), || cross_barrier(world))?;
     cross_barrier(world)?;
     if me == 0 {
         println!("RATE {}", (links.len() * w * iterations) as f64 / elapsed.as_secs_f64());

@@ -112,6 +112,11 @@ pub struct Config {
     /// async task that moves between threads (weft's pool, tokio) between two sends to the
     /// same peer could see them overtake each other.
     pub per_thread_order: bool,
+    /// How long a blocked waiter yields its core, watching for its notification, before it
+    /// sleeps in the kernel (`WEFT_YIELD_US`, microseconds; default 50 us). Seed 003 §4.4:
+    /// waiters "wait peacefully, yielding the usage of CPU core". A notification in this
+    /// window costs the notifier no futex wake and the waiter no wake-up latency.
+    pub yield_window: std::time::Duration,
     /// Lock protocol of each path (`WEFT_LOCK_PROGRESS`, `WEFT_LOCK_CRI`, `WEFT_LOCK_MATCHING`).
     pub locks: Locks,
     /// Measure how long each path lock is held (two clock reads per acquisition;
@@ -181,6 +186,7 @@ impl Default for Config {
             pack_threshold: 256 * 1024,
             provider: Provider::Embedded,
             per_thread_order: false,
+            yield_window: std::time::Duration::from_micros(50),
             locks: Locks::default(),
             lock_timing: false,
         }
@@ -237,6 +243,10 @@ impl Config {
             if let Some(kind) = kind {
                 self.locks.set(path, kind);
             }
+        }
+        if let Some(v) = var("WEFT_YIELD_US") {
+            let us = num("WEFT_YIELD_US must be a number of microseconds", &v)?;
+            self.yield_window = std::time::Duration::from_micros(us as u64);
         }
         if let Some(v) = var("WEFT_PER_THREAD_ORDER") {
             self.per_thread_order = matches!(v.trim(), "1" | "true" | "yes" | "on");

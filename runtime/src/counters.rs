@@ -39,17 +39,6 @@ pub struct Snapshot {
     pub out_of_sequence: u64,
     /// Nanoseconds in matching (only with `match_timing`).
     pub match_nanos: u64,
-    /// CRI lock acquisitions (`cri_lock.acquisitions`).
-    pub cri_acquisitions: u64,
-    /// CRI lock acquisitions (or try-locks) that found the lock taken (`cri_lock.contended`).
-    pub cri_contended: u64,
-    /// Progress-lock acquisitions that found it taken, `Global` mode
-    /// (`progress_lock.contended`).
-    pub progress_contended: u64,
-    /// Progress passes over a CRI that handled at least one frame (`cri_lock.productive`).
-    pub productive_progress: u64,
-    /// Progress passes over a CRI that found nothing (`cri_lock.unproductive`).
-    pub unproductive_progress: u64,
     /// The progress path lock of `Global` mode (seed 000 §3.2): acquisitions, contended
     /// acquisitions, time held (with lock timing on), and productive vs unproductive passes
     /// of waiters through the progress engine.
@@ -94,11 +83,6 @@ pub(crate) fn snapshot(s: &Shared) -> Snapshot {
         out.matching_lock = s.global_match.stats();
     }
     out.progress_lock = s.progress_lock.stats();
-    out.cri_acquisitions = out.cri_lock.acquisitions;
-    out.cri_contended = out.cri_lock.contended;
-    out.productive_progress = out.cri_lock.productive;
-    out.unproductive_progress = out.cri_lock.unproductive;
-    out.progress_contended = out.progress_lock.contended;
     out.parks = s.counters.parks.load(Ordering::Relaxed);
     out.park_timeouts = s.counters.park_timeouts.load(Ordering::Relaxed);
     out.flow_control_waits = s.counters.flow_control_waits.load(Ordering::Relaxed);

@@ -267,32 +267,16 @@ thread_local! {
 /// reproduced, so a missed notification costs at most this much latency instead of a hang.
 const PARK_LIMIT: std::time::Duration = std::time::Duration::from_millis(50);
 
-/// How long a waiter yields its core, checking its listeners, before it sleeps in the
-/// kernel. Seed 003 §4.4: waiters "wait peacefully, yielding the usage of CPU core". A
-/// notification during this phase costs the notifier an atomic store (the thread is not
-/// asleep, so `unpark` needs no system call) and the waiter no wake-up latency; only waits
-/// longer than this pay for a futex sleep and wake.
-fn yield_window() -> std::time::Duration {
-    static NANOS: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
-    let ns = *NANOS.get_or_init(|| {
-        std::env::var("WEFT_YIELD_US").ok().and_then(|v| v.trim().parse::<u64>().ok()).map_or(DEFAULT_YIELD_NS, |us| us * 1000)
-    });
-    std::time::Duration::from_nanos(ns)
-}
-
-/// Default of [`yield_window`] (`WEFT_YIELD_US` overrides it, in microseconds).
-const DEFAULT_YIELD_NS: u64 = 50_000;
-
 /// Blocks until either listener fires (or `PARK_LIMIT` passes, counted in
-/// `park_timeouts`; callers re-check): yields the core for [`yield_window`] first, then
-/// parks.
+/// `park_timeouts`; callers re-check): yields the core for the configured
+/// `yield_window` first (a notification then needs no futex wake), then parks.
 fn park_two(s: &Shared, mut a: EventListener, mut b: Option<EventListener>) {
     use std::future::Future;
     use std::pin::Pin;
     let waker = PARKER.with(|w| w.clone());
     let start = std::time::Instant::now();
     let deadline = start + PARK_LIMIT;
-    let yield_until = start + yield_window();
+    let yield_until = start + s.config.yield_window;
     let mut cx = Context::from_waker(&waker);
     loop {
         if let Poll::Ready(()) = Pin::new(&mut a).poll(&mut cx) {

@@ -375,6 +375,12 @@ impl Builder {
         self.config.provider = p;
         self
     }
+    /// How long a blocked waiter yields its core before sleeping in the kernel (see
+    /// [`Config::yield_window`]).
+    pub fn yield_window(mut self, window: std::time::Duration) -> Self {
+        self.config.yield_window = window;
+        self
+    }
     /// Order messages per sending thread rather than per source rank (see
     /// [`Config::per_thread_order`]; only with `Assignment::Dedicated`).
     pub fn per_thread_order(mut self, on: bool) -> Self {
