@@ -180,7 +180,7 @@ impl Communicator {
             s.send_frame(k, dest, header, bytes)?;
             let inner = new_inner(|i| {
                 i.context = st.context;
-                i.cell.complete(Ok(Status { source: dest, tag, bytes: len }));
+                i.cell.reset_completed(Ok(Status { source: dest, tag, bytes: len }));
             });
             return Ok(Request::send(self, inner, buf));
         }

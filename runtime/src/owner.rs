@@ -23,7 +23,7 @@
 //! three); they fail, for example, if `listen` skips its re-check. Run them with
 //! `RUSTFLAGS="--cfg loom" CARGO_TARGET_DIR=target/loom cargo test -p weft --release --lib owner`.
 
-use event_listener::{Event, EventListener};
+use weft_sync::{Signal, SignalListener};
 
 use crate::loom::sync::atomic::{AtomicU64, Ordering};
 
@@ -34,12 +34,12 @@ pub(crate) const NOBODY: u64 = 0;
 #[derive(Debug)]
 pub(crate) struct OwnerToken {
     owner: AtomicU64,
-    handoff: Event,
+    handoff: Signal,
 }
 
 impl OwnerToken {
     pub(crate) fn new() -> Self {
-        OwnerToken { owner: AtomicU64::new(NOBODY), handoff: Event::new() }
+        OwnerToken { owner: AtomicU64::new(NOBODY), handoff: Signal::new() }
     }
 
     /// Whether `me` owns progress (only `me` can make this true or false, so Relaxed).
@@ -78,7 +78,7 @@ impl OwnerToken {
     /// A listener for the next hand-off, or `None` when the token is free (the caller should
     /// try to take it instead of parking).
     #[inline]
-    pub(crate) fn listen(&self) -> Option<EventListener> {
+    pub(crate) fn listen(&self) -> Option<SignalListener<'_>> {
         let l = self.handoff.listen();
         // `listen` fences (SeqCst) after registering: a release before this load is seen
         // here, one after it notifies `l`.
@@ -117,12 +117,12 @@ mod model {
             struct World {
                 token: OwnerToken,
                 ops: Mutex<Vec<u8>>,
-                events: Vec<Event>,
+                events: Vec<Signal>,
             }
             let w = Arc::new(World {
                 token: OwnerToken::new(),
                 ops: Mutex::new(vec![0; waiters]),
-                events: (0..waiters).map(|_| Event::new()).collect(),
+                events: (0..waiters).map(|_| Signal::new()).collect(),
             });
             let handles: Vec<_> = (0..waiters)
                 .map(|i| {

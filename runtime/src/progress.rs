@@ -16,8 +16,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::task::{Context, Poll, Wake, Waker};
 
-use event_listener::EventListener;
-use weft_sync::{Progress, Step, SyncObject};
+use weft_sync::{Progress, SignalListener, Step, SyncObject};
 
 use crate::config::ProgressMode;
 use crate::request::Request;
@@ -167,8 +166,8 @@ impl Progress for Hook {
         }
     }
 
-    fn park(&self, listener: EventListener) {
-        park_or_frames(&self.shared, listener, None);
+    fn park(&self, listener: SignalListener<'_>) {
+        park_or_frames(&self.shared, listener);
     }
 
     fn poll_progress(&self, cx: &mut Context<'_>) -> Step {
@@ -196,7 +195,7 @@ impl Progress for OwnerWait<'_> {
         }
     }
 
-    fn park(&self, listener: EventListener) {
+    fn park(&self, listener: SignalListener<'_>) {
         let s = self.shared;
         // Issue 4 (seed 003 §4.6.2): run a pool task instead of sleeping.
         if crate::executor::help(s) {
@@ -204,7 +203,7 @@ impl Progress for OwnerWait<'_> {
         }
         if s.owner.is(self.me) {
             // The owner sleeps until the next frame (or its own completion).
-            park_or_frames(s, listener, None);
+            park_or_frames(s, listener);
         } else if let Some(handoff) = s.owner.listen() {
             // A plain waiter: its completions, or a hand-off of ownership.
             s.counters.parks.fetch_add(1, Ordering::Relaxed);
@@ -227,17 +226,17 @@ impl Progress for ConcurrentWait<'_> {
         }
     }
 
-    fn park(&self, listener: EventListener) {
+    fn park(&self, listener: SignalListener<'_>) {
         // Issue 4 (seed 003 §4.6.2): run a pool task instead of sleeping.
         if crate::executor::help(self.shared) {
             return;
         }
-        park_or_frames(self.shared, listener, None);
+        park_or_frames(self.shared, listener);
     }
 }
 
 /// Parks on `listener` and the doorbell, unless frames are already waiting.
-fn park_or_frames(s: &Shared, listener: EventListener, _unused: Option<()>) {
+fn park_or_frames(s: &Shared, listener: SignalListener<'_>) {
     let bell = s.transport.doorbell().listen();
     if s.transport.any_frames() {
         return;
@@ -270,7 +269,7 @@ const PARK_LIMIT: std::time::Duration = std::time::Duration::from_millis(50);
 /// Blocks until either listener fires (or `PARK_LIMIT` passes, counted in
 /// `park_timeouts`; callers re-check): yields the core for the configured
 /// `yield_window` first (a notification then needs no futex wake), then parks.
-fn park_two(s: &Shared, mut a: EventListener, mut b: Option<EventListener>) {
+fn park_two(s: &Shared, mut a: SignalListener<'_>, mut b: Option<SignalListener<'_>>) {
     use std::future::Future;
     use std::pin::Pin;
     let waker = PARKER.with(|w| w.clone());

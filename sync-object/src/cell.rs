@@ -298,19 +298,40 @@ impl CompletionCell {
 
     /// Makes the cell pending again for reuse (request pools).
     ///
-    /// Needs `&mut self`: nobody else may hold the cell. An attachment still in place (the
-    /// operation never completed) is cancelled first.
+    /// Needs `&mut self`: nobody else may hold the cell, so no atomic instruction is needed.
+    /// An attachment still in place (the operation never completed) is cancelled first.
     pub fn reset(&mut self) {
-        self.cancel_attachment();
-        self.state = AtomicUsize::new(0);
+        let state = crate::loom::with_mut(&mut self.state, |s| std::mem::replace(s, 0));
+        self.cancel_attachment(state);
         self.outcome = UnsafeCell::new(None);
-        *crate::loom::lock(&self.waker) = None;
+        if state & HAS_WAKER != 0 {
+            // A waker is stored only before `HAS_WAKER` is set, so without the bit the slot
+            // is already empty (the completer or an earlier reset took it).
+            *crate::loom::get_mut(&mut self.waker) = None;
+        }
     }
 
-    fn cancel_attachment(&mut self) {
-        if let Some(mut att) = self.try_detach() {
-            // SAFETY: the attachment was handed back to us by `try_detach`; delivering a
-            // cancellation consumes it exactly once and releases the sync object.
+    /// Resets the cell straight to complete with `outcome`, for an operation that finished
+    /// as it started (an eager send): like `reset` then `complete`, with `&mut self` instead
+    /// of atomic read-modify-writes. Nothing is attached or waiting on a cell held this way.
+    pub fn reset_completed(&mut self, outcome: Outcome) {
+        let state = crate::loom::with_mut(&mut self.state, |s| std::mem::replace(s, COMPLETE));
+        self.cancel_attachment(state);
+        self.outcome = UnsafeCell::new(Some(outcome));
+        if state & HAS_WAKER != 0 {
+            *crate::loom::get_mut(&mut self.waker) = None;
+        }
+    }
+
+    /// Cancels the attachment of a cell in state `state` held exclusively: it was attached
+    /// and never completed (the runtime shut down with the operation pending).
+    fn cancel_attachment(&mut self, state: usize) {
+        if state & (ATTACHED | COMPLETE) == ATTACHED {
+            // SAFETY: `ATTACHED` without `COMPLETE`: the attacher initialized the slot, and no
+            // completer or detacher can consume it (we hold the cell exclusively).
+            let mut att = self.attachment.with(|p| unsafe { (*p).assume_init() });
+            // SAFETY: delivering a cancellation consumes the attachment exactly once and
+            // releases the sync object.
             unsafe { (att.deliver)(att.sink, &mut att.data, att.with_data, Err(Error::Cancelled)) };
         }
     }
@@ -320,7 +341,8 @@ impl Drop for CompletionCell {
     fn drop(&mut self) {
         // A cell dropped while attached (the runtime shut down with the operation pending)
         // still settles its sync object: the completion arrives as `Cancelled`.
-        self.cancel_attachment();
+        let state = crate::loom::with_mut(&mut self.state, |s| *s);
+        self.cancel_attachment(state);
     }
 }
 

@@ -51,11 +51,12 @@
 mod cell;
 pub(crate) mod loom;
 mod object;
+mod signal;
 mod status;
 mod wait;
 
 pub use cell::CompletionCell;
-pub use event_listener::EventListener;
+pub use signal::{Signal, SignalListener};
 pub use object::{Attach, AttachError, Completion, Completions, Detached, Next, SyncObject};
 pub use status::{Error, Outcome, Status};
 pub use wait::{Progress, Step};

@@ -50,3 +50,22 @@ pub(crate) fn lock<T>(m: &sync::Mutex<T>) -> sync::MutexGuard<'_, T> {
         Err(p) => p.into_inner(),
     }
 }
+
+/// Runs `f` on the value of an atomic the caller holds exclusively (`&mut`): no atomic
+/// instruction, as `AtomicUsize::get_mut` (loom spells it `with_mut`).
+#[inline]
+pub(crate) fn with_mut<R>(a: &mut sync::atomic::AtomicUsize, f: impl FnOnce(&mut usize) -> R) -> R {
+    #[cfg(loom)]
+    return a.with_mut(f);
+    #[cfg(not(loom))]
+    return f(a.get_mut());
+}
+
+/// The value behind a mutex the caller holds exclusively (`&mut`), ignoring poisoning.
+#[inline]
+pub(crate) fn get_mut<T>(m: &mut sync::Mutex<T>) -> &mut T {
+    match m.get_mut() {
+        Ok(v) => v,
+        Err(p) => p.into_inner(),
+    }
+}

@@ -20,7 +20,8 @@
 //! `ready` mirrors the queue length and is only written under the queue lock; lock-free
 //! readers use it as an O(1) hint (`probe`, the empty fast path of `query`). Lost wakeups are
 //! excluded by event-listener's check -> listen -> re-check -> wait protocol: every state
-//! change is made before the matching `notify`, and `notify` carries a full fence.
+//! change is made before the matching `notify`, and [`Signal`] orders the two sides with
+//! `SeqCst` fences (its notify is one fence and one load while nobody listens).
 
 use std::collections::VecDeque;
 use std::fmt;
@@ -29,12 +30,12 @@ use std::pin::Pin;
 use std::task::{Context, Poll};
 
 use crossbeam_utils::CachePadded;
-use event_listener::{Event, EventListener};
 use futures_core::Stream;
 
 use crate::cell::{put_data, take_data, AttachRace, Attachment, CompletionCell, DataSlot};
 use crate::loom::sync::atomic::{AtomicUsize, Ordering};
 use crate::loom::sync::{Arc, Mutex};
+use crate::signal::{Signal, SignalListener};
 use crate::status::{Error, Outcome, Status};
 use crate::wait::{block_until, Progress, Step};
 
@@ -115,9 +116,9 @@ struct Inner<T> {
     /// The completion queue ("this queue is protected for thread-safety", seed 003 §4.6.1).
     queue: Mutex<Queue<T>>,
     /// Notified (one more listener) per queued event, and all when `pending` reaches zero.
-    data_event: Event,
+    data_event: Signal,
     /// Notified (all) when `pending` reaches zero or on `signal`.
-    drained_event: Event,
+    drained_event: Signal,
     /// How a blocked waiter drives progress (given by the runtime), if anything.
     progress: Option<std::sync::Arc<dyn Progress>>,
 }
@@ -205,8 +206,8 @@ impl<T: Send + 'static> SyncObject<T> {
                 pending: CachePadded::new(AtomicUsize::new(0)),
                 ready: CachePadded::new(AtomicUsize::new(0)),
                 queue: Mutex::new(Queue { items: VecDeque::new(), first_error: None }),
-                data_event: Event::new(),
-                drained_event: Event::new(),
+                data_event: Signal::new(),
+                drained_event: Signal::new(),
                 progress,
             }),
         }
@@ -409,16 +410,15 @@ fn finish_one<T>(inner: &Inner<T>) {
 unsafe fn deliver<T: Send + 'static>(sink: *const (), data: *mut DataSlot, with_data: bool, outcome: Outcome) {
     // SAFETY: per the contract, `sink` is an owned `Arc<Inner<T>>`.
     let inner = unsafe { Arc::from_raw(sink.cast::<Inner<T>>()) };
-    {
+    if with_data {
+        // SAFETY: per the contract, the slot holds a `T`.
+        let data = unsafe { take_data::<T>(data) };
         let mut q = crate::loom::lock(&inner.queue);
-        if with_data {
-            // SAFETY: per the contract, the slot holds a `T`.
-            let data = unsafe { take_data::<T>(data) };
-            q.items.push_back(Completion { data, outcome });
-            inner.ready.store(q.items.len(), Ordering::Release);
-        } else if let Err(e) = outcome {
-            q.first_error.get_or_insert(e);
-        }
+        q.items.push_back(Completion { data, outcome });
+        inner.ready.store(q.items.len(), Ordering::Release);
+    } else if let Err(e) = outcome {
+        // A counted completion touches the queue only to record an error.
+        crate::loom::lock(&inner.queue).first_error.get_or_insert(e);
     }
     if with_data {
         inner.data_event.notify_additional(1);
@@ -447,7 +447,7 @@ impl<T: Send + 'static> Future for Next<'_, T> {
 #[must_use = "streams do nothing unless polled"]
 pub struct Completions<'a, T> {
     sync: &'a SyncObject<T>,
-    listener: Option<EventListener>,
+    listener: Option<SignalListener<'a>>,
 }
 
 impl<T> fmt::Debug for Completions<'_, T> {

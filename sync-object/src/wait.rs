@@ -9,7 +9,7 @@
 
 use std::task::Context;
 
-use event_listener::{EventListener, Listener};
+use crate::signal::SignalListener;
 
 /// What one call into the progress hook achieved.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -30,7 +30,7 @@ pub trait Progress: Send + Sync {
     /// Parks the calling thread until `listener` fires or the runtime needs this thread (new
     /// network activity for a progress owner, an ownership hand-off). Spurious returns are
     /// fine: the caller re-checks its condition.
-    fn park(&self, listener: EventListener) {
+    fn park(&self, listener: SignalListener<'_>) {
         listener.wait();
     }
 
@@ -55,7 +55,7 @@ const IDLE_SPINS: u32 = 0;
 /// The protocol that loses no wakeup: check -> listen -> re-check -> park.
 // Under loom the spin budget is 0, which makes `idle < IDLE_SPINS` always false.
 #[cfg_attr(loom, allow(clippy::absurd_extreme_comparisons))]
-pub(crate) fn block_until(hook: Option<&dyn Progress>, mut done: impl FnMut() -> bool, mut listen: impl FnMut() -> EventListener) {
+pub(crate) fn block_until<'a>(hook: Option<&dyn Progress>, mut done: impl FnMut() -> bool, mut listen: impl FnMut() -> SignalListener<'a>) {
     let mut idle = 0u32;
     let backoff = crossbeam_utils::Backoff::new();
     loop {

@@ -367,3 +367,39 @@ fn next_vs_complete() {
         completer.join().unwrap();
     });
 }
+
+/// `Signal`'s skip-when-nobody-listens fast path loses no wake-up: a waiter that checks,
+/// listens, re-checks and blocks is always woken by a notifier that sets the flag and then
+/// notifies (loom reports a deadlock otherwise), with a second notifier racing on the count.
+#[test]
+fn signal_listen_vs_notify() {
+    use loom::sync::atomic::{AtomicBool, Ordering};
+    use weft_sync::Signal;
+    model("signal_listen_vs_notify", || {
+        let s = Arc::new((Signal::new(), AtomicBool::new(false), AtomicBool::new(false)));
+        let n1 = {
+            let s = s.clone();
+            thread::spawn(move || {
+                s.1.store(true, Ordering::Relaxed);
+                s.0.notify(1);
+            })
+        };
+        let n2 = {
+            let s = s.clone();
+            thread::spawn(move || {
+                s.2.store(true, Ordering::Relaxed);
+                s.0.notify_additional(1);
+            })
+        };
+        // Waits for both flags, one listen / re-check / wait round at a time.
+        while !(s.1.load(Ordering::Relaxed) && s.2.load(Ordering::Relaxed)) {
+            let l = s.0.listen();
+            if s.1.load(Ordering::Relaxed) && s.2.load(Ordering::Relaxed) {
+                break;
+            }
+            l.wait();
+        }
+        n1.join().unwrap();
+        n2.join().unwrap();
+    });
+}

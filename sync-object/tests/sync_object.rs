@@ -12,8 +12,8 @@ use futures::executor::block_on;
 use futures::task::{noop_waker, ArcWake};
 use futures::StreamExt;
 use weft_sync::{
-    Attach, AttachError, Completion, CompletionCell, Detached, Error, EventListener, Outcome, Progress, Status,
-    Step, SyncObject,
+    Attach, AttachError, Completion, CompletionCell, Detached, Error, Outcome, Progress, SignalListener,
+    Status, Step, SyncObject,
 };
 
 /// A stand-in for a runtime request: the user holds `Op`, the "transport" holds a clone of
@@ -618,12 +618,11 @@ impl Progress for ParkRecorder {
         Step::Park
     }
 
-    fn park(&self, listener: EventListener) {
+    fn park(&self, listener: SignalListener<'_>) {
         self.parks.fetch_add(1, Ordering::SeqCst);
         self.in_park.store(true, Ordering::SeqCst);
         // Bounded so a lost wakeup fails the test instead of hanging it.
-        use event_listener::Listener;
-        assert!(listener.wait_timeout(Duration::from_secs(10)).is_some(), "waiter never woken");
+        assert!(listener.wait_timeout(Duration::from_secs(10)), "waiter never woken");
         self.in_park.store(false, Ordering::SeqCst);
     }
 }
@@ -723,7 +722,7 @@ impl Progress for Completer {
         }
     }
 
-    fn park(&self, listener: EventListener) {
+    fn park(&self, listener: SignalListener<'_>) {
         // A spurious return is allowed: the waiter must re-check and call `progress` again.
         drop(listener);
         self.log.lock().unwrap().push("park");
@@ -790,7 +789,7 @@ impl Progress for IdleThenPark {
         Step::Idle
     }
 
-    fn park(&self, listener: EventListener) {
+    fn park(&self, listener: SignalListener<'_>) {
         self.inner.park(listener);
     }
 }

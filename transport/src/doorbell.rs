@@ -4,8 +4,8 @@
 use std::fmt;
 use std::task::Waker;
 
-use event_listener::{Event, EventListener};
 use parking_lot::Mutex;
+use weft_sync::{Signal, SignalListener};
 
 use crate::loom::sync::atomic::{AtomicBool, Ordering};
 
@@ -15,7 +15,7 @@ use crate::loom::sync::atomic::{AtomicBool, Ordering};
 #[derive(Default)]
 pub struct Doorbell {
     /// Parked threads.
-    event: Event,
+    event: Signal,
     /// Async pollers waiting for the next ring.
     wakers: Mutex<Vec<Waker>>,
     /// `wakers` is non-empty: the ring path checks this one flag before taking the lock.
@@ -37,8 +37,8 @@ impl Doorbell {
     /// Wakes one parked thread and every registered task.
     #[inline]
     pub fn ring(&self) {
-        // `notify` begins with a full fence, which also orders the flag load below after the
-        // frame push that preceded this ring.
+        // `notify` begins with a full fence (one fence and one load while no thread listens),
+        // which also orders the flag load below after the frame push that preceded this ring.
         self.event.notify(1);
         if self.has_wakers.load(Ordering::Relaxed) {
             self.wake_tasks();
@@ -69,7 +69,7 @@ impl Doorbell {
     }
 
     /// A listener for the next ring (check -> listen -> re-check -> wait).
-    pub fn listen(&self) -> EventListener {
+    pub fn listen(&self) -> SignalListener<'_> {
         self.event.listen()
     }
 

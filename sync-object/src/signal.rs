@@ -1,0 +1,144 @@
+//! `Signal`: an event-listener [`Event`] whose notification costs one fence and one load
+//! when nobody listens.
+//!
+//! event-listener 5 takes the event's internal mutex on every `notify`, listeners or not.
+//! weft notifies on every frame pushed (the doorbell) and on every completion that drains a
+//! sync object, while a waiter spins and only rarely parks, so almost every notification
+//! finds nobody listening. A `Signal` counts its live listeners and skips `notify` when the
+//! count is zero.
+//!
+//! # Memory ordering (Dekker-style, like tokio's `Notify` and crossbeam's `Parker`)
+//!
+//! * A listener registers with the event first, then increments `listeners`, then issues a
+//!   `SeqCst` fence, then re-checks its condition.
+//! * A notifier changes the state first, then issues a `SeqCst` fence, then loads
+//!   `listeners`.
+//!
+//! The two fences are ordered one way or the other. If the notifier's fence comes first,
+//! the listener's re-check (after its own fence) sees the state change and it does not
+//! wait. If the listener's fence comes first, its registration and increment (before it)
+//! are visible to the notifier's load (after its fence): the count is not zero, and
+//! `notify` finds the registered listener. No wake-up is lost either way. A stale non-zero
+//! count only costs a needless `notify`.
+
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
+
+use crossbeam_utils::CachePadded;
+use event_listener::{Event, EventListener, Listener};
+
+use crate::loom::sync::atomic::{fence, AtomicUsize, Ordering};
+
+/// An event that threads and tasks can wait for; see the [module docs](self).
+#[derive(Default)]
+pub struct Signal {
+    event: Event,
+    /// Live [`SignalListener`]s (registered, not yet dropped).
+    listeners: CachePadded<AtomicUsize>,
+}
+
+impl fmt::Debug for Signal {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Signal").field("listeners", &self.listeners.load(Ordering::Relaxed)).finish()
+    }
+}
+
+impl Signal {
+    /// A signal nobody listens to yet.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Registers a listener for the next notification. The caller must re-check its
+    /// condition after this returns and before waiting (check -> listen -> re-check -> wait).
+    pub fn listen(&self) -> SignalListener<'_> {
+        let inner = self.event.listen();
+        self.listeners.fetch_add(1, Ordering::Relaxed);
+        // SeqCst: orders the registration and the count before the caller's re-check
+        // (module docs).
+        fence(Ordering::SeqCst);
+        SignalListener { inner: Some(inner), listeners: &self.listeners }
+    }
+
+    /// Whether a notifier must call into the event: fences, then reads the count.
+    #[inline]
+    fn anyone(&self) -> bool {
+        // SeqCst: orders the caller's state change before the count load (module docs).
+        fence(Ordering::SeqCst);
+        self.listeners.load(Ordering::Relaxed) != 0
+    }
+
+    /// Wakes up to `n` listeners that are not notified yet (`Event::notify`). Call it after
+    /// the state change the listeners wait for.
+    #[inline]
+    pub fn notify(&self, n: usize) {
+        if self.anyone() {
+            // Relaxed: `anyone` already fenced.
+            self.event.notify_relaxed(n);
+        }
+    }
+
+    /// Wakes `n` more listeners, notified ones not counted (`Event::notify_additional`).
+    #[inline]
+    pub fn notify_additional(&self, n: usize) {
+        if self.anyone() {
+            // Relaxed: `anyone` already fenced.
+            self.event.notify_additional_relaxed(n);
+        }
+    }
+}
+
+/// A registered listener of a [`Signal`]: a future, or something to block on.
+#[must_use = "a listener does nothing unless waited for"]
+pub struct SignalListener<'a> {
+    /// `None` once consumed by a blocking wait (the count is released at drop).
+    inner: Option<EventListener>,
+    listeners: &'a AtomicUsize,
+}
+
+impl fmt::Debug for SignalListener<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SignalListener").finish_non_exhaustive()
+    }
+}
+
+impl SignalListener<'_> {
+    /// Blocks until notified.
+    pub fn wait(mut self) {
+        if let Some(l) = self.inner.take() {
+            l.wait();
+        }
+        // `self` drops here, after the wait: the count covers the whole wait.
+    }
+
+    /// Blocks until notified or `timeout` passes; returns whether it was notified.
+    pub fn wait_timeout(self, timeout: Duration) -> bool {
+        self.wait_deadline(Instant::now() + timeout)
+    }
+
+    /// Blocks until notified or `deadline`; returns whether it was notified.
+    pub fn wait_deadline(mut self, deadline: Instant) -> bool {
+        self.inner.take().is_some_and(|l| l.wait_deadline(deadline).is_some())
+    }
+}
+
+impl Future for SignalListener<'_> {
+    type Output = ();
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+        match self.inner.as_mut() {
+            Some(l) => Pin::new(l).poll(cx),
+            None => Poll::Ready(()),
+        }
+    }
+}
+
+impl Drop for SignalListener<'_> {
+    fn drop(&mut self) {
+        // Relaxed: a late decrement only makes a notifier call `notify` needlessly.
+        self.listeners.fetch_sub(1, Ordering::Relaxed);
+    }
+}
