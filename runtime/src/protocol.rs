@@ -20,7 +20,9 @@ use crate::request::ReqInner;
 use crate::runtime::Shared;
 
 thread_local! {
-    static MATCHED: std::cell::RefCell<Vec<Matched>> = const { std::cell::RefCell::new(Vec::new()) };
+    /// Per-thread scratch lists of a progress pass: frames drained from an inbox, and the
+    /// matches found for them (reused: no allocation per frame).
+    static SCRATCH: std::cell::RefCell<(Vec<Frame>, Vec<Matched>)> = const { std::cell::RefCell::new((Vec::new(), Vec::new())) };
 }
 
 /// Frames taken from one inbox per progress call (bounded work per call).
@@ -72,53 +74,76 @@ impl Shared {
     /// Returns the number of frames handled and whether that was productive (for the lock's
     /// counters, seed 000 §3.2).
     pub(crate) fn progress_cri(&self, k: usize, counters: &mut crate::counters::CriCounters) -> (usize, bool) {
-        let n = self.transport.poll(k, POLL_BATCH, |frame| self.handle_frame(k, frame));
+        // Reentrancy (a completion callback progressing again) finds the scratch lists taken
+        // and falls back to fresh ones.
+        let (mut frames, mut matched) = SCRATCH.with(|s| s.try_borrow_mut().map(|mut s| std::mem::take(&mut *s)).unwrap_or_default());
+        let n = self.transport.poll(k, POLL_BATCH, |frame| frames.push(frame));
+        self.handle_frames(k, &mut frames, &mut matched);
+        SCRATCH.with(|s| {
+            if let Ok(mut s) = s.try_borrow_mut() {
+                *s = (frames, matched);
+            }
+        });
         counters.received += n as u64;
         (n, n > 0)
     }
 
-    /// Path step 4-5: one received frame.
+    /// Path step 4-5 for one received frame.
     pub(crate) fn handle_frame(&self, k: usize, frame: Frame) {
-        match frame.header.kind {
-            FrameKind::Eager | FrameKind::Rts => {
-                let Some(comm) = self.context(frame.header.context) else {
-                    // A peer already uses a communicator this rank has not created yet.
-                    self.early_contexts.lock().push(frame);
-                    return;
-                };
-                if comm.is_freed() {
-                    self.release_frame(frame);
-                    return;
-                }
-                // A reused per-thread scratch list: no allocation per frame.
-                let mut matched = MATCHED.with(|m| std::mem::take(&mut *m.borrow_mut()));
-                let timing = self.config.match_timing.then(std::time::Instant::now);
-                self.with_matching_low(comm, |m| {
-                    m.arrive(frame, &mut matched);
-                    if let Some(t0) = timing {
-                        m.counters.match_nanos += t0.elapsed().as_nanos() as u64;
-                    }
-                });
-                for m in matched.drain(..) {
-                    self.finish_match(k, m.req, m.frame);
-                }
-                MATCHED.with(|m| *m.borrow_mut() = matched);
+        let (mut frames, mut matched) = (vec![frame], Vec::new());
+        self.handle_frames(k, &mut frames, &mut matched);
+    }
+
+    /// Path steps 4-5 for a batch of received frames, in arrival order (`frames` is left
+    /// empty). Consecutive frames of one communicator are matched under one acquisition of
+    /// its matching lock; receives are completed after the lock is released.
+    fn handle_frames(&self, k: usize, frames: &mut Vec<Frame>, matched: &mut Vec<Matched>) {
+        let mut it = frames.drain(..).peekable();
+        while let Some(frame) = it.next() {
+            if frame.header.kind == FrameKind::Fin {
+                self.handle_fin(frame);
+                continue;
             }
-            FrameKind::Fin => {
-                let ptr = frame.header.cookie as usize as *const ReqInner;
-                // SAFETY: the cookie is the `Arc::into_raw` this rank put in its `Rts`
-                // (`isend`), echoed once by the receiver's `Fin`; taking it back releases
-                // that reference exactly once.
-                let req = unsafe { Arc::from_raw(ptr) };
-                if !self.untrack_rendezvous(&req) {
-                    // Already failed with `PeerLost` (the peer answered, then died).
-                    return;
+            let ctx = frame.header.context;
+            let Some(comm) = self.context(ctx) else {
+                // A peer already uses a communicator this rank has not created yet.
+                self.early_contexts.lock().push(frame);
+                continue;
+            };
+            if comm.is_freed() {
+                self.release_frame(frame);
+                continue;
+            }
+            let timing = self.config.match_timing.then(std::time::Instant::now);
+            self.with_matching_low(comm, |m| {
+                m.arrive(frame, matched);
+                while let Some(next) = it.next_if(|f| f.header.kind != FrameKind::Fin && f.header.context == ctx) {
+                    m.arrive(next, matched);
                 }
-                self.transport.deregister(req.key.load(std::sync::atomic::Ordering::Relaxed));
-                req.cell.complete(Ok(Status { source: frame.header.source, tag: frame.header.tag, bytes: frame.header.len as usize }));
-                req.orphan.lock().take();
+                if let Some(t0) = timing {
+                    m.counters.match_nanos += t0.elapsed().as_nanos() as u64;
+                }
+            });
+            for m in matched.drain(..) {
+                self.finish_match(k, m.req, m.frame);
             }
         }
+    }
+
+    /// A `Fin`: the receiver has read a rendezvous send's data; complete the send.
+    fn handle_fin(&self, frame: Frame) {
+        let ptr = frame.header.cookie as usize as *const ReqInner;
+        // SAFETY: the cookie is the `Arc::into_raw` this rank put in its `Rts` (`isend`),
+        // echoed once by the receiver's `Fin`; taking it back releases that reference
+        // exactly once.
+        let req = unsafe { Arc::from_raw(ptr) };
+        if !self.untrack_rendezvous(&req) {
+            // Already failed with `PeerLost` (the peer answered, then died).
+            return;
+        }
+        self.transport.deregister(req.key.load(std::sync::atomic::Ordering::Relaxed));
+        req.cell.complete(Ok(Status { source: frame.header.source, tag: frame.header.tag, bytes: frame.header.len as usize }));
+        req.orphan.lock().take();
     }
 
     /// Gives a frame's resources back without delivering it (freed communicator).

@@ -78,10 +78,14 @@ thread_local! {
 
 /// A fresh (or recycled) inner, set up by `init` while still exclusively owned.
 pub(crate) fn new_inner(init: impl FnOnce(&mut ReqInner)) -> Arc<ReqInner> {
-    let pooled = POOL.try_with(|p| p.borrow_mut().pop()).ok().flatten();
-    let mut arc = pooled.unwrap_or_default();
-    match Arc::get_mut(&mut arc) {
-        Some(inner) => {
+    match POOL.try_with(|p| p.borrow_mut().pop()).ok().flatten() {
+        Some(arc) => {
+            // SAFETY: `recycle` pools an `Arc` only when it is the sole strong reference and no
+            // `Weak` exists (none is ever made), and the pool is thread-local, so nothing else
+            // can reach this `ReqInner` until we hand the `Arc` out: the exclusive borrow is
+            // sound. (`Arc::get_mut` would prove the same with a locked compare-exchange on
+            // the weak count, once per message.)
+            let inner = unsafe { &mut *Arc::as_ptr(&arc).cast_mut() };
             inner.cell.reset();
             inner.ptr = std::ptr::null_mut();
             inner.cap = 0;
@@ -93,17 +97,20 @@ pub(crate) fn new_inner(init: impl FnOnce(&mut ReqInner)) -> Arc<ReqInner> {
             arc
         }
         None => {
-            // Cannot happen (only unique Arcs are pooled), but stay correct if it does.
-            let mut fresh = Arc::new(ReqInner::default());
-            init(Arc::get_mut(&mut fresh).expect("fresh Arc is unique"));
-            fresh
+            let mut inner = ReqInner::default();
+            init(&mut inner);
+            Arc::new(inner)
         }
     }
 }
 
 /// Returns an inner to this thread's pool if nobody else holds it.
 pub(crate) fn recycle(arc: Arc<ReqInner>) {
-    if Arc::strong_count(&arc) == 1 && arc.cell.is_complete() {
+    // `strong_count` loads Relaxed; the Acquire fence below orders our reuse after the
+    // accesses of the last other holder (which dropped its reference with a Release
+    // decrement), as `Arc`'s own drop does before freeing.
+    if Arc::strong_count(&arc) == 1 && Arc::weak_count(&arc) == 0 && arc.cell.is_complete() {
+        std::sync::atomic::fence(std::sync::atomic::Ordering::Acquire);
         let _ = POOL.try_with(|p| {
             let mut p = p.borrow_mut();
             if p.len() < POOL_MAX {

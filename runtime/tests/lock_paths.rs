@@ -52,10 +52,11 @@ fn every_protocol_on_every_path_in_every_mode() {
             let c = rts[1].counters();
             assert_eq!(c.messages_received, 4 * 64, "{kind} {mode}");
             // Every frame was polled under a CRI lock (progress path) and matched under a
-            // matching lock (progress path, always productive).
+            // matching lock (progress path, always productive; one acquisition per batch of
+            // arrivals of one communicator); each receive was posted under it (main path).
             assert!(c.cri_lock.productive >= 1, "{kind} {mode}: {c:?}");
-            assert!(c.matching_lock.productive >= 4 * 64, "{kind} {mode}: {c:?}");
-            assert!(c.matching_lock.acquisitions >= 2 * 4 * 64, "{kind} {mode}: posts + arrivals: {c:?}");
+            assert!(c.matching_lock.productive >= 1, "{kind} {mode}: {c:?}");
+            assert!(c.matching_lock.acquisitions > 4 * 64, "{kind} {mode}: posts + arrivals: {c:?}");
             let sent = rts[0].counters();
             assert!(sent.cri_lock.acquisitions >= 4 * 64, "{kind} {mode}: one CRI acquisition per send: {sent:?}");
             if mode == ProgressMode::Global {
@@ -81,7 +82,7 @@ fn global_matching_lock_is_counted() {
         .unwrap();
     traffic(&rts, "global matching");
     let c = rts[1].counters();
-    assert!(c.matching_lock.acquisitions >= 2 * 4 * 64, "{c:?}");
+    assert!(c.matching_lock.acquisitions > 4 * 64 && c.matching_lock.productive >= 1, "posts + arrivals: {c:?}");
 }
 
 #[test]
