@@ -74,6 +74,9 @@ pub struct Args {
     /// Provider: embedded (ranks in this process), shm or tcp (real processes via weftrun).
     #[arg(long, default_value = "embedded")]
     provider: String,
+    /// Print the runtime counters of every measured run to stderr (embedded provider).
+    #[arg(long)]
+    counters: bool,
     /// Internal: run one rank of a launched job (one configuration).
     #[arg(long, hide = true)]
     rank_worker: bool,
@@ -210,7 +213,7 @@ pub fn run(a: &Args) -> Result<(), String> {
                                         let mut rates = Vec::with_capacity(a.runs);
                                         for _ in 0..a.runs {
                                             rates.push(if provider == Provider::Embedded {
-                                                measure(&p, a.iterations, a.comm_per_pair, a.overtaking)?
+                                                measure(&p, a.iterations, a.comm_per_pair, a.overtaking, a.counters)?
                                             } else {
                                                 launch(&p, a, provider)?
                                             });
@@ -256,7 +259,7 @@ struct Role<'a> {
     links: Vec<(usize, u32)>,
 }
 
-fn measure(p: &Point, iterations: usize, comm_per_pair: bool, overtaking: bool) -> Result<f64, String> {
+fn measure(p: &Point, iterations: usize, comm_per_pair: bool, overtaking: bool, counters: bool) -> Result<f64, String> {
     let t = p.pairs;
     let links = p.pattern.links(t);
     let nranks = if p.mode == Mode::Thread { 2 } else { 2 * t as u32 };
@@ -310,6 +313,16 @@ fn measure(p: &Point, iterations: usize, comm_per_pair: bool, overtaking: bool) 
     let (w, size) = (p.window, p.size);
     let elapsed = run_roles(&senders, &receivers, &barrier, (w, size, iterations, warmup), || Ok(()))?;
     let messages = (links.len() * w * iterations) as f64;
+    if counters {
+        for (r, rt) in runtimes.iter().enumerate() {
+            let c = rt.counters();
+            eprintln!(
+                "# counters {:?} {:?} pairs={} rank {r}: sent {} received {} unexpected {} out_of_sequence {} parks {} park_timeouts {} flow_control_waits {} contended cri/matching/progress {}/{}/{}",
+                p.mode, p.progress, p.pairs, c.messages_sent, c.messages_received, c.unexpected, c.out_of_sequence, c.parks, c.park_timeouts, c.flow_control_waits,
+                c.cri_lock.contended, c.matching_lock.contended, c.progress_lock.contended
+            );
+        }
+    }
     Ok(messages / elapsed.as_secs_f64())
 }
 

@@ -122,6 +122,40 @@ pub(crate) struct Matched {
     pub(crate) frame: Frame,
 }
 
+/// Frames a reorder window holds ahead of the expected one; a frame further ahead (a sender
+/// thread descheduled between taking its sequence number and sending) waits in a list.
+const REORDER_WINDOW: usize = 4096;
+
+/// The order of one (source, channel): the next sequence number expected, and the frames
+/// that arrived ahead of it, each in the slot of its distance from `expected` (slot 0, the
+/// expected frame itself, is always empty). O(1) to hold a frame and to release the next;
+/// the window keeps its capacity, so a steady reordering allocates nothing.
+#[derive(Default)]
+struct Reorder {
+    expected: u32,
+    window: VecDeque<Option<Frame>>,
+}
+
+impl Reorder {
+    /// Holds `frame`, which is `ahead` (> 0) sequence numbers after `expected`.
+    fn hold(&mut self, ahead: usize, frame: Frame) {
+        if self.window.len() <= ahead {
+            self.window.resize_with(ahead + 1, || None);
+        }
+        self.window[ahead] = Some(frame);
+    }
+
+    /// After `expected` advanced by one: the frame now expected, if it already came.
+    fn next(&mut self) -> Option<Frame> {
+        // Drop slot 0 (the frame just handled); the old slot 1 becomes slot 0.
+        self.window.pop_front();
+        match self.window.front_mut() {
+            Some(slot) => slot.take(),
+            None => None,
+        }
+    }
+}
+
 /// Per-communicator counters, written under the matching lock.
 #[derive(Clone, Copy, Debug, Default)]
 pub(crate) struct MatchCounters {
@@ -132,9 +166,9 @@ pub(crate) struct MatchCounters {
 
 /// The queues of one communicator on one rank.
 pub(crate) struct MatchState {
-    /// Next sequence number expected from each source, per ordering channel (grown when a
-    /// channel is first seen).
-    expected: Vec<Vec<u32>>,
+    /// Per source, per ordering channel (grown when a channel is first seen): the next
+    /// sequence number expected and the frames that came ahead of it.
+    order: Vec<Vec<Reorder>>,
     /// Fully specified posted receives, by (source, tag), each bin in post order.
     bins: Bins,
     /// Posted receives with `Source::Any` or `Tag::Any`, in post order.
@@ -143,8 +177,8 @@ pub(crate) struct MatchState {
     post_seq: u64,
     /// In-sequence frames nobody has asked for yet, in arrival order.
     unexpected: VecDeque<Frame>,
-    /// Frames that arrived before their turn.
-    early: Vec<Frame>,
+    /// Frames that arrived before their turn but too far ahead for a reorder window.
+    far: Vec<Frame>,
     /// Whether the sequence check is skipped (overtaking allowed).
     overtaking: bool,
     /// Counters.
@@ -154,12 +188,12 @@ pub(crate) struct MatchState {
 impl MatchState {
     pub(crate) fn new(size: u32, overtaking: bool) -> Self {
         MatchState {
-            expected: vec![Vec::new(); size as usize],
+            order: (0..size).map(|_| Vec::new()).collect(),
             bins: Bins::default(),
             wild: VecDeque::new(),
             post_seq: 0,
             unexpected: VecDeque::new(),
-            early: Vec::new(),
+            far: Vec::new(),
             overtaking,
             counters: MatchCounters::default(),
         }
@@ -173,31 +207,41 @@ impl MatchState {
             return;
         }
         let (src, chan) = (frame.header.source as usize, frame.header.chan as usize);
-        let Some(chans) = self.expected.get_mut(src) else {
+        let Some(chans) = self.order.get_mut(src) else {
             // A source outside the communicator: the frame is malformed; drop it.
             return;
         };
         if chan >= chans.len() {
-            chans.resize(chan + 1, 0);
+            chans.resize_with(chan + 1, Reorder::default);
         }
-        let exp = &mut chans[chan];
-        if frame.header.seq != *exp {
+        let ahead = frame.header.seq.wrapping_sub(chans[chan].expected) as usize;
+        if ahead != 0 {
             self.counters.out_of_sequence += 1;
-            self.early.push(frame);
+            if ahead < REORDER_WINDOW {
+                chans[chan].hold(ahead, frame);
+            } else {
+                self.far.push(frame);
+            }
             return;
         }
-        *exp = exp.wrapping_add(1);
         self.pair(frame, out);
-        // The gap may have closed for frames that came early on this channel.
-        while !self.early.is_empty() {
-            let want = self.expected[src][chan];
-            let Some(i) = self.early.iter().position(|f| {
-                f.header.source as usize == src && f.header.chan as usize == chan && f.header.seq == want
-            }) else {
-                break;
+        // The gap may have closed for frames that came early on this channel: they wait in
+        // sequence order in the window (O(1) each), or, rarely, in the far list.
+        loop {
+            let r = &mut self.order[src][chan];
+            r.expected = r.expected.wrapping_add(1);
+            if let Some(next) = r.next() {
+                self.pair(next, out);
+                continue;
+            }
+            if self.far.is_empty() {
+                return;
+            }
+            let want = r.expected;
+            let Some(i) = self.far.iter().position(|f| f.header.source as usize == src && f.header.chan as usize == chan && f.header.seq == want) else {
+                return;
             };
-            let f = self.early.swap_remove(i);
-            self.expected[src][chan] = want.wrapping_add(1);
+            let f = self.far.swap_remove(i);
             self.pair(f, out);
         }
     }
@@ -290,7 +334,8 @@ impl MatchState {
     /// Empties the queues (communicator freed / runtime shut down): the posted receives are
     /// returned so the caller can fail them; the frames are handed to `drop_frame`.
     pub(crate) fn drain(&mut self, mut drop_frame: impl FnMut(Frame)) -> Vec<Arc<ReqInner>> {
-        for f in self.unexpected.drain(..).chain(self.early.drain(..)) {
+        let held = self.order.iter_mut().flatten().flat_map(|r| r.window.drain(..).flatten());
+        for f in self.unexpected.drain(..).chain(self.far.drain(..)).chain(held) {
             drop_frame(f);
         }
         let mut posted: Vec<Posted> = self.wild.drain(..).collect();
@@ -307,5 +352,72 @@ pub(crate) fn message_len(f: &Frame) -> usize {
     match f.header.kind {
         FrameKind::Rts => f.header.len as usize,
         _ => f.payload.as_slice().len(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use weft_transport::{Header, Payload};
+
+    fn frame(source: u32, seq: u32) -> Frame {
+        let header = Header { kind: FrameKind::Eager, src_cri: 0, context: 0, source, tag: 7, seq, chan: 0, len: 0, cookie: 0, key: 0, addr: 0 };
+        Frame { header, payload: Payload::Empty }
+    }
+
+    fn post_n(m: &mut MatchState, n: usize) -> Vec<Arc<ReqInner>> {
+        (0..n)
+            .map(|_| {
+                let r = Arc::new(ReqInner::default());
+                assert!(m.post(Source::Rank(1), Tag::Is(7), &r).is_none());
+                r
+            })
+            .collect()
+    }
+
+    /// Frames that arrive in any order are paired with the receives in sequence order,
+    /// whether they wait in the reorder window or (far ahead) in the far list.
+    #[test]
+    fn out_of_sequence_frames_match_in_sequence_order() {
+        let far = REORDER_WINDOW as u32 + 5;
+        let n = far as usize + 1;
+        let mut m = MatchState::new(2, false);
+        let reqs = post_n(&mut m, n);
+        let mut out = Vec::new();
+        // The farthest first, then everything else backwards, then the first.
+        m.arrive(frame(1, far), &mut out);
+        for seq in (1..far).rev() {
+            m.arrive(frame(1, seq), &mut out);
+        }
+        assert!(out.is_empty(), "nothing may match before sequence 0");
+        assert_eq!(m.counters.out_of_sequence, u64::from(far));
+        m.arrive(frame(1, 0), &mut out);
+        assert_eq!(out.len(), n);
+        for (i, (got, req)) in out.iter().zip(&reqs).enumerate() {
+            assert_eq!(got.frame.header.seq, i as u32);
+            assert!(Arc::ptr_eq(&got.req, req), "sequence {i} paired with the receive posted {i}th");
+        }
+        assert!(m.far.is_empty());
+        // The window keeps working after draining: a gap of one, then its filler.
+        let mut out = Vec::new();
+        let _more = post_n(&mut m, 2);
+        m.arrive(frame(1, far + 2), &mut out);
+        assert!(out.is_empty());
+        m.arrive(frame(1, far + 1), &mut out);
+        assert_eq!(out.iter().map(|x| x.frame.header.seq).collect::<Vec<_>>(), vec![far + 1, far + 2]);
+    }
+
+    /// Frames held for reordering are handed back by `drain` (freed communicator).
+    #[test]
+    fn drain_returns_held_frames() {
+        let mut m = MatchState::new(2, false);
+        let mut out = Vec::new();
+        m.arrive(frame(1, 3), &mut out);
+        m.arrive(frame(1, REORDER_WINDOW as u32 + 9), &mut out);
+        m.arrive(frame(0, 0), &mut out); // in sequence, nobody posted: unexpected
+        let mut dropped = Vec::new();
+        assert!(m.drain(|f| dropped.push(f.header.seq)).is_empty());
+        dropped.sort_unstable();
+        assert_eq!(dropped, vec![0, 3, REORDER_WINDOW as u32 + 9]);
     }
 }
