@@ -77,6 +77,10 @@ pub struct Args {
     /// Print the runtime counters of every measured run to stderr (embedded provider).
     #[arg(long)]
     counters: bool,
+    /// Waiters' yield window in microseconds before they sleep (`Builder::yield_window`);
+    /// the runtime's default when absent.
+    #[arg(long)]
+    yield_us: Option<u64>,
     /// Internal: run one rank of a launched job (one configuration).
     #[arg(long, hide = true)]
     rank_worker: bool,
@@ -213,7 +217,7 @@ pub fn run(a: &Args) -> Result<(), String> {
                                         let mut rates = Vec::with_capacity(a.runs);
                                         for _ in 0..a.runs {
                                             rates.push(if provider == Provider::Embedded {
-                                                measure(&p, a.iterations, a.comm_per_pair, a.overtaking, a.counters)?
+                                                measure(&p, a)?
                                             } else {
                                                 launch(&p, a, provider)?
                                             });
@@ -259,16 +263,16 @@ struct Role<'a> {
     links: Vec<(usize, u32)>,
 }
 
-fn measure(p: &Point, iterations: usize, comm_per_pair: bool, overtaking: bool, counters: bool) -> Result<f64, String> {
+fn measure(p: &Point, a: &Args) -> Result<f64, String> {
+    let (iterations, comm_per_pair, overtaking, counters) = (a.iterations, a.comm_per_pair, a.overtaking, a.counters);
     let t = p.pairs;
     let links = p.pattern.links(t);
     let nranks = if p.mode == Mode::Thread { 2 } else { 2 * t as u32 };
-    let runtimes = Runtime::builder()
-        .env(false)
-        .progress(p.progress)
-        .assignment(p.assignment)
-        .matching(p.matching)
-        .cris(p.cris)
+    let mut builder = Runtime::builder().env(false).progress(p.progress).assignment(p.assignment).matching(p.matching).cris(p.cris);
+    if let Some(us) = a.yield_us {
+        builder = builder.yield_window(Duration::from_micros(us));
+    }
+    let runtimes = builder
         .build_local(nranks)
         .map_err(|e| e.to_string())?;
     // Communicators per rank: world, or dups (collective, so every rank dups in parallel).
