@@ -203,6 +203,9 @@ pub fn run(a: &Args) -> Result<(), String> {
         );
     }
     table.print_header(a.csv);
+    if provider == Provider::Embedded {
+        warm_up();
+    }
     for &pattern in &patterns {
         for &mode in &modes {
             for &t in &pairs {
@@ -248,6 +251,23 @@ pub fn run(a: &Args) -> Result<(), String> {
         }
     }
     Ok(())
+}
+
+/// Keeps every core busy for a moment before the first measurement: on a virtual machine a
+/// vCPU that idled (or a core in a deep sleep state) runs the first configuration of a
+/// sweep slower than the rest, which showed as a 2x low first row.
+fn warm_up() {
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let until = Instant::now() + Duration::from_millis(300);
+    std::thread::scope(|s| {
+        for _ in 0..cores {
+            s.spawn(|| {
+                while Instant::now() < until {
+                    std::hint::spin_loop();
+                }
+            });
+        }
+    });
 }
 
 /// Tags: every (sender, receiver) link has its own data, ready and ack tags.
