@@ -6,6 +6,7 @@
 mod idle;
 mod lock_regimes;
 mod locks;
+mod msgcost;
 mod multirate;
 mod pack;
 mod pingpong;
@@ -26,6 +27,8 @@ struct Cli {
 enum Cmd {
     /// The Multirate benchmark (seed 003 §3.5, Appendix A).
     Multirate(multirate::Args),
+    /// CPU cost of one message, both sides, one thread driving two ranks (no waiting).
+    Msgcost(msgcost::Args),
     /// One-way latency on libfabric (shm, tcp) against fi_pingpong, in real processes.
     Pingpong(pingpong::Args),
     /// Lock acquisition throughput and latency versus threads, every protocol vs std/parking_lot.
@@ -46,6 +49,7 @@ fn main() {
     let cli = Cli::parse();
     let res = match cli.cmd {
         Cmd::Multirate(a) => multirate::run(&a),
+        Cmd::Msgcost(a) => msgcost::run(&a),
         Cmd::Spawn(a) => spawn::run(&a),
         Cmd::Idle(a) => idle::run(&a),
         Cmd::Pack(a) => pack::run(&a),

@@ -1,0 +1,100 @@
+//! `weft-bench msgcost`: the CPU cost of one message through the whole path, both sides,
+//! with no waiting in it. One thread drives two ranks of an embedded fabric: rank 1 posts
+//! `w` receives, rank 0 sends `w` messages, rank 1 waits for them (every frame is already
+//! in its inbox, so the wait only progresses and matches). Wall time per message is then
+//! the sender's plus the receiver's CPU time per message — an upper bound on what one core
+//! can sustain, independent of scheduling (the multirate benchmark measures that part).
+//!
+//! Columns: `progress,size,window,ns_per_message` (median of `--runs`).
+
+use std::time::Instant;
+
+use weft::{ProgressMode, Runtime, Source, Tag};
+
+use crate::report::{median, parse_list, Table};
+
+/// Options of `weft-bench msgcost`.
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    /// Progress modes: global, owner, concurrent.
+    #[arg(long, default_value = "global,owner,concurrent")]
+    progress: String,
+    /// Message sizes in bytes.
+    #[arg(short = 's', long, default_value = "0")]
+    size: String,
+    /// Messages per round (receives posted before the sends).
+    #[arg(short = 'w', long, default_value_t = 128)]
+    window: usize,
+    /// Rounds per run.
+    #[arg(short = 'i', long, default_value_t = 20_000)]
+    iterations: usize,
+    /// Runs (the median is reported).
+    #[arg(long, default_value_t = 5)]
+    runs: usize,
+    /// CSV output.
+    #[arg(long)]
+    csv: bool,
+}
+
+/// Runs the measurement.
+pub fn run(a: &Args) -> Result<(), String> {
+    let modes: Vec<ProgressMode> = a.progress.split(',').map(|s| s.parse().map_err(|e| format!("{e}"))).collect::<Result<_, _>>()?;
+    let sizes: Vec<usize> = parse_list(&a.size)?;
+    if a.window == 0 || a.iterations == 0 || a.runs == 0 {
+        return Err("window, iterations and runs must be positive".into());
+    }
+    let mut table = Table::new(&["progress", "size", "window", "ns_per_message"]);
+    if !a.csv {
+        println!("# weft-bench msgcost: one thread drives both ranks; iterations={} runs={} (median)", a.iterations, a.runs);
+    }
+    table.print_header(a.csv);
+    for &mode in &modes {
+        for &size in &sizes {
+            let rts = Runtime::builder().env(false).progress(mode).build_local(2).map_err(|e| e.to_string())?;
+            // A first run warms the request pools, buffers and inboxes; it is not counted.
+            rounds(&rts, size, a.window, a.iterations / 10 + 1)?;
+            let mut ns = Vec::with_capacity(a.runs);
+            for _ in 0..a.runs {
+                let t0 = Instant::now();
+                rounds(&rts, size, a.window, a.iterations)?;
+                ns.push(t0.elapsed().as_nanos() as f64 / (a.iterations * a.window) as f64);
+            }
+            table.row(vec![mode.to_string(), size.to_string(), a.window.to_string(), format!("{:.1}", median(&ns))]);
+            table.print_last(a.csv);
+        }
+    }
+    Ok(())
+}
+
+/// `n` rounds of `w` messages of `size` bytes from rank 0 to rank 1, checked.
+fn rounds(rts: &[Runtime], size: usize, w: usize, n: usize) -> Result<(), String> {
+    let e = |e: weft::Error| e.to_string();
+    let (a, b) = (rts[0].world(), rts[1].world());
+    let mut rbufs: Vec<Vec<u8>> = (0..w).map(|_| Vec::with_capacity(size)).collect();
+    let mut sbufs: Vec<Vec<u8>> = (0..w).map(|_| vec![5u8; size]).collect();
+    let mut recvs = Vec::with_capacity(w);
+    let mut sends = Vec::with_capacity(w);
+    for _ in 0..n {
+        for buf in rbufs.drain(..) {
+            recvs.push(b.irecv(buf, Source::Rank(0), Tag::Is(1)).map_err(e)?);
+        }
+        for buf in sbufs.drain(..) {
+            sends.push(a.isend(buf, 1, 1).map_err(e)?);
+        }
+        weft::wait_all(&mut sends).map_err(e)?;
+        weft::wait_all(&mut recvs).map_err(e)?;
+        for r in recvs.iter_mut() {
+            let (buf, st) = r.take().ok_or("receive not complete after wait_all")?.map_err(e)?;
+            if st.bytes != size {
+                return Err(format!("received {} bytes, expected {size}", st.bytes));
+            }
+            rbufs.push(buf);
+        }
+        for r in sends.iter_mut() {
+            sbufs.push(r.take().ok_or("send not complete after wait_all")?.map_err(e)?.0);
+        }
+        recvs.clear();
+        sends.clear();
+    }
+    Ok(())
+}
