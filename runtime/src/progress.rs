@@ -207,7 +207,7 @@ impl Progress for OwnerWait<'_> {
         } else if let Some(handoff) = s.owner.listen() {
             // A plain waiter: its completions, or a hand-off of ownership.
             s.counters.parks.fetch_add(1, Ordering::Relaxed);
-            park_two(s, listener, Some(handoff));
+            let _ = park_two(s, listener, Some(handoff));
         }
     }
 }
@@ -236,13 +236,28 @@ impl Progress for ConcurrentWait<'_> {
 }
 
 /// Parks on `listener` and the doorbell, unless frames are already waiting.
+///
+/// A thread the doorbell woke makes one progress pass before it returns: the ring was
+/// meant for whoever progresses, and its own wait may be over already (it would then leave
+/// without looking at the frames, and the threads still parked were not woken for them).
 fn park_or_frames(s: &Shared, listener: SignalListener<'_>) {
     let bell = s.transport.doorbell().listen();
     if s.transport.any_frames() {
         return;
     }
     s.counters.parks.fetch_add(1, Ordering::Relaxed);
-    park_two(s, listener, Some(bell));
+    if park_two(s, listener, Some(bell)) == Woken::Second {
+        s.progress_once();
+    }
+}
+
+/// Which listener ended a `park_two`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Woken {
+    First,
+    Second,
+    /// Neither: the park limit passed.
+    Timeout,
 }
 
 /// Wakes a parked thread.
@@ -269,7 +284,7 @@ const PARK_LIMIT: std::time::Duration = std::time::Duration::from_millis(50);
 /// Blocks until either listener fires (or `PARK_LIMIT` passes, counted in
 /// `park_timeouts`; callers re-check): yields the core for the configured
 /// `yield_window` first (a notification then needs no futex wake), then parks.
-fn park_two(s: &Shared, mut a: SignalListener<'_>, mut b: Option<SignalListener<'_>>) {
+fn park_two(s: &Shared, mut a: SignalListener<'_>, mut b: Option<SignalListener<'_>>) -> Woken {
     use std::future::Future;
     use std::pin::Pin;
     let waker = PARKER.with(|w| w.clone());
@@ -279,17 +294,17 @@ fn park_two(s: &Shared, mut a: SignalListener<'_>, mut b: Option<SignalListener<
     let mut cx = Context::from_waker(&waker);
     loop {
         if let Poll::Ready(()) = Pin::new(&mut a).poll(&mut cx) {
-            return;
+            return Woken::First;
         }
         if let Some(b) = b.as_mut() {
             if let Poll::Ready(()) = Pin::new(b).poll(&mut cx) {
-                return;
+                return Woken::Second;
             }
         }
         let now = std::time::Instant::now();
         if now >= deadline {
             s.counters.park_timeouts.fetch_add(1, Ordering::Relaxed);
-            return;
+            return Woken::Timeout;
         }
         if now < yield_until {
             std::thread::yield_now();
