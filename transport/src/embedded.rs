@@ -1,7 +1,7 @@
 //! The embedded provider: every rank lives in this OS process.
 //!
-//! Each rank opens `k` CRIs; each CRI is a bounded lock-free inbox (crossbeam's
-//! `ArrayQueue`) into which peers push frames. Sending copies the payload into the frame
+//! Each rank opens `k` CRIs; each CRI is a bounded lock-free inbox (an [`Inbox`]: many
+//! producers, one consumer at a time) into which peers push frames. Sending copies the payload into the frame
 //! (inline for small payloads, else into a buffer from the *sender's* pool, which the
 //! receiver gives back after consuming it), so a send completes locally at once and no
 //! allocation happens per message in steady state. A full inbox is flow control: the send is
@@ -22,6 +22,7 @@ use parking_lot::Mutex;
 
 use crate::doorbell::Doorbell;
 use crate::frame::{Frame, FrameKind, Header, Payload, INLINE};
+use crate::ring::Inbox;
 use crate::loom::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use crate::{Error, SendError};
 
@@ -47,7 +48,7 @@ impl Default for EmbeddedOptions {
 /// One CRI's receive side.
 struct CriSlot {
     /// Frames pushed by peers, consumed by whoever holds this CRI.
-    inbox: ArrayQueue<Frame>,
+    inbox: Inbox<Frame>,
 }
 
 /// A registered memory region.
@@ -94,7 +95,7 @@ pub fn fabric(opts: EmbeddedOptions) -> Result<Vec<Endpoint>, Error> {
     let ranks = (0..opts.ranks)
         .map(|_| RankSlot {
             cris: (0..opts.cris)
-                .map(|_| CachePadded::new(CriSlot { inbox: ArrayQueue::new(opts.inbox_capacity) }))
+                .map(|_| CachePadded::new(CriSlot { inbox: Inbox::new(opts.inbox_capacity) }))
                 .collect(),
             doorbell: Doorbell::new(),
             alive: AtomicBool::new(true),
@@ -182,32 +183,22 @@ impl Endpoint {
 
     /// Takes up to `max` frames from CRI `cri`'s inbox, handing each to `f`. Returns how many.
     ///
-    /// The caller holds the CRI (its lock, in the runtime); the queue itself is lock-free.
+    /// The caller holds the CRI (its lock, in the runtime): one consumer at a time (a second
+    /// concurrent caller gets 0 frames).
     #[inline]
-    pub fn poll(&self, cri: usize, max: usize, mut f: impl FnMut(Frame)) -> usize {
-        let inbox = &self.me().cris[cri].inbox;
-        let mut n = 0;
-        while n < max {
-            match inbox.pop() {
-                Some(frame) => {
-                    f(frame);
-                    n += 1;
-                }
-                None => break,
-            }
-        }
-        n
+    pub fn poll(&self, cri: usize, max: usize, f: impl FnMut(Frame)) -> usize {
+        self.me().cris[cri].inbox.pop_batch(max, f)
     }
 
     /// Whether CRI `cri` has frames waiting.
     #[inline]
     pub fn has_frames(&self, cri: usize) -> bool {
-        !self.me().cris[cri].inbox.is_empty()
+        self.me().cris[cri].inbox.has_next()
     }
 
     /// Whether any CRI of this rank has frames waiting.
     pub fn any_frames(&self) -> bool {
-        self.me().cris.iter().any(|c| !c.inbox.is_empty())
+        self.me().cris.iter().any(|c| c.inbox.has_next())
     }
 
     /// Gives a consumed payload's buffer back to the pool of `source`, the rank that sent it.

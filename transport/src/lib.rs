@@ -25,6 +25,7 @@ pub mod ofi;
 #[cfg(feature = "ofi")]
 pub mod ofi_provider;
 mod provider;
+mod ring;
 
 pub use doorbell::Doorbell;
 pub use provider::{Provider, RemoteWindow, RmaOp, Transport};

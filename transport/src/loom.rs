@@ -3,7 +3,7 @@
 #![allow(unused_imports, unreachable_pub)]
 
 #[cfg(loom)]
-pub(crate) use loom::{cell, hint, sync, thread};
+pub(crate) use loom::{hint, sync, thread};
 
 #[cfg(not(loom))]
 pub(crate) mod sync {
@@ -14,3 +14,30 @@ pub(crate) mod sync {
 }
 #[cfg(not(loom))]
 pub(crate) use std::{hint, thread};
+
+#[cfg(loom)]
+pub(crate) use loom::cell;
+
+/// `UnsafeCell` with loom's closure API, so the same code checks under loom.
+#[cfg(not(loom))]
+pub(crate) mod cell {
+    #[derive(Debug)]
+    pub(crate) struct UnsafeCell<T>(std::cell::UnsafeCell<T>);
+
+    impl<T> UnsafeCell<T> {
+        #[inline]
+        pub(crate) const fn new(value: T) -> UnsafeCell<T> {
+            UnsafeCell(std::cell::UnsafeCell::new(value))
+        }
+
+        #[inline]
+        pub(crate) fn with<R>(&self, f: impl FnOnce(*const T) -> R) -> R {
+            f(self.0.get())
+        }
+
+        #[inline]
+        pub(crate) fn with_mut<R>(&self, f: impl FnOnce(*mut T) -> R) -> R {
+            f(self.0.get())
+        }
+    }
+}

@@ -1,0 +1,353 @@
+//! `Inbox`: the bounded frame queue of one embedded CRI — many producers (peers sending to
+//! the CRI), one consumer at a time (whoever holds the CRI).
+//!
+//! A CRI is a network context: whoever progresses it is serialized (the runtime's CRI lock),
+//! and anyone may send to it. crossbeam's `ArrayQueue` serves many consumers too, which costs
+//! the single consumer twice per frame: its `pop` takes the head with a compare-exchange, and
+//! an emptiness check reads the producers' tail index, the one line every push writes (the
+//! line then travels between the cores on every frame). Here the consumer owns the head (a
+//! plain store) and never reads the tail: a slot's stamp alone says whether it holds the
+//! next frame (Vyukov's bounded queue, with the consumer side reduced to one thread), and
+//! each slot has cache lines of its own, so a producer filling slot `i + 1` does not steal
+//! the line the consumer reads slot `i` from. `tests::stream_versus_array_queue` measures
+//! the difference (docs/BENCHMARKS.md, "Inbox": about 1.25x per frame on the 2-core VM).
+//!
+//! # Stamps
+//!
+//! Counters `head` and `tail` only grow (64-bit, never wrap in practice; the arithmetic
+//! wraps anyway). Slot `i` of lap `L` (position `p = i + L * cap`) has stamp
+//!
+//! * `p`: free for the producer that claims position `p`;
+//! * `p + 1`: written, ready for the consumer at head `p`;
+//! * `p + cap`: read, free for position `p + cap` (the next lap).
+//!
+//! A producer at tail `t` finding stamp `t + 1 - cap` sees last lap's frame still unread:
+//! the queue is full. Stamps are stored with Release after the slot's value is written (or
+//! read) and loaded with Acquire before it is read (or overwritten).
+
+use std::fmt;
+use std::mem::MaybeUninit;
+
+use crossbeam_utils::CachePadded;
+
+use crate::loom::cell::UnsafeCell;
+use crate::loom::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+
+struct Slot<T> {
+    stamp: AtomicUsize,
+    value: UnsafeCell<MaybeUninit<T>>,
+}
+
+/// A bounded many-producer, single-consumer queue; see the [module docs](self).
+pub(crate) struct Inbox<T> {
+    /// Next position to read; written only by the consumer.
+    head: CachePadded<AtomicUsize>,
+    /// Next position to claim; compare-exchanged by producers.
+    tail: CachePadded<AtomicUsize>,
+    /// Held by the consumer while it pops (a second consumer backs off instead of racing).
+    consuming: CachePadded<AtomicBool>,
+    slots: Box<[CachePadded<Slot<T>>]>,
+    /// `slots.len() - 1` (the length is a power of two).
+    mask: usize,
+}
+
+// SAFETY: values move from producers to the consumer through the stamp protocol (each slot
+// is accessed by one side at a time, handed over with Release/Acquire on its stamp), so the
+// queue is as thread-safe as a channel of `T: Send`.
+unsafe impl<T: Send> Send for Inbox<T> {}
+// SAFETY: as above.
+unsafe impl<T: Send> Sync for Inbox<T> {}
+
+impl<T> fmt::Debug for Inbox<T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Inbox").field("capacity", &self.slots.len()).finish_non_exhaustive()
+    }
+}
+
+impl<T> Inbox<T> {
+    /// A queue holding at least `capacity` (>= 1) values (rounded up to a power of two).
+    pub(crate) fn new(capacity: usize) -> Self {
+        let cap = capacity.max(1).next_power_of_two();
+        Inbox {
+            head: CachePadded::new(AtomicUsize::new(0)),
+            tail: CachePadded::new(AtomicUsize::new(0)),
+            consuming: CachePadded::new(AtomicBool::new(false)),
+            slots: (0..cap).map(|i| CachePadded::new(Slot { stamp: AtomicUsize::new(i), value: UnsafeCell::new(MaybeUninit::uninit()) })).collect(),
+            mask: cap - 1,
+        }
+    }
+
+    /// Appends `value`, or hands it back if the queue is full.
+    pub(crate) fn push(&self, value: T) -> Result<(), T> {
+        let cap = self.mask + 1;
+        // Relaxed: the tail only allocates positions; the slot's stamp carries the data.
+        let mut t = self.tail.load(Ordering::Relaxed);
+        loop {
+            let slot = &self.slots[t & self.mask];
+            // Acquire: pairs with the consumer's Release after it read last lap's value.
+            let stamp = slot.stamp.load(Ordering::Acquire);
+            if stamp == t {
+                match self.tail.compare_exchange_weak(t, t.wrapping_add(1), Ordering::Relaxed, Ordering::Relaxed) {
+                    Ok(_) => {
+                        // SAFETY: position `t` is ours (the CAS), and stamp `t` says the slot
+                        // is free: the consumer finished reading its previous value.
+                        slot.value.with_mut(|p| unsafe { (*p).write(value) });
+                        // Release: publishes the value to the consumer's Acquire.
+                        slot.stamp.store(t.wrapping_add(1), Ordering::Release);
+                        return Ok(());
+                    }
+                    Err(now) => t = now,
+                }
+            } else if stamp.wrapping_add(cap) == t.wrapping_add(1) {
+                // Last lap's value is still unread.
+                return Err(value);
+            } else {
+                // Another producer took `t` meanwhile.
+                t = self.tail.load(Ordering::Relaxed);
+            }
+        }
+    }
+
+    /// Whether the next value is ready (a racy snapshot, for any thread).
+    #[inline]
+    pub(crate) fn has_next(&self) -> bool {
+        let h = self.head.load(Ordering::Relaxed);
+        // Acquire: a `true` is followed by a pop that reads the value.
+        self.slots[h & self.mask].stamp.load(Ordering::Acquire) == h.wrapping_add(1)
+    }
+
+    /// Takes up to `max` values in order, handing each to `f`; returns how many. Another
+    /// thread consuming at the same moment makes this return 0 (callers serialize consumers;
+    /// this only keeps a mistake from being unsound).
+    pub(crate) fn pop_batch(&self, max: usize, mut f: impl FnMut(T)) -> usize {
+        // Acquire: the previous consumer's head store and slot reads happen before ours.
+        if self.consuming.swap(true, Ordering::Acquire) {
+            return 0;
+        }
+        let cap = self.mask + 1;
+        // Relaxed: only consumers write `head`, and the flag orders them.
+        let mut h = self.head.load(Ordering::Relaxed);
+        let mut n = 0;
+        while n < max {
+            let slot = &self.slots[h & self.mask];
+            // Acquire: pairs with the producer's Release after it wrote the value.
+            if slot.stamp.load(Ordering::Acquire) != h.wrapping_add(1) {
+                break;
+            }
+            // SAFETY: stamp `h + 1` says a producer wrote this slot for position `h` and
+            // nobody touches it until we store the next stamp; we are the only consumer.
+            let value = slot.value.with(|p| unsafe { (*p).assume_init_read() });
+            // Release: our read of the value happens before the next lap's producer writes.
+            slot.stamp.store(h.wrapping_add(cap), Ordering::Release);
+            h = h.wrapping_add(1);
+            // Relaxed: for `has_next` readers; kept fresh per value, so a thread that checks
+            // for frames while we consume never reads a slot we already emptied as "no
+            // more frames" while later ones wait.
+            self.head.store(h, Ordering::Relaxed);
+            n += 1;
+            f(value);
+        }
+        // Release: pairs with the next consumer's Acquire swap.
+        self.consuming.store(false, Ordering::Release);
+        n
+    }
+}
+
+impl<T> Drop for Inbox<T> {
+    fn drop(&mut self) {
+        // Values still queued are dropped with the queue.
+        while self.pop_batch(usize::MAX, drop) > 0 {}
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fifo_full_and_wrap() {
+        let q = Inbox::new(3); // rounded up to 4
+        for round in 0..5u32 {
+            for i in 0..4 {
+                assert_eq!(q.push(round * 10 + i), Ok(()));
+            }
+            assert_eq!(q.push(99), Err(99), "full at capacity");
+            assert!(q.has_next());
+            let mut got = Vec::new();
+            assert_eq!(q.pop_batch(3, |v| got.push(v)), 3);
+            assert_eq!(q.pop_batch(10, |v| got.push(v)), 1);
+            assert_eq!(got, (0..4).map(|i| round * 10 + i).collect::<Vec<_>>());
+            assert!(!q.has_next());
+            assert_eq!(q.pop_batch(10, |_| panic!("empty")), 0);
+        }
+    }
+
+    #[test]
+    fn queued_values_are_dropped_with_the_queue() {
+        let marker = std::sync::Arc::new(());
+        let q = Inbox::new(8);
+        for _ in 0..5 {
+            q.push(marker.clone()).unwrap();
+        }
+        q.pop_batch(2, drop);
+        drop(q);
+        assert_eq!(std::sync::Arc::strong_count(&marker), 1);
+    }
+
+    /// Four producers, one consumer, a small ring (constant wrapping and full refusals):
+    /// every value arrives exactly once and each producer's values in order.
+    #[test]
+    fn many_producers_one_consumer() {
+        const PER: u64 = 200_000;
+        let q = std::sync::Arc::new(Inbox::new(16));
+        let producers: Vec<_> = (0..4u64)
+            .map(|p| {
+                let q = q.clone();
+                std::thread::spawn(move || {
+                    for i in 0..PER {
+                        let mut v = (p << 32) | i;
+                        while let Err(back) = q.push(v) {
+                            v = back;
+                            std::thread::yield_now();
+                        }
+                    }
+                })
+            })
+            .collect();
+        let mut next = [0u64; 4];
+        let mut total = 0;
+        while total < 4 * PER {
+            let n = q.pop_batch(7, |v| {
+                let (p, i) = ((v >> 32) as usize, v & 0xffff_ffff);
+                assert_eq!(i, next[p], "producer {p} out of order");
+                next[p] += 1;
+            });
+            total += n as u64;
+            if n == 0 {
+                std::thread::yield_now();
+            }
+        }
+        for p in producers {
+            p.join().unwrap();
+        }
+        assert_eq!(next, [PER; 4]);
+        assert!(!q.has_next());
+    }
+
+    /// Streams frame-sized items from one thread to another through an `Inbox` and through
+    /// crossbeam's `ArrayQueue` with the emptiness check the embedded provider used before,
+    /// and prints ns per item (docs/BENCHMARKS.md, "Inbox"). A measurement, not a check:
+    /// `cargo test -p weft-transport --release --lib ring::tests::stream -- --ignored --nocapture`
+    #[test]
+    #[ignore = "a benchmark; run by hand"]
+    fn stream_versus_array_queue() {
+        use crossbeam_queue::ArrayQueue;
+        #[derive(Clone, Copy)]
+        struct Item([u64; 12]); // 96 bytes, the size of a `Frame`
+        const N: u64 = 10_000_000;
+        fn run<Q: Send + Sync + 'static>(q: Q, push: fn(&Q, Item) -> bool, drain: fn(&Q, &mut dyn FnMut(Item)) -> usize) -> f64 {
+            let q = std::sync::Arc::new(q);
+            let q2 = q.clone();
+            let t0 = std::time::Instant::now();
+            let p = std::thread::spawn(move || {
+                let mut i = 0;
+                while i < N {
+                    if push(&q2, Item([i; 12])) {
+                        i += 1;
+                    } else {
+                        std::hint::spin_loop();
+                    }
+                }
+            });
+            let (mut got, mut sum) = (0u64, 0u64);
+            while got < N {
+                let n = drain(&q, &mut |x| sum = sum.wrapping_add(x.0[0]));
+                got += n as u64;
+                if n == 0 {
+                    std::hint::spin_loop();
+                }
+            }
+            p.join().unwrap();
+            assert_eq!(sum, N * (N - 1) / 2);
+            t0.elapsed().as_nanos() as f64 / N as f64
+        }
+        for round in 0..3 {
+            let inbox = run(Inbox::new(1024), |q, v| q.push(v).is_ok(), |q, f| q.pop_batch(64, f));
+            let aq = run(
+                ArrayQueue::new(1024),
+                |q, v| q.push(v).is_ok(),
+                |q, f| {
+                    if q.is_empty() {
+                        return 0;
+                    }
+                    let mut n = 0;
+                    while n < 64 {
+                        match q.pop() {
+                            Some(v) => f(v),
+                            None => break,
+                        }
+                        n += 1;
+                    }
+                    n
+                },
+            );
+            println!("round {round}: Inbox {inbox:.1} ns/item, ArrayQueue {aq:.1} ns/item ({:.2}x)", aq / inbox);
+        }
+    }
+}
+
+/// Loom models: producers race for the slots of a two-slot ring while the consumer drains;
+/// nothing is lost, duplicated or reordered per producer.
+/// `RUSTFLAGS="--cfg loom" cargo test -p weft-transport --release --lib ring::model`
+#[cfg(all(test, loom))]
+mod model {
+    use super::*;
+    use loom::sync::Arc;
+
+    fn check(producers: u32, per: u32) {
+        let mut b = loom::model::Builder::new();
+        b.preemption_bound = Some(3);
+        b.check(move || {
+            let q = Arc::new(Inbox::new(2));
+            let ps: Vec<_> = (0..producers)
+                .map(|p| {
+                    let q = q.clone();
+                    loom::thread::spawn(move || {
+                        for i in 0..per {
+                            let mut v = p * 10 + i;
+                            while let Err(back) = q.push(v) {
+                                v = back;
+                                loom::thread::yield_now();
+                            }
+                        }
+                    })
+                })
+                .collect();
+            let mut got = Vec::new();
+            while got.len() < (producers * per) as usize {
+                if q.pop_batch(4, |v| got.push(v)) == 0 {
+                    loom::thread::yield_now();
+                }
+            }
+            for p in ps {
+                p.join().unwrap();
+            }
+            for p in 0..producers {
+                let mine: Vec<u32> = got.iter().copied().filter(|v| v / 10 == p).collect();
+                assert_eq!(mine, (0..per).map(|i| p * 10 + i).collect::<Vec<_>>());
+            }
+        });
+    }
+
+    /// Two producers claim slots concurrently.
+    #[test]
+    fn two_producers_one_consumer() {
+        check(2, 1);
+    }
+
+    /// One producer laps a two-slot ring (full refusals, stamp reuse).
+    #[test]
+    fn one_producer_laps_the_ring() {
+        check(1, 3);
+    }
+}
