@@ -357,45 +357,57 @@ pub(crate) fn wait_all<B: Send + 'static>(shared: &Shared, reqs: &mut [Request<'
             // While progress keeps completing requests (or for a few idle passes), test them
             // directly: attaching costs two atomic updates per request and completing an
             // attached one two more, which a wait that never sleeps does not need. What is
-            // still pending then is attached (Algorithm 2 from there on). In `Owner` mode a
-            // thread that cannot take the token makes no progress here and attaches at once.
+            // still pending then is attached (Algorithm 2 from there on). In `Owner` mode the
+            // token, once taken, is kept through both phases (taking and releasing it per
+            // pass would wake a parked waiter per release); a thread that cannot take it
+            // makes no progress here and attaches at once.
+            let owner_mode = shared.config.progress == ProgressMode::Owner;
+            let me = crate::cri::thread_token();
             let mut idle = 0;
             while idle < TEST_SPINS {
                 first = first_pending(reqs, first);
                 if first == reqs.len() {
-                    return;
-                }
-                if shared.progress_once() {
-                    idle = 0;
-                } else if shared.config.progress == ProgressMode::Owner && shared.owner.is_taken() {
                     break;
+                }
+                let progressed = if owner_mode {
+                    if !shared.owner.own_or_take(me) {
+                        break;
+                    }
+                    shared.progress_all() > 0
+                } else {
+                    shared.progress_concurrent() > 0
+                };
+                if progressed {
+                    idle = 0;
                 } else {
                     idle += 1;
                     std::hint::spin_loop();
                 }
             }
-            // Algorithm 2: attach what is pending, then wait on the sync object.
-            WAIT_SYNC.with(|sync| {
-                for r in reqs[first..].iter_mut() {
-                    if !r.is_complete() {
-                        let _ = sync.attach_counted(r);
+            if first < reqs.len() {
+                // Algorithm 2: attach what is pending, then wait on the sync object.
+                WAIT_SYNC.with(|sync| {
+                    for r in reqs[first..].iter_mut() {
+                        if !r.is_complete() {
+                            let _ = sync.attach_counted(r);
+                        }
                     }
-                }
-                if shared.config.progress == ProgressMode::Owner {
-                    let me = crate::cri::thread_token();
-                    let _ = sync.wait_all_with(&OwnerWait { shared, me });
-                    if shared.owner.is(me) {
-                        shared.release_ownership();
+                    if owner_mode {
+                        let _ = sync.wait_all_with(&OwnerWait { shared, me });
+                        if !shared.owner.is(me) {
+                            // We may have been the waiter a hand-off woke, and left without
+                            // taking ownership (our requests were done): pass it on, or a
+                            // parked waiter would wait with no owner (`OwnerToken::leave`).
+                            shared.owner.leave(me);
+                        }
                     } else {
-                        // We may have been the waiter a hand-off woke, and left without
-                        // taking ownership (our requests were done): pass it on, or a
-                        // parked waiter would wait with no owner (`OwnerToken::leave`).
-                        shared.owner.leave(me);
+                        let _ = sync.wait_all_with(&ConcurrentWait { shared });
                     }
-                } else {
-                    let _ = sync.wait_all_with(&ConcurrentWait { shared });
-                }
-            });
+                });
+            }
+            if owner_mode && shared.owner.is(me) {
+                shared.release_ownership();
+            }
         }
     }
 }
