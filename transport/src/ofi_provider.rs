@@ -19,7 +19,9 @@
 //! CRI keeps `recv_slots` receive buffers posted, each `56 + eager_capacity` bytes — never
 //! smaller than the largest frame a peer sends, because `tcp;ofi_rxm` 1.17 stops delivering
 //! after a truncated receive (docs/OFI.md). A completed slot is decoded, its payload copied
-//! into a pooled buffer (or inline), and the slot is posted again at once.
+//! into a pooled buffer (or inline), and the slot is posted again by the next CQ read that
+//! finds the CQ empty (or once a quarter of the slots wait): the `fi_recv` that replaces a
+//! buffer is then off the latency path of the message that used it.
 //!
 //! Sending uses `fi_inject` when the frame fits the provider's inject size (no completion,
 //! no buffer), else one of `send_slots` per-CRI send buffers, freed by its send completion.
@@ -292,7 +294,8 @@ struct CriState {
     free_send: Vec<u32>,
     /// Destination rank of each send slot in use (to mark it lost if the send fails).
     send_dst: Box<[u32]>,
-    /// Receive slots whose re-post returned `FI_EAGAIN`; retried at the next CQ read.
+    /// Receive slots not posted: consumed frames, and re-posts refused with `FI_EAGAIN`;
+    /// posted again by `reap` (capacity `recv_slots`: never reallocates).
     repost: Vec<u32>,
     /// Transport-level RMA operations posted on this CRI's counter.
     rma_issued: u64,
@@ -433,6 +436,7 @@ impl Opened {
             eager_capacity: self.opts.eager_capacity,
             slot_size,
             recv_slots: self.opts.recv_slots,
+            repost_batch: (self.opts.recv_slots / 4).max(1),
             inject_limit,
             max_msg,
             last_active: AtomicU64::new(coarse_ms()),
@@ -500,6 +504,8 @@ struct Inner {
     slot_size: usize,
     /// Receive slots per CRI.
     recv_slots: usize,
+    /// Consumed receive slots `reap` lets wait before re-posting them while the CQ is busy.
+    repost_batch: usize,
     /// Frames up to this size go out with `fi_inject`.
     inject_limit: usize,
     /// Largest single message / RMA transfer.
@@ -572,18 +578,18 @@ impl Inner {
     }
 
     /// Reads `cri`'s CQ: stages receives, frees send slots. Returns completions read.
+    ///
+    /// Consumed receive slots are re-posted here rather than as each frame is taken: when
+    /// the CQ was empty (the thread is waiting anyway) or once a quarter of the slots wait,
+    /// so a message's latency does not include the `fi_recv` that replaces its buffer.
     fn reap(&self, cri: &Cri, st: &mut CriState) -> usize {
-        let mut buf = [Completion::default(); 16];
         let mut total = 0;
         for _ in 0..8 {
-            match cri.ep.cq().read(&mut buf) {
+            match cri.ep.cq().read_each(16, |c| self.complete(st, c.context, c.len)) {
                 Ok(0) => break,
                 Ok(n) => {
-                    for c in &buf[..n] {
-                        self.complete(st, c.context, c.len);
-                    }
                     total += n;
-                    if n < buf.len() {
+                    if n < 16 {
                         break;
                     }
                 }
@@ -594,15 +600,27 @@ impl Inner {
                 Err(CqError::Fatal(_)) => break,
             }
         }
-        if !st.repost.is_empty() && !self.closed.load(Ordering::Relaxed) {
-            // Rare (a receive post refused with FI_EAGAIN): slots refused again are queued
-            // anew by `post_recv`.
-            for slot in std::mem::take(&mut st.repost) {
-                let _ = self.post_recv(cri, st, slot);
-            }
+        if !st.repost.is_empty() && (total == 0 || st.repost.len() >= self.repost_batch) {
+            self.repost(cri, st);
         }
         cri.ready.store(!st.staged.is_empty(), Ordering::Relaxed);
         total
+    }
+
+    /// Posts every receive slot waiting in `st.repost` (slots refused with `FI_EAGAIN` are
+    /// queued anew by `post_recv`).
+    fn repost(&self, cri: &Cri, st: &mut CriState) {
+        if self.closed.load(Ordering::Relaxed) {
+            return;
+        }
+        // A slot refused again is pushed behind the ones taken here (capacity suffices:
+        // every slot is in the list at most once).
+        let n = st.repost.len();
+        for i in 0..n {
+            let slot = st.repost[i];
+            let _ = self.post_recv(cri, st, slot);
+        }
+        st.repost.drain(..n);
     }
 
     fn complete(&self, st: &mut CriState, ctx: u64, len: usize) {
@@ -661,9 +679,8 @@ impl Inner {
                 };
                 Frame { header, payload }
             });
-            if !self.closed.load(Ordering::Relaxed) {
-                let _ = self.post_recv(cri, st, slot);
-            }
+            // Re-posted by the next `reap` (see there).
+            st.repost.push(slot);
             cri.ready.store(!st.staged.is_empty(), Ordering::Relaxed);
             if frame.is_some() {
                 return frame;
@@ -901,7 +918,8 @@ impl Rank {
     }
 
     /// Hands up to `max` received frames of CRI `cri` to `f`; returns how many. `f` runs
-    /// without any lock of this provider held (it may send).
+    /// under the CRI's state lock (one acquisition per call, not per frame): it must not
+    /// send or poll on this rank — the runtime only collects the frames in it.
     pub fn poll(&self, cri: usize, max: usize, mut f: impl FnMut(Frame)) -> usize {
         let s = &*self.inner;
         let c = &s.cris[cri];
@@ -910,12 +928,9 @@ impl Rank {
         // that drains what `has_frames` found leaves later arrivals to the next pass, which
         // saves one `fi_cq_read` per message on the latency path.
         let read_cq = !c.ready.load(Ordering::Relaxed);
+        let mut st = c.st.lock();
         while n < max {
-            let frame = {
-                let mut st = c.st.lock();
-                s.next_frame(c, &mut st, read_cq)
-            };
-            match frame {
+            match s.next_frame(c, &mut st, read_cq) {
                 Some(frame) => {
                     f(frame);
                     n += 1;
@@ -923,6 +938,7 @@ impl Rank {
                 None => break,
             }
         }
+        drop(st);
         if n > 0 {
             s.touch();
         }
@@ -1278,5 +1294,48 @@ mod tests {
         b[0] = 9;
         assert_eq!(decode(&b), None);
         assert_eq!(decode(&b[..10]), None);
+    }
+
+    /// Receive slots consumed by `poll` are re-posted by a later `reap` (when the CQ is
+    /// empty, or in batches while it is busy): after a stream several times the slot count,
+    /// every frame arrived in order, and one idle pass leaves every slot posted again.
+    #[test]
+    fn consumed_receive_slots_are_reposted() {
+        std::env::set_var("FI_TCP_IFACE", "lo");
+        let opts = OfiOptions { recv_slots: 16, ..OfiOptions::default() };
+        let ranks = match world(&opts, 2) {
+            Ok(r) => r,
+            Err(e) => {
+                eprintln!("skipped: shm not available here ({e})");
+                return;
+            }
+        };
+        let header = |seq: u32| Header { kind: FrameKind::Eager, src_cri: 0, context: 1, source: 0, tag: 5, seq, chan: 0, len: 4, cookie: 0, key: 0, addr: 0 };
+        let total = 16 * 20;
+        let (mut sent, mut got) = (0u32, 0u32);
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while got < total && Instant::now() < deadline {
+            // Up to 8 frames ahead: more than the repost batch (4), fewer than the slots.
+            while sent < total && sent < got + 8 {
+                match ranks[0].send(1, 0, header(sent), &sent.to_le_bytes()) {
+                    Ok(()) => sent += 1,
+                    Err(SendError::WouldBlock) => break,
+                    Err(e) => panic!("send: {e:?}"),
+                }
+            }
+            ranks[1].poll(0, 64, |f| {
+                assert_eq!(f.header.seq, got, "frames in order");
+                assert_eq!(f.payload.as_slice(), &got.to_le_bytes());
+                got += 1;
+            });
+            let st = ranks[1].inner.cris[0].st.lock();
+            assert!(st.repost.len() <= 16, "a slot is never queued twice");
+        }
+        assert_eq!(got, total, "every frame arrived within 20 s");
+        // One idle pass re-posts whatever the last polls consumed.
+        assert!(!ranks[1].has_frames(0));
+        let st = ranks[1].inner.cris[0].st.lock();
+        assert!(st.repost.is_empty(), "slots left unposted: {:?}", st.repost);
+        assert!(st.staged.is_empty());
     }
 }

@@ -189,7 +189,9 @@ impl Transport {
         dispatch!(self, t => t.send(dst, dst_cri, header, data))
     }
 
-    /// Hands up to `max` received frames of CRI `cri` to `f`; returns how many.
+    /// Hands up to `max` received frames of CRI `cri` to `f`; returns how many. `f` runs
+    /// while the CRI is held (its inbox's consumer role, or the libfabric CRI's state lock):
+    /// it must not send or poll on this rank; collect the frames and handle them after.
     #[inline]
     pub fn poll(&self, cri: usize, max: usize, f: impl FnMut(Frame)) -> usize {
         dispatch!(self, t => t.poll(cri, max, f))

@@ -2,6 +2,7 @@
 
 use std::ffi::CStr;
 use std::fmt;
+use std::mem::MaybeUninit;
 use std::os::fd::RawFd;
 use std::os::raw::c_int;
 use std::ptr::{self, NonNull};
@@ -166,23 +167,41 @@ impl CompletionQueue {
     /// Returns `Ok(0)` when none is available (`FI_EAGAIN`). When an operation failed
     /// (`-FI_EAVAIL`), reads its error entry and returns it as [`CqError::Completion`].
     pub fn read(&self, out: &mut [Completion]) -> Result<usize, CqError> {
-        let mut buf = [sys::fi_cq_tagged_entry::default(); READ_CHUNK];
-        let want = out.len().min(READ_CHUNK);
+        let max = out.len();
+        let mut slots = out.iter_mut();
+        self.read_each(max, |c| {
+            if let Some(o) = slots.next() {
+                *o = c;
+            }
+        })
+    }
+
+    /// Reads up to `max` completions (at most 32 per call) and hands each to `f`, in CQ
+    /// order; returns how many. Same results as [`read`](Self::read), without a caller
+    /// buffer: nothing is zeroed or copied twice, which matters on a path that reads an
+    /// empty CQ millions of times a second.
+    #[inline]
+    pub fn read_each(&self, max: usize, mut f: impl FnMut(Completion)) -> Result<usize, CqError> {
+        let want = max.min(READ_CHUNK);
         if want == 0 {
             return Ok(0);
         }
-        // SAFETY: valid CQ of format TAGGED; `buf` holds `want` tagged entries.
+        let mut buf = [const { MaybeUninit::<sys::fi_cq_tagged_entry>::uninit() }; READ_CHUNK];
+        // SAFETY: valid CQ of format TAGGED; `buf` has room for `want` tagged entries, which
+        // libfabric writes before returning their count.
         let ret = unsafe { sys::weft_fi_cq_read(self.raw.as_ptr(), buf.as_mut_ptr().cast(), want) };
         if ret > 0 {
-            let n = ret as usize;
-            for (o, e) in out.iter_mut().zip(&buf[..n]) {
-                *o = Completion {
+            let n = (ret as usize).min(want);
+            for e in &buf[..n] {
+                // SAFETY: libfabric initialized the first `ret` entries.
+                let e = unsafe { e.assume_init_ref() };
+                f(Completion {
                     context: e.op_context as u64,
                     flags: CompletionFlags::from_bits(e.flags),
                     len: e.len,
                     tag: e.tag,
                     data: e.data,
-                };
+                });
             }
             Ok(n)
         } else if ret == 0 || ret == -(sys::FI_EAGAIN as isize) {
@@ -190,10 +209,7 @@ impl CompletionQueue {
         } else if ret == -(sys::FI_EAVAIL as isize) {
             Err(self.read_error())
         } else {
-            Err(CqError::Fatal(OfiError::from_code(
-                "fi_cq_read",
-                ret as i64,
-            )))
+            Err(CqError::Fatal(OfiError::from_code("fi_cq_read", ret as i64)))
         }
     }
 
