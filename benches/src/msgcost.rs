@@ -5,6 +5,10 @@
 //! the sender's plus the receiver's CPU time per message — an upper bound on what one core
 //! can sustain, independent of scheduling (the multirate benchmark measures that part).
 //!
+//! `--provider shm|tcp` runs the two ranks on libfabric in the same way (one process): with
+//! `-w 1` that is one hop of a ping-pong with both sides' CPU time and no waiting, to set
+//! against the transport layer alone (`transport/tests/ofi_pingpong.rs`).
+//!
 //! Columns: `progress,size,window,ns_per_message` (median of `--runs`).
 
 use std::time::Instant;
@@ -31,6 +35,9 @@ pub struct Args {
     /// Runs (the median is reported).
     #[arg(long, default_value_t = 5)]
     runs: usize,
+    /// Provider of the two in-process ranks: embedded, or shm / tcp (feature `ofi`).
+    #[arg(long, default_value = "embedded")]
+    provider: weft::Provider,
     /// CSV output.
     #[arg(long)]
     csv: bool,
@@ -45,12 +52,12 @@ pub fn run(a: &Args) -> Result<(), String> {
     }
     let mut table = Table::new(&["progress", "size", "window", "ns_per_message"]);
     if !a.csv {
-        println!("# weft-bench msgcost: one thread drives both ranks; iterations={} runs={} (median)", a.iterations, a.runs);
+        println!("# weft-bench msgcost: one thread drives both ranks; provider={} iterations={} runs={} (median)", a.provider, a.iterations, a.runs);
     }
     table.print_header(a.csv);
     for &mode in &modes {
         for &size in &sizes {
-            let rts = Runtime::builder().env(false).progress(mode).build_local(2).map_err(|e| e.to_string())?;
+            let rts = Runtime::builder().env(false).provider(a.provider).progress(mode).build_local(2).map_err(|e| e.to_string())?;
             // A first run warms the request pools, buffers and inboxes; it is not counted.
             rounds(&rts, size, a.window, a.iterations / 10 + 1)?;
             let mut ns = Vec::with_capacity(a.runs);
