@@ -318,12 +318,6 @@ fn park_two(s: &Shared, mut a: SignalListener<'_>, mut b: Option<SignalListener<
 /// attaches them to the thread's sync object.
 const TEST_SPINS: u32 = 16;
 
-/// `PAUSE`s between two idle passes of that test phase. Polling back to back slows the
-/// sender the waiter waits for: on libfabric `shm` every CQ read takes the spin lock in the
-/// receiver's shared region, on the cache line the sender must write to deliver (one-way
-/// `weft-bench pingpong` latency 0.90 -> 0.86 us, the sender's inject 0.42 -> 0.38 us).
-const IDLE_PAUSE: u32 = 8;
-
 /// Index of the first request from `from` on that has not completed (`reqs.len()` if none).
 #[inline]
 fn first_pending<B: Send + 'static>(reqs: &[Request<'_, B>], mut from: usize) -> usize {
@@ -370,6 +364,7 @@ pub(crate) fn wait_all<B: Send + 'static>(shared: &Shared, reqs: &mut [Request<'
             let owner_mode = shared.config.progress == ProgressMode::Owner;
             let me = crate::cri::thread_token();
             let mut idle = 0;
+            let pause = shared.transport.idle_pause();
             while idle < TEST_SPINS {
                 first = first_pending(reqs, first);
                 if first == reqs.len() {
@@ -387,7 +382,8 @@ pub(crate) fn wait_all<B: Send + 'static>(shared: &Shared, reqs: &mut [Request<'
                     idle = 0;
                 } else {
                     idle += 1;
-                    for _ in 0..IDLE_PAUSE {
+                    // Between idle polls: see `Transport::idle_pause`.
+                    for _ in 0..pause {
                         std::hint::spin_loop();
                     }
                 }
