@@ -81,6 +81,10 @@ pub struct Args {
     /// the runtime's default when absent.
     #[arg(long)]
     yield_us: Option<u64>,
+    /// Thread mode: leave CRI assignment to first use instead of binding worker i of each
+    /// rank to CRI i (`Runtime::pin_cri`); pairs may then be crossed.
+    #[arg(long)]
+    no_pin: bool,
     /// Internal: run one rank of a launched job (one configuration).
     #[arg(long, hide = true)]
     rank_worker: bool,
@@ -278,6 +282,8 @@ fn tags(link: usize) -> (i32, i32, i32) {
 
 /// What one worker does: the links it sends on (as sender) or receives on (as receiver).
 struct Role<'a> {
+    /// Thread mode: the rank's runtime and the CRI this worker binds itself to.
+    pin: Option<(&'a Runtime, usize)>,
     comm_of: Vec<&'a Communicator>,
     /// `(link index, peer rank)` per link of this worker.
     links: Vec<(usize, u32)>,
@@ -323,8 +329,11 @@ fn measure(p: &Point, a: &Args) -> Result<f64, String> {
         Mode::Process => ((|i: usize| i) as fn(usize) -> usize, ((move |_j: usize| 0usize) as fn(usize) -> usize)),
     };
     let rrank_of = |j: usize| if p.mode == Mode::Process { t + j } else { rrank(j) };
-    let mut senders: Vec<Role<'_>> = (0..t).map(|_| Role { comm_of: Vec::new(), links: Vec::new() }).collect();
-    let mut receivers: Vec<Role<'_>> = (0..t).map(|_| Role { comm_of: Vec::new(), links: Vec::new() }).collect();
+    // Thread mode: worker i of either rank binds itself to CRI i (mod the CRI count), so
+    // the frames of a pair arrive at the CRI its receiver polls (`Runtime::pin_cri`).
+    let pin = |rank: usize, i: usize| (p.mode == Mode::Thread && !a.no_pin).then(|| (&runtimes[rank], i % runtimes[rank].config().cris.max(1)));
+    let mut senders: Vec<Role<'_>> = (0..t).map(|i| Role { pin: pin(0, i), comm_of: Vec::new(), links: Vec::new() }).collect();
+    let mut receivers: Vec<Role<'_>> = (0..t).map(|j| Role { pin: pin(1, j), comm_of: Vec::new(), links: Vec::new() }).collect();
     for (l, &(i, j)) in links.iter().enumerate() {
         senders[i].links.push((l, rrank_of(j) as u32));
         senders[i].comm_of.push(comm_for(srank(i), l));
@@ -384,6 +393,9 @@ fn run_roles(
 
 fn sender(role: &Role<'_>, w: usize, size: usize, iterations: usize, warmup: usize, barrier: &Barrier) -> Result<(), String> {
     let e = |e: weft::Error| e.to_string();
+    if let Some((rt, k)) = role.pin {
+        rt.pin_cri(k).map_err(e)?;
+    }
     let mut bufs: Vec<Vec<u8>> = (0..w * role.links.len()).map(|_| vec![7u8; size]).collect();
     let mut ctl: Vec<Vec<u8>> = (0..role.links.len()).map(|_| Vec::with_capacity(1)).collect();
     for phase in 0..2 {
@@ -424,6 +436,9 @@ fn sender(role: &Role<'_>, w: usize, size: usize, iterations: usize, warmup: usi
 
 fn receiver(role: &Role<'_>, w: usize, size: usize, iterations: usize, warmup: usize, barrier: &Barrier) -> Result<(), String> {
     let e = |e: weft::Error| e.to_string();
+    if let Some((rt, k)) = role.pin {
+        rt.pin_cri(k).map_err(e)?;
+    }
     let mut bufs: Vec<Vec<u8>> = (0..w * role.links.len()).map(|_| Vec::with_capacity(size)).collect();
     for phase in 0..2 {
         let n = if phase == 0 { warmup } else { iterations };
@@ -545,8 +560,10 @@ fn rank_worker(p: &Point, a: &Args, provider: Provider) -> Result<(), String> {
     };
     // This process's workers: in thread mode every sender (rank 0) or every receiver (rank
     // 1); in process mode the one sender (rank < T) or receiver (rank >= T) it is.
-    let mut senders: Vec<Role<'_>> = (0..t).map(|_| Role { comm_of: Vec::new(), links: Vec::new() }).collect();
-    let mut receivers: Vec<Role<'_>> = (0..t).map(|_| Role { comm_of: Vec::new(), links: Vec::new() }).collect();
+    // Thread mode: worker i binds itself to CRI i (mod the CRI count), as in a local run.
+    let pin = |i: usize| (p.mode == Mode::Thread && !a.no_pin).then(|| (&rt, i % rt.config().cris.max(1)));
+    let mut senders: Vec<Role<'_>> = (0..t).map(|i| Role { pin: pin(i), comm_of: Vec::new(), links: Vec::new() }).collect();
+    let mut receivers: Vec<Role<'_>> = (0..t).map(|j| Role { pin: pin(j), comm_of: Vec::new(), links: Vec::new() }).collect();
     for (l, &(i, j)) in links.iter().enumerate() {
         let (srank, rrank) = if p.mode == Mode::Thread { (0, 1) } else { (i, t + j) };
         if srank == me {

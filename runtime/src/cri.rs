@@ -23,6 +23,17 @@ pub(crate) fn dedicated(id: u64, assign: impl FnOnce() -> usize) -> usize {
         .unwrap_or(0)
 }
 
+/// Makes `k` this thread's dedicated CRI in runtime `id` (replacing an earlier choice).
+pub(crate) fn pin(id: u64, k: usize) {
+    let _ = DEDICATED.try_with(|d| {
+        let mut d = d.borrow_mut();
+        match d.iter_mut().find(|(r, _)| *r == id) {
+            Some(slot) => slot.1 = k,
+            None => d.push((id, k)),
+        }
+    });
+}
+
 /// A token naming the calling thread (non-zero), used for progress ownership.
 #[inline]
 pub(crate) fn thread_token() -> u64 {

@@ -255,6 +255,26 @@ impl Runtime {
         SyncObject::with_progress(self.shared.hook())
     }
 
+    /// Binds the calling thread to CRI `k` of this rank (under `Assignment::Dedicated`; like
+    /// MPICH's `MPIX_Stream`, an explicit thread-to-resource mapping). A thread otherwise
+    /// gets the next CRI in round-robin order at its first use, so which CRI a thread gets
+    /// depends on the order threads first communicate in.
+    ///
+    /// A thread's sends leave through its CRI and arrive at the peer's CRI of the same
+    /// index, where the peer's thread bound to that index progresses them first (seed 003
+    /// Algorithm 4). When thread *i* of one rank talks to thread *i* of another, binding
+    /// both to CRI *i* makes every frame arrive where its receiver polls; with first-use
+    /// order they may be crossed, and each thread then completes the other's receives.
+    /// Other assignments ignore the binding. `k` must be below the rank's CRI count.
+    pub fn pin_cri(&self, k: usize) -> Result<(), Error> {
+        let n = self.shared.cris.len();
+        if k >= n {
+            return Err(Error::InvalidArgument("CRI index out of range"));
+        }
+        crate::cri::pin(self.shared.id, k);
+        Ok(())
+    }
+
     /// Makes one step of progress in the configured mode; returns whether anything moved
     /// (`MPIX_Progress`).
     pub fn progress(&self) -> bool {
@@ -495,5 +515,47 @@ impl Builder {
                 Ok(Runtime { shared, world, exec })
             })
             .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::{Assignment, Error, Runtime};
+
+    /// `pin_cri` sets the calling thread's dedicated CRI (per runtime, per thread), rejects
+    /// an index out of range, and is ignored under round-robin assignment.
+    #[test]
+    fn pin_cri_binds_the_calling_thread() {
+        let rts = Runtime::builder().env(false).cris(4).assignment(Assignment::Dedicated).build_local(2).unwrap();
+        let (a, b) = (&rts[0], &rts[1]);
+        assert!(matches!(a.pin_cri(4), Err(Error::InvalidArgument(_))));
+        a.pin_cri(3).unwrap();
+        assert_eq!(a.shared.cri_for_thread(), 3);
+        // Another runtime of the same thread keeps its own choice.
+        b.pin_cri(1).unwrap();
+        assert_eq!(b.shared.cri_for_thread(), 1);
+        assert_eq!(a.shared.cri_for_thread(), 3);
+        // Re-pinning replaces the binding; other threads are unaffected.
+        a.pin_cri(2).unwrap();
+        assert_eq!(a.shared.cri_for_thread(), 2);
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                a.pin_cri(0).unwrap();
+                assert_eq!(a.shared.cri_for_thread(), 0);
+            });
+        });
+        assert_eq!(a.shared.cri_for_thread(), 2);
+        // A pinned thread's messages still arrive.
+        let (buf, st) = std::thread::scope(|s| {
+            let r = s.spawn(|| b.world().recv(Vec::<u8>::with_capacity(4), 0, 7));
+            a.world().send(vec![1u8, 2, 3], 1, 7).unwrap();
+            r.join().unwrap().unwrap()
+        });
+        assert_eq!((buf, st.bytes), (vec![1, 2, 3], 3));
+
+        let rr = Runtime::builder().env(false).cris(4).assignment(Assignment::RoundRobin).build_local(1).unwrap();
+        rr[0].pin_cri(3).unwrap();
+        let picks: Vec<usize> = (0..4).map(|_| rr[0].shared.cri_for_thread()).collect();
+        assert_eq!(picks.iter().collect::<std::collections::HashSet<_>>().len(), 4, "round-robin ignores the pin: {picks:?}");
     }
 }
