@@ -15,6 +15,7 @@ use weft_transport::{FrameKind, Header};
 use crate::buffer::{Primitive, RecvBuf, SendBuf};
 use crate::matching::{MatchState, Source, Tag};
 use crate::paths::PathLock;
+use crate::protocol::Posted;
 use crate::request::{new_inner, Request};
 use crate::runtime::Shared;
 
@@ -177,11 +178,16 @@ impl Communicator {
             addr: 0,
         };
         if len <= s.config.eager_threshold {
-            s.send_frame(k, dest, header, bytes)?;
-            let inner = new_inner(|i| {
-                i.context = st.context;
-                i.cell.reset_completed(Ok(Status { source: dest, tag, bytes: len }));
-            });
+            // SAFETY: the bytes belong to `buf`, which the request keeps (or orphans into
+            // the inner) until a deferred frame has gone out and completed the inner.
+            let posted = unsafe { s.post_frame(k, dest, header, bytes, || Some(new_inner(|i| i.context = st.context))) }?;
+            let inner = match posted {
+                Posted::Sent => new_inner(|i| {
+                    i.context = st.context;
+                    i.cell.reset_completed(Ok(Status { source: dest, tag, bytes: len }));
+                }),
+                Posted::Deferred(inner) => inner.expect("an eager deferral carries its request"),
+            };
             return Ok(Request::send(self, inner, buf));
         }
         // Rendezvous.
@@ -196,7 +202,8 @@ impl Communicator {
         header.key = key;
         header.cookie = Arc::into_raw(inner.clone()) as usize as u64;
         s.track_rendezvous(dest, &inner);
-        if let Err(e) = s.send_frame(k, dest, header, &[]) {
+        // SAFETY: the frame carries no payload.
+        if let Err(e) = unsafe { s.post_frame(k, dest, header, &[], || None) } {
             s.untrack_rendezvous(&inner);
             // SAFETY: the cookie was never delivered; take the reference back.
             drop(unsafe { Arc::from_raw(header.cookie as usize as *const crate::request::ReqInner) });

@@ -55,7 +55,8 @@ pub struct Snapshot {
     /// (nothing to receive for a while) end this way normally; a count growing while
     /// messages flow would point at a missed notification.
     pub park_timeouts: u64,
-    /// Sends that waited for a full inbox (flow control).
+    /// Sends refused by a full inbox at least once (flow control: retried with progress,
+    /// then queued for progress to send; `isend` does not wait longer than that).
     pub flow_control_waits: u64,
 }
 

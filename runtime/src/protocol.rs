@@ -25,6 +25,12 @@ thread_local! {
     static SCRATCH: std::cell::RefCell<(Vec<Frame>, Vec<Matched>)> = const { std::cell::RefCell::new((Vec::new(), Vec::new())) };
 }
 
+/// How long a send retries a refused frame (progressing meanwhile) before it queues the
+/// frame and returns: long enough for a provider's transient refusals (`tcp;ofi_rxm` and
+/// `shm` refuse while they set up a connection), short enough that a destination nobody
+/// drains does not hold a nonblocking send.
+const DEFER_AFTER: std::time::Duration = std::time::Duration::from_millis(20);
+
 /// Frames taken from one inbox per progress call (bounded work per call).
 const POLL_BATCH: usize = 64;
 
@@ -39,35 +45,97 @@ pub(crate) struct PeerWatch {
     rendezvous: Mutex<Vec<(u32, Arc<ReqInner>)>>,
 }
 
+/// Whether [`Shared::post_frame`] sent the frame or queued it.
+pub(crate) enum Posted {
+    /// Accepted by the transport.
+    Sent,
+    /// Queued behind a full inbox; sent (and this request completed) by progress.
+    Deferred(Option<Arc<ReqInner>>),
+}
+
+/// A frame a full inbox refused, waiting in `Shared::deferred`.
+pub(crate) struct Deferred {
+    dst: u32,
+    dst_cri: usize,
+    header: Header,
+    /// The payload: the sender's buffer, kept alive by its request until `complete`
+    /// completes (`post_frame`'s contract); dangling with `len` 0 for control frames.
+    ptr: *const u8,
+    len: usize,
+    /// Completed when the frame goes out (an eager send); `None` for `Rts` (its `Fin`
+    /// completes it) and control frames.
+    complete: Option<Arc<ReqInner>>,
+}
+
+// SAFETY: `ptr` is only read by the progress pass that sends the frame, while the request
+// that owns the bytes is still incomplete (see `post_frame`); the bytes never change then.
+unsafe impl Send for Deferred {}
+
 impl Shared {
-    /// Sends one frame from CRI `k` to `dst`, waiting out flow control: when the peer's inbox
-    /// is full, the CRI is released, progress is made, and the send retried. Never drops the
-    /// frame; fails only if the peer is gone.
-    pub(crate) fn send_frame(&self, k: usize, dst: u32, header: Header, data: &[u8]) -> Result<(), Error> {
+    /// Puts one frame from CRI `k` to `dst` without blocking for long (`MPI_Isend`
+    /// semantics). When the destination keeps refusing it for [`DEFER_AFTER`] (retried with
+    /// progress meanwhile) — or frames to `dst` are already waiting — the frame is queued
+    /// and sent by a later progress pass of this rank, in posting order; `make` then gives the request to complete when it goes out (`None`:
+    /// nothing to complete, e.g. an `Rts`, which its `Fin` completes), returned in
+    /// [`Posted::Deferred`].
+    ///
+    /// # Safety
+    /// `data` must stay valid and unchanged until the frame is sent: if this returns
+    /// `Posted::Deferred`, until the request `make` gave completes (the caller's request
+    /// keeps the buffer, or orphans it into the request when dropped); without a request,
+    /// `data` must be empty.
+    pub(crate) unsafe fn post_frame(&self, k: usize, dst: u32, header: Header, data: &[u8], make: impl FnOnce() -> Option<Arc<ReqInner>>) -> Result<Posted, Error> {
         let dst_cri = k % self.transport.num_cris();
-        let backoff = crossbeam_utils::Backoff::new();
-        loop {
-            let res = self.main_path(|| {
-                self.cris[k].lock.high(|c| {
-                    let r = self.transport.send(dst, dst_cri, header, data);
-                    if r.is_ok() {
-                        c.sent += 1;
-                    }
-                    r
-                })
-            });
-            match res {
-                Ok(()) => return Ok(()),
-                Err(SendError::PeerLost) => return Err(Error::PeerLost { rank: dst }),
-                Err(SendError::Invalid(what)) => return Err(Error::InvalidArgument(what)),
-                Err(SendError::WouldBlock) => {
-                    self.counters.flow_control_waits.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                    if !self.progress_once() {
-                        backoff.snooze();
-                    }
+        // Relaxed: the sending thread's own deferrals happened before (program order), and
+        // other threads' sends are unordered with ours anyway (MPI orders per thread).
+        let queued = self.deferred_to.get(dst as usize).is_some_and(|n| n.load(Ordering::Relaxed) > 0);
+        if !queued {
+            let backoff = crossbeam_utils::Backoff::new();
+            let mut since: Option<std::time::Instant> = None;
+            loop {
+                let res = self.main_path(|| {
+                    self.cris[k].lock.high(|c| {
+                        let r = self.transport.send(dst, dst_cri, header, data);
+                        if r.is_ok() {
+                            c.sent += 1;
+                        }
+                        r
+                    })
+                });
+                match res {
+                    Ok(()) => return Ok(Posted::Sent),
+                    Err(SendError::PeerLost) => return Err(Error::PeerLost { rank: dst }),
+                    Err(SendError::Invalid(what)) => return Err(Error::InvalidArgument(what)),
+                    Err(SendError::WouldBlock) => {}
+                }
+                // Refusals are often transient (a provider setting up the connection on the
+                // first frame, a CQ to read): progress and retry for a while, then queue.
+                let now = std::time::Instant::now();
+                if since.is_none() {
+                    self.counters.flow_control_waits.fetch_add(1, Ordering::Relaxed);
+                }
+                if now.duration_since(*since.get_or_insert(now)) >= DEFER_AFTER {
+                    break;
+                }
+                if !self.progress_once() {
+                    backoff.snooze();
                 }
             }
         }
+        let complete = make();
+        debug_assert!(complete.is_some() || data.is_empty(), "a deferred payload needs a request that keeps it");
+        self.defer(Deferred { dst, dst_cri, header, ptr: data.as_ptr(), len: data.len(), complete: complete.clone() });
+        Ok(Posted::Deferred(complete))
+    }
+
+    fn defer(&self, d: Deferred) {
+        let mut q = self.deferred.lock();
+        if let Some(n) = self.deferred_to.get(d.dst as usize) {
+            n.fetch_add(1, Ordering::Relaxed);
+        }
+        q.push_back(d);
+        // Release: a progress pass that sees the flag finds the entry under the lock.
+        self.has_deferred.store(true, Ordering::Release);
     }
 
     /// Drains up to a batch of frames from CRI `k`; the caller holds its lock (`counters`).
@@ -192,31 +260,73 @@ impl Shared {
     }
 
     /// Sends a payload-less protocol frame to CRI `cri` of `dst` without blocking: if the
-    /// inbox is full, the frame is deferred and retried by progress.
+    /// inbox is full (or frames to `dst` wait already), the frame is deferred and sent by
+    /// progress.
     pub(crate) fn send_control(&self, dst: u32, cri: usize, mut header: Header) {
         header.source = self.transport.rank();
-        match self.transport.send(dst, cri, header, &[]) {
-            Ok(()) | Err(SendError::PeerLost) | Err(SendError::Invalid(_)) => {}
-            Err(SendError::WouldBlock) => {
-                self.deferred.lock().push((dst, cri, header));
-                self.has_deferred.store(true, std::sync::atomic::Ordering::Release);
+        let queued = self.deferred_to.get(dst as usize).is_some_and(|n| n.load(Ordering::Relaxed) > 0);
+        if !queued {
+            match self.transport.send(dst, cri, header, &[]) {
+                Ok(()) | Err(SendError::PeerLost) | Err(SendError::Invalid(_)) => return,
+                Err(SendError::WouldBlock) => {}
             }
         }
+        self.defer(Deferred { dst, dst_cri: cri, header, ptr: std::ptr::NonNull::dangling().as_ptr(), len: 0, complete: None });
     }
 
-    /// Retries deferred control frames and handles newly lost peers (the rare events of a
-    /// progress pass); returns how many frames went out or requests failed.
+    /// Sends deferred frames (in order per destination; a destination whose inbox is still
+    /// full keeps the rest of its frames) and handles newly lost peers — the rare events of
+    /// a progress pass. Returns how many frames went out or requests failed.
     pub(crate) fn flush_deferred(&self) -> usize {
         let lost = self.handle_lost();
-        // Acquire: pairs with the store after the push; the common case is one load.
-        if !self.has_deferred.load(std::sync::atomic::Ordering::Acquire) {
+        // Acquire: pairs with the store in `defer`; the common case is this one load.
+        if !self.has_deferred.load(Ordering::Acquire) {
             return lost;
         }
-        let mut pending = self.deferred.lock();
-        let before = pending.len();
-        pending.retain(|&(dst, cri, h)| matches!(self.transport.send(dst, cri, h, &[]), Err(SendError::WouldBlock)));
-        self.has_deferred.store(!pending.is_empty(), std::sync::atomic::Ordering::Release);
-        before - pending.len() + lost
+        let Some(mut q) = self.deferred.try_lock() else {
+            // Another thread is flushing.
+            return lost;
+        };
+        let mut done = 0;
+        // Destinations found full during this pass (a handful; searched linearly).
+        let mut blocked: [u32; 8] = [u32::MAX; 8];
+        let mut nblocked = 0;
+        let mut i = 0;
+        while i < q.len() {
+            let d = &q[i];
+            if blocked[..nblocked].contains(&d.dst) {
+                i += 1;
+                continue;
+            }
+            // SAFETY: `post_frame`'s contract: the bytes stay valid until `complete` is
+            // completed (below, after the send) or, for payload-less frames, `len` is 0.
+            let data = unsafe { std::slice::from_raw_parts(d.ptr, d.len) };
+            let res = self.transport.send(d.dst, d.dst_cri, d.header, data);
+            if let Err(SendError::WouldBlock) = res {
+                if nblocked < blocked.len() {
+                    blocked[nblocked] = d.dst;
+                    nblocked += 1;
+                    i += 1;
+                    continue;
+                }
+                // Too many full destinations to track in one pass: stop here.
+                break;
+            }
+            let d = q.remove(i).expect("index in range");
+            if let Some(n) = self.deferred_to.get(d.dst as usize) {
+                n.fetch_sub(1, Ordering::Relaxed);
+            }
+            if let Some(req) = d.complete {
+                req.cell.complete(match res {
+                    Ok(()) => Ok(Status { source: d.dst, tag: d.header.tag, bytes: d.len }),
+                    Err(SendError::Invalid(what)) => Err(Error::InvalidArgument(what)),
+                    Err(_) => Err(Error::PeerLost { rank: d.dst }),
+                });
+            }
+            done += 1;
+        }
+        self.has_deferred.store(!q.is_empty(), Ordering::Release);
+        done + lost
     }
 
     /// Remembers a rendezvous send until its `Fin` (or its destination's loss).

@@ -62,10 +62,14 @@ pub(crate) struct Shared {
     pub(crate) lock_options: LockOptions,
     /// Progress owner of `ProgressMode::Owner` and its hand-off.
     pub(crate) owner: CachePadded<OwnerToken>,
-    /// Control frames (rendezvous `Fin`) refused by a full inbox, retried by progress.
-    pub(crate) deferred: Mutex<Vec<(u32, usize, weft_transport::Header)>>,
+    /// Frames a full inbox refused (eager sends, `Rts`, `Fin`), in posting order, sent by
+    /// progress (`Shared::flush_deferred`): a nonblocking send never blocks.
+    pub(crate) deferred: Mutex<std::collections::VecDeque<crate::protocol::Deferred>>,
     /// `deferred` is non-empty: progress checks this flag instead of taking the lock.
     pub(crate) has_deferred: std::sync::atomic::AtomicBool,
+    /// Deferred frames per destination rank: a send to a rank with frames waiting queues
+    /// behind them instead of overtaking them.
+    pub(crate) deferred_to: Box<[AtomicU32]>,
     /// Rare-path counters (parks, wakes, hand-offs).
     pub(crate) counters: Counters,
     /// Next context id this rank would propose.
@@ -76,8 +80,20 @@ pub(crate) struct Shared {
     pub(crate) peers: crate::protocol::PeerWatch,
 }
 
+/// How long dropping a runtime keeps trying to send frames still deferred behind a full
+/// inbox (sends whose requests were dropped before they went out).
+const DRAIN_DEFERRED: std::time::Duration = std::time::Duration::from_secs(1);
+
 impl Drop for Shared {
     fn drop(&mut self) {
+        // A request dropped in flight leaves its deferred frame to progress; send what is
+        // left while the peers still drain their inboxes (bounded: a peer may be gone).
+        let deadline = std::time::Instant::now() + DRAIN_DEFERRED;
+        while self.has_deferred.load(Ordering::Acquire) && std::time::Instant::now() < deadline {
+            if self.flush_deferred() == 0 && !self.progress_once() {
+                std::thread::yield_now();
+            }
+        }
         self.transport.close();
         for slot in self.contexts.iter() {
             let p = slot.swap(std::ptr::null_mut(), Ordering::AcqRel);
@@ -501,8 +517,9 @@ impl Builder {
                     progress_lock: CachePadded::new(PathLock::new(config.locks.progress, &lock_options, config.lock_timing, ())),
                     lock_options: lock_options.clone(),
                     owner: CachePadded::new(OwnerToken::new()),
-                    deferred: Mutex::new(Vec::new()),
+                    deferred: Mutex::new(std::collections::VecDeque::new()),
                     has_deferred: std::sync::atomic::AtomicBool::new(false),
+                    deferred_to: (0..size).map(|_| AtomicU32::new(0)).collect(),
                     counters: Counters::default(),
                     next_context: AtomicU32::new(2),
                     executor: crate::executor::Executor::new(),
