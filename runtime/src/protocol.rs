@@ -75,9 +75,9 @@ impl Shared {
     /// Puts one frame from CRI `k` to `dst` without blocking for long (`MPI_Isend`
     /// semantics). When the destination keeps refusing it for [`DEFER_AFTER`] (retried with
     /// progress meanwhile) — or frames to `dst` are already waiting — the frame is queued
-    /// and sent by a later progress pass of this rank, in posting order; `make` then gives the request to complete when it goes out (`None`:
-    /// nothing to complete, e.g. an `Rts`, which its `Fin` completes), returned in
-    /// [`Posted::Deferred`].
+    /// and sent by a later progress pass of this rank, in posting order; `make` then gives
+    /// the request to complete when it goes out (`None`: nothing to complete, e.g. an
+    /// `Rts`, which its `Fin` completes), returned in [`Posted::Deferred`].
     ///
     /// # Safety
     /// `data` must stay valid and unchanged until the frame is sent: if this returns
