@@ -200,13 +200,10 @@ impl Communicator {
         });
         header.kind = FrameKind::Rts;
         header.key = key;
-        header.cookie = Arc::into_raw(inner.clone()) as usize as u64;
-        s.track_rendezvous(dest, &inner);
+        header.cookie = s.track_rendezvous(dest, &inner);
         // SAFETY: the frame carries no payload.
         if let Err(e) = unsafe { s.post_frame(k, dest, header, &[], || None) } {
-            s.untrack_rendezvous(&inner);
-            // SAFETY: the cookie was never delivered; take the reference back.
-            drop(unsafe { Arc::from_raw(header.cookie as usize as *const crate::request::ReqInner) });
+            s.untrack_rendezvous(header.cookie, None);
             s.transport.deregister(key);
             return Err(e);
         }

@@ -41,8 +41,12 @@ const POLL_BATCH: usize = 64;
 pub(crate) struct PeerWatch {
     /// `transport.lost_epoch()` when losses were last handled.
     seen: AtomicU64,
-    /// `(destination, request)` of every rendezvous send not finished yet.
-    rendezvous: Mutex<Vec<(u32, Arc<ReqInner>)>>,
+    /// Every rendezvous send not finished yet, by the cookie its `Rts` carried: `(cookie,
+    /// destination, request)`. The cookie is a number, never an address: a `Fin` is looked
+    /// up here, so a stale, duplicated or forged one finds nothing instead of naming memory.
+    rendezvous: Mutex<Vec<(u64, u32, Arc<ReqInner>)>>,
+    /// Next cookie (0 is never used).
+    next_cookie: AtomicU64,
 }
 
 /// Whether [`Shared::post_frame`] sent the frame or queued it.
@@ -200,15 +204,11 @@ impl Shared {
 
     /// A `Fin`: the receiver has read a rendezvous send's data; complete the send.
     fn handle_fin(&self, frame: Frame) {
-        let ptr = frame.header.cookie as usize as *const ReqInner;
-        // SAFETY: the cookie is the `Arc::into_raw` this rank put in its `Rts` (`isend`),
-        // echoed once by the receiver's `Fin`; taking it back releases that reference
-        // exactly once.
-        let req = unsafe { Arc::from_raw(ptr) };
-        if !self.untrack_rendezvous(&req) {
-            // Already failed with `PeerLost` (the peer answered, then died).
+        let Some(req) = self.untrack_rendezvous(frame.header.cookie, Some(frame.header.source)) else {
+            // Already failed with `PeerLost` (the peer answered, then died), or not a `Fin`
+            // for a send of ours.
             return;
-        }
+        };
         self.transport.deregister(req.key.load(std::sync::atomic::Ordering::Relaxed));
         req.cell.complete(Ok(Status { source: frame.header.source, tag: frame.header.tag, bytes: frame.header.len as usize }));
         req.orphan.lock().take();
@@ -329,22 +329,21 @@ impl Shared {
         done + lost
     }
 
-    /// Remembers a rendezvous send until its `Fin` (or its destination's loss).
-    pub(crate) fn track_rendezvous(&self, dest: u32, req: &Arc<ReqInner>) {
-        self.peers.rendezvous.lock().push((dest, req.clone()));
+    /// Remembers a rendezvous send until its `Fin` (or its destination's loss); returns the
+    /// cookie its `Rts` carries.
+    pub(crate) fn track_rendezvous(&self, dest: u32, req: &Arc<ReqInner>) -> u64 {
+        let cookie = self.peers.next_cookie.fetch_add(1, Ordering::Relaxed) + 1;
+        self.peers.rendezvous.lock().push((cookie, dest, req.clone()));
+        cookie
     }
 
-    /// Forgets a rendezvous send; returns whether it was still tracked (whoever removes it
-    /// completes it).
-    pub(crate) fn untrack_rendezvous(&self, req: &Arc<ReqInner>) -> bool {
+    /// Forgets the rendezvous send of `cookie` — only if its destination is `from`, when
+    /// given (a `Fin` must come from the rank the `Rts` went to) — and returns its request
+    /// (whoever removes it completes it).
+    pub(crate) fn untrack_rendezvous(&self, cookie: u64, from: Option<u32>) -> Option<Arc<ReqInner>> {
         let mut list = self.peers.rendezvous.lock();
-        match list.iter().position(|(_, r)| Arc::ptr_eq(r, req)) {
-            Some(i) => {
-                list.swap_remove(i);
-                true
-            }
-            None => false,
-        }
+        let i = list.iter().position(|&(c, d, _)| c == cookie && from.map_or(true, |f| f == d))?;
+        Some(list.swap_remove(i).2)
     }
 
     /// When the transport reports newly lost peers: fails every posted receive that can no
@@ -387,20 +386,56 @@ impl Shared {
             };
             req.cell.complete(Err(Error::PeerLost { rank }));
         }
-        let sends: Vec<(u32, Arc<ReqInner>)> = {
+        let sends: Vec<(u64, u32, Arc<ReqInner>)> = {
             let mut list = self.peers.rendezvous.lock();
-            let (dead, live): (Vec<_>, Vec<_>) = list.drain(..).partition(|(d, _)| !alive(*d));
+            let (dead, live): (Vec<_>, Vec<_>) = list.drain(..).partition(|(_, d, _)| !alive(*d));
             *list = live;
             dead
         };
         let m = sends.len();
-        for (dest, req) in sends {
-            // The cookie reference stays with the dead peer's `Fin` that never comes (one
-            // `ReqInner` leaked per failed rendezvous, never freed under a late `Fin`).
+        for (_, dest, req) in sends {
+            // Untracked: a late `Fin` finds nothing.
             self.transport.deregister(req.key.load(Ordering::Relaxed));
             req.cell.complete(Err(Error::PeerLost { rank: dest }));
             req.orphan.lock().take();
         }
         n + m
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use weft_transport::{Frame, FrameKind, Header, Payload};
+
+    use crate::Runtime;
+
+    fn fin(cookie: u64, source: u32) -> Frame {
+        let header = Header { kind: FrameKind::Fin, src_cri: 0, context: 0, source, tag: 3, seq: 0, chan: 0, len: 0, cookie, key: 0, addr: 0 };
+        Frame { header, payload: Payload::Empty }
+    }
+
+    /// A `Fin` names its send by a cookie that is looked up, never dereferenced: unknown
+    /// cookies and a `Fin` from the wrong rank are ignored, and the real one still
+    /// completes the send.
+    #[test]
+    fn forged_or_stale_fin_is_ignored() {
+        let rts = Runtime::builder().env(false).eager_threshold(1024).build_local(2).unwrap();
+        let (a, b) = (rts[0].world(), rts[1].world());
+        let shared = &rts[0].shared;
+        shared.handle_fin(fin(0, 1));
+        shared.handle_fin(fin(u64::MAX, 1));
+        let send = a.isend(vec![7u8; 100_000], 1, 3).unwrap();
+        let cookie = shared.peers.rendezvous.lock()[0].0;
+        // Right cookie, wrong rank: not the receiver's answer.
+        shared.handle_fin(fin(cookie, 0));
+        assert!(!send.is_complete(), "a Fin from the wrong rank completed the send");
+        let (got, st) = b.recv(Vec::<u8>::with_capacity(100_000), 0u32, 3).unwrap();
+        assert_eq!((got.len(), st.bytes), (100_000, 100_000));
+        assert!(got.iter().all(|&x| x == 7));
+        let (_, st) = send.wait().unwrap();
+        assert_eq!(st.bytes, 100_000);
+        // A duplicate of the real Fin after completion finds nothing.
+        shared.handle_fin(fin(cookie, 1));
+        assert!(shared.peers.rendezvous.lock().is_empty());
     }
 }

@@ -210,7 +210,7 @@ impl Shared {
 /// ```
 #[derive(Clone)]
 pub struct Runtime {
-    shared: Arc<Shared>,
+    pub(crate) shared: Arc<Shared>,
     world: Communicator,
     /// Shared by the `Runtime` clones only: the last one stops the pool (held for its
     /// `Drop`).
@@ -221,7 +221,7 @@ pub struct Runtime {
 /// Stops the executor pool when the last `Runtime` handle drops (communicators and requests
 /// keep the rank's state alive, not its threads).
 struct ExecGuard {
-    shared: Arc<Shared>,
+    pub(crate) shared: Arc<Shared>,
 }
 
 impl Drop for ExecGuard {
