@@ -520,6 +520,12 @@ fn launch(p: &Point, a: &Args, provider: Provider) -> Result<f64, String> {
     if a.overtaking {
         cmd.arg("-o");
     }
+    if let Some(us) = a.yield_us {
+        cmd.args(["--yield-us", &us.to_string()]);
+    }
+    if a.no_pin {
+        cmd.arg("--no-pin");
+    }
     let out = cmd.stdin(std::process::Stdio::null()).output().map_err(|e| format!("weftrun: {e}"))?;
     let stdout = String::from_utf8_lossy(&out.stdout);
     if !out.status.success() {
@@ -533,15 +539,18 @@ fn launch(p: &Point, a: &Args, provider: Provider) -> Result<f64, String> {
 
 /// One rank of a launched job (`--rank-worker`): this process's senders or receivers.
 fn rank_worker(p: &Point, a: &Args, provider: Provider) -> Result<(), String> {
-    let rt = Runtime::builder()
+    let builder = Runtime::builder()
         .env(false)
         .provider(provider)
         .progress(p.progress)
         .assignment(p.assignment)
         .matching(p.matching)
-        .cris(p.cris)
-        .build()
-        .map_err(|e| e.to_string())?;
+        .cris(p.cris);
+    let builder = match a.yield_us {
+        Some(us) => builder.yield_window(Duration::from_micros(us)),
+        None => builder,
+    };
+    let rt = builder.build().map_err(|e| e.to_string())?;
     let t = p.pairs;
     let want = if p.mode == Mode::Thread { 2 } else { 2 * t as u32 };
     if rt.size() != want {
