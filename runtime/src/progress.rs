@@ -70,6 +70,18 @@ impl Shared {
     /// Algorithm 4 walks the others with the shared round-robin counter; this walks them
     /// from the dedicated index onwards instead, which gives every CRI the same eventual
     /// progress without writing a shared counter on every call (STYLE habit 5).
+    ///
+    /// While the calling thread waits on a communicator, the walk skips a CRI whose own
+    /// thread is polling it right now for a *different* communicator ([`Attend`]): that
+    /// thread takes the frames on its next pass, and taking them from it would complete its
+    /// requests from another core and wake it for nothing (one communicator per thread
+    /// pair: each pair's frames arrive on its receiver's CRI). Waiters on the *same*
+    /// communicator still walk each other's CRIs: one thread matching for both under one
+    /// lock acquisition beats two threads contending for that communicator's matching lock.
+    /// A CRI nobody attends — its thread gone, computing or parked — is walked as
+    /// Algorithm 4 says, and every [`STEAL_EVERY`]th idle pass walks all of them, so every
+    /// CRI is still progressed eventually and frames that arrive on another thread's CRI
+    /// are not left to that thread alone for long.
     pub(crate) fn progress_concurrent(&self) -> usize {
         let n = self.cris.len();
         let mine = self.cri_for_thread();
@@ -78,11 +90,23 @@ impl Shared {
             count += self.cris[mine].lock.try_low(|c| self.progress_cri(mine, c)).unwrap_or(0);
         }
         if count > 0 {
+            IDLE_PASSES.with(|c| c.set(0));
             return count;
         }
+        // Every `STEAL_EVERY`th idle pass in a row walks the attended CRIs too: a thread
+        // whose frames arrive on a CRI another thread attends does not depend on that
+        // thread alone for longer than that.
+        let mine_ctx = WAIT_CTX.with(|c| c.get());
+        let all = IDLE_PASSES.with(|c| {
+            let v = c.get().wrapping_add(1);
+            c.set(v);
+            v % STEAL_EVERY == 0
+        });
         for i in 1..n {
             let k = (mine + i) % n;
-            if !self.transport.has_frames(k) {
+            // Relaxed: a hint; a stale value only delays a CRI by one pass.
+            let attended = self.cris[k].attending.load(Ordering::Relaxed);
+            if (!all && attended != 0 && mine_ctx != 0 && attended != mine_ctx) || !self.transport.has_frames(k) {
                 continue;
             }
             count += self.cris[k].lock.try_low(|c| self.progress_cri(k, c)).unwrap_or(0);
@@ -215,6 +239,8 @@ impl Progress for OwnerWait<'_> {
 /// The hook of a `Concurrent`-mode wait (Algorithm 4).
 struct ConcurrentWait<'a> {
     shared: &'a Shared,
+    /// `None` under round-robin assignment (no thread has a CRI of its own).
+    attend: Option<&'a Attend<'a>>,
 }
 
 impl Progress for ConcurrentWait<'_> {
@@ -231,7 +257,61 @@ impl Progress for ConcurrentWait<'_> {
         if crate::executor::help(self.shared) {
             return;
         }
-        park_or_frames(self.shared, listener);
+        match self.attend {
+            Some(a) => a.away(|| park_or_frames(self.shared, listener)),
+            None => park_or_frames(self.shared, listener),
+        }
+    }
+}
+
+/// How often (in idle passes in a row) a `Concurrent` pass also walks attended CRIs.
+const STEAL_EVERY: u32 = 64;
+
+thread_local! {
+    /// This thread's `Concurrent` passes in a row that found nothing on its own CRI.
+    static IDLE_PASSES: std::cell::Cell<u32> = const { std::cell::Cell::new(0) };
+    /// 1 + the context id this thread's current `Concurrent` wait is on (0: not waiting).
+    static WAIT_CTX: std::cell::Cell<u32> = const { std::cell::Cell::new(0) };
+}
+
+/// A `Concurrent` waiter attending its dedicated CRI: its communicator is recorded in
+/// `Cri::attending` while it polls that CRI on every pass, so waiters on other communicators
+/// leave the CRI's frames to it. Not while it parks (a parked thread polls nothing; the
+/// others must walk its CRI then).
+pub(crate) struct Attend<'a> {
+    shared: &'a Shared,
+    k: usize,
+    tag: u32,
+}
+
+impl<'a> Attend<'a> {
+    /// Attends the calling thread's dedicated CRI for a wait on context `ctx`.
+    pub(crate) fn new(shared: &'a Shared, ctx: u32) -> Self {
+        let k = shared.cri_for_thread();
+        let tag = ctx.wrapping_add(1).max(1);
+        shared.cris[k].attending.store(tag, Ordering::Relaxed);
+        WAIT_CTX.with(|c| c.set(tag));
+        Attend { shared, k, tag }
+    }
+
+    /// Runs `f` (a park) with the attendance withdrawn.
+    fn away<R>(&self, f: impl FnOnce() -> R) -> R {
+        self.withdraw();
+        let r = f();
+        self.shared.cris[self.k].attending.store(self.tag, Ordering::Relaxed);
+        r
+    }
+
+    fn withdraw(&self) {
+        // Only our own mark: another thread sharing the CRI may have attended since.
+        let _ = self.shared.cris[self.k].attending.compare_exchange(self.tag, 0, Ordering::Relaxed, Ordering::Relaxed);
+    }
+}
+
+impl Drop for Attend<'_> {
+    fn drop(&mut self) {
+        self.withdraw();
+        WAIT_CTX.with(|c| c.set(0));
     }
 }
 
@@ -363,6 +443,7 @@ pub(crate) fn wait_all<B: Send + 'static>(shared: &Shared, reqs: &mut [Request<'
             // makes no progress here and attaches at once.
             let owner_mode = shared.config.progress == ProgressMode::Owner;
             let me = crate::cri::thread_token();
+            let attend = (!owner_mode && shared.config.assignment == crate::config::Assignment::Dedicated).then(|| Attend::new(shared, reqs[first].communicator().context_id()));
             let mut idle = 0;
             let pause = shared.transport.idle_pause();
             while idle < TEST_SPINS {
@@ -405,7 +486,7 @@ pub(crate) fn wait_all<B: Send + 'static>(shared: &Shared, reqs: &mut [Request<'
                             shared.owner.leave(me);
                         }
                     } else {
-                        let _ = sync.wait_all_with(&ConcurrentWait { shared });
+                        let _ = sync.wait_all_with(&ConcurrentWait { shared, attend: attend.as_ref() });
                     }
                 });
             }

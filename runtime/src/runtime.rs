@@ -33,6 +33,10 @@ pub(crate) struct Cri {
     /// Held while sending on (high priority) or progressing (low priority) this CRI; guards
     /// its message counters.
     pub(crate) lock: PathLock<CriCounters>,
+    /// 1 + the context id a thread dedicated to this CRI waits on while it polls the CRI
+    /// in a `Concurrent` wait right now (0: nobody); waiters on other communicators leave
+    /// the CRI's frames to it (see `Shared::progress_concurrent`).
+    pub(crate) attending: AtomicU32,
 }
 
 /// Runtime state shared by every handle of one rank.
@@ -501,7 +505,7 @@ impl Builder {
                     cris: (0..config.cris)
                         .map(|_| {
                             let lock = PathLock::new(config.locks.cri, &lock_options, config.lock_timing, CriCounters::default());
-                            CachePadded::new(Cri { lock })
+                            CachePadded::new(Cri { lock, attending: AtomicU32::new(0) })
                         })
                         .collect(),
                     rr: CachePadded::new(AtomicUsize::new(0)),

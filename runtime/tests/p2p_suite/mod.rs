@@ -262,6 +262,45 @@ fn dropped_deferred_sends_still_arrive() {
     }
 }
 
+/// `Concurrent` with dedicated CRIs and crossed pairs: each sender is bound to the CRI of
+/// the *other* pair's receiver, so every frame arrives on a CRI that a thread waiting on
+/// another communicator attends. Both pairs still finish (the attending thread matches the
+/// frames for the other, and the Algorithm 4 walk reaches attended CRIs every few idle
+/// passes), in order.
+#[test]
+fn crossed_cris_still_progress() {
+    let rts = super::builder().progress(ProgressMode::Concurrent).assignment(Assignment::Dedicated).cris(2).build_local(2).unwrap();
+    let comms: Vec<(weft::Communicator, weft::Communicator)> = (0..2)
+        .map(|_| {
+            std::thread::scope(|s| {
+                let h = s.spawn(|| rts[1].world().dup().unwrap());
+                (rts[0].world().dup().unwrap(), h.join().unwrap())
+            })
+        })
+        .collect();
+    let n = 3000u32;
+    std::thread::scope(|s| {
+        for (pair, (a, b)) in comms.iter().enumerate() {
+            let (rt0, rt1) = (&rts[0], &rts[1]);
+            s.spawn(move || {
+                rt0.pin_cri(1 - pair).unwrap();
+                for i in 0..n {
+                    a.send(vec![i], 1, 1).unwrap();
+                }
+            });
+            s.spawn(move || {
+                rt1.pin_cri(pair).unwrap();
+                let deadline = Instant::now() + Duration::from_secs(60);
+                for i in 0..n {
+                    let (v, _) = b.recv(Vec::<u32>::with_capacity(1), 0u32, 1).unwrap();
+                    assert_eq!(v, vec![i], "pair {pair}");
+                    assert!(Instant::now() < deadline, "pair {pair}: too slow");
+                }
+            });
+        }
+    });
+}
+
 #[test]
 fn sync_object_collects_receives() {
     let rts = world(2, ProgressMode::Owner);
