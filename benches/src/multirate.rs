@@ -85,6 +85,10 @@ pub struct Args {
     /// rank to CRI i (`Runtime::pin_cri`); pairs may then be crossed.
     #[arg(long)]
     no_pin: bool,
+    /// Order messages per sending thread instead of per source rank
+    /// (`Builder::per_thread_order`; dedicated CRIs).
+    #[arg(long)]
+    per_thread_order: bool,
     /// Internal: run one rank of a launched job (one configuration).
     #[arg(long, hide = true)]
     rank_worker: bool,
@@ -294,7 +298,7 @@ fn measure(p: &Point, a: &Args) -> Result<f64, String> {
     let t = p.pairs;
     let links = p.pattern.links(t);
     let nranks = if p.mode == Mode::Thread { 2 } else { 2 * t as u32 };
-    let mut builder = Runtime::builder().env(false).progress(p.progress).assignment(p.assignment).matching(p.matching).cris(p.cris);
+    let mut builder = Runtime::builder().env(false).progress(p.progress).assignment(p.assignment).matching(p.matching).cris(p.cris).per_thread_order(a.per_thread_order);
     if let Some(us) = a.yield_us {
         builder = builder.yield_window(Duration::from_micros(us));
     }
@@ -526,6 +530,9 @@ fn launch(p: &Point, a: &Args, provider: Provider) -> Result<f64, String> {
     if a.no_pin {
         cmd.arg("--no-pin");
     }
+    if a.per_thread_order {
+        cmd.arg("--per-thread-order");
+    }
     let out = cmd.stdin(std::process::Stdio::null()).output().map_err(|e| format!("weftrun: {e}"))?;
     let stdout = String::from_utf8_lossy(&out.stdout);
     if !out.status.success() {
@@ -545,7 +552,8 @@ fn rank_worker(p: &Point, a: &Args, provider: Provider) -> Result<(), String> {
         .progress(p.progress)
         .assignment(p.assignment)
         .matching(p.matching)
-        .cris(p.cris);
+        .cris(p.cris)
+        .per_thread_order(a.per_thread_order);
     let builder = match a.yield_us {
         Some(us) => builder.yield_window(Duration::from_micros(us)),
         None => builder,
