@@ -347,6 +347,13 @@ impl Opened {
             return Err(Error::InvalidArgument("a job needs at least one rank"));
         }
         let info = Info::query(&opts.provider).map_err(|e| transport_error(&e))?;
+        if info.provider() == "shm" {
+            // Before this process opens any region: files with its pid are a dead process's.
+            static STALE: std::sync::Once = std::sync::Once::new();
+            STALE.call_once(|| {
+                remove_stale_shm_regions(std::process::id());
+            });
+        }
         let domain = Domain::open_with_fabric(&info).map_err(|e| transport_error(&e))?;
         let per_rank = opts.cris + 1;
         let av = AddressVector::open(&domain, size as usize * per_rank).map_err(|e| transport_error(&e))?;
@@ -777,6 +784,21 @@ impl Inner {
             self.doorbell.ring();
         }
     }
+}
+
+/// Removes the shared-memory regions libfabric's `shm` provider left in `/dev/shm` for
+/// process `pid` — files named `<pid>:<domain>:<endpoint>` (libfabric 1.17) — and returns
+/// how many. A process killed by a signal cannot unlink its regions, and a later process
+/// that gets the same pid then fails to enable its endpoints (`fi_enable`: `EBUSY`). Call it
+/// only for a pid whose process is gone, or for the calling process before it opens any
+/// region (`Opened::open` does, once per process; `weftrun` does for its ranks at the end).
+pub fn remove_stale_shm_regions(pid: u32) -> usize {
+    let prefix = format!("{pid}:");
+    let Ok(dir) = std::fs::read_dir("/dev/shm") else { return 0 };
+    dir.filter_map(Result::ok)
+        .filter(|e| e.file_name().to_str().is_some_and(|n| n.starts_with(&prefix) && n[prefix.len()..].split(':').all(|x| x.parse::<u32>().is_ok())))
+        .filter(|e| std::fs::remove_file(e.path()).is_ok())
+        .count()
 }
 
 /// One rank on libfabric. Created by [`Opened::connect`] or [`world`].
@@ -1337,5 +1359,27 @@ mod tests {
         let st = ranks[1].inner.cris[0].st.lock();
         assert!(st.repost.is_empty(), "slots left unposted: {:?}", st.repost);
         assert!(st.staged.is_empty());
+    }
+
+    /// Stale `shm` regions of a dead pid are removed, nothing else is.
+    #[test]
+    fn stale_shm_regions_of_a_pid_are_removed() {
+        if !std::path::Path::new("/dev/shm").is_dir() {
+            eprintln!("skipped: no /dev/shm");
+            return;
+        }
+        // A pid above any real one (Linux pid_max is at most 2^22).
+        let pid = 4_999_999u32;
+        let mine = [format!("/dev/shm/{pid}:0:0"), format!("/dev/shm/{pid}:1:2")];
+        let others = [format!("/dev/shm/{}:0:0", pid + 1), format!("/dev/shm/{pid}:x"), format!("/dev/shm/{pid}0:0:0")];
+        for f in mine.iter().chain(&others) {
+            std::fs::write(f, b"").unwrap();
+        }
+        assert_eq!(remove_stale_shm_regions(pid), 2);
+        assert!(mine.iter().all(|f| !std::path::Path::new(f).exists()));
+        for f in &others {
+            assert!(std::path::Path::new(f).exists(), "{f} removed");
+            std::fs::remove_file(f).unwrap();
+        }
     }
 }

@@ -250,5 +250,12 @@ fn run(args: &Args) -> i32 {
     for f in forwarders {
         let _ = f.join();
     }
+    // Every rank has exited: `shm` regions still named after one of them belong to a rank
+    // that could not unlink them (killed); a later process with the same pid would fail to
+    // open its own.
+    #[cfg(feature = "ofi")]
+    for (_, c, _) in &children {
+        weft_transport::ofi_provider::remove_stale_shm_regions(c.id());
+    }
     worst
 }
