@@ -77,3 +77,30 @@ fn dedicated_cris_are_ordering_channels() {
         }
     }
 }
+
+/// Sends queued behind the full inbox of a rank that then goes away fail with `PeerLost`
+/// when the sender next waits — they neither hang nor vanish — and the ones that went out
+/// before complete normally.
+#[test]
+fn deferred_sends_to_a_lost_peer_fail() {
+    for mode in [weft::ProgressMode::Global, weft::ProgressMode::Owner, weft::ProgressMode::Concurrent] {
+        let mut rts = builder().progress(mode).cris(1).inbox_capacity(4).build_local(2).unwrap();
+        let gone = rts.pop().unwrap();
+        let a = rts[0].world();
+        let mut sends: Vec<_> = (0..40u32).map(|i| a.isend(vec![i], 1, 5).unwrap()).collect();
+        assert!(rts[0].counters().flow_control_waits > 0, "{mode}: nothing was queued");
+        drop(gone);
+        let t0 = std::time::Instant::now();
+        let _ = weft::wait_all(&mut sends);
+        assert!(t0.elapsed() < std::time::Duration::from_secs(10), "{mode}: waited {:?}", t0.elapsed());
+        let (mut ok, mut lost) = (0, 0);
+        for r in sends.iter_mut() {
+            match r.take().unwrap() {
+                Ok(_) => ok += 1,
+                Err(weft::Error::PeerLost { rank: 1 }) => lost += 1,
+                Err(e) => panic!("{mode}: {e}"),
+            }
+        }
+        assert!(ok >= 1 && lost >= 1 && ok + lost == 40, "{mode}: {ok} sent, {lost} lost");
+    }
+}
