@@ -354,8 +354,8 @@ fn measure(p: &Point, a: &Args) -> Result<f64, String> {
         for (r, rt) in runtimes.iter().enumerate() {
             let c = rt.counters();
             eprintln!(
-                "# counters {:?} {:?} pairs={} rank {r}: sent {} received {} unexpected {} out_of_sequence {} parks {} park_timeouts {} flow_control_waits {} contended cri/matching/progress {}/{}/{}",
-                p.mode, p.progress, p.pairs, c.messages_sent, c.messages_received, c.unexpected, c.out_of_sequence, c.parks, c.park_timeouts, c.flow_control_waits,
+                "# counters {:?} {:?} pairs={} rank {r}: sent {} received {} unexpected {} out_of_sequence {} parks {} wakes {} park_timeouts {} flow_control_waits {} contended cri/matching/progress {}/{}/{}",
+                p.mode, p.progress, p.pairs, c.messages_sent, c.messages_received, c.unexpected, c.out_of_sequence, c.parks, c.wakes, c.park_timeouts, c.flow_control_waits,
                 c.cri_lock.contended, c.matching_lock.contended, c.progress_lock.contended
             );
         }

@@ -21,8 +21,11 @@ pub(crate) struct CriCounters {
 #[derive(Debug, Default)]
 pub(crate) struct Counters {
     pub(crate) parks: AtomicU64,
+    pub(crate) wakes: AtomicU64,
     pub(crate) park_timeouts: AtomicU64,
     pub(crate) flow_control_waits: AtomicU64,
+    /// Eager and `Rts` frames sent from the deferred queue (not under a CRI lock).
+    pub(crate) deferred_sent: AtomicU64,
 }
 
 /// A point-in-time copy of a runtime's counters (`Runtime::counters`).
@@ -51,6 +54,10 @@ pub struct Snapshot {
     pub matching_lock: LockStatsSnapshot,
     /// Times a waiter parked its thread.
     pub parks: u64,
+    /// Parks that ended by a notification (its completion, a frame, a hand-off of
+    /// ownership, a task for a pool worker) rather than by the time limit; without pool
+    /// workers `parks == wakes + park_timeouts`.
+    pub wakes: u64,
     /// Parks that ended by the 50 ms safety limit rather than a notification. Idle waits
     /// (nothing to receive for a while) end this way normally; a count growing while
     /// messages flow would point at a missed notification.
@@ -84,7 +91,9 @@ pub(crate) fn snapshot(s: &Shared) -> Snapshot {
         out.matching_lock = s.global_match.stats();
     }
     out.progress_lock = s.progress_lock.stats();
+    out.messages_sent += s.counters.deferred_sent.load(Ordering::Relaxed);
     out.parks = s.counters.parks.load(Ordering::Relaxed);
+    out.wakes = s.counters.wakes.load(Ordering::Relaxed);
     out.park_timeouts = s.counters.park_timeouts.load(Ordering::Relaxed);
     out.flow_control_waits = s.counters.flow_control_waits.load(Ordering::Relaxed);
     out

@@ -374,10 +374,12 @@ fn park_two(s: &Shared, mut a: SignalListener<'_>, mut b: Option<SignalListener<
     let mut cx = Context::from_waker(&waker);
     loop {
         if let Poll::Ready(()) = Pin::new(&mut a).poll(&mut cx) {
+            s.counters.wakes.fetch_add(1, Ordering::Relaxed);
             return Woken::First;
         }
         if let Some(b) = b.as_mut() {
             if let Poll::Ready(()) = Pin::new(b).poll(&mut cx) {
+                s.counters.wakes.fetch_add(1, Ordering::Relaxed);
                 return Woken::Second;
             }
         }

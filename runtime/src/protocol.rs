@@ -316,6 +316,9 @@ impl Shared {
             if let Some(n) = self.deferred_to.get(d.dst as usize) {
                 n.fetch_sub(1, Ordering::Relaxed);
             }
+            if res.is_ok() && matches!(d.header.kind, FrameKind::Eager | FrameKind::Rts) {
+                self.counters.deferred_sent.fetch_add(1, Ordering::Relaxed);
+            }
             if let Some(req) = d.complete {
                 req.cell.complete(match res {
                     Ok(()) => Ok(Status { source: d.dst, tag: d.header.tag, bytes: d.len }),

@@ -36,6 +36,8 @@ fn long_waits_count_park_timeouts() {
     });
     let c = rts[1].counters();
     assert!(c.park_timeouts >= 1 && c.parks >= 1, "{c:?}");
+    // Without pool workers every park ends one way or the other.
+    assert_eq!(c.parks, c.wakes + c.park_timeouts, "{c:?}");
 }
 
 /// With per-thread order under dedicated assignment each sender thread's CRI is its ordering

@@ -142,14 +142,18 @@ pub(super) fn park_worker(shared: &Shared, pool: &Pool, index: usize) {
     let mut heard = false;
     loop {
         if !sleep.parked[index].load(Ordering::Acquire) || pool.is_shutdown() {
+            shared.counters.wakes.fetch_add(1, Ordering::Relaxed);
             break;
         }
         if let Poll::Ready(()) = Pin::new(&mut listener).poll(&mut cx) {
+            shared.counters.wakes.fetch_add(1, Ordering::Relaxed);
             heard = true;
             break;
         }
         let now = Instant::now();
         if now >= deadline {
+            // An idle worker's periodic look around, not a missed notification: not
+            // counted in `park_timeouts`.
             break;
         }
         std::thread::park_timeout(deadline - now);

@@ -234,6 +234,7 @@ fn isend_never_blocks_on_a_full_inbox() {
         for r in sends.iter_mut() {
             assert_eq!(r.take().unwrap().unwrap().1.bytes, 4, "{mode}");
         }
+        assert_eq!(rts[0].counters().messages_sent, u64::from(n), "{mode}: deferred frames are counted once");
         if rts[0].config().provider == weft::Provider::Embedded {
             assert!(rts[0].counters().flow_control_waits > 0, "{mode}: the inbox never filled");
         }
