@@ -11,16 +11,16 @@ thread_local! {
 /// This thread's dedicated CRI in runtime `id`, assigned by `assign` on first use.
 #[inline]
 pub(crate) fn dedicated(id: u64, assign: impl FnOnce() -> usize) -> usize {
-    DEDICATED
-        .try_with(|d| {
-            if let Some(&(_, k)) = d.borrow().iter().find(|(r, _)| *r == id) {
-                return k;
-            }
+    let known = DEDICATED.try_with(|d| d.borrow().iter().find(|(r, _)| *r == id).map(|&(_, k)| k));
+    match known {
+        Ok(Some(k)) => k,
+        Ok(None) => {
             let k = assign();
-            d.borrow_mut().push((id, k));
+            pin(id, k);
             k
-        })
-        .unwrap_or(0)
+        }
+        Err(_) => 0,
+    }
 }
 
 /// Makes `k` this thread's dedicated CRI in runtime `id` (replacing an earlier choice).

@@ -90,10 +90,7 @@ impl Shared {
     /// `data` must be empty.
     pub(crate) unsafe fn post_frame(&self, k: usize, dst: u32, header: Header, data: &[u8], make: impl FnOnce() -> Option<Arc<ReqInner>>) -> Result<Posted, Error> {
         let dst_cri = k % self.transport.num_cris();
-        // Relaxed: the sending thread's own deferrals happened before (program order), and
-        // other threads' sends are unordered with ours anyway (MPI orders per thread).
-        let queued = self.deferred_to.get(dst as usize).is_some_and(|n| n.load(Ordering::Relaxed) > 0);
-        if !queued {
+        if !self.queued_to(dst) {
             let backoff = crossbeam_utils::Backoff::new();
             let mut since: Option<std::time::Instant> = None;
             loop {
@@ -130,6 +127,14 @@ impl Shared {
         debug_assert!(complete.is_some() || data.is_empty(), "a deferred payload needs a request that keeps it");
         self.defer(Deferred { dst, dst_cri, header, ptr: data.as_ptr(), len: data.len(), complete: complete.clone() });
         Ok(Posted::Deferred(complete))
+    }
+
+    /// Whether frames to `dst` wait in the deferred queue (a new one must queue behind).
+    #[inline]
+    fn queued_to(&self, dst: u32) -> bool {
+        // Relaxed: the sending thread's own deferrals happened before (program order), and
+        // other threads' sends are unordered with ours anyway (MPI orders per thread).
+        self.deferred_to.get(dst as usize).is_some_and(|n| n.load(Ordering::Relaxed) > 0)
     }
 
     fn defer(&self, d: Deferred) {
@@ -264,8 +269,7 @@ impl Shared {
     /// progress.
     pub(crate) fn send_control(&self, dst: u32, cri: usize, mut header: Header) {
         header.source = self.transport.rank();
-        let queued = self.deferred_to.get(dst as usize).is_some_and(|n| n.load(Ordering::Relaxed) > 0);
-        if !queued {
+        if !self.queued_to(dst) {
             match self.transport.send(dst, cri, header, &[]) {
                 Ok(()) | Err(SendError::PeerLost) | Err(SendError::Invalid(_)) => return,
                 Err(SendError::WouldBlock) => {}

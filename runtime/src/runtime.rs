@@ -94,7 +94,9 @@ impl Drop for Shared {
         // left while the peers still drain their inboxes (bounded: a peer may be gone).
         let deadline = std::time::Instant::now() + DRAIN_DEFERRED;
         while self.has_deferred.load(Ordering::Acquire) && std::time::Instant::now() < deadline {
-            if self.flush_deferred() == 0 && !self.progress_once() {
+            // A progress pass flushes the queue itself; flush directly only when it could
+            // not run one (another thread owns progress).
+            if !self.progress_once() && self.flush_deferred() == 0 {
                 std::thread::yield_now();
             }
         }
@@ -225,7 +227,7 @@ pub struct Runtime {
 /// Stops the executor pool when the last `Runtime` handle drops (communicators and requests
 /// keep the rank's state alive, not its threads).
 struct ExecGuard {
-    pub(crate) shared: Arc<Shared>,
+    shared: Arc<Shared>,
 }
 
 impl Drop for ExecGuard {

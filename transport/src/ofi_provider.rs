@@ -103,6 +103,9 @@ const READS_IN_FLIGHT: usize = 8;
 /// instead of parking), in coarse-clock milliseconds.
 const ACTIVE_MS: u64 = 10;
 
+/// Completions `reap` asks for per `fi_cq_read` (up to 8 reads per call).
+const REAP_CHUNK: usize = 16;
+
 /// First sleep of the watcher after the rank went quiet (then doubling up to 1 ms).
 const MIN_SLEEP_US: u64 = 10;
 
@@ -592,11 +595,11 @@ impl Inner {
     fn reap(&self, cri: &Cri, st: &mut CriState) -> usize {
         let mut total = 0;
         for _ in 0..8 {
-            match cri.ep.cq().read_each(16, |c| self.complete(st, c.context, c.len)) {
+            match cri.ep.cq().read_each(REAP_CHUNK, |c| self.complete(st, c.context, c.len)) {
                 Ok(0) => break,
                 Ok(n) => {
                     total += n;
-                    if n < 16 {
+                    if n < REAP_CHUNK {
                         break;
                     }
                 }
