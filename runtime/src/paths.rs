@@ -21,42 +21,80 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use crate::lock::{Counted, DynLock, LockKind, LockOptions, LockStatsSnapshot, Mutex, Progress};
+use crate::lock::{Counted, DynLock, FlatKind, LockKind, LockOptions, LockStatsSnapshot, Mutex, ParkingLot, Progress};
 
 /// A lock of one runtime path guarding a `T`.
 pub(crate) struct PathLock<T> {
-    m: Mutex<Counted<DynLock>, T>,
+    m: Imp<T>,
     /// Try-acquisitions that found the lock taken and gave up (`Concurrent` progress): not
     /// acquisitions, so not in the lock's own counters, which only its holder writes.
     refused: AtomicU64,
+}
+
+/// The protocol behind a [`PathLock`]. The default of the CRI and matching paths,
+/// `parking_lot`, is held directly: through [`DynLock`] every acquisition would build (and
+/// drop) a node with a field for each queue protocol, a cost paid twice per message on the
+/// path of one eager send and receive although `parking_lot` uses none of it.
+enum Imp<T> {
+    /// `parking_lot` (no node).
+    Plain(Mutex<Counted<ParkingLot>, T>),
+    /// Any other protocol, chosen at run time.
+    Dyn(Mutex<Counted<DynLock>, T>),
+}
+
+/// Runs `$e` with `$m` bound to the chosen mutex (the same code for either protocol).
+macro_rules! with_imp {
+    ($imp:expr, |$m:ident| $e:expr) => {
+        match $imp {
+            Imp::Plain($m) => $e,
+            Imp::Dyn($m) => $e,
+        }
+    };
 }
 
 impl<T> PathLock<T> {
     /// `value` behind a lock of protocol `kind`; `timed` also measures time held. `opts`
     /// carries the topology, detected once per runtime (HMCS levels).
     pub(crate) fn new(kind: LockKind, opts: &LockOptions, timed: bool, value: T) -> Self {
-        let lock = DynLock::with_options(kind, opts);
-        let raw = if timed { Counted::timed(lock) } else { Counted::new(lock) };
-        PathLock { m: Mutex::with_raw(raw, value), refused: AtomicU64::new(0) }
+        fn counted<L>(lock: L, timed: bool) -> Counted<L> {
+            if timed {
+                Counted::timed(lock)
+            } else {
+                Counted::new(lock)
+            }
+        }
+        let m = match kind {
+            LockKind::Flat(FlatKind::ParkingLot) => Imp::Plain(Mutex::with_raw(counted(ParkingLot::new(), timed), value)),
+            _ => Imp::Dyn(Mutex::with_raw(counted(DynLock::with_options(kind, opts), timed), value)),
+        };
+        PathLock { m, refused: AtomicU64::new(0) }
     }
 
     /// Main path: runs `f` holding the lock with high priority.
     #[inline]
     pub(crate) fn high<R>(&self, f: impl FnOnce(&mut T) -> R) -> R {
-        self.m.with_lock(f)
+        with_imp!(&self.m, |m| m.with_lock(f))
     }
 
     /// Progress path: runs `f` holding the lock with low priority; `f` returns its result
     /// and whether it was productive.
     #[inline]
     pub(crate) fn low<R>(&self, f: impl FnOnce(&mut T) -> (R, bool)) -> R {
-        self.m.with_lock_low(|v| self.record(f(v)))
+        with_imp!(&self.m, |m| m.with_lock_low(|v| {
+            let (r, productive) = f(v);
+            m.raw().record_progress(if productive { Progress::Productive } else { Progress::Unproductive });
+            r
+        }))
     }
 
     /// Progress path without waiting: `None` (counted as refused) if the lock is taken.
     #[inline]
     pub(crate) fn try_low<R>(&self, f: impl FnOnce(&mut T) -> (R, bool)) -> Option<R> {
-        let r = self.m.try_with_lock_low(|v| self.record(f(v)));
+        let r = with_imp!(&self.m, |m| m.try_with_lock_low(|v| {
+            let (r, productive) = f(v);
+            m.raw().record_progress(if productive { Progress::Productive } else { Progress::Unproductive });
+            r
+        }));
         if r.is_none() {
             // Relaxed: a statistic.
             self.refused.fetch_add(1, Ordering::Relaxed);
@@ -64,15 +102,9 @@ impl<T> PathLock<T> {
         r
     }
 
-    #[inline]
-    fn record<R>(&self, (r, productive): (R, bool)) -> R {
-        self.m.raw().record_progress(if productive { Progress::Productive } else { Progress::Unproductive });
-        r
-    }
-
     /// The lock's counters; `contended` also counts refused try-acquisitions.
     pub(crate) fn stats(&self) -> LockStatsSnapshot {
-        let mut s = self.m.raw().stats().snapshot();
+        let mut s = with_imp!(&self.m, |m| m.raw().stats().snapshot());
         s.contended += self.refused.load(Ordering::Relaxed);
         s
     }
