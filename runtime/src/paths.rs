@@ -34,7 +34,9 @@ pub(crate) struct PathLock<T> {
 /// The protocol behind a [`PathLock`]. The default of the CRI and matching paths,
 /// `parking_lot`, is held directly: through [`DynLock`] every acquisition would build (and
 /// drop) a node with a field for each queue protocol, a cost paid twice per message on the
-/// path of one eager send and receive although `parking_lot` uses none of it.
+/// path of one eager send and receive although `parking_lot` uses none of it. Inline, not
+/// boxed: a box would put a pointer chase on every acquisition of the other protocols.
+#[allow(clippy::large_enum_variant)]
 enum Imp<T> {
     /// `parking_lot` (no node).
     Plain(Mutex<Counted<ParkingLot>, T>),
