@@ -103,7 +103,8 @@ impl Shared {
             v % STEAL_EVERY == 0
         });
         for i in 1..n {
-            let k = (mine + i) % n;
+            // `mine < n`, `i < n`: a subtraction, not a division, per CRI walked.
+            let k = if mine + i >= n { mine + i - n } else { mine + i };
             // Relaxed: a hint; a stale value only delays a CRI by one pass.
             let attended = self.cris[k].attending.load(Ordering::Relaxed);
             if (!all && attended != 0 && mine_ctx != 0 && attended != mine_ctx) || !self.transport.has_frames(k) {

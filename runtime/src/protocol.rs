@@ -89,7 +89,10 @@ impl Shared {
     /// keeps the buffer, or orphans it into the request when dropped); without a request,
     /// `data` must be empty.
     pub(crate) unsafe fn post_frame(&self, k: usize, dst: u32, header: Header, data: &[u8], make: impl FnOnce() -> Option<Arc<ReqInner>>) -> Result<Posted, Error> {
-        let dst_cri = k % self.transport.num_cris();
+        // `k` is one of this rank's CRIs and every rank has as many: the same index at the
+        // destination (a compare, not a division, per frame).
+        let n = self.transport.num_cris();
+        let dst_cri = if k < n { k } else { k % n };
         if !self.queued_to(dst) {
             let backoff = crossbeam_utils::Backoff::new();
             let mut since: Option<std::time::Instant> = None;

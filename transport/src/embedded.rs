@@ -168,7 +168,9 @@ impl Endpoint {
             buf.extend_from_slice(data);
             Payload::Pooled(buf)
         };
-        let slot = &peer.cris[dst_cri % self.world.opts.cris];
+        // A compare instead of `%`: an integer division costs tens of cycles per frame.
+        let n = self.world.opts.cris;
+        let slot = &peer.cris[if dst_cri < n { dst_cri } else { dst_cri % n }];
         match slot.inbox.push(Frame { header, payload }) {
             Ok(()) => {
                 peer.doorbell.ring();
