@@ -36,7 +36,7 @@ pub struct Args {
     #[arg(long, default_value = "thread,process")]
     mode: String,
     /// Progress modes: global, owner, concurrent.
-    #[arg(long, default_value = "owner")]
+    #[arg(long, default_value = "concurrent")]
     progress: String,
     /// CRI assignments: round-robin, dedicated.
     #[arg(long, default_value = "dedicated")]

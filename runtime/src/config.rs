@@ -18,7 +18,9 @@ pub enum ProgressMode {
     /// until their own requests complete; ownership passes to the next waiter.
     Owner,
     /// Seed 003 Algorithms 3-4: waiters progress CRIs under try-lock, their dedicated CRI
-    /// first and then the others.
+    /// first and then the others. The default: in the multirate sweeps it matches or beats
+    /// `Owner` in every thread-mode row, threads hand nothing to an owner (fewer context
+    /// switches when oversubscribed), and the shm ping-pong is faster (docs/BENCHMARKS.md).
     Concurrent,
 }
 
@@ -174,7 +176,7 @@ impl Locks {
 impl Default for Config {
     fn default() -> Self {
         Config {
-            progress: ProgressMode::Owner,
+            progress: ProgressMode::Concurrent,
             assignment: Assignment::Dedicated,
             matching: MatchingMode::PerComm,
             cris: std::thread::available_parallelism().map_or(1, |n| n.get()),
