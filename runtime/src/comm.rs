@@ -3,6 +3,19 @@
 //! A communicator is a context id plus per-rank matching state. Each communicator uses two
 //! contexts: an even one for user messages and the odd one after it for the runtime's own
 //! collective traffic (context agreement), so the two never match each other.
+//!
+//! # Context ids and their reuse
+//!
+//! A context id is a slot of the context table (its low [`SLOT_BITS`] bits) and the slot's
+//! generation (the bits above). `dup` agrees on the lowest slot pair free on every rank and
+//! on a generation above every one that rank has had in that slot. `free` gives the slot
+//! back at once on its rank; the slot is agreed on again only once every rank has freed it,
+//! and frames of the old generation still in flight are then recognised as stale and
+//! dropped (an `Rts` still gets its `Fin`, so no sender waits forever) instead of reaching
+//! the new communicator. The freed state itself is collected later (seed 004 §V-B; see
+//! [`Shared::collect_retired`]).
+//!
+//! [`SLOT_BITS`]: crate::runtime::SLOT_BITS
 
 use std::fmt;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
@@ -17,7 +30,7 @@ use crate::matching::{MatchState, Source, Tag};
 use crate::paths::PathLock;
 use crate::protocol::Posted;
 use crate::request::{new_inner, Request};
-use crate::runtime::Shared;
+use crate::runtime::{slot_of, Shared, MAX_CONTEXTS, MAX_GENERATIONS, SLOT_BITS};
 
 /// One communicator's state on one rank, reachable from its context id.
 pub(crate) struct CommState {
@@ -238,7 +251,16 @@ impl Communicator {
             i.elem = elem;
             i.context = st.context;
         });
-        let early = s.main_path(|| s.with_matching(st, |m| m.post(source, tag, &inner)));
+        let early = s.main_path(|| {
+            s.with_matching(st, |m| {
+                // Under the matching lock: `free` sets the flag before it drains the queues,
+                // so a receive posted here is either refused or drained (failed) by it.
+                if st.is_freed() {
+                    return Err(Error::CommFreed);
+                }
+                Ok(m.post(source, tag, &inner))
+            })
+        })?;
         if let Some(frame) = early {
             s.finish_match(s.cri_for_thread(), inner.clone(), frame);
         }
@@ -298,12 +320,14 @@ impl Communicator {
         Communicator::create(&self.shared, context, self.size(), overtaking)
     }
 
-    /// A context id free on every rank: propose the lowest locally free pair, take the
-    /// maximum over ranks, claim it locally, and agree that every rank could; else retry
-    /// above it. (Seed 002's multithreaded mask algorithm replaces this in a later issue.)
+    /// A context id free on every rank: propose the lowest locally free slot pair, take the
+    /// maximum over ranks, claim it locally, then agree that every rank could and on a
+    /// generation above each rank's last one in that slot; else retry above it. (Seed 002's
+    /// multithreaded mask algorithm replaces this in a later issue.)
     fn agree_context(&self) -> Result<u32, Error> {
         let s = &*self.shared;
-        let mut hint = s.next_context.load(Ordering::Relaxed);
+        s.collect_retired(false);
+        let mut hint = 0u32;
         for _round in 0..64 {
             let proposal = {
                 let claimed = s.claimed.lock();
@@ -313,44 +337,48 @@ impl Communicator {
                 }
                 c
             };
-            let candidate = self.allreduce_u32(proposal, u32::max)?;
-            if candidate as usize + 1 >= crate::runtime::MAX_CONTEXTS {
-                return Err(Error::InvalidArgument("out of context ids"));
+            let [slot] = self.allreduce([proposal], |a, b| [a[0].max(b[0])])?;
+            if slot as usize + 1 >= MAX_CONTEXTS {
+                return Err(Error::InvalidArgument("out of context ids: every slot is taken by a communicator not freed on some rank"));
             }
             let ok = {
                 let mut claimed = s.claimed.lock();
-                if claimed.contains(&candidate) || claimed.contains(&(candidate + 1)) {
+                if claimed.contains(&slot) || claimed.contains(&(slot + 1)) {
                     false
                 } else {
-                    claimed.insert(candidate);
-                    claimed.insert(candidate + 1);
+                    claimed.insert(slot);
+                    claimed.insert(slot + 1);
                     true
                 }
             };
-            let all_ok = self.allreduce_u32(ok as u32, u32::min)? == 1;
-            if all_ok {
-                s.next_context.fetch_max(candidate + 2, Ordering::Relaxed);
-                return Ok(candidate);
+            // Relaxed: written by this rank's own `install`s, which happened before (the
+            // slot was free here, so its last communicator was installed and freed).
+            let next_gen = s.generations[slot as usize].load(Ordering::Relaxed);
+            let [all_ok, gen] = self.allreduce([ok as u32, next_gen], |a, b| [a[0].min(b[0]), a[1].max(b[1])])?;
+            if all_ok == 1 && gen < MAX_GENERATIONS {
+                return Ok((gen << SLOT_BITS) | slot);
             }
             if ok {
                 let mut claimed = s.claimed.lock();
-                claimed.remove(&candidate);
-                claimed.remove(&(candidate + 1));
+                claimed.remove(&slot);
+                claimed.remove(&(slot + 1));
             }
-            hint = candidate + 2;
+            // Taken on some rank (or, rarely, every generation of the slot used up): try the
+            // slots above.
+            hint = slot + 2;
         }
         Err(Error::InvalidArgument("context id agreement did not converge"))
     }
 
-    /// Reduces one `u32` over all ranks on the collective context (gather to 0, then
+    /// Reduces `N` `u32`s over all ranks on the collective context (gather to 0, then
     /// broadcast).
-    fn allreduce_u32(&self, value: u32, op: fn(u32, u32) -> u32) -> Result<u32, Error> {
+    fn allreduce<const N: usize>(&self, value: [u32; N], op: fn([u32; N], [u32; N]) -> [u32; N]) -> Result<[u32; N], Error> {
         const TAG: i32 = 1;
         let coll = &self.coll;
         let (me, n) = (self.rank(), self.size());
-        let recv_one = |from: u32| -> Result<u32, Error> {
-            let (b, _) = self.irecv_on(coll, Vec::<u32>::with_capacity(1), Source::Rank(from), Tag::Is(TAG))?.wait()?;
-            b.first().copied().ok_or(Error::InvalidArgument("empty collective message"))
+        let recv_one = |from: u32| -> Result<[u32; N], Error> {
+            let (b, _) = self.irecv_on(coll, Vec::<u32>::with_capacity(N), Source::Rank(from), Tag::Is(TAG))?.wait()?;
+            b.as_slice().try_into().map_err(|_| Error::InvalidArgument("collective message of the wrong length"))
         };
         if me == 0 {
             let mut acc = value;
@@ -358,26 +386,74 @@ impl Communicator {
                 acc = op(acc, recv_one(r)?);
             }
             for r in 1..n {
-                self.isend_on(coll, vec![acc], r, TAG)?.wait()?;
+                self.isend_on(coll, acc.to_vec(), r, TAG)?.wait()?;
             }
             Ok(acc)
         } else {
-            self.isend_on(coll, vec![value], 0, TAG)?.wait()?;
+            self.isend_on(coll, value.to_vec(), 0, TAG)?.wait()?;
             recv_one(0)
         }
     }
 
     /// Frees the communicator (`MPI_Comm_free`): pending receives fail with `CommFreed`,
     /// queued messages are dropped, and every handle's later operations fail with
-    /// `CommFreed`. Not collective here; frames still in flight to it are discarded.
+    /// `CommFreed`. Not collective here; frames still in flight to it are discarded. Its
+    /// matching queues are released now, its context id becomes reusable once every rank
+    /// has freed the communicator (see the [module docs](self)), and the rest of its state
+    /// is collected by a later `dup` (or with the runtime).
     pub fn free(self) {
+        let s = &*self.shared;
         for st in [&self.p2p, &self.coll] {
-            st.freed.store(true, Ordering::Release);
-            let s = &*self.shared;
-            let posted = s.with_matching(st, |m| m.drain(|f| s.release_frame(f)));
+            if st.freed.swap(true, Ordering::AcqRel) {
+                // Freed through another handle already.
+                continue;
+            }
+            let mut frames = Vec::new();
+            let (posted, counters) = s.with_matching(st, |m| {
+                let posted = m.drain(|f| frames.push(f));
+                let counters = m.counters;
+                // Give the queues' memory back (the state lingers until collected).
+                *m = MatchState::new(0, st.overtaking);
+                (posted, counters)
+            });
+            if s.config.matching == crate::config::MatchingMode::Global {
+                s.global_match.high(|all| {
+                    let cur = &mut all[slot_of(st.context)];
+                    if matches!(cur, Some((ctx, _)) if *ctx == st.context) {
+                        *cur = None;
+                    }
+                });
+            }
+            {
+                let mut c = s.freed_counters.lock();
+                c.0.unexpected += counters.unexpected;
+                c.0.out_of_sequence += counters.out_of_sequence;
+                c.0.match_nanos += counters.match_nanos;
+                crate::paths::add(&mut c.1, st.matching.stats());
+            }
+            // Outside the matching lock: releasing an `Rts` sends its `Fin`.
+            for f in frames {
+                s.release_frame(f);
+            }
             for r in posted {
                 r.cell.complete(Err(Error::CommFreed));
             }
+            s.retire(st);
         }
+        let slot = slot_of(self.p2p.context) as u32;
+        let mut claimed = s.claimed.lock();
+        claimed.remove(&slot);
+        claimed.remove(&(slot + 1));
+    }
+
+    /// The state of the user context (tests).
+    #[cfg(test)]
+    pub(crate) fn p2p_state(&self) -> Arc<CommState> {
+        self.p2p.clone()
+    }
+
+    /// The state of this communicator's context `ctx` (user or collective).
+    pub(crate) fn state_of(&self, ctx: u32) -> Option<&CommState> {
+        [&self.p2p, &self.coll].into_iter().find(|st| st.context == ctx).map(|st| &**st)
     }
 }

@@ -76,16 +76,25 @@ pub(crate) fn snapshot(s: &Shared) -> Snapshot {
         out.messages_received += c.received;
         add(&mut out.cri_lock, cri.lock.stats());
     }
-    for ctx in 0..crate::runtime::MAX_CONTEXTS as u32 {
-        if let Some(comm) = s.context(ctx) {
-            let m = s.with_matching(comm, |m| m.counters);
-            out.unexpected += m.unexpected;
-            out.out_of_sequence += m.out_of_sequence;
-            out.match_nanos += m.match_nanos;
+    // Freed communicators' share, then the live ones'.
+    let (freed, freed_lock) = *s.freed_counters.lock();
+    let mut fold = |m: crate::matching::MatchCounters| {
+        out.unexpected += m.unexpected;
+        out.out_of_sequence += m.out_of_sequence;
+        out.match_nanos += m.match_nanos;
+    };
+    fold(freed);
+    {
+        let _gate = s.table_gate.read();
+        for comm in s.installed() {
+            fold(s.with_matching(comm, |m| m.counters));
             if s.config.matching == MatchingMode::PerComm {
                 add(&mut out.matching_lock, comm.matching.stats());
             }
         }
+    }
+    if s.config.matching == MatchingMode::PerComm {
+        add(&mut out.matching_lock, freed_lock);
     }
     if s.config.matching == MatchingMode::Global {
         out.matching_lock = s.global_match.stats();

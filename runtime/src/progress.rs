@@ -141,11 +141,8 @@ impl Shared {
     }
 
     /// Unposts a receive that has not matched yet. Returns whether it was unposted.
-    pub(crate) fn cancel_recv(&self, inner: &Arc<crate::request::ReqInner>) -> bool {
-        match self.context(inner.context) {
-            Some(comm) => self.main_path(|| self.with_matching(comm, |m| m.cancel(inner))),
-            None => false,
-        }
+    pub(crate) fn cancel_recv(&self, comm: &crate::comm::CommState, inner: &Arc<crate::request::ReqInner>) -> bool {
+        self.main_path(|| self.with_matching(comm, |m| m.cancel(inner)))
     }
 }
 

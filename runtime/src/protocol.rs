@@ -186,16 +186,16 @@ impl Shared {
             }
             let ctx = frame.header.context;
             let Some(comm) = self.context(ctx) else {
-                // A peer already uses a communicator this rank has not created yet.
-                self.early_contexts.lock().push(frame);
+                self.unknown_context(k, frame);
                 continue;
             };
-            if comm.is_freed() {
-                self.release_frame(frame);
-                continue;
-            }
             let timing = self.config.match_timing.then(std::time::Instant::now);
-            self.with_matching_low(comm, |m| {
+            let refused = self.with_matching_low(comm, |m| {
+                // Under the matching lock: `free` sets the flag before it drains the queues,
+                // so a frame is either refused here or drained (released) by `free`.
+                if comm.is_freed() {
+                    return Some(frame);
+                }
                 m.arrive(frame, matched);
                 while let Some(next) = it.next_if(|f| f.header.kind != FrameKind::Fin && f.header.context == ctx) {
                     m.arrive(next, matched);
@@ -203,11 +203,37 @@ impl Shared {
                 if let Some(t0) = timing {
                     m.counters.match_nanos += t0.elapsed().as_nanos() as u64;
                 }
+                None
             });
+            if let Some(frame) = refused {
+                self.release_frame(frame);
+                continue;
+            }
             for m in matched.drain(..) {
                 self.finish_match(k, m.req, m.frame);
             }
         }
+    }
+
+    /// A frame for a context not installed on this rank: stale (its communicator was freed
+    /// here: released) or early (a peer already uses a communicator this rank has not
+    /// created yet: kept until `install` replays it).
+    #[cold]
+    fn unknown_context(&self, k: usize, frame: Frame) {
+        let ctx = frame.header.context;
+        if self.is_stale(ctx) {
+            self.release_frame(frame);
+            return;
+        }
+        let mut early = self.early_contexts.lock();
+        // Again under the lock: `install` publishes the state before it takes this lock to
+        // replay, so either it is visible now or the replay will find the frame.
+        if self.context(ctx).is_some() || self.is_stale(ctx) {
+            drop(early);
+            self.handle_frame(k, frame);
+            return;
+        }
+        early.push(frame);
     }
 
     /// A `Fin`: the receiver has read a rendezvous send's data; complete the send.
@@ -383,8 +409,9 @@ impl Shared {
         let first_lost = (0..size).find(|&r| !alive(r)).unwrap_or(me);
         let any_alive = (0..size).any(|r| r != me && alive(r)) || size == 1;
         let mut failed = Vec::new();
-        for ctx in 0..crate::runtime::MAX_CONTEXTS as u32 {
-            if let Some(comm) = self.context(ctx) {
+        {
+            let _gate = self.table_gate.read();
+            for comm in self.installed() {
                 self.with_matching(comm, |m| m.fail_lost(alive, any_alive, &mut failed));
             }
         }

@@ -271,7 +271,10 @@ impl<B: Send + 'static> Drop for Request<'_, B> {
             recycle(inner);
             return;
         }
-        if self.kind == Kind::Recv && self.comm.shared().cancel_recv(&inner) {
+        // The request's own communicator handle keeps the state alive (no table lookup).
+        let cancelled = self.kind == Kind::Recv
+            && self.comm.state_of(inner.context).is_some_and(|st| self.comm.shared().cancel_recv(st, &inner));
+        if cancelled {
             // Unposted before any match: nothing will touch the buffer.
             inner.cell.complete(Err(Error::Cancelled));
             return;

@@ -26,7 +26,32 @@ use crate::counters::{Counters, CriCounters};
 use crate::matching::MatchState;
 
 /// Largest number of live context ids per runtime.
-pub(crate) const MAX_CONTEXTS: usize = 4096;
+pub(crate) const MAX_CONTEXTS: usize = 1 << SLOT_BITS;
+
+/// Bits of a context id that name its slot in the context table; the bits above count the
+/// slot's generations (a slot is reused after its communicator is freed everywhere, and a
+/// frame of an earlier generation is recognised as stale instead of being delivered to the
+/// communicator that now holds the slot).
+pub(crate) const SLOT_BITS: u32 = 12;
+
+/// Generations a slot can go through (the context id is a `u32`).
+pub(crate) const MAX_GENERATIONS: u32 = 1 << (32 - SLOT_BITS);
+
+/// Freed communicators kept before a communicator creation collects them (seed 004 §V-B:
+/// creation functions start a collection when the eligible set exceeds a threshold).
+const COLLECT_AFTER: usize = 16;
+
+/// The table slot of context id `ctx`.
+#[inline]
+pub(crate) fn slot_of(ctx: u32) -> usize {
+    ctx as usize & (MAX_CONTEXTS - 1)
+}
+
+/// The generation of context id `ctx`.
+#[inline]
+pub(crate) fn generation_of(ctx: u32) -> u32 {
+    ctx >> SLOT_BITS
+}
 
 /// One CRI as the runtime sees it: the lock that serializes posting and polling on it.
 pub(crate) struct Cri {
@@ -51,14 +76,28 @@ pub(crate) struct Shared {
     pub(crate) cris: Box<[CachePadded<Cri>]>,
     /// Round-robin CRI counter (seed 003 Algorithm 3, GET-INSTANCE-ID-ROUND-ROBIN).
     pub(crate) rr: CachePadded<AtomicUsize>,
-    /// Communicator state by context id (one atomic load per frame, no lock).
+    /// Communicator state by context slot (one atomic load per frame, no lock); the state's
+    /// own `context` tells the generation. A reference taken from here is used only while
+    /// holding a CRI lock (frame handling) or `table_gate` for reading (the rare paths):
+    /// what [`Shared::collect_retired`] waits out before freeing an unpublished state.
     pub(crate) contexts: Box<[AtomicPtr<CommState>]>,
+    /// Per slot: one more than the highest generation installed on this rank (0: never
+    /// used). A frame for an older generation whose state is gone is stale.
+    pub(crate) generations: Box<[AtomicU32]>,
+    /// Freed communicators' states, unpublished from `contexts` but possibly still read by
+    /// a thread that looked them up before (seed 004's eligible set `G_e`).
+    pub(crate) retired: Mutex<Vec<Arc<CommState>>>,
+    /// Held for reading by the rare paths that look communicators up outside a CRI lock
+    /// (counters, lost peers, early-frame replay); for writing by the collector.
+    pub(crate) table_gate: parking_lot::RwLock<()>,
+    /// Matching counters of freed communicators (the snapshot stays monotone).
+    pub(crate) freed_counters: Mutex<(crate::matching::MatchCounters, crate::lock::LockStatsSnapshot)>,
     /// Frames that arrived for a context this rank has not created yet (a fast peer).
     pub(crate) early_contexts: Mutex<Vec<Frame>>,
     /// Context ids claimed on this rank (dup agreement).
     pub(crate) claimed: Mutex<std::collections::BTreeSet<u32>>,
     /// The single matching lock of `MatchingMode::Global`, with every communicator's queues.
-    pub(crate) global_match: PathLock<Vec<Option<MatchState>>>,
+    pub(crate) global_match: PathLock<Vec<Option<(u32, MatchState)>>>,
     /// The critical section of `ProgressMode::Global` (seed 003 Algorithm 1; posting enters
     /// it with high priority, progress with low priority, as MPICH's global lock).
     pub(crate) progress_lock: CachePadded<PathLock<()>>,
@@ -76,8 +115,6 @@ pub(crate) struct Shared {
     pub(crate) deferred_to: Box<[AtomicU32]>,
     /// Rare-path counters (parks, wakes, hand-offs).
     pub(crate) counters: Counters,
-    /// Next context id this rank would propose.
-    pub(crate) next_context: AtomicU32,
     /// The work-stealing pool (started at the first spawn).
     pub(crate) executor: crate::executor::Executor,
     /// Lost-peer bookkeeping (rendezvous sends in flight, loss epoch handled).
@@ -102,6 +139,7 @@ impl Drop for Shared {
         }
         self.transport.close();
         for slot in self.contexts.iter() {
+            // (Retired states drop with `retired`.)
             let p = slot.swap(std::ptr::null_mut(), Ordering::AcqRel);
             if !p.is_null() {
                 // SAFETY: every non-null slot holds an `Arc::into_raw` reference owned by
@@ -139,10 +177,68 @@ impl Shared {
     /// The communicator state of a context, if created on this rank.
     #[inline]
     pub(crate) fn context(&self, ctx: u32) -> Option<&CommState> {
-        let p = self.contexts.get(ctx as usize)?.load(Ordering::Acquire);
-        // SAFETY: a non-null slot holds an `Arc<CommState>` reference owned by the table; it
-        // is released only in `Drop`, when no `&self` borrow can exist.
-        (!p.is_null()).then(|| unsafe { &*p })
+        let p = self.contexts[slot_of(ctx)].load(Ordering::Acquire);
+        if p.is_null() {
+            return None;
+        }
+        // SAFETY: a non-null slot holds an `Arc<CommState>` reference owned by the table;
+        // when unpublished it moves to `retired`, and `collect_retired` frees it only after
+        // every CRI lock and the table gate have been released once since — every caller
+        // holds one of them while it uses the reference (see `contexts`).
+        let c = unsafe { &*p };
+        (c.context == ctx).then_some(c)
+    }
+
+    /// Whether a frame for `ctx`, whose state is not installed, belongs to a freed
+    /// communicator (a generation this rank has already had in that slot), not to one this
+    /// rank has yet to create.
+    pub(crate) fn is_stale(&self, ctx: u32) -> bool {
+        // Acquire: pairs with `install`'s Release after publishing: a reader that sees the
+        // new generation here also sees the state in the table (checked after this).
+        let upto = self.generations[slot_of(ctx)].load(Ordering::Acquire);
+        self.context(ctx).is_none() && generation_of(ctx) < upto
+    }
+
+    /// Every installed communicator state. Call it holding `table_gate` for reading.
+    pub(crate) fn installed(&self) -> impl Iterator<Item = &CommState> {
+        (0..MAX_CONTEXTS).filter_map(move |slot| {
+            let p = self.contexts[slot].load(Ordering::Acquire);
+            // SAFETY: as in `context`; the caller holds the table gate.
+            (!p.is_null()).then(|| unsafe { &*p })
+        })
+    }
+
+    /// Unpublishes a freed communicator's state (its frames are stale from now on) and
+    /// keeps it until a collection; its context slot can then be agreed on again.
+    pub(crate) fn retire(&self, state: &Arc<CommState>) {
+        let raw = Arc::as_ptr(state).cast_mut();
+        let slot = &self.contexts[slot_of(state.context)];
+        if slot.compare_exchange(raw, std::ptr::null_mut(), Ordering::AcqRel, Ordering::Acquire).is_ok() {
+            // SAFETY: the slot held the table's `Arc::into_raw` reference to this state,
+            // which we now own (the exchange unpublished it).
+            let owned = unsafe { Arc::from_raw(raw) };
+            self.retired.lock().push(owned);
+        }
+    }
+
+    /// Frees retired communicator states once no thread can still hold a reference taken
+    /// from the table before they were unpublished (seed 004 §V-B's collection, with the
+    /// readers' critical sections as the roots): a reader holds a CRI lock or the table
+    /// gate while it uses one, so taking each of those once after the unpublishing is a
+    /// grace period. Runs at communicator creation when more than [`COLLECT_AFTER`] wait.
+    pub(crate) fn collect_retired(&self, force: bool) {
+        let batch = {
+            let mut r = self.retired.lock();
+            if r.is_empty() || (!force && r.len() <= COLLECT_AFTER) {
+                return;
+            }
+            std::mem::take(&mut *r)
+        };
+        for cri in self.cris.iter() {
+            cri.lock.high(|_| ());
+        }
+        drop(self.table_gate.write());
+        drop(batch);
     }
 
     /// Main path: runs `f` on a communicator's matching state under its matching lock,
@@ -167,29 +263,42 @@ impl Shared {
     }
 
     #[inline]
-    fn global_slot<'a>(all: &'a mut [Option<MatchState>], comm: &CommState) -> &'a mut MatchState {
-        all[comm.context as usize].get_or_insert_with(|| MatchState::new(comm.size, comm.overtaking))
+    fn global_slot<'a>(all: &'a mut [Option<(u32, MatchState)>], comm: &CommState) -> &'a mut MatchState {
+        // A slot's queues belong to one generation: a later communicator in the slot starts
+        // afresh (`free` also empties the slot, but a pass that looked the freed one up
+        // before may still come by).
+        let cur = &mut all[slot_of(comm.context)];
+        if !matches!(cur, Some((ctx, _)) if *ctx == comm.context) {
+            *cur = Some((comm.context, MatchState::new(comm.size, comm.overtaking)));
+        }
+        &mut cur.as_mut().expect("just set").1
     }
 
     /// Registers a communicator's state under its context id and replays early frames.
     pub(crate) fn install(&self, state: Arc<CommState>) -> Result<(), Error> {
-        let ctx = state.context as usize;
-        let slot = self.contexts.get(ctx).ok_or(Error::InvalidArgument("out of context ids"))?;
+        let ctx = state.context;
+        let slot = slot_of(ctx);
         let raw = Arc::into_raw(state) as *mut CommState;
-        if slot.compare_exchange(std::ptr::null_mut(), raw, Ordering::AcqRel, Ordering::Acquire).is_err() {
+        if self.contexts[slot].compare_exchange(std::ptr::null_mut(), raw, Ordering::AcqRel, Ordering::Acquire).is_err() {
             // SAFETY: `raw` came from `into_raw` just above and was not published.
             drop(unsafe { Arc::from_raw(raw) });
             return Err(Error::InvalidArgument("context id already in use"));
         }
+        // Release, after publishing: see `is_stale`.
+        self.generations[slot].fetch_max(generation_of(ctx) + 1, Ordering::Release);
         let replay: Vec<Frame> = {
             let mut early = self.early_contexts.lock();
-            let (mine, rest): (Vec<Frame>, Vec<Frame>) = early.drain(..).partition(|f| f.header.context as usize == ctx);
+            let (mine, rest): (Vec<Frame>, Vec<Frame>) = early.drain(..).partition(|f| f.header.context == ctx);
             *early = rest;
             mine
         };
-        for f in replay {
-            let k = self.cri_for_thread();
-            self.handle_frame(k, f);
+        if !replay.is_empty() {
+            // Outside a CRI lock: the gate keeps the looked-up state alive (`contexts`).
+            let _gate = self.table_gate.read();
+            for f in replay {
+                let k = self.cri_for_thread();
+                self.handle_frame(k, f);
+            }
         }
         Ok(())
     }
@@ -512,6 +621,10 @@ impl Builder {
                         .collect(),
                     rr: CachePadded::new(AtomicUsize::new(0)),
                     contexts: (0..MAX_CONTEXTS).map(|_| AtomicPtr::new(std::ptr::null_mut())).collect(),
+                    generations: (0..MAX_CONTEXTS).map(|_| AtomicU32::new(0)).collect(),
+                    retired: Mutex::new(Vec::new()),
+                    table_gate: parking_lot::RwLock::new(()),
+                    freed_counters: Mutex::new(Default::default()),
                     early_contexts: Mutex::new(Vec::new()),
                     claimed: Mutex::new([0u32, 1].into_iter().collect()),
                     global_match: PathLock::new(
@@ -527,7 +640,6 @@ impl Builder {
                     has_deferred: std::sync::atomic::AtomicBool::new(false),
                     deferred_to: (0..size).map(|_| AtomicU32::new(0)).collect(),
                     counters: Counters::default(),
-                    next_context: AtomicU32::new(2),
                     executor: crate::executor::Executor::new(),
                     peers: Default::default(),
                     transport: ep,
@@ -544,6 +656,41 @@ impl Builder {
 #[cfg(test)]
 mod tests {
     use crate::{Assignment, Error, Runtime};
+
+    /// Freed communicators' states are collected by later `dup`s (seed 004's threshold),
+    /// so a dup/free loop keeps a bounded number of them; a thread that holds a CRI lock
+    /// (as frame handling does while it uses a looked-up state) holds a collection back.
+    #[test]
+    fn freed_communicators_are_collected() {
+        let rts = Runtime::builder().env(false).cris(2).build_local(1).unwrap();
+        let rt = &rts[0];
+        for _ in 0..200 {
+            rt.world().dup().unwrap().free();
+            assert!(rt.shared.retired.lock().len() <= 2 * (super::COLLECT_AFTER + 1));
+        }
+        let weak = {
+            let c = rt.world().dup().unwrap();
+            let w = std::sync::Arc::downgrade(&c.p2p_state());
+            c.free();
+            w
+        };
+        assert!(weak.upgrade().is_some(), "retired, not yet collected");
+        // A reader inside a CRI critical section delays the collection until it leaves.
+        let collected = std::sync::atomic::AtomicBool::new(false);
+        std::thread::scope(|s| {
+            rt.shared.cris[1].lock.high(|_| {
+                s.spawn(|| {
+                    rt.shared.collect_retired(true);
+                    collected.store(true, std::sync::atomic::Ordering::SeqCst);
+                });
+                std::thread::sleep(std::time::Duration::from_millis(50));
+                assert!(!collected.load(std::sync::atomic::Ordering::SeqCst), "collected under a reader");
+                assert!(weak.upgrade().is_some());
+            });
+        });
+        assert!(collected.load(std::sync::atomic::Ordering::SeqCst));
+        assert!(weak.upgrade().is_none(), "collected once no reader remains");
+    }
 
     /// `pin_cri` sets the calling thread's dedicated CRI (per runtime, per thread), rejects
     /// an index out of range, and is ignored under round-robin assignment.

@@ -106,3 +106,28 @@ fn deferred_sends_to_a_lost_peer_fail() {
         assert!(ok >= 1 && lost >= 1 && ok + lost == 40, "{mode}: {ok} sent, {lost} lost");
     }
 }
+
+/// More `dup` + `free` cycles than the context table has slots (2048 pairs): ids are
+/// given back, so the loop never runs out.
+#[test]
+fn dup_free_loops_never_run_out_of_context_ids() {
+    let rts = builder().cris(2).build_local(2).unwrap();
+    std::thread::scope(|s| {
+        for (r, rt) in rts.iter().enumerate() {
+            s.spawn(move || {
+                let peer = 1 - r as u32;
+                for i in 0..2500u32 {
+                    let c = rt.world().dup().unwrap();
+                    assert!(c.context_id() & 0xfff < 4, "slot {:#x}", c.context_id());
+                    if r == 0 {
+                        c.send(i.to_le_bytes().to_vec(), peer, 0).unwrap();
+                    } else {
+                        let (m, _) = c.recv(Vec::<u8>::with_capacity(4), peer, 0).unwrap();
+                        assert_eq!(m, i.to_le_bytes());
+                    }
+                    c.free();
+                }
+            });
+        }
+    });
+}

@@ -449,3 +449,55 @@ fn many_distinct_tags() {
         }
     }
 }
+
+/// Both ranks' `dup` of the world, run concurrently (it is collective).
+fn dup_both(rts: &[Runtime]) -> (weft::Communicator, weft::Communicator) {
+    std::thread::scope(|s| {
+        let h = s.spawn(|| rts[1].world().dup().unwrap());
+        (rts[0].world().dup().unwrap(), h.join().unwrap())
+    })
+}
+
+/// A freed communicator gives its context id back: `dup` + `free` in a loop keeps reusing
+/// one slot, each time with a new id, and every new communicator works. Frames still in
+/// flight for the freed one (an eager message and a rendezvous announcement sent after the
+/// receiver freed it) never reach the communicator that reuses its slot, and the
+/// rendezvous sender is released instead of waiting forever.
+#[test]
+fn freed_context_ids_are_reused_and_stale_frames_dropped() {
+    for mode in MODES {
+        let rts = world(2, mode);
+        let mut ids = std::collections::HashSet::new();
+        let mut prev = dup_both(&rts);
+        for i in 0..60u32 {
+            let (a, b) = prev;
+            // The receiver frees first, then tells the sender, which sends into the void.
+            b.free();
+            rts[1].world().send(vec![0u8], 0, 90).unwrap();
+            rts[0].world().recv(Vec::<u8>::with_capacity(1), 1u32, 90).unwrap();
+            a.isend(vec![0xEEu8; 8], 1, 1).unwrap().wait().unwrap();
+            let big = a.isend(vec![0xEEu8; 10_000], 1, 1).unwrap();
+            a.clone().free();
+            // The next pair takes the same slot (both ranks freed it).
+            let (c, d) = dup_both(&rts);
+            assert_eq!(c.context_id(), d.context_id());
+            assert!(ids.insert(c.context_id()), "{mode}: context id {:#x} handed out twice", c.context_id());
+            assert_eq!(c.context_id() & 0xfff, a.context_id() & 0xfff, "{mode}: the freed slot is reused");
+            c.send(i.to_le_bytes().to_vec(), 1, 1).unwrap();
+            let (m, st) = d.recv(Vec::<u8>::with_capacity(16), Source::Any, Tag::Any).unwrap();
+            assert_eq!((m.as_slice(), st.source, st.tag), (&i.to_le_bytes()[..], 0, 1), "{mode}: a stale frame reached the new communicator");
+            assert_eq!(d.iprobe(Source::Any, Tag::Any).unwrap(), None, "{mode}");
+            // Released by the receiver dropping the stale announcement (its `Fin`).
+            let deadline = Instant::now() + Duration::from_secs(10);
+            let mut big = big;
+            while !big.test() {
+                assert!(Instant::now() < deadline, "{mode}: the rendezvous send into a freed communicator hangs");
+                // Rank 1 progresses (a pass over its CRIs) so it handles the stale `Rts`.
+                let _ = rts[1].world().iprobe(Source::Any, Tag::Any);
+            }
+            drop(big);
+            drop(a);
+            prev = (c, d);
+        }
+    }
+}
