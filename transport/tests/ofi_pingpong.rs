@@ -95,7 +95,8 @@ fn run(provider: &str, size: usize) -> Option<Duration> {
 #[test]
 #[ignore = "latency measurement; run with --ignored --nocapture (release)"]
 fn one_way_latency() {
-    for provider in ["shm", "tcp;ofi_rxm"] {
+    let only = std::env::var("WEFT_PINGPONG_PROVIDER").ok();
+    for provider in ["shm", "tcp;ofi_rxm"].into_iter().filter(|p| only.as_deref().map_or(true, |o| o == *p)) {
         for size in [8usize, 64, 1024, 16384] {
             if let Some(lat) = run(provider, size) {
                 println!(
