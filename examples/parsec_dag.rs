@@ -122,10 +122,8 @@ fn rank_main(rt: &Runtime, d: &Dims) -> Result<Tiles, weft::Error> {
                 continue;
             }
             for (m, src) in [(A, &fa), (B, &fb)] {
-                let mut dests: Vec<usize> = (0..d.t)
-                    .map(|x| if m == A { d.owner(i, x) } else { d.owner(x, k) })
-                    .filter(|&r| r != me)
-                    .collect();
+                let mut dests: Vec<usize> =
+                    (0..d.t).map(|x| if m == A { d.owner(i, x) } else { d.owner(x, k) }).filter(|&r| r != me).collect();
                 dests.sort_unstable();
                 dests.dedup();
                 for r in dests {
@@ -192,8 +190,15 @@ fn main() {
         }
     };
     let t0 = std::time::Instant::now();
-    let results: Vec<Result<Tiles, weft::Error>> =
-        std::thread::scope(|s| ranks.iter().map(|rt| s.spawn(|| rank_main(rt, &d))).collect::<Vec<_>>().into_iter().map(|h| h.join().expect("rank thread")).collect());
+    let results: Vec<Result<Tiles, weft::Error>> = std::thread::scope(|s| {
+        ranks
+            .iter()
+            .map(|rt| s.spawn(|| rank_main(rt, &d)))
+            .collect::<Vec<_>>()
+            .into_iter()
+            .map(|h| h.join().expect("rank thread"))
+            .collect()
+    });
     let elapsed = t0.elapsed();
 
     // Gathered here through the threads' results (the tiles crossed ranks as messages).

@@ -37,7 +37,13 @@ fn check(buf: &[u8], size: usize, tag: usize) {
 }
 
 /// Takes completed receive `idx`, checks it, answers (with the ping's bytes), reposts.
-fn answer<'c>(c: &'c Communicator, reqs: &mut [Request<'c, Vec<u8>>], idx: usize, size: usize, spare: &mut Vec<u8>) -> Result<(), weft::Error> {
+fn answer<'c>(
+    c: &'c Communicator,
+    reqs: &mut [Request<'c, Vec<u8>>],
+    idx: usize,
+    size: usize,
+    spare: &mut Vec<u8>,
+) -> Result<(), weft::Error> {
     let (buf, _) = reqs[idx].take().ok_or(weft::Error::Cancelled)??;
     check(&buf, size, idx);
     let mut s = c.isend(buf, 0, WINDOW as i32)?;

@@ -24,10 +24,7 @@ mod ofi {
     /// Macros whose values are C `int` error numbers (`fi_errno.h`); every other `FI_*`
     /// integer macro is a 64-bit flag word and is generated as `u64`.
     fn is_errno_macro(name: &str) -> bool {
-        name.starts_with("FI_E")
-            && !name.starts_with("FI_EP_")
-            && !name.starts_with("FI_ENDPOINT")
-            && !name.starts_with("FI_EXEC")
+        name.starts_with("FI_E") && !name.starts_with("FI_EP_") && !name.starts_with("FI_ENDPOINT") && !name.starts_with("FI_EXEC")
     }
 
     #[derive(Debug)]
@@ -48,15 +45,12 @@ mod ofi {
     }
 
     pub(super) fn build() {
-        let lib = pkg_config::Config::new()
-            .atleast_version("1.17")
-            .probe("libfabric")
-            .unwrap_or_else(|e| {
-                panic!(
-                    "feature `ofi` needs libfabric >= 1.17 found through pkg-config \
+        let lib = pkg_config::Config::new().atleast_version("1.17").probe("libfabric").unwrap_or_else(|e| {
+            panic!(
+                "feature `ofi` needs libfabric >= 1.17 found through pkg-config \
                      (Debian: run .ci/ofi-deps.sh): {e}"
-                )
-            });
+            )
+        });
 
         let manifest = PathBuf::from(std::env::var("CARGO_MANIFEST_DIR").expect("cargo sets it"));
         let csrc = manifest.join("csrc");
@@ -87,12 +81,8 @@ mod ofi {
         for path in &lib.include_paths {
             builder = builder.clang_arg(format!("-I{}", path.display()));
         }
-        let bindings = builder
-            .generate()
-            .unwrap_or_else(|e| panic!("bindgen over libfabric headers failed: {e}"));
+        let bindings = builder.generate().unwrap_or_else(|e| panic!("bindgen over libfabric headers failed: {e}"));
         let out = PathBuf::from(std::env::var("OUT_DIR").expect("cargo sets it"));
-        bindings
-            .write_to_file(out.join("ofi_bindings.rs"))
-            .expect("write ofi_bindings.rs");
+        bindings.write_to_file(out.join("ofi_bindings.rs")).expect("write ofi_bindings.rs");
     }
 }

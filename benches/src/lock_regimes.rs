@@ -224,11 +224,8 @@ fn throughput(rts: &[Runtime], t: usize, a: &Args) -> Result<(f64, f64, usize), 
                     barrier.wait();
                     let t0 = Instant::now();
                     for _ in 0..a.iterations {
-                        let mut reqs: Vec<Request<'_, Vec<u8>>> = bufs
-                            .drain(..)
-                            .map(|b| sink.irecv(b, 0u32, i as i32))
-                            .collect::<Result<_, _>>()
-                            .map_err(|e| e.to_string())?;
+                        let mut reqs: Vec<Request<'_, Vec<u8>>> =
+                            bufs.drain(..).map(|b| sink.irecv(b, 0u32, i as i32)).collect::<Result<_, _>>().map_err(|e| e.to_string())?;
                         weft::wait_all(&mut reqs).map_err(|e| e.to_string())?;
                         for r in reqs.iter_mut() {
                             bufs.push(r.take().ok_or("receive not complete")?.map_err(|e| e.to_string())?.0);
@@ -246,11 +243,8 @@ fn throughput(rts: &[Runtime], t: usize, a: &Args) -> Result<(f64, f64, usize), 
                     barrier.wait();
                     let t0 = Instant::now();
                     for _ in 0..a.iterations {
-                        let mut reqs: Vec<Request<'_, Vec<u8>>> = bufs
-                            .drain(..)
-                            .map(|b| source.isend(b, 1, i as i32))
-                            .collect::<Result<_, _>>()
-                            .map_err(|e| e.to_string())?;
+                        let mut reqs: Vec<Request<'_, Vec<u8>>> =
+                            bufs.drain(..).map(|b| source.isend(b, 1, i as i32)).collect::<Result<_, _>>().map_err(|e| e.to_string())?;
                         weft::wait_all(&mut reqs).map_err(|e| e.to_string())?;
                         for r in reqs.iter_mut() {
                             bufs.push(r.take().ok_or("send not complete")?.map_err(|e| e.to_string())?.0);

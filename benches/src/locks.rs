@@ -45,19 +45,8 @@ pub struct Args {
     csv: bool,
 }
 
-const ALL: &[&str] = &[
-    "tas",
-    "ticket",
-    "mcs",
-    "clh",
-    "hmcs",
-    "p-hmcs-mcs",
-    "p-mcs-mcs",
-    "p-ticket-ticket",
-    "dyn-mcs",
-    "std",
-    "parking_lot",
-];
+const ALL: &[&str] =
+    &["tas", "ticket", "mcs", "clh", "hmcs", "p-hmcs-mcs", "p-mcs-mcs", "p-ticket-ticket", "dyn-mcs", "std", "parking_lot"];
 
 /// One cache line of the shared array.
 #[repr(align(64))]
@@ -243,11 +232,8 @@ pub fn run(args: &Args) {
             let Some(base) = results.iter().find(|(p, n, _)| p == "parking_lot" && *n == t).map(|r| r.2) else {
                 continue;
             };
-            let cells: Vec<String> = results
-                .iter()
-                .filter(|(_, n, _)| *n == t)
-                .map(|(p, _, ops)| format!("{p}={:.2}", ops / base))
-                .collect();
+            let cells: Vec<String> =
+                results.iter().filter(|(_, n, _)| *n == t).map(|(p, _, ops)| format!("{p}={:.2}", ops / base)).collect();
             println!("#  t={t}: {}", cells.join(" "));
         }
     }

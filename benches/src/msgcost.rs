@@ -52,14 +52,23 @@ pub fn run(a: &Args) -> Result<(), String> {
     }
     let mut table = Table::new(&["progress", "size", "window", "ns_per_message"]);
     if !a.csv {
-        println!("# weft-bench msgcost: one thread drives both ranks; provider={} iterations={} runs={} (median)", a.provider, a.iterations, a.runs);
+        println!(
+            "# weft-bench msgcost: one thread drives both ranks; provider={} iterations={} runs={} (median)",
+            a.provider, a.iterations, a.runs
+        );
     }
     table.print_header(a.csv);
     for &mode in &modes {
         for &size in &sizes {
             // The inbox holds a whole window: one thread drives both ranks and waits on one at a
             // time, so frames beyond it would wait for progress of the other rank.
-            let rts = Runtime::builder().env(false).provider(a.provider).progress(mode).inbox_capacity(a.window.max(1024)).build_local(2).map_err(|e| e.to_string())?;
+            let rts = Runtime::builder()
+                .env(false)
+                .provider(a.provider)
+                .progress(mode)
+                .inbox_capacity(a.window.max(1024))
+                .build_local(2)
+                .map_err(|e| e.to_string())?;
             // A first run warms the request pools, buffers and inboxes; it is not counted.
             rounds(&rts, size, a.window, a.iterations / 10 + 1)?;
             let mut ns = Vec::with_capacity(a.runs);

@@ -199,7 +199,18 @@ pub fn run(a: &Args) -> Result<(), String> {
         return rank_worker(&p, a, provider);
     }
     let mut table = Table::new(&[
-        "pattern", "mode", "pairs", "size", "window", "progress", "assignment", "cris", "matching", "comm_per_pair", "overtaking", "msg_rate",
+        "pattern",
+        "mode",
+        "pairs",
+        "size",
+        "window",
+        "progress",
+        "assignment",
+        "cris",
+        "matching",
+        "comm_per_pair",
+        "overtaking",
+        "msg_rate",
     ]);
     if !a.csv {
         println!(
@@ -224,7 +235,17 @@ pub fn run(a: &Args) -> Result<(), String> {
                                 for &c in &cris {
                                     for &mm in &matching {
                                         let cris = c.unwrap_or(if mode == Mode::Thread { t } else { 1 });
-                                        let p = Point { pattern, mode, pairs: t, size, window, progress: pm, assignment: asg, cris, matching: mm };
+                                        let p = Point {
+                                            pattern,
+                                            mode,
+                                            pairs: t,
+                                            size,
+                                            window,
+                                            progress: pm,
+                                            assignment: asg,
+                                            cris,
+                                            matching: mm,
+                                        };
                                         let mut rates = Vec::with_capacity(a.runs);
                                         for _ in 0..a.runs {
                                             rates.push(if provider == Provider::Embedded {
@@ -298,13 +319,17 @@ fn measure(p: &Point, a: &Args) -> Result<f64, String> {
     let t = p.pairs;
     let links = p.pattern.links(t);
     let nranks = if p.mode == Mode::Thread { 2 } else { 2 * t as u32 };
-    let mut builder = Runtime::builder().env(false).progress(p.progress).assignment(p.assignment).matching(p.matching).cris(p.cris).per_thread_order(a.per_thread_order);
+    let mut builder = Runtime::builder()
+        .env(false)
+        .progress(p.progress)
+        .assignment(p.assignment)
+        .matching(p.matching)
+        .cris(p.cris)
+        .per_thread_order(a.per_thread_order);
     if let Some(us) = a.yield_us {
         builder = builder.yield_window(Duration::from_micros(us));
     }
-    let runtimes = builder
-        .build_local(nranks)
-        .map_err(|e| e.to_string())?;
+    let runtimes = builder.build_local(nranks).map_err(|e| e.to_string())?;
     // Communicators per rank: world, or dups (collective, so every rank dups in parallel).
     let ncomms = if comm_per_pair && p.mode == Mode::Thread { links.len() } else { usize::from(comm_per_pair || overtaking) };
     let comms: Vec<Vec<Communicator>> = std::thread::scope(|s| {
@@ -335,7 +360,8 @@ fn measure(p: &Point, a: &Args) -> Result<f64, String> {
     let rrank_of = |j: usize| if p.mode == Mode::Process { t + j } else { rrank(j) };
     // Thread mode: worker i of either rank binds itself to CRI i (mod the CRI count), so
     // the frames of a pair arrive at the CRI its receiver polls (`Runtime::pin_cri`).
-    let pin = |rank: usize, i: usize| (p.mode == Mode::Thread && !a.no_pin).then(|| (&runtimes[rank], i % runtimes[rank].config().cris.max(1)));
+    let pin =
+        |rank: usize, i: usize| (p.mode == Mode::Thread && !a.no_pin).then(|| (&runtimes[rank], i % runtimes[rank].config().cris.max(1)));
     let mut senders: Vec<Role<'_>> = (0..t).map(|i| Role { pin: pin(0, i), comm_of: Vec::new(), links: Vec::new() }).collect();
     let mut receivers: Vec<Role<'_>> = (0..t).map(|j| Role { pin: pin(1, j), comm_of: Vec::new(), links: Vec::new() }).collect();
     for (l, &(i, j)) in links.iter().enumerate() {
@@ -504,10 +530,7 @@ fn launch(p: &Point, a: &Args, provider: Provider) -> Result<f64, String> {
     let exe = std::env::current_exe().map_err(|e| e.to_string())?;
     let weftrun = exe.with_file_name("weftrun");
     if !weftrun.exists() {
-        return Err(format!(
-            "{} not found; build it first: cargo build --release -p weft --features ofi --bin weftrun",
-            weftrun.display()
-        ));
+        return Err(format!("{} not found; build it first: cargo build --release -p weft --features ofi --bin weftrun", weftrun.display()));
     }
     let n = if p.mode == Mode::Thread { 2 } else { 2 * p.pairs };
     let mut cmd = std::process::Command::new(&weftrun);
@@ -567,7 +590,8 @@ fn rank_worker(p: &Point, a: &Args, provider: Provider) -> Result<(), String> {
     let me = rt.rank() as usize;
     let links = p.pattern.links(t);
     let ncomms = if a.comm_per_pair && p.mode == Mode::Thread { links.len() } else { usize::from(a.comm_per_pair || a.overtaking) };
-    let comms: Vec<Communicator> = (0..ncomms).map(|_| rt.world().dup_with(a.overtaking).map_err(|e| e.to_string())).collect::<Result<_, _>>()?;
+    let comms: Vec<Communicator> =
+        (0..ncomms).map(|_| rt.world().dup_with(a.overtaking).map_err(|e| e.to_string())).collect::<Result<_, _>>()?;
     let comm_for = |l: usize| -> &Communicator {
         match ncomms {
             0 => rt.world(),

@@ -107,7 +107,13 @@ pub fn run(args: &Args) -> Result<(), String> {
             for (i, (t, _)) in runtimes.iter().enumerate() {
                 let s = median(&samples[i]);
                 let packed = ty.size_bytes();
-                table.row(vec![kind.clone(), packed.to_string(), t.to_string(), format!("{s:.9}"), format!("{:.3}", packed as f64 / s / 1e9)]);
+                table.row(vec![
+                    kind.clone(),
+                    packed.to_string(),
+                    t.to_string(),
+                    format!("{s:.9}"),
+                    format!("{:.3}", packed as f64 / s / 1e9),
+                ]);
                 table.print_last(args.csv);
             }
         }

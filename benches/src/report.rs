@@ -73,8 +73,5 @@ pub fn parse_list<T: std::str::FromStr>(s: &str) -> Result<Vec<T>, String>
 where
     T::Err: std::fmt::Display,
 {
-    s.split(',')
-        .filter(|p| !p.trim().is_empty())
-        .map(|p| p.trim().parse::<T>().map_err(|e| format!("bad list item {p:?}: {e}")))
-        .collect()
+    s.split(',').filter(|p| !p.trim().is_empty()).map(|p| p.trim().parse::<T>().map_err(|e| format!("bad list item {p:?}: {e}"))).collect()
 }

@@ -152,7 +152,11 @@ pub fn run(args: &Args) -> Result<(), String> {
             let mut samples = [Vec::new(), Vec::new()];
             // One warm-up each, then alternate so drift hits both alike.
             for (_, rt) in &rts {
-                if bench == "spawn" { rt.spawn_all(n / 10 + 1) } else { rt.ping_pong(n / 10 + 2) };
+                if bench == "spawn" {
+                    rt.spawn_all(n / 10 + 1)
+                } else {
+                    rt.ping_pong(n / 10 + 2)
+                };
             }
             for _ in 0..runs {
                 for (i, (_, rt)) in rts.iter().enumerate() {

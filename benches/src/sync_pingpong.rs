@@ -151,7 +151,13 @@ fn post(c: &Communicator, tag: usize, buf: Vec<u8>) -> Result<Request<'_, Vec<u8
 }
 
 /// Takes completed receive `idx`, sends the pong, reposts the receive.
-fn answer<'c>(c: &'c Communicator, reqs: &mut [Request<'c, Vec<u8>>], idx: usize, reply: &mut Option<Vec<u8>>, pong_tag: i32) -> Result<(), weft::Error> {
+fn answer<'c>(
+    c: &'c Communicator,
+    reqs: &mut [Request<'c, Vec<u8>>],
+    idx: usize,
+    reply: &mut Option<Vec<u8>>,
+    pong_tag: i32,
+) -> Result<(), weft::Error> {
     let (buf, _) = reqs[idx].take().ok_or(weft::Error::Cancelled)??;
     let mut send = c.isend(reply.take().unwrap_or_default(), 0, pong_tag)?;
     let mut idle = Idle(0);

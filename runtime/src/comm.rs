@@ -298,10 +298,11 @@ impl Communicator {
         }
         self.shared.progress_once();
         let (source, tag) = (source.into(), tag.into());
-        Ok(self
-            .shared
-            .main_path(|| self.shared.with_matching(&self.p2p, |m| m.probe(source, tag)))
-            .map(|(source, tag, bytes)| Status { source, tag, bytes }))
+        Ok(self.shared.main_path(|| self.shared.with_matching(&self.p2p, |m| m.probe(source, tag))).map(|(source, tag, bytes)| Status {
+            source,
+            tag,
+            bytes,
+        }))
     }
 
     /// Duplicates the communicator (`MPI_Comm_dup`; collective: every rank must call it, in

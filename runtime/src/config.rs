@@ -68,11 +68,7 @@ named_enum!(MatchingMode, "matching mode", "per-comm" => MatchingMode::PerComm, 
 
 macro_rules! lock_help {
     ($var:literal) => {
-        concat!(
-            "unknown lock protocol in ",
-            $var,
-            " (expected tas, ticket, mcs, clh, hmcs, std, parking_lot, or p-X-Y such as p-hmcs-mcs)"
-        )
+        concat!("unknown lock protocol in ", $var, " (expected tas, ticket, mcs, clh, hmcs, std, parking_lot, or p-X-Y such as p-hmcs-mcs)")
     };
 }
 const LOCK_HELP_PROGRESS: &str = lock_help!("WEFT_LOCK_PROGRESS");
@@ -145,11 +141,7 @@ pub struct Locks {
 
 impl Default for Locks {
     fn default() -> Self {
-        Locks {
-            progress: LockKind::P_MCS_MCS,
-            cri: LockKind::Flat(FlatKind::ParkingLot),
-            matching: LockKind::Flat(FlatKind::ParkingLot),
-        }
+        Locks { progress: LockKind::P_MCS_MCS, cri: LockKind::Flat(FlatKind::ParkingLot), matching: LockKind::Flat(FlatKind::ParkingLot) }
     }
 }
 

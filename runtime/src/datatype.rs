@@ -128,12 +128,7 @@ impl<T: Primitive> Datatype<T> {
         if sorted.windows(2).any(|w| w[0].0 + w[0].1 > w[1].0) {
             return Err(Error::InvalidArgument("indexed datatype: blocks overlap"));
         }
-        Ok(Datatype {
-            layout: Layout::Indexed { blocks: blocks.into(), packed_at: packed_at.into() },
-            size,
-            extent,
-            _elem: PhantomData,
-        })
+        Ok(Datatype { layout: Layout::Indexed { blocks: blocks.into(), packed_at: packed_at.into() }, size, extent, _elem: PhantomData })
     }
 
     fn bytes_fit(elems: usize) -> Result<(), Error> {
@@ -394,7 +389,13 @@ impl Communicator {
     }
 
     /// Receives with a datatype and waits.
-    pub fn recv_typed<T: Primitive>(&self, data: &mut [T], ty: &Datatype<T>, source: impl Into<Source>, tag: impl Into<Tag>) -> Result<Status, Error> {
+    pub fn recv_typed<T: Primitive>(
+        &self,
+        data: &mut [T],
+        ty: &Datatype<T>,
+        source: impl Into<Source>,
+        tag: impl Into<Tag>,
+    ) -> Result<Status, Error> {
         self.irecv_typed(data, ty, source, tag)?.wait()
     }
 }

@@ -238,7 +238,9 @@ impl MatchState {
                 return;
             }
             let want = r.expected;
-            let Some(i) = self.far.iter().position(|f| f.header.source as usize == src && f.header.chan as usize == chan && f.header.seq == want) else {
+            let Some(i) =
+                self.far.iter().position(|f| f.header.source as usize == src && f.header.chan as usize == chan && f.header.seq == want)
+            else {
                 return;
             };
             let f = self.far.swap_remove(i);
@@ -361,7 +363,8 @@ mod tests {
     use weft_transport::{Header, Payload};
 
     fn frame(source: u32, seq: u32) -> Frame {
-        let header = Header { kind: FrameKind::Eager, src_cri: 0, context: 0, source, tag: 7, seq, chan: 0, len: 0, cookie: 0, key: 0, addr: 0 };
+        let header =
+            Header { kind: FrameKind::Eager, src_cri: 0, context: 0, source, tag: 7, seq, chan: 0, len: 0, cookie: 0, key: 0, addr: 0 };
         Frame { header, payload: Payload::Empty }
     }
 

@@ -443,7 +443,8 @@ pub(crate) fn wait_all<B: Send + 'static>(shared: &Shared, reqs: &mut [Request<'
             // makes no progress here and attaches at once.
             let owner_mode = shared.config.progress == ProgressMode::Owner;
             let me = crate::cri::thread_token();
-            let attend = (!owner_mode && shared.config.assignment == crate::config::Assignment::Dedicated).then(|| Attend::new(shared, reqs[first].communicator().context_id()));
+            let attend = (!owner_mode && shared.config.assignment == crate::config::Assignment::Dedicated)
+                .then(|| Attend::new(shared, reqs[first].communicator().context_id()));
             let mut idle = 0;
             let pause = shared.transport.idle_pause();
             while idle < TEST_SPINS {

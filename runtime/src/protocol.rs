@@ -88,7 +88,14 @@ impl Shared {
     /// `Posted::Deferred`, until the request `make` gave completes (the caller's request
     /// keeps the buffer, or orphans it into the request when dropped); without a request,
     /// `data` must be empty.
-    pub(crate) unsafe fn post_frame(&self, k: usize, dst: u32, header: Header, data: &[u8], make: impl FnOnce() -> Option<Arc<ReqInner>>) -> Result<Posted, Error> {
+    pub(crate) unsafe fn post_frame(
+        &self,
+        k: usize,
+        dst: u32,
+        header: Header,
+        data: &[u8],
+        make: impl FnOnce() -> Option<Arc<ReqInner>>,
+    ) -> Result<Posted, Error> {
         // `k` is one of this rank's CRIs and every rank has as many: the same index at the
         // destination (a compare, not a division, per frame).
         let n = self.transport.num_cris();
@@ -447,7 +454,8 @@ mod tests {
     use crate::Runtime;
 
     fn fin(cookie: u64, source: u32) -> Frame {
-        let header = Header { kind: FrameKind::Fin, src_cri: 0, context: 0, source, tag: 3, seq: 0, chan: 0, len: 0, cookie, key: 0, addr: 0 };
+        let header =
+            Header { kind: FrameKind::Fin, src_cri: 0, context: 0, source, tag: 3, seq: 0, chan: 0, len: 0, cookie, key: 0, addr: 0 };
         Frame { header, payload: Payload::Empty }
     }
 

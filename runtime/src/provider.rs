@@ -38,9 +38,9 @@ pub(crate) fn local(config: &Config, ranks: u32) -> Result<Vec<Transport>, Error
 pub(crate) fn open_process(config: &Config) -> Result<Transport, Error> {
     let job = Job::from_env()?;
     match config.provider {
-        Provider::Embedded if job.size > 1 => Err(Error::InvalidArgument(
-            "the embedded provider cannot span processes: set WEFT_PROVIDER=shm or tcp (weftrun sets it)",
-        )),
+        Provider::Embedded if job.size > 1 => {
+            Err(Error::InvalidArgument("the embedded provider cannot span processes: set WEFT_PROVIDER=shm or tcp (weftrun sets it)"))
+        }
         Provider::Embedded => {
             // A job of one: nothing to exchange; saying BYE when `job` drops here is right,
             // no peer exists to be told anything.

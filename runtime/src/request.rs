@@ -272,8 +272,8 @@ impl<B: Send + 'static> Drop for Request<'_, B> {
             return;
         }
         // The request's own communicator handle keeps the state alive (no table lookup).
-        let cancelled = self.kind == Kind::Recv
-            && self.comm.state_of(inner.context).is_some_and(|st| self.comm.shared().cancel_recv(st, &inner));
+        let cancelled =
+            self.kind == Kind::Recv && self.comm.state_of(inner.context).is_some_and(|st| self.comm.shared().cancel_recv(st, &inner));
         if cancelled {
             // Unposted before any match: nothing will touch the buffer.
             inner.cell.complete(Err(Error::Cancelled));

@@ -15,15 +15,15 @@ use std::future::Future;
 
 use crate::buffer::Primitive;
 use crate::comm::{CommState, Communicator};
+use crate::config::{Assignment, Config, MatchingMode, ProgressMode};
+use crate::counters::{Counters, CriCounters};
 use crate::datatype::Datatype;
 #[allow(unused_imports)] // `JoinError` is named in docs.
 use crate::executor::{JoinError, JoinHandle};
-use crate::config::{Assignment, Config, MatchingMode, ProgressMode};
 use crate::lock::{FlatKind, LockOptions, Topology};
+use crate::matching::MatchState;
 use crate::owner::OwnerToken;
 use crate::paths::PathLock;
-use crate::counters::{Counters, CriCounters};
-use crate::matching::MatchState;
 
 /// Largest number of live context ids per runtime.
 pub(crate) const MAX_CONTEXTS: usize = 1 << SLOT_BITS;
@@ -347,11 +347,7 @@ impl Drop for ExecGuard {
 
 impl fmt::Debug for Runtime {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Runtime")
-            .field("rank", &self.rank())
-            .field("size", &self.size())
-            .field("config", &self.shared.config)
-            .finish()
+        f.debug_struct("Runtime").field("rank", &self.rank()).field("size", &self.size()).field("config", &self.shared.config).finish()
     }
 }
 
@@ -595,9 +591,7 @@ impl Builder {
 
     /// Options of the runtime's path locks (the machine topology only when a path uses HMCS).
     fn lock_options(&self, config: &Config) -> Result<LockOptions, Error> {
-        let hmcs = [config.locks.progress, config.locks.cri, config.locks.matching]
-            .iter()
-            .any(|k| k.uses(FlatKind::Hmcs));
+        let hmcs = [config.locks.progress, config.locks.cri, config.locks.matching].iter().any(|k| k.uses(FlatKind::Hmcs));
         let mut lock_options = LockOptions { topology: hmcs.then(Topology::detect), ..LockOptions::default() };
         if self.use_env {
             lock_options.apply_env()?;

@@ -105,7 +105,8 @@ fn parallel_pack_matches_sequential() {
 #[test]
 fn typed_send_and_receive_eager_and_rendezvous() {
     for mode in [ProgressMode::Owner, ProgressMode::Concurrent] {
-        let ranks = Runtime::builder().env(false).progress(mode).workers(1).eager_threshold(4096).pack_threshold(64 * 1024).build_local(2).unwrap();
+        let ranks =
+            Runtime::builder().env(false).progress(mode).workers(1).eager_threshold(4096).pack_threshold(64 * 1024).build_local(2).unwrap();
         for (count, blocklen, stride) in [(4, 2, 3), (1000, 3, 5), (100_000, 2, 3)] {
             let send_ty = Datatype::<f64>::vector(count, blocklen, stride).unwrap();
             // The receiver lays the same elements out differently: contiguous pairs in a

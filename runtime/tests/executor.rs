@@ -292,31 +292,34 @@ fn all_to_all_tasks_every_mode() {
         for rt in &ranks {
             for task in 0..6i32 {
                 let comm = rt.world().clone();
-                handles.push((rt.clone(), rt.spawn(async move {
-                    let me = comm.rank();
-                    let mut got = 0u64;
-                    for round in 0..30u32 {
-                        let mut recvs = Vec::new();
-                        for peer in (0..3).filter(|&p| p != me) {
-                            recvs.push(comm.irecv(Vec::<u32>::with_capacity(256), peer, task).unwrap());
+                handles.push((
+                    rt.clone(),
+                    rt.spawn(async move {
+                        let me = comm.rank();
+                        let mut got = 0u64;
+                        for round in 0..30u32 {
+                            let mut recvs = Vec::new();
+                            for peer in (0..3).filter(|&p| p != me) {
+                                recvs.push(comm.irecv(Vec::<u32>::with_capacity(256), peer, task).unwrap());
+                            }
+                            let mut sends = Vec::new();
+                            for peer in (0..3).filter(|&p| p != me) {
+                                // Every 5th round above the eager threshold (rendezvous).
+                                let n = if round % 5 == 0 { 200 } else { 4 };
+                                sends.push(comm.isend(vec![me * 1000 + round; n], peer, task).unwrap());
+                            }
+                            for r in recvs {
+                                let (v, st) = r.await.unwrap();
+                                assert_eq!(v[0], st.source * 1000 + round);
+                                got += 1;
+                            }
+                            for s in sends {
+                                s.await.unwrap();
+                            }
                         }
-                        let mut sends = Vec::new();
-                        for peer in (0..3).filter(|&p| p != me) {
-                            // Every 5th round above the eager threshold (rendezvous).
-                            let n = if round % 5 == 0 { 200 } else { 4 };
-                            sends.push(comm.isend(vec![me * 1000 + round; n], peer, task).unwrap());
-                        }
-                        for r in recvs {
-                            let (v, st) = r.await.unwrap();
-                            assert_eq!(v[0], st.source * 1000 + round);
-                            got += 1;
-                        }
-                        for s in sends {
-                            s.await.unwrap();
-                        }
-                    }
-                    got
-                })));
+                        got
+                    }),
+                ));
             }
         }
         for (rt, h) in handles {

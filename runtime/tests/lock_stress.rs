@@ -14,8 +14,8 @@ use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant};
 
 use weft::lock::{
-    Clh, Counted, DynLock, DynNode, FlatKind, Hmcs, LockKind, LockOptions, LockPath, Mcs, McsNode, Mutex,
-    ParkingLot, Priority, Progress, RawLock, RawPriorityLock, RawTimedLock, StdLock, Tas, Ticket, Topology,
+    Clh, Counted, DynLock, DynNode, FlatKind, Hmcs, LockKind, LockOptions, LockPath, Mcs, McsNode, Mutex, ParkingLot, Priority, Progress,
+    RawLock, RawPriorityLock, RawTimedLock, StdLock, Tas, Ticket, Topology,
 };
 
 /// Data touched only under the lock.

@@ -49,13 +49,7 @@ fn long_waits_count_park_timeouts() {
 fn dedicated_cris_are_ordering_channels() {
     use weft::{Assignment, Source, Tag};
     for asg in [Assignment::Dedicated, Assignment::RoundRobin] {
-        let rts = builder()
-            .progress(weft::ProgressMode::Owner)
-            .assignment(asg)
-            .per_thread_order(true)
-            .cris(3)
-            .build_local(2)
-            .unwrap();
+        let rts = builder().progress(weft::ProgressMode::Owner).assignment(asg).per_thread_order(true).cris(3).build_local(2).unwrap();
         std::thread::scope(|s| {
             for t in 0..3i32 {
                 let c = rts[0].world();

@@ -171,7 +171,10 @@ fn synthetic_machines() {
             .expect("run the child test");
         let stdout = String::from_utf8_lossy(&out.stdout);
         assert!(out.status.success(), "{desc}: child failed:\n{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
-        let got = stdout.lines().find_map(|l| l.split_once(CHILD_MARK).map(|(_, r)| r)).unwrap_or_else(|| panic!("{desc}: no result in\n{stdout}"));
+        let got = stdout
+            .lines()
+            .find_map(|l| l.split_once(CHILD_MARK).map(|(_, r)| r))
+            .unwrap_or_else(|| panic!("{desc}: no result in\n{stdout}"));
         assert_eq!(got, format!("{want:?}"), "{desc}");
     }
 }

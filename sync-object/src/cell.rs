@@ -110,10 +110,7 @@ impl Default for CompletionCell {
 impl fmt::Debug for CompletionCell {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let s = self.state.load(Ordering::Relaxed);
-        f.debug_struct("CompletionCell")
-            .field("complete", &(s & COMPLETE != 0))
-            .field("attached", &(s & ATTACHED != 0))
-            .finish()
+        f.debug_struct("CompletionCell").field("complete", &(s & COMPLETE != 0)).field("attached", &(s & ATTACHED != 0)).finish()
     }
 }
 

@@ -56,7 +56,7 @@ mod status;
 mod wait;
 
 pub use cell::CompletionCell;
-pub use signal::{Signal, SignalListener};
 pub use object::{Attach, AttachError, Completion, Completions, Detached, Next, SyncObject};
+pub use signal::{Signal, SignalListener};
 pub use status::{Error, Outcome, Status};
 pub use wait::{Progress, Step};

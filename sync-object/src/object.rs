@@ -178,7 +178,6 @@ impl<T> SyncObject<T> {
     pub fn probe(&self) -> usize {
         self.inner.ready.load(Ordering::Acquire)
     }
-
 }
 
 impl<T: Send + 'static> Default for SyncObject<T> {
@@ -242,12 +241,7 @@ impl<T: Send + 'static> SyncObject<T> {
         };
         // Counted before publishing, so the completer's decrement cannot underflow.
         self.inner.pending.fetch_add(1, Ordering::Relaxed);
-        let att = Attachment {
-            sink: Arc::into_raw(self.inner.clone()).cast(),
-            deliver: deliver::<T>,
-            data: slot,
-            with_data,
-        };
+        let att = Attachment { sink: Arc::into_raw(self.inner.clone()).cast(), deliver: deliver::<T>, data: slot, with_data };
         match cell.try_attach(att) {
             AttachRace::Attached => Ok(()),
             AttachRace::AlreadyComplete(mut att, outcome) => {

@@ -78,10 +78,9 @@ pub enum Error {
 impl fmt::Display for Error {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match *self {
-            Error::Truncated { message_len, buffer_len } => write!(
-                f,
-                "message of {message_len} bytes truncated: receive buffer holds {buffer_len} bytes"
-            ),
+            Error::Truncated { message_len, buffer_len } => {
+                write!(f, "message of {message_len} bytes truncated: receive buffer holds {buffer_len} bytes")
+            }
             Error::RankOutOfRange { rank, size } => {
                 write!(f, "rank {rank} out of range for a communicator of size {size}")
             }
@@ -90,10 +89,9 @@ impl fmt::Display for Error {
             Error::PeerLost { rank } => write!(f, "peer rank {rank} was lost"),
             Error::Cancelled => f.write_str("operation cancelled"),
             Error::InvalidArgument(what) => write!(f, "invalid argument: {what}"),
-            Error::Misaligned { elem_size, message_len } => write!(
-                f,
-                "message of {message_len} bytes is not a whole number of {elem_size}-byte elements"
-            ),
+            Error::Misaligned { elem_size, message_len } => {
+                write!(f, "message of {message_len} bytes is not a whole number of {elem_size}-byte elements")
+            }
             Error::Transport { op, code } => write!(f, "transport error in {op}: code {code}"),
         }
     }

@@ -12,8 +12,7 @@ use futures::executor::block_on;
 use futures::task::{noop_waker, ArcWake};
 use futures::StreamExt;
 use weft_sync::{
-    Attach, AttachError, Completion, CompletionCell, Detached, Error, Outcome, Progress, SignalListener,
-    Status, Step, SyncObject,
+    Attach, AttachError, Completion, CompletionCell, Detached, Error, Outcome, Progress, SignalListener, Status, Step, SyncObject,
 };
 
 /// A stand-in for a runtime request: the user holds `Op`, the "transport" holds a clone of

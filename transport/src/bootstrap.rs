@@ -134,7 +134,13 @@ impl KvsServer {
         }
         let listener = TcpListener::bind(addr).map_err(|e| bootstrap_error("bind the key-value server", &e))?;
         let addr = listener.local_addr().map_err(|e| bootstrap_error("local_addr", &e))?;
-        let state = Arc::new(ServerState { size, token: token.to_string(), table: Mutex::new(Table::default()), changed: Condvar::new(), stop: AtomicBool::new(false) });
+        let state = Arc::new(ServerState {
+            size,
+            token: token.to_string(),
+            table: Mutex::new(Table::default()),
+            changed: Condvar::new(),
+            stop: AtomicBool::new(false),
+        });
         let st = state.clone();
         let accept = std::thread::Builder::new()
             .name("weft-kvs".into())
@@ -411,7 +417,8 @@ impl Job {
         if parts.next() != Some("ALL") {
             return Err(Error::InvalidArgument("the key-value exchange failed (a rank was lost before it finished)"));
         }
-        let blobs = parts.map(from_hex).collect::<Option<Vec<_>>>().ok_or(Error::InvalidArgument("malformed reply from the key-value server"))?;
+        let blobs =
+            parts.map(from_hex).collect::<Option<Vec<_>>>().ok_or(Error::InvalidArgument("malformed reply from the key-value server"))?;
         if blobs.len() != self.size as usize {
             return Err(Error::InvalidArgument("the key-value server returned the wrong number of ranks"));
         }
@@ -451,7 +458,8 @@ fn connect(kvs: &str, token: &str, rank: u32) -> Result<BufReader<TcpStream>, Er
                 Ok(c) => {
                     let _ = c.set_nodelay(true);
                     let mut c2 = c.try_clone().map_err(|e| bootstrap_error("connect to the key-value server", &e))?;
-                    c2.write_all(format!("HELLO {token} {rank}\n").as_bytes()).map_err(|e| bootstrap_error("connect to the key-value server", &e))?;
+                    c2.write_all(format!("HELLO {token} {rank}\n").as_bytes())
+                        .map_err(|e| bootstrap_error("connect to the key-value server", &e))?;
                     return Ok(BufReader::new(c));
                 }
                 Err(e) => last = Some(e),

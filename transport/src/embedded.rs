@@ -22,8 +22,8 @@ use parking_lot::Mutex;
 
 use crate::doorbell::Doorbell;
 use crate::frame::{Frame, FrameKind, Header, Payload, INLINE};
-use crate::ring::Inbox;
 use crate::loom::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use crate::ring::Inbox;
 use crate::{Error, SendError};
 
 /// Sizes of an embedded fabric.
@@ -94,9 +94,7 @@ pub fn fabric(opts: EmbeddedOptions) -> Result<Vec<Endpoint>, Error> {
     let pool_cap = (opts.cris * opts.inbox_capacity * 2).clamp(64, 1 << 16);
     let ranks = (0..opts.ranks)
         .map(|_| RankSlot {
-            cris: (0..opts.cris)
-                .map(|_| CachePadded::new(CriSlot { inbox: Inbox::new(opts.inbox_capacity) }))
-                .collect(),
+            cris: (0..opts.cris).map(|_| CachePadded::new(CriSlot { inbox: Inbox::new(opts.inbox_capacity) })).collect(),
             doorbell: Doorbell::new(),
             alive: AtomicBool::new(true),
             pool: ArrayQueue::new(pool_cap),

@@ -28,8 +28,8 @@ mod provider;
 mod ring;
 
 pub use doorbell::Doorbell;
-pub use provider::{Provider, RemoteWindow, RmaOp, Transport};
 pub use frame::{Frame, FrameKind, Header, Payload, INLINE};
+pub use provider::{Provider, RemoteWindow, RmaOp, Transport};
 pub use weft_sync::Error;
 
 /// Why a send was not accepted.

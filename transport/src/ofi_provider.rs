@@ -78,8 +78,8 @@ use parking_lot::Mutex;
 use crate::doorbell::Doorbell;
 use crate::frame::{Frame, FrameKind, Header, Payload, INLINE};
 use crate::ofi::{
-    AddressVector, Completion, CompletionError, CqError, Domain, Endpoint, EndpointConfig, FetchOp,
-    FiAddr, Info, MemoryRegion, MrAccess, OfiError, Post, RemoteRegion, TryWait,
+    AddressVector, Completion, CompletionError, CqError, Domain, Endpoint, EndpointConfig, FetchOp, FiAddr, Info, MemoryRegion, MrAccess,
+    OfiError, Post, RemoteRegion, TryWait,
 };
 use crate::{Error, SendError};
 
@@ -799,7 +799,9 @@ pub fn remove_stale_shm_regions(pid: u32) -> usize {
     let prefix = format!("{pid}:");
     let Ok(dir) = std::fs::read_dir("/dev/shm") else { return 0 };
     dir.filter_map(Result::ok)
-        .filter(|e| e.file_name().to_str().is_some_and(|n| n.starts_with(&prefix) && n[prefix.len()..].split(':').all(|x| x.parse::<u32>().is_ok())))
+        .filter(|e| {
+            e.file_name().to_str().is_some_and(|n| n.starts_with(&prefix) && n[prefix.len()..].split(':').all(|x| x.parse::<u32>().is_ok()))
+        })
         .filter(|e| std::fs::remove_file(e.path()).is_ok())
         .count()
 }
@@ -1312,7 +1314,19 @@ mod tests {
 
     #[test]
     fn wire_header_round_trips() {
-        let h = Header { kind: FrameKind::Rts, src_cri: 3, context: 7, source: 9, tag: -1, seq: 42, chan: 5, len: 1 << 40, cookie: 0xdead_beef, key: 77, addr: 0x7fff_0000_1234 };
+        let h = Header {
+            kind: FrameKind::Rts,
+            src_cri: 3,
+            context: 7,
+            source: 9,
+            tag: -1,
+            seq: 42,
+            chan: 5,
+            len: 1 << 40,
+            cookie: 0xdead_beef,
+            key: 77,
+            addr: 0x7fff_0000_1234,
+        };
         let mut b = [0u8; WIRE_HEADER];
         encode(&h, &mut b);
         assert_eq!(decode(&b), Some(h));
@@ -1335,7 +1349,19 @@ mod tests {
                 return;
             }
         };
-        let header = |seq: u32| Header { kind: FrameKind::Eager, src_cri: 0, context: 1, source: 0, tag: 5, seq, chan: 0, len: 4, cookie: 0, key: 0, addr: 0 };
+        let header = |seq: u32| Header {
+            kind: FrameKind::Eager,
+            src_cri: 0,
+            context: 1,
+            source: 0,
+            tag: 5,
+            seq,
+            chan: 0,
+            len: 4,
+            cookie: 0,
+            key: 0,
+            addr: 0,
+        };
         let total = 16 * 20;
         let (mut sent, mut got) = (0u32, 0u32);
         let deadline = Instant::now() + Duration::from_secs(20);

@@ -114,7 +114,10 @@ pub struct RemoteWindow {
 #[cfg(feature = "ofi")]
 impl RemoteWindow {
     fn ofi(&self) -> crate::ofi_provider::RemoteMem {
-        crate::ofi_provider::RemoteMem { rank: self.rank, region: crate::ofi::RemoteRegion { base: self.base, key: self.key, len: self.len } }
+        crate::ofi_provider::RemoteMem {
+            rank: self.rank,
+            region: crate::ofi::RemoteRegion { base: self.base, key: self.key, len: self.len },
+        }
     }
 }
 

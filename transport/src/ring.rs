@@ -72,7 +72,9 @@ impl<T> Inbox<T> {
             head: CachePadded::new(AtomicUsize::new(0)),
             tail: CachePadded::new(AtomicUsize::new(0)),
             consuming: CachePadded::new(AtomicBool::new(false)),
-            slots: (0..cap).map(|i| CachePadded::new(Slot { stamp: AtomicUsize::new(i), value: UnsafeCell::new(MaybeUninit::uninit()) })).collect(),
+            slots: (0..cap)
+                .map(|i| CachePadded::new(Slot { stamp: AtomicUsize::new(i), value: UnsafeCell::new(MaybeUninit::uninit()) }))
+                .collect(),
             mask: cap - 1,
         }
     }

@@ -9,10 +9,7 @@ mod ofi_common;
 use std::time::{Duration, Instant};
 
 use ofi_common::{pair, pair_with, pattern, Pair, Which, DEADLINE};
-use weft_transport::ofi::{
-    errno, Caps, CompletionFlags, EndpointConfig, FetchOp, MemoryRegion, MrAccess, RemoteRegion,
-    WaitOutcome,
-};
+use weft_transport::ofi::{errno, Caps, CompletionFlags, EndpointConfig, FetchOp, MemoryRegion, MrAccess, RemoteRegion, WaitOutcome};
 
 const ALL_TAGS: u64 = 0;
 
@@ -26,29 +23,16 @@ fn tagged_sizes(provider: &str) {
         let (rctx, sctx) = (0x1000 + i as u64, 0x2000 + i as u64);
         p.post_retry("trecv", |p| {
             // SAFETY: `rbuf` lives until the wait below and is not touched before it.
-            unsafe {
-                p.b.ep
-                    .trecv(&mut rbuf, None, Some(p.to_a), tag, ALL_TAGS, rctx)
-            }
-            .expect("trecv")
+            unsafe { p.b.ep.trecv(&mut rbuf, None, Some(p.to_a), tag, ALL_TAGS, rctx) }.expect("trecv")
         });
         p.post_retry("tsend", |p| {
             // SAFETY: `data` lives, unmodified, until the send completion is read below.
             unsafe { p.a.ep.tsend(&data, None, p.to_b, tag, sctx) }.expect("tsend")
         });
         let s = p.wait_ok(Which::A, sctx, "send completion");
-        assert!(
-            s.flags.contains(CompletionFlags::SEND),
-            "send flags {:?}",
-            s.flags
-        );
+        assert!(s.flags.contains(CompletionFlags::SEND), "send flags {:?}", s.flags);
         let r = p.wait_ok(Which::B, rctx, "receive completion");
-        assert!(
-            r.flags
-                .contains(CompletionFlags::RECV | CompletionFlags::TAGGED),
-            "{:?}",
-            r.flags
-        );
+        assert!(r.flags.contains(CompletionFlags::RECV | CompletionFlags::TAGGED), "{:?}", r.flags);
         assert_eq!(r.len, len, "received length for {len} B");
         assert_eq!(r.tag, tag);
         assert!(rbuf == data, "payload of {len} B differs");
@@ -61,11 +45,7 @@ fn tagged_sizes(provider: &str) {
     smr.write_at(0, &data).expect("fill");
     p.post_retry("trecv(mr)", |p| {
         // SAFETY: `rmr` outlives the wait below; nothing reads it until then.
-        unsafe {
-            p.b.ep
-                .trecv(rmr.as_mut_slice(), Some(&rmr), None, 77, ALL_TAGS, 1)
-        }
-        .expect("trecv")
+        unsafe { p.b.ep.trecv(rmr.as_mut_slice(), Some(&rmr), None, 77, ALL_TAGS, 1) }.expect("trecv")
     });
     p.post_retry("tsend(mr)", |p| {
         // SAFETY: `smr` outlives the wait below and is not modified until then.
@@ -84,9 +64,7 @@ fn tagged_sizes(provider: &str) {
         // SAFETY: `rbuf` lives until the wait below and is not touched before it.
         unsafe { p.b.ep.trecv(&mut rbuf, None, None, 5, ALL_TAGS, 3) }.expect("trecv")
     });
-    p.post_retry("tinject", |p| {
-        p.a.ep.tinject(&small, p.to_b, 5).expect("tinject")
-    });
+    p.post_retry("tinject", |p| p.a.ep.tinject(&small, p.to_b, 5).expect("tinject"));
     let r = p.wait_ok(Which::B, 3, "recv(inject) completion");
     assert_eq!((r.len, r.tag), (small.len(), 5));
     assert_eq!(rbuf, small);
@@ -94,10 +72,7 @@ fn tagged_sizes(provider: &str) {
 
 fn many_small(provider: &str) {
     // A small CQ so that the provider's queues fill and posts return FI_EAGAIN.
-    let config = EndpointConfig {
-        cq_size: 64,
-        ..EndpointConfig::default()
-    };
+    let config = EndpointConfig { cq_size: 64, ..EndpointConfig::default() };
     let Some(mut p) = pair_with(provider, &config) else {
         return;
     };
@@ -111,11 +86,7 @@ fn many_small(provider: &str) {
         blocked += p.post_retry("trecv", |p| {
             // SAFETY: `recvs` lives until all completions are read below and is not read
             // before.
-            unsafe {
-                p.b.ep
-                    .trecv(rbuf, None, Some(p.to_a), tag, ALL_TAGS, (1 << 32) | tag)
-            }
-            .expect("trecv")
+            unsafe { p.b.ep.trecv(rbuf, None, Some(p.to_a), tag, ALL_TAGS, (1 << 32) | tag) }.expect("trecv")
         });
         let sbuf = &sends[i];
         blocked += p.post_retry("tsend", |p| {
@@ -126,10 +97,7 @@ fn many_small(provider: &str) {
     }
     let (mut nsend, mut nrecv) = (0, 0);
     while nsend < N || nrecv < N {
-        assert!(
-            start.elapsed() < DEADLINE,
-            "timed out: {nsend} sends, {nrecv} receives of {N}"
-        );
+        assert!(start.elapsed() < DEADLINE, "timed out: {nsend} sends, {nrecv} receives of {N}");
         p.progress();
         while let Some(c) = p.a.done.pop_front() {
             let c = c.unwrap_or_else(|e| panic!("send failed: {e:?}"));
@@ -146,10 +114,7 @@ fn many_small(provider: &str) {
     for (i, r) in recvs.chunks(8).enumerate() {
         assert_eq!(r, &sends[i][..], "message {i}");
     }
-    println!(
-        "{provider}: {N} messages, FI_EAGAIN handled {blocked} times, {:?}",
-        start.elapsed()
-    );
+    println!("{provider}: {N} messages, FI_EAGAIN handled {blocked} times, {:?}", start.elapsed());
 }
 
 fn rma(provider: &str) {
@@ -159,8 +124,7 @@ fn rma(provider: &str) {
         println!("SKIP rma: {provider} lacks {missing:?}");
         return;
     }
-    let target =
-        MemoryRegion::alloc(p.b.ep.domain(), 4096, MrAccess::ALL).expect("register target");
+    let target = MemoryRegion::alloc(p.b.ep.domain(), 4096, MrAccess::ALL).expect("register target");
     let local = MemoryRegion::alloc(p.a.ep.domain(), 4096, MrAccess::ALL).expect("register local");
     // The remote description travels as bytes, as it would in a message.
     let remote = RemoteRegion::from_bytes(&target.remote().to_bytes()).expect("decode");
@@ -176,12 +140,7 @@ fn rma(provider: &str) {
         unsafe { p.a.ep.write(src, Some(&local), p.to_b, &remote, 128, 10) }.expect("write")
     });
     let c = p.wait_ok(Which::A, 10, "write completion");
-    assert!(
-        c.flags
-            .contains(CompletionFlags::RMA | CompletionFlags::WRITE),
-        "{:?}",
-        c.flags
-    );
+    assert!(c.flags.contains(CompletionFlags::RMA | CompletionFlags::WRITE), "{:?}", c.flags);
     let mut got = vec![0u8; 64];
     target.read_at(128, &mut got).expect("read target");
     assert_eq!(got, data, "RMA write");
@@ -196,12 +155,7 @@ fn rma(provider: &str) {
         unsafe { p.a.ep.read(dst, Some(&local), p.to_b, &remote, 512, 11) }.expect("read")
     });
     let c = p.wait_ok(Which::A, 11, "read completion");
-    assert!(
-        c.flags
-            .contains(CompletionFlags::RMA | CompletionFlags::READ),
-        "{:?}",
-        c.flags
-    );
+    assert!(c.flags.contains(CompletionFlags::RMA | CompletionFlags::READ), "{:?}", c.flags);
     let mut got = vec![0u8; 256];
     local.read_at(1024, &mut got).expect("read local");
     assert_eq!(got, data, "RMA read");
@@ -210,24 +164,14 @@ fn rma(provider: &str) {
         println!("SKIP atomics: {provider} lacks {missing:?}");
         return;
     }
-    assert!(
-        p.a.ep.fetch_atomic_valid(FetchOp::Sum),
-        "FI_SUM/u64 not valid on {provider}"
-    );
-    assert!(
-        p.a.ep.compare_swap_valid(),
-        "FI_CSWAP/u64 not valid on {provider}"
-    );
+    assert!(p.a.ep.fetch_atomic_valid(FetchOp::Sum), "FI_SUM/u64 not valid on {provider}");
+    assert!(p.a.ep.compare_swap_valid(), "FI_CSWAP/u64 not valid on {provider}");
     // Fetch-add: 40 + 2.
     target.store_u64(2048, 40).expect("store");
     let (operand, mut old) = (2u64, 0u64);
     p.post_retry("fetch_add", |p| {
         // SAFETY: `operand` and `old` outlive the wait below and are not touched until then.
-        unsafe {
-            p.a.ep
-                .fetch_atomic_u64(FetchOp::Sum, &operand, &mut old, p.to_b, &remote, 2048, 12)
-        }
-        .expect("fetch_atomic")
+        unsafe { p.a.ep.fetch_atomic_u64(FetchOp::Sum, &operand, &mut old, p.to_b, &remote, 2048, 12) }.expect("fetch_atomic")
     });
     let c = p.wait_ok(Which::A, 12, "fetch-add completion");
     assert!(c.flags.contains(CompletionFlags::ATOMIC), "{:?}", c.flags);
@@ -235,37 +179,22 @@ fn rma(provider: &str) {
     assert_eq!(target.load_u64(2048).expect("load"), 42, "fetch-add result");
 
     // Compare-swap: succeeds (42 -> 7), then fails (compare 1; stays 7).
-    for (i, (compare, swap, want_old, want_new)) in [(42u64, 7u64, 42u64, 7u64), (1, 9, 7, 7)]
-        .into_iter()
-        .enumerate()
-    {
+    for (i, (compare, swap, want_old, want_new)) in [(42u64, 7u64, 42u64, 7u64), (1, 9, 7, 7)].into_iter().enumerate() {
         let mut old = 0u64;
         let ctx = 13 + i as u64;
         p.post_retry("cswap", |p| {
             // SAFETY: `compare`, `swap`, `old` outlive the wait below, untouched until then.
-            unsafe {
-                p.a.ep
-                    .compare_swap_u64(&compare, &swap, &mut old, p.to_b, &remote, 2048, ctx)
-            }
-            .expect("compare_atomic")
+            unsafe { p.a.ep.compare_swap_u64(&compare, &swap, &mut old, p.to_b, &remote, 2048, ctx) }.expect("compare_atomic")
         });
         p.wait_ok(Which::A, ctx, "compare-swap completion");
         assert_eq!(old, want_old, "cswap {i} old value");
-        assert_eq!(
-            target.load_u64(2048).expect("load"),
-            want_new,
-            "cswap {i} new value"
-        );
+        assert_eq!(target.load_u64(2048).expect("load"), want_new, "cswap {i} new value");
     }
     if p.a.ep.rma_counter().is_some() {
         let count = |p: &Pair| p.a.ep.rma_counter().map_or(0, |c| c.read());
         let start = Instant::now();
         while count(&p) < 5 {
-            assert!(
-                start.elapsed() < DEADLINE,
-                "RMA counter stuck at {}",
-                count(&p)
-            );
+            assert!(start.elapsed() < DEADLINE, "RMA counter stuck at {}", count(&p));
             p.progress();
         }
         assert_eq!(p.a.ep.rma_counter().map_or(0, |c| c.read_err()), 0);
@@ -292,11 +221,7 @@ fn truncation_error(provider: &str) {
     println!("{provider}: truncated receive -> {err:?}");
     assert_eq!(err.error.code, errno::FI_ETRUNC, "{err:?}");
     // shm reports the overflow length; tcp;ofi_rxm (1.17) leaves it 0.
-    assert!(
-        err.olen == 56 || err.olen == 0,
-        "overflow length {}",
-        err.olen
-    );
+    assert!(err.olen == 56 || err.olen == 0, "overflow length {}", err.olen);
     assert_eq!(err.tag, 42);
     assert!(!err.error.text.is_empty());
     // The sender's side completes (successfully on every provider tried).
@@ -341,24 +266,13 @@ fn wait_fd(provider: &str) {
     // produce a completion.
     let idle = p.b.ep.cq().wait(Duration::from_millis(20)).expect("wait");
     println!("{provider}: idle wait -> {idle:?}");
-    p.post_retry("tinject", |p| {
-        p.a.ep
-            .tinject(&7u64.to_le_bytes(), p.to_b, 1)
-            .expect("tinject")
-    });
+    p.post_retry("tinject", |p| p.a.ep.tinject(&7u64.to_le_bytes(), p.to_b, 1).expect("tinject"));
     let start = Instant::now();
     let (mut ready, mut timed_out) = (0, 0);
     loop {
-        assert!(
-            start.elapsed() < DEADLINE,
-            "no completion through the wait fd ({ready} ready, {timed_out} timeouts)"
-        );
+        assert!(start.elapsed() < DEADLINE, "no completion through the wait fd ({ready} ready, {timed_out} timeouts)");
         p.progress();
-        if let Some(pos) =
-            p.b.done
-                .iter()
-                .position(|c| matches!(c, Ok(c) if c.context == 30))
-        {
+        if let Some(pos) = p.b.done.iter().position(|c| matches!(c, Ok(c) if c.context == 30)) {
             p.b.done.remove(pos);
             break;
         }
@@ -368,37 +282,26 @@ fn wait_fd(provider: &str) {
         }
     }
     println!("{provider}: completion after {ready} ready / {timed_out} timed-out waits");
-    assert_eq!(
-        u64::from_le_bytes(rbuf[..8].try_into().expect("8 bytes")),
-        7
-    );
+    assert_eq!(u64::from_le_bytes(rbuf[..8].try_into().expect("8 bytes")), 7);
 }
 
 fn bad_input(provider: &str) {
     let Some(p) = pair(provider) else { return };
     assert!(p.av.insert(&[]).is_err(), "empty address accepted");
-    assert!(
-        p.av.insert(&[0u8; 4096]).is_err(),
-        "oversized address accepted"
-    );
+    assert!(p.av.insert(&[0u8; 4096]).is_err(), "oversized address accepted");
     let big = vec![0u8; p.a.ep.inject_size() + 1];
-    let e =
-        p.a.ep
-            .tinject(&big, p.to_b, 0)
-            .expect_err("oversized inject accepted");
+    let e = p.a.ep.tinject(&big, p.to_b, 0).expect_err("oversized inject accepted");
     assert_eq!(e.code, errno::FI_EINVAL);
     if p.info.caps().contains(Caps::RMA) {
         let mr = MemoryRegion::alloc(p.b.ep.domain(), 64, MrAccess::ALL).expect("register");
         let remote = mr.remote();
         let buf = [0u8; 16];
         // SAFETY: the post is refused before reaching libfabric (out of range).
-        let e = unsafe { p.a.ep.write(&buf, None, p.to_b, &remote, 60, 1) }
-            .expect_err("out-of-range RMA accepted");
+        let e = unsafe { p.a.ep.write(&buf, None, p.to_b, &remote, 60, 1) }.expect_err("out-of-range RMA accepted");
         assert_eq!(e.code, errno::FI_EINVAL);
         let other = MemoryRegion::alloc(p.a.ep.domain(), 64, MrAccess::ALL).expect("register");
         // SAFETY: refused before reaching libfabric (buffer outside `other`).
-        let e = unsafe { p.a.ep.tsend(&buf, Some(&other), p.to_b, 0, 1) }
-            .expect_err("buffer outside its MR accepted");
+        let e = unsafe { p.a.ep.tsend(&buf, Some(&other), p.to_b, 0, 1) }.expect_err("buffer outside its MR accepted");
         assert_eq!(e.code, errno::FI_EINVAL);
     }
     assert!(MemoryRegion::alloc(p.a.ep.domain(), 0, MrAccess::ALL).is_err());
@@ -448,11 +351,7 @@ fn shm_and_tcp_rxm_are_available() {
     for provider in ["shm", "tcp;ofi_rxm"] {
         let info = weft_transport::ofi::Info::query(provider)
             .unwrap_or_else(|e| panic!("{provider} must be available (run .ci/ofi-deps.sh): {e}"));
-        println!(
-            "{provider}: caps {:?}, missing {:?}",
-            info.caps(),
-            info.missing_caps()
-        );
+        println!("{provider}: caps {:?}, missing {:?}", info.caps(), info.missing_caps());
         assert!(info.caps().contains(Caps::TAGGED));
     }
 }

@@ -65,10 +65,7 @@ fn run(provider: &str, size: usize) -> Option<Duration> {
         if i == WARMUP {
             timed_from = Some(Instant::now());
         }
-        assert!(
-            start.elapsed() < DEADLINE * 6,
-            "ping-pong on {provider} too slow"
-        );
+        assert!(start.elapsed() < DEADLINE * 6, "ping-pong on {provider} too slow");
         // Post both receives for this round trip first.
         p.post_retry("trecv b", |p| {
             // SAFETY: `buf_b` is not touched until its completion is read in `hop`.
@@ -81,10 +78,7 @@ fn run(provider: &str, size: usize) -> Option<Duration> {
         hop(&mut p, Which::A, &data, 10);
         hop(&mut p, Which::B, &data, 11);
         if i % 4096 == 0 {
-            assert!(
-                buf_a == data && buf_b == data,
-                "payload mismatch at iteration {i}"
-            );
+            assert!(buf_a == data && buf_b == data, "payload mismatch at iteration {i}");
         }
     }
     let elapsed = timed_from.expect("warm-up ran").elapsed();
@@ -99,10 +93,7 @@ fn one_way_latency() {
     for provider in ["shm", "tcp;ofi_rxm"].into_iter().filter(|p| only.as_deref().map_or(true, |o| o == *p)) {
         for size in [8usize, 64, 1024, 16384] {
             if let Some(lat) = run(provider, size) {
-                println!(
-                    "LATENCY {provider:<12} {size:>6} B  one-way {:>8.2} us  ({ITERS} round trips)",
-                    lat.as_secs_f64() * 1e6
-                );
+                println!("LATENCY {provider:<12} {size:>6} B  one-way {:>8.2} us  ({ITERS} round trips)", lat.as_secs_f64() * 1e6);
             }
         }
     }

@@ -103,7 +103,9 @@ fn multirate(c: &Communicator) -> Res {
                 let (b, st) = req.wait().map_err(e)?;
                 let want = format!("{pattern}:{l}:{it}:{}", k_of[l]);
                 k_of[l] += 1;
-                check(b == want.as_bytes() && st.source == ls[l].0, || format!("multirate: expected {want:?}, got {:?}", String::from_utf8_lossy(&b)))?;
+                check(b == want.as_bytes() && st.source == ls[l].0, || {
+                    format!("multirate: expected {want:?}, got {:?}", String::from_utf8_lossy(&b))
+                })?;
                 if k_of[l] == w {
                     c.send(&b"a"[..], ls[l].0, tag(l, 2)).map_err(e)?;
                 }
@@ -128,7 +130,9 @@ fn wildcard(c: &Communicator) -> Res {
             let (b, st) = c.recv(Vec::<u8>::with_capacity(8), Source::Any, Tag::Any).map_err(e)?;
             let v = u32::from_le_bytes(b[..4].try_into().map_err(|_| "short".to_string())?);
             let from = st.source as usize;
-            check(st.tag == st.source as i32 && v == next[from], || format!("wildcard: from {from} tag {} got {v}, expected {}", st.tag, next[from]))?;
+            check(st.tag == st.source as i32 && v == next[from], || {
+                format!("wildcard: from {from} tag {} got {v}, expected {}", st.tag, next[from])
+            })?;
             next[from] += 1;
         }
         check(next[1..].iter().all(|&n| n == per), || format!("wildcard: counts {next:?}"))?;
@@ -157,7 +161,9 @@ fn order(c: &Communicator) -> Res {
             for i in 0..n {
                 let (b, st) = c.recv(Vec::<u8>::with_capacity(50_000), 0u32, Tag::Any).map_err(e)?;
                 let got = u32::from_le_bytes(b[..4].try_into().map_err(|_| "short".to_string())?);
-                check(got == i && st.bytes == size_of(i) && b[4..].iter().all(|&x| x == (i % 251) as u8), || format!("order: message {i} arrived as {got} ({} bytes)", st.bytes))?;
+                check(got == i && st.bytes == size_of(i) && b[4..].iter().all(|&x| x == (i % 251) as u8), || {
+                    format!("order: message {i} arrived as {got} ({} bytes)", st.bytes)
+                })?;
             }
         }
         _ => {}

@@ -126,11 +126,8 @@ pub(super) fn park_worker(shared: &Shared, pool: &Pool, index: usize) {
         None => shared.transport.doorbell().listen(),
     };
 
-    let network_ready = if someone_owns {
-        !shared.owner.is_taken()
-    } else {
-        shared.transport.any_frames() || shared.has_deferred.load(Ordering::Acquire)
-    };
+    let network_ready =
+        if someone_owns { !shared.owner.is_taken() } else { shared.transport.any_frames() || shared.has_deferred.load(Ordering::Acquire) };
     if network_ready || pool.has_work() || pool.is_shutdown() {
         sleep.unsleep(index);
         return;

@@ -124,12 +124,8 @@ where
 {
     /// A task, already `SCHEDULED` (the caller pushes it), and its join handle.
     pub(crate) fn create(pool: Arc<Pool>, future: F) -> (TaskRef, JoinHandle<F::Output>) {
-        let task = Arc::new(Task {
-            state: State::scheduled(),
-            pool,
-            join: AtomicWaker::new(),
-            stage: UnsafeCell::new(Stage::Running(future)),
-        });
+        let task =
+            Arc::new(Task { state: State::scheduled(), pool, join: AtomicWaker::new(), stage: UnsafeCell::new(Stage::Running(future)) });
         let handle = JoinHandle { task: task.clone(), _out: PhantomData };
         (task, handle)
     }

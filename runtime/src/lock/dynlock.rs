@@ -11,8 +11,8 @@ use std::str::FromStr;
 use std::time::Duration;
 
 use super::{
-    Clh, ClhNode, Hmcs, Mcs, McsNode, ParkingLot, Priority, RawLock, RawPriorityLock, RawTimedLock, StdLock,
-    StdNode, Tas, Ticket, Topology, DEFAULT_HMCS_THRESHOLD,
+    Clh, ClhNode, Hmcs, Mcs, McsNode, ParkingLot, Priority, RawLock, RawPriorityLock, RawTimedLock, StdLock, StdNode, Tas, Ticket,
+    Topology, DEFAULT_HMCS_THRESHOLD,
 };
 
 /// A flat (single-class) protocol.
@@ -315,13 +315,34 @@ macro_rules! field {
 macro_rules! dispatch {
     ($flat:expr, $node:expr, |$l:ident, $n:ident| $e:expr) => {
         match $flat {
-            Flat::Tas($l) => { let $n = Pin::new(&()); $e }
-            Flat::Ticket($l) => { let $n = Pin::new(&()); $e }
-            Flat::ParkingLot($l) => { let $n = Pin::new(&()); $e }
-            Flat::Mcs($l) => { let $n = field!($node, q); $e }
-            Flat::Hmcs($l) => { let $n = field!($node, q); $e }
-            Flat::Clh($l) => { let $n = field!($node, clh); $e }
-            Flat::Std($l) => { let $n = field!($node, std); $e }
+            Flat::Tas($l) => {
+                let $n = Pin::new(&());
+                $e
+            }
+            Flat::Ticket($l) => {
+                let $n = Pin::new(&());
+                $e
+            }
+            Flat::ParkingLot($l) => {
+                let $n = Pin::new(&());
+                $e
+            }
+            Flat::Mcs($l) => {
+                let $n = field!($node, q);
+                $e
+            }
+            Flat::Hmcs($l) => {
+                let $n = field!($node, q);
+                $e
+            }
+            Flat::Clh($l) => {
+                let $n = field!($node, clh);
+                $e
+            }
+            Flat::Std($l) => {
+                let $n = field!($node, std);
+                $e
+            }
         }
     };
 }

@@ -104,10 +104,7 @@ impl QNode {
         let mut succ = self.next.load(Ordering::Acquire);
         if succ.is_null() {
             // Release: publish the critical section to the next `swap` of `tail`.
-            if tail
-                .compare_exchange(self.as_ptr(), ptr::null_mut(), Ordering::Release, Ordering::Relaxed)
-                .is_ok()
-            {
+            if tail.compare_exchange(self.as_ptr(), ptr::null_mut(), Ordering::Release, Ordering::Relaxed).is_ok() {
                 return;
             }
             // A successor swapped `tail` but has not linked yet: it will, shortly.
@@ -152,13 +149,7 @@ impl Default for McsNode {
 impl McsNode {
     /// A fresh node.
     pub fn new() -> Self {
-        McsNode {
-            q: QNode::new(),
-            cpu: Cell::new(usize::MAX),
-            leaf: Cell::new(0),
-            busy: Cell::new(false),
-            _pin: PhantomPinned,
-        }
+        McsNode { q: QNode::new(), cpu: Cell::new(usize::MAX), leaf: Cell::new(0), busy: Cell::new(false), _pin: PhantomPinned }
     }
 
     /// A node that enters an [`super::Hmcs`] lock at the leaf of `cpu` (modulo the
@@ -238,10 +229,7 @@ unsafe impl RawLock for Mcs {
         }
         n.init();
         // AcqRel: as the swap in `lock`.
-        let ok = self
-            .tail
-            .compare_exchange(ptr::null_mut(), n.q.as_ptr(), Ordering::AcqRel, Ordering::Relaxed)
-            .is_ok();
+        let ok = self.tail.compare_exchange(ptr::null_mut(), n.q.as_ptr(), Ordering::AcqRel, Ordering::Relaxed).is_ok();
         if !ok {
             n.busy.set(false);
         }

@@ -244,11 +244,7 @@ pub(crate) use flat_priority;
 
 /// Polls `try_lock` with backoff until it succeeds or `timeout` elapses: the sound
 /// `try_lock_for` of a protocol whose waiters cannot leave (see [`RawTimedLock`]).
-pub(crate) fn poll_try_lock_for<L: RawLock + ?Sized>(
-    lock: &L,
-    node: Pin<&L::Node>,
-    timeout: Duration,
-) -> bool {
+pub(crate) fn poll_try_lock_for<L: RawLock + ?Sized>(lock: &L, node: Pin<&L::Node>, timeout: Duration) -> bool {
     if lock.try_lock(node) {
         return true;
     }

@@ -131,11 +131,7 @@ impl<L: RawTimedLock, T: ?Sized> Mutex<L, T> {
     /// Acquires with `node`, giving up after `timeout` (see [`RawTimedLock`] for what each
     /// protocol does).
     #[inline]
-    pub fn try_lock_for_with<'a>(
-        &'a self,
-        node: Pin<&'a mut L::Node>,
-        timeout: Duration,
-    ) -> Option<MutexGuard<'a, L, T>> {
+    pub fn try_lock_for_with<'a>(&'a self, node: Pin<&'a mut L::Node>, timeout: Duration) -> Option<MutexGuard<'a, L, T>> {
         if self.raw.try_lock_for(node.as_ref(), timeout) {
             Some(MutexGuard { mutex: self, node, _not_send: PhantomData })
         } else {

@@ -98,15 +98,7 @@ impl LockStats {
     /// Zeroed counters.
     pub fn new() -> Self {
         let z = || AtomicU64::new(0);
-        LockStats {
-            c: CachePadded::new(Counters {
-                acquisitions: z(),
-                contended: z(),
-                held_ns: z(),
-                productive: z(),
-                unproductive: z(),
-            }),
-        }
+        LockStats { c: CachePadded::new(Counters { acquisitions: z(), contended: z(), held_ns: z(), productive: z(), unproductive: z() }) }
     }
 
     /// Reads every counter (each exact, the set not atomic as a whole).

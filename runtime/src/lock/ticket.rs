@@ -55,9 +55,7 @@ impl Default for Ticket {
 impl Ticket {
     /// A free lock.
     pub fn new() -> Self {
-        Ticket {
-            c: CachePadded::new(Counters { next: AtomicUsize::new(0), serving: AtomicUsize::new(0) }),
-        }
+        Ticket { c: CachePadded::new(Counters { next: AtomicUsize::new(0), serving: AtomicUsize::new(0) }) }
     }
 
     /// Acquires (no node needed).

@@ -42,9 +42,8 @@ impl Topology {
                 return t.clone();
             }
         }
-        Topology::from_sysfs(Path::new("/sys/devices/system/cpu")).unwrap_or_else(|_| {
-            Topology::flat(std::thread::available_parallelism().map_or(1, |n| n.get()))
-        })
+        Topology::from_sysfs(Path::new("/sys/devices/system/cpu"))
+            .unwrap_or_else(|_| Topology::flat(std::thread::available_parallelism().map_or(1, |n| n.get())))
     }
 
     /// One level: every CPU directly under the root.
@@ -298,8 +297,7 @@ mod hwloc_reader {
 
     /// Group numbers for a candidate level; every uncovered CPU is a group of its own.
     fn own_groups(keys: &Keys) -> Vec<usize> {
-        let keyed: Vec<Result<(u32, usize), usize>> =
-            keys.iter().enumerate().map(|(cpu, k)| k.ok_or(cpu)).collect();
+        let keyed: Vec<Result<(u32, usize), usize>> = keys.iter().enumerate().map(|(cpu, k)| k.ok_or(cpu)).collect();
         number(&keyed)
     }
 }
@@ -328,12 +326,7 @@ mod tests {
         // 8 CPUs: cores of 2, a level identical to cores, sockets of 4, one package.
         let t = Topology::from_levels(
             8,
-            vec![
-                vec![0, 0, 1, 1, 2, 2, 3, 3],
-                vec![0, 0, 1, 1, 2, 2, 3, 3],
-                vec![0, 0, 0, 0, 1, 1, 1, 1],
-                vec![0; 8],
-            ],
+            vec![vec![0, 0, 1, 1, 2, 2, 3, 3], vec![0, 0, 1, 1, 2, 2, 3, 3], vec![0, 0, 0, 0, 1, 1, 1, 1], vec![0; 8]],
         );
         assert_eq!(t.depth(), 3);
         assert_eq!(t.groups(0), 4);

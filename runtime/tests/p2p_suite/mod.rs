@@ -485,7 +485,11 @@ fn freed_context_ids_are_reused_and_stale_frames_dropped() {
             assert_eq!(c.context_id() & 0xfff, a.context_id() & 0xfff, "{mode}: the freed slot is reused");
             c.send(i.to_le_bytes().to_vec(), 1, 1).unwrap();
             let (m, st) = d.recv(Vec::<u8>::with_capacity(16), Source::Any, Tag::Any).unwrap();
-            assert_eq!((m.as_slice(), st.source, st.tag), (&i.to_le_bytes()[..], 0, 1), "{mode}: a stale frame reached the new communicator");
+            assert_eq!(
+                (m.as_slice(), st.source, st.tag),
+                (&i.to_le_bytes()[..], 0, 1),
+                "{mode}: a stale frame reached the new communicator"
+            );
             assert_eq!(d.iprobe(Source::Any, Tag::Any).unwrap(), None, "{mode}");
             // Released by the receiver dropping the stale announcement (its `Fin`).
             let deadline = Instant::now() + Duration::from_secs(10);

@@ -43,56 +43,30 @@ unsafe impl Sync for AddressVector {}
 impl AddressVector {
     /// Opens an `FI_AV_TABLE` address vector sized for `count` peers (a hint).
     pub fn open(domain: &Arc<Domain>, count: usize) -> Result<Arc<Self>, OfiError> {
-        let mut attr = sys::fi_av_attr {
-            type_: sys::FI_AV_TABLE,
-            count,
-            ..Default::default()
-        };
+        let mut attr = sys::fi_av_attr { type_: sys::FI_AV_TABLE, count, ..Default::default() };
         let mut raw = ptr::null_mut();
         // SAFETY: valid domain and attr; out-pointer to a local; no context.
-        let ret =
-            unsafe { sys::weft_fi_av_open(domain.as_ptr(), &mut attr, &mut raw, ptr::null_mut()) };
+        let ret = unsafe { sys::weft_fi_av_open(domain.as_ptr(), &mut attr, &mut raw, ptr::null_mut()) };
         super::error::check("fi_av_open", ret)?;
         let raw = NonNull::new(raw).ok_or_else(|| OfiError::invalid("fi_av_open", "NULL av"))?;
-        Ok(Arc::new(Self {
-            raw,
-            domain: Arc::clone(domain),
-        }))
+        Ok(Arc::new(Self { raw, domain: Arc::clone(domain) }))
     }
 
     /// Inserts one peer name (the bytes of its `Endpoint::name`) and returns its handle.
     pub fn insert(&self, name: &[u8]) -> Result<FiAddr, OfiError> {
         if name.is_empty() || name.len() > MAX_ADDR_LEN {
-            return Err(OfiError::invalid(
-                "fi_av_insert",
-                format!(
-                    "address of {} bytes (expected 1..={MAX_ADDR_LEN})",
-                    name.len()
-                ),
-            ));
+            return Err(OfiError::invalid("fi_av_insert", format!("address of {} bytes (expected 1..={MAX_ADDR_LEN})", name.len())));
         }
         let mut padded = [0u8; MAX_ADDR_LEN];
         padded[..name.len()].copy_from_slice(name);
         let mut addr: sys::fi_addr_t = sys::FI_ADDR_UNSPEC_VALUE;
         // SAFETY: valid AV; `padded` holds one address (the provider reads at most its
         // address length, which is below MAX_ADDR_LEN); one output slot; no context.
-        let ret = unsafe {
-            sys::weft_fi_av_insert(
-                self.raw.as_ptr(),
-                padded.as_ptr().cast(),
-                1,
-                &mut addr,
-                0,
-                ptr::null_mut(),
-            )
-        };
+        let ret = unsafe { sys::weft_fi_av_insert(self.raw.as_ptr(), padded.as_ptr().cast(), 1, &mut addr, 0, ptr::null_mut()) };
         match ret {
             1 if addr != sys::FI_ADDR_NOTAVAIL_VALUE => Ok(FiAddr(addr)),
             r if r < 0 => Err(OfiError::from_code("fi_av_insert", i64::from(r))),
-            _ => Err(OfiError::invalid(
-                "fi_av_insert",
-                "address was not accepted",
-            )),
+            _ => Err(OfiError::invalid("fi_av_insert", "address was not accepted")),
         }
     }
 

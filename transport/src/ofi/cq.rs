@@ -113,17 +113,10 @@ impl CompletionQueue {
     /// `want_fd` is set and the provider supports it (else no wait object).
     pub(crate) fn open(domain: &Arc<Domain>, size: usize, want_fd: bool) -> Result<Self, OfiError> {
         let open = |wait_obj| {
-            let mut attr = sys::fi_cq_attr {
-                size,
-                format: sys::FI_CQ_FORMAT_TAGGED,
-                wait_obj,
-                ..Default::default()
-            };
+            let mut attr = sys::fi_cq_attr { size, format: sys::FI_CQ_FORMAT_TAGGED, wait_obj, ..Default::default() };
             let mut raw = ptr::null_mut();
             // SAFETY: valid domain and attr; out-pointer to a local; no context.
-            let ret = unsafe {
-                sys::weft_fi_cq_open(domain.as_ptr(), &mut attr, &mut raw, ptr::null_mut())
-            };
+            let ret = unsafe { sys::weft_fi_cq_open(domain.as_ptr(), &mut attr, &mut raw, ptr::null_mut()) };
             super::error::check("fi_cq_open", ret)?;
             NonNull::new(raw).ok_or_else(|| OfiError::invalid("fi_cq_open", "NULL cq"))
         };
@@ -135,21 +128,11 @@ impl CompletionQueue {
         } else {
             (open(sys::FI_WAIT_NONE)?, false)
         };
-        let mut cq = Self {
-            raw,
-            wait_fd: None,
-            domain: Arc::clone(domain),
-        };
+        let mut cq = Self { raw, wait_fd: None, domain: Arc::clone(domain) };
         if with_fd {
             let mut fd: c_int = -1;
             // SAFETY: valid CQ; FI_GETWAIT on an FI_WAIT_FD CQ writes one int.
-            let ret = unsafe {
-                sys::weft_fi_control(
-                    cq.fid(),
-                    sys::FI_GETWAIT as c_int,
-                    (&mut fd as *mut c_int).cast(),
-                )
-            };
+            let ret = unsafe { sys::weft_fi_control(cq.fid(), sys::FI_GETWAIT as c_int, (&mut fd as *mut c_int).cast()) };
             if ret == 0 && fd >= 0 {
                 cq.wait_fd = Some(fd);
             }
@@ -227,15 +210,7 @@ impl CompletionQueue {
         let mut text = super::error::strerror(code);
         let mut buf = [0 as std::os::raw::c_char; 256];
         // SAFETY: valid CQ; err_data from the entry just read (still valid); `buf` of its len.
-        let prov = unsafe {
-            sys::weft_fi_cq_strerror(
-                self.raw.as_ptr(),
-                e.prov_errno,
-                e.err_data,
-                buf.as_mut_ptr(),
-                buf.len(),
-            )
-        };
+        let prov = unsafe { sys::weft_fi_cq_strerror(self.raw.as_ptr(), e.prov_errno, e.err_data, buf.as_mut_ptr(), buf.len()) };
         if !prov.is_null() {
             // SAFETY: fi_cq_strerror returns a NUL-terminated string (in `buf` or static).
             let prov = unsafe { CStr::from_ptr(prov) }.to_string_lossy();
@@ -245,11 +220,7 @@ impl CompletionQueue {
         }
         CqError::Completion(CompletionError {
             context: e.op_context as u64,
-            error: OfiError {
-                op: "completion",
-                code,
-                text,
-            },
+            error: OfiError { op: "completion", code, text },
             prov_errno: e.prov_errno,
             flags: CompletionFlags::from_bits(e.flags),
             len: e.len,
@@ -284,20 +255,13 @@ impl CompletionQueue {
     /// `poll(2)` on the wait fd. Errors if the CQ has no wait fd.
     pub fn wait(&self, timeout: Duration) -> Result<WaitOutcome, OfiError> {
         let Some(fd) = self.wait_fd else {
-            return Err(OfiError::invalid(
-                "CompletionQueue::wait",
-                "CQ has no wait object",
-            ));
+            return Err(OfiError::invalid("CompletionQueue::wait", "CQ has no wait object"));
         };
         if self.try_wait()? == TryWait::MustPoll {
             return Ok(WaitOutcome::Ready);
         }
         let ms = c_int::try_from(timeout.as_millis()).unwrap_or(c_int::MAX);
-        let mut pfd = libc::pollfd {
-            fd,
-            events: libc::POLLIN,
-            revents: 0,
-        };
+        let mut pfd = libc::pollfd { fd, events: libc::POLLIN, revents: 0 };
         // SAFETY: one valid pollfd; `fd` is the CQ's wait fd, open while self lives.
         let ret = unsafe { libc::poll(&mut pfd, 1, ms) };
         match ret {
@@ -325,9 +289,7 @@ impl Drop for CompletionQueue {
 
 impl fmt::Debug for CompletionQueue {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("CompletionQueue")
-            .field("wait_fd", &self.wait_fd)
-            .finish()
+        f.debug_struct("CompletionQueue").field("wait_fd", &self.wait_fd).finish()
     }
 }
 
@@ -346,23 +308,13 @@ unsafe impl Sync for Counter {}
 
 impl Counter {
     pub(crate) fn open(domain: &Arc<Domain>) -> Result<Self, OfiError> {
-        let mut attr = sys::fi_cntr_attr {
-            events: sys::FI_CNTR_EVENTS_COMP,
-            wait_obj: sys::FI_WAIT_UNSPEC,
-            ..Default::default()
-        };
+        let mut attr = sys::fi_cntr_attr { events: sys::FI_CNTR_EVENTS_COMP, wait_obj: sys::FI_WAIT_UNSPEC, ..Default::default() };
         let mut raw = ptr::null_mut();
         // SAFETY: valid domain and attr; out-pointer to a local; no context.
-        let ret = unsafe {
-            sys::weft_fi_cntr_open(domain.as_ptr(), &mut attr, &mut raw, ptr::null_mut())
-        };
+        let ret = unsafe { sys::weft_fi_cntr_open(domain.as_ptr(), &mut attr, &mut raw, ptr::null_mut()) };
         super::error::check("fi_cntr_open", ret)?;
-        let raw =
-            NonNull::new(raw).ok_or_else(|| OfiError::invalid("fi_cntr_open", "NULL cntr"))?;
-        Ok(Self {
-            raw,
-            _domain: Arc::clone(domain),
-        })
+        let raw = NonNull::new(raw).ok_or_else(|| OfiError::invalid("fi_cntr_open", "NULL cntr"))?;
+        Ok(Self { raw, _domain: Arc::clone(domain) })
     }
 
     pub(crate) fn fid(&self) -> *mut sys::fid {
@@ -392,8 +344,6 @@ impl Drop for Counter {
 
 impl fmt::Debug for Counter {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Counter")
-            .field("value", &self.read())
-            .finish()
+        f.debug_struct("Counter").field("value", &self.read()).finish()
     }
 }

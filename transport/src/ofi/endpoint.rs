@@ -37,11 +37,7 @@ pub struct EndpointConfig {
 
 impl Default for EndpointConfig {
     fn default() -> Self {
-        Self {
-            cq_size: 1024,
-            wait_fd: true,
-            rma_counter: true,
-        }
+        Self { cq_size: 1024, wait_fd: true, rma_counter: true }
     }
 }
 
@@ -120,51 +116,28 @@ impl Drop for EpGuard {
 impl Endpoint {
     /// Opens an RDM endpoint on `domain`, binds its own CQ (and counter) and the shared `av`,
     /// enables it and reads its name.
-    pub fn open(
-        domain: &Arc<Domain>,
-        av: &Arc<AddressVector>,
-        config: &EndpointConfig,
-    ) -> Result<Self, OfiError> {
+    pub fn open(domain: &Arc<Domain>, av: &Arc<AddressVector>, config: &EndpointConfig) -> Result<Self, OfiError> {
         if !Arc::ptr_eq(av.domain(), domain) {
-            return Err(OfiError::invalid(
-                "fi_ep_bind",
-                "address vector belongs to another domain",
-            ));
+            return Err(OfiError::invalid("fi_ep_bind", "address vector belongs to another domain"));
         }
         // Objects are created before the endpoint so a failure drops (closes) them alone.
         let cq = CompletionQueue::open(domain, config.cq_size, config.wait_fd)?;
-        let counter = if config.rma_counter && domain.info().caps().contains(super::Caps::RMA) {
-            Some(Counter::open(domain)?)
-        } else {
-            None
-        };
+        let counter =
+            if config.rma_counter && domain.info().caps().contains(super::Caps::RMA) { Some(Counter::open(domain)?) } else { None };
         let mut raw = ptr::null_mut();
         // SAFETY: valid domain and its info; out-pointer to a local; no context.
-        check("fi_endpoint", unsafe {
-            sys::weft_fi_endpoint(
-                domain.as_ptr(),
-                domain.info().as_ptr(),
-                &mut raw,
-                ptr::null_mut(),
-            )
-        })?;
+        check("fi_endpoint", unsafe { sys::weft_fi_endpoint(domain.as_ptr(), domain.info().as_ptr(), &mut raw, ptr::null_mut()) })?;
         let raw = NonNull::new(raw).ok_or_else(|| OfiError::invalid("fi_endpoint", "NULL ep"))?;
         let guard = EpGuard(raw);
         // SAFETY: valid endpoint; valid AV of the same domain, which outlives the endpoint
         // (Arc'ed in the Endpoint built below).
-        check("fi_ep_bind(av)", unsafe {
-            sys::weft_fi_ep_bind(raw.as_ptr(), av.fid(), 0)
-        })?;
+        check("fi_ep_bind(av)", unsafe { sys::weft_fi_ep_bind(raw.as_ptr(), av.fid(), 0) })?;
         // SAFETY: valid endpoint; valid CQ of the same domain, owned by the Endpoint built
         // below and closed after it.
-        check("fi_ep_bind(cq)", unsafe {
-            sys::weft_fi_ep_bind(raw.as_ptr(), cq.fid(), sys::FI_TRANSMIT | sys::FI_RECV)
-        })?;
+        check("fi_ep_bind(cq)", unsafe { sys::weft_fi_ep_bind(raw.as_ptr(), cq.fid(), sys::FI_TRANSMIT | sys::FI_RECV) })?;
         if let Some(c) = &counter {
             // SAFETY: as for the CQ: valid counter owned by the Endpoint, closed after it.
-            check("fi_ep_bind(cntr)", unsafe {
-                sys::weft_fi_ep_bind(raw.as_ptr(), c.fid(), sys::FI_READ | sys::FI_WRITE)
-            })?;
+            check("fi_ep_bind(cntr)", unsafe { sys::weft_fi_ep_bind(raw.as_ptr(), c.fid(), sys::FI_READ | sys::FI_WRITE) })?;
         }
         // SAFETY: valid endpoint with AV and CQ bound.
         check("fi_enable", unsafe { sys::weft_fi_enable(raw.as_ptr()) })?;
@@ -172,14 +145,9 @@ impl Endpoint {
         let mut name = vec![0u8; MAX_ADDR_LEN];
         let mut len = name.len();
         // SAFETY: valid enabled endpoint; `name` has `len` writable bytes.
-        check("fi_getname", unsafe {
-            sys::weft_fi_getname(&mut (*raw.as_ptr()).fid, name.as_mut_ptr().cast(), &mut len)
-        })?;
+        check("fi_getname", unsafe { sys::weft_fi_getname(&mut (*raw.as_ptr()).fid, name.as_mut_ptr().cast(), &mut len) })?;
         if len > name.len() {
-            return Err(OfiError::invalid(
-                "fi_getname",
-                format!("address of {len} bytes"),
-            ));
+            return Err(OfiError::invalid("fi_getname", format!("address of {len} bytes")));
         }
         name.truncate(len);
         std::mem::forget(guard);
@@ -236,38 +204,24 @@ impl Endpoint {
     }
 
     /// Descriptor for a local buffer: `mr.desc()` after checking the buffer lies inside it.
-    fn desc(
-        op: &'static str,
-        mr: Option<&MemoryRegion>,
-        buf: *const u8,
-        len: usize,
-    ) -> Result<*mut c_void, OfiError> {
+    fn desc(op: &'static str, mr: Option<&MemoryRegion>, buf: *const u8, len: usize) -> Result<*mut c_void, OfiError> {
         match mr {
             None => Ok(ptr::null_mut()),
             Some(mr) if mr.contains(buf, len) => Ok(mr.desc()),
-            Some(_) => Err(OfiError::invalid(
-                op,
-                "buffer is not inside the given memory region",
-            )),
+            Some(_) => Err(OfiError::invalid(op, "buffer is not inside the given memory region")),
         }
     }
 
     fn check_len(&self, op: &'static str, len: usize) -> Result<(), OfiError> {
         if len > self.max_msg_size {
-            return Err(OfiError::invalid(
-                op,
-                format!("{len} bytes exceed max_msg_size {}", self.max_msg_size),
-            ));
+            return Err(OfiError::invalid(op, format!("{len} bytes exceed max_msg_size {}", self.max_msg_size)));
         }
         Ok(())
     }
 
     fn check_inject(&self, op: &'static str, len: usize) -> Result<(), OfiError> {
         if len > self.inject_size {
-            return Err(OfiError::invalid(
-                op,
-                format!("{len} bytes exceed inject_size {}", self.inject_size),
-            ));
+            return Err(OfiError::invalid(op, format!("{len} bytes exceed inject_size {}", self.inject_size)));
         }
         Ok(())
     }
@@ -277,8 +231,7 @@ impl Endpoint {
     pub fn inject(&self, buf: &[u8], dest: FiAddr) -> Result<Post, OfiError> {
         self.check_inject("fi_inject", buf.len())?;
         // SAFETY: valid endpoint; fi_inject copies `buf` before returning.
-        let ret =
-            unsafe { sys::weft_fi_inject(self.ep(), buf.as_ptr().cast(), buf.len(), dest.raw()) };
+        let ret = unsafe { sys::weft_fi_inject(self.ep(), buf.as_ptr().cast(), buf.len(), dest.raw()) };
         Post::from_ret("fi_inject", ret)
     }
 
@@ -287,9 +240,7 @@ impl Endpoint {
     pub fn tinject(&self, buf: &[u8], dest: FiAddr, tag: u64) -> Result<Post, OfiError> {
         self.check_inject("fi_tinject", buf.len())?;
         // SAFETY: valid endpoint; fi_tinject copies `buf` before returning.
-        let ret = unsafe {
-            sys::weft_fi_tinject(self.ep(), buf.as_ptr().cast(), buf.len(), dest.raw(), tag)
-        };
+        let ret = unsafe { sys::weft_fi_tinject(self.ep(), buf.as_ptr().cast(), buf.len(), dest.raw(), tag) };
         Post::from_ret("fi_tinject", ret)
     }
 
@@ -300,26 +251,11 @@ impl Endpoint {
     ///
     /// `buf` must stay valid and unmodified until this operation's completion has been read
     /// from [`Endpoint::cq`] (see the module docs).
-    pub unsafe fn send(
-        &self,
-        buf: &[u8],
-        mr: Option<&MemoryRegion>,
-        dest: FiAddr,
-        ctx: u64,
-    ) -> Result<Post, OfiError> {
+    pub unsafe fn send(&self, buf: &[u8], mr: Option<&MemoryRegion>, dest: FiAddr, ctx: u64) -> Result<Post, OfiError> {
         self.check_len("fi_send", buf.len())?;
         let desc = Self::desc("fi_send", mr, buf.as_ptr(), buf.len())?;
         // SAFETY: valid endpoint; buffer lifetime per this function's contract.
-        let ret = unsafe {
-            sys::weft_fi_send(
-                self.ep(),
-                buf.as_ptr().cast(),
-                buf.len(),
-                desc,
-                dest.raw(),
-                ctx as *mut c_void,
-            )
-        };
+        let ret = unsafe { sys::weft_fi_send(self.ep(), buf.as_ptr().cast(), buf.len(), desc, dest.raw(), ctx as *mut c_void) };
         Post::from_ret("fi_send", ret)
     }
 
@@ -329,26 +265,11 @@ impl Endpoint {
     ///
     /// `buf` must stay valid and not be accessed until this operation's completion (or
     /// completion error) has been read from [`Endpoint::cq`] (see the module docs).
-    pub unsafe fn recv(
-        &self,
-        buf: &mut [u8],
-        mr: Option<&MemoryRegion>,
-        src: Option<FiAddr>,
-        ctx: u64,
-    ) -> Result<Post, OfiError> {
+    pub unsafe fn recv(&self, buf: &mut [u8], mr: Option<&MemoryRegion>, src: Option<FiAddr>, ctx: u64) -> Result<Post, OfiError> {
         let desc = Self::desc("fi_recv", mr, buf.as_ptr(), buf.len())?;
         let src = src.unwrap_or(FiAddr::UNSPEC);
         // SAFETY: valid endpoint; buffer lifetime per this function's contract.
-        let ret = unsafe {
-            sys::weft_fi_recv(
-                self.ep(),
-                buf.as_mut_ptr().cast(),
-                buf.len(),
-                desc,
-                src.raw(),
-                ctx as *mut c_void,
-            )
-        };
+        let ret = unsafe { sys::weft_fi_recv(self.ep(), buf.as_mut_ptr().cast(), buf.len(), desc, src.raw(), ctx as *mut c_void) };
         Post::from_ret("fi_recv", ret)
     }
 
@@ -357,28 +278,11 @@ impl Endpoint {
     /// # Safety
     ///
     /// As [`Endpoint::send`].
-    pub unsafe fn tsend(
-        &self,
-        buf: &[u8],
-        mr: Option<&MemoryRegion>,
-        dest: FiAddr,
-        tag: u64,
-        ctx: u64,
-    ) -> Result<Post, OfiError> {
+    pub unsafe fn tsend(&self, buf: &[u8], mr: Option<&MemoryRegion>, dest: FiAddr, tag: u64, ctx: u64) -> Result<Post, OfiError> {
         self.check_len("fi_tsend", buf.len())?;
         let desc = Self::desc("fi_tsend", mr, buf.as_ptr(), buf.len())?;
         // SAFETY: valid endpoint; buffer lifetime per this function's contract.
-        let ret = unsafe {
-            sys::weft_fi_tsend(
-                self.ep(),
-                buf.as_ptr().cast(),
-                buf.len(),
-                desc,
-                dest.raw(),
-                tag,
-                ctx as *mut c_void,
-            )
-        };
+        let ret = unsafe { sys::weft_fi_tsend(self.ep(), buf.as_ptr().cast(), buf.len(), desc, dest.raw(), tag, ctx as *mut c_void) };
         Post::from_ret("fi_tsend", ret)
     }
 
@@ -401,18 +305,8 @@ impl Endpoint {
         let desc = Self::desc("fi_trecv", mr, buf.as_ptr(), buf.len())?;
         let src = src.unwrap_or(FiAddr::UNSPEC);
         // SAFETY: valid endpoint; buffer lifetime per this function's contract.
-        let ret = unsafe {
-            sys::weft_fi_trecv(
-                self.ep(),
-                buf.as_mut_ptr().cast(),
-                buf.len(),
-                desc,
-                src.raw(),
-                tag,
-                ignore,
-                ctx as *mut c_void,
-            )
-        };
+        let ret =
+            unsafe { sys::weft_fi_trecv(self.ep(), buf.as_mut_ptr().cast(), buf.len(), desc, src.raw(), tag, ignore, ctx as *mut c_void) };
         Post::from_ret("fi_trecv", ret)
     }
 
@@ -436,16 +330,7 @@ impl Endpoint {
         // SAFETY: valid endpoint; local buffer lifetime per this function's contract; the
         // remote range was checked against the region's length.
         let ret = unsafe {
-            sys::weft_fi_write(
-                self.ep(),
-                local.as_ptr().cast(),
-                local.len(),
-                desc,
-                dest.raw(),
-                addr,
-                remote.key,
-                ctx as *mut c_void,
-            )
+            sys::weft_fi_write(self.ep(), local.as_ptr().cast(), local.len(), desc, dest.raw(), addr, remote.key, ctx as *mut c_void)
         };
         Post::from_ret("fi_write", ret)
     }
@@ -470,16 +355,7 @@ impl Endpoint {
         // SAFETY: valid endpoint; local buffer lifetime per this function's contract; remote
         // range checked.
         let ret = unsafe {
-            sys::weft_fi_read(
-                self.ep(),
-                local.as_mut_ptr().cast(),
-                local.len(),
-                desc,
-                src.raw(),
-                addr,
-                remote.key,
-                ctx as *mut c_void,
-            )
+            sys::weft_fi_read(self.ep(), local.as_mut_ptr().cast(), local.len(), desc, src.raw(), addr, remote.key, ctx as *mut c_void)
         };
         Post::from_ret("fi_read", ret)
     }
@@ -504,10 +380,7 @@ impl Endpoint {
     ) -> Result<Post, OfiError> {
         let addr = remote.addr("fi_fetch_atomic", offset, 8)?;
         if addr % 8 != 0 && remote.base % 8 == 0 {
-            return Err(OfiError::invalid(
-                "fi_fetch_atomic",
-                "target is not 8-byte aligned",
-            ));
+            return Err(OfiError::invalid("fi_fetch_atomic", "target is not 8-byte aligned"));
         }
         // SAFETY: valid endpoint; one u64 operand/result, lifetimes per this function's
         // contract; no descriptors (weft does not use FI_MR_LOCAL).
@@ -549,10 +422,7 @@ impl Endpoint {
     ) -> Result<Post, OfiError> {
         let addr = remote.addr("fi_compare_atomic", offset, 8)?;
         if addr % 8 != 0 && remote.base % 8 == 0 {
-            return Err(OfiError::invalid(
-                "fi_compare_atomic",
-                "target is not 8-byte aligned",
-            ));
+            return Err(OfiError::invalid("fi_compare_atomic", "target is not 8-byte aligned"));
         }
         // SAFETY: valid endpoint; one u64 each, lifetimes per this function's contract.
         let ret = unsafe {
@@ -580,9 +450,7 @@ impl Endpoint {
     pub fn fetch_atomic_valid(&self, op: FetchOp) -> bool {
         let mut count = 0usize;
         // SAFETY: valid endpoint; out-pointer to a local.
-        let ret = unsafe {
-            sys::weft_fi_fetch_atomicvalid(self.ep(), sys::FI_UINT64, op.raw(), &mut count)
-        };
+        let ret = unsafe { sys::weft_fi_fetch_atomicvalid(self.ep(), sys::FI_UINT64, op.raw(), &mut count) };
         ret == 0 && count >= 1
     }
 
@@ -590,9 +458,7 @@ impl Endpoint {
     pub fn compare_swap_valid(&self) -> bool {
         let mut count = 0usize;
         // SAFETY: valid endpoint; out-pointer to a local.
-        let ret = unsafe {
-            sys::weft_fi_compare_atomicvalid(self.ep(), sys::FI_UINT64, sys::FI_CSWAP, &mut count)
-        };
+        let ret = unsafe { sys::weft_fi_compare_atomicvalid(self.ep(), sys::FI_UINT64, sys::FI_CSWAP, &mut count) };
         ret == 0 && count >= 1
     }
 }

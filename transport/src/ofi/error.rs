@@ -21,20 +21,12 @@ impl OfiError {
     /// Builds the error for `op` returning `ret` (negative or positive error number).
     pub(crate) fn from_code(op: &'static str, ret: i64) -> Self {
         let code = i32::try_from(ret.unsigned_abs()).unwrap_or(i32::MAX);
-        Self {
-            op,
-            code,
-            text: strerror(code),
-        }
+        Self { op, code, text: strerror(code) }
     }
 
     /// An error found by weft's own argument checks (no libfabric call was made).
     pub(crate) fn invalid(op: &'static str, text: impl Into<String>) -> Self {
-        Self {
-            op,
-            code: sys::FI_EINVAL,
-            text: text.into(),
-        }
+        Self { op, code: sys::FI_EINVAL, text: text.into() }
     }
 
     /// True when the error says "no provider / no match" (`FI_ENODATA` from `fi_getinfo`):
@@ -61,9 +53,7 @@ pub(crate) fn strerror(code: i32) -> String {
         return format!("libfabric error {code}");
     }
     // SAFETY: non-null, NUL-terminated and static (see above).
-    unsafe { CStr::from_ptr(ptr) }
-        .to_string_lossy()
-        .into_owned()
+    unsafe { CStr::from_ptr(ptr) }.to_string_lossy().into_owned()
 }
 
 /// Maps a libfabric `int` return (0 = success, negative = `-FI_E*`) to a `Result`.

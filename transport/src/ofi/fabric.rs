@@ -36,14 +36,9 @@ impl Fabric {
         }
         let mut raw = ptr::null_mut();
         // SAFETY: valid attr from fi_getinfo, out-pointer to a local, no context.
-        check("fi_fabric", unsafe {
-            sys::fi_fabric(attr, &mut raw, ptr::null_mut())
-        })?;
+        check("fi_fabric", unsafe { sys::fi_fabric(attr, &mut raw, ptr::null_mut()) })?;
         let raw = NonNull::new(raw).ok_or_else(|| OfiError::invalid("fi_fabric", "NULL fabric"))?;
-        Ok(Arc::new(Self {
-            raw,
-            provider: info.provider(),
-        }))
+        Ok(Arc::new(Self { raw, provider: info.provider() }))
     }
 
     pub(crate) fn as_ptr(&self) -> *mut sys::fid_fabric {
@@ -61,9 +56,7 @@ impl Drop for Fabric {
 
 impl fmt::Debug for Fabric {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Fabric")
-            .field("provider", &self.provider)
-            .finish()
+        f.debug_struct("Fabric").field("provider", &self.provider).finish()
     }
 }
 
@@ -91,16 +84,9 @@ impl Domain {
         let info = info.clone();
         let mut raw = ptr::null_mut();
         // SAFETY: valid fabric and info; out-pointer to a local; no context.
-        check("fi_domain", unsafe {
-            sys::weft_fi_domain(fabric.as_ptr(), info.as_ptr(), &mut raw, ptr::null_mut())
-        })?;
+        check("fi_domain", unsafe { sys::weft_fi_domain(fabric.as_ptr(), info.as_ptr(), &mut raw, ptr::null_mut()) })?;
         let raw = NonNull::new(raw).ok_or_else(|| OfiError::invalid("fi_domain", "NULL domain"))?;
-        Ok(Arc::new(Self {
-            raw,
-            info,
-            next_key: AtomicU64::new(1),
-            fabric: Arc::clone(fabric),
-        }))
+        Ok(Arc::new(Self { raw, info, next_key: AtomicU64::new(1), fabric: Arc::clone(fabric) }))
     }
 
     /// Opens fabric and domain for `info` in one go.

@@ -142,12 +142,5 @@ flag_set! {
 
 impl MrAccess {
     /// Every access right: local use by any operation and remote read/write.
-    pub const ALL: Self = Self(
-        sys::FI_SEND
-            | sys::FI_RECV
-            | sys::FI_READ
-            | sys::FI_WRITE
-            | sys::FI_REMOTE_READ
-            | sys::FI_REMOTE_WRITE,
-    );
+    pub const ALL: Self = Self(sys::FI_SEND | sys::FI_RECV | sys::FI_READ | sys::FI_WRITE | sys::FI_REMOTE_READ | sys::FI_REMOTE_WRITE);
 }

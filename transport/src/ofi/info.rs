@@ -64,20 +64,14 @@ impl Info {
             }
             tried.push(caps);
             match getinfo(provider, caps) {
-                Ok(raw) => {
-                    return Ok(Self {
-                        raw,
-                        requested: wanted,
-                    })
-                }
+                Ok(raw) => return Ok(Self { raw, requested: wanted }),
                 Err(e) if e.is_unavailable() => {
                     first_err.get_or_insert(e);
                 }
                 Err(e) => return Err(e),
             }
         }
-        Err(first_err
-            .unwrap_or_else(|| OfiError::invalid("fi_getinfo", "no capabilities requested")))
+        Err(first_err.unwrap_or_else(|| OfiError::invalid("fi_getinfo", "no capabilities requested")))
     }
 
     /// Raw pointer for `fi_fabric`/`fi_domain`/`fi_endpoint` (which only read it).
@@ -153,8 +147,7 @@ impl Info {
 
     /// `domain_attr->mr_mode` bits.
     pub(crate) fn mr_mode(&self) -> u64 {
-        self.domain_attr()
-            .map_or(0, |a| u64::try_from(a.mr_mode).unwrap_or(0))
+        self.domain_attr().map_or(0, |a| u64::try_from(a.mr_mode).unwrap_or(0))
     }
 
     /// True when RMA targets are addressed by virtual address (`FI_MR_VIRT_ADDR`), false when
@@ -174,10 +167,7 @@ impl Clone for Info {
         // SAFETY: `raw` is a valid fi_info; fi_dupinfo deep-copies one entry.
         let dup = unsafe { sys::fi_dupinfo(self.raw.as_ptr()) };
         match NonNull::new(dup) {
-            Some(raw) => Self {
-                raw,
-                requested: self.requested,
-            },
+            Some(raw) => Self { raw, requested: self.requested },
             None => std::alloc::handle_alloc_error(std::alloc::Layout::new::<sys::fi_info>()),
         }
     }
@@ -210,9 +200,7 @@ fn cstr_lossy(ptr: *const std::os::raw::c_char) -> String {
         return String::new();
     }
     // SAFETY: non-null strings inside fi_info are NUL-terminated C strings owned by it.
-    unsafe { CStr::from_ptr(ptr) }
-        .to_string_lossy()
-        .into_owned()
+    unsafe { CStr::from_ptr(ptr) }.to_string_lossy().into_owned()
 }
 
 /// Hints owned by weft for one `fi_getinfo` call, freed (with their strings) on drop.
@@ -228,8 +216,7 @@ impl Drop for Hints {
 
 /// One `fi_getinfo` for `provider` with `caps`; returns an owned copy of the first entry.
 fn getinfo(provider: &str, caps: Caps) -> Result<NonNull<sys::fi_info>, OfiError> {
-    let prov = CString::new(provider)
-        .map_err(|_| OfiError::invalid("fi_getinfo", "provider name contains a NUL byte"))?;
+    let prov = CString::new(provider).map_err(|_| OfiError::invalid("fi_getinfo", "provider name contains a NUL byte"))?;
     // SAFETY: fi_dupinfo(NULL) is fi_allocinfo: a zeroed fi_info with zeroed attribute structs.
     let raw = NonNull::new(unsafe { sys::fi_dupinfo(ptr::null()) })
         .ok_or_else(|| OfiError::from_code("fi_allocinfo", i64::from(sys::FI_ENOMEM)))?;
@@ -241,10 +228,7 @@ fn getinfo(provider: &str, caps: Caps) -> Result<NonNull<sys::fi_info>, OfiError
         let h = hints.0.as_ptr();
         let (ep, dom, fab) = ((*h).ep_attr, (*h).domain_attr, (*h).fabric_attr);
         if ep.is_null() || dom.is_null() || fab.is_null() {
-            return Err(OfiError::from_code(
-                "fi_allocinfo",
-                i64::from(sys::FI_ENOMEM),
-            ));
+            return Err(OfiError::from_code("fi_allocinfo", i64::from(sys::FI_ENOMEM)));
         }
         (*h).caps = caps.bits();
         (*h).mode = 0;
@@ -259,24 +243,12 @@ fn getinfo(provider: &str, caps: Caps) -> Result<NonNull<sys::fi_info>, OfiError
     }
     let mut list: *mut sys::fi_info = ptr::null_mut();
     // SAFETY: valid hints, NULL node/service, out-pointer to a local.
-    let ret = unsafe {
-        sys::fi_getinfo(
-            sys::WEFT_FI_VERSION,
-            ptr::null(),
-            ptr::null(),
-            0,
-            hints.0.as_ptr(),
-            &mut list,
-        )
-    };
+    let ret = unsafe { sys::fi_getinfo(sys::WEFT_FI_VERSION, ptr::null(), ptr::null(), 0, hints.0.as_ptr(), &mut list) };
     if ret != 0 {
         return Err(OfiError::from_code("fi_getinfo", i64::from(ret)));
     }
     let Some(list) = NonNull::new(list) else {
-        return Err(OfiError::from_code(
-            "fi_getinfo",
-            i64::from(sys::FI_ENODATA),
-        ));
+        return Err(OfiError::from_code("fi_getinfo", i64::from(sys::FI_ENODATA)));
     };
     // SAFETY: `list` is the head of the list fi_getinfo returned; fi_dupinfo copies the first
     // entry only, then the whole list is freed once.
@@ -285,8 +257,7 @@ fn getinfo(provider: &str, caps: Caps) -> Result<NonNull<sys::fi_info>, OfiError
         sys::fi_freeinfo(list.as_ptr());
         dup
     };
-    let first = NonNull::new(first)
-        .ok_or_else(|| OfiError::from_code("fi_dupinfo", i64::from(sys::FI_ENOMEM)))?;
+    let first = NonNull::new(first).ok_or_else(|| OfiError::from_code("fi_dupinfo", i64::from(sys::FI_ENOMEM)))?;
     // SAFETY: `first` is a valid, owned fi_info.
     let mode = unsafe { first.as_ref().mode };
     if mode != 0 {

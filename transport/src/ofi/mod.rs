@@ -39,9 +39,7 @@ mod mr;
 mod sys;
 
 pub use av::{AddressVector, FiAddr, MAX_ADDR_LEN};
-pub use cq::{
-    Completion, CompletionError, CompletionQueue, Counter, CqError, TryWait, WaitOutcome,
-};
+pub use cq::{Completion, CompletionError, CompletionQueue, Counter, CqError, TryWait, WaitOutcome};
 pub use endpoint::{Endpoint, EndpointConfig, FetchOp};
 pub use error::{OfiError, Post};
 pub use fabric::{Domain, Fabric};

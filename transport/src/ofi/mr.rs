@@ -50,11 +50,7 @@ impl RemoteRegion {
             w.copy_from_slice(&bytes[i..i + 8]);
             u64::from_le_bytes(w)
         };
-        Some(Self {
-            base: word(0),
-            key: word(8),
-            len: word(16),
-        })
+        Some(Self { base: word(0), key: word(8), len: word(16) })
     }
 
     /// Remote address of `offset` for an access of `len` bytes, checked against the length.
@@ -62,13 +58,9 @@ impl RemoteRegion {
         let end = offset.checked_add(len as u64);
         match end {
             Some(end) if end <= self.len => Ok(self.base.wrapping_add(offset)),
-            _ => Err(OfiError::invalid(
-                op,
-                format!(
-                    "remote access of {len} bytes at offset {offset} exceeds region of {} bytes",
-                    self.len
-                ),
-            )),
+            _ => {
+                Err(OfiError::invalid(op, format!("remote access of {len} bytes at offset {offset} exceeds region of {} bytes", self.len)))
+            }
         }
     }
 }
@@ -111,8 +103,8 @@ impl MemoryRegion {
         if len == 0 {
             return Err(OfiError::invalid("fi_mr_reg", "cannot register 0 bytes"));
         }
-        let layout = Layout::from_size_align(len, ALLOC_ALIGN)
-            .map_err(|_| OfiError::invalid("fi_mr_reg", format!("length {len} too large")))?;
+        let layout =
+            Layout::from_size_align(len, ALLOC_ALIGN).map_err(|_| OfiError::invalid("fi_mr_reg", format!("length {len} too large")))?;
         // SAFETY: layout has non-zero size.
         let mem = unsafe { alloc::alloc_zeroed(layout) };
         let Some(ptr) = NonNull::new(mem) else {
@@ -136,12 +128,7 @@ impl MemoryRegion {
     /// `ptr..ptr+len` must be valid, writable memory that outlives the returned region and
     /// every RMA operation targeting it, and that Rust code does not access through
     /// references while peers may be writing it.
-    pub unsafe fn register(
-        domain: &Arc<Domain>,
-        ptr: NonNull<u8>,
-        len: usize,
-        access: MrAccess,
-    ) -> Result<Self, OfiError> {
+    pub unsafe fn register(domain: &Arc<Domain>, ptr: NonNull<u8>, len: usize, access: MrAccess) -> Result<Self, OfiError> {
         if len == 0 {
             return Err(OfiError::invalid("fi_mr_reg", "cannot register 0 bytes"));
         }
@@ -160,57 +147,22 @@ impl MemoryRegion {
         owned: Option<Layout>,
     ) -> Result<Self, OfiError> {
         let info = domain.info();
-        let requested_key = if info.mr_prov_key() {
-            0
-        } else {
-            domain.next_mr_key()
-        };
+        let requested_key = if info.mr_prov_key() { 0 } else { domain.next_mr_key() };
         let mut raw = ptr::null_mut();
         // SAFETY: valid domain; memory valid per the caller's contract; out-pointer to a local.
         check("fi_mr_reg", unsafe {
-            sys::weft_fi_mr_reg(
-                domain.as_ptr(),
-                ptr.as_ptr().cast(),
-                len,
-                access.bits(),
-                0,
-                requested_key,
-                0,
-                &mut raw,
-                ptr::null_mut(),
-            )
+            sys::weft_fi_mr_reg(domain.as_ptr(), ptr.as_ptr().cast(), len, access.bits(), 0, requested_key, 0, &mut raw, ptr::null_mut())
         })?;
         let raw = NonNull::new(raw).ok_or_else(|| OfiError::invalid("fi_mr_reg", "NULL mr"))?;
         // SAFETY: valid registration.
-        let (key, desc) = unsafe {
-            (
-                sys::weft_fi_mr_key(raw.as_ptr()),
-                sys::weft_fi_mr_desc(raw.as_ptr()),
-            )
-        };
+        let (key, desc) = unsafe { (sys::weft_fi_mr_key(raw.as_ptr()), sys::weft_fi_mr_desc(raw.as_ptr())) };
         if key == sys::FI_KEY_NOTAVAIL {
             // SAFETY: valid registration, closed once.
             let _ = unsafe { sys::weft_fi_close(&mut (*raw.as_ptr()).fid) };
-            return Err(OfiError::invalid(
-                "fi_mr_key",
-                "provider needs FI_MR_RAW keys",
-            ));
+            return Err(OfiError::invalid("fi_mr_key", "provider needs FI_MR_RAW keys"));
         }
-        let remote_base = if info.mr_virt_addr() {
-            ptr.as_ptr() as u64
-        } else {
-            0
-        };
-        Ok(Self {
-            raw,
-            ptr,
-            len,
-            owned,
-            key,
-            desc,
-            remote_base,
-            domain: Arc::clone(domain),
-        })
+        let remote_base = if info.mr_virt_addr() { ptr.as_ptr() as u64 } else { 0 };
+        Ok(Self { raw, ptr, len, owned, key, desc, remote_base, domain: Arc::clone(domain) })
     }
 
     /// Registration key (`fi_mr_key`), what peers pass to target this region.
@@ -225,11 +177,7 @@ impl MemoryRegion {
 
     /// What a peer needs to target this region.
     pub fn remote(&self) -> RemoteRegion {
-        RemoteRegion {
-            base: self.remote_base,
-            key: self.key,
-            len: self.len as u64,
-        }
+        RemoteRegion { base: self.remote_base, key: self.key, len: self.len as u64 }
     }
 
     /// Length in bytes.
@@ -278,13 +226,7 @@ impl MemoryRegion {
     fn range(&self, op: &'static str, offset: usize, len: usize) -> Result<(), OfiError> {
         match offset.checked_add(len) {
             Some(end) if end <= self.len => Ok(()),
-            _ => Err(OfiError::invalid(
-                op,
-                format!(
-                    "{len} bytes at offset {offset} exceed region of {} bytes",
-                    self.len
-                ),
-            )),
+            _ => Err(OfiError::invalid(op, format!("{len} bytes at offset {offset} exceed region of {} bytes", self.len))),
         }
     }
 
@@ -293,9 +235,7 @@ impl MemoryRegion {
         self.range("MemoryRegion::read_at", offset, out.len())?;
         // SAFETY: in bounds (checked); `out` is a distinct Rust buffer; raw copy, no reference
         // into the region is created.
-        unsafe {
-            ptr::copy_nonoverlapping(self.ptr.as_ptr().add(offset), out.as_mut_ptr(), out.len())
-        };
+        unsafe { ptr::copy_nonoverlapping(self.ptr.as_ptr().add(offset), out.as_mut_ptr(), out.len()) };
         Ok(())
     }
 
@@ -303,9 +243,7 @@ impl MemoryRegion {
     pub fn write_at(&self, offset: usize, data: &[u8]) -> Result<(), OfiError> {
         self.range("MemoryRegion::write_at", offset, data.len())?;
         // SAFETY: in bounds (checked); raw copy, no reference into the region is created.
-        unsafe {
-            ptr::copy_nonoverlapping(data.as_ptr(), self.ptr.as_ptr().add(offset), data.len())
-        };
+        unsafe { ptr::copy_nonoverlapping(data.as_ptr(), self.ptr.as_ptr().add(offset), data.len()) };
         Ok(())
     }
 
@@ -325,9 +263,7 @@ impl MemoryRegion {
     pub(crate) fn contains(&self, buf: *const u8, len: usize) -> bool {
         let start = self.ptr.as_ptr() as usize;
         let b = buf as usize;
-        b >= start
-            && b.checked_add(len)
-                .is_some_and(|end| end <= start + self.len)
+        b >= start && b.checked_add(len).is_some_and(|end| end <= start + self.len)
     }
 }
 

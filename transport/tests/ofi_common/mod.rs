@@ -6,10 +6,7 @@ use std::collections::VecDeque;
 use std::sync::{Arc, Once};
 use std::time::{Duration, Instant};
 
-use weft_transport::ofi::{
-    AddressVector, Completion, CompletionError, CqError, Domain, Endpoint, EndpointConfig, FiAddr,
-    Info, Post,
-};
+use weft_transport::ofi::{AddressVector, Completion, CompletionError, CqError, Domain, Endpoint, EndpointConfig, FiAddr, Info, Post};
 
 /// Every wait in the tests gives up (panics with a message) after this long.
 pub(crate) const DEADLINE: Duration = Duration::from_secs(10);
@@ -71,20 +68,7 @@ pub(crate) fn pair_with(provider: &str, config: &EndpointConfig) -> Option<Pair>
     let to_b = av.insert(b.name()).expect("insert b");
     let to_a = av.insert(a.name()).expect("insert a");
     assert_ne!(to_a, to_b, "two endpoints got the same FiAddr");
-    Some(Pair {
-        info,
-        a: Side {
-            ep: a,
-            done: VecDeque::new(),
-        },
-        b: Side {
-            ep: b,
-            done: VecDeque::new(),
-        },
-        to_b,
-        to_a,
-        av,
-    })
+    Some(Pair { info, a: Side { ep: a, done: VecDeque::new() }, b: Side { ep: b, done: VecDeque::new() }, to_b, to_a, av })
 }
 
 fn progress_side(side: &mut Side) {
@@ -114,12 +98,7 @@ impl Pair {
     }
 
     /// Waits (progressing both sides) for the completion with `ctx` on `which`.
-    pub(crate) fn wait(
-        &mut self,
-        which: Which,
-        ctx: u64,
-        what: &str,
-    ) -> Result<Completion, CompletionError> {
+    pub(crate) fn wait(&mut self, which: Which, ctx: u64, what: &str) -> Result<Completion, CompletionError> {
         let start = Instant::now();
         loop {
             let side = self.side(which);
@@ -130,10 +109,7 @@ impl Pair {
             if let Some(pos) = pos {
                 return side.done.remove(pos).expect("position is in range");
             }
-            assert!(
-                start.elapsed() < DEADLINE,
-                "timed out after {DEADLINE:?} waiting for {what} (ctx {ctx:#x}) on {which:?}"
-            );
+            assert!(start.elapsed() < DEADLINE, "timed out after {DEADLINE:?} waiting for {what} (ctx {ctx:#x}) on {which:?}");
             self.progress();
             std::thread::yield_now();
         }
@@ -157,10 +133,7 @@ impl Pair {
                 Post::Posted => return blocked,
                 Post::WouldBlock => {
                     blocked += 1;
-                    assert!(
-                        start.elapsed() < DEADLINE,
-                        "{what}: still FI_EAGAIN after {DEADLINE:?} ({blocked} retries)"
-                    );
+                    assert!(start.elapsed() < DEADLINE, "{what}: still FI_EAGAIN after {DEADLINE:?} ({blocked} retries)");
                     self.progress();
                 }
             }
@@ -170,7 +143,5 @@ impl Pair {
 
 /// Deterministic test payload.
 pub(crate) fn pattern(len: usize, seed: u8) -> Vec<u8> {
-    (0..len)
-        .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed))
-        .collect()
+    (0..len).map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed)).collect()
 }
