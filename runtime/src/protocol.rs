@@ -57,6 +57,24 @@ pub(crate) enum Posted {
     Deferred(Option<Arc<ReqInner>>),
 }
 
+/// The frames full inboxes refused (`Shared::deferred`), a FIFO per destination: a full
+/// destination holds back only its own frames, and a progress pass visits only the
+/// destinations that have any.
+#[derive(Default)]
+pub(crate) struct DeferredQueues {
+    /// Per destination rank, in posting order (an empty queue allocates nothing).
+    by_dst: Vec<std::collections::VecDeque<Deferred>>,
+    /// The destinations whose queue is not empty, each once.
+    active: Vec<u32>,
+}
+
+impl DeferredQueues {
+    /// Queues for a world of `size` ranks.
+    pub(crate) fn new(size: u32) -> Self {
+        DeferredQueues { by_dst: (0..size).map(|_| std::collections::VecDeque::new()).collect(), active: Vec::new() }
+    }
+}
+
 /// A frame a full inbox refused, waiting in `Shared::deferred`.
 pub(crate) struct Deferred {
     dst: u32,
@@ -149,10 +167,20 @@ impl Shared {
 
     fn defer(&self, d: Deferred) {
         let mut q = self.deferred.lock();
-        if let Some(n) = self.deferred_to.get(d.dst as usize) {
-            n.fetch_add(1, Ordering::Relaxed);
+        let DeferredQueues { by_dst, active } = &mut *q;
+        let (Some(queue), Some(n)) = (by_dst.get_mut(d.dst as usize), self.deferred_to.get(d.dst as usize)) else {
+            // No such rank (the transport refuses those before any deferral): fail it.
+            drop(q);
+            if let Some(req) = d.complete {
+                req.cell.complete(Err(Error::InvalidArgument("destination rank out of range")));
+            }
+            return;
+        };
+        n.fetch_add(1, Ordering::Relaxed);
+        if queue.is_empty() {
+            active.push(d.dst);
         }
-        q.push_back(d);
+        queue.push_back(d);
         // Release: a progress pass that sees the flag finds the entry under the lock.
         self.has_deferred.store(true, Ordering::Release);
     }
@@ -327,48 +355,49 @@ impl Shared {
             // Another thread is flushing.
             return lost;
         };
+        // Requests completed once the lock is released (a completion may wake a waiter or
+        // run a sync object's delivery; STYLE habit 6).
+        let mut finished: Vec<(Arc<ReqInner>, Outcome)> = Vec::new();
         let mut done = 0;
-        // Destinations found full during this pass (a handful; searched linearly).
-        let mut blocked: [u32; 8] = [u32::MAX; 8];
-        let mut nblocked = 0;
-        let mut i = 0;
-        while i < q.len() {
-            let d = &q[i];
-            if blocked[..nblocked].contains(&d.dst) {
-                i += 1;
-                continue;
-            }
-            // SAFETY: `post_frame`'s contract: the bytes stay valid until `complete` is
-            // completed (below, after the send) or, for payload-less frames, `len` is 0.
-            let data = unsafe { std::slice::from_raw_parts(d.ptr, d.len) };
-            let res = self.transport.send(d.dst, d.dst_cri, d.header, data);
-            if let Err(SendError::WouldBlock) = res {
-                if nblocked < blocked.len() {
-                    blocked[nblocked] = d.dst;
-                    nblocked += 1;
-                    i += 1;
-                    continue;
+        let DeferredQueues { by_dst, active } = &mut *q;
+        // Each destination with frames waiting, its frames in posting order until one is
+        // refused (the rest keep their order behind it): O(destinations + frames sent).
+        active.retain(|&dst| {
+            let Some(queue) = by_dst.get_mut(dst as usize) else { return false };
+            while let Some(d) = queue.front() {
+                // SAFETY: `post_frame`'s contract: the bytes stay valid until `complete` is
+                // completed (after the send) or, for payload-less frames, `len` is 0.
+                let data = unsafe { std::slice::from_raw_parts(d.ptr, d.len) };
+                let res = self.transport.send(d.dst, d.dst_cri, d.header, data);
+                if let Err(SendError::WouldBlock) = res {
+                    return true;
                 }
-                // Too many full destinations to track in one pass: stop here.
-                break;
+                let d = queue.pop_front().expect("front exists");
+                if let Some(n) = self.deferred_to.get(dst as usize) {
+                    n.fetch_sub(1, Ordering::Relaxed);
+                }
+                if res.is_ok() && matches!(d.header.kind, FrameKind::Eager | FrameKind::Rts) {
+                    self.counters.deferred_sent.fetch_add(1, Ordering::Relaxed);
+                }
+                if let Some(req) = d.complete {
+                    finished.push((
+                        req,
+                        match res {
+                            Ok(()) => Ok(Status { source: d.dst, tag: d.header.tag, bytes: d.len }),
+                            Err(SendError::Invalid(what)) => Err(Error::InvalidArgument(what)),
+                            Err(_) => Err(Error::PeerLost { rank: d.dst }),
+                        },
+                    ));
+                }
+                done += 1;
             }
-            let d = q.remove(i).expect("index in range");
-            if let Some(n) = self.deferred_to.get(d.dst as usize) {
-                n.fetch_sub(1, Ordering::Relaxed);
-            }
-            if res.is_ok() && matches!(d.header.kind, FrameKind::Eager | FrameKind::Rts) {
-                self.counters.deferred_sent.fetch_add(1, Ordering::Relaxed);
-            }
-            if let Some(req) = d.complete {
-                req.cell.complete(match res {
-                    Ok(()) => Ok(Status { source: d.dst, tag: d.header.tag, bytes: d.len }),
-                    Err(SendError::Invalid(what)) => Err(Error::InvalidArgument(what)),
-                    Err(_) => Err(Error::PeerLost { rank: d.dst }),
-                });
-            }
-            done += 1;
+            false
+        });
+        self.has_deferred.store(!active.is_empty(), Ordering::Release);
+        drop(q);
+        for (req, outcome) in finished {
+            req.cell.complete(outcome);
         }
-        self.has_deferred.store(!q.is_empty(), Ordering::Release);
         done + lost
     }
 

@@ -107,7 +107,7 @@ pub(crate) struct Shared {
     pub(crate) owner: CachePadded<OwnerToken>,
     /// Frames a full inbox refused (eager sends, `Rts`, `Fin`), in posting order, sent by
     /// progress (`Shared::flush_deferred`): a nonblocking send never blocks.
-    pub(crate) deferred: Mutex<std::collections::VecDeque<crate::protocol::Deferred>>,
+    pub(crate) deferred: Mutex<crate::protocol::DeferredQueues>,
     /// `deferred` is non-empty: progress checks this flag instead of taking the lock.
     pub(crate) has_deferred: std::sync::atomic::AtomicBool,
     /// Deferred frames per destination rank: a send to a rank with frames waiting queues
@@ -630,7 +630,7 @@ impl Builder {
                     progress_lock: CachePadded::new(PathLock::new(config.locks.progress, &lock_options, config.lock_timing, ())),
                     lock_options: lock_options.clone(),
                     owner: CachePadded::new(OwnerToken::new()),
-                    deferred: Mutex::new(std::collections::VecDeque::new()),
+                    deferred: Mutex::new(crate::protocol::DeferredQueues::new(size)),
                     has_deferred: std::sync::atomic::AtomicBool::new(false),
                     deferred_to: (0..size).map(|_| AtomicU32::new(0)).collect(),
                     counters: Counters::default(),

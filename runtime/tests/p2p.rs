@@ -101,6 +101,53 @@ fn deferred_sends_to_a_lost_peer_fail() {
     }
 }
 
+/// Each destination keeps its own queue of deferred frames: while ten destinations stay
+/// full, frames queued for an eleventh that drains still go out, in order (one shared
+/// queue scanned past a handful of full destinations starved it), and the stalled ones go
+/// out once their ranks receive.
+#[test]
+fn deferred_frames_to_a_draining_rank_pass_stalled_ones() {
+    let rts = builder().progress(weft::ProgressMode::Concurrent).cris(1).inbox_capacity(4).build_local(12).unwrap();
+    let a = rts[0].world();
+    let mut stalled = Vec::new();
+    for dst in 1..=10u32 {
+        for i in 0..8u8 {
+            stalled.push(a.isend(vec![i], dst, 1).unwrap());
+        }
+    }
+    let mut live: Vec<_> = (0..8u8).map(|i| a.isend(vec![i], 11, 2).unwrap()).collect();
+    // One thread drives both ranks (each `test` is a progress step of its own rank), so a
+    // starved send fails the deadline instead of hanging a receiving thread.
+    let c = rts[11].world();
+    let mut recvs: Vec<_> = (0..8).map(|_| c.irecv(Vec::<u8>::with_capacity(1), 0u32, 2).unwrap()).collect();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        let sent = live.iter_mut().fold(true, |all, r| r.test() && all);
+        let got = recvs.iter_mut().fold(true, |all, r| r.test() && all);
+        if sent && got {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "frames to a draining rank starve behind full ones");
+    }
+    for (i, r) in recvs.iter_mut().enumerate() {
+        assert_eq!(r.take().unwrap().unwrap().0, vec![i as u8], "frames to one destination keep their order");
+    }
+    for r in live.iter_mut() {
+        r.take().unwrap().unwrap();
+    }
+    std::thread::scope(|s| {
+        for rt in &rts[1..=10] {
+            s.spawn(move || {
+                for i in 0..8u8 {
+                    let (m, _) = rt.world().recv(Vec::<u8>::with_capacity(1), 0u32, 1).unwrap();
+                    assert_eq!(m, vec![i]);
+                }
+            });
+        }
+        weft::wait_all(&mut stalled).unwrap();
+    });
+}
+
 /// More `dup` + `free` cycles than the context table has slots (2048 pairs): ids are
 /// given back, so the loop never runs out.
 #[test]
