@@ -122,9 +122,12 @@ fn deferred_frames_to_a_draining_rank_pass_stalled_ones() {
     let mut recvs: Vec<_> = (0..8).map(|_| c.irecv(Vec::<u8>::with_capacity(1), 0u32, 2).unwrap()).collect();
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
     loop {
-        let sent = live.iter_mut().fold(true, |all, r| r.test() && all);
-        let got = recvs.iter_mut().fold(true, |all, r| r.test() && all);
-        if sent && got {
+        // Test every request (no short circuit: each test is a progress step).
+        let mut done = true;
+        for r in live.iter_mut().chain(recvs.iter_mut()) {
+            done &= r.test();
+        }
+        if done {
             break;
         }
         assert!(std::time::Instant::now() < deadline, "frames to a draining rank starve behind full ones");
