@@ -413,18 +413,12 @@ impl Communicator {
             let (posted, counters) = s.with_matching(st, |m| {
                 let posted = m.drain(|f| frames.push(f));
                 let counters = m.counters;
-                // Give the queues' memory back (the state lingers until collected).
+                // Give the queues' memory back (the state lingers until collected; under
+                // `Global` matching the slot's queues are tagged with the id, so a later
+                // communicator in the slot replaces this empty one).
                 *m = MatchState::new(0, st.overtaking);
                 (posted, counters)
             });
-            if s.config.matching == crate::config::MatchingMode::Global {
-                s.global_match.high(|all| {
-                    let cur = &mut all[slot_of(st.context)];
-                    if matches!(cur, Some((ctx, _)) if *ctx == st.context) {
-                        *cur = None;
-                    }
-                });
-            }
             {
                 let mut c = s.freed_counters.lock();
                 c.0.unexpected += counters.unexpected;

@@ -82,21 +82,13 @@ impl<T> PathLock<T> {
     /// and whether it was productive.
     #[inline]
     pub(crate) fn low<R>(&self, f: impl FnOnce(&mut T) -> (R, bool)) -> R {
-        with_imp!(&self.m, |m| m.with_lock_low(|v| {
-            let (r, productive) = f(v);
-            m.raw().record_progress(if productive { Progress::Productive } else { Progress::Unproductive });
-            r
-        }))
+        with_imp!(&self.m, |m| m.with_lock_low(|v| record(m.raw(), f(v))))
     }
 
     /// Progress path without waiting: `None` (counted as refused) if the lock is taken.
     #[inline]
     pub(crate) fn try_low<R>(&self, f: impl FnOnce(&mut T) -> (R, bool)) -> Option<R> {
-        let r = with_imp!(&self.m, |m| m.try_with_lock_low(|v| {
-            let (r, productive) = f(v);
-            m.raw().record_progress(if productive { Progress::Productive } else { Progress::Unproductive });
-            r
-        }));
+        let r = with_imp!(&self.m, |m| m.try_with_lock_low(|v| record(m.raw(), f(v))));
         if r.is_none() {
             // Relaxed: a statistic.
             self.refused.fetch_add(1, Ordering::Relaxed);
@@ -110,6 +102,13 @@ impl<T> PathLock<T> {
         s.contended += self.refused.load(Ordering::Relaxed);
         s
     }
+}
+
+/// Reports a progress-path acquisition's outcome to its lock's counters (while holding it).
+#[inline]
+fn record<L, R>(lock: &Counted<L>, (r, productive): (R, bool)) -> R {
+    lock.record_progress(if productive { Progress::Productive } else { Progress::Unproductive });
+    r
 }
 
 /// Adds `b` into `a` (per-path totals over many locks, e.g. every CRI).

@@ -60,7 +60,6 @@ pub(crate) enum Posted {
 /// The frames full inboxes refused (`Shared::deferred`), a FIFO per destination: a full
 /// destination holds back only its own frames, and a progress pass visits only the
 /// destinations that have any.
-#[derive(Default)]
 pub(crate) struct DeferredQueues {
     /// Per destination rank, in posting order (an empty queue allocates nothing).
     by_dst: Vec<std::collections::VecDeque<Deferred>>,

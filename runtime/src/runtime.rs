@@ -265,8 +265,8 @@ impl Shared {
     #[inline]
     fn global_slot<'a>(all: &'a mut [Option<(u32, MatchState)>], comm: &CommState) -> &'a mut MatchState {
         // A slot's queues belong to one generation: a later communicator in the slot starts
-        // afresh (`free` also empties the slot, but a pass that looked the freed one up
-        // before may still come by).
+        // afresh (`free` leaves an empty state behind, and a pass that looked the freed one
+        // up before may still come by).
         let cur = &mut all[slot_of(comm.context)];
         if !matches!(cur, Some((ctx, _)) if *ctx == comm.context) {
             *cur = Some((comm.context, MatchState::new(comm.size, comm.overtaking)));
