@@ -245,7 +245,7 @@ mod tests {
     fn stream_versus_array_queue() {
         use crossbeam_queue::ArrayQueue;
         #[derive(Clone, Copy)]
-        struct Item([u64; 12]); // 96 bytes, the size of a `Frame`
+        struct Item([u64; 7]); // 56 bytes, the size of an embedded inbox's packed frame
         const N: u64 = 10_000_000;
         fn run<Q: Send + Sync + 'static>(q: Q, push: fn(&Q, Item) -> bool, drain: fn(&Q, &mut dyn FnMut(Item)) -> usize) -> f64 {
             let q = std::sync::Arc::new(q);
@@ -254,7 +254,7 @@ mod tests {
             let p = std::thread::spawn(move || {
                 let mut i = 0;
                 while i < N {
-                    if push(&q2, Item([i; 12])) {
+                    if push(&q2, Item([i; 7])) {
                         i += 1;
                     } else {
                         std::hint::spin_loop();
