@@ -446,7 +446,8 @@ pub(crate) fn wait_all<B: Send + 'static>(shared: &Shared, reqs: &mut [Request<'
             let attend = (!owner_mode && shared.config.assignment == crate::config::Assignment::Dedicated)
                 .then(|| Attend::new(shared, reqs[first].communicator().context_id()));
             let mut idle = 0;
-            let pause = shared.transport.idle_pause();
+            let mut spin = weft_sync::IdleBackoff::new();
+            let pause = shared.config.idle_pause;
             while idle < TEST_SPINS {
                 first = first_pending(reqs, first);
                 if first == reqs.len() {
@@ -464,12 +465,19 @@ pub(crate) fn wait_all<B: Send + 'static>(shared: &Shared, reqs: &mut [Request<'
                     idle = 0;
                 } else {
                     idle += 1;
-                    // Between idle polls: see `Transport::idle_pause`.
-                    for _ in 0..pause {
-                        std::hint::spin_loop();
+                    // Between idle polls: see `Config::idle_pause`; with every core
+                    // already spinning, the thread whose frames we wait for needs ours.
+                    if spin.may_spin() {
+                        for _ in 0..pause {
+                            std::hint::spin_loop();
+                        }
+                    } else {
+                        std::thread::yield_now();
                     }
                 }
             }
+            // `spin` lives on through the sync-object wait below, whose own backoff spins on
+            // the slot this thread holds (one per thread) instead of competing for another.
             if first < reqs.len() {
                 // Algorithm 2: attach what is pending, then wait on the sync object.
                 WAIT_SYNC.with(|sync| {

@@ -118,7 +118,7 @@ impl Shared {
         let n = self.transport.num_cris();
         let dst_cri = if k < n { k } else { k % n };
         if !self.queued_to(dst) {
-            let backoff = crossbeam_utils::Backoff::new();
+            let mut backoff = weft_sync::IdleBackoff::new();
             let mut since: Option<std::time::Instant> = None;
             loop {
                 let res = self.main_path(|| {

@@ -528,6 +528,12 @@ impl Builder {
         self.config.yield_window = window;
         self
     }
+    /// `PAUSE` instructions between two idle progress passes of a waiter (see
+    /// [`Config::idle_pause`]).
+    pub fn idle_pause(mut self, pauses: u32) -> Self {
+        self.config.idle_pause = pauses;
+        self
+    }
     /// Order messages per sending thread rather than per source rank (see
     /// [`Config::per_thread_order`]; only with `Assignment::Dedicated`).
     pub fn per_thread_order(mut self, on: bool) -> Self {

@@ -24,17 +24,15 @@ pub fn wait_any<B: Send + 'static>(reqs: &mut [Request<'_, B>]) -> Option<usize>
     let live = |r: &Request<'_, B>| r.inner().is_some();
     let first = reqs.iter().find(|r| live(r))?;
     let shared = first.communicator().shared().clone();
-    let backoff = crossbeam_utils::Backoff::new();
+    let mut idle = weft_sync::IdleBackoff::new();
     loop {
         if let Some(i) = reqs.iter().position(|r| live(r) && r.is_complete()) {
             return Some(i);
         }
-        if !shared.progress_once() {
-            if backoff.is_completed() {
-                std::thread::yield_now();
-            } else {
-                backoff.snooze();
-            }
+        if shared.progress_once() {
+            idle.reset();
+        } else {
+            idle.snooze();
         }
     }
 }

@@ -49,6 +49,7 @@
 #![deny(unsafe_op_in_unsafe_fn)]
 
 mod cell;
+mod idle;
 pub(crate) mod loom;
 mod object;
 mod signal;
@@ -56,6 +57,7 @@ mod status;
 mod wait;
 
 pub use cell::CompletionCell;
+pub use idle::IdleBackoff;
 pub use object::{Attach, AttachError, Completion, Completions, Detached, Next, SyncObject};
 pub use signal::{Signal, SignalListener};
 pub use status::{Error, Outcome, Status};

@@ -57,7 +57,7 @@ const IDLE_SPINS: u32 = 0;
 #[cfg_attr(loom, allow(clippy::absurd_extreme_comparisons))]
 pub(crate) fn block_until<'a>(hook: Option<&dyn Progress>, mut done: impl FnMut() -> bool, mut listen: impl FnMut() -> SignalListener<'a>) {
     let mut idle = 0u32;
-    let backoff = crossbeam_utils::Backoff::new();
+    let mut backoff = crate::IdleBackoff::new();
     loop {
         if done() {
             return;

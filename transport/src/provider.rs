@@ -206,21 +206,6 @@ impl Transport {
         dispatch!(self, t => t.has_frames(cri))
     }
 
-    /// `PAUSE` instructions a waiter should spend between two idle polls. Polling an
-    /// embedded inbox only reads it (1); on libfabric every CQ read drives the provider,
-    /// which on `shm` takes the spin lock in this rank's shared region, on the cache line a
-    /// sender must write to deliver — polling back to back slows the very sender a waiter
-    /// waits for (8: one-way `weft-bench pingpong` latency 0.90 -> 0.86 us, the sender's
-    /// inject 0.42 -> 0.38 us; on the embedded provider 8 cost ~10% of the 1-pair multirate).
-    #[inline]
-    pub fn idle_pause(&self) -> u32 {
-        match self {
-            Transport::Embedded(_) => 1,
-            #[cfg(feature = "ofi")]
-            Transport::Ofi(_) => 8,
-        }
-    }
-
     /// Whether a progress thread should keep polling instead of parking: frames are waiting
     /// (ofi: or traffic flowed in the last few milliseconds).
     #[inline]

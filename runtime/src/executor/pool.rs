@@ -24,7 +24,6 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use crossbeam_deque::{Injector, Steal, Stealer, Worker};
-use crossbeam_utils::Backoff;
 use parking_lot::Mutex;
 
 use super::park::Sleepers;
@@ -360,7 +359,7 @@ fn worker_main(shared: &Arc<Shared>, pool: &Arc<Pool>, worker: Worker<TaskRef>, 
             continue;
         }
         // Idle: progress, then steal, spinning a little, then park.
-        let backoff = Backoff::new();
+        let mut backoff = weft_sync::IdleBackoff::new();
         let idle_since = Instant::now();
         let found = loop {
             if shared.progress_idle() {
@@ -373,11 +372,7 @@ fn worker_main(shared: &Arc<Shared>, pool: &Arc<Pool>, worker: Worker<TaskRef>, 
                 super::park::park_worker(shared, pool, index);
                 break None;
             }
-            if backoff.is_completed() {
-                std::thread::yield_now();
-            } else {
-                backoff.snooze();
-            }
+            backoff.snooze();
         };
         if let Some(t) = found {
             t.run();

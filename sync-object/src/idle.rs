@@ -1,0 +1,240 @@
+//! What a waiter does between two polls that found nothing: spin, or give the core away.
+//!
+//! A short spin (the schedule of crossbeam's `Backoff`) is the cheapest wait while the thread
+//! has a core to itself: the next completion is usually a few hundred nanoseconds away, and
+//! a `sched_yield` costs about 0.5 µs on a KVM guest. With more threads than cores (seed 003
+//! §4.5: a 2-core machine running 16 communicating threads), spinning is the worst choice:
+//! the spinner burns the time slice of the thread whose send it waits for. [`IdleBackoff`]
+//! spins only while it holds one of a process-wide budget of spin slots, one per core;
+//! without one, every idle step yields at once. A slot is taken at a waiter's first idle
+//! step and given back when its spin phase ends or the waiter is dropped (once per wait,
+//! not per message). The runtime's blocking waits hold theirs for the whole wait, so the
+//! sync-object wait nested inside (whose backoff spins longer) spins only with a second
+//! slot, while another core is idle.
+//!
+//! Measured (docs/BENCHMARKS.md, "Session 6: idle waiters under oversubscription"):
+//! multirate on 2 cores, process mode at 4 and 8 pairs 5.3-5.6 -> 6.5-7.5 M msg/s, thread
+//! mode 4.7-4.9 -> 5.3-5.6 M; 1 pair unchanged within noise.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::OnceLock;
+
+/// A process-wide budget of spinning waiters. (Not loom-checked: a count that guards no
+/// data; waits under loom never spin.)
+#[derive(Debug)]
+struct SpinSlots {
+    /// Waiters spinning now.
+    spinning: AtomicUsize,
+    /// How many may (`usize::MAX`: the cores this process may run on, read on first use).
+    slots: AtomicUsize,
+}
+
+impl SpinSlots {
+    const fn new(slots: usize) -> Self {
+        SpinSlots { spinning: AtomicUsize::new(0), slots: AtomicUsize::new(slots) }
+    }
+
+    fn slots(&self) -> usize {
+        // Relaxed: a configuration value, written once (racing writers store the same value).
+        match self.slots.load(Ordering::Relaxed) {
+            usize::MAX => {
+                static CORES: OnceLock<usize> = OnceLock::new();
+                let n = *CORES.get_or_init(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
+                self.slots.store(n, Ordering::Relaxed);
+                n
+            }
+            n => n,
+        }
+    }
+
+    /// Takes a slot if one is free.
+    fn enter(&self) -> bool {
+        let slots = self.slots();
+        // Relaxed: a count, not a guard of data; a stale read costs one spin or one yield.
+        if self.spinning.load(Ordering::Relaxed) >= slots {
+            return false;
+        }
+        if self.spinning.fetch_add(1, Ordering::Relaxed) >= slots {
+            self.spinning.fetch_sub(1, Ordering::Relaxed);
+            return false;
+        }
+        true
+    }
+
+    fn leave(&self) {
+        self.spinning.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// Idle steps that spin (`2^step` `PAUSE`s each), as crossbeam's `Backoff`.
+const SPIN_LIMIT: u32 = 6;
+/// Idle steps after which the backoff [completes](IdleBackoff::is_completed).
+const YIELD_LIMIT: u32 = 10;
+
+/// The process's spin budget: one spinner per core.
+static PROCESS: SpinSlots = SpinSlots::new(usize::MAX);
+
+/// A waiter's idle step: spin while a core is free for it, else yield. A process-wide budget
+/// of spin slots, one per core, decides: a slot is taken at the first idle step and given
+/// back when the spin phase ends or the waiter is dropped.
+///
+/// ```
+/// let mut idle = weft_sync::IdleBackoff::new();
+/// for _ in 0..10 {
+///     // ... a poll that found nothing ...
+///     idle.snooze();
+/// }
+/// idle.reset(); // after a poll that found something
+/// ```
+#[derive(Debug)]
+pub struct IdleBackoff {
+    /// Idle steps so far, up to `YIELD_LIMIT + 1` (crossbeam's `Backoff` schedule).
+    step: u32,
+    budget: &'static SpinSlots,
+    /// Whether this waiter holds a spin slot.
+    spinning: bool,
+}
+
+impl Default for IdleBackoff {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl IdleBackoff {
+    /// A waiter that has not idled yet.
+    pub fn new() -> Self {
+        Self::with_budget(&PROCESS)
+    }
+
+    fn with_budget(budget: &'static SpinSlots) -> Self {
+        IdleBackoff { step: 0, budget, spinning: false }
+    }
+
+    /// One idle step: a spin of `2^step` `PAUSE`s for the first seven steps if
+    /// a spin slot is free (the schedule of crossbeam's `Backoff::snooze`), else
+    /// `yield_now`. Every step counts towards [`is_completed`](Self::is_completed), spun or
+    /// yielded, so a caller that parks once the backoff completes does park.
+    pub fn snooze(&mut self) {
+        if self.step <= SPIN_LIMIT && self.may_spin() {
+            for _ in 0..1u32 << self.step {
+                std::hint::spin_loop();
+            }
+        } else {
+            // Past the spin phase (or no core free for it): the slot is not needed.
+            self.leave();
+            std::thread::yield_now();
+        }
+        if self.step <= YIELD_LIMIT {
+            self.step += 1;
+        }
+    }
+
+    /// Whether this waiter may spin now: it holds a spin slot, or takes a free one. A caller
+    /// with its own spin loop asks this before each spin and yields when told no. A second
+    /// `IdleBackoff` of the same thread takes a slot of its own: a wait nested in another
+    /// (the sync-object wait inside a runtime wait, which keeps its slot) spins only while
+    /// yet another core is free.
+    pub fn may_spin(&mut self) -> bool {
+        if !self.spinning {
+            self.spinning = self.budget.enter();
+        }
+        self.spinning
+    }
+
+    /// Whether the spin phase is over (every further step yields).
+    pub fn is_completed(&self) -> bool {
+        self.step > YIELD_LIMIT
+    }
+
+    /// After a productive poll: the next idle step starts a fresh (short) spin.
+    pub fn reset(&mut self) {
+        self.step = 0;
+    }
+
+    fn leave(&mut self) {
+        if std::mem::take(&mut self.spinning) {
+            self.budget.leave();
+        }
+    }
+}
+
+impl Drop for IdleBackoff {
+    fn drop(&mut self) {
+        self.leave();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Runs `f` on a thread of its own (each thread holds at most one slot).
+    fn on_thread<R: Send>(f: impl FnOnce() -> R + Send) -> R {
+        std::thread::scope(|s| s.spawn(f).join().unwrap())
+    }
+
+    /// Two slots: two threads spin, a third yields; a slot comes back when its holder's spin
+    /// phase ends or the holder is dropped.
+    #[test]
+    fn spin_slots_are_bounded_and_given_back() {
+        static TWO: SpinSlots = SpinSlots::new(2);
+        let count = || TWO.spinning.load(Ordering::Relaxed);
+        let (go, hold) = (std::sync::Barrier::new(3), std::sync::Barrier::new(3));
+        std::thread::scope(|s| {
+            for _ in 0..2 {
+                s.spawn(|| {
+                    let mut w = IdleBackoff::with_budget(&TWO);
+                    w.snooze();
+                    assert!(w.spinning, "a free slot is taken");
+                    go.wait();
+                    hold.wait();
+                });
+            }
+            go.wait();
+            assert_eq!(count(), 2);
+            on_thread(|| {
+                let mut c = IdleBackoff::with_budget(&TWO);
+                c.snooze();
+                assert!(!c.spinning, "with both slots held, a third thread yields");
+            });
+            hold.wait();
+        });
+        assert_eq!(count(), 0, "dropped holders give their slots back");
+        on_thread(|| {
+            let mut a = IdleBackoff::with_budget(&TWO);
+            while !a.is_completed() {
+                a.snooze();
+            }
+            a.snooze();
+            assert!(!a.spinning, "the slot is given back once the spin phase is over");
+            assert_eq!(count(), 0);
+            a.reset();
+            a.snooze();
+            assert!(a.spinning, "after a productive poll the waiter spins again");
+        });
+        assert_eq!(count(), 0);
+    }
+
+    /// A waiter that never gets a slot still completes its backoff (callers park on it).
+    #[test]
+    fn backoff_completes_without_a_slot() {
+        static NONE: SpinSlots = SpinSlots::new(0);
+        let mut w = IdleBackoff::with_budget(&NONE);
+        let mut steps = 0;
+        while !w.is_completed() {
+            w.snooze();
+            assert!(!w.spinning);
+            steps += 1;
+            assert!(steps <= YIELD_LIMIT + 1, "never completes");
+        }
+        assert_eq!(steps, YIELD_LIMIT + 1);
+    }
+
+    /// The process budget is the number of cores.
+    #[test]
+    fn process_budget_is_the_core_count() {
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        assert_eq!(PROCESS.slots(), cores);
+    }
+}
