@@ -194,14 +194,10 @@ impl Communicator {
             // SAFETY: the bytes belong to `buf`, which the request keeps (or orphans into
             // the inner) until a deferred frame has gone out and completed the inner.
             let posted = unsafe { s.post_frame(k, dest, header, bytes, || Some(new_inner(|i| i.context = st.context))) }?;
-            let inner = match posted {
-                Posted::Sent => new_inner(|i| {
-                    i.context = st.context;
-                    i.cell.reset_completed(Ok(Status { source: dest, tag, bytes: len }));
-                }),
-                Posted::Deferred(inner) => inner.expect("an eager deferral carries its request"),
-            };
-            return Ok(Request::send(self, inner, buf));
+            return Ok(match posted {
+                Posted::Sent => Request::sent(self, Status { source: dest, tag, bytes: len }, buf),
+                Posted::Deferred(inner) => Request::send(self, inner.expect("an eager deferral carries its request"), buf),
+            });
         }
         // Rendezvous.
         // SAFETY: the bytes belong to `buf`, which the request keeps (or orphans into the

@@ -21,7 +21,7 @@ pub fn wait_all<B: Send + 'static>(reqs: &mut [Request<'_, B>]) -> Result<(), Er
 /// Blocks until at least one request not yet taken has completed and returns its index
 /// (`MPI_Waitany`); `None` if every request was already taken.
 pub fn wait_any<B: Send + 'static>(reqs: &mut [Request<'_, B>]) -> Option<usize> {
-    let live = |r: &Request<'_, B>| r.inner().is_some();
+    let live = |r: &Request<'_, B>| r.is_live();
     let first = reqs.iter().find(|r| live(r))?;
     let shared = first.communicator().shared().clone();
     let mut idle = weft_sync::IdleBackoff::new();
@@ -44,6 +44,6 @@ pub fn wait_some<B: Send + 'static>(reqs: &mut [Request<'_, B>], out: &mut Vec<u
     if wait_any(reqs).is_none() {
         return 0;
     }
-    out.extend(reqs.iter().enumerate().filter(|(_, r)| r.inner().is_some() && r.is_complete()).map(|(i, _)| i));
+    out.extend(reqs.iter().enumerate().filter(|(_, r)| r.is_live() && r.is_complete()).map(|(i, _)| i));
     out.len()
 }

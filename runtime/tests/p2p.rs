@@ -175,3 +175,45 @@ fn dup_free_loops_never_run_out_of_context_ids() {
         }
     });
 }
+
+/// An eager send the transport takes at once completes inside `isend` without a request
+/// inner: it still behaves as a completed request everywhere — `test`, `outcome`, `take`
+/// (once), `wait_any` / `wait_some`, `.await`, and attached to a sync object it delivers its
+/// data with the send's status.
+#[test]
+fn sends_completed_inside_isend_are_whole_requests() {
+    let rts = builder().build_local(2).unwrap();
+    let (a, b) = (rts[0].world(), rts[1].world());
+    let status = |s: weft::Status| (s.source, s.tag, s.bytes);
+
+    let mut r = a.isend(vec![1u8, 2, 3], 1, 5).unwrap();
+    assert!(r.is_complete() && r.test());
+    assert_eq!(r.outcome().map(|o| status(o.unwrap())), Some((1, 5, 3)));
+    let (buf, st) = r.take().unwrap().unwrap();
+    assert_eq!((buf, status(st)), (vec![1, 2, 3], (1, 5, 3)));
+    assert!(r.take().is_none(), "taken once");
+
+    let mut reqs = vec![a.isend(vec![9u8], 1, 6).unwrap(), a.isend(vec![8u8; 2], 1, 7).unwrap()];
+    assert_eq!(weft::wait_any(&mut reqs), Some(0));
+    let mut done = Vec::new();
+    assert_eq!(weft::wait_some(&mut reqs, &mut done), 2);
+    assert_eq!(done, vec![0, 1]);
+    assert!(weft::wait_all(&mut reqs).is_ok());
+
+    let (buf, st) = futures::executor::block_on(a.isend(vec![4u8; 4], 1, 8).unwrap()).unwrap();
+    assert_eq!((buf.len(), status(st)), (4, (1, 8, 4)));
+
+    let sync = rts[0].sync_object::<&str>();
+    let mut r = a.isend(vec![7u8; 7], 1, 9).unwrap();
+    sync.attach(&mut r, "sent").unwrap();
+    let c = sync.query().expect("an attached completed send delivers at once");
+    assert_eq!((c.data, status(c.outcome.unwrap())), ("sent", (1, 9, 7)));
+    assert_eq!(r.take().map(|x| x.unwrap().0.len()), Some(7));
+    drop(r);
+
+    // Everything arrived, in order.
+    for (tag, len) in [(5, 3), (6, 1), (7, 2), (8, 4), (9, 7)] {
+        let (buf, st) = b.recv(Vec::<u8>::with_capacity(8), 0u32, tag).unwrap();
+        assert_eq!((buf.len(), st.tag), (len, tag));
+    }
+}
