@@ -6,6 +6,11 @@
 //! weft's number is (round-trip time) / 2 over `-i` round trips after 1000 warm-up ones,
 //! blocking `send`/`recv` with reused buffers, one thread per rank; `fi_pingpong`'s is its
 //! `usec/xfer` column, which is the same one-way time. Medians over `--runs`.
+//!
+//! `--bind core` (the default, as `mpirun` binds two ranks) pins both sides the same way:
+//! weft's ranks by `weftrun --bind-to core`, `fi_pingpong`'s server and client to the first
+//! and second CPU this process may use. Unpinned, two busy-polling processes on a 2-vCPU VM
+//! sometimes share a CPU for a whole run, which made single runs of either side 2-4x slow.
 
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -33,6 +38,9 @@ pub struct Args {
     /// CSV output.
     #[arg(long)]
     csv: bool,
+    /// Binding of both sides' processes: core (one CPU each) or none.
+    #[arg(long, default_value = "core", value_parser = ["core", "none"])]
+    bind: String,
     /// Internal: one rank of the weft side.
     #[arg(long, hide = true)]
     rank_worker: bool,
@@ -48,13 +56,15 @@ pub fn run(a: &Args) -> Result<(), String> {
     if a.rank_worker {
         return worker(providers[0], sizes[0], a.iterations);
     }
-    let mut table = Table::new(&["provider", "size", "weft_us", "fi_pingpong_us", "ratio"]);
+    let bind = a.bind == "core";
+    let mut table = Table::new(&["provider", "size", "bind", "weft_us", "fi_pingpong_us", "ratio"]);
     if !a.csv {
         println!(
-            "# weft-bench pingpong: one-way latency, iterations={} runs={} (median) cores={}",
+            "# weft-bench pingpong: one-way latency, iterations={} runs={} (median) cores={} bind={}",
             a.iterations,
             a.runs,
-            std::thread::available_parallelism().map_or(1, |n| n.get())
+            std::thread::available_parallelism().map_or(1, |n| n.get()),
+            a.bind
         );
     }
     table.print_header(a.csv);
@@ -62,25 +72,25 @@ pub fn run(a: &Args) -> Result<(), String> {
         for &size in &sizes {
             let (mut weft, mut fi) = (Vec::new(), Vec::new());
             for run in 0..a.runs {
-                weft.push(weft_latency(p, size, a.iterations)?);
-                fi.push(fi_pingpong(p, size, a.iterations, run)?);
+                weft.push(weft_latency(p, size, a.iterations, bind)?);
+                fi.push(fi_pingpong(p, size, a.iterations, run, bind)?);
             }
             let (w, f) = (median(&weft), median(&fi));
-            table.row(vec![p.to_string(), size.to_string(), format!("{w:.2}"), format!("{f:.2}"), format!("{:.2}", w / f)]);
+            table.row(vec![p.to_string(), size.to_string(), a.bind.clone(), format!("{w:.2}"), format!("{f:.2}"), format!("{:.2}", w / f)]);
             table.print_last(a.csv);
         }
     }
     Ok(())
 }
 
-fn weft_latency(p: Provider, size: usize, iterations: usize) -> Result<f64, String> {
+fn weft_latency(p: Provider, size: usize, iterations: usize, bind: bool) -> Result<f64, String> {
     let exe = std::env::current_exe().map_err(|e| e.to_string())?;
     let weftrun = exe.with_file_name("weftrun");
     if !weftrun.exists() {
         return Err(format!("{} not found; build it: cargo build --release -p weft --features ofi --bin weftrun", weftrun.display()));
     }
     let out = Command::new(&weftrun)
-        .args(["-n", "2", "--provider", &p.to_string(), "--timeout", "300"])
+        .args(["-n", "2", "--provider", &p.to_string(), "--timeout", "300", "--bind-to", if bind { "core" } else { "none" }])
         .arg(&exe)
         .args(["pingpong", "--rank-worker", "--provider", &p.to_string(), "-s", &size.to_string(), "-i", &iterations.to_string()])
         .stdin(Stdio::null())
@@ -131,10 +141,10 @@ fn worker(p: Provider, size: usize, iterations: usize) -> Result<(), String> {
 
 /// `fi_pingpong` server + client on 127.0.0.1; the client's `usec/xfer`. The client is
 /// retried (new port, longer head start) when it finds no server yet (a loaded machine).
-fn fi_pingpong(p: Provider, size: usize, iterations: usize, run: usize) -> Result<f64, String> {
+fn fi_pingpong(p: Provider, size: usize, iterations: usize, run: usize, bind: bool) -> Result<f64, String> {
     let mut last = String::new();
     for attempt in 0..4 {
-        match fi_pingpong_once(p, size, iterations, run * 4 + attempt, Duration::from_millis(300 << attempt)) {
+        match fi_pingpong_once(p, size, iterations, run * 4 + attempt, Duration::from_millis(300 << attempt), bind) {
             Ok(v) => return Ok(v),
             Err(e) => last = e,
         }
@@ -142,28 +152,66 @@ fn fi_pingpong(p: Provider, size: usize, iterations: usize, run: usize) -> Resul
     Err(last)
 }
 
-fn fi_pingpong_once(p: Provider, size: usize, iterations: usize, salt: usize, head_start: Duration) -> Result<f64, String> {
+/// The CPUs this process may run on, in order.
+fn allowed_cpus() -> Vec<usize> {
+    // SAFETY: a zeroed `cpu_set_t` is a valid empty set; `sched_getaffinity` writes at most
+    // its size into it (pid 0: the calling thread).
+    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    // SAFETY: as above.
+    if unsafe { libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) } != 0 {
+        return Vec::new();
+    }
+    // SAFETY: `CPU_ISSET` reads the set initialized above, below its capacity.
+    (0..libc::CPU_SETSIZE as usize).filter(|&c| unsafe { libc::CPU_ISSET(c, &set) }).collect()
+}
+
+/// Makes `cmd`'s process run on CPU `cpu` only.
+fn pin(cmd: &mut Command, cpu: usize) {
+    use std::os::unix::process::CommandExt;
+    // SAFETY: a zeroed `cpu_set_t` is a valid empty set; `cpu` came from `allowed_cpus`.
+    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    // SAFETY: as above.
+    unsafe { libc::CPU_SET(cpu, &mut set) };
+    // SAFETY: the closure runs in the child between fork and exec and only makes the
+    // async-signal-safe `sched_setaffinity` system call on data copied before the fork.
+    unsafe {
+        cmd.pre_exec(move || {
+            if libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        })
+    };
+}
+
+fn fi_pingpong_once(p: Provider, size: usize, iterations: usize, salt: usize, head_start: Duration, bind: bool) -> Result<f64, String> {
+    let cpus = if bind { allowed_cpus() } else { Vec::new() };
     let prov = p.ofi_name().unwrap_or("shm");
     let port = (40_000 + (std::process::id() as usize % 10_000) + salt * 7 + size % 5).to_string();
     let common = ["-e", "rdm", "-m", "tagged", "-p", prov, "-I", &iterations.to_string(), "-S", &size.to_string()];
-    let mut server = Command::new("timeout")
+    let mut server = Command::new("timeout");
+    server
         .args(["120", "fi_pingpong"])
         .args(common)
         .args(["-B", &port])
         .env("FI_TCP_IFACE", "lo")
         .env("FI_SOCKETS_IFACE", "lo")
         .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .map_err(|e| format!("fi_pingpong (package libfabric-bin): {e}"))?;
-    std::thread::sleep(head_start);
-    let client = Command::new("timeout")
+        .stderr(Stdio::null());
+    let mut client = Command::new("timeout");
+    client
         .args(["120", "fi_pingpong"])
         .args(common)
         .args(["-P", &port, "127.0.0.1"])
         .env("FI_TCP_IFACE", "lo")
-        .env("FI_SOCKETS_IFACE", "lo")
-        .output();
+        .env("FI_SOCKETS_IFACE", "lo");
+    if !cpus.is_empty() {
+        pin(&mut server, cpus[0]);
+        pin(&mut client, cpus[1 % cpus.len()]);
+    }
+    let mut server = server.spawn().map_err(|e| format!("fi_pingpong (package libfabric-bin): {e}"))?;
+    std::thread::sleep(head_start);
+    let client = client.output();
     let _ = server.kill();
     let _ = server.wait();
     let client = client.map_err(|e| format!("fi_pingpong: {e}"))?;

@@ -1,17 +1,29 @@
 //! Dedicated CRI assignment (seed 003 Algorithm 3, GET-INSTANCE-ID-DEDICATED): a thread
 //! keeps the CRI it was first given, per runtime, in thread-local storage.
 
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 
 thread_local! {
     /// `(runtime id, CRI index)` pairs of this thread; a handful at most.
     static DEDICATED: RefCell<Vec<(u64, usize)>> = const { RefCell::new(Vec::new()) };
+    /// The pair last looked up (runtime ids start at 1): a thread mostly talks through one
+    /// runtime, and a send and each progress pass ask, so the common answer is one
+    /// thread-local load instead of a `RefCell` borrow and a scan.
+    static LAST: Cell<(u64, usize)> = const { Cell::new((0, 0)) };
 }
 
 /// This thread's dedicated CRI in runtime `id`, assigned by `assign` on first use.
 #[inline]
 pub(crate) fn dedicated(id: u64, assign: impl FnOnce() -> usize) -> usize {
+    if let Ok((r, k)) = LAST.try_with(Cell::get) {
+        if r == id {
+            return k;
+        }
+    }
     let known = DEDICATED.try_with(|d| d.borrow().iter().find(|(r, _)| *r == id).map(|&(_, k)| k));
+    if let Ok(Some(k)) = known {
+        let _ = LAST.try_with(|l| l.set((id, k)));
+    }
     match known {
         Ok(Some(k)) => k,
         Ok(None) => {
@@ -25,6 +37,7 @@ pub(crate) fn dedicated(id: u64, assign: impl FnOnce() -> usize) -> usize {
 
 /// Makes `k` this thread's dedicated CRI in runtime `id` (replacing an earlier choice).
 pub(crate) fn pin(id: u64, k: usize) {
+    let _ = LAST.try_with(|l| l.set((id, k)));
     let _ = DEDICATED.try_with(|d| {
         let mut d = d.borrow_mut();
         match d.iter_mut().find(|(r, _)| *r == id) {

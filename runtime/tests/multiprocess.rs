@@ -144,6 +144,63 @@ fn sigint_tears_every_rank_down() {
     }
 }
 
+/// `--bind-to core` pins rank i to the i-th allowed CPU, round robin, and the ranks still
+/// talk; the default leaves every CPU allowed; a bad binding name is a clear error.
+#[test]
+fn bind_to_core_pins_each_rank() {
+    let _g = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let allowed = |o: &Output| -> Vec<(u32, String)> {
+        let s = String::from_utf8_lossy(&o.stdout);
+        let mut v: Vec<(u32, String)> = s
+            .lines()
+            .filter_map(|l| {
+                let (rank, rest) = l.strip_prefix('[')?.split_once("] ")?;
+                Some((rank.parse().ok()?, rest.strip_prefix("Cpus_allowed_list:")?.trim().to_string()))
+            })
+            .collect();
+        v.sort();
+        v
+    };
+    let run = |extra: &[&str]| {
+        Command::new(WEFTRUN)
+            .args(["-n", "3", "--timeout", "60"])
+            .args(extra)
+            .args(["sh", "-c", "grep Cpus_allowed_list /proc/self/status"])
+            .stdin(Stdio::null())
+            .output()
+            .unwrap()
+    };
+    let free = run(&[]);
+    assert!(free.status.success(), "{}", text(&free));
+    let everywhere = allowed(&free);
+    assert_eq!(everywhere.len(), 3, "{}", text(&free));
+    let bound = run(&["--bind-to", "core"]);
+    assert!(bound.status.success(), "{}", text(&bound));
+    let pinned = allowed(&bound);
+    assert_eq!(pinned.len(), 3, "{}", text(&bound));
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    for (rank, cpus) in &pinned {
+        assert!(cpus.parse::<usize>().is_ok(), "rank {rank} is pinned to one CPU, not {cpus:?}");
+    }
+    if cores >= 2 && everywhere[0].1.contains('-') {
+        assert_ne!(pinned[0].1, pinned[1].1, "ranks 0 and 1 on different CPUs");
+        if cores == 2 {
+            assert_eq!(pinned[0].1, pinned[2].1, "round robin: rank 2 shares rank 0's CPU");
+        }
+    }
+    // Bound ranks still run a job.
+    let o = Command::new(WEFTRUN)
+        .args(["-n", "2", "--provider", "shm", "--bind-to", "core", "--timeout", "120", SELFTEST, "pingpong"])
+        .env("FI_TCP_IFACE", "lo")
+        .env_remove("WEFT_PROVIDER")
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", text(&o));
+    let o = Command::new(WEFTRUN).args(["-n", "2", "--bind-to", "socket", "true"]).output().unwrap();
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+}
+
 #[test]
 fn bad_input_is_a_clear_error() {
     let _g = SERIAL.lock().unwrap_or_else(|p| p.into_inner());

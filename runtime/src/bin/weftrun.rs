@@ -11,6 +11,9 @@
 //!   tears every rank down the same way (no grace).
 //! * Exits with the worst status: the largest exit code, `128 + signal` for a rank killed
 //!   by a signal, 130 when interrupted.
+//! * `--bind-to core` pins rank `i` (every thread it starts) to the `i`-th CPU weftrun may
+//!   run on, round robin (`mpirun --bind-to core`); the default `none` leaves placement to
+//!   the kernel.
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::os::unix::process::{CommandExt, ExitStatusExt};
@@ -38,9 +41,35 @@ struct Args {
     /// Kill the whole job after this many seconds (0 = no limit).
     #[arg(long, default_value_t = 0.0)]
     timeout: f64,
+    /// Binding of ranks to CPUs: none (the kernel places them), or core (rank i on the i-th
+    /// CPU weftrun may use, round robin).
+    #[arg(long = "bind-to", value_enum, default_value_t = Bind::None)]
+    bind_to: Bind,
     /// The program and its arguments.
     #[arg(required = true, num_args = 1.., allow_hyphen_values = true)]
     command: Vec<String>,
+}
+
+/// Where ranks run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+enum Bind {
+    /// Wherever the kernel puts them.
+    None,
+    /// Rank `i` on one CPU: the `i`-th (round robin) of those weftrun may run on.
+    Core,
+}
+
+/// The CPUs this process may run on, in order.
+fn allowed_cpus() -> Vec<usize> {
+    // SAFETY: a zeroed `cpu_set_t` is a valid empty set; `sched_getaffinity` writes at most
+    // `size_of::<cpu_set_t>()` bytes into it.
+    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    // SAFETY: as above; pid 0 is the calling thread.
+    if unsafe { libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) } != 0 {
+        return Vec::new();
+    }
+    // SAFETY: `CPU_ISSET` reads the set initialized above, for indices below its capacity.
+    (0..libc::CPU_SETSIZE as usize).filter(|&c| unsafe { libc::CPU_ISSET(c, &set) }).collect()
 }
 
 /// The first SIGINT/SIGTERM received (0 = none).
@@ -142,6 +171,11 @@ fn run(args: &Args) -> i32 {
     };
     install_signal_handlers();
     let kvs = server.local_addr().to_string();
+    let cpus = if args.bind_to == Bind::Core { allowed_cpus() } else { Vec::new() };
+    if args.bind_to == Bind::Core && cpus.is_empty() {
+        eprintln!("weftrun: --bind-to core: cannot read this process's CPU affinity");
+        return 2;
+    }
     let mut children: Vec<(u32, Child, Option<ExitStatus>)> = Vec::new();
     let mut forwarders = Vec::new();
     for rank in 0..args.n {
@@ -161,11 +195,25 @@ fn run(args: &Args) -> i32 {
                 cmd.env(var, "lo");
             }
         }
+        // The rank's CPU set, built before the fork (the child may only make system calls).
+        let bind: Option<libc::cpu_set_t> = (!cpus.is_empty()).then(|| {
+            // SAFETY: a zeroed `cpu_set_t` is a valid empty set.
+            let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+            // SAFETY: the CPU index came from `CPU_ISSET` over this set type's capacity.
+            unsafe { libc::CPU_SET(cpus[rank as usize % cpus.len()], &mut set) };
+            set
+        });
         // SAFETY: the closure runs in the child between fork and exec and only calls
-        // `prctl`, which is async-signal-safe: the rank is killed if weftrun dies.
+        // `prctl` and `sched_setaffinity`, which are async-signal-safe system calls: the rank
+        // is killed if weftrun dies, and runs (with every thread it starts) on its CPU.
         unsafe {
-            cmd.pre_exec(|| {
+            cmd.pre_exec(move || {
                 libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+                if let Some(set) = &bind {
+                    if libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), set) != 0 {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                }
                 Ok(())
             })
         };
