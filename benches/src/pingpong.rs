@@ -7,10 +7,12 @@
 //! blocking `send`/`recv` with reused buffers, one thread per rank; `fi_pingpong`'s is its
 //! `usec/xfer` column, which is the same one-way time. Medians over `--runs`.
 //!
-//! `--bind core` (the default, as `mpirun` binds two ranks) pins both sides the same way:
-//! weft's ranks by `weftrun --bind-to core`, `fi_pingpong`'s server and client to the first
-//! and second CPU this process may use. Unpinned, two busy-polling processes on a 2-vCPU VM
-//! sometimes share a CPU for a whole run, which made single runs of either side 2-4x slow.
+//! `--bind core` pins both sides the same way: weft's ranks by `weftrun --bind-to core`,
+//! `fi_pingpong`'s server and client to the first and second CPU this process may use.
+//! Unpinned (the default), two busy-polling processes on a 2-vCPU VM sometimes share a CPU
+//! for a whole run, which makes single runs of either side 2-4x slow; pinned, `fi_pingpong`
+//! is steadier but weft is not faster (docs/BENCHMARKS.md, session 6: a rank pinned to one
+//! CPU has a spin budget of one slot, so its sync-object phase yields).
 
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -38,8 +40,8 @@ pub struct Args {
     /// CSV output.
     #[arg(long)]
     csv: bool,
-    /// Binding of both sides' processes: core (one CPU each) or none.
-    #[arg(long, default_value = "core", value_parser = ["core", "none"])]
+    /// Binding of both sides' processes: none, or core (one CPU each).
+    #[arg(long, default_value = "none", value_parser = ["none", "core"])]
     bind: String,
     /// Internal: one rank of the weft side.
     #[arg(long, hide = true)]
