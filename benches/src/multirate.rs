@@ -65,6 +65,10 @@ pub struct Args {
     /// Allow overtaking (no message ordering).
     #[arg(short = 'o', long = "overtaking")]
     overtaking: bool,
+    /// Assert no `Tag::Any` receive on the communicators (MPI 4.0 `mpi_assert_no_any_tag`):
+    /// matching and ordering per tag partition, each under its own lock.
+    #[arg(long = "no-any-tag")]
+    no_any_tag: bool,
     /// Runs per configuration; the median is reported.
     #[arg(long, default_value_t = 3)]
     runs: usize,
@@ -210,6 +214,7 @@ pub fn run(a: &Args) -> Result<(), String> {
         "matching",
         "comm_per_pair",
         "overtaking",
+        "no_any_tag",
         "msg_rate",
     ]);
     if !a.csv {
@@ -267,6 +272,7 @@ pub fn run(a: &Args) -> Result<(), String> {
                                             mm.to_string(),
                                             (a.comm_per_pair as u8).to_string(),
                                             (a.overtaking as u8).to_string(),
+                                            (a.no_any_tag as u8).to_string(),
                                             format!("{rate:.0}"),
                                         ]);
                                         table.print_last(a.csv);
@@ -331,13 +337,15 @@ fn measure(p: &Point, a: &Args) -> Result<f64, String> {
     }
     let runtimes = builder.build_local(nranks).map_err(|e| e.to_string())?;
     // Communicators per rank: world, or dups (collective, so every rank dups in parallel).
-    let ncomms = if comm_per_pair && p.mode == Mode::Thread { links.len() } else { usize::from(comm_per_pair || overtaking) };
+    let assertions = weft::Assertions { allow_overtaking: overtaking, no_any_tag: a.no_any_tag };
+    let ncomms =
+        if comm_per_pair && p.mode == Mode::Thread { links.len() } else { usize::from(comm_per_pair || overtaking || a.no_any_tag) };
     let comms: Vec<Vec<Communicator>> = std::thread::scope(|s| {
         let hs: Vec<_> = runtimes
             .iter()
             .map(|rt| {
                 s.spawn(move || -> Result<Vec<Communicator>, String> {
-                    (0..ncomms).map(|_| rt.world().dup_with(overtaking).map_err(|e| e.to_string())).collect()
+                    (0..ncomms).map(|_| rt.world().dup_with_assertions(assertions).map_err(|e| e.to_string())).collect()
                 })
             })
             .collect();
@@ -547,6 +555,9 @@ fn launch(p: &Point, a: &Args, provider: Provider) -> Result<f64, String> {
     if a.overtaking {
         cmd.arg("-o");
     }
+    if a.no_any_tag {
+        cmd.arg("--no-any-tag");
+    }
     if let Some(us) = a.yield_us {
         cmd.args(["--yield-us", &us.to_string()]);
     }
@@ -589,9 +600,11 @@ fn rank_worker(p: &Point, a: &Args, provider: Provider) -> Result<(), String> {
     }
     let me = rt.rank() as usize;
     let links = p.pattern.links(t);
-    let ncomms = if a.comm_per_pair && p.mode == Mode::Thread { links.len() } else { usize::from(a.comm_per_pair || a.overtaking) };
+    let assertions = weft::Assertions { allow_overtaking: a.overtaking, no_any_tag: a.no_any_tag };
+    let ncomms =
+        if a.comm_per_pair && p.mode == Mode::Thread { links.len() } else { usize::from(a.comm_per_pair || a.overtaking || a.no_any_tag) };
     let comms: Vec<Communicator> =
-        (0..ncomms).map(|_| rt.world().dup_with(a.overtaking).map_err(|e| e.to_string())).collect::<Result<_, _>>()?;
+        (0..ncomms).map(|_| rt.world().dup_with_assertions(assertions).map_err(|e| e.to_string())).collect::<Result<_, _>>()?;
     let comm_for = |l: usize| -> &Communicator {
         match ncomms {
             0 => rt.world(),

@@ -21,6 +21,8 @@ use std::fmt;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::Arc;
 
+use crossbeam_utils::CachePadded;
+
 use crate::config::Assignment;
 use weft_sync::{Error, Status};
 use weft_transport::{FrameKind, Header};
@@ -48,20 +50,49 @@ pub(crate) struct CommState {
     send_seq: Box<[AtomicU32]>,
     /// Row length of `send_seq`.
     seq_stride: usize,
-    /// Ordering channels: with `Config::per_thread_order` under `Assignment::Dedicated`, the
-    /// CRI count (a thread always sends through its one CRI, whose inbox is FIFO); else 1
-    /// (one sequence per destination: MPI's per-source order).
+    /// Ordering channels: `thread channels x tag partitions`. Thread channels: with
+    /// `Config::per_thread_order` under `Assignment::Dedicated`, the CRI count (a thread
+    /// always sends through its one CRI, whose inbox is FIFO); else 1 (one sequence per
+    /// destination: MPI's per-source order).
     chans: usize,
-    /// Matching queues (`MatchingMode::PerComm`).
-    pub(crate) matching: PathLock<MatchState>,
+    /// Tag partitions: 1, or [`TAG_PARTS`] when the communicator asserts `no_any_tag` (no
+    /// receive can then match two tags, so messages of different tags need no common order
+    /// and are matched under different locks).
+    parts: usize,
+    /// Matching queues (`MatchingMode::PerComm`), one per tag partition, each on cache
+    /// lines of its own.
+    pub(crate) matching: Box<[CachePadded<PathLock<MatchState>>]>,
+}
+
+/// Tag partitions of a communicator that asserts `no_any_tag`.
+pub(crate) const TAG_PARTS: usize = 16;
+
+/// MPI 4.0 communicator assertions (the `mpi_assert_*` info keys), given to
+/// [`Communicator::dup_with_assertions`] and inherited by `dup`.
+///
+/// Each one is a promise by the program that lets weft drop work: a communicator that
+/// asserts `no_any_tag` orders and matches messages per tag partition, each under its own
+/// lock, so threads that use different tags on one shared communicator no longer contend
+/// on one matching lock, one sequence counter per destination and one reorder window per
+/// source (seed 003 §5.4.3 found that contention the main cost of multithreaded MPI).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Assertions {
+    /// `mpi_assert_allow_overtaking`: messages need not match in the order they were sent.
+    pub allow_overtaking: bool,
+    /// `mpi_assert_no_any_tag`: no receive or probe on the communicator uses `Tag::Any`
+    /// (one that does fails with `Error::InvalidArgument`). Messages of one source and tag
+    /// still match in send order.
+    pub no_any_tag: bool,
 }
 
 impl CommState {
-    fn new(shared: &Shared, context: u32, size: u32, overtaking: bool) -> Self {
-        let chans = match shared.config.assignment {
+    fn new(shared: &Shared, context: u32, size: u32, overtaking: bool, no_any_tag: bool) -> Self {
+        let thread_chans = match shared.config.assignment {
             Assignment::Dedicated if shared.config.per_thread_order => shared.config.cris.max(1),
             _ => 1,
         };
+        let parts = if no_any_tag { TAG_PARTS } else { 1 };
+        let chans = thread_chans * parts;
         // 16 u32 counters per 64-byte line.
         let seq_stride = (size as usize).div_ceil(16) * 16;
         CommState {
@@ -72,13 +103,40 @@ impl CommState {
             send_seq: (0..chans * seq_stride).map(|_| AtomicU32::new(0)).collect(),
             seq_stride,
             chans,
-            matching: PathLock::new(
-                shared.config.locks.matching,
-                &shared.lock_options,
-                shared.config.lock_timing,
-                MatchState::new(size, overtaking),
-            ),
+            parts,
+            matching: (0..parts)
+                .map(|_| {
+                    CachePadded::new(PathLock::new(
+                        shared.config.locks.matching,
+                        &shared.lock_options,
+                        shared.config.lock_timing,
+                        MatchState::new(size, overtaking),
+                    ))
+                })
+                .collect(),
         }
+    }
+
+    /// The tag partition of `tag` (0 unless the communicator asserts `no_any_tag`).
+    #[inline]
+    pub(crate) fn part(&self, tag: i32) -> usize {
+        if self.parts == 1 {
+            return 0;
+        }
+        // Fibonacci hashing: tags that differ in low bits (one per thread, say) spread.
+        ((tag as u32).wrapping_mul(0x9E37_79B9) >> (32 - TAG_PARTS.trailing_zeros())) as usize
+    }
+
+    /// Whether receives and probes with `Tag::Any` are refused.
+    #[inline]
+    pub(crate) fn no_any_tag(&self) -> bool {
+        self.parts > 1
+    }
+
+    /// Tag partitions (matching locks under `MatchingMode::PerComm`).
+    #[inline]
+    pub(crate) fn parts(&self) -> usize {
+        self.parts
     }
 
     #[inline]
@@ -105,14 +163,15 @@ impl fmt::Debug for Communicator {
             .field("rank", &self.rank())
             .field("size", &self.size())
             .field("overtaking", &self.p2p.overtaking)
+            .field("no_any_tag", &self.p2p.no_any_tag())
             .finish()
     }
 }
 
 impl Communicator {
-    pub(crate) fn create(shared: &Arc<Shared>, context: u32, size: u32, overtaking: bool) -> Result<Self, Error> {
-        let p2p = Arc::new(CommState::new(shared, context, size, overtaking));
-        let coll = Arc::new(CommState::new(shared, context + 1, size, false));
+    pub(crate) fn create(shared: &Arc<Shared>, context: u32, size: u32, a: Assertions) -> Result<Self, Error> {
+        let p2p = Arc::new(CommState::new(shared, context, size, a.allow_overtaking, a.no_any_tag));
+        let coll = Arc::new(CommState::new(shared, context + 1, size, false, false));
         shared.install(p2p.clone())?;
         shared.install(coll.clone())?;
         Ok(Communicator { shared: shared.clone(), p2p, coll })
@@ -140,6 +199,11 @@ impl Communicator {
     /// Whether messages on this communicator may overtake each other.
     pub fn allows_overtaking(&self) -> bool {
         self.p2p.overtaking
+    }
+
+    /// The communicator's assertions (inherited by `dup`).
+    pub fn assertions(&self) -> Assertions {
+        Assertions { allow_overtaking: self.p2p.overtaking, no_any_tag: self.p2p.no_any_tag() }
     }
 
     fn check(&self, rank: u32, tag: i32) -> Result<(), Error> {
@@ -175,7 +239,7 @@ impl Communicator {
         // With per-thread order, the thread's dedicated CRI is its ordering channel (seed 003
         // §5.4.4: one sequence per source shared by every thread forces frames that travel
         // through different CRIs back into one order, filling the out-of-sequence queue).
-        let chan = if st.chans > 1 { k } else { 0 };
+        let chan = if st.chans > st.parts { k * st.parts } else { 0 } + st.part(tag);
         let seq = if st.overtaking { 0 } else { st.send_seq[chan * st.seq_stride + dest as usize].fetch_add(1, Ordering::Relaxed) };
         let mut header = Header {
             kind: FrameKind::Eager,
@@ -196,7 +260,7 @@ impl Communicator {
             let posted = unsafe { s.post_frame(k, dest, header, bytes, || Some(new_inner(|i| i.context = st.context))) }?;
             return Ok(match posted {
                 Posted::Sent => Request::sent(self, Status { source: dest, tag, bytes: len }, buf),
-                Posted::Deferred(inner) => Request::send(self, inner.expect("an eager deferral carries its request"), buf),
+                Posted::Deferred(inner) => Request::send(self, inner.expect("an eager deferral carries its request"), buf, st.part(tag)),
             });
         }
         // Rendezvous.
@@ -216,7 +280,7 @@ impl Communicator {
             s.transport.deregister(key);
             return Err(e);
         }
-        Ok(Request::send(self, inner, buf))
+        Ok(Request::send(self, inner, buf, st.part(tag)))
     }
 
     /// Starts receiving into `buf`'s capacity from `source` with `tag` (`MPI_Irecv`). The
@@ -228,13 +292,26 @@ impl Communicator {
         } else if self.p2p.is_freed() {
             return Err(Error::CommFreed);
         }
-        if let Tag::Is(t) = tag {
-            let max = self.shared.config.max_tag;
-            if !(0..=max).contains(&t) {
-                return Err(Error::InvalidTag { tag: t, max });
-            }
-        }
+        self.check_recv_tag(tag)?;
         self.irecv_on(&self.p2p, buf, source, tag)
+    }
+
+    /// A receive's or probe's tag: in range, and not `Tag::Any` on a `no_any_tag`
+    /// communicator.
+    fn check_recv_tag(&self, tag: Tag) -> Result<(), Error> {
+        match tag {
+            Tag::Is(t) => {
+                let max = self.shared.config.max_tag;
+                if !(0..=max).contains(&t) {
+                    return Err(Error::InvalidTag { tag: t, max });
+                }
+            }
+            Tag::Any if self.p2p.no_any_tag() => {
+                return Err(Error::InvalidArgument("Tag::Any on a communicator that asserts no_any_tag"));
+            }
+            Tag::Any => {}
+        }
+        Ok(())
     }
 
     fn irecv_on<B: RecvBuf>(&self, st: &CommState, mut buf: B, source: Source, tag: Tag) -> Result<Request<'_, B>, Error> {
@@ -247,8 +324,12 @@ impl Communicator {
             i.elem = elem;
             i.context = st.context;
         });
+        let part = match tag {
+            Tag::Is(t) => st.part(t),
+            Tag::Any => 0,
+        };
         let early = s.main_path(|| {
-            s.with_matching(st, |m| {
+            s.with_matching(st, part, |m| {
                 // Under the matching lock: `free` sets the flag before it drains the queues,
                 // so a receive posted here is either refused or drained (failed) by it.
                 if st.is_freed() {
@@ -260,7 +341,7 @@ impl Communicator {
         if let Some(frame) = early {
             s.finish_match(s.cri_for_thread(), inner.clone(), frame);
         }
-        Ok(Request::recv(self, inner, buf))
+        Ok(Request::recv(self, inner, buf, part))
     }
 
     /// Sends and waits (`MPI_Send`).
@@ -292,29 +373,40 @@ impl Communicator {
         if self.p2p.is_freed() {
             return Err(Error::CommFreed);
         }
-        self.shared.progress_once();
         let (source, tag) = (source.into(), tag.into());
-        Ok(self.shared.main_path(|| self.shared.with_matching(&self.p2p, |m| m.probe(source, tag))).map(|(source, tag, bytes)| Status {
-            source,
-            tag,
-            bytes,
-        }))
+        self.check_recv_tag(tag)?;
+        self.shared.progress_once();
+        let part = match tag {
+            Tag::Is(t) => self.p2p.part(t),
+            Tag::Any => 0,
+        };
+        Ok(self
+            .shared
+            .main_path(|| self.shared.with_matching(&self.p2p, part, |m| m.probe(source, tag)))
+            .map(|(source, tag, bytes)| Status { source, tag, bytes }))
     }
 
     /// Duplicates the communicator (`MPI_Comm_dup`; collective: every rank must call it, in
     /// the same order per communicator). The new one has its own context and matching
     /// queues; `overtaking` allows its messages to overtake each other.
     pub fn dup(&self) -> Result<Communicator, Error> {
-        self.dup_with(self.p2p.overtaking)
+        self.dup_with_assertions(self.assertions())
     }
 
-    /// [`dup`](Self::dup), choosing whether the new communicator allows overtaking.
+    /// [`dup`](Self::dup), choosing whether the new communicator allows overtaking (its
+    /// other assertions are inherited).
     pub fn dup_with(&self, overtaking: bool) -> Result<Communicator, Error> {
+        self.dup_with_assertions(Assertions { allow_overtaking: overtaking, ..self.assertions() })
+    }
+
+    /// [`dup`](Self::dup) with these [`Assertions`] (`MPI_Comm_dup_with_info` with the
+    /// `mpi_assert_*` keys). Collective: every rank passes the same assertions.
+    pub fn dup_with_assertions(&self, assertions: Assertions) -> Result<Communicator, Error> {
         if self.p2p.is_freed() {
             return Err(Error::CommFreed);
         }
         let context = self.agree_context()?;
-        Communicator::create(&self.shared, context, self.size(), overtaking)
+        Communicator::create(&self.shared, context, self.size(), assertions)
     }
 
     /// A context id free on every rank: propose the lowest locally free slot pair, take the
@@ -406,21 +498,22 @@ impl Communicator {
                 continue;
             }
             let mut frames = Vec::new();
-            let (posted, counters) = s.with_matching(st, |m| {
-                let posted = m.drain(|f| frames.push(f));
-                let counters = m.counters;
-                // Give the queues' memory back (the state lingers until collected; under
-                // `Global` matching the slot's queues are tagged with the id, so a later
-                // communicator in the slot replaces this empty one).
-                *m = MatchState::new(0, st.overtaking);
-                (posted, counters)
-            });
-            {
+            let mut posted = Vec::new();
+            for part in 0..s.matching_parts(st) {
+                let counters = s.with_matching(st, part, |m| {
+                    posted.extend(m.drain(|f| frames.push(f)));
+                    let counters = m.counters;
+                    // Give the queues' memory back (the state lingers until collected; under
+                    // `Global` matching the slot's queues are tagged with the id, so a later
+                    // communicator in the slot replaces this empty one).
+                    *m = MatchState::new(0, st.overtaking);
+                    counters
+                });
                 let mut c = s.freed_counters.lock();
                 c.0.unexpected += counters.unexpected;
                 c.0.out_of_sequence += counters.out_of_sequence;
                 c.0.match_nanos += counters.match_nanos;
-                crate::paths::add(&mut c.1, st.matching.stats());
+                crate::paths::add(&mut c.1, st.matching[part].stats());
             }
             // Outside the matching lock: releasing an `Rts` sends its `Fin`.
             for f in frames {

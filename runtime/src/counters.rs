@@ -87,9 +87,11 @@ pub(crate) fn snapshot(s: &Shared) -> Snapshot {
     {
         let _gate = s.table_gate.read();
         for comm in s.installed() {
-            fold(s.with_matching(comm, |m| m.counters));
-            if s.config.matching == MatchingMode::PerComm {
-                add(&mut out.matching_lock, comm.matching.stats());
+            for part in 0..s.matching_parts(comm) {
+                fold(s.with_matching(comm, part, |m| m.counters));
+                if s.config.matching == MatchingMode::PerComm {
+                    add(&mut out.matching_lock, comm.matching[part].stats());
+                }
             }
         }
     }

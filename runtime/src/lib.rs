@@ -110,7 +110,7 @@ mod runtime;
 mod wait;
 
 pub use buffer::{Primitive, RecvBuf, SendBuf};
-pub use comm::Communicator;
+pub use comm::{Assertions, Communicator};
 
 pub use config::{Assignment, Config, Locks, MatchingMode, ProgressMode, Provider};
 pub use counters::Snapshot;

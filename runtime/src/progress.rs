@@ -142,7 +142,8 @@ impl Shared {
 
     /// Unposts a receive that has not matched yet. Returns whether it was unposted.
     pub(crate) fn cancel_recv(&self, comm: &crate::comm::CommState, inner: &Arc<crate::request::ReqInner>) -> bool {
-        self.main_path(|| self.with_matching(comm, |m| m.cancel(inner)))
+        // The receive's tag is not kept: look in every tag partition (cancel is rare).
+        self.main_path(|| (0..self.matching_parts(comm)).any(|part| self.with_matching(comm, part, |m| m.cancel(inner))))
     }
 }
 
@@ -272,8 +273,9 @@ thread_local! {
     static WAIT_CTX: std::cell::Cell<u32> = const { std::cell::Cell::new(0) };
 }
 
-/// A `Concurrent` waiter attending its dedicated CRI: its communicator is recorded in
-/// `Cri::attending` while it polls that CRI on every pass, so waiters on other communicators
+/// A `Concurrent` waiter attending its dedicated CRI: its communicator (and tag partition) is
+/// recorded in `Cri::attending` while it polls that CRI on every pass, so waiters on other
+/// communicators (or partitions)
 /// leave the CRI's frames to it. Not while it parks (a parked thread polls nothing; the
 /// others must walk its CRI then).
 pub(crate) struct Attend<'a> {
@@ -283,10 +285,12 @@ pub(crate) struct Attend<'a> {
 }
 
 impl<'a> Attend<'a> {
-    /// Attends the calling thread's dedicated CRI for a wait on context `ctx`.
-    pub(crate) fn new(shared: &'a Shared, ctx: u32) -> Self {
+    /// Attends the calling thread's dedicated CRI for a wait on context `ctx`, tag partition
+    /// `part` (waiters on other partitions of a `no_any_tag` communicator leave the CRI to
+    /// it, as waiters on other communicators do).
+    pub(crate) fn new(shared: &'a Shared, ctx: u32, part: usize) -> Self {
         let k = shared.cri_for_thread();
-        let tag = ctx.wrapping_add(1).max(1);
+        let tag = ctx.wrapping_mul(crate::comm::TAG_PARTS as u32 + 1).wrapping_add(part as u32 + 1).max(1);
         shared.cris[k].attending.store(tag, Ordering::Relaxed);
         WAIT_CTX.with(|c| c.set(tag));
         Attend { shared, k, tag }
@@ -444,7 +448,7 @@ pub(crate) fn wait_all<B: Send + 'static>(shared: &Shared, reqs: &mut [Request<'
             let owner_mode = shared.config.progress == ProgressMode::Owner;
             let me = crate::cri::thread_token();
             let attend = (!owner_mode && shared.config.assignment == crate::config::Assignment::Dedicated)
-                .then(|| Attend::new(shared, reqs[first].communicator().context_id()));
+                .then(|| Attend::new(shared, reqs[first].communicator().context_id(), reqs[first].part()));
             let mut idle = 0;
             let mut spin = weft_sync::IdleBackoff::new();
             let pause = shared.config.idle_pause;

@@ -224,14 +224,17 @@ impl Shared {
                 continue;
             };
             let timing = self.config.match_timing.then(std::time::Instant::now);
-            let refused = self.with_matching_low(comm, |m| {
+            let part = comm.part(frame.header.tag);
+            let refused = self.with_matching_low(comm, part, |m| {
                 // Under the matching lock: `free` sets the flag before it drains the queues,
                 // so a frame is either refused here or drained (released) by `free`.
                 if comm.is_freed() {
                     return Some(frame);
                 }
                 m.arrive(frame, matched);
-                while let Some(next) = it.next_if(|f| f.header.kind != FrameKind::Fin && f.header.context == ctx) {
+                while let Some(next) =
+                    it.next_if(|f| f.header.kind != FrameKind::Fin && f.header.context == ctx && comm.part(f.header.tag) == part)
+                {
                     m.arrive(next, matched);
                 }
                 if let Some(t0) = timing {
@@ -447,7 +450,9 @@ impl Shared {
         {
             let _gate = self.table_gate.read();
             for comm in self.installed() {
-                self.with_matching(comm, |m| m.fail_lost(alive, any_alive, &mut failed));
+                for part in 0..self.matching_parts(comm) {
+                    self.with_matching(comm, part, |m| m.fail_lost(alive, any_alive, &mut failed));
+                }
             }
         }
         let n = failed.len();

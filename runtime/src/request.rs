@@ -142,6 +142,9 @@ pub struct Request<'c, B: Send + 'static> {
     /// A completed cell for such a send, made only if someone asks for one (attaching it
     /// to a sync object).
     sent_cell: std::sync::OnceLock<Arc<ReqInner>>,
+    /// The tag partition of the communicator the operation is matched in (0 unless it
+    /// asserts `no_any_tag`): a waiter attends its CRI for this partition.
+    part: u16,
 }
 
 impl<B: Send + 'static> fmt::Debug for Request<'_, B> {
@@ -173,7 +176,7 @@ pub(crate) fn done_cell() -> &'static CompletionCell {
 }
 
 impl<'c, B: Send + 'static> Request<'c, B> {
-    pub(crate) fn send(comm: &'c Communicator, inner: Arc<ReqInner>, buf: B) -> Self {
+    pub(crate) fn send(comm: &'c Communicator, inner: Arc<ReqInner>, buf: B, part: usize) -> Self {
         Request {
             comm,
             inner: Some(inner),
@@ -182,6 +185,7 @@ impl<'c, B: Send + 'static> Request<'c, B> {
             filled: None,
             sent: None,
             sent_cell: std::sync::OnceLock::new(),
+            part: part as u16,
         }
     }
 
@@ -195,7 +199,13 @@ impl<'c, B: Send + 'static> Request<'c, B> {
             filled: None,
             sent: Some(status),
             sent_cell: std::sync::OnceLock::new(),
+            part: 0,
         }
+    }
+
+    /// The tag partition the operation is matched in.
+    pub(crate) fn part(&self) -> usize {
+        usize::from(self.part)
     }
 
     /// Whether the operation has completed (no progress is made).
@@ -268,7 +278,7 @@ impl<'c, B: Send + 'static> Request<'c, B> {
 }
 
 impl<'c, B: RecvBuf> Request<'c, B> {
-    pub(crate) fn recv(comm: &'c Communicator, inner: Arc<ReqInner>, buf: B) -> Self {
+    pub(crate) fn recv(comm: &'c Communicator, inner: Arc<ReqInner>, buf: B, part: usize) -> Self {
         Request {
             comm,
             inner: Some(inner),
@@ -277,6 +287,7 @@ impl<'c, B: RecvBuf> Request<'c, B> {
             filled: Some(<B as RecvBuf>::filled),
             sent: None,
             sent_cell: std::sync::OnceLock::new(),
+            part: part as u16,
         }
     }
 }

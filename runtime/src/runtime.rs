@@ -241,12 +241,22 @@ impl Shared {
         drop(batch);
     }
 
-    /// Main path: runs `f` on a communicator's matching state under its matching lock,
-    /// with high priority (posting, probing, cancelling).
+    /// How many matching states `comm` has: one per tag partition under `PerComm`, one
+    /// (the global lock's slot, holding every partition's queues) under `Global`.
     #[inline]
-    pub(crate) fn with_matching<R>(&self, comm: &CommState, f: impl FnOnce(&mut MatchState) -> R) -> R {
+    pub(crate) fn matching_parts(&self, comm: &CommState) -> usize {
         match self.config.matching {
-            MatchingMode::PerComm => comm.matching.high(f),
+            MatchingMode::PerComm => comm.parts(),
+            MatchingMode::Global => 1,
+        }
+    }
+
+    /// Main path: runs `f` on tag partition `part` of a communicator's matching state under
+    /// its matching lock, with high priority (posting, probing, cancelling).
+    #[inline]
+    pub(crate) fn with_matching<R>(&self, comm: &CommState, part: usize, f: impl FnOnce(&mut MatchState) -> R) -> R {
+        match self.config.matching {
+            MatchingMode::PerComm => comm.matching[part].high(f),
             MatchingMode::Global => self.global_match.high(|all| f(Self::global_slot(all, comm))),
         }
     }
@@ -254,10 +264,10 @@ impl Shared {
     /// Progress path: [`with_matching`](Self::with_matching) with low priority, for
     /// arrivals.
     #[inline]
-    pub(crate) fn with_matching_low<R>(&self, comm: &CommState, f: impl FnOnce(&mut MatchState) -> R) -> R {
+    pub(crate) fn with_matching_low<R>(&self, comm: &CommState, part: usize, f: impl FnOnce(&mut MatchState) -> R) -> R {
         // An arrival is always handled (matched or queued): a productive acquisition.
         match self.config.matching {
-            MatchingMode::PerComm => comm.matching.low(|m| (f(m), true)),
+            MatchingMode::PerComm => comm.matching[part].low(|m| (f(m), true)),
             MatchingMode::Global => self.global_match.low(|all| (f(Self::global_slot(all, comm)), true)),
         }
     }
@@ -645,7 +655,7 @@ impl Builder {
                     transport: ep,
                     config: config.clone(),
                 });
-                let world = Communicator::create(&shared, 0, size, false)?;
+                let world = Communicator::create(&shared, 0, size, crate::comm::Assertions::default())?;
                 let exec = Arc::new(ExecGuard { shared: shared.clone() });
                 Ok(Runtime { shared, world, exec })
             })

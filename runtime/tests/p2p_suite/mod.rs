@@ -505,3 +505,130 @@ fn freed_context_ids_are_reused_and_stale_frames_dropped() {
         }
     }
 }
+
+fn dup_assert(rts: &[Runtime], a: weft::Assertions) -> (weft::Communicator, weft::Communicator) {
+    std::thread::scope(|s| {
+        let h = s.spawn(|| rts[1].world().dup_with_assertions(a).unwrap());
+        (rts[0].world().dup_with_assertions(a).unwrap(), h.join().unwrap())
+    })
+}
+
+/// `no_any_tag` (MPI 4.0 `mpi_assert_no_any_tag`): `Tag::Any` receives and probes are
+/// refused and lose nothing, `dup` inherits the assertion, and with many threads and tags
+/// on one communicator — every progress mode, both CRI assignments (and per-thread order),
+/// both matching modes — messages of one (source, tag) still match in send order, `Source::Any` receives of a
+/// tag take that tag's messages in order, and unexpected messages wait in their partition.
+#[test]
+fn no_any_tag_orders_per_tag_and_refuses_wildcard_tags() {
+    let a = weft::Assertions { no_any_tag: true, ..Default::default() };
+    let rts = world(2, ProgressMode::Concurrent);
+    let (c0, c1) = dup_assert(&rts, a);
+    assert_eq!(c0.assertions(), a);
+    assert!(matches!(c1.irecv(Vec::<u8>::with_capacity(1), 0u32, Tag::Any), Err(Error::InvalidArgument(_))));
+    assert!(matches!(c1.iprobe(Source::Any, Tag::Any), Err(Error::InvalidArgument(_))));
+    assert!(matches!(c1.iprobe(0u32, -1), Err(Error::InvalidTag { .. })));
+    // Nothing was lost by the refusals: a message sent before them is still there.
+    c0.send(vec![1u8], 1, 77).unwrap();
+    let st = (0..1000).find_map(|_| c1.iprobe(0u32, 77).unwrap()).expect("probe by tag finds it");
+    assert_eq!((st.tag, st.bytes), (77, 1));
+    assert_eq!(c1.recv(Vec::<u8>::with_capacity(1), Source::Any, 77).unwrap().0, vec![1]);
+    let (d0, d1) = std::thread::scope(|s| {
+        let h = s.spawn(|| c1.dup().unwrap());
+        (c0.dup().unwrap(), h.join().unwrap())
+    });
+    assert_eq!(d1.assertions(), a, "dup inherits");
+    assert!(d0.irecv(Vec::<u8>::with_capacity(1), 1u32, Tag::Any).is_err());
+    let (o0, _o1) = {
+        let b = weft::Assertions { allow_overtaking: true, ..a };
+        dup_assert(&rts, b)
+    };
+    assert!(o0.allows_overtaking() && o0.assertions().no_any_tag);
+    drop((rts, c0, c1, d0, d1, o0));
+
+    for mode in MODES {
+        for (asg, per_thread) in [(Assignment::RoundRobin, false), (Assignment::Dedicated, false), (Assignment::Dedicated, true)] {
+            for mm in [MatchingMode::PerComm, MatchingMode::Global] {
+                let rts = super::builder()
+                    .progress(mode)
+                    .assignment(asg)
+                    .per_thread_order(per_thread)
+                    .matching(mm)
+                    .cris(3)
+                    .build_local(2)
+                    .unwrap();
+                let (c0, c1) = dup_assert(&rts, a);
+                let before = rts[1].counters().messages_received;
+                const PER: u32 = 150;
+                std::thread::scope(|s| {
+                    // Four sender threads; each sends on two tags, interleaved.
+                    for t in 0..4i32 {
+                        let c0 = &c0;
+                        s.spawn(move || {
+                            let mut reqs = Vec::new();
+                            for i in 0..PER {
+                                for tag in [t, t + 16] {
+                                    reqs.push(c0.isend(i.to_le_bytes().to_vec(), 1, tag).unwrap());
+                                }
+                            }
+                            weft::wait_all(&mut reqs).unwrap();
+                        });
+                    }
+                    // One receiver thread per tag; half with Source::Any. Receives posted late
+                    // (after a pause) find unexpected messages in their partition.
+                    for tag in (0..4i32).chain(16..20) {
+                        let c1 = &c1;
+                        s.spawn(move || {
+                            if tag % 2 == 0 {
+                                std::thread::sleep(Duration::from_millis(20));
+                            }
+                            for i in 0..PER {
+                                let src = if tag >= 16 { Source::Any } else { Source::Rank(0) };
+                                let (b, st) = c1.recv(Vec::<u8>::with_capacity(4), src, tag).unwrap();
+                                assert_eq!(
+                                    u32::from_le_bytes(b[..4].try_into().unwrap()),
+                                    i,
+                                    "{mode} {asg} {per_thread} {mm}: tag {tag} out of order"
+                                );
+                                assert_eq!((st.source, st.tag), (0, tag));
+                            }
+                        });
+                    }
+                });
+                let n = rts[1].counters();
+                assert_eq!(n.messages_received - before, u64::from(PER) * 8, "{mode} {asg} {per_thread} {mm}");
+            }
+        }
+    }
+}
+
+/// On a `no_any_tag` communicator, receives in several tag partitions are each cancelled by
+/// dropping them, failed with `CommFreed` by `free`, and messages still queued are dropped.
+#[test]
+fn no_any_tag_cancel_and_free_reach_every_partition() {
+    let a = weft::Assertions { no_any_tag: true, ..Default::default() };
+    for mode in MODES {
+        let rts = world(2, mode);
+        let (c0, c1) = dup_assert(&rts, a);
+        // Dropping unmatched receives in many partitions cancels them: later messages on
+        // those tags go to the receives posted after.
+        for tag in 0..32 {
+            drop(c1.irecv(Vec::<u8>::with_capacity(1), 0u32, tag).unwrap());
+        }
+        for tag in 0..32 {
+            c0.send(vec![tag as u8], 1, tag).unwrap();
+        }
+        for tag in (0..32).rev() {
+            assert_eq!(c1.recv(Vec::<u8>::with_capacity(1), 0u32, tag).unwrap().0, vec![tag as u8], "{mode}");
+        }
+        // Pending receives in every partition fail with CommFreed at free; an unexpected
+        // message is dropped with the queues.
+        c0.send(vec![9u8], 1, 1000).unwrap();
+        while c1.iprobe(0u32, 1000).unwrap().is_none() {}
+        let mut pending: Vec<_> = (0..32).map(|tag| c1.irecv(Vec::<u8>::with_capacity(1), 0u32, tag).unwrap()).collect();
+        c1.clone().free();
+        for r in pending.iter_mut() {
+            assert!(matches!(r.take(), Some(Err(Error::CommFreed))), "{mode}");
+        }
+        assert!(matches!(c1.iprobe(0u32, 1000), Err(Error::CommFreed)));
+    }
+}
