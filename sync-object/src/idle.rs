@@ -72,6 +72,12 @@ const SPIN_LIMIT: u32 = 6;
 const YIELD_LIMIT: u32 = 10;
 
 /// The process's spin budget: one spinner per core.
+///
+/// Process-wide state, against the habit of hanging everything off a `Runtime`: the cores
+/// are the process's, not a runtime's, and the ranks of an embedded job (several runtimes in
+/// one process) share them — a budget per runtime would let each spin on every core. It is
+/// written when a waiter starts and stops spinning (once per blocking wait, not per message
+/// of a window).
 static PROCESS: SpinSlots = SpinSlots::new(usize::MAX);
 
 /// A waiter's idle step: spin while a core is free for it, else yield. A process-wide budget
