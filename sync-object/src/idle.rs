@@ -97,8 +97,15 @@ pub struct IdleBackoff {
     /// Idle steps so far, up to `YIELD_LIMIT + 1` (crossbeam's `Backoff` schedule).
     step: u32,
     budget: &'static SpinSlots,
-    /// Whether this waiter holds a spin slot.
+    /// Whether this waiter spins: on a slot of its own, or (see `may_spin`) on its thread's.
     spinning: bool,
+    /// Whether `spinning` is on a slot this waiter took (and gives back).
+    own_slot: bool,
+}
+
+thread_local! {
+    /// Spin slots the waiters of this thread hold (at most a couple: a wait nested in one).
+    static HELD: std::cell::Cell<u32> = const { std::cell::Cell::new(0) };
 }
 
 impl Default for IdleBackoff {
@@ -114,7 +121,7 @@ impl IdleBackoff {
     }
 
     fn with_budget(budget: &'static SpinSlots) -> Self {
-        IdleBackoff { step: 0, budget, spinning: false }
+        IdleBackoff { step: 0, budget, spinning: false, own_slot: false }
     }
 
     /// One idle step: a spin of `2^step` `PAUSE`s for the first seven steps if
@@ -140,10 +147,19 @@ impl IdleBackoff {
     /// with its own spin loop asks this before each spin and yields when told no. A second
     /// `IdleBackoff` of the same thread takes a slot of its own: a wait nested in another
     /// (the sync-object wait inside a runtime wait, which keeps its slot) spins only while
-    /// yet another core is free.
+    /// yet another core is free — except with a budget of one slot (a process bound to one
+    /// CPU, as `weftrun --bind-to core` does): there is no second slot to wait for, and no
+    /// other thread could spin meanwhile, so the nested wait spins on its thread's slot.
     pub fn may_spin(&mut self) -> bool {
         if !self.spinning {
-            self.spinning = self.budget.enter();
+            if self.budget.enter() {
+                self.spinning = true;
+                self.own_slot = true;
+                let _ = HELD.try_with(|h| h.set(h.get() + 1));
+            } else if self.budget.slots() == 1 && HELD.try_with(|h| h.get() > 0).unwrap_or(false) {
+                self.spinning = true;
+                self.own_slot = false;
+            }
         }
         self.spinning
     }
@@ -159,7 +175,8 @@ impl IdleBackoff {
     }
 
     fn leave(&mut self) {
-        if std::mem::take(&mut self.spinning) {
+        if std::mem::take(&mut self.spinning) && std::mem::take(&mut self.own_slot) {
+            let _ = HELD.try_with(|h| h.set(h.get().saturating_sub(1)));
             self.budget.leave();
         }
     }
@@ -220,6 +237,36 @@ mod tests {
             assert!(a.spinning, "after a productive poll the waiter spins again");
         });
         assert_eq!(count(), 0);
+    }
+
+    /// A wait nested in another on the same thread needs a second slot — unless the budget
+    /// has only one (a process bound to one CPU): then it spins on its thread's slot, and
+    /// other threads still do not spin.
+    #[test]
+    fn nested_waits_share_the_only_slot() {
+        static ONE: SpinSlots = SpinSlots::new(1);
+        static TWO: SpinSlots = SpinSlots::new(2);
+        on_thread(|| {
+            let mut outer = IdleBackoff::with_budget(&ONE);
+            assert!(outer.may_spin());
+            let mut inner = IdleBackoff::with_budget(&ONE);
+            assert!(inner.may_spin(), "one slot: the nested wait spins on its thread's");
+            on_thread(|| assert!(!IdleBackoff::with_budget(&ONE).may_spin(), "another thread does not"));
+            drop(inner);
+            assert_eq!(ONE.spinning.load(Ordering::Relaxed), 1, "the nested wait gave back nothing it did not take");
+            drop(outer);
+            assert_eq!(ONE.spinning.load(Ordering::Relaxed), 0);
+        });
+        on_thread(|| {
+            let mut outer = IdleBackoff::with_budget(&TWO);
+            assert!(outer.may_spin());
+            let mut inner = IdleBackoff::with_budget(&TWO);
+            assert!(inner.may_spin(), "two slots: the nested wait takes the second");
+            assert_eq!(TWO.spinning.load(Ordering::Relaxed), 2);
+            let mut third = IdleBackoff::with_budget(&TWO);
+            assert!(!third.may_spin(), "and a third waiter of the thread finds none");
+        });
+        assert_eq!(TWO.spinning.load(Ordering::Relaxed), 0);
     }
 
     /// A waiter that never gets a slot still completes its backoff (callers park on it).
