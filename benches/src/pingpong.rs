@@ -11,8 +11,7 @@
 //! `fi_pingpong`'s server and client to the first and second CPU this process may use.
 //! Unpinned (the default), two busy-polling processes on a 2-vCPU VM sometimes share a CPU
 //! for a whole run, which makes single runs of either side 2-4x slow; pinned, `fi_pingpong`
-//! is steadier but weft is not faster (docs/BENCHMARKS.md, session 6: a rank pinned to one
-//! CPU has a spin budget of one slot, so its sync-object phase yields).
+//! is steadier, weft about as fast as unpinned (docs/BENCHMARKS.md, session 6).
 
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};

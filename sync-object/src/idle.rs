@@ -10,7 +10,8 @@
 //! step and given back when its spin phase ends or the waiter is dropped (once per wait,
 //! not per message). The runtime's blocking waits hold theirs for the whole wait, so the
 //! sync-object wait nested inside (whose backoff spins longer) spins only with a second
-//! slot, while another core is idle.
+//! slot, while another core is idle — or, in a process bound to one CPU (a budget of one
+//! slot), on its thread's own slot.
 //!
 //! Measured (docs/BENCHMARKS.md, "Session 6: idle waiters under oversubscription"):
 //! multirate on 2 cores, process mode at 4 and 8 pairs 5.3-5.6 -> 6.5-7.5 M msg/s, thread
