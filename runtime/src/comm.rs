@@ -405,7 +405,7 @@ impl Communicator {
         if self.p2p.is_freed() {
             return Err(Error::CommFreed);
         }
-        let context = self.agree_context()?;
+        let context = self.agree_context(assertions)?;
         Communicator::create(&self.shared, context, self.size(), assertions)
     }
 
@@ -413,8 +413,14 @@ impl Communicator {
     /// maximum over ranks, claim it locally, then agree that every rank could and on a
     /// generation above each rank's last one in that slot; else retry above it. (Seed 002's
     /// multithreaded mask algorithm replaces this in a later issue.)
-    fn agree_context(&self) -> Result<u32, Error> {
+    ///
+    /// Every rank must pass the same `assertions` (ranks that disagree would number and
+    /// match messages differently: a receiver partitioning by tag would wait forever for
+    /// sequence numbers a sender spread over one channel); a mismatch is found in the first
+    /// reduction, before any slot is claimed, and every rank fails with `InvalidArgument`.
+    fn agree_context(&self, assertions: Assertions) -> Result<u32, Error> {
         let s = &*self.shared;
+        let bits = u32::from(assertions.allow_overtaking) | u32::from(assertions.no_any_tag) << 1;
         s.collect_retired(false);
         let mut hint = 0u32;
         for _round in 0..64 {
@@ -426,7 +432,13 @@ impl Communicator {
                 }
                 c
             };
-            let [slot] = self.allreduce([proposal], |a, b| [a[0].max(b[0])])?;
+            // With the proposal, the assertion bits and their complement: the maxima equal
+            // the bits only if every rank passed the same ones.
+            let [slot, any_set, any_clear] =
+                self.allreduce([proposal, bits, !bits & 3], |a, b| [a[0].max(b[0]), a[1].max(b[1]), a[2].max(b[2])])?;
+            if any_set != bits || any_clear != !bits & 3 {
+                return Err(Error::InvalidArgument("dup: the ranks passed different assertions"));
+            }
             if slot as usize + 1 >= MAX_CONTEXTS {
                 return Err(Error::InvalidArgument("out of context ids: every slot is taken by a communicator not freed on some rank"));
             }

@@ -543,7 +543,17 @@ fn no_any_tag_orders_per_tag_and_refuses_wildcard_tags() {
         dup_assert(&rts, b)
     };
     assert!(o0.allows_overtaking() && o0.assertions().no_any_tag);
-    drop((rts, c0, c1, d0, d1, o0));
+    // Ranks that pass different assertions both get an error (no hang), and the
+    // communicator they dup from still works.
+    let (e0, e1) = std::thread::scope(|s| {
+        let h = s.spawn(|| rts[1].world().dup_with_assertions(weft::Assertions::default()));
+        (rts[0].world().dup_with_assertions(a), h.join().unwrap())
+    });
+    assert!(matches!(e0, Err(Error::InvalidArgument(_))) && matches!(e1, Err(Error::InvalidArgument(_))), "{e0:?} {e1:?}");
+    let (f0, f1) = dup_assert(&rts, a);
+    f0.send(vec![5u8], 1, 3).unwrap();
+    assert_eq!(f1.recv(Vec::<u8>::with_capacity(1), 0u32, 3).unwrap().0, vec![5]);
+    drop((rts, c0, c1, d0, d1, o0, f0, f1));
 
     for mode in MODES {
         for (asg, per_thread) in [(Assignment::RoundRobin, false), (Assignment::Dedicated, false), (Assignment::Dedicated, true)] {
