@@ -127,6 +127,16 @@ impl CommState {
         ((tag as u32).wrapping_mul(0x9E37_79B9) >> (32 - TAG_PARTS.trailing_zeros())) as usize
     }
 
+    /// The tag partition a receive or probe for `tag` is matched in (`Tag::Any`, refused on
+    /// a partitioned communicator, has the one partition of the others).
+    #[inline]
+    pub(crate) fn part_of(&self, tag: Tag) -> usize {
+        match tag {
+            Tag::Is(t) => self.part(t),
+            Tag::Any => 0,
+        }
+    }
+
     /// Whether receives and probes with `Tag::Any` are refused.
     #[inline]
     pub(crate) fn no_any_tag(&self) -> bool {
@@ -324,10 +334,7 @@ impl Communicator {
             i.elem = elem;
             i.context = st.context;
         });
-        let part = match tag {
-            Tag::Is(t) => st.part(t),
-            Tag::Any => 0,
-        };
+        let part = st.part_of(tag);
         let early = s.main_path(|| {
             s.with_matching(st, part, |m| {
                 // Under the matching lock: `free` sets the flag before it drains the queues,
@@ -376,10 +383,7 @@ impl Communicator {
         let (source, tag) = (source.into(), tag.into());
         self.check_recv_tag(tag)?;
         self.shared.progress_once();
-        let part = match tag {
-            Tag::Is(t) => self.p2p.part(t),
-            Tag::Any => 0,
-        };
+        let part = self.p2p.part_of(tag);
         Ok(self
             .shared
             .main_path(|| self.shared.with_matching(&self.p2p, part, |m| m.probe(source, tag)))

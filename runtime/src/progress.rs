@@ -275,9 +275,8 @@ thread_local! {
 
 /// A `Concurrent` waiter attending its dedicated CRI: its communicator (and tag partition) is
 /// recorded in `Cri::attending` while it polls that CRI on every pass, so waiters on other
-/// communicators (or partitions)
-/// leave the CRI's frames to it. Not while it parks (a parked thread polls nothing; the
-/// others must walk its CRI then).
+/// communicators (or partitions) leave the CRI's frames to it. Not while it parks (a parked
+/// thread polls nothing; the others must walk its CRI then).
 pub(crate) struct Attend<'a> {
     shared: &'a Shared,
     k: usize,
@@ -480,8 +479,8 @@ pub(crate) fn wait_all<B: Send + 'static>(shared: &Shared, reqs: &mut [Request<'
                     }
                 }
             }
-            // `spin` lives on through the sync-object wait below, whose own backoff spins on
-            // the slot this thread holds (one per thread) instead of competing for another.
+            // `spin` keeps its slot through the sync-object wait below, whose own backoff then
+            // spins only with a second, free slot (or, with a one-slot budget, on this one).
             if first < reqs.len() {
                 // Algorithm 2: attach what is pending, then wait on the sync object.
                 WAIT_SYNC.with(|sync| {

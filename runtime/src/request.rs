@@ -176,31 +176,18 @@ pub(crate) fn done_cell() -> &'static CompletionCell {
 }
 
 impl<'c, B: Send + 'static> Request<'c, B> {
+    /// Every field once; `filled` is set by `recv` for receives.
+    fn with(comm: &'c Communicator, inner: Option<Arc<ReqInner>>, buf: B, kind: Kind, sent: Option<Status>, part: usize) -> Self {
+        Request { comm, inner, buf: Some(buf), kind, filled: None, sent, sent_cell: std::sync::OnceLock::new(), part: part as u16 }
+    }
+
     pub(crate) fn send(comm: &'c Communicator, inner: Arc<ReqInner>, buf: B, part: usize) -> Self {
-        Request {
-            comm,
-            inner: Some(inner),
-            buf: Some(buf),
-            kind: Kind::Send,
-            filled: None,
-            sent: None,
-            sent_cell: std::sync::OnceLock::new(),
-            part: part as u16,
-        }
+        Self::with(comm, Some(inner), buf, Kind::Send, None, part)
     }
 
     /// A send that completed before `isend` returned, with `status`.
     pub(crate) fn sent(comm: &'c Communicator, status: Status, buf: B) -> Self {
-        Request {
-            comm,
-            inner: None,
-            buf: Some(buf),
-            kind: Kind::Send,
-            filled: None,
-            sent: Some(status),
-            sent_cell: std::sync::OnceLock::new(),
-            part: 0,
-        }
+        Self::with(comm, None, buf, Kind::Send, Some(status), 0)
     }
 
     /// The tag partition the operation is matched in.
@@ -279,16 +266,9 @@ impl<'c, B: Send + 'static> Request<'c, B> {
 
 impl<'c, B: RecvBuf> Request<'c, B> {
     pub(crate) fn recv(comm: &'c Communicator, inner: Arc<ReqInner>, buf: B, part: usize) -> Self {
-        Request {
-            comm,
-            inner: Some(inner),
-            buf: Some(buf),
-            kind: Kind::Recv,
-            filled: Some(<B as RecvBuf>::filled),
-            sent: None,
-            sent_cell: std::sync::OnceLock::new(),
-            part: part as u16,
-        }
+        let mut r = Self::with(comm, Some(inner), buf, Kind::Recv, None, part);
+        r.filled = Some(<B as RecvBuf>::filled);
+        r
     }
 }
 
