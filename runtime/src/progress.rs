@@ -401,6 +401,10 @@ fn park_two(s: &Shared, mut a: SignalListener<'_>, mut b: Option<SignalListener<
 /// attaches them to the thread's sync object.
 const TEST_SPINS: u32 = 16;
 
+/// The same while no thread on the machine waits for a core
+/// (`IdleBackoff::may_spin_long`): about 0.1-0.2 ms of idle passes.
+const LONG_TEST_SPINS: u32 = 2048;
+
 /// Index of the first request from `from` on that has not completed (`reqs.len()` if none).
 #[inline]
 fn first_pending<B: Send + 'static>(reqs: &[Request<'_, B>], mut from: usize) -> usize {
@@ -451,7 +455,19 @@ pub(crate) fn wait_all<B: Send + 'static>(shared: &Shared, reqs: &mut [Request<'
             let mut idle = 0;
             let mut spin = weft_sync::IdleBackoff::new();
             let pause = shared.config.idle_pause;
-            while idle < TEST_SPINS {
+            let mut limit = TEST_SPINS;
+            loop {
+                if idle >= limit {
+                    // With a core for every runnable thread on the machine (a rank per core
+                    // polling, as in a ping-pong), attaching and the sync-object wait's yields
+                    // would only lengthen a wait that is about to end: test on, up to
+                    // `LONG_TEST_SPINS` idle passes.
+                    if limit == TEST_SPINS && spin.may_spin_long() {
+                        limit = LONG_TEST_SPINS;
+                    } else {
+                        break;
+                    }
+                }
                 first = first_pending(reqs, first);
                 if first == reqs.len() {
                     break;

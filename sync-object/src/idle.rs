@@ -17,8 +17,9 @@
 //! multirate on 2 cores, process mode at 4 and 8 pairs 5.3-5.6 -> 6.5-7.5 M msg/s, thread
 //! mode 4.7-4.9 -> 5.3-5.6 M; 1 pair unchanged within noise.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::OnceLock;
+use std::time::Instant;
 
 /// A process-wide budget of spinning waiters. (Not loom-checked: a count that guards no
 /// data; waits under loom never spin.)
@@ -65,6 +66,104 @@ impl SpinSlots {
     fn leave(&self) {
         self.spinning.fetch_sub(1, Ordering::Relaxed);
     }
+}
+
+/// Whether the machine has a core for every runnable thread, sampled at most once per
+/// [`SAMPLE_EVERY`]: the oversubscription test of Open MPI's `mpi_yield_when_idle` and
+/// MPICH's `MPIR_CVAR_..._YIELD`, made at run time instead of by the launcher, since
+/// threads oversubscribe as easily as processes (seed 003 §4.5).
+///
+/// On Linux the count is `/proc/loadavg`'s "runnable" field (threads running or waiting for
+/// a CPU, the reader included) against the CPUs this process may use. A spinning or
+/// yielding waiter is runnable, so two busy-polling ranks on two cores read 2 (spare), a
+/// 16-thread job on two cores reads 16 (not spare). Elsewhere, or if the file cannot be
+/// read, the answer is always "not spare" (waiters keep yielding as before).
+struct Occupancy {
+    /// Microseconds since `EPOCH` of the last sample, `u64::MAX` while one is taken.
+    stamp_us: AtomicU64,
+    /// The last sample's answer.
+    spare: AtomicBool,
+}
+
+/// How old a sample may be.
+const SAMPLE_EVERY: std::time::Duration = std::time::Duration::from_millis(2);
+
+static OCCUPANCY: Occupancy = Occupancy { stamp_us: AtomicU64::new(0), spare: AtomicBool::new(false) };
+
+impl Occupancy {
+    fn spare(&self) -> bool {
+        let now = epoch_us();
+        // Relaxed: a hint; a stale answer costs one wait its long spin or one yield.
+        let stamp = self.stamp_us.load(Ordering::Relaxed);
+        if stamp != u64::MAX
+            && now.saturating_sub(stamp) >= SAMPLE_EVERY.as_micros() as u64
+            && self.stamp_us.compare_exchange(stamp, u64::MAX, Ordering::Relaxed, Ordering::Relaxed).is_ok()
+        {
+            let spare = runnable_threads().is_some_and(|r| r <= PROCESS.slots());
+            self.spare.store(spare, Ordering::Relaxed);
+            self.stamp_us.store(now, Ordering::Relaxed);
+        }
+        self.spare.load(Ordering::Relaxed)
+    }
+}
+
+/// How often a thread checks that its CPU is its own (`cpu_is_ours`).
+const PROBE_EVERY_US: u64 = 1000;
+
+/// A `sched_yield` that returns later than this ran another thread meanwhile (alone it
+/// returns in about 0.5 µs on a KVM guest; handing the CPU to a yielding thread and back
+/// takes 2.5 µs and more).
+const SHARED_YIELD: std::time::Duration = std::time::Duration::from_nanos(1500);
+
+thread_local! {
+    /// (Microseconds since `EPOCH` + 1 of this thread's last probe, its answer.)
+    static PROBE: std::cell::Cell<(u64, bool)> = const { std::cell::Cell::new((0, false)) };
+}
+
+fn epoch_us() -> u64 {
+    static EPOCH: OnceLock<Instant> = OnceLock::new();
+    EPOCH.get_or_init(Instant::now).elapsed().as_micros() as u64 + 1
+}
+
+/// Whether no other runnable thread shares this thread's CPU, judged at most every
+/// millisecond by timing one `sched_yield`: the machine-wide count (`Occupancy`) can read
+/// "spare" while two busy threads sit on one CPU and another idles (the load balancer moves
+/// one within milliseconds); spinning long there would hold the CPU from the very thread
+/// the spinner waits for. The probe's yield costs about 0.5 µs once per millisecond.
+fn cpu_is_ours() -> bool {
+    PROBE
+        .try_with(|p| {
+            let (stamp, ours) = p.get();
+            let now = epoch_us();
+            if now.saturating_sub(stamp) < PROBE_EVERY_US {
+                return ours;
+            }
+            let t = Instant::now();
+            std::thread::yield_now();
+            let ours = t.elapsed() < SHARED_YIELD;
+            p.set((epoch_us(), ours));
+            ours
+        })
+        .unwrap_or(false)
+}
+
+/// Threads runnable on the machine now (`/proc/loadavg`'s fourth field, before the `/`).
+#[cfg(target_os = "linux")]
+fn runnable_threads() -> Option<usize> {
+    use std::io::Read;
+    let mut buf = [0u8; 128];
+    let n = std::fs::File::open("/proc/loadavg").and_then(|mut f| f.read(&mut buf)).ok()?;
+    parse_runnable(std::str::from_utf8(&buf[..n]).ok()?)
+}
+
+#[cfg(not(target_os = "linux"))]
+fn runnable_threads() -> Option<usize> {
+    None
+}
+
+/// The runnable count of a `/proc/loadavg` line ("0.25 0.32 0.15 2/78 27954").
+fn parse_runnable(line: &str) -> Option<usize> {
+    line.split_whitespace().nth(3)?.split('/').next()?.parse().ok()
 }
 
 /// Idle steps that spin (`2^step` `PAUSE`s each), as crossbeam's `Backoff`.
@@ -127,11 +226,18 @@ impl IdleBackoff {
 
     /// One idle step: a spin of `2^step` `PAUSE`s for the first seven steps if
     /// a spin slot is free (the schedule of crossbeam's `Backoff::snooze`), else
-    /// `yield_now`. Every step counts towards [`is_completed`](Self::is_completed), spun or
+    /// `yield_now` — or, while the machine has a core for every runnable thread
+    /// ([`may_spin_long`](Self::may_spin_long)), another spin of `2^6`. Every step counts towards [`is_completed`](Self::is_completed), spun or
     /// yielded, so a caller that parks once the backoff completes does park.
     pub fn snooze(&mut self) {
         if self.step <= SPIN_LIMIT && self.may_spin() {
             for _ in 0..1u32 << self.step {
+                std::hint::spin_loop();
+            }
+        } else if self.step <= YIELD_LIMIT && self.may_spin_long() {
+            // No thread on the machine waits for a core: a yield would only add its system
+            // call (and up to its length) to the wait.
+            for _ in 0..1u32 << SPIN_LIMIT {
                 std::hint::spin_loop();
             }
         } else {
@@ -163,6 +269,16 @@ impl IdleBackoff {
             }
         }
         self.spinning
+    }
+
+    /// Whether this waiter may go on polling without yielding past its short spin: it
+    /// [may spin](Self::may_spin) and every runnable thread on the machine has a core
+    /// (sampled at most every 2 ms; on Linux from `/proc/loadavg`, elsewhere never). A
+    /// busy-polling rank of a two-process ping-pong on two cores gets a yes; a waiter among
+    /// more runnable threads than cores (threads or processes) gets a no and yields, since
+    /// the thread it waits for may be the one without a core.
+    pub fn may_spin_long(&mut self) -> bool {
+        OCCUPANCY.spare() && self.may_spin() && cpu_is_ours()
     }
 
     /// Whether the spin phase is over (every further step yields).
@@ -283,6 +399,43 @@ mod tests {
             assert!(steps <= YIELD_LIMIT + 1, "never completes");
         }
         assert_eq!(steps, YIELD_LIMIT + 1);
+    }
+
+    #[test]
+    fn runnable_count_is_read_from_loadavg() {
+        assert_eq!(parse_runnable("0.25 0.32 0.15 2/78 27954\n"), Some(2));
+        assert_eq!(parse_runnable("0.25 0.32 0.15 17/301 5"), Some(17));
+        assert_eq!(parse_runnable("garbage"), None);
+        assert_eq!(parse_runnable("1 2 3 x/4 5"), None);
+        #[cfg(target_os = "linux")]
+        assert!(runnable_threads().is_some_and(|r| r >= 1), "the reader itself is runnable");
+    }
+
+    /// With more runnable threads than cores, no waiter spins long; a sample is reused
+    /// within its period.
+    #[test]
+    fn busy_machine_has_no_spare_core() {
+        let cores = PROCESS.slots();
+        let stop = AtomicBool::new(false);
+        std::thread::scope(|s| {
+            for _ in 0..cores + 2 {
+                s.spawn(|| {
+                    while !stop.load(Ordering::Relaxed) {
+                        std::hint::spin_loop();
+                    }
+                });
+            }
+            std::thread::sleep(std::time::Duration::from_millis(20));
+            // The busy threads are runnable now: at least cores + 2 of them (+ this one).
+            let deadline = Instant::now() + std::time::Duration::from_secs(5);
+            let mut spare = true;
+            while spare && Instant::now() < deadline {
+                spare = OCCUPANCY.spare();
+                std::thread::sleep(SAMPLE_EVERY);
+            }
+            stop.store(true, Ordering::Relaxed);
+            assert!(!spare, "more runnable threads than cores read as spare");
+        });
     }
 
     /// The process budget is the number of cores.
