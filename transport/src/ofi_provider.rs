@@ -312,10 +312,13 @@ struct Cri {
     /// The endpoint; libfabric owns every posted slot of the buffers below.
     ep: Endpoint,
     /// Staging, send slots, reposts. The runtime's CRI lock already serializes most callers;
-    /// this one also covers `send_control` (no runtime lock) and the watcher.
+    /// this one also covers `send_control` (no runtime lock) and the watcher. Injected
+    /// frames need none of it and are sent without it.
     st: Mutex<CriState>,
     /// `st.staged` is non-empty (read without the mutex by `has_frames`).
     ready: AtomicBool,
+    /// Frames sent and polled through this CRI (see `note_activity`, `recently_active`).
+    activity: AtomicU64,
     /// `recv_slots` receive slots.
     recv_mem: RawBuf,
     /// `send_slots` send slots.
@@ -424,6 +427,7 @@ impl Opened {
                         rma_issued: 0,
                     }),
                     ready: AtomicBool::new(false),
+                    activity: AtomicU64::new(0),
                     recv_mem: RawBuf::new(slot_size * self.opts.recv_slots),
                     send_mem: RawBuf::new(slot_size * self.opts.send_slots),
                 })
@@ -450,6 +454,7 @@ impl Opened {
             inject_limit,
             max_msg,
             last_active: AtomicU64::new(coarse_ms()),
+            seen_activity: AtomicU64::new(0),
             provider: self.opts.provider.clone(),
             domain: self.domain,
             av: self.av,
@@ -520,8 +525,10 @@ struct Inner {
     inject_limit: usize,
     /// Largest single message / RMA transfer.
     max_msg: usize,
-    /// Coarse-clock ms of the last frame sent or received (written only when it changes).
+    /// Coarse-clock ms at which activity was last seen (see `recently_active`).
     last_active: AtomicU64,
+    /// The sum of the CRIs' `activity` counters when `recently_active` last looked.
+    seen_activity: AtomicU64,
     /// libfabric provider name.
     provider: String,
     /// Keeps the domain open for registrations (endpoints hold it too).
@@ -537,17 +544,37 @@ impl Inner {
         self.peers[rank as usize * (self.k + 1) + ep]
     }
 
-    #[inline]
+    /// Records activity outside the frame path (an RMA read done).
     fn touch(&self) {
         let now = coarse_ms();
-        // Written only when the millisecond changes: no shared write per message.
+        // Written only when the millisecond changes: no shared write per call.
         if self.last_active.load(Ordering::Relaxed) != now {
             self.last_active.store(now, Ordering::Relaxed);
         }
     }
 
+    /// Counts a frame sent or polled on `cri`. A plain load and store on the CRI's own line,
+    /// no clock read: the message path stays free of both; the idle paths that ask
+    /// `recently_active` turn counts into time.
+    #[inline]
+    fn note_activity(cri: &Cri) {
+        // Relaxed, not a read-modify-write: two racing writers may lose an increment, but
+        // the counter still changes, and readers only compare it with what they saw last.
+        cri.activity.store(cri.activity.load(Ordering::Relaxed).wrapping_add(1), Ordering::Relaxed);
+    }
+
+    /// Whether frames moved in the last `ACTIVE_MS`: activity counted since the last call
+    /// (then "now" is remembered), or remembered less than `ACTIVE_MS` ago. Asked by idle
+    /// waiters and the watcher, which poll it at least every millisecond while traffic flows.
     fn recently_active(&self) -> bool {
-        coarse_ms().saturating_sub(self.last_active.load(Ordering::Relaxed)) < ACTIVE_MS
+        let now = coarse_ms();
+        let sum = self.cris.iter().fold(0u64, |a, c| a.wrapping_add(c.activity.load(Ordering::Relaxed)));
+        if self.seen_activity.load(Ordering::Relaxed) != sum {
+            self.seen_activity.store(sum, Ordering::Relaxed);
+            self.last_active.store(now, Ordering::Relaxed);
+            return true;
+        }
+        now.saturating_sub(self.last_active.load(Ordering::Relaxed)) < ACTIVE_MS
     }
 
     fn is_alive(&self, r: u32) -> bool {
@@ -887,20 +914,43 @@ impl Rank {
                 None => return Err(SendError::Invalid("rendezvous buffer is not registered")),
             }
         }
+        if total <= s.inject_limit {
+            // An inject copies the frame before it returns and completes nothing: the CRI's
+            // state (send slots, staging) is not touched, so no lock is taken — the endpoint
+            // is thread-safe, and the runtime's CRI lock already orders a thread's frames.
+            let res = if total <= SMALL_FRAME {
+                // Most frames (protocol frames, small messages): a buffer that costs nothing
+                // to zero, rather than 4 KiB of memset per message.
+                let mut buf = [0u8; SMALL_FRAME];
+                encode(&h, &mut buf);
+                buf[WIRE_HEADER..total].copy_from_slice(data);
+                cri.ep.inject(&buf[..total], to)
+            } else {
+                let mut buf = [0u8; INJECT_MAX];
+                encode(&h, &mut buf);
+                buf[WIRE_HEADER..total].copy_from_slice(data);
+                cri.ep.inject(&buf[..total], to)
+            };
+            return match res {
+                Ok(Post::Posted) => {
+                    Inner::note_activity(cri);
+                    Ok(())
+                }
+                Ok(Post::WouldBlock) => {
+                    // Drive the provider before the caller retries.
+                    if let Some(mut st) = cri.st.try_lock() {
+                        s.reap(cri, &mut st);
+                    }
+                    Err(SendError::WouldBlock)
+                }
+                Err(_) => {
+                    s.mark_lost(dst);
+                    Err(SendError::PeerLost)
+                }
+            };
+        }
         let mut st = cri.st.lock();
-        let res = if total <= SMALL_FRAME.min(s.inject_limit) {
-            // Most frames (protocol frames, small messages): a buffer that costs nothing to
-            // zero, rather than 4 KiB of memset per message.
-            let mut buf = [0u8; SMALL_FRAME];
-            encode(&h, &mut buf);
-            buf[WIRE_HEADER..total].copy_from_slice(data);
-            cri.ep.inject(&buf[..total], to)
-        } else if total <= s.inject_limit {
-            let mut buf = [0u8; INJECT_MAX];
-            encode(&h, &mut buf);
-            buf[WIRE_HEADER..total].copy_from_slice(data);
-            cri.ep.inject(&buf[..total], to)
-        } else {
+        let res = {
             let slot = match st.free_send.pop() {
                 Some(slot) => slot,
                 None => {
@@ -927,8 +977,8 @@ impl Rank {
         };
         match res {
             Ok(Post::Posted) => {
+                Inner::note_activity(cri);
                 drop(st);
-                s.touch();
                 Ok(())
             }
             Ok(Post::WouldBlock) => {
@@ -965,10 +1015,10 @@ impl Rank {
                 None => break,
             }
         }
-        drop(st);
         if n > 0 {
-            s.touch();
+            Inner::note_activity(c);
         }
+        drop(st);
         n
     }
 
