@@ -83,8 +83,15 @@ use crate::ofi::{
 };
 use crate::{Error, SendError};
 
-/// Bytes of the wire header in front of every frame.
+/// Bytes of the full wire header, in front of protocol frames (`Rts`, `Fin`) and of eager
+/// frames that carry rendezvous fields.
 pub const WIRE_HEADER: usize = 56;
+
+/// Bytes of the compact wire header of an eager frame whose payload is the whole message
+/// and which carries no rendezvous fields — every eager message. Its `len` is the bytes
+/// that follow. `fi_pingpong` over `shm` here: 0.23-0.28 µs one-way for 8 bytes, 0.31-0.33
+/// for 64 (an 8-byte message behind the full header).
+pub const COMPACT_HEADER: usize = 24;
 
 /// Largest frame sent with `fi_inject` (bounded by the provider's inject size too); the
 /// frame is assembled on the stack.
@@ -194,18 +201,35 @@ fn get_u64(b: &[u8], at: usize) -> u64 {
     u64::from_le_bytes(w)
 }
 
-/// Writes `h` into the first [`WIRE_HEADER`] bytes of `out`.
+/// Wire kind byte of a compact eager frame (the full ones use `FrameKind as u8`: 0, 1, 2).
+const COMPACT_EAGER: u8 = 0x80;
+
+/// The wire header length for `h` in front of `data_len` payload bytes: compact for an
+/// eager frame that is its whole message and has no rendezvous fields.
+#[inline]
+fn header_len(h: &Header, data_len: usize) -> usize {
+    if h.kind == FrameKind::Eager && h.len == data_len as u64 && h.cookie == 0 && h.key == 0 && h.addr == 0 {
+        COMPACT_HEADER
+    } else {
+        WIRE_HEADER
+    }
+}
+
+/// Writes `h` into the first `header_len(h, ..)` bytes of `out` (`hlen`, which
+/// `header_len` chose).
 ///
 /// | bytes | field | bytes | field |
 /// |---|---|---|---|
-/// | 0 | kind | 16..20 | seq |
+/// | 0 | kind (`0x80`: compact eager) | 16..20 | seq |
 /// | 1 | 0 | 20..22 | chan |
 /// | 2..4 | src_cri | 24..32 | len |
 /// | 4..8 | context | 32..40 | cookie |
 /// | 8..12 | source | 40..48 | key |
 /// | 12..16 | tag | 48..56 | addr |
-fn encode(h: &Header, out: &mut [u8]) {
-    out[0] = h.kind as u8;
+///
+/// A compact header ends at byte 24; its `len` is the payload's, the rest zero.
+fn encode(h: &Header, hlen: usize, out: &mut [u8]) {
+    out[0] = if hlen == COMPACT_HEADER { COMPACT_EAGER } else { h.kind as u8 };
     out[1] = 0;
     put_u16(out, 2, h.src_cri);
     put_u32(out, 4, h.context);
@@ -214,24 +238,31 @@ fn encode(h: &Header, out: &mut [u8]) {
     put_u32(out, 16, h.seq);
     put_u16(out, 20, h.chan);
     put_u16(out, 22, 0);
-    put_u64(out, 24, h.len);
-    put_u64(out, 32, h.cookie);
-    put_u64(out, 40, h.key);
-    put_u64(out, 48, h.addr);
+    if hlen == WIRE_HEADER {
+        put_u64(out, 24, h.len);
+        put_u64(out, 32, h.cookie);
+        put_u64(out, 40, h.key);
+        put_u64(out, 48, h.addr);
+    }
 }
 
-/// Reads a header written by [`encode`]; `None` for a malformed frame.
-fn decode(b: &[u8]) -> Option<Header> {
-    if b.len() < WIRE_HEADER {
+/// Reads a header written by [`encode`] and its length; `None` for a malformed frame.
+fn decode(b: &[u8]) -> Option<(Header, usize)> {
+    if b.len() < COMPACT_HEADER {
         return None;
     }
-    let kind = match b[0] {
-        0 => FrameKind::Eager,
-        1 => FrameKind::Rts,
-        2 => FrameKind::Fin,
+    let (kind, hlen) = match b[0] {
+        0 => (FrameKind::Eager, WIRE_HEADER),
+        1 => (FrameKind::Rts, WIRE_HEADER),
+        2 => (FrameKind::Fin, WIRE_HEADER),
+        COMPACT_EAGER => (FrameKind::Eager, COMPACT_HEADER),
         _ => return None,
     };
-    Some(Header {
+    if b.len() < hlen {
+        return None;
+    }
+    let full = hlen == WIRE_HEADER;
+    let header = Header {
         kind,
         src_cri: get_u16(b, 2),
         context: get_u32(b, 4),
@@ -239,11 +270,12 @@ fn decode(b: &[u8]) -> Option<Header> {
         tag: get_u32(b, 12) as i32,
         seq: get_u32(b, 16),
         chan: get_u16(b, 20),
-        len: get_u64(b, 24),
-        cookie: get_u64(b, 32),
-        key: get_u64(b, 40),
-        addr: get_u64(b, 48),
-    })
+        len: if full { get_u64(b, 24) } else { (b.len() - COMPACT_HEADER) as u64 },
+        cookie: if full { get_u64(b, 32) } else { 0 },
+        key: if full { get_u64(b, 40) } else { 0 },
+        addr: if full { get_u64(b, 48) } else { 0 },
+    };
+    Some((header, hlen))
 }
 
 // ----------------------------------------------------------------------------------------
@@ -700,8 +732,8 @@ impl Inner {
             // SAFETY: the slot's completion was read, so libfabric is done writing it, and it
             // is not re-posted until the copy below is finished.
             let bytes = unsafe { std::slice::from_raw_parts(p, len) };
-            let frame = decode(bytes).map(|header| {
-                let data = &bytes[WIRE_HEADER..];
+            let frame = decode(bytes).map(|(header, hlen)| {
+                let data = &bytes[hlen..];
                 let payload = if data.is_empty() {
                     Payload::Empty
                 } else if data.len() <= INLINE {
@@ -900,7 +932,8 @@ impl Rank {
         if !s.is_alive(dst) {
             return Err(SendError::PeerLost);
         }
-        let total = WIRE_HEADER + data.len();
+        let hlen = header_len(&header, data.len());
+        let total = hlen + data.len();
         if total > s.slot_size {
             return Err(SendError::Invalid("frame larger than the provider's eager capacity"));
         }
@@ -922,13 +955,13 @@ impl Rank {
                 // Most frames (protocol frames, small messages): a buffer that costs nothing
                 // to zero, rather than 4 KiB of memset per message.
                 let mut buf = [0u8; SMALL_FRAME];
-                encode(&h, &mut buf);
-                buf[WIRE_HEADER..total].copy_from_slice(data);
+                encode(&h, hlen, &mut buf);
+                buf[hlen..total].copy_from_slice(data);
                 cri.ep.inject(&buf[..total], to)
             } else {
                 let mut buf = [0u8; INJECT_MAX];
-                encode(&h, &mut buf);
-                buf[WIRE_HEADER..total].copy_from_slice(data);
+                encode(&h, hlen, &mut buf);
+                buf[hlen..total].copy_from_slice(data);
                 cri.ep.inject(&buf[..total], to)
             };
             return match res {
@@ -964,8 +997,8 @@ impl Rank {
             let p = cri.send_mem.slot(slot as usize, s.slot_size);
             // SAFETY: the slot is free (no send posted on it), so nothing else uses it.
             let buf = unsafe { std::slice::from_raw_parts_mut(p, total) };
-            encode(&h, buf);
-            buf[WIRE_HEADER..].copy_from_slice(data);
+            encode(&h, hlen, buf);
+            buf[hlen..].copy_from_slice(data);
             // SAFETY: the slot stays untouched until the send's completion frees it
             // (`complete`/`failed`), and allocated until the endpoint closes.
             let r = unsafe { cri.ep.send(buf, None, to, CTX_SEND | slot as u64) };
@@ -1377,12 +1410,45 @@ mod tests {
             key: 77,
             addr: 0x7fff_0000_1234,
         };
+        assert_eq!(header_len(&h, 0), WIRE_HEADER);
         let mut b = [0u8; WIRE_HEADER];
-        encode(&h, &mut b);
-        assert_eq!(decode(&b), Some(h));
+        encode(&h, WIRE_HEADER, &mut b);
+        assert_eq!(decode(&b), Some((h, WIRE_HEADER)));
+        // An eager frame with rendezvous fields keeps the full header.
+        let odd = Header { kind: FrameKind::Eager, len: 3, ..h };
+        assert_eq!(header_len(&odd, 3), WIRE_HEADER);
         b[0] = 9;
         assert_eq!(decode(&b), None);
         assert_eq!(decode(&b[..10]), None);
+        b[0] = 1;
+        assert_eq!(decode(&b[..40]), None, "a full header cut short");
+    }
+
+    /// An eager frame that is its whole message travels behind the 24-byte header, its
+    /// length taken from the bytes received.
+    #[test]
+    fn eager_frames_use_the_compact_header() {
+        let h = Header {
+            kind: FrameKind::Eager,
+            src_cri: 2,
+            context: 7,
+            source: 9,
+            tag: 1 << 30,
+            seq: 42,
+            chan: 5,
+            len: 5,
+            cookie: 0,
+            key: 0,
+            addr: 0,
+        };
+        assert_eq!(header_len(&h, 5), COMPACT_HEADER);
+        let mut b = [0u8; COMPACT_HEADER + 5];
+        encode(&h, COMPACT_HEADER, &mut b);
+        b[COMPACT_HEADER..].copy_from_slice(b"hello");
+        assert_eq!(decode(&b), Some((h, COMPACT_HEADER)));
+        let empty = Header { len: 0, ..h };
+        assert_eq!(decode(&b[..COMPACT_HEADER]), Some((empty, COMPACT_HEADER)), "a 0-byte message is the header alone");
+        assert_eq!(decode(&b[..COMPACT_HEADER - 1]), None);
     }
 
     /// Receive slots consumed by `poll` are re-posted by a later `reap` (when the CQ is
