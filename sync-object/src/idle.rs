@@ -74,7 +74,7 @@ impl SpinSlots {
 /// threads oversubscribe as easily as processes (seed 003 §4.5).
 ///
 /// On Linux the count is `/proc/loadavg`'s "runnable" field (threads running or waiting for
-/// a CPU, the reader included) against the CPUs this process may use. A spinning or
+/// a CPU, the reader included) against the machine's online CPUs. A spinning or
 /// yielding waiter is runnable, so two busy-polling ranks on two cores read 2 (spare), a
 /// 16-thread job on two cores reads 16 (not spare). Elsewhere, or if the file cannot be
 /// read, the answer is always "not spare" (waiters keep yielding as before).
@@ -99,7 +99,7 @@ impl Occupancy {
             && now.saturating_sub(stamp) >= SAMPLE_EVERY.as_micros() as u64
             && self.stamp_us.compare_exchange(stamp, u64::MAX, Ordering::Relaxed, Ordering::Relaxed).is_ok()
         {
-            let spare = runnable_threads().is_some_and(|r| r <= PROCESS.slots());
+            let spare = runnable_threads().is_some_and(|r| r <= machine_cpus());
             self.spare.store(spare, Ordering::Relaxed);
             self.stamp_us.store(now, Ordering::Relaxed);
         }
@@ -159,6 +159,32 @@ fn runnable_threads() -> Option<usize> {
 #[cfg(not(target_os = "linux"))]
 fn runnable_threads() -> Option<usize> {
     None
+}
+
+/// The machine's online CPUs (the count `/proc/loadavg` is to be set against: it counts
+/// runnable threads machine-wide), or the CPUs this process may use if that is unknown. A
+/// process bound to one CPU still compares with the machine; `cpu_is_ours` then checks its
+/// own CPU.
+fn machine_cpus() -> usize {
+    static CPUS: OnceLock<usize> = OnceLock::new();
+    *CPUS.get_or_init(|| {
+        std::fs::read_to_string("/sys/devices/system/cpu/online").ok().and_then(|s| parse_cpu_list(&s)).unwrap_or_else(|| PROCESS.slots())
+    })
+}
+
+/// The number of CPUs in a kernel CPU list ("0-1", "0,2-5,7").
+fn parse_cpu_list(list: &str) -> Option<usize> {
+    let mut n = 0;
+    for part in list.trim().split(',') {
+        n += match part.split_once('-') {
+            Some((a, b)) => b.parse::<usize>().ok()?.checked_sub(a.parse::<usize>().ok()?)? + 1,
+            None => {
+                part.parse::<usize>().ok()?;
+                1
+            }
+        };
+    }
+    (n > 0).then_some(n)
 }
 
 /// The runnable count of a `/proc/loadavg` line ("0.25 0.32 0.15 2/78 27954").
@@ -407,6 +433,11 @@ mod tests {
         assert_eq!(parse_runnable("0.25 0.32 0.15 17/301 5"), Some(17));
         assert_eq!(parse_runnable("garbage"), None);
         assert_eq!(parse_runnable("1 2 3 x/4 5"), None);
+        assert_eq!(parse_cpu_list("0-1\n"), Some(2));
+        assert_eq!(parse_cpu_list("0,2-5,7"), Some(6));
+        assert_eq!(parse_cpu_list("3-1"), None);
+        assert_eq!(parse_cpu_list(""), None);
+        assert!(machine_cpus() >= 1);
         #[cfg(target_os = "linux")]
         assert!(runnable_threads().is_some_and(|r| r >= 1), "the reader itself is runnable");
     }
@@ -415,7 +446,7 @@ mod tests {
     /// within its period.
     #[test]
     fn busy_machine_has_no_spare_core() {
-        let cores = PROCESS.slots();
+        let cores = machine_cpus();
         let stop = AtomicBool::new(false);
         std::thread::scope(|s| {
             for _ in 0..cores + 2 {
