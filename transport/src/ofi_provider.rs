@@ -15,7 +15,9 @@
 //!
 //! # Eager frames and flow control
 //!
-//! A frame is a 56-byte wire header (the [`Header`] fields) followed by the payload. Every
+//! A frame is a wire header followed by the payload: 24 bytes ([`COMPACT_HEADER`]) for an
+//! eager frame that is its whole message, 56 ([`WIRE_HEADER`], every [`Header`] field) for
+//! protocol frames — the bytes that cross cores are most of a shm hop. Every
 //! CRI keeps `recv_slots` receive buffers posted, each `56 + eager_capacity` bytes — never
 //! smaller than the largest frame a peer sends, because `tcp;ofi_rxm` 1.17 stops delivering
 //! after a truncated receive (docs/OFI.md). A completed slot is decoded, its payload copied
