@@ -69,7 +69,7 @@ impl SpinSlots {
 }
 
 /// Whether the machine has a core for every runnable thread, sampled at most once per
-/// [`SAMPLE_EVERY`]: the oversubscription test of Open MPI's `mpi_yield_when_idle` and
+/// `SAMPLE_EVERY_US`: the oversubscription test of Open MPI's `mpi_yield_when_idle` and
 /// MPICH's `MPIR_CVAR_..._YIELD`, made at run time instead of by the launcher, since
 /// threads oversubscribe as easily as processes (seed 003 §4.5).
 ///
@@ -85,8 +85,8 @@ struct Occupancy {
     spare: AtomicBool,
 }
 
-/// How old a sample may be.
-const SAMPLE_EVERY: std::time::Duration = std::time::Duration::from_millis(2);
+/// How old a sample may be, in microseconds.
+const SAMPLE_EVERY_US: u64 = 2000;
 
 static OCCUPANCY: Occupancy = Occupancy { stamp_us: AtomicU64::new(0), spare: AtomicBool::new(false) };
 
@@ -96,7 +96,7 @@ impl Occupancy {
         // Relaxed: a hint; a stale answer costs one wait its long spin or one yield.
         let stamp = self.stamp_us.load(Ordering::Relaxed);
         if stamp != u64::MAX
-            && now.saturating_sub(stamp) >= SAMPLE_EVERY.as_micros() as u64
+            && now.saturating_sub(stamp) >= SAMPLE_EVERY_US
             && self.stamp_us.compare_exchange(stamp, u64::MAX, Ordering::Relaxed, Ordering::Relaxed).is_ok()
         {
             let spare = runnable_threads().is_some_and(|r| r <= machine_cpus());
@@ -141,7 +141,7 @@ fn cpu_is_ours() -> bool {
             let t = Instant::now();
             std::thread::yield_now();
             let ours = t.elapsed() < SHARED_YIELD;
-            p.set((epoch_us(), ours));
+            p.set((now, ours));
             ours
         })
         .unwrap_or(false)
@@ -462,7 +462,7 @@ mod tests {
             let mut spare = true;
             while spare && Instant::now() < deadline {
                 spare = OCCUPANCY.spare();
-                std::thread::sleep(SAMPLE_EVERY);
+                std::thread::sleep(std::time::Duration::from_micros(SAMPLE_EVERY_US));
             }
             stop.store(true, Ordering::Relaxed);
             assert!(!spare, "more runnable threads than cores read as spare");

@@ -950,47 +950,29 @@ impl Rank {
                 None => return Err(SendError::Invalid("rendezvous buffer is not registered")),
             }
         }
-        if total <= s.inject_limit {
-            // An inject copies the frame before it returns and completes nothing: the CRI's
-            // state (send slots, staging) is not touched, so no lock is taken — the endpoint
-            // is thread-safe, and the runtime's CRI lock already orders a thread's frames.
-            let res = if total <= SMALL_FRAME {
-                // Most frames (protocol frames, small messages): a buffer that costs nothing
-                // to zero, rather than 4 KiB of memset per message.
-                let mut buf = [0u8; SMALL_FRAME];
-                encode(&h, hlen, &mut buf);
-                buf[hlen..total].copy_from_slice(data);
-                cri.ep.inject(&buf[..total], to)
-            } else {
-                let mut buf = [0u8; INJECT_MAX];
-                encode(&h, hlen, &mut buf);
-                buf[hlen..total].copy_from_slice(data);
-                cri.ep.inject(&buf[..total], to)
-            };
-            return match res {
-                Ok(Post::Posted) => {
-                    Inner::note_activity(cri);
-                    Ok(())
-                }
-                Ok(Post::WouldBlock) => {
-                    // Drive the provider before the caller retries.
-                    if let Some(mut st) = cri.st.try_lock() {
-                        s.reap(cri, &mut st);
-                    }
-                    Err(SendError::WouldBlock)
-                }
-                Err(_) => {
-                    s.mark_lost(dst);
-                    Err(SendError::PeerLost)
-                }
-            };
-        }
-        let mut st = cri.st.lock();
-        let res = {
+        // The CRI state lock, held only for a slot send: an inject copies the frame before it
+        // returns and completes nothing, so the CRI's state (send slots, staging) is not
+        // touched — the endpoint is thread-safe, and the runtime's CRI lock already orders a
+        // thread's frames.
+        let mut held = None;
+        let res = if total <= SMALL_FRAME.min(s.inject_limit) {
+            // Most frames (protocol frames, small messages): a buffer that costs nothing to
+            // zero, rather than 4 KiB of memset per message.
+            let mut buf = [0u8; SMALL_FRAME];
+            encode(&h, hlen, &mut buf);
+            buf[hlen..total].copy_from_slice(data);
+            cri.ep.inject(&buf[..total], to)
+        } else if total <= s.inject_limit {
+            let mut buf = [0u8; INJECT_MAX];
+            encode(&h, hlen, &mut buf);
+            buf[hlen..total].copy_from_slice(data);
+            cri.ep.inject(&buf[..total], to)
+        } else {
+            let st = held.insert(cri.st.lock());
             let slot = match st.free_send.pop() {
                 Some(slot) => slot,
                 None => {
-                    s.reap(cri, &mut st);
+                    s.reap(cri, st);
                     match st.free_send.pop() {
                         Some(slot) => slot,
                         None => return Err(SendError::WouldBlock),
@@ -1014,16 +996,17 @@ impl Rank {
         match res {
             Ok(Post::Posted) => {
                 Inner::note_activity(cri);
-                drop(st);
                 Ok(())
             }
             Ok(Post::WouldBlock) => {
                 // Drive the provider (and free send slots) before the caller retries.
-                s.reap(cri, &mut st);
+                if let Some(mut st) = held.or_else(|| cri.st.try_lock()) {
+                    s.reap(cri, &mut st);
+                }
                 Err(SendError::WouldBlock)
             }
             Err(_) => {
-                drop(st);
+                drop(held);
                 s.mark_lost(dst);
                 Err(SendError::PeerLost)
             }
