@@ -212,7 +212,7 @@ impl Shared {
     /// empty). Consecutive frames of one communicator are matched under one acquisition of
     /// its matching lock; receives are completed after the lock is released.
     fn handle_frames(&self, k: usize, frames: &mut Vec<Frame>, matched: &mut Vec<Matched>) {
-        let mut it = frames.drain(..).peekable();
+        let mut it = frames.drain(..);
         while let Some(frame) = it.next() {
             if frame.header.kind == FrameKind::Fin {
                 self.handle_fin(frame);
@@ -223,8 +223,15 @@ impl Shared {
                 self.unknown_context(k, frame);
                 continue;
             };
-            let timing = self.config.match_timing.then(std::time::Instant::now);
             let part = comm.part(frame.header.tag);
+            // The frames right behind this one that go to the same matching state: found by
+            // reading their headers where they lie, so a frame is moved only into `arrive`.
+            let run = it
+                .as_slice()
+                .iter()
+                .take_while(|f| f.header.kind != FrameKind::Fin && f.header.context == ctx && comm.part(f.header.tag) == part)
+                .count();
+            let timing = self.config.match_timing.then(std::time::Instant::now);
             let refused = self.with_matching_low(comm, part, |m| {
                 // Under the matching lock: `free` sets the flag before it drains the queues,
                 // so a frame is either refused here or drained (released) by `free`.
@@ -232,9 +239,7 @@ impl Shared {
                     return Some(frame);
                 }
                 m.arrive(frame, matched);
-                while let Some(next) =
-                    it.next_if(|f| f.header.kind != FrameKind::Fin && f.header.context == ctx && comm.part(f.header.tag) == part)
-                {
+                for next in it.by_ref().take(run) {
                     m.arrive(next, matched);
                 }
                 if let Some(t0) = timing {
