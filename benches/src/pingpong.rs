@@ -5,7 +5,10 @@
 //!
 //! weft's number is (round-trip time) / 2 over `-i` round trips after 1000 warm-up ones,
 //! blocking `send`/`recv` with reused buffers, one thread per rank; `fi_pingpong`'s is its
-//! `usec/xfer` column, which is the same one-way time. Medians over `--runs`.
+//! `usec/xfer` column, which is the same one-way time. Medians over `--runs`; `ratio` is
+//! the ratio of the two medians, `pair_ratio` the median of each run's own ratio (weft and
+//! `fi_pingpong` measured back to back, so a slow phase of the machine, which slows both,
+//! cancels out).
 //!
 //! `--bind core` pins both sides the same way: weft's ranks by `weftrun --bind-to core`,
 //! `fi_pingpong`'s server and client to the first and second CPU this process may use.
@@ -58,7 +61,7 @@ pub fn run(a: &Args) -> Result<(), String> {
         return worker(providers[0], sizes[0], a.iterations);
     }
     let bind = a.bind == "core";
-    let mut table = Table::new(&["provider", "size", "bind", "weft_us", "fi_pingpong_us", "ratio"]);
+    let mut table = Table::new(&["provider", "size", "bind", "weft_us", "fi_pingpong_us", "ratio", "pair_ratio"]);
     if !a.csv {
         println!(
             "# weft-bench pingpong: one-way latency, iterations={} runs={} (median) cores={} bind={}",
@@ -77,7 +80,19 @@ pub fn run(a: &Args) -> Result<(), String> {
                 fi.push(fi_pingpong(p, size, a.iterations, run, bind)?);
             }
             let (w, f) = (median(&weft), median(&fi));
-            table.row(vec![p.to_string(), size.to_string(), a.bind.clone(), format!("{w:.2}"), format!("{f:.2}"), format!("{:.2}", w / f)]);
+            // Each run's two numbers were taken back to back: their ratio cancels the
+            // machine's slow phases (a noisy VM slows both sides for seconds at a time),
+            // which the ratio of the two medians does not when the phases fall unevenly.
+            let pairs: Vec<f64> = weft.iter().zip(&fi).map(|(w, f)| w / f).collect();
+            table.row(vec![
+                p.to_string(),
+                size.to_string(),
+                a.bind.clone(),
+                format!("{w:.2}"),
+                format!("{f:.2}"),
+                format!("{:.2}", w / f),
+                format!("{:.2}", median(&pairs)),
+            ]);
             table.print_last(a.csv);
         }
     }

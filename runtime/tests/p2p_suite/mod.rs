@@ -642,3 +642,78 @@ fn no_any_tag_cancel_and_free_reach_every_partition() {
         assert!(matches!(c1.iprobe(0u32, 1000), Err(Error::CommFreed)));
     }
 }
+
+/// One progress pass takes a batch of frames off a CRI and matches consecutive frames of
+/// one matching state (communicator and tag partition) under one lock acquisition. A batch
+/// that mixes communicators, tag partitions and wildcard-capable communicators, all of it
+/// unexpected, must still keep each (communicator, tag)'s messages in send order, deliver
+/// every payload intact and let `Source::Any` / `Tag::Any` receives take the earliest one.
+#[test]
+fn mixed_batches_keep_order_per_communicator_and_tag() {
+    for mode in MODES {
+        let rts = world(2, mode);
+        let (p0, p1) = dup_assert(&rts, weft::Assertions { no_any_tag: true, ..Default::default() });
+        let (q0, q1) = dup_both(&rts);
+        let (w0, w1) = (rts[0].world(), rts[1].world());
+        let comms0 = [&p0, &q0, w0];
+        let comms1 = [&p1, &q1, w1];
+        const TAGS: i32 = 5;
+        const ROUNDS: u32 = 6;
+        let barrier = std::sync::Barrier::new(2);
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                // Every message goes out before the receiver looks: they reach its CRIs
+                // interleaved (communicator, tag, communicator, ...) and wait there.
+                for r in 0..ROUNDS {
+                    for t in 0..TAGS {
+                        for (ci, c) in comms0.iter().enumerate() {
+                            let v = [ci as u8, t as u8, r as u8];
+                            c.send(v.to_vec(), 1, t).unwrap();
+                        }
+                    }
+                }
+                barrier.wait();
+            });
+            s.spawn(|| {
+                barrier.wait();
+                // The world communicator first takes its earliest message with wildcards:
+                // round 0, tag 0.
+                let (b, st) = recv_within(comms1[2], Source::Any, Tag::Any);
+                assert_eq!((b.as_slice(), st.tag), (&[2u8, 0, 0][..], 0), "{mode}: wildcard receive took a later message");
+                // Then each (communicator, tag) in an order unlike the sends': reversed tags,
+                // communicators back to front; rounds must come in send order.
+                for t in (0..TAGS).rev() {
+                    for (ci, c) in comms1.iter().enumerate().rev() {
+                        let first = if ci == 2 && t == 0 { 1 } else { 0 };
+                        for r in first..ROUNDS {
+                            let (b, st) = recv_within(c, Source::Rank(0), Tag::Is(t));
+                            assert_eq!(
+                                b.as_slice(),
+                                &[ci as u8, t as u8, r as u8][..],
+                                "{mode}: communicator {ci} tag {t} out of order or corrupted"
+                            );
+                            assert_eq!((st.source, st.tag, st.bytes), (0, t, 3), "{mode}");
+                        }
+                    }
+                }
+                for c in comms1 {
+                    assert_eq!(
+                        c.iprobe(Source::Any, if c.assertions().no_any_tag { Tag::Is(0) } else { Tag::Any }).unwrap(),
+                        None,
+                        "{mode}: a message left over"
+                    );
+                }
+            });
+        });
+    }
+}
+
+/// A 3-byte receive that fails the test instead of hanging when its message went astray.
+fn recv_within(c: &weft::Communicator, source: Source, tag: Tag) -> (Vec<u8>, weft::Status) {
+    let mut r = c.irecv(Vec::<u8>::with_capacity(3), source, tag).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !r.test() {
+        assert!(Instant::now() < deadline, "no message for {source:?} {tag:?} within 10 s: delivered to the wrong queue?");
+    }
+    r.wait().unwrap()
+}
