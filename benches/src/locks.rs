@@ -25,7 +25,7 @@ pub struct Args {
     #[arg(short = 't', long, default_value = "1,2,4,8")]
     threads: String,
     /// Protocols to run (comma list): tas, ticket, mcs, clh, hmcs, p-hmcs-mcs, p-mcs-mcs,
-    /// p-ticket-ticket, dyn-<kind> (through `DynLock`), std, parking_lot; or `all`.
+    /// p-ticket-ticket, `dyn-<kind>` (through `DynLock`), std, parking_lot; or `all`.
     #[arg(short = 'p', long, default_value = "all")]
     protocols: String,
     /// Duration of one measurement, in milliseconds.

@@ -168,19 +168,6 @@ fn fi_pingpong(p: Provider, size: usize, iterations: usize, run: usize, bind: bo
     Err(last)
 }
 
-/// The CPUs this process may run on, in order.
-fn allowed_cpus() -> Vec<usize> {
-    // SAFETY: a zeroed `cpu_set_t` is a valid empty set; `sched_getaffinity` writes at most
-    // its size into it (pid 0: the calling thread).
-    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
-    // SAFETY: as above.
-    if unsafe { libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) } != 0 {
-        return Vec::new();
-    }
-    // SAFETY: `CPU_ISSET` reads the set initialized above, below its capacity.
-    (0..libc::CPU_SETSIZE as usize).filter(|&c| unsafe { libc::CPU_ISSET(c, &set) }).collect()
-}
-
 /// Makes `cmd`'s process run on CPU `cpu` only.
 fn pin(cmd: &mut Command, cpu: usize) {
     use std::os::unix::process::CommandExt;
@@ -201,7 +188,7 @@ fn pin(cmd: &mut Command, cpu: usize) {
 }
 
 fn fi_pingpong_once(p: Provider, size: usize, iterations: usize, salt: usize, head_start: Duration, bind: bool) -> Result<f64, String> {
-    let cpus = if bind { allowed_cpus() } else { Vec::new() };
+    let cpus = if bind { weft::lock::allowed_cpus() } else { Vec::new() };
     let prov = p.ofi_name().unwrap_or("shm");
     let port = (40_000 + (std::process::id() as usize % 10_000) + salt * 7 + size % 5).to_string();
     let common = ["-e", "rdm", "-m", "tagged", "-p", prov, "-I", &iterations.to_string(), "-S", &size.to_string()];

@@ -1,6 +1,6 @@
 //! The embedded provider: every rank lives in this OS process.
 //!
-//! Each rank opens `k` CRIs; each CRI is a bounded lock-free inbox (an [`Inbox`]: many
+//! Each rank opens `k` CRIs; each CRI is a bounded lock-free inbox (an `Inbox`: many
 //! producers, one consumer at a time) into which peers push frames. Sending copies the payload into the frame
 //! (inline for small payloads, else into a buffer from the *sender's* pool, which the
 //! receiver gives back after consuming it), so a send completes locally at once and no

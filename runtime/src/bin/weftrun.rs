@@ -59,19 +59,6 @@ enum Bind {
     Core,
 }
 
-/// The CPUs this process may run on, in order.
-fn allowed_cpus() -> Vec<usize> {
-    // SAFETY: a zeroed `cpu_set_t` is a valid empty set; `sched_getaffinity` writes at most
-    // `size_of::<cpu_set_t>()` bytes into it.
-    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
-    // SAFETY: as above; pid 0 is the calling thread.
-    if unsafe { libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) } != 0 {
-        return Vec::new();
-    }
-    // SAFETY: `CPU_ISSET` reads the set initialized above, for indices below its capacity.
-    (0..libc::CPU_SETSIZE as usize).filter(|&c| unsafe { libc::CPU_ISSET(c, &set) }).collect()
-}
-
 /// The first SIGINT/SIGTERM received (0 = none).
 static SIGNALLED: AtomicI32 = AtomicI32::new(0);
 
@@ -171,7 +158,7 @@ fn run(args: &Args) -> i32 {
     };
     install_signal_handlers();
     let kvs = server.local_addr().to_string();
-    let cpus = if args.bind_to == Bind::Core { allowed_cpus() } else { Vec::new() };
+    let cpus = if args.bind_to == Bind::Core { weft::lock::allowed_cpus() } else { Vec::new() };
     if args.bind_to == Bind::Core && cpus.is_empty() {
         eprintln!("weftrun: --bind-to core: cannot read this process's CPU affinity");
         return 2;

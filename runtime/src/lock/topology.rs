@@ -317,9 +317,39 @@ pub(crate) fn current_cpu() -> usize {
     0
 }
 
+/// The CPUs the calling thread may run on (its affinity mask), in increasing order; empty
+/// where that cannot be read. `weftrun --bind-to core` and `weft-bench pingpong --bind core`
+/// hand these out, one per process.
+pub fn allowed_cpus() -> Vec<usize> {
+    #[cfg(all(target_os = "linux", not(loom)))]
+    {
+        // SAFETY: a zeroed `cpu_set_t` is a valid empty set; `sched_getaffinity` writes at
+        // most `size_of::<cpu_set_t>()` bytes into it (pid 0: the calling thread).
+        let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+        // SAFETY: as above.
+        if unsafe { libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) } != 0 {
+            return Vec::new();
+        }
+        // SAFETY: `CPU_ISSET` reads the set initialized above, below its capacity.
+        return (0..libc::CPU_SETSIZE as usize).filter(|&c| unsafe { libc::CPU_ISSET(c, &set) }).collect();
+    }
+    #[allow(unreachable_code)]
+    Vec::new()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn allowed_cpus_include_the_current_one() {
+        let cpus = allowed_cpus();
+        if cfg!(target_os = "linux") {
+            assert!(!cpus.is_empty());
+            assert!(cpus.windows(2).all(|w| w[0] < w[1]), "{cpus:?} not in increasing order");
+            assert!(cpus.contains(&current_cpu()), "running on CPU {} outside {cpus:?}", current_cpu());
+        }
+    }
 
     #[test]
     fn normalize_nests_and_drops_redundant_levels() {
