@@ -504,8 +504,9 @@ impl Communicator {
     /// queued messages are dropped, and every handle's later operations fail with
     /// `CommFreed`. Not collective here; frames still in flight to it are discarded. Its
     /// matching queues are released now, its context id becomes reusable once every rank
-    /// has freed the communicator (it travels with every frame, so a stale frame is told from a new one), and the rest of its state
-    /// is collected by a later `dup` (or with the runtime).
+    /// has freed the communicator (a reused id carries a new generation, so frames still in
+    /// flight for this one are told apart and dropped), and the rest of its state is
+    /// collected by a later `dup` (or with the runtime).
     pub fn free(self) {
         let s = &*self.shared;
         for st in [&self.p2p, &self.coll] {

@@ -209,8 +209,9 @@ impl Shared {
     }
 
     /// Path steps 4-5 for a batch of received frames, in arrival order (`frames` is left
-    /// empty). Consecutive frames of one communicator are matched under one acquisition of
-    /// its matching lock; receives are completed after the lock is released.
+    /// empty). Consecutive frames of one matching state (communicator and tag partition) are
+    /// matched under one acquisition of its matching lock; receives are completed after the
+    /// lock is released.
     fn handle_frames(&self, k: usize, frames: &mut Vec<Frame>, matched: &mut Vec<Matched>) {
         let mut it = frames.drain(..);
         while let Some(frame) = it.next() {

@@ -663,16 +663,19 @@ fn mixed_batches_keep_order_per_communicator_and_tag() {
         std::thread::scope(|s| {
             s.spawn(|| {
                 // Every message goes out before the receiver looks: they reach its CRIs
-                // interleaved (communicator, tag, communicator, ...) and wait there.
+                // interleaved (communicator, tag, communicator, ...) and wait there. (Sends
+                // a full inbox refused go out later, while the receiver progresses.)
+                let mut sends = Vec::new();
                 for r in 0..ROUNDS {
                     for t in 0..TAGS {
                         for (ci, c) in comms0.iter().enumerate() {
                             let v = [ci as u8, t as u8, r as u8];
-                            c.send(v.to_vec(), 1, t).unwrap();
+                            sends.push(c.isend(v.to_vec(), 1, t).unwrap());
                         }
                     }
                 }
                 barrier.wait();
+                weft::wait_all(&mut sends).unwrap();
             });
             s.spawn(|| {
                 barrier.wait();
