@@ -40,8 +40,7 @@ impl SpinSlots {
         // Relaxed: a configuration value, written once (racing writers store the same value).
         match self.slots.load(Ordering::Relaxed) {
             usize::MAX => {
-                static CORES: OnceLock<usize> = OnceLock::new();
-                let n = *CORES.get_or_init(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
+                let n = std::thread::available_parallelism().map_or(1, |n| n.get());
                 self.slots.store(n, Ordering::Relaxed);
                 n
             }
@@ -250,11 +249,12 @@ impl IdleBackoff {
         IdleBackoff { step: 0, budget, spinning: false, own_slot: false }
     }
 
-    /// One idle step: a spin of `2^step` `PAUSE`s for the first seven steps if
-    /// a spin slot is free (the schedule of crossbeam's `Backoff::snooze`), else
-    /// `yield_now` — or, while the machine has a core for every runnable thread
-    /// ([`may_spin_long`](Self::may_spin_long)), another spin of `2^6`. Every step counts towards [`is_completed`](Self::is_completed), spun or
-    /// yielded, so a caller that parks once the backoff completes does park.
+    /// One idle step: a spin of `2^step` `PAUSE`s for the first seven steps if a spin slot
+    /// is free (the schedule of crossbeam's `Backoff::snooze`), else `yield_now` — or, while
+    /// the machine has a core for every runnable thread
+    /// ([`may_spin_long`](Self::may_spin_long)), another spin of `2^6`. Every step counts
+    /// towards [`is_completed`](Self::is_completed), spun or yielded, so a caller that parks
+    /// once the backoff completes does park.
     pub fn snooze(&mut self) {
         if self.step <= SPIN_LIMIT && self.may_spin() {
             for _ in 0..1u32 << self.step {

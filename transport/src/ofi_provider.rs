@@ -248,6 +248,14 @@ fn encode(h: &Header, hlen: usize, out: &mut [u8]) {
     }
 }
 
+/// Writes a whole frame into `out`, which is exactly `hlen + data.len()` bytes: the
+/// header (`hlen` from [`header_len`]), then the payload.
+#[inline]
+fn write_frame(h: &Header, hlen: usize, data: &[u8], out: &mut [u8]) {
+    encode(h, hlen, out);
+    out[hlen..].copy_from_slice(data);
+}
+
 /// Reads a header written by [`encode`] and its length; `None` for a malformed frame.
 fn decode(b: &[u8]) -> Option<(Header, usize)> {
     if b.len() < COMPACT_HEADER {
@@ -959,13 +967,11 @@ impl Rank {
             // Most frames (protocol frames, small messages): a buffer that costs nothing to
             // zero, rather than 4 KiB of memset per message.
             let mut buf = [0u8; SMALL_FRAME];
-            encode(&h, hlen, &mut buf);
-            buf[hlen..total].copy_from_slice(data);
+            write_frame(&h, hlen, data, &mut buf[..total]);
             cri.ep.inject(&buf[..total], to)
         } else if total <= s.inject_limit {
             let mut buf = [0u8; INJECT_MAX];
-            encode(&h, hlen, &mut buf);
-            buf[hlen..total].copy_from_slice(data);
+            write_frame(&h, hlen, data, &mut buf[..total]);
             cri.ep.inject(&buf[..total], to)
         } else {
             let st = held.insert(cri.st.lock());
@@ -982,8 +988,7 @@ impl Rank {
             let p = cri.send_mem.slot(slot as usize, s.slot_size);
             // SAFETY: the slot is free (no send posted on it), so nothing else uses it.
             let buf = unsafe { std::slice::from_raw_parts_mut(p, total) };
-            encode(&h, hlen, buf);
-            buf[hlen..].copy_from_slice(data);
+            write_frame(&h, hlen, data, buf);
             // SAFETY: the slot stays untouched until the send's completion frees it
             // (`complete`/`failed`), and allocated until the endpoint closes.
             let r = unsafe { cri.ep.send(buf, None, to, CTX_SEND | slot as u64) };
