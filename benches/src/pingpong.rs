@@ -10,6 +10,12 @@
 //! `fi_pingpong` measured back to back, so a slow phase of the machine, which slows both,
 //! cancels out).
 //!
+//! `transport_us` is the same ping-pong one layer down, through `weft-transport`'s
+//! libfabric ranks alone (`Rank::send`, `Rank::poll`: frames with weft's wire header, no
+//! matching, requests or progress engine), also in `weftrun -n 2` processes: it splits
+//! weft's distance from `fi_pingpong` into what the transport layer adds and what the
+//! runtime adds.
+//!
 //! `--bind core` pins both sides the same way: weft's ranks by `weftrun --bind-to core`,
 //! `fi_pingpong`'s server and client to the first and second CPU this process may use.
 //! Unpinned (the default), two busy-polling processes on a 2-vCPU VM sometimes share a CPU
@@ -48,6 +54,9 @@ pub struct Args {
     /// Internal: one rank of the weft side.
     #[arg(long, hide = true)]
     rank_worker: bool,
+    /// Internal: one rank of the transport-layer side.
+    #[arg(long, hide = true)]
+    transport_worker: bool,
 }
 
 /// Runs the comparison.
@@ -60,8 +69,11 @@ pub fn run(a: &Args) -> Result<(), String> {
     if a.rank_worker {
         return worker(providers[0], sizes[0], a.iterations);
     }
+    if a.transport_worker {
+        return transport_worker(providers[0], sizes[0], a.iterations);
+    }
     let bind = a.bind == "core";
-    let mut table = Table::new(&["provider", "size", "bind", "weft_us", "fi_pingpong_us", "ratio", "pair_ratio"]);
+    let mut table = Table::new(&["provider", "size", "bind", "weft_us", "fi_pingpong_us", "ratio", "pair_ratio", "transport_us"]);
     if !a.csv {
         println!(
             "# weft-bench pingpong: one-way latency, iterations={} runs={} (median) cores={} bind={}",
@@ -74,10 +86,11 @@ pub fn run(a: &Args) -> Result<(), String> {
     table.print_header(a.csv);
     for &p in &providers {
         for &size in &sizes {
-            let (mut weft, mut fi) = (Vec::new(), Vec::new());
+            let (mut weft, mut fi, mut transport) = (Vec::new(), Vec::new(), Vec::new());
             for run in 0..a.runs {
-                weft.push(weft_latency(p, size, a.iterations, bind)?);
+                weft.push(weftrun_latency(Side::Runtime, p, size, a.iterations, bind)?);
                 fi.push(fi_pingpong(p, size, a.iterations, run, bind)?);
+                transport.push(weftrun_latency(Side::Transport, p, size, a.iterations, bind)?);
             }
             let (w, f) = (median(&weft), median(&fi));
             // Each run's two numbers were taken back to back: their ratio cancels the
@@ -92,6 +105,7 @@ pub fn run(a: &Args) -> Result<(), String> {
                 format!("{f:.2}"),
                 format!("{:.2}", w / f),
                 format!("{:.2}", median(&pairs)),
+                format!("{:.2}", median(&transport)),
             ]);
             table.print_last(a.csv);
         }
@@ -99,7 +113,16 @@ pub fn run(a: &Args) -> Result<(), String> {
     Ok(())
 }
 
-fn weft_latency(p: Provider, size: usize, iterations: usize, bind: bool) -> Result<f64, String> {
+/// Which layer a `weftrun` ping-pong measures.
+#[derive(Clone, Copy)]
+enum Side {
+    /// The runtime: `Communicator::send` / `recv`.
+    Runtime,
+    /// `weft-transport`'s libfabric ranks alone.
+    Transport,
+}
+
+fn weftrun_latency(side: Side, p: Provider, size: usize, iterations: usize, bind: bool) -> Result<f64, String> {
     let exe = std::env::current_exe().map_err(|e| e.to_string())?;
     let weftrun = exe.with_file_name("weftrun");
     if !weftrun.exists() {
@@ -108,13 +131,20 @@ fn weft_latency(p: Provider, size: usize, iterations: usize, bind: bool) -> Resu
     let out = Command::new(&weftrun)
         .args(["-n", "2", "--provider", &p.to_string(), "--timeout", "300", "--bind-to", if bind { "core" } else { "none" }])
         .arg(&exe)
-        .args(["pingpong", "--rank-worker", "--provider", &p.to_string(), "-s", &size.to_string(), "-i", &iterations.to_string()])
+        .args([
+            "pingpong",
+            match side {
+                Side::Runtime => "--rank-worker",
+                Side::Transport => "--transport-worker",
+            },
+        ])
+        .args(["--provider", &p.to_string(), "-s", &size.to_string(), "-i", &iterations.to_string()])
         .stdin(Stdio::null())
         .output()
         .map_err(|e| format!("weftrun: {e}"))?;
     let stdout = String::from_utf8_lossy(&out.stdout);
     if !out.status.success() {
-        return Err(format!("weft pingpong failed ({}):\n{stdout}{}", out.status, String::from_utf8_lossy(&out.stderr)));
+        return Err(format!("pingpong ranks failed ({}):\n{stdout}{}", out.status, String::from_utf8_lossy(&out.stderr)));
     }
     stdout
         .lines()
@@ -153,6 +183,93 @@ fn worker(p: Provider, size: usize, iterations: usize) -> Result<(), String> {
         println!("LATENCY_US {}", el.as_secs_f64() * 1e6 / (2.0 * iterations as f64));
     }
     Ok(())
+}
+
+/// One rank of the transport-layer side: the ping-pong loop of [`worker`] on a
+/// `weft-transport` libfabric rank (one CRI, default options), with the frames weft's eager
+/// path sends (an `Eager` header, the payload behind it). Every frame's length and first
+/// byte are checked.
+#[cfg(feature = "ofi")]
+fn transport_worker(p: Provider, size: usize, iterations: usize) -> Result<(), String> {
+    use weft_transport::bootstrap::Job;
+    use weft_transport::ofi_provider::{OfiOptions, Opened};
+    use weft_transport::{FrameKind, Header, SendError};
+
+    let e = |e: weft::Error| e.to_string();
+    let mut job = Job::from_env().map_err(e)?;
+    if job.size != 2 {
+        return Err("pingpong needs 2 ranks".into());
+    }
+    let opts = OfiOptions { provider: p.ofi_name().ok_or("the transport side needs shm or tcp")?.to_string(), ..OfiOptions::default() };
+    let opened = Opened::open(&opts, job.size).map_err(e)?;
+    let blobs = job.exchange(&opened.address_blob()).map_err(e)?;
+    let (me, rank) = (job.rank, opened.connect(job.rank, &blobs).map_err(e)?);
+    if size > rank.eager_capacity() {
+        return Err(format!("the transport side sends single frames: at most {} bytes", rank.eager_capacity()));
+    }
+    let other = 1 - me;
+    let data = vec![me as u8 + 1; size];
+    let header = Header {
+        kind: FrameKind::Eager,
+        src_cri: 0,
+        context: 1,
+        source: me,
+        tag: 1,
+        seq: 0,
+        chan: 0,
+        len: size as u64,
+        cookie: 0,
+        key: 0,
+        addr: 0,
+    };
+    // Bounded: a lost peer or a stuck provider ends the run with an error, not a hang.
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let send = || loop {
+        match rank.send(other, 0, header, &data) {
+            Ok(()) => return Ok(()),
+            Err(SendError::WouldBlock) if Instant::now() < deadline => {}
+            Err(err) => return Err(format!("transport send: {err:?}")),
+        }
+    };
+    let recv = || loop {
+        let mut got = None;
+        rank.poll(0, 1, |f| got = Some(f));
+        if let Some(f) = got {
+            let ok = f.header.source == other
+                && f.payload.as_slice().len() == size
+                && f.payload.as_slice().first().map_or(true, |&b| b == other as u8 + 1);
+            rank.recycle(f.payload);
+            return if ok { Ok(()) } else { Err("transport ping-pong: unexpected frame".to_string()) };
+        }
+        if Instant::now() > deadline {
+            return Err("transport ping-pong: no frame for 120 s".to_string());
+        }
+    };
+    let warmup = 1000;
+    let mut t0 = Instant::now();
+    for i in 0..warmup + iterations {
+        if i == warmup {
+            t0 = Instant::now();
+        }
+        if me == 0 {
+            send()?;
+            recv()?;
+        } else {
+            recv()?;
+            send()?;
+        }
+    }
+    let el = t0.elapsed();
+    if me == 0 {
+        println!("LATENCY_US {}", el.as_secs_f64() * 1e6 / (2.0 * iterations as f64));
+    }
+    rank.close();
+    Ok(())
+}
+
+#[cfg(not(feature = "ofi"))]
+fn transport_worker(_p: Provider, _size: usize, _iterations: usize) -> Result<(), String> {
+    Err("the transport-layer ping-pong needs the ofi feature".into())
 }
 
 /// `fi_pingpong` server + client on 127.0.0.1; the client's `usec/xfer`. The client is
