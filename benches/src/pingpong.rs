@@ -237,7 +237,7 @@ fn transport_worker(p: Provider, size: usize, iterations: usize) -> Result<(), S
         if let Some(f) = got {
             let ok = f.header.source == other
                 && f.payload.as_slice().len() == size
-                && f.payload.as_slice().first().map_or(true, |&b| b == other as u8 + 1);
+                && f.payload.as_slice().first().is_none_or(|&b| b == other as u8 + 1);
             rank.recycle(f.payload);
             return if ok { Ok(()) } else { Err("transport ping-pong: unexpected frame".to_string()) };
         }
