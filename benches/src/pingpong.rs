@@ -162,8 +162,32 @@ fn worker(p: Provider, size: usize, iterations: usize) -> Result<(), String> {
     let c = rt.world();
     let me = rt.rank();
     let other = 1 - me;
+    // Rank 0 sends with tag 1 and receives tag 2; rank 1 the other way round.
+    let (out_tag, in_tag) = if me == 0 { (1, 2) } else { (2, 1) };
     let mut sbuf = vec![1u8; size];
     let mut rbuf = Vec::<u8>::with_capacity(size);
+    hops(
+        me,
+        iterations,
+        || {
+            sbuf = c.send(std::mem::take(&mut sbuf), other, out_tag).map_err(e)?.0;
+            Ok(())
+        },
+        || {
+            rbuf = c.recv(std::mem::take(&mut rbuf), other, in_tag).map_err(e)?.0;
+            Ok(())
+        },
+    )
+}
+
+/// The ping-pong loop of both sides: 1000 warm-up round trips, then `iterations` timed
+/// ones; rank 0 starts each and prints the one-way time (`LATENCY_US`).
+fn hops(
+    me: u32,
+    iterations: usize,
+    mut send: impl FnMut() -> Result<(), String>,
+    mut recv: impl FnMut() -> Result<(), String>,
+) -> Result<(), String> {
     let warmup = 1000;
     let mut t0 = Instant::now();
     for i in 0..warmup + iterations {
@@ -171,11 +195,11 @@ fn worker(p: Provider, size: usize, iterations: usize) -> Result<(), String> {
             t0 = Instant::now();
         }
         if me == 0 {
-            sbuf = c.send(sbuf, other, 1).map_err(e)?.0;
-            rbuf = c.recv(rbuf, other, 2).map_err(e)?.0;
+            send()?;
+            recv()?;
         } else {
-            rbuf = c.recv(rbuf, other, 1).map_err(e)?.0;
-            sbuf = c.send(sbuf, other, 2).map_err(e)?.0;
+            recv()?;
+            send()?;
         }
     }
     let el = t0.elapsed();
@@ -245,26 +269,9 @@ fn transport_worker(p: Provider, size: usize, iterations: usize) -> Result<(), S
             return Err("transport ping-pong: no frame for 120 s".to_string());
         }
     };
-    let warmup = 1000;
-    let mut t0 = Instant::now();
-    for i in 0..warmup + iterations {
-        if i == warmup {
-            t0 = Instant::now();
-        }
-        if me == 0 {
-            send()?;
-            recv()?;
-        } else {
-            recv()?;
-            send()?;
-        }
-    }
-    let el = t0.elapsed();
-    if me == 0 {
-        println!("LATENCY_US {}", el.as_secs_f64() * 1e6 / (2.0 * iterations as f64));
-    }
+    let r = hops(me, iterations, send, recv);
     rank.close();
-    Ok(())
+    r
 }
 
 #[cfg(not(feature = "ofi"))]
