@@ -78,10 +78,11 @@ impl Shared {
     /// pair: each pair's frames arrive on its receiver's CRI). Waiters on the *same*
     /// communicator still walk each other's CRIs: one thread matching for both under one
     /// lock acquisition beats two threads contending for that communicator's matching lock —
-    /// unless messages are ordered per sending thread ([`Config::per_thread_order`](crate::config::Config::per_thread_order)): then
-    /// each CRI is its own ordering channel, no frame on another thread's CRI holds ours back,
-    /// and taking that thread's frames would only move its requests' cache lines to our core
-    /// (multirate, 2-8 pairs on one communicator: 4.3-4.6 -> 5.5-6.4 M msg/s).
+    /// unless messages are ordered per sending thread
+    /// ([`Config::per_thread_order`](crate::config::Config::per_thread_order)): then each CRI
+    /// is its own ordering channel, no frame on another thread's CRI holds ours back, and
+    /// taking that thread's frames would only move its requests' cache lines to our core
+    /// (multirate, 2-8 pairs on one communicator: 4.1-4.8 -> 6.0-6.2 M msg/s, medians of 5).
     /// A CRI nobody attends — its thread gone, computing or parked — is walked as
     /// Algorithm 4 says, and every [`STEAL_EVERY`]th idle pass walks all of them, so every
     /// CRI is still progressed eventually and frames that arrive on another thread's CRI
@@ -103,6 +104,7 @@ impl Shared {
         // whose frames arrive on a CRI another thread attends does not depend on that
         // thread alone for longer than that.
         let mine_ctx = WAIT_CTX.with(|c| c.get());
+        // Per-thread order: every CRI is an ordering channel of its own (see above).
         let independent = self.config.per_thread_order && self.config.assignment == crate::config::Assignment::Dedicated;
         let all = IDLE_PASSES.with(|c| {
             let v = c.get().wrapping_add(1);
