@@ -216,18 +216,17 @@ fn hops(
 #[cfg(feature = "ofi")]
 fn transport_worker(p: Provider, size: usize, iterations: usize) -> Result<(), String> {
     use weft_transport::bootstrap::Job;
-    use weft_transport::ofi_provider::{OfiOptions, Opened};
+    use weft_transport::ofi_provider::{join, OfiOptions};
     use weft_transport::{FrameKind, Header, SendError};
 
     let e = |e: weft::Error| e.to_string();
-    let mut job = Job::from_env().map_err(e)?;
+    let job = Job::from_env().map_err(e)?;
     if job.size != 2 {
         return Err("pingpong needs 2 ranks".into());
     }
     let opts = OfiOptions { provider: p.ofi_name().ok_or("the transport side needs shm or tcp")?.to_string(), ..OfiOptions::default() };
-    let opened = Opened::open(&opts, job.size).map_err(e)?;
-    let blobs = job.exchange(&opened.address_blob()).map_err(e)?;
-    let (me, rank) = (job.rank, opened.connect(job.rank, &blobs).map_err(e)?);
+    let rank = join(&opts, job).map_err(e)?;
+    let me = rank.rank();
     if size > rank.eager_capacity() {
         return Err(format!("the transport side sends single frames: at most {} bytes", rank.eager_capacity()));
     }

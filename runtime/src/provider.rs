@@ -60,7 +60,7 @@ pub(crate) fn open_process(config: &Config) -> Result<Transport, Error> {
 #[cfg(feature = "ofi")]
 mod ofi {
     use weft_transport::bootstrap::Job;
-    use weft_transport::ofi_provider::{OfiOptions, Opened};
+    use weft_transport::ofi_provider::OfiOptions;
     use weft_transport::Transport;
 
     use crate::config::Config;
@@ -81,14 +81,8 @@ mod ofi {
         }
     }
 
-    /// Opens the endpoints, exchanges addresses through the job's KVS, connects, and keeps
-    /// the KVS connection to learn of lost peers.
-    pub(super) fn join(config: &Config, mut job: Job) -> Result<Transport, Error> {
-        let opened = Opened::open(&options(config), job.size)?;
-        let blobs = job.exchange(&opened.address_blob())?;
-        let rank = opened.connect(job.rank, &blobs)?;
-        let notifier = rank.loss_notifier();
-        rank.set_monitor(job.monitor(move |r| notifier.lost(r)));
-        Ok(Transport::Ofi(rank))
+    /// This process's rank of `job` ([`weft_transport::ofi_provider::join`]).
+    pub(super) fn join(config: &Config, job: Job) -> Result<Transport, Error> {
+        weft_transport::ofi_provider::join(&options(config), job).map(Transport::Ofi)
     }
 }

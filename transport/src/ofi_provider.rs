@@ -519,6 +519,18 @@ impl Opened {
     }
 }
 
+/// This process's rank of the job `job` describes: opens the endpoints, exchanges addresses
+/// through the job's KVS, connects, and keeps the KVS connection to learn of lost peers
+/// (which then fail with `PeerLost`).
+pub fn join(opts: &OfiOptions, mut job: crate::bootstrap::Job) -> Result<Rank, Error> {
+    let opened = Opened::open(opts, job.size)?;
+    let blobs = job.exchange(&opened.address_blob())?;
+    let rank = opened.connect(job.rank, &blobs)?;
+    let notifier = rank.loss_notifier();
+    rank.set_monitor(job.monitor(move |r| notifier.lost(r)));
+    Ok(rank)
+}
+
 /// Creates `n` ranks of one job inside this process (tests, and `build_local`): each rank
 /// has its own domain; addresses are exchanged directly.
 pub fn world(opts: &OfiOptions, n: u32) -> Result<Vec<Rank>, Error> {
