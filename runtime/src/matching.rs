@@ -224,27 +224,35 @@ impl MatchState {
             }
             return;
         }
+        // `expected` counts this frame before it is paired; the window still has its (empty)
+        // slot 0 until `Reorder::next` drops it.
+        let r = &mut chans[chan];
+        r.expected = r.expected.wrapping_add(1);
+        let held = !r.window.is_empty() || !self.far.is_empty();
         self.pair(frame, out);
+        if !held {
+            // Nothing came early (the common case): no window to walk, no far list to search.
+            return;
+        }
         // The gap may have closed for frames that came early on this channel: they wait in
         // sequence order in the window (O(1) each), or, rarely, in the far list.
         loop {
             let r = &mut self.order[src][chan];
-            r.expected = r.expected.wrapping_add(1);
-            if let Some(next) = r.next() {
-                self.pair(next, out);
-                continue;
-            }
-            if self.far.is_empty() {
-                return;
-            }
-            let want = r.expected;
-            let Some(i) =
-                self.far.iter().position(|f| f.header.source as usize == src && f.header.chan as usize == chan && f.header.seq == want)
-            else {
-                return;
+            let next = match r.next() {
+                Some(f) => f,
+                None if self.far.is_empty() => return,
+                None => {
+                    let want = r.expected;
+                    let at = |f: &Frame| f.header.source as usize == src && f.header.chan as usize == chan && f.header.seq == want;
+                    match self.far.iter().position(at) {
+                        Some(i) => self.far.swap_remove(i),
+                        None => return,
+                    }
+                }
             };
-            let f = self.far.swap_remove(i);
-            self.pair(f, out);
+            let r = &mut self.order[src][chan];
+            r.expected = r.expected.wrapping_add(1);
+            self.pair(next, out);
         }
     }
 
