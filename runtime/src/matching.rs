@@ -418,6 +418,33 @@ mod tests {
         assert_eq!(out.iter().map(|x| x.frame.header.seq).collect::<Vec<_>>(), vec![far + 1, far + 2]);
     }
 
+    /// The in-sequence fast path (nothing held) and the walk (something held) agree: frames
+    /// of a second source wait in the far list and the window of the first source empties
+    /// and refills, and every frame still pairs with the receive posted for its turn.
+    #[test]
+    fn in_sequence_frames_around_held_ones() {
+        let mut m = MatchState::new(3, false);
+        let reqs = post_n(&mut m, 8);
+        let mut out = Vec::new();
+        // Source 2, far ahead: the far list is not empty from here on.
+        m.arrive(frame(2, REORDER_WINDOW as u32 + 1), &mut out);
+        m.arrive(frame(1, 0), &mut out);
+        m.arrive(frame(1, 3), &mut out); // held in the window
+        m.arrive(frame(1, 1), &mut out);
+        m.arrive(frame(1, 2), &mut out); // releases 3
+        m.arrive(frame(1, 4), &mut out); // window empty again: the fast path's test
+        m.arrive(frame(1, 6), &mut out);
+        m.arrive(frame(1, 5), &mut out);
+        m.arrive(frame(1, 7), &mut out);
+        let seqs: Vec<u32> = out.iter().map(|x| x.frame.header.seq).collect();
+        assert_eq!(seqs, (0..8).collect::<Vec<_>>());
+        for (got, req) in out.iter().zip(&reqs) {
+            assert!(Arc::ptr_eq(&got.req, req));
+        }
+        assert_eq!(m.far.len(), 1, "source 2's frame still waits for its turn");
+        assert_eq!(m.order[1][0].expected, 8);
+    }
+
     /// Frames held for reordering are handed back by `drain` (freed communicator).
     #[test]
     fn drain_returns_held_frames() {

@@ -255,8 +255,9 @@ impl Shared {
             // One match (a frame for a posted receive) is the common case: taken without
             // a `Drain`.
             if matched.len() == 1 {
-                let m = matched.pop().expect("one match");
-                self.finish_match(k, m.req, m.frame);
+                if let Some(m) = matched.pop() {
+                    self.finish_match(k, m.req, m.frame);
+                }
             } else {
                 for m in matched.drain(..) {
                     self.finish_match(k, m.req, m.frame);
