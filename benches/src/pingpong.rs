@@ -291,25 +291,6 @@ fn fi_pingpong(p: Provider, size: usize, iterations: usize, run: usize, bind: bo
     Err(last)
 }
 
-/// Makes `cmd`'s process run on CPU `cpu` only.
-fn pin(cmd: &mut Command, cpu: usize) {
-    use std::os::unix::process::CommandExt;
-    // SAFETY: a zeroed `cpu_set_t` is a valid empty set; `cpu` came from `allowed_cpus`.
-    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
-    // SAFETY: as above.
-    unsafe { libc::CPU_SET(cpu, &mut set) };
-    // SAFETY: the closure runs in the child between fork and exec and only makes the
-    // async-signal-safe `sched_setaffinity` system call on data copied before the fork.
-    unsafe {
-        cmd.pre_exec(move || {
-            if libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) != 0 {
-                return Err(std::io::Error::last_os_error());
-            }
-            Ok(())
-        })
-    };
-}
-
 fn fi_pingpong_once(p: Provider, size: usize, iterations: usize, salt: usize, head_start: Duration, bind: bool) -> Result<f64, String> {
     let cpus = if bind { weft::lock::allowed_cpus() } else { Vec::new() };
     let prov = p.ofi_name().unwrap_or("shm");
@@ -332,8 +313,8 @@ fn fi_pingpong_once(p: Provider, size: usize, iterations: usize, salt: usize, he
         .env("FI_TCP_IFACE", "lo")
         .env("FI_SOCKETS_IFACE", "lo");
     if !cpus.is_empty() {
-        pin(&mut server, cpus[0]);
-        pin(&mut client, cpus[1 % cpus.len()]);
+        weft::lock::bind_to_cpu(&mut server, cpus[0]);
+        weft::lock::bind_to_cpu(&mut client, cpus[1 % cpus.len()]);
     }
     let mut server = server.spawn().map_err(|e| format!("fi_pingpong (package libfabric-bin): {e}"))?;
     std::thread::sleep(head_start);

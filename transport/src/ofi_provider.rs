@@ -1448,8 +1448,7 @@ mod tests {
         };
         assert_eq!(header_len(&h, 5), COMPACT_HEADER);
         let mut b = [0u8; COMPACT_HEADER + 5];
-        encode(&h, COMPACT_HEADER, &mut b);
-        b[COMPACT_HEADER..].copy_from_slice(b"hello");
+        write_frame(&h, COMPACT_HEADER, b"hello", &mut b);
         assert_eq!(decode(&b), Some((h, COMPACT_HEADER)));
         let empty = Header { len: 0, ..h };
         assert_eq!(decode(&b[..COMPACT_HEADER]), Some((empty, COMPACT_HEADER)), "a 0-byte message is the header alone");

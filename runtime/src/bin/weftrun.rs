@@ -182,28 +182,18 @@ fn run(args: &Args) -> i32 {
                 cmd.env(var, "lo");
             }
         }
-        // The rank's CPU set, built before the fork (the child may only make system calls).
-        let bind: Option<libc::cpu_set_t> = (!cpus.is_empty()).then(|| {
-            // SAFETY: a zeroed `cpu_set_t` is a valid empty set.
-            let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
-            // SAFETY: the CPU index came from `CPU_ISSET` over this set type's capacity.
-            unsafe { libc::CPU_SET(cpus[rank as usize % cpus.len()], &mut set) };
-            set
-        });
-        // SAFETY: the closure runs in the child between fork and exec and only calls
-        // `prctl` and `sched_setaffinity`, which are async-signal-safe system calls: the rank
-        // is killed if weftrun dies, and runs (with every thread it starts) on its CPU.
+        // SAFETY: the closure runs in the child between fork and exec and only calls `prctl`,
+        // an async-signal-safe system call: the rank is killed if weftrun dies.
         unsafe {
-            cmd.pre_exec(move || {
+            cmd.pre_exec(|| {
                 libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
-                if let Some(set) = &bind {
-                    if libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), set) != 0 {
-                        return Err(std::io::Error::last_os_error());
-                    }
-                }
                 Ok(())
             })
         };
+        if !cpus.is_empty() {
+            // The rank (with every thread it starts) runs on its CPU.
+            weft::lock::bind_to_cpu(&mut cmd, cpus[rank as usize % cpus.len()]);
+        }
         match cmd.spawn() {
             Ok(mut child) => {
                 if let Some(o) = child.stdout.take() {

@@ -339,6 +339,39 @@ pub fn allowed_cpus() -> Vec<usize> {
     }
 }
 
+/// Makes the process `cmd` starts run on CPU `cpu` only, with every thread it starts (the
+/// CPU set is built here, before the fork; the child only makes the `sched_setaffinity`
+/// call). `weftrun --bind-to core` and `weft-bench pingpong --bind core` bind with it, one
+/// CPU of [`allowed_cpus`] per process. A CPU beyond the set's capacity, or a platform
+/// other than Linux, leaves `cmd` unbound.
+pub fn bind_to_cpu(cmd: &mut std::process::Command, cpu: usize) {
+    #[cfg(all(target_os = "linux", not(loom)))]
+    {
+        use std::os::unix::process::CommandExt;
+        if cpu >= libc::CPU_SETSIZE as usize {
+            return;
+        }
+        // SAFETY: a zeroed `cpu_set_t` is a valid empty set.
+        let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+        // SAFETY: `cpu` is below the set's capacity (checked above).
+        unsafe { libc::CPU_SET(cpu, &mut set) };
+        // SAFETY: the closure runs in the child between fork and exec and only makes the
+        // async-signal-safe `sched_setaffinity` system call on data copied before the fork.
+        unsafe {
+            cmd.pre_exec(move || {
+                if libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            })
+        };
+    }
+    #[cfg(not(all(target_os = "linux", not(loom))))]
+    {
+        let _ = (cmd, cpu);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
