@@ -142,11 +142,22 @@ impl Shared {
             return Step::Progressed;
         }
         self.transport.doorbell().register(cx.waker());
-        if self.transport.any_frames() {
-            // A frame came before the registration: go round again.
+        if self.transport.any_frames() || self.retry_deferred() {
+            // A frame came, or room for a deferred one, before the registration: go round
+            // again.
             return Step::Progressed;
         }
         Step::Idle
+    }
+
+    /// Before a poller sleeps on the doorbell (registered or listening): one more try at the
+    /// deferred frames. The transport rings the doorbell when a destination that refused a
+    /// frame has room again (`SendError::WouldBlock`'s contract), but that ring may have come
+    /// between the last try and the registration; this try sees the room then. Returns
+    /// whether a frame went out.
+    pub(crate) fn retry_deferred(&self) -> bool {
+        // Acquire: pairs with the store in `defer`.
+        self.has_deferred.load(Ordering::Acquire) && self.flush_deferred() > 0
     }
 
     /// Unposts a receive that has not matched yet. Returns whether it was unposted.
@@ -338,7 +349,7 @@ impl Drop for Attend<'_> {
 /// without looking at the frames, and the threads still parked were not woken for them).
 fn park_or_frames(s: &Shared, listener: SignalListener<'_>) {
     let bell = s.transport.doorbell().listen();
-    if s.transport.any_frames() {
+    if s.transport.any_frames() || s.retry_deferred() {
         return;
     }
     s.counters.parks.fetch_add(1, Ordering::Relaxed);

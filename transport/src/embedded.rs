@@ -51,6 +51,13 @@ struct CriSlot {
     inbox: Inbox<Packed>,
 }
 
+/// The mark of rank `r` among the producers an inbox refused: one bit per rank modulo 64
+/// (ranks sharing a bit are all woken; a spurious wake-up costs one progress pass).
+#[inline]
+fn refusal_bit(r: u32) -> u64 {
+    1 << (r % 64)
+}
+
 /// The envelope fields every frame carries (20 bytes).
 #[derive(Clone, Copy)]
 struct Envelope {
@@ -259,7 +266,10 @@ impl Endpoint {
                 return Err(SendError::Invalid("a frame with a payload carries no rendezvous fields, and its len is the payload's"));
             }
         };
-        match slot.inbox.push(packed) {
+        // A refused frame marks this rank in the inbox, so that whoever drains it rings our
+        // doorbell (`poll`): a sender with frames deferred behind a full inbox is woken when
+        // there is room, whether it is a parked thread or a pending task.
+        match slot.inbox.push(packed).or_else(|packed| slot.inbox.refuse(refusal_bit(self.rank), packed)) {
             Ok(()) => {
                 peer.doorbell.ring();
                 Ok(())
@@ -277,7 +287,26 @@ impl Endpoint {
     /// concurrent caller gets 0 frames).
     #[inline]
     pub fn poll(&self, cri: usize, max: usize, mut f: impl FnMut(Frame)) -> usize {
-        self.me().cris[cri].inbox.pop_batch(max, |p| f(p.unpack()))
+        let inbox = &self.me().cris[cri].inbox;
+        let n = inbox.pop_batch(max, |p| f(p.unpack()));
+        if n > 0 {
+            let refused = inbox.take_refused();
+            if refused != 0 {
+                self.wake_refused(refused);
+            }
+        }
+        n
+    }
+
+    /// Rings the doorbells of the ranks a full inbox refused (`bits`, see `refusal_bit`):
+    /// there is room now, and they may have nobody polling.
+    #[cold]
+    fn wake_refused(&self, bits: u64) {
+        for (r, rank) in self.world.ranks.iter().enumerate() {
+            if bits & refusal_bit(r as u32) != 0 {
+                rank.doorbell.ring();
+            }
+        }
     }
 
     /// Whether CRI `cri` has frames waiting.

@@ -51,6 +51,14 @@
 //! has been active in the last few milliseconds ([`Rank::any_frames`] then answers `true`)
 //! progress threads spin instead of parking, so ping-pong latency is not the watcher's.
 //!
+//! A send the provider refuses (`SendError::WouldBlock`: no free send slot, or `FI_EAGAIN`
+//! while `ofi_rxm` sets up the connection on the first frame to a peer) marks the rank
+//! (`send_refused`); the watcher then rings the doorbell on each of its short-sleep passes
+//! (never blocking on the wait fds, which a connection's progress does not signal) until a
+//! pass finds no new refusal. A runtime that queued the frame retries on each ring, so a
+//! sender parked on the doorbell — a thread, or an async task that nothing else will poll
+//! — is not left waiting for a frame that will never come.
+//!
 //! # Rendezvous
 //!
 //! The sender registers its buffer (`fi_mr_reg`, `FI_REMOTE_READ`); the `Rts` frame carries
@@ -486,6 +494,7 @@ impl Opened {
             alive: (0..self.size).map(|_| AtomicBool::new(true)).collect(),
             lost_epoch: AtomicU64::new(0),
             closed: AtomicBool::new(false),
+            send_refused: AtomicBool::new(false),
             regions: Mutex::new(HashMap::new()),
             pool: ArrayQueue::new((self.opts.cris * self.opts.recv_slots * 2).clamp(64, 1 << 16)),
             doorbell: Doorbell::new(),
@@ -565,8 +574,10 @@ struct Inner {
     regions: Mutex<HashMap<u64, MemoryRegion>>,
     /// Payload buffers of received frames; given back by `recycle`.
     pool: ArrayQueue<Vec<u8>>,
-    /// Rung by the watcher when it staged frames, and on lost peers.
+    /// Rung by the watcher when it staged frames, after refused sends, and on lost peers.
     doorbell: Doorbell,
+    /// A send was refused since the watcher last looked (module docs).
+    send_refused: AtomicBool,
     /// Largest eager payload.
     eager_capacity: usize,
     /// Bytes per receive/send slot.
@@ -596,6 +607,14 @@ impl Inner {
     #[inline]
     fn addr(&self, rank: u32, ep: usize) -> FiAddr {
         self.peers[rank as usize * (self.k + 1) + ep]
+    }
+
+    /// Marks a refused send for the watcher (module docs) and returns the refusal.
+    #[cold]
+    fn refused(&self) -> SendError {
+        // Release: see the watcher's swap.
+        self.send_refused.store(true, Ordering::Release);
+        SendError::WouldBlock
     }
 
     /// Records activity outside the frame path (an RMA read done).
@@ -812,12 +831,15 @@ impl Inner {
                 sleep_us = MIN_SLEEP_US;
                 continue;
             }
-            if self.reap_all() {
+            // Acquire: pairs with the Release in `refused` (whoever retries after the ring
+            // sees what the refusal saw, and its waker registered before it).
+            let refused = self.send_refused.swap(false, Ordering::Acquire);
+            if self.reap_all() || refused {
                 self.doorbell.ring();
                 sleep_us = MIN_SLEEP_US;
             }
             match &fds {
-                Some(fds) if self.all_may_block() => {
+                Some(fds) if !refused && self.all_may_block() => {
                     let mut pfds: Vec<libc::pollfd> = fds.iter().map(|&fd| libc::pollfd { fd, events: libc::POLLIN, revents: 0 }).collect();
                     // SAFETY: `pfds` is a valid array of `len` pollfds whose fds are the CQs'
                     // wait fds, open while `self` (which owns the CQs) lives.
@@ -993,7 +1015,7 @@ impl Rank {
                     s.reap(cri, st);
                     match st.free_send.pop() {
                         Some(slot) => slot,
-                        None => return Err(SendError::WouldBlock),
+                        None => return Err(s.refused()),
                     }
                 }
             };
@@ -1020,7 +1042,7 @@ impl Rank {
                 if let Some(mut st) = held.or_else(|| cri.st.try_lock()) {
                     s.reap(cri, &mut st);
                 }
-                Err(SendError::WouldBlock)
+                Err(s.refused())
             }
             Err(_) => {
                 drop(held);

@@ -24,6 +24,15 @@
 //! A producer at tail `t` finding stamp `t + 1 - cap` sees last lap's frame still unread:
 //! the queue is full. Stamps are stored with Release after the slot's value is written (or
 //! read) and loaded with Acquire before it is read (or overwritten).
+//!
+//! # Refusals
+//!
+//! A producer refused by a full queue must learn when there is room again, without polling
+//! for it: it marks itself in `refused` ([`refuse`](Inbox::refuse)) and tries once more;
+//! the consumer, after taking values, reads the marks ([`take_refused`](Inbox::take_refused))
+//! and wakes whom it finds. A store-buffering handshake, with a `SeqCst` fence on each side
+//! between the write and the read: either the producer's second try sees the slot the
+//! consumer freed, or the consumer sees the producer's mark.
 
 use std::fmt;
 use std::mem::MaybeUninit;
@@ -31,7 +40,7 @@ use std::mem::MaybeUninit;
 use crossbeam_utils::CachePadded;
 
 use crate::loom::cell::UnsafeCell;
-use crate::loom::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use crate::loom::sync::atomic::{fence, AtomicBool, AtomicU64, AtomicUsize, Ordering};
 
 struct Slot<T> {
     stamp: AtomicUsize,
@@ -46,6 +55,10 @@ pub(crate) struct Inbox<T> {
     tail: CachePadded<AtomicUsize>,
     /// Held by the consumer while it pops (a second consumer backs off instead of racing).
     consuming: CachePadded<AtomicBool>,
+    /// Producers refused since the consumer last looked, one bit per producer class (see
+    /// [`refuse`](Self::refuse)). Written only on refusals: the consumer's line-local read
+    /// of it costs nothing while nobody is refused.
+    refused: CachePadded<AtomicU64>,
     slots: Box<[CachePadded<Slot<T>>]>,
     /// `slots.len() - 1` (the length is a power of two).
     mask: usize,
@@ -65,13 +78,17 @@ impl<T> fmt::Debug for Inbox<T> {
 }
 
 impl<T> Inbox<T> {
-    /// A queue holding at least `capacity` (>= 1) values (rounded up to a power of two).
+    /// A queue holding at least `capacity` values (rounded up to a power of two, and to at
+    /// least 2: with one slot, "written" (`p + 1`) and "read, free for the next lap"
+    /// (`p + cap`) would be the same stamp, and a second producer would overwrite an unread
+    /// value).
     pub(crate) fn new(capacity: usize) -> Self {
-        let cap = capacity.max(1).next_power_of_two();
+        let cap = capacity.max(2).next_power_of_two();
         Inbox {
             head: CachePadded::new(AtomicUsize::new(0)),
             tail: CachePadded::new(AtomicUsize::new(0)),
             consuming: CachePadded::new(AtomicBool::new(false)),
+            refused: CachePadded::new(AtomicU64::new(0)),
             slots: (0..cap)
                 .map(|i| CachePadded::new(Slot { stamp: AtomicUsize::new(i), value: UnsafeCell::new(MaybeUninit::uninit()) }))
                 .collect(),
@@ -108,6 +125,27 @@ impl<T> Inbox<T> {
                 t = self.tail.load(Ordering::Relaxed);
             }
         }
+    }
+
+    /// After `push` refused `value`: marks the producer with `bits` for the consumer's next
+    /// [`take_refused`](Self::take_refused), then tries once more. An `Err` means the
+    /// consumer will see the mark after it next frees a slot (module docs, "Refusals").
+    pub(crate) fn refuse(&self, bits: u64, value: T) -> Result<(), T> {
+        self.refused.fetch_or(bits, Ordering::Relaxed);
+        // SeqCst: orders the mark before the second try's stamp loads (the handshake).
+        fence(Ordering::SeqCst);
+        self.push(value)
+    }
+
+    /// The marks of producers refused since the last call, cleared; for the consumer after
+    /// it took values (module docs, "Refusals"). A fence and a load while nobody is marked.
+    pub(crate) fn take_refused(&self) -> u64 {
+        // SeqCst: orders the consumer's stamp stores before the load of the marks.
+        fence(Ordering::SeqCst);
+        if self.refused.load(Ordering::Relaxed) == 0 {
+            return 0;
+        }
+        self.refused.swap(0, Ordering::Relaxed)
     }
 
     /// Whether the next value is ready (a racy snapshot, for any thread).
@@ -165,6 +203,34 @@ impl<T> Drop for Inbox<T> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// One slot cannot tell "written" from "free for the next lap": a capacity of 1 is
+    /// rounded up to 2, and a full queue refuses instead of overwriting an unread value.
+    #[test]
+    fn one_slot_is_two() {
+        let q = Inbox::new(1);
+        assert_eq!(q.push(1u32), Ok(()));
+        assert_eq!(q.push(2), Ok(()));
+        assert_eq!(q.push(3), Err(3));
+        let mut got = Vec::new();
+        assert_eq!(q.pop_batch(8, |v| got.push(v)), 2);
+        assert_eq!(got, [1, 2]);
+    }
+
+    /// A producer refused by a full queue is reported to the consumer once, after it took
+    /// values; a producer that gets in on its second try is not.
+    #[test]
+    fn refusals_reach_the_consumer_once() {
+        let q = Inbox::new(2);
+        q.push(1u32).unwrap();
+        q.push(2).unwrap();
+        assert_eq!(q.push(3), Err(3));
+        assert_eq!(q.refuse(1 << 5, 3), Err(3));
+        assert_eq!(q.pop_batch(1, drop), 1);
+        assert_eq!(q.take_refused(), 1 << 5);
+        assert_eq!(q.take_refused(), 0);
+        assert_eq!(q.refuse(1 << 6, 3), Ok(()), "room again: the second try gets in");
+    }
 
     #[test]
     fn fifo_full_and_wrap() {
@@ -351,5 +417,28 @@ mod model {
     #[test]
     fn one_producer_laps_the_ring() {
         check(1, 3);
+    }
+
+    /// The refusal handshake: a producer refused by a full queue either gets in on its
+    /// second try or is seen by the consumer that freed the slot (no lost wake-up).
+    #[test]
+    fn a_refused_producer_is_seen_or_gets_in() {
+        loom::model(|| {
+            let q = Arc::new(Inbox::new(2));
+            q.push(0u32).unwrap();
+            q.push(0u32).unwrap();
+            let p = {
+                let q = q.clone();
+                loom::thread::spawn(move || match q.push(1) {
+                    Ok(()) => true,
+                    Err(v) => q.refuse(1, v).is_ok(),
+                })
+            };
+            let mut got = 0;
+            q.pop_batch(1, |_| got += 1);
+            let seen = got == 1 && q.take_refused() == 1;
+            let got_in = p.join().unwrap();
+            assert!(got_in || seen, "the refused producer was neither let in nor seen");
+        });
     }
 }

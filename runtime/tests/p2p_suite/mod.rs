@@ -335,10 +335,12 @@ fn sync_object_collects_receives() {
 #[test]
 fn async_requests_in_tokio() {
     let rts = world(2, ProgressMode::Owner);
-    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).build().unwrap();
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_time().build().unwrap();
     let c0 = rts[0].world().clone();
     let c1 = rts[1].world().clone();
-    rt.block_on(async move {
+    // The first frame to a peer may be refused while `tcp;ofi_rxm` connects (the send is
+    // deferred, and only the doorbell wakes its task): once a hang, now a failure.
+    let test = async move {
         let recv = tokio::spawn(async move {
             let mut total = 0usize;
             for _ in 0..100 {
@@ -354,7 +356,46 @@ fn async_requests_in_tokio() {
         });
         send.await.unwrap();
         assert_eq!(recv.await.unwrap(), (0..100).map(|i| i % 64).sum::<usize>());
-    });
+    };
+    rt.block_on(async { tokio::time::timeout(Duration::from_secs(30), test).await.expect("async requests did not complete within 30 s") });
+}
+
+/// Sends refused by a full inbox are deferred; an async task awaiting them is woken when
+/// the destination drains its inbox, though no thread of the sending rank makes progress
+/// meanwhile (the sender's task is parked in the executor before the receiver starts).
+#[test]
+fn deferred_sends_wake_async_senders() {
+    for mode in MODES {
+        let rts = super::builder().progress(mode).cris(1).inbox_capacity(4).build_local(2).unwrap();
+        let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_time().build().unwrap();
+        let (a, b) = (rts[0].world().clone(), rts[1].world().clone());
+        let n = 64u32;
+        rt.block_on(async move {
+            let send = tokio::spawn(async move {
+                let reqs: Vec<_> = (0..n).map(|i| a.isend(vec![i], 1, 9).unwrap()).collect();
+                for r in reqs {
+                    assert_eq!(r.await.unwrap().1.bytes, 4);
+                }
+            });
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            let recv = tokio::spawn(async move {
+                for i in 0..n {
+                    let (v, st) = b.irecv(Vec::<u32>::with_capacity(1), 0u32, 9).unwrap().await.unwrap();
+                    assert_eq!((v, st.tag), (vec![i], 9), "in order");
+                }
+            });
+            let both = async {
+                send.await.unwrap();
+                recv.await.unwrap();
+            };
+            tokio::time::timeout(Duration::from_secs(30), both)
+                .await
+                .unwrap_or_else(|_| panic!("{mode}: deferred sends never woke their task"));
+        });
+        if rts[0].config().provider == weft::Provider::Embedded {
+            assert!(rts[0].counters().flow_control_waits > 0, "{mode}: the inbox never filled");
+        }
+    }
 }
 
 #[test]
