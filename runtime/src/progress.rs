@@ -156,8 +156,9 @@ impl Shared {
     /// between the last try and the registration; this try sees the room then. Returns
     /// whether a frame went out.
     pub(crate) fn retry_deferred(&self) -> bool {
-        // Acquire: pairs with the store in `defer`.
-        self.has_deferred.load(Ordering::Acquire) && self.flush_deferred() > 0
+        // Acquire: pairs with the store in `defer`. Under the global critical section in
+        // `Global` mode, as every other send.
+        self.has_deferred.load(Ordering::Acquire) && self.main_path(|| self.flush_deferred()) > 0
     }
 
     /// Unposts a receive that has not matched yet. Returns whether it was unposted.
