@@ -385,8 +385,11 @@ thread_local! {
 }
 
 /// Longest single park. A safety net, not the wake-up mechanism: every wake-up path is a
-/// notification, but one intermittent hang seen once under CI load (issue 2 note) was not
-/// reproduced, so a missed notification costs at most this much latency instead of a hang.
+/// notification. It once hid a missing one — nothing rang the doorbell when a destination
+/// that refused a frame had room again, so a thread with only deferred frames left waited
+/// out this limit (an async task, which has no such limit, waited forever; fixed in session
+/// 11, `SendError::WouldBlock`'s contract) — so a missed notification costs at most this
+/// much latency instead of a hang.
 const PARK_LIMIT: std::time::Duration = std::time::Duration::from_millis(50);
 
 /// Blocks until either listener fires (or `PARK_LIMIT` passes, counted in
