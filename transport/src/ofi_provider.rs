@@ -54,8 +54,8 @@
 //! A send the provider refuses (`SendError::WouldBlock`: no free send slot, or `FI_EAGAIN`
 //! while `ofi_rxm` sets up the connection on the first frame to a peer) marks the rank
 //! (`send_refused`); the watcher then rings the doorbell on each of its short-sleep passes
-//! (never blocking on the wait fds, which a connection's progress does not signal) until a
-//! pass finds no new refusal. A runtime that queued the frame retries on each ring, so a
+//! (never blocking on the wait fds, which a connection's progress does not signal; backing
+//! off from 10 µs to 1 ms while only refusals come) until a pass finds no new refusal. A runtime that queued the frame retries on each ring, so a
 //! sender parked on the doorbell — a thread, or an async task that nothing else will poll
 //! — is not left waiting for a frame that will never come.
 //!
@@ -834,8 +834,13 @@ impl Inner {
             // Acquire: pairs with the Release in `refused` (whoever retries after the ring
             // sees what the refusal saw, and its waker registered before it).
             let refused = self.send_refused.swap(false, Ordering::Acquire);
-            if self.reap_all() || refused {
+            let staged = self.reap_all();
+            if staged || refused {
                 self.doorbell.ring();
+            }
+            if staged {
+                // Refusals alone keep backing off: a destination that stays full is retried
+                // at most every millisecond, not every 10 µs.
                 sleep_us = MIN_SLEEP_US;
             }
             match &fds {
