@@ -284,7 +284,9 @@ impl Endpoint {
     /// Takes up to `max` frames from CRI `cri`'s inbox, handing each to `f`. Returns how many.
     ///
     /// The caller holds the CRI (its lock, in the runtime): one consumer at a time (a second
-    /// concurrent caller gets 0 frames).
+    /// concurrent caller gets 0 frames). Having made room, it rings the doorbells of the
+    /// ranks this inbox refused (rare; a ring only notifies and schedules, it runs nothing of
+    /// the woken side under the caller's lock).
     #[inline]
     pub fn poll(&self, cri: usize, max: usize, mut f: impl FnMut(Frame)) -> usize {
         let inbox = &self.me().cris[cri].inbox;
