@@ -142,7 +142,7 @@ impl Shared {
             return Step::Progressed;
         }
         self.transport.doorbell().register(cx.waker());
-        if self.transport.any_frames() || self.retry_deferred() {
+        if self.work_before_sleep() {
             // A frame came, or room for a deferred one, before the registration: go round
             // again.
             return Step::Progressed;
@@ -150,15 +150,16 @@ impl Shared {
         Step::Idle
     }
 
-    /// Before a poller sleeps on the doorbell (registered or listening): one more try at the
-    /// deferred frames. The transport rings the doorbell when a destination that refused a
-    /// frame has room again (`SendError::WouldBlock`'s contract), but that ring may have come
-    /// between the last try and the registration; this try sees the room then. Returns
-    /// whether a frame went out.
-    pub(crate) fn retry_deferred(&self) -> bool {
-        // Acquire: pairs with the store in `defer`. Under the global critical section in
-        // `Global` mode, as every other send.
-        self.has_deferred.load(Ordering::Acquire) && self.main_path(|| self.flush_deferred()) > 0
+    /// The last check of a poller about to sleep on the doorbell, made after it registered
+    /// or listened: frames are waiting, or one more try at the deferred frames sent one. The
+    /// transport rings the doorbell for new frames and when a destination that refused a
+    /// frame has room again (`SendError::WouldBlock`'s contract), but either ring may have
+    /// come between the poller's last pass and its registration; this check sees what it
+    /// announced.
+    pub(crate) fn work_before_sleep(&self) -> bool {
+        // Acquire: pairs with the store in `defer`. The flush runs under the global critical
+        // section in `Global` mode, as every other send.
+        self.transport.any_frames() || (self.has_deferred.load(Ordering::Acquire) && self.main_path(|| self.flush_deferred()) > 0)
     }
 
     /// Unposts a receive that has not matched yet. Returns whether it was unposted.
@@ -350,7 +351,7 @@ impl Drop for Attend<'_> {
 /// without looking at the frames, and the threads still parked were not woken for them).
 fn park_or_frames(s: &Shared, listener: SignalListener<'_>) {
     let bell = s.transport.doorbell().listen();
-    if s.transport.any_frames() || s.retry_deferred() {
+    if s.work_before_sleep() {
         return;
     }
     s.counters.parks.fetch_add(1, Ordering::Relaxed);

@@ -55,9 +55,10 @@
 //! while `ofi_rxm` sets up the connection on the first frame to a peer) marks the rank
 //! (`send_refused`); the watcher then rings the doorbell on each of its short-sleep passes
 //! (never blocking on the wait fds, which a connection's progress does not signal; backing
-//! off from 10 µs to 1 ms while only refusals come) until a pass finds no new refusal. A runtime that queued the frame retries on each ring, so a
-//! sender parked on the doorbell — a thread, or an async task that nothing else will poll
-//! — is not left waiting for a frame that will never come.
+//! off from 10 µs to 1 ms while only refusals come) until a pass finds no new refusal. A
+//! runtime that queued the frame retries on each ring, so a sender parked on the doorbell —
+//! a thread, or an async task that nothing else will poll — is not left waiting for a frame
+//! that will never come.
 //!
 //! # Rendezvous
 //!

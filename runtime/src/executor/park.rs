@@ -128,7 +128,7 @@ pub(super) fn park_worker(shared: &Shared, pool: &Pool, index: usize) {
 
     // Deferred frames do not keep a worker awake: the transport rings the doorbell when their
     // destination has room, and one more try here covers a ring that came before `listen`.
-    let network_ready = if someone_owns { !shared.owner.is_taken() } else { shared.transport.any_frames() || shared.retry_deferred() };
+    let network_ready = if someone_owns { !shared.owner.is_taken() } else { shared.work_before_sleep() };
     if network_ready || pool.has_work() || pool.is_shutdown() {
         sleep.unsleep(index);
         return;
