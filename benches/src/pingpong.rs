@@ -239,6 +239,7 @@ fn transport_worker(p: Provider, size: usize, iterations: usize) -> Result<(), S
         source: me,
         tag: 1,
         seq: 0,
+        gseq: 0,
         chan: 0,
         len: size as u64,
         cookie: 0,

@@ -23,12 +23,12 @@ use std::sync::Arc;
 
 use crossbeam_utils::CachePadded;
 
-use crate::config::Assignment;
+use crate::config::{Assignment, MatchingMode};
 use weft_sync::{Error, Status};
 use weft_transport::{FrameKind, Header};
 
 use crate::buffer::{Primitive, RecvBuf, SendBuf};
-use crate::matching::{MatchState, Source, Tag};
+use crate::matching::{MatchState, Order, Source, Tag};
 use crate::paths::PathLock;
 use crate::protocol::Posted;
 use crate::request::{new_inner, Request};
@@ -46,7 +46,8 @@ pub(crate) struct CommState {
     freed: AtomicBool,
     /// Next sequence number per (ordering channel, destination): row `chan` starts at
     /// `chan * seq_stride` (rows padded to a cache line, so threads on different channels
-    /// do not share one).
+    /// do not share one). On a partitioned communicator (`switchable`), one more row after
+    /// the channels': the `gseq` per destination, over every channel.
     send_seq: Box<[AtomicU32]>,
     /// Row length of `send_seq`.
     seq_stride: usize,
@@ -55,16 +56,32 @@ pub(crate) struct CommState {
     /// always sends through its one CRI, whose inbox is FIFO); else 1 (one sequence per
     /// destination: MPI's per-source order).
     chans: usize,
-    /// Tag partitions: 1, or [`TAG_PARTS`] when the communicator asserts `no_any_tag` (no
-    /// receive can then match two tags, so messages of different tags need no common order
-    /// and are matched under different locks).
+    /// Tag partitions: 1 (a communicator that allows overtaking, and the collective
+    /// context), or [`TAG_PARTS`] (messages of different tags are matched under different
+    /// locks, each partition with its own sequence per source).
     parts: usize,
+    /// Whether the communicator asserts `no_any_tag` (`Tag::Any` refused: the partitions
+    /// never need a common order).
+    no_any_tag: bool,
+    /// Partitioned without the assertion: senders also number every frame over all
+    /// partitions (`gseq`), and the first `Tag::Any` receive or probe at this rank switches
+    /// the rank's matching to one order ([`Shared::switch_to_one_order`]).
+    ///
+    /// [`Shared::switch_to_one_order`]: crate::runtime::Shared::switch_to_one_order
+    switchable: bool,
+    /// Set (under every partition lock) once this rank matches in one order: partition 0
+    /// holds every receive and frame from then on. Set from the start under
+    /// `MatchingMode::Global` (one state per communicator, ordered by `gseq`).
+    switched: AtomicBool,
     /// Matching queues (`MatchingMode::PerComm`), one per tag partition, each on cache
     /// lines of its own.
     pub(crate) matching: Box<[CachePadded<PathLock<MatchState>>]>,
+    /// How the matching states order frames (at creation; a switch turns partition 0 to
+    /// `Order::Gseq`).
+    order: Order,
 }
 
-/// Tag partitions of a communicator that asserts `no_any_tag`.
+/// Tag partitions of a partitioned communicator.
 pub(crate) const TAG_PARTS: usize = 16;
 
 /// MPI 4.0 communicator assertions (the `mpi_assert_*` info keys), given to
@@ -86,40 +103,61 @@ pub struct Assertions {
 }
 
 impl CommState {
-    fn new(shared: &Shared, context: u32, size: u32, overtaking: bool, no_any_tag: bool) -> Self {
+    /// A communicator's state; `partition`: match per tag partition (user contexts; the
+    /// collective context, whose few messages never use `Tag::Any`, keeps one state).
+    fn new(shared: &Shared, context: u32, size: u32, overtaking: bool, no_any_tag: bool, partition: bool) -> Self {
         let thread_chans = match shared.config.assignment {
             Assignment::Dedicated if shared.config.per_thread_order => shared.config.cris.max(1),
             _ => 1,
         };
-        let parts = if no_any_tag { TAG_PARTS } else { 1 };
+        // With per-thread order the thread channels already spare the receiver one order
+        // over the sending threads; `Tag::Any` keeps them (no switch to one order there).
+        let switchable = partition && !overtaking && !no_any_tag && thread_chans == 1;
+        let parts = if no_any_tag || switchable { TAG_PARTS } else { 1 };
         let chans = thread_chans * parts;
         // 16 u32 counters per 64-byte line.
         let seq_stride = (size as usize).div_ceil(16) * 16;
+        let rows = chans + usize::from(switchable);
+        let one_state = shared.config.matching == MatchingMode::Global;
+        let order = if overtaking {
+            Order::Overtake
+        } else if switchable && one_state {
+            Order::Gseq
+        } else if switchable {
+            Order::Partition
+        } else {
+            Order::Chan
+        };
         CommState {
             context,
             size,
             overtaking,
             freed: AtomicBool::new(false),
-            send_seq: (0..chans * seq_stride).map(|_| AtomicU32::new(0)).collect(),
+            send_seq: (0..rows * seq_stride).map(|_| AtomicU32::new(0)).collect(),
             seq_stride,
             chans,
             parts,
+            no_any_tag,
+            switchable,
+            switched: AtomicBool::new(switchable && one_state),
+            order,
             matching: (0..parts)
                 .map(|_| {
                     CachePadded::new(PathLock::new(
                         shared.config.locks.matching,
                         &shared.lock_options,
                         shared.config.lock_timing,
-                        MatchState::new(size, overtaking),
+                        MatchState::new(size, order),
                     ))
                 })
                 .collect(),
         }
     }
 
-    /// The tag partition of `tag` (0 unless the communicator asserts `no_any_tag`).
+    /// The tag partition a message of `tag` is numbered in by its sender (0 on a
+    /// communicator with one partition).
     #[inline]
-    pub(crate) fn part(&self, tag: i32) -> usize {
+    pub(crate) fn tag_part(&self, tag: i32) -> usize {
         if self.parts == 1 {
             return 0;
         }
@@ -127,8 +165,20 @@ impl CommState {
         ((tag as u32).wrapping_mul(0x9E37_79B9) >> (32 - TAG_PARTS.trailing_zeros())) as usize
     }
 
-    /// The tag partition a receive or probe for `tag` is matched in (`Tag::Any`, refused on
-    /// a partitioned communicator, has the one partition of the others).
+    /// The matching state (tag partition) where frames and receives of `tag` are matched
+    /// at this rank: the tag's partition, or 0 once the rank matches in one order. A hint
+    /// when read without the partition's lock: under it, [`is_switched`](Self::is_switched)
+    /// is exact (the switch holds every partition lock).
+    #[inline]
+    pub(crate) fn part(&self, tag: i32) -> usize {
+        if self.parts == 1 || self.is_switched() {
+            return 0;
+        }
+        self.tag_part(tag)
+    }
+
+    /// [`part`](Self::part) of a receive or probe (`Tag::Any` is matched in partition 0:
+    /// refused on a `no_any_tag` communicator, and a switchable one switches first).
     #[inline]
     pub(crate) fn part_of(&self, tag: Tag) -> usize {
         match tag {
@@ -137,10 +187,35 @@ impl CommState {
         }
     }
 
+    /// Whether this rank matches the communicator in one order (see `switched`).
+    #[inline]
+    pub(crate) fn is_switched(&self) -> bool {
+        // Relaxed: a hint outside the partition locks; under one, the switch's release of
+        // that lock ordered the store before this load.
+        self.switched.load(Ordering::Relaxed)
+    }
+
+    /// Whether a `Tag::Any` receive or probe must first switch this rank to one order.
+    #[inline]
+    pub(crate) fn needs_switch(&self) -> bool {
+        self.switchable && !self.is_switched()
+    }
+
+    /// Marks the switch done (the caller holds every partition lock).
+    pub(crate) fn set_switched(&self) {
+        self.switched.store(true, Ordering::Release);
+    }
+
+    /// How a fresh matching state of this communicator orders frames.
+    #[inline]
+    pub(crate) fn order(&self) -> Order {
+        self.order
+    }
+
     /// Whether receives and probes with `Tag::Any` are refused.
     #[inline]
     pub(crate) fn no_any_tag(&self) -> bool {
-        self.parts > 1
+        self.no_any_tag
     }
 
     /// Tag partitions (matching locks under `MatchingMode::PerComm`).
@@ -180,8 +255,8 @@ impl fmt::Debug for Communicator {
 
 impl Communicator {
     pub(crate) fn create(shared: &Arc<Shared>, context: u32, size: u32, a: Assertions) -> Result<Self, Error> {
-        let p2p = Arc::new(CommState::new(shared, context, size, a.allow_overtaking, a.no_any_tag));
-        let coll = Arc::new(CommState::new(shared, context + 1, size, false, false));
+        let p2p = Arc::new(CommState::new(shared, context, size, a.allow_overtaking, a.no_any_tag, true));
+        let coll = Arc::new(CommState::new(shared, context + 1, size, false, false, false));
         shared.install(p2p.clone())?;
         shared.install(coll.clone())?;
         Ok(Communicator { shared: shared.clone(), p2p, coll })
@@ -249,8 +324,12 @@ impl Communicator {
         // With per-thread order, the thread's dedicated CRI is its ordering channel (seed 003
         // §5.4.4: one sequence per source shared by every thread forces frames that travel
         // through different CRIs back into one order, filling the out-of-sequence queue).
-        let chan = if st.chans > st.parts { k * st.parts } else { 0 } + st.part(tag);
+        let chan = if st.chans > st.parts { k * st.parts } else { 0 } + st.tag_part(tag);
         let seq = if st.overtaking { 0 } else { st.send_seq[chan * st.seq_stride + dest as usize].fetch_add(1, Ordering::Relaxed) };
+        // The number over every partition, shared by the sending threads (what a
+        // communicator with one partition pays for `seq`); MPI orders only the sends of one
+        // thread, so the two numbers need not be taken together.
+        let gseq = if st.switchable { st.send_seq[st.chans * st.seq_stride + dest as usize].fetch_add(1, Ordering::Relaxed) } else { 0 };
         let mut header = Header {
             kind: FrameKind::Eager,
             src_cri: k as u16,
@@ -258,6 +337,7 @@ impl Communicator {
             source: self.rank(),
             tag,
             seq,
+            gseq,
             chan: chan as u16,
             len: len as u64,
             cookie: 0,
@@ -334,9 +414,11 @@ impl Communicator {
             i.elem = elem;
             i.context = st.context;
         });
+        let switched = if tag == Tag::Any && st.needs_switch() { s.main_path(|| s.switch_to_one_order(st)) } else { Vec::new() };
+        s.finish_matches(switched);
         let part = st.part_of(tag);
         let early = s.main_path(|| {
-            s.with_matching(st, part, |m| {
+            s.with_matching_of(st, part, |m| {
                 // Under the matching lock: `free` sets the flag before it drains the queues,
                 // so a receive posted here is either refused or drained (failed) by it.
                 if st.is_freed() {
@@ -382,11 +464,13 @@ impl Communicator {
         }
         let (source, tag) = (source.into(), tag.into());
         self.check_recv_tag(tag)?;
-        self.shared.progress_once();
+        let s = &*self.shared;
+        if tag == Tag::Any && self.p2p.needs_switch() {
+            s.finish_matches(s.main_path(|| s.switch_to_one_order(&self.p2p)));
+        }
+        s.progress_once();
         let part = self.p2p.part_of(tag);
-        Ok(self
-            .shared
-            .main_path(|| self.shared.with_matching(&self.p2p, part, |m| m.probe(source, tag)))
+        Ok(s.main_path(|| s.with_matching_of(&self.p2p, part, |m| m.probe(source, tag)))
             .map(|(source, tag, bytes)| Status { source, tag, bytes }))
     }
 
@@ -523,7 +607,7 @@ impl Communicator {
                     // Give the queues' memory back (the state lingers until collected; under
                     // `Global` matching the slot's queues are tagged with the id, so a later
                     // communicator in the slot replaces this empty one).
-                    *m = MatchState::new(0, st.overtaking);
+                    *m = MatchState::new(0, st.order());
                     counters
                 });
                 let mut c = s.freed_counters.lock();

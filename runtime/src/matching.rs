@@ -20,6 +20,29 @@
 //! first: exactly MPI's "earliest posted receive that matches", in O(1 + wildcards). Bins
 //! keep their capacity, so steady-state matching allocates nothing; empty bins are pruned
 //! only when many distinct (source, tag) pairs have been used.
+//!
+//! # Partitioned matching until the first `Tag::Any`
+//!
+//! What forces one order over all of a source's messages is `Tag::Any` alone: a receive for
+//! one tag only needs the send order among messages of that tag. So a communicator without
+//! assertions is matched per *tag partition* ([`Order::Partition`]; each partition a
+//! `MatchState` under its own lock, with its own sequence per source), as one that asserts
+//! `no_any_tag` is — until the first `Tag::Any` receive or probe on it at this rank, which
+//! merges the partitions into one state ordered by the sender's second sequence number, the
+//! `gseq` it takes per (communicator, destination) over every tag ([`Order::Gseq`];
+//! [`MatchState::merge`]; docs/design-partitioned-matching.md, option (b)).
+//!
+//! The merge must know which of a source's `gseq`s are still in flight: partition A may have
+//! run ahead while a frame of partition B is on its way. Each partition records the `gseq`s
+//! it processed (paired or queued as unexpected) in a bitmap window per source, written under
+//! its own lock only; the windows of all partitions advance together, now and then, under all
+//! the partition locks ([`MatchState::trim`]). At the merge the union of the windows gives,
+//! per source, the frontier (the lowest `gseq` not processed) and the numbers above it already
+//! processed, which the merged order then skips. Unexpected frames above the frontier are
+//! taken back into the order (as if not arrived yet): a `Tag::Any` receive must not take one
+//! before the earlier frame still in flight. Frames paired before the merge stay paired: they
+//! met receives posted before the first `Tag::Any` one, each for their own tag, in that tag's
+//! send order.
 
 use std::collections::{HashMap, VecDeque};
 use std::hash::{BuildHasherDefault, Hasher};
@@ -126,6 +149,81 @@ pub(crate) struct Matched {
 /// thread descheduled between taking its sequence number and sending) waits in a list.
 const REORDER_WINDOW: usize = 4096;
 
+/// How a matching state orders the frames of one source.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Order {
+    /// No order: overtaking allowed.
+    Overtake,
+    /// By `seq` within each ordering channel (`chan`).
+    Chan,
+    /// One tag partition of a communicator that matches per partition until its first
+    /// `Tag::Any`: by `seq` within each channel, recording the `gseq` of every frame
+    /// processed for the merge.
+    Partition,
+    /// By `gseq` per source: one order over every channel.
+    Gseq,
+}
+
+/// Words (64 numbers each) a partition's processed-number window spans before it asks for
+/// a trim ([`MatchState::trim`], all partition locks: once per ~8,000 frames of a source).
+const TRIM_WORDS: usize = 128;
+
+/// Words beyond which a window does not grow (1 Mi numbers, 128 KiB): a frame that far
+/// ahead of one still in flight is parked and the communicator switches to one order,
+/// whose reordering holds frames instead of bits (memory stays bounded by frames held).
+const MAX_SEEN_WORDS: usize = 1 << 14;
+
+/// A set of sequence numbers of one source as a bitmap window: bit `i` of word `w` is number
+/// `base + 64 * w + i` (`base` a multiple of 64; every number below it is in the set).
+#[derive(Default)]
+struct Seen {
+    base: u32,
+    words: VecDeque<u64>,
+    /// Window length (words) at which to ask for the next trim (0: [`TRIM_WORDS`]).
+    trim_at: usize,
+}
+
+impl Seen {
+    /// `n`'s offset above the base, or `None` below it (wrapping).
+    #[inline]
+    fn offset(&self, n: u32) -> Option<usize> {
+        let off = n.wrapping_sub(self.base);
+        (off < 1 << 31).then_some(off as usize)
+    }
+
+    #[inline]
+    fn contains(&self, n: u32) -> bool {
+        match self.offset(n) {
+            Some(off) => self.words.get(off / 64).is_some_and(|w| w & (1 << (off % 64)) != 0),
+            None => true,
+        }
+    }
+
+    /// Removes `n` (a number above the base).
+    fn remove(&mut self, n: u32) {
+        if let Some(off) = self.offset(n) {
+            if let Some(w) = self.words.get_mut(off / 64) {
+                *w &= !(1 << (off % 64));
+            }
+        }
+    }
+
+    /// The lowest number not in the set.
+    fn first_missing(&self) -> u32 {
+        let full = self.words.iter().take_while(|&&w| w == !0).count();
+        let bit = self.words.get(full).map_or(0, |w| w.trailing_ones());
+        self.base.wrapping_add((full * 64) as u32 + bit)
+    }
+
+    /// Drops the front words that lie wholly below `n` (the numbers up to `n` are settled).
+    fn forget_below(&mut self, n: u32) {
+        while self.offset(n).is_some_and(|off| off >= 64) && !self.words.is_empty() {
+            self.words.pop_front();
+            self.base = self.base.wrapping_add(64);
+        }
+    }
+}
+
 /// The order of one (source, channel): the next sequence number expected, and the frames
 /// that arrived ahead of it, each in the slot of its distance from `expected` (slot 0, the
 /// expected frame itself, is always empty). O(1) to hold a frame and to release the next;
@@ -179,14 +277,34 @@ pub(crate) struct MatchState {
     unexpected: VecDeque<Frame>,
     /// Frames that arrived before their turn but too far ahead for a reorder window.
     far: Vec<Frame>,
-    /// Whether the sequence check is skipped (overtaking allowed).
-    overtaking: bool,
+    /// How frames are ordered.
+    mode: Order,
+    /// Per source, the `gseq`s processed here ([`Order::Partition`]; grown on first use), or
+    /// those processed before the merge above the frontier, skipped by the one order
+    /// ([`Order::Gseq`] after [`merge`](Self::merge)).
+    seen: Vec<Seen>,
+    /// In-sequence frames not processed because their `gseq` lies beyond the window
+    /// ([`MAX_SEEN_WORDS`]); taken by the merge that this asks for.
+    parked: Vec<Frame>,
+    /// Work this state asks of its caller once the lock is released.
+    due: Due,
     /// Counters.
     pub(crate) counters: MatchCounters,
 }
 
+/// Work a partition asks for that needs every partition lock ([`MatchState::take_due`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Due {
+    /// Nothing.
+    None,
+    /// A processed-number window grew long: [`MatchState::trim`].
+    Trim,
+    /// A window would outgrow its bound: switch to one order ([`MatchState::merge`]).
+    Switch,
+}
+
 impl MatchState {
-    pub(crate) fn new(size: u32, overtaking: bool) -> Self {
+    pub(crate) fn new(size: u32, mode: Order) -> Self {
         MatchState {
             order: (0..size).map(|_| Vec::new()).collect(),
             bins: Bins::default(),
@@ -194,19 +312,39 @@ impl MatchState {
             post_seq: 0,
             unexpected: VecDeque::new(),
             far: Vec::new(),
-            overtaking,
+            mode,
+            seen: Vec::new(),
+            parked: Vec::new(),
+            due: Due::None,
             counters: MatchCounters::default(),
+        }
+    }
+
+    /// The work this state asks for (see [`Due`]), once; the caller does it after releasing
+    /// this state's lock.
+    #[inline]
+    pub(crate) fn take_due(&mut self) -> Due {
+        std::mem::replace(&mut self.due, Due::None)
+    }
+
+    /// The ordering channel and sequence number of a frame under this state's order.
+    #[inline]
+    fn key(&self, h: &weft_transport::Header) -> (usize, u32) {
+        match self.mode {
+            Order::Gseq => (0, h.gseq),
+            _ => (h.chan as usize, h.seq),
         }
     }
 
     /// A frame arrived: pair it (and any early frames it unblocks) with posted receives.
     /// Matches are appended to `out`; unmatched frames are queued.
     pub(crate) fn arrive(&mut self, frame: Frame, out: &mut Vec<Matched>) {
-        if self.overtaking {
+        if self.mode == Order::Overtake {
             self.pair(frame, out);
             return;
         }
-        let (src, chan) = (frame.header.source as usize, frame.header.chan as usize);
+        let src = frame.header.source as usize;
+        let (chan, seq) = self.key(&frame.header);
         let Some(chans) = self.order.get_mut(src) else {
             // A source outside the communicator: the frame is malformed; drop it.
             return;
@@ -214,7 +352,7 @@ impl MatchState {
         if chan >= chans.len() {
             chans.resize_with(chan + 1, Reorder::default);
         }
-        let ahead = frame.header.seq.wrapping_sub(chans[chan].expected) as usize;
+        let ahead = seq.wrapping_sub(chans[chan].expected) as usize;
         if ahead != 0 {
             self.counters.out_of_sequence += 1;
             if ahead < REORDER_WINDOW {
@@ -228,22 +366,48 @@ impl MatchState {
         // slot 0 until `Reorder::next` drops it.
         let r = &mut chans[chan];
         r.expected = r.expected.wrapping_add(1);
-        let held = !r.window.is_empty() || !self.far.is_empty();
-        self.pair(frame, out);
+        let held = !r.window.is_empty() || !self.far.is_empty() || self.skipping(src);
+        self.process(frame, out);
         if !held {
             // Nothing came early (the common case): no window to walk, no far list to search.
             return;
         }
+        self.release(src, chan, out);
+    }
+
+    /// Whether the one order skips numbers of `src` processed before the merge.
+    #[inline]
+    fn skipping(&self, src: usize) -> bool {
+        self.mode == Order::Gseq && self.seen.get(src).is_some_and(|s| !s.words.is_empty())
+    }
+
+    /// After (`src`, `chan`)'s expected number advanced: processes the frames that came
+    /// early and are now in turn, skipping numbers processed before the merge.
+    fn release(&mut self, src: usize, chan: usize, out: &mut Vec<Matched>) {
         // The gap may have closed for frames that came early on this channel: they wait in
         // sequence order in the window (O(1) each), or, rarely, in the far list.
         loop {
+            let gseq = self.mode == Order::Gseq;
             let r = &mut self.order[src][chan];
             let next = match r.next() {
                 Some(f) => f,
-                None if self.far.is_empty() => return,
                 None => {
                     let want = r.expected;
-                    let at = |f: &Frame| f.header.source as usize == src && f.header.chan as usize == chan && f.header.seq == want;
+                    if gseq {
+                        if let Some(s) = self.seen.get_mut(src) {
+                            if s.contains(want) {
+                                // Paired or queued before the merge: not to be seen again.
+                                s.forget_below(want);
+                                r.expected = want.wrapping_add(1);
+                                continue;
+                            }
+                            s.forget_below(want);
+                        }
+                    }
+                    if self.far.is_empty() {
+                        return;
+                    }
+                    let at = |f: &Frame| f.header.source as usize == src && self.key(&f.header) == (chan, want);
                     match self.far.iter().position(at) {
                         Some(i) => self.far.swap_remove(i),
                         None => return,
@@ -252,10 +416,161 @@ impl MatchState {
             };
             let r = &mut self.order[src][chan];
             r.expected = r.expected.wrapping_add(1);
-            self.pair(next, out);
+            self.process(next, out);
         }
     }
 
+    /// A frame in turn: pairs it (recording its `gseq` under [`Order::Partition`]).
+    #[inline]
+    fn process(&mut self, frame: Frame, out: &mut Vec<Matched>) {
+        if self.mode == Order::Partition && !self.record(frame.header.source, frame.header.gseq) {
+            self.parked.push(frame);
+            self.due = Due::Switch;
+            return;
+        }
+        self.pair(frame, out);
+    }
+
+    /// Records processed number `gseq` of `src`; `false` if it lies beyond the window's
+    /// bound (the frame is then parked and the caller switches the communicator).
+    #[inline]
+    fn record(&mut self, src: u32, gseq: u32) -> bool {
+        let src = src as usize;
+        if src >= self.seen.len() {
+            self.seen.resize_with(src + 1, Seen::default);
+        }
+        let s = &mut self.seen[src];
+        let Some(off) = s.offset(gseq) else {
+            // Below the base, where every number was processed: a malformed frame, paired
+            // unrecorded.
+            return true;
+        };
+        let w = off / 64;
+        if w >= s.words.len() {
+            if w >= MAX_SEEN_WORDS {
+                return false;
+            }
+            if s.words.capacity() == 0 {
+                // Room for a whole trim period at once: the steady state allocates nothing.
+                s.words.reserve(TRIM_WORDS + 1);
+            }
+            s.words.resize(w + 1, 0);
+            if s.words.len() >= s.trim_at.max(TRIM_WORDS) && self.due == Due::None {
+                self.due = Due::Trim;
+            }
+        }
+        s.words[w] |= 1 << (off % 64);
+        true
+    }
+
+    /// Advances the processed-number windows of every partition of a communicator together
+    /// (`parts`: all of them, locked by the caller): per source, the words that the union of
+    /// the windows fills are settled (every number in them processed somewhere) and dropped.
+    /// A window still long after that (a frame long in flight holds the union open) asks for
+    /// its next trim at twice its length: the work stays O(1) per frame.
+    pub(crate) fn trim(parts: &mut [&mut MatchState]) {
+        let sources = parts.iter().map(|p| p.seen.len()).max().unwrap_or(0);
+        for p in parts.iter_mut() {
+            // Equal lengths: a window created later (by `record`) belongs to a source never
+            // trimmed, whose base is 0 in every partition.
+            p.seen.resize_with(sources, Seen::default);
+            if p.due == Due::Trim {
+                p.due = Due::None;
+            }
+        }
+        for src in 0..sources {
+            let len = parts.iter().map(|p| p.seen[src].words.len()).max().unwrap_or(0);
+            let union = |w: usize| parts.iter().fold(0u64, |acc, p| acc | p.seen[src].words.get(w).copied().unwrap_or(0));
+            let full = (0..len).take_while(|&w| union(w) == !0).count();
+            for p in parts.iter_mut() {
+                let s = &mut p.seen[src];
+                s.words.drain(..full.min(s.words.len()));
+                s.base = s.base.wrapping_add((full * 64) as u32);
+                s.trim_at = (s.words.len() * 2).max(TRIM_WORDS);
+            }
+        }
+    }
+
+    /// Switches a communicator from per-partition to one order (`parts`: every partition,
+    /// locked by the caller; partition 0 becomes the one state, the others stay empty):
+    ///
+    /// * per source, the frontier is the lowest `gseq` no partition processed; the numbers
+    ///   above it that some partition processed are skipped by the one order;
+    /// * posted receives are merged: two receives of different partitions never fit one
+    ///   frame (each names its tag), so their relative order does not matter, and later
+    ///   posts are numbered above all of them;
+    /// * unexpected frames below the frontier stay unexpected, in `gseq` order per source;
+    ///   those above it, the frames held for reordering and the parked ones go through the
+    ///   one order again, as arrivals (pairs they make are appended to `out`).
+    pub(crate) fn merge(parts: &mut [&mut MatchState], out: &mut Vec<Matched>) {
+        let Some(size) = parts.first().map(|p| p.order.len()) else { return };
+        let sources = parts.iter().map(|p| p.seen.len()).max().unwrap_or(0);
+        // Per source: the union of the processed windows (all partitions share each base).
+        let mut skip: Vec<Seen> = (0..sources.max(size)).map(|_| Seen::default()).collect();
+        for p in parts.iter_mut() {
+            for (src, s) in p.seen.drain(..).enumerate() {
+                let u = &mut skip[src];
+                u.base = s.base;
+                if u.words.len() < s.words.len() {
+                    u.words.resize(s.words.len(), 0);
+                }
+                for (a, b) in u.words.iter_mut().zip(&s.words) {
+                    *a |= b;
+                }
+            }
+        }
+        let frontier: Vec<u32> = skip.iter().map(Seen::first_missing).collect();
+        // Everything that goes through the one order again, and the unexpected frames kept.
+        let mut again: Vec<Frame> = Vec::new();
+        let mut kept: Vec<Frame> = Vec::new();
+        let mut wild: Vec<Posted> = Vec::new();
+        let mut post_seq = 0;
+        for p in parts.iter_mut() {
+            for chans in p.order.iter_mut() {
+                again.extend(chans.drain(..).flat_map(|r| r.window.into_iter().flatten()));
+            }
+            again.append(&mut p.far);
+            again.append(&mut p.parked);
+            for f in p.unexpected.drain(..) {
+                let src = f.header.source as usize;
+                let below = frontier.get(src).map_or(true, |&fr| f.header.gseq.wrapping_sub(fr) >= 1 << 31);
+                if below {
+                    kept.push(f);
+                } else {
+                    // Taken back: it goes through the order again, so it is not skipped.
+                    skip[src].remove(f.header.gseq);
+                    again.push(f);
+                }
+            }
+            wild.extend(p.wild.drain(..));
+            post_seq = post_seq.max(p.post_seq);
+            p.mode = Order::Gseq;
+            p.due = Due::None;
+        }
+        let Some((first, rest)) = parts.split_first_mut() else { return };
+        for p in rest.iter_mut() {
+            for (key, bin) in p.bins.drain() {
+                first.bins.entry(key).or_default().extend(bin);
+            }
+        }
+        wild.sort_by_key(|p| p.seq);
+        first.wild = wild.into();
+        first.post_seq = post_seq;
+        kept.sort_by_key(|f| f.header.gseq.wrapping_sub(frontier.get(f.header.source as usize).copied().unwrap_or(0)));
+        first.unexpected = kept.into();
+        for (src, chans) in first.order.iter_mut().enumerate() {
+            chans.push(Reorder { expected: frontier.get(src).copied().unwrap_or(0), window: VecDeque::new() });
+        }
+        for (s, &fr) in skip.iter_mut().zip(&frontier) {
+            s.forget_below(fr);
+        }
+        first.seen = skip;
+        // The frontier itself was processed nowhere, so nothing is released before its
+        // frame arrives (here, or later).
+        for f in again {
+            first.arrive(f, out);
+        }
+    }
     fn pair(&mut self, frame: Frame, out: &mut Vec<Matched>) {
         let (from, tag) = (frame.header.source, frame.header.tag);
         let bin = self.bins.get_mut(&bin_key(from, tag)).filter(|b| !b.is_empty());
@@ -345,7 +660,7 @@ impl MatchState {
     /// returned so the caller can fail them; the frames are handed to `drop_frame`.
     pub(crate) fn drain(&mut self, mut drop_frame: impl FnMut(Frame)) -> Vec<Arc<ReqInner>> {
         let held = self.order.iter_mut().flatten().flat_map(|r| r.window.drain(..).flatten());
-        for f in self.unexpected.drain(..).chain(self.far.drain(..)).chain(held) {
+        for f in self.unexpected.drain(..).chain(self.far.drain(..)).chain(self.parked.drain(..)).chain(held) {
             drop_frame(f);
         }
         let mut posted: Vec<Posted> = self.wild.drain(..).collect();
@@ -372,7 +687,7 @@ mod tests {
 
     fn frame(source: u32, seq: u32) -> Frame {
         let header =
-            Header { kind: FrameKind::Eager, src_cri: 0, context: 0, source, tag: 7, seq, chan: 0, len: 0, cookie: 0, key: 0, addr: 0 };
+            Header { kind: FrameKind::Eager, src_cri: 0, context: 0, source, tag: 7, seq, gseq: 0, chan: 0, len: 0, cookie: 0, key: 0, addr: 0 };
         Frame { header, payload: Payload::Empty }
     }
 
@@ -392,7 +707,7 @@ mod tests {
     fn out_of_sequence_frames_match_in_sequence_order() {
         let far = REORDER_WINDOW as u32 + 5;
         let n = far as usize + 1;
-        let mut m = MatchState::new(2, false);
+        let mut m = MatchState::new(2, Order::Chan);
         let reqs = post_n(&mut m, n);
         let mut out = Vec::new();
         // The farthest first, then everything else backwards, then the first.
@@ -423,7 +738,7 @@ mod tests {
     /// and refills, and every frame still pairs with the receive posted for its turn.
     #[test]
     fn in_sequence_frames_around_held_ones() {
-        let mut m = MatchState::new(3, false);
+        let mut m = MatchState::new(3, Order::Chan);
         let reqs = post_n(&mut m, 8);
         let mut out = Vec::new();
         // Source 2, far ahead: the far list is not empty from here on.
@@ -448,7 +763,7 @@ mod tests {
     /// Frames held for reordering are handed back by `drain` (freed communicator).
     #[test]
     fn drain_returns_held_frames() {
-        let mut m = MatchState::new(2, false);
+        let mut m = MatchState::new(2, Order::Chan);
         let mut out = Vec::new();
         m.arrive(frame(1, 3), &mut out);
         m.arrive(frame(1, REORDER_WINDOW as u32 + 9), &mut out);

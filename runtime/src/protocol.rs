@@ -15,7 +15,7 @@ use parking_lot::Mutex;
 use weft_sync::{Error, Outcome, Status};
 use weft_transport::{Frame, FrameKind, Header, SendError};
 
-use crate::matching::{message_len, Matched, Source};
+use crate::matching::{message_len, Due, Matched, Source};
 use crate::request::ReqInner;
 use crate::runtime::Shared;
 
@@ -233,11 +233,11 @@ impl Shared {
                 .take_while(|f| f.header.kind != FrameKind::Fin && f.header.context == ctx && comm.part(f.header.tag) == part)
                 .count();
             let timing = self.config.match_timing.then(std::time::Instant::now);
-            let refused = self.with_matching_low(comm, part, |m| {
+            let (refused, due) = self.with_matching_of_low(comm, part, |m| {
                 // Under the matching lock: `free` sets the flag before it drains the queues,
                 // so a frame is either refused here or drained (released) by `free`.
                 if comm.is_freed() {
-                    return Some(frame);
+                    return (Some(frame), Due::None);
                 }
                 m.arrive(frame, matched);
                 for next in it.by_ref().take(run) {
@@ -246,11 +246,16 @@ impl Shared {
                 if let Some(t0) = timing {
                     m.counters.match_nanos += t0.elapsed().as_nanos() as u64;
                 }
-                None
+                (None, m.take_due())
             });
             if let Some(frame) = refused {
                 self.release_frame(frame);
                 continue;
+            }
+            match due {
+                Due::None => {}
+                Due::Trim => self.trim_partitions(comm),
+                Due::Switch => matched.append(&mut self.switch_to_one_order(comm)),
             }
             // One match (a frame for a posted receive) is the common case: taken without
             // a `Drain`.
@@ -467,6 +472,11 @@ impl Shared {
                 for part in 0..self.matching_parts(comm) {
                     self.with_matching(comm, part, |m| m.fail_lost(alive, any_alive, &mut failed));
                 }
+                if comm.is_switched() && self.matching_parts(comm) > 1 {
+                    // A switch to one order during the loop may have moved receives from a
+                    // partition not visited yet to partition 0, visited already.
+                    self.with_matching(comm, 0, |m| m.fail_lost(alive, any_alive, &mut failed));
+                }
             }
         }
         let n = failed.len();
@@ -502,7 +512,7 @@ mod tests {
 
     fn fin(cookie: u64, source: u32) -> Frame {
         let header =
-            Header { kind: FrameKind::Fin, src_cri: 0, context: 0, source, tag: 3, seq: 0, chan: 0, len: 0, cookie, key: 0, addr: 0 };
+            Header { kind: FrameKind::Fin, src_cri: 0, context: 0, source, tag: 3, seq: 0, gseq: 0, chan: 0, len: 0, cookie, key: 0, addr: 0 };
         Frame { header, payload: Payload::Empty }
     }
 

@@ -74,7 +74,7 @@ mod ofi {
             provider: config.provider.ofi_name().unwrap_or("shm").to_string(),
             cris: config.cris,
             eager_capacity: config.eager_threshold.max(64),
-            // The inbox capacity bounds the posted receive buffers; 256 x (16 KiB + 56 B)
+            // The inbox capacity bounds the posted receive buffers; 256 x (16 KiB + 64 B)
             // = 4 MiB per CRI at the default threshold.
             recv_slots: config.inbox_capacity.clamp(16, 256),
             send_slots: SEND_SLOTS,

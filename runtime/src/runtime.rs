@@ -14,14 +14,14 @@ use weft_transport::{Frame, Transport};
 use std::future::Future;
 
 use crate::buffer::Primitive;
-use crate::comm::{CommState, Communicator};
+use crate::comm::{CommState, Communicator, TAG_PARTS};
 use crate::config::{Assignment, Config, MatchingMode, ProgressMode};
 use crate::counters::{Counters, CriCounters};
 use crate::datatype::Datatype;
 #[allow(unused_imports)] // `JoinError` is named in docs.
 use crate::executor::{JoinError, JoinHandle};
 use crate::lock::{FlatKind, LockOptions, Topology};
-use crate::matching::MatchState;
+use crate::matching::{MatchState, Matched};
 use crate::owner::OwnerToken;
 use crate::paths::PathLock;
 
@@ -272,6 +272,103 @@ impl Shared {
         }
     }
 
+    /// [`with_matching`](Self::with_matching) on the state where partition `part`'s
+    /// receives and frames are matched now: `part`, or 0 if the communicator switched to one
+    /// order after the caller chose `part` (checked under `part`'s lock, where it is exact).
+    #[inline]
+    pub(crate) fn with_matching_of<R>(&self, comm: &CommState, part: usize, f: impl FnOnce(&mut MatchState) -> R) -> R {
+        if part == 0 {
+            return self.with_matching(comm, 0, f);
+        }
+        match self.with_matching(comm, part, |m| if comm.is_switched() { Err(f) } else { Ok(f(m)) }) {
+            Ok(r) => r,
+            Err(f) => self.with_matching(comm, 0, f),
+        }
+    }
+
+    /// [`with_matching_of`](Self::with_matching_of) with low priority, for arrivals.
+    #[inline]
+    pub(crate) fn with_matching_of_low<R>(&self, comm: &CommState, part: usize, f: impl FnOnce(&mut MatchState) -> R) -> R {
+        if part == 0 {
+            return self.with_matching_low(comm, 0, f);
+        }
+        match self.with_matching_low(comm, part, |m| if comm.is_switched() { Err(f) } else { Ok(f(m)) }) {
+            Ok(r) => r,
+            Err(f) => self.with_matching_low(comm, 0, f),
+        }
+    }
+
+    /// Runs `f` with every tag partition of `comm` locked, taken in order (high priority):
+    /// the trim of the processed-number windows and the switch to one order. Only for a
+    /// partitioned communicator under `MatchingMode::PerComm`.
+    fn with_all_parts<R>(&self, comm: &CommState, f: impl FnOnce(&mut [&mut MatchState; TAG_PARTS]) -> R) -> R {
+        fn lock_from<R>(
+            locks: &[CachePadded<PathLock<MatchState>>],
+            held: &mut [*mut MatchState; TAG_PARTS],
+            i: usize,
+            f: impl FnOnce(&mut [&mut MatchState; TAG_PARTS]) -> R,
+        ) -> R {
+            match locks.get(i) {
+                Some(lock) => lock.high(|m| {
+                    held[i] = m;
+                    lock_from(locks, held, i + 1, f)
+                }),
+                None => {
+                    // SAFETY: each pointer comes from a distinct lock held by an enclosing
+                    // call of this recursion (so no two alias), valid until that call
+                    // returns, after `f`.
+                    let mut all: [&mut MatchState; TAG_PARTS] = std::array::from_fn(|j| unsafe { &mut *held[j] });
+                    f(&mut all)
+                }
+            }
+        }
+        debug_assert_eq!(comm.matching.len(), TAG_PARTS);
+        let mut held = [std::ptr::null_mut(); TAG_PARTS];
+        lock_from(&comm.matching, &mut held, 0, f)
+    }
+
+    /// Switches this rank's matching of a partitioned communicator to one order
+    /// (`MatchState::merge`), once: the first `Tag::Any` receive or probe, or a partition
+    /// whose processed-number window would outgrow its bound. Returns the pairs the merge
+    /// made, to be finished outside the locks ([`finish_matches`](Self::finish_matches)).
+    #[cold]
+    pub(crate) fn switch_to_one_order(&self, comm: &CommState) -> Vec<Matched> {
+        let mut out = Vec::new();
+        if comm.matching.len() != TAG_PARTS || self.config.matching != MatchingMode::PerComm {
+            return out;
+        }
+        self.with_all_parts(comm, |parts| {
+            // A freed communicator is drained by `free`; its receives fail.
+            if comm.is_switched() || comm.is_freed() {
+                return;
+            }
+            MatchState::merge(parts, &mut out);
+            comm.set_switched();
+        });
+        out
+    }
+
+    /// Advances the processed-number windows of a partitioned communicator
+    /// (`MatchState::trim`), which a partition asked for.
+    #[cold]
+    pub(crate) fn trim_partitions(&self, comm: &CommState) {
+        if comm.matching.len() != TAG_PARTS || self.config.matching != MatchingMode::PerComm {
+            return;
+        }
+        self.with_all_parts(comm, |parts| {
+            if !comm.is_switched() {
+                MatchState::trim(parts);
+            }
+        });
+    }
+
+    /// Completes the receives of pairs made under a matching lock (outside it).
+    pub(crate) fn finish_matches(&self, matched: Vec<Matched>) {
+        for m in matched {
+            self.finish_match(0, m.req, m.frame);
+        }
+    }
+
     #[inline]
     fn global_slot<'a>(all: &'a mut [Option<(u32, MatchState)>], comm: &CommState) -> &'a mut MatchState {
         // A slot's queues belong to one generation: a later communicator in the slot starts
@@ -279,7 +376,7 @@ impl Shared {
         // up before may still come by).
         let cur = &mut all[slot_of(comm.context)];
         if !matches!(cur, Some((ctx, _)) if *ctx == comm.context) {
-            *cur = Some((comm.context, MatchState::new(comm.size, comm.overtaking)));
+            *cur = Some((comm.context, MatchState::new(comm.size, comm.order())));
         }
         &mut cur.as_mut().expect("just set").1
     }

@@ -58,29 +58,35 @@ fn refusal_bit(r: u32) -> u64 {
     1 << (r % 64)
 }
 
-/// The envelope fields every frame carries (20 bytes).
+/// The envelope fields every frame carries (24 bytes).
 #[derive(Clone, Copy)]
 struct Envelope {
     context: u32,
     source: u32,
     tag: i32,
     seq: u32,
+    gseq: u32,
     src_cri: u16,
     chan: u16,
 }
 
+/// Payload bytes a slot holds in place ([`Packed::Inline`]); larger payloads go in a pooled
+/// buffer. Less than [`INLINE`]: the envelope and these bytes fill the slot's line.
+const SLOT_INLINE: usize = 24;
+
 /// A frame as it waits in an inbox slot: 56 bytes, so that a slot with its stamp is one
-/// cache line. A [`Frame`] is 96 bytes (the rendezvous fields next to the payload), and a
+/// cache line. A [`Frame`] is 104 bytes (the rendezvous fields next to the payload), and a
 /// slot of two lines costs a second line transfer between the cores on every frame, each
 /// way: streaming 96-byte items through an `Inbox` took 155 ns/item on the 2-core VM,
 /// 56-byte items 35 ns (`ring::tests::stream_versus_array_queue`). The rendezvous fields
 /// and the payload share the space: a frame with a payload carries none (its `len` is the
-/// payload's length), and a frame without one carries them all.
+/// payload's length), and a frame without one carries them all but `addr`, which only a
+/// provider fills in (RMA here needs no address: every rank shares one address space).
 enum Packed {
-    /// No payload: every header field.
-    Bare { kind: FrameKind, env: Envelope, len: u64, cookie: u64, key: u64, addr: u64 },
-    /// Up to [`INLINE`] bytes in the frame.
-    Inline { kind: FrameKind, env: Envelope, n: u8, bytes: [u8; INLINE] },
+    /// No payload: every header field but `addr`.
+    Bare { kind: FrameKind, env: Envelope, len: u64, cookie: u64, key: u64 },
+    /// Up to [`SLOT_INLINE`] bytes in the frame.
+    Inline { kind: FrameKind, env: Envelope, n: u8, bytes: [u8; SLOT_INLINE] },
     /// A buffer from the sender's pool.
     Pooled { kind: FrameKind, env: Envelope, buf: Vec<u8> },
 }
@@ -89,45 +95,60 @@ enum Packed {
 const _: () = assert!(std::mem::size_of::<Packed>() <= 56);
 
 impl Packed {
-    /// Packs `h` with `payload`; the payload comes back if the frame has one and also has
-    /// rendezvous fields set or a `len` other than the payload's (there is no room for them).
+    /// Whether `h` with `data.len()` payload bytes has a packed form: a frame with a payload
+    /// carries no rendezvous fields and its `len` is the payload's, and no sender sets `addr`.
     #[inline]
-    fn pack(h: Header, payload: Payload) -> Result<Packed, Payload> {
-        let env = Envelope { context: h.context, source: h.source, tag: h.tag, seq: h.seq, src_cri: h.src_cri, chan: h.chan };
+    fn fits(h: &Header, data_len: usize) -> bool {
+        h.addr == 0 && (data_len == 0 || (h.len == data_len as u64 && (h.cookie | h.key) == 0))
+    }
+
+    /// Packs `h` with `data` (which [`fits`](Self::fits)); a payload longer than
+    /// [`SLOT_INLINE`] is copied into a buffer from `pool`.
+    #[inline]
+    fn pack(h: Header, data: &[u8], pool: impl FnOnce() -> Vec<u8>) -> Packed {
+        let env =
+            Envelope { context: h.context, source: h.source, tag: h.tag, seq: h.seq, gseq: h.gseq, src_cri: h.src_cri, chan: h.chan };
         let kind = h.kind;
-        match payload {
-            Payload::Empty => Ok(Packed::Bare { kind, env, len: h.len, cookie: h.cookie, key: h.key, addr: h.addr }),
-            p if h.len != p.as_slice().len() as u64 || (h.cookie | h.key | h.addr) != 0 => Err(p),
-            Payload::Inline { len, bytes } => Ok(Packed::Inline { kind, env, n: len, bytes }),
-            Payload::Pooled(buf) => Ok(Packed::Pooled { kind, env, buf }),
+        if data.is_empty() {
+            Packed::Bare { kind, env, len: h.len, cookie: h.cookie, key: h.key }
+        } else if data.len() <= SLOT_INLINE {
+            let mut bytes = [0u8; SLOT_INLINE];
+            bytes[..data.len()].copy_from_slice(data);
+            Packed::Inline { kind, env, n: data.len() as u8, bytes }
+        } else {
+            let mut buf = pool();
+            buf.clear();
+            buf.extend_from_slice(data);
+            Packed::Pooled { kind, env, buf }
         }
     }
 
     /// The frame again.
     #[inline]
     fn unpack(self) -> Frame {
-        let header = |kind: FrameKind, e: Envelope, len: u64, cookie: u64, key: u64, addr: u64| Header {
+        let header = |kind: FrameKind, e: Envelope, len: u64, cookie: u64, key: u64| Header {
             kind,
             src_cri: e.src_cri,
             context: e.context,
             source: e.source,
             tag: e.tag,
             seq: e.seq,
+            gseq: e.gseq,
             chan: e.chan,
             len,
             cookie,
             key,
-            addr,
+            addr: 0,
         };
         match self {
-            Packed::Bare { kind, env, len, cookie, key, addr } => {
-                Frame { header: header(kind, env, len, cookie, key, addr), payload: Payload::Empty }
-            }
-            Packed::Inline { kind, env, n, bytes } => {
-                Frame { header: header(kind, env, u64::from(n), 0, 0, 0), payload: Payload::Inline { len: n, bytes } }
+            Packed::Bare { kind, env, len, cookie, key } => Frame { header: header(kind, env, len, cookie, key), payload: Payload::Empty },
+            Packed::Inline { kind, env, n, bytes: b } => {
+                let mut bytes = [0u8; INLINE];
+                bytes[..SLOT_INLINE].copy_from_slice(&b);
+                Frame { header: header(kind, env, u64::from(n), 0, 0), payload: Payload::Inline { len: n, bytes } }
             }
             Packed::Pooled { kind, env, buf } => {
-                Frame { header: header(kind, env, buf.len() as u64, 0, 0, 0), payload: Payload::Pooled(buf) }
+                Frame { header: header(kind, env, buf.len() as u64, 0, 0), payload: Payload::Pooled(buf) }
             }
         }
     }
@@ -244,28 +265,17 @@ impl Endpoint {
         if !peer.alive.load(Ordering::Acquire) {
             return Err(SendError::PeerLost);
         }
-        let payload = if data.is_empty() {
-            Payload::Empty
-        } else if data.len() <= INLINE {
-            let mut bytes = [0u8; INLINE];
-            bytes[..data.len()].copy_from_slice(data);
-            Payload::Inline { len: data.len() as u8, bytes }
-        } else {
-            let mut buf = self.me().pool.pop().unwrap_or_else(|| Vec::with_capacity(self.world.opts.eager_capacity.max(data.len())));
-            buf.clear();
-            buf.extend_from_slice(data);
-            Payload::Pooled(buf)
-        };
+        if !Packed::fits(&header, data.len()) {
+            return Err(SendError::Invalid(
+                "a frame with a payload carries no rendezvous fields, its len is the payload's, and no sender sets addr",
+            ));
+        }
         // A compare instead of `%`: an integer division costs tens of cycles per frame.
         let n = self.world.opts.cris;
         let slot = &peer.cris[if dst_cri < n { dst_cri } else { dst_cri % n }];
-        let packed = match Packed::pack(header, payload) {
-            Ok(p) => p,
-            Err(payload) => {
-                self.recycle_own(payload);
-                return Err(SendError::Invalid("a frame with a payload carries no rendezvous fields, and its len is the payload's"));
-            }
-        };
+        let packed = Packed::pack(header, data, || {
+            self.me().pool.pop().unwrap_or_else(|| Vec::with_capacity(self.world.opts.eager_capacity.max(data.len())))
+        });
         // A refused frame marks this rank in the inbox, so that whoever drains it rings our
         // doorbell (`poll`): a sender with frames deferred behind a full inbox is woken when
         // there is room, whether it is a parked thread or a pending task.
@@ -488,7 +498,7 @@ impl Endpoint {
 
     /// The header of a frame with no payload, for protocol replies.
     pub fn control_header(kind: FrameKind, src_cri: u16, source: u32, cookie: u64) -> Header {
-        Header { kind, src_cri, context: 0, source, tag: 0, seq: 0, chan: 0, len: 0, cookie, key: 0, addr: 0 }
+        Header { kind, src_cri, context: 0, source, tag: 0, seq: 0, gseq: 0, chan: 0, len: 0, cookie, key: 0, addr: 0 }
     }
 }
 
@@ -497,7 +507,7 @@ mod tests {
     use super::*;
 
     fn header(kind: FrameKind, len: u64, cookie: u64, key: u64, addr: u64) -> Header {
-        Header { kind, src_cri: 3, context: 0x1234_5678, source: 0, tag: -7, seq: u32::MAX - 1, chan: 9, len, cookie, key, addr }
+        Header { kind, src_cri: 3, context: 0x1234_5678, source: 0, tag: -7, seq: u32::MAX - 1, gseq: 0xfeed_0001, chan: 9, len, cookie, key, addr }
     }
 
     /// Every frame shape comes out of an inbox exactly as it went in: bare frames with all
@@ -507,11 +517,12 @@ mod tests {
         let eps = fabric(EmbeddedOptions { ranks: 2, cris: 2, inbox_capacity: 8, eager_capacity: 64 }).unwrap();
         let big: Vec<u8> = (0..200u32).map(|i| i as u8).collect();
         let cases: Vec<(Header, Vec<u8>)> = vec![
-            (header(FrameKind::Rts, u64::MAX, 0xdead_beef_0000_0001, 42, 0x7fff_0000_1000), vec![]),
+            (header(FrameKind::Rts, u64::MAX, 0xdead_beef_0000_0001, 42, 0), vec![]),
             (header(FrameKind::Fin, 1 << 40, 7, 0, 0), vec![]),
             (header(FrameKind::Eager, 0, 0, 0, 0), vec![]),
             (header(FrameKind::Eager, 1, 0, 0, 0), vec![0xab]),
-            (header(FrameKind::Eager, INLINE as u64, 0, 0, 0), (0..INLINE as u8).collect()),
+            (header(FrameKind::Eager, SLOT_INLINE as u64, 0, 0, 0), (0..SLOT_INLINE as u8).collect()),
+            (header(FrameKind::Eager, SLOT_INLINE as u64 + 1, 0, 0, 0), (0..=SLOT_INLINE as u8).collect()),
             (header(FrameKind::Eager, INLINE as u64 + 1, 0, 0, 0), (0..=INLINE as u8).collect()),
             (header(FrameKind::Eager, 200, 0, 0, 0), big),
         ];
@@ -526,10 +537,12 @@ mod tests {
         }
     }
 
-    /// A frame with a payload has no room for rendezvous fields: refused, not truncated.
+    /// A frame with a payload has no room for rendezvous fields, and `addr` is the
+    /// provider's to fill: refused, not truncated.
     #[test]
     fn payload_with_rendezvous_fields_is_refused() {
         let eps = fabric(EmbeddedOptions { ranks: 2, ..EmbeddedOptions::default() }).unwrap();
+        assert!(matches!(eps[0].send(1, 0, header(FrameKind::Rts, 3, 0, 5, 8), b""), Err(SendError::Invalid(_))));
         for h in [header(FrameKind::Eager, 3, 1, 0, 0), header(FrameKind::Eager, 2, 0, 0, 0), header(FrameKind::Rts, 3, 0, 5, 0)] {
             assert!(matches!(eps[0].send(1, 0, h, b"abc"), Err(SendError::Invalid(_))));
         }

@@ -30,6 +30,11 @@ pub struct Header {
     pub tag: i32,
     /// Per (source, communicator, `chan`) sequence number.
     pub seq: u32,
+    /// Per (source, communicator, destination) sequence number over every channel, on
+    /// communicators whose channels are tag partitions that may have to be ordered against
+    /// each other later (the runtime's partitioned matching, switched to one order by the
+    /// first `Tag::Any` receive); 0 elsewhere. Carried, never read, by the providers.
+    pub gseq: u32,
     /// Ordering channel: frames of one (source, communicator) are matched in `seq` order
     /// within a channel; frames of different channels are logically concurrent (MPI: sends
     /// of distinct threads are unordered). The runtime uses the sender thread's dedicated

@@ -15,10 +15,10 @@
 //!
 //! # Eager frames and flow control
 //!
-//! A frame is a wire header followed by the payload: 24 bytes ([`COMPACT_HEADER`]) for an
-//! eager frame that is its whole message, 56 ([`WIRE_HEADER`], every [`Header`] field) for
+//! A frame is a wire header followed by the payload: 28 bytes ([`COMPACT_HEADER`]) for an
+//! eager frame that is its whole message, 64 ([`WIRE_HEADER`], every [`Header`] field) for
 //! protocol frames — the bytes that cross cores are most of a shm hop. Every
-//! CRI keeps `recv_slots` receive buffers posted, each `56 + eager_capacity` bytes — never
+//! CRI keeps `recv_slots` receive buffers posted, each `64 + eager_capacity` bytes — never
 //! smaller than the largest frame a peer sends, because `tcp;ofi_rxm` 1.17 stops delivering
 //! after a truncated receive (docs/OFI.md). A completed slot is decoded, its payload copied
 //! into a pooled buffer (or inline), and the slot is posted again by the next CQ read that
@@ -96,13 +96,13 @@ use crate::{Error, SendError};
 
 /// Bytes of the full wire header, in front of protocol frames (`Rts`, `Fin`) and of eager
 /// frames that carry rendezvous fields.
-pub const WIRE_HEADER: usize = 56;
+pub const WIRE_HEADER: usize = 64;
 
 /// Bytes of the compact wire header of an eager frame whose payload is the whole message
 /// and which carries no rendezvous fields — every eager message. Its `len` is the bytes
 /// that follow. `fi_pingpong` over `shm` here: 0.23-0.28 µs one-way for 8 bytes, 0.31-0.33
 /// for 64 (an 8-byte message behind the full header).
-pub const COMPACT_HEADER: usize = 24;
+pub const COMPACT_HEADER: usize = 28;
 
 /// Largest frame sent with `fi_inject` (bounded by the provider's inject size too); the
 /// frame is assembled on the stack.
@@ -231,14 +231,15 @@ fn header_len(h: &Header, data_len: usize) -> usize {
 ///
 /// | bytes | field | bytes | field |
 /// |---|---|---|---|
-/// | 0 | kind (`0x80`: compact eager) | 16..20 | seq |
-/// | 1 | 0 | 20..22 | chan |
-/// | 2..4 | src_cri | 24..32 | len |
-/// | 4..8 | context | 32..40 | cookie |
-/// | 8..12 | source | 40..48 | key |
-/// | 12..16 | tag | 48..56 | addr |
+/// | 0 | kind (`0x80`: compact eager) | 20..22 | chan |
+/// | 1 | 0 | 24..28 | gseq |
+/// | 2..4 | src_cri | 32..40 | len |
+/// | 4..8 | context | 40..48 | cookie |
+/// | 8..12 | source | 48..56 | key |
+/// | 12..16 | tag | 56..64 | addr |
+/// | 16..20 | seq | | |
 ///
-/// A compact header ends at byte 24; its `len` is the payload's, the rest zero.
+/// A compact header ends at byte 28; its `len` is the payload's, the rest zero.
 fn encode(h: &Header, hlen: usize, out: &mut [u8]) {
     out[0] = if hlen == COMPACT_HEADER { COMPACT_EAGER } else { h.kind as u8 };
     out[1] = 0;
@@ -249,11 +250,13 @@ fn encode(h: &Header, hlen: usize, out: &mut [u8]) {
     put_u32(out, 16, h.seq);
     put_u16(out, 20, h.chan);
     put_u16(out, 22, 0);
+    put_u32(out, 24, h.gseq);
     if hlen == WIRE_HEADER {
-        put_u64(out, 24, h.len);
-        put_u64(out, 32, h.cookie);
-        put_u64(out, 40, h.key);
-        put_u64(out, 48, h.addr);
+        put_u32(out, 28, 0);
+        put_u64(out, 32, h.len);
+        put_u64(out, 40, h.cookie);
+        put_u64(out, 48, h.key);
+        put_u64(out, 56, h.addr);
     }
 }
 
@@ -288,11 +291,12 @@ fn decode(b: &[u8]) -> Option<(Header, usize)> {
         source: get_u32(b, 8),
         tag: get_u32(b, 12) as i32,
         seq: get_u32(b, 16),
+        gseq: get_u32(b, 24),
         chan: get_u16(b, 20),
-        len: if full { get_u64(b, 24) } else { (b.len() - COMPACT_HEADER) as u64 },
-        cookie: if full { get_u64(b, 32) } else { 0 },
-        key: if full { get_u64(b, 40) } else { 0 },
-        addr: if full { get_u64(b, 48) } else { 0 },
+        len: if full { get_u64(b, 32) } else { (b.len() - COMPACT_HEADER) as u64 },
+        cookie: if full { get_u64(b, 40) } else { 0 },
+        key: if full { get_u64(b, 48) } else { 0 },
+        addr: if full { get_u64(b, 56) } else { 0 },
     };
     Some((header, hlen))
 }
@@ -1437,6 +1441,7 @@ mod tests {
             source: 9,
             tag: -1,
             seq: 42,
+            gseq: 0x0bad_cafe,
             chan: 5,
             len: 1 << 40,
             cookie: 0xdead_beef,
@@ -1454,10 +1459,10 @@ mod tests {
         assert_eq!(decode(&b), None);
         assert_eq!(decode(&b[..10]), None);
         b[0] = 1;
-        assert_eq!(decode(&b[..40]), None, "a full header cut short");
+        assert_eq!(decode(&b[..48]), None, "a full header cut short");
     }
 
-    /// An eager frame that is its whole message travels behind the 24-byte header, its
+    /// An eager frame that is its whole message travels behind the 28-byte header, its
     /// length taken from the bytes received.
     #[test]
     fn eager_frames_use_the_compact_header() {
@@ -1468,6 +1473,7 @@ mod tests {
             source: 9,
             tag: 1 << 30,
             seq: 42,
+            gseq: 0x0bad_cafe,
             chan: 5,
             len: 5,
             cookie: 0,
