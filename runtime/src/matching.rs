@@ -168,10 +168,11 @@ pub(crate) enum Order {
 /// a trim ([`MatchState::trim`], all partition locks: once per ~8,000 frames of a source).
 const TRIM_WORDS: usize = 128;
 
-/// Words beyond which a window does not grow (1 Mi numbers, 128 KiB): a frame that far
+/// Words beyond which a window does not grow (1 Mi numbers, 128 KiB; 16 Ki numbers in unit
+/// tests): a frame that far
 /// ahead of one still in flight is parked and the communicator switches to one order,
 /// whose reordering holds frames instead of bits (memory stays bounded by frames held).
-const MAX_SEEN_WORDS: usize = 1 << 14;
+const MAX_SEEN_WORDS: usize = if cfg!(test) { 1 << 8 } else { 1 << 14 };
 
 /// A set of sequence numbers of one source as a bitmap window: bit `i` of word `w` is number
 /// `base + 64 * w + i` (`base` a multiple of 64; every number below it is in the set).
@@ -215,11 +216,15 @@ impl Seen {
         self.base.wrapping_add((full * 64) as u32 + bit)
     }
 
-    /// Drops the front words that lie wholly below `n` (the numbers up to `n` are settled).
+    /// Drops the front words that lie wholly below `n` (the numbers below `n` are settled),
+    /// and the whole window once no number at or above `n` is left in it.
     fn forget_below(&mut self, n: u32) {
         while self.offset(n).is_some_and(|off| off >= 64) && !self.words.is_empty() {
             self.words.pop_front();
             self.base = self.base.wrapping_add(64);
+        }
+        if self.words.len() == 1 && self.offset(n).is_some_and(|off| off < 64 && self.words[0] >> off == 0) {
+            self.words.clear();
         }
     }
 }
@@ -772,5 +777,129 @@ mod tests {
         assert!(m.drain(|f| dropped.push(f.header.seq)).is_empty());
         dropped.sort_unstable();
         assert_eq!(dropped, vec![0, 3, REORDER_WINDOW as u32 + 9]);
+    }
+
+    fn gframe(source: u32, tag: i32, seq: u32, gseq: u32) -> Frame {
+        let header = Header { kind: FrameKind::Eager, src_cri: 0, context: 0, source, tag, seq, gseq, chan: 0, len: 0, cookie: 0, key: 0, addr: 0 };
+        Frame { header, payload: Payload::Empty }
+    }
+
+    fn post(m: &mut MatchState, source: Source, tag: Tag) -> (Arc<ReqInner>, Option<Frame>) {
+        let r = Arc::new(ReqInner::default());
+        let f = m.post(source, tag, &r);
+        (r, f)
+    }
+
+    /// Tag partitions of one source: gseq 0, 2, 4 on tag 1 (partition `a`), 1, 3, 5 on tag
+    /// 2 (partition `b`), each with its own `seq`.
+    fn two_partitions() -> (MatchState, MatchState) {
+        (MatchState::new(2, Order::Partition), MatchState::new(2, Order::Partition))
+    }
+
+    /// The merge orders a source's frames by `gseq` over every partition: unexpected frames
+    /// below the frontier stay first, those above it wait for the frame still in flight (a
+    /// `Tag::Any` receive must not take them before it), and frames held for reordering in a
+    /// partition take their place in the one order.
+    #[test]
+    fn merge_orders_by_gseq_across_partitions() {
+        let (mut a, mut b) = two_partitions();
+        let mut out = Vec::new();
+        for (seq, g) in [(0, 0), (1, 2), (2, 4)] {
+            a.arrive(gframe(1, 1, seq, g), &mut out);
+        }
+        b.arrive(gframe(1, 2, 1, 3), &mut out); // seq 0 (gseq 1) still in flight
+        assert!(out.is_empty());
+        MatchState::merge(&mut [&mut a, &mut b], &mut out);
+        assert!(out.is_empty(), "nothing was posted");
+        let (_, first) = post(&mut a, Source::Any, Tag::Any);
+        assert_eq!(first.map(|f| f.header.gseq), Some(0), "the frame below the frontier is unexpected");
+        let reqs: Vec<_> = (0..5)
+            .map(|_| {
+                let (r, f) = post(&mut a, Source::Rank(1), Tag::Any);
+                assert!(f.is_none(), "a frame above the frontier was taken before gseq 1 arrived");
+                r
+            })
+            .collect();
+        a.arrive(gframe(1, 2, 0, 1), &mut out);
+        a.arrive(gframe(1, 2, 2, 5), &mut out);
+        assert_eq!(out.iter().map(|m| m.frame.header.gseq).collect::<Vec<_>>(), vec![1, 2, 3, 4, 5]);
+        for (m, r) in out.iter().zip(&reqs) {
+            assert!(Arc::ptr_eq(&m.req, r), "receives filled in post order");
+        }
+        assert!(b.unexpected.is_empty() && b.order.iter().all(|c| c.is_empty()), "partition b handed everything over");
+    }
+
+    /// Frames paired before the merge are skipped by the one order, and receives posted
+    /// before it (in any partition) precede every receive posted after it.
+    #[test]
+    fn frames_paired_before_the_merge_are_skipped() {
+        let (mut a, mut b) = two_partitions();
+        let mut out = Vec::new();
+        let (ra, _) = post(&mut a, Source::Rank(1), Tag::Is(1));
+        let (rb, _) = post(&mut b, Source::Any, Tag::Is(2));
+        a.arrive(gframe(1, 1, 0, 1), &mut out); // gseq 0 (tag 2) still in flight
+        assert_eq!(out.len(), 1);
+        assert!(Arc::ptr_eq(&out[0].req, &ra));
+        out.clear();
+        MatchState::merge(&mut [&mut a, &mut b], &mut out);
+        let (rany, f) = post(&mut a, Source::Any, Tag::Any);
+        assert!(f.is_none());
+        a.arrive(gframe(1, 2, 0, 0), &mut out);
+        a.arrive(gframe(1, 1, 1, 2), &mut out);
+        let got: Vec<(u32, bool)> = out.iter().map(|m| (m.frame.header.gseq, Arc::ptr_eq(&m.req, &rb))).collect();
+        assert_eq!(got, vec![(0, true), (2, false)], "gseq 0 to the earlier posted receive, 1 skipped, 2 to Tag::Any");
+        assert!(Arc::ptr_eq(&out[1].req, &rany));
+        assert!(a.seen[1].words.is_empty(), "the skipped numbers are forgotten once passed");
+    }
+
+    /// The processed-number windows stay short while no frame is long in flight: trims
+    /// advance them together. With a hole they grow, asking for trims at doubling lengths
+    /// only, until the window reaches its bound: the frame beyond is parked and a switch is
+    /// due; after the merge every frame comes in `gseq` order.
+    #[test]
+    fn windows_are_trimmed_and_bounded() {
+        let (mut a, mut b) = two_partitions();
+        let mut out = Vec::new();
+        let n = 20 * TRIM_WORDS as u32 * 64;
+        let mut trims = 0;
+        for g in 0..n {
+            // No frame in flight for long: every trim settles all but the last word.
+            let (p, tag) = if g % 2 == 0 { (&mut a, 1) } else { (&mut b, 2) };
+            p.arrive(gframe(1, tag, g / 2, g), &mut out);
+            assert!(p.post(Source::Rank(1), Tag::Is(tag), &Arc::new(ReqInner::default())).is_some());
+            if p.take_due() == Due::Trim {
+                MatchState::trim(&mut [&mut a, &mut b]);
+                trims += 1;
+            }
+            assert!(a.seen[1].words.len() <= TRIM_WORDS + 1 && b.seen.get(1).map_or(0, |s| s.words.len()) <= TRIM_WORDS + 1);
+        }
+        assert!(trims >= 10, "{trims} trims");
+        // A hole: gseq n + 1 (partition b's next frame) stays in flight while partition a
+        // runs ahead until its window is full.
+        let (mut trims, mut g, mut seq_b) = (0, n, n / 2 + 1);
+        loop {
+            a.arrive(gframe(1, 1, g / 2, g), &mut out);
+            match a.take_due() {
+                Due::Trim => {
+                    MatchState::trim(&mut [&mut a, &mut b]);
+                    trims += 1;
+                }
+                Due::Switch => break,
+                Due::None => {}
+            }
+            b.arrive(gframe(1, 2, seq_b, g + 3), &mut out); // held behind the hole
+            seq_b += 1;
+            g += 2;
+        }
+        assert!(trims <= 4, "{trims} trims while the hole stays open");
+        assert!(a.seen[1].base <= n + 1, "a trim settled numbers above the hole");
+        assert_eq!(a.parked.len(), 1);
+        assert!(out.is_empty());
+        MatchState::merge(&mut [&mut a, &mut b], &mut out);
+        assert_eq!(a.unexpected.len(), 1, "only gseq n lies below the frontier");
+        a.arrive(gframe(1, 2, n / 2, n + 1), &mut out);
+        assert!(out.is_empty());
+        let taken: Vec<u32> = (0..).map_while(|_| post(&mut a, Source::Any, Tag::Any).1).map(|f| f.header.gseq).collect();
+        assert_eq!(taken, (n..=g + 1).collect::<Vec<_>>(), "after the hole closed, every frame in gseq order");
     }
 }
