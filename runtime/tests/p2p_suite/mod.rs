@@ -761,3 +761,142 @@ fn recv_within(c: &weft::Communicator, source: Source, tag: Tag) -> (Vec<u8>, we
     }
     r.wait().unwrap()
 }
+
+/// A communicator without assertions is matched per tag partition until its first
+/// `Tag::Any` receive; from then on one order over every tag. One sender's messages cycle
+/// over five tags (five partitions), spread over several CRIs (round-robin: they arrive out
+/// of order, so partitions run ahead of each other); the receiver first takes some of one
+/// tag, then everything else with `Tag::Any`, which must come in send order — including the
+/// messages that partitions had already queued as unexpected above a gap.
+#[test]
+fn wildcard_tag_after_partitioned_traffic_keeps_send_order() {
+    const N: u32 = 400;
+    const TAGS: u32 = 5;
+    for mode in MODES {
+        for asg in [Assignment::RoundRobin, Assignment::Dedicated] {
+            for mm in [MatchingMode::PerComm, MatchingMode::Global] {
+                let rts = super::builder().progress(mode).assignment(asg).matching(mm).cris(3).build_local(2).unwrap();
+                let (c0, c1) = dup_both(&rts);
+                std::thread::scope(|s| {
+                    s.spawn(|| {
+                        let mut reqs: Vec<_> = (0..N).map(|i| c0.isend(i.to_le_bytes().to_vec(), 1, (i % TAGS) as i32).unwrap()).collect();
+                        weft::wait_all(&mut reqs).unwrap();
+                    });
+                    let val = |b: &[u8]| u32::from_le_bytes(b[..4].try_into().unwrap());
+                    // The first 10 messages of tag 3, by tag.
+                    for k in 0..10 {
+                        let (b, st) = c1.recv(Vec::<u8>::with_capacity(4), 0u32, 3).unwrap();
+                        assert_eq!((val(&b), st.tag), (3 + TAGS * k, 3), "{mode} {asg} {mm}: tag 3 out of order");
+                    }
+                    // Let the partitions run ahead (frames queue as unexpected), then switch.
+                    std::thread::sleep(Duration::from_millis(5));
+                    let mut expect = (0..N).filter(|&i| !(i % TAGS == 3 && i < 3 + TAGS * 10));
+                    for _ in 0..N - 10 {
+                        let src = if mode == ProgressMode::Owner { Source::Any } else { Source::Rank(0) };
+                        let (b, st) = c1.recv(Vec::<u8>::with_capacity(4), src, Tag::Any).unwrap();
+                        let want = expect.next().unwrap();
+                        assert_eq!((val(&b), st.tag as u32), (want, want % TAGS), "{mode} {asg} {mm}: Tag::Any out of send order");
+                    }
+                });
+                assert_eq!(c1.iprobe(Source::Any, Tag::Any).unwrap(), None);
+            }
+        }
+    }
+}
+
+/// Around the switch to one order: `iprobe(Tag::Any)` reports the earliest message of two
+/// queued in different partitions; receives posted before the switch keep their place
+/// (an earlier specific receive beats a later `Tag::Any` one); a receive posted before
+/// the switch can still be cancelled after it (its message goes to the next receive); and
+/// `free` fails receives posted after it.
+#[test]
+fn receives_and_probes_around_the_switch() {
+    for mode in MODES {
+        let rts = world(2, mode);
+        // Tags 1 and 2 lie in different partitions.
+        let (c0, c1) = dup_both(&rts);
+        c0.send(vec![1u8], 1, 1).unwrap();
+        c0.send(vec![2u8], 1, 2).unwrap();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while c1.iprobe(0u32, 2).unwrap().is_none() || c1.iprobe(0u32, 1).unwrap().is_none() {
+            assert!(Instant::now() < deadline, "{mode}: messages not delivered");
+        }
+        let st = c1.iprobe(Source::Any, Tag::Any).unwrap().expect("two messages queued");
+        assert_eq!(st.tag, 1, "{mode}: iprobe(Tag::Any) must report the first message sent");
+        assert_eq!(recv_within(&c1, Source::Any, Tag::Any).0, vec![1]);
+        assert_eq!(recv_within(&c1, Source::Rank(0), Tag::Any).0, vec![2]);
+
+        let (d0, d1) = dup_both(&rts);
+        let r1 = d1.irecv(Vec::<u8>::with_capacity(1), 0u32, 1).unwrap();
+        let r2 = d1.irecv(Vec::<u8>::with_capacity(1), Source::Any, 2).unwrap();
+        let gone = d1.irecv(Vec::<u8>::with_capacity(1), 0u32, 9).unwrap();
+        let any = d1.irecv(Vec::<u8>::with_capacity(1), 0u32, Tag::Any).unwrap(); // switches
+        drop(gone);
+        for (v, tag) in [(20u8, 2), (21, 2), (10, 1), (90, 9)] {
+            d0.send(vec![v], 1, tag).unwrap();
+        }
+        assert_eq!(r2.wait().unwrap().0, vec![20], "{mode}");
+        assert_eq!(any.wait().unwrap().0, vec![21], "{mode}: the Tag::Any receive took a message of an earlier receive");
+        assert_eq!(r1.wait().unwrap().0, vec![10], "{mode}");
+        assert_eq!(recv_within(&d1, Source::Any, Tag::Any).0, vec![90], "{mode}: the cancelled receive's message was lost");
+        let mut pending = d1.irecv(Vec::<u8>::with_capacity(1), 0u32, 5).unwrap();
+        d1.clone().free();
+        assert!(matches!(pending.take(), Some(Err(Error::CommFreed))), "{mode}");
+    }
+}
+
+/// Several sender threads, each on tags of its own in several partitions; the receiver
+/// takes a few by tag while every partition runs on its own, then the rest by `Tag::Any`:
+/// each thread's messages still come in its send order, and none is lost or duplicated.
+#[test]
+fn many_senders_then_wildcard_tag() {
+    const PER: u32 = 200;
+    const THREADS: u32 = 3;
+    for mode in MODES {
+        let rts = super::builder().progress(mode).assignment(Assignment::RoundRobin).cris(3).build_local(2).unwrap();
+        let (c0, c1) = dup_both(&rts);
+        std::thread::scope(|s| {
+            for t in 0..THREADS {
+                let c0 = &c0;
+                s.spawn(move || {
+                    let mut reqs = Vec::new();
+                    for i in 0..PER {
+                        let tag = (t * 2 + i % 2) as i32;
+                        reqs.push(c0.isend([t, i].iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>(), 1, tag).unwrap());
+                    }
+                    weft::wait_all(&mut reqs).unwrap();
+                });
+            }
+            let mut next = [0u32; THREADS as usize];
+            let mut take = |b: &[u8], tag: i32| {
+                let (t, i) = (u32::from_le_bytes(b[..4].try_into().unwrap()), u32::from_le_bytes(b[4..8].try_into().unwrap()));
+                assert_eq!(tag as u32, t * 2 + i % 2);
+                assert!(i >= next[t as usize], "{mode}: thread {t}'s message {i} after {}", next[t as usize]);
+                next[t as usize] = i + 1;
+            };
+            // By tag: thread t's even messages, while its odd ones queue in another partition.
+            for t in 0..THREADS {
+                for _ in 0..10 {
+                    let (b, st) = c1.recv(Vec::<u8>::with_capacity(8), 0u32, (t * 2) as i32).unwrap();
+                    let i = u32::from_le_bytes(b[4..8].try_into().unwrap());
+                    assert_eq!(i % 2, 0);
+                    let _ = st;
+                }
+            }
+            // Then everything else by Tag::Any: per thread in send order, skipping the ones taken.
+            let mut seen = 0;
+            let mut by_thread = vec![Vec::new(); THREADS as usize];
+            while seen < THREADS * PER - THREADS * 10 {
+                let (b, st) = c1.recv(Vec::<u8>::with_capacity(8), Source::Any, Tag::Any).unwrap();
+                let t = u32::from_le_bytes(b[..4].try_into().unwrap());
+                by_thread[t as usize].push(u32::from_le_bytes(b[4..8].try_into().unwrap()));
+                take(&b, st.tag);
+                seen += 1;
+            }
+            for (t, got) in by_thread.iter().enumerate() {
+                let want: Vec<u32> = (0..PER).filter(|&i| !(i % 2 == 0 && i < 20)).collect();
+                assert_eq!(got, &want, "{mode}: thread {t}'s messages by Tag::Any");
+            }
+        });
+    }
+}
