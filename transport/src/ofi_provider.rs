@@ -1510,6 +1510,7 @@ mod tests {
             source: 0,
             tag: 5,
             seq,
+            gseq: seq.wrapping_mul(3),
             chan: 0,
             len: 4,
             cookie: 0,
@@ -1529,7 +1530,7 @@ mod tests {
                 }
             }
             ranks[1].poll(0, 64, |f| {
-                assert_eq!(f.header.seq, got, "frames in order");
+                assert_eq!((f.header.seq, f.header.gseq), (got, got.wrapping_mul(3)), "frames in order, header intact");
                 assert_eq!(f.payload.as_slice(), &got.to_le_bytes());
                 got += 1;
             });
