@@ -414,8 +414,9 @@ impl Communicator {
             i.elem = elem;
             i.context = st.context;
         });
-        let switched = if tag == Tag::Any && st.needs_switch() { s.main_path(|| s.switch_to_one_order(st)) } else { Vec::new() };
-        s.finish_matches(switched);
+        if tag == Tag::Any && st.needs_switch() {
+            s.finish_matches(s.main_path(|| s.switch_to_one_order(st)));
+        }
         let part = st.part_of(tag);
         let early = s.main_path(|| {
             s.with_matching_of(st, part, |m| {

@@ -233,11 +233,15 @@ impl Shared {
                 .take_while(|f| f.header.kind != FrameKind::Fin && f.header.context == ctx && comm.part(f.header.tag) == part)
                 .count();
             let timing = self.config.match_timing.then(std::time::Instant::now);
-            let (refused, due) = self.with_matching_of_low(comm, part, |m| {
+            // The closure returns a byte; a refused frame is handed out through `refused`
+            // (a frame is too big to travel through return values cheaply).
+            let mut refused = None;
+            let due = self.with_matching_of_low(comm, part, |m| {
                 // Under the matching lock: `free` sets the flag before it drains the queues,
                 // so a frame is either refused here or drained (released) by `free`.
                 if comm.is_freed() {
-                    return (Some(frame), Due::None);
+                    refused = Some(frame);
+                    return Due::None;
                 }
                 m.arrive(frame, matched);
                 for next in it.by_ref().take(run) {
@@ -246,7 +250,7 @@ impl Shared {
                 if let Some(t0) = timing {
                     m.counters.match_nanos += t0.elapsed().as_nanos() as u64;
                 }
-                (None, m.take_due())
+                m.take_due()
             });
             if let Some(frame) = refused {
                 self.release_frame(frame);

@@ -280,9 +280,14 @@ impl Shared {
         if part == 0 {
             return self.with_matching(comm, 0, f);
         }
-        match self.with_matching(comm, part, |m| if comm.is_switched() { Err(f) } else { Ok(f(m)) }) {
-            Ok(r) => r,
-            Err(f) => self.with_matching(comm, 0, f),
+        // The closure stays where it is (a big capture, e.g. a frame, is not moved around):
+        // taken by whichever state runs it.
+        let mut f = Some(f);
+        let r = self.with_matching(comm, part, |m| if comm.is_switched() { None } else { f.take().map(|f| f(m)) });
+        match (r, f) {
+            (Some(r), _) => r,
+            (None, Some(f)) => self.with_matching(comm, 0, f),
+            (None, None) => unreachable!("the closure ran, so it returned"),
         }
     }
 
@@ -292,9 +297,12 @@ impl Shared {
         if part == 0 {
             return self.with_matching_low(comm, 0, f);
         }
-        match self.with_matching_low(comm, part, |m| if comm.is_switched() { Err(f) } else { Ok(f(m)) }) {
-            Ok(r) => r,
-            Err(f) => self.with_matching_low(comm, 0, f),
+        let mut f = Some(f);
+        let r = self.with_matching_low(comm, part, |m| if comm.is_switched() { None } else { f.take().map(|f| f(m)) });
+        match (r, f) {
+            (Some(r), _) => r,
+            (None, Some(f)) => self.with_matching_low(comm, 0, f),
+            (None, None) => unreachable!("the closure ran, so it returned"),
         }
     }
 
