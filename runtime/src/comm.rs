@@ -471,8 +471,11 @@ impl Communicator {
         }
         s.progress_once();
         let part = self.p2p.part_of(tag);
-        Ok(s.main_path(|| s.with_matching_of(&self.p2p, part, |m| m.probe(source, tag)))
-            .map(|(source, tag, bytes)| Status { source, tag, bytes }))
+        Ok(s.main_path(|| s.with_matching_of(&self.p2p, part, |m| m.probe(source, tag))).map(|(source, tag, bytes)| Status {
+            source,
+            tag,
+            bytes,
+        }))
     }
 
     /// Duplicates the communicator (`MPI_Comm_dup`; collective: every rank must call it, in

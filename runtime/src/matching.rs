@@ -691,8 +691,20 @@ mod tests {
     use weft_transport::{Header, Payload};
 
     fn frame(source: u32, seq: u32) -> Frame {
-        let header =
-            Header { kind: FrameKind::Eager, src_cri: 0, context: 0, source, tag: 7, seq, gseq: 0, chan: 0, len: 0, cookie: 0, key: 0, addr: 0 };
+        let header = Header {
+            kind: FrameKind::Eager,
+            src_cri: 0,
+            context: 0,
+            source,
+            tag: 7,
+            seq,
+            gseq: 0,
+            chan: 0,
+            len: 0,
+            cookie: 0,
+            key: 0,
+            addr: 0,
+        };
         Frame { header, payload: Payload::Empty }
     }
 
@@ -780,7 +792,8 @@ mod tests {
     }
 
     fn gframe(source: u32, tag: i32, seq: u32, gseq: u32) -> Frame {
-        let header = Header { kind: FrameKind::Eager, src_cri: 0, context: 0, source, tag, seq, gseq, chan: 0, len: 0, cookie: 0, key: 0, addr: 0 };
+        let header =
+            Header { kind: FrameKind::Eager, src_cri: 0, context: 0, source, tag, seq, gseq, chan: 0, len: 0, cookie: 0, key: 0, addr: 0 };
         Frame { header, payload: Payload::Empty }
     }
 

@@ -515,8 +515,20 @@ mod tests {
     use crate::Runtime;
 
     fn fin(cookie: u64, source: u32) -> Frame {
-        let header =
-            Header { kind: FrameKind::Fin, src_cri: 0, context: 0, source, tag: 3, seq: 0, gseq: 0, chan: 0, len: 0, cookie, key: 0, addr: 0 };
+        let header = Header {
+            kind: FrameKind::Fin,
+            src_cri: 0,
+            context: 0,
+            source,
+            tag: 3,
+            seq: 0,
+            gseq: 0,
+            chan: 0,
+            len: 0,
+            cookie,
+            key: 0,
+            addr: 0,
+        };
         Frame { header, payload: Payload::Empty }
     }
 

@@ -106,8 +106,7 @@ impl Packed {
     /// [`SLOT_INLINE`] is copied into a buffer from `pool`.
     #[inline]
     fn pack(h: Header, data: &[u8], pool: impl FnOnce() -> Vec<u8>) -> Packed {
-        let env =
-            Envelope { context: h.context, source: h.source, tag: h.tag, seq: h.seq, gseq: h.gseq, src_cri: h.src_cri, chan: h.chan };
+        let env = Envelope { context: h.context, source: h.source, tag: h.tag, seq: h.seq, gseq: h.gseq, src_cri: h.src_cri, chan: h.chan };
         let kind = h.kind;
         if data.is_empty() {
             Packed::Bare { kind, env, len: h.len, cookie: h.cookie, key: h.key }
@@ -147,9 +146,7 @@ impl Packed {
                 bytes[..SLOT_INLINE].copy_from_slice(&b);
                 Frame { header: header(kind, env, u64::from(n), 0, 0), payload: Payload::Inline { len: n, bytes } }
             }
-            Packed::Pooled { kind, env, buf } => {
-                Frame { header: header(kind, env, buf.len() as u64, 0, 0), payload: Payload::Pooled(buf) }
-            }
+            Packed::Pooled { kind, env, buf } => Frame { header: header(kind, env, buf.len() as u64, 0, 0), payload: Payload::Pooled(buf) },
         }
     }
 
@@ -507,7 +504,20 @@ mod tests {
     use super::*;
 
     fn header(kind: FrameKind, len: u64, cookie: u64, key: u64, addr: u64) -> Header {
-        Header { kind, src_cri: 3, context: 0x1234_5678, source: 0, tag: -7, seq: u32::MAX - 1, gseq: 0xfeed_0001, chan: 9, len, cookie, key, addr }
+        Header {
+            kind,
+            src_cri: 3,
+            context: 0x1234_5678,
+            source: 0,
+            tag: -7,
+            seq: u32::MAX - 1,
+            gseq: 0xfeed_0001,
+            chan: 9,
+            len,
+            cookie,
+            key,
+            addr,
+        }
     }
 
     /// Every frame shape comes out of an inbox exactly as it went in: bare frames with all

@@ -27,7 +27,20 @@ fn pair(provider: &str, recv_slots: usize) -> Vec<Rank> {
 }
 
 fn header(seq: u32, len: usize) -> Header {
-    Header { kind: FrameKind::Eager, src_cri: 1, context: 0, source: 0, tag: 7, seq, gseq: 0, chan: 0, len: len as u64, cookie: 0, key: 0, addr: 0 }
+    Header {
+        kind: FrameKind::Eager,
+        src_cri: 1,
+        context: 0,
+        source: 0,
+        tag: 7,
+        seq,
+        gseq: 0,
+        chan: 0,
+        len: len as u64,
+        cookie: 0,
+        key: 0,
+        addr: 0,
+    }
 }
 
 #[test]
