@@ -109,6 +109,11 @@ pub struct Config {
     /// for each other in the out-of-sequence queue (seed 003 §5.4.4). Off by default: an
     /// async task that moves between threads (weft's pool, tokio) between two sends to the
     /// same peer could see them overtake each other.
+    ///
+    /// Every rank must choose the same (and the same assignment): it decides how senders
+    /// number their messages — per thread channel, or per tag partition plus a count over
+    /// all tags (partitioned matching, README) — and a receiver that expects the other
+    /// numbering leaves receives waiting.
     pub per_thread_order: bool,
     /// How long a blocked waiter yields its core, watching for its notification, before it
     /// sleeps in the kernel (`WEFT_YIELD_US`, microseconds; default 50 us). Seed 003 §4.4:
