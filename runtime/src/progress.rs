@@ -164,12 +164,9 @@ impl Shared {
 
     /// Unposts a receive that has not matched yet. Returns whether it was unposted.
     pub(crate) fn cancel_recv(&self, comm: &crate::comm::CommState, inner: &Arc<crate::request::ReqInner>) -> bool {
-        // The receive's tag is not kept: look in every tag partition (cancel is rare), and
-        // again in partition 0 if a switch to one order may have moved it there meanwhile.
-        self.main_path(|| {
-            (0..self.matching_parts(comm)).any(|part| self.with_matching(comm, part, |m| m.cancel(inner)))
-                || (comm.is_switched() && self.matching_parts(comm) > 1 && self.with_matching(comm, 0, |m| m.cancel(inner)))
-        })
+        // The receive's tag is not kept: look in every tag partition (cancel is rare); after a
+        // switch to one order (even one during the loop) each look goes to partition 0.
+        self.main_path(|| (0..self.matching_parts(comm)).any(|part| self.with_matching_of(comm, part, |m| m.cancel(inner))))
     }
 }
 

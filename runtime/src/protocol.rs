@@ -473,13 +473,10 @@ impl Shared {
         {
             let _gate = self.table_gate.read();
             for comm in self.installed() {
+                // After a switch to one order (even one during the loop, which may move
+                // receives from a partition not visited yet) each visit goes to partition 0.
                 for part in 0..self.matching_parts(comm) {
-                    self.with_matching(comm, part, |m| m.fail_lost(alive, any_alive, &mut failed));
-                }
-                if comm.is_switched() && self.matching_parts(comm) > 1 {
-                    // A switch to one order during the loop may have moved receives from a
-                    // partition not visited yet to partition 0, visited already.
-                    self.with_matching(comm, 0, |m| m.fail_lost(alive, any_alive, &mut failed));
+                    self.with_matching_of(comm, part, |m| m.fail_lost(alive, any_alive, &mut failed));
                 }
             }
         }

@@ -277,39 +277,49 @@ impl Shared {
     /// order after the caller chose `part` (checked under `part`'s lock, where it is exact).
     #[inline]
     pub(crate) fn with_matching_of<R>(&self, comm: &CommState, part: usize, f: impl FnOnce(&mut MatchState) -> R) -> R {
-        if part == 0 {
-            return self.with_matching(comm, 0, f);
-        }
-        // The closure stays where it is (a big capture, e.g. a frame, is not moved around):
-        // taken by whichever state runs it.
-        let mut f = Some(f);
-        let r = self.with_matching(comm, part, |m| if comm.is_switched() { None } else { f.take().map(|f| f(m)) });
-        match (r, f) {
-            (Some(r), _) => r,
-            (None, Some(f)) => self.with_matching(comm, 0, f),
-            (None, None) => unreachable!("the closure ran, so it returned"),
-        }
+        self.matching_now::<R, false>(comm, part, f)
     }
 
     /// [`with_matching_of`](Self::with_matching_of) with low priority, for arrivals.
     #[inline]
     pub(crate) fn with_matching_of_low<R>(&self, comm: &CommState, part: usize, f: impl FnOnce(&mut MatchState) -> R) -> R {
+        self.matching_now::<R, true>(comm, part, f)
+    }
+
+    /// The redirect of [`with_matching_of`](Self::with_matching_of), with the priority
+    /// chosen at compile time (`LOW`: [`with_matching_low`](Self::with_matching_low)).
+    #[inline]
+    fn matching_now<R, const LOW: bool>(&self, comm: &CommState, part: usize, f: impl FnOnce(&mut MatchState) -> R) -> R {
         if part == 0 {
-            return self.with_matching_low(comm, 0, f);
+            return self.lock_as::<R, LOW>(comm, 0, f);
         }
+        // The closure stays where it is (a big capture, e.g. a frame, is not moved around):
+        // taken by whichever state runs it.
         let mut f = Some(f);
-        let r = self.with_matching_low(comm, part, |m| if comm.is_switched() { None } else { f.take().map(|f| f(m)) });
+        let r = self.lock_as::<_, LOW>(comm, part, |m| if comm.is_switched() { None } else { f.take().map(|f| f(m)) });
         match (r, f) {
             (Some(r), _) => r,
-            (None, Some(f)) => self.with_matching_low(comm, 0, f),
+            (None, Some(f)) => self.lock_as::<R, LOW>(comm, 0, f),
             (None, None) => unreachable!("the closure ran, so it returned"),
         }
     }
 
-    /// Runs `f` with every tag partition of `comm` locked, taken in order (high priority):
-    /// the trim of the processed-number windows and the switch to one order. Only for a
-    /// partitioned communicator under `MatchingMode::PerComm`.
-    fn with_all_parts<R>(&self, comm: &CommState, f: impl FnOnce(&mut [&mut MatchState; TAG_PARTS]) -> R) -> R {
+    /// [`with_matching_low`](Self::with_matching_low) if `LOW`, else
+    /// [`with_matching`](Self::with_matching).
+    #[inline]
+    fn lock_as<R, const LOW: bool>(&self, comm: &CommState, part: usize, f: impl FnOnce(&mut MatchState) -> R) -> R {
+        if LOW {
+            self.with_matching_low(comm, part, f)
+        } else {
+            self.with_matching(comm, part, f)
+        }
+    }
+
+    /// Runs `f` with every tag partition of `comm` locked, taken in order (high priority),
+    /// if the communicator is still matched per partition (`MatchingMode::PerComm`, not
+    /// switched to one order, not freed): the trim of the processed-number windows and the
+    /// switch. `None` otherwise.
+    fn while_partitioned<R>(&self, comm: &CommState, f: impl FnOnce(&mut [&mut MatchState; TAG_PARTS]) -> R) -> Option<R> {
         fn lock_from<R>(
             locks: &[CachePadded<PathLock<MatchState>>],
             held: &mut [*mut MatchState; TAG_PARTS],
@@ -330,9 +340,13 @@ impl Shared {
                 }
             }
         }
-        debug_assert_eq!(comm.matching.len(), TAG_PARTS);
+        if comm.matching.len() != TAG_PARTS || self.config.matching != MatchingMode::PerComm {
+            return None;
+        }
         let mut held = [std::ptr::null_mut(); TAG_PARTS];
-        lock_from(&comm.matching, &mut held, 0, f)
+        // Checked again under every lock: a switch or `free` (which drains the queues; its
+        // receives fail) may have come first.
+        lock_from(&comm.matching, &mut held, 0, |parts| (!comm.is_switched() && !comm.is_freed()).then(|| f(parts)))
     }
 
     /// Switches this rank's matching of a partitioned communicator to one order
@@ -342,14 +356,7 @@ impl Shared {
     #[cold]
     pub(crate) fn switch_to_one_order(&self, comm: &CommState) -> Vec<Matched> {
         let mut out = Vec::new();
-        if comm.matching.len() != TAG_PARTS || self.config.matching != MatchingMode::PerComm {
-            return out;
-        }
-        self.with_all_parts(comm, |parts| {
-            // A freed communicator is drained by `free`; its receives fail.
-            if comm.is_switched() || comm.is_freed() {
-                return;
-            }
+        self.while_partitioned(comm, |parts| {
             MatchState::merge(parts, &mut out);
             comm.set_switched();
         });
@@ -360,14 +367,7 @@ impl Shared {
     /// (`MatchState::trim`), which a partition asked for.
     #[cold]
     pub(crate) fn trim_partitions(&self, comm: &CommState) {
-        if comm.matching.len() != TAG_PARTS || self.config.matching != MatchingMode::PerComm {
-            return;
-        }
-        self.with_all_parts(comm, |parts| {
-            if !comm.is_switched() {
-                MatchState::trim(parts);
-            }
-        });
+        self.while_partitioned(comm, |parts| MatchState::trim(parts));
     }
 
     /// Completes the receives of pairs made under a matching lock (outside it).
