@@ -20,7 +20,9 @@ pub enum FrameKind {
 pub struct Header {
     /// Protocol step.
     pub kind: FrameKind,
-    /// CRI index of the sender (where replies such as `Fin` go).
+    /// CRI index of the sender (where replies such as `Fin` go). Read only on an `Rts`: a
+    /// provider may leave it out of eager frames (libfabric's compact header does; the
+    /// receiver sees 0).
     pub src_cri: u16,
     /// Communicator context id.
     pub context: u32,

@@ -15,7 +15,7 @@
 //!
 //! # Eager frames and flow control
 //!
-//! A frame is a wire header followed by the payload: 28 bytes ([`COMPACT_HEADER`]) for an
+//! A frame is a wire header followed by the payload: 24 bytes ([`COMPACT_HEADER`]) for an
 //! eager frame that is its whole message, 64 ([`WIRE_HEADER`], every [`Header`] field) for
 //! protocol frames — the bytes that cross cores are most of a shm hop. Every
 //! CRI keeps `recv_slots` receive buffers posted, each `64 + eager_capacity` bytes — never
@@ -100,9 +100,10 @@ pub const WIRE_HEADER: usize = 64;
 
 /// Bytes of the compact wire header of an eager frame whose payload is the whole message
 /// and which carries no rendezvous fields — every eager message. Its `len` is the bytes
-/// that follow. `fi_pingpong` over `shm` here: 0.23-0.28 µs one-way for 8 bytes, 0.31-0.33
-/// for 64 (an 8-byte message behind the full header).
-pub const COMPACT_HEADER: usize = 28;
+/// that follow, and it leaves out `src_cri` (see [`encode`]). `fi_pingpong` over `shm`
+/// here: 0.28-0.29 µs one-way up to 32 bytes, 0.33-0.35 from 36 to 64: an 8-byte message
+/// behind this header still costs what 8 bytes cost.
+pub const COMPACT_HEADER: usize = 24;
 
 /// Largest frame sent with `fi_inject` (bounded by the provider's inject size too); the
 /// frame is assembled on the stack.
@@ -231,27 +232,31 @@ fn header_len(h: &Header, data_len: usize) -> usize {
 ///
 /// | bytes | field | bytes | field |
 /// |---|---|---|---|
-/// | 0 | kind (`0x80`: compact eager) | 20..22 | chan |
-/// | 1 | 0 | 24..28 | gseq |
-/// | 2..4 | src_cri | 32..40 | len |
+/// | 0 | kind (`0x80`: compact eager) | 20..24 | gseq |
+/// | 1 | 0 | 24..26 | src_cri |
+/// | 2..4 | chan | 32..40 | len |
 /// | 4..8 | context | 40..48 | cookie |
 /// | 8..12 | source | 48..56 | key |
 /// | 12..16 | tag | 56..64 | addr |
 /// | 16..20 | seq | | |
 ///
-/// A compact header ends at byte 28; its `len` is the payload's, the rest zero.
+/// A compact header ends at byte 24: its `len` is the payload's, the rendezvous fields are
+/// zero and `src_cri` is not carried (a receiver needs it only to answer an `Rts`; it reads
+/// 0). 24 bytes keep an 8-byte message in 32 bytes on the wire, the size up to which a shm
+/// hop costs the same (`fi_pingpong` here: 0.28-0.29 µs one-way up to 32 bytes, 0.33-0.35
+/// from 36).
 fn encode(h: &Header, hlen: usize, out: &mut [u8]) {
     out[0] = if hlen == COMPACT_HEADER { COMPACT_EAGER } else { h.kind as u8 };
     out[1] = 0;
-    put_u16(out, 2, h.src_cri);
+    put_u16(out, 2, h.chan);
     put_u32(out, 4, h.context);
     put_u32(out, 8, h.source);
     put_u32(out, 12, h.tag as u32);
     put_u32(out, 16, h.seq);
-    put_u16(out, 20, h.chan);
-    put_u16(out, 22, 0);
-    put_u32(out, 24, h.gseq);
+    put_u32(out, 20, h.gseq);
     if hlen == WIRE_HEADER {
+        put_u16(out, 24, h.src_cri);
+        put_u16(out, 26, 0);
         put_u32(out, 28, 0);
         put_u64(out, 32, h.len);
         put_u64(out, 40, h.cookie);
@@ -286,13 +291,13 @@ fn decode(b: &[u8]) -> Option<(Header, usize)> {
     let full = hlen == WIRE_HEADER;
     let header = Header {
         kind,
-        src_cri: get_u16(b, 2),
+        src_cri: if full { get_u16(b, 24) } else { 0 },
         context: get_u32(b, 4),
         source: get_u32(b, 8),
         tag: get_u32(b, 12) as i32,
         seq: get_u32(b, 16),
-        gseq: get_u32(b, 24),
-        chan: get_u16(b, 20),
+        gseq: get_u32(b, 20),
+        chan: get_u16(b, 2),
         len: if full { get_u64(b, 32) } else { (b.len() - COMPACT_HEADER) as u64 },
         cookie: if full { get_u64(b, 40) } else { 0 },
         key: if full { get_u64(b, 48) } else { 0 },
@@ -1462,8 +1467,8 @@ mod tests {
         assert_eq!(decode(&b[..48]), None, "a full header cut short");
     }
 
-    /// An eager frame that is its whole message travels behind the 28-byte header, its
-    /// length taken from the bytes received.
+    /// An eager frame that is its whole message travels behind the 24-byte header, its
+    /// length taken from the bytes received and without `src_cri` (read as 0).
     #[test]
     fn eager_frames_use_the_compact_header() {
         let h = Header {
@@ -1483,6 +1488,7 @@ mod tests {
         assert_eq!(header_len(&h, 5), COMPACT_HEADER);
         let mut b = [0u8; COMPACT_HEADER + 5];
         write_frame(&h, COMPACT_HEADER, b"hello", &mut b);
+        let h = Header { src_cri: 0, ..h };
         assert_eq!(decode(&b), Some((h, COMPACT_HEADER)));
         let empty = Header { len: 0, ..h };
         assert_eq!(decode(&b[..COMPACT_HEADER]), Some((empty, COMPACT_HEADER)), "a 0-byte message is the header alone");
