@@ -418,14 +418,17 @@ impl Communicator {
             s.finish_matches(s.main_path(|| s.switch_to_one_order(st)));
         }
         let part = st.part_of(tag);
-        let early = s.main_path(|| {
+        // A frame already here is handed out through `early`, not the return values.
+        let mut early = None;
+        s.main_path(|| {
             s.with_matching_of(st, part, |m| {
                 // Under the matching lock: `free` sets the flag before it drains the queues,
                 // so a receive posted here is either refused or drained (failed) by it.
                 if st.is_freed() {
                     return Err(Error::CommFreed);
                 }
-                Ok(m.post(source, tag, &inner))
+                early = m.post(source, tag, &inner);
+                Ok(())
             })
         })?;
         if let Some(frame) = early {

@@ -214,48 +214,50 @@ impl Shared {
     /// lock is released.
     fn handle_frames(&self, k: usize, frames: &mut Vec<Frame>, matched: &mut Vec<Matched>) {
         let mut it = frames.drain(..);
-        while let Some(frame) = it.next() {
-            if frame.header.kind == FrameKind::Fin {
-                self.handle_fin(frame);
+        // Each frame is read where it lies until `arrive` takes it: a frame is moved once
+        // on its way into the matching state, not through locals and closures.
+        while let Some(first) = it.as_slice().first() {
+            if first.header.kind == FrameKind::Fin {
+                if let Some(fin) = it.next() {
+                    self.handle_fin(fin);
+                }
                 continue;
             }
-            let ctx = frame.header.context;
+            let ctx = first.header.context;
             let Some(comm) = self.context(ctx) else {
-                self.unknown_context(k, frame);
+                if let Some(frame) = it.next() {
+                    self.unknown_context(k, frame);
+                }
                 continue;
             };
-            let part = comm.part(frame.header.tag);
-            // The frames right behind this one that go to the same matching state: found by
-            // reading their headers where they lie, so a frame is moved only into `arrive`.
-            let run = it
-                .as_slice()
+            let part = comm.part(first.header.tag);
+            // This frame and those right behind it that go to the same matching state.
+            let run = 1 + it.as_slice()[1..]
                 .iter()
                 .take_while(|f| f.header.kind != FrameKind::Fin && f.header.context == ctx && comm.part(f.header.tag) == part)
                 .count();
             let timing = self.config.match_timing.then(std::time::Instant::now);
-            // The closure returns a byte; a refused frame is handed out through `refused`
-            // (a frame is too big to travel through return values cheaply).
-            let mut refused = None;
             let due = self.with_matching_of_low(comm, part, |m| {
                 // Under the matching lock: `free` sets the flag before it drains the queues,
                 // so a frame is either refused here or drained (released) by `free`.
                 if comm.is_freed() {
-                    refused = Some(frame);
-                    return Due::None;
+                    return None;
                 }
-                m.arrive(frame, matched);
-                for next in it.by_ref().take(run) {
-                    m.arrive(next, matched);
+                for frame in it.by_ref().take(run) {
+                    m.arrive(frame, matched);
                 }
                 if let Some(t0) = timing {
                     m.counters.match_nanos += t0.elapsed().as_nanos() as u64;
                 }
-                m.take_due()
+                Some(m.take_due())
             });
-            if let Some(frame) = refused {
-                self.release_frame(frame);
+            let Some(due) = due else {
+                // Refused (freed communicator): given back outside the lock.
+                for frame in it.by_ref().take(run) {
+                    self.release_frame(frame);
+                }
                 continue;
-            }
+            };
             match due {
                 Due::None => {}
                 Due::Trim => self.trim_partitions(comm),
@@ -476,7 +478,7 @@ impl Shared {
                 // After a switch to one order (even one during the loop, which may move
                 // receives from a partition not visited yet) each visit goes to partition 0.
                 for part in 0..self.matching_parts(comm) {
-                    self.with_matching_of(comm, part, |m| m.fail_lost(alive, any_alive, &mut failed));
+                    self.with_matching_of(comm, part, |m| m.fail_lost(&alive, any_alive, &mut failed));
                 }
             }
         }

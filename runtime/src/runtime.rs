@@ -275,32 +275,29 @@ impl Shared {
     /// [`with_matching`](Self::with_matching) on the state where partition `part`'s
     /// receives and frames are matched now: `part`, or 0 if the communicator switched to one
     /// order after the caller chose `part` (checked under `part`'s lock, where it is exact).
+    /// `f` runs once; it is `FnMut` so that it can be lent to the first lock and still be
+    /// there for the second (a big capture such as a frame belongs outside it, borrowed).
     #[inline]
-    pub(crate) fn with_matching_of<R>(&self, comm: &CommState, part: usize, f: impl FnOnce(&mut MatchState) -> R) -> R {
+    pub(crate) fn with_matching_of<R>(&self, comm: &CommState, part: usize, f: impl FnMut(&mut MatchState) -> R) -> R {
         self.matching_now::<R, false>(comm, part, f)
     }
 
     /// [`with_matching_of`](Self::with_matching_of) with low priority, for arrivals.
     #[inline]
-    pub(crate) fn with_matching_of_low<R>(&self, comm: &CommState, part: usize, f: impl FnOnce(&mut MatchState) -> R) -> R {
+    pub(crate) fn with_matching_of_low<R>(&self, comm: &CommState, part: usize, f: impl FnMut(&mut MatchState) -> R) -> R {
         self.matching_now::<R, true>(comm, part, f)
     }
 
     /// The redirect of [`with_matching_of`](Self::with_matching_of), with the priority
     /// chosen at compile time (`LOW`: [`with_matching_low`](Self::with_matching_low)).
     #[inline]
-    fn matching_now<R, const LOW: bool>(&self, comm: &CommState, part: usize, f: impl FnOnce(&mut MatchState) -> R) -> R {
+    fn matching_now<R, const LOW: bool>(&self, comm: &CommState, part: usize, mut f: impl FnMut(&mut MatchState) -> R) -> R {
         if part == 0 {
             return self.lock_as::<R, LOW>(comm, 0, f);
         }
-        // The closure stays where it is (a big capture, e.g. a frame, is not moved around):
-        // taken by whichever state runs it.
-        let mut f = Some(f);
-        let r = self.lock_as::<_, LOW>(comm, part, |m| if comm.is_switched() { None } else { f.take().map(|f| f(m)) });
-        match (r, f) {
-            (Some(r), _) => r,
-            (None, Some(f)) => self.lock_as::<R, LOW>(comm, 0, f),
-            (None, None) => unreachable!("the closure ran, so it returned"),
+        match self.lock_as::<_, LOW>(comm, part, |m| (!comm.is_switched()).then(|| f(m))) {
+            Some(r) => r,
+            None => self.lock_as::<R, LOW>(comm, 0, f),
         }
     }
 
