@@ -427,7 +427,7 @@ impl Communicator {
                 if st.is_freed() {
                     return Err(Error::CommFreed);
                 }
-                early = m.post(source, tag, &inner);
+                m.post_into(source, tag, &inner, &mut early);
                 Ok(())
             })
         })?;

@@ -176,10 +176,16 @@ const MAX_SEEN_WORDS: usize = if cfg!(test) { 1 << 8 } else { 1 << 14 };
 
 /// A set of sequence numbers of one source as a bitmap window: bit `i` of word `w` is number
 /// `base + 64 * w + i` (`base` a multiple of 64; every number below it is in the set).
+///
+/// The window is `buf[head..]`: dropping front words moves `head`, and the live words are
+/// moved back to the start of `buf` only when the window must grow past `buf`'s capacity,
+/// so recording a number is a bounds check and an `or` (no ring arithmetic) and a window
+/// that stays within its reserved capacity never allocates.
 #[derive(Default)]
 struct Seen {
     base: u32,
-    words: VecDeque<u64>,
+    buf: Vec<u64>,
+    head: usize,
     /// Window length (words) at which to ask for the next trim (0: [`TRIM_WORDS`]).
     trim_at: usize,
 }
@@ -192,10 +198,54 @@ impl Seen {
         (off < 1 << 31).then_some(off as usize)
     }
 
+    /// The window's words, lowest first.
+    #[inline]
+    fn words(&self) -> &[u64] {
+        &self.buf[self.head..]
+    }
+
+    /// The window's words, lowest first, for writing.
+    #[inline]
+    fn words_mut(&mut self) -> &mut [u64] {
+        &mut self.buf[self.head..]
+    }
+
+    /// Words in the window.
+    #[inline]
+    fn len(&self) -> usize {
+        self.buf.len() - self.head
+    }
+
+    /// Extends the window with zero words to `len` words (at least `reserve` words of
+    /// capacity on first use).
+    #[cold]
+    fn grow(&mut self, len: usize, reserve: usize) {
+        if self.head + len > self.buf.capacity() && self.head > 0 {
+            // Move the window to the start instead of growing the buffer.
+            self.buf.drain(..self.head);
+            self.head = 0;
+        }
+        if self.buf.capacity() == 0 {
+            self.buf.reserve(reserve);
+        }
+        self.buf.resize(self.head + len, 0);
+    }
+
+    /// Drops the `n` lowest words (every number in them settled); the base moves up.
+    fn drop_front(&mut self, n: usize) {
+        let n = n.min(self.len());
+        self.head += n;
+        self.base = self.base.wrapping_add((n * 64) as u32);
+        if self.head == self.buf.len() {
+            self.buf.clear();
+            self.head = 0;
+        }
+    }
+
     #[inline]
     fn contains(&self, n: u32) -> bool {
         match self.offset(n) {
-            Some(off) => self.words.get(off / 64).is_some_and(|w| w & (1 << (off % 64)) != 0),
+            Some(off) => self.words().get(off / 64).is_some_and(|w| w & (1 << (off % 64)) != 0),
             None => true,
         }
     }
@@ -203,7 +253,7 @@ impl Seen {
     /// Removes `n` (a number above the base).
     fn remove(&mut self, n: u32) {
         if let Some(off) = self.offset(n) {
-            if let Some(w) = self.words.get_mut(off / 64) {
+            if let Some(w) = self.words_mut().get_mut(off / 64) {
                 *w &= !(1 << (off % 64));
             }
         }
@@ -211,20 +261,20 @@ impl Seen {
 
     /// The lowest number not in the set.
     fn first_missing(&self) -> u32 {
-        let full = self.words.iter().take_while(|&&w| w == !0).count();
-        let bit = self.words.get(full).map_or(0, |w| w.trailing_ones());
+        let full = self.words().iter().take_while(|&&w| w == !0).count();
+        let bit = self.words().get(full).map_or(0, |w| w.trailing_ones());
         self.base.wrapping_add((full * 64) as u32 + bit)
     }
 
     /// Drops the front words that lie wholly below `n` (the numbers below `n` are settled),
     /// and the whole window once no number at or above `n` is left in it.
     fn forget_below(&mut self, n: u32) {
-        while self.offset(n).is_some_and(|off| off >= 64) && !self.words.is_empty() {
-            self.words.pop_front();
-            self.base = self.base.wrapping_add(64);
+        if let Some(off) = self.offset(n) {
+            self.drop_front(off / 64);
         }
-        if self.words.len() == 1 && self.offset(n).is_some_and(|off| off < 64 && self.words[0] >> off == 0) {
-            self.words.clear();
+        if self.len() == 1 && self.offset(n).is_some_and(|off| off < 64 && self.words()[0] >> off == 0) {
+            self.buf.clear();
+            self.head = 0;
         }
     }
 }
@@ -383,7 +433,7 @@ impl MatchState {
     /// Whether the one order skips numbers of `src` processed before the merge.
     #[inline]
     fn skipping(&self, src: usize) -> bool {
-        self.mode == Order::Gseq && self.seen.get(src).is_some_and(|s| !s.words.is_empty())
+        self.mode == Order::Gseq && self.seen.get(src).is_some_and(|s| s.len() != 0)
     }
 
     /// After (`src`, `chan`)'s expected number advanced: processes the frames that came
@@ -426,7 +476,7 @@ impl MatchState {
     }
 
     /// A frame in turn: pairs it (recording its `gseq` under [`Order::Partition`]).
-    #[inline]
+    #[inline(always)]
     fn process(&mut self, frame: Frame, out: &mut Vec<Matched>) {
         if self.mode == Order::Partition && !self.record(frame.header.source, frame.header.gseq) {
             self.parked.push(frame);
@@ -437,9 +487,27 @@ impl MatchState {
     }
 
     /// Records processed number `gseq` of `src`; `false` if it lies beyond the window's
-    /// bound (the frame is then parked and the caller switches the communicator).
-    #[inline]
+    /// bound (the frame is then parked and the caller switches the communicator). The
+    /// common case — a number inside the window — is one bounds check and an `or`.
+    #[inline(always)]
     fn record(&mut self, src: u32, gseq: u32) -> bool {
+        if let Some(s) = self.seen.get_mut(src as usize) {
+            let off = gseq.wrapping_sub(s.base) as usize;
+            if off < 1 << 31 {
+                if let Some(word) = s.buf.get_mut(s.head + off / 64) {
+                    *word |= 1 << (off % 64);
+                    return true;
+                }
+            }
+        }
+        self.record_slow(src, gseq)
+    }
+
+    /// [`record`](Self::record) for a new source, a window to grow, or a number below the
+    /// base.
+    #[cold]
+    #[inline(never)]
+    fn record_slow(&mut self, src: u32, gseq: u32) -> bool {
         let src = src as usize;
         if src >= self.seen.len() {
             self.seen.resize_with(src + 1, Seen::default);
@@ -451,20 +519,17 @@ impl MatchState {
             return true;
         };
         let w = off / 64;
-        if w >= s.words.len() {
+        if w >= s.len() {
             if w >= MAX_SEEN_WORDS {
                 return false;
             }
-            if s.words.capacity() == 0 {
-                // Room for a whole trim period at once: the steady state allocates nothing.
-                s.words.reserve(TRIM_WORDS + 1);
-            }
-            s.words.resize(w + 1, 0);
-            if s.words.len() >= s.trim_at.max(TRIM_WORDS) && self.due == Due::None {
+            // Room for a whole trim period at once: the steady state allocates nothing.
+            s.grow(w + 1, 2 * TRIM_WORDS + 2);
+            if s.len() >= s.trim_at.max(TRIM_WORDS) && self.due == Due::None {
                 self.due = Due::Trim;
             }
         }
-        s.words[w] |= 1 << (off % 64);
+        s.words_mut()[w] |= 1 << (off % 64);
         true
     }
 
@@ -484,14 +549,16 @@ impl MatchState {
             }
         }
         for src in 0..sources {
-            let len = parts.iter().map(|p| p.seen[src].words.len()).max().unwrap_or(0);
-            let union = |w: usize| parts.iter().fold(0u64, |acc, p| acc | p.seen[src].words.get(w).copied().unwrap_or(0));
+            let len = parts.iter().map(|p| p.seen[src].len()).max().unwrap_or(0);
+            let union = |w: usize| parts.iter().fold(0u64, |acc, p| acc | p.seen[src].words().get(w).copied().unwrap_or(0));
             let full = (0..len).take_while(|&w| union(w) == !0).count();
             for p in parts.iter_mut() {
                 let s = &mut p.seen[src];
-                s.words.drain(..full.min(s.words.len()));
-                s.base = s.base.wrapping_add((full * 64) as u32);
-                s.trim_at = (s.words.len() * 2).max(TRIM_WORDS);
+                // Every partition's base moves by `full` words, however long its window.
+                let n = full.min(s.len());
+                s.drop_front(n);
+                s.base = s.base.wrapping_add(((full - n) * 64) as u32);
+                s.trim_at = (s.len() * 2).max(TRIM_WORDS);
             }
         }
     }
@@ -516,10 +583,10 @@ impl MatchState {
             for (src, s) in p.seen.drain(..).enumerate() {
                 let u = &mut skip[src];
                 u.base = s.base;
-                if u.words.len() < s.words.len() {
-                    u.words.resize(s.words.len(), 0);
+                if u.len() < s.len() {
+                    u.grow(s.len(), 0);
                 }
-                for (a, b) in u.words.iter_mut().zip(&s.words) {
+                for (a, b) in u.words_mut().iter_mut().zip(s.words()) {
                     *a |= b;
                 }
             }
@@ -596,11 +663,22 @@ impl MatchState {
         }
     }
 
-    /// A receive is posted: take the first fitting unexpected frame, or queue the receive.
+    /// [`post_into`](Self::post_into), returning the frame taken.
+    #[cfg(test)]
     pub(crate) fn post(&mut self, source: Source, tag: Tag, req: &Arc<ReqInner>) -> Option<Frame> {
+        let mut early = None;
+        self.post_into(source, tag, req, &mut early);
+        early
+    }
+
+    /// A receive is posted: take the first fitting unexpected frame into `early` (left
+    /// untouched when there is none: no frame-sized copy on the common path), or queue the
+    /// receive.
+    pub(crate) fn post_into(&mut self, source: Source, tag: Tag, req: &Arc<ReqInner>, early: &mut Option<Frame>) {
         if !self.unexpected.is_empty() {
             if let Some(i) = self.unexpected.iter().position(|f| fits(source, tag, f.header.source, f.header.tag)) {
-                return self.unexpected.remove(i);
+                *early = self.unexpected.remove(i);
+                return;
             }
         }
         let seq = self.post_seq;
@@ -615,7 +693,6 @@ impl MatchState {
             }
             _ => self.wild.push_back(posted),
         }
-        None
     }
 
     /// Removes a posted receive that has not matched (cancel). Returns whether it was there.
@@ -862,7 +939,7 @@ mod tests {
         let got: Vec<(u32, bool)> = out.iter().map(|m| (m.frame.header.gseq, Arc::ptr_eq(&m.req, &rb))).collect();
         assert_eq!(got, vec![(0, true), (2, false)], "gseq 0 to the earlier posted receive, 1 skipped, 2 to Tag::Any");
         assert!(Arc::ptr_eq(&out[1].req, &rany));
-        assert!(a.seen[1].words.is_empty(), "the skipped numbers are forgotten once passed");
+        assert!(a.seen[1].len() == 0, "the skipped numbers are forgotten once passed");
     }
 
     /// The processed-number windows stay short while no frame is long in flight: trims
@@ -884,7 +961,10 @@ mod tests {
                 MatchState::trim(&mut [&mut a, &mut b]);
                 trims += 1;
             }
-            assert!(a.seen[1].words.len() <= TRIM_WORDS + 1 && b.seen.get(1).map_or(0, |s| s.words.len()) <= TRIM_WORDS + 1);
+            assert!(a.seen[1].len() <= TRIM_WORDS + 1 && b.seen.get(1).map_or(0, |s| s.len()) <= TRIM_WORDS + 1);
+            // The window slides through its first buffer (moved back to the start when it
+            // reaches the end): the steady state allocates nothing.
+            assert_eq!(a.seen[1].buf.capacity(), 2 * TRIM_WORDS + 2);
         }
         assert!(trims >= 10, "{trims} trims");
         // A hole: gseq n + 1 (partition b's next frame) stays in flight while partition a
