@@ -319,9 +319,12 @@ pub(crate) struct MatchCounters {
 
 /// The queues of one communicator on one rank.
 pub(crate) struct MatchState {
-    /// Per source, per ordering channel (grown when a channel is first seen): the next
-    /// sequence number expected and the frames that came ahead of it.
+    /// Per source, per ordering channel (both grown when first seen: a communicator's 16 tag
+    /// partitions do not each hold a vector per rank up front): the next sequence number
+    /// expected and the frames that came ahead of it.
     order: Vec<Vec<Reorder>>,
+    /// Ranks in the communicator (a frame from a source at or above it is malformed).
+    size: u32,
     /// Fully specified posted receives, by (source, tag), each bin in post order.
     bins: Bins,
     /// Posted receives with `Source::Any` or `Tag::Any`, in post order.
@@ -361,7 +364,8 @@ pub(crate) enum Due {
 impl MatchState {
     pub(crate) fn new(size: u32, mode: Order) -> Self {
         MatchState {
-            order: (0..size).map(|_| Vec::new()).collect(),
+            order: Vec::new(),
+            size,
             bins: Bins::default(),
             wild: VecDeque::new(),
             post_seq: 0,
@@ -400,10 +404,14 @@ impl MatchState {
         }
         let src = frame.header.source as usize;
         let (chan, seq) = self.key(&frame.header);
-        let Some(chans) = self.order.get_mut(src) else {
-            // A source outside the communicator: the frame is malformed; drop it.
-            return;
-        };
+        if src >= self.order.len() {
+            if src >= self.size as usize {
+                // A source outside the communicator: the frame is malformed; drop it.
+                return;
+            }
+            self.order.resize_with(src + 1, Vec::new);
+        }
+        let chans = &mut self.order[src];
         if chan >= chans.len() {
             chans.resize_with(chan + 1, Reorder::default);
         }
@@ -575,7 +583,7 @@ impl MatchState {
     ///   those above it, the frames held for reordering and the parked ones go through the
     ///   one order again, as arrivals (pairs they make are appended to `out`).
     pub(crate) fn merge(parts: &mut [&mut MatchState], out: &mut Vec<Matched>) {
-        let Some(size) = parts.first().map(|p| p.order.len()) else { return };
+        let Some(size) = parts.first().map(|p| p.size as usize) else { return };
         let sources = parts.iter().map(|p| p.seen.len()).max().unwrap_or(0);
         // Per source: the union of the processed windows (all partitions share each base).
         let mut skip: Vec<Seen> = (0..sources.max(size)).map(|_| Seen::default()).collect();
@@ -630,6 +638,9 @@ impl MatchState {
         first.post_seq = post_seq;
         kept.sort_by_key(|f| f.header.gseq.wrapping_sub(frontier.get(f.header.source as usize).copied().unwrap_or(0)));
         first.unexpected = kept.into();
+        // Every source now, not grown on first sight: the one order of a source starts at
+        // its frontier, not at 0.
+        first.order.resize_with(size, Vec::new);
         for (src, chans) in first.order.iter_mut().enumerate() {
             chans.push(Reorder { expected: frontier.get(src).copied().unwrap_or(0), window: VecDeque::new() });
         }
@@ -878,6 +889,28 @@ mod tests {
         let r = Arc::new(ReqInner::default());
         let f = m.post(source, tag, &r);
         (r, f)
+    }
+
+    /// A partition holds per-source state only for the sources it has heard from (16 of
+    /// them per communicator would otherwise each hold a vector per rank); the merged one
+    /// order has every source, starting at its frontier.
+    #[test]
+    fn per_source_state_grows_on_first_frame() {
+        let size = 1000;
+        let (mut a, mut b) = (MatchState::new(size, Order::Partition), MatchState::new(size, Order::Partition));
+        let mut out = Vec::new();
+        assert!(a.order.is_empty() && b.order.is_empty());
+        a.arrive(gframe(5, 1, 0, 0), &mut out);
+        assert_eq!(a.order.len(), 6);
+        a.arrive(gframe(size, 1, 0, 1), &mut out);
+        assert_eq!(a.order.len(), 6, "a source outside the communicator is dropped");
+        assert_eq!(a.unexpected.len(), 1);
+        MatchState::merge(&mut [&mut a, &mut b], &mut out);
+        assert_eq!(a.order.len(), size as usize);
+        assert_eq!(a.order[5][0].expected, 1, "source 5's one order starts after its gseq 0");
+        assert_eq!(a.order[7][0].expected, 0);
+        a.arrive(gframe(7, 2, 0, 0), &mut out);
+        assert_eq!(a.unexpected.len(), 2, "source 7's first frame is in turn");
     }
 
     /// Tag partitions of one source: gseq 0, 2, 4 on tag 1 (partition `a`), 1, 3, 5 on tag
