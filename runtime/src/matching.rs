@@ -484,14 +484,21 @@ impl MatchState {
     }
 
     /// A frame in turn: pairs it (recording its `gseq` under [`Order::Partition`]).
-    #[inline(always)]
+    #[inline(never)]
     fn process(&mut self, frame: Frame, out: &mut Vec<Matched>) {
         if self.mode == Order::Partition && !self.record(frame.header.source, frame.header.gseq) {
-            self.parked.push(frame);
-            self.due = Due::Switch;
-            return;
+            return self.park(frame);
         }
         self.pair(frame, out);
+    }
+
+    /// A frame whose `gseq` lies beyond its window: kept for the switch to one order, which
+    /// this asks for.
+    #[cold]
+    #[inline(never)]
+    fn park(&mut self, frame: Frame) {
+        self.parked.push(frame);
+        self.due = Due::Switch;
     }
 
     /// Records processed number `gseq` of `src`; `false` if it lies beyond the window's
