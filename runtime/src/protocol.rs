@@ -461,16 +461,50 @@ impl Shared {
         self.fail_lost(seen, epoch)
     }
 
+    /// Which ranks a receive can still be matched by: `(alive(r), any peer alive, the first
+    /// lost rank)` — what [`fail_lost`](Self::fail_lost) fails receives by, and what
+    /// `Source::Any` reports as its lost rank.
+    fn liveness(&self) -> (impl Fn(u32) -> bool + '_, bool, u32) {
+        let (me, size) = (self.transport.rank(), self.transport.size());
+        let alive = move |r: u32| r == me || self.transport.is_alive(r);
+        let first_lost = (0..size).find(|&r| !alive(r)).unwrap_or(me);
+        let any_alive = (0..size).any(|r| r != me && alive(r)) || size == 1;
+        (alive, any_alive, first_lost)
+    }
+
+    /// The rank a receive from `source` would wait for in vain — `source` itself once it is
+    /// lost, or for `Source::Any` the first lost rank once no peer is left — or `None` while
+    /// a live peer can still match it. One load while no peer was ever lost.
+    ///
+    /// A receive posted after [`handle_lost`](Self::handle_lost) ran for a loss is not
+    /// failed by it: `irecv` asks this under the matching lock, after looking in the
+    /// unexpected queue (what the peer sent before it went is still delivered). A loss
+    /// learnt after that check finds the posted receive (the transport marks the rank
+    /// before the epoch changes, and `fail_lost` visits the state under the same lock).
+    #[inline]
+    pub(crate) fn lost_source(&self, source: Source) -> Option<u32> {
+        if self.transport.lost_epoch() == 0 {
+            return None;
+        }
+        self.lost_source_slow(source)
+    }
+
+    #[cold]
+    fn lost_source_slow(&self, source: Source) -> Option<u32> {
+        let (alive, any_alive, first_lost) = self.liveness();
+        match source {
+            Source::Rank(r) => (!alive(r)).then_some(r),
+            Source::Any => (!any_alive).then_some(first_lost),
+        }
+    }
+
     #[cold]
     fn fail_lost(&self, seen: u64, epoch: u64) -> usize {
         // One thread handles each change.
         if self.peers.seen.compare_exchange(seen, epoch, Ordering::AcqRel, Ordering::Relaxed).is_err() {
             return 0;
         }
-        let (me, size) = (self.transport.rank(), self.transport.size());
-        let alive = |r: u32| r == me || self.transport.is_alive(r);
-        let first_lost = (0..size).find(|&r| !alive(r)).unwrap_or(me);
-        let any_alive = (0..size).any(|r| r != me && alive(r)) || size == 1;
+        let (alive, any_alive, first_lost) = self.liveness();
         let mut failed = Vec::new();
         {
             let _gate = self.table_gate.read();

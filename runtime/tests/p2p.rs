@@ -217,3 +217,68 @@ fn sends_completed_inside_isend_are_whole_requests() {
         assert_eq!((buf.len(), st.tag), (len, tag));
     }
 }
+
+/// A peer lost around the switch of a tag-partitioned communicator to one order (its first
+/// `Tag::Any` receive), before it or after it: what the peer sent before it went is still
+/// delivered, in its send order, through the switch; receives that only it could match
+/// fail with `PeerLost`, whether posted in a tag partition before the switch or after it;
+/// a live peer's messages still arrive; nothing hangs.
+#[test]
+fn peer_lost_around_the_switch() {
+    use std::time::{Duration, Instant};
+    use weft::{Error, Source, Tag};
+    const SENT: u32 = 40;
+    for lost_first in [true, false] {
+        for mode in [weft::ProgressMode::Global, weft::ProgressMode::Owner, weft::ProgressMode::Concurrent] {
+            let what = format!("{mode}, lost {}", if lost_first { "before the switch" } else { "after it" });
+            let mut rts = builder().progress(mode).cris(2).assignment(weft::Assignment::RoundRobin).build_local(3).unwrap();
+            let mut gone = rts.pop();
+            let g = gone.as_ref().unwrap().world();
+            // Eight tags: several partitions, each with frames of its own.
+            for i in 0..SENT {
+                g.send(vec![i], 0, (i % 8) as i32).unwrap();
+            }
+            let a = rts[0].world();
+            // Receives only rank 2 could match, posted in their tag partitions.
+            let mut pending: Vec<_> = [100, 101].iter().map(|&t| a.irecv(Vec::<u32>::with_capacity(1), 2u32, t).unwrap()).collect();
+            // Everything rank 2 sent has reached rank 0's matching (unexpected).
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while rts[0].counters().unexpected < u64::from(SENT) {
+                assert!(Instant::now() < deadline, "{what}: messages not delivered");
+                let _ = a.iprobe(1u32, 999).unwrap();
+            }
+            if lost_first {
+                drop(gone.take());
+            }
+            // The switch: every message of rank 2, in its send order.
+            for i in 0..SENT {
+                let (b, st) = a.recv(Vec::<u32>::with_capacity(1), 2u32, Tag::Any).unwrap();
+                assert_eq!((b, st.tag), (vec![i], (i % 8) as i32), "{what}");
+            }
+            drop(gone.take());
+            let t0 = Instant::now();
+            let _ = weft::wait_all(&mut pending);
+            for r in pending.iter_mut() {
+                assert!(matches!(r.take(), Some(Err(Error::PeerLost { rank: 2 }))), "{what}: a receive posted before the switch");
+            }
+            // Posted after the loss was handled: refused at once, not left to wait.
+            let late = |tag: Tag| match a.irecv(Vec::<u32>::with_capacity(1), 2u32, tag) {
+                Err(e) => Err(e),
+                Ok(mut r) => {
+                    while !r.test() {
+                        assert!(t0.elapsed() < Duration::from_secs(10), "{what}: a receive from the lost rank ({tag:?}) waits");
+                    }
+                    r.wait()
+                }
+            };
+            for tag in [Tag::Is(7), Tag::Any] {
+                let r = late(tag);
+                assert!(matches!(r, Err(Error::PeerLost { rank: 2 })), "{what}: a receive posted after the loss: {r:?}");
+            }
+            assert!(t0.elapsed() < Duration::from_secs(10), "{what}: PeerLost took {:?}", t0.elapsed());
+            rts[1].world().send(vec![77u32], 0, 3).unwrap();
+            let (b, st) = a.recv(Vec::<u32>::with_capacity(1), Source::Any, Tag::Any).unwrap();
+            assert_eq!((b, st.source), (vec![77], 1), "{what}");
+        }
+    }
+}
