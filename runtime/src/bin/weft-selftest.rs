@@ -12,7 +12,7 @@
 //! | `order` | >= 2 | eager and rendezvous messages interleaved on one tag arrive in send order |
 //! | `large` | >= 2 | a 64 MiB message 0 -> 1 and back, contents checked |
 //! | `all` | even, >= 2 | all of the above |
-//! | `peer-lost` | 2 | rank 0 kills itself (SIGKILL); rank 1's pending receive and rendezvous send fail with `PeerLost` |
+//! | `peer-lost` | 2 | rank 0 kills itself (SIGKILL); rank 1's pending receive and rendezvous send, and a new send and receive, fail with `PeerLost` |
 //! | `netns` | 2 | a message and 1 MiB each way (the multi-host test) |
 //! | `block` | any | prints its pid, then waits for a message that never comes (teardown test) |
 //! | `exit-code` | any | rank `r` exits with status `3 * r` after everyone arrived |
@@ -215,6 +215,8 @@ fn peer_lost(c: &Communicator) -> Res {
             check(matches!(s, Err(Error::PeerLost { rank: 0 })), || format!("pending rendezvous send: expected PeerLost, got {s:?}"))?;
             let again = c.send(vec![0u8; 8], 0, 3);
             check(matches!(again, Err(Error::PeerLost { rank: 0 })), || format!("new send: expected PeerLost, got {again:?}"))?;
+            let late = c.recv(Vec::<u8>::with_capacity(8), 0u32, Tag::Any);
+            check(matches!(late, Err(Error::PeerLost { rank: 0 })), || format!("new receive: expected PeerLost, got {late:?}"))?;
             let ms = t0.elapsed().as_millis();
             check(t0.elapsed() < Duration::from_secs(10), || format!("PeerLost took {ms} ms"))?;
             println!("peer-lost ok after {ms} ms");
