@@ -1070,6 +1070,7 @@ impl Rank {
     /// Hands up to `max` received frames of CRI `cri` to `f`; returns how many. `f` runs
     /// under the CRI's state lock (one acquisition per call, not per frame): it must not
     /// send or poll on this rank — the runtime only collects the frames in it.
+    #[inline]
     pub fn poll(&self, cri: usize, max: usize, mut f: impl FnMut(Frame)) -> usize {
         let s = &*self.inner;
         let c = &s.cris[cri];
