@@ -105,6 +105,7 @@ impl Shared {
     /// `Posted::Deferred`, until the request `make` gave completes (the caller's request
     /// keeps the buffer, or orphans it into the request when dropped); without a request,
     /// `data` must be empty.
+    #[inline]
     pub(crate) unsafe fn post_frame(
         &self,
         k: usize,
