@@ -110,10 +110,13 @@ pub struct Config {
     /// async task that moves between threads (weft's pool, tokio) between two sends to the
     /// same peer could see them overtake each other.
     ///
-    /// Every rank must choose the same (and the same assignment): it decides how senders
-    /// number their messages — per thread channel, or per tag partition plus a count over
-    /// all tags (partitioned matching, README) — and a receiver that expects the other
-    /// numbering leaves receives waiting.
+    /// Every rank must choose the same: it decides how senders number their messages — per
+    /// thread channel, or per tag partition plus a count over all tags (partitioned
+    /// matching, README) — and a receiver that expects the other numbering would leave
+    /// receives waiting. Checked at start: a job whose ranks differ (here, the CRI count or
+    /// the eager threshold) fails to build with `Error::InvalidArgument` naming the setting
+    /// (the values travel with the address exchange); ranks made by `build_local` share one
+    /// configuration.
     pub per_thread_order: bool,
     /// How long a blocked waiter yields its core, watching for its notification, before it
     /// sleeps in the kernel (`WEFT_YIELD_US`, microseconds; default 50 us). Seed 003 §4.4:

@@ -78,6 +78,12 @@ mod ofi {
             // = 4 MiB per CRI at the default threshold.
             recv_slots: config.inbox_capacity.clamp(16, 256),
             send_slots: SEND_SLOTS,
+            // How senders number frames (their ordering channels): a receiver that numbers
+            // differently would never match them.
+            terms: vec![(
+                u64::from(config.per_thread_order),
+                "the ranks of the job disagree on per-thread order (WEFT_PER_THREAD_ORDER / Builder::per_thread_order)",
+            )],
         }
     }
 

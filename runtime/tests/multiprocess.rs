@@ -239,6 +239,51 @@ fn a_plain_process_is_rank_0_of_1() {
     }
 }
 
+/// Ranks started with settings that decide how frames are numbered or sized set
+/// differently (here `WEFT_PER_THREAD_ORDER` on one rank only, then the eager threshold) fail
+/// at start with an error that names the setting — not a job whose receives never match.
+/// Bootstrapped the Slurm way on 127.0.0.1, so each rank can get an environment of its own.
+#[test]
+fn ranks_that_disagree_on_settings_fail_at_start() {
+    let _g = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let token = weft_transport::bootstrap::random_token().unwrap();
+    for (var, one, other, says) in
+        [("WEFT_PER_THREAD_ORDER", "0", "1", "per-thread order"), ("WEFT_EAGER_THRESHOLD", "4096", "8192", "eager threshold")]
+    {
+        let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        let spawn = |rank: usize| {
+            Command::new(SELFTEST)
+                .arg("hello")
+                .envs([
+                    ("SLURM_PROCID", rank.to_string()),
+                    ("SLURM_NTASKS", "2".to_string()),
+                    ("WEFT_KVS", format!("127.0.0.1:{port}")),
+                    ("WEFT_TOKEN", token.clone()),
+                    ("WEFT_PROVIDER", "shm".to_string()),
+                    ("FI_TCP_IFACE", "lo".to_string()),
+                    (var, if rank == 0 { one } else { other }.to_string()),
+                ])
+                .env_remove("WEFT_RANK")
+                .env_remove("WEFT_SIZE")
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn()
+                .expect("weft-selftest starts")
+        };
+        let mut children = [spawn(0), spawn(1)];
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while children.iter_mut().any(|c| c.try_wait().unwrap().is_none()) && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        for (rank, mut c) in children.into_iter().enumerate() {
+            let _ = c.kill();
+            let o = c.wait_with_output().unwrap();
+            assert_eq!(o.status.code(), Some(1), "{var}: rank {rank} did not fail at start:\n{}", text(&o));
+            assert!(String::from_utf8_lossy(&o.stderr).contains(says), "{var}: rank {rank}:\n{}", text(&o));
+        }
+    }
+}
+
 /// Two network namespaces joined by a veth pair; removed on drop.
 struct Netns {
     names: [String; 2],

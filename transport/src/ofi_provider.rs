@@ -151,11 +151,18 @@ pub struct OfiOptions {
     pub recv_slots: usize,
     /// Send buffers per CRI (for frames above the inject size).
     pub send_slots: usize,
+    /// Settings of the layers above that every rank of the job must share (say, how the
+    /// runtime numbers its frames), each with the message a rank fails with when a peer's
+    /// differs. They travel with the endpoint addresses and are compared in
+    /// [`Opened::connect`], as are the CRI count and the eager capacity: a job whose ranks
+    /// disagree fails at start with [`Error::InvalidArgument`] instead of truncating or
+    /// never matching frames later.
+    pub terms: Vec<(u64, &'static str)>,
 }
 
 impl Default for OfiOptions {
     fn default() -> Self {
-        OfiOptions { provider: "shm".into(), cris: 1, eager_capacity: 16 * 1024, recv_slots: 256, send_slots: 128 }
+        OfiOptions { provider: "shm".into(), cris: 1, eager_capacity: 16 * 1024, recv_slots: 256, send_slots: 128, terms: Vec::new() }
     }
 }
 
@@ -438,6 +445,9 @@ impl Opened {
     /// bytes. Publish it; [`connect`](Self::connect) takes every rank's.
     pub fn address_blob(&self) -> Vec<u8> {
         let mut out = Vec::new();
+        for v in self.terms() {
+            out.extend_from_slice(&v.to_le_bytes());
+        }
         for ep in &self.eps {
             out.extend_from_slice(&(ep.name().len() as u16).to_le_bytes());
             out.extend_from_slice(ep.name());
@@ -445,16 +455,41 @@ impl Opened {
         out
     }
 
+    /// What every rank's blob starts with, to be the same everywhere: the CRI count, the
+    /// eager capacity, then [`OfiOptions::terms`].
+    fn terms(&self) -> impl Iterator<Item = u64> + '_ {
+        [self.opts.cris as u64, self.opts.eager_capacity as u64].into_iter().chain(self.opts.terms.iter().map(|t| t.0))
+    }
+
     /// Inserts every rank's endpoints into the AV, posts the receive buffers and starts the
     /// watcher. `blobs[r]` is rank `r`'s [`address_blob`](Self::address_blob).
+    ///
+    /// Fails with [`Error::InvalidArgument`] if a rank's CRI count, eager capacity or
+    /// [`terms`](OfiOptions::terms) differ from this rank's.
     pub fn connect(self, rank: u32, blobs: &[Vec<u8>]) -> Result<Rank, Error> {
         if blobs.len() != self.size as usize || rank >= self.size {
             return Err(Error::InvalidArgument("address exchange returned the wrong number of ranks"));
         }
+        let mine: Vec<u64> = self.terms().collect();
+        let what = |i: usize| {
+            match i {
+            0 => "the ranks of the job disagree on the CRI count (WEFT_CRIS / Builder::cris)",
+            1 => "the ranks of the job disagree on the eager threshold (WEFT_EAGER_THRESHOLD / Builder::eager_threshold): receive buffers would cut a peer's frames",
+            _ => self.opts.terms[i - 2].1,
+        }
+        };
         let per_rank = self.opts.cris + 1;
         let mut peers = Vec::with_capacity(self.size as usize * per_rank);
         for blob in blobs {
-            let mut at = 0;
+            if blob.len() < mine.len() * 8 {
+                return Err(Error::InvalidArgument("malformed endpoint address from a peer (a different weft version?)"));
+            }
+            for (i, &v) in mine.iter().enumerate() {
+                if get_u64(blob, i * 8) != v {
+                    return Err(Error::InvalidArgument(what(i)));
+                }
+            }
+            let mut at = mine.len() * 8;
             for _ in 0..per_rank {
                 if at + 2 > blob.len() {
                     return Err(Error::InvalidArgument("malformed endpoint address from a peer (different CRI count?)"));

@@ -22,7 +22,7 @@ fn loopback() {
 
 fn pair(provider: &str, recv_slots: usize) -> Vec<Rank> {
     loopback();
-    let opts = OfiOptions { provider: provider.into(), cris: 2, eager_capacity: 1024, recv_slots, send_slots: 8 };
+    let opts = OfiOptions { provider: provider.into(), cris: 2, eager_capacity: 1024, recv_slots, send_slots: 8, terms: Vec::new() };
     world(&opts, 2).unwrap()
 }
 
