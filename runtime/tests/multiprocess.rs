@@ -6,7 +6,7 @@
 //! except in the netns test. Every run has a time limit (`weftrun --timeout`, or a kill).
 #![cfg(feature = "ofi")]
 
-use std::process::{Command, Output, Stdio};
+use std::process::{Child, Command, Output, Stdio};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
@@ -239,6 +239,41 @@ fn a_plain_process_is_rank_0_of_1() {
     }
 }
 
+/// Rank `rank` of a 2-rank job bootstrapped the Slurm way (`SLURM_PROCID`, task 0 serving
+/// the exchange at `kvs`), started from `cmd` with its output captured.
+fn slurm_rank(mut cmd: Command, rank: usize, kvs: &str, token: &str, provider: &str, iface: &str) -> Child {
+    cmd.envs([
+        ("SLURM_PROCID", rank.to_string()),
+        ("SLURM_NTASKS", "2".to_string()),
+        ("WEFT_KVS", kvs.to_string()),
+        ("WEFT_TOKEN", token.to_string()),
+        ("WEFT_PROVIDER", provider.to_string()),
+        ("FI_TCP_IFACE", iface.to_string()),
+    ])
+    .env_remove("WEFT_RANK")
+    .env_remove("WEFT_SIZE")
+    .stdout(Stdio::piped())
+    .stderr(Stdio::piped())
+    .spawn()
+    .expect("a rank starts")
+}
+
+/// The outputs of `children` once all exited, or after `limit` (those still running are
+/// killed).
+fn outputs_within(mut children: Vec<Child>, limit: Duration) -> Vec<Output> {
+    let deadline = Instant::now() + limit;
+    while children.iter_mut().any(|c| c.try_wait().unwrap().is_none()) && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    children
+        .into_iter()
+        .map(|mut c| {
+            let _ = c.kill();
+            c.wait_with_output().unwrap()
+        })
+        .collect()
+}
+
 /// Ranks started with settings that decide how frames are numbered or sized set
 /// differently (here `WEFT_PER_THREAD_ORDER` on one rank only, then the eager threshold) fail
 /// at start with an error that names the setting — not a job whose receives never match.
@@ -251,33 +286,13 @@ fn ranks_that_disagree_on_settings_fail_at_start() {
         [("WEFT_PER_THREAD_ORDER", "0", "1", "per-thread order"), ("WEFT_EAGER_THRESHOLD", "4096", "8192", "eager threshold")]
     {
         let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        let kvs = format!("127.0.0.1:{port}");
         let spawn = |rank: usize| {
-            Command::new(SELFTEST)
-                .arg("hello")
-                .envs([
-                    ("SLURM_PROCID", rank.to_string()),
-                    ("SLURM_NTASKS", "2".to_string()),
-                    ("WEFT_KVS", format!("127.0.0.1:{port}")),
-                    ("WEFT_TOKEN", token.clone()),
-                    ("WEFT_PROVIDER", "shm".to_string()),
-                    ("FI_TCP_IFACE", "lo".to_string()),
-                    (var, if rank == 0 { one } else { other }.to_string()),
-                ])
-                .env_remove("WEFT_RANK")
-                .env_remove("WEFT_SIZE")
-                .stdout(Stdio::piped())
-                .stderr(Stdio::piped())
-                .spawn()
-                .expect("weft-selftest starts")
+            let mut cmd = Command::new(SELFTEST);
+            cmd.arg("hello").env(var, if rank == 0 { one } else { other });
+            slurm_rank(cmd, rank, &kvs, &token, "shm", "lo")
         };
-        let mut children = [spawn(0), spawn(1)];
-        let deadline = Instant::now() + Duration::from_secs(60);
-        while children.iter_mut().any(|c| c.try_wait().unwrap().is_none()) && Instant::now() < deadline {
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        for (rank, mut c) in children.into_iter().enumerate() {
-            let _ = c.kill();
-            let o = c.wait_with_output().unwrap();
+        for (rank, o) in outputs_within(vec![spawn(0), spawn(1)], Duration::from_secs(60)).into_iter().enumerate() {
             assert_eq!(o.status.code(), Some(1), "{var}: rank {rank} did not fail at start:\n{}", text(&o));
             assert!(String::from_utf8_lossy(&o.stderr).contains(says), "{var}: rank {rank}:\n{}", text(&o));
         }
@@ -352,41 +367,11 @@ fn two_hosts_over_a_veth_pair() {
     let kvs = "10.231.77.1:47911";
     let spawn = |rank: usize| {
         let dev = format!("wv{tag}{}", if rank == 0 { "a" } else { "b" });
-        Command::new("ip")
-            .args(["netns", "exec", &ns.names[rank], SELFTEST, "netns"])
-            .envs([
-                ("SLURM_PROCID", rank.to_string()),
-                ("SLURM_NTASKS", "2".to_string()),
-                ("WEFT_KVS", kvs.to_string()),
-                ("WEFT_TOKEN", token.clone()),
-                ("WEFT_PROVIDER", "tcp".to_string()),
-                ("FI_TCP_IFACE", dev),
-            ])
-            .env_remove("WEFT_RANK")
-            .env_remove("WEFT_SIZE")
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("ip netns exec starts")
+        let mut cmd = Command::new("ip");
+        cmd.args(["netns", "exec", &ns.names[rank], SELFTEST, "netns"]);
+        slurm_rank(cmd, rank, kvs, &token, "tcp", &dev)
     };
-    let mut children = [spawn(0), spawn(1)];
-    let deadline = Instant::now() + Duration::from_secs(120);
-    let mut done = [false, false];
-    while !done.iter().all(|&d| d) && Instant::now() < deadline {
-        for (i, c) in children.iter_mut().enumerate() {
-            if !done[i] && c.try_wait().unwrap().is_some() {
-                done[i] = true;
-            }
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    let outs: Vec<Output> = children
-        .into_iter()
-        .map(|mut c| {
-            let _ = c.kill();
-            c.wait_with_output().unwrap()
-        })
-        .collect();
+    let outs = outputs_within(vec![spawn(0), spawn(1)], Duration::from_secs(120));
     drop(ns);
     for (r, o) in outs.iter().enumerate() {
         let s = text(o);
