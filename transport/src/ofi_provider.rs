@@ -816,15 +816,27 @@ impl Inner {
             let p = cri.recv_mem.slot(slot as usize, self.slot_size);
             let len = (len as usize).min(self.slot_size);
             // SAFETY: the slot's completion was read, so libfabric is done writing it, and it
-            // is not re-posted until the copy below is finished.
-            let bytes = unsafe { std::slice::from_raw_parts(p, len) };
+            // is not re-posted until the copy below is finished; the slot is `slot_size`
+            // initialized bytes.
+            let slot_bytes = unsafe { std::slice::from_raw_parts(p, self.slot_size) };
+            let bytes = &slot_bytes[..len];
             let frame = decode(bytes).map(|(header, hlen)| {
                 let data = &bytes[hlen..];
                 let payload = if data.is_empty() {
                     Payload::Empty
                 } else if data.len() <= INLINE {
-                    let mut b = [0u8; INLINE];
-                    b[..data.len()].copy_from_slice(data);
+                    // A fixed-size copy (two vector moves, not a `memcpy` call of a variable
+                    // length): the slot is at least a wire header and 64 payload bytes long,
+                    // and the bytes past `len` are the slot's (stale, initialized), never
+                    // read through `len`.
+                    let b: [u8; INLINE] = match slot_bytes.get(hlen..hlen + INLINE) {
+                        Some(w) => w.try_into().unwrap_or([0; INLINE]),
+                        None => {
+                            let mut b = [0u8; INLINE];
+                            b[..data.len()].copy_from_slice(data);
+                            b
+                        }
+                    };
                     Payload::Inline { len: data.len() as u8, bytes: b }
                 } else {
                     let mut v = self.pool.pop().unwrap_or_else(|| Vec::with_capacity(self.eager_capacity));
