@@ -71,7 +71,7 @@ pub struct Snapshot {
 pub(crate) fn snapshot(s: &Shared) -> Snapshot {
     let mut out = Snapshot::default();
     for cri in s.cris.iter() {
-        let c = cri.lock.high(|c| *c);
+        let c = cri.lock.high(|c| c.counters);
         out.messages_sent += c.sent;
         out.messages_received += c.received;
         add(&mut out.cri_lock, cri.lock.stats());

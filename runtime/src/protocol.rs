@@ -17,13 +17,7 @@ use weft_transport::{Frame, FrameKind, Header, SendError};
 
 use crate::matching::{message_len, Due, Matched, Source};
 use crate::request::ReqInner;
-use crate::runtime::Shared;
-
-thread_local! {
-    /// Per-thread scratch lists of a progress pass: frames drained from an inbox, and the
-    /// matches found for them (reused: no allocation per frame).
-    static SCRATCH: std::cell::RefCell<(Vec<Frame>, Vec<Matched>)> = const { std::cell::RefCell::new((Vec::new(), Vec::new())) };
-}
+use crate::runtime::{CriLocal, Shared};
 
 /// How long a send retries a refused frame (progressing meanwhile) before it queues the
 /// frame and returns: long enough for a provider's transient refusals (`tcp;ofi_rxm` and
@@ -126,7 +120,7 @@ impl Shared {
                     self.cris[k].lock.high(|c| {
                         let r = self.transport.send(dst, dst_cri, header, data);
                         if r.is_ok() {
-                            c.sent += 1;
+                            c.counters.sent += 1;
                         }
                         r
                     })
@@ -185,20 +179,13 @@ impl Shared {
         self.has_deferred.store(true, Ordering::Release);
     }
 
-    /// Drains up to a batch of frames from CRI `k`; the caller holds its lock (`counters`).
+    /// Drains up to a batch of frames from CRI `k`; the caller holds its lock (`local`).
     /// Returns the number of frames handled and whether that was productive (for the lock's
     /// counters, seed 000 §3.2).
-    pub(crate) fn progress_cri(&self, k: usize, counters: &mut crate::counters::CriCounters) -> (usize, bool) {
-        // Reentrancy (a completion callback progressing again) finds the scratch lists taken
-        // and falls back to fresh ones.
-        let (mut frames, mut matched) = SCRATCH.with(|s| s.try_borrow_mut().map(|mut s| std::mem::take(&mut *s)).unwrap_or_default());
+    pub(crate) fn progress_cri(&self, k: usize, local: &mut CriLocal) -> (usize, bool) {
+        let CriLocal { counters, frames, matched } = local;
         let n = self.transport.poll(k, POLL_BATCH, |frame| frames.push(frame));
-        self.handle_frames(k, &mut frames, &mut matched);
-        SCRATCH.with(|s| {
-            if let Ok(mut s) = s.try_borrow_mut() {
-                *s = (frames, matched);
-            }
-        });
+        self.handle_frames(k, frames, matched);
         counters.received += n as u64;
         (n, n > 0)
     }

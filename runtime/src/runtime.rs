@@ -56,12 +56,25 @@ pub(crate) fn generation_of(ctx: u32) -> u32 {
 /// One CRI as the runtime sees it: the lock that serializes posting and polling on it.
 pub(crate) struct Cri {
     /// Held while sending on (high priority) or progressing (low priority) this CRI; guards
-    /// its message counters.
-    pub(crate) lock: PathLock<CriCounters>,
+    /// its message counters and a progress pass's scratch lists.
+    pub(crate) lock: PathLock<CriLocal>,
     /// 1 + the context id a thread dedicated to this CRI waits on while it polls the CRI
     /// in a `Concurrent` wait right now (0: nobody); waiters on other communicators leave
     /// the CRI's frames to it (see `Shared::progress_concurrent`).
     pub(crate) attending: AtomicU32,
+}
+
+/// What a CRI's lock guards.
+#[derive(Default)]
+pub(crate) struct CriLocal {
+    /// Messages sent and received through the CRI.
+    pub(crate) counters: CriCounters,
+    /// Scratch lists of a progress pass on the CRI (kept empty between passes, reused, so a
+    /// pass allocates nothing): the frames drained from it, and the matches found for
+    /// them. The CRI's, not the thread's: no thread-local lookup per pass, and a pass nested
+    /// inside another (on another CRI) has lists of its own.
+    pub(crate) frames: Vec<Frame>,
+    pub(crate) matched: Vec<Matched>,
 }
 
 /// Runtime state shared by every handle of one rank.
@@ -727,7 +740,7 @@ impl Builder {
                     id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
                     cris: (0..config.cris)
                         .map(|_| {
-                            let lock = PathLock::new(config.locks.cri, &lock_options, config.lock_timing, CriCounters::default());
+                            let lock = PathLock::new(config.locks.cri, &lock_options, config.lock_timing, CriLocal::default());
                             CachePadded::new(Cri { lock, attending: AtomicU32::new(0) })
                         })
                         .collect(),
