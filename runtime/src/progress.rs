@@ -100,6 +100,9 @@ impl Shared {
             IDLE_PASSES.with(|c| c.set(0));
             return count;
         }
+        if n == 1 {
+            return count;
+        }
         // Every `STEAL_EVERY`th idle pass in a row walks the attended CRIs too: a thread
         // whose frames arrive on a CRI another thread attends does not depend on that
         // thread alone for longer than that.
