@@ -477,12 +477,21 @@ impl Shared {
         self.lost_source_slow(source)
     }
 
+    /// [`lost_source`](Self::lost_source) once some peer was lost: one load for a named
+    /// source, and for `Source::Any` a scan that stops at the first live peer (every
+    /// receive after a loss pays it, so not the whole of [`liveness`](Self::liveness)).
     #[cold]
     fn lost_source_slow(&self, source: Source) -> Option<u32> {
-        let (alive, any_alive, first_lost) = self.liveness();
+        let me = self.transport.rank();
         match source {
-            Source::Rank(r) => (!alive(r)).then_some(r),
-            Source::Any => (!any_alive).then_some(first_lost),
+            Source::Rank(r) => (r != me && !self.transport.is_alive(r)).then_some(r),
+            Source::Any => {
+                let size = self.transport.size();
+                if size == 1 || (0..size).any(|r| r != me && self.transport.is_alive(r)) {
+                    return None;
+                }
+                Some(self.liveness().2)
+            }
         }
     }
 

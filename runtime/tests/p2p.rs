@@ -222,7 +222,8 @@ fn sends_completed_inside_isend_are_whole_requests() {
 /// `Tag::Any` receive), before it or after it: what the peer sent before it went is still
 /// delivered, in its send order, through the switch; receives that only it could match
 /// fail with `PeerLost`, whether posted in a tag partition before the switch or after it;
-/// a live peer's messages still arrive; nothing hangs.
+/// a live peer's messages still arrive, and once no peer is left a `Source::Any` receive
+/// fails too; nothing hangs.
 #[test]
 fn peer_lost_around_the_switch() {
     use std::time::{Duration, Instant};
@@ -233,6 +234,7 @@ fn peer_lost_around_the_switch() {
             let what = format!("{mode}, lost {}", if lost_first { "before the switch" } else { "after it" });
             let mut rts = builder().progress(mode).cris(2).assignment(weft::Assignment::RoundRobin).build_local(3).unwrap();
             let mut gone = rts.pop();
+            let mut other = rts.pop();
             let g = gone.as_ref().unwrap().world();
             // Eight tags: several partitions, each with frames of its own.
             for i in 0..SENT {
@@ -276,9 +278,19 @@ fn peer_lost_around_the_switch() {
                 assert!(matches!(r, Err(Error::PeerLost { rank: 2 })), "{what}: a receive posted after the loss: {r:?}");
             }
             assert!(t0.elapsed() < Duration::from_secs(10), "{what}: PeerLost took {:?}", t0.elapsed());
-            rts[1].world().send(vec![77u32], 0, 3).unwrap();
+            other.as_ref().unwrap().world().send(vec![77u32], 0, 3).unwrap();
             let (b, st) = a.recv(Vec::<u32>::with_capacity(1), Source::Any, Tag::Any).unwrap();
             assert_eq!((b, st.source), (vec![77], 1), "{what}");
+            // No peer left: a `Source::Any` receive has nobody to wait for.
+            drop(other.take());
+            let t0 = Instant::now();
+            let r = a.irecv(Vec::<u32>::with_capacity(1), Source::Any, Tag::Any).and_then(|mut r| {
+                while !r.test() {
+                    assert!(t0.elapsed() < Duration::from_secs(10), "{what}: a Source::Any receive with no peer left waits");
+                }
+                r.wait()
+            });
+            assert!(matches!(r, Err(Error::PeerLost { rank: 1 })), "{what}: {r:?}");
         }
     }
 }
