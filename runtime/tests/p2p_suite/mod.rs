@@ -3,7 +3,7 @@
 
 use std::time::{Duration, Instant};
 
-use weft::{Assignment, Error, MatchingMode, ProgressMode, Request, Runtime, Source, Tag};
+use weft::{Assignment, Error, MatchingMode, ProgressMode, Runtime, Source, Tag};
 
 const MODES: [ProgressMode; 3] = [ProgressMode::Global, ProgressMode::Owner, ProgressMode::Concurrent];
 
@@ -168,11 +168,7 @@ fn many_threads_one_rank_all_configurations() {
                 std::thread::scope(|s| {
                     for t in 0..4i32 {
                         let rts = &rts;
-                        s.spawn(move || {
-                            let c = rts[0].world();
-                            let mut reqs: Vec<Request<'_, Vec<u8>>> = (0..64).map(|i| c.isend(vec![i as u8; 8], 1, t).unwrap()).collect();
-                            weft::wait_all(&mut reqs).unwrap();
-                        });
+                        s.spawn(move || send_all(&rts[0].world(), 1, (0..64).map(|i| (vec![i as u8; 8], t))));
                         s.spawn(move || {
                             let c = rts[1].world();
                             let mut reqs: Vec<_> = (0..64).map(|_| c.irecv(Vec::<u8>::with_capacity(8), 0u32, t).unwrap()).collect();
@@ -614,15 +610,7 @@ fn no_any_tag_orders_per_tag_and_refuses_wildcard_tags() {
                     // Four sender threads; each sends on two tags, interleaved.
                     for t in 0..4i32 {
                         let c0 = &c0;
-                        s.spawn(move || {
-                            let mut reqs = Vec::new();
-                            for i in 0..PER {
-                                for tag in [t, t + 16] {
-                                    reqs.push(c0.isend(i.to_le_bytes().to_vec(), 1, tag).unwrap());
-                                }
-                            }
-                            weft::wait_all(&mut reqs).unwrap();
-                        });
+                        s.spawn(move || send_all(c0, 1, (0..PER).flat_map(|i| [t, t + 16].map(|tag| (i.to_le_bytes().to_vec(), tag)))));
                     }
                     // One receiver thread per tag; half with Source::Any. Receives posted late
                     // (after a pause) find unexpected messages in their partition.
@@ -753,6 +741,13 @@ fn mixed_batches_keep_order_per_communicator_and_tag() {
 }
 
 /// A 3-byte receive that fails the test instead of hanging when its message went astray.
+/// Sends every `(payload, tag)` of `msgs` to `dest` without waiting, in order, then waits
+/// for them all (a sender thread of the tests below).
+fn send_all(c: &weft::Communicator, dest: u32, msgs: impl IntoIterator<Item = (Vec<u8>, i32)>) {
+    let mut reqs: Vec<_> = msgs.into_iter().map(|(b, tag)| c.isend(b, dest, tag).unwrap()).collect();
+    weft::wait_all(&mut reqs).unwrap();
+}
+
 fn recv_within(c: &weft::Communicator, source: Source, tag: Tag) -> (Vec<u8>, weft::Status) {
     let mut r = c.irecv(Vec::<u8>::with_capacity(3), source, tag).unwrap();
     let deadline = Instant::now() + Duration::from_secs(10);
@@ -779,8 +774,7 @@ fn wildcard_tag_after_partitioned_traffic_keeps_send_order() {
                 let (c0, c1) = dup_both(&rts);
                 std::thread::scope(|s| {
                     s.spawn(|| {
-                        let mut reqs: Vec<_> = (0..N).map(|i| c0.isend(i.to_le_bytes().to_vec(), 1, (i % TAGS) as i32).unwrap()).collect();
-                        weft::wait_all(&mut reqs).unwrap();
+                        send_all(&c0, 1, (0..N).map(|i| (i.to_le_bytes().to_vec(), (i % TAGS) as i32)));
                     });
                     let val = |b: &[u8]| u32::from_le_bytes(b[..4].try_into().unwrap());
                     // The first 10 messages of tag 3, by tag.
@@ -859,12 +853,7 @@ fn many_senders_then_wildcard_tag() {
             for t in 0..THREADS {
                 let c0 = &c0;
                 s.spawn(move || {
-                    let mut reqs = Vec::new();
-                    for i in 0..PER {
-                        let tag = (t * 2 + i % 2) as i32;
-                        reqs.push(c0.isend([t, i].iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>(), 1, tag).unwrap());
-                    }
-                    weft::wait_all(&mut reqs).unwrap();
+                    send_all(c0, 1, (0..PER).map(|i| ([t, i].iter().flat_map(|x| x.to_le_bytes()).collect(), (t * 2 + i % 2) as i32)));
                 });
             }
             let mut next = [0u32; THREADS as usize];
