@@ -168,7 +168,7 @@ fn many_threads_one_rank_all_configurations() {
                 std::thread::scope(|s| {
                     for t in 0..4i32 {
                         let rts = &rts;
-                        s.spawn(move || send_all(&rts[0].world(), 1, (0..64).map(|i| (vec![i as u8; 8], t))));
+                        s.spawn(move || send_all(rts[0].world(), 1, (0..64).map(|i| (vec![i as u8; 8], t))));
                         s.spawn(move || {
                             let c = rts[1].world();
                             let mut reqs: Vec<_> = (0..64).map(|_| c.irecv(Vec::<u8>::with_capacity(8), 0u32, t).unwrap()).collect();
