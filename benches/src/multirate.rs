@@ -12,6 +12,12 @@
 //! provider (senders are ranks 0..T, receivers T..2T). The message rate counts data messages
 //! per second over the whole run.
 //!
+//! The runs of the modes alternate (thread, process, process, thread, ...), and each thread
+//! row carries `thread_over_process`, the median of the per-run ratios: a virtual machine's
+//! speed drifts over seconds, and a ratio of medians taken seconds apart measured the drift
+//! as much as the runtime. The header gives the core-to-core round trip of the moment
+//! (the price of every message between threads on different cores).
+//!
 //! With `--provider shm|tcp` (feature `ofi`) every configuration runs as a real job: the
 //! bench re-launches itself through `weftrun` (found next to this binary) — `-n 2T`, one
 //! thread each, in process mode; `-n 2`, T threads each, in thread mode — with the hidden
@@ -53,8 +59,9 @@ pub struct Args {
     /// Window sizes (messages in flight per pair per iteration).
     #[arg(short = 'w', long = "window", default_value = "128")]
     window: String,
-    /// Iterations per run.
-    #[arg(short = 'i', long = "iterations", default_value = "200")]
+    /// Iterations per run (seed 003's Listing 2 runs 1000: shorter runs on an oversubscribed
+    /// machine measure the scheduler's luck more than the runtime).
+    #[arg(short = 'i', long = "iterations", default_value = "1000")]
     iterations: usize,
     /// Pairs T.
     #[arg(short = 't', long = "pairs", default_value = "1,2,4,8")]
@@ -69,8 +76,9 @@ pub struct Args {
     /// matching and ordering per tag partition, each under its own lock.
     #[arg(long = "no-any-tag")]
     no_any_tag: bool,
-    /// Runs per configuration; the median is reported.
-    #[arg(long, default_value_t = 3)]
+    /// Runs per configuration; the median is reported. The modes' runs alternate, and a
+    /// thread row's `thread_over_process` is the median of the per-run ratios.
+    #[arg(long, default_value_t = 5)]
     runs: usize,
     /// CSV output.
     #[arg(long)]
@@ -216,6 +224,7 @@ pub fn run(a: &Args) -> Result<(), String> {
         "overtaking",
         "no_any_tag",
         "msg_rate",
+        "thread_over_process",
     ]);
     if !a.csv {
         println!(
@@ -226,40 +235,68 @@ pub fn run(a: &Args) -> Result<(), String> {
             if provider == Provider::Embedded { "" } else { " (one process per rank, via weftrun)" }
         );
     }
-    table.print_header(a.csv);
     if provider == Provider::Embedded {
         warm_up();
     }
+    // The machine's state, beside the configuration: on a VM the cost of moving a cache line
+    // between two vCPUs changes with where the host runs them (2-core VM: about 0.1 vs
+    // 0.3-0.5 µs), and every message between threads on different cores pays it.
+    if let Some(rt) = core_to_core_round_trip() {
+        let line = format!("# core-to-core round trip (two threads bouncing one cache line): {:.0} ns", rt.as_nanos());
+        if a.csv {
+            eprintln!("{line}");
+        } else {
+            println!("{line}");
+        }
+    }
+    table.print_header(a.csv);
     for &pattern in &patterns {
-        for &mode in &modes {
-            for &t in &pairs {
-                for &size in &sizes {
-                    for &window in &windows {
-                        for &pm in &progress {
-                            for &asg in &assignment {
-                                for &c in &cris {
-                                    for &mm in &matching {
-                                        let cris = c.unwrap_or(if mode == Mode::Thread { t } else { 1 });
-                                        let p = Point {
-                                            pattern,
-                                            mode,
-                                            pairs: t,
-                                            size,
-                                            window,
-                                            progress: pm,
-                                            assignment: asg,
-                                            cris,
-                                            matching: mm,
-                                        };
-                                        let mut rates = Vec::with_capacity(a.runs);
-                                        for _ in 0..a.runs {
-                                            rates.push(if provider == Provider::Embedded {
+        for &t in &pairs {
+            for &size in &sizes {
+                for &window in &windows {
+                    for &pm in &progress {
+                        for &asg in &assignment {
+                            for &c in &cris {
+                                for &mm in &matching {
+                                    let point = |mode: Mode| Point {
+                                        pattern,
+                                        mode,
+                                        pairs: t,
+                                        size,
+                                        window,
+                                        progress: pm,
+                                        assignment: asg,
+                                        cris: c.unwrap_or(if mode == Mode::Thread { t } else { 1 }),
+                                        matching: mm,
+                                    };
+                                    // The modes' runs alternate (thread, process, process,
+                                    // thread, ...): a virtual machine's speed drifts over
+                                    // seconds, and runs taken side by side share the drift,
+                                    // which the paired ratio then cancels.
+                                    let mut rates = vec![Vec::with_capacity(a.runs); modes.len()];
+                                    for run in 0..a.runs {
+                                        for k in 0..modes.len() {
+                                            let m = if run % 2 == 0 { k } else { modes.len() - 1 - k };
+                                            let p = point(modes[m]);
+                                            rates[m].push(if provider == Provider::Embedded {
                                                 measure(&p, a)?
                                             } else {
                                                 launch(&p, a, provider)?
                                             });
                                         }
-                                        let rate = median(&rates);
+                                    }
+                                    let process = modes.iter().position(|&m| m == Mode::Process);
+                                    for (m, &mode) in modes.iter().enumerate() {
+                                        let p = point(mode);
+                                        // Thread rows: the median of the per-run ratios
+                                        // thread / process, when the sweep has both.
+                                        let ratio = match process {
+                                            Some(q) if mode == Mode::Thread => {
+                                                let r: Vec<f64> = rates[m].iter().zip(&rates[q]).map(|(x, y)| x / y).collect();
+                                                format!("{:.2}", median(&r))
+                                            }
+                                            _ => String::new(),
+                                        };
                                         table.row(vec![
                                             pattern.name().into(),
                                             if mode == Mode::Thread { "thread" } else { "process" }.into(),
@@ -268,12 +305,13 @@ pub fn run(a: &Args) -> Result<(), String> {
                                             window.to_string(),
                                             pm.to_string(),
                                             asg.to_string(),
-                                            cris.to_string(),
+                                            p.cris.to_string(),
                                             mm.to_string(),
                                             (a.comm_per_pair as u8).to_string(),
                                             (a.overtaking as u8).to_string(),
                                             (a.no_any_tag as u8).to_string(),
-                                            format!("{rate:.0}"),
+                                            format!("{:.0}", median(&rates[m])),
+                                            ratio,
                                         ]);
                                         table.print_last(a.csv);
                                     }
@@ -286,6 +324,42 @@ pub fn run(a: &Args) -> Result<(), String> {
         }
     }
     Ok(())
+}
+
+/// Time for a cache line to travel to another thread and back (two threads alternating a
+/// flag, 20,000 round trips; the fastest of 3 runs, as a preempted thread slows a run by
+/// milliseconds); `None` with one core.
+fn core_to_core_round_trip() -> Option<Duration> {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    if std::thread::available_parallelism().map_or(1, |n| n.get()) < 2 {
+        return None;
+    }
+    const TRIPS: u32 = 20_000;
+    let mut runs: Vec<f64> = (0..3)
+        .map(|_| {
+            let flag = AtomicU32::new(0);
+            std::thread::scope(|s| {
+                s.spawn(|| {
+                    for i in 0..TRIPS {
+                        while flag.load(Ordering::Acquire) != 2 * i + 1 {
+                            std::hint::spin_loop();
+                        }
+                        flag.store(2 * i + 2, Ordering::Release);
+                    }
+                });
+                let t0 = Instant::now();
+                for i in 0..TRIPS {
+                    flag.store(2 * i + 1, Ordering::Release);
+                    while flag.load(Ordering::Acquire) != 2 * i + 2 {
+                        std::hint::spin_loop();
+                    }
+                }
+                t0.elapsed().as_secs_f64() / f64::from(TRIPS)
+            })
+        })
+        .collect();
+    runs.sort_by(f64::total_cmp);
+    Some(Duration::from_secs_f64(runs[0]))
 }
 
 /// Keeps every core busy for a moment before the first measurement: on a virtual machine a
