@@ -101,6 +101,14 @@ pub struct Args {
     /// (`Builder::per_thread_order`; dedicated CRIs).
     #[arg(long)]
     per_thread_order: bool,
+    /// Placement of the workers: `core` binds sender i to the i-th allowed CPU and receiver j
+    /// to the (T + j)-th, round robin, in both modes — where `mpirun --bind-to core` puts
+    /// process mode's ranks, with thread mode's workers on the cores of the ranks they stand
+    /// for (seed 003 Appendix A: the benchmark expects its entities bound); `none` leaves
+    /// placement to the OS scheduler, whose first placement of the threads the run then
+    /// measures.
+    #[arg(long, default_value = "core", value_parser = ["core", "none"])]
+    bind: String,
     /// Internal: run one rank of a launched job (one configuration).
     #[arg(long, hide = true)]
     rank_worker: bool,
@@ -196,6 +204,7 @@ pub fn run(a: &Args) -> Result<(), String> {
     }
 
     let provider: Provider = a.provider.parse().map_err(|e| format!("{e}"))?;
+    let cpus = worker_cpus(a)?;
     if a.rank_worker {
         let p = Point {
             pattern: patterns[0],
@@ -208,7 +217,7 @@ pub fn run(a: &Args) -> Result<(), String> {
             cris: cris[0].unwrap_or(if modes[0] == Mode::Thread { pairs[0] } else { 1 }),
             matching: matching[0],
         };
-        return rank_worker(&p, a, provider);
+        return rank_worker(&p, a, provider, &cpus);
     }
     let mut table = Table::new(&[
         "pattern",
@@ -228,10 +237,11 @@ pub fn run(a: &Args) -> Result<(), String> {
     ]);
     if !a.csv {
         println!(
-            "# weft-bench multirate: iterations={} runs={} (median) cores={} provider={provider}{}",
+            "# weft-bench multirate: iterations={} runs={} (median) cores={} bind={} provider={provider}{}",
             a.iterations,
             a.runs,
             std::thread::available_parallelism().map_or(1, |n| n.get()),
+            a.bind,
             if provider == Provider::Embedded { "" } else { " (one process per rank, via weftrun)" }
         );
     }
@@ -279,7 +289,7 @@ pub fn run(a: &Args) -> Result<(), String> {
                                             let m = if run % 2 == 0 { k } else { modes.len() - 1 - k };
                                             let p = point(modes[m]);
                                             rates[m].push(if provider == Provider::Embedded {
-                                                measure(&p, a)?
+                                                measure(&p, a, &cpus)?
                                             } else {
                                                 launch(&p, a, provider)?
                                             });
@@ -394,7 +404,19 @@ struct Role<'a> {
     links: Vec<(usize, u32)>,
 }
 
-fn measure(p: &Point, a: &Args) -> Result<f64, String> {
+/// The CPUs `--bind core` hands out (see [`run_roles`]); empty with `--bind none`.
+fn worker_cpus(a: &Args) -> Result<Vec<usize>, String> {
+    if a.bind == "none" {
+        return Ok(Vec::new());
+    }
+    let cpus = weft::lock::allowed_cpus();
+    if cpus.is_empty() {
+        return Err("--bind core: cannot read this process's CPU affinity (use --bind none)".into());
+    }
+    Ok(cpus)
+}
+
+fn measure(p: &Point, a: &Args, cpus: &[usize]) -> Result<f64, String> {
     let (iterations, comm_per_pair, overtaking, counters) = (a.iterations, a.comm_per_pair, a.overtaking, a.counters);
     let t = p.pairs;
     let links = p.pattern.links(t);
@@ -456,7 +478,7 @@ fn measure(p: &Point, a: &Args) -> Result<f64, String> {
     let barrier = Barrier::new(workers + 1);
     let warmup = (iterations / 10).clamp(1, 20);
     let (w, size) = (p.window, p.size);
-    let elapsed = run_roles(&senders, &receivers, &barrier, (w, size, iterations, warmup), || Ok(()))?;
+    let elapsed = run_roles(&senders, &receivers, cpus, &barrier, (w, size, iterations, warmup), || Ok(()))?;
     let messages = (links.len() * w * iterations) as f64;
     if counters {
         for (r, rt) in runtimes.iter().enumerate() {
@@ -474,20 +496,41 @@ fn measure(p: &Point, a: &Args) -> Result<f64, String> {
 /// Runs every role with links on its own thread and times the measured phase: the roles
 /// and this thread meet at `barrier` after the warm-up, at the start and at the end; `sync`
 /// runs after the warm-up and end meetings (a cross-process barrier in a launched job).
+///
+/// With `cpus` (`--bind core`), sender i runs on `cpus[i % n]` and receiver j on
+/// `cpus[(T + j) % n]`: the CPU of rank i, or T + j, in process mode under `mpirun
+/// --bind-to core`, and the same CPUs for the threads that stand for those ranks in thread
+/// mode (seed 003 Appendix A asks for bound entities; unbound, the scheduler's first
+/// placement decides a run — two workers started on one core of two stay there while both
+/// are busy, and a 1-pair run then measures half the machine).
 fn run_roles(
     senders: &[Role<'_>],
     receivers: &[Role<'_>],
+    cpus: &[usize],
     barrier: &Barrier,
     (w, size, iterations, warmup): (usize, usize, usize, usize),
     sync: impl Fn() -> Result<(), String>,
 ) -> Result<Duration, String> {
     std::thread::scope(|s| {
         let mut hs = Vec::new();
-        for role in senders.iter().filter(|r| !r.links.is_empty()) {
-            hs.push(s.spawn(move || sender(role, w, size, iterations, warmup, barrier)));
+        let t = senders.len();
+        let bind = move |w: usize| -> Result<(), String> {
+            match cpus.get(w % cpus.len().max(1)) {
+                Some(&cpu) => weft::lock::bind_thread_to_cpu(cpu).map_err(|e| format!("--bind core: CPU {cpu}: {e} (use --bind none)")),
+                None => Ok(()),
+            }
+        };
+        for (i, role) in senders.iter().enumerate().filter(|(_, r)| !r.links.is_empty()) {
+            hs.push(s.spawn(move || {
+                bind(i)?;
+                sender(role, w, size, iterations, warmup, barrier)
+            }));
         }
-        for role in receivers.iter().filter(|r| !r.links.is_empty()) {
-            hs.push(s.spawn(move || receiver(role, w, size, iterations, warmup, barrier)));
+        for (j, role) in receivers.iter().enumerate().filter(|(_, r)| !r.links.is_empty()) {
+            hs.push(s.spawn(move || {
+                bind(t + j)?;
+                receiver(role, w, size, iterations, warmup, barrier)
+            }));
         }
         barrier.wait(); // warm-up done here
         sync()?;
@@ -641,6 +684,8 @@ fn launch(p: &Point, a: &Args, provider: Provider) -> Result<f64, String> {
     if a.per_thread_order {
         cmd.arg("--per-thread-order");
     }
+    // weftrun leaves the ranks unbound; each rank binds its workers as a local run does.
+    cmd.args(["--bind", &a.bind]);
     let out = cmd.stdin(std::process::Stdio::null()).output().map_err(|e| format!("weftrun: {e}"))?;
     let stdout = String::from_utf8_lossy(&out.stdout);
     if !out.status.success() {
@@ -653,7 +698,7 @@ fn launch(p: &Point, a: &Args, provider: Provider) -> Result<f64, String> {
 }
 
 /// One rank of a launched job (`--rank-worker`): this process's senders or receivers.
-fn rank_worker(p: &Point, a: &Args, provider: Provider) -> Result<(), String> {
+fn rank_worker(p: &Point, a: &Args, provider: Provider, cpus: &[usize]) -> Result<(), String> {
     let builder = Runtime::builder()
         .env(false)
         .provider(provider)
@@ -709,7 +754,7 @@ fn rank_worker(p: &Point, a: &Args, provider: Provider) -> Result<(), String> {
     let (w, size, iterations) = (p.window, p.size, a.iterations);
     let world = rt.world();
     // Each phase boundary is crossed here, then across the job.
-    let elapsed = run_roles(&senders, &receivers, &barrier, (w, size, iterations, warmup), || cross_barrier(world))?;
+    let elapsed = run_roles(&senders, &receivers, cpus, &barrier, (w, size, iterations, warmup), || cross_barrier(world))?;
     cross_barrier(world)?;
     if me == 0 {
         println!("RATE {}", (links.len() * w * iterations) as f64 / elapsed.as_secs_f64());

@@ -85,7 +85,7 @@ pub use priority::{Priority, PriorityNode};
 pub use stats::{Counted, CountedNode, LockStats, LockStatsSnapshot, Progress};
 pub use tas::Tas;
 pub use ticket::Ticket;
-pub use topology::{allowed_cpus, bind_to_cpu, Topology};
+pub use topology::{allowed_cpus, bind_thread_to_cpu, bind_to_cpu, Topology};
 
 /// A mutual-exclusion protocol, in the style of `lock_api::RawMutex`, whose acquirers may
 /// carry a per-acquisition [`Node`](RawLock::Node).

@@ -372,9 +372,53 @@ pub fn bind_to_cpu(cmd: &mut std::process::Command, cpu: usize) {
     }
 }
 
+/// Makes the calling thread run on CPU `cpu` only (`pthread_setaffinity_np` of the thread:
+/// threads it starts later inherit the binding). `weft-bench multirate --bind core` places
+/// its workers with it. Fails where the CPU is beyond the set's capacity, outside the
+/// process's allowed CPUs, or the platform is not Linux.
+pub fn bind_thread_to_cpu(cpu: usize) -> std::io::Result<()> {
+    #[cfg(all(target_os = "linux", not(loom)))]
+    {
+        if cpu >= libc::CPU_SETSIZE as usize {
+            return Err(std::io::Error::new(std::io::ErrorKind::InvalidInput, format!("CPU {cpu} is beyond the CPU set's capacity")));
+        }
+        // SAFETY: a zeroed `cpu_set_t` is a valid empty set.
+        let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+        // SAFETY: `cpu` is below the set's capacity (checked above).
+        unsafe { libc::CPU_SET(cpu, &mut set) };
+        // SAFETY: pid 0 is the calling thread; the set is initialized and its size given.
+        if unsafe { libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) } != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        Ok(())
+    }
+    #[cfg(not(all(target_os = "linux", not(loom))))]
+    {
+        let _ = cpu;
+        Err(std::io::Error::new(std::io::ErrorKind::Unsupported, "binding threads to CPUs needs Linux"))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    #[cfg(target_os = "linux")]
+    fn a_bound_thread_runs_on_its_cpu_only() {
+        let cpus = allowed_cpus();
+        let last = *cpus.last().expect("the process may run somewhere");
+        std::thread::spawn(move || {
+            bind_thread_to_cpu(last).expect("binding to an allowed CPU");
+            assert_eq!(allowed_cpus(), vec![last]);
+            assert_eq!(current_cpu(), last);
+        })
+        .join()
+        .expect("bound thread");
+        // Only the bound thread changed.
+        assert_eq!(allowed_cpus(), cpus);
+        assert!(bind_thread_to_cpu(libc::CPU_SETSIZE as usize).is_err(), "a CPU beyond the set is refused");
+    }
 
     #[test]
     fn allowed_cpus_include_the_current_one() {
