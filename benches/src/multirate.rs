@@ -336,35 +336,53 @@ pub fn run(a: &Args) -> Result<(), String> {
     Ok(())
 }
 
-/// Time for a cache line to travel to another thread and back (two threads alternating a
-/// flag, 20,000 round trips; the fastest of 3 runs, as a preempted thread slows a run by
-/// milliseconds); `None` with one core.
+/// Time for a cache line to travel to another thread and back: two threads alternate a
+/// flag, up to 20,000 round trips or 50 ms (a descheduled partner costs a time slice per
+/// trip on a busy machine); the fastest of 3 runs, as a preempted thread slows a run by
+/// milliseconds. `None` with one core.
 fn core_to_core_round_trip() -> Option<Duration> {
     use std::sync::atomic::{AtomicU32, Ordering};
     if std::thread::available_parallelism().map_or(1, |n| n.get()) < 2 {
         return None;
     }
     const TRIPS: u32 = 20_000;
+    const LIMIT: Duration = Duration::from_millis(50);
+    const STOP: u32 = u32::MAX;
     let mut runs: Vec<f64> = (0..3)
         .map(|_| {
             let flag = AtomicU32::new(0);
             std::thread::scope(|s| {
                 s.spawn(|| {
-                    for i in 0..TRIPS {
-                        while flag.load(Ordering::Acquire) != 2 * i + 1 {
+                    // Answers every odd value with the next even one, until told to stop.
+                    let mut expect = 1;
+                    loop {
+                        let v = flag.load(Ordering::Acquire);
+                        if v == STOP {
+                            break;
+                        }
+                        if v == expect {
+                            flag.store(v + 1, Ordering::Release);
+                            expect += 2;
+                        } else {
                             std::hint::spin_loop();
                         }
-                        flag.store(2 * i + 2, Ordering::Release);
                     }
                 });
                 let t0 = Instant::now();
-                for i in 0..TRIPS {
-                    flag.store(2 * i + 1, Ordering::Release);
-                    while flag.load(Ordering::Acquire) != 2 * i + 2 {
+                let mut trips = 0;
+                while trips < TRIPS {
+                    flag.store(2 * trips + 1, Ordering::Release);
+                    while flag.load(Ordering::Acquire) != 2 * trips + 2 {
                         std::hint::spin_loop();
                     }
+                    trips += 1;
+                    if trips % 256 == 0 && t0.elapsed() > LIMIT {
+                        break;
+                    }
                 }
-                t0.elapsed().as_secs_f64() / f64::from(TRIPS)
+                let per_trip = t0.elapsed().as_secs_f64() / f64::from(trips);
+                flag.store(STOP, Ordering::Release);
+                per_trip
             })
         })
         .collect();

@@ -372,8 +372,8 @@ pub fn bind_to_cpu(cmd: &mut std::process::Command, cpu: usize) {
     }
 }
 
-/// Makes the calling thread run on CPU `cpu` only (`pthread_setaffinity_np` of the thread:
-/// threads it starts later inherit the binding). `weft-bench multirate --bind core` places
+/// Makes the calling thread run on CPU `cpu` only (`sched_setaffinity` of the calling
+/// thread, not the process; threads it starts later inherit the binding). `weft-bench multirate --bind core` places
 /// its workers with it. Fails where the CPU is beyond the set's capacity, outside the
 /// process's allowed CPUs, or the platform is not Linux.
 pub fn bind_thread_to_cpu(cpu: usize) -> std::io::Result<()> {
