@@ -348,13 +348,9 @@ pub fn bind_to_cpu(cmd: &mut std::process::Command, cpu: usize) {
     #[cfg(all(target_os = "linux", not(loom)))]
     {
         use std::os::unix::process::CommandExt;
-        if cpu >= libc::CPU_SETSIZE as usize {
+        let Some(set) = one_cpu_set(cpu) else {
             return;
-        }
-        // SAFETY: a zeroed `cpu_set_t` is a valid empty set.
-        let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
-        // SAFETY: `cpu` is below the set's capacity (checked above).
-        unsafe { libc::CPU_SET(cpu, &mut set) };
+        };
         // SAFETY: the closure runs in the child between fork and exec and only makes the
         // async-signal-safe `sched_setaffinity` system call on data copied before the fork.
         unsafe {
@@ -372,20 +368,29 @@ pub fn bind_to_cpu(cmd: &mut std::process::Command, cpu: usize) {
     }
 }
 
+/// The CPU set holding `cpu` alone; `None` for a CPU beyond the set's capacity.
+#[cfg(all(target_os = "linux", not(loom)))]
+fn one_cpu_set(cpu: usize) -> Option<libc::cpu_set_t> {
+    if cpu >= libc::CPU_SETSIZE as usize {
+        return None;
+    }
+    // SAFETY: a zeroed `cpu_set_t` is a valid empty set.
+    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    // SAFETY: `cpu` is below the set's capacity (checked above).
+    unsafe { libc::CPU_SET(cpu, &mut set) };
+    Some(set)
+}
+
 /// Makes the calling thread run on CPU `cpu` only (`sched_setaffinity` of the calling
-/// thread, not the process; threads it starts later inherit the binding). `weft-bench multirate --bind core` places
-/// its workers with it. Fails where the CPU is beyond the set's capacity, outside the
-/// process's allowed CPUs, or the platform is not Linux.
+/// thread, not the process; threads it starts later inherit the binding).
+/// `weft-bench multirate --bind core` places its workers with it. Fails where the CPU is
+/// beyond the set's capacity, outside the process's allowed CPUs, or the platform is not
+/// Linux.
 pub fn bind_thread_to_cpu(cpu: usize) -> std::io::Result<()> {
     #[cfg(all(target_os = "linux", not(loom)))]
     {
-        if cpu >= libc::CPU_SETSIZE as usize {
-            return Err(std::io::Error::new(std::io::ErrorKind::InvalidInput, format!("CPU {cpu} is beyond the CPU set's capacity")));
-        }
-        // SAFETY: a zeroed `cpu_set_t` is a valid empty set.
-        let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
-        // SAFETY: `cpu` is below the set's capacity (checked above).
-        unsafe { libc::CPU_SET(cpu, &mut set) };
+        let set = one_cpu_set(cpu)
+            .ok_or_else(|| std::io::Error::new(std::io::ErrorKind::InvalidInput, format!("CPU {cpu} is beyond the CPU set's capacity")))?;
         // SAFETY: pid 0 is the calling thread; the set is initialized and its size given.
         if unsafe { libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) } != 0 {
             return Err(std::io::Error::last_os_error());
