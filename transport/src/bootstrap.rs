@@ -20,6 +20,7 @@
 //! client -> server   PUT <hex blob>            this rank's fabric addresses
 //! client -> server   GET                       answered once every rank has PUT:
 //! server -> client   ALL <hex 0> ... <hex n-1>
+//! server -> client   ERR rank <r> lost ...     instead, if a rank died before it PUT
 //! server -> client   LOST <rank>               a rank's connection closed without BYE
 //! client -> server   BYE                       this rank finishes normally
 //! ```
@@ -29,7 +30,9 @@
 //! Every rank keeps its connection open for the whole run ([`Monitor`]). When a process
 //! dies, the kernel closes its socket; the server sees EOF without a `BYE` and sends
 //! `LOST <rank>` to every other rank, whose monitor marks the peer lost in the transport —
-//! within milliseconds, with no heartbeat traffic. (CQ errors on a send to the dead peer also
+//! within milliseconds, with no heartbeat traffic. A rank lost once every rank has published
+//! does not fail the exchange (the others still get `ALL`, then `LOST`); a server that is
+//! dropped while it still owes a rank its `ALL` lingers, bounded, until that rank has it. (CQ errors on a send to the dead peer also
 //! mark it lost, as a second path.)
 
 use std::collections::HashMap;
@@ -44,6 +47,9 @@ use crate::Error;
 
 /// How long a client waits for the KVS (connecting, and for every rank to publish).
 const EXCHANGE_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// How long a server that is dropped waits for ranks still owed the exchange's answer.
+const LINGER: Duration = Duration::from_secs(10);
 
 /// Longest line accepted (addresses of up to 65535 CRIs are far below this).
 const MAX_LINE: usize = 1 << 24;
@@ -99,6 +105,16 @@ struct Table {
     lost: Vec<u32>,
     /// Ranks that said `BYE`.
     finished: Vec<u32>,
+    /// Ranks whose `GET` has been answered.
+    answered: Vec<u32>,
+}
+
+impl Table {
+    /// Whether a rank that published is still owed the answer to the exchange (it may not
+    /// have asked yet): the server must not go away before it has it.
+    fn owes_an_answer(&self) -> bool {
+        self.blobs.keys().any(|r| !self.answered.contains(r) && !self.lost.contains(r) && !self.finished.contains(r))
+    }
 }
 
 struct ServerState {
@@ -183,6 +199,22 @@ impl KvsServer {
 
 impl Drop for KvsServer {
     fn drop(&mut self) {
+        // The rank hosting the server (rank 0 under Slurm) may be done with the exchange, and
+        // failing at start, before the server has answered every other rank's `GET`: linger
+        // (bounded) so that they get the addresses and reach the same verdict instead of EOF.
+        if let Ok(mut t) = self.state.table.lock() {
+            let deadline = Instant::now() + LINGER;
+            while t.owes_an_answer() {
+                let left = deadline.saturating_duration_since(Instant::now());
+                if left.is_zero() {
+                    break;
+                }
+                t = match self.state.changed.wait_timeout(t, left) {
+                    Ok((t, _)) => t,
+                    Err(_) => break,
+                };
+            }
+        }
         self.state.stop.store(true, Ordering::Release);
         // Unblock `accept` with a connection of our own.
         let _ = TcpStream::connect_timeout(&self.addr, Duration::from_millis(200));
@@ -273,9 +305,9 @@ fn serve(st: &ServerState, conn: TcpStream) {
                 let reply = {
                     let Ok(mut t) = st.table.lock() else { break };
                     loop {
-                        if let Some(&l) = t.lost.first() {
-                            break format!("ERR rank {l} lost during the exchange\n");
-                        }
+                        // Once every rank has published, the exchange is complete: a rank
+                        // lost after that (one that failed at start after reading its
+                        // answer, say) is reported by `LOST`, not by failing the others.
                         if t.blobs.len() == st.size as usize {
                             let mut s = String::from("ALL");
                             for i in 0..st.size {
@@ -284,6 +316,9 @@ fn serve(st: &ServerState, conn: TcpStream) {
                             }
                             s.push('\n');
                             break s;
+                        }
+                        if let Some(&l) = t.lost.first() {
+                            break format!("ERR rank {l} lost during the exchange\n");
                         }
                         if st.stop.load(Ordering::Acquire) {
                             break "ERR server stopped\n".to_string();
@@ -294,7 +329,12 @@ fn serve(st: &ServerState, conn: TcpStream) {
                         };
                     }
                 };
-                if w.write_all(reply.as_bytes()).is_err() {
+                let sent = w.write_all(reply.as_bytes());
+                if let Ok(mut t) = st.table.lock() {
+                    t.answered.push(rank);
+                }
+                st.changed.notify_all();
+                if sent.is_err() {
                     break;
                 }
             }
@@ -304,6 +344,7 @@ fn serve(st: &ServerState, conn: TcpStream) {
                     t.finished.push(rank);
                     t.conns.remove(&rank);
                 }
+                st.changed.notify_all();
                 break;
             }
             _ => {
@@ -341,6 +382,8 @@ pub struct Job {
     conn: Option<BufReader<TcpStream>>,
     /// The server this process hosts (rank 0 under Slurm).
     server: Option<KvsServer>,
+    /// Ranks reported `LOST` while the exchange was answered, for the monitor.
+    lost_early: Vec<u32>,
 }
 
 fn env(name: &str) -> Option<String> {
@@ -364,7 +407,7 @@ impl Job {
                 (Some(_), Some(s)) if s > 1 => {
                     return Err(Error::InvalidArgument("under Slurm, export WEFT_KVS=host:port and WEFT_TOKEN before srun"))
                 }
-                _ => return Ok(Job { rank: 0, size: 1, conn: None, server: None }),
+                _ => return Ok(Job { rank: 0, size: 1, conn: None, server: None, lost_early: Vec::new() }),
             },
             _ => return Err(Error::InvalidArgument("WEFT_RANK and WEFT_SIZE must be set together")),
         };
@@ -374,13 +417,13 @@ impl Job {
         let kvs = env("WEFT_KVS");
         let token = env("WEFT_TOKEN");
         match (kvs, token) {
-            (None, _) if size == 1 => Ok(Job { rank, size, conn: None, server: None }),
+            (None, _) if size == 1 => Ok(Job { rank, size, conn: None, server: None, lost_early: Vec::new() }),
             (None, _) => Err(Error::InvalidArgument("WEFT_KVS=host:port is needed for a job of more than one rank")),
             (Some(_), None) => Err(Error::InvalidArgument("WEFT_TOKEN is needed with WEFT_KVS")),
             (Some(kvs), Some(token)) => {
                 let server = if slurm && rank == 0 { Some(KvsServer::bind(&kvs, size, &token)?) } else { None };
                 let conn = connect(&kvs, &token, rank)?;
-                Ok(Job { rank, size, conn: Some(conn), server })
+                Ok(Job { rank, size, conn: Some(conn), server, lost_early: Vec::new() })
             }
         }
     }
@@ -391,7 +434,7 @@ impl Job {
         if rank >= size {
             return Err(Error::RankOutOfRange { rank, size });
         }
-        Ok(Job { rank, size, conn: Some(connect(kvs, token, rank)?), server: None })
+        Ok(Job { rank, size, conn: Some(connect(kvs, token, rank)?), server: None, lost_early: Vec::new() })
     }
 
     /// Publishes this rank's `blob` and returns every rank's, rank `i` at index `i`.
@@ -406,8 +449,10 @@ impl Job {
         let mut line = String::new();
         loop {
             read_line(conn, &mut line).map_err(io)?;
-            if line.starts_with("LOST ") {
-                // Reported again by the server's GET answer.
+            if let Some(rank) = line.strip_prefix("LOST ") {
+                // A rank lost before publishing fails the exchange (the answer says so); one
+                // lost after it is passed on to the monitor.
+                self.lost_early.extend(rank.trim().parse::<u32>().ok());
                 continue;
             }
             break;
@@ -428,6 +473,9 @@ impl Job {
     /// Keeps the connection open to learn of lost peers: `on_lost(rank)` runs on a monitor
     /// thread for every `LOST` line. Dropping the monitor says `BYE` (a normal finish).
     pub fn monitor(self, on_lost: impl Fn(u32) + Send + 'static) -> Monitor {
+        for &rank in &self.lost_early {
+            on_lost(rank);
+        }
         let Some(conn) = self.conn else {
             return Monitor { conn: None, reader: None, _server: self.server };
         };
@@ -556,6 +604,67 @@ mod tests {
         // A normal finish is not a loss.
         std::thread::sleep(Duration::from_millis(100));
         assert_eq!(server.lost(), vec![2]);
+    }
+
+    /// A raw client of rank `rank`: connected and greeted, nothing published yet.
+    fn raw_client(server: &KvsServer, token: &str, rank: u32) -> (TcpStream, BufReader<TcpStream>) {
+        let mut c = TcpStream::connect(server.local_addr()).unwrap();
+        c.write_all(format!("HELLO {token} {rank}\n").as_bytes()).unwrap();
+        let r = BufReader::new(c.try_clone().unwrap());
+        (c, r)
+    }
+
+    /// A rank that published and then died (as one does that fails at start on reading the
+    /// answer) does not fail the exchange of the others: they get every address, and the
+    /// loss through the monitor.
+    #[test]
+    fn a_rank_lost_after_publishing_is_reported_not_fatal() {
+        let token = random_token().unwrap();
+        let server = KvsServer::bind("127.0.0.1:0", 2, &token).unwrap();
+        let mut job = Job::connect(&server.local_addr().to_string(), &token, 0, 2).unwrap();
+        let (mut c, _r) = raw_client(&server, &token, 1);
+        c.write_all(b"PUT 6f6e65\n").unwrap();
+        c.shutdown(Shutdown::Both).unwrap();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while server.lost().is_empty() && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        assert_eq!(server.lost(), vec![1]);
+        let all = job.exchange(b"zero").unwrap();
+        assert_eq!(all, vec![b"zero".to_vec(), b"one".to_vec()]);
+        let (tx, rx) = std::sync::mpsc::channel();
+        let _m = job.monitor(move |lost| {
+            let _ = tx.send(lost);
+        });
+        assert_eq!(rx.recv_timeout(Duration::from_secs(5)), Ok(1));
+    }
+
+    /// A server dropped as soon as its own rank has the answer (rank 0 under Slurm, failing
+    /// at start) still answers a rank that asks later, instead of closing on it.
+    #[test]
+    fn a_dropped_server_answers_the_ranks_it_owes() {
+        let token = random_token().unwrap();
+        let server = KvsServer::bind("127.0.0.1:0", 2, &token).unwrap();
+        let mut job = Job::connect(&server.local_addr().to_string(), &token, 0, 2).unwrap();
+        let (mut c, mut r) = raw_client(&server, &token, 1);
+        c.write_all(b"PUT 6f6e65\n").unwrap();
+        let late = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(300));
+            c.write_all(b"GET\n").unwrap();
+            // Rank 0 went away without `BYE` (a failed start): `LOST 0` may come first.
+            let mut line = String::new();
+            loop {
+                read_line(&mut r, &mut line)?;
+                if !line.starts_with("LOST ") {
+                    return Ok::<_, std::io::Error>(line);
+                }
+            }
+        });
+        assert_eq!(job.exchange(b"zero").unwrap().len(), 2);
+        drop(job);
+        drop(server);
+        let line = late.join().unwrap().expect("the answer, not EOF");
+        assert_eq!(line, "ALL 7a65726f 6f6e65");
     }
 
     #[test]
