@@ -380,7 +380,7 @@ impl Communicator {
     ) -> Result<TypedRecv<'a, T>, Error> {
         ty.check_unpack(0, data.len())?;
         let req = self.irecv(Vec::<T>::with_capacity(ty.size), source, tag)?;
-        Ok(TypedRecv { req: Some(req), data, ty: ty.clone() })
+        Ok(TypedRecv { req: Some(req), data, ty: ty.clone(), consumed: std::sync::OnceLock::new() })
     }
 
     /// Sends with a datatype and waits.
@@ -412,6 +412,8 @@ pub struct TypedRecv<'a, T: Primitive> {
     data: &'a mut [T],
     /// The layout of `data`.
     ty: Datatype<T>,
+    /// The completed cell a sync object gets once the receive was consumed.
+    consumed: std::sync::OnceLock<std::sync::Arc<crate::request::ReqInner>>,
 }
 
 impl<T: Primitive> fmt::Debug for TypedRecv<'_, T> {
@@ -447,7 +449,7 @@ unsafe impl<T: Primitive> weft_sync::Attach for TypedRecv<'_, T> {
     fn completion_cell(&self) -> &weft_sync::CompletionCell {
         match &self.req {
             Some(r) => r.completion_cell(),
-            None => crate::request::done_cell(),
+            None => crate::request::consumed_cell(&self.consumed),
         }
     }
 }

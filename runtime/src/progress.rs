@@ -12,6 +12,7 @@
 //!   try-lock, then the others, so every CRI is eventually progressed even if its thread is
 //!   gone; matching runs concurrently per communicator.
 
+use std::cell::RefCell;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::task::{Context, Poll, Wake, Waker};
@@ -307,6 +308,9 @@ pub(crate) struct Attend<'a> {
     shared: &'a Shared,
     k: usize,
     tag: u32,
+    /// This thread's `WAIT_CTX` in the wait this one is nested in (a pool task run by a
+    /// waiting thread), put back when this one ends; 0 if none.
+    outer: u32,
 }
 
 impl<'a> Attend<'a> {
@@ -317,8 +321,8 @@ impl<'a> Attend<'a> {
         let k = shared.cri_for_thread();
         let tag = ctx.wrapping_mul(crate::comm::TAG_PARTS as u32 + 1).wrapping_add(part as u32 + 1).max(1);
         shared.cris[k].attending.store(tag, Ordering::Relaxed);
-        WAIT_CTX.with(|c| c.set(tag));
-        Attend { shared, k, tag }
+        let outer = WAIT_CTX.with(|c| c.replace(tag));
+        Attend { shared, k, tag, outer }
     }
 
     /// Runs `f` (a park) with the attendance withdrawn.
@@ -344,7 +348,9 @@ impl<'a> Attend<'a> {
 impl Drop for Attend<'_> {
     fn drop(&mut self) {
         self.withdraw();
-        WAIT_CTX.with(|c| c.set(0));
+        // The outer wait's mark on its CRI (a hint) is not put back: it may be another
+        // rank's; that CRI is then walked by others until the outer wait parks and returns.
+        WAIT_CTX.with(|c| c.set(self.outer));
     }
 }
 
@@ -450,25 +456,72 @@ fn first_pending<B: Send + 'static>(reqs: &[Request<'_, B>], mut from: usize) ->
 }
 
 thread_local! {
-    /// The sync object of this thread's blocking waits (Algorithm 2's SYNC_INIT, once).
-    static WAIT_SYNC: SyncObject<()> = SyncObject::new();
+    /// Sync objects for this thread's blocking waits (Algorithm 2's SYNC_INIT, made once and
+    /// reused): one per nesting level. A wait takes one and gives it back empty; a pool task
+    /// that a waiting thread runs instead of sleeping (`help`), and that itself waits, takes
+    /// another, so it waits for its own requests only, not for those of the wait it runs in.
+    static WAIT_SYNCS: RefCell<Vec<SyncObject<usize>>> = const { RefCell::new(Vec::new()) };
+}
+
+/// Runs `f` with one of this thread's wait sync objects, which nothing is attached to; `f`
+/// must leave it so (every attachment completed or detached, every event taken).
+fn with_wait_sync<R>(f: impl FnOnce(&SyncObject<usize>) -> R) -> R {
+    let sync = WAIT_SYNCS.try_with(|p| p.borrow_mut().pop()).ok().flatten().unwrap_or_default();
+    let r = f(&sync);
+    debug_assert!(sync.size() == 0 && sync.probe() == 0, "a wait left its sync object in use");
+    let _ = WAIT_SYNCS.try_with(move |p| p.borrow_mut().push(sync));
+    r
+}
+
+/// What a blocking wait waits for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Want {
+    /// Every request complete (`MPI_Waitall`).
+    All,
+    /// One request complete and not yet taken (`MPI_Waitany`).
+    Any,
+}
+
+/// Index of a request that completed and was not taken yet.
+fn first_done<B: Send + 'static>(reqs: &[Request<'_, B>]) -> Option<usize> {
+    reqs.iter().position(|r| r.is_live() && r.is_complete())
 }
 
 /// Blocks until every request in `reqs` has completed, in the runtime's progress mode.
 pub(crate) fn wait_all<B: Send + 'static>(shared: &Shared, reqs: &mut [Request<'_, B>]) {
+    wait(shared, reqs, Want::All);
+}
+
+/// Blocks until `want` holds for `reqs`, in the runtime's progress mode (every request must
+/// belong to `shared`'s rank; [`wait_polling`] waits across ranks). Returns, for
+/// [`Want::Any`], the index of a completed request not yet taken (`None` if every request
+/// was taken already); for [`Want::All`], `None`.
+pub(crate) fn wait<B: Send + 'static>(shared: &Shared, reqs: &mut [Request<'_, B>], want: Want) -> Option<usize> {
     // Requests mostly complete in the order they were posted, so one index that only moves
     // forward checks them all in O(1) per completion.
     let mut first = first_pending(reqs, 0);
-    if first == reqs.len() {
-        return;
+    // What is still missing, checked between progress passes.
+    let satisfied = |first: &mut usize| -> (bool, Option<usize>) {
+        match want {
+            Want::All => {
+                *first = first_pending(reqs, *first);
+                (*first == reqs.len(), None)
+            }
+            Want::Any => match first_done(reqs) {
+                Some(i) => (true, Some(i)),
+                None => (!reqs.iter().any(|r| r.is_live()), None),
+            },
+        }
+    };
+    if let (true, found) = satisfied(&mut first) {
+        return found;
     }
     match shared.config.progress {
         ProgressMode::Global => {
             // Algorithm 1.
             loop {
-                first = first_pending(reqs, first);
-                if first == reqs.len() {
-                    return;
+                if let (true, found) = satisfied(&mut first) {
+                    return found;
                 }
                 if shared.progress_global() == 0 {
                     std::thread::yield_now();
@@ -485,12 +538,15 @@ pub(crate) fn wait_all<B: Send + 'static>(shared: &Shared, reqs: &mut [Request<'
             // makes no progress here and attaches at once.
             let owner_mode = shared.config.progress == ProgressMode::Owner;
             let me = crate::cri::thread_token();
+            let lead = &reqs[first.min(reqs.len() - 1)];
             let attend = (!owner_mode && shared.config.assignment == crate::config::Assignment::Dedicated)
-                .then(|| Attend::new(shared, reqs[first].communicator().context_id(), reqs[first].part()));
+                .then(|| Attend::new(shared, lead.communicator().context_id(), lead.part()));
             let mut idle = 0;
             let mut spin = weft_sync::IdleBackoff::new();
             let pause = shared.config.idle_pause;
             let mut limit = TEST_SPINS;
+            let mut found = None;
+            let mut done = false;
             loop {
                 if idle >= limit {
                     // With a core for every runnable thread on the machine (a rank per core
@@ -503,8 +559,8 @@ pub(crate) fn wait_all<B: Send + 'static>(shared: &Shared, reqs: &mut [Request<'
                         break;
                     }
                 }
-                first = first_pending(reqs, first);
-                if first == reqs.len() {
+                (done, found) = satisfied(&mut first);
+                if done {
                     break;
                 }
                 let progressed = if owner_mode {
@@ -532,30 +588,117 @@ pub(crate) fn wait_all<B: Send + 'static>(shared: &Shared, reqs: &mut [Request<'
             }
             // `spin` keeps its slot through the sync-object wait below, whose own backoff then
             // spins only with a second, free slot (or, with a one-slot budget, on this one).
-            if first < reqs.len() {
+            if !done {
                 // Algorithm 2: attach what is pending, then wait on the sync object.
-                WAIT_SYNC.with(|sync| {
-                    for r in reqs[first..].iter_mut() {
-                        if !r.is_complete() {
-                            let _ = sync.attach_counted(r);
-                        }
-                    }
-                    if owner_mode {
-                        let _ = sync.wait_all_with(&OwnerWait { shared, me });
-                        if !shared.owner.is(me) {
-                            // We may have been the waiter a hand-off woke, and left without
-                            // taking ownership (our requests were done): pass it on, or a
-                            // parked waiter would wait with no owner (`OwnerToken::leave`).
-                            shared.owner.leave(me);
-                        }
-                    } else {
-                        let _ = sync.wait_all_with(&ConcurrentWait { shared, attend: attend.as_ref() });
-                    }
-                });
+                let owner_wait = OwnerWait { shared, me };
+                let concurrent_wait = ConcurrentWait { shared, attend: attend.as_ref() };
+                let hook: &dyn Progress = if owner_mode { &owner_wait } else { &concurrent_wait };
+                found = with_wait_sync(|sync| wait_attached(sync, hook, shared, &mut reqs[first..], want)).map(|i| first + i);
+                if owner_mode && !shared.owner.is(me) {
+                    // We may have been the waiter a hand-off woke, and left without
+                    // taking ownership (our requests were done): pass it on, or a
+                    // parked waiter would wait with no owner (`OwnerToken::leave`).
+                    shared.owner.leave(me);
+                }
             }
             if owner_mode && shared.owner.is(me) {
                 shared.release_ownership();
             }
+            found
+        }
+    }
+}
+
+/// Algorithm 2's second half: attaches the pending requests of `reqs` to `sync` and waits on
+/// it, driving `hook`. Returns, for [`Want::Any`], the index (in `reqs`) of a completed
+/// request. `sync` is left empty.
+///
+/// A request already attached to a sync object of the user's cannot be attached here; the
+/// wait then tests it between progress passes instead ([`wait_polling`]'s loop).
+fn wait_attached<B: Send + 'static>(
+    sync: &SyncObject<usize>,
+    hook: &dyn Progress,
+    shared: &Shared,
+    reqs: &mut [Request<'_, B>],
+    want: Want,
+) -> Option<usize> {
+    let mut foreign = false;
+    match want {
+        Want::All => {
+            for r in reqs.iter_mut() {
+                if !r.is_complete() && sync.attach_counted(r).is_err() {
+                    foreign = true;
+                }
+            }
+            let _ = sync.wait_all_with(hook);
+            if foreign {
+                wait_polling(&[shared], reqs, Want::All);
+            }
+            None
+        }
+        Want::Any => {
+            for (i, r) in reqs.iter_mut().enumerate() {
+                if r.is_live() && !r.is_complete() && sync.attach(r, i).is_err() {
+                    foreign = true;
+                }
+            }
+            let found = if foreign {
+                // One of them completes outside our object: test every one.
+                wait_polling(&[shared], reqs, Want::Any)
+            } else {
+                // Nothing attached means something completed between the test and here.
+                sync.wait_any_with(hook).map(|c| c.data).or_else(|| first_done(reqs))
+            };
+            // Take the others back (those that completed meanwhile left an event).
+            for r in reqs.iter_mut() {
+                if r.is_live() {
+                    let _ = sync.detach(r);
+                }
+            }
+            while sync.query().is_some() {}
+            found.or_else(|| first_done(reqs))
+        }
+    }
+}
+
+/// Waits for `want` by testing `reqs` between progress passes of every rank in `ranks`, and
+/// sleeping (up to 1 ms at a time, never burning a core for long) while none of them has
+/// anything to do. For waits that one rank's sync object cannot serve: requests of several
+/// in-process ranks at once (one rank's progress alone would never complete the others'),
+/// or a request attached to a sync object of the user's.
+pub(crate) fn wait_polling<B: Send + 'static>(ranks: &[&Shared], reqs: &[Request<'_, B>], want: Want) -> Option<usize> {
+    let mut idle = weft_sync::IdleBackoff::new();
+    let mut nap = std::time::Duration::from_micros(20);
+    let mut first = 0;
+    loop {
+        match want {
+            Want::All => {
+                first = first_pending(reqs, first);
+                if first == reqs.len() {
+                    return None;
+                }
+            }
+            Want::Any => {
+                if let Some(i) = first_done(reqs) {
+                    return Some(i);
+                }
+                if !reqs.iter().any(|r| r.is_live()) {
+                    return None;
+                }
+            }
+        }
+        let mut progressed = false;
+        for s in ranks {
+            progressed |= s.progress_once();
+        }
+        if progressed {
+            idle.reset();
+            nap = std::time::Duration::from_micros(20);
+        } else if !idle.is_completed() {
+            idle.snooze();
+        } else {
+            std::thread::sleep(nap);
+            nap = (nap * 2).min(std::time::Duration::from_millis(1));
         }
     }
 }

@@ -160,19 +160,20 @@ unsafe impl<B: Send + 'static> Attach for Request<'_, B> {
         match (&self.inner, self.sent) {
             (Some(i), _) => &i.cell,
             (None, Some(st)) => &self.sent_cell.get_or_init(|| new_inner(|i| i.cell.reset_completed(Ok(st)))).cell,
-            (None, None) => done_cell(),
+            (None, None) => consumed_cell(&self.sent_cell),
         }
     }
 }
 
-/// A completed cell for requests whose result was already taken.
-pub(crate) fn done_cell() -> &'static CompletionCell {
-    static DONE: std::sync::OnceLock<CompletionCell> = std::sync::OnceLock::new();
-    DONE.get_or_init(|| {
-        let c = CompletionCell::new();
-        c.complete(Err(Error::InvalidArgument("request already consumed")));
-        c
-    })
+/// The error of an operation on a request whose result was already taken.
+pub(crate) const CONSUMED: Error = Error::InvalidArgument("request already consumed");
+
+/// A cell, made on first use and kept in `slot`, completed with [`CONSUMED`]: what a request
+/// whose result was taken gives a sync object it is attached to (which then reports that
+/// error once, as for any completed request). One per request, not one shared by all: a
+/// cell delivers its completion once.
+pub(crate) fn consumed_cell(slot: &std::sync::OnceLock<Arc<ReqInner>>) -> &CompletionCell {
+    &slot.get_or_init(|| new_inner(|i| i.cell.reset_completed(Err(CONSUMED)))).cell
 }
 
 impl<'c, B: Send + 'static> Request<'c, B> {
@@ -215,12 +216,13 @@ impl<'c, B: Send + 'static> Request<'c, B> {
         self.comm
     }
 
-    /// Blocks until complete (`MPI_Wait`) and returns the buffer and status.
+    /// Blocks until complete (`MPI_Wait`) and returns the buffer and status; an error if
+    /// the result was already taken ([`take`](Self::take)).
     pub fn wait(mut self) -> Result<(B, Status), Error> {
         if !self.is_complete() {
             progress::wait_all(self.comm.shared(), std::slice::from_mut(&mut self));
         }
-        self.take().expect("request completed")
+        self.take().unwrap_or(Err(CONSUMED))
     }
 
     /// Takes the result of a completed request; `None` if still pending or already taken.

@@ -1,17 +1,48 @@
 //! Waiting for many requests: `MPI_Waitall`, `MPI_Waitany`, `MPI_Waitsome`.
+//!
+//! Requests of one rank are waited for in that rank's progress mode (seed 003 Algorithm 1
+//! for `Global`, Algorithm 2 otherwise: the pending ones attached to the thread's sync
+//! object, the thread parked until they complete). Requests of several in-process ranks
+//! (`Builder::build_local`) are waited for by driving every one of those ranks, testing
+//! between passes and sleeping briefly while none has work.
+
+use std::sync::Arc;
 
 use weft_sync::Error;
 
+use crate::progress::{self, Want};
 use crate::request::Request;
+use crate::runtime::Shared;
 
-/// Blocks until every request has completed (`MPI_Waitall`), driving progress in the
-/// runtime's mode (seed 003 Algorithm 1 for `Global`, Algorithm 2 otherwise). Returns the
-/// first error among them; each request's own result stays available through
-/// [`Request::take`].
+/// The ranks `reqs` belong to, if more than one.
+fn ranks_of<'a, B: Send + 'static>(reqs: &'a [Request<'_, B>]) -> Option<Vec<&'a Shared>> {
+    let first = reqs.first()?.communicator().shared();
+    if reqs.iter().all(|r| Arc::ptr_eq(r.communicator().shared(), first)) {
+        return None;
+    }
+    let mut ranks: Vec<&Shared> = Vec::new();
+    for r in reqs {
+        let s = &**r.communicator().shared();
+        if !ranks.iter().any(|k| std::ptr::eq(*k, s)) {
+            ranks.push(s);
+        }
+    }
+    Some(ranks)
+}
+
+/// Waits for `want`, in the requests' rank's mode or across their ranks.
+fn wait_for<B: Send + 'static>(reqs: &mut [Request<'_, B>], want: Want) -> Option<usize> {
+    let first = reqs.first()?.communicator().shared();
+    match ranks_of(reqs) {
+        None => progress::wait(first, reqs, want),
+        Some(ranks) => progress::wait_polling(&ranks, reqs, want),
+    }
+}
+
+/// Blocks until every request has completed (`MPI_Waitall`). Returns the first error among
+/// them; each request's own result stays available through [`Request::take`].
 pub fn wait_all<B: Send + 'static>(reqs: &mut [Request<'_, B>]) -> Result<(), Error> {
-    let Some(first) = reqs.first() else { return Ok(()) };
-    let shared = first.communicator().shared().clone();
-    crate::progress::wait_all(&shared, reqs);
+    wait_for(reqs, Want::All);
     match reqs.iter().find_map(|r| r.outcome().and_then(|o| o.err())) {
         Some(e) => Err(e),
         None => Ok(()),
@@ -21,20 +52,7 @@ pub fn wait_all<B: Send + 'static>(reqs: &mut [Request<'_, B>]) -> Result<(), Er
 /// Blocks until at least one request not yet taken has completed and returns its index
 /// (`MPI_Waitany`); `None` if every request was already taken.
 pub fn wait_any<B: Send + 'static>(reqs: &mut [Request<'_, B>]) -> Option<usize> {
-    let live = |r: &Request<'_, B>| r.is_live();
-    let first = reqs.iter().find(|r| live(r))?;
-    let shared = first.communicator().shared().clone();
-    let mut idle = weft_sync::IdleBackoff::new();
-    loop {
-        if let Some(i) = reqs.iter().position(|r| live(r) && r.is_complete()) {
-            return Some(i);
-        }
-        if shared.progress_once() {
-            idle.reset();
-        } else {
-            idle.snooze();
-        }
-    }
+    wait_for(reqs, Want::Any)
 }
 
 /// Blocks until at least one request has completed, then puts the indices of every

@@ -342,7 +342,15 @@ impl<T: Send + 'static> SyncObject<T> {
     /// Blocks until a completion event is available and takes it; `None` once nothing is
     /// queued and nothing attached remains (like `MPI_Waitany` returning `MPI_UNDEFINED`).
     pub fn wait_any(&self) -> Option<Completion<T>> {
-        let hook = self.inner.progress.as_deref();
+        self.wait_any_hooked(self.inner.progress.as_deref())
+    }
+
+    /// Like [`wait_any`](Self::wait_any) but drives `progress` instead of the object's hook.
+    pub fn wait_any_with(&self, progress: &dyn Progress) -> Option<Completion<T>> {
+        self.wait_any_hooked(Some(progress))
+    }
+
+    fn wait_any_hooked(&self, hook: Option<&dyn Progress>) -> Option<Completion<T>> {
         let mut got = None;
         block_until(
             hook,

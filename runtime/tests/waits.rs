@@ -1,0 +1,233 @@
+//! Blocking waits in the corners: a wait nested in a pool task that a waiting thread runs,
+//! waits over the requests of several in-process ranks, `wait_any` / `wait_some` parking
+//! instead of spinning, requests attached to a sync object of the user's, and requests
+//! whose result was already taken. Every scenario runs on a thread of its own and fails
+//! after a bound instead of hanging the suite.
+
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use weft::{ProgressMode, Runtime, Source};
+
+/// Every progress mode whose waiters park (`Global`, Algorithm 1, never does by design).
+const PARKING: [ProgressMode; 2] = [ProgressMode::Owner, ProgressMode::Concurrent];
+
+/// Runs `f` on a thread of its own; fails if it has not returned within `limit`.
+fn within<R: Send + 'static>(limit: Duration, what: &str, f: impl FnOnce() -> R + Send + 'static) -> R {
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(f());
+    });
+    match rx.recv_timeout(limit) {
+        Ok(r) => r,
+        Err(_) => panic!("{what}: no result within {limit:?} (a hang)"),
+    }
+}
+
+/// CPU time the calling thread has used so far (Linux: `/proc/thread-self/stat`, clock
+/// ticks of 10 ms).
+#[cfg(target_os = "linux")]
+fn thread_cpu() -> Duration {
+    let stat = std::fs::read_to_string("/proc/thread-self/stat").unwrap();
+    // Fields after the command name (which is in parentheses and may hold spaces).
+    let rest = &stat[stat.rfind(')').unwrap() + 2..];
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    // utime and stime are fields 14 and 15 of the line, 12 and 13 after the name.
+    let ticks: u64 = f[11].parse::<u64>().unwrap() + f[12].parse::<u64>().unwrap();
+    Duration::from_millis(ticks * 10)
+}
+
+/// A thread blocked in a wait runs a pool task instead of sleeping (seed 003 §4.6.2); when
+/// that task itself waits, it waits for its own requests — not for the outer wait's too.
+/// Here the outer wait's message is sent only after the task's wait is over, so a task
+/// that waited for both would never return (it did: the blocking waits of a thread shared
+/// one sync object).
+#[test]
+fn a_wait_inside_a_helped_task_waits_for_its_own_requests() {
+    for mode in PARKING {
+        within(Duration::from_secs(30), &format!("{mode:?}"), move || {
+            // No pool workers: the task runs only on a waiting thread.
+            let ranks = Runtime::builder().env(false).workers(0).progress(mode).build_local(2).unwrap();
+            let (ra, rb) = (ranks[0].clone(), ranks[1].clone());
+            let peer = std::thread::spawn(move || {
+                let a = ra.world();
+                // Late enough for rank 1's main thread to be parked in its wait.
+                std::thread::sleep(Duration::from_millis(200));
+                a.send(vec![1u8], 1, 1).unwrap();
+                let (got, _) = a.recv(Vec::<u8>::with_capacity(1), 1u32, 2).unwrap();
+                a.send(vec![3u8], 1, 3).unwrap();
+                got
+            });
+            let rb2 = rb.clone();
+            let task = rb.spawn(async move {
+                let b = rb2.world();
+                let t0 = Instant::now();
+                b.recv(Vec::<u8>::with_capacity(1), 0u32, 1).unwrap();
+                b.send(vec![2u8], 0, 2).unwrap();
+                t0.elapsed()
+            });
+            let (outer, _) = rb.world().recv(Vec::<u8>::with_capacity(1), 0u32, 3).unwrap();
+            assert_eq!(outer, vec![3]);
+            assert_eq!(peer.join().unwrap(), vec![2]);
+            let took = rb.block_on(task).unwrap();
+            assert!(took < Duration::from_secs(5), "{mode:?}: the task's wait took {took:?}");
+        });
+    }
+}
+
+/// `wait_all` / `wait_any` over requests of two in-process ranks drive both ranks: a
+/// rendezvous receive on one and its send on the other, waited for by one thread (only the
+/// first request's rank was progressed, and the wait never returned).
+#[test]
+fn waits_over_requests_of_two_ranks_drive_both() {
+    for mode in [ProgressMode::Global, ProgressMode::Owner, ProgressMode::Concurrent] {
+        within(Duration::from_secs(30), &format!("{mode:?}"), move || {
+            let ranks = Runtime::builder().env(false).progress(mode).eager_threshold(1024).build_local(2).unwrap();
+            let (a, b) = (ranks[0].world(), ranks[1].world());
+            let payload: Vec<u8> = (0..100_000u32).map(|i| i as u8).collect();
+            // wait_all, the receive first (its rank alone cannot complete the send).
+            let r = b.irecv(Vec::<u8>::with_capacity(100_000), 0u32, 1).unwrap();
+            let s = a.isend(payload.clone(), 1, 1).unwrap();
+            let mut reqs = vec![r, s];
+            weft::wait_all(&mut reqs).unwrap();
+            let (got, st) = reqs[0].take().unwrap().unwrap();
+            assert_eq!((got.len(), st.bytes), (100_000, 100_000));
+            assert_eq!(got, payload);
+            assert!(reqs[1].take().unwrap().is_ok());
+            // wait_any / wait_some until both are taken.
+            let r = b.irecv(Vec::<u8>::with_capacity(100_000), 0u32, 2).unwrap();
+            let s = a.isend(payload.clone(), 1, 2).unwrap();
+            let mut reqs = vec![r, s];
+            let mut taken = 0;
+            let mut out = Vec::new();
+            while taken < 2 {
+                if taken == 0 {
+                    let i = weft::wait_any(&mut reqs).expect("a live request");
+                    assert!(reqs[i].take().unwrap().is_ok());
+                    taken += 1;
+                } else {
+                    assert_eq!(weft::wait_some(&mut reqs, &mut out), 1);
+                    assert!(reqs[out[0]].take().unwrap().is_ok());
+                    taken += 1;
+                }
+            }
+            assert_eq!(weft::wait_any(&mut reqs), None, "every request taken");
+        });
+    }
+}
+
+/// `wait_any` and `wait_some` park while nothing completes, as `wait_all` does (they used
+/// to yield in a loop, a core busy for the whole wait).
+#[cfg(target_os = "linux")]
+#[test]
+fn wait_any_and_wait_some_park() {
+    for mode in PARKING {
+        for some in [false, true] {
+            within(Duration::from_secs(30), &format!("{mode:?}"), move || {
+                let ranks = Runtime::builder().env(false).progress(mode).build_local(2).unwrap();
+                let (ra, rb) = (ranks[0].clone(), ranks[1].clone());
+                let late = Duration::from_millis(600);
+                let peer = std::thread::spawn(move || {
+                    std::thread::sleep(late);
+                    ra.world().send(vec![7u8], 1, 5).unwrap();
+                });
+                let b = rb.world();
+                let mut reqs = vec![
+                    b.irecv(Vec::<u8>::with_capacity(1), 0u32, 4).unwrap(),
+                    b.irecv(Vec::<u8>::with_capacity(1), Source::Any, 5).unwrap(),
+                ];
+                let (cpu0, t0) = (thread_cpu(), Instant::now());
+                let i = if some {
+                    let mut out = Vec::new();
+                    assert_eq!(weft::wait_some(&mut reqs, &mut out), 1);
+                    out[0]
+                } else {
+                    weft::wait_any(&mut reqs).unwrap()
+                };
+                let (cpu, wall) = (thread_cpu() - cpu0, t0.elapsed());
+                assert_eq!(i, 1);
+                assert_eq!(reqs[1].take().unwrap().unwrap().0, vec![7]);
+                assert!(!reqs[0].is_complete(), "the other receive is still posted");
+                peer.join().unwrap();
+                assert!(wall >= late / 2, "{wall:?}");
+                assert!(cpu * 4 < wall, "{mode:?} some={some}: the waiting thread used {cpu:?} of CPU in {wall:?}");
+            });
+        }
+    }
+}
+
+/// A request attached to a sync object of the user's can still be waited for on its own
+/// (its completion goes to that object; the wait tests it) — it used to panic in `wait`,
+/// whose sync object could not attach it and returned at once.
+#[test]
+fn a_request_attached_elsewhere_can_be_waited_for() {
+    for mode in [ProgressMode::Global, ProgressMode::Owner, ProgressMode::Concurrent] {
+        within(Duration::from_secs(30), &format!("{mode:?}"), move || {
+            let ranks = Runtime::builder().env(false).progress(mode).build_local(2).unwrap();
+            let (ra, rb) = (ranks[0].clone(), ranks[1].clone());
+            let sync = rb.sync_object::<u32>();
+            let b = rb.world();
+            let mut r = b.irecv(Vec::<u8>::with_capacity(4), 0u32, 9).unwrap();
+            sync.attach(&mut r, 42).unwrap();
+            let peer = std::thread::spawn(move || {
+                std::thread::sleep(Duration::from_millis(100));
+                ra.world().send(vec![1u8, 2], 1, 9).unwrap();
+                ra.world().send(vec![3u8], 1, 10).unwrap();
+            });
+            let (got, st) = r.wait().unwrap();
+            assert_eq!((got, st.tag), (vec![1, 2], 9));
+            let ev = sync.query().expect("the attached object got the completion");
+            assert_eq!(ev.data, 42);
+            // The same through wait_any, with a second request not attached anywhere.
+            let mut x = b.irecv(Vec::<u8>::with_capacity(4), 0u32, 10).unwrap();
+            sync.attach(&mut x, 43).unwrap();
+            let y = b.irecv(Vec::<u8>::with_capacity(4), 0u32, 11).unwrap();
+            let mut reqs = vec![x, y];
+            assert_eq!(weft::wait_any(&mut reqs), Some(0));
+            assert_eq!(reqs[0].take().unwrap().unwrap().0, vec![3]);
+            assert_eq!(sync.query().map(|e| e.data), Some(43));
+            peer.join().unwrap();
+        });
+    }
+}
+
+/// `wait` after `take` is an error, not a panic; and every taken request attached to a sync
+/// object reports "already consumed" there (all of them: they shared one cell, which
+/// delivers once, so only the first did).
+#[test]
+fn taken_requests_give_errors() {
+    within(Duration::from_secs(30), "taken", || {
+        let ranks = Runtime::builder().env(false).build_local(2).unwrap();
+        let (a, b) = (ranks[0].world(), ranks[1].world());
+        let sync = ranks[1].sync_object::<u32>();
+        let mut taken = Vec::new();
+        for i in 0..3 {
+            let mut r = b.irecv(Vec::<u8>::with_capacity(4), 0u32, i).unwrap();
+            a.send(vec![i as u8], 1, i).unwrap();
+            while !r.test() {}
+            assert_eq!(r.take().unwrap().unwrap().0, vec![i as u8]);
+            assert!(r.take().is_none());
+            taken.push(r);
+        }
+        // A send completed inside `isend`, taken.
+        let mut s = a.isend(vec![0u8], 1, 7).unwrap();
+        assert!(s.take().unwrap().is_ok());
+        b.recv(Vec::<u8>::with_capacity(1), 0u32, 7).unwrap();
+        for (i, r) in taken.iter_mut().enumerate() {
+            sync.attach(r, i as u32).unwrap();
+        }
+        sync.attach(&mut s, 9).unwrap();
+        let mut seen = Vec::new();
+        while let Some(ev) = sync.query() {
+            assert!(matches!(ev.outcome, Err(weft::Error::InvalidArgument(_))), "{:?}", ev.outcome);
+            seen.push(ev.data);
+        }
+        seen.sort();
+        assert_eq!(seen, vec![0, 1, 2, 9]);
+        let err = taken.pop().unwrap().wait().unwrap_err();
+        assert!(matches!(err, weft::Error::InvalidArgument(_)), "{err:?}");
+        assert!(matches!(s.wait(), Err(weft::Error::InvalidArgument(_))));
+        // wait_any over taken requests only: nothing to wait for.
+        assert_eq!(weft::wait_any(&mut taken), None);
+    });
+}
