@@ -276,13 +276,49 @@ impl Config {
         self.validate()
     }
 
-    /// Checks the sizes.
+    /// Most CRIs per rank (`WEFT_CRIS`, [`Builder::cris`](crate::Builder::cris)).
+    pub const MAX_CRIS: usize = 1024;
+
+    /// Most frames one CRI inbox holds (`WEFT_INBOX`,
+    /// [`Builder::inbox_capacity`](crate::Builder::inbox_capacity)): 2^20 (see
+    /// `weft_transport::embedded::MAX_INBOX_CAPACITY`). The libfabric providers post at most
+    /// 256 receive buffers per CRI whatever it is.
+    pub const MAX_INBOX_CAPACITY: usize = weft_transport::embedded::MAX_INBOX_CAPACITY;
+
+    /// Most inbox frames of one rank on the embedded provider, over its CRIs (CRIs x inbox
+    /// capacity): 2^22, 512 MiB of inbox slots (a slot is a 128-byte line on x86-64).
+    pub const MAX_RANK_INBOX_FRAMES: usize = 1 << 22;
+
+    /// Largest eager threshold (`WEFT_EAGER_THRESHOLD`,
+    /// [`Builder::eager_threshold`](crate::Builder::eager_threshold)) on the embedded
+    /// provider: 64 MiB, the capacity its pooled eager buffers are allocated with. The
+    /// libfabric providers take at most 1 MiB.
+    pub const MAX_EAGER_THRESHOLD: usize = weft_transport::embedded::MAX_EAGER_CAPACITY;
+
+    /// Checks the sizes; an error names the setting (builder method and variable).
     pub fn validate(&self) -> Result<(), Error> {
-        if self.cris == 0 || self.cris > 1024 {
-            return Err(Error::InvalidArgument("CRI count must be in 1..=1024"));
+        // The messages below spell these limits out.
+        const _: () = assert!(
+            Config::MAX_CRIS == 1024
+                && Config::MAX_INBOX_CAPACITY == 1_048_576
+                && Config::MAX_RANK_INBOX_FRAMES == 4_194_304
+                && Config::MAX_EAGER_THRESHOLD == 64 << 20
+        );
+        if self.cris == 0 || self.cris > Self::MAX_CRIS {
+            return Err(Error::InvalidArgument("CRI count (WEFT_CRIS / Builder::cris) must be in 1..=1024"));
         }
-        if self.inbox_capacity == 0 {
-            return Err(Error::InvalidArgument("inbox capacity must be at least 1"));
+        if self.inbox_capacity == 0 || self.inbox_capacity > Self::MAX_INBOX_CAPACITY {
+            return Err(Error::InvalidArgument("inbox capacity (WEFT_INBOX / Builder::inbox_capacity) must be in 1..=1048576 frames"));
+        }
+        // Both factors are bounded above: the product fits a `usize`.
+        if self.provider == Provider::Embedded && self.cris * self.inbox_capacity > Self::MAX_RANK_INBOX_FRAMES {
+            return Err(Error::InvalidArgument(
+                "the embedded provider holds at most 4194304 inbox frames per rank: CRI count x inbox capacity \
+                 (WEFT_CRIS x WEFT_INBOX / Builder::cris x Builder::inbox_capacity) is more",
+            ));
+        }
+        if self.eager_threshold > Self::MAX_EAGER_THRESHOLD {
+            return Err(Error::InvalidArgument("eager threshold (WEFT_EAGER_THRESHOLD / Builder::eager_threshold) must be at most 64 MiB"));
         }
         if self.workers > 1024 {
             return Err(Error::InvalidArgument("worker count must be in 0..=1024"));
@@ -295,7 +331,9 @@ impl Config {
         }
         self.provider.check_available()?;
         if self.provider != Provider::Embedded && self.eager_threshold > 1 << 20 {
-            return Err(Error::InvalidArgument("the libfabric providers take an eager threshold of at most 1 MiB"));
+            return Err(Error::InvalidArgument(
+                "the libfabric providers take an eager threshold (WEFT_EAGER_THRESHOLD / Builder::eager_threshold) of at most 1 MiB",
+            ));
         }
         Ok(())
     }
