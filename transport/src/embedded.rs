@@ -626,4 +626,90 @@ mod tests {
         assert_eq!(eps[1].poll(0, 4, |f| got.push(f)), 1);
         assert_eq!(got[0].payload.as_slice(), &data[..]);
     }
+
+    /// The inboxes of one rank's CRIs are isolated: a frame sent to CRI `k` is seen and
+    /// polled only on CRI `k` of the destination (not on its other CRIs, nor on the sender's
+    /// own), and frames of one (sender rank, sender CRI) to one receiving CRI come out in the
+    /// order they were sent — also when the senders of every CRI of two ranks push at once
+    /// while the receiver polls, with inboxes small enough to refuse them at times.
+    #[test]
+    fn cri_inboxes_are_isolated_and_fifo_per_cri_pair() {
+        const CRIS: usize = 3;
+        /// A frame from CRI `src_cri` of rank `source`, addressed to CRI `dst` (in its tag),
+        /// numbered `seq` among those of its (sender, receiving CRI) pair.
+        fn frame(source: u32, src_cri: usize, dst: usize, seq: u32) -> Header {
+            Header { src_cri: src_cri as u16, source, tag: dst as i32, seq, ..header(FrameKind::Eager, 0, 0, 0, 0) }
+        }
+        let eps = fabric(EmbeddedOptions { ranks: 3, cris: CRIS, inbox_capacity: 8, eager_capacity: 64 }).unwrap();
+        let poll_all = |ep: &Endpoint, cri: usize| {
+            let mut got = Vec::new();
+            ep.poll(cri, usize::MAX, |f| got.push(f.header));
+            got
+        };
+
+        // One frame at a time, to each CRI in turn: only that CRI has it.
+        for dst in [1, 0, 2] {
+            eps[0].send(1, dst, frame(0, 0, dst, 0), &[]).unwrap();
+            for other in (0..CRIS).filter(|&c| c != dst) {
+                assert!(!eps[1].has_frames(other), "a frame for CRI {dst} shows on CRI {other}");
+                assert!(poll_all(&eps[1], other).is_empty(), "a frame for CRI {dst} was polled from CRI {other}");
+            }
+            assert!(!eps[0].any_frames() && !eps[2].any_frames(), "a frame for rank 1 reached another rank");
+            assert!(eps[1].has_frames(dst));
+            assert_eq!(poll_all(&eps[1], dst), vec![frame(0, 0, dst, 0)]);
+            assert!(!eps[1].any_frames());
+        }
+
+        // Interleaved, one thread: every CRI pair keeps its order.
+        for seq in 0..2 {
+            for src_cri in 0..CRIS {
+                for dst in 0..CRIS {
+                    eps[0].send(1, dst, frame(0, src_cri, dst, seq), &[]).unwrap();
+                }
+            }
+        }
+        for dst in 0..CRIS {
+            let want: Vec<Header> = (0..2).flat_map(|seq| (0..CRIS).map(move |c| frame(0, c, dst, seq))).collect();
+            assert_eq!(poll_all(&eps[1], dst), want, "CRI {dst}");
+        }
+
+        // Concurrent: a thread per sending CRI of ranks 0 and 2, each sending `N` frames to
+        // every CRI of rank 1 in turn, retrying refusals (inbox of 8) while rank 1 polls.
+        const N: u32 = 2000;
+        let senders = [0u32, 2];
+        std::thread::scope(|s| {
+            for &rank in &senders {
+                for src_cri in 0..CRIS {
+                    let ep = &eps[rank as usize];
+                    s.spawn(move || {
+                        for seq in 0..N {
+                            for dst in 0..CRIS {
+                                while let Err(e) = ep.send(1, dst, frame(rank, src_cri, dst, seq), &[]) {
+                                    assert!(matches!(e, SendError::WouldBlock), "{e:?}");
+                                    std::thread::yield_now();
+                                }
+                            }
+                        }
+                    });
+                }
+            }
+            // next[source][src_cri][dst]: the sequence number the pair must show next.
+            let mut next = [[[0u32; CRIS]; CRIS]; 3];
+            let mut left = senders.len() * CRIS * CRIS * N as usize;
+            while left > 0 {
+                for dst in 0..CRIS {
+                    eps[1].poll(dst, 16, |f| {
+                        let h = f.header;
+                        assert_eq!(h.tag, dst as i32, "a frame for CRI {} was polled from CRI {dst}", h.tag);
+                        let want = &mut next[h.source as usize][h.src_cri as usize][dst];
+                        assert_eq!(h.seq, *want, "rank {} CRI {} -> CRI {dst}: out of order", h.source, h.src_cri);
+                        *want += 1;
+                        left -= 1;
+                    });
+                }
+            }
+            assert!(!eps[0].any_frames() && !eps[2].any_frames(), "frames for rank 1 reached a sender");
+        });
+        assert!(!eps[1].any_frames());
+    }
 }
