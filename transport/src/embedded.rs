@@ -693,15 +693,15 @@ mod tests {
                     });
                 }
             }
-            // next[source][src_cri][dst]: the sequence number the pair must show next.
-            let mut next = [[[0u32; CRIS]; CRIS]; 3];
+            // (source, src_cri, dst) -> the sequence number the pair must show next.
+            let mut next: HashMap<(u32, u16, usize), u32> = HashMap::new();
             let mut left = senders.len() * CRIS * CRIS * N as usize;
             while left > 0 {
                 for dst in 0..CRIS {
                     eps[1].poll(dst, 16, |f| {
                         let h = f.header;
                         assert_eq!(h.tag, dst as i32, "a frame for CRI {} was polled from CRI {dst}", h.tag);
-                        let want = &mut next[h.source as usize][h.src_cri as usize][dst];
+                        let want = next.entry((h.source, h.src_cri, dst)).or_insert(0);
                         assert_eq!(h.seq, *want, "rank {} CRI {} -> CRI {dst}: out of order", h.source, h.src_cri);
                         *want += 1;
                         left -= 1;
