@@ -609,14 +609,23 @@ impl Communicator {
     /// matching queues are released now, its context id becomes reusable once every rank
     /// has freed the communicator (a reused id carries a new generation, so frames still in
     /// flight for this one are told apart and dropped), and the rest of its state is
-    /// collected by a later `dup` (or with the runtime).
+    /// collected by a later `dup` (or with the runtime). Freeing it again through another
+    /// handle (a clone) does nothing.
     pub fn free(self) {
         let s = &*self.shared;
+        // The user context's flag decides which call frees the communicator: that one call
+        // frees both contexts and gives their slot pair back (they were claimed together, in
+        // `agree_context`). A call through another handle (a clone) does nothing: by then the
+        // slot may have been agreed on again for a new communicator, whose claim is not this
+        // handle's to release. AcqRel: the winner sees every earlier use of the state; a
+        // loser returns without touching it.
+        if self.p2p.freed.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        // Release: pairs with `is_freed`'s Acquire, as the user context's flag. Set before
+        // the queues are drained below, as the user context's is.
+        self.coll.freed.store(true, Ordering::Release);
         for st in [&self.p2p, &self.coll] {
-            if st.freed.swap(true, Ordering::AcqRel) {
-                // Freed through another handle already.
-                continue;
-            }
             let mut frames = Vec::new();
             let mut posted = Vec::new();
             for part in 0..s.matching_parts(st) {

@@ -43,7 +43,11 @@ pub enum MatchingMode {
 }
 
 macro_rules! named_enum {
-    ($t:ty, $what:literal, $( $name:literal => $v:expr ),+ $(,)?) => {
+    ($t:ty, $what:literal, $var:literal, $( $name:literal => $v:expr ),+ $(,)?) => {
+        impl $t {
+            /// The error of a bad value in the variable that sets this mode, naming it.
+            const ENV_ERROR: Error = Error::InvalidArgument(concat!($var, " must be one of:", $( " ", $name, )+));
+        }
         impl FromStr for $t {
             type Err = Error;
             fn from_str(s: &str) -> Result<Self, Error> {
@@ -62,9 +66,9 @@ macro_rules! named_enum {
     };
 }
 
-named_enum!(ProgressMode, "progress mode", "global" => ProgressMode::Global, "owner" => ProgressMode::Owner, "concurrent" => ProgressMode::Concurrent);
-named_enum!(Assignment, "CRI assignment", "round-robin" => Assignment::RoundRobin, "dedicated" => Assignment::Dedicated);
-named_enum!(MatchingMode, "matching mode", "per-comm" => MatchingMode::PerComm, "global" => MatchingMode::Global);
+named_enum!(ProgressMode, "progress mode", "WEFT_PROGRESS", "global" => ProgressMode::Global, "owner" => ProgressMode::Owner, "concurrent" => ProgressMode::Concurrent);
+named_enum!(Assignment, "CRI assignment", "WEFT_ASSIGNMENT", "round-robin" => Assignment::RoundRobin, "dedicated" => Assignment::Dedicated);
+named_enum!(MatchingMode, "matching mode", "WEFT_MATCHING", "per-comm" => MatchingMode::PerComm, "global" => MatchingMode::Global);
 
 macro_rules! lock_help {
     ($var:literal) => {
@@ -211,40 +215,49 @@ impl Default for Config {
 impl Config {
     /// Applies `WEFT_*` environment overrides; a malformed value is an error, not ignored.
     pub fn apply_env(&mut self) -> Result<(), Error> {
-        fn var(name: &str) -> Option<String> {
-            std::env::var(name).ok().filter(|v| !v.trim().is_empty())
+        /// The value of `WEFT_*` variable `$name` (`None`: unset or blank); one that is not
+        /// UTF-8 is a bad value, not an unset one (an MCA parameter with a bad value fails).
+        macro_rules! var {
+            ($name:literal) => {
+                match std::env::var($name) {
+                    Ok(v) if v.trim().is_empty() => None,
+                    Ok(v) => Some(v),
+                    Err(std::env::VarError::NotPresent) => None,
+                    Err(std::env::VarError::NotUnicode(_)) => return Err(Error::InvalidArgument(concat!($name, " is not valid UTF-8"))),
+                }
+            };
         }
         fn num(name: &'static str, v: &str) -> Result<usize, Error> {
             v.trim().parse::<usize>().map_err(|_| Error::InvalidArgument(name))
         }
-        if let Some(v) = var("WEFT_PROGRESS") {
-            self.progress = v.parse()?;
+        if let Some(v) = var!("WEFT_PROGRESS") {
+            self.progress = v.parse().map_err(|_| ProgressMode::ENV_ERROR)?;
         }
-        if let Some(v) = var("WEFT_ASSIGNMENT") {
-            self.assignment = v.parse()?;
+        if let Some(v) = var!("WEFT_ASSIGNMENT") {
+            self.assignment = v.parse().map_err(|_| Assignment::ENV_ERROR)?;
         }
-        if let Some(v) = var("WEFT_MATCHING") {
-            self.matching = v.parse()?;
+        if let Some(v) = var!("WEFT_MATCHING") {
+            self.matching = v.parse().map_err(|_| MatchingMode::ENV_ERROR)?;
         }
-        if let Some(v) = var("WEFT_CRIS") {
-            self.cris = num("WEFT_CRIS must be a positive integer", &v)?;
+        if let Some(v) = var!("WEFT_CRIS") {
+            self.cris = num("WEFT_CRIS must be an integer in 1..=1024", &v)?;
         }
-        if let Some(v) = var("WEFT_EAGER_THRESHOLD") {
-            self.eager_threshold = num("WEFT_EAGER_THRESHOLD must be a byte count", &v)?;
+        if let Some(v) = var!("WEFT_EAGER_THRESHOLD") {
+            self.eager_threshold = num("WEFT_EAGER_THRESHOLD must be a byte count of at most 64 MiB", &v)?;
         }
-        if let Some(v) = var("WEFT_INBOX") {
-            self.inbox_capacity = num("WEFT_INBOX must be a positive integer", &v)?;
+        if let Some(v) = var!("WEFT_INBOX") {
+            self.inbox_capacity = num("WEFT_INBOX must be an integer in 1..=1048576", &v)?;
         }
-        if let Some(v) = var("WEFT_WORKERS") {
+        if let Some(v) = var!("WEFT_WORKERS") {
             self.workers = num("WEFT_WORKERS must be a worker count", &v)?;
         }
-        if let Some(v) = var("WEFT_PACK_THRESHOLD") {
+        if let Some(v) = var!("WEFT_PACK_THRESHOLD") {
             self.pack_threshold = num("WEFT_PACK_THRESHOLD must be a byte count", &v)?;
         }
-        if let Some(v) = var("WEFT_PROVIDER") {
+        if let Some(v) = var!("WEFT_PROVIDER") {
             self.provider = v.parse()?;
         }
-        if let Some(v) = var("WEFT_MATCH_TIMING") {
+        if let Some(v) = var!("WEFT_MATCH_TIMING") {
             self.match_timing = matches!(v.trim(), "1" | "true" | "yes" | "on");
         }
         for path in [LockPath::Progress, LockPath::Cri, LockPath::Matching] {
@@ -259,30 +272,66 @@ impl Config {
                 self.locks.set(path, kind);
             }
         }
-        if let Some(v) = var("WEFT_YIELD_US") {
+        if let Some(v) = var!("WEFT_YIELD_US") {
             let us = num("WEFT_YIELD_US must be a number of microseconds", &v)?;
             self.yield_window = std::time::Duration::from_micros(us as u64);
         }
-        if let Some(v) = var("WEFT_IDLE_PAUSE") {
+        if let Some(v) = var!("WEFT_IDLE_PAUSE") {
             self.idle_pause = u32::try_from(num("WEFT_IDLE_PAUSE must be a count of PAUSE instructions", &v)?)
                 .map_err(|_| Error::InvalidArgument("WEFT_IDLE_PAUSE must be a count of PAUSE instructions"))?;
         }
-        if let Some(v) = var("WEFT_PER_THREAD_ORDER") {
+        if let Some(v) = var!("WEFT_PER_THREAD_ORDER") {
             self.per_thread_order = matches!(v.trim(), "1" | "true" | "yes" | "on");
         }
-        if let Some(v) = var("WEFT_LOCK_TIMING") {
+        if let Some(v) = var!("WEFT_LOCK_TIMING") {
             self.lock_timing = matches!(v.trim(), "1" | "true" | "yes" | "on");
         }
         self.validate()
     }
 
-    /// Checks the sizes.
+    /// Most CRIs per rank (`WEFT_CRIS`, [`Builder::cris`](crate::Builder::cris)).
+    pub const MAX_CRIS: usize = 1024;
+
+    /// Most frames one CRI inbox holds (`WEFT_INBOX`,
+    /// [`Builder::inbox_capacity`](crate::Builder::inbox_capacity)): 2^20 (see
+    /// `weft_transport::embedded::MAX_INBOX_CAPACITY`). The libfabric providers post at most
+    /// 256 receive buffers per CRI whatever it is.
+    pub const MAX_INBOX_CAPACITY: usize = weft_transport::embedded::MAX_INBOX_CAPACITY;
+
+    /// Most inbox frames of one rank on the embedded provider, over its CRIs (CRIs x inbox
+    /// capacity): 2^22, 512 MiB of inbox slots (a slot is a 128-byte line on x86-64).
+    pub const MAX_RANK_INBOX_FRAMES: usize = 1 << 22;
+
+    /// Largest eager threshold (`WEFT_EAGER_THRESHOLD`,
+    /// [`Builder::eager_threshold`](crate::Builder::eager_threshold)) on the embedded
+    /// provider: 64 MiB, the capacity its pooled eager buffers are allocated with. The
+    /// libfabric providers take at most 1 MiB.
+    pub const MAX_EAGER_THRESHOLD: usize = weft_transport::embedded::MAX_EAGER_CAPACITY;
+
+    /// Checks the sizes; an error names the setting (builder method and variable).
     pub fn validate(&self) -> Result<(), Error> {
-        if self.cris == 0 || self.cris > 1024 {
-            return Err(Error::InvalidArgument("CRI count must be in 1..=1024"));
+        // The messages below spell these limits out.
+        const _: () = assert!(
+            Config::MAX_CRIS == 1024
+                && Config::MAX_INBOX_CAPACITY == 1_048_576
+                && Config::MAX_RANK_INBOX_FRAMES == 4_194_304
+                && Config::MAX_EAGER_THRESHOLD == 64 << 20
+        );
+        if self.cris == 0 || self.cris > Self::MAX_CRIS {
+            return Err(Error::InvalidArgument("CRI count (WEFT_CRIS / Builder::cris) must be in 1..=1024"));
         }
-        if self.inbox_capacity == 0 {
-            return Err(Error::InvalidArgument("inbox capacity must be at least 1"));
+        if self.inbox_capacity == 0 || self.inbox_capacity > Self::MAX_INBOX_CAPACITY {
+            return Err(Error::InvalidArgument("inbox capacity (WEFT_INBOX / Builder::inbox_capacity) must be in 1..=1048576 frames"));
+        }
+        // Both factors are bounded above: the product fits a `usize`.
+        if self.provider == Provider::Embedded && self.cris * self.inbox_capacity > Self::MAX_RANK_INBOX_FRAMES {
+            return Err(Error::InvalidArgument(
+                "the embedded provider holds at most 4194304 inbox frames per rank: CRI count x inbox capacity \
+                 (WEFT_CRIS x WEFT_INBOX / Builder::cris x Builder::inbox_capacity) is more",
+            ));
+        }
+        if self.eager_threshold > Self::MAX_EAGER_THRESHOLD {
+            return Err(Error::InvalidArgument("eager threshold (WEFT_EAGER_THRESHOLD / Builder::eager_threshold) must be at most 64 MiB"));
         }
         if self.workers > 1024 {
             return Err(Error::InvalidArgument("worker count must be in 0..=1024"));
@@ -295,7 +344,9 @@ impl Config {
         }
         self.provider.check_available()?;
         if self.provider != Provider::Embedded && self.eager_threshold > 1 << 20 {
-            return Err(Error::InvalidArgument("the libfabric providers take an eager threshold of at most 1 MiB"));
+            return Err(Error::InvalidArgument(
+                "the libfabric providers take an eager threshold (WEFT_EAGER_THRESHOLD / Builder::eager_threshold) of at most 1 MiB",
+            ));
         }
         Ok(())
     }

@@ -412,7 +412,9 @@ fn park_two(s: &Shared, mut a: SignalListener<'_>, mut b: Option<SignalListener<
     let waker = PARKER.with(|w| w.clone());
     let start = std::time::Instant::now();
     let deadline = start + PARK_LIMIT;
-    let yield_until = start + s.config.yield_window;
+    // At most the park limit: a longer window yields just as long (the wait ends there), and
+    // `start + Duration::MAX` would overflow the `Instant`.
+    let yield_until = start + s.config.yield_window.min(PARK_LIMIT);
     let mut cx = Context::from_waker(&waker);
     loop {
         if let Poll::Ready(()) = Pin::new(&mut a).poll(&mut cx) {

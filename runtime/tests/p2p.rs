@@ -294,3 +294,77 @@ fn peer_lost_around_the_switch() {
         }
     }
 }
+
+/// Sizes no runtime can have are errors that name the setting, from `build_local`, never a
+/// panic ("capacity overflow", arithmetic overflow) or an allocation no machine can make:
+/// an inbox above `Config::MAX_INBOX_CAPACITY` frames, a CRI count outside
+/// `1..=Config::MAX_CRIS`, more inbox frames per rank than `Config::MAX_RANK_INBOX_FRAMES`,
+/// an eager threshold above `Config::MAX_EAGER_THRESHOLD`, and a world of `u32::MAX` ranks.
+/// The largest accepted values build and carry messages.
+#[test]
+fn absurd_sizes_are_errors_not_panics() {
+    use weft::Config;
+    fn refused(b: weft::Builder, ranks: u32, what: &str) {
+        match b.build_local(ranks) {
+            Err(weft::Error::InvalidArgument(m)) => assert!(m.contains(what), "{what}: {m}"),
+            other => panic!("{what}: expected InvalidArgument, got {:?}", other.map(|r| r.len())),
+        }
+    }
+    for n in [0, Config::MAX_INBOX_CAPACITY + 1, usize::MAX / 4, usize::MAX] {
+        refused(builder().cris(1).inbox_capacity(n), 2, "Builder::inbox_capacity");
+    }
+    for n in [0, Config::MAX_CRIS + 1, usize::MAX] {
+        refused(builder().cris(n), 2, "Builder::cris");
+    }
+    refused(builder().cris(Config::MAX_CRIS).inbox_capacity(Config::MAX_INBOX_CAPACITY), 2, "Builder::inbox_capacity");
+    for n in [Config::MAX_EAGER_THRESHOLD + 1, usize::MAX] {
+        refused(builder().cris(1).eager_threshold(n), 2, "Builder::eager_threshold");
+    }
+    refused(builder().cris(1).inbox_capacity(4), u32::MAX, "ranks");
+    refused(builder().cris(1), 0, "rank");
+
+    // The limits themselves are accepted: a rank of one CRI with the largest inbox (it
+    // sends to itself), and the largest eager threshold (a message far above the default
+    // one still completes inside `isend`, before any receive is posted).
+    let rts = builder().cris(1).inbox_capacity(Config::MAX_INBOX_CAPACITY).build_local(1).unwrap();
+    assert_eq!(rts[0].config().inbox_capacity, Config::MAX_INBOX_CAPACITY);
+    rts[0].world().send(vec![1u8, 2], 0, 3).unwrap();
+    assert_eq!(rts[0].world().recv(Vec::<u8>::with_capacity(2), 0u32, 3).unwrap().0, vec![1, 2]);
+    drop(rts);
+    for threshold in [0, Config::MAX_EAGER_THRESHOLD] {
+        let rts = builder().cris(1).eager_threshold(threshold).build_local(2).unwrap();
+        let (a, b) = (rts[0].world(), rts[1].world());
+        let data: Vec<u8> = (0..100_000u32).map(|i| i as u8).collect();
+        let r = a.isend(data.clone(), 1, 4).unwrap();
+        assert_eq!(r.is_complete(), threshold > 0, "eager threshold {threshold}");
+        let (m, st) = b.recv(Vec::<u8>::with_capacity(data.len()), 0u32, 4).unwrap();
+        assert_eq!((m, st.bytes), (data, 100_000));
+        r.wait().unwrap();
+    }
+}
+
+/// A yield window longer than a wait can last (up to `Duration::MAX`) is a wait that yields
+/// until the park limit, not an overflow of `Instant + Duration` inside the wait. Rounds of a
+/// late send repeat until the receiver has parked (it may find the message without parking
+/// when its thread starts late), so the parking wait is exercised.
+#[test]
+fn a_huge_yield_window_is_a_long_yield() {
+    for window in [std::time::Duration::from_secs(3600), std::time::Duration::MAX] {
+        let rts = builder().progress(weft::ProgressMode::Owner).cris(1).yield_window(window).build_local(2).unwrap();
+        for round in 0u8.. {
+            std::thread::scope(|s| {
+                s.spawn(|| {
+                    std::thread::sleep(std::time::Duration::from_millis(80));
+                    rts[0].world().send(vec![round], 1, 0).unwrap();
+                });
+                let (b, _) = rts[1].world().recv(Vec::<u8>::with_capacity(1), 0u32, 0).unwrap();
+                assert_eq!(b, vec![round]);
+            });
+            let c = rts[1].counters();
+            if c.parks >= 1 {
+                break;
+            }
+            assert!(round < 20, "{window:?}: the receiver never parked: {c:?}");
+        }
+    }
+}

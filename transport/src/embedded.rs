@@ -26,6 +26,23 @@ use crate::loom::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use crate::ring::Inbox;
 use crate::{Error, SendError};
 
+/// Most frames one CRI inbox may hold ([`EmbeddedOptions::inbox_capacity`]): 2^20, 128 MiB
+/// of slots (a slot is one cache-padded line, 128 bytes on x86-64). A deeper inbox only
+/// delays flow control; a size near `usize::MAX` could not even be counted.
+pub const MAX_INBOX_CAPACITY: usize = 1 << 20;
+
+/// Most inbox frames a fabric holds over all its ranks and CRIs (ranks x CRIs x inbox
+/// capacity): 2^27, 16 GiB of slots. The check turns a size no machine can allocate (a
+/// world of `u32::MAX` ranks) into an error instead of an aborted allocation.
+pub const MAX_FABRIC_FRAMES: usize = 1 << 27;
+
+/// Largest [`EmbeddedOptions::eager_capacity`] (64 MiB): the pooled eager buffers are
+/// allocated at this capacity, and one of `usize::MAX` bytes cannot be.
+pub const MAX_EAGER_CAPACITY: usize = 1 << 26;
+
+// The error messages of `fabric` spell these limits out.
+const _: () = assert!(MAX_INBOX_CAPACITY == 1_048_576 && MAX_FABRIC_FRAMES == 1 << 27 && MAX_EAGER_CAPACITY == 64 << 20);
+
 /// Sizes of an embedded fabric.
 #[derive(Clone, Copy, Debug)]
 pub struct EmbeddedOptions {
@@ -33,9 +50,11 @@ pub struct EmbeddedOptions {
     pub ranks: u32,
     /// CRIs per rank.
     pub cris: usize,
-    /// Frames each CRI inbox holds before senders are pushed back.
+    /// Frames each CRI inbox holds before senders are pushed back (1 to
+    /// [`MAX_INBOX_CAPACITY`]).
     pub inbox_capacity: usize,
-    /// Capacity of the eager buffers in the per-rank pools (the eager threshold).
+    /// Capacity of the eager buffers in the per-rank pools (the eager threshold; at most
+    /// [`MAX_EAGER_CAPACITY`]).
     pub eager_capacity: usize,
 }
 
@@ -196,9 +215,18 @@ pub fn fabric(opts: EmbeddedOptions) -> Result<Vec<Endpoint>, Error> {
     if opts.ranks == 0 || opts.cris == 0 || opts.cris > u16::MAX as usize {
         return Err(Error::InvalidArgument("an embedded fabric needs >= 1 rank and 1..=65535 CRIs"));
     }
-    if opts.inbox_capacity == 0 {
-        return Err(Error::InvalidArgument("inbox capacity must be at least 1"));
+    if opts.inbox_capacity == 0 || opts.inbox_capacity > MAX_INBOX_CAPACITY {
+        return Err(Error::InvalidArgument("inbox capacity must be in 1..=1048576 frames"));
     }
+    if opts.eager_capacity > MAX_EAGER_CAPACITY {
+        return Err(Error::InvalidArgument("eager capacity must be at most 64 MiB"));
+    }
+    // Checked: `ranks x cris x inbox_capacity` may not fit a `usize`.
+    let frames = (opts.ranks as usize).checked_mul(opts.cris).and_then(|n| n.checked_mul(opts.inbox_capacity));
+    if !frames.is_some_and(|n| n <= MAX_FABRIC_FRAMES) {
+        return Err(Error::InvalidArgument("an embedded fabric holds at most 2^27 inbox frames: ranks x CRIs x inbox capacity is more"));
+    }
+    // Bounded by the check above (cris x inbox_capacity <= 2^27).
     let pool_cap = (opts.cris * opts.inbox_capacity * 2).clamp(64, 1 << 16);
     let ranks = (0..opts.ranks)
         .map(|_| RankSlot {
@@ -557,5 +585,131 @@ mod tests {
             assert!(matches!(eps[0].send(1, 0, h, b"abc"), Err(SendError::Invalid(_))));
         }
         assert!(!eps[1].has_frames(0));
+    }
+
+    /// Sizes no fabric can have are `InvalidArgument`, never a panic ("capacity overflow"
+    /// from an inbox of `usize::MAX / 4` slots, an eager buffer of `usize::MAX` bytes at the
+    /// first pooled send) or an allocation no machine can make (a world of `u32::MAX`
+    /// ranks, or whose `ranks x CRIs x inbox capacity` overflows a `usize`).
+    #[test]
+    fn absurd_sizes_are_errors() {
+        let refused = |opts: EmbeddedOptions| match fabric(opts) {
+            Err(Error::InvalidArgument(_)) => {}
+            other => panic!("{opts:?}: expected InvalidArgument, got {:?}", other.map(|e| e.len())),
+        };
+        let small = EmbeddedOptions { ranks: 2, cris: 1, inbox_capacity: 4, eager_capacity: 64 };
+        for inbox_capacity in [0, MAX_INBOX_CAPACITY + 1, usize::MAX / 4, usize::MAX] {
+            refused(EmbeddedOptions { inbox_capacity, ..small });
+        }
+        for eager_capacity in [MAX_EAGER_CAPACITY + 1, usize::MAX] {
+            refused(EmbeddedOptions { eager_capacity, ..small });
+        }
+        for cris in [0, u16::MAX as usize + 1] {
+            refused(EmbeddedOptions { cris, ..small });
+        }
+        refused(EmbeddedOptions { ranks: 0, ..small });
+        refused(EmbeddedOptions { ranks: u32::MAX, ..small });
+        // One more rank than the fabric-wide frame budget allows (nothing is allocated).
+        refused(EmbeddedOptions {
+            ranks: (MAX_FABRIC_FRAMES / MAX_INBOX_CAPACITY) as u32 + 1,
+            inbox_capacity: MAX_INBOX_CAPACITY,
+            ..small
+        });
+        // The product overflows a `usize`.
+        refused(EmbeddedOptions { ranks: u32::MAX, cris: u16::MAX as usize, inbox_capacity: MAX_INBOX_CAPACITY, ..small });
+
+        // The largest eager capacity is accepted, and a pooled send allocates its buffer.
+        let eps = fabric(EmbeddedOptions { eager_capacity: MAX_EAGER_CAPACITY, ..small }).unwrap();
+        let data = [7u8; 100];
+        eps[0].send(1, 0, header(FrameKind::Eager, data.len() as u64, 0, 0, 0), &data).unwrap();
+        let mut got = Vec::new();
+        assert_eq!(eps[1].poll(0, 4, |f| got.push(f)), 1);
+        assert_eq!(got[0].payload.as_slice(), &data[..]);
+    }
+
+    /// The inboxes of one rank's CRIs are isolated: a frame sent to CRI `k` is seen and
+    /// polled only on CRI `k` of the destination (not on its other CRIs, nor on the sender's
+    /// own), and frames of one (sender rank, sender CRI) to one receiving CRI come out in the
+    /// order they were sent — also when the senders of every CRI of two ranks push at once
+    /// while the receiver polls, with inboxes small enough to refuse them at times.
+    #[test]
+    fn cri_inboxes_are_isolated_and_fifo_per_cri_pair() {
+        const CRIS: usize = 3;
+        /// A frame from CRI `src_cri` of rank `source`, addressed to CRI `dst` (in its tag),
+        /// numbered `seq` among those of its (sender, receiving CRI) pair.
+        fn frame(source: u32, src_cri: usize, dst: usize, seq: u32) -> Header {
+            Header { src_cri: src_cri as u16, source, tag: dst as i32, seq, ..header(FrameKind::Eager, 0, 0, 0, 0) }
+        }
+        let eps = fabric(EmbeddedOptions { ranks: 3, cris: CRIS, inbox_capacity: 8, eager_capacity: 64 }).unwrap();
+        let poll_all = |ep: &Endpoint, cri: usize| {
+            let mut got = Vec::new();
+            ep.poll(cri, usize::MAX, |f| got.push(f.header));
+            got
+        };
+
+        // One frame at a time, to each CRI in turn: only that CRI has it.
+        for dst in [1, 0, 2] {
+            eps[0].send(1, dst, frame(0, 0, dst, 0), &[]).unwrap();
+            for other in (0..CRIS).filter(|&c| c != dst) {
+                assert!(!eps[1].has_frames(other), "a frame for CRI {dst} shows on CRI {other}");
+                assert!(poll_all(&eps[1], other).is_empty(), "a frame for CRI {dst} was polled from CRI {other}");
+            }
+            assert!(!eps[0].any_frames() && !eps[2].any_frames(), "a frame for rank 1 reached another rank");
+            assert!(eps[1].has_frames(dst));
+            assert_eq!(poll_all(&eps[1], dst), vec![frame(0, 0, dst, 0)]);
+            assert!(!eps[1].any_frames());
+        }
+
+        // Interleaved, one thread: every CRI pair keeps its order.
+        for seq in 0..2 {
+            for src_cri in 0..CRIS {
+                for dst in 0..CRIS {
+                    eps[0].send(1, dst, frame(0, src_cri, dst, seq), &[]).unwrap();
+                }
+            }
+        }
+        for dst in 0..CRIS {
+            let want: Vec<Header> = (0..2).flat_map(|seq| (0..CRIS).map(move |c| frame(0, c, dst, seq))).collect();
+            assert_eq!(poll_all(&eps[1], dst), want, "CRI {dst}");
+        }
+
+        // Concurrent: a thread per sending CRI of ranks 0 and 2, each sending `N` frames to
+        // every CRI of rank 1 in turn, retrying refusals (inbox of 8) while rank 1 polls.
+        const N: u32 = 2000;
+        let senders = [0u32, 2];
+        std::thread::scope(|s| {
+            for &rank in &senders {
+                for src_cri in 0..CRIS {
+                    let ep = &eps[rank as usize];
+                    s.spawn(move || {
+                        for seq in 0..N {
+                            for dst in 0..CRIS {
+                                while let Err(e) = ep.send(1, dst, frame(rank, src_cri, dst, seq), &[]) {
+                                    assert!(matches!(e, SendError::WouldBlock), "{e:?}");
+                                    std::thread::yield_now();
+                                }
+                            }
+                        }
+                    });
+                }
+            }
+            // (source, src_cri, dst) -> the sequence number the pair must show next.
+            let mut next: HashMap<(u32, u16, usize), u32> = HashMap::new();
+            let mut left = senders.len() * CRIS * CRIS * N as usize;
+            while left > 0 {
+                for dst in 0..CRIS {
+                    eps[1].poll(dst, 16, |f| {
+                        let h = f.header;
+                        assert_eq!(h.tag, dst as i32, "a frame for CRI {} was polled from CRI {dst}", h.tag);
+                        let want = next.entry((h.source, h.src_cri, dst)).or_insert(0);
+                        assert_eq!(h.seq, *want, "rank {} CRI {} -> CRI {dst}: out of order", h.source, h.src_cri);
+                        *want += 1;
+                        left -= 1;
+                    });
+                }
+            }
+            assert!(!eps[0].any_frames() && !eps[2].any_frames(), "frames for rank 1 reached a sender");
+        });
+        assert!(!eps[1].any_frames());
     }
 }

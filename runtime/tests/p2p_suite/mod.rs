@@ -543,6 +543,40 @@ fn freed_context_ids_are_reused_and_stale_frames_dropped() {
     }
 }
 
+/// Freeing a stale handle (a clone of a communicator already freed through another handle)
+/// is a no-op: it does not give back the context slot that a later `dup` agreed on again,
+/// so the communicator now in the slot keeps working and the next `dup` still finds a slot
+/// free on every rank (before, the stale free released the live communicator's claim, and
+/// the next `dup` failed on every rank with "context id already in use").
+#[test]
+fn freeing_a_stale_clone_keeps_the_slot_of_its_successor() {
+    for mode in MODES {
+        let rts = world(2, mode);
+        let (x0, x1) = dup_both(&rts);
+        let (stale0, stale1) = (x0.clone(), x1.clone());
+        x0.free();
+        x1.free();
+        let (y0, y1) = dup_both(&rts);
+        assert_eq!(y0.context_id() & 0xfff, stale0.context_id() & 0xfff, "{mode}: y reuses the freed slot");
+        stale0.free();
+        stale1.free();
+        let (z0, z1) = std::thread::scope(|s| {
+            let h = s.spawn(|| rts[1].world().dup());
+            (rts[0].world().dup(), h.join().unwrap())
+        });
+        let (z0, z1) =
+            (z0.unwrap_or_else(|e| panic!("{mode}: dup on rank 0: {e}")), z1.unwrap_or_else(|e| panic!("{mode}: dup on rank 1: {e}")));
+        assert_eq!(z0.context_id(), z1.context_id());
+        assert_ne!(z0.context_id() & 0xfff, y0.context_id() & 0xfff, "{mode}: z took the slot y still holds");
+        // y still carries messages, and so does z.
+        y0.send(vec![7u8, 8], 1, 5).unwrap();
+        let (m, st) = y1.recv(Vec::<u8>::with_capacity(2), 0u32, 5).unwrap();
+        assert_eq!((m, st.source, st.tag), (vec![7, 8], 0, 5), "{mode}");
+        z1.send(vec![9u8], 0, 6).unwrap();
+        assert_eq!(z0.recv(Vec::<u8>::with_capacity(1), 1u32, 6).unwrap().0, vec![9], "{mode}");
+    }
+}
+
 fn dup_assert(rts: &[Runtime], a: weft::Assertions) -> (weft::Communicator, weft::Communicator) {
     std::thread::scope(|s| {
         let h = s.spawn(|| rts[1].world().dup_with_assertions(a).unwrap());
