@@ -53,7 +53,7 @@ macro_rules! named_enum {
             fn from_str(s: &str) -> Result<Self, Error> {
                 match s.trim().to_ascii_lowercase().as_str() {
                     $( $name => Ok($v), )+
-                    _ => Err(Error::InvalidArgument(concat!("unknown ", $what, " (expected one of: ", $( $name, " ", )+ ")"))),
+                    _ => Err(Error::InvalidArgument(concat!("unknown ", $what, " (expected one of:", $( " ", $name, )+ ")"))),
                 }
             }
         }
@@ -230,6 +230,15 @@ impl Config {
         fn num(name: &'static str, v: &str) -> Result<usize, Error> {
             v.trim().parse::<usize>().map_err(|_| Error::InvalidArgument(name))
         }
+        // A switch: a value that is neither on nor off is an error (as a bad MCA parameter
+        // is), not silently "off".
+        fn switch(name: &'static str, v: &str) -> Result<bool, Error> {
+            match v.trim().to_ascii_lowercase().as_str() {
+                "1" | "true" | "yes" | "on" => Ok(true),
+                "0" | "false" | "no" | "off" => Ok(false),
+                _ => Err(Error::InvalidArgument(name)),
+            }
+        }
         if let Some(v) = var!("WEFT_PROGRESS") {
             self.progress = v.parse().map_err(|_| ProgressMode::ENV_ERROR)?;
         }
@@ -255,10 +264,10 @@ impl Config {
             self.pack_threshold = num("WEFT_PACK_THRESHOLD must be a byte count", &v)?;
         }
         if let Some(v) = var!("WEFT_PROVIDER") {
-            self.provider = v.parse()?;
+            self.provider = v.parse().map_err(|_| Error::InvalidArgument("WEFT_PROVIDER must be one of: embedded shm tcp"))?;
         }
         if let Some(v) = var!("WEFT_MATCH_TIMING") {
-            self.match_timing = matches!(v.trim(), "1" | "true" | "yes" | "on");
+            self.match_timing = switch("WEFT_MATCH_TIMING must be 1/true/yes/on or 0/false/no/off", &v)?;
         }
         for path in [LockPath::Progress, LockPath::Cri, LockPath::Matching] {
             let kind = path.kind_from_env().map_err(|_| {
@@ -281,10 +290,10 @@ impl Config {
                 .map_err(|_| Error::InvalidArgument("WEFT_IDLE_PAUSE must be a count of PAUSE instructions"))?;
         }
         if let Some(v) = var!("WEFT_PER_THREAD_ORDER") {
-            self.per_thread_order = matches!(v.trim(), "1" | "true" | "yes" | "on");
+            self.per_thread_order = switch("WEFT_PER_THREAD_ORDER must be 1/true/yes/on or 0/false/no/off", &v)?;
         }
         if let Some(v) = var!("WEFT_LOCK_TIMING") {
-            self.lock_timing = matches!(v.trim(), "1" | "true" | "yes" | "on");
+            self.lock_timing = switch("WEFT_LOCK_TIMING must be 1/true/yes/on or 0/false/no/off", &v)?;
         }
         self.validate()
     }

@@ -168,5 +168,30 @@ fn weft_variables_override_the_builder_and_bad_values_fail() {
         refused(var, "\\xff4");
         std::env::remove_var(var);
     }
+    // The switches: the on and off spellings in any case; anything else is an error naming
+    // the variable (it was taken for "off").
+    type Get = fn(&Config) -> bool;
+    let switches: [(&str, Get); 3] = [
+        ("WEFT_MATCH_TIMING", |c| c.match_timing),
+        ("WEFT_LOCK_TIMING", |c| c.lock_timing),
+        ("WEFT_PER_THREAD_ORDER", |c| c.per_thread_order),
+    ];
+    for (var, get) in switches {
+        for (value, want) in [("1", true), ("on", true), (" TRUE ", true), ("yes", true), ("0", false), ("off", false), ("No", false)] {
+            std::env::set_var(var, value);
+            let c = Runtime::builder().assignment(Assignment::Dedicated).resolve().unwrap();
+            assert_eq!(get(&c), want, "{var}={value:?}");
+        }
+        for value in ["2", "enable", "o n", "-1"] {
+            std::env::set_var(var, value);
+            refused(var, value);
+        }
+        std::env::remove_var(var);
+    }
+    for value in ["infiniband", "sm", "1"] {
+        std::env::set_var("WEFT_PROVIDER", value);
+        refused("WEFT_PROVIDER", value);
+    }
+    std::env::remove_var("WEFT_PROVIDER");
     assert_eq!(builder().resolve().unwrap(), asked, "every variable removed again");
 }
