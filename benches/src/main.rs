@@ -26,7 +26,8 @@ struct Cli {
 #[derive(Debug, Subcommand)]
 enum Cmd {
     /// The Multirate benchmark (seed 003 §3.5, Appendix A).
-    Multirate(multirate::Args),
+    // Boxed: its many options make it the one large variant.
+    Multirate(Box<multirate::Args>),
     /// CPU cost of one message, both sides, one thread driving two ranks (no waiting).
     Msgcost(msgcost::Args),
     /// One-way latency on libfabric (shm, tcp) against fi_pingpong, in real processes.

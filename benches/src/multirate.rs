@@ -10,7 +10,9 @@
 //! every receiver). Thread mode: two ranks, T threads each (senders on rank 0, receivers on
 //! rank 1). Process mode: 2T ranks of one thread each, in this OS process on the embedded
 //! provider (senders are ranks 0..T, receivers T..2T). The message rate counts data messages
-//! per second over the whole run.
+//! per second over the whole run, as the workers time it: from the first one leaving the
+//! start barrier to the last one done (a coordinator thread's clock runs late whenever the
+//! OS runs it late).
 //!
 //! The runs of the modes alternate (thread, process, process, thread, ...), and each thread
 //! row carries `thread_over_process`, the median of the per-run ratios: a virtual machine's
@@ -112,6 +114,10 @@ pub struct Args {
     /// Internal: run one rank of a launched job (one configuration).
     #[arg(long, hide = true)]
     rank_worker: bool,
+    /// Internal (tests): worker N of every run (spawn order: senders, then receivers) fails
+    /// at its first measured iteration, as a worker whose wait fails would.
+    #[arg(long, hide = true)]
+    fail_worker: Option<usize>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -205,6 +211,7 @@ pub fn run(a: &Args) -> Result<(), String> {
 
     let provider: Provider = a.provider.parse().map_err(|e| format!("{e}"))?;
     let cpus = worker_cpus(a)?;
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     if a.rank_worker {
         let p = Point {
             pattern: patterns[0],
@@ -240,7 +247,7 @@ pub fn run(a: &Args) -> Result<(), String> {
             "# weft-bench multirate: iterations={} runs={} (median) cores={} bind={} provider={provider}{}",
             a.iterations,
             a.runs,
-            std::thread::available_parallelism().map_or(1, |n| n.get()),
+            cores,
             a.bind,
             if provider == Provider::Embedded { "" } else { " (one process per rank, via weftrun)" }
         );
@@ -288,11 +295,13 @@ pub fn run(a: &Args) -> Result<(), String> {
                                         for k in 0..modes.len() {
                                             let m = if run % 2 == 0 { k } else { modes.len() - 1 - k };
                                             let p = point(modes[m]);
-                                            rates[m].push(if provider == Provider::Embedded {
-                                                measure(&p, a, &cpus)?
-                                            } else {
-                                                launch(&p, a, provider)?
-                                            });
+                                            rates[m].push(plausible(cores, || {
+                                                if provider == Provider::Embedded {
+                                                    measure(&p, a, &cpus, Faults::of(a))
+                                                } else {
+                                                    launch(&p, a, provider)
+                                                }
+                                            })?);
                                         }
                                     }
                                     let process = modes.iter().position(|&m| m == Mode::Process);
@@ -334,6 +343,38 @@ pub fn run(a: &Args) -> Result<(), String> {
         }
     }
     Ok(())
+}
+
+/// The least CPU time a message takes through weft, both sides together: about 1,900
+/// instructions (`msgcost`, docs/BENCHMARKS.md), over 50 ns even at 6 instructions a cycle
+/// at 6 GHz. A rate that leaves less than this per message over all of the machine's cores
+/// (2 cores: above 200 M msg/s) was mis-timed, not measured.
+const MIN_CPU_PER_MESSAGE: Duration = Duration::from_nanos(10);
+
+/// Runs at most this many times to get one plausible rate.
+const ATTEMPTS: usize = 3;
+
+/// The rate of `run`, run again (up to [`ATTEMPTS`] times in all) while it is implausible
+/// on `cores` cores (see [`MIN_CPU_PER_MESSAGE`]); each discarded rate is reported, and an
+/// error if no run gave a plausible one: a broken clock must not make a row.
+fn plausible(cores: usize, mut run: impl FnMut() -> Result<f64, String>) -> Result<f64, String> {
+    let limit = cores as f64 / MIN_CPU_PER_MESSAGE.as_secs_f64();
+    let mut seen = Vec::with_capacity(ATTEMPTS);
+    for _ in 0..ATTEMPTS {
+        let rate = run()?;
+        // Also catches a zero time (an infinite rate) and NaN.
+        if rate > 0.0 && rate <= limit {
+            return Ok(rate);
+        }
+        eprintln!(
+            "# multirate: discarded an implausible rate of {rate:.0} msg/s (over {limit:.0} on {cores} cores: mis-timed); running again"
+        );
+        seen.push(format!("{rate:.0}"));
+    }
+    Err(format!(
+        "multirate: {ATTEMPTS} runs gave implausible rates ({} msg/s, over {limit:.0} on {cores} cores): the timing is broken",
+        seen.join(", ")
+    ))
 }
 
 /// Time for a cache line to travel to another thread and back: two threads alternate a
@@ -434,7 +475,7 @@ fn worker_cpus(a: &Args) -> Result<Vec<usize>, String> {
     Ok(cpus)
 }
 
-fn measure(p: &Point, a: &Args, cpus: &[usize]) -> Result<f64, String> {
+fn measure(p: &Point, a: &Args, cpus: &[usize], faults: Faults) -> Result<f64, String> {
     let (iterations, comm_per_pair, overtaking, counters) = (a.iterations, a.comm_per_pair, a.overtaking, a.counters);
     let t = p.pairs;
     let links = p.pattern.links(t);
@@ -496,7 +537,8 @@ fn measure(p: &Point, a: &Args, cpus: &[usize]) -> Result<f64, String> {
     let barrier = Barrier::new(workers + 1);
     let warmup = (iterations / 10).clamp(1, 20);
     let (w, size) = (p.window, p.size);
-    let elapsed = run_roles(&senders, &receivers, cpus, &barrier, (w, size, iterations, warmup), || Ok(()))?;
+    // One process: its workers' window is the whole run.
+    let elapsed = run_roles(&senders, &receivers, cpus, &barrier, (w, size, iterations, warmup), faults, || Ok(Instant::now())).workers;
     let messages = (links.len() * w * iterations) as f64;
     if counters {
         for (r, rt) in runtimes.iter().enumerate() {
@@ -513,7 +555,18 @@ fn measure(p: &Point, a: &Args, cpus: &[usize]) -> Result<f64, String> {
 
 /// Runs every role with links on its own thread and times the measured phase: the roles
 /// and this thread meet at `barrier` after the warm-up, at the start and at the end; `sync`
-/// runs after the warm-up and end meetings (a cross-process barrier in a launched job).
+/// runs after the warm-up and end meetings (a cross-process barrier in a launched job) and
+/// gives an instant before any rank of the job can leave it.
+///
+/// The workers time themselves: each notes when it leaves the start barrier and when it
+/// has finished its measured iterations. This thread shares the cores with them and may
+/// run long after the barrier let everyone go (a clock started where it woke missed the
+/// work done meanwhile: one sweep reported an impossible 265 M msg/s), or long after they
+/// finished.
+///
+/// A worker that fails (or panics), or a failed `sync`, ends the process through
+/// [`fail_run`]: its partners wait inside weft for messages it will never send, which
+/// nothing interrupts, so the run cannot be unwound and joined.
 ///
 /// With `cpus` (`--bind core`), sender i runs on `cpus[i % n]` and receiver j on
 /// `cpus[(T + j) % n]`: the CPU of rank i, or T + j, in process mode under `mpirun
@@ -527,8 +580,9 @@ fn run_roles(
     cpus: &[usize],
     barrier: &Barrier,
     (w, size, iterations, warmup): (usize, usize, usize, usize),
-    sync: impl Fn() -> Result<(), String>,
-) -> Result<Duration, String> {
+    faults: Faults,
+    sync: impl Fn() -> Result<Instant, String>,
+) -> Timing {
     std::thread::scope(|s| {
         let mut hs = Vec::new();
         let t = senders.len();
@@ -538,43 +592,108 @@ fn run_roles(
                 None => Ok(()),
             }
         };
+        // A worker's failure ends the process (see above); `AssertUnwindSafe`: nothing the
+        // panicking worker touched is used again.
+        let guard =
+            |who: String, work: &dyn Fn() -> Result<Window, String>| match std::panic::catch_unwind(std::panic::AssertUnwindSafe(work)) {
+                Ok(Ok(window)) => window,
+                Ok(Err(e)) => fail_run(&format!("multirate: {who} failed: {e}")),
+                Err(_) => fail_run(&format!("multirate: {who} panicked")),
+            };
         for (i, role) in senders.iter().enumerate().filter(|(_, r)| !r.links.is_empty()) {
+            let strike = faults.strike(hs.len());
             hs.push(s.spawn(move || {
-                bind(i)?;
-                sender(role, w, size, iterations, warmup, barrier)
+                guard(format!("sender {i}"), &|| {
+                    bind(i)?;
+                    sender(role, w, size, iterations, warmup, barrier, strike)
+                })
             }));
         }
         for (j, role) in receivers.iter().enumerate().filter(|(_, r)| !r.links.is_empty()) {
+            let strike = faults.strike(hs.len());
             hs.push(s.spawn(move || {
-                bind(t + j)?;
-                receiver(role, w, size, iterations, warmup, barrier)
+                guard(format!("receiver {j}"), &|| {
+                    bind(t + j)?;
+                    receiver(role, w, size, iterations, warmup, barrier, strike)
+                })
             }));
         }
+        let sync = || sync().unwrap_or_else(|e| fail_run(&format!("multirate: barrier of the job: {e}")));
         barrier.wait(); // warm-up done here
-        sync()?;
+        let released = sync();
         barrier.wait(); // start
-        let t0 = Instant::now();
+        pause(faults.coordinator_pause);
         barrier.wait(); // end here
-        sync()?;
-        let el = t0.elapsed();
-        for h in hs {
-            h.join().map_err(|_| "worker panicked".to_string())??;
-        }
-        Ok(el)
+        sync();
+        let ended = Instant::now();
+        // Every worker has passed the end barrier, so none of them fails any more.
+        let windows: Vec<Window> = hs.into_iter().map(|h| h.join().unwrap_or_else(|_| fail_run("multirate: a worker panicked"))).collect();
+        let first = windows.iter().map(|w| w.start).min().expect("a run has workers");
+        let last = windows.iter().map(|w| w.end).max().expect("a run has workers");
+        Timing { workers: last - first, job: ended - released }
     })
 }
 
-fn sender(role: &Role<'_>, w: usize, size: usize, iterations: usize, warmup: usize, barrier: &Barrier) -> Result<(), String> {
+/// When one worker ran its measured iterations: from leaving the start barrier to having
+/// completed its last operation.
+#[derive(Clone, Copy, Debug)]
+struct Window {
+    start: Instant,
+    end: Instant,
+}
+
+/// How long a run's measured phase took.
+#[derive(Clone, Copy, Debug)]
+struct Timing {
+    /// From the first of this process's workers starting its measured iterations to the
+    /// last one ending them: every operation of those workers lies in between, whenever
+    /// the OS ran which thread. With the embedded provider, all of the run.
+    workers: Duration,
+    /// From before any rank of a launched job could start (rank 0, before it lets the
+    /// start barrier go) to after every rank has ended (the end barrier): the whole job's
+    /// exchange, with a barrier's latency (a few µs) at each end.
+    job: Duration,
+}
+
+/// Ends the process after a worker, or the coordinator, failed mid-run: prints the error
+/// as `main` does and exits with `main`'s status 2.
+///
+/// The run cannot be unwound: the failed thread's partners wait inside weft for messages
+/// it will never send (a receive, or a send to an inbox nobody drains), and nothing
+/// interrupts such a wait. `_exit` rather than `exit`: no atexit handler or library
+/// destructor (libfabric's) runs while those threads are still inside the runtime.
+fn fail_run(err: &str) -> ! {
+    use std::io::Write;
+    eprintln!("weft-bench: {err}");
+    let _ = std::io::stdout().flush();
+    // SAFETY: `_exit` has no preconditions; it ends the process at once.
+    unsafe { libc::_exit(2) }
+}
+
+fn sender(
+    role: &Role<'_>,
+    w: usize,
+    size: usize,
+    iterations: usize,
+    warmup: usize,
+    barrier: &Barrier,
+    strike: Strike,
+) -> Result<Window, String> {
     let e = |e: weft::Error| e.to_string();
     if let Some((rt, k)) = role.pin {
         rt.pin_cri(k).map_err(e)?;
     }
     let mut bufs: Vec<Vec<u8>> = (0..w * role.links.len()).map(|_| vec![7u8; size]).collect();
     let mut ctl: Vec<Vec<u8>> = (0..role.links.len()).map(|_| Vec::with_capacity(1)).collect();
+    let mut window = None;
     for phase in 0..2 {
         let n = if phase == 0 { warmup } else { iterations };
-        if phase == 1 {
+        let start = (phase == 1).then(|| {
             barrier.wait();
+            Instant::now()
+        });
+        if phase == 1 {
+            strike.hit()?;
         }
         for _ in 0..n {
             // Ready from every receiver.
@@ -602,21 +721,35 @@ fn sender(role: &Role<'_>, w: usize, size: usize, iterations: usize, warmup: usi
             weft::wait_all(&mut acks).map_err(e)?;
             ctl.extend(acks.iter_mut().filter_map(|r| r.take()).filter_map(|r| r.ok()).map(|(b, _)| b));
         }
+        window = start.map(|start| Window { start, end: Instant::now() });
         barrier.wait();
     }
-    Ok(())
+    Ok(window.expect("the measured phase ran"))
 }
 
-fn receiver(role: &Role<'_>, w: usize, size: usize, iterations: usize, warmup: usize, barrier: &Barrier) -> Result<(), String> {
+fn receiver(
+    role: &Role<'_>,
+    w: usize,
+    size: usize,
+    iterations: usize,
+    warmup: usize,
+    barrier: &Barrier,
+    strike: Strike,
+) -> Result<Window, String> {
     let e = |e: weft::Error| e.to_string();
     if let Some((rt, k)) = role.pin {
         rt.pin_cri(k).map_err(e)?;
     }
     let mut bufs: Vec<Vec<u8>> = (0..w * role.links.len()).map(|_| Vec::with_capacity(size)).collect();
+    let mut window = None;
     for phase in 0..2 {
         let n = if phase == 0 { warmup } else { iterations };
-        if phase == 1 {
+        let start = (phase == 1).then(|| {
             barrier.wait();
+            Instant::now()
+        });
+        if phase == 1 {
+            strike.hit()?;
         }
         for _ in 0..n {
             let mut reqs: Vec<Request<'_, Vec<u8>>> = Vec::with_capacity(bufs.len());
@@ -642,29 +775,85 @@ fn receiver(role: &Role<'_>, w: usize, size: usize, iterations: usize, warmup: u
                 role.comm_of[x].send(&b"a"[..], peer, tags(l).2).map_err(e)?;
             }
         }
+        window = start.map(|start| Window { start, end: Instant::now() });
         barrier.wait();
     }
-    Ok(())
+    Ok(window.expect("the measured phase ran"))
+}
+
+/// Faults a test injects into a run.
+#[derive(Clone, Copy, Debug, Default)]
+struct Faults {
+    /// This worker (spawn order: senders, then receivers) fails at its first measured
+    /// iteration (`--fail-worker`).
+    fail_worker: Option<usize>,
+    /// The coordinator pauses right after the start barrier, as a descheduled thread would
+    /// (unit tests).
+    coordinator_pause: Duration,
+    /// Every worker pauses at its first measured iteration: work the run's time must
+    /// include (unit tests).
+    worker_pause: Duration,
+}
+
+impl Faults {
+    /// The faults the command line asks for.
+    fn of(a: &Args) -> Self {
+        Faults { fail_worker: a.fail_worker, ..Faults::default() }
+    }
+
+    /// What worker `k` (spawn order) does at its first measured iteration.
+    fn strike(&self, k: usize) -> Strike {
+        Strike { fail: self.fail_worker == Some(k), pause: self.worker_pause }
+    }
+}
+
+/// What one worker does at its first measured iteration, by [`Faults`]: nothing, unless a
+/// test asks.
+#[derive(Clone, Copy, Debug)]
+struct Strike {
+    fail: bool,
+    pause: Duration,
+}
+
+impl Strike {
+    fn hit(self) -> Result<(), String> {
+        if self.fail {
+            return Err("injected failure (--fail-worker)".into());
+        }
+        pause(self.pause);
+        Ok(())
+    }
+}
+
+/// Sleeps for `d` unless it is zero (no call on the measured path when no test asks).
+fn pause(d: Duration) {
+    if !d.is_zero() {
+        std::thread::sleep(d);
+    }
 }
 
 /// Tag of the cross-process barrier of launched jobs.
 const BARRIER_TAG: i32 = i32::MAX - 7;
 
-/// Everyone sends to rank 0, rank 0 answers everyone.
-fn cross_barrier(c: &Communicator) -> Result<(), String> {
+/// Everyone sends to rank 0, rank 0 answers everyone. Returns, on rank 0, the instant
+/// every rank had arrived and none had left yet (before its first answer): no rank's
+/// workers start past the barrier before it. Elsewhere, when the barrier let this rank go.
+fn cross_barrier(c: &Communicator) -> Result<Instant, String> {
     let e = |e: weft::Error| e.to_string();
     if c.rank() == 0 {
         for r in 1..c.size() {
             c.recv(Vec::<u8>::with_capacity(1), r, BARRIER_TAG).map_err(e)?;
         }
+        let all_in = Instant::now();
         for r in 1..c.size() {
             c.send(&b"b"[..], r, BARRIER_TAG).map_err(e)?;
         }
+        Ok(all_in)
     } else {
         c.send(&b"b"[..], 0, BARRIER_TAG).map_err(e)?;
         c.recv(Vec::<u8>::with_capacity(1), 0u32, BARRIER_TAG).map_err(e)?;
+        Ok(Instant::now())
     }
-    Ok(())
 }
 
 /// Runs one configuration as a job of real processes through `weftrun`; returns the rate
@@ -772,10 +961,79 @@ fn rank_worker(p: &Point, a: &Args, provider: Provider, cpus: &[usize]) -> Resul
     let (w, size, iterations) = (p.window, p.size, a.iterations);
     let world = rt.world();
     // Each phase boundary is crossed here, then across the job.
-    let elapsed = run_roles(&senders, &receivers, cpus, &barrier, (w, size, iterations, warmup), || cross_barrier(world))?;
+    // Rank 0's workers are only part of the job (in process mode, one sender of T): the
+    // job's time, from the start barrier's release to the end barrier.
+    let elapsed =
+        run_roles(&senders, &receivers, cpus, &barrier, (w, size, iterations, warmup), Faults::of(a), || cross_barrier(world)).job;
     cross_barrier(world)?;
     if me == 0 {
         println!("RATE {}", (links.len() * w * iterations) as f64 / elapsed.as_secs_f64());
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Debug, Parser)]
+    struct Cli {
+        #[command(flatten)]
+        args: Args,
+    }
+
+    fn args(extra: &[&str]) -> Args {
+        Cli::parse_from(std::iter::once("multirate").chain(extra.iter().copied())).args
+    }
+
+    fn point(mode: Mode, window: usize) -> Point {
+        Point {
+            pattern: Pattern::Pairwise,
+            mode,
+            pairs: 1,
+            size: 0,
+            window,
+            progress: ProgressMode::Concurrent,
+            assignment: Assignment::Dedicated,
+            cris: 1,
+            matching: MatchingMode::PerComm,
+        }
+    }
+
+    /// A run's time spans every worker's measured iterations, however late the coordinator
+    /// thread runs: it pauses 500 ms after the start barrier (as a descheduled thread
+    /// would), while the workers each spend 50 ms in their measured phase and then finish.
+    /// Timed from where the coordinator woke, the run took almost nothing (an impossible
+    /// rate); it must take the workers' 50 ms and not the coordinator's pause.
+    #[test]
+    fn a_late_coordinator_does_not_change_the_time() {
+        let (iterations, window) = (4, 8);
+        let a = args(&["-i", &iterations.to_string(), "--bind", "none"]);
+        let faults = Faults { coordinator_pause: Duration::from_millis(500), worker_pause: Duration::from_millis(50), ..Faults::default() };
+        for mode in [Mode::Thread, Mode::Process] {
+            let rate = measure(&point(mode, window), &a, &[], faults).unwrap();
+            let elapsed = Duration::from_secs_f64((iterations * window) as f64 / rate);
+            assert!(elapsed >= faults.worker_pause, "{mode:?}: timed {elapsed:?}; the workers spent over 50 ms");
+            assert!(elapsed < faults.coordinator_pause, "{mode:?}: timed {elapsed:?}: the coordinator's pause counted");
+        }
+    }
+
+    /// The audit's mis-timed 265 M msg/s on 2 cores is discarded and the run repeated; a
+    /// plausible rate on a later attempt is kept; three implausible ones (or a zero time)
+    /// are an error, never a row.
+    #[test]
+    fn implausible_rates_are_run_again_then_refused() {
+        let script = |rates: &'static [f64]| {
+            let mut it = rates.iter();
+            move || Ok(*it.next().expect("asked for one run too many"))
+        };
+        assert_eq!(plausible(2, script(&[7.5e6])), Ok(7.5e6));
+        assert_eq!(plausible(2, script(&[265e6, 7.5e6])), Ok(7.5e6));
+        assert_eq!(plausible(16, script(&[265e6])), Ok(265e6), "16 cores may do it");
+        let err = plausible(2, script(&[265e6, f64::INFINITY, 3e8])).unwrap_err();
+        assert!(err.contains("265000000, inf, 300000000") && err.contains("timing is broken"), "{err}");
+        // A failed run is an error at once.
+        assert_eq!(plausible(2, || Err("boom".to_string())), Err("boom".to_string()));
+    }
 }

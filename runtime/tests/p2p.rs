@@ -368,3 +368,81 @@ fn a_huge_yield_window_is_a_long_yield() {
         }
     }
 }
+
+/// Drives rank `rt` alone until it has received `n` more frames than `before` (no receive
+/// posted), failing the test after 10 s.
+fn progress_until_received(rt: &weft::Runtime, before: u64, n: u64) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while rt.counters().messages_received < before + n {
+        assert!(std::time::Instant::now() < deadline, "frames not delivered within 10 s");
+        rt.progress();
+    }
+}
+
+/// The snapshot's `out_of_sequence` and `unexpected`. One sender thread sends 30 messages
+/// of one tag through CRIs taken round-robin, before the receiver looks: they wait at its
+/// three CRIs in rotation, and a progress pass drains one CRI's batch before the next, so
+/// of the first batch at most one frame is the next in sequence and the others wait
+/// (`out_of_sequence`). No receive is posted yet, so every one of the 30 arrivals is
+/// `unexpected`, each counted once; the receives then get them in send order. On a
+/// communicator that allows overtaking the same traffic is matched as it comes: nothing
+/// waits, nothing is out of sequence.
+#[test]
+fn out_of_sequence_and_unexpected_arrivals_are_counted() {
+    use weft::{Assignment, ProgressMode};
+    const N: u32 = 30;
+    for mode in [ProgressMode::Global, ProgressMode::Owner, ProgressMode::Concurrent] {
+        let rts = builder().progress(mode).assignment(Assignment::RoundRobin).cris(3).build_local(2).unwrap();
+        for overtaking in [false, true] {
+            let (c0, c1) = std::thread::scope(|s| {
+                let h = s.spawn(|| rts[1].world().dup_with(overtaking).unwrap());
+                (rts[0].world().dup_with(overtaking).unwrap(), h.join().unwrap())
+            });
+            let before = rts[1].counters();
+            let mut sends: Vec<_> = (0..N).map(|i| c0.isend(vec![i], 1, 5).unwrap()).collect();
+            weft::wait_all(&mut sends).unwrap();
+            progress_until_received(&rts[1], before.messages_received, u64::from(N));
+            let after = rts[1].counters();
+            let what = format!("{mode}, overtaking {overtaking}");
+            assert_eq!(after.unexpected - before.unexpected, u64::from(N), "{what}: {after:?}");
+            let early = after.out_of_sequence - before.out_of_sequence;
+            if overtaking {
+                assert_eq!(early, 0, "{what}: overtaking skips the sequence check");
+            } else {
+                assert!(early >= u64::from(N) / 3 - 1, "{what}: only {early} frames out of sequence");
+            }
+            let mut got: Vec<u32> = (0..N).map(|_| c1.recv(Vec::<u32>::with_capacity(1), 0u32, 5).unwrap().0[0]).collect();
+            if overtaking {
+                got.sort_unstable();
+            }
+            assert_eq!(got, (0..N).collect::<Vec<_>>(), "{what}");
+            assert_eq!(rts[1].counters().unexpected, after.unexpected, "{what}: receiving queued messages is not an arrival");
+        }
+    }
+}
+
+/// `match_nanos` counts time in matching only with match timing on
+/// (`Builder::match_timing`): after the same traffic it is positive with it, zero without.
+#[test]
+fn match_time_is_counted_only_with_match_timing() {
+    for on in [false, true] {
+        let rts = builder().match_timing(on).cris(2).build_local(2).unwrap();
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                for i in 0..200u32 {
+                    rts[0].world().send(vec![i], 1, 3).unwrap();
+                }
+            });
+            for i in 0..200u32 {
+                assert_eq!(rts[1].world().recv(Vec::<u32>::with_capacity(1), 0u32, 3).unwrap().0, vec![i]);
+            }
+        });
+        let c = rts[1].counters();
+        assert!(c.messages_received >= 200, "{c:?}");
+        if on {
+            assert!(c.match_nanos > 0, "match timing on: {c:?}");
+        } else {
+            assert_eq!(c.match_nanos, 0, "match timing off: {c:?}");
+        }
+    }
+}

@@ -923,3 +923,213 @@ fn many_senders_then_wildcard_tag() {
         });
     }
 }
+
+/// `Bytes` out, `BytesMut` in, at eager and rendezvous sizes (the threshold is 4096): what
+/// arrives has the length and content sent. The sender sends views into one buffer
+/// (`Bytes::slice`, at an odd offset), the receiver reuses one `BytesMut` for every
+/// message, largest first, so each receive must replace what the last one left.
+#[test]
+fn bytes_buffers_round_trip() {
+    use bytes::{Bytes, BytesMut};
+    const SIZES: [usize; 6] = [100_000, 4097, 4096, 33, 1, 0];
+    let payload = |n: usize| (0..n).map(move |i| (i * 7 + n) as u8);
+    for mode in MODES {
+        let rts = world(2, mode);
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                let c = rts[0].world();
+                let all = Bytes::from((0..SIZES.len()).flat_map(|k| std::iter::once(0xAB).chain(payload(SIZES[k]))).collect::<Vec<u8>>());
+                let mut at = 0;
+                for n in SIZES {
+                    let view = all.slice(at + 1..at + 1 + n);
+                    at += 1 + n;
+                    let (back, st) = c.send(view.clone(), 1, 11).unwrap();
+                    assert_eq!((back, st.bytes), (view, n), "{mode}: the sent buffer comes back");
+                }
+            });
+            s.spawn(|| {
+                let c = rts[1].world();
+                let mut buf = BytesMut::with_capacity(SIZES[0]);
+                for n in SIZES {
+                    let (b, st) = c.recv(buf, 0u32, 11).unwrap();
+                    assert_eq!((st.bytes, b.len()), (n, n), "{mode}: length of a {n}-byte message");
+                    assert!(b.iter().copied().eq(payload(n)), "{mode}: a {n}-byte message corrupted");
+                    buf = b;
+                }
+            });
+        });
+    }
+}
+
+/// The typed-slice calls: `send_slice` of u8, i32, f64 and u64, `recv_into` a longer slice,
+/// eager and rendezvous (the largest count is over 4096 bytes for every type): the status
+/// gives the bytes sent, the front of the slice holds the elements sent and the rest is
+/// left alone.
+#[test]
+fn typed_slices_round_trip() {
+    fn round_trip<T: weft::Primitive + PartialEq + std::fmt::Debug>(rts: &[Runtime], what: &str, make: fn(usize) -> T, spare: T) {
+        const COUNTS: [usize; 4] = [0, 1, 37, 5000];
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                for n in COUNTS {
+                    let data: Vec<T> = (0..n).map(make).collect();
+                    let st = rts[0].world().send_slice(&data, 1, 12).unwrap();
+                    assert_eq!(st.bytes, std::mem::size_of_val(data.as_slice()), "{what}");
+                }
+            });
+            s.spawn(|| {
+                for n in COUNTS {
+                    let mut into = vec![spare; n + 3];
+                    let st = rts[1].world().recv_into(&mut into, 0u32, 12).unwrap();
+                    assert_eq!((st.source, st.tag, st.bytes), (0, 12, n * std::mem::size_of::<T>()), "{what}: {n} elements");
+                    let want: Vec<T> = (0..n).map(make).collect();
+                    assert_eq!(&into[..n], &want[..], "{what}: {n} elements corrupted");
+                    assert_eq!(&into[n..], &[spare; 3][..], "{what}: written past the message");
+                }
+            });
+        });
+    }
+    for mode in MODES {
+        let rts = world(2, mode);
+        round_trip::<u8>(&rts, &format!("{mode} u8"), |i| (i * 31) as u8, 0xEE);
+        round_trip::<i32>(&rts, &format!("{mode} i32"), |i| i as i32 * -7919, i32::MIN);
+        round_trip::<f64>(&rts, &format!("{mode} f64"), |i| i as f64 * -0.75 + 1e-3, f64::MAX);
+        round_trip::<u64>(&rts, &format!("{mode} u64"), |i| (i as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15), u64::MAX);
+    }
+}
+
+/// A typed receive of a message whose length is not a whole number of elements fails with
+/// `Misaligned` (both sizes given), eager and rendezvous, whether it receives into a slice
+/// (`recv_into`) or a `Vec`; the sender is released, and the next message still arrives.
+#[test]
+fn typed_receives_of_misaligned_messages_fail() {
+    for mode in MODES {
+        let rts = world(2, mode);
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                let c = rts[0].world();
+                for n in [5usize, 8003] {
+                    c.send_slice(&vec![1u8; n], 1, 13).unwrap();
+                    c.send_slice(&vec![2u8; n], 1, 13).unwrap();
+                    c.send_slice(&[7i32, -7], 1, 13).unwrap();
+                }
+            });
+            s.spawn(|| {
+                let c = rts[1].world();
+                for n in [5usize, 8003] {
+                    let mut into = [0i32; 4000];
+                    let e = c.recv_into(&mut into, 0u32, 13).unwrap_err();
+                    assert_eq!(e, Error::Misaligned { elem_size: 4, message_len: n }, "{mode}: recv_into, {n} bytes");
+                    assert!(into.iter().all(|&x| x == 0), "{mode}: a failed receive wrote into the slice");
+                    let e = c.recv(Vec::<f64>::with_capacity(2000), 0u32, 13).unwrap_err();
+                    assert_eq!(e, Error::Misaligned { elem_size: 8, message_len: n }, "{mode}: Vec<f64>, {n} bytes");
+                    let mut two = [0i32; 2];
+                    assert_eq!(c.recv_into(&mut two, 0u32, 13).unwrap().bytes, 8, "{mode}");
+                    assert_eq!(two, [7, -7], "{mode}: the message after a misaligned one");
+                }
+            });
+        });
+    }
+}
+
+/// An overtaking communicator (three ranks; two senders of two threads each, eight tags,
+/// some messages rendezvous-sized, CRIs round-robin so frames reach the receiver out of
+/// order) still delivers every message exactly once: receives by specific source and tag,
+/// `Source::Any` with a tag, a source with `Tag::Any`, then `Source::Any` / `Tag::Any` for
+/// the rest, each get a message that fits them, and together exactly the messages sent.
+#[test]
+fn overtaking_communicator_delivers_every_message_once() {
+    use std::collections::HashSet;
+    const THREADS: u32 = 2;
+    const PER: u32 = 240;
+    const TAGS: u32 = 8;
+    // Every 40th message is 8 KiB: rendezvous.
+    let len = |i: u32| if i % 40 == 39 { 2048 } else { 3 };
+    for mode in MODES {
+        let rts = super::builder().progress(mode).assignment(Assignment::RoundRobin).cris(3).eager_threshold(4096).build_local(3).unwrap();
+        let comms: Vec<weft::Communicator> = std::thread::scope(|s| {
+            let hs: Vec<_> = rts.iter().map(|rt| s.spawn(move || rt.world().dup_with(true).unwrap())).collect();
+            hs.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        assert!(comms.iter().all(|c| c.allows_overtaking()));
+        std::thread::scope(|s| {
+            for src in 0..2u32 {
+                for t in 0..THREADS {
+                    let c = &comms[src as usize];
+                    s.spawn(move || {
+                        let mut reqs: Vec<_> = (0..PER)
+                            .map(|i| {
+                                let mut m = vec![0u32; len(i) as usize];
+                                m[..3].copy_from_slice(&[src, t, i]);
+                                c.isend(m, 2, (i % TAGS) as i32).unwrap()
+                            })
+                            .collect();
+                        weft::wait_all(&mut reqs).unwrap();
+                    });
+                }
+            }
+            let c = &comms[2];
+            let mut seen = HashSet::new();
+            let mut take = |source: Source, tag: Tag, count: u32| {
+                for _ in 0..count {
+                    let mut r = c.irecv(Vec::<u32>::with_capacity(2048), source, tag).unwrap();
+                    let deadline = Instant::now() + Duration::from_secs(30);
+                    while !r.test() {
+                        assert!(Instant::now() < deadline, "{mode}: no message for {source:?} {tag:?} within 30 s");
+                    }
+                    let (m, st) = r.wait().unwrap();
+                    let (src, t, i) = (m[0], m[1], m[2]);
+                    assert_eq!((st.source, st.tag, m.len()), (src, (i % TAGS) as i32, len(i) as usize), "{mode}: status or length");
+                    assert!(matches!(source, Source::Any) || source == Source::Rank(src), "{mode}: {source:?} got a message of {src}");
+                    assert!(matches!(tag, Tag::Any) || tag == Tag::Is(st.tag), "{mode}: {tag:?} got tag {}", st.tag);
+                    assert!(seen.insert((src, t, i)), "{mode}: message {i} of rank {src} thread {t} delivered twice");
+                }
+            };
+            take(Source::Rank(0), Tag::Is(1), 30);
+            take(Source::Rank(1), Tag::Is(2), 30);
+            take(Source::Any, Tag::Is(3), 30);
+            take(Source::Rank(0), Tag::Any, 30);
+            take(Source::Any, Tag::Any, 2 * THREADS * PER - 120);
+            let all: HashSet<_> = (0..2).flat_map(|src| (0..THREADS).flat_map(move |t| (0..PER).map(move |i| (src, t, i)))).collect();
+            assert_eq!(seen, all, "{mode}: messages lost");
+        });
+        assert_eq!(comms[2].iprobe(Source::Any, Tag::Any).unwrap(), None, "{mode}: a message left over");
+    }
+}
+
+/// One sender thread, one tag, frames spread over three CRIs (round-robin), so they can
+/// reach the receiver out of order: a communicator without overtaking delivers them in
+/// send order; one that allows overtaking need not, but every `Source::Any` / `Tag::Any`
+/// receive completes and together they get exactly the messages sent.
+#[test]
+fn overtaking_may_reorder_one_tag_but_loses_nothing() {
+    const N: u32 = 600;
+    for mode in MODES {
+        let rts = super::builder().progress(mode).assignment(Assignment::RoundRobin).cris(3).build_local(2).unwrap();
+        for overtaking in [false, true] {
+            let (c0, c1) = std::thread::scope(|s| {
+                let h = s.spawn(|| rts[1].world().dup_with(overtaking).unwrap());
+                (rts[0].world().dup_with(overtaking).unwrap(), h.join().unwrap())
+            });
+            let got: Vec<u32> = std::thread::scope(|s| {
+                s.spawn(|| send_all(&c0, 1, (0..N).map(|i| (i.to_le_bytes().to_vec(), 4))));
+                (0..N)
+                    .map(|_| {
+                        let (b, st) = c1.recv(Vec::<u8>::with_capacity(4), Source::Any, Tag::Any).unwrap();
+                        assert_eq!((st.source, st.tag, st.bytes), (0, 4, 4), "{mode}");
+                        u32::from_le_bytes(b[..4].try_into().unwrap())
+                    })
+                    .collect()
+            });
+            let in_order: Vec<u32> = (0..N).collect();
+            if overtaking {
+                let mut sorted = got.clone();
+                sorted.sort_unstable();
+                assert_eq!(sorted, in_order, "{mode}, overtaking: messages lost or duplicated");
+            } else {
+                assert_eq!(got, in_order, "{mode}: without overtaking, one tag's messages come in send order");
+            }
+            assert_eq!(c1.iprobe(Source::Any, Tag::Any).unwrap(), None, "{mode}: a message left over");
+        }
+    }
+}
