@@ -264,7 +264,8 @@ impl Config {
             self.pack_threshold = num("WEFT_PACK_THRESHOLD must be a byte count", &v)?;
         }
         if let Some(v) = var!("WEFT_PROVIDER") {
-            self.provider = v.parse().map_err(|_| Error::InvalidArgument("WEFT_PROVIDER must be one of: embedded shm tcp"))?;
+            self.provider =
+                v.parse().map_err(|_| Error::InvalidArgument("unknown provider in WEFT_PROVIDER (expected one of: embedded shm tcp)"))?;
         }
         if let Some(v) = var!("WEFT_MATCH_TIMING") {
             self.match_timing = switch("WEFT_MATCH_TIMING must be 1/true/yes/on or 0/false/no/off", &v)?;
