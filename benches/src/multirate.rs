@@ -583,6 +583,7 @@ fn run_roles(
     faults: Faults,
     sync: impl Fn() -> Result<Instant, String>,
 ) -> Timing {
+    let phases = &Phases { w, size, iterations, warmup, barrier };
     std::thread::scope(|s| {
         let mut hs = Vec::new();
         let t = senders.len();
@@ -605,7 +606,7 @@ fn run_roles(
             hs.push(s.spawn(move || {
                 guard(format!("sender {i}"), &|| {
                     bind(i)?;
-                    sender(role, w, size, iterations, warmup, barrier, strike)
+                    sender(role, phases, strike)
                 })
             }));
         }
@@ -614,7 +615,7 @@ fn run_roles(
             hs.push(s.spawn(move || {
                 guard(format!("receiver {j}"), &|| {
                     bind(t + j)?;
-                    receiver(role, w, size, iterations, warmup, barrier, strike)
+                    receiver(role, phases, strike)
                 })
             }));
         }
@@ -670,115 +671,105 @@ fn fail_run(err: &str) -> ! {
     unsafe { libc::_exit(2) }
 }
 
-fn sender(
-    role: &Role<'_>,
+/// What the workers of one run share: the window, the message size, the iteration counts
+/// and the barrier that separates the phases.
+struct Phases<'b> {
     w: usize,
     size: usize,
     iterations: usize,
     warmup: usize,
-    barrier: &Barrier,
-    strike: Strike,
-) -> Result<Window, String> {
-    let e = |e: weft::Error| e.to_string();
-    if let Some((rt, k)) = role.pin {
-        rt.pin_cri(k).map_err(e)?;
-    }
-    let mut bufs: Vec<Vec<u8>> = (0..w * role.links.len()).map(|_| vec![7u8; size]).collect();
-    let mut ctl: Vec<Vec<u8>> = (0..role.links.len()).map(|_| Vec::with_capacity(1)).collect();
-    let mut window = None;
-    for phase in 0..2 {
-        let n = if phase == 0 { warmup } else { iterations };
-        let start = (phase == 1).then(|| {
-            barrier.wait();
-            Instant::now()
-        });
-        if phase == 1 {
-            strike.hit()?;
-        }
-        for _ in 0..n {
-            // Ready from every receiver.
-            let mut readies: Vec<Request<'_, Vec<u8>>> = Vec::with_capacity(role.links.len());
-            for (x, &(l, peer)) in role.links.iter().enumerate() {
-                readies.push(role.comm_of[x].irecv(ctl.pop().unwrap_or_default(), Source::Rank(peer), Tag::Is(tags(l).1)).map_err(e)?);
-            }
-            weft::wait_all(&mut readies).map_err(e)?;
-            ctl.extend(readies.iter_mut().filter_map(|r| r.take()).filter_map(|r| r.ok()).map(|(b, _)| b));
-            // The window.
-            let mut reqs: Vec<Request<'_, Vec<u8>>> = Vec::with_capacity(bufs.len());
-            for (x, &(l, peer)) in role.links.iter().enumerate() {
-                for _ in 0..w {
-                    let b = bufs.pop().unwrap_or_default();
-                    reqs.push(role.comm_of[x].isend(b, peer, tags(l).0).map_err(e)?);
-                }
-            }
-            weft::wait_all(&mut reqs).map_err(e)?;
-            bufs.extend(reqs.iter_mut().filter_map(|r| r.take()).filter_map(|r| r.ok()).map(|(b, _)| b));
-            // Acks.
-            let mut acks: Vec<Request<'_, Vec<u8>>> = Vec::with_capacity(role.links.len());
-            for (x, &(l, peer)) in role.links.iter().enumerate() {
-                acks.push(role.comm_of[x].irecv(ctl.pop().unwrap_or_default(), Source::Rank(peer), Tag::Is(tags(l).2)).map_err(e)?);
-            }
-            weft::wait_all(&mut acks).map_err(e)?;
-            ctl.extend(acks.iter_mut().filter_map(|r| r.take()).filter_map(|r| r.ok()).map(|(b, _)| b));
-        }
-        window = start.map(|start| Window { start, end: Instant::now() });
-        barrier.wait();
-    }
-    Ok(window.expect("the measured phase ran"))
+    barrier: &'b Barrier,
 }
 
-fn receiver(
-    role: &Role<'_>,
-    w: usize,
-    size: usize,
-    iterations: usize,
-    warmup: usize,
-    barrier: &Barrier,
-    strike: Strike,
-) -> Result<Window, String> {
+impl Phases<'_> {
+    /// Runs `iteration` for the warm-up, then, after the start barrier, for the measured
+    /// phase (`strike` fails it at its first measured iteration), meeting the others at the
+    /// barrier after each; returns when this worker ran its measured iterations.
+    fn run(&self, strike: Strike, mut iteration: impl FnMut() -> Result<(), String>) -> Result<Window, String> {
+        for _ in 0..self.warmup {
+            iteration()?;
+        }
+        self.barrier.wait();
+        self.barrier.wait();
+        let start = Instant::now();
+        strike.hit()?;
+        for _ in 0..self.iterations {
+            iteration()?;
+        }
+        let window = Window { start, end: Instant::now() };
+        self.barrier.wait();
+        Ok(window)
+    }
+}
+
+fn sender(role: &Role<'_>, p: &Phases<'_>, strike: Strike) -> Result<Window, String> {
     let e = |e: weft::Error| e.to_string();
     if let Some((rt, k)) = role.pin {
         rt.pin_cri(k).map_err(e)?;
     }
-    let mut bufs: Vec<Vec<u8>> = (0..w * role.links.len()).map(|_| Vec::with_capacity(size)).collect();
-    let mut window = None;
-    for phase in 0..2 {
-        let n = if phase == 0 { warmup } else { iterations };
-        let start = (phase == 1).then(|| {
-            barrier.wait();
-            Instant::now()
-        });
-        if phase == 1 {
-            strike.hit()?;
+    let mut bufs: Vec<Vec<u8>> = (0..p.w * role.links.len()).map(|_| vec![7u8; p.size]).collect();
+    let mut ctl: Vec<Vec<u8>> = (0..role.links.len()).map(|_| Vec::with_capacity(1)).collect();
+    p.run(strike, || {
+        // Ready from every receiver.
+        let mut readies: Vec<Request<'_, Vec<u8>>> = Vec::with_capacity(role.links.len());
+        for (x, &(l, peer)) in role.links.iter().enumerate() {
+            readies.push(role.comm_of[x].irecv(ctl.pop().unwrap_or_default(), Source::Rank(peer), Tag::Is(tags(l).1)).map_err(e)?);
         }
-        for _ in 0..n {
-            let mut reqs: Vec<Request<'_, Vec<u8>>> = Vec::with_capacity(bufs.len());
-            for (x, &(l, peer)) in role.links.iter().enumerate() {
-                for _ in 0..w {
-                    let b = bufs.pop().unwrap_or_else(|| Vec::with_capacity(size));
-                    reqs.push(role.comm_of[x].irecv(b, Source::Rank(peer), Tag::Is(tags(l).0)).map_err(e)?);
-                }
-            }
-            for (x, &(l, peer)) in role.links.iter().enumerate() {
-                role.comm_of[x].send(&b"r"[..], peer, tags(l).1).map_err(e)?;
-            }
-            weft::wait_all(&mut reqs).map_err(e)?;
-            for r in reqs.iter_mut() {
-                match r.take() {
-                    Some(Ok((b, st))) if st.bytes == size => bufs.push(b),
-                    Some(Ok((_, st))) => return Err(format!("received {} bytes, expected {size}", st.bytes)),
-                    Some(Err(err)) => return Err(err.to_string()),
-                    None => return Err("request not complete after wait_all".into()),
-                }
-            }
-            for (x, &(l, peer)) in role.links.iter().enumerate() {
-                role.comm_of[x].send(&b"a"[..], peer, tags(l).2).map_err(e)?;
+        weft::wait_all(&mut readies).map_err(e)?;
+        ctl.extend(readies.iter_mut().filter_map(|r| r.take()).filter_map(|r| r.ok()).map(|(b, _)| b));
+        // The window.
+        let mut reqs: Vec<Request<'_, Vec<u8>>> = Vec::with_capacity(bufs.len());
+        for (x, &(l, peer)) in role.links.iter().enumerate() {
+            for _ in 0..p.w {
+                let b = bufs.pop().unwrap_or_default();
+                reqs.push(role.comm_of[x].isend(b, peer, tags(l).0).map_err(e)?);
             }
         }
-        window = start.map(|start| Window { start, end: Instant::now() });
-        barrier.wait();
+        weft::wait_all(&mut reqs).map_err(e)?;
+        bufs.extend(reqs.iter_mut().filter_map(|r| r.take()).filter_map(|r| r.ok()).map(|(b, _)| b));
+        // Acks.
+        let mut acks: Vec<Request<'_, Vec<u8>>> = Vec::with_capacity(role.links.len());
+        for (x, &(l, peer)) in role.links.iter().enumerate() {
+            acks.push(role.comm_of[x].irecv(ctl.pop().unwrap_or_default(), Source::Rank(peer), Tag::Is(tags(l).2)).map_err(e)?);
+        }
+        weft::wait_all(&mut acks).map_err(e)?;
+        ctl.extend(acks.iter_mut().filter_map(|r| r.take()).filter_map(|r| r.ok()).map(|(b, _)| b));
+        Ok(())
+    })
+}
+
+fn receiver(role: &Role<'_>, p: &Phases<'_>, strike: Strike) -> Result<Window, String> {
+    let e = |e: weft::Error| e.to_string();
+    if let Some((rt, k)) = role.pin {
+        rt.pin_cri(k).map_err(e)?;
     }
-    Ok(window.expect("the measured phase ran"))
+    let size = p.size;
+    let mut bufs: Vec<Vec<u8>> = (0..p.w * role.links.len()).map(|_| Vec::with_capacity(size)).collect();
+    p.run(strike, || {
+        let mut reqs: Vec<Request<'_, Vec<u8>>> = Vec::with_capacity(bufs.len());
+        for (x, &(l, peer)) in role.links.iter().enumerate() {
+            for _ in 0..p.w {
+                let b = bufs.pop().unwrap_or_else(|| Vec::with_capacity(size));
+                reqs.push(role.comm_of[x].irecv(b, Source::Rank(peer), Tag::Is(tags(l).0)).map_err(e)?);
+            }
+        }
+        for (x, &(l, peer)) in role.links.iter().enumerate() {
+            role.comm_of[x].send(&b"r"[..], peer, tags(l).1).map_err(e)?;
+        }
+        weft::wait_all(&mut reqs).map_err(e)?;
+        for r in reqs.iter_mut() {
+            match r.take() {
+                Some(Ok((b, st))) if st.bytes == size => bufs.push(b),
+                Some(Ok((_, st))) => return Err(format!("received {} bytes, expected {size}", st.bytes)),
+                Some(Err(err)) => return Err(err.to_string()),
+                None => return Err("request not complete after wait_all".into()),
+            }
+        }
+        for (x, &(l, peer)) in role.links.iter().enumerate() {
+            role.comm_of[x].send(&b"a"[..], peer, tags(l).2).map_err(e)?;
+        }
+        Ok(())
+    })
 }
 
 /// Faults a test injects into a run.
