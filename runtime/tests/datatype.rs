@@ -32,7 +32,7 @@ fn layouts_size_extent_and_round_trip() {
     let src: Vec<f64> = (0..12).map(f64::from).collect();
     assert_eq!(ix.pack_to_vec(&src).unwrap(), vec![10.0, 11.0, 0.0, 4.0, 5.0, 6.0]);
 
-    let c = Datatype::<u8>::contiguous(4);
+    let c = Datatype::<u8>::contiguous(4).unwrap();
     assert_eq!(c.pack_to_vec(b"abcdef").unwrap(), b"abcd");
     // Empty types are fine.
     assert_eq!(Datatype::<u8>::vector(0, 4, 8).unwrap().size(), 0);
@@ -66,6 +66,29 @@ fn bad_input_is_an_error_not_a_panic() {
     assert!(matches!(c.irecv_typed(&mut small, &v, 0u32, 0), Err(Error::InvalidArgument(_))));
     let mut ok = [0u16; 11];
     assert!(matches!(c.irecv_typed(&mut ok, &v, 5u32, 0), Err(Error::RankOutOfRange { .. })));
+}
+
+#[test]
+fn byte_sizes_never_overflow() {
+    // `contiguous` checks its byte size like `vector` and `indexed`: a layout of more bytes
+    // than a slice can hold is an error, so `size_bytes` and `extent_bytes` of any datatype
+    // that was built cannot overflow (they used to panic in debug builds and wrap in
+    // release ones).
+    assert!(matches!(Datatype::<u64>::contiguous(usize::MAX), Err(Error::InvalidArgument(_))));
+    assert!(matches!(Datatype::<u64>::contiguous(usize::MAX / 4), Err(Error::InvalidArgument(_))));
+    assert!(matches!(Datatype::<u8>::contiguous(usize::MAX), Err(Error::InvalidArgument(_))));
+    assert!(matches!(Datatype::<u8>::vector(usize::MAX, 1, 1), Err(Error::InvalidArgument(_))));
+    assert!(matches!(Datatype::<u64>::indexed(&[usize::MAX / 8], &[0]), Err(Error::InvalidArgument(_))));
+    // The largest layouts allowed: exactly `isize::MAX` bytes.
+    let max = isize::MAX as usize;
+    let c = Datatype::<u8>::contiguous(max).unwrap();
+    assert_eq!((c.size_bytes(), c.extent_bytes()), (max, max));
+    let c = Datatype::<u64>::contiguous(max / 8).unwrap();
+    assert_eq!((c.size_bytes(), c.extent_bytes()), (max / 8 * 8, max / 8 * 8));
+    let v = Datatype::<u32>::vector(2, 1, max / 8).unwrap();
+    assert_eq!((v.size_bytes(), v.extent_bytes()), (8, (max / 8 + 1) * 4));
+    // Packing such a type with a buffer that cannot span it is an error, not a panic.
+    assert!(matches!(c.pack_to_vec(&[1, 2]), Err(Error::InvalidArgument(_))));
 }
 
 #[test]
