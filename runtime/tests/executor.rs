@@ -4,6 +4,7 @@
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::mpsc::{self, RecvTimeoutError};
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
@@ -12,6 +13,46 @@ use weft::{JoinError, ProgressMode, Runtime, Source, Tag};
 
 fn rt(workers: usize) -> Runtime {
     Runtime::builder().env(false).workers(workers).cris(2).build().unwrap()
+}
+
+/// Runs `scenario` on a thread of its own and returns its result, failing with `what` if
+/// it takes longer than `secs`: a hang is reported as a failure instead of stopping the
+/// suite (the stuck thread is left behind). A panic in the scenario is resumed here.
+fn within<T: Send + 'static>(secs: u64, what: &str, scenario: impl FnOnce() -> T + Send + 'static) -> T {
+    let (tx, rx) = mpsc::channel();
+    let t = std::thread::spawn(move || {
+        let _ = tx.send(scenario());
+    });
+    match rx.recv_timeout(Duration::from_secs(secs)) {
+        Ok(v) => v,
+        Err(RecvTimeoutError::Timeout) => panic!("hang: {what} (not done after {secs} s)"),
+        Err(RecvTimeoutError::Disconnected) => match t.join() {
+            Err(p) => std::panic::resume_unwind(p),
+            Ok(()) => unreachable!("the scenario thread ended without a result or a panic"),
+        },
+    }
+}
+
+/// A future that is ready at once (or panics in its poll) and panics when dropped.
+struct PanicOnDrop {
+    /// Panic in `poll` too.
+    poll_panics: bool,
+}
+
+impl Future for PanicOnDrop {
+    type Output = u32;
+    fn poll(self: Pin<&mut Self>, _cx: &mut Context<'_>) -> Poll<u32> {
+        if self.poll_panics {
+            panic!("poll panics");
+        }
+        Poll::Ready(5)
+    }
+}
+
+impl Drop for PanicOnDrop {
+    fn drop(&mut self) {
+        panic!("drop panics");
+    }
 }
 
 /// Yields once (wakes itself and returns `Pending` the first time).
@@ -81,6 +122,54 @@ fn a_panic_is_a_join_error() {
     }
     // The worker survived.
     assert_eq!(rt.block_on(rt.spawn(async { 5 })).unwrap(), 5);
+}
+
+#[test]
+fn a_panic_in_a_futures_drop_is_a_join_error_and_the_worker_survives() {
+    // The future is dropped where its poll is caught (as tokio's harness does): a panic in
+    // its `Drop` completes the task with that panic (the output, ready just before, is lost)
+    // instead of unwinding through the worker, which used to die and leave the join handle
+    // pending forever (and with one worker, the pool dead).
+    let (ready, both, after) = within(20, "a task whose future panics in Drop", || {
+        let rt = rt(1);
+        let ready = rt.block_on(rt.spawn(PanicOnDrop { poll_panics: false }));
+        // A panic in the poll and another in the drop: the poll's is reported.
+        let both = futures::executor::block_on(rt.spawn(PanicOnDrop { poll_panics: true }));
+        // The only worker still runs tasks.
+        let after: Vec<_> = (0..10).map(|i| rt.spawn(async move { i })).collect();
+        let after: Vec<_> = after.into_iter().map(|h| rt.block_on(h)).collect();
+        (ready, both, after)
+    });
+    assert_eq!(ready, Err(JoinError::Panicked("drop panics".into())));
+    assert_eq!(both, Err(JoinError::Panicked("poll panics".into())));
+    assert_eq!(after, (0..10).map(Ok).collect::<Vec<_>>());
+}
+
+#[test]
+fn a_panic_in_the_drop_of_a_cancelled_task_is_a_join_error() {
+    // Tasks still queued at shutdown are cancelled by dropping their futures; a panic there
+    // completes that task with the panic and the other cancellations still happen (it used
+    // to unwind out of the worker's or the dropping thread's cancel loop).
+    let (panicked, cancelled, blocker) = within(20, "cancelling a task whose future panics in Drop", || {
+        let rt = rt(1);
+        let gate = Arc::new(std::sync::Barrier::new(2));
+        let g2 = gate.clone();
+        // Occupies the only worker until after the runtime is dropped, so the tasks below
+        // stay queued.
+        let blocker = rt.spawn(async move {
+            g2.wait();
+            std::thread::sleep(Duration::from_millis(200));
+        });
+        gate.wait();
+        let panicky = rt.spawn(PanicOnDrop { poll_panics: false });
+        let plain = rt.spawn(async { 7 });
+        drop(rt);
+        let b = futures::executor::block_on(blocker);
+        (futures::executor::block_on(panicky), futures::executor::block_on(plain), b)
+    });
+    assert_eq!(panicked, Err(JoinError::Panicked("drop panics".into())));
+    assert_eq!(cancelled, Err(JoinError::Cancelled));
+    assert_eq!(blocker, Ok(()));
 }
 
 #[test]

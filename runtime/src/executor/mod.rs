@@ -3,7 +3,8 @@
 //!
 //! * `state.rs` — a task's state word (loom models beside it).
 //! * `task.rs` — one spawned future: the waker, [`JoinHandle`] and
-//!   [`JoinError`] (a panic in a task is caught and reported, never an abort).
+//!   [`JoinError`] (a panic in a task, its poll or its future's `Drop`, is caught and
+//!   reported, never an abort).
 //! * `pool.rs` — the pool: a crossbeam-deque `Worker` per thread, one global `Injector`,
 //!   stealers; the worker loop (local queue, the injector every 61 ticks for fairness,
 //!   progress when idle, stealing, parking); shutdown when the last `Runtime` handle drops.

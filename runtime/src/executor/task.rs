@@ -44,15 +44,17 @@ pub(crate) trait Runnable: Send + Sync {
     /// Polls the future once (the task is `SCHEDULED` and in no queue).
     fn run(self: Arc<Self>);
     /// Drops the future without polling it and completes the task with
-    /// [`JoinError::Cancelled`] (the pool is shutting down; the task is `SCHEDULED` and in no
-    /// queue).
+    /// [`JoinError::Cancelled`], or [`JoinError::Panicked`] if the future's `Drop` panicked
+    /// (the pool is shutting down; the task is `SCHEDULED` and in no queue).
     fn cancel(self: Arc<Self>);
 }
 
 /// Why a task gave no output.
 #[derive(Clone, PartialEq, Eq)]
 pub enum JoinError {
-    /// The task panicked; the panic message, when it was a string.
+    /// The task panicked; the panic message, when it was a string. A panic in the `Drop`
+    /// of the task's future counts too, as in tokio: after a ready poll (the output is then
+    /// lost) or when the future is dropped at shutdown.
     Panicked(String),
     /// The runtime shut down before the task finished, or the output was already taken.
     Cancelled,
@@ -130,10 +132,27 @@ where
         (task, handle)
     }
 
+    /// Drops the future in place (the caller holds `RUNNING`), catching a panic in its
+    /// `Drop`: user code, which must not unwind through a worker (the worker would die and
+    /// the join handle would wait forever). The stage is `Consumed` afterwards either way
+    /// (an assignment writes the new value on the unwind path too).
+    fn drop_future(&self) -> Result<(), Box<dyn Any + Send>> {
+        catch_unwind(AssertUnwindSafe(|| {
+            // SAFETY: we hold `RUNNING`: exclusive access to the stage. The future is dropped
+            // where it lies, as pinning requires.
+            unsafe { *self.stage.get() = Stage::Consumed };
+        }))
+    }
+
+    /// Stores the output and wakes the join handle. The future must be gone already
+    /// (`drop_future`): storing drops no user value.
     fn finish(&self, out: Result<F::Output, JoinError>) {
         // SAFETY: we hold `RUNNING` (or own the task exclusively in `cancel`), so nobody
         // else touches the stage until `COMPLETE` is published below.
-        unsafe { *self.stage.get() = Stage::Finished(out) };
+        unsafe {
+            debug_assert!(!matches!(*self.stage.get(), Stage::Running(_)), "finish with the future still in place");
+            *self.stage.get() = Stage::Finished(out);
+        }
         // A wake racing with this either set `SCHEDULED` before (it pushed nothing: we were
         // `RUNNING`) or sees `COMPLETE` after; either way the bit is dropped here.
         self.state.complete();
@@ -155,19 +174,34 @@ where
         // no reference it did not take, and `self` outlives the poll. Clones take their own.
         let waker = ManuallyDrop::new(unsafe { Waker::from_raw(RawWaker::new(Arc::as_ptr(&self).cast(), &Self::VTABLE)) });
         let mut cx = Context::from_waker(&waker);
+        // A ready future is dropped inside the same `catch_unwind` (tokio's harness does the
+        // same): a panic in its `Drop` completes the task with that panic, and the output,
+        // ready a moment before, is dropped with the unwind.
         let res = catch_unwind(AssertUnwindSafe(|| {
             // SAFETY: we hold `RUNNING`: exclusive access to the stage.
-            match unsafe { &mut *self.stage.get() } {
+            let poll = match unsafe { &mut *self.stage.get() } {
                 // SAFETY: the future is never moved while in the stage (the task is
                 // heap-allocated and the stage is replaced, not moved, when the future
                 // finishes), so pinning it in place is sound.
                 Stage::Running(f) => unsafe { Pin::new_unchecked(f) }.poll(&mut cx),
                 _ => Poll::Pending,
+            };
+            if poll.is_ready() {
+                // SAFETY: as above; the borrow of the future ended with the poll.
+                unsafe { *self.stage.get() = Stage::Consumed };
             }
+            poll
         }));
         match res {
             Ok(Poll::Ready(v)) => self.finish(Ok(v)),
-            Err(p) => self.finish(Err(JoinError::Panicked(panic_message(p)))),
+            Err(p) => {
+                // The poll panicked (or the drop of a ready future did). A panic in the
+                // drop of a future whose poll panicked is dropped: the first one is the
+                // report.
+                let msg = panic_message(p);
+                let _ = self.drop_future();
+                self.finish(Err(JoinError::Panicked(msg)));
+            }
             Ok(Poll::Pending) => {
                 if self.state.end_run() == AfterPoll::Reschedule {
                     // Woken while running: that wake left the push to us.
@@ -184,7 +218,12 @@ where
 
     fn cancel(self: Arc<Self>) {
         if self.state.claim_for_cancel() {
-            self.finish(Err(JoinError::Cancelled));
+            // As tokio: a panic while dropping the cancelled future is the task's outcome.
+            let out = match self.drop_future() {
+                Ok(()) => Err(JoinError::Cancelled),
+                Err(p) => Err(JoinError::Panicked(panic_message(p))),
+            };
+            self.finish(out);
         }
     }
 }
