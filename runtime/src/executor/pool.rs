@@ -285,16 +285,27 @@ pub(crate) fn help(shared: &Shared) -> bool {
 }
 
 /// Runs one queued task (from the injector, else stolen from a worker) on this thread.
+/// Returns whether it found one.
+///
+/// On one of the pool's workers it takes from its own queues first, and keeps doing so
+/// after shutdown, cancelling what it takes: nobody else empties them before the worker
+/// leaves its loop, and a task waiting there (a pack's pieces, a task it blocks on) would
+/// otherwise keep the worker waiting forever.
 pub(super) fn run_one(shared: &Shared) -> bool {
-    let Some(pool) = shared.executor.get() else { return false };
-    // On one of our workers (a task waiting inside a wait): its own queues first, where
-    // the tasks it woke are.
+    let Some(pool) = shared.executor.pool.get() else { return false };
     let local = LOCAL.with(|l| l.get());
     // SAFETY: see `Pool::schedule`.
     let own = unsafe { local.as_ref() }.filter(|l| std::ptr::eq(l.pool, Arc::as_ptr(pool))).and_then(|l| l.pop());
     if let Some(t) = own {
-        t.run();
+        if pool.is_shutdown() {
+            t.cancel();
+        } else {
+            t.run();
+        }
         return true;
+    }
+    if pool.is_shutdown() {
+        return false;
     }
     let task = match pool.steal_injector(None) {
         Some(t) => t,
