@@ -172,6 +172,100 @@ fn a_panic_in_the_drop_of_a_cancelled_task_is_a_join_error() {
     assert_eq!(blocker, Ok(()));
 }
 
+/// Sets its flag when dropped (tells whether a task's future was dropped).
+struct DropFlag(Arc<AtomicBool>);
+
+impl Drop for DropFlag {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::SeqCst);
+    }
+}
+
+#[test]
+fn a_task_waiting_for_a_wake_is_cancelled_at_shutdown() {
+    // A task that waits for a wake sits in no queue; shutdown used to cancel only queued
+    // tasks, so its join handle never resolved (though `spawn` promises a `JoinError`) and
+    // its future was never dropped.
+    let (res, dropped_by_shutdown) = within(10, "the join handle of a waiting task after shutdown", || {
+        let rt = rt(2);
+        let dropped = Arc::new(AtomicBool::new(false));
+        let flag = DropFlag(dropped.clone());
+        let (polled_tx, polled) = mpsc::channel();
+        let h = rt.spawn(async move {
+            let _flag = flag;
+            polled_tx.send(()).unwrap();
+            futures::future::pending::<()>().await
+        });
+        polled.recv().unwrap();
+        drop(rt);
+        let dropped_by_shutdown = dropped.load(Ordering::SeqCst);
+        (futures::executor::block_on(h), dropped_by_shutdown)
+    });
+    assert_eq!(res, Err(JoinError::Cancelled));
+    assert!(dropped_by_shutdown, "the future is dropped by the shutdown");
+}
+
+#[test]
+fn a_task_waiting_for_a_message_is_dropped_at_shutdown() {
+    // The task owns a communicator and waits in a posted receive whose waker sits in the
+    // rank's matching queues: task -> communicator -> rank state -> waker -> task, a cycle
+    // only cancelling the task breaks. Its future (and what it owns) used to leak.
+    let dropped_by_shutdown = within(10, "dropping a runtime with a task waiting for a message", || {
+        let rt = rt(2);
+        let dropped = Arc::new(AtomicBool::new(false));
+        let flag = DropFlag(dropped.clone());
+        let comm = rt.world().clone();
+        let (polled_tx, polled) = mpsc::channel();
+        let h = rt.spawn(async move {
+            let _flag = flag;
+            let r = comm.irecv(Vec::<u8>::with_capacity(4), 0u32, 5).unwrap();
+            polled_tx.send(()).unwrap();
+            r.await.map(|(b, _)| b.len())
+        });
+        polled.recv().unwrap();
+        drop(rt);
+        drop(h);
+        dropped.load(Ordering::SeqCst)
+    });
+    assert!(dropped_by_shutdown, "the task's future (its communicator and receive) was not dropped");
+}
+
+#[test]
+fn a_task_polled_by_a_helping_thread_during_shutdown_is_cancelled_by_it() {
+    // No workers: a thread blocked in a receive runs the task (helping) when shutdown comes.
+    // The shutdown cannot touch a future being polled; it marks the task, and the helping
+    // thread cancels it when the poll returns `Pending`.
+    let (res, dropped_during_poll, dropped_after) = within(10, "cancelling a task that a helping thread is polling", || {
+        let rt = rt(0);
+        let dropped = Arc::new(AtomicBool::new(false));
+        let flag = DropFlag(dropped.clone());
+        let (polling_tx, polling) = mpsc::channel();
+        let (go, go_rx) = mpsc::channel::<()>();
+        let h = rt.spawn(async move {
+            let _flag = flag;
+            polling_tx.send(()).unwrap();
+            // Stay in this poll until the runtime has been dropped.
+            go_rx.recv().unwrap();
+            futures::future::pending::<()>().await
+        });
+        let (c, helper_comm) = (rt.world().clone(), rt.world().clone());
+        let helper = std::thread::spawn(move || helper_comm.recv(Vec::<u8>::with_capacity(4), 0u32, 1).map(|(b, _)| b));
+        polling.recv().unwrap();
+        drop(rt);
+        let dropped_during_poll = dropped.load(Ordering::SeqCst);
+        go.send(()).unwrap();
+        let res = futures::executor::block_on(h);
+        let dropped_after = dropped.load(Ordering::SeqCst);
+        // Release the helping thread.
+        c.send(vec![1u8], 0, 1).unwrap();
+        assert_eq!(helper.join().unwrap().unwrap(), [1]);
+        (res, dropped_during_poll, dropped_after)
+    });
+    assert!(!dropped_during_poll, "a future was dropped while being polled");
+    assert_eq!(res, Err(JoinError::Cancelled));
+    assert!(dropped_after);
+}
+
 #[test]
 fn no_starvation_by_a_self_waking_task() {
     // One worker; a task that wakes itself forever until another task sets a flag. The

@@ -13,8 +13,9 @@
 //!    parks (`park.rs`).
 //!
 //! The pool starts at the first spawn (no threads for a runtime that never spawns) and
-//! stops when the last `Runtime` handle drops: queued tasks are cancelled (their join
-//! handles give [`JoinError::Cancelled`](super::JoinError)) and the threads are joined.
+//! stops when the last `Runtime` handle drops: the threads are joined and every task not
+//! yet complete is cancelled, queued or waiting for a wake (their join handles give
+//! [`JoinError::Cancelled`](super::JoinError); `registry.rs`).
 
 use std::cell::Cell;
 use std::future::Future;
@@ -27,6 +28,7 @@ use crossbeam_deque::{Injector, Steal, Stealer, Worker};
 use parking_lot::Mutex;
 
 use super::park::Sleepers;
+use super::registry::Registry;
 use super::task::{JoinHandle, Task, TaskRef};
 use crate::runtime::Shared;
 
@@ -77,6 +79,7 @@ impl Executor {
                 stealers: locals.iter().map(|w| w.stealer()).collect(),
                 sleep: Sleepers::new(n),
                 shutdown: AtomicBool::new(false),
+                tasks: Registry::new(n),
             });
             let mut threads = self.threads.lock();
             for (index, local) in locals.into_iter().enumerate() {
@@ -99,8 +102,10 @@ impl Executor {
         (!pool.shutdown.load(Ordering::Acquire)).then_some(pool)
     }
 
-    /// Stops the pool (the last `Runtime` handle dropped): cancels queued tasks, wakes and
-    /// joins the workers — unless called on one of them, which then exits on its own.
+    /// Stops the pool (the last `Runtime` handle dropped): wakes and joins the workers —
+    /// unless called on one of them, which then exits on its own — and cancels every task
+    /// not complete: queued ones, and those waiting for a wake (which no queue holds; their
+    /// futures would leak, and with them whatever they own, such as the rank's state).
     pub(crate) fn shutdown(&self) {
         // SeqCst: see the end of `start`.
         self.closed.store(true, Ordering::SeqCst);
@@ -117,6 +122,12 @@ impl Executor {
             }
         }
         pool.drain();
+        // Outside the registry's locks: dropping a future runs user code. A task being
+        // polled (by a thread helping from inside a wait, or by this thread, if a task
+        // dropped the last handle) is cancelled by its poller when its poll returns.
+        for task in pool.tasks.close() {
+            task.shut_down();
+        }
     }
 }
 
@@ -130,6 +141,8 @@ pub(crate) struct Pool {
     pub(super) sleep: Sleepers,
     /// Set once at shutdown.
     shutdown: AtomicBool,
+    /// Every task spawned and not yet complete (cancelled at shutdown).
+    pub(super) tasks: Registry,
 }
 
 /// Why a task is queued (where it goes on a worker's own queues).
@@ -179,7 +192,12 @@ impl Pool {
         F::Output: Send + 'static,
     {
         let (task, handle) = Task::create(self.clone(), future);
-        self.schedule(task, Hint::Spawn);
+        if self.tasks.insert(&task) {
+            self.schedule(task, Hint::Spawn);
+        } else {
+            // Spawned after shutdown (a race with the last handle's drop): never queued.
+            task.cancel();
+        }
         handle
     }
 
@@ -394,4 +412,40 @@ fn worker_main(shared: &Arc<Shared>, pool: &Arc<Pool>, worker: Worker<TaskRef>, 
         t.cancel();
     }
     pool.drain();
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use std::sync::mpsc;
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use crate::{JoinError, Runtime};
+
+    /// A task waiting in a receive holds the rank's state through its communicator, and the
+    /// rank's state holds the task through the receive's waker. Shutdown cancels the task,
+    /// which breaks the cycle: once the last handle is gone, the rank's state (transport,
+    /// endpoints) is freed. It used to leak.
+    #[test]
+    fn shutdown_frees_the_rank_state_a_waiting_task_holds() {
+        let (tx, rx) = mpsc::channel();
+        std::thread::spawn(move || {
+            let rt = Runtime::builder().env(false).workers(2).build().unwrap();
+            let weak = Arc::downgrade(&rt.shared);
+            let comm = rt.world().clone();
+            let (polled_tx, polled) = mpsc::channel();
+            let h = rt.spawn(async move {
+                let r = comm.irecv(Vec::<u8>::with_capacity(4), 0u32, 5).unwrap();
+                polled_tx.send(()).unwrap();
+                r.await.map(|(b, _)| b.len())
+            });
+            polled.recv().unwrap();
+            drop(rt);
+            let res = futures::executor::block_on(h);
+            let _ = tx.send((res, weak.upgrade().is_none()));
+        });
+        let (res, freed) = rx.recv_timeout(Duration::from_secs(10)).expect("hang: dropping a runtime with a task waiting in a receive");
+        assert_eq!(res, Err(JoinError::Cancelled));
+        assert!(freed, "the rank's state is still alive after its runtime and every task are gone");
+    }
 }

@@ -7,11 +7,21 @@
 //! | 0 | `SCHEDULED` | in a run queue (or about to be pushed); set by a wake, cleared by `run` |
 //! | 1 | `RUNNING` | a thread is polling the future |
 //! | 2 | `COMPLETE` | the output (or the error) is stored; the future is gone |
+//! | 3 | `CANCELLED` | shutdown cancelled it; set only with `RUNNING` held or taken |
 //!
 //! A wake sets `SCHEDULED`; only the wake that sets it while the task is not `RUNNING` pushes
 //! the task, so a task is in at most one queue. A wake during a poll leaves `SCHEDULED` set,
 //! and the poller pushes the task again when the poll returns `Pending` (to the back of the
 //! queue: a task that keeps waking itself cannot starve the others).
+//!
+//! # Shutdown
+//!
+//! Every live task is in the pool's registry (`registry.rs`) from spawn to completion. At
+//! shutdown each one left is cancelled (`Runnable::shut_down`): an idle or queued task is
+//! claimed (`RUNNING` taken) and its future dropped at once; a task being polled — by a
+//! thread helping from inside a wait, or by the very thread shutting down — is marked
+//! `CANCELLED`, and its poller cancels it when the poll returns `Pending`. A queue's
+//! reference to a claimed task is stale: `start_run` and `claim_for_cancel` refuse it.
 //!
 //! # Memory ordering
 //!
@@ -28,13 +38,15 @@ use std::marker::PhantomData;
 use std::mem::ManuallyDrop;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::pin::Pin;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll, RawWaker, RawWakerVTable, Waker};
 
 use atomic_waker::AtomicWaker;
 
 use super::pool::{Hint, Pool};
-use super::state::{AfterPoll, State, Wake as WakeAction};
+use super::registry::{Key, UNREGISTERED};
+use super::state::{AfterPoll, Shutdown, State, Wake as WakeAction};
 
 /// A task as the run queues see it.
 pub(crate) type TaskRef = Arc<dyn Runnable>;
@@ -47,6 +59,11 @@ pub(crate) trait Runnable: Send + Sync {
     /// [`JoinError::Cancelled`], or [`JoinError::Panicked`] if the future's `Drop` panicked
     /// (the pool is shutting down; the task is `SCHEDULED` and in no queue).
     fn cancel(self: Arc<Self>);
+    /// Cancels the task at shutdown wherever it is (see the module docs): idle or queued,
+    /// here; being polled, by its poller.
+    fn shut_down(self: Arc<Self>);
+    /// Records the task's key in the pool's registry (`Registry::insert`).
+    fn bind(&self, key: Key);
 }
 
 /// Why a task gave no output.
@@ -111,6 +128,10 @@ pub(crate) struct Task<F: Future> {
     join: AtomicWaker,
     /// The future, then its output. Guarded by the state word.
     stage: UnsafeCell<Stage<F>>,
+    /// Its key in the pool's registry ([`UNREGISTERED`] until registered). Relaxed: written
+    /// once under the registry's lock before the task is queued, so the queue's (or the
+    /// lock's) ordering publishes it to whoever completes the task.
+    key: AtomicUsize,
 }
 
 // SAFETY: the stage is accessed by one thread at a time, as the state word decides (module
@@ -126,8 +147,13 @@ where
 {
     /// A task, already `SCHEDULED` (the caller pushes it), and its join handle.
     pub(crate) fn create(pool: Arc<Pool>, future: F) -> (TaskRef, JoinHandle<F::Output>) {
-        let task =
-            Arc::new(Task { state: State::scheduled(), pool, join: AtomicWaker::new(), stage: UnsafeCell::new(Stage::Running(future)) });
+        let task = Arc::new(Task {
+            state: State::scheduled(),
+            pool,
+            join: AtomicWaker::new(),
+            stage: UnsafeCell::new(Stage::Running(future)),
+            key: AtomicUsize::new(UNREGISTERED),
+        });
         let handle = JoinHandle { task: task.clone(), _out: PhantomData };
         (task, handle)
     }
@@ -157,6 +183,19 @@ where
         // `RUNNING`) or sees `COMPLETE` after; either way the bit is dropped here.
         self.state.complete();
         self.join.wake();
+        // Done: the registry's reference goes (shutdown has nothing left to cancel here).
+        self.pool.tasks.remove(self.key.load(Ordering::Relaxed));
+    }
+
+    /// Drops the future and completes the task as cancelled (the caller holds `RUNNING`):
+    /// with [`JoinError::Cancelled`], or as tokio does, [`JoinError::Panicked`] if the
+    /// future's `Drop` panicked.
+    fn finish_cancelled(&self) {
+        let out = match self.drop_future() {
+            Ok(()) => Err(JoinError::Cancelled),
+            Err(p) => Err(JoinError::Panicked(panic_message(p))),
+        };
+        self.finish(out);
     }
 }
 
@@ -202,8 +241,8 @@ where
                 let _ = self.drop_future();
                 self.finish(Err(JoinError::Panicked(msg)));
             }
-            Ok(Poll::Pending) => {
-                if self.state.end_run() == AfterPoll::Reschedule {
+            Ok(Poll::Pending) => match self.state.end_run() {
+                AfterPoll::Reschedule => {
                     // Woken while running: that wake left the push to us.
                     // SAFETY: `run` is called by a pool worker (which holds an `Arc<Pool>`) or
                     // by a thread helping through `Shared::executor` (which holds one too), so
@@ -212,19 +251,27 @@ where
                     let pool: &Pool = unsafe { &*Arc::as_ptr(&self.pool) };
                     pool.schedule(self, Hint::Yield);
                 }
-            }
+                AfterPoll::Idle => {}
+                // The pool shut down during the poll and left the cancellation to us.
+                AfterPoll::Cancel => self.finish_cancelled(),
+            },
         }
     }
 
     fn cancel(self: Arc<Self>) {
         if self.state.claim_for_cancel() {
-            // As tokio: a panic while dropping the cancelled future is the task's outcome.
-            let out = match self.drop_future() {
-                Ok(()) => Err(JoinError::Cancelled),
-                Err(p) => Err(JoinError::Panicked(panic_message(p))),
-            };
-            self.finish(out);
+            self.finish_cancelled();
         }
+    }
+
+    fn shut_down(self: Arc<Self>) {
+        if self.state.shut_down() == Shutdown::Claimed {
+            self.finish_cancelled();
+        }
+    }
+
+    fn bind(&self, key: Key) {
+        self.key.store(key, Ordering::Relaxed);
     }
 }
 
