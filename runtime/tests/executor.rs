@@ -392,6 +392,89 @@ fn block_on_inside_a_task_does_not_deadlock() {
 }
 
 #[test]
+fn nested_block_on_without_workers() {
+    // `workers(0)`: the thread in the outer `block_on` runs the task, whose own `block_on`
+    // must run the inner task in turn (nested helping; it used to refuse to nest and wait
+    // forever, since no other thread runs tasks).
+    let got = within(10, "nested block_on with workers(0)", || {
+        let rt = rt(0);
+        let rt2 = rt.clone();
+        let h = rt.spawn(async move {
+            let inner = rt2.spawn(async { 41 });
+            rt2.block_on(inner).unwrap() + 1
+        });
+        rt.block_on(h)
+    });
+    assert_eq!(got, Ok(42));
+}
+
+#[test]
+fn nested_block_on_two_levels_on_one_worker() {
+    // The only worker runs a task that blocks on a task that blocks on a third; the outer
+    // wait is on a plain executor, which runs nothing.
+    let got = within(10, "two nested block_on on one worker", || {
+        let rt = rt(1);
+        let rt2 = rt.clone();
+        let h = rt.spawn(async move {
+            let rt3 = rt2.clone();
+            let b = rt2.spawn(async move {
+                let c = rt3.spawn(async { 40 });
+                rt3.block_on(c).unwrap() + 1
+            });
+            rt2.block_on(b).unwrap() + 1
+        });
+        futures::executor::block_on(h)
+    });
+    assert_eq!(got, Ok(42));
+}
+
+/// Spawns a chain of `levels` tasks, each blocking (`block_on`) on the next, and returns
+/// the first one's output, `levels`.
+fn blocking_chain(rt: &Runtime, levels: u32) -> weft::JoinHandle<u32> {
+    let rt2 = rt.clone();
+    rt.spawn(async move {
+        if levels == 1 {
+            1
+        } else {
+            rt2.block_on(blocking_chain(&rt2, levels - 1)).unwrap() + 1
+        }
+    })
+}
+
+#[test]
+fn nested_block_on_as_deep_as_documented() {
+    // `Runtime::spawn` documents 32 levels of waits nested inside tasks on one thread: a
+    // chain of 33 tasks (the first one run by the worker, 32 nested waits) on one worker,
+    // with the default thread stack.
+    let got = within(20, "32 nested block_on on one worker", || {
+        let rt = rt(1);
+        futures::executor::block_on(blocking_chain(&rt, 33))
+    });
+    assert_eq!(got, Ok(33));
+}
+
+#[test]
+fn a_blocking_receive_inside_a_helped_task_without_workers() {
+    // `workers(0)`: the thread in `block_on` runs a task that makes a blocking receive whose
+    // message another task sends; the receive's wait runs that task (nested helping).
+    for mode in [ProgressMode::Owner, ProgressMode::Concurrent] {
+        let got = within(10, &format!("a blocking receive inside a helped task, {mode}"), move || {
+            let rt = Runtime::builder().env(false).progress(mode).workers(0).cris(2).build().unwrap();
+            let (c1, c2) = (rt.world().clone(), rt.world().clone());
+            let rt2 = rt.clone();
+            let h = rt.spawn(async move {
+                drop(rt2.spawn(async move {
+                    c2.send(vec![1u8, 2, 3], 0, 1).unwrap();
+                }));
+                c1.recv(Vec::<u8>::with_capacity(8), 0u32, 1).map(|(b, _)| b)
+            });
+            rt.block_on(h).map(|r| r.ok())
+        });
+        assert_eq!(got, Ok(Some(vec![1, 2, 3])), "{mode}");
+    }
+}
+
+#[test]
 fn stampede_chain_of_wakes_across_workers() {
     // 5,000 tasks, each waiting for the previous one's message: every hand-off is a wake
     // from one task (maybe on another worker) to the next.

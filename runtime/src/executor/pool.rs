@@ -180,8 +180,33 @@ impl Local {
 thread_local! {
     /// The running worker's `Local` (null on other threads).
     static LOCAL: Cell<*const Local> = const { Cell::new(std::ptr::null()) };
-    /// The thread is running a task from inside a wait (no nested helping).
-    static HELPING: Cell<bool> = const { Cell::new(false) };
+    /// How many tasks this thread is running from inside waits, one inside the other (0: none;
+    /// a worker's own tasks do not count).
+    static HELP_DEPTH: Cell<u32> = const { Cell::new(0) };
+}
+
+/// The deepest a thread nests tasks run from inside waits (`help`): a task that blocks
+/// (`block_on`, a blocking receive) inside a task that blocks, and so on, 32 waits deep on
+/// one thread. Each level holds the frames of a poll and a wait (about 2 KiB in a debug
+/// build, plus the task's own; a chain of 1,000 plain levels fits a worker's 2 MiB stack),
+/// so the bound leaves ample room for the tasks' frames. A wait at this depth runs no
+/// task: it sleeps until what it waits for is done by other threads (the pool's workers) —
+/// with none, or with all of them waiting at the bound too, it waits forever, as every
+/// wait inside a task did before helping could nest.
+pub(crate) const MAX_HELP_DEPTH: u32 = 32;
+
+/// Restores the thread's help depth when a helped task returns (or unwinds).
+struct Depth(u32);
+
+impl Drop for Depth {
+    fn drop(&mut self) {
+        HELP_DEPTH.with(|d| d.set(self.0));
+    }
+}
+
+/// Whether this thread may run one more task from inside a wait (`help`).
+pub(super) fn may_help() -> bool {
+    HELP_DEPTH.with(|d| d.get()) < MAX_HELP_DEPTH
 }
 
 impl Pool {
@@ -290,16 +315,23 @@ impl Pool {
 }
 
 /// Runs one queued pool task on a thread that is blocked waiting (seed 003 §4.6.2: waiting
-/// threads steal tasks instead of sleeping). Returns whether it ran one. Never nests: a task
-/// run this way that itself waits does not help again.
+/// threads steal tasks instead of sleeping). Returns whether it ran one.
+///
+/// Nests: a task run this way that itself waits helps in turn, up to [`MAX_HELP_DEPTH`]
+/// waits deep (beyond, it returns false and the wait sleeps). Without nesting, a task
+/// blocking on a task run by a wait (`workers(0)`, or a task waiting on the only worker)
+/// waited forever: no other thread would run what it waits for. A wait returns only once
+/// the task it runs has finished or is itself waiting, so a task run this way must not wait
+/// for what the interrupted wait's caller does afterwards (true of every help-first
+/// scheduler; `.await` has no such limits).
 pub(crate) fn help(shared: &Shared) -> bool {
-    if HELPING.with(|h| h.get()) {
+    let depth = HELP_DEPTH.with(|d| d.get());
+    if depth >= MAX_HELP_DEPTH {
         return false;
     }
-    HELPING.with(|h| h.set(true));
-    let ran = run_one(shared);
-    HELPING.with(|h| h.set(false));
-    ran
+    HELP_DEPTH.with(|d| d.set(depth + 1));
+    let _restore = Depth(depth);
+    run_one(shared)
 }
 
 /// Runs one queued task (from the injector, else stolen from a worker) on this thread.

@@ -61,8 +61,13 @@ impl Drop for Piece {
 /// Runs `work(0..pieces)`, pieces 1.. as pool tasks when the pool is available, and returns
 /// when all have run. A piece the pool did not run to the end (cancelled at shutdown, or
 /// panicked) is run again on the calling thread, so a panic in `work` shows here.
+///
+/// A caller that could not run tasks while it waits (nested [`MAX_HELP_DEPTH`] waits deep
+/// already) runs every piece itself: on a worker, its pieces would sit in its own queue.
+///
+/// [`MAX_HELP_DEPTH`]: super::pool::MAX_HELP_DEPTH
 pub(crate) fn split(shared: &Arc<Shared>, pieces: usize, work: &(dyn Fn(usize) + Sync)) {
-    let pool = if pieces > 1 && shared.config.workers > 0 { shared.executor.start(shared) } else { None };
+    let pool = if pieces > 1 && shared.config.workers > 0 && super::pool::may_help() { shared.executor.start(shared) } else { None };
     let Some(pool) = pool else {
         (0..pieces).for_each(work);
         return;
@@ -86,7 +91,8 @@ pub(crate) fn split(shared: &Arc<Shared>, pieces: usize, work: &(dyn Fn(usize) +
     let mine = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| work(0)));
     // Acquire: pairs with the pieces' release.
     while latch.remaining.load(Ordering::Acquire) != 0 {
-        if !super::pool::run_one(shared) {
+        // Counted as helping: the tasks run here nest inside the caller's stack.
+        if !super::pool::help(shared) {
             std::thread::park_timeout(Duration::from_millis(10));
         }
     }
