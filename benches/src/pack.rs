@@ -44,7 +44,7 @@ fn make(kind: &str, bytes: usize) -> Result<Datatype<f64>, String> {
     let elems = (bytes / 8).max(1);
     let ty = match kind {
         "vector" => Datatype::vector(elems.div_ceil(16), 16, 32),
-        "contiguous" => Ok(Datatype::contiguous(elems)),
+        "contiguous" => Datatype::contiguous(elems),
         "indexed" => {
             let (mut lens, mut displs, mut at, mut total, mut i) = (Vec::new(), Vec::new(), 0usize, 0usize, 0usize);
             while total < elems {

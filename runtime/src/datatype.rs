@@ -79,10 +79,20 @@ impl<T: Primitive> fmt::Debug for Datatype<T> {
 
 const OVERFLOW: Error = Error::InvalidArgument("datatype size overflows usize");
 
+/// The most bytes a datatype may span: what a Rust slice can hold (`isize::MAX`). A larger
+/// layout could never describe a real buffer, and keeping below it makes
+/// [`Datatype::size_bytes`] and [`Datatype::extent_bytes`] plain multiplications that cannot
+/// overflow.
+const MAX_BYTES: usize = isize::MAX as usize;
+
+const TOO_LARGE: Error = Error::InvalidArgument("datatype spans more than isize::MAX bytes");
+
 impl<T: Primitive> Datatype<T> {
-    /// `count` consecutive elements (`MPI_Type_contiguous`).
-    pub fn contiguous(count: usize) -> Self {
-        Datatype { layout: Layout::Contiguous { count }, size: count, extent: count, _elem: PhantomData }
+    /// `count` consecutive elements (`MPI_Type_contiguous`). Fails if they span more than
+    /// `isize::MAX` bytes (as [`vector`](Self::vector) and [`indexed`](Self::indexed) do).
+    pub fn contiguous(count: usize) -> Result<Self, Error> {
+        Self::bytes_fit(count)?;
+        Ok(Datatype { layout: Layout::Contiguous { count }, size: count, extent: count, _elem: PhantomData })
     }
 
     /// `count` blocks of `blocklen` elements whose starts are `stride` elements apart
@@ -131,8 +141,15 @@ impl<T: Primitive> Datatype<T> {
         Ok(Datatype { layout: Layout::Indexed { blocks: blocks.into(), packed_at: packed_at.into() }, size, extent, _elem: PhantomData })
     }
 
+    /// Checks that `elems` elements (a layout's extent, which is at least its size: blocks
+    /// never overlap) span at most [`MAX_BYTES`]. Every constructor calls it, so the byte
+    /// sizes of a datatype never overflow.
     fn bytes_fit(elems: usize) -> Result<(), Error> {
-        elems.checked_mul(std::mem::size_of::<T>()).map(|_| ()).ok_or(OVERFLOW)
+        match elems.checked_mul(std::mem::size_of::<T>()) {
+            Some(b) if b <= MAX_BYTES => Ok(()),
+            Some(_) => Err(TOO_LARGE),
+            None => Err(OVERFLOW),
+        }
     }
 
     /// Elements selected (the packed length).
@@ -142,6 +159,7 @@ impl<T: Primitive> Datatype<T> {
 
     /// Bytes selected (the packed size, `MPI_Type_size`).
     pub fn size_bytes(&self) -> usize {
+        // Cannot overflow: `size <= extent`, whose bytes the constructors checked.
         self.size * std::mem::size_of::<T>()
     }
 
@@ -152,6 +170,7 @@ impl<T: Primitive> Datatype<T> {
 
     /// Bytes spanned (`MPI_Type_get_extent` with a lower bound of 0).
     pub fn extent_bytes(&self) -> usize {
+        // Cannot overflow: checked by every constructor (`bytes_fit`).
         self.extent * std::mem::size_of::<T>()
     }
 

@@ -62,7 +62,7 @@
 //! let m: Vec<f32> = (0..16).map(|x| x as f32).collect();
 //! let comm = rt.world();
 //! let mut row = [0f32; 4];
-//! let r = comm.irecv_typed(&mut row, &Datatype::contiguous(4), 0u32, 9).unwrap();
+//! let r = comm.irecv_typed(&mut row, &Datatype::contiguous(4).unwrap(), 0u32, 9).unwrap();
 //! comm.send_typed(&m, &column, 0, 9).unwrap();
 //! r.wait().unwrap();
 //! assert_eq!(row, [0.0, 4.0, 8.0, 12.0]);

@@ -538,8 +538,13 @@ impl Runtime {
     /// the output, or a [`JoinError`] if the task panicked or the runtime shut down first.
     ///
     /// A task that holds a `Runtime` clone keeps the pool running until the task finishes.
-    /// Blocking waits inside a task work (the waiting thread runs other tasks meanwhile),
-    /// but `.await` is the better fit.
+    /// Blocking waits inside a task work (the waiting thread runs other tasks meanwhile,
+    /// and a task it runs may wait in turn, up to 32 waits nested on one thread; in the
+    /// `Owner` and `Concurrent` progress modes, or in [`block_on`](Self::block_on)), but
+    /// `.await` is the better fit: a wait returns only once the task it runs has finished
+    /// or waits itself, so a task must not block on something that only a blocked task
+    /// will do after its own wait, and beyond 32 nested waits a wait runs no more tasks
+    /// (with `workers(0)` it then waits forever).
     ///
     /// ```
     /// let rt = weft::Runtime::builder().workers(2).build().unwrap();
@@ -556,7 +561,8 @@ impl Runtime {
     }
 
     /// Runs `future` to completion on the calling thread (request and sync-object futures
-    /// drive progress when polled). With `workers(0)` the thread also runs spawned tasks.
+    /// drive progress when polled). With `workers(0)`, or inside a task, the thread also
+    /// runs spawned tasks meanwhile (see [`spawn`](Self::spawn) for how deep that nests).
     pub fn block_on<F: Future>(&self, future: F) -> F::Output {
         crate::executor::block_on(&self.shared, future)
     }

@@ -1,7 +1,28 @@
 //! Datatypes: layouts, pack/unpack against a reference, bad input, parallel packing, and
 //! typed sends/receives (eager and rendezvous).
 
+use std::sync::mpsc::{self, RecvTimeoutError};
+use std::time::Duration;
+
 use weft::{Datatype, Error, ProgressMode, Runtime, Source, Tag};
+
+/// Runs `scenario` on a thread of its own and returns its result, failing with `what` if
+/// it takes longer than `secs` (a hang is a failure, not a stuck suite). A panic in the
+/// scenario is resumed here.
+fn within<T: Send + 'static>(secs: u64, what: &str, scenario: impl FnOnce() -> T + Send + 'static) -> T {
+    let (tx, rx) = mpsc::channel();
+    let t = std::thread::spawn(move || {
+        let _ = tx.send(scenario());
+    });
+    match rx.recv_timeout(Duration::from_secs(secs)) {
+        Ok(v) => v,
+        Err(RecvTimeoutError::Timeout) => panic!("hang: {what} (not done after {secs} s)"),
+        Err(RecvTimeoutError::Disconnected) => match t.join() {
+            Err(p) => std::panic::resume_unwind(p),
+            Ok(()) => unreachable!("the scenario thread ended without a result or a panic"),
+        },
+    }
+}
 
 /// Reference: the selected offsets, in packed order.
 fn offsets_vector(count: usize, blocklen: usize, stride: usize) -> Vec<usize> {
@@ -32,7 +53,7 @@ fn layouts_size_extent_and_round_trip() {
     let src: Vec<f64> = (0..12).map(f64::from).collect();
     assert_eq!(ix.pack_to_vec(&src).unwrap(), vec![10.0, 11.0, 0.0, 4.0, 5.0, 6.0]);
 
-    let c = Datatype::<u8>::contiguous(4);
+    let c = Datatype::<u8>::contiguous(4).unwrap();
     assert_eq!(c.pack_to_vec(b"abcdef").unwrap(), b"abcd");
     // Empty types are fine.
     assert_eq!(Datatype::<u8>::vector(0, 4, 8).unwrap().size(), 0);
@@ -66,6 +87,29 @@ fn bad_input_is_an_error_not_a_panic() {
     assert!(matches!(c.irecv_typed(&mut small, &v, 0u32, 0), Err(Error::InvalidArgument(_))));
     let mut ok = [0u16; 11];
     assert!(matches!(c.irecv_typed(&mut ok, &v, 5u32, 0), Err(Error::RankOutOfRange { .. })));
+}
+
+#[test]
+fn byte_sizes_never_overflow() {
+    // `contiguous` checks its byte size like `vector` and `indexed`: a layout of more bytes
+    // than a slice can hold is an error, so `size_bytes` and `extent_bytes` of any datatype
+    // that was built cannot overflow (they used to panic in debug builds and wrap in
+    // release ones).
+    assert!(matches!(Datatype::<u64>::contiguous(usize::MAX), Err(Error::InvalidArgument(_))));
+    assert!(matches!(Datatype::<u64>::contiguous(usize::MAX / 4), Err(Error::InvalidArgument(_))));
+    assert!(matches!(Datatype::<u8>::contiguous(usize::MAX), Err(Error::InvalidArgument(_))));
+    assert!(matches!(Datatype::<u8>::vector(usize::MAX, 1, 1), Err(Error::InvalidArgument(_))));
+    assert!(matches!(Datatype::<u64>::indexed(&[usize::MAX / 8], &[0]), Err(Error::InvalidArgument(_))));
+    // The largest layouts allowed: exactly `isize::MAX` bytes.
+    let max = isize::MAX as usize;
+    let c = Datatype::<u8>::contiguous(max).unwrap();
+    assert_eq!((c.size_bytes(), c.extent_bytes()), (max, max));
+    let c = Datatype::<u64>::contiguous(max / 8).unwrap();
+    assert_eq!((c.size_bytes(), c.extent_bytes()), (max / 8 * 8, max / 8 * 8));
+    let v = Datatype::<u32>::vector(2, 1, max / 8).unwrap();
+    assert_eq!((v.size_bytes(), v.extent_bytes()), (8, (max / 8 + 1) * 4));
+    // Packing such a type with a buffer that cannot span it is an error, not a panic.
+    assert!(matches!(c.pack_to_vec(&[1, 2]), Err(Error::InvalidArgument(_))));
 }
 
 #[test]
@@ -186,4 +230,79 @@ fn empty_types_and_dropped_typed_receives() {
     let mut b = [0u8; 3];
     c1.recv_typed(&mut b, &ty, Source::Any, Tag::Any).unwrap();
     assert_eq!(b, [7, 0, 9]);
+}
+
+/// A one-rank runtime whose packs of 1 KiB or more are split over one worker.
+fn splitting_rank() -> Runtime {
+    Runtime::builder().env(false).workers(1).pack_threshold(1024).build_local(1).unwrap().remove(0)
+}
+
+/// How long iteration `it` of a race waits before dropping the runtime: 0.2 to 3.2 ms,
+/// spread so the drop lands before, during and after the parallel pack.
+fn race_delay(it: u64) -> Duration {
+    Duration::from_micros(200 + (it * 37) % 3000)
+}
+
+#[test]
+fn typed_send_racing_runtime_drop_sends_every_byte_packed() {
+    // A typed send packs in parallel (pieces queued as pool tasks) on a communicator clone
+    // while another thread drops the last `Runtime` handle. Pieces still queued at shutdown
+    // are cancelled; the packing thread must then pack them itself. It used to count a
+    // cancelled piece as done and send a buffer of which up to a quarter was never written
+    // (uninitialised memory, reported Ok).
+    let bad = within(120, "typed sends racing a runtime drop", || {
+        let mut bad = Vec::new();
+        for it in 0..200u64 {
+            let rt = splitting_rank();
+            let c = rt.world().clone();
+            let t = std::thread::spawn(move || {
+                let ty = Datatype::<u8>::vector(1 << 18, 1, 2).unwrap();
+                let data: Vec<u8> = (0..ty.extent()).map(|i| if i % 2 == 0 { (i / 2 % 251) as u8 } else { 255 }).collect();
+                let r = c.irecv(Vec::<u8>::with_capacity(ty.size()), 0, 1).unwrap();
+                let s = c.isend_typed(&data, &ty, 0, 1).unwrap();
+                let (buf, _) = r.wait().unwrap();
+                s.wait().unwrap();
+                let want: Vec<u8> = (0..ty.size()).map(|i| (i % 251) as u8).collect();
+                buf.iter().zip(&want).filter(|(a, b)| a != b).count() + want.len().abs_diff(buf.len())
+            });
+            std::thread::sleep(race_delay(it));
+            drop(rt);
+            let wrong = t.join().unwrap();
+            if wrong != 0 {
+                bad.push((it, wrong));
+            }
+        }
+        bad
+    });
+    assert!(bad.is_empty(), "(iteration, bytes not packed) of 262,144: {bad:?}");
+}
+
+#[test]
+fn typed_receive_racing_runtime_drop_unpacks_every_byte() {
+    // The same race on the receiving side: `TypedRecv::wait` unpacks in parallel while the
+    // runtime is dropped; every element of the layout is written, the gaps are not.
+    let bad = within(120, "typed receives racing a runtime drop", || {
+        let mut bad = Vec::new();
+        for it in 0..200u64 {
+            let rt = splitting_rank();
+            let c = rt.world().clone();
+            let t = std::thread::spawn(move || {
+                let ty = Datatype::<u8>::vector(1 << 18, 1, 2).unwrap();
+                let mut dst = vec![255u8; ty.extent()];
+                let r = c.irecv_typed(&mut dst, &ty, 0u32, 1).unwrap();
+                let packed: Vec<u8> = (0..ty.size()).map(|i| (i % 251) as u8).collect();
+                c.send(packed, 0, 1).unwrap();
+                r.wait().unwrap();
+                dst.iter().enumerate().filter(|&(i, &x)| x != if i % 2 == 0 { (i / 2 % 251) as u8 } else { 255 }).count()
+            });
+            std::thread::sleep(race_delay(it));
+            drop(rt);
+            let wrong = t.join().unwrap();
+            if wrong != 0 {
+                bad.push((it, wrong));
+            }
+        }
+        bad
+    });
+    assert!(bad.is_empty(), "(iteration, elements not unpacked) of 262,144: {bad:?}");
 }

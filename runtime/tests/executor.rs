@@ -4,6 +4,7 @@
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::mpsc::{self, RecvTimeoutError};
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
@@ -12,6 +13,46 @@ use weft::{JoinError, ProgressMode, Runtime, Source, Tag};
 
 fn rt(workers: usize) -> Runtime {
     Runtime::builder().env(false).workers(workers).cris(2).build().unwrap()
+}
+
+/// Runs `scenario` on a thread of its own and returns its result, failing with `what` if
+/// it takes longer than `secs`: a hang is reported as a failure instead of stopping the
+/// suite (the stuck thread is left behind). A panic in the scenario is resumed here.
+fn within<T: Send + 'static>(secs: u64, what: &str, scenario: impl FnOnce() -> T + Send + 'static) -> T {
+    let (tx, rx) = mpsc::channel();
+    let t = std::thread::spawn(move || {
+        let _ = tx.send(scenario());
+    });
+    match rx.recv_timeout(Duration::from_secs(secs)) {
+        Ok(v) => v,
+        Err(RecvTimeoutError::Timeout) => panic!("hang: {what} (not done after {secs} s)"),
+        Err(RecvTimeoutError::Disconnected) => match t.join() {
+            Err(p) => std::panic::resume_unwind(p),
+            Ok(()) => unreachable!("the scenario thread ended without a result or a panic"),
+        },
+    }
+}
+
+/// A future that is ready at once (or panics in its poll) and panics when dropped.
+struct PanicOnDrop {
+    /// Panic in `poll` too.
+    poll_panics: bool,
+}
+
+impl Future for PanicOnDrop {
+    type Output = u32;
+    fn poll(self: Pin<&mut Self>, _cx: &mut Context<'_>) -> Poll<u32> {
+        if self.poll_panics {
+            panic!("poll panics");
+        }
+        Poll::Ready(5)
+    }
+}
+
+impl Drop for PanicOnDrop {
+    fn drop(&mut self) {
+        panic!("drop panics");
+    }
 }
 
 /// Yields once (wakes itself and returns `Pending` the first time).
@@ -81,6 +122,148 @@ fn a_panic_is_a_join_error() {
     }
     // The worker survived.
     assert_eq!(rt.block_on(rt.spawn(async { 5 })).unwrap(), 5);
+}
+
+#[test]
+fn a_panic_in_a_futures_drop_is_a_join_error_and_the_worker_survives() {
+    // The future is dropped where its poll is caught (as tokio's harness does): a panic in
+    // its `Drop` completes the task with that panic (the output, ready just before, is lost)
+    // instead of unwinding through the worker, which used to die and leave the join handle
+    // pending forever (and with one worker, the pool dead).
+    let (ready, both, after) = within(20, "a task whose future panics in Drop", || {
+        let rt = rt(1);
+        let ready = rt.block_on(rt.spawn(PanicOnDrop { poll_panics: false }));
+        // A panic in the poll and another in the drop: the poll's is reported.
+        let both = futures::executor::block_on(rt.spawn(PanicOnDrop { poll_panics: true }));
+        // The only worker still runs tasks.
+        let after: Vec<_> = (0..10).map(|i| rt.spawn(async move { i })).collect();
+        let after: Vec<_> = after.into_iter().map(|h| rt.block_on(h)).collect();
+        (ready, both, after)
+    });
+    assert_eq!(ready, Err(JoinError::Panicked("drop panics".into())));
+    assert_eq!(both, Err(JoinError::Panicked("poll panics".into())));
+    assert_eq!(after, (0..10).map(Ok).collect::<Vec<_>>());
+}
+
+#[test]
+fn a_panic_in_the_drop_of_a_cancelled_task_is_a_join_error() {
+    // Tasks still queued at shutdown are cancelled by dropping their futures; a panic there
+    // completes that task with the panic and the other cancellations still happen (it used
+    // to unwind out of the worker's or the dropping thread's cancel loop).
+    let (panicked, cancelled, blocker) = within(20, "cancelling a task whose future panics in Drop", || {
+        let rt = rt(1);
+        let gate = Arc::new(std::sync::Barrier::new(2));
+        let g2 = gate.clone();
+        // Occupies the only worker until after the runtime is dropped, so the tasks below
+        // stay queued.
+        let blocker = rt.spawn(async move {
+            g2.wait();
+            std::thread::sleep(Duration::from_millis(200));
+        });
+        gate.wait();
+        let panicky = rt.spawn(PanicOnDrop { poll_panics: false });
+        let plain = rt.spawn(async { 7 });
+        drop(rt);
+        let b = futures::executor::block_on(blocker);
+        (futures::executor::block_on(panicky), futures::executor::block_on(plain), b)
+    });
+    assert_eq!(panicked, Err(JoinError::Panicked("drop panics".into())));
+    assert_eq!(cancelled, Err(JoinError::Cancelled));
+    assert_eq!(blocker, Ok(()));
+}
+
+/// Sets its flag when dropped (tells whether a task's future was dropped).
+struct DropFlag(Arc<AtomicBool>);
+
+impl Drop for DropFlag {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::SeqCst);
+    }
+}
+
+#[test]
+fn a_task_waiting_for_a_wake_is_cancelled_at_shutdown() {
+    // A task that waits for a wake sits in no queue; shutdown used to cancel only queued
+    // tasks, so its join handle never resolved (though `spawn` promises a `JoinError`) and
+    // its future was never dropped.
+    let (res, dropped_by_shutdown) = within(10, "the join handle of a waiting task after shutdown", || {
+        let rt = rt(2);
+        let dropped = Arc::new(AtomicBool::new(false));
+        let flag = DropFlag(dropped.clone());
+        let (polled_tx, polled) = mpsc::channel();
+        let h = rt.spawn(async move {
+            let _flag = flag;
+            polled_tx.send(()).unwrap();
+            futures::future::pending::<()>().await
+        });
+        polled.recv().unwrap();
+        drop(rt);
+        let dropped_by_shutdown = dropped.load(Ordering::SeqCst);
+        (futures::executor::block_on(h), dropped_by_shutdown)
+    });
+    assert_eq!(res, Err(JoinError::Cancelled));
+    assert!(dropped_by_shutdown, "the future is dropped by the shutdown");
+}
+
+#[test]
+fn a_task_waiting_for_a_message_is_dropped_at_shutdown() {
+    // The task owns a communicator and waits in a posted receive whose waker sits in the
+    // rank's matching queues: task -> communicator -> rank state -> waker -> task, a cycle
+    // only cancelling the task breaks. Its future (and what it owns) used to leak.
+    let dropped_by_shutdown = within(10, "dropping a runtime with a task waiting for a message", || {
+        let rt = rt(2);
+        let dropped = Arc::new(AtomicBool::new(false));
+        let flag = DropFlag(dropped.clone());
+        let comm = rt.world().clone();
+        let (polled_tx, polled) = mpsc::channel();
+        let h = rt.spawn(async move {
+            let _flag = flag;
+            let r = comm.irecv(Vec::<u8>::with_capacity(4), 0u32, 5).unwrap();
+            polled_tx.send(()).unwrap();
+            r.await.map(|(b, _)| b.len())
+        });
+        polled.recv().unwrap();
+        drop(rt);
+        drop(h);
+        dropped.load(Ordering::SeqCst)
+    });
+    assert!(dropped_by_shutdown, "the task's future (its communicator and receive) was not dropped");
+}
+
+#[test]
+fn a_task_polled_by_a_helping_thread_during_shutdown_is_cancelled_by_it() {
+    // No workers: a thread blocked in a receive runs the task (helping) when shutdown comes.
+    // The shutdown cannot touch a future being polled; it marks the task, and the helping
+    // thread cancels it when the poll returns `Pending`.
+    let (res, dropped_during_poll, dropped_after) = within(10, "cancelling a task that a helping thread is polling", || {
+        let rt = rt(0);
+        let dropped = Arc::new(AtomicBool::new(false));
+        let flag = DropFlag(dropped.clone());
+        let (polling_tx, polling) = mpsc::channel();
+        let (go, go_rx) = mpsc::channel::<()>();
+        let h = rt.spawn(async move {
+            let _flag = flag;
+            polling_tx.send(()).unwrap();
+            // Stay in this poll until the runtime has been dropped.
+            go_rx.recv().unwrap();
+            futures::future::pending::<()>().await
+        });
+        let (c, helper_comm) = (rt.world().clone(), rt.world().clone());
+        let helper = std::thread::spawn(move || helper_comm.recv(Vec::<u8>::with_capacity(4), 0u32, 1).map(|(b, _)| b));
+        polling.recv().unwrap();
+        drop(rt);
+        let dropped_during_poll = dropped.load(Ordering::SeqCst);
+        go.send(()).unwrap();
+        let res = futures::executor::block_on(h);
+        let dropped_after = dropped.load(Ordering::SeqCst);
+        // Release the helping thread.
+        c.send(vec![1u8], 0, 1).unwrap();
+        assert_eq!(helper.join().unwrap().unwrap(), [1]);
+        (res, dropped_during_poll, dropped_after)
+    });
+    assert!(!dropped_during_poll, "a future was dropped while being polled");
+    assert_eq!(res, Err(JoinError::Cancelled));
+    assert!(dropped_after);
 }
 
 #[test]
@@ -206,6 +389,89 @@ fn block_on_inside_a_task_does_not_deadlock() {
         rt2.block_on(inner).unwrap() + 1
     });
     assert_eq!(rt.block_on(h).unwrap(), 4);
+}
+
+#[test]
+fn nested_block_on_without_workers() {
+    // `workers(0)`: the thread in the outer `block_on` runs the task, whose own `block_on`
+    // must run the inner task in turn (nested helping; it used to refuse to nest and wait
+    // forever, since no other thread runs tasks).
+    let got = within(10, "nested block_on with workers(0)", || {
+        let rt = rt(0);
+        let rt2 = rt.clone();
+        let h = rt.spawn(async move {
+            let inner = rt2.spawn(async { 41 });
+            rt2.block_on(inner).unwrap() + 1
+        });
+        rt.block_on(h)
+    });
+    assert_eq!(got, Ok(42));
+}
+
+#[test]
+fn nested_block_on_two_levels_on_one_worker() {
+    // The only worker runs a task that blocks on a task that blocks on a third; the outer
+    // wait is on a plain executor, which runs nothing.
+    let got = within(10, "two nested block_on on one worker", || {
+        let rt = rt(1);
+        let rt2 = rt.clone();
+        let h = rt.spawn(async move {
+            let rt3 = rt2.clone();
+            let b = rt2.spawn(async move {
+                let c = rt3.spawn(async { 40 });
+                rt3.block_on(c).unwrap() + 1
+            });
+            rt2.block_on(b).unwrap() + 1
+        });
+        futures::executor::block_on(h)
+    });
+    assert_eq!(got, Ok(42));
+}
+
+/// Spawns a chain of `levels` tasks, each blocking (`block_on`) on the next, and returns
+/// the first one's output, `levels`.
+fn blocking_chain(rt: &Runtime, levels: u32) -> weft::JoinHandle<u32> {
+    let rt2 = rt.clone();
+    rt.spawn(async move {
+        if levels == 1 {
+            1
+        } else {
+            rt2.block_on(blocking_chain(&rt2, levels - 1)).unwrap() + 1
+        }
+    })
+}
+
+#[test]
+fn nested_block_on_as_deep_as_documented() {
+    // `Runtime::spawn` documents 32 levels of waits nested inside tasks on one thread: a
+    // chain of 33 tasks (the first one run by the worker, 32 nested waits) on one worker,
+    // with the default thread stack.
+    let got = within(20, "32 nested block_on on one worker", || {
+        let rt = rt(1);
+        futures::executor::block_on(blocking_chain(&rt, 33))
+    });
+    assert_eq!(got, Ok(33));
+}
+
+#[test]
+fn a_blocking_receive_inside_a_helped_task_without_workers() {
+    // `workers(0)`: the thread in `block_on` runs a task that makes a blocking receive whose
+    // message another task sends; the receive's wait runs that task (nested helping).
+    for mode in [ProgressMode::Owner, ProgressMode::Concurrent] {
+        let got = within(10, &format!("a blocking receive inside a helped task, {mode}"), move || {
+            let rt = Runtime::builder().env(false).progress(mode).workers(0).cris(2).build().unwrap();
+            let (c1, c2) = (rt.world().clone(), rt.world().clone());
+            let rt2 = rt.clone();
+            let h = rt.spawn(async move {
+                drop(rt2.spawn(async move {
+                    c2.send(vec![1u8, 2, 3], 0, 1).unwrap();
+                }));
+                c1.recv(Vec::<u8>::with_capacity(8), 0u32, 1).map(|(b, _)| b)
+            });
+            rt.block_on(h).map(|r| r.ok())
+        });
+        assert_eq!(got, Ok(Some(vec![1, 2, 3])), "{mode}");
+    }
 }
 
 #[test]

@@ -32,7 +32,8 @@ impl Wake for Signal {
 /// Polls `future` on this thread until it is ready. The future's own wakers drive it
 /// (request and sync-object futures make progress when polled). With no pool workers
 /// (`workers(0)`), or when called from inside a task, the thread runs pool tasks between
-/// polls, so spawned tasks make progress.
+/// polls, so spawned tasks make progress; a task run so may itself `block_on`, nested up to
+/// `MAX_HELP_DEPTH` (`pool.rs`), beyond which this thread only polls its own future.
 pub(crate) fn block_on<F: Future>(shared: &Shared, future: F) -> F::Output {
     let mut future = pin!(future);
     let signal = Arc::new(Signal { notified: AtomicBool::new(false), thread: std::thread::current() });
@@ -54,7 +55,8 @@ pub(crate) fn block_on<F: Future>(shared: &Shared, future: F) -> F::Output {
                 if super::help(shared) {
                     continue;
                 }
-                // Nobody else runs tasks here: a new one is only noticed by looking again.
+                // Nothing queued (or nested too deep to run it): a new task is only noticed
+                // by looking again.
                 std::thread::park_timeout(Duration::from_millis(1));
             } else {
                 std::thread::park();

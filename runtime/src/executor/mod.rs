@@ -3,10 +3,12 @@
 //!
 //! * `state.rs` — a task's state word (loom models beside it).
 //! * `task.rs` — one spawned future: the waker, [`JoinHandle`] and
-//!   [`JoinError`] (a panic in a task is caught and reported, never an abort).
+//!   [`JoinError`] (a panic in a task, its poll or its future's `Drop`, is caught and
+//!   reported, never an abort).
 //! * `pool.rs` — the pool: a crossbeam-deque `Worker` per thread, one global `Injector`,
 //!   stealers; the worker loop (local queue, the injector every 61 ticks for fairness,
 //!   progress when idle, stealing, parking); shutdown when the last `Runtime` handle drops.
+//! * `registry.rs` — every live task, so shutdown cancels the ones waiting for a wake too.
 //! * `park.rs` — who sleeps and who wakes them: new tasks unpark one sleeping worker;
 //!   network activity (the transport's doorbell) wakes a worker that may progress.
 //! * `block_on.rs` — running a future on the calling thread ([`crate::Runtime::block_on`]).
@@ -21,6 +23,7 @@
 mod block_on;
 mod park;
 mod pool;
+mod registry;
 mod split;
 mod state;
 mod task;

@@ -13,8 +13,9 @@
 //!    parks (`park.rs`).
 //!
 //! The pool starts at the first spawn (no threads for a runtime that never spawns) and
-//! stops when the last `Runtime` handle drops: queued tasks are cancelled (their join
-//! handles give [`JoinError::Cancelled`](super::JoinError)) and the threads are joined.
+//! stops when the last `Runtime` handle drops: the threads are joined and every task not
+//! yet complete is cancelled, queued or waiting for a wake (their join handles give
+//! [`JoinError::Cancelled`](super::JoinError); `registry.rs`).
 
 use std::cell::Cell;
 use std::future::Future;
@@ -27,6 +28,7 @@ use crossbeam_deque::{Injector, Steal, Stealer, Worker};
 use parking_lot::Mutex;
 
 use super::park::Sleepers;
+use super::registry::Registry;
 use super::task::{JoinHandle, Task, TaskRef};
 use crate::runtime::Shared;
 
@@ -77,6 +79,7 @@ impl Executor {
                 stealers: locals.iter().map(|w| w.stealer()).collect(),
                 sleep: Sleepers::new(n),
                 shutdown: AtomicBool::new(false),
+                tasks: Registry::new(n),
             });
             let mut threads = self.threads.lock();
             for (index, local) in locals.into_iter().enumerate() {
@@ -99,8 +102,10 @@ impl Executor {
         (!pool.shutdown.load(Ordering::Acquire)).then_some(pool)
     }
 
-    /// Stops the pool (the last `Runtime` handle dropped): cancels queued tasks, wakes and
-    /// joins the workers — unless called on one of them, which then exits on its own.
+    /// Stops the pool (the last `Runtime` handle dropped): wakes and joins the workers —
+    /// unless called on one of them, which then exits on its own — and cancels every task
+    /// not complete: queued ones, and those waiting for a wake (which no queue holds; their
+    /// futures would leak, and with them whatever they own, such as the rank's state).
     pub(crate) fn shutdown(&self) {
         // SeqCst: see the end of `start`.
         self.closed.store(true, Ordering::SeqCst);
@@ -117,6 +122,12 @@ impl Executor {
             }
         }
         pool.drain();
+        // Outside the registry's locks: dropping a future runs user code. A task being
+        // polled (by a thread helping from inside a wait, or by this thread, if a task
+        // dropped the last handle) is cancelled by its poller when its poll returns.
+        for task in pool.tasks.close() {
+            task.shut_down();
+        }
     }
 }
 
@@ -130,6 +141,8 @@ pub(crate) struct Pool {
     pub(super) sleep: Sleepers,
     /// Set once at shutdown.
     shutdown: AtomicBool,
+    /// Every task spawned and not yet complete (cancelled at shutdown).
+    pub(super) tasks: Registry,
 }
 
 /// Why a task is queued (where it goes on a worker's own queues).
@@ -167,8 +180,33 @@ impl Local {
 thread_local! {
     /// The running worker's `Local` (null on other threads).
     static LOCAL: Cell<*const Local> = const { Cell::new(std::ptr::null()) };
-    /// The thread is running a task from inside a wait (no nested helping).
-    static HELPING: Cell<bool> = const { Cell::new(false) };
+    /// How many tasks this thread is running from inside waits, one inside the other (0: none;
+    /// a worker's own tasks do not count).
+    static HELP_DEPTH: Cell<u32> = const { Cell::new(0) };
+}
+
+/// The deepest a thread nests tasks run from inside waits (`help`): a task that blocks
+/// (`block_on`, a blocking receive) inside a task that blocks, and so on, 32 waits deep on
+/// one thread. Each level holds the frames of a poll and a wait (about 2 KiB in a debug
+/// build, plus the task's own; a chain of 1,000 plain levels fits a worker's 2 MiB stack),
+/// so the bound leaves ample room for the tasks' frames. A wait at this depth runs no
+/// task: it sleeps until what it waits for is done by other threads (the pool's workers) —
+/// with none, or with all of them waiting at the bound too, it waits forever, as every
+/// wait inside a task did before helping could nest.
+pub(crate) const MAX_HELP_DEPTH: u32 = 32;
+
+/// Restores the thread's help depth when a helped task returns (or unwinds).
+struct Depth(u32);
+
+impl Drop for Depth {
+    fn drop(&mut self) {
+        HELP_DEPTH.with(|d| d.set(self.0));
+    }
+}
+
+/// Whether this thread may run one more task from inside a wait (`help`).
+pub(super) fn may_help() -> bool {
+    HELP_DEPTH.with(|d| d.get()) < MAX_HELP_DEPTH
 }
 
 impl Pool {
@@ -179,7 +217,12 @@ impl Pool {
         F::Output: Send + 'static,
     {
         let (task, handle) = Task::create(self.clone(), future);
-        self.schedule(task, Hint::Spawn);
+        if self.tasks.insert(&task) {
+            self.schedule(task, Hint::Spawn);
+        } else {
+            // Spawned after shutdown (a race with the last handle's drop): never queued.
+            task.cancel();
+        }
         handle
     }
 
@@ -272,29 +315,47 @@ impl Pool {
 }
 
 /// Runs one queued pool task on a thread that is blocked waiting (seed 003 §4.6.2: waiting
-/// threads steal tasks instead of sleeping). Returns whether it ran one. Never nests: a task
-/// run this way that itself waits does not help again.
+/// threads steal tasks instead of sleeping). Returns whether it ran one.
+///
+/// Nests: a task run this way that itself waits helps in turn, up to [`MAX_HELP_DEPTH`]
+/// waits deep (beyond, it returns false and the wait sleeps). Without nesting, a task
+/// blocking on a task run by a wait (`workers(0)`, or a task waiting on the only worker)
+/// waited forever: no other thread would run what it waits for. A wait returns only once
+/// the task it runs has finished or is itself waiting, so a task run this way must not wait
+/// for what the interrupted wait's caller does afterwards (true of every help-first
+/// scheduler; `.await` has no such limits).
 pub(crate) fn help(shared: &Shared) -> bool {
-    if HELPING.with(|h| h.get()) {
+    let depth = HELP_DEPTH.with(|d| d.get());
+    if depth >= MAX_HELP_DEPTH {
         return false;
     }
-    HELPING.with(|h| h.set(true));
-    let ran = run_one(shared);
-    HELPING.with(|h| h.set(false));
-    ran
+    HELP_DEPTH.with(|d| d.set(depth + 1));
+    let _restore = Depth(depth);
+    run_one(shared)
 }
 
 /// Runs one queued task (from the injector, else stolen from a worker) on this thread.
+/// Returns whether it found one.
+///
+/// On one of the pool's workers it takes from its own queues first, and keeps doing so
+/// after shutdown, cancelling what it takes: nobody else empties them before the worker
+/// leaves its loop, and a task waiting there (a pack's pieces, a task it blocks on) would
+/// otherwise keep the worker waiting forever.
 pub(super) fn run_one(shared: &Shared) -> bool {
-    let Some(pool) = shared.executor.get() else { return false };
-    // On one of our workers (a task waiting inside a wait): its own queues first, where
-    // the tasks it woke are.
+    let Some(pool) = shared.executor.pool.get() else { return false };
     let local = LOCAL.with(|l| l.get());
     // SAFETY: see `Pool::schedule`.
     let own = unsafe { local.as_ref() }.filter(|l| std::ptr::eq(l.pool, Arc::as_ptr(pool))).and_then(|l| l.pop());
     if let Some(t) = own {
-        t.run();
+        if pool.is_shutdown() {
+            t.cancel();
+        } else {
+            t.run();
+        }
         return true;
+    }
+    if pool.is_shutdown() {
+        return false;
     }
     let task = match pool.steal_injector(None) {
         Some(t) => t,
@@ -383,4 +444,40 @@ fn worker_main(shared: &Arc<Shared>, pool: &Arc<Pool>, worker: Worker<TaskRef>, 
         t.cancel();
     }
     pool.drain();
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use std::sync::mpsc;
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use crate::{JoinError, Runtime};
+
+    /// A task waiting in a receive holds the rank's state through its communicator, and the
+    /// rank's state holds the task through the receive's waker. Shutdown cancels the task,
+    /// which breaks the cycle: once the last handle is gone, the rank's state (transport,
+    /// endpoints) is freed. It used to leak.
+    #[test]
+    fn shutdown_frees_the_rank_state_a_waiting_task_holds() {
+        let (tx, rx) = mpsc::channel();
+        std::thread::spawn(move || {
+            let rt = Runtime::builder().env(false).workers(2).build().unwrap();
+            let weak = Arc::downgrade(&rt.shared);
+            let comm = rt.world().clone();
+            let (polled_tx, polled) = mpsc::channel();
+            let h = rt.spawn(async move {
+                let r = comm.irecv(Vec::<u8>::with_capacity(4), 0u32, 5).unwrap();
+                polled_tx.send(()).unwrap();
+                r.await.map(|(b, _)| b.len())
+            });
+            polled.recv().unwrap();
+            drop(rt);
+            let res = futures::executor::block_on(h);
+            let _ = tx.send((res, weak.upgrade().is_none()));
+        });
+        let (res, freed) = rx.recv_timeout(Duration::from_secs(10)).expect("hang: dropping a runtime with a task waiting in a receive");
+        assert_eq!(res, Err(JoinError::Cancelled));
+        assert!(freed, "the rank's state is still alive after its runtime and every task are gone");
+    }
 }

@@ -7,6 +7,10 @@ use crate::loom::sync::atomic::{AtomicUsize, Ordering};
 const SCHEDULED: usize = 1;
 const RUNNING: usize = 2;
 const COMPLETE: usize = 4;
+/// Set at shutdown on a task that is not complete: whoever holds (or takes) `RUNNING` drops
+/// the future and completes the task with a cancellation. Only ever set together with
+/// `RUNNING` (or while it is held), so a task with this bit is never polled again.
+const CANCELLED: usize = 8;
 
 /// What a wake must do.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -24,6 +28,21 @@ pub(super) enum AfterPoll {
     Reschedule,
     /// Idle until the next wake.
     Idle,
+    /// The pool shut down during the poll: the poller keeps `RUNNING`, drops the future and
+    /// completes the task as cancelled.
+    Cancel,
+}
+
+/// What a shutdown's cancellation of a live task found.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Shutdown {
+    /// The task was idle or queued: the caller now holds `RUNNING` and cancels it.
+    Claimed,
+    /// A thread is polling (or cancelling) it; `CANCELLED` tells the poller to cancel it
+    /// when its poll returns `Pending`.
+    LeftToPoller,
+    /// Already complete.
+    Complete,
 }
 
 /// The state word.
@@ -52,22 +71,37 @@ impl State {
     }
 
     /// `SCHEDULED` -> `RUNNING` (a queued task is taken to be polled). Returns false if the
-    /// task is already complete (nothing to poll).
+    /// task is complete, or claimed by a shutdown's cancellation while it sat in the queue
+    /// (nothing to poll: the queue's reference was stale).
     pub(super) fn start_run(&self) -> bool {
-        // Acquire: see the previous poller's writes to the future.
-        let prev = self.0.fetch_xor(SCHEDULED | RUNNING, Ordering::Acquire);
-        debug_assert_eq!(prev & (SCHEDULED | RUNNING), SCHEDULED, "run of a task that was not queued");
-        prev & COMPLETE == 0
+        let mut s = self.0.load(Ordering::Relaxed);
+        loop {
+            if s & (RUNNING | COMPLETE) != 0 {
+                return false;
+            }
+            debug_assert!(s & SCHEDULED != 0, "run of a task that was not queued");
+            // Acquire: see the previous poller's writes to the future.
+            match self.0.compare_exchange_weak(s, (s & !SCHEDULED) | RUNNING, Ordering::Acquire, Ordering::Relaxed) {
+                Ok(_) => return true,
+                Err(a) => s = a,
+            }
+        }
     }
 
-    /// Clears `RUNNING` after a `Pending` poll.
+    /// Clears `RUNNING` after a `Pending` poll, unless the task was cancelled meanwhile
+    /// (then `RUNNING` stays with the poller, which cancels it).
     pub(super) fn end_run(&self) -> AfterPoll {
-        // Release: publishes the future's state to the next poller.
-        let prev = self.0.fetch_and(!RUNNING, Ordering::AcqRel);
-        if prev & SCHEDULED != 0 {
-            AfterPoll::Reschedule
-        } else {
-            AfterPoll::Idle
+        let mut s = self.0.load(Ordering::Relaxed);
+        loop {
+            if s & CANCELLED != 0 {
+                return AfterPoll::Cancel;
+            }
+            // Release: publishes the future's state to the next poller.
+            match self.0.compare_exchange_weak(s, s & !RUNNING, Ordering::AcqRel, Ordering::Relaxed) {
+                Ok(_) if s & SCHEDULED != 0 => return AfterPoll::Reschedule,
+                Ok(_) => return AfterPoll::Idle,
+                Err(a) => s = a,
+            }
         }
     }
 
@@ -77,10 +111,43 @@ impl State {
         self.0.swap(COMPLETE, Ordering::AcqRel);
     }
 
-    /// Claims a queued task for cancellation; false if it is running or complete.
+    /// Claims a queued task for cancellation (its queue is drained at shutdown); false if a
+    /// thread holds it (`RUNNING`: a shutdown's cancellation claimed it first) or it is
+    /// complete.
     pub(super) fn claim_for_cancel(&self) -> bool {
-        let prev = self.0.fetch_or(RUNNING, Ordering::Acquire);
-        prev & (RUNNING | COMPLETE) == 0
+        let mut s = self.0.load(Ordering::Relaxed);
+        loop {
+            if s & (RUNNING | COMPLETE) != 0 {
+                return false;
+            }
+            // Acquire: the last poller's writes to the future happen before we drop it.
+            match self.0.compare_exchange_weak(s, s | RUNNING | CANCELLED, Ordering::Acquire, Ordering::Relaxed) {
+                Ok(_) => return true,
+                Err(a) => s = a,
+            }
+        }
+    }
+
+    /// Cancels a live task at shutdown, wherever it is: idle (waiting for a wake) or queued,
+    /// it is claimed; being polled, it is marked for the poller to cancel.
+    pub(super) fn shut_down(&self) -> Shutdown {
+        let mut s = self.0.load(Ordering::Relaxed);
+        loop {
+            let (next, outcome) = if s & COMPLETE != 0 {
+                return Shutdown::Complete;
+            } else if s & RUNNING != 0 {
+                (s | CANCELLED, Shutdown::LeftToPoller)
+            } else {
+                (s | RUNNING | CANCELLED, Shutdown::Claimed)
+            };
+            // Acquire: as in `claim_for_cancel`. Release (for `LeftToPoller`): nothing to
+            // publish, but the flag must not be lost in a race with `end_run`'s exchange,
+            // which a read-modify-write guarantees.
+            match self.0.compare_exchange_weak(s, next, Ordering::AcqRel, Ordering::Relaxed) {
+                Ok(_) => return outcome,
+                Err(a) => s = a,
+            }
+        }
     }
 
     /// Whether the output is stored (acquire: the output is visible after `true`).
@@ -95,7 +162,7 @@ mod loom_models {
     use loom::sync::Arc;
     use loom::thread;
 
-    use super::{AfterPoll, State, Wake};
+    use super::{AfterPoll, Shutdown, State, Wake};
 
     /// A running task is woken by another thread while its poll returns `Pending`: it is
     /// pushed exactly once (by the waker or by the poller), never lost, never twice.
@@ -141,6 +208,53 @@ mod loom_models {
                 t.join().unwrap();
             }
             assert_eq!(pushes.load(Ordering::Relaxed), 1);
+        });
+    }
+
+    /// A shutdown's cancellation racing a poll that returns `Pending`: exactly one of them
+    /// cancels the task (drops the future), and the task is never polled after.
+    #[test]
+    fn shutdown_racing_a_poll_cancels_once() {
+        loom::model(|| {
+            let st = Arc::new(State::scheduled());
+            let cancels = Arc::new(AtomicUsize::new(0));
+            let (s2, c2) = (st.clone(), cancels.clone());
+            let shutdown = thread::spawn(move || {
+                if s2.shut_down() == Shutdown::Claimed {
+                    c2.fetch_add(1, Ordering::Relaxed);
+                    s2.complete();
+                }
+            });
+            if st.start_run() && st.end_run() == AfterPoll::Cancel {
+                cancels.fetch_add(1, Ordering::Relaxed);
+                st.complete();
+            }
+            shutdown.join().unwrap();
+            assert_eq!(cancels.load(Ordering::Relaxed), 1);
+            assert!(st.is_complete());
+            assert!(!st.start_run(), "polled after cancellation");
+        });
+    }
+
+    /// A shutdown's cancellation racing the drain of the queue the task sits in: one cancel.
+    #[test]
+    fn shutdown_racing_a_drain_cancels_once() {
+        loom::model(|| {
+            let st = Arc::new(State::scheduled());
+            let cancels = Arc::new(AtomicUsize::new(0));
+            let (s2, c2) = (st.clone(), cancels.clone());
+            let shutdown = thread::spawn(move || {
+                if s2.shut_down() == Shutdown::Claimed {
+                    c2.fetch_add(1, Ordering::Relaxed);
+                    s2.complete();
+                }
+            });
+            if st.claim_for_cancel() {
+                cancels.fetch_add(1, Ordering::Relaxed);
+                st.complete();
+            }
+            shutdown.join().unwrap();
+            assert_eq!(cancels.load(Ordering::Relaxed), 1);
         });
     }
 

@@ -7,11 +7,21 @@
 //! | 0 | `SCHEDULED` | in a run queue (or about to be pushed); set by a wake, cleared by `run` |
 //! | 1 | `RUNNING` | a thread is polling the future |
 //! | 2 | `COMPLETE` | the output (or the error) is stored; the future is gone |
+//! | 3 | `CANCELLED` | shutdown cancelled it; set only with `RUNNING` held or taken |
 //!
 //! A wake sets `SCHEDULED`; only the wake that sets it while the task is not `RUNNING` pushes
 //! the task, so a task is in at most one queue. A wake during a poll leaves `SCHEDULED` set,
 //! and the poller pushes the task again when the poll returns `Pending` (to the back of the
 //! queue: a task that keeps waking itself cannot starve the others).
+//!
+//! # Shutdown
+//!
+//! Every live task is in the pool's registry (`registry.rs`) from spawn to completion. At
+//! shutdown each one left is cancelled (`Runnable::shut_down`): an idle or queued task is
+//! claimed (`RUNNING` taken) and its future dropped at once; a task being polled — by a
+//! thread helping from inside a wait, or by the very thread shutting down — is marked
+//! `CANCELLED`, and its poller cancels it when the poll returns `Pending`. A queue's
+//! reference to a claimed task is stale: `start_run` and `claim_for_cancel` refuse it.
 //!
 //! # Memory ordering
 //!
@@ -28,13 +38,15 @@ use std::marker::PhantomData;
 use std::mem::ManuallyDrop;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::pin::Pin;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll, RawWaker, RawWakerVTable, Waker};
 
 use atomic_waker::AtomicWaker;
 
 use super::pool::{Hint, Pool};
-use super::state::{AfterPoll, State, Wake as WakeAction};
+use super::registry::{Key, UNREGISTERED};
+use super::state::{AfterPoll, Shutdown, State, Wake as WakeAction};
 
 /// A task as the run queues see it.
 pub(crate) type TaskRef = Arc<dyn Runnable>;
@@ -44,15 +56,22 @@ pub(crate) trait Runnable: Send + Sync {
     /// Polls the future once (the task is `SCHEDULED` and in no queue).
     fn run(self: Arc<Self>);
     /// Drops the future without polling it and completes the task with
-    /// [`JoinError::Cancelled`] (the pool is shutting down; the task is `SCHEDULED` and in no
-    /// queue).
+    /// [`JoinError::Cancelled`], or [`JoinError::Panicked`] if the future's `Drop` panicked
+    /// (the pool is shutting down; the task is `SCHEDULED` and in no queue).
     fn cancel(self: Arc<Self>);
+    /// Cancels the task at shutdown wherever it is (see the module docs): idle or queued,
+    /// here; being polled, by its poller.
+    fn shut_down(self: Arc<Self>);
+    /// Records the task's key in the pool's registry (`Registry::insert`).
+    fn bind(&self, key: Key);
 }
 
 /// Why a task gave no output.
 #[derive(Clone, PartialEq, Eq)]
 pub enum JoinError {
-    /// The task panicked; the panic message, when it was a string.
+    /// The task panicked; the panic message, when it was a string. A panic in the `Drop`
+    /// of the task's future counts too, as in tokio: after a ready poll (the output is then
+    /// lost) or when the future is dropped at shutdown.
     Panicked(String),
     /// The runtime shut down before the task finished, or the output was already taken.
     Cancelled,
@@ -109,6 +128,10 @@ pub(crate) struct Task<F: Future> {
     join: AtomicWaker,
     /// The future, then its output. Guarded by the state word.
     stage: UnsafeCell<Stage<F>>,
+    /// Its key in the pool's registry ([`UNREGISTERED`] until registered). Relaxed: written
+    /// once under the registry's lock before the task is queued, so the queue's (or the
+    /// lock's) ordering publishes it to whoever completes the task.
+    key: AtomicUsize,
 }
 
 // SAFETY: the stage is accessed by one thread at a time, as the state word decides (module
@@ -124,20 +147,55 @@ where
 {
     /// A task, already `SCHEDULED` (the caller pushes it), and its join handle.
     pub(crate) fn create(pool: Arc<Pool>, future: F) -> (TaskRef, JoinHandle<F::Output>) {
-        let task =
-            Arc::new(Task { state: State::scheduled(), pool, join: AtomicWaker::new(), stage: UnsafeCell::new(Stage::Running(future)) });
+        let task = Arc::new(Task {
+            state: State::scheduled(),
+            pool,
+            join: AtomicWaker::new(),
+            stage: UnsafeCell::new(Stage::Running(future)),
+            key: AtomicUsize::new(UNREGISTERED),
+        });
         let handle = JoinHandle { task: task.clone(), _out: PhantomData };
         (task, handle)
     }
 
+    /// Drops the future in place (the caller holds `RUNNING`), catching a panic in its
+    /// `Drop`: user code, which must not unwind through a worker (the worker would die and
+    /// the join handle would wait forever). The stage is `Consumed` afterwards either way
+    /// (an assignment writes the new value on the unwind path too).
+    fn drop_future(&self) -> Result<(), Box<dyn Any + Send>> {
+        catch_unwind(AssertUnwindSafe(|| {
+            // SAFETY: we hold `RUNNING`: exclusive access to the stage. The future is dropped
+            // where it lies, as pinning requires.
+            unsafe { *self.stage.get() = Stage::Consumed };
+        }))
+    }
+
+    /// Stores the output and wakes the join handle. The future must be gone already
+    /// (`drop_future`): storing drops no user value.
     fn finish(&self, out: Result<F::Output, JoinError>) {
         // SAFETY: we hold `RUNNING` (or own the task exclusively in `cancel`), so nobody
         // else touches the stage until `COMPLETE` is published below.
-        unsafe { *self.stage.get() = Stage::Finished(out) };
+        unsafe {
+            debug_assert!(!matches!(*self.stage.get(), Stage::Running(_)), "finish with the future still in place");
+            *self.stage.get() = Stage::Finished(out);
+        }
         // A wake racing with this either set `SCHEDULED` before (it pushed nothing: we were
         // `RUNNING`) or sees `COMPLETE` after; either way the bit is dropped here.
         self.state.complete();
         self.join.wake();
+        // Done: the registry's reference goes (shutdown has nothing left to cancel here).
+        self.pool.tasks.remove(self.key.load(Ordering::Relaxed));
+    }
+
+    /// Drops the future and completes the task as cancelled (the caller holds `RUNNING`):
+    /// with [`JoinError::Cancelled`], or as tokio does, [`JoinError::Panicked`] if the
+    /// future's `Drop` panicked.
+    fn finish_cancelled(&self) {
+        let out = match self.drop_future() {
+            Ok(()) => Err(JoinError::Cancelled),
+            Err(p) => Err(JoinError::Panicked(panic_message(p))),
+        };
+        self.finish(out);
     }
 }
 
@@ -155,21 +213,36 @@ where
         // no reference it did not take, and `self` outlives the poll. Clones take their own.
         let waker = ManuallyDrop::new(unsafe { Waker::from_raw(RawWaker::new(Arc::as_ptr(&self).cast(), &Self::VTABLE)) });
         let mut cx = Context::from_waker(&waker);
+        // A ready future is dropped inside the same `catch_unwind` (tokio's harness does the
+        // same): a panic in its `Drop` completes the task with that panic, and the output,
+        // ready a moment before, is dropped with the unwind.
         let res = catch_unwind(AssertUnwindSafe(|| {
             // SAFETY: we hold `RUNNING`: exclusive access to the stage.
-            match unsafe { &mut *self.stage.get() } {
+            let poll = match unsafe { &mut *self.stage.get() } {
                 // SAFETY: the future is never moved while in the stage (the task is
                 // heap-allocated and the stage is replaced, not moved, when the future
                 // finishes), so pinning it in place is sound.
                 Stage::Running(f) => unsafe { Pin::new_unchecked(f) }.poll(&mut cx),
                 _ => Poll::Pending,
+            };
+            if poll.is_ready() {
+                // SAFETY: as above; the borrow of the future ended with the poll.
+                unsafe { *self.stage.get() = Stage::Consumed };
             }
+            poll
         }));
         match res {
             Ok(Poll::Ready(v)) => self.finish(Ok(v)),
-            Err(p) => self.finish(Err(JoinError::Panicked(panic_message(p)))),
-            Ok(Poll::Pending) => {
-                if self.state.end_run() == AfterPoll::Reschedule {
+            Err(p) => {
+                // The poll panicked (or the drop of a ready future did). A panic in the
+                // drop of a future whose poll panicked is dropped: the first one is the
+                // report.
+                let msg = panic_message(p);
+                let _ = self.drop_future();
+                self.finish(Err(JoinError::Panicked(msg)));
+            }
+            Ok(Poll::Pending) => match self.state.end_run() {
+                AfterPoll::Reschedule => {
                     // Woken while running: that wake left the push to us.
                     // SAFETY: `run` is called by a pool worker (which holds an `Arc<Pool>`) or
                     // by a thread helping through `Shared::executor` (which holds one too), so
@@ -178,14 +251,27 @@ where
                     let pool: &Pool = unsafe { &*Arc::as_ptr(&self.pool) };
                     pool.schedule(self, Hint::Yield);
                 }
-            }
+                AfterPoll::Idle => {}
+                // The pool shut down during the poll and left the cancellation to us.
+                AfterPoll::Cancel => self.finish_cancelled(),
+            },
         }
     }
 
     fn cancel(self: Arc<Self>) {
         if self.state.claim_for_cancel() {
-            self.finish(Err(JoinError::Cancelled));
+            self.finish_cancelled();
         }
+    }
+
+    fn shut_down(self: Arc<Self>) {
+        if self.state.shut_down() == Shutdown::Claimed {
+            self.finish_cancelled();
+        }
+    }
+
+    fn bind(&self, key: Key) {
+        self.key.store(key, Ordering::Relaxed);
     }
 }
 
