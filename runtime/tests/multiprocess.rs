@@ -221,6 +221,77 @@ fn bad_input_is_a_clear_error() {
     assert!(String::from_utf8_lossy(&o.stderr).contains("WEFT_TOKEN"), "{}", text(&o));
 }
 
+/// Arguments weftrun cannot honour (a number of seconds that is not finite, negative or
+/// beyond a `Duration`, `-n` out of `1..=1024`) are refused with exit status 2 before any rank
+/// starts; `--grace inf` used to start the ranks and then panic (exit 101).
+#[test]
+fn bad_arguments_exit_2_before_any_rank_starts() {
+    let _g = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let dir = std::env::temp_dir().join(format!("weftrun-bad-args-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let mark = dir.join("started");
+    let rank = format!("touch {}", mark.display());
+    let cases: &[(&[&str], &str)] = &[
+        (&["--grace", "inf"], "--grace"),
+        (&["--grace", "1e30"], "--grace"),
+        (&["--grace", "1e300"], "--grace"),
+        (&["--grace", "-1"], "--grace"),
+        (&["--grace", "NaN"], "--grace"),
+        (&["--grace", "soon"], "--grace"),
+        (&["--timeout", "inf"], "--timeout"),
+        (&["--timeout", "1e30"], "--timeout"),
+        (&["--timeout", "-0.5"], "--timeout"),
+        (&["--timeout", "nan"], "--timeout"),
+        (&["-n", "0"], "at least 1 rank"),
+        (&["-n", "1025"], "at most 1024"),
+        (&["-n", "4294967296"], "at most 1024"),
+        (&["-n", "-3"], "--np"),
+    ];
+    for (extra, says) in cases {
+        let mut args: Vec<&str> = extra.to_vec();
+        if !args.contains(&"-n") {
+            args.extend(["-n", "1"]);
+        }
+        let o = Command::new(WEFTRUN).args(&args).args(["sh", "-c", &rank]).stdin(Stdio::null()).output().unwrap();
+        assert_eq!(o.status.code(), Some(2), "{extra:?}:\n{}", text(&o));
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(err.contains(says), "{extra:?} should name {says:?}:\n{}", text(&o));
+        assert!(!err.contains("panicked"), "{extra:?}:\n{}", text(&o));
+        assert!(!mark.exists(), "{extra:?}: a rank was started");
+    }
+    // Large but representable values are fine, as are 0 and fractions.
+    let o = Command::new(WEFTRUN)
+        .args(["-n", "2", "--grace", "1e18", "--timeout", "0", "sh", "-c", &rank])
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(mark.exists());
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A forwarding thread that cannot be started (here: address space limited to 400 MB, so
+/// thread stacks run out after a few ranks of 1024) stops the job with a clear message and
+/// exit status 1; `std::thread::spawn` used to panic (exit 101).
+#[test]
+fn a_forwarding_thread_that_cannot_start_is_a_clear_error() {
+    let _g = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let t0 = Instant::now();
+    let job = Command::new("sh")
+        .args(["-c", &format!("ulimit -v 400000 && exec {WEFTRUN} -n 1024 --timeout 60 sleep 30")])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let o = outputs_within(vec![job], Duration::from_secs(90)).remove(0);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    assert!(err.contains("cannot start a thread to forward the output of rank"), "{}", text(&o));
+    // The ranks already started were stopped, not waited for.
+    assert!(t0.elapsed() < Duration::from_secs(25), "took {:?}", t0.elapsed());
+}
+
 #[test]
 fn a_plain_process_is_rank_0_of_1() {
     let _g = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
