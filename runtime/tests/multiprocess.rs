@@ -96,6 +96,39 @@ fn killed_peer_fails_pending_requests_on_tcp() {
     killed_peer("tcp");
 }
 
+/// A rank that exits with status 0 before joining the job fails the others at once, with
+/// an error naming it (they used to wait out the exchange's 60 s timeout and fail with
+/// "transport error in key-value exchange: code 11").
+fn early_clean_exit(provider: &str) {
+    let _g = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let t0 = Instant::now();
+    let o = Command::new(WEFTRUN)
+        .args(["-n", "2", "--provider", provider, "--timeout", "60", "sh", "-c"])
+        .arg(format!("if [ \"$WEFT_RANK\" = 1 ]; then exit 0; fi; exec {SELFTEST} hello"))
+        .env("FI_TCP_IFACE", "lo")
+        .env("FI_SOCKETS_IFACE", "lo")
+        .env_remove("WEFT_PROVIDER")
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let t = t0.elapsed();
+    let s = text(&o);
+    assert_eq!(o.status.code(), Some(1), "{provider}:\n{s}");
+    assert!(s.contains("[0] weft-selftest hello: FAILED") && s.contains("peer rank 1 was lost"), "{provider}:\n{s}");
+    assert!(s.contains("weftrun: rank 1 exited with status 0 without finishing"), "{provider}:\n{s}");
+    assert!(t < Duration::from_secs(10), "{provider}: took {t:?}");
+}
+
+#[test]
+fn a_rank_that_exits_0_before_joining_fails_the_others_at_once_on_shm() {
+    early_clean_exit("shm");
+}
+
+#[test]
+fn a_rank_that_exits_0_before_joining_fails_the_others_at_once_on_tcp() {
+    early_clean_exit("tcp");
+}
+
 #[test]
 fn worst_exit_code_is_propagated() {
     let (o, _) = weftrun(3, "shm", "exit-code");

@@ -195,6 +195,22 @@ impl KvsServer {
     pub fn report_lost(&self, rank: u32) {
         lose(&self.state, rank);
     }
+
+    /// Tells the server that `rank`'s process exited with status 0 (`weftrun` calls it when
+    /// it reaps such a rank); `true` if that made the rank lost.
+    ///
+    /// A rank still connected is left to its connection, whose end the server is about to
+    /// read: `BYE` (a normal finish, possibly still in flight when the process is reaped)
+    /// or EOF without it (lost). A rank that never connected, or never said `BYE`, never
+    /// will: it is lost, so that the others fail at once instead of waiting out the
+    /// exchange's timeout for it.
+    pub fn report_exited(&self, rank: u32) -> bool {
+        let connected = self.state.table.lock().is_ok_and(|t| t.conns.contains_key(&rank));
+        if connected {
+            return false;
+        }
+        lose(&self.state, rank)
+    }
 }
 
 impl Drop for KvsServer {
@@ -230,10 +246,12 @@ impl Drop for KvsServer {
     }
 }
 
-fn lose(st: &ServerState, rank: u32) {
-    let Ok(mut t) = st.table.lock() else { return };
+/// Marks `rank` lost and tells every connected rank; `false` if it already was lost or had
+/// finished (`BYE`).
+fn lose(st: &ServerState, rank: u32) -> bool {
+    let Ok(mut t) = st.table.lock() else { return false };
     if t.lost.contains(&rank) || t.finished.contains(&rank) {
-        return;
+        return false;
     }
     t.lost.push(rank);
     t.conns.remove(&rank);
@@ -243,6 +261,7 @@ fn lose(st: &ServerState, rank: u32) {
     }
     drop(t);
     st.changed.notify_all();
+    true
 }
 
 /// One client connection.
@@ -353,7 +372,7 @@ fn serve(st: &ServerState, conn: TcpStream) {
         }
     }
     if !said_bye && !st.stop.load(Ordering::Acquire) {
-        lose(st, rank);
+        let _ = lose(st, rank);
     }
 }
 
@@ -438,6 +457,9 @@ impl Job {
     }
 
     /// Publishes this rank's `blob` and returns every rank's, rank `i` at index `i`.
+    ///
+    /// Fails with [`Error::PeerLost`] naming the rank if one was lost (died, or exited
+    /// without joining) before every rank published.
     pub fn exchange(&mut self, blob: &[u8]) -> Result<Vec<Vec<u8>>, Error> {
         let Some(conn) = self.conn.as_mut() else {
             return Ok(vec![blob.to_vec()]);
@@ -459,8 +481,17 @@ impl Job {
         }
         conn.get_ref().set_read_timeout(None).map_err(io)?;
         let mut parts = line.split_whitespace();
-        if parts.next() != Some("ALL") {
-            return Err(Error::InvalidArgument("the key-value exchange failed (a rank was lost before it finished)"));
+        match parts.next() {
+            Some("ALL") => {}
+            // `ERR rank <r> lost during the exchange`: name the rank, so that the error says
+            // which process to look at.
+            Some("ERR") if parts.next() == Some("rank") => {
+                if let Some(rank) = parts.next().and_then(|r| r.parse::<u32>().ok()) {
+                    return Err(Error::PeerLost { rank });
+                }
+                return Err(Error::InvalidArgument("the key-value exchange failed (a rank was lost before it finished)"));
+            }
+            _ => return Err(Error::InvalidArgument("the key-value exchange failed (a rank was lost before it finished)")),
         }
         let blobs =
             parts.map(from_hex).collect::<Option<Vec<_>>>().ok_or(Error::InvalidArgument("malformed reply from the key-value server"))?;
@@ -665,6 +696,66 @@ mod tests {
         drop(server);
         let line = late.join().unwrap().expect("the answer, not EOF");
         assert_eq!(line, "ALL 7a65726f 6f6e65");
+    }
+
+    /// `report_exited` (weftrun reaped a rank with status 0): a rank that never connected is
+    /// lost at once, and the others' exchange fails naming it (it used to wait out the
+    /// 60 s exchange timeout); a connected rank is left to its connection, so that a `BYE`
+    /// still in flight is a normal finish and EOF without one a loss.
+    #[test]
+    fn a_rank_that_exited_is_lost_unless_its_connection_says_otherwise() {
+        let token = random_token().unwrap();
+        let server = KvsServer::bind("127.0.0.1:0", 3, &token).unwrap();
+        let addr = server.local_addr().to_string();
+        let mut job = Job::connect(&addr, &token, 0, 3).unwrap();
+        let (mut c, _r) = raw_client(&server, &token, 1);
+        c.write_all(b"PUT 6f6e65\n").unwrap();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !server.state.table.lock().unwrap().blobs.contains_key(&1) && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        assert!(!server.report_exited(1), "a connected rank is left to its connection");
+        assert!(server.lost().is_empty());
+        // Rank 2 exits without ever connecting.
+        let t = Instant::now();
+        assert!(server.report_exited(2));
+        assert_eq!(job.exchange(b"zero"), Err(Error::PeerLost { rank: 2 }));
+        assert!(t.elapsed() < Duration::from_secs(5), "took {:?}", t.elapsed());
+        assert!(!server.report_exited(2), "lost once");
+        // Rank 1's connection ends without BYE: lost.
+        c.shutdown(Shutdown::Both).unwrap();
+        while server.lost().len() < 2 && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        assert_eq!(server.lost(), vec![2, 1]);
+    }
+
+    /// A rank that finished (`BYE`) and is reaped right away is not reported lost.
+    #[test]
+    fn a_finished_rank_that_exited_is_not_lost() {
+        let token = random_token().unwrap();
+        let server = KvsServer::bind("127.0.0.1:0", 2, &token).unwrap();
+        let addr = server.local_addr().to_string();
+        let other = {
+            let (addr, token) = (addr.clone(), token.clone());
+            std::thread::spawn(move || {
+                let mut j = Job::connect(&addr, &token, 1, 2).unwrap();
+                j.exchange(b"one").unwrap();
+                j
+            })
+        };
+        let mut job = Job::connect(&addr, &token, 0, 2).unwrap();
+        job.exchange(b"zero").unwrap();
+        let other = other.join().unwrap();
+        let m1 = other.monitor(|_| {});
+        let _m0 = job.monitor(|_| {});
+        drop(m1);
+        // Reaped before or after the server read the `BYE`: not lost either way.
+        assert!(!server.report_exited(1));
+        std::thread::sleep(Duration::from_millis(100));
+        assert!(!server.report_exited(1));
+        assert!(server.lost().is_empty());
+        assert_eq!(server.finished(), vec![1]);
     }
 
     #[test]

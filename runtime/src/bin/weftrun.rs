@@ -7,7 +7,9 @@
 //! * Forwards each process's stdout and stderr line by line, prefixed with `[rank] `.
 //! * When a rank dies (non-zero exit or a signal), the others learn it at once through the
 //!   exchange's connections (their pending requests on it fail with `PeerLost`); they get
-//!   `--grace` seconds to finish, then SIGTERM, then SIGKILL. Ctrl-C / SIGTERM to weftrun
+//!   `--grace` seconds to finish, then SIGTERM, then SIGKILL. A rank that exits with status
+//!   0 without having finished normally (before joining the job, say) is reported lost the
+//!   same way, but does not start the grace period. Ctrl-C / SIGTERM to weftrun
 //!   tears every rank down the same way (no grace).
 //! * Exits with the worst status: the largest exit code, `128 + signal` for a rank killed
 //!   by a signal, 130 when interrupted.
@@ -293,6 +295,11 @@ fn run(args: &Args) -> i32 {
                             failed_at.get_or_insert_with(Instant::now);
                         }
                         server.report_lost(*rank);
+                    } else if server.report_exited(*rank) && term_sent.is_none() {
+                        // Status 0 without joining the job (or without `BYE`): the others
+                        // learn at once that it will never publish, instead of waiting out
+                        // the exchange's timeout.
+                        eprintln!("weftrun: rank {rank} exited with status 0 without finishing its part of the job");
                     }
                     if term_sent.is_none() {
                         worst = worst.max(code);
