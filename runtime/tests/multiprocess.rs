@@ -129,6 +129,29 @@ fn a_rank_that_exits_0_before_joining_fails_the_others_at_once_on_tcp() {
     early_clean_exit("tcp");
 }
 
+/// A peer that finished normally (dropped its runtime: `BYE`, then `FINISHED` to the
+/// others) while rank 0 had receives posted that only it could match: the messages it sent
+/// before finishing are received, then those receives fail with `PeerLost` (they used to
+/// wait forever).
+fn finished_peer(provider: &str) {
+    let (o, t) = weftrun(2, provider, "peer-finished");
+    let s = text(&o);
+    assert!(o.status.success(), "{provider} after {t:?}:\n{s}");
+    assert!(s.contains("[1] peer-finished: rank 1 finished"), "{s}");
+    assert!(s.contains("[0] peer-finished ok"), "{s}");
+    assert!(t < Duration::from_secs(60), "took {t:?}");
+}
+
+#[test]
+fn finished_peer_fails_receives_only_it_could_match_on_shm() {
+    finished_peer("shm");
+}
+
+#[test]
+fn finished_peer_fails_receives_only_it_could_match_on_tcp() {
+    finished_peer("tcp");
+}
+
 #[test]
 fn worst_exit_code_is_propagated() {
     let (o, _) = weftrun(3, "shm", "exit-code");
