@@ -474,12 +474,19 @@ impl Communicator {
     }
 
     /// Checks for a matching message that has arrived without receiving it (`MPI_Iprobe`):
-    /// `(source, tag, bytes)`. Makes one step of progress first.
+    /// `(source, tag, bytes)`. Makes one step of progress first. A source or tag that a
+    /// receive would refuse is refused here too.
     pub fn iprobe(&self, source: impl Into<Source>, tag: impl Into<Tag>) -> Result<Option<Status>, Error> {
         if self.p2p.is_freed() {
             return Err(Error::CommFreed);
         }
         let (source, tag) = (source.into(), tag.into());
+        if let Source::Rank(r) = source {
+            // As `irecv`: no rank of this communicator, so never a message from it.
+            if r >= self.size() {
+                return Err(Error::RankOutOfRange { rank: r, size: self.size() });
+            }
+        }
         self.check_recv_tag(tag)?;
         let s = &*self.shared;
         if tag == Tag::Any && self.p2p.needs_switch() {

@@ -458,23 +458,39 @@ fn env_u32(name: &'static str) -> Result<Option<u32>, Error> {
     }
 }
 
+/// Where the environment places this process: `(rank, size, under Slurm)`, checked, or
+/// `None` for a process started plainly (rank 0 of 1, nothing to exchange) — without
+/// connecting to anything (see the module docs).
+fn layout_from_env() -> Result<Option<(u32, u32, bool)>, Error> {
+    let (rank, size, slurm) = match (env_u32("WEFT_RANK")?, env_u32("WEFT_SIZE")?) {
+        (Some(r), Some(s)) => (r, s, false),
+        (None, None) => match (env_u32("SLURM_PROCID")?, env_u32("SLURM_NTASKS")?) {
+            (Some(r), Some(s)) if s > 1 && env("WEFT_KVS").is_some() => (r, s, true),
+            (Some(_), Some(s)) if s > 1 => {
+                return Err(Error::InvalidArgument("under Slurm, export WEFT_KVS=host:port and WEFT_TOKEN before srun"))
+            }
+            _ => return Ok(None),
+        },
+        _ => return Err(Error::InvalidArgument("WEFT_RANK and WEFT_SIZE must be set together")),
+    };
+    if size == 0 || rank >= size {
+        return Err(Error::InvalidArgument("rank must be below size (WEFT_RANK/WEFT_SIZE or SLURM_PROCID/SLURM_NTASKS)"));
+    }
+    Ok(Some((rank, size, slurm)))
+}
+
 impl Job {
+    /// The size of the job the environment describes, without connecting to anything (what
+    /// [`from_env`](Self::from_env) would find, and its errors for a bad environment).
+    pub fn size_from_env() -> Result<u32, Error> {
+        Ok(layout_from_env()?.map_or(1, |(_, size, _)| size))
+    }
+
     /// Reads the environment (see the module docs) and connects to the KVS if there is one.
     pub fn from_env() -> Result<Job, Error> {
-        let (rank, size, slurm) = match (env_u32("WEFT_RANK")?, env_u32("WEFT_SIZE")?) {
-            (Some(r), Some(s)) => (r, s, false),
-            (None, None) => match (env_u32("SLURM_PROCID")?, env_u32("SLURM_NTASKS")?) {
-                (Some(r), Some(s)) if s > 1 && env("WEFT_KVS").is_some() => (r, s, true),
-                (Some(_), Some(s)) if s > 1 => {
-                    return Err(Error::InvalidArgument("under Slurm, export WEFT_KVS=host:port and WEFT_TOKEN before srun"))
-                }
-                _ => return Ok(Job { rank: 0, size: 1, conn: None, server: None, early: Vec::new() }),
-            },
-            _ => return Err(Error::InvalidArgument("WEFT_RANK and WEFT_SIZE must be set together")),
+        let Some((rank, size, slurm)) = layout_from_env()? else {
+            return Ok(Job { rank: 0, size: 1, conn: None, server: None, early: Vec::new() });
         };
-        if size == 0 || rank >= size {
-            return Err(Error::InvalidArgument("rank must be below size (WEFT_RANK/WEFT_SIZE or SLURM_PROCID/SLURM_NTASKS)"));
-        }
         let kvs = env("WEFT_KVS");
         let token = env("WEFT_TOKEN");
         match (kvs, token) {

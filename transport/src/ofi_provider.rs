@@ -593,6 +593,10 @@ pub fn join(opts: &OfiOptions, mut job: crate::bootstrap::Job) -> Result<Rank, E
 /// has its own domain; addresses are exchanged directly. A rank that is closed tells the
 /// others directly, as the bootstrap's `FINISHED` does between processes.
 pub fn world(opts: &OfiOptions, n: u32) -> Result<Vec<Rank>, Error> {
+    if n == 0 {
+        // As `Opened::open` says for a job of none (which an empty world never calls).
+        return Err(Error::InvalidArgument("a job needs at least one rank"));
+    }
     let opened = (0..n).map(|_| Opened::open(opts, n)).collect::<Result<Vec<_>, _>>()?;
     let blobs: Vec<Vec<u8>> = opened.iter().map(Opened::address_blob).collect();
     let ranks = opened.into_iter().enumerate().map(|(r, o)| o.connect(r as u32, &blobs)).collect::<Result<Vec<_>, _>>()?;

@@ -1172,3 +1172,23 @@ fn a_finished_peer_delivers_what_it_sent_then_fails_what_only_it_could_match() {
         assert!(matches!(send, Err(Error::PeerLost { rank: 1 })), "{mode}: new send: {send:?}");
     }
 }
+
+/// A probe names ranks as a receive does: one outside the communicator is
+/// `RankOutOfRange` from `iprobe` as from `irecv` (it used to be `Ok(None)`: a message that
+/// could never come, polled for ever); a world of no ranks is an error on every provider
+/// (libfabric used to return an empty `Ok`).
+#[test]
+fn probes_and_local_worlds_refuse_what_receives_and_worlds_refuse() {
+    let rts = world(2, ProgressMode::Owner);
+    let c = rts[0].world();
+    for r in [2u32, 99, u32::MAX] {
+        assert_eq!(c.iprobe(Source::Rank(r), Tag::Any), Err(Error::RankOutOfRange { rank: r, size: 2 }));
+        assert_eq!(c.iprobe(r, 3), Err(Error::RankOutOfRange { rank: r, size: 2 }));
+        assert_eq!(c.irecv(Vec::<u8>::with_capacity(1), r, 3).map(|_| ()).unwrap_err(), Error::RankOutOfRange { rank: r, size: 2 });
+    }
+    assert_eq!(c.iprobe(Source::Rank(1), Tag::Any), Ok(None));
+    match super::builder().build_local(0) {
+        Err(Error::InvalidArgument(m)) => assert!(m.contains("at least 1 rank"), "{m}"),
+        other => panic!("build_local(0): expected InvalidArgument, got {:?}", other.map(|v| v.len())),
+    }
+}
