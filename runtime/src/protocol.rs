@@ -600,7 +600,9 @@ impl Shared {
     ///
     /// Holding each CRI lock in turn is also a barrier: a thread that took frames from a
     /// CRI before the loss was learnt delivers them under that lock, so they are in matching
-    /// once this has held it. Never called with a CRI lock held (`flush_deferred` runs
+    /// once this has held it. It waits for the locks (even on paths that otherwise only
+    /// try them, such as an idle pool worker's): a loss is rare, and a holder keeps a CRI
+    /// lock for one poll batch. Never called with a CRI lock held (`flush_deferred` runs
     /// outside them).
     #[cold]
     fn deliver_arrived(&self) -> usize {

@@ -158,7 +158,7 @@ fn signal_all(children: &mut [(u32, Child, Option<ExitStatus>)], sig: libc::c_in
 
 /// Stops a job that could not be started completely: kills and reaps the ranks started so
 /// far, waits for their output to be forwarded, and cleans up after them.
-fn abandon_start(children: &mut Vec<(u32, Child, Option<ExitStatus>)>, forwarders: Vec<std::thread::JoinHandle<()>>) {
+fn abandon_start(children: &mut [(u32, Child, Option<ExitStatus>)], forwarders: Vec<std::thread::JoinHandle<()>>) {
     signal_all(children, libc::SIGKILL);
     for (_, c, _) in children.iter_mut() {
         let _ = c.wait();
