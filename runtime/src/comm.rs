@@ -376,10 +376,11 @@ impl Communicator {
     /// Starts receiving into `buf`'s capacity from `source` with `tag` (`MPI_Irecv`). The
     /// request resolves to the buffer, its length set to what arrived, and the status.
     ///
-    /// A message the source sent before it was lost is still received; a receive that only
-    /// a lost rank could match (`source` lost, or `Source::Any` with no peer left) fails
-    /// with [`Error::PeerLost`] — here, if the loss is already known, else when it becomes
-    /// known, as every pending request that needs the rank does.
+    /// A message the source sent before it was lost (or finished: dropped its runtime) is
+    /// still received; a receive that only a gone rank could match (`source` gone, or
+    /// `Source::Any` with no peer left) fails with [`Error::PeerLost`] — here, if that is
+    /// already known, else when it becomes known, as every pending request that needs the
+    /// rank does.
     pub fn irecv<B: RecvBuf>(&self, buf: B, source: impl Into<Source>, tag: impl Into<Tag>) -> Result<Request<'_, B>, Error> {
         let (source, tag) = (source.into(), tag.into());
         if let Source::Rank(r) = source {
@@ -473,12 +474,19 @@ impl Communicator {
     }
 
     /// Checks for a matching message that has arrived without receiving it (`MPI_Iprobe`):
-    /// `(source, tag, bytes)`. Makes one step of progress first.
+    /// `(source, tag, bytes)`. Makes one step of progress first. A source or tag that a
+    /// receive would refuse is refused here too.
     pub fn iprobe(&self, source: impl Into<Source>, tag: impl Into<Tag>) -> Result<Option<Status>, Error> {
         if self.p2p.is_freed() {
             return Err(Error::CommFreed);
         }
         let (source, tag) = (source.into(), tag.into());
+        if let Source::Rank(r) = source {
+            // As `irecv`: no rank of this communicator, so never a message from it.
+            if r >= self.size() {
+                return Err(Error::RankOutOfRange { rank: r, size: self.size() });
+            }
+        }
         self.check_recv_tag(tag)?;
         let s = &*self.shared;
         if tag == Tag::Any && self.p2p.needs_switch() {

@@ -8,7 +8,7 @@
 //!   straight into the receive buffer (RMA read) and answers `Fin`, which completes the send.
 //!   Memory stays bounded for any message size.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
 use parking_lot::Mutex;
@@ -28,19 +28,54 @@ const DEFER_AFTER: std::time::Duration = std::time::Duration::from_millis(20);
 /// Frames taken from one inbox per progress call (bounded work per call).
 const POLL_BATCH: usize = 64;
 
-/// Peer-loss bookkeeping (a rare path): the transport's loss epoch last handled, and the
-/// rendezvous sends waiting for a `Fin`, which fail with `PeerLost` if their destination is
-/// lost (a `Fin` from a dead process never comes).
-#[derive(Default)]
+/// Most polls of one CRI (of up to [`POLL_BATCH`] frames each) that [`Shared::deliver_arrived`]
+/// makes before a loss is acted on: enough for every frame a peer can have in flight, few
+/// enough that live peers' traffic cannot hold a loss back for long.
+const DELIVER_POLLS: usize = 1024;
+
+/// Peer-loss bookkeeping (a rare path): the transport's loss epoch last handled, which
+/// peers are gone, and the rendezvous sends waiting for a `Fin`, which fail with `PeerLost`
+/// if their destination is lost (a `Fin` from a dead process never comes).
+///
+/// A peer is *gone* once it is lost (died) or finished (dropped its runtime) — the
+/// transport says so by `is_alive` — **and** every frame of it that had reached this rank
+/// then has been delivered into matching ([`Shared::fail_lost`]). Receives are judged by
+/// `gone`, not by the transport's flag, which changes first: a receive posted in between
+/// stays posted and is matched by those frames or failed with the rest.
 pub(crate) struct PeerWatch {
     /// `transport.lost_epoch()` when losses were last handled.
     seen: AtomicU64,
+    /// Per rank: gone (see above). Set only by `fail_lost`.
+    gone: Box<[AtomicBool]>,
+    /// Some rank is gone: the receive path's one load while none is.
+    any_gone: AtomicBool,
     /// Every rendezvous send not finished yet, by the cookie its `Rts` carried: `(cookie,
     /// destination, request)`. The cookie is a number, never an address: a `Fin` is looked
     /// up here, so a stale, duplicated or forged one finds nothing instead of naming memory.
     rendezvous: Mutex<Vec<(u64, u32, Arc<ReqInner>)>>,
     /// Next cookie (0 is never used).
     next_cookie: AtomicU64,
+}
+
+impl PeerWatch {
+    /// Bookkeeping for a world of `size` ranks, none gone.
+    pub(crate) fn new(size: u32) -> Self {
+        PeerWatch {
+            seen: AtomicU64::new(0),
+            gone: (0..size).map(|_| AtomicBool::new(false)).collect(),
+            any_gone: AtomicBool::new(false),
+            rendezvous: Mutex::new(Vec::new()),
+            next_cookie: AtomicU64::new(0),
+        }
+    }
+
+    /// Whether rank `r` is gone (see [`PeerWatch`]).
+    #[inline]
+    fn is_gone(&self, r: u32) -> bool {
+        // Acquire: pairs with the Release store in `fail_lost`, made after the rank's last
+        // frames were delivered into matching.
+        self.gone.get(r as usize).is_some_and(|g| g.load(Ordering::Acquire))
+    }
 }
 
 /// Whether [`Shared::post_frame`] sent the frame or queued it.
@@ -433,13 +468,16 @@ impl Shared {
         Some(list.swap_remove(i).2)
     }
 
-    /// When the transport reports newly lost peers: fails every posted receive that can no
-    /// longer match and every rendezvous send to a lost rank with `PeerLost`. One load and a
-    /// compare when nothing changed.
+    /// When the transport reports newly lost (or finished) peers: delivers the frames that
+    /// reached this rank, then fails every posted receive that can no longer match and every
+    /// rendezvous send to a gone rank with `PeerLost`. One load and a compare when nothing
+    /// changed.
     ///
-    /// Frames a peer sent just before it died may still sit in a CQ when the loss is
-    /// learnt; a receive they would have matched fails instead (as with MPI, delivery of
-    /// messages around a failure is not guaranteed).
+    /// Everything a finished peer sent is delivered first: it finished after its frames left
+    /// it, and they are in this rank's queues by the time the finish is known (the
+    /// bootstrap's `FINISHED` comes through the key-value server, after the peer's `BYE`).
+    /// A peer that died may have had frames still on their way, which are not waited for
+    /// (as with MPI, delivery of messages around a failure is not guaranteed).
     fn handle_lost(&self) -> usize {
         let epoch = self.transport.lost_epoch();
         let seen = self.peers.seen.load(Ordering::Relaxed);
@@ -454,7 +492,7 @@ impl Shared {
     /// `Source::Any` reports as its lost rank.
     fn liveness(&self) -> (impl Fn(u32) -> bool + '_, bool, u32) {
         let (me, size) = (self.transport.rank(), self.transport.size());
-        let alive = move |r: u32| r == me || self.transport.is_alive(r);
+        let alive = move |r: u32| r == me || !self.peers.is_gone(r);
         let first_lost = (0..size).find(|&r| !alive(r)).unwrap_or(me);
         let any_alive = (0..size).any(|r| r != me && alive(r)) || size == 1;
         (alive, any_alive, first_lost)
@@ -466,12 +504,13 @@ impl Shared {
     ///
     /// A receive posted after [`handle_lost`](Self::handle_lost) ran for a loss is not
     /// failed by it: `irecv` asks this under the matching lock, after looking in the
-    /// unexpected queue (what the peer sent before it went is still delivered). A loss
-    /// learnt after that check finds the posted receive (the transport marks the rank
-    /// before the epoch changes, and `fail_lost` visits the state under the same lock).
+    /// unexpected queue (what the peer sent before it went is delivered there before the
+    /// rank counts as gone). A loss handled after that check finds the posted receive
+    /// (`fail_lost` marks the rank gone before it visits the state under the same lock).
     #[inline]
     pub(crate) fn lost_source(&self, source: Source) -> Option<u32> {
-        if self.transport.lost_epoch() == 0 {
+        // Acquire: pairs with the Release store in `fail_lost` (the flags it set before).
+        if !self.peers.any_gone.load(Ordering::Acquire) {
             return None;
         }
         self.lost_source_slow(source)
@@ -484,10 +523,10 @@ impl Shared {
     fn lost_source_slow(&self, source: Source) -> Option<u32> {
         let me = self.transport.rank();
         match source {
-            Source::Rank(r) => (r != me && !self.transport.is_alive(r)).then_some(r),
+            Source::Rank(r) => (r != me && self.peers.is_gone(r)).then_some(r),
             Source::Any => {
                 let size = self.transport.size();
-                if size == 1 || (0..size).any(|r| r != me && self.transport.is_alive(r)) {
+                if size == 1 || (0..size).any(|r| r != me && !self.peers.is_gone(r)) {
                     return None;
                 }
                 Some(self.liveness().2)
@@ -500,6 +539,22 @@ impl Shared {
         // One thread handles each change.
         if self.peers.seen.compare_exchange(seen, epoch, Ordering::AcqRel, Ordering::Relaxed).is_err() {
             return 0;
+        }
+        // The ranks the transport has given up on: read before the delivery below, so that
+        // every frame of theirs that reached this rank is delivered by it. (One lost during
+        // it changes the epoch again and is handled by the next pass.)
+        let me = self.transport.rank();
+        let newly: Vec<u32> =
+            (0..self.transport.size()).filter(|&r| r != me && !self.transport.is_alive(r) && !self.peers.is_gone(r)).collect();
+        let delivered = self.deliver_arrived();
+        for &r in &newly {
+            // Release: a receive that sees the flag (`lost_source`) also sees the frames
+            // delivered above in the unexpected queue.
+            self.peers.gone[r as usize].store(true, Ordering::Release);
+        }
+        if !newly.is_empty() {
+            // Release: as above, for `lost_source`'s first load.
+            self.peers.any_gone.store(true, Ordering::Release);
         }
         let (alive, any_alive, first_lost) = self.liveness();
         let mut failed = Vec::new();
@@ -534,7 +589,36 @@ impl Shared {
             req.cell.complete(Err(Error::PeerLost { rank: dest }));
             req.orphan.lock().take();
         }
-        n + m
+        delivered + n + m
+    }
+
+    /// Delivers every frame that has reached this rank into matching, CRI by CRI under the
+    /// CRI's lock, before a loss is acted on; returns how many. Each CRI is polled until two
+    /// polls in a row find nothing — the first empty poll lets the transport re-post the
+    /// receive buffers a provider may be holding frames back for, the second finds the
+    /// queue empty with every buffer posted — or [`DELIVER_POLLS`] polls were made.
+    ///
+    /// Holding each CRI lock in turn is also a barrier: a thread that took frames from a
+    /// CRI before the loss was learnt delivers them under that lock, so they are in matching
+    /// once this has held it. It waits for the locks (even on paths that otherwise only
+    /// try them, such as an idle pool worker's): a loss is rare, and a holder keeps a CRI
+    /// lock for one poll batch. Never called with a CRI lock held (`flush_deferred` runs
+    /// outside them).
+    #[cold]
+    fn deliver_arrived(&self) -> usize {
+        let mut total = 0;
+        for k in 0..self.cris.len() {
+            let mut empty = 0;
+            for _ in 0..DELIVER_POLLS {
+                let n = self.cris[k].lock.low(|c| self.progress_cri(k, c));
+                total += n;
+                empty = if n == 0 { empty + 1 } else { 0 };
+                if empty == 2 {
+                    break;
+                }
+            }
+        }
+        total
     }
 }
 

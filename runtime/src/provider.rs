@@ -11,6 +11,10 @@ use crate::Error;
 
 /// `ranks` transports of one job inside this process.
 pub(crate) fn local(config: &Config, ranks: u32) -> Result<Vec<Transport>, Error> {
+    if ranks == 0 {
+        // One answer for every provider (libfabric's world of none used to be an empty `Ok`).
+        return Err(Error::InvalidArgument("build_local needs at least 1 rank"));
+    }
     match config.provider {
         Provider::Embedded => Ok(embedded::fabric(embedded::EmbeddedOptions {
             ranks,
@@ -36,11 +40,14 @@ pub(crate) fn local(config: &Config, ranks: u32) -> Result<Vec<Transport>, Error
 
 /// This process's transport: its rank of the job the environment describes.
 pub(crate) fn open_process(config: &Config) -> Result<Transport, Error> {
+    // The provider is checked against the job's size before connecting to anything: the
+    // embedded provider cannot join a job of several processes, and connecting first would
+    // make an unreachable key-value server cost the connect timeout before saying so.
+    if config.provider == Provider::Embedded && Job::size_from_env()? > 1 {
+        return Err(Error::InvalidArgument("the embedded provider cannot span processes: set WEFT_PROVIDER=shm or tcp (weftrun sets it)"));
+    }
     let job = Job::from_env()?;
     match config.provider {
-        Provider::Embedded if job.size > 1 => {
-            Err(Error::InvalidArgument("the embedded provider cannot span processes: set WEFT_PROVIDER=shm or tcp (weftrun sets it)"))
-        }
         Provider::Embedded => {
             // A job of one: nothing to exchange; saying BYE when `job` drops here is right,
             // no peer exists to be told anything.

@@ -130,7 +130,8 @@ pub(crate) struct Shared {
     pub(crate) counters: Counters,
     /// The work-stealing pool (started at the first spawn).
     pub(crate) executor: crate::executor::Executor,
-    /// Lost-peer bookkeeping (rendezvous sends in flight, loss epoch handled).
+    /// Lost-peer bookkeeping (which peers are gone, rendezvous sends in flight, loss epoch
+    /// handled).
     pub(crate) peers: crate::protocol::PeerWatch,
 }
 
@@ -772,7 +773,7 @@ impl Builder {
                     deferred_to: (0..size).map(|_| AtomicU32::new(0)).collect(),
                     counters: Counters::default(),
                     executor: crate::executor::Executor::new(),
-                    peers: Default::default(),
+                    peers: crate::protocol::PeerWatch::new(size),
                     transport: ep,
                     config: config.clone(),
                 });

@@ -346,6 +346,62 @@ fn try_lock_for_times_out() {
     times_out(DynLock::new(LockKind::Flat(FlatKind::Tas)));
 }
 
+/// `try_lock_for(Duration::MAX)` on a held lock waits for the holder (no deadline can be
+/// represented that far out; computing one used to panic with "overflow when adding duration
+/// to instant") and acquires once the holder releases.
+fn waits_without_deadline<L: RawTimedLock + Send + Sync + 'static>(lock: L, what: &str) {
+    let lock = Arc::new(lock);
+    let node = pin!(L::Node::default());
+    lock.lock(node.as_ref());
+    let l2 = lock.clone();
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        let n = pin!(L::Node::default());
+        let got = catch_unwind(AssertUnwindSafe(|| l2.try_lock_for(n.as_ref(), Duration::MAX)));
+        if let Ok(true) = got {
+            // SAFETY: acquired just above with `n`.
+            unsafe { l2.unlock(n.as_ref()) };
+        }
+        let _ = tx.send(got.map_err(|_| ()));
+    });
+    // Let the waiter reach its slow path before the holder lets go.
+    std::thread::sleep(Duration::from_millis(30));
+    // SAFETY: acquired above with `node`.
+    unsafe { lock.unlock(node.as_ref()) };
+    match rx.recv_timeout(Duration::from_secs(20)) {
+        Ok(Ok(got)) => assert!(got, "{what}: gave up on an unbounded timeout"),
+        Ok(Err(())) => panic!("{what}: try_lock_for(Duration::MAX) panicked"),
+        Err(_) => panic!("{what}: try_lock_for(Duration::MAX) did not acquire a released lock in 20 s"),
+    }
+}
+
+#[test]
+fn try_lock_for_duration_max_waits_for_the_holder() {
+    waits_without_deadline(Tas::new(), "tas");
+    waits_without_deadline(Ticket::new(), "ticket");
+    waits_without_deadline(Mcs::new(), "mcs");
+    waits_without_deadline(Clh::new(), "clh");
+    waits_without_deadline(Hmcs::new(), "hmcs");
+    waits_without_deadline(ParkingLot::new(), "parking_lot");
+    waits_without_deadline(StdLock::new(), "std");
+    waits_without_deadline(Priority::<Mcs, Mcs>::default(), "p-mcs-mcs");
+    waits_without_deadline(Priority::<Hmcs, Mcs>::default(), "p-hmcs-mcs");
+    waits_without_deadline(Counted::timed(Priority::<Mcs, Mcs>::default()), "counted p-mcs-mcs");
+    let mut kinds: Vec<LockKind> = FlatKind::ALL.iter().map(|&k| LockKind::Flat(k)).collect();
+    kinds.extend([LockKind::P_HMCS_MCS, LockKind::P_MCS_MCS, LockKind::P_TICKET_TICKET]);
+    for k in kinds {
+        waits_without_deadline(DynLock::new(k), &format!("dyn {k}"));
+    }
+    // And through the safe `Mutex`.
+    let m: Arc<Mutex<Tas, u8>> = Arc::new(Mutex::new(7));
+    let g = m.lock();
+    let m2 = m.clone();
+    let t = std::thread::spawn(move || m2.try_with_lock_for(Duration::MAX, |v| *v));
+    std::thread::sleep(Duration::from_millis(30));
+    drop(g);
+    assert_eq!(t.join().expect("Mutex::try_with_lock_for(Duration::MAX) panicked"), Some(7));
+}
+
 #[test]
 fn mutex_try_with_lock_for() {
     let m: Mutex<Tas, u8> = Mutex::new(7);

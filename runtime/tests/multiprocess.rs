@@ -96,6 +96,62 @@ fn killed_peer_fails_pending_requests_on_tcp() {
     killed_peer("tcp");
 }
 
+/// A rank that exits with status 0 before joining the job fails the others at once, with
+/// an error naming it (they used to wait out the exchange's 60 s timeout and fail with
+/// "transport error in key-value exchange: code 11").
+fn early_clean_exit(provider: &str) {
+    let _g = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let t0 = Instant::now();
+    let o = Command::new(WEFTRUN)
+        .args(["-n", "2", "--provider", provider, "--timeout", "60", "sh", "-c"])
+        .arg(format!("if [ \"$WEFT_RANK\" = 1 ]; then exit 0; fi; exec {SELFTEST} hello"))
+        .env("FI_TCP_IFACE", "lo")
+        .env("FI_SOCKETS_IFACE", "lo")
+        .env_remove("WEFT_PROVIDER")
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let t = t0.elapsed();
+    let s = text(&o);
+    assert_eq!(o.status.code(), Some(1), "{provider}:\n{s}");
+    assert!(s.contains("[0] weft-selftest hello: FAILED") && s.contains("peer rank 1 was lost"), "{provider}:\n{s}");
+    assert!(s.contains("weftrun: rank 1 exited with status 0 without finishing"), "{provider}:\n{s}");
+    assert!(t < Duration::from_secs(10), "{provider}: took {t:?}");
+}
+
+#[test]
+fn a_rank_that_exits_0_before_joining_fails_the_others_at_once_on_shm() {
+    early_clean_exit("shm");
+}
+
+#[test]
+fn a_rank_that_exits_0_before_joining_fails_the_others_at_once_on_tcp() {
+    early_clean_exit("tcp");
+}
+
+/// A peer that finished normally (dropped its runtime: `BYE`, then `FINISHED` to the
+/// others) while rank 0 had receives posted that only it could match: the messages it sent
+/// before finishing are received, then those receives fail with `PeerLost` (they used to
+/// wait forever).
+fn finished_peer(provider: &str) {
+    let (o, t) = weftrun(2, provider, "peer-finished");
+    let s = text(&o);
+    assert!(o.status.success(), "{provider} after {t:?}:\n{s}");
+    assert!(s.contains("[1] peer-finished: rank 1 finished"), "{s}");
+    assert!(s.contains("[0] peer-finished ok"), "{s}");
+    assert!(t < Duration::from_secs(60), "took {t:?}");
+}
+
+#[test]
+fn finished_peer_fails_receives_only_it_could_match_on_shm() {
+    finished_peer("shm");
+}
+
+#[test]
+fn finished_peer_fails_receives_only_it_could_match_on_tcp() {
+    finished_peer("tcp");
+}
+
 #[test]
 fn worst_exit_code_is_propagated() {
     let (o, _) = weftrun(3, "shm", "exit-code");
@@ -219,6 +275,77 @@ fn bad_input_is_a_clear_error() {
         .unwrap();
     assert_eq!(o.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&o.stderr).contains("WEFT_TOKEN"), "{}", text(&o));
+}
+
+/// Arguments weftrun cannot honour (a number of seconds that is not finite, negative or
+/// beyond a `Duration`, `-n` out of `1..=1024`) are refused with exit status 2 before any rank
+/// starts; `--grace inf` used to start the ranks and then panic (exit 101).
+#[test]
+fn bad_arguments_exit_2_before_any_rank_starts() {
+    let _g = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let dir = std::env::temp_dir().join(format!("weftrun-bad-args-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let mark = dir.join("started");
+    let rank = format!("touch {}", mark.display());
+    let cases: &[(&[&str], &str)] = &[
+        (&["--grace", "inf"], "--grace"),
+        (&["--grace", "1e30"], "--grace"),
+        (&["--grace", "1e300"], "--grace"),
+        (&["--grace", "-1"], "--grace"),
+        (&["--grace", "NaN"], "--grace"),
+        (&["--grace", "soon"], "--grace"),
+        (&["--timeout", "inf"], "--timeout"),
+        (&["--timeout", "1e30"], "--timeout"),
+        (&["--timeout", "-0.5"], "--timeout"),
+        (&["--timeout", "nan"], "--timeout"),
+        (&["-n", "0"], "at least 1 rank"),
+        (&["-n", "1025"], "at most 1024"),
+        (&["-n", "4294967296"], "at most 1024"),
+        (&["-n", "-3"], "--np"),
+    ];
+    for (extra, says) in cases {
+        let mut args: Vec<&str> = extra.to_vec();
+        if !args.contains(&"-n") {
+            args.extend(["-n", "1"]);
+        }
+        let o = Command::new(WEFTRUN).args(&args).args(["sh", "-c", &rank]).stdin(Stdio::null()).output().unwrap();
+        assert_eq!(o.status.code(), Some(2), "{extra:?}:\n{}", text(&o));
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(err.contains(says), "{extra:?} should name {says:?}:\n{}", text(&o));
+        assert!(!err.contains("panicked"), "{extra:?}:\n{}", text(&o));
+        assert!(!mark.exists(), "{extra:?}: a rank was started");
+    }
+    // Large but representable values are fine, as are 0 and fractions.
+    let o = Command::new(WEFTRUN)
+        .args(["-n", "2", "--grace", "1e18", "--timeout", "0", "sh", "-c", &rank])
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(mark.exists());
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A forwarding thread that cannot be started (here: address space limited to 400 MB, so
+/// thread stacks run out after a few ranks of 1024) stops the job with a clear message and
+/// exit status 1; `std::thread::spawn` used to panic (exit 101).
+#[test]
+fn a_forwarding_thread_that_cannot_start_is_a_clear_error() {
+    let _g = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let t0 = Instant::now();
+    let job = Command::new("sh")
+        .args(["-c", &format!("ulimit -v 400000 && exec {WEFTRUN} -n 1024 --timeout 60 sleep 30")])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let o = outputs_within(vec![job], Duration::from_secs(90)).remove(0);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    assert!(err.contains("cannot start a thread to forward the output of rank"), "{}", text(&o));
+    // The ranks already started were stopped, not waited for.
+    assert!(t0.elapsed() < Duration::from_secs(25), "took {:?}", t0.elapsed());
 }
 
 #[test]

@@ -50,9 +50,12 @@ pub enum Error {
     /// The communicator was freed, or the runtime shut down, before or while the
     /// operation was pending.
     CommFreed,
-    /// The peer process is gone; every pending request that needs it fails with this.
+    /// The peer is gone — lost (its process died) or finished (it dropped its runtime) —
+    /// and every pending request that needs it fails with this. What a finished peer sent
+    /// before it finished is still received first; only requests nothing can match any
+    /// more fail.
     PeerLost {
-        /// The rank that was lost.
+        /// The rank that is gone.
         rank: u32,
     },
     /// The request was cancelled (detached and dropped, or the runtime shut down).

@@ -23,14 +23,18 @@
 //! server -> client   ERR rank <r> lost ...     instead, if a rank died before it PUT
 //! server -> client   LOST <rank>               a rank's connection closed without BYE
 //! client -> server   BYE                       this rank finishes normally
+//! server -> client   FINISHED <rank>           a rank said BYE
 //! ```
 //!
-//! # Lost peers
+//! # Lost and finished peers
 //!
 //! Every rank keeps its connection open for the whole run ([`Monitor`]). When a process
 //! dies, the kernel closes its socket; the server sees EOF without a `BYE` and sends
 //! `LOST <rank>` to every other rank, whose monitor marks the peer lost in the transport —
-//! within milliseconds, with no heartbeat traffic. A rank lost once every rank has published
+//! within milliseconds, with no heartbeat traffic. A rank that finishes normally says `BYE`
+//! (after its last frames left), and the server sends `FINISHED <rank>` to the others: a
+//! receive that only that rank could match will never match either, and the runtime fails
+//! it once the frames the rank sent before finishing are delivered ([`PeerEvent`]). A rank lost once every rank has published
 //! does not fail the exchange (the others still get `ALL`, then `LOST`); a server that is
 //! dropped while it still owes a rank its `ALL` lingers, bounded, until that rank has it. (CQ errors on a send to the dead peer also
 //! mark it lost, as a second path.)
@@ -94,12 +98,41 @@ pub fn random_token() -> Result<String, Error> {
 // ----------------------------------------------------------------------------------------
 // Server
 
+/// What a rank's [`Monitor`] learns of a peer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum PeerEvent {
+    /// The peer's connection closed without `BYE`: it died (or exited without finishing).
+    Lost(u32),
+    /// The peer finished normally (`BYE`): it sends nothing more.
+    Finished(u32),
+}
+
+impl PeerEvent {
+    /// The rank concerned.
+    pub fn rank(self) -> u32 {
+        match self {
+            PeerEvent::Lost(r) | PeerEvent::Finished(r) => r,
+        }
+    }
+
+    /// Parses a `LOST <rank>` or `FINISHED <rank>` line.
+    fn parse(line: &str) -> Option<PeerEvent> {
+        let (word, rank) = line.split_once(' ')?;
+        let rank = rank.trim().parse().ok()?;
+        match word {
+            "LOST" => Some(PeerEvent::Lost(rank)),
+            "FINISHED" => Some(PeerEvent::Finished(rank)),
+            _ => None,
+        }
+    }
+}
+
 /// What the server knows of the job.
 #[derive(Default)]
 struct Table {
     /// Published blobs by rank.
     blobs: HashMap<u32, String>,
-    /// A write handle on every connected rank (for `LOST`).
+    /// A write handle on every connected rank (for `LOST` and `FINISHED`).
     conns: HashMap<u32, TcpStream>,
     /// Ranks whose connection closed without `BYE`.
     lost: Vec<u32>,
@@ -195,6 +228,22 @@ impl KvsServer {
     pub fn report_lost(&self, rank: u32) {
         lose(&self.state, rank);
     }
+
+    /// Tells the server that `rank`'s process exited with status 0 (`weftrun` calls it when
+    /// it reaps such a rank); `true` if that made the rank lost.
+    ///
+    /// A rank still connected is left to its connection, whose end the server is about to
+    /// read: `BYE` (a normal finish, possibly still in flight when the process is reaped)
+    /// or EOF without it (lost). A rank that never connected, or never said `BYE`, never
+    /// will: it is lost, so that the others fail at once instead of waiting out the
+    /// exchange's timeout for it.
+    pub fn report_exited(&self, rank: u32) -> bool {
+        let connected = self.state.table.lock().is_ok_and(|t| t.conns.contains_key(&rank));
+        if connected {
+            return false;
+        }
+        lose(&self.state, rank)
+    }
 }
 
 impl Drop for KvsServer {
@@ -230,10 +279,12 @@ impl Drop for KvsServer {
     }
 }
 
-fn lose(st: &ServerState, rank: u32) {
-    let Ok(mut t) = st.table.lock() else { return };
+/// Marks `rank` lost and tells every connected rank; `false` if it already was lost or had
+/// finished (`BYE`).
+fn lose(st: &ServerState, rank: u32) -> bool {
+    let Ok(mut t) = st.table.lock() else { return false };
     if t.lost.contains(&rank) || t.finished.contains(&rank) {
-        return;
+        return false;
     }
     t.lost.push(rank);
     t.conns.remove(&rank);
@@ -243,6 +294,7 @@ fn lose(st: &ServerState, rank: u32) {
     }
     drop(t);
     st.changed.notify_all();
+    true
 }
 
 /// One client connection.
@@ -280,9 +332,12 @@ fn serve(st: &ServerState, conn: TcpStream) {
         if let Ok(c) = w.try_clone() {
             t.conns.insert(rank, c);
         }
-        // Peers lost before this rank connected.
+        // Peers lost (or finished) before this rank connected.
         for l in t.lost.clone() {
             let _ = w.write_all(format!("LOST {l}\n").as_bytes());
+        }
+        for f in t.finished.clone() {
+            let _ = w.write_all(format!("FINISHED {f}\n").as_bytes());
         }
     }
     let _ = r.get_ref().set_read_timeout(None);
@@ -343,6 +398,11 @@ fn serve(st: &ServerState, conn: TcpStream) {
                 if let Ok(mut t) = st.table.lock() {
                     t.finished.push(rank);
                     t.conns.remove(&rank);
+                    // The others' receives from this rank can no longer match (module docs).
+                    let line = format!("FINISHED {rank}\n");
+                    for c in t.conns.values_mut() {
+                        let _ = c.write_all(line.as_bytes());
+                    }
                 }
                 st.changed.notify_all();
                 break;
@@ -353,7 +413,7 @@ fn serve(st: &ServerState, conn: TcpStream) {
         }
     }
     if !said_bye && !st.stop.load(Ordering::Acquire) {
-        lose(st, rank);
+        let _ = lose(st, rank);
     }
 }
 
@@ -382,8 +442,9 @@ pub struct Job {
     conn: Option<BufReader<TcpStream>>,
     /// The server this process hosts (rank 0 under Slurm).
     server: Option<KvsServer>,
-    /// Ranks reported `LOST` while the exchange was answered, for the monitor.
-    lost_early: Vec<u32>,
+    /// Peers reported `LOST` or `FINISHED` while the exchange was answered, for the
+    /// monitor.
+    early: Vec<PeerEvent>,
 }
 
 fn env(name: &str) -> Option<String> {
@@ -397,33 +458,49 @@ fn env_u32(name: &'static str) -> Result<Option<u32>, Error> {
     }
 }
 
+/// Where the environment places this process: `(rank, size, under Slurm)`, checked, or
+/// `None` for a process started plainly (rank 0 of 1, nothing to exchange) — without
+/// connecting to anything (see the module docs).
+fn layout_from_env() -> Result<Option<(u32, u32, bool)>, Error> {
+    let (rank, size, slurm) = match (env_u32("WEFT_RANK")?, env_u32("WEFT_SIZE")?) {
+        (Some(r), Some(s)) => (r, s, false),
+        (None, None) => match (env_u32("SLURM_PROCID")?, env_u32("SLURM_NTASKS")?) {
+            (Some(r), Some(s)) if s > 1 && env("WEFT_KVS").is_some() => (r, s, true),
+            (Some(_), Some(s)) if s > 1 => {
+                return Err(Error::InvalidArgument("under Slurm, export WEFT_KVS=host:port and WEFT_TOKEN before srun"))
+            }
+            _ => return Ok(None),
+        },
+        _ => return Err(Error::InvalidArgument("WEFT_RANK and WEFT_SIZE must be set together")),
+    };
+    if size == 0 || rank >= size {
+        return Err(Error::InvalidArgument("rank must be below size (WEFT_RANK/WEFT_SIZE or SLURM_PROCID/SLURM_NTASKS)"));
+    }
+    Ok(Some((rank, size, slurm)))
+}
+
 impl Job {
+    /// The size of the job the environment describes, without connecting to anything (what
+    /// [`from_env`](Self::from_env) would find, and its errors for a bad environment).
+    pub fn size_from_env() -> Result<u32, Error> {
+        Ok(layout_from_env()?.map_or(1, |(_, size, _)| size))
+    }
+
     /// Reads the environment (see the module docs) and connects to the KVS if there is one.
     pub fn from_env() -> Result<Job, Error> {
-        let (rank, size, slurm) = match (env_u32("WEFT_RANK")?, env_u32("WEFT_SIZE")?) {
-            (Some(r), Some(s)) => (r, s, false),
-            (None, None) => match (env_u32("SLURM_PROCID")?, env_u32("SLURM_NTASKS")?) {
-                (Some(r), Some(s)) if s > 1 && env("WEFT_KVS").is_some() => (r, s, true),
-                (Some(_), Some(s)) if s > 1 => {
-                    return Err(Error::InvalidArgument("under Slurm, export WEFT_KVS=host:port and WEFT_TOKEN before srun"))
-                }
-                _ => return Ok(Job { rank: 0, size: 1, conn: None, server: None, lost_early: Vec::new() }),
-            },
-            _ => return Err(Error::InvalidArgument("WEFT_RANK and WEFT_SIZE must be set together")),
+        let Some((rank, size, slurm)) = layout_from_env()? else {
+            return Ok(Job { rank: 0, size: 1, conn: None, server: None, early: Vec::new() });
         };
-        if size == 0 || rank >= size {
-            return Err(Error::InvalidArgument("rank must be below size (WEFT_RANK/WEFT_SIZE or SLURM_PROCID/SLURM_NTASKS)"));
-        }
         let kvs = env("WEFT_KVS");
         let token = env("WEFT_TOKEN");
         match (kvs, token) {
-            (None, _) if size == 1 => Ok(Job { rank, size, conn: None, server: None, lost_early: Vec::new() }),
+            (None, _) if size == 1 => Ok(Job { rank, size, conn: None, server: None, early: Vec::new() }),
             (None, _) => Err(Error::InvalidArgument("WEFT_KVS=host:port is needed for a job of more than one rank")),
             (Some(_), None) => Err(Error::InvalidArgument("WEFT_TOKEN is needed with WEFT_KVS")),
             (Some(kvs), Some(token)) => {
                 let server = if slurm && rank == 0 { Some(KvsServer::bind(&kvs, size, &token)?) } else { None };
                 let conn = connect(&kvs, &token, rank)?;
-                Ok(Job { rank, size, conn: Some(conn), server, lost_early: Vec::new() })
+                Ok(Job { rank, size, conn: Some(conn), server, early: Vec::new() })
             }
         }
     }
@@ -434,10 +511,13 @@ impl Job {
         if rank >= size {
             return Err(Error::RankOutOfRange { rank, size });
         }
-        Ok(Job { rank, size, conn: Some(connect(kvs, token, rank)?), server: None, lost_early: Vec::new() })
+        Ok(Job { rank, size, conn: Some(connect(kvs, token, rank)?), server: None, early: Vec::new() })
     }
 
     /// Publishes this rank's `blob` and returns every rank's, rank `i` at index `i`.
+    ///
+    /// Fails with [`Error::PeerLost`] naming the rank if one was lost (died, or exited
+    /// without joining) before every rank published.
     pub fn exchange(&mut self, blob: &[u8]) -> Result<Vec<Vec<u8>>, Error> {
         let Some(conn) = self.conn.as_mut() else {
             return Ok(vec![blob.to_vec()]);
@@ -449,18 +529,28 @@ impl Job {
         let mut line = String::new();
         loop {
             read_line(conn, &mut line).map_err(io)?;
-            if let Some(rank) = line.strip_prefix("LOST ") {
+            if line.starts_with("LOST ") || line.starts_with("FINISHED ") {
                 // A rank lost before publishing fails the exchange (the answer says so); one
-                // lost after it is passed on to the monitor.
-                self.lost_early.extend(rank.trim().parse::<u32>().ok());
+                // lost after it, or one that already finished (it had every address; its
+                // `BYE` can overtake our answer), is passed on to the monitor.
+                self.early.extend(PeerEvent::parse(&line));
                 continue;
             }
             break;
         }
         conn.get_ref().set_read_timeout(None).map_err(io)?;
         let mut parts = line.split_whitespace();
-        if parts.next() != Some("ALL") {
-            return Err(Error::InvalidArgument("the key-value exchange failed (a rank was lost before it finished)"));
+        match parts.next() {
+            Some("ALL") => {}
+            // `ERR rank <r> lost during the exchange`: name the rank, so that the error says
+            // which process to look at.
+            Some("ERR") if parts.next() == Some("rank") => {
+                if let Some(rank) = parts.next().and_then(|r| r.parse::<u32>().ok()) {
+                    return Err(Error::PeerLost { rank });
+                }
+                return Err(Error::InvalidArgument("the key-value exchange failed (a rank was lost before it finished)"));
+            }
+            _ => return Err(Error::InvalidArgument("the key-value exchange failed (a rank was lost before it finished)")),
         }
         let blobs =
             parts.map(from_hex).collect::<Option<Vec<_>>>().ok_or(Error::InvalidArgument("malformed reply from the key-value server"))?;
@@ -470,11 +560,12 @@ impl Job {
         Ok(blobs)
     }
 
-    /// Keeps the connection open to learn of lost peers: `on_lost(rank)` runs on a monitor
-    /// thread for every `LOST` line. Dropping the monitor says `BYE` (a normal finish).
-    pub fn monitor(self, on_lost: impl Fn(u32) + Send + 'static) -> Monitor {
-        for &rank in &self.lost_early {
-            on_lost(rank);
+    /// Keeps the connection open to learn of lost and finished peers: `on_event` runs on a
+    /// monitor thread for every `LOST` and `FINISHED` line. Dropping the monitor says `BYE`
+    /// (a normal finish).
+    pub fn monitor(self, on_event: impl Fn(PeerEvent) + Send + 'static) -> Monitor {
+        for &e in &self.early {
+            on_event(e);
         }
         let Some(conn) = self.conn else {
             return Monitor { conn: None, reader: None, _server: self.server };
@@ -486,8 +577,8 @@ impl Job {
             .spawn(move || {
                 let mut line = String::new();
                 while read_line(&mut r, &mut line).is_ok() {
-                    if let Some(rank) = line.strip_prefix("LOST ").and_then(|v| v.trim().parse::<u32>().ok()) {
-                        on_lost(rank);
+                    if let Some(e) = PeerEvent::parse(&line) {
+                        on_event(e);
                     }
                 }
             })
@@ -523,12 +614,12 @@ fn connect(kvs: &str, token: &str, rank: u32) -> Result<BufReader<TcpStream>, Er
     }
 }
 
-/// Watches a job's KVS connection for lost peers; says `BYE` when dropped.
+/// Watches a job's KVS connection for lost and finished peers; says `BYE` when dropped.
 #[derive(Debug)]
 pub struct Monitor {
     /// Write side of the connection.
     conn: Option<TcpStream>,
-    /// The thread reading `LOST` lines.
+    /// The thread reading `LOST` and `FINISHED` lines.
     reader: Option<JoinHandle<()>>,
     /// The server this process hosts, kept alive with the monitor.
     _server: Option<KvsServer>,
@@ -585,8 +676,8 @@ mod tests {
             .map(|j| {
                 let tx = tx.clone();
                 let me = j.rank;
-                j.monitor(move |lost| {
-                    let _ = tx.send((me, lost));
+                j.monitor(move |e| {
+                    let _ = tx.send((me, e));
                 })
             })
             .collect();
@@ -597,13 +688,17 @@ mod tests {
         }
         let mut seen = vec![rx.recv_timeout(Duration::from_secs(5)).unwrap(), rx.recv_timeout(Duration::from_secs(5)).unwrap()];
         seen.sort();
-        assert_eq!(seen, vec![(0, 2), (1, 2)]);
+        assert_eq!(seen, vec![(0, PeerEvent::Lost(2)), (1, PeerEvent::Lost(2))]);
         assert_eq!(server.lost(), vec![2]);
         drop(m2);
+        // A normal finish is not a loss: the others learn it as such.
+        let m1 = monitors.pop().unwrap();
+        drop(m1);
+        assert_eq!(rx.recv_timeout(Duration::from_secs(5)), Ok((0, PeerEvent::Finished(1))));
         drop(monitors);
-        // A normal finish is not a loss.
         std::thread::sleep(Duration::from_millis(100));
         assert_eq!(server.lost(), vec![2]);
+        assert_eq!(server.finished(), vec![1, 0]);
     }
 
     /// A raw client of rank `rank`: connected and greeted, nothing published yet.
@@ -633,10 +728,10 @@ mod tests {
         let all = job.exchange(b"zero").unwrap();
         assert_eq!(all, vec![b"zero".to_vec(), b"one".to_vec()]);
         let (tx, rx) = std::sync::mpsc::channel();
-        let _m = job.monitor(move |lost| {
-            let _ = tx.send(lost);
+        let _m = job.monitor(move |e| {
+            let _ = tx.send(e);
         });
-        assert_eq!(rx.recv_timeout(Duration::from_secs(5)), Ok(1));
+        assert_eq!(rx.recv_timeout(Duration::from_secs(5)), Ok(PeerEvent::Lost(1)));
     }
 
     /// A server dropped as soon as its own rank has the answer (rank 0 under Slurm, failing
@@ -665,6 +760,98 @@ mod tests {
         drop(server);
         let line = late.join().unwrap().expect("the answer, not EOF");
         assert_eq!(line, "ALL 7a65726f 6f6e65");
+    }
+
+    /// `report_exited` (weftrun reaped a rank with status 0): a rank that never connected is
+    /// lost at once, and the others' exchange fails naming it (it used to wait out the
+    /// 60 s exchange timeout); a connected rank is left to its connection, so that a `BYE`
+    /// still in flight is a normal finish and EOF without one a loss.
+    #[test]
+    fn a_rank_that_exited_is_lost_unless_its_connection_says_otherwise() {
+        let token = random_token().unwrap();
+        let server = KvsServer::bind("127.0.0.1:0", 3, &token).unwrap();
+        let addr = server.local_addr().to_string();
+        let mut job = Job::connect(&addr, &token, 0, 3).unwrap();
+        let (mut c, _r) = raw_client(&server, &token, 1);
+        c.write_all(b"PUT 6f6e65\n").unwrap();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !server.state.table.lock().unwrap().blobs.contains_key(&1) && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        assert!(!server.report_exited(1), "a connected rank is left to its connection");
+        assert!(server.lost().is_empty());
+        // Rank 2 exits without ever connecting.
+        let t = Instant::now();
+        assert!(server.report_exited(2));
+        assert_eq!(job.exchange(b"zero"), Err(Error::PeerLost { rank: 2 }));
+        assert!(t.elapsed() < Duration::from_secs(5), "took {:?}", t.elapsed());
+        assert!(!server.report_exited(2), "lost once");
+        // Rank 1's connection ends without BYE: lost.
+        c.shutdown(Shutdown::Both).unwrap();
+        while server.lost().len() < 2 && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        assert_eq!(server.lost(), vec![2, 1]);
+    }
+
+    /// A rank that finished (`BYE`) and is reaped right away is not reported lost.
+    #[test]
+    fn a_finished_rank_that_exited_is_not_lost() {
+        let token = random_token().unwrap();
+        let server = KvsServer::bind("127.0.0.1:0", 2, &token).unwrap();
+        let addr = server.local_addr().to_string();
+        let other = {
+            let (addr, token) = (addr.clone(), token.clone());
+            std::thread::spawn(move || {
+                let mut j = Job::connect(&addr, &token, 1, 2).unwrap();
+                j.exchange(b"one").unwrap();
+                j
+            })
+        };
+        let mut job = Job::connect(&addr, &token, 0, 2).unwrap();
+        job.exchange(b"zero").unwrap();
+        let other = other.join().unwrap();
+        let m1 = other.monitor(|_| {});
+        let _m0 = job.monitor(|_| {});
+        drop(m1);
+        // Reaped before or after the server read the `BYE`: not lost either way.
+        assert!(!server.report_exited(1));
+        std::thread::sleep(Duration::from_millis(100));
+        assert!(!server.report_exited(1));
+        assert!(server.lost().is_empty());
+        assert_eq!(server.finished(), vec![1]);
+    }
+
+    /// `LOST` and `FINISHED` lines that come before the exchange's answer (a fast peer that
+    /// already finished, say) do not fail it, and reach the monitor first. A scripted
+    /// server fixes the order of the lines.
+    #[test]
+    fn peer_events_before_the_answer_reach_the_monitor() {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        let server = std::thread::spawn(move || {
+            let (c, _) = listener.accept().unwrap();
+            let mut w = c.try_clone().unwrap();
+            let mut r = BufReader::new(c);
+            let mut line = String::new();
+            for want in ["HELLO", "PUT", "GET"] {
+                read_line(&mut r, &mut line).unwrap();
+                assert!(line.starts_with(want), "{line}");
+            }
+            w.write_all(b"FINISHED 1\nLOST 2\nALL 00 01 02\n").unwrap();
+            // Keep the connection until the client says BYE.
+            let _ = read_line(&mut r, &mut line);
+        });
+        let mut job = Job::connect(&addr, "t", 0, 3).unwrap();
+        assert_eq!(job.exchange(&[0]).unwrap(), vec![vec![0], vec![1], vec![2]]);
+        let (tx, rx) = std::sync::mpsc::channel();
+        let m = job.monitor(move |e| {
+            let _ = tx.send(e);
+        });
+        assert_eq!(rx.recv_timeout(Duration::from_secs(5)), Ok(PeerEvent::Finished(1)));
+        assert_eq!(rx.recv_timeout(Duration::from_secs(5)), Ok(PeerEvent::Lost(2)));
+        drop(m);
+        server.join().unwrap();
     }
 
     #[test]

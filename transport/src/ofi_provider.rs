@@ -71,9 +71,11 @@
 //! # Lost peers
 //!
 //! A peer is marked lost by [`Rank::mark_lost`] (the bootstrap's monitor calls it when the
-//! job's key-value server reports that the peer's connection closed), or when a post or a
-//! completion to it fails. Sends and reads to a lost peer fail with `PeerLost`;
-//! [`Rank::lost_epoch`] changes so the runtime fails pending requests that need it.
+//! job's key-value server reports that the peer's connection closed, or that the peer
+//! finished: either way it sends nothing more), or when a post or a completion to it fails.
+//! Sends and reads to a lost peer fail with `PeerLost`; [`Rank::lost_epoch`] changes so the
+//! runtime fails pending requests that need it (after delivering the frames that reached
+//! this rank before).
 
 use std::collections::{HashMap, VecDeque};
 use std::ptr::NonNull;
@@ -569,7 +571,7 @@ impl Opened {
             .name(format!("weft-ofi-watch-{rank}"))
             .spawn(move || w.watch())
             .map_err(|_| Error::InvalidArgument("could not start the ofi watcher thread"))?;
-        Ok(Rank { inner, watcher: Mutex::new(Some(watcher)), monitor: Mutex::new(None) })
+        Ok(Rank { inner, watcher: Mutex::new(Some(watcher)), monitor: Mutex::new(None), siblings: Mutex::new(Vec::new()) })
     }
 }
 
@@ -581,16 +583,27 @@ pub fn join(opts: &OfiOptions, mut job: crate::bootstrap::Job) -> Result<Rank, E
     let blobs = job.exchange(&opened.address_blob())?;
     let rank = opened.connect(job.rank, &blobs)?;
     let notifier = rank.loss_notifier();
-    rank.set_monitor(job.monitor(move |r| notifier.lost(r)));
+    // A finished peer is gone as a lost one is (it will send nothing more, and sends to it
+    // cannot be received); the runtime delivers what it sent before it fails receives.
+    rank.set_monitor(job.monitor(move |e| notifier.lost(e.rank())));
     Ok(rank)
 }
 
 /// Creates `n` ranks of one job inside this process (tests, and `build_local`): each rank
-/// has its own domain; addresses are exchanged directly.
+/// has its own domain; addresses are exchanged directly. A rank that is closed tells the
+/// others directly, as the bootstrap's `FINISHED` does between processes.
 pub fn world(opts: &OfiOptions, n: u32) -> Result<Vec<Rank>, Error> {
+    if n == 0 {
+        // As `Opened::open` says for a job of none (which an empty world never calls).
+        return Err(Error::InvalidArgument("a job needs at least one rank"));
+    }
     let opened = (0..n).map(|_| Opened::open(opts, n)).collect::<Result<Vec<_>, _>>()?;
     let blobs: Vec<Vec<u8>> = opened.iter().map(Opened::address_blob).collect();
-    opened.into_iter().enumerate().map(|(r, o)| o.connect(r as u32, &blobs)).collect()
+    let ranks = opened.into_iter().enumerate().map(|(r, o)| o.connect(r as u32, &blobs)).collect::<Result<Vec<_>, _>>()?;
+    for (i, r) in ranks.iter().enumerate() {
+        *r.siblings.lock() = ranks.iter().enumerate().filter(|&(j, _)| j != i).map(|(_, o)| o.loss_notifier()).collect();
+    }
+    Ok(ranks)
 }
 
 /// Everything of one rank, shared with its watcher thread.
@@ -979,6 +992,9 @@ pub struct Rank {
     watcher: Mutex<Option<JoinHandle<()>>>,
     /// The bootstrap connection watching for lost peers; dropped (saying `BYE`) by `close`.
     monitor: Mutex<Option<crate::bootstrap::Monitor>>,
+    /// The other ranks of an in-process [`world`], told by `close` that this one finished
+    /// (the bootstrap's `FINISHED` between processes).
+    siblings: Mutex<Vec<LossNotifier>>,
 }
 
 impl std::fmt::Debug for Rank {
@@ -1436,11 +1452,16 @@ impl Rank {
         *self.monitor.lock() = Some(m);
     }
 
-    /// Stops the watcher and says `BYE` to the job. Endpoints close when the rank is
-    /// dropped.
+    /// Stops the watcher and says `BYE` to the job (or, in an in-process [`world`], tells
+    /// the other ranks directly): their receives that only this rank could match fail once
+    /// they have what it sent. Endpoints close when the rank is dropped.
     pub fn close(&self) {
         self.inner.drain_sends();
         drop(self.monitor.lock().take());
+        // After the last frames left, as `BYE` is.
+        for s in self.siblings.lock().drain(..) {
+            s.lost(self.inner.rank);
+        }
         // Release: pairs with the watcher's acquire load.
         self.inner.closed.store(true, Ordering::Release);
         if let Some(w) = self.watcher.lock().take() {

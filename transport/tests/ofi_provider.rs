@@ -161,4 +161,9 @@ fn unknown_provider_is_an_error() {
     assert!(matches!(world(&opts, 2), Err(Error::Transport { op: "fi_getinfo", .. })));
     let opts = OfiOptions { cris: 0, ..OfiOptions::default() };
     assert!(matches!(world(&opts, 2), Err(Error::InvalidArgument(_))));
+    // A world of no ranks is refused too (it used to be an empty `Ok`).
+    for p in PROVIDERS {
+        let opts = OfiOptions { provider: p.into(), ..OfiOptions::default() };
+        assert!(matches!(world(&opts, 0), Err(Error::InvalidArgument(_))), "{p}");
+    }
 }

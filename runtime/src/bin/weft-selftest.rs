@@ -13,6 +13,7 @@
 //! | `large` | >= 2 | a 64 MiB message 0 -> 1 and back, contents checked |
 //! | `all` | even, >= 2 | all of the above |
 //! | `peer-lost` | 2 | rank 0 kills itself (SIGKILL); rank 1's pending receive and rendezvous send, and a new send and receive, fail with `PeerLost` |
+//! | `peer-finished` | 2 | rank 1 sends 8 messages and drops its runtime (a normal finish) while rank 0 has receives posted that only rank 1 could match; rank 0 still gets the 8 messages, then the others, a new receive and a new send fail with `PeerLost` |
 //! | `netns` | 2 | a message and 1 MiB each way (the multi-host test) |
 //! | `block` | any | prints its pid, then waits for a message that never comes (teardown test) |
 //! | `exit-code` | any | rank `r` exits with status `3 * r` after everyone arrived |
@@ -226,6 +227,55 @@ fn peer_lost(c: &Communicator) -> Res {
     Ok(())
 }
 
+/// Messages rank 1 sends before it finishes in `peer-finished`.
+const BEFORE_FINISH: u8 = 8;
+
+/// `peer-finished`: see the table in the module docs. Takes the runtime because rank 1
+/// drops it.
+fn peer_finished(rt: Runtime) -> Res {
+    let c = rt.world();
+    match c.rank() {
+        0 => {
+            // Receives only rank 1 could match, posted before it finishes.
+            let mut pending = c.irecv(Vec::<u8>::with_capacity(8), 1u32, 99).map_err(e)?;
+            let mut any = c.irecv(Vec::<u8>::with_capacity(8), Source::Any, 98).map_err(e)?;
+            // No progress meanwhile: rank 1's messages and its finish both arrive before
+            // this rank looks, the case where the messages must still come first.
+            std::thread::sleep(Duration::from_millis(1500));
+            for i in 0..BEFORE_FINISH {
+                let (b, st) =
+                    c.recv(Vec::<u8>::with_capacity(256), 1u32, 1).map_err(|err| format!("message {i} sent before the finish: {err}"))?;
+                check(b == vec![i; 16 << (i % 4)] && st.source == 1, || format!("message {i}: got {} bytes {:?}", b.len(), b.first()))?;
+            }
+            let t0 = Instant::now();
+            while !(pending.test() && any.test()) {
+                check(t0.elapsed() < Duration::from_secs(10), || "receives from the finished rank still pending after 10 s".into())?;
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            let r = pending.take();
+            check(matches!(r, Some(Err(Error::PeerLost { rank: 1 }))), || format!("pending receive: expected PeerLost, got {r:?}"))?;
+            let r = any.take();
+            check(matches!(r, Some(Err(Error::PeerLost { rank: 1 }))), || {
+                format!("pending Source::Any receive: expected PeerLost, got {r:?}")
+            })?;
+            let late = c.recv(Vec::<u8>::with_capacity(8), 1u32, Tag::Any);
+            check(matches!(late, Err(Error::PeerLost { rank: 1 })), || format!("new receive: expected PeerLost, got {late:?}"))?;
+            let send = c.send(vec![0u8; 8], 1, 3);
+            check(matches!(send, Err(Error::PeerLost { rank: 1 })), || format!("new send: expected PeerLost, got {send:?}"))?;
+            println!("peer-finished ok after {} ms", t0.elapsed().as_millis());
+        }
+        1 => {
+            for i in 0..BEFORE_FINISH {
+                c.send(vec![i; 16 << (i % 4)], 0, 1).map_err(e)?;
+            }
+            drop(rt);
+            println!("peer-finished: rank 1 finished");
+        }
+        _ => {}
+    }
+    Ok(())
+}
+
 fn netns(c: &Communicator) -> Res {
     let other = 1 - c.rank();
     let msg = format!("hello from rank {}", c.rank()).into_bytes();
@@ -244,6 +294,9 @@ fn netns(c: &Communicator) -> Res {
 
 fn run(what: &str) -> Res {
     let rt = Runtime::builder().build().map_err(|err| format!("cannot start the runtime: {err}"))?;
+    if what == "peer-finished" {
+        return peer_finished(rt);
+    }
     let c = rt.world();
     let c_rank = c.rank();
     let started = Instant::now();

@@ -7,13 +7,19 @@
 //! * Forwards each process's stdout and stderr line by line, prefixed with `[rank] `.
 //! * When a rank dies (non-zero exit or a signal), the others learn it at once through the
 //!   exchange's connections (their pending requests on it fail with `PeerLost`); they get
-//!   `--grace` seconds to finish, then SIGTERM, then SIGKILL. Ctrl-C / SIGTERM to weftrun
+//!   `--grace` seconds to finish, then SIGTERM, then SIGKILL. A rank that exits with status
+//!   0 without having finished normally (before joining the job, say) is reported lost the
+//!   same way, but does not start the grace period. Ctrl-C / SIGTERM to weftrun
 //!   tears every rank down the same way (no grace).
 //! * Exits with the worst status: the largest exit code, `128 + signal` for a rank killed
 //!   by a signal, 130 when interrupted.
 //! * `--bind-to core` pins rank `i` (every thread it starts) to the `i`-th CPU weftrun may
 //!   run on, round robin (`mpirun --bind-to core`); the default `none` leaves placement to
 //!   the kernel.
+//! * Bad arguments (`-n 0`, `-n` above [`MAX_RANKS`], `--grace -1`, `--timeout inf`, an
+//!   unknown provider) are reported with exit status 2 before any rank starts. A failure to
+//!   start (a rank's program, or a thread to forward its output) stops the ranks already
+//!   started and exits with 127 (the program) or 1 (anything else).
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::os::unix::process::{CommandExt, ExitStatusExt};
@@ -25,22 +31,29 @@ use clap::Parser;
 use weft_transport::bootstrap::{random_token, KvsServer};
 use weft_transport::Provider;
 
+/// Most ranks one `weftrun` starts. Every rank is a process on this machine, and weftrun
+/// holds two pipes and two forwarding threads for each: a few thousand ranks would run into
+/// the file and thread limits of a typical machine long before they ran, so a larger `-n`
+/// is refused up front (it is most likely a typo).
+const MAX_RANKS: u32 = 1024;
+
 /// Start a weft job of N processes on this machine.
 #[derive(Debug, Parser)]
 #[command(name = "weftrun", version, trailing_var_arg = true)]
 struct Args {
-    /// Number of processes (ranks).
-    #[arg(short = 'n', long = "np")]
+    /// Number of processes (ranks), 1 to 1024.
+    #[arg(short = 'n', long = "np", value_parser = ranks)]
     n: u32,
     /// Provider: shm (one node) or tcp (tcp;ofi_rxm).
     #[arg(long, default_value = "shm")]
     provider: String,
-    /// Seconds the other ranks get to finish after one died, before they are killed.
-    #[arg(long, default_value_t = 5.0)]
-    grace: f64,
-    /// Kill the whole job after this many seconds (0 = no limit).
-    #[arg(long, default_value_t = 0.0)]
-    timeout: f64,
+    /// Seconds the other ranks get to finish after one died, before they are killed (a
+    /// finite number >= 0).
+    #[arg(long, default_value = "5", value_parser = seconds)]
+    grace: Duration,
+    /// Kill the whole job after this many seconds (a finite number >= 0; 0 = no limit).
+    #[arg(long, default_value = "0", value_parser = seconds)]
+    timeout: Duration,
     /// Binding of ranks to CPUs: none (the kernel places them), or core (rank i on the i-th
     /// CPU weftrun may use, round robin).
     #[arg(long = "bind-to", value_enum, default_value_t = Bind::None)]
@@ -48,6 +61,27 @@ struct Args {
     /// The program and its arguments.
     #[arg(required = true, num_args = 1.., allow_hyphen_values = true)]
     command: Vec<String>,
+}
+
+/// Parses `-n`: a whole number of ranks in `1..=MAX_RANKS`.
+fn ranks(s: &str) -> Result<u32, String> {
+    let n: u64 = s.trim().parse().map_err(|_| "not a whole number of ranks".to_string())?;
+    match n {
+        0 => Err("a job needs at least 1 rank".to_string()),
+        n if n > u64::from(MAX_RANKS) => Err(format!("more ranks than weftrun starts on one machine (at most {MAX_RANKS})")),
+        n => Ok(n as u32),
+    }
+}
+
+/// Parses a number of seconds (`--grace`, `--timeout`): finite, not negative, and within
+/// what a `Duration` holds. `inf`, `NaN`, `-1` and `1e30` are refused here rather than
+/// turning into a panic once the ranks run.
+fn seconds(s: &str) -> Result<Duration, String> {
+    let v: f64 = s.trim().parse().map_err(|_| "not a number of seconds".to_string())?;
+    if v.is_nan() || v < 0.0 {
+        return Err("the number of seconds must be 0 or more".to_string());
+    }
+    Duration::try_from_secs_f64(v).map_err(|_| "too many seconds (at most about 1.8e19)".to_string())
 }
 
 /// Where ranks run.
@@ -75,9 +109,10 @@ fn install_signal_handlers() {
     }
 }
 
-/// Forwards `from` to our stdout/stderr, one `[rank] `-prefixed line at a time.
-fn forward(rank: u32, from: impl Read + Send + 'static, to_stderr: bool) -> std::thread::JoinHandle<()> {
-    std::thread::spawn(move || {
+/// Forwards `from` to our stdout/stderr, one `[rank] `-prefixed line at a time, on a thread
+/// of its own; `Err` if that thread cannot be started (out of threads or memory).
+fn forward(rank: u32, from: impl Read + Send + 'static, to_stderr: bool) -> std::io::Result<std::thread::JoinHandle<()>> {
+    std::thread::Builder::new().name(format!("weftrun-fwd-{rank}")).spawn(move || {
         let mut r = BufReader::new(from);
         let mut line = Vec::with_capacity(256);
         loop {
@@ -121,16 +156,37 @@ fn signal_all(children: &mut [(u32, Child, Option<ExitStatus>)], sig: libc::c_in
     }
 }
 
+/// Stops a job that could not be started completely: kills and reaps the ranks started so
+/// far, waits for their output to be forwarded, and cleans up after them.
+fn abandon_start(children: &mut [(u32, Child, Option<ExitStatus>)], forwarders: Vec<std::thread::JoinHandle<()>>) {
+    signal_all(children, libc::SIGKILL);
+    for (_, c, _) in children.iter_mut() {
+        let _ = c.wait();
+    }
+    for f in forwarders {
+        let _ = f.join();
+    }
+    remove_stale_shm(children);
+}
+
+/// Every rank has exited: `shm` regions still named after one of them belong to a rank that
+/// could not unlink them (killed); a later process with the same pid would fail to open its
+/// own.
+fn remove_stale_shm(children: &[(u32, Child, Option<ExitStatus>)]) {
+    #[cfg(feature = "ofi")]
+    for (_, c, _) in children {
+        weft_transport::ofi_provider::remove_stale_shm_regions(c.id());
+    }
+    #[cfg(not(feature = "ofi"))]
+    let _ = children;
+}
+
 fn main() {
     let args = Args::parse();
     std::process::exit(run(&args));
 }
 
 fn run(args: &Args) -> i32 {
-    if args.n == 0 {
-        eprintln!("weftrun: -n must be at least 1");
-        return 2;
-    }
     let provider: Provider = match args.provider.parse() {
         Ok(p) if p != Provider::Embedded => p,
         Ok(_) => {
@@ -196,20 +252,23 @@ fn run(args: &Args) -> i32 {
         }
         match cmd.spawn() {
             Ok(mut child) => {
-                if let Some(o) = child.stdout.take() {
-                    forwarders.push(forward(rank, o, false));
-                }
-                if let Some(e) = child.stderr.take() {
-                    forwarders.push(forward(rank, e, true));
-                }
+                let (out, err) = (child.stdout.take(), child.stderr.take());
                 children.push((rank, child, None));
+                let started = out.map(|o| forward(rank, o, false)).into_iter().chain(err.map(|e| forward(rank, e, true)));
+                for f in started {
+                    match f {
+                        Ok(f) => forwarders.push(f),
+                        Err(e) => {
+                            eprintln!("weftrun: cannot start a thread to forward the output of rank {rank}: {e}; stopping every rank");
+                            abandon_start(&mut children, forwarders);
+                            return 1;
+                        }
+                    }
+                }
             }
             Err(e) => {
                 eprintln!("weftrun: cannot start {:?}: {e}", args.command[0]);
-                signal_all(&mut children, libc::SIGKILL);
-                for (_, c, _) in children.iter_mut() {
-                    let _ = c.wait();
-                }
+                abandon_start(&mut children, forwarders);
                 return 127;
             }
         }
@@ -219,7 +278,7 @@ fn run(args: &Args) -> i32 {
     let mut failed_at: Option<Instant> = None;
     let mut term_sent: Option<Instant> = None;
     let mut worst = 0;
-    let grace = Duration::from_secs_f64(args.grace.max(0.0));
+    let grace = args.grace;
     loop {
         let mut running = 0;
         for (rank, c, st) in children.iter_mut() {
@@ -236,6 +295,11 @@ fn run(args: &Args) -> i32 {
                             failed_at.get_or_insert_with(Instant::now);
                         }
                         server.report_lost(*rank);
+                    } else if server.report_exited(*rank) && term_sent.is_none() {
+                        // Status 0 without joining the job (or without `BYE`): the others
+                        // learn at once that it will never publish, instead of waiting out
+                        // the exchange's timeout.
+                        eprintln!("weftrun: rank {rank} exited with status 0 without finishing its part of the job");
                     }
                     if term_sent.is_none() {
                         worst = worst.max(code);
@@ -252,14 +316,14 @@ fn run(args: &Args) -> i32 {
             break;
         }
         let sig = SIGNALLED.load(Ordering::SeqCst);
-        let timed_out = args.timeout > 0.0 && started.elapsed() > Duration::from_secs_f64(args.timeout);
+        let timed_out = !args.timeout.is_zero() && started.elapsed() > args.timeout;
         let grace_over = failed_at.is_some_and(|t| t.elapsed() > grace);
         if term_sent.is_none() && (sig != 0 || timed_out || grace_over) {
             if sig != 0 {
                 eprintln!("weftrun: interrupted; stopping every rank");
                 worst = worst.max(130);
             } else if timed_out {
-                eprintln!("weftrun: time limit of {} s reached; stopping every rank", args.timeout);
+                eprintln!("weftrun: time limit of {} s reached; stopping every rank", args.timeout.as_secs_f64());
                 worst = worst.max(124);
             } else {
                 eprintln!("weftrun: stopping the remaining ranks");
@@ -275,12 +339,6 @@ fn run(args: &Args) -> i32 {
     for f in forwarders {
         let _ = f.join();
     }
-    // Every rank has exited: `shm` regions still named after one of them belong to a rank
-    // that could not unlink them (killed); a later process with the same pid would fail to
-    // open its own.
-    #[cfg(feature = "ofi")]
-    for (_, c, _) in &children {
-        weft_transport::ofi_provider::remove_stale_shm_regions(c.id());
-    }
+    remove_stale_shm(&children);
     worst
 }

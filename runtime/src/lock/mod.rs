@@ -167,6 +167,9 @@ pub unsafe trait RawLock: Send + Sync {
 /// A `true` return means the lock is held exactly as after [`RawLock::lock`] with `node`.
 pub unsafe trait RawTimedLock: RawLock {
     /// Tries to acquire the lock until `timeout` has elapsed; `true` if acquired.
+    ///
+    /// A timeout too long for a deadline to be represented (`Duration::MAX`) waits until the
+    /// lock is acquired, as `lock` would.
     fn try_lock_for(&self, node: Pin<&Self::Node>, timeout: Duration) -> bool;
 }
 
@@ -248,17 +251,24 @@ pub(crate) fn poll_try_lock_for<L: RawLock + ?Sized>(lock: &L, node: Pin<&L::Nod
     if lock.try_lock(node) {
         return true;
     }
-    let deadline = std::time::Instant::now() + timeout;
+    let deadline = deadline_after(timeout);
     let spin = spin::SpinWait::new();
     loop {
         spin.wait();
         if lock.try_lock(node) {
             return true;
         }
-        if std::time::Instant::now() >= deadline {
+        if deadline.is_some_and(|d| std::time::Instant::now() >= d) {
             return false;
         }
     }
+}
+
+/// The instant `timeout` from now, or `None` when that is past what `Instant` can represent
+/// (`Duration::MAX`, say): a timeout that long is no deadline at all, and `Instant + Duration`
+/// would panic on it.
+pub(crate) fn deadline_after(timeout: Duration) -> Option<std::time::Instant> {
+    std::time::Instant::now().checked_add(timeout)
 }
 
 /// Marks a node in use; panics if it already is (one node, one acquisition at a time).

@@ -102,7 +102,8 @@ unsafe impl RawLock for Tas {
 // SAFETY: returns `true` only after a successful Acquire swap, as `lock`.
 unsafe impl RawTimedLock for Tas {
     fn try_lock_for(&self, _node: Pin<&()>, timeout: Duration) -> bool {
-        self.try_acquire() || self.lock_slow(Some(Instant::now() + timeout))
+        // An unrepresentable deadline (a timeout of centuries) means wait like `lock`.
+        self.try_acquire() || self.lock_slow(super::deadline_after(timeout))
     }
 }
 

@@ -1133,3 +1133,62 @@ fn overtaking_may_reorder_one_tag_but_loses_nothing() {
         }
     }
 }
+
+/// A peer that finishes normally (drops its runtime) while this rank has receives posted
+/// that only it could match: everything it sent before is still received — though this
+/// rank had not looked before the finish — and then those receives (a named one, and a
+/// `Source::Any` one with no peer left), a new receive and a new send fail with `PeerLost`
+/// instead of waiting forever. The messages used to fail with `PeerLost` (embedded) and
+/// the receives to wait forever (libfabric).
+#[test]
+fn a_finished_peer_delivers_what_it_sent_then_fails_what_only_it_could_match() {
+    for mode in MODES {
+        let mut rts = world(2, mode);
+        let gone = rts.pop().unwrap();
+        let a = rts[0].world();
+        let mut pending = a.irecv(Vec::<u32>::with_capacity(1), 1u32, 99).unwrap();
+        let mut any = a.irecv(Vec::<u32>::with_capacity(1), Source::Any, 98).unwrap();
+        // Inline, pooled and near-threshold eager payloads.
+        let sizes = [1usize, 16, 100, 1000];
+        for (i, &n) in sizes.iter().enumerate() {
+            gone.world().send(vec![i as u32; n], 0, 1).unwrap();
+        }
+        drop(gone);
+        for (i, &n) in sizes.iter().enumerate() {
+            match a.recv(Vec::<u32>::with_capacity(1000), 1u32, 1) {
+                Ok((b, st)) => assert_eq!((b, st.source), (vec![i as u32; n], 1), "{mode}"),
+                Err(err) => panic!("{mode}: message {i}, sent before the finish: {err}"),
+            }
+        }
+        let t0 = Instant::now();
+        while !(pending.test() && any.test()) {
+            assert!(t0.elapsed() < Duration::from_secs(10), "{mode}: receives from the finished rank still pending after 10 s");
+        }
+        assert!(matches!(pending.take(), Some(Err(Error::PeerLost { rank: 1 }))), "{mode}");
+        assert!(matches!(any.take(), Some(Err(Error::PeerLost { rank: 1 }))), "{mode}: Source::Any with no peer left");
+        let late = a.recv(Vec::<u32>::with_capacity(1), 1u32, Tag::Any);
+        assert!(matches!(late, Err(Error::PeerLost { rank: 1 })), "{mode}: new receive: {late:?}");
+        let send = a.send(vec![7u32], 1, 3);
+        assert!(matches!(send, Err(Error::PeerLost { rank: 1 })), "{mode}: new send: {send:?}");
+    }
+}
+
+/// A probe names ranks as a receive does: one outside the communicator is
+/// `RankOutOfRange` from `iprobe` as from `irecv` (it used to be `Ok(None)`: a message that
+/// could never come, polled for ever); a world of no ranks is an error on every provider
+/// (libfabric used to return an empty `Ok`).
+#[test]
+fn probes_and_local_worlds_refuse_what_receives_and_worlds_refuse() {
+    let rts = world(2, ProgressMode::Owner);
+    let c = rts[0].world();
+    for r in [2u32, 99, u32::MAX] {
+        assert_eq!(c.iprobe(Source::Rank(r), Tag::Any), Err(Error::RankOutOfRange { rank: r, size: 2 }));
+        assert_eq!(c.iprobe(r, 3), Err(Error::RankOutOfRange { rank: r, size: 2 }));
+        assert_eq!(c.irecv(Vec::<u8>::with_capacity(1), r, 3).map(|_| ()).unwrap_err(), Error::RankOutOfRange { rank: r, size: 2 });
+    }
+    assert_eq!(c.iprobe(Source::Rank(1), Tag::Any), Ok(None));
+    match super::builder().build_local(0) {
+        Err(Error::InvalidArgument(m)) => assert!(m.contains("at least 1 rank"), "{m}"),
+        other => panic!("build_local(0): expected InvalidArgument, got {:?}", other.map(|v| v.len())),
+    }
+}
