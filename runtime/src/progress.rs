@@ -494,10 +494,35 @@ pub(crate) fn wait_all<B: Send + 'static>(shared: &Shared, reqs: &mut [Request<'
     wait(shared, reqs, Want::All);
 }
 
-/// Blocks until `want` holds for `reqs`, in the runtime's progress mode (every request must
-/// belong to `shared`'s rank; [`wait_polling`] waits across ranks). Returns, for
-/// [`Want::Any`], the index of a completed request not yet taken (`None` if every request
-/// was taken already); for [`Want::All`], `None`.
+/// The ranks `reqs` belong to, if more than one (in-process ranks of `build_local`).
+fn ranks_of<'a, B: Send + 'static>(reqs: &'a [Request<'_, B>]) -> Option<Vec<&'a Shared>> {
+    let comm = reqs.first()?.communicator();
+    // Requests of one communicator handle (a window of sends or receives): one rank's.
+    if reqs.iter().all(|r| std::ptr::eq(r.communicator(), comm)) {
+        return None;
+    }
+    let first = comm.shared();
+    if reqs.iter().all(|r| Arc::ptr_eq(r.communicator().shared(), first)) {
+        return None;
+    }
+    let mut ranks: Vec<&Shared> = Vec::new();
+    for r in reqs {
+        let s = &**r.communicator().shared();
+        if !ranks.iter().any(|k| std::ptr::eq(*k, s)) {
+            ranks.push(s);
+        }
+    }
+    Some(ranks)
+}
+
+/// Blocks until `want` holds for `reqs`, in the runtime's progress mode, driving `shared`
+/// (the first request's rank). Returns, for [`Want::Any`], the index of a completed request
+/// not yet taken (`None` if every request was taken already); for [`Want::All`], `None`.
+///
+/// Requests of several in-process ranks: `shared`'s progress alone may never complete the
+/// others'. A wait that has not ended after its first idle passes looks (once: a scan of
+/// the requests, which the common wait that ends at once does not pay) and, if they span
+/// ranks, goes on in [`wait_polling`], driving every one of them.
 pub(crate) fn wait<B: Send + 'static>(shared: &Shared, reqs: &mut [Request<'_, B>], want: Want) -> Option<usize> {
     // Requests mostly complete in the order they were posted, so one index that only moves
     // forward checks them all in O(1) per completion.
@@ -521,11 +546,18 @@ pub(crate) fn wait<B: Send + 'static>(shared: &Shared, reqs: &mut [Request<'_, B
     match shared.config.progress {
         ProgressMode::Global => {
             // Algorithm 1.
+            let mut idle = 0;
             loop {
                 if let (true, found) = satisfied(&mut first) {
                     return found;
                 }
                 if shared.progress_global() == 0 {
+                    idle += 1;
+                    if idle == TEST_SPINS {
+                        if let Some(ranks) = ranks_of(reqs) {
+                            return wait_polling(&ranks, reqs, want);
+                        }
+                    }
                     std::thread::yield_now();
                 }
             }
@@ -590,7 +622,10 @@ pub(crate) fn wait<B: Send + 'static>(shared: &Shared, reqs: &mut [Request<'_, B
             }
             // `spin` keeps its slot through the sync-object wait below, whose own backoff then
             // spins only with a second, free slot (or, with a one-slot budget, on this one).
-            if !done {
+            let spanned = if done { None } else { ranks_of(reqs) };
+            if let Some(ranks) = spanned {
+                found = wait_polling(&ranks, reqs, want);
+            } else if !done {
                 // Algorithm 2: attach what is pending, then wait on the sync object.
                 let owner_wait = OwnerWait { shared, me };
                 let concurrent_wait = ConcurrentWait { shared, attend: attend.as_ref() };

@@ -6,37 +6,16 @@
 //! (`Builder::build_local`) are waited for by driving every one of those ranks, testing
 //! between passes and sleeping briefly while none has work.
 
-use std::sync::Arc;
-
 use weft_sync::Error;
 
 use crate::progress::{self, Want};
 use crate::request::Request;
-use crate::runtime::Shared;
 
-/// The ranks `reqs` belong to, if more than one.
-fn ranks_of<'a, B: Send + 'static>(reqs: &'a [Request<'_, B>]) -> Option<Vec<&'a Shared>> {
-    let first = reqs.first()?.communicator().shared();
-    if reqs.iter().all(|r| Arc::ptr_eq(r.communicator().shared(), first)) {
-        return None;
-    }
-    let mut ranks: Vec<&Shared> = Vec::new();
-    for r in reqs {
-        let s = &**r.communicator().shared();
-        if !ranks.iter().any(|k| std::ptr::eq(*k, s)) {
-            ranks.push(s);
-        }
-    }
-    Some(ranks)
-}
-
-/// Waits for `want`, in the requests' rank's mode or across their ranks.
+/// Waits for `want`, in the requests' rank's mode (requests of several ranks: see
+/// [`progress::wait`]).
 fn wait_for<B: Send + 'static>(reqs: &mut [Request<'_, B>], want: Want) -> Option<usize> {
     let first = reqs.first()?.communicator().shared();
-    match ranks_of(reqs) {
-        None => progress::wait(first, reqs, want),
-        Some(ranks) => progress::wait_polling(&ranks, reqs, want),
-    }
+    progress::wait(first, reqs, want)
 }
 
 /// Blocks until every request has completed (`MPI_Waitall`). Returns the first error among
