@@ -475,7 +475,8 @@ impl Communicator {
 
     /// Checks for a matching message that has arrived without receiving it (`MPI_Iprobe`):
     /// `(source, tag, bytes)`. Makes one step of progress first. A source or tag that a
-    /// receive would refuse is refused here too.
+    /// receive would refuse is refused here too, and with nothing queued, a source that is
+    /// gone (lost or finished; `Source::Any` with no peer left) is [`Error::PeerLost`].
     pub fn iprobe(&self, source: impl Into<Source>, tag: impl Into<Tag>) -> Result<Option<Status>, Error> {
         if self.p2p.is_freed() {
             return Err(Error::CommFreed);
@@ -493,12 +494,19 @@ impl Communicator {
             s.finish_matches(s.main_path(|| s.switch_to_one_order(&self.p2p)));
         }
         s.progress_once();
+        // Read before the probe: a gone peer's frames were all delivered into matching before
+        // it was marked gone, so a probe after this sees every one of them.
+        let gone = s.lost_source(source);
         let part = self.p2p.part_of(tag);
-        Ok(s.main_path(|| s.with_matching_of(&self.p2p, part, |m| m.probe(source, tag))).map(|(source, tag, bytes)| Status {
-            source,
-            tag,
-            bytes,
-        }))
+        match s.main_path(|| s.with_matching_of(&self.p2p, part, |m| m.probe(source, tag))) {
+            Some((source, tag, bytes)) => Ok(Some(Status { source, tag, bytes })),
+            // Nothing queued, and only a gone peer could send it: it never will (a loop of
+            // probes would poll for ever), as a receive would say.
+            None => match gone {
+                Some(rank) => Err(Error::PeerLost { rank }),
+                None => Ok(None),
+            },
+        }
     }
 
     /// Duplicates the communicator (`MPI_Comm_dup`; collective: every rank must call it, in

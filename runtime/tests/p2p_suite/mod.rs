@@ -1155,6 +1155,15 @@ fn a_finished_peer_delivers_what_it_sent_then_fails_what_only_it_could_match() {
         }
         drop(gone);
         for (i, &n) in sizes.iter().enumerate() {
+            // A probe sees the messages it sent before it finished, not its absence.
+            let t0 = Instant::now();
+            loop {
+                match a.iprobe(1u32, 1) {
+                    Ok(Some(st)) => break assert_eq!((st.source, st.bytes), (1, 4 * n), "{mode}"),
+                    Ok(None) => assert!(t0.elapsed() < Duration::from_secs(10), "{mode}: message {i} never probed"),
+                    Err(err) => panic!("{mode}: probe of message {i}, sent before the finish: {err}"),
+                }
+            }
             match a.recv(Vec::<u32>::with_capacity(1000), 1u32, 1) {
                 Ok((b, st)) => assert_eq!((b, st.source), (vec![i as u32; n], 1), "{mode}"),
                 Err(err) => panic!("{mode}: message {i}, sent before the finish: {err}"),
@@ -1170,6 +1179,9 @@ fn a_finished_peer_delivers_what_it_sent_then_fails_what_only_it_could_match() {
         assert!(matches!(late, Err(Error::PeerLost { rank: 1 })), "{mode}: new receive: {late:?}");
         let send = a.send(vec![7u32], 1, 3);
         assert!(matches!(send, Err(Error::PeerLost { rank: 1 })), "{mode}: new send: {send:?}");
+        // Probes: nothing will ever come from the rank (they returned `Ok(None)` for ever).
+        assert_eq!(a.iprobe(1u32, Tag::Any), Err(Error::PeerLost { rank: 1 }), "{mode}");
+        assert_eq!(a.iprobe(Source::Any, 5), Err(Error::PeerLost { rank: 1 }), "{mode}: Source::Any with no peer left");
     }
 }
 
