@@ -145,6 +145,39 @@ fn a_panic_in_a_futures_drop_is_a_join_error_and_the_worker_survives() {
     assert_eq!(after, (0..10).map(Ok).collect::<Vec<_>>());
 }
 
+/// An output that panics when dropped.
+struct PanicOnDropOutput;
+
+impl Drop for PanicOnDropOutput {
+    fn drop(&mut self) {
+        panic!("output drop panics");
+    }
+}
+
+#[test]
+fn a_panic_in_the_drop_of_an_output_nobody_joins_leaves_the_worker_alive() {
+    // The join handle is dropped first, so the output is dropped on the worker that
+    // completes the task: its panic used to unwind through the worker and kill it (with
+    // one worker, the pool: tasks spawned afterwards never ran).
+    let after = within(20, "a task whose unjoined output panics in Drop", || {
+        let rt = rt(1);
+        let done = Arc::new(AtomicBool::new(false));
+        let d = done.clone();
+        drop(rt.spawn(async move {
+            d.store(true, Ordering::Release);
+            PanicOnDropOutput
+        }));
+        while !done.load(Ordering::Acquire) {
+            std::thread::yield_now();
+        }
+        // Joined from outside the pool (`futures`' executor runs no pool task): only the
+        // worker can run these.
+        let after: Vec<_> = (0..10).map(|i| rt.spawn(async move { i })).collect();
+        after.into_iter().map(futures::executor::block_on).collect::<Vec<_>>()
+    });
+    assert_eq!(after, (0..10).map(Ok).collect::<Vec<_>>());
+}
+
 #[test]
 fn a_panic_in_the_drop_of_a_cancelled_task_is_a_join_error() {
     // Tasks still queued at shutdown are cancelled by dropping their futures; a panic there

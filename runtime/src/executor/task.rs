@@ -199,6 +199,18 @@ where
     }
 }
 
+impl<F: Future> Drop for Task<F> {
+    fn drop(&mut self) {
+        // The last reference may go on a worker (the join handle was dropped first: the
+        // output is nobody's) or wherever a waker clone ends. The output's — or a future's
+        // never run — `Drop` is user code: a panic there must not unwind through a worker
+        // (it would die) or through the code that dropped a waker. Caught and dropped, as
+        // tokio does when it drops an output nobody joins.
+        let stage = std::mem::replace(self.stage.get_mut(), Stage::Consumed);
+        let _ = catch_unwind(AssertUnwindSafe(move || drop(stage)));
+    }
+}
+
 impl<F> Runnable for Task<F>
 where
     F: Future + Send + 'static,
