@@ -558,7 +558,12 @@ pub(crate) fn wait<B: Send + 'static>(shared: &Shared, reqs: &mut [Request<'_, B
                             return wait_polling(&ranks, reqs, want);
                         }
                     }
-                    std::thread::yield_now();
+                    // Nothing to progress: run a pool task rather than only yield (seed 003
+                    // §4.6.2), as the other modes' waiters do before they park — with no
+                    // pool workers, a task this wait depends on runs nowhere else.
+                    if !crate::executor::help(shared) {
+                        std::thread::yield_now();
+                    }
                 }
             }
         }
@@ -727,6 +732,10 @@ pub(crate) fn wait_polling<B: Send + 'static>(ranks: &[&Shared], reqs: &[Request
         let mut progressed = false;
         for s in ranks {
             progressed |= s.progress_once();
+        }
+        if !progressed {
+            // As the other waits do when idle: a pool task of one of the ranks.
+            progressed = ranks.iter().any(|s| crate::executor::help(s));
         }
         if progressed {
             idle.reset();

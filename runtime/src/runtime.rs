@@ -540,8 +540,8 @@ impl Runtime {
     ///
     /// A task that holds a `Runtime` clone keeps the pool running until the task finishes.
     /// Blocking waits inside a task work (the waiting thread runs other tasks meanwhile,
-    /// and a task it runs may wait in turn, up to 32 waits nested on one thread; in the
-    /// `Owner` and `Concurrent` progress modes, or in [`block_on`](Self::block_on)), but
+    /// in every progress mode and in [`block_on`](Self::block_on), and a task it runs may
+    /// wait in turn, up to 32 waits nested on one thread), but
     /// `.await` is the better fit: a wait returns only once the task it runs has finished
     /// or waits itself, so a task must not block on something that only a blocked task
     /// will do after its own wait, and beyond 32 nested waits a wait runs no more tasks

@@ -489,8 +489,9 @@ fn nested_block_on_as_deep_as_documented() {
 #[test]
 fn a_blocking_receive_inside_a_helped_task_without_workers() {
     // `workers(0)`: the thread in `block_on` runs a task that makes a blocking receive whose
-    // message another task sends; the receive's wait runs that task (nested helping).
-    for mode in [ProgressMode::Owner, ProgressMode::Concurrent] {
+    // message another task sends; the receive's wait runs that task (nested helping). In
+    // `Global` mode too: its waiters yielded without running tasks, and waited forever.
+    for mode in [ProgressMode::Global, ProgressMode::Owner, ProgressMode::Concurrent] {
         let got = within(10, &format!("a blocking receive inside a helped task, {mode}"), move || {
             let rt = Runtime::builder().env(false).progress(mode).workers(0).cris(2).build().unwrap();
             let (c1, c2) = (rt.world().clone(), rt.world().clone());
