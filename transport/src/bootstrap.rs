@@ -158,6 +158,13 @@ struct ServerState {
     changed: Condvar,
     /// Set when the server is dropped.
     stop: AtomicBool,
+    /// The rank of the process that runs the server (rank 0 under Slurm), if it is one of
+    /// the job's: its `BYE` is the last thing it says before it drops the server.
+    host: Option<u32>,
+    /// Tests: how long a connection's thread waits before it handles a `BYE` (a thread the
+    /// OS runs late).
+    #[cfg(test)]
+    bye_delay: std::sync::Mutex<Duration>,
 }
 
 /// The key-value server of one job (run by `weftrun`, or by rank 0 under Slurm).
@@ -178,6 +185,13 @@ impl KvsServer {
     /// Serves a job of `size` ranks on `addr` (e.g. `127.0.0.1:0`), accepting only clients
     /// that present `token`.
     pub fn bind(addr: &str, size: u32, token: &str) -> Result<Self, Error> {
+        Self::bind_hosted(addr, size, token, None)
+    }
+
+    /// [`bind`](Self::bind) for a server run by rank `host` of the job itself (rank 0 under
+    /// Slurm): dropped, it lingers (bounded) until that rank's `BYE` is handled, so the
+    /// others hear `FINISHED <host>` before the server closes their connections.
+    pub fn bind_hosted(addr: &str, size: u32, token: &str, host: Option<u32>) -> Result<Self, Error> {
         if size == 0 {
             return Err(Error::InvalidArgument("a job needs at least one rank"));
         }
@@ -189,6 +203,9 @@ impl KvsServer {
             table: Mutex::new(Table::default()),
             changed: Condvar::new(),
             stop: AtomicBool::new(false),
+            host,
+            #[cfg(test)]
+            bye_delay: std::sync::Mutex::new(Duration::ZERO),
         });
         let st = state.clone();
         let accept = std::thread::Builder::new()
@@ -251,9 +268,13 @@ impl Drop for KvsServer {
         // The rank hosting the server (rank 0 under Slurm) may be done with the exchange, and
         // failing at start, before the server has answered every other rank's `GET`: linger
         // (bounded) so that they get the addresses and reach the same verdict instead of EOF.
+        // And the host rank's own `BYE`, written just before it drops the server, may not
+        // have been read yet: the others would get EOF instead of `FINISHED`.
+        let host = self.state.host;
+        let host_pending = |t: &Table| host.is_some_and(|h| t.conns.contains_key(&h) && !t.finished.contains(&h) && !t.lost.contains(&h));
         if let Ok(mut t) = self.state.table.lock() {
             let deadline = Instant::now() + LINGER;
-            while t.owes_an_answer() {
+            while t.owes_an_answer() || host_pending(&t) {
                 let left = deadline.saturating_duration_since(Instant::now());
                 if left.is_zero() {
                     break;
@@ -394,6 +415,8 @@ fn serve(st: &ServerState, conn: TcpStream) {
                 }
             }
             Some("BYE") => {
+                #[cfg(test)]
+                std::thread::sleep(*st.bye_delay.lock().unwrap());
                 said_bye = true;
                 if let Ok(mut t) = st.table.lock() {
                     t.finished.push(rank);
@@ -498,7 +521,7 @@ impl Job {
             (None, _) => Err(Error::InvalidArgument("WEFT_KVS=host:port is needed for a job of more than one rank")),
             (Some(_), None) => Err(Error::InvalidArgument("WEFT_TOKEN is needed with WEFT_KVS")),
             (Some(kvs), Some(token)) => {
-                let server = if slurm && rank == 0 { Some(KvsServer::bind(&kvs, size, &token)?) } else { None };
+                let server = if slurm && rank == 0 { Some(KvsServer::bind_hosted(&kvs, size, &token, Some(rank))?) } else { None };
                 let conn = connect(&kvs, &token, rank)?;
                 Ok(Job { rank, size, conn: Some(conn), server, early: Vec::new() })
             }
@@ -732,6 +755,39 @@ mod tests {
             let _ = tx.send(e);
         });
         assert_eq!(rx.recv_timeout(Duration::from_secs(5)), Ok(PeerEvent::Lost(1)));
+    }
+
+    /// Under Slurm rank 0 runs the server, and dropping its monitor says `BYE` and then drops
+    /// the server at once: the others must hear `FINISHED 0` before the server closes their
+    /// connections (they used to get EOF first, and a receive from rank 0 then waited for
+    /// ever), also when the server's thread handles the `BYE` late.
+    #[test]
+    fn the_host_ranks_finish_reaches_the_others_before_its_server_closes() {
+        for round in 0..10 {
+            let token = random_token().unwrap();
+            let server = KvsServer::bind_hosted("127.0.0.1:0", 2, &token, Some(0)).unwrap();
+            // The server's thread handles the host's `BYE` late.
+            *server.state.bye_delay.lock().unwrap() = Duration::from_millis(if round % 2 == 0 { 0 } else { 50 });
+            let addr = server.local_addr().to_string();
+            let other = {
+                let (addr, token) = (addr.clone(), token.clone());
+                std::thread::spawn(move || {
+                    let mut job = Job::connect(&addr, &token, 1, 2).unwrap();
+                    job.exchange(b"one").unwrap();
+                    job
+                })
+            };
+            let mut host = Job::connect(&addr, &token, 0, 2).unwrap();
+            host.exchange(b"zero").unwrap();
+            host.server = Some(server);
+            let (tx, rx) = std::sync::mpsc::channel();
+            let _m1 = other.join().unwrap().monitor(move |e| {
+                let _ = tx.send(e);
+            });
+            // BYE, then the server goes with the monitor.
+            drop(host.monitor(|_| {}));
+            assert_eq!(rx.recv_timeout(Duration::from_secs(5)), Ok(PeerEvent::Finished(0)), "round {round}");
+        }
     }
 
     /// A server dropped as soon as its own rank has the answer (rank 0 under Slurm, failing
