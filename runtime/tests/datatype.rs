@@ -1,28 +1,12 @@
 //! Datatypes: layouts, pack/unpack against a reference, bad input, parallel packing, and
 //! typed sends/receives (eager and rendezvous).
 
-use std::sync::mpsc::{self, RecvTimeoutError};
+mod common;
+
 use std::time::Duration;
 
+use common::within;
 use weft::{Datatype, Error, ProgressMode, Runtime, Source, Tag};
-
-/// Runs `scenario` on a thread of its own and returns its result, failing with `what` if
-/// it takes longer than `secs` (a hang is a failure, not a stuck suite). A panic in the
-/// scenario is resumed here.
-fn within<T: Send + 'static>(secs: u64, what: &str, scenario: impl FnOnce() -> T + Send + 'static) -> T {
-    let (tx, rx) = mpsc::channel();
-    let t = std::thread::spawn(move || {
-        let _ = tx.send(scenario());
-    });
-    match rx.recv_timeout(Duration::from_secs(secs)) {
-        Ok(v) => v,
-        Err(RecvTimeoutError::Timeout) => panic!("hang: {what} (not done after {secs} s)"),
-        Err(RecvTimeoutError::Disconnected) => match t.join() {
-            Err(p) => std::panic::resume_unwind(p),
-            Ok(()) => unreachable!("the scenario thread ended without a result or a panic"),
-        },
-    }
-}
 
 /// Reference: the selected offsets, in packed order.
 fn offsets_vector(count: usize, blocklen: usize, stride: usize) -> Vec<usize> {

@@ -1,36 +1,21 @@
 //! The work-stealing executor: spawn/join, panics, fairness, requests inside the pool in
 //! every progress mode, waiters that run pool tasks, tokio interop.
 
+mod common;
+
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::mpsc::{self, RecvTimeoutError};
+use std::sync::mpsc;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
+use common::within;
 use weft::{JoinError, ProgressMode, Runtime, Source, Tag};
 
 fn rt(workers: usize) -> Runtime {
     Runtime::builder().env(false).workers(workers).cris(2).build().unwrap()
-}
-
-/// Runs `scenario` on a thread of its own and returns its result, failing with `what` if
-/// it takes longer than `secs`: a hang is reported as a failure instead of stopping the
-/// suite (the stuck thread is left behind). A panic in the scenario is resumed here.
-fn within<T: Send + 'static>(secs: u64, what: &str, scenario: impl FnOnce() -> T + Send + 'static) -> T {
-    let (tx, rx) = mpsc::channel();
-    let t = std::thread::spawn(move || {
-        let _ = tx.send(scenario());
-    });
-    match rx.recv_timeout(Duration::from_secs(secs)) {
-        Ok(v) => v,
-        Err(RecvTimeoutError::Timeout) => panic!("hang: {what} (not done after {secs} s)"),
-        Err(RecvTimeoutError::Disconnected) => match t.join() {
-            Err(p) => std::panic::resume_unwind(p),
-            Ok(()) => unreachable!("the scenario thread ended without a result or a panic"),
-        },
-    }
 }
 
 /// A future that is ready at once (or panics in its poll) and panics when dropped.

@@ -4,25 +4,16 @@
 //! whose result was already taken. Every scenario runs on a thread of its own and fails
 //! after a bound instead of hanging the suite.
 
-use std::sync::mpsc;
+mod common;
+
 use std::time::{Duration, Instant};
+
+use common::within;
 
 use weft::{ProgressMode, Runtime, Source};
 
 /// Every progress mode whose waiters park (`Global`, Algorithm 1, never does by design).
 const PARKING: [ProgressMode; 2] = [ProgressMode::Owner, ProgressMode::Concurrent];
-
-/// Runs `f` on a thread of its own; fails if it has not returned within `limit`.
-fn within<R: Send + 'static>(limit: Duration, what: &str, f: impl FnOnce() -> R + Send + 'static) -> R {
-    let (tx, rx) = mpsc::channel();
-    std::thread::spawn(move || {
-        let _ = tx.send(f());
-    });
-    match rx.recv_timeout(limit) {
-        Ok(r) => r,
-        Err(_) => panic!("{what}: no result within {limit:?} (a hang)"),
-    }
-}
 
 /// CPU time the calling thread has used so far (Linux: `/proc/thread-self/stat`, clock
 /// ticks of 10 ms).
@@ -45,7 +36,7 @@ fn thread_cpu() -> Duration {
 #[test]
 fn a_wait_inside_a_helped_task_waits_for_its_own_requests() {
     for mode in PARKING {
-        within(Duration::from_secs(30), &format!("{mode:?}"), move || {
+        within(30, &format!("{mode:?}"), move || {
             // No pool workers: the task runs only on a waiting thread.
             let ranks = Runtime::builder().env(false).workers(0).progress(mode).build_local(2).unwrap();
             let (ra, rb) = (ranks[0].clone(), ranks[1].clone());
@@ -81,7 +72,7 @@ fn a_wait_inside_a_helped_task_waits_for_its_own_requests() {
 #[test]
 fn waits_over_requests_of_two_ranks_drive_both() {
     for mode in [ProgressMode::Global, ProgressMode::Owner, ProgressMode::Concurrent] {
-        within(Duration::from_secs(30), &format!("{mode:?}"), move || {
+        within(30, &format!("{mode:?}"), move || {
             let ranks = Runtime::builder().env(false).progress(mode).eager_threshold(1024).build_local(2).unwrap();
             let (a, b) = (ranks[0].world(), ranks[1].world());
             let payload: Vec<u8> = (0..100_000u32).map(|i| i as u8).collect();
@@ -123,7 +114,7 @@ fn waits_over_requests_of_two_ranks_drive_both() {
 fn wait_any_and_wait_some_park() {
     for mode in PARKING {
         for some in [false, true] {
-            within(Duration::from_secs(30), &format!("{mode:?}"), move || {
+            within(30, &format!("{mode:?}"), move || {
                 let ranks = Runtime::builder().env(false).progress(mode).build_local(2).unwrap();
                 let (ra, rb) = (ranks[0].clone(), ranks[1].clone());
                 let late = Duration::from_millis(600);
@@ -162,7 +153,7 @@ fn wait_any_and_wait_some_park() {
 #[test]
 fn a_request_attached_elsewhere_can_be_waited_for() {
     for mode in [ProgressMode::Global, ProgressMode::Owner, ProgressMode::Concurrent] {
-        within(Duration::from_secs(30), &format!("{mode:?}"), move || {
+        within(30, &format!("{mode:?}"), move || {
             let ranks = Runtime::builder().env(false).progress(mode).build_local(2).unwrap();
             let (ra, rb) = (ranks[0].clone(), ranks[1].clone());
             let sync = rb.sync_object::<u32>();
@@ -196,7 +187,7 @@ fn a_request_attached_elsewhere_can_be_waited_for() {
 /// delivers once, so only the first did).
 #[test]
 fn taken_requests_give_errors() {
-    within(Duration::from_secs(30), "taken", || {
+    within(30, "taken", || {
         let ranks = Runtime::builder().env(false).build_local(2).unwrap();
         let (a, b) = (ranks[0].world(), ranks[1].world());
         let sync = ranks[1].sync_object::<u32>();
