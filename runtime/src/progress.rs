@@ -17,7 +17,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::task::{Context, Poll, Wake, Waker};
 
-use weft_sync::{Progress, SignalListener, Step, SyncObject};
+use weft_sync::{Attach, Progress, SignalListener, Step, SyncObject};
 
 use crate::config::ProgressMode;
 use crate::request::Request;
@@ -664,27 +664,36 @@ fn wait_attached<B: Send + 'static>(
     reqs: &mut [Request<'_, B>],
     want: Want,
 ) -> Option<usize> {
-    let mut foreign = false;
-    match want {
+    // Requests attached elsewhere (rare: no allocation unless there is one), and the end of
+    // the attached range.
+    let mut foreign: Vec<usize> = Vec::new();
+    let mut attached = 0;
+    let found = match want {
         Want::All => {
-            for r in reqs.iter_mut() {
-                if !r.is_complete() && sync.attach_counted(r).is_err() {
-                    foreign = true;
+            for (i, r) in reqs.iter_mut().enumerate() {
+                if !r.is_complete() {
+                    attached = i + 1;
+                    if sync.attach_counted(r).is_err() {
+                        foreign.push(i);
+                    }
                 }
             }
             let _ = sync.wait_all_with(hook);
-            if foreign {
+            if !foreign.is_empty() {
                 wait_polling(&[shared], reqs, Want::All);
             }
             None
         }
         Want::Any => {
             for (i, r) in reqs.iter_mut().enumerate() {
-                if r.is_live() && !r.is_complete() && sync.attach(r, i).is_err() {
-                    foreign = true;
+                if r.is_live() && !r.is_complete() {
+                    attached = i + 1;
+                    if sync.attach(r, i).is_err() {
+                        foreign.push(i);
+                    }
                 }
             }
-            let found = if foreign {
+            let found = if !foreign.is_empty() {
                 // One of them completes outside our object: test every one.
                 wait_polling(&[shared], reqs, Want::Any)
             } else {
@@ -700,7 +709,15 @@ fn wait_attached<B: Send + 'static>(
             while sync.query().is_some() {}
             found.or_else(|| first_done(reqs))
         }
+    };
+    // The completions our object took (and that are drained now) are the user's again: a
+    // sync object they attach a request to after this wait gets its completion.
+    for (i, r) in reqs[..attached].iter_mut().enumerate() {
+        if r.is_live() && !foreign.contains(&i) {
+            r.completion_cell().forget_delivery();
+        }
     }
+    found
 }
 
 /// Waits for `want` by testing `reqs` between progress passes of every rank in `ranks`, and

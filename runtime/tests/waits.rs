@@ -222,3 +222,40 @@ fn taken_requests_give_errors() {
         assert_eq!(weft::wait_any(&mut taken), None);
     });
 }
+
+/// A blocking wait lends the requests' completions to a sync object of its own; after it,
+/// a completed request the user attaches to their sync object is queued there at once, in
+/// every mode (the wait's object had spent the one delivery of the request, and the
+/// user's attach was refused as already attached, in `Owner` and `Concurrent` mode).
+#[test]
+fn requests_completed_inside_a_wait_can_be_attached_after_it() {
+    for mode in [ProgressMode::Global, ProgressMode::Owner, ProgressMode::Concurrent] {
+        within(30, &format!("{mode:?}"), move || {
+            let ranks = Runtime::builder().env(false).progress(mode).workers(0).build_local(2).unwrap();
+            let (ra, rb) = (ranks[0].clone(), ranks[1].clone());
+            let b = rb.world();
+            let mut reqs =
+                vec![b.irecv(Vec::<u8>::with_capacity(1), 0u32, 1).unwrap(), b.irecv(Vec::<u8>::with_capacity(1), 0u32, 2).unwrap()];
+            let mut more = vec![b.irecv(Vec::<u8>::with_capacity(1), 0u32, 3).unwrap()];
+            let peer = std::thread::spawn(move || {
+                // Late: the waits below have attached their requests and parked.
+                std::thread::sleep(Duration::from_millis(100));
+                for tag in [2, 1, 3] {
+                    ra.world().send(vec![tag as u8], 1, tag).unwrap();
+                }
+            });
+            let i = weft::wait_any(&mut reqs).unwrap();
+            weft::wait_all(&mut more).unwrap();
+            peer.join().unwrap();
+            let other = 1 - i;
+            while !reqs[other].test() {}
+            let sync = rb.sync_object::<usize>();
+            sync.attach(&mut reqs[other], other).unwrap();
+            sync.attach(&mut more[0], 7).unwrap();
+            let mut got: Vec<usize> = std::iter::from_fn(|| sync.query().map(|e| e.data)).collect();
+            got.sort();
+            assert_eq!(got, vec![other, 7], "{mode:?}");
+            assert_eq!(reqs[other].take().unwrap().unwrap().0, vec![other as u8 + 1]);
+        });
+    }
+}

@@ -293,6 +293,23 @@ impl CompletionCell {
         }
     }
 
+    /// Lets the next attach deliver a completion that a sync object already got: for a
+    /// runtime that attached the cell to an object of its own for one blocking wait and has
+    /// taken every event from it since. Without this, the request's completion would stay
+    /// spent on that internal object, and the user's own attach after the wait would be
+    /// refused as already attached. Does nothing while the operation is pending.
+    ///
+    /// The caller must own the request (its attach rights) and must have emptied the object
+    /// the completion went to; a completion delivered to a user's object must not be
+    /// re-delivered this way.
+    pub fn forget_delivery(&self) {
+        // Relaxed: as `mark_taken` — with `COMPLETE` set only attachers read `ATTACHED`, and
+        // they are ordered after us by the exclusive access to the request.
+        if self.state.load(Ordering::Acquire) & COMPLETE != 0 {
+            self.state.fetch_and(!ATTACHED, Ordering::Relaxed);
+        }
+    }
+
     /// Makes the cell pending again for reuse (request pools).
     ///
     /// Needs `&mut self`: nobody else may hold the cell, so no atomic instruction is needed.
