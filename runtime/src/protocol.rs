@@ -451,6 +451,11 @@ impl Shared {
         done + lost
     }
 
+    /// Whether a rendezvous send of this rank still waits for its `Fin`.
+    pub(crate) fn rendezvous_pending(&self) -> bool {
+        !self.peers.rendezvous.lock().is_empty()
+    }
+
     /// Remembers a rendezvous send until its `Fin` (or its destination's loss); returns the
     /// cookie its `Rts` carries.
     pub(crate) fn track_rendezvous(&self, dest: u32, req: &Arc<ReqInner>) -> u64 {

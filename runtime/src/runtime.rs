@@ -139,6 +139,10 @@ pub(crate) struct Shared {
 /// inbox (sends whose requests were dropped before they went out).
 const DRAIN_DEFERRED: std::time::Duration = std::time::Duration::from_secs(1);
 
+/// How long a dropped runtime waits for the receivers of its pending rendezvous sends to
+/// read them (see `Drop for Shared`).
+const DRAIN_RENDEZVOUS: std::time::Duration = std::time::Duration::from_secs(5);
+
 impl Drop for Shared {
     fn drop(&mut self) {
         // A request dropped in flight leaves its deferred frame to progress; send what is
@@ -149,6 +153,18 @@ impl Drop for Shared {
             // not run one (another thread owns progress).
             if !self.progress_once() && self.flush_deferred() == 0 {
                 std::thread::yield_now();
+            }
+        }
+        // A rendezvous send still waiting for its `Fin` (its request dropped, or never
+        // waited for) has its data read by the receiver straight from the registered
+        // buffer: closing now would fail that receive with `PeerLost` — a message lost,
+        // though every message a finished rank sent must arrive. Progress until the `Fin`s
+        // are in (bounded: a receiver may never post the receive, or be gone, which
+        // `fail_lost` reports by failing the send).
+        let deadline = std::time::Instant::now() + DRAIN_RENDEZVOUS;
+        while self.rendezvous_pending() && std::time::Instant::now() < deadline {
+            if !self.progress_once() {
+                std::thread::sleep(std::time::Duration::from_micros(50));
             }
         }
         self.transport.close();

@@ -1185,6 +1185,40 @@ fn a_finished_peer_delivers_what_it_sent_then_fails_what_only_it_could_match() {
     }
 }
 
+/// A rank that drops its runtime with a rendezvous send still pending (its request dropped
+/// too, between two eager sends): the receiver, receiving meanwhile, gets all three
+/// messages whole. Closing at once had withdrawn the registered buffer the receiver reads
+/// from, and the large message failed with `PeerLost` — lost, though everything a
+/// finished rank sent arrives.
+#[test]
+fn a_finished_peers_pending_rendezvous_send_still_arrives() {
+    for mode in MODES {
+        let mut rts = world(2, mode);
+        let (r1, r0) = (rts.pop().unwrap(), rts.pop().unwrap());
+        let big: Vec<u8> = (0..1u32 << 20).map(|i| (i % 253) as u8).collect();
+        {
+            let a = r0.world();
+            drop(a.isend(vec![9u8; 100], 1, 2).unwrap());
+            drop(a.isend(big.clone(), 1, 1).unwrap());
+            drop(a.isend(vec![8u8; 100], 1, 3).unwrap());
+        }
+        // The drop waits for the receiver to read the large message; the receiver posts its
+        // receives while it does.
+        let dropper = std::thread::spawn(move || drop(r0));
+        let b = r1.world();
+        for (tag, want) in [(2, vec![9u8; 100]), (1, big.clone()), (3, vec![8u8; 100])] {
+            match b.recv(Vec::<u8>::with_capacity(1 << 20), 0u32, tag) {
+                Ok((got, st)) => {
+                    assert_eq!(st.bytes, want.len(), "{mode}: tag {tag}");
+                    assert!(got == want, "{mode}: tag {tag}: wrong bytes");
+                }
+                Err(err) => panic!("{mode}: message with tag {tag}, sent before the finish: {err}"),
+            }
+        }
+        dropper.join().unwrap();
+    }
+}
+
 /// A probe names ranks as a receive does: one outside the communicator is
 /// `RankOutOfRange` from `iprobe` as from `irecv` (it used to be `Ok(None)`: a message that
 /// could never come, polled for ever); a world of no ranks is an error on every provider
