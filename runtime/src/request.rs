@@ -127,6 +127,36 @@ pub(crate) fn recycle(arc: Arc<ReqInner>) {
 /// and friends wait for many. Dropping a request in flight is safe: a receive is cancelled if
 /// it has not matched yet, and otherwise the runtime keeps the buffer alive until the
 /// transport is done with it.
+///
+/// # Cancel safety
+///
+/// A receive that has matched a message owns it, from the match on (which any thread's
+/// progress may make, before the request is polled again): dropping the request then
+/// discards that message, as `MPI_Request_free` on a matched receive does. So a receive
+/// future is **not cancel-safe**: one created inside a `tokio::select!` branch that loses,
+/// or under a `timeout` that fires, may take a message with it. Keep the request across
+/// iterations and poll it by reference instead (`Request` is `Unpin`) — nothing is lost:
+///
+/// ```
+/// # let ranks = weft::Runtime::builder().env(false).build_local(2).unwrap();
+/// # let (a, b) = (ranks[0].world(), ranks[1].world());
+/// # let rt = tokio::runtime::Builder::new_current_thread().enable_time().build().unwrap();
+/// # rt.block_on(async {
+/// let mut recv = b.irecv(Vec::<u8>::with_capacity(1), 0u32, 5).unwrap();
+/// # a.send(vec![1u8], 1, 5).unwrap();
+/// let msg = loop {
+///     tokio::select! {
+///         r = &mut recv => break r.unwrap().0,
+///         // A tick, a shutdown signal, ...: `recv` lives on to the next turn.
+///         _ = tokio::time::sleep(std::time::Duration::from_millis(1)) => {}
+///     }
+/// };
+/// assert_eq!(msg, vec![1]);
+/// # });
+/// ```
+///
+/// A sync object's [`next`](weft_sync::SyncObject::next) is cancel-safe: an event stays
+/// queued until a `next` that completes takes it.
 pub struct Request<'c, B: Send + 'static> {
     comm: &'c Communicator,
     inner: Option<Arc<ReqInner>>,

@@ -91,8 +91,10 @@ pub enum Detached<T> {
     /// The request was detached before completing; here is its data (`None` for a counted
     /// attachment). No completion event will be generated for it.
     Detached(Option<T>),
-    /// The request had already completed: its completion event is (or is about to be) in
-    /// the queue, or was counted.
+    /// The request had already completed. If it was attached to this object, its
+    /// completion event is (or is about to be) in the queue, or was counted; a completed
+    /// request cannot tell which object (if any) its completion went to, so this is also
+    /// the answer for one attached elsewhere or never attached.
     AlreadyComplete,
     /// The request is not attached to this object.
     NotAttached,
