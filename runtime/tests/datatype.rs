@@ -221,10 +221,26 @@ fn splitting_rank() -> Runtime {
     Runtime::builder().env(false).workers(1).pack_threshold(1024).build_local(1).unwrap().remove(0)
 }
 
-/// How long iteration `it` of a race waits before dropping the runtime: 0.2 to 3.2 ms,
-/// spread so the drop lands before, during and after the parallel pack.
-fn race_delay(it: u64) -> Duration {
-    Duration::from_micros(200 + (it * 37) % 3000)
+/// Runs `scenario` 200 times on a communicator clone of a fresh rank whose last `Runtime`
+/// handle another thread drops 0.2 to 3.2 ms in (spread so the drop lands before, during
+/// and after the parallel pack); returns `(iteration, count)` for every run in which the
+/// scenario counted wrong bytes.
+fn racing_runtime_drop(what: &'static str, scenario: fn(weft::Communicator) -> usize) -> Vec<(u64, usize)> {
+    within(120, what, move || {
+        let mut bad = Vec::new();
+        for it in 0..200u64 {
+            let rt = splitting_rank();
+            let c = rt.world().clone();
+            let t = std::thread::spawn(move || scenario(c));
+            std::thread::sleep(Duration::from_micros(200 + (it * 37) % 3000));
+            drop(rt);
+            let wrong = t.join().unwrap();
+            if wrong != 0 {
+                bad.push((it, wrong));
+            }
+        }
+        bad
+    })
 }
 
 #[test]
@@ -234,29 +250,15 @@ fn typed_send_racing_runtime_drop_sends_every_byte_packed() {
     // are cancelled; the packing thread must then pack them itself. It used to count a
     // cancelled piece as done and send a buffer of which up to a quarter was never written
     // (uninitialised memory, reported Ok).
-    let bad = within(120, "typed sends racing a runtime drop", || {
-        let mut bad = Vec::new();
-        for it in 0..200u64 {
-            let rt = splitting_rank();
-            let c = rt.world().clone();
-            let t = std::thread::spawn(move || {
-                let ty = Datatype::<u8>::vector(1 << 18, 1, 2).unwrap();
-                let data: Vec<u8> = (0..ty.extent()).map(|i| if i % 2 == 0 { (i / 2 % 251) as u8 } else { 255 }).collect();
-                let r = c.irecv(Vec::<u8>::with_capacity(ty.size()), 0, 1).unwrap();
-                let s = c.isend_typed(&data, &ty, 0, 1).unwrap();
-                let (buf, _) = r.wait().unwrap();
-                s.wait().unwrap();
-                let want: Vec<u8> = (0..ty.size()).map(|i| (i % 251) as u8).collect();
-                buf.iter().zip(&want).filter(|(a, b)| a != b).count() + want.len().abs_diff(buf.len())
-            });
-            std::thread::sleep(race_delay(it));
-            drop(rt);
-            let wrong = t.join().unwrap();
-            if wrong != 0 {
-                bad.push((it, wrong));
-            }
-        }
-        bad
+    let bad = racing_runtime_drop("typed sends racing a runtime drop", |c| {
+        let ty = Datatype::<u8>::vector(1 << 18, 1, 2).unwrap();
+        let data: Vec<u8> = (0..ty.extent()).map(|i| if i % 2 == 0 { (i / 2 % 251) as u8 } else { 255 }).collect();
+        let r = c.irecv(Vec::<u8>::with_capacity(ty.size()), 0, 1).unwrap();
+        let s = c.isend_typed(&data, &ty, 0, 1).unwrap();
+        let (buf, _) = r.wait().unwrap();
+        s.wait().unwrap();
+        let want: Vec<u8> = (0..ty.size()).map(|i| (i % 251) as u8).collect();
+        buf.iter().zip(&want).filter(|(a, b)| a != b).count() + want.len().abs_diff(buf.len())
     });
     assert!(bad.is_empty(), "(iteration, bytes not packed) of 262,144: {bad:?}");
 }
@@ -265,28 +267,14 @@ fn typed_send_racing_runtime_drop_sends_every_byte_packed() {
 fn typed_receive_racing_runtime_drop_unpacks_every_byte() {
     // The same race on the receiving side: `TypedRecv::wait` unpacks in parallel while the
     // runtime is dropped; every element of the layout is written, the gaps are not.
-    let bad = within(120, "typed receives racing a runtime drop", || {
-        let mut bad = Vec::new();
-        for it in 0..200u64 {
-            let rt = splitting_rank();
-            let c = rt.world().clone();
-            let t = std::thread::spawn(move || {
-                let ty = Datatype::<u8>::vector(1 << 18, 1, 2).unwrap();
-                let mut dst = vec![255u8; ty.extent()];
-                let r = c.irecv_typed(&mut dst, &ty, 0u32, 1).unwrap();
-                let packed: Vec<u8> = (0..ty.size()).map(|i| (i % 251) as u8).collect();
-                c.send(packed, 0, 1).unwrap();
-                r.wait().unwrap();
-                dst.iter().enumerate().filter(|&(i, &x)| x != if i % 2 == 0 { (i / 2 % 251) as u8 } else { 255 }).count()
-            });
-            std::thread::sleep(race_delay(it));
-            drop(rt);
-            let wrong = t.join().unwrap();
-            if wrong != 0 {
-                bad.push((it, wrong));
-            }
-        }
-        bad
+    let bad = racing_runtime_drop("typed receives racing a runtime drop", |c| {
+        let ty = Datatype::<u8>::vector(1 << 18, 1, 2).unwrap();
+        let mut dst = vec![255u8; ty.extent()];
+        let r = c.irecv_typed(&mut dst, &ty, 0u32, 1).unwrap();
+        let packed: Vec<u8> = (0..ty.size()).map(|i| (i % 251) as u8).collect();
+        c.send(packed, 0, 1).unwrap();
+        r.wait().unwrap();
+        dst.iter().enumerate().filter(|&(i, &x)| x != if i % 2 == 0 { (i / 2 % 251) as u8 } else { 255 }).count()
     });
     assert!(bad.is_empty(), "(iteration, elements not unpacked) of 262,144: {bad:?}");
 }
