@@ -489,6 +489,23 @@ fn first_done<B: Send + 'static>(reqs: &[Request<'_, B>]) -> Option<usize> {
     reqs.iter().position(|r| r.is_live() && r.is_complete())
 }
 
+/// Whether `want` holds for `reqs`, and for [`Want::Any`] the index of a completed request
+/// (`None` if every one was taken). `first`, the first request not known complete, only
+/// moves forward: requests mostly complete in the order they were posted, so checking
+/// them all costs O(1) per completion.
+fn satisfied<B: Send + 'static>(reqs: &[Request<'_, B>], want: Want, first: &mut usize) -> (bool, Option<usize>) {
+    match want {
+        Want::All => {
+            *first = first_pending(reqs, *first);
+            (*first == reqs.len(), None)
+        }
+        Want::Any => match first_done(reqs) {
+            Some(i) => (true, Some(i)),
+            None => (!reqs.iter().any(|r| r.is_live()), None),
+        },
+    }
+}
+
 /// Blocks until every request in `reqs` has completed, in the runtime's progress mode.
 pub(crate) fn wait_all<B: Send + 'static>(shared: &Shared, reqs: &mut [Request<'_, B>]) {
     wait(shared, reqs, Want::All);
@@ -524,23 +541,8 @@ fn ranks_of<'a, B: Send + 'static>(reqs: &'a [Request<'_, B>]) -> Option<Vec<&'a
 /// the requests, which the common wait that ends at once does not pay) and, if they span
 /// ranks, goes on in [`wait_polling`], driving every one of them.
 pub(crate) fn wait<B: Send + 'static>(shared: &Shared, reqs: &mut [Request<'_, B>], want: Want) -> Option<usize> {
-    // Requests mostly complete in the order they were posted, so one index that only moves
-    // forward checks them all in O(1) per completion.
-    let mut first = first_pending(reqs, 0);
-    // What is still missing, checked between progress passes.
-    let satisfied = |first: &mut usize| -> (bool, Option<usize>) {
-        match want {
-            Want::All => {
-                *first = first_pending(reqs, *first);
-                (*first == reqs.len(), None)
-            }
-            Want::Any => match first_done(reqs) {
-                Some(i) => (true, Some(i)),
-                None => (!reqs.iter().any(|r| r.is_live()), None),
-            },
-        }
-    };
-    if let (true, found) = satisfied(&mut first) {
+    let mut first = 0;
+    if let (true, found) = satisfied(reqs, want, &mut first) {
         return found;
     }
     match shared.config.progress {
@@ -548,7 +550,7 @@ pub(crate) fn wait<B: Send + 'static>(shared: &Shared, reqs: &mut [Request<'_, B
             // Algorithm 1.
             let mut idle = 0;
             loop {
-                if let (true, found) = satisfied(&mut first) {
+                if let (true, found) = satisfied(reqs, want, &mut first) {
                     return found;
                 }
                 if shared.progress_global() == 0 {
@@ -598,7 +600,7 @@ pub(crate) fn wait<B: Send + 'static>(shared: &Shared, reqs: &mut [Request<'_, B
                         break;
                     }
                 }
-                (done, found) = satisfied(&mut first);
+                (done, found) = satisfied(reqs, want, &mut first);
                 if done {
                     break;
                 }
@@ -730,21 +732,8 @@ pub(crate) fn wait_polling<B: Send + 'static>(ranks: &[&Shared], reqs: &[Request
     let mut nap = std::time::Duration::from_micros(20);
     let mut first = 0;
     loop {
-        match want {
-            Want::All => {
-                first = first_pending(reqs, first);
-                if first == reqs.len() {
-                    return None;
-                }
-            }
-            Want::Any => {
-                if let Some(i) = first_done(reqs) {
-                    return Some(i);
-                }
-                if !reqs.iter().any(|r| r.is_live()) {
-                    return None;
-                }
-            }
+        if let (true, found) = satisfied(reqs, want, &mut first) {
+            return found;
         }
         let mut progressed = false;
         for s in ranks {
