@@ -211,6 +211,18 @@ mod loom_models {
         });
     }
 
+    /// A thread doing what shutdown does to a task: claim it, and if the claim is its own,
+    /// count a cancellation and complete it.
+    fn racing_shutdown(st: &Arc<State>, cancels: &Arc<AtomicUsize>) -> thread::JoinHandle<()> {
+        let (st, cancels) = (st.clone(), cancels.clone());
+        thread::spawn(move || {
+            if st.shut_down() == Shutdown::Claimed {
+                cancels.fetch_add(1, Ordering::Relaxed);
+                st.complete();
+            }
+        })
+    }
+
     /// A shutdown's cancellation racing a poll that returns `Pending`: exactly one of them
     /// cancels the task (drops the future), and the task is never polled after.
     #[test]
@@ -218,13 +230,7 @@ mod loom_models {
         loom::model(|| {
             let st = Arc::new(State::scheduled());
             let cancels = Arc::new(AtomicUsize::new(0));
-            let (s2, c2) = (st.clone(), cancels.clone());
-            let shutdown = thread::spawn(move || {
-                if s2.shut_down() == Shutdown::Claimed {
-                    c2.fetch_add(1, Ordering::Relaxed);
-                    s2.complete();
-                }
-            });
+            let shutdown = racing_shutdown(&st, &cancels);
             if st.start_run() && st.end_run() == AfterPoll::Cancel {
                 cancels.fetch_add(1, Ordering::Relaxed);
                 st.complete();
@@ -242,13 +248,7 @@ mod loom_models {
         loom::model(|| {
             let st = Arc::new(State::scheduled());
             let cancels = Arc::new(AtomicUsize::new(0));
-            let (s2, c2) = (st.clone(), cancels.clone());
-            let shutdown = thread::spawn(move || {
-                if s2.shut_down() == Shutdown::Claimed {
-                    c2.fetch_add(1, Ordering::Relaxed);
-                    s2.complete();
-                }
-            });
+            let shutdown = racing_shutdown(&st, &cancels);
             if st.claim_for_cancel() {
                 cancels.fetch_add(1, Ordering::Relaxed);
                 st.complete();
