@@ -15,6 +15,14 @@ pub(crate) fn local(config: &Config, ranks: u32) -> Result<Vec<Transport>, Error
         // One answer for every provider (libfabric's world of none used to be an empty `Ok`).
         return Err(Error::InvalidArgument("build_local needs at least 1 rank"));
     }
+    // Refused before anything is allocated: a failed allocation aborts the process.
+    if available_memory().is_some_and(|avail| local_footprint(config, ranks) > avail) {
+        return Err(Error::InvalidArgument(
+            "build_local: the ranks would need more memory than this machine has available \
+             (each rank costs about 128 KiB, 128 bytes per other rank and its inboxes: \
+             CRIs x inbox capacity x 64 bytes on the embedded provider)",
+        ));
+    }
     match config.provider {
         Provider::Embedded => Ok(embedded::fabric(embedded::EmbeddedOptions {
             ranks,
@@ -35,6 +43,65 @@ pub(crate) fn local(config: &Config, ranks: u32) -> Result<Vec<Transport>, Error
             p.check_available()?;
             Err(Error::InvalidArgument("provider not available in this build"))
         }
+    }
+}
+
+/// Bytes per rank that do not depend on the job's size: the context tables (4,096 slots),
+/// the world's two communicators (matching states and locks), the CRIs' locks and scratch
+/// lists, the embedded rank's pools. Measured at about 90 KiB; counted with a margin.
+const RANK_FIXED_BYTES: u64 = 128 << 10;
+
+/// Bytes per rank and other rank of the job: the world's send sequence numbers (one row per
+/// tag partition and one over all tags, and one for the collective context: 72 bytes), the
+/// deferred-send queue and count per destination (36 bytes), and the loss flag. Measured at
+/// about 109 bytes; counted with a margin.
+const RANK_PER_PEER_BYTES: u64 = 128;
+
+/// Bytes of one embedded inbox slot (a frame of one cache line and its stamp).
+const EMBEDDED_SLOT_BYTES: u64 = 64;
+
+/// An upper estimate of what `ranks` ranks of `config` allocate in this process
+/// ([`local`]): grows with `ranks²` (every rank keeps per-peer state), so a world of tens of
+/// thousands of ranks does not fit one machine.
+pub(crate) fn local_footprint(config: &Config, ranks: u32) -> u64 {
+    let n = u64::from(ranks);
+    let cris = config.cris as u64;
+    let buffers = match config.provider {
+        Provider::Embedded => cris.saturating_mul(config.inbox_capacity as u64).saturating_mul(EMBEDDED_SLOT_BYTES),
+        // Posted receive and send slots of an eager frame each, per CRI (libfabric's own
+        // memory comes on top).
+        _ => {
+            let slots = config.inbox_capacity.clamp(16, 256) as u64 + 128;
+            cris.saturating_mul(slots).saturating_mul(config.eager_threshold.max(64) as u64 + 128)
+        }
+    };
+    let per_rank = RANK_FIXED_BYTES.saturating_add(buffers).saturating_add(n.saturating_mul(RANK_PER_PEER_BYTES));
+    n.saturating_mul(per_rank)
+}
+
+/// Memory this process may still allocate, where the system says: the kernel's
+/// `MemAvailable`, and below it the room left under the process's cgroup limit (a
+/// container's). `None` where neither is known (no estimate refuses anything then).
+pub(crate) fn available_memory() -> Option<u64> {
+    fn meminfo() -> Option<u64> {
+        let text = std::fs::read_to_string("/proc/meminfo").ok()?;
+        let line = text.lines().find(|l| l.starts_with("MemAvailable:"))?;
+        let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+        Some(kib.saturating_mul(1024))
+    }
+    fn cgroup() -> Option<u64> {
+        // cgroup v2, the process's own group (`0::/path`).
+        let own = std::fs::read_to_string("/proc/self/cgroup").ok()?;
+        let path = own.lines().find_map(|l| l.strip_prefix("0::"))?;
+        let dir = std::path::Path::new("/sys/fs/cgroup").join(path.trim_start_matches('/'));
+        let read = |f: &str| std::fs::read_to_string(dir.join(f)).ok().and_then(|v| v.trim().parse::<u64>().ok());
+        // "max" (no limit) does not parse: no cgroup bound.
+        let max = read("memory.max")?;
+        Some(max.saturating_sub(read("memory.current").unwrap_or(0)))
+    }
+    match (meminfo(), cgroup()) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
     }
 }
 

@@ -109,7 +109,9 @@ pub(crate) struct Shared {
     pub(crate) early_contexts: Mutex<Vec<Frame>>,
     /// Context ids claimed on this rank (dup agreement).
     pub(crate) claimed: Mutex<std::collections::BTreeSet<u32>>,
-    /// The single matching lock of `MatchingMode::Global`, with every communicator's queues.
+    /// The single matching lock of `MatchingMode::Global`, with every communicator's queues
+    /// by context slot (grown to the highest slot used: a rank in another matching mode, or
+    /// with few communicators, pays nothing for the slots it never uses).
     pub(crate) global_match: PathLock<Vec<Option<(u32, MatchState)>>>,
     /// The critical section of `ProgressMode::Global` (seed 003 Algorithm 1; posting enters
     /// it with high priority, progress with low priority, as MPICH's global lock).
@@ -405,15 +407,25 @@ impl Shared {
     }
 
     #[inline]
-    fn global_slot<'a>(all: &'a mut [Option<(u32, MatchState)>], comm: &CommState) -> &'a mut MatchState {
+    fn global_slot<'a>(all: &'a mut Vec<Option<(u32, MatchState)>>, comm: &CommState) -> &'a mut MatchState {
+        let slot = slot_of(comm.context);
+        if slot >= all.len() {
+            // Out of line: once per slot at most (slots are handed out lowest first).
+            Self::grow_global(all, slot);
+        }
         // A slot's queues belong to one generation: a later communicator in the slot starts
         // afresh (`free` leaves an empty state behind, and a pass that looked the freed one
         // up before may still come by).
-        let cur = &mut all[slot_of(comm.context)];
+        let cur = &mut all[slot];
         if !matches!(cur, Some((ctx, _)) if *ctx == comm.context) {
             *cur = Some((comm.context, MatchState::new(comm.size, comm.order())));
         }
         &mut cur.as_mut().expect("just set").1
+    }
+
+    #[cold]
+    fn grow_global(all: &mut Vec<Option<(u32, MatchState)>>, slot: usize) {
+        all.resize_with(slot + 1, || None);
     }
 
     /// Registers a communicator's state under its context id and replays early frames.
@@ -775,12 +787,7 @@ impl Builder {
                     freed_counters: Mutex::new(Default::default()),
                     early_contexts: Mutex::new(Vec::new()),
                     claimed: Mutex::new([0u32, 1].into_iter().collect()),
-                    global_match: PathLock::new(
-                        config.locks.matching,
-                        &lock_options,
-                        config.lock_timing,
-                        (0..MAX_CONTEXTS).map(|_| None).collect(),
-                    ),
+                    global_match: PathLock::new(config.locks.matching, &lock_options, config.lock_timing, Vec::new()),
                     progress_lock: CachePadded::new(PathLock::new(config.locks.progress, &lock_options, config.lock_timing, ())),
                     lock_options: lock_options.clone(),
                     owner: CachePadded::new(OwnerToken::new()),

@@ -295,6 +295,25 @@ fn peer_lost_around_the_switch() {
     }
 }
 
+/// A world of more ranks than the machine's memory holds is refused with `InvalidArgument`
+/// before anything is allocated (a failed allocation would abort the process): every rank
+/// keeps state per other rank, so a million ranks in one process need ~140 TB. The repro's
+/// 20,000 ranks (~54 GB) are refused on any machine with less memory than that. A world
+/// that fits still builds and carries a message from its last rank to its first.
+#[test]
+fn a_world_larger_than_memory_is_refused() {
+    for ranks in [1u32 << 20, 20_000] {
+        match builder().cris(1).inbox_capacity(1).build_local(ranks) {
+            Err(weft::Error::InvalidArgument(m)) => assert!(m.contains("memory"), "{ranks} ranks: {m}"),
+            Ok(v) => assert!(ranks == 20_000 && v.len() == 20_000, "{ranks} ranks built"),
+            Err(e) => panic!("{ranks} ranks: expected InvalidArgument, got {e}"),
+        }
+    }
+    let rts = builder().cris(1).inbox_capacity(4).build_local(1000).unwrap();
+    rts[999].world().send(vec![9u8], 0, 1).unwrap();
+    assert_eq!(rts[0].world().recv(Vec::<u8>::with_capacity(1), 999u32, 1).unwrap().0, vec![9]);
+}
+
 /// Sizes no runtime can have are errors that name the setting, from `build_local`, never a
 /// panic ("capacity overflow", arithmetic overflow) or an allocation no machine can make:
 /// an inbox above `Config::MAX_INBOX_CAPACITY` frames, a CRI count outside
