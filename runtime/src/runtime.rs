@@ -748,6 +748,13 @@ impl Builder {
 
     /// `ranks` runtimes in this process, rank `i` at index `i`: one embedded fabric, or (with
     /// `Shm`/`Tcp`) `ranks` libfabric ranks that exchange addresses directly.
+    ///
+    /// Memory grows with `ranks²`: each rank costs about 128 KiB, 128 bytes per other rank
+    /// (sequence numbers and queues per destination) and its inboxes (embedded: CRIs x inbox
+    /// capacity x 64 bytes; libfabric: up to 384 eager slots per CRI). A world whose estimate
+    /// exceeds the memory the system reports available (`MemAvailable`, and the cgroup's
+    /// limit) is refused with `Error::InvalidArgument` before anything is allocated: 10,000
+    /// ranks of one CRI need about 14 GB.
     pub fn build_local(self, ranks: u32) -> Result<Vec<Runtime>, Error> {
         let config = self.resolve()?;
         let lock_options = self.lock_options(&config)?;
