@@ -3,6 +3,7 @@
 //! Every subcommand prints a readable table, or with `--csv` one header line and one row per
 //! configuration. Sweep options take comma lists (`-t 1,2,4,8`).
 
+mod alltoall;
 mod idle;
 mod lock_regimes;
 mod locks;
@@ -42,6 +43,8 @@ enum Cmd {
     Pack(pack::Args),
     /// Ping-pong whose receiver completes through a sync object vs testing every request.
     SyncPingpong(sync_pingpong::Args),
+    /// All-to-all rounds (isend/irecv to every other rank) in real processes on shm and tcp.
+    Alltoall(alltoall::Args),
     /// Seed 000 §3.4's latency- and throughput-oriented regimes, sweeping the progress-path lock.
     LockRegimes(lock_regimes::Args),
 }
@@ -57,6 +60,7 @@ fn main() {
         Cmd::SyncPingpong(a) => sync_pingpong::run(&a),
         Cmd::Pingpong(a) => pingpong::run(&a),
         Cmd::LockRegimes(a) => lock_regimes::run(&a),
+        Cmd::Alltoall(a) => alltoall::run(&a),
         Cmd::Locks(args) => {
             locks::run(&args);
             Ok(())

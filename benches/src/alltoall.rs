@@ -1,0 +1,213 @@
+//! `weft-bench alltoall`: the all-to-all exchange an MPI user writes first, timed per round
+//! in real processes (`weftrun -n N` on `shm` or `tcp`).
+//!
+//! Every rank posts a receive from every other rank, sends `-s` bytes to every other rank
+//! (`isend`, one request each) and waits for all of them (`wait_all`); that is one round.
+//! Above the eager threshold (16 KiB by default) every message is a rendezvous: the
+//! receiver reads the sender's buffer once matched, so all ranks serve each other's reads
+//! while they wait for their own, the pattern that must never deadlock. Each payload
+//! carries its source and round, checked on arrival.
+//!
+//! The time per round is rank 0's wall time over `-r` rounds (after `--warmup` rounds, all
+//! ranks released together by a barrier) divided by the rounds; medians over `--runs`
+//! runs. Every run is a fresh job under `weftrun --timeout`: a hang fails the benchmark
+//! with the job's output instead of stalling it.
+
+use std::time::Instant;
+
+use clap::Args as ClapArgs;
+use weft::{Communicator, Provider, Runtime, Source};
+
+use crate::report::{median, parse_list, Table};
+
+/// Tag of the exchange's messages.
+const DATA_TAG: i32 = 1;
+/// Tag of the barrier's messages.
+const BARRIER_TAG: i32 = 2;
+
+/// Options of `weft-bench alltoall`.
+#[derive(Debug, ClapArgs)]
+pub struct Args {
+    /// Providers: shm, tcp.
+    #[arg(long, default_value = "shm,tcp")]
+    provider: String,
+    /// Ranks (processes) per job.
+    #[arg(short = 'n', long = "ranks", default_value = "2,4,8")]
+    ranks: String,
+    /// Bytes each rank sends to each other rank per round.
+    #[arg(short = 's', long = "size", default_value = "65536")]
+    size: String,
+    /// Timed rounds per run.
+    #[arg(short = 'r', long = "rounds", default_value_t = 50)]
+    rounds: usize,
+    /// Untimed rounds before the timed ones.
+    #[arg(long, default_value_t = 5)]
+    warmup: usize,
+    /// Runs (jobs) per configuration; the median is reported.
+    #[arg(long, default_value_t = 5)]
+    runs: usize,
+    /// Seconds a job may take before weftrun stops it (a hang fails the benchmark).
+    #[arg(long, default_value_t = 120)]
+    timeout: u64,
+    /// CSV output.
+    #[arg(long)]
+    csv: bool,
+    /// Internal: one rank of a launched job.
+    #[arg(long, hide = true)]
+    rank_worker: bool,
+}
+
+/// Runs the sweep (or, with `--rank-worker`, one rank of a job).
+pub fn run(a: &Args) -> Result<(), String> {
+    let providers: Vec<Provider> = a.provider.split(',').map(|p| p.parse().map_err(|e| format!("{e}"))).collect::<Result<_, _>>()?;
+    let ranks: Vec<u32> = parse_list(&a.ranks)?;
+    let sizes: Vec<usize> = parse_list(&a.size)?;
+    if a.rounds == 0 || a.runs == 0 || providers.is_empty() || providers.contains(&Provider::Embedded) {
+        return Err("rounds and runs must be positive; providers are shm and tcp".into());
+    }
+    if ranks.iter().any(|&n| n < 2) || sizes.is_empty() {
+        return Err("every job needs at least 2 ranks, and a size is needed".into());
+    }
+    if a.rank_worker {
+        return worker(sizes[0], a.rounds, a.warmup);
+    }
+    let mut table = Table::new(&["provider", "ranks", "size", "round_us", "min_us", "max_us", "rank_gbps"]);
+    if !a.csv {
+        println!(
+            "# weft-bench alltoall: isend/irecv to every other rank + wait_all per round, rounds={} warmup={} runs={} (median) cores={}",
+            a.rounds,
+            a.warmup,
+            a.runs,
+            std::thread::available_parallelism().map_or(1, |n| n.get()),
+        );
+    }
+    table.print_header(a.csv);
+    for &p in &providers {
+        for &n in &ranks {
+            for &size in &sizes {
+                let mut us = Vec::with_capacity(a.runs);
+                for _ in 0..a.runs {
+                    us.push(launch(a, p, n, size)?);
+                }
+                let med = median(&us);
+                let min = us.iter().copied().fold(f64::INFINITY, f64::min);
+                let max = us.iter().copied().fold(0.0, f64::max);
+                // What one rank receives per second: (n - 1) messages of `size` a round.
+                let gbps = (n as f64 - 1.0) * size as f64 / (med * 1e-6) / 1e9;
+                table.row(vec![
+                    p.to_string(),
+                    n.to_string(),
+                    size.to_string(),
+                    format!("{med:.1}"),
+                    format!("{min:.1}"),
+                    format!("{max:.1}"),
+                    format!("{gbps:.2}"),
+                ]);
+                table.print_last(a.csv);
+            }
+        }
+    }
+    Ok(())
+}
+
+/// One job of `n` ranks through `weftrun`; returns rank 0's time per round in µs.
+fn launch(a: &Args, p: Provider, n: u32, size: usize) -> Result<f64, String> {
+    let exe = std::env::current_exe().map_err(|e| e.to_string())?;
+    let weftrun = exe.with_file_name("weftrun");
+    if !weftrun.exists() {
+        return Err(format!("{} not found; build it first: cargo build --release -p weft --features ofi --bin weftrun", weftrun.display()));
+    }
+    let out = std::process::Command::new(&weftrun)
+        .args(["-n", &n.to_string(), "--provider", &p.to_string(), "--timeout", &a.timeout.to_string()])
+        .arg(&exe)
+        .args(["alltoall", "--rank-worker", "--provider", &p.to_string(), "-n", &n.to_string()])
+        .args(["-s", &size.to_string(), "-r", &a.rounds.to_string(), "--warmup", &a.warmup.to_string()])
+        .stdin(std::process::Stdio::null())
+        .output()
+        .map_err(|e| format!("weftrun: {e}"))?;
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    if !out.status.success() {
+        return Err(format!(
+            "all-to-all job ({p}, {n} ranks, {size} B) failed ({}):\n{stdout}{}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        ));
+    }
+    stdout
+        .lines()
+        .find_map(|l| l.strip_prefix("[0] ROUND_US ").and_then(|v| v.trim().parse::<f64>().ok()))
+        .ok_or_else(|| format!("no time in the job's output:\n{stdout}"))
+}
+
+/// The first and last bytes of the message `src` sends in `round`.
+fn stamp(src: u32, round: usize) -> [u8; 2] {
+    [src as u8, round as u8]
+}
+
+/// One rank of a job: `warmup` then `rounds` timed rounds; rank 0 prints the time per round.
+fn worker(size: usize, rounds: usize, warmup: usize) -> Result<(), String> {
+    let e = |e: weft::Error| e.to_string();
+    let rt = Runtime::builder().build().map_err(e)?;
+    let (me, n) = (rt.rank(), rt.size());
+    let c = rt.world();
+    let size = size.max(2);
+    // Buffers travel with their requests and come back with them: no allocation per round.
+    let mut send_bufs: Vec<Vec<u8>> = (0..n).map(|_| vec![0u8; size]).collect();
+    let mut recv_bufs: Vec<Vec<u8>> = (0..n).map(|_| Vec::with_capacity(size)).collect();
+    let mut start = Instant::now();
+    for round in 0..warmup + rounds {
+        if round == warmup {
+            barrier(c)?;
+            start = Instant::now();
+        }
+        let mut recvs = Vec::with_capacity(n as usize);
+        let mut sends = Vec::with_capacity(n as usize);
+        for peer in (0..n).filter(|&p| p != me) {
+            let buf = std::mem::take(&mut recv_bufs[peer as usize]);
+            recvs.push((peer, c.irecv(buf, Source::Rank(peer), DATA_TAG).map_err(e)?));
+        }
+        // Destinations start after this rank, so not every rank sends to rank 0 first.
+        for step in 1..n {
+            let peer = (me + step) % n;
+            let mut buf = std::mem::take(&mut send_bufs[peer as usize]);
+            let [first, last] = stamp(me, round);
+            buf[0] = first;
+            buf[size - 1] = last;
+            sends.push((peer, c.isend(buf, peer, DATA_TAG).map_err(e)?));
+        }
+        for (peer, r) in recvs {
+            let (buf, st) = r.wait().map_err(e)?;
+            if st.source != peer || buf.len() != size || [buf[0], buf[size - 1]] != stamp(peer, round) {
+                return Err(format!("rank {me} round {round}: wrong message from {peer}: {st:?}, {} bytes", buf.len()));
+            }
+            recv_bufs[peer as usize] = buf;
+        }
+        for (peer, r) in sends {
+            send_bufs[peer as usize] = r.wait().map_err(e)?.0;
+        }
+    }
+    let elapsed = start.elapsed();
+    barrier(c)?;
+    if me == 0 {
+        println!("ROUND_US {:.3}", elapsed.as_secs_f64() * 1e6 / rounds as f64);
+    }
+    Ok(())
+}
+
+/// Every rank reports to rank 0, which releases them all.
+fn barrier(c: &Communicator) -> Result<(), String> {
+    let e = |e: weft::Error| e.to_string();
+    let (me, n) = (c.rank(), c.size());
+    if me == 0 {
+        for r in 1..n {
+            c.recv(Vec::<u8>::with_capacity(1), r, BARRIER_TAG).map_err(e)?;
+        }
+        for r in 1..n {
+            c.send(&b"b"[..], r, BARRIER_TAG).map_err(e)?;
+        }
+    } else {
+        c.send(&b"b"[..], 0, BARRIER_TAG).map_err(e)?;
+        c.recv(Vec::<u8>::with_capacity(1), 0u32, BARRIER_TAG).map_err(e)?;
+    }
+    Ok(())
+}
