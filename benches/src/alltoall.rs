@@ -12,6 +12,12 @@
 //! ranks released together by a barrier) divided by the rounds; medians over `--runs`
 //! runs. Every run is a fresh job under `weftrun --timeout`: a hang fails the benchmark
 //! with the job's output instead of stalling it.
+//!
+//! `--openmpi` runs the same rounds written against MPI (`benches/peers/alltoall.c`,
+//! `MPI_Isend`/`MPI_Irecv`/`MPI_Waitall`, built with `mpicc`; Debian `openmpi-bin
+//! libopenmpi-dev`) under `mpirun` with one process per rank — `btl=self,vader` for shm,
+//! `btl=self,tcp` on `lo` for tcp, `pml=ob1`, `--oversubscribe --bind-to none` — alternating
+//! with weft's runs; `ratio` is the median of each pair's weft/Open MPI ratio.
 
 use std::time::Instant;
 
@@ -49,6 +55,9 @@ pub struct Args {
     /// Seconds a job may take before weftrun stops it (a hang fails the benchmark).
     #[arg(long, default_value_t = 120)]
     timeout: u64,
+    /// Also run the same rounds with Open MPI (mpicc, mpirun), alternating with weft's runs.
+    #[arg(long)]
+    openmpi: bool,
     /// CSV output.
     #[arg(long)]
     csv: bool,
@@ -71,7 +80,8 @@ pub fn run(a: &Args) -> Result<(), String> {
     if a.rank_worker {
         return worker(sizes[0], a.rounds, a.warmup);
     }
-    let mut table = Table::new(&["provider", "ranks", "size", "round_us", "min_us", "max_us", "rank_gbps"]);
+    let peer = if a.openmpi { Some(build_openmpi_peer()?) } else { None };
+    let mut table = Table::new(&["provider", "ranks", "size", "round_us", "min_us", "max_us", "rank_gbps", "ompi_round_us", "ratio"]);
     if !a.csv {
         println!(
             "# weft-bench alltoall: isend/irecv to every other rank + wait_all per round, rounds={} warmup={} runs={} (median) cores={}",
@@ -85,10 +95,21 @@ pub fn run(a: &Args) -> Result<(), String> {
     for &p in &providers {
         for &n in &ranks {
             for &size in &sizes {
-                let mut us = Vec::with_capacity(a.runs);
+                let (mut us, mut ompi) = (Vec::with_capacity(a.runs), Vec::with_capacity(a.runs));
                 for _ in 0..a.runs {
                     us.push(launch(a, p, n, size)?);
+                    if let Some(peer) = &peer {
+                        ompi.push(openmpi_round(peer, a, p, n, size)?);
+                    }
                 }
+                // Each pair of runs was taken back to back: their ratio cancels the machine's
+                // slow phases.
+                let pairs: Vec<f64> = us.iter().zip(&ompi).map(|(w, o)| w / o).collect();
+                let (ompi_cell, ratio_cell) = if ompi.is_empty() {
+                    ("-".to_string(), "-".to_string())
+                } else {
+                    (format!("{:.1}", median(&ompi)), format!("{:.2}", median(&pairs)))
+                };
                 let med = median(&us);
                 let min = us.iter().copied().fold(f64::INFINITY, f64::min);
                 let max = us.iter().copied().fold(0.0, f64::max);
@@ -102,6 +123,8 @@ pub fn run(a: &Args) -> Result<(), String> {
                     format!("{min:.1}"),
                     format!("{max:.1}"),
                     format!("{gbps:.2}"),
+                    ompi_cell,
+                    ratio_cell,
                 ]);
                 table.print_last(a.csv);
             }
@@ -137,6 +160,51 @@ fn launch(a: &Args, p: Provider, n: u32, size: usize) -> Result<f64, String> {
         .lines()
         .find_map(|l| l.strip_prefix("[0] ROUND_US ").and_then(|v| v.trim().parse::<f64>().ok()))
         .ok_or_else(|| format!("no time in the job's output:\n{stdout}"))
+}
+
+/// Compiles the MPI version of the rounds next to this binary; returns its path.
+fn build_openmpi_peer() -> Result<std::path::PathBuf, String> {
+    let exe = std::env::current_exe().map_err(|e| e.to_string())?;
+    let src = exe.with_file_name("alltoall-mpi.c");
+    let bin = exe.with_file_name("alltoall-mpi");
+    std::fs::write(&src, include_str!("../peers/alltoall.c")).map_err(|e| format!("{}: {e}", src.display()))?;
+    let out = std::process::Command::new("mpicc")
+        .args(["-O2", "-o"])
+        .arg(&bin)
+        .arg(&src)
+        .output()
+        .map_err(|e| format!("mpicc: {e} (install openmpi-bin libopenmpi-dev)"))?;
+    if !out.status.success() {
+        return Err(format!("mpicc failed: {}", String::from_utf8_lossy(&out.stderr)));
+    }
+    Ok(bin)
+}
+
+/// One Open MPI job of the same rounds; returns rank 0's time per round in µs.
+fn openmpi_round(bin: &std::path::Path, a: &Args, p: Provider, n: u32, size: usize) -> Result<f64, String> {
+    let btl = if p == Provider::Tcp { "self,tcp" } else { "self,vader" };
+    let out = std::process::Command::new("timeout")
+        .arg(a.timeout.to_string())
+        .args(["mpirun", "--oversubscribe", "--bind-to", "none", "-np", &n.to_string()])
+        .arg(bin)
+        .args([size.to_string(), a.rounds.to_string(), a.warmup.to_string()])
+        .env("OMPI_MCA_btl", btl)
+        .env("OMPI_MCA_pml", "ob1")
+        .env("OMPI_MCA_btl_tcp_if_include", "lo")
+        .env("OMPI_MCA_oob_tcp_if_include", "lo")
+        .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
+        .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
+        .stdin(std::process::Stdio::null())
+        .output()
+        .map_err(|e| format!("mpirun: {e}"))?;
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    if !out.status.success() {
+        return Err(format!("Open MPI job ({p}, {n} ranks) failed ({}):\n{stdout}{}", out.status, String::from_utf8_lossy(&out.stderr)));
+    }
+    stdout
+        .lines()
+        .find_map(|l| l.strip_prefix("ROUND_US ").and_then(|v| v.trim().parse::<f64>().ok()))
+        .ok_or_else(|| format!("no time in the Open MPI job's output:\n{stdout}"))
 }
 
 /// The first and last bytes of the message `src` sends in `round`.
