@@ -702,11 +702,21 @@ fn wait_attached<B: Send + 'static>(
                 // Nothing attached means something completed between the test and here.
                 sync.wait_any_with(hook).map(|c| c.data).or_else(|| first_done(reqs))
             };
-            // Take the others back (those that completed meanwhile left an event).
+            // Take the others back (those that completed meanwhile leave an event).
             for r in reqs.iter_mut() {
                 if r.is_live() {
                     let _ = sync.detach(r);
                 }
+            }
+            // A request completed by another thread while we detached it is reported as
+            // `AlreadyComplete` as soon as its cell is marked complete, before the completer
+            // has queued its event: drained now, the object would hand that event to this
+            // thread's next wait as its answer. The object counts an attachment until its
+            // event is queued, so once the count is zero (every request here is detached or
+            // complete: it drops within the completers' delivery, with no progress needed)
+            // the queue holds every event of this wait.
+            if sync.size() != 0 {
+                let _ = sync.wait_all();
             }
             while sync.query().is_some() {}
             found.or_else(|| first_done(reqs))

@@ -300,3 +300,124 @@ fn a_receive_polled_by_reference_in_select_loses_nothing() {
         assert_eq!(got, (0..300).collect::<Vec<u32>>(), "{mode:?}");
     }
 }
+
+/// Sets a flag when dropped: stops the threads of a scenario when it ends, by a return or
+/// by a panic.
+struct StopOnDrop(std::sync::Arc<std::sync::atomic::AtomicBool>);
+
+impl Drop for StopOnDrop {
+    fn drop(&mut self) {
+        self.0.store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
+/// `wait_any` (or `wait_some`, with `some`) over batches of receives on rank 1 while other
+/// threads of rank 1 drive its progress all the time, and so complete the receives while
+/// the wait attaches, waits and detaches them. For about `budget`, at most `iters` batches.
+/// Returns how many batches were received, or the first wrong answer.
+fn waits_while_others_progress(mode: ProgressMode, some: bool, iters: usize, budget: Duration) -> Result<usize, String> {
+    use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
+    use std::sync::Arc;
+    const BATCH: usize = 32;
+    const HELPERS: usize = 2;
+    let ranks = Runtime::builder().env(false).progress(mode).build_local(2).unwrap();
+    let stop = Arc::new(AtomicBool::new(false));
+    let _stop = StopOnDrop(stop.clone());
+    let helpers: Vec<_> = (0..HELPERS)
+        .map(|_| {
+            let (r, stop) = (ranks[1].clone(), stop.clone());
+            std::thread::spawn(move || {
+                while !stop.load(Relaxed) {
+                    r.progress();
+                    std::thread::yield_now();
+                }
+            })
+        })
+        .collect();
+    // One batch sent per batch posted; the sender stops at the next batch once the receiver
+    // is done (or failed).
+    let (to_send, sent) = std::sync::mpsc::channel::<()>();
+    let sender = {
+        let (r, stop) = (ranks[0].clone(), stop.clone());
+        std::thread::spawn(move || {
+            let c = r.world();
+            while sent.recv().is_ok() && !stop.load(Relaxed) {
+                let mut w = Vec::with_capacity(BATCH);
+                for k in 0..BATCH {
+                    w.push(c.isend(vec![k as u8; 8], 1, 5).unwrap());
+                    if k % 4 == 0 {
+                        std::thread::sleep(Duration::from_micros(50));
+                    }
+                }
+                weft::wait_all(&mut w).unwrap();
+            }
+        })
+    };
+    let c = ranks[1].world();
+    let start = Instant::now();
+    let mut out = Vec::new();
+    let mut result = Ok(0);
+    'batches: for it in 0..iters {
+        if start.elapsed() > budget {
+            break;
+        }
+        let mut reqs: Vec<_> = (0..BATCH).map(|_| c.irecv(Vec::<u8>::with_capacity(8), Source::Any, 5).unwrap()).collect();
+        to_send.send(()).unwrap();
+        let mut taken = [false; BATCH];
+        let mut left = BATCH;
+        while left > 0 {
+            let n = if some {
+                weft::wait_some(&mut reqs, &mut out)
+            } else {
+                out.clear();
+                out.extend(weft::wait_any(&mut reqs));
+                out.len()
+            };
+            if n == 0 {
+                let call = if some { "wait_some returned 0" } else { "wait_any returned None" };
+                result = Err(format!("batch {it}: {call} with {left} requests not taken"));
+                break 'batches;
+            }
+            for &i in &out {
+                if taken[i] {
+                    result = Err(format!("batch {it}: index {i} was already taken ({left} left)"));
+                    break 'batches;
+                }
+                if !matches!(reqs[i].take(), Some(Ok(_))) {
+                    result = Err(format!("batch {it}: index {i} is not complete ({left} left)"));
+                    break 'batches;
+                }
+                taken[i] = true;
+                left -= 1;
+            }
+        }
+        result = Ok(it + 1);
+    }
+    drop(to_send);
+    sender.join().unwrap();
+    stop.store(true, Relaxed);
+    for h in helpers {
+        h.join().unwrap();
+    }
+    result
+}
+
+/// `wait_any` / `wait_some` while other threads of the rank complete the requests: every
+/// index returned is of a request complete and not taken, and `wait_some` returns at least
+/// one while any is pending. A request completed by another thread while the wait detached
+/// it had its event queued on the wait's sync object only after the wait had emptied that
+/// object; the next wait of the thread, on the same object, took the stale event as its
+/// own answer (an index already taken, or of a request still pending).
+#[test]
+fn wait_any_and_wait_some_while_other_threads_complete_the_requests() {
+    for mode in PARKING {
+        for some in [false, true] {
+            let what = format!("{mode:?} {}", if some { "wait_some" } else { "wait_any" });
+            let batches = within(60, &what, move || waits_while_others_progress(mode, some, 3000, Duration::from_secs(2)));
+            match batches {
+                Ok(n) => assert!(n > 0, "{what}: no batch done"),
+                Err(e) => panic!("{what}: {e}"),
+            }
+        }
+    }
+}

@@ -95,6 +95,12 @@ pub enum Detached<T> {
     /// completion event is (or is about to be) in the queue, or was counted; a completed
     /// request cannot tell which object (if any) its completion went to, so this is also
     /// the answer for one attached elsewhere or never attached.
+    ///
+    /// "About to be": the answer comes as soon as the completer has marked the request
+    /// complete, and the completer queues the event after that. The object still counts
+    /// the attachment ([`size`](SyncObject::size)) until the event is queued, so a caller
+    /// that detaches everything and then empties the object must first wait for the count
+    /// to reach zero ([`wait_all`](SyncObject::wait_all)), or an event may arrive after it.
     AlreadyComplete,
     /// The request is not attached to this object.
     NotAttached,

@@ -166,6 +166,52 @@ fn detach_vs_complete() {
     assert!(d > 0 && c > 0, "loom did not explore both outcomes");
 }
 
+/// (b1) A waiter done with its object detaches a request that completes meanwhile and
+/// empties the object for its next use (a runtime's blocking `wait_any`, whose object is
+/// reused by the thread's next wait). `Detached::AlreadyComplete` comes as soon as the
+/// completer has marked the cell, before it has queued the event; the object counts the
+/// attachment until then, so the waiter waits for the count to reach zero (`wait_all`)
+/// before draining, and no event arrives after the drain. Loom must reach the interleaving
+/// in which the event was not queued yet when the detach answered (a drain at that point,
+/// without the wait, misses the event, which the object's next user takes as its own).
+#[test]
+fn detach_vs_complete_then_empty() {
+    use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
+    let late = std::sync::Arc::new(AtomicUsize::new(0));
+    let seen = late.clone();
+    model("detach_vs_complete_then_empty", move || {
+        let sync = SyncObject::new();
+        let mut op = Op::new();
+        sync.attach(&mut op, 3u8).unwrap();
+        let cell = op.0.clone();
+        let completer = thread::spawn(move || assert!(cell.complete(ok(2))));
+        let detached = sync.detach(&mut op);
+        let queued_at_detach = sync.probe();
+        assert_eq!(sync.wait_all(), Ok(()));
+        let events = drain(&sync);
+        completer.join().unwrap();
+
+        assert!(drain(&sync).is_empty(), "an event was queued after the object was emptied");
+        assert_eq!((sync.size(), sync.probe()), (0, 0));
+        match detached {
+            Detached::Detached(data) => {
+                assert_eq!(data, Some(3));
+                assert!(events.is_empty(), "detached and queued: {events:?}");
+            }
+            Detached::AlreadyComplete => {
+                assert_eq!(events, [Completion { data: 3, outcome: ok(2) }]);
+                if queued_at_detach == 0 {
+                    seen.fetch_add(1, Relaxed);
+                }
+            }
+            Detached::NotAttached => panic!("detach lost the attachment"),
+        }
+    });
+    let n = late.load(Relaxed);
+    println!("  already complete with the event not queued yet in {n} interleavings");
+    assert!(n > 0, "loom did not explore a detach answered before the event was queued");
+}
+
 /// (b') The cell's owner drops it (cancelling the attachment) while the sync object's last
 /// user handle is dropped on another thread: the data is dropped once and nothing leaks.
 #[test]
