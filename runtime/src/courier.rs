@@ -27,8 +27,10 @@
 //!   frames in order per destination, newly lost peers), through the same try paths an idle
 //!   pool worker uses: the deferred queue by try-lock (another thread flushing is as
 //!   good), and in `Global` mode inside the progress lock's try path (Algorithm 1 keeps
-//!   every send inside its critical section). It runs no user code: completing a request
-//!   only wakes its waiter or queues its sync object's event.
+//!   every send inside its critical section). A newly lost peer is handled as in every
+//!   pass (`deliver_arrived` waits for each CRI lock in turn, held by others for one poll
+//!   batch at most). It runs no user code: completing a request only wakes its waiter or
+//!   queues its sync object's event.
 //! * **Does not keep the rank alive**: it holds a `Weak<Shared>`, upgraded for one pass at a
 //!   time, never while parked. Like the executor's pool it lives as long as the `Runtime`
 //!   handles (communicators and requests keep the rank's state, not its threads): the last
