@@ -119,9 +119,11 @@ pub(crate) struct Shared {
     /// Progress owner of `ProgressMode::Owner` and its hand-off.
     pub(crate) owner: CachePadded<OwnerToken>,
     /// Frames a full inbox refused (eager sends, `Rts`, `Fin`), in posting order, sent by
-    /// progress (`Shared::flush_deferred`): a nonblocking send never blocks.
+    /// progress (`Shared::flush_deferred`) — the rank's threads' or its courier's: a
+    /// nonblocking send never blocks, and nobody has to poll for the frames.
     pub(crate) deferred: Mutex<crate::protocol::DeferredQueues>,
-    /// `deferred` is non-empty: progress checks this flag instead of taking the lock.
+    /// `deferred` is non-empty: progress checks this flag instead of taking the lock. It
+    /// changes only under the lock.
     pub(crate) has_deferred: std::sync::atomic::AtomicBool,
     /// Deferred frames per destination rank: a send to a rank with frames waiting queues
     /// behind them instead of overtaking them.
