@@ -59,7 +59,7 @@ const MIN_NAP: Duration = Duration::from_millis(1);
 
 /// Longest timeout of a park while frames wait (the doubling stops here): the latest a
 /// courier retries after a ring of room it missed.
-pub(crate) const MAX_NAP: Duration = Duration::from_millis(50);
+const MAX_NAP: Duration = Duration::from_millis(50);
 
 /// The courier of one rank (a field of `Shared`): its thread, once started.
 pub(crate) struct Courier {
@@ -142,9 +142,9 @@ impl Courier {
 }
 
 /// Unparks the courier (the waker it registers for room).
-struct Unpark(Thread);
+struct CourierWaker(Thread);
 
-impl Wake for Unpark {
+impl Wake for CourierWaker {
     fn wake(self: Arc<Self>) {
         self.0.unpark();
     }
@@ -156,7 +156,7 @@ impl Wake for Unpark {
 /// The courier thread's loop (see the module docs).
 fn run(shared: &Weak<Shared>) {
     // One waker for every registration: the doorbell keeps it once (`will_wake`).
-    let waker = Waker::from(Arc::new(Unpark(std::thread::current())));
+    let waker = Waker::from(Arc::new(CourierWaker(std::thread::current())));
     let mut nap = MIN_NAP;
     loop {
         let Some(s) = shared.upgrade() else { return };
