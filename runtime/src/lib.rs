@@ -94,6 +94,7 @@ mod buffer;
 mod comm;
 mod config;
 mod counters;
+mod courier;
 mod cri;
 mod datatype;
 mod executor;

@@ -194,6 +194,10 @@ impl Shared {
         self.deferred_to.get(dst as usize).is_some_and(|n| n.load(Ordering::Relaxed) > 0)
     }
 
+    /// Queues a refused frame behind the others to its destination. The first frame the
+    /// rank holds summons its courier (`courier.rs`), which sends the queue when nobody
+    /// else progresses; later ones need no summons — each was refused by its destination
+    /// (or queues behind one that was), which rings room when it drains.
     fn defer(&self, d: Deferred) {
         let mut q = self.deferred.lock();
         let DeferredQueues { by_dst, active } = &mut *q;
@@ -210,8 +214,14 @@ impl Shared {
             active.push(d.dst);
         }
         queue.push_back(d);
-        // Release: a progress pass that sees the flag finds the entry under the lock.
-        self.has_deferred.store(true, Ordering::Release);
+        // Release: a progress pass (or the courier) that sees the flag finds the entry under
+        // the lock. The flag changes only under the lock: `was` is whether the rank held
+        // frames already.
+        let was = self.has_deferred.swap(true, Ordering::Release);
+        drop(q);
+        if !was {
+            self.summon_courier();
+        }
     }
 
     /// Drains up to a batch of frames from CRI `k`; the caller holds its lock (`local`).

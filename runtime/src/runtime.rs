@@ -121,9 +121,11 @@ pub(crate) struct Shared {
     /// Progress owner of `ProgressMode::Owner` and its hand-off.
     pub(crate) owner: CachePadded<OwnerToken>,
     /// Frames a full inbox refused (eager sends, `Rts`, `Fin`), in posting order, sent by
-    /// progress (`Shared::flush_deferred`): a nonblocking send never blocks.
+    /// progress (`Shared::flush_deferred`) — the rank's threads' or its courier's: a
+    /// nonblocking send never blocks, and nobody has to poll for the frames.
     pub(crate) deferred: Mutex<crate::protocol::DeferredQueues>,
-    /// `deferred` is non-empty: progress checks this flag instead of taking the lock.
+    /// `deferred` is non-empty: progress checks this flag instead of taking the lock. It
+    /// changes only under the lock.
     pub(crate) has_deferred: std::sync::atomic::AtomicBool,
     /// Deferred frames per destination rank: a send to a rank with frames waiting queues
     /// behind them instead of overtaking them.
@@ -135,6 +137,9 @@ pub(crate) struct Shared {
     /// Lost-peer bookkeeping (which peers are gone, rendezvous sends in flight, loss epoch
     /// handled).
     pub(crate) peers: crate::protocol::PeerWatch,
+    /// The thread that sends deferred frames when no thread of the rank progresses (started
+    /// by the first deferral; `courier.rs`).
+    pub(crate) courier: crate::courier::Courier,
 }
 
 /// How long dropping a runtime keeps trying to send frames still deferred behind a full
@@ -147,6 +152,9 @@ const DRAIN_RENDEZVOUS: std::time::Duration = std::time::Duration::from_secs(5);
 
 impl Drop for Shared {
     fn drop(&mut self) {
+        // Stopped by the last `Runtime` handle already (`ExecGuard`), unless the state
+        // outlived none: no pass may race the teardown below.
+        self.courier.stop();
         // A request dropped in flight leaves its deferred frame to progress; send what is
         // left while the peers still drain their inboxes (bounded: a peer may be gone).
         let deadline = std::time::Instant::now() + DRAIN_DEFERRED;
@@ -487,14 +495,17 @@ pub struct Runtime {
     exec: Arc<ExecGuard>,
 }
 
-/// Stops the executor pool when the last `Runtime` handle drops (communicators and requests
-/// keep the rank's state alive, not its threads).
+/// Stops the rank's threads — the executor pool and the courier — when the last `Runtime`
+/// handle drops (communicators and requests keep the rank's state alive, not its threads).
 struct ExecGuard {
     shared: Arc<Shared>,
 }
 
 impl Drop for ExecGuard {
     fn drop(&mut self) {
+        // While this guard still holds the state: the courier's own reference is never the
+        // last, so the state is never dropped on it.
+        self.shared.courier.stop();
         self.shared.executor.shutdown();
     }
 }
@@ -778,7 +789,7 @@ impl Builder {
             .into_iter()
             .map(|ep| {
                 let size = ep.size();
-                let shared = Arc::new(Shared {
+                let shared = Arc::new_cyclic(|me| Shared {
                     id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
                     cris: (0..config.cris)
                         .map(|_| {
@@ -804,6 +815,7 @@ impl Builder {
                     counters: Counters::default(),
                     executor: crate::executor::Executor::new(),
                     peers: crate::protocol::PeerWatch::new(size),
+                    courier: crate::courier::Courier::new(me.clone()),
                     transport: ep,
                     config: config.clone(),
                 });

@@ -418,6 +418,70 @@ fn wait_any_and_wait_some_while_other_threads_complete_the_requests() {
                 Ok(n) => assert!(n > 0, "{what}: no batch done"),
                 Err(e) => panic!("{what}: {e}"),
             }
+
+/// Rounds of windows of rendezvous sends between the threads of two ranks with two-frame
+/// inboxes, each round ending at a `std::sync::Barrier` of every thread: a thread that
+/// reached it makes no progress, so a `Fin` a receiver deferred behind the sender's full
+/// inbox and never sent before its thread got there left the sender's wait — and with it
+/// the barrier — stuck for good. The rank's courier sends it; every round finishes, in
+/// every progress mode, with and without pool workers.
+#[test]
+fn rounds_that_end_at_a_std_barrier_finish_behind_full_inboxes() {
+    const SENDERS: usize = 4;
+    const RECEIVERS: usize = 2;
+    const WINDOW: usize = 16;
+    const ROUNDS: usize = 25;
+    const LEN: usize = 40_000;
+    for mode in [ProgressMode::Global, ProgressMode::Owner, ProgressMode::Concurrent] {
+        for workers in [None, Some(0)] {
+            within(60, &format!("{mode:?}, workers {workers:?}: rounds ending at a barrier"), move || {
+                let mut b = Runtime::builder().env(false).progress(mode).inbox_capacity(2).eager_threshold(16 << 10);
+                if let Some(n) = workers {
+                    b = b.workers(n);
+                }
+                let ranks = b.build_local(2).unwrap();
+                if workers.is_some() {
+                    // The pool exists (without threads): waits also run its tasks.
+                    ranks[0].block_on(ranks[0].spawn(async {})).unwrap();
+                }
+                let bar = std::sync::Barrier::new(SENDERS + RECEIVERS);
+                std::thread::scope(|s| {
+                    for t in 0..SENDERS {
+                        let (c, bar) = (ranks[0].world(), &bar);
+                        s.spawn(move || {
+                            for round in 0..ROUNDS {
+                                let mut reqs: Vec<_> =
+                                    (0..WINDOW).map(|k| c.isend(vec![(round + k) as u8; LEN], 1, t as i32).unwrap()).collect();
+                                weft::wait_all(&mut reqs).unwrap();
+                                bar.wait();
+                            }
+                        });
+                    }
+                    for r in 0..RECEIVERS {
+                        let (c, bar) = (ranks[1].world(), &bar);
+                        s.spawn(move || {
+                            for round in 0..ROUNDS {
+                                // Receiver `r` takes the messages of the senders `t % RECEIVERS == r`.
+                                let mut reqs: Vec<_> = (0..SENDERS)
+                                    .filter(|t| t % RECEIVERS == r)
+                                    .flat_map(|t| (0..WINDOW).map(move |_| t))
+                                    .map(|t| c.irecv(Vec::<u8>::with_capacity(LEN), 0u32, t as i32).unwrap())
+                                    .collect();
+                                weft::wait_all(&mut reqs).unwrap();
+                                for (i, q) in reqs.iter_mut().enumerate() {
+                                    let (m, _) = q.take().unwrap().unwrap();
+                                    let k = i % WINDOW;
+                                    assert!(
+                                        m.len() == LEN && m.iter().all(|&x| x == (round + k) as u8),
+                                        "round {round}: message {k} corrupted"
+                                    );
+                                }
+                                bar.wait();
+                            }
+                        });
+                    }
+                });
+            });
         }
     }
 }

@@ -335,13 +335,13 @@ impl Endpoint {
         n
     }
 
-    /// Rings the doorbells of the ranks a full inbox refused (`bits`, see `refusal_bit`):
-    /// there is room now, and they may have nobody polling.
+    /// Rings room at the doorbells of the ranks a full inbox refused (`bits`, see
+    /// `refusal_bit`): there is room now, and they may have nobody polling.
     #[cold]
     fn wake_refused(&self, bits: u64) {
         for (r, rank) in self.world.ranks.iter().enumerate() {
             if bits & refusal_bit(r as u32) != 0 {
-                rank.doorbell.ring();
+                rank.doorbell.ring_room();
             }
         }
     }

@@ -37,10 +37,11 @@ pub use weft_sync::Error;
 pub enum SendError {
     /// The destination's inbox is full (flow control), or the provider cannot take the
     /// frame yet: progress, then retry. Nothing was sent and nothing is lost. The sending
-    /// rank's [`Doorbell`] is rung once a retry may succeed (the embedded provider: when the
-    /// destination drains that inbox; libfabric: from the watcher, while refusals last), so
-    /// a sender may sleep on the doorbell instead of polling — after one more try, since
-    /// that ring may come between its last try and its sleep.
+    /// rank's [`Doorbell`] rings room ([`Doorbell::ring_room`]) once a retry may succeed
+    /// (the embedded provider: when the destination drains that inbox; libfabric: from the
+    /// watcher, while refusals last), so a sender may sleep on the doorbell instead of
+    /// polling — after one more try, since that ring may come between its last try and its
+    /// sleep.
     WouldBlock,
     /// The destination rank is gone.
     PeerLost,

@@ -53,12 +53,13 @@
 //!
 //! A send the provider refuses (`SendError::WouldBlock`: no free send slot, or `FI_EAGAIN`
 //! while `ofi_rxm` sets up the connection on the first frame to a peer) marks the rank
-//! (`send_refused`); the watcher then rings the doorbell on each of its short-sleep passes
-//! (never blocking on the wait fds, which a connection's progress does not signal; backing
-//! off from 10 µs to 1 ms while only refusals come) until a pass finds no new refusal. A
-//! runtime that queued the frame retries on each ring, so a sender parked on the doorbell —
-//! a thread, or an async task that nothing else will poll — is not left waiting for a frame
-//! that will never come.
+//! (`send_refused`); the watcher then rings room at the doorbell (`Doorbell::ring_room`) on
+//! each of its short-sleep passes (never blocking on the wait fds, which a connection's
+//! progress does not signal; backing off from 10 µs to 1 ms while only refusals come) until
+//! a pass finds no new refusal. A runtime that queued the frame retries on each ring, so a
+//! sender parked on the doorbell — a thread, an async task that nothing else will poll, or
+//! the runtime's own thread waiting for room — is not left waiting for a frame that will
+//! never come.
 //!
 //! # Rendezvous
 //!
@@ -905,7 +906,10 @@ impl Inner {
             // sees what the refusal saw, and its waker registered before it).
             let refused = self.send_refused.swap(false, Ordering::Acquire);
             let staged = self.reap_all();
-            if staged || refused {
+            if refused {
+                // A retry may succeed now: room, which also wakes the waiters for frames.
+                self.doorbell.ring_room();
+            } else if staged {
                 self.doorbell.ring();
             }
             if staged {

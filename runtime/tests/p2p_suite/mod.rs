@@ -259,6 +259,89 @@ fn dropped_deferred_sends_still_arrive() {
     }
 }
 
+/// Receives `n` messages of `len` bytes from `source` with `tag` on `c` (payload `i` as the
+/// first byte of message `i`), driving only the receiving rank, and fails the test after
+/// `secs` seconds.
+fn recv_in_order_within(c: &weft::Communicator, source: u32, tag: i32, n: u32, secs: u64, what: &str) {
+    let deadline = Instant::now() + Duration::from_secs(secs);
+    for i in 0..n {
+        let mut r = c.irecv(Vec::<u8>::with_capacity(8), source, tag).unwrap();
+        while !r.test() {
+            assert!(Instant::now() < deadline, "{what}: message {i} not received within {secs} s");
+        }
+        let (m, _) = r.take().unwrap().unwrap();
+        assert_eq!(m.first(), Some(&(i as u8)), "{what}: in order");
+    }
+}
+
+/// Frames deferred behind a full inbox go out while every thread of the sending rank does
+/// something else: nobody has to poll for them. The only thread here drives the receiving
+/// rank alone.
+#[test]
+fn deferred_sends_go_out_while_the_sender_does_other_work() {
+    for mode in MODES {
+        let rts = super::builder().progress(mode).cris(1).inbox_capacity(4).build_local(2).unwrap();
+        let mut sends: Vec<_> = (0..40u8).map(|i| rts[0].world().isend(vec![i], 1, 6).unwrap()).collect();
+        recv_in_order_within(rts[1].world(), 0, 6, 40, 10, &format!("{mode}: deferred sends of an idle rank"));
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !sends.iter().all(|r| r.is_complete()) {
+            assert!(Instant::now() < deadline, "{mode}: received sends not completed within 10 s");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        weft::wait_all(&mut sends).unwrap();
+    }
+}
+
+/// A rendezvous receive whose `Fin` is refused by the sender's full inbox, after which the
+/// receiving rank stops calling weft (its thread blocks on something else): the sender's
+/// wait still returns — the deferred `Fin` goes out when the sender drains its inbox. Rank
+/// 2 fills rank 0's inbox first and then makes no progress either; its deferred messages
+/// still reach rank 0.
+#[test]
+fn a_deferred_fin_goes_out_while_the_receiver_does_other_work() {
+    use std::sync::mpsc;
+    const FLOOD: u8 = 64;
+    const LEN: usize = 64 << 10;
+    for mode in MODES {
+        let rts = super::builder().progress(mode).cris(1).inbox_capacity(4).eager_threshold(4096).build_local(3).unwrap();
+        // Rank 2 fills rank 0's inbox; the rest waits in rank 2's deferred queue.
+        let mut flood: Vec<_> = (0..FLOOD).map(|i| rts[2].world().isend(vec![i], 0, 1).unwrap()).collect();
+        // Rank 1 receives the message (its `Fin` finds rank 0's inbox full), then blocks
+        // outside weft until released. The threads are not scoped: a hang fails the test
+        // below instead of stopping the suite (a stuck thread is left behind).
+        let (got_tx, got_rx) = mpsc::channel();
+        let (release_tx, release_rx) = mpsc::channel::<()>();
+        let r1 = rts[1].clone();
+        let receiver = std::thread::spawn(move || {
+            let got = r1.world().recv(Vec::<u8>::with_capacity(LEN), 0u32, 2).map(|(b, st)| (b.len(), st.bytes));
+            let _ = got_tx.send(got);
+            let _ = release_rx.recv_timeout(Duration::from_secs(60));
+        });
+        // Rank 0 waits for its send once rank 1 has received (and deferred its `Fin`) — or
+        // after half a second: on libfabric's tcp the receiver's read of rank 0's buffer
+        // needs rank 0's progress, which its wait gives.
+        let (go_tx, go_rx) = mpsc::channel::<()>();
+        let (done_tx, done_rx) = mpsc::channel();
+        let r0 = rts[0].clone();
+        std::thread::spawn(move || {
+            let send = r0.world().isend(vec![7u8; LEN], 1, 2).unwrap();
+            let _ = go_rx.recv_timeout(Duration::from_millis(500));
+            let _ = done_tx.send(send.wait().map(|(_, st)| st.bytes));
+        });
+        let got = got_rx.recv_timeout(Duration::from_secs(30)).unwrap_or_else(|_| panic!("{mode}: rank 1 did not receive within 30 s"));
+        assert_eq!(got, Ok((LEN, LEN)), "{mode}");
+        let _ = go_tx.send(());
+        let sent = done_rx.recv_timeout(Duration::from_secs(10)).unwrap_or_else(|_| {
+            panic!("{mode}: rank 0's rendezvous send did not complete within 10 s while rank 1 does other work (its deferred Fin was not sent)")
+        });
+        assert_eq!(sent, Ok(LEN), "{mode}");
+        recv_in_order_within(rts[0].world(), 2, 1, u32::from(FLOOD), 10, &format!("{mode}: deferred sends of an idle rank"));
+        release_tx.send(()).unwrap();
+        receiver.join().unwrap();
+        weft::wait_all(&mut flood).unwrap();
+    }
+}
+
 /// `Concurrent` with dedicated CRIs and crossed pairs: each sender is bound to the CRI of
 /// the *other* pair's receiver, so every frame arrives on a CRI that a thread waiting on
 /// another communicator attends. Both pairs still finish (the attending thread matches the
