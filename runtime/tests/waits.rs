@@ -418,6 +418,9 @@ fn wait_any_and_wait_some_while_other_threads_complete_the_requests() {
                 Ok(n) => assert!(n > 0, "{what}: no batch done"),
                 Err(e) => panic!("{what}: {e}"),
             }
+        }
+    }
+}
 
 /// Rounds of windows of rendezvous sends between the threads of two ranks with two-frame
 /// inboxes, each round ending at a `std::sync::Barrier` of every thread: a thread that
