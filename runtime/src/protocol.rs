@@ -775,3 +775,79 @@ mod tests {
         assert!(shared.peers.rendezvous.lock().is_empty());
     }
 }
+
+/// The verdict on a failed rendezvous read, over `tcp;ofi_rxm`: the read of a message whose
+/// sender withdrew the registration fails at the sender, as a read from a process that
+/// died does before the job reports the loss. (`shm` does not check keys: such a read
+/// succeeds there.)
+#[cfg(all(test, feature = "ofi"))]
+mod read_verdict {
+    use std::time::{Duration, Instant};
+
+    use weft_sync::Error;
+    use weft_transport::Transport;
+
+    use crate::{Provider, Runtime};
+
+    /// Progresses both ranks until `done`, or panics after `secs`.
+    fn drive(rts: &[Runtime], secs: u64, what: &str, mut done: impl FnMut() -> bool) -> Duration {
+        let t0 = Instant::now();
+        while !done() {
+            assert!(t0.elapsed() < Duration::from_secs(secs), "{what}: not done after {secs} s");
+            rts[0].progress();
+            rts[1].progress();
+        }
+        t0.elapsed()
+    }
+
+    /// Sends a rendezvous message 0 -> 1, withdraws the registration its `Rts` names, and
+    /// posts the receive: its read fails.
+    fn failing_read(rts: &[Runtime]) -> (crate::Request<'_, Vec<u8>>, crate::Request<'_, Vec<u8>>) {
+        let (a, b) = (rts[0].world(), rts[1].world());
+        let send = a.isend(vec![7u8; 1 << 20], 1, 3).unwrap();
+        let key =
+            rts[0].shared.peers.rendezvous.lock().last().map(|(_, _, req)| req.key.load(std::sync::atomic::Ordering::Relaxed)).unwrap();
+        rts[0].shared.transport.deregister(key);
+        let recv = b.irecv(Vec::<u8>::with_capacity(1 << 20), 0u32, 3).unwrap();
+        (send, recv)
+    }
+
+    /// A failed read waits for the verdict on its peer: its own error when the peer stays
+    /// alive, `PeerLost` when the loss becomes known meanwhile (the read's error used to be
+    /// reported at once, as a transport error, though the peer had died).
+    #[test]
+    fn failed_read_waits_for_the_verdict() {
+        let provider = Provider::Tcp;
+        std::env::set_var("FI_TCP_IFACE", "lo");
+        let rts = Runtime::builder().env(false).provider(provider).eager_threshold(1024).build_local(2).unwrap();
+        // No verdict: the read's own error, once the verdict wait is over.
+        let (mut send, mut recv) = failing_read(&rts);
+        let took = drive(&rts, 20, "failed read, peer alive", || recv.test());
+        match recv.take() {
+            Some(Err(Error::Transport { op: "fi_read", .. })) => {}
+            other => panic!("{provider}: failed read, peer alive: {:?}", other.map(|r| r.map(|(_, st)| st))),
+        }
+        assert!(took >= Duration::from_secs(2), "{provider}: reported after {took:?}, before the verdict wait was over");
+        // The sender got its `Fin` all the same.
+        drive(&rts, 10, "send's Fin", || send.test());
+        // The loss becomes known while the failed read waits for the verdict: `PeerLost`.
+        let (mut send, mut recv) = failing_read(&rts);
+        let t0 = Instant::now();
+        while t0.elapsed() < Duration::from_millis(300) {
+            rts[0].progress();
+            rts[1].progress();
+        }
+        assert!(!recv.test(), "{provider}: a failed read was reported before the verdict on its peer");
+        let Transport::Ofi(rank1) = &rts[1].shared.transport else { panic!("not a libfabric transport") };
+        rank1.mark_lost(0);
+        drive(&rts, 10, "failed read, peer lost", || recv.test());
+        match recv.take() {
+            Some(Err(Error::PeerLost { rank: 0 })) => {}
+            other => panic!("{provider}: failed read, peer lost: {:?}", other.map(|r| r.map(|(_, st)| st))),
+        }
+        // Rank 0 learns it too, and gives up on the `Fin` (the drop does not wait for it).
+        let Transport::Ofi(rank0) = &rts[0].shared.transport else { panic!("not a libfabric transport") };
+        rank0.mark_lost(1);
+        drive(&rts, 10, "send to the lost rank", || send.test());
+    }
+}
