@@ -356,6 +356,37 @@ fn async_requests_in_tokio() {
     rt.block_on(async { tokio::time::timeout(Duration::from_secs(30), test).await.expect("async requests did not complete within 30 s") });
 }
 
+/// An async receive of a rendezvous message, awaited on a single-threaded executor: the
+/// read the receive starts goes on after the task returned `Pending` (libfabric: nothing
+/// else runs on the receiving rank), and its end wakes the task.
+#[test]
+fn async_rendezvous_receive_wakes_its_task() {
+    const BYTES: usize = 16 << 20;
+    for mode in MODES {
+        let rts = world(2, mode);
+        let rt = tokio::runtime::Builder::new_current_thread().enable_time().build().unwrap();
+        let (a, b) = (rts[0].world(), rts[1].world());
+        std::thread::scope(|s| {
+            // Bounded, as the receive is: a send whose `Fin` never comes must not hold the
+            // scope (and the test) for ever.
+            s.spawn(|| {
+                let mut send = a.isend(vec![3u8; BYTES], 1, 8).unwrap();
+                let t0 = Instant::now();
+                while !send.test() && t0.elapsed() < Duration::from_secs(30) {
+                    std::thread::yield_now();
+                }
+            });
+            let got = rt.block_on(async {
+                let recv = b.irecv(Vec::<u8>::with_capacity(BYTES), 0u32, 8).unwrap();
+                tokio::time::timeout(Duration::from_secs(30), recv).await
+            });
+            let (buf, st) = got.unwrap_or_else(|_| panic!("{mode}: rendezvous receive not woken within 30 s")).unwrap();
+            assert_eq!(st.bytes, BYTES, "{mode}");
+            assert!(buf.iter().all(|&x| x == 3), "{mode}: bytes corrupted");
+        });
+    }
+}
+
 /// Sends refused by a full inbox are deferred; an async task awaiting them is woken when
 /// the destination drains its inbox, though no thread of the sending rank makes progress
 /// meanwhile (the sender's task is parked in the executor before the receiver starts).
