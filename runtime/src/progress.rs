@@ -183,6 +183,7 @@ impl Shared {
     /// progresses the CRIs it wins by try-lock; in `Global` mode it takes the progress
     /// lock's try path. Returns whether anything was handled.
     pub(crate) fn progress_idle(&self) -> bool {
+        // (Rendezvous reads that are over count as frames: `any_frames`.)
         if !self.transport.any_frames() && !self.has_deferred.load(Ordering::Acquire) {
             return false;
         }

@@ -140,6 +140,10 @@ pub(crate) struct Shared {
     /// The thread that sends deferred frames when no thread of the rank progresses (started
     /// by the first deferral; `courier.rs`).
     pub(crate) courier: crate::courier::Courier,
+    /// Rendezvous reads in flight and the receives they fill. Declared after `transport`:
+    /// dropped after it, so a buffer a read given up on still targets outlives the
+    /// endpoints.
+    pub(crate) reads: crate::protocol::RendezvousReads,
 }
 
 /// How long dropping a runtime keeps trying to send frames still deferred behind a full
@@ -170,10 +174,13 @@ impl Drop for Shared {
         // buffer: closing now would fail that receive with `PeerLost` — a message lost,
         // though every message a finished rank sent must arrive. Progress until the `Fin`s
         // are in (bounded: a receiver may never post the receive, or be gone, which
-        // `fail_lost` reports by failing the send).
+        // `fail_lost` reports by failing the send). Likewise for this rank's own reads in
+        // flight (receives dropped after they matched): their senders wait for the `Fin`.
+        // A read still in flight after that is given up: its buffer is freed only after the
+        // transport's endpoints (field order).
         let deadline = std::time::Instant::now() + DRAIN_RENDEZVOUS;
-        while self.rendezvous_pending() && std::time::Instant::now() < deadline {
-            if !self.progress_once() {
+        while (self.rendezvous_pending() || self.reads_pending()) && std::time::Instant::now() < deadline {
+            if !self.progress_once() && self.poll_rendezvous_reads() == 0 {
                 std::thread::sleep(std::time::Duration::from_micros(50));
             }
         }
@@ -816,6 +823,7 @@ impl Builder {
                     executor: crate::executor::Executor::new(),
                     peers: crate::protocol::PeerWatch::new(size),
                     courier: crate::courier::Courier::new(me.clone()),
+                    reads: crate::protocol::RendezvousReads::new(),
                     transport: ep,
                     config: config.clone(),
                 });

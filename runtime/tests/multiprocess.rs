@@ -17,10 +17,17 @@ const SELFTEST: &str = env!("CARGO_BIN_EXE_weft-selftest");
 static SERIAL: Mutex<()> = Mutex::new(());
 
 fn weftrun(n: u32, provider: &str, check: &str) -> (Output, Duration) {
+    weftrun_with(n, provider, &["--timeout", "240"], check)
+}
+
+/// `weftrun` with options of its own (`--timeout`, `--grace`) before the program.
+fn weftrun_with(n: u32, provider: &str, options: &[&str], check: &str) -> (Output, Duration) {
     let _g = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
     let t0 = Instant::now();
     let out = Command::new(WEFTRUN)
-        .args(["-n", &n.to_string(), "--provider", provider, "--timeout", "240", SELFTEST, check])
+        .args(["-n", &n.to_string(), "--provider", provider])
+        .args(options)
+        .args([SELFTEST, check])
         .env("FI_TCP_IFACE", "lo")
         .env("FI_SOCKETS_IFACE", "lo")
         .env_remove("WEFT_PROVIDER")
@@ -94,6 +101,53 @@ fn killed_peer_fails_pending_requests_on_shm() {
 #[test]
 fn killed_peer_fails_pending_requests_on_tcp() {
     killed_peer("tcp");
+}
+
+/// Eight ranks, each sending a rendezvous-size message to every other at once, round after
+/// round: every rank reads from the others' memory while they read from its own. A
+/// receiver that waited for its read inside progress, under a CRI lock, served nobody's
+/// reads meanwhile, and the job hung in about half of the runs of 20 rounds.
+fn all_to_all(provider: &str) {
+    let (o, t) = weftrun_with(8, provider, &["--timeout", "60"], "alltoall");
+    let s = text(&o);
+    assert!(o.status.success(), "all-to-all on {provider} failed or hung (weftrun --timeout 60) after {t:?}:\n{s}");
+    for r in 0..8 {
+        assert!(s.contains(&format!("[{r}] alltoall ok")), "rank {r}:\n{s}");
+    }
+}
+
+#[test]
+fn eight_ranks_all_to_all_rendezvous_on_shm() {
+    all_to_all("shm");
+}
+
+#[test]
+fn eight_ranks_all_to_all_rendezvous_on_tcp() {
+    all_to_all("tcp");
+}
+
+/// A sender killed while the receiver reads its 64 MiB message: the receive fails with
+/// `PeerLost` — the read's own error (`fi_read`: `ECONNRESET`, `ENOTCONN`, `EIO`) comes
+/// before the job reports the loss, and used to be returned as a transport error — or, if
+/// the read was done before the kill, holds the whole message.
+fn killed_sender_mid_read(provider: &str) {
+    // A read from a dead process may wait out its chunks (5 s) before it reports: the
+    // survivor gets the grace to do so.
+    let (o, t) = weftrun_with(2, provider, &["--grace", "20", "--timeout", "60"], "peer-lost-read");
+    let s = text(&o);
+    assert_eq!(o.status.code(), Some(137), "{s}");
+    assert!(s.contains("[1] peer-lost-read ok"), "rank 1's receive from the killed sender:\n{s}");
+    assert!(t < Duration::from_secs(30), "took {t:?}");
+}
+
+#[test]
+fn killed_sender_fails_the_read_with_peer_lost_on_shm() {
+    killed_sender_mid_read("shm");
+}
+
+#[test]
+fn killed_sender_fails_the_read_with_peer_lost_on_tcp() {
+    killed_sender_mid_read("tcp");
 }
 
 /// A rank that exits with status 0 before joining the job fails the others at once, with

@@ -6,6 +6,7 @@ fn builder() -> weft::Builder {
     weft::Runtime::builder().env(false)
 }
 
+mod common;
 mod p2p_suite;
 
 /// Without the `ofi` feature, asking for a libfabric provider is a clear error, by builder

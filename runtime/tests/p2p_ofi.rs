@@ -2,6 +2,8 @@
 //! in this process (each with its own domain), traffic pinned to loopback.
 #![cfg(feature = "ofi")]
 
+mod common;
+
 fn loopback() {
     static ONCE: std::sync::Once = std::sync::Once::new();
     // libfabric reads these once, at its first fi_getinfo.

@@ -66,8 +66,20 @@
 //! The sender registers its buffer (`fi_mr_reg`, `FI_REMOTE_READ`); the `Rts` frame carries
 //! the key and — under `FI_MR_VIRT_ADDR` (shm) — the buffer's address in the header's
 //! `addr`. The receiver reads it with `fi_read` from its RMA endpoint, in chunks of at most
-//! 8 MiB with up to 8 in flight, targeting the sender's CRI endpoint (the one the sender
-//! progresses while it waits for the `Fin`).
+//! 8 MiB with up to 8 in flight per read (32 for all reads together, within the endpoint's
+//! CQ), targeting the sender's CRI endpoint (the one the sender progresses while it waits
+//! for the `Fin`).
+//!
+//! A read never blocks: [`Rank::start_read`] posts its first chunks and returns, and
+//! [`Rank::poll_reads`] — called by the runtime's progress passes, outside its CRI locks —
+//! reads the RMA endpoint's completions, posts the rest and reports the reads that are over
+//! (the `reads` module). Serving a read may need the sender's own progress on its endpoint
+//! (shm without cross-memory attach, `tcp;ofi_rxm`): a rank that waited for its read inside
+//! progress would not serve its peers' reads meanwhile, and ranks reading from each other
+//! would wait for ever. While every thread of the rank may be parked, the watcher advances
+//! the reads and rings the doorbell when one is over. A read that fails while its peer is
+//! not (yet) known lost waits a few seconds for the verdict (`reads::VERDICT_WAIT`): the
+//! failure of a read from a dead process is reported as the peer's loss.
 //!
 //! # Lost peers
 //!
@@ -92,10 +104,12 @@ use parking_lot::Mutex;
 use crate::doorbell::Doorbell;
 use crate::frame::{Frame, FrameKind, Header, Payload, INLINE};
 use crate::ofi::{
-    AddressVector, Completion, CompletionError, CqError, Domain, Endpoint, EndpointConfig, FetchOp, FiAddr, Info, MemoryRegion, MrAccess,
-    OfiError, Post, RemoteRegion, TryWait,
+    AddressVector, CompletionError, CqError, Domain, Endpoint, EndpointConfig, FetchOp, FiAddr, Info, MemoryRegion, MrAccess, OfiError,
+    Post, RemoteRegion, TryWait,
 };
-use crate::{Error, SendError};
+use crate::{Error, ReadStart, SendError};
+
+mod reads;
 
 /// Bytes of the full wire header, in front of protocol frames (`Rts`, `Fin`) and of eager
 /// frames that carry rendezvous fields.
@@ -118,7 +132,7 @@ const SMALL_FRAME: usize = 128;
 /// Largest single `fi_read` of a rendezvous.
 const READ_CHUNK: usize = 8 << 20;
 
-/// Reads of one rendezvous in flight at once.
+/// Chunks of one rendezvous read posted at once.
 const READS_IN_FLIGHT: usize = 8;
 
 /// How long a rank counts as "active" after its last frame (progress threads spin meanwhile
@@ -132,7 +146,7 @@ const REAP_CHUNK: usize = 16;
 const MIN_SLEEP_US: u64 = 10;
 
 /// How long a failed rendezvous read waits for its other chunks to finish before giving up
-/// on them (they target memory this call must not return while they may still write it).
+/// on them (they target memory the read must not give back while they may still write it).
 const DRAIN_LIMIT: Duration = Duration::from_secs(5);
 
 /// Context kinds (top byte of the `u64` operation context).
@@ -439,7 +453,7 @@ impl Opened {
             let cfg = EndpointConfig { cq_size, wait_fd: true, rma_counter: true };
             eps.push(Endpoint::open(&domain, &av, &cfg).map_err(|e| transport_error(&e))?);
         }
-        let cfg = EndpointConfig { cq_size: 4 * READS_IN_FLIGHT + 16, wait_fd: false, rma_counter: false };
+        let cfg = EndpointConfig { cq_size: reads::CHUNKS_POSTED + 16, wait_fd: false, rma_counter: false };
         eps.push(Endpoint::open(&domain, &av, &cfg).map_err(|e| transport_error(&e))?);
         Ok(Opened { opts: opts.clone(), size, domain, av, eps })
     }
@@ -536,7 +550,7 @@ impl Opened {
             size: self.size,
             k: self.opts.cris,
             cris,
-            rma: Mutex::new(()),
+            reads: reads::Reads::new(),
             rma_ep,
             peers: peers.into_boxed_slice(),
             alive: (0..self.size).map(|_| AtomicBool::new(true)).collect(),
@@ -617,8 +631,8 @@ struct Inner {
     k: usize,
     /// The CRIs.
     cris: Box<[CachePadded<Cri>]>,
-    /// Serializes rendezvous reads on `rma_ep`.
-    rma: Mutex<()>,
+    /// The rendezvous reads in flight on `rma_ep`.
+    reads: reads::Reads,
     /// The endpoint rendezvous reads are issued from.
     rma_ep: Endpoint,
     /// `size * (k + 1)` peer addresses.
@@ -906,19 +920,23 @@ impl Inner {
             // sees what the refusal saw, and its waker registered before it).
             let refused = self.send_refused.swap(false, Ordering::Acquire);
             let staged = self.reap_all();
+            // Reads in flight while every thread may be parked: advanced here, and a read
+            // that is over wakes a thread to report it.
+            let reading = self.reads.any();
+            let read_done = reading && self.reads.advance(&self.rma_ep, |r| self.is_alive(r));
             if refused {
                 // A retry may succeed now: room, which also wakes the waiters for frames.
                 self.doorbell.ring_room();
-            } else if staged {
+            } else if staged || read_done {
                 self.doorbell.ring();
             }
-            if staged {
+            if staged || read_done {
                 // Refusals alone keep backing off: a destination that stays full is retried
                 // at most every millisecond, not every 10 µs.
                 sleep_us = MIN_SLEEP_US;
             }
             match &fds {
-                Some(fds) if !refused && self.all_may_block() => {
+                Some(fds) if !refused && !reading && self.all_may_block() => {
                     let mut pfds: Vec<libc::pollfd> = fds.iter().map(|&fd| libc::pollfd { fd, events: libc::POLLIN, revents: 0 }).collect();
                     // SAFETY: `pfds` is a valid array of `len` pollfds whose fds are the CQs'
                     // wait fds, open while `self` (which owns the CQs) lives.
@@ -1182,11 +1200,13 @@ impl Rank {
         }
     }
 
-    /// Whether any CRI has frames — or the rank was active in the last few milliseconds, so
-    /// that progress threads keep polling instead of parking while traffic flows.
+    /// Whether any CRI has frames, or rendezvous reads that are over wait to be reported
+    /// ([`poll_reads`](Self::poll_reads)) — or the rank was active in the last few
+    /// milliseconds, so that progress threads keep polling instead of parking while traffic
+    /// flows.
     pub fn any_frames(&self) -> bool {
         // The clock first: during traffic it answers without reading any CQ.
-        self.inner.recently_active() || (0..self.inner.k).any(|k| self.has_frames(k))
+        self.inner.recently_active() || self.inner.reads.any_finished() || (0..self.inner.k).any(|k| self.has_frames(k))
     }
 
     /// Gives a consumed payload's buffer back to this rank's pool.
@@ -1235,89 +1255,55 @@ impl Rank {
         self.inner.regions.lock().remove(&key);
     }
 
-    /// Rendezvous read: fills `dst` from the buffer the `Rts` header `h` names.
-    pub fn read(&self, h: &Header, dst: &mut [u8]) -> Result<(), Error> {
+    /// Starts the rendezvous read of the buffer the `Rts` header `h` names into the `len`
+    /// bytes at `dst` (module docs, *Rendezvous*): posts the chunks that fit and returns.
+    /// [`ReadStart::InFlight`]: a later [`poll_reads`](Self::poll_reads) reports its end
+    /// with `token`; [`ReadStart::Done`]: nothing to read (`len` 0). An error here (the rank
+    /// out of range, already lost) means nothing was posted.
+    ///
+    /// # Safety
+    /// `dst..dst + len` must be valid for writes and neither read nor written by anyone else
+    /// until the read is reported (or this rank is dropped); `token` must differ from that
+    /// of every other read not yet reported.
+    pub unsafe fn start_read(&self, h: &Header, dst: *mut u8, len: usize, token: u64) -> Result<ReadStart, Error> {
         let s = &*self.inner;
         let src = h.source;
         if src >= s.size {
             return Err(Error::RankOutOfRange { rank: src, size: s.size });
         }
-        if dst.is_empty() {
-            return Ok(());
+        if len == 0 {
+            return Ok(ReadStart::Done);
         }
         if !s.is_alive(src) {
             return Err(Error::PeerLost { rank: src });
         }
-        let remote = RemoteRegion { base: h.addr, key: h.key, len: dst.len() as u64 };
-        let target = s.addr(src, h.src_cri as usize % s.k);
-        let chunk = s.max_msg.min(READ_CHUNK);
-        let len = dst.len();
-        let base = dst.as_mut_ptr();
-        let _g = s.rma.lock();
-        let mut next = 0usize;
-        let mut outstanding = 0usize;
-        let mut err: Option<Error> = None;
-        let mut comps = [Completion::default(); 16];
-        let mut failed_at: Option<Instant> = None;
-        loop {
-            while err.is_none() && next < len && outstanding < READS_IN_FLIGHT {
-                let n = chunk.min(len - next);
-                // SAFETY: `next..next+n` is inside `dst`, which this call borrows mutably and
-                // does not return before every posted chunk has completed (or DRAIN_LIMIT
-                // passed after a failure, see below).
-                let part = unsafe { std::slice::from_raw_parts_mut(base.add(next), n) };
-                // SAFETY: as above.
-                match unsafe { s.rma_ep.read(part, None, target, &remote, next as u64, CTX_READ | next as u64) } {
-                    Ok(Post::Posted) => {
-                        outstanding += 1;
-                        next += n;
-                    }
-                    Ok(Post::WouldBlock) => break,
-                    Err(e) => err = Some(transport_error(&e)),
-                }
-            }
-            if outstanding == 0 && (next >= len || err.is_some()) {
-                break;
-            }
-            let mut progressed = false;
-            match s.rma_ep.cq().read(&mut comps) {
-                Ok(n) => {
-                    outstanding -= n.min(outstanding);
-                    progressed = n > 0;
-                }
-                Err(CqError::Completion(e)) => {
-                    outstanding = outstanding.saturating_sub(1);
-                    err.get_or_insert(Error::Transport { op: "fi_read", code: e.error.code });
-                    progressed = true;
-                }
-                Err(CqError::Fatal(e)) => {
-                    err.get_or_insert(transport_error(&e));
-                }
-            }
-            if !progressed {
-                s.progress_while_waiting();
-                if !s.is_alive(src) {
-                    err.get_or_insert(Error::PeerLost { rank: src });
-                }
-                if err.is_some() {
-                    let t = *failed_at.get_or_insert_with(Instant::now);
-                    if t.elapsed() > DRAIN_LIMIT {
-                        // The peer is gone and its reads never completed; libfabric will
-                        // not complete them anymore either (the connection is dead).
-                        break;
-                    }
-                }
-                std::thread::yield_now();
-            }
+        let from = reads::ReadFrom {
+            token,
+            src,
+            // The sender's CRI endpoint: the one it progresses while it waits for the `Fin`.
+            target: s.addr(src, h.src_cri as usize % s.k),
+            remote: RemoteRegion { base: h.addr, key: h.key, len: len as u64 },
+            chunk: s.max_msg.min(READ_CHUNK),
+        };
+        // SAFETY: forwarded contract; the RMA endpoint is closed before `Inner` is freed.
+        unsafe { s.reads.start(&s.rma_ep, from, dst, len) };
+        Ok(ReadStart::InFlight)
+    }
+
+    /// Advances the rendezvous reads in flight (reads the RMA endpoint's completions, posts
+    /// the chunks that now fit: bounded work) and hands up to `max` of those that are over to
+    /// `f` — their token and `Ok`, or the error: `PeerLost` when the peer was lost, or is
+    /// found lost within [`reads::VERDICT_WAIT`] of the failure — after every lock is
+    /// released; returns how many. One atomic load when no read is in flight. Never waits:
+    /// a pass another thread is making is left to it.
+    #[inline]
+    pub fn poll_reads(&self, max: usize, f: impl FnMut(u64, Result<(), Error>)) -> usize {
+        let s = &*self.inner;
+        let n = s.reads.poll(&s.rma_ep, |r| s.is_alive(r), max, f);
+        if n > 0 {
+            s.touch();
         }
-        match err {
-            Some(Error::Transport { .. }) if !s.is_alive(src) => Err(Error::PeerLost { rank: src }),
-            Some(e) => Err(e),
-            None => {
-                s.touch();
-                Ok(())
-            }
-        }
+        n
     }
 
     /// Transport-level RMA write of `data` to `offset` of `to`'s region, posted on CRI

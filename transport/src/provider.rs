@@ -63,6 +63,15 @@ impl fmt::Display for Provider {
     }
 }
 
+/// How [`Transport::start_read`] left a rendezvous read.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ReadStart {
+    /// The data is in place: the read is over.
+    Done,
+    /// Posted; [`Transport::poll_reads`] reports its end with its token.
+    InFlight,
+}
+
 /// An atomic read-modify-write of a `u64` in a peer's window ([`Transport::fetch_op`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum RmaOp {
@@ -263,12 +272,51 @@ impl Transport {
         dispatch!(self, t => t.deregister(key))
     }
 
-    /// Rendezvous read: fills `dst` from the sender's buffer that the `Rts` header `h` names.
-    pub fn read(&self, h: &Header, dst: &mut [u8]) -> Result<(), Error> {
+    /// Starts the rendezvous read of the sender's buffer that the `Rts` header `h` names
+    /// into the `len` bytes at `dst`, without waiting for it: [`ReadStart::Done`] if the
+    /// data is in place already (the embedded provider copies at once), else
+    /// [`ReadStart::InFlight`], and a later [`poll_reads`](Self::poll_reads) reports its end
+    /// with `token`. An error here ends the read (nothing is in flight).
+    ///
+    /// A read may need the sender's own progress to be served (libfabric), so it is never
+    /// waited for where that would hold up progress: the caller starts it and goes on.
+    ///
+    /// # Safety
+    /// `dst..dst + len` must be valid for writes and neither read nor written by anyone else
+    /// until the read is over (`Done` or an error returned here, or its token reported by
+    /// `poll_reads`), or the transport is dropped; `token` must differ from that of every
+    /// other read not yet reported.
+    pub unsafe fn start_read(&self, h: &Header, dst: *mut u8, len: usize, token: u64) -> Result<ReadStart, Error> {
         match self {
-            Transport::Embedded(t) => t.read(h.source, h.key, 0, dst),
+            Transport::Embedded(t) => {
+                let _ = token;
+                if len == 0 {
+                    return Ok(ReadStart::Done);
+                }
+                // SAFETY: the caller lends `len` writable bytes at `dst`, used by nobody else.
+                let dst = unsafe { std::slice::from_raw_parts_mut(dst, len) };
+                t.read(h.source, h.key, 0, dst).map(|()| ReadStart::Done)
+            }
             #[cfg(feature = "ofi")]
-            Transport::Ofi(t) => t.read(h, dst),
+            // SAFETY: forwarded contract.
+            Transport::Ofi(t) => unsafe { t.start_read(h, dst, len, token) },
+        }
+    }
+
+    /// Advances the rendezvous reads in flight (bounded work; never waits) and hands up to
+    /// `max` of those that are over to `f`: the token given to
+    /// [`start_read`](Self::start_read), and `Ok` or the error (`PeerLost` when the peer
+    /// is lost). `f` runs after the transport's locks are released. Returns how many; one
+    /// atomic load when no read is in flight (the embedded provider: none ever is).
+    #[inline]
+    pub fn poll_reads(&self, max: usize, f: impl FnMut(u64, Result<(), Error>)) -> usize {
+        match self {
+            Transport::Embedded(_) => {
+                let _ = (max, f);
+                0
+            }
+            #[cfg(feature = "ofi")]
+            Transport::Ofi(t) => t.poll_reads(max, f),
         }
     }
 

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use weft_transport::ofi::FetchOp;
 use weft_transport::ofi_provider::{world, OfiOptions, Rank, RemoteMem};
-use weft_transport::{Error, FrameKind, Header, SendError};
+use weft_transport::{Error, FrameKind, Header, ReadStart, SendError};
 
 const PROVIDERS: [&str; 2] = ["shm", "tcp;ofi_rxm"];
 const DEADLINE: Duration = Duration::from_secs(20);
@@ -141,8 +141,19 @@ fn rendezvous_read_and_lost_peer() {
         }
         let h = got.unwrap();
         let mut dst = vec![0u8; data.len()];
-        r[1].read(&h, &mut dst).unwrap();
+        // SAFETY: `dst` is not touched until the read is reported below.
+        let started = unsafe { r[1].start_read(&h, dst.as_mut_ptr(), dst.len(), 7) }.unwrap();
+        assert_eq!(started, ReadStart::InFlight, "{p}");
+        let mut reported = None;
+        while reported.is_none() {
+            assert!(t0.elapsed() < DEADLINE, "{p}: read not reported");
+            // The sender's endpoint is served by its own watcher here (it is idle).
+            r[1].poll_reads(4, |token, outcome| reported = Some((token, outcome)));
+        }
+        assert_eq!(reported, Some((7, Ok(()))), "{p}");
         assert!(dst == data, "{p}: rendezvous data");
+        // SAFETY: an empty read touches nothing.
+        assert_eq!(unsafe { r[1].start_read(&h, dst.as_mut_ptr(), 0, 8) }, Ok(ReadStart::Done));
         r[0].deregister(key);
         // Rank 0 is lost: everything towards it fails at once.
         let epoch = r[1].lost_epoch();
@@ -150,7 +161,8 @@ fn rendezvous_read_and_lost_peer() {
         assert_ne!(r[1].lost_epoch(), epoch);
         assert!(!r[1].is_alive(0));
         assert_eq!(r[1].send(0, 0, header(1, 0), &[]), Err(SendError::PeerLost));
-        assert!(matches!(r[1].read(&h, &mut dst), Err(Error::PeerLost { rank: 0 })));
+        // SAFETY: nothing is posted when the read is refused.
+        assert!(matches!(unsafe { r[1].start_read(&h, dst.as_mut_ptr(), dst.len(), 9) }, Err(Error::PeerLost { rank: 0 })));
     }
 }
 

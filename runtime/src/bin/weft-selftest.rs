@@ -11,8 +11,10 @@
 //! | `wildcard` | >= 2 | rank 0 receives from `Source::Any`/`Tag::Any`; per-source order checked |
 //! | `order` | >= 2 | eager and rendezvous messages interleaved on one tag arrive in send order |
 //! | `large` | >= 2 | a 64 MiB message 0 -> 1 and back, contents checked |
+//! | `alltoall` | >= 2 | every rank sends 64 KiB (rendezvous) to every other at once, 40 rounds, contents checked |
 //! | `all` | even, >= 2 | all of the above |
 //! | `peer-lost` | 2 | rank 0 kills itself (SIGKILL); rank 1's pending receive and rendezvous send, and a new send and receive, fail with `PeerLost` |
+//! | `peer-lost-read` | 2 | rank 0 kills itself while rank 1 reads its 64 MiB message; rank 1's receive fails with `PeerLost` (not a transport error) or, if the read was done first, holds the whole message |
 //! | `peer-finished` | 2 | rank 1 sends 8 messages and drops its runtime (a normal finish) while rank 0 has receives posted that only rank 1 could match; rank 0 still gets the 8 messages, then the others, a new receive and a new send fail with `PeerLost` |
 //! | `netns` | 2 | a message and 1 MiB each way (the multi-host test) |
 //! | `block` | any | prints its pid, then waits for a message that never comes (teardown test) |
@@ -195,6 +197,78 @@ fn large(c: &Communicator) -> Res {
     Ok(())
 }
 
+/// Rounds of `alltoall`.
+const ALLTOALL_ROUNDS: u32 = 40;
+
+/// Bytes every rank sends every other rank per round in `alltoall`: above the eager
+/// threshold, so each message is a rendezvous read by its receiver.
+const ALLTOALL_BYTES: usize = 64 << 10;
+
+/// `alltoall`: every rank reads from every other rank's memory while they read from its
+/// own (a read waited for inside progress left every rank waiting for the others).
+fn alltoall(c: &Communicator) -> Res {
+    let (me, size) = (c.rank(), c.size());
+    let fill = |from: u32, round: u32| (from.wrapping_mul(31) ^ round) as u8;
+    for round in 0..ALLTOALL_ROUNDS {
+        let mut recvs = Vec::new();
+        for p in (0..size).filter(|&p| p != me) {
+            recvs.push((p, c.irecv(Vec::<u8>::with_capacity(ALLTOALL_BYTES), p, 6).map_err(e)?));
+        }
+        let mut sends = Vec::new();
+        for k in 1..size {
+            sends.push(c.isend(vec![fill(me, round); ALLTOALL_BYTES], (me + k) % size, 6).map_err(e)?);
+        }
+        for (p, r) in recvs {
+            let (b, st) = r.wait().map_err(|err| format!("alltoall round {round}: from {p}: {err}"))?;
+            check(st.bytes == ALLTOALL_BYTES && b.iter().all(|&x| x == fill(p, round)), || {
+                format!("alltoall round {round}: message from {p} corrupted")
+            })?;
+        }
+        weft::wait_all(&mut sends).map_err(e)?;
+    }
+    println!("alltoall ok: {ALLTOALL_ROUNDS} rounds of {ALLTOALL_BYTES} B to each of {} ranks", size - 1);
+    Ok(())
+}
+
+/// `peer-lost-read`: see the table in the module docs.
+fn peer_lost_read(rt: &Runtime) -> Res {
+    let c = rt.world();
+    let n = 64usize << 20;
+    match c.rank() {
+        0 => {
+            let data = vec![0x5au8; n];
+            c.recv(Vec::<u8>::with_capacity(1), 1u32, 1).map_err(e)?;
+            let _send = c.isend(data, 1, 7).map_err(e)?;
+            // Serve the start of rank 1's read, then die with the rest outstanding.
+            let t0 = Instant::now();
+            while t0.elapsed() < Duration::from_millis(5) {
+                rt.progress();
+            }
+            eprintln!("rank 0 killing itself on purpose");
+            // SAFETY: as in `peer_lost`.
+            unsafe { libc::kill(libc::getpid(), libc::SIGKILL) };
+            unreachable!("SIGKILL returned");
+        }
+        1 => {
+            let recv = c.irecv(Vec::<u8>::with_capacity(n), 0u32, 7).map_err(e)?;
+            c.send(&b"!"[..], 0, 1).map_err(e)?;
+            let t0 = Instant::now();
+            let r = recv.wait();
+            let ms = t0.elapsed().as_millis();
+            match r {
+                Err(Error::PeerLost { rank: 0 }) => println!("peer-lost-read ok: PeerLost after {ms} ms"),
+                Ok((b, st)) if st.bytes == n && b.iter().all(|&x| x == 0x5a) => {
+                    println!("peer-lost-read ok: the read was done before the loss ({ms} ms)")
+                }
+                other => return Err(format!("receive from the killed sender: expected PeerLost, got {:?}", other.map(|(_, st)| st))),
+            }
+            check(t0.elapsed() < Duration::from_secs(20), || format!("PeerLost took {ms} ms"))?;
+        }
+        _ => {}
+    }
+    Ok(())
+}
+
 fn peer_lost(c: &Communicator) -> Res {
     match c.rank() {
         0 => {
@@ -310,7 +384,9 @@ fn run(what: &str) -> Res {
         "wildcard" => wildcard(c),
         "order" => order(c),
         "large" => large(c),
+        "alltoall" => alltoall(c),
         "peer-lost" => peer_lost(c),
+        "peer-lost-read" => peer_lost_read(&rt),
         "netns" => netns(c),
         "block" => {
             println!("pid {}", std::process::id());
@@ -332,7 +408,7 @@ fn run(what: &str) -> Res {
         other => Err(format!("unknown check {other:?}")),
     }?;
     // Nobody leaves while a peer may still need it.
-    if rt.size() > 1 && what != "peer-lost" {
+    if rt.size() > 1 && !what.starts_with("peer-lost") {
         let me = rt.rank();
         for r in 0..rt.size() {
             if r != me {

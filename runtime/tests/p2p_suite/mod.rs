@@ -439,6 +439,37 @@ fn async_requests_in_tokio() {
     rt.block_on(async { tokio::time::timeout(Duration::from_secs(30), test).await.expect("async requests did not complete within 30 s") });
 }
 
+/// An async receive of a rendezvous message, awaited on a single-threaded executor: the
+/// read the receive starts goes on after the task returned `Pending` (libfabric: nothing
+/// else runs on the receiving rank), and its end wakes the task.
+#[test]
+fn async_rendezvous_receive_wakes_its_task() {
+    const BYTES: usize = 16 << 20;
+    for mode in MODES {
+        let rts = world(2, mode);
+        let rt = tokio::runtime::Builder::new_current_thread().enable_time().build().unwrap();
+        let (a, b) = (rts[0].world(), rts[1].world());
+        std::thread::scope(|s| {
+            // Bounded, as the receive is: a send whose `Fin` never comes must not hold the
+            // scope (and the test) for ever.
+            s.spawn(|| {
+                let mut send = a.isend(vec![3u8; BYTES], 1, 8).unwrap();
+                let t0 = Instant::now();
+                while !send.test() && t0.elapsed() < Duration::from_secs(30) {
+                    std::thread::yield_now();
+                }
+            });
+            let got = rt.block_on(async {
+                let recv = b.irecv(Vec::<u8>::with_capacity(BYTES), 0u32, 8).unwrap();
+                tokio::time::timeout(Duration::from_secs(30), recv).await
+            });
+            let (buf, st) = got.unwrap_or_else(|_| panic!("{mode}: rendezvous receive not woken within 30 s")).unwrap();
+            assert_eq!(st.bytes, BYTES, "{mode}");
+            assert!(buf.iter().all(|&x| x == 3), "{mode}: bytes corrupted");
+        });
+    }
+}
+
 /// Sends refused by a full inbox are deferred; an async task awaiting them is woken when
 /// the destination drains its inbox, though no thread of the sending rank makes progress
 /// meanwhile (the sender's task is parked in the executor before the receiver starts).
@@ -1319,5 +1350,45 @@ fn probes_and_local_worlds_refuse_what_receives_and_worlds_refuse() {
     match super::builder().build_local(0) {
         Err(Error::InvalidArgument(m)) => assert!(m.contains("at least 1 rank"), "{m}"),
         other => panic!("build_local(0): expected InvalidArgument, got {:?}", other.map(|v| v.len())),
+    }
+}
+
+/// Every rank sends a rendezvous-size message to every other rank at once, a few rounds, in
+/// every progress mode: each receiver reads its messages from the senders' memory while
+/// those senders read theirs from it. A receive that waited for its read inside progress,
+/// holding the CRI lock, left every rank waiting for a read only another waiting rank's
+/// progress could serve (libfabric: a hang in about half of the runs at 6-8 ranks).
+#[test]
+fn all_to_all_rendezvous_completes() {
+    const RANKS: u32 = 6;
+    const ROUNDS: u32 = 4;
+    const BYTES: usize = 64 << 10;
+    for mode in MODES {
+        let rts = world(RANKS, mode);
+        crate::common::within(60, &format!("{mode}: all-to-all of {BYTES}-byte messages"), move || {
+            std::thread::scope(|s| {
+                for rt in &rts {
+                    s.spawn(move || {
+                        let c = rt.world();
+                        let me = c.rank();
+                        let fill = |from: u32, round: u32| (from * 31 + round) as u8;
+                        for round in 0..ROUNDS {
+                            let mut recvs: Vec<_> = (0..RANKS)
+                                .filter(|&p| p != me)
+                                .map(|p| (p, c.irecv(Vec::<u8>::with_capacity(BYTES), p, 5).unwrap()))
+                                .collect();
+                            let mut sends: Vec<_> =
+                                (1..RANKS).map(|k| c.isend(vec![fill(me, round); BYTES], (me + k) % RANKS, 5).unwrap()).collect();
+                            for (p, r) in recvs.drain(..) {
+                                let (b, st) = r.wait().unwrap_or_else(|e| panic!("{mode}: rank {me} from {p}: {e}"));
+                                assert_eq!((st.source, st.bytes), (p, BYTES), "{mode}");
+                                assert!(b.iter().all(|&x| x == fill(p, round)), "{mode}: rank {me}: bytes from {p} corrupted");
+                            }
+                            weft::wait_all(&mut sends).unwrap();
+                        }
+                    });
+                }
+            });
+        });
     }
 }
