@@ -75,7 +75,42 @@
 //! finished: either way it sends nothing more), or when a post or a completion to it fails.
 //! Sends and reads to a lost peer fail with `PeerLost`; [`Rank::lost_epoch`] changes so the
 //! runtime fails pending requests that need it (after delivering the frames that reached
-//! this rank before).
+//! this rank before). When the job's launcher itself is gone (the bootstrap's
+//! [`PeerEvent::ServerLost`](crate::bootstrap::PeerEvent::ServerLost): `weftrun` was
+//! killed), every peer is marked lost and the rank removes the names of its `shm` regions
+//! from `/dev/shm` at once ([`LossNotifier::launcher_lost`]): nothing else would, should the
+//! process be killed next.
+//!
+//! # A CRI stuck in libfabric
+//!
+//! libfabric 1.17's `shm` provider guards each endpoint's command queue with a
+//! process-shared spin lock that lives in the endpoint's shared-memory region: a peer takes
+//! it to queue a command (a send, an RMA request) for the endpoint, and the endpoint's own
+//! progress — every `fi_cq_read` — takes it too. A peer killed while it holds that lock
+//! leaves it held for good, and the next thread of this rank that reads the CQ spins in
+//! `pthread_spin_lock` inside `fi_cq_read` and never returns. The lock records no owner and
+//! has no robust mode, so it cannot be recovered safely: resetting it means writing into
+//! libfabric's private region layout, and would break mutual exclusion whenever a live peer
+//! holds it at that moment. (libfabric 1.18 moved the command queue to a lock-free queue,
+//! which makes this rarer, not impossible.) weft bounds the damage instead:
+//!
+//! * A CQ is read only under its CRI's state lock (`Cri::st`), so one thread per CRI at
+//!   most is caught; every other thread waits for that lock at most [`STUCK_AFTER`]
+//!   ([`Inner::lock_state`]), then counts the CRI *stuck* and, until a holder releases the
+//!   lock, does not wait for it at all: `poll` finds no frames, `has_frames` says none, a
+//!   send that needs a send slot is refused (`WouldBlock`), the transport-level RMA calls
+//!   retry until their deadline. The runtime's loss handling therefore goes on and fails
+//!   the requests that need the lost peer (it waits for its own CRI locks with a deadline
+//!   too).
+//! * [`Rank::close`] skips stuck CRIs when it drains sends and waits at most
+//!   [`STUCK_AFTER`] for the watcher to stop. A watcher caught in libfabric is left
+//!   behind, and with it everything of the rank it shares (`Inner`): endpoints, CQs,
+//!   address vector, domain, registrations and the slot buffers stay allocated and open
+//!   until the process exits — they must outlive a thread still inside libfabric, and
+//!   closing an endpoint would take the same lock. Their `shm` region names are removed
+//!   from `/dev/shm` then, since no endpoint close will.
+//! * A thread of the runtime caught that way is lost with what it holds; the others do
+//!   not wait for it where loss handling needs them not to.
 
 use std::collections::{HashMap, VecDeque};
 use std::ptr::NonNull;
@@ -86,8 +121,9 @@ use std::time::{Duration, Instant};
 
 use crossbeam_queue::ArrayQueue;
 use crossbeam_utils::CachePadded;
-use parking_lot::Mutex;
+use parking_lot::{Mutex, MutexGuard};
 
+use crate::bootstrap::PeerEvent;
 use crate::doorbell::Doorbell;
 use crate::frame::{Frame, FrameKind, Header, Payload, INLINE};
 use crate::ofi::{
@@ -133,6 +169,14 @@ const MIN_SLEEP_US: u64 = 10;
 /// How long a failed rendezvous read waits for its other chunks to finish before giving up
 /// on them (they target memory this call must not return while they may still write it).
 const DRAIN_LIMIT: Duration = Duration::from_secs(5);
+
+/// How long a thread waits for a CRI's state lock before it counts the CRI as stuck (see
+/// the module docs, *A CRI stuck in libfabric*), and how long `close` waits for the watcher
+/// to stop. The lock is held for one CQ read or one post, well under a millisecond; a
+/// holder that keeps it this long is most likely spinning inside libfabric on a lock a dead
+/// peer held. (A holder merely descheduled that long costs one empty poll or one refused
+/// send: the CRI counts as stuck only until the lock is taken again.)
+pub const STUCK_AFTER: Duration = Duration::from_millis(500);
 
 /// Context kinds (top byte of the `u64` operation context).
 const CTX_RECV: u64 = 1 << 56;
@@ -386,6 +430,10 @@ struct Cri {
     st: Mutex<CriState>,
     /// `st.staged` is non-empty (read without the mutex by `has_frames`).
     ready: AtomicBool,
+    /// A thread waited [`STUCK_AFTER`] for `st` in vain: its holder is most likely caught
+    /// inside libfabric (module docs). Threads then only try `st`, never wait for it; the
+    /// next `reap` (whoever holds `st` again) clears it.
+    stuck: AtomicBool,
     /// Frames sent and polled through this CRI (see `note_activity`, `recently_active`).
     activity: AtomicU64,
     /// `recv_slots` receive slots.
@@ -524,6 +572,7 @@ impl Opened {
                         rma_issued: 0,
                     }),
                     ready: AtomicBool::new(false),
+                    stuck: AtomicBool::new(false),
                     activity: AtomicU64::new(0),
                     recv_mem: RawBuf::new(slot_size * self.opts.recv_slots),
                     send_mem: RawBuf::new(slot_size * self.opts.send_slots),
@@ -556,6 +605,8 @@ impl Opened {
             provider: self.opts.provider.clone(),
             domain: self.domain,
             av: self.av,
+            #[cfg(test)]
+            stall_watcher: AtomicBool::new(false),
         });
         // event-listener allocates an `Event`'s state at its first use: do it now, not at
         // the first ring in steady state.
@@ -585,7 +636,10 @@ pub fn join(opts: &OfiOptions, mut job: crate::bootstrap::Job) -> Result<Rank, E
     let notifier = rank.loss_notifier();
     // A finished peer is gone as a lost one is (it will send nothing more, and sends to it
     // cannot be received); the runtime delivers what it sent before it fails receives.
-    rank.set_monitor(job.monitor(move |e| notifier.lost(e.rank())));
+    rank.set_monitor(job.monitor(move |e| match e {
+        PeerEvent::Lost(r) | PeerEvent::Finished(r) => notifier.lost(r),
+        PeerEvent::ServerLost => notifier.launcher_lost(),
+    }));
     Ok(rank)
 }
 
@@ -659,6 +713,9 @@ struct Inner {
     /// The AV (endpoints hold it too).
     #[allow(dead_code)]
     av: Arc<AddressVector>,
+    /// Tests: the watcher stays in its pass while set, as one caught inside libfabric.
+    #[cfg(test)]
+    stall_watcher: AtomicBool,
 }
 
 impl Inner {
@@ -727,6 +784,28 @@ impl Inner {
         }
     }
 
+    /// Takes `cri`'s state lock for a caller that must not wait for it forever: at once if
+    /// it is free; else, unless the CRI counts as stuck, by waiting at most [`STUCK_AFTER`]
+    /// for it. `None` if it was not taken (the CRI is then stuck: module docs).
+    #[inline]
+    fn lock_state<'a>(&self, cri: &'a Cri) -> Option<MutexGuard<'a, CriState>> {
+        // The same single compare-and-swap as `lock()` when the lock is free.
+        cri.st.try_lock().or_else(|| self.lock_state_slow(cri))
+    }
+
+    #[cold]
+    fn lock_state_slow<'a>(&self, cri: &'a Cri) -> Option<MutexGuard<'a, CriState>> {
+        if cri.stuck.load(Ordering::Relaxed) {
+            return None;
+        }
+        let st = cri.st.try_lock_for(STUCK_AFTER);
+        if st.is_none() {
+            // Relaxed: a hint that only shortens later waits; the lock orders the state.
+            cri.stuck.store(true, Ordering::Relaxed);
+        }
+        st
+    }
+
     /// Posts receive slot `slot` of `cri` (or queues it for a re-post on `FI_EAGAIN`).
     fn post_recv(&self, cri: &Cri, st: &mut CriState, slot: u32) -> Result<(), Error> {
         let p = cri.recv_mem.slot(slot as usize, self.slot_size);
@@ -751,6 +830,11 @@ impl Inner {
     /// the CQ was empty (the thread is waiting anyway) or once a quarter of the slots wait,
     /// so a message's latency does not include the `fi_recv` that replaces its buffer.
     fn reap(&self, cri: &Cri, st: &mut CriState) -> usize {
+        // Whoever holds the state lock again ends a stuck spell (a load on the CRI's own
+        // line; written only when it changes).
+        if cri.stuck.load(Ordering::Relaxed) {
+            cri.stuck.store(false, Ordering::Relaxed);
+        }
         let mut total = 0;
         for _ in 0..8 {
             match cri.ep.cq().read_each(REAP_CHUNK, |c| self.complete(st, c.context, c.len)) {
@@ -904,6 +988,10 @@ impl Inner {
             // Acquire: pairs with the Release in `refused` (whoever retries after the ring
             // sees what the refusal saw, and its waker registered before it).
             let refused = self.send_refused.swap(false, Ordering::Acquire);
+            #[cfg(test)]
+            while self.stall_watcher.load(Ordering::Relaxed) {
+                std::thread::sleep(Duration::from_millis(1));
+            }
             let staged = self.reap_all();
             if staged || refused {
                 self.doorbell.ring();
@@ -940,7 +1028,8 @@ impl Inner {
         while quiet < 20 && Instant::now() < deadline {
             let mut busy = false;
             for cri in self.cris.iter() {
-                let mut st = cri.st.lock();
+                // A stuck CRI is given up: its sends never complete.
+                let Some(mut st) = self.lock_state(cri) else { continue };
                 self.reap(cri, &mut st);
                 busy |= st.free_send.len() < st.send_dst.len();
             }
@@ -965,23 +1054,110 @@ impl Inner {
             self.doorbell.ring();
         }
     }
+
+    /// Removes the `/dev/shm` names of this rank's `shm` regions (one per endpoint) while
+    /// the endpoints stay open: for a rank whose endpoints will not be closed (its launcher
+    /// is gone, or its watcher is caught in libfabric), so that no file is left behind
+    /// whenever the process ends. Mappings are unaffected; only a peer that has not mapped
+    /// a region yet could not find it. Returns how many were removed.
+    fn unlink_shm_regions(&self) -> usize {
+        if self.provider != "shm" {
+            return 0;
+        }
+        let pid = std::process::id();
+        let names = self.cris.iter().map(|c| &c.ep).chain(std::iter::once(&self.rma_ep)).filter_map(|ep| shm_region_name(ep.name(), pid));
+        names.filter(|n| std::fs::remove_file(format!("/dev/shm/{n}")).is_ok()).count()
+    }
+}
+
+/// The `/dev/shm` file name of an `shm` endpoint named `addr` (its `fi_getname`:
+/// `fi_shm://<pid>:<uid>:<endpoint index>`, NUL-terminated) — only if it is a region of
+/// process `pid`.
+fn shm_region_name(addr: &[u8], pid: u32) -> Option<&str> {
+    let end = addr.iter().position(|&b| b == 0).unwrap_or(addr.len());
+    let name = std::str::from_utf8(&addr[..end]).ok()?;
+    let name = name.strip_prefix("fi_shm://").unwrap_or(name);
+    is_region_of(name, pid).then_some(name)
+}
+
+/// Whether `name` is the name of an `shm` region of process `pid`: `<pid>:` followed by
+/// one or more `:`-separated numbers (libfabric 1.17: `<pid>:<uid>:<endpoint index>`).
+fn is_region_of(name: &str, pid: u32) -> bool {
+    region_pid(name) == Some(pid)
+}
+
+/// The process an `shm` region file is named after (see [`is_region_of`]); `None` for a
+/// file of any other shape.
+fn region_pid(name: &str) -> Option<u32> {
+    let mut parts = name.split(':');
+    let pid = parts.next()?;
+    let digits = |x: &str| !x.is_empty() && x.bytes().all(|b| b.is_ascii_digit());
+    let mut rest = parts.peekable();
+    if !digits(pid) || rest.peek().is_none() {
+        return None;
+    }
+    rest.all(digits).then(|| pid.parse().ok()).flatten()
 }
 
 /// Removes the shared-memory regions libfabric's `shm` provider left in `/dev/shm` for
-/// process `pid` — files named `<pid>:<domain>:<endpoint>` (libfabric 1.17) — and returns
-/// how many. A process killed by a signal cannot unlink its regions, and a later process
-/// that gets the same pid then fails to enable its endpoints (`fi_enable`: `EBUSY`). Call it
-/// only for a pid whose process is gone, or for the calling process before it opens any
-/// region (`Opened::open` does, once per process; `weftrun` does for its ranks at the end).
+/// process `pid` — files named `<pid>:<uid>:<endpoint index>` (libfabric 1.17) — and
+/// returns how many. A process killed by a signal cannot unlink its regions, and a later
+/// process that gets the same pid then fails to enable its endpoints (`fi_enable`:
+/// `EBUSY`). Call it only for a pid whose process is gone, or for the calling process before
+/// it opens any region (`Opened::open` does, once per process; `weftrun` does for its ranks
+/// at the end).
 pub fn remove_stale_shm_regions(pid: u32) -> usize {
-    let prefix = format!("{pid}:");
     let Ok(dir) = std::fs::read_dir("/dev/shm") else { return 0 };
     dir.filter_map(Result::ok)
+        .filter(|e| e.file_name().to_str().is_some_and(|n| is_region_of(n, pid)))
+        .filter(|e| std::fs::remove_file(e.path()).is_ok())
+        .count()
+}
+
+/// Removes every `shm` region in `/dev/shm` (named as in [`remove_stale_shm_regions`])
+/// that belongs to this user and is named after a process that no longer runs — left by
+/// processes killed before they could unlink them — and returns how many. A region whose
+/// process still runs (a zombie does not: its memory is gone) is never touched, nor is
+/// another user's, nor any other file. (`weftrun` calls it at start-up.)
+///
+/// The pid is looked up just before each removal; a new process that got the pid of a
+/// dead one meanwhile would first remove its predecessor's regions itself (`Opened::open`)
+/// and only then create its own, so the window in which this could remove a live region
+/// is the few microseconds between that lookup and the removal. Processes of another pid
+/// namespace that share this `/dev/shm` are invisible here and would count as gone: do not
+/// run `weftrun` in a pid namespace of its own over a `/dev/shm` shared with other jobs.
+pub fn remove_dead_shm_regions() -> usize {
+    use std::os::unix::fs::MetadataExt;
+    let Ok(dir) = std::fs::read_dir("/dev/shm") else { return 0 };
+    // SAFETY: `geteuid` has no preconditions and cannot fail.
+    let me = unsafe { libc::geteuid() };
+    dir.filter_map(Result::ok)
         .filter(|e| {
-            e.file_name().to_str().is_some_and(|n| n.starts_with(&prefix) && n[prefix.len()..].split(':').all(|x| x.parse::<u32>().is_ok()))
+            let Some(pid) = e.file_name().to_str().and_then(region_pid) else { return false };
+            let mine = e.metadata().is_ok_and(|m| m.uid() == me && m.is_file());
+            mine && !process_runs(pid)
         })
         .filter(|e| std::fs::remove_file(e.path()).is_ok())
         .count()
+}
+
+/// Whether process `pid` exists in this pid namespace and is not a zombie.
+fn process_runs(pid: u32) -> bool {
+    let Ok(p) = libc::pid_t::try_from(pid) else { return false };
+    if p <= 0 {
+        return false;
+    }
+    // SAFETY: signal 0 only checks that the process exists and may be signalled.
+    let exists = unsafe { libc::kill(p, 0) } == 0 || std::io::Error::last_os_error().raw_os_error() == Some(libc::EPERM);
+    if !exists {
+        return false;
+    }
+    // `/proc/<pid>/stat`: `pid (comm) S ...`; the state follows the last `)`.
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Ok(stat) => !matches!(stat.rsplit_once(')').and_then(|(_, rest)| rest.trim_start().chars().next()), Some('Z' | 'X')),
+        // Reaped meanwhile, or no /proc: trust `kill`, which just saw it.
+        Err(e) => e.kind() != std::io::ErrorKind::NotFound || !std::path::Path::new("/proc/self").exists(),
+    }
 }
 
 /// One rank on libfabric. Created by [`Opened::connect`] or [`world`].
@@ -1086,7 +1262,11 @@ impl Rank {
             write_frame(&h, hlen, data, &mut buf[..total]);
             cri.ep.inject(&buf[..total], to)
         } else {
-            let st = held.insert(cri.st.lock());
+            let Some(st) = s.lock_state(cri) else {
+                // Stuck (module docs): refused, as when every slot is in use.
+                return Err(s.refused());
+            };
+            let st = held.insert(st);
             let slot = match st.free_send.pop() {
                 Some(slot) => slot,
                 None => {
@@ -1143,7 +1323,10 @@ impl Rank {
         // arrivals to the next pass, which saves one `fi_cq_read` (~40 ns on shm) per
         // message on the latency path.
         let mut read_cq = !c.ready.load(Ordering::Relaxed);
-        let mut st = c.st.lock();
+        let Some(mut st) = s.lock_state(c) else {
+            // Stuck (module docs): nothing can be taken from this CRI now.
+            return 0;
+        };
         while n < max {
             let read = std::mem::replace(&mut read_cq, false);
             match s.next_frame(c, &mut st, read) {
@@ -1174,7 +1357,9 @@ impl Rank {
                 s.reap(c, &mut st);
                 !st.staged.is_empty()
             }
-            None => true,
+            // Another thread is on it, and will stage what it finds — unless it is stuck
+            // (module docs): then nothing will come from this CRI, and a waiter may park.
+            None => !c.stuck.load(Ordering::Relaxed),
         }
     }
 
@@ -1382,7 +1567,13 @@ impl Rank {
             if !s.is_alive(to.rank) {
                 return Err(Error::PeerLost { rank: to.rank });
             }
-            let mut st = c.st.lock();
+            let Some(mut st) = s.lock_state(c) else {
+                if Instant::now() > deadline {
+                    return Err(Error::Transport { op: "rma", code: crate::ofi::errno::FI_EAGAIN });
+                }
+                std::thread::yield_now();
+                continue;
+            };
             match post(&c.ep, dest) {
                 Ok(Post::Posted) => {
                     st.rma_issued += 1;
@@ -1407,7 +1598,7 @@ impl Rank {
         let s = &*self.inner;
         let c = s.cris.get(cri).ok_or(Error::InvalidArgument("CRI index out of range"))?;
         let Some(counter) = c.ep.rma_counter() else { return Ok(()) };
-        let issued = c.st.lock().rma_issued;
+        let issued = s.lock_state(c).ok_or(Error::Transport { op: "rma flush", code: crate::ofi::errno::FI_EAGAIN })?.rma_issued;
         let deadline = Instant::now() + Duration::from_secs(60);
         loop {
             let done = counter.read();
@@ -1452,9 +1643,32 @@ impl Rank {
         *self.monitor.lock() = Some(m);
     }
 
+    /// Tests: holds CRI `cri`'s state lock from a thread of its own, as a thread caught
+    /// inside `fi_cq_read` does (module docs, *A CRI stuck in libfabric*), until the
+    /// returned guard is dropped. Returns once the lock is held.
+    #[doc(hidden)]
+    pub fn hold_cri_state(&self, cri: usize) -> CriStateHold {
+        let inner = self.inner.clone();
+        let (held_tx, held_rx) = std::sync::mpsc::channel();
+        let (release, wait) = std::sync::mpsc::channel::<()>();
+        let thread = std::thread::spawn(move || {
+            let _st = inner.cris[cri % inner.k].st.lock();
+            let _ = held_tx.send(());
+            // Until the guard is dropped (its sender with it).
+            let _ = wait.recv();
+        });
+        let _ = held_rx.recv();
+        CriStateHold { release: Some(release), thread: Some(thread) }
+    }
+
     /// Stops the watcher and says `BYE` to the job (or, in an in-process [`world`], tells
     /// the other ranks directly): their receives that only this rank could match fail once
     /// they have what it sent. Endpoints close when the rank is dropped.
+    ///
+    /// Bounded whatever libfabric does: stuck CRIs are not drained, and a watcher that has
+    /// not stopped [`STUCK_AFTER`] after it was told to is caught inside libfabric (module
+    /// docs) and left behind, keeping the rank's endpoints and buffers (it shares them)
+    /// until the process exits; their `shm` region names are removed now.
     pub fn close(&self) {
         self.inner.drain_sends();
         drop(self.monitor.lock().take());
@@ -1466,7 +1680,19 @@ impl Rank {
         self.inner.closed.store(true, Ordering::Release);
         if let Some(w) = self.watcher.lock().take() {
             if w.thread().id() != std::thread::current().id() {
-                let _ = w.join();
+                // It checks `closed` at least every 10 ms between CQ reads.
+                let deadline = Instant::now() + STUCK_AFTER;
+                while !w.is_finished() && Instant::now() < deadline {
+                    std::thread::sleep(Duration::from_millis(1));
+                }
+                if w.is_finished() {
+                    let _ = w.join();
+                } else {
+                    // Detached: it owns a reference to `inner`, which is never freed while
+                    // it may still be inside libfabric.
+                    drop(w);
+                    self.inner.unlink_shm_regions();
+                }
             }
         }
         self.inner.doorbell.ring_all();
@@ -1476,6 +1702,25 @@ impl Rank {
 impl Drop for Rank {
     fn drop(&mut self) {
         self.close();
+    }
+}
+
+/// A CRI state lock held by [`Rank::hold_cri_state`] (tests); released when dropped.
+#[doc(hidden)]
+#[derive(Debug)]
+pub struct CriStateHold {
+    /// Dropped to release the lock.
+    release: Option<std::sync::mpsc::Sender<()>>,
+    /// The thread holding it.
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Drop for CriStateHold {
+    fn drop(&mut self) {
+        drop(self.release.take());
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
     }
 }
 
@@ -1498,6 +1743,23 @@ impl LossNotifier {
     pub fn lost(&self, rank: u32) {
         if let Some(i) = self.inner.upgrade() {
             i.mark_lost(rank);
+        }
+    }
+
+    /// The job's launcher is gone (the bootstrap's
+    /// [`PeerEvent::ServerLost`](crate::bootstrap::PeerEvent::ServerLost)): removes the
+    /// names of this rank's `shm` regions from `/dev/shm` — first, since the process may be
+    /// killed any moment now and nothing else would remove them — then marks every peer
+    /// lost, so that whatever this rank still waits for fails with `PeerLost` instead of
+    /// waiting for peers that are being torn down, with nobody left to report their loss.
+    /// The regions stay mapped by this rank and its peers; only their names go (no new
+    /// peer can join a job whose launcher is gone).
+    pub fn launcher_lost(&self) {
+        if let Some(i) = self.inner.upgrade() {
+            i.unlink_shm_regions();
+            for r in 0..i.size {
+                i.mark_lost(r);
+            }
         }
     }
 }
@@ -1618,6 +1880,180 @@ mod tests {
         let st = ranks[1].inner.cris[0].st.lock();
         assert!(st.repost.is_empty(), "slots left unposted: {:?}", st.repost);
         assert!(st.staged.is_empty());
+    }
+
+    /// Runs `scenario` on a thread of its own and returns its result, failing with `what`
+    /// if it takes longer than `secs` (the stuck thread is left behind).
+    fn within<T: Send + 'static>(secs: u64, what: &str, scenario: impl FnOnce() -> T + Send + 'static) -> T {
+        let (tx, rx) = std::sync::mpsc::channel();
+        let t = std::thread::spawn(move || {
+            let _ = tx.send(scenario());
+        });
+        match rx.recv_timeout(Duration::from_secs(secs)) {
+            Ok(v) => v,
+            Err(std::sync::mpsc::RecvTimeoutError::Timeout) => panic!("hang: {what} (not done after {secs} s)"),
+            Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => match t.join() {
+                Err(p) => std::panic::resume_unwind(p),
+                Ok(()) => unreachable!("the scenario ended without a result or a panic"),
+            },
+        }
+    }
+
+    /// Two ranks of an in-process `shm` world, or `None` (skipped) where `shm` is not
+    /// available.
+    fn shm_pair() -> Option<Arc<Vec<Rank>>> {
+        let opts = OfiOptions { recv_slots: 16, send_slots: 8, ..OfiOptions::default() };
+        match world(&opts, 2) {
+            Ok(r) => Some(Arc::new(r)),
+            Err(e) => {
+                eprintln!("skipped: shm not available here ({e})");
+                None
+            }
+        }
+    }
+
+    /// An eager frame of `len` bytes on tag 5.
+    fn eager(seq: u32, len: usize) -> Header {
+        Header {
+            kind: FrameKind::Eager,
+            src_cri: 0,
+            context: 1,
+            source: 0,
+            tag: 5,
+            seq,
+            gseq: seq,
+            chan: 0,
+            len: len as u64,
+            cookie: 0,
+            key: 0,
+            addr: 0,
+        }
+    }
+
+    /// The `/dev/shm` names of `r`'s regions, one per endpoint.
+    fn region_names(r: &Rank) -> Vec<String> {
+        let pid = std::process::id();
+        let eps = r.inner.cris.iter().map(|c| &c.ep).chain(std::iter::once(&r.inner.rma_ep));
+        eps.filter_map(|ep| shm_region_name(ep.name(), pid)).map(|n| format!("/dev/shm/{n}")).collect()
+    }
+
+    /// A CRI whose state lock is held for good — by a thread caught inside `fi_cq_read` on a
+    /// lock a dead `shm` peer held (module docs) — is given up after `STUCK_AFTER`: `poll`
+    /// finds nothing, then does not wait again, `has_frames` says none and a send that
+    /// needs a send slot is refused; once the lock is free the CRI works as before; and a
+    /// rank with a stuck CRI closes in bounded time.
+    #[test]
+    fn a_stuck_cri_is_given_up_in_bounded_time() {
+        let Some(ranks) = shm_pair() else { return };
+        let r = ranks.clone();
+        let (first, again) = within(20, "operations on a CRI whose state lock is held for good", move || {
+            let hold = r[1].hold_cri_state(0);
+            let t0 = Instant::now();
+            assert_eq!(r[1].poll(0, 64, |_| panic!("a frame from a stuck CRI")), 0);
+            let first = t0.elapsed();
+            let t1 = Instant::now();
+            assert_eq!(r[1].poll(0, 64, |_| panic!("a frame from a stuck CRI")), 0);
+            assert!(!r[1].has_frames(0), "a stuck CRI has no frames to wait for");
+            // Above the inject size: the frame needs a send slot.
+            let big = vec![7u8; 8192];
+            assert_eq!(r[1].send(0, 0, eager(0, big.len()), &big), Err(SendError::WouldBlock));
+            let again = t1.elapsed();
+            drop(hold);
+            (first, again)
+        });
+        assert!(first >= STUCK_AFTER / 2 && first < Duration::from_secs(5), "first poll took {first:?}");
+        assert!(again < STUCK_AFTER / 2, "a stuck CRI was waited for again: {again:?}");
+        // Free again: a frame goes through, and the CRI is no longer stuck.
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let mut sent = false;
+        let mut got = Vec::new();
+        while got.is_empty() && Instant::now() < deadline {
+            // The first frame may be refused while the provider sets up the connection.
+            if !sent {
+                match ranks[0].send(1, 0, eager(1, 3), b"abc") {
+                    Ok(()) => sent = true,
+                    Err(SendError::WouldBlock) => {}
+                    Err(e) => panic!("send: {e:?}"),
+                }
+            }
+            ranks[1].poll(0, 64, |f| got.push(f.payload.as_slice().to_vec()));
+        }
+        assert_eq!(got, vec![b"abc".to_vec()]);
+        assert!(!ranks[1].inner.cris[0].stuck.load(Ordering::Relaxed));
+        // Closing drains the other CRIs' sends and skips the stuck one.
+        let hold = ranks[1].hold_cri_state(0);
+        let r = ranks.clone();
+        let took = within(20, "close of a rank with a stuck CRI", move || {
+            let t0 = Instant::now();
+            r[1].close();
+            t0.elapsed()
+        });
+        assert!(took < Duration::from_secs(3), "close took {took:?}");
+        drop(hold);
+    }
+
+    /// A watcher caught inside libfabric does not hold `close` up: after `STUCK_AFTER` it
+    /// is left behind with the rank's shared state (freed only once it returns), and the
+    /// rank's `shm` region names are removed, since no endpoint close will remove them.
+    #[test]
+    fn close_leaves_a_watcher_caught_in_libfabric_behind() {
+        let Some(ranks) = shm_pair() else { return };
+        let inner = ranks[1].inner.clone();
+        let names = region_names(&ranks[1]);
+        assert_eq!(names.len(), 2, "{names:?}");
+        assert!(names.iter().all(|n| std::path::Path::new(n).exists()), "{names:?}");
+        inner.stall_watcher.store(true, Ordering::Relaxed);
+        // The rank is idle after `ACTIVE_MS`: its watcher is in its pass by then.
+        std::thread::sleep(Duration::from_millis(100));
+        let r = ranks.clone();
+        let took = within(20, "close of a rank whose watcher is caught in libfabric", move || {
+            let t0 = Instant::now();
+            r[1].close();
+            t0.elapsed()
+        });
+        assert!(took < STUCK_AFTER + Duration::from_secs(2), "close took {took:?}");
+        // The rank, this test and the watcher.
+        assert_eq!(Arc::strong_count(&inner), 3, "the caught watcher's state was not kept");
+        assert!(names.iter().all(|n| !std::path::Path::new(n).exists()), "region names left: {names:?}");
+        // Once it returns, it sees the rank closed and goes, dropping its share.
+        inner.stall_watcher.store(false, Ordering::Relaxed);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while Arc::strong_count(&inner) > 2 && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        assert_eq!(Arc::strong_count(&inner), 2, "the watcher did not finish");
+    }
+
+    /// When the job's launcher is gone, a rank removes the names of its own `shm` regions
+    /// (and no other's) and marks every peer lost.
+    #[test]
+    fn a_rank_whose_launcher_is_gone_unlinks_its_regions_and_loses_its_peers() {
+        let Some(ranks) = shm_pair() else { return };
+        let (mine, theirs) = (region_names(&ranks[0]), region_names(&ranks[1]));
+        assert_eq!((mine.len(), theirs.len()), (2, 2), "{mine:?} {theirs:?}");
+        assert!(mine.iter().chain(&theirs).all(|n| std::path::Path::new(n).exists()));
+        let epoch = ranks[0].lost_epoch();
+        ranks[0].loss_notifier().launcher_lost();
+        assert!(mine.iter().all(|n| !std::path::Path::new(n).exists()), "left: {mine:?}");
+        assert!(theirs.iter().all(|n| std::path::Path::new(n).exists()), "another rank's removed: {theirs:?}");
+        assert!(ranks[0].is_alive(0) && !ranks[0].is_alive(1));
+        assert_ne!(ranks[0].lost_epoch(), epoch);
+        assert_eq!(ranks[0].send(1, 0, eager(0, 3), b"abc"), Err(SendError::PeerLost));
+    }
+
+    /// Only names of the shape libfabric gives `shm` regions count as one process's.
+    #[test]
+    fn shm_region_names_are_recognised_strictly() {
+        assert_eq!(region_pid("123:0:4"), Some(123));
+        assert_eq!(region_pid("123:1000:17"), Some(123));
+        for other in ["123", "123:", "123:x", "123::4", ":0:4", "12a:0:4", "123:+1:4", "sem.123:0:4"] {
+            assert_eq!(region_pid(other), None, "{other}");
+        }
+        assert!(is_region_of("77:0:1", 77) && !is_region_of("770:0:1", 77) && !is_region_of("7:0:1", 77));
+        assert_eq!(shm_region_name(b"fi_shm://77:0:1\0\0", 77), Some("77:0:1"));
+        assert_eq!(shm_region_name(b"fi_shm://78:0:1\0", 77), None, "another process's");
+        assert_eq!(shm_region_name(b"fi_shm://../77:0:1\0", 77), None);
+        assert_eq!(shm_region_name(&[0x02, 0x00, 0x1f, 0x90, 127, 0, 0, 1], 77), None, "a tcp address");
     }
 
     /// Stale `shm` regions of a dead pid are removed, nothing else is.
