@@ -36,9 +36,9 @@ const DELIVER_POLLS: usize = 1024;
 /// How long [`Shared::deliver_arrived`] tries, in all, to take CRI locks that other threads
 /// hold before it acts on a loss without the frames behind them. A holder keeps a CRI lock
 /// for one poll batch, or — while the transport's state lock of that CRI is held by a thread
-/// caught inside libfabric — for the transport's bounded wait for it (0.5 s, libfabric's
-/// `STUCK_AFTER`); longer than that, the holder is itself caught inside libfabric, and
-/// would hold the lock for ever.
+/// caught inside libfabric — for the transport's bounded wait for it (0.5 s,
+/// `weft_transport::ofi_provider::STUCK_AFTER`); longer than that, the holder is itself
+/// caught inside libfabric, and may hold the lock for good.
 const DELIVER_WAIT: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// Peer-loss bookkeeping (a rare path): the transport's loss epoch last handled, which
@@ -706,6 +706,53 @@ mod tests {
                 (res, took)
             });
             assert_eq!(res, Err(Error::PeerLost { rank: 0 }), "{mode:?}");
+            assert!(took < Duration::from_secs(5), "{mode:?}: took {took:?}");
+        }
+    }
+
+    /// A CRI wedged the way a dead `shm` peer wedges one: the peer held the spin lock of
+    /// this rank's CRI region when it was killed, so the next thread that progresses the
+    /// CRI — the waiter itself, or the transport's watcher — is caught spinning inside
+    /// `fi_cq_read`. Once the peer is lost (a few milliseconds into the wait), the receive
+    /// and the rendezvous send that need it fail with `PeerLost` within seconds, in every
+    /// progress mode, and the runtimes drop (the waiter used to spin for ever).
+    #[cfg(feature = "ofi")]
+    #[test]
+    fn a_loss_is_acted_on_when_a_dead_peer_wedged_a_cri() {
+        for mode in MODES {
+            let rts = match Runtime::builder().env(false).provider(crate::Provider::Shm).progress(mode).cris(1).build_local(2) {
+                Ok(r) => r,
+                Err(e) => {
+                    eprintln!("skipped: shm not available here ({e})");
+                    return;
+                }
+            };
+            let res = within(30, &format!("{mode:?}: requests on a lost peer that wedged a CRI"), move || {
+                let b = rts[1].world();
+                let recv = b.irecv(Vec::<u8>::with_capacity(8), 0u32, 5).unwrap();
+                let send = b.isend(vec![1u8; 100_000], 0, 6).unwrap();
+                let weft_transport::Transport::Ofi(t) = &rts[1].shared.transport else { unreachable!("an shm runtime") };
+                if !t.wedge_cri_as_a_dead_peer(0) {
+                    return None;
+                }
+                let t0 = Instant::now();
+                let notifier = t.loss_notifier();
+                let monitor = std::thread::spawn(move || {
+                    std::thread::sleep(Duration::from_millis(20));
+                    notifier.lost(0);
+                });
+                let (recv, send) = (recv.wait().map(|_| ()), send.wait().map(|_| ()));
+                let took = t0.elapsed();
+                monitor.join().unwrap();
+                drop(rts);
+                Some((recv, send, took))
+            });
+            let Some((recv, send, took)) = res else {
+                eprintln!("skipped: this libfabric's shm region layout is not known to weft");
+                return;
+            };
+            assert_eq!(recv, Err(Error::PeerLost { rank: 0 }), "{mode:?}: the receive");
+            assert_eq!(send, Err(Error::PeerLost { rank: 0 }), "{mode:?}: the rendezvous send");
             assert!(took < Duration::from_secs(5), "{mode:?}: took {took:?}");
         }
     }

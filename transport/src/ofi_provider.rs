@@ -87,30 +87,33 @@
 //! process-shared spin lock that lives in the endpoint's shared-memory region: a peer takes
 //! it to queue a command (a send, an RMA request) for the endpoint, and the endpoint's own
 //! progress — every `fi_cq_read` — takes it too. A peer killed while it holds that lock
-//! leaves it held for good, and the next thread of this rank that reads the CQ spins in
-//! `pthread_spin_lock` inside `fi_cq_read` and never returns. The lock records no owner and
-//! has no robust mode, so it cannot be recovered safely: resetting it means writing into
-//! libfabric's private region layout, and would break mutual exclusion whenever a live peer
-//! holds it at that moment. (libfabric 1.18 moved the command queue to a lock-free queue,
-//! which makes this rarer, not impossible.) weft bounds the damage instead:
+//! leaves it held, and the next thread of this rank that reads the CQ spins in
+//! `pthread_spin_lock` inside `fi_cq_read`; the lock records no owner and has no robust
+//! mode, so libfabric never recovers. (A thread that sends to the dead peer can be caught
+//! the same way on the lock of the peer's region; libfabric 1.18 queues commands lock-free,
+//! which removes the common case.) weft bounds what that costs, and undoes it where it can:
 //!
 //! * A CQ is read only under its CRI's state lock (`Cri::st`), so one thread per CRI at
 //!   most is caught; every other thread waits for that lock at most [`STUCK_AFTER`]
-//!   ([`Inner::lock_state`]), then counts the CRI *stuck* and, until a holder releases the
+//!   (`Inner::lock_state`), then counts the CRI *stuck* and, until a holder releases the
 //!   lock, does not wait for it at all: `poll` finds no frames, `has_frames` says none, a
 //!   send that needs a send slot is refused (`WouldBlock`), the transport-level RMA calls
-//!   retry until their deadline. The runtime's loss handling therefore goes on and fails
-//!   the requests that need the lost peer (it waits for its own CRI locks with a deadline
-//!   too).
+//!   retry until their deadline. The watcher also counts a CRI stuck whose state lock it
+//!   finds held at every pass for [`STUCK_AFTER`] (the caught thread may be the only one
+//!   that uses the CRI). The runtime's loss handling therefore goes on and fails the
+//!   requests that need the lost peer (it waits for its own CRI locks with a deadline too).
+//! * Once a CRI is stuck and a peer is lost, the spin locks of this rank's CRI regions and
+//!   of the lost peers' CRI regions are tried `RELEASE_SAMPLES` times over about 0.1 s;
+//!   one held at every try — a live holder keeps it for microseconds — is released
+//!   ([`ShmRegionLock`], libfabric 1.17's region layout only: with another libfabric nothing
+//!   is touched). The caught thread then takes it and comes back from `fi_cq_read`.
 //! * [`Rank::close`] skips stuck CRIs when it drains sends and waits at most
-//!   [`STUCK_AFTER`] for the watcher to stop. A watcher caught in libfabric is left
+//!   [`STUCK_AFTER`] for the watcher to stop. A watcher still caught in libfabric is left
 //!   behind, and with it everything of the rank it shares (`Inner`): endpoints, CQs,
 //!   address vector, domain, registrations and the slot buffers stay allocated and open
 //!   until the process exits — they must outlive a thread still inside libfabric, and
 //!   closing an endpoint would take the same lock. Their `shm` region names are removed
 //!   from `/dev/shm` then, since no endpoint close will.
-//! * A thread of the runtime caught that way is lost with what it holds; the others do
-//!   not wait for it where loss handling needs them not to.
 
 use std::collections::{HashMap, VecDeque};
 use std::ptr::NonNull;
@@ -128,7 +131,7 @@ use crate::doorbell::Doorbell;
 use crate::frame::{Frame, FrameKind, Header, Payload, INLINE};
 use crate::ofi::{
     AddressVector, Completion, CompletionError, CqError, Domain, Endpoint, EndpointConfig, FetchOp, FiAddr, Info, MemoryRegion, MrAccess,
-    OfiError, Post, RemoteRegion, TryWait,
+    OfiError, Post, RemoteRegion, ShmRegionLock, TryWait,
 };
 use crate::{Error, SendError};
 
@@ -177,6 +180,13 @@ const DRAIN_LIMIT: Duration = Duration::from_secs(5);
 /// peer held. (A holder merely descheduled that long costs one empty poll or one refused
 /// send: the CRI counts as stuck only until the lock is taken again.)
 pub const STUCK_AFTER: Duration = Duration::from_millis(500);
+
+/// Tries of an `shm` region's spin lock, [`RELEASE_SAMPLE`] apart, that must all find it
+/// held before the lock counts as left held by a dead peer and is released (module docs).
+const RELEASE_SAMPLES: u32 = 100;
+
+/// Time between two tries of [`RELEASE_SAMPLES`].
+const RELEASE_SAMPLE: Duration = Duration::from_millis(1);
 
 /// Context kinds (top byte of the `u64` operation context).
 const CTX_RECV: u64 = 1 << 56;
@@ -436,6 +446,9 @@ struct Cri {
     stuck: AtomicBool,
     /// Frames sent and polled through this CRI (see `note_activity`, `recently_active`).
     activity: AtomicU64,
+    /// The spin lock of the endpoint's `shm` region (libfabric 1.17 only), to release when
+    /// a dead peer left it held (module docs).
+    region_lock: Option<ShmRegionLock>,
     /// `recv_slots` receive slots.
     recv_mem: RawBuf,
     /// `send_slots` send slots.
@@ -529,8 +542,12 @@ impl Opened {
         }
         };
         let per_rank = self.opts.cris + 1;
+        let shm = self.domain.info().provider() == "shm";
         let mut peers = Vec::with_capacity(self.size as usize * per_rank);
+        // Per rank, the `shm` region names of its CRI endpoints (module docs).
+        let mut peer_regions = Vec::with_capacity(if shm { blobs.len() } else { 0 });
         for blob in blobs {
+            let mut regions = Vec::new();
             if blob.len() < mine.len() * 8 {
                 return Err(Error::InvalidArgument("malformed endpoint address from a peer (a different weft version?)"));
             }
@@ -549,6 +566,12 @@ impl Opened {
                 let name = blob.get(at..at + n).ok_or(Error::InvalidArgument("malformed endpoint address from a peer"))?;
                 at += n;
                 peers.push(self.av.insert(name).map_err(|e| transport_error(&e))?);
+                if shm && regions.len() < self.opts.cris {
+                    regions.extend(region_name_of(name).map(str::to_string));
+                }
+            }
+            if shm {
+                peer_regions.push(regions);
             }
             if at != blob.len() {
                 return Err(Error::InvalidArgument("endpoint addresses do not match this rank's CRI count"));
@@ -562,6 +585,7 @@ impl Opened {
         let cris: Box<[CachePadded<Cri>]> = eps
             .into_iter()
             .map(|ep| {
+                let region_lock = shm.then(|| shm_region_name(ep.name(), std::process::id()).and_then(ShmRegionLock::open)).flatten();
                 CachePadded::new(Cri {
                     ep,
                     st: Mutex::new(CriState {
@@ -574,6 +598,7 @@ impl Opened {
                     ready: AtomicBool::new(false),
                     stuck: AtomicBool::new(false),
                     activity: AtomicU64::new(0),
+                    region_lock,
                     recv_mem: RawBuf::new(slot_size * self.opts.recv_slots),
                     send_mem: RawBuf::new(slot_size * self.opts.send_slots),
                 })
@@ -589,6 +614,9 @@ impl Opened {
             peers: peers.into_boxed_slice(),
             alive: (0..self.size).map(|_| AtomicBool::new(true)).collect(),
             lost_epoch: AtomicU64::new(0),
+            peer_regions: peer_regions.into_boxed_slice(),
+            releasing: Mutex::new(()),
+            released_epoch: AtomicU64::new(0),
             closed: AtomicBool::new(false),
             send_refused: AtomicBool::new(false),
             regions: Mutex::new(HashMap::new()),
@@ -680,6 +708,13 @@ struct Inner {
     alive: Box<[AtomicBool]>,
     /// Bumped on every newly lost peer.
     lost_epoch: AtomicU64,
+    /// Per rank, the `shm` region names of its CRI endpoints (empty on other providers):
+    /// where a lost peer's spin locks are (module docs).
+    peer_regions: Box<[Vec<String>]>,
+    /// Held while releasing spin locks a dead peer left held (one thread at a time).
+    releasing: Mutex<()>,
+    /// `lost_epoch` when such locks were last looked for.
+    released_epoch: AtomicU64,
     /// Set by `close`; the watcher exits.
     closed: AtomicBool,
     /// Registrations of rendezvous send buffers and RMA windows, by key.
@@ -796,14 +831,61 @@ impl Inner {
     #[cold]
     fn lock_state_slow<'a>(&self, cri: &'a Cri) -> Option<MutexGuard<'a, CriState>> {
         if cri.stuck.load(Ordering::Relaxed) {
+            // A peer lost since the last look may be what holds the stuck thread.
+            // Relaxed: `release_dead_peers_locks` reloads the epoch with acquire.
+            if self.lost_epoch.load(Ordering::Relaxed) != self.released_epoch.load(Ordering::Relaxed) {
+                self.release_dead_peers_locks();
+            }
             return None;
         }
         let st = cri.st.try_lock_for(STUCK_AFTER);
         if st.is_none() {
             // Relaxed: a hint that only shortens later waits; the lock orders the state.
             cri.stuck.store(true, Ordering::Relaxed);
+            // The holder may be spinning on a lock a dead peer left held: free it.
+            self.release_dead_peers_locks();
         }
         st
+    }
+
+    /// Releases the `shm` spin locks a dead peer left held (module docs): once a peer is
+    /// lost, every spin lock of this rank's CRI regions and of the lost peers' CRI regions
+    /// that stays held at each of [`RELEASE_SAMPLES`] tries over about 0.1 s is unlocked.
+    /// Called when a CRI is stuck; does nothing while no peer is lost, off `shm`, or with
+    /// a libfabric whose region layout weft does not know. Returns how many it released.
+    #[cold]
+    fn release_dead_peers_locks(&self) -> usize {
+        // Acquire: pairs with the release increment in `mark_lost` (the lost peers' flags
+        // below are at least as new).
+        let epoch = self.lost_epoch.load(Ordering::Acquire);
+        if epoch == 0 || self.peer_regions.is_empty() {
+            return 0;
+        }
+        // One thread samples at a time; another one that finds it busy has nothing to add.
+        let Some(_one) = self.releasing.try_lock() else { return 0 };
+        // Relaxed: which losses were looked at, a hint for `lock_state_slow`.
+        self.released_epoch.store(epoch, Ordering::Relaxed);
+        // A lost peer's regions are mapped now (the files of a killed process stay until
+        // someone removes them; a peer that closed normally unlinked its own).
+        let lost: Vec<ShmRegionLock> = (0..self.size)
+            .filter(|&r| r != self.rank && !self.is_alive(r))
+            .flat_map(|r| self.peer_regions.get(r as usize).into_iter().flatten())
+            .filter_map(|name| ShmRegionLock::open(name))
+            .collect();
+        let mut held: Vec<&ShmRegionLock> = self.cris.iter().filter_map(|c| c.region_lock.as_ref()).chain(lost.iter()).collect();
+        for i in 0..RELEASE_SAMPLES {
+            held.retain(|l| !l.is_free());
+            if held.is_empty() {
+                return 0;
+            }
+            if i + 1 < RELEASE_SAMPLES {
+                std::thread::sleep(RELEASE_SAMPLE);
+            }
+        }
+        for l in &held {
+            l.release();
+        }
+        held.len()
     }
 
     /// Posts receive slot `slot` of `cri` (or queues it for a re-post on `FI_EAGAIN`).
@@ -975,6 +1057,9 @@ impl Inner {
         // SAFETY: PR_SET_TIMERSLACK only changes this thread's timer slack (in ns).
         unsafe { libc::prctl(libc::PR_SET_TIMERSLACK, 1000 as libc::c_ulong) };
         let mut sleep_us = MIN_SLEEP_US;
+        // Per CRI, since when its state lock was found held at every pass (`watch_stuck`).
+        let mut held_since: Vec<Option<Instant>> = vec![None; self.cris.len()];
+        let mut released_at: Option<Instant> = None;
         // Acquire: pairs with the release store in `close`.
         while !self.closed.load(Ordering::Acquire) {
             if self.recently_active() {
@@ -983,6 +1068,7 @@ impl Inner {
                 // fast again as soon as the rank goes quiet (a thread may park then).
                 std::thread::sleep(Duration::from_millis(1));
                 sleep_us = MIN_SLEEP_US;
+                held_since.fill(None);
                 continue;
             }
             // Acquire: pairs with the Release in `refused` (whoever retries after the ring
@@ -993,6 +1079,7 @@ impl Inner {
                 std::thread::sleep(Duration::from_millis(1));
             }
             let staged = self.reap_all();
+            self.watch_stuck(&mut held_since, &mut released_at);
             if staged || refused {
                 self.doorbell.ring();
             }
@@ -1013,6 +1100,29 @@ impl Inner {
                     sleep_us = (sleep_us * 2).min(1000);
                 }
             }
+        }
+    }
+
+    /// The watcher's look for stuck CRIs (module docs), once per pass while the rank is
+    /// quiet: a CRI whose state lock was held at every pass for [`STUCK_AFTER`] — a thread
+    /// caught inside libfabric holds it, perhaps one no other thread waits for — counts as
+    /// stuck, and the spin locks a dead peer may have left held are released (at most once
+    /// per [`STUCK_AFTER`]). A pass is at most a few milliseconds after the last.
+    fn watch_stuck(&self, held_since: &mut [Option<Instant>], released_at: &mut Option<Instant>) {
+        let now = Instant::now();
+        let mut stuck = false;
+        for (cri, since) in self.cris.iter().zip(held_since.iter_mut()) {
+            if !cri.st.is_locked() {
+                *since = None;
+            } else if now.duration_since(*since.get_or_insert(now)) >= STUCK_AFTER {
+                // Relaxed: a hint, as in `lock_state_slow`.
+                cri.stuck.store(true, Ordering::Relaxed);
+                stuck = true;
+            }
+        }
+        if stuck && released_at.map_or(true, |t| now.duration_since(t) >= STUCK_AFTER) {
+            *released_at = Some(now);
+            self.release_dead_peers_locks();
         }
     }
 
@@ -1074,10 +1184,16 @@ impl Inner {
 /// `fi_shm://<pid>:<uid>:<endpoint index>`, NUL-terminated) — only if it is a region of
 /// process `pid`.
 fn shm_region_name(addr: &[u8], pid: u32) -> Option<&str> {
+    region_name_of(addr).filter(|n| is_region_of(n, pid))
+}
+
+/// The `/dev/shm` file name of the `shm` endpoint named `addr` (see [`shm_region_name`]),
+/// whichever process it belongs to; `None` for any other address.
+fn region_name_of(addr: &[u8]) -> Option<&str> {
     let end = addr.iter().position(|&b| b == 0).unwrap_or(addr.len());
     let name = std::str::from_utf8(&addr[..end]).ok()?;
     let name = name.strip_prefix("fi_shm://").unwrap_or(name);
-    is_region_of(name, pid).then_some(name)
+    region_pid(name).map(|_| name)
 }
 
 /// Whether `name` is the name of an `shm` region of process `pid`: `<pid>:` followed by
@@ -1643,6 +1759,22 @@ impl Rank {
         *self.monitor.lock() = Some(m);
     }
 
+    /// Tests: takes the spin lock of CRI `cri`'s `shm` region and keeps it, as a peer
+    /// killed while it queues a command for that endpoint leaves it (module docs, *A CRI
+    /// stuck in libfabric*): the next thread that reads the CRI's CQ is caught spinning.
+    /// `false` (nothing done) off `shm` or with a libfabric whose region layout weft does
+    /// not know.
+    #[doc(hidden)]
+    pub fn wedge_cri_as_a_dead_peer(&self, cri: usize) -> bool {
+        match &self.inner.cris[cri % self.inner.k].region_lock {
+            Some(l) => {
+                l.hold_as_a_dead_peer();
+                true
+            }
+            None => false,
+        }
+    }
+
     /// Tests: holds CRI `cri`'s state lock from a thread of its own, as a thread caught
     /// inside `fi_cq_read` does (module docs, *A CRI stuck in libfabric*), until the
     /// returned guard is dropped. Returns once the lock is held.
@@ -2022,6 +2154,45 @@ mod tests {
             std::thread::sleep(Duration::from_millis(5));
         }
         assert_eq!(Arc::strong_count(&inner), 2, "the watcher did not finish");
+    }
+
+    /// A peer killed while it held the spin lock of this rank's CRI region (as one queueing
+    /// a command is) catches the next thread that reads the CRI's CQ inside `fi_cq_read`;
+    /// once the peer is lost, the lock is released (by the watcher, which sees the CRI's
+    /// state lock held for `STUCK_AFTER`, or by a thread that waited that long for it) and
+    /// the caught thread comes back — within seconds, where it used to spin for ever.
+    #[test]
+    fn a_spin_lock_a_dead_peer_left_held_is_released() {
+        let Some(ranks) = shm_pair() else { return };
+        if !ranks[1].wedge_cri_as_a_dead_peer(0) {
+            eprintln!("skipped: this libfabric's shm region layout is not known to weft");
+            return;
+        }
+        let r = ranks.clone();
+        let caught = std::thread::spawn(move || r[1].poll(0, 64, |_| {}));
+        std::thread::sleep(Duration::from_millis(100));
+        assert!(!caught.is_finished(), "a poll of the wedged CRI returned before the peer was lost");
+        let t0 = Instant::now();
+        ranks[1].mark_lost(0);
+        within(20, "a thread caught on a spin lock a dead peer left held", move || caught.join().unwrap());
+        let took = t0.elapsed();
+        assert!(took < Duration::from_secs(5), "took {took:?}");
+        // The CRI works again: frames of the peer (which does not know it was given up)
+        // still arrive, and nothing is stuck.
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let (mut sent, mut got) = (false, Vec::new());
+        while got.is_empty() && Instant::now() < deadline {
+            if !sent {
+                match ranks[0].send(1, 0, eager(1, 3), b"abc") {
+                    Ok(()) => sent = true,
+                    Err(SendError::WouldBlock) => {}
+                    Err(e) => panic!("send: {e:?}"),
+                }
+            }
+            ranks[1].poll(0, 64, |f| got.push(f.payload.as_slice().to_vec()));
+        }
+        assert_eq!(got, vec![b"abc".to_vec()]);
+        assert!(!ranks[1].inner.cris[0].stuck.load(Ordering::Relaxed));
     }
 
     /// When the job's launcher is gone, a rank removes the names of its own `shm` regions
