@@ -706,7 +706,7 @@ mod tests {
                 (res, took)
             });
             assert_eq!(res, Err(Error::PeerLost { rank: 0 }), "{mode:?}");
-            assert!(took < Duration::from_secs(5), "{mode:?}: took {took:?}");
+            assert!(took < Duration::from_secs(10), "{mode:?}: took {took:?}");
         }
     }
 
@@ -739,7 +739,7 @@ mod tests {
                 let notifier = t.loss_notifier();
                 let monitor = std::thread::spawn(move || {
                     std::thread::sleep(Duration::from_millis(20));
-                    notifier.lost(0);
+                    notifier.died(0);
                 });
                 let (recv, send) = (recv.wait().map(|_| ()), send.wait().map(|_| ()));
                 let took = t0.elapsed();
@@ -753,7 +753,7 @@ mod tests {
             };
             assert_eq!(recv, Err(Error::PeerLost { rank: 0 }), "{mode:?}: the receive");
             assert_eq!(send, Err(Error::PeerLost { rank: 0 }), "{mode:?}: the rendezvous send");
-            assert!(took < Duration::from_secs(5), "{mode:?}: took {took:?}");
+            assert!(took < Duration::from_secs(10), "{mode:?}: took {took:?}");
         }
     }
 
@@ -790,7 +790,7 @@ mod tests {
             });
             assert_eq!(recv, Err(Error::PeerLost { rank: 0 }), "{mode:?}: the receive");
             assert_eq!(send, Err(Error::PeerLost { rank: 0 }), "{mode:?}: the rendezvous send");
-            assert!(took < Duration::from_secs(5), "{mode:?}: took {took:?}");
+            assert!(took < Duration::from_secs(10), "{mode:?}: took {took:?}");
         }
     }
 

@@ -102,9 +102,10 @@
 //!   finds held at every pass for [`STUCK_AFTER`] (the caught thread may be the only one
 //!   that uses the CRI). The runtime's loss handling therefore goes on and fails the
 //!   requests that need the lost peer (it waits for its own CRI locks with a deadline too).
-//! * Once a CRI is stuck and a peer is lost, the spin locks of this rank's CRI regions and
-//!   of the lost peers' CRI regions are tried `RELEASE_SAMPLES` times over about 0.1 s;
-//!   one held at every try — a live holder keeps it for microseconds — is released
+//! * Once a CRI is stuck and a peer died (the bootstrap reported it `LOST`, not finished,
+//!   and its pid no longer runs), the spin locks of this rank's CRI regions and of the dead
+//!   peers' CRI regions are tried `RELEASE_SAMPLES` times over about 0.1 s; one held at
+//!   every try — a live holder keeps it for microseconds — is released
 //!   ([`ShmRegionLock`], libfabric 1.17's region layout only: with another libfabric nothing
 //!   is touched). The caught thread then takes it and comes back from `fi_cq_read`.
 //! * [`Rank::close`] skips stuck CRIs when it drains sends and waits at most
@@ -615,8 +616,10 @@ impl Opened {
             alive: (0..self.size).map(|_| AtomicBool::new(true)).collect(),
             lost_epoch: AtomicU64::new(0),
             peer_regions: peer_regions.into_boxed_slice(),
+            died: (0..self.size).map(|_| AtomicBool::new(false)).collect(),
+            deaths: AtomicU64::new(0),
             releasing: Mutex::new(()),
-            released_epoch: AtomicU64::new(0),
+            released_deaths: AtomicU64::new(0),
             closed: AtomicBool::new(false),
             send_refused: AtomicBool::new(false),
             regions: Mutex::new(HashMap::new()),
@@ -635,6 +638,8 @@ impl Opened {
             av: self.av,
             #[cfg(test)]
             stall_watcher: AtomicBool::new(false),
+            #[cfg(test)]
+            watcher_stalled: AtomicBool::new(false),
         });
         // event-listener allocates an `Event`'s state at its first use: do it now, not at
         // the first ring in steady state.
@@ -665,7 +670,8 @@ pub fn join(opts: &OfiOptions, mut job: crate::bootstrap::Job) -> Result<Rank, E
     // A finished peer is gone as a lost one is (it will send nothing more, and sends to it
     // cannot be received); the runtime delivers what it sent before it fails receives.
     rank.set_monitor(job.monitor(move |e| match e {
-        PeerEvent::Lost(r) | PeerEvent::Finished(r) => notifier.lost(r),
+        PeerEvent::Lost(r) => notifier.died(r),
+        PeerEvent::Finished(r) => notifier.lost(r),
         PeerEvent::ServerLost => notifier.launcher_lost(),
     }));
     Ok(rank)
@@ -711,10 +717,14 @@ struct Inner {
     /// Per rank, the `shm` region names of its CRI endpoints (empty on other providers):
     /// where a lost peer's spin locks are (module docs).
     peer_regions: Box<[Vec<String>]>,
+    /// Per rank: lost because its process died without finishing (`mark_died`).
+    died: Box<[AtomicBool]>,
+    /// Peers newly marked in `died` so far.
+    deaths: AtomicU64,
     /// Held while releasing spin locks a dead peer left held (one thread at a time).
     releasing: Mutex<()>,
-    /// `lost_epoch` when such locks were last looked for.
-    released_epoch: AtomicU64,
+    /// `deaths` when such locks were last looked for.
+    released_deaths: AtomicU64,
     /// Set by `close`; the watcher exits.
     closed: AtomicBool,
     /// Registrations of rendezvous send buffers and RMA windows, by key.
@@ -748,9 +758,12 @@ struct Inner {
     /// The AV (endpoints hold it too).
     #[allow(dead_code)]
     av: Arc<AddressVector>,
-    /// Tests: the watcher stays in its pass while set, as one caught inside libfabric.
+    /// Tests: the watcher stays in its pass while set, as one caught inside libfabric...
     #[cfg(test)]
     stall_watcher: AtomicBool,
+    /// ... and says so here once it is there.
+    #[cfg(test)]
+    watcher_stalled: AtomicBool,
 }
 
 impl Inner {
@@ -805,6 +818,19 @@ impl Inner {
         self.alive.get(r as usize).is_some_and(|a| a.load(Ordering::Acquire))
     }
 
+    /// Marks `r` lost because its process ended without finishing (a `LOST` from the
+    /// bootstrap, a failed send, a launcher gone): only such a peer can have left an `shm`
+    /// spin lock held (module docs).
+    fn mark_died(&self, r: u32) {
+        if let Some(d) = self.died.get(r as usize).filter(|_| r != self.rank) {
+            // Release: `release_dead_peers_locks` loads `deaths` with acquire, then the flags.
+            if !d.swap(true, Ordering::AcqRel) {
+                self.deaths.fetch_add(1, Ordering::Release);
+            }
+        }
+        self.mark_lost(r);
+    }
+
     fn mark_lost(&self, r: u32) {
         if r == self.rank {
             return;
@@ -831,9 +857,9 @@ impl Inner {
     #[cold]
     fn lock_state_slow<'a>(&self, cri: &'a Cri) -> Option<MutexGuard<'a, CriState>> {
         if cri.stuck.load(Ordering::Relaxed) {
-            // A peer lost since the last look may be what holds the stuck thread.
-            // Relaxed: `release_dead_peers_locks` reloads the epoch with acquire.
-            if self.lost_epoch.load(Ordering::Relaxed) != self.released_epoch.load(Ordering::Relaxed) {
+            // A peer that died since the last look may be what holds the stuck thread.
+            // Relaxed: `release_dead_peers_locks` reloads the count with acquire.
+            if self.deaths.load(Ordering::Relaxed) != self.released_deaths.load(Ordering::Relaxed) {
                 self.release_dead_peers_locks();
             }
             return None;
@@ -848,31 +874,41 @@ impl Inner {
         st
     }
 
-    /// Releases the `shm` spin locks a dead peer left held (module docs): once a peer is
-    /// lost, every spin lock of this rank's CRI regions and of the lost peers' CRI regions
-    /// that stays held at each of [`RELEASE_SAMPLES`] tries over about 0.1 s is unlocked.
-    /// Called when a CRI is stuck; does nothing while no peer is lost, off `shm`, or with
-    /// a libfabric whose region layout weft does not know. Returns how many it released.
+    /// Releases the `shm` spin locks a dead peer left held (module docs): once a peer died
+    /// (reported dead, and its process no longer runs), every spin lock of this rank's CRI
+    /// regions and of the dead peers' CRI regions that stays held at each of
+    /// [`RELEASE_SAMPLES`] tries over about 0.1 s is unlocked. Called when a CRI is stuck;
+    /// does nothing while no peer died, off `shm`, or with a libfabric whose region layout
+    /// weft does not know. Returns how many it released.
     #[cold]
     fn release_dead_peers_locks(&self) -> usize {
-        // Acquire: pairs with the release increment in `mark_lost` (the lost peers' flags
-        // below are at least as new).
-        let epoch = self.lost_epoch.load(Ordering::Acquire);
-        if epoch == 0 || self.peer_regions.is_empty() {
+        // Acquire: pairs with the release increment in `mark_died` (the flags read below
+        // are at least as new).
+        let deaths = self.deaths.load(Ordering::Acquire);
+        if deaths == 0 || self.peer_regions.is_empty() {
             return 0;
         }
         // One thread samples at a time; another one that finds it busy has nothing to add.
         let Some(_one) = self.releasing.try_lock() else { return 0 };
-        // Relaxed: which losses were looked at, a hint for `lock_state_slow`.
-        self.released_epoch.store(epoch, Ordering::Relaxed);
-        // A lost peer's regions are mapped now (the files of a killed process stay until
-        // someone removes them; a peer that closed normally unlinked its own).
-        let lost: Vec<ShmRegionLock> = (0..self.size)
-            .filter(|&r| r != self.rank && !self.is_alive(r))
-            .flat_map(|r| self.peer_regions.get(r as usize).into_iter().flatten())
-            .filter_map(|name| ShmRegionLock::open(name))
+        // Relaxed: which deaths were looked at, a hint for `lock_state_slow`.
+        self.released_deaths.store(deaths, Ordering::Relaxed);
+        // Only a peer whose process died can hold a lock for good: one reported dead whose
+        // pid (named by its regions) no longer runs — or that lives in this very process
+        // (an in-process world), whose word is taken.
+        let me = std::process::id();
+        let dead: Vec<&[String]> = (0..self.size)
+            // Relaxed: ordered by the acquire load of `deaths` above.
+            .filter(|&r| r != self.rank && self.died.get(r as usize).is_some_and(|d| d.load(Ordering::Relaxed)))
+            .filter_map(|r| self.peer_regions.get(r as usize).map(Vec::as_slice))
+            .filter(|names| names.first().and_then(|n| region_pid(n)).is_some_and(|pid| pid == me || !process_runs(pid)))
             .collect();
-        let mut held: Vec<&ShmRegionLock> = self.cris.iter().filter_map(|c| c.region_lock.as_ref()).chain(lost.iter()).collect();
+        if dead.is_empty() {
+            return 0;
+        }
+        // A dead peer's regions are mapped now (the files of a killed process stay until
+        // someone removes them).
+        let theirs: Vec<ShmRegionLock> = dead.iter().flat_map(|names| names.iter()).filter_map(|name| ShmRegionLock::open(name)).collect();
+        let mut held: Vec<&ShmRegionLock> = self.cris.iter().filter_map(|c| c.region_lock.as_ref()).chain(theirs.iter()).collect();
         for i in 0..RELEASE_SAMPLES {
             held.retain(|l| !l.is_free());
             if held.is_empty() {
@@ -977,7 +1013,7 @@ impl Inner {
                 st.free_send.push(slot);
                 let dst = st.send_dst.get(slot as usize).copied().unwrap_or(u32::MAX);
                 if e.error.code != crate::ofi::errno::FI_ECANCELED {
-                    self.mark_lost(dst);
+                    self.mark_died(dst);
                 }
             }
             _ => {}
@@ -1076,6 +1112,7 @@ impl Inner {
             let refused = self.send_refused.swap(false, Ordering::Acquire);
             #[cfg(test)]
             while self.stall_watcher.load(Ordering::Relaxed) {
+                self.watcher_stalled.store(true, Ordering::Relaxed);
                 std::thread::sleep(Duration::from_millis(1));
             }
             let staged = self.reap_all();
@@ -1420,7 +1457,7 @@ impl Rank {
             }
             Err(_) => {
                 drop(held);
-                s.mark_lost(dst);
+                s.mark_died(dst);
                 Err(SendError::PeerLost)
             }
         }
@@ -1871,10 +1908,20 @@ impl std::fmt::Debug for Inner {
 }
 
 impl LossNotifier {
-    /// Marks `rank` lost (see [`Rank::mark_lost`]).
+    /// Marks `rank` lost (see [`Rank::mark_lost`]): it finished, or is gone for a reason not
+    /// known.
     pub fn lost(&self, rank: u32) {
         if let Some(i) = self.inner.upgrade() {
             i.mark_lost(rank);
+        }
+    }
+
+    /// Marks `rank` lost because its process died without finishing (the bootstrap's
+    /// `LOST`): as [`lost`](Self::lost), and the `shm` spin locks it may have left held
+    /// can be released (module docs, *A CRI stuck in libfabric*).
+    pub fn died(&self, rank: u32) {
+        if let Some(i) = self.inner.upgrade() {
+            i.mark_died(rank);
         }
     }
 
@@ -1890,7 +1937,7 @@ impl LossNotifier {
         if let Some(i) = self.inner.upgrade() {
             i.unlink_shm_regions();
             for r in 0..i.size {
-                i.mark_lost(r);
+                i.mark_died(r);
             }
         }
     }
@@ -2094,7 +2141,8 @@ mod tests {
             (first, again)
         });
         assert!(first >= STUCK_AFTER / 2 && first < Duration::from_secs(5), "first poll took {first:?}");
-        assert!(again < STUCK_AFTER / 2, "a stuck CRI was waited for again: {again:?}");
+        // Two calls that would each have waited `STUCK_AFTER`.
+        assert!(again < STUCK_AFTER, "a stuck CRI was waited for again: {again:?}");
         // Free again: a frame goes through, and the CRI is no longer stuck.
         let deadline = Instant::now() + Duration::from_secs(10);
         let mut sent = false;
@@ -2135,8 +2183,12 @@ mod tests {
         assert_eq!(names.len(), 2, "{names:?}");
         assert!(names.iter().all(|n| std::path::Path::new(n).exists()), "{names:?}");
         inner.stall_watcher.store(true, Ordering::Relaxed);
-        // The rank is idle after `ACTIVE_MS`: its watcher is in its pass by then.
-        std::thread::sleep(Duration::from_millis(100));
+        // The rank is idle after `ACTIVE_MS`: its watcher comes to its pass then.
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !inner.watcher_stalled.load(Ordering::Relaxed) {
+            assert!(Instant::now() < deadline, "the watcher did not come to its pass");
+            std::thread::sleep(Duration::from_millis(1));
+        }
         let r = ranks.clone();
         let took = within(20, "close of a rank whose watcher is caught in libfabric", move || {
             let t0 = Instant::now();
@@ -2158,9 +2210,10 @@ mod tests {
 
     /// A peer killed while it held the spin lock of this rank's CRI region (as one queueing
     /// a command is) catches the next thread that reads the CRI's CQ inside `fi_cq_read`;
-    /// once the peer is lost, the lock is released (by the watcher, which sees the CRI's
-    /// state lock held for `STUCK_AFTER`, or by a thread that waited that long for it) and
-    /// the caught thread comes back — within seconds, where it used to spin for ever.
+    /// once the peer is reported dead (not merely finished), the lock is released (by the
+    /// watcher, which sees the CRI's state lock held for `STUCK_AFTER`, or by a thread that
+    /// waited that long for it) and the caught thread comes back — within seconds, where it
+    /// used to spin for ever.
     #[test]
     fn a_spin_lock_a_dead_peer_left_held_is_released() {
         let Some(ranks) = shm_pair() else { return };
@@ -2172,11 +2225,15 @@ mod tests {
         let caught = std::thread::spawn(move || r[1].poll(0, 64, |_| {}));
         std::thread::sleep(Duration::from_millis(100));
         assert!(!caught.is_finished(), "a poll of the wedged CRI returned before the peer was lost");
+        // A peer that finished normally cannot hold a lock for good: nothing is released.
+        ranks[1].loss_notifier().lost(0);
+        std::thread::sleep(STUCK_AFTER * 3);
+        assert!(!caught.is_finished(), "a lock was released for a peer that only finished");
         let t0 = Instant::now();
-        ranks[1].mark_lost(0);
+        ranks[1].loss_notifier().died(0);
         within(20, "a thread caught on a spin lock a dead peer left held", move || caught.join().unwrap());
         let took = t0.elapsed();
-        assert!(took < Duration::from_secs(5), "took {took:?}");
+        assert!(took < Duration::from_secs(10), "took {took:?}");
         // The CRI works again: frames of the peer (which does not know it was given up)
         // still arrive, and nothing is stuck.
         let deadline = Instant::now() + Duration::from_secs(10);
