@@ -102,12 +102,13 @@
 //!   finds held at every pass for [`STUCK_AFTER`] (the caught thread may be the only one
 //!   that uses the CRI). The runtime's loss handling therefore goes on and fails the
 //!   requests that need the lost peer (it waits for its own CRI locks with a deadline too).
-//! * Once a CRI is stuck and a peer died (the bootstrap reported it `LOST`, not finished,
-//!   and its pid no longer runs), the spin locks of this rank's CRI regions and of the dead
-//!   peers' CRI regions are tried `RELEASE_SAMPLES` times over about 0.1 s; one held at
-//!   every try — a live holder keeps it for microseconds — is released
-//!   ([`ShmRegionLock`], libfabric 1.17's region layout only: with another libfabric nothing
-//!   is touched). The caught thread then takes it and comes back from `fi_cq_read`.
+//! * When a peer died (the bootstrap reported it `LOST`, not finished, and its pid no
+//!   longer runs) — [`STUCK_AFTER`] after the report (the watcher), and again whenever a
+//!   CRI is stuck — the spin locks of this rank's CRI regions and of the dead peers' CRI
+//!   regions are tried `RELEASE_SAMPLES` times over about 0.1 s; one held at every try — a
+//!   live holder keeps it for microseconds — is released ([`ShmRegionLock`], libfabric
+//!   1.17's region layout only: with another libfabric nothing is touched). A thread caught
+//!   on it (in a CQ read, or a send or read to the dead peer) then takes it and comes back.
 //! * [`Rank::close`] skips stuck CRIs when it drains sends and waits at most
 //!   [`STUCK_AFTER`] for the watcher to stop. A watcher still caught in libfabric is left
 //!   behind, and with it everything of the rank it shares (`Inner`): endpoints, CQs,
@@ -1096,8 +1097,25 @@ impl Inner {
         // Per CRI, since when its state lock was found held at every pass (`watch_stuck`).
         let mut held_since: Vec<Option<Instant>> = vec![None; self.cris.len()];
         let mut released_at: Option<Instant> = None;
+        // The death count last seen changing, and when.
+        let mut death_seen: Option<(u64, Instant)> = None;
         // Acquire: pairs with the release store in `close`.
         while !self.closed.load(Ordering::Acquire) {
+            // A peer that died may have left an `shm` spin lock held, which catches whatever
+            // thread takes it next — in a CQ read, a send or a read (module docs): look once,
+            // `STUCK_AFTER` after the death was reported (its process has ended by then),
+            // busy or not. Relaxed: `release_dead_peers_locks` reloads with acquire.
+            let deaths = self.deaths.load(Ordering::Relaxed);
+            if deaths != self.released_deaths.load(Ordering::Relaxed) {
+                match death_seen {
+                    Some((d, at)) if d == deaths => {
+                        if at.elapsed() >= STUCK_AFTER {
+                            self.release_dead_peers_locks();
+                        }
+                    }
+                    _ => death_seen = Some((deaths, Instant::now())),
+                }
+            }
             if self.recently_active() {
                 // Progress threads poll the CQs themselves while the rank is active (they
                 // spin rather than park, see `any_frames`): stay out of their way, and poll
