@@ -975,11 +975,11 @@ mod tests {
         (addr, t)
     }
 
-    /// Every event a monitor of rank 1 reports until it has been quiet for 300 ms, with
-    /// `host` as the rank serving the job (`None`: a launcher outside it), against a server
-    /// that writes `then` after the exchange and closes (after `BYE` if `wait_bye`, which
-    /// the monitor says when dropped, once quiet).
-    fn monitor_events(host: Option<u32>, then: &'static [u8], wait_bye: bool) -> Vec<PeerEvent> {
+    /// The events a monitor of rank 1 reports — `expected` of them (waiting up to 10 s for
+    /// each), and any that follows within 200 ms — with `host` as the rank serving the job
+    /// (`None`: a launcher outside it), against a server that writes `then` after the
+    /// exchange and closes (after `BYE` if `wait_bye`, which the monitor says when dropped).
+    fn monitor_events(host: Option<u32>, then: &'static [u8], wait_bye: bool, expected: usize) -> Vec<PeerEvent> {
         let (addr, server) = scripted_server(then, wait_bye);
         let mut job = Job::connect(&addr, "t", 1, 2).unwrap();
         job.host = host;
@@ -989,9 +989,13 @@ mod tests {
             let _ = tx.send(e);
         });
         let mut seen = Vec::new();
-        while let Ok(e) = rx.recv_timeout(Duration::from_millis(300)) {
-            seen.push(e);
+        while seen.len() < expected {
+            match rx.recv_timeout(Duration::from_secs(10)) {
+                Ok(e) => seen.push(e),
+                Err(_) => break,
+            }
         }
+        seen.extend(rx.recv_timeout(Duration::from_millis(200)));
         drop(m);
         server.join().unwrap();
         seen.extend(rx.try_iter());
@@ -1004,12 +1008,12 @@ mod tests {
     /// first. The end a monitor causes itself, by saying `BYE`, reports nothing.
     #[test]
     fn the_end_of_the_servers_connection_is_reported() {
-        assert_eq!(monitor_events(None, b"", false), vec![PeerEvent::ServerLost]);
-        assert_eq!(monitor_events(None, b"", true), vec![]);
-        assert_eq!(monitor_events(Some(0), b"", false), vec![PeerEvent::Lost(0)]);
-        assert_eq!(monitor_events(Some(0), b"FINISHED 0\n", false), vec![PeerEvent::Finished(0)]);
-        assert_eq!(monitor_events(Some(0), b"LOST 0\n", false), vec![PeerEvent::Lost(0)]);
-        assert_eq!(monitor_events(Some(0), b"", true), vec![]);
+        assert_eq!(monitor_events(None, b"", false, 1), vec![PeerEvent::ServerLost]);
+        assert_eq!(monitor_events(None, b"", true, 0), vec![]);
+        assert_eq!(monitor_events(Some(0), b"", false, 1), vec![PeerEvent::Lost(0)]);
+        assert_eq!(monitor_events(Some(0), b"FINISHED 0\n", false, 1), vec![PeerEvent::Finished(0)]);
+        assert_eq!(monitor_events(Some(0), b"LOST 0\n", false, 1), vec![PeerEvent::Lost(0)]);
+        assert_eq!(monitor_events(Some(0), b"", true, 0), vec![]);
         // A real server going away (weftrun killed) ends every rank's connection.
         let token = random_token().unwrap();
         let server = KvsServer::bind("127.0.0.1:0", 2, &token).unwrap();
