@@ -40,6 +40,14 @@ const POLL_BATCH: usize = 64;
 /// enough that live peers' traffic cannot hold a loss back for long.
 const DELIVER_POLLS: usize = 1024;
 
+/// How long [`Shared::deliver_arrived`] tries, in all, to take CRI locks that other threads
+/// hold before it acts on a loss without the frames behind them. A holder keeps a CRI lock
+/// for one poll batch, or — while the transport's state lock of that CRI is held by a thread
+/// caught inside libfabric — for the transport's bounded wait for it (0.5 s,
+/// `weft_transport::ofi_provider::STUCK_AFTER`); longer than that, the holder is itself
+/// caught inside libfabric, and may hold the lock for good.
+const DELIVER_WAIT: std::time::Duration = std::time::Duration::from_secs(1);
+
 /// Peer-loss bookkeeping (a rare path): the transport's loss epoch last handled, which
 /// peers are gone, and the rendezvous sends waiting for a `Fin`, which fail with `PeerLost`
 /// if their destination is lost (a `Fin` from a dead process never comes).
@@ -718,18 +726,30 @@ impl Shared {
     /// try them, such as an idle pool worker's): a loss is rare, and a holder keeps a CRI
     /// lock for one poll batch. Never called with a CRI lock held (`flush_deferred` runs
     /// outside them).
+    ///
+    /// Bounded whatever the transport does: the locks are tried until [`DELIVER_WAIT`] has
+    /// passed (then once each), never waited for — a thread caught inside libfabric (a
+    /// lock a dead `shm` peer held, see `weft_transport::ofi_provider`) holds its CRI lock
+    /// for good, and the loss must still be acted on: frames behind a lock not taken are
+    /// not delivered first (as frames still on their way from a dead peer are not). A poll
+    /// of a CRI whose transport state is held that way finds nothing after a bounded wait.
     #[cold]
     fn deliver_arrived(&self) -> usize {
+        let deadline = std::time::Instant::now() + DELIVER_WAIT;
         let mut total = 0;
         for k in 0..self.cris.len() {
-            let mut empty = 0;
-            for _ in 0..DELIVER_POLLS {
-                let n = self.cris[k].lock.low(|c| self.progress_cri(k, c));
+            let (mut polls, mut empty) = (0, 0);
+            while polls < DELIVER_POLLS && empty < 2 {
+                let Some(n) = self.cris[k].lock.try_low(|c| self.progress_cri(k, c)) else {
+                    if std::time::Instant::now() > deadline {
+                        break;
+                    }
+                    std::thread::yield_now();
+                    continue;
+                };
+                polls += 1;
                 total += n;
                 empty = if n == 0 { empty + 1 } else { 0 };
-                if empty == 2 {
-                    break;
-                }
             }
         }
         total
@@ -738,9 +758,150 @@ impl Shared {
 
 #[cfg(test)]
 mod tests {
+    use std::sync::mpsc;
+    use std::time::{Duration, Instant};
+
     use weft_transport::{Frame, FrameKind, Header, Payload};
 
-    use crate::Runtime;
+    use crate::{Error, ProgressMode, Runtime};
+
+    /// Runs `scenario` on a thread of its own and returns its result, failing with `what`
+    /// if it takes longer than `secs` (the stuck thread is left behind).
+    fn within<T: Send + 'static>(secs: u64, what: &str, scenario: impl FnOnce() -> T + Send + 'static) -> T {
+        let (tx, rx) = mpsc::channel();
+        let t = std::thread::spawn(move || {
+            let _ = tx.send(scenario());
+        });
+        match rx.recv_timeout(Duration::from_secs(secs)) {
+            Ok(v) => v,
+            Err(mpsc::RecvTimeoutError::Timeout) => panic!("hang: {what} (not done after {secs} s)"),
+            Err(mpsc::RecvTimeoutError::Disconnected) => match t.join() {
+                Err(p) => std::panic::resume_unwind(p),
+                Ok(()) => unreachable!("the scenario ended without a result or a panic"),
+            },
+        }
+    }
+
+    const MODES: [ProgressMode; 3] = [ProgressMode::Concurrent, ProgressMode::Owner, ProgressMode::Global];
+
+    /// A loss is acted on while another thread keeps a CRI lock for good (as a thread caught
+    /// inside libfabric while it polls that CRI does): the receive that only the lost peer
+    /// could match fails with `PeerLost` within about `DELIVER_WAIT`, in every progress
+    /// mode, instead of waiting for that lock for ever.
+    #[test]
+    fn a_loss_is_acted_on_while_a_thread_keeps_a_cri_lock() {
+        for mode in MODES {
+            let rts = Runtime::builder().env(false).progress(mode).cris(1).build_local(2).unwrap();
+            let (res, took) = within(20, &format!("{mode:?}: a receive from a lost peer while a CRI lock is kept"), move || {
+                let b = rts[1].world();
+                let recv = b.irecv(Vec::<u8>::with_capacity(8), 0u32, 5).unwrap();
+                let (held_tx, held) = mpsc::channel();
+                let (release, wait) = mpsc::channel::<()>();
+                let shared = rts[1].shared.clone();
+                let holder = std::thread::spawn(move || {
+                    shared.cris[0].lock.high(|_| {
+                        let _ = held_tx.send(());
+                        let _ = wait.recv();
+                    })
+                });
+                held.recv().unwrap();
+                let t0 = Instant::now();
+                // Rank 0 finishes: what only it could match fails.
+                rts[0].shared.transport.close();
+                let res = recv.wait().map(|_| ());
+                let took = t0.elapsed();
+                drop(release);
+                holder.join().unwrap();
+                (res, took)
+            });
+            assert_eq!(res, Err(Error::PeerLost { rank: 0 }), "{mode:?}");
+            assert!(took < Duration::from_secs(10), "{mode:?}: took {took:?}");
+        }
+    }
+
+    /// A CRI wedged the way a dead `shm` peer wedges one: the peer held the spin lock of
+    /// this rank's CRI region when it was killed, so the next thread that progresses the
+    /// CRI — the waiter itself, or the transport's watcher — is caught spinning inside
+    /// `fi_cq_read`. Once the peer is lost (a few milliseconds into the wait), the receive
+    /// and the rendezvous send that need it fail with `PeerLost` within seconds, in every
+    /// progress mode, and the runtimes drop (the waiter used to spin for ever).
+    #[cfg(feature = "ofi")]
+    #[test]
+    fn a_loss_is_acted_on_when_a_dead_peer_wedged_a_cri() {
+        for mode in MODES {
+            let rts = match Runtime::builder().env(false).provider(crate::Provider::Shm).progress(mode).cris(1).build_local(2) {
+                Ok(r) => r,
+                Err(e) => {
+                    eprintln!("skipped: shm not available here ({e})");
+                    return;
+                }
+            };
+            let res = within(30, &format!("{mode:?}: requests on a lost peer that wedged a CRI"), move || {
+                let b = rts[1].world();
+                let recv = b.irecv(Vec::<u8>::with_capacity(8), 0u32, 5).unwrap();
+                let send = b.isend(vec![1u8; 100_000], 0, 6).unwrap();
+                let weft_transport::Transport::Ofi(t) = &rts[1].shared.transport else { unreachable!("an shm runtime") };
+                if !t.wedge_cri_as_a_dead_peer(0) {
+                    return None;
+                }
+                let t0 = Instant::now();
+                let notifier = t.loss_notifier();
+                let monitor = std::thread::spawn(move || {
+                    std::thread::sleep(Duration::from_millis(20));
+                    notifier.died(0);
+                });
+                let (recv, send) = (recv.wait().map(|_| ()), send.wait().map(|_| ()));
+                let took = t0.elapsed();
+                monitor.join().unwrap();
+                drop(rts);
+                Some((recv, send, took))
+            });
+            let Some((recv, send, took)) = res else {
+                eprintln!("skipped: this libfabric's shm region layout is not known to weft");
+                return;
+            };
+            assert_eq!(recv, Err(Error::PeerLost { rank: 0 }), "{mode:?}: the receive");
+            assert_eq!(send, Err(Error::PeerLost { rank: 0 }), "{mode:?}: the rendezvous send");
+            assert!(took < Duration::from_secs(10), "{mode:?}: took {took:?}");
+        }
+    }
+
+    /// A loss is acted on while a thread holds a libfabric CRI's transport state as one
+    /// caught inside `fi_cq_read` does (spinning on a lock a dead `shm` peer held): the
+    /// receive and the rendezvous send that need the lost peer fail with `PeerLost` within
+    /// seconds, in every progress mode (they used to wait for that state for ever), and the
+    /// runtimes still drop.
+    #[cfg(feature = "ofi")]
+    #[test]
+    fn a_loss_is_acted_on_while_a_cri_is_stuck_in_libfabric() {
+        for mode in MODES {
+            let rts = match Runtime::builder().env(false).provider(crate::Provider::Shm).progress(mode).cris(1).build_local(2) {
+                Ok(r) => r,
+                Err(e) => {
+                    eprintln!("skipped: shm not available here ({e})");
+                    return;
+                }
+            };
+            let (recv, send, took) = within(20, &format!("{mode:?}: requests on a lost peer while a CRI is stuck"), move || {
+                let b = rts[1].world();
+                let recv = b.irecv(Vec::<u8>::with_capacity(8), 0u32, 5).unwrap();
+                // Above the eager threshold: a rendezvous send, waiting for rank 0's `Fin`.
+                let send = b.isend(vec![1u8; 100_000], 0, 6).unwrap();
+                let weft_transport::Transport::Ofi(t) = &rts[1].shared.transport else { unreachable!("an shm runtime") };
+                let hold = t.hold_cri_state(0);
+                let t0 = Instant::now();
+                t.mark_lost(0);
+                let (recv, send) = (recv.wait().map(|_| ()), send.wait().map(|_| ()));
+                let took = t0.elapsed();
+                drop(hold);
+                drop(rts);
+                (recv, send, took)
+            });
+            assert_eq!(recv, Err(Error::PeerLost { rank: 0 }), "{mode:?}: the receive");
+            assert_eq!(send, Err(Error::PeerLost { rank: 0 }), "{mode:?}: the rendezvous send");
+            assert!(took < Duration::from_secs(10), "{mode:?}: took {took:?}");
+        }
+    }
 
     fn fin(cookie: u64, source: u32) -> Frame {
         let header = Header {

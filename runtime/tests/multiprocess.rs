@@ -150,6 +150,96 @@ fn killed_sender_fails_the_read_with_peer_lost_on_tcp() {
     killed_sender_mid_read("tcp");
 }
 
+/// A rank killed (SIGKILL) while 64 MiB messages flow to it over `shm`, at three points
+/// of the stream: the sender fails with `PeerLost` within seconds and the job ends. (The
+/// sender used to spin for ever in about one kill of four: the dead rank had held the spin
+/// lock of the sender's region, which the sender's next CQ read takes.)
+#[test]
+fn a_rank_killed_mid_transfer_fails_the_sender_on_shm() {
+    let _g = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    for delay in ["150", "300", "450"] {
+        let t0 = Instant::now();
+        let o = Command::new(WEFTRUN)
+            .args(["-n", "2", "--provider", "shm", "--grace", "10", "--timeout", "60", SELFTEST, "kill-mid-transfer", delay])
+            .env("FI_TCP_IFACE", "lo")
+            .env_remove("WEFT_PROVIDER")
+            .stdin(Stdio::null())
+            .output()
+            .expect("weftrun starts");
+        let (t, s) = (t0.elapsed(), text(&o));
+        // The worst status is rank 1's SIGKILL: 128 + 9.
+        assert_eq!(o.status.code(), Some(137), "killed after {delay} ms:\n{s}");
+        assert!(s.contains("[0] kill-mid-transfer ok"), "killed after {delay} ms: rank 0 did not see PeerLost:\n{s}");
+        assert!(t < Duration::from_secs(30), "killed after {delay} ms: took {t:?}:\n{s}");
+    }
+}
+
+/// Whether process `pid` still runs (exists and is not a zombie waiting to be reaped).
+fn runs(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .is_ok_and(|st| !st.rsplit_once(')').is_some_and(|(_, rest)| rest.trim_start().starts_with(['Z', 'X'])))
+}
+
+/// The files of `/dev/shm` named after process `pid` (libfabric's `shm` regions).
+fn shm_files_of(pid: u32) -> Vec<String> {
+    let prefix = format!("{pid}:");
+    std::fs::read_dir("/dev/shm")
+        .map(|d| d.filter_map(|e| e.ok()?.file_name().into_string().ok()).filter(|n| n.starts_with(&prefix)).collect())
+        .unwrap_or_default()
+}
+
+/// `weftrun` killed with SIGKILL while its ranks run on `shm`: within seconds the
+/// ranks are gone and no `/dev/shm` file of theirs is left — rank 0 by SIGTERM (which
+/// libfabric's `shm` provider handles by removing its regions), rank 1, which ignores
+/// SIGTERM, because it noticed its launcher's end on its exchange connection, removed its
+/// regions' names and failed its wait with `PeerLost` (then it kills itself with SIGKILL,
+/// closing nothing). Three files per rank used to be left behind.
+#[test]
+fn killing_weftrun_leaves_no_shm_files_behind() {
+    let _g = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    if !std::path::Path::new("/dev/shm").is_dir() {
+        eprintln!("skipped: no /dev/shm");
+        return;
+    }
+    let mut child = Command::new(WEFTRUN)
+        .args(["-n", "2", "--provider", "shm", "--timeout", "60", SELFTEST, "outlive-launcher"])
+        .env("FI_TCP_IFACE", "lo")
+        .env_remove("WEFT_PROVIDER")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut out = std::io::BufReader::new(child.stdout.take().unwrap());
+    let mut pids = Vec::new();
+    let t0 = Instant::now();
+    while pids.len() < 2 && t0.elapsed() < Duration::from_secs(30) {
+        let mut line = String::new();
+        if std::io::BufRead::read_line(&mut out, &mut line).unwrap_or(0) == 0 {
+            break;
+        }
+        if let Some(p) = line.split("pid ").nth(1).and_then(|p| p.trim().parse::<u32>().ok()) {
+            pids.push(p);
+        }
+    }
+    if pids.len() < 2 {
+        let _ = child.kill();
+        let _ = child.wait();
+        panic!("ranks did not start: pids {pids:?}");
+    }
+    assert!(pids.iter().all(|&p| !shm_files_of(p).is_empty()), "the ranks have no shm regions: {pids:?}");
+    child.kill().unwrap();
+    child.wait().unwrap();
+    let t1 = Instant::now();
+    while pids.iter().any(|&p| runs(p) || !shm_files_of(p).is_empty()) && t1.elapsed() < Duration::from_secs(10) {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    for p in pids {
+        assert!(!runs(p), "rank process {p} outlived weftrun by 10 s");
+        assert_eq!(shm_files_of(p), Vec::<String>::new(), "shm regions of rank process {p} left behind");
+    }
+}
+
 /// A rank that exits with status 0 before joining the job fails the others at once, with
 /// an error naming it (they used to wait out the exchange's 60 s timeout and fail with
 /// "transport error in key-value exchange: code 11").

@@ -38,6 +38,13 @@
 //! does not fail the exchange (the others still get `ALL`, then `LOST`); a server that is
 //! dropped while it still owes a rank its `ALL` lingers, bounded, until that rank has it. (CQ errors on a send to the dead peer also
 //! mark it lost, as a second path.)
+//!
+//! The connection itself ending while the rank is still in the job (its [`Monitor`] did not
+//! close it) says that the server is gone. Under `weftrun` that means `weftrun` was killed:
+//! the monitor reports [`PeerEvent::ServerLost`], and the rank acts as the job being over
+//! (it cleans up what would otherwise outlive it, and fails what waits for its peers).
+//! Under Slurm the server is rank 0's: its connections end normally after `FINISHED 0`, and
+//! without it rank 0 died, which the monitor reports as `Lost(0)`.
 
 use std::collections::HashMap;
 use std::io::{BufRead, BufReader, Read, Write};
@@ -98,20 +105,25 @@ pub fn random_token() -> Result<String, Error> {
 // ----------------------------------------------------------------------------------------
 // Server
 
-/// What a rank's [`Monitor`] learns of a peer.
+/// What a rank's [`Monitor`] learns of its peers and its job.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub enum PeerEvent {
     /// The peer's connection closed without `BYE`: it died (or exited without finishing).
     Lost(u32),
     /// The peer finished normally (`BYE`): it sends nothing more.
     Finished(u32),
+    /// The key-value server, run by a launcher outside the job (`weftrun`), closed this
+    /// rank's connection while the rank was still in the job: the launcher is gone (killed),
+    /// its other ranks are being torn down, and nothing will report lost peers any more.
+    ServerLost,
 }
 
 impl PeerEvent {
-    /// The rank concerned.
-    pub fn rank(self) -> u32 {
+    /// The rank concerned (none for [`ServerLost`](Self::ServerLost)).
+    pub fn rank(self) -> Option<u32> {
         match self {
-            PeerEvent::Lost(r) | PeerEvent::Finished(r) => r,
+            PeerEvent::Lost(r) | PeerEvent::Finished(r) => Some(r),
+            PeerEvent::ServerLost => None,
         }
     }
 
@@ -465,6 +477,9 @@ pub struct Job {
     conn: Option<BufReader<TcpStream>>,
     /// The server this process hosts (rank 0 under Slurm).
     server: Option<KvsServer>,
+    /// The rank whose process serves the KVS (rank 0 under Slurm); `None` when a launcher
+    /// outside the job serves it (`weftrun`).
+    host: Option<u32>,
     /// Peers reported `LOST` or `FINISHED` while the exchange was answered, for the
     /// monitor.
     early: Vec<PeerEvent>,
@@ -512,29 +527,30 @@ impl Job {
     /// Reads the environment (see the module docs) and connects to the KVS if there is one.
     pub fn from_env() -> Result<Job, Error> {
         let Some((rank, size, slurm)) = layout_from_env()? else {
-            return Ok(Job { rank: 0, size: 1, conn: None, server: None, early: Vec::new() });
+            return Ok(Job { rank: 0, size: 1, conn: None, server: None, host: None, early: Vec::new() });
         };
         let kvs = env("WEFT_KVS");
         let token = env("WEFT_TOKEN");
+        let host = slurm.then_some(0);
         match (kvs, token) {
-            (None, _) if size == 1 => Ok(Job { rank, size, conn: None, server: None, early: Vec::new() }),
+            (None, _) if size == 1 => Ok(Job { rank, size, conn: None, server: None, host, early: Vec::new() }),
             (None, _) => Err(Error::InvalidArgument("WEFT_KVS=host:port is needed for a job of more than one rank")),
             (Some(_), None) => Err(Error::InvalidArgument("WEFT_TOKEN is needed with WEFT_KVS")),
             (Some(kvs), Some(token)) => {
                 let server = if slurm && rank == 0 { Some(KvsServer::bind_hosted(&kvs, size, &token, Some(rank))?) } else { None };
                 let conn = connect(&kvs, &token, rank)?;
-                Ok(Job { rank, size, conn: Some(conn), server, early: Vec::new() })
+                Ok(Job { rank, size, conn: Some(conn), server, host, early: Vec::new() })
             }
         }
     }
 
     /// Connects rank `rank` of `size` to the KVS at `kvs` with `token` (what `from_env`
-    /// does; exposed for tests and launchers).
+    /// does under `weftrun`: a server outside the job; exposed for tests and launchers).
     pub fn connect(kvs: &str, token: &str, rank: u32, size: u32) -> Result<Job, Error> {
         if rank >= size {
             return Err(Error::RankOutOfRange { rank, size });
         }
-        Ok(Job { rank, size, conn: Some(connect(kvs, token, rank)?), server: None, early: Vec::new() })
+        Ok(Job { rank, size, conn: Some(connect(kvs, token, rank)?), server: None, host: None, early: Vec::new() })
     }
 
     /// Publishes this rank's `blob` and returns every rank's, rank `i` at index `i`.
@@ -584,29 +600,47 @@ impl Job {
     }
 
     /// Keeps the connection open to learn of lost and finished peers: `on_event` runs on a
-    /// monitor thread for every `LOST` and `FINISHED` line. Dropping the monitor says `BYE`
-    /// (a normal finish).
+    /// monitor thread for every `LOST` and `FINISHED` line, and once more if the connection
+    /// ends before the monitor is dropped (module docs): [`PeerEvent::ServerLost`], or under
+    /// Slurm `Lost(0)` unless rank 0 had finished. Dropping the monitor says `BYE` (a normal
+    /// finish).
     pub fn monitor(self, on_event: impl Fn(PeerEvent) + Send + 'static) -> Monitor {
+        let host = self.host;
+        // The hosting rank finished (or was lost): its server may go away normally.
+        let mut host_gone = false;
         for &e in &self.early {
+            host_gone |= host.is_some() && e.rank() == host;
             on_event(e);
         }
+        let closing = Arc::new(AtomicBool::new(false));
         let Some(conn) = self.conn else {
-            return Monitor { conn: None, reader: None, _server: self.server };
+            return Monitor { conn: None, reader: None, closing, _server: self.server };
         };
         let writer = conn.get_ref().try_clone().ok();
         let mut r = conn;
+        let ours = closing.clone();
         let reader = std::thread::Builder::new()
             .name("weft-kvs-monitor".into())
             .spawn(move || {
                 let mut line = String::new();
                 while read_line(&mut r, &mut line).is_ok() {
                     if let Some(e) = PeerEvent::parse(&line) {
+                        host_gone |= host.is_some() && e.rank() == host;
                         on_event(e);
+                    }
+                }
+                // Acquire: pairs with the release store in `Monitor::drop`, made before it
+                // closes the connection: an end it caused is not the server's.
+                if !ours.load(Ordering::Acquire) {
+                    match host {
+                        None => on_event(PeerEvent::ServerLost),
+                        Some(h) if !host_gone => on_event(PeerEvent::Lost(h)),
+                        Some(_) => {}
                     }
                 }
             })
             .ok();
-        Monitor { conn: writer, reader, _server: self.server }
+        Monitor { conn: writer, reader, closing, _server: self.server }
     }
 }
 
@@ -644,12 +678,16 @@ pub struct Monitor {
     conn: Option<TcpStream>,
     /// The thread reading `LOST` and `FINISHED` lines.
     reader: Option<JoinHandle<()>>,
+    /// Set by `drop` before it closes the connection (then its end is not news).
+    closing: Arc<AtomicBool>,
     /// The server this process hosts, kept alive with the monitor.
     _server: Option<KvsServer>,
 }
 
 impl Drop for Monitor {
     fn drop(&mut self) {
+        // Release: pairs with the reader's acquire load once the connection ends.
+        self.closing.store(true, Ordering::Release);
         if let Some(mut c) = self.conn.take() {
             let _ = c.write_all(b"BYE\n");
             let _ = c.shutdown(Shutdown::Both);
@@ -704,8 +742,10 @@ mod tests {
                 })
             })
             .collect();
-        // Rank 2 "dies": its connection closes without BYE.
+        // Rank 2 "dies": its connection closes without BYE (and its own monitor, which
+        // would report the end as the server's, with it).
         let m2 = monitors.pop().unwrap();
+        m2.closing.store(true, Ordering::Release);
         if let Some(c) = &m2.conn {
             c.shutdown(Shutdown::Both).unwrap();
         }
@@ -908,6 +948,102 @@ mod tests {
         assert_eq!(rx.recv_timeout(Duration::from_secs(5)), Ok(PeerEvent::Lost(2)));
         drop(m);
         server.join().unwrap();
+    }
+
+    /// A scripted server for one client of a job of 2: answers the exchange, writes
+    /// `then`, and closes the connection — at once, or after the client's `BYE` when
+    /// `wait_bye`. Returns its address and its thread.
+    fn scripted_server(then: &'static [u8], wait_bye: bool) -> (String, JoinHandle<()>) {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        let t = std::thread::spawn(move || {
+            let (c, _) = listener.accept().unwrap();
+            let mut w = c.try_clone().unwrap();
+            let mut r = BufReader::new(c);
+            let mut line = String::new();
+            for want in ["HELLO", "PUT", "GET"] {
+                read_line(&mut r, &mut line).unwrap();
+                assert!(line.starts_with(want), "{line}");
+            }
+            w.write_all(b"ALL 00 01\n").unwrap();
+            w.write_all(then).unwrap();
+            if wait_bye {
+                let _ = read_line(&mut r, &mut line);
+            }
+            let _ = w.shutdown(Shutdown::Both);
+        });
+        (addr, t)
+    }
+
+    /// The events a monitor of rank 1 reports — `expected` of them (waiting up to 10 s for
+    /// each), and any that follows within 200 ms — with `host` as the rank serving the job
+    /// (`None`: a launcher outside it), against a server that writes `then` after the
+    /// exchange and closes (after `BYE` if `wait_bye`, which the monitor says when dropped).
+    fn monitor_events(host: Option<u32>, then: &'static [u8], wait_bye: bool, expected: usize) -> Vec<PeerEvent> {
+        let (addr, server) = scripted_server(then, wait_bye);
+        let mut job = Job::connect(&addr, "t", 1, 2).unwrap();
+        job.host = host;
+        job.exchange(&[1]).unwrap();
+        let (tx, rx) = std::sync::mpsc::channel();
+        let m = job.monitor(move |e| {
+            let _ = tx.send(e);
+        });
+        let mut seen = Vec::new();
+        while seen.len() < expected {
+            match rx.recv_timeout(Duration::from_secs(10)) {
+                Ok(e) => seen.push(e),
+                Err(_) => break,
+            }
+        }
+        seen.extend(rx.recv_timeout(Duration::from_millis(200)));
+        drop(m);
+        server.join().unwrap();
+        seen.extend(rx.try_iter());
+        seen
+    }
+
+    /// The server ending a rank's connection while the rank is still in the job is news: a
+    /// launcher outside the job (`weftrun`) is gone — `ServerLost`; under Slurm rank 0,
+    /// which serves the job, died — `Lost(0)`, unless it finished (or was reported lost)
+    /// first. The end a monitor causes itself, by saying `BYE`, reports nothing.
+    #[test]
+    fn the_end_of_the_servers_connection_is_reported() {
+        assert_eq!(monitor_events(None, b"", false, 1), vec![PeerEvent::ServerLost]);
+        assert_eq!(monitor_events(None, b"", true, 0), vec![]);
+        assert_eq!(monitor_events(Some(0), b"", false, 1), vec![PeerEvent::Lost(0)]);
+        assert_eq!(monitor_events(Some(0), b"FINISHED 0\n", false, 1), vec![PeerEvent::Finished(0)]);
+        assert_eq!(monitor_events(Some(0), b"LOST 0\n", false, 1), vec![PeerEvent::Lost(0)]);
+        assert_eq!(monitor_events(Some(0), b"", true, 0), vec![]);
+        // A real server going away (weftrun killed) ends every rank's connection.
+        let token = random_token().unwrap();
+        let server = KvsServer::bind("127.0.0.1:0", 2, &token).unwrap();
+        let addr = server.local_addr().to_string();
+        let other = {
+            let (addr, token) = (addr.clone(), token.clone());
+            std::thread::spawn(move || {
+                let mut j = Job::connect(&addr, &token, 1, 2).unwrap();
+                j.exchange(b"one").unwrap();
+                j
+            })
+        };
+        let mut job = Job::connect(&addr, &token, 0, 2).unwrap();
+        job.exchange(b"zero").unwrap();
+        let (tx, rx) = std::sync::mpsc::channel();
+        let monitors: Vec<Monitor> = [job, other.join().unwrap()]
+            .into_iter()
+            .map(|j| {
+                let (tx, me) = (tx.clone(), j.rank);
+                j.monitor(move |e| {
+                    let _ = tx.send((me, e));
+                })
+            })
+            .collect();
+        drop(server);
+        let mut seen = vec![rx.recv_timeout(Duration::from_secs(5)).unwrap(), rx.recv_timeout(Duration::from_secs(5)).unwrap()];
+        seen.sort();
+        assert_eq!(seen, vec![(0, PeerEvent::ServerLost), (1, PeerEvent::ServerLost)]);
+        drop(monitors);
+        assert!(rx.recv_timeout(Duration::from_millis(100)).is_err());
     }
 
     #[test]

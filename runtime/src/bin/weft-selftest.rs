@@ -15,6 +15,8 @@
 //! | `all` | even, >= 2 | all of the above |
 //! | `peer-lost` | 2 | rank 0 kills itself (SIGKILL); rank 1's pending receive and rendezvous send, and a new send and receive, fail with `PeerLost` |
 //! | `peer-lost-read` | 2 | rank 0 kills itself while rank 1 reads its 64 MiB message; rank 1's receive fails with `PeerLost` (not a transport error) or, if the read was done first, holds the whole message |
+//! | `kill-mid-transfer MS` | 2 | rank 0 streams 64 MiB messages to rank 1, which kills itself (SIGKILL) `MS` ms into the first receive; rank 0's send fails with `PeerLost` within seconds |
+//! | `outlive-launcher` | any | prints its pid and waits for a message that never comes; rank 1 ignores SIGTERM first. Once its wait fails (the test kills `weftrun`: `PeerLost`) a rank kills itself (SIGKILL), printing nothing more |
 //! | `peer-finished` | 2 | rank 1 sends 8 messages and drops its runtime (a normal finish) while rank 0 has receives posted that only rank 1 could match; rank 0 still gets the 8 messages, then the others, a new receive and a new send fail with `PeerLost` |
 //! | `netns` | 2 | a message and 1 MiB each way (the multi-host test) |
 //! | `block` | any | prints its pid, then waits for a message that never comes (teardown test) |
@@ -301,6 +303,63 @@ fn peer_lost(c: &Communicator) -> Res {
     Ok(())
 }
 
+/// `kill-mid-transfer`: see the table in the module docs.
+fn kill_mid_transfer(c: &Communicator, delay: Duration) -> Res {
+    const LEN: usize = 64 << 20;
+    const MESSAGES: u8 = 100;
+    match c.rank() {
+        0 => {
+            for i in 0..MESSAGES {
+                let t0 = Instant::now();
+                match c.send(vec![i; LEN], 1, 1) {
+                    Ok(_) => {}
+                    Err(Error::PeerLost { rank: 1 }) => {
+                        let ms = t0.elapsed().as_millis();
+                        check(t0.elapsed() < Duration::from_secs(10), || format!("PeerLost took {ms} ms"))?;
+                        println!("kill-mid-transfer ok: PeerLost after {ms} ms, in message {i}");
+                        return Ok(());
+                    }
+                    Err(err) => return Err(format!("message {i}: expected PeerLost, got {err:?}")),
+                }
+            }
+            Err(format!("all {MESSAGES} messages went out: rank 1 did not die"))
+        }
+        1 => {
+            let mut buf = Vec::<u8>::with_capacity(LEN);
+            for i in 0..MESSAGES {
+                if i == 0 {
+                    std::thread::spawn(move || {
+                        std::thread::sleep(delay);
+                        // SAFETY: plain syscalls on this process (a crash, which nothing
+                        // can catch).
+                        unsafe { libc::kill(libc::getpid(), libc::SIGKILL) };
+                    });
+                }
+                buf = c.recv(buf, 0u32, 1).map_err(e)?.0;
+            }
+            Err("rank 1 outlived every message".into())
+        }
+        _ => Ok(()),
+    }
+}
+
+/// `outlive-launcher`: see the table in the module docs. Nothing is printed once the wait
+/// ends: `weftrun`, which forwarded the output, is gone.
+fn outlive_launcher(c: &Communicator) -> Res {
+    if c.rank() == 1 {
+        // SAFETY: ignoring a signal is async-signal-safe and affects only this process
+        // (libfabric's own handler, which removes the regions, is replaced).
+        unsafe { libc::signal(libc::SIGTERM, libc::SIG_IGN) };
+    }
+    println!("pid {}", std::process::id());
+    let r = c.recv(Vec::<u8>::with_capacity(1), Source::Any, 77);
+    if matches!(r, Err(Error::PeerLost { .. })) {
+        // SAFETY: plain syscalls on this process: it dies without closing anything.
+        unsafe { libc::kill(libc::getpid(), libc::SIGKILL) };
+    }
+    r.map(|_| ()).map_err(e)
+}
+
 /// Messages rank 1 sends before it finishes in `peer-finished`.
 const BEFORE_FINISH: u8 = 8;
 
@@ -387,6 +446,11 @@ fn run(what: &str) -> Res {
         "alltoall" => alltoall(c),
         "peer-lost" => peer_lost(c),
         "peer-lost-read" => peer_lost_read(&rt),
+        "kill-mid-transfer" => {
+            let ms = std::env::args().nth(2).and_then(|a| a.parse().ok()).unwrap_or(300);
+            kill_mid_transfer(c, Duration::from_millis(ms))
+        }
+        "outlive-launcher" => outlive_launcher(c),
         "netns" => netns(c),
         "block" => {
             println!("pid {}", std::process::id());
@@ -408,7 +472,7 @@ fn run(what: &str) -> Res {
         other => Err(format!("unknown check {other:?}")),
     }?;
     // Nobody leaves while a peer may still need it.
-    if rt.size() > 1 && !what.starts_with("peer-lost") {
+    if rt.size() > 1 && !what.starts_with("peer-lost") && what != "kill-mid-transfer" {
         let me = rt.rank();
         for r in 0..rt.size() {
             if r != me {

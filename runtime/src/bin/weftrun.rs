@@ -11,6 +11,14 @@
 //!   0 without having finished normally (before joining the job, say) is reported lost the
 //!   same way, but does not start the grace period. Ctrl-C / SIGTERM to weftrun
 //!   tears every rank down the same way (no grace).
+//! * If weftrun itself is killed (SIGKILL: it can do nothing then), every rank gets SIGTERM
+//!   from the kernel (`PR_SET_PDEATHSIG`) — not SIGKILL, so that libfabric's `shm` provider
+//!   can remove the rank's regions from `/dev/shm` on its way out — and a rank that outlives
+//!   it notices through its exchange connection (`PeerEvent::ServerLost`): it removes those
+//!   names itself and fails whatever waits for its peers with `PeerLost`.
+//! * `shm` regions left in `/dev/shm` by processes that no longer run (ranks of a job whose
+//!   weftrun was killed, say) are removed at start-up; those of its own ranks, at the end.
+//!   A region of a running process is never touched.
 //! * Exits with the worst status: the largest exit code, `128 + signal` for a rank killed
 //!   by a signal, 130 when interrupted.
 //! * `--bind-to core` pins rank `i` (every thread it starts) to the `i`-th CPU weftrun may
@@ -169,6 +177,16 @@ fn abandon_start(children: &mut [(u32, Child, Option<ExitStatus>)], forwarders: 
     remove_stale_shm(children);
 }
 
+/// Before any rank starts: removes the `shm` regions of processes that no longer run (a
+/// job whose `weftrun` was killed before it could clean up, ranks killed since); a region
+/// of a running process is never touched. Returns how many were removed.
+fn remove_dead_shm() -> usize {
+    #[cfg(feature = "ofi")]
+    return weft_transport::ofi_provider::remove_dead_shm_regions();
+    #[cfg(not(feature = "ofi"))]
+    0
+}
+
 /// Every rank has exited: `shm` regions still named after one of them belong to a rank that
 /// could not unlink them (killed); a later process with the same pid would fail to open its
 /// own.
@@ -213,6 +231,7 @@ fn run(args: &Args) -> i32 {
         }
     };
     install_signal_handlers();
+    remove_dead_shm();
     let kvs = server.local_addr().to_string();
     let cpus = if args.bind_to == Bind::Core { weft::lock::allowed_cpus() } else { Vec::new() };
     if args.bind_to == Bind::Core && cpus.is_empty() {
@@ -239,10 +258,13 @@ fn run(args: &Args) -> i32 {
             }
         }
         // SAFETY: the closure runs in the child between fork and exec and only calls `prctl`,
-        // an async-signal-safe system call: the rank is killed if weftrun dies.
+        // an async-signal-safe system call: the rank is terminated if weftrun dies. SIGTERM,
+        // which libfabric's `shm` provider handles by removing the process's regions from
+        // `/dev/shm` before it terminates (SIGKILL would leave them behind, see the module
+        // docs).
         unsafe {
             cmd.pre_exec(|| {
-                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM);
                 Ok(())
             })
         };
@@ -341,4 +363,48 @@ fn run(args: &Args) -> i32 {
     }
     remove_stale_shm(&children);
     worst
+}
+
+#[cfg(all(test, feature = "ofi"))]
+mod tests {
+    use std::path::Path;
+    use std::time::{Duration, Instant};
+
+    /// The start-up cleanup removes `shm` regions named after processes that no longer run
+    /// (gone, or a zombie) and leaves those of running processes and files of other shapes.
+    #[test]
+    fn start_up_cleanup_removes_only_regions_of_processes_that_no_longer_run() {
+        if !Path::new("/dev/shm").is_dir() {
+            eprintln!("skipped: no /dev/shm");
+            return;
+        }
+        // SAFETY: `geteuid` has no preconditions.
+        let uid = unsafe { libc::geteuid() };
+        // A zombie: exited, not reaped yet (its pid cannot be reused meanwhile).
+        let mut zombie = std::process::Command::new("true").spawn().expect("start `true`");
+        let zpid = zombie.id();
+        let t0 = Instant::now();
+        while !std::fs::read_to_string(format!("/proc/{zpid}/stat"))
+            .is_ok_and(|s| s.rsplit_once(')').is_some_and(|(_, r)| r.trim_start().starts_with('Z')))
+        {
+            assert!(t0.elapsed() < Duration::from_secs(10), "`true` did not exit");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        // A pid above any real one (Linux pid_max is at most 2^22).
+        let dead = [format!("/dev/shm/4999998:{uid}:7"), format!("/dev/shm/{zpid}:{uid}:0")];
+        let alive = [format!("/dev/shm/{}:{uid}:4242", std::process::id()), format!("/dev/shm/1:{uid}:4242")];
+        let other = [format!("/dev/shm/4999998:{uid}:x"), "/dev/shm/4999998".to_string()];
+        for f in dead.iter().chain(&alive).chain(&other) {
+            std::fs::write(f, b"").unwrap();
+        }
+        assert!(super::remove_dead_shm() >= dead.len());
+        let _ = zombie.wait();
+        for f in &dead {
+            assert!(!Path::new(f).exists(), "{f} left behind");
+        }
+        for f in alive.iter().chain(&other) {
+            assert!(Path::new(f).exists(), "{f} removed");
+            std::fs::remove_file(f).unwrap();
+        }
+    }
 }

@@ -10,6 +10,7 @@
 //! | `mr.rs`       | `MemoryRegion`, `RemoteRegion`                                   |
 //! | `endpoint.rs` | `Endpoint`: post sends/receives/RMA/atomics                      |
 //! | `error.rs`    | `OfiError`, `Post` (`Posted` / `WouldBlock`)                     |
+//! | `shm_lock.rs` | `ShmRegionLock`: an `shm` region's lock, left held by the dead   |
 //!
 //! All FFI `unsafe` of weft lives in this module. See `docs/OFI.md` for the providers that
 //! work and how to test.
@@ -36,6 +37,7 @@ mod fabric;
 mod flags;
 mod info;
 mod mr;
+mod shm_lock;
 mod sys;
 
 pub use av::{AddressVector, FiAddr, MAX_ADDR_LEN};
@@ -46,6 +48,7 @@ pub use fabric::{Domain, Fabric};
 pub use flags::{Caps, CompletionFlags, MrAccess};
 pub use info::Info;
 pub use mr::{MemoryRegion, RemoteRegion};
+pub use shm_lock::{ShmRegionLock, REGION_VERSION};
 
 /// libfabric error numbers callers may want to match in [`OfiError::code`].
 pub mod errno {
