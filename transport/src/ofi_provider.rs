@@ -1090,13 +1090,16 @@ impl Inner {
     fn reap_all(&self) -> bool {
         let mut found = false;
         for cri in self.cris.iter() {
-            if cri.ready.load(Ordering::Relaxed) {
-                found = true;
-                continue;
-            }
-            if let Some(mut st) = cri.st.try_lock() {
-                self.reap(cri, &mut st);
-                found |= !st.staged.is_empty();
+            // Reaped even with frames staged: reading the CQ is what drives the provider's
+            // progress (`tcp;ofi_rxm` progresses manually), and peers' reads of this rank's
+            // memory need it while the rank's threads are elsewhere. What it stages is
+            // bounded by the receive slots.
+            match cri.st.try_lock() {
+                Some(mut st) => {
+                    self.reap(cri, &mut st);
+                    found |= !st.staged.is_empty();
+                }
+                None => found |= cri.ready.load(Ordering::Relaxed),
             }
         }
         found

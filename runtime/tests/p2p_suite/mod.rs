@@ -317,15 +317,15 @@ fn a_deferred_fin_goes_out_while_the_receiver_does_other_work() {
             let _ = got_tx.send(got);
             let _ = release_rx.recv_timeout(Duration::from_secs(60));
         });
-        // Rank 0 waits for its send once rank 1 has received (and deferred its `Fin`) — or
-        // after half a second: on libfabric's tcp the receiver's read of rank 0's buffer
-        // needs rank 0's progress, which its wait gives.
+        // Rank 0 waits for its send only once rank 1 has received (and deferred its `Fin`):
+        // until then no thread of rank 0 calls weft, and on libfabric's tcp the receiver's
+        // read of rank 0's buffer is served by rank 0's watcher.
         let (go_tx, go_rx) = mpsc::channel::<()>();
         let (done_tx, done_rx) = mpsc::channel();
         let r0 = rts[0].clone();
         std::thread::spawn(move || {
             let send = r0.world().isend(vec![7u8; LEN], 1, 2).unwrap();
-            let _ = go_rx.recv_timeout(Duration::from_millis(500));
+            let _ = go_rx.recv_timeout(Duration::from_secs(30));
             let _ = done_tx.send(send.wait().map(|(_, st)| st.bytes));
         });
         let got = got_rx.recv_timeout(Duration::from_secs(30)).unwrap_or_else(|_| panic!("{mode}: rank 1 did not receive within 30 s"));
