@@ -89,7 +89,7 @@
 //! Sends and reads to a lost peer fail with `PeerLost`; [`Rank::lost_epoch`] changes so the
 //! runtime fails pending requests that need it (after delivering the frames that reached
 //! this rank before). When the job's launcher itself is gone (the bootstrap's
-//! [`PeerEvent::ServerLost`](crate::bootstrap::PeerEvent::ServerLost): `weftrun` was
+//! [`PeerEvent::ServerLost`]: `weftrun` was
 //! killed), every peer is marked lost and the rank removes the names of its `shm` regions
 //! from `/dev/shm` at once ([`LossNotifier::launcher_lost`]): nothing else would, should the
 //! process be killed next.
@@ -1652,7 +1652,7 @@ impl Rank {
     /// Advances the rendezvous reads in flight (reads the RMA endpoint's completions, posts
     /// the chunks that now fit: bounded work) and hands up to `max` of those that are over to
     /// `f` — their token and `Ok`, or the error: `PeerLost` when the peer was lost, or is
-    /// found lost within [`reads::VERDICT_WAIT`] of the failure — after every lock is
+    /// found lost within 3 s of the failure — after every lock is
     /// released; returns how many. One atomic load when no read is in flight. Never waits:
     /// a pass another thread is making is left to it.
     #[inline]
@@ -1937,7 +1937,7 @@ impl LossNotifier {
     }
 
     /// The job's launcher is gone (the bootstrap's
-    /// [`PeerEvent::ServerLost`](crate::bootstrap::PeerEvent::ServerLost)): removes the
+    /// [`PeerEvent::ServerLost`]): removes the
     /// names of this rank's `shm` regions from `/dev/shm` — first, since the process may be
     /// killed any moment now and nothing else would remove them — then marks every peer
     /// lost, so that whatever this rank still waits for fails with `PeerLost` instead of
