@@ -13,7 +13,7 @@
 //! |---|---|---|
 //! | posting | every chunk completed | done, `Ok` |
 //! | posting | a chunk fails, a post fails, or the peer is marked lost | failed |
-//! | failed | its posted chunks completed or failed, or [`DRAIN_LIMIT`] passed | verdict pending |
+//! | failed | its posted chunks completed or failed, or [`DRAIN_LIMIT`] passed ([`LOST_DRAIN`] once the peer is lost) | verdict pending |
 //! | verdict pending | the peer is marked lost | done, `PeerLost` |
 //! | verdict pending | [`VERDICT_WAIT`] passed since the failure, the peer alive | done, the error |
 //!
@@ -51,6 +51,12 @@ pub(super) const CHUNKS_POSTED: usize = 4 * READS_IN_FLIGHT;
 /// How long a failed read waits for the verdict on its peer (see the module docs) before
 /// it reports its own error.
 pub(super) const VERDICT_WAIT: Duration = Duration::from_secs(3);
+
+/// How long a read from a peer known to be lost waits for its posted chunks, counted from
+/// its failure: long enough for the passes meanwhile to consume whatever the peer had
+/// answered before it died, short enough that the receive fails with `PeerLost` within
+/// about a second of the loss (a dead `shm` peer leaves some chunks that never complete).
+pub(super) const LOST_DRAIN: Duration = Duration::from_millis(500);
 
 /// Completions one pass reads at most (bounded work per pass).
 const PASS_COMPLETIONS: usize = 32;
@@ -324,7 +330,12 @@ impl ReadOp {
             return (self.next >= self.len && self.outstanding == 0).then_some(Ok(()));
         };
         let since = now.saturating_duration_since(at);
-        if self.outstanding > 0 && since < DRAIN_LIMIT {
+        // Chunks still posted to a live peer may yet complete (and write): wait for them up
+        // to DRAIN_LIMIT. A lost peer answers nothing more; what it answered before it died
+        // was in this rank's queues already and is consumed by the passes made meanwhile
+        // (the watcher's included, every millisecond at most while reads are in flight).
+        let drain = if alive(self.src) { DRAIN_LIMIT } else { LOST_DRAIN };
+        if self.outstanding > 0 && since < drain {
             return None;
         }
         if !alive(self.src) {
@@ -357,4 +368,37 @@ fn post_chunks(ep: &Endpoint, posted: &mut usize, i: usize, gen: u64, op: &mut R
         }
     }
     true
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A failed read with a chunk still posted: from a live peer it waits out
+    /// [`DRAIN_LIMIT`] (the chunk may still write the buffer), from a lost one only
+    /// [`LOST_DRAIN`], and then reports `PeerLost` (a dead `shm` peer leaves chunks that never
+    /// complete: the receive used to take the full 5 s to fail).
+    #[test]
+    fn a_read_from_a_lost_peer_gives_up_its_chunks_sooner() {
+        let t0 = Instant::now();
+        let op = ReadOp {
+            token: 1,
+            src: 3,
+            target: FiAddr::UNSPEC,
+            remote: RemoteRegion { base: 0, key: 0, len: 1 << 20 },
+            dst: std::ptr::null_mut(),
+            len: 1 << 20,
+            chunk: 1 << 16,
+            next: 1 << 17,
+            outstanding: 2,
+            failed: Some((Error::Transport { op: "fi_read", code: 5 }, t0)),
+        };
+        let (alive, lost) = (|_: u32| true, |_: u32| false);
+        let after = |d: Duration| t0 + d;
+        assert_eq!(op.outcome(after(LOST_DRAIN / 2), &lost), None, "the lost peer's chunks get a moment");
+        assert_eq!(op.outcome(after(LOST_DRAIN), &lost), Some(Err(Error::PeerLost { rank: 3 })));
+        assert_eq!(op.outcome(after(LOST_DRAIN * 2), &alive), None, "a live peer's chunk may still complete");
+        assert_eq!(op.outcome(after(DRAIN_LIMIT), &alive), Some(Err(Error::Transport { op: "fi_read", code: 5 })));
+        assert!(LOST_DRAIN * 4 <= DRAIN_LIMIT);
+    }
 }
