@@ -400,5 +400,15 @@ mod tests {
         assert_eq!(op.outcome(after(LOST_DRAIN * 2), &alive), None, "a live peer's chunk may still complete");
         assert_eq!(op.outcome(after(DRAIN_LIMIT), &alive), Some(Err(Error::Transport { op: "fi_read", code: 5 })));
         assert!(LOST_DRAIN * 4 <= DRAIN_LIMIT);
+        // Every chunk back, one failed: the verdict wait. A live peer's read reports its own
+        // error only after VERDICT_WAIT (a dead sender's connection fails before the job
+        // reports the loss); once the peer is lost, `PeerLost` at once.
+        let op = ReadOp { outstanding: 0, ..op };
+        assert_eq!(op.outcome(after(VERDICT_WAIT / 2), &alive), None, "the verdict is awaited");
+        assert_eq!(op.outcome(after(VERDICT_WAIT / 2), &lost), Some(Err(Error::PeerLost { rank: 3 })));
+        assert_eq!(op.outcome(after(VERDICT_WAIT), &alive), Some(Err(Error::Transport { op: "fi_read", code: 5 })));
+        // No failure: done once every chunk is posted and back.
+        let op = ReadOp { failed: None, next: 1 << 20, ..op };
+        assert_eq!(op.outcome(after(Duration::ZERO), &lost), Some(Ok(())));
     }
 }
