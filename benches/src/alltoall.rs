@@ -22,14 +22,13 @@
 use std::time::Instant;
 
 use clap::Args as ClapArgs;
-use weft::{Communicator, Provider, Runtime, Source};
+use weft::{Provider, Runtime, Source};
 
+use crate::multirate::cross_barrier;
 use crate::report::{median, parse_list, Table};
 
 /// Tag of the exchange's messages.
 const DATA_TAG: i32 = 1;
-/// Tag of the barrier's messages.
-const BARRIER_TAG: i32 = 2;
 
 /// Options of `weft-bench alltoall`.
 #[derive(Debug, ClapArgs)]
@@ -225,7 +224,7 @@ fn worker(size: usize, rounds: usize, warmup: usize) -> Result<(), String> {
     let mut start = Instant::now();
     for round in 0..warmup + rounds {
         if round == warmup {
-            barrier(c)?;
+            cross_barrier(c)?;
             start = Instant::now();
         }
         let mut recvs = Vec::with_capacity(n as usize);
@@ -255,27 +254,9 @@ fn worker(size: usize, rounds: usize, warmup: usize) -> Result<(), String> {
         }
     }
     let elapsed = start.elapsed();
-    barrier(c)?;
+    cross_barrier(c)?;
     if me == 0 {
         println!("ROUND_US {:.3}", elapsed.as_secs_f64() * 1e6 / rounds as f64);
-    }
-    Ok(())
-}
-
-/// Every rank reports to rank 0, which releases them all.
-fn barrier(c: &Communicator) -> Result<(), String> {
-    let e = |e: weft::Error| e.to_string();
-    let (me, n) = (c.rank(), c.size());
-    if me == 0 {
-        for r in 1..n {
-            c.recv(Vec::<u8>::with_capacity(1), r, BARRIER_TAG).map_err(e)?;
-        }
-        for r in 1..n {
-            c.send(&b"b"[..], r, BARRIER_TAG).map_err(e)?;
-        }
-    } else {
-        c.send(&b"b"[..], 0, BARRIER_TAG).map_err(e)?;
-        c.recv(Vec::<u8>::with_capacity(1), 0u32, BARRIER_TAG).map_err(e)?;
     }
     Ok(())
 }

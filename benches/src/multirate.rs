@@ -829,7 +829,7 @@ const BARRIER_TAG: i32 = i32::MAX - 7;
 /// Everyone sends to rank 0, rank 0 answers everyone. Returns, on rank 0, the instant
 /// every rank had arrived and none had left yet (before its first answer): no rank's
 /// workers start past the barrier before it. Elsewhere, when the barrier let this rank go.
-fn cross_barrier(c: &Communicator) -> Result<Instant, String> {
+pub(crate) fn cross_barrier(c: &Communicator) -> Result<Instant, String> {
     let e = |e: weft::Error| e.to_string();
     if c.rank() == 0 {
         for r in 1..c.size() {

@@ -819,6 +819,18 @@ mod tests {
         }
     }
 
+    /// Two `shm` ranks of one CRI in `mode`; `None` (said on stderr) where shm cannot open.
+    #[cfg(feature = "ofi")]
+    fn shm_pair(mode: ProgressMode) -> Option<Vec<Runtime>> {
+        match Runtime::builder().env(false).provider(crate::Provider::Shm).progress(mode).cris(1).build_local(2) {
+            Ok(r) => Some(r),
+            Err(e) => {
+                eprintln!("skipped: shm not available here ({e})");
+                None
+            }
+        }
+    }
+
     /// A CRI wedged the way a dead `shm` peer wedges one: the peer held the spin lock of
     /// this rank's CRI region when it was killed, so the next thread that progresses the
     /// CRI — the waiter itself, or the transport's watcher — is caught spinning inside
@@ -829,13 +841,7 @@ mod tests {
     #[test]
     fn a_loss_is_acted_on_when_a_dead_peer_wedged_a_cri() {
         for mode in MODES {
-            let rts = match Runtime::builder().env(false).provider(crate::Provider::Shm).progress(mode).cris(1).build_local(2) {
-                Ok(r) => r,
-                Err(e) => {
-                    eprintln!("skipped: shm not available here ({e})");
-                    return;
-                }
-            };
+            let Some(rts) = shm_pair(mode) else { return };
             let res = within(30, &format!("{mode:?}: requests on a lost peer that wedged a CRI"), move || {
                 let b = rts[1].world();
                 let recv = b.irecv(Vec::<u8>::with_capacity(8), 0u32, 5).unwrap();
@@ -875,13 +881,7 @@ mod tests {
     #[test]
     fn a_loss_is_acted_on_while_a_cri_is_stuck_in_libfabric() {
         for mode in MODES {
-            let rts = match Runtime::builder().env(false).provider(crate::Provider::Shm).progress(mode).cris(1).build_local(2) {
-                Ok(r) => r,
-                Err(e) => {
-                    eprintln!("skipped: shm not available here ({e})");
-                    return;
-                }
-            };
+            let Some(rts) = shm_pair(mode) else { return };
             let (recv, send, took) = within(20, &format!("{mode:?}: requests on a lost peer while a CRI is stuck"), move || {
                 let b = rts[1].world();
                 let recv = b.irecv(Vec::<u8>::with_capacity(8), 0u32, 5).unwrap();

@@ -174,6 +174,25 @@ fn a_rank_killed_mid_transfer_fails_the_sender_on_shm() {
     }
 }
 
+/// The pids the first `n` ranks of `child` (a `weftrun` with piped stdout) print as they
+/// start (`... pid N`), read as they come; fewer if its output ends or 30 s pass first. The
+/// reader comes back with them: the caller keeps the pipe open while the job runs.
+fn rank_pids(child: &mut std::process::Child, n: usize) -> (Vec<u32>, std::io::BufReader<std::process::ChildStdout>) {
+    let mut out = std::io::BufReader::new(child.stdout.take().expect("stdout is piped"));
+    let mut pids = Vec::new();
+    let t0 = Instant::now();
+    while pids.len() < n && t0.elapsed() < Duration::from_secs(30) {
+        let mut line = String::new();
+        if std::io::BufRead::read_line(&mut out, &mut line).unwrap_or(0) == 0 {
+            break;
+        }
+        if let Some(p) = line.split("pid ").nth(1).and_then(|p| p.trim().parse::<u32>().ok()) {
+            pids.push(p);
+        }
+    }
+    (pids, out)
+}
+
 /// Whether process `pid` still runs (exists and is not a zombie waiting to be reaped).
 fn runs(pid: u32) -> bool {
     std::fs::read_to_string(format!("/proc/{pid}/stat"))
@@ -210,18 +229,7 @@ fn killing_weftrun_leaves_no_shm_files_behind() {
         .stderr(Stdio::null())
         .spawn()
         .unwrap();
-    let mut out = std::io::BufReader::new(child.stdout.take().unwrap());
-    let mut pids = Vec::new();
-    let t0 = Instant::now();
-    while pids.len() < 2 && t0.elapsed() < Duration::from_secs(30) {
-        let mut line = String::new();
-        if std::io::BufRead::read_line(&mut out, &mut line).unwrap_or(0) == 0 {
-            break;
-        }
-        if let Some(p) = line.split("pid ").nth(1).and_then(|p| p.trim().parse::<u32>().ok()) {
-            pids.push(p);
-        }
-    }
+    let (pids, _out) = rank_pids(&mut child, 2);
     if pids.len() < 2 {
         let _ = child.kill();
         let _ = child.wait();
@@ -314,19 +322,7 @@ fn sigint_tears_every_rank_down() {
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    // Read the ranks' pids as they print them.
-    let mut out = std::io::BufReader::new(child.stdout.take().unwrap());
-    let mut pids = Vec::new();
-    let t0 = Instant::now();
-    while pids.len() < 2 && t0.elapsed() < Duration::from_secs(30) {
-        let mut line = String::new();
-        if std::io::BufRead::read_line(&mut out, &mut line).unwrap_or(0) == 0 {
-            break;
-        }
-        if let Some(p) = line.split("pid ").nth(1).and_then(|p| p.trim().parse::<i32>().ok()) {
-            pids.push(p);
-        }
-    }
+    let (pids, _out) = rank_pids(&mut child, 2);
     assert_eq!(pids.len(), 2, "ranks did not start");
     // SAFETY: signalling our own child process, which has not been reaped.
     unsafe { libc::kill(child.id() as i32, libc::SIGINT) };

@@ -890,23 +890,28 @@ mod tests {
         assert_eq!(server.lost(), vec![2, 1]);
     }
 
-    /// A rank that finished (`BYE`) and is reaped right away is not reported lost.
-    #[test]
-    fn a_finished_rank_that_exited_is_not_lost() {
-        let token = random_token().unwrap();
-        let server = KvsServer::bind("127.0.0.1:0", 2, &token).unwrap();
-        let addr = server.local_addr().to_string();
+    /// Ranks 0 and 1 of a job of two at the server at `addr`, both past the exchange.
+    fn join_two(addr: &str, token: &str) -> (Job, Job) {
         let other = {
-            let (addr, token) = (addr.clone(), token.clone());
+            let (addr, token) = (addr.to_string(), token.to_string());
             std::thread::spawn(move || {
                 let mut j = Job::connect(&addr, &token, 1, 2).unwrap();
                 j.exchange(b"one").unwrap();
                 j
             })
         };
-        let mut job = Job::connect(&addr, &token, 0, 2).unwrap();
+        let mut job = Job::connect(addr, token, 0, 2).unwrap();
         job.exchange(b"zero").unwrap();
-        let other = other.join().unwrap();
+        (job, other.join().unwrap())
+    }
+
+    /// A rank that finished (`BYE`) and is reaped right away is not reported lost.
+    #[test]
+    fn a_finished_rank_that_exited_is_not_lost() {
+        let token = random_token().unwrap();
+        let server = KvsServer::bind("127.0.0.1:0", 2, &token).unwrap();
+        let addr = server.local_addr().to_string();
+        let (job, other) = join_two(&addr, &token);
         let m1 = other.monitor(|_| {});
         let _m0 = job.monitor(|_| {});
         drop(m1);
@@ -1018,18 +1023,9 @@ mod tests {
         let token = random_token().unwrap();
         let server = KvsServer::bind("127.0.0.1:0", 2, &token).unwrap();
         let addr = server.local_addr().to_string();
-        let other = {
-            let (addr, token) = (addr.clone(), token.clone());
-            std::thread::spawn(move || {
-                let mut j = Job::connect(&addr, &token, 1, 2).unwrap();
-                j.exchange(b"one").unwrap();
-                j
-            })
-        };
-        let mut job = Job::connect(&addr, &token, 0, 2).unwrap();
-        job.exchange(b"zero").unwrap();
+        let (job, other) = join_two(&addr, &token);
         let (tx, rx) = std::sync::mpsc::channel();
-        let monitors: Vec<Monitor> = [job, other.join().unwrap()]
+        let monitors: Vec<Monitor> = [job, other]
             .into_iter()
             .map(|j| {
                 let (tx, me) = (tx.clone(), j.rank);
