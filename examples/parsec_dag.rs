@@ -5,7 +5,7 @@
 //!   every rank that owns a tile of row `i` of `C` (and `B(k,j)` to the owners of column
 //!   `j`), straight out of the full matrix with a vector datatype (no copy by hand).
 //! * Each rank posts a receive for every remote tile it needs and attaches them all to one
-//!   `SyncObject` with the tile's id as completion data (seed 003 §4.6.1: PaRSEC's
+//!   `SyncObject` with the tile's id as completion data ([Patinyasakdikul 2019, §4.6.1]: PaRSEC's
 //!   communication engine on `MPIX_Sync` instead of testing every request).
 //! * The rank's communication loop takes completions with `wait_any`; when both inputs of a
 //!   task `GEMM(i,j,k)` are present, it spawns the task on the rank's work-stealing pool.

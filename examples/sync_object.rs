@@ -1,4 +1,4 @@
-//! A receiver completes many receives through one sync object (seed 003 Appendix B,
+//! A receiver completes many receives through one sync object ([Patinyasakdikul 2019, App. B],
 //! Listing 5): several threads take completions from it at once with `query_bulk`.
 //!
 //! `cargo run --release -p weft-examples --example sync_object`

@@ -1,5 +1,5 @@
 //! A ping-pong whose receiver completes its posted receives through a sync object
-//! (`query_bulk`) versus testing every request — seed 003 Table 4.1 (PaRSEC on
+//! (`query_bulk`) versus testing every request — [Patinyasakdikul 2019, Table 4.1] (PaRSEC on
 //! `MPIX_Sync`), at 400 B, 4 KB, 40 KB and 400 KB. The receiver keeps 32 receives posted,
 //! one per tag, as a task runtime's communication thread keeps persistent receives.
 //! (`weft-bench sync-pingpong` is the measured version with medians and CSV.)

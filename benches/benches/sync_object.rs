@@ -1,10 +1,10 @@
-//! Criterion benchmarks of the sync object (`MPIX_Sync`, seed 003 §4.6.1).
+//! Criterion benchmarks of the sync object (`MPIX_Sync`, [Patinyasakdikul 2019, §4.6.1]).
 //!
 //! * `sync_object/round_trip`: attach + complete + query on one object, one thread, with the
 //!   cell recycled by `reset` (the request-pool path): the fixed cost of the API.
 //! * `query_10k_pending`: finding "nothing complete" among 10,000 pending operations, by
 //!   `SyncObject::query` (O(1), one load) and by testing every request as `MPI_Testsome`
-//!   does (O(n), seed 003 Fig. 4.6). Same group, so the ratio is visible.
+//!   does (O(n), [Patinyasakdikul 2019, Fig. 4.6]). Same group, so the ratio is visible.
 //! * `query_bulk_100_ready`: taking 100 ready events in one `query_bulk` call, against 100
 //!   `query` calls.
 //!

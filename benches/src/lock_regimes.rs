@@ -1,4 +1,4 @@
-//! `weft-bench lock-regimes`: the runtime-level lock benchmarks of seed 000 §3.4, sweeping
+//! `weft-bench lock-regimes`: the runtime-level lock benchmarks of [Amer 2019, §3.4], sweeping
 //! the protocol of the progress path (`Global` mode's critical section, which posting enters
 //! with high priority and progress with low priority).
 //!
@@ -10,7 +10,7 @@
 //!   T threads of a *sink* rank. `msg_rate` is messages per second; `latency_us` the mean
 //!   time of one window (send side).
 //!
-//! `productive_ratio` is the progress-path efficiency of seed 000 §3.2 on the contended rank
+//! `productive_ratio` is the progress-path efficiency of [Amer 2019, §3.2] on the contended rank
 //! (the client, the sink): the share of progress-lock acquisitions that handled at least one
 //! frame.
 
@@ -29,7 +29,7 @@ pub struct Args {
     /// Regimes: latency, throughput.
     #[arg(long, default_value = "latency,throughput")]
     regime: String,
-    /// Protocols on the progress path (seed 000 names).
+    /// Protocols on the progress path ([Amer 2019] names).
     #[arg(long, default_value = "tas,ticket,mcs,clh,hmcs,p-hmcs-mcs,p-mcs-mcs,p-mcs-hmcs,parking_lot,std")]
     protocol: String,
     /// Client (latency) or source/sink (throughput) threads.
@@ -165,7 +165,7 @@ fn summarize(spans: &[Span]) -> (f64, f64) {
     (wall, mean)
 }
 
-/// Seed 000 §3.4.2. Returns (elapsed s, mean round trip s, round trips).
+/// [Amer 2019, §3.4.2]. Returns (elapsed s, mean round trip s, round trips).
 fn latency(rts: &[Runtime], t: usize, a: &Args) -> Result<(f64, f64, usize), String> {
     let (server, client) = (rts[0].world(), rts[1].world());
     let total = t * a.iterations;
@@ -210,7 +210,7 @@ fn latency(rts: &[Runtime], t: usize, a: &Args) -> Result<(f64, f64, usize), Str
     Ok((elapsed, mean / a.iterations as f64, total))
 }
 
-/// Seed 000 §3.4.3. Returns (elapsed s, mean window time s, messages).
+/// [Amer 2019, §3.4.3]. Returns (elapsed s, mean window time s, messages).
 fn throughput(rts: &[Runtime], t: usize, a: &Args) -> Result<(f64, f64, usize), String> {
     let (source, sink) = (rts[0].world(), rts[1].world());
     let barrier = Barrier::new(2 * t);

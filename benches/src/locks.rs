@@ -1,5 +1,5 @@
-//! `weft-bench locks`: lock acquisition throughput and latency versus thread count (seed 000
-//! Fig. 2(a)): each iteration acquires one shared lock, touches `--lines` random cache lines of
+//! `weft-bench locks`: lock acquisition throughput and latency versus thread count ([Amer 2019,
+//! Fig. 2(a)]): each iteration acquires one shared lock, touches `--lines` random cache lines of
 //! a shared array, and releases. Every protocol of `weft::lock` runs through its `RawLock`
 //! (one pinned node per thread, reused), `std::sync::Mutex` and `parking_lot::Mutex` through
 //! their guards, all behind one trait ([`BenchLock`]).

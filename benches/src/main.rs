@@ -26,7 +26,7 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Cmd {
-    /// The Multirate benchmark (seed 003 §3.5, Appendix A).
+    /// The Multirate benchmark ([Patinyasakdikul 2019, §3.5], Appendix A).
     // Boxed: its many options make it the one large variant.
     Multirate(Box<multirate::Args>),
     /// CPU cost of one message, both sides, one thread driving two ranks (no waiting).
@@ -45,7 +45,7 @@ enum Cmd {
     SyncPingpong(sync_pingpong::Args),
     /// All-to-all rounds (isend/irecv to every other rank) in real processes on shm and tcp.
     Alltoall(alltoall::Args),
-    /// Seed 000 §3.4's latency- and throughput-oriented regimes, sweeping the progress-path lock.
+    /// [Amer 2019, §3.4]'s latency- and throughput-oriented regimes, sweeping the progress-path lock.
     LockRegimes(lock_regimes::Args),
 }
 

@@ -1,4 +1,4 @@
-//! `weft-bench multirate`: the Multirate benchmark of seed 003 §3.5 and Appendix A.
+//! `weft-bench multirate`: the Multirate benchmark of [Patinyasakdikul 2019, §3.5] and Appendix A.
 //!
 //! One iteration, as in the public multirate: each receiver pre-posts its `w` receives per
 //! sender and sends a 1-byte "ready"; each sender waits for its readies, sends `w` messages
@@ -61,7 +61,7 @@ pub struct Args {
     /// Window sizes (messages in flight per pair per iteration).
     #[arg(short = 'w', long = "window", default_value = "128")]
     window: String,
-    /// Iterations per run (seed 003's Listing 2 runs 1000: shorter runs on an oversubscribed
+    /// Iterations per run ([Patinyasakdikul 2019, Listing 2] runs 1000: shorter runs on an oversubscribed
     /// machine measure the scheduler's luck more than the runtime).
     #[arg(short = 'i', long = "iterations", default_value = "1000")]
     iterations: usize,
@@ -106,7 +106,7 @@ pub struct Args {
     /// Placement of the workers: `core` binds sender i to the i-th allowed CPU and receiver j
     /// to the (T + j)-th, round robin, in both modes — where `mpirun --bind-to core` puts
     /// process mode's ranks, with thread mode's workers on the cores of the ranks they stand
-    /// for (seed 003 Appendix A: the benchmark expects its entities bound); `none` leaves
+    /// for ([Patinyasakdikul 2019, App. A]: the benchmark expects its entities bound); `none` leaves
     /// placement to the OS scheduler, whose first placement of the threads the run then
     /// measures.
     #[arg(long, default_value = "core", value_parser = ["core", "none"])]
@@ -571,7 +571,7 @@ fn measure(p: &Point, a: &Args, cpus: &[usize], faults: Faults) -> Result<f64, S
 /// With `cpus` (`--bind core`), sender i runs on `cpus[i % n]` and receiver j on
 /// `cpus[(T + j) % n]`: the CPU of rank i, or T + j, in process mode under `mpirun
 /// --bind-to core`, and the same CPUs for the threads that stand for those ranks in thread
-/// mode (seed 003 Appendix A asks for bound entities; unbound, the scheduler's first
+/// mode ([Patinyasakdikul 2019, App. A] asks for bound entities; unbound, the scheduler's first
 /// placement decides a run — two workers started on one core of two stay there while both
 /// are busy, and a 1-pair run then measures half the machine).
 fn run_roles(

@@ -1,4 +1,4 @@
-//! `weft-bench pack`: datatype packing bandwidth versus threads (seed 003 §4.6.2, Fig. 4.8).
+//! `weft-bench pack`: datatype packing bandwidth versus threads ([Patinyasakdikul 2019, §4.6.2], Fig. 4.8).
 //!
 //! `threads` counts the threads that copy: the calling thread plus `threads - 1` pool
 //! workers (`threads = 1` is the sequential pack). Packs of at least the pack threshold are

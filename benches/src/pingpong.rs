@@ -20,7 +20,7 @@
 //! `fi_pingpong`'s server and client to the first and second CPU this process may use.
 //! Unpinned (the default), two busy-polling processes on a 2-vCPU VM sometimes share a CPU
 //! for a whole run, which makes single runs of either side 2-4x slow; pinned, `fi_pingpong`
-//! is steadier, weft about as fast as unpinned (docs/BENCHMARKS.md, session 6).
+//! is steadier, weft about as fast as unpinned (docs/BENCHMARKS.md).
 
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};

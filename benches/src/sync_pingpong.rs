@@ -1,6 +1,6 @@
 //! `weft-bench sync-pingpong`: the receiver of a ping-pong completes its receives through a
-//! sync object (`SyncObject::query_bulk`) versus a loop that tests every request — seed 003
-//! §4.6.1, Table 4.1 (PaRSEC's communication thread, `MPIX_Sync` vs `MPI_Test*`).
+//! sync object (`SyncObject::query_bulk`) versus a loop that tests every request — [Patinyasakdikul 2019,
+//! §4.6.1], Table 4.1 (PaRSEC's communication thread, `MPIX_Sync` vs `MPI_Test*`).
 //!
 //! Rank 1 plays a task runtime's communication thread: it keeps `--window` receives posted
 //! (one per tag, as PaRSEC keeps persistent receives), and answers each ping with a pong of

@@ -12,7 +12,7 @@
 //! back at once on its rank; the slot is agreed on again only once every rank has freed it,
 //! and frames of the old generation still in flight are then recognised as stale and
 //! dropped (an `Rts` still gets its `Fin`, so no sender waits forever) instead of reaching
-//! the new communicator. The freed state itself is collected later (seed 004 §V-B; see
+//! the new communicator. The freed state itself is collected later ([Goodell 2010, §V-B]; see
 //! [`Shared::collect_retired`]).
 //!
 //! [`SLOT_BITS`]: crate::runtime::SLOT_BITS
@@ -40,7 +40,7 @@ pub(crate) struct CommState {
     pub(crate) context: u32,
     /// Ranks in the communicator.
     pub(crate) size: u32,
-    /// Whether messages may overtake each other (seed 003 §5.4.4).
+    /// Whether messages may overtake each other ([Patinyasakdikul 2019, §5.4.4]).
     pub(crate) overtaking: bool,
     /// Set by `free`; operations then fail with `CommFreed`.
     freed: AtomicBool,
@@ -91,7 +91,7 @@ pub(crate) const TAG_PARTS: usize = 16;
 /// asserts `no_any_tag` orders and matches messages per tag partition, each under its own
 /// lock, so threads that use different tags on one shared communicator no longer contend
 /// on one matching lock, one sequence counter per destination and one reorder window per
-/// source (seed 003 §5.4.3 found that contention the main cost of multithreaded MPI).
+/// source ([Patinyasakdikul 2019, §5.4.3] found that contention the main cost of multithreaded MPI).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Assertions {
     /// `mpi_assert_allow_overtaking`: messages need not match in the order they were sent.
@@ -233,7 +233,7 @@ impl CommState {
 /// A communicator: a group of ranks (here: all of them) and a private matching space.
 ///
 /// Share it between threads by reference (it is `Sync`); requests borrow it rather than
-/// counting a reference per message (seed 004).
+/// counting a reference per message ([Goodell 2010]).
 #[derive(Clone)]
 pub struct Communicator {
     shared: Arc<Shared>,
@@ -321,8 +321,8 @@ impl Communicator {
         let bytes = buf.as_bytes();
         let len = bytes.len();
         let k = s.cri_for_thread();
-        // With per-thread order, the thread's dedicated CRI is its ordering channel (seed 003
-        // §5.4.4: one sequence per source shared by every thread forces frames that travel
+        // With per-thread order, the thread's dedicated CRI is its ordering channel ([Patinyasakdikul 2019,
+        // §5.4.4]: one sequence per source shared by every thread forces frames that travel
         // through different CRIs back into one order, filling the out-of-sequence queue).
         let chan = if st.chans > st.parts { k * st.parts } else { 0 } + st.tag_part(tag);
         let seq = if st.overtaking { 0 } else { st.send_seq[chan * st.seq_stride + dest as usize].fetch_add(1, Ordering::Relaxed) };
@@ -534,8 +534,8 @@ impl Communicator {
 
     /// A context id free on every rank: propose the lowest locally free slot pair, take the
     /// maximum over ranks, claim it locally, then agree that every rank could and on a
-    /// generation above each rank's last one in that slot; else retry above it. (Seed 002's
-    /// multithreaded mask algorithm replaces this in a later issue.)
+    /// generation above each rank's last one in that slot; else retry above it. (Not yet the
+    /// multithreaded mask algorithm of [Dinan 2012].)
     ///
     /// Every rank must pass the same `assertions` (ranks that disagree would number and
     /// match messages differently: a receiver partitioning by tag would wait forever for

@@ -8,23 +8,23 @@ use crate::lock::{FlatKind, LockKind, LockPath};
 use crate::Error;
 pub use weft_transport::Provider;
 
-/// How waiting threads drive progress (seed 003 ch. 4-5).
+/// How waiting threads drive progress ([Patinyasakdikul 2019] ch. 4-5).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum ProgressMode {
-    /// Seed 003 Algorithm 1: every waiter loops over its requests and enters progress under
+    /// [Patinyasakdikul 2019, Alg. 1]: every waiter loops over its requests and enters progress under
     /// one lock. The baseline that MPI libraries ship.
     Global,
-    /// Seed 003 Algorithm 2: one waiter owns progress, the others park on their sync objects
+    /// [Patinyasakdikul 2019, Alg. 2]: one waiter owns progress, the others park on their sync objects
     /// until their own requests complete; ownership passes to the next waiter.
     Owner,
-    /// Seed 003 Algorithms 3-4: waiters progress CRIs under try-lock, their dedicated CRI
+    /// [Patinyasakdikul 2019, Alg. 3-4]: waiters progress CRIs under try-lock, their dedicated CRI
     /// first and then the others. The default: in the multirate sweeps it matches or beats
     /// `Owner` in every thread-mode row, threads hand nothing to an owner (fewer context
     /// switches when oversubscribed), and the shm ping-pong is faster (docs/BENCHMARKS.md).
     Concurrent,
 }
 
-/// How a thread is given a CRI (seed 003 §5.3.3, Algorithm 3).
+/// How a thread is given a CRI ([Patinyasakdikul 2019, §5.3.3], Algorithm 3).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Assignment {
     /// A different CRI for every call, first come first served.
@@ -33,7 +33,7 @@ pub enum Assignment {
     Dedicated,
 }
 
-/// Where matching happens (seed 003 §5.3.5).
+/// Where matching happens ([Patinyasakdikul 2019, §5.3.5]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum MatchingMode {
     /// A queue pair and lock per communicator: communicators match concurrently.
@@ -102,7 +102,7 @@ pub struct Config {
     /// tasks run only on threads that block in `block_on` or wait on requests).
     pub workers: usize,
     /// Packs of at least this many bytes are split into pool tasks
-    /// (`WEFT_PACK_THRESHOLD`; seed 003 §4.6.2).
+    /// (`WEFT_PACK_THRESHOLD`; [Patinyasakdikul 2019, §4.6.2]).
     pub pack_threshold: usize,
     /// Which provider moves frames (`WEFT_PROVIDER=embedded|shm|tcp`).
     pub provider: Provider,
@@ -110,7 +110,7 @@ pub struct Config {
     /// (`WEFT_PER_THREAD_ORDER=1`; needs `Assignment::Dedicated`). MPI orders the sends of one
     /// thread; sends of distinct threads are logically concurrent. With this on, each thread's
     /// dedicated CRI is its own ordering channel, so frames of different threads never wait
-    /// for each other in the out-of-sequence queue (seed 003 §5.4.4). Off by default: an
+    /// for each other in the out-of-sequence queue ([Patinyasakdikul 2019, §5.4.4]). Off by default: an
     /// async task that moves between threads (weft's pool, tokio) between two sends to the
     /// same peer could see them overtake each other.
     ///
@@ -123,7 +123,7 @@ pub struct Config {
     /// configuration.
     pub per_thread_order: bool,
     /// How long a blocked waiter yields its core, watching for its notification, before it
-    /// sleeps in the kernel (`WEFT_YIELD_US`, microseconds; default 50 us). Seed 003 §4.4:
+    /// sleeps in the kernel (`WEFT_YIELD_US`, microseconds; default 50 us). [Patinyasakdikul 2019, §4.4]:
     /// waiters "wait peacefully, yielding the usage of CPU core". A notification in this
     /// window costs the notifier no futex wake and the waiter no wake-up latency.
     pub yield_window: std::time::Duration,
@@ -146,7 +146,7 @@ pub struct Config {
 /// Longest idle pause accepted (about 100 µs on current cores: longer only delays waiters).
 const MAX_IDLE_PAUSE: u32 = 4096;
 
-/// The lock protocol of each runtime path (seed 000 §4: no single protocol suits every path).
+/// The lock protocol of each runtime path ([Amer 2019, §4]: no single protocol suits every path).
 ///
 /// The main path (posting a send, posting a receive) acquires with high priority, the
 /// progress path (polling a CRI, matching an arrival) with low priority; the two classes only

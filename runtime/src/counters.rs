@@ -1,4 +1,4 @@
-//! Software counters (seed 003 §5.4: out-of-sequence messages, match time; seed 000 §3.2:
+//! Software counters ([Patinyasakdikul 2019, §5.4]: out-of-sequence messages, match time; [Amer 2019, §3.2]:
 //! productive vs unproductive progress). Per-message counts live beside the lock that
 //! already serializes their writers (a CRI's, a communicator's matching lock), so counting
 //! adds no shared-counter traffic; only rare events use shared atomics.
@@ -42,7 +42,7 @@ pub struct Snapshot {
     pub out_of_sequence: u64,
     /// Nanoseconds in matching (only with `match_timing`).
     pub match_nanos: u64,
-    /// The progress path lock of `Global` mode (seed 000 §3.2): acquisitions, contended
+    /// The progress path lock of `Global` mode ([Amer 2019, §3.2]): acquisitions, contended
     /// acquisitions, time held (with lock timing on), and productive vs unproductive passes
     /// of waiters through the progress engine.
     pub progress_lock: LockStatsSnapshot,

@@ -1,4 +1,4 @@
-//! Dedicated CRI assignment (seed 003 Algorithm 3, GET-INSTANCE-ID-DEDICATED): a thread
+//! Dedicated CRI assignment ([Patinyasakdikul 2019, Alg. 3], GET-INSTANCE-ID-DEDICATED): a thread
 //! keeps the CRI it was first given, per runtime, in thread-local storage.
 
 use std::cell::{Cell, RefCell};

@@ -9,7 +9,7 @@
 //! may run in parallel.
 //!
 //! Large packs (at least the runtime's pack threshold, 256 KiB by default) are split into
-//! pool tasks by block ranges (seed 003 §4.6.2): the calling thread packs the first piece,
+//! pool tasks by block ranges ([Patinyasakdikul 2019, §4.6.2]): the calling thread packs the first piece,
 //! idle workers and waiting threads steal the rest.
 //!
 //! ```

@@ -1,7 +1,7 @@
 //! weft: a runtime for programs in which many threads or async tasks communicate at once.
 //!
 //! weft moves MPI-style tagged messages between *ranks* without the lock contention that
-//! makes multithreaded MPI slow. Its designs come from the research in `shared/seeds`: sync
+//! makes multithreaded MPI slow. Its designs come from the research in `docs/REFERENCES.md`: sync
 //! objects with completion queues (`MPIX_Sync`), a serialized progress owner, Communication
 //! Resource Instances (CRIs) with try-lock and dedicated assignment, and per-communicator
 //! matching.
@@ -33,7 +33,7 @@
 //! owner token's try path in `Owner` mode, CRI try-locks in `Concurrent`, the progress
 //! lock's try path in `Global`), then steals, then parks; new tasks or network activity (the
 //! transport's doorbell) wake it, so an idle runtime costs ~0% CPU. A thread blocked in a
-//! wait runs pool tasks meanwhile (seed 003 §4.6.2). [`Request`] and [`SyncObject`] futures
+//! wait runs pool tasks meanwhile ([Patinyasakdikul 2019, §4.6.2]). [`Request`] and [`SyncObject`] futures
 //! are executor-agnostic: inside tokio, the first poller that wins progress drives it.
 //!
 //! # Datatypes

@@ -5,7 +5,7 @@
 //! MPI's rule: messages from one source on one communicator match in the order they were
 //! sent. Senders number them; a frame that arrives ahead of its turn (two sender threads
 //! racing, or frames spread over several CRIs) waits in the out-of-sequence queue until the
-//! gap closes (seed 003 §5.4.4 counts these). A communicator created with overtaking allowed
+//! gap closes ([Patinyasakdikul 2019, §5.4.4] counts these). A communicator created with overtaking allowed
 //! skips the check. The engine itself is single-threaded: the caller holds the communicator's
 //! matching lock (`PerComm`) or the global one (`Global`).
 //!

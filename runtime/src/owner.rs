@@ -1,4 +1,4 @@
-//! The progress-owner token of `ProgressMode::Owner` (seed 003 Algorithm 2, §4.4): at most
+//! The progress-owner token of `ProgressMode::Owner` ([Patinyasakdikul 2019, Alg. 2], §4.4): at most
 //! one thread progresses at a time; the others park and are woken by their own completions
 //! or by a hand-off when the owner leaves.
 //!

@@ -1,21 +1,21 @@
-//! The runtime's locks, one protocol per path (seed 000 §4), with per-path counters.
+//! The runtime's locks, one protocol per path ([Amer 2019, §4]), with per-path counters.
 //!
 //! Every lock of the communication path is a [`PathLock`]: a [`weft::lock::Mutex`] over a
 //! [`DynLock`] (the protocol chosen by [`Locks`](crate::Locks)) wrapped in [`Counted`]
 //! (acquisitions, contended acquisitions, optional time held, productive vs unproductive).
 //!
-//! Two classes of acquirer (seed 000 §2.2, §4.1):
+//! Two classes of acquirer ([Amer 2019, §2.2], §4.1):
 //!
 //! * the **main path** — posting a send on a CRI, posting a receive into a matching engine,
 //!   entering `Global` mode's critical section to do either — acquires with *high* priority
 //!   ([`PathLock::high`]);
 //! * the **progress path** — polling a CRI, matching an arrival, a `Global`-mode waiter's
 //!   pass over the progress engine — acquires with *low* priority ([`PathLock::low`],
-//!   [`PathLock::try_low`]) and reports whether the acquisition was productive (seed 000
-//!   §3.2: it completed or started at least one operation).
+//!   [`PathLock::try_low`]) and reports whether the acquisition was productive ([Amer 2019,
+//!   §3.2]: it completed or started at least one operation).
 //!
 //! For flat protocols both classes are the same acquisition; for `p-X-Y` they enter the
-//! two-level lock of seed 000 Fig. 5 from its two sides.
+//! two-level lock of [Amer 2019, Fig. 5] from its two sides.
 //!
 //! [`weft::lock::Mutex`]: crate::lock::Mutex
 

@@ -1,14 +1,14 @@
 //! The three progress modes (path step 4) and blocking waits.
 //!
-//! * `Global` — seed 003 Algorithm 1: a waiter loops over its requests and, while any is
+//! * `Global` — [Patinyasakdikul 2019, Alg. 1]: a waiter loops over its requests and, while any is
 //!   pending, enters progress under the one progress lock. Never parks (it yields the core
 //!   when a pass was unproductive, as Open MPI's `yield_when_idle`). The baseline.
-//! * `Owner` — seed 003 Algorithm 2: a waiter attaches its pending requests to its
+//! * `Owner` — [Patinyasakdikul 2019, Alg. 2]: a waiter attaches its pending requests to its
 //!   thread's sync object and waits on it. One waiter at a time owns progress and keeps it
 //!   for its whole wait; when the owner is idle it parks on the rank's doorbell (woken by
 //!   the next frame); the others park on their sync objects and are woken only when their
 //!   own requests complete — or when the owner leaves and hands ownership on.
-//! * `Concurrent` — seed 003 Algorithms 3-4: a waiter progresses its dedicated CRI under
+//! * `Concurrent` — [Patinyasakdikul 2019, Alg. 3-4]: a waiter progresses its dedicated CRI under
 //!   try-lock, then the others, so every CRI is eventually progressed even if its thread is
 //!   gone; matching runs concurrently per communicator.
 
@@ -46,7 +46,7 @@ impl Shared {
     }
 
     /// Algorithm 1's critical section: everything under the progress lock, entered with
-    /// low priority (seed 000 §4.1: posting threads go first).
+    /// low priority ([Amer 2019, §4.1]: posting threads go first).
     fn progress_global(&self) -> usize {
         self.progress_lock.low(|_| {
             let n = self.progress_all();
@@ -65,7 +65,7 @@ impl Shared {
         n
     }
 
-    /// Seed 003 Algorithm 4: the dedicated CRI first (try-lock), then the others, returning
+    /// [Patinyasakdikul 2019, Alg. 4]: the dedicated CRI first (try-lock), then the others, returning
     /// at the first CRI that yields completions.
     ///
     /// Algorithm 4 walks the others with the shared round-robin counter; this walks them
@@ -174,7 +174,7 @@ impl Shared {
     }
 }
 
-// ---- Executor hook (issue 4) -------------------------------------------------------------
+// ---- Executor hook -----------------------------------------------------------------------
 
 impl Shared {
     /// One non-blocking progress pass for an idle pool worker: never waits for a lock. In
@@ -248,7 +248,7 @@ impl Progress for OwnerWait<'_> {
 
     fn park(&self, listener: SignalListener<'_>) {
         let s = self.shared;
-        // Issue 4 (seed 003 §4.6.2): run a pool task instead of sleeping.
+        // Run a pool task instead of sleeping ([Patinyasakdikul 2019, §4.6.2]).
         if crate::executor::help(s) {
             return;
         }
@@ -280,7 +280,7 @@ impl Progress for ConcurrentWait<'_> {
     }
 
     fn park(&self, listener: SignalListener<'_>) {
-        // Issue 4 (seed 003 §4.6.2): run a pool task instead of sleeping.
+        // Run a pool task instead of sleeping ([Patinyasakdikul 2019, §4.6.2]).
         if crate::executor::help(self.shared) {
             return;
         }
@@ -397,10 +397,8 @@ thread_local! {
 }
 
 /// Longest single park. A safety net, not the wake-up mechanism: every wake-up path is a
-/// notification. It once hid a missing one — nothing rang the doorbell when a destination
-/// that refused a frame had room again, so a thread with only deferred frames left waited
-/// out this limit (an async task, which has no such limit, waited forever; fixed in session
-/// 11, `SendError::WouldBlock`'s contract) — so a missed notification costs at most this
+/// notification (a destination that refused a frame rings the doorbell when it has room
+/// again: `SendError::WouldBlock`'s contract), so a missed notification costs at most this
 /// much latency instead of a hang.
 const PARK_LIMIT: std::time::Duration = std::time::Duration::from_millis(50);
 
@@ -561,8 +559,8 @@ pub(crate) fn wait<B: Send + 'static>(shared: &Shared, reqs: &mut [Request<'_, B
                             return wait_polling(&ranks, reqs, want);
                         }
                     }
-                    // Nothing to progress: run a pool task rather than only yield (seed 003
-                    // §4.6.2), as the other modes' waiters do before they park — with no
+                    // Nothing to progress: run a pool task rather than only yield ([Patinyasakdikul 2019,
+                    // §4.6.2]), as the other modes' waiters do before they park — with no
                     // pool workers, a task this wait depends on runs nowhere else.
                     if !crate::executor::help(shared) {
                         std::thread::yield_now();

@@ -279,7 +279,7 @@ impl Shared {
 
     /// Drains up to a batch of frames from CRI `k`; the caller holds its lock (`local`).
     /// Returns the number of frames handled and whether that was productive (for the lock's
-    /// counters, seed 000 §3.2).
+    /// counters, [Amer 2019, §3.2]).
     pub(crate) fn progress_cri(&self, k: usize, local: &mut CriLocal) -> (usize, bool) {
         let CriLocal { counters, frames, matched } = local;
         let n = self.transport.poll(k, POLL_BATCH, |frame| frames.push(frame));

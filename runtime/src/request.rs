@@ -1,10 +1,10 @@
 //! Requests (path step 1 and 6): the user's handle on an operation in flight.
 //!
 //! A [`Request`] owns the operation's buffer and shares a [`ReqInner`] (which owns the
-//! `CompletionCell`) with the runtime. `ReqInner`s come from a thread-local pool (seed 004:
+//! `CompletionCell`) with the runtime. `ReqInner`s come from a thread-local pool ([Goodell 2010]:
 //! thread-local request pools), so a send or receive allocates nothing in steady state, and a
 //! request borrows its communicator instead of counting a reference to it on every message
-//! (seed 004: no shared reference count touched per request).
+//! ([Goodell 2010]: no shared reference count touched per request).
 
 use std::any::Any;
 use std::cell::RefCell;

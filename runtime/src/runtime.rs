@@ -37,7 +37,7 @@ pub(crate) const SLOT_BITS: u32 = 12;
 /// Generations a slot can go through (the context id is a `u32`).
 pub(crate) const MAX_GENERATIONS: u32 = 1 << (32 - SLOT_BITS);
 
-/// Freed communicators kept before a communicator creation collects them (seed 004 §V-B:
+/// Freed communicators kept before a communicator creation collects them ([Goodell 2010, §V-B]:
 /// creation functions start a collection when the eligible set exceeds a threshold).
 const COLLECT_AFTER: usize = 16;
 
@@ -87,7 +87,7 @@ pub(crate) struct Shared {
     pub(crate) transport: Transport,
     /// This rank's CRIs.
     pub(crate) cris: Box<[CachePadded<Cri>]>,
-    /// Round-robin CRI counter (seed 003 Algorithm 3, GET-INSTANCE-ID-ROUND-ROBIN).
+    /// Round-robin CRI counter ([Patinyasakdikul 2019, Alg. 3], GET-INSTANCE-ID-ROUND-ROBIN).
     pub(crate) rr: CachePadded<AtomicUsize>,
     /// Communicator state by context slot (one atomic load per frame, no lock); the state's
     /// own `context` tells the generation. A reference taken from here is used only while
@@ -98,7 +98,7 @@ pub(crate) struct Shared {
     /// used). A frame for an older generation whose state is gone is stale.
     pub(crate) generations: Box<[AtomicU32]>,
     /// Freed communicators' states, unpublished from `contexts` but possibly still read by
-    /// a thread that looked them up before (seed 004's eligible set `G_e`).
+    /// a thread that looked them up before ([Goodell 2010]'s eligible set `G_e`).
     pub(crate) retired: Mutex<Vec<Arc<CommState>>>,
     /// Held for reading by the rare paths that look communicators up outside a CRI lock
     /// (counters, lost peers, early-frame replay); for writing by the collector.
@@ -113,7 +113,7 @@ pub(crate) struct Shared {
     /// by context slot (grown to the highest slot used: a rank in another matching mode, or
     /// with few communicators, pays nothing for the slots it never uses).
     pub(crate) global_match: PathLock<Vec<Option<(u32, MatchState)>>>,
-    /// The critical section of `ProgressMode::Global` (seed 003 Algorithm 1; posting enters
+    /// The critical section of `ProgressMode::Global` ([Patinyasakdikul 2019, Alg. 1]; posting enters
     /// it with high priority, progress with low priority, as MPICH's global lock).
     pub(crate) progress_lock: CachePadded<PathLock<()>>,
     /// Topology and options for the path locks created later (communicators' matching).
@@ -208,7 +208,7 @@ impl Shared {
         }
     }
 
-    /// The CRI this thread uses for its next send (seed 003 Algorithm 3).
+    /// The CRI this thread uses for its next send ([Patinyasakdikul 2019, Alg. 3]).
     #[inline]
     pub(crate) fn cri_for_thread(&self) -> usize {
         let n = self.cris.len();
@@ -269,7 +269,7 @@ impl Shared {
     }
 
     /// Frees retired communicator states once no thread can still hold a reference taken
-    /// from the table before they were unpublished (seed 004 §V-B's collection, with the
+    /// from the table before they were unpublished ([Goodell 2010, §V-B]'s collection, with the
     /// readers' critical sections as the roots): a reader holds a CRI lock or the table
     /// gate while it uses one, so taking each of those once after the unpublishing is a
     /// grace period. Runs at communicator creation when more than [`COLLECT_AFTER`] wait.
@@ -560,8 +560,8 @@ impl Runtime {
     /// depends on the order threads first communicate in.
     ///
     /// A thread's sends leave through its CRI and arrive at the peer's CRI of the same
-    /// index, where the peer's thread bound to that index progresses them first (seed 003
-    /// Algorithm 4). When thread *i* of one rank talks to thread *i* of another, binding
+    /// index, where the peer's thread bound to that index progresses them first ([Patinyasakdikul 2019,
+    /// Alg. 4]). When thread *i* of one rank talks to thread *i* of another, binding
     /// both to CRI *i* makes every frame arrive where its receiver polls; with first-use
     /// order they may be crossed, and each thread then completes the other's receives.
     /// Other assignments ignore the binding. `k` must be below the rank's CRI count.
@@ -616,7 +616,7 @@ impl Runtime {
 
     /// Packs `src` laid out as `ty` into `dst` (see [`Datatype::pack`]); packs of at least
     /// the pack threshold are split into pool tasks, so idle workers and waiting threads
-    /// share the copying (seed 003 §4.6.2). Returns the elements written.
+    /// share the copying ([Patinyasakdikul 2019, §4.6.2]). Returns the elements written.
     pub fn pack<T: Primitive>(&self, ty: &Datatype<T>, src: &[T], dst: &mut [T]) -> Result<usize, Error> {
         crate::datatype::pack_parallel(&self.shared, ty, src, dst)
     }
@@ -839,7 +839,7 @@ impl Builder {
 mod tests {
     use crate::{Assignment, Error, Runtime};
 
-    /// Freed communicators' states are collected by later `dup`s (seed 004's threshold),
+    /// Freed communicators' states are collected by later `dup`s ([Goodell 2010]'s threshold),
     /// so a dup/free loop keeps a bounded number of them; a thread that holds a CRI lock
     /// (as frame handling does while it uses a looked-up state) holds a collection back.
     #[test]

@@ -1,6 +1,6 @@
 //! Waiting for many requests: `MPI_Waitall`, `MPI_Waitany`, `MPI_Waitsome`.
 //!
-//! Requests of one rank are waited for in that rank's progress mode (seed 003 Algorithm 1
+//! Requests of one rank are waited for in that rank's progress mode ([Patinyasakdikul 2019, Alg. 1]
 //! for `Global`, Algorithm 2 otherwise: the pending ones attached to the thread's sync
 //! object, the thread parked until they complete). Requests of several in-process ranks
 //! (`Builder::build_local`) are waited for by driving every one of those ranks, testing

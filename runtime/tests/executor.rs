@@ -345,7 +345,7 @@ fn requests_inside_the_pool_every_mode() {
 #[test]
 fn owner_mode_waiter_runs_pool_tasks() {
     // No pool threads: the only way the spawned send runs is the blocked receiver helping
-    // (seed 003 §4.6.2), and it returns once its own receive is complete.
+    // ([Patinyasakdikul 2019, §4.6.2]), and it returns once its own receive is complete.
     let ranks = Runtime::builder().env(false).progress(ProgressMode::Owner).workers(0).cris(1).build_local(2).unwrap();
     let c0 = ranks[0].world().clone();
     std::thread::scope(|s| {

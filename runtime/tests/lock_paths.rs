@@ -1,4 +1,4 @@
-//! The runtime's path locks (issue 5): every protocol on every path carries real traffic in
+//! The runtime's path locks: every protocol on every path carries real traffic in
 //! every progress mode, the per-path counters see it, and bad names are errors.
 
 use weft::lock::{FlatKind, LockKind, LockOptions, LockPath};

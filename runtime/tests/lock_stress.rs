@@ -247,7 +247,7 @@ fn node_reuse_while_in_use_panics_without_corrupting() {
     assert!(!lock.is_locked());
 }
 
-/// Low-priority waiters get in once high-priority work stops (seed 000 Fig. 5: the last
+/// Low-priority waiters get in once high-priority work stops ([Amer 2019, Fig. 5]: the last
 /// high-priority holder must reopen the filter).
 fn no_starvation<L: RawPriorityLock + 'static>(lock: Arc<L>) {
     let stop = Arc::new(AtomicBool::new(false));

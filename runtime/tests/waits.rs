@@ -28,7 +28,7 @@ fn thread_cpu() -> Duration {
     Duration::from_millis(ticks * 10)
 }
 
-/// A thread blocked in a wait runs a pool task instead of sleeping (seed 003 §4.6.2); when
+/// A thread blocked in a wait runs a pool task instead of sleeping ([Patinyasakdikul 2019, §4.6.2]); when
 /// that task itself waits, it waits for its own requests — not for the outer wait's too.
 /// Here the outer wait's message is sent only after the task's wait is over, so a task
 /// that waited for both would never return (it did: the blocking waits of a thread shared

@@ -4,7 +4,7 @@
 //! side either polls it (a `Waker` is registered) or attaches it to a
 //! [`SyncObject`](crate::SyncObject), in which case the completion is pushed onto that
 //! object's queue instead. Attaching races with completing; the race is resolved with one
-//! atomic read-modify-write on the state word (seed 003 §4.6.1: "the solution is an atomic
+//! atomic read-modify-write on the state word ([Patinyasakdikul 2019, §4.6.1]: "the solution is an atomic
 //! compare and swap"): whoever comes second sees the other's bit and finishes the job.
 //!
 //! # State word
@@ -211,7 +211,7 @@ impl CompletionCell {
         Poll::Pending
     }
 
-    /// Attaches `att`, racing with `complete` (seed 003 §4.6.1).
+    /// Attaches `att`, racing with `complete` ([Patinyasakdikul 2019, §4.6.1]).
     ///
     /// The caller must have exclusive attach rights on this cell (it holds `&mut` of the
     /// request that owns it), so no two attachers race each other.

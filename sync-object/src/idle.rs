@@ -2,8 +2,8 @@
 //!
 //! A short spin (the schedule of crossbeam's `Backoff`) is the cheapest wait while the thread
 //! has a core to itself: the next completion is usually a few hundred nanoseconds away, and
-//! a `sched_yield` costs about 0.5 µs on a KVM guest. With more threads than cores (seed 003
-//! §4.5: a 2-core machine running 16 communicating threads), spinning is the worst choice:
+//! a `sched_yield` costs about 0.5 µs on a KVM guest. With more threads than cores ([Patinyasakdikul 2019,
+//! §4.5]: a 2-core machine running 16 communicating threads), spinning is the worst choice:
 //! the spinner burns the time slice of the thread whose send it waits for. [`IdleBackoff`]
 //! spins only while it holds one of a process-wide budget of spin slots, one per core;
 //! without one, every idle step yields at once. A slot is taken at a waiter's first idle
@@ -13,7 +13,7 @@
 //! slot, while another core is idle — or, in a process bound to one CPU (a budget of one
 //! slot), on its thread's own slot.
 //!
-//! Measured (docs/BENCHMARKS.md, "Session 6: idle waiters under oversubscription"):
+//! Measured (when the spin budget was introduced):
 //! multirate on 2 cores, process mode at 4 and 8 pairs 5.3-5.6 -> 6.5-7.5 M msg/s, thread
 //! mode 4.7-4.9 -> 5.3-5.6 M; 1 pair unchanged within noise.
 
@@ -70,7 +70,7 @@ impl SpinSlots {
 /// Whether the machine has a core for every runnable thread, sampled at most once per
 /// `SAMPLE_EVERY_US`: the oversubscription test of Open MPI's `mpi_yield_when_idle` and
 /// MPICH's `MPIR_CVAR_..._YIELD`, made at run time instead of by the launcher, since
-/// threads oversubscribe as easily as processes (seed 003 §4.5).
+/// threads oversubscribe as easily as processes ([Patinyasakdikul 2019, §4.5]).
 ///
 /// On Linux the count is `/proc/loadavg`'s "runnable" field (threads running or waiting for
 /// a CPU, the reader included) against the machine's online CPUs. A spinning or

@@ -5,13 +5,13 @@
 //! * [`CompletionCell`] — the per-operation state word every request owns. The transport
 //!   completes it exactly once; a poller is woken, or, if the request was attached to a sync
 //!   object, the completion is pushed onto that object's queue. Attach and completion race;
-//!   one atomic read-modify-write decides (seed 003 §4.6.1).
-//! * [`SyncObject`] — `MPIX_Sync` of seed 003 Appendix B: a completion counter and a
+//!   one atomic read-modify-write decides ([Patinyasakdikul 2019, §4.6.1]).
+//! * [`SyncObject`] — `MPIX_Sync` of [Patinyasakdikul 2019, App. B]: a completion counter and a
 //!   completion queue that many threads may query at once (`query` ≈ `MPI_Testany`,
 //!   `query_bulk` ≈ `MPI_Testsome`, `size` and `probe` in O(1), blocking `wait_all` /
 //!   `wait_any`, and an async [`next`](SyncObject::next) / [`Stream`](futures_core::Stream)).
 //! * [`Progress`] — the hook a runtime gives blocked waiters, so that a waiter can become the
-//!   progress owner, park, or run other work (seed 003 Algorithm 2).
+//!   progress owner, park, or run other work ([Patinyasakdikul 2019, Alg. 2]).
 //!
 //! # Example
 //!

@@ -1,6 +1,6 @@
-//! `SyncObject<T>`: the `MPIX_Sync` of seed 003 Appendix B as a Rust type.
+//! `SyncObject<T>`: the `MPIX_Sync` of [Patinyasakdikul 2019, App. B] as a Rust type.
 //!
-//! A sync object is a completion counter plus a completion queue (seed 003 §4.6.1, Fig. 4.5).
+//! A sync object is a completion counter plus a completion queue ([Patinyasakdikul 2019, §4.6.1], Fig. 4.5).
 //! Requests are attached with user data; when one completes, its data and [`Status`] are
 //! pushed onto the queue and the counter drops. Any number of threads may query the same
 //! object at once — the point of the extension, since MPI forbids concurrent tests of one
@@ -121,7 +121,7 @@ struct Inner<T> {
     pending: CachePadded<AtomicUsize>,
     /// Completion events in the queue (`MPIX_Sync_probe`); written under the queue lock.
     ready: CachePadded<AtomicUsize>,
-    /// The completion queue ("this queue is protected for thread-safety", seed 003 §4.6.1).
+    /// The completion queue ("this queue is protected for thread-safety", [Patinyasakdikul 2019, §4.6.1]).
     queue: Mutex<Queue<T>>,
     /// Notified (one more listener) per queued event, and all when `pending` reaches zero.
     data_event: Signal,

@@ -1,4 +1,4 @@
-//! Behaviour of `CompletionCell` and `SyncObject` (the `MPIX_Sync` of seed 003 Appendix B),
+//! Behaviour of `CompletionCell` and `SyncObject` (the `MPIX_Sync` of [Patinyasakdikul 2019, App. B]),
 //! one property per test. The concurrent protocols are model-checked in `loom_sync.rs` and
 //! hammered in `stress.rs`; here each API call is checked for the values it reports.
 

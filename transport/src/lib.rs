@@ -1,6 +1,6 @@
 //! Providers and Communication Resource Instances (CRIs) for weft.
 //!
-//! A *provider* opens a fabric for one rank; a *CRI* (seed 003 §5.3.1) is one endpoint, one
+//! A *provider* opens a fabric for one rank; a *CRI* ([Patinyasakdikul 2019, §5.3.1]) is one endpoint, one
 //! inbox / completion queue and their protection: a rank opens `k` of them so that threads
 //! can send and progress on different CRIs at once. The runtime (crate `weft`) holds a CRI's
 //! lock while it posts or polls on it; the providers themselves keep no lock on that path.

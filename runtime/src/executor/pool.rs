@@ -314,7 +314,7 @@ impl Pool {
     }
 }
 
-/// Runs one queued pool task on a thread that is blocked waiting (seed 003 §4.6.2: waiting
+/// Runs one queued pool task on a thread that is blocked waiting ([Patinyasakdikul 2019, §4.6.2]: waiting
 /// threads steal tasks instead of sleeping). Returns whether it ran one.
 ///
 /// Nests: a task run this way that itself waits helps in turn, up to [`MAX_HELP_DEPTH`]

@@ -1,4 +1,4 @@
-//! Fork-join over borrowed data (parallel datatype packing, seed 003 §4.6.2): the caller
+//! Fork-join over borrowed data (parallel datatype packing, [Patinyasakdikul 2019, §4.6.2]): the caller
 //! queues pieces as pool tasks, runs the first itself, then helps with whatever is queued
 //! until every piece is done — so idle workers and waiting threads share the copying.
 //!

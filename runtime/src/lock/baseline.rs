@@ -1,6 +1,6 @@
 //! The system locks as [`RawLock`]s, so that the runtime can pick them per path and the
 //! benchmarks compare against them: `std::sync::Mutex` (futex-based on Linux, the Rust
-//! analogue of the Pthread mutex of seed 000 §2.3) and `parking_lot`'s raw mutex.
+//! analogue of the Pthread mutex of [Amer 2019, §2.3]) and `parking_lot`'s raw mutex.
 
 use std::cell::Cell;
 use std::pin::Pin;

@@ -66,7 +66,7 @@ impl FlatKind {
     }
 }
 
-/// A lock protocol by name: flat, or the two-level priority lock `P-X-Y` of seed 000 §4.2
+/// A lock protocol by name: flat, or the two-level priority lock `P-X-Y` of [Amer 2019, §4.2]
 /// (X for the high class / main path, Y for the low class / progress path).
 ///
 /// ```
@@ -473,7 +473,7 @@ unsafe impl RawLock for DynLock {
     }
 }
 
-// SAFETY: flat kinds: both classes are the protocol's `lock`; priority kinds: seed 000 Fig. 5.
+// SAFETY: flat kinds: both classes are the protocol's `lock`; priority kinds: [Amer 2019, Fig. 5].
 unsafe impl RawPriorityLock for DynLock {
     #[inline]
     fn lock_low(&self, node: Pin<&DynNode>) {

@@ -1,4 +1,4 @@
-//! Hierarchical MCS (Chabbi, Fagan and Mellor-Crummey, PPoPP'15; seed 000 §2.3 and refs
+//! Hierarchical MCS (Chabbi, Fagan and Mellor-Crummey, PPoPP'15; [Amer 2019, §2.3] and refs
 //! [11, 12]): one MCS queue per group of the memory hierarchy; the lock is passed between
 //! neighbours (threads of the same leaf group) up to `threshold` times before it goes up a
 //! level, which amortizes the expensive remote hand-offs.
@@ -41,7 +41,7 @@ use super::{RawLock, RawTimedLock};
 use crate::lock::McsNode;
 use crate::loom::sync::atomic::{AtomicPtr, Ordering};
 
-/// Default number of hand-offs within a level before passing the lock up (seed 000 §2.3:
+/// Default number of hand-offs within a level before passing the lock up ([Amer 2019, §2.3]:
 /// the knob trading locality for fairness). The runtime's path locks take
 /// `WEFT_LOCK_HMCS_THRESHOLD` instead when it is set ([`super::LockOptions::apply_env`]).
 pub const DEFAULT_HMCS_THRESHOLD: u64 = 64;

@@ -1,4 +1,4 @@
-//! MCS queue lock (Mellor-Crummey and Scott; seed 000 §2.3): FIFO hand-off, every waiter
+//! MCS queue lock (Mellor-Crummey and Scott; [Amer 2019, §2.3]): FIFO hand-off, every waiter
 //! spins on its own node.
 //!
 //! # State words

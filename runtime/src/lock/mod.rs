@@ -1,8 +1,8 @@
-//! Lock protocols for the communication path (seed 000, Amer et al., *Lock Contention
+//! Lock protocols for the communication path ([Amer 2019], Amer et al., *Lock Contention
 //! Management in Multithreaded MPI*).
 //!
 //! weft protects each communication path (progress, a CRI, a matching queue) with a lock whose
-//! protocol is chosen per path at start-up. Seed 000 §3.4 shows that no single protocol suits
+//! protocol is chosen per path at start-up. [Amer 2019, §3.4] shows that no single protocol suits
 //! every path: a high-throughput protocol (HMCS) helps the main path, where every acquisition
 //! issues an operation, but hurts the progress path, where most acquisitions only poll
 //! (*unproductive* acquisitions, §3.2). The two-level priority lock of §4.1 ([`Priority`],
@@ -13,11 +13,11 @@
 //! | item | what it is |
 //! |---|---|
 //! | [`RawLock`] | the protocol trait: `lock`, `try_lock`, `unsafe unlock`, one *node* per acquisition |
-//! | [`RawTimedLock`] | `try_lock_for(Duration)`: give up after a timeout (seed 000 §6.2) |
+//! | [`RawTimedLock`] | `try_lock_for(Duration)`: give up after a timeout ([Amer 2019, §6.2]) |
 //! | [`RawPriorityLock`] | `lock_high` / `lock_low` (plain `lock` for flat protocols) |
 //! | [`Mutex`] | the one safe mutex over any [`RawLock`]: closure API and RAII guard |
-//! | [`Tas`], [`Ticket`], [`Mcs`], [`Clh`], [`Hmcs`] | the flat protocols of seed 000 §2.3 |
-//! | [`Priority`] | TLP, seed 000 Fig. 5, named `P-X-Y` (`p-hmcs-mcs`, `p-mcs-mcs`, ...) |
+//! | [`Tas`], [`Ticket`], [`Mcs`], [`Clh`], [`Hmcs`] | the flat protocols of [Amer 2019, §2.3] |
+//! | [`Priority`] | TLP, [Amer 2019, Fig. 5], named `P-X-Y` (`p-hmcs-mcs`, `p-mcs-mcs`, ...) |
 //! | [`StdLock`], [`ParkingLot`] | `std::sync::Mutex` and `parking_lot` as raw locks (baselines) |
 //! | [`LockKind`], [`DynLock`] | a protocol by name (`"p-hmcs-mcs"`, `WEFT_LOCK_PROGRESS`), chosen at run time |
 //! | [`Counted`], [`LockStats`] | optional per-path counters (acquisitions, contention, productivity) |
@@ -128,7 +128,7 @@ pub unsafe trait RawLock: Send + Sync {
     /// and has not released it yet.
     unsafe fn unlock(&self, node: Pin<&Self::Node>);
 
-    /// Seed 000 Fig. 5 `nowaiters_high_p`: called by the holder (with the node it acquired
+    /// [Amer 2019, Fig. 5] `nowaiters_high_p`: called by the holder (with the node it acquired
     /// with), `false` means some thread is queued and *will* be handed the lock; `true` means
     /// no waiter was seen. `true` may be wrong (a waiter may be arriving: a "true negative" in
     /// the seed's words) but `false` never is: [`Priority`] keeps its filter closed on `false`
@@ -141,7 +141,7 @@ pub unsafe trait RawLock: Send + Sync {
     }
 }
 
-/// A lock with an acquisition that gives up after a timeout (seed 000 §6.2: a non-blocking
+/// A lock with an acquisition that gives up after a timeout ([Amer 2019, §6.2]: a non-blocking
 /// progress call should return to the application rather than wait for the lock).
 ///
 /// Which protocols implement it, and how:
@@ -157,7 +157,7 @@ pub unsafe trait RawLock: Send + Sync {
 ///
 /// A queue lock cannot simply "stop waiting": its node is linked into the queue, the
 /// predecessor will write into it and a successor may already be spinning behind it. Leaving
-/// needs an *abortable* variant of the protocol (Scott's MCS-try/CLH-try, or A-HMCS, seed 000
+/// needs an *abortable* variant of the protocol (Scott's MCS-try/CLH-try, or A-HMCS, [Amer 2019]
 /// ref. \[10\]) in which a leaving waiter unlinks itself. weft does not implement those yet; the
 /// polling version here is sound but does not keep a place in the queue, so under steady
 /// contention it can time out even though the lock is being passed around.
@@ -173,7 +173,7 @@ pub unsafe trait RawTimedLock: RawLock {
     fn try_lock_for(&self, node: Pin<&Self::Node>, timeout: Duration) -> bool;
 }
 
-/// The two classes of seed 000 §4.1: high priority for the main path (issuing operations),
+/// The two classes of [Amer 2019, §4.1]: high priority for the main path (issuing operations),
 /// low priority for the progress path (polling). Flat protocols implement both as plain
 /// `lock`.
 ///

@@ -149,7 +149,7 @@ impl<L: RawTimedLock, T: ?Sized> Mutex<L, T> {
 }
 
 impl<L: RawPriorityLock, T: ?Sized> Mutex<L, T> {
-    /// Runs `f` holding the lock with low priority (progress path, seed 000 §4.1); same as
+    /// Runs `f` holding the lock with low priority (progress path, [Amer 2019, §4.1]); same as
     /// [`Mutex::with_lock`] for flat protocols.
     #[inline]
     pub fn with_lock_low<R>(&self, f: impl FnOnce(&mut T) -> R) -> R {

@@ -1,4 +1,4 @@
-//! TLP, the two-level priority lock of seed 000 §4.1, exactly as its Fig. 5.
+//! TLP, the two-level priority lock of [Amer 2019, §4.1], exactly as its Fig. 5.
 //!
 //! ```text
 //! acquire (high):  lock high_p;  if !go_straight { lock filter; go_straight = 1 }
@@ -9,7 +9,7 @@
 //!
 //! `high_p` and `low_p` are arbitrary protocols (`H`, `L`); `filter` is a [`Ticket`] lock: at
 //! most two threads compete for it (the first high-priority thread and the head low-priority
-//! thread), where a ticket is as good as any queue lock (seed 000 §4.1). While high-priority
+//! thread), where a ticket is as good as any queue lock ([Amer 2019, §4.1]). While high-priority
 //! threads keep arriving, the filter stays with the high class (`go_straight`), and later
 //! high-priority threads pass with `high_p` alone; low-priority threads wait at the filter.
 //! When the releasing high-priority holder sees no queued high-priority waiter
@@ -48,7 +48,7 @@ use crossbeam_utils::CachePadded;
 use super::{RawLock, RawPriorityLock, RawTimedLock, Ticket};
 use crate::loom::sync::atomic::{AtomicBool, Ordering};
 
-/// Two-level priority lock `P-H-L` (seed 000 Fig. 5).
+/// Two-level priority lock `P-H-L` ([Amer 2019, Fig. 5]).
 #[derive(Debug)]
 pub struct Priority<H, L> {
     /// Lock of the high-priority class (seed: `high_p`).
@@ -101,7 +101,7 @@ impl<H, L> Priority<H, L> {
 }
 
 impl<H: RawLock, L: RawLock> Priority<H, L> {
-    /// Seed 000 Fig. 5 `acquire` (lines 12–18): high priority (main path).
+    /// [Amer 2019, Fig. 5] `acquire` (lines 12–18): high priority (main path).
     #[inline]
     pub fn acquire_high(&self, node: Pin<&H::Node>) {
         self.high_p.lock(node);
@@ -131,7 +131,7 @@ impl<H: RawLock, L: RawLock> Priority<H, L> {
         false
     }
 
-    /// Seed 000 Fig. 5 `release` (lines 20–26).
+    /// [Amer 2019, Fig. 5] `release` (lines 20–26).
     ///
     /// # Safety
     ///
@@ -149,7 +149,7 @@ impl<H: RawLock, L: RawLock> Priority<H, L> {
         unsafe { self.high_p.unlock(node) };
     }
 
-    /// Seed 000 Fig. 5 `acquire_l` (lines 28–32): low priority (progress path).
+    /// [Amer 2019, Fig. 5] `acquire_l` (lines 28–32): low priority (progress path).
     #[inline]
     pub fn acquire_low(&self, node: Pin<&L::Node>) {
         self.low_p.lock(node);
@@ -170,7 +170,7 @@ impl<H: RawLock, L: RawLock> Priority<H, L> {
         false
     }
 
-    /// Seed 000 Fig. 5 `release_l` (lines 34–37).
+    /// [Amer 2019, Fig. 5] `release_l` (lines 34–37).
     ///
     /// # Safety
     ///
@@ -198,7 +198,7 @@ impl<H: RawLock, L: RawLock> Priority<H, L> {
     }
 }
 
-// SAFETY: seed 000 §4.1: holding the lock means holding the filter, either as the high class
+// SAFETY: [Amer 2019, §4.1]: holding the lock means holding the filter, either as the high class
 // (with `high_p`, `go_straight` set) or as the one low thread holding `low_p`; the filter is a
 // ticket lock, so at most one of the two classes is in, and within a class `high_p` (resp.
 // `low_p` + filter) excludes. Synchronization: filter and class locks are Acquire/Release.

@@ -1,4 +1,4 @@
-//! Per-path lock counters (seed 000 §3.2): acquisitions, contended acquisitions, time held,
+//! Per-path lock counters ([Amer 2019, §3.2]): acquisitions, contended acquisitions, time held,
 //! and productive vs unproductive acquisitions of a progress path.
 //!
 //! Counting is opt-in: wrap a protocol in [`Counted`] (a plain protocol writes no counter).
@@ -21,7 +21,7 @@ use crossbeam_utils::CachePadded;
 use super::{RawLock, RawPriorityLock, RawTimedLock};
 use crate::loom::sync::atomic::{AtomicU64, Ordering};
 
-/// What an acquisition of a progress path achieved (seed 000 §3.2).
+/// What an acquisition of a progress path achieved ([Amer 2019, §3.2]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Progress {
     /// Completed or started at least one operation.
@@ -77,7 +77,7 @@ impl LockStatsSnapshot {
         }
     }
 
-    /// Productive share of the reported acquisitions, seed 000 §3.2's path efficiency.
+    /// Productive share of the reported acquisitions, [Amer 2019, §3.2]'s path efficiency.
     pub fn efficiency(&self) -> f64 {
         let n = self.productive + self.unproductive;
         if n == 0 {

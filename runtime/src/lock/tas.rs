@@ -1,4 +1,4 @@
-//! Test-and-test-and-set with exponential backoff (seed 000 §2.3, the user-space half of the
+//! Test-and-test-and-set with exponential backoff ([Amer 2019, §2.3], the user-space half of the
 //! Pthread mutex protocol, without the futex sleep).
 //!
 //! # State word
@@ -9,7 +9,7 @@
 //! | `true`  | held; waiters (if any) spin reading it, each with its own backoff |
 //!
 //! Unfair: whoever's atomic swap lands first after a release wins, which favours the thread
-//! that just released (it still has the line in its cache) — the behaviour seed 000 §2.3
+//! that just released (it still has the line in its cache) — the behaviour [Amer 2019, §2.3]
 //! reports for the Pthread mutex.
 //!
 //! # Memory ordering

@@ -1,5 +1,5 @@
-//! Ticket lock (seed 000 §2.3): FIFO through two counters. Also the `filter` of the
-//! two-level priority lock (seed 000 §4.1), where at most two threads compete for it.
+//! Ticket lock ([Amer 2019, §2.3]): FIFO through two counters. Also the `filter` of the
+//! two-level priority lock ([Amer 2019, §4.1]), where at most two threads compete for it.
 //!
 //! # State words
 //!
