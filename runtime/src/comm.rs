@@ -13,76 +13,22 @@
 //! and frames of the old generation still in flight are then recognised as stale and
 //! dropped (an `Rts` still gets its `Fin`, so no sender waits forever) instead of reaching
 //! the new communicator. The freed state itself is collected later ([Goodell 2010, §V-B]; see
-//! [`Shared::collect_retired`]).
+//! [`Engine::collect_retired`]).
 //!
-//! [`SLOT_BITS`]: crate::runtime::SLOT_BITS
+//! [`SLOT_BITS`]: crate::engine::SLOT_BITS
 
 use std::fmt;
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-use crossbeam_utils::CachePadded;
-
-use crate::config::{Assignment, MatchingMode};
 use weft_sync::{Error, Status};
 use weft_transport::{FrameKind, Header};
 
 use crate::buffer::{Primitive, RecvBuf, SendBuf};
-use crate::matching::{MatchState, Order, Source, Tag};
-use crate::paths::PathLock;
-use crate::protocol::Posted;
-use crate::request::{new_inner, Request};
-use crate::runtime::{slot_of, Shared, MAX_CONTEXTS, MAX_GENERATIONS, SLOT_BITS};
-
-/// One communicator's state on one rank, reachable from its context id.
-pub(crate) struct CommState {
-    /// Context id of this state (user or collective).
-    pub(crate) context: u32,
-    /// Ranks in the communicator.
-    pub(crate) size: u32,
-    /// Whether messages may overtake each other ([Patinyasakdikul 2019, §5.4.4]).
-    pub(crate) overtaking: bool,
-    /// Set by `free`; operations then fail with `CommFreed`.
-    freed: AtomicBool,
-    /// Next sequence number per (ordering channel, destination): row `chan` starts at
-    /// `chan * seq_stride` (rows padded to a cache line, so threads on different channels
-    /// do not share one). On a partitioned communicator (`switchable`), one more row after
-    /// the channels': the `gseq` per destination, over every channel.
-    send_seq: Box<[AtomicU32]>,
-    /// Row length of `send_seq`.
-    seq_stride: usize,
-    /// Ordering channels: `thread channels x tag partitions`. Thread channels: with
-    /// `Config::per_thread_order` under `Assignment::Dedicated`, the CRI count (a thread
-    /// always sends through its one CRI, whose inbox is FIFO); else 1 (one sequence per
-    /// destination: MPI's per-source order).
-    chans: usize,
-    /// Tag partitions: 1 (a communicator that allows overtaking, and the collective
-    /// context), or [`TAG_PARTS`] (messages of different tags are matched under different
-    /// locks, each partition with its own sequence per source).
-    parts: usize,
-    /// Whether the communicator asserts `no_any_tag` (`Tag::Any` refused: the partitions
-    /// never need a common order).
-    no_any_tag: bool,
-    /// Partitioned without the assertion: senders also number every frame over all
-    /// partitions (`gseq`), and the first `Tag::Any` receive or probe at this rank switches
-    /// the rank's matching to one order ([`Shared::switch_to_one_order`]).
-    ///
-    /// [`Shared::switch_to_one_order`]: crate::runtime::Shared::switch_to_one_order
-    switchable: bool,
-    /// Set (under every partition lock) once this rank matches in one order: partition 0
-    /// holds every receive and frame from then on. Set from the start under
-    /// `MatchingMode::Global` (one state per communicator, ordered by `gseq`).
-    switched: AtomicBool,
-    /// Matching queues (`MatchingMode::PerComm`), one per tag partition, each on cache
-    /// lines of its own.
-    pub(crate) matching: Box<[CachePadded<PathLock<MatchState>>]>,
-    /// How the matching states order frames (at creation; a switch turns partition 0 to
-    /// `Order::Gseq`).
-    order: Order,
-}
-
-/// Tag partitions of a partitioned communicator.
-pub(crate) const TAG_PARTS: usize = 16;
+use crate::engine::{slot_of, CommState, Engine, SendOutcome, MAX_CONTEXTS, MAX_GENERATIONS, SLOT_BITS};
+use crate::matching::{MatchState, Source, Tag};
+use crate::operation::new_operation;
+use crate::request::Request;
 
 /// MPI 4.0 communicator assertions (the `mpi_assert_*` info keys), given to
 /// [`Communicator::dup_with_assertions`] and inherited by `dup`.
@@ -102,141 +48,13 @@ pub struct Assertions {
     pub no_any_tag: bool,
 }
 
-impl CommState {
-    /// A communicator's state; `partition`: match per tag partition (user contexts; the
-    /// collective context, whose few messages never use `Tag::Any`, keeps one state).
-    fn new(shared: &Shared, context: u32, size: u32, overtaking: bool, no_any_tag: bool, partition: bool) -> Self {
-        let thread_chans = match shared.config.assignment {
-            Assignment::Dedicated if shared.config.per_thread_order => shared.config.cris.max(1),
-            _ => 1,
-        };
-        // With per-thread order the thread channels already spare the receiver one order
-        // over the sending threads; `Tag::Any` keeps them (no switch to one order there).
-        let switchable = partition && !overtaking && !no_any_tag && thread_chans == 1;
-        let parts = if no_any_tag || switchable { TAG_PARTS } else { 1 };
-        let chans = thread_chans * parts;
-        // 16 u32 counters per 64-byte line.
-        let seq_stride = (size as usize).div_ceil(16) * 16;
-        let rows = chans + usize::from(switchable);
-        let one_state = shared.config.matching == MatchingMode::Global;
-        let order = if overtaking {
-            Order::Overtake
-        } else if switchable && one_state {
-            Order::Gseq
-        } else if switchable {
-            Order::Partition
-        } else {
-            Order::Chan
-        };
-        CommState {
-            context,
-            size,
-            overtaking,
-            freed: AtomicBool::new(false),
-            send_seq: (0..rows * seq_stride).map(|_| AtomicU32::new(0)).collect(),
-            seq_stride,
-            chans,
-            parts,
-            no_any_tag,
-            switchable,
-            switched: AtomicBool::new(switchable && one_state),
-            order,
-            matching: (0..parts)
-                .map(|_| {
-                    CachePadded::new(PathLock::new(
-                        shared.config.locks.matching,
-                        &shared.lock_options,
-                        shared.config.lock_timing,
-                        MatchState::new(size, order),
-                    ))
-                })
-                .collect(),
-        }
-    }
-
-    /// The tag partition a message of `tag` is numbered in by its sender (0 on a
-    /// communicator with one partition).
-    #[inline]
-    pub(crate) fn tag_part(&self, tag: i32) -> usize {
-        if self.parts == 1 {
-            return 0;
-        }
-        // Fibonacci hashing: tags that differ in low bits (one per thread, say) spread.
-        ((tag as u32).wrapping_mul(0x9E37_79B9) >> (32 - TAG_PARTS.trailing_zeros())) as usize
-    }
-
-    /// The matching state (tag partition) where frames and receives of `tag` are matched
-    /// at this rank: the tag's partition, or 0 once the rank matches in one order. A hint
-    /// when read without the partition's lock: under it, [`is_switched`](Self::is_switched)
-    /// is exact (the switch holds every partition lock).
-    #[inline]
-    pub(crate) fn part(&self, tag: i32) -> usize {
-        if self.parts == 1 || self.is_switched() {
-            return 0;
-        }
-        self.tag_part(tag)
-    }
-
-    /// [`part`](Self::part) of a receive or probe (`Tag::Any` is matched in partition 0:
-    /// refused on a `no_any_tag` communicator, and a switchable one switches first).
-    #[inline]
-    pub(crate) fn part_of(&self, tag: Tag) -> usize {
-        match tag {
-            Tag::Is(t) => self.part(t),
-            Tag::Any => 0,
-        }
-    }
-
-    /// Whether this rank matches the communicator in one order (see `switched`).
-    #[inline]
-    pub(crate) fn is_switched(&self) -> bool {
-        // Relaxed: a hint outside the partition locks; under one, the switch's release of
-        // that lock ordered the store before this load.
-        self.switched.load(Ordering::Relaxed)
-    }
-
-    /// Whether a `Tag::Any` receive or probe must first switch this rank to one order.
-    #[inline]
-    pub(crate) fn needs_switch(&self) -> bool {
-        self.switchable && !self.is_switched()
-    }
-
-    /// Marks the switch done (the caller holds every partition lock).
-    pub(crate) fn set_switched(&self) {
-        self.switched.store(true, Ordering::Release);
-    }
-
-    /// How a fresh matching state of this communicator orders frames.
-    #[inline]
-    pub(crate) fn order(&self) -> Order {
-        self.order
-    }
-
-    /// Whether receives and probes with `Tag::Any` are refused.
-    #[inline]
-    pub(crate) fn no_any_tag(&self) -> bool {
-        self.no_any_tag
-    }
-
-    /// Tag partitions (matching locks under `MatchingMode::PerComm`).
-    #[inline]
-    pub(crate) fn parts(&self) -> usize {
-        self.parts
-    }
-
-    #[inline]
-    pub(crate) fn is_freed(&self) -> bool {
-        self.freed.load(Ordering::Acquire)
-    }
-}
-
 /// A communicator: a group of ranks (here: all of them) and a private matching space.
 ///
 /// Share it between threads by reference (it is `Sync`); requests borrow it rather than
 /// counting a reference per message ([Goodell 2010]).
 #[derive(Clone)]
 pub struct Communicator {
-    shared: Arc<Shared>,
+    shared: Arc<Engine>,
     p2p: Arc<CommState>,
     coll: Arc<CommState>,
 }
@@ -254,7 +72,7 @@ impl fmt::Debug for Communicator {
 }
 
 impl Communicator {
-    pub(crate) fn create(shared: &Arc<Shared>, context: u32, size: u32, a: Assertions) -> Result<Self, Error> {
+    pub(crate) fn create(shared: &Arc<Engine>, context: u32, size: u32, a: Assertions) -> Result<Self, Error> {
         let p2p = Arc::new(CommState::new(shared, context, size, a.allow_overtaking, a.no_any_tag, true));
         let coll = Arc::new(CommState::new(shared, context + 1, size, false, false, false));
         shared.install(p2p.clone())?;
@@ -262,7 +80,7 @@ impl Communicator {
         Ok(Communicator { shared: shared.clone(), p2p, coll })
     }
 
-    pub(crate) fn shared(&self) -> &Arc<Shared> {
+    pub(crate) fn shared(&self) -> &Arc<Engine> {
         &self.shared
     }
 
@@ -321,15 +139,7 @@ impl Communicator {
         let bytes = buf.as_bytes();
         let len = bytes.len();
         let k = s.cri_for_thread();
-        // With per-thread order, the thread's dedicated CRI is its ordering channel ([Patinyasakdikul 2019,
-        // §5.4.4]: one sequence per source shared by every thread forces frames that travel
-        // through different CRIs back into one order, filling the out-of-sequence queue).
-        let chan = if st.chans > st.parts { k * st.parts } else { 0 } + st.tag_part(tag);
-        let seq = if st.overtaking { 0 } else { st.send_seq[chan * st.seq_stride + dest as usize].fetch_add(1, Ordering::Relaxed) };
-        // The number over every partition, shared by the sending threads (what a
-        // communicator with one partition pays for `seq`); MPI orders only the sends of one
-        // thread, so the two numbers need not be taken together.
-        let gseq = if st.switchable { st.send_seq[st.chans * st.seq_stride + dest as usize].fetch_add(1, Ordering::Relaxed) } else { 0 };
+        let (chan, seq, gseq) = st.sequence_numbers(k, dest, tag);
         let mut header = Header {
             kind: FrameKind::Eager,
             src_cri: k as u16,
@@ -347,17 +157,19 @@ impl Communicator {
         if len <= s.config.eager_threshold {
             // SAFETY: the bytes belong to `buf`, which the request keeps (or orphans into
             // the inner) until a deferred frame has gone out and completed the inner.
-            let posted = unsafe { s.post_frame(k, dest, header, bytes, || Some(new_inner(|i| i.context = st.context))) }?;
+            let posted = unsafe { s.post_frame(k, dest, header, bytes, || Some(new_operation(|i| i.context = st.context))) }?;
             return Ok(match posted {
-                Posted::Sent => Request::sent(self, Status { source: dest, tag, bytes: len }, buf),
-                Posted::Deferred(inner) => Request::send(self, inner.expect("an eager deferral carries its request"), buf, st.part(tag)),
+                SendOutcome::Sent => Request::sent(self, Status { source: dest, tag, bytes: len }, buf),
+                SendOutcome::Deferred(inner) => {
+                    Request::send(self, inner.expect("an eager deferral carries its request"), buf, st.part(tag))
+                }
             });
         }
         // Rendezvous.
         // SAFETY: the bytes belong to `buf`, which the request keeps (or orphans into the
         // inner) until the `Fin` completes it; `Fin` handling deregisters before completing.
         let key = unsafe { s.transport.register(bytes.as_ptr(), len) }?;
-        let inner = new_inner(|i| {
+        let inner = new_operation(|i| {
             i.context = st.context;
             i.key.store(key, Ordering::Relaxed);
         });
@@ -414,7 +226,7 @@ impl Communicator {
         let s = &*self.shared;
         let (ptr, cap) = buf.spare();
         let elem = buf.elem_size();
-        let inner = new_inner(|i| {
+        let inner = new_operation(|i| {
             i.ptr = ptr;
             i.cap = cap;
             i.elem = elem;
@@ -548,7 +360,7 @@ impl Communicator {
         let mut hint = 0u32;
         for _round in 0..64 {
             let proposal = {
-                let claimed = s.claimed.lock();
+                let claimed = s.contexts.claimed.lock();
                 let mut c = hint & !1;
                 while claimed.contains(&c) || claimed.contains(&(c + 1)) {
                     c += 2;
@@ -566,7 +378,7 @@ impl Communicator {
                 return Err(Error::InvalidArgument("out of context ids: every slot is taken by a communicator not freed on some rank"));
             }
             let ok = {
-                let mut claimed = s.claimed.lock();
+                let mut claimed = s.contexts.claimed.lock();
                 if claimed.contains(&slot) || claimed.contains(&(slot + 1)) {
                     false
                 } else {
@@ -577,13 +389,13 @@ impl Communicator {
             };
             // Relaxed: written by this rank's own `install`s, which happened before (the
             // slot was free here, so its last communicator was installed and freed).
-            let next_gen = s.generations[slot as usize].load(Ordering::Relaxed);
+            let next_gen = s.contexts.generations[slot as usize].load(Ordering::Relaxed);
             let [all_ok, gen] = self.allreduce([ok as u32, next_gen], |a, b| [a[0].min(b[0]), a[1].max(b[1])])?;
             if all_ok == 1 && gen < MAX_GENERATIONS {
                 return Ok((gen << SLOT_BITS) | slot);
             }
             if ok {
-                let mut claimed = s.claimed.lock();
+                let mut claimed = s.contexts.claimed.lock();
                 claimed.remove(&slot);
                 claimed.remove(&(slot + 1));
             }
@@ -635,12 +447,11 @@ impl Communicator {
         // slot may have been agreed on again for a new communicator, whose claim is not this
         // handle's to release. AcqRel: the winner sees every earlier use of the state; a
         // loser returns without touching it.
-        if self.p2p.freed.swap(true, Ordering::AcqRel) {
+        if !self.p2p.mark_freed() {
             return;
         }
-        // Release: pairs with `is_freed`'s Acquire, as the user context's flag. Set before
-        // the queues are drained below, as the user context's is.
-        self.coll.freed.store(true, Ordering::Release);
+        // Set before the queues are drained below, as the user context's is.
+        self.coll.mark_freed();
         for st in [&self.p2p, &self.coll] {
             let mut frames = Vec::new();
             let mut posted = Vec::new();
@@ -654,11 +465,11 @@ impl Communicator {
                     *m = MatchState::new(0, st.order());
                     counters
                 });
-                let mut c = s.freed_counters.lock();
+                let mut c = s.contexts.freed_counters.lock();
                 c.0.unexpected += counters.unexpected;
                 c.0.out_of_sequence += counters.out_of_sequence;
                 c.0.match_nanos += counters.match_nanos;
-                crate::paths::add(&mut c.1, st.matching[part].stats());
+                crate::lock::path::add(&mut c.1, st.matching[part].stats());
             }
             // Outside the matching lock: releasing an `Rts` sends its `Fin`.
             for f in frames {
@@ -670,7 +481,7 @@ impl Communicator {
             s.retire(st);
         }
         let slot = slot_of(self.p2p.context) as u32;
-        let mut claimed = s.claimed.lock();
+        let mut claimed = s.contexts.claimed.lock();
         claimed.remove(&slot);
         claimed.remove(&(slot + 1));
     }

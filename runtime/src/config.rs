@@ -5,7 +5,7 @@ use std::fmt;
 use std::str::FromStr;
 
 use crate::lock::{FlatKind, LockKind, LockPath};
-use crate::Error;
+use weft_sync::Error;
 pub use weft_transport::Provider;
 
 /// How waiting threads drive progress ([Patinyasakdikul 2019] ch. 4-5).

@@ -3,30 +3,12 @@
 //! already serializes their writers (a CRI's, a communicator's matching lock), so counting
 //! adds no shared-counter traffic; only rare events use shared atomics.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 
 use crate::config::MatchingMode;
+use crate::engine::Engine;
+use crate::lock::path::add;
 use crate::lock::LockStatsSnapshot;
-use crate::paths::add;
-use crate::runtime::Shared;
-
-/// Counts kept under one CRI's lock (its acquisitions are counted by the lock itself).
-#[derive(Clone, Copy, Debug, Default)]
-pub(crate) struct CriCounters {
-    pub(crate) sent: u64,
-    pub(crate) received: u64,
-}
-
-/// Rare-path counters shared by the rank.
-#[derive(Debug, Default)]
-pub(crate) struct Counters {
-    pub(crate) parks: AtomicU64,
-    pub(crate) wakes: AtomicU64,
-    pub(crate) park_timeouts: AtomicU64,
-    pub(crate) flow_control_waits: AtomicU64,
-    /// Eager and `Rts` frames sent from the deferred queue (not under a CRI lock).
-    pub(crate) deferred_sent: AtomicU64,
-}
 
 /// A point-in-time copy of a runtime's counters (`Runtime::counters`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -68,7 +50,7 @@ pub struct Snapshot {
 }
 
 /// Reads every counter of `s` (briefly taking each CRI and matching lock).
-pub(crate) fn snapshot(s: &Shared) -> Snapshot {
+pub(crate) fn snapshot(s: &Engine) -> Snapshot {
     let mut out = Snapshot::default();
     for cri in s.cris.iter() {
         let c = cri.lock.high(|c| c.counters);
@@ -77,7 +59,7 @@ pub(crate) fn snapshot(s: &Shared) -> Snapshot {
         add(&mut out.cri_lock, cri.lock.stats());
     }
     // Freed communicators' share, then the live ones'.
-    let (freed, freed_lock) = *s.freed_counters.lock();
+    let (freed, freed_lock) = *s.contexts.freed_counters.lock();
     let mut fold = |m: crate::matching::MatchCounters| {
         out.unexpected += m.unexpected;
         out.out_of_sequence += m.out_of_sequence;
@@ -85,7 +67,7 @@ pub(crate) fn snapshot(s: &Shared) -> Snapshot {
     };
     fold(freed);
     {
-        let _gate = s.table_gate.read();
+        let _gate = s.contexts.gate.read();
         for comm in s.installed() {
             for part in 0..s.matching_parts(comm) {
                 fold(s.with_matching(comm, part, |m| m.counters));
@@ -99,7 +81,7 @@ pub(crate) fn snapshot(s: &Shared) -> Snapshot {
         add(&mut out.matching_lock, freed_lock);
     }
     if s.config.matching == MatchingMode::Global {
-        out.matching_lock = s.global_match.stats();
+        out.matching_lock = s.contexts.global_match.stats();
     }
     out.progress_lock = s.progress_lock.stats();
     out.messages_sent += s.counters.deferred_sent.load(Ordering::Relaxed);

@@ -37,9 +37,9 @@ use weft_sync::{Error, Status};
 
 use crate::buffer::Primitive;
 use crate::comm::Communicator;
+use crate::engine::Engine;
 use crate::matching::{Source, Tag};
 use crate::request::Request;
-use crate::runtime::Shared;
 
 /// The layout, in elements.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -306,7 +306,7 @@ impl<T: Primitive> Datatype<T> {
     }
 
     /// How many pieces a parallel pack of this type uses on `shared`'s pool.
-    fn pieces(&self, shared: &Shared) -> usize {
+    fn pieces(&self, shared: &Engine) -> usize {
         let threshold = shared.config.pack_threshold.max(1);
         if shared.config.workers == 0 || self.size_bytes() < threshold {
             return 1;
@@ -328,7 +328,7 @@ unsafe impl<T: Send> Sync for SharedPtr<T> {}
 unsafe impl<T: Send> Send for SharedPtr<T> {}
 
 /// [`Datatype::pack`], split into pool tasks when large (see `Runtime::pack`).
-pub(crate) fn pack_parallel<T: Primitive>(shared: &Arc<Shared>, ty: &Datatype<T>, src: &[T], dst: &mut [T]) -> Result<usize, Error> {
+pub(crate) fn pack_parallel<T: Primitive>(shared: &Arc<Engine>, ty: &Datatype<T>, src: &[T], dst: &mut [T]) -> Result<usize, Error> {
     ty.check_pack(src.len(), dst.len())?;
     // SAFETY: checked above.
     unsafe { pack_raw(shared, ty, src.as_ptr(), dst.as_mut_ptr()) };
@@ -337,7 +337,7 @@ pub(crate) fn pack_parallel<T: Primitive>(shared: &Arc<Shared>, ty: &Datatype<T>
 
 /// # Safety
 /// `src` spans the extent, `dst` holds `size` elements, and nobody else touches `dst`.
-unsafe fn pack_raw<T: Primitive>(shared: &Arc<Shared>, ty: &Datatype<T>, src: *const T, dst: *mut T) {
+unsafe fn pack_raw<T: Primitive>(shared: &Arc<Engine>, ty: &Datatype<T>, src: *const T, dst: *mut T) {
     let pieces = ty.pieces(shared);
     let units = ty.units();
     let (s, d) = (SharedPtr(src as *mut T), SharedPtr(dst));
@@ -347,11 +347,11 @@ unsafe fn pack_raw<T: Primitive>(shared: &Arc<Shared>, ty: &Datatype<T>, src: *c
         // SAFETY: per `pack_raw`'s contract; pieces cover disjoint unit ranges.
         unsafe { ty.pack_units(s.0, d.0, lo, hi) }
     };
-    crate::executor::split(shared, pieces, &work);
+    crate::executor::split(&shared.executor, || shared.clone(), pieces, &work);
 }
 
 /// [`Datatype::unpack`], split into pool tasks when large and complete.
-pub(crate) fn unpack_parallel<T: Primitive>(shared: &Arc<Shared>, ty: &Datatype<T>, src: &[T], dst: &mut [T]) -> Result<usize, Error> {
+pub(crate) fn unpack_parallel<T: Primitive>(shared: &Arc<Engine>, ty: &Datatype<T>, src: &[T], dst: &mut [T]) -> Result<usize, Error> {
     ty.check_unpack(src.len(), dst.len())?;
     if src.len() < ty.size {
         return ty.unpack(src, dst);
@@ -365,7 +365,7 @@ pub(crate) fn unpack_parallel<T: Primitive>(shared: &Arc<Shared>, ty: &Datatype<
         // SAFETY: checked above; blocks do not overlap, so pieces write disjoint ranges.
         unsafe { ty.unpack_units(s.0, d.0, lo, hi) }
     };
-    crate::executor::split(shared, pieces, &work);
+    crate::executor::split(&shared.executor, || shared.clone(), pieces, &work);
     Ok(src.len())
 }
 
@@ -432,7 +432,7 @@ pub struct TypedRecv<'a, T: Primitive> {
     /// The layout of `data`.
     ty: Datatype<T>,
     /// The completed cell a sync object gets once the receive was consumed.
-    consumed: std::sync::OnceLock<std::sync::Arc<crate::request::ReqInner>>,
+    consumed: std::sync::OnceLock<std::sync::Arc<crate::operation::Operation>>,
 }
 
 impl<T: Primitive> fmt::Debug for TypedRecv<'_, T> {
@@ -442,7 +442,7 @@ impl<T: Primitive> fmt::Debug for TypedRecv<'_, T> {
 }
 
 impl<T: Primitive> TypedRecv<'_, T> {
-    fn finish(&mut self, res: Result<(Vec<T>, Status), Error>, shared: &Arc<Shared>) -> Result<Status, Error> {
+    fn finish(&mut self, res: Result<(Vec<T>, Status), Error>, shared: &Arc<Engine>) -> Result<Status, Error> {
         let (packed, st) = res?;
         unpack_parallel(shared, &self.ty, &packed, self.data)?;
         Ok(st)

@@ -7,7 +7,7 @@ use weft_transport::embedded;
 use weft_transport::{Provider, Transport};
 
 use crate::config::Config;
-use crate::Error;
+use weft_sync::Error;
 
 /// `ranks` transports of one job inside this process.
 pub(crate) fn local(config: &Config, ranks: u32) -> Result<Vec<Transport>, Error> {
@@ -138,7 +138,7 @@ mod ofi {
     use weft_transport::Transport;
 
     use crate::config::Config;
-    use crate::Error;
+    use weft_sync::Error;
 
     /// Send buffers per CRI, for frames above the provider's inject size.
     const SEND_SLOTS: usize = 128;

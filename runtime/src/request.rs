@@ -1,25 +1,21 @@
 //! Requests (path step 1 and 6): the user's handle on an operation in flight.
 //!
-//! A [`Request`] owns the operation's buffer and shares a [`ReqInner`] (which owns the
-//! `CompletionCell`) with the runtime. `ReqInner`s come from a thread-local pool ([Goodell 2010]:
-//! thread-local request pools), so a send or receive allocates nothing in steady state, and a
-//! request borrows its communicator instead of counting a reference to it on every message
-//! ([Goodell 2010]: no shared reference count touched per request).
+//! A [`Request`] owns the operation's buffer and shares an [`Operation`] (which owns the
+//! `CompletionCell`, `operation.rs`) with the runtime. A request borrows its communicator
+//! instead of counting a reference to it on every message ([Goodell 2010]: no shared
+//! reference count touched per request).
 
-use std::any::Any;
-use std::cell::RefCell;
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
-use parking_lot::Mutex;
 use weft_sync::{Attach, CompletionCell, Error, Outcome, Status};
 
 use crate::buffer::RecvBuf;
 use crate::comm::Communicator;
+use crate::operation::{new_operation, recycle, Operation};
 use crate::progress;
 
 /// What kind of operation a request tracks.
@@ -27,97 +23,6 @@ use crate::progress;
 pub(crate) enum Kind {
     Send,
     Recv,
-}
-
-/// The runtime's share of a request.
-pub(crate) struct ReqInner {
-    /// Completion state (weft-sync).
-    pub(crate) cell: CompletionCell,
-    /// Receive area (receive) or registered source bytes (rendezvous send).
-    pub(crate) ptr: *mut u8,
-    /// Length of that area in bytes.
-    pub(crate) cap: usize,
-    /// A message must be a whole number of these bytes.
-    pub(crate) elem: usize,
-    /// Remote key of the registered send buffer (rendezvous send), else 0.
-    pub(crate) key: AtomicU64,
-    /// Context of the communicator (for cancel).
-    pub(crate) context: u32,
-    /// The buffer of a request dropped while in flight: kept alive until completion so the
-    /// transport never touches freed memory.
-    pub(crate) orphan: Mutex<Option<Box<dyn Any + Send>>>,
-}
-
-// SAFETY: `ptr` points into the buffer owned by the request (or its orphan slot), which lives
-// at least as long as this `ReqInner` is in flight; it is written only by the single
-// completer before it completes the cell (release) and read by the owner after (acquire).
-unsafe impl Send for ReqInner {}
-// SAFETY: as above; shared access goes through the cell's atomics and the orphan mutex.
-unsafe impl Sync for ReqInner {}
-
-impl Default for ReqInner {
-    fn default() -> Self {
-        ReqInner {
-            cell: CompletionCell::new(),
-            ptr: std::ptr::null_mut(),
-            cap: 0,
-            elem: 1,
-            key: AtomicU64::new(0),
-            context: 0,
-            orphan: Mutex::new(None),
-        }
-    }
-}
-
-/// Pooled requests per thread; beyond this many the extras are freed.
-const POOL_MAX: usize = 4096;
-
-thread_local! {
-    static POOL: RefCell<Vec<Arc<ReqInner>>> = const { RefCell::new(Vec::new()) };
-}
-
-/// A fresh (or recycled) inner, set up by `init` while still exclusively owned.
-pub(crate) fn new_inner(init: impl FnOnce(&mut ReqInner)) -> Arc<ReqInner> {
-    match POOL.try_with(|p| p.borrow_mut().pop()).ok().flatten() {
-        Some(arc) => {
-            // SAFETY: `recycle` pools an `Arc` only when it is the sole strong reference and no
-            // `Weak` exists (none is ever made), and the pool is thread-local, so nothing else
-            // can reach this `ReqInner` until we hand the `Arc` out: the exclusive borrow is
-            // sound. (`Arc::get_mut` would prove the same with a locked compare-exchange on
-            // the weak count, once per message.)
-            let inner = unsafe { &mut *Arc::as_ptr(&arc).cast_mut() };
-            inner.cell.reset();
-            inner.ptr = std::ptr::null_mut();
-            inner.cap = 0;
-            inner.elem = 1;
-            *inner.key.get_mut() = 0;
-            inner.context = 0;
-            *inner.orphan.get_mut() = None;
-            init(inner);
-            arc
-        }
-        None => {
-            let mut inner = ReqInner::default();
-            init(&mut inner);
-            Arc::new(inner)
-        }
-    }
-}
-
-/// Returns an inner to this thread's pool if nobody else holds it.
-pub(crate) fn recycle(arc: Arc<ReqInner>) {
-    // `strong_count` loads Relaxed; the Acquire fence below orders our reuse after the
-    // accesses of the last other holder (which dropped its reference with a Release
-    // decrement), as `Arc`'s own drop does before freeing.
-    if Arc::strong_count(&arc) == 1 && Arc::weak_count(&arc) == 0 && arc.cell.is_complete() {
-        std::sync::atomic::fence(std::sync::atomic::Ordering::Acquire);
-        let _ = POOL.try_with(|p| {
-            let mut p = p.borrow_mut();
-            if p.len() < POOL_MAX {
-                p.push(arc);
-            }
-        });
-    }
 }
 
 /// A non-blocking operation in flight: `isend` or `irecv`.
@@ -159,19 +64,19 @@ pub(crate) fn recycle(arc: Arc<ReqInner>) {
 /// queued until a `next` that completes takes it.
 pub struct Request<'c, B: Send + 'static> {
     comm: &'c Communicator,
-    inner: Option<Arc<ReqInner>>,
+    inner: Option<Arc<Operation>>,
     buf: Option<B>,
     kind: Kind,
     /// For receives: sets the buffer's length to the bytes received (`RecvBuf::filled`).
     filled: Option<unsafe fn(&mut B, usize)>,
     /// A send that completed inside `isend` (an eager frame the transport took at once):
     /// its status, and no inner — nothing else ever refers to it, so it needs no pooled
-    /// `ReqInner`, no completion cell and no reference count (about 150 instructions per
+    /// `Operation`, no completion cell and no reference count (about 150 instructions per
     /// message). `None` once taken.
     sent: Option<Status>,
     /// A completed cell for such a send, made only if someone asks for one (attaching it
     /// to a sync object).
-    sent_cell: std::sync::OnceLock<Arc<ReqInner>>,
+    sent_cell: std::sync::OnceLock<Arc<Operation>>,
     /// The tag partition of the communicator the operation is matched in (0 unless it
     /// asserts `no_any_tag`): a waiter attends its CRI for this partition.
     part: u16,
@@ -189,7 +94,7 @@ unsafe impl<B: Send + 'static> Attach for Request<'_, B> {
     fn completion_cell(&self) -> &CompletionCell {
         match (&self.inner, self.sent) {
             (Some(i), _) => &i.cell,
-            (None, Some(st)) => &self.sent_cell.get_or_init(|| new_inner(|i| i.cell.reset_completed(Ok(st)))).cell,
+            (None, Some(st)) => &self.sent_cell.get_or_init(|| new_operation(|i| i.cell.reset_completed(Ok(st)))).cell,
             (None, None) => consumed_cell(&self.sent_cell),
         }
     }
@@ -202,17 +107,17 @@ pub(crate) const CONSUMED: Error = Error::InvalidArgument("request already consu
 /// whose result was taken gives a sync object it is attached to (which then reports that
 /// error once, as for any completed request). One per request, not one shared by all: a
 /// cell delivers its completion once.
-pub(crate) fn consumed_cell(slot: &std::sync::OnceLock<Arc<ReqInner>>) -> &CompletionCell {
-    &slot.get_or_init(|| new_inner(|i| i.cell.reset_completed(Err(CONSUMED)))).cell
+pub(crate) fn consumed_cell(slot: &std::sync::OnceLock<Arc<Operation>>) -> &CompletionCell {
+    &slot.get_or_init(|| new_operation(|i| i.cell.reset_completed(Err(CONSUMED)))).cell
 }
 
 impl<'c, B: Send + 'static> Request<'c, B> {
     /// Every field once; `filled` is set by `recv` for receives.
-    fn with(comm: &'c Communicator, inner: Option<Arc<ReqInner>>, buf: B, kind: Kind, sent: Option<Status>, part: usize) -> Self {
+    fn with(comm: &'c Communicator, inner: Option<Arc<Operation>>, buf: B, kind: Kind, sent: Option<Status>, part: usize) -> Self {
         Request { comm, inner, buf: Some(buf), kind, filled: None, sent, sent_cell: std::sync::OnceLock::new(), part: part as u16 }
     }
 
-    pub(crate) fn send(comm: &'c Communicator, inner: Arc<ReqInner>, buf: B, part: usize) -> Self {
+    pub(crate) fn send(comm: &'c Communicator, inner: Arc<Operation>, buf: B, part: usize) -> Self {
         Self::with(comm, Some(inner), buf, Kind::Send, None, part)
     }
 
@@ -297,7 +202,7 @@ impl<'c, B: Send + 'static> Request<'c, B> {
 }
 
 impl<'c, B: RecvBuf> Request<'c, B> {
-    pub(crate) fn recv(comm: &'c Communicator, inner: Arc<ReqInner>, buf: B, part: usize) -> Self {
+    pub(crate) fn recv(comm: &'c Communicator, inner: Arc<Operation>, buf: B, part: usize) -> Self {
         let mut r = Self::with(comm, Some(inner), buf, Kind::Recv, None, part);
         r.filled = Some(<B as RecvBuf>::filled);
         r

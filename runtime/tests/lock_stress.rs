@@ -14,8 +14,8 @@ use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant};
 
 use weft::lock::{
-    Clh, Counted, DynLock, DynNode, FlatKind, Hmcs, LockKind, LockOptions, LockPath, Mcs, McsNode, Mutex, ParkingLot, Priority, Progress,
-    RawLock, RawPriorityLock, RawTimedLock, StdLock, Tas, Ticket, Topology,
+    Acquisition, Clh, Counted, DynLock, DynNode, FlatKind, Hmcs, LockKind, LockOptions, LockPath, Mcs, McsNode, Mutex, ParkingLot,
+    Priority, RawLock, RawPriorityLock, RawTimedLock, StdLock, Tas, Ticket, Topology,
 };
 
 /// Data touched only under the lock.
@@ -473,7 +473,7 @@ fn counted_counts_every_acquisition() {
     let n = pin!(<Counted<Mcs> as RawLock>::Node::default());
     for i in 0..10 {
         one.lock(n.as_ref());
-        one.record_progress(if i < 3 { Progress::Productive } else { Progress::Unproductive });
+        one.record_progress(if i < 3 { Acquisition::Productive } else { Acquisition::Unproductive });
         // SAFETY: acquired just above with `n`.
         unsafe { one.unlock(n.as_ref()) };
     }

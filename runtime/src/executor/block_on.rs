@@ -8,7 +8,7 @@ use std::task::{Context, Poll, Wake, Waker};
 use std::thread::Thread;
 use std::time::Duration;
 
-use crate::runtime::Shared;
+use super::pool::Executor;
 
 /// The waker of a `block_on` thread: a flag plus an unpark.
 struct Signal {
@@ -34,14 +34,14 @@ impl Wake for Signal {
 /// (`workers(0)`), or when called from inside a task, the thread runs pool tasks between
 /// polls, so spawned tasks make progress; a task run so may itself `block_on`, nested up to
 /// `MAX_HELP_DEPTH` (`pool.rs`), beyond which this thread only polls its own future.
-pub(crate) fn block_on<F: Future>(shared: &Shared, future: F) -> F::Output {
+pub(crate) fn block_on<F: Future>(executor: &Executor, future: F) -> F::Output {
     let mut future = pin!(future);
     let signal = Arc::new(Signal { notified: AtomicBool::new(false), thread: std::thread::current() });
     let waker = Waker::from(signal.clone());
     let mut cx = Context::from_waker(&waker);
     // With no workers, or on a worker thread (which would otherwise hold up the tasks in its
     // own deque), this thread runs pool tasks while the future is pending.
-    let runs_tasks = shared.config.workers == 0 || super::pool::on_worker_of(shared);
+    let runs_tasks = executor.workers() == 0 || super::pool::on_worker_of(executor);
     loop {
         if let Poll::Ready(v) = future.as_mut().poll(&mut cx) {
             return v;
@@ -52,7 +52,7 @@ pub(crate) fn block_on<F: Future>(shared: &Shared, future: F) -> F::Output {
                 break;
             }
             if runs_tasks {
-                if super::help(shared) {
+                if super::help(executor) {
                     continue;
                 }
                 // Nothing queued (or nested too deep to run it): a new task is only noticed

@@ -1,5 +1,5 @@
-//! The executor: a work-stealing task pool with progress built in (DESIGN "Executor", seed
-//! 003 §4.6.2).
+//! The executor: a work-stealing task pool with progress built in (DESIGN "Executor",
+//! [Patinyasakdikul 2019, §4.6.2]).
 //!
 //! * `state.rs` — a task's state word (loom models beside it).
 //! * `task.rs` — one spawned future: the waker, [`JoinHandle`] and
@@ -16,8 +16,10 @@
 //!   itself and waiting threads steal the rest.
 //!
 //! Progress in the pool: an idle worker first makes one non-blocking progress pass
-//! (`Shared::progress_idle`: the owner token's try path, a CRI try-lock, or the progress
-//! lock's try path), then steals, then parks. A user thread blocked in `wait_all` runs pool
+//! ([`Drive::idle_pass`]: the owner token's try path, a CRI try-lock, or the progress
+//! lock's try path), then steals, then parks. The executor knows nothing of ranks,
+//! transports or progress modes: what it needs of them is the [`Drive`] trait, which the
+//! progress layer implements for the rank's engine. A user thread blocked in `wait_all` runs pool
 //! tasks instead of sleeping (`help`), and returns once its own requests are complete.
 
 mod block_on;
@@ -28,7 +30,28 @@ mod split;
 mod state;
 mod task;
 
+use weft_sync::SignalListener;
+
 pub(crate) use block_on::block_on;
 pub(crate) use pool::{help, Executor};
 pub(crate) use split::split;
 pub use task::{JoinError, JoinHandle};
+
+/// What the pool needs from the runtime it serves (the progress layer implements it,
+/// `progress/drive.rs`), as weft-sync's `Progress` lets a sync object wait without knowing
+/// who progresses.
+pub(crate) trait Drive: Send + Sync + 'static {
+    /// One non-blocking progress pass, never waiting for a lock; whether anything was
+    /// handled.
+    fn idle_pass(&self) -> bool;
+    /// Listens for the network activity a worker about to park must wake for, then looks
+    /// once more for such work that came before it listened: `None` if there is work now,
+    /// else the listener and whether it is an ownership hand-off (meant for a blocked
+    /// waiter) rather than the doorbell.
+    fn listen(&self) -> Option<(SignalListener<'_>, bool)>;
+    /// A parked worker heard its listener (`handoff` as [`listen`](Self::listen) said). The
+    /// notification may have been meant for a blocked thread: use it, or pass it on.
+    fn heard(&self, handoff: bool);
+    /// Counts a park of a worker (`wake`: one ended by a notification).
+    fn count_park(&self, wake: bool);
+}

@@ -26,12 +26,11 @@ use std::time::{Duration, Instant};
 use crossbeam_utils::CachePadded;
 
 use super::pool::Pool;
-use crate::config::ProgressMode;
-use crate::runtime::Shared;
+use super::Drive;
 
 /// Longest single sleep: a safety net only (every wake-up path is a notification), cheap
 /// enough that an idle runtime stays far below 1% of a core.
-const PARK_LIMIT: Duration = Duration::from_millis(250);
+const WORKER_NAP_LIMIT: Duration = Duration::from_millis(250);
 
 /// The sleep state of the pool's workers.
 pub(crate) struct Sleepers {
@@ -111,40 +110,36 @@ impl Wake for Unpark {
     }
 }
 
-/// Parks worker `index` until new work, network activity, shutdown, or `PARK_LIMIT`.
-pub(super) fn park_worker(shared: &Shared, pool: &Pool, index: usize) {
+/// Parks worker `index` until new work, network activity, shutdown, or `WORKER_NAP_LIMIT`.
+pub(super) fn park_worker(drive: &dyn Drive, pool: &Pool, index: usize) {
     let sleep = &pool.sleep;
     sleep.parked[index].store(true, Ordering::Relaxed);
     // SeqCst: see the module docs.
     sleep.num_sleeping.fetch_add(1, Ordering::SeqCst);
 
-    // Network wake-ups (see the module docs for why Owner mode differs).
-    let handoff = if shared.config.progress == ProgressMode::Owner { shared.owner.listen() } else { None };
-    let someone_owns = handoff.is_some();
-    let mut listener = match handoff {
-        Some(l) => l,
-        None => shared.transport.doorbell().listen(),
+    // Network wake-ups (see the module docs for why Owner mode differs). Deferred frames do
+    // not keep a worker awake: the transport rings the doorbell when their destination has
+    // room, and `listen` looks once more after listening.
+    let listened = drive.listen();
+    let (mut listener, someone_owns) = match listened {
+        Some(l) if !pool.has_work() && !pool.is_shutdown() => l,
+        _ => {
+            sleep.unsleep(index);
+            return;
+        }
     };
-
-    // Deferred frames do not keep a worker awake: the transport rings the doorbell when their
-    // destination has room, and one more try here covers a ring that came before `listen`.
-    let network_ready = if someone_owns { !shared.owner.is_taken() } else { shared.work_before_sleep() };
-    if network_ready || pool.has_work() || pool.is_shutdown() {
-        sleep.unsleep(index);
-        return;
-    }
-    shared.counters.parks.fetch_add(1, Ordering::Relaxed);
+    drive.count_park(false);
     let waker = Waker::from(Arc::new(Unpark(std::thread::current())));
     let mut cx = Context::from_waker(&waker);
-    let deadline = Instant::now() + PARK_LIMIT;
+    let deadline = Instant::now() + WORKER_NAP_LIMIT;
     let mut heard = false;
     loop {
         if !sleep.parked[index].load(Ordering::Acquire) || pool.is_shutdown() {
-            shared.counters.wakes.fetch_add(1, Ordering::Relaxed);
+            drive.count_park(true);
             break;
         }
         if let Poll::Ready(()) = Pin::new(&mut listener).poll(&mut cx) {
-            shared.counters.wakes.fetch_add(1, Ordering::Relaxed);
+            drive.count_park(true);
             heard = true;
             break;
         }
@@ -158,25 +153,6 @@ pub(super) fn park_worker(shared: &Shared, pool: &Pool, index: usize) {
     }
     sleep.unsleep(index);
     if heard {
-        pass_on(shared, someone_owns);
-    }
-}
-
-/// A worker woke on a notification that a blocked thread may have needed: the doorbell
-/// (notifying one listener, maybe instead of the progress owner) or an ownership hand-off
-/// (meant for a parked waiter). If this worker cannot use it — progress is held by someone
-/// else, or there is nothing to progress — it passes the notification on, so nobody waits
-/// out a park limit. A successful `Owner`-mode pass releases ownership, which notifies the
-/// hand-off itself.
-fn pass_on(shared: &Shared, handoff: bool) {
-    if shared.progress_idle() {
-        return;
-    }
-    if handoff {
-        // This worker owns nothing here (`progress_idle` hands the token back), so `leave`
-        // only passes the hand-off on, and only if the token is still free.
-        shared.owner.leave(crate::cri::thread_token());
-    } else if shared.transport.any_frames() {
-        shared.transport.doorbell().ring();
+        drive.heard(someone_owns);
     }
 }

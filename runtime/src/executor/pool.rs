@@ -7,7 +7,7 @@
 //!    global injector comes first, so tasks spawned from outside the pool cannot starve
 //!    behind tasks that keep rescheduling themselves; the same tick makes one progress
 //!    pass, so a busy pool still drains the network;
-//! 2. when it has nothing: one non-blocking progress pass (`Shared::progress_idle`);
+//! 2. when it has nothing: one non-blocking progress pass ([`Drive::idle_pass`]);
 //! 3. then it steals (injector, then the other workers' deques);
 //! 4. then it searches for [`SEARCH_BEFORE_PARK`] (crossbeam `Backoff`, then yielding) and
 //!    parks (`park.rs`).
@@ -30,7 +30,7 @@ use parking_lot::Mutex;
 use super::park::Sleepers;
 use super::registry::Registry;
 use super::task::{JoinHandle, Task, TaskRef};
-use crate::runtime::Shared;
+use super::Drive;
 
 /// Every this many ticks a worker looks at the injector first and makes a progress pass
 /// (tokio uses 61 too: a prime, so it does not beat in step with periodic workloads).
@@ -41,8 +41,12 @@ const INJECT_INTERVAL: u32 = 61;
 /// then costs no wake-up. Only the transition to idle pays it, never a sleeping runtime.
 const SEARCH_BEFORE_PARK: Duration = Duration::from_micros(50);
 
-/// The executor state of one runtime (a field of `Shared`): the pool, once started.
+/// The executor state of one runtime (a field of the rank's engine): the pool, once started.
 pub(crate) struct Executor {
+    /// Worker threads to start.
+    workers: usize,
+    /// The rank, for the workers' thread names.
+    rank: u32,
     /// The pool, created at the first spawn.
     pool: OnceLock<Arc<Pool>>,
     /// Set when the last `Runtime` handle dropped: no new pool may start.
@@ -52,8 +56,9 @@ pub(crate) struct Executor {
 }
 
 impl Executor {
-    pub(crate) fn new() -> Self {
-        Executor { pool: OnceLock::new(), closed: AtomicBool::new(false), threads: Mutex::new(Vec::new()) }
+    /// An executor of `workers` threads (started at the first spawn) for rank `rank`.
+    pub(crate) fn new(workers: usize, rank: u32) -> Self {
+        Executor { workers, rank, pool: OnceLock::new(), closed: AtomicBool::new(false), threads: Mutex::new(Vec::new()) }
     }
 
     /// The pool if it has started and not shut down.
@@ -62,9 +67,14 @@ impl Executor {
         self.pool.get().filter(|p| !p.shutdown.load(Ordering::Acquire))
     }
 
-    /// The pool, starting it (and its worker threads) on first use; `None` once the runtime
-    /// has shut down.
-    pub(crate) fn start(&self, shared: &Arc<Shared>) -> Option<&Arc<Pool>> {
+    /// Worker threads this executor starts (0: tasks run only on threads that wait).
+    pub(crate) fn workers(&self) -> usize {
+        self.workers
+    }
+
+    /// The pool, starting it (and its worker threads, which progress through `drive`) on
+    /// first use; `None` once the runtime has shut down.
+    pub(crate) fn start(&self, drive: impl FnOnce() -> Arc<dyn Drive>) -> Option<&Arc<Pool>> {
         if let Some(p) = self.get() {
             return Some(p);
         }
@@ -72,7 +82,8 @@ impl Executor {
             return None;
         }
         let pool = self.pool.get_or_init(|| {
-            let n = shared.config.workers;
+            let n = self.workers;
+            let drive = drive();
             let locals: Vec<Worker<TaskRef>> = (0..n).map(|_| Worker::new_fifo()).collect();
             let pool = Arc::new(Pool {
                 injector: Injector::new(),
@@ -83,9 +94,9 @@ impl Executor {
             });
             let mut threads = self.threads.lock();
             for (index, local) in locals.into_iter().enumerate() {
-                let (shared, pool) = (shared.clone(), pool.clone());
-                let name = format!("weft-worker-{}.{}", shared.transport.rank(), index);
-                match thread::Builder::new().name(name).spawn(move || worker_main(&shared, &pool, local, index)) {
+                let (drive, pool) = (drive.clone(), pool.clone());
+                let name = format!("weft-worker-{}.{}", self.rank, index);
+                match thread::Builder::new().name(name).spawn(move || worker_main(&*drive, &pool, local, index)) {
                     Ok(h) => threads.push(h),
                     // Out of threads: the pool runs with fewer workers (waiters still help).
                     Err(e) => tracing::warn!("weft: could not start worker thread: {e}"),
@@ -324,14 +335,14 @@ impl Pool {
 /// the task it runs has finished or is itself waiting, so a task run this way must not wait
 /// for what the interrupted wait's caller does afterwards (true of every help-first
 /// scheduler; `.await` has no such limits).
-pub(crate) fn help(shared: &Shared) -> bool {
+pub(crate) fn help(executor: &Executor) -> bool {
     let depth = HELP_DEPTH.with(|d| d.get());
     if depth >= MAX_HELP_DEPTH {
         return false;
     }
     HELP_DEPTH.with(|d| d.set(depth + 1));
     let _restore = Depth(depth);
-    run_one(shared)
+    run_one(executor)
 }
 
 /// Runs one queued task (from the injector, else stolen from a worker) on this thread.
@@ -341,8 +352,8 @@ pub(crate) fn help(shared: &Shared) -> bool {
 /// after shutdown, cancelling what it takes: nobody else empties them before the worker
 /// leaves its loop, and a task waiting there (a pack's pieces, a task it blocks on) would
 /// otherwise keep the worker waiting forever.
-pub(super) fn run_one(shared: &Shared) -> bool {
-    let Some(pool) = shared.executor.pool.get() else { return false };
+pub(super) fn run_one(executor: &Executor) -> bool {
+    let Some(pool) = executor.pool.get() else { return false };
     let local = LOCAL.with(|l| l.get());
     // SAFETY: see `Pool::schedule`.
     let own = unsafe { local.as_ref() }.filter(|l| std::ptr::eq(l.pool, Arc::as_ptr(pool))).and_then(|l| l.pop());
@@ -368,9 +379,9 @@ pub(super) fn run_one(shared: &Shared) -> bool {
     true
 }
 
-/// Whether the calling thread is a worker of `shared`'s pool.
-pub(super) fn on_worker_of(shared: &Shared) -> bool {
-    let Some(pool) = shared.executor.get() else { return false };
+/// Whether the calling thread is a worker of `executor`'s pool.
+pub(super) fn on_worker_of(executor: &Executor) -> bool {
+    let Some(pool) = executor.get() else { return false };
     let local = LOCAL.with(|l| l.get());
     // SAFETY: see `Pool::schedule`.
     unsafe { local.as_ref() }.is_some_and(|l| std::ptr::eq(l.pool, Arc::as_ptr(pool)))
@@ -385,7 +396,7 @@ impl Drop for ResetLocal {
     }
 }
 
-fn worker_main(shared: &Arc<Shared>, pool: &Arc<Pool>, worker: Worker<TaskRef>, index: usize) {
+fn worker_main(drive: &dyn Drive, pool: &Arc<Pool>, worker: Worker<TaskRef>, index: usize) {
     pool.sleep.register(index);
     let local = Local { pool: Arc::as_ptr(pool), worker, lifo: Cell::new(None) };
     LOCAL.with(|l| l.set(&local));
@@ -399,7 +410,7 @@ fn worker_main(shared: &Arc<Shared>, pool: &Arc<Pool>, worker: Worker<TaskRef>, 
         tick = tick.wrapping_add(1);
         let lifo = local.lifo.take();
         let task = if tick % INJECT_INTERVAL == 0 {
-            shared.progress_idle();
+            drive.idle_pass();
             if let Some(t) = lifo {
                 local.worker.push(t);
             }
@@ -423,14 +434,14 @@ fn worker_main(shared: &Arc<Shared>, pool: &Arc<Pool>, worker: Worker<TaskRef>, 
         let mut backoff = weft_sync::IdleBackoff::new();
         let idle_since = Instant::now();
         let found = loop {
-            if shared.progress_idle() {
+            if drive.idle_pass() {
                 break None;
             }
             if let Some(t) = pool.steal_injector(Some(&local.worker)).or_else(|| pool.steal_others(Some(&local.worker), index)) {
                 break Some(t);
             }
             if pool.is_shutdown() || (backoff.is_completed() && idle_since.elapsed() >= SEARCH_BEFORE_PARK) {
-                super::park::park_worker(shared, pool, index);
+                super::park::park_worker(drive, pool, index);
                 break None;
             }
             backoff.snooze();

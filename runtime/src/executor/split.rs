@@ -13,7 +13,8 @@ use std::sync::Arc;
 use std::thread::Thread;
 use std::time::Duration;
 
-use crate::runtime::Shared;
+use super::pool::Executor;
+use super::Drive;
 
 /// Counts pieces still held by pool tasks; the last one dropped wakes the caller.
 struct Latch {
@@ -66,8 +67,8 @@ impl Drop for Piece {
 /// already) runs every piece itself: on a worker, its pieces would sit in its own queue.
 ///
 /// [`MAX_HELP_DEPTH`]: super::pool::MAX_HELP_DEPTH
-pub(crate) fn split(shared: &Arc<Shared>, pieces: usize, work: &(dyn Fn(usize) + Sync)) {
-    let pool = if pieces > 1 && shared.config.workers > 0 && super::pool::may_help() { shared.executor.start(shared) } else { None };
+pub(crate) fn split(executor: &Executor, drive: impl FnOnce() -> Arc<dyn Drive>, pieces: usize, work: &(dyn Fn(usize) + Sync)) {
+    let pool = if pieces > 1 && executor.workers() > 0 && super::pool::may_help() { executor.start(drive) } else { None };
     let Some(pool) = pool else {
         (0..pieces).for_each(work);
         return;
@@ -92,7 +93,7 @@ pub(crate) fn split(shared: &Arc<Shared>, pieces: usize, work: &(dyn Fn(usize) +
     // Acquire: pairs with the pieces' release.
     while latch.remaining.load(Ordering::Acquire) != 0 {
         // Counted as helping: the tasks run here nest inside the caller's stack.
-        if !super::pool::help(shared) {
+        if !super::pool::help(executor) {
             std::thread::park_timeout(Duration::from_millis(10));
         }
     }
@@ -116,7 +117,7 @@ mod tests {
     use std::time::Duration;
 
     use super::split;
-    use crate::runtime::Shared;
+    use crate::engine::Engine;
     use crate::Runtime;
 
     /// Runs `scenario` on its own thread; panics naming `what` if it is not done in 10 s.
@@ -134,9 +135,9 @@ mod tests {
 
     /// Splits 8 pieces whose first (run by the caller) shuts the pool down, and returns how
     /// often each piece ran.
-    fn split_that_shuts_down(shared: &Arc<Shared>) -> Vec<usize> {
+    fn split_that_shuts_down(shared: &Arc<Engine>) -> Vec<usize> {
         let runs: Vec<AtomicUsize> = (0..8).map(|_| AtomicUsize::new(0)).collect();
-        split(shared, runs.len(), &|i| {
+        split(&shared.executor, || -> Arc<dyn super::super::Drive> { shared.clone() }, runs.len(), &|i| {
             if i == 0 {
                 shared.executor.shutdown();
             }

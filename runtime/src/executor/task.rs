@@ -257,7 +257,7 @@ where
                 AfterPoll::Reschedule => {
                     // Woken while running: that wake left the push to us.
                     // SAFETY: `run` is called by a pool worker (which holds an `Arc<Pool>`) or
-                    // by a thread helping through `Shared::executor` (which holds one too), so
+                    // by a thread helping through `Engine::executor` (which holds one too), so
                     // the pool outlives this call even if the task is dropped inside it. This
                     // avoids cloning the pool's `Arc` (a shared counter) on every yield.
                     let pool: &Pool = unsafe { &*Arc::as_ptr(&self.pool) };

@@ -236,9 +236,9 @@ impl LockOptions {
     pub const HMCS_THRESHOLD_VAR: &'static str = "WEFT_LOCK_HMCS_THRESHOLD";
 
     /// Applies [`LockOptions::HMCS_THRESHOLD_VAR`] when it is set and not empty;
-    /// [`Error::InvalidArgument`](crate::Error::InvalidArgument) when it is not an integer in
+    /// [`Error::InvalidArgument`](weft_sync::Error::InvalidArgument) when it is not an integer in
     /// `1..=2^32` (the options are then unchanged).
-    pub fn apply_env(&mut self) -> Result<(), crate::Error> {
+    pub fn apply_env(&mut self) -> Result<(), weft_sync::Error> {
         const BAD: &str = "WEFT_LOCK_HMCS_THRESHOLD must be an integer in 1..=4294967296";
         match std::env::var(Self::HMCS_THRESHOLD_VAR) {
             Ok(v) if v.trim().is_empty() => Ok(()),
@@ -247,10 +247,10 @@ impl LockOptions {
                     self.hmcs_threshold = n;
                     Ok(())
                 }
-                _ => Err(crate::Error::InvalidArgument(BAD)),
+                _ => Err(weft_sync::Error::InvalidArgument(BAD)),
             },
             Err(std::env::VarError::NotPresent) => Ok(()),
-            Err(std::env::VarError::NotUnicode(_)) => Err(crate::Error::InvalidArgument(BAD)),
+            Err(std::env::VarError::NotUnicode(_)) => Err(weft_sync::Error::InvalidArgument(BAD)),
         }
     }
 }

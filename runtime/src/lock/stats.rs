@@ -23,7 +23,7 @@ use crate::loom::sync::atomic::{AtomicU64, Ordering};
 
 /// What an acquisition of a progress path achieved ([Amer 2019, §3.2]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Progress {
+pub enum Acquisition {
     /// Completed or started at least one operation.
     Productive,
     /// Changed nothing (only polled).
@@ -32,24 +32,24 @@ pub enum Progress {
 
 /// The counters of one lock (one path).
 #[derive(Debug)]
-struct Counters {
+struct LockCounters {
     /// Successful acquisitions.
     acquisitions: AtomicU64,
     /// Acquisitions whose first `try_lock` failed.
     contended: AtomicU64,
     /// Total time held, in ns (only with timing on).
     held_ns: AtomicU64,
-    /// Acquisitions reported [`Progress::Productive`].
+    /// Acquisitions reported [`Acquisition::Productive`].
     productive: AtomicU64,
-    /// Acquisitions reported [`Progress::Unproductive`].
+    /// Acquisitions reported [`Acquisition::Unproductive`].
     unproductive: AtomicU64,
 }
 
-/// Counters of one lock, written by its holder (see the module docs for the cost model).
+/// LockCounters of one lock, written by its holder (see the module docs for the cost model).
 #[derive(Debug)]
 pub struct LockStats {
     /// All counters, on their own cache line(s).
-    c: CachePadded<Counters>,
+    c: CachePadded<LockCounters>,
 }
 
 /// A plain copy of [`LockStats`] at one moment.
@@ -98,7 +98,9 @@ impl LockStats {
     /// Zeroed counters.
     pub fn new() -> Self {
         let z = || AtomicU64::new(0);
-        LockStats { c: CachePadded::new(Counters { acquisitions: z(), contended: z(), held_ns: z(), productive: z(), unproductive: z() }) }
+        LockStats {
+            c: CachePadded::new(LockCounters { acquisitions: z(), contended: z(), held_ns: z(), productive: z(), unproductive: z() }),
+        }
     }
 
     /// Reads every counter (each exact, the set not atomic as a whole).
@@ -165,10 +167,10 @@ impl<L> Counted<L> {
     /// Reports what the current acquisition achieved. Call it while holding the lock (the
     /// counters are single-writer); calls from a non-holder may be lost, never unsafe.
     #[inline]
-    pub fn record_progress(&self, p: Progress) {
+    pub fn record_progress(&self, p: Acquisition) {
         match p {
-            Progress::Productive => LockStats::bump(&self.stats.c.productive, 1),
-            Progress::Unproductive => LockStats::bump(&self.stats.c.unproductive, 1),
+            Acquisition::Productive => LockStats::bump(&self.stats.c.productive, 1),
+            Acquisition::Unproductive => LockStats::bump(&self.stats.c.unproductive, 1),
         }
     }
 

@@ -32,7 +32,7 @@ use super::{RawLock, RawTimedLock};
 use crate::loom::sync::atomic::{AtomicUsize, Ordering};
 
 #[derive(Debug)]
-struct Counters {
+struct TicketCounters {
     /// Next ticket to hand out.
     next: AtomicUsize,
     /// Ticket allowed in the critical section.
@@ -43,7 +43,7 @@ struct Counters {
 #[derive(Debug)]
 pub struct Ticket {
     /// Both counters, on one cache line of their own.
-    c: CachePadded<Counters>,
+    c: CachePadded<TicketCounters>,
 }
 
 impl Default for Ticket {
@@ -55,7 +55,7 @@ impl Default for Ticket {
 impl Ticket {
     /// A free lock.
     pub fn new() -> Self {
-        Ticket { c: CachePadded::new(Counters { next: AtomicUsize::new(0), serving: AtomicUsize::new(0) }) }
+        Ticket { c: CachePadded::new(TicketCounters { next: AtomicUsize::new(0), serving: AtomicUsize::new(0) }) }
     }
 
     /// Acquires (no node needed).

@@ -2,18 +2,18 @@
 //! thread of the rank makes progress.
 //!
 //! A frame a full destination refused waits in the rank's deferred queue
-//! (`Shared::defer`), and any progress pass of the rank sends it once the destination has
-//! room (`Shared::flush_deferred`). A rank whose threads all do something else meanwhile —
+//! (`Engine::defer`), and any progress pass of the rank sends it once the destination has
+//! room (`Engine::flush_deferred`). A rank whose threads all do something else meanwhile —
 //! compute, sleep, wait on a `std::sync::Barrier` — makes no pass; a deferred `Fin` would
 //! then hold the peer's rendezvous send forever, and a deferred eager frame the peer's
 //! receive. The courier makes those passes instead, so nobody has to poll for the queued
 //! frames:
 //!
-//! * **Started lazily**, by the rank's first deferral (`Shared::summon_courier`): a runtime
+//! * **Started lazily**, by the rank's first deferral (`Engine::summon_courier`): a runtime
 //!   that never defers a frame starts no thread, and `build_local(n)` starts none up front.
 //!   The start runs where that deferral happens, which may be under a CRI lock (a `Fin`
 //!   deferred while matching): one thread spawn per runtime, the only time it blocks.
-//! * **Waits parked while there is work** ([`Shared::courier_work`]): it registers for the
+//! * **Waits parked while there is work** ([`Engine::courier_work`]): it registers for the
 //!   next ring of room at the rank's doorbell (`Doorbell::register_room`: rung by the
 //!   embedded receiver that drains a full inbox, by the libfabric watcher after refusals,
 //!   and on a lost peer), makes one pass (register -> retry -> park, so a ring between the
@@ -23,7 +23,7 @@
 //!   costs nothing): `summon_courier` unparks it. Keeping it is simpler than exiting and
 //!   restarting (no race between an exit and a deferral) and costs one idle thread per rank
 //!   that ever deferred.
-//! * **One pass** is the rare-events pass of progress, `Shared::flush_deferred` (deferred
+//! * **One pass** is the rare-events pass of progress, `Engine::flush_deferred` (deferred
 //!   frames in order per destination, newly lost peers), through the same try paths an idle
 //!   pool worker uses: the deferred queue by try-lock (another thread flushing is as
 //!   good), and in `Global` mode inside the progress lock's try path (Algorithm 1 keeps
@@ -31,14 +31,14 @@
 //!   pass (`deliver_arrived` waits for each CRI lock in turn, held by others for one poll
 //!   batch at most). It runs no user code: completing a request only wakes its waiter or
 //!   queues its sync object's event.
-//! * **Does not keep the rank alive**: it holds a `Weak<Shared>`, upgraded for one pass at a
+//! * **Does not keep the rank alive**: it holds a `Weak<Engine>`, upgraded for one pass at a
 //!   time, never while parked. Like the executor's pool it lives as long as the `Runtime`
 //!   handles (communicators and requests keep the rank's state, not its threads): the last
 //!   handle's drop stops it and joins it (`Courier::stop`, from the runtime's `ExecGuard`),
 //!   while that handle still holds the state, so the state is never dropped on the courier.
 //!   A pass is bounded (try-locks, one flush), and so is the join.
 //!
-//! What counts as work is [`Shared::courier_work`], one small function: deferred frames
+//! What counts as work is [`Engine::courier_work`], one small function: deferred frames
 //! today; any other work that only needs a pass of `flush_deferred` to finish (operations
 //! it drives in flight) belongs there too, with `summon_courier` called when it starts.
 
@@ -51,7 +51,7 @@ use std::time::Duration;
 use parking_lot::Mutex;
 
 use crate::config::ProgressMode;
-use crate::runtime::Shared;
+use crate::engine::Engine;
 
 /// First timeout of a park while frames wait: a pass that sent nothing waits for the next
 /// ring of room, or this long, whichever comes first.
@@ -61,10 +61,10 @@ const MIN_NAP: Duration = Duration::from_millis(1);
 /// courier retries after a ring of room it missed.
 const MAX_NAP: Duration = Duration::from_millis(50);
 
-/// The courier of one rank (a field of `Shared`): its thread, once started.
+/// The courier of one rank (a field of `Engine`): its thread, once started.
 pub(crate) struct Courier {
     /// The rank's state, for the thread (never upgraded here).
-    shared: Weak<Shared>,
+    shared: Weak<Engine>,
     /// The thread, once the first deferral started it; `None` inside if it could not start
     /// or the runtime stopped before it did (no thread will start then).
     thread: OnceLock<Option<Thread>>,
@@ -76,7 +76,7 @@ pub(crate) struct Courier {
 
 impl Courier {
     /// The courier of the rank whose state `shared` will name; nothing starts yet.
-    pub(crate) fn new(shared: Weak<Shared>) -> Self {
+    pub(crate) fn new(shared: Weak<Engine>) -> Self {
         Courier { shared, thread: OnceLock::new(), handle: Mutex::new(None), stopping: AtomicBool::new(false) }
     }
 
@@ -87,7 +87,7 @@ impl Courier {
     }
 
     /// Starts the thread at the first call; wakes it at every call. Called after the work
-    /// is published (`Shared::courier_work` sees it): a thread that looked before parks
+    /// is published (`Engine::courier_work` sees it): a thread that looked before parks
     /// with this call's unpark pending and looks again at once.
     pub(crate) fn summon(&self, rank: u32) {
         let thread = self.thread.get_or_init(|| self.start(rank));
@@ -154,7 +154,7 @@ impl Wake for CourierWaker {
 }
 
 /// The courier thread's loop (see the module docs).
-fn run(shared: &Weak<Shared>) {
+fn run(shared: &Weak<Engine>) {
     // One waker for every registration: the doorbell keeps it once (`will_wake`).
     let waker = Waker::from(Arc::new(CourierWaker(std::thread::current())));
     let mut nap = MIN_NAP;
@@ -186,13 +186,13 @@ fn run(shared: &Weak<Shared>) {
     }
 }
 
-impl Shared {
+impl Engine {
     /// Whether the rank has work that only a progress pass finishes and that its courier
     /// does when no thread of the rank makes one: frames deferred behind full inboxes.
     #[inline]
     pub(crate) fn courier_work(&self) -> bool {
         // Acquire: pairs with the store in `defer` (the queue behind the flag).
-        self.has_deferred.load(Ordering::Acquire)
+        self.outbox.pending.load(Ordering::Acquire)
     }
 
     /// Starts the rank's courier at the first call and wakes it (see the module docs); call

@@ -50,7 +50,7 @@ use std::sync::Arc;
 
 use weft_transport::{Frame, FrameKind};
 
-use crate::request::ReqInner;
+use crate::operation::Operation;
 
 /// Wildcard-able source of a receive.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -99,7 +99,7 @@ pub(crate) struct Posted {
     tag: Tag,
     /// Post order within the communicator (bins and wildcard list interleave by it).
     seq: u64,
-    pub(crate) req: Arc<ReqInner>,
+    pub(crate) req: Arc<Operation>,
 }
 
 /// The bin key of a fully specified (source, tag).
@@ -141,7 +141,7 @@ const MAX_IDLE_BINS: usize = 1024;
 
 /// A frame paired with the receive it completes; finished outside the lock.
 pub(crate) struct Matched {
-    pub(crate) req: Arc<ReqInner>,
+    pub(crate) req: Arc<Operation>,
     pub(crate) frame: Frame,
 }
 
@@ -680,7 +680,7 @@ impl MatchState {
 
     /// [`post_into`](Self::post_into), returning the frame taken.
     #[cfg(test)]
-    pub(crate) fn post(&mut self, source: Source, tag: Tag, req: &Arc<ReqInner>) -> Option<Frame> {
+    pub(crate) fn post(&mut self, source: Source, tag: Tag, req: &Arc<Operation>) -> Option<Frame> {
         let mut early = None;
         self.post_into(source, tag, req, &mut early);
         early
@@ -689,7 +689,7 @@ impl MatchState {
     /// A receive is posted: take the first fitting unexpected frame into `early` (left
     /// untouched when there is none: no frame-sized copy on the common path), or queue the
     /// receive.
-    pub(crate) fn post_into(&mut self, source: Source, tag: Tag, req: &Arc<ReqInner>, early: &mut Option<Frame>) {
+    pub(crate) fn post_into(&mut self, source: Source, tag: Tag, req: &Arc<Operation>, early: &mut Option<Frame>) {
         if !self.unexpected.is_empty() {
             if let Some(i) = self.unexpected.iter().position(|f| fits(source, tag, f.header.source, f.header.tag)) {
                 *early = self.unexpected.remove(i);
@@ -711,7 +711,7 @@ impl MatchState {
     }
 
     /// Removes a posted receive that has not matched (cancel). Returns whether it was there.
-    pub(crate) fn cancel(&mut self, req: &Arc<ReqInner>) -> bool {
+    pub(crate) fn cancel(&mut self, req: &Arc<Operation>) -> bool {
         let list = match self.wild.iter().position(|p| Arc::ptr_eq(&p.req, req)) {
             Some(i) => return self.wild.remove(i).is_some(),
             None => self.bins.values_mut().find(|b| b.iter().any(|p| Arc::ptr_eq(&p.req, req))),
@@ -728,7 +728,7 @@ impl MatchState {
     /// Removes the posted receives that can no longer match because their source is lost
     /// (`alive(r)` false), or — for `Source::Any` — because no peer is left (`any_alive`
     /// false). They are appended to `out` with their source, to be failed outside the lock.
-    pub(crate) fn fail_lost(&mut self, alive: impl Fn(u32) -> bool, any_alive: bool, out: &mut Vec<(Arc<ReqInner>, Source)>) {
+    pub(crate) fn fail_lost(&mut self, alive: impl Fn(u32) -> bool, any_alive: bool, out: &mut Vec<(Arc<Operation>, Source)>) {
         let dead = |p: &Posted| match p.source {
             Source::Rank(r) => !alive(r),
             Source::Any => !any_alive,
@@ -755,7 +755,7 @@ impl MatchState {
 
     /// Empties the queues (communicator freed / runtime shut down): the posted receives are
     /// returned so the caller can fail them; the frames are handed to `drop_frame`.
-    pub(crate) fn drain(&mut self, mut drop_frame: impl FnMut(Frame)) -> Vec<Arc<ReqInner>> {
+    pub(crate) fn drain(&mut self, mut drop_frame: impl FnMut(Frame)) -> Vec<Arc<Operation>> {
         let held = self.order.iter_mut().flatten().flat_map(|r| r.window.drain(..).flatten());
         for f in self.unexpected.drain(..).chain(self.far.drain(..)).chain(self.parked.drain(..)).chain(held) {
             drop_frame(f);
@@ -800,10 +800,10 @@ mod tests {
         Frame { header, payload: Payload::Empty }
     }
 
-    fn post_n(m: &mut MatchState, n: usize) -> Vec<Arc<ReqInner>> {
+    fn post_n(m: &mut MatchState, n: usize) -> Vec<Arc<Operation>> {
         (0..n)
             .map(|_| {
-                let r = Arc::new(ReqInner::default());
+                let r = Arc::new(Operation::default());
                 assert!(m.post(Source::Rank(1), Tag::Is(7), &r).is_none());
                 r
             })
@@ -889,8 +889,8 @@ mod tests {
         Frame { header, payload: Payload::Empty }
     }
 
-    fn post(m: &mut MatchState, source: Source, tag: Tag) -> (Arc<ReqInner>, Option<Frame>) {
-        let r = Arc::new(ReqInner::default());
+    fn post(m: &mut MatchState, source: Source, tag: Tag) -> (Arc<Operation>, Option<Frame>) {
+        let r = Arc::new(Operation::default());
         let f = m.post(source, tag, &r);
         (r, f)
     }
@@ -996,7 +996,7 @@ mod tests {
             // No frame in flight for long: every trim settles all but the last word.
             let (p, tag) = if g % 2 == 0 { (&mut a, 1) } else { (&mut b, 2) };
             p.arrive(gframe(1, tag, g / 2, g), &mut out);
-            assert!(p.post(Source::Rank(1), Tag::Is(tag), &Arc::new(ReqInner::default())).is_some());
+            assert!(p.post(Source::Rank(1), Tag::Is(tag), &Arc::new(Operation::default())).is_some());
             if p.take_due() == Due::Trim {
                 MatchState::trim(&mut [&mut a, &mut b]);
                 trims += 1;

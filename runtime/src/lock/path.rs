@@ -21,7 +21,7 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use crate::lock::{Counted, DynLock, FlatKind, LockKind, LockOptions, LockStatsSnapshot, Mutex, ParkingLot, Progress};
+use crate::lock::{Acquisition, Counted, DynLock, FlatKind, LockKind, LockOptions, LockStatsSnapshot, Mutex, ParkingLot};
 
 /// A lock of one runtime path guarding a `T`.
 pub(crate) struct PathLock<T> {
@@ -107,7 +107,7 @@ impl<T> PathLock<T> {
 /// Reports a progress-path acquisition's outcome to its lock's counters (while holding it).
 #[inline]
 fn record<L, R>(lock: &Counted<L>, (r, productive): (R, bool)) -> R {
-    lock.record_progress(if productive { Progress::Productive } else { Progress::Unproductive });
+    lock.record_progress(if productive { Acquisition::Productive } else { Acquisition::Unproductive });
     r
 }
 

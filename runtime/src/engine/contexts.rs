@@ -1,0 +1,551 @@
+//! The context table: communicator states by context id (one atomic load per frame, no
+//! lock), their matching states and locks, frames that arrived before their communicator
+//! was created here, and freed states kept until no reader can hold them ([Goodell 2010,
+//! §V-B]).
+//!
+//! A context id is a slot of the table (its low [`SLOT_BITS`] bits) and the slot's
+//! generation (the bits above): a slot is reused after its communicator is freed
+//! everywhere, and a frame of an earlier generation is recognised as stale instead of
+//! being delivered to the communicator that now holds the slot.
+
+use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, Ordering};
+use std::sync::Arc;
+
+use crossbeam_utils::CachePadded;
+use parking_lot::Mutex;
+use weft_sync::Error;
+use weft_transport::Frame;
+
+use crate::config::{Assignment, MatchingMode};
+use crate::lock::path::PathLock;
+use crate::matching::{MatchState, Matched, Order, Tag};
+
+use super::Engine;
+
+/// Largest number of live context ids per runtime.
+pub(crate) const MAX_CONTEXTS: usize = 1 << SLOT_BITS;
+
+/// Bits of a context id that name its slot in the context table; the bits above count the
+/// slot's generations (a slot is reused after its communicator is freed everywhere, and a
+/// frame of an earlier generation is recognised as stale instead of being delivered to the
+/// communicator that now holds the slot).
+pub(crate) const SLOT_BITS: u32 = 12;
+
+/// Generations a slot can go through (the context id is a `u32`).
+pub(crate) const MAX_GENERATIONS: u32 = 1 << (32 - SLOT_BITS);
+
+/// Freed communicators kept before a communicator creation collects them ([Goodell 2010, §V-B]:
+/// creation functions start a collection when the eligible set exceeds a threshold).
+pub(crate) const COLLECT_AFTER: usize = 16;
+
+/// The table slot of context id `ctx`.
+#[inline]
+pub(crate) fn slot_of(ctx: u32) -> usize {
+    ctx as usize & (MAX_CONTEXTS - 1)
+}
+
+/// The generation of context id `ctx`.
+#[inline]
+pub(crate) fn generation_of(ctx: u32) -> u32 {
+    ctx >> SLOT_BITS
+}
+
+/// The context table of one rank (a part of [`Engine`]).
+pub(crate) struct ContextTable {
+    /// Communicator state by context slot (one atomic load per frame, no lock); the state's
+    /// own `context` tells the generation. A reference taken from here is used only while
+    /// holding a CRI lock (frame handling) or `table_gate` for reading (the rare paths):
+    /// what [`Engine::collect_retired`] waits out before freeing an unpublished state.
+    pub(crate) slots: Box<[AtomicPtr<CommState>]>,
+    /// Per slot: one more than the highest generation installed on this rank (0: never
+    /// used). A frame for an older generation whose state is gone is stale.
+    pub(crate) generations: Box<[AtomicU32]>,
+    /// Freed communicators' states, unpublished from `contexts` but possibly still read by
+    /// a thread that looked them up before ([Goodell 2010]'s eligible set `G_e`).
+    pub(crate) retired: Mutex<Vec<Arc<CommState>>>,
+    /// Held for reading by the rare paths that look communicators up outside a CRI lock
+    /// (counters, lost peers, early-frame replay); for writing by the collector.
+    pub(crate) gate: parking_lot::RwLock<()>,
+    /// Matching counters of freed communicators (the snapshot stays monotone).
+    pub(crate) freed_counters: Mutex<(crate::matching::MatchCounters, crate::lock::LockStatsSnapshot)>,
+    /// Frames that arrived for a context this rank has not created yet (a fast peer).
+    pub(crate) early: Mutex<Vec<Frame>>,
+    /// Context ids claimed on this rank (dup agreement).
+    pub(crate) claimed: Mutex<std::collections::BTreeSet<u32>>,
+    /// The single matching lock of `MatchingMode::Global`, with every communicator's queues
+    /// by context slot (grown to the highest slot used: a rank in another matching mode, or
+    /// with few communicators, pays nothing for the slots it never uses).
+    pub(crate) global_match: PathLock<Vec<Option<(u32, MatchState)>>>,
+}
+
+impl ContextTable {
+    /// An empty table (context slots 0 and 1, the world's, claimed), with the matching lock
+    /// of `MatchingMode::Global` built by `global_match`.
+    pub(crate) fn new(global_match: PathLock<Vec<Option<(u32, MatchState)>>>) -> Self {
+        ContextTable {
+            slots: (0..MAX_CONTEXTS).map(|_| AtomicPtr::new(std::ptr::null_mut())).collect(),
+            generations: (0..MAX_CONTEXTS).map(|_| AtomicU32::new(0)).collect(),
+            retired: Mutex::new(Vec::new()),
+            gate: parking_lot::RwLock::new(()),
+            freed_counters: Mutex::new(Default::default()),
+            early: Mutex::new(Vec::new()),
+            claimed: Mutex::new([0u32, 1].into_iter().collect()),
+            global_match,
+        }
+    }
+}
+
+/// One communicator's state on one rank, reachable from its context id.
+pub(crate) struct CommState {
+    /// Context id of this state (user or collective).
+    pub(crate) context: u32,
+    /// Ranks in the communicator.
+    pub(crate) size: u32,
+    /// Whether messages may overtake each other ([Patinyasakdikul 2019, §5.4.4]).
+    pub(crate) overtaking: bool,
+    /// Set by `free`; operations then fail with `CommFreed`.
+    freed: AtomicBool,
+    /// Next sequence number per (ordering channel, destination): row `chan` starts at
+    /// `chan * seq_stride` (rows padded to a cache line, so threads on different channels
+    /// do not share one). On a partitioned communicator (`switchable`), one more row after
+    /// the channels': the `gseq` per destination, over every channel.
+    send_seq: Box<[AtomicU32]>,
+    /// Row length of `send_seq`.
+    seq_stride: usize,
+    /// Ordering channels: `thread channels x tag partitions`. Thread channels: with
+    /// `Config::per_thread_order` under `Assignment::Dedicated`, the CRI count (a thread
+    /// always sends through its one CRI, whose inbox is FIFO); else 1 (one sequence per
+    /// destination: MPI's per-source order).
+    chans: usize,
+    /// Tag partitions: 1 (a communicator that allows overtaking, and the collective
+    /// context), or [`TAG_PARTS`] (messages of different tags are matched under different
+    /// locks, each partition with its own sequence per source).
+    parts: usize,
+    /// Whether the communicator asserts `no_any_tag` (`Tag::Any` refused: the partitions
+    /// never need a common order).
+    no_any_tag: bool,
+    /// Partitioned without the assertion: senders also number every frame over all
+    /// partitions (`gseq`), and the first `Tag::Any` receive or probe at this rank switches
+    /// the rank's matching to one order ([`Engine::switch_to_one_order`]).
+    ///
+    /// [`Engine::switch_to_one_order`]: crate::engine::Engine::switch_to_one_order
+    switchable: bool,
+    /// Set (under every partition lock) once this rank matches in one order: partition 0
+    /// holds every receive and frame from then on. Set from the start under
+    /// `MatchingMode::Global` (one state per communicator, ordered by `gseq`).
+    switched: AtomicBool,
+    /// Matching queues (`MatchingMode::PerComm`), one per tag partition, each on cache
+    /// lines of its own.
+    pub(crate) matching: Box<[CachePadded<PathLock<MatchState>>]>,
+    /// How the matching states order frames (at creation; a switch turns partition 0 to
+    /// `Order::Gseq`).
+    order: Order,
+}
+
+/// Tag partitions of a partitioned communicator.
+pub(crate) const TAG_PARTS: usize = 16;
+
+impl CommState {
+    /// A communicator's state; `partition`: match per tag partition (user contexts; the
+    /// collective context, whose few messages never use `Tag::Any`, keeps one state).
+    pub(crate) fn new(shared: &Engine, context: u32, size: u32, overtaking: bool, no_any_tag: bool, partition: bool) -> Self {
+        let thread_chans = match shared.config.assignment {
+            Assignment::Dedicated if shared.config.per_thread_order => shared.config.cris.max(1),
+            _ => 1,
+        };
+        // With per-thread order the thread channels already spare the receiver one order
+        // over the sending threads; `Tag::Any` keeps them (no switch to one order there).
+        let switchable = partition && !overtaking && !no_any_tag && thread_chans == 1;
+        let parts = if no_any_tag || switchable { TAG_PARTS } else { 1 };
+        let chans = thread_chans * parts;
+        // 16 u32 counters per 64-byte line.
+        let seq_stride = (size as usize).div_ceil(16) * 16;
+        let rows = chans + usize::from(switchable);
+        let one_state = shared.config.matching == MatchingMode::Global;
+        let order = if overtaking {
+            Order::Overtake
+        } else if switchable && one_state {
+            Order::Gseq
+        } else if switchable {
+            Order::Partition
+        } else {
+            Order::Chan
+        };
+        CommState {
+            context,
+            size,
+            overtaking,
+            freed: AtomicBool::new(false),
+            send_seq: (0..rows * seq_stride).map(|_| AtomicU32::new(0)).collect(),
+            seq_stride,
+            chans,
+            parts,
+            no_any_tag,
+            switchable,
+            switched: AtomicBool::new(switchable && one_state),
+            order,
+            matching: (0..parts)
+                .map(|_| {
+                    CachePadded::new(PathLock::new(
+                        shared.config.locks.matching,
+                        &shared.lock_options,
+                        shared.config.lock_timing,
+                        MatchState::new(size, order),
+                    ))
+                })
+                .collect(),
+        }
+    }
+
+    /// The tag partition a message of `tag` is numbered in by its sender (0 on a
+    /// communicator with one partition).
+    #[inline]
+    pub(crate) fn tag_part(&self, tag: i32) -> usize {
+        if self.parts == 1 {
+            return 0;
+        }
+        // Fibonacci hashing: tags that differ in low bits (one per thread, say) spread.
+        ((tag as u32).wrapping_mul(0x9E37_79B9) >> (32 - TAG_PARTS.trailing_zeros())) as usize
+    }
+
+    /// The matching state (tag partition) where frames and receives of `tag` are matched
+    /// at this rank: the tag's partition, or 0 once the rank matches in one order. A hint
+    /// when read without the partition's lock: under it, [`is_switched`](Self::is_switched)
+    /// is exact (the switch holds every partition lock).
+    #[inline]
+    pub(crate) fn part(&self, tag: i32) -> usize {
+        if self.parts == 1 || self.is_switched() {
+            return 0;
+        }
+        self.tag_part(tag)
+    }
+
+    /// [`part`](Self::part) of a receive or probe (`Tag::Any` is matched in partition 0:
+    /// refused on a `no_any_tag` communicator, and a switchable one switches first).
+    #[inline]
+    pub(crate) fn part_of(&self, tag: Tag) -> usize {
+        match tag {
+            Tag::Is(t) => self.part(t),
+            Tag::Any => 0,
+        }
+    }
+
+    /// Whether this rank matches the communicator in one order (see `switched`).
+    #[inline]
+    pub(crate) fn is_switched(&self) -> bool {
+        // Relaxed: a hint outside the partition locks; under one, the switch's release of
+        // that lock ordered the store before this load.
+        self.switched.load(Ordering::Relaxed)
+    }
+
+    /// Whether a `Tag::Any` receive or probe must first switch this rank to one order.
+    #[inline]
+    pub(crate) fn needs_switch(&self) -> bool {
+        self.switchable && !self.is_switched()
+    }
+
+    /// Marks the switch done (the caller holds every partition lock).
+    pub(crate) fn set_switched(&self) {
+        self.switched.store(true, Ordering::Release);
+    }
+
+    /// How a fresh matching state of this communicator orders frames.
+    #[inline]
+    pub(crate) fn order(&self) -> Order {
+        self.order
+    }
+
+    /// Whether receives and probes with `Tag::Any` are refused.
+    #[inline]
+    pub(crate) fn no_any_tag(&self) -> bool {
+        self.no_any_tag
+    }
+
+    /// Tag partitions (matching locks under `MatchingMode::PerComm`).
+    #[inline]
+    pub(crate) fn parts(&self) -> usize {
+        self.parts
+    }
+
+    /// The ordering channel, sequence number and number over every partition (`gseq`) of
+    /// the next frame to `dest` with `tag`, sent through CRI `k`.
+    #[inline]
+    pub(crate) fn sequence_numbers(&self, k: usize, dest: u32, tag: i32) -> (usize, u32, u32) {
+        let st = self;
+        // With per-thread order, the thread's dedicated CRI is its ordering channel ([Patinyasakdikul 2019,
+        // §5.4.4]: one sequence per source shared by every thread forces frames that travel
+        // through different CRIs back into one order, filling the out-of-sequence queue).
+        let chan = if st.chans > st.parts { k * st.parts } else { 0 } + st.tag_part(tag);
+        let seq = if st.overtaking { 0 } else { st.send_seq[chan * st.seq_stride + dest as usize].fetch_add(1, Ordering::Relaxed) };
+        // The number over every partition, shared by the sending threads (what a
+        // communicator with one partition pays for `seq`); MPI orders only the sends of one
+        // thread, so the two numbers need not be taken together.
+        let gseq = if st.switchable { st.send_seq[st.chans * st.seq_stride + dest as usize].fetch_add(1, Ordering::Relaxed) } else { 0 };
+        (chan, seq, gseq)
+    }
+
+    /// Marks the state freed (`Communicator::free`); whether this call did it (a second one
+    /// finds it freed already). AcqRel: the winner sees every earlier use of the state; a
+    /// loser returns without touching it. Pairs with `is_freed`'s Acquire.
+    pub(crate) fn mark_freed(&self) -> bool {
+        !self.freed.swap(true, Ordering::AcqRel)
+    }
+
+    #[inline]
+    pub(crate) fn is_freed(&self) -> bool {
+        self.freed.load(Ordering::Acquire)
+    }
+}
+
+impl Engine {
+    /// The communicator state of a context, if created on this rank.
+    #[inline]
+    pub(crate) fn context(&self, ctx: u32) -> Option<&CommState> {
+        let p = self.contexts.slots[slot_of(ctx)].load(Ordering::Acquire);
+        if p.is_null() {
+            return None;
+        }
+        // SAFETY: a non-null slot holds an `Arc<CommState>` reference owned by the table;
+        // when unpublished it moves to `retired`, and `collect_retired` frees it only after
+        // every CRI lock and the table gate have been released once since — every caller
+        // holds one of them while it uses the reference (see `contexts`).
+        let c = unsafe { &*p };
+        (c.context == ctx).then_some(c)
+    }
+
+    /// Whether a frame for `ctx`, whose state is not installed, belongs to a freed
+    /// communicator (a generation this rank has already had in that slot), not to one this
+    /// rank has yet to create.
+    pub(crate) fn is_stale(&self, ctx: u32) -> bool {
+        // Acquire: pairs with `install`'s Release after publishing: a reader that sees the
+        // new generation here also sees the state in the table (checked after this).
+        let upto = self.contexts.generations[slot_of(ctx)].load(Ordering::Acquire);
+        self.context(ctx).is_none() && generation_of(ctx) < upto
+    }
+
+    /// Every installed communicator state. Call it holding `table_gate` for reading.
+    pub(crate) fn installed(&self) -> impl Iterator<Item = &CommState> {
+        (0..MAX_CONTEXTS).filter_map(move |slot| {
+            let p = self.contexts.slots[slot].load(Ordering::Acquire);
+            // SAFETY: as in `context`; the caller holds the table gate.
+            (!p.is_null()).then(|| unsafe { &*p })
+        })
+    }
+
+    /// Unpublishes a freed communicator's state (its frames are stale from now on) and
+    /// keeps it until a collection; its context slot can then be agreed on again.
+    pub(crate) fn retire(&self, state: &Arc<CommState>) {
+        let raw = Arc::as_ptr(state).cast_mut();
+        let slot = &self.contexts.slots[slot_of(state.context)];
+        if slot.compare_exchange(raw, std::ptr::null_mut(), Ordering::AcqRel, Ordering::Acquire).is_ok() {
+            // SAFETY: the slot held the table's `Arc::into_raw` reference to this state,
+            // which we now own (the exchange unpublished it).
+            let owned = unsafe { Arc::from_raw(raw) };
+            self.contexts.retired.lock().push(owned);
+        }
+    }
+
+    /// Frees retired communicator states once no thread can still hold a reference taken
+    /// from the table before they were unpublished ([Goodell 2010, §V-B]'s collection, with the
+    /// readers' critical sections as the roots): a reader holds a CRI lock or the table
+    /// gate while it uses one, so taking each of those once after the unpublishing is a
+    /// grace period. Runs at communicator creation when more than [`COLLECT_AFTER`] wait.
+    pub(crate) fn collect_retired(&self, force: bool) {
+        let batch = {
+            let mut r = self.contexts.retired.lock();
+            if r.is_empty() || (!force && r.len() <= COLLECT_AFTER) {
+                return;
+            }
+            std::mem::take(&mut *r)
+        };
+        for cri in self.cris.iter() {
+            cri.lock.high(|_| ());
+        }
+        drop(self.contexts.gate.write());
+        drop(batch);
+    }
+
+    /// How many matching states `comm` has: one per tag partition under `PerComm`, one
+    /// (the global lock's slot, holding every partition's queues) under `Global`.
+    #[inline]
+    pub(crate) fn matching_parts(&self, comm: &CommState) -> usize {
+        match self.config.matching {
+            MatchingMode::PerComm => comm.parts(),
+            MatchingMode::Global => 1,
+        }
+    }
+
+    /// Main path: runs `f` on tag partition `part` of a communicator's matching state under
+    /// its matching lock, with high priority (posting, probing, cancelling).
+    #[inline]
+    pub(crate) fn with_matching<R>(&self, comm: &CommState, part: usize, f: impl FnOnce(&mut MatchState) -> R) -> R {
+        match self.config.matching {
+            MatchingMode::PerComm => comm.matching[part].high(f),
+            MatchingMode::Global => self.contexts.global_match.high(|all| f(Self::global_slot(all, comm))),
+        }
+    }
+
+    /// Progress path: [`with_matching`](Self::with_matching) with low priority, for
+    /// arrivals.
+    #[inline]
+    pub(crate) fn with_matching_low<R>(&self, comm: &CommState, part: usize, f: impl FnOnce(&mut MatchState) -> R) -> R {
+        // An arrival is always handled (matched or queued): a productive acquisition.
+        match self.config.matching {
+            MatchingMode::PerComm => comm.matching[part].low(|m| (f(m), true)),
+            MatchingMode::Global => self.contexts.global_match.low(|all| (f(Self::global_slot(all, comm)), true)),
+        }
+    }
+
+    /// [`with_matching`](Self::with_matching) on the state where partition `part`'s
+    /// receives and frames are matched now: `part`, or 0 if the communicator switched to one
+    /// order after the caller chose `part` (checked under `part`'s lock, where it is exact).
+    /// `f` runs once; it is `FnMut` so that it can be lent to the first lock and still be
+    /// there for the second (a big capture such as a frame belongs outside it, borrowed).
+    #[inline]
+    pub(crate) fn with_matching_of<R>(&self, comm: &CommState, part: usize, f: impl FnMut(&mut MatchState) -> R) -> R {
+        self.matching_now::<R, false>(comm, part, f)
+    }
+
+    /// [`with_matching_of`](Self::with_matching_of) with low priority, for arrivals.
+    #[inline]
+    pub(crate) fn with_matching_of_low<R>(&self, comm: &CommState, part: usize, f: impl FnMut(&mut MatchState) -> R) -> R {
+        self.matching_now::<R, true>(comm, part, f)
+    }
+
+    /// The redirect of [`with_matching_of`](Self::with_matching_of), with the priority
+    /// chosen at compile time (`LOW`: [`with_matching_low`](Self::with_matching_low)).
+    #[inline]
+    fn matching_now<R, const LOW: bool>(&self, comm: &CommState, part: usize, mut f: impl FnMut(&mut MatchState) -> R) -> R {
+        if part == 0 {
+            return self.lock_as::<R, LOW>(comm, 0, f);
+        }
+        match self.lock_as::<_, LOW>(comm, part, |m| (!comm.is_switched()).then(|| f(m))) {
+            Some(r) => r,
+            None => self.lock_as::<R, LOW>(comm, 0, f),
+        }
+    }
+
+    /// [`with_matching_low`](Self::with_matching_low) if `LOW`, else
+    /// [`with_matching`](Self::with_matching).
+    #[inline]
+    fn lock_as<R, const LOW: bool>(&self, comm: &CommState, part: usize, f: impl FnOnce(&mut MatchState) -> R) -> R {
+        if LOW {
+            self.with_matching_low(comm, part, f)
+        } else {
+            self.with_matching(comm, part, f)
+        }
+    }
+
+    /// Runs `f` with every tag partition of `comm` locked, taken in order (high priority),
+    /// if the communicator is still matched per partition (`MatchingMode::PerComm`, not
+    /// switched to one order, not freed): the trim of the processed-number windows and the
+    /// switch. `None` otherwise.
+    fn while_partitioned<R>(&self, comm: &CommState, f: impl FnOnce(&mut [&mut MatchState; TAG_PARTS]) -> R) -> Option<R> {
+        fn lock_from<R>(
+            locks: &[CachePadded<PathLock<MatchState>>],
+            held: &mut [*mut MatchState; TAG_PARTS],
+            i: usize,
+            f: impl FnOnce(&mut [&mut MatchState; TAG_PARTS]) -> R,
+        ) -> R {
+            match locks.get(i) {
+                Some(lock) => lock.high(|m| {
+                    held[i] = m;
+                    lock_from(locks, held, i + 1, f)
+                }),
+                None => {
+                    // SAFETY: each pointer comes from a distinct lock held by an enclosing
+                    // call of this recursion (so no two alias), valid until that call
+                    // returns, after `f`.
+                    let mut all: [&mut MatchState; TAG_PARTS] = std::array::from_fn(|j| unsafe { &mut *held[j] });
+                    f(&mut all)
+                }
+            }
+        }
+        if comm.matching.len() != TAG_PARTS || self.config.matching != MatchingMode::PerComm {
+            return None;
+        }
+        let mut held = [std::ptr::null_mut(); TAG_PARTS];
+        // Checked again under every lock: a switch or `free` (which drains the queues; its
+        // receives fail) may have come first.
+        lock_from(&comm.matching, &mut held, 0, |parts| (!comm.is_switched() && !comm.is_freed()).then(|| f(parts)))
+    }
+
+    /// Switches this rank's matching of a partitioned communicator to one order
+    /// (`MatchState::merge`), once: the first `Tag::Any` receive or probe, or a partition
+    /// whose processed-number window would outgrow its bound. Returns the pairs the merge
+    /// made, to be finished outside the locks ([`finish_matches`](Self::finish_matches)).
+    #[cold]
+    pub(crate) fn switch_to_one_order(&self, comm: &CommState) -> Vec<Matched> {
+        let mut out = Vec::new();
+        self.while_partitioned(comm, |parts| {
+            MatchState::merge(parts, &mut out);
+            comm.set_switched();
+        });
+        out
+    }
+
+    /// Advances the processed-number windows of a partitioned communicator
+    /// (`MatchState::trim`), which a partition asked for.
+    #[cold]
+    pub(crate) fn trim_partitions(&self, comm: &CommState) {
+        self.while_partitioned(comm, |parts| MatchState::trim(parts));
+    }
+
+    /// Completes the receives of pairs made under a matching lock (outside it).
+    pub(crate) fn finish_matches(&self, matched: Vec<Matched>) {
+        for m in matched {
+            self.finish_match(0, m.req, m.frame);
+        }
+    }
+
+    #[inline]
+    fn global_slot<'a>(all: &'a mut Vec<Option<(u32, MatchState)>>, comm: &CommState) -> &'a mut MatchState {
+        let slot = slot_of(comm.context);
+        if slot >= all.len() {
+            // Out of line: once per slot at most (slots are handed out lowest first).
+            Self::grow_global(all, slot);
+        }
+        // A slot's queues belong to one generation: a later communicator in the slot starts
+        // afresh (`free` leaves an empty state behind, and a pass that looked the freed one
+        // up before may still come by).
+        let cur = &mut all[slot];
+        if !matches!(cur, Some((ctx, _)) if *ctx == comm.context) {
+            *cur = Some((comm.context, MatchState::new(comm.size, comm.order())));
+        }
+        &mut cur.as_mut().expect("just set").1
+    }
+
+    #[cold]
+    fn grow_global(all: &mut Vec<Option<(u32, MatchState)>>, slot: usize) {
+        all.resize_with(slot + 1, || None);
+    }
+
+    /// Registers a communicator's state under its context id and replays early frames.
+    pub(crate) fn install(&self, state: Arc<CommState>) -> Result<(), Error> {
+        let ctx = state.context;
+        let slot = slot_of(ctx);
+        let raw = Arc::into_raw(state) as *mut CommState;
+        if self.contexts.slots[slot].compare_exchange(std::ptr::null_mut(), raw, Ordering::AcqRel, Ordering::Acquire).is_err() {
+            // SAFETY: `raw` came from `into_raw` just above and was not published.
+            drop(unsafe { Arc::from_raw(raw) });
+            return Err(Error::InvalidArgument("context id already in use"));
+        }
+        // Release, after publishing: see `is_stale`.
+        self.contexts.generations[slot].fetch_max(generation_of(ctx) + 1, Ordering::Release);
+        let replay: Vec<Frame> = {
+            let mut early = self.contexts.early.lock();
+            let (mine, rest): (Vec<Frame>, Vec<Frame>) = early.drain(..).partition(|f| f.header.context == ctx);
+            *early = rest;
+            mine
+        };
+        if !replay.is_empty() {
+            // Outside a CRI lock: the gate keeps the looked-up state alive (`contexts`).
+            let _gate = self.contexts.gate.read();
+            for f in replay {
+                let k = self.cri_for_thread();
+                self.handle_frame(k, f);
+            }
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,185 @@
+//! Received frames into completed operations (path steps 4-5): a CRI's batch of frames is
+//! matched per communicator and tag partition under one acquisition of its matching lock,
+//! and the receives it pairs are completed outside every lock.
+//!
+//! * Eager (message <= eager threshold): the payload travels in the frame and is copied
+//!   into the receive buffer.
+//! * Rendezvous: an `Rts` carries the length, the sender's remote key and a cookie naming
+//!   its send; the matched receive starts a read of the data straight into its buffer
+//!   (`reads.rs`) and answers `Fin` when it is over, which completes the send
+//!   (`peers.rs` keeps the sends waiting for their `Fin`). Memory stays bounded for any
+//!   message size.
+
+use std::sync::Arc;
+
+use weft_sync::{Error, Outcome, Status};
+use weft_transport::{Frame, FrameKind, Header};
+
+use super::{CriLocal, Engine};
+use crate::matching::{message_len, Due, Matched};
+use crate::operation::Operation;
+
+/// Frames taken from one inbox per progress call (bounded work per call).
+const POLL_BATCH: usize = 64;
+
+impl Engine {
+    /// Drains up to a batch of frames from CRI `k`; the caller holds its lock (`local`).
+    /// Returns the number of frames handled and whether that was productive (for the lock's
+    /// counters, [Amer 2019, §3.2]).
+    pub(crate) fn progress_cri(&self, k: usize, local: &mut CriLocal) -> (usize, bool) {
+        let CriLocal { counters, frames, matched } = local;
+        let n = self.transport.poll(k, POLL_BATCH, |frame| frames.push(frame));
+        self.handle_frames(k, frames, matched);
+        counters.received += n as u64;
+        (n, n > 0)
+    }
+
+    /// Path step 4-5 for one received frame.
+    pub(crate) fn handle_frame(&self, k: usize, frame: Frame) {
+        let (mut frames, mut matched) = (vec![frame], Vec::new());
+        self.handle_frames(k, &mut frames, &mut matched);
+    }
+
+    /// Path steps 4-5 for a batch of received frames, in arrival order (`frames` is left
+    /// empty). Consecutive frames of one matching state (communicator and tag partition) are
+    /// matched under one acquisition of its matching lock; receives are completed after the
+    /// lock is released.
+    fn handle_frames(&self, k: usize, frames: &mut Vec<Frame>, matched: &mut Vec<Matched>) {
+        let mut it = frames.drain(..);
+        // Each frame is read where it lies until `arrive` takes it: a frame is moved once
+        // on its way into the matching state, not through locals and closures.
+        while let Some(first) = it.as_slice().first() {
+            if first.header.kind == FrameKind::Fin {
+                if let Some(fin) = it.next() {
+                    self.handle_fin(fin);
+                }
+                continue;
+            }
+            let ctx = first.header.context;
+            let Some(comm) = self.context(ctx) else {
+                if let Some(frame) = it.next() {
+                    self.unknown_context(k, frame);
+                }
+                continue;
+            };
+            let part = comm.part(first.header.tag);
+            // This frame and those right behind it that go to the same matching state.
+            let run = 1 + it.as_slice()[1..]
+                .iter()
+                .take_while(|f| f.header.kind != FrameKind::Fin && f.header.context == ctx && comm.part(f.header.tag) == part)
+                .count();
+            let timing = self.config.match_timing.then(std::time::Instant::now);
+            let due = self.with_matching_of_low(comm, part, |m| {
+                // Under the matching lock: `free` sets the flag before it drains the queues,
+                // so a frame is either refused here or drained (released) by `free`.
+                if comm.is_freed() {
+                    return None;
+                }
+                for frame in it.by_ref().take(run) {
+                    m.arrive(frame, matched);
+                }
+                if let Some(t0) = timing {
+                    m.counters.match_nanos += t0.elapsed().as_nanos() as u64;
+                }
+                Some(m.take_due())
+            });
+            let Some(due) = due else {
+                // Refused (freed communicator): given back outside the lock.
+                for frame in it.by_ref().take(run) {
+                    self.release_frame(frame);
+                }
+                continue;
+            };
+            match due {
+                Due::None => {}
+                Due::Trim => self.trim_partitions(comm),
+                Due::Switch => matched.append(&mut self.switch_to_one_order(comm)),
+            }
+            // One match (a frame for a posted receive) is the common case: taken without
+            // a `Drain`.
+            if matched.len() == 1 {
+                if let Some(m) = matched.pop() {
+                    self.finish_match(k, m.req, m.frame);
+                }
+            } else {
+                for m in matched.drain(..) {
+                    self.finish_match(k, m.req, m.frame);
+                }
+            }
+        }
+    }
+
+    /// A frame for a context not installed on this rank: stale (its communicator was freed
+    /// here: released) or early (a peer already uses a communicator this rank has not
+    /// created yet: kept until `install` replays it).
+    #[cold]
+    fn unknown_context(&self, k: usize, frame: Frame) {
+        let ctx = frame.header.context;
+        if self.is_stale(ctx) {
+            self.release_frame(frame);
+            return;
+        }
+        let mut early = self.contexts.early.lock();
+        // Again under the lock: `install` publishes the state before it takes this lock to
+        // replay, so either it is visible now or the replay will find the frame.
+        if self.context(ctx).is_some() || self.is_stale(ctx) {
+            drop(early);
+            self.handle_frame(k, frame);
+            return;
+        }
+        early.push(frame);
+    }
+
+    /// A `Fin`: the receiver has read a rendezvous send's data; complete the send.
+    pub(crate) fn handle_fin(&self, frame: Frame) {
+        let Some(req) = self.untrack_rendezvous(frame.header.cookie, Some(frame.header.source)) else {
+            // Already failed with `PeerLost` (the peer answered, then died), or not a `Fin`
+            // for a send of ours.
+            return;
+        };
+        self.transport.deregister(req.key.load(std::sync::atomic::Ordering::Relaxed));
+        req.cell.complete(Ok(Status { source: frame.header.source, tag: frame.header.tag, bytes: frame.header.len as usize }));
+        req.orphan.lock().take();
+    }
+
+    /// Gives a frame's resources back without delivering it (freed communicator).
+    pub(crate) fn release_frame(&self, frame: Frame) {
+        if frame.header.kind == FrameKind::Rts {
+            // The sender waits for a `Fin`; tell it the data was consumed (MPI would hang).
+            let fin = Header { kind: FrameKind::Fin, len: 0, ..frame.header };
+            self.send_control(frame.header.source, frame.header.src_cri as usize, fin);
+        }
+        self.transport.recycle(frame.header.source, frame.payload);
+    }
+
+    /// Completes receive `req` with `frame` (outside every matching lock).
+    pub(crate) fn finish_match(&self, _k: usize, req: Arc<Operation>, frame: Frame) {
+        let h = frame.header;
+        let len = message_len(&frame);
+        let outcome: Outcome = if len > req.cap {
+            Err(Error::Truncated { message_len: len, buffer_len: req.cap })
+        } else if req.elem > 1 && len % req.elem != 0 {
+            Err(Error::Misaligned { elem_size: req.elem, message_len: len })
+        } else if h.kind == FrameKind::Rts {
+            // Completed when the read is over, by a later pass (module docs).
+            self.start_rendezvous_read(req, h, len);
+            return;
+        } else {
+            let src = frame.payload.as_slice();
+            if len > 0 {
+                // SAFETY: `ptr..ptr+cap` is the receive area owned by the request (or its
+                // orphan slot) until the cell completes, `len <= cap`, and the payload is a
+                // distinct allocation.
+                unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), req.ptr, len) };
+            }
+            Ok(Status { source: h.source, tag: h.tag, bytes: len })
+        };
+        if h.kind == FrameKind::Rts {
+            let fin = Header { kind: FrameKind::Fin, len: len as u64, ..h };
+            self.send_control(h.source, h.src_cri as usize, fin);
+        } else {
+            self.transport.recycle(h.source, frame.payload);
+        }
+        req.cell.complete(outcome);
+    }
+}

@@ -1,0 +1,166 @@
+//! The engine: one rank's state and the mechanisms that act on it, below the progress
+//! modes and the public API. `README.md` lists each component, what it owns, what guards it
+//! and the lock order.
+//!
+//! * `cris.rs` — the CRIs and which one a thread uses ([Patinyasakdikul 2019, Alg. 3]).
+//! * `contexts.rs` — the context table (communicator states by context id), their matching
+//!   states and locks, creation, retirement and collection ([Goodell 2010, §V-B]).
+//! * `frames.rs` — received frames into completed operations (eager and rendezvous).
+//! * `reads.rs` — rendezvous reads in flight.
+//! * `outbox.rs` — frames a full inbox refused, sent by later passes; the rare-events pass.
+//! * `peers.rs` — lost and finished peers, rendezvous sends waiting for their `Fin`.
+//! * `courier.rs` — the thread that sends the outbox when no thread of the rank progresses.
+
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
+
+use crossbeam_utils::CachePadded;
+use weft_transport::Transport;
+
+use crate::config::{Config, ProgressMode};
+use crate::lock::owner::OwnerToken;
+use crate::lock::path::PathLock;
+use crate::lock::LockOptions;
+
+mod contexts;
+mod courier;
+mod cris;
+mod frames;
+pub(crate) mod outbox;
+mod peers;
+mod reads;
+
+#[cfg(test)]
+pub(crate) use contexts::COLLECT_AFTER;
+pub(crate) use contexts::{slot_of, CommState, ContextTable, MAX_CONTEXTS, MAX_GENERATIONS, SLOT_BITS, TAG_PARTS};
+pub(crate) use courier::Courier;
+pub(crate) use cris::{pin_cri, thread_token, Cri, CriLocal};
+pub(crate) use outbox::{Outbox, SendOutcome};
+pub(crate) use peers::PeerWatch;
+pub(crate) use reads::RendezvousReads;
+
+/// Rare-path counters shared by the rank.
+#[derive(Debug, Default)]
+pub(crate) struct RankCounters {
+    pub(crate) parks: AtomicU64,
+    pub(crate) wakes: AtomicU64,
+    pub(crate) park_timeouts: AtomicU64,
+    pub(crate) flow_control_waits: AtomicU64,
+    /// Eager and `Rts` frames sent from the deferred queue (not under a CRI lock).
+    pub(crate) deferred_sent: AtomicU64,
+}
+
+/// One rank's state, shared by every handle of the rank (runtime, communicators, requests,
+/// pool workers, courier). Its parts and the locks that guard them: `README.md`.
+pub(crate) struct Engine {
+    /// Unique id (thread-local CRI assignment is keyed by it).
+    pub(crate) id: u64,
+    /// Resolved configuration.
+    pub(crate) config: Config,
+    /// The transport endpoint of this rank.
+    pub(crate) transport: Transport,
+    /// This rank's CRIs.
+    pub(crate) cris: Box<[CachePadded<Cri>]>,
+    /// Round-robin CRI counter ([Patinyasakdikul 2019, Alg. 3], GET-INSTANCE-ID-ROUND-ROBIN).
+    pub(crate) rr: CachePadded<AtomicUsize>,
+    /// Communicator states by context id, their generations, early frames, freed states
+    /// (`contexts.rs`).
+    pub(crate) contexts: ContextTable,
+    /// The critical section of `ProgressMode::Global` ([Patinyasakdikul 2019, Alg. 1]; posting enters
+    /// it with high priority, progress with low priority, as MPICH's global lock).
+    pub(crate) progress_lock: CachePadded<PathLock<()>>,
+    /// Topology and options for the path locks created later (communicators' matching).
+    pub(crate) lock_options: LockOptions,
+    /// Progress owner of `ProgressMode::Owner` and its hand-off.
+    pub(crate) owner: CachePadded<OwnerToken>,
+    /// Frames a full inbox refused, sent by later progress passes (`outbox.rs`).
+    pub(crate) outbox: Outbox,
+    /// Rare-path counters (parks, wakes, hand-offs).
+    pub(crate) counters: RankCounters,
+    /// The work-stealing pool (started at the first spawn).
+    pub(crate) executor: crate::executor::Executor,
+    /// Lost-peer bookkeeping (which peers are gone, rendezvous sends in flight, loss epoch
+    /// handled).
+    pub(crate) peers: PeerWatch,
+    /// The thread that sends deferred frames when no thread of the rank progresses (started
+    /// by the first deferral; `courier.rs`).
+    pub(crate) courier: Courier,
+    /// Rendezvous reads in flight and the receives they fill. Declared after `transport`:
+    /// dropped after it, so a buffer a read given up on still targets outlives the
+    /// endpoints.
+    pub(crate) reads: RendezvousReads,
+}
+
+/// How long dropping a runtime keeps trying to send frames still deferred behind a full
+/// inbox (sends whose requests were dropped before they went out).
+const DRAIN_DEFERRED: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// How long a dropped runtime waits for the receivers of its pending rendezvous sends to
+/// read them (see `Drop for Engine`).
+const DRAIN_RENDEZVOUS: std::time::Duration = std::time::Duration::from_secs(5);
+
+impl Drop for Engine {
+    fn drop(&mut self) {
+        // Stopped by the last `Runtime` handle already (`ExecGuard`), unless the state
+        // outlived none: no pass may race the teardown below.
+        self.courier.stop();
+        // A request dropped in flight leaves its deferred frame to progress; send what is
+        // left while the peers still drain their inboxes (bounded: a peer may be gone).
+        let deadline = std::time::Instant::now() + DRAIN_DEFERRED;
+        while self.outbox.pending.load(Ordering::Acquire) && std::time::Instant::now() < deadline {
+            // A progress pass flushes the queue itself; flush directly only when it could
+            // not run one (another thread owns progress).
+            if !self.progress_once() && self.flush_deferred() == 0 {
+                std::thread::yield_now();
+            }
+        }
+        // A rendezvous send still waiting for its `Fin` (its request dropped, or never
+        // waited for) has its data read by the receiver straight from the registered
+        // buffer: closing now would fail that receive with `PeerLost` — a message lost,
+        // though every message a finished rank sent must arrive. Progress until the `Fin`s
+        // are in (bounded: a receiver may never post the receive, or be gone, which
+        // `fail_lost` reports by failing the send). Likewise for this rank's own reads in
+        // flight (receives dropped after they matched): their senders wait for the `Fin`.
+        // A read still in flight after that is given up: its buffer is freed only after the
+        // transport's endpoints (field order).
+        let deadline = std::time::Instant::now() + DRAIN_RENDEZVOUS;
+        while (self.rendezvous_pending() || self.reads_pending()) && std::time::Instant::now() < deadline {
+            if !self.progress_once() && self.poll_rendezvous_reads() == 0 {
+                std::thread::sleep(std::time::Duration::from_micros(50));
+            }
+        }
+        self.transport.close();
+        for slot in self.contexts.slots.iter() {
+            // (Retired states drop with `retired`.)
+            let p = slot.swap(std::ptr::null_mut(), Ordering::AcqRel);
+            if !p.is_null() {
+                // SAFETY: every non-null slot holds an `Arc::into_raw` reference owned by
+                // the table, released exactly once here.
+                drop(unsafe { Arc::from_raw(p) });
+            }
+        }
+    }
+}
+
+impl Engine {
+    /// Runs a main-path step (posting) inside `Global` mode's critical section, with high
+    /// priority; in the other modes the step's own (CRI or matching) lock suffices.
+    #[inline]
+    pub(crate) fn main_path<R>(&self, f: impl FnOnce() -> R) -> R {
+        match self.config.progress {
+            ProgressMode::Global => self.progress_lock.high(|_| f()),
+            _ => f(),
+        }
+    }
+
+    /// Progresses every CRI that has frames (the owner's and the global lock holder's pass).
+    pub(crate) fn progress_all(&self) -> usize {
+        let mut n = self.flush_deferred();
+        for k in 0..self.cris.len() {
+            if self.transport.has_frames(k) {
+                n += self.cris[k].lock.low(|c| self.progress_cri(k, c));
+            }
+        }
+        n
+    }
+}

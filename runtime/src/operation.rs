@@ -1,0 +1,105 @@
+//! The runtime's share of one operation in flight (a send or a receive): its completion
+//! cell, the buffer area the transport reads or fills, and the buffer of a request dropped
+//! in flight. Matching queues hold these, not the user's [`Request`](crate::Request)s.
+//!
+//! Operations come from a thread-local pool ([Goodell 2010]: thread-local request pools), so
+//! a send or receive allocates nothing in steady state.
+
+use std::any::Any;
+use std::cell::RefCell;
+use std::sync::atomic::AtomicU64;
+use std::sync::Arc;
+
+use parking_lot::Mutex;
+use weft_sync::CompletionCell;
+
+/// The runtime's share of one operation in flight.
+pub(crate) struct Operation {
+    /// Completion state (weft-sync).
+    pub(crate) cell: CompletionCell,
+    /// Receive area (receive) or registered source bytes (rendezvous send).
+    pub(crate) ptr: *mut u8,
+    /// Length of that area in bytes.
+    pub(crate) cap: usize,
+    /// A message must be a whole number of these bytes.
+    pub(crate) elem: usize,
+    /// Remote key of the registered send buffer (rendezvous send), else 0.
+    pub(crate) key: AtomicU64,
+    /// Context of the communicator (for cancel).
+    pub(crate) context: u32,
+    /// The buffer of a request dropped while in flight: kept alive until completion so the
+    /// transport never touches freed memory.
+    pub(crate) orphan: Mutex<Option<Box<dyn Any + Send>>>,
+}
+
+// SAFETY: `ptr` points into the buffer owned by the request (or its orphan slot), which lives
+// at least as long as this `Operation` is in flight; it is written only by the single
+// completer before it completes the cell (release) and read by the owner after (acquire).
+unsafe impl Send for Operation {}
+// SAFETY: as above; shared access goes through the cell's atomics and the orphan mutex.
+unsafe impl Sync for Operation {}
+
+impl Default for Operation {
+    fn default() -> Self {
+        Operation {
+            cell: CompletionCell::new(),
+            ptr: std::ptr::null_mut(),
+            cap: 0,
+            elem: 1,
+            key: AtomicU64::new(0),
+            context: 0,
+            orphan: Mutex::new(None),
+        }
+    }
+}
+
+/// Pooled requests per thread; beyond this many the extras are freed.
+const POOL_MAX: usize = 4096;
+
+thread_local! {
+    static POOL: RefCell<Vec<Arc<Operation>>> = const { RefCell::new(Vec::new()) };
+}
+
+/// A fresh (or recycled) inner, set up by `init` while still exclusively owned.
+pub(crate) fn new_operation(init: impl FnOnce(&mut Operation)) -> Arc<Operation> {
+    match POOL.try_with(|p| p.borrow_mut().pop()).ok().flatten() {
+        Some(arc) => {
+            // SAFETY: `recycle` pools an `Arc` only when it is the sole strong reference and no
+            // `Weak` exists (none is ever made), and the pool is thread-local, so nothing else
+            // can reach this `Operation` until we hand the `Arc` out: the exclusive borrow is
+            // sound. (`Arc::get_mut` would prove the same with a locked compare-exchange on
+            // the weak count, once per message.)
+            let inner = unsafe { &mut *Arc::as_ptr(&arc).cast_mut() };
+            inner.cell.reset();
+            inner.ptr = std::ptr::null_mut();
+            inner.cap = 0;
+            inner.elem = 1;
+            *inner.key.get_mut() = 0;
+            inner.context = 0;
+            *inner.orphan.get_mut() = None;
+            init(inner);
+            arc
+        }
+        None => {
+            let mut inner = Operation::default();
+            init(&mut inner);
+            Arc::new(inner)
+        }
+    }
+}
+
+/// Returns an inner to this thread's pool if nobody else holds it.
+pub(crate) fn recycle(arc: Arc<Operation>) {
+    // `strong_count` loads Relaxed; the Acquire fence below orders our reuse after the
+    // accesses of the last other holder (which dropped its reference with a Release
+    // decrement), as `Arc`'s own drop does before freeing.
+    if Arc::strong_count(&arc) == 1 && Arc::weak_count(&arc) == 0 && arc.cell.is_complete() {
+        std::sync::atomic::fence(std::sync::atomic::Ordering::Acquire);
+        let _ = POOL.try_with(|p| {
+            let mut p = p.borrow_mut();
+            if p.len() < POOL_MAX {
+                p.push(arc);
+            }
+        });
+    }
+}

@@ -1,0 +1,109 @@
+//! What the layers that wait without knowing the progress modes call: the executor's idle
+//! worker ([`Drive`], implemented here for the rank's [`Engine`]) and a sync object's
+//! blocking wait ([`weft_sync::Progress`], the hook of `Runtime::sync_object`).
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::task::Context;
+
+use weft_sync::{Progress, SignalListener, Step};
+
+use super::park::park_or_frames;
+use crate::config::ProgressMode;
+use crate::engine::Engine;
+use crate::executor::Drive;
+
+impl Engine {
+    /// One non-blocking progress pass for an idle pool worker: never waits for a lock. In
+    /// `Owner` mode it takes the owner token only if free (and hands it back: the token
+    /// passes between workers and waiters, no thread keeps it); in `Concurrent` mode it
+    /// progresses the CRIs it wins by try-lock; in `Global` mode it takes the progress
+    /// lock's try path. Returns whether anything was handled.
+    pub(crate) fn progress_idle(&self) -> bool {
+        // (Rendezvous reads that are over count as frames: `any_frames`.)
+        if !self.transport.any_frames() && !self.outbox.pending.load(Ordering::Acquire) {
+            return false;
+        }
+        match self.config.progress {
+            ProgressMode::Global => self
+                .progress_lock
+                .try_low(|_| {
+                    let n = self.progress_all();
+                    (n > 0, n > 0)
+                })
+                .unwrap_or(false),
+            ProgressMode::Owner => self.progress_once(),
+            ProgressMode::Concurrent => self.progress_concurrent() > 0,
+        }
+    }
+}
+
+/// The progress hook of sync objects made by `Runtime::sync_object`.
+pub(crate) struct Hook {
+    pub(crate) shared: Arc<Engine>,
+}
+
+impl Progress for Hook {
+    fn progress(&self) -> Step {
+        if self.shared.progress_once() {
+            Step::Progressed
+        } else {
+            Step::Idle
+        }
+    }
+
+    fn park(&self, listener: SignalListener<'_>) {
+        park_or_frames(&self.shared, listener);
+    }
+
+    fn poll_progress(&self, cx: &mut Context<'_>) -> Step {
+        self.shared.poll_progress(cx)
+    }
+}
+
+/// The progress hook blocked waiters use for sync objects of `engine`'s rank.
+pub(crate) fn sync_hook(engine: &Arc<Engine>) -> Arc<dyn Progress> {
+    Arc::new(Hook { shared: engine.clone() })
+}
+
+impl Drive for Engine {
+    fn idle_pass(&self) -> bool {
+        self.progress_idle()
+    }
+
+    fn listen(&self) -> Option<(SignalListener<'_>, bool)> {
+        // In `Owner` mode a worker listens for the hand-off while someone owns progress (the
+        // owner listens to the doorbell itself), else to the doorbell.
+        let handoff = if self.config.progress == ProgressMode::Owner { self.owner.listen() } else { None };
+        match handoff {
+            Some(l) => (self.owner.is_taken()).then_some((l, true)),
+            None => {
+                let l = self.transport.doorbell().listen();
+                (!self.work_before_sleep()).then_some((l, false))
+            }
+        }
+    }
+
+    /// If this worker cannot use the notification — progress is held by someone else, or
+    /// there is nothing to progress — it passes it on, so nobody waits out a park limit: the
+    /// doorbell notifies one listener, maybe this worker instead of the progress owner; a
+    /// hand-off was meant for a parked waiter. A successful `Owner`-mode pass releases
+    /// ownership, which notifies the hand-off itself.
+    fn heard(&self, handoff: bool) {
+        if self.progress_idle() {
+            return;
+        }
+        if handoff {
+            // This worker owns nothing here (`progress_idle` hands the token back), so `leave`
+            // only passes the hand-off on, and only if the token is still free.
+            self.owner.leave(crate::engine::thread_token());
+        } else if self.transport.any_frames() {
+            self.transport.doorbell().ring();
+        }
+    }
+
+    fn count_park(&self, wake: bool) {
+        let c = if wake { &self.counters.wakes } else { &self.counters.parks };
+        c.fetch_add(1, Ordering::Relaxed);
+    }
+}

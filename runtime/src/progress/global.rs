@@ -1,0 +1,15 @@
+//! `ProgressMode::Global` ([Patinyasakdikul 2019, Alg. 1]): every pass under the one progress
+//! lock, entered with low priority ([Amer 2019, §4.1]: posting threads go first).
+
+use crate::engine::Engine;
+
+impl Engine {
+    /// Algorithm 1's critical section: everything under the progress lock, entered with
+    /// low priority ([Amer 2019, §4.1]: posting threads go first).
+    pub(crate) fn progress_global(&self) -> usize {
+        self.progress_lock.low(|_| {
+            let n = self.progress_all();
+            (n, n > 0)
+        })
+    }
+}

@@ -1,0 +1,108 @@
+//! Progress: who drains the network and when (path step 4), in the three modes, and the
+//! blocking waits built on them.
+//!
+//! * `Global` — [Patinyasakdikul 2019, Alg. 1]: a waiter loops over its requests and, while any is
+//!   pending, enters progress under the one progress lock. Never parks (it yields the core
+//!   when a pass was unproductive, as Open MPI's `yield_when_idle`). The baseline.
+//! * `Owner` — [Patinyasakdikul 2019, Alg. 2]: a waiter attaches its pending requests to its
+//!   thread's sync object and waits on it. One waiter at a time owns progress and keeps it
+//!   for its whole wait; when the owner is idle it parks on the rank's doorbell (woken by
+//!   the next frame); the others park on their sync objects and are woken only when their
+//!   own requests complete — or when the owner leaves and hands ownership on.
+//! * `Concurrent` — [Patinyasakdikul 2019, Alg. 3-4]: a waiter progresses its dedicated CRI under
+//!   try-lock, then the others, so every CRI is eventually progressed even if its thread is
+//!   gone; matching runs concurrently per communicator.
+//!
+//! * `mod.rs` — one pass in the configured mode ([`Pass`]), the async poller's step, the
+//!   ownership hand-off.
+//! * `global.rs`, `owner.rs`, `concurrent.rs` — the mode's pass and its wait hook.
+//! * `park.rs` — parking a waiter on its sync object and the doorbell (one park limit).
+//! * `wait.rs` — `wait_all`/`wait_any`/`wait_some` and the request future's wait.
+//! * `drive.rs` — what the executor and sync objects call: the idle pass of a pool worker
+//!   ([`crate::executor::Drive`]) and the progress hook of a sync object.
+//! * `send.rs` — posting a frame, progressing while its destination refuses it.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::task::Context;
+
+use weft_sync::Step;
+
+use crate::config::ProgressMode;
+use crate::engine::Engine;
+
+mod concurrent;
+mod drive;
+mod global;
+mod owner;
+mod park;
+mod send;
+mod wait;
+
+pub(crate) use drive::sync_hook;
+pub(crate) use wait::{wait, wait_all, Want};
+
+impl Engine {
+    /// One non-blocking step of progress in the configured mode. Returns whether anything
+    /// was handled.
+    pub(crate) fn progress_once(&self) -> bool {
+        match self.config.progress {
+            ProgressMode::Global => self.progress_global() > 0,
+            ProgressMode::Owner => {
+                let me = crate::engine::thread_token();
+                if self.owner.is(me) {
+                    return self.progress_all() > 0;
+                }
+                if !self.owner.try_own(me) {
+                    return false;
+                }
+                let n = self.progress_all();
+                self.release_ownership();
+                n > 0
+            }
+            ProgressMode::Concurrent => self.progress_concurrent() > 0,
+        }
+    }
+
+    /// Gives up ownership and hands it on: one parked waiter is woken to take over, and
+    /// idle async pollers are woken in case frames arrived meanwhile.
+    pub(crate) fn release_ownership(&self) {
+        self.owner.release();
+        if self.transport.any_frames() {
+            self.transport.doorbell().ring_all();
+        }
+    }
+
+    /// One step for an async poller; when idle, `cx` is woken by the next frame.
+    pub(crate) fn poll_progress(&self, cx: &mut Context<'_>) -> Step {
+        if self.progress_once() {
+            return Step::Progressed;
+        }
+        self.transport.doorbell().register(cx.waker());
+        if self.work_before_sleep() {
+            // A frame came, or room for a deferred one, before the registration: go round
+            // again.
+            return Step::Progressed;
+        }
+        Step::Idle
+    }
+
+    /// The last check of a poller about to sleep on the doorbell, made after it registered
+    /// or listened: frames are waiting, or one more try at the deferred frames sent one. The
+    /// transport rings the doorbell for new frames and when a destination that refused a
+    /// frame has room again (`SendError::WouldBlock`'s contract), but either ring may have
+    /// come between the poller's last pass and its registration; this check sees what it
+    /// announced.
+    pub(crate) fn work_before_sleep(&self) -> bool {
+        // Acquire: pairs with the store in `defer`. The flush runs under the global critical
+        // section in `Global` mode, as every other send.
+        self.transport.any_frames() || (self.outbox.pending.load(Ordering::Acquire) && self.main_path(|| self.flush_deferred()) > 0)
+    }
+
+    /// Unposts a receive that has not matched yet. Returns whether it was unposted.
+    pub(crate) fn cancel_recv(&self, comm: &crate::engine::CommState, inner: &Arc<crate::operation::Operation>) -> bool {
+        // The receive's tag is not kept: look in every tag partition (cancel is rare); after a
+        // switch to one order (even one during the loop) each look goes to partition 0.
+        self.main_path(|| (0..self.matching_parts(comm)).any(|part| self.with_matching_of(comm, part, |m| m.cancel(inner))))
+    }
+}

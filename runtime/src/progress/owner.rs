@@ -1,0 +1,47 @@
+//! `ProgressMode::Owner` ([Patinyasakdikul 2019, Alg. 2]): one waiter owns progress for its
+//! whole wait (the token, `lock/owner.rs`); the others park on their sync objects until
+//! their own requests complete or ownership is handed to them.
+
+use std::sync::atomic::Ordering;
+
+use weft_sync::{Progress, SignalListener, Step};
+
+use super::park::{park_or_frames, park_two};
+use crate::engine::Engine;
+
+/// The hook of an `Owner`-mode wait (Algorithm 2): ownership is kept for the whole wait.
+pub(super) struct OwnerWait<'a> {
+    pub(super) shared: &'a Engine,
+    pub(super) me: u64,
+}
+
+impl Progress for OwnerWait<'_> {
+    fn progress(&self) -> Step {
+        let s = self.shared;
+        if s.owner.own_or_take(self.me) {
+            if s.progress_all() > 0 {
+                Step::Progressed
+            } else {
+                Step::Idle
+            }
+        } else {
+            Step::Park
+        }
+    }
+
+    fn park(&self, listener: SignalListener<'_>) {
+        let s = self.shared;
+        // Run a pool task instead of sleeping ([Patinyasakdikul 2019, §4.6.2]).
+        if crate::executor::help(&s.executor) {
+            return;
+        }
+        if s.owner.is(self.me) {
+            // The owner sleeps until the next frame (or its own completion).
+            park_or_frames(s, listener);
+        } else if let Some(handoff) = s.owner.listen() {
+            // A plain waiter: its completions, or a hand-off of ownership.
+            s.counters.parks.fetch_add(1, Ordering::Relaxed);
+            let _ = park_two(s, listener, Some(handoff));
+        }
+    }
+}

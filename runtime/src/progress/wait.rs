@@ -1,0 +1,339 @@
+//! Blocking waits: test requests while progress completes them, then attach what is still
+//! pending to the thread's sync object and wait on it ([Patinyasakdikul 2019, Alg. 2]), in the
+//! runtime's progress mode; waits over the requests of several in-process ranks poll them all.
+
+use std::cell::RefCell;
+use std::sync::Arc;
+
+use weft_sync::{Attach, Progress, SyncObject};
+
+use super::concurrent::{Attend, ConcurrentWait};
+use super::owner::OwnerWait;
+use crate::config::ProgressMode;
+use crate::engine::Engine;
+use crate::request::Request;
+
+/// Idle progress passes `wait_all` makes while testing requests directly, before it
+/// attaches them to the thread's sync object.
+const TEST_SPINS: u32 = 16;
+
+/// The same while no thread on the machine waits for a core
+/// (`IdleBackoff::may_spin_long`): about 0.1-0.2 ms of idle passes.
+const LONG_TEST_SPINS: u32 = 2048;
+
+/// Index of the first request from `from` on that has not completed (`reqs.len()` if none).
+#[inline]
+fn first_pending<B: Send + 'static>(reqs: &[Request<'_, B>], mut from: usize) -> usize {
+    while from < reqs.len() && reqs[from].is_complete() {
+        from += 1;
+    }
+    from
+}
+
+thread_local! {
+    /// Sync objects for this thread's blocking waits (Algorithm 2's SYNC_INIT, made once and
+    /// reused): one per nesting level. A wait takes one and gives it back empty; a pool task
+    /// that a waiting thread runs instead of sleeping (`help`), and that itself waits, takes
+    /// another, so it waits for its own requests only, not for those of the wait it runs in.
+    static WAIT_SYNCS: RefCell<Vec<SyncObject<usize>>> = const { RefCell::new(Vec::new()) };
+}
+
+/// Runs `f` with one of this thread's wait sync objects, which nothing is attached to; `f`
+/// must leave it so (every attachment completed or detached, every event taken).
+fn with_wait_sync<R>(f: impl FnOnce(&SyncObject<usize>) -> R) -> R {
+    let sync = WAIT_SYNCS.try_with(|p| p.borrow_mut().pop()).ok().flatten().unwrap_or_default();
+    let r = f(&sync);
+    debug_assert!(sync.size() == 0 && sync.probe() == 0, "a wait left its sync object in use");
+    let _ = WAIT_SYNCS.try_with(move |p| p.borrow_mut().push(sync));
+    r
+}
+
+/// What a blocking wait waits for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Want {
+    /// Every request complete (`MPI_Waitall`).
+    All,
+    /// One request complete and not yet taken (`MPI_Waitany`).
+    Any,
+}
+
+/// Index of a request that completed and was not taken yet.
+fn first_done<B: Send + 'static>(reqs: &[Request<'_, B>]) -> Option<usize> {
+    reqs.iter().position(|r| r.is_live() && r.is_complete())
+}
+
+/// Whether `want` holds for `reqs`, and for [`Want::Any`] the index of a completed request
+/// (`None` if every one was taken). `first`, the first request not known complete, only
+/// moves forward: requests mostly complete in the order they were posted, so checking
+/// them all costs O(1) per completion.
+fn satisfied<B: Send + 'static>(reqs: &[Request<'_, B>], want: Want, first: &mut usize) -> (bool, Option<usize>) {
+    match want {
+        Want::All => {
+            *first = first_pending(reqs, *first);
+            (*first == reqs.len(), None)
+        }
+        Want::Any => match first_done(reqs) {
+            Some(i) => (true, Some(i)),
+            None => (!reqs.iter().any(|r| r.is_live()), None),
+        },
+    }
+}
+
+/// Blocks until every request in `reqs` has completed, in the runtime's progress mode.
+pub(crate) fn wait_all<B: Send + 'static>(shared: &Engine, reqs: &mut [Request<'_, B>]) {
+    wait(shared, reqs, Want::All);
+}
+
+/// The ranks `reqs` belong to, if more than one (in-process ranks of `build_local`).
+fn ranks_of<'a, B: Send + 'static>(reqs: &'a [Request<'_, B>]) -> Option<Vec<&'a Engine>> {
+    let comm = reqs.first()?.communicator();
+    // Requests of one communicator handle (a window of sends or receives): one rank's.
+    if reqs.iter().all(|r| std::ptr::eq(r.communicator(), comm)) {
+        return None;
+    }
+    let first = comm.shared();
+    if reqs.iter().all(|r| Arc::ptr_eq(r.communicator().shared(), first)) {
+        return None;
+    }
+    let mut ranks: Vec<&Engine> = Vec::new();
+    for r in reqs {
+        let s = &**r.communicator().shared();
+        if !ranks.iter().any(|k| std::ptr::eq(*k, s)) {
+            ranks.push(s);
+        }
+    }
+    Some(ranks)
+}
+
+/// Blocks until `want` holds for `reqs`, in the runtime's progress mode, driving `shared`
+/// (the first request's rank). Returns, for [`Want::Any`], the index of a completed request
+/// not yet taken (`None` if every request was taken already); for [`Want::All`], `None`.
+///
+/// Requests of several in-process ranks: `shared`'s progress alone may never complete the
+/// others'. A wait that has not ended after its first idle passes looks (once: a scan of
+/// the requests, which the common wait that ends at once does not pay) and, if they span
+/// ranks, goes on in [`wait_polling`], driving every one of them.
+pub(crate) fn wait<B: Send + 'static>(shared: &Engine, reqs: &mut [Request<'_, B>], want: Want) -> Option<usize> {
+    let mut first = 0;
+    if let (true, found) = satisfied(reqs, want, &mut first) {
+        return found;
+    }
+    match shared.config.progress {
+        ProgressMode::Global => {
+            // Algorithm 1.
+            let mut idle = 0;
+            loop {
+                if let (true, found) = satisfied(reqs, want, &mut first) {
+                    return found;
+                }
+                if shared.progress_global() == 0 {
+                    idle += 1;
+                    if idle == TEST_SPINS {
+                        if let Some(ranks) = ranks_of(reqs) {
+                            return wait_polling(&ranks, reqs, want);
+                        }
+                    }
+                    // Nothing to progress: run a pool task rather than only yield ([Patinyasakdikul 2019,
+                    // §4.6.2]), as the other modes' waiters do before they park — with no
+                    // pool workers, a task this wait depends on runs nowhere else.
+                    if !crate::executor::help(&shared.executor) {
+                        std::thread::yield_now();
+                    }
+                }
+            }
+        }
+        ProgressMode::Owner | ProgressMode::Concurrent => {
+            // While progress keeps completing requests (or for a few idle passes), test them
+            // directly: attaching costs two atomic updates per request and completing an
+            // attached one two more, which a wait that never sleeps does not need. What is
+            // still pending then is attached (Algorithm 2 from there on). In `Owner` mode the
+            // token, once taken, is kept through both phases (taking and releasing it per
+            // pass would wake a parked waiter per release); a thread that cannot take it
+            // makes no progress here and attaches at once.
+            let owner_mode = shared.config.progress == ProgressMode::Owner;
+            let me = crate::engine::thread_token();
+            let lead = &reqs[first.min(reqs.len() - 1)];
+            let attend = (!owner_mode && shared.config.assignment == crate::config::Assignment::Dedicated)
+                .then(|| Attend::new(shared, lead.communicator().context_id(), lead.part()));
+            let mut idle = 0;
+            let mut spin = weft_sync::IdleBackoff::new();
+            let pause = shared.config.idle_pause;
+            let mut limit = TEST_SPINS;
+            let mut found = None;
+            let mut done = false;
+            loop {
+                if idle >= limit {
+                    // With a core for every runnable thread on the machine (a rank per core
+                    // polling, as in a ping-pong), attaching and the sync-object wait's yields
+                    // would only lengthen a wait that is about to end: test on, up to
+                    // `LONG_TEST_SPINS` idle passes.
+                    if limit == TEST_SPINS && spin.may_spin_long() {
+                        limit = LONG_TEST_SPINS;
+                    } else {
+                        break;
+                    }
+                }
+                (done, found) = satisfied(reqs, want, &mut first);
+                if done {
+                    break;
+                }
+                let progressed = if owner_mode {
+                    if !shared.owner.own_or_take(me) {
+                        break;
+                    }
+                    shared.progress_all() > 0
+                } else {
+                    shared.progress_concurrent() > 0
+                };
+                if progressed {
+                    idle = 0;
+                } else {
+                    idle += 1;
+                    // Between idle polls: see `Config::idle_pause`; with every core
+                    // already spinning, the thread whose frames we wait for needs ours.
+                    if spin.may_spin() {
+                        for _ in 0..pause {
+                            std::hint::spin_loop();
+                        }
+                    } else {
+                        std::thread::yield_now();
+                    }
+                }
+            }
+            // `spin` keeps its slot through the sync-object wait below, whose own backoff then
+            // spins only with a second, free slot (or, with a one-slot budget, on this one).
+            let spanned = if done { None } else { ranks_of(reqs) };
+            if let Some(ranks) = spanned {
+                found = wait_polling(&ranks, reqs, want);
+            } else if !done {
+                // Algorithm 2: attach what is pending, then wait on the sync object.
+                let owner_wait = OwnerWait { shared, me };
+                let concurrent_wait = ConcurrentWait { shared, attend: attend.as_ref() };
+                let hook: &dyn Progress = if owner_mode { &owner_wait } else { &concurrent_wait };
+                found = with_wait_sync(|sync| wait_attached(sync, hook, shared, &mut reqs[first..], want)).map(|i| first + i);
+                if owner_mode && !shared.owner.is(me) {
+                    // We may have been the waiter a hand-off woke, and left without
+                    // taking ownership (our requests were done): pass it on, or a
+                    // parked waiter would wait with no owner (`OwnerToken::leave`).
+                    shared.owner.leave(me);
+                }
+            }
+            if owner_mode && shared.owner.is(me) {
+                shared.release_ownership();
+            }
+            found
+        }
+    }
+}
+
+/// Algorithm 2's second half: attaches the pending requests of `reqs` to `sync` and waits on
+/// it, driving `hook`. Returns, for [`Want::Any`], the index (in `reqs`) of a completed
+/// request. `sync` is left empty.
+///
+/// A request already attached to a sync object of the user's cannot be attached here; the
+/// wait then tests it between progress passes instead ([`wait_polling`]'s loop).
+fn wait_attached<B: Send + 'static>(
+    sync: &SyncObject<usize>,
+    hook: &dyn Progress,
+    shared: &Engine,
+    reqs: &mut [Request<'_, B>],
+    want: Want,
+) -> Option<usize> {
+    // Requests attached elsewhere (rare: no allocation unless there is one), and the end of
+    // the attached range.
+    let mut foreign: Vec<usize> = Vec::new();
+    let mut attached = 0;
+    let found = match want {
+        Want::All => {
+            for (i, r) in reqs.iter_mut().enumerate() {
+                if !r.is_complete() {
+                    attached = i + 1;
+                    if sync.attach_counted(r).is_err() {
+                        foreign.push(i);
+                    }
+                }
+            }
+            let _ = sync.wait_all_with(hook);
+            if !foreign.is_empty() {
+                wait_polling(&[shared], reqs, Want::All);
+            }
+            None
+        }
+        Want::Any => {
+            for (i, r) in reqs.iter_mut().enumerate() {
+                if r.is_live() && !r.is_complete() {
+                    attached = i + 1;
+                    if sync.attach(r, i).is_err() {
+                        foreign.push(i);
+                    }
+                }
+            }
+            let found = if !foreign.is_empty() {
+                // One of them completes outside our object: test every one.
+                wait_polling(&[shared], reqs, Want::Any)
+            } else {
+                // Nothing attached means something completed between the test and here.
+                sync.wait_any_with(hook).map(|c| c.data).or_else(|| first_done(reqs))
+            };
+            // Take the others back (those that completed meanwhile leave an event).
+            for r in reqs.iter_mut() {
+                if r.is_live() {
+                    let _ = sync.detach(r);
+                }
+            }
+            // A request completed by another thread while we detached it is reported as
+            // `AlreadyComplete` as soon as its cell is marked complete, before the completer
+            // has queued its event: drained now, the object would hand that event to this
+            // thread's next wait as its answer. The object counts an attachment until its
+            // event is queued, so once the count is zero (every request here is detached or
+            // complete: it drops within the completers' delivery, with no progress needed)
+            // the queue holds every event of this wait.
+            if sync.size() != 0 {
+                let _ = sync.wait_all();
+            }
+            while sync.query().is_some() {}
+            found.or_else(|| first_done(reqs))
+        }
+    };
+    // The completions our object took (and that are drained now) are the user's again: a
+    // sync object they attach a request to after this wait gets its completion.
+    for (i, r) in reqs[..attached].iter_mut().enumerate() {
+        if r.is_live() && !foreign.contains(&i) {
+            r.completion_cell().forget_delivery();
+        }
+    }
+    found
+}
+
+/// Waits for `want` by testing `reqs` between progress passes of every rank in `ranks`, and
+/// sleeping (up to 1 ms at a time, never burning a core for long) while none of them has
+/// anything to do. For waits that one rank's sync object cannot serve: requests of several
+/// in-process ranks at once (one rank's progress alone would never complete the others'),
+/// or a request attached to a sync object of the user's.
+pub(crate) fn wait_polling<B: Send + 'static>(ranks: &[&Engine], reqs: &[Request<'_, B>], want: Want) -> Option<usize> {
+    let mut idle = weft_sync::IdleBackoff::new();
+    let mut nap = std::time::Duration::from_micros(20);
+    let mut first = 0;
+    loop {
+        if let (true, found) = satisfied(reqs, want, &mut first) {
+            return found;
+        }
+        let mut progressed = false;
+        for s in ranks {
+            progressed |= s.progress_once();
+        }
+        if !progressed {
+            // As the other waits do when idle: a pool task of one of the ranks.
+            progressed = ranks.iter().any(|s| crate::executor::help(&s.executor));
+        }
+        if progressed {
+            idle.reset();
+            nap = std::time::Duration::from_micros(20);
+        } else if !idle.is_completed() {
+            idle.snooze();
+        } else {
+            std::thread::sleep(nap);
+            nap = (nap * 2).min(std::time::Duration::from_millis(1));
+        }
+    }
+}
