@@ -201,6 +201,24 @@ impl<'c, B: Send + 'static> Request<'c, B> {
     }
 }
 
+impl<B: Send + 'static> crate::progress::Waitable for Request<'_, B> {
+    fn is_complete(&self) -> bool {
+        Request::is_complete(self)
+    }
+    fn is_live(&self) -> bool {
+        Request::is_live(self)
+    }
+    fn engine(&self) -> &Arc<crate::engine::Engine> {
+        self.comm.shared()
+    }
+    fn context_id(&self) -> u32 {
+        self.comm.context_id()
+    }
+    fn part(&self) -> usize {
+        Request::part(self)
+    }
+}
+
 impl<'c, B: RecvBuf> Request<'c, B> {
     pub(crate) fn recv(comm: &'c Communicator, inner: Arc<Operation>, buf: B, part: usize) -> Self {
         let mut r = Self::with(comm, Some(inner), buf, Kind::Recv, None, part);

@@ -40,7 +40,7 @@ mod send;
 mod wait;
 
 pub(crate) use drive::sync_hook;
-pub(crate) use wait::{wait, wait_all, Want};
+pub(crate) use wait::{wait, wait_all, Waitable, Want};
 
 impl Engine {
     /// One non-blocking step of progress in the configured mode. Returns whether anything

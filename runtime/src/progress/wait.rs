@@ -11,7 +11,20 @@ use super::concurrent::{Attend, ConcurrentWait};
 use super::owner::OwnerWait;
 use crate::config::ProgressMode;
 use crate::engine::Engine;
-use crate::request::Request;
+
+/// What a blocking wait needs of a request (`Request` implements it, above this layer).
+pub(crate) trait Waitable: Attach {
+    /// Whether the operation has completed.
+    fn is_complete(&self) -> bool;
+    /// Whether the request still holds its operation (not yet taken by a wait).
+    fn is_live(&self) -> bool;
+    /// The rank the request belongs to.
+    fn engine(&self) -> &Arc<Engine>;
+    /// The context id of its communicator.
+    fn context_id(&self) -> u32;
+    /// Its tag partition.
+    fn part(&self) -> usize;
+}
 
 /// Idle progress passes `wait_all` makes while testing requests directly, before it
 /// attaches them to the thread's sync object.
@@ -23,7 +36,7 @@ const LONG_TEST_SPINS: u32 = 2048;
 
 /// Index of the first request from `from` on that has not completed (`reqs.len()` if none).
 #[inline]
-fn first_pending<B: Send + 'static>(reqs: &[Request<'_, B>], mut from: usize) -> usize {
+fn first_pending<R: Waitable>(reqs: &[R], mut from: usize) -> usize {
     while from < reqs.len() && reqs[from].is_complete() {
         from += 1;
     }
@@ -58,7 +71,7 @@ pub(crate) enum Want {
 }
 
 /// Index of a request that completed and was not taken yet.
-fn first_done<B: Send + 'static>(reqs: &[Request<'_, B>]) -> Option<usize> {
+fn first_done<R: Waitable>(reqs: &[R]) -> Option<usize> {
     reqs.iter().position(|r| r.is_live() && r.is_complete())
 }
 
@@ -66,7 +79,7 @@ fn first_done<B: Send + 'static>(reqs: &[Request<'_, B>]) -> Option<usize> {
 /// (`None` if every one was taken). `first`, the first request not known complete, only
 /// moves forward: requests mostly complete in the order they were posted, so checking
 /// them all costs O(1) per completion.
-fn satisfied<B: Send + 'static>(reqs: &[Request<'_, B>], want: Want, first: &mut usize) -> (bool, Option<usize>) {
+fn satisfied<R: Waitable>(reqs: &[R], want: Want, first: &mut usize) -> (bool, Option<usize>) {
     match want {
         Want::All => {
             *first = first_pending(reqs, *first);
@@ -80,24 +93,19 @@ fn satisfied<B: Send + 'static>(reqs: &[Request<'_, B>], want: Want, first: &mut
 }
 
 /// Blocks until every request in `reqs` has completed, in the runtime's progress mode.
-pub(crate) fn wait_all<B: Send + 'static>(shared: &Engine, reqs: &mut [Request<'_, B>]) {
+pub(crate) fn wait_all<R: Waitable>(shared: &Engine, reqs: &mut [R]) {
     wait(shared, reqs, Want::All);
 }
 
 /// The ranks `reqs` belong to, if more than one (in-process ranks of `build_local`).
-fn ranks_of<'a, B: Send + 'static>(reqs: &'a [Request<'_, B>]) -> Option<Vec<&'a Engine>> {
-    let comm = reqs.first()?.communicator();
-    // Requests of one communicator handle (a window of sends or receives): one rank's.
-    if reqs.iter().all(|r| std::ptr::eq(r.communicator(), comm)) {
-        return None;
-    }
-    let first = comm.shared();
-    if reqs.iter().all(|r| Arc::ptr_eq(r.communicator().shared(), first)) {
+fn ranks_of<R: Waitable>(reqs: &[R]) -> Option<Vec<&Engine>> {
+    let first = reqs.first()?.engine();
+    if reqs.iter().all(|r| Arc::ptr_eq(r.engine(), first)) {
         return None;
     }
     let mut ranks: Vec<&Engine> = Vec::new();
     for r in reqs {
-        let s = &**r.communicator().shared();
+        let s = &**r.engine();
         if !ranks.iter().any(|k| std::ptr::eq(*k, s)) {
             ranks.push(s);
         }
@@ -113,7 +121,7 @@ fn ranks_of<'a, B: Send + 'static>(reqs: &'a [Request<'_, B>]) -> Option<Vec<&'a
 /// others'. A wait that has not ended after its first idle passes looks (once: a scan of
 /// the requests, which the common wait that ends at once does not pay) and, if they span
 /// ranks, goes on in [`wait_polling`], driving every one of them.
-pub(crate) fn wait<B: Send + 'static>(shared: &Engine, reqs: &mut [Request<'_, B>], want: Want) -> Option<usize> {
+pub(crate) fn wait<R: Waitable>(shared: &Engine, reqs: &mut [R], want: Want) -> Option<usize> {
     let mut first = 0;
     if let (true, found) = satisfied(reqs, want, &mut first) {
         return found;
@@ -154,7 +162,7 @@ pub(crate) fn wait<B: Send + 'static>(shared: &Engine, reqs: &mut [Request<'_, B
             let me = crate::engine::thread_token();
             let lead = &reqs[first.min(reqs.len() - 1)];
             let attend = (!owner_mode && shared.config.assignment == crate::config::Assignment::Dedicated)
-                .then(|| Attend::new(shared, lead.communicator().context_id(), lead.part()));
+                .then(|| Attend::new(shared, lead.context_id(), lead.part()));
             let mut idle = 0;
             let mut spin = weft_sync::IdleBackoff::new();
             let pause = shared.config.idle_pause;
@@ -232,13 +240,7 @@ pub(crate) fn wait<B: Send + 'static>(shared: &Engine, reqs: &mut [Request<'_, B
 ///
 /// A request already attached to a sync object of the user's cannot be attached here; the
 /// wait then tests it between progress passes instead ([`wait_polling`]'s loop).
-fn wait_attached<B: Send + 'static>(
-    sync: &SyncObject<usize>,
-    hook: &dyn Progress,
-    shared: &Engine,
-    reqs: &mut [Request<'_, B>],
-    want: Want,
-) -> Option<usize> {
+fn wait_attached<R: Waitable>(sync: &SyncObject<usize>, hook: &dyn Progress, shared: &Engine, reqs: &mut [R], want: Want) -> Option<usize> {
     // Requests attached elsewhere (rare: no allocation unless there is one), and the end of
     // the attached range.
     let mut foreign: Vec<usize> = Vec::new();
@@ -310,7 +312,7 @@ fn wait_attached<B: Send + 'static>(
 /// anything to do. For waits that one rank's sync object cannot serve: requests of several
 /// in-process ranks at once (one rank's progress alone would never complete the others'),
 /// or a request attached to a sync object of the user's.
-pub(crate) fn wait_polling<B: Send + 'static>(ranks: &[&Engine], reqs: &[Request<'_, B>], want: Want) -> Option<usize> {
+pub(crate) fn wait_polling<R: Waitable>(ranks: &[&Engine], reqs: &[R], want: Want) -> Option<usize> {
     let mut idle = weft_sync::IdleBackoff::new();
     let mut nap = std::time::Duration::from_micros(20);
     let mut first = 0;
