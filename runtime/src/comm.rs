@@ -305,7 +305,7 @@ impl Communicator {
         if tag == Tag::Any && self.p2p.needs_switch() {
             s.finish_matches(s.main_path(|| s.switch_to_one_order(&self.p2p)));
         }
-        s.progress_once();
+        let _ = s.progress_once();
         // Read before the probe: a gone peer's frames were all delivered into matching before
         // it was marked gone, so a probe after this sees every one of them.
         let gone = s.lost_source(source);

@@ -61,6 +61,7 @@ thread_local! {
 }
 
 /// A fresh (or recycled) inner, set up by `init` while still exclusively owned.
+#[inline]
 pub(crate) fn new_operation(init: impl FnOnce(&mut Operation)) -> Arc<Operation> {
     match POOL.try_with(|p| p.borrow_mut().pop()).ok().flatten() {
         Some(arc) => {
@@ -89,6 +90,7 @@ pub(crate) fn new_operation(init: impl FnOnce(&mut Operation)) -> Arc<Operation>
 }
 
 /// Returns an inner to this thread's pool if nobody else holds it.
+#[inline]
 pub(crate) fn recycle(arc: Arc<Operation>) {
     // `strong_count` loads Relaxed; the Acquire fence below orders our reuse after the
     // accesses of the last other holder (which dropped its reference with a Release

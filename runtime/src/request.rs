@@ -142,7 +142,7 @@ impl<'c, B: Send + 'static> Request<'c, B> {
         if self.is_complete() {
             return true;
         }
-        self.comm.shared().progress_once();
+        let _ = self.comm.shared().progress_once();
         self.is_complete()
     }
 

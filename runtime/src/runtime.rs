@@ -121,7 +121,7 @@ impl Runtime {
     /// Makes one step of progress in the configured mode; returns whether anything moved
     /// (`MPIX_Progress`).
     pub fn progress(&self) -> bool {
-        self.shared.progress_once()
+        self.shared.progress_once().progressed()
     }
 
     /// Spawns `future` on this runtime's work-stealing pool (started on first use with

@@ -103,6 +103,7 @@ impl Courier {
             return None;
         }
         let shared = self.shared.clone();
+        tracing::debug!(rank, "courier starts: frames wait behind a full inbox");
         match std::thread::Builder::new().name(format!("weft-courier-{rank}")).spawn(move || run(&shared)) {
             Ok(h) => {
                 let t = h.thread().clone();

@@ -137,6 +137,12 @@ impl Engine {
             // for a send of ours.
             return;
         };
+        tracing::trace!(
+            rank = self.transport.rank(),
+            peer = frame.header.source,
+            cookie = frame.header.cookie,
+            "rendezvous send finished (Fin)"
+        );
         self.transport.deregister(req.key.load(std::sync::atomic::Ordering::Relaxed));
         req.cell.complete(Ok(Status { source: frame.header.source, tag: frame.header.tag, bytes: frame.header.len as usize }));
         req.orphan.lock().take();

@@ -108,9 +108,9 @@ impl Drop for Engine {
         // left while the peers still drain their inboxes (bounded: a peer may be gone).
         let deadline = std::time::Instant::now() + DRAIN_DEFERRED;
         while self.outbox.pending.load(Ordering::Acquire) && std::time::Instant::now() < deadline {
-            // A progress pass flushes the queue itself; flush directly only when it could
-            // not run one (another thread owns progress).
-            if !self.progress_once() && self.flush_deferred() == 0 {
+            // This is the last reference: no other thread progresses, and a pass over every
+            // CRI (which flushes the queue first) needs no progress mode's permission.
+            if self.progress_all() == 0 {
                 std::thread::yield_now();
             }
         }
@@ -125,7 +125,7 @@ impl Drop for Engine {
         // transport's endpoints (field order).
         let deadline = std::time::Instant::now() + DRAIN_RENDEZVOUS;
         while (self.rendezvous_pending() || self.reads_pending()) && std::time::Instant::now() < deadline {
-            if !self.progress_once() && self.poll_rendezvous_reads() == 0 {
+            if self.progress_all() == 0 {
                 std::thread::sleep(std::time::Duration::from_micros(50));
             }
         }

@@ -96,6 +96,7 @@ impl Engine {
     /// else progresses; later ones need no summons — each was refused by its destination
     /// (or queues behind one that was), which rings room when it drains.
     pub(crate) fn defer(&self, d: QueuedFrame) {
+        let (d_dst, d_kind) = (d.dst, d.header.kind);
         let mut q = self.outbox.queues.lock();
         let DeferredQueues { by_dst, active } = &mut *q;
         let (Some(queue), Some(n)) = (by_dst.get_mut(d.dst as usize), self.outbox.per_dst.get(d.dst as usize)) else {
@@ -116,6 +117,7 @@ impl Engine {
         // frames already.
         let was = self.outbox.pending.swap(true, Ordering::Release);
         drop(q);
+        tracing::trace!(rank = self.transport.rank(), dst = d_dst, kind = ?d_kind, "frame deferred behind a full inbox");
         if !was {
             self.summon_courier();
         }
@@ -192,6 +194,9 @@ impl Engine {
         drop(q);
         for (req, outcome) in finished {
             req.cell.complete(outcome);
+        }
+        if done > 0 {
+            tracing::trace!(rank = self.transport.rank(), frames = done, "deferred frames sent");
         }
         done + lost
     }

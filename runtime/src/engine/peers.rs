@@ -213,6 +213,14 @@ impl Engine {
             req.cell.complete(Err(Error::PeerLost { rank: dest }));
             req.orphan.lock().take();
         }
+        tracing::debug!(
+            rank = me,
+            lost = ?newly,
+            frames_delivered = delivered,
+            receives_failed = n,
+            sends_failed = m,
+            "peers lost or finished: acted on"
+        );
         delivered + n + m
     }
 

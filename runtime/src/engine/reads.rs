@@ -62,6 +62,7 @@ impl Engine {
     pub(crate) fn start_rendezvous_read(&self, req: Arc<Operation>, h: Header, len: usize) {
         let token = self.reads.next_token.fetch_add(1, Ordering::Relaxed) + 1;
         let dst = req.ptr;
+        tracing::trace!(rank = self.transport.rank(), source = h.source, tag = h.tag, bytes = len, token, "rendezvous read starts");
         // Recorded before the read starts: a pass on another thread may report it at once.
         self.reads.list.lock().push(ReadInFlight { token, req, header: h, len });
         self.reads.count.fetch_add(1, Ordering::Relaxed);
@@ -88,6 +89,14 @@ impl Engine {
         self.reads.count.fetch_sub(1, Ordering::Relaxed);
         let ReadInFlight { req, header: h, len, .. } = read;
         let fin = Header { kind: FrameKind::Fin, len: len as u64, ..h };
+        tracing::trace!(
+            rank = self.transport.rank(),
+            source = h.source,
+            bytes = len,
+            token,
+            ok = outcome.is_ok(),
+            "rendezvous read over: Fin sent"
+        );
         self.send_control(h.source, h.src_cri as usize, fin);
         req.cell.complete(outcome.map(|()| Status { source: h.source, tag: h.tag, bytes: len }));
     }

@@ -129,6 +129,7 @@ pub(super) fn park_worker(drive: &dyn Drive, pool: &Pool, index: usize) {
         }
     };
     drive.count_park(false);
+    tracing::trace!(worker = index, "pool worker parks");
     let waker = Waker::from(Arc::new(Unpark(std::thread::current())));
     let mut cx = Context::from_waker(&waker);
     let deadline = Instant::now() + WORKER_NAP_LIMIT;
@@ -152,6 +153,7 @@ pub(super) fn park_worker(drive: &dyn Drive, pool: &Pool, index: usize) {
         std::thread::park_timeout(deadline - now);
     }
     sleep.unsleep(index);
+    tracing::trace!(worker = index, heard, "pool worker unparks");
     if heard {
         drive.heard(someone_owns);
     }

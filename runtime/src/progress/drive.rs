@@ -32,7 +32,7 @@ impl Engine {
                     (n > 0, n > 0)
                 })
                 .unwrap_or(false),
-            ProgressMode::Owner => self.progress_once(),
+            ProgressMode::Owner => self.progress_once().progressed(),
             ProgressMode::Concurrent => self.progress_concurrent() > 0,
         }
     }
@@ -45,7 +45,7 @@ pub(crate) struct Hook {
 
 impl Progress for Hook {
     fn progress(&self) -> Step {
-        if self.shared.progress_once() {
+        if self.shared.progress_once().progressed() {
             Step::Progressed
         } else {
             Step::Idle

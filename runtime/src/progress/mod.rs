@@ -42,31 +42,63 @@ mod wait;
 pub(crate) use drive::sync_hook;
 pub(crate) use wait::{wait, wait_all, Waitable, Want};
 
+/// What one progress pass did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[must_use]
+pub(crate) enum Pass {
+    /// It handled this many events: frames received, deferred frames sent, reads reported,
+    /// requests failed by a loss.
+    Progressed(usize),
+    /// It ran and found nothing to do.
+    Idle,
+    /// It could not run: another thread owns progress (`Owner` mode), whose passes handle
+    /// what arrives.
+    Elsewhere,
+}
+
+impl Pass {
+    /// The pass of `n` events (0: idle).
+    #[inline]
+    fn of(n: usize) -> Pass {
+        if n > 0 {
+            Pass::Progressed(n)
+        } else {
+            Pass::Idle
+        }
+    }
+
+    /// Whether the pass handled anything.
+    #[inline]
+    pub(crate) fn progressed(self) -> bool {
+        matches!(self, Pass::Progressed(_))
+    }
+}
+
 impl Engine {
-    /// One non-blocking step of progress in the configured mode. Returns whether anything
-    /// was handled.
-    pub(crate) fn progress_once(&self) -> bool {
+    /// One non-blocking pass of progress in the configured mode.
+    pub(crate) fn progress_once(&self) -> Pass {
         match self.config.progress {
-            ProgressMode::Global => self.progress_global() > 0,
+            ProgressMode::Global => Pass::of(self.progress_global()),
             ProgressMode::Owner => {
                 let me = crate::engine::thread_token();
                 if self.owner.is(me) {
-                    return self.progress_all() > 0;
+                    return Pass::of(self.progress_all());
                 }
                 if !self.owner.try_own(me) {
-                    return false;
+                    return Pass::Elsewhere;
                 }
                 let n = self.progress_all();
                 self.release_ownership();
-                n > 0
+                Pass::of(n)
             }
-            ProgressMode::Concurrent => self.progress_concurrent() > 0,
+            ProgressMode::Concurrent => Pass::of(self.progress_concurrent()),
         }
     }
 
     /// Gives up ownership and hands it on: one parked waiter is woken to take over, and
     /// idle async pollers are woken in case frames arrived meanwhile.
     pub(crate) fn release_ownership(&self) {
+        tracing::trace!(rank = self.transport.rank(), "progress ownership handed on");
         self.owner.release();
         if self.transport.any_frames() {
             self.transport.doorbell().ring_all();
@@ -75,7 +107,7 @@ impl Engine {
 
     /// One step for an async poller; when idle, `cx` is woken by the next frame.
     pub(crate) fn poll_progress(&self, cx: &mut Context<'_>) -> Step {
-        if self.progress_once() {
+        if self.progress_once().progressed() {
             return Step::Progressed;
         }
         self.transport.doorbell().register(cx.waker());

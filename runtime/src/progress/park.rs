@@ -21,7 +21,7 @@ pub(super) fn park_or_frames(s: &Engine, listener: SignalListener<'_>) {
     }
     s.counters.parks.fetch_add(1, Ordering::Relaxed);
     if park_two(s, listener, Some(bell)) == Woken::Second {
-        s.progress_once();
+        let _ = s.progress_once();
     }
 }
 
@@ -69,21 +69,25 @@ pub(super) fn park_two(s: &Engine, mut a: SignalListener<'_>, mut b: Option<Sign
     // `start + Duration::MAX` would overflow the `Instant`.
     let yield_until = start + s.config.yield_window.min(PARK_LIMIT);
     let mut cx = Context::from_waker(&waker);
+    tracing::trace!(rank = s.transport.rank(), "thread parks");
+    let woke = |how: Woken| {
+        let counter = if how == Woken::Timeout { &s.counters.park_timeouts } else { &s.counters.wakes };
+        counter.fetch_add(1, Ordering::Relaxed);
+        tracing::trace!(rank = s.transport.rank(), woken_by = ?how, parked_us = start.elapsed().as_micros() as u64, "thread unparks");
+        how
+    };
     loop {
         if let Poll::Ready(()) = Pin::new(&mut a).poll(&mut cx) {
-            s.counters.wakes.fetch_add(1, Ordering::Relaxed);
-            return Woken::First;
+            return woke(Woken::First);
         }
         if let Some(b) = b.as_mut() {
             if let Poll::Ready(()) = Pin::new(b).poll(&mut cx) {
-                s.counters.wakes.fetch_add(1, Ordering::Relaxed);
-                return Woken::Second;
+                return woke(Woken::Second);
             }
         }
         let now = std::time::Instant::now();
         if now >= deadline {
-            s.counters.park_timeouts.fetch_add(1, Ordering::Relaxed);
-            return Woken::Timeout;
+            return woke(Woken::Timeout);
         }
         if now < yield_until {
             std::thread::yield_now();

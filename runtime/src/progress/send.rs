@@ -71,7 +71,7 @@ impl Engine {
                 if now.duration_since(*since.get_or_insert(now)) >= DEFER_AFTER {
                     break;
                 }
-                if !self.progress_once() {
+                if !self.progress_once().progressed() {
                     backoff.snooze();
                 }
             }

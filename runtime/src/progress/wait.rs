@@ -322,7 +322,7 @@ pub(crate) fn wait_polling<R: Waitable>(ranks: &[&Engine], reqs: &[R], want: Wan
         }
         let mut progressed = false;
         for s in ranks {
-            progressed |= s.progress_once();
+            progressed |= s.progress_once().progressed();
         }
         if !progressed {
             // As the other waits do when idle: a pool task of one of the ranks.
