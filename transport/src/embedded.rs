@@ -211,7 +211,7 @@ struct World {
 }
 
 /// Creates the ranks of an embedded fabric; hand one [`Endpoint`] to each rank.
-pub fn fabric(opts: EmbeddedOptions) -> Result<Vec<Endpoint>, Error> {
+pub fn fabric(opts: EmbeddedOptions) -> Result<Vec<EmbeddedRank>, Error> {
     if opts.ranks == 0 || opts.cris == 0 || opts.cris > u16::MAX as usize {
         return Err(Error::InvalidArgument("an embedded fabric needs >= 1 rank and 1..=65535 CRIs"));
     }
@@ -239,22 +239,22 @@ pub fn fabric(opts: EmbeddedOptions) -> Result<Vec<Endpoint>, Error> {
         })
         .collect();
     let world = Arc::new(World { ranks, opts, lost: AtomicU64::new(0) });
-    Ok((0..opts.ranks).map(|r| Endpoint { world: world.clone(), rank: r }).collect())
+    Ok((0..opts.ranks).map(|r| EmbeddedRank { world: world.clone(), rank: r }).collect())
 }
 
 /// One rank's view of an embedded fabric.
-pub struct Endpoint {
+pub struct EmbeddedRank {
     world: Arc<World>,
     rank: u32,
 }
 
-impl fmt::Debug for Endpoint {
+impl fmt::Debug for EmbeddedRank {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("embedded::Endpoint").field("rank", &self.rank).field("size", &self.size()).finish()
+        f.debug_struct("embedded::EmbeddedRank").field("rank", &self.rank).field("size", &self.size()).finish()
     }
 }
 
-impl Endpoint {
+impl EmbeddedRank {
     /// This rank.
     #[inline]
     pub fn rank(&self) -> u32 {
@@ -641,7 +641,7 @@ mod tests {
             Header { src_cri: src_cri as u16, source, tag: dst as i32, seq, ..header(FrameKind::Eager, 0, 0, 0, 0) }
         }
         let eps = fabric(EmbeddedOptions { ranks: 3, cris: CRIS, inbox_capacity: 8, eager_capacity: 64 }).unwrap();
-        let poll_all = |ep: &Endpoint, cri: usize| {
+        let poll_all = |ep: &EmbeddedRank, cri: usize| {
             let mut got = Vec::new();
             ep.poll(cri, usize::MAX, |f| got.push(f.header));
             got

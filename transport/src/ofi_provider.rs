@@ -48,7 +48,7 @@
 //! the CQ wait fds after `fi_trywait` when every CQ has one (`tcp;ofi_rxm`), else it sleeps,
 //! starting at 10 µs when the rank goes quiet and backing off to 1 ms (shm has no wait fd in
 //! 1.17), so a wake-up costs at most about the time the rank has been idle. While the rank
-//! has been active in the last few milliseconds ([`Rank::any_frames`] then answers `true`)
+//! has been active in the last few milliseconds ([`OfiRank::any_frames`] then answers `true`)
 //! progress threads spin instead of parking, so ping-pong latency is not the watcher's.
 //!
 //! A send the provider refuses (`SendError::WouldBlock`: no free send slot, or `FI_EAGAIN`
@@ -70,8 +70,8 @@
 //! CQ), targeting the sender's CRI endpoint (the one the sender progresses while it waits
 //! for the `Fin`).
 //!
-//! A read never blocks: [`Rank::start_read`] posts its first chunks and returns, and
-//! [`Rank::poll_reads`] — called by the runtime's progress passes, outside its CRI locks —
+//! A read never blocks: [`OfiRank::start_read`] posts its first chunks and returns, and
+//! [`OfiRank::poll_reads`] — called by the runtime's progress passes, outside its CRI locks —
 //! reads the RMA endpoint's completions, posts the rest and reports the reads that are over
 //! (the `reads` module). Serving a read may need the sender's own progress on its endpoint
 //! (shm without cross-memory attach, `tcp;ofi_rxm`): a rank that waited for its read inside
@@ -83,10 +83,10 @@
 //!
 //! # Lost peers
 //!
-//! A peer is marked lost by [`Rank::mark_lost`] (the bootstrap's monitor calls it when the
+//! A peer is marked lost by [`OfiRank::mark_lost`] (the bootstrap's monitor calls it when the
 //! job's key-value server reports that the peer's connection closed, or that the peer
 //! finished: either way it sends nothing more), or when a post or a completion to it fails.
-//! Sends and reads to a lost peer fail with `PeerLost`; [`Rank::lost_epoch`] changes so the
+//! Sends and reads to a lost peer fail with `PeerLost`; [`OfiRank::lost_epoch`] changes so the
 //! runtime fails pending requests that need it (after delivering the frames that reached
 //! this rank before). When the job's launcher itself is gone (the bootstrap's
 //! [`PeerEvent::ServerLost`]: `weftrun` was
@@ -106,9 +106,9 @@
 //! the same way on the lock of the peer's region; libfabric 1.18 queues commands lock-free,
 //! which removes the common case.) weft bounds what that costs, and undoes it where it can:
 //!
-//! * A CQ is read only under its CRI's state lock (`Cri::st`), so one thread per CRI at
+//! * A CQ is read only under its CRI's state lock (`CriEndpoint::st`), so one thread per CRI at
 //!   most is caught; every other thread waits for that lock at most [`STUCK_AFTER`]
-//!   (`Inner::lock_state`), then counts the CRI *stuck* and, until a holder releases the
+//!   (`RankInner::lock_state`), then counts the CRI *stuck* and, until a holder releases the
 //!   lock, does not wait for it at all: `poll` finds no frames, `has_frames` says none, a
 //!   send that needs a send slot is refused (`WouldBlock`), the transport-level RMA calls
 //!   retry until their deadline. The watcher also counts a CRI stuck whose state lock it
@@ -122,9 +122,9 @@
 //!   live holder keeps it for microseconds — is released ([`ShmRegionLock`], libfabric
 //!   1.17's region layout only: with another libfabric nothing is touched). A thread caught
 //!   on it (in a CQ read, or a send or read to the dead peer) then takes it and comes back.
-//! * [`Rank::close`] skips stuck CRIs when it drains sends and waits at most
+//! * [`OfiRank::close`] skips stuck CRIs when it drains sends and waits at most
 //!   [`STUCK_AFTER`] for the watcher to stop. A watcher still caught in libfabric is left
-//!   behind, and with it everything of the rank it shares (`Inner`): endpoints, CQs,
+//!   behind, and with it everything of the rank it shares (`RankInner`): endpoints, CQs,
 //!   address vector, domain, registrations and the slot buffers stay allocated and open
 //!   until the process exits — they must outlive a thread still inside libfabric, and
 //!   closing an endpoint would take the same lock. Their `shm` region names are removed
@@ -428,7 +428,7 @@ impl Drop for RawBuf {
     }
 }
 
-/// State of one CRI that posting and polling change; guarded by `Cri::st`.
+/// State of one CRI that posting and polling change; guarded by `CriEndpoint::st`.
 struct CriState {
     /// Completed receive slots not yet handed to the runtime: `(slot, bytes)`. At most one
     /// entry per posted slot.
@@ -448,7 +448,7 @@ struct CriState {
 ///
 /// Field order is drop order: the endpoint (and so its CQ) is closed before the buffers it
 /// may still reference are freed.
-struct Cri {
+struct CriEndpoint {
     /// The endpoint; libfabric owns every posted slot of the buffers below.
     ep: Endpoint,
     /// Staging, send slots, reposts. The runtime's CRI lock already serializes most callers;
@@ -546,7 +546,7 @@ impl Opened {
     ///
     /// Fails with [`Error::InvalidArgument`] if a rank's CRI count, eager capacity or
     /// [`terms`](OfiOptions::terms) differ from this rank's.
-    pub fn connect(self, rank: u32, blobs: &[Vec<u8>]) -> Result<Rank, Error> {
+    pub fn connect(self, rank: u32, blobs: &[Vec<u8>]) -> Result<OfiRank, Error> {
         if blobs.len() != self.size as usize || rank >= self.size {
             return Err(Error::InvalidArgument("address exchange returned the wrong number of ranks"));
         }
@@ -599,11 +599,11 @@ impl Opened {
         let rma_ep = eps.pop().ok_or(Error::InvalidArgument("no RMA endpoint"))?;
         let inject_limit = rma_ep.inject_size().min(INJECT_MAX);
         let max_msg = rma_ep.max_msg_size().max(1);
-        let cris: Box<[CachePadded<Cri>]> = eps
+        let cris: Box<[CachePadded<CriEndpoint>]> = eps
             .into_iter()
             .map(|ep| {
                 let region_lock = shm.then(|| shm_region_name(ep.name(), std::process::id()).and_then(ShmRegionLock::open)).flatten();
-                CachePadded::new(Cri {
+                CachePadded::new(CriEndpoint {
                     ep,
                     st: Mutex::new(CriState {
                         staged: VecDeque::with_capacity(self.opts.recv_slots),
@@ -621,7 +621,7 @@ impl Opened {
                 })
             })
             .collect();
-        let inner = Arc::new(Inner {
+        let inner = Arc::new(RankInner {
             rank,
             size: self.size,
             k: self.opts.cris,
@@ -671,14 +671,14 @@ impl Opened {
             .name(format!("weft-ofi-watch-{rank}"))
             .spawn(move || w.watch())
             .map_err(|_| Error::InvalidArgument("could not start the ofi watcher thread"))?;
-        Ok(Rank { inner, watcher: Mutex::new(Some(watcher)), monitor: Mutex::new(None), siblings: Mutex::new(Vec::new()) })
+        Ok(OfiRank { inner, watcher: Mutex::new(Some(watcher)), monitor: Mutex::new(None), siblings: Mutex::new(Vec::new()) })
     }
 }
 
 /// This process's rank of the job `job` describes: opens the endpoints, exchanges addresses
 /// through the job's KVS, connects, and keeps the KVS connection to learn of lost peers
 /// (which then fail with `PeerLost`).
-pub fn join(opts: &OfiOptions, mut job: crate::bootstrap::Job) -> Result<Rank, Error> {
+pub fn join(opts: &OfiOptions, mut job: crate::bootstrap::Job) -> Result<OfiRank, Error> {
     let opened = Opened::open(opts, job.size)?;
     let blobs = job.exchange(&opened.address_blob())?;
     let rank = opened.connect(job.rank, &blobs)?;
@@ -696,7 +696,7 @@ pub fn join(opts: &OfiOptions, mut job: crate::bootstrap::Job) -> Result<Rank, E
 /// Creates `n` ranks of one job inside this process (tests, and `build_local`): each rank
 /// has its own domain; addresses are exchanged directly. A rank that is closed tells the
 /// others directly, as the bootstrap's `FINISHED` does between processes.
-pub fn world(opts: &OfiOptions, n: u32) -> Result<Vec<Rank>, Error> {
+pub fn world(opts: &OfiOptions, n: u32) -> Result<Vec<OfiRank>, Error> {
     if n == 0 {
         // As `Opened::open` says for a job of none (which an empty world never calls).
         return Err(Error::InvalidArgument("a job needs at least one rank"));
@@ -711,7 +711,7 @@ pub fn world(opts: &OfiOptions, n: u32) -> Result<Vec<Rank>, Error> {
 }
 
 /// Everything of one rank, shared with its watcher thread.
-struct Inner {
+struct RankInner {
     /// This rank.
     rank: u32,
     /// Ranks of the job.
@@ -719,7 +719,7 @@ struct Inner {
     /// CRIs per rank.
     k: usize,
     /// The CRIs.
-    cris: Box<[CachePadded<Cri>]>,
+    cris: Box<[CachePadded<CriEndpoint>]>,
     /// The rendezvous reads in flight on `rma_ep`.
     reads: reads::Reads,
     /// The endpoint rendezvous reads are issued from.
@@ -782,7 +782,7 @@ struct Inner {
     watcher_stalled: AtomicBool,
 }
 
-impl Inner {
+impl RankInner {
     #[inline]
     fn addr(&self, rank: u32, ep: usize) -> FiAddr {
         self.peers[rank as usize * (self.k + 1) + ep]
@@ -809,7 +809,7 @@ impl Inner {
     /// no clock read: the message path stays free of both; the idle paths that ask
     /// `recently_active` turn counts into time.
     #[inline]
-    fn note_activity(cri: &Cri) {
+    fn note_activity(cri: &CriEndpoint) {
         // Relaxed, not a read-modify-write: two racing writers may lose an increment, but
         // the counter still changes, and readers only compare it with what they saw last.
         cri.activity.store(cri.activity.load(Ordering::Relaxed).wrapping_add(1), Ordering::Relaxed);
@@ -865,13 +865,13 @@ impl Inner {
     /// it is free; else, unless the CRI counts as stuck, by waiting at most [`STUCK_AFTER`]
     /// for it. `None` if it was not taken (the CRI is then stuck: module docs).
     #[inline]
-    fn lock_state<'a>(&self, cri: &'a Cri) -> Option<MutexGuard<'a, CriState>> {
+    fn lock_state<'a>(&self, cri: &'a CriEndpoint) -> Option<MutexGuard<'a, CriState>> {
         // The same single compare-and-swap as `lock()` when the lock is free.
         cri.st.try_lock().or_else(|| self.lock_state_slow(cri))
     }
 
     #[cold]
-    fn lock_state_slow<'a>(&self, cri: &'a Cri) -> Option<MutexGuard<'a, CriState>> {
+    fn lock_state_slow<'a>(&self, cri: &'a CriEndpoint) -> Option<MutexGuard<'a, CriState>> {
         if cri.stuck.load(Ordering::Relaxed) {
             // A peer that died since the last look may be what holds the stuck thread.
             // Relaxed: `release_dead_peers_locks` reloads the count with acquire.
@@ -941,7 +941,7 @@ impl Inner {
     }
 
     /// Posts receive slot `slot` of `cri` (or queues it for a re-post on `FI_EAGAIN`).
-    fn post_recv(&self, cri: &Cri, st: &mut CriState, slot: u32) -> Result<(), Error> {
+    fn post_recv(&self, cri: &CriEndpoint, st: &mut CriState, slot: u32) -> Result<(), Error> {
         let p = cri.recv_mem.slot(slot as usize, self.slot_size);
         // SAFETY: slot `slot` is not posted (it was just completed, or never posted) and no
         // Rust reference to it outlives this call; it stays allocated until the endpoint is
@@ -963,7 +963,7 @@ impl Inner {
     /// Consumed receive slots are re-posted here rather than as each frame is taken: when
     /// the CQ was empty (the thread is waiting anyway) or once a quarter of the slots wait,
     /// so a message's latency does not include the `fi_recv` that replaces its buffer.
-    fn reap(&self, cri: &Cri, st: &mut CriState) -> usize {
+    fn reap(&self, cri: &CriEndpoint, st: &mut CriState) -> usize {
         // Whoever holds the state lock again ends a stuck spell (a load on the CRI's own
         // line; written only when it changes).
         if cri.stuck.load(Ordering::Relaxed) {
@@ -995,7 +995,7 @@ impl Inner {
 
     /// Posts every receive slot waiting in `st.repost` (slots refused with `FI_EAGAIN` are
     /// queued anew by `post_recv`).
-    fn repost(&self, cri: &Cri, st: &mut CriState) {
+    fn repost(&self, cri: &CriEndpoint, st: &mut CriState) {
         if self.closed.load(Ordering::Relaxed) {
             return;
         }
@@ -1019,7 +1019,7 @@ impl Inner {
     }
 
     #[cold]
-    fn failed(&self, cri: &Cri, st: &mut CriState, e: &CompletionError) {
+    fn failed(&self, cri: &CriEndpoint, st: &mut CriState, e: &CompletionError) {
         let slot = (e.context & !CTX_KIND) as u32;
         match e.context & CTX_KIND {
             CTX_RECV if !self.closed.load(Ordering::Relaxed) => {
@@ -1038,7 +1038,7 @@ impl Inner {
 
     /// The next staged frame of `cri` (reading the CQ first if `read_cq` and nothing is
     /// staged), its slot re-posted.
-    fn next_frame(&self, cri: &Cri, st: &mut CriState, read_cq: bool) -> Option<Frame> {
+    fn next_frame(&self, cri: &CriEndpoint, st: &mut CriState, read_cq: bool) -> Option<Frame> {
         loop {
             if st.staged.is_empty() && read_cq {
                 self.reap(cri, st);
@@ -1357,9 +1357,9 @@ fn process_runs(pid: u32) -> bool {
 }
 
 /// One rank on libfabric. Created by [`Opened::connect`] or [`world`].
-pub struct Rank {
+pub struct OfiRank {
     /// State shared with the watcher thread.
-    inner: Arc<Inner>,
+    inner: Arc<RankInner>,
     /// The watcher; joined by `close`.
     watcher: Mutex<Option<JoinHandle<()>>>,
     /// The bootstrap connection watching for lost peers; dropped (saying `BYE`) by `close`.
@@ -1369,9 +1369,9 @@ pub struct Rank {
     siblings: Mutex<Vec<LossNotifier>>,
 }
 
-impl std::fmt::Debug for Rank {
+impl std::fmt::Debug for OfiRank {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ofi_provider::Rank")
+        f.debug_struct("ofi_provider::OfiRank")
             .field("provider", &self.inner.provider)
             .field("rank", &self.inner.rank)
             .field("size", &self.inner.size)
@@ -1385,11 +1385,11 @@ impl std::fmt::Debug for Rank {
 pub struct RemoteMem {
     /// The rank that registered the memory.
     pub rank: u32,
-    /// Its address and key, as its [`Rank::register_window`] returned them.
+    /// Its address and key, as its [`OfiRank::register_window`] returned them.
     pub region: RemoteRegion,
 }
 
-impl Rank {
+impl OfiRank {
     /// This rank.
     #[inline]
     pub fn rank(&self) -> u32 {
@@ -1488,7 +1488,7 @@ impl Rank {
         };
         match res {
             Ok(Post::Posted) => {
-                Inner::note_activity(cri);
+                RankInner::note_activity(cri);
                 Ok(())
             }
             Ok(Post::WouldBlock) => {
@@ -1534,7 +1534,7 @@ impl Rank {
             }
         }
         if n > 0 {
-            Inner::note_activity(c);
+            RankInner::note_activity(c);
         }
         drop(st);
         n
@@ -1644,7 +1644,7 @@ impl Rank {
             remote: RemoteRegion { base: h.addr, key: h.key, len: len as u64 },
             chunk: s.max_msg.min(READ_CHUNK),
         };
-        // SAFETY: forwarded contract; the RMA endpoint is closed before `Inner` is freed.
+        // SAFETY: forwarded contract; the RMA endpoint is closed before `RankInner` is freed.
         unsafe { s.reads.start(&s.rma_ep, from, dst, len) };
         Ok(ReadStart::InFlight)
     }
@@ -1879,13 +1879,13 @@ impl Rank {
     }
 }
 
-impl Drop for Rank {
+impl Drop for OfiRank {
     fn drop(&mut self) {
         self.close();
     }
 }
 
-/// A CRI state lock held by [`Rank::hold_cri_state`] (tests); released when dropped.
+/// A CRI state lock held by [`OfiRank::hold_cri_state`] (tests); released when dropped.
 #[doc(hidden)]
 #[derive(Debug)]
 pub struct CriStateHold {
@@ -1909,17 +1909,17 @@ impl Drop for CriStateHold {
 #[derive(Clone, Debug)]
 pub struct LossNotifier {
     /// The rank, if still alive.
-    inner: std::sync::Weak<Inner>,
+    inner: std::sync::Weak<RankInner>,
 }
 
-impl std::fmt::Debug for Inner {
+impl std::fmt::Debug for RankInner {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ofi_provider::Inner").field("rank", &self.rank).finish_non_exhaustive()
+        f.debug_struct("ofi_provider::RankInner").field("rank", &self.rank).finish_non_exhaustive()
     }
 }
 
 impl LossNotifier {
-    /// Marks `rank` lost (see [`Rank::mark_lost`]): it finished, or is gone for a reason not
+    /// Marks `rank` lost (see [`OfiRank::mark_lost`]): it finished, or is gone for a reason not
     /// known.
     pub fn lost(&self, rank: u32) {
         if let Some(i) = self.inner.upgrade() {
@@ -2091,7 +2091,7 @@ mod tests {
 
     /// Two ranks of an in-process `shm` world, or `None` (skipped) where `shm` is not
     /// available.
-    fn shm_pair() -> Option<Arc<Vec<Rank>>> {
+    fn shm_pair() -> Option<Arc<Vec<OfiRank>>> {
         let opts = OfiOptions { recv_slots: 16, send_slots: 8, ..OfiOptions::default() };
         match world(&opts, 2) {
             Ok(r) => Some(Arc::new(r)),
@@ -2121,7 +2121,7 @@ mod tests {
     }
 
     /// The `/dev/shm` names of `r`'s regions, one per endpoint.
-    fn region_names(r: &Rank) -> Vec<String> {
+    fn region_names(r: &OfiRank) -> Vec<String> {
         let pid = std::process::id();
         let eps = r.inner.cris.iter().map(|c| &c.ep).chain(std::iter::once(&r.inner.rma_ep));
         eps.filter_map(|ep| shm_region_name(ep.name(), pid)).map(|n| format!("/dev/shm/{n}")).collect()
@@ -2236,7 +2236,7 @@ mod tests {
     }
 
     /// A frame from rank 0 reaches CRI 0 of rank 1 within 10 s, and that CRI is not stuck.
-    fn a_frame_goes_through(ranks: &[Rank]) {
+    fn a_frame_goes_through(ranks: &[OfiRank]) {
         let deadline = Instant::now() + Duration::from_secs(10);
         let (mut sent, mut got) = (false, Vec::new());
         while got.is_empty() && Instant::now() < deadline {

@@ -139,10 +139,10 @@ impl RemoteWindow {
 #[derive(Debug)]
 pub enum Transport {
     /// The in-process provider.
-    Embedded(embedded::Endpoint),
+    Embedded(embedded::EmbeddedRank),
     /// libfabric.
     #[cfg(feature = "ofi")]
-    Ofi(crate::ofi_provider::Rank),
+    Ofi(crate::ofi_provider::OfiRank),
 }
 
 macro_rules! dispatch {
@@ -435,6 +435,6 @@ impl Transport {
 
     /// The header of a frame with no payload, for protocol replies.
     pub fn control_header(kind: crate::FrameKind, src_cri: u16, source: u32, cookie: u64) -> Header {
-        embedded::Endpoint::control_header(kind, src_cri, source, cookie)
+        embedded::EmbeddedRank::control_header(kind, src_cri, source, cookie)
     }
 }

@@ -6,7 +6,7 @@
 use std::time::{Duration, Instant};
 
 use weft_transport::ofi::FetchOp;
-use weft_transport::ofi_provider::{world, OfiOptions, Rank, RemoteMem};
+use weft_transport::ofi_provider::{world, OfiOptions, OfiRank, RemoteMem};
 use weft_transport::{Error, FrameKind, Header, ReadStart, SendError};
 
 const PROVIDERS: [&str; 2] = ["shm", "tcp;ofi_rxm"];
@@ -20,7 +20,7 @@ fn loopback() {
     });
 }
 
-fn pair(provider: &str, recv_slots: usize) -> Vec<Rank> {
+fn pair(provider: &str, recv_slots: usize) -> Vec<OfiRank> {
     loopback();
     let opts = OfiOptions { provider: provider.into(), cris: 2, eager_capacity: 1024, recv_slots, send_slots: 8, terms: Vec::new() };
     world(&opts, 2).unwrap()

@@ -11,14 +11,14 @@ use std::time::Duration;
 use super::pool::Executor;
 
 /// The waker of a `block_on` thread: a flag plus an unpark.
-struct Signal {
+struct BlockOnWaker {
     /// Set by a wake, taken by the blocked thread (spurious unparks are ignored).
     notified: AtomicBool,
     /// The blocked thread.
     thread: Thread,
 }
 
-impl Wake for Signal {
+impl Wake for BlockOnWaker {
     fn wake(self: Arc<Self>) {
         self.wake_by_ref();
     }
@@ -36,7 +36,7 @@ impl Wake for Signal {
 /// `MAX_HELP_DEPTH` (`pool.rs`), beyond which this thread only polls its own future.
 pub(crate) fn block_on<F: Future>(executor: &Executor, future: F) -> F::Output {
     let mut future = pin!(future);
-    let signal = Arc::new(Signal { notified: AtomicBool::new(false), thread: std::thread::current() });
+    let signal = Arc::new(BlockOnWaker { notified: AtomicBool::new(false), thread: std::thread::current() });
     let waker = Waker::from(signal.clone());
     let mut cx = Context::from_waker(&waker);
     // With no workers, or on a worker thread (which would otherwise hold up the tasks in its

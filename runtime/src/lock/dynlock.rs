@@ -385,7 +385,7 @@ unsafe impl RawTimedLock for Flat {
 /// chase to every acquisition of the progress path.
 #[derive(Debug)]
 #[allow(clippy::large_enum_variant)]
-enum Imp {
+enum DynImp {
     Flat(Flat),
     Priority(Priority<Flat, Flat>),
 }
@@ -400,7 +400,7 @@ pub struct DynLock {
     /// The protocol name it was built from.
     kind: LockKind,
     /// The protocol.
-    imp: Imp,
+    imp: DynImp,
 }
 
 impl DynLock {
@@ -413,9 +413,9 @@ impl DynLock {
     pub fn with_options(kind: LockKind, opts: &LockOptions) -> Self {
         let mut topo = None;
         let imp = match kind {
-            LockKind::Flat(k) => Imp::Flat(Flat::new(k, opts, &mut topo)),
+            LockKind::Flat(k) => DynImp::Flat(Flat::new(k, opts, &mut topo)),
             LockKind::Priority { high, low } => {
-                Imp::Priority(Priority::new(Flat::new(high, opts, &mut topo), Flat::new(low, opts, &mut topo)))
+                DynImp::Priority(Priority::new(Flat::new(high, opts, &mut topo), Flat::new(low, opts, &mut topo)))
             }
         };
         DynLock { kind, imp }
@@ -442,16 +442,16 @@ unsafe impl RawLock for DynLock {
     #[inline]
     fn lock(&self, node: Pin<&DynNode>) {
         match &self.imp {
-            Imp::Flat(l) => l.lock(node),
-            Imp::Priority(p) => p.acquire_high(node),
+            DynImp::Flat(l) => l.lock(node),
+            DynImp::Priority(p) => p.acquire_high(node),
         }
     }
 
     #[inline]
     fn try_lock(&self, node: Pin<&DynNode>) -> bool {
         match &self.imp {
-            Imp::Flat(l) => l.try_lock(node),
-            Imp::Priority(p) => p.try_acquire_high(node),
+            DynImp::Flat(l) => l.try_lock(node),
+            DynImp::Priority(p) => p.try_acquire_high(node),
         }
     }
 
@@ -459,16 +459,16 @@ unsafe impl RawLock for DynLock {
     unsafe fn unlock(&self, node: Pin<&DynNode>) {
         match &self.imp {
             // SAFETY: forwarded contract.
-            Imp::Flat(l) => unsafe { l.unlock(node) },
+            DynImp::Flat(l) => unsafe { l.unlock(node) },
             // SAFETY: forwarded contract (`lock` of a priority kind is `lock_high`).
-            Imp::Priority(p) => unsafe { p.release_high(node) },
+            DynImp::Priority(p) => unsafe { p.release_high(node) },
         }
     }
 
     fn no_waiters(&self, node: Pin<&DynNode>) -> bool {
         match &self.imp {
-            Imp::Flat(l) => l.no_waiters(node),
-            Imp::Priority(p) => p.high().no_waiters(node),
+            DynImp::Flat(l) => l.no_waiters(node),
+            DynImp::Priority(p) => p.high().no_waiters(node),
         }
     }
 }
@@ -478,16 +478,16 @@ unsafe impl RawPriorityLock for DynLock {
     #[inline]
     fn lock_low(&self, node: Pin<&DynNode>) {
         match &self.imp {
-            Imp::Flat(l) => l.lock(node),
-            Imp::Priority(p) => p.acquire_low(node),
+            DynImp::Flat(l) => l.lock(node),
+            DynImp::Priority(p) => p.acquire_low(node),
         }
     }
 
     #[inline]
     fn try_lock_low(&self, node: Pin<&DynNode>) -> bool {
         match &self.imp {
-            Imp::Flat(l) => l.try_lock(node),
-            Imp::Priority(p) => p.try_acquire_low(node),
+            DynImp::Flat(l) => l.try_lock(node),
+            DynImp::Priority(p) => p.try_acquire_low(node),
         }
     }
 
@@ -495,9 +495,9 @@ unsafe impl RawPriorityLock for DynLock {
     unsafe fn unlock_low(&self, node: Pin<&DynNode>) {
         match &self.imp {
             // SAFETY: forwarded contract.
-            Imp::Flat(l) => unsafe { l.unlock(node) },
+            DynImp::Flat(l) => unsafe { l.unlock(node) },
             // SAFETY: forwarded contract.
-            Imp::Priority(p) => unsafe { p.release_low(node) },
+            DynImp::Priority(p) => unsafe { p.release_low(node) },
         }
     }
 }
@@ -506,8 +506,8 @@ unsafe impl RawPriorityLock for DynLock {
 unsafe impl RawTimedLock for DynLock {
     fn try_lock_for(&self, node: Pin<&DynNode>, timeout: Duration) -> bool {
         match &self.imp {
-            Imp::Flat(l) => l.try_lock_for(node, timeout),
-            Imp::Priority(_) => super::poll_try_lock_for(self, node, timeout),
+            DynImp::Flat(l) => l.try_lock_for(node, timeout),
+            DynImp::Priority(_) => super::poll_try_lock_for(self, node, timeout),
         }
     }
 }

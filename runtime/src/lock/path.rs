@@ -25,7 +25,7 @@ use crate::lock::{Acquisition, Counted, DynLock, FlatKind, LockKind, LockOptions
 
 /// A lock of one runtime path guarding a `T`.
 pub(crate) struct PathLock<T> {
-    m: Imp<T>,
+    m: PathImp<T>,
     /// Try-acquisitions that found the lock taken and gave up (`Concurrent` progress): not
     /// acquisitions, so not in the lock's own counters, which only its holder writes.
     refused: AtomicU64,
@@ -37,7 +37,7 @@ pub(crate) struct PathLock<T> {
 /// path of one eager send and receive although `parking_lot` uses none of it. Inline, not
 /// boxed: a box would put a pointer chase on every acquisition of the other protocols.
 #[allow(clippy::large_enum_variant)]
-enum Imp<T> {
+enum PathImp<T> {
     /// `parking_lot` (no node).
     Plain(Mutex<Counted<ParkingLot>, T>),
     /// Any other protocol, chosen at run time.
@@ -48,8 +48,8 @@ enum Imp<T> {
 macro_rules! with_imp {
     ($imp:expr, |$m:ident| $e:expr) => {
         match $imp {
-            Imp::Plain($m) => $e,
-            Imp::Dyn($m) => $e,
+            PathImp::Plain($m) => $e,
+            PathImp::Dyn($m) => $e,
         }
     };
 }
@@ -66,8 +66,8 @@ impl<T> PathLock<T> {
             }
         }
         let m = match kind {
-            LockKind::Flat(FlatKind::ParkingLot) => Imp::Plain(Mutex::with_raw(counted(ParkingLot::new(), timed), value)),
-            _ => Imp::Dyn(Mutex::with_raw(counted(DynLock::with_options(kind, opts), timed), value)),
+            LockKind::Flat(FlatKind::ParkingLot) => PathImp::Plain(Mutex::with_raw(counted(ParkingLot::new(), timed), value)),
+            _ => PathImp::Dyn(Mutex::with_raw(counted(DynLock::with_options(kind, opts), timed), value)),
         };
         PathLock { m, refused: AtomicU64::new(0) }
     }

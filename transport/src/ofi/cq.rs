@@ -15,11 +15,11 @@ use super::flags::CompletionFlags;
 use super::sys;
 
 /// Entries read from libfabric per `fi_cq_read` call.
-const READ_CHUNK: usize = 32;
+const CQ_READ_BATCH: usize = 32;
 
 /// One successful completion.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct Completion {
+pub struct CqEntry {
     /// The `u64` context given when the operation was posted.
     pub context: u64,
     /// What completed (send, receive, RMA, ...).
@@ -149,7 +149,7 @@ impl CompletionQueue {
     ///
     /// Returns `Ok(0)` when none is available (`FI_EAGAIN`). When an operation failed
     /// (`-FI_EAVAIL`), reads its error entry and returns it as [`CqError::Completion`].
-    pub fn read(&self, out: &mut [Completion]) -> Result<usize, CqError> {
+    pub fn read(&self, out: &mut [CqEntry]) -> Result<usize, CqError> {
         let max = out.len();
         let mut slots = out.iter_mut();
         self.read_each(max, |c| {
@@ -164,12 +164,12 @@ impl CompletionQueue {
     /// buffer: nothing is zeroed or copied twice, which matters on a path that reads an
     /// empty CQ millions of times a second.
     #[inline]
-    pub fn read_each(&self, max: usize, mut f: impl FnMut(Completion)) -> Result<usize, CqError> {
-        let want = max.min(READ_CHUNK);
+    pub fn read_each(&self, max: usize, mut f: impl FnMut(CqEntry)) -> Result<usize, CqError> {
+        let want = max.min(CQ_READ_BATCH);
         if want == 0 {
             return Ok(0);
         }
-        let mut buf = [const { MaybeUninit::<sys::fi_cq_tagged_entry>::uninit() }; READ_CHUNK];
+        let mut buf = [const { MaybeUninit::<sys::fi_cq_tagged_entry>::uninit() }; CQ_READ_BATCH];
         // SAFETY: valid CQ of format TAGGED; `buf` has room for `want` tagged entries, which
         // libfabric writes before returning their count.
         let ret = unsafe { sys::weft_fi_cq_read(self.raw.as_ptr(), buf.as_mut_ptr().cast(), want) };
@@ -178,7 +178,7 @@ impl CompletionQueue {
             for e in &buf[..n] {
                 // SAFETY: libfabric initialized the first `ret` entries.
                 let e = unsafe { e.assume_init_ref() };
-                f(Completion {
+                f(CqEntry {
                     context: e.op_context as u64,
                     flags: CompletionFlags::from_bits(e.flags),
                     len: e.len,

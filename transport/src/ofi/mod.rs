@@ -41,7 +41,7 @@ mod shm_lock;
 mod sys;
 
 pub use av::{AddressVector, FiAddr, MAX_ADDR_LEN};
-pub use cq::{Completion, CompletionError, CompletionQueue, Counter, CqError, TryWait, WaitOutcome};
+pub use cq::{CompletionError, CompletionQueue, Counter, CqEntry, CqError, TryWait, WaitOutcome};
 pub use endpoint::{Endpoint, EndpointConfig, FetchOp};
 pub use error::{OfiError, Post};
 pub use fabric::{Domain, Fabric};

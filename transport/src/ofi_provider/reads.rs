@@ -99,7 +99,7 @@ struct ReadOp {
 }
 
 /// One entry of the table: a read, or free; the generation changes each time it is freed.
-struct Slot {
+struct ChunkSlot {
     /// Generation, carried in the context of every chunk posted from this slot.
     gen: u64,
     /// The read using the slot.
@@ -109,7 +109,7 @@ struct Slot {
 /// The reads of one rank, under `Reads::table`.
 struct ReadTable {
     /// Reads by slot (grows to the most reads ever in flight at once, then stays).
-    slots: Vec<Slot>,
+    slots: Vec<ChunkSlot>,
     /// Chunks posted and not completed, every read together (at most [`CHUNKS_POSTED`]).
     posted: usize,
     /// Reads that are over, in the order they ended, until a poll reports them.
@@ -197,7 +197,7 @@ impl Reads {
         let i = match slots.iter().position(|s| s.op.is_none()) {
             Some(i) => i,
             None => {
-                slots.push(Slot { gen: 0, op: None });
+                slots.push(ChunkSlot { gen: 0, op: None });
                 slots.len() - 1
             }
         };
@@ -310,7 +310,7 @@ impl ReadTable {
             return;
         }
         let (i, gen) = ((ctx & 0xffff_ffff) as usize, (ctx >> 32) & GEN_MASK);
-        let Some(Slot { gen: g, op: Some(op) }) = self.slots.get_mut(i) else { return };
+        let Some(ChunkSlot { gen: g, op: Some(op) }) = self.slots.get_mut(i) else { return };
         if *g != gen || op.outstanding == 0 {
             // A chunk of a read given up on earlier.
             return;

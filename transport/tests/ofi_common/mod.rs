@@ -6,7 +6,7 @@ use std::collections::VecDeque;
 use std::sync::{Arc, Once};
 use std::time::{Duration, Instant};
 
-use weft_transport::ofi::{AddressVector, Completion, CompletionError, CqError, Domain, Endpoint, EndpointConfig, FiAddr, Info, Post};
+use weft_transport::ofi::{AddressVector, CompletionError, CqEntry, CqError, Domain, Endpoint, EndpointConfig, FiAddr, Info, Post};
 
 /// Every wait in the tests gives up (panics with a message) after this long.
 pub(crate) const DEADLINE: Duration = Duration::from_secs(10);
@@ -24,7 +24,7 @@ pub(crate) fn loopback_env() {
 /// One endpoint plus the completions read from its CQ but not yet claimed.
 pub(crate) struct Side {
     pub(crate) ep: Endpoint,
-    pub(crate) done: VecDeque<Result<Completion, CompletionError>>,
+    pub(crate) done: VecDeque<Result<CqEntry, CompletionError>>,
 }
 
 /// Two endpoints of one domain sharing one AV, each knowing the other's `FiAddr`.
@@ -72,7 +72,7 @@ pub(crate) fn pair_with(provider: &str, config: &EndpointConfig) -> Option<Pair>
 }
 
 fn progress_side(side: &mut Side) {
-    let mut buf = [Completion::default(); 16];
+    let mut buf = [CqEntry::default(); 16];
     loop {
         match side.ep.cq().read(&mut buf) {
             Ok(0) => return,
@@ -98,7 +98,7 @@ impl Pair {
     }
 
     /// Waits (progressing both sides) for the completion with `ctx` on `which`.
-    pub(crate) fn wait(&mut self, which: Which, ctx: u64, what: &str) -> Result<Completion, CompletionError> {
+    pub(crate) fn wait(&mut self, which: Which, ctx: u64, what: &str) -> Result<CqEntry, CompletionError> {
         let start = Instant::now();
         loop {
             let side = self.side(which);
@@ -116,7 +116,7 @@ impl Pair {
     }
 
     /// Waits for a successful completion.
-    pub(crate) fn wait_ok(&mut self, which: Which, ctx: u64, what: &str) -> Completion {
+    pub(crate) fn wait_ok(&mut self, which: Which, ctx: u64, what: &str) -> CqEntry {
         match self.wait(which, ctx, what) {
             Ok(c) => c,
             Err(e) => panic!("{what} failed: {e:?}"),
