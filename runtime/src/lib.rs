@@ -9,17 +9,18 @@
 //! # The path of one message
 //!
 //! 1. A thread calls [`Communicator::isend`]; weft builds a [`Request`] (a `Future`) whose
-//!    shared part owns a `CompletionCell` (crate `weft-sync`) — `request.rs`.
-//! 2. The runtime picks a CRI for the thread (dedicated or round-robin, `cri.rs`), takes its
-//!    lock and hands the frame to the transport — `protocol.rs` (`send_frame`).
+//!    operation (`operation.rs`) owns a `CompletionCell` (crate `weft-sync`) — `request.rs`.
+//! 2. The runtime picks a CRI for the thread (dedicated or round-robin, `engine/cris.rs`),
+//!    takes its lock and hands the frame to the transport — `progress/send.rs`
+//!    (`post_frame`; a frame a full inbox refuses waits in `engine/outbox.rs`).
 //! 3. The transport moves the bytes (embedded provider: a lock-free inbox of the peer's CRI;
 //!    libfabric: `fi_inject`/`fi_send` on the CRI's endpoint) — crate `weft-transport`,
 //!    chosen in `provider.rs`.
 //! 4. Progress — the owner, the global-lock holder, or any thread winning a CRI's try-lock,
-//!    per the [`ProgressMode`] — drains inboxes — `progress.rs`.
+//!    per the [`ProgressMode`] — drains inboxes — `progress/`.
 //! 5. Matching checks the sequence number, pairs the frame with a posted receive or queues
-//!    it as unexpected, copies the payload and completes the cell — `matching.rs`,
-//!    `protocol.rs` (`finish_match`).
+//!    it as unexpected, copies the payload and completes the cell — `matching/`,
+//!    `engine/frames.rs` (`finish_match`; a rendezvous message is read by `engine/reads.rs`).
 //! 6. Completing the cell wakes the polling task, or pushes the completion onto the attached
 //!    [`SyncObject`]'s queue and wakes its waiters — `weft-sync`.
 //!
