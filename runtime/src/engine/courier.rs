@@ -44,7 +44,7 @@
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock, Weak};
-use std::task::{Wake, Waker};
+use std::task::Waker;
 use std::thread::{JoinHandle, Thread};
 use std::time::Duration;
 
@@ -52,6 +52,7 @@ use parking_lot::Mutex;
 
 use crate::config::ProgressMode;
 use crate::engine::Engine;
+use crate::executor::Unpark;
 
 /// First timeout of a park while frames wait: a pass that sent nothing waits for the next
 /// ring of room, or this long, whichever comes first.
@@ -142,22 +143,10 @@ impl Courier {
     }
 }
 
-/// Unparks the courier (the waker it registers for room).
-struct CourierWaker(Thread);
-
-impl Wake for CourierWaker {
-    fn wake(self: Arc<Self>) {
-        self.0.unpark();
-    }
-    fn wake_by_ref(self: &Arc<Self>) {
-        self.0.unpark();
-    }
-}
-
 /// The courier thread's loop (see the module docs).
 fn run(shared: &Weak<Engine>) {
     // One waker for every registration: the doorbell keeps it once (`will_wake`).
-    let waker = Waker::from(Arc::new(CourierWaker(std::thread::current())));
+    let waker = Waker::from(Arc::new(Unpark(std::thread::current())));
     let mut nap = MIN_NAP;
     loop {
         let Some(s) = shared.upgrade() else { return };

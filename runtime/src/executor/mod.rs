@@ -33,6 +33,7 @@ mod task;
 use weft_sync::SignalListener;
 
 pub(crate) use block_on::block_on;
+pub(crate) use park::Unpark;
 pub(crate) use pool::{help, Executor};
 pub(crate) use split::split;
 pub use task::{JoinError, JoinHandle};

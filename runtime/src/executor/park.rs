@@ -98,8 +98,9 @@ impl Sleepers {
     }
 }
 
-/// Unparks a thread (the waker of the doorbell listener a worker sleeps on).
-struct Unpark(Thread);
+/// A waker that unparks a thread: of the listener a parked worker sleeps on, and of every
+/// other thread of the runtime that parks (waiters, the courier).
+pub(crate) struct Unpark(pub(crate) Thread);
 
 impl Wake for Unpark {
     fn wake(self: Arc<Self>) {

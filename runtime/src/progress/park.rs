@@ -3,11 +3,12 @@
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::task::{Context, Poll, Wake, Waker};
+use std::task::{Context, Poll, Waker};
 
 use weft_sync::SignalListener;
 
 use crate::engine::Engine;
+use crate::executor::Unpark;
 
 /// Parks on `listener` and the doorbell, unless frames are already waiting.
 ///
@@ -34,20 +35,8 @@ pub(super) enum Woken {
     Timeout,
 }
 
-/// Wakes a parked thread.
-struct ThreadWaker(std::thread::Thread);
-
-impl Wake for ThreadWaker {
-    fn wake(self: Arc<Self>) {
-        self.0.unpark();
-    }
-    fn wake_by_ref(self: &Arc<Self>) {
-        self.0.unpark();
-    }
-}
-
 thread_local! {
-    static PARKER: Waker = Waker::from(Arc::new(ThreadWaker(std::thread::current())));
+    static PARKER: Waker = Waker::from(Arc::new(Unpark(std::thread::current())));
 }
 
 /// Longest single park. A safety net, not the wake-up mechanism: every wake-up path is a
