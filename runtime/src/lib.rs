@@ -24,6 +24,19 @@
 //! 6. Completing the cell wakes the polling task, or pushes the completion onto the attached
 //!    [`SyncObject`]'s queue and wakes its waiters — `weft-sync`.
 //!
+//! # Where things live
+//!
+//! The crate is layered; a layer names only the layers below it (`runtime/tests/layers.rs`
+//! checks the sources):
+//!
+//! | layer | files | what |
+//! |---|---|---|
+//! | API | `runtime.rs`, `comm.rs`, `request.rs`, `wait.rs`, `datatype.rs`, `counters.rs` | [`Runtime`] and [`Builder`], [`Communicator`], [`Request`], the waits, datatypes, [`Snapshot`] |
+//! | progress | `progress/` | the three [`ProgressMode`]s (`global.rs`, `owner.rs`, `concurrent.rs`), one pass (`mod.rs`), parking (`park.rs`), blocking waits (`wait.rs`), posting a frame (`send.rs`), what the executor and sync objects call (`drive.rs`) |
+//! | engine | `engine/` | one rank's state by component — CRIs, the context table, frames into completions, rendezvous reads, the outbox of refused frames, lost peers, the courier — with what guards each and the lock order (`engine/README.md`) |
+//! | matching, executor | `matching/`, `executor/` | the matching engine of one communicator (over operations, `operation.rs`); the work-stealing pool, which knows the runtime only through its `Drive` trait |
+//! | base | `lock/`, `config.rs`, `buffer.rs`, `provider.rs`, `operation.rs`, `loom.rs` | lock protocols, the path locks and the progress owner token; configuration; buffers; the transport's choice; an operation's completion state; the loom facade |
+//!
 //! # Executor
 //!
 //! Each runtime has a work-stealing pool (`executor/`: crossbeam-deque worker deques, a
