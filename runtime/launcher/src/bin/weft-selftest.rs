@@ -55,7 +55,7 @@ at a number of ranks it does not take (the bracket before its description) refus
 and exits with status 2.";
 
 /// One check. The first line of each doc comment is its line in `--help`, and starts with
-/// the number of ranks it takes ([`Ranks::tag`]; a unit test keeps the two in step).
+/// the number of ranks it takes (`Ranks::tag`; a unit test keeps the two in step).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Subcommand)]
 enum Check {
     /// [any ranks] prints rank, size and provider
