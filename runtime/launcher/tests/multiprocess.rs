@@ -22,12 +22,18 @@ fn weftrun(n: u32, provider: &str, check: &str) -> (Output, Duration) {
 
 /// `weftrun` with options of its own (`--timeout`, `--grace`) before the program.
 fn weftrun_with(n: u32, provider: &str, options: &[&str], check: &str) -> (Output, Duration) {
+    job(n, provider, options, &[SELFTEST, check])
+}
+
+/// A job of `n` ranks of `program` (with its arguments) through `weftrun` with `options`;
+/// its output, and how long it took.
+fn job(n: u32, provider: &str, options: &[&str], program: &[&str]) -> (Output, Duration) {
     let _g = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
     let t0 = Instant::now();
     let out = Command::new(WEFTRUN)
         .args(["-n", &n.to_string(), "--provider", provider])
         .args(options)
-        .args([SELFTEST, check])
+        .args(program)
         .env("FI_TCP_IFACE", "lo")
         .env("FI_SOCKETS_IFACE", "lo")
         .env_remove("WEFT_PROVIDER")
@@ -124,15 +130,8 @@ fn a_check_refuses_a_rank_count_it_does_not_take() {
 /// (exit status 101).
 #[test]
 fn a_message_a_check_does_not_expect_fails_it_without_a_panic() {
-    let _g = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
-    let o = Command::new(WEFTRUN)
-        .args(["-n", "2", "--provider", "shm", "--timeout", "60", "sh", "-c"])
-        .arg(format!("if [ \"$WEFT_RANK\" = 0 ]; then exec {SELFTEST} wildcard; else exec {SELFTEST} multirate; fi"))
-        .env("FI_TCP_IFACE", "lo")
-        .env_remove("WEFT_PROVIDER")
-        .stdin(Stdio::null())
-        .output()
-        .unwrap();
+    let script = format!("if [ \"$WEFT_RANK\" = 0 ]; then exec {SELFTEST} wildcard; else exec {SELFTEST} multirate; fi");
+    let (o, _) = job(2, "shm", &["--timeout", "60"], &["sh", "-c", &script]);
     let s = text(&o);
     assert_eq!(o.status.code(), Some(1), "{s}");
     let says = "[0] weft-selftest wildcard: FAILED on rank 0 of 2: message 0 of rank 1: expected 4 bytes [00 00 00 00], got 1 byte \"r\"";
@@ -214,17 +213,9 @@ fn killed_sender_fails_the_read_with_peer_lost_on_tcp() {
 /// lock of the sender's region, which the sender's next CQ read takes.)
 #[test]
 fn a_rank_killed_mid_transfer_fails_the_sender_on_shm() {
-    let _g = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
     for delay in ["150", "300", "450"] {
-        let t0 = Instant::now();
-        let o = Command::new(WEFTRUN)
-            .args(["-n", "2", "--provider", "shm", "--grace", "10", "--timeout", "60", SELFTEST, "kill-mid-transfer", delay])
-            .env("FI_TCP_IFACE", "lo")
-            .env_remove("WEFT_PROVIDER")
-            .stdin(Stdio::null())
-            .output()
-            .expect("weftrun starts");
-        let (t, s) = (t0.elapsed(), text(&o));
+        let (o, t) = job(2, "shm", &["--grace", "10", "--timeout", "60"], &[SELFTEST, "kill-mid-transfer", delay]);
+        let s = text(&o);
         // The worst status is rank 1's SIGKILL: 128 + 9.
         assert_eq!(o.status.code(), Some(137), "killed after {delay} ms:\n{s}");
         assert!(s.contains("[0] kill-mid-transfer ok"), "killed after {delay} ms: rank 0 did not see PeerLost:\n{s}");
@@ -310,18 +301,8 @@ fn killing_weftrun_leaves_no_shm_files_behind() {
 /// an error naming it (they used to wait out the exchange's 60 s timeout and fail with
 /// "transport error in key-value exchange: code 11").
 fn early_clean_exit(provider: &str) {
-    let _g = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
-    let t0 = Instant::now();
-    let o = Command::new(WEFTRUN)
-        .args(["-n", "2", "--provider", provider, "--timeout", "60", "sh", "-c"])
-        .arg(format!("if [ \"$WEFT_RANK\" = 1 ]; then exit 0; fi; exec {SELFTEST} hello"))
-        .env("FI_TCP_IFACE", "lo")
-        .env("FI_SOCKETS_IFACE", "lo")
-        .env_remove("WEFT_PROVIDER")
-        .stdin(Stdio::null())
-        .output()
-        .unwrap();
-    let t = t0.elapsed();
+    let script = format!("if [ \"$WEFT_RANK\" = 1 ]; then exit 0; fi; exec {SELFTEST} hello");
+    let (o, t) = job(2, provider, &["--timeout", "60"], &["sh", "-c", &script]);
     let s = text(&o);
     assert_eq!(o.status.code(), Some(1), "{provider}:\n{s}");
     assert!(s.contains("[0] weft-selftest hello: FAILED") && s.contains("peer rank 1 was lost"), "{provider}:\n{s}");
