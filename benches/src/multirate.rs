@@ -853,7 +853,10 @@ fn launch(p: &Point, a: &Args, provider: Provider) -> Result<f64, String> {
     let exe = std::env::current_exe().map_err(|e| e.to_string())?;
     let weftrun = exe.with_file_name("weftrun");
     if !weftrun.exists() {
-        return Err(format!("{} not found; build it first: cargo build --release -p weft --features ofi --bin weftrun", weftrun.display()));
+        return Err(format!(
+            "{} not found; build it first: cargo build --release -p weft-launcher --features ofi --bin weftrun",
+            weftrun.display()
+        ));
     }
     let n = if p.mode == Mode::Thread { 2 } else { 2 * p.pairs };
     let mut cmd = std::process::Command::new(&weftrun);

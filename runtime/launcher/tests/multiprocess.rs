@@ -22,12 +22,18 @@ fn weftrun(n: u32, provider: &str, check: &str) -> (Output, Duration) {
 
 /// `weftrun` with options of its own (`--timeout`, `--grace`) before the program.
 fn weftrun_with(n: u32, provider: &str, options: &[&str], check: &str) -> (Output, Duration) {
+    job(n, provider, options, &[SELFTEST, check])
+}
+
+/// A job of `n` ranks of `program` (with its arguments) through `weftrun` with `options`;
+/// its output, and how long it took.
+fn job(n: u32, provider: &str, options: &[&str], program: &[&str]) -> (Output, Duration) {
     let _g = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
     let t0 = Instant::now();
     let out = Command::new(WEFTRUN)
         .args(["-n", &n.to_string(), "--provider", provider])
         .args(options)
-        .args([SELFTEST, check])
+        .args(program)
         .env("FI_TCP_IFACE", "lo")
         .env("FI_SOCKETS_IFACE", "lo")
         .env_remove("WEFT_PROVIDER")
@@ -41,46 +47,97 @@ fn text(o: &Output) -> String {
     format!("--- stdout\n{}--- stderr\n{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr))
 }
 
-fn all_checks(provider: &str) {
-    let (o, t) = weftrun(2, provider, "all");
-    let s = text(&o);
-    assert!(o.status.success(), "weftrun failed on {provider} after {t:?}:\n{s}");
-    for line in ["pingpong ok", "multirate many-to-many ok", "wildcard ok", "order ok", "large ok", "all done"] {
-        for r in 0..2 {
-            assert!(s.contains(&format!("[{r}] {line}")), "missing {line:?} of rank {r}:\n{s}");
+/// `weft-selftest all` (pingpong, every multirate pattern, wildcard, order, large, each on a
+/// communicator of its own) at 2, 4 and 8 ranks. At 4 ranks and more, rank 0's wildcard
+/// receives used to match the exit handshake of a faster rank and the check panicked.
+fn every_check(provider: &str) {
+    for n in [2, 4, 8] {
+        let (o, t) = weftrun(n, provider, "all");
+        let s = text(&o);
+        assert!(o.status.success(), "{n} ranks: weftrun failed on {provider} after {t:?}:\n{s}");
+        let patterns = ["pairwise", "one-to-many", "many-to-one", "many-to-many"].map(|p| format!("multirate {p} ok"));
+        let lines = ["pingpong ok", "multirate ok", "wildcard ok", "order ok", "large ok", "all done"];
+        for r in 0..n {
+            for line in patterns.iter().map(String::as_str).chain(lines) {
+                assert!(s.contains(&format!("[{r}] {line}")), "{n} ranks: missing {line:?} of rank {r}:\n{s}");
+            }
         }
     }
 }
 
 #[test]
-fn two_ranks_every_check_on_shm() {
-    all_checks("shm");
+fn every_check_at_2_4_and_8_ranks_on_shm() {
+    every_check("shm");
 }
 
 #[test]
-fn two_ranks_every_check_on_tcp() {
-    all_checks("tcp");
+fn every_check_at_2_4_and_8_ranks_on_tcp() {
+    every_check("tcp");
 }
 
-fn multirate_four(provider: &str) {
-    let (o, _) = weftrun(4, provider, "multirate");
-    let s = text(&o);
-    assert!(o.status.success(), "{s}");
-    for r in 0..4 {
-        for p in ["pairwise", "one-to-many", "many-to-one", "many-to-many"] {
-            assert!(s.contains(&format!("[{r}] multirate {p} ok")), "rank {r} {p}:\n{s}");
+/// The checks that take any number of ranks (2 or more) run at 3, an odd count: pingpong's
+/// last rank plays with rank 0, order and large go round a ring of 3.
+fn three_ranks(provider: &str) {
+    for check in ["hello", "pingpong", "wildcard", "order", "large", "alltoall"] {
+        let (o, t) = weftrun(3, provider, check);
+        let s = text(&o);
+        assert!(o.status.success(), "{check} at 3 ranks on {provider} failed after {t:?}:\n{s}");
+        for r in 0..3 {
+            assert!(s.contains(&format!("[{r}] {check} done")), "{check}: rank {r}:\n{s}");
+            if check == "hello" {
+                assert!(s.contains(&format!("[{r}] rank {r} of 3 on {provider}")), "{s}");
+            }
         }
     }
 }
 
 #[test]
-fn four_ranks_multirate_patterns_on_shm() {
-    multirate_four("shm");
+fn three_ranks_checks_that_take_any_count_on_shm() {
+    three_ranks("shm");
 }
 
 #[test]
-fn four_ranks_multirate_patterns_on_tcp() {
-    multirate_four("tcp");
+fn three_ranks_checks_that_take_any_count_on_tcp() {
+    three_ranks("tcp");
+}
+
+/// A check started at a number of ranks it does not take refuses on every rank, naming the
+/// counts it takes, with exit status 2 (nothing runs, nothing hangs).
+#[test]
+fn a_check_refuses_a_rank_count_it_does_not_take() {
+    for (n, check, says) in [
+        (3, "peer-lost", "takes exactly 2 ranks; this job has 3"),
+        (4, "peer-finished", "takes exactly 2 ranks; this job has 4"),
+        (3, "multirate", "takes an even number of ranks (2 or more); this job has 3"),
+        (3, "all", "takes an even number of ranks (2 or more); this job has 3"),
+        (1, "pingpong", "takes 2 or more ranks; this job has 1"),
+    ] {
+        let (o, t) = weftrun(n, "shm", check);
+        let s = text(&o);
+        assert_eq!(o.status.code(), Some(2), "{check} at {n} ranks:\n{s}");
+        for r in 0..n {
+            assert!(s.contains(&format!("[{r}] weft-selftest {check}: rank {r} of {n}: {says}")), "{check} at {n} ranks: rank {r}:\n{s}");
+        }
+        assert!(!s.contains("panicked") && !s.contains(" ok"), "{check} at {n} ranks:\n{s}");
+        assert!(t < Duration::from_secs(30), "{check} at {n} ranks took {t:?}");
+    }
+}
+
+/// A message a check does not expect fails the check with what was expected and what came,
+/// naming the check and the rank: rank 0 runs `wildcard` and rank 1 `multirate`, whose
+/// 1-byte "ready" (tag 1, from rank 1) rank 0's `Source::Any, Tag::Any` receive matches
+/// where it expects the 4-byte counter 0. That receive used to slice the message and panic
+/// (exit status 101).
+#[test]
+fn a_message_a_check_does_not_expect_fails_it_without_a_panic() {
+    let script = format!("if [ \"$WEFT_RANK\" = 0 ]; then exec {SELFTEST} wildcard; else exec {SELFTEST} multirate; fi");
+    let (o, _) = job(2, "shm", &["--timeout", "60"], &["sh", "-c", &script]);
+    let s = text(&o);
+    assert_eq!(o.status.code(), Some(1), "{s}");
+    let says = "[0] weft-selftest wildcard: FAILED on rank 0 of 2: message 0 of rank 1: expected 4 bytes [00 00 00 00], got 1 byte \"r\"";
+    assert!(s.contains(says), "{s}");
+    assert!(s.contains("[1] weft-selftest multirate: FAILED on rank 1 of 2: peer rank 0 was lost"), "{s}");
+    assert!(!s.contains("panicked"), "{s}");
 }
 
 fn killed_peer(provider: &str) {
@@ -156,17 +213,9 @@ fn killed_sender_fails_the_read_with_peer_lost_on_tcp() {
 /// lock of the sender's region, which the sender's next CQ read takes.)
 #[test]
 fn a_rank_killed_mid_transfer_fails_the_sender_on_shm() {
-    let _g = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
     for delay in ["150", "300", "450"] {
-        let t0 = Instant::now();
-        let o = Command::new(WEFTRUN)
-            .args(["-n", "2", "--provider", "shm", "--grace", "10", "--timeout", "60", SELFTEST, "kill-mid-transfer", delay])
-            .env("FI_TCP_IFACE", "lo")
-            .env_remove("WEFT_PROVIDER")
-            .stdin(Stdio::null())
-            .output()
-            .expect("weftrun starts");
-        let (t, s) = (t0.elapsed(), text(&o));
+        let (o, t) = job(2, "shm", &["--grace", "10", "--timeout", "60"], &[SELFTEST, "kill-mid-transfer", delay]);
+        let s = text(&o);
         // The worst status is rank 1's SIGKILL: 128 + 9.
         assert_eq!(o.status.code(), Some(137), "killed after {delay} ms:\n{s}");
         assert!(s.contains("[0] kill-mid-transfer ok"), "killed after {delay} ms: rank 0 did not see PeerLost:\n{s}");
@@ -252,18 +301,8 @@ fn killing_weftrun_leaves_no_shm_files_behind() {
 /// an error naming it (they used to wait out the exchange's 60 s timeout and fail with
 /// "transport error in key-value exchange: code 11").
 fn early_clean_exit(provider: &str) {
-    let _g = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
-    let t0 = Instant::now();
-    let o = Command::new(WEFTRUN)
-        .args(["-n", "2", "--provider", provider, "--timeout", "60", "sh", "-c"])
-        .arg(format!("if [ \"$WEFT_RANK\" = 1 ]; then exit 0; fi; exec {SELFTEST} hello"))
-        .env("FI_TCP_IFACE", "lo")
-        .env("FI_SOCKETS_IFACE", "lo")
-        .env_remove("WEFT_PROVIDER")
-        .stdin(Stdio::null())
-        .output()
-        .unwrap();
-    let t = t0.elapsed();
+    let script = format!("if [ \"$WEFT_RANK\" = 1 ]; then exit 0; fi; exec {SELFTEST} hello");
+    let (o, t) = job(2, provider, &["--timeout", "60"], &["sh", "-c", &script]);
     let s = text(&o);
     assert_eq!(o.status.code(), Some(1), "{provider}:\n{s}");
     assert!(s.contains("[0] weft-selftest hello: FAILED") && s.contains("peer rank 1 was lost"), "{provider}:\n{s}");

@@ -1,0 +1,892 @@
+//! `weft-selftest <check>`: multi-process checks of a weft installation, run under
+//! `weftrun` (`weftrun -n 4 --provider shm weft-selftest all`); `weft-selftest --help` lists
+//! the checks, one line each, with the number of ranks each takes. The integration test
+//! `tests/multiprocess.rs` drives them on `shm` and `tcp;ofi_rxm`.
+//!
+//! * Every check runs on a communicator of its own (`world().dup()`, created by every rank
+//!   before the check and freed after it), and the exit handshake on another: no check ever
+//!   matches a message of another check, or of a faster rank's goodbye.
+//! * A check verifies each message it receives — source, tag, length and contents — and a
+//!   mismatch is a failure that names what was expected and what came, never a panic: the
+//!   rank prints `weft-selftest CHECK: FAILED on rank R of N: ...` and exits with status 1.
+//! * A check run at a number of ranks it does not take refuses on every rank, naming the
+//!   numbers it takes, and exits with status 2.
+//!
+//! | check | ranks | what |
+//! |---|---|---|
+//! | `hello` | any | prints rank, size and provider |
+//! | `pingpong` | >= 2 | 1000 round trips in pairs 0-1, 2-3, ... at once (with an odd count the last rank then plays with rank 0), contents checked |
+//! | `multirate` | even | every multirate pattern (pairwise, one-to-many, many-to-one, many-to-many) from ranks `0..N/2` to `N/2..N`, window 16, 10 iterations |
+//! | `wildcard` | >= 2 | rank 0 receives 50 messages from every other rank with `Source::Any`/`Tag::Any`; per-source order checked |
+//! | `order` | >= 2 | every rank sends 200 eager and rendezvous messages, interleaved on one tag, to the next rank on a ring; they arrive in send order |
+//! | `large` | >= 2 | every rank sends a 64 MiB message to the next rank on a ring, all at once (at 2 ranks: an exchange), contents checked |
+//! | `alltoall` | >= 2 | every rank sends 64 KiB (rendezvous) to every other at once, 40 rounds, contents checked |
+//! | `all` | even | `pingpong`, `multirate`, `wildcard`, `order` and `large` in turn, each on a communicator of its own |
+//! | `peer-lost` | 2 | rank 0 kills itself (SIGKILL); rank 1's pending receive and rendezvous send, and a new send and receive, fail with `PeerLost` |
+//! | `peer-lost-read` | 2 | rank 0 kills itself while rank 1 reads its 64 MiB message; rank 1's receive fails with `PeerLost` (not a transport error) or, if the read was done first, holds the whole message |
+//! | `kill-mid-transfer MS` | 2 | rank 0 streams 64 MiB messages to rank 1, which kills itself (SIGKILL) `MS` ms into the first receive; rank 0's send fails with `PeerLost` within seconds |
+//! | `outlive-launcher` | any | prints its pid and waits for a message that never comes; rank 1 ignores SIGTERM first. Once its wait fails (the test kills `weftrun`: `PeerLost`) a rank kills itself (SIGKILL), printing nothing more |
+//! | `peer-finished` | 2 | rank 1 sends 8 messages and drops its runtime (a normal finish) while rank 0 has receives posted that only rank 1 could match; rank 0 still gets the 8 messages, then the others, a new receive and a new send fail with `PeerLost` |
+//! | `netns` | 2 | a message and 1 MiB each way (the multi-host test) |
+//! | `block` | any | prints its pid, then waits for a message that never comes (teardown test) |
+//! | `exit-code` | any | rank `r` exits with status `3 * r` after everyone arrived |
+
+use std::fmt;
+use std::time::{Duration, Instant};
+
+use clap::{Parser, Subcommand};
+use weft::{Communicator, Error, Request, Runtime, Source, Status, Tag};
+
+/// Multi-process checks of a weft installation, run under weftrun (`weftrun -n 4 --provider
+/// shm weft-selftest all`).
+#[derive(Debug, Parser)]
+#[command(name = "weft-selftest", version, disable_help_subcommand = true, after_help = AFTER_HELP)]
+struct Cli {
+    #[command(subcommand)]
+    check: Check,
+}
+
+/// What `--help` says below the list of checks.
+const AFTER_HELP: &str = "\
+Each check runs on a communicator of its own, and the exit handshake on another. Every message a \
+check receives is checked (source, tag, length, contents): a mismatch prints `weft-selftest CHECK: \
+FAILED on rank R of N: what was expected and what came` and exits with status 1. A check started \
+at a number of ranks it does not take (the bracket before its description) refuses on every rank \
+and exits with status 2.";
+
+/// One check. The first line of each doc comment is its line in `--help`, and starts with
+/// the number of ranks it takes (`Ranks::tag`; a unit test keeps the two in step).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Subcommand)]
+enum Check {
+    /// [any ranks] prints rank, size and provider
+    Hello,
+    /// [2+ ranks] 1000 round trips in pairs 0-1, 2-3, ... at once (an odd last rank then plays with rank 0)
+    Pingpong,
+    /// [even ranks] every multirate pattern from ranks 0..N/2 to N/2..N, window 16, 10 iterations
+    Multirate,
+    /// [2+ ranks] rank 0 receives 50 messages of every other rank with Source::Any, Tag::Any; per-source order checked
+    Wildcard,
+    /// [2+ ranks] 200 eager and rendezvous messages on one tag to the next rank on a ring arrive in send order
+    Order,
+    /// [2+ ranks] a 64 MiB message to the next rank on a ring, every rank at once
+    Large,
+    /// [2+ ranks] 64 KiB (rendezvous) from every rank to every other at once, 40 rounds
+    Alltoall,
+    /// [even ranks] pingpong, multirate, wildcard, order and large in turn
+    All,
+    /// [2 ranks] rank 0 kills itself; rank 1's pending and new receives and sends fail with PeerLost
+    PeerLost,
+    /// [2 ranks] rank 0 kills itself while rank 1 reads its 64 MiB message: PeerLost, or the whole message
+    PeerLostRead,
+    /// [2 ranks] rank 1 kills itself MS ms into a stream of 64 MiB messages; rank 0's send fails with PeerLost
+    KillMidTransfer {
+        /// Milliseconds into the first receive at which rank 1 kills itself.
+        #[arg(value_name = "MS", default_value_t = 300)]
+        ms: u64,
+    },
+    /// [any ranks] prints its pid and waits until weftrun is killed, then kills itself (rank 1 ignores SIGTERM)
+    OutliveLauncher,
+    /// [2 ranks] rank 1 sends 8 messages and finishes; rank 0 gets them, then PeerLost for the rest
+    PeerFinished,
+    /// [2 ranks] a message and 1 MiB each way (the two-namespace test)
+    Netns,
+    /// [any ranks] prints its pid, then waits for a message that never comes
+    Block,
+    /// [any ranks] rank r exits with status 3 * r after every rank arrived
+    ExitCode,
+}
+
+/// The numbers of ranks a check takes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Ranks {
+    Any,
+    AtLeastTwo,
+    Even,
+    Two,
+}
+
+impl Ranks {
+    fn admits(self, n: u32) -> bool {
+        match self {
+            Ranks::Any => true,
+            Ranks::AtLeastTwo => n >= 2,
+            Ranks::Even => n >= 2 && n % 2 == 0,
+            Ranks::Two => n == 2,
+        }
+    }
+
+    /// How `--help` marks it, at the start of the check's line (written out in the doc
+    /// comments of [`Check`]; a unit test compares).
+    #[cfg(test)]
+    fn tag(self) -> &'static str {
+        match self {
+            Ranks::Any => "[any ranks]",
+            Ranks::AtLeastTwo => "[2+ ranks]",
+            Ranks::Even => "[even ranks]",
+            Ranks::Two => "[2 ranks]",
+        }
+    }
+
+    /// In words, for the refusal.
+    fn words(self) -> &'static str {
+        match self {
+            Ranks::Any => "any number of ranks",
+            Ranks::AtLeastTwo => "2 or more ranks",
+            Ranks::Even => "an even number of ranks (2 or more)",
+            Ranks::Two => "exactly 2 ranks",
+        }
+    }
+}
+
+impl Check {
+    /// The checks `all` runs, in turn.
+    const ALL: [Check; 5] = [Check::Pingpong, Check::Multirate, Check::Wildcard, Check::Order, Check::Large];
+
+    /// Its name on the command line.
+    fn name(self) -> &'static str {
+        match self {
+            Check::Hello => "hello",
+            Check::Pingpong => "pingpong",
+            Check::Multirate => "multirate",
+            Check::Wildcard => "wildcard",
+            Check::Order => "order",
+            Check::Large => "large",
+            Check::Alltoall => "alltoall",
+            Check::All => "all",
+            Check::PeerLost => "peer-lost",
+            Check::PeerLostRead => "peer-lost-read",
+            Check::KillMidTransfer { .. } => "kill-mid-transfer",
+            Check::OutliveLauncher => "outlive-launcher",
+            Check::PeerFinished => "peer-finished",
+            Check::Netns => "netns",
+            Check::Block => "block",
+            Check::ExitCode => "exit-code",
+        }
+    }
+
+    fn ranks(self) -> Ranks {
+        match self {
+            Check::Hello | Check::OutliveLauncher | Check::Block | Check::ExitCode => Ranks::Any,
+            Check::Pingpong | Check::Wildcard | Check::Order | Check::Large | Check::Alltoall => Ranks::AtLeastTwo,
+            Check::Multirate | Check::All => Ranks::Even,
+            Check::PeerLost | Check::PeerLostRead | Check::KillMidTransfer { .. } | Check::PeerFinished | Check::Netns => Ranks::Two,
+        }
+    }
+
+    /// Whether the ranks wait for each other before they leave (the exit handshake): not
+    /// where a rank dies or finishes on purpose, nor where the wait never ends.
+    fn says_goodbye(self) -> bool {
+        !matches!(
+            self,
+            Check::PeerLost
+                | Check::PeerLostRead
+                | Check::KillMidTransfer { .. }
+                | Check::PeerFinished
+                | Check::OutliveLauncher
+                | Check::Block
+        )
+    }
+
+    /// The checks this one runs, each on a communicator of its own.
+    fn steps(self) -> Vec<Check> {
+        if self == Check::All {
+            Check::ALL.to_vec()
+        } else {
+            vec![self]
+        }
+    }
+}
+
+/// What a check finds wrong: what it expected and what came.
+type Res = Result<(), String>;
+
+fn e(err: Error) -> String {
+    err.to_string()
+}
+
+fn check(cond: bool, what: impl FnOnce() -> String) -> Res {
+    if cond {
+        Ok(())
+    } else {
+        Err(what())
+    }
+}
+
+/// A few bytes of a message, for a failure: as text when they are printable, else in hex.
+fn show(b: &[u8]) -> String {
+    const HEAD: usize = 24;
+    let head = &b[..b.len().min(HEAD)];
+    let more = if b.len() > HEAD { " ..." } else { "" };
+    let n = if b.len() == 1 { "1 byte".to_string() } else { format!("{} bytes", b.len()) };
+    if !head.is_empty() && head.iter().all(|c| c.is_ascii_graphic() || *c == b' ') {
+        format!("{n} {:?}{more}", String::from_utf8_lossy(head))
+    } else {
+        let hex: Vec<String> = head.iter().map(|x| format!("{x:02x}")).collect();
+        format!("{n} [{}{more}]", hex.join(" "))
+    }
+}
+
+/// The source and tag of a received message (`what` names it) against the expected ones.
+fn envelope(what: &dyn Fn() -> String, st: &Status, from: u32, tag: i32) -> Res {
+    check(st.source == from && st.tag == tag, || {
+        format!(
+            "{}: expected a message from rank {from} with tag {tag}, got one from rank {} with tag {} ({} bytes)",
+            what(),
+            st.source,
+            st.tag,
+            st.bytes
+        )
+    })
+}
+
+/// A received message (`what` names it) against the expected one: source, tag and every
+/// byte.
+fn expect(what: impl Fn() -> String, got: &(Vec<u8>, Status), from: u32, tag: i32, want: &[u8]) -> Res {
+    let (b, st) = got;
+    envelope(&what, st, from, tag)?;
+    check(b[..] == *want && st.bytes == want.len(), || format!("{}: expected {}, got {}", what(), show(want), show(b)))
+}
+
+/// The next and the previous rank of `me` on the ring `0 -> 1 -> ... -> n-1 -> 0`.
+fn ring(me: u32, n: u32) -> (u32, u32) {
+    ((me + 1) % n, (me + n - 1) % n)
+}
+
+/// Round trips per pair in `pingpong`.
+const ROUND_TRIPS: u64 = 1000;
+
+/// Whom `me` plays `pingpong` with among `n` ranks, in order, and whether it serves:
+/// ranks `2k` (serving) and `2k + 1`, all pairs at once; with an odd count the last rank
+/// then plays with rank 0, which serves.
+fn pingpong_partners(me: u32, n: u32) -> Vec<(u32, bool)> {
+    let mut p = Vec::new();
+    if me % 2 == 1 {
+        p.push((me - 1, false));
+    } else if me + 1 < n {
+        p.push((me + 1, true));
+    }
+    if n % 2 == 1 && n > 1 {
+        if me == 0 {
+            p.push((n - 1, true));
+        } else if me == n - 1 {
+            p.push((0, false));
+        }
+    }
+    p
+}
+
+fn pingpong(c: &Communicator) -> Res {
+    for (partner, serves) in pingpong_partners(c.rank(), c.size()) {
+        for i in 0..ROUND_TRIPS {
+            if serves {
+                c.send(i.to_le_bytes().to_vec(), partner, 1).map_err(e)?;
+                let got = c.recv(Vec::<u8>::with_capacity(8), partner, 2).map_err(e)?;
+                expect(|| format!("round trip {i}: the reply of rank {partner}"), &got, partner, 2, &(i + 1).to_le_bytes())?;
+            } else {
+                let got = c.recv(Vec::<u8>::with_capacity(8), partner, 1).map_err(e)?;
+                expect(|| format!("round trip {i}: the ball of rank {partner}"), &got, partner, 1, &i.to_le_bytes())?;
+                c.send((i + 1).to_le_bytes().to_vec(), partner, 2).map_err(e)?;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Links of a multirate pattern among `t` senders (ranks `0..t`) and `t` receivers
+/// (ranks `t..2t`).
+fn links(pattern: &str, t: u32) -> Vec<(u32, u32)> {
+    match pattern {
+        "pairwise" => (0..t).map(|i| (i, t + i)).collect(),
+        "one-to-many" => (0..t).map(|j| (0, t + j)).collect(),
+        "many-to-one" => (0..t).map(|i| (i, t)).collect(),
+        _ => (0..t).flat_map(|i| (0..t).map(move |j| (i, t + j))).collect(),
+    }
+}
+
+fn multirate(c: &Communicator) -> Res {
+    let (me, size) = (c.rank(), c.size());
+    let t = size / 2;
+    let (w, iterations) = (16usize, 10usize);
+    for pattern in ["pairwise", "one-to-many", "many-to-one", "many-to-many"] {
+        let ls = links(pattern, t);
+        let tag = |l: usize, k: i32| 3 * l as i32 + k;
+        for it in 0..iterations {
+            // Receivers pre-post, then say ready.
+            let mut recvs: Vec<(usize, Request<'_, Vec<u8>>)> = Vec::new();
+            for (l, &(s, r)) in ls.iter().enumerate() {
+                if r == me {
+                    for _ in 0..w {
+                        recvs.push((l, c.irecv(Vec::<u8>::with_capacity(64), s, tag(l, 0)).map_err(e)?));
+                    }
+                    c.send(&b"r"[..], s, tag(l, 1)).map_err(e)?;
+                }
+            }
+            // Senders wait for ready, send the window, wait for the ack.
+            for (l, &(s, r)) in ls.iter().enumerate() {
+                if s == me {
+                    let got = c.recv(Vec::<u8>::with_capacity(1), r, tag(l, 1)).map_err(e)?;
+                    expect(|| format!("{pattern} iteration {it}: rank {r}'s ready"), &got, r, tag(l, 1), b"r")?;
+                    let mut sends = Vec::with_capacity(w);
+                    for k in 0..w {
+                        let msg = format!("{pattern}:{l}:{it}:{k}").into_bytes();
+                        sends.push(c.isend(msg, r, tag(l, 0)).map_err(e)?);
+                    }
+                    weft::wait_all(&mut sends).map_err(e)?;
+                }
+            }
+            let mut k_of = vec![0usize; ls.len()];
+            for (l, req) in recvs {
+                let got = req.wait().map_err(e)?;
+                let k = k_of[l];
+                let want = format!("{pattern}:{l}:{it}:{k}");
+                expect(|| format!("{pattern} iteration {it}: message {k} of link {l}"), &got, ls[l].0, tag(l, 0), want.as_bytes())?;
+                k_of[l] += 1;
+                if k_of[l] == w {
+                    c.send(&b"a"[..], ls[l].0, tag(l, 2)).map_err(e)?;
+                }
+            }
+            for (l, &(s, r)) in ls.iter().enumerate() {
+                if s == me {
+                    let got = c.recv(Vec::<u8>::with_capacity(1), r, tag(l, 2)).map_err(e)?;
+                    expect(|| format!("{pattern} iteration {it}: rank {r}'s ack"), &got, r, tag(l, 2), b"a")?;
+                }
+            }
+        }
+        println!("multirate {pattern} ok");
+    }
+    Ok(())
+}
+
+fn wildcard(c: &Communicator) -> Res {
+    let (me, size) = (c.rank(), c.size());
+    let per = 50u32;
+    if me == 0 {
+        let mut next = vec![0u32; size as usize];
+        for _ in 0..per * (size - 1) {
+            let got = c.recv(Vec::<u8>::with_capacity(8), Source::Any, Tag::Any).map_err(e)?;
+            let from = got.1.source;
+            check(from != 0 && from < size, || {
+                format!("a message from rank {from}, which sends none: tag {}, {}", got.1.tag, show(&got.0))
+            })?;
+            let k = next[from as usize];
+            expect(|| format!("message {k} of rank {from}"), &got, from, from as i32, &k.to_le_bytes())?;
+            next[from as usize] += 1;
+        }
+        check(next[1..].iter().all(|&n| n == per), || format!("expected {per} messages of every rank, got {:?}", &next[1..]))?;
+    } else {
+        for i in 0..per {
+            c.send(i.to_le_bytes().to_vec(), 0, me as i32).map_err(e)?;
+        }
+    }
+    Ok(())
+}
+
+/// Messages each rank sends in `order`.
+const ORDER_MESSAGES: u32 = 200;
+
+/// Message `i` of `order`: every third above the eager threshold; its index in the first 4
+/// bytes.
+fn order_message(i: u32) -> Vec<u8> {
+    let len = if i % 3 == 2 { 40_000 + i as usize } else { 8 + (i as usize % 100) };
+    let mut v = vec![(i % 251) as u8; len];
+    v[..4].copy_from_slice(&i.to_le_bytes());
+    v
+}
+
+fn order(c: &Communicator) -> Res {
+    let (next, prev) = ring(c.rank(), c.size());
+    let mut sends = Vec::new();
+    for i in 0..ORDER_MESSAGES {
+        sends.push(c.isend(order_message(i), next, 5).map_err(e)?);
+    }
+    for i in 0..ORDER_MESSAGES {
+        let got = c.recv(Vec::<u8>::with_capacity(50_000), prev, Tag::Any).map_err(e)?;
+        expect(|| format!("message {i} of rank {prev}"), &got, prev, 5, &order_message(i))?;
+    }
+    weft::wait_all(&mut sends).map_err(e)
+}
+
+/// Bytes of the message of `large`.
+const LARGE_BYTES: usize = 64 << 20;
+
+/// Word `k` of rank `from`'s message in `large`: differs from word to word and from rank to
+/// rank, so a chunk in the wrong place or from the wrong sender shows.
+fn large_word(from: u32, k: usize) -> u64 {
+    (k as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ (u64::from(from) + 1).wrapping_mul(0x0101_0101_0101_0101)
+}
+
+/// The first word of `got` that is not rank `from`'s message in `large` (`None`: all match).
+fn large_mismatch(from: u32, got: &[u64]) -> Option<usize> {
+    got.iter().enumerate().position(|(k, &w)| w != large_word(from, k))
+}
+
+fn large(c: &Communicator) -> Res {
+    let (me, (next, prev)) = (c.rank(), ring(c.rank(), c.size()));
+    let words = LARGE_BYTES / 8;
+    let data: Vec<u64> = (0..words).map(|k| large_word(me, k)).collect();
+    let t0 = Instant::now();
+    let recv = c.irecv(Vec::<u64>::with_capacity(words), prev, 9).map_err(e)?;
+    let send = c.isend(data, next, 9).map_err(e)?;
+    let got = recv.wait();
+    let sent = send.wait();
+    let (b, st) = got.map_err(|err| format!("receive from rank {prev}: {err}"))?;
+    sent.map_err(|err| format!("send to rank {next}: {err}"))?;
+    let ms = t0.elapsed().as_secs_f64() * 1e3;
+    let what = || format!("the 64 MiB message of rank {prev}");
+    envelope(&what, &st, prev, 9)?;
+    check(st.bytes == LARGE_BYTES && b.len() == words, || format!("{}: expected {LARGE_BYTES} bytes, got {}", what(), st.bytes))?;
+    if let Some(k) = large_mismatch(prev, &b) {
+        return Err(format!("{}: word {k} (byte {}) is {:#018x}, expected {:#018x}", what(), 8 * k, b[k], large_word(prev, k)));
+    }
+    println!("large 64 MiB from rank {prev} in {ms:.1} ms");
+    Ok(())
+}
+
+/// Rounds of `alltoall`.
+const ALLTOALL_ROUNDS: u32 = 40;
+
+/// Bytes every rank sends every other rank per round in `alltoall`: above the eager
+/// threshold, so each message is a rendezvous read by its receiver.
+const ALLTOALL_BYTES: usize = 64 << 10;
+
+/// `alltoall`: every rank reads from every other rank's memory while they read from its
+/// own (a read waited for inside progress left every rank waiting for the others).
+fn alltoall(c: &Communicator) -> Res {
+    let (me, size) = (c.rank(), c.size());
+    let fill = |from: u32, round: u32| (from.wrapping_mul(31) ^ round) as u8;
+    for round in 0..ALLTOALL_ROUNDS {
+        let mut recvs = Vec::new();
+        for p in (0..size).filter(|&p| p != me) {
+            recvs.push((p, c.irecv(Vec::<u8>::with_capacity(ALLTOALL_BYTES), p, 6).map_err(e)?));
+        }
+        let mut sends = Vec::new();
+        for k in 1..size {
+            sends.push(c.isend(vec![fill(me, round); ALLTOALL_BYTES], (me + k) % size, 6).map_err(e)?);
+        }
+        for (p, r) in recvs {
+            let got = r.wait().map_err(|err| format!("round {round}: from {p}: {err}"))?;
+            expect(|| format!("round {round}: the message of rank {p}"), &got, p, 6, &vec![fill(p, round); ALLTOALL_BYTES])?;
+        }
+        weft::wait_all(&mut sends).map_err(e)?;
+    }
+    println!("alltoall ok: {ALLTOALL_ROUNDS} rounds of {ALLTOALL_BYTES} B to each of {} ranks", size - 1);
+    Ok(())
+}
+
+/// Kills this process with SIGKILL, which nothing can catch (libfabric's SIGABRT handler
+/// would turn an abort into a normal exit): a crashed node, as far as the peers can tell.
+fn die() -> ! {
+    // SAFETY: plain syscalls on this process.
+    unsafe { libc::kill(libc::getpid(), libc::SIGKILL) };
+    unreachable!("SIGKILL returned");
+}
+
+/// `peer-lost-read`: see the table in the module docs.
+fn peer_lost_read(rt: &Runtime, c: &Communicator) -> Res {
+    let n = 64usize << 20;
+    match c.rank() {
+        0 => {
+            let data = vec![0x5au8; n];
+            let go = c.recv(Vec::<u8>::with_capacity(1), 1u32, 1).map_err(e)?;
+            expect(|| "rank 1's go".into(), &go, 1, 1, b"!")?;
+            let _send = c.isend(data, 1, 7).map_err(e)?;
+            // Serve the start of rank 1's read, then die with the rest outstanding.
+            let t0 = Instant::now();
+            while t0.elapsed() < Duration::from_millis(5) {
+                rt.progress();
+            }
+            eprintln!("rank 0 killing itself on purpose");
+            die()
+        }
+        _ => {
+            let recv = c.irecv(Vec::<u8>::with_capacity(n), 0u32, 7).map_err(e)?;
+            c.send(&b"!"[..], 0, 1).map_err(e)?;
+            let t0 = Instant::now();
+            let r = recv.wait();
+            let ms = t0.elapsed().as_millis();
+            match r {
+                Err(Error::PeerLost { rank: 0 }) => println!("peer-lost-read ok: PeerLost after {ms} ms"),
+                Ok((b, st)) if st.bytes == n && b.iter().all(|&x| x == 0x5a) => {
+                    println!("peer-lost-read ok: the read was done before the loss ({ms} ms)")
+                }
+                other => return Err(format!("receive from the killed sender: expected PeerLost, got {:?}", other.map(|(_, st)| st))),
+            }
+            check(t0.elapsed() < Duration::from_secs(20), || format!("PeerLost took {ms} ms"))
+        }
+    }
+}
+
+fn peer_lost(c: &Communicator) -> Res {
+    match c.rank() {
+        0 => {
+            let go = c.recv(Vec::<u8>::with_capacity(1), 1u32, 1).map_err(e)?;
+            expect(|| "rank 1's go".into(), &go, 1, 1, b"!")?;
+            eprintln!("rank 0 killing itself on purpose");
+            die()
+        }
+        _ => {
+            let recv = c.irecv(Vec::<u8>::with_capacity(8), 0u32, 99).map_err(e)?;
+            let send = c.isend(vec![1u8; 1 << 20], 0, 98).map_err(e)?;
+            c.send(&b"!"[..], 0, 1).map_err(e)?;
+            let t0 = Instant::now();
+            let r = recv.wait();
+            check(matches!(r, Err(Error::PeerLost { rank: 0 })), || format!("pending receive: expected PeerLost, got {r:?}"))?;
+            let s = send.wait();
+            check(matches!(s, Err(Error::PeerLost { rank: 0 })), || format!("pending rendezvous send: expected PeerLost, got {s:?}"))?;
+            let again = c.send(vec![0u8; 8], 0, 3);
+            check(matches!(again, Err(Error::PeerLost { rank: 0 })), || format!("new send: expected PeerLost, got {again:?}"))?;
+            let late = c.recv(Vec::<u8>::with_capacity(8), 0u32, Tag::Any);
+            check(matches!(late, Err(Error::PeerLost { rank: 0 })), || format!("new receive: expected PeerLost, got {late:?}"))?;
+            let ms = t0.elapsed().as_millis();
+            check(t0.elapsed() < Duration::from_secs(10), || format!("PeerLost took {ms} ms"))?;
+            println!("peer-lost ok after {ms} ms");
+            Ok(())
+        }
+    }
+}
+
+/// `kill-mid-transfer`: see the table in the module docs.
+fn kill_mid_transfer(c: &Communicator, delay: Duration) -> Res {
+    const LEN: usize = 64 << 20;
+    const MESSAGES: u8 = 100;
+    match c.rank() {
+        0 => {
+            for i in 0..MESSAGES {
+                let t0 = Instant::now();
+                match c.send(vec![i; LEN], 1, 1) {
+                    Ok(_) => {}
+                    Err(Error::PeerLost { rank: 1 }) => {
+                        let ms = t0.elapsed().as_millis();
+                        check(t0.elapsed() < Duration::from_secs(10), || format!("PeerLost took {ms} ms"))?;
+                        println!("kill-mid-transfer ok: PeerLost after {ms} ms, in message {i}");
+                        return Ok(());
+                    }
+                    Err(err) => return Err(format!("message {i}: expected PeerLost, got {err:?}")),
+                }
+            }
+            Err(format!("all {MESSAGES} messages went out: rank 1 did not die"))
+        }
+        _ => {
+            let mut buf = Vec::<u8>::with_capacity(LEN);
+            for i in 0..MESSAGES {
+                if i == 0 {
+                    std::thread::spawn(move || {
+                        std::thread::sleep(delay);
+                        die()
+                    });
+                }
+                buf = c.recv(buf, 0u32, 1).map_err(e)?.0;
+            }
+            Err("rank 1 outlived every message".into())
+        }
+    }
+}
+
+/// `outlive-launcher`: see the table in the module docs. Nothing is printed once the wait
+/// ends: `weftrun`, which forwarded the output, is gone.
+fn outlive_launcher(c: &Communicator) -> Res {
+    if c.rank() == 1 {
+        // SAFETY: ignoring a signal is async-signal-safe and affects only this process
+        // (libfabric's own handler, which removes the regions, is replaced).
+        unsafe { libc::signal(libc::SIGTERM, libc::SIG_IGN) };
+    }
+    println!("pid {}", std::process::id());
+    let r = c.recv(Vec::<u8>::with_capacity(1), Source::Any, 77);
+    if matches!(r, Err(Error::PeerLost { .. })) {
+        die();
+    }
+    r.map(|(b, st)| println!("outlive-launcher: unexpected message from rank {}: {}", st.source, show(&b))).map_err(e)
+}
+
+/// Messages rank 1 sends before it finishes in `peer-finished`.
+const BEFORE_FINISH: u8 = 8;
+
+/// `peer-finished`: see the table in the module docs. Takes the runtime and the check's
+/// communicator because rank 1 drops them (finishes).
+fn peer_finished(rt: Runtime, c: Communicator) -> Res {
+    match c.rank() {
+        0 => {
+            // Receives only rank 1 could match, posted before it finishes.
+            let mut pending = c.irecv(Vec::<u8>::with_capacity(8), 1u32, 99).map_err(e)?;
+            let mut any = c.irecv(Vec::<u8>::with_capacity(8), Source::Any, 98).map_err(e)?;
+            // No progress meanwhile: rank 1's messages and its finish both arrive before
+            // this rank looks, the case where the messages must still come first.
+            std::thread::sleep(Duration::from_millis(1500));
+            for i in 0..BEFORE_FINISH {
+                let got =
+                    c.recv(Vec::<u8>::with_capacity(256), 1u32, 1).map_err(|err| format!("message {i} sent before the finish: {err}"))?;
+                expect(|| format!("message {i} sent before the finish"), &got, 1, 1, &vec![i; 16 << (i % 4)])?;
+            }
+            let t0 = Instant::now();
+            while !(pending.test() && any.test()) {
+                check(t0.elapsed() < Duration::from_secs(10), || "receives from the finished rank still pending after 10 s".into())?;
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            let r = pending.take();
+            check(matches!(r, Some(Err(Error::PeerLost { rank: 1 }))), || format!("pending receive: expected PeerLost, got {r:?}"))?;
+            let r = any.take();
+            check(matches!(r, Some(Err(Error::PeerLost { rank: 1 }))), || {
+                format!("pending Source::Any receive: expected PeerLost, got {r:?}")
+            })?;
+            let late = c.recv(Vec::<u8>::with_capacity(8), 1u32, Tag::Any);
+            check(matches!(late, Err(Error::PeerLost { rank: 1 })), || format!("new receive: expected PeerLost, got {late:?}"))?;
+            let send = c.send(vec![0u8; 8], 1, 3);
+            check(matches!(send, Err(Error::PeerLost { rank: 1 })), || format!("new send: expected PeerLost, got {send:?}"))?;
+            println!("peer-finished ok after {} ms", t0.elapsed().as_millis());
+            drop((pending, any));
+            c.free();
+        }
+        _ => {
+            for i in 0..BEFORE_FINISH {
+                c.send(vec![i; 16 << (i % 4)], 0, 1).map_err(e)?;
+            }
+            drop(c);
+            drop(rt);
+            println!("peer-finished: rank 1 finished");
+        }
+    }
+    Ok(())
+}
+
+fn netns(c: &Communicator) -> Res {
+    let other = 1 - c.rank();
+    let r = c.irecv(Vec::<u8>::with_capacity(64), other, 4).map_err(e)?;
+    c.send(format!("hello from rank {}", c.rank()).into_bytes(), other, 4).map_err(e)?;
+    let got = r.wait().map_err(e)?;
+    expect(|| format!("the greeting of rank {other}"), &got, other, 4, format!("hello from rank {other}").as_bytes())?;
+    let r = c.irecv(Vec::<u8>::with_capacity(1 << 20), other, 5).map_err(e)?;
+    c.send(vec![c.rank() as u8; 1 << 20], other, 5).map_err(e)?;
+    let got = r.wait().map_err(e)?;
+    expect(|| format!("the 1 MiB message of rank {other}"), &got, other, 5, &vec![other as u8; 1 << 20])?;
+    println!("netns ok: rank {} exchanged with rank {other}", c.rank());
+    Ok(())
+}
+
+/// Runs one check (not `all`, which is its steps, nor `peer-finished`, which owns the
+/// runtime) on `c`, the check's own communicator.
+fn run_step(check: Check, rt: &Runtime, c: &Communicator) -> Res {
+    match check {
+        Check::Hello => {
+            println!("rank {} of {} on {}", rt.rank(), rt.size(), rt.config().provider);
+            Ok(())
+        }
+        Check::Pingpong => pingpong(c),
+        Check::Multirate => multirate(c),
+        Check::Wildcard => wildcard(c),
+        Check::Order => order(c),
+        Check::Large => large(c),
+        Check::Alltoall => alltoall(c),
+        Check::PeerLost => peer_lost(c),
+        Check::PeerLostRead => peer_lost_read(rt, c),
+        Check::KillMidTransfer { ms } => kill_mid_transfer(c, Duration::from_millis(ms)),
+        Check::OutliveLauncher => outlive_launcher(c),
+        Check::Netns => netns(c),
+        Check::Block => {
+            println!("pid {}", std::process::id());
+            c.recv(Vec::<u8>::with_capacity(1), Source::Any, 77).map(|_| ()).map_err(e)
+        }
+        Check::ExitCode => Ok(()),
+        Check::All | Check::PeerFinished => Err(format!("{} is not a single step", check.name())),
+    }
+}
+
+/// The exit handshake, on a communicator of its own: every rank tells every other that it
+/// is done and waits to hear the same from each, so nobody leaves while a peer may still
+/// need it.
+fn goodbye(c: &Communicator) -> Res {
+    let me = c.rank();
+    for r in (0..c.size()).filter(|&r| r != me) {
+        c.send(&b"."[..], r, 0).map_err(e)?;
+    }
+    for r in (0..c.size()).filter(|&r| r != me) {
+        let got = c.recv(Vec::<u8>::with_capacity(1), r, 0).map_err(e)?;
+        expect(|| format!("the goodbye of rank {r}"), &got, r, 0, b".")?;
+    }
+    Ok(())
+}
+
+/// Why a rank stops short.
+#[derive(Debug)]
+struct Failure {
+    /// The check that failed (within `all`, the step).
+    check: &'static str,
+    /// This rank and the job's size, once the runtime runs.
+    rank: Option<(u32, u32)>,
+    /// Exit status: 1 for a failed check, 2 for a check started at a number of ranks it
+    /// does not take.
+    status: i32,
+    msg: String,
+}
+
+impl fmt::Display for Failure {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match (self.status, self.rank) {
+            (2, Some((r, n))) => write!(f, "weft-selftest {}: rank {r} of {n}: {}", self.check, self.msg),
+            (_, Some((r, n))) => write!(f, "weft-selftest {}: FAILED on rank {r} of {n}: {}", self.check, self.msg),
+            (_, None) => write!(f, "weft-selftest {}: FAILED: {}", self.check, self.msg),
+        }
+    }
+}
+
+/// Runs `check` as this process's part of the job.
+fn run(check: Check) -> Result<(), Failure> {
+    let rt = Runtime::builder().build().map_err(|err| Failure {
+        check: check.name(),
+        rank: None,
+        status: 1,
+        msg: format!("cannot start the runtime: {err}"),
+    })?;
+    let (me, size) = (rt.rank(), rt.size());
+    let fail = |step: Check, msg: String| Failure { check: step.name(), rank: Some((me, size)), status: 1, msg };
+    if !check.ranks().admits(size) {
+        let msg = format!("takes {}; this job has {size}", check.ranks().words());
+        return Err(Failure { status: 2, ..fail(check, msg) });
+    }
+    let own = |step: Check| rt.world().dup().map_err(|err| fail(step, format!("cannot create the check's communicator: {err}")));
+    let exit = if check.says_goodbye() { Some(own(check)?) } else { None };
+    if check == Check::PeerFinished {
+        let c = own(check)?;
+        return peer_finished(rt, c).map_err(|msg| fail(check, msg));
+    }
+    let started = Instant::now();
+    for step in check.steps() {
+        let c = own(step)?;
+        let r = run_step(step, &rt, &c);
+        c.free();
+        r.map_err(|msg| fail(step, msg))?;
+        if check == Check::All {
+            println!("{} ok", step.name());
+        }
+    }
+    if let Some(c) = exit {
+        goodbye(&c).map_err(|msg| fail(check, format!("exit handshake: {msg}")))?;
+        c.free();
+    }
+    println!("{} done in {:.0} ms", check.name(), started.elapsed().as_secs_f64() * 1e3);
+    if check == Check::ExitCode {
+        drop(rt);
+        std::process::exit(3 * me as i32);
+    }
+    Ok(())
+}
+
+fn main() {
+    let cli = Cli::parse();
+    if let Err(f) = run(cli.check) {
+        eprintln!("{f}");
+        std::process::exit(f.status);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    fn status(source: u32, tag: i32, bytes: usize) -> Status {
+        Status { source, tag, bytes }
+    }
+
+    /// Rank 0 of `wildcard` at 4 ranks used to slice a 1-byte goodbye as a 4-byte counter
+    /// and panic: a message of the wrong length, source, tag or contents is a failure that
+    /// says what was expected and what came.
+    #[test]
+    fn a_wrong_message_is_a_failure_naming_what_came() {
+        let what = || "message 3 of rank 2".to_string();
+        let want = 3u32.to_le_bytes();
+        let short = (b".".to_vec(), status(2, 2, 1));
+        let err = expect(what, &short, 2, 2, &want).unwrap_err();
+        assert!(err.starts_with("message 3 of rank 2: "), "{err}");
+        assert!(err.contains("expected 4 bytes [03 00 00 00]") && err.contains("got 1 byte \".\""), "{err}");
+        let wrong_tag = (want.to_vec(), status(2, 1_000_000, 4));
+        let err = expect(what, &wrong_tag, 2, 2, &want).unwrap_err();
+        assert!(err.contains("expected a message from rank 2 with tag 2, got one from rank 2 with tag 1000000 (4 bytes)"), "{err}");
+        let wrong_source = (want.to_vec(), status(1, 2, 4));
+        let err = expect(what, &wrong_source, 2, 2, &want).unwrap_err();
+        assert!(err.contains("got one from rank 1"), "{err}");
+        let wrong_contents = (4u32.to_le_bytes().to_vec(), status(2, 2, 4));
+        let err = expect(what, &wrong_contents, 2, 2, &want).unwrap_err();
+        assert!(err.contains("expected 4 bytes [03 00 00 00], got 4 bytes [04 00 00 00]"), "{err}");
+        let long = (vec![7u8; 100], status(2, 2, 100));
+        let err = expect(what, &long, 2, 2, &want).unwrap_err();
+        assert!(err.contains("got 100 bytes [07 07") && err.contains(" ...]"), "{err}");
+        assert_eq!(expect(what, &(want.to_vec(), status(2, 2, 4)), 2, 2, &want), Ok(()));
+    }
+
+    /// A chunk of the 64 MiB message in the wrong place, or the message of another rank,
+    /// is found; the right one passes.
+    #[test]
+    fn large_finds_a_misplaced_word_and_another_ranks_message() {
+        let words = 1 << 12;
+        let mut m: Vec<u64> = (0..words).map(|k| large_word(3, k)).collect();
+        assert_eq!(large_mismatch(3, &m), None);
+        assert_eq!(large_mismatch(2, &m), Some(0));
+        m.swap(100, 101);
+        assert_eq!(large_mismatch(3, &m), Some(100));
+    }
+
+    /// At every count from 2 to 9, every rank plays `pingpong` with someone, partners
+    /// agree on each other and on who serves, and rank 0 plays at most twice.
+    #[test]
+    fn pingpong_pairs_every_rank_at_any_count() {
+        for n in 2..=9u32 {
+            for me in 0..n {
+                let mine = pingpong_partners(me, n);
+                assert!(!mine.is_empty(), "{n} ranks: rank {me} plays with nobody");
+                assert!(mine.len() <= 2 && (me == 0 || mine.len() == 1), "{n} ranks: rank {me}: {mine:?}");
+                for &(p, serves) in &mine {
+                    assert!(p < n && p != me, "{n} ranks: rank {me} with {p}");
+                    assert!(pingpong_partners(p, n).contains(&(me, !serves)), "{n} ranks: {me} and {p} disagree");
+                }
+            }
+        }
+    }
+
+    fn every_check() -> Vec<(String, Check, String)> {
+        Cli::command()
+            .get_subcommands()
+            .map(|s| {
+                let name = s.get_name().to_string();
+                let cli = Cli::try_parse_from(["weft-selftest", &name]).unwrap_or_else(|err| panic!("{name}: {err}"));
+                (name, cli.check, s.get_about().map(|a| a.to_string()).unwrap_or_default())
+            })
+            .collect()
+    }
+
+    /// `--help` lists every check, each with one line that starts with the number of ranks
+    /// it takes, as the code enforces it; the names are those the failures print.
+    #[test]
+    fn help_lists_every_check_with_the_ranks_it_takes() {
+        let help = Cli::command().render_help().to_string();
+        let checks = every_check();
+        assert_eq!(checks.len(), 16, "{help}");
+        for (name, check, about) in &checks {
+            assert_eq!(check.name(), name);
+            assert!(about.starts_with(check.ranks().tag()), "{name}: {about:?} should start with {}", check.ranks().tag());
+            assert!(!about.contains('\n'), "{name}: more than one line");
+            assert!(help.lines().any(|l| l.trim_start().starts_with(name.as_str()) && l.ends_with(about.as_str())), "{name}:\n{help}");
+        }
+        assert!(help.contains("exits with status 2"), "{help}");
+    }
+
+    #[test]
+    fn rank_counts_are_admitted_as_documented() {
+        let admitted = |r: Ranks| (1..=9).filter(|&n| r.admits(n)).collect::<Vec<u32>>();
+        assert_eq!(admitted(Ranks::Any), (1..=9).collect::<Vec<_>>());
+        assert_eq!(admitted(Ranks::AtLeastTwo), (2..=9).collect::<Vec<_>>());
+        assert_eq!(admitted(Ranks::Even), vec![2, 4, 6, 8]);
+        assert_eq!(admitted(Ranks::Two), vec![2]);
+        // `all` takes no count one of its steps refuses.
+        for n in 1..=9 {
+            assert!(!Check::All.ranks().admits(n) || Check::ALL.iter().all(|s| s.ranks().admits(n)), "{n}");
+        }
+    }
+
+    #[test]
+    fn kill_mid_transfer_takes_its_delay() {
+        let cli = Cli::try_parse_from(["weft-selftest", "kill-mid-transfer", "150"]).unwrap();
+        assert_eq!(cli.check, Check::KillMidTransfer { ms: 150 });
+        assert!(Cli::try_parse_from(["weft-selftest", "kill-mid-transfer", "soon"]).is_err());
+        assert!(Cli::try_parse_from(["weft-selftest", "no-such-check"]).is_err());
+    }
+}
