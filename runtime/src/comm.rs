@@ -17,8 +17,8 @@
 //!
 //! [`SLOT_BITS`]: crate::engine::SLOT_BITS
 
+use crate::loom::sync::atomic::Ordering;
 use std::fmt;
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use weft_sync::{Error, Status};

@@ -3,7 +3,7 @@
 //! already serializes their writers (a CRI's, a communicator's matching lock), so counting
 //! adds no shared-counter traffic; only rare events use shared atomics.
 
-use std::sync::atomic::Ordering;
+use crate::loom::sync::atomic::Ordering;
 
 use crate::config::MatchingMode;
 use crate::engine::Engine;

@@ -8,7 +8,7 @@
 //! everywhere, and a frame of an earlier generation is recognised as stale instead of
 //! being delivered to the communicator that now holds the slot.
 
-use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, Ordering};
+use crate::loom::sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, Ordering};
 use std::sync::Arc;
 
 use crossbeam_utils::CachePadded;

@@ -42,7 +42,7 @@
 //! today; any other work that only needs a pass of `flush_deferred` to finish (operations
 //! it drives in flight) belongs there too, with `summon_courier` called when it starts.
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use crate::loom::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock, Weak};
 use std::task::{Wake, Waker};
 use std::thread::{JoinHandle, Thread};

@@ -137,7 +137,7 @@ impl Engine {
             // for a send of ours.
             return;
         };
-        self.transport.deregister(req.key.load(std::sync::atomic::Ordering::Relaxed));
+        self.transport.deregister(req.key.load(crate::loom::sync::atomic::Ordering::Relaxed));
         req.cell.complete(Ok(Status { source: frame.header.source, tag: frame.header.tag, bytes: frame.header.len as usize }));
         req.orphan.lock().take();
     }

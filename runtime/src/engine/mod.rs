@@ -11,7 +11,7 @@
 //! * `peers.rs` — lost and finished peers, rendezvous sends waiting for their `Fin`.
 //! * `courier.rs` — the thread that sends the outbox when no thread of the rank progresses.
 
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use crate::loom::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use crossbeam_utils::CachePadded;

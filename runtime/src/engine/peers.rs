@@ -1,7 +1,7 @@
 //! Peers that are lost (died) or finished (dropped their runtime), and the rendezvous sends
 //! that wait for a peer's `Fin`.
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use crate::loom::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
 use parking_lot::Mutex;

@@ -1,8 +1,8 @@
 //! Running a future to completion on the calling thread.
 
+use crate::loom::sync::atomic::{AtomicBool, Ordering};
 use std::future::Future;
 use std::pin::pin;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll, Wake, Waker};
 use std::thread::Thread;

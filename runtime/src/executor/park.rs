@@ -15,9 +15,9 @@
 //! the queues; the pusher's fence (SeqCst) follows its push and precedes its load of
 //! `num_sleeping`. One of the two sees the other.
 
+use crate::loom::sync::atomic::{fence, AtomicBool, AtomicUsize, Ordering};
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::atomic::{fence, AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::task::{Context, Poll, Wake, Waker};
 use std::thread::Thread;

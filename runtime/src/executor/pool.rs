@@ -17,9 +17,9 @@
 //! yet complete is cancelled, queued or waiting for a wake (their join handles give
 //! [`JoinError::Cancelled`](super::JoinError); `registry.rs`).
 
+use crate::loom::sync::atomic::{AtomicBool, Ordering};
 use std::cell::Cell;
 use std::future::Future;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::thread;
 use std::time::{Duration, Instant};

@@ -30,6 +30,7 @@
 //! previous poller's release of `RUNNING`); clearing `RUNNING` / setting `COMPLETE` is a
 //! release, which publishes the stage to the next poller or to the join handle's acquire.
 
+use crate::loom::sync::atomic::{AtomicUsize, Ordering};
 use std::any::Any;
 use std::cell::UnsafeCell;
 use std::fmt;
@@ -38,7 +39,6 @@ use std::marker::PhantomData;
 use std::mem::ManuallyDrop;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::pin::Pin;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll, RawWaker, RawWakerVTable, Waker};
 

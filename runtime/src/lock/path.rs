@@ -19,7 +19,7 @@
 //!
 //! [`weft::lock::Mutex`]: crate::lock::Mutex
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use crate::loom::sync::atomic::{AtomicU64, Ordering};
 
 use crate::lock::{Acquisition, Counted, DynLock, FlatKind, LockKind, LockOptions, LockStatsSnapshot, Mutex, ParkingLot};
 

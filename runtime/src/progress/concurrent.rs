@@ -2,7 +2,7 @@
 //! dedicated CRI under try-lock, then the others, so every CRI is eventually progressed even
 //! if its thread is gone; matching runs concurrently per communicator.
 
-use std::sync::atomic::Ordering;
+use crate::loom::sync::atomic::Ordering;
 
 use weft_sync::{Progress, SignalListener, Step};
 

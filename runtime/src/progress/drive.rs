@@ -2,7 +2,7 @@
 //! worker ([`Drive`], implemented here for the rank's [`Engine`]) and a sync object's
 //! blocking wait ([`weft_sync::Progress`], the hook of `Runtime::sync_object`).
 
-use std::sync::atomic::Ordering;
+use crate::loom::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::task::Context;
 

@@ -22,7 +22,7 @@
 //!   ([`crate::executor::Drive`]) and the progress hook of a sync object.
 //! * `send.rs` — posting a frame, progressing while its destination refuses it.
 
-use std::sync::atomic::Ordering;
+use crate::loom::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::task::Context;
 

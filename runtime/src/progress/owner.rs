@@ -2,7 +2,7 @@
 //! whole wait (the token, `lock/owner.rs`); the others park on their sync objects until
 //! their own requests complete or ownership is handed to them.
 
-use std::sync::atomic::Ordering;
+use crate::loom::sync::atomic::Ordering;
 
 use weft_sync::{Progress, SignalListener, Step};
 

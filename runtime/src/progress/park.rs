@@ -1,7 +1,7 @@
 //! Parking a blocked thread: on its sync object's signal and the rank's doorbell (or an
 //! ownership hand-off), yielding first, never longer than [`PARK_LIMIT`] at a time.
 
-use std::sync::atomic::Ordering;
+use crate::loom::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::task::{Context, Poll, Wake, Waker};
 

@@ -1,7 +1,7 @@
 //! Posting a frame (path step 2): the CRI's lock, the transport, and — when the destination
 //! keeps refusing — progress meanwhile, then the outbox.
 
-use std::sync::atomic::Ordering;
+use crate::loom::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use weft_sync::Error;
