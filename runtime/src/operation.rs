@@ -5,13 +5,14 @@
 //! Operations come from a thread-local pool ([Goodell 2010]: thread-local request pools), so
 //! a send or receive allocates nothing in steady state.
 
-use crate::loom::sync::atomic::{fence, AtomicU64, Ordering};
 use std::any::Any;
 use std::cell::RefCell;
 use std::sync::Arc;
 
 use parking_lot::Mutex;
 use weft_sync::CompletionCell;
+
+use crate::loom::sync::atomic::{fence, AtomicU64, Ordering};
 
 /// The runtime's share of one operation in flight.
 pub(crate) struct Operation {

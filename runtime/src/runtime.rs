@@ -2,7 +2,6 @@
 //! state. Everything hangs off a `Runtime`; several can live in one process (the embedded
 //! provider's process mode runs one per rank).
 
-use crate::loom::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
 use std::fmt;
 use std::future::Future;
 use std::sync::Arc;
@@ -21,6 +20,7 @@ use crate::executor::{JoinError, JoinHandle};
 use crate::lock::owner::OwnerToken;
 use crate::lock::path::PathLock;
 use crate::lock::{FlatKind, LockOptions, Topology};
+use crate::loom::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
 
 /// A weft runtime: one rank.
 ///

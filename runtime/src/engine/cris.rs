@@ -4,13 +4,13 @@
 //! GET-INSTANCE-ID-DEDICATED: a thread keeps the CRI it was first given, per runtime, in
 //! thread-local storage).
 
-use crate::loom::sync::atomic::{AtomicU32, Ordering};
 use std::cell::{Cell, RefCell};
 
 use weft_transport::Frame;
 
 use crate::config::Assignment;
 use crate::lock::path::PathLock;
+use crate::loom::sync::atomic::{AtomicU32, Ordering};
 use crate::matching::Matched;
 
 use super::Engine;

@@ -4,7 +4,6 @@
 //! for them. Its flush is also the rare-events pass of progress: newly lost peers
 //! (`peers.rs`) and finished rendezvous reads (`reads.rs`).
 
-use crate::loom::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::Arc;
 
 use parking_lot::Mutex;
@@ -12,6 +11,7 @@ use weft_sync::{Error, Outcome, Status};
 use weft_transport::{FrameKind, Header, SendError};
 
 use super::Engine;
+use crate::loom::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use crate::operation::Operation;
 
 /// Whether [`Engine::post_frame`] sent the frame or queued it.

@@ -1,13 +1,13 @@
 //! Peers that are lost (died) or finished (dropped their runtime), and the rendezvous sends
 //! that wait for a peer's `Fin`.
 
-use crate::loom::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
 use parking_lot::Mutex;
 use weft_sync::Error;
 
 use super::Engine;
+use crate::loom::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use crate::matching::Source;
 use crate::operation::Operation;
 

@@ -7,7 +7,6 @@
 //! events of later progress passes ([`Engine::flush_deferred`]) ask the transport which
 //! reads are over, then send their `Fin`s and complete their receives, outside every lock.
 
-use crate::loom::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use parking_lot::Mutex;
@@ -15,6 +14,7 @@ use weft_sync::{Error, Status};
 use weft_transport::{FrameKind, Header, ReadStart};
 
 use super::Engine;
+use crate::loom::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use crate::operation::Operation;
 
 /// Finished rendezvous reads one progress pass reports at most (bounded work per pass).

@@ -1,6 +1,5 @@
 //! Running a future to completion on the calling thread.
 
-use crate::loom::sync::atomic::{AtomicBool, Ordering};
 use std::future::Future;
 use std::pin::pin;
 use std::sync::Arc;
@@ -9,6 +8,7 @@ use std::thread::Thread;
 use std::time::Duration;
 
 use super::pool::Executor;
+use crate::loom::sync::atomic::{AtomicBool, Ordering};
 
 /// The waker of a `block_on` thread: a flag plus an unpark.
 struct Signal {

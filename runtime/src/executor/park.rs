@@ -18,7 +18,6 @@
 //! being SeqCst.) The loom models at the bottom check it on `Sleepers` itself: no worker
 //! stays parked with a task queued.
 
-use crate::loom::sync::atomic::{fence, AtomicBool, AtomicUsize, Ordering};
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::{Arc, OnceLock};
@@ -29,6 +28,7 @@ use crossbeam_utils::CachePadded;
 
 use super::pool::Pool;
 use super::Drive;
+use crate::loom::sync::atomic::{fence, AtomicBool, AtomicUsize, Ordering};
 use crate::loom::thread::{self, Thread};
 
 /// Longest single sleep: a safety net only (every wake-up path is a notification), cheap

@@ -17,7 +17,6 @@
 //! yet complete is cancelled, queued or waiting for a wake (their join handles give
 //! [`JoinError::Cancelled`](super::JoinError); `registry.rs`).
 
-use crate::loom::sync::atomic::{AtomicBool, Ordering};
 use std::cell::Cell;
 use std::future::Future;
 use std::sync::{Arc, OnceLock};
@@ -31,6 +30,7 @@ use super::park::Sleepers;
 use super::registry::Registry;
 use super::task::{JoinHandle, Task, TaskRef};
 use super::Drive;
+use crate::loom::sync::atomic::{AtomicBool, Ordering};
 
 /// Every this many ticks a worker looks at the injector first and makes a progress pass
 /// (tokio uses 61 too: a prime, so it does not beat in step with periodic workloads).

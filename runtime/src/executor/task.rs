@@ -30,7 +30,6 @@
 //! previous poller's release of `RUNNING`); clearing `RUNNING` / setting `COMPLETE` is a
 //! release, which publishes the stage to the next poller or to the join handle's acquire.
 
-use crate::loom::sync::atomic::{AtomicUsize, Ordering};
 use std::any::Any;
 use std::cell::UnsafeCell;
 use std::fmt;
@@ -47,6 +46,7 @@ use atomic_waker::AtomicWaker;
 use super::pool::{Hint, Pool};
 use super::registry::{Key, UNREGISTERED};
 use super::state::{AfterPoll, Shutdown, State, Wake as WakeAction};
+use crate::loom::sync::atomic::{AtomicUsize, Ordering};
 
 /// A task as the run queues see it.
 pub(crate) type TaskRef = Arc<dyn Runnable>;
