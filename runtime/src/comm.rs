@@ -18,7 +18,6 @@
 //! [`SLOT_BITS`]: crate::engine::SLOT_BITS
 
 use std::fmt;
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use weft_sync::{Error, Status};
@@ -26,6 +25,7 @@ use weft_transport::{FrameKind, Header};
 
 use crate::buffer::{Primitive, RecvBuf, SendBuf};
 use crate::engine::{slot_of, CommState, Engine, SendOutcome, MAX_CONTEXTS, MAX_GENERATIONS, SLOT_BITS};
+use crate::loom::sync::atomic::Ordering;
 use crate::matching::{MatchState, Source, Tag};
 use crate::operation::new_operation;
 use crate::request::Request;

@@ -3,12 +3,11 @@
 //! already serializes their writers (a CRI's, a communicator's matching lock), so counting
 //! adds no shared-counter traffic; only rare events use shared atomics.
 
-use std::sync::atomic::Ordering;
-
 use crate::config::MatchingMode;
 use crate::engine::Engine;
 use crate::lock::path::add;
 use crate::lock::LockStatsSnapshot;
+use crate::loom::sync::atomic::Ordering;
 
 /// A point-in-time copy of a runtime's counters (`Runtime::counters`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]

@@ -7,11 +7,12 @@
 
 use std::any::Any;
 use std::cell::RefCell;
-use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 
 use parking_lot::Mutex;
 use weft_sync::CompletionCell;
+
+use crate::loom::sync::atomic::{fence, AtomicU64, Ordering};
 
 /// The runtime's share of one operation in flight.
 pub(crate) struct Operation {
@@ -75,7 +76,8 @@ pub(crate) fn new_operation(init: impl FnOnce(&mut Operation)) -> Arc<Operation>
             inner.ptr = std::ptr::null_mut();
             inner.cap = 0;
             inner.elem = 1;
-            *inner.key.get_mut() = 0;
+            // A plain store, like `get_mut` (loom's atomics have no `get_mut`).
+            inner.key.store(0, Ordering::Relaxed);
             inner.context = 0;
             *inner.orphan.get_mut() = None;
             init(inner);
@@ -96,7 +98,7 @@ pub(crate) fn recycle(arc: Arc<Operation>) {
     // accesses of the last other holder (which dropped its reference with a Release
     // decrement), as `Arc`'s own drop does before freeing.
     if Arc::strong_count(&arc) == 1 && Arc::weak_count(&arc) == 0 && arc.cell.is_complete() {
-        std::sync::atomic::fence(std::sync::atomic::Ordering::Acquire);
+        fence(Ordering::Acquire);
         let _ = POOL.try_with(|p| {
             let mut p = p.borrow_mut();
             if p.len() < POOL_MAX {

@@ -4,7 +4,6 @@
 
 use std::fmt;
 use std::future::Future;
-use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use crossbeam_utils::CachePadded;
@@ -21,6 +20,7 @@ use crate::executor::{JoinError, JoinHandle};
 use crate::lock::owner::OwnerToken;
 use crate::lock::path::PathLock;
 use crate::lock::{FlatKind, LockOptions, Topology};
+use crate::loom::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
 
 /// A weft runtime: one rank.
 ///
@@ -335,7 +335,8 @@ impl Builder {
     }
 
     fn assemble(config: Config, lock_options: LockOptions, endpoints: Vec<Transport>) -> Result<Vec<Runtime>, Error> {
-        static NEXT_ID: AtomicU64 = AtomicU64::new(1);
+        // std: a `static` needs a `const fn new`, which loom's atomics lack.
+        static NEXT_ID: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
         endpoints
             .into_iter()
             .map(|ep| {
@@ -372,6 +373,7 @@ impl Builder {
 
 #[cfg(test)]
 mod tests {
+    use crate::loom::sync::atomic::{AtomicBool, Ordering};
     use crate::{Assignment, Error, Runtime};
 
     /// Freed communicators' states are collected by later `dup`s ([Goodell 2010]'s threshold),
@@ -393,19 +395,19 @@ mod tests {
         };
         assert!(weak.upgrade().is_some(), "retired, not yet collected");
         // A reader inside a CRI critical section delays the collection until it leaves.
-        let collected = std::sync::atomic::AtomicBool::new(false);
+        let collected = AtomicBool::new(false);
         std::thread::scope(|s| {
             rt.shared.cris[1].lock.high(|_| {
                 s.spawn(|| {
                     rt.shared.collect_retired(true);
-                    collected.store(true, std::sync::atomic::Ordering::SeqCst);
+                    collected.store(true, Ordering::SeqCst);
                 });
                 std::thread::sleep(std::time::Duration::from_millis(50));
-                assert!(!collected.load(std::sync::atomic::Ordering::SeqCst), "collected under a reader");
+                assert!(!collected.load(Ordering::SeqCst), "collected under a reader");
                 assert!(weak.upgrade().is_some());
             });
         });
-        assert!(collected.load(std::sync::atomic::Ordering::SeqCst));
+        assert!(collected.load(Ordering::SeqCst));
         assert!(weak.upgrade().is_none(), "collected once no reader remains");
     }
 

@@ -8,7 +8,6 @@
 //! everywhere, and a frame of an earlier generation is recognised as stale instead of
 //! being delivered to the communicator that now holds the slot.
 
-use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, Ordering};
 use std::sync::Arc;
 
 use crossbeam_utils::CachePadded;
@@ -18,6 +17,7 @@ use weft_transport::Frame;
 
 use crate::config::{Assignment, MatchingMode};
 use crate::lock::path::PathLock;
+use crate::loom::sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, Ordering};
 use crate::matching::{MatchState, Matched, Order, Tag};
 
 use super::Engine;

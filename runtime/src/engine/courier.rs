@@ -42,7 +42,6 @@
 //! today; any other work that only needs a pass of `flush_deferred` to finish (operations
 //! it drives in flight) belongs there too, with `summon_courier` called when it starts.
 
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock, Weak};
 use std::task::Waker;
 use std::thread::{JoinHandle, Thread};
@@ -53,6 +52,7 @@ use parking_lot::Mutex;
 use crate::config::ProgressMode;
 use crate::engine::Engine;
 use crate::executor::Unpark;
+use crate::loom::sync::atomic::{AtomicBool, Ordering};
 
 /// First timeout of a park while frames wait: a pass that sent nothing waits for the next
 /// ring of room, or this long, whichever comes first.

@@ -5,12 +5,12 @@
 //! thread-local storage).
 
 use std::cell::{Cell, RefCell};
-use std::sync::atomic::{AtomicU32, Ordering};
 
 use weft_transport::Frame;
 
 use crate::config::Assignment;
 use crate::lock::path::PathLock;
+use crate::loom::sync::atomic::{AtomicU32, Ordering};
 use crate::matching::Matched;
 
 use super::Engine;
@@ -109,6 +109,7 @@ pub(crate) fn pin_cri(id: u64, k: usize) {
 #[inline]
 pub(crate) fn thread_token() -> u64 {
     use std::sync::atomic::{AtomicU64, Ordering};
+    // std: a `static` needs a `const fn new`, which loom's atomics lack.
     static NEXT: AtomicU64 = AtomicU64::new(1);
     thread_local! {
         static TOKEN: u64 = NEXT.fetch_add(1, Ordering::Relaxed);

@@ -143,7 +143,7 @@ impl Engine {
             cookie = frame.header.cookie,
             "rendezvous send finished (Fin)"
         );
-        self.transport.deregister(req.key.load(std::sync::atomic::Ordering::Relaxed));
+        self.transport.deregister(req.key.load(crate::loom::sync::atomic::Ordering::Relaxed));
         req.cell.complete(Ok(Status { source: frame.header.source, tag: frame.header.tag, bytes: frame.header.len as usize }));
         req.orphan.lock().take();
     }

@@ -11,7 +11,6 @@
 //! * `peers.rs` — lost and finished peers, rendezvous sends waiting for their `Fin`.
 //! * `courier.rs` — the thread that sends the outbox when no thread of the rank progresses.
 
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use crossbeam_utils::CachePadded;
@@ -21,6 +20,7 @@ use crate::config::{Config, ProgressMode};
 use crate::lock::owner::OwnerToken;
 use crate::lock::path::PathLock;
 use crate::lock::LockOptions;
+use crate::loom::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
 mod contexts;
 mod courier;

@@ -4,7 +4,6 @@
 //! for them. Its flush is also the rare-events pass of progress: newly lost peers
 //! (`peers.rs`) and finished rendezvous reads (`reads.rs`).
 
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::Arc;
 
 use parking_lot::Mutex;
@@ -12,6 +11,7 @@ use weft_sync::{Error, Outcome, Status};
 use weft_transport::{FrameKind, Header, SendError};
 
 use super::Engine;
+use crate::loom::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use crate::operation::Operation;
 
 /// Whether [`Engine::post_frame`] sent the frame or queued it.
@@ -30,7 +30,7 @@ pub(crate) struct Outbox {
     pub(crate) queues: Mutex<DeferredQueues>,
     /// `queues` is non-empty: progress checks this flag instead of taking the lock. It
     /// changes only under the lock.
-    pub(crate) pending: std::sync::atomic::AtomicBool,
+    pub(crate) pending: AtomicBool,
     /// Deferred frames per destination rank: a send to a rank with frames waiting queues
     /// behind them instead of overtaking them.
     pub(crate) per_dst: Box<[AtomicU32]>,

@@ -1,13 +1,13 @@
 //! Peers that are lost (died) or finished (dropped their runtime), and the rendezvous sends
 //! that wait for a peer's `Fin`.
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
 use parking_lot::Mutex;
 use weft_sync::Error;
 
 use super::Engine;
+use crate::loom::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use crate::matching::Source;
 use crate::operation::Operation;
 
@@ -63,9 +63,31 @@ impl PeerWatch {
     /// Whether rank `r` is gone (see [`PeerWatch`]).
     #[inline]
     fn is_gone(&self, r: u32) -> bool {
-        // Acquire: pairs with the Release store in `fail_lost`, made after the rank's last
+        // Acquire: pairs with the Release store in `mark_gone`, made after the rank's last
         // frames were delivered into matching.
         self.gone.get(r as usize).is_some_and(|g| g.load(Ordering::Acquire))
+    }
+
+    /// Whether some rank is gone: the receive path's one load while none is.
+    #[inline]
+    fn any_gone(&self) -> bool {
+        // Acquire: pairs with the Release store in `mark_gone` (the flags it set before).
+        self.any_gone.load(Ordering::Acquire)
+    }
+
+    /// Marks `ranks` gone, once every frame of theirs that reached this rank was delivered
+    /// into matching (`fail_lost`): a receive that sees a rank gone (`any_gone`, then
+    /// `is_gone`) also sees those frames, in the unexpected queue. The loom model at the
+    /// bottom checks it.
+    fn mark_gone(&self, ranks: &[u32]) {
+        for &r in ranks {
+            // Release: the frames delivered before are seen with the flag.
+            self.gone[r as usize].store(true, Ordering::Release);
+        }
+        if !ranks.is_empty() {
+            // Release: as above, for `any_gone`, the first load of a receive.
+            self.any_gone.store(true, Ordering::Release);
+        }
     }
 }
 
@@ -133,8 +155,7 @@ impl Engine {
     /// (`fail_lost` marks the rank gone before it visits the state under the same lock).
     #[inline]
     pub(crate) fn lost_source(&self, source: Source) -> Option<u32> {
-        // Acquire: pairs with the Release store in `fail_lost` (the flags it set before).
-        if !self.peers.any_gone.load(Ordering::Acquire) {
+        if !self.peers.any_gone() {
             return None;
         }
         self.lost_source_slow(source)
@@ -171,15 +192,7 @@ impl Engine {
         let newly: Vec<u32> =
             (0..self.transport.size()).filter(|&r| r != me && !self.transport.is_alive(r) && !self.peers.is_gone(r)).collect();
         let delivered = self.deliver_arrived();
-        for &r in &newly {
-            // Release: a receive that sees the flag (`lost_source`) also sees the frames
-            // delivered above in the unexpected queue.
-            self.peers.gone[r as usize].store(true, Ordering::Release);
-        }
-        if !newly.is_empty() {
-            // Release: as above, for `lost_source`'s first load.
-            self.peers.any_gone.store(true, Ordering::Release);
-        }
+        self.peers.mark_gone(&newly);
         let (alive, any_alive, first_lost) = self.liveness();
         let mut failed = Vec::new();
         {
@@ -454,5 +467,45 @@ mod tests {
         // A duplicate of the real Fin after completion finds nothing.
         shared.handle_fin(fin(cookie, 1));
         assert!(shared.peers.rendezvous.lock().is_empty());
+    }
+}
+
+#[cfg(all(test, loom))]
+mod model {
+    use loom::cell::UnsafeCell;
+    use loom::sync::Arc;
+    use loom::thread;
+
+    use super::PeerWatch;
+
+    /// Ranks 1 and 2 of three are lost. One thread does what `fail_lost` does: delivers
+    /// each lost rank's last frame (a write into a plain cell, standing for the unexpected
+    /// queue), then marks both gone. Another receives as `lost_source` judges: once it sees
+    /// a rank gone it reads that rank's frame, which must be there — and loom fails the
+    /// model on the read if it is not ordered after the write (a data race).
+    #[test]
+    fn a_receive_that_sees_a_loss_sees_the_frames_delivered_before() {
+        loom::model(|| {
+            let watch = Arc::new(PeerWatch::new(3));
+            let queues: Arc<[UnsafeCell<u32>; 2]> = Arc::new([UnsafeCell::new(0), UnsafeCell::new(0)]);
+            let (w, q) = (watch.clone(), queues.clone());
+            let loss = thread::spawn(move || {
+                for (r, cell) in [1u32, 2].into_iter().zip(q.iter()) {
+                    // SAFETY: the receiving thread reads a cell only after the flag below.
+                    cell.with_mut(|f| unsafe { *f = r });
+                }
+                w.mark_gone(&[1, 2]);
+            });
+            if watch.any_gone() {
+                for (r, cell) in [1u32, 2].into_iter().zip(queues.iter()) {
+                    if watch.is_gone(r) {
+                        // SAFETY: loom checks that the write above happened before this read.
+                        assert_eq!(cell.with(|f| unsafe { *f }), r, "rank {r} gone, its frame not delivered");
+                    }
+                }
+            }
+            loss.join().unwrap();
+            assert!(watch.any_gone() && watch.is_gone(1) && watch.is_gone(2));
+        });
     }
 }

@@ -7,7 +7,6 @@
 //! events of later progress passes ([`Engine::flush_deferred`]) ask the transport which
 //! reads are over, then send their `Fin`s and complete their receives, outside every lock.
 
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use parking_lot::Mutex;
@@ -15,6 +14,7 @@ use weft_sync::{Error, Status};
 use weft_transport::{FrameKind, Header, ReadStart};
 
 use super::Engine;
+use crate::loom::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use crate::operation::Operation;
 
 /// Finished rendezvous reads one progress pass reports at most (bounded work per pass).
@@ -151,8 +151,14 @@ mod read_verdict {
     fn failing_read(rts: &[Runtime]) -> (crate::Request<'_, Vec<u8>>, crate::Request<'_, Vec<u8>>) {
         let (a, b) = (rts[0].world(), rts[1].world());
         let send = a.isend(vec![7u8; 1 << 20], 1, 3).unwrap();
-        let key =
-            rts[0].shared.peers.rendezvous.lock().last().map(|(_, _, req)| req.key.load(std::sync::atomic::Ordering::Relaxed)).unwrap();
+        let key = rts[0]
+            .shared
+            .peers
+            .rendezvous
+            .lock()
+            .last()
+            .map(|(_, _, req)| req.key.load(crate::loom::sync::atomic::Ordering::Relaxed))
+            .unwrap();
         rts[0].shared.transport.deregister(key);
         let recv = b.irecv(Vec::<u8>::with_capacity(1 << 20), 0u32, 3).unwrap();
         (send, recv)

@@ -2,13 +2,13 @@
 
 use std::future::Future;
 use std::pin::pin;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll, Wake, Waker};
 use std::thread::Thread;
 use std::time::Duration;
 
 use super::pool::Executor;
+use crate::loom::sync::atomic::{AtomicBool, Ordering};
 
 /// The waker of a `block_on` thread: a flag plus an unpark.
 struct BlockOnWaker {

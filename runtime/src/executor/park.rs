@@ -11,22 +11,25 @@
 //!
 //! # Memory ordering
 //!
-//! Dekker-style: the worker's `num_sleeping` increment (SeqCst) precedes its re-check of
-//! the queues; the pusher's fence (SeqCst) follows its push and precedes its load of
-//! `num_sleeping`. One of the two sees the other.
+//! Dekker-style, a SeqCst fence on each side: the worker's follows its announcement
+//! (`num_sleeping` incremented, flag set) and precedes its re-check of the queues; the
+//! pusher's follows its push and precedes its load of `num_sleeping` and of the flags. One
+//! of the two sees the other. (The worker's fence does not rely on the queues' own loads
+//! being SeqCst.) The loom models at the bottom check it on `Sleepers` itself: no worker
+//! stays parked with a task queued.
 
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::atomic::{fence, AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::task::{Context, Poll, Wake, Waker};
-use std::thread::Thread;
 use std::time::{Duration, Instant};
 
 use crossbeam_utils::CachePadded;
 
 use super::pool::Pool;
 use super::Drive;
+use crate::loom::sync::atomic::{fence, AtomicBool, AtomicUsize, Ordering};
+use crate::loom::thread::{self, Thread};
 
 /// Longest single sleep: a safety net only (every wake-up path is a notification), cheap
 /// enough that an idle runtime stays far below 1% of a core.
@@ -53,7 +56,30 @@ impl Sleepers {
 
     /// Records the calling thread as worker `index`.
     pub(super) fn register(&self, index: usize) {
-        let _ = self.threads[index].set(std::thread::current());
+        let _ = self.threads[index].set(thread::current());
+    }
+
+    /// Announces worker `index` as about to sleep: counts it in `num_sleeping`, then sets
+    /// its flag. The worker then re-checks for work and either takes its flag back
+    /// ([`unsleep`](Self::unsleep)) or sleeps until [`is_claimed`](Self::is_claimed).
+    ///
+    /// Count first, flag second (and a flag is cleared before its count is taken back):
+    /// `num_sleeping` is never below the number of flags set, so a pusher that finds it 0
+    /// cannot miss a sleeper. Flag first, a pusher could claim the flag and take back a
+    /// count not yet added, and a second pusher read 0 while another worker slept.
+    fn announce(&self, index: usize) {
+        self.num_sleeping.fetch_add(1, Ordering::Relaxed);
+        // Release: a waker's claim (AcqRel) orders its decrement after this increment.
+        self.parked[index].store(true, Ordering::Release);
+        // SeqCst: see the module docs (the re-check comes after this fence).
+        fence(Ordering::SeqCst);
+    }
+
+    /// Whether worker `index`'s flag was claimed by a waker (or taken back by `unsleep`):
+    /// what a sleeping worker checks each time its thread wakes. Acquire: pairs with the
+    /// waker's claim, made after its push.
+    fn is_claimed(&self, index: usize) -> bool {
+        !self.parked[index].load(Ordering::Acquire)
     }
 
     /// Wakes one sleeping worker, if any (one fence and one load when none sleeps).
@@ -100,7 +126,7 @@ impl Sleepers {
 
 /// A waker that unparks a thread: of the listener a parked worker sleeps on, and of every
 /// other thread of the runtime that parks (waiters, the courier).
-pub(crate) struct Unpark(pub(crate) Thread);
+pub(crate) struct Unpark(pub(crate) std::thread::Thread);
 
 impl Wake for Unpark {
     fn wake(self: Arc<Self>) {
@@ -112,11 +138,12 @@ impl Wake for Unpark {
 }
 
 /// Parks worker `index` until new work, network activity, shutdown, or `WORKER_NAP_LIMIT`.
+///
+/// Its sleep is on std's thread (loom has no `park_timeout`); the loom model below sleeps
+/// with loom's `park` in its place, on the same `Sleepers` calls.
 pub(super) fn park_worker(drive: &dyn Drive, pool: &Pool, index: usize) {
     let sleep = &pool.sleep;
-    sleep.parked[index].store(true, Ordering::Relaxed);
-    // SeqCst: see the module docs.
-    sleep.num_sleeping.fetch_add(1, Ordering::SeqCst);
+    sleep.announce(index);
 
     // Network wake-ups (see the module docs for why Owner mode differs). Deferred frames do
     // not keep a worker awake: the transport rings the doorbell when their destination has
@@ -136,7 +163,7 @@ pub(super) fn park_worker(drive: &dyn Drive, pool: &Pool, index: usize) {
     let deadline = Instant::now() + WORKER_NAP_LIMIT;
     let mut heard = false;
     loop {
-        if !sleep.parked[index].load(Ordering::Acquire) || pool.is_shutdown() {
+        if sleep.is_claimed(index) || pool.is_shutdown() {
             drive.count_park(true);
             break;
         }
@@ -157,5 +184,90 @@ pub(super) fn park_worker(drive: &dyn Drive, pool: &Pool, index: usize) {
     tracing::trace!(worker = index, heard, "pool worker unparks");
     if heard {
         drive.heard(someone_owns);
+    }
+}
+
+#[cfg(all(test, loom))]
+mod model {
+    use loom::sync::atomic::{AtomicUsize, Ordering};
+    use loom::sync::Arc;
+    use loom::thread;
+
+    use super::Sleepers;
+
+    /// Takes one of the published tasks (a count stands for the pool's queues).
+    fn take(tasks: &AtomicUsize) -> bool {
+        tasks.fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| n.checked_sub(1)).is_ok()
+    }
+
+    /// Worker `index` until it has run one task: `worker_main`'s loop reduced to taking a
+    /// task or parking, and `park_worker`'s sleep with loom's `park` for its timed one.
+    fn worker(sleep: &Sleepers, tasks: &AtomicUsize, index: usize) {
+        sleep.register(index);
+        loop {
+            if take(tasks) {
+                return;
+            }
+            sleep.announce(index);
+            // The re-check (`Pool::has_work`: the injector's `is_empty` loads SeqCst).
+            if tasks.load(Ordering::SeqCst) > 0 {
+                sleep.unsleep(index);
+                continue;
+            }
+            while !sleep.is_claimed(index) {
+                thread::park();
+            }
+            sleep.unsleep(index);
+        }
+    }
+
+    /// What `Pool::schedule` does: push, then wake one sleeper.
+    fn push(sleep: &Sleepers, tasks: &AtomicUsize) {
+        tasks.fetch_add(1, Ordering::Release);
+        sleep.notify_one();
+    }
+
+    /// `workers` workers and as many tasks, pushed by `pushers` threads (the rest by the
+    /// model's own thread). Loom fails the model with a deadlock if a worker stays parked
+    /// with a task published (a lost wake-up); every flag and `num_sleeping` end at rest.
+    fn run(workers: usize, pushers: usize, preemptions: Option<usize>) {
+        let mut b = loom::model::Builder::new();
+        b.preemption_bound = preemptions;
+        b.check(move || {
+            let sleep = Arc::new(Sleepers::new(workers));
+            let tasks = Arc::new(AtomicUsize::new(0));
+            let mut threads: Vec<_> = (0..workers)
+                .map(|i| {
+                    let (sleep, tasks) = (sleep.clone(), tasks.clone());
+                    thread::spawn(move || worker(&sleep, &tasks, i))
+                })
+                .collect();
+            threads.extend((0..pushers).map(|_| {
+                let (sleep, tasks) = (sleep.clone(), tasks.clone());
+                thread::spawn(move || push(&sleep, &tasks))
+            }));
+            for _ in pushers..workers {
+                push(&sleep, &tasks);
+            }
+            for t in threads {
+                t.join().unwrap();
+            }
+            assert_eq!(tasks.load(Ordering::Relaxed), 0);
+            assert_eq!(sleep.num_sleeping.load(Ordering::Relaxed), 0, "num_sleeping not back to 0");
+            assert!(sleep.parked.iter().all(|f| !f.load(Ordering::Relaxed)), "a parked flag left set");
+        });
+    }
+
+    /// One worker, one push from another thread.
+    #[test]
+    fn a_push_wakes_the_worker() {
+        run(1, 0, None);
+    }
+
+    /// Two workers, two tasks pushed from two threads: no worker is left asleep with a
+    /// task queued, whichever worker a push claims.
+    #[test]
+    fn two_pushes_wake_two_workers() {
+        run(2, 1, Some(2));
     }
 }

@@ -19,7 +19,6 @@
 
 use std::cell::Cell;
 use std::future::Future;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::thread;
 use std::time::{Duration, Instant};
@@ -31,6 +30,7 @@ use super::park::Sleepers;
 use super::registry::Registry;
 use super::task::{JoinHandle, Task, TaskRef};
 use super::Drive;
+use crate::loom::sync::atomic::{AtomicBool, Ordering};
 
 /// Every this many ticks a worker looks at the injector first and makes a progress pass
 /// (tokio uses 61 too: a prime, so it does not beat in step with periodic workloads).

@@ -8,13 +8,13 @@
 //! before `split` returns, whatever happens to the pool: a pack never leaves part of its
 //! buffer unwritten.
 
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::thread::Thread;
 use std::time::Duration;
 
 use super::pool::Executor;
 use super::Drive;
+use crate::loom::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 /// Counts pieces still held by pool tasks; the last one dropped wakes the caller.
 struct Latch {
@@ -111,7 +111,7 @@ pub(crate) fn split(executor: &Executor, drive: impl FnOnce() -> Arc<dyn Drive>,
 
 #[cfg(all(test, not(loom)))]
 mod tests {
-    use std::sync::atomic::{AtomicUsize, Ordering};
+    use crate::loom::sync::atomic::{AtomicUsize, Ordering};
     use std::sync::mpsc;
     use std::sync::Arc;
     use std::time::Duration;

@@ -38,7 +38,6 @@ use std::marker::PhantomData;
 use std::mem::ManuallyDrop;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::pin::Pin;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll, RawWaker, RawWakerVTable, Waker};
 
@@ -47,6 +46,7 @@ use atomic_waker::AtomicWaker;
 use super::pool::{Hint, Pool};
 use super::registry::{Key, UNREGISTERED};
 use super::state::{AfterPoll, Shutdown, State, Wake as WakeAction};
+use crate::loom::sync::atomic::{AtomicUsize, Ordering};
 
 /// A task as the run queues see it.
 pub(crate) type TaskRef = Arc<dyn Runnable>;

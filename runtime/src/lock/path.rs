@@ -19,9 +19,8 @@
 //!
 //! [`weft::lock::Mutex`]: crate::lock::Mutex
 
-use std::sync::atomic::{AtomicU64, Ordering};
-
 use crate::lock::{Acquisition, Counted, DynLock, FlatKind, LockKind, LockOptions, LockStatsSnapshot, Mutex, ParkingLot};
+use crate::loom::sync::atomic::{AtomicU64, Ordering};
 
 /// A lock of one runtime path guarding a `T`.
 pub(crate) struct PathLock<T> {

@@ -2,12 +2,11 @@
 //! dedicated CRI under try-lock, then the others, so every CRI is eventually progressed even
 //! if its thread is gone; matching runs concurrently per communicator.
 
-use std::sync::atomic::Ordering;
-
 use weft_sync::{Progress, SignalListener, Step};
 
 use super::park::park_or_frames;
 use crate::engine::Engine;
+use crate::loom::sync::atomic::Ordering;
 
 impl Engine {
     /// [Patinyasakdikul 2019, Alg. 4]: the dedicated CRI first (try-lock), then the others, returning

@@ -2,7 +2,6 @@
 //! worker ([`Drive`], implemented here for the rank's [`Engine`]) and a sync object's
 //! blocking wait ([`weft_sync::Progress`], the hook of `Runtime::sync_object`).
 
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::task::Context;
 
@@ -12,6 +11,7 @@ use super::park::park_or_frames;
 use crate::config::ProgressMode;
 use crate::engine::Engine;
 use crate::executor::Drive;
+use crate::loom::sync::atomic::Ordering;
 
 impl Engine {
     /// One non-blocking progress pass for an idle pool worker: never waits for a lock. In

@@ -22,7 +22,6 @@
 //!   ([`crate::executor::Drive`]) and the progress hook of a sync object.
 //! * `send.rs` — posting a frame, progressing while its destination refuses it.
 
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::task::Context;
 
@@ -30,6 +29,7 @@ use weft_sync::Step;
 
 use crate::config::ProgressMode;
 use crate::engine::Engine;
+use crate::loom::sync::atomic::Ordering;
 
 mod concurrent;
 mod drive;

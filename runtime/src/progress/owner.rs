@@ -2,12 +2,11 @@
 //! whole wait (the token, `lock/owner.rs`); the others park on their sync objects until
 //! their own requests complete or ownership is handed to them.
 
-use std::sync::atomic::Ordering;
-
 use weft_sync::{Progress, SignalListener, Step};
 
 use super::park::{park_or_frames, park_two};
 use crate::engine::Engine;
+use crate::loom::sync::atomic::Ordering;
 
 /// The hook of an `Owner`-mode wait (Algorithm 2): ownership is kept for the whole wait.
 pub(super) struct OwnerWait<'a> {

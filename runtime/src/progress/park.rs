@@ -1,7 +1,6 @@
 //! Parking a blocked thread: on its sync object's signal and the rank's doorbell (or an
 //! ownership hand-off), yielding first, never longer than [`PARK_LIMIT`] at a time.
 
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::task::{Context, Poll, Waker};
 
@@ -9,6 +8,7 @@ use weft_sync::SignalListener;
 
 use crate::engine::Engine;
 use crate::executor::Unpark;
+use crate::loom::sync::atomic::Ordering;
 
 /// Parks on `listener` and the doorbell, unless frames are already waiting.
 ///

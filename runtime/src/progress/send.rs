@@ -1,7 +1,6 @@
 //! Posting a frame (path step 2): the CRI's lock, the transport, and — when the destination
 //! keeps refusing — progress meanwhile, then the outbox.
 
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use weft_sync::Error;
@@ -9,6 +8,7 @@ use weft_transport::{Header, SendError};
 
 use crate::engine::outbox::QueuedFrame;
 use crate::engine::{Engine, SendOutcome};
+use crate::loom::sync::atomic::Ordering;
 use crate::operation::Operation;
 
 /// How long a send retries a refused frame (progressing meanwhile) before it queues the
