@@ -54,7 +54,7 @@ pub struct Assertions {
 /// counting a reference per message ([Goodell 2010]).
 #[derive(Clone)]
 pub struct Communicator {
-    shared: Arc<Engine>,
+    engine: Arc<Engine>,
     p2p: Arc<CommState>,
     coll: Arc<CommState>,
 }
@@ -72,21 +72,21 @@ impl fmt::Debug for Communicator {
 }
 
 impl Communicator {
-    pub(crate) fn create(shared: &Arc<Engine>, context: u32, size: u32, a: Assertions) -> Result<Self, Error> {
-        let p2p = Arc::new(CommState::new(shared, context, size, a.allow_overtaking, a.no_any_tag, true));
-        let coll = Arc::new(CommState::new(shared, context + 1, size, false, false, false));
-        shared.install(p2p.clone())?;
-        shared.install(coll.clone())?;
-        Ok(Communicator { shared: shared.clone(), p2p, coll })
+    pub(crate) fn create(engine: &Arc<Engine>, context: u32, size: u32, a: Assertions) -> Result<Self, Error> {
+        let p2p = Arc::new(CommState::new(engine, context, size, a.allow_overtaking, a.no_any_tag, true));
+        let coll = Arc::new(CommState::new(engine, context + 1, size, false, false, false));
+        engine.install(p2p.clone())?;
+        engine.install(coll.clone())?;
+        Ok(Communicator { engine: engine.clone(), p2p, coll })
     }
 
-    pub(crate) fn shared(&self) -> &Arc<Engine> {
-        &self.shared
+    pub(crate) fn engine(&self) -> &Arc<Engine> {
+        &self.engine
     }
 
     /// This rank's rank in the communicator.
     pub fn rank(&self) -> u32 {
-        self.shared.transport.rank()
+        self.engine.transport.rank()
     }
 
     /// Number of ranks.
@@ -116,7 +116,7 @@ impl Communicator {
         if rank >= self.size() {
             return Err(Error::RankOutOfRange { rank, size: self.size() });
         }
-        let max = self.shared.config.max_tag;
+        let max = self.engine.config.max_tag;
         if !(0..=max).contains(&tag) {
             return Err(Error::InvalidTag { tag, max });
         }
@@ -135,7 +135,7 @@ impl Communicator {
     }
 
     fn isend_on<B: SendBuf>(&self, st: &CommState, buf: B, dest: u32, tag: i32) -> Result<Request<'_, B>, Error> {
-        let s = &*self.shared;
+        let s = &*self.engine;
         let bytes = buf.as_bytes();
         let len = bytes.len();
         let k = s.cri_for_thread();
@@ -209,7 +209,7 @@ impl Communicator {
     fn check_recv_tag(&self, tag: Tag) -> Result<(), Error> {
         match tag {
             Tag::Is(t) => {
-                let max = self.shared.config.max_tag;
+                let max = self.engine.config.max_tag;
                 if !(0..=max).contains(&t) {
                     return Err(Error::InvalidTag { tag: t, max });
                 }
@@ -223,7 +223,7 @@ impl Communicator {
     }
 
     fn irecv_on<B: RecvBuf>(&self, st: &CommState, mut buf: B, source: Source, tag: Tag) -> Result<Request<'_, B>, Error> {
-        let s = &*self.shared;
+        let s = &*self.engine;
         let (ptr, cap) = buf.spare();
         let elem = buf.elem_size();
         let inner = new_operation(|i| {
@@ -301,7 +301,7 @@ impl Communicator {
             }
         }
         self.check_recv_tag(tag)?;
-        let s = &*self.shared;
+        let s = &*self.engine;
         if tag == Tag::Any && self.p2p.needs_switch() {
             s.finish_matches(s.main_path(|| s.switch_to_one_order(&self.p2p)));
         }
@@ -341,7 +341,7 @@ impl Communicator {
             return Err(Error::CommFreed);
         }
         let context = self.agree_context(assertions)?;
-        Communicator::create(&self.shared, context, self.size(), assertions)
+        Communicator::create(&self.engine, context, self.size(), assertions)
     }
 
     /// A context id free on every rank: propose the lowest locally free slot pair, take the
@@ -354,7 +354,7 @@ impl Communicator {
     /// sequence numbers a sender spread over one channel); a mismatch is found in the first
     /// reduction, before any slot is claimed, and every rank fails with `InvalidArgument`.
     fn agree_context(&self, assertions: Assertions) -> Result<u32, Error> {
-        let s = &*self.shared;
+        let s = &*self.engine;
         let bits = u32::from(assertions.allow_overtaking) | u32::from(assertions.no_any_tag) << 1;
         s.collect_retired(false);
         let mut hint = 0u32;
@@ -440,7 +440,7 @@ impl Communicator {
     /// collected by a later `dup` (or with the runtime). Freeing it again through another
     /// handle (a clone) does nothing.
     pub fn free(self) {
-        let s = &*self.shared;
+        let s = &*self.engine;
         // The user context's flag decides which call frees the communicator: that one call
         // frees both contexts and gives their slot pair back (they were claimed together, in
         // `agree_context`). A call through another handle (a clone) does nothing: by then the

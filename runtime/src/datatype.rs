@@ -305,13 +305,13 @@ impl<T: Primitive> Datatype<T> {
         });
     }
 
-    /// How many pieces a parallel pack of this type uses on `shared`'s pool.
-    fn pieces(&self, shared: &Engine) -> usize {
-        let threshold = shared.config.pack_threshold.max(1);
-        if shared.config.workers == 0 || self.size_bytes() < threshold {
+    /// How many pieces a parallel pack of this type uses on `engine`'s pool.
+    fn pieces(&self, engine: &Engine) -> usize {
+        let threshold = engine.config.pack_threshold.max(1);
+        if engine.config.workers == 0 || self.size_bytes() < threshold {
             return 1;
         }
-        let threads = shared.config.workers + 1;
+        let threads = engine.config.workers + 1;
         // A few pieces per thread for balance, each about the threshold or more.
         let by_size = (self.size_bytes() / threshold).max(2);
         (threads * 4).min(by_size).min(self.units()).max(1)
@@ -328,17 +328,17 @@ unsafe impl<T: Send> Sync for SharedPtr<T> {}
 unsafe impl<T: Send> Send for SharedPtr<T> {}
 
 /// [`Datatype::pack`], split into pool tasks when large (see `Runtime::pack`).
-pub(crate) fn pack_parallel<T: Primitive>(shared: &Arc<Engine>, ty: &Datatype<T>, src: &[T], dst: &mut [T]) -> Result<usize, Error> {
+pub(crate) fn pack_parallel<T: Primitive>(engine: &Arc<Engine>, ty: &Datatype<T>, src: &[T], dst: &mut [T]) -> Result<usize, Error> {
     ty.check_pack(src.len(), dst.len())?;
     // SAFETY: checked above.
-    unsafe { pack_raw(shared, ty, src.as_ptr(), dst.as_mut_ptr()) };
+    unsafe { pack_raw(engine, ty, src.as_ptr(), dst.as_mut_ptr()) };
     Ok(ty.size)
 }
 
 /// # Safety
 /// `src` spans the extent, `dst` holds `size` elements, and nobody else touches `dst`.
-unsafe fn pack_raw<T: Primitive>(shared: &Arc<Engine>, ty: &Datatype<T>, src: *const T, dst: *mut T) {
-    let pieces = ty.pieces(shared);
+unsafe fn pack_raw<T: Primitive>(engine: &Arc<Engine>, ty: &Datatype<T>, src: *const T, dst: *mut T) {
+    let pieces = ty.pieces(engine);
     let units = ty.units();
     let (s, d) = (SharedPtr(src as *mut T), SharedPtr(dst));
     let work = move |i: usize| {
@@ -347,16 +347,16 @@ unsafe fn pack_raw<T: Primitive>(shared: &Arc<Engine>, ty: &Datatype<T>, src: *c
         // SAFETY: per `pack_raw`'s contract; pieces cover disjoint unit ranges.
         unsafe { ty.pack_units(s.0, d.0, lo, hi) }
     };
-    crate::executor::split(&shared.executor, || shared.clone(), pieces, &work);
+    crate::executor::split(&engine.executor, || engine.clone(), pieces, &work);
 }
 
 /// [`Datatype::unpack`], split into pool tasks when large and complete.
-pub(crate) fn unpack_parallel<T: Primitive>(shared: &Arc<Engine>, ty: &Datatype<T>, src: &[T], dst: &mut [T]) -> Result<usize, Error> {
+pub(crate) fn unpack_parallel<T: Primitive>(engine: &Arc<Engine>, ty: &Datatype<T>, src: &[T], dst: &mut [T]) -> Result<usize, Error> {
     ty.check_unpack(src.len(), dst.len())?;
     if src.len() < ty.size {
         return ty.unpack(src, dst);
     }
-    let pieces = ty.pieces(shared);
+    let pieces = ty.pieces(engine);
     let units = ty.units();
     let (s, d) = (SharedPtr(src.as_ptr() as *mut T), SharedPtr(dst.as_mut_ptr()));
     let work = move |i: usize| {
@@ -365,7 +365,7 @@ pub(crate) fn unpack_parallel<T: Primitive>(shared: &Arc<Engine>, ty: &Datatype<
         // SAFETY: checked above; blocks do not overlap, so pieces write disjoint ranges.
         unsafe { ty.unpack_units(s.0, d.0, lo, hi) }
     };
-    crate::executor::split(&shared.executor, || shared.clone(), pieces, &work);
+    crate::executor::split(&engine.executor, || engine.clone(), pieces, &work);
     Ok(src.len())
 }
 
@@ -380,7 +380,7 @@ impl Communicator {
         // SAFETY: `data` spans the extent and the capacity holds `size` elements, all of
         // which the pack writes before the length is set.
         unsafe {
-            pack_raw(self.shared(), ty, data.as_ptr(), packed.as_mut_ptr());
+            pack_raw(self.engine(), ty, data.as_ptr(), packed.as_mut_ptr());
             packed.set_len(ty.size);
         }
         self.isend(packed, dest, tag)
@@ -442,18 +442,18 @@ impl<T: Primitive> fmt::Debug for TypedRecv<'_, T> {
 }
 
 impl<T: Primitive> TypedRecv<'_, T> {
-    fn finish(&mut self, res: Result<(Vec<T>, Status), Error>, shared: &Arc<Engine>) -> Result<Status, Error> {
+    fn finish(&mut self, res: Result<(Vec<T>, Status), Error>, engine: &Arc<Engine>) -> Result<Status, Error> {
         let (packed, st) = res?;
-        unpack_parallel(shared, &self.ty, &packed, self.data)?;
+        unpack_parallel(engine, &self.ty, &packed, self.data)?;
         Ok(st)
     }
 
     /// Blocks until the message has arrived and is unpacked (`MPI_Wait`).
     pub fn wait(mut self) -> Result<Status, Error> {
         let req = self.req.take().ok_or(Error::InvalidArgument("typed receive already consumed"))?;
-        let shared = req.communicator().shared().clone();
+        let engine = req.communicator().engine().clone();
         let res = req.wait();
-        self.finish(res, &shared)
+        self.finish(res, &engine)
     }
 
     /// Makes one step of progress; `true` once the message has arrived (then
@@ -483,9 +483,9 @@ impl<T: Primitive> Future for TypedRecv<'_, T> {
         };
         match Pin::new(&mut *req).poll(cx) {
             Poll::Ready(res) => {
-                let shared = req.communicator().shared().clone();
+                let engine = req.communicator().engine().clone();
                 this.req = None;
-                Poll::Ready(this.finish(res, &shared))
+                Poll::Ready(this.finish(res, &engine))
             }
             Poll::Pending => Poll::Pending,
         }

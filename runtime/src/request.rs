@@ -142,7 +142,7 @@ impl<'c, B: Send + 'static> Request<'c, B> {
         if self.is_complete() {
             return true;
         }
-        let _ = self.comm.shared().progress_once();
+        let _ = self.comm.engine().progress_once();
         self.is_complete()
     }
 
@@ -155,7 +155,7 @@ impl<'c, B: Send + 'static> Request<'c, B> {
     /// the result was already taken ([`take`](Self::take)).
     pub fn wait(mut self) -> Result<(B, Status), Error> {
         if !self.is_complete() {
-            progress::wait_all(self.comm.shared(), std::slice::from_mut(&mut self));
+            progress::wait_all(self.comm.engine(), std::slice::from_mut(&mut self));
         }
         self.take().unwrap_or(Err(CONSUMED))
     }
@@ -209,7 +209,7 @@ impl<B: Send + 'static> crate::progress::Waitable for Request<'_, B> {
         Request::is_live(self)
     }
     fn engine(&self) -> &Arc<crate::engine::Engine> {
-        self.comm.shared()
+        self.comm.engine()
     }
     fn context_id(&self) -> u32 {
         self.comm.context_id()
@@ -246,7 +246,7 @@ impl<B: Send + 'static> Future for Request<'_, B> {
                 drop(inner);
                 return Poll::Ready(this.take().expect("complete"));
             }
-            match this.comm.shared().poll_progress(cx) {
+            match this.comm.engine().poll_progress(cx) {
                 weft_sync::Step::Progressed => continue,
                 _ => break,
             }
@@ -273,7 +273,7 @@ impl<B: Send + 'static> Drop for Request<'_, B> {
         }
         // The request's own communicator handle keeps the state alive (no table lookup).
         let cancelled =
-            self.kind == Kind::Recv && self.comm.state_of(inner.context).is_some_and(|st| self.comm.shared().cancel_recv(st, &inner));
+            self.kind == Kind::Recv && self.comm.state_of(inner.context).is_some_and(|st| self.comm.engine().cancel_recv(st, &inner));
         if cancelled {
             // Unposted before any match: nothing will touch the buffer.
             inner.cell.complete(Err(Error::Cancelled));

@@ -38,7 +38,7 @@ use crate::loom::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
 /// ```
 #[derive(Clone)]
 pub struct Runtime {
-    pub(crate) shared: Arc<Engine>,
+    pub(crate) engine: Arc<Engine>,
     world: Communicator,
     /// Engine by the `Runtime` clones only: the last one stops the pool (held for its
     /// `Drop`).
@@ -49,21 +49,21 @@ pub struct Runtime {
 /// Stops the rank's threads — the executor pool and the courier — when the last `Runtime`
 /// handle drops (communicators and requests keep the rank's state alive, not its threads).
 struct ExecGuard {
-    shared: Arc<Engine>,
+    engine: Arc<Engine>,
 }
 
 impl Drop for ExecGuard {
     fn drop(&mut self) {
         // While this guard still holds the state: the courier's own reference is never the
         // last, so the state is never dropped on it.
-        self.shared.courier.stop();
-        self.shared.executor.shutdown();
+        self.engine.courier.stop();
+        self.engine.executor.shutdown();
     }
 }
 
 impl fmt::Debug for Runtime {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Runtime").field("rank", &self.rank()).field("size", &self.size()).field("config", &self.shared.config).finish()
+        f.debug_struct("Runtime").field("rank", &self.rank()).field("size", &self.size()).field("config", &self.engine.config).finish()
     }
 }
 
@@ -75,12 +75,12 @@ impl Runtime {
 
     /// This rank.
     pub fn rank(&self) -> u32 {
-        self.shared.transport.rank()
+        self.engine.transport.rank()
     }
 
     /// Number of ranks.
     pub fn size(&self) -> u32 {
-        self.shared.transport.size()
+        self.engine.transport.size()
     }
 
     /// The world communicator (all ranks, context 0).
@@ -90,12 +90,12 @@ impl Runtime {
 
     /// The resolved configuration.
     pub fn config(&self) -> &Config {
-        &self.shared.config
+        &self.engine.config
     }
 
     /// A sync object whose waits and futures drive this runtime's progress.
     pub fn sync_object<T: Send + 'static>(&self) -> SyncObject<T> {
-        SyncObject::with_progress(crate::progress::sync_hook(&self.shared))
+        SyncObject::with_progress(crate::progress::sync_hook(&self.engine))
     }
 
     /// Binds the calling thread to CRI `k` of this rank (under `Assignment::Dedicated`; like
@@ -110,18 +110,18 @@ impl Runtime {
     /// order they may be crossed, and each thread then completes the other's receives.
     /// Other assignments ignore the binding. `k` must be below the rank's CRI count.
     pub fn pin_cri(&self, k: usize) -> Result<(), Error> {
-        let n = self.shared.cris.len();
+        let n = self.engine.cris.len();
         if k >= n {
             return Err(Error::InvalidArgument("CRI index out of range"));
         }
-        crate::engine::pin_cri(self.shared.id, k);
+        crate::engine::pin_cri(self.engine.id, k);
         Ok(())
     }
 
     /// Makes one step of progress in the configured mode; returns whether anything moved
     /// (`MPIX_Progress`).
     pub fn progress(&self) -> bool {
-        self.shared.progress_once().progressed()
+        self.engine.progress_once().progressed()
     }
 
     /// Spawns `future` on this runtime's work-stealing pool (started on first use with
@@ -147,7 +147,7 @@ impl Runtime {
         F: Future + Send + 'static,
         F::Output: Send + 'static,
     {
-        let pool = self.shared.executor.start(|| self.shared.clone()).expect("a live Runtime handle keeps the pool open");
+        let pool = self.engine.executor.start(|| self.engine.clone()).expect("a live Runtime handle keeps the pool open");
         pool.spawn(future)
     }
 
@@ -155,25 +155,25 @@ impl Runtime {
     /// drive progress when polled). With `workers(0)`, or inside a task, the thread also
     /// runs spawned tasks meanwhile (see [`spawn`](Self::spawn) for how deep that nests).
     pub fn block_on<F: Future>(&self, future: F) -> F::Output {
-        crate::executor::block_on(&self.shared.executor, future)
+        crate::executor::block_on(&self.engine.executor, future)
     }
 
     /// Packs `src` laid out as `ty` into `dst` (see [`Datatype::pack`]); packs of at least
     /// the pack threshold are split into pool tasks, so idle workers and waiting threads
     /// share the copying ([Patinyasakdikul 2019, §4.6.2]). Returns the elements written.
     pub fn pack<T: Primitive>(&self, ty: &Datatype<T>, src: &[T], dst: &mut [T]) -> Result<usize, Error> {
-        crate::datatype::pack_parallel(&self.shared, ty, src, dst)
+        crate::datatype::pack_parallel(&self.engine, ty, src, dst)
     }
 
     /// Unpacks `src` (packed elements) into `dst` laid out as `ty`, in parallel like
     /// [`pack`](Self::pack). Returns the elements read.
     pub fn unpack<T: Primitive>(&self, ty: &Datatype<T>, src: &[T], dst: &mut [T]) -> Result<usize, Error> {
-        crate::datatype::unpack_parallel(&self.shared, ty, src, dst)
+        crate::datatype::unpack_parallel(&self.engine, ty, src, dst)
     }
 
     /// A snapshot of the runtime's counters.
     pub fn counters(&self) -> crate::counters::Snapshot {
-        crate::counters::snapshot(&self.shared)
+        crate::counters::snapshot(&self.engine)
     }
 }
 
@@ -341,7 +341,7 @@ impl Builder {
             .into_iter()
             .map(|ep| {
                 let size = ep.size();
-                let shared = Arc::new_cyclic(|me| Engine {
+                let engine = Arc::new_cyclic(|me| Engine {
                     id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
                     cris: (0..config.cris)
                         .map(|_| {
@@ -363,9 +363,9 @@ impl Builder {
                     transport: ep,
                     config: config.clone(),
                 });
-                let world = Communicator::create(&shared, 0, size, crate::comm::Assertions::default())?;
-                let exec = Arc::new(ExecGuard { shared: shared.clone() });
-                Ok(Runtime { shared, world, exec })
+                let world = Communicator::create(&engine, 0, size, crate::comm::Assertions::default())?;
+                let exec = Arc::new(ExecGuard { engine: engine.clone() });
+                Ok(Runtime { engine, world, exec })
             })
             .collect()
     }
@@ -385,7 +385,7 @@ mod tests {
         let rt = &rts[0];
         for _ in 0..200 {
             rt.world().dup().unwrap().free();
-            assert!(rt.shared.contexts.retired.lock().len() <= 2 * (crate::engine::COLLECT_AFTER + 1));
+            assert!(rt.engine.contexts.retired.lock().len() <= 2 * (crate::engine::COLLECT_AFTER + 1));
         }
         let weak = {
             let c = rt.world().dup().unwrap();
@@ -397,9 +397,9 @@ mod tests {
         // A reader inside a CRI critical section delays the collection until it leaves.
         let collected = AtomicBool::new(false);
         std::thread::scope(|s| {
-            rt.shared.cris[1].lock.high(|_| {
+            rt.engine.cris[1].lock.high(|_| {
                 s.spawn(|| {
-                    rt.shared.collect_retired(true);
+                    rt.engine.collect_retired(true);
                     collected.store(true, Ordering::SeqCst);
                 });
                 std::thread::sleep(std::time::Duration::from_millis(50));
@@ -419,21 +419,21 @@ mod tests {
         let (a, b) = (&rts[0], &rts[1]);
         assert!(matches!(a.pin_cri(4), Err(Error::InvalidArgument(_))));
         a.pin_cri(3).unwrap();
-        assert_eq!(a.shared.cri_for_thread(), 3);
+        assert_eq!(a.engine.cri_for_thread(), 3);
         // Another runtime of the same thread keeps its own choice.
         b.pin_cri(1).unwrap();
-        assert_eq!(b.shared.cri_for_thread(), 1);
-        assert_eq!(a.shared.cri_for_thread(), 3);
+        assert_eq!(b.engine.cri_for_thread(), 1);
+        assert_eq!(a.engine.cri_for_thread(), 3);
         // Re-pinning replaces the binding; other threads are unaffected.
         a.pin_cri(2).unwrap();
-        assert_eq!(a.shared.cri_for_thread(), 2);
+        assert_eq!(a.engine.cri_for_thread(), 2);
         std::thread::scope(|s| {
             s.spawn(|| {
                 a.pin_cri(0).unwrap();
-                assert_eq!(a.shared.cri_for_thread(), 0);
+                assert_eq!(a.engine.cri_for_thread(), 0);
             });
         });
-        assert_eq!(a.shared.cri_for_thread(), 2);
+        assert_eq!(a.engine.cri_for_thread(), 2);
         // A pinned thread's messages still arrive.
         let (buf, st) = std::thread::scope(|s| {
             let r = s.spawn(|| b.world().recv(Vec::<u8>::with_capacity(4), 0, 7));
@@ -444,7 +444,7 @@ mod tests {
 
         let rr = Runtime::builder().env(false).cris(4).assignment(Assignment::RoundRobin).build_local(1).unwrap();
         rr[0].pin_cri(3).unwrap();
-        let picks: Vec<usize> = (0..4).map(|_| rr[0].shared.cri_for_thread()).collect();
+        let picks: Vec<usize> = (0..4).map(|_| rr[0].engine.cri_for_thread()).collect();
         assert_eq!(picks.iter().collect::<std::collections::HashSet<_>>().len(), 4, "round-robin ignores the pin: {picks:?}");
     }
 }

@@ -14,7 +14,7 @@ use crate::request::Request;
 /// Waits for `want`, in the requests' rank's mode (requests of several ranks: see
 /// [`progress::wait`]).
 fn wait_for<B: Send + 'static>(reqs: &mut [Request<'_, B>], want: Want) -> Option<usize> {
-    let first = reqs.first()?.communicator().shared();
+    let first = reqs.first()?.communicator().engine();
     progress::wait(first, reqs, want)
 }
 

@@ -148,9 +148,9 @@ pub(crate) const TAG_PARTS: usize = 16;
 impl CommState {
     /// A communicator's state; `partition`: match per tag partition (user contexts; the
     /// collective context, whose few messages never use `Tag::Any`, keeps one state).
-    pub(crate) fn new(shared: &Engine, context: u32, size: u32, overtaking: bool, no_any_tag: bool, partition: bool) -> Self {
-        let thread_chans = match shared.config.assignment {
-            Assignment::Dedicated if shared.config.per_thread_order => shared.config.cris.max(1),
+    pub(crate) fn new(engine: &Engine, context: u32, size: u32, overtaking: bool, no_any_tag: bool, partition: bool) -> Self {
+        let thread_chans = match engine.config.assignment {
+            Assignment::Dedicated if engine.config.per_thread_order => engine.config.cris.max(1),
             _ => 1,
         };
         // With per-thread order the thread channels already spare the receiver one order
@@ -161,7 +161,7 @@ impl CommState {
         // 16 u32 counters per 64-byte line.
         let seq_stride = (size as usize).div_ceil(16) * 16;
         let rows = chans + usize::from(switchable);
-        let one_state = shared.config.matching == MatchingMode::Global;
+        let one_state = engine.config.matching == MatchingMode::Global;
         let order = if overtaking {
             Order::Overtake
         } else if switchable && one_state {
@@ -187,9 +187,9 @@ impl CommState {
             matching: (0..parts)
                 .map(|_| {
                     CachePadded::new(PathLock::new(
-                        shared.config.locks.matching,
-                        &shared.lock_options,
-                        shared.config.lock_timing,
+                        engine.config.locks.matching,
+                        &engine.lock_options,
+                        engine.config.lock_timing,
                         MatchState::new(size, order),
                     ))
                 })

@@ -65,7 +65,7 @@ const MAX_NAP: Duration = Duration::from_millis(50);
 /// The courier of one rank (a field of `Engine`): its thread, once started.
 pub(crate) struct Courier {
     /// The rank's state, for the thread (never upgraded here).
-    shared: Weak<Engine>,
+    engine: Weak<Engine>,
     /// The thread, once the first deferral started it; `None` inside if it could not start
     /// or the runtime stopped before it did (no thread will start then).
     thread: OnceLock<Option<Thread>>,
@@ -76,9 +76,9 @@ pub(crate) struct Courier {
 }
 
 impl Courier {
-    /// The courier of the rank whose state `shared` will name; nothing starts yet.
-    pub(crate) fn new(shared: Weak<Engine>) -> Self {
-        Courier { shared, thread: OnceLock::new(), handle: Mutex::new(None), stopping: AtomicBool::new(false) }
+    /// The courier of the rank whose state `engine` will name; nothing starts yet.
+    pub(crate) fn new(engine: Weak<Engine>) -> Self {
+        Courier { engine, thread: OnceLock::new(), handle: Mutex::new(None), stopping: AtomicBool::new(false) }
     }
 
     /// Whether the thread has started (and not failed to).
@@ -103,9 +103,9 @@ impl Courier {
         if self.stopping.load(Ordering::Acquire) {
             return None;
         }
-        let shared = self.shared.clone();
+        let engine = self.engine.clone();
         tracing::debug!(rank, "courier starts: frames wait behind a full inbox");
-        match std::thread::Builder::new().name(format!("weft-courier-{rank}")).spawn(move || run(&shared)) {
+        match std::thread::Builder::new().name(format!("weft-courier-{rank}")).spawn(move || run(&engine)) {
             Ok(h) => {
                 let t = h.thread().clone();
                 *self.handle.lock() = Some(h);
@@ -144,12 +144,12 @@ impl Courier {
 }
 
 /// The courier thread's loop (see the module docs).
-fn run(shared: &Weak<Engine>) {
+fn run(engine: &Weak<Engine>) {
     // One waker for every registration: the doorbell keeps it once (`will_wake`).
     let waker = Waker::from(Arc::new(Unpark(std::thread::current())));
     let mut nap = MIN_NAP;
     loop {
-        let Some(s) = shared.upgrade() else { return };
+        let Some(s) = engine.upgrade() else { return };
         if s.courier.is_stopping() {
             return;
         }
@@ -222,18 +222,18 @@ mod tests {
     #[test]
     fn started_by_the_first_deferral_and_stopped_with_the_runtime() {
         let many = Runtime::builder().env(false).cris(1).inbox_capacity(4).build_local(512).unwrap();
-        assert!(many.iter().all(|rt| !rt.shared.courier.is_started()), "a courier started up front");
+        assert!(many.iter().all(|rt| !rt.engine.courier.is_started()), "a courier started up front");
         drop(many);
 
         let rts = Runtime::builder().env(false).cris(1).inbox_capacity(4).build_local(2).unwrap();
         let (a, b) = (rts[0].world(), rts[1].world());
         a.send(vec![1u8], 1, 1).unwrap();
         assert_eq!(b.recv(Vec::<u8>::with_capacity(1), 0u32, 1).unwrap().0, vec![1]);
-        assert!(!rts[0].shared.courier.is_started(), "started without a deferral");
+        assert!(!rts[0].engine.courier.is_started(), "started without a deferral");
 
         let mut sends: Vec<_> = (0..12u8).map(|i| a.isend(vec![i], 1, 2).unwrap()).collect();
-        assert!(rts[0].shared.courier.is_started(), "the deferral started no courier");
-        assert!(!rts[1].shared.courier.is_started(), "a rank that deferred nothing has a courier");
+        assert!(rts[0].engine.courier.is_started(), "the deferral started no courier");
+        assert!(!rts[1].engine.courier.is_started(), "a rank that deferred nothing has a courier");
         // Only rank 1 is driven: the deferred frames are the courier's to send.
         let deadline = Instant::now() + Duration::from_secs(10);
         for i in 0..12u8 {
@@ -246,7 +246,7 @@ mod tests {
         crate::wait_all(&mut sends).unwrap();
         drop(sends);
 
-        let state = Arc::downgrade(&rts[0].shared);
+        let state = Arc::downgrade(&rts[0].engine);
         drop(rts);
         assert!(state.upgrade().is_none(), "the rank's state outlived its runtime");
     }

@@ -11,7 +11,7 @@ use crate::loom::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use crate::matching::Source;
 use crate::operation::Operation;
 
-/// Most polls of one CRI (of up to [`POLL_BATCH`] frames each) that [`Engine::deliver_arrived`]
+/// Most polls of one CRI (of up to `POLL_BATCH` (`frames.rs`) frames each) that [`Engine::deliver_arrived`]
 /// makes before a loss is acted on: enough for every frame a peer can have in flight, few
 /// enough that live peers' traffic cannot hold a loss back for long.
 const DELIVER_POLLS: usize = 1024;
@@ -320,9 +320,9 @@ mod tests {
                 let recv = b.irecv(Vec::<u8>::with_capacity(8), 0u32, 5).unwrap();
                 let (held_tx, held) = mpsc::channel();
                 let (release, wait) = mpsc::channel::<()>();
-                let shared = rts[1].shared.clone();
+                let engine = rts[1].engine.clone();
                 let holder = std::thread::spawn(move || {
-                    shared.cris[0].lock.high(|_| {
+                    engine.cris[0].lock.high(|_| {
                         let _ = held_tx.send(());
                         let _ = wait.recv();
                     })
@@ -330,7 +330,7 @@ mod tests {
                 held.recv().unwrap();
                 let t0 = Instant::now();
                 // Rank 0 finishes: what only it could match fails.
-                rts[0].shared.transport.close();
+                rts[0].engine.transport.close();
                 let res = recv.wait().map(|_| ());
                 let took = t0.elapsed();
                 drop(release);
@@ -369,7 +369,7 @@ mod tests {
                 let b = rts[1].world();
                 let recv = b.irecv(Vec::<u8>::with_capacity(8), 0u32, 5).unwrap();
                 let send = b.isend(vec![1u8; 100_000], 0, 6).unwrap();
-                let weft_transport::Transport::Ofi(t) = &rts[1].shared.transport else { unreachable!("an shm runtime") };
+                let weft_transport::Transport::Ofi(t) = &rts[1].engine.transport else { unreachable!("an shm runtime") };
                 if !t.wedge_cri_as_a_dead_peer(0) {
                     return None;
                 }
@@ -410,7 +410,7 @@ mod tests {
                 let recv = b.irecv(Vec::<u8>::with_capacity(8), 0u32, 5).unwrap();
                 // Above the eager threshold: a rendezvous send, waiting for rank 0's `Fin`.
                 let send = b.isend(vec![1u8; 100_000], 0, 6).unwrap();
-                let weft_transport::Transport::Ofi(t) = &rts[1].shared.transport else { unreachable!("an shm runtime") };
+                let weft_transport::Transport::Ofi(t) = &rts[1].engine.transport else { unreachable!("an shm runtime") };
                 let hold = t.hold_cri_state(0);
                 let t0 = Instant::now();
                 t.mark_lost(0);
@@ -451,13 +451,13 @@ mod tests {
     fn forged_or_stale_fin_is_ignored() {
         let rts = Runtime::builder().env(false).eager_threshold(1024).build_local(2).unwrap();
         let (a, b) = (rts[0].world(), rts[1].world());
-        let shared = &rts[0].shared;
-        shared.handle_fin(fin(0, 1));
-        shared.handle_fin(fin(u64::MAX, 1));
+        let engine = &rts[0].engine;
+        engine.handle_fin(fin(0, 1));
+        engine.handle_fin(fin(u64::MAX, 1));
         let send = a.isend(vec![7u8; 100_000], 1, 3).unwrap();
-        let cookie = shared.peers.rendezvous.lock()[0].0;
+        let cookie = engine.peers.rendezvous.lock()[0].0;
         // Right cookie, wrong rank: not the receiver's answer.
-        shared.handle_fin(fin(cookie, 0));
+        engine.handle_fin(fin(cookie, 0));
         assert!(!send.is_complete(), "a Fin from the wrong rank completed the send");
         let (got, st) = b.recv(Vec::<u8>::with_capacity(100_000), 0u32, 3).unwrap();
         assert_eq!((got.len(), st.bytes), (100_000, 100_000));
@@ -465,8 +465,8 @@ mod tests {
         let (_, st) = send.wait().unwrap();
         assert_eq!(st.bytes, 100_000);
         // A duplicate of the real Fin after completion finds nothing.
-        shared.handle_fin(fin(cookie, 1));
-        assert!(shared.peers.rendezvous.lock().is_empty());
+        engine.handle_fin(fin(cookie, 1));
+        assert!(engine.peers.rendezvous.lock().is_empty());
     }
 }
 

@@ -152,14 +152,14 @@ mod read_verdict {
         let (a, b) = (rts[0].world(), rts[1].world());
         let send = a.isend(vec![7u8; 1 << 20], 1, 3).unwrap();
         let key = rts[0]
-            .shared
+            .engine
             .peers
             .rendezvous
             .lock()
             .last()
             .map(|(_, _, req)| req.key.load(crate::loom::sync::atomic::Ordering::Relaxed))
             .unwrap();
-        rts[0].shared.transport.deregister(key);
+        rts[0].engine.transport.deregister(key);
         let recv = b.irecv(Vec::<u8>::with_capacity(1 << 20), 0u32, 3).unwrap();
         (send, recv)
     }
@@ -205,7 +205,7 @@ mod read_verdict {
             rts[1].progress();
         }
         assert!(!recv.test(), "{provider}: a failed read was reported before the verdict on its peer");
-        let Transport::Ofi(rank1) = &rts[1].shared.transport else { panic!("not a libfabric transport") };
+        let Transport::Ofi(rank1) = &rts[1].engine.transport else { panic!("not a libfabric transport") };
         rank1.mark_lost(0);
         drive(&rts, 10, "failed read, peer lost", || recv.test());
         match recv.take() {
@@ -217,7 +217,7 @@ mod read_verdict {
             assert!(matches!(recv.take(), Some(Err(Error::PeerLost { rank: 0 }))), "{provider}: a read in flight from a lost peer");
         }
         // Rank 0 learns it too, and gives up on the `Fin` (the drop does not wait for it).
-        let Transport::Ofi(rank0) = &rts[0].shared.transport else { panic!("not a libfabric transport") };
+        let Transport::Ofi(rank0) = &rts[0].engine.transport else { panic!("not a libfabric transport") };
         rank0.mark_lost(1);
         drive(&rts, 10, "send to the lost rank", || send.test());
     }

@@ -474,7 +474,7 @@ mod tests {
         let (tx, rx) = mpsc::channel();
         std::thread::spawn(move || {
             let rt = Runtime::builder().env(false).workers(2).build().unwrap();
-            let weak = Arc::downgrade(&rt.shared);
+            let weak = Arc::downgrade(&rt.engine);
             let comm = rt.world().clone();
             let (polled_tx, polled) = mpsc::channel();
             let h = rt.spawn(async move {

@@ -135,11 +135,11 @@ mod tests {
 
     /// Splits 8 pieces whose first (run by the caller) shuts the pool down, and returns how
     /// often each piece ran.
-    fn split_that_shuts_down(shared: &Arc<Engine>) -> Vec<usize> {
+    fn split_that_shuts_down(engine: &Arc<Engine>) -> Vec<usize> {
         let runs: Vec<AtomicUsize> = (0..8).map(|_| AtomicUsize::new(0)).collect();
-        split(&shared.executor, || -> Arc<dyn super::super::Drive> { shared.clone() }, runs.len(), &|i| {
+        split(&engine.executor, || -> Arc<dyn super::super::Drive> { engine.clone() }, runs.len(), &|i| {
             if i == 0 {
-                shared.executor.shutdown();
+                engine.executor.shutdown();
             }
             runs[i].fetch_add(1, Ordering::Relaxed);
         });
@@ -153,19 +153,19 @@ mod tests {
     fn cancelled_pieces_run_on_the_caller() {
         let runs = within("split whose pieces are cancelled", || {
             let rt = Runtime::builder().env(false).workers(1).build().unwrap();
-            let shared = rt.shared.clone();
+            let engine = rt.engine.clone();
             // Keep the only worker busy until the pool has shut down, so every piece the
             // caller queues stays in the injector and is cancelled by the shutdown.
             let (started, busy) = mpsc::channel();
-            let s2 = shared.clone();
+            let e2 = engine.clone();
             drop(rt.spawn(async move {
                 started.send(()).unwrap();
-                while s2.executor.get().is_some() {
+                while e2.executor.get().is_some() {
                     std::thread::sleep(Duration::from_millis(1));
                 }
             }));
             busy.recv().unwrap();
-            split_that_shuts_down(&shared)
+            split_that_shuts_down(&engine)
         });
         assert_eq!(runs, [1; 8], "runs per piece");
     }
@@ -177,9 +177,9 @@ mod tests {
     fn pieces_queued_on_a_waiting_worker_run_on_it() {
         let runs = within("split inside a task while the pool shuts down", || {
             let rt = Runtime::builder().env(false).workers(1).build().unwrap();
-            let shared = rt.shared.clone();
+            let engine = rt.engine.clone();
             let (tx, rx) = mpsc::channel();
-            drop(rt.spawn(async move { tx.send(split_that_shuts_down(&shared)).unwrap() }));
+            drop(rt.spawn(async move { tx.send(split_that_shuts_down(&engine)).unwrap() }));
             rx.recv().unwrap()
         });
         assert_eq!(runs, [1; 8], "runs per piece");

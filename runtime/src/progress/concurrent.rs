@@ -78,14 +78,14 @@ impl Engine {
 
 /// The hook of a `Concurrent`-mode wait (Algorithm 4).
 pub(super) struct ConcurrentWait<'a> {
-    pub(super) shared: &'a Engine,
+    pub(super) engine: &'a Engine,
     /// `None` under round-robin assignment (no thread has a CRI of its own).
     pub(super) attend: Option<&'a Attend<'a>>,
 }
 
 impl Progress for ConcurrentWait<'_> {
     fn progress(&self) -> Step {
-        if self.shared.progress_concurrent() > 0 {
+        if self.engine.progress_concurrent() > 0 {
             Step::Progressed
         } else {
             Step::Idle
@@ -94,12 +94,12 @@ impl Progress for ConcurrentWait<'_> {
 
     fn park(&self, listener: SignalListener<'_>) {
         // Run a pool task instead of sleeping ([Patinyasakdikul 2019, §4.6.2]).
-        if crate::executor::help(&self.shared.executor) {
+        if crate::executor::help(&self.engine.executor) {
             return;
         }
         match self.attend {
-            Some(a) => a.away(|| park_or_frames(self.shared, listener)),
-            None => park_or_frames(self.shared, listener),
+            Some(a) => a.away(|| park_or_frames(self.engine, listener)),
+            None => park_or_frames(self.engine, listener),
         }
     }
 }
@@ -119,7 +119,7 @@ thread_local! {
 /// communicators (or partitions) leave the CRI's frames to it. Not while it parks (a parked
 /// thread polls nothing; the others must walk its CRI then).
 pub(crate) struct Attend<'a> {
-    pub(super) shared: &'a Engine,
+    pub(super) engine: &'a Engine,
     k: usize,
     tag: u32,
     /// This thread's `WAIT_CTX` in the wait this one is nested in (a pool task run by a
@@ -131,19 +131,19 @@ impl<'a> Attend<'a> {
     /// Attends the calling thread's dedicated CRI for a wait on context `ctx`, tag partition
     /// `part` (waiters on other partitions of a `no_any_tag` communicator leave the CRI to
     /// it, as waiters on other communicators do).
-    pub(crate) fn new(shared: &'a Engine, ctx: u32, part: usize) -> Self {
-        let k = shared.cri_for_thread();
+    pub(crate) fn new(engine: &'a Engine, ctx: u32, part: usize) -> Self {
+        let k = engine.cri_for_thread();
         let tag = ctx.wrapping_mul(crate::engine::TAG_PARTS as u32 + 1).wrapping_add(part as u32 + 1).max(1);
-        shared.cris[k].attending.store(tag, Ordering::Relaxed);
+        engine.cris[k].attending.store(tag, Ordering::Relaxed);
         let outer = WAIT_CTX.with(|c| c.replace(tag));
-        Attend { shared, k, tag, outer }
+        Attend { engine, k, tag, outer }
     }
 
     /// Runs `f` (a park) with the attendance withdrawn.
     fn away<R>(&self, f: impl FnOnce() -> R) -> R {
         self.withdraw();
         let r = f();
-        self.shared.cris[self.k].attending.store(self.tag, Ordering::Relaxed);
+        self.engine.cris[self.k].attending.store(self.tag, Ordering::Relaxed);
         r
     }
 
@@ -152,7 +152,7 @@ impl<'a> Attend<'a> {
         // and a store, not a compare-exchange (a locked instruction at the end of every
         // wait): the mark is a hint, and losing the race only clears another thread's mark,
         // which makes its CRI walked by others for the rest of its wait.
-        let a = &self.shared.cris[self.k].attending;
+        let a = &self.engine.cris[self.k].attending;
         if a.load(Ordering::Relaxed) == self.tag {
             a.store(0, Ordering::Relaxed);
         }

@@ -40,12 +40,12 @@ impl Engine {
 
 /// The progress hook of sync objects made by `Runtime::sync_object`.
 pub(crate) struct Hook {
-    pub(crate) shared: Arc<Engine>,
+    pub(crate) engine: Arc<Engine>,
 }
 
 impl Progress for Hook {
     fn progress(&self) -> Step {
-        if self.shared.progress_once().progressed() {
+        if self.engine.progress_once().progressed() {
             Step::Progressed
         } else {
             Step::Idle
@@ -53,17 +53,17 @@ impl Progress for Hook {
     }
 
     fn park(&self, listener: SignalListener<'_>) {
-        park_or_frames(&self.shared, listener);
+        park_or_frames(&self.engine, listener);
     }
 
     fn poll_progress(&self, cx: &mut Context<'_>) -> Step {
-        self.shared.poll_progress(cx)
+        self.engine.poll_progress(cx)
     }
 }
 
 /// The progress hook blocked waiters use for sync objects of `engine`'s rank.
 pub(crate) fn sync_hook(engine: &Arc<Engine>) -> Arc<dyn Progress> {
-    Arc::new(Hook { shared: engine.clone() })
+    Arc::new(Hook { engine: engine.clone() })
 }
 
 impl Drive for Engine {

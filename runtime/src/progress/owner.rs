@@ -10,13 +10,13 @@ use crate::loom::sync::atomic::Ordering;
 
 /// The hook of an `Owner`-mode wait (Algorithm 2): ownership is kept for the whole wait.
 pub(super) struct OwnerWait<'a> {
-    pub(super) shared: &'a Engine,
+    pub(super) engine: &'a Engine,
     pub(super) me: u64,
 }
 
 impl Progress for OwnerWait<'_> {
     fn progress(&self) -> Step {
-        let s = self.shared;
+        let s = self.engine;
         if s.owner.own_or_take(self.me) {
             if s.progress_all() > 0 {
                 Step::Progressed
@@ -29,7 +29,7 @@ impl Progress for OwnerWait<'_> {
     }
 
     fn park(&self, listener: SignalListener<'_>) {
-        let s = self.shared;
+        let s = self.engine;
         // Run a pool task instead of sleeping ([Patinyasakdikul 2019, §4.6.2]).
         if crate::executor::help(&s.executor) {
             return;

@@ -93,8 +93,8 @@ fn satisfied<R: Waitable>(reqs: &[R], want: Want, first: &mut usize) -> (bool, O
 }
 
 /// Blocks until every request in `reqs` has completed, in the runtime's progress mode.
-pub(crate) fn wait_all<R: Waitable>(shared: &Engine, reqs: &mut [R]) {
-    wait(shared, reqs, Want::All);
+pub(crate) fn wait_all<R: Waitable>(engine: &Engine, reqs: &mut [R]) {
+    wait(engine, reqs, Want::All);
 }
 
 /// The ranks `reqs` belong to, if more than one (in-process ranks of `build_local`).
@@ -113,20 +113,20 @@ fn ranks_of<R: Waitable>(reqs: &[R]) -> Option<Vec<&Engine>> {
     Some(ranks)
 }
 
-/// Blocks until `want` holds for `reqs`, in the runtime's progress mode, driving `shared`
+/// Blocks until `want` holds for `reqs`, in the runtime's progress mode, driving `engine`
 /// (the first request's rank). Returns, for [`Want::Any`], the index of a completed request
 /// not yet taken (`None` if every request was taken already); for [`Want::All`], `None`.
 ///
-/// Requests of several in-process ranks: `shared`'s progress alone may never complete the
+/// Requests of several in-process ranks: `engine`'s progress alone may never complete the
 /// others'. A wait that has not ended after its first idle passes looks (once: a scan of
 /// the requests, which the common wait that ends at once does not pay) and, if they span
 /// ranks, goes on in [`wait_polling`], driving every one of them.
-pub(crate) fn wait<R: Waitable>(shared: &Engine, reqs: &mut [R], want: Want) -> Option<usize> {
+pub(crate) fn wait<R: Waitable>(engine: &Engine, reqs: &mut [R], want: Want) -> Option<usize> {
     let mut first = 0;
     if let (true, found) = satisfied(reqs, want, &mut first) {
         return found;
     }
-    match shared.config.progress {
+    match engine.config.progress {
         ProgressMode::Global => {
             // Algorithm 1.
             let mut idle = 0;
@@ -134,7 +134,7 @@ pub(crate) fn wait<R: Waitable>(shared: &Engine, reqs: &mut [R], want: Want) -> 
                 if let (true, found) = satisfied(reqs, want, &mut first) {
                     return found;
                 }
-                if shared.progress_global() == 0 {
+                if engine.progress_global() == 0 {
                     idle += 1;
                     if idle == TEST_SPINS {
                         if let Some(ranks) = ranks_of(reqs) {
@@ -144,7 +144,7 @@ pub(crate) fn wait<R: Waitable>(shared: &Engine, reqs: &mut [R], want: Want) -> 
                     // Nothing to progress: run a pool task rather than only yield ([Patinyasakdikul 2019,
                     // §4.6.2]), as the other modes' waiters do before they park — with no
                     // pool workers, a task this wait depends on runs nowhere else.
-                    if !crate::executor::help(&shared.executor) {
+                    if !crate::executor::help(&engine.executor) {
                         std::thread::yield_now();
                     }
                 }
@@ -158,14 +158,14 @@ pub(crate) fn wait<R: Waitable>(shared: &Engine, reqs: &mut [R], want: Want) -> 
             // token, once taken, is kept through both phases (taking and releasing it per
             // pass would wake a parked waiter per release); a thread that cannot take it
             // makes no progress here and attaches at once.
-            let owner_mode = shared.config.progress == ProgressMode::Owner;
+            let owner_mode = engine.config.progress == ProgressMode::Owner;
             let me = crate::engine::thread_token();
             let lead = &reqs[first.min(reqs.len() - 1)];
-            let attend = (!owner_mode && shared.config.assignment == crate::config::Assignment::Dedicated)
-                .then(|| Attend::new(shared, lead.context_id(), lead.part()));
+            let attend = (!owner_mode && engine.config.assignment == crate::config::Assignment::Dedicated)
+                .then(|| Attend::new(engine, lead.context_id(), lead.part()));
             let mut idle = 0;
             let mut spin = weft_sync::IdleBackoff::new();
-            let pause = shared.config.idle_pause;
+            let pause = engine.config.idle_pause;
             let mut limit = TEST_SPINS;
             let mut found = None;
             let mut done = false;
@@ -186,12 +186,12 @@ pub(crate) fn wait<R: Waitable>(shared: &Engine, reqs: &mut [R], want: Want) -> 
                     break;
                 }
                 let progressed = if owner_mode {
-                    if !shared.owner.own_or_take(me) {
+                    if !engine.owner.own_or_take(me) {
                         break;
                     }
-                    shared.progress_all() > 0
+                    engine.progress_all() > 0
                 } else {
-                    shared.progress_concurrent() > 0
+                    engine.progress_concurrent() > 0
                 };
                 if progressed {
                     idle = 0;
@@ -215,19 +215,19 @@ pub(crate) fn wait<R: Waitable>(shared: &Engine, reqs: &mut [R], want: Want) -> 
                 found = wait_polling(&ranks, reqs, want);
             } else if !done {
                 // Algorithm 2: attach what is pending, then wait on the sync object.
-                let owner_wait = OwnerWait { shared, me };
-                let concurrent_wait = ConcurrentWait { shared, attend: attend.as_ref() };
+                let owner_wait = OwnerWait { engine, me };
+                let concurrent_wait = ConcurrentWait { engine, attend: attend.as_ref() };
                 let hook: &dyn Progress = if owner_mode { &owner_wait } else { &concurrent_wait };
-                found = with_wait_sync(|sync| wait_attached(sync, hook, shared, &mut reqs[first..], want)).map(|i| first + i);
-                if owner_mode && !shared.owner.is(me) {
+                found = with_wait_sync(|sync| wait_attached(sync, hook, engine, &mut reqs[first..], want)).map(|i| first + i);
+                if owner_mode && !engine.owner.is(me) {
                     // We may have been the waiter a hand-off woke, and left without
                     // taking ownership (our requests were done): pass it on, or a
                     // parked waiter would wait with no owner (`OwnerToken::leave`).
-                    shared.owner.leave(me);
+                    engine.owner.leave(me);
                 }
             }
-            if owner_mode && shared.owner.is(me) {
-                shared.release_ownership();
+            if owner_mode && engine.owner.is(me) {
+                engine.release_ownership();
             }
             found
         }
@@ -240,7 +240,7 @@ pub(crate) fn wait<R: Waitable>(shared: &Engine, reqs: &mut [R], want: Want) -> 
 ///
 /// A request already attached to a sync object of the user's cannot be attached here; the
 /// wait then tests it between progress passes instead ([`wait_polling`]'s loop).
-fn wait_attached<R: Waitable>(sync: &SyncObject<usize>, hook: &dyn Progress, shared: &Engine, reqs: &mut [R], want: Want) -> Option<usize> {
+fn wait_attached<R: Waitable>(sync: &SyncObject<usize>, hook: &dyn Progress, engine: &Engine, reqs: &mut [R], want: Want) -> Option<usize> {
     // Requests attached elsewhere (rare: no allocation unless there is one), and the end of
     // the attached range.
     let mut foreign: Vec<usize> = Vec::new();
@@ -257,7 +257,7 @@ fn wait_attached<R: Waitable>(sync: &SyncObject<usize>, hook: &dyn Progress, sha
             }
             let _ = sync.wait_all_with(hook);
             if !foreign.is_empty() {
-                wait_polling(&[shared], reqs, Want::All);
+                wait_polling(&[engine], reqs, Want::All);
             }
             None
         }
@@ -272,7 +272,7 @@ fn wait_attached<R: Waitable>(sync: &SyncObject<usize>, hook: &dyn Progress, sha
             }
             let found = if !foreign.is_empty() {
                 // One of them completes outside our object: test every one.
-                wait_polling(&[shared], reqs, Want::Any)
+                wait_polling(&[engine], reqs, Want::Any)
             } else {
                 // Nothing attached means something completed between the test and here.
                 sync.wait_any_with(hook).map(|c| c.data).or_else(|| first_done(reqs))
