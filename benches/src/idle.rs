@@ -6,7 +6,7 @@
 
 use std::time::{Duration, Instant};
 
-use crate::report::{median, Table};
+use crate::report::{median, Output, Table};
 
 /// Options of `weft-bench idle`.
 #[derive(Debug, clap::Args)]
@@ -23,9 +23,8 @@ pub struct Args {
     /// Repetitions (the median is reported).
     #[arg(long, default_value_t = 1)]
     runs: usize,
-    /// CSV output: header `ranks,workers,seconds,cpu_percent`, one row.
-    #[arg(long)]
-    csv: bool,
+    #[command(flatten)]
+    out: Output,
 }
 
 fn cpu_seconds() -> f64 {
@@ -56,9 +55,9 @@ pub fn run(args: &Args) -> Result<(), String> {
         samples.push(100.0 * cpu / wall);
         walls.push(wall);
     }
-    let mut table = Table::new(&["ranks", "workers", "seconds", "cpu_percent"]);
-    table.print_header(args.csv);
+    let mut table = Table::new(&["ranks", "workers", "seconds", "cpu_percent"], &args.out);
+    table.print_header();
     table.row(vec![args.ranks.to_string(), args.workers.to_string(), format!("{:.3}", median(&walls)), format!("{:.4}", median(&samples))]);
-    table.print_last(args.csv);
+    table.finish();
     Ok(())
 }
