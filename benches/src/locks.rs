@@ -110,7 +110,7 @@ fn measure<B: BenchLock>(lock: &B, threads: usize, args: &Args, data: &[Line]) -
                 let (stop, barrier) = (&stop, &barrier);
                 s.spawn(move || {
                     let mut local = lock.local();
-                    let mut rng = 0x9E37_79B9_7F4A_7C15u64 ^ ((t as u64 + 1) * 0xD1B5_4A32_D192_ED03);
+                    let mut rng = 0x9E37_79B9_7F4A_7C15u64 ^ (t as u64 + 1).wrapping_mul(0xD1B5_4A32_D192_ED03);
                     let mut ops = 0u64;
                     barrier.wait();
                     while !stop.load(Ordering::Relaxed) {
