@@ -2,9 +2,10 @@
 # The benchmarks of docs/BENCHMARKS.md, run with the commands the report shows: writes the
 # plots (docs/plots/*.svg) and prints the report's tables as markdown on stdout.
 #
-# Run time on the 2-core VM: about 17 minutes of benchmarks, plus the release builds
-# (about 6 minutes from a clean target directory). Run it on a quiet machine: every
-# number is a rate or a time, and other work on the cores changes it.
+# Run time on the 2-core VM: about 12 minutes of benchmarks (the longest: all-to-all with
+# Open MPI 3, lock-regimes 2.5, pingpong 2), plus the release builds (about 8 minutes from
+# a clean target directory, criterion's included). Run it on a quiet machine: every number
+# is a rate or a time, and other work on the cores changes it.
 #
 #   benches/report.sh               the report's numbers (paste the output into BENCHMARKS.md)
 #   benches/report.sh --quick       every benchmark with the fewest iterations, in about
@@ -61,6 +62,11 @@ show() {
     local title=$1
     shift
     printf '### %s\n\n```sh\n%s\n```\n\n' "$title" "$(echo "$*" | sed "s|$BENCH|weft-bench|")"
+}
+
+# Criterion's result lines (benchmark name, time, throughput), indented as a code block.
+criterion_lines() {
+    awk '/^[A-Za-z0-9_-]+\/[^ ]+/ || (/time:|thrpt:/ && !/%/) { printf "    %s\n", $0 }'
 }
 
 # `bench TITLE COMMAND...`: shows it, then runs it.
@@ -171,7 +177,7 @@ bench "Contended throughput against std and parking_lot" \
     "$BENCH" locks -t 1,2,4,8,16 $(q "--millis 200 --runs 3" "--millis 5 --runs 1") --markdown --plot "$OUT/locks.svg"
 CRITERION=$(q "--quick" "--quick --warm-up-time 0.05 --measurement-time 0.1")
 show "Uncontended acquire and release (criterion)" cargo bench -p weft-benches --bench locks -- $CRITERION
-cargo bench -q -p weft-benches --bench locks -- $CRITERION 2>/dev/null | awk '/time:/ { printf "    %s\n", $0 }'
+cargo bench -q -p weft-benches --bench locks -- $CRITERION 2>/dev/null | criterion_lines
 echo
 bench "The progress-path lock inside the runtime: latency and throughput regimes" \
     "$BENCH" lock-regimes -t 1,2,4,8 $(q "-i 300 --runs 3" "-i 5 --runs 1") --markdown --plot "$OUT/lock-regimes.svg"
@@ -187,7 +193,7 @@ bench "Sync object against a test loop" \
     "$BENCH" sync-pingpong $(q "--runs 5" "-i 200 --runs 1") --markdown
 CRITERION=$(q "--warm-up-time 1 --measurement-time 3" "--warm-up-time 0.05 --measurement-time 0.1")
 show "Sync object micro-benchmarks (criterion)" cargo bench -p weft-benches --bench sync_object -- $CRITERION
-cargo bench -q -p weft-benches --bench sync_object -- $CRITERION 2>/dev/null | awk '/time:|thrpt:/ { printf "    %s\n", $0 }'
+cargo bench -q -p weft-benches --bench sync_object -- $CRITERION 2>/dev/null | criterion_lines
 echo
 bench "Idle runtime" \
     "$BENCH" idle -w 2 $(q "--seconds 5" "--seconds 0.2") --markdown
