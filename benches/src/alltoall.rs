@@ -129,7 +129,13 @@ pub fn run(a: &Args) -> Result<(), String> {
             }
         }
     }
-    let chart = Chart::new(
+    table.finish_with_plot(&chart(cores), &a.plot)
+}
+
+/// The sweep's chart: time per round against size, weft and Open MPI, a line per job size,
+/// a panel per provider.
+pub(crate) fn chart(cores: usize) -> Chart {
+    Chart::new(
         format!("alltoall: isend/irecv to every rank + wait_all, one process per rank, {cores} cores"),
         "size",
         "bytes to each rank per round",
@@ -140,8 +146,7 @@ pub fn run(a: &Args) -> Result<(), String> {
     .series("ranks", "{} ranks")
     .panels("provider", "provider {}")
     .log_x()
-    .log_y();
-    table.finish_with_plot(&chart, &a.plot)
+    .log_y()
 }
 
 /// One job of `n` ranks through `weftrun`; returns rank 0's time per round in µs.

@@ -328,7 +328,7 @@ mod tests {
         assert_eq!(lines, 2 + 2, "two lines and their two legend marks");
     }
 
-    /// The all-to-all shape: two y columns (weft, the peer) per row, a panel per provider,
+    /// The all-to-all chart: two y columns (weft, the peer) per row, a panel per provider,
     /// log axes; a `-` cell (no peer measured) and a value a log axis cannot show are left out.
     #[test]
     fn panels_several_y_columns_and_log_axes() {
@@ -339,14 +339,7 @@ mod tests {
             &["tcp", "2", "1024", "50.0", "-"],
             &["tcp", "2", "65536", "76.4", "0"],
         ]);
-        let chart = Chart::new("all-to-all", "size", "message size (B)")
-            .y("round_us", "weft")
-            .y("ompi_round_us", "Open MPI")
-            .y_axis("time per round (µs)", 1.0)
-            .series("ranks", "{} ranks")
-            .panels("provider", "provider {}")
-            .log_x()
-            .log_y();
+        let chart = crate::alltoall::chart(2);
         let panels = chart.lines(&columns, &r).unwrap();
         let captions: Vec<&str> = panels.iter().map(|p| p.caption.as_str()).collect();
         assert_eq!(captions, ["provider shm", "provider tcp"]);
