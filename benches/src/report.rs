@@ -4,6 +4,7 @@
 //! sweep runs, a progress bar on stderr counts its measurements (drawn only when stderr is a
 //! terminal, so never in redirected output, and never on stdout).
 
+use std::cell::Cell;
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
@@ -52,12 +53,14 @@ pub struct Table<'o> {
     columns: Vec<&'static str>,
     rows: Vec<Vec<String>>,
     bar: Option<ProgressBar>,
+    /// A measurement has started (the next step ends it).
+    measuring: Cell<bool>,
 }
 
 impl<'o> Table<'o> {
     /// A table with these column names (also the CSV header), printed as `out` says.
     pub fn new(columns: &[&'static str], out: &'o Output) -> Self {
-        Table { out, columns: columns.to_vec(), rows: Vec::new(), bar: None }
+        Table { out, columns: columns.to_vec(), rows: Vec::new(), bar: None, measuring: Cell::new(false) }
     }
 
     /// Shows a progress bar of `steps` measurements on stderr, when stderr is a terminal.
@@ -74,11 +77,14 @@ impl<'o> Table<'o> {
         self.bar = Some(bar);
     }
 
-    /// One measurement done; `what` names the configuration being measured.
+    /// A measurement starts; `what` names its configuration. The bar counts the ones done:
+    /// the one before this (if any) is.
     pub fn step(&self, what: impl FnOnce() -> String) {
         if let Some(bar) = &self.bar {
             bar.set_message(what());
-            bar.inc(1);
+            if self.measuring.replace(true) {
+                bar.inc(1);
+            }
         }
     }
 
@@ -210,19 +216,20 @@ mod tests {
         );
     }
 
-    /// The bar counts every step and is gone when the sweep ends (drawn to a hidden target
-    /// here: the test's stderr is no terminal).
+    /// The bar counts the measurements done (a step starts one and ends the one before), names
+    /// the one running, and is gone when the sweep ends (drawn to a hidden target here: the
+    /// test's stderr is no terminal).
     #[test]
     fn progress_counts_steps_and_finishes() {
         let out = Output::default();
         let mut t = Table::new(&["a"], &out);
         t.progress_to(3, ProgressDrawTarget::hidden());
-        for i in 0..3 {
-            t.step(|| format!("step {i}"));
-        }
         let bar = t.bar.clone().expect("a bar");
-        assert_eq!(bar.position(), 3);
-        assert_eq!(bar.message(), "step 2");
+        t.step(|| "step 0".into());
+        assert_eq!((bar.position(), bar.message().as_str()), (0, "step 0"), "the first is running, none done");
+        t.step(|| "step 1".into());
+        t.step(|| "step 2".into());
+        assert_eq!((bar.position(), bar.message().as_str()), (2, "step 2"));
         t.finish();
         assert!(bar.is_finished());
     }
