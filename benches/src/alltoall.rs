@@ -25,7 +25,8 @@ use clap::Args as ClapArgs;
 use weft::{Provider, Runtime, Source};
 
 use crate::multirate::cross_barrier;
-use crate::report::{median, parse_list, Table};
+use crate::plot::Chart;
+use crate::report::{median, parse_list, Output, PlotTo, Table};
 
 /// Tag of the exchange's messages.
 const DATA_TAG: i32 = 1;
@@ -57,9 +58,10 @@ pub struct Args {
     /// Also run the same rounds with Open MPI (mpicc, mpirun), alternating with weft's runs.
     #[arg(long)]
     openmpi: bool,
-    /// CSV output.
-    #[arg(long)]
-    csv: bool,
+    #[command(flatten)]
+    out: Output,
+    #[command(flatten)]
+    plot: PlotTo,
     /// Internal: one rank of a launched job.
     #[arg(long, hide = true)]
     rank_worker: bool,
@@ -80,22 +82,21 @@ pub fn run(a: &Args) -> Result<(), String> {
         return worker(sizes[0], a.rounds, a.warmup);
     }
     let peer = if a.openmpi { Some(build_openmpi_peer()?) } else { None };
-    let mut table = Table::new(&["provider", "ranks", "size", "round_us", "min_us", "max_us", "rank_gbps", "ompi_round_us", "ratio"]);
-    if !a.csv {
-        println!(
-            "# weft-bench alltoall: isend/irecv to every other rank + wait_all per round, rounds={} warmup={} runs={} (median) cores={}",
-            a.rounds,
-            a.warmup,
-            a.runs,
-            std::thread::available_parallelism().map_or(1, |n| n.get()),
-        );
-    }
-    table.print_header(a.csv);
+    let mut table =
+        Table::new(&["provider", "ranks", "size", "round_us", "min_us", "max_us", "rank_gbps", "ompi_round_us", "ratio"], &a.out);
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    a.out.note(&format!(
+        "# weft-bench alltoall: isend/irecv to every other rank + wait_all per round, rounds={} warmup={} runs={} (median) cores={cores}",
+        a.rounds, a.warmup, a.runs,
+    ));
+    table.progress(providers.len() * ranks.len() * sizes.len() * a.runs);
+    table.print_header();
     for &p in &providers {
         for &n in &ranks {
             for &size in &sizes {
                 let (mut us, mut ompi) = (Vec::with_capacity(a.runs), Vec::with_capacity(a.runs));
-                for _ in 0..a.runs {
+                for run in 0..a.runs {
+                    table.step(|| format!("{p}, {n} ranks, {size} B, run {}", run + 1));
                     us.push(launch(a, p, n, size)?);
                     if let Some(peer) = &peer {
                         ompi.push(openmpi_round(peer, a, p, n, size)?);
@@ -125,11 +126,27 @@ pub fn run(a: &Args) -> Result<(), String> {
                     ompi_cell,
                     ratio_cell,
                 ]);
-                table.print_last(a.csv);
             }
         }
     }
-    Ok(())
+    table.finish_with_plot(&chart(cores), &a.plot)
+}
+
+/// The sweep's chart: time per round against size, weft and Open MPI, a line per job size,
+/// a panel per provider.
+pub(crate) fn chart(cores: usize) -> Chart {
+    Chart::new(
+        format!("alltoall: isend/irecv to every rank + wait_all, one process per rank, {cores} cores"),
+        "size",
+        "bytes to each rank per round",
+    )
+    .y("round_us", "weft")
+    .y("ompi_round_us", "Open MPI")
+    .y_axis("time per round (µs)", 1.0)
+    .series("ranks", "{} ranks")
+    .panels("provider", "provider {}")
+    .log_x()
+    .log_y()
 }
 
 /// One job of `n` ranks through `weftrun`; returns rank 0's time per round in µs.

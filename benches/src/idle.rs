@@ -6,7 +6,7 @@
 
 use std::time::{Duration, Instant};
 
-use crate::report::{median, Table};
+use crate::report::{median, Output, Table};
 
 /// Options of `weft-bench idle`.
 #[derive(Debug, clap::Args)]
@@ -23,9 +23,8 @@ pub struct Args {
     /// Repetitions (the median is reported).
     #[arg(long, default_value_t = 1)]
     runs: usize,
-    /// CSV output: header `ranks,workers,seconds,cpu_percent`, one row.
-    #[arg(long)]
-    csv: bool,
+    #[command(flatten)]
+    out: Output,
 }
 
 fn cpu_seconds() -> f64 {
@@ -47,18 +46,20 @@ pub fn run(args: &Args) -> Result<(), String> {
         r.block_on(r.spawn(async {})).map_err(|e| e.to_string())?;
     }
     std::thread::sleep(Duration::from_millis(300));
+    let mut table = Table::new(&["ranks", "workers", "seconds", "cpu_percent"], &args.out);
+    table.progress(args.runs.max(1));
+    table.print_header();
     let mut samples = Vec::new();
     let mut walls = Vec::new();
-    for _ in 0..args.runs.max(1) {
+    for run in 0..args.runs.max(1) {
+        table.step(|| format!("run {}: {} s asleep", run + 1, args.seconds));
         let (c0, t0) = (cpu_seconds(), Instant::now());
         std::thread::sleep(Duration::from_secs_f64(args.seconds));
         let (cpu, wall) = (cpu_seconds() - c0, t0.elapsed().as_secs_f64());
         samples.push(100.0 * cpu / wall);
         walls.push(wall);
     }
-    let mut table = Table::new(&["ranks", "workers", "seconds", "cpu_percent"]);
-    table.print_header(args.csv);
     table.row(vec![args.ranks.to_string(), args.workers.to_string(), format!("{:.3}", median(&walls)), format!("{:.4}", median(&samples))]);
-    table.print_last(args.csv);
+    table.finish();
     Ok(())
 }

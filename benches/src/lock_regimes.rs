@@ -21,7 +21,8 @@ use clap::Args as ClapArgs;
 use weft::lock::{LockKind, LockPath};
 use weft::{ProgressMode, Request, Runtime, Source, Tag};
 
-use crate::report::{median, parse_list, Table};
+use crate::plot::Chart;
+use crate::report::{median, parse_list, Output, PlotTo, Table};
 
 /// Options of `weft-bench lock-regimes` (comma lists sweep).
 #[derive(Debug, ClapArgs)]
@@ -47,9 +48,10 @@ pub struct Args {
     /// Runs per configuration; the median is reported.
     #[arg(long, default_value_t = 3)]
     runs: usize,
-    /// CSV output.
-    #[arg(long)]
-    csv: bool,
+    #[command(flatten)]
+    out: Output,
+    #[command(flatten)]
+    plot: PlotTo,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -94,23 +96,20 @@ pub fn run(a: &Args) -> Result<(), String> {
     if threads.contains(&0) || a.iterations == 0 || a.window == 0 || a.runs == 0 {
         return Err("threads, iterations, window and runs must be at least 1".into());
     }
-    if !a.csv {
-        println!(
-            "# weft-bench lock-regimes: progress=global size={} iterations={} window={} runs={} (median) cores={}",
-            a.size,
-            a.iterations,
-            a.window,
-            a.runs,
-            std::thread::available_parallelism().map_or(1, |n| n.get())
-        );
-    }
-    let mut table = Table::new(&["regime", "protocol", "threads", "msg_rate", "latency_us", "productive_ratio"]);
-    table.print_header(a.csv);
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    a.out.note(&format!(
+        "# weft-bench lock-regimes: progress=global size={} iterations={} window={} runs={} (median) cores={cores}",
+        a.size, a.iterations, a.window, a.runs,
+    ));
+    let mut table = Table::new(&["regime", "protocol", "threads", "msg_rate", "latency_us", "productive_ratio"], &a.out);
+    table.progress(regimes.len() * threads.len() * protocols.len() * a.runs);
+    table.print_header();
     for &regime in &regimes {
         for &t in &threads {
             for &kind in &protocols {
                 let mut samples = Vec::with_capacity(a.runs);
                 for _ in 0..a.runs {
+                    table.step(|| format!("{} regime, {kind}, {t} threads", regime.name()));
                     samples.push(measure(regime, kind, t, a)?);
                 }
                 let m = |f: fn(&Sample) -> f64| median(&samples.iter().map(f).collect::<Vec<_>>());
@@ -122,11 +121,21 @@ pub fn run(a: &Args) -> Result<(), String> {
                     format!("{:.2}", m(|s| s.latency_us)),
                     format!("{:.3}", m(|s| s.productive_ratio)),
                 ]);
-                table.print_last(a.csv);
             }
         }
     }
-    Ok(())
+    let chart = Chart::new(
+        format!("lock-regimes: Global progress lock, {}-byte messages, 2 ranks, {cores} cores", a.size),
+        "threads",
+        "threads per rank (clients; sources and sinks)",
+    )
+    .y("msg_rate", "")
+    .y_axis("rate (k/s: round trips; messages)", 1e3)
+    .series("protocol", "{}")
+    .panels("regime", "{} regime")
+    .log_y()
+    .log2_x();
+    table.finish_with_plot(&chart, &a.plot)
 }
 
 fn measure(regime: Regime, kind: LockKind, t: usize, a: &Args) -> Result<Sample, String> {

@@ -16,7 +16,8 @@ use std::time::{Duration, Instant};
 
 use weft::lock::{Clh, DynLock, Hmcs, LockKind, Mcs, Priority, RawLock, Tas, Ticket};
 
-use crate::report::{median, parse_list, Table};
+use crate::plot::Chart;
+use crate::report::{median, parse_list, Output, PlotTo, Table};
 
 /// Options of `weft-bench locks`.
 #[derive(Debug, clap::Args)]
@@ -40,9 +41,10 @@ pub struct Args {
     /// Size of the shared array, in cache lines.
     #[arg(long, default_value_t = 4096)]
     array: usize,
-    /// CSV output: header `bench,protocol,threads,ops_per_sec,latency_ns`, one row per point.
-    #[arg(long)]
-    csv: bool,
+    #[command(flatten)]
+    out: Output,
+    #[command(flatten)]
+    plot: PlotTo,
 }
 
 const ALL: &[&str] =
@@ -108,7 +110,7 @@ fn measure<B: BenchLock>(lock: &B, threads: usize, args: &Args, data: &[Line]) -
                 let (stop, barrier) = (&stop, &barrier);
                 s.spawn(move || {
                     let mut local = lock.local();
-                    let mut rng = 0x9E37_79B9_7F4A_7C15u64 ^ ((t as u64 + 1) * 0xD1B5_4A32_D192_ED03);
+                    let mut rng = 0x9E37_79B9_7F4A_7C15u64 ^ (t as u64 + 1).wrapping_mul(0xD1B5_4A32_D192_ED03);
                     let mut ops = 0u64;
                     barrier.wait();
                     while !stop.load(Ordering::Relaxed) {
@@ -176,14 +178,8 @@ fn run_protocol(name: &str, threads: usize, args: &Args, data: &[Line]) -> Resul
 }
 
 /// Runs the sweep and prints it.
-pub fn run(args: &Args) {
-    let threads: Vec<usize> = match parse_list(&args.threads) {
-        Ok(t) => t,
-        Err(e) => {
-            eprintln!("weft-bench locks: -t: {e}");
-            std::process::exit(2);
-        }
-    };
+pub fn run(args: &Args) -> Result<(), String> {
+    let threads: Vec<usize> = parse_list(&args.threads).map_err(|e| format!("locks: -t: {e}"))?;
     let protocols: Vec<String> = if args.protocols.trim() == "all" {
         ALL.iter().map(|s| s.to_string()).collect()
     } else {
@@ -202,31 +198,32 @@ pub fn run(args: &Args) {
         cores,
         Hmcs::new().depth(),
     );
-    if args.csv {
-        eprintln!("{config}");
-    } else {
-        println!("{config}");
-    }
+    args.out.note(&config);
     let data: Vec<Line> = (0..args.array.max(1)).map(|_| Line(AtomicU64::new(0))).collect();
-    let mut table = Table::new(&["bench", "protocol", "threads", "ops_per_sec", "latency_ns"]);
-    table.print_header(args.csv);
+    let mut table = Table::new(&["bench", "protocol", "threads", "ops_per_sec", "latency_ns"], &args.out);
+    table.progress(threads.len() * protocols.len());
+    table.print_header();
     let mut results: Vec<(String, usize, f64)> = Vec::new();
     for &t in &threads {
         for p in &protocols {
-            match run_protocol(p, t, args, &data) {
-                Ok((ops, lat)) => {
-                    table.row(vec!["locks".into(), p.clone(), t.to_string(), format!("{ops:.0}"), format!("{lat:.1}")]);
-                    table.print_last(args.csv);
-                    results.push((p.clone(), t, ops));
-                }
-                Err(e) => {
-                    eprintln!("weft-bench locks: {e}");
-                    std::process::exit(2);
-                }
-            }
+            table.step(|| format!("{p}, {t} threads"));
+            let (ops, lat) = run_protocol(p, t, args, &data).map_err(|e| format!("locks: {e}"))?;
+            table.row(vec!["locks".into(), p.clone(), t.to_string(), format!("{ops:.0}"), format!("{lat:.1}")]);
+            results.push((p.clone(), t, ops));
         }
     }
-    if !args.csv {
+    let chart = Chart::new(
+        format!("locks: {} random lines of {} KiB per critical section, {cores} cores", args.lines, args.array * 64 / 1024),
+        "threads",
+        "threads",
+    )
+    .y("ops_per_sec", "")
+    .y_axis("throughput (M acquisitions/s, all threads)", 1e6)
+    .series("protocol", "{}")
+    .log_y()
+    .log2_x();
+    table.finish_with_plot(&chart, &args.plot)?;
+    if !args.out.csv && !args.out.markdown {
         println!("# throughput relative to parking_lot (same run)");
         for &t in &threads {
             let Some(base) = results.iter().find(|(p, n, _)| p == "parking_lot" && *n == t).map(|r| r.2) else {
@@ -237,4 +234,5 @@ pub fn run(args: &Args) {
             println!("#  t={t}: {}", cells.join(" "));
         }
     }
+    Ok(())
 }

@@ -11,6 +11,7 @@ mod msgcost;
 mod multirate;
 mod pack;
 mod pingpong;
+mod plot;
 mod report;
 mod spawn;
 mod sync_pingpong;
@@ -61,10 +62,7 @@ fn main() {
         Cmd::Pingpong(a) => pingpong::run(&a),
         Cmd::LockRegimes(a) => lock_regimes::run(&a),
         Cmd::Alltoall(a) => alltoall::run(&a),
-        Cmd::Locks(args) => {
-            locks::run(&args);
-            Ok(())
-        }
+        Cmd::Locks(a) => locks::run(&a),
     };
     if let Err(e) = res {
         eprintln!("weft-bench: {e}");

@@ -15,7 +15,7 @@ use std::time::Instant;
 
 use weft::{ProgressMode, Runtime, Source, Tag};
 
-use crate::report::{median, parse_list, Table};
+use crate::report::{median, parse_list, Output, Table};
 
 /// Options of `weft-bench msgcost`.
 #[derive(Debug, clap::Args)]
@@ -38,9 +38,8 @@ pub struct Args {
     /// Provider of the two in-process ranks: embedded, or shm / tcp (feature `ofi`).
     #[arg(long, default_value = "embedded")]
     provider: weft::Provider,
-    /// CSV output.
-    #[arg(long)]
-    csv: bool,
+    #[command(flatten)]
+    out: Output,
 }
 
 /// Runs the measurement.
@@ -50,14 +49,13 @@ pub fn run(a: &Args) -> Result<(), String> {
     if a.window == 0 || a.iterations == 0 || a.runs == 0 {
         return Err("window, iterations and runs must be positive".into());
     }
-    let mut table = Table::new(&["progress", "size", "window", "ns_per_message"]);
-    if !a.csv {
-        println!(
-            "# weft-bench msgcost: one thread drives both ranks; provider={} iterations={} runs={} (median)",
-            a.provider, a.iterations, a.runs
-        );
-    }
-    table.print_header(a.csv);
+    let mut table = Table::new(&["progress", "size", "window", "ns_per_message"], &a.out);
+    a.out.note(&format!(
+        "# weft-bench msgcost: one thread drives both ranks; provider={} iterations={} runs={} (median)",
+        a.provider, a.iterations, a.runs
+    ));
+    table.progress(modes.len() * sizes.len() * a.runs);
+    table.print_header();
     for &mode in &modes {
         for &size in &sizes {
             // The inbox holds a whole window: one thread drives both ranks and waits on one at a
@@ -72,15 +70,16 @@ pub fn run(a: &Args) -> Result<(), String> {
             // A first run warms the request pools, buffers and inboxes; it is not counted.
             rounds(&rts, size, a.window, a.iterations / 10 + 1)?;
             let mut ns = Vec::with_capacity(a.runs);
-            for _ in 0..a.runs {
+            for run in 0..a.runs {
+                table.step(|| format!("{mode}, {size} B, run {}", run + 1));
                 let t0 = Instant::now();
                 rounds(&rts, size, a.window, a.iterations)?;
                 ns.push(t0.elapsed().as_nanos() as f64 / (a.iterations * a.window) as f64);
             }
             table.row(vec![mode.to_string(), size.to_string(), a.window.to_string(), format!("{:.1}", median(&ns))]);
-            table.print_last(a.csv);
         }
     }
+    table.finish();
     Ok(())
 }
 

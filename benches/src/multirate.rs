@@ -32,7 +32,8 @@ use std::time::{Duration, Instant};
 use clap::Args as ClapArgs;
 use weft::{Assignment, Communicator, MatchingMode, ProgressMode, Provider, Request, Runtime, Source, Tag};
 
-use crate::report::{median, parse_list, Table};
+use crate::plot::Chart;
+use crate::report::{median, parse_list, Output, PlotTo, Table};
 
 /// Options of `weft-bench multirate` (comma lists sweep).
 #[derive(Debug, ClapArgs)]
@@ -82,9 +83,10 @@ pub struct Args {
     /// thread row's `thread_over_process` is the median of the per-run ratios.
     #[arg(long, default_value_t = 5)]
     runs: usize,
-    /// CSV output.
-    #[arg(long)]
-    csv: bool,
+    #[command(flatten)]
+    out: Output,
+    #[command(flatten)]
+    plot: PlotTo,
     /// Provider: embedded (ranks in this process), shm or tcp (real processes via weftrun).
     #[arg(long, default_value = "embedded")]
     provider: String,
@@ -168,6 +170,15 @@ enum Mode {
     Process,
 }
 
+impl Mode {
+    fn name(self) -> &'static str {
+        match self {
+            Mode::Thread => "thread",
+            Mode::Process => "process",
+        }
+    }
+}
+
 /// One measured configuration.
 #[derive(Clone, Copy, Debug)]
 struct Point {
@@ -226,32 +237,33 @@ pub fn run(a: &Args) -> Result<(), String> {
         };
         return rank_worker(&p, a, provider, &cpus);
     }
-    let mut table = Table::new(&[
-        "pattern",
-        "mode",
-        "pairs",
-        "size",
-        "window",
-        "progress",
-        "assignment",
-        "cris",
-        "matching",
-        "comm_per_pair",
-        "overtaking",
-        "no_any_tag",
-        "msg_rate",
-        "thread_over_process",
-    ]);
-    if !a.csv {
-        println!(
-            "# weft-bench multirate: iterations={} runs={} (median) cores={} bind={} provider={provider}{}",
-            a.iterations,
-            a.runs,
-            cores,
-            a.bind,
-            if provider == Provider::Embedded { "" } else { " (one process per rank, via weftrun)" }
-        );
-    }
+    let mut table = Table::new(
+        &[
+            "pattern",
+            "mode",
+            "pairs",
+            "size",
+            "window",
+            "progress",
+            "assignment",
+            "cris",
+            "matching",
+            "comm_per_pair",
+            "overtaking",
+            "no_any_tag",
+            "msg_rate",
+            "thread_over_process",
+        ],
+        &a.out,
+    );
+    a.out.note(&format!(
+        "# weft-bench multirate: iterations={} runs={} (median) cores={} bind={} provider={provider}{}",
+        a.iterations,
+        a.runs,
+        cores,
+        a.bind,
+        if provider == Provider::Embedded { "" } else { " (one process per rank, via weftrun)" }
+    ));
     if provider == Provider::Embedded {
         warm_up();
     }
@@ -259,14 +271,12 @@ pub fn run(a: &Args) -> Result<(), String> {
     // between two vCPUs changes with where the host runs them (2-core VM: about 0.1 vs
     // 0.3-0.5 µs), and every message between threads on different cores pays it.
     if let Some(rt) = core_to_core_round_trip() {
-        let line = format!("# core-to-core round trip (two threads bouncing one cache line): {:.0} ns", rt.as_nanos());
-        if a.csv {
-            eprintln!("{line}");
-        } else {
-            println!("{line}");
-        }
+        a.out.note(&format!("# core-to-core round trip (two threads bouncing one cache line): {:.0} ns", rt.as_nanos()));
     }
-    table.print_header(a.csv);
+    let configurations =
+        patterns.len() * pairs.len() * sizes.len() * windows.len() * progress.len() * assignment.len() * cris.len() * matching.len();
+    table.progress(configurations * a.runs * modes.len());
+    table.print_header();
     for &pattern in &patterns {
         for &t in &pairs {
             for &size in &sizes {
@@ -295,6 +305,7 @@ pub fn run(a: &Args) -> Result<(), String> {
                                         for k in 0..modes.len() {
                                             let m = if run % 2 == 0 { k } else { modes.len() - 1 - k };
                                             let p = point(modes[m]);
+                                            table.step(|| format!("{} mode, {t} pairs, {pm}, run {}", modes[m].name(), run + 1));
                                             rates[m].push(plausible(cores, || {
                                                 if provider == Provider::Embedded {
                                                     measure(&p, a, &cpus, Faults::of(a))
@@ -318,7 +329,7 @@ pub fn run(a: &Args) -> Result<(), String> {
                                         };
                                         table.row(vec![
                                             pattern.name().into(),
-                                            if mode == Mode::Thread { "thread" } else { "process" }.into(),
+                                            mode.name().into(),
                                             t.to_string(),
                                             size.to_string(),
                                             window.to_string(),
@@ -332,7 +343,6 @@ pub fn run(a: &Args) -> Result<(), String> {
                                             format!("{:.0}", median(&rates[m])),
                                             ratio,
                                         ]);
-                                        table.print_last(a.csv);
                                     }
                                 }
                             }
@@ -342,7 +352,24 @@ pub fn run(a: &Args) -> Result<(), String> {
             }
         }
     }
-    Ok(())
+    let chart = Chart::new(
+        format!("multirate: {} B messages, window {}, provider {provider}, bind {}, {cores} cores", a.size, a.window, a.bind),
+        "pairs",
+        "pairs (T sender-receiver pairs)",
+    )
+    .y("msg_rate", "")
+    .y_axis("message rate (M msg/s)", 1e6)
+    .series("mode", "{} mode")
+    .series("progress", "{}")
+    .series("pattern", "{}")
+    .series("size", "{} B")
+    .series("window", "window {}")
+    .series("assignment", "{}")
+    .series("matching", "{} matching")
+    .log2_x();
+    // `--cris auto` gives thread mode T CRIs and process mode one: no line of its own then.
+    let chart = if a.cris == "auto" { chart } else { chart.series("cris", "{} CRIs") };
+    table.finish_with_plot(&chart, &a.plot)
 }
 
 /// The least CPU time a message takes through weft, both sides together: about 1,900
@@ -863,7 +890,7 @@ fn launch(p: &Point, a: &Args, provider: Provider) -> Result<f64, String> {
     cmd.args(["-n", &n.to_string(), "--provider", &provider.to_string(), "--timeout", "600"])
         .arg(&exe)
         .args(["multirate", "--rank-worker", "--provider", &provider.to_string()])
-        .args(["--pattern", p.pattern.name(), "--mode", if p.mode == Mode::Thread { "thread" } else { "process" }])
+        .args(["--pattern", p.pattern.name(), "--mode", p.mode.name()])
         .args(["-t", &p.pairs.to_string(), "-s", &p.size.to_string(), "-w", &p.window.to_string()])
         .args(["-i", &a.iterations.to_string(), "--progress", &p.progress.to_string()])
         .args(["--assignment", &p.assignment.to_string(), "--cris", &p.cris.to_string(), "--matching", &p.matching.to_string()]);

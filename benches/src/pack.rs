@@ -15,7 +15,8 @@ use std::time::Instant;
 
 use weft::{Datatype, Runtime};
 
-use crate::report::{median, parse_list, Table};
+use crate::plot::Chart;
+use crate::report::{median, parse_list, Output, PlotTo, Table};
 
 /// Options of `weft-bench pack`.
 #[derive(Debug, clap::Args)]
@@ -35,9 +36,10 @@ pub struct Args {
     /// Repetitions (the median is reported).
     #[arg(long, default_value_t = 15)]
     runs: usize,
-    /// CSV output: header `datatype,bytes,threads,seconds,gbps`, one row per configuration.
-    #[arg(long)]
-    csv: bool,
+    #[command(flatten)]
+    out: Output,
+    #[command(flatten)]
+    plot: PlotTo,
 }
 
 fn make(kind: &str, bytes: usize) -> Result<Datatype<f64>, String> {
@@ -70,8 +72,9 @@ pub fn run(args: &Args) -> Result<(), String> {
     if threads.contains(&0) {
         return Err("thread counts must be at least 1".into());
     }
-    let mut table = Table::new(&["datatype", "bytes", "threads", "seconds", "gbps"]);
-    table.print_header(args.csv);
+    let mut table = Table::new(&["datatype", "bytes", "threads", "seconds", "gbps"], &args.out);
+    table.progress(kinds.len() * sizes.len());
+    table.print_header();
     let runtimes: Vec<(usize, Runtime)> = threads
         .iter()
         .map(|&t| Runtime::builder().workers(t - 1).pack_threshold(args.threshold).build().map(|r| (t, r)))
@@ -79,6 +82,7 @@ pub fn run(args: &Args) -> Result<(), String> {
         .map_err(|e| e.to_string())?;
     for kind in &kinds {
         for &bytes in &sizes {
+            table.step(|| format!("{kind}, {bytes} B"));
             let ty = make(kind, bytes)?;
             let src: Vec<f64> = (0..ty.extent()).map(|i| i as f64).collect();
             let mut dst = vec![0.0f64; ty.size()];
@@ -114,9 +118,19 @@ pub fn run(args: &Args) -> Result<(), String> {
                     format!("{s:.9}"),
                     format!("{:.3}", packed as f64 / s / 1e9),
                 ]);
-                table.print_last(args.csv);
             }
         }
     }
-    Ok(())
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let chart = Chart::new(
+        format!("pack: f64 datatypes, split from {} KiB, {cores} cores", args.threshold / 1024),
+        "threads",
+        "threads (caller + pool workers)",
+    )
+    .y("gbps", "")
+    .y_axis("packed bandwidth (GB/s)", 1.0)
+    .series("datatype", "{}")
+    .series("bytes", "{} B")
+    .log2_x();
+    table.finish_with_plot(&chart, &args.plot)
 }

@@ -28,7 +28,8 @@ use std::time::{Duration, Instant};
 use clap::Args as ClapArgs;
 use weft::{Provider, Runtime};
 
-use crate::report::{median, parse_list, Table};
+use crate::plot::Chart;
+use crate::report::{median, parse_list, Output, PlotTo, Table};
 
 /// Options of `weft-bench pingpong`.
 #[derive(Debug, ClapArgs)]
@@ -45,9 +46,10 @@ pub struct Args {
     /// Runs per configuration (alternating weft and fi_pingpong); the median is reported.
     #[arg(long, default_value_t = 3)]
     runs: usize,
-    /// CSV output.
-    #[arg(long)]
-    csv: bool,
+    #[command(flatten)]
+    out: Output,
+    #[command(flatten)]
+    plot: PlotTo,
     /// Binding of both sides' processes: none, or core (one CPU each).
     #[arg(long, default_value = "none", value_parser = ["none", "core"])]
     bind: String,
@@ -73,21 +75,19 @@ pub fn run(a: &Args) -> Result<(), String> {
         return transport_worker(providers[0], sizes[0], a.iterations);
     }
     let bind = a.bind == "core";
-    let mut table = Table::new(&["provider", "size", "bind", "weft_us", "fi_pingpong_us", "ratio", "pair_ratio", "transport_us"]);
-    if !a.csv {
-        println!(
-            "# weft-bench pingpong: one-way latency, iterations={} runs={} (median) cores={} bind={}",
-            a.iterations,
-            a.runs,
-            std::thread::available_parallelism().map_or(1, |n| n.get()),
-            a.bind
-        );
-    }
-    table.print_header(a.csv);
+    let mut table = Table::new(&["provider", "size", "bind", "weft_us", "fi_pingpong_us", "ratio", "pair_ratio", "transport_us"], &a.out);
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    a.out.note(&format!(
+        "# weft-bench pingpong: one-way latency, iterations={} runs={} (median) cores={cores} bind={}",
+        a.iterations, a.runs, a.bind
+    ));
+    table.progress(providers.len() * sizes.len() * a.runs);
+    table.print_header();
     for &p in &providers {
         for &size in &sizes {
             let (mut weft, mut fi, mut transport) = (Vec::new(), Vec::new(), Vec::new());
             for run in 0..a.runs {
+                table.step(|| format!("{p}, {size} B, run {}", run + 1));
                 weft.push(weftrun_latency(Side::Runtime, p, size, a.iterations, bind)?);
                 fi.push(fi_pingpong(p, size, a.iterations, run, bind)?);
                 transport.push(weftrun_latency(Side::Transport, p, size, a.iterations, bind)?);
@@ -107,10 +107,17 @@ pub fn run(a: &Args) -> Result<(), String> {
                 format!("{:.2}", median(&pairs)),
                 format!("{:.2}", median(&transport)),
             ]);
-            table.print_last(a.csv);
         }
     }
-    Ok(())
+    let chart =
+        Chart::new(format!("pingpong: one-way latency, 2 processes, bind {}, {cores} cores", a.bind), "size", "message size (bytes)")
+            .y("weft_us", "weft")
+            .y("fi_pingpong_us", "fi_pingpong")
+            .y("transport_us", "weft-transport alone")
+            .y_axis("one-way latency (µs)", 1.0)
+            .panels("provider", "provider {}")
+            .log_x();
+    table.finish_with_plot(&chart, &a.plot)
 }
 
 /// Which layer a `weftrun` ping-pong measures.

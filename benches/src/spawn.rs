@@ -17,7 +17,7 @@ use std::time::Instant;
 
 use futures::task::AtomicWaker;
 
-use crate::report::{median, parse_list, Table};
+use crate::report::{median, parse_list, Output, Table};
 
 /// Options of `weft-bench spawn`.
 #[derive(Debug, clap::Args)]
@@ -37,9 +37,8 @@ pub struct Args {
     /// Repetitions (the median is reported); weft and tokio alternate.
     #[arg(long, default_value_t = 5)]
     runs: usize,
-    /// CSV output: header `bench,runtime,workers,tasks,seconds`, one row per configuration.
-    #[arg(long)]
-    csv: bool,
+    #[command(flatten)]
+    out: Output,
 }
 
 /// The two runtimes behind one interface: spawn a future, block on one.
@@ -141,8 +140,9 @@ pub fn run(args: &Args) -> Result<(), String> {
         return Err(format!("unknown bench {b:?} (spawn, yield)"));
     }
     let runs = args.runs.max(1);
-    let mut table = Table::new(&["bench", "runtime", "workers", "tasks", "seconds"]);
-    table.print_header(args.csv);
+    let mut table = Table::new(&["bench", "runtime", "workers", "tasks", "seconds"], &args.out);
+    table.progress(workers.len() * benches.len() * runs);
+    table.print_header();
     for &w in &workers {
         let weft_rt = weft::Runtime::builder().workers(w).build().map_err(|e| e.to_string())?;
         let tokio_rt = tokio::runtime::Builder::new_multi_thread().worker_threads(w).build().map_err(|e| e.to_string())?;
@@ -158,16 +158,17 @@ pub fn run(args: &Args) -> Result<(), String> {
                     rt.ping_pong(n / 10 + 2)
                 };
             }
-            for _ in 0..runs {
+            for run in 0..runs {
+                table.step(|| format!("{bench}, {w} workers, run {}", run + 1));
                 for (i, (_, rt)) in rts.iter().enumerate() {
                     samples[i].push(if bench == "spawn" { rt.spawn_all(n) } else { rt.ping_pong(n) });
                 }
             }
             for (i, (name, _)) in rts.iter().enumerate() {
                 table.row(vec![bench.clone(), name.to_string(), w.to_string(), n.to_string(), format!("{:.6}", median(&samples[i]))]);
-                table.print_last(args.csv);
             }
         }
     }
+    table.finish();
     Ok(())
 }

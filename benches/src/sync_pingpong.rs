@@ -19,7 +19,7 @@ use std::time::Instant;
 
 use weft::{Communicator, Request, Runtime, Source, Tag};
 
-use crate::report::{median, parse_list, Table};
+use crate::report::{median, parse_list, Output, Table};
 
 /// Options of `weft-bench sync-pingpong`.
 #[derive(Debug, clap::Args)]
@@ -39,9 +39,8 @@ pub struct Args {
     /// Repetitions (the median is reported); the styles alternate.
     #[arg(long, default_value_t = 5)]
     runs: usize,
-    /// CSV output: header `size,completion,seconds,msg_rate`, one row per configuration.
-    #[arg(long)]
-    csv: bool,
+    #[command(flatten)]
+    out: Output,
 }
 
 /// One measurement: `iters` round trips of `size` bytes; returns seconds.
@@ -179,8 +178,9 @@ pub fn run(args: &Args) -> Result<(), String> {
     if args.window == 0 || args.window > i32::MAX as usize - 1 {
         return Err("window must be at least 1".into());
     }
-    let mut table = Table::new(&["size", "completion", "seconds", "msg_rate"]);
-    table.print_header(args.csv);
+    let mut table = Table::new(&["size", "completion", "seconds", "msg_rate"], &args.out);
+    table.progress(sizes.len() * args.runs.max(1));
+    table.print_header();
     for &size in &sizes {
         let iters = (args.iters as f64 * (400.0 / size.max(400) as f64).sqrt()) as usize;
         let iters = iters.max(200);
@@ -189,7 +189,8 @@ pub fn run(args: &Args) -> Result<(), String> {
             measure(size, iters / 10 + 1, args.window, st == "sync")?; // warm-up
             let _ = i;
         }
-        for _ in 0..args.runs.max(1) {
+        for run in 0..args.runs.max(1) {
+            table.step(|| format!("{size} B, run {}", run + 1));
             for (i, st) in styles.iter().enumerate() {
                 samples[i].push(measure(size, iters, args.window, st == "sync")?);
             }
@@ -197,8 +198,8 @@ pub fn run(args: &Args) -> Result<(), String> {
         for (i, st) in styles.iter().enumerate() {
             let s = median(&samples[i]);
             table.row(vec![size.to_string(), st.clone(), format!("{s:.6}"), format!("{:.0}", 2.0 * iters as f64 / s)]);
-            table.print_last(args.csv);
         }
     }
+    table.finish();
     Ok(())
 }

@@ -1,0 +1,76 @@
+//! What `weft-bench` writes: with `--csv` stdout is only CSV (the progress bar and the notes
+//! go to stderr), `--markdown` prints one markdown table, `--plot` writes an SVG chart, and a
+//! plot that cannot be written is an error with the path, not a panic.
+
+use std::path::PathBuf;
+use std::process::Output;
+use std::time::Duration;
+
+mod common;
+
+/// Runs `weft-bench`; a run that has not ended after 60 s fails the test (it takes well
+/// under a second).
+fn weft_bench(args: &[&str]) -> Output {
+    common::run_within(args, Duration::from_secs(60)).unwrap_or_else(|| panic!("weft-bench {args:?} hung (killed after 60 s)"))
+}
+
+/// A fresh directory for this test's files.
+fn scratch(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("weft-bench-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("scratch directory");
+    dir
+}
+
+const LOCKS: [&str; 9] = ["locks", "-t", "1,2", "-p", "tas,mcs", "--millis", "5", "--runs", "1"];
+
+#[test]
+fn csv_stdout_is_only_csv_and_the_plot_is_drawn() {
+    let dir = scratch("csv");
+    let svg = dir.join("sub/locks.svg");
+    let out = weft_bench(&[&LOCKS[..], &["--csv", "--plot", svg.to_str().unwrap()]].concat());
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let stdout = String::from_utf8(out.stdout).expect("utf-8");
+    let lines: Vec<&str> = stdout.lines().collect();
+    assert_eq!(lines[0], "bench,protocol,threads,ops_per_sec,latency_ns");
+    assert_eq!(lines.len(), 1 + 4, "header and one row per (protocol, threads):\n{stdout}");
+    for l in &lines[1..] {
+        let cells: Vec<&str> = l.split(',').collect();
+        assert_eq!(cells.len(), 5, "{l:?}");
+        assert!(cells[3].parse::<f64>().is_ok_and(|v| v > 0.0), "{l:?}");
+    }
+    assert!(!stdout.contains('\u{1b}') && !stdout.contains('\r'), "terminal control in the CSV: {stdout:?}");
+    let svg = std::fs::read_to_string(&svg).expect("the plot was written, its directory created");
+    for text in ["<svg", "locks: 10 random lines of 256 KiB", "threads", "throughput (M acquisitions/s"] {
+        assert!(svg.contains(text), "{text:?} not in the SVG");
+    }
+    for legend in ["tas", "mcs"] {
+        assert!(svg.lines().any(|l| l.trim() == legend), "no legend text {legend:?} in the SVG");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn markdown_prints_one_table() {
+    let out = weft_bench(&[&LOCKS[..], &["--markdown"]].concat());
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let stdout = String::from_utf8(out.stdout).expect("utf-8");
+    let rows: Vec<&str> = stdout.lines().filter(|l| l.starts_with('|')).collect();
+    assert_eq!(rows[0], "| protocol | threads | ops_per_sec | latency_ns |", "{stdout}");
+    assert_eq!(rows[1], "| --- | --- | --- | --- |");
+    assert_eq!(rows.len(), 2 + 4, "{stdout}");
+    assert!(stdout.contains("bench: locks"), "the constant column is stated above the table:\n{stdout}");
+}
+
+#[test]
+fn an_unwritable_plot_is_an_error() {
+    let dir = scratch("bad");
+    let file = dir.join("a-file");
+    std::fs::write(&file, "").unwrap();
+    let target = file.join("locks.svg");
+    let out = weft_bench(&[&LOCKS[..], &["--csv", "--plot", target.to_str().unwrap()]].concat());
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("a-file"), "the error names the path: {stderr}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
