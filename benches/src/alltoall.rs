@@ -151,14 +151,7 @@ pub(crate) fn chart(cores: usize) -> Chart {
 
 /// One job of `n` ranks through `weftrun`; returns rank 0's time per round in µs.
 fn launch(a: &Args, p: Provider, n: u32, size: usize) -> Result<f64, String> {
-    let exe = std::env::current_exe().map_err(|e| e.to_string())?;
-    let weftrun = exe.with_file_name("weftrun");
-    if !weftrun.exists() {
-        return Err(format!(
-            "{} not found; build it first: cargo build --release -p weft-launcher --features ofi --bin weftrun",
-            weftrun.display()
-        ));
-    }
+    let (exe, weftrun) = crate::report::self_and_weftrun()?;
     let out = std::process::Command::new(&weftrun)
         .args(["-n", &n.to_string(), "--provider", &p.to_string(), "--timeout", &a.timeout.to_string()])
         .arg(&exe)

@@ -877,14 +877,7 @@ pub(crate) fn cross_barrier(c: &Communicator) -> Result<Instant, String> {
 /// Runs one configuration as a job of real processes through `weftrun`; returns the rate
 /// rank 0 measured.
 fn launch(p: &Point, a: &Args, provider: Provider) -> Result<f64, String> {
-    let exe = std::env::current_exe().map_err(|e| e.to_string())?;
-    let weftrun = exe.with_file_name("weftrun");
-    if !weftrun.exists() {
-        return Err(format!(
-            "{} not found; build it first: cargo build --release -p weft-launcher --features ofi --bin weftrun",
-            weftrun.display()
-        ));
-    }
+    let (exe, weftrun) = crate::report::self_and_weftrun()?;
     let n = if p.mode == Mode::Thread { 2 } else { 2 * p.pairs };
     let mut cmd = std::process::Command::new(&weftrun);
     cmd.args(["-n", &n.to_string(), "--provider", &provider.to_string(), "--timeout", "600"])

@@ -130,14 +130,7 @@ enum Side {
 }
 
 fn weftrun_latency(side: Side, p: Provider, size: usize, iterations: usize, bind: bool) -> Result<f64, String> {
-    let exe = std::env::current_exe().map_err(|e| e.to_string())?;
-    let weftrun = exe.with_file_name("weftrun");
-    if !weftrun.exists() {
-        return Err(format!(
-            "{} not found; build it: cargo build --release -p weft-launcher --features ofi --bin weftrun",
-            weftrun.display()
-        ));
-    }
+    let (exe, weftrun) = crate::report::self_and_weftrun()?;
     let out = Command::new(&weftrun)
         .args(["-n", "2", "--provider", &p.to_string(), "--timeout", "300", "--bind-to", if bind { "core" } else { "none" }])
         .arg(&exe)
