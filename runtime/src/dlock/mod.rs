@@ -160,6 +160,12 @@ impl DMcsGuard<'_> {
     }
 }
 
+impl std::fmt::Debug for DMcsGuard<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DMcsGuard").field("lock", self.lock).finish()
+    }
+}
+
 impl Drop for DMcsGuard<'_> {
     fn drop(&mut self) {
         if self.held {
@@ -231,6 +237,12 @@ impl SpinGuard<'_> {
     pub fn unlock(mut self) -> Result<(), Error> {
         self.held = false;
         self.lock.release()
+    }
+}
+
+impl std::fmt::Debug for SpinGuard<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SpinGuard").field("lock", self.lock).finish()
     }
 }
 

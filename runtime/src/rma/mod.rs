@@ -65,6 +65,9 @@ struct Part {
     len: usize,
 }
 
+/// Copies of the data of puts posted on one CRI and not yet flushed.
+type Staged = Vec<Box<[u8]>>;
+
 /// How many `u64`s one rank contributes to the descriptor exchange.
 const DESCRIPTOR: usize = 7;
 
@@ -80,7 +83,7 @@ pub struct Window<'a, T: Primitive> {
     registered: bool,
     /// Copies of put data per CRI, kept until a flush of that CRI returned (libfabric reads
     /// them after `put` returned; the embedded provider has copied them already).
-    staged: Box<[Mutex<Vec<Box<[u8]>>>]>,
+    staged: Box<[Mutex<Staged>]>,
     /// Whether every operation is complete when the transport returns (embedded provider).
     direct: bool,
     /// This rank's part when the window allocated it (8-byte aligned, zeroed, rounded up
@@ -120,10 +123,10 @@ impl Communicator {
     /// (`MPI_Win_create`); the caller has it back when the window is dropped. Collective, as
     /// [`window`](Self::window).
     pub fn expose<'a, T: Primitive>(&self, memory: &'a mut [T]) -> Result<Window<'a, T>, Error> {
-        let len = memory.len();
+        let (len, bytes) = (memory.len(), size_of_val(memory));
         let base = memory.as_mut_ptr().cast::<u8>();
         // SAFETY: the window borrows `memory` mutably for `'a` and deregisters it on drop.
-        unsafe { Window::create(self, base, len, len * size_of::<T>(), None) }
+        unsafe { Window::create(self, base, len, bytes, None) }
     }
 }
 
@@ -255,7 +258,7 @@ impl<'a, T: Primitive> Window<'a, T> {
         }
         let part = self.parts.get(rank as usize).ok_or(Error::RankOutOfRange { rank, size: self.size() })?;
         let out = Error::OutOfWindow { offset, len: count, window: part.len };
-        if offset.checked_add(count).ok_or(out.clone())? > part.len {
+        if offset.checked_add(count).ok_or(out)? > part.len {
             return Err(out);
         }
         if !self.transport().is_alive(rank) {
