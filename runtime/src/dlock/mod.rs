@@ -42,6 +42,57 @@ fn node(rank: u32) -> u64 {
     u64::from(rank) + 1
 }
 
+mod sealed {
+    /// A distributed lock's release (what a [`Guard`](super::Guard) calls).
+    pub trait Release {
+        /// Releases the lock this rank holds.
+        fn release(&self) -> Result<(), weft_sync::Error>;
+    }
+}
+use sealed::Release;
+
+/// Holds a distributed lock and this rank's local mutex of it; releases both when dropped
+/// (or by [`unlock`](Self::unlock), which reports a failure: a lost successor, say).
+#[must_use = "the lock is released when the guard is dropped"]
+pub struct Guard<'a, L: Release> {
+    lock: &'a L,
+    _local: MutexGuard<'a, ()>,
+    held: bool,
+}
+
+/// Holds a [`DMcs`].
+pub type DMcsGuard<'a> = Guard<'a, DMcs>;
+
+/// Holds a [`SpinLock`].
+pub type SpinGuard<'a> = Guard<'a, SpinLock>;
+
+impl<'a, L: Release> Guard<'a, L> {
+    fn new(lock: &'a L, local: MutexGuard<'a, ()>) -> Self {
+        Guard { lock, _local: local, held: true }
+    }
+
+    /// Releases the lock, reporting a failure.
+    pub fn unlock(mut self) -> Result<(), Error> {
+        self.held = false;
+        self.lock.release()
+    }
+}
+
+impl<L: Release + std::fmt::Debug> std::fmt::Debug for Guard<'_, L> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Guard").field("lock", self.lock).finish()
+    }
+}
+
+impl<L: Release> Drop for Guard<'_, L> {
+    fn drop(&mut self) {
+        if self.held {
+            // A failure here has no one to report it to; `unlock` reports it.
+            let _ = self.lock.release();
+        }
+    }
+}
+
 /// Offsets of D-MCS's variables in each rank's part of its window [Schmid 2016, §2.4.1].
 const NEXT: usize = 0;
 const WAIT: usize = 1;
@@ -60,15 +111,6 @@ impl std::fmt::Debug for DMcs {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("DMcs").field("rank", &self.window.rank()).field("tail_rank", &self.tail_rank).finish()
     }
-}
-
-/// Holds a [`DMcs`] lock; releases it when dropped (or by [`unlock`](Self::unlock), which
-/// reports a failure).
-#[must_use = "the lock is released when the guard is dropped"]
-pub struct DMcsGuard<'a> {
-    lock: &'a DMcs,
-    _local: MutexGuard<'a, ()>,
-    held: bool,
 }
 
 impl DMcs {
@@ -107,7 +149,7 @@ impl DMcs {
                 backoff.snooze();
             }
         }
-        Ok(DMcsGuard { lock: self, _local: local, held: true })
+        Ok(Guard::new(self, local))
     }
 
     /// Acquires the lock if nobody holds it or waits for it: one compare-and-swap of the
@@ -121,9 +163,11 @@ impl DMcs {
         if w.compare_and_swap(self.tail_rank, TAIL, 0, node(p))? != 0 {
             return Ok(None);
         }
-        Ok(Some(DMcsGuard { lock: self, _local: local, held: true }))
+        Ok(Some(Guard::new(self, local)))
     }
+}
 
+impl Release for DMcs {
     /// Releases the lock [Schmid 2016, Listing 3].
     fn release(&self) -> Result<(), Error> {
         let w = &self.window;
@@ -152,29 +196,6 @@ impl DMcs {
     }
 }
 
-impl DMcsGuard<'_> {
-    /// Releases the lock, reporting a failure (a lost successor, say).
-    pub fn unlock(mut self) -> Result<(), Error> {
-        self.held = false;
-        self.lock.release()
-    }
-}
-
-impl std::fmt::Debug for DMcsGuard<'_> {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("DMcsGuard").field("lock", self.lock).finish()
-    }
-}
-
-impl Drop for DMcsGuard<'_> {
-    fn drop(&mut self) {
-        if self.held {
-            // A failure here has no one to report to; `unlock` reports it.
-            let _ = self.lock.release();
-        }
-    }
-}
-
 /// The foMPI-style spin lock [Schmid 2016, §5.1] (foMPI-Spin): one word on `home`,
 /// acquired by compare-and-swap from "free" to the acquirer, released by an atomic swap
 /// back; waiters poll the word with backoff.
@@ -188,14 +209,6 @@ impl std::fmt::Debug for SpinLock {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("SpinLock").field("rank", &self.window.rank()).field("home", &self.home).finish()
     }
-}
-
-/// Holds a [`SpinLock`]; releases it when dropped (or by [`unlock`](Self::unlock)).
-#[must_use = "the lock is released when the guard is dropped"]
-pub struct SpinGuard<'a> {
-    lock: &'a SpinLock,
-    _local: MutexGuard<'a, ()>,
-    held: bool,
 }
 
 impl SpinLock {
@@ -218,39 +231,18 @@ impl SpinLock {
         while !self.attempt()? {
             backoff.snooze();
         }
-        Ok(SpinGuard { lock: self, _local: local, held: true })
+        Ok(Guard::new(self, local))
     }
 
     /// Acquires the lock if it is free (one compare-and-swap).
     pub fn try_lock(&self) -> Result<Option<SpinGuard<'_>>, Error> {
         let Some(local) = self.local.try_lock() else { return Ok(None) };
-        Ok(self.attempt()?.then(|| SpinGuard { lock: self, _local: local, held: true }))
+        Ok(self.attempt()?.then(|| Guard::new(self, local)))
     }
+}
 
+impl Release for SpinLock {
     fn release(&self) -> Result<(), Error> {
         self.window.fetch_and_op(self.home, 0, 0, Op::Replace).map(|_| ())
-    }
-}
-
-impl SpinGuard<'_> {
-    /// Releases the lock, reporting a failure.
-    pub fn unlock(mut self) -> Result<(), Error> {
-        self.held = false;
-        self.lock.release()
-    }
-}
-
-impl std::fmt::Debug for SpinGuard<'_> {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("SpinGuard").field("lock", self.lock).finish()
-    }
-}
-
-impl Drop for SpinGuard<'_> {
-    fn drop(&mut self) {
-        if self.held {
-            // As `DMcsGuard`'s drop.
-            let _ = self.lock.release();
-        }
     }
 }

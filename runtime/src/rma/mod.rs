@@ -404,28 +404,12 @@ impl<T: AtomicElement> Window<'_, T> {
         if T::combine(operand, operand, op).is_none() {
             return Err(Error::InvalidArgument("bitwise RMA operation on a floating-point window"));
         }
-        let word = self.word_of(part, offset, at)?;
-        let t = self.transport();
-        let k = self.comm.engine().cri_for_thread();
+        let (word, lane) = self.word_of(part, offset, at)?;
         if let (8, Some(native)) = (size_of::<T>(), T::native(op)) {
-            return t.fetch_op(k, &part.remote, at, native, element::to_word(operand)).map(element::from_word);
+            let k = self.comm.engine().cri_for_thread();
+            return self.transport().fetch_op(k, &part.remote, at, native, element::to_word(operand)).map(element::from_word);
         }
-        let (word, lane) = word;
-        let mut cur = t.fetch_op(k, &part.remote, word, RmaOp::Read, 0)?;
-        loop {
-            let old: T = element::lane(cur, lane);
-            let new = T::combine(old, operand, op).expect("checked above");
-            let next = element::with_lane(cur, lane, new);
-            if next == cur {
-                // Nothing to change: the atomic read was the operation.
-                return Ok(old);
-            }
-            let seen = t.compare_swap(k, &part.remote, word, cur, next)?;
-            if seen == cur {
-                return Ok(old);
-            }
-            cur = seen;
-        }
+        self.update_in_word(&part.remote, word, lane, |old| T::combine(old, operand, op))
     }
 
     /// Replaces the element at `offset` of `rank`'s part with `swap` if its bits equal
@@ -434,18 +418,32 @@ impl<T: AtomicElement> Window<'_, T> {
     pub fn compare_and_swap(&self, rank: u32, offset: usize, compare: T, swap: T) -> Result<T, Error> {
         let (part, at) = self.target(rank, offset, 1)?;
         let (word, lane) = self.word_of(part, offset, at)?;
-        let t = self.transport();
-        let k = self.comm.engine().cri_for_thread();
         if size_of::<T>() == 8 {
+            let (t, k) = (self.transport(), self.comm.engine().cri_for_thread());
             return t.compare_swap(k, &part.remote, at, element::to_word(compare), element::to_word(swap)).map(element::from_word);
         }
-        let mut cur = t.fetch_op(k, &part.remote, word, RmaOp::Read, 0)?;
+        self.update_in_word(&part.remote, word, lane, |old| element::same_bits(old, compare).then_some(swap))
+    }
+
+    /// Atomically replaces the element at byte `lane` of the word at byte `word` of
+    /// `remote` with `update(old)` (nothing when `None`) and returns `old`: a
+    /// compare-and-swap loop on the whole word, for the widths and operations the transport
+    /// has no native atomic for.
+    fn update_in_word(&self, remote: &RemoteWindow, word: usize, lane: usize, update: impl Fn(T) -> Option<T>) -> Result<T, Error> {
+        let t = self.transport();
+        let k = self.comm.engine().cri_for_thread();
+        let mut cur = t.fetch_op(k, remote, word, RmaOp::Read, 0)?;
         loop {
             let old: T = element::lane(cur, lane);
-            if !element::same_bits(old, compare) {
+            let next = match update(old) {
+                Some(new) => element::with_lane(cur, lane, new),
+                None => cur,
+            };
+            if next == cur {
+                // Nothing to change: the atomic read was the operation.
                 return Ok(old);
             }
-            let seen = t.compare_swap(k, &part.remote, word, cur, element::with_lane(cur, lane, swap))?;
+            let seen = t.compare_swap(k, remote, word, cur, next)?;
             if seen == cur {
                 return Ok(old);
             }
