@@ -1,4 +1,4 @@
-//! One-sided windows on the embedded provider (the suite is shared with `rma_ofi.rs`), and
+//! One-sided windows on the embedded provider (the suite is shared with `p2p_ofi.rs`), and
 //! what only the embedded provider can show in one process: a target that is gone.
 
 fn builder() -> weft::Builder {

@@ -1,5 +1,5 @@
 // One-sided windows (`weft::rma`). Included by `rma.rs` (embedded provider) and
-// `rma_ofi.rs` (libfabric shm and tcp), which each define `builder()`.
+// `p2p_ofi.rs` (libfabric shm and tcp), which each define `builder()`.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 
