@@ -31,7 +31,9 @@
 //! round trip more per retry. An element whose aligned word is not wholly inside the
 //! target's registered memory (possible only in exposed memory of narrow elements) is
 //! refused with [`Error::UnalignedAtomic`]. An atomic is atomic with respect to other
-//! atomics on the same element, not to puts or gets (as in MPI).
+//! atomics on the same element, not to puts or gets (as in MPI). A libfabric provider
+//! without RMA atomics at all fails each atomic with [`Error::Transport`] (`op` `"rma"`,
+//! `FI_EOPNOTSUPP`); `shm` and `tcp;ofi_rxm` have them.
 //!
 //! # Errors
 //!
