@@ -1,6 +1,6 @@
 //! Distributed locks over one-sided windows ([`crate::rma`]): the seed's D-MCS queue lock
 //! [Schmid 2016, Listings 2-3] and the foMPI-style spin lock it is compared with
-//! [Schmid 2016, §5.1] (one word, compare-and-swap).
+//! [Schmid 2016, §5] (one word, compare-and-swap).
 //!
 //! Both are collective to create (each allocates a window on every rank of the
 //! communicator) and mutual exclusion holds between ranks and between the threads of one
@@ -196,7 +196,7 @@ impl Release for DMcs {
     }
 }
 
-/// The foMPI-style spin lock [Schmid 2016, §5.1] (foMPI-Spin): one word on `home`,
+/// The foMPI-style spin lock [Schmid 2016, §5] (foMPI-Spin): one word on `home`,
 /// acquired by compare-and-swap from "free" to the acquirer, released by an atomic swap
 /// back; waiters poll the word with backoff.
 pub struct SpinLock {
