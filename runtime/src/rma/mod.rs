@@ -15,10 +15,13 @@
 //!   [`Window::compare_and_swap`], [`Window::accumulate`], [`Window::get_accumulate`]) are
 //!   complete when they return.
 //! - [`Window::flush`], [`Window::flush_all`], [`Window::flush_local`] complete the puts the
-//!   calling thread issued before the call. A flush takes its snapshot of the operations to
-//!   wait for when it starts: operations other threads issue while it waits are not waited
-//!   for, so a thread that flushes is never starved by threads that keep issuing
-//!   ([Amer 2019, §5.2] names that flaw in MPICH's flush).
+//!   calling thread issued before the call, and wait for nothing issued after it
+//!   ([Amer 2019, §5.2] names the flaw of MPICH's flush, which waits for operations other
+//!   threads keep issuing). On libfabric a CRI's one-sided operations are counted by one
+//!   completion counter; each CRI has an RMA gate, held while an operation is posted on it
+//!   and through a flush of it. A flush therefore waits for exactly the operations posted on
+//!   the CRI before it, and a thread that posts meanwhile takes another CRI whose gate is
+//!   free (or waits for this one, never the reverse).
 //!
 //! # Atomics
 //!
@@ -45,7 +48,7 @@
 use std::marker::PhantomData;
 use std::mem::size_of;
 
-use parking_lot::Mutex;
+use parking_lot::MutexGuard;
 use weft_sync::Error;
 use weft_transport::{RemoteWindow, RmaOp, Transport};
 
@@ -67,7 +70,7 @@ struct Part {
     len: usize,
 }
 
-/// Copies of the data of puts posted on one CRI and not yet flushed.
+/// Copies of the data of puts posted on one CRI and not yet flushed (`Cri::rma`).
 type Staged = Vec<Box<[u8]>>;
 
 /// How many `u64`s one rank contributes to the descriptor exchange.
@@ -83,9 +86,6 @@ pub struct Window<'a, T: Primitive> {
     /// This rank's part: its first byte and whether it was registered (not when empty).
     base: *mut u8,
     registered: bool,
-    /// Copies of put data per CRI, kept until a flush of that CRI returned (libfabric reads
-    /// them after `put` returned; the embedded provider has copied them already).
-    staged: Box<[Mutex<Staged>]>,
     /// Whether every operation is complete when the transport returns (embedded provider).
     direct: bool,
     /// This rank's part when the window allocated it (8-byte aligned, zeroed, rounded up
@@ -98,7 +98,8 @@ pub struct Window<'a, T: Primitive> {
 // SAFETY: `base` points at this rank's part, which the window owns or borrows mutably for
 // `'a`; every access to it goes through the transport (which synchronizes its own
 // accesses) or through the window's methods, which take `&self` and copy with the
-// transport's own guarantees (see `read_local`). The staged copies sit behind mutexes.
+// transport's own guarantees (see `read_local`). The staged copies of puts belong to the
+// engine's CRIs, behind their RMA gates.
 unsafe impl<T: Primitive> Send for Window<'_, T> {}
 // SAFETY: as for `Send`.
 unsafe impl<T: Primitive> Sync for Window<'_, T> {}
@@ -140,19 +141,15 @@ impl<'a, T: Primitive> Window<'a, T> {
         // SAFETY: forwarded contract.
         let r = unsafe { Self::register(comm, base, len, bytes) };
         match r {
-            Ok((parts, registered)) => {
-                let cris = comm.engine().cris.len();
-                Ok(Window {
-                    comm: comm.clone(),
-                    parts,
-                    base,
-                    registered,
-                    staged: (0..cris).map(|_| Mutex::new(Vec::new())).collect(),
-                    direct: matches!(comm.engine().transport, Transport::Embedded(_)),
-                    owned,
-                    _lent: PhantomData,
-                })
-            }
+            Ok((parts, registered)) => Ok(Window {
+                comm: comm.clone(),
+                parts,
+                base,
+                registered,
+                direct: matches!(comm.engine().transport, Transport::Embedded(_)),
+                owned,
+                _lent: PhantomData,
+            }),
             Err(e) => {
                 if let Some(words) = owned {
                     // SAFETY: from `Box::into_raw`, not registered any more (`register`
@@ -277,17 +274,15 @@ impl<'a, T: Primitive> Window<'a, T> {
             return Ok(());
         }
         let t = self.transport();
-        let k = self.comm.engine().cri_for_thread();
         if self.direct {
             // SAFETY: the embedded provider has copied `data` when `put` returns.
-            return unsafe { t.put(k, &part.remote, at, bytes_of(data)) };
+            return unsafe { t.put(self.comm.engine().cri_for_thread(), &part.remote, at, bytes_of(data)) };
         }
         let copy: Box<[u8]> = bytes_of(data).into();
-        // Posted under the lock: a flush that takes the staged copies afterwards starts its
-        // transport flush after this put was posted, so it covers it.
-        let mut staged = self.staged[k].lock();
-        // SAFETY: `copy` is kept in `staged` until a flush of CRI `k` returned (`flush_cri`),
-        // or for ever if none succeeds; its heap storage does not move with the box.
+        let (k, mut staged) = self.gate();
+        // SAFETY: `copy` is kept in the CRI's staged copies until a flush of the CRI
+        // returned, or with the engine, after the transport; its heap storage does not move
+        // with the box.
         unsafe { t.put(k, &part.remote, at, &copy) }?;
         staged.push(copy);
         Ok(())
@@ -301,19 +296,21 @@ impl<'a, T: Primitive> Window<'a, T> {
             return Ok(());
         }
         let t = self.transport();
-        let k = self.comm.engine().cri_for_thread();
         if self.direct {
             // SAFETY: the embedded provider has copied into `out` when `get` returns.
-            return unsafe { t.get(k, &part.remote, at, bytes_of_mut(out)) };
+            return unsafe { t.get(self.comm.engine().cri_for_thread(), &part.remote, at, bytes_of_mut(out)) };
         }
         let mut landing = vec![0u8; size_of_val(out)].into_boxed_slice();
+        let (k, mut staged) = self.gate();
         // SAFETY: `landing` is untouched until the flush returned; if the flush fails, the
-        // read may still land, so it is leaked rather than freed.
+        // read may still land, so it is kept with the staged copies rather than freed.
         unsafe { t.get(k, &part.remote, at, &mut landing) }?;
-        if let Err(e) = self.flush_cri(k) {
-            Box::leak(landing);
+        if let Err(e) = t.flush(k) {
+            staged.push(landing);
             return Err(e);
         }
+        staged.clear();
+        drop(staged);
         bytes_of_mut(out).copy_from_slice(&landing);
         Ok(())
     }
@@ -362,7 +359,7 @@ impl<'a, T: Primitive> Window<'a, T> {
         if self.comm.is_freed() {
             return Err(Error::CommFreed);
         }
-        (0..self.staged.len()).try_for_each(|k| self.flush_cri(k))
+        (0..self.comm.engine().cris.len()).try_for_each(|k| self.flush_cri(k))
     }
 
     /// Completes locally the puts this thread issued to `rank` (`MPI_Win_flush_local`): the
@@ -371,21 +368,41 @@ impl<'a, T: Primitive> Window<'a, T> {
         self.flush(rank)
     }
 
+    /// Flushes CRI `k` under its RMA gate: no operation is posted on it meanwhile, so the
+    /// transport's count of operations issued before the flush is exactly those it waits
+    /// for, and the staged copies of their puts are then freed.
     fn flush_cri(&self, k: usize) -> Result<(), Error> {
         if self.direct {
             return Ok(());
         }
-        // Taken before the transport's flush starts: every put staged here was posted
-        // before it, so the flush covers them.
-        let covered = std::mem::take(&mut *self.staged[k].lock());
-        match self.transport().flush(k) {
-            Ok(()) => Ok(()),
-            Err(e) => {
-                // They may still be read: kept.
-                self.staged[k].lock().extend(covered);
-                Err(e)
-            }
+        let mut staged = self.comm.engine().cris[k].rma.lock();
+        self.transport().flush(k)?;
+        staged.clear();
+        Ok(())
+    }
+
+    /// The RMA gate of a CRI for this thread's next operation (libfabric): its own CRI's
+    /// if free, else the first free one after it (a flush in progress on a CRI does not
+    /// hold up the others' threads), else its own once free; and that CRI.
+    fn gate(&self) -> (usize, MutexGuard<'_, Staged>) {
+        let e = self.comm.engine();
+        let k = e.cri_for_thread();
+        let n = e.cris.len();
+        (0..n).map(|i| (k + i) % n).find_map(|j| e.cris[j].rma.try_lock().map(|g| (j, g))).unwrap_or_else(|| (k, e.cris[k].rma.lock()))
+    }
+
+    /// Runs one transport atomic (which completes before it returns) on a CRI: under its
+    /// gate on libfabric (the completion also completes what was posted before on the CRI,
+    /// so its staged copies are freed), on this thread's CRI on the embedded provider.
+    fn atomic<R>(&self, op: impl FnOnce(&Transport, usize) -> Result<R, Error>) -> Result<R, Error> {
+        let t = self.transport();
+        if self.direct {
+            return op(t, self.comm.engine().cri_for_thread());
         }
+        let (k, mut staged) = self.gate();
+        let r = op(t, k)?;
+        staged.clear();
+        Ok(r)
     }
 
     /// Ends the window collectively (`MPI_Win_free`): completes this thread's puts, waits
@@ -408,8 +425,7 @@ impl<T: AtomicElement> Window<'_, T> {
         }
         let (word, lane) = self.word_of(part, offset, at)?;
         if let (8, Some(native)) = (size_of::<T>(), T::native(op)) {
-            let k = self.comm.engine().cri_for_thread();
-            return self.transport().fetch_op(k, &part.remote, at, native, element::to_word(operand)).map(element::from_word);
+            return self.atomic(|t, k| t.fetch_op(k, &part.remote, at, native, element::to_word(operand))).map(element::from_word);
         }
         self.update_in_word(&part.remote, word, lane, |old| T::combine(old, operand, op))
     }
@@ -421,8 +437,8 @@ impl<T: AtomicElement> Window<'_, T> {
         let (part, at) = self.target(rank, offset, 1)?;
         let (word, lane) = self.word_of(part, offset, at)?;
         if size_of::<T>() == 8 {
-            let (t, k) = (self.transport(), self.comm.engine().cri_for_thread());
-            return t.compare_swap(k, &part.remote, at, element::to_word(compare), element::to_word(swap)).map(element::from_word);
+            let (c, s) = (element::to_word(compare), element::to_word(swap));
+            return self.atomic(|t, k| t.compare_swap(k, &part.remote, at, c, s)).map(element::from_word);
         }
         self.update_in_word(&part.remote, word, lane, |old| element::same_bits(old, compare).then_some(swap))
     }
@@ -432,9 +448,7 @@ impl<T: AtomicElement> Window<'_, T> {
     /// compare-and-swap loop on the whole word, for the widths and operations the transport
     /// has no native atomic for.
     fn update_in_word(&self, remote: &RemoteWindow, word: usize, lane: usize, update: impl Fn(T) -> Option<T>) -> Result<T, Error> {
-        let t = self.transport();
-        let k = self.comm.engine().cri_for_thread();
-        let mut cur = t.fetch_op(k, remote, word, RmaOp::Read, 0)?;
+        let mut cur = self.atomic(|t, k| t.fetch_op(k, remote, word, RmaOp::Read, 0))?;
         loop {
             let old: T = element::lane(cur, lane);
             let next = match update(old) {
@@ -445,7 +459,7 @@ impl<T: AtomicElement> Window<'_, T> {
                 // Nothing to change: the atomic read was the operation.
                 return Ok(old);
             }
-            let seen = t.compare_swap(k, remote, word, cur, next)?;
+            let seen = self.atomic(|t, k| t.compare_swap(k, remote, word, cur, next))?;
             if seen == cur {
                 return Ok(old);
             }
@@ -492,11 +506,10 @@ impl<T: AtomicElement> Window<'_, T> {
 
 impl<T: Primitive> Drop for Window<'_, T> {
     fn drop(&mut self) {
-        for k in 0..self.staged.len() {
-            if self.flush_cri(k).is_err() {
-                // Puts that may still be read from their copies: leaked rather than freed.
-                std::mem::forget(std::mem::take(&mut *self.staged[k].lock()));
-            }
+        // This rank's puts through the window complete before it goes (a failure leaves
+        // their copies with the CRI, freed with the engine after the transport).
+        for k in 0..self.comm.engine().cris.len() {
+            let _ = self.flush_cri(k);
         }
         if self.registered {
             // The key this rank registered; deregistered before the memory is freed.
@@ -518,4 +531,45 @@ fn bytes_of<T: Primitive>(data: &[T]) -> &[u8] {
 fn bytes_of_mut<T: Primitive>(data: &mut [T]) -> &mut [u8] {
     // SAFETY: `T: Primitive` has no padding and every bit pattern is a valid value.
     unsafe { std::slice::from_raw_parts_mut(data.as_mut_ptr().cast(), size_of_val(data)) }
+}
+
+#[cfg(all(test, feature = "ofi"))]
+mod tests {
+    use super::Window;
+    use crate::{Provider, Runtime};
+
+    /// While a flush holds a CRI's RMA gate, a put goes out on another CRI (its copy is
+    /// staged there) instead of adding to what the flush waits for; the next flush frees
+    /// the copies.
+    #[test]
+    fn a_put_during_a_flush_takes_another_cri() {
+        std::env::set_var("FI_TCP_IFACE", "lo");
+        std::env::set_var("FI_SOCKETS_IFACE", "lo");
+        let rts = Runtime::builder().env(false).provider(Provider::Shm).cris(2).build_local(2).unwrap();
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                let c = rts[1].world();
+                let _w: Window<'_, u64> = c.window(1).unwrap();
+                c.recv(Vec::<u8>::with_capacity(1), 0u32, 5).unwrap();
+            });
+            let c = rts[0].world();
+            let w: Window<'_, u64> = c.window(1).unwrap();
+            let cris = &c.engine().cris;
+            let staged = |k: usize| cris[k].rma.lock().len();
+            {
+                let _flushing = cris[0].rma.lock();
+                for i in 0..4 {
+                    w.put(1, 0, &[i]).unwrap();
+                }
+                assert_eq!(cris[1].rma.try_lock().map(|g| g.len()), Some(4), "every put took the free CRI");
+            }
+            assert_eq!(staged(0), 0, "nothing was posted behind the held gate");
+            w.flush_all().unwrap();
+            assert_eq!((staged(0), staged(1)), (0, 0), "the flush freed the copies");
+            let mut back = [0u64];
+            w.get(1, 0, &mut back).unwrap();
+            assert_eq!(back[0], 3);
+            c.send(vec![0u8], 1, 5).unwrap();
+        });
+    }
 }
