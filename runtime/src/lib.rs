@@ -31,7 +31,7 @@
 //!
 //! | layer | files | what |
 //! |---|---|---|
-//! | API | `runtime.rs`, `comm.rs`, `request.rs`, `wait.rs`, `datatype.rs`, `counters.rs` | [`Runtime`] and [`Builder`], [`Communicator`], [`Request`], the waits, datatypes, [`Snapshot`] |
+//! | API | `runtime.rs`, `comm.rs`, `request.rs`, `wait.rs`, `datatype.rs`, `counters.rs`, `rma/`, `dlock/` | [`Runtime`] and [`Builder`], [`Communicator`], [`Request`], the waits, datatypes, [`Snapshot`], one-sided windows ([`rma`]) and the distributed locks over them ([`dlock`]) |
 //! | progress | `progress/` | the three [`ProgressMode`]s (`global.rs`, `owner.rs`, `concurrent.rs`), one pass (`mod.rs`), parking (`park.rs`), blocking waits (`wait.rs`), posting a frame (`send.rs`), what the executor and sync objects call (`drive.rs`) |
 //! | engine | `engine/` | one rank's state by component — CRIs, the context table, frames into completions, rendezvous reads, the outbox of refused frames, lost peers, the courier — with what guards each and the lock order (`engine/README.md`) |
 //! | matching, executor | `matching/`, `executor/` | the matching engine of one communicator (over operations, `operation.rs`); the work-stealing pool, which knows the runtime only through its `Drive` trait |
@@ -109,6 +109,7 @@ mod comm;
 mod config;
 mod counters;
 mod datatype;
+pub mod dlock;
 mod engine;
 mod executor;
 pub mod lock;
@@ -118,6 +119,7 @@ mod operation;
 mod progress;
 mod provider;
 mod request;
+pub mod rma;
 mod runtime;
 mod wait;
 

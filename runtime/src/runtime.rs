@@ -346,7 +346,7 @@ impl Builder {
                     cris: (0..config.cris)
                         .map(|_| {
                             let lock = PathLock::new(config.locks.cri, &lock_options, config.lock_timing, CriLocal::default());
-                            CachePadded::new(Cri { lock, attending: AtomicU32::new(0) })
+                            CachePadded::new(Cri { lock, attending: AtomicU32::new(0), rma: Default::default() })
                         })
                         .collect(),
                     rr: CachePadded::new(AtomicUsize::new(0)),

@@ -1,5 +1,6 @@
-//! The point-to-point suite of `p2p.rs` on libfabric: `shm` and `tcp;ofi_rxm`, every rank
-//! in this process (each with its own domain), traffic pinned to loopback.
+//! The point-to-point suite of `p2p.rs` and the one-sided suite of `rma.rs` on libfabric:
+//! `shm` and `tcp;ofi_rxm`, every rank in this process (each with its own domain), traffic
+//! pinned to loopback.
 #![cfg(feature = "ofi")]
 
 mod common;
@@ -21,6 +22,9 @@ mod shm {
     mod p2p_suite {
         include!("p2p_suite/mod.rs");
     }
+    mod rma_suite {
+        include!("rma_suite/mod.rs");
+    }
 }
 
 mod tcp {
@@ -30,5 +34,8 @@ mod tcp {
     }
     mod p2p_suite {
         include!("p2p_suite/mod.rs");
+    }
+    mod rma_suite {
+        include!("rma_suite/mod.rs");
     }
 }

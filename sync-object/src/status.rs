@@ -76,6 +76,25 @@ pub enum Error {
         /// The provider's error code.
         code: i32,
     },
+    /// A one-sided (RMA) access reaches outside the target's window; nothing was read or
+    /// written.
+    OutOfWindow {
+        /// First element of the access.
+        offset: usize,
+        /// Number of elements of the access.
+        len: usize,
+        /// Number of elements in the target's window.
+        window: usize,
+    },
+    /// A one-sided atomic names an element that is not naturally aligned at the target, or
+    /// whose aligned 8-byte word is not wholly inside the target's window; nothing was read
+    /// or written.
+    UnalignedAtomic {
+        /// The element named.
+        offset: usize,
+        /// Size of one element in bytes.
+        elem_size: usize,
+    },
 }
 
 impl fmt::Display for Error {
@@ -96,6 +115,12 @@ impl fmt::Display for Error {
                 write!(f, "message of {message_len} bytes is not a whole number of {elem_size}-byte elements")
             }
             Error::Transport { op, code } => write!(f, "transport error in {op}: code {code}"),
+            Error::OutOfWindow { offset, len, window } => {
+                write!(f, "RMA access of {len} elements at {offset} outside a window of {window} elements")
+            }
+            Error::UnalignedAtomic { offset, elem_size } => {
+                write!(f, "RMA atomic on element {offset} ({elem_size} bytes) is not aligned inside the target window")
+            }
         }
     }
 }

@@ -78,7 +78,7 @@ fn every_check_at_2_4_and_8_ranks_on_tcp() {
 /// The checks that take any number of ranks (2 or more) run at 3, an odd count: pingpong's
 /// last rank plays with rank 0, order and large go round a ring of 3.
 fn three_ranks(provider: &str) {
-    for check in ["hello", "pingpong", "wildcard", "order", "large", "alltoall"] {
+    for check in ["hello", "pingpong", "wildcard", "order", "large", "alltoall", "rma"] {
         let (o, t) = weftrun(3, provider, check);
         let s = text(&o);
         assert!(o.status.success(), "{check} at 3 ranks on {provider} failed after {t:?}:\n{s}");
@@ -99,6 +99,29 @@ fn three_ranks_checks_that_take_any_count_on_shm() {
 #[test]
 fn three_ranks_checks_that_take_any_count_on_tcp() {
     three_ranks("tcp");
+}
+
+/// One-sided windows across processes at 2 and 4 ranks: puts and flushes, native and
+/// emulated atomics, increments under the D-MCS lock; exact counts.
+fn rma(provider: &str) {
+    for n in [2, 4] {
+        let (o, t) = weftrun(n, provider, "rma");
+        let s = text(&o);
+        assert!(o.status.success(), "rma at {n} ranks on {provider} failed after {t:?}:\n{s}");
+        for r in 0..n {
+            assert!(s.contains(&format!("[{r}] rma ok")), "rma at {n} ranks: rank {r}:\n{s}");
+        }
+    }
+}
+
+#[test]
+fn rma_across_processes_on_shm() {
+    rma("shm");
+}
+
+#[test]
+fn rma_across_processes_on_tcp() {
+    rma("tcp");
 }
 
 /// A check started at a number of ranks it does not take refuses on every rank, naming the

@@ -31,6 +31,11 @@ pub(crate) struct Cri {
     /// in a `Concurrent` wait right now (0: nobody); waiters on other communicators leave
     /// the CRI's frames to it (see `Engine::progress_concurrent`).
     pub(crate) attending: AtomicU32,
+    /// The one-sided (RMA) gate of the CRI (`rma/`): held while an RMA operation is posted
+    /// on it and through a flush of it, so a flush waits for exactly the operations posted
+    /// before it; guards the copies of the data of puts posted and not yet flushed (freed
+    /// by the next flush, or with the engine, after the transport).
+    pub(crate) rma: parking_lot::Mutex<Vec<Box<[u8]>>>,
 }
 
 /// What a CRI's lock guards.

@@ -361,7 +361,9 @@ impl Endpoint {
     }
 
     /// Atomic fetch-and-`op` on the `u64` at `offset` of `remote` on `dest`: `result` receives
-    /// the old value. The target must be 8-byte aligned.
+    /// the old value. The target must be 8-byte aligned (checked here under
+    /// `FI_MR_VIRT_ADDR`; with offset addressing the caller, which knows the owner's
+    /// alignment, checks).
     ///
     /// # Safety
     ///
@@ -379,7 +381,9 @@ impl Endpoint {
         ctx: u64,
     ) -> Result<Post, OfiError> {
         let addr = remote.addr("fi_fetch_atomic", offset, 8)?;
-        if addr % 8 != 0 && remote.base % 8 == 0 {
+        // Under `FI_MR_VIRT_ADDR` (base not 0) `addr` is the target's address; with offset
+        // addressing (base 0) the target's alignment is its owner's to know.
+        if remote.base != 0 && addr % 8 != 0 {
             return Err(OfiError::invalid("fi_fetch_atomic", "target is not 8-byte aligned"));
         }
         // SAFETY: valid endpoint; one u64 operand/result, lifetimes per this function's
@@ -421,7 +425,9 @@ impl Endpoint {
         ctx: u64,
     ) -> Result<Post, OfiError> {
         let addr = remote.addr("fi_compare_atomic", offset, 8)?;
-        if addr % 8 != 0 && remote.base % 8 == 0 {
+        // Under `FI_MR_VIRT_ADDR` (base not 0) `addr` is the target's address; with offset
+        // addressing (base 0) the target's alignment is its owner's to know.
+        if remote.base != 0 && addr % 8 != 0 {
             return Err(OfiError::invalid("fi_compare_atomic", "target is not 8-byte aligned"));
         }
         // SAFETY: valid endpoint; one u64 each, lifetimes per this function's contract.

@@ -21,6 +21,7 @@
 //! | `order` | >= 2 | every rank sends 200 eager and rendezvous messages, interleaved on one tag, to the next rank on a ring; they arrive in send order |
 //! | `large` | >= 2 | every rank sends a 64 MiB message to the next rank on a ring, all at once (at 2 ranks: an exchange), contents checked |
 //! | `alltoall` | >= 2 | every rank sends 64 KiB (rendezvous) to every other at once, 40 rounds, contents checked |
+//! | `rma` | >= 2 | one-sided windows: every rank puts into the next rank on a ring, adds 500 times to counters on rank 0 (a native 64-bit and an emulated 32-bit atomic) and increments a word on rank 0 100 times under the D-MCS lock (`weft::dlock`, get and put); the slots and the exact counts are checked |
 //! | `all` | even | `pingpong`, `multirate`, `wildcard`, `order` and `large` in turn, each on a communicator of its own |
 //! | `peer-lost` | 2 | rank 0 kills itself (SIGKILL); rank 1's pending receive and rendezvous send, and a new send and receive, fail with `PeerLost` |
 //! | `peer-lost-read` | 2 | rank 0 kills itself while rank 1 reads its 64 MiB message; rank 1's receive fails with `PeerLost` (not a transport error) or, if the read was done first, holds the whole message |
@@ -35,6 +36,8 @@ use std::fmt;
 use std::time::{Duration, Instant};
 
 use clap::{Parser, Subcommand};
+use weft::dlock::DMcs;
+use weft::rma::{Op, Window};
 use weft::{Communicator, Error, Request, Runtime, Source, Status, Tag};
 
 /// Multi-process checks of a weft installation, run under weftrun (`weftrun -n 4 --provider
@@ -72,6 +75,8 @@ enum Check {
     Large,
     /// [2+ ranks] 64 KiB (rendezvous) from every rank to every other at once, 40 rounds
     Alltoall,
+    /// [2+ ranks] one-sided windows: a put on a ring, 500 atomic adds and 100 D-MCS-locked increments per rank on rank 0
+    Rma,
     /// [even ranks] pingpong, multirate, wildcard, order and large in turn
     All,
     /// [2 ranks] rank 0 kills itself; rank 1's pending and new receives and sends fail with PeerLost
@@ -152,6 +157,7 @@ impl Check {
             Check::Order => "order",
             Check::Large => "large",
             Check::Alltoall => "alltoall",
+            Check::Rma => "rma",
             Check::All => "all",
             Check::PeerLost => "peer-lost",
             Check::PeerLostRead => "peer-lost-read",
@@ -167,7 +173,7 @@ impl Check {
     fn ranks(self) -> Ranks {
         match self {
             Check::Hello | Check::OutliveLauncher | Check::Block | Check::ExitCode => Ranks::Any,
-            Check::Pingpong | Check::Wildcard | Check::Order | Check::Large | Check::Alltoall => Ranks::AtLeastTwo,
+            Check::Pingpong | Check::Wildcard | Check::Order | Check::Large | Check::Alltoall | Check::Rma => Ranks::AtLeastTwo,
             Check::Multirate | Check::All => Ranks::Even,
             Check::PeerLost | Check::PeerLostRead | Check::KillMidTransfer { .. } | Check::PeerFinished | Check::Netns => Ranks::Two,
         }
@@ -473,6 +479,56 @@ fn alltoall(c: &Communicator) -> Res {
     Ok(())
 }
 
+/// Atomic adds per rank in `rma`.
+const RMA_ADDS: u32 = 500;
+
+/// Increments per rank under the lock in `rma`.
+const RMA_LOCKED: u32 = 100;
+
+/// `rma`: see the table in the module docs.
+fn rma(c: &Communicator) -> Res {
+    let (me, n) = (c.rank(), c.size());
+    let (next, prev) = ring(me, n);
+    // Word 0: the atomic counter; 1..=n: the ring's slots; n + 1: the locked counter.
+    let w: Window<'_, u64> = c.window(n as usize + 2).map_err(e)?;
+    let w32: Window<'_, u32> = c.window(2).map_err(e)?;
+    w.put(next, me as usize + 1, &[u64::from(me) * 1000 + 7]).map_err(e)?;
+    w.flush(next).map_err(e)?;
+    for _ in 0..RMA_ADDS {
+        w.fetch_and_op(0, 0, 1, Op::Sum).map_err(e)?;
+        w32.fetch_and_op(0, 1, 1, Op::Sum).map_err(e)?;
+    }
+    let lock = DMcs::new(c, n - 1).map_err(e)?;
+    let locked = n as usize + 1;
+    for _ in 0..RMA_LOCKED {
+        let g = lock.lock().map_err(e)?;
+        let mut v = [0u64];
+        w.get(0, locked, &mut v).map_err(e)?;
+        w.put(0, locked, &[v[0] + 1]).map_err(e)?;
+        w.flush(0).map_err(e)?;
+        g.unlock().map_err(e)?;
+    }
+    // Every rank's operations are complete (flushed, or atomics) before it says goodbye.
+    goodbye(c)?;
+    let mut mine = vec![0u64; n as usize + 2];
+    w.read_local(0, &mut mine).map_err(e)?;
+    check(mine[prev as usize + 1] == u64::from(prev) * 1000 + 7, || format!("slot of rank {prev}: got {}", mine[prev as usize + 1]))?;
+    if me == 0 {
+        let total = n * RMA_ADDS;
+        check(mine[0] == u64::from(total), || format!("64-bit counter: expected {total}, got {}", mine[0]))?;
+        let mut c32 = [0u32; 2];
+        w32.read_local(0, &mut c32).map_err(e)?;
+        check(c32 == [0, total], || format!("32-bit counter and its neighbour: expected [0, {total}], got {c32:?}"))?;
+        let want = u64::from(n * RMA_LOCKED);
+        check(mine[locked] == want, || format!("counter under the lock: expected {want}, got {} (the lock let two in)", mine[locked]))?;
+    }
+    drop(lock);
+    w.free().map_err(e)?;
+    w32.free().map_err(e)?;
+    println!("rma ok: {RMA_ADDS} atomic adds and {RMA_LOCKED} locked increments from each of {n} ranks, a put on a ring");
+    Ok(())
+}
+
 /// Kills this process with SIGKILL, which nothing can catch (libfabric's SIGABRT handler
 /// would turn an abort into a normal exit): a crashed node, as far as the peers can tell.
 fn die() -> ! {
@@ -676,6 +732,7 @@ fn run_step(check: Check, rt: &Runtime, c: &Communicator) -> Res {
         Check::Order => order(c),
         Check::Large => large(c),
         Check::Alltoall => alltoall(c),
+        Check::Rma => rma(c),
         Check::PeerLost => peer_lost(c),
         Check::PeerLostRead => peer_lost_read(rt, c),
         Check::KillMidTransfer { ms } => kill_mid_transfer(c, Duration::from_millis(ms)),
@@ -859,7 +916,7 @@ mod tests {
     fn help_lists_every_check_with_the_ranks_it_takes() {
         let help = Cli::command().render_help().to_string();
         let checks = every_check();
-        assert_eq!(checks.len(), 16, "{help}");
+        assert_eq!(checks.len(), 17, "{help}");
         for (name, check, about) in &checks {
             assert_eq!(check.name(), name);
             assert!(about.starts_with(check.ranks().tag()), "{name}: {about:?} should start with {}", check.ranks().tag());

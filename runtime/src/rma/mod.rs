@@ -1,0 +1,575 @@
+//! One-sided communication: RMA windows with MPI-3 passive-target semantics.
+//!
+//! [`Communicator::window`] allocates and registers `len` elements per rank (as
+//! `MPI_Win_allocate`); [`Communicator::expose`] registers memory the caller already owns
+//! (as `MPI_Win_create`). Both are collective: every rank registers its part, then the
+//! ranks exchange what a peer needs to target it (key, base address, length, alignment)
+//! over the communicator's collective context.
+//!
+//! # Operations and completion
+//!
+//! - [`Window::put`] is started on return: the data has been copied out (the caller may
+//!   reuse its slice), and it is at the target after the next [`Window::flush`] of the
+//!   calling thread. On the embedded provider a put is complete when it returns.
+//! - [`Window::get`] and every atomic ([`Window::fetch_and_op`],
+//!   [`Window::compare_and_swap`], [`Window::accumulate`], [`Window::get_accumulate`]) are
+//!   complete when they return.
+//! - [`Window::flush`], [`Window::flush_all`], [`Window::flush_local`] complete the puts the
+//!   calling thread issued before the call, and wait for nothing issued after it
+//!   ([Amer 2019, §5.2] names the flaw of MPICH's flush, which waits for operations other
+//!   threads keep issuing). On libfabric a CRI's one-sided operations are counted by one
+//!   completion counter; each CRI has an RMA gate, held while an operation is posted on it
+//!   and through a flush of it. A flush therefore waits for exactly the operations posted on
+//!   the CRI before it, and a thread that posts meanwhile takes another CRI whose gate is
+//!   free (or waits for this one, never the reverse).
+//!
+//! # Atomics
+//!
+//! Atomics work on one element of an [`AtomicElement`] type: every integer width up to 64
+//! bits, `f32` and `f64` (bitwise operations on floats are refused). The transports offer
+//! native atomics on 64-bit words only; a `u64`/`i64` operation the transport has natively
+//! (sum, bitwise and/or, replace, read; min/max on `u64`) is one network atomic. Every
+//! other width or operation runs as a compare-and-swap loop on the aligned 64-bit word
+//! that holds the element: correct against every other atomic on the window, one network
+//! round trip more per retry. An element whose aligned word is not wholly inside the
+//! target's registered memory (possible only in exposed memory of narrow elements) is
+//! refused with [`Error::UnalignedAtomic`]. An atomic is atomic with respect to other
+//! atomics on the same element, not to puts or gets (as in MPI). A libfabric provider
+//! without RMA atomics at all fails each atomic with [`Error::Transport`] (`op` `"rma"`,
+//! `FI_EOPNOTSUPP`); `shm` and `tcp;ofi_rxm` have them.
+//!
+//! # Errors
+//!
+//! Each check happens before anything is sent, so a refused operation reads or writes
+//! nothing: a rank outside the communicator is [`Error::RankOutOfRange`]; an access past
+//! the target's part of the window [`Error::OutOfWindow`]; a window whose communicator was
+//! freed [`Error::CommFreed`]; a target that is gone (lost, or finished) [`Error::PeerLost`].
+
+use std::marker::PhantomData;
+use std::mem::size_of;
+
+use parking_lot::MutexGuard;
+use weft_sync::Error;
+use weft_transport::{RemoteWindow, RmaOp, Transport};
+
+use crate::buffer::Primitive;
+use crate::comm::Communicator;
+
+mod element;
+
+pub use element::{AtomicElement, Op};
+
+/// What a peer needs to target one rank's part of a window.
+#[derive(Clone, Copy, Debug)]
+struct Part {
+    /// The registration (its `len` is the registered bytes).
+    remote: RemoteWindow,
+    /// Address of byte 0 modulo 8 at its owner (for the aligned word of an atomic).
+    misalign: usize,
+    /// Number of elements.
+    len: usize,
+}
+
+/// Copies of the data of puts posted on one CRI and not yet flushed (`Cri::rma`).
+type Staged = Vec<Box<[u8]>>;
+
+/// How many `u64`s one rank contributes to the descriptor exchange.
+const DESCRIPTOR: usize = 7;
+
+/// A window: `len` elements of `T` on every rank, read and written by any rank through
+/// one-sided operations (module docs). Created by [`Communicator::window`] or
+/// [`Communicator::expose`]; dropping it deregisters this rank's part (see
+/// [`free`](Self::free) for the collective end).
+pub struct Window<'a, T: Primitive> {
+    comm: Communicator,
+    parts: Vec<Part>,
+    /// This rank's part: its first byte and whether it was registered (not when empty).
+    base: *mut u8,
+    registered: bool,
+    /// Whether every operation is complete when the transport returns (embedded provider).
+    direct: bool,
+    /// This rank's part when the window allocated it (8-byte aligned, zeroed, rounded up
+    /// to whole words; from `Box::into_raw`, freed in `Drop`); `None` when the caller lent
+    /// it for `'a`.
+    owned: Option<*mut [u64]>,
+    _lent: PhantomData<&'a mut [T]>,
+}
+
+// SAFETY: `base` points at this rank's part, which the window owns or borrows mutably for
+// `'a`; every access to it goes through the transport (which synchronizes its own
+// accesses) or through the window's methods, which take `&self` and copy with the
+// transport's own guarantees (see `read_local`). The staged copies of puts belong to the
+// engine's CRIs, behind their RMA gates.
+unsafe impl<T: Primitive> Send for Window<'_, T> {}
+// SAFETY: as for `Send`.
+unsafe impl<T: Primitive> Sync for Window<'_, T> {}
+
+impl<T: Primitive> std::fmt::Debug for Window<'_, T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Window").field("rank", &self.comm.rank()).field("len", &self.len()).finish()
+    }
+}
+
+impl Communicator {
+    /// Allocates and registers a window of `len` zeroed elements of `T` on every rank
+    /// (`MPI_Win_allocate`). Collective: every rank of the communicator calls it, in the
+    /// same order, with the same `T` (the lengths may differ).
+    pub fn window<T: Primitive>(&self, len: usize) -> Result<Window<'static, T>, Error> {
+        let bytes = len.checked_mul(size_of::<T>()).ok_or(Error::InvalidArgument("window length overflows"))?;
+        let words = Box::into_raw(vec![0u64; bytes.div_ceil(8).max(1)].into_boxed_slice());
+        // SAFETY: `words` is owned by the window (or freed by `create` on failure), which
+        // deregisters before freeing it; nothing else references it.
+        unsafe { Window::create(self, words.cast::<u8>(), len, words.len() * 8, Some(words)) }
+    }
+
+    /// Registers `memory`, which the caller owns, as this rank's part of a window
+    /// (`MPI_Win_create`); the caller has it back when the window is dropped. Collective, as
+    /// [`window`](Self::window).
+    pub fn expose<'a, T: Primitive>(&self, memory: &'a mut [T]) -> Result<Window<'a, T>, Error> {
+        let (len, bytes) = (memory.len(), size_of_val(memory));
+        let base = memory.as_mut_ptr().cast::<u8>();
+        // SAFETY: the window borrows `memory` mutably for `'a` and deregisters it on drop.
+        unsafe { Window::create(self, base, len, bytes, None) }
+    }
+}
+
+impl<'a, T: Primitive> Window<'a, T> {
+    /// # Safety
+    /// `base..base + bytes` must stay valid, and be accessed only through the window, for
+    /// the window's lifetime (owned by `memory`, or borrowed for `'a`).
+    unsafe fn create(comm: &Communicator, base: *mut u8, len: usize, bytes: usize, owned: Option<*mut [u64]>) -> Result<Self, Error> {
+        // SAFETY: forwarded contract.
+        let r = unsafe { Self::register(comm, base, len, bytes) };
+        match r {
+            Ok((parts, registered)) => Ok(Window {
+                comm: comm.clone(),
+                parts,
+                base,
+                registered,
+                direct: matches!(comm.engine().transport, Transport::Embedded(_)),
+                owned,
+                _lent: PhantomData,
+            }),
+            Err(e) => {
+                if let Some(words) = owned {
+                    // SAFETY: from `Box::into_raw`, not registered any more (`register`
+                    // deregisters on failure), referenced by nothing else.
+                    drop(unsafe { Box::from_raw(words) });
+                }
+                Err(e)
+            }
+        }
+    }
+
+    /// Registers this rank's part and exchanges the descriptors: the parts of every rank and
+    /// whether this rank's was registered. On failure nothing stays registered.
+    ///
+    /// # Safety
+    /// As [`create`](Self::create).
+    unsafe fn register(comm: &Communicator, base: *mut u8, len: usize, bytes: usize) -> Result<(Vec<Part>, bool), Error> {
+        if comm.is_freed() {
+            return Err(Error::CommFreed);
+        }
+        let t = &comm.engine().transport;
+        let mut failed = None;
+        let mine = if bytes == 0 {
+            None
+        } else {
+            // SAFETY: forwarded contract; deregistered in `Drop` (or below on failure).
+            match unsafe { t.register_window(base, bytes) } {
+                Ok(w) => Some(w),
+                Err(e) => {
+                    failed = Some(e);
+                    None
+                }
+            }
+        };
+        let d = mine.unwrap_or(RemoteWindow { rank: comm.rank(), key: 0, base: 0, len: 0 });
+        let descriptor = [d.key, d.base, d.len, (base as usize % 8) as u64, len as u64, size_of::<T>() as u64, u64::from(failed.is_none())];
+        // Every rank takes part even if its registration failed, so none waits forever.
+        let all = match comm.allgather_u64(&descriptor) {
+            Ok(all) => all,
+            Err(e) => {
+                if let Some(w) = mine {
+                    t.deregister(w.key);
+                }
+                return Err(e);
+            }
+        };
+        let mut parts = Vec::with_capacity(comm.size() as usize);
+        let mut refused = failed.map(Err).unwrap_or(Ok(()));
+        for (rank, c) in all.chunks_exact(DESCRIPTOR).enumerate() {
+            if c[5] != size_of::<T>() as u64 {
+                refused = refused.and(Err(Error::InvalidArgument("window: the ranks gave element types of different sizes")));
+            }
+            if c[6] == 0 {
+                refused = refused.and(Err(Error::InvalidArgument("window: a rank could not register its memory")));
+            }
+            parts.push(Part {
+                remote: RemoteWindow { rank: rank as u32, key: c[0], base: c[1], len: c[2] },
+                misalign: c[3] as usize,
+                len: c[4] as usize,
+            });
+        }
+        if let Err(e) = refused {
+            if let Some(w) = mine {
+                t.deregister(w.key);
+            }
+            return Err(e);
+        }
+        Ok((parts, mine.is_some()))
+    }
+
+    fn transport(&self) -> &Transport {
+        &self.comm.engine().transport
+    }
+
+    /// This rank.
+    pub fn rank(&self) -> u32 {
+        self.comm.rank()
+    }
+
+    /// Number of ranks.
+    pub fn size(&self) -> u32 {
+        self.comm.size()
+    }
+
+    /// Number of elements in this rank's part.
+    pub fn len(&self) -> usize {
+        self.parts[self.rank() as usize].len
+    }
+
+    /// Whether this rank's part is empty.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Number of elements in `rank`'s part.
+    pub fn len_of(&self, rank: u32) -> Result<usize, Error> {
+        self.parts.get(rank as usize).map(|p| p.len).ok_or(Error::RankOutOfRange { rank, size: self.size() })
+    }
+
+    /// The part of `rank` for an access of `count` elements at `offset`, and the access's
+    /// first byte; every check of the module docs' *Errors*.
+    fn target(&self, rank: u32, offset: usize, count: usize) -> Result<(&Part, usize), Error> {
+        if self.comm.is_freed() {
+            return Err(Error::CommFreed);
+        }
+        let part = self.parts.get(rank as usize).ok_or(Error::RankOutOfRange { rank, size: self.size() })?;
+        let out = Error::OutOfWindow { offset, len: count, window: part.len };
+        if offset.checked_add(count).ok_or(out)? > part.len {
+            return Err(out);
+        }
+        if !self.transport().is_alive(rank) {
+            return Err(Error::PeerLost { rank });
+        }
+        Ok((part, offset * size_of::<T>()))
+    }
+
+    /// Writes `data` to `offset` of `rank`'s part (`MPI_Put`): started on return (`data`
+    /// may be reused), at the target after this thread's next flush.
+    pub fn put(&self, rank: u32, offset: usize, data: &[T]) -> Result<(), Error> {
+        let (part, at) = self.target(rank, offset, data.len())?;
+        if data.is_empty() {
+            return Ok(());
+        }
+        let t = self.transport();
+        if self.direct {
+            // SAFETY: the embedded provider has copied `data` when `put` returns.
+            return unsafe { t.put(self.comm.engine().cri_for_thread(), &part.remote, at, bytes_of(data)) };
+        }
+        let copy: Box<[u8]> = bytes_of(data).into();
+        let (k, mut staged) = self.gate();
+        // SAFETY: `copy` is kept in the CRI's staged copies until a flush of the CRI
+        // returned, or with the engine, after the transport; its heap storage does not move
+        // with the box.
+        unsafe { t.put(k, &part.remote, at, &copy) }?;
+        staged.push(copy);
+        Ok(())
+    }
+
+    /// Reads `out.len()` elements at `offset` of `rank`'s part into `out` (`MPI_Get`);
+    /// complete on return.
+    pub fn get(&self, rank: u32, offset: usize, out: &mut [T]) -> Result<(), Error> {
+        let (part, at) = self.target(rank, offset, out.len())?;
+        if out.is_empty() {
+            return Ok(());
+        }
+        let t = self.transport();
+        if self.direct {
+            // SAFETY: the embedded provider has copied into `out` when `get` returns.
+            return unsafe { t.get(self.comm.engine().cri_for_thread(), &part.remote, at, bytes_of_mut(out)) };
+        }
+        let mut landing = vec![0u8; size_of_val(out)].into_boxed_slice();
+        let (k, mut staged) = self.gate();
+        // SAFETY: `landing` is untouched until the flush returned; if the flush fails, the
+        // read may still land, so it is kept with the staged copies rather than freed.
+        unsafe { t.get(k, &part.remote, at, &mut landing) }?;
+        if let Err(e) = t.flush(k) {
+            staged.push(landing);
+            return Err(e);
+        }
+        staged.clear();
+        drop(staged);
+        bytes_of_mut(out).copy_from_slice(&landing);
+        Ok(())
+    }
+
+    /// Writes `data` into this rank's own part at `offset` (a local store, ordered with
+    /// peers' accesses only by the program's synchronization, as in MPI).
+    pub fn write_local(&self, offset: usize, data: &[T]) -> Result<(), Error> {
+        if self.direct {
+            return self.put(self.rank(), offset, data);
+        }
+        self.local_bounds(offset, data.len())?;
+        // SAFETY: in bounds of this rank's part (checked), which the window owns or borrows;
+        // peers' accesses reach it through the network interface, not Rust references.
+        unsafe { std::ptr::copy_nonoverlapping(bytes_of(data).as_ptr(), self.base.add(offset * size_of::<T>()), size_of_val(data)) };
+        Ok(())
+    }
+
+    /// Reads this rank's own part at `offset` into `out` (a local load; as
+    /// [`write_local`](Self::write_local)).
+    pub fn read_local(&self, offset: usize, out: &mut [T]) -> Result<(), Error> {
+        if self.direct {
+            // Through the transport: it orders the copy with peers' accesses.
+            return self.get(self.rank(), offset, out);
+        }
+        self.local_bounds(offset, out.len())?;
+        let n = size_of_val(out);
+        // SAFETY: as in `write_local`.
+        unsafe { std::ptr::copy_nonoverlapping(self.base.add(offset * size_of::<T>()), bytes_of_mut(out).as_mut_ptr(), n) };
+        Ok(())
+    }
+
+    fn local_bounds(&self, offset: usize, count: usize) -> Result<(), Error> {
+        self.target(self.rank(), offset, count).map(|_| ())
+    }
+
+    /// Completes every put this thread issued to `rank` before the call (`MPI_Win_flush`);
+    /// operations other threads issue meanwhile are not waited for (module docs).
+    pub fn flush(&self, rank: u32) -> Result<(), Error> {
+        self.target(rank, 0, 0)?;
+        self.flush_all()
+    }
+
+    /// Completes every put this thread issued before the call, to any rank
+    /// (`MPI_Win_flush_all`).
+    pub fn flush_all(&self) -> Result<(), Error> {
+        if self.comm.is_freed() {
+            return Err(Error::CommFreed);
+        }
+        (0..self.comm.engine().cris.len()).try_for_each(|k| self.flush_cri(k))
+    }
+
+    /// Completes locally the puts this thread issued to `rank` (`MPI_Win_flush_local`): the
+    /// same as [`flush`](Self::flush) here, since a put's data is copied out when it starts.
+    pub fn flush_local(&self, rank: u32) -> Result<(), Error> {
+        self.flush(rank)
+    }
+
+    /// Flushes CRI `k` under its RMA gate: no operation is posted on it meanwhile, so the
+    /// transport's count of operations issued before the flush is exactly those it waits
+    /// for, and the staged copies of their puts are then freed.
+    fn flush_cri(&self, k: usize) -> Result<(), Error> {
+        if self.direct {
+            return Ok(());
+        }
+        let mut staged = self.comm.engine().cris[k].rma.lock();
+        self.transport().flush(k)?;
+        staged.clear();
+        Ok(())
+    }
+
+    /// The RMA gate of a CRI for this thread's next operation (libfabric): its own CRI's
+    /// if free, else the first free one after it (a flush in progress on a CRI does not
+    /// hold up the others' threads), else its own once free; and that CRI.
+    fn gate(&self) -> (usize, MutexGuard<'_, Staged>) {
+        let e = self.comm.engine();
+        let k = e.cri_for_thread();
+        let n = e.cris.len();
+        (0..n).map(|i| (k + i) % n).find_map(|j| e.cris[j].rma.try_lock().map(|g| (j, g))).unwrap_or_else(|| (k, e.cris[k].rma.lock()))
+    }
+
+    /// Runs one transport atomic (which completes before it returns) on a CRI: under its
+    /// gate on libfabric (the completion also completes what was posted before on the CRI,
+    /// so its staged copies are freed), on this thread's CRI on the embedded provider.
+    fn atomic<R>(&self, op: impl FnOnce(&Transport, usize) -> Result<R, Error>) -> Result<R, Error> {
+        let t = self.transport();
+        if self.direct {
+            return op(t, self.comm.engine().cri_for_thread());
+        }
+        let (k, mut staged) = self.gate();
+        let r = op(t, k)?;
+        staged.clear();
+        Ok(r)
+    }
+
+    /// Ends the window collectively (`MPI_Win_free`): completes this thread's puts, waits
+    /// until every rank has reached `free` (so no peer targets this rank's part any more),
+    /// then deregisters. Dropping a window instead deregisters at once; a peer's later
+    /// access to this rank then fails.
+    pub fn free(self) -> Result<(), Error> {
+        self.flush_all()?;
+        self.comm.allgather_u64(&[0]).map(|_| ())
+    }
+}
+
+impl<T: AtomicElement> Window<'_, T> {
+    /// Applies `op` with `operand` to the element at `offset` of `rank`'s part and returns
+    /// its old value, atomically (`MPI_Fetch_and_op`); complete on return.
+    pub fn fetch_and_op(&self, rank: u32, offset: usize, operand: T, op: Op) -> Result<T, Error> {
+        let (part, at) = self.target(rank, offset, 1)?;
+        if T::combine(operand, operand, op).is_none() {
+            return Err(Error::InvalidArgument("bitwise RMA operation on a floating-point window"));
+        }
+        let (word, lane) = self.word_of(part, offset, at)?;
+        if let (8, Some(native)) = (size_of::<T>(), T::native(op)) {
+            return self.atomic(|t, k| t.fetch_op(k, &part.remote, at, native, element::to_word(operand))).map(element::from_word);
+        }
+        self.update_in_word(&part.remote, word, lane, |old| T::combine(old, operand, op))
+    }
+
+    /// Replaces the element at `offset` of `rank`'s part with `swap` if its bits equal
+    /// `compare`'s, atomically (`MPI_Compare_and_swap`); returns the old value (swapped iff
+    /// its bits equal `compare`'s: for floats `0.0` and `-0.0` differ).
+    pub fn compare_and_swap(&self, rank: u32, offset: usize, compare: T, swap: T) -> Result<T, Error> {
+        let (part, at) = self.target(rank, offset, 1)?;
+        let (word, lane) = self.word_of(part, offset, at)?;
+        if size_of::<T>() == 8 {
+            let (c, s) = (element::to_word(compare), element::to_word(swap));
+            return self.atomic(|t, k| t.compare_swap(k, &part.remote, at, c, s)).map(element::from_word);
+        }
+        self.update_in_word(&part.remote, word, lane, |old| element::same_bits(old, compare).then_some(swap))
+    }
+
+    /// Atomically replaces the element at byte `lane` of the word at byte `word` of
+    /// `remote` with `update(old)` (nothing when `None`) and returns `old`: a
+    /// compare-and-swap loop on the whole word, for the widths and operations the transport
+    /// has no native atomic for.
+    fn update_in_word(&self, remote: &RemoteWindow, word: usize, lane: usize, update: impl Fn(T) -> Option<T>) -> Result<T, Error> {
+        let mut cur = self.atomic(|t, k| t.fetch_op(k, remote, word, RmaOp::Read, 0))?;
+        loop {
+            let old: T = element::lane(cur, lane);
+            let next = match update(old) {
+                Some(new) => element::with_lane(cur, lane, new),
+                None => cur,
+            };
+            if next == cur {
+                // Nothing to change: the atomic read was the operation.
+                return Ok(old);
+            }
+            let seen = self.atomic(|t, k| t.compare_swap(k, remote, word, cur, next))?;
+            if seen == cur {
+                return Ok(old);
+            }
+            cur = seen;
+        }
+    }
+
+    /// Applies `op` element-wise with `data` to `data.len()` elements at `offset` of
+    /// `rank`'s part (`MPI_Accumulate`), each element atomically; complete on return.
+    pub fn accumulate(&self, rank: u32, offset: usize, data: &[T], op: Op) -> Result<(), Error> {
+        self.target(rank, offset, data.len())?;
+        data.iter().enumerate().try_for_each(|(i, &v)| self.fetch_and_op(rank, offset + i, v, op).map(|_| ()))
+    }
+
+    /// As [`accumulate`](Self::accumulate), writing the old values into `out`
+    /// (`MPI_Get_accumulate`; `out` has `data.len()` elements).
+    pub fn get_accumulate(&self, rank: u32, offset: usize, data: &[T], op: Op, out: &mut [T]) -> Result<(), Error> {
+        if out.len() != data.len() {
+            return Err(Error::InvalidArgument("get_accumulate: result and operand lengths differ"));
+        }
+        self.target(rank, offset, data.len())?;
+        for (i, (&v, o)) in data.iter().zip(out.iter_mut()).enumerate() {
+            *o = self.fetch_and_op(rank, offset + i, v, op)?;
+        }
+        Ok(())
+    }
+
+    /// The aligned 64-bit word holding the element at `offset` (first byte `at`) of `part`:
+    /// its byte offset in the part and the element's byte in it.
+    fn word_of(&self, part: &Part, offset: usize, at: usize) -> Result<(usize, usize), Error> {
+        let size = size_of::<T>();
+        let unaligned = Error::UnalignedAtomic { offset, elem_size: size };
+        let address = part.misalign + at;
+        if address % size != 0 {
+            return Err(unaligned);
+        }
+        let word_address = address & !7;
+        if word_address < part.misalign || word_address - part.misalign + 8 > part.remote.len as usize {
+            return Err(unaligned);
+        }
+        Ok((word_address - part.misalign, address - word_address))
+    }
+}
+
+impl<T: Primitive> Drop for Window<'_, T> {
+    fn drop(&mut self) {
+        // This rank's puts through the window complete before it goes (a failure leaves
+        // their copies with the CRI, freed with the engine after the transport).
+        for k in 0..self.comm.engine().cris.len() {
+            let _ = self.flush_cri(k);
+        }
+        if self.registered {
+            // The key this rank registered; deregistered before the memory is freed.
+            self.transport().deregister(self.parts[self.rank() as usize].remote.key);
+        }
+        if let Some(words) = self.owned.take() {
+            // SAFETY: from `Box::into_raw` in `Communicator::window`, deregistered above;
+            // peers can no longer reach it and this rank holds no other reference.
+            drop(unsafe { Box::from_raw(words) });
+        }
+    }
+}
+
+fn bytes_of<T: Primitive>(data: &[T]) -> &[u8] {
+    // SAFETY: `T: Primitive` has no padding, so its bytes are initialized.
+    unsafe { std::slice::from_raw_parts(data.as_ptr().cast(), size_of_val(data)) }
+}
+
+fn bytes_of_mut<T: Primitive>(data: &mut [T]) -> &mut [u8] {
+    // SAFETY: `T: Primitive` has no padding and every bit pattern is a valid value.
+    unsafe { std::slice::from_raw_parts_mut(data.as_mut_ptr().cast(), size_of_val(data)) }
+}
+
+#[cfg(all(test, feature = "ofi"))]
+mod tests {
+    use super::Window;
+    use crate::{Provider, Runtime};
+
+    /// While a flush holds a CRI's RMA gate, a put goes out on another CRI (its copy is
+    /// staged there) instead of adding to what the flush waits for; the next flush frees
+    /// the copies.
+    #[test]
+    fn a_put_during_a_flush_takes_another_cri() {
+        std::env::set_var("FI_TCP_IFACE", "lo");
+        std::env::set_var("FI_SOCKETS_IFACE", "lo");
+        let rts = Runtime::builder().env(false).provider(Provider::Shm).cris(2).build_local(2).unwrap();
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                let c = rts[1].world();
+                let _w: Window<'_, u64> = c.window(1).unwrap();
+                c.recv(Vec::<u8>::with_capacity(1), 0u32, 5).unwrap();
+            });
+            let c = rts[0].world();
+            let w: Window<'_, u64> = c.window(1).unwrap();
+            let cris = &c.engine().cris;
+            let staged = |k: usize| cris[k].rma.lock().len();
+            {
+                let _flushing = cris[0].rma.lock();
+                for i in 0..4 {
+                    w.put(1, 0, &[i]).unwrap();
+                }
+                assert_eq!(cris[1].rma.try_lock().map(|g| g.len()), Some(4), "every put took the free CRI");
+            }
+            assert_eq!(staged(0), 0, "nothing was posted behind the held gate");
+            w.flush_all().unwrap();
+            assert_eq!((staged(0), staged(1)), (0, 0), "the flush freed the copies");
+            let mut back = [0u64];
+            w.get(1, 0, &mut back).unwrap();
+            assert_eq!(back[0], 3);
+            c.send(vec![0u8], 1, 5).unwrap();
+        });
+    }
+}

@@ -1,0 +1,319 @@
+// One-sided windows (`weft::rma`). Included by `rma.rs` (embedded provider) and
+// `p2p_ofi.rs` (libfabric shm and tcp), which each define `builder()`.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use weft::rma::{Op, Window};
+use weft::{Communicator, Error, Runtime};
+
+use crate::common::within;
+
+fn world(n: u32) -> Vec<Runtime> {
+    super::builder().cris(2).build_local(n).unwrap()
+}
+
+/// Every rank sends to and receives from every other: after it, each rank has passed the
+/// point where the others called it.
+fn barrier(c: &Communicator) {
+    for r in (0..c.size()).filter(|&r| r != c.rank()) {
+        c.send(vec![0u8], r, 900).unwrap();
+    }
+    for r in (0..c.size()).filter(|&r| r != c.rank()) {
+        c.recv(Vec::<u8>::with_capacity(1), r, 900).unwrap();
+    }
+}
+
+/// Runs `f(rank, comm)` on one thread per rank of a fresh world of `n`, bounded in time.
+fn on_ranks(n: u32, what: &'static str, f: fn(u32, &Communicator)) {
+    within(60, what, move || {
+        let rts = world(n);
+        std::thread::scope(|s| {
+            for (r, rt) in rts.iter().enumerate() {
+                s.spawn(move || f(r as u32, rt.world()));
+            }
+        });
+    });
+}
+
+#[test]
+fn put_get_and_local_access() {
+    on_ranks(3, "put/get", |me, c| {
+        let w: Window<'_, u32> = c.window(8).unwrap();
+        assert_eq!((w.len(), w.len_of(2).unwrap(), w.rank(), w.size()), (8, 8, me, 3));
+        w.write_local(0, &[100 + me]).unwrap();
+        barrier(c);
+        // Each rank writes its rank into slot `me` of every other rank.
+        for r in (0..3).filter(|&r| r != me) {
+            w.put(r, me as usize + 1, &[me * 10 + r]).unwrap();
+            w.flush(r).unwrap();
+            let mut back = [0u32; 1];
+            w.get(r, 0, &mut back).unwrap();
+            assert_eq!(back[0], 100 + r, "get of the target's local write");
+        }
+        barrier(c);
+        let mut mine = [0u32; 8];
+        w.read_local(0, &mut mine).unwrap();
+        for r in (0..3).filter(|&r| r != me) {
+            assert_eq!(mine[r as usize + 1], r * 10 + me, "rank {me}: slot of {r}");
+        }
+        assert_eq!(mine[0], 100 + me);
+        assert_eq!(&mine[4..], &[0; 4], "untouched elements stay zero");
+        // A longer put and get, to self as well.
+        let data: Vec<u32> = (0..5).collect();
+        w.put(me, 3, &data).unwrap();
+        w.flush_local(me).unwrap();
+        let mut back = [0u32; 5];
+        w.get(me, 3, &mut back).unwrap();
+        assert_eq!(back.to_vec(), data);
+        barrier(c);
+        w.free().unwrap();
+    });
+}
+
+#[test]
+fn atomics_of_every_width_are_exact_under_contention() {
+    const N: u32 = 200;
+    on_ranks(3, "atomics", |me, c| {
+        let w8: Window<'_, u8> = c.window(16).unwrap();
+        let w16: Window<'_, i16> = c.window(8).unwrap();
+        let w32: Window<'_, u32> = c.window(4).unwrap();
+        let w64: Window<'_, u64> = c.window(4).unwrap();
+        let wi: Window<'_, i64> = c.window(4).unwrap();
+        let wf: Window<'_, f64> = c.window(2).unwrap();
+        let wf32: Window<'_, f32> = c.window(2).unwrap();
+        barrier(c);
+        for i in 0..N {
+            // Neighbouring narrow elements of one word, updated by every rank at once.
+            w8.fetch_and_op(0, 5, 1, Op::Sum).unwrap();
+            w8.fetch_and_op(0, 6, 1 << (i % 8), Op::BitXor).unwrap();
+            w16.accumulate(0, 1, &[-1, 2], Op::Sum).unwrap();
+            w32.fetch_and_op(0, 3, 1, Op::Sum).unwrap();
+            w64.fetch_and_op(0, 1, 1, Op::Sum).unwrap();
+            w64.fetch_and_op(0, 2, u64::from(i * 3 + me), Op::Max).unwrap();
+            wi.fetch_and_op(0, 0, -(i64::from(i)), Op::Min).unwrap();
+            wi.fetch_and_op(0, 1, 3, Op::Prod).unwrap();
+            wf.fetch_and_op(0, 1, 0.5, Op::Sum).unwrap();
+            wf32.fetch_and_op(0, 0, 0.25, Op::Sum).unwrap();
+            // A counter by compare-and-swap on a 32-bit element.
+            let mut cur = w32.fetch_and_op(0, 1, 0, Op::NoOp).unwrap();
+            loop {
+                let seen = w32.compare_and_swap(0, 1, cur, cur + 1).unwrap();
+                if seen == cur {
+                    break;
+                }
+                cur = seen;
+            }
+        }
+        barrier(c);
+        if me == 0 {
+            let total = 3 * N;
+            let mut b8 = [0u8; 16];
+            w8.read_local(0, &mut b8).unwrap();
+            assert_eq!(b8[5], (total % 256) as u8, "u8 sum wraps");
+            // Three ranks xor the same pattern: it survives once.
+            assert_eq!(b8[6], (0..N).fold(0u8, |a, i| a ^ (1 << (i % 8))), "xor of each rank's pattern");
+            assert!(b8.iter().enumerate().all(|(i, &v)| i == 5 || i == 6 || v == 0), "neighbours untouched: {b8:?}");
+            let mut b16 = [0i16; 8];
+            w16.read_local(0, &mut b16).unwrap();
+            assert_eq!(b16, [0, -(total as i16), 2 * total as i16, 0, 0, 0, 0, 0]);
+            let mut b32 = [0u32; 4];
+            w32.read_local(0, &mut b32).unwrap();
+            assert_eq!(b32, [0, total, 0, total]);
+            let mut b64 = [0u64; 4];
+            w64.read_local(0, &mut b64).unwrap();
+            assert_eq!(b64, [0, u64::from(total), u64::from((N - 1) * 3 + 2), 0]);
+            let mut bi = [0i64; 4];
+            wi.read_local(0, &mut bi).unwrap();
+            assert_eq!(bi[0], -(i64::from(N) - 1));
+            assert_eq!(bi[1], 0, "0 * 3 stays 0");
+            let mut bf = [0f64; 2];
+            wf.read_local(0, &mut bf).unwrap();
+            assert_eq!(bf, [0.0, f64::from(total) * 0.5]);
+            let mut bf32 = [0f32; 2];
+            wf32.read_local(0, &mut bf32).unwrap();
+            assert_eq!(bf32, [total as f32 * 0.25, 0.0]);
+        }
+        barrier(c);
+    });
+}
+
+#[test]
+fn bad_input_is_refused_and_writes_nothing() {
+    on_ranks(2, "bad input", |me, c| {
+        let w: Window<'_, u64> = c.window(4).unwrap();
+        let wf: Window<'_, f64> = c.window(1).unwrap();
+        barrier(c);
+        let peer = 1 - me;
+        let out = |offset, len| Err::<(), _>(Error::OutOfWindow { offset, len, window: 4 });
+        assert_eq!(w.put(peer, 3, &[1, 2]), out(3, 2));
+        assert_eq!(w.put(peer, usize::MAX, &[1]), out(usize::MAX, 1));
+        assert_eq!(w.get(peer, 4, &mut [0]), out(4, 1));
+        assert_eq!(w.fetch_and_op(peer, 4, 1, Op::Sum).map(drop), out(4, 1));
+        assert_eq!(w.compare_and_swap(peer, 9, 0, 1).map(drop), out(9, 1));
+        assert_eq!(w.accumulate(peer, 2, &[1, 1, 1], Op::Sum), out(2, 3));
+        assert_eq!(w.write_local(4, &[1]), out(4, 1));
+        assert_eq!(w.put(2, 0, &[1]), Err(Error::RankOutOfRange { rank: 2, size: 2 }));
+        assert_eq!(w.flush(7), Err(Error::RankOutOfRange { rank: 7, size: 2 }));
+        assert!(matches!(wf.fetch_and_op(peer, 0, 1.0, Op::BitOr), Err(Error::InvalidArgument(_))));
+        assert!(matches!(w.get_accumulate(peer, 0, &[1], Op::Sum, &mut [0, 0]), Err(Error::InvalidArgument(_))));
+        w.flush_all().unwrap();
+        barrier(c);
+        let mut all = [9u64; 4];
+        w.read_local(0, &mut all).unwrap();
+        assert_eq!(all, [0; 4], "a refused operation wrote nothing");
+        barrier(c);
+    });
+}
+
+#[test]
+fn exposed_memory_and_unaligned_atomics() {
+    #[repr(align(8))]
+    struct Aligned([u32; 4]);
+    on_ranks(2, "expose", |me, c| {
+        let mut mem = Aligned([7; 4]);
+        {
+            // Starts 4 bytes into an 8-byte word: element 0's word begins before the window.
+            let w = c.expose(&mut mem.0[1..4]).unwrap();
+            assert_eq!(w.len(), 3);
+            barrier(c);
+            let peer = 1 - me;
+            assert_eq!(w.fetch_and_op(peer, 0, 1, Op::Sum), Err(Error::UnalignedAtomic { offset: 0, elem_size: 4 }));
+            assert_eq!(w.fetch_and_op(peer, 2, 1, Op::Sum), Ok(7), "element 2's word is inside");
+            w.put(peer, 1, &[me + 40]).unwrap();
+            w.flush(peer).unwrap();
+            let mut b = [0u32; 3];
+            w.get(peer, 0, &mut b).unwrap();
+            assert_eq!(b, [7, me + 40, 8], "what this rank wrote, and its sum");
+            barrier(c);
+            w.free().unwrap();
+        }
+        assert_eq!(mem.0, [7, 7, 1 - me + 40, 8], "the peer wrote only the exposed part");
+    });
+}
+
+#[test]
+fn a_window_of_a_freed_communicator_fails() {
+    on_ranks(2, "freed communicator", |me, c| {
+        let d = c.dup().unwrap();
+        let w: Window<'_, u64> = d.window(2).unwrap();
+        barrier(c);
+        d.free();
+        let peer = 1 - me;
+        assert_eq!(w.put(peer, 0, &[1]), Err(Error::CommFreed));
+        assert_eq!(w.get(peer, 0, &mut [0]), Err(Error::CommFreed));
+        assert_eq!(w.fetch_and_op(peer, 0, 1, Op::Sum), Err(Error::CommFreed));
+        assert_eq!(w.flush_all(), Err(Error::CommFreed));
+        let mut local = [5u64; 2];
+        assert_eq!(w.read_local(0, &mut local), Err(Error::CommFreed));
+        assert!(matches!(d_window(c), Ok(())));
+        barrier(c);
+    });
+
+    /// A window of a freed communicator cannot be created either.
+    fn d_window(c: &Communicator) -> Result<(), Error> {
+        let d = c.dup()?;
+        d.clone().free();
+        match d.window::<u8>(1) {
+            Err(Error::CommFreed) => Ok(()),
+            other => panic!("window of a freed communicator: {other:?}"),
+        }
+    }
+}
+
+/// A thread that flushes while another keeps issuing puts is not held up by the other's
+/// later puts, and its own puts are at the target when its flush returns.
+#[test]
+fn flush_waits_only_for_what_was_issued_before_it() {
+    on_ranks(2, "multithreaded flush", |me, c| {
+        let w: Window<'_, u64> = c.window(2).unwrap();
+        barrier(c);
+        if me == 0 {
+            let stop = AtomicBool::new(false);
+            std::thread::scope(|s| {
+                s.spawn(|| {
+                    let mut i = 0u64;
+                    while !stop.load(Ordering::Relaxed) {
+                        w.put(1, 0, &[i]).unwrap();
+                        i += 1;
+                    }
+                    w.flush(1).unwrap();
+                });
+                for i in 1..=100u64 {
+                    w.put(1, 1, &[i]).unwrap();
+                    w.flush(1).unwrap();
+                    let mut back = [0u64];
+                    w.get(1, 1, &mut back).unwrap();
+                    assert_eq!(back[0], i, "this thread's put is at the target after its flush");
+                }
+                stop.store(true, Ordering::Relaxed);
+            });
+        }
+        barrier(c);
+        w.free().unwrap();
+    });
+}
+
+/// Acquisitions per thread in the lock stress tests.
+const ACQUISITIONS: u64 = 100;
+
+/// Every rank's two threads take `lock` `ACQUISITIONS` times each; inside, a non-atomic
+/// read-modify-write of a word on rank 1 (get, add, put, flush) and an occupancy check (an
+/// atomic add whose old value must be 0). The final count is exact.
+fn stress<G>(c: &Communicator, lock: impl Fn() -> Result<G, Error> + Sync, unlock: impl Fn(G) -> Result<(), Error> + Sync) {
+    let w: Window<'_, u64> = c.window(2).unwrap();
+    barrier(c);
+    std::thread::scope(|s| {
+        for _ in 0..2 {
+            s.spawn(|| {
+                for _ in 0..ACQUISITIONS {
+                    let g = lock().unwrap();
+                    assert_eq!(w.fetch_and_op(1, 1, 1, Op::Sum).unwrap(), 0, "two holders at once");
+                    let mut v = [0u64];
+                    w.get(1, 0, &mut v).unwrap();
+                    w.put(1, 0, &[v[0] + 1]).unwrap();
+                    w.flush(1).unwrap();
+                    w.fetch_and_op(1, 1, u64::MAX, Op::Sum).unwrap();
+                    unlock(g).unwrap();
+                }
+            });
+        }
+    });
+    barrier(c);
+    let mut v = [0u64];
+    w.get(1, 0, &mut v).unwrap();
+    assert_eq!(v[0], u64::from(c.size()) * 2 * ACQUISITIONS, "an update was lost: the lock let two in");
+    barrier(c);
+}
+
+#[test]
+fn d_mcs_excludes_and_counts_exactly() {
+    on_ranks(3, "D-MCS stress", |_, c| {
+        let lock = weft::dlock::DMcs::new(c, 0).unwrap();
+        stress(c, || lock.lock(), |g| g.unlock());
+        // Free now: `try_lock` takes it (one rank at a time).
+        barrier(c);
+        if c.rank() == 2 {
+            let g = lock.try_lock().unwrap().expect("a free lock");
+            assert!(lock.try_lock().unwrap().is_none(), "held by this rank");
+            g.unlock().unwrap();
+        }
+        barrier(c);
+    });
+}
+
+#[test]
+fn spin_lock_excludes_and_counts_exactly() {
+    on_ranks(3, "spin lock stress", |_, c| {
+        let lock = weft::dlock::SpinLock::new(c, 2).unwrap();
+        stress(c, || lock.lock(), |g| g.unlock());
+        barrier(c);
+        if c.rank() == 0 {
+            let g = lock.try_lock().unwrap().expect("a free lock");
+            assert!(lock.try_lock().unwrap().is_none(), "held by this rank");
+            drop(g);
+            assert!(lock.try_lock().unwrap().is_some(), "dropping the guard released it");
+        }
+        barrier(c);
+        assert!(matches!(weft::dlock::SpinLock::new(c, 3), Err(Error::RankOutOfRange { rank: 3, size: 3 })));
+    });
+}
