@@ -5,6 +5,10 @@
 //! shims in `csrc/shim.c` (out-of-line wrappers over libfabric's `static inline` calls) and
 //! (3) runs bindgen over `csrc/shim.h` (which includes the `rdma/*.h` headers weft uses) with
 //! an allowlist, writing `$OUT_DIR/ofi_bindings.rs` for `src/ofi/sys.rs`.
+//!
+//! With `pmix` it finds PMIx (>= 4.1) through `pkg-config` and runs bindgen over
+//! `csrc/pmix.h` (the client calls of `pmix.h` the bootstrap uses), writing
+//! `$OUT_DIR/pmix_bindings.rs` for `src/pmix.rs`.
 
 fn main() {
     println!("cargo:rerun-if-changed=build.rs");
@@ -14,6 +18,46 @@ fn main() {
     #[cfg(feature = "ofi")]
     if std::env::var_os("CARGO_FEATURE_OFI").is_some() {
         ofi::build();
+    }
+    println!("cargo:rerun-if-env-changed=CARGO_FEATURE_PMIX");
+    #[cfg(feature = "pmix")]
+    if std::env::var_os("CARGO_FEATURE_PMIX").is_some() {
+        pmix::build();
+    }
+}
+
+#[cfg(feature = "pmix")]
+mod pmix {
+    use std::path::PathBuf;
+
+    pub(super) fn build() {
+        let lib = pkg_config::Config::new().atleast_version("4.1").probe("pmix").unwrap_or_else(|e| {
+            panic!(
+                "feature `pmix` needs PMIx >= 4.1 found through pkg-config \
+                     (Debian: run .ci/ofi-deps.sh, which installs libpmix-dev): {e}"
+            )
+        });
+        let manifest = PathBuf::from(std::env::var("CARGO_MANIFEST_DIR").expect("cargo sets it"));
+        let header = manifest.join("csrc").join("pmix.h");
+        println!("cargo:rerun-if-changed={}", header.display());
+        let mut builder = bindgen::Builder::default()
+            .header(header.display().to_string())
+            .parse_callbacks(Box::new(bindgen::CargoCallbacks::new()))
+            .allowlist_function(
+                "PMIx_Init|PMIx_Finalize|PMIx_Put|PMIx_Commit|PMIx_Fence|PMIx_Get|PMIx_Error_string|PMIx_Value_load|PMIx_Value_destruct|PMIx_Info_load|PMIx_Register_event_handler|PMIx_Deregister_event_handler",
+            )
+            .allowlist_type("pmix_.*")
+            .allowlist_var("PMIX_.*")
+            .derive_default(true)
+            .wrap_unsafe_ops(true)
+            .layout_tests(false)
+            .generate_comments(false);
+        for path in &lib.include_paths {
+            builder = builder.clang_arg(format!("-I{}", path.display()));
+        }
+        let bindings = builder.generate().unwrap_or_else(|e| panic!("bindgen over the PMIx headers failed: {e}"));
+        let out = PathBuf::from(std::env::var("OUT_DIR").expect("cargo sets it"));
+        bindings.write_to_file(out.join("pmix_bindings.rs")).expect("write pmix_bindings.rs");
     }
 }
 
