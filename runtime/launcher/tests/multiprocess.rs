@@ -685,3 +685,91 @@ fn two_hosts_over_a_veth_pair() {
         assert!(s.contains(&format!("netns ok: rank {r} exchanged with rank {}", 1 - r)), "{s}");
     }
 }
+
+/// Jobs started by Open MPI's `mpirun`, which serves PMIx to its ranks: with the `pmix`
+/// feature a weft program needs no variable of its own there.
+#[cfg(feature = "pmix")]
+mod under_mpirun {
+    use super::*;
+
+    /// `mpirun` with `args`, as root too, every rank's output tagged `[job,rank]<stdout>:`;
+    /// `None` (with the reason printed) where `mpirun` is not installed.
+    fn mpirun(provider: &str, args: &[&str]) -> Option<Output> {
+        if Command::new("mpirun").arg("--version").output().map(|o| !o.status.success()).unwrap_or(true) {
+            println!("skipped: mpirun is not installed (Debian: openmpi-bin)");
+            return None;
+        }
+        let _g = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+        let out = Command::new("mpirun")
+            .args([
+                "--oversubscribe",
+                "--tag-output",
+                "--timeout",
+                "240",
+                "-x",
+                "WEFT_PROVIDER",
+                "-x",
+                "FI_TCP_IFACE",
+                "-x",
+                "FI_SOCKETS_IFACE",
+            ])
+            .args(args)
+            .env("WEFT_PROVIDER", provider)
+            .env("FI_TCP_IFACE", "lo")
+            .env("FI_SOCKETS_IFACE", "lo")
+            .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
+            .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
+            .env_remove("WEFT_RANK")
+            .env_remove("WEFT_SIZE")
+            .env_remove("WEFT_KVS")
+            .env_remove("WEFT_TOKEN")
+            .stdin(Stdio::null())
+            .output()
+            .expect("mpirun starts");
+        Some(out)
+    }
+
+    /// `weft-selftest all` at 2 and 4 ranks: every rank passes every check.
+    fn every_check(provider: &str) {
+        for n in [2, 4] {
+            let Some(o) = mpirun(provider, &["-np", &n.to_string(), SELFTEST, "all"]) else { return };
+            let s = text(&o);
+            assert!(o.status.success(), "{n} ranks under mpirun on {provider}:\n{s}");
+            let lines = ["pingpong ok", "multirate ok", "wildcard ok", "order ok", "large ok"];
+            for r in 0..n {
+                for line in lines {
+                    assert!(s.contains(&format!(",{r}]<stdout>:{line}")), "{n} ranks: missing {line:?} of rank {r}:\n{s}");
+                }
+                assert!(s.contains(&format!(",{r}]<stdout>:all done")), "{n} ranks: rank {r} did not finish:\n{s}");
+            }
+        }
+    }
+
+    #[test]
+    fn every_check_at_2_and_4_ranks_under_mpirun_on_shm() {
+        every_check("shm");
+    }
+
+    #[test]
+    fn every_check_at_2_and_4_ranks_under_mpirun_on_tcp() {
+        every_check("tcp");
+    }
+
+    /// Rank and size come from PMIx: each rank says which it is, of a job of 3.
+    #[test]
+    fn ranks_and_size_come_from_pmix() {
+        let Some(o) = mpirun("shm", &["-np", "3", SELFTEST, "hello"]) else { return };
+        let s = text(&o);
+        assert!(o.status.success(), "{s}");
+        for r in 0..3 {
+            assert!(s.contains(&format!(",{r}]<stdout>:rank {r} of 3 on shm")), "rank {r}:\n{s}");
+        }
+    }
+
+    /// The job's exit status is a rank's: rank 1 of 2 exits with 3 after both arrived.
+    #[test]
+    fn a_rank_exit_code_is_the_job_exit_code() {
+        let Some(o) = mpirun("shm", &["-np", "2", SELFTEST, "exit-code"]) else { return };
+        assert_eq!(o.status.code(), Some(3), "{}", text(&o));
+    }
+}
