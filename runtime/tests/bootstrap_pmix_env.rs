@@ -19,6 +19,15 @@ fn a_pmix_environment_that_points_nowhere_is_a_clear_error() {
     for uri in ["PMIX_SERVER_URI4", "PMIX_SERVER_URI41"] {
         std::env::set_var(uri, "weft-test-nowhere.0;tcp4://127.0.0.1:9");
     }
+    if cfg!(feature = "pmix") {
+        // A malformed join timeout is refused before anything is joined.
+        std::env::set_var("WEFT_JOIN_TIMEOUT", "soon");
+        match Runtime::builder().build().map(|_| ()) {
+            Err(Error::InvalidArgument(m)) => assert!(m.contains("WEFT_JOIN_TIMEOUT"), "{m}"),
+            other => panic!("expected InvalidArgument, got {other:?}"),
+        }
+        std::env::remove_var("WEFT_JOIN_TIMEOUT");
+    }
     let (tx, rx) = mpsc::channel();
     let t0 = Instant::now();
     std::thread::spawn(move || {

@@ -34,8 +34,22 @@ mod sys {
 const ADDRESS_KEY: &CStr = c"weft.addr";
 
 /// Seconds the address fence may take before the server fails it (a rank that never
-/// reaches it, on a server that honours `PMIX_TIMEOUT`).
+/// reaches it, on a server that honours `PMIX_TIMEOUT`), unless `WEFT_JOIN_TIMEOUT` says.
 const FENCE_TIMEOUT_S: i32 = 60;
+
+/// The fence's time limit: `WEFT_JOIN_TIMEOUT` (whole seconds, 1 to 86400) or
+/// [`FENCE_TIMEOUT_S`].
+fn fence_timeout() -> Result<i32, Error> {
+    match std::env::var("WEFT_JOIN_TIMEOUT").ok().filter(|v| !v.trim().is_empty()) {
+        None => Ok(FENCE_TIMEOUT_S),
+        Some(v) => v
+            .trim()
+            .parse()
+            .ok()
+            .filter(|s| (1..=86_400).contains(s))
+            .ok_or(Error::InvalidArgument("WEFT_JOIN_TIMEOUT must be a whole number of seconds in 1..=86400")),
+    }
+}
 
 /// `PMIX_RANK_WILDCARD` (`UINT32_MAX-1`, which bindgen does not evaluate): the job itself.
 const RANK_WILDCARD: u32 = u32::MAX - 1;
@@ -103,18 +117,6 @@ impl Value {
             Some(std::slice::from_raw_parts(bo.bytes.cast::<u8>(), bo.size).to_vec())
         }
     }
-
-    /// The value as a string (`PMIX_STRING`), `None` for another type or a null string.
-    fn string(&self) -> Option<String> {
-        if self.ty() != sys::PMIX_STRING {
-            return None;
-        }
-        // SAFETY: the type says the string member is set: NUL-terminated or null.
-        unsafe {
-            let s = (*self.0).data.string;
-            (!s.is_null()).then(|| CStr::from_ptr(s).to_string_lossy().into_owned())
-        }
-    }
 }
 
 impl Drop for Value {
@@ -137,6 +139,8 @@ pub(crate) struct Session {
     pub(crate) rank: u32,
     /// Ranks of the job (`PMIX_JOB_SIZE`).
     pub(crate) size: u32,
+    /// Seconds the address fence may take.
+    fence_timeout: i32,
 }
 
 impl std::fmt::Debug for Session {
@@ -146,14 +150,16 @@ impl std::fmt::Debug for Session {
 }
 
 impl Session {
-    /// `PMIx_Init`, then this process's rank and its job's size.
+    /// `PMIx_Init`, then this process's rank and its job's size (a malformed
+    /// `WEFT_JOIN_TIMEOUT` is refused first).
     pub(crate) fn init() -> Result<Session, Error> {
+        let fence_timeout = fence_timeout()?;
         let mut me = sys::pmix_proc_t::default();
         // SAFETY: `me` receives this process's name; no info.
         let status = unsafe { sys::PMIx_Init(&mut me, ptr::null_mut(), 0) };
         check("PMIx_Init (the PMIx server the PMIX_* variables name cannot be reached)", status)?;
         // From here on a failure drops the session, which finalizes.
-        let mut session = Session { me, rank: me.rank, size: 0 };
+        let mut session = Session { me, rank: me.rank, size: 0, fence_timeout };
         let mut job = me;
         job.rank = RANK_WILDCARD;
         let size = Value::get(&job, sys::PMIX_JOB_SIZE, "PMIx_Get of the job size (PMIX_JOB_SIZE)")?
@@ -164,15 +170,6 @@ impl Session {
         }
         session.size = size;
         Ok(session)
-    }
-
-    /// Ranks of this job on this process's host (`PMIX_LOCAL_PEERS`), this rank included;
-    /// `None` where the server does not say.
-    pub(crate) fn local_peers(&self) -> Option<Vec<u32>> {
-        let mut job = self.me;
-        job.rank = RANK_WILDCARD;
-        let s = Value::get(&job, sys::PMIX_LOCAL_PEERS, "PMIx_Get of the local peers").ok()?.string()?;
-        s.split(',').map(|r| r.trim().parse().ok()).collect()
     }
 
     /// Puts `blob` under this rank's address key, commits, fences with data collection and
@@ -191,11 +188,17 @@ impl Session {
         // SAFETY: no arguments; pushes what this process put to its server.
         check("PMIx_Commit", unsafe { sys::PMIx_Commit() })?;
 
-        let infos = [info(sys::PMIX_COLLECT_DATA, &true, sys::PMIX_BOOL)?, info(sys::PMIX_TIMEOUT, &FENCE_TIMEOUT_S, sys::PMIX_INT)?];
+        let infos = [info(sys::PMIX_COLLECT_DATA, &true, sys::PMIX_BOOL)?, info(sys::PMIX_TIMEOUT, &self.fence_timeout, sys::PMIX_INT)?];
         // SAFETY: null procs with 0 count is every process of this job; `infos` are loaded
         // infos (bool and int values hold no allocation to release).
         let status = unsafe { sys::PMIx_Fence(ptr::null(), 0, infos.as_ptr(), infos.len()) };
-        check("PMIx_Fence of the address exchange (a rank failed or did not join in time)", status)?;
+        if status == sys::PMIX_ERR_TIMEOUT {
+            return Err(Error::Transport {
+                op: "PMIx_Fence of the address exchange: a rank did not join within WEFT_JOIN_TIMEOUT",
+                code: status,
+            });
+        }
+        check("PMIx_Fence of the address exchange (a rank failed before it joined)", status)?;
 
         (0..self.size)
             .map(|r| {

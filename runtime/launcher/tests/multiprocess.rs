@@ -766,6 +766,44 @@ mod under_mpirun {
         }
     }
 
+    /// Ranks started with settings that decide how frames are sized set differently (the
+    /// CRI count, one value per application context) fail at start with an error that names
+    /// the setting, as under weftrun: the check travels with the addresses PMIx exchanges.
+    #[test]
+    fn ranks_that_disagree_on_settings_fail_at_start_under_mpirun() {
+        let args = ["-x", "WEFT_PROVIDER", "-np", "1", "-x", "WEFT_CRIS=1", SELFTEST, "hello", ":"];
+        let args = [&args[..], &["-x", "WEFT_PROVIDER", "-np", "1", "-x", "WEFT_CRIS=2", SELFTEST, "hello"]].concat();
+        let Some(o) = mpirun("shm", &args) else { return };
+        let s = text(&o);
+        assert_eq!(o.status.code(), Some(1), "{s}");
+        assert!(s.contains("disagree on the CRI count"), "{s}");
+    }
+
+    /// A rank that never joins (here not a weft program at all) fails the others' start
+    /// within `WEFT_JOIN_TIMEOUT` with an error that says so, instead of a hang.
+    #[test]
+    fn a_rank_that_never_joins_fails_the_others_within_the_join_timeout() {
+        let t0 = Instant::now();
+        let args = ["-x", "WEFT_PROVIDER", "-x", "WEFT_JOIN_TIMEOUT=2", "-np", "1", SELFTEST, "hello", ":", "-np", "1", "sleep", "60"];
+        let Some(o) = mpirun("shm", &args) else { return };
+        let s = text(&o);
+        assert_eq!(o.status.code(), Some(1), "{s}");
+        assert!(s.contains("did not join within WEFT_JOIN_TIMEOUT"), "{s}");
+        assert!(t0.elapsed() < Duration::from_secs(30), "took {:?}:\n{s}", t0.elapsed());
+    }
+
+    /// A rank killed mid-job ends the job within seconds with a failure status (mpirun
+    /// tears the job down; no survivor is left waiting on the dead rank).
+    #[test]
+    fn a_killed_rank_ends_the_job_without_a_hang() {
+        let t0 = Instant::now();
+        let Some(o) = mpirun("shm", &["-np", "2", SELFTEST, "peer-lost"]) else { return };
+        let s = text(&o);
+        assert!(!o.status.success(), "{s}");
+        assert!(s.contains("killing itself on purpose"), "{s}");
+        assert!(t0.elapsed() < Duration::from_secs(30), "took {:?}:\n{s}", t0.elapsed());
+    }
+
     /// The job's exit status is a rank's: rank 1 of 2 exits with 3 after both arrived.
     #[test]
     fn a_rank_exit_code_is_the_job_exit_code() {
