@@ -492,9 +492,10 @@ pub struct Job {
     /// Peers reported `LOST` or `FINISHED` while the exchange was answered, for the
     /// monitor.
     early: Vec<PeerEvent>,
-    /// The launcher's PMIx server (feature `pmix`), finalized with the monitor.
+    /// The launcher's PMIx server (feature `pmix`), finalized with the monitor (boxed: the
+    /// process name it holds is 260 bytes, which every rank's monitor would carry).
     #[cfg(feature = "pmix")]
-    pmix: Option<crate::pmix::Session>,
+    pmix: Option<Box<crate::pmix::Session>>,
 }
 
 fn env(name: &str) -> Option<String> {
@@ -597,7 +598,7 @@ impl Job {
             Layout::Pmix => {
                 let session = crate::pmix::Session::init()?;
                 let (rank, size) = (session.rank, session.size);
-                return Ok(Job { pmix: Some(session), ..Job::alone(rank, size) });
+                return Ok(Job { pmix: Some(Box::new(session)), ..Job::alone(rank, size) });
             }
         };
         let kvs = env("WEFT_KVS");
@@ -773,7 +774,7 @@ pub struct Monitor {
     _server: Option<KvsServer>,
     /// The PMIx session (feature `pmix`): `PMIx_Finalize` once the rank is done.
     #[cfg(feature = "pmix")]
-    _pmix: Option<crate::pmix::Session>,
+    _pmix: Option<Box<crate::pmix::Session>>,
 }
 
 impl Drop for Monitor {
