@@ -495,7 +495,7 @@ pub struct Job {
     /// The launcher's PMIx server (feature `pmix`), finalized with the monitor (boxed: the
     /// process name it holds is 260 bytes, which every rank's monitor would carry).
     #[cfg(feature = "pmix")]
-    pmix: Option<Box<crate::pmix::Session>>,
+    pmix: Option<Box<crate::pmix::Client>>,
 }
 
 fn env(name: &str) -> Option<String> {
@@ -596,9 +596,9 @@ impl Job {
             Layout::Slurm { rank, size } => (rank, size, true),
             #[cfg(feature = "pmix")]
             Layout::Pmix => {
-                let session = crate::pmix::Session::init()?;
-                let (rank, size) = (session.rank, session.size);
-                return Ok(Job { pmix: Some(Box::new(session)), ..Job::alone(rank, size) });
+                let client = crate::pmix::Client::init()?;
+                let (rank, size) = (client.rank, client.size);
+                return Ok(Job { pmix: Some(Box::new(client)), ..Job::alone(rank, size) });
             }
         };
         let kvs = env("WEFT_KVS");
@@ -631,8 +631,8 @@ impl Job {
     /// without joining) before every rank published.
     pub fn exchange(&mut self, blob: &[u8]) -> Result<Vec<Vec<u8>>, Error> {
         #[cfg(feature = "pmix")]
-        if let Some(session) = &self.pmix {
-            return session.exchange(blob);
+        if let Some(client) = &self.pmix {
+            return client.exchange(blob);
         }
         let Some(conn) = self.conn.as_mut() else {
             return Ok(vec![blob.to_vec()]);
@@ -772,9 +772,9 @@ pub struct Monitor {
     closing: Arc<AtomicBool>,
     /// The server this process hosts, kept alive with the monitor.
     _server: Option<KvsServer>,
-    /// The PMIx session (feature `pmix`): `PMIx_Finalize` once the rank is done.
+    /// The PMIx client (feature `pmix`): `PMIx_Finalize` once the rank is done.
     #[cfg(feature = "pmix")]
-    _pmix: Option<Box<crate::pmix::Session>>,
+    _pmix: Option<Box<crate::pmix::Client>>,
 }
 
 impl Drop for Monitor {

@@ -2,11 +2,11 @@
 //! Open MPI's or PRRTE's `mpirun`) learns its rank, the job's size and every peer's fabric
 //! addresses, the way an MPI library bootstraps.
 //!
-//! [`Session::init`] calls `PMIx_Init` (the launcher's server is named by the `PMIX_*`
+//! [`Client::init`] calls `PMIx_Init` (the launcher's server is named by the `PMIX_*`
 //! variables it sets), reads the rank from the process's name and the size from the job's
-//! `PMIX_JOB_SIZE`; [`Session::exchange`] puts this rank's blob under one key, commits, and
+//! `PMIX_JOB_SIZE`; [`Client::exchange`] puts this rank's blob under one key, commits, and
 //! a fence that collects data makes every rank's blob readable locally (one collective, no
-//! request per peer at first contact); dropping the session calls `PMIx_Finalize`.
+//! request per peer at first contact); dropping the client calls `PMIx_Finalize`.
 //!
 //! The raw calls are bindgen output over the installed `pmix.h` (`build.rs`).
 
@@ -133,7 +133,7 @@ impl Drop for Value {
 }
 
 /// This process's connection to its launcher's PMIx server; `PMIx_Finalize` on drop.
-pub(crate) struct Session {
+pub(crate) struct Client {
     me: sys::pmix_proc_t,
     /// This rank.
     pub(crate) rank: u32,
@@ -143,33 +143,33 @@ pub(crate) struct Session {
     fence_timeout: i32,
 }
 
-impl std::fmt::Debug for Session {
+impl std::fmt::Debug for Client {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Session").field("rank", &self.rank).field("size", &self.size).finish_non_exhaustive()
+        f.debug_struct("Client").field("rank", &self.rank).field("size", &self.size).finish_non_exhaustive()
     }
 }
 
-impl Session {
+impl Client {
     /// `PMIx_Init`, then this process's rank and its job's size (a malformed
     /// `WEFT_JOIN_TIMEOUT` is refused first).
-    pub(crate) fn init() -> Result<Session, Error> {
+    pub(crate) fn init() -> Result<Client, Error> {
         let fence_timeout = fence_timeout()?;
         let mut me = sys::pmix_proc_t::default();
         // SAFETY: `me` receives this process's name; no info.
         let status = unsafe { sys::PMIx_Init(&mut me, ptr::null_mut(), 0) };
-        check("PMIx_Init (the PMIx server the PMIX_* variables name cannot be reached)", status)?;
-        // From here on a failure drops the session, which finalizes.
-        let mut session = Session { me, rank: me.rank, size: 0, fence_timeout };
+        check("PMIx_Init (the PMIx server the PMIX_* variables name cannot be reached, or refused)", status)?;
+        // From here on a failure drops the client, which finalizes.
+        let mut client = Client { me, rank: me.rank, size: 0, fence_timeout };
         let mut job = me;
         job.rank = RANK_WILDCARD;
         let size = Value::get(&job, sys::PMIX_JOB_SIZE, "PMIx_Get of the job size (PMIX_JOB_SIZE)")?
             .u32()
             .ok_or(Error::InvalidArgument("the PMIx server gave a job size (PMIX_JOB_SIZE) that is not a 32-bit integer"))?;
-        if size == 0 || session.rank >= size {
+        if size == 0 || client.rank >= size {
             return Err(Error::InvalidArgument("the PMIx server gave a rank outside its job's size (PMIX_RANK, PMIX_JOB_SIZE)"));
         }
-        session.size = size;
-        Ok(session)
+        client.size = size;
+        Ok(client)
     }
 
     /// Puts `blob` under this rank's address key, commits, fences with data collection and
@@ -212,10 +212,10 @@ impl Session {
     }
 }
 
-impl Drop for Session {
+impl Drop for Client {
     fn drop(&mut self) {
-        // SAFETY: this session called PMIx_Init successfully once; PMIx counts
-        // initializations, so each session finalizes its own.
+        // SAFETY: this client called PMIx_Init successfully once; PMIx counts
+        // initializations, so each client finalizes its own.
         let _ = unsafe { sys::PMIx_Finalize(ptr::null(), 0) };
     }
 }
