@@ -804,6 +804,20 @@ mod under_mpirun {
         assert!(t0.elapsed() < Duration::from_secs(30), "took {:?}:\n{s}", t0.elapsed());
     }
 
+    /// The embedded provider cannot span processes: a job of 2 on it fails at start on
+    /// every rank, saying so (the size is known only once PMIx is joined); a job of 1 runs.
+    #[test]
+    fn the_embedded_provider_is_refused_in_a_job_of_several() {
+        let Some(o) = mpirun("embedded", &["-np", "2", SELFTEST, "hello"]) else { return };
+        let s = text(&o);
+        assert_eq!(o.status.code(), Some(1), "{s}");
+        assert!(s.contains("embedded provider cannot span processes"), "{s}");
+        let Some(o) = mpirun("embedded", &["-np", "1", SELFTEST, "hello"]) else { return };
+        let s = text(&o);
+        assert!(o.status.success(), "{s}");
+        assert!(s.contains(",0]<stdout>:rank 0 of 1 on embedded"), "{s}");
+    }
+
     /// The job's exit status is a rank's: rank 1 of 2 exits with 3 after both arrived.
     #[test]
     fn a_rank_exit_code_is_the_job_exit_code() {
