@@ -2,10 +2,12 @@
 # Installs the Debian packages that the optional features need:
 # * `cargo build -p weft-transport --features ofi`: libfabric 1.17 headers + library, its
 #   utilities (fi_info, fi_pingpong), libclang for bindgen, and pkg-config;
-# * `cargo build -p weft --features hwloc`: libhwloc-dev (hwloc 2.x, found through pkg-config).
+# * `cargo build -p weft --features hwloc`: libhwloc-dev (hwloc 2.x, found through pkg-config);
+# * `cargo build -p weft --features pmix`: libpmix-dev (PMIx 4.x, found through pkg-config),
+#   and openmpi-bin, whose `mpirun` serves PMIx to the multi-process tests' ranks.
 # Does nothing when they are already installed.
 set -eu
-PKGS="libfabric-dev libfabric-bin libclang-dev pkg-config libhwloc-dev"
+PKGS="libfabric-dev libfabric-bin libclang-dev pkg-config libhwloc-dev libpmix-dev openmpi-bin"
 missing=""
 for p in $PKGS; do
     if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then

@@ -5,6 +5,10 @@
 //! shims in `csrc/shim.c` (out-of-line wrappers over libfabric's `static inline` calls) and
 //! (3) runs bindgen over `csrc/shim.h` (which includes the `rdma/*.h` headers weft uses) with
 //! an allowlist, writing `$OUT_DIR/ofi_bindings.rs` for `src/ofi/sys.rs`.
+//!
+//! With `pmix` it finds PMIx (>= 4.1) through `pkg-config` and runs bindgen over
+//! `csrc/pmix.h` (the client calls of `pmix.h` the bootstrap uses), writing
+//! `$OUT_DIR/pmix_bindings.rs` for `src/pmix.rs`.
 
 fn main() {
     println!("cargo:rerun-if-changed=build.rs");
@@ -14,6 +18,55 @@ fn main() {
     #[cfg(feature = "ofi")]
     if std::env::var_os("CARGO_FEATURE_OFI").is_some() {
         ofi::build();
+    }
+    println!("cargo:rerun-if-env-changed=CARGO_FEATURE_PMIX");
+    #[cfg(feature = "pmix")]
+    if std::env::var_os("CARGO_FEATURE_PMIX").is_some() {
+        pmix::build();
+    }
+}
+
+/// What both bindings share: `builder` (header and allowlists set) with `Default` derived,
+/// unsafe calls wrapped, no layout tests or comments, the library's include paths; generated
+/// into `$OUT_DIR/<file>`.
+#[cfg(any(feature = "ofi", feature = "pmix"))]
+fn generate(builder: bindgen::Builder, include_paths: &[std::path::PathBuf], what: &str, file: &str) {
+    let mut builder = builder
+        .parse_callbacks(Box::new(bindgen::CargoCallbacks::new()))
+        .derive_default(true)
+        .wrap_unsafe_ops(true)
+        .layout_tests(false)
+        .generate_comments(false);
+    for path in include_paths {
+        builder = builder.clang_arg(format!("-I{}", path.display()));
+    }
+    let bindings = builder.generate().unwrap_or_else(|e| panic!("bindgen over {what} failed: {e}"));
+    let out = std::path::PathBuf::from(std::env::var("OUT_DIR").expect("cargo sets it"));
+    bindings.write_to_file(out.join(file)).unwrap_or_else(|e| panic!("write {file}: {e}"));
+}
+
+#[cfg(feature = "pmix")]
+mod pmix {
+    use std::path::PathBuf;
+
+    pub(super) fn build() {
+        let lib = pkg_config::Config::new().atleast_version("4.1").probe("pmix").unwrap_or_else(|e| {
+            panic!(
+                "feature `pmix` needs PMIx >= 4.1 found through pkg-config \
+                     (Debian: run .ci/ofi-deps.sh, which installs libpmix-dev): {e}"
+            )
+        });
+        let manifest = PathBuf::from(std::env::var("CARGO_MANIFEST_DIR").expect("cargo sets it"));
+        let header = manifest.join("csrc").join("pmix.h");
+        println!("cargo:rerun-if-changed={}", header.display());
+        let builder = bindgen::Builder::default()
+            .header(header.display().to_string())
+            .allowlist_function(
+                "PMIx_Init|PMIx_Finalize|PMIx_Put|PMIx_Commit|PMIx_Fence|PMIx_Get|PMIx_Error_string|PMIx_Value_load|PMIx_Value_destruct|PMIx_Info_load|PMIx_Register_event_handler|PMIx_Deregister_event_handler",
+            )
+            .allowlist_type("pmix_.*")
+            .allowlist_var("PMIX_.*");
+        super::generate(builder, &lib.include_paths, "the PMIx headers", "pmix_bindings.rs");
     }
 }
 
@@ -64,25 +117,15 @@ mod ofi {
         }
         cc.compile("weft_ofi_shim");
 
-        let mut builder = bindgen::Builder::default()
+        let builder = bindgen::Builder::default()
             .header(csrc.join("shim.h").display().to_string())
             .parse_callbacks(Box::new(FlagMacros))
-            .parse_callbacks(Box::new(bindgen::CargoCallbacks::new()))
             .allowlist_function("weft_fi_.*")
             .allowlist_function("fi_getinfo|fi_freeinfo|fi_dupinfo|fi_fabric|fi_strerror")
             .allowlist_type("fi_.*|fid_.*|fid")
             .allowlist_var("FI_.*")
             .default_enum_style(bindgen::EnumVariation::Consts)
-            .prepend_enum_name(false)
-            .derive_default(true)
-            .wrap_unsafe_ops(true)
-            .layout_tests(false)
-            .generate_comments(false);
-        for path in &lib.include_paths {
-            builder = builder.clang_arg(format!("-I{}", path.display()));
-        }
-        let bindings = builder.generate().unwrap_or_else(|e| panic!("bindgen over libfabric headers failed: {e}"));
-        let out = PathBuf::from(std::env::var("OUT_DIR").expect("cargo sets it"));
-        bindings.write_to_file(out.join("ofi_bindings.rs")).expect("write ofi_bindings.rs");
+            .prepend_enum_name(false);
+        super::generate(builder, &lib.include_paths, "libfabric headers", "ofi_bindings.rs");
     }
 }

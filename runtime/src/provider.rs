@@ -105,15 +105,22 @@ pub(crate) fn available_memory() -> Option<u64> {
     }
 }
 
+/// Why the embedded provider refuses a job of several processes.
+const EMBEDDED_ALONE: &str = "the embedded provider cannot span processes: set WEFT_PROVIDER=shm or tcp (weftrun sets it)";
+
 /// This process's transport: its rank of the job the environment describes.
 pub(crate) fn open_process(config: &Config) -> Result<Transport, Error> {
     // The provider is checked against the job's size before connecting to anything: the
     // embedded provider cannot join a job of several processes, and connecting first would
     // make an unreachable key-value server cost the connect timeout before saying so.
-    if config.provider == Provider::Embedded && Job::size_from_env()? > 1 {
-        return Err(Error::InvalidArgument("the embedded provider cannot span processes: set WEFT_PROVIDER=shm or tcp (weftrun sets it)"));
+    if config.provider == Provider::Embedded && Job::size_from_env()?.is_some_and(|n| n > 1) {
+        return Err(Error::InvalidArgument(EMBEDDED_ALONE));
     }
     let job = Job::from_env()?;
+    // A PMIx launcher tells the size only once joined.
+    if config.provider == Provider::Embedded && job.size > 1 {
+        return Err(Error::InvalidArgument(EMBEDDED_ALONE));
+    }
     match config.provider {
         Provider::Embedded => {
             // A job of one: nothing to exchange; saying BYE when `job` drops here is right,

@@ -298,9 +298,10 @@ impl Builder {
         Ok(c)
     }
 
-    /// This process's rank of its job: started by `weftrun` (or under Slurm with
-    /// `WEFT_KVS`), it joins the job through the bootstrap on the configured provider;
-    /// started plainly, it is rank 0 of 1.
+    /// This process's rank of its job: started by `weftrun`, by a PMIx launcher
+    /// (`srun --mpi=pmix`, `mpirun`; feature `pmix`) or under Slurm with `WEFT_KVS` (looked
+    /// for in that order), it joins the job through the bootstrap on the configured
+    /// provider; started plainly, it is rank 0 of 1.
     pub fn build(self) -> Result<Runtime, Error> {
         let config = self.resolve()?;
         let lock_options = self.lock_options(&config)?;

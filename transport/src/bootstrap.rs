@@ -7,7 +7,16 @@
 //! |---|---|---|
 //! | none | — | rank 0 of a job of size 1, no exchange |
 //! | `WEFT_RANK`, `WEFT_SIZE`, `WEFT_KVS=host:port`, `WEFT_TOKEN` | `weftrun` | connect to the KVS `weftrun` serves |
+//! | `PMIX_NAMESPACE`, `PMIX_RANK` (and the server's address) | `srun --mpi=pmix`, `mpirun` | feature `pmix`: join through the launcher's PMIx server |
 //! | `SLURM_PROCID`, `SLURM_NTASKS`, `WEFT_KVS=host:port`, `WEFT_TOKEN` | `srun` + the user | rank 0 *serves* the KVS on `WEFT_KVS`, every rank (0 too) connects to it |
+//!
+//! They are read in the table's order: `weftrun`'s variables first, then PMIx's, then
+//! Slurm's. Under a PMIx launcher (feature `pmix`) the rank is the process's PMIx rank, the
+//! size the job's `PMIX_JOB_SIZE`, and the addresses are exchanged by a PMIx fence that
+//! collects data (the same collective MPI libraries bootstrap from); `PMIx_Finalize` runs
+//! when the rank's [`Monitor`] is dropped. A PMIx launcher without the feature is refused
+//! with an error (the ranks would each run as a job of one), unless the Slurm variables
+//! below make today's path usable.
 //!
 //! Under Slurm the user exports `WEFT_KVS` (an address of the node of task 0 that every node
 //! can reach) and a random `WEFT_TOKEN` before `srun`, which passes both to every task.
@@ -483,6 +492,10 @@ pub struct Job {
     /// Peers reported `LOST` or `FINISHED` while the exchange was answered, for the
     /// monitor.
     early: Vec<PeerEvent>,
+    /// The launcher's PMIx server (feature `pmix`), finalized with the monitor (boxed: the
+    /// process name it holds is 260 bytes, which every rank's monitor would carry).
+    #[cfg(feature = "pmix")]
+    pmix: Option<Box<crate::pmix::Client>>,
 }
 
 fn env(name: &str) -> Option<String> {
@@ -496,50 +509,109 @@ fn env_u32(name: &'static str) -> Result<Option<u32>, Error> {
     }
 }
 
-/// Where the environment places this process: `(rank, size, under Slurm)`, checked, or
-/// `None` for a process started plainly (rank 0 of 1, nothing to exchange) — without
-/// connecting to anything (see the module docs).
-fn layout_from_env() -> Result<Option<(u32, u32, bool)>, Error> {
-    let (rank, size, slurm) = match (env_u32("WEFT_RANK")?, env_u32("WEFT_SIZE")?) {
-        (Some(r), Some(s)) => (r, s, false),
-        (None, None) => match (env_u32("SLURM_PROCID")?, env_u32("SLURM_NTASKS")?) {
-            (Some(r), Some(s)) if s > 1 && env("WEFT_KVS").is_some() => (r, s, true),
-            (Some(_), Some(s)) if s > 1 => {
-                return Err(Error::InvalidArgument("under Slurm, export WEFT_KVS=host:port and WEFT_TOKEN before srun"))
+/// Which launcher started this process, as the environment says (module docs).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Layout {
+    /// Started plainly: rank 0 of 1, nothing to exchange.
+    Plain,
+    /// `weftrun`, or a launcher that sets its variables.
+    Weftrun { rank: u32, size: u32 },
+    /// A PMIx launcher: rank and size come from its server.
+    #[cfg(feature = "pmix")]
+    Pmix,
+    /// Slurm with `WEFT_KVS`: rank 0 serves the KVS.
+    Slurm { rank: u32, size: u32 },
+}
+
+/// Where the environment places this process, checked, without connecting to anything
+/// (see the module docs for the order).
+fn layout_from_env() -> Result<Layout, Error> {
+    let layout = match (env_u32("WEFT_RANK")?, env_u32("WEFT_SIZE")?) {
+        (Some(rank), Some(size)) => Layout::Weftrun { rank, size },
+        (None, None) => {
+            let pmix = env("PMIX_NAMESPACE").is_some() && env("PMIX_RANK").is_some();
+            #[cfg(feature = "pmix")]
+            if pmix {
+                return Ok(Layout::Pmix);
             }
-            _ => return Ok(None),
-        },
+            match (env_u32("SLURM_PROCID")?, env_u32("SLURM_NTASKS")?) {
+                (Some(rank), Some(size)) if size > 1 && env("WEFT_KVS").is_some() => Layout::Slurm { rank, size },
+                // Each rank would run as a job of one.
+                _ if pmix => {
+                    return Err(Error::InvalidArgument(
+                        "started by a PMIx launcher (PMIX_NAMESPACE and PMIX_RANK are set) but built without the `pmix` \
+                         feature: build with it, or start the job with weftrun",
+                    ))
+                }
+                (Some(_), Some(size)) if size > 1 => {
+                    return Err(Error::InvalidArgument("under Slurm, export WEFT_KVS=host:port and WEFT_TOKEN before srun"))
+                }
+                _ => Layout::Plain,
+            }
+        }
         _ => return Err(Error::InvalidArgument("WEFT_RANK and WEFT_SIZE must be set together")),
     };
-    if size == 0 || rank >= size {
-        return Err(Error::InvalidArgument("rank must be below size (WEFT_RANK/WEFT_SIZE or SLURM_PROCID/SLURM_NTASKS)"));
+    if let Layout::Weftrun { rank, size } | Layout::Slurm { rank, size } = layout {
+        if size == 0 || rank >= size {
+            return Err(Error::InvalidArgument("rank must be below size (WEFT_RANK/WEFT_SIZE or SLURM_PROCID/SLURM_NTASKS)"));
+        }
     }
-    Ok(Some((rank, size, slurm)))
+    Ok(layout)
 }
 
 impl Job {
-    /// The size of the job the environment describes, without connecting to anything (what
-    /// [`from_env`](Self::from_env) would find, and its errors for a bad environment).
-    pub fn size_from_env() -> Result<u32, Error> {
-        Ok(layout_from_env()?.map_or(1, |(_, size, _)| size))
+    /// Rank `rank` of `size` with nothing to exchange through (the other fields are set by
+    /// the constructors that have them).
+    fn alone(rank: u32, size: u32) -> Job {
+        Job {
+            rank,
+            size,
+            conn: None,
+            server: None,
+            host: None,
+            early: Vec::new(),
+            #[cfg(feature = "pmix")]
+            pmix: None,
+        }
     }
 
-    /// Reads the environment (see the module docs) and connects to the KVS if there is one.
+    /// The size of the job the environment describes, without connecting to anything (what
+    /// [`from_env`](Self::from_env) would find, and its errors for a bad environment);
+    /// `None` under a PMIx launcher, whose server tells the size only once joined.
+    pub fn size_from_env() -> Result<Option<u32>, Error> {
+        Ok(match layout_from_env()? {
+            Layout::Plain => Some(1),
+            Layout::Weftrun { size, .. } | Layout::Slurm { size, .. } => Some(size),
+            #[cfg(feature = "pmix")]
+            Layout::Pmix => None,
+        })
+    }
+
+    /// Reads the environment (see the module docs) and connects to the KVS or the PMIx
+    /// server if there is one.
     pub fn from_env() -> Result<Job, Error> {
-        let Some((rank, size, slurm)) = layout_from_env()? else {
-            return Ok(Job { rank: 0, size: 1, conn: None, server: None, host: None, early: Vec::new() });
+        let (rank, size, slurm) = match layout_from_env()? {
+            Layout::Plain => return Ok(Job::alone(0, 1)),
+            Layout::Weftrun { rank, size } => (rank, size, false),
+            Layout::Slurm { rank, size } => (rank, size, true),
+            #[cfg(feature = "pmix")]
+            Layout::Pmix => {
+                let client = crate::pmix::Client::init()?;
+                let (rank, size) = (client.rank, client.size);
+                return Ok(Job { pmix: Some(Box::new(client)), ..Job::alone(rank, size) });
+            }
         };
         let kvs = env("WEFT_KVS");
         let token = env("WEFT_TOKEN");
         let host = slurm.then_some(0);
         match (kvs, token) {
-            (None, _) if size == 1 => Ok(Job { rank, size, conn: None, server: None, host, early: Vec::new() }),
+            (None, _) if size == 1 => Ok(Job { host, ..Job::alone(rank, size) }),
             (None, _) => Err(Error::InvalidArgument("WEFT_KVS=host:port is needed for a job of more than one rank")),
             (Some(_), None) => Err(Error::InvalidArgument("WEFT_TOKEN is needed with WEFT_KVS")),
             (Some(kvs), Some(token)) => {
                 let server = if slurm && rank == 0 { Some(KvsServer::bind_hosted(&kvs, size, &token, Some(rank))?) } else { None };
                 let conn = connect(&kvs, &token, rank)?;
-                Ok(Job { rank, size, conn: Some(conn), server, host, early: Vec::new() })
+                Ok(Job { conn: Some(conn), server, host, ..Job::alone(rank, size) })
             }
         }
     }
@@ -550,7 +622,7 @@ impl Job {
         if rank >= size {
             return Err(Error::RankOutOfRange { rank, size });
         }
-        Ok(Job { rank, size, conn: Some(connect(kvs, token, rank)?), server: None, host: None, early: Vec::new() })
+        Ok(Job { conn: Some(connect(kvs, token, rank)?), ..Job::alone(rank, size) })
     }
 
     /// Publishes this rank's `blob` and returns every rank's, rank `i` at index `i`.
@@ -558,6 +630,10 @@ impl Job {
     /// Fails with [`Error::PeerLost`] naming the rank if one was lost (died, or exited
     /// without joining) before every rank published.
     pub fn exchange(&mut self, blob: &[u8]) -> Result<Vec<Vec<u8>>, Error> {
+        #[cfg(feature = "pmix")]
+        if let Some(client) = &self.pmix {
+            return client.exchange(blob);
+        }
         let Some(conn) = self.conn.as_mut() else {
             return Ok(vec![blob.to_vec()]);
         };
@@ -614,7 +690,14 @@ impl Job {
         }
         let closing = Arc::new(AtomicBool::new(false));
         let Some(conn) = self.conn else {
-            return Monitor { conn: None, reader: None, closing, _server: self.server };
+            return Monitor {
+                conn: None,
+                reader: None,
+                closing,
+                _server: self.server,
+                #[cfg(feature = "pmix")]
+                _pmix: self.pmix,
+            };
         };
         let writer = conn.get_ref().try_clone().ok();
         let mut r = conn;
@@ -640,7 +723,14 @@ impl Job {
                 }
             })
             .ok();
-        Monitor { conn: writer, reader, closing, _server: self.server }
+        Monitor {
+            conn: writer,
+            reader,
+            closing,
+            _server: self.server,
+            #[cfg(feature = "pmix")]
+            _pmix: self.pmix,
+        }
     }
 }
 
@@ -682,6 +772,9 @@ pub struct Monitor {
     closing: Arc<AtomicBool>,
     /// The server this process hosts, kept alive with the monitor.
     _server: Option<KvsServer>,
+    /// The PMIx client (feature `pmix`): `PMIx_Finalize` once the rank is done.
+    #[cfg(feature = "pmix")]
+    _pmix: Option<Box<crate::pmix::Client>>,
 }
 
 impl Drop for Monitor {

@@ -12,7 +12,8 @@
 //!
 //! [`Transport`] is what the runtime holds: a static-dispatch enum over the providers, and
 //! [`Provider`] names one (`WEFT_PROVIDER=embedded|shm|tcp`). [`bootstrap`] tells a process
-//! its rank and size and exchanges fabric addresses (`weftrun`, Slurm).
+//! its rank and size and exchanges fabric addresses (`weftrun`, a PMIx launcher with feature
+//! `pmix`, Slurm).
 #![deny(unsafe_op_in_unsafe_fn)]
 
 pub mod bootstrap;
@@ -24,6 +25,8 @@ pub(crate) mod loom;
 pub mod ofi;
 #[cfg(feature = "ofi")]
 pub mod ofi_provider;
+#[cfg(feature = "pmix")]
+mod pmix;
 mod provider;
 mod ring;
 

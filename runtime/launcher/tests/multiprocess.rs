@@ -708,3 +708,143 @@ fn two_hosts_over_a_veth_pair() {
         assert!(s.contains(&format!("netns ok: rank {r} exchanged with rank {}", 1 - r)), "{s}");
     }
 }
+
+/// Jobs started by Open MPI's `mpirun`, which serves PMIx to its ranks: with the `pmix`
+/// feature a weft program needs no variable of its own there.
+#[cfg(feature = "pmix")]
+mod under_mpirun {
+    use super::*;
+
+    /// `mpirun` with `args`, as root too, every rank's output tagged `[job,rank]<stdout>:`;
+    /// `None` (with the reason printed) where `mpirun` is not installed.
+    fn mpirun(provider: &str, args: &[&str]) -> Option<Output> {
+        if Command::new("mpirun").arg("--version").output().map(|o| !o.status.success()).unwrap_or(true) {
+            println!("skipped: mpirun is not installed (Debian: openmpi-bin)");
+            return None;
+        }
+        let _g = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+        let out = Command::new("mpirun")
+            .args([
+                "--oversubscribe",
+                "--tag-output",
+                "--timeout",
+                "240",
+                "-x",
+                "WEFT_PROVIDER",
+                "-x",
+                "FI_TCP_IFACE",
+                "-x",
+                "FI_SOCKETS_IFACE",
+            ])
+            .args(args)
+            .env("WEFT_PROVIDER", provider)
+            .env("FI_TCP_IFACE", "lo")
+            .env("FI_SOCKETS_IFACE", "lo")
+            .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
+            .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
+            .env_remove("WEFT_RANK")
+            .env_remove("WEFT_SIZE")
+            .env_remove("WEFT_KVS")
+            .env_remove("WEFT_TOKEN")
+            .stdin(Stdio::null())
+            .output()
+            .expect("mpirun starts");
+        Some(out)
+    }
+
+    /// `weft-selftest all` at 2 and 4 ranks: every rank passes every check.
+    fn every_check(provider: &str) {
+        for n in [2, 4] {
+            let Some(o) = mpirun(provider, &["-np", &n.to_string(), SELFTEST, "all"]) else { return };
+            let s = text(&o);
+            assert!(o.status.success(), "{n} ranks under mpirun on {provider}:\n{s}");
+            let lines = ["pingpong ok", "multirate ok", "wildcard ok", "order ok", "large ok"];
+            for r in 0..n {
+                for line in lines {
+                    assert!(s.contains(&format!(",{r}]<stdout>:{line}")), "{n} ranks: missing {line:?} of rank {r}:\n{s}");
+                }
+                assert!(s.contains(&format!(",{r}]<stdout>:all done")), "{n} ranks: rank {r} did not finish:\n{s}");
+            }
+        }
+    }
+
+    #[test]
+    fn every_check_at_2_and_4_ranks_under_mpirun_on_shm() {
+        every_check("shm");
+    }
+
+    #[test]
+    fn every_check_at_2_and_4_ranks_under_mpirun_on_tcp() {
+        every_check("tcp");
+    }
+
+    /// Rank and size come from PMIx: each rank says which it is, of a job of 3.
+    #[test]
+    fn ranks_and_size_come_from_pmix() {
+        let Some(o) = mpirun("shm", &["-np", "3", SELFTEST, "hello"]) else { return };
+        let s = text(&o);
+        assert!(o.status.success(), "{s}");
+        for r in 0..3 {
+            assert!(s.contains(&format!(",{r}]<stdout>:rank {r} of 3 on shm")), "rank {r}:\n{s}");
+        }
+    }
+
+    /// Ranks started with settings that decide how frames are sized set differently (the
+    /// CRI count, one value per application context) fail at start with an error that names
+    /// the setting, as under weftrun: the check travels with the addresses PMIx exchanges.
+    #[test]
+    fn ranks_that_disagree_on_settings_fail_at_start_under_mpirun() {
+        let args = ["-x", "WEFT_PROVIDER", "-np", "1", "-x", "WEFT_CRIS=1", SELFTEST, "hello", ":"];
+        let args = [&args[..], &["-x", "WEFT_PROVIDER", "-np", "1", "-x", "WEFT_CRIS=2", SELFTEST, "hello"]].concat();
+        let Some(o) = mpirun("shm", &args) else { return };
+        let s = text(&o);
+        assert_eq!(o.status.code(), Some(1), "{s}");
+        assert!(s.contains("disagree on the CRI count"), "{s}");
+    }
+
+    /// A rank that never joins (here not a weft program at all) fails the others' start
+    /// within `WEFT_JOIN_TIMEOUT` with an error that says so, instead of a hang.
+    #[test]
+    fn a_rank_that_never_joins_fails_the_others_within_the_join_timeout() {
+        let t0 = Instant::now();
+        let args = ["-x", "WEFT_PROVIDER", "-x", "WEFT_JOIN_TIMEOUT=2", "-np", "1", SELFTEST, "hello", ":", "-np", "1", "sleep", "60"];
+        let Some(o) = mpirun("shm", &args) else { return };
+        let s = text(&o);
+        assert_eq!(o.status.code(), Some(1), "{s}");
+        assert!(s.contains("did not join within WEFT_JOIN_TIMEOUT"), "{s}");
+        assert!(t0.elapsed() < Duration::from_secs(30), "took {:?}:\n{s}", t0.elapsed());
+    }
+
+    /// A rank killed mid-job ends the job within seconds with a failure status (mpirun
+    /// tears the job down; no survivor is left waiting on the dead rank).
+    #[test]
+    fn a_killed_rank_ends_the_job_without_a_hang() {
+        let t0 = Instant::now();
+        let Some(o) = mpirun("shm", &["-np", "2", SELFTEST, "peer-lost"]) else { return };
+        let s = text(&o);
+        assert!(!o.status.success(), "{s}");
+        assert!(s.contains("killing itself on purpose"), "{s}");
+        assert!(t0.elapsed() < Duration::from_secs(30), "took {:?}:\n{s}", t0.elapsed());
+    }
+
+    /// The embedded provider cannot span processes: a job of 2 on it fails at start on
+    /// every rank, saying so (the size is known only once PMIx is joined); a job of 1 runs.
+    #[test]
+    fn the_embedded_provider_is_refused_in_a_job_of_several() {
+        let Some(o) = mpirun("embedded", &["-np", "2", SELFTEST, "hello"]) else { return };
+        let s = text(&o);
+        assert_eq!(o.status.code(), Some(1), "{s}");
+        assert!(s.contains("embedded provider cannot span processes"), "{s}");
+        let Some(o) = mpirun("embedded", &["-np", "1", SELFTEST, "hello"]) else { return };
+        let s = text(&o);
+        assert!(o.status.success(), "{s}");
+        assert!(s.contains(",0]<stdout>:rank 0 of 1 on embedded"), "{s}");
+    }
+
+    /// The job's exit status is a rank's: rank 1 of 2 exits with 3 after both arrived.
+    #[test]
+    fn a_rank_exit_code_is_the_job_exit_code() {
+        let Some(o) = mpirun("shm", &["-np", "2", SELFTEST, "exit-code"]) else { return };
+        assert_eq!(o.status.code(), Some(3), "{}", text(&o));
+    }
+}

@@ -1,7 +1,9 @@
 //! `weft-selftest <check>`: multi-process checks of a weft installation, run under
 //! `weftrun` (`weftrun -n 4 --provider shm weft-selftest all`); `weft-selftest --help` lists
 //! the checks, one line each, with the number of ranks each takes. The integration test
-//! `tests/multiprocess.rs` drives them on `shm` and `tcp;ofi_rxm`.
+//! `tests/multiprocess.rs` drives them on `shm` and `tcp;ofi_rxm`, under `weftrun` and,
+//! with feature `pmix`, under `mpirun` (`mpirun -np 4 -x WEFT_PROVIDER=shm weft-selftest
+//! all`: rank and size come from PMIx).
 //!
 //! * Every check runs on a communicator of its own (`world().dup()`, created by every rank
 //!   before the check and freed after it), and the exit handshake on another: no check ever

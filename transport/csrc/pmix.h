@@ -1,0 +1,2 @@
+/* The PMIx client calls the bootstrap uses (bindgen input for the `pmix` feature). */
+#include <pmix.h>
