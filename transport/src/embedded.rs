@@ -210,7 +210,7 @@ struct World {
     lost: AtomicU64,
 }
 
-/// Creates the ranks of an embedded fabric; hand one [`Endpoint`] to each rank.
+/// Creates the ranks of an embedded fabric; hand one [`EmbeddedRank`] to each rank.
 pub fn fabric(opts: EmbeddedOptions) -> Result<Vec<EmbeddedRank>, Error> {
     if opts.ranks == 0 || opts.cris == 0 || opts.cris > u16::MAX as usize {
         return Err(Error::InvalidArgument("an embedded fabric needs >= 1 rank and 1..=65535 CRIs"));
