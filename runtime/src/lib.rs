@@ -31,7 +31,7 @@
 //!
 //! | layer | files | what |
 //! |---|---|---|
-//! | API | `runtime.rs`, `comm.rs`, `request.rs`, `wait.rs`, `datatype.rs`, `counters.rs` | [`Runtime`] and [`Builder`], [`Communicator`], [`Request`], the waits, datatypes, [`Snapshot`] |
+//! | API | `runtime.rs`, `comm.rs`, `group.rs`, `create.rs`, `request.rs`, `wait.rs`, `datatype.rs`, `counters.rs` | [`Runtime`] and [`Builder`], [`Communicator`] and its [`Group`], communicator creation ([Dinan 2012]), [`Request`], the waits, datatypes, [`Snapshot`] |
 //! | progress | `progress/` | the three [`ProgressMode`]s (`global.rs`, `owner.rs`, `concurrent.rs`), one pass (`mod.rs`), parking (`park.rs`), blocking waits (`wait.rs`), posting a frame (`send.rs`), what the executor and sync objects call (`drive.rs`) |
 //! | engine | `engine/` | one rank's state by component — CRIs, the context table, frames into completions, rendezvous reads, the outbox of refused frames, lost peers, the courier — with what guards each and the lock order (`engine/README.md`) |
 //! | matching, executor | `matching/`, `executor/` | the matching engine of one communicator (over operations, `operation.rs`); the work-stealing pool, which knows the runtime only through its `Drive` trait |
@@ -108,9 +108,11 @@ mod buffer;
 mod comm;
 mod config;
 mod counters;
+mod create;
 mod datatype;
 mod engine;
 mod executor;
+mod group;
 pub mod lock;
 pub(crate) mod loom;
 mod matching;
@@ -128,6 +130,7 @@ pub use config::{Assignment, Config, Locks, MatchingMode, ProgressMode, Provider
 pub use counters::Snapshot;
 pub use datatype::{Datatype, TypedRecv};
 pub use executor::{JoinError, JoinHandle};
+pub use group::Group;
 pub use matching::{Source, Tag};
 pub use request::Request;
 pub use runtime::{Builder, Runtime};

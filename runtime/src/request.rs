@@ -166,6 +166,7 @@ impl<'c, B: Send + 'static> Request<'c, B> {
             if let Some(cell) = self.sent_cell.take() {
                 recycle(cell);
             }
+            let st = Status { source: self.comm.rank_of_world(st.source), ..st };
             return self.buf.take().map(|buf| Ok((buf, st)));
         }
         let outcome = self.inner.as_ref()?.cell.outcome()?;
@@ -179,7 +180,7 @@ impl<'c, B: Send + 'static> Request<'c, B> {
                     // completing with `Ok`; the acquire in `outcome()` makes them visible.
                     unsafe { filled(&mut buf, st.bytes) };
                 }
-                Ok((buf, st))
+                Ok((buf, Status { source: self.comm.rank_of_world(st.source), ..st }))
             }
             Err(e) => Err(e),
         };
@@ -190,8 +191,12 @@ impl<'c, B: Send + 'static> Request<'c, B> {
     /// The outcome without consuming the request (`None` while pending).
     pub fn outcome(&self) -> Option<Outcome> {
         match self.sent {
-            Some(st) => Some(Ok(st)),
-            None => self.inner.as_ref().and_then(|i| i.cell.outcome()),
+            Some(st) => Some(Ok(Status { source: self.comm.rank_of_world(st.source), ..st })),
+            None => self
+                .inner
+                .as_ref()
+                .and_then(|i| i.cell.outcome())
+                .map(|o| o.map(|st| Status { source: self.comm.rank_of_world(st.source), ..st })),
         }
     }
 

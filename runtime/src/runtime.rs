@@ -363,7 +363,8 @@ impl Builder {
                     transport: ep,
                     config: config.clone(),
                 });
-                let world = Communicator::create(&engine, 0, size, crate::comm::Assertions::default())?;
+                let group = crate::group::Group::from_world((0..size).collect(), engine.transport.rank());
+                let world = Communicator::create(&engine, 0, group, crate::comm::Assertions::default())?;
                 let exec = Arc::new(ExecGuard { engine: engine.clone() });
                 Ok(Runtime { engine, world, exec })
             })
