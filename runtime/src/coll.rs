@@ -1,0 +1,220 @@
+//! Blocking collectives on any communicator: `barrier` (dissemination), `bcast` (binomial
+//! tree) and `allreduce` (recursive doubling, ranks beyond a power of two folded in first, as
+//! MPICH does for short messages). Their messages travel on the communicator's collective
+//! context under reserved negative tags, so they never match a user receive, `Tag::Any`
+//! included. Each collective's sends are posted after its receive, so large messages (by
+//! rendezvous) cannot wait on each other.
+
+use weft_sync::Error;
+
+use crate::buffer::Primitive;
+use crate::comm::Communicator;
+use crate::matching::{Source, Tag};
+
+/// Collective-context tag of round `k` of `barrier` is `TAG_BARRIER - k`.
+const TAG_BARRIER: i32 = -16;
+/// Collective-context tag of `bcast`.
+const TAG_BCAST: i32 = -48;
+/// Collective-context tag of `allreduce`.
+const TAG_ALLREDUCE: i32 = -49;
+
+/// A predefined reduction (`MPI_Op`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Op {
+    /// `MPI_SUM` (integers wrap).
+    Sum,
+    /// `MPI_PROD` (integers wrap).
+    Prod,
+    /// `MPI_MIN`.
+    Min,
+    /// `MPI_MAX`.
+    Max,
+    /// `MPI_BAND` (integers only).
+    BAnd,
+    /// `MPI_BOR` (integers only).
+    BOr,
+    /// `MPI_BXOR` (integers only).
+    BXor,
+}
+
+/// An element type the predefined [`Op`]s reduce.
+pub trait Reducible: Primitive {
+    /// `op(a, b)`; `None` where `op` is not defined for the type (bitwise on floats).
+    fn apply(op: Op, a: Self, b: Self) -> Option<Self>;
+}
+
+macro_rules! reducible_int {
+    ($($t:ty),*) => { $(
+        impl Reducible for $t {
+            fn apply(op: Op, a: Self, b: Self) -> Option<Self> {
+                Some(match op {
+                    Op::Sum => a.wrapping_add(b),
+                    Op::Prod => a.wrapping_mul(b),
+                    Op::Min => a.min(b),
+                    Op::Max => a.max(b),
+                    Op::BAnd => a & b,
+                    Op::BOr => a | b,
+                    Op::BXor => a ^ b,
+                })
+            }
+        }
+    )* };
+}
+reducible_int!(u8, i8, u16, i16, u32, i32, u64, i64, u128, i128, usize, isize);
+
+macro_rules! reducible_float {
+    ($($t:ty),*) => { $(
+        impl Reducible for $t {
+            fn apply(op: Op, a: Self, b: Self) -> Option<Self> {
+                match op {
+                    Op::Sum => Some(a + b),
+                    Op::Prod => Some(a * b),
+                    Op::Min => Some(a.min(b)),
+                    Op::Max => Some(a.max(b)),
+                    Op::BAnd | Op::BOr | Op::BXor => None,
+                }
+            }
+        }
+    )* };
+}
+reducible_float!(f32, f64);
+
+impl Communicator {
+    fn check_collective(&self) -> Result<(), Error> {
+        if self.is_freed() {
+            return Err(Error::CommFreed);
+        }
+        Ok(())
+    }
+
+    /// Receives `len` elements from rank `from` of this communicator on the collective
+    /// context, posting the receive before the sends of `to` (ranks and their data) go out.
+    fn exchange<T: Primitive>(&self, tag: i32, from: Option<(u32, usize)>, to: &[(u32, Vec<T>)]) -> Result<Option<Vec<T>>, Error> {
+        let coll = self.coll_state();
+        let rx = match from {
+            Some((r, len)) => Some((self.irecv_on(coll, Vec::<T>::with_capacity(len), Source::Rank(self.world_of(r)), Tag::Is(tag))?, len)),
+            None => None,
+        };
+        let sends = to.iter().map(|(r, v)| self.isend_on(coll, v.clone(), self.world_of(*r), tag)).collect::<Result<Vec<_>, _>>()?;
+        let got = match rx {
+            Some((rx, len)) => {
+                let (v, _) = rx.wait()?;
+                if v.len() != len {
+                    return Err(Error::InvalidArgument("collective: a rank passed a different length"));
+                }
+                Some(v)
+            }
+            None => None,
+        };
+        for s in sends {
+            s.wait()?;
+        }
+        Ok(got)
+    }
+
+    /// Blocks until every rank of the communicator has called it (`MPI_Barrier`;
+    /// dissemination: `ceil(log2 size)` rounds, round `k` signalling the rank `2^k` ahead).
+    pub fn barrier(&self) -> Result<(), Error> {
+        self.check_collective()?;
+        let (n, me) = (self.size(), self.rank());
+        let mut k = 0;
+        while 1u32 << k < n {
+            let d = 1 << k;
+            self.exchange::<u8>(TAG_BARRIER - k, Some(((me + n - d) % n, 0)), &[((me + d) % n, Vec::new())])?;
+            k += 1;
+        }
+        Ok(())
+    }
+
+    /// Copies `data` of rank `root` into `data` of every rank (`MPI_Bcast`; binomial tree).
+    /// Every rank passes the same length and root.
+    pub fn bcast<T: Primitive>(&self, data: &mut [T], root: u32) -> Result<(), Error> {
+        self.check_collective()?;
+        let n = self.size();
+        if root >= n {
+            return Err(Error::RankOutOfRange { rank: root, size: n });
+        }
+        let vr = (self.rank() + n - root) % n;
+        let mut mask = 1u32;
+        while mask < n {
+            if vr & mask != 0 {
+                let from = (vr - mask + root) % n;
+                let v = self.exchange::<T>(TAG_BCAST, Some((from, data.len())), &[])?.expect("a receive was posted");
+                data.copy_from_slice(&v);
+                break;
+            }
+            mask <<= 1;
+        }
+        mask >>= 1;
+        let mut to = Vec::new();
+        while mask > 0 {
+            if vr + mask < n {
+                to.push(((vr + mask + root) % n, data.to_vec()));
+            }
+            mask >>= 1;
+        }
+        self.exchange::<T>(TAG_BCAST, None, &to)?;
+        Ok(())
+    }
+
+    /// Reduces `send` elementwise over every rank with `op` into `recv` of every rank
+    /// (`MPI_Allreduce`). Every rank passes the same lengths and op; a bitwise op on floats
+    /// is an error.
+    pub fn allreduce<T: Reducible>(&self, send: &[T], recv: &mut [T], op: Op) -> Result<(), Error> {
+        if let Some(&x) = send.first() {
+            if T::apply(op, x, x).is_none() {
+                return Err(Error::InvalidArgument("allreduce: a bitwise op on floating-point elements"));
+            }
+        }
+        self.allreduce_with(send, recv, |a, b| T::apply(op, a, b).expect("op checked for the type"))
+    }
+
+    /// [`allreduce`](Self::allreduce) with a user reduction `f(a, b)`, which must be
+    /// associative; operands always come in rank order (`a` from the lower ranks), so it need
+    /// not be commutative. Recursive doubling: `log2` of the largest power of two not above
+    /// the size in exchanges, plus two messages for each rank beyond it.
+    pub fn allreduce_with<T: Primitive>(&self, send: &[T], recv: &mut [T], f: impl Fn(T, T) -> T) -> Result<(), Error> {
+        self.check_collective()?;
+        if send.len() != recv.len() {
+            return Err(Error::InvalidArgument("allreduce: send and receive buffers of different lengths"));
+        }
+        let (n, me, len) = (self.size(), self.rank(), send.len());
+        let combine = |lower: &[T], upper: &[T]| -> Vec<T> { lower.iter().zip(upper).map(|(&a, &b)| f(a, b)).collect() };
+        let pof2 = 1u32 << (31 - n.leading_zeros());
+        let rem = n - pof2;
+        let mut buf = send.to_vec();
+        // Fold: among the first `2 * rem` ranks, each even one hands its data to the odd one
+        // after it and waits for the result.
+        let newrank = if me < 2 * rem {
+            if me % 2 == 0 {
+                self.exchange(TAG_ALLREDUCE, None, &[(me + 1, buf.clone())])?;
+                None
+            } else {
+                let lower = self.exchange::<T>(TAG_ALLREDUCE, Some((me - 1, len)), &[])?.expect("a receive was posted");
+                buf = combine(&lower, &buf);
+                Some(me / 2)
+            }
+        } else {
+            Some(me - rem)
+        };
+        if let Some(nr) = newrank {
+            let mut mask = 1;
+            while mask < pof2 {
+                let partner = nr ^ mask;
+                let dst = if partner < rem { partner * 2 + 1 } else { partner + rem };
+                let theirs = self.exchange::<T>(TAG_ALLREDUCE, Some((dst, len)), &[(dst, buf.clone())])?.expect("a receive was posted");
+                buf = if dst < me { combine(&theirs, &buf) } else { combine(&buf, &theirs) };
+                mask <<= 1;
+            }
+        }
+        if me < 2 * rem {
+            if me % 2 == 1 {
+                self.exchange(TAG_ALLREDUCE, None, &[(me - 1, buf.clone())])?;
+            } else {
+                buf = self.exchange::<T>(TAG_ALLREDUCE, Some((me + 1, len)), &[])?.expect("a receive was posted");
+            }
+        }
+        recv.copy_from_slice(&buf);
+        Ok(())
+    }
+}

@@ -1,0 +1,177 @@
+//! Blocking collectives against a sequential reference, at odd and power-of-two sizes, on
+//! the world and on communicators over a subset of the ranks, each bounded in time.
+
+mod common;
+
+use std::sync::atomic::{AtomicU32, Ordering};
+
+use common::within;
+use weft::{Communicator, Error, Op, Runtime, Source, Tag};
+
+const SIZES: [u32; 6] = [1, 2, 3, 4, 5, 8];
+
+/// Runs `f(rank, world)` on one thread per rank of a local world of `n` and returns the
+/// results by rank.
+fn on_world<T: Send>(n: u32, f: impl Fn(u32, &Communicator) -> T + Sync) -> Vec<T> {
+    let rts = Runtime::builder().build_local(n).unwrap();
+    std::thread::scope(|s| {
+        let hs: Vec<_> = rts
+            .iter()
+            .enumerate()
+            .map(|(r, rt)| {
+                let f = &f;
+                s.spawn(move || f(r as u32, rt.world()))
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    })
+}
+
+/// Rank `r`'s input: `len` values that differ by rank and position.
+fn input(r: u32, len: usize) -> Vec<i64> {
+    (0..len).map(|i| (r as i64 + 1) * 1000 - i as i64 * (r as i64 % 3 + 1)).collect()
+}
+
+#[test]
+fn allreduce_matches_a_sequential_reference() {
+    within(120, "allreduce at sizes 1-8", || {
+        for n in SIZES {
+            for len in [1usize, 7, 3000] {
+                let out = on_world(n, |r, c| {
+                    let send = input(r, len);
+                    let mut res = Vec::new();
+                    for op in [Op::Sum, Op::Prod, Op::Min, Op::Max, Op::BAnd, Op::BOr, Op::BXor] {
+                        let mut recv = vec![0i64; len];
+                        c.allreduce(&send, &mut recv, op).unwrap();
+                        res.push(recv);
+                    }
+                    let fs: Vec<f64> = send.iter().map(|&x| x as f64 / 7.0).collect();
+                    let mut fr = vec![0f64; len];
+                    c.allreduce(&fs, &mut fr, Op::Max).unwrap();
+                    res.push(fr.iter().map(|&x| (x * 7.0).round() as i64).collect());
+                    res
+                });
+                let all: Vec<Vec<i64>> = (0..n).map(|r| input(r, len)).collect();
+                let fold = |f: fn(i64, i64) -> i64| -> Vec<i64> { (0..len).map(|i| all.iter().map(|v| v[i]).reduce(f).unwrap()).collect() };
+                let want = [
+                    fold(i64::wrapping_add),
+                    fold(i64::wrapping_mul),
+                    fold(i64::min),
+                    fold(i64::max),
+                    fold(|a, b| a & b),
+                    fold(|a, b| a | b),
+                    fold(|a, b| a ^ b),
+                    fold(i64::max),
+                ];
+                for (r, got) in out.iter().enumerate() {
+                    assert_eq!(got.as_slice(), &want, "size {n}, {len} elements, rank {r}");
+                }
+            }
+        }
+    });
+}
+
+#[test]
+fn a_user_reduction_gets_its_operands_in_rank_order() {
+    within(60, "allreduce_with a non-commutative op", || {
+        for n in SIZES {
+            // Concatenating decimal digits: associative, not commutative.
+            let out = on_world(n, |r, c| {
+                let mut recv = [0u64];
+                c.allreduce_with(&[r as u64 + 1], &mut recv, |a, b| a * 10u64.pow(b.ilog10() + 1) + b).unwrap();
+                recv[0]
+            });
+            let want = (1..=n as u64).fold(0, |acc, d| acc * 10 + d);
+            assert!(out.iter().all(|&v| v == want), "size {n}: {out:?}");
+        }
+    });
+}
+
+#[test]
+fn bcast_from_every_root() {
+    within(120, "bcast at sizes 1-8, every root", || {
+        for n in SIZES {
+            for len in [1usize, 5000] {
+                let out = on_world(n, |r, c| {
+                    (0..n)
+                        .map(|root| {
+                            let mut data = if r == root { input(root, len) } else { vec![-1; len] };
+                            c.bcast(&mut data, root).unwrap();
+                            data
+                        })
+                        .collect::<Vec<_>>()
+                });
+                for got in &out {
+                    for (root, d) in got.iter().enumerate() {
+                        assert_eq!(d, &input(root as u32, len), "size {n}, root {root}");
+                    }
+                }
+            }
+        }
+    });
+}
+
+#[test]
+fn nobody_leaves_a_barrier_before_everyone_entered() {
+    within(60, "barrier at sizes 1-8", || {
+        for n in SIZES {
+            let entered = AtomicU32::new(0);
+            on_world(n, |r, c| {
+                for round in 1..=5 {
+                    // Late arrivals: the last rank sleeps before entering.
+                    if r == n - 1 {
+                        std::thread::sleep(std::time::Duration::from_millis(5));
+                    }
+                    entered.fetch_add(1, Ordering::SeqCst);
+                    c.barrier().unwrap();
+                    assert!(entered.load(Ordering::SeqCst) >= round * n, "size {n}: left round {round} early");
+                    c.barrier().unwrap();
+                }
+            });
+        }
+    });
+}
+
+#[test]
+fn collectives_on_a_split_communicator_and_apart_from_user_receives() {
+    within(60, "collectives on the halves of 7 ranks", || {
+        let out = on_world(7, |r, w| {
+            let half = w.split(Some(r % 2), r as i32).unwrap().unwrap();
+            // A user receive for anything stays pending through every collective.
+            let mut pending = half.irecv(Vec::<u8>::with_capacity(64), Source::Any, Tag::Any).unwrap();
+            let mut sum = [0u32];
+            half.allreduce(&[r], &mut sum, Op::Sum).unwrap();
+            let mut root_rank = [if half.rank() == 0 { r } else { 0 }];
+            half.bcast(&mut root_rank, 0).unwrap();
+            half.barrier().unwrap();
+            assert!(!pending.test(), "a collective message matched a user receive");
+            (sum[0], root_rank[0])
+        });
+        for (r, &(sum, root)) in out.iter().enumerate() {
+            assert_eq!((sum, root), if r % 2 == 0 { (12, 0) } else { (9, 1) }, "rank {r}");
+        }
+    });
+}
+
+#[test]
+fn collectives_refuse_bad_input() {
+    within(60, "bad collective input", || {
+        let rts = Runtime::builder().build_local(2).unwrap();
+        let c = rts[0].world();
+        assert_eq!(c.bcast(&mut [0u8], 2).unwrap_err(), Error::RankOutOfRange { rank: 2, size: 2 });
+        assert!(matches!(c.allreduce(&[1u32, 2], &mut [0u32], Op::Sum), Err(Error::InvalidArgument(_))));
+        assert!(matches!(c.allreduce(&[1.0f32], &mut [0f32], Op::BXor), Err(Error::InvalidArgument(_))));
+        let d = on_world_dup(&rts);
+        d.clone().free();
+        assert_eq!(d.barrier().unwrap_err(), Error::CommFreed);
+    });
+}
+
+fn on_world_dup(rts: &[Runtime]) -> Communicator {
+    std::thread::scope(|s| {
+        let h = s.spawn(|| rts[1].world().dup().unwrap());
+        let d = rts[0].world().dup().unwrap();
+        h.join().unwrap();
+        d
+    })
+}
