@@ -87,15 +87,15 @@ impl Communicator {
         Ok(())
     }
 
-    /// Receives `len` elements from rank `from` of this communicator on the collective
-    /// context, posting the receive before the sends of `to` (ranks and their data) go out.
+    /// Receives `len` elements from world rank `from` on the collective context, posting the
+    /// receive before the sends of `to` (world ranks and their data) go out.
     fn exchange<T: Primitive>(&self, tag: i32, from: Option<(u32, usize)>, to: &[(u32, Vec<T>)]) -> Result<Option<Vec<T>>, Error> {
         let coll = self.coll_state();
         let rx = match from {
-            Some((r, len)) => Some((self.irecv_on(coll, Vec::<T>::with_capacity(len), Source::Rank(self.world_of(r)), Tag::Is(tag))?, len)),
+            Some((w, len)) => Some((self.irecv_on(coll, Vec::<T>::with_capacity(len), Source::Rank(w), Tag::Is(tag))?, len)),
             None => None,
         };
-        let sends = to.iter().map(|(r, v)| self.isend_on(coll, v.clone(), self.world_of(*r), tag)).collect::<Result<Vec<_>, _>>()?;
+        let sends = to.iter().map(|(w, v)| self.isend_on(coll, v.clone(), *w, tag)).collect::<Result<Vec<_>, _>>()?;
         let got = match rx {
             Some((rx, len)) => {
                 let (v, _) = rx.wait()?;
@@ -120,7 +120,8 @@ impl Communicator {
         let mut k = 0;
         while 1u32 << k < n {
             let d = 1 << k;
-            self.exchange::<u8>(TAG_BARRIER - k, Some(((me + n - d) % n, 0)), &[((me + d) % n, Vec::new())])?;
+            let (from, to) = (self.world_of((me + n - d) % n), self.world_of((me + d) % n));
+            self.exchange::<u8>(TAG_BARRIER - k, Some((from, 0)), &[(to, Vec::new())])?;
             k += 1;
         }
         Ok(())
@@ -138,7 +139,7 @@ impl Communicator {
         let mut mask = 1u32;
         while mask < n {
             if vr & mask != 0 {
-                let from = (vr - mask + root) % n;
+                let from = self.world_of((vr - mask + root) % n);
                 let v = self.exchange::<T>(TAG_BCAST, Some((from, data.len())), &[])?.expect("a receive was posted");
                 data.copy_from_slice(&v);
                 break;
@@ -149,7 +150,7 @@ impl Communicator {
         let mut to = Vec::new();
         while mask > 0 {
             if vr + mask < n {
-                to.push(((vr + mask + root) % n, data.to_vec()));
+                to.push((self.world_of((vr + mask + root) % n), data.to_vec()));
             }
             mask >>= 1;
         }
@@ -178,20 +179,44 @@ impl Communicator {
         if send.len() != recv.len() {
             return Err(Error::InvalidArgument("allreduce: send and receive buffers of different lengths"));
         }
-        let (n, me, len) = (self.size(), self.rank(), send.len());
-        let combine = |lower: &[T], upper: &[T]| -> Vec<T> { lower.iter().zip(upper).map(|(&a, &b)| f(a, b)).collect() };
+        let members = self.group().world_ranks().clone();
+        let buf = self.reduce_over(&members, TAG_ALLREDUCE, send.to_vec(), |lower, upper| {
+            lower.iter().zip(upper).map(|(&a, &b)| f(a, b)).collect()
+        })?;
+        recv.copy_from_slice(&buf);
+        Ok(())
+    }
+
+    /// Reduces `value` over the world ranks `members` (this rank among them; each passes the
+    /// same list and length) on the collective context with `tag`: every member gets
+    /// `f(f(v0, v1), ...)` over the members' values in list order (`f(lower, upper)` combines
+    /// the values of two adjacent runs of members). Recursive doubling over the largest power
+    /// of two of members, the members beyond it folded in first (MPICH's short-message
+    /// allreduce).
+    pub(crate) fn reduce_over<T: Primitive>(
+        &self,
+        members: &[u32],
+        tag: i32,
+        value: Vec<T>,
+        f: impl Fn(&[T], &[T]) -> Vec<T>,
+    ) -> Result<Vec<T>, Error> {
+        let me_world = self.world_of(self.rank());
+        let me =
+            members.iter().position(|&w| w == me_world).ok_or(Error::InvalidArgument("a reduction over members without this rank"))? as u32;
+        let (n, len) = (members.len() as u32, value.len());
+        let w = |i: u32| members[i as usize];
         let pof2 = 1u32 << (31 - n.leading_zeros());
         let rem = n - pof2;
-        let mut buf = send.to_vec();
-        // Fold: among the first `2 * rem` ranks, each even one hands its data to the odd one
-        // after it and waits for the result.
+        let mut buf = value;
+        // Fold: among the first `2 * rem` members, each even one hands its data to the odd
+        // one after it and waits for the result.
         let newrank = if me < 2 * rem {
             if me % 2 == 0 {
-                self.exchange(TAG_ALLREDUCE, None, &[(me + 1, buf.clone())])?;
+                self.exchange(tag, None, &[(w(me + 1), buf.clone())])?;
                 None
             } else {
-                let lower = self.exchange::<T>(TAG_ALLREDUCE, Some((me - 1, len)), &[])?.expect("a receive was posted");
-                buf = combine(&lower, &buf);
+                let lower = self.exchange::<T>(tag, Some((w(me - 1), len)), &[])?.expect("a receive was posted");
+                buf = f(&lower, &buf);
                 Some(me / 2)
             }
         } else {
@@ -202,19 +227,18 @@ impl Communicator {
             while mask < pof2 {
                 let partner = nr ^ mask;
                 let dst = if partner < rem { partner * 2 + 1 } else { partner + rem };
-                let theirs = self.exchange::<T>(TAG_ALLREDUCE, Some((dst, len)), &[(dst, buf.clone())])?.expect("a receive was posted");
-                buf = if dst < me { combine(&theirs, &buf) } else { combine(&buf, &theirs) };
+                let theirs = self.exchange::<T>(tag, Some((w(dst), len)), &[(w(dst), buf.clone())])?.expect("a receive was posted");
+                buf = if dst < me { f(&theirs, &buf) } else { f(&buf, &theirs) };
                 mask <<= 1;
             }
         }
         if me < 2 * rem {
             if me % 2 == 1 {
-                self.exchange(TAG_ALLREDUCE, None, &[(me - 1, buf.clone())])?;
+                self.exchange(tag, None, &[(w(me - 1), buf.clone())])?;
             } else {
-                buf = self.exchange::<T>(TAG_ALLREDUCE, Some((me + 1, len)), &[])?.expect("a receive was posted");
+                buf = self.exchange::<T>(tag, Some((w(me + 1), len)), &[])?.expect("a receive was posted");
             }
         }
-        recv.copy_from_slice(&buf);
-        Ok(())
+        Ok(buf)
     }
 }

@@ -3,9 +3,9 @@
 //! groups, without deadlock.
 //!
 //! Each rank keeps a mask of free context id pairs (`engine/ids.rs`). The members of the new
-//! communicator reduce their masks with a bitwise AND over a *group allreduce* on the parent's
-//! collective context (so its traffic never meets user messages, `Tag::Any` included), keyed
-//! by a tag (the user's for `create_group`, reserved negative ones for `dup` and `split`), and
+//! communicator reduce their masks with a bitwise AND over a *group allreduce* (recursive
+//! doubling over the members, `coll.rs`) on the parent's collective context (so its traffic
+//! never meets user messages, `Tag::Any` included), keyed by a tag (the user's for `create_group`, reserved negative ones for `dup` and `split`), and
 //! take the first pair set in the result. Among the threads of one rank the mask is owned by
 //! one thread at a time; a thread that does not own it contributes zeros, which fails the
 //! attempt everywhere, and tries again. The thread with the lowest `<parent context id, tag>`
@@ -32,7 +32,6 @@ use crate::engine::ids::{first_set, EAGER_PAIRS, MASK_WORDS, PAIRS};
 use crate::engine::{MAX_GENERATIONS, SLOT_BITS};
 use crate::group::Group;
 use crate::loom::sync::atomic::Ordering;
-use crate::matching::{Source, Tag};
 
 /// Collective-context tag of `dup`'s allocation.
 const TAG_DUP: i32 = -1;
@@ -49,54 +48,11 @@ const EAGER_WORDS: usize = EAGER_PAIRS / 32;
 const HEAD: usize = 3;
 
 /// What one allocation attempt reduces: `[owned, bits, !bits, mask words.., generations..]`.
-fn reduce_alloc(acc: &mut [u32], other: &[u32], words: usize) {
-    let (and, max) = acc.split_at_mut(HEAD + words);
-    for (a, b) in and.iter_mut().zip(other) {
-        *a &= b;
-    }
-    for (a, b) in max.iter_mut().zip(&other[HEAD + words..]) {
-        *a = (*a).max(*b);
-    }
+fn reduce_alloc(a: &[u32], b: &[u32], words: usize) -> Vec<u32> {
+    a.iter().zip(b).enumerate().map(|(i, (&x, &y))| if i < HEAD + words { x & y } else { x.max(y) }).collect()
 }
 
 impl Communicator {
-    /// Reduces `value` over the world ranks `members` (which hold this rank) with `op`, on
-    /// the collective context with `tag`: a gather to the first member, then a broadcast.
-    /// Every member passes the same length.
-    pub(crate) fn group_allreduce(
-        &self,
-        members: &[u32],
-        tag: i32,
-        mut value: Vec<u32>,
-        op: impl Fn(&mut [u32], &[u32]),
-    ) -> Result<Vec<u32>, Error> {
-        let me = self.world_of(self.rank());
-        let root = members[0];
-        let coll = self.coll_state();
-        let len = value.len();
-        let recv_one = |from: u32| -> Result<Vec<u32>, Error> {
-            let (b, _) = self.irecv_on(coll, Vec::<u32>::with_capacity(len), Source::Rank(from), Tag::Is(tag))?.wait()?;
-            if b.len() == len {
-                Ok(b)
-            } else {
-                Err(Error::InvalidArgument("collective message of the wrong length"))
-            }
-        };
-        if me == root {
-            for &r in &members[1..] {
-                op(&mut value, &recv_one(r)?);
-            }
-            let sends = members[1..].iter().map(|&r| self.isend_on(coll, value.clone(), r, tag)).collect::<Result<Vec<_>, _>>()?;
-            for s in sends {
-                s.wait()?;
-            }
-            Ok(value)
-        } else {
-            self.isend_on(coll, value, root, tag)?.wait()?;
-            recv_one(root)
-        }
-    }
-
     /// A context id for a new communicator of the world ranks `members` (which hold this
     /// rank), agreed with them over this communicator's collective context with `tag`
     /// ([Dinan 2012, Listing 1.1 with Listing 1.2 in place of its barrier]). The pair is
@@ -213,7 +169,7 @@ impl Communicator {
         value.extend(local);
         value.extend(gens);
         debug_assert!(first + words * 32 <= PAIRS);
-        self.group_allreduce(members, tag, value, |a, b| reduce_alloc(a, b, words))
+        self.reduce_over(members, tag, value, |a, b| reduce_alloc(a, b, words))
     }
 
     /// The communicator of `group` (a subset of this one's, with this rank), with a context id
@@ -240,7 +196,7 @@ impl Communicator {
         if let Some(c) = color {
             mine[3 * me..3 * me + 3].copy_from_slice(&[1, c, key as u32]);
         }
-        let all = self.group_allreduce(&members, TAG_SPLIT_EXCHANGE, mine, |a, b| a.iter_mut().zip(b).for_each(|(x, y)| *x |= y))?;
+        let all = self.reduce_over(&members, TAG_SPLIT_EXCHANGE, mine, |a, b| a.iter().zip(b).map(|(x, y)| x | y).collect())?;
         // One id for every color: the new groups are disjoint, and each holds this pair.
         let assertions = self.assertions();
         let context = self.allocate_context(&members, TAG_SPLIT, assertions)?;
