@@ -78,7 +78,7 @@ fn every_check_at_2_4_and_8_ranks_on_tcp() {
 /// The checks that take any number of ranks (2 or more) run at 3, an odd count: pingpong's
 /// last rank plays with rank 0, order and large go round a ring of 3.
 fn three_ranks(provider: &str) {
-    for check in ["hello", "pingpong", "wildcard", "order", "large", "alltoall"] {
+    for check in ["hello", "pingpong", "wildcard", "order", "large", "alltoall", "comms"] {
         let (o, t) = weftrun(3, provider, check);
         let s = text(&o);
         assert!(o.status.success(), "{check} at 3 ranks on {provider} failed after {t:?}:\n{s}");
@@ -89,6 +89,26 @@ fn three_ranks(provider: &str) {
             }
         }
     }
+}
+
+/// Communicators over subsets and the collectives at 4 ranks (a power of two; 3 is above).
+fn comms_at_4(provider: &str) {
+    let (o, t) = weftrun(4, provider, "comms");
+    let s = text(&o);
+    assert!(o.status.success(), "comms at 4 ranks on {provider} failed after {t:?}:\n{s}");
+    for r in 0..4 {
+        assert!(s.contains(&format!("[{r}] comms ok: halves of 2")), "rank {r}:\n{s}");
+    }
+}
+
+#[test]
+fn comms_at_4_ranks_on_shm() {
+    comms_at_4("shm");
+}
+
+#[test]
+fn comms_at_4_ranks_on_tcp() {
+    comms_at_4("tcp");
 }
 
 #[test]
