@@ -88,14 +88,22 @@ impl Communicator {
     }
 
     /// Receives `len` elements from world rank `from` on the collective context, posting the
-    /// receive before the sends of `to` (world ranks and their data) go out.
+    /// receive before the sends of `to` (world ranks and their data) go out. A lost peer is
+    /// named by its rank in this communicator.
     fn exchange<T: Primitive>(&self, tag: i32, from: Option<(u32, usize)>, to: &[(u32, Vec<T>)]) -> Result<Option<Vec<T>>, Error> {
         let coll = self.coll_state();
         let rx = match from {
-            Some((w, len)) => Some((self.irecv_on(coll, Vec::<T>::with_capacity(len), Source::Rank(w), Tag::Is(tag))?, len)),
+            Some((w, len)) => Some((
+                self.irecv_on(coll, Vec::<T>::with_capacity(len), Source::Rank(w), Tag::Is(tag)).map_err(|e| self.local_error(e))?,
+                len,
+            )),
             None => None,
         };
-        let sends = to.iter().map(|(w, v)| self.isend_on(coll, v.clone(), *w, tag)).collect::<Result<Vec<_>, _>>()?;
+        let sends = to
+            .iter()
+            .map(|(w, v)| self.isend_on(coll, v.clone(), *w, tag))
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| self.local_error(e))?;
         let got = match rx {
             Some((rx, len)) => {
                 let (v, _) = rx.wait()?;

@@ -117,6 +117,24 @@ impl Communicator {
         }
     }
 
+    /// `e` with a lost peer named by its rank here (as `rank_of_world`).
+    pub(crate) fn local_error(&self, e: Error) -> Error {
+        match e {
+            Error::PeerLost { rank } => Error::PeerLost { rank: self.rank_of_world(rank) },
+            e => e,
+        }
+    }
+
+    /// `st` with its source named by its rank here.
+    pub(crate) fn local_status(&self, st: Status) -> Status {
+        Status { source: self.rank_of_world(st.source), ..st }
+    }
+
+    /// A request's outcome (which names world ranks) with ranks here.
+    pub(crate) fn local_outcome(&self, o: weft_sync::Outcome) -> weft_sync::Outcome {
+        o.map(|st| self.local_status(st)).map_err(|e| self.local_error(e))
+    }
+
     /// The collective context's state.
     pub(crate) fn coll_state(&self) -> &CommState {
         &self.coll
@@ -178,7 +196,7 @@ impl Communicator {
     /// inbox is full this call makes progress until there is room (flow control).
     pub fn isend<B: SendBuf>(&self, buf: B, dest: u32, tag: i32) -> Result<Request<'_, B>, Error> {
         self.check(dest, tag)?;
-        self.isend_on(&self.p2p, buf, self.world_of(dest), tag)
+        self.isend_on(&self.p2p, buf, self.world_of(dest), tag).map_err(|e| self.local_error(e))
     }
 
     /// Starts sending on context `st` to world rank `dest`.
@@ -250,7 +268,7 @@ impl Communicator {
             return Err(Error::CommFreed);
         }
         self.check_recv_tag(tag)?;
-        self.irecv_on(&self.p2p, buf, source, tag)
+        self.irecv_on(&self.p2p, buf, source, tag).map_err(|e| self.local_error(e))
     }
 
     /// A receive's or probe's tag: in range, and not `Tag::Any` on a `no_any_tag`
@@ -362,11 +380,11 @@ impl Communicator {
         let gone = s.lost_source(source);
         let part = self.p2p.part_of(tag);
         match s.main_path(|| s.with_matching_of(&self.p2p, part, |m| m.probe(source, tag))) {
-            Some((source, tag, bytes)) => Ok(Some(Status { source: self.rank_of_world(source), tag, bytes })),
+            Some((source, tag, bytes)) => Ok(Some(self.local_status(Status { source, tag, bytes }))),
             // Nothing queued, and only a gone peer could send it: it never will (a loop of
             // probes would poll for ever), as a receive would say.
             None => match gone {
-                Some(rank) => Err(Error::PeerLost { rank }),
+                Some(rank) => Err(Error::PeerLost { rank: self.rank_of_world(rank) }),
                 None => Ok(None),
             },
         }

@@ -269,3 +269,27 @@ fn running_out_of_ids_fails_on_every_rank() {
         assert!(matches!(out[0].1, Error::InvalidArgument(_)) && matches!(out[1].1, Error::InvalidArgument(_)));
     });
 }
+
+/// A peer lost to a communicator over a subset is named by its rank there: world rank 2 is
+/// rank 1 of the group `{0, 2}`.
+#[test]
+fn a_lost_member_is_named_by_its_rank_in_the_communicator() {
+    within(60, "a finished member of a two-rank group", || {
+        let mut rts = local(3);
+        let comms =
+            on_ranks(&rts, |r, rt| (r != 1).then(|| rt.world().create_group(&rt.world().group().incl(&[0, 2]).unwrap(), 4).unwrap()));
+        let mut comms = comms.into_iter();
+        let c = comms.next().unwrap().unwrap();
+        let mut pending = c.irecv(Vec::<u8>::with_capacity(1), 1u32, 9).unwrap();
+        drop(comms);
+        drop(rts.pop());
+        let t0 = std::time::Instant::now();
+        while !pending.test() {
+            assert!(t0.elapsed() < std::time::Duration::from_secs(10), "the receive from the finished member is still pending");
+        }
+        assert_eq!(pending.take().unwrap().unwrap_err(), Error::PeerLost { rank: 1 });
+        assert_eq!(c.send(vec![1u8], 1, 9).unwrap_err(), Error::PeerLost { rank: 1 });
+        assert_eq!(c.iprobe(1u32, 9).unwrap_err(), Error::PeerLost { rank: 1 });
+        assert_eq!(c.recv(Vec::<u8>::with_capacity(1), 1u32, 9).unwrap_err(), Error::PeerLost { rank: 1 });
+    });
+}
