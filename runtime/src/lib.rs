@@ -82,6 +82,33 @@
 //! assert_eq!(row, [0.0, 4.0, 8.0, 12.0]);
 //! ```
 //!
+//! # Groups, communicator creation and collectives
+//!
+//! [`Communicator::group`] gives the [`Group`] of a communicator; [`Communicator::split`] and
+//! [`Communicator::create_group`] make communicators over a subset of the ranks, numbered in
+//! their group. Many threads may create communicators at once: context ids come from a mask
+//! reduced over the members, owned by priority, eager first ([Dinan 2012], `create.rs`).
+//! [`Communicator::barrier`], [`Communicator::bcast`] and [`Communicator::allreduce`] run on
+//! any communicator, on a context of their own.
+//!
+//! ```
+//! use weft::{Op, Runtime};
+//!
+//! let ranks = Runtime::builder().build_local(3).unwrap();
+//! std::thread::scope(|s| {
+//!     for rt in &ranks {
+//!         s.spawn(move || {
+//!             let world = rt.world();
+//!             // Evens and odds, each ordered by world rank.
+//!             let half = world.split(Some(world.rank() % 2), 0).unwrap().unwrap();
+//!             let mut sum = [0u32];
+//!             half.allreduce(&[world.rank()], &mut sum, Op::Sum).unwrap();
+//!             assert_eq!(sum[0], if world.rank() % 2 == 0 { 2 } else { 1 });
+//!         });
+//!     }
+//! });
+//! ```
+//!
 //! # Example
 //!
 //! ```
