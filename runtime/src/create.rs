@@ -67,7 +67,7 @@ impl Communicator {
         let (own, local) = {
             let mut ids = s.contexts.ids.lock();
             ids.allreduces += 1;
-            if ids.eager_in_use {
+            if ids.eager_in_use || !s.config.eager_context_ids {
                 (false, vec![0; EAGER_WORDS])
             } else {
                 ids.eager_in_use = true;

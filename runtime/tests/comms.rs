@@ -293,3 +293,19 @@ fn a_lost_member_is_named_by_its_rank_in_the_communicator() {
         assert_eq!(c.recv(Vec::<u8>::with_capacity(1), 1u32, 9).unwrap_err(), Error::PeerLost { rank: 1 });
     });
 }
+
+/// Without the eager segment the first allreduce only synchronizes, and the base protocol
+/// allocates: two allreduces per uncontended creation, ids still agreed.
+#[test]
+fn the_base_protocol_alone_takes_two_allreduces() {
+    within(60, "base protocol", || {
+        let rts = Runtime::builder().eager_context_ids(false).build_local(3).unwrap();
+        let out = on_ranks(&rts, |_, rt| {
+            let w = rt.world();
+            let before = w.creation_allreduces();
+            let d = w.dup().unwrap();
+            (w.creation_allreduces() - before, d.context_id())
+        });
+        assert!(out.iter().all(|&(n, id)| n == 2 && id == out[0].1), "{out:?}");
+    });
+}
