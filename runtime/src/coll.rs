@@ -1,6 +1,7 @@
-//! Blocking collectives on any communicator: `barrier` (dissemination), `bcast` (binomial
-//! tree) and `allreduce` (recursive doubling, ranks beyond a power of two folded in first, as
-//! MPICH does for short messages). Their messages travel on the communicator's collective
+//! Blocking collectives on any communicator: `barrier` (dissemination), `bcast` and `reduce`
+//! (binomial trees), `allreduce` (recursive doubling, ranks beyond a power of two folded in
+//! first, as MPICH does for short messages), `gather` and `scatter` (the root exchanges with
+//! each rank), `allgather` (ring). Their messages travel on the communicator's collective
 //! context under reserved negative tags, so they never match a user receive, `Tag::Any`
 //! included. Each collective's sends are posted after its receive, so large messages (by
 //! rendezvous) cannot wait on each other.
@@ -17,6 +18,14 @@ const TAG_BARRIER: i32 = -16;
 const TAG_BCAST: i32 = -48;
 /// Collective-context tag of `allreduce`.
 const TAG_ALLREDUCE: i32 = -49;
+/// Collective-context tag of `reduce`.
+const TAG_REDUCE: i32 = -50;
+/// Collective-context tag of `gather`.
+const TAG_GATHER: i32 = -51;
+/// Collective-context tag of `scatter`.
+const TAG_SCATTER: i32 = -52;
+/// Collective-context tag of `allgather`.
+const TAG_ALLGATHER: i32 = -53;
 
 /// A predefined reduction (`MPI_Op`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -163,6 +172,111 @@ impl Communicator {
             mask >>= 1;
         }
         self.exchange::<T>(TAG_BCAST, None, &to)?;
+        Ok(())
+    }
+
+    /// Checks that `root` is a rank here.
+    fn check_root(&self, root: u32) -> Result<(), Error> {
+        self.check_collective()?;
+        if root >= self.size() {
+            return Err(Error::RankOutOfRange { rank: root, size: self.size() });
+        }
+        Ok(())
+    }
+
+    /// Reduces `send` elementwise over every rank with `op` into `recv` of rank `root`
+    /// (`MPI_Reduce`; binomial tree). `recv` is read only at the root, where it has the
+    /// length of `send`. Every rank passes the same length, op and root.
+    pub fn reduce<T: Reducible>(&self, send: &[T], recv: &mut [T], op: Op, root: u32) -> Result<(), Error> {
+        self.check_root(root)?;
+        if send.first().is_some_and(|&x| T::apply(op, x, x).is_none()) {
+            return Err(Error::InvalidArgument("reduce: a bitwise op on floating-point elements"));
+        }
+        let (n, me, len) = (self.size(), self.rank(), send.len());
+        if me == root && recv.len() != len {
+            return Err(Error::InvalidArgument("reduce: the root's receive buffer differs in length from the send buffer"));
+        }
+        let vr = (me + n - root) % n;
+        let at = |v: u32| self.world_of((v + root) % n);
+        let mut buf = send.to_vec();
+        let mut mask = 1u32;
+        while mask < n {
+            if vr & mask != 0 {
+                self.exchange(TAG_REDUCE, None, &[(at(vr - mask), buf)])?;
+                return Ok(());
+            }
+            if vr + mask < n {
+                let theirs = self.exchange::<T>(TAG_REDUCE, Some((at(vr + mask), len)), &[])?.expect("a receive was posted");
+                buf = buf.iter().zip(&theirs).map(|(&a, &b)| T::apply(op, a, b).expect("op checked for the type")).collect();
+            }
+            mask <<= 1;
+        }
+        recv.copy_from_slice(&buf);
+        Ok(())
+    }
+
+    /// Gathers `send` of every rank into `recv` of rank `root`, rank `r`'s at
+    /// `r * send.len()` (`MPI_Gather`). `recv` is read only at the root, where it holds
+    /// `size * send.len()` elements.
+    pub fn gather<T: Primitive>(&self, send: &[T], recv: &mut [T], root: u32) -> Result<(), Error> {
+        self.check_root(root)?;
+        let (n, me, len) = (self.size(), self.rank(), send.len());
+        if me != root {
+            self.exchange(TAG_GATHER, None, &[(self.world_of(root), send.to_vec())])?;
+            return Ok(());
+        }
+        if recv.len() != n as usize * len {
+            return Err(Error::InvalidArgument("gather: the root's receive buffer is not size x the send buffer"));
+        }
+        for r in 0..n {
+            let block = &mut recv[r as usize * len..(r as usize + 1) * len];
+            if r == me {
+                block.copy_from_slice(send);
+            } else {
+                block.copy_from_slice(&self.exchange::<T>(TAG_GATHER, Some((self.world_of(r), len)), &[])?.expect("a receive was posted"));
+            }
+        }
+        Ok(())
+    }
+
+    /// Scatters `send` of rank `root` (`size * recv.len()` elements there; read only there):
+    /// rank `r` gets the block at `r * recv.len()` into `recv` (`MPI_Scatter`).
+    pub fn scatter<T: Primitive>(&self, send: &[T], recv: &mut [T], root: u32) -> Result<(), Error> {
+        self.check_root(root)?;
+        let (n, me, len) = (self.size(), self.rank(), recv.len());
+        if me != root {
+            let v = self.exchange::<T>(TAG_SCATTER, Some((self.world_of(root), len)), &[])?.expect("a receive was posted");
+            recv.copy_from_slice(&v);
+            return Ok(());
+        }
+        if send.len() != n as usize * len {
+            return Err(Error::InvalidArgument("scatter: the root's send buffer is not size x the receive buffer"));
+        }
+        let to: Vec<(u32, Vec<T>)> =
+            (0..n).filter(|&r| r != me).map(|r| (self.world_of(r), send[r as usize * len..(r as usize + 1) * len].to_vec())).collect();
+        self.exchange(TAG_SCATTER, None, &to)?;
+        recv.copy_from_slice(&send[me as usize * len..(me as usize + 1) * len]);
+        Ok(())
+    }
+
+    /// Gathers `send` of every rank into `recv` of every rank, rank `r`'s at
+    /// `r * send.len()` (`MPI_Allgather`; a ring of `size - 1` steps). `recv` holds
+    /// `size * send.len()` elements.
+    pub fn allgather<T: Primitive>(&self, send: &[T], recv: &mut [T]) -> Result<(), Error> {
+        self.check_collective()?;
+        let (n, me, len) = (self.size(), self.rank(), send.len());
+        if recv.len() != n as usize * len {
+            return Err(Error::InvalidArgument("allgather: the receive buffer is not size x the send buffer"));
+        }
+        let block = |r: u32| r as usize * len..(r as usize + 1) * len;
+        recv[block(me)].copy_from_slice(send);
+        let (left, right) = (self.world_of((me + n - 1) % n), self.world_of((me + 1) % n));
+        for step in 0..n - 1 {
+            let (out, inc) = ((me + n - step) % n, (me + n - step - 1) % n);
+            let got =
+                self.exchange::<T>(TAG_ALLGATHER, Some((left, len)), &[(right, recv[block(out)].to_vec())])?.expect("a receive was posted");
+            recv[block(inc)].copy_from_slice(&got);
+        }
         Ok(())
     }
 

@@ -88,8 +88,10 @@
 //! [`Communicator::create_group`] make communicators over a subset of the ranks, numbered in
 //! their group. Many threads may create communicators at once: context ids come from a mask
 //! reduced over the members, owned by priority, eager first ([Dinan 2012], `create.rs`).
-//! [`Communicator::barrier`], [`Communicator::bcast`] and [`Communicator::allreduce`] run on
-//! any communicator, on a context of their own.
+//! The collectives — [`Communicator::barrier`], [`Communicator::bcast`],
+//! [`Communicator::reduce`], [`Communicator::allreduce`], [`Communicator::gather`],
+//! [`Communicator::scatter`], [`Communicator::allgather`] — run on any communicator, on a
+//! context of their own.
 //!
 //! ```
 //! use weft::{Op, Runtime};

@@ -175,3 +175,56 @@ fn on_world_dup(rts: &[Runtime]) -> Communicator {
         d
     })
 }
+
+#[test]
+fn reduce_gather_scatter_allgather_match_a_sequential_reference() {
+    within(120, "reduce, gather, scatter, allgather at sizes 1-8, every root", || {
+        for n in SIZES {
+            for len in [0usize, 3, 3000] {
+                let out = on_world(n, |r, c| {
+                    let send = input(r, len);
+                    let mut per_root = Vec::new();
+                    for root in 0..n {
+                        let mut sum = vec![0i64; if r == root { len } else { 0 }];
+                        c.reduce(&send, &mut sum, Op::Sum, root).unwrap();
+                        let mut all = vec![0i64; if r == root { n as usize * len } else { 0 }];
+                        c.gather(&send, &mut all, root).unwrap();
+                        // The root scatters what it gathered: each rank gets its own input back.
+                        let mut mine = vec![0i64; len];
+                        c.scatter(&all, &mut mine, root).unwrap();
+                        assert_eq!(mine, send, "size {n}, root {root}: scatter of the gathered blocks");
+                        per_root.push((sum, all));
+                    }
+                    let mut everyone = vec![0i64; n as usize * len];
+                    c.allgather(&send, &mut everyone).unwrap();
+                    (per_root, everyone)
+                });
+                let concat: Vec<i64> = (0..n).flat_map(|r| input(r, len)).collect();
+                let sum: Vec<i64> = (0..len).map(|i| (0..n).map(|r| input(r, len)[i]).sum()).collect();
+                for (r, (per_root, everyone)) in out.iter().enumerate() {
+                    assert_eq!(everyone, &concat, "size {n}, {len} elements: allgather at rank {r}");
+                    for (root, (s, g)) in per_root.iter().enumerate() {
+                        if root == r {
+                            assert_eq!((s, g), (&sum, &concat), "size {n}, {len} elements, root {root}");
+                        }
+                    }
+                }
+            }
+        }
+    });
+}
+
+#[test]
+fn rooted_collectives_refuse_bad_input() {
+    within(60, "bad rooted collective input", || {
+        let rts = Runtime::builder().build_local(2).unwrap();
+        let c = rts[0].world();
+        assert_eq!(c.reduce(&[1u8], &mut [0u8], Op::Sum, 5).unwrap_err(), Error::RankOutOfRange { rank: 5, size: 2 });
+        assert!(matches!(c.reduce(&[1u8], &mut [], Op::Sum, 0), Err(Error::InvalidArgument(_))));
+        assert!(matches!(c.reduce(&[1.0f64], &mut [0.0], Op::BAnd, 0), Err(Error::InvalidArgument(_))));
+        assert!(matches!(c.gather(&[1u8], &mut [0u8; 3], 0), Err(Error::InvalidArgument(_))));
+        assert!(matches!(c.scatter(&[1u8; 3], &mut [0u8], 0), Err(Error::InvalidArgument(_))));
+        assert!(matches!(c.allgather(&[1u8], &mut [0u8; 1]), Err(Error::InvalidArgument(_))));
+        assert_eq!(c.gather(&[1u8], &mut [0u8; 2], 2).unwrap_err(), Error::RankOutOfRange { rank: 2, size: 2 });
+    });
+}

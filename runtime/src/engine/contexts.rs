@@ -80,7 +80,7 @@ pub(crate) struct ContextTable {
 }
 
 impl ContextTable {
-    /// An empty table (context slots 0 and 1, the world's, claimed), with the matching lock
+    /// An empty table (the world's pair of slots 0 and 1 is taken in `ids`), with the matching lock
     /// of `MatchingMode::Global` built by `global_match`.
     pub(crate) fn new(global_match: PathLock<Vec<Option<(u32, MatchState)>>>) -> Self {
         ContextTable {

@@ -72,7 +72,7 @@ enum Check {
     Large,
     /// [2+ ranks] 64 KiB (rendezvous) from every rank to every other at once, 40 rounds
     Alltoall,
-    /// [2+ ranks] split into halves, create_group of the first and last rank, barrier, bcast from every root, allreduce of 8 B and 256 KiB
+    /// [2+ ranks] split into halves, create_group of the first and last rank, then barrier, bcast, allreduce, allgather, reduce, gather, scatter
     Comms,
     /// [even ranks] pingpong, multirate, wildcard, order and large in turn
     All,
@@ -509,6 +509,18 @@ fn comms(c: &Communicator) -> Res {
             let want: u64 = ranks.iter().map(|&r| u64::from(r) + 1).sum();
             check(sum.iter().all(|&x| x == want), || format!("allreduce of {len} elements: got {} for {want}", sum[0]))?;
         }
+        let mut all = vec![0u32; comm.size() as usize];
+        comm.allgather(&[comm.rank() * 3], &mut all).map_err(e)?;
+        check(all.iter().enumerate().all(|(i, &x)| x == i as u32 * 3), || format!("allgather: got {all:?}"))?;
+        let mut sum = vec![0u64; if comm.rank() == 0 { 1 } else { 0 }];
+        comm.reduce(&[u64::from(me)], &mut sum, weft::Op::Sum, 0).map_err(e)?;
+        let want: u64 = ranks.iter().map(|&r| u64::from(r)).sum();
+        check(comm.rank() != 0 || sum == [want], || format!("reduce to 0: got {sum:?} for {want}"))?;
+        let mut gathered = vec![0u32; if comm.rank() == 0 { comm.size() as usize } else { 0 }];
+        comm.gather(&[comm.rank() + 100], &mut gathered, 0).map_err(e)?;
+        let mut back = [0u32];
+        comm.scatter(&gathered, &mut back, 0).map_err(e)?;
+        check(back == [comm.rank() + 100], || format!("gather then scatter from 0: got {back:?}"))?;
     }
     half.free();
     println!("comms ok: halves of {members}, collectives on {n} ranks");
