@@ -1,7 +1,7 @@
 //! Blocking collectives on any communicator: `barrier` (dissemination), `bcast` and `reduce`
 //! (binomial trees), `allreduce` (recursive doubling, ranks beyond a power of two folded in
 //! first, as MPICH does for short messages), `gather` and `scatter` (the root exchanges with
-//! each rank), `allgather` (ring). Their messages travel on the communicator's collective
+//! each rank), `allgather` (ring), `scan` and `exscan` (recursive doubling). Their messages travel on the communicator's collective
 //! context under reserved negative tags, so they never match a user receive, `Tag::Any`
 //! included. Each collective's sends are posted after its receive, so large messages (by
 //! rendezvous) cannot wait on each other.
@@ -26,6 +26,8 @@ const TAG_GATHER: i32 = -51;
 const TAG_SCATTER: i32 = -52;
 /// Collective-context tag of `allgather`.
 const TAG_ALLGATHER: i32 = -53;
+/// Collective-context tag of `scan` and `exscan`.
+const TAG_SCAN: i32 = -54;
 
 /// A predefined reduction (`MPI_Op`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -278,6 +280,67 @@ impl Communicator {
             recv[block(inc)].copy_from_slice(&got);
         }
         Ok(())
+    }
+
+    /// Inclusive prefix reduction (`MPI_Scan`): `recv` of rank `r` is `send` of ranks
+    /// `0..=r` reduced elementwise with `op`, in rank order. Every rank passes the same
+    /// lengths and op.
+    pub fn scan<T: Reducible>(&self, send: &[T], recv: &mut [T], op: Op) -> Result<(), Error> {
+        let below = self.prefix(send, recv.len(), op)?;
+        let f = |a, b| T::apply(op, a, b).expect("op checked for the type");
+        match below {
+            Some(b) => recv.iter_mut().zip(b.iter().zip(send)).for_each(|(o, (&x, &y))| *o = f(x, y)),
+            None => recv.copy_from_slice(send),
+        }
+        Ok(())
+    }
+
+    /// Exclusive prefix reduction (`MPI_Exscan`): `recv` of rank `r > 0` is `send` of ranks
+    /// `0..r` reduced elementwise with `op`, in rank order; rank 0's `recv` is left as it
+    /// is (MPI leaves it undefined). Every rank passes the same lengths and op.
+    pub fn exscan<T: Reducible>(&self, send: &[T], recv: &mut [T], op: Op) -> Result<(), Error> {
+        if let Some(b) = self.prefix(send, recv.len(), op)? {
+            recv.copy_from_slice(&b);
+        }
+        Ok(())
+    }
+
+    /// The reduction of `send` over the ranks below this one (`None` at rank 0), by recursive
+    /// doubling: each step trades the reduction of a block of ranks with the partner's.
+    fn prefix<T: Reducible>(&self, send: &[T], recv_len: usize, op: Op) -> Result<Option<Vec<T>>, Error> {
+        self.check_collective()?;
+        if send.len() != recv_len {
+            return Err(Error::InvalidArgument("scan: send and receive buffers of different lengths"));
+        }
+        if send.first().is_some_and(|&x| T::apply(op, x, x).is_none()) {
+            return Err(Error::InvalidArgument("scan: a bitwise op on floating-point elements"));
+        }
+        let f =
+            |a: &[T], b: &[T]| -> Vec<T> { a.iter().zip(b).map(|(&x, &y)| T::apply(op, x, y).expect("op checked for the type")).collect() };
+        let (n, me, len) = (self.size(), self.rank(), send.len());
+        // `block`: the reduction over this rank's block of the current step; `below`: over
+        // the ranks below this one seen so far.
+        let mut block = send.to_vec();
+        let mut below: Option<Vec<T>> = None;
+        let mut mask = 1u32;
+        while mask < n {
+            let partner = me ^ mask;
+            if partner < n {
+                let w = self.world_of(partner);
+                let theirs = self.exchange::<T>(TAG_SCAN, Some((w, len)), &[(w, block.clone())])?.expect("a receive was posted");
+                if partner < me {
+                    below = Some(match below {
+                        Some(b) => f(&theirs, &b),
+                        None => theirs.clone(),
+                    });
+                    block = f(&theirs, &block);
+                } else {
+                    block = f(&block, &theirs);
+                }
+            }
+            mask <<= 1;
+        }
+        Ok(below)
     }
 
     /// Reduces `send` elementwise over every rank with `op` into `recv` of every rank

@@ -90,7 +90,8 @@
 //! reduced over the members, owned by priority, eager first ([Dinan 2012], `create.rs`).
 //! The collectives — [`Communicator::barrier`], [`Communicator::bcast`],
 //! [`Communicator::reduce`], [`Communicator::allreduce`], [`Communicator::gather`],
-//! [`Communicator::scatter`], [`Communicator::allgather`] — run on any communicator, on a
+//! [`Communicator::scatter`], [`Communicator::allgather`], [`Communicator::scan`],
+//! [`Communicator::exscan`] — run on any communicator, on a
 //! context of their own.
 //!
 //! ```

@@ -200,7 +200,7 @@ fn reduce_gather_scatter_allgather_match_a_sequential_reference() {
                     (per_root, everyone)
                 });
                 let concat: Vec<i64> = (0..n).flat_map(|r| input(r, len)).collect();
-                let sum: Vec<i64> = (0..len).map(|i| (0..n).map(|r| input(r, len)[i]).sum()).collect();
+                let sum: Vec<i64> = (0..len).map(|i| concat[i..].iter().step_by(len.max(1)).sum()).collect();
                 for (r, (per_root, everyone)) in out.iter().enumerate() {
                     assert_eq!(everyone, &concat, "size {n}, {len} elements: allgather at rank {r}");
                     for (root, (s, g)) in per_root.iter().enumerate() {
@@ -226,5 +226,36 @@ fn rooted_collectives_refuse_bad_input() {
         assert!(matches!(c.scatter(&[1u8; 3], &mut [0u8], 0), Err(Error::InvalidArgument(_))));
         assert!(matches!(c.allgather(&[1u8], &mut [0u8; 1]), Err(Error::InvalidArgument(_))));
         assert_eq!(c.gather(&[1u8], &mut [0u8; 2], 2).unwrap_err(), Error::RankOutOfRange { rank: 2, size: 2 });
+    });
+}
+
+#[test]
+fn scan_and_exscan_match_prefix_reductions() {
+    within(60, "scan and exscan at sizes 1-8", || {
+        for n in SIZES {
+            for len in [1usize, 3000] {
+                let out = on_world(n, |r, c| {
+                    let send = input(r, len);
+                    let (mut inc, mut exc, mut max) = (vec![0i64; len], vec![-7i64; len], vec![0i64; len]);
+                    c.scan(&send, &mut inc, Op::Sum).unwrap();
+                    c.exscan(&send, &mut exc, Op::Sum).unwrap();
+                    c.scan(&send, &mut max, Op::Max).unwrap();
+                    (inc, exc, max)
+                });
+                let all: Vec<Vec<i64>> = (0..n).map(|q| input(q, len)).collect();
+                for (r, (inc, exc, max)) in out.iter().enumerate() {
+                    let upto = |k: usize, f: fn(i64, i64) -> i64| -> Vec<i64> {
+                        (0..len).map(|i| all[..k].iter().map(|v| v[i]).reduce(f).unwrap()).collect()
+                    };
+                    assert_eq!(inc, &upto(r + 1, i64::wrapping_add), "size {n}, rank {r}: scan");
+                    assert_eq!(max, &upto(r + 1, i64::max), "size {n}, rank {r}: scan max");
+                    let want_exc = if r == 0 { vec![-7; len] } else { upto(r, i64::wrapping_add) };
+                    assert_eq!(exc, &want_exc, "size {n}, rank {r}: exscan");
+                }
+            }
+        }
+        let rts = Runtime::builder().build_local(1).unwrap();
+        assert!(matches!(rts[0].world().scan(&[1u8, 2], &mut [0u8], Op::Sum), Err(Error::InvalidArgument(_))));
+        assert!(matches!(rts[0].world().exscan(&[1f32], &mut [0f32], Op::BOr), Err(Error::InvalidArgument(_))));
     });
 }

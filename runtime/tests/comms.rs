@@ -196,7 +196,7 @@ fn fig1_scenario_does_not_deadlock() {
 /// attempt completes; each edge's tag tells its creations apart on the shared parent).
 #[test]
 fn overlapping_groups_from_two_threads_complete() {
-    within(180, "overlapping create_group from 2 threads x 3 ranks, 1,000 repetitions", || {
+    within(60, "overlapping create_group from 2 threads x 3 ranks, 1,000 repetitions", || {
         let rts = local(3);
         std::thread::scope(|s| {
             for (r, rt) in rts.iter().enumerate() {
