@@ -1,4 +1,4 @@
-//! Communicators: point-to-point operations (path steps 1-2) and `dup`.
+//! Communicators: point-to-point operations (path steps 1-2), `dup` and `free`.
 //!
 //! A communicator is a context id plus per-rank matching state. Each communicator uses two
 //! contexts: an even one for user messages and the odd one after it for the runtime's own
@@ -7,8 +7,9 @@
 //! # Context ids and their reuse
 //!
 //! A context id is a slot of the context table (its low [`SLOT_BITS`] bits) and the slot's
-//! generation (the bits above). `dup` agrees on the lowest slot pair free on every rank and
-//! on a generation above every one that rank has had in that slot. `free` gives the slot
+//! generation (the bits above). `dup`, `split` and `create_group` agree on a slot pair free on
+//! every member and on a generation above every one a member has had in that slot
+//! (`create.rs`, [Dinan 2012]). `free` gives the slot
 //! back at once on its rank; the slot is agreed on again only once every rank has freed it,
 //! and frames of the old generation still in flight are then recognised as stale and
 //! dropped (an `Rts` still gets its `Fin`, so no sender waits forever) instead of reaching
@@ -24,7 +25,8 @@ use weft_sync::{Error, Status};
 use weft_transport::{FrameKind, Header};
 
 use crate::buffer::{Primitive, RecvBuf, SendBuf};
-use crate::engine::{slot_of, CommState, Engine, SendOutcome, MAX_CONTEXTS, MAX_GENERATIONS, SLOT_BITS};
+use crate::engine::{slot_of, CommState, Engine, SendOutcome};
+use crate::group::Group;
 use crate::loom::sync::atomic::Ordering;
 use crate::matching::{MatchState, Source, Tag};
 use crate::operation::new_operation;
@@ -48,7 +50,10 @@ pub struct Assertions {
     pub no_any_tag: bool,
 }
 
-/// A communicator: a group of ranks (here: all of them) and a private matching space.
+/// A communicator: a group of ranks ([`Group`]) and a private matching space.
+///
+/// Ranks given to and reported by a communicator (destinations, sources, statuses) are
+/// ranks of its group; frames name the world ranks they translate to.
 ///
 /// Share it between threads by reference (it is `Sync`); requests borrow it rather than
 /// counting a reference per message ([Goodell 2010]).
@@ -57,6 +62,12 @@ pub struct Communicator {
     engine: Arc<Engine>,
     p2p: Arc<CommState>,
     coll: Arc<CommState>,
+    /// The members, by world rank.
+    group: Group,
+    /// This rank's rank in `group`.
+    rank: u32,
+    /// Per world rank, its rank in `group` (`u32::MAX`: not a member).
+    of_world: Arc<[u32]>,
 }
 
 impl fmt::Debug for Communicator {
@@ -72,12 +83,66 @@ impl fmt::Debug for Communicator {
 }
 
 impl Communicator {
-    pub(crate) fn create(engine: &Arc<Engine>, context: u32, size: u32, a: Assertions) -> Result<Self, Error> {
-        let p2p = Arc::new(CommState::new(engine, context, size, a.allow_overtaking, a.no_any_tag, true));
-        let coll = Arc::new(CommState::new(engine, context + 1, size, false, false, false));
+    /// The communicator of `group` (which holds this rank) on the context pair at `context`.
+    /// Its states are sized by the world (frames name world ranks).
+    pub(crate) fn create(engine: &Arc<Engine>, context: u32, group: Group, a: Assertions) -> Result<Self, Error> {
+        let world = engine.transport.size();
+        let rank = group.rank().ok_or(Error::InvalidArgument("a communicator of a group without the calling rank"))?;
+        let mut of_world = vec![u32::MAX; world as usize];
+        for (i, &w) in group.world_ranks().iter().enumerate() {
+            of_world[w as usize] = i as u32;
+        }
+        let p2p = Arc::new(CommState::new(engine, context, world, a.allow_overtaking, a.no_any_tag, true));
+        let coll = Arc::new(CommState::new(engine, context + 1, world, false, false, false));
         engine.install(p2p.clone())?;
         engine.install(coll.clone())?;
-        Ok(Communicator { engine: engine.clone(), p2p, coll })
+        Ok(Communicator { engine: engine.clone(), p2p, coll, group, rank, of_world: of_world.into() })
+    }
+
+    /// The group of the communicator (`MPI_Comm_group`).
+    pub fn group(&self) -> Group {
+        self.group.clone()
+    }
+
+    /// The world rank of rank `r` of this communicator (`r` in range).
+    pub(crate) fn world_of(&self, r: u32) -> u32 {
+        self.group.world_ranks()[r as usize]
+    }
+
+    /// The rank in this communicator of world rank `w` (a member; else `w` unchanged).
+    pub(crate) fn rank_of_world(&self, w: u32) -> u32 {
+        match self.of_world.get(w as usize) {
+            Some(&r) if r != u32::MAX => r,
+            _ => w,
+        }
+    }
+
+    /// `e` with a lost peer named by its rank here (as `rank_of_world`).
+    pub(crate) fn local_error(&self, e: Error) -> Error {
+        match e {
+            Error::PeerLost { rank } => Error::PeerLost { rank: self.rank_of_world(rank) },
+            e => e,
+        }
+    }
+
+    /// `st` with its source named by its rank here.
+    pub(crate) fn local_status(&self, st: Status) -> Status {
+        Status { source: self.rank_of_world(st.source), ..st }
+    }
+
+    /// A request's outcome (which names world ranks) with ranks here.
+    pub(crate) fn local_outcome(&self, o: weft_sync::Outcome) -> weft_sync::Outcome {
+        o.map(|st| self.local_status(st)).map_err(|e| self.local_error(e))
+    }
+
+    /// The collective context's state.
+    pub(crate) fn coll_state(&self) -> &CommState {
+        &self.coll
+    }
+
+    /// Whether the communicator was freed (through any handle).
+    pub(crate) fn is_freed(&self) -> bool {
+        self.p2p.is_freed()
     }
 
     pub(crate) fn engine(&self) -> &Arc<Engine> {
@@ -86,12 +151,12 @@ impl Communicator {
 
     /// This rank's rank in the communicator.
     pub fn rank(&self) -> u32 {
-        self.engine.transport.rank()
+        self.rank
     }
 
     /// Number of ranks.
     pub fn size(&self) -> u32 {
-        self.p2p.size
+        self.group.size()
     }
 
     /// The context id (for diagnostics).
@@ -131,10 +196,11 @@ impl Communicator {
     /// inbox is full this call makes progress until there is room (flow control).
     pub fn isend<B: SendBuf>(&self, buf: B, dest: u32, tag: i32) -> Result<Request<'_, B>, Error> {
         self.check(dest, tag)?;
-        self.isend_on(&self.p2p, buf, dest, tag)
+        self.isend_on(&self.p2p, buf, self.world_of(dest), tag).map_err(|e| self.local_error(e))
     }
 
-    fn isend_on<B: SendBuf>(&self, st: &CommState, buf: B, dest: u32, tag: i32) -> Result<Request<'_, B>, Error> {
+    /// Starts sending on context `st` to world rank `dest`.
+    pub(crate) fn isend_on<B: SendBuf>(&self, st: &CommState, buf: B, dest: u32, tag: i32) -> Result<Request<'_, B>, Error> {
         let s = &*self.engine;
         let bytes = buf.as_bytes();
         let len = bytes.len();
@@ -144,7 +210,7 @@ impl Communicator {
             kind: FrameKind::Eager,
             src_cri: k as u16,
             context: st.context,
-            source: self.rank(),
+            source: s.transport.rank(),
             tag,
             seq,
             gseq,
@@ -194,14 +260,15 @@ impl Communicator {
     /// already known, else when it becomes known, as every pending request that needs the
     /// rank does.
     pub fn irecv<B: RecvBuf>(&self, buf: B, source: impl Into<Source>, tag: impl Into<Tag>) -> Result<Request<'_, B>, Error> {
-        let (source, tag) = (source.into(), tag.into());
+        let (mut source, tag) = (source.into(), tag.into());
         if let Source::Rank(r) = source {
             self.check(r, 0)?;
+            source = Source::Rank(self.world_of(r));
         } else if self.p2p.is_freed() {
             return Err(Error::CommFreed);
         }
         self.check_recv_tag(tag)?;
-        self.irecv_on(&self.p2p, buf, source, tag)
+        self.irecv_on(&self.p2p, buf, source, tag).map_err(|e| self.local_error(e))
     }
 
     /// A receive's or probe's tag: in range, and not `Tag::Any` on a `no_any_tag`
@@ -222,7 +289,8 @@ impl Communicator {
         Ok(())
     }
 
-    fn irecv_on<B: RecvBuf>(&self, st: &CommState, mut buf: B, source: Source, tag: Tag) -> Result<Request<'_, B>, Error> {
+    /// Starts receiving on context `st` from `source` (a world rank).
+    pub(crate) fn irecv_on<B: RecvBuf>(&self, st: &CommState, mut buf: B, source: Source, tag: Tag) -> Result<Request<'_, B>, Error> {
         let s = &*self.engine;
         let (ptr, cap) = buf.spare();
         let elem = buf.elem_size();
@@ -293,12 +361,13 @@ impl Communicator {
         if self.p2p.is_freed() {
             return Err(Error::CommFreed);
         }
-        let (source, tag) = (source.into(), tag.into());
+        let (mut source, tag) = (source.into(), tag.into());
         if let Source::Rank(r) = source {
             // As `irecv`: no rank of this communicator, so never a message from it.
             if r >= self.size() {
                 return Err(Error::RankOutOfRange { rank: r, size: self.size() });
             }
+            source = Source::Rank(self.world_of(r));
         }
         self.check_recv_tag(tag)?;
         let s = &*self.engine;
@@ -311,11 +380,11 @@ impl Communicator {
         let gone = s.lost_source(source);
         let part = self.p2p.part_of(tag);
         match s.main_path(|| s.with_matching_of(&self.p2p, part, |m| m.probe(source, tag))) {
-            Some((source, tag, bytes)) => Ok(Some(Status { source, tag, bytes })),
+            Some((source, tag, bytes)) => Ok(Some(self.local_status(Status { source, tag, bytes }))),
             // Nothing queued, and only a gone peer could send it: it never will (a loop of
             // probes would poll for ever), as a receive would say.
             None => match gone {
-                Some(rank) => Err(Error::PeerLost { rank }),
+                Some(rank) => Err(Error::PeerLost { rank: self.rank_of_world(rank) }),
                 None => Ok(None),
             },
         }
@@ -340,95 +409,7 @@ impl Communicator {
         if self.p2p.is_freed() {
             return Err(Error::CommFreed);
         }
-        let context = self.agree_context(assertions)?;
-        Communicator::create(&self.engine, context, self.size(), assertions)
-    }
-
-    /// A context id free on every rank: propose the lowest locally free slot pair, take the
-    /// maximum over ranks, claim it locally, then agree that every rank could and on a
-    /// generation above each rank's last one in that slot; else retry above it. (Not yet the
-    /// multithreaded mask algorithm of [Dinan 2012].)
-    ///
-    /// Every rank must pass the same `assertions` (ranks that disagree would number and
-    /// match messages differently: a receiver partitioning by tag would wait forever for
-    /// sequence numbers a sender spread over one channel); a mismatch is found in the first
-    /// reduction, before any slot is claimed, and every rank fails with `InvalidArgument`.
-    fn agree_context(&self, assertions: Assertions) -> Result<u32, Error> {
-        let s = &*self.engine;
-        let bits = u32::from(assertions.allow_overtaking) | u32::from(assertions.no_any_tag) << 1;
-        s.collect_retired(false);
-        let mut hint = 0u32;
-        for _round in 0..64 {
-            let proposal = {
-                let claimed = s.contexts.claimed.lock();
-                let mut c = hint & !1;
-                while claimed.contains(&c) || claimed.contains(&(c + 1)) {
-                    c += 2;
-                }
-                c
-            };
-            // With the proposal, the assertion bits and their complement: the maxima equal
-            // the bits only if every rank passed the same ones.
-            let [slot, any_set, any_clear] =
-                self.allreduce([proposal, bits, !bits & 3], |a, b| [a[0].max(b[0]), a[1].max(b[1]), a[2].max(b[2])])?;
-            if any_set != bits || any_clear != !bits & 3 {
-                return Err(Error::InvalidArgument("dup: the ranks passed different assertions"));
-            }
-            if slot as usize + 1 >= MAX_CONTEXTS {
-                return Err(Error::InvalidArgument("out of context ids: every slot is taken by a communicator not freed on some rank"));
-            }
-            let ok = {
-                let mut claimed = s.contexts.claimed.lock();
-                if claimed.contains(&slot) || claimed.contains(&(slot + 1)) {
-                    false
-                } else {
-                    claimed.insert(slot);
-                    claimed.insert(slot + 1);
-                    true
-                }
-            };
-            // Relaxed: written by this rank's own `install`s, which happened before (the
-            // slot was free here, so its last communicator was installed and freed).
-            let next_gen = s.contexts.generations[slot as usize].load(Ordering::Relaxed);
-            let [all_ok, gen] = self.allreduce([ok as u32, next_gen], |a, b| [a[0].min(b[0]), a[1].max(b[1])])?;
-            if all_ok == 1 && gen < MAX_GENERATIONS {
-                return Ok((gen << SLOT_BITS) | slot);
-            }
-            if ok {
-                let mut claimed = s.contexts.claimed.lock();
-                claimed.remove(&slot);
-                claimed.remove(&(slot + 1));
-            }
-            // Taken on some rank (or, rarely, every generation of the slot used up): try the
-            // slots above.
-            hint = slot + 2;
-        }
-        Err(Error::InvalidArgument("context id agreement did not converge"))
-    }
-
-    /// Reduces `N` `u32`s over all ranks on the collective context (gather to 0, then
-    /// broadcast).
-    fn allreduce<const N: usize>(&self, value: [u32; N], op: fn([u32; N], [u32; N]) -> [u32; N]) -> Result<[u32; N], Error> {
-        const TAG: i32 = 1;
-        let coll = &self.coll;
-        let (me, n) = (self.rank(), self.size());
-        let recv_one = |from: u32| -> Result<[u32; N], Error> {
-            let (b, _) = self.irecv_on(coll, Vec::<u32>::with_capacity(N), Source::Rank(from), Tag::Is(TAG))?.wait()?;
-            b.as_slice().try_into().map_err(|_| Error::InvalidArgument("collective message of the wrong length"))
-        };
-        if me == 0 {
-            let mut acc = value;
-            for r in 1..n {
-                acc = op(acc, recv_one(r)?);
-            }
-            for r in 1..n {
-                self.isend_on(coll, acc.to_vec(), r, TAG)?.wait()?;
-            }
-            Ok(acc)
-        } else {
-            self.isend_on(coll, value.to_vec(), 0, TAG)?.wait()?;
-            recv_one(0)
-        }
+        self.create_with(self.group.clone(), assertions)
     }
 
     /// Gathers every rank's `value` (each the same length) on every rank, in rank order, on
@@ -459,11 +440,6 @@ impl Communicator {
         }
     }
 
-    /// Whether this communicator was freed.
-    pub(crate) fn is_freed(&self) -> bool {
-        self.p2p.is_freed()
-    }
-
     /// Frees the communicator (`MPI_Comm_free`): pending receives fail with `CommFreed`,
     /// queued messages are dropped, and every handle's later operations fail with
     /// `CommFreed`. Not collective here; frames still in flight to it are discarded. Its
@@ -476,7 +452,7 @@ impl Communicator {
         let s = &*self.engine;
         // The user context's flag decides which call frees the communicator: that one call
         // frees both contexts and gives their slot pair back (they were claimed together, in
-        // `agree_context`). A call through another handle (a clone) does nothing: by then the
+        // `crate::create`). A call through another handle (a clone) does nothing: by then the
         // slot may have been agreed on again for a new communicator, whose claim is not this
         // handle's to release. AcqRel: the winner sees every earlier use of the state; a
         // loser returns without touching it.
@@ -513,10 +489,7 @@ impl Communicator {
             }
             s.retire(st);
         }
-        let slot = slot_of(self.p2p.context) as u32;
-        let mut claimed = s.contexts.claimed.lock();
-        claimed.remove(&slot);
-        claimed.remove(&(slot + 1));
+        s.contexts.ids.lock().give_back(slot_of(self.p2p.context) / 2);
     }
 
     /// The state of the user context (tests).

@@ -96,6 +96,10 @@ pub struct Config {
     pub inbox_capacity: usize,
     /// Largest tag accepted (`MPI_TAG_UB`).
     pub max_tag: i32,
+    /// Communicator creation tries the eager segment of the context id mask first
+    /// ([Dinan 2012, Listing 1.2]); off, its first allreduce is only the synchronizing step
+    /// and every creation allocates from the base segment (the paper's baseline).
+    pub eager_context_ids: bool,
     /// Measure time spent in matching (two clock reads per match; `WEFT_MATCH_TIMING=1`).
     pub match_timing: bool,
     /// Worker threads of the executor pool (`WEFT_WORKERS`; 0 = no pool threads: spawned
@@ -199,6 +203,7 @@ impl Default for Config {
             eager_threshold: 16 * 1024,
             inbox_capacity: 1024,
             max_tag: i32::MAX,
+            eager_context_ids: true,
             match_timing: false,
             workers: std::thread::available_parallelism().map_or(1, |n| n.get()),
             pack_threshold: 256 * 1024,

@@ -31,7 +31,7 @@
 //!
 //! | layer | files | what |
 //! |---|---|---|
-//! | API | `runtime.rs`, `comm.rs`, `request.rs`, `wait.rs`, `datatype.rs`, `counters.rs`, `rma/`, `dlock/` | [`Runtime`] and [`Builder`], [`Communicator`], [`Request`], the waits, datatypes, [`Snapshot`], one-sided windows ([`rma`]) and the distributed locks over them ([`dlock`]) |
+//! | API | `runtime.rs`, `comm.rs`, `group.rs`, `create.rs`, `coll.rs`, `request.rs`, `wait.rs`, `datatype.rs`, `counters.rs`, `rma/`, `dlock/` | [`Runtime`] and [`Builder`], [`Communicator`] and its [`Group`], communicator creation ([Dinan 2012]), the collectives, [`Request`], the waits, datatypes, [`Snapshot`], one-sided windows ([`rma`]) and the distributed locks over them ([`dlock`]) |
 //! | progress | `progress/` | the three [`ProgressMode`]s (`global.rs`, `owner.rs`, `concurrent.rs`), one pass (`mod.rs`), parking (`park.rs`), blocking waits (`wait.rs`), posting a frame (`send.rs`), what the executor and sync objects call (`drive.rs`) |
 //! | engine | `engine/` | one rank's state by component — CRIs, the context table, frames into completions, rendezvous reads, the outbox of refused frames, lost peers, the courier — with what guards each and the lock order (`engine/README.md`) |
 //! | matching, executor | `matching/`, `executor/` | the matching engine of one communicator (over operations, `operation.rs`); the work-stealing pool, which knows the runtime only through its `Drive` trait |
@@ -82,6 +82,36 @@
 //! assert_eq!(row, [0.0, 4.0, 8.0, 12.0]);
 //! ```
 //!
+//! # Groups, communicator creation and collectives
+//!
+//! [`Communicator::group`] gives the [`Group`] of a communicator; [`Communicator::split`] and
+//! [`Communicator::create_group`] make communicators over a subset of the ranks, numbered in
+//! their group. Many threads may create communicators at once: context ids come from a mask
+//! reduced over the members, owned by priority, eager first ([Dinan 2012], `create.rs`).
+//! The collectives — [`Communicator::barrier`], [`Communicator::bcast`],
+//! [`Communicator::reduce`], [`Communicator::allreduce`], [`Communicator::gather`],
+//! [`Communicator::scatter`], [`Communicator::allgather`], [`Communicator::scan`],
+//! [`Communicator::exscan`] — run on any communicator, on a
+//! context of their own.
+//!
+//! ```
+//! use weft::{Op, Runtime};
+//!
+//! let ranks = Runtime::builder().build_local(3).unwrap();
+//! std::thread::scope(|s| {
+//!     for rt in &ranks {
+//!         s.spawn(move || {
+//!             let world = rt.world();
+//!             // Evens and odds, each ordered by world rank.
+//!             let half = world.split(Some(world.rank() % 2), 0).unwrap().unwrap();
+//!             let mut sum = [0u32];
+//!             half.allreduce(&[world.rank()], &mut sum, Op::Sum).unwrap();
+//!             assert_eq!(sum[0], if world.rank() % 2 == 0 { 2 } else { 1 });
+//!         });
+//!     }
+//! });
+//! ```
+//!
 //! # Example
 //!
 //! ```
@@ -105,13 +135,16 @@
 #![deny(unsafe_op_in_unsafe_fn)]
 
 mod buffer;
+mod coll;
 mod comm;
 mod config;
 mod counters;
+mod create;
 mod datatype;
 pub mod dlock;
 mod engine;
 mod executor;
+mod group;
 pub mod lock;
 pub(crate) mod loom;
 mod matching;
@@ -124,12 +157,14 @@ mod runtime;
 mod wait;
 
 pub use buffer::{Primitive, RecvBuf, SendBuf};
+pub use coll::{Op, Reducible};
 pub use comm::{Assertions, Communicator};
 
 pub use config::{Assignment, Config, Locks, MatchingMode, ProgressMode, Provider};
 pub use counters::Snapshot;
 pub use datatype::{Datatype, TypedRecv};
 pub use executor::{JoinError, JoinHandle};
+pub use group::Group;
 pub use matching::{Source, Tag};
 pub use request::Request;
 pub use runtime::{Builder, Runtime};

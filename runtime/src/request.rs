@@ -166,9 +166,10 @@ impl<'c, B: Send + 'static> Request<'c, B> {
             if let Some(cell) = self.sent_cell.take() {
                 recycle(cell);
             }
+            let st = self.comm.local_status(st);
             return self.buf.take().map(|buf| Ok((buf, st)));
         }
-        let outcome = self.inner.as_ref()?.cell.outcome()?;
+        let outcome = self.comm.local_outcome(self.inner.as_ref()?.cell.outcome()?);
         let inner = self.inner.take()?;
         let mut buf = self.buf.take()?;
         let res = match outcome {
@@ -190,8 +191,8 @@ impl<'c, B: Send + 'static> Request<'c, B> {
     /// The outcome without consuming the request (`None` while pending).
     pub fn outcome(&self) -> Option<Outcome> {
         match self.sent {
-            Some(st) => Some(Ok(st)),
-            None => self.inner.as_ref().and_then(|i| i.cell.outcome()),
+            Some(st) => Some(Ok(self.comm.local_status(st))),
+            None => self.inner.as_ref().and_then(|i| i.cell.outcome()).map(|o| self.comm.local_outcome(o)),
         }
     }
 

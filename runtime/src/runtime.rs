@@ -233,6 +233,12 @@ impl Builder {
         self.config.workers = n;
         self
     }
+    /// Whether communicator creation tries the eager segment of the context id mask first
+    /// (default on; off: the base protocol alone, for comparison — [Dinan 2012, Listing 1.2]).
+    pub fn eager_context_ids(mut self, on: bool) -> Self {
+        self.config.eager_context_ids = on;
+        self
+    }
     /// Packs of at least this many bytes are split into pool tasks (default 256 KiB;
     /// `WEFT_PACK_THRESHOLD`).
     pub fn pack_threshold(mut self, bytes: usize) -> Self {
@@ -364,7 +370,8 @@ impl Builder {
                     transport: ep,
                     config: config.clone(),
                 });
-                let world = Communicator::create(&engine, 0, size, crate::comm::Assertions::default())?;
+                let group = crate::group::Group::from_world((0..size).collect(), engine.transport.rank());
+                let world = Communicator::create(&engine, 0, group, crate::comm::Assertions::default())?;
                 let exec = Arc::new(ExecGuard { engine: engine.clone() });
                 Ok(Runtime { engine, world, exec })
             })

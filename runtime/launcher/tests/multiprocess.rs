@@ -78,7 +78,7 @@ fn every_check_at_2_4_and_8_ranks_on_tcp() {
 /// The checks that take any number of ranks (2 or more) run at 3, an odd count: pingpong's
 /// last rank plays with rank 0, order and large go round a ring of 3.
 fn three_ranks(provider: &str) {
-    for check in ["hello", "pingpong", "wildcard", "order", "large", "alltoall", "rma"] {
+    for check in ["hello", "pingpong", "wildcard", "order", "large", "alltoall", "rma", "comms"] {
         let (o, t) = weftrun(3, provider, check);
         let s = text(&o);
         assert!(o.status.success(), "{check} at 3 ranks on {provider} failed after {t:?}:\n{s}");
@@ -89,6 +89,32 @@ fn three_ranks(provider: &str) {
             }
         }
     }
+}
+
+/// Communicators over subsets and the collectives at 4 ranks (a power of two; 3 is above).
+fn comms_at_4(provider: &str) {
+    each_rank_says(4, provider, &["--timeout", "240"], "comms", "comms ok: halves of 2");
+}
+
+/// Runs `check` on `n` ranks through `weftrun` with `options`; it must succeed, every rank
+/// printing `line`.
+fn each_rank_says(n: u32, provider: &str, options: &[&str], check: &str, line: &str) {
+    let (o, t) = weftrun_with(n, provider, options, check);
+    let s = text(&o);
+    assert!(o.status.success(), "{check} at {n} ranks on {provider} failed or hung ({options:?}) after {t:?}:\n{s}");
+    for r in 0..n {
+        assert!(s.contains(&format!("[{r}] {line}")), "rank {r}:\n{s}");
+    }
+}
+
+#[test]
+fn comms_at_4_ranks_on_shm() {
+    comms_at_4("shm");
+}
+
+#[test]
+fn comms_at_4_ranks_on_tcp() {
+    comms_at_4("tcp");
 }
 
 #[test]
@@ -188,12 +214,7 @@ fn killed_peer_fails_pending_requests_on_tcp() {
 /// receiver that waited for its read inside progress, under a CRI lock, served nobody's
 /// reads meanwhile, and the job hung in about half of the runs of 20 rounds.
 fn all_to_all(provider: &str) {
-    let (o, t) = weftrun_with(8, provider, &["--timeout", "60"], "alltoall");
-    let s = text(&o);
-    assert!(o.status.success(), "all-to-all on {provider} failed or hung (weftrun --timeout 60) after {t:?}:\n{s}");
-    for r in 0..8 {
-        assert!(s.contains(&format!("[{r}] alltoall ok")), "rank {r}:\n{s}");
-    }
+    each_rank_says(8, provider, &["--timeout", "60"], "alltoall", "alltoall ok");
 }
 
 #[test]

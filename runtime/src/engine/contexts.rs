@@ -70,8 +70,9 @@ pub(crate) struct ContextTable {
     pub(crate) freed_counters: Mutex<(crate::matching::MatchCounters, crate::lock::LockStatsSnapshot)>,
     /// Frames that arrived for a context this rank has not created yet (a fast peer).
     pub(crate) early: Mutex<Vec<Frame>>,
-    /// Context ids claimed on this rank (dup agreement).
-    pub(crate) claimed: Mutex<std::collections::BTreeSet<u32>>,
+    /// The mask of free context id pairs and the allocation's shared variables
+    /// ([Dinan 2012, Listing 1.1]).
+    pub(crate) ids: Mutex<super::ids::IdMask>,
     /// The single matching lock of `MatchingMode::Global`, with every communicator's queues
     /// by context slot (grown to the highest slot used: a rank in another matching mode, or
     /// with few communicators, pays nothing for the slots it never uses).
@@ -79,7 +80,7 @@ pub(crate) struct ContextTable {
 }
 
 impl ContextTable {
-    /// An empty table (context slots 0 and 1, the world's, claimed), with the matching lock
+    /// An empty table (the world's pair of slots 0 and 1 is taken in `ids`), with the matching lock
     /// of `MatchingMode::Global` built by `global_match`.
     pub(crate) fn new(global_match: PathLock<Vec<Option<(u32, MatchState)>>>) -> Self {
         ContextTable {
@@ -89,7 +90,7 @@ impl ContextTable {
             gate: parking_lot::RwLock::new(()),
             freed_counters: Mutex::new(Default::default()),
             early: Mutex::new(Vec::new()),
-            claimed: Mutex::new([0u32, 1].into_iter().collect()),
+            ids: Mutex::new(super::ids::IdMask::new()),
             global_match,
         }
     }

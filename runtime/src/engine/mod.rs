@@ -6,6 +6,7 @@
 //! * `contexts.rs` — the context table (communicator states by context id), their matching
 //!   states and locks, creation, retirement and collection ([Goodell 2010, §V-B]).
 //! * `frames.rs` — received frames into completed operations (eager and rendezvous).
+//! * `ids.rs` — the mask of free context ids and the variables its allocation shares ([Dinan 2012]).
 //! * `reads.rs` — rendezvous reads in flight.
 //! * `outbox.rs` — frames a full inbox refused, sent by later passes; the rare-events pass.
 //! * `peers.rs` — lost and finished peers, rendezvous sends waiting for their `Fin`.
@@ -26,13 +27,14 @@ mod contexts;
 mod courier;
 mod cris;
 mod frames;
+pub(crate) mod ids;
 pub(crate) mod outbox;
 mod peers;
 mod reads;
 
 #[cfg(test)]
 pub(crate) use contexts::COLLECT_AFTER;
-pub(crate) use contexts::{slot_of, CommState, ContextTable, MAX_CONTEXTS, MAX_GENERATIONS, SLOT_BITS, TAG_PARTS};
+pub(crate) use contexts::{slot_of, CommState, ContextTable, MAX_GENERATIONS, SLOT_BITS, TAG_PARTS};
 pub(crate) use courier::Courier;
 pub(crate) use cris::{pin_cri, thread_token, Cri, CriLocal};
 pub(crate) use outbox::{Outbox, SendOutcome};

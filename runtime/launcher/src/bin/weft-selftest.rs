@@ -79,6 +79,8 @@ enum Check {
     Alltoall,
     /// [2+ ranks] one-sided windows: a put on a ring, 500 atomic adds and 100 D-MCS-locked increments per rank on rank 0
     Rma,
+    /// [2+ ranks] split into halves, create_group of the first and last rank, then barrier, bcast, allreduce, allgather, reduce, gather, scatter
+    Comms,
     /// [even ranks] pingpong, multirate, wildcard, order and large in turn
     All,
     /// [2 ranks] rank 0 kills itself; rank 1's pending and new receives and sends fail with PeerLost
@@ -160,6 +162,7 @@ impl Check {
             Check::Large => "large",
             Check::Alltoall => "alltoall",
             Check::Rma => "rma",
+            Check::Comms => "comms",
             Check::All => "all",
             Check::PeerLost => "peer-lost",
             Check::PeerLostRead => "peer-lost-read",
@@ -175,7 +178,9 @@ impl Check {
     fn ranks(self) -> Ranks {
         match self {
             Check::Hello | Check::OutliveLauncher | Check::Block | Check::ExitCode => Ranks::Any,
-            Check::Pingpong | Check::Wildcard | Check::Order | Check::Large | Check::Alltoall | Check::Rma => Ranks::AtLeastTwo,
+            Check::Pingpong | Check::Wildcard | Check::Order | Check::Large | Check::Alltoall | Check::Rma | Check::Comms => {
+                Ranks::AtLeastTwo
+            }
             Check::Multirate | Check::All => Ranks::Even,
             Check::PeerLost | Check::PeerLostRead | Check::KillMidTransfer { .. } | Check::PeerFinished | Check::Netns => Ranks::Two,
         }
@@ -531,6 +536,57 @@ fn rma(c: &Communicator) -> Res {
     Ok(())
 }
 
+/// `comms`: communicators over a subset of the ranks and the collectives on them, against
+/// what each rank computes alone.
+fn comms(c: &Communicator) -> Res {
+    let (me, n) = (c.rank(), c.size());
+    let half = c.split(Some(u32::from(me >= n / 2)), 0).map_err(e)?.ok_or("split gave no communicator")?;
+    let lo = n / 2;
+    let (members, first) = if me >= lo { (n - lo, lo) } else { (lo, 0) };
+    check(half.size() == members && half.rank() == me - first, || format!("split: rank {} of {}", half.rank(), half.size()))?;
+    let ends = c.group().incl(&[0, n - 1]).map_err(e)?;
+    if ends.rank().is_some() {
+        let pair = c.create_group(&ends, 1).map_err(e)?;
+        let other = 1 - pair.rank();
+        let r = pair.irecv(Vec::<u32>::with_capacity(1), other, 2).map_err(e)?;
+        pair.send(vec![me], other, 2).map_err(e)?;
+        let (v, st) = r.wait().map_err(e)?;
+        check(v == [if me == 0 { n - 1 } else { 0 }] && st.source == other, || format!("create_group: got {v:?} from {}", st.source))?;
+        pair.free();
+    }
+    for comm in [c, &half] {
+        comm.barrier().map_err(e)?;
+        for root in 0..comm.size() {
+            let mut data = if comm.rank() == root { vec![root as u64 + 7; 1000] } else { vec![0; 1000] };
+            comm.bcast(&mut data, root).map_err(e)?;
+            check(data == vec![root as u64 + 7; 1000], || format!("bcast from {root}: got {:?}", &data[..2]))?;
+        }
+        let ranks: Vec<u32> =
+            comm.group().translate_ranks(&(0..comm.size()).collect::<Vec<_>>(), &c.group()).map_err(e)?.into_iter().flatten().collect();
+        for len in [1usize, 32 << 10] {
+            let mut sum = vec![0u64; len];
+            comm.allreduce(&vec![u64::from(me) + 1; len], &mut sum, weft::Op::Sum).map_err(e)?;
+            let want: u64 = ranks.iter().map(|&r| u64::from(r) + 1).sum();
+            check(sum.iter().all(|&x| x == want), || format!("allreduce of {len} elements: got {} for {want}", sum[0]))?;
+        }
+        let mut all = vec![0u32; comm.size() as usize];
+        comm.allgather(&[comm.rank() * 3], &mut all).map_err(e)?;
+        check(all.iter().enumerate().all(|(i, &x)| x == i as u32 * 3), || format!("allgather: got {all:?}"))?;
+        let mut sum = vec![0u64; if comm.rank() == 0 { 1 } else { 0 }];
+        comm.reduce(&[u64::from(me)], &mut sum, weft::Op::Sum, 0).map_err(e)?;
+        let want: u64 = ranks.iter().map(|&r| u64::from(r)).sum();
+        check(comm.rank() != 0 || sum == [want], || format!("reduce to 0: got {sum:?} for {want}"))?;
+        let mut gathered = vec![0u32; if comm.rank() == 0 { comm.size() as usize } else { 0 }];
+        comm.gather(&[comm.rank() + 100], &mut gathered, 0).map_err(e)?;
+        let mut back = [0u32];
+        comm.scatter(&gathered, &mut back, 0).map_err(e)?;
+        check(back == [comm.rank() + 100], || format!("gather then scatter from 0: got {back:?}"))?;
+    }
+    half.free();
+    println!("comms ok: halves of {members}, collectives on {n} ranks");
+    Ok(())
+}
+
 /// Kills this process with SIGKILL, which nothing can catch (libfabric's SIGABRT handler
 /// would turn an abort into a normal exit): a crashed node, as far as the peers can tell.
 fn die() -> ! {
@@ -735,6 +791,7 @@ fn run_step(check: Check, rt: &Runtime, c: &Communicator) -> Res {
         Check::Large => large(c),
         Check::Alltoall => alltoall(c),
         Check::Rma => rma(c),
+        Check::Comms => comms(c),
         Check::PeerLost => peer_lost(c),
         Check::PeerLostRead => peer_lost_read(rt, c),
         Check::KillMidTransfer { ms } => kill_mid_transfer(c, Duration::from_millis(ms)),
@@ -918,7 +975,7 @@ mod tests {
     fn help_lists_every_check_with_the_ranks_it_takes() {
         let help = Cli::command().render_help().to_string();
         let checks = every_check();
-        assert_eq!(checks.len(), 17, "{help}");
+        assert_eq!(checks.len(), 18, "{help}");
         for (name, check, about) in &checks {
             assert_eq!(check.name(), name);
             assert!(about.starts_with(check.ranks().tag()), "{name}: {about:?} should start with {}", check.ranks().tag());
