@@ -88,6 +88,9 @@ pub struct Window<'a, T: Primitive> {
     registered: bool,
     /// Whether every operation is complete when the transport returns (embedded provider).
     direct: bool,
+    /// Per CRI: the ranks this window's puts on it went to since its last flush (guarded
+    /// by the CRI's RMA gate as well), which the flush reads back (`flush_cri`).
+    unflushed: Box<[parking_lot::Mutex<Vec<u32>>]>,
     /// This rank's part when the window allocated it (8-byte aligned, zeroed, rounded up
     /// to whole words; from `Box::into_raw`, freed in `Drop`); `None` when the caller lent
     /// it for `'a`.
@@ -147,6 +150,7 @@ impl<'a, T: Primitive> Window<'a, T> {
                 base,
                 registered,
                 direct: matches!(comm.engine().transport, Transport::Embedded(_)),
+                unflushed: (0..comm.engine().cris.len()).map(|_| parking_lot::Mutex::new(Vec::new())).collect(),
                 owned,
                 _lent: PhantomData,
             }),
@@ -285,6 +289,10 @@ impl<'a, T: Primitive> Window<'a, T> {
         // with the box.
         unsafe { t.put(k, &part.remote, at, &copy) }?;
         staged.push(copy);
+        let mut targets = self.unflushed[k].lock();
+        if !targets.contains(&rank) {
+            targets.push(rank);
+        }
         Ok(())
     }
 
@@ -376,7 +384,29 @@ impl<'a, T: Primitive> Window<'a, T> {
             return Ok(());
         }
         let mut staged = self.comm.engine().cris[k].rma.lock();
-        self.transport().flush(k)?;
+        let t = self.transport();
+        t.flush(k)?;
+        // On some providers a put's completion means only that its data left this rank
+        // (`tcp;ofi_rxm`: transmit complete), and a later access through another CRI, whose
+        // connection is not ordered with this one, could still find the old value. A read
+        // of each target through this CRI is answered only after the target applied the
+        // writes before it on the same connection: once it is back, the puts are at their
+        // targets, as `MPI_Win_flush` promises.
+        let targets = std::mem::take(&mut *self.unflushed[k].lock());
+        if !targets.is_empty() {
+            let mut probes = vec![0u8; targets.len()].into_boxed_slice();
+            let read_back = targets.iter().enumerate().try_for_each(|(i, &r)| {
+                let part = &self.parts[r as usize];
+                // SAFETY: one byte of `probes` per read, untouched until the flush below
+                // returned; kept with the staged copies if anything fails (a read posted
+                // before the failure may still land).
+                unsafe { t.get(k, &part.remote, 0, &mut probes[i..i + 1]) }
+            });
+            if let Err(e) = read_back.and_then(|()| t.flush(k)) {
+                staged.push(probes);
+                return Err(e);
+            }
+        }
         staged.clear();
         Ok(())
     }
