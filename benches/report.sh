@@ -197,6 +197,8 @@ cargo bench -q -p weft-benches --bench sync_object -- $CRITERION 2>/dev/null | c
 echo
 bench "Idle runtime" \
     "$BENCH" idle -w 2 $(q "--seconds 5" "--seconds 0.2") --markdown
+bench "Communicator creation from many threads: eager against base context ids" \
+    "$BENCH" ctxid -t 1,2,4,8 $(q "--creations 2000" "--creations 50") --markdown
 show "Embedded inbox against crossbeam's ArrayQueue" cargo test -p weft-transport --release --lib ring::tests::stream -- --ignored --nocapture
 cargo test -q -p weft-transport --release --lib ring::tests::stream -- --ignored --nocapture 2>/dev/null | awk '/ns\/item/ { printf "    %s\n", $0 }'
 echo
