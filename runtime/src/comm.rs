@@ -412,34 +412,6 @@ impl Communicator {
         self.create_with(self.group.clone(), assertions)
     }
 
-    /// Gathers every rank's `value` (each the same length) on every rank, in rank order, on
-    /// the collective context (to rank 0, then broadcast). Collective.
-    pub(crate) fn allgather_u64(&self, value: &[u64]) -> Result<Vec<u64>, Error> {
-        const TAG: i32 = 2;
-        let coll = &self.coll;
-        let (me, n, w) = (self.rank(), self.size(), value.len());
-        let recv = |from: u32, count: usize| -> Result<Vec<u64>, Error> {
-            let (b, _) = self.irecv_on(coll, Vec::<u64>::with_capacity(count), Source::Rank(from), Tag::Is(TAG))?.wait()?;
-            if b.len() != count {
-                return Err(Error::InvalidArgument("collective message of the wrong length"));
-            }
-            Ok(b)
-        };
-        if me == 0 {
-            let mut all = value.to_vec();
-            for r in 1..n {
-                all.extend(recv(r, w)?);
-            }
-            for r in 1..n {
-                self.isend_on(coll, all.clone(), r, TAG)?.wait()?;
-            }
-            Ok(all)
-        } else {
-            self.isend_on(coll, value.to_vec(), 0, TAG)?.wait()?;
-            recv(0, w * n as usize)
-        }
-    }
-
     /// Frees the communicator (`MPI_Comm_free`): pending receives fail with `CommFreed`,
     /// queued messages are dropped, and every handle's later operations fail with
     /// `CommFreed`. Not collective here; frames still in flight to it are discarded. Its

@@ -191,8 +191,9 @@ impl<'a, T: Primitive> Window<'a, T> {
         let d = mine.unwrap_or(RemoteWindow { rank: comm.rank(), key: 0, base: 0, len: 0 });
         let descriptor = [d.key, d.base, d.len, (base as usize % 8) as u64, len as u64, size_of::<T>() as u64, u64::from(failed.is_none())];
         // Every rank takes part even if its registration failed, so none waits forever.
-        let all = match comm.allgather_u64(&descriptor) {
-            Ok(all) => all,
+        let mut all = vec![0u64; descriptor.len() * comm.size() as usize];
+        let all = match comm.allgather(&descriptor, &mut all) {
+            Ok(()) => all,
             Err(e) => {
                 if let Some(w) = mine {
                     t.deregister(w.key);
@@ -441,7 +442,7 @@ impl<'a, T: Primitive> Window<'a, T> {
     /// access to this rank then fails.
     pub fn free(self) -> Result<(), Error> {
         self.flush_all()?;
-        self.comm.allgather_u64(&[0]).map(|_| ())
+        self.comm.barrier()
     }
 }
 
