@@ -110,6 +110,11 @@ pub struct Config {
     pub pack_threshold: usize,
     /// Which provider moves frames (`WEFT_PROVIDER=embedded|shm|tcp`).
     pub provider: Provider,
+    /// On libfabric (`shm`, `tcp`): carry small frames between ranks of one host through
+    /// rings in shared memory, libfabric carrying larger frames, rendezvous reads and RMA
+    /// (`WEFT_SAME_HOST_LANE`; default on). Off, every frame goes through libfabric's own
+    /// provider, for comparison. Each rank may choose on its own.
+    pub same_host_lane: bool,
     /// Order messages per sending *thread* instead of per source rank
     /// (`WEFT_PER_THREAD_ORDER=1`; needs `Assignment::Dedicated`). MPI orders the sends of one
     /// thread; sends of distinct threads are logically concurrent. With this on, each thread's
@@ -209,6 +214,7 @@ impl Default for Config {
             pack_threshold: 256 * 1024,
             provider: Provider::Embedded,
             per_thread_order: false,
+            same_host_lane: true,
             yield_window: std::time::Duration::from_micros(50),
             idle_pause: 1,
             locks: Locks::default(),
@@ -297,6 +303,9 @@ impl Config {
         }
         if let Some(v) = var!("WEFT_PER_THREAD_ORDER") {
             self.per_thread_order = switch("WEFT_PER_THREAD_ORDER must be 1/true/yes/on or 0/false/no/off", &v)?;
+        }
+        if let Some(v) = var!("WEFT_SAME_HOST_LANE") {
+            self.same_host_lane = switch("WEFT_SAME_HOST_LANE must be 1/true/yes/on or 0/false/no/off", &v)?;
         }
         if let Some(v) = var!("WEFT_LOCK_TIMING") {
             self.lock_timing = switch("WEFT_LOCK_TIMING must be 1/true/yes/on or 0/false/no/off", &v)?;

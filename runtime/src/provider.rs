@@ -165,6 +165,7 @@ mod ofi {
                 u64::from(config.per_thread_order),
                 "the ranks of the job disagree on per-thread order (WEFT_PER_THREAD_ORDER / Builder::per_thread_order)",
             )],
+            same_host_lane: config.same_host_lane,
         }
     }
 

@@ -268,6 +268,11 @@ impl Builder {
         self.config.per_thread_order = on;
         self
     }
+    /// Same-host lane on libfabric ([`Config::same_host_lane`]; `WEFT_SAME_HOST_LANE`).
+    pub fn same_host_lane(mut self, on: bool) -> Self {
+        self.config.same_host_lane = on;
+        self
+    }
     /// Lock protocol of one path (see [`Locks`](crate::Locks)).
     ///
     /// ```

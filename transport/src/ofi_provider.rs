@@ -33,6 +33,22 @@
 //! [`SendError::WouldBlock`]: the runtime progresses and retries. Nothing is dropped and no
 //! memory grows with the number of messages.
 //!
+//! # Same-host lane
+//!
+//! Frames of at most [`SAME_HOST_FRAME`] bytes (wire header included) to a rank of the same
+//! host go through rings in shared memory instead of libfabric (`lane.rs`: one segment per
+//! rank, one ring per receiving CRI and sending rank, mapped by the peers through
+//! `pidfd_getfd`): a frame is then one slot written and one read, where libfabric's `shm`
+//! costs a command entry, its region's spin lock and a completion on each side. Larger
+//! frames, rendezvous reads and RMA stay on libfabric, and so do peers on other hosts (with
+//! `tcp;ofi_rxm`, one job may use both). `poll` takes a CRI's CQ frames first, then its
+//! rings' (round robin over the senders); `has_frames` looks at the rings first (a load per
+//! sending rank). Frames of one sender that take different paths may arrive out of order;
+//! the runtime's sequence numbers order them, as they do frames spread over several CRIs. A
+//! full ring refuses the send like `FI_EAGAIN`. The watcher sleeps on the lane's `eventfd`
+//! as well, which the first same-host frame after it fell asleep writes. Off with
+//! [`OfiOptions::same_host_lane`] (`WEFT_SAME_HOST_LANE=0`); each rank chooses for itself.
+//!
 //! # Polling, staging and parking
 //!
 //! libfabric has no "peek": the only way to learn whether a CQ holds a completion is to read
@@ -150,6 +166,7 @@ use crate::ofi::{
 };
 use crate::{Error, ReadStart, SendError};
 
+mod lane;
 mod reads;
 
 /// Bytes of the full wire header, in front of protocol frames (`Rts`, `Fin`) and of eager
@@ -162,6 +179,10 @@ pub const WIRE_HEADER: usize = 64;
 /// here: 0.28-0.29 µs one-way up to 32 bytes, 0.33-0.35 from 36 to 64: an 8-byte message
 /// behind this header still costs what 8 bytes cost.
 pub const COMPACT_HEADER: usize = 24;
+
+/// Largest frame (wire header and payload) the same-host lane carries (module docs); larger
+/// frames to a peer of the same host go through libfabric.
+pub const SAME_HOST_FRAME: usize = lane::MAX_FRAME;
 
 /// Largest frame sent with `fi_inject` (bounded by the provider's inject size too); the
 /// frame is assembled on the stack.
@@ -231,11 +252,22 @@ pub struct OfiOptions {
     /// disagree fails at start with [`Error::InvalidArgument`] instead of truncating or
     /// never matching frames later.
     pub terms: Vec<(u64, &'static str)>,
+    /// Carry small frames between ranks of one host through rings in shared memory
+    /// (module docs, *Same-host lane*) instead of through libfabric.
+    pub same_host_lane: bool,
 }
 
 impl Default for OfiOptions {
     fn default() -> Self {
-        OfiOptions { provider: "shm".into(), cris: 1, eager_capacity: 16 * 1024, recv_slots: 256, send_slots: 128, terms: Vec::new() }
+        OfiOptions {
+            provider: "shm".into(),
+            cris: 1,
+            eager_capacity: 16 * 1024,
+            recv_slots: 256,
+            send_slots: 128,
+            terms: Vec::new(),
+            same_host_lane: true,
+        }
     }
 }
 
@@ -442,6 +474,8 @@ struct CriState {
     repost: Vec<u32>,
     /// Transport-level RMA operations posted on this CRI's counter.
     rma_issued: u64,
+    /// Where this CRI is in each same-host ring it reads.
+    heads: lane::Heads,
 }
 
 /// One CRI: an endpoint with its CQ and counter, its receive and send buffers.
@@ -484,6 +518,8 @@ pub struct Opened {
     av: Arc<AddressVector>,
     /// `k` CRI endpoints then the RMA endpoint.
     eps: Vec<Endpoint>,
+    /// This rank's same-host segment, where the system allows one.
+    lane: Option<lane::Prepared>,
 }
 
 impl std::fmt::Debug for Opened {
@@ -518,7 +554,8 @@ impl Opened {
         }
         let cfg = EndpointConfig { cq_size: reads::CHUNKS_POSTED + 16, wait_fd: false, rma_counter: false };
         eps.push(Endpoint::open(&domain, &av, &cfg).map_err(|e| transport_error(&e))?);
-        Ok(Opened { opts: opts.clone(), size, domain, av, eps })
+        let lane = if opts.same_host_lane { lane::Prepared::create(opts.cris, size) } else { None };
+        Ok(Opened { opts: opts.clone(), size, domain, av, eps, lane })
     }
 
     /// This rank's endpoint names: for each endpoint a little-endian `u16` length and the
@@ -532,6 +569,7 @@ impl Opened {
             out.extend_from_slice(&(ep.name().len() as u16).to_le_bytes());
             out.extend_from_slice(ep.name());
         }
+        lane::Published::encode(self.lane.as_ref().map(lane::Prepared::published), &mut out);
         out
     }
 
@@ -563,6 +601,7 @@ impl Opened {
         let mut peers = Vec::with_capacity(self.size as usize * per_rank);
         // Per rank, the `shm` region names of its CRI endpoints (module docs).
         let mut peer_regions = Vec::with_capacity(if shm { blobs.len() } else { 0 });
+        let mut published = Vec::with_capacity(blobs.len());
         for blob in blobs {
             let mut regions = Vec::new();
             if blob.len() < mine.len() * 8 {
@@ -590,18 +629,26 @@ impl Opened {
             if shm {
                 peer_regions.push(regions);
             }
+            let (p, n) = blob
+                .get(at..)
+                .and_then(lane::Published::decode)
+                .ok_or(Error::InvalidArgument("malformed same-host segment from a peer"))?;
+            published.push(p);
+            at += n;
             if at != blob.len() {
                 return Err(Error::InvalidArgument("endpoint addresses do not match this rank's CRI count"));
             }
         }
         let slot_size = WIRE_HEADER + self.opts.eager_capacity;
+        let lane = self.lane.map(|l| l.connect(rank, &published));
         let mut eps = self.eps;
         let rma_ep = eps.pop().ok_or(Error::InvalidArgument("no RMA endpoint"))?;
         let inject_limit = rma_ep.inject_size().min(INJECT_MAX);
         let max_msg = rma_ep.max_msg_size().max(1);
         let cris: Box<[CachePadded<CriEndpoint>]> = eps
             .into_iter()
-            .map(|ep| {
+            .enumerate()
+            .map(|(i, ep)| {
                 let region_lock = shm.then(|| shm_region_name(ep.name(), std::process::id()).and_then(ShmRegionLock::open)).flatten();
                 CachePadded::new(CriEndpoint {
                     ep,
@@ -611,6 +658,7 @@ impl Opened {
                         send_dst: vec![0; self.opts.send_slots].into_boxed_slice(),
                         repost: Vec::with_capacity(self.opts.recv_slots),
                         rma_issued: 0,
+                        heads: lane.as_ref().map(|l| l.heads(i)).unwrap_or_default(),
                     }),
                     ready: AtomicBool::new(false),
                     stuck: AtomicBool::new(false),
@@ -650,6 +698,7 @@ impl Opened {
             last_active: AtomicU64::new(coarse_ms()),
             seen_activity: AtomicU64::new(0),
             provider: self.opts.provider.clone(),
+            lane,
             domain: self.domain,
             av: self.av,
             #[cfg(test)]
@@ -769,6 +818,8 @@ struct RankInner {
     seen_activity: AtomicU64,
     /// libfabric provider name.
     provider: String,
+    /// The same-host lane (module docs), where this rank has one.
+    lane: Option<lane::Lane>,
     /// Keeps the domain open for registrations (endpoints hold it too).
     domain: Arc<Domain>,
     /// The AV (endpoints hold it too).
@@ -1038,6 +1089,45 @@ impl RankInner {
 
     /// The next staged frame of `cri` (reading the CQ first if `read_cq` and nothing is
     /// staged), its slot re-posted.
+    /// The frame in the first `len` bytes of `slot_bytes` (a receive slot or a same-host
+    /// ring slot, whose bytes past `len` are initialized too), its payload copied out;
+    /// `None` for a malformed frame.
+    #[inline]
+    fn frame_from(&self, slot_bytes: &[u8], len: usize) -> Option<Frame> {
+        let bytes = &slot_bytes[..len];
+        decode(bytes).map(|(header, hlen)| {
+            let data = &bytes[hlen..];
+            let payload = if data.is_empty() {
+                Payload::Empty
+            } else if data.len() <= INLINE {
+                // A fixed-size copy (two vector moves, not a `memcpy` call of a variable
+                // length) where the slot holds `INLINE` bytes past the header: the bytes
+                // past `len` are the slot's (stale, initialized), never read through `len`.
+                let b: [u8; INLINE] = match slot_bytes.get(hlen..hlen + INLINE) {
+                    Some(w) => w.try_into().unwrap_or([0; INLINE]),
+                    None => {
+                        let mut b = [0u8; INLINE];
+                        b[..data.len()].copy_from_slice(data);
+                        b
+                    }
+                };
+                Payload::Inline { len: data.len() as u8, bytes: b }
+            } else {
+                let mut v = self.pool.pop().unwrap_or_else(|| Vec::with_capacity(self.eager_capacity));
+                v.clear();
+                v.extend_from_slice(data);
+                Payload::Pooled(v)
+            };
+            Frame { header, payload }
+        })
+    }
+
+    /// Whether CRI `cri`'s same-host rings hold a frame (its state is `st`).
+    #[inline]
+    fn lane_has_frames(&self, cri: usize, st: &CriState) -> bool {
+        self.lane.as_ref().is_some_and(|l| l.has_frames(cri, &st.heads))
+    }
+
     fn next_frame(&self, cri: &CriEndpoint, st: &mut CriState, read_cq: bool) -> Option<Frame> {
         loop {
             if st.staged.is_empty() && read_cq {
@@ -1050,33 +1140,7 @@ impl RankInner {
             // is not re-posted until the copy below is finished; the slot is `slot_size`
             // initialized bytes.
             let slot_bytes = unsafe { std::slice::from_raw_parts(p, self.slot_size) };
-            let bytes = &slot_bytes[..len];
-            let frame = decode(bytes).map(|(header, hlen)| {
-                let data = &bytes[hlen..];
-                let payload = if data.is_empty() {
-                    Payload::Empty
-                } else if data.len() <= INLINE {
-                    // A fixed-size copy (two vector moves, not a `memcpy` call of a variable
-                    // length): the slot is at least a wire header and 64 payload bytes long,
-                    // and the bytes past `len` are the slot's (stale, initialized), never
-                    // read through `len`.
-                    let b: [u8; INLINE] = match slot_bytes.get(hlen..hlen + INLINE) {
-                        Some(w) => w.try_into().unwrap_or([0; INLINE]),
-                        None => {
-                            let mut b = [0u8; INLINE];
-                            b[..data.len()].copy_from_slice(data);
-                            b
-                        }
-                    };
-                    Payload::Inline { len: data.len() as u8, bytes: b }
-                } else {
-                    let mut v = self.pool.pop().unwrap_or_else(|| Vec::with_capacity(self.eager_capacity));
-                    v.clear();
-                    v.extend_from_slice(data);
-                    Payload::Pooled(v)
-                };
-                Frame { header, payload }
-            });
+            let frame = self.frame_from(slot_bytes, len);
             // Re-posted by the next `reap` (see there).
             st.repost.push(slot);
             cri.ready.store(!st.staged.is_empty(), Ordering::Relaxed);
@@ -1089,7 +1153,7 @@ impl RankInner {
     /// Reads every CRI's CQ that is free (try-lock); returns whether frames are staged.
     fn reap_all(&self) -> bool {
         let mut found = false;
-        for cri in self.cris.iter() {
+        for (i, cri) in self.cris.iter().enumerate() {
             // Reaped even with frames staged: reading the CQ is what drives the provider's
             // progress (`tcp;ofi_rxm` progresses manually), and peers' reads of this rank's
             // memory need it while the rank's threads are elsewhere. What it stages is
@@ -1097,7 +1161,7 @@ impl RankInner {
             match cri.st.try_lock() {
                 Some(mut st) => {
                     self.reap(cri, &mut st);
-                    found |= !st.staged.is_empty();
+                    found |= !st.staged.is_empty() || self.lane_has_frames(i, &st);
                 }
                 None => found |= cri.ready.load(Ordering::Relaxed),
             }
@@ -1168,19 +1232,50 @@ impl RankInner {
                 // at most every millisecond, not every 10 µs.
                 sleep_us = MIN_SLEEP_US;
             }
-            match &fds {
-                Some(fds) if !refused && !reading && self.all_may_block() => {
-                    let mut pfds: Vec<libc::pollfd> = fds.iter().map(|&fd| libc::pollfd { fd, events: libc::POLLIN, revents: 0 }).collect();
-                    // SAFETY: `pfds` is a valid array of `len` pollfds whose fds are the CQs'
-                    // wait fds, open while `self` (which owns the CQs) lives.
-                    unsafe { libc::poll(pfds.as_mut_ptr(), pfds.len() as libc::nfds_t, 10) };
-                }
-                _ => {
-                    std::thread::sleep(Duration::from_micros(sleep_us));
-                    sleep_us = (sleep_us * 2).min(1000);
+            // Same-host senders wake this sleep through the lane's eventfd (lane docs,
+            // *Waking the receiver*): say so, then look at the rings once more.
+            let lane_fd = self.lane.as_ref().map(|l| {
+                l.fall_asleep();
+                l.wake_fd()
+            });
+            if lane_fd.is_some() && self.lane_waiting() {
+                self.doorbell.ring();
+                sleep_us = MIN_SLEEP_US;
+            } else {
+                match &fds {
+                    Some(fds) if !refused && !reading && self.all_may_block() => {
+                        let mut pfds: Vec<libc::pollfd> =
+                            fds.iter().chain(lane_fd.as_ref()).map(|&fd| libc::pollfd { fd, events: libc::POLLIN, revents: 0 }).collect();
+                        // SAFETY: `pfds` is a valid array of `len` pollfds whose fds are the
+                        // CQs' wait fds and the lane's eventfd, open while `self` (which owns
+                        // them) lives.
+                        unsafe { libc::poll(pfds.as_mut_ptr(), pfds.len() as libc::nfds_t, 10) };
+                    }
+                    _ => {
+                        match lane_fd {
+                            Some(fd) => {
+                                let mut pfd = libc::pollfd { fd, events: libc::POLLIN, revents: 0 };
+                                let ts = libc::timespec { tv_sec: 0, tv_nsec: sleep_us as libc::c_long * 1000 };
+                                // SAFETY: one valid pollfd (the lane's eventfd, open while
+                                // `self` lives) and a valid timeout.
+                                unsafe { libc::ppoll(&mut pfd, 1, &ts, std::ptr::null()) };
+                            }
+                            None => std::thread::sleep(Duration::from_micros(sleep_us)),
+                        }
+                        sleep_us = (sleep_us * 2).min(1000);
+                    }
                 }
             }
+            if let Some(l) = &self.lane {
+                l.wake_up();
+            }
         }
+    }
+
+    /// Whether a same-host ring of a CRI nobody holds has a frame (the watcher's last look
+    /// before it sleeps); a CRI someone holds is being polled.
+    fn lane_waiting(&self) -> bool {
+        self.cris.iter().enumerate().any(|(i, cri)| cri.st.try_lock().map_or(true, |st| self.lane_has_frames(i, &st)))
     }
 
     /// The watcher's look for stuck CRIs (module docs), once per pass while the rank is
@@ -1418,6 +1513,12 @@ impl OfiRank {
         &self.inner.provider
     }
 
+    /// Ranks (this one included) this rank sends small frames to through the same-host
+    /// lane (module docs); 0 without one.
+    pub fn same_host_peers(&self) -> usize {
+        self.inner.lane.as_ref().map_or(0, lane::Lane::peers)
+    }
+
     /// Sends one frame to CRI `dst_cri` of rank `dst`, from this rank's CRI of the same
     /// index. The payload is copied (inject, or a send slot): the caller's buffer is free
     /// when this returns.
@@ -1440,6 +1541,18 @@ impl OfiRank {
             match s.regions.lock().get(&h.key) {
                 Some(mr) => h.addr = mr.remote().base,
                 None => return Err(SendError::Invalid("rendezvous buffer is not registered")),
+            }
+        }
+        if total <= lane::MAX_FRAME {
+            if let Some(lane) = s.lane.as_ref().filter(|l| l.reaches(dst)) {
+                if !lane.push(dst, c, |out| {
+                    write_frame(&h, hlen, data, &mut out[..total]);
+                    total
+                }) {
+                    return Err(s.refused());
+                }
+                RankInner::note_activity(cri);
+                return Ok(());
             }
         }
         // The CRI state lock, held only for a slot send: an inject copies the frame before it
@@ -1533,6 +1646,15 @@ impl OfiRank {
                 None => break,
             }
         }
+        if let Some(lane) = &s.lane {
+            if n < max {
+                n += lane.poll(cri, &mut st.heads, max - n, |slot, len| {
+                    if let Some(frame) = s.frame_from(slot, len) {
+                        f(frame);
+                    }
+                });
+            }
+        }
         if n > 0 {
             RankInner::note_activity(c);
         }
@@ -1550,8 +1672,10 @@ impl OfiRank {
         }
         match c.st.try_lock() {
             Some(mut st) => {
-                s.reap(c, &mut st);
-                !st.staged.is_empty()
+                s.lane_has_frames(cri, &st) || {
+                    s.reap(c, &mut st);
+                    !st.staged.is_empty()
+                }
             }
             // Another thread is on it, and will stage what it finds — unless it is stuck
             // (module docs): then nothing will come from this CRI, and a waiter may park.

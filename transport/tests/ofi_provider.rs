@@ -6,7 +6,7 @@
 use std::time::{Duration, Instant};
 
 use weft_transport::ofi::FetchOp;
-use weft_transport::ofi_provider::{world, OfiOptions, OfiRank, RemoteMem};
+use weft_transport::ofi_provider::{world, OfiOptions, OfiRank, Opened, RemoteMem, COMPACT_HEADER, SAME_HOST_FRAME};
 use weft_transport::{Error, FrameKind, Header, ReadStart, SendError};
 
 const PROVIDERS: [&str; 2] = ["shm", "tcp;ofi_rxm"];
@@ -21,8 +21,20 @@ fn loopback() {
 }
 
 fn pair(provider: &str, recv_slots: usize) -> Vec<OfiRank> {
+    pair_with(provider, recv_slots, true)
+}
+
+fn pair_with(provider: &str, recv_slots: usize, same_host_lane: bool) -> Vec<OfiRank> {
     loopback();
-    let opts = OfiOptions { provider: provider.into(), cris: 2, eager_capacity: 1024, recv_slots, send_slots: 8, terms: Vec::new() };
+    let opts = OfiOptions {
+        provider: provider.into(),
+        cris: 2,
+        eager_capacity: 1024,
+        recv_slots,
+        send_slots: 8,
+        terms: Vec::new(),
+        same_host_lane,
+    };
     world(&opts, 2).unwrap()
 }
 
@@ -43,42 +55,102 @@ fn header(seq: u32, len: usize) -> Header {
     }
 }
 
+/// A sender faster than its receiver is pushed back, never loses a frame, and never grows
+/// memory. Through libfabric alone every frame arrives in order; with the same-host lane,
+/// small frames take the lane and large ones libfabric, each path in order (the runtime
+/// orders the two by sequence number, as it does frames of several CRIs).
 #[test]
 fn frames_flow_control_loses_nothing() {
     for p in PROVIDERS {
-        let r = pair(p, 16);
-        let total = 5000u32;
-        let (mut sent, mut got, mut would_block) = (0u32, 0u32, 0u64);
-        let t0 = Instant::now();
-        while got < total {
-            assert!(t0.elapsed() < DEADLINE, "{p}: stuck at sent {sent} got {got}");
-            // The sender pushes as fast as it can; every 64th attempt the receiver polls.
-            while sent < total {
-                let data = vec![(sent % 251) as u8; (sent as usize * 13) % 1000];
-                match r[0].send(1, 1, header(sent, data.len()), &data) {
-                    Ok(()) => sent += 1,
-                    Err(SendError::WouldBlock) => {
-                        would_block += 1;
+        for lane in [false, true] {
+            let r = pair_with(p, 16, lane);
+            assert_eq!(r[0].same_host_peers(), if lane { 2 } else { 0 }, "{p}");
+            let total = 5000u32;
+            let (mut sent, mut got, mut would_block) = (0u32, 0u32, 0u64);
+            let mut seen = vec![false; total as usize];
+            // The last sequence number seen per path: small frames, large frames.
+            let mut last = [None::<u32>; 2];
+            let t0 = Instant::now();
+            while got < total {
+                assert!(t0.elapsed() < DEADLINE, "{p}: stuck at sent {sent} got {got}");
+                // The sender pushes as fast as it can; every 64th attempt the receiver polls.
+                while sent < total {
+                    let data = vec![(sent % 251) as u8; (sent as usize * 13) % 1000];
+                    match r[0].send(1, 1, header(sent, data.len()), &data) {
+                        Ok(()) => sent += 1,
+                        Err(SendError::WouldBlock) => {
+                            would_block += 1;
+                            break;
+                        }
+                        Err(e) => panic!("{p}: {e:?}"),
+                    }
+                    if sent % 64 == 0 {
                         break;
                     }
-                    Err(e) => panic!("{p}: {e:?}"),
                 }
-                if sent % 64 == 0 {
-                    break;
+                r[1].poll(1, 64, |f| {
+                    let seq = f.header.seq;
+                    let n = (seq as usize * 13) % 1000;
+                    let path = usize::from(lane && COMPACT_HEADER + n > SAME_HOST_FRAME);
+                    if lane {
+                        assert!(last[path].map_or(true, |l| l < seq), "{p}: order on path {path}: {seq} after {:?}", last[path]);
+                        last[path] = Some(seq);
+                    } else {
+                        assert_eq!(seq, got, "{p}: order");
+                    }
+                    assert!(!std::mem::replace(&mut seen[seq as usize], true), "{p}: frame {seq} twice");
+                    assert_eq!(f.payload.as_slice().len(), n);
+                    assert!(f.payload.as_slice().iter().all(|&b| b == (seq % 251) as u8));
+                    got += 1;
+                    r[1].recycle(f.payload);
+                });
+            }
+            println!("{p} (same-host lane {lane}): {total} frames, {would_block} WouldBlock");
+            // Nothing arrives on the other CRI, and nothing is left.
+            assert_eq!(r[1].poll(0, 64, |_| panic!("frame on the wrong CRI")), 0);
+        }
+    }
+}
+
+/// The lane is each rank's own choice: a rank without it still receives from a rank with
+/// it (which sends to it through libfabric), and the other way round.
+#[test]
+fn a_rank_without_the_same_host_lane_talks_to_one_with_it() {
+    loopback();
+    for p in PROVIDERS {
+        let opts = |same_host_lane| OfiOptions {
+            provider: p.into(),
+            cris: 1,
+            eager_capacity: 1024,
+            recv_slots: 16,
+            send_slots: 8,
+            terms: Vec::new(),
+            same_host_lane,
+        };
+        let opened = [Opened::open(&opts(true), 2).unwrap(), Opened::open(&opts(false), 2).unwrap()];
+        let blobs: Vec<Vec<u8>> = opened.iter().map(Opened::address_blob).collect();
+        let r: Vec<OfiRank> = opened.into_iter().enumerate().map(|(i, o)| o.connect(i as u32, &blobs).unwrap()).collect();
+        assert_eq!((r[0].same_host_peers(), r[1].same_host_peers()), (1, 0), "{p}: rank 0 reaches itself only");
+        for (from, to) in [(0usize, 1usize), (1, 0), (0, 0)] {
+            for seq in 0..20u32 {
+                let data = [seq as u8; 8];
+                let t0 = Instant::now();
+                while let Err(e) = r[from].send(to as u32, 0, header(seq, data.len()), &data) {
+                    assert!(matches!(e, SendError::WouldBlock) && t0.elapsed() < DEADLINE, "{p}: {e:?}");
+                    r[to].poll(0, 0, drop);
                 }
             }
-            r[1].poll(1, 64, |f| {
-                assert_eq!(f.header.seq, got, "{p}: order");
-                let n = (got as usize * 13) % 1000;
-                assert_eq!(f.payload.as_slice().len(), n);
-                assert!(f.payload.as_slice().iter().all(|&b| b == (got % 251) as u8));
-                got += 1;
-                r[1].recycle(f.payload);
-            });
+            let mut got = Vec::new();
+            let t0 = Instant::now();
+            while got.len() < 20 {
+                assert!(t0.elapsed() < DEADLINE, "{p}: {from} -> {to}: {} of 20 frames", got.len());
+                r[to].poll(0, 64, |f| {
+                    assert_eq!(f.payload.as_slice(), [f.header.seq as u8; 8]);
+                    got.push(f.header.seq);
+                });
+            }
+            assert_eq!(got, (0..20).collect::<Vec<_>>(), "{p}: {from} -> {to}");
         }
-        println!("{p}: {total} frames, {would_block} WouldBlock");
-        // Nothing arrives on the other CRI, and nothing is left.
-        assert_eq!(r[1].poll(0, 64, |_| panic!("frame on the wrong CRI")), 0);
     }
 }
 

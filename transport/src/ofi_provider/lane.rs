@@ -1,0 +1,637 @@
+//! The same-host lane: small frames between ranks of one host through rings in shared
+//! memory, beside libfabric (the parent module's *Same-host lane*).
+//!
+//! Every MPI library has such a path (Open MPI's `vader` FIFOs and fast boxes, MPICH's
+//! POSIX shared-memory queues): a frame between two processes of one host is a store into
+//! memory the receiver polls, with no provider, no completion queue and no system call on
+//! the way. libfabric 1.17's `shm` provider gives a 0-byte frame a command queue entry, a
+//! lock and a completion; here it is one slot of a ring.
+//!
+//! # Segments
+//!
+//! Each rank creates one anonymous segment (`memfd_create`, never a name in `/dev/shm`, so
+//! nothing is left behind by a process that dies) holding its *inboxes*: for each of its
+//! `k` CRIs, one ring per rank of the job, written only by that rank (and read by this
+//! one). The segment is sized for every rank but sparse: a ring nobody writes costs no
+//! memory, because a zero-filled slot is a valid free slot (see *Stamps*). A peer maps it by
+//! taking the file descriptor out of the owner's process (`pidfd_open` + `pidfd_getfd`, the
+//! same permission check as `process_vm_readv`, which libfabric's `shm` already needs for
+//! its single-copy reads) and checks the segment's random nonce against the one the owner
+//! published; any failure leaves that peer on libfabric. Ranks decide they share a host by
+//! the kernel's boot id and host name (published beside the endpoint names).
+//!
+//! One ring per (receiving CRI, sending rank) keeps a process that dies in the middle of a
+//! push from blocking anyone but itself: the slot it claimed but never published stops only
+//! its own ring (it will send nothing more anyway).
+//!
+//! # Rings
+//!
+//! A ring is Vyukov's bounded queue, as the embedded provider's inbox (`ring.rs`), laid out
+//! in the segment: a `tail` producers claim positions with (the threads of the one sending
+//! process), then [`SLOTS`] slots of [`SLOT_BYTES`]. The consumer's `head` is not shared: only
+//! the receiving process reads a ring, under its CRI's state lock, so it lives there.
+//!
+//! # Stamps
+//!
+//! A slot's stamp, less the slot's index, is stored: for position `p = i + L * SLOTS`,
+//! `L * SLOTS` means free for the producer of `p`, `L * SLOTS + 1` written for the consumer
+//! at `p`. Zero, what a fresh segment holds, is "free for lap 0". A producer at tail `t`
+//! finding `stored + i + SLOTS == t + 1` sees last lap's frame unread: the ring is full, and
+//! the send is refused like a full libfabric queue (`SendError::WouldBlock`).
+//!
+//! # Waking the receiver
+//!
+//! The receiver's watcher thread sleeps between its passes while the rank is quiet. Before
+//! it sleeps it sets `asleep` in its segment and looks at its rings once more; a sender
+//! that pushed a frame and finds `asleep` set (a `SeqCst` fence between its push and that
+//! load, one between the watcher's store and its look) clears it and writes the rank's
+//! `eventfd`, which the watcher sleeps on. While the rank is busy nobody sleeps, and a send
+//! costs no system call.
+
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::ptr::NonNull;
+use std::sync::atomic::{fence, AtomicU32, AtomicU64, Ordering};
+
+/// Slots per ring: frames a sender may have in flight to one CRI before it is pushed back.
+pub(super) const SLOTS: usize = 128;
+
+/// Bytes of a slot: the stamp, the frame's length, then the frame (wire header and payload).
+pub(super) const SLOT_BYTES: usize = 512;
+
+/// Where a slot's frame bytes begin.
+const SLOT_DATA: usize = 16;
+
+/// The largest frame (wire header and payload) that travels through a ring; larger ones go
+/// through libfabric.
+pub(super) const MAX_FRAME: usize = SLOT_BYTES - SLOT_DATA;
+
+/// Bytes in front of a ring's slots: the producers' `tail`, on a line of its own.
+const RING_HEADER: usize = 128;
+
+/// Bytes of one ring.
+const RING_BYTES: usize = RING_HEADER + SLOTS * SLOT_BYTES;
+
+/// Bytes in front of the rings: magic, nonce, `asleep`.
+const SEGMENT_HEADER: usize = 128;
+
+/// The first word of a segment.
+const MAGIC: u64 = u64::from_le_bytes(*b"weftlan1");
+
+/// Largest segment a rank creates (virtual size; untouched rings cost no memory): a job
+/// whose rings would need more keeps every frame on libfabric.
+const MAX_SEGMENT: usize = 1 << 32;
+
+/// A shared mapping, unmapped when dropped.
+struct Mapping {
+    ptr: NonNull<u8>,
+    len: usize,
+}
+
+// SAFETY: the mapping is plain shared memory accessed only through atomics and through
+// slots handed over by the stamp protocol.
+unsafe impl Send for Mapping {}
+// SAFETY: as above.
+unsafe impl Sync for Mapping {}
+
+impl Mapping {
+    /// Maps `len` bytes of `fd` shared, read-write.
+    fn map(fd: RawFd, len: usize) -> Option<Mapping> {
+        // SAFETY: a fresh shared mapping of an fd we hold; checked for failure below.
+        let p = unsafe { libc::mmap(std::ptr::null_mut(), len, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_SHARED, fd, 0) };
+        if p == libc::MAP_FAILED {
+            return None;
+        }
+        NonNull::new(p.cast()).map(|ptr| Mapping { ptr, len })
+    }
+
+    fn u64_at(&self, off: usize) -> &AtomicU64 {
+        debug_assert!(off + 8 <= self.len && off % 8 == 0);
+        // SAFETY: in bounds and 8-aligned (the mapping is page-aligned); the memory lives as
+        // long as `self`, and every access to it is atomic or handed over by a stamp.
+        unsafe { &*self.ptr.as_ptr().add(off).cast::<AtomicU64>() }
+    }
+
+    fn u32_at(&self, off: usize) -> &AtomicU32 {
+        debug_assert!(off + 4 <= self.len && off % 4 == 0);
+        // SAFETY: as in `u64_at`.
+        unsafe { &*self.ptr.as_ptr().add(off).cast::<AtomicU32>() }
+    }
+}
+
+impl Drop for Mapping {
+    fn drop(&mut self) {
+        // SAFETY: the mapping made in `map`, unmapped once; no reference into it outlives
+        // `self` (they borrow it).
+        unsafe { libc::munmap(self.ptr.as_ptr().cast(), self.len) };
+    }
+}
+
+/// The geometry every rank of a job shares (same CRI count and size).
+#[derive(Clone, Copy, Debug)]
+struct Layout {
+    cris: usize,
+    ranks: usize,
+}
+
+impl Layout {
+    fn len(self) -> Option<usize> {
+        self.cris.checked_mul(self.ranks)?.checked_mul(RING_BYTES)?.checked_add(SEGMENT_HEADER).filter(|&n| n <= MAX_SEGMENT)
+    }
+
+    /// Offset of the ring CRI `cri` of the segment's owner reads frames of `from` from.
+    fn ring(self, cri: usize, from: u32) -> usize {
+        SEGMENT_HEADER + (cri * self.ranks + from as usize) * RING_BYTES
+    }
+}
+
+/// What a rank publishes about its segment (appended to its endpoint names).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) struct Published {
+    /// Boot id and host name, hashed: equal on ranks of one host.
+    pub host: u64,
+    /// The owner's process id.
+    pub pid: u32,
+    /// The segment's descriptor in the owner's process.
+    pub memfd: i32,
+    /// The owner's watcher `eventfd` in the owner's process.
+    pub eventfd: i32,
+    /// Random; also in the segment, to tell it apart from any other descriptor.
+    pub nonce: u64,
+}
+
+/// Bytes of [`Published`] on the wire (`encode`), after a `u8` saying whether there is one.
+pub(super) const PUBLISHED_BYTES: usize = 8 + 4 + 4 + 4 + 8;
+
+impl Published {
+    pub(super) fn encode(this: Option<&Published>, out: &mut Vec<u8>) {
+        match this {
+            None => out.push(0),
+            Some(p) => {
+                out.push(1);
+                out.extend_from_slice(&p.host.to_le_bytes());
+                out.extend_from_slice(&p.pid.to_le_bytes());
+                out.extend_from_slice(&p.memfd.to_le_bytes());
+                out.extend_from_slice(&p.eventfd.to_le_bytes());
+                out.extend_from_slice(&p.nonce.to_le_bytes());
+            }
+        }
+    }
+
+    /// Reads what `encode` wrote at the start of `b`; returns it and the bytes used.
+    pub(super) fn decode(b: &[u8]) -> Option<(Option<Published>, usize)> {
+        match *b.first()? {
+            0 => Some((None, 1)),
+            1 => {
+                let b = b.get(1..1 + PUBLISHED_BYTES)?;
+                let u64_at = |at: usize| u64::from_le_bytes(b[at..at + 8].try_into().unwrap_or_default());
+                let u32_at = |at: usize| u32::from_le_bytes(b[at..at + 4].try_into().unwrap_or_default());
+                let p =
+                    Published { host: u64_at(0), pid: u32_at(8), memfd: u32_at(12) as i32, eventfd: u32_at(16) as i32, nonce: u64_at(20) };
+                Some((Some(p), 1 + PUBLISHED_BYTES))
+            }
+            _ => None,
+        }
+    }
+}
+
+/// This host's identity: FNV-1a over the kernel's boot id and the host name (ranks with the
+/// same boot id share a kernel, and so the memory a segment lives in).
+fn host_key() -> Option<u64> {
+    let boot = std::fs::read("/proc/sys/kernel/random/boot_id").ok()?;
+    let name = std::fs::read("/proc/sys/kernel/hostname").unwrap_or_default();
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in boot.iter().chain([0u8].iter()).chain(name.iter()) {
+        h = (h ^ u64::from(*b)).wrapping_mul(0x0100_0000_01b3);
+    }
+    Some(h)
+}
+
+fn random_u64() -> u64 {
+    let mut v = 0u64;
+    // SAFETY: writes at most 8 bytes into `v`.
+    let n = unsafe { libc::getrandom((&mut v as *mut u64).cast(), 8, 0) };
+    if n == 8 {
+        v
+    } else {
+        // Uniqueness, not secrecy, is what the nonce is for.
+        u64::from(std::process::id()).rotate_left(32)
+            ^ (std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64))
+    }
+}
+
+fn owned(fd: RawFd) -> Option<OwnedFd> {
+    // SAFETY: `fd` was just returned to us by the kernel and is owned by nobody else.
+    (fd >= 0).then(|| unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// The descriptor `fd` of process `pid`, duplicated into this one (`pidfd_getfd`).
+fn fd_of(pid: u32, fd: i32) -> Option<OwnedFd> {
+    // SAFETY: plain system calls with integer arguments; results are checked.
+    let pidfd = owned(unsafe { libc::syscall(libc::SYS_pidfd_open, pid as libc::c_long, 0 as libc::c_long) } as RawFd)?;
+    // SAFETY: as above.
+    owned(unsafe { libc::syscall(libc::SYS_pidfd_getfd, pidfd.as_raw_fd() as libc::c_long, fd as libc::c_long, 0 as libc::c_long) } as RawFd)
+}
+
+/// A peer's segment, mapped: where this rank pushes its frames to that peer.
+pub(super) struct Peer {
+    seg: Mapping,
+    /// The peer's watcher `eventfd`.
+    wake: OwnedFd,
+}
+
+/// This rank's side of the lane: its segment and the peers it reaches through theirs.
+pub(super) struct Lane {
+    layout: Layout,
+    /// This rank.
+    rank: u32,
+    seg: Mapping,
+    /// Kept open for the rank's life: peers take it out of this process when they connect.
+    _memfd: OwnedFd,
+    /// The watcher sleeps on it.
+    eventfd: OwnedFd,
+    /// Per rank: its segment, for ranks of this host that could be mapped.
+    peers: Box<[Option<Peer>]>,
+    /// Per CRI: the ranks whose rings it reads (this host's, as mapped by them).
+    readers: Box<[Box<[u32]>]>,
+}
+
+impl std::fmt::Debug for Lane {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let peers = self.peers.iter().filter(|p| p.is_some()).count();
+        f.debug_struct("Lane").field("rank", &self.rank).field("peers", &peers).finish_non_exhaustive()
+    }
+}
+
+/// A segment created but not yet connected to the peers (`Opened`).
+pub(super) struct Prepared {
+    layout: Layout,
+    seg: Mapping,
+    memfd: OwnedFd,
+    eventfd: OwnedFd,
+    published: Published,
+}
+
+impl Prepared {
+    /// Creates this rank's segment for a job of `ranks` ranks with `cris` CRIs each; `None`
+    /// where the system refuses (no memfd, too large a job), which leaves every frame on
+    /// libfabric.
+    pub(super) fn create(cris: usize, ranks: u32) -> Option<Prepared> {
+        let layout = Layout { cris, ranks: ranks as usize };
+        let len = layout.len()?;
+        // SAFETY: a NUL-terminated name; the result is checked.
+        let memfd = owned(unsafe { libc::memfd_create(c"weft-lane".as_ptr(), libc::MFD_CLOEXEC) })?;
+        // SAFETY: sizes the file we own (sparse: no memory until written).
+        if unsafe { libc::ftruncate(memfd.as_raw_fd(), len as libc::off_t) } != 0 {
+            return None;
+        }
+        // SAFETY: a plain system call; the result is checked.
+        let eventfd = owned(unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) })?;
+        let seg = Mapping::map(memfd.as_raw_fd(), len)?;
+        let nonce = random_u64();
+        seg.u64_at(8).store(nonce, Ordering::Relaxed);
+        seg.u64_at(0).store(MAGIC, Ordering::Release);
+        let published =
+            Published { host: host_key()?, pid: std::process::id(), memfd: memfd.as_raw_fd(), eventfd: eventfd.as_raw_fd(), nonce };
+        Some(Prepared { layout, seg, memfd, eventfd, published })
+    }
+
+    pub(super) fn published(&self) -> &Published {
+        &self.published
+    }
+
+    /// Maps the segments of the ranks of this host (`published[r]`, what rank `r`
+    /// published, `None` for a rank without a lane).
+    pub(super) fn connect(self, rank: u32, published: &[Option<Published>]) -> Lane {
+        let len = self.layout.len().unwrap_or(0);
+        let peers: Box<[Option<Peer>]> = published
+            .iter()
+            .map(|p| {
+                let p = p.as_ref().filter(|p| p.host == self.published.host)?;
+                let fd = fd_of(p.pid, p.memfd)?;
+                // SAFETY: `st` is a valid out-pointer for `fstat`.
+                let mut st: libc::stat = unsafe { std::mem::zeroed() };
+                // SAFETY: as above; a descriptor shorter than the layout is not the segment
+                // (mapping past its end would fault on access).
+                if unsafe { libc::fstat(fd.as_raw_fd(), &mut st) } != 0 || (st.st_size as u64) < len as u64 {
+                    return None;
+                }
+                let seg = Mapping::map(fd.as_raw_fd(), len)?;
+                if seg.u64_at(0).load(Ordering::Acquire) != MAGIC || seg.u64_at(8).load(Ordering::Relaxed) != p.nonce {
+                    return None;
+                }
+                Some(Peer { seg, wake: fd_of(p.pid, p.eventfd)? })
+            })
+            .collect();
+        // Every rank of this host with a lane may write this rank's rings (whether this rank
+        // could map its segment or not: the permission checks need not agree both ways), so
+        // all their rings are read; one that nobody writes costs a load per poll.
+        let mine: Box<[u32]> =
+            (0..published.len() as u32).filter(|&r| published[r as usize].is_some_and(|p| p.host == self.published.host)).collect();
+        let readers = (0..self.layout.cris).map(|_| mine.clone()).collect();
+        Lane { layout: self.layout, rank, seg: self.seg, _memfd: self.memfd, eventfd: self.eventfd, peers, readers }
+    }
+}
+
+/// A ring in some mapping.
+struct Ring<'a> {
+    seg: &'a Mapping,
+    at: usize,
+}
+
+impl Ring<'_> {
+    fn tail(&self) -> &AtomicU64 {
+        self.seg.u64_at(self.at)
+    }
+
+    fn stamp(&self, i: usize) -> &AtomicU64 {
+        self.seg.u64_at(self.at + RING_HEADER + i * SLOT_BYTES)
+    }
+
+    fn slot_ptr(&self, i: usize) -> *mut u8 {
+        // SAFETY: in bounds of the mapping (the layout's ring `at` has `SLOTS` slots).
+        unsafe { self.seg.ptr.as_ptr().add(self.at + RING_HEADER + i * SLOT_BYTES) }
+    }
+
+    /// Claims the next position and lets `write` fill its frame bytes (at most
+    /// [`MAX_FRAME`]; it returns how many it wrote), then publishes it. `false`: full.
+    fn push(&self, write: impl FnOnce(&mut [u8]) -> usize) -> bool {
+        let mask = SLOTS as u64 - 1;
+        // Relaxed: the tail only allocates positions; the stamp carries the data.
+        let mut t = self.tail().load(Ordering::Relaxed);
+        loop {
+            let i = (t & mask) as usize;
+            // Acquire: pairs with the consumer's Release after it read last lap's frame.
+            let stamp = self.stamp(i).load(Ordering::Acquire).wrapping_add(i as u64);
+            if stamp == t {
+                match self.tail().compare_exchange_weak(t, t.wrapping_add(1), Ordering::Relaxed, Ordering::Relaxed) {
+                    Ok(_) => {
+                        let p = self.slot_ptr(i);
+                        // SAFETY: position `t` is ours (the CAS) and its slot free (the
+                        // stamp): nobody reads or writes these bytes until we publish.
+                        let frame = unsafe { std::slice::from_raw_parts_mut(p.add(SLOT_DATA), MAX_FRAME) };
+                        let n = write(frame);
+                        // SAFETY: the length word of our slot, 8-aligned.
+                        unsafe { (*p.add(8).cast::<AtomicU32>()).store(n as u32, Ordering::Relaxed) };
+                        // Release: publishes the frame to the consumer's Acquire.
+                        self.stamp(i).store(t.wrapping_add(1).wrapping_sub(i as u64), Ordering::Release);
+                        return true;
+                    }
+                    Err(now) => t = now,
+                }
+            } else if stamp.wrapping_add(SLOTS as u64) == t.wrapping_add(1) {
+                return false;
+            } else {
+                t = self.tail().load(Ordering::Relaxed);
+            }
+        }
+    }
+
+    /// Whether position `head` holds a frame.
+    fn ready(&self, head: u64) -> bool {
+        let i = (head & (SLOTS as u64 - 1)) as usize;
+        // Acquire: a `true` is followed by the read of the frame.
+        self.stamp(i).load(Ordering::Acquire).wrapping_add(i as u64) == head.wrapping_add(1)
+    }
+
+    /// Hands the slot of the frame at `head` (which is [`ready`](Self::ready)) and the
+    /// frame's length to `read`, then frees the slot for the next lap.
+    fn take<R>(&self, head: u64, read: impl FnOnce(&[u8], usize) -> R) -> R {
+        let i = (head & (SLOTS as u64 - 1)) as usize;
+        let p = self.slot_ptr(i);
+        // SAFETY: the stamp said written for `head`; the producer touches the slot no more
+        // until we free it, and the consumer is one thread (the CRI's state lock). The length
+        // word is ours to read after the Acquire in `ready`; it is clamped to the slot.
+        let (slot, n) = unsafe {
+            let n = ((*p.add(8).cast::<AtomicU32>()).load(Ordering::Relaxed) as usize).min(MAX_FRAME);
+            (std::slice::from_raw_parts(p.add(SLOT_DATA), MAX_FRAME), n)
+        };
+        let r = read(slot, n);
+        // Release: our read of the frame happens before the next lap's producer writes.
+        self.stamp(i).store(head.wrapping_add(SLOTS as u64).wrapping_sub(i as u64), Ordering::Release);
+        r
+    }
+}
+
+/// The consumer's position in each ring a CRI reads (guarded by the CRI's state lock).
+#[derive(Debug, Default)]
+pub(super) struct Heads {
+    heads: Vec<u64>,
+    /// Where the next poll starts (round robin over the senders).
+    next: usize,
+}
+
+impl Lane {
+    fn ring_in(&self, cri: usize, from: u32) -> Ring<'_> {
+        Ring { seg: &self.seg, at: self.layout.ring(cri, from) }
+    }
+
+    /// Whether frames to `dst` may go through the lane.
+    #[inline]
+    pub(super) fn reaches(&self, dst: u32) -> bool {
+        matches!(self.peers.get(dst as usize), Some(Some(_)))
+    }
+
+    /// Ranks (this one included) reached through the lane.
+    pub(super) fn peers(&self) -> usize {
+        self.peers.iter().filter(|p| p.is_some()).count()
+    }
+
+    /// Pushes a frame of `len` bytes (at most [`MAX_FRAME`]), written by `write`, to CRI
+    /// `cri` of `dst` (which the lane [`reaches`](Self::reaches)). `false`: the ring is full.
+    pub(super) fn push(&self, dst: u32, cri: usize, write: impl FnOnce(&mut [u8]) -> usize) -> bool {
+        let Some(Some(peer)) = self.peers.get(dst as usize) else { return false };
+        let ring = Ring { seg: &peer.seg, at: self.layout.ring(cri, self.rank) };
+        if !ring.push(write) {
+            return false;
+        }
+        // SeqCst: orders the push before the load of `asleep` (module docs, *Waking*).
+        fence(Ordering::SeqCst);
+        let asleep = peer.seg.u32_at(16);
+        if asleep.load(Ordering::Relaxed) != 0 && asleep.swap(0, Ordering::Relaxed) != 0 {
+            let one = 1u64;
+            // SAFETY: writes 8 bytes from `one` to an eventfd we hold. A failure (the peer
+            // is gone) loses nothing: its watcher polls on a timer too.
+            let _ = unsafe { libc::write(peer.wake.as_raw_fd(), (&one as *const u64).cast(), 8) };
+        }
+        true
+    }
+
+    /// New consumer positions for CRI `cri`.
+    pub(super) fn heads(&self, cri: usize) -> Heads {
+        Heads { heads: vec![0; self.readers[cri].len()], next: 0 }
+    }
+
+    /// Whether a ring of CRI `cri` holds a frame.
+    pub(super) fn has_frames(&self, cri: usize, heads: &Heads) -> bool {
+        self.readers[cri].iter().zip(&heads.heads).any(|(&from, &h)| self.ring_in(cri, from).ready(h))
+    }
+
+    /// Hands up to `max` frames of CRI `cri` to `read` (the slot, whose bytes are all
+    /// initialized, and the frame's length), round robin over the senders; returns how many.
+    pub(super) fn poll(&self, cri: usize, heads: &mut Heads, max: usize, mut read: impl FnMut(&[u8], usize)) -> usize {
+        let from = &self.readers[cri];
+        let n_rings = from.len();
+        let mut n = 0;
+        let mut idle = 0;
+        while n < max && idle < n_rings {
+            let j = heads.next;
+            heads.next = if j + 1 == n_rings { 0 } else { j + 1 };
+            let ring = self.ring_in(cri, from[j]);
+            let h = heads.heads[j];
+            if ring.ready(h) {
+                ring.take(h, &mut read);
+                heads.heads[j] = h.wrapping_add(1);
+                n += 1;
+                idle = 0;
+            } else {
+                idle += 1;
+            }
+        }
+        n
+    }
+
+    /// Before the watcher sleeps: says so to senders. Follow with a last look at the rings.
+    pub(super) fn fall_asleep(&self) {
+        self.seg.u32_at(16).store(1, Ordering::Relaxed);
+        // SeqCst: orders the store before the watcher's last look (module docs, *Waking*).
+        fence(Ordering::SeqCst);
+    }
+
+    /// After the watcher's sleep: no sender needs to wake it now; drains the eventfd.
+    pub(super) fn wake_up(&self) {
+        self.seg.u32_at(16).store(0, Ordering::Relaxed);
+        let mut v = 0u64;
+        // SAFETY: reads at most 8 bytes into `v` from our non-blocking eventfd.
+        let _ = unsafe { libc::read(self.eventfd.as_raw_fd(), (&mut v as *mut u64).cast(), 8) };
+    }
+
+    /// The descriptor the watcher sleeps on.
+    pub(super) fn wake_fd(&self) -> RawFd {
+        self.eventfd.as_raw_fd()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pair() -> (Lane, Lane) {
+        let a = Prepared::create(2, 2).expect("memfd");
+        let b = Prepared::create(2, 2).expect("memfd");
+        let published = [Some(*a.published()), Some(*b.published())];
+        (a.connect(0, &published), b.connect(1, &published))
+    }
+
+    /// A zero-filled segment is a ring of free slots; frames come out in order, a full ring
+    /// refuses, and the slots are reused lap after lap.
+    #[test]
+    fn frames_cross_in_order_and_a_full_ring_refuses() {
+        let (a, b) = pair();
+        assert!(a.reaches(1) && a.reaches(0) && b.reaches(0));
+        assert_eq!(a.peers(), 2);
+        let mut heads = b.heads(1);
+        for lap in 0..3u32 {
+            for i in 0..SLOTS as u32 {
+                let v = lap * 1000 + i;
+                assert!(a.push(1, 1, |out| {
+                    out[..4].copy_from_slice(&v.to_le_bytes());
+                    4
+                }));
+            }
+            assert!(!a.push(1, 1, |_| unreachable!("full")), "a full ring refuses");
+            assert!(b.has_frames(1, &heads));
+            assert!(!b.has_frames(0, &b.heads(0)), "another CRI's rings stay empty");
+            let mut got = Vec::new();
+            assert_eq!(b.poll(1, &mut heads, usize::MAX, |f, n| got.push(u32::from_le_bytes(f[..n].try_into().unwrap()))), SLOTS);
+            assert_eq!(got, (0..SLOTS as u32).map(|i| lap * 1000 + i).collect::<Vec<_>>());
+            assert!(!b.has_frames(1, &heads));
+        }
+    }
+
+    /// Two senders into one CRI: each sender's frames in its order, both rings served.
+    #[test]
+    fn every_sender_has_its_ring() {
+        let a = Prepared::create(1, 3).expect("memfd");
+        let b = Prepared::create(1, 3).expect("memfd");
+        let c = Prepared::create(1, 3).expect("memfd");
+        let published = [Some(*a.published()), Some(*b.published()), Some(*c.published())];
+        let (a, b, c) = (a.connect(0, &published), b.connect(1, &published), c.connect(2, &published));
+        for i in 0..10u8 {
+            assert!(a.push(2, 0, |o| {
+                o[0] = i;
+                1
+            }));
+            assert!(b.push(2, 0, |o| {
+                o[0] = 100 + i;
+                1
+            }));
+        }
+        let mut heads = c.heads(0);
+        let mut got = Vec::new();
+        assert_eq!(c.poll(0, &mut heads, 7, |f, _| got.push(f[0])), 7);
+        assert_eq!(c.poll(0, &mut heads, 100, |f, _| got.push(f[0])), 13);
+        let from_a: Vec<u8> = got.iter().copied().filter(|&v| v < 100).collect();
+        let from_b: Vec<u8> = got.iter().copied().filter(|&v| v >= 100).collect();
+        assert_eq!(from_a, (0..10).collect::<Vec<_>>());
+        assert_eq!(from_b, (100..110).collect::<Vec<_>>());
+    }
+
+    /// A segment whose nonce does not match what was published is not used, nor one on
+    /// another host.
+    #[test]
+    fn a_wrong_nonce_or_host_leaves_the_peer_on_libfabric() {
+        let a = Prepared::create(1, 2).expect("memfd");
+        let b = Prepared::create(1, 2).expect("memfd");
+        let mut wrong = *b.published();
+        wrong.nonce ^= 1;
+        let mine = *a.published();
+        let lane = a.connect(0, &[Some(mine), Some(wrong)]);
+        assert!(lane.reaches(0) && !lane.reaches(1));
+        let a = Prepared::create(1, 2).expect("memfd");
+        let mut elsewhere = *b.published();
+        elsewhere.host ^= 1;
+        let mine = *a.published();
+        let lane = a.connect(0, &[Some(mine), Some(elsewhere)]);
+        assert!(!lane.reaches(1));
+        let a = Prepared::create(1, 2).expect("memfd");
+        let mine = *a.published();
+        let lane = a.connect(0, &[Some(mine), None]);
+        assert!(!lane.reaches(1), "a rank without a lane");
+    }
+
+    /// A sleeping watcher is woken by the first frame, once; frames while awake cost no write.
+    #[test]
+    fn a_sleeping_watcher_is_woken_once() {
+        let (a, b) = pair();
+        let readable = |fd: RawFd| {
+            let mut p = libc::pollfd { fd, events: libc::POLLIN, revents: 0 };
+            // SAFETY: one valid pollfd.
+            unsafe { libc::poll(&mut p, 1, 0) == 1 }
+        };
+        assert!(a.push(1, 0, |_| 0));
+        assert!(!readable(b.wake_fd()), "awake: no wake-up");
+        b.fall_asleep();
+        assert!(a.push(1, 0, |_| 0));
+        assert!(readable(b.wake_fd()));
+        b.wake_up();
+        assert!(!readable(b.wake_fd()));
+        assert!(a.push(1, 0, |_| 0));
+        assert!(!readable(b.wake_fd()));
+        let mut heads = b.heads(0);
+        assert_eq!(b.poll(0, &mut heads, 10, |_, n| assert_eq!(n, 0)), 3);
+    }
+
+    #[test]
+    fn published_round_trips() {
+        let a = Prepared::create(1, 1).expect("memfd");
+        let mut out = Vec::new();
+        Published::encode(Some(a.published()), &mut out);
+        Published::encode(None, &mut out);
+        let (p, n) = Published::decode(&out).unwrap();
+        assert_eq!(p, Some(*a.published()));
+        assert_eq!(Published::decode(&out[n..]), Some((None, 1)));
+        assert_eq!(Published::decode(&[7]), None);
+        assert_eq!(Published::decode(&out[..5]), None);
+        assert_eq!(a.published().pid, std::process::id());
+    }
+}
