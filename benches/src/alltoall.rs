@@ -24,6 +24,7 @@ use std::time::Instant;
 use clap::Args as ClapArgs;
 use weft::{Provider, Runtime, Source};
 
+use crate::mpi_peer::{Flavor, Peer};
 use crate::multirate::cross_barrier;
 use crate::plot::Chart;
 use crate::report::{median, parse_list, Output, PlotTo, Table};
@@ -81,7 +82,7 @@ pub fn run(a: &Args) -> Result<(), String> {
     if a.rank_worker {
         return worker(sizes[0], a.rounds, a.warmup);
     }
-    let peer = if a.openmpi { Some(build_openmpi_peer()?) } else { None };
+    let peer = if a.openmpi { Some(Peer::build(Flavor::OpenMpi, "alltoall-mpi", include_str!("../peers/alltoall.c"))?) } else { None };
     let mut table =
         Table::new(&["provider", "ranks", "size", "round_us", "min_us", "max_us", "rank_gbps", "ompi_round_us", "ratio"], &a.out);
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
@@ -99,7 +100,13 @@ pub fn run(a: &Args) -> Result<(), String> {
                     table.step(|| format!("{p}, {n} ranks, {size} B, run {}", run + 1));
                     us.push(launch(a, p, n, size)?);
                     if let Some(peer) = &peer {
-                        ompi.push(openmpi_round(peer, a, p, n, size)?);
+                        ompi.push(peer.run(
+                            n as usize,
+                            p,
+                            a.timeout,
+                            &[size.to_string(), a.rounds.to_string(), a.warmup.to_string()],
+                            "ROUND_US",
+                        )?);
                     }
                 }
                 // Each pair of runs was taken back to back: their ratio cancels the machine's
@@ -172,51 +179,6 @@ fn launch(a: &Args, p: Provider, n: u32, size: usize) -> Result<f64, String> {
         .lines()
         .find_map(|l| l.strip_prefix("[0] ROUND_US ").and_then(|v| v.trim().parse::<f64>().ok()))
         .ok_or_else(|| format!("no time in the job's output:\n{stdout}"))
-}
-
-/// Compiles the MPI version of the rounds next to this binary; returns its path.
-fn build_openmpi_peer() -> Result<std::path::PathBuf, String> {
-    let exe = std::env::current_exe().map_err(|e| e.to_string())?;
-    let src = exe.with_file_name("alltoall-mpi.c");
-    let bin = exe.with_file_name("alltoall-mpi");
-    std::fs::write(&src, include_str!("../peers/alltoall.c")).map_err(|e| format!("{}: {e}", src.display()))?;
-    let out = std::process::Command::new("mpicc")
-        .args(["-O2", "-o"])
-        .arg(&bin)
-        .arg(&src)
-        .output()
-        .map_err(|e| format!("mpicc: {e} (install openmpi-bin libopenmpi-dev)"))?;
-    if !out.status.success() {
-        return Err(format!("mpicc failed: {}", String::from_utf8_lossy(&out.stderr)));
-    }
-    Ok(bin)
-}
-
-/// One Open MPI job of the same rounds; returns rank 0's time per round in µs.
-fn openmpi_round(bin: &std::path::Path, a: &Args, p: Provider, n: u32, size: usize) -> Result<f64, String> {
-    let btl = if p == Provider::Tcp { "self,tcp" } else { "self,vader" };
-    let out = std::process::Command::new("timeout")
-        .arg(a.timeout.to_string())
-        .args(["mpirun", "--oversubscribe", "--bind-to", "none", "-np", &n.to_string()])
-        .arg(bin)
-        .args([size.to_string(), a.rounds.to_string(), a.warmup.to_string()])
-        .env("OMPI_MCA_btl", btl)
-        .env("OMPI_MCA_pml", "ob1")
-        .env("OMPI_MCA_btl_tcp_if_include", "lo")
-        .env("OMPI_MCA_oob_tcp_if_include", "lo")
-        .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
-        .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
-        .stdin(std::process::Stdio::null())
-        .output()
-        .map_err(|e| format!("mpirun: {e}"))?;
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    if !out.status.success() {
-        return Err(format!("Open MPI job ({p}, {n} ranks) failed ({}):\n{stdout}{}", out.status, String::from_utf8_lossy(&out.stderr)));
-    }
-    stdout
-        .lines()
-        .find_map(|l| l.strip_prefix("ROUND_US ").and_then(|v| v.trim().parse::<f64>().ok()))
-        .ok_or_else(|| format!("no time in the Open MPI job's output:\n{stdout}"))
 }
 
 /// The first and last bytes of the message `src` sends in `round`.

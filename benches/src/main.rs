@@ -8,6 +8,7 @@ mod ctxid;
 mod idle;
 mod lock_regimes;
 mod locks;
+mod mpi_peer;
 mod msgcost;
 mod multirate;
 mod pack;

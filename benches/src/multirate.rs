@@ -32,6 +32,7 @@ use std::time::{Duration, Instant};
 use clap::Args as ClapArgs;
 use weft::{Assignment, Communicator, MatchingMode, ProgressMode, Provider, Request, Runtime, Source, Tag};
 
+use crate::mpi_peer::{Flavor, Peer};
 use crate::plot::Chart;
 use crate::report::{median, parse_list, Output, PlotTo, Table};
 
@@ -113,6 +114,17 @@ pub struct Args {
     /// measures.
     #[arg(long, default_value = "core", value_parser = ["core", "none"])]
     bind: String,
+    /// Also run the same loop with an MPI library, `openmpi` or `mpich` (the C version in
+    /// `benches/peers/multirate.c`, built with its `mpicc`, one process per rank under its
+    /// `mpirun`; shared memory, or tcp on `lo` with `--provider tcp`), each of its runs
+    /// beside one of weft's: columns `peer`, `peer_rate` and `ratio` (weft / peer, the
+    /// median of the per-run ratios). The peer knows no overtaking or `no_any_tag`
+    /// assertion; `-c` gives it a communicator per pair too.
+    #[arg(long)]
+    peer: Option<String>,
+    /// Seconds a peer job may take before it is stopped (a hang fails the benchmark).
+    #[arg(long, default_value_t = 300)]
+    peer_timeout: u64,
     /// Internal: run one rank of a launched job (one configuration).
     #[arg(long, hide = true)]
     rank_worker: bool,
@@ -237,25 +249,30 @@ pub fn run(a: &Args) -> Result<(), String> {
         };
         return rank_worker(&p, a, provider, &cpus);
     }
-    let mut table = Table::new(
-        &[
-            "pattern",
-            "mode",
-            "pairs",
-            "size",
-            "window",
-            "progress",
-            "assignment",
-            "cris",
-            "matching",
-            "comm_per_pair",
-            "overtaking",
-            "no_any_tag",
-            "msg_rate",
-            "thread_over_process",
-        ],
-        &a.out,
-    );
+    let peer = match &a.peer {
+        Some(f) => Some(Peer::build(f.parse::<Flavor>()?, "multirate-mpi", include_str!("../peers/multirate.c"))?),
+        None => None,
+    };
+    let mut columns = vec![
+        "pattern",
+        "mode",
+        "pairs",
+        "size",
+        "window",
+        "progress",
+        "assignment",
+        "cris",
+        "matching",
+        "comm_per_pair",
+        "overtaking",
+        "no_any_tag",
+        "msg_rate",
+        "thread_over_process",
+    ];
+    if peer.is_some() {
+        columns.extend(["peer", "peer_rate", "ratio"]);
+    }
+    let mut table = Table::new(&columns, &a.out);
     a.out.note(&format!(
         "# weft-bench multirate: iterations={} runs={} (median) cores={} bind={} provider={provider}{}",
         a.iterations,
@@ -301,18 +318,35 @@ pub fn run(a: &Args) -> Result<(), String> {
                                     // seconds, and runs taken side by side share the drift,
                                     // which the paired ratio then cancels.
                                     let mut rates = vec![Vec::with_capacity(a.runs); modes.len()];
+                                    let mut peer_rates = vec![Vec::with_capacity(a.runs); modes.len()];
                                     for run in 0..a.runs {
                                         for k in 0..modes.len() {
                                             let m = if run % 2 == 0 { k } else { modes.len() - 1 - k };
                                             let p = point(modes[m]);
                                             table.step(|| format!("{} mode, {t} pairs, {pm}, run {}", modes[m].name(), run + 1));
-                                            rates[m].push(plausible(cores, || {
-                                                if provider == Provider::Embedded {
-                                                    measure(&p, a, &cpus, Faults::of(a))
-                                                } else {
-                                                    launch(&p, a, provider)
+                                            let weft = || {
+                                                plausible(cores, || {
+                                                    if provider == Provider::Embedded {
+                                                        measure(&p, a, &cpus, Faults::of(a))
+                                                    } else {
+                                                        launch(&p, a, provider)
+                                                    }
+                                                })
+                                            };
+                                            match &peer {
+                                                // Weft first on even runs, the peer first on
+                                                // odd ones: neither always runs on a machine
+                                                // the other just warmed.
+                                                Some(peer) if run % 2 == 1 => {
+                                                    peer_rates[m].push(peer_rate(peer, &p, a, provider)?);
+                                                    rates[m].push(weft()?);
                                                 }
-                                            })?);
+                                                Some(peer) => {
+                                                    rates[m].push(weft()?);
+                                                    peer_rates[m].push(peer_rate(peer, &p, a, provider)?);
+                                                }
+                                                None => rates[m].push(weft()?),
+                                            }
                                         }
                                     }
                                     let process = modes.iter().position(|&m| m == Mode::Process);
@@ -327,7 +361,7 @@ pub fn run(a: &Args) -> Result<(), String> {
                                             }
                                             _ => String::new(),
                                         };
-                                        table.row(vec![
+                                        let mut row = vec![
                                             pattern.name().into(),
                                             mode.name().into(),
                                             t.to_string(),
@@ -342,7 +376,14 @@ pub fn run(a: &Args) -> Result<(), String> {
                                             (a.no_any_tag as u8).to_string(),
                                             format!("{:.0}", median(&rates[m])),
                                             ratio,
-                                        ]);
+                                        ];
+                                        if let Some(peer) = &peer {
+                                            let r: Vec<f64> = rates[m].iter().zip(&peer_rates[m]).map(|(x, y)| x / y).collect();
+                                            row.push(peer.flavor().name().into());
+                                            row.push(format!("{:.0}", median(&peer_rates[m])));
+                                            row.push(format!("{:.2}", median(&r)));
+                                        }
+                                        table.row(row);
                                     }
                                 }
                             }
@@ -370,6 +411,25 @@ pub fn run(a: &Args) -> Result<(), String> {
     // `--cris auto` gives thread mode T CRIs and process mode one: no line of its own then.
     let chart = if a.cris == "auto" { chart } else { chart.series("cris", "{} CRIs") };
     table.finish_with_plot(&chart, &a.plot)
+}
+
+/// One run of the MPI peer's version of `p` (module docs of [`crate::mpi_peer`]); its rate.
+/// Against the embedded provider the peer runs over shared memory.
+fn peer_rate(peer: &Peer, p: &Point, a: &Args, provider: Provider) -> Result<f64, String> {
+    if p.pairs > u16::MAX as usize || p.size > i32::MAX as usize || p.window > i32::MAX as usize {
+        return Err("--peer: pairs, size or window too large for the C peer".into());
+    }
+    let ranks = if p.mode == Mode::Thread { 2 } else { 2 * p.pairs };
+    let args = [
+        p.pattern.name().to_string(),
+        p.mode.name().to_string(),
+        p.pairs.to_string(),
+        p.size.to_string(),
+        p.window.to_string(),
+        a.iterations.to_string(),
+        u8::from(a.comm_per_pair).to_string(),
+    ];
+    peer.run(ranks, if provider == Provider::Tcp { Provider::Tcp } else { Provider::Shm }, a.peer_timeout, &args, "MSG_RATE")
 }
 
 /// The least CPU time a message takes through weft, both sides together: about 1,900
