@@ -54,7 +54,20 @@ enum Cmd {
     LockRegimes(lock_regimes::Args),
 }
 
+/// Set by `weftrun` in every rank's environment.
+const UNDER_WEFTRUN: &str = "WEFT_KVS";
+
 fn main() {
+    // The benchmarks that run real jobs launch themselves through weftrun (with the hidden
+    // `--rank-worker`): started under weftrun by hand, each rank would start a sweep of its
+    // own jobs, nested in the outer one.
+    if std::env::var_os(UNDER_WEFTRUN).is_some() && !std::env::args().any(|a| a == "--rank-worker") {
+        eprintln!(
+            "weft-bench: started under weftrun ({UNDER_WEFTRUN} is set): run weft-bench directly; it launches its own jobs \
+             through weftrun where a benchmark needs several processes (--provider shm|tcp)"
+        );
+        std::process::exit(2);
+    }
     let cli = Cli::parse();
     let res = match cli.cmd {
         Cmd::Multirate(a) => multirate::run(&a),

@@ -74,3 +74,19 @@ fn an_unwritable_plot_is_an_error() {
     assert!(stderr.contains("a-file"), "the error names the path: {stderr}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Under `weftrun` without its internal worker flag, `weft-bench` says so and exits instead
+/// of starting a job of its own in every rank.
+#[test]
+fn started_under_weftrun_it_says_so_and_exits() {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_weft-bench"))
+        .args(["multirate", "--provider", "shm", "-t", "1"])
+        .env("WEFT_KVS", "127.0.0.1:1")
+        .stdin(std::process::Stdio::null())
+        .output()
+        .expect("start weft-bench");
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("started under weftrun"), "{err}");
+    assert!(out.stdout.is_empty());
+}
