@@ -35,12 +35,13 @@
 //!
 //! # Same-host lane
 //!
-//! Frames of at most [`SAME_HOST_FRAME`] bytes (wire header included) to a rank of the same
-//! host go through rings in shared memory instead of libfabric (`lane.rs`: one segment per
-//! rank, one ring per receiving CRI and sending rank, mapped by the peers through
-//! `pidfd_getfd`): a frame is then one slot written and one read, where libfabric's `shm`
-//! costs a command entry, its region's spin lock and a completion on each side. Larger
-//! frames, rendezvous reads and RMA stay on libfabric, and so do peers on other hosts (with
+//! Frames to a rank of the same host go through rings in shared memory instead of
+//! libfabric (`lane.rs`: one segment per rank, two rings per receiving CRI and sending rank
+//! — frames of up to [`SAME_HOST_SMALL_FRAME`] bytes, and frames up to the eager threshold
+//! (at most 64 KiB) — mapped by the peers through `pidfd_getfd`): a frame is then one slot
+//! written and one read, where libfabric's `shm` costs a command entry, its region's spin
+//! lock and a completion on each side. Rendezvous reads (libfabric `shm`'s single copy),
+//! RMA and eager frames above 64 KiB stay on libfabric, and so do peers on other hosts (with
 //! `tcp;ofi_rxm`, one job may use both). `poll` takes a CRI's CQ frames first, then its
 //! rings' (round robin over the senders); `has_frames` looks at the rings first (a load per
 //! sending rank). Frames of one sender that take different paths may arrive out of order;
@@ -180,9 +181,9 @@ pub const WIRE_HEADER: usize = 64;
 /// behind this header still costs what 8 bytes cost.
 pub const COMPACT_HEADER: usize = 24;
 
-/// Largest frame (wire header and payload) the same-host lane carries (module docs); larger
-/// frames to a peer of the same host go through libfabric.
-pub const SAME_HOST_FRAME: usize = lane::MAX_FRAME;
+/// Largest frame (wire header and payload) the same-host lane's ring of small frames
+/// carries (module docs); larger ones take its ring of large frames.
+pub const SAME_HOST_SMALL_FRAME: usize = lane::SMALL.max_frame();
 
 /// Largest frame sent with `fi_inject` (bounded by the provider's inject size too); the
 /// frame is assembled on the stack.
@@ -554,7 +555,7 @@ impl Opened {
         }
         let cfg = EndpointConfig { cq_size: reads::CHUNKS_POSTED + 16, wait_fd: false, rma_counter: false };
         eps.push(Endpoint::open(&domain, &av, &cfg).map_err(|e| transport_error(&e))?);
-        let lane = if opts.same_host_lane { lane::Prepared::create(opts.cris, size) } else { None };
+        let lane = if opts.same_host_lane { lane::Prepared::create(opts.cris, size, WIRE_HEADER + opts.eager_capacity) } else { None };
         Ok(Opened { opts: opts.clone(), size, domain, av, eps, lane })
     }
 
@@ -1543,17 +1544,12 @@ impl OfiRank {
                 None => return Err(SendError::Invalid("rendezvous buffer is not registered")),
             }
         }
-        if total <= lane::MAX_FRAME {
-            if let Some(lane) = s.lane.as_ref().filter(|l| l.reaches(dst)) {
-                if !lane.push(dst, c, |out| {
-                    write_frame(&h, hlen, data, &mut out[..total]);
-                    total
-                }) {
-                    return Err(s.refused());
-                }
-                RankInner::note_activity(cri);
-                return Ok(());
+        if let Some(lane) = s.lane.as_ref().filter(|l| l.reaches(dst) && total <= l.max_frame()) {
+            if !lane.push(dst, c, total, |out| write_frame(&h, hlen, data, out)) {
+                return Err(s.refused());
             }
+            RankInner::note_activity(cri);
+            return Ok(());
         }
         // The CRI state lock, held only for a slot send: an inject copies the frame before it
         // returns and completes nothing, so the CRI's state (send slots, staging) is not
@@ -2216,7 +2212,9 @@ mod tests {
     /// Two ranks of an in-process `shm` world, or `None` (skipped) where `shm` is not
     /// available.
     fn shm_pair() -> Option<Arc<Vec<OfiRank>>> {
-        let opts = OfiOptions { recv_slots: 16, send_slots: 8, ..OfiOptions::default() };
+        // libfabric's own paths: the same-host lane would carry the frames these tests need
+        // to go through a CRI's libfabric state.
+        let opts = OfiOptions { recv_slots: 16, send_slots: 8, same_host_lane: false, ..OfiOptions::default() };
         match world(&opts, 2) {
             Ok(r) => Some(Arc::new(r)),
             Err(e) => {

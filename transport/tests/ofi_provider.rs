@@ -6,7 +6,7 @@
 use std::time::{Duration, Instant};
 
 use weft_transport::ofi::FetchOp;
-use weft_transport::ofi_provider::{world, OfiOptions, OfiRank, Opened, RemoteMem, COMPACT_HEADER, SAME_HOST_FRAME};
+use weft_transport::ofi_provider::{world, OfiOptions, OfiRank, Opened, RemoteMem, COMPACT_HEADER, SAME_HOST_SMALL_FRAME};
 use weft_transport::{Error, FrameKind, Header, ReadStart, SendError};
 
 const PROVIDERS: [&str; 2] = ["shm", "tcp;ofi_rxm"];
@@ -57,8 +57,9 @@ fn header(seq: u32, len: usize) -> Header {
 
 /// A sender faster than its receiver is pushed back, never loses a frame, and never grows
 /// memory. Through libfabric alone every frame arrives in order; with the same-host lane,
-/// small frames take the lane and large ones libfabric, each path in order (the runtime
-/// orders the two by sequence number, as it does frames of several CRIs).
+/// small frames take its ring of small frames and larger ones its ring of large ones, each
+/// ring in order (the runtime orders the two by sequence number, as it does frames of
+/// several CRIs).
 #[test]
 fn frames_flow_control_loses_nothing() {
     for p in PROVIDERS {
@@ -91,7 +92,7 @@ fn frames_flow_control_loses_nothing() {
                 r[1].poll(1, 64, |f| {
                     let seq = f.header.seq;
                     let n = (seq as usize * 13) % 1000;
-                    let path = usize::from(lane && COMPACT_HEADER + n > SAME_HOST_FRAME);
+                    let path = usize::from(lane && COMPACT_HEADER + n > SAME_HOST_SMALL_FRAME);
                     if lane {
                         assert!(last[path].map_or(true, |l| l < seq), "{p}: order on path {path}: {seq} after {:?}", last[path]);
                         last[path] = Some(seq);

@@ -28,16 +28,23 @@
 //!
 //! A ring is Vyukov's bounded queue, as the embedded provider's inbox (`ring.rs`), laid out
 //! in the segment: a `tail` producers claim positions with (the threads of the one sending
-//! process), then [`SLOTS`] slots of [`SLOT_BYTES`]. The consumer's `head` is not shared: only
-//! the receiving process reads a ring, under its CRI's state lock, so it lives there.
+//! process), then `n` slots of a fixed size. The consumer's `head` is not shared: only the
+//! receiving process reads a ring, under its CRI's state lock, so it lives there.
+//!
+//! Each (CRI, sender) has two rings: [`SMALL`] slots of 512 bytes, for protocol frames and
+//! small messages (a 0-byte message uses the first line of its slot), and [`BIG_SLOTS`]
+//! slots that hold the largest eager frame (up to [`BIG_FRAME_LIMIT`]), so that every eager
+//! message between ranks of a host takes the lane with one copy in and one out, and only a
+//! few of the large slots stand per sender. A sender's frames in the two rings are not
+//! ordered against each other (the runtime's sequence numbers order them).
 //!
 //! # Stamps
 //!
-//! A slot's stamp, less the slot's index, is stored: for position `p = i + L * SLOTS`,
-//! `L * SLOTS` means free for the producer of `p`, `L * SLOTS + 1` written for the consumer
-//! at `p`. Zero, what a fresh segment holds, is "free for lap 0". A producer at tail `t`
-//! finding `stored + i + SLOTS == t + 1` sees last lap's frame unread: the ring is full, and
-//! the send is refused like a full libfabric queue (`SendError::WouldBlock`).
+//! A slot's stamp, less the slot's index, is stored: for position `p = i + L * n`, `L * n`
+//! means free for the producer of `p`, `L * n + 1` written for the consumer at `p`. Zero,
+//! what a fresh segment holds, is "free for lap 0". A producer at tail `t` finding
+//! `stored + i + n == t + 1` sees last lap's frame unread: the ring is full, and the send is
+//! refused like a full libfabric queue (`SendError::WouldBlock`).
 //!
 //! # Waking the receiver
 //!
@@ -52,24 +59,43 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::ptr::NonNull;
 use std::sync::atomic::{fence, AtomicU32, AtomicU64, Ordering};
 
-/// Slots per ring: frames a sender may have in flight to one CRI before it is pushed back.
-pub(super) const SLOTS: usize = 128;
+/// The size of a ring's slots and how many it has.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) struct Class {
+    /// Slots (a power of two): frames a sender may have in flight to one CRI in this ring
+    /// before it is pushed back.
+    pub slots: usize,
+    /// Bytes of a slot: the stamp, the frame's length, then the frame (wire header and
+    /// payload); a multiple of 64.
+    pub slot_bytes: usize,
+}
 
-/// Bytes of a slot: the stamp, the frame's length, then the frame (wire header and payload).
-pub(super) const SLOT_BYTES: usize = 512;
+impl Class {
+    /// The largest frame a slot holds.
+    pub(super) const fn max_frame(self) -> usize {
+        self.slot_bytes - SLOT_DATA
+    }
+
+    const fn ring_bytes(self) -> usize {
+        RING_HEADER + self.slots * self.slot_bytes
+    }
+}
+
+/// The ring of small frames.
+pub(super) const SMALL: Class = Class { slots: 128, slot_bytes: 512 };
+
+/// Slots of the ring of large frames.
+pub(super) const BIG_SLOTS: usize = 8;
+
+/// The largest frame the ring of large frames takes (a larger eager threshold leaves the
+/// frames above this on libfabric): 64 KiB of payload and a wire header.
+pub(super) const BIG_FRAME_LIMIT: usize = (64 << 10) + 64;
 
 /// Where a slot's frame bytes begin.
 const SLOT_DATA: usize = 16;
 
-/// The largest frame (wire header and payload) that travels through a ring; larger ones go
-/// through libfabric.
-pub(super) const MAX_FRAME: usize = SLOT_BYTES - SLOT_DATA;
-
 /// Bytes in front of a ring's slots: the producers' `tail`, on a line of its own.
 const RING_HEADER: usize = 128;
-
-/// Bytes of one ring.
-const RING_BYTES: usize = RING_HEADER + SLOTS * SLOT_BYTES;
 
 /// Bytes in front of the rings: magic, nonce, `asleep`.
 const SEGMENT_HEADER: usize = 128;
@@ -126,21 +152,44 @@ impl Drop for Mapping {
     }
 }
 
-/// The geometry every rank of a job shares (same CRI count and size).
+/// The geometry every rank of a job shares (same CRI count, size and eager threshold).
 #[derive(Clone, Copy, Debug)]
 struct Layout {
     cris: usize,
     ranks: usize,
+    big: Class,
+    /// The largest frame the big ring takes (its slots may hold a little more).
+    big_frame: usize,
 }
 
 impl Layout {
-    fn len(self) -> Option<usize> {
-        self.cris.checked_mul(self.ranks)?.checked_mul(RING_BYTES)?.checked_add(SEGMENT_HEADER).filter(|&n| n <= MAX_SEGMENT)
+    /// For frames of up to `max_frame` bytes.
+    fn new(cris: usize, ranks: usize, max_frame: usize) -> Layout {
+        let frame = max_frame.clamp(SMALL.max_frame(), BIG_FRAME_LIMIT);
+        Layout { cris, ranks, big: Class { slots: BIG_SLOTS, slot_bytes: (SLOT_DATA + frame).next_multiple_of(64) }, big_frame: frame }
     }
 
-    /// Offset of the ring CRI `cri` of the segment's owner reads frames of `from` from.
-    fn ring(self, cri: usize, from: u32) -> usize {
-        SEGMENT_HEADER + (cri * self.ranks + from as usize) * RING_BYTES
+    /// Bytes of a (CRI, sender)'s two rings.
+    fn pair_bytes(self) -> usize {
+        SMALL.ring_bytes() + self.big.ring_bytes()
+    }
+
+    fn len(self) -> Option<usize> {
+        self.cris.checked_mul(self.ranks)?.checked_mul(self.pair_bytes())?.checked_add(SEGMENT_HEADER).filter(|&n| n <= MAX_SEGMENT)
+    }
+
+    /// The ring of `class` CRI `cri` of the segment's owner reads frames of `from` from:
+    /// its offset.
+    fn ring(self, cri: usize, from: u32, big: bool) -> usize {
+        SEGMENT_HEADER + (cri * self.ranks + from as usize) * self.pair_bytes() + if big { SMALL.ring_bytes() } else { 0 }
+    }
+
+    fn class(self, big: bool) -> Class {
+        if big {
+            self.big
+        } else {
+            SMALL
+        }
     }
 }
 
@@ -272,11 +321,11 @@ pub(super) struct Prepared {
 }
 
 impl Prepared {
-    /// Creates this rank's segment for a job of `ranks` ranks with `cris` CRIs each; `None`
-    /// where the system refuses (no memfd, too large a job), which leaves every frame on
-    /// libfabric.
-    pub(super) fn create(cris: usize, ranks: u32) -> Option<Prepared> {
-        let layout = Layout { cris, ranks: ranks as usize };
+    /// Creates this rank's segment for a job of `ranks` ranks with `cris` CRIs each and
+    /// frames of up to `max_frame` bytes (bounded by [`BIG_FRAME_LIMIT`]); `None` where the
+    /// system refuses (no memfd, too large a job), which leaves every frame on libfabric.
+    pub(super) fn create(cris: usize, ranks: u32, max_frame: usize) -> Option<Prepared> {
+        let layout = Layout::new(cris, ranks as usize, max_frame);
         let len = layout.len()?;
         // SAFETY: a NUL-terminated name; the result is checked.
         let memfd = owned(unsafe { libc::memfd_create(c"weft-lane".as_ptr(), libc::MFD_CLOEXEC) })?;
@@ -336,6 +385,7 @@ impl Prepared {
 struct Ring<'a> {
     seg: &'a Mapping,
     at: usize,
+    class: Class,
 }
 
 impl Ring<'_> {
@@ -344,18 +394,22 @@ impl Ring<'_> {
     }
 
     fn stamp(&self, i: usize) -> &AtomicU64 {
-        self.seg.u64_at(self.at + RING_HEADER + i * SLOT_BYTES)
+        self.seg.u64_at(self.at + RING_HEADER + i * self.class.slot_bytes)
     }
 
     fn slot_ptr(&self, i: usize) -> *mut u8 {
-        // SAFETY: in bounds of the mapping (the layout's ring `at` has `SLOTS` slots).
-        unsafe { self.seg.ptr.as_ptr().add(self.at + RING_HEADER + i * SLOT_BYTES) }
+        // SAFETY: in bounds of the mapping (the layout's ring `at` has the class's slots).
+        unsafe { self.seg.ptr.as_ptr().add(self.at + RING_HEADER + i * self.class.slot_bytes) }
     }
 
-    /// Claims the next position and lets `write` fill its frame bytes (at most
-    /// [`MAX_FRAME`]; it returns how many it wrote), then publishes it. `false`: full.
+    fn slots(&self) -> u64 {
+        self.class.slots as u64
+    }
+
+    /// Claims the next position and lets `write` fill its frame bytes (at most the class's
+    /// `max_frame`; it returns how many it wrote), then publishes it. `false`: full.
     fn push(&self, write: impl FnOnce(&mut [u8]) -> usize) -> bool {
-        let mask = SLOTS as u64 - 1;
+        let mask = self.slots() - 1;
         // Relaxed: the tail only allocates positions; the stamp carries the data.
         let mut t = self.tail().load(Ordering::Relaxed);
         loop {
@@ -368,7 +422,7 @@ impl Ring<'_> {
                         let p = self.slot_ptr(i);
                         // SAFETY: position `t` is ours (the CAS) and its slot free (the
                         // stamp): nobody reads or writes these bytes until we publish.
-                        let frame = unsafe { std::slice::from_raw_parts_mut(p.add(SLOT_DATA), MAX_FRAME) };
+                        let frame = unsafe { std::slice::from_raw_parts_mut(p.add(SLOT_DATA), self.class.max_frame()) };
                         let n = write(frame);
                         // SAFETY: the length word of our slot, 8-aligned.
                         unsafe { (*p.add(8).cast::<AtomicU32>()).store(n as u32, Ordering::Relaxed) };
@@ -378,7 +432,7 @@ impl Ring<'_> {
                     }
                     Err(now) => t = now,
                 }
-            } else if stamp.wrapping_add(SLOTS as u64) == t.wrapping_add(1) {
+            } else if stamp.wrapping_add(self.slots()) == t.wrapping_add(1) {
                 return false;
             } else {
                 t = self.tail().load(Ordering::Relaxed);
@@ -388,7 +442,7 @@ impl Ring<'_> {
 
     /// Whether position `head` holds a frame.
     fn ready(&self, head: u64) -> bool {
-        let i = (head & (SLOTS as u64 - 1)) as usize;
+        let i = (head & (self.slots() - 1)) as usize;
         // Acquire: a `true` is followed by the read of the frame.
         self.stamp(i).load(Ordering::Acquire).wrapping_add(i as u64) == head.wrapping_add(1)
     }
@@ -396,18 +450,19 @@ impl Ring<'_> {
     /// Hands the slot of the frame at `head` (which is [`ready`](Self::ready)) and the
     /// frame's length to `read`, then frees the slot for the next lap.
     fn take<R>(&self, head: u64, read: impl FnOnce(&[u8], usize) -> R) -> R {
-        let i = (head & (SLOTS as u64 - 1)) as usize;
+        let i = (head & (self.slots() - 1)) as usize;
         let p = self.slot_ptr(i);
         // SAFETY: the stamp said written for `head`; the producer touches the slot no more
         // until we free it, and the consumer is one thread (the CRI's state lock). The length
         // word is ours to read after the Acquire in `ready`; it is clamped to the slot.
         let (slot, n) = unsafe {
-            let n = ((*p.add(8).cast::<AtomicU32>()).load(Ordering::Relaxed) as usize).min(MAX_FRAME);
-            (std::slice::from_raw_parts(p.add(SLOT_DATA), MAX_FRAME), n)
+            let max = self.class.max_frame();
+            let n = ((*p.add(8).cast::<AtomicU32>()).load(Ordering::Relaxed) as usize).min(max);
+            (std::slice::from_raw_parts(p.add(SLOT_DATA), max), n)
         };
         let r = read(slot, n);
         // Release: our read of the frame happens before the next lap's producer writes.
-        self.stamp(i).store(head.wrapping_add(SLOTS as u64).wrapping_sub(i as u64), Ordering::Release);
+        self.stamp(i).store(head.wrapping_add(self.slots()).wrapping_sub(i as u64), Ordering::Release);
         r
     }
 }
@@ -415,14 +470,22 @@ impl Ring<'_> {
 /// The consumer's position in each ring a CRI reads (guarded by the CRI's state lock).
 #[derive(Debug, Default)]
 pub(super) struct Heads {
+    /// Per sender of `Lane::readers`, its small ring's then its big ring's.
     heads: Vec<u64>,
-    /// Where the next poll starts (round robin over the senders).
+    /// Where the next poll starts (round robin over the rings).
     next: usize,
 }
 
 impl Lane {
-    fn ring_in(&self, cri: usize, from: u32) -> Ring<'_> {
-        Ring { seg: &self.seg, at: self.layout.ring(cri, from) }
+    /// Ring `k` (of [`Heads::heads`]) of CRI `cri`.
+    fn ring_in(&self, cri: usize, k: usize) -> Ring<'_> {
+        let big = k % 2 == 1;
+        Ring { seg: &self.seg, at: self.layout.ring(cri, self.readers[cri][k / 2], big), class: self.layout.class(big) }
+    }
+
+    /// The largest frame the lane carries.
+    pub(super) fn max_frame(&self) -> usize {
+        self.layout.big_frame
     }
 
     /// Whether frames to `dst` may go through the lane.
@@ -436,12 +499,20 @@ impl Lane {
         self.peers.iter().filter(|p| p.is_some()).count()
     }
 
-    /// Pushes a frame of `len` bytes (at most [`MAX_FRAME`]), written by `write`, to CRI
-    /// `cri` of `dst` (which the lane [`reaches`](Self::reaches)). `false`: the ring is full.
-    pub(super) fn push(&self, dst: u32, cri: usize, write: impl FnOnce(&mut [u8]) -> usize) -> bool {
+    /// Pushes a frame of `len` bytes (at most [`max_frame`](Self::max_frame)), written by
+    /// `write` into the slice it is given (its first `len` bytes), to CRI `cri` of `dst`
+    /// (which the lane [`reaches`](Self::reaches)). `false`: the ring is full.
+    pub(super) fn push(&self, dst: u32, cri: usize, len: usize, write: impl FnOnce(&mut [u8])) -> bool {
         let Some(Some(peer)) = self.peers.get(dst as usize) else { return false };
-        let ring = Ring { seg: &peer.seg, at: self.layout.ring(cri, self.rank) };
-        if !ring.push(write) {
+        let big = len > SMALL.max_frame();
+        if len > self.max_frame() {
+            return false;
+        }
+        let ring = Ring { seg: &peer.seg, at: self.layout.ring(cri, self.rank, big), class: self.layout.class(big) };
+        if !ring.push(|out| {
+            write(&mut out[..len]);
+            len
+        }) {
             return false;
         }
         // SeqCst: orders the push before the load of `asleep` (module docs, *Waking*).
@@ -458,25 +529,24 @@ impl Lane {
 
     /// New consumer positions for CRI `cri`.
     pub(super) fn heads(&self, cri: usize) -> Heads {
-        Heads { heads: vec![0; self.readers[cri].len()], next: 0 }
+        Heads { heads: vec![0; 2 * self.readers[cri].len()], next: 0 }
     }
 
     /// Whether a ring of CRI `cri` holds a frame.
     pub(super) fn has_frames(&self, cri: usize, heads: &Heads) -> bool {
-        self.readers[cri].iter().zip(&heads.heads).any(|(&from, &h)| self.ring_in(cri, from).ready(h))
+        heads.heads.iter().enumerate().any(|(k, &h)| self.ring_in(cri, k).ready(h))
     }
 
     /// Hands up to `max` frames of CRI `cri` to `read` (the slot, whose bytes are all
-    /// initialized, and the frame's length), round robin over the senders; returns how many.
+    /// initialized, and the frame's length), round robin over the rings; returns how many.
     pub(super) fn poll(&self, cri: usize, heads: &mut Heads, max: usize, mut read: impl FnMut(&[u8], usize)) -> usize {
-        let from = &self.readers[cri];
-        let n_rings = from.len();
+        let n_rings = heads.heads.len();
         let mut n = 0;
         let mut idle = 0;
         while n < max && idle < n_rings {
             let j = heads.next;
             heads.next = if j + 1 == n_rings { 0 } else { j + 1 };
-            let ring = self.ring_in(cri, from[j]);
+            let ring = self.ring_in(cri, j);
             let h = heads.heads[j];
             if ring.ready(h) {
                 ring.take(h, &mut read);
@@ -516,8 +586,8 @@ mod tests {
     use super::*;
 
     fn pair() -> (Lane, Lane) {
-        let a = Prepared::create(2, 2).expect("memfd");
-        let b = Prepared::create(2, 2).expect("memfd");
+        let a = Prepared::create(2, 2, 1024).expect("memfd");
+        let b = Prepared::create(2, 2, 1024).expect("memfd");
         let published = [Some(*a.published()), Some(*b.published())];
         (a.connect(0, &published), b.connect(1, &published))
     }
@@ -530,70 +600,74 @@ mod tests {
         assert!(a.reaches(1) && a.reaches(0) && b.reaches(0));
         assert_eq!(a.peers(), 2);
         let mut heads = b.heads(1);
-        for lap in 0..3u32 {
-            for i in 0..SLOTS as u32 {
-                let v = lap * 1000 + i;
-                assert!(a.push(1, 1, |out| {
-                    out[..4].copy_from_slice(&v.to_le_bytes());
-                    4
-                }));
+        for (len, slots) in [(4, SMALL.slots), (1000, BIG_SLOTS)] {
+            for lap in 0..3u32 {
+                for i in 0..slots as u32 {
+                    let v = lap * 1000 + i;
+                    assert!(a.push(1, 1, len, |out| out[..4].copy_from_slice(&v.to_le_bytes())));
+                }
+                assert!(!a.push(1, 1, len, |_| unreachable!("full")), "a full ring refuses");
+                assert!(b.has_frames(1, &heads));
+                assert!(!b.has_frames(0, &b.heads(0)), "another CRI's rings stay empty");
+                let mut got = Vec::new();
+                let polled = b.poll(1, &mut heads, usize::MAX, |f, n| {
+                    assert_eq!(n, len);
+                    got.push(u32::from_le_bytes(f[..4].try_into().unwrap()));
+                });
+                assert_eq!(polled, slots);
+                assert_eq!(got, (0..slots as u32).map(|i| lap * 1000 + i).collect::<Vec<_>>());
+                assert!(!b.has_frames(1, &heads));
             }
-            assert!(!a.push(1, 1, |_| unreachable!("full")), "a full ring refuses");
-            assert!(b.has_frames(1, &heads));
-            assert!(!b.has_frames(0, &b.heads(0)), "another CRI's rings stay empty");
-            let mut got = Vec::new();
-            assert_eq!(b.poll(1, &mut heads, usize::MAX, |f, n| got.push(u32::from_le_bytes(f[..n].try_into().unwrap()))), SLOTS);
-            assert_eq!(got, (0..SLOTS as u32).map(|i| lap * 1000 + i).collect::<Vec<_>>());
-            assert!(!b.has_frames(1, &heads));
         }
+        assert_eq!(a.max_frame(), 1024, "the big slots hold the largest frame asked for");
+        assert!(!a.push(1, 1, 1025, |_| unreachable!("too large")), "a frame larger than a slot is not taken");
     }
 
     /// Two senders into one CRI: each sender's frames in its order, both rings served.
     #[test]
     fn every_sender_has_its_ring() {
-        let a = Prepared::create(1, 3).expect("memfd");
-        let b = Prepared::create(1, 3).expect("memfd");
-        let c = Prepared::create(1, 3).expect("memfd");
+        let a = Prepared::create(1, 3, 1024).expect("memfd");
+        let b = Prepared::create(1, 3, 1024).expect("memfd");
+        let c = Prepared::create(1, 3, 1024).expect("memfd");
         let published = [Some(*a.published()), Some(*b.published()), Some(*c.published())];
         let (a, b, c) = (a.connect(0, &published), b.connect(1, &published), c.connect(2, &published));
         for i in 0..10u8 {
-            assert!(a.push(2, 0, |o| {
-                o[0] = i;
-                1
-            }));
-            assert!(b.push(2, 0, |o| {
-                o[0] = 100 + i;
-                1
-            }));
+            // Every third frame of each sender is a large one (the other ring).
+            let len = if i % 3 == 0 { 900 } else { 1 };
+            assert!(a.push(2, 0, len, |o| o[0] = i));
+            assert!(b.push(2, 0, len, |o| o[0] = 100 + i));
         }
         let mut heads = c.heads(0);
         let mut got = Vec::new();
         assert_eq!(c.poll(0, &mut heads, 7, |f, _| got.push(f[0])), 7);
         assert_eq!(c.poll(0, &mut heads, 100, |f, _| got.push(f[0])), 13);
-        let from_a: Vec<u8> = got.iter().copied().filter(|&v| v < 100).collect();
-        let from_b: Vec<u8> = got.iter().copied().filter(|&v| v >= 100).collect();
-        assert_eq!(from_a, (0..10).collect::<Vec<_>>());
-        assert_eq!(from_b, (100..110).collect::<Vec<_>>());
+        // Per sender and ring, in order; nothing lost.
+        for (base, ring) in [(0u8, 0u8), (0, 1), (100, 0), (100, 1)] {
+            let seen: Vec<u8> =
+                got.iter().copied().filter(|&v| v >= base && v < base + 100 && u8::from((v - base) % 3 == 0) == ring).collect();
+            let want: Vec<u8> = (0..10u8).filter(|i| u8::from(i % 3 == 0) == ring).map(|i| base + i).collect();
+            assert_eq!(seen, want);
+        }
     }
 
     /// A segment whose nonce does not match what was published is not used, nor one on
     /// another host.
     #[test]
     fn a_wrong_nonce_or_host_leaves_the_peer_on_libfabric() {
-        let a = Prepared::create(1, 2).expect("memfd");
-        let b = Prepared::create(1, 2).expect("memfd");
+        let a = Prepared::create(1, 2, 1024).expect("memfd");
+        let b = Prepared::create(1, 2, 1024).expect("memfd");
         let mut wrong = *b.published();
         wrong.nonce ^= 1;
         let mine = *a.published();
         let lane = a.connect(0, &[Some(mine), Some(wrong)]);
         assert!(lane.reaches(0) && !lane.reaches(1));
-        let a = Prepared::create(1, 2).expect("memfd");
+        let a = Prepared::create(1, 2, 1024).expect("memfd");
         let mut elsewhere = *b.published();
         elsewhere.host ^= 1;
         let mine = *a.published();
         let lane = a.connect(0, &[Some(mine), Some(elsewhere)]);
         assert!(!lane.reaches(1));
-        let a = Prepared::create(1, 2).expect("memfd");
+        let a = Prepared::create(1, 2, 1024).expect("memfd");
         let mine = *a.published();
         let lane = a.connect(0, &[Some(mine), None]);
         assert!(!lane.reaches(1), "a rank without a lane");
@@ -608,14 +682,14 @@ mod tests {
             // SAFETY: one valid pollfd.
             unsafe { libc::poll(&mut p, 1, 0) == 1 }
         };
-        assert!(a.push(1, 0, |_| 0));
+        assert!(a.push(1, 0, 0, |_| ()));
         assert!(!readable(b.wake_fd()), "awake: no wake-up");
         b.fall_asleep();
-        assert!(a.push(1, 0, |_| 0));
+        assert!(a.push(1, 0, 0, |_| ()));
         assert!(readable(b.wake_fd()));
         b.wake_up();
         assert!(!readable(b.wake_fd()));
-        assert!(a.push(1, 0, |_| 0));
+        assert!(a.push(1, 0, 0, |_| ()));
         assert!(!readable(b.wake_fd()));
         let mut heads = b.heads(0);
         assert_eq!(b.poll(0, &mut heads, 10, |_, n| assert_eq!(n, 0)), 3);
@@ -623,7 +697,7 @@ mod tests {
 
     #[test]
     fn published_round_trips() {
-        let a = Prepared::create(1, 1).expect("memfd");
+        let a = Prepared::create(1, 1, 1024).expect("memfd");
         let mut out = Vec::new();
         Published::encode(Some(a.published()), &mut out);
         Published::encode(None, &mut out);
