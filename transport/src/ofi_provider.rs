@@ -47,7 +47,11 @@
 //! sending rank). Frames of one sender that take different paths may arrive out of order;
 //! the runtime's sequence numbers order them, as they do frames spread over several CRIs. A
 //! full ring refuses the send like `FI_EAGAIN`. The watcher sleeps on the lane's `eventfd`
-//! as well, which the first same-host frame after it fell asleep writes. Off with
+//! as well, which the first same-host frame after it fell asleep writes, and so does a
+//! same-host peer after it posted anything else for this rank to libfabric (a large frame,
+//! an RMA operation, a rendezvous read). So where the lane reaches every rank, the
+//! watcher's sleeps on `shm` back off to [`LANE_SLEEP_US`] instead of 1 ms, and an idle rank
+//! costs next to no CPU. Off with
 //! [`OfiOptions::same_host_lane`] (`WEFT_SAME_HOST_LANE=0`); each rank chooses for itself.
 //!
 //! # Polling, staging and parking
@@ -207,6 +211,10 @@ const REAP_CHUNK: usize = 16;
 
 /// First sleep of the watcher after the rank went quiet (then doubling up to 1 ms).
 const MIN_SLEEP_US: u64 = 10;
+
+/// Longest sleep of the watcher on a provider without wait fds (`shm`) while the same-host
+/// lane reaches every rank (module docs, *Same-host lane*); 1 ms otherwise.
+const LANE_SLEEP_US: u64 = 50_000;
 
 /// How long a failed rendezvous read waits for its other chunks to finish before giving up
 /// on them (they target memory the read must not give back while they may still write it).
@@ -1253,6 +1261,15 @@ impl RankInner {
                         unsafe { libc::poll(pfds.as_mut_ptr(), pfds.len() as libc::nfds_t, 10) };
                     }
                     _ => {
+                        // Where the lane reaches every rank, whatever needs this rank's
+                        // progress wakes the sleep (a push, or a nudge after a libfabric
+                        // post): the timer is only a safety net then, except while sends
+                        // are refused or reads are in flight, which nothing wakes.
+                        let longest = if !refused && !reading && self.lane.as_ref().is_some_and(lane::Lane::reaches_all) {
+                            LANE_SLEEP_US
+                        } else {
+                            1000
+                        };
                         match lane_fd {
                             Some(fd) => {
                                 let mut pfd = libc::pollfd { fd, events: libc::POLLIN, revents: 0 };
@@ -1263,13 +1280,21 @@ impl RankInner {
                             }
                             None => std::thread::sleep(Duration::from_micros(sleep_us)),
                         }
-                        sleep_us = (sleep_us * 2).min(1000);
+                        sleep_us = (sleep_us * 2).min(longest);
                     }
                 }
             }
             if let Some(l) = &self.lane {
                 l.wake_up();
             }
+        }
+    }
+
+    /// Wakes `dst`'s watcher if it sleeps and the lane reaches it (see `lane::Lane::nudge`).
+    #[inline]
+    fn nudge(&self, dst: u32) {
+        if let Some(l) = &self.lane {
+            l.nudge(dst);
         }
     }
 
@@ -1283,7 +1308,8 @@ impl RankInner {
     /// quiet: a CRI whose state lock was held at every pass for [`STUCK_AFTER`] — a thread
     /// caught inside libfabric holds it, perhaps one no other thread waits for — counts as
     /// stuck, and the spin locks a dead peer may have left held are released (at most once
-    /// per [`STUCK_AFTER`]). A pass is at most a few milliseconds after the last.
+    /// per [`STUCK_AFTER`]). A pass is at most a few milliseconds after the last ([`LANE_SLEEP_US`]
+    /// where the same-host lane reaches every rank).
     fn watch_stuck(&self, held_since: &mut [Option<Instant>], released_at: &mut Option<Instant>) {
         let now = Instant::now();
         let mut stuck = false;
@@ -1598,6 +1624,7 @@ impl OfiRank {
         match res {
             Ok(Post::Posted) => {
                 RankInner::note_activity(cri);
+                s.nudge(dst);
                 Ok(())
             }
             Ok(Post::WouldBlock) => {
@@ -1766,6 +1793,7 @@ impl OfiRank {
         };
         // SAFETY: forwarded contract; the RMA endpoint is closed before `RankInner` is freed.
         unsafe { s.reads.start(&s.rma_ep, from, dst, len) };
+        s.nudge(src);
         Ok(ReadStart::InFlight)
     }
 
@@ -1861,6 +1889,9 @@ impl OfiRank {
             match post(&c.ep, dest) {
                 Ok(Post::Posted) => {
                     st.rma_issued += 1;
+                    drop(st);
+                    // The target's progress serves `shm` atomics.
+                    s.nudge(to.rank);
                     return Ok(());
                 }
                 Ok(Post::WouldBlock) => {
@@ -1978,9 +2009,13 @@ impl OfiRank {
         }
         // Release: pairs with the watcher's acquire load.
         self.inner.closed.store(true, Ordering::Release);
+        if let Some(l) = &self.inner.lane {
+            l.wake_self();
+        }
         if let Some(w) = self.watcher.lock().take() {
             if w.thread().id() != std::thread::current().id() {
-                // It checks `closed` at least every 10 ms between CQ reads.
+                // It checks `closed` at least every 10 ms between CQ reads (the lane's eventfd,
+                // written above, ends a longer sleep).
                 let deadline = Instant::now() + STUCK_AFTER;
                 while !w.is_finished() && Instant::now() < deadline {
                     std::thread::sleep(Duration::from_millis(1));

@@ -281,6 +281,14 @@ fn fd_of(pid: u32, fd: i32) -> Option<OwnedFd> {
     owned(unsafe { libc::syscall(libc::SYS_pidfd_getfd, pidfd.as_raw_fd() as libc::c_long, fd as libc::c_long, 0 as libc::c_long) } as RawFd)
 }
 
+/// Adds one to the eventfd `fd`. A failure (the peer is gone) loses nothing: its watcher
+/// wakes on a timer too.
+fn write_one(fd: RawFd) {
+    let one = 1u64;
+    // SAFETY: writes 8 bytes from `one` to an eventfd we hold.
+    let _ = unsafe { libc::write(fd, (&one as *const u64).cast(), 8) };
+}
+
 /// A peer's segment, mapped: where this rank pushes its frames to that peer.
 pub(super) struct Peer {
     seg: Mapping,
@@ -515,16 +523,40 @@ impl Lane {
         }) {
             return false;
         }
-        // SeqCst: orders the push before the load of `asleep` (module docs, *Waking*).
+        Self::wake_if_asleep(peer);
+        true
+    }
+
+    /// After something for `dst` was handed to libfabric (a frame too large for the lane,
+    /// an RMA operation, a rendezvous read its progress may serve): wakes `dst`'s watcher if
+    /// it sleeps, as a push does. Nothing for a rank the lane does not reach.
+    #[inline]
+    pub(super) fn nudge(&self, dst: u32) {
+        if let Some(Some(peer)) = self.peers.get(dst as usize) {
+            Self::wake_if_asleep(peer);
+        }
+    }
+
+    /// Whether the lane reaches every rank of the job: then everything that can wake this
+    /// rank's watcher wakes it (pushes and [`nudge`](Self::nudge)s), and its sleeps need no
+    /// short timer.
+    pub(super) fn reaches_all(&self) -> bool {
+        self.peers.iter().all(Option::is_some)
+    }
+
+    fn wake_if_asleep(peer: &Peer) {
+        // SeqCst: orders the push (or post) before the load of `asleep` (module docs,
+        // *Waking*).
         fence(Ordering::SeqCst);
         let asleep = peer.seg.u32_at(16);
         if asleep.load(Ordering::Relaxed) != 0 && asleep.swap(0, Ordering::Relaxed) != 0 {
-            let one = 1u64;
-            // SAFETY: writes 8 bytes from `one` to an eventfd we hold. A failure (the peer
-            // is gone) loses nothing: its watcher polls on a timer too.
-            let _ = unsafe { libc::write(peer.wake.as_raw_fd(), (&one as *const u64).cast(), 8) };
+            write_one(peer.wake.as_raw_fd());
         }
-        true
+    }
+
+    /// Wakes this rank's own watcher (it is closing).
+    pub(super) fn wake_self(&self) {
+        write_one(self.eventfd.as_raw_fd());
     }
 
     /// New consumer positions for CRI `cri`.
