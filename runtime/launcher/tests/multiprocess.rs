@@ -209,6 +209,53 @@ fn killed_peer_fails_pending_requests_on_tcp() {
     killed_peer("tcp");
 }
 
+/// `weft-selftest soak` at 3 ranks: 4 threads per rank send 20,000 messages of random sizes
+/// (0 B to 4 MiB), destinations and communicators, and every message is checked: contents,
+/// per-source order on the ordered communicator, exactly once on the overtaking one.
+fn soak(provider: &str) {
+    let (o, t) = job(3, provider, &["--timeout", "150"], &[SELFTEST, "soak", "20000", "--seconds", "120"]);
+    let s = text(&o);
+    assert!(o.status.success(), "soak on {provider} failed or hung after {t:?}:\n{s}");
+    for r in 0..3 {
+        assert!(s.contains(&format!("[{r}] soak ok: rank {r} of 3 sent 20000 and received ")), "rank {r}:\n{s}");
+    }
+}
+
+#[test]
+fn soak_at_3_ranks_on_shm() {
+    soak("shm");
+}
+
+#[test]
+fn soak_at_3_ranks_on_tcp() {
+    soak("tcp");
+}
+
+/// The same soak with the ranks in one process on the embedded provider.
+#[test]
+fn soak_in_one_process_on_the_embedded_provider() {
+    let _g = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let mut child = Command::new(SELFTEST)
+        .args(["soak", "50000", "--local", "3", "--seconds", "120"])
+        .env_remove("WEFT_PROVIDER")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("weft-selftest starts");
+    let t0 = Instant::now();
+    while child.try_wait().expect("poll").is_none() {
+        if t0.elapsed() > Duration::from_secs(150) {
+            let _ = child.kill();
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let o = child.wait_with_output().expect("output");
+    let s = text(&o);
+    assert!(o.status.success(), "soak --local failed or hung:\n{s}");
+    assert!(s.contains("soak done: 3 ranks in this process"), "{s}");
+}
+
 /// Eight ranks, each sending a rendezvous-size message to every other at once, round after
 /// round: every rank reads from the others' memory while they read from its own. A
 /// receiver that waited for its read inside progress, under a CRI lock, served nobody's

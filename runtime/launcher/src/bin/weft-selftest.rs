@@ -33,9 +33,13 @@
 //! | `netns` | 2 | a message and 1 MiB each way (the multi-host test) |
 //! | `block` | any | prints its pid, then waits for a message that never comes (teardown test) |
 //! | `exit-code` | any | rank `r` exits with status `3 * r` after everyone arrived |
+//! | `soak [MESSAGES]` | >= 2 | every rank's `--threads` threads send MESSAGES messages of random sizes (0 B to `--max-size`, default 4 MiB), tags and destinations, on a communicator that keeps order and one that allows overtaking; receivers take them with wildcards, and every byte, per-source order and exactly-once delivery are checked; fails after `--seconds`. `--local N` runs N ranks in this process on the embedded provider |
 
 use std::fmt;
 use std::time::{Duration, Instant};
+
+#[path = "../soak.rs"]
+mod soak;
 
 use clap::{Parser, Subcommand};
 use weft::dlock::DMcs;
@@ -103,6 +107,25 @@ enum Check {
     Block,
     /// [any ranks] rank r exits with status 3 * r after every rank arrived
     ExitCode,
+    /// [2+ ranks] random traffic from many threads per rank to every rank, ordered and overtaking, every message checked
+    Soak {
+        /// Messages each rank sends.
+        #[arg(value_name = "MESSAGES", default_value_t = 20_000)]
+        messages: u64,
+        /// Sender threads per rank (and receiver threads on the ordered communicator).
+        #[arg(long, default_value_t = 4)]
+        threads: u32,
+        /// Largest message in bytes.
+        #[arg(long, default_value_t = 4 << 20)]
+        max_size: usize,
+        /// Time limit; the run fails when it is not done by then.
+        #[arg(long, default_value_t = 120)]
+        seconds: u64,
+        /// Run N ranks in this process over the embedded provider instead of one rank of a
+        /// launched job.
+        #[arg(long, value_name = "N")]
+        local: Option<u32>,
+    },
 }
 
 /// The numbers of ranks a check takes.
@@ -172,15 +195,21 @@ impl Check {
             Check::Netns => "netns",
             Check::Block => "block",
             Check::ExitCode => "exit-code",
+            Check::Soak { .. } => "soak",
         }
     }
 
     fn ranks(self) -> Ranks {
         match self {
             Check::Hello | Check::OutliveLauncher | Check::Block | Check::ExitCode => Ranks::Any,
-            Check::Pingpong | Check::Wildcard | Check::Order | Check::Large | Check::Alltoall | Check::Rma | Check::Comms => {
-                Ranks::AtLeastTwo
-            }
+            Check::Pingpong
+            | Check::Wildcard
+            | Check::Order
+            | Check::Large
+            | Check::Alltoall
+            | Check::Rma
+            | Check::Comms
+            | Check::Soak { .. } => Ranks::AtLeastTwo,
             Check::Multirate | Check::All => Ranks::Even,
             Check::PeerLost | Check::PeerLostRead | Check::KillMidTransfer { .. } | Check::PeerFinished | Check::Netns => Ranks::Two,
         }
@@ -802,6 +831,10 @@ fn run_step(check: Check, rt: &Runtime, c: &Communicator) -> Res {
             c.recv(Vec::<u8>::with_capacity(1), Source::Any, 77).map(|_| ()).map_err(e)
         }
         Check::ExitCode => Ok(()),
+        Check::Soak { messages, threads, max_size, seconds, .. } => {
+            let p = soak::Params { messages, threads, max_size, seconds };
+            soak_rank(c, &p)
+        }
         Check::All | Check::PeerFinished => Err(format!("{} is not a single step", check.name())),
     }
 }
@@ -844,8 +877,52 @@ impl fmt::Display for Failure {
     }
 }
 
+/// One rank's soak on communicators made from `c`; prints its summary.
+fn soak_rank(c: &Communicator, p: &soak::Params) -> Res {
+    let (ordered, overtaking) = soak::communicators(c).map_err(e)?;
+    let t0 = Instant::now();
+    let r = soak::soak(&ordered, &overtaking, p);
+    ordered.free();
+    overtaking.free();
+    let s = r?;
+    let secs = t0.elapsed().as_secs_f64();
+    println!(
+        "soak ok: rank {} of {} sent {} and received {} messages ({:.1} MiB) in {secs:.1} s, {:.0} messages/s received",
+        c.rank(),
+        c.size(),
+        s.sent,
+        s.received,
+        s.bytes as f64 / (1 << 20) as f64,
+        s.received as f64 / secs
+    );
+    Ok(())
+}
+
+/// `soak --local N`: N ranks of the embedded provider in this process, each on its own
+/// threads.
+fn soak_local(ranks: u32, p: &soak::Params) -> Result<(), Failure> {
+    let fail = |rank: Option<(u32, u32)>, msg: String| Failure { check: "soak", rank, status: 1, msg };
+    if ranks < 2 {
+        return Err(Failure { status: 2, ..fail(None, "--local takes 2 or more ranks".into()) });
+    }
+    let rts = Runtime::builder().build_local(ranks).map_err(|err| fail(None, format!("cannot start the runtimes: {err}")))?;
+    std::thread::scope(|s| {
+        let handles: Vec<_> =
+            rts.iter().map(|rt| s.spawn(move || soak_rank(&rt.world(), p).map_err(|msg| fail(Some((rt.rank(), ranks)), msg)))).collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().unwrap_or_else(|_| Err(fail(None, "a rank's thread panicked".into()))))
+            .collect::<Result<Vec<()>, Failure>>()
+    })?;
+    println!("soak done: {ranks} ranks in this process");
+    Ok(())
+}
+
 /// Runs `check` as this process's part of the job.
 fn run(check: Check) -> Result<(), Failure> {
+    if let Check::Soak { messages, threads, max_size, seconds, local: Some(n) } = check {
+        return soak_local(n, &soak::Params { messages, threads, max_size, seconds });
+    }
     let rt = Runtime::builder().build().map_err(|err| Failure {
         check: check.name(),
         rank: None,
@@ -975,7 +1052,7 @@ mod tests {
     fn help_lists_every_check_with_the_ranks_it_takes() {
         let help = Cli::command().render_help().to_string();
         let checks = every_check();
-        assert_eq!(checks.len(), 18, "{help}");
+        assert_eq!(checks.len(), 19, "{help}");
         for (name, check, about) in &checks {
             assert_eq!(check.name(), name);
             assert!(about.starts_with(check.ranks().tag()), "{name}: {about:?} should start with {}", check.ranks().tag());
