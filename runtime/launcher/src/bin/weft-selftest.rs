@@ -908,7 +908,7 @@ fn soak_local(ranks: u32, p: &soak::Params) -> Result<(), Failure> {
     let rts = Runtime::builder().build_local(ranks).map_err(|err| fail(None, format!("cannot start the runtimes: {err}")))?;
     std::thread::scope(|s| {
         let handles: Vec<_> =
-            rts.iter().map(|rt| s.spawn(move || soak_rank(&rt.world(), p).map_err(|msg| fail(Some((rt.rank(), ranks)), msg)))).collect();
+            rts.iter().map(|rt| s.spawn(move || soak_rank(rt.world(), p).map_err(|msg| fail(Some((rt.rank(), ranks)), msg)))).collect();
         handles
             .into_iter()
             .map(|h| h.join().unwrap_or_else(|_| Err(fail(None, "a rank's thread panicked".into()))))
