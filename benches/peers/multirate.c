@@ -5,8 +5,10 @@
  *
  * usage: multirate-mpi PATTERN MODE PAIRS SIZE WINDOW ITERATIONS COMM_PER_PAIR
  *   PATTERN: pairwise | one-to-many | many-to-one | many-to-many
- *   MODE:    process (2T ranks of one thread: senders 0..T, receivers T..2T)
- *            thread  (2 ranks of T threads, MPI_THREAD_MULTIPLE: senders on rank 0)
+ *   MODE:    process  (2T ranks of one thread: senders 0..T, receivers T..2T)
+ *            thread   (2 ranks of T threads, MPI_THREAD_MULTIPLE: senders on rank 0)
+ *            hybrid-P (2P ranks: the T senders in blocks over ranks 0..P, the receivers
+ *                      over P..2P, several threads a rank with MPI_THREAD_MULTIPLE)
  * Rank 0 prints "MSG_RATE <messages per second>": data messages over the time from the
  * first worker leaving the start barrier to the last one done.
  *
@@ -22,7 +24,7 @@
 
 enum { READY_TAG = 1 << 20, ACK_TAG = (1 << 20) + 1 };
 
-static int pattern, thread_mode, pairs, size, window, iterations, comm_per_pair;
+static int pattern, per_side, per_rank, pairs, size, window, iterations, comm_per_pair;
 static MPI_Comm *comms; /* per link (comm_per_pair) or all MPI_COMM_WORLD */
 
 /* Whether sender i sends to receiver j. */
@@ -35,9 +37,10 @@ static int linked(int i, int j) {
     }
 }
 
-/* World rank and tag of sender i / receiver j and the data tag of link (i, j). */
-static int sender_rank(int i) { return thread_mode ? 0 : i; }
-static int receiver_rank(int j) { return thread_mode ? 1 : pairs + j; }
+/* World rank of sender i / receiver j (per_rank workers a rank, in blocks) and the data tag
+ * of link (i, j). */
+static int sender_rank(int i) { return i / per_rank; }
+static int receiver_rank(int j) { return per_side + j / per_rank; }
 static int link_tag(int i, int j) { return i * pairs + j; }
 static MPI_Comm link_comm(int i, int j) { return comms[i * pairs + j]; }
 
@@ -98,7 +101,7 @@ static void *work(void *arg) {
         run_sender(w->index, warmup);
     else
         run_receiver(w->index, warmup);
-    if (thread_mode)
+    if (per_rank > 1)
         pthread_barrier_wait(&start);
     w->t0 = MPI_Wtime();
     if (w->sender)
@@ -119,23 +122,27 @@ int main(int argc, char **argv) {
     for (int p = 0; p < 4; p++)
         if (!strcmp(argv[1], names[p]))
             pattern = p;
-    thread_mode = !strcmp(argv[2], "thread");
     pairs = atoi(argv[3]);
+    per_side = !strcmp(argv[2], "thread") ? 1 : !strcmp(argv[2], "process") ? pairs : !strncmp(argv[2], "hybrid-", 7) ? atoi(argv[2] + 7) : -1;
+    if (per_side > pairs)
+        per_side = pairs;
+    per_rank = per_side > 0 ? (pairs + per_side - 1) / per_side : 0;
     size = atoi(argv[4]);
     window = atoi(argv[5]);
     iterations = atoi(argv[6]);
     comm_per_pair = atoi(argv[7]);
-    if (pattern < 0 || (!thread_mode && strcmp(argv[2], "process")) || pairs < 1 || size < 0 || window < 1 || iterations < 1) {
+    if (pattern < 0 || per_side < 1 || pairs < 1 || size < 0 || window < 1 || iterations < 1) {
         fprintf(stderr, "bad arguments\n");
         return 2;
     }
     int provided, rank, nranks;
-    MPI_Init_thread(&argc, &argv, thread_mode ? MPI_THREAD_MULTIPLE : MPI_THREAD_SINGLE, &provided);
+    int threaded = per_rank > 1;
+    MPI_Init_thread(&argc, &argv, threaded ? MPI_THREAD_MULTIPLE : MPI_THREAD_SINGLE, &provided);
     MPI_Comm_rank(MPI_COMM_WORLD, &rank);
     MPI_Comm_size(MPI_COMM_WORLD, &nranks);
-    if (nranks != (thread_mode ? 2 : 2 * pairs) || (thread_mode && provided < MPI_THREAD_MULTIPLE)) {
+    if (nranks != 2 * per_side || (threaded && provided < MPI_THREAD_MULTIPLE)) {
         if (rank == 0)
-            fprintf(stderr, "needs %d ranks%s\n", thread_mode ? 2 : 2 * pairs, thread_mode ? " and MPI_THREAD_MULTIPLE" : "");
+            fprintf(stderr, "needs %d ranks%s\n", 2 * per_side, threaded ? " and MPI_THREAD_MULTIPLE" : "");
         MPI_Abort(MPI_COMM_WORLD, 2);
     }
     comms = malloc(sizeof(MPI_Comm) * (size_t)pairs * pairs);
@@ -144,15 +151,17 @@ int main(int argc, char **argv) {
         if (comm_per_pair)
             MPI_Comm_dup(MPI_COMM_WORLD, &comms[l]);
     }
-    int workers = thread_mode ? pairs : 1;
+    /* This rank's workers: the senders (or receivers) of its block. */
+    int side_rank = rank < per_side ? rank : rank - per_side, first_worker = side_rank * per_rank;
+    int workers = pairs - first_worker < per_rank ? pairs - first_worker : per_rank;
     struct worker *ws = calloc((size_t)workers, sizeof *ws);
     for (int k = 0; k < workers; k++) {
-        ws[k].sender = thread_mode ? rank == 0 : rank < pairs;
-        ws[k].index = thread_mode ? k : (rank < pairs ? rank : rank - pairs);
+        ws[k].sender = rank < per_side;
+        ws[k].index = first_worker + k;
     }
     /* A worker with no link (one-to-many: senders 1..T) still takes part in the timing. */
     MPI_Barrier(MPI_COMM_WORLD);
-    if (thread_mode) {
+    if (threaded) {
         pthread_barrier_init(&start, NULL, (unsigned)workers);
         for (int k = 0; k < workers; k++)
             pthread_create(&ws[k].thread, NULL, work, &ws[k]);

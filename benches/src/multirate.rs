@@ -42,7 +42,9 @@ pub struct Args {
     /// Patterns: pairwise, one-to-many, many-to-one, many-to-many.
     #[arg(long, default_value = "pairwise")]
     pattern: String,
-    /// Modes: thread (2 ranks x T threads), process (2T ranks x 1 thread).
+    /// Modes: thread (2 ranks x T threads), process (2T ranks x 1 thread), hybrid-P (2P
+    /// ranks, the T senders in blocks over the first P and the receivers over the others:
+    /// [Patinyasakdikul 2019]'s hybrid mode).
     #[arg(long, default_value = "thread,process")]
     mode: String,
     /// Progress modes: global, owner, concurrent.
@@ -178,16 +180,73 @@ impl Pattern {
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Mode {
+    /// 2 ranks of T threads.
     Thread,
+    /// 2T ranks of one thread.
     Process,
+    /// [Patinyasakdikul 2019]'s hybrid mode: 2P ranks (P senders' ranks, P receivers'), the
+    /// T senders spread over the first P in blocks, the T receivers over the others.
+    Hybrid(usize),
+}
+
+impl std::str::FromStr for Mode {
+    type Err = String;
+    fn from_str(m: &str) -> Result<Self, String> {
+        match m.trim() {
+            "thread" => Ok(Mode::Thread),
+            "process" => Ok(Mode::Process),
+            o => match o.strip_prefix("hybrid-").map(str::parse::<usize>) {
+                Some(Ok(p)) if p > 0 => Ok(Mode::Hybrid(p)),
+                _ => Err(format!("unknown mode {o:?} (thread, process, hybrid-P with P processes per side)")),
+            },
+        }
+    }
 }
 
 impl Mode {
-    fn name(self) -> &'static str {
+    fn name(self) -> String {
         match self {
-            Mode::Thread => "thread",
-            Mode::Process => "process",
+            Mode::Thread => "thread".into(),
+            Mode::Process => "process".into(),
+            Mode::Hybrid(p) => format!("hybrid-{p}"),
         }
+    }
+
+    /// Ranks per side with `t` pairs.
+    fn ranks_per_side(self, t: usize) -> usize {
+        match self {
+            Mode::Thread => 1,
+            Mode::Process => t,
+            Mode::Hybrid(p) => p.min(t),
+        }
+    }
+
+    /// Ranks of a job with `t` pairs.
+    fn ranks(self, t: usize) -> usize {
+        2 * self.ranks_per_side(t)
+    }
+
+    /// Whether a rank holds several workers of a side (they then get a CRI each, and with
+    /// `-c` a communicator per link).
+    fn threaded(self, t: usize) -> bool {
+        self.ranks_per_side(t) < t
+    }
+
+    /// The rank of sender `i` and its index among the workers of that rank, with `t` pairs.
+    fn sender(self, t: usize, i: usize) -> (usize, usize) {
+        let per = t.div_ceil(self.ranks_per_side(t));
+        (i / per, i % per)
+    }
+
+    /// The rank of receiver `j` and its index among the workers of that rank.
+    fn receiver(self, t: usize, j: usize) -> (usize, usize) {
+        let (r, k) = self.sender(t, j);
+        (self.ranks_per_side(t) + r, k)
+    }
+
+    /// CRIs per rank for `--cris auto`: one per worker of a rank.
+    fn auto_cris(self, t: usize) -> usize {
+        t.div_ceil(self.ranks_per_side(t))
     }
 }
 
@@ -208,15 +267,7 @@ struct Point {
 /// Runs the sweep.
 pub fn run(a: &Args) -> Result<(), String> {
     let patterns: Vec<Pattern> = parse_list(&a.pattern)?;
-    let modes: Vec<Mode> = a
-        .mode
-        .split(',')
-        .map(|m| match m.trim() {
-            "thread" => Ok(Mode::Thread),
-            "process" => Ok(Mode::Process),
-            o => Err(format!("unknown mode {o:?} (thread, process)")),
-        })
-        .collect::<Result<_, _>>()?;
+    let modes: Vec<Mode> = a.mode.split(',').map(str::parse).collect::<Result<_, _>>()?;
     let progress: Vec<ProgressMode> = a.progress.split(',').map(|s| s.parse().map_err(|e| format!("{e}"))).collect::<Result<_, _>>()?;
     let assignment: Vec<Assignment> = a.assignment.split(',').map(|s| s.parse().map_err(|e| format!("{e}"))).collect::<Result<_, _>>()?;
     let matching: Vec<MatchingMode> = a.matching.split(',').map(|s| s.parse().map_err(|e| format!("{e}"))).collect::<Result<_, _>>()?;
@@ -244,7 +295,7 @@ pub fn run(a: &Args) -> Result<(), String> {
             window: windows[0],
             progress: progress[0],
             assignment: assignment[0],
-            cris: cris[0].unwrap_or(if modes[0] == Mode::Thread { pairs[0] } else { 1 }),
+            cris: cris[0].unwrap_or(modes[0].auto_cris(pairs[0])),
             matching: matching[0],
         };
         return rank_worker(&p, a, provider, &cpus);
@@ -310,7 +361,7 @@ pub fn run(a: &Args) -> Result<(), String> {
                                         window,
                                         progress: pm,
                                         assignment: asg,
-                                        cris: c.unwrap_or(if mode == Mode::Thread { t } else { 1 }),
+                                        cris: c.unwrap_or(mode.auto_cris(t)),
                                         matching: mm,
                                     };
                                     // The modes' runs alternate (thread, process, process,
@@ -352,10 +403,10 @@ pub fn run(a: &Args) -> Result<(), String> {
                                     let process = modes.iter().position(|&m| m == Mode::Process);
                                     for (m, &mode) in modes.iter().enumerate() {
                                         let p = point(mode);
-                                        // Thread rows: the median of the per-run ratios
-                                        // thread / process, when the sweep has both.
+                                        // Thread and hybrid rows: the median of the per-run
+                                        // ratios to process mode, when the sweep has it.
                                         let ratio = match process {
-                                            Some(q) if mode == Mode::Thread => {
+                                            Some(q) if mode != Mode::Process => {
                                                 let r: Vec<f64> = rates[m].iter().zip(&rates[q]).map(|(x, y)| x / y).collect();
                                                 format!("{:.2}", median(&r))
                                             }
@@ -363,7 +414,7 @@ pub fn run(a: &Args) -> Result<(), String> {
                                         };
                                         let mut row = vec![
                                             pattern.name().into(),
-                                            mode.name().into(),
+                                            mode.name(),
                                             t.to_string(),
                                             size.to_string(),
                                             window.to_string(),
@@ -419,10 +470,10 @@ fn peer_rate(peer: &Peer, p: &Point, a: &Args, provider: Provider) -> Result<f64
     if p.pairs > u16::MAX as usize || p.size > i32::MAX as usize || p.window > i32::MAX as usize {
         return Err("--peer: pairs, size or window too large for the C peer".into());
     }
-    let ranks = if p.mode == Mode::Thread { 2 } else { 2 * p.pairs };
+    let ranks = p.mode.ranks(p.pairs);
     let args = [
         p.pattern.name().to_string(),
-        p.mode.name().to_string(),
+        p.mode.name(),
         p.pairs.to_string(),
         p.size.to_string(),
         p.window.to_string(),
@@ -566,7 +617,7 @@ fn measure(p: &Point, a: &Args, cpus: &[usize], faults: Faults) -> Result<f64, S
     let (iterations, comm_per_pair, overtaking, counters) = (a.iterations, a.comm_per_pair, a.overtaking, a.counters);
     let t = p.pairs;
     let links = p.pattern.links(t);
-    let nranks = if p.mode == Mode::Thread { 2 } else { 2 * t as u32 };
+    let nranks = p.mode.ranks(t) as u32;
     let mut builder = Runtime::builder()
         .env(false)
         .progress(p.progress)
@@ -580,8 +631,7 @@ fn measure(p: &Point, a: &Args, cpus: &[usize], faults: Faults) -> Result<f64, S
     let runtimes = builder.build_local(nranks).map_err(|e| e.to_string())?;
     // Communicators per rank: world, or dups (collective, so every rank dups in parallel).
     let assertions = weft::Assertions { allow_overtaking: overtaking, no_any_tag: a.no_any_tag };
-    let ncomms =
-        if comm_per_pair && p.mode == Mode::Thread { links.len() } else { usize::from(comm_per_pair || overtaking || a.no_any_tag) };
+    let ncomms = if comm_per_pair && p.mode.threaded(t) { links.len() } else { usize::from(comm_per_pair || overtaking || a.no_any_tag) };
     let comms: Vec<Vec<Communicator>> = std::thread::scope(|s| {
         let hs: Vec<_> = runtimes
             .iter()
@@ -603,17 +653,17 @@ fn measure(p: &Point, a: &Args, cpus: &[usize], faults: Faults) -> Result<f64, S
         }
     };
     // Rank of sender i / receiver j.
-    let (srank, rrank) = match p.mode {
-        Mode::Thread => ((|_i: usize| 0usize) as fn(usize) -> usize, (|_j: usize| 1usize) as fn(usize) -> usize),
-        Mode::Process => ((|i: usize| i) as fn(usize) -> usize, ((move |_j: usize| 0usize) as fn(usize) -> usize)),
-    };
-    let rrank_of = |j: usize| if p.mode == Mode::Process { t + j } else { rrank(j) };
-    // Thread mode: worker i of either rank binds itself to CRI i (mod the CRI count), so
-    // the frames of a pair arrive at the CRI its receiver polls (`Runtime::pin_cri`).
+    let srank = |i: usize| p.mode.sender(t, i).0;
+    let rrank_of = |j: usize| p.mode.receiver(t, j).0;
+    // Several workers per rank: worker k of a rank binds itself to CRI k (mod the CRI
+    // count), so the frames of a pair arrive at the CRI its receiver polls
+    // (`Runtime::pin_cri`).
     let pin =
-        |rank: usize, i: usize| (p.mode == Mode::Thread && !a.no_pin).then(|| (&runtimes[rank], i % runtimes[rank].config().cris.max(1)));
-    let mut senders: Vec<Role<'_>> = (0..t).map(|i| Role { pin: pin(0, i), comm_of: Vec::new(), links: Vec::new() }).collect();
-    let mut receivers: Vec<Role<'_>> = (0..t).map(|j| Role { pin: pin(1, j), comm_of: Vec::new(), links: Vec::new() }).collect();
+        |(rank, k): (usize, usize)| (p.mode.threaded(t) && !a.no_pin).then(|| (&runtimes[rank], k % runtimes[rank].config().cris.max(1)));
+    let mut senders: Vec<Role<'_>> =
+        (0..t).map(|i| Role { pin: pin(p.mode.sender(t, i)), comm_of: Vec::new(), links: Vec::new() }).collect();
+    let mut receivers: Vec<Role<'_>> =
+        (0..t).map(|j| Role { pin: pin(p.mode.receiver(t, j)), comm_of: Vec::new(), links: Vec::new() }).collect();
     for (l, &(i, j)) in links.iter().enumerate() {
         senders[i].links.push((l, rrank_of(j) as u32));
         senders[i].comm_of.push(comm_for(srank(i), l));
@@ -938,12 +988,12 @@ pub(crate) fn cross_barrier(c: &Communicator) -> Result<Instant, String> {
 /// rank 0 measured.
 fn launch(p: &Point, a: &Args, provider: Provider) -> Result<f64, String> {
     let (exe, weftrun) = crate::report::self_and_weftrun()?;
-    let n = if p.mode == Mode::Thread { 2 } else { 2 * p.pairs };
+    let n = p.mode.ranks(p.pairs);
     let mut cmd = std::process::Command::new(&weftrun);
     cmd.args(["-n", &n.to_string(), "--provider", &provider.to_string(), "--timeout", "600"])
         .arg(&exe)
         .args(["multirate", "--rank-worker", "--provider", &provider.to_string()])
-        .args(["--pattern", p.pattern.name(), "--mode", p.mode.name()])
+        .args(["--pattern", p.pattern.name(), "--mode", &p.mode.name()])
         .args(["-t", &p.pairs.to_string(), "-s", &p.size.to_string(), "-w", &p.window.to_string()])
         .args(["-i", &a.iterations.to_string(), "--progress", &p.progress.to_string()])
         .args(["--assignment", &p.assignment.to_string(), "--cris", &p.cris.to_string(), "--matching", &p.matching.to_string()]);
@@ -994,7 +1044,7 @@ fn rank_worker(p: &Point, a: &Args, provider: Provider, cpus: &[usize]) -> Resul
     };
     let rt = builder.build().map_err(|e| e.to_string())?;
     let t = p.pairs;
-    let want = if p.mode == Mode::Thread { 2 } else { 2 * t as u32 };
+    let want = p.mode.ranks(t) as u32;
     if rt.size() != want {
         return Err(format!("job has {} ranks, this configuration needs {want}", rt.size()));
     }
@@ -1002,7 +1052,7 @@ fn rank_worker(p: &Point, a: &Args, provider: Provider, cpus: &[usize]) -> Resul
     let links = p.pattern.links(t);
     let assertions = weft::Assertions { allow_overtaking: a.overtaking, no_any_tag: a.no_any_tag };
     let ncomms =
-        if a.comm_per_pair && p.mode == Mode::Thread { links.len() } else { usize::from(a.comm_per_pair || a.overtaking || a.no_any_tag) };
+        if a.comm_per_pair && p.mode.threaded(t) { links.len() } else { usize::from(a.comm_per_pair || a.overtaking || a.no_any_tag) };
     let comms: Vec<Communicator> =
         (0..ncomms).map(|_| rt.world().dup_with_assertions(assertions).map_err(|e| e.to_string())).collect::<Result<_, _>>()?;
     let comm_for = |l: usize| -> &Communicator {
@@ -1012,14 +1062,17 @@ fn rank_worker(p: &Point, a: &Args, provider: Provider, cpus: &[usize]) -> Resul
             _ => &comms[l],
         }
     };
-    // This process's workers: in thread mode every sender (rank 0) or every receiver (rank
-    // 1); in process mode the one sender (rank < T) or receiver (rank >= T) it is.
-    // Thread mode: worker i binds itself to CRI i (mod the CRI count), as in a local run.
-    let pin = |i: usize| (p.mode == Mode::Thread && !a.no_pin).then(|| (&rt, i % rt.config().cris.max(1)));
-    let mut senders: Vec<Role<'_>> = (0..t).map(|i| Role { pin: pin(i), comm_of: Vec::new(), links: Vec::new() }).collect();
-    let mut receivers: Vec<Role<'_>> = (0..t).map(|j| Role { pin: pin(j), comm_of: Vec::new(), links: Vec::new() }).collect();
+    // This process's workers: the senders or receivers the mode puts on this rank (thread
+    // mode: every sender on rank 0, every receiver on rank 1; process mode: one each).
+    // Several per rank: worker k of the rank binds itself to CRI k (mod the CRI count), as
+    // in a local run.
+    let pin = |k: usize| (p.mode.threaded(t) && !a.no_pin).then(|| (&rt, k % rt.config().cris.max(1)));
+    let mut senders: Vec<Role<'_>> =
+        (0..t).map(|i| Role { pin: pin(p.mode.sender(t, i).1), comm_of: Vec::new(), links: Vec::new() }).collect();
+    let mut receivers: Vec<Role<'_>> =
+        (0..t).map(|j| Role { pin: pin(p.mode.receiver(t, j).1), comm_of: Vec::new(), links: Vec::new() }).collect();
     for (l, &(i, j)) in links.iter().enumerate() {
-        let (srank, rrank) = if p.mode == Mode::Thread { (0, 1) } else { (i, t + j) };
+        let (srank, rrank) = (p.mode.sender(t, i).0, p.mode.receiver(t, j).0);
         if srank == me {
             senders[i].links.push((l, rrank as u32));
             senders[i].comm_of.push(comm_for(l));
@@ -1091,6 +1144,25 @@ mod tests {
             assert!(elapsed >= faults.worker_pause, "{mode:?}: timed {elapsed:?}; the workers spent over 50 ms");
             assert!(elapsed < faults.coordinator_pause, "{mode:?}: timed {elapsed:?}: the coordinator's pause counted");
         }
+    }
+
+    /// Hybrid mode puts the T senders in blocks on the first P ranks and the receivers on
+    /// the next P; thread and process mode are its two ends.
+    #[test]
+    fn hybrid_mode_places_workers_in_blocks() {
+        assert_eq!("hybrid-2".parse::<Mode>(), Ok(Mode::Hybrid(2)));
+        assert!("hybrid-0".parse::<Mode>().is_err() && "hybrid".parse::<Mode>().is_err() && "threads".parse::<Mode>().is_err());
+        let h = Mode::Hybrid(2);
+        assert_eq!(h.ranks(4), 4);
+        assert_eq!((0..4).map(|i| h.sender(4, i)).collect::<Vec<_>>(), [(0, 0), (0, 1), (1, 0), (1, 1)]);
+        assert_eq!((0..4).map(|j| h.receiver(4, j)).collect::<Vec<_>>(), [(2, 0), (2, 1), (3, 0), (3, 1)]);
+        assert_eq!((0..3).map(|i| h.sender(3, i).0).collect::<Vec<_>>(), [0, 0, 1], "uneven blocks");
+        assert_eq!((h.auto_cris(4), h.threaded(4)), (2, true));
+        assert_eq!(Mode::Hybrid(8).ranks(4), 8, "more processes than pairs: process mode");
+        assert!(!Mode::Hybrid(8).threaded(4));
+        assert_eq!((Mode::Thread.ranks(4), Mode::Thread.receiver(4, 3)), (2, (1, 3)));
+        assert_eq!((Mode::Process.ranks(4), Mode::Process.receiver(4, 3)), (8, (7, 0)));
+        assert_eq!(Mode::Hybrid(2).name(), "hybrid-2");
     }
 
     /// The audit's mis-timed 265 M msg/s on 2 cores is discarded and the run repeated; a
