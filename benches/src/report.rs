@@ -199,6 +199,20 @@ where
     s.split(',').filter(|p| !p.trim().is_empty()).map(|p| p.trim().parse::<T>().map_err(|e| format!("bad list item {p:?}: {e}"))).collect()
 }
 
+/// This binary and the `weftrun` beside it (the two are built into one target directory),
+/// for the sweeps that run their ranks as real processes.
+pub fn self_and_weftrun() -> Result<(PathBuf, PathBuf), String> {
+    let exe = std::env::current_exe().map_err(|e| e.to_string())?;
+    let weftrun = exe.with_file_name("weftrun");
+    if !weftrun.exists() {
+        return Err(format!(
+            "{} not found; build it first: cargo build --release -p weft-launcher --features ofi --bin weftrun",
+            weftrun.display()
+        ));
+    }
+    Ok((exe, weftrun))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -233,18 +247,4 @@ mod tests {
         t.finish();
         assert!(bar.is_finished());
     }
-}
-
-/// This binary and the `weftrun` beside it (the two are built into one target directory),
-/// for the sweeps that run their ranks as real processes.
-pub fn self_and_weftrun() -> Result<(PathBuf, PathBuf), String> {
-    let exe = std::env::current_exe().map_err(|e| e.to_string())?;
-    let weftrun = exe.with_file_name("weftrun");
-    if !weftrun.exists() {
-        return Err(format!(
-            "{} not found; build it first: cargo build --release -p weft-launcher --features ofi --bin weftrun",
-            weftrun.display()
-        ));
-    }
-    Ok((exe, weftrun))
 }
