@@ -16,6 +16,7 @@ mod pingpong;
 mod plot;
 mod report;
 mod spawn;
+mod startup;
 mod sync_pingpong;
 
 use clap::{Parser, Subcommand};
@@ -50,6 +51,8 @@ enum Cmd {
     Alltoall(alltoall::Args),
     /// Communicator creation from many threads per rank: eager vs base context id allocation ([Dinan 2012]).
     Ctxid(ctxid::Args),
+    /// Job start-up at 2-64 ranks under weftrun and mpirun (PMIx), beside MPI_Init.
+    Startup(startup::Args),
     /// [Amer 2019, §3.4]'s latency- and throughput-oriented regimes, sweeping the progress-path lock.
     LockRegimes(lock_regimes::Args),
 }
@@ -81,6 +84,7 @@ fn main() {
         Cmd::Alltoall(a) => alltoall::run(&a),
         Cmd::Locks(a) => locks::run(&a),
         Cmd::Ctxid(a) => ctxid::run(&a),
+        Cmd::Startup(a) => startup::run(&a),
     };
     if let Err(e) = res {
         eprintln!("weft-bench: {e}");

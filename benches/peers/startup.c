@@ -1,0 +1,26 @@
+/* Start-up of an MPI job, as weft-bench startup measures weft's (benches/src/startup.rs):
+ * each rank times MPI_Init followed by a barrier; rank 0 prints the slowest rank's time as
+ * "STARTUP_MAX_US <us>". */
+#include <mpi.h>
+#include <stdio.h>
+#include <time.h>
+
+static double now_us(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec * 1e6 + ts.tv_nsec / 1e3;
+}
+
+int main(int argc, char **argv) {
+    double t0 = now_us();
+    MPI_Init(&argc, &argv);
+    MPI_Barrier(MPI_COMM_WORLD);
+    double us = now_us() - t0, slowest = 0;
+    int rank;
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    MPI_Reduce(&us, &slowest, 1, MPI_DOUBLE, MPI_MAX, 0, MPI_COMM_WORLD);
+    if (rank == 0)
+        printf("STARTUP_MAX_US %.0f\n", slowest);
+    MPI_Finalize();
+    return 0;
+}

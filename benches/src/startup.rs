@@ -1,0 +1,202 @@
+//! `weft-bench startup`: how long a job takes to start, at 2 to 64 ranks, under `weftrun` and
+//! under `mpirun` (PMIx bootstrap, feature `pmix`), beside an MPI library's own `MPI_Init`.
+//!
+//! Each rank of a job times `Runtime::builder().build()` followed by a barrier on the world
+//! (every rank has joined and can reach every other) and prints it; `init_ms` is the
+//! slowest rank's time, `job_ms` the job's wall time from starting the launcher to its exit
+//! (process creation, start-up, teardown). With `--peer openmpi` the same is measured for
+//! `MPI_Init` + `MPI_Barrier` of the project's C program (`benches/peers/startup.c`) under
+//! Open MPI's `mpirun`. Medians of `--runs`; every configuration above 2 ranks is
+//! oversubscribed on a 2-core machine, which is what the numbers show there.
+//!
+//! Under PMIx a rank publishes its addresses with `PMIx_Put`/`PMIx_Commit` and reads every
+//! other's after one `PMIx_Fence` with data collection (transport `pmix.rs`); fetching them
+//! lazily with `PMIx_Get` on first contact is not implemented, so there is one column.
+
+use std::process::{Command, Stdio};
+use std::time::Instant;
+
+use clap::Args as ClapArgs;
+use weft::{Provider, Runtime};
+
+use crate::mpi_peer::{Flavor, Peer};
+use crate::report::{median, parse_list, Output, PlotTo, Table};
+
+/// Options of `weft-bench startup`.
+#[derive(Debug, ClapArgs)]
+pub struct Args {
+    /// Ranks per job.
+    #[arg(short = 'n', long = "ranks", default_value = "2,4,8,16,32,64")]
+    ranks: String,
+    /// Launchers: weftrun, mpirun (PMIx; needs weft-bench built with feature `pmix`).
+    #[arg(long, default_value = "weftrun")]
+    launcher: String,
+    /// Provider of the jobs: shm or tcp.
+    #[arg(long, default_value = "shm")]
+    provider: String,
+    /// Jobs per configuration; the median is reported.
+    #[arg(long, default_value_t = 3)]
+    runs: usize,
+    /// Seconds a job may take.
+    #[arg(long, default_value_t = 300)]
+    timeout: u64,
+    /// Also time an MPI library's `MPI_Init` + `MPI_Barrier` (`openmpi`).
+    #[arg(long)]
+    peer: Option<String>,
+    #[command(flatten)]
+    out: Output,
+    #[command(flatten)]
+    plot: PlotTo,
+    /// Internal: one rank of a job.
+    #[arg(long, hide = true)]
+    rank_worker: bool,
+}
+
+/// What a rank prints: its rank and its start-up time in µs.
+const KEY: &str = "STARTUP_US";
+
+/// One rank: time the runtime's start and a barrier, print it.
+fn rank_worker() -> Result<(), String> {
+    let t0 = Instant::now();
+    let rt = Runtime::builder().build().map_err(|e| e.to_string())?;
+    rt.world().barrier().map_err(|e| e.to_string())?;
+    let us = t0.elapsed().as_secs_f64() * 1e6;
+    println!("{KEY} {} {us:.0}", rt.rank());
+    // Nobody leaves while a peer may still be starting.
+    rt.world().barrier().map_err(|e| e.to_string())?;
+    Ok(())
+}
+
+/// The slowest rank's time in `stdout` (lines `[r] STARTUP_US r us` or `STARTUP_US r us`),
+/// if every one of `ranks` reported.
+fn slowest(stdout: &str, ranks: usize) -> Option<f64> {
+    let mut seen = vec![None; ranks];
+    for l in stdout.lines() {
+        let Some(rest) = l.split_once(KEY).map(|(_, r)| r.trim()) else { continue };
+        let mut it = rest.split_whitespace();
+        let (Some(r), Some(us)) = (it.next().and_then(|r| r.parse::<usize>().ok()), it.next().and_then(|v| v.parse::<f64>().ok())) else {
+            continue;
+        };
+        if let Some(slot) = seen.get_mut(r) {
+            *slot = Some(us);
+        }
+    }
+    seen.into_iter().try_fold(0.0f64, |m, v| v.map(|v| m.max(v)))
+}
+
+/// One job of `n` ranks; `(slowest rank's start in µs, the job's wall time in ms)`.
+fn job(launcher: &str, n: usize, provider: Provider, timeout: u64) -> Result<(f64, f64), String> {
+    let (exe, weftrun) = crate::report::self_and_weftrun()?;
+    let mut cmd = match launcher {
+        "weftrun" => {
+            let mut c = Command::new(&weftrun);
+            c.args(["-n", &n.to_string(), "--provider", &provider.to_string(), "--timeout", &timeout.to_string()]);
+            c
+        }
+        "mpirun" => {
+            let mut c = Command::new("timeout");
+            c.arg(timeout.to_string())
+                .args(["mpirun.openmpi", "--oversubscribe", "--bind-to", "none", "-np", &n.to_string()])
+                .args(["-x", "WEFT_PROVIDER", "-x", "FI_TCP_IFACE"])
+                .env("WEFT_PROVIDER", provider.to_string())
+                .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
+                .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
+                .env("OMPI_MCA_oob_tcp_if_include", "lo");
+            c
+        }
+        o => return Err(format!("unknown launcher {o:?} (weftrun, mpirun)")),
+    };
+    cmd.arg(&exe).args(["startup", "--rank-worker"]).env("FI_TCP_IFACE", "lo").stdin(Stdio::null());
+    let t0 = Instant::now();
+    let out = cmd.output().map_err(|e| format!("{launcher}: {e}"))?;
+    let wall = t0.elapsed().as_secs_f64() * 1e3;
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    if !out.status.success() {
+        return Err(format!("{launcher} job of {n} ranks failed ({}):\n{stdout}{}", out.status, String::from_utf8_lossy(&out.stderr)));
+    }
+    let us = slowest(&stdout, n).ok_or_else(|| format!("not every rank of the {launcher} job reported its start:\n{stdout}"))?;
+    Ok((us, wall))
+}
+
+/// Runs the sweep.
+pub fn run(a: &Args) -> Result<(), String> {
+    if a.rank_worker {
+        return rank_worker();
+    }
+    let ranks: Vec<usize> = parse_list(&a.ranks)?;
+    let launchers: Vec<String> = a.launcher.split(',').map(|s| s.trim().to_string()).collect();
+    let provider: Provider = a.provider.parse().map_err(|e: weft::Error| e.to_string())?;
+    if provider == Provider::Embedded || ranks.iter().any(|&n| n == 0) || a.runs == 0 {
+        return Err("startup runs jobs of 1 or more ranks on shm or tcp, at least once".into());
+    }
+    if launchers.iter().any(|l| l == "mpirun") && !cfg!(feature = "pmix") {
+        return Err("--launcher mpirun needs weft-bench built with feature `pmix` (PMIx bootstrap)".into());
+    }
+    let peer = match &a.peer {
+        Some(f) => Some(Peer::build(f.parse::<Flavor>()?, "startup-mpi", include_str!("../peers/startup.c"))?),
+        None => None,
+    };
+    let mut table = Table::new(&["launcher", "ranks", "provider", "init_ms", "job_ms"], &a.out);
+    a.out.note(&format!(
+        "# weft-bench startup: build() + barrier on every rank (the slowest), and the job's wall time; runs={} (median) cores={}",
+        a.runs,
+        std::thread::available_parallelism().map_or(1, |n| n.get())
+    ));
+    let rows = launchers.len() + usize::from(peer.is_some());
+    table.progress(rows * ranks.len() * a.runs);
+    table.print_header();
+    for &n in &ranks {
+        for launcher in &launchers {
+            let (mut init, mut wall) = (Vec::new(), Vec::new());
+            for run in 0..a.runs {
+                table.step(|| format!("{launcher}, {n} ranks, run {}", run + 1));
+                let (us, ms) = job(launcher, n, provider, a.timeout)?;
+                init.push(us / 1e3);
+                wall.push(ms);
+            }
+            table.row(vec![
+                launcher.clone(),
+                n.to_string(),
+                provider.to_string(),
+                format!("{:.1}", median(&init)),
+                format!("{:.0}", median(&wall)),
+            ]);
+        }
+        if let Some(peer) = &peer {
+            let (mut init, mut wall) = (Vec::new(), Vec::new());
+            for run in 0..a.runs {
+                table.step(|| format!("{}, {n} ranks, run {}", peer.flavor().name(), run + 1));
+                let t0 = Instant::now();
+                let us = peer.run(n, provider, a.timeout, &[], "STARTUP_MAX_US")?;
+                wall.push(t0.elapsed().as_secs_f64() * 1e3);
+                init.push(us / 1e3);
+            }
+            table.row(vec![
+                format!("{} mpirun", peer.flavor().name()),
+                n.to_string(),
+                provider.to_string(),
+                format!("{:.1}", median(&init)),
+                format!("{:.0}", median(&wall)),
+            ]);
+        }
+    }
+    let chart = crate::plot::Chart::new("startup: slowest rank's start (build + barrier)".to_string(), "ranks", "ranks")
+        .y("init_ms", "")
+        .y_axis("start-up (ms)", 1.0)
+        .series("launcher", "{}")
+        .log2_x();
+    table.finish_with_plot(&chart, &a.plot)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_slowest_rank_is_read_from_either_launchers_output() {
+        let weftrun = "[1] STARTUP_US 1 2500\n[0] STARTUP_US 0 1200\n[0] other\n";
+        assert_eq!(slowest(weftrun, 2), Some(2500.0));
+        assert_eq!(slowest("STARTUP_US 0 10\nSTARTUP_US 2 30\n", 3), None, "rank 1 missing");
+        assert_eq!(slowest("STARTUP_US 0 10\nSTARTUP_US 1 x\n", 2), None);
+    }
+}
