@@ -126,7 +126,7 @@ pub fn run(a: &Args) -> Result<(), String> {
     let ranks: Vec<usize> = parse_list(&a.ranks)?;
     let launchers: Vec<String> = a.launcher.split(',').map(|s| s.trim().to_string()).collect();
     let provider: Provider = a.provider.parse().map_err(|e: weft::Error| e.to_string())?;
-    if provider == Provider::Embedded || ranks.iter().any(|&n| n == 0) || a.runs == 0 {
+    if provider == Provider::Embedded || ranks.contains(&0) || a.runs == 0 {
         return Err("startup runs jobs of 1 or more ranks on shm or tcp, at least once".into());
     }
     if launchers.iter().any(|l| l == "mpirun") && !cfg!(feature = "pmix") {
