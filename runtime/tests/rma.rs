@@ -6,6 +6,7 @@ fn builder() -> weft::Builder {
 }
 
 mod common;
+mod dlock_suite;
 mod rma_suite;
 
 use weft::rma::{Op, Window};
