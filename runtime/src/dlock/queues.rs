@@ -31,6 +31,13 @@
 //!    two resets that read the same DEPART leave ARRIVE a little below its mark.
 //! 4. **Listing 9's loop ends** when the reader's increment finds the count below `T_R`
 //!    (the listing never sets `done`).
+//! 5. **Readers do not wait for a writer that left.** A reader that finds `T_R` reached
+//!    while a writer is queued waits for that writer's reset; but the writer may be
+//!    releasing (it reset the counters, then readers reached `T_R` again before it left the
+//!    queue), and then nobody would reset. A waiting reader that finds the count unmarked
+//!    and no writer queued resets it itself. A reader that reset the counter backs off once
+//!    before its next increment, so the readers inside (perhaps tasks of the same thread)
+//!    get to leave.
 //!
 //! Each rank's part of the window: for each level `l` (0 is level 1, the machine) NEXT,
 //! STATUS, TAIL at `3l..3l+3`; the OWNER words at `3N..4N`; ARRIVE and DEPART at `4N` and
@@ -409,8 +416,7 @@ impl Queues {
         let mut next = Attempt::Wait;
         if curr_stat == c.t_r {
             // The first to reach T_R: to the writers if there are any, else reset.
-            let tail_rank = self.machine.tail_rank(0, self.me());
-            if self.window.fetch_and_op(tail_rank, Self::tail(0), 0, Op::NoOp)? == 0 {
+            if !self.writers_queued()? {
                 self.reset_counter(r, false)?;
                 next = Attempt::Again;
             }
@@ -427,18 +433,37 @@ impl Queues {
         let mut barrier = false;
         loop {
             if barrier {
-                // Lines 5-9: wait until the counter is reset.
+                // Lines 5-9: wait until the counter is reset. Beyond the listing (5): with no
+                // WRITE mark and no writer at level 1, nobody else will reset it.
                 let mut backoff = Backoff::new();
-                while self.read_atomic(r, self.arrive())? >= c.t_r {
+                loop {
+                    let curr_stat = self.read_atomic(r, self.arrive())?;
+                    if curr_stat < c.t_r {
+                        break;
+                    }
+                    if curr_stat < WRITE / 2 && !self.writers_queued()? {
+                        self.reset_counter(r, false)?;
+                        break;
+                    }
                     backoff.snooze().await;
                 }
             }
             match self.reader_attempt(&c, r)? {
                 Attempt::Entered => return Ok(()),
-                Attempt::Again => barrier = false,
+                Attempt::Again => {
+                    // Beyond the listing (5): the readers inside must get to leave first.
+                    barrier = false;
+                    Backoff::new().snooze().await;
+                }
                 Attempt::Wait => barrier = true,
             }
         }
+    }
+
+    /// Whether a writer is in the queue of level 1 (its TAIL is set).
+    fn writers_queued(&self) -> Result<bool, Error> {
+        let tail_rank = self.machine.tail_rank(0, self.me());
+        Ok(self.window.fetch_and_op(tail_rank, Self::tail(0), 0, Op::NoOp)? != 0)
     }
 
     /// One attempt of Listing 9, and a second at once when this reader reset the counter.
@@ -456,5 +481,56 @@ impl Queues {
     pub(super) fn reader_release(&self) -> Result<(), Error> {
         let c = self.counters.expect("RMA-RW");
         self.add(self.counter(&c), self.depart(), 1).map(drop)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::mpsc;
+    use std::time::Duration;
+
+    use super::*;
+    use crate::dlock::{Levels, RmaRw, Thresholds};
+    use crate::Runtime;
+
+    /// One rank's RMA-RW with `T_R` 2 and its counter words, on a thread bounded in time.
+    fn one_rank(what: &'static str, f: fn(&RmaRw, &Queues)) {
+        let (tx, rx) = mpsc::channel();
+        std::thread::spawn(move || {
+            let rt = Runtime::builder().env(false).build_local(1).unwrap().pop().unwrap();
+            let lock = RmaRw::new(rt.world(), &Levels::flat(), &Thresholds { t_r: 2, ..Thresholds::default() }).unwrap();
+            f(&lock, &lock.q);
+            let _ = tx.send(());
+        });
+        rx.recv_timeout(Duration::from_secs(20)).unwrap_or_else(|_| panic!("hang: {what}"));
+    }
+
+    /// A counter past `T_R` with no WRITE mark and no writer queued (a writer reset it and
+    /// left the queue only after readers reached `T_R` again): a reader resets it itself
+    /// (beyond the listing, 5) instead of waiting for a writer that is gone.
+    #[test]
+    fn a_reader_resets_a_counter_no_writer_will_reset() {
+        one_rank("a counter nobody resets", |lock, q| {
+            q.add(0, q.arrive(), 3).unwrap();
+            q.add(0, q.depart(), 3).unwrap();
+            let g = lock.read().unwrap();
+            assert_eq!((q.read_atomic(0, q.arrive()).unwrap(), q.read_atomic(0, q.depart()).unwrap()), (1, 0), "reset, then this reader");
+            g.unlock().unwrap();
+        });
+    }
+
+    /// A reader's reset keeps a writer's WRITE mark (beyond the listing, 3); the writer's
+    /// clears it; both keep ARRIVE - DEPART.
+    #[test]
+    fn only_a_writers_reset_clears_the_write_mark() {
+        one_rank("resets", |_, q| {
+            q.add(0, q.arrive(), WRITE + 5).unwrap();
+            q.add(0, q.depart(), 4).unwrap();
+            q.reset_counter(0, false).unwrap();
+            assert_eq!(q.read_atomic(0, q.arrive()).unwrap(), WRITE + 1);
+            assert_eq!(q.active_readers(0).unwrap(), 1);
+            q.reset_counter(0, true).unwrap();
+            assert_eq!((q.read_atomic(0, q.arrive()).unwrap(), q.read_atomic(0, q.depart()).unwrap()), (1, 0));
+        });
     }
 }

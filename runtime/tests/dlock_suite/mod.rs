@@ -333,3 +333,45 @@ fn bad_thresholds_and_levels_are_refused() {
         barrier(c);
     });
 }
+
+/// A writer waits for the readers inside (it marks the counters, then waits until they
+/// left), and a reader waits for the writer inside.
+#[test]
+fn writers_and_readers_wait_for_each_other() {
+    on_ranks(2, "writer waits for readers", |me, c| {
+        let lock = RmaRw::new(c, &Levels::simulated(&[1]), &small()).unwrap();
+        second_waits(c, me, &lock, false);
+        second_waits(c, me, &lock, true);
+    });
+
+    /// Rank 0 holds the lock (a writer if `write_first`, else a reader) while rank 1 asks
+    /// for it the other way; rank 1 must not get in for 100 ms, then gets in.
+    fn second_waits(c: &Communicator, me: u32, lock: &RmaRw, write_first: bool) {
+        let take = |write: bool| if write { lock.write().unwrap() } else { lock.read().unwrap() };
+        let inside = std::sync::atomic::AtomicBool::new(false);
+        let g = (me == 0).then(|| take(write_first));
+        barrier(c);
+        std::thread::scope(|s| {
+            let t = s.spawn(|| {
+                if me == 1 {
+                    let g = take(!write_first);
+                    inside.store(true, std::sync::atomic::Ordering::SeqCst);
+                    g.unlock().unwrap();
+                }
+            });
+            if me == 0 {
+                std::thread::sleep(std::time::Duration::from_millis(100));
+            }
+            barrier(c);
+            if me == 1 {
+                c.send(vec![u8::from(inside.load(std::sync::atomic::Ordering::SeqCst))], 0, 7).unwrap();
+            } else {
+                let (v, _) = c.recv(Vec::<u8>::with_capacity(1), 1, 7).unwrap();
+                assert_eq!(v, [0], "entered while the other side held the lock (writer first: {write_first})");
+            }
+            drop(g);
+            t.join().unwrap();
+        });
+        barrier(c);
+    }
+}
