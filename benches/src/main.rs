@@ -5,6 +5,7 @@
 
 mod alltoall;
 mod ctxid;
+mod dlock;
 mod idle;
 mod lock_regimes;
 mod locks;
@@ -51,6 +52,8 @@ enum Cmd {
     Ctxid(ctxid::Args),
     /// [Amer 2019, §3.4]'s latency- and throughput-oriented regimes, sweeping the progress-path lock.
     LockRegimes(lock_regimes::Args),
+    /// Distributed RMA locks under the seed's benchmarks ([Schmid 2016, §5.1]): LB, ECSB, SOB, WCSB, WARB.
+    Dlock(dlock::Args),
 }
 
 fn main() {
@@ -67,6 +70,7 @@ fn main() {
         Cmd::Alltoall(a) => alltoall::run(&a),
         Cmd::Locks(a) => locks::run(&a),
         Cmd::Ctxid(a) => ctxid::run(&a),
+        Cmd::Dlock(a) => dlock::run(&a),
     };
     if let Err(e) = res {
         eprintln!("weft-bench: {e}");
