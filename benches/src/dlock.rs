@@ -213,7 +213,7 @@ fn measure(p: &Point, levels: &Levels, ops: u64) -> Result<(f64, f64), String> {
                             .map(|t| {
                                 let (lock, w) = (&lock, &w);
                                 s.spawn(move || {
-                                    let mut rng = Rng(0x9e37_79b9_7f4a_7c15 ^ (u64::from(c.rank()) << 20 | t as u64 + 1));
+                                    let mut rng = Rng(0x9e37_79b9_7f4a_7c15 ^ ((u64::from(c.rank()) << 20) | (t as u64 + 1)));
                                     let mut held = Duration::ZERO;
                                     for _ in 0..ops {
                                         let write = !p.kind.has_readers() || (rng.next() % 1_000_000) as f64 / 1e6 < p.writers;

@@ -1,5 +1,7 @@
-//! One-sided windows on the embedded provider (the suite is shared with `p2p_ofi.rs`), and
-//! what only the embedded provider can show in one process: a target that is gone.
+//! One-sided windows and the distributed locks on the embedded provider (the suites are
+//! shared with `p2p_ofi.rs`), and what only the embedded provider shows in one process: a
+//! target that is gone, the locks over three simulated levels at 100,000 acquisitions, and
+//! 10,000 tasks waiting for a lock on one thread.
 
 fn builder() -> weft::Builder {
     weft::Runtime::builder().env(false)
@@ -163,4 +165,60 @@ mod three_levels {
             });
         });
     }
+}
+
+/// 10,000 tokio tasks of one rank, all on one thread, wait for the RMA-RW lock as writers
+/// while the other rank's thread takes it too: the tasks park (no thread each), and every
+/// one gets in once.
+#[test]
+fn ten_thousand_tasks_wait_on_one_thread() {
+    use std::sync::Arc;
+    use weft::dlock::{Levels, RmaRw, Thresholds};
+    const TASKS: u64 = 10_000;
+    common::within(120, "10,000 waiting tasks", || {
+        let rts = builder().build_local(2).unwrap();
+        std::thread::scope(|s| {
+            for rt in &rts {
+                s.spawn(move || {
+                    let c = rt.world();
+                    let lock = Arc::new(RmaRw::new(c, &Levels::flat(), &Thresholds::default()).unwrap());
+                    let w: Arc<Window<'static, u64>> = Arc::new(c.window(1).unwrap());
+                    c.barrier().unwrap();
+                    if c.rank() == 0 {
+                        let tokio = tokio::runtime::Builder::new_current_thread().build().unwrap();
+                        tokio.block_on(async {
+                            let tasks: Vec<_> = (0..TASKS)
+                                .map(|_| {
+                                    let (lock, w) = (lock.clone(), w.clone());
+                                    tokio::spawn(async move {
+                                        let g = lock.write_async().await.unwrap();
+                                        let mut v = [0u64];
+                                        w.get(1, 0, &mut v).unwrap();
+                                        w.put(1, 0, &[v[0] + 1]).unwrap();
+                                        g.unlock_async().await.unwrap();
+                                    })
+                                })
+                                .collect();
+                            for t in tasks {
+                                t.await.unwrap();
+                            }
+                        });
+                    } else {
+                        for _ in 0..1000 {
+                            let g = lock.write().unwrap();
+                            let mut v = [0u64];
+                            w.get(1, 0, &mut v).unwrap();
+                            w.put(1, 0, &[v[0] + 1]).unwrap();
+                            g.unlock().unwrap();
+                        }
+                    }
+                    c.barrier().unwrap();
+                    let mut v = [0u64];
+                    w.get(1, 0, &mut v).unwrap();
+                    assert_eq!(v[0], TASKS + 1000);
+                    c.barrier().unwrap();
+                });
+            }
+        });
+    });
 }

@@ -177,7 +177,7 @@ fn timer() -> &'static Timer {
 impl Timer {
     fn add(&self, at: Instant, waker: Waker) {
         let mut heap = self.heap.lock().unwrap_or_else(|e| e.into_inner());
-        let earliest = heap.peek().is_none_or(|e| at < e.at);
+        let earliest = heap.peek().map_or(true, |e| at < e.at);
         heap.push(Entry { at, waker });
         drop(heap);
         if earliest {
