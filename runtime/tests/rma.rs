@@ -53,94 +53,91 @@ mod three_levels {
     /// 8 ranks x 2 threads x 6,250: 100,000 acquisitions per test.
     const ACQUISITIONS: u64 = 6250;
 
-    #[test]
-    fn rma_mcs_three_levels_counts_exactly() {
-        within(120, "RMA-MCS, three levels", || {
+    /// Runs `f` on one thread per rank of `RANKS` in-process ranks, bounded in time.
+    fn on_ranks(what: &'static str, f: impl Fn(&weft::Communicator) + Send + Sync + 'static) {
+        within(120, what, move || {
             let rts = weft::Runtime::builder().env(false).build_local(RANKS).unwrap();
             std::thread::scope(|s| {
                 for rt in &rts {
-                    s.spawn(move || {
-                        let c = rt.world();
-                        let lock = RmaMcs::new(c, &Levels::simulated(&[2, 2]), &Thresholds { t_l: vec![1, 3, 2], ..Thresholds::default() })
-                            .unwrap();
-                        let w: Window<'_, u64> = c.window(2).unwrap();
-                        c.barrier().unwrap();
-                        std::thread::scope(|s| {
-                            for _ in 0..THREADS {
-                                s.spawn(|| {
-                                    for _ in 0..ACQUISITIONS {
-                                        let g = lock.lock().unwrap();
-                                        assert_eq!(w.fetch_and_op(5, 1, 1, Op::Sum).unwrap(), 0, "two holders");
-                                        let mut v = [0u64];
-                                        w.get(5, 0, &mut v).unwrap();
-                                        w.put(5, 0, &[v[0] + 1]).unwrap();
-                                        w.fetch_and_op(5, 1, u64::MAX, Op::Sum).unwrap();
-                                        drop(g);
-                                    }
-                                });
-                            }
-                        });
-                        c.barrier().unwrap();
-                        let mut v = [0u64];
-                        w.get(5, 0, &mut v).unwrap();
-                        assert_eq!(v[0], u64::from(RANKS) * THREADS * ACQUISITIONS);
-                        c.barrier().unwrap();
-                    });
+                    let f = &f;
+                    s.spawn(move || f(rt.world()));
                 }
             });
         });
     }
 
     #[test]
-    fn rma_rw_three_levels_excludes_and_counts_exactly() {
-        within(120, "RMA-RW, three levels", || {
-            let rts = weft::Runtime::builder().env(false).build_local(RANKS).unwrap();
-            let writes = AtomicU64::new(0);
+    fn rma_mcs_three_levels_counts_exactly() {
+        on_ranks("RMA-MCS, three levels", |c| {
+            let lock = RmaMcs::new(c, &Levels::simulated(&[2, 2]), &Thresholds { t_l: vec![1, 3, 2], ..Thresholds::default() }).unwrap();
+            let w: Window<'_, u64> = c.window(2).unwrap();
+            c.barrier().unwrap();
             std::thread::scope(|s| {
-                for rt in &rts {
-                    let writes = &writes;
-                    s.spawn(move || {
-                        let c = rt.world();
-                        let t = Thresholds { t_l: vec![2, 2, 3], t_r: 4, t_dc: 4 };
-                        let lock = RmaRw::new(c, &Levels::simulated(&[2, 2]), &t).unwrap();
-                        let w: Window<'_, u64> = c.window(3).unwrap();
-                        c.barrier().unwrap();
-                        std::thread::scope(|s| {
-                            for th in 0..THREADS {
-                                let (lock, w) = (&lock, &w);
-                                s.spawn(move || {
-                                    for i in 0..ACQUISITIONS {
-                                        // One in five a write (one in three on even ranks).
-                                        let every = if c.rank() % 2 == 0 { 3 } else { 5 };
-                                        if (i + th) % every == 0 {
-                                            let g = lock.write().unwrap();
-                                            assert_eq!(w.fetch_and_op(5, 1, 1, Op::Sum).unwrap(), 0, "two writers");
-                                            assert_eq!(w.fetch_and_op(5, 2, 0, Op::NoOp).unwrap(), 0, "readers beside a writer");
-                                            let mut v = [0u64];
-                                            w.get(5, 0, &mut v).unwrap();
-                                            w.put(5, 0, &[v[0] + 1]).unwrap();
-                                            w.fetch_and_op(5, 1, u64::MAX, Op::Sum).unwrap();
-                                            drop(g);
-                                            writes.fetch_add(1, Ordering::Relaxed);
-                                        } else {
-                                            let g = lock.read().unwrap();
-                                            w.fetch_and_op(5, 2, 1, Op::Sum).unwrap();
-                                            assert_eq!(w.fetch_and_op(5, 1, 0, Op::NoOp).unwrap(), 0, "a writer beside readers");
-                                            w.fetch_and_op(5, 2, u64::MAX, Op::Sum).unwrap();
-                                            drop(g);
-                                        }
-                                    }
-                                });
-                            }
-                        });
-                        c.barrier().unwrap();
-                        let mut v = [0u64];
-                        w.get(5, 0, &mut v).unwrap();
-                        assert_eq!(v[0], writes.load(Ordering::Relaxed));
-                        c.barrier().unwrap();
+                for _ in 0..THREADS {
+                    s.spawn(|| {
+                        for _ in 0..ACQUISITIONS {
+                            let g = lock.lock().unwrap();
+                            assert_eq!(w.fetch_and_op(5, 1, 1, Op::Sum).unwrap(), 0, "two holders");
+                            let mut v = [0u64];
+                            w.get(5, 0, &mut v).unwrap();
+                            w.put(5, 0, &[v[0] + 1]).unwrap();
+                            w.fetch_and_op(5, 1, u64::MAX, Op::Sum).unwrap();
+                            drop(g);
+                        }
                     });
                 }
             });
+            c.barrier().unwrap();
+            let mut v = [0u64];
+            w.get(5, 0, &mut v).unwrap();
+            assert_eq!(v[0], u64::from(RANKS) * THREADS * ACQUISITIONS);
+            c.barrier().unwrap();
+        });
+    }
+
+    #[test]
+    fn rma_rw_three_levels_excludes_and_counts_exactly() {
+        let writes = std::sync::Arc::new(AtomicU64::new(0));
+        on_ranks("RMA-RW, three levels", move |c| {
+            let writes = &*writes;
+            let t = Thresholds { t_l: vec![2, 2, 3], t_r: 4, t_dc: 4 };
+            let lock = RmaRw::new(c, &Levels::simulated(&[2, 2]), &t).unwrap();
+            let w: Window<'_, u64> = c.window(3).unwrap();
+            c.barrier().unwrap();
+            std::thread::scope(|s| {
+                for th in 0..THREADS {
+                    let (lock, w) = (&lock, &w);
+                    s.spawn(move || {
+                        for i in 0..ACQUISITIONS {
+                            // One in five a write (one in three on even ranks).
+                            let every = if c.rank() % 2 == 0 { 3 } else { 5 };
+                            if (i + th) % every == 0 {
+                                let g = lock.write().unwrap();
+                                assert_eq!(w.fetch_and_op(5, 1, 1, Op::Sum).unwrap(), 0, "two writers");
+                                assert_eq!(w.fetch_and_op(5, 2, 0, Op::NoOp).unwrap(), 0, "readers beside a writer");
+                                let mut v = [0u64];
+                                w.get(5, 0, &mut v).unwrap();
+                                w.put(5, 0, &[v[0] + 1]).unwrap();
+                                w.fetch_and_op(5, 1, u64::MAX, Op::Sum).unwrap();
+                                drop(g);
+                                writes.fetch_add(1, Ordering::Relaxed);
+                            } else {
+                                let g = lock.read().unwrap();
+                                w.fetch_and_op(5, 2, 1, Op::Sum).unwrap();
+                                assert_eq!(w.fetch_and_op(5, 1, 0, Op::NoOp).unwrap(), 0, "a writer beside readers");
+                                w.fetch_and_op(5, 2, u64::MAX, Op::Sum).unwrap();
+                                drop(g);
+                            }
+                        }
+                    });
+                }
+            });
+            c.barrier().unwrap();
+            let mut v = [0u64];
+            w.get(5, 0, &mut v).unwrap();
+            c.barrier().unwrap();
+            assert_eq!(v[0], writes.load(Ordering::Relaxed));
+            c.barrier().unwrap();
         });
     }
 

@@ -82,19 +82,25 @@ fn exclusive<G>(c: &Communicator, lock: impl Fn() -> Result<G, Error> + Sync, un
     stress(c, 1, &lock, &lock, unlock);
 }
 
+/// With the lock free, rank `at` takes it with `try_lock`, a second `try_lock` finds it
+/// held, and after dropping the guard a third takes it again.
+fn try_lock_once<G>(c: &Communicator, at: u32, try_lock: impl Fn() -> Result<Option<G>, Error>) {
+    barrier(c);
+    if c.rank() == at {
+        let g = try_lock().unwrap().expect("a free lock");
+        assert!(try_lock().unwrap().is_none(), "held by this rank");
+        drop(g);
+        assert!(try_lock().unwrap().is_some(), "dropping the guard released it");
+    }
+    barrier(c);
+}
+
 #[test]
 fn d_mcs_excludes_and_counts_exactly() {
     on_ranks(3, "D-MCS stress", |_, c| {
         let lock = DMcs::new(c, 0).unwrap();
         exclusive(c, || lock.lock(), |g| g.unlock());
-        // Free now: `try_lock` takes it (one rank at a time).
-        barrier(c);
-        if c.rank() == 2 {
-            let g = lock.try_lock().unwrap().expect("a free lock");
-            assert!(lock.try_lock().unwrap().is_none(), "held by this rank");
-            g.unlock().unwrap();
-        }
-        barrier(c);
+        try_lock_once(c, 2, || lock.try_lock());
     });
 }
 
@@ -103,14 +109,7 @@ fn spin_lock_excludes_and_counts_exactly() {
     on_ranks(3, "spin lock stress", |_, c| {
         let lock = SpinLock::new(c, 2).unwrap();
         exclusive(c, || lock.lock(), |g| g.unlock());
-        barrier(c);
-        if c.rank() == 0 {
-            let g = lock.try_lock().unwrap().expect("a free lock");
-            assert!(lock.try_lock().unwrap().is_none(), "held by this rank");
-            drop(g);
-            assert!(lock.try_lock().unwrap().is_some(), "dropping the guard released it");
-        }
-        barrier(c);
+        try_lock_once(c, 0, || lock.try_lock());
         assert!(matches!(SpinLock::new(c, 3), Err(Error::RankOutOfRange { rank: 3, size: 3 })));
     });
 }
@@ -122,13 +121,7 @@ fn rma_mcs_excludes_and_counts_exactly() {
     on_ranks(4, "RMA-MCS stress", |_, c| {
         let lock = RmaMcs::new(c, &Levels::simulated(&[2]), &small()).unwrap();
         exclusive(c, || lock.lock(), |g| g.unlock());
-        barrier(c);
-        if c.rank() == 3 {
-            let g = lock.try_lock().unwrap().expect("a free lock");
-            assert!(lock.try_lock().unwrap().is_none(), "held by this rank");
-            g.unlock().unwrap();
-        }
-        barrier(c);
+        try_lock_once(c, 3, || lock.try_lock());
     });
 }
 
