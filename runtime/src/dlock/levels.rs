@@ -7,6 +7,7 @@
 use weft_sync::Error;
 
 use crate::comm::Communicator;
+use crate::lock::Topology;
 
 /// Where the machine levels come from.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -15,12 +16,14 @@ enum Spec {
     Flat,
     /// Consecutive ranks grouped: `sizes[0]` ranks per node, `sizes[1]` nodes per rack, ...
     Simulated(Vec<u32>),
-    /// Ranks grouped by the host they run on (one level of nodes under the machine).
+    /// Ranks grouped by the host they run on, then by the part of the host they are bound to.
     Hosts,
 }
 
 /// A description of the machine levels a lock is built over; resolved against the
-/// communicator when the lock is created.
+/// communicator when the lock is created. A level that groups the ranks exactly as the one
+/// above it (one node holding every rank, say) is left out, and the thresholds
+/// ([`Thresholds::t_l`](super::Thresholds::t_l)) apply to the levels that remain.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Levels(Spec);
 
@@ -44,8 +47,12 @@ impl Levels {
         Levels(Spec::Simulated(sizes.to_vec()))
     }
 
-    /// The ranks that run on one host form a node (two levels: machine and nodes). Resolving
-    /// it is collective: the ranks exchange a digest of their host name.
+    /// The ranks that run on one host form a node (levels: machine and nodes); below a node,
+    /// the ranks bound to CPUs of one group of the host's coarsest topology level (its
+    /// packages on a multi-socket host; from hwloc with the `hwloc` feature, else sysfs, as
+    /// [`crate::lock::Topology::detect`]) form a third level, when that splits any node.
+    /// Resolving it is collective: the ranks exchange a digest of their host name and their
+    /// group.
     pub fn hosts() -> Self {
         Levels(Spec::Hosts)
     }
@@ -62,10 +69,12 @@ impl Levels {
                 Ok(Machine::from_keys(simulated_keys(sizes, n)))
             }
             Spec::Hosts => {
-                let mine = [host_digest()];
-                let mut all = vec![0u64; n as usize];
+                let mine = [host_digest(), socket_key(&Topology::detect(), &allowed_cpus())];
+                let mut all = vec![0u64; 2 * n as usize];
                 comm.allgather(&mine, &mut all)?;
-                Ok(Machine::from_keys(vec![vec![0; n as usize], all]))
+                let hosts: Vec<u64> = all.chunks(2).map(|k| k[0]).collect();
+                let sockets: Vec<u64> = all.chunks(2).map(|k| fnv(&[k[0].to_le_bytes(), k[1].to_le_bytes()].concat())).collect();
+                Ok(Machine::from_keys(vec![vec![0; n as usize], hosts, sockets]))
             }
         }
     }
@@ -82,7 +91,12 @@ fn simulated_keys(sizes: &[u32], n: u32) -> Vec<Vec<u64>> {
     keys
 }
 
-/// A digest of this host's name (FNV-1a): equal on ranks of one host.
+/// FNV-1a of `bytes`.
+fn fnv(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &b| (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3))
+}
+
+/// A digest of this host's name: equal on ranks of one host.
 fn host_digest() -> u64 {
     let mut name = [0u8; 256];
     // SAFETY: `name` is writable for its length; gethostname NUL-terminates or truncates.
@@ -91,7 +105,33 @@ fn host_digest() -> u64 {
     } else {
         0
     };
-    name[..len].iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &b| (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3))
+    fnv(&name[..len])
+}
+
+/// The CPUs this process may run on (empty if they cannot be read).
+fn allowed_cpus() -> Vec<usize> {
+    // SAFETY: a zeroed `cpu_set_t` is a valid empty set; sched_getaffinity writes at most
+    // its size; CPU_ISSET reads within it.
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        if libc::sched_getaffinity(0, size_of::<libc::cpu_set_t>(), &mut set) != 0 {
+            return Vec::new();
+        }
+        (0..libc::CPU_SETSIZE as usize).filter(|&c| libc::CPU_ISSET(c, &set)).collect()
+    }
+}
+
+/// `group + 1` of the group at `topo`'s coarsest level below the root that holds every CPU
+/// in `allowed`; 0 when they span several groups (or are unknown).
+fn socket_key(topo: &Topology, allowed: &[usize]) -> u64 {
+    let Some(level) = topo.depth().checked_sub(2) else { return 0 };
+    let Some(&first) = allowed.first() else { return 0 };
+    let group = topo.group_of(level, first);
+    if allowed.iter().all(|&c| topo.group_of(level, c) == group) {
+        group as u64 + 1
+    } else {
+        0
+    }
 }
 
 /// Resolved levels: per level (index 0 = level 1, the machine), each rank's element and
@@ -103,7 +143,8 @@ pub(crate) struct Machine {
 }
 
 impl Machine {
-    /// Numbers the distinct keys of each level in order of their first rank.
+    /// Numbers the distinct keys of each level in order of their first rank; a level that
+    /// groups the ranks exactly as the one above it is left out.
     fn from_keys(keys: Vec<Vec<u64>>) -> Machine {
         let mut element = Vec::with_capacity(keys.len());
         let mut home = Vec::with_capacity(keys.len());
@@ -122,8 +163,10 @@ impl Machine {
                     }
                 })
                 .collect();
-            element.push(ids);
-            home.push(homes);
+            if element.last() != Some(&ids) {
+                element.push(ids);
+                home.push(homes);
+            }
         }
         Machine { element, home }
     }
@@ -171,6 +214,28 @@ mod tests {
         assert_eq!((t.tail_rank(0, 9), t.tail_rank(1, 7), t.tail_rank(2, 7)), (0, 4, 6));
         assert_eq!(t.leaf_size(), 2);
         assert_eq!(t.with_root_tail(3).tail_rank(0, 5), 3);
+    }
+
+    #[test]
+    fn a_level_that_splits_nothing_is_left_out() {
+        // Sockets of two hosts: host 1's ranks are all on one socket, host 0's on two.
+        let t = Machine::from_keys(vec![vec![0; 4], vec![5, 5, 6, 6], vec![1, 2, 3, 3]]);
+        assert_eq!(t.depth(), 3);
+        assert_eq!(t.element[2], [0, 1, 2, 2]);
+        let one_socket_each = Machine::from_keys(vec![vec![0; 4], vec![5, 5, 6, 6], vec![1, 1, 3, 3]]);
+        assert_eq!(one_socket_each.depth(), 2);
+        assert_eq!(Machine::from_keys(vec![vec![0; 3], vec![7; 3]]).depth(), 1, "one host: the machine alone");
+    }
+
+    #[test]
+    fn socket_key_is_the_group_holding_every_allowed_cpu() {
+        // 4 CPUs, two packages of two cores.
+        let topo = Topology::from_levels(4, vec![vec![0, 1, 2, 3], vec![0, 0, 1, 1]]);
+        assert_eq!(socket_key(&topo, &[2, 3]), 2);
+        assert_eq!(socket_key(&topo, &[0]), 1);
+        assert_eq!(socket_key(&topo, &[1, 2]), 0, "bound across packages");
+        assert_eq!(socket_key(&topo, &[]), 0);
+        assert_eq!(socket_key(&Topology::flat(4), &[1]), 0, "no level below the host");
     }
 
     #[test]
