@@ -34,6 +34,43 @@
 //! [`Levels`] says which ranks share a machine element: [`Levels::hosts`] (ranks of one
 //! host form a node), [`Levels::simulated`] (consecutive ranks: per node, per rack, ...) to
 //! simulate a hierarchy with in-process ranks, or [`Levels::flat`].
+//!
+//! # Example
+//!
+//! ```
+//! use weft::dlock::{Levels, RmaRw, Thresholds};
+//! use weft::rma::Window;
+//! use weft::Runtime;
+//!
+//! // Four ranks in this process, simulated as two nodes of two.
+//! let ranks = Runtime::builder().build_local(4).unwrap();
+//! std::thread::scope(|s| {
+//!     for rt in &ranks {
+//!         s.spawn(move || {
+//!             let c = rt.world();
+//!             let lock = RmaRw::new(c, &Levels::simulated(&[2]), &Thresholds::default()).unwrap();
+//!             let data: Window<'_, u64> = c.window(1).unwrap();
+//!             c.barrier().unwrap();
+//!             for _ in 0..10 {
+//!                 let w = lock.write().unwrap(); // alone: increment the word on rank 0
+//!                 let mut v = [0];
+//!                 data.get(0, 0, &mut v).unwrap();
+//!                 data.put(0, 0, &[v[0] + 1]).unwrap();
+//!                 data.flush(0).unwrap();
+//!                 drop(w);
+//!                 let r = lock.read().unwrap(); // with other readers
+//!                 data.get(0, 0, &mut v).unwrap();
+//!                 r.unlock().unwrap();
+//!             }
+//!             c.barrier().unwrap();
+//!             let mut v = [0];
+//!             data.get(0, 0, &mut v).unwrap();
+//!             assert_eq!(v[0], 40);
+//!             c.barrier().unwrap();
+//!         });
+//!     }
+//! });
+//! ```
 
 use std::future::Future;
 use std::pin::Pin;
