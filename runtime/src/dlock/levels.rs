@@ -85,7 +85,7 @@ fn simulated_keys(sizes: &[u32], n: u32) -> Vec<Vec<u64>> {
     let mut keys = vec![vec![0u64; n as usize]];
     // From the outermost level in: the span of ranks of one element at each.
     for k in 0..sizes.len() {
-        let span: u64 = sizes[..sizes.len() - k].iter().map(|&s| u64::from(s)).product();
+        let span = sizes[..sizes.len() - k].iter().fold(1u64, |a, &s| a.saturating_mul(u64::from(s)));
         keys.push((0..u64::from(n)).map(|r| r / span).collect());
     }
     keys
@@ -214,6 +214,8 @@ mod tests {
         assert_eq!((t.tail_rank(0, 9), t.tail_rank(1, 7), t.tail_rank(2, 7)), (0, 4, 6));
         assert_eq!(t.leaf_size(), 2);
         assert_eq!(t.with_root_tail(3).tail_rank(0, 5), 3);
+        // Spans past u64 saturate; levels whose one element holds every rank are left out.
+        assert_eq!(simulated(&[u32::MAX, u32::MAX, u32::MAX], 4).depth(), 1);
     }
 
     #[test]
