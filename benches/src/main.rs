@@ -5,6 +5,7 @@
 
 mod alltoall;
 mod ctxid;
+mod dlock;
 mod idle;
 mod lock_regimes;
 mod locks;
@@ -55,6 +56,8 @@ enum Cmd {
     Startup(startup::Args),
     /// [Amer 2019, §3.4]'s latency- and throughput-oriented regimes, sweeping the progress-path lock.
     LockRegimes(lock_regimes::Args),
+    /// Distributed RMA locks under the seed's benchmarks ([Schmid 2016, §5.1]): LB, ECSB, SOB, WCSB, WARB.
+    Dlock(dlock::Args),
 }
 
 /// Set by `weftrun` in every rank's environment.
@@ -85,6 +88,7 @@ fn main() {
         Cmd::Locks(a) => locks::run(&a),
         Cmd::Ctxid(a) => ctxid::run(&a),
         Cmd::Startup(a) => startup::run(&a),
+        Cmd::Dlock(a) => dlock::run(&a),
     };
     if let Err(e) = res {
         eprintln!("weft-bench: {e}");

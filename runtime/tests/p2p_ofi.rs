@@ -25,6 +25,9 @@ mod shm {
     mod rma_suite {
         include!("rma_suite/mod.rs");
     }
+    mod dlock_suite {
+        include!("dlock_suite/mod.rs");
+    }
 }
 
 mod tcp {
@@ -37,5 +40,8 @@ mod tcp {
     }
     mod rma_suite {
         include!("rma_suite/mod.rs");
+    }
+    mod dlock_suite {
+        include!("dlock_suite/mod.rs");
     }
 }

@@ -128,7 +128,8 @@ fn three_ranks_checks_that_take_any_count_on_tcp() {
 }
 
 /// One-sided windows across processes at 2 and 4 ranks: puts and flushes, native and
-/// emulated atomics, increments under the D-MCS lock; exact counts.
+/// emulated atomics, increments under the D-MCS lock and the RMA-RW lock (over the hosts);
+/// exact counts.
 fn rma(provider: &str) {
     for n in [2, 4] {
         let (o, t) = weftrun(n, provider, "rma");

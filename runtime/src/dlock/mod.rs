@@ -1,86 +1,168 @@
-//! Distributed locks over one-sided windows ([`crate::rma`]): the seed's D-MCS queue lock
-//! [Schmid 2016, Listings 2-3] and the foMPI-style spin lock it is compared with
-//! [Schmid 2016, §5] (one word, compare-and-swap).
+//! Distributed locks over one-sided windows ([`crate::rma`]), as in [Schmid 2016]:
 //!
-//! Both are collective to create (each allocates a window on every rank of the
-//! communicator) and mutual exclusion holds between ranks and between the threads of one
-//! rank: a rank takes part in the distributed protocol with one thread at a time (a local
-//! mutex orders its threads first, since the protocol keeps one queue node per rank).
+//! | lock | what | acquire |
+//! |---|---|---|
+//! | [`DMcs`] | the D-MCS queue lock [Schmid 2016, Listings 2-3] | [`lock`](DMcs::lock) |
+//! | [`RmaMcs`] | the topology-aware RMA-MCS: a D-MCS queue per machine element at each level, thresholds `T_L,i` [Schmid 2016, §3.5] | [`lock`](RmaMcs::lock) |
+//! | [`RmaRw`] | the topology-aware reader-writer RMA-RW: queues and tree for the writers, a distributed counter for the readers, `T_DC`, `T_L,i`, `T_R`, `T_W` [Schmid 2016, Listings 4-10] | [`read`](RmaRw::read), [`write`](RmaRw::write) |
+//! | [`SpinLock`] | the foMPI-style spin lock the seed compares with (one word, compare-and-swap) | [`lock`](SpinLock::lock) |
+//! | [`FompiRw`] | the foMPI-style reader-writer lock (one central counter) | [`read`](FompiRw::read), [`write`](FompiRw::write) |
 //!
-//! A waiting rank polls with backoff (spinning a little, then yielding, then sleeping up to
-//! [`MAX_SLEEP`]), so many waiting ranks in one process leave the cores to the holder; each
-//! poll is a one-sided get or atomic, which on libfabric also makes the transport's
-//! progress, so the waiter's own window keeps being served.
+//! Every lock is collective to create (each allocates a window on every rank of the
+//! communicator) and has a blocking acquire returning a [`Guard`], an `_async` form
+//! (`lock_async().await`, `read_async`, `write_async`) and a `try_` form. Mutual exclusion
+//! holds between ranks and between the threads and tasks of one rank: a rank's writers take
+//! part in a queue protocol one at a time (a local lock orders them first, since the
+//! protocol keeps one queue node per rank and level); readers need no local order.
+//!
+//! # Waiting
+//!
+//! A waiting rank polls its own queue word (or a counter) with one-sided gets and atomics,
+//! which on libfabric also make the transport's progress, so the waiter's own window keeps
+//! being served. Between polls a blocking call spins a little, then yields, then sleeps up
+//! to [`MAX_SLEEP`], so many waiting ranks in one process leave the cores to the holder. An
+//! `_async` call instead parks its task (on a shared timer, for the same backoff): the
+//! thread runs other tasks meanwhile, on weft's executor ([`crate::Runtime::spawn`]) or
+//! tokio alike, and thousands of tasks of one rank can wait for a lock on a few threads.
+//! Dropping a [`Guard`] releases on the dropping thread (a release waits, briefly, only for
+//! a successor that has entered the queue to make itself known);
+//! [`unlock_async`](Guard::unlock_async) releases without blocking the thread, which matters
+//! when that successor is a task on the same thread.
+//!
+//! # Machine levels
+//!
+//! [`Levels`] says which ranks share a machine element: [`Levels::hosts`] (ranks of one
+//! host form a node), [`Levels::simulated`] (consecutive ranks: per node, per rack, ...) to
+//! simulate a hierarchy with in-process ranks, or [`Levels::flat`].
+//!
+//! # Example
+//!
+//! ```
+//! use weft::dlock::{Levels, RmaRw, Thresholds};
+//! use weft::rma::Window;
+//! use weft::Runtime;
+//!
+//! // Four ranks in this process, simulated as two nodes of two.
+//! let ranks = Runtime::builder().build_local(4).unwrap();
+//! std::thread::scope(|s| {
+//!     for rt in &ranks {
+//!         s.spawn(move || {
+//!             let c = rt.world();
+//!             let lock = RmaRw::new(c, &Levels::simulated(&[2]), &Thresholds::default()).unwrap();
+//!             let data: Window<'_, u64> = c.window(1).unwrap();
+//!             c.barrier().unwrap();
+//!             for _ in 0..10 {
+//!                 let w = lock.write().unwrap(); // alone: increment the word on rank 0
+//!                 let mut v = [0];
+//!                 data.get(0, 0, &mut v).unwrap();
+//!                 data.put(0, 0, &[v[0] + 1]).unwrap();
+//!                 data.flush(0).unwrap();
+//!                 drop(w);
+//!                 let r = lock.read().unwrap(); // with other readers
+//!                 data.get(0, 0, &mut v).unwrap();
+//!                 r.unlock().unwrap();
+//!             }
+//!             c.barrier().unwrap();
+//!             let mut v = [0];
+//!             data.get(0, 0, &mut v).unwrap();
+//!             assert_eq!(v[0], 40);
+//!             c.barrier().unwrap();
+//!         });
+//!     }
+//! });
+//! ```
 
-use std::time::Duration;
+use std::future::Future;
+use std::pin::Pin;
 
-use parking_lot::{Mutex, MutexGuard};
 use weft_sync::Error;
 
 use crate::comm::Communicator;
 use crate::rma::{Op, Window};
 
-/// The longest a waiting rank sleeps between two polls.
-pub const MAX_SLEEP: Duration = Duration::from_micros(100);
+mod levels;
+mod queues;
+mod wait;
 
-/// Polls with backoff: spins, then yields, then sleeps (doubling up to [`MAX_SLEEP`]).
-struct Backoff(u32);
+pub use levels::Levels;
+use queues::{node, Counters, Queues};
+pub use wait::MAX_SLEEP;
+use wait::{block_on, Backoff, LocalGuard, LocalLock};
 
-impl Backoff {
-    fn snooze(&mut self) {
-        self.0 += 1;
-        match self.0 {
-            0..=8 => std::hint::spin_loop(),
-            9..=24 => std::thread::yield_now(),
-            n => std::thread::sleep(Duration::from_micros(1 << (n - 24).min(7)).min(MAX_SLEEP)),
-        }
-    }
-}
-
-/// `rank + 1`: the encoding of a rank in a lock word (0 is "nobody", the paper's `∅`).
-fn node(rank: u32) -> u64 {
-    u64::from(rank) + 1
-}
+/// A lock's release, under way.
+type Releasing<'a> = Pin<Box<dyn Future<Output = Result<(), Error>> + Send + 'a>>;
 
 mod sealed {
+    /// How a guard holds its lock.
+    #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+    pub enum Mode {
+        /// Alone (a writer, or a mutual-exclusion lock).
+        Exclusive,
+        /// With other readers.
+        Shared,
+    }
+
     /// A distributed lock's release (what a [`Guard`](super::Guard) calls).
-    pub trait Release {
-        /// Releases the lock this rank holds.
-        fn release(&self) -> Result<(), weft_sync::Error>;
+    pub trait Release: Sync {
+        /// Releases the lock this rank holds in `mode`.
+        fn release(&self, mode: Mode) -> super::Releasing<'_>;
     }
 }
-use sealed::Release;
+use sealed::{Mode, Release};
 
-/// Holds a distributed lock and this rank's local mutex of it; releases both when dropped
-/// (or by [`unlock`](Self::unlock), which reports a failure: a lost successor, say).
+/// Holds a distributed lock (and, for a writer, this rank's local lock of it); releases
+/// both when dropped, or by [`unlock`](Self::unlock) / [`unlock_async`](Self::unlock_async),
+/// which report a failure (a lost successor, say).
 #[must_use = "the lock is released when the guard is dropped"]
 pub struct Guard<'a, L: Release> {
     lock: &'a L,
-    _local: MutexGuard<'a, ()>,
+    mode: Mode,
     held: bool,
+    /// Dropped after the release (fields drop after `Drop::drop`).
+    _local: Option<LocalGuard<'a>>,
 }
 
 /// Holds a [`DMcs`].
 pub type DMcsGuard<'a> = Guard<'a, DMcs>;
 
+/// Holds a [`RmaMcs`].
+pub type RmaMcsGuard<'a> = Guard<'a, RmaMcs>;
+
+/// Holds a [`RmaRw`], as a reader or a writer.
+pub type RmaRwGuard<'a> = Guard<'a, RmaRw>;
+
 /// Holds a [`SpinLock`].
 pub type SpinGuard<'a> = Guard<'a, SpinLock>;
 
+/// Holds a [`FompiRw`], as a reader or a writer.
+pub type FompiRwGuard<'a> = Guard<'a, FompiRw>;
+
 impl<'a, L: Release> Guard<'a, L> {
-    fn new(lock: &'a L, local: MutexGuard<'a, ()>) -> Self {
-        Guard { lock, _local: local, held: true }
+    fn new(lock: &'a L, mode: Mode, local: Option<LocalGuard<'a>>) -> Self {
+        Guard { lock, mode, held: true, _local: local }
+    }
+
+    /// Whether this guard holds a reader-writer lock as a reader.
+    pub fn is_shared(&self) -> bool {
+        self.mode == Mode::Shared
     }
 
     /// Releases the lock, reporting a failure.
     pub fn unlock(mut self) -> Result<(), Error> {
         self.held = false;
-        self.lock.release()
+        block_on(self.lock.release(self.mode))
+    }
+
+    /// Releases the lock, parking the task (not the thread) while the release waits.
+    pub async fn unlock_async(mut self) -> Result<(), Error> {
+        self.held = false;
+        self.lock.release(self.mode).await
     }
 }
 
 impl<L: Release + std::fmt::Debug> std::fmt::Debug for Guard<'_, L> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Guard").field("lock", self.lock).finish()
+        f.debug_struct("Guard").field("lock", self.lock).field("mode", &self.mode).finish()
     }
 }
 
@@ -88,29 +170,98 @@ impl<L: Release> Drop for Guard<'_, L> {
     fn drop(&mut self) {
         if self.held {
             // A failure here has no one to report it to; `unlock` reports it.
-            let _ = self.lock.release();
+            let _ = block_on(self.lock.release(self.mode));
         }
     }
 }
 
-/// Offsets of D-MCS's variables in each rank's part of its window [Schmid 2016, §2.4.1].
-const NEXT: usize = 0;
-const WAIT: usize = 1;
-const TAIL: usize = 2;
-
-/// The D-MCS lock [Schmid 2016, §2.4]: ranks that wait form a queue; each spins on a flag
-/// in its own part of the window, and the holder hands the lock to its successor with one
-/// put. Rank `tail_rank` holds the queue's tail.
-pub struct DMcs {
-    window: Window<'static, u64>,
-    tail_rank: u32,
-    local: Mutex<()>,
+/// The thresholds of RMA-MCS and RMA-RW [Schmid 2016, Table 2].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Thresholds {
+    /// `T_L,i`, the most passings of the lock among the writers of one element of level
+    /// `i` before it leaves the element: `t_l[0]` for level 1 (the machine; RMA-RW only),
+    /// `t_l[1]` for level 2, ...; a shorter list repeats its last value. Default `[16]`.
+    pub t_l: Vec<u64>,
+    /// `T_R`, the most readers that enter one counter consecutively while a writer waits
+    /// (RMA-RW). Default 1,000.
+    pub t_r: u64,
+    /// `T_DC`: one physical reader counter on every `t_dc`-th rank (RMA-RW); 0 (the
+    /// default) puts one on each element of the innermost level (one per node, as the seed
+    /// advises in §5.4) and one in all with [`Levels::flat`].
+    pub t_dc: u32,
 }
 
-impl std::fmt::Debug for DMcs {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("DMcs").field("rank", &self.window.rank()).field("tail_rank", &self.tail_rank).finish()
+impl Default for Thresholds {
+    fn default() -> Self {
+        Thresholds { t_l: vec![16], t_r: 1000, t_dc: 0 }
     }
+}
+
+impl Thresholds {
+    /// `T_L,i` for each of `n` levels.
+    fn locality(&self, n: usize) -> Result<Vec<u64>, Error> {
+        let last = *self.t_l.last().ok_or(Error::InvalidArgument("no locality threshold T_L,i given"))?;
+        let t: Vec<u64> = (0..n).map(|l| self.t_l.get(l).copied().unwrap_or(last)).collect();
+        if t.contains(&0) {
+            return Err(Error::InvalidArgument("a locality threshold T_L,i is 0"));
+        }
+        Ok(t)
+    }
+}
+
+/// Acquires `q` as a writer, first this rank's local lock.
+async fn exclusive<'a, L: Release>(q: &'a Queues, lock: &'a L) -> Result<Guard<'a, L>, Error> {
+    let local = q.local.lock().await;
+    q.writer_acquire().await?;
+    Ok(Guard::new(lock, Mode::Exclusive, Some(local)))
+}
+
+/// Acquires `q` as a writer if it is free, without waiting.
+fn try_exclusive<'a, L: Release>(q: &'a Queues, lock: &'a L) -> Result<Option<Guard<'a, L>>, Error> {
+    let Some(local) = q.local.try_lock() else { return Ok(None) };
+    Ok(q.try_writer_acquire()?.then(|| Guard::new(lock, Mode::Exclusive, Some(local))))
+}
+
+/// A mutual-exclusion lock over [`Queues`]: `lock`, `lock_async`, `try_lock`, `Release`.
+macro_rules! queue_lock {
+    ($t:ident, $guard:ident) => {
+        impl $t {
+            /// Acquires the lock, waiting as long as it takes.
+            pub fn lock(&self) -> Result<$guard<'_>, Error> {
+                block_on(self.lock_async())
+            }
+
+            /// Acquires the lock, parking the task (not the thread) while it waits.
+            pub async fn lock_async(&self) -> Result<$guard<'_>, Error> {
+                exclusive(&self.q, self).await
+            }
+
+            /// Acquires the lock if nobody holds it or waits for it: one compare-and-swap
+            /// of the tail at each level (`None` when taken).
+            pub fn try_lock(&self) -> Result<Option<$guard<'_>>, Error> {
+                try_exclusive(&self.q, self)
+            }
+        }
+
+        impl Release for $t {
+            fn release(&self, _: Mode) -> Releasing<'_> {
+                Box::pin(self.q.writer_release())
+            }
+        }
+
+        impl std::fmt::Debug for $t {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.debug_tuple(stringify!($t)).field(&self.q).finish()
+            }
+        }
+    };
+}
+
+/// The D-MCS lock [Schmid 2016, §2.4]: ranks that wait form a queue; each spins on a word
+/// in its own part of the window, and the holder hands the lock to its successor with one
+/// put. Rank `tail_rank` holds the queue's tail. It is [`RmaMcs`] over [`Levels::flat`].
+pub struct DMcs {
+    q: Queues,
 }
 
 impl DMcs {
@@ -120,79 +271,109 @@ impl DMcs {
         if tail_rank >= comm.size() {
             return Err(Error::RankOutOfRange { rank: tail_rank, size: comm.size() });
         }
-        Ok(DMcs { window: comm.window(3)?, tail_rank, local: Mutex::new(()) })
-    }
-
-    /// Acquires the lock [Schmid 2016, Listing 2], waiting as long as it takes.
-    pub fn lock(&self) -> Result<DMcsGuard<'_>, Error> {
-        let local = self.local.lock();
-        let w = &self.window;
-        let p = w.rank();
-        // Prepare the local fields, complete before anyone can see this rank in the queue.
-        w.put(p, NEXT, &[0])?;
-        w.put(p, WAIT, &[1])?;
-        w.flush(p)?;
-        // Enter the tail of the queue and get the predecessor.
-        let pred = w.fetch_and_op(self.tail_rank, TAIL, node(p), Op::Replace)?;
-        if pred != 0 {
-            // Make the predecessor see us, then spin locally until it hands the lock over.
-            let pred = (pred - 1) as u32;
-            w.put(pred, NEXT, &[node(p)])?;
-            w.flush(pred)?;
-            let mut backoff = Backoff(0);
-            let mut waiting = [1u64];
-            loop {
-                w.get(p, WAIT, &mut waiting)?;
-                if waiting[0] == 0 {
-                    break;
-                }
-                backoff.snooze();
-            }
-        }
-        Ok(Guard::new(self, local))
-    }
-
-    /// Acquires the lock if nobody holds it or waits for it: one compare-and-swap of the
-    /// tail (`None` when taken).
-    pub fn try_lock(&self) -> Result<Option<DMcsGuard<'_>>, Error> {
-        let Some(local) = self.local.try_lock() else { return Ok(None) };
-        let w = &self.window;
-        let p = w.rank();
-        w.put(p, NEXT, &[0])?;
-        w.flush(p)?;
-        if w.compare_and_swap(self.tail_rank, TAIL, 0, node(p))? != 0 {
-            return Ok(None);
-        }
-        Ok(Some(Guard::new(self, local)))
+        let machine = Levels::flat().resolve(comm)?.with_root_tail(tail_rank);
+        Ok(DMcs { q: Queues::new(comm, machine, vec![1], None)? })
     }
 }
 
-impl Release for DMcs {
-    /// Releases the lock [Schmid 2016, Listing 3].
-    fn release(&self) -> Result<(), Error> {
-        let w = &self.window;
-        let p = w.rank();
-        let mut succ = [0u64];
-        w.get(p, NEXT, &mut succ)?;
-        if succ[0] == 0 {
-            // Still the tail? Then the queue is empty and the lock free.
-            if w.compare_and_swap(self.tail_rank, TAIL, node(p), 0)? == node(p) {
-                return Ok(());
-            }
-            // A rank has swapped itself into the tail: wait until it has told us.
-            let mut backoff = Backoff(0);
-            loop {
-                w.get(p, NEXT, &mut succ)?;
-                if succ[0] != 0 {
-                    break;
-                }
-                backoff.snooze();
-            }
+queue_lock!(DMcs, DMcsGuard);
+
+/// The topology-aware RMA-MCS lock [Schmid 2016, §3.5]: at each level a D-MCS queue per
+/// machine element (its tail on the element's first rank). A writer enters the queue of its
+/// node, then (unless the lock is passed to it within the node) of its rack, ..., up to the
+/// machine's; a release passes the lock within the element at a level while fewer than
+/// `T_L,i` passings happened there, else releases the level above first.
+pub struct RmaMcs {
+    q: Queues,
+}
+
+impl RmaMcs {
+    /// Creates the lock on every rank of `comm` (collective) over `levels`, with the
+    /// locality thresholds of `thresholds` (`T_L,1` is not used: level 1 passes without
+    /// limit).
+    pub fn new(comm: &Communicator, levels: &Levels, thresholds: &Thresholds) -> Result<Self, Error> {
+        let machine = levels.resolve(comm)?;
+        let t_l = thresholds.locality(machine.depth())?;
+        Ok(RmaMcs { q: Queues::new(comm, machine, t_l, None)? })
+    }
+}
+
+queue_lock!(RmaMcs, RmaMcsGuard);
+
+/// The topology-aware reader-writer lock RMA-RW [Schmid 2016, §3]: writers climb the tree
+/// of queues of [`RmaMcs`] and, at level 1, take the lock from the readers by marking every
+/// physical counter WRITE; a reader increments only its counter `c(p)` (on rank
+/// `p / T_DC * T_DC`). After `T_W = ∏ T_L,i` writer acquisitions at level 1 the lock goes to
+/// the readers; after `T_R` readers at one counter while a writer waits, to the writers.
+pub struct RmaRw {
+    q: Queues,
+}
+
+impl RmaRw {
+    /// Creates the lock on every rank of `comm` (collective) over `levels`.
+    pub fn new(comm: &Communicator, levels: &Levels, thresholds: &Thresholds) -> Result<Self, Error> {
+        let machine = levels.resolve(comm)?;
+        let n = machine.depth();
+        let t_l = thresholds.locality(n)?;
+        if thresholds.t_r == 0 || thresholds.t_r >= u64::MAX / 4 {
+            return Err(Error::InvalidArgument("the reader threshold T_R is 0 or too large"));
         }
-        // Hand the lock to the successor.
-        let succ = (succ[0] - 1) as u32;
-        w.put(succ, WAIT, &[0])?;
-        w.flush(succ)
+        let t_dc = match thresholds.t_dc {
+            0 if n == 1 => comm.size(),
+            0 => machine.leaf_size(),
+            t if t > comm.size() => return Err(Error::InvalidArgument("the counter spacing T_DC exceeds the communicator's size")),
+            t => t,
+        };
+        let t_w = t_l.iter().fold(1u64, |a, &t| a.saturating_mul(t));
+        let counters = Counters { t_dc, t_r: thresholds.t_r as i64, t_w };
+        Ok(RmaRw { q: Queues::new(comm, machine, t_l, Some(counters))? })
+    }
+
+    /// Acquires the lock as a reader (Listing 9), waiting as long as it takes.
+    pub fn read(&self) -> Result<RmaRwGuard<'_>, Error> {
+        block_on(self.read_async())
+    }
+
+    /// Acquires the lock as a reader, parking the task (not the thread) while it waits.
+    pub async fn read_async(&self) -> Result<RmaRwGuard<'_>, Error> {
+        self.q.reader_acquire().await?;
+        Ok(Guard::new(self, Mode::Shared, None))
+    }
+
+    /// Acquires the lock as a reader if no writer holds it and `T_R` is not reached.
+    pub fn try_read(&self) -> Result<Option<RmaRwGuard<'_>>, Error> {
+        Ok(self.q.try_reader_acquire()?.then(|| Guard::new(self, Mode::Shared, None)))
+    }
+
+    /// Acquires the lock as a writer (Listings 4 and 7), waiting as long as it takes.
+    pub fn write(&self) -> Result<RmaRwGuard<'_>, Error> {
+        block_on(self.write_async())
+    }
+
+    /// Acquires the lock as a writer, parking the task (not the thread) while it waits.
+    pub async fn write_async(&self) -> Result<RmaRwGuard<'_>, Error> {
+        exclusive(&self.q, self).await
+    }
+
+    /// Acquires the lock as a writer if no writer holds it or waits for it and no reader
+    /// holds it.
+    pub fn try_write(&self) -> Result<Option<RmaRwGuard<'_>>, Error> {
+        try_exclusive(&self.q, self)
+    }
+}
+
+impl Release for RmaRw {
+    fn release(&self, mode: Mode) -> Releasing<'_> {
+        match mode {
+            Mode::Exclusive => Box::pin(self.q.writer_release()),
+            Mode::Shared => Box::pin(std::future::ready(self.q.reader_release())),
+        }
+    }
+}
+
+impl std::fmt::Debug for RmaRw {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RmaRw").field("queues", &self.q).field("counters", &self.q.counters).finish()
     }
 }
 
@@ -202,7 +383,7 @@ impl Release for DMcs {
 pub struct SpinLock {
     window: Window<'static, u64>,
     home: u32,
-    local: Mutex<()>,
+    local: LocalLock,
 }
 
 impl std::fmt::Debug for SpinLock {
@@ -211,13 +392,18 @@ impl std::fmt::Debug for SpinLock {
     }
 }
 
+/// Checks that `home` is a rank of `comm` and makes a window of `len` words.
+fn central_window(comm: &Communicator, home: u32, len: usize) -> Result<Window<'static, u64>, Error> {
+    if home >= comm.size() {
+        return Err(Error::RankOutOfRange { rank: home, size: comm.size() });
+    }
+    comm.window(len)
+}
+
 impl SpinLock {
     /// Creates the lock on every rank of `comm` (collective), its word on `home`.
     pub fn new(comm: &Communicator, home: u32) -> Result<Self, Error> {
-        if home >= comm.size() {
-            return Err(Error::RankOutOfRange { rank: home, size: comm.size() });
-        }
-        Ok(SpinLock { window: comm.window(1)?, home, local: Mutex::new(()) })
+        Ok(SpinLock { window: central_window(comm, home, 1)?, home, local: LocalLock::new() })
     }
 
     fn attempt(&self) -> Result<bool, Error> {
@@ -226,23 +412,111 @@ impl SpinLock {
 
     /// Acquires the lock, polling until the word is free.
     pub fn lock(&self) -> Result<SpinGuard<'_>, Error> {
-        let local = self.local.lock();
-        let mut backoff = Backoff(0);
+        block_on(self.lock_async())
+    }
+
+    /// Acquires the lock, parking the task (not the thread) between polls.
+    pub async fn lock_async(&self) -> Result<SpinGuard<'_>, Error> {
+        let local = self.local.lock().await;
+        let mut backoff = Backoff::new();
         while !self.attempt()? {
-            backoff.snooze();
+            backoff.snooze().await;
         }
-        Ok(Guard::new(self, local))
+        Ok(Guard::new(self, Mode::Exclusive, Some(local)))
     }
 
     /// Acquires the lock if it is free (one compare-and-swap).
     pub fn try_lock(&self) -> Result<Option<SpinGuard<'_>>, Error> {
         let Some(local) = self.local.try_lock() else { return Ok(None) };
-        Ok(self.attempt()?.then(|| Guard::new(self, local)))
+        Ok(self.attempt()?.then(|| Guard::new(self, Mode::Exclusive, Some(local))))
     }
 }
 
 impl Release for SpinLock {
-    fn release(&self) -> Result<(), Error> {
-        self.window.fetch_and_op(self.home, 0, 0, Op::Replace).map(|_| ())
+    fn release(&self, _: Mode) -> Releasing<'_> {
+        Box::pin(std::future::ready(self.window.fetch_and_op(self.home, 0, 0, Op::Replace).map(drop)))
+    }
+}
+
+/// The writer's mark in a [`FompiRw`] word (the low bits count readers).
+const WRITER: u64 = 1 << 62;
+
+/// The foMPI-style reader-writer lock [Schmid 2016, §5] (foMPI-RW): one central counter on
+/// `home`. A reader adds 1 and enters unless a writer's mark was set (then takes its 1 back
+/// and polls); a writer swaps the word from 0 (no readers, no writer) to its mark by
+/// compare-and-swap; each release subtracts what it added. Readers get no priority order:
+/// a steady stream of readers can keep a writer out.
+pub struct FompiRw {
+    window: Window<'static, u64>,
+    home: u32,
+}
+
+impl std::fmt::Debug for FompiRw {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("FompiRw").field("rank", &self.window.rank()).field("home", &self.home).finish()
+    }
+}
+
+impl FompiRw {
+    /// Creates the lock on every rank of `comm` (collective), its counter on `home`.
+    pub fn new(comm: &Communicator, home: u32) -> Result<Self, Error> {
+        Ok(FompiRw { window: central_window(comm, home, 1)?, home })
+    }
+
+    fn read_attempt(&self) -> Result<bool, Error> {
+        if self.window.fetch_and_op(self.home, 0, 1, Op::Sum)? & WRITER == 0 {
+            return Ok(true);
+        }
+        self.window.fetch_and_op(self.home, 0, 1u64.wrapping_neg(), Op::Sum)?;
+        Ok(false)
+    }
+
+    fn write_attempt(&self) -> Result<bool, Error> {
+        Ok(self.window.compare_and_swap(self.home, 0, 0, WRITER)? == 0)
+    }
+
+    /// Acquires the lock as a reader, waiting as long as it takes.
+    pub fn read(&self) -> Result<FompiRwGuard<'_>, Error> {
+        block_on(self.read_async())
+    }
+
+    /// Acquires the lock as a reader, parking the task (not the thread) between polls.
+    pub async fn read_async(&self) -> Result<FompiRwGuard<'_>, Error> {
+        self.poll(Self::read_attempt, Mode::Shared).await
+    }
+
+    /// Acquires the lock as a reader if no writer holds it (one attempt).
+    pub fn try_read(&self) -> Result<Option<FompiRwGuard<'_>>, Error> {
+        Ok(self.read_attempt()?.then(|| Guard::new(self, Mode::Shared, None)))
+    }
+
+    /// Acquires the lock as a writer, waiting as long as it takes.
+    pub fn write(&self) -> Result<FompiRwGuard<'_>, Error> {
+        block_on(self.write_async())
+    }
+
+    /// Acquires the lock as a writer, parking the task (not the thread) between polls.
+    pub async fn write_async(&self) -> Result<FompiRwGuard<'_>, Error> {
+        self.poll(Self::write_attempt, Mode::Exclusive).await
+    }
+
+    /// Acquires the lock as a writer if nobody holds it (one compare-and-swap).
+    pub fn try_write(&self) -> Result<Option<FompiRwGuard<'_>>, Error> {
+        Ok(self.write_attempt()?.then(|| Guard::new(self, Mode::Exclusive, None)))
+    }
+
+    async fn poll(&self, attempt: fn(&Self) -> Result<bool, Error>, mode: Mode) -> Result<FompiRwGuard<'_>, Error> {
+        let mut backoff = Backoff::new();
+        while !attempt(self)? {
+            backoff.snooze().await;
+        }
+        Ok(Guard::new(self, mode, None))
+    }
+}
+
+impl Release for FompiRw {
+    fn release(&self, mode: Mode) -> Releasing<'_> {
+        let added = if mode == Mode::Shared { 1 } else { WRITER };
+        Box::pin(std::future::ready(self.window.fetch_and_op(self.home, 0, added.wrapping_neg(), Op::Sum).map(drop)))
     }
 }

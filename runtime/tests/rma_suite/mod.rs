@@ -14,7 +14,7 @@ fn world(n: u32) -> Vec<Runtime> {
 
 /// Every rank sends to and receives from every other: after it, each rank has passed the
 /// point where the others called it.
-fn barrier(c: &Communicator) {
+pub(super) fn barrier(c: &Communicator) {
     for r in (0..c.size()).filter(|&r| r != c.rank()) {
         c.send(vec![0u8], r, 900).unwrap();
     }
@@ -24,7 +24,7 @@ fn barrier(c: &Communicator) {
 }
 
 /// Runs `f(rank, comm)` on one thread per rank of a fresh world of `n`, bounded in time.
-fn on_ranks(n: u32, what: &'static str, f: fn(u32, &Communicator)) {
+pub(super) fn on_ranks(n: u32, what: &'static str, f: fn(u32, &Communicator)) {
     within(60, what, move || {
         let rts = world(n);
         std::thread::scope(|s| {
@@ -250,70 +250,5 @@ fn flush_waits_only_for_what_was_issued_before_it() {
         }
         barrier(c);
         w.free().unwrap();
-    });
-}
-
-/// Acquisitions per thread in the lock stress tests.
-const ACQUISITIONS: u64 = 100;
-
-/// Every rank's two threads take `lock` `ACQUISITIONS` times each; inside, a non-atomic
-/// read-modify-write of a word on rank 1 (get, add, put, flush) and an occupancy check (an
-/// atomic add whose old value must be 0). The final count is exact.
-fn stress<G>(c: &Communicator, lock: impl Fn() -> Result<G, Error> + Sync, unlock: impl Fn(G) -> Result<(), Error> + Sync) {
-    let w: Window<'_, u64> = c.window(2).unwrap();
-    barrier(c);
-    std::thread::scope(|s| {
-        for _ in 0..2 {
-            s.spawn(|| {
-                for _ in 0..ACQUISITIONS {
-                    let g = lock().unwrap();
-                    assert_eq!(w.fetch_and_op(1, 1, 1, Op::Sum).unwrap(), 0, "two holders at once");
-                    let mut v = [0u64];
-                    w.get(1, 0, &mut v).unwrap();
-                    w.put(1, 0, &[v[0] + 1]).unwrap();
-                    w.flush(1).unwrap();
-                    w.fetch_and_op(1, 1, u64::MAX, Op::Sum).unwrap();
-                    unlock(g).unwrap();
-                }
-            });
-        }
-    });
-    barrier(c);
-    let mut v = [0u64];
-    w.get(1, 0, &mut v).unwrap();
-    assert_eq!(v[0], u64::from(c.size()) * 2 * ACQUISITIONS, "an update was lost: the lock let two in");
-    barrier(c);
-}
-
-#[test]
-fn d_mcs_excludes_and_counts_exactly() {
-    on_ranks(3, "D-MCS stress", |_, c| {
-        let lock = weft::dlock::DMcs::new(c, 0).unwrap();
-        stress(c, || lock.lock(), |g| g.unlock());
-        // Free now: `try_lock` takes it (one rank at a time).
-        barrier(c);
-        if c.rank() == 2 {
-            let g = lock.try_lock().unwrap().expect("a free lock");
-            assert!(lock.try_lock().unwrap().is_none(), "held by this rank");
-            g.unlock().unwrap();
-        }
-        barrier(c);
-    });
-}
-
-#[test]
-fn spin_lock_excludes_and_counts_exactly() {
-    on_ranks(3, "spin lock stress", |_, c| {
-        let lock = weft::dlock::SpinLock::new(c, 2).unwrap();
-        stress(c, || lock.lock(), |g| g.unlock());
-        barrier(c);
-        if c.rank() == 0 {
-            let g = lock.try_lock().unwrap().expect("a free lock");
-            assert!(lock.try_lock().unwrap().is_none(), "held by this rank");
-            drop(g);
-            assert!(lock.try_lock().unwrap().is_some(), "dropping the guard released it");
-        }
-        barrier(c);
-        assert!(matches!(weft::dlock::SpinLock::new(c, 3), Err(Error::RankOutOfRange { rank: 3, size: 3 })));
     });
 }

@@ -23,7 +23,7 @@
 //! | `order` | >= 2 | every rank sends 200 eager and rendezvous messages, interleaved on one tag, to the next rank on a ring; they arrive in send order |
 //! | `large` | >= 2 | every rank sends a 64 MiB message to the next rank on a ring, all at once (at 2 ranks: an exchange), contents checked |
 //! | `alltoall` | >= 2 | every rank sends 64 KiB (rendezvous) to every other at once, 40 rounds, contents checked |
-//! | `rma` | >= 2 | one-sided windows: every rank puts into the next rank on a ring, adds 500 times to counters on rank 0 (a native 64-bit and an emulated 32-bit atomic) and increments a word on rank 0 100 times under the D-MCS lock (`weft::dlock`, get and put); the slots and the exact counts are checked |
+//! | `rma` | >= 2 | one-sided windows: every rank puts into the next rank on a ring, adds 500 times to counters on rank 0 (a native 64-bit and an emulated 32-bit atomic) increments a word on rank 0 100 times under the D-MCS lock (`weft::dlock`, get and put), and takes the RMA-RW lock over the ranks' hosts 100 times (one in four a write that increments another word); the slots and the exact counts are checked |
 //! | `all` | even | `pingpong`, `multirate`, `wildcard`, `order` and `large` in turn, each on a communicator of its own |
 //! | `peer-lost` | 2 | rank 0 kills itself (SIGKILL); rank 1's pending receive and rendezvous send, and a new send and receive, fail with `PeerLost` |
 //! | `peer-lost-read` | 2 | rank 0 kills itself while rank 1 reads its 64 MiB message; rank 1's receive fails with `PeerLost` (not a transport error) or, if the read was done first, holds the whole message |
@@ -42,7 +42,7 @@ use std::time::{Duration, Instant};
 mod soak;
 
 use clap::{Parser, Subcommand};
-use weft::dlock::DMcs;
+use weft::dlock::{DMcs, Levels, RmaRw, Thresholds};
 use weft::rma::{Op, Window};
 use weft::{Communicator, Error, Request, Runtime, Source, Status, Tag};
 
@@ -525,8 +525,9 @@ const RMA_LOCKED: u32 = 100;
 fn rma(c: &Communicator) -> Res {
     let (me, n) = (c.rank(), c.size());
     let (next, prev) = ring(me, n);
-    // Word 0: the atomic counter; 1..=n: the ring's slots; n + 1: the locked counter.
-    let w: Window<'_, u64> = c.window(n as usize + 2).map_err(e)?;
+    // Word 0: the atomic counter; 1..=n: the ring's slots; n + 1: the locked counter; n + 2:
+    // the RMA-RW writers' counter.
+    let w: Window<'_, u64> = c.window(n as usize + 3).map_err(e)?;
     let w32: Window<'_, u32> = c.window(2).map_err(e)?;
     w.put(next, me as usize + 1, &[u64::from(me) * 1000 + 7]).map_err(e)?;
     w.flush(next).map_err(e)?;
@@ -544,9 +545,25 @@ fn rma(c: &Communicator) -> Res {
         w.flush(0).map_err(e)?;
         g.unlock().map_err(e)?;
     }
+    let rw = RmaRw::new(c, &Levels::hosts(), &Thresholds { t_r: 4, ..Thresholds::default() }).map_err(e)?;
+    let written = n as usize + 2;
+    for i in 0..RMA_LOCKED {
+        let mut v = [0u64];
+        if i % 4 == 0 {
+            let g = rw.write().map_err(e)?;
+            w.get(0, written, &mut v).map_err(e)?;
+            w.put(0, written, &[v[0] + 1]).map_err(e)?;
+            w.flush(0).map_err(e)?;
+            g.unlock().map_err(e)?;
+        } else {
+            let g = rw.read().map_err(e)?;
+            w.get(0, written, &mut v).map_err(e)?;
+            g.unlock().map_err(e)?;
+        }
+    }
     // Every rank's operations are complete (flushed, or atomics) before it says goodbye.
     goodbye(c)?;
-    let mut mine = vec![0u64; n as usize + 2];
+    let mut mine = vec![0u64; n as usize + 3];
     w.read_local(0, &mut mine).map_err(e)?;
     check(mine[prev as usize + 1] == u64::from(prev) * 1000 + 7, || format!("slot of rank {prev}: got {}", mine[prev as usize + 1]))?;
     if me == 0 {
@@ -557,11 +574,13 @@ fn rma(c: &Communicator) -> Res {
         check(c32 == [0, total], || format!("32-bit counter and its neighbour: expected [0, {total}], got {c32:?}"))?;
         let want = u64::from(n * RMA_LOCKED);
         check(mine[locked] == want, || format!("counter under the lock: expected {want}, got {} (the lock let two in)", mine[locked]))?;
+        let want = u64::from(n * RMA_LOCKED.div_ceil(4));
+        check(mine[written] == want, || format!("RMA-RW writers' counter: expected {want}, got {} (two writers in)", mine[written]))?;
     }
-    drop(lock);
+    drop((lock, rw));
     w.free().map_err(e)?;
     w32.free().map_err(e)?;
-    println!("rma ok: {RMA_ADDS} atomic adds and {RMA_LOCKED} locked increments from each of {n} ranks, a put on a ring");
+    println!("rma ok: {RMA_ADDS} atomic adds, {RMA_LOCKED} locked increments and {RMA_LOCKED} RMA-RW acquisitions from each of {n} ranks, a put on a ring");
     Ok(())
 }
 

@@ -1,0 +1,326 @@
+//! `weft-bench dlock`: the distributed locks of `weft::dlock` under the seed's benchmarks
+//! [Schmid 2016, §5.1], on `--ranks` ranks in this process (embedded provider by default;
+//! `shm` and `tcp` with the `ofi` feature), `--threads` threads per rank:
+//!
+//! - `lb`: latency of one acquire and release (the `latency_us` column; no work inside);
+//! - `ecsb`: empty critical section;
+//! - `sob`: one remote memory access inside (a read for a reader, an increment for a writer);
+//! - `wcsb`: a shared counter incremented, then 1-4 µs of local work inside;
+//! - `warb`: empty critical section, then 1-4 µs of waiting after the release.
+//!
+//! Each acquisition is a write with probability `--writers` (`F_W`; the mutual-exclusion
+//! locks always write and report 1). RMA-MCS and RMA-RW use `--levels` simulated machine
+//! levels (ranks per node, then nodes per rack, ...), the same for every row.
+//!
+//! Columns: `bench,lock,provider,ranks,threads,writers_fraction,t_dc,t_l,t_r,ops_per_sec,latency_us`
+//! (`ops_per_sec`: acquisitions of all ranks per second; `latency_us`: mean time of one
+//! acquire plus release; `t_dc`, `t_l`, `t_r` are `-` where the lock has none).
+
+use std::time::{Duration, Instant};
+
+use weft::dlock::{DMcs, FompiRw, Levels, RmaMcs, RmaRw, SpinLock, Thresholds};
+use weft::rma::{Op, Window};
+use weft::{Communicator, Provider, Runtime};
+
+use crate::report::{parse_list, Output, Table};
+
+/// Options of `weft-bench dlock`.
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    /// Benchmarks to sweep (comma list of `lb`, `ecsb`, `sob`, `wcsb`, `warb`).
+    #[arg(long, default_value = "lb,ecsb,sob")]
+    bench: String,
+    /// Locks to sweep (comma list of `d-mcs`, `rma-mcs`, `rma-rw`, `fompi-spin`, `fompi-rw`).
+    #[arg(long, default_value = "d-mcs,rma-mcs,rma-rw,fompi-spin,fompi-rw")]
+    lock: String,
+    /// Rank counts to sweep (comma list; ranks are in this process).
+    #[arg(short = 'r', long, default_value = "4")]
+    ranks: String,
+    /// Threads per rank to sweep (comma list).
+    #[arg(short = 't', long, default_value = "1")]
+    threads: String,
+    /// Providers to sweep (comma list of `embedded`, `shm`, `tcp`).
+    #[arg(long, default_value = "embedded")]
+    provider: String,
+    /// Fractions of writers `F_W` to sweep for the reader-writer locks (comma list).
+    #[arg(long, default_value = "0.002")]
+    writers: String,
+    /// Simulated machine levels of RMA-MCS and RMA-RW, innermost first (`2` is 2 ranks per
+    /// node; `4,2` also 2 nodes per rack; `flat` is one level).
+    #[arg(long, default_value = "2")]
+    levels: String,
+    /// `T_DC` values to sweep (RMA-RW; 0: one counter per node).
+    #[arg(long, default_value = "0")]
+    t_dc: String,
+    /// `T_L,i` values to sweep, each for every level (RMA-MCS, RMA-RW).
+    #[arg(long, default_value = "16")]
+    t_l: String,
+    /// `T_R` values to sweep (RMA-RW).
+    #[arg(long, default_value = "1000")]
+    t_r: String,
+    /// Acquisitions per thread in one measurement.
+    #[arg(long, default_value_t = 200)]
+    ops: u64,
+    #[command(flatten)]
+    out: Output,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Bench {
+    Lb,
+    Ecsb,
+    Sob,
+    Wcsb,
+    Warb,
+}
+
+impl std::str::FromStr for Bench {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        Ok(match s {
+            "lb" => Bench::Lb,
+            "ecsb" => Bench::Ecsb,
+            "sob" => Bench::Sob,
+            "wcsb" => Bench::Wcsb,
+            "warb" => Bench::Warb,
+            _ => return Err(format!("unknown benchmark {s:?} (lb, ecsb, sob, wcsb, warb)")),
+        })
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Kind {
+    DMcs,
+    RmaMcs,
+    RmaRw,
+    FompiSpin,
+    FompiRw,
+}
+
+impl std::str::FromStr for Kind {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        Ok(match s {
+            "d-mcs" => Kind::DMcs,
+            "rma-mcs" => Kind::RmaMcs,
+            "rma-rw" => Kind::RmaRw,
+            "fompi-spin" => Kind::FompiSpin,
+            "fompi-rw" => Kind::FompiRw,
+            _ => return Err(format!("unknown lock {s:?} (d-mcs, rma-mcs, rma-rw, fompi-spin, fompi-rw)")),
+        })
+    }
+}
+
+impl Kind {
+    fn name(self) -> &'static str {
+        match self {
+            Kind::DMcs => "d-mcs",
+            Kind::RmaMcs => "rma-mcs",
+            Kind::RmaRw => "rma-rw",
+            Kind::FompiSpin => "fompi-spin",
+            Kind::FompiRw => "fompi-rw",
+        }
+    }
+
+    fn has_readers(self) -> bool {
+        matches!(self, Kind::RmaRw | Kind::FompiRw)
+    }
+}
+
+/// One of the locks, built on one rank.
+enum AnyLock {
+    DMcs(DMcs),
+    RmaMcs(RmaMcs),
+    RmaRw(RmaRw),
+    Spin(SpinLock),
+    FompiRw(FompiRw),
+}
+
+impl AnyLock {
+    fn new(kind: Kind, comm: &Communicator, levels: &Levels, t: &Thresholds) -> Result<Self, weft::Error> {
+        Ok(match kind {
+            Kind::DMcs => AnyLock::DMcs(DMcs::new(comm, 0)?),
+            Kind::RmaMcs => AnyLock::RmaMcs(RmaMcs::new(comm, levels, t)?),
+            Kind::RmaRw => AnyLock::RmaRw(RmaRw::new(comm, levels, t)?),
+            Kind::FompiSpin => AnyLock::Spin(SpinLock::new(comm, 0)?),
+            Kind::FompiRw => AnyLock::FompiRw(FompiRw::new(comm, 0)?),
+        })
+    }
+
+    /// Acquires (as a writer if `write`), runs `cs`, releases.
+    fn cycle(&self, write: bool, cs: impl FnOnce() -> Result<(), weft::Error>) -> Result<(), weft::Error> {
+        match self {
+            AnyLock::DMcs(l) => l.lock().and_then(|g| cs().and_then(|()| g.unlock())),
+            AnyLock::RmaMcs(l) => l.lock().and_then(|g| cs().and_then(|()| g.unlock())),
+            AnyLock::Spin(l) => l.lock().and_then(|g| cs().and_then(|()| g.unlock())),
+            AnyLock::RmaRw(l) => if write { l.write() } else { l.read() }.and_then(|g| cs().and_then(|()| g.unlock())),
+            AnyLock::FompiRw(l) => if write { l.write() } else { l.read() }.and_then(|g| cs().and_then(|()| g.unlock())),
+        }
+    }
+}
+
+/// Busy work for `d` (the seed's "local computation").
+fn spin_for(d: Duration) {
+    let t = Instant::now();
+    while t.elapsed() < d {
+        std::hint::spin_loop();
+    }
+}
+
+/// A small per-thread random sequence (xorshift).
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+
+    /// 1-4 µs.
+    fn micros(&mut self) -> Duration {
+        Duration::from_nanos(1000 + self.next() % 3000)
+    }
+}
+
+/// One configuration's measurement.
+struct Point {
+    bench: Bench,
+    kind: Kind,
+    provider: Provider,
+    ranks: u32,
+    threads: usize,
+    writers: f64,
+    thresholds: Thresholds,
+}
+
+/// Acquisitions per second over all ranks, and the mean acquire-plus-release time in µs.
+fn measure(p: &Point, levels: &Levels, ops: u64) -> Result<(f64, f64), String> {
+    let rts = Runtime::builder().provider(p.provider).build_local(p.ranks).map_err(|e| e.to_string())?;
+    let results: Vec<Result<(Duration, Duration), weft::Error>> = std::thread::scope(|s| {
+        let hs: Vec<_> = rts
+            .iter()
+            .map(|rt| {
+                s.spawn(move || {
+                    let c = rt.world();
+                    let lock = AnyLock::new(p.kind, c, levels, &p.thresholds)?;
+                    let w: Window<'_, u64> = c.window(1)?;
+                    c.barrier()?;
+                    let t0 = Instant::now();
+                    let inside: Vec<Result<Duration, weft::Error>> = std::thread::scope(|s| {
+                        let hs: Vec<_> = (0..p.threads)
+                            .map(|t| {
+                                let (lock, w) = (&lock, &w);
+                                s.spawn(move || {
+                                    let mut rng = Rng(0x9e37_79b9_7f4a_7c15 ^ ((u64::from(c.rank()) << 20) | (t as u64 + 1)));
+                                    let mut held = Duration::ZERO;
+                                    for _ in 0..ops {
+                                        let write = !p.kind.has_readers() || (rng.next() % 1_000_000) as f64 / 1e6 < p.writers;
+                                        let work = rng.micros();
+                                        let start = Instant::now();
+                                        lock.cycle(write, || match p.bench {
+                                            Bench::Lb | Bench::Ecsb | Bench::Warb => Ok(()),
+                                            Bench::Sob if write => w.fetch_and_op(0, 0, 1, Op::Sum).map(drop),
+                                            Bench::Sob => w.get(0, 0, &mut [0]),
+                                            Bench::Wcsb => {
+                                                w.fetch_and_op(0, 0, 1, Op::Sum)?;
+                                                spin_for(work);
+                                                Ok(())
+                                            }
+                                        })?;
+                                        held += start.elapsed();
+                                        if p.bench == Bench::Warb {
+                                            spin_for(work);
+                                        }
+                                    }
+                                    Ok(held)
+                                })
+                            })
+                            .collect();
+                        hs.into_iter().map(|h| h.join().expect("a benchmark thread panicked")).collect()
+                    });
+                    let elapsed = t0.elapsed();
+                    c.barrier()?;
+                    let held = inside.into_iter().sum::<Result<Duration, weft::Error>>()?;
+                    Ok((elapsed, held))
+                })
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().expect("a rank panicked")).collect()
+    });
+    let results = results.into_iter().collect::<Result<Vec<_>, _>>().map_err(|e| e.to_string())?;
+    let slowest = results.iter().map(|r| r.0).max().unwrap_or_default().as_secs_f64();
+    let total = f64::from(p.ranks) * p.threads as f64 * ops as f64;
+    let held: f64 = results.iter().map(|r| r.1.as_secs_f64()).sum();
+    Ok((total / slowest.max(1e-9), held / total * 1e6))
+}
+
+pub fn run(args: &Args) -> Result<(), String> {
+    let benches: Vec<Bench> = parse_list(&args.bench)?;
+    let kinds: Vec<Kind> = parse_list(&args.lock)?;
+    let ranks: Vec<u32> = parse_list(&args.ranks)?;
+    let threads: Vec<usize> = parse_list(&args.threads)?;
+    let providers: Vec<Provider> = parse_list(&args.provider)?;
+    let writers: Vec<f64> = parse_list(&args.writers)?;
+    let t_dcs: Vec<u32> = parse_list(&args.t_dc)?;
+    let t_ls: Vec<u64> = parse_list(&args.t_l)?;
+    let t_rs: Vec<u64> = parse_list(&args.t_r)?;
+    let levels = if args.levels == "flat" { Levels::flat() } else { Levels::simulated(&parse_list::<u32>(&args.levels)?) };
+    if ranks.contains(&0) || threads.contains(&0) || args.ops == 0 {
+        return Err("ranks, threads and ops must be at least 1".into());
+    }
+    if writers.iter().any(|f| !(0.0..=1.0).contains(f)) {
+        return Err("a fraction of writers is outside 0..=1".into());
+    }
+    let mut points = Vec::new();
+    for &bench in &benches {
+        for &kind in &kinds {
+            for &provider in &providers {
+                for &r in &ranks {
+                    for &t in &threads {
+                        let fw: &[f64] = if kind.has_readers() { &writers } else { &[1.0] };
+                        let t_dc: &[u32] = if kind == Kind::RmaRw { &t_dcs } else { &[0] };
+                        let t_l: &[u64] = if matches!(kind, Kind::RmaMcs | Kind::RmaRw) { &t_ls } else { &[0] };
+                        let t_r: &[u64] = if kind == Kind::RmaRw { &t_rs } else { &[0] };
+                        for &writers in fw {
+                            for &t_dc in t_dc {
+                                for &t_l in t_l {
+                                    for &t_r in t_r {
+                                        let thresholds = Thresholds { t_l: vec![t_l.max(1)], t_r: t_r.max(1), t_dc };
+                                        points.push(Point { bench, kind, provider, ranks: r, threads: t, writers, thresholds });
+                                    }
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+    let columns = ["bench", "lock", "provider", "ranks", "threads", "writers_fraction", "t_dc", "t_l", "t_r", "ops_per_sec", "latency_us"];
+    let mut table = Table::new(&columns, &args.out);
+    args.out.note(&format!("# levels: {} (simulated, innermost first); {} acquisitions per thread", args.levels, args.ops));
+    table.progress(points.len());
+    table.print_header();
+    for p in &points {
+        table.step(|| format!("{:?} {} {} ranks x {} threads", p.bench, p.kind.name(), p.ranks, p.threads));
+        let (rate, latency) = measure(p, &levels, args.ops)?;
+        let or_dash = |has: bool, v: String| if has { v } else { "-".into() };
+        table.row(vec![
+            format!("{:?}", p.bench).to_lowercase(),
+            p.kind.name().into(),
+            p.provider.to_string(),
+            p.ranks.to_string(),
+            p.threads.to_string(),
+            format!("{}", p.writers),
+            or_dash(p.kind == Kind::RmaRw, p.thresholds.t_dc.to_string()),
+            or_dash(matches!(p.kind, Kind::RmaMcs | Kind::RmaRw), p.thresholds.t_l[0].to_string()),
+            or_dash(p.kind == Kind::RmaRw, p.thresholds.t_r.to_string()),
+            format!("{rate:.0}"),
+            format!("{latency:.2}"),
+        ]);
+    }
+    table.finish();
+    Ok(())
+}

@@ -1,0 +1,536 @@
+//! The distributed tree of queues (DT) of D-MCS, RMA-MCS and RMA-RW [Schmid 2016, §3.2],
+//! with RMA-RW's distributed counter (DC), as the seed's listings:
+//!
+//! - writer acquire, levels `N` to 2: [Schmid 2016, Listing 4]; level 1: Listing 7
+//!   (RMA-RW) or Listing 4 without a parent (RMA-MCS, §3.5; with one level this is D-MCS,
+//!   Listing 2);
+//! - writer release, levels `N` to 2: Listing 5; level 1: Listing 8 (RMA-RW) or Listing 3
+//!   (RMA-MCS, D-MCS);
+//! - the counters: Listing 6; reader acquire and release: Listings 9 and 10.
+//!
+//! Where the listings leave a step out, or would break mutual exclusion as written, this
+//! module does the following (each marked "Beyond the listing" below):
+//!
+//! 1. **Inherited queue nodes.** A writer that gets the lock passed within its element at
+//!    level `i` did not enter the queues above `i`: the writer that did (at each level) is
+//!    still in them, and the listings' `Get(p, NEXT)` at those levels would read the wrong
+//!    node. The passer therefore writes, before the STATUS that passes the lock, the ranks
+//!    whose nodes hold the levels above `i` into the successor's OWNER words, and a release
+//!    uses those nodes. A node is reused by its owner only after the release of its level
+//!    returned (its owner must first be told to acquire the parent level, which Listing 5
+//!    does after releasing the parent).
+//! 2. **Readers drain before a writer enters.** Listing 7 only marks the counters WRITE;
+//!    §3.3.3 says the writer checks each counter for active readers. After marking, the
+//!    writer waits at each counter until ARRIVE (less the WRITE mark) equals DEPART.
+//! 3. **A reader's reset never clears the WRITE mark.** Listing 6 clears it in every reset,
+//!    but a reader's reset (Listing 9, line 20) can run just after a writer marked the
+//!    counter; clearing the mark there would let readers in beside the writer. Readers
+//!    reset with the mark kept; the writer's release (Listing 8) clears it. A reset subtracts
+//!    from DEPART before ARRIVE, so a writer that reads ARRIVE then DEPART never counts
+//!    fewer active readers than there are; the mark is recognized from `WRITE / 2` up, since
+//!    two resets that read the same DEPART leave ARRIVE a little below its mark.
+//! 4. **Listing 9's loop ends** when the reader's increment finds the count below `T_R`
+//!    (the listing never sets `done`).
+//! 5. **Readers do not wait for a writer that left.** A reader that finds `T_R` reached
+//!    while a writer is queued waits for that writer's reset; but the writer may be
+//!    releasing (it reset the counters, then readers reached `T_R` again before it left the
+//!    queue), and then nobody would reset. A waiting reader that finds the count unmarked
+//!    and no writer queued resets it itself. A reader that reset the counter backs off once
+//!    before its next increment, so the readers inside (perhaps tasks of the same thread)
+//!    get to leave.
+//!
+//! Each rank's part of the window: for each level `l` (0 is level 1, the machine) NEXT,
+//! STATUS, TAIL at `3l..3l+3`; the OWNER words at `3N..4N`; ARRIVE and DEPART at `4N` and
+//! `4N + 1`. Ranks are stored as `rank + 1` (0 is the listings' `∅`).
+
+use parking_lot::Mutex;
+use weft_sync::Error;
+
+use super::levels::Machine;
+use super::wait::{Backoff, LocalLock};
+use crate::comm::Communicator;
+use crate::rma::{Op, Window};
+
+/// STATUS: spin (the listings' `WAIT`).
+const WAIT: u64 = u64::MAX;
+/// STATUS: acquire the parent level (§3.2.3).
+const ACQUIRE_PARENT: u64 = u64::MAX - 1;
+/// STATUS at level 1: the lock went to the readers; take it back from them (§3.3.3).
+const MODE_CHANGE: u64 = u64::MAX - 2;
+/// STATUS of a writer that acquired a level itself: no passings within the element yet.
+const ACQUIRE_START: u64 = 0;
+/// The WRITE mark added to an ARRIVE counter (`INT64_MAX/2`, Listing 6).
+const WRITE: i64 = i64::MAX / 2;
+
+/// `rank + 1`: the encoding of a rank in a queue word (0 is "nobody", the paper's `∅`).
+pub(super) fn node(rank: u32) -> u64 {
+    u64::from(rank) + 1
+}
+
+fn rank_of(node: u64) -> u32 {
+    (node - 1) as u32
+}
+
+/// RMA-RW's distributed counter and thresholds [Schmid 2016, §3.2.1, §3.2.3].
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Counters {
+    /// One physical counter on every `t_dc`-th rank.
+    pub(super) t_dc: u32,
+    /// Readers that may enter consecutively while a writer waits.
+    pub(super) t_r: i64,
+    /// Writer acquisitions at level 1 before the lock goes to the readers.
+    pub(super) t_w: u64,
+}
+
+/// What one pass of a reader's acquire loop found.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Attempt {
+    /// In the CS.
+    Entered,
+    /// This reader reset the counter: try again at once.
+    Again,
+    /// A writer has the lock or `T_R` was reached: wait until the counter is reset.
+    Wait,
+}
+
+/// The queues of one lock on one rank (and, for RMA-RW, its counters).
+pub(super) struct Queues {
+    pub(super) window: Window<'static, u64>,
+    machine: Machine,
+    /// `T_L,i` per level index (index 0, level 1, is not used: RMA-MCS passes there
+    /// without limit, RMA-RW counts to `T_W`).
+    t_l: Vec<u64>,
+    pub(super) counters: Option<Counters>,
+    /// Orders the writers of this rank (one queue node per level).
+    pub(super) local: LocalLock,
+    /// While this rank holds the lock as a writer: per level, the rank whose node holds it.
+    held: Mutex<Vec<u32>>,
+}
+
+impl std::fmt::Debug for Queues {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Queues").field("rank", &self.window.rank()).field("levels", &self.machine.depth()).field("t_l", &self.t_l).finish()
+    }
+}
+
+impl Queues {
+    /// Creates the window (collective). `t_l` has one threshold per level.
+    pub(super) fn new(comm: &Communicator, machine: Machine, t_l: Vec<u64>, counters: Option<Counters>) -> Result<Self, Error> {
+        let n = machine.depth();
+        debug_assert_eq!(t_l.len(), n);
+        if t_l.contains(&0) {
+            return Err(Error::InvalidArgument("a locality threshold T_L,i is 0"));
+        }
+        Ok(Queues { window: comm.window(4 * n + 2)?, machine, t_l, counters, local: LocalLock::new(), held: Mutex::new(vec![0; n]) })
+    }
+
+    fn depth(&self) -> usize {
+        self.machine.depth()
+    }
+
+    fn next(l: usize) -> usize {
+        3 * l
+    }
+
+    fn status(l: usize) -> usize {
+        3 * l + 1
+    }
+
+    fn tail(l: usize) -> usize {
+        3 * l + 2
+    }
+
+    fn owners(&self) -> usize {
+        3 * self.depth()
+    }
+
+    fn arrive(&self) -> usize {
+        4 * self.depth()
+    }
+
+    fn depart(&self) -> usize {
+        4 * self.depth() + 1
+    }
+
+    fn me(&self) -> u32 {
+        self.window.rank()
+    }
+
+    /// One word of `rank`'s part, read with a get (the listings' `Get` and `Flush`).
+    fn get(&self, rank: u32, offset: usize) -> Result<u64, Error> {
+        let mut v = [0u64];
+        self.window.get(rank, offset, &mut v)?;
+        Ok(v[0])
+    }
+
+    /// The listings' `Put(value, rank, offset); Flush(rank)`.
+    fn put(&self, rank: u32, offset: usize, value: u64) -> Result<(), Error> {
+        self.window.put(rank, offset, &[value])?;
+        self.window.flush(rank)
+    }
+
+    /// A counter word, read atomically (it is only ever changed by atomics).
+    fn read_atomic(&self, rank: u32, offset: usize) -> Result<i64, Error> {
+        Ok(self.window.fetch_and_op(rank, offset, 0, Op::NoOp)? as i64)
+    }
+
+    /// `Accumulate(value, rank, offset, SUM); Flush(rank)`.
+    fn add(&self, rank: u32, offset: usize, value: i64) -> Result<i64, Error> {
+        Ok(self.window.fetch_and_op(rank, offset, value as u64, Op::Sum)? as i64)
+    }
+
+    /// Polls `rank`'s word at `offset` until `done` holds for it; returns it.
+    async fn spin(&self, rank: u32, offset: usize, done: impl Fn(u64) -> bool) -> Result<u64, Error> {
+        let mut backoff = Backoff::new();
+        loop {
+            let v = self.get(rank, offset)?;
+            if done(v) {
+                return Ok(v);
+            }
+            backoff.snooze().await;
+        }
+    }
+
+    /// Acquires the lock as a writer: Listing 4 from level `N` up, Listing 7 at level 1 for
+    /// RMA-RW (Listing 4 there for RMA-MCS). The caller holds `local`.
+    pub(super) async fn writer_acquire(&self) -> Result<(), Error> {
+        let p = self.me();
+        let n = self.depth();
+        let mut held = vec![p; n];
+        for l in (0..n).rev() {
+            let tail_rank = self.machine.tail_rank(l, p);
+            // Listing 4, lines 2-6: prepare the node, enter the DQ of e(p, i).
+            self.window.put(p, Self::next(l), &[0])?;
+            self.put(p, Self::status(l), WAIT)?;
+            let pred = self.window.fetch_and_op(tail_rank, Self::tail(l), node(p), Op::Replace)?;
+            if pred != 0 {
+                // Lines 8-12: make pred see us, wait until it passes the lock.
+                self.put(rank_of(pred), Self::next(l), node(p))?;
+                let status = self.spin(p, Self::status(l), |s| s != WAIT).await?;
+                if l == 0 {
+                    // Listing 7, lines 14-17: the readers have the lock; take it back.
+                    if status == MODE_CHANGE {
+                        self.counters_to_write().await?;
+                        self.put(p, Self::status(0), ACQUIRE_START)?;
+                    }
+                    break;
+                }
+                if status != ACQUIRE_PARENT {
+                    // Lines 15-18: passed within the element. Beyond the listing (1): the
+                    // nodes above this level are the ones the passer named.
+                    let mut owners = vec![0u64; l];
+                    self.window.get(p, self.owners(), &mut owners)?;
+                    held[..l].iter_mut().zip(&owners).for_each(|(h, &o)| *h = rank_of(o));
+                    break;
+                }
+            } else if l == 0 {
+                // Listing 7, lines 19-22: no predecessor; the lock is taken from the readers.
+                if self.counters.is_some() {
+                    self.counters_to_write().await?;
+                    self.put(p, Self::status(0), ACQUIRE_START)?;
+                }
+                break;
+            }
+            // Lines 22-23: acquire the parent level.
+            self.put(p, Self::status(l), ACQUIRE_START)?;
+        }
+        *self.held.lock() = held;
+        Ok(())
+    }
+
+    /// Acquires the lock as a writer if no writer holds or waits for it at any level (and,
+    /// for RMA-RW, no reader holds it): one compare-and-swap of each tail from level `N`
+    /// up. The caller holds `local`.
+    pub(super) fn try_writer_acquire(&self) -> Result<bool, Error> {
+        let p = self.me();
+        let n = self.depth();
+        for l in (0..n).rev() {
+            self.window.put(p, Self::next(l), &[0])?;
+            self.put(p, Self::status(l), ACQUIRE_START)?;
+            if self.window.compare_and_swap(self.machine.tail_rank(l, p), Self::tail(l), 0, node(p))? != 0 {
+                // Leave the levels below, from the top down (as Listing 5 does).
+                for j in l + 1..n {
+                    self.leave(j, p, self.get(p, Self::next(j))?, ACQUIRE_PARENT)?;
+                }
+                return Ok(false);
+            }
+        }
+        if let Some(c) = self.counters {
+            let ranks = (0..self.window.size()).step_by(c.t_dc as usize);
+            for r in ranks.clone() {
+                self.add(r, self.arrive(), WRITE)?;
+            }
+            let mut drained = true;
+            for r in ranks {
+                drained &= self.active_readers(r)? == 0;
+            }
+            if !drained {
+                // Give the lock back to the readers (Listing 8 with the counters reset).
+                self.reset_counters()?;
+                self.leave(0, p, self.get(p, Self::next(0))?, MODE_CHANGE)?;
+                for j in 1..n {
+                    self.leave(j, p, self.get(p, Self::next(j))?, ACQUIRE_PARENT)?;
+                }
+                return Ok(false);
+            }
+        }
+        *self.held.lock() = vec![p; n];
+        Ok(true)
+    }
+
+    /// Releases the lock this rank holds as a writer: Listing 5 from level `N` up, Listing 8
+    /// (RMA-RW) or Listing 3 (RMA-MCS) at level 1. The recursion of Listing 5 runs as two
+    /// loops: up to the level that passes the lock (or level 1), then each level below it
+    /// is left from the top down.
+    pub(super) async fn writer_release(&self) -> Result<(), Error> {
+        let held = self.held.lock().clone();
+        let n = self.depth();
+        let mut succ = vec![0u64; n];
+        let mut top = 0;
+        for l in (1..n).rev() {
+            // Listing 5, lines 3-9.
+            let o = held[l];
+            succ[l] = self.get(o, Self::next(l))?;
+            let status = self.get(o, Self::status(l))?;
+            if succ[l] != 0 && status < self.t_l[l] {
+                // Beyond the listing (1): name the nodes of the levels above first.
+                let to = rank_of(succ[l]);
+                let owners: Vec<u64> = held[..l].iter().map(|&r| node(r)).collect();
+                self.window.put(to, self.owners(), &owners)?;
+                self.window.flush(to)?;
+                self.put(to, Self::status(l), status + 1)?;
+                top = l;
+                break;
+            }
+        }
+        if top == 0 {
+            self.root_release(held[0]).await?;
+        }
+        for l in top + 1..n {
+            // Listing 5, lines 13-23.
+            self.leave_async(l, held[l], succ[l], ACQUIRE_PARENT).await?;
+        }
+        Ok(())
+    }
+
+    /// Releases level 1 on `o`'s node: Listing 8 (RMA-RW) or Listing 3 (RMA-MCS).
+    async fn root_release(&self, o: u32) -> Result<(), Error> {
+        let Some(c) = self.counters else {
+            let succ = self.get(o, Self::next(0))?;
+            return self.leave_async(0, o, succ, ACQUIRE_START + 1).await;
+        };
+        // Listing 8, lines 2-8.
+        let mut counters_reset = false;
+        let mut next_stat = self.get(o, Self::status(0))?.wrapping_add(1);
+        if next_stat >= c.t_w {
+            self.reset_counters()?;
+            next_stat = MODE_CHANGE;
+            counters_reset = true;
+        }
+        // Lines 9-13.
+        let succ = self.get(o, Self::next(0))?;
+        if succ == 0 && !counters_reset {
+            self.reset_counters()?;
+            next_stat = MODE_CHANGE;
+        }
+        // Lines 14-23.
+        self.leave_async(0, o, succ, next_stat).await
+    }
+
+    /// Hands level `l` of `o`'s node to `succ` with `status`; with no known successor,
+    /// first leaves the DQ if nobody entered it since (Listing 5, lines 13-23; Listing 8,
+    /// lines 14-23; Listing 3).
+    async fn leave_async(&self, l: usize, o: u32, succ: u64, status: u64) -> Result<(), Error> {
+        let mut succ = succ;
+        if succ == 0 {
+            if self.window.compare_and_swap(self.machine.tail_rank(l, o), Self::tail(l), node(o), 0)? == node(o) {
+                return Ok(());
+            }
+            succ = self.spin(o, Self::next(l), |s| s != 0).await?;
+        }
+        self.put(rank_of(succ), Self::status(l), status)
+    }
+
+    /// [`leave_async`](Self::leave_async) on this thread.
+    fn leave(&self, l: usize, o: u32, succ: u64, status: u64) -> Result<(), Error> {
+        super::wait::block_on(self.leave_async(l, o, succ, status))
+    }
+
+    /// `set_counters_to_WRITE` (Listing 6, lines 2-7), then (beyond the listing, 2) the wait
+    /// at each counter until its readers left.
+    async fn counters_to_write(&self) -> Result<(), Error> {
+        let Some(c) = self.counters else { return Ok(()) };
+        let ranks = (0..self.window.size()).step_by(c.t_dc as usize);
+        for r in ranks.clone() {
+            self.add(r, self.arrive(), WRITE)?;
+        }
+        for r in ranks {
+            let mut backoff = Backoff::new();
+            while self.active_readers(r)? != 0 {
+                backoff.snooze().await;
+            }
+        }
+        Ok(())
+    }
+
+    /// Readers in the CS or on their way in or out at counter `r` (ARRIVE less its WRITE
+    /// mark, less DEPART; ARRIVE read first).
+    fn active_readers(&self, r: u32) -> Result<i64, Error> {
+        let arrive = self.read_atomic(r, self.arrive())?;
+        let depart = self.read_atomic(r, self.depart())?;
+        let unmarked = if arrive >= WRITE / 2 { arrive.wrapping_sub(WRITE) } else { arrive };
+        Ok(unmarked.wrapping_sub(depart))
+    }
+
+    /// `reset_counter` (Listing 6, lines 10-24); a reader's keeps the WRITE mark (beyond the
+    /// listing, 3).
+    fn reset_counter(&self, r: u32, clear_write: bool) -> Result<(), Error> {
+        let arr_cnt = self.read_atomic(r, self.arrive())?;
+        let dep_cnt = self.read_atomic(r, self.depart())?;
+        let mut sub_arr_cnt = dep_cnt.wrapping_neg();
+        if clear_write && arr_cnt >= WRITE / 2 {
+            sub_arr_cnt = sub_arr_cnt.wrapping_sub(WRITE);
+        }
+        self.add(r, self.depart(), dep_cnt.wrapping_neg())?;
+        self.add(r, self.arrive(), sub_arr_cnt)?;
+        Ok(())
+    }
+
+    /// `reset_counters` (Listing 6, lines 27-28), by the writer that holds the lock.
+    fn reset_counters(&self) -> Result<(), Error> {
+        let c = self.counters.expect("RMA-RW");
+        (0..self.window.size()).step_by(c.t_dc as usize).try_for_each(|r| self.reset_counter(r, true))
+    }
+
+    /// `c(p)`: this rank's physical counter.
+    fn counter(&self, c: &Counters) -> u32 {
+        self.me() / c.t_dc * c.t_dc
+    }
+
+    /// One pass of Listing 9's loop (lines 11-24) at counter `r`.
+    fn reader_attempt(&self, c: &Counters, r: u32) -> Result<Attempt, Error> {
+        let curr_stat = self.add(r, self.arrive(), 1)?;
+        if curr_stat < c.t_r {
+            return Ok(Attempt::Entered);
+        }
+        let mut next = Attempt::Wait;
+        if curr_stat == c.t_r {
+            // The first to reach T_R: to the writers if there are any, else reset.
+            if !self.writers_queued()? {
+                self.reset_counter(r, false)?;
+                next = Attempt::Again;
+            }
+        }
+        // Line 24: back off.
+        self.add(r, self.arrive(), -1)?;
+        Ok(next)
+    }
+
+    /// Acquires the lock as a reader (Listing 9).
+    pub(super) async fn reader_acquire(&self) -> Result<(), Error> {
+        let c = self.counters.expect("RMA-RW");
+        let r = self.counter(&c);
+        let mut barrier = false;
+        loop {
+            if barrier {
+                // Lines 5-9: wait until the counter is reset. Beyond the listing (5): with no
+                // WRITE mark and no writer at level 1, nobody else will reset it.
+                let mut backoff = Backoff::new();
+                loop {
+                    let curr_stat = self.read_atomic(r, self.arrive())?;
+                    if curr_stat < c.t_r {
+                        break;
+                    }
+                    if curr_stat < WRITE / 2 && !self.writers_queued()? {
+                        self.reset_counter(r, false)?;
+                        break;
+                    }
+                    backoff.snooze().await;
+                }
+            }
+            match self.reader_attempt(&c, r)? {
+                Attempt::Entered => return Ok(()),
+                Attempt::Again => {
+                    // Beyond the listing (5): the readers inside must get to leave first.
+                    barrier = false;
+                    Backoff::new().snooze().await;
+                }
+                Attempt::Wait => barrier = true,
+            }
+        }
+    }
+
+    /// Whether a writer is in the queue of level 1 (its TAIL is set).
+    fn writers_queued(&self) -> Result<bool, Error> {
+        let tail_rank = self.machine.tail_rank(0, self.me());
+        Ok(self.window.fetch_and_op(tail_rank, Self::tail(0), 0, Op::NoOp)? != 0)
+    }
+
+    /// One attempt of Listing 9, and a second at once when this reader reset the counter.
+    pub(super) fn try_reader_acquire(&self) -> Result<bool, Error> {
+        let c = self.counters.expect("RMA-RW");
+        let r = self.counter(&c);
+        Ok(match self.reader_attempt(&c, r)? {
+            Attempt::Entered => true,
+            Attempt::Again => self.reader_attempt(&c, r)? == Attempt::Entered,
+            Attempt::Wait => false,
+        })
+    }
+
+    /// Releases the lock as a reader (Listing 10).
+    pub(super) fn reader_release(&self) -> Result<(), Error> {
+        let c = self.counters.expect("RMA-RW");
+        self.add(self.counter(&c), self.depart(), 1).map(drop)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::mpsc;
+    use std::time::Duration;
+
+    use super::*;
+    use crate::dlock::{Levels, RmaRw, Thresholds};
+    use crate::Runtime;
+
+    /// One rank's RMA-RW with `T_R` 2 and its counter words, on a thread bounded in time.
+    fn one_rank(what: &'static str, f: fn(&RmaRw, &Queues)) {
+        let (tx, rx) = mpsc::channel();
+        std::thread::spawn(move || {
+            let rt = Runtime::builder().env(false).build_local(1).unwrap().pop().unwrap();
+            let lock = RmaRw::new(rt.world(), &Levels::flat(), &Thresholds { t_r: 2, ..Thresholds::default() }).unwrap();
+            f(&lock, &lock.q);
+            let _ = tx.send(());
+        });
+        rx.recv_timeout(Duration::from_secs(20)).unwrap_or_else(|_| panic!("hang: {what}"));
+    }
+
+    /// A counter past `T_R` with no WRITE mark and no writer queued (a writer reset it and
+    /// left the queue only after readers reached `T_R` again): a reader resets it itself
+    /// (beyond the listing, 5) instead of waiting for a writer that is gone.
+    #[test]
+    fn a_reader_resets_a_counter_no_writer_will_reset() {
+        one_rank("a counter nobody resets", |lock, q| {
+            q.add(0, q.arrive(), 3).unwrap();
+            q.add(0, q.depart(), 3).unwrap();
+            let g = lock.read().unwrap();
+            assert_eq!((q.read_atomic(0, q.arrive()).unwrap(), q.read_atomic(0, q.depart()).unwrap()), (1, 0), "reset, then this reader");
+            g.unlock().unwrap();
+        });
+    }
+
+    /// A reader's reset keeps a writer's WRITE mark (beyond the listing, 3); the writer's
+    /// clears it; both keep ARRIVE - DEPART.
+    #[test]
+    fn only_a_writers_reset_clears_the_write_mark() {
+        one_rank("resets", |_, q| {
+            q.add(0, q.arrive(), WRITE + 5).unwrap();
+            q.add(0, q.depart(), 4).unwrap();
+            q.reset_counter(0, false).unwrap();
+            assert_eq!(q.read_atomic(0, q.arrive()).unwrap(), WRITE + 1);
+            assert_eq!(q.active_readers(0).unwrap(), 1);
+            q.reset_counter(0, true).unwrap();
+            assert_eq!((q.read_atomic(0, q.arrive()).unwrap(), q.read_atomic(0, q.depart()).unwrap()), (1, 0));
+        });
+    }
+}

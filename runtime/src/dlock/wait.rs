@@ -1,0 +1,298 @@
+//! How a distributed lock waits: one protocol, written as `async` code, serves both the
+//! blocking calls (`lock`, `read`, `write`) and the async ones (`lock_async`, ...).
+//!
+//! - [`block_on`] runs a protocol on the calling thread; while it runs, [`Backoff`] waits by
+//!   spinning, yielding and sleeping the thread, as a blocking lock does.
+//! - Polled by any executor (weft's pool, tokio), [`Backoff`] yields the task a few times,
+//!   then parks it on a timer ([`Sleep`]) that one shared thread fires: the thread the task
+//!   ran on is free meanwhile (other tasks run, progress goes on), and each wake-up polls the
+//!   lock word once more with a one-sided operation.
+//! - [`LocalLock`] orders the threads and tasks of one rank that share its queue nodes:
+//!   waiters are parked (tasks) or park their thread, and are woken by the release.
+
+use std::cell::Cell;
+use std::collections::BinaryHeap;
+use std::future::Future;
+use std::pin::{pin, Pin};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Condvar, Mutex, OnceLock};
+use std::task::{Context, Poll, Wake, Waker};
+use std::time::{Duration, Instant};
+
+use event_listener::Event;
+
+/// The longest a waiting rank sleeps between two polls.
+pub const MAX_SLEEP: Duration = Duration::from_micros(100);
+
+thread_local! {
+    /// Whether this thread runs a protocol in [`block_on`] (waits sleep the thread).
+    static BLOCKING: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Wakes a thread parked in [`block_on`].
+struct Unparker(std::thread::Thread);
+
+impl Wake for Unparker {
+    fn wake(self: Arc<Self>) {
+        self.0.unpark();
+    }
+    fn wake_by_ref(self: &Arc<Self>) {
+        self.0.unpark();
+    }
+}
+
+/// Runs `future` to completion on this thread (parking it while nothing can go on), with
+/// [`Backoff`] sleeping the thread instead of parking a task.
+pub(crate) fn block_on<F: Future>(future: F) -> F::Output {
+    struct Restore(bool);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            BLOCKING.set(self.0);
+        }
+    }
+    let mut future = pin!(future);
+    let waker = Waker::from(Arc::new(Unparker(std::thread::current())));
+    let mut cx = Context::from_waker(&waker);
+    let _restore = Restore(BLOCKING.replace(true));
+    loop {
+        if let Poll::Ready(v) = future.as_mut().poll(&mut cx) {
+            return v;
+        }
+        std::thread::park();
+    }
+}
+
+/// Waits between two polls of a lock word: spins, then yields, then sleeps, doubling up to
+/// [`MAX_SLEEP`]. In [`block_on`] the thread does so; under an executor the task yields,
+/// then sleeps on the timer.
+pub(crate) struct Backoff(u32);
+
+impl Backoff {
+    pub(crate) fn new() -> Self {
+        Backoff(0)
+    }
+
+    /// The sleep after `n` polls (none for the first ones).
+    fn sleep_after(n: u32) -> Option<Duration> {
+        (n > 24).then(|| Duration::from_micros(1 << (n - 24).min(7)).min(MAX_SLEEP))
+    }
+
+    pub(crate) async fn snooze(&mut self) {
+        self.0 = self.0.saturating_add(1);
+        let sleep = Self::sleep_after(self.0);
+        if BLOCKING.get() {
+            match (self.0, sleep) {
+                (_, Some(d)) => std::thread::sleep(d),
+                (0..=8, None) => std::hint::spin_loop(),
+                _ => std::thread::yield_now(),
+            }
+            return;
+        }
+        match sleep {
+            Some(d) => Sleep::new(d).await,
+            None => YieldNow(false).await,
+        }
+    }
+}
+
+/// Returns `Pending` once, waking the task at once: other tasks run first.
+struct YieldNow(bool);
+
+impl Future for YieldNow {
+    type Output = ();
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+        if self.0 {
+            return Poll::Ready(());
+        }
+        self.0 = true;
+        cx.waker().wake_by_ref();
+        Poll::Pending
+    }
+}
+
+/// A task's sleep until `deadline`, fired by the timer thread.
+pub(crate) struct Sleep {
+    deadline: Instant,
+}
+
+impl Sleep {
+    pub(crate) fn new(d: Duration) -> Self {
+        Sleep { deadline: Instant::now() + d }
+    }
+}
+
+impl Future for Sleep {
+    type Output = ();
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+        if Instant::now() >= self.deadline {
+            return Poll::Ready(());
+        }
+        // Registered at each poll that finds it early: a spurious wake-up re-arms it.
+        timer().add(self.deadline, cx.waker().clone());
+        Poll::Pending
+    }
+}
+
+/// One sleeping task: ordered by deadline, earliest first out of the max-heap.
+struct Entry {
+    at: Instant,
+    waker: Waker,
+}
+
+impl PartialEq for Entry {
+    fn eq(&self, other: &Self) -> bool {
+        self.at == other.at
+    }
+}
+impl Eq for Entry {}
+impl PartialOrd for Entry {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+impl Ord for Entry {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        other.at.cmp(&self.at)
+    }
+}
+
+/// The deadlines of sleeping tasks and the thread that fires them.
+struct Timer {
+    heap: Mutex<BinaryHeap<Entry>>,
+    changed: Condvar,
+}
+
+fn timer() -> &'static Timer {
+    static TIMER: OnceLock<&'static Timer> = OnceLock::new();
+    TIMER.get_or_init(|| {
+        let t: &'static Timer = Box::leak(Box::new(Timer { heap: Mutex::new(BinaryHeap::new()), changed: Condvar::new() }));
+        std::thread::Builder::new()
+            .name("weft-dlock-timer".into())
+            .spawn(move || t.run())
+            .expect("spawn the distributed locks' timer thread");
+        t
+    })
+}
+
+impl Timer {
+    fn add(&self, at: Instant, waker: Waker) {
+        let mut heap = self.heap.lock().unwrap_or_else(|e| e.into_inner());
+        let earliest = heap.peek().map_or(true, |e| at < e.at);
+        heap.push(Entry { at, waker });
+        drop(heap);
+        if earliest {
+            self.changed.notify_one();
+        }
+    }
+
+    fn run(&self) {
+        let mut due = Vec::new();
+        let mut heap = self.heap.lock().unwrap_or_else(|e| e.into_inner());
+        loop {
+            let now = Instant::now();
+            while heap.peek().is_some_and(|e| e.at <= now) {
+                due.extend(heap.pop().map(|e| e.waker));
+            }
+            if !due.is_empty() {
+                drop(heap);
+                due.drain(..).for_each(Waker::wake);
+                heap = self.heap.lock().unwrap_or_else(|e| e.into_inner());
+                continue;
+            }
+            heap = match heap.peek().map(|e| e.at) {
+                Some(at) => self.changed.wait_timeout(heap, at - now).unwrap_or_else(|e| e.into_inner()).0,
+                None => self.changed.wait(heap).unwrap_or_else(|e| e.into_inner()),
+            };
+        }
+    }
+}
+
+/// A mutex for the threads and tasks of one rank; an async waiter parks its task.
+pub(crate) struct LocalLock {
+    held: AtomicBool,
+    released: Event,
+}
+
+/// Holds a [`LocalLock`]; releases it (waking one waiter) when dropped.
+pub(crate) struct LocalGuard<'a>(&'a LocalLock);
+
+impl LocalLock {
+    pub(crate) fn new() -> Self {
+        LocalLock { held: AtomicBool::new(false), released: Event::new() }
+    }
+
+    pub(crate) fn try_lock(&self) -> Option<LocalGuard<'_>> {
+        self.held.compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed).is_ok().then(|| LocalGuard(self))
+    }
+
+    pub(crate) async fn lock(&self) -> LocalGuard<'_> {
+        loop {
+            if let Some(g) = self.try_lock() {
+                return g;
+            }
+            let listener = self.released.listen();
+            // A release between the attempt and `listen` is not missed: try again first.
+            if let Some(g) = self.try_lock() {
+                return g;
+            }
+            listener.await;
+        }
+    }
+}
+
+impl Drop for LocalGuard<'_> {
+    fn drop(&mut self) {
+        self.0.held.store(false, Ordering::Release);
+        self.0.released.notify(1);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn block_on_sleeps_the_thread_and_an_executor_parks_the_task() {
+        // Under block_on, a long backoff sleeps the thread: no timer entry is made.
+        block_on(async {
+            let mut b = Backoff::new();
+            for _ in 0..40 {
+                b.snooze().await;
+            }
+        });
+        assert!(!BLOCKING.get(), "the flag is restored");
+        // Under tokio, 200 tasks sleep on the timer on one thread.
+        let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
+        let start = Instant::now();
+        rt.block_on(async {
+            let tasks: Vec<_> = (0..200)
+                .map(|_| {
+                    tokio::spawn(async {
+                        let mut b = Backoff::new();
+                        for _ in 0..40 {
+                            b.snooze().await;
+                        }
+                    })
+                })
+                .collect();
+            for t in tasks {
+                t.await.unwrap();
+            }
+        });
+        assert!(start.elapsed() < Duration::from_secs(20));
+    }
+
+    #[test]
+    fn local_lock_excludes_and_wakes_a_parked_task() {
+        let lock = Arc::new(LocalLock::new());
+        let g = lock.try_lock().unwrap();
+        assert!(lock.try_lock().is_none());
+        let l2 = lock.clone();
+        let t = std::thread::spawn(move || block_on(async { drop(l2.lock().await) }));
+        std::thread::sleep(Duration::from_millis(20));
+        assert!(!t.is_finished(), "the waiter waits while the lock is held");
+        drop(g);
+        t.join().unwrap();
+        assert!(lock.try_lock().is_some());
+    }
+}
