@@ -63,11 +63,14 @@ enum Cmd {
 /// Set by `weftrun` in every rank's environment.
 const UNDER_WEFTRUN: &str = "WEFT_KVS";
 
+/// The hidden flags with which the benchmarks start their own ranks under weftrun.
+const WORKER_FLAGS: [&str; 2] = ["--rank-worker", "--transport-worker"];
+
 fn main() {
     // The benchmarks that run real jobs launch themselves through weftrun (with the hidden
     // `--rank-worker`): started under weftrun by hand, each rank would start a sweep of its
     // own jobs, nested in the outer one.
-    if std::env::var_os(UNDER_WEFTRUN).is_some() && !std::env::args().any(|a| a == "--rank-worker") {
+    if std::env::var_os(UNDER_WEFTRUN).is_some() && !std::env::args().any(|a| WORKER_FLAGS.contains(&a.as_str())) {
         eprintln!(
             "weft-bench: started under weftrun ({UNDER_WEFTRUN} is set): run weft-bench directly; it launches its own jobs \
              through weftrun where a benchmark needs several processes (--provider shm|tcp)"

@@ -89,4 +89,15 @@ fn started_under_weftrun_it_says_so_and_exits() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("started under weftrun"), "{err}");
     assert!(out.stdout.is_empty());
+    // The ranks a benchmark starts itself pass (here they fail to join the made-up job,
+    // which says something else).
+    for worker in ["--rank-worker", "--transport-worker"] {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_weft-bench"))
+            .args(["pingpong", worker, "--provider", "embedded"])
+            .env("WEFT_KVS", "127.0.0.1:1")
+            .stdin(std::process::Stdio::null())
+            .output()
+            .expect("start weft-bench");
+        assert!(!String::from_utf8_lossy(&out.stderr).contains("started under weftrun"), "{worker}");
+    }
 }
