@@ -38,6 +38,10 @@ pub struct Args {
     /// Provider of the two in-process ranks: embedded, or shm / tcp (feature `ofi`).
     #[arg(long, default_value = "embedded")]
     provider: weft::Provider,
+    /// On shm / tcp: every frame through libfabric, none through the same-host lane
+    /// (`Builder::same_host_lane(false)`).
+    #[arg(long)]
+    no_same_host_lane: bool,
     #[command(flatten)]
     out: Output,
 }
@@ -51,8 +55,8 @@ pub fn run(a: &Args) -> Result<(), String> {
     }
     let mut table = Table::new(&["progress", "size", "window", "ns_per_message"], &a.out);
     a.out.note(&format!(
-        "# weft-bench msgcost: one thread drives both ranks; provider={} iterations={} runs={} (median)",
-        a.provider, a.iterations, a.runs
+        "# weft-bench msgcost: one thread drives both ranks; provider={} same_host_lane={} iterations={} runs={} (median)",
+        a.provider, !a.no_same_host_lane, a.iterations, a.runs
     ));
     table.progress(modes.len() * sizes.len() * a.runs);
     table.print_header();
@@ -63,6 +67,7 @@ pub fn run(a: &Args) -> Result<(), String> {
             let rts = Runtime::builder()
                 .env(false)
                 .provider(a.provider)
+                .same_host_lane(!a.no_same_host_lane)
                 .progress(mode)
                 .inbox_capacity(a.window.max(1024))
                 .build_local(2)

@@ -124,6 +124,10 @@ pub struct Args {
     /// assertion; `-c` gives it a communicator per pair too.
     #[arg(long)]
     peer: Option<String>,
+    /// On shm / tcp: every frame through libfabric, none through the same-host lane
+    /// (`Builder::same_host_lane(false)`), for comparison.
+    #[arg(long)]
+    no_same_host_lane: bool,
     /// Seconds a peer job may take before it is stopped (a hang fails the benchmark).
     #[arg(long, default_value_t = 300)]
     peer_timeout: u64,
@@ -330,7 +334,11 @@ pub fn run(a: &Args) -> Result<(), String> {
         a.runs,
         cores,
         a.bind,
-        if provider == Provider::Embedded { "" } else { " (one process per rank, via weftrun)" }
+        match (provider, a.no_same_host_lane) {
+            (Provider::Embedded, _) => "",
+            (_, false) => " (one process per rank, via weftrun; same-host lane)",
+            (_, true) => " (one process per rank, via weftrun; every frame through libfabric)",
+        }
     ));
     if provider == Provider::Embedded {
         warm_up();
@@ -1015,6 +1023,9 @@ fn launch(p: &Point, a: &Args, provider: Provider) -> Result<f64, String> {
     if a.per_thread_order {
         cmd.arg("--per-thread-order");
     }
+    if a.no_same_host_lane {
+        cmd.arg("--no-same-host-lane");
+    }
     // weftrun leaves the ranks unbound; each rank binds its workers as a local run does.
     cmd.args(["--bind", &a.bind]);
     let out = cmd.stdin(std::process::Stdio::null()).output().map_err(|e| format!("weftrun: {e}"))?;
@@ -1037,7 +1048,8 @@ fn rank_worker(p: &Point, a: &Args, provider: Provider, cpus: &[usize]) -> Resul
         .assignment(p.assignment)
         .matching(p.matching)
         .cris(p.cris)
-        .per_thread_order(a.per_thread_order);
+        .per_thread_order(a.per_thread_order)
+        .same_host_lane(!a.no_same_host_lane);
     let builder = match a.yield_us {
         Some(us) => builder.yield_window(Duration::from_micros(us)),
         None => builder,

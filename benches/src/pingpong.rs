@@ -53,6 +53,10 @@ pub struct Args {
     /// Binding of both sides' processes: none, or core (one CPU each).
     #[arg(long, default_value = "none", value_parser = ["none", "core"])]
     bind: String,
+    /// Every frame through libfabric, none through the same-host lane (both sides;
+    /// `Builder::same_host_lane(false)`), for comparison.
+    #[arg(long)]
+    no_same_host_lane: bool,
     /// Internal: one rank of the weft side.
     #[arg(long, hide = true)]
     rank_worker: bool,
@@ -69,10 +73,10 @@ pub fn run(a: &Args) -> Result<(), String> {
         return Err("iterations and runs must be positive; providers are shm and tcp".into());
     }
     if a.rank_worker {
-        return worker(providers[0], sizes[0], a.iterations);
+        return worker(providers[0], sizes[0], a.iterations, !a.no_same_host_lane);
     }
     if a.transport_worker {
-        return transport_worker(providers[0], sizes[0], a.iterations);
+        return transport_worker(providers[0], sizes[0], a.iterations, !a.no_same_host_lane);
     }
     let bind = a.bind == "core";
     let mut table = Table::new(&["provider", "size", "bind", "weft_us", "fi_pingpong_us", "ratio", "pair_ratio", "transport_us"], &a.out);
@@ -88,9 +92,9 @@ pub fn run(a: &Args) -> Result<(), String> {
             let (mut weft, mut fi, mut transport) = (Vec::new(), Vec::new(), Vec::new());
             for run in 0..a.runs {
                 table.step(|| format!("{p}, {size} B, run {}", run + 1));
-                weft.push(weftrun_latency(Side::Runtime, p, size, a.iterations, bind)?);
+                weft.push(weftrun_latency(Side::Runtime, p, size, a.iterations, bind, !a.no_same_host_lane)?);
                 fi.push(fi_pingpong(p, size, a.iterations, run, bind)?);
-                transport.push(weftrun_latency(Side::Transport, p, size, a.iterations, bind)?);
+                transport.push(weftrun_latency(Side::Transport, p, size, a.iterations, bind, !a.no_same_host_lane)?);
             }
             let (w, f) = (median(&weft), median(&fi));
             // Each run's two numbers were taken back to back: their ratio cancels the
@@ -129,7 +133,7 @@ enum Side {
     Transport,
 }
 
-fn weftrun_latency(side: Side, p: Provider, size: usize, iterations: usize, bind: bool) -> Result<f64, String> {
+fn weftrun_latency(side: Side, p: Provider, size: usize, iterations: usize, bind: bool, lane: bool) -> Result<f64, String> {
     let (exe, weftrun) = crate::report::self_and_weftrun()?;
     let out = Command::new(&weftrun)
         .args(["-n", "2", "--provider", &p.to_string(), "--timeout", "300", "--bind-to", if bind { "core" } else { "none" }])
@@ -142,6 +146,7 @@ fn weftrun_latency(side: Side, p: Provider, size: usize, iterations: usize, bind
             },
         ])
         .args(["--provider", &p.to_string(), "-s", &size.to_string(), "-i", &iterations.to_string()])
+        .args(if lane { &[][..] } else { &["--no-same-host-lane"][..] })
         .stdin(Stdio::null())
         .output()
         .map_err(|e| format!("weftrun: {e}"))?;
@@ -156,9 +161,9 @@ fn weftrun_latency(side: Side, p: Provider, size: usize, iterations: usize, bind
 }
 
 /// One rank of the weft side.
-fn worker(p: Provider, size: usize, iterations: usize) -> Result<(), String> {
+fn worker(p: Provider, size: usize, iterations: usize, lane: bool) -> Result<(), String> {
     let e = |e: weft::Error| e.to_string();
-    let rt = Runtime::builder().env(false).provider(p).cris(1).build().map_err(e)?;
+    let rt = Runtime::builder().env(false).provider(p).cris(1).same_host_lane(lane).build().map_err(e)?;
     if rt.size() != 2 {
         return Err("pingpong needs 2 ranks".into());
     }
@@ -217,7 +222,7 @@ fn hops(
 /// path sends (an `Eager` header, the payload behind it). Every frame's length and first
 /// byte are checked.
 #[cfg(feature = "ofi")]
-fn transport_worker(p: Provider, size: usize, iterations: usize) -> Result<(), String> {
+fn transport_worker(p: Provider, size: usize, iterations: usize, lane: bool) -> Result<(), String> {
     use weft_transport::bootstrap::Job;
     use weft_transport::ofi_provider::{join, OfiOptions};
     use weft_transport::{FrameKind, Header, SendError};
@@ -227,7 +232,11 @@ fn transport_worker(p: Provider, size: usize, iterations: usize) -> Result<(), S
     if job.size != 2 {
         return Err("pingpong needs 2 ranks".into());
     }
-    let opts = OfiOptions { provider: p.ofi_name().ok_or("the transport side needs shm or tcp")?.to_string(), ..OfiOptions::default() };
+    let opts = OfiOptions {
+        provider: p.ofi_name().ok_or("the transport side needs shm or tcp")?.to_string(),
+        same_host_lane: lane,
+        ..OfiOptions::default()
+    };
     let rank = join(&opts, job).map_err(e)?;
     let me = rank.rank();
     if size > rank.eager_capacity() {
@@ -278,7 +287,7 @@ fn transport_worker(p: Provider, size: usize, iterations: usize) -> Result<(), S
 }
 
 #[cfg(not(feature = "ofi"))]
-fn transport_worker(_p: Provider, _size: usize, _iterations: usize) -> Result<(), String> {
+fn transport_worker(_p: Provider, _size: usize, _iterations: usize, _lane: bool) -> Result<(), String> {
     Err("the transport-layer ping-pong needs the ofi feature".into())
 }
 

@@ -273,8 +273,13 @@ fn owned(fd: RawFd) -> Option<OwnedFd> {
     (fd >= 0).then(|| unsafe { OwnedFd::from_raw_fd(fd) })
 }
 
-/// The descriptor `fd` of process `pid`, duplicated into this one (`pidfd_getfd`).
+/// The descriptor `fd` of process `pid`, duplicated into this one (`pidfd_getfd`; a plain
+/// `dup` for this process's own, as for ranks in one process).
 fn fd_of(pid: u32, fd: i32) -> Option<OwnedFd> {
+    if pid == std::process::id() {
+        // SAFETY: duplicates a descriptor of this process; the result is checked.
+        return owned(unsafe { libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, 0) });
+    }
     // SAFETY: plain system calls with integer arguments; results are checked.
     let pidfd = owned(unsafe { libc::syscall(libc::SYS_pidfd_open, pid as libc::c_long, 0 as libc::c_long) } as RawFd)?;
     // SAFETY: as above.
