@@ -42,9 +42,10 @@
 //! written and one read, where libfabric's `shm` costs a command entry, its region's spin
 //! lock and a completion on each side. Rendezvous reads (libfabric `shm`'s single copy),
 //! RMA and eager frames above 64 KiB stay on libfabric, and so do peers on other hosts (with
-//! `tcp;ofi_rxm`, one job may use both). `poll` takes a CRI's CQ frames first, then its
-//! rings' (round robin over the senders); `has_frames` looks at the rings first (a load per
-//! sending rank). Frames of one sender that take different paths may arrive out of order;
+//! `tcp;ofi_rxm`, one job may use both). `poll` takes a CRI's ring frames first (round
+//! robin over the senders), then its CQ's, and while the rings deliver it reads the CQ only
+//! every [`LANE_CQ_EVERY`]th poll; `has_frames` looks at the rings first (a load per sending
+//! rank). Frames of one sender that take different paths may arrive out of order;
 //! the runtime's sequence numbers order them, as they do frames spread over several CRIs. A
 //! full ring refuses the send like `FI_EAGAIN`. The watcher sleeps on the lane's `eventfd`
 //! as well, which the first same-host frame after it fell asleep writes, and so does a
@@ -215,6 +216,10 @@ const MIN_SLEEP_US: u64 = 10;
 /// Longest sleep of the watcher on a provider without wait fds (`shm`) while the same-host
 /// lane reaches every rank (module docs, *Same-host lane*); 1 ms otherwise.
 const LANE_SLEEP_US: u64 = 50_000;
+
+/// While the same-host rings deliver frames, a CRI's poll reads its CQ only every this many
+/// polls (`OfiRank::poll`).
+const LANE_CQ_EVERY: u32 = 8;
 
 /// How long a failed rendezvous read waits for its other chunks to finish before giving up
 /// on them (they target memory the read must not give back while they may still write it).
@@ -485,6 +490,8 @@ struct CriState {
     rma_issued: u64,
     /// Where this CRI is in each same-host ring it reads.
     heads: lane::Heads,
+    /// Polls that found same-host frames (see `OfiRank::poll`).
+    lane_polls: u32,
 }
 
 /// One CRI: an endpoint with its CQ and counter, its receive and send buffers.
@@ -668,6 +675,7 @@ impl Opened {
                         repost: Vec::with_capacity(self.opts.recv_slots),
                         rma_issued: 0,
                         heads: lane.as_ref().map(|l| l.heads(i)).unwrap_or_default(),
+                        lane_polls: 0,
                     }),
                     ready: AtomicBool::new(false),
                     stuck: AtomicBool::new(false),
@@ -1659,6 +1667,21 @@ impl OfiRank {
             // Stuck (module docs): nothing can be taken from this CRI now.
             return 0;
         };
+        // The same-host rings first. While they deliver, the CQ (whose read costs about as
+        // much as the rest of a message's receive path) is read only every `LANE_CQ_EVERY`th
+        // poll: frames through libfabric (larger frames, other hosts) then wait a few polls,
+        // and the provider's progress runs at that pace.
+        if let Some(lane) = &s.lane {
+            n += lane.poll(cri, &mut st.heads, max, |slot, len| {
+                if let Some(frame) = s.frame_from(slot, len) {
+                    f(frame);
+                }
+            });
+            if n > 0 {
+                st.lane_polls = st.lane_polls.wrapping_add(1);
+                read_cq &= st.lane_polls % LANE_CQ_EVERY == 0;
+            }
+        }
         while n < max {
             let read = std::mem::replace(&mut read_cq, false);
             match s.next_frame(c, &mut st, read) {
@@ -1667,15 +1690,6 @@ impl OfiRank {
                     n += 1;
                 }
                 None => break,
-            }
-        }
-        if let Some(lane) = &s.lane {
-            if n < max {
-                n += lane.poll(cri, &mut st.heads, max - n, |slot, len| {
-                    if let Some(frame) = s.frame_from(slot, len) {
-                        f(frame);
-                    }
-                });
             }
         }
         if n > 0 {

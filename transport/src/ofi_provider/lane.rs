@@ -454,6 +454,7 @@ impl Ring<'_> {
     }
 
     /// Whether position `head` holds a frame.
+    #[inline]
     fn ready(&self, head: u64) -> bool {
         let i = (head & (self.slots() - 1)) as usize;
         // Acquire: a `true` is followed by the read of the frame.
@@ -462,6 +463,7 @@ impl Ring<'_> {
 
     /// Hands the slot of the frame at `head` (which is [`ready`](Self::ready)) and the
     /// frame's length to `read`, then frees the slot for the next lap.
+    #[inline]
     fn take<R>(&self, head: u64, read: impl FnOnce(&[u8], usize) -> R) -> R {
         let i = (head & (self.slots() - 1)) as usize;
         let p = self.slot_ptr(i);
@@ -575,24 +577,27 @@ impl Lane {
     }
 
     /// Hands up to `max` frames of CRI `cri` to `read` (the slot, whose bytes are all
-    /// initialized, and the frame's length), round robin over the rings; returns how many.
+    /// initialized, and the frame's length), ring after ring, each drained before the next;
+    /// returns how many.
     pub(super) fn poll(&self, cri: usize, heads: &mut Heads, max: usize, mut read: impl FnMut(&[u8], usize)) -> usize {
         let n_rings = heads.heads.len();
         let mut n = 0;
         let mut idle = 0;
+        // Each ring in turn, drained before the next: a look at an empty ring per ring and
+        // poll, not per frame.
         while n < max && idle < n_rings {
             let j = heads.next;
             heads.next = if j + 1 == n_rings { 0 } else { j + 1 };
             let ring = self.ring_in(cri, j);
-            let h = heads.heads[j];
-            if ring.ready(h) {
+            let mut h = heads.heads[j];
+            let before = n;
+            while n < max && ring.ready(h) {
                 ring.take(h, &mut read);
-                heads.heads[j] = h.wrapping_add(1);
+                h = h.wrapping_add(1);
                 n += 1;
-                idle = 0;
-            } else {
-                idle += 1;
             }
+            heads.heads[j] = h;
+            idle = if n == before { idle + 1 } else { 1 };
         }
         n
     }
