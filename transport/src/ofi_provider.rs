@@ -47,7 +47,10 @@
 //! every [`LANE_CQ_EVERY`]th poll; `has_frames` looks at the rings first (a load per sending
 //! rank). Frames of one sender that take different paths may arrive out of order;
 //! the runtime's sequence numbers order them, as they do frames spread over several CRIs. A
-//! full ring refuses the send like `FI_EAGAIN`. The watcher sleeps on the lane's `eventfd`
+//! full ring refuses the send like `FI_EAGAIN`. A rendezvous from a rank the lane reaches is
+//! read with one `process_vm_readv` at the sender's address (which its `Rts` carries on
+//! every provider), by the receiving thread, without libfabric; where the kernel refuses,
+//! through libfabric as before. The watcher sleeps on the lane's `eventfd`
 //! as well, which the first same-host frame after it fell asleep writes, and so does a
 //! same-host peer after it posted anything else for this rank to libfabric (a large frame,
 //! an RMA operation, a rendezvous read). So where the lane reaches every rank, the
@@ -716,6 +719,7 @@ impl Opened {
             seen_activity: AtomicU64::new(0),
             provider: self.opts.provider.clone(),
             lane,
+            virt_addr: self.domain.info().mr_virt_addr(),
             domain: self.domain,
             av: self.av,
             #[cfg(test)]
@@ -837,6 +841,8 @@ struct RankInner {
     provider: String,
     /// The same-host lane (module docs), where this rank has one.
     lane: Option<lane::Lane>,
+    /// Remote memory is addressed by virtual address (`FI_MR_VIRT_ADDR`), not by offset.
+    virt_addr: bool,
     /// Keeps the domain open for registrations (endpoints hold it too).
     domain: Arc<Domain>,
     /// The AV (endpoints hold it too).
@@ -1574,6 +1580,10 @@ impl OfiRank {
         let mut h = header;
         if h.kind == FrameKind::Rts {
             match s.regions.lock().get(&h.key) {
+                // To a rank of this host, the address in this process even where libfabric
+                // addresses by offset: the receiver may copy from it directly (module docs,
+                // *Same-host lane*), and reads through libfabric by offset then.
+                Some(mr) if !s.virt_addr && s.lane.as_ref().is_some_and(|l| l.reaches(dst)) => h.addr = mr.addr(),
                 Some(mr) => h.addr = mr.remote().base,
                 None => return Err(SendError::Invalid("rendezvous buffer is not registered")),
             }
@@ -1797,12 +1807,22 @@ impl OfiRank {
         if !s.is_alive(src) {
             return Err(Error::PeerLost { rank: src });
         }
+        if h.addr != 0 {
+            if let Some(lane) = &s.lane {
+                // SAFETY: forwarded contract (`dst..dst + len` is ours until the read is over,
+                // which it is when this returns `Some`).
+                if let Some(r) = unsafe { lane.read(src, h.addr, dst, len) } {
+                    return r.map(|()| ReadStart::Done);
+                }
+            }
+        }
         let from = reads::ReadFrom {
             token,
             src,
             // The sender's CRI endpoint: the one it progresses while it waits for the `Fin`.
             target: s.addr(src, h.src_cri as usize % s.k),
-            remote: RemoteRegion { base: h.addr, key: h.key, len: len as u64 },
+            // With offset addressing a non-zero address is the sender's own, for the lane.
+            remote: RemoteRegion { base: if s.virt_addr { h.addr } else { 0 }, key: h.key, len: len as u64 },
             chunk: s.max_msg.min(READ_CHUNK),
         };
         // SAFETY: forwarded contract; the RMA endpoint is closed before `RankInner` is freed.

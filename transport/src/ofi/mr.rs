@@ -165,6 +165,11 @@ impl MemoryRegion {
         Ok(Self { raw, ptr, len, owned, key, desc, remote_base, domain: Arc::clone(domain) })
     }
 
+    /// The address of byte 0 in this process.
+    pub fn addr(&self) -> u64 {
+        self.ptr.as_ptr() as u64
+    }
+
     /// Registration key (`fi_mr_key`), what peers pass to target this region.
     pub fn key(&self) -> u64 {
         self.key

@@ -299,6 +299,8 @@ pub(super) struct Peer {
     seg: Mapping,
     /// The peer's watcher `eventfd`.
     wake: OwnedFd,
+    /// Its process.
+    pid: u32,
 }
 
 /// This rank's side of the lane: its segment and the peers it reaches through theirs.
@@ -381,7 +383,7 @@ impl Prepared {
                 if seg.u64_at(0).load(Ordering::Acquire) != MAGIC || seg.u64_at(8).load(Ordering::Relaxed) != p.nonce {
                     return None;
                 }
-                Some(Peer { seg, wake: fd_of(p.pid, p.eventfd)? })
+                Some(Peer { seg, wake: fd_of(p.pid, p.eventfd)?, pid: p.pid })
             })
             .collect();
         // Every rank of this host with a lane may write this rank's rings (whether this rank
@@ -542,6 +544,42 @@ impl Lane {
         if let Some(Some(peer)) = self.peers.get(dst as usize) {
             Self::wake_if_asleep(peer);
         }
+    }
+
+    /// Copies `len` bytes at address `from` in the process of `src` (which the lane
+    /// reaches) to `dst`, with `process_vm_readv` (one copy, by the kernel, needing nothing
+    /// of the peer; the permission is the one `pidfd_getfd` already had). `None`: the lane
+    /// does not reach `src`, or the kernel refused (the caller reads through libfabric
+    /// instead); `Some(Err(PeerLost))`: the process is gone.
+    ///
+    /// # Safety
+    /// `dst..dst + len` must be valid for writes and used by nobody else meanwhile.
+    pub(super) unsafe fn read(&self, src: u32, from: u64, dst: *mut u8, len: usize) -> Option<Result<(), crate::Error>> {
+        let Some(Some(peer)) = self.peers.get(src as usize) else { return None };
+        let mut done = 0usize;
+        while done < len {
+            let local = libc::iovec { iov_base: dst.wrapping_add(done).cast(), iov_len: len - done };
+            let remote = libc::iovec { iov_base: (from as usize + done) as *mut libc::c_void, iov_len: len - done };
+            // SAFETY: the local range is the caller's (valid for writes, ours alone); the
+            // kernel checks the remote range against the peer's mappings.
+            let n = unsafe { libc::process_vm_readv(peer.pid as libc::pid_t, &local, 1, &remote, 1, 0) };
+            match n {
+                n if n > 0 => done += n as usize,
+                0 => return None,
+                _ => {
+                    return match std::io::Error::last_os_error().raw_os_error() {
+                        Some(libc::ESRCH) => Some(Err(crate::Error::PeerLost { rank: src })),
+                        // EPERM, EFAULT (not the peer's address), ENOSYS: libfabric reads it.
+                        _ if done == 0 => None,
+                        _ => Some(Err(crate::Error::Transport {
+                            op: "process_vm_readv",
+                            code: std::io::Error::last_os_error().raw_os_error().unwrap_or(0),
+                        })),
+                    };
+                }
+            }
+        }
+        Some(Ok(()))
     }
 
     /// Whether the lane reaches every rank of the job: then everything that can wake this
