@@ -1,0 +1,78 @@
+#!/usr/bin/env bash
+# Instructions per 0-byte message, stage by stage, for weft (embedded provider, one thread
+# driving both ranks: weft-bench msgcost) and for Open MPI (vader, one process per side: the
+# C multirate peer, pairwise, 1 pair), counted by callgrind in the measured loop only. Prints
+# a markdown table (docs/BENCHMARKS.md, "CPU cost of a message: msgcost").
+#
+#   benches/stages.sh [path/to/weft-bench]
+#
+# Needs valgrind; the Open MPI column needs openmpi-bin libopenmpi-dev (skipped otherwise).
+# Counts are deterministic for a given build: they do not move with the machine's load.
+set -euo pipefail
+BENCH=${1:-target/release/weft-bench}
+DIR=$(mktemp -d)
+trap 'rm -rf "$DIR"' EXIT
+MSGS=25600   # msgcost -w 128 -i 200
+
+# Inclusive instructions of every function whose name matches $2 in callgrind file $1.
+incl() {
+    callgrind_annotate --inclusive=yes --threshold=100 "$1" 2>/dev/null |
+        awk -v pat="$2" '{ sub(/ \[[^]]*\]$/, "") } $0 ~ pat { gsub(",", "", $1); if ($1 + 0 > best) best = $1 + 0 } END { print best + 0 }'
+}
+per() { awk -v a="$1" -v n="$2" 'BEGIN { printf "%.0f", a / n }'; }
+
+valgrind --tool=callgrind --callgrind-out-file="$DIR/weft" --toggle-collect='weft_bench::msgcost::rounds*' \
+    "$BENCH" msgcost -w 128 -i 200 --runs 1 --progress concurrent >/dev/null 2>&1
+W="$DIR/weft"
+total=$(incl "$W" 'PROGRAM TOTALS')
+isend=$(incl "$W" 'comm.rs:weft::comm::Communicator::isend$')
+tsend=$(incl "$W" 'transport/src/provider.rs:weft::progress::send::.*post_frame')
+irecv=$(incl "$W" 'comm.rs:weft::comm::Communicator::irecv$')
+post=$(incl "$W" 'matching/mod.rs:weft::matching::MatchState::post_into$')
+progress=$(incl "$W" 'engine/frames.rs:weft::engine::frames::.*progress_cri$')
+handle=$(incl "$W" 'engine/frames.rs:weft::engine::frames::.*handle_frames$')
+arrive=$(incl "$W" 'matching/mod.rs:weft::matching::MatchState::arrive$')
+finish=$(incl "$W" 'engine/frames.rs:weft::engine::frames::.*finish_match$')
+wait=$(incl "$W" 'progress/wait.rs:weft::progress::wait::wait$')
+take=$(incl "$W" 'request.rs:weft::request::Request<B>::take$')
+drop_=$(incl "$W" 'request.rs:<weft::request::Request<B> as core::ops::drop::Drop>::drop$')
+
+echo "| stage | weft | what it covers |"
+echo "|---|---|---|"
+echo "| send request | $(per $((isend - tsend)) $MSGS) | \`isend\`: checks, CRI, sequence number, operation, less the transport |"
+echo "| transport, send | $(per "$tsend" $MSGS) | the frame into the peer's inbox, the doorbell |"
+echo "| receive request | $(per $((irecv - post)) $MSGS) | \`irecv\`: checks, operation, matching lock, less the matching |"
+echo "| matching | $(per $((post + arrive)) $MSGS) | posting the receive, pairing the arrived frame |"
+echo "| transport, receive | $(per $((progress - handle)) $MSGS) | taking the frame from the inbox |"
+echo "| completion | $(per "$finish" $MSGS) | the receive's completion cell |"
+echo "| progress, other | $(per $((wait - progress + handle - arrive - finish)) $MSGS) | the progress pass around the frames |"
+echo "| wait and release | $(per $((take + drop_)) $MSGS) | taking the result, dropping the requests |"
+echo "| the benchmark's loop | $(per $((total - isend - irecv - wait - take - drop_)) $MSGS) | buffers and request vectors of msgcost |"
+echo "| **all** | **$(per "$total" $MSGS)** | |"
+
+if command -v mpicc.openmpi >/dev/null && command -v mpirun.openmpi >/dev/null; then
+    mpicc.openmpi -O2 -o "$DIR/multirate-mpi" benches/peers/multirate.c -lpthread
+    (cd "$DIR" && OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_btl=self,vader OMPI_MCA_pml=ob1 \
+        mpirun.openmpi --oversubscribe --bind-to none -np 2 valgrind --tool=callgrind \
+        --callgrind-out-file="$DIR/ompi.%p" --toggle-collect=run_sender --toggle-collect=run_receiver \
+        ./multirate-mpi pairwise process 1 0 128 200 0 >/dev/null 2>&1)
+    # 200 timed and 10 warm-up iterations of 128 messages.
+    n=26880
+    s=0
+    r=0
+    m=0
+    for f in "$DIR"/ompi.*; do
+        s=$((s + $(incl "$f" 'PMPI_Isend$')))
+        r=$((r + $(incl "$f" 'PMPI_Irecv$')))
+        m=$((m + $(incl "$f" 'mca_pml_ob1_recv_frag_callback_match$')))
+    done
+    echo
+    echo "Open MPI 4.1.4 (vader, ob1), per message, the same way (\`benches/peers/multirate.c\`, 1 pair, one process per side):"
+    echo
+    echo "| stage | Open MPI |"
+    echo "|---|---|"
+    echo "| \`MPI_Isend\` (request, match header, the fragment into the peer's FIFO) | $(per $s $n) |"
+    echo "| \`MPI_Irecv\` (request, posting) | $(per $r $n) |"
+    echo "| matching an arrived fragment and completing the receive (\`mca_pml_ob1_recv_frag_callback_match\`) | $(per $m $n) |"
+    echo "| **these together** | **$(per $((s + r + m)) $n)** |"
+fi
