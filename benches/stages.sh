@@ -47,7 +47,7 @@ echo "| transport, receive | $(per $((progress - handle)) $MSGS) | taking the fr
 echo "| completion | $(per "$finish" $MSGS) | the receive's completion cell |"
 echo "| progress, other | $(per $((wait - progress + handle - arrive - finish)) $MSGS) | the progress pass around the frames |"
 echo "| wait and release | $(per $((take + drop_)) $MSGS) | taking the result, dropping the requests |"
-echo "| the rest, inlined into the loop | $(per $((total - isend - irecv - wait - take - drop_)) $MSGS) | `wait_all` around the progress pass, request drops, the loop's buffer and request vectors |"
+echo "| the rest, inlined into the loop | $(per $((total - isend - irecv - wait - take - drop_)) $MSGS) | \`wait_all\` around the progress pass, request drops, the loop's buffer and request vectors |"
 echo "| **all** | **$(per "$total" $MSGS)** | |"
 
 if command -v mpicc.openmpi >/dev/null && command -v mpirun.openmpi >/dev/null; then
