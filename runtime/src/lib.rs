@@ -148,6 +148,7 @@ mod group;
 pub mod lock;
 pub(crate) mod loom;
 mod matching;
+mod nbc;
 mod operation;
 mod progress;
 mod provider;
@@ -157,7 +158,7 @@ mod runtime;
 mod wait;
 
 pub use buffer::{Primitive, RecvBuf, SendBuf};
-pub use coll::{Op, Reducible};
+pub use coll::{Op, Reducible, ALLREDUCE_LONG_BYTES, BCAST_LONG_BYTES, BCAST_LONG_RANKS};
 pub use comm::{Assertions, Communicator};
 
 pub use config::{Assignment, Config, Locks, MatchingMode, ProgressMode, Provider};
