@@ -1,0 +1,34 @@
+//! The collectives suite of `collectives.rs` on libfabric: `shm` and `tcp;ofi_rxm`, every
+//! rank in this process (each with its own domain), traffic pinned to loopback.
+#![cfg(feature = "ofi")]
+
+mod common;
+
+fn loopback() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    // libfabric reads these once, at its first fi_getinfo.
+    ONCE.call_once(|| {
+        std::env::set_var("FI_TCP_IFACE", "lo");
+        std::env::set_var("FI_SOCKETS_IFACE", "lo");
+    });
+}
+
+mod shm {
+    fn builder() -> weft::Builder {
+        super::loopback();
+        weft::Runtime::builder().env(false).provider(weft::Provider::Shm)
+    }
+    mod coll_suite {
+        include!("coll_suite/mod.rs");
+    }
+}
+
+mod tcp {
+    fn builder() -> weft::Builder {
+        super::loopback();
+        weft::Runtime::builder().env(false).provider(weft::Provider::Tcp)
+    }
+    mod coll_suite {
+        include!("coll_suite/mod.rs");
+    }
+}
