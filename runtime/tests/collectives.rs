@@ -7,3 +7,52 @@ fn builder() -> weft::Builder {
 
 mod coll_suite;
 mod common;
+
+use common::within;
+use weft::{Op, ProgressMode};
+
+/// A rank blocked in a receive still takes its steps of a nonblocking collective it started
+/// (the receive's sender waits for that collective first), in every progress mode, and
+/// threads of a rank each waiting on collectives of their own communicator all finish.
+#[test]
+fn nonblocking_collectives_progress_while_their_rank_waits_elsewhere_in_every_mode() {
+    for mode in [ProgressMode::Global, ProgressMode::Owner, ProgressMode::Concurrent] {
+        within(60, &format!("{mode:?}: collective steps taken by a rank blocked in a receive"), move || {
+            let rts = builder().progress(mode).cris(2).build_local(4).unwrap();
+            std::thread::scope(|s| {
+                for rt in &rts {
+                    s.spawn(move || {
+                        let w = rt.world();
+                        let r = w.rank();
+                        let dups = [w.dup().unwrap(), w.dup().unwrap()];
+                        let req = w.iallreduce(vec![u64::from(r) + 1; 3], Op::Sum).unwrap();
+                        if r == 0 {
+                            // Rank 3 sends only once its allreduce is done, which needs rank
+                            // 0's later steps.
+                            let (v, _) = w.recv(Vec::<u64>::with_capacity(3), 3u32, 1).unwrap();
+                            assert_eq!(v, vec![10; 3]);
+                            assert_eq!(req.wait().unwrap().0, vec![10; 3]);
+                        } else {
+                            let (v, _) = req.wait().unwrap();
+                            if r == 3 {
+                                w.send(v, 0, 1).unwrap();
+                            }
+                        }
+                        std::thread::scope(|s| {
+                            for (t, c) in dups.iter().enumerate() {
+                                s.spawn(move || {
+                                    for i in 0..20u64 {
+                                        let v = c.iallreduce(vec![i + t as u64], Op::Max).unwrap().wait().unwrap().0;
+                                        assert_eq!(v, vec![i + t as u64]);
+                                        c.ibarrier().unwrap().wait().unwrap();
+                                    }
+                                });
+                            }
+                        });
+                        w.barrier().unwrap();
+                    });
+                }
+            });
+        });
+    }
+}
