@@ -583,8 +583,8 @@ impl Communicator {
             return Err(Error::InvalidArgument("allreduce: send and receive buffers of different lengths"));
         }
         let members = self.group().world_ranks().clone();
-        let sched = self.blocking_sched()?;
-        let res = self.block_on_collective(sched, async |s| s.reduce_over(&members, send.to_vec(), |a, b| zip_with(a, b, &f)).await)?;
+        let s = self.blocking_sched()?;
+        let res = self.block_on_collective(s.reduce_over(&members, send.to_vec(), |a, b| zip_with(a, b, &f)))?;
         recv.copy_from_slice(&res);
         Ok(())
     }
@@ -598,7 +598,8 @@ impl Communicator {
         value: Vec<T>,
         f: impl Fn(&[T], &[T]) -> Vec<T>,
     ) -> Result<Vec<T>, Error> {
-        self.block_on_collective(Sched::with_tag(self, tag), async |s| s.reduce_over(members, value, f).await)
+        let s = Sched::with_tag(self, tag);
+        self.block_on_collective(s.reduce_over(members, value, f))
     }
 
     /// Starts gathering `send` of every rank into `recv` of rank `root`, rank `r`'s at

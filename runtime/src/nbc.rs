@@ -23,8 +23,8 @@
 
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::Arc;
-use std::task::{Context, Poll, Waker};
+use std::sync::{Arc, LazyLock};
+use std::task::{Context, Poll, Wake, Waker};
 
 use weft_sync::{Error, Status};
 
@@ -84,6 +84,16 @@ impl<T: Primitive> Out<T> {
         unsafe { std::ptr::copy_nonoverlapping(from.as_ptr(), self.ptr, self.len) };
     }
 }
+
+/// The waker a schedule is polled with: nothing to wake, as whoever polls a schedule polls
+/// it again after the next progress pass (the steps test their requests then).
+struct Nobody;
+
+impl Wake for Nobody {
+    fn wake(self: Arc<Self>) {}
+}
+
+static NOBODY: LazyLock<Waker> = LazyLock::new(|| Waker::from(Arc::new(Nobody)));
 
 /// A future of a collective's steps, borrowing its [`Sched`].
 pub(crate) type Steps<'a> = Pin<Box<dyn Future<Output = Result<(), Error>> + Send + 'a>>;
@@ -233,7 +243,7 @@ struct Nbc {
 impl Schedule for Nbc {
     fn advance(&mut self) -> bool {
         let Some(steps) = self.steps.as_mut() else { return true };
-        match steps.as_mut().poll(&mut Context::from_waker(Waker::noop())) {
+        match steps.as_mut().poll(&mut Context::from_waker(&NOBODY)) {
             Poll::Pending => false,
             Poll::Ready(res) => {
                 // The steps (and their requests) go before the request completes.
@@ -288,18 +298,13 @@ impl Communicator {
 
     /// Runs a collective's steps on the calling thread, progressing until they end (for
     /// steps that borrow from the caller). Errors name ranks here.
-    pub(crate) fn block_on_collective<R>(
-        &self,
-        sched: Sched<'_>,
-        steps: impl AsyncFnOnce(&Sched<'_>) -> Result<R, Error>,
-    ) -> Result<R, Error> {
-        let fut = steps(&sched);
-        let mut fut = std::pin::pin!(fut);
+    pub(crate) fn block_on_collective<R>(&self, steps: impl Future<Output = Result<R, Error>>) -> Result<R, Error> {
+        let mut fut = std::pin::pin!(steps);
         let engine = self.engine();
         let mut idle = weft_sync::IdleBackoff::new();
         let mut nap = std::time::Duration::from_micros(20);
         loop {
-            if let Poll::Ready(r) = fut.as_mut().poll(&mut Context::from_waker(Waker::noop())) {
+            if let Poll::Ready(r) = fut.as_mut().poll(&mut Context::from_waker(&NOBODY)) {
                 return r.map_err(|e| self.local_error(e));
             }
             if engine.progress_once().progressed() {
