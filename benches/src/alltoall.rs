@@ -176,47 +176,13 @@ fn launch(a: &Args, p: Provider, n: u32, size: usize) -> Result<f64, String> {
 
 /// Compiles the MPI version of the rounds next to this binary; returns its path.
 fn build_openmpi_peer() -> Result<std::path::PathBuf, String> {
-    let exe = std::env::current_exe().map_err(|e| e.to_string())?;
-    let src = exe.with_file_name("alltoall-mpi.c");
-    let bin = exe.with_file_name("alltoall-mpi");
-    std::fs::write(&src, include_str!("../peers/alltoall.c")).map_err(|e| format!("{}: {e}", src.display()))?;
-    let out = std::process::Command::new("mpicc")
-        .args(["-O2", "-o"])
-        .arg(&bin)
-        .arg(&src)
-        .output()
-        .map_err(|e| format!("mpicc: {e} (install openmpi-bin libopenmpi-dev)"))?;
-    if !out.status.success() {
-        return Err(format!("mpicc failed: {}", String::from_utf8_lossy(&out.stderr)));
-    }
-    Ok(bin)
+    crate::report::build_mpi_peer("alltoall-mpi", include_str!("../peers/alltoall.c"))
 }
 
 /// One Open MPI job of the same rounds; returns rank 0's time per round in µs.
 fn openmpi_round(bin: &std::path::Path, a: &Args, p: Provider, n: u32, size: usize) -> Result<f64, String> {
-    let btl = if p == Provider::Tcp { "self,tcp" } else { "self,vader" };
-    let out = std::process::Command::new("timeout")
-        .arg(a.timeout.to_string())
-        .args(["mpirun", "--oversubscribe", "--bind-to", "none", "-np", &n.to_string()])
-        .arg(bin)
-        .args([size.to_string(), a.rounds.to_string(), a.warmup.to_string()])
-        .env("OMPI_MCA_btl", btl)
-        .env("OMPI_MCA_pml", "ob1")
-        .env("OMPI_MCA_btl_tcp_if_include", "lo")
-        .env("OMPI_MCA_oob_tcp_if_include", "lo")
-        .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
-        .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
-        .stdin(std::process::Stdio::null())
-        .output()
-        .map_err(|e| format!("mpirun: {e}"))?;
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    if !out.status.success() {
-        return Err(format!("Open MPI job ({p}, {n} ranks) failed ({}):\n{stdout}{}", out.status, String::from_utf8_lossy(&out.stderr)));
-    }
-    stdout
-        .lines()
-        .find_map(|l| l.strip_prefix("ROUND_US ").and_then(|v| v.trim().parse::<f64>().ok()))
-        .ok_or_else(|| format!("no time in the Open MPI job's output:\n{stdout}"))
+    let args = [size.to_string(), a.rounds.to_string(), a.warmup.to_string()];
+    crate::report::mpi_job(bin, n, p == Provider::Tcp, a.timeout, &args, "ROUND_US")
 }
 
 /// The first and last bytes of the message `src` sends in `round`.

@@ -4,6 +4,7 @@
 //! configuration. Sweep options take comma lists (`-t 1,2,4,8`).
 
 mod alltoall;
+mod coll;
 mod ctxid;
 mod idle;
 mod lock_regimes;
@@ -47,6 +48,8 @@ enum Cmd {
     SyncPingpong(sync_pingpong::Args),
     /// All-to-all rounds (isend/irecv to every other rank) in real processes on shm and tcp.
     Alltoall(alltoall::Args),
+    /// Collective latency per collective, ranks and size: embedded (threads) and shm/tcp (processes), Open MPI beside.
+    Coll(coll::Args),
     /// Communicator creation from many threads per rank: eager vs base context id allocation ([Dinan 2012]).
     Ctxid(ctxid::Args),
     /// [Amer 2019, §3.4]'s latency- and throughput-oriented regimes, sweeping the progress-path lock.
@@ -67,6 +70,7 @@ fn main() {
         Cmd::Alltoall(a) => alltoall::run(&a),
         Cmd::Locks(a) => locks::run(&a),
         Cmd::Ctxid(a) => ctxid::run(&a),
+        Cmd::Coll(a) => coll::run(&a),
     };
     if let Err(e) = res {
         eprintln!("weft-bench: {e}");

@@ -248,3 +248,57 @@ pub fn self_and_weftrun() -> Result<(PathBuf, PathBuf), String> {
     }
     Ok((exe, weftrun))
 }
+
+/// Compiles the MPI program `source` (a peer under `benches/peers/`) next to this binary as
+/// `name` with `mpicc`; returns its path.
+pub fn build_mpi_peer(name: &str, source: &str) -> Result<PathBuf, String> {
+    let exe = std::env::current_exe().map_err(|e| e.to_string())?;
+    let src = exe.with_file_name(format!("{name}.c"));
+    let bin = exe.with_file_name(name);
+    std::fs::write(&src, source).map_err(|e| format!("{}: {e}", src.display()))?;
+    let out = std::process::Command::new("mpicc")
+        .args(["-O2", "-o"])
+        .arg(&bin)
+        .arg(&src)
+        .output()
+        .map_err(|e| format!("mpicc: {e} (install openmpi-bin libopenmpi-dev)"))?;
+    if !out.status.success() {
+        return Err(format!("mpicc failed: {}", String::from_utf8_lossy(&out.stderr)));
+    }
+    Ok(bin)
+}
+
+/// Runs the MPI peer `bin` with `args` as an Open MPI job of `n` processes (stopped after
+/// `timeout` seconds) — `btl=self,vader` (shared memory) unless `tcp`, then `btl=self,tcp`
+/// on `lo`; `pml=ob1`, `--oversubscribe --bind-to none`, allowed to run as root — and
+/// returns the value of its `KEY <value>` line.
+pub fn mpi_job(bin: &Path, n: u32, tcp: bool, timeout: u64, args: &[String], key: &str) -> Result<f64, String> {
+    let btl = if tcp { "self,tcp" } else { "self,vader" };
+    let out = std::process::Command::new("timeout")
+        .arg(timeout.to_string())
+        .args(["mpirun", "--oversubscribe", "--bind-to", "none", "-np", &n.to_string()])
+        .arg(bin)
+        .args(args)
+        .env("OMPI_MCA_btl", btl)
+        .env("OMPI_MCA_pml", "ob1")
+        .env("OMPI_MCA_btl_tcp_if_include", "lo")
+        .env("OMPI_MCA_oob_tcp_if_include", "lo")
+        .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
+        .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
+        .stdin(std::process::Stdio::null())
+        .output()
+        .map_err(|e| format!("mpirun: {e}"))?;
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    if !out.status.success() {
+        return Err(format!(
+            "Open MPI job ({n} ranks, {args:?}) failed ({}):\n{stdout}{}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        ));
+    }
+    let prefix = format!("{key} ");
+    stdout
+        .lines()
+        .find_map(|l| l.strip_prefix(prefix.as_str()).and_then(|v| v.trim().parse::<f64>().ok()))
+        .ok_or_else(|| format!("no {key} in the Open MPI job's output:\n{stdout}"))
+}
