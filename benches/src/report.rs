@@ -199,42 +199,6 @@ where
     s.split(',').filter(|p| !p.trim().is_empty()).map(|p| p.trim().parse::<T>().map_err(|e| format!("bad list item {p:?}: {e}"))).collect()
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// Markdown: the columns that never change are stated once, an empty cell reads `-`.
-    #[test]
-    fn markdown_folds_constant_columns() {
-        let out = Output { csv: false, markdown: true };
-        let mut t = Table::new(&["mode", "size", "msg_rate", "ratio"], &out);
-        t.rows.push(vec!["thread".into(), "0".into(), "6500000".into(), "1.00".into()]);
-        t.rows.push(vec!["process".into(), "0".into(), "6400000".into(), String::new()]);
-        assert_eq!(
-            t.markdown(),
-            "size: 0\n\n| mode | msg_rate | ratio |\n| --- | --- | --- |\n| thread | 6500000 | 1.00 |\n| process | 6400000 | - |\n\n"
-        );
-    }
-
-    /// The bar counts the measurements done (a step starts one and ends the one before), names
-    /// the one running, and is gone when the sweep ends (drawn to a hidden target here: the
-    /// test's stderr is no terminal).
-    #[test]
-    fn progress_counts_steps_and_finishes() {
-        let out = Output::default();
-        let mut t = Table::new(&["a"], &out);
-        t.progress_to(3, ProgressDrawTarget::hidden());
-        let bar = t.bar.clone().expect("a bar");
-        t.step(|| "step 0".into());
-        assert_eq!((bar.position(), bar.message().as_str()), (0, "step 0"), "the first is running, none done");
-        t.step(|| "step 1".into());
-        t.step(|| "step 2".into());
-        assert_eq!((bar.position(), bar.message().as_str()), (2, "step 2"));
-        t.finish();
-        assert!(bar.is_finished());
-    }
-}
-
 /// This binary and the `weftrun` beside it (the two are built into one target directory),
 /// for the sweeps that run their ranks as real processes.
 pub fn self_and_weftrun() -> Result<(PathBuf, PathBuf), String> {
@@ -301,4 +265,40 @@ pub fn mpi_job(bin: &Path, n: u32, tcp: bool, timeout: u64, args: &[String], key
         .lines()
         .find_map(|l| l.strip_prefix(prefix.as_str()).and_then(|v| v.trim().parse::<f64>().ok()))
         .ok_or_else(|| format!("no {key} in the Open MPI job's output:\n{stdout}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Markdown: the columns that never change are stated once, an empty cell reads `-`.
+    #[test]
+    fn markdown_folds_constant_columns() {
+        let out = Output { csv: false, markdown: true };
+        let mut t = Table::new(&["mode", "size", "msg_rate", "ratio"], &out);
+        t.rows.push(vec!["thread".into(), "0".into(), "6500000".into(), "1.00".into()]);
+        t.rows.push(vec!["process".into(), "0".into(), "6400000".into(), String::new()]);
+        assert_eq!(
+            t.markdown(),
+            "size: 0\n\n| mode | msg_rate | ratio |\n| --- | --- | --- |\n| thread | 6500000 | 1.00 |\n| process | 6400000 | - |\n\n"
+        );
+    }
+
+    /// The bar counts the measurements done (a step starts one and ends the one before), names
+    /// the one running, and is gone when the sweep ends (drawn to a hidden target here: the
+    /// test's stderr is no terminal).
+    #[test]
+    fn progress_counts_steps_and_finishes() {
+        let out = Output::default();
+        let mut t = Table::new(&["a"], &out);
+        t.progress_to(3, ProgressDrawTarget::hidden());
+        let bar = t.bar.clone().expect("a bar");
+        t.step(|| "step 0".into());
+        assert_eq!((bar.position(), bar.message().as_str()), (0, "step 0"), "the first is running, none done");
+        t.step(|| "step 1".into());
+        t.step(|| "step 2".into());
+        assert_eq!((bar.position(), bar.message().as_str()), (2, "step 2"));
+        t.finish();
+        assert!(bar.is_finished());
+    }
 }
