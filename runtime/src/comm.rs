@@ -97,7 +97,11 @@ impl Communicator {
         let p2p = Arc::new(CommState::new(engine, context, world, a.allow_overtaking, a.no_any_tag, true));
         let coll = Arc::new(CommState::new(engine, context + 1, world, false, false, false));
         engine.install(p2p.clone())?;
-        engine.install(coll.clone())?;
+        if let Err(e) = engine.install(coll.clone()) {
+            // Not half made: the user context goes again.
+            engine.retire(&p2p);
+            return Err(e);
+        }
         Ok(Communicator {
             engine: engine.clone(),
             p2p,
