@@ -144,27 +144,12 @@ fn embedded(n: u32, coll: &str, bytes: usize, a: &Args) -> Result<f64, String> {
 
 /// One job of `n` ranks through `weftrun`; returns its latency in µs.
 fn launch(a: &Args, p: Provider, n: u32, coll: &str, bytes: usize) -> Result<f64, String> {
-    let (exe, weftrun) = crate::report::self_and_weftrun()?;
-    let out = std::process::Command::new(&weftrun)
-        .args(["-n", &n.to_string(), "--provider", &p.to_string(), "--timeout", &a.timeout.to_string()])
-        .arg(&exe)
-        .args(["coll", "--rank-worker", "--provider", &p.to_string(), "-n", &n.to_string(), "-c", coll, "-s", &bytes.to_string()])
-        .args(["-i", &a.iters.to_string(), "--warmup", &a.warmup.to_string()])
-        .stdin(std::process::Stdio::null())
-        .output()
-        .map_err(|e| format!("weftrun: {e}"))?;
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    if !out.status.success() {
-        return Err(format!(
-            "{coll} job ({p}, {n} ranks, {bytes} B) failed ({}):\n{stdout}{}",
-            out.status,
-            String::from_utf8_lossy(&out.stderr)
-        ));
-    }
-    stdout
-        .lines()
-        .find_map(|l| l.strip_prefix("[0] LAT_US ").and_then(|v| v.trim().parse::<f64>().ok()))
-        .ok_or_else(|| format!("no latency in the job's output:\n{stdout}"))
+    let args = ["coll", "--rank-worker", "--provider", &p.to_string(), "-n", &n.to_string(), "-c", coll, "-s", &bytes.to_string()]
+        .into_iter()
+        .map(String::from)
+        .chain(["-i".into(), a.iters.to_string(), "--warmup".into(), a.warmup.to_string()])
+        .collect::<Vec<_>>();
+    crate::report::weftrun_job(p, n, a.timeout, &args, &format!("{coll} ({bytes} B)"), "LAT_US")
 }
 
 /// `warmup` then `iters` timed calls of `coll` on `c`; every rank returns the slowest rank's

@@ -427,14 +427,38 @@ impl Sched<'_> {
     }
 }
 
-/// Boxes a collective's steps for [`Communicator::start_collective`].
+/// Boxes a collective's steps: for [`Communicator::start_collective`] (`|s| ...`, given
+/// the schedule) or [`Communicator::start_in`] (`|s, work| ...`, and the buffer to work in).
 macro_rules! steps {
     (|$s:ident| $body:expr) => {
         move |$s: &Sched<'_>| -> crate::nbc::Steps<'_> { Box::pin(async move { $body }) }
     };
+    (|$s:ident, $w:ident| $body:expr) => {
+        move |$s: &Sched<'_>, $w: &mut Vec<_>| -> crate::nbc::Steps<'_> { Box::pin(async move { $body }) }
+    };
 }
 
 impl Communicator {
+    /// Starts a collective whose result is `buf` as `steps` leave it: they get the schedule
+    /// and a copy of `buf` to work in, which is copied into `buf` when they end.
+    fn start_in<T: Primitive>(
+        &self,
+        mut buf: Vec<T>,
+        steps: impl for<'a> FnOnce(&'a Sched<'a>, &'a mut Vec<T>) -> crate::nbc::Steps<'a> + Send + 'static,
+    ) -> Result<Request<'_, Vec<T>>, Error> {
+        let bytes = std::mem::size_of_val(buf.as_slice());
+        let (out, mut work) = (Out::of(&mut buf), buf.clone());
+        self.start_collective(
+            buf,
+            bytes,
+            steps!(|s| {
+                steps(s, &mut work).await?;
+                out.write(&work);
+                Ok(())
+            }),
+        )
+    }
+
     fn check_root(&self, root: u32) -> Result<(), Error> {
         if root >= self.size() {
             return Err(Error::RankOutOfRange { rank: root, size: self.size() });
@@ -456,22 +480,12 @@ impl Communicator {
     /// Starts broadcasting `data` of rank `root` to every rank (`MPI_Ibcast`): the request
     /// gives `data` back, holding the root's elements. Every rank passes the same length and
     /// root.
-    pub fn ibcast<T: Primitive>(&self, mut data: Vec<T>, root: u32) -> Result<Request<'_, Vec<T>>, Error> {
+    pub fn ibcast<T: Primitive>(&self, data: Vec<T>, root: u32) -> Result<Request<'_, Vec<T>>, Error> {
         self.check_root(root)?;
-        let (n, bytes) = (self.size(), std::mem::size_of_val(data.as_slice()));
-        let (out, mut work) = (Out::of(&mut data), data.clone());
-        self.start_collective(
+        let long = std::mem::size_of_val(data.as_slice()) >= BCAST_LONG_BYTES && self.size() >= BCAST_LONG_RANKS;
+        self.start_in(
             data,
-            bytes,
-            steps!(|s| {
-                if bytes >= BCAST_LONG_BYTES && n >= BCAST_LONG_RANKS {
-                    s.bcast_scatter_allgather(&mut work, root).await?;
-                } else {
-                    s.bcast_binomial(&mut work, root).await?;
-                }
-                out.write(&work);
-                Ok(())
-            }),
+            steps!(|s, work| if long { s.bcast_scatter_allgather(work, root).await } else { s.bcast_binomial(work, root).await }),
         )
     }
 
@@ -486,20 +500,10 @@ impl Communicator {
     /// Starts reducing `data` elementwise over every rank with `op` into `data` of rank
     /// `root` (`MPI_Ireduce`); the other ranks get theirs back as it was. Every rank passes
     /// the same length, op and root.
-    pub fn ireduce<T: Reducible>(&self, mut data: Vec<T>, op: Op, root: u32) -> Result<Request<'_, Vec<T>>, Error> {
+    pub fn ireduce<T: Reducible>(&self, data: Vec<T>, op: Op, root: u32) -> Result<Request<'_, Vec<T>>, Error> {
         self.check_root(root)?;
         let f = op_for(op, data.first(), "reduce: a bitwise op on floating-point elements")?;
-        let bytes = std::mem::size_of_val(data.as_slice());
-        let (out, mut work) = (Out::of(&mut data), data.clone());
-        self.start_collective(
-            data,
-            bytes,
-            steps!(|s| {
-                s.reduce(&mut work, root, f).await?;
-                out.write(&work);
-                Ok(())
-            }),
-        )
+        self.start_in(data, steps!(|s, work| s.reduce(work, root, f).await))
     }
 
     /// Reduces `send` elementwise over every rank with `op` into `recv` of rank `root`
@@ -520,22 +524,20 @@ impl Communicator {
     /// Starts reducing `data` elementwise over every rank with `op` into `data` of every rank
     /// (`MPI_Iallreduce`). Every rank passes the same length and op; a bitwise op on floats
     /// is an error.
-    pub fn iallreduce<T: Reducible>(&self, mut data: Vec<T>, op: Op) -> Result<Request<'_, Vec<T>>, Error> {
+    pub fn iallreduce<T: Reducible>(&self, data: Vec<T>, op: Op) -> Result<Request<'_, Vec<T>>, Error> {
         let f = op_for(op, data.first(), "allreduce: a bitwise op on floating-point elements")?;
-        let (n, bytes) = (self.size(), std::mem::size_of_val(data.as_slice()));
+        let n = self.size();
+        let ring = std::mem::size_of_val(data.as_slice()) >= ALLREDUCE_LONG_BYTES && data.len() >= n as usize && n > 1;
         let members = self.group().world_ranks().clone();
-        let (out, mut work) = (Out::of(&mut data), data.clone());
-        self.start_collective(
+        self.start_in(
             data,
-            bytes,
-            steps!(|s| {
-                if bytes >= ALLREDUCE_LONG_BYTES && work.len() >= n as usize && n > 1 {
-                    s.allreduce_ring(&mut work, f).await?;
+            steps!(|s, work| {
+                if ring {
+                    s.allreduce_ring(work, f).await
                 } else {
-                    work = s.reduce_over(&members, work, f).await?;
+                    *work = s.reduce_over(&members, std::mem::take(work), f).await?;
+                    Ok(())
                 }
-                out.write(&work);
-                Ok(())
             }),
         )
     }
@@ -557,18 +559,14 @@ impl Communicator {
     /// not be commutative (recursive doubling at every size).
     pub fn iallreduce_with<T: Primitive>(
         &self,
-        mut data: Vec<T>,
+        data: Vec<T>,
         f: impl Fn(T, T) -> T + Send + Sync + 'static,
     ) -> Result<Request<'_, Vec<T>>, Error> {
-        let bytes = std::mem::size_of_val(data.as_slice());
         let members = self.group().world_ranks().clone();
-        let (out, work) = (Out::of(&mut data), data.clone());
-        self.start_collective(
+        self.start_in(
             data,
-            bytes,
-            steps!(|s| {
-                let res = s.reduce_over(&members, work, |a, b| zip_with(a, b, &f)).await?;
-                out.write(&res);
+            steps!(|s, work| {
+                *work = s.reduce_over(&members, std::mem::take(work), |a, b| zip_with(a, b, &f)).await?;
                 Ok(())
             }),
         )
@@ -655,21 +653,12 @@ impl Communicator {
     fn gatherv_blocks<T: Primitive>(
         &self,
         send: &[T],
-        mut recv: Vec<T>,
+        recv: Vec<T>,
         blocks: Vec<Range<usize>>,
         root: u32,
     ) -> Result<Request<'_, Vec<T>>, Error> {
-        let bytes = std::mem::size_of_val(recv.as_slice());
-        let (out, mut work, send) = (Out::of(&mut recv), recv.clone(), send.to_vec());
-        self.start_collective(
-            recv,
-            bytes,
-            steps!(|s| {
-                s.gather(send, &mut work, &blocks, root).await?;
-                out.write(&work);
-                Ok(())
-            }),
-        )
+        let send = send.to_vec();
+        self.start_in(recv, steps!(|s, work| s.gather(send, work, &blocks, root).await))
     }
 
     /// Starts scattering `send` of rank `root` (`size * recv.len()` elements there; read only
@@ -723,21 +712,11 @@ impl Communicator {
         &self,
         send: &[T],
         blocks: Vec<Range<usize>>,
-        mut recv: Vec<T>,
+        recv: Vec<T>,
         root: u32,
     ) -> Result<Request<'_, Vec<T>>, Error> {
-        let bytes = std::mem::size_of_val(recv.as_slice());
         let send = if self.rank() == root { send.to_vec() } else { Vec::new() };
-        let (out, mut work) = (Out::of(&mut recv), recv.clone());
-        self.start_collective(
-            recv,
-            bytes,
-            steps!(|s| {
-                s.scatter(&send, &blocks, &mut work, root).await?;
-                out.write(&work);
-                Ok(())
-            }),
-        )
+        self.start_in(recv, steps!(|s, work| s.scatter(&send, &blocks, work, root).await))
     }
 
     /// Starts gathering `send` of every rank into `recv` of every rank, rank `r`'s at
@@ -784,18 +763,8 @@ impl Communicator {
         mut recv: Vec<T>,
         blocks: Vec<Range<usize>>,
     ) -> Result<Request<'_, Vec<T>>, Error> {
-        let bytes = std::mem::size_of_val(recv.as_slice());
-        let (out, mut work) = (Out::of(&mut recv), recv.clone());
-        work[blocks[self.rank() as usize].clone()].copy_from_slice(send);
-        self.start_collective(
-            recv,
-            bytes,
-            steps!(|s| {
-                s.ring_allgather(&mut work, &blocks, 0, 0).await?;
-                out.write(&work);
-                Ok(())
-            }),
-        )
+        recv[blocks[self.rank() as usize].clone()].copy_from_slice(send);
+        self.start_in(recv, steps!(|s, work| s.ring_allgather(work, &blocks, 0, 0).await))
     }
 
     /// Starts sending block `r` of `send` to rank `r` and receiving rank `r`'s block for this
@@ -851,20 +820,11 @@ impl Communicator {
         &self,
         send: &[T],
         sblocks: Vec<Range<usize>>,
-        mut recv: Vec<T>,
+        recv: Vec<T>,
         rblocks: Vec<Range<usize>>,
     ) -> Result<Request<'_, Vec<T>>, Error> {
-        let bytes = std::mem::size_of_val(recv.as_slice());
-        let (out, mut work, send) = (Out::of(&mut recv), recv.clone(), send.to_vec());
-        self.start_collective(
-            recv,
-            bytes,
-            steps!(|s| {
-                s.alltoall(&send, &sblocks, &mut work, &rblocks).await?;
-                out.write(&work);
-                Ok(())
-            }),
-        )
+        let send = send.to_vec();
+        self.start_in(recv, steps!(|s, work| s.alltoall(&send, &sblocks, work, &rblocks).await))
     }
 
     /// Starts an inclusive prefix reduction (`MPI_Iscan`): `data` of rank `r` becomes `data`
@@ -881,18 +841,15 @@ impl Communicator {
     }
 
     /// [`iscan`](Self::iscan) (`inclusive`) or [`iexscan`](Self::iexscan).
-    fn prefix<T: Reducible>(&self, mut data: Vec<T>, op: Op, inclusive: bool) -> Result<Request<'_, Vec<T>>, Error> {
+    fn prefix<T: Reducible>(&self, data: Vec<T>, op: Op, inclusive: bool) -> Result<Request<'_, Vec<T>>, Error> {
         let f = op_for(op, data.first(), "scan: a bitwise op on floating-point elements")?;
-        let bytes = std::mem::size_of_val(data.as_slice());
-        let (out, work) = (Out::of(&mut data), data.clone());
-        self.start_collective(
+        self.start_in(
             data,
-            bytes,
-            steps!(|s| {
-                match (s.prefix(&work, f).await?, inclusive) {
-                    (Some(below), true) => out.write(&f(&below, &work)),
-                    (Some(below), false) => out.write(&below),
-                    (None, _) => {}
+            steps!(|s, work| {
+                match s.prefix(work, f).await? {
+                    Some(below) if inclusive => *work = f(&below, work),
+                    Some(below) => *work = below,
+                    None => {}
                 }
                 Ok(())
             }),

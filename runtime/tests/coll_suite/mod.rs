@@ -1,5 +1,5 @@
 // The collectives suite, run on the embedded provider (`collectives.rs`) and on libfabric's
-// `shm` and `tcp` (`collectives_ofi.rs`, included there per provider): every collective,
+// `shm` and `tcp` (`p2p_ofi.rs`, included there per provider): every collective,
 // blocking and nonblocking, against a sequential reference at odd and power-of-two sizes and
 // every root, each scenario bounded in time.
 
@@ -323,6 +323,8 @@ fn nonblocking_collectives_wait_together_with_wait_all_and_receives() {
                 rx,
                 c.iallgather(&[r as i64], vec![0; 5]).unwrap(),
                 c.iscan(vec![r as i64 + 1], Op::Sum).unwrap(),
+                // Concatenating decimal digits: associative, not commutative.
+                c.iallreduce_with(vec![r as i64 + 1], |a, b| a * 10i64.pow(b.ilog10() + 1) + b).unwrap(),
             ];
             c.send(vec![r as i64 * 10], (r + 1) % 5, 3).unwrap();
             weft::wait_all(&mut reqs).unwrap();
@@ -333,6 +335,7 @@ fn nonblocking_collectives_wait_together_with_wait_all_and_receives() {
             assert_eq!(got[1], vec![((r as i64 + 4) % 5) * 10], "rank {r}");
             assert_eq!(got[2], vec![0, 1, 2, 3, 4], "rank {r}");
             assert_eq!(got[3], vec![(1..=r as i64 + 1).sum::<i64>()], "rank {r}");
+            assert_eq!(got[4], vec![12345], "rank {r}: iallreduce_with in rank order");
         }
     });
 }
