@@ -459,6 +459,28 @@ impl Communicator {
         )
     }
 
+    /// A rooted `v` form's blocks: at `root` (checked), those of `counts` and `displs` in its
+    /// buffer of `lens.0` elements, the root's own `lens.1` long, else `what`; elsewhere none
+    /// (not read).
+    fn root_blocks(
+        &self,
+        root: u32,
+        counts: &[usize],
+        displs: &[usize],
+        lens: (usize, usize),
+        what: &'static str,
+    ) -> Result<Vec<Range<usize>>, Error> {
+        self.check_root(root)?;
+        if self.rank() != root {
+            return Ok(Vec::new());
+        }
+        let b = blocks(counts, displs, self.size(), lens.0, what)?;
+        if b[root as usize].len() != lens.1 {
+            return Err(Error::InvalidArgument(what));
+        }
+        Ok(b)
+    }
+
     fn check_root(&self, root: u32) -> Result<(), Error> {
         if root >= self.size() {
             return Err(Error::RankOutOfRange { rank: root, size: self.size() });
@@ -630,16 +652,13 @@ impl Communicator {
         displs: &[usize],
         root: u32,
     ) -> Result<Request<'_, Vec<T>>, Error> {
-        self.check_root(root)?;
-        let blocks = if self.rank() == root {
-            let b = blocks(counts, displs, self.size(), recv.len(), "gatherv: counts and displacements do not fit the receive buffer")?;
-            if b[root as usize].len() != send.len() {
-                return Err(Error::InvalidArgument("gatherv: the root's send buffer differs from its count"));
-            }
-            b
-        } else {
-            Vec::new()
-        };
+        let blocks = self.root_blocks(
+            root,
+            counts,
+            displs,
+            (recv.len(), send.len()),
+            "gatherv: counts and displacements do not fit the receive buffer, or the root's own count its send buffer",
+        )?;
         self.gatherv_blocks(send, recv, blocks, root)
     }
 
@@ -689,16 +708,13 @@ impl Communicator {
         recv: Vec<T>,
         root: u32,
     ) -> Result<Request<'_, Vec<T>>, Error> {
-        self.check_root(root)?;
-        let blocks = if self.rank() == root {
-            let b = blocks(counts, displs, self.size(), send.len(), "scatterv: counts and displacements do not fit the send buffer")?;
-            if b[root as usize].len() != recv.len() {
-                return Err(Error::InvalidArgument("scatterv: the root's receive buffer differs from its count"));
-            }
-            b
-        } else {
-            Vec::new()
-        };
+        let blocks = self.root_blocks(
+            root,
+            counts,
+            displs,
+            (send.len(), recv.len()),
+            "scatterv: counts and displacements do not fit the send buffer, or the root's own count its receive buffer",
+        )?;
         self.scatterv_blocks(send, blocks, recv, root)
     }
 
