@@ -443,6 +443,17 @@ impl Communicator {
     /// and a copy of `buf` to work in, which is copied into `buf` when they end.
     fn start_in<T: Primitive>(
         &self,
+        buf: Vec<T>,
+        steps: impl for<'a> FnOnce(&'a Sched<'a>, &'a mut Vec<T>) -> crate::nbc::Steps<'a> + Send + 'static,
+    ) -> Result<Request<'_, Vec<T>>, Error> {
+        self.start_in_tagged(None, buf, steps)
+    }
+
+    /// [`start_in`](Self::start_in), under a fixed tag if given
+    /// ([`Communicator::start_collective`]).
+    fn start_in_tagged<T: Primitive>(
+        &self,
+        fixed: Option<i32>,
         mut buf: Vec<T>,
         steps: impl for<'a> FnOnce(&'a Sched<'a>, &'a mut Vec<T>) -> crate::nbc::Steps<'a> + Send + 'static,
     ) -> Result<Request<'_, Vec<T>>, Error> {
@@ -451,6 +462,7 @@ impl Communicator {
         self.start_collective(
             buf,
             bytes,
+            fixed,
             steps!(|s| {
                 steps(s, &mut work).await?;
                 out.write(&work);
@@ -491,7 +503,7 @@ impl Communicator {
     /// Starts a barrier (`MPI_Ibarrier`): the request completes once every rank of the
     /// communicator has started it.
     pub fn ibarrier(&self) -> Result<Request<'_, ()>, Error> {
-        self.start_collective((), 0, steps!(|s| s.barrier().await))
+        self.start_collective((), 0, None, steps!(|s| s.barrier().await))
     }
 
     /// Blocks until every rank of the communicator has called it (`MPI_Barrier`).
@@ -550,18 +562,10 @@ impl Communicator {
         let f = op_for(op, data.first(), "allreduce: a bitwise op on floating-point elements")?;
         let n = self.size();
         let ring = std::mem::size_of_val(data.as_slice()) >= ALLREDUCE_LONG_BYTES && data.len() >= n as usize && n > 1;
-        let members = self.group().world_ranks().clone();
-        self.start_in(
-            data,
-            steps!(|s, work| {
-                if ring {
-                    s.allreduce_ring(work, f).await
-                } else {
-                    *work = s.reduce_over(&members, std::mem::take(work), f).await?;
-                    Ok(())
-                }
-            }),
-        )
+        if !ring {
+            return self.ireduce_over(None, self.group().world_ranks().clone(), data, f);
+        }
+        self.start_in(data, steps!(|s, work| s.allreduce_ring(work, f).await))
     }
 
     /// Reduces `send` elementwise over every rank with `op` into `recv` of every rank
@@ -584,42 +588,53 @@ impl Communicator {
         data: Vec<T>,
         f: impl Fn(T, T) -> T + Send + Sync + 'static,
     ) -> Result<Request<'_, Vec<T>>, Error> {
-        let members = self.group().world_ranks().clone();
-        self.start_in(
-            data,
-            steps!(|s, work| {
-                *work = s.reduce_over(&members, std::mem::take(work), |a, b| zip_with(a, b, &f)).await?;
-                Ok(())
-            }),
-        )
+        self.ireduce_over(None, self.group().world_ranks().clone(), data, move |a, b| zip_with(a, b, &f))
     }
 
     /// [`allreduce`](Self::allreduce) with a user reduction `f(a, b)`, which must be
     /// associative; operands always come in rank order (`a` from the lower ranks), so it need
     /// not be commutative. Recursive doubling: `log2` of the largest power of two not above
     /// the size in exchanges, plus two messages for each rank beyond it.
-    pub fn allreduce_with<T: Primitive>(&self, send: &[T], recv: &mut [T], f: impl Fn(T, T) -> T) -> Result<(), Error> {
+    pub fn allreduce_with<T: Primitive>(
+        &self,
+        send: &[T],
+        recv: &mut [T],
+        f: impl Fn(T, T) -> T + Send + Sync + 'static,
+    ) -> Result<(), Error> {
         if send.len() != recv.len() {
             return Err(Error::InvalidArgument("allreduce: send and receive buffers of different lengths"));
         }
-        let members = self.group().world_ranks().clone();
-        let s = self.blocking_sched()?;
-        let res = self.block_on_collective(s.reduce_over(&members, send.to_vec(), |a, b| zip_with(a, b, &f)))?;
-        recv.copy_from_slice(&res);
-        Ok(())
+        finish_into(self.iallreduce_with(send.to_vec(), f)?, recv, true)
     }
 
     /// Reduces `value` over the world ranks `members` (this rank among them) on the
-    /// collective context with the fixed `tag`, blocking ([`Sched::reduce_over`]).
+    /// collective context with the fixed `tag` and waits ([`Sched::reduce_over`]).
     pub(crate) fn reduce_over<T: Primitive>(
         &self,
         members: &[u32],
         tag: i32,
         value: Vec<T>,
-        f: impl Fn(&[T], &[T]) -> Vec<T>,
+        f: impl Fn(&[T], &[T]) -> Vec<T> + Send + Sync + 'static,
     ) -> Result<Vec<T>, Error> {
-        let s = Sched::with_tag(self, tag);
-        self.block_on_collective(s.reduce_over(members, value, f))
+        self.ireduce_over(Some(tag), members.into(), value, f)?.wait().map(|(v, _)| v)
+    }
+
+    /// Starts [`Sched::reduce_over`] of `value` over `members`, under the fixed tag if given.
+    fn ireduce_over<T: Primitive>(
+        &self,
+        fixed: Option<i32>,
+        members: std::sync::Arc<[u32]>,
+        value: Vec<T>,
+        f: impl Fn(&[T], &[T]) -> Vec<T> + Send + Sync + 'static,
+    ) -> Result<Request<'_, Vec<T>>, Error> {
+        self.start_in_tagged(
+            fixed,
+            value,
+            steps!(|s, work| {
+                *work = s.reduce_over(&members, std::mem::take(work), f).await?;
+                Ok(())
+            }),
+        )
     }
 
     /// Starts gathering `send` of every rank into `recv` of rank `root`, rank `r`'s at

@@ -169,7 +169,7 @@ impl Communicator {
         value.extend(local);
         value.extend(gens);
         debug_assert!(first + words * 32 <= PAIRS);
-        self.reduce_over(members, tag, value, |a, b| reduce_alloc(a, b, words))
+        self.reduce_over(members, tag, value, move |a, b| reduce_alloc(a, b, words))
     }
 
     /// The communicator of `group` (a subset of this one's, with this rank), with a context id

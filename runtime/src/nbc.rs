@@ -7,14 +7,15 @@
 //! any thread of the rank take the next ones as the steps' messages complete
 //! (`engine/schedules.rs`); no thread is spent per collective. The user's handle is an
 //! ordinary [`Request`], completed when the schedule ends, so it is a `Future`, waits with
-//! [`wait_all`](crate::wait_all), attaches to a sync object. A few internal reductions that
-//! borrow their arguments run the same futures on the calling thread
-//! ([`Communicator::block_on_collective`]).
+//! [`wait_all`](crate::wait_all), attaches to a sync object. A blocking collective starts
+//! the same schedule and waits for its request.
 //!
 //! Each collective call on a communicator takes the next number of its sequence, and its
 //! messages travel under a tag of that number: collectives outstanding at once on one
 //! communicator never take each other's messages, and MPI's rule that every rank calls the
-//! collectives of a communicator in the same order makes the numbers agree.
+//! collectives of a communicator in the same order makes the numbers agree. (The reductions
+//! of communicator creation, whose members may be a subset of the communicator's, use fixed
+//! tags instead, `create.rs`, and take no number.)
 //!
 //! A schedule that fails (a peer lost, a rank that passed a different length) tells every
 //! other member under the sequence number's second tag, where each member's schedule posted
@@ -49,6 +50,16 @@ pub(crate) const MISMATCH: Error = Error::InvalidArgument("collective: the ranks
 const NOTICE_LOST: u32 = 0;
 const NOTICE_FREED: u32 = 1;
 const NOTICE_MISMATCH: u32 = 2;
+
+/// Which tags a collective's messages travel under.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum CollTag {
+    /// Those of the collective's sequence number on the communicator.
+    Seq(u32),
+    /// This one (communicator creation's reductions, over members that may be a subset of
+    /// the communicator, which do not all count its collectives), without failure notices.
+    Fixed(i32),
+}
 
 /// A collective in progress on one rank: its communicator, its tag, and the receive for a
 /// failure notice from another member.
@@ -129,22 +140,19 @@ impl<B: Send + 'static> Future for Done<'_, '_, B> {
 }
 
 impl<'c> Sched<'c> {
-    /// A collective on `comm` with the next sequence number; with `notices`, its receive for
-    /// failure notices is posted.
-    fn new(comm: &'c Communicator, seq: u32, notices: bool) -> Result<Self, Error> {
-        let tag = TAG_SEQ - 2 * (seq % SEQ_SPAN) as i32;
-        let notice = if notices && comm.size() > 1 {
+    /// A collective on `comm` under `tag`: the tags of sequence number `seq`, with the receive
+    /// for failure notices posted, or a fixed tag without notices.
+    fn new(comm: &'c Communicator, tag: CollTag) -> Result<Self, Error> {
+        let (tag, notices) = match tag {
+            CollTag::Seq(seq) => (TAG_SEQ - 2 * (seq % SEQ_SPAN) as i32, comm.size() > 1),
+            CollTag::Fixed(t) => (t, false),
+        };
+        let notice = if notices {
             Some(comm.irecv_on(comm.coll_state(), Vec::<u32>::with_capacity(2), Source::Any, Tag::Is(tag - 1))?)
         } else {
             None
         };
         Ok(Sched { comm, tag, notice })
-    }
-
-    /// A schedule over `comm`'s collective context with a fixed `tag` and no notices
-    /// (communicator creation, whose members may be a subset of `comm`).
-    pub(crate) fn with_tag(comm: &'c Communicator, tag: i32) -> Self {
-        Sched { comm, tag, notice: None }
     }
 
     /// Waits for `req` as a step of this schedule.
@@ -272,20 +280,25 @@ impl Communicator {
 
     /// Starts a nonblocking collective whose result goes into `buf`: `steps` (given the
     /// schedule, borrowing it) runs as the rank progresses; the request completes with
-    /// `bytes` in its status when they end.
+    /// `bytes` in its status when they end. Its messages travel under the tags of the
+    /// communicator's next sequence number, or under `fixed`.
     pub(crate) fn start_collective<B: Send + 'static>(
         &self,
         buf: B,
         bytes: usize,
+        fixed: Option<i32>,
         steps: impl for<'a> FnOnce(&'a Sched<'a>) -> Steps<'a> + Send + 'static,
     ) -> Result<Request<'_, B>, Error> {
         if self.is_freed() {
             return Err(Error::CommFreed);
         }
-        let seq = self.next_seq();
+        let tag = match fixed {
+            Some(t) => CollTag::Fixed(t),
+            None => CollTag::Seq(self.next_seq()),
+        };
         let comm = self.clone();
         let all: Steps<'static> = Box::pin(async move {
-            let s = Sched::new(&comm, seq, true)?;
+            let s = Sched::new(&comm, tag)?;
             let res = steps(&s).await;
             s.finish(res)
         });
@@ -294,37 +307,5 @@ impl Communicator {
         let req = Request::collective(self, op.clone(), buf);
         self.engine().start_schedule(Box::new(Nbc { steps: Some(all), op, status }));
         Ok(req)
-    }
-
-    /// Runs a collective's steps on the calling thread, progressing until they end (for
-    /// steps that borrow from the caller). Errors name ranks here.
-    pub(crate) fn block_on_collective<R>(&self, steps: impl Future<Output = Result<R, Error>>) -> Result<R, Error> {
-        let mut fut = std::pin::pin!(steps);
-        let engine = self.engine();
-        let mut idle = weft_sync::IdleBackoff::new();
-        let mut nap = std::time::Duration::from_micros(20);
-        loop {
-            if let Poll::Ready(r) = fut.as_mut().poll(&mut Context::from_waker(&NOBODY)) {
-                return r.map_err(|e| self.local_error(e));
-            }
-            if engine.progress_once().progressed() {
-                idle.reset();
-                nap = std::time::Duration::from_micros(20);
-            } else if !idle.is_completed() {
-                idle.snooze();
-            } else if !crate::executor::help(&engine.executor) {
-                std::thread::sleep(nap);
-                nap = (nap * 2).min(std::time::Duration::from_millis(1));
-            }
-        }
-    }
-
-    /// A schedule with the next sequence number and no failure notices, for
-    /// [`block_on_collective`](Self::block_on_collective).
-    pub(crate) fn blocking_sched(&self) -> Result<Sched<'_>, Error> {
-        if self.is_freed() {
-            return Err(Error::CommFreed);
-        }
-        Sched::new(self, self.next_seq(), false)
     }
 }

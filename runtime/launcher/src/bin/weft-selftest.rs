@@ -639,6 +639,19 @@ fn coll_peer_lost(c: &Communicator) -> Res {
     check(bar == lost, || format!("barrier: expected PeerLost, got {bar:?}"))?;
     let ms = t0.elapsed().as_millis();
     check(t0.elapsed() < Duration::from_secs(20), || format!("PeerLost took {ms} ms"))?;
+    // The survivors leave together (through rank 0, point to point): one that left early
+    // would be a lost peer to those still in their collectives.
+    if me == 0 {
+        for r in 1..n - 1 {
+            c.recv(Vec::<u8>::with_capacity(1), r, 5).map_err(e)?;
+        }
+        for r in 1..n - 1 {
+            c.send(vec![0u8], r, 5).map_err(e)?;
+        }
+    } else {
+        c.send(vec![0u8], 0, 5).map_err(e)?;
+        c.recv(Vec::<u8>::with_capacity(1), 0u32, 5).map_err(e)?;
+    }
     println!("coll-peer-lost ok after {ms} ms");
     Ok(())
 }
