@@ -562,3 +562,32 @@ fn a_rank_lost_during_a_collective_fails_it_on_every_survivor() {
         }
     });
 }
+
+#[test]
+fn a_collective_request_dropped_in_flight_still_takes_its_steps() {
+    within(60, "dropped nonblocking collectives", || {
+        let out = on_world(4, |r, c| {
+            // Dropped at once: the schedules go on (the others need this rank's part), into
+            // buffers the runtime keeps.
+            for _ in 0..3 {
+                drop(c.iallreduce(vec![u64::from(r); 5000], Op::Sum).unwrap());
+                drop(c.ibcast(vec![u64::from(r); 40], 1).unwrap());
+            }
+            c.iallreduce(vec![u64::from(r)], Op::Sum).unwrap().wait().unwrap().0
+        });
+        assert!(out.iter().all(|v| v == &vec![6]), "{out:?}");
+    });
+}
+
+#[test]
+fn freeing_a_communicator_fails_its_collectives_in_flight() {
+    within(60, "a collective on a communicator freed under it", || {
+        let rts = super::builder().build_local(2).unwrap();
+        let d = on_world_dup(&rts);
+        // Only rank 0 enters: its barrier waits for rank 1 until the communicator goes.
+        let req = d.ibarrier().unwrap();
+        d.clone().free();
+        assert_eq!(req.wait().unwrap_err(), Error::CommFreed);
+        assert_eq!(d.ibcast(vec![1u8], 0).unwrap_err(), Error::CommFreed);
+    });
+}
