@@ -171,7 +171,7 @@ impl Engine {
             }
         }
         if self.config.progress != ProgressMode::Global {
-            n += self.advance_schedules();
+            n += self.advance_schedules(n > 0);
         }
         n
     }

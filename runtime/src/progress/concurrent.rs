@@ -35,7 +35,8 @@ impl Engine {
     ///
     /// The collectives in flight are advanced after the walk, with no lock held.
     pub(crate) fn progress_concurrent(&self) -> usize {
-        self.walk_concurrent() + self.advance_schedules()
+        let n = self.walk_concurrent();
+        n + self.advance_schedules(n > 0)
     }
 
     /// The walk of [`progress_concurrent`](Self::progress_concurrent).

@@ -34,7 +34,7 @@ impl Engine {
                     })
                     .unwrap_or(false);
                 // After the lock: collectives in flight post.
-                self.advance_schedules() > 0 || progressed
+                self.advance_schedules(progressed) > 0 || progressed
             }
             ProgressMode::Owner => self.progress_once().progressed(),
             ProgressMode::Concurrent => self.progress_concurrent() > 0,

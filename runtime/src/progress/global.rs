@@ -12,6 +12,6 @@ impl Engine {
             let n = self.progress_all();
             (n, n > 0)
         });
-        n + self.advance_schedules()
+        n + self.advance_schedules(n > 0)
     }
 }
