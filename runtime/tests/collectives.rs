@@ -56,3 +56,30 @@ fn nonblocking_collectives_progress_while_their_rank_waits_elsewhere_in_every_mo
         });
     }
 }
+
+/// Collective requests attach to a sync object like receives: each completion comes out of
+/// it once, with its data, and the requests then hold their results.
+#[test]
+fn collective_requests_complete_through_a_sync_object() {
+    within(60, "collectives attached to a sync object", || {
+        let rts = builder().build_local(3).unwrap();
+        std::thread::scope(|s| {
+            for rt in &rts {
+                s.spawn(move || {
+                    let c = rt.world();
+                    let r = u64::from(c.rank());
+                    let sync = rt.sync_object::<usize>();
+                    let mut reqs = vec![c.iallreduce(vec![r + 1], Op::Sum).unwrap(), c.ibcast(vec![r; 2], 2).unwrap()];
+                    for (i, q) in reqs.iter_mut().enumerate() {
+                        sync.attach(q, i).unwrap();
+                    }
+                    let mut seen: Vec<usize> = (0..2).map(|_| sync.wait_any().expect("a completion").data).collect();
+                    seen.sort_unstable();
+                    assert_eq!(seen, [0, 1]);
+                    assert_eq!(reqs[0].take().unwrap().unwrap().0, vec![6]);
+                    assert_eq!(reqs[1].take().unwrap().unwrap().0, vec![2, 2]);
+                });
+            }
+        });
+    });
+}
