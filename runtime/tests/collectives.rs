@@ -69,7 +69,7 @@ fn collective_requests_complete_through_a_sync_object() {
                     let c = rt.world();
                     let r = u64::from(c.rank());
                     let sync = rt.sync_object::<usize>();
-                    let mut reqs = vec![c.iallreduce(vec![r + 1], Op::Sum).unwrap(), c.ibcast(vec![r; 2], 2).unwrap()];
+                    let mut reqs = [c.iallreduce(vec![r + 1], Op::Sum).unwrap(), c.ibcast(vec![r; 2], 2).unwrap()];
                     for (i, q) in reqs.iter_mut().enumerate() {
                         sync.attach(q, i).unwrap();
                     }
