@@ -158,27 +158,12 @@ pub(crate) fn chart(cores: usize) -> Chart {
 
 /// One job of `n` ranks through `weftrun`; returns rank 0's time per round in µs.
 fn launch(a: &Args, p: Provider, n: u32, size: usize) -> Result<f64, String> {
-    let (exe, weftrun) = crate::report::self_and_weftrun()?;
-    let out = std::process::Command::new(&weftrun)
-        .args(["-n", &n.to_string(), "--provider", &p.to_string(), "--timeout", &a.timeout.to_string()])
-        .arg(&exe)
-        .args(["alltoall", "--rank-worker", "--provider", &p.to_string(), "-n", &n.to_string()])
-        .args(["-s", &size.to_string(), "-r", &a.rounds.to_string(), "--warmup", &a.warmup.to_string()])
-        .stdin(std::process::Stdio::null())
-        .output()
-        .map_err(|e| format!("weftrun: {e}"))?;
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    if !out.status.success() {
-        return Err(format!(
-            "all-to-all job ({p}, {n} ranks, {size} B) failed ({}):\n{stdout}{}",
-            out.status,
-            String::from_utf8_lossy(&out.stderr)
-        ));
-    }
-    stdout
-        .lines()
-        .find_map(|l| l.strip_prefix("[0] ROUND_US ").and_then(|v| v.trim().parse::<f64>().ok()))
-        .ok_or_else(|| format!("no time in the job's output:\n{stdout}"))
+    let args = ["alltoall", "--rank-worker", "--provider", &p.to_string(), "-n", &n.to_string(), "-s", &size.to_string()]
+        .into_iter()
+        .map(String::from)
+        .chain(["-r".into(), a.rounds.to_string(), "--warmup".into(), a.warmup.to_string()])
+        .collect::<Vec<_>>();
+    crate::report::weftrun_job(p, n, a.timeout, &args, &format!("all-to-all ({size} B)"), "ROUND_US")
 }
 
 /// The first and last bytes of the message `src` sends in `round`.

@@ -4,6 +4,7 @@
 //! configuration. Sweep options take comma lists (`-t 1,2,4,8`).
 
 mod alltoall;
+mod coll;
 mod ctxid;
 mod dlock;
 mod idle;
@@ -50,6 +51,8 @@ enum Cmd {
     SyncPingpong(sync_pingpong::Args),
     /// All-to-all rounds (isend/irecv to every other rank) in real processes on shm and tcp.
     Alltoall(alltoall::Args),
+    /// Collective latency per collective, ranks and size: embedded (threads) and shm/tcp (processes), Open MPI beside.
+    Coll(coll::Args),
     /// Communicator creation from many threads per rank: eager vs base context id allocation ([Dinan 2012]).
     Ctxid(ctxid::Args),
     /// Job start-up at 2-64 ranks under weftrun and mpirun (PMIx), beside MPI_Init.
@@ -92,6 +95,7 @@ fn main() {
         Cmd::Ctxid(a) => ctxid::run(&a),
         Cmd::Startup(a) => startup::run(&a),
         Cmd::Dlock(a) => dlock::run(&a),
+        Cmd::Coll(a) => coll::run(&a),
     };
     if let Err(e) = res {
         eprintln!("weft-bench: {e}");

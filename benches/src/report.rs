@@ -213,6 +213,29 @@ pub fn self_and_weftrun() -> Result<(PathBuf, PathBuf), String> {
     Ok((exe, weftrun))
 }
 
+/// Runs this binary as a job of `n` ranks through `weftrun` on provider `p` (stopped after
+/// `timeout` seconds), with `args` (the subcommand and its worker options); returns the
+/// value of rank 0's `KEY <value>` line. `what` names the job in errors.
+pub fn weftrun_job(p: weft::Provider, n: u32, timeout: u64, args: &[String], what: &str, key: &str) -> Result<f64, String> {
+    let (exe, weftrun) = self_and_weftrun()?;
+    let out = std::process::Command::new(&weftrun)
+        .args(["-n", &n.to_string(), "--provider", &p.to_string(), "--timeout", &timeout.to_string()])
+        .arg(&exe)
+        .args(args)
+        .stdin(std::process::Stdio::null())
+        .output()
+        .map_err(|e| format!("weftrun: {e}"))?;
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    if !out.status.success() {
+        return Err(format!("{what} job ({p}, {n} ranks) failed ({}):\n{stdout}{}", out.status, String::from_utf8_lossy(&out.stderr)));
+    }
+    let prefix = format!("[0] {key} ");
+    stdout
+        .lines()
+        .find_map(|l| l.strip_prefix(prefix.as_str()).and_then(|v| v.trim().parse::<f64>().ok()))
+        .ok_or_else(|| format!("no {key} in the {what} job's output:\n{stdout}"))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -1,33 +1,54 @@
-//! Blocking collectives on any communicator: `barrier` (dissemination), `bcast` and `reduce`
-//! (binomial trees), `allreduce` (recursive doubling, ranks beyond a power of two folded in
-//! first, as MPICH does for short messages), `gather` and `scatter` (the root exchanges with
-//! each rank), `allgather` (ring), `scan` and `exscan` (recursive doubling). Their messages travel on the communicator's collective
-//! context under reserved negative tags, so they never match a user receive, `Tag::Any`
-//! included. Each collective's sends are posted after its receive, so large messages (by
-//! rendezvous) cannot wait on each other.
+//! The collectives on any communicator, blocking and nonblocking. Each is a schedule of
+//! point-to-point steps (`nbc.rs`): a nonblocking one (`ibcast`, ...) is a [`Request`] like a
+//! receive, which the rank's progress completes; a blocking one starts the same schedule and
+//! waits for it. Their messages travel on the communicator's collective context under tags of
+//! the collective's sequence number, so they never match a user receive (`Tag::Any`
+//! included) nor each other's.
+//!
+//! # Algorithms and their thresholds
+//!
+//! Chosen by message size and number of ranks as MPICH chooses them (its defaults):
+//!
+//! | collective | small | large |
+//! |---|---|---|
+//! | `barrier` | dissemination: `ceil(log2 n)` rounds | — |
+//! | `bcast` | binomial tree | from [`BCAST_LONG_BYTES`] and [`BCAST_LONG_RANKS`] ranks: binomial scatter of `n` blocks, then a ring allgather (van de Geijn; MPICH's `scatter_ring_allgather`) |
+//! | `allreduce` | recursive doubling, ranks beyond a power of two folded in first | from [`ALLREDUCE_LONG_BYTES`] with a predefined op and at least `n` elements: a ring reduce-scatter, then a ring allgather (about `2 (n-1)/n` times the data sent per rank, against `log2 n` times) |
+//! | `reduce` | binomial tree | — |
+//! | `gather`, `scatter` (and `v`) | the root exchanges with every rank at once | — |
+//! | `allgather` (and `v`) | ring | — |
+//! | `alltoall` (and `v`) | every pair at once, receives posted first | — |
+//! | `scan`, `exscan` | recursive doubling | — |
+//!
+//! A user reduction (`allreduce_with`) need not be commutative, so it always takes recursive
+//! doubling, which combines in rank order.
+//!
+//! # Errors
+//!
+//! Bad arguments found on the calling rank (a root out of range, buffers of the wrong
+//! length) are refused before anything is sent. A rank that finds, during the collective,
+//! that another passed a different length or count fails with
+//! `InvalidArgument`, and a peer lost during a collective fails it with `PeerLost`; either
+//! way the failing rank tells every other member, so that none of them waits forever for a
+//! message that will not come (`nbc.rs`).
+
+use std::ops::Range;
 
 use weft_sync::Error;
 
 use crate::buffer::Primitive;
 use crate::comm::Communicator;
-use crate::matching::{Source, Tag};
+use crate::nbc::{Out, Sched, MISMATCH};
+use crate::request::Request;
 
-/// Collective-context tag of round `k` of `barrier` is `TAG_BARRIER - k`.
-const TAG_BARRIER: i32 = -16;
-/// Collective-context tag of `bcast`.
-const TAG_BCAST: i32 = -48;
-/// Collective-context tag of `allreduce`.
-const TAG_ALLREDUCE: i32 = -49;
-/// Collective-context tag of `reduce`.
-const TAG_REDUCE: i32 = -50;
-/// Collective-context tag of `gather`.
-const TAG_GATHER: i32 = -51;
-/// Collective-context tag of `scatter`.
-const TAG_SCATTER: i32 = -52;
-/// Collective-context tag of `allgather`.
-const TAG_ALLGATHER: i32 = -53;
-/// Collective-context tag of `scan` and `exscan`.
-const TAG_SCAN: i32 = -54;
+/// `bcast` messages of at least this many bytes go by scatter and allgather (MPICH's
+/// `MPIR_CVAR_BCAST_SHORT_MSG_SIZE`)...
+pub const BCAST_LONG_BYTES: usize = 12288;
+/// ... on at least this many ranks (MPICH's `MPIR_CVAR_BCAST_MIN_PROCS`).
+pub const BCAST_LONG_RANKS: u32 = 8;
+/// `allreduce` messages of at least this many bytes go by ring reduce-scatter and allgather
+/// (MPICH's `MPIR_CVAR_ALLREDUCE_SHORT_MSG_SIZE`).
+pub const ALLREDUCE_LONG_BYTES: usize = 2048;
 
 /// A predefined reduction (`MPI_Op`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -90,234 +111,296 @@ macro_rules! reducible_float {
 }
 reducible_float!(f32, f64);
 
-impl Communicator {
-    fn check_collective(&self) -> Result<(), Error> {
-        if self.is_freed() {
-            return Err(Error::CommFreed);
+/// `f` applied elementwise.
+fn zip_with<T: Copy>(a: &[T], b: &[T], f: impl Fn(T, T) -> T) -> Vec<T> {
+    a.iter().zip(b).map(|(&x, &y)| f(x, y)).collect()
+}
+
+/// The elementwise reduction of `op` over `T`, or an error naming `what` if `op` is not
+/// defined for it (bitwise on floats; told by an element of the data, `sample`).
+fn op_for<T: Reducible>(
+    op: Op,
+    sample: Option<&T>,
+    what: &'static str,
+) -> Result<impl Fn(&[T], &[T]) -> Vec<T> + Send + Sync + Copy, Error> {
+    if sample.is_some_and(|&x| T::apply(op, x, x).is_none()) {
+        return Err(Error::InvalidArgument(what));
+    }
+    Ok(move |a: &[T], b: &[T]| zip_with(a, b, |x, y| T::apply(op, x, y).expect("op checked for the type")))
+}
+
+/// Block `i` of `n` nearly equal blocks of `len` elements (the last ones may be shorter or
+/// empty).
+fn block(len: usize, n: u32, i: u32) -> Range<usize> {
+    let per = len.div_ceil(n as usize);
+    (i as usize * per).min(len)..((i as usize + 1) * per).min(len)
+}
+
+/// Blocks `counts[r]` long at `displs[r]` of a buffer of `len` elements, one per rank, or an
+/// error naming `what` if the lists are not one per rank or a block leaves the buffer.
+fn blocks(counts: &[usize], displs: &[usize], n: u32, len: usize, what: &'static str) -> Result<Vec<Range<usize>>, Error> {
+    if counts.len() != n as usize || displs.len() != n as usize {
+        return Err(Error::InvalidArgument(what));
+    }
+    counts
+        .iter()
+        .zip(displs)
+        .map(|(&c, &d)| match d.checked_add(c) {
+            Some(end) if end <= len => Ok(d..end),
+            _ => Err(Error::InvalidArgument(what)),
+        })
+        .collect()
+}
+
+/// `n` blocks of `len` elements, one after the other.
+fn even(len: usize, n: u32) -> Vec<Range<usize>> {
+    (0..n as usize).map(|r| r * len..(r + 1) * len).collect()
+}
+
+impl Sched<'_> {
+    /// The world rank of rank `v` counted from `root`.
+    fn at(&self, v: u32, root: u32) -> u32 {
+        let n = self.comm.size();
+        self.comm.world_of((v + root) % n)
+    }
+
+    /// Dissemination barrier: round `k` signals the rank `2^k` ahead and hears from the one
+    /// `2^k` behind.
+    async fn barrier(&self) -> Result<(), Error> {
+        let (n, me) = (self.comm.size(), self.comm.rank());
+        let mut d = 1;
+        while d < n {
+            self.sendrecv::<u8>(self.at(me + d, 0), Vec::new(), self.at(me + n - d, 0), 0).await?;
+            d <<= 1;
         }
         Ok(())
     }
 
-    /// Receives `len` elements from world rank `from` on the collective context, posting the
-    /// receive before the sends of `to` (world ranks and their data) go out. A lost peer is
-    /// named by its rank in this communicator.
-    fn exchange<T: Primitive>(&self, tag: i32, from: Option<(u32, usize)>, to: &[(u32, Vec<T>)]) -> Result<Option<Vec<T>>, Error> {
-        let coll = self.coll_state();
-        let rx = match from {
-            Some((w, len)) => Some((
-                self.irecv_on(coll, Vec::<T>::with_capacity(len), Source::Rank(w), Tag::Is(tag)).map_err(|e| self.local_error(e))?,
-                len,
-            )),
-            None => None,
-        };
-        let sends = to
-            .iter()
-            .map(|(w, v)| self.isend_on(coll, v.clone(), *w, tag))
-            .collect::<Result<Vec<_>, _>>()
-            .map_err(|e| self.local_error(e))?;
-        let got = match rx {
-            Some((rx, len)) => {
-                let (v, _) = rx.wait()?;
-                if v.len() != len {
-                    return Err(Error::InvalidArgument("collective: a rank passed a different length"));
-                }
-                Some(v)
-            }
-            None => None,
-        };
-        for s in sends {
-            s.wait()?;
-        }
-        Ok(got)
-    }
-
-    /// Blocks until every rank of the communicator has called it (`MPI_Barrier`;
-    /// dissemination: `ceil(log2 size)` rounds, round `k` signalling the rank `2^k` ahead).
-    pub fn barrier(&self) -> Result<(), Error> {
-        self.check_collective()?;
-        let (n, me) = (self.size(), self.rank());
-        let mut k = 0;
-        while 1u32 << k < n {
-            let d = 1 << k;
-            let (from, to) = (self.world_of((me + n - d) % n), self.world_of((me + d) % n));
-            self.exchange::<u8>(TAG_BARRIER - k, Some((from, 0)), &[(to, Vec::new())])?;
-            k += 1;
-        }
-        Ok(())
-    }
-
-    /// Copies `data` of rank `root` into `data` of every rank (`MPI_Bcast`; binomial tree).
-    /// Every rank passes the same length and root.
-    pub fn bcast<T: Primitive>(&self, data: &mut [T], root: u32) -> Result<(), Error> {
-        self.check_collective()?;
-        let n = self.size();
-        if root >= n {
-            return Err(Error::RankOutOfRange { rank: root, size: n });
-        }
-        let vr = (self.rank() + n - root) % n;
+    /// Binomial-tree broadcast of `data` from `root`.
+    async fn bcast_binomial<T: Primitive>(&self, data: &mut Vec<T>, root: u32) -> Result<(), Error> {
+        let n = self.comm.size();
+        let vr = (self.comm.rank() + n - root) % n;
         let mut mask = 1u32;
         while mask < n {
             if vr & mask != 0 {
-                let from = self.world_of((vr - mask + root) % n);
-                let v = self.exchange::<T>(TAG_BCAST, Some((from, data.len())), &[])?.expect("a receive was posted");
-                data.copy_from_slice(&v);
+                *data = self.recv(self.at(vr - mask, root), data.len()).await?;
                 break;
             }
             mask <<= 1;
         }
-        mask >>= 1;
         let mut to = Vec::new();
+        mask >>= 1;
         while mask > 0 {
             if vr + mask < n {
-                to.push((self.world_of((vr + mask + root) % n), data.to_vec()));
+                to.push((self.at(vr + mask, root), data.clone()));
             }
             mask >>= 1;
         }
-        self.exchange::<T>(TAG_BCAST, None, &to)?;
-        Ok(())
+        self.exchange::<T>(None, to).await.map(drop)
     }
 
-    /// Checks that `root` is a rank here.
-    fn check_root(&self, root: u32) -> Result<(), Error> {
-        self.check_collective()?;
-        if root >= self.size() {
-            return Err(Error::RankOutOfRange { rank: root, size: self.size() });
-        }
-        Ok(())
-    }
-
-    /// Reduces `send` elementwise over every rank with `op` into `recv` of rank `root`
-    /// (`MPI_Reduce`; binomial tree). `recv` is read only at the root, where it has the
-    /// length of `send`. Every rank passes the same length, op and root.
-    pub fn reduce<T: Reducible>(&self, send: &[T], recv: &mut [T], op: Op, root: u32) -> Result<(), Error> {
-        self.check_root(root)?;
-        if send.first().is_some_and(|&x| T::apply(op, x, x).is_none()) {
-            return Err(Error::InvalidArgument("reduce: a bitwise op on floating-point elements"));
-        }
-        let (n, me, len) = (self.size(), self.rank(), send.len());
-        if me == root && recv.len() != len {
-            return Err(Error::InvalidArgument("reduce: the root's receive buffer differs in length from the send buffer"));
-        }
-        let vr = (me + n - root) % n;
-        let at = |v: u32| self.world_of((v + root) % n);
-        let mut buf = send.to_vec();
+    /// Broadcast by scatter and allgather: the root's `n` blocks go down a binomial tree
+    /// (each subtree gets the blocks of its ranks), then a ring gathers them everywhere.
+    async fn bcast_scatter_allgather<T: Primitive>(&self, data: &mut [T], root: u32) -> Result<(), Error> {
+        let (n, len) = (self.comm.size(), data.len());
+        let vr = (self.comm.rank() + n - root) % n;
+        // The blocks of ranks `lo..hi` (from the root) as one range.
+        let span = |lo: u32, hi: u32| block(len, n, lo).start..block(len, n, hi.min(n) - 1).end;
         let mut mask = 1u32;
         while mask < n {
             if vr & mask != 0 {
-                self.exchange(TAG_REDUCE, None, &[(at(vr - mask), buf)])?;
-                return Ok(());
-            }
-            if vr + mask < n {
-                let theirs = self.exchange::<T>(TAG_REDUCE, Some((at(vr + mask), len)), &[])?.expect("a receive was posted");
-                buf = buf.iter().zip(&theirs).map(|(&a, &b)| T::apply(op, a, b).expect("op checked for the type")).collect();
+                let r = span(vr, vr + mask);
+                let got = self.recv(self.at(vr - mask, root), r.len()).await?;
+                data[r].copy_from_slice(&got);
+                break;
             }
             mask <<= 1;
         }
-        recv.copy_from_slice(&buf);
+        let mut to = Vec::new();
+        mask >>= 1;
+        while mask > 0 {
+            if vr + mask < n {
+                to.push((self.at(vr + mask, root), data[span(vr + mask, vr + 2 * mask)].to_vec()));
+            }
+            mask >>= 1;
+        }
+        self.exchange::<T>(None, to).await?;
+        let blocks: Vec<_> = (0..n).map(|i| block(len, n, i)).collect();
+        self.ring_allgather(data, &blocks, root, 0).await
+    }
+
+    /// Ring allgather of `data`'s blocks, `blocks[v]` for the rank `v` from `root`: that
+    /// rank starts with block `v + shift`, and in `n - 1` steps each rank passes the block it
+    /// got last to the next.
+    async fn ring_allgather<T: Primitive>(&self, data: &mut [T], blocks: &[Range<usize>], root: u32, shift: u32) -> Result<(), Error> {
+        let n = self.comm.size();
+        let vr = (self.comm.rank() + n - root) % n;
+        let (left, right) = (self.at(vr + n - 1, root), self.at(vr + 1, root));
+        for step in 0..n.saturating_sub(1) {
+            let out = &blocks[((vr + shift + n - step) % n) as usize];
+            let inc = blocks[((vr + shift + 2 * n - step - 1) % n) as usize].clone();
+            let got = self.sendrecv(right, data[out.clone()].to_vec(), left, inc.len()).await?;
+            data[inc].copy_from_slice(&got);
+        }
         Ok(())
     }
 
-    /// Gathers `send` of every rank into `recv` of rank `root`, rank `r`'s at
-    /// `r * send.len()` (`MPI_Gather`). `recv` is read only at the root, where it holds
-    /// `size * send.len()` elements.
-    pub fn gather<T: Primitive>(&self, send: &[T], recv: &mut [T], root: u32) -> Result<(), Error> {
-        self.check_root(root)?;
-        let (n, me, len) = (self.size(), self.rank(), send.len());
-        if me != root {
-            self.exchange(TAG_GATHER, None, &[(self.world_of(root), send.to_vec())])?;
-            return Ok(());
+    /// Ring allreduce of `data` with the commutative `f`: a reduce-scatter (in `n - 1` steps
+    /// each rank adds its part of the block passing by; rank `v` ends with block `v + 1`
+    /// reduced over every rank), then a ring allgather of the reduced blocks.
+    async fn allreduce_ring<T: Primitive>(&self, data: &mut [T], f: impl Fn(&[T], &[T]) -> Vec<T>) -> Result<(), Error> {
+        let (n, me, len) = (self.comm.size(), self.comm.rank(), data.len());
+        let blocks: Vec<_> = (0..n).map(|i| block(len, n, i)).collect();
+        let (left, right) = (self.at(me + n - 1, 0), self.at(me + 1, 0));
+        for step in 0..n - 1 {
+            let out = blocks[((me + n - step) % n) as usize].clone();
+            let inc = blocks[((me + 2 * n - step - 1) % n) as usize].clone();
+            let got = self.sendrecv(right, data[out].to_vec(), left, inc.len()).await?;
+            let sum = f(&got, &data[inc.clone()]);
+            data[inc].copy_from_slice(&sum);
         }
-        if recv.len() != n as usize * len {
-            return Err(Error::InvalidArgument("gather: the root's receive buffer is not size x the send buffer"));
-        }
-        for r in 0..n {
-            let block = &mut recv[r as usize * len..(r as usize + 1) * len];
-            if r == me {
-                block.copy_from_slice(send);
+        self.ring_allgather(data, &blocks, 0, 1).await
+    }
+
+    /// Reduces `value` over the world ranks `members` (this rank among them; each passes the
+    /// same list and length): every member gets `f(f(v0, v1), ...)` over the members' values
+    /// in list order (`f(lower, upper)` combines the values of two adjacent runs of
+    /// members). Recursive doubling over the largest power of two of members, the members
+    /// beyond it folded in first (MPICH's short-message allreduce).
+    pub(crate) async fn reduce_over<T: Primitive>(
+        &self,
+        members: &[u32],
+        value: Vec<T>,
+        f: impl Fn(&[T], &[T]) -> Vec<T>,
+    ) -> Result<Vec<T>, Error> {
+        let me_world = self.comm.world_of(self.comm.rank());
+        let me =
+            members.iter().position(|&w| w == me_world).ok_or(Error::InvalidArgument("a reduction over members without this rank"))? as u32;
+        let (n, len) = (members.len() as u32, value.len());
+        let w = |i: u32| members[i as usize];
+        let pof2 = 1u32 << (31 - n.leading_zeros());
+        let rem = n - pof2;
+        let mut buf = value;
+        // Fold: among the first `2 * rem` members, each even one hands its data to the odd
+        // one after it and waits for the result.
+        let newrank = if me < 2 * rem {
+            if me % 2 == 0 {
+                self.send(w(me + 1), buf.clone()).await?;
+                None
             } else {
-                block.copy_from_slice(&self.exchange::<T>(TAG_GATHER, Some((self.world_of(r), len)), &[])?.expect("a receive was posted"));
+                let lower = self.recv::<T>(w(me - 1), len).await?;
+                buf = f(&lower, &buf);
+                Some(me / 2)
+            }
+        } else {
+            Some(me - rem)
+        };
+        if let Some(nr) = newrank {
+            let mut mask = 1;
+            while mask < pof2 {
+                let partner = nr ^ mask;
+                let dst = if partner < rem { partner * 2 + 1 } else { partner + rem };
+                let theirs = self.sendrecv(w(dst), buf.clone(), w(dst), len).await?;
+                buf = if dst < me { f(&theirs, &buf) } else { f(&buf, &theirs) };
+                mask <<= 1;
             }
         }
+        if me < 2 * rem {
+            if me % 2 == 1 {
+                self.send(w(me - 1), buf.clone()).await?;
+            } else {
+                buf = self.recv(w(me + 1), len).await?;
+            }
+        }
+        Ok(buf)
+    }
+
+    /// Binomial-tree reduction of `data` into `data` of `root` (others' is left as it was).
+    async fn reduce<T: Primitive>(&self, data: &mut Vec<T>, root: u32, f: impl Fn(&[T], &[T]) -> Vec<T>) -> Result<(), Error> {
+        let (n, len) = (self.comm.size(), data.len());
+        let vr = (self.comm.rank() + n - root) % n;
+        let mut buf = data.clone();
+        let mut mask = 1u32;
+        while mask < n {
+            if vr & mask != 0 {
+                return self.send(self.at(vr - mask, root), buf).await;
+            }
+            if vr + mask < n {
+                let theirs = self.recv::<T>(self.at(vr + mask, root), len).await?;
+                buf = f(&buf, &theirs);
+            }
+            mask <<= 1;
+        }
+        *data = buf;
         Ok(())
     }
 
-    /// Scatters `send` of rank `root` (`size * recv.len()` elements there; read only there):
-    /// rank `r` gets the block at `r * recv.len()` into `recv` (`MPI_Scatter`).
-    pub fn scatter<T: Primitive>(&self, send: &[T], recv: &mut [T], root: u32) -> Result<(), Error> {
-        self.check_root(root)?;
-        let (n, me, len) = (self.size(), self.rank(), recv.len());
+    /// Gathers `send` of every rank into `blocks[r]` of `recv` of `root` (the root posts
+    /// every receive at once). `blocks` is read at the root only.
+    async fn gather<T: Primitive>(&self, send: Vec<T>, recv: &mut [T], blocks: &[Range<usize>], root: u32) -> Result<(), Error> {
+        let (n, me) = (self.comm.size(), self.comm.rank());
         if me != root {
-            let v = self.exchange::<T>(TAG_SCATTER, Some((self.world_of(root), len)), &[])?.expect("a receive was posted");
+            return self.send(self.comm.world_of(root), send).await;
+        }
+        if send.len() != blocks[me as usize].len() {
+            return Err(MISMATCH);
+        }
+        let others: Vec<u32> = (0..n).filter(|&r| r != me).collect();
+        let from: Vec<_> = others.iter().map(|&r| (self.comm.world_of(r), blocks[r as usize].len())).collect();
+        let got = self.exchange_many::<T>(&from, Vec::new()).await?;
+        for (r, v) in others.into_iter().zip(got) {
+            recv[blocks[r as usize].clone()].copy_from_slice(&v);
+        }
+        recv[blocks[me as usize].clone()].copy_from_slice(&send);
+        Ok(())
+    }
+
+    /// Scatters `blocks[r]` of `send` of `root` into `recv` of rank `r` (`send` and `blocks`
+    /// are read at the root only).
+    async fn scatter<T: Primitive>(&self, send: &[T], blocks: &[Range<usize>], recv: &mut [T], root: u32) -> Result<(), Error> {
+        let (n, me) = (self.comm.size(), self.comm.rank());
+        if me != root {
+            let v = self.recv(self.comm.world_of(root), recv.len()).await?;
             recv.copy_from_slice(&v);
             return Ok(());
         }
-        if send.len() != n as usize * len {
-            return Err(Error::InvalidArgument("scatter: the root's send buffer is not size x the receive buffer"));
+        if recv.len() != blocks[me as usize].len() {
+            return Err(MISMATCH);
         }
-        let to: Vec<(u32, Vec<T>)> =
-            (0..n).filter(|&r| r != me).map(|r| (self.world_of(r), send[r as usize * len..(r as usize + 1) * len].to_vec())).collect();
-        self.exchange(TAG_SCATTER, None, &to)?;
-        recv.copy_from_slice(&send[me as usize * len..(me as usize + 1) * len]);
+        let to = (0..n).filter(|&r| r != me).map(|r| (self.comm.world_of(r), send[blocks[r as usize].clone()].to_vec())).collect();
+        self.exchange(None, to).await?;
+        recv.copy_from_slice(&send[blocks[me as usize].clone()]);
         Ok(())
     }
 
-    /// Gathers `send` of every rank into `recv` of every rank, rank `r`'s at
-    /// `r * send.len()` (`MPI_Allgather`; a ring of `size - 1` steps). `recv` holds
-    /// `size * send.len()` elements.
-    pub fn allgather<T: Primitive>(&self, send: &[T], recv: &mut [T]) -> Result<(), Error> {
-        self.check_collective()?;
-        let (n, me, len) = (self.size(), self.rank(), send.len());
-        if recv.len() != n as usize * len {
-            return Err(Error::InvalidArgument("allgather: the receive buffer is not size x the send buffer"));
+    /// Sends `send[sblocks[r]]` to every rank `r` and receives `rblocks[r]` of `recv` from it,
+    /// all at once.
+    async fn alltoall<T: Primitive>(
+        &self,
+        send: &[T],
+        sblocks: &[Range<usize>],
+        recv: &mut [T],
+        rblocks: &[Range<usize>],
+    ) -> Result<(), Error> {
+        let (n, me) = (self.comm.size(), self.comm.rank());
+        let others: Vec<u32> = (0..n).filter(|&r| r != me).collect();
+        let from: Vec<_> = others.iter().map(|&r| (self.comm.world_of(r), rblocks[r as usize].len())).collect();
+        let to = others.iter().map(|&r| (self.comm.world_of(r), send[sblocks[r as usize].clone()].to_vec())).collect();
+        let got = self.exchange_many(&from, to).await?;
+        for (&r, v) in others.iter().zip(got) {
+            recv[rblocks[r as usize].clone()].copy_from_slice(&v);
         }
-        let block = |r: u32| r as usize * len..(r as usize + 1) * len;
-        recv[block(me)].copy_from_slice(send);
-        let (left, right) = (self.world_of((me + n - 1) % n), self.world_of((me + 1) % n));
-        for step in 0..n - 1 {
-            let (out, inc) = ((me + n - step) % n, (me + n - step - 1) % n);
-            let got =
-                self.exchange::<T>(TAG_ALLGATHER, Some((left, len)), &[(right, recv[block(out)].to_vec())])?.expect("a receive was posted");
-            recv[block(inc)].copy_from_slice(&got);
+        if sblocks[me as usize].len() != rblocks[me as usize].len() {
+            return Err(MISMATCH);
         }
-        Ok(())
-    }
-
-    /// Inclusive prefix reduction (`MPI_Scan`): `recv` of rank `r` is `send` of ranks
-    /// `0..=r` reduced elementwise with `op`, in rank order. Every rank passes the same
-    /// lengths and op.
-    pub fn scan<T: Reducible>(&self, send: &[T], recv: &mut [T], op: Op) -> Result<(), Error> {
-        let below = self.prefix(send, recv.len(), op)?;
-        let f = |a, b| T::apply(op, a, b).expect("op checked for the type");
-        match below {
-            Some(b) => recv.iter_mut().zip(b.iter().zip(send)).for_each(|(o, (&x, &y))| *o = f(x, y)),
-            None => recv.copy_from_slice(send),
-        }
-        Ok(())
-    }
-
-    /// Exclusive prefix reduction (`MPI_Exscan`): `recv` of rank `r > 0` is `send` of ranks
-    /// `0..r` reduced elementwise with `op`, in rank order; rank 0's `recv` is left as it
-    /// is (MPI leaves it undefined). Every rank passes the same lengths and op.
-    pub fn exscan<T: Reducible>(&self, send: &[T], recv: &mut [T], op: Op) -> Result<(), Error> {
-        if let Some(b) = self.prefix(send, recv.len(), op)? {
-            recv.copy_from_slice(&b);
-        }
+        recv[rblocks[me as usize].clone()].copy_from_slice(&send[sblocks[me as usize].clone()]);
         Ok(())
     }
 
     /// The reduction of `send` over the ranks below this one (`None` at rank 0), by recursive
     /// doubling: each step trades the reduction of a block of ranks with the partner's.
-    fn prefix<T: Reducible>(&self, send: &[T], recv_len: usize, op: Op) -> Result<Option<Vec<T>>, Error> {
-        self.check_collective()?;
-        if send.len() != recv_len {
-            return Err(Error::InvalidArgument("scan: send and receive buffers of different lengths"));
-        }
-        if send.first().is_some_and(|&x| T::apply(op, x, x).is_none()) {
-            return Err(Error::InvalidArgument("scan: a bitwise op on floating-point elements"));
-        }
-        let f =
-            |a: &[T], b: &[T]| -> Vec<T> { a.iter().zip(b).map(|(&x, &y)| T::apply(op, x, y).expect("op checked for the type")).collect() };
-        let (n, me, len) = (self.size(), self.rank(), send.len());
+    async fn prefix<T: Primitive>(&self, send: &[T], f: impl Fn(&[T], &[T]) -> Vec<T>) -> Result<Option<Vec<T>>, Error> {
+        let (n, me, len) = (self.comm.size(), self.comm.rank(), send.len());
         // `block`: the reduction over this rank's block of the current step; `below`: over
         // the ranks below this one seen so far.
         let mut block = send.to_vec();
@@ -326,8 +409,8 @@ impl Communicator {
         while mask < n {
             let partner = me ^ mask;
             if partner < n {
-                let w = self.world_of(partner);
-                let theirs = self.exchange::<T>(TAG_SCAN, Some((w, len)), &[(w, block.clone())])?.expect("a receive was posted");
+                let w = self.comm.world_of(partner);
+                let theirs = self.sendrecv(w, block.clone(), w, len).await?;
                 if partner < me {
                     below = Some(match below {
                         Some(b) => f(&theirs, &b),
@@ -342,88 +425,498 @@ impl Communicator {
         }
         Ok(below)
     }
+}
+
+/// Boxes a collective's steps: for [`Communicator::start_collective`] (`|s| ...`, given
+/// the schedule) or [`Communicator::start_in`] (`|s, work| ...`, and the buffer to work in).
+macro_rules! steps {
+    (|$s:ident| $body:expr) => {
+        move |$s: &Sched<'_>| -> crate::nbc::Steps<'_> { Box::pin(async move { $body }) }
+    };
+    (|$s:ident, $w:ident| $body:expr) => {
+        move |$s: &Sched<'_>, $w: &mut Vec<_>| -> crate::nbc::Steps<'_> { Box::pin(async move { $body }) }
+    };
+}
+
+impl Communicator {
+    /// Starts a collective whose result is `buf` as `steps` leave it: they get the schedule
+    /// and a copy of `buf` to work in, which is copied into `buf` when they end.
+    fn start_in<T: Primitive>(
+        &self,
+        buf: Vec<T>,
+        steps: impl for<'a> FnOnce(&'a Sched<'a>, &'a mut Vec<T>) -> crate::nbc::Steps<'a> + Send + 'static,
+    ) -> Result<Request<'_, Vec<T>>, Error> {
+        self.start_in_tagged(None, buf, steps)
+    }
+
+    /// [`start_in`](Self::start_in), under a fixed tag if given
+    /// ([`Communicator::start_collective`]).
+    fn start_in_tagged<T: Primitive>(
+        &self,
+        fixed: Option<i32>,
+        mut buf: Vec<T>,
+        steps: impl for<'a> FnOnce(&'a Sched<'a>, &'a mut Vec<T>) -> crate::nbc::Steps<'a> + Send + 'static,
+    ) -> Result<Request<'_, Vec<T>>, Error> {
+        let bytes = std::mem::size_of_val(buf.as_slice());
+        let (out, mut work) = (Out::of(&mut buf), buf.clone());
+        self.start_collective(
+            buf,
+            bytes,
+            fixed,
+            steps!(|s| {
+                steps(s, &mut work).await?;
+                out.write(&work);
+                Ok(())
+            }),
+        )
+    }
+
+    /// A rooted `v` form's blocks: at `root` (checked), those of `counts` and `displs` in its
+    /// buffer of `lens.0` elements, the root's own `lens.1` long, else `what`; elsewhere none
+    /// (not read).
+    fn root_blocks(
+        &self,
+        root: u32,
+        counts: &[usize],
+        displs: &[usize],
+        lens: (usize, usize),
+        what: &'static str,
+    ) -> Result<Vec<Range<usize>>, Error> {
+        self.check_root(root)?;
+        if self.rank() != root {
+            return Ok(Vec::new());
+        }
+        let b = blocks(counts, displs, self.size(), lens.0, what)?;
+        if b[root as usize].len() != lens.1 {
+            return Err(Error::InvalidArgument(what));
+        }
+        Ok(b)
+    }
+
+    fn check_root(&self, root: u32) -> Result<(), Error> {
+        if root >= self.size() {
+            return Err(Error::RankOutOfRange { rank: root, size: self.size() });
+        }
+        Ok(())
+    }
+
+    /// Starts a barrier (`MPI_Ibarrier`): the request completes once every rank of the
+    /// communicator has started it.
+    pub fn ibarrier(&self) -> Result<Request<'_, ()>, Error> {
+        self.start_collective((), 0, None, steps!(|s| s.barrier().await))
+    }
+
+    /// Blocks until every rank of the communicator has called it (`MPI_Barrier`).
+    pub fn barrier(&self) -> Result<(), Error> {
+        self.ibarrier()?.wait().map(drop)
+    }
+
+    /// Starts broadcasting `data` of rank `root` to every rank (`MPI_Ibcast`): the request
+    /// gives `data` back, holding the root's elements. Every rank passes the same length and
+    /// root.
+    pub fn ibcast<T: Primitive>(&self, data: Vec<T>, root: u32) -> Result<Request<'_, Vec<T>>, Error> {
+        self.check_root(root)?;
+        let long = std::mem::size_of_val(data.as_slice()) >= BCAST_LONG_BYTES && self.size() >= BCAST_LONG_RANKS;
+        self.start_in(
+            data,
+            steps!(|s, work| if long { s.bcast_scatter_allgather(work, root).await } else { s.bcast_binomial(work, root).await }),
+        )
+    }
+
+    /// Copies `data` of rank `root` into `data` of every rank (`MPI_Bcast`). Every rank
+    /// passes the same length and root.
+    pub fn bcast<T: Primitive>(&self, data: &mut [T], root: u32) -> Result<(), Error> {
+        let (v, _) = self.ibcast(data.to_vec(), root)?.wait()?;
+        data.copy_from_slice(&v);
+        Ok(())
+    }
+
+    /// Starts reducing `data` elementwise over every rank with `op` into `data` of rank
+    /// `root` (`MPI_Ireduce`); the other ranks get theirs back as it was. Every rank passes
+    /// the same length, op and root.
+    pub fn ireduce<T: Reducible>(&self, data: Vec<T>, op: Op, root: u32) -> Result<Request<'_, Vec<T>>, Error> {
+        self.check_root(root)?;
+        let f = op_for(op, data.first(), "reduce: a bitwise op on floating-point elements")?;
+        self.start_in(data, steps!(|s, work| s.reduce(work, root, f).await))
+    }
+
+    /// Reduces `send` elementwise over every rank with `op` into `recv` of rank `root`
+    /// (`MPI_Reduce`). `recv` is read only at the root, where it has the length of `send`.
+    /// Every rank passes the same length, op and root.
+    pub fn reduce<T: Reducible>(&self, send: &[T], recv: &mut [T], op: Op, root: u32) -> Result<(), Error> {
+        self.check_root(root)?;
+        if self.rank() == root && recv.len() != send.len() {
+            return Err(Error::InvalidArgument("reduce: the root's receive buffer differs in length from the send buffer"));
+        }
+        let (v, _) = self.ireduce(send.to_vec(), op, root)?.wait()?;
+        if self.rank() == root {
+            recv.copy_from_slice(&v);
+        }
+        Ok(())
+    }
+
+    /// Starts reducing `data` elementwise over every rank with `op` into `data` of every rank
+    /// (`MPI_Iallreduce`). Every rank passes the same length and op; a bitwise op on floats
+    /// is an error.
+    pub fn iallreduce<T: Reducible>(&self, data: Vec<T>, op: Op) -> Result<Request<'_, Vec<T>>, Error> {
+        let f = op_for(op, data.first(), "allreduce: a bitwise op on floating-point elements")?;
+        let n = self.size();
+        let ring = std::mem::size_of_val(data.as_slice()) >= ALLREDUCE_LONG_BYTES && data.len() >= n as usize && n > 1;
+        if !ring {
+            return self.ireduce_over(None, self.group().world_ranks().clone(), data, f);
+        }
+        self.start_in(data, steps!(|s, work| s.allreduce_ring(work, f).await))
+    }
 
     /// Reduces `send` elementwise over every rank with `op` into `recv` of every rank
     /// (`MPI_Allreduce`). Every rank passes the same lengths and op; a bitwise op on floats
     /// is an error.
     pub fn allreduce<T: Reducible>(&self, send: &[T], recv: &mut [T], op: Op) -> Result<(), Error> {
-        if let Some(&x) = send.first() {
-            if T::apply(op, x, x).is_none() {
-                return Err(Error::InvalidArgument("allreduce: a bitwise op on floating-point elements"));
-            }
+        if send.len() != recv.len() {
+            return Err(Error::InvalidArgument("allreduce: send and receive buffers of different lengths"));
         }
-        self.allreduce_with(send, recv, |a, b| T::apply(op, a, b).expect("op checked for the type"))
+        let (v, _) = self.iallreduce(send.to_vec(), op)?.wait()?;
+        recv.copy_from_slice(&v);
+        Ok(())
+    }
+
+    /// [`iallreduce`](Self::iallreduce) with a user reduction `f(a, b)`, which must be
+    /// associative; operands always come in rank order (`a` from the lower ranks), so it need
+    /// not be commutative (recursive doubling at every size).
+    pub fn iallreduce_with<T: Primitive>(
+        &self,
+        data: Vec<T>,
+        f: impl Fn(T, T) -> T + Send + Sync + 'static,
+    ) -> Result<Request<'_, Vec<T>>, Error> {
+        self.ireduce_over(None, self.group().world_ranks().clone(), data, move |a, b| zip_with(a, b, &f))
     }
 
     /// [`allreduce`](Self::allreduce) with a user reduction `f(a, b)`, which must be
     /// associative; operands always come in rank order (`a` from the lower ranks), so it need
     /// not be commutative. Recursive doubling: `log2` of the largest power of two not above
     /// the size in exchanges, plus two messages for each rank beyond it.
-    pub fn allreduce_with<T: Primitive>(&self, send: &[T], recv: &mut [T], f: impl Fn(T, T) -> T) -> Result<(), Error> {
-        self.check_collective()?;
+    pub fn allreduce_with<T: Primitive>(
+        &self,
+        send: &[T],
+        recv: &mut [T],
+        f: impl Fn(T, T) -> T + Send + Sync + 'static,
+    ) -> Result<(), Error> {
         if send.len() != recv.len() {
             return Err(Error::InvalidArgument("allreduce: send and receive buffers of different lengths"));
         }
-        let members = self.group().world_ranks().clone();
-        let buf = self.reduce_over(&members, TAG_ALLREDUCE, send.to_vec(), |lower, upper| {
-            lower.iter().zip(upper).map(|(&a, &b)| f(a, b)).collect()
-        })?;
-        recv.copy_from_slice(&buf);
-        Ok(())
+        finish_into(self.iallreduce_with(send.to_vec(), f)?, recv, true)
     }
 
-    /// Reduces `value` over the world ranks `members` (this rank among them; each passes the
-    /// same list and length) on the collective context with `tag`: every member gets
-    /// `f(f(v0, v1), ...)` over the members' values in list order (`f(lower, upper)` combines
-    /// the values of two adjacent runs of members). Recursive doubling over the largest power
-    /// of two of members, the members beyond it folded in first (MPICH's short-message
-    /// allreduce).
+    /// Reduces `value` over the world ranks `members` (this rank among them) on the
+    /// collective context with the fixed `tag` and waits ([`Sched::reduce_over`]).
     pub(crate) fn reduce_over<T: Primitive>(
         &self,
         members: &[u32],
         tag: i32,
         value: Vec<T>,
-        f: impl Fn(&[T], &[T]) -> Vec<T>,
+        f: impl Fn(&[T], &[T]) -> Vec<T> + Send + Sync + 'static,
     ) -> Result<Vec<T>, Error> {
-        let me_world = self.world_of(self.rank());
-        let me =
-            members.iter().position(|&w| w == me_world).ok_or(Error::InvalidArgument("a reduction over members without this rank"))? as u32;
-        let (n, len) = (members.len() as u32, value.len());
-        let w = |i: u32| members[i as usize];
-        let pof2 = 1u32 << (31 - n.leading_zeros());
-        let rem = n - pof2;
-        let mut buf = value;
-        // Fold: among the first `2 * rem` members, each even one hands its data to the odd
-        // one after it and waits for the result.
-        let newrank = if me < 2 * rem {
-            if me % 2 == 0 {
-                self.exchange(tag, None, &[(w(me + 1), buf.clone())])?;
-                None
-            } else {
-                let lower = self.exchange::<T>(tag, Some((w(me - 1), len)), &[])?.expect("a receive was posted");
-                buf = f(&lower, &buf);
-                Some(me / 2)
-            }
-        } else {
-            Some(me - rem)
-        };
-        if let Some(nr) = newrank {
-            let mut mask = 1;
-            while mask < pof2 {
-                let partner = nr ^ mask;
-                let dst = if partner < rem { partner * 2 + 1 } else { partner + rem };
-                let theirs = self.exchange::<T>(tag, Some((w(dst), len)), &[(w(dst), buf.clone())])?.expect("a receive was posted");
-                buf = if dst < me { f(&theirs, &buf) } else { f(&buf, &theirs) };
-                mask <<= 1;
-            }
-        }
-        if me < 2 * rem {
-            if me % 2 == 1 {
-                self.exchange(tag, None, &[(w(me - 1), buf.clone())])?;
-            } else {
-                buf = self.exchange::<T>(tag, Some((w(me + 1), len)), &[])?.expect("a receive was posted");
-            }
-        }
-        Ok(buf)
+        self.ireduce_over(Some(tag), members.into(), value, f)?.wait().map(|(v, _)| v)
     }
+
+    /// Starts [`Sched::reduce_over`] of `value` over `members`, under the fixed tag if given.
+    fn ireduce_over<T: Primitive>(
+        &self,
+        fixed: Option<i32>,
+        members: std::sync::Arc<[u32]>,
+        value: Vec<T>,
+        f: impl Fn(&[T], &[T]) -> Vec<T> + Send + Sync + 'static,
+    ) -> Result<Request<'_, Vec<T>>, Error> {
+        self.start_in_tagged(
+            fixed,
+            value,
+            steps!(|s, work| {
+                *work = s.reduce_over(&members, std::mem::take(work), f).await?;
+                Ok(())
+            }),
+        )
+    }
+
+    /// Starts gathering `send` of every rank into `recv` of rank `root`, rank `r`'s at
+    /// `r * send.len()` (`MPI_Igather`). `recv` is read only at the root, where it holds
+    /// `size * send.len()` elements; the request gives it back.
+    pub fn igather<T: Primitive>(&self, send: &[T], recv: Vec<T>, root: u32) -> Result<Request<'_, Vec<T>>, Error> {
+        self.check_root(root)?;
+        if self.rank() == root && recv.len() != self.size() as usize * send.len() {
+            return Err(Error::InvalidArgument("gather: the root's receive buffer is not size x the send buffer"));
+        }
+        self.gatherv_blocks(send, recv, even(send.len(), self.size()), root)
+    }
+
+    /// Gathers `send` of every rank into `recv` of rank `root`, rank `r`'s at
+    /// `r * send.len()` (`MPI_Gather`). `recv` is read only at the root, where it holds
+    /// `size * send.len()` elements.
+    pub fn gather<T: Primitive>(&self, send: &[T], recv: &mut [T], root: u32) -> Result<(), Error> {
+        let req = self.igather(send, if self.rank() == root { recv.to_vec() } else { Vec::new() }, root)?;
+        finish_into(req, recv, self.rank() == root)
+    }
+
+    /// Starts gathering `send` of every rank `r` into `recv[displs[r]..][..counts[r]]` of rank
+    /// `root` (`MPI_Igatherv`). `recv`, `counts` and `displs` are read only at the root, where
+    /// `counts[r]` is the length rank `r` passes.
+    pub fn igatherv<T: Primitive>(
+        &self,
+        send: &[T],
+        recv: Vec<T>,
+        counts: &[usize],
+        displs: &[usize],
+        root: u32,
+    ) -> Result<Request<'_, Vec<T>>, Error> {
+        let blocks = self.root_blocks(
+            root,
+            counts,
+            displs,
+            (recv.len(), send.len()),
+            "gatherv: counts and displacements do not fit the receive buffer, or the root's own count its send buffer",
+        )?;
+        self.gatherv_blocks(send, recv, blocks, root)
+    }
+
+    /// Gathers as [`igatherv`](Self::igatherv) and waits (`MPI_Gatherv`).
+    pub fn gatherv<T: Primitive>(&self, send: &[T], recv: &mut [T], counts: &[usize], displs: &[usize], root: u32) -> Result<(), Error> {
+        let req = self.igatherv(send, if self.rank() == root { recv.to_vec() } else { Vec::new() }, counts, displs, root)?;
+        finish_into(req, recv, self.rank() == root)
+    }
+
+    /// The gather of `send` into `blocks` of `recv` (both read at the root only).
+    fn gatherv_blocks<T: Primitive>(
+        &self,
+        send: &[T],
+        recv: Vec<T>,
+        blocks: Vec<Range<usize>>,
+        root: u32,
+    ) -> Result<Request<'_, Vec<T>>, Error> {
+        let send = send.to_vec();
+        self.start_in(recv, steps!(|s, work| s.gather(send, work, &blocks, root).await))
+    }
+
+    /// Starts scattering `send` of rank `root` (`size * recv.len()` elements there; read only
+    /// there): rank `r` gets the block at `r * recv.len()` into `recv` (`MPI_Iscatter`).
+    pub fn iscatter<T: Primitive>(&self, send: &[T], recv: Vec<T>, root: u32) -> Result<Request<'_, Vec<T>>, Error> {
+        self.check_root(root)?;
+        if self.rank() == root && send.len() != self.size() as usize * recv.len() {
+            return Err(Error::InvalidArgument("scatter: the root's send buffer is not size x the receive buffer"));
+        }
+        let blocks = even(recv.len(), self.size());
+        self.scatterv_blocks(send, blocks, recv, root)
+    }
+
+    /// Scatters `send` of rank `root` (`size * recv.len()` elements there; read only there):
+    /// rank `r` gets the block at `r * recv.len()` into `recv` (`MPI_Scatter`).
+    pub fn scatter<T: Primitive>(&self, send: &[T], recv: &mut [T], root: u32) -> Result<(), Error> {
+        finish_into(self.iscatter(send, recv.to_vec(), root)?, recv, true)
+    }
+
+    /// Starts scattering `send[displs[r]..][..counts[r]]` of rank `root` into `recv` of every
+    /// rank `r`, whose length is `counts[r]` (`MPI_Iscatterv`). `send`, `counts` and `displs`
+    /// are read only at the root.
+    pub fn iscatterv<T: Primitive>(
+        &self,
+        send: &[T],
+        counts: &[usize],
+        displs: &[usize],
+        recv: Vec<T>,
+        root: u32,
+    ) -> Result<Request<'_, Vec<T>>, Error> {
+        let blocks = self.root_blocks(
+            root,
+            counts,
+            displs,
+            (send.len(), recv.len()),
+            "scatterv: counts and displacements do not fit the send buffer, or the root's own count its receive buffer",
+        )?;
+        self.scatterv_blocks(send, blocks, recv, root)
+    }
+
+    /// Scatters as [`iscatterv`](Self::iscatterv) and waits (`MPI_Scatterv`).
+    pub fn scatterv<T: Primitive>(&self, send: &[T], counts: &[usize], displs: &[usize], recv: &mut [T], root: u32) -> Result<(), Error> {
+        finish_into(self.iscatterv(send, counts, displs, recv.to_vec(), root)?, recv, true)
+    }
+
+    /// The scatter of `blocks` of `send` (both read at the root only) into `recv`.
+    fn scatterv_blocks<T: Primitive>(
+        &self,
+        send: &[T],
+        blocks: Vec<Range<usize>>,
+        recv: Vec<T>,
+        root: u32,
+    ) -> Result<Request<'_, Vec<T>>, Error> {
+        let send = if self.rank() == root { send.to_vec() } else { Vec::new() };
+        self.start_in(recv, steps!(|s, work| s.scatter(&send, &blocks, work, root).await))
+    }
+
+    /// Starts gathering `send` of every rank into `recv` of every rank, rank `r`'s at
+    /// `r * send.len()` (`MPI_Iallgather`). `recv` holds `size * send.len()` elements.
+    pub fn iallgather<T: Primitive>(&self, send: &[T], recv: Vec<T>) -> Result<Request<'_, Vec<T>>, Error> {
+        if recv.len() != self.size() as usize * send.len() {
+            return Err(Error::InvalidArgument("allgather: the receive buffer is not size x the send buffer"));
+        }
+        self.allgatherv_blocks(send, recv, even(send.len(), self.size()))
+    }
+
+    /// Gathers `send` of every rank into `recv` of every rank, rank `r`'s at
+    /// `r * send.len()` (`MPI_Allgather`; a ring of `size - 1` steps). `recv` holds
+    /// `size * send.len()` elements.
+    pub fn allgather<T: Primitive>(&self, send: &[T], recv: &mut [T]) -> Result<(), Error> {
+        finish_into(self.iallgather(send, recv.to_vec())?, recv, true)
+    }
+
+    /// Starts gathering `send` of every rank `r` into `recv[displs[r]..][..counts[r]]` of every
+    /// rank (`MPI_Iallgatherv`); `counts[r]` is the length rank `r` passes.
+    pub fn iallgatherv<T: Primitive>(
+        &self,
+        send: &[T],
+        recv: Vec<T>,
+        counts: &[usize],
+        displs: &[usize],
+    ) -> Result<Request<'_, Vec<T>>, Error> {
+        let b = blocks(counts, displs, self.size(), recv.len(), "allgatherv: counts and displacements do not fit the receive buffer")?;
+        if b[self.rank() as usize].len() != send.len() {
+            return Err(Error::InvalidArgument("allgatherv: the send buffer differs from this rank's count"));
+        }
+        self.allgatherv_blocks(send, recv, b)
+    }
+
+    /// Gathers as [`iallgatherv`](Self::iallgatherv) and waits (`MPI_Allgatherv`).
+    pub fn allgatherv<T: Primitive>(&self, send: &[T], recv: &mut [T], counts: &[usize], displs: &[usize]) -> Result<(), Error> {
+        finish_into(self.iallgatherv(send, recv.to_vec(), counts, displs)?, recv, true)
+    }
+
+    /// The ring allgather of `send` into `blocks` of `recv`.
+    fn allgatherv_blocks<T: Primitive>(
+        &self,
+        send: &[T],
+        mut recv: Vec<T>,
+        blocks: Vec<Range<usize>>,
+    ) -> Result<Request<'_, Vec<T>>, Error> {
+        recv[blocks[self.rank() as usize].clone()].copy_from_slice(send);
+        self.start_in(recv, steps!(|s, work| s.ring_allgather(work, &blocks, 0, 0).await))
+    }
+
+    /// Starts sending block `r` of `send` to rank `r` and receiving rank `r`'s block for this
+    /// rank into block `r` of `recv`, for every rank `r` (`MPI_Ialltoall`). Both hold `size`
+    /// blocks of one length.
+    pub fn ialltoall<T: Primitive>(&self, send: &[T], recv: Vec<T>) -> Result<Request<'_, Vec<T>>, Error> {
+        let n = self.size() as usize;
+        if send.len() % n != 0 || recv.len() != send.len() {
+            return Err(Error::InvalidArgument("alltoall: buffers not of size blocks of one length, or of different lengths"));
+        }
+        let blocks = even(send.len() / n, self.size());
+        self.alltoallv_blocks(send, blocks.clone(), recv, blocks)
+    }
+
+    /// Exchanges as [`ialltoall`](Self::ialltoall) and waits (`MPI_Alltoall`).
+    pub fn alltoall<T: Primitive>(&self, send: &[T], recv: &mut [T]) -> Result<(), Error> {
+        finish_into(self.ialltoall(send, recv.to_vec())?, recv, true)
+    }
+
+    /// Starts sending `send[sdispls[r]..][..scounts[r]]` to every rank `r` and receiving its
+    /// block for this rank into `recv[rdispls[r]..][..rcounts[r]]` (`MPI_Ialltoallv`); rank
+    /// `r`'s `scounts` entry for this rank equals this rank's `rcounts[r]`.
+    pub fn ialltoallv<T: Primitive>(
+        &self,
+        send: &[T],
+        scounts: &[usize],
+        sdispls: &[usize],
+        recv: Vec<T>,
+        rcounts: &[usize],
+        rdispls: &[usize],
+    ) -> Result<Request<'_, Vec<T>>, Error> {
+        let n = self.size();
+        let sb = blocks(scounts, sdispls, n, send.len(), "alltoallv: send counts and displacements do not fit the send buffer")?;
+        let rb = blocks(rcounts, rdispls, n, recv.len(), "alltoallv: receive counts and displacements do not fit the receive buffer")?;
+        self.alltoallv_blocks(send, sb, recv, rb)
+    }
+
+    /// Exchanges as [`ialltoallv`](Self::ialltoallv) and waits (`MPI_Alltoallv`).
+    pub fn alltoallv<T: Primitive>(
+        &self,
+        send: &[T],
+        scounts: &[usize],
+        sdispls: &[usize],
+        recv: &mut [T],
+        rcounts: &[usize],
+        rdispls: &[usize],
+    ) -> Result<(), Error> {
+        finish_into(self.ialltoallv(send, scounts, sdispls, recv.to_vec(), rcounts, rdispls)?, recv, true)
+    }
+
+    /// The exchange of `sblocks` of `send` for `rblocks` of `recv`.
+    fn alltoallv_blocks<T: Primitive>(
+        &self,
+        send: &[T],
+        sblocks: Vec<Range<usize>>,
+        recv: Vec<T>,
+        rblocks: Vec<Range<usize>>,
+    ) -> Result<Request<'_, Vec<T>>, Error> {
+        let send = send.to_vec();
+        self.start_in(recv, steps!(|s, work| s.alltoall(&send, &sblocks, work, &rblocks).await))
+    }
+
+    /// Starts an inclusive prefix reduction (`MPI_Iscan`): `data` of rank `r` becomes `data`
+    /// of ranks `0..=r` reduced elementwise with `op`, in rank order.
+    pub fn iscan<T: Reducible>(&self, data: Vec<T>, op: Op) -> Result<Request<'_, Vec<T>>, Error> {
+        self.prefix(data, op, true)
+    }
+
+    /// Starts an exclusive prefix reduction (`MPI_Iexscan`): `data` of rank `r > 0` becomes
+    /// `data` of ranks `0..r` reduced elementwise with `op`, in rank order; rank 0's is left
+    /// as it is (MPI leaves it undefined).
+    pub fn iexscan<T: Reducible>(&self, data: Vec<T>, op: Op) -> Result<Request<'_, Vec<T>>, Error> {
+        self.prefix(data, op, false)
+    }
+
+    /// [`iscan`](Self::iscan) (`inclusive`) or [`iexscan`](Self::iexscan).
+    fn prefix<T: Reducible>(&self, data: Vec<T>, op: Op, inclusive: bool) -> Result<Request<'_, Vec<T>>, Error> {
+        let f = op_for(op, data.first(), "scan: a bitwise op on floating-point elements")?;
+        self.start_in(
+            data,
+            steps!(|s, work| {
+                match s.prefix(work, f).await? {
+                    Some(below) if inclusive => *work = f(&below, work),
+                    Some(below) => *work = below,
+                    None => {}
+                }
+                Ok(())
+            }),
+        )
+    }
+
+    /// Inclusive prefix reduction (`MPI_Scan`): `recv` of rank `r` is `send` of ranks
+    /// `0..=r` reduced elementwise with `op`, in rank order. Every rank passes the same
+    /// lengths and op.
+    pub fn scan<T: Reducible>(&self, send: &[T], recv: &mut [T], op: Op) -> Result<(), Error> {
+        if send.len() != recv.len() {
+            return Err(Error::InvalidArgument("scan: send and receive buffers of different lengths"));
+        }
+        finish_into(self.iscan(send.to_vec(), op)?, recv, true)
+    }
+
+    /// Exclusive prefix reduction (`MPI_Exscan`): `recv` of rank `r > 0` is `send` of ranks
+    /// `0..r` reduced elementwise with `op`, in rank order; rank 0's `recv` is left as it
+    /// is (MPI leaves it undefined). Every rank passes the same lengths and op.
+    pub fn exscan<T: Reducible>(&self, send: &[T], recv: &mut [T], op: Op) -> Result<(), Error> {
+        if send.len() != recv.len() {
+            return Err(Error::InvalidArgument("scan: send and receive buffers of different lengths"));
+        }
+        let (v, _) = self.iexscan(send.to_vec(), op)?.wait()?;
+        if self.rank() > 0 {
+            recv.copy_from_slice(&v);
+        }
+        Ok(())
+    }
+}
+
+/// Waits for a blocking collective's request and, if `copy`, copies its buffer into `into`.
+fn finish_into<T: Primitive>(req: Request<'_, Vec<T>>, into: &mut [T], copy: bool) -> Result<(), Error> {
+    let (v, _) = req.wait()?;
+    if copy {
+        into.copy_from_slice(&v);
+    }
+    Ok(())
 }

@@ -27,7 +27,7 @@ use weft_transport::{FrameKind, Header};
 use crate::buffer::{Primitive, RecvBuf, SendBuf};
 use crate::engine::{slot_of, CommState, Engine, SendOutcome};
 use crate::group::Group;
-use crate::loom::sync::atomic::Ordering;
+use crate::loom::sync::atomic::{AtomicU32, Ordering};
 use crate::matching::{MatchState, Source, Tag};
 use crate::operation::new_operation;
 use crate::request::Request;
@@ -68,6 +68,8 @@ pub struct Communicator {
     rank: u32,
     /// Per world rank, its rank in `group` (`u32::MAX`: not a member).
     of_world: Arc<[u32]>,
+    /// Collectives called on the communicator so far (their sequence numbers, `nbc.rs`).
+    coll_seq: Arc<AtomicU32>,
 }
 
 impl fmt::Debug for Communicator {
@@ -95,8 +97,20 @@ impl Communicator {
         let p2p = Arc::new(CommState::new(engine, context, world, a.allow_overtaking, a.no_any_tag, true));
         let coll = Arc::new(CommState::new(engine, context + 1, world, false, false, false));
         engine.install(p2p.clone())?;
-        engine.install(coll.clone())?;
-        Ok(Communicator { engine: engine.clone(), p2p, coll, group, rank, of_world: of_world.into() })
+        if let Err(e) = engine.install(coll.clone()) {
+            // Not half made: the user context goes again.
+            engine.retire(&p2p);
+            return Err(e);
+        }
+        Ok(Communicator {
+            engine: engine.clone(),
+            p2p,
+            coll,
+            group,
+            rank,
+            of_world: of_world.into(),
+            coll_seq: Arc::new(AtomicU32::new(0)),
+        })
     }
 
     /// The group of the communicator (`MPI_Comm_group`).
@@ -138,6 +152,11 @@ impl Communicator {
     /// The collective context's state.
     pub(crate) fn coll_state(&self) -> &CommState {
         &self.coll
+    }
+
+    /// The sequence of collectives called on the communicator (`nbc.rs`).
+    pub(crate) fn coll_seq(&self) -> &AtomicU32 {
+        &self.coll_seq
     }
 
     /// Whether the communicator was freed (through any handle).

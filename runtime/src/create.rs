@@ -169,7 +169,7 @@ impl Communicator {
         value.extend(local);
         value.extend(gens);
         debug_assert!(first + words * 32 <= PAIRS);
-        self.reduce_over(members, tag, value, |a, b| reduce_alloc(a, b, words))
+        self.reduce_over(members, tag, value, move |a, b| reduce_alloc(a, b, words))
     }
 
     /// The communicator of `group` (a subset of this one's, with this rank), with a context id
@@ -177,7 +177,17 @@ impl Communicator {
     pub(crate) fn create_with(&self, group: Group, assertions: Assertions) -> Result<Communicator, Error> {
         let members = self.group().world_ranks().clone();
         let context = self.allocate_context(&members, TAG_DUP, assertions)?;
-        Communicator::create(self.engine(), context, group, assertions)
+        self.create_on(context, Ok(group), assertions)
+    }
+
+    /// The communicator of `group` on the freshly allocated `context`; if it cannot be
+    /// made, the context's pair goes back to this rank's mask.
+    fn create_on(&self, context: u32, group: Result<Group, Error>, assertions: Assertions) -> Result<Communicator, Error> {
+        let made = group.and_then(|g| Communicator::create(self.engine(), context, g, assertions));
+        if made.is_err() {
+            self.engine().contexts.ids.lock().give_back(crate::engine::slot_of(context) / 2);
+        }
+        made
     }
 
     /// Splits the communicator by `color` (`MPI_Comm_split`; collective over every rank):
@@ -208,8 +218,7 @@ impl Communicator {
             (0..n).filter(|&r| all[3 * r] == 1 && all[3 * r + 1] == color).map(|r| (all[3 * r + 2] as i32, r as u32)).collect();
         same.sort_unstable();
         let ranks: Vec<u32> = same.into_iter().map(|(_, r)| r).collect();
-        let group = self.group().incl(&ranks)?;
-        Communicator::create(self.engine(), context, group, assertions).map(Some)
+        self.create_on(context, self.group().incl(&ranks), assertions).map(Some)
     }
 
     /// A communicator of `group`'s members (`MPI_Comm_create_group`): collective over the
@@ -236,12 +245,47 @@ impl Communicator {
             return Err(Error::InvalidArgument("create_group: a member of the group is not in the communicator"));
         }
         let context = self.allocate_context(group.world_ranks(), tag, Assertions::default())?;
-        Communicator::create(self.engine(), context, group.clone(), Assertions::default())
+        self.create_on(context, Ok(group.clone()), Assertions::default())
     }
 
     /// Group allreduces this rank ran in communicator creations so far (one per creation
     /// when the eager allocation succeeds, [Dinan 2012, Listing 1.2]).
     pub fn creation_allreduces(&self) -> u64 {
         self.engine().contexts.ids.lock().allreduces
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use crate::engine::{slot_of, CommState};
+    use crate::{Error, Runtime};
+
+    /// A creation that fails after its context id was allocated (here: a slot of the pair
+    /// found occupied) gives the pair back to the mask, and leaves neither of its contexts
+    /// installed.
+    #[test]
+    fn a_creation_that_fails_after_allocation_gives_its_id_back() {
+        let rt = Runtime::builder().env(false).build_local(1).unwrap().remove(0);
+        let w = rt.world();
+        let s = w.engine().clone();
+        let next = w.dup().unwrap();
+        let ctx = next.context_id();
+        let pair = slot_of(ctx) / 2;
+        next.free();
+        // The pair is free again in the mask; occupy one of its slots behind the mask's back.
+        for taken in [ctx, ctx + 1] {
+            assert!(s.contexts.ids.lock().is_free(pair));
+            let squatter = Arc::new(CommState::new(&s, taken, 1, false, false, false));
+            s.install(squatter.clone()).unwrap();
+            assert_eq!(w.dup().unwrap_err(), Error::InvalidArgument("context id already in use"));
+            assert!(s.contexts.ids.lock().is_free(pair), "slot {taken} occupied: the pair was not given back");
+            s.retire(&squatter);
+            // Neither slot is left installed: a creation on the pair now succeeds.
+            let again = w.dup().unwrap();
+            assert_eq!(slot_of(again.context_id()) / 2, pair);
+            again.free();
+        }
     }
 }

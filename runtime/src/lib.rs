@@ -31,9 +31,9 @@
 //!
 //! | layer | files | what |
 //! |---|---|---|
-//! | API | `runtime.rs`, `comm.rs`, `group.rs`, `create.rs`, `coll.rs`, `request.rs`, `wait.rs`, `datatype.rs`, `counters.rs`, `rma/`, `dlock/` | [`Runtime`] and [`Builder`], [`Communicator`] and its [`Group`], communicator creation ([Dinan 2012]), the collectives, [`Request`], the waits, datatypes, [`Snapshot`], one-sided windows ([`rma`]) and the distributed locks over them ([`dlock`]) |
+//! | API | `runtime.rs`, `comm.rs`, `group.rs`, `create.rs`, `coll.rs`, `nbc.rs`, `request.rs`, `wait.rs`, `datatype.rs`, `counters.rs`, `rma/`, `dlock/` | [`Runtime`] and [`Builder`], [`Communicator`] and its [`Group`], communicator creation ([Dinan 2012]), the collectives and their schedules, [`Request`], the waits, datatypes, [`Snapshot`], one-sided windows ([`rma`]) and the distributed locks over them ([`dlock`]) |
 //! | progress | `progress/` | the three [`ProgressMode`]s (`global.rs`, `owner.rs`, `concurrent.rs`), one pass (`mod.rs`), parking (`park.rs`), blocking waits (`wait.rs`), posting a frame (`send.rs`), what the executor and sync objects call (`drive.rs`) |
-//! | engine | `engine/` | one rank's state by component — CRIs, the context table, frames into completions, rendezvous reads, the outbox of refused frames, lost peers, the courier — with what guards each and the lock order (`engine/README.md`) |
+//! | engine | `engine/` | one rank's state by component — CRIs, the context table, frames into completions, rendezvous reads, the outbox of refused frames, lost peers, the courier, the collectives in flight — with what guards each and the lock order (`engine/README.md`) |
 //! | matching, executor | `matching/`, `executor/` | the matching engine of one communicator (over operations, `operation.rs`); the work-stealing pool, which knows the runtime only through its `Drive` trait |
 //! | base | `lock/`, `config.rs`, `buffer.rs`, `provider.rs`, `operation.rs`, `loom.rs` | lock protocols, the path locks and the progress owner token; configuration; buffers; the transport's choice; an operation's completion state; the loom facade |
 //!
@@ -90,9 +90,15 @@
 //! reduced over the members, owned by priority, eager first ([Dinan 2012], `create.rs`).
 //! The collectives — [`Communicator::barrier`], [`Communicator::bcast`],
 //! [`Communicator::reduce`], [`Communicator::allreduce`], [`Communicator::gather`],
-//! [`Communicator::scatter`], [`Communicator::allgather`], [`Communicator::scan`],
-//! [`Communicator::exscan`] — run on any communicator, on a
-//! context of their own.
+//! [`Communicator::scatter`], [`Communicator::allgather`], [`Communicator::alltoall`], the
+//! `v` forms ([`Communicator::gatherv`], [`Communicator::scatterv`],
+//! [`Communicator::allgatherv`], [`Communicator::alltoallv`]), [`Communicator::scan`],
+//! [`Communicator::exscan`] — run on any communicator, on a context of their own, with
+//! algorithms chosen by message size (`coll.rs`). Each has a nonblocking form
+//! ([`Communicator::ibarrier`], [`Communicator::iallreduce`], ...): a [`Request`] like a
+//! receive, whose steps the rank's progress takes (`nbc.rs`, `engine/schedules.rs`); many
+//! may be outstanding on one communicator and on several at once. A rank that fails a
+//! collective (a lost peer, a different length) tells the others, so none waits forever.
 //!
 //! ```
 //! use weft::{Op, Runtime};
@@ -148,6 +154,7 @@ mod group;
 pub mod lock;
 pub(crate) mod loom;
 mod matching;
+mod nbc;
 mod operation;
 mod progress;
 mod provider;
@@ -157,7 +164,7 @@ mod runtime;
 mod wait;
 
 pub use buffer::{Primitive, RecvBuf, SendBuf};
-pub use coll::{Op, Reducible};
+pub use coll::{Op, Reducible, ALLREDUCE_LONG_BYTES, BCAST_LONG_BYTES, BCAST_LONG_RANKS};
 pub use comm::{Assertions, Communicator};
 
 pub use config::{Assignment, Config, Locks, MatchingMode, ProgressMode, Provider};

@@ -121,6 +121,12 @@ impl<'c, B: Send + 'static> Request<'c, B> {
         Self::with(comm, Some(inner), buf, Kind::Send, None, part)
     }
 
+    /// A collective's request: `inner` completes when its schedule ends (`nbc.rs`), which
+    /// fills `buf` first. Dropped in flight, it leaves `buf` to `inner` as a send does.
+    pub(crate) fn collective(comm: &'c Communicator, inner: Arc<Operation>, buf: B) -> Self {
+        Self::with(comm, Some(inner), buf, Kind::Send, None, 0)
+    }
+
     /// A send that completed before `isend` returned, with `status`.
     pub(crate) fn sent(comm: &'c Communicator, status: Status, buf: B) -> Self {
         Self::with(comm, None, buf, Kind::Send, Some(status), 0)

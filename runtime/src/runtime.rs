@@ -58,6 +58,7 @@ impl Drop for ExecGuard {
         // last, so the state is never dropped on it.
         self.engine.courier.stop();
         self.engine.executor.shutdown();
+        self.engine.drop_schedules();
     }
 }
 
@@ -370,6 +371,7 @@ impl Builder {
                     counters: RankCounters::default(),
                     executor: crate::executor::Executor::new(config.workers, ep.rank()),
                     peers: PeerWatch::new(size),
+                    schedules: crate::engine::Schedules::new(),
                     courier: Courier::new(me.clone()),
                     reads: RendezvousReads::new(),
                     transport: ep,

@@ -1,4 +1,5 @@
-//! The point-to-point suite of `p2p.rs` and the one-sided suite of `rma.rs` on libfabric:
+//! The point-to-point suite of `p2p.rs`, the one-sided suite of `rma.rs` and the collectives
+//! suite of `collectives.rs` on libfabric:
 //! `shm` and `tcp;ofi_rxm`, every rank in this process (each with its own domain), traffic
 //! pinned to loopback.
 #![cfg(feature = "ofi")]
@@ -28,6 +29,9 @@ mod shm {
     mod dlock_suite {
         include!("dlock_suite/mod.rs");
     }
+    mod coll_suite {
+        include!("coll_suite/mod.rs");
+    }
 }
 
 mod tcp {
@@ -43,5 +47,8 @@ mod tcp {
     }
     mod dlock_suite {
         include!("dlock_suite/mod.rs");
+    }
+    mod coll_suite {
+        include!("coll_suite/mod.rs");
     }
 }

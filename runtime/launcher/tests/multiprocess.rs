@@ -200,6 +200,29 @@ fn killed_peer(provider: &str) {
     assert!(t < Duration::from_secs(60), "took {t:?}");
 }
 
+/// The last of 4 ranks killed as the others enter their collectives: every survivor's
+/// allreduces and barrier fail with `PeerLost` (those that do not wait on the killed rank
+/// itself hear it from a survivor that does), none hangs.
+fn coll_killed_peer(provider: &str) {
+    let (o, t) = weftrun_with(4, provider, &["--timeout", "60"], "coll-peer-lost");
+    let s = text(&o);
+    assert_eq!(o.status.code(), Some(137), "{s}");
+    for r in 0..3 {
+        assert!(s.contains(&format!("[{r}] coll-peer-lost ok")), "rank {r} did not see PeerLost:\n{s}");
+    }
+    assert!(t < Duration::from_secs(60), "took {t:?}");
+}
+
+#[test]
+fn a_rank_killed_during_collectives_fails_them_on_every_survivor_on_shm() {
+    coll_killed_peer("shm");
+}
+
+#[test]
+fn a_rank_killed_during_collectives_fails_them_on_every_survivor_on_tcp() {
+    coll_killed_peer("tcp");
+}
+
 #[test]
 fn killed_peer_fails_pending_requests_on_shm() {
     killed_peer("shm");

@@ -11,6 +11,7 @@
 //! * `outbox.rs` — frames a full inbox refused, sent by later passes; the rare-events pass.
 //! * `peers.rs` — lost and finished peers, rendezvous sends waiting for their `Fin`.
 //! * `courier.rs` — the thread that sends the outbox when no thread of the rank progresses.
+//! * `schedules.rs` — nonblocking collectives in flight, advanced after progress passes.
 
 use std::sync::Arc;
 
@@ -31,6 +32,7 @@ pub(crate) mod ids;
 pub(crate) mod outbox;
 mod peers;
 mod reads;
+mod schedules;
 
 #[cfg(test)]
 pub(crate) use contexts::COLLECT_AFTER;
@@ -40,6 +42,7 @@ pub(crate) use cris::{pin_cri, thread_token, Cri, CriLocal};
 pub(crate) use outbox::{Outbox, SendOutcome};
 pub(crate) use peers::PeerWatch;
 pub(crate) use reads::RendezvousReads;
+pub(crate) use schedules::{Schedule, Schedules};
 
 /// Rare-path counters shared by the rank.
 #[derive(Debug, Default)]
@@ -91,6 +94,8 @@ pub(crate) struct Engine {
     /// dropped after it, so a buffer a read given up on still targets outlives the
     /// endpoints.
     pub(crate) reads: RendezvousReads,
+    /// Nonblocking collectives in flight (`schedules.rs`).
+    pub(crate) schedules: Schedules,
 }
 
 /// How long dropping a runtime keeps trying to send frames still deferred behind a full
@@ -155,13 +160,18 @@ impl Engine {
         }
     }
 
-    /// Progresses every CRI that has frames (the owner's and the global lock holder's pass).
+    /// Progresses every CRI that has frames (the owner's and the global lock holder's pass),
+    /// then, outside `Global` mode (whose caller holds the progress lock and advances them
+    /// after it), the collectives in flight.
     pub(crate) fn progress_all(&self) -> usize {
         let mut n = self.flush_deferred();
         for k in 0..self.cris.len() {
             if self.transport.has_frames(k) {
                 n += self.cris[k].lock.low(|c| self.progress_cri(k, c));
             }
+        }
+        if self.config.progress != ProgressMode::Global {
+            n += self.advance_schedules(n > 0);
         }
         n
     }

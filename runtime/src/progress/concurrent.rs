@@ -32,7 +32,15 @@ impl Engine {
     /// Algorithm 4 says, and every [`STEAL_EVERY`]th idle pass walks all of them, so every
     /// CRI is still progressed eventually and frames that arrive on another thread's CRI
     /// are not left to that thread alone for long.
+    ///
+    /// The collectives in flight are advanced after the walk, with no lock held.
     pub(crate) fn progress_concurrent(&self) -> usize {
+        let n = self.walk_concurrent();
+        n + self.advance_schedules(n > 0)
+    }
+
+    /// The walk of [`progress_concurrent`](Self::progress_concurrent).
+    fn walk_concurrent(&self) -> usize {
         let n = self.cris.len();
         let mine = self.cri_for_thread();
         let mut count = self.flush_deferred();

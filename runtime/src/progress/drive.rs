@@ -25,13 +25,17 @@ impl Engine {
             return false;
         }
         match self.config.progress {
-            ProgressMode::Global => self
-                .progress_lock
-                .try_low(|_| {
-                    let n = self.progress_all();
-                    (n > 0, n > 0)
-                })
-                .unwrap_or(false),
+            ProgressMode::Global => {
+                let progressed = self
+                    .progress_lock
+                    .try_low(|_| {
+                        let n = self.progress_all();
+                        (n > 0, n > 0)
+                    })
+                    .unwrap_or(false);
+                // After the lock: collectives in flight post.
+                self.advance_schedules(progressed) > 0 || progressed
+            }
             ProgressMode::Owner => self.progress_once().progressed(),
             ProgressMode::Concurrent => self.progress_concurrent() > 0,
         }

@@ -23,10 +23,12 @@
 //! | `order` | >= 2 | every rank sends 200 eager and rendezvous messages, interleaved on one tag, to the next rank on a ring; they arrive in send order |
 //! | `large` | >= 2 | every rank sends a 64 MiB message to the next rank on a ring, all at once (at 2 ranks: an exchange), contents checked |
 //! | `alltoall` | >= 2 | every rank sends 64 KiB (rendezvous) to every other at once, 40 rounds, contents checked |
+//! | `comms` | >= 2 | split into halves, `create_group` of the first and last rank, then the blocking collectives on both, and two nonblocking allreduces and an alltoall outstanding at once |
 //! | `rma` | >= 2 | one-sided windows: every rank puts into the next rank on a ring, adds 500 times to counters on rank 0 (a native 64-bit and an emulated 32-bit atomic) increments a word on rank 0 100 times under the D-MCS lock (`weft::dlock`, get and put), and takes the RMA-RW lock over the ranks' hosts 100 times (one in four a write that increments another word); the slots and the exact counts are checked |
 //! | `all` | even | `pingpong`, `multirate`, `wildcard`, `order` and `large` in turn, each on a communicator of its own |
 //! | `peer-lost` | 2 | rank 0 kills itself (SIGKILL); rank 1's pending receive and rendezvous send, and a new send and receive, fail with `PeerLost` |
 //! | `peer-lost-read` | 2 | rank 0 kills itself while rank 1 reads its 64 MiB message; rank 1's receive fails with `PeerLost` (not a transport error) or, if the read was done first, holds the whole message |
+//! | `coll-peer-lost` | >= 2 | the last rank kills itself (SIGKILL) once every rank passed a barrier; the others' small (recursive doubling) and large (ring) allreduces and barrier each fail with `PeerLost` naming it, within seconds |
 //! | `kill-mid-transfer MS` | 2 | rank 0 streams 64 MiB messages to rank 1, which kills itself (SIGKILL) `MS` ms into the first receive; rank 0's send fails with `PeerLost` within seconds |
 //! | `outlive-launcher` | any | prints its pid and waits for a message that never comes; rank 1 ignores SIGTERM first. Once its wait fails (the test kills `weftrun`: `PeerLost`) a rank kills itself (SIGKILL), printing nothing more |
 //! | `peer-finished` | 2 | rank 1 sends 8 messages and drops its runtime (a normal finish) while rank 0 has receives posted that only rank 1 could match; rank 0 still gets the 8 messages, then the others, a new receive and a new send fail with `PeerLost` |
@@ -83,7 +85,7 @@ enum Check {
     Alltoall,
     /// [2+ ranks] one-sided windows: a put on a ring, 500 atomic adds and 100 D-MCS-locked increments per rank on rank 0
     Rma,
-    /// [2+ ranks] split into halves, create_group of the first and last rank, then barrier, bcast, allreduce, allgather, reduce, gather, scatter
+    /// [2+ ranks] split into halves, create_group of the first and last rank, then barrier, bcast, allreduce, allgather, reduce, gather, scatter, and two iallreduces and an ialltoall at once
     Comms,
     /// [even ranks] pingpong, multirate, wildcard, order and large in turn
     All,
@@ -91,6 +93,8 @@ enum Check {
     PeerLost,
     /// [2 ranks] rank 0 kills itself while rank 1 reads its 64 MiB message: PeerLost, or the whole message
     PeerLostRead,
+    /// [2+ ranks] the last rank kills itself as the others enter allreduces and a barrier; each fails with PeerLost on every other rank
+    CollPeerLost,
     /// [2 ranks] rank 1 kills itself MS ms into a stream of 64 MiB messages; rank 0's send fails with PeerLost
     KillMidTransfer {
         /// Milliseconds into the first receive at which rank 1 kills itself.
@@ -189,6 +193,7 @@ impl Check {
             Check::All => "all",
             Check::PeerLost => "peer-lost",
             Check::PeerLostRead => "peer-lost-read",
+            Check::CollPeerLost => "coll-peer-lost",
             Check::KillMidTransfer { .. } => "kill-mid-transfer",
             Check::OutliveLauncher => "outlive-launcher",
             Check::PeerFinished => "peer-finished",
@@ -209,7 +214,8 @@ impl Check {
             | Check::Alltoall
             | Check::Rma
             | Check::Comms
-            | Check::Soak { .. } => Ranks::AtLeastTwo,
+            | Check::Soak { .. }
+            | Check::CollPeerLost => Ranks::AtLeastTwo,
             Check::Multirate | Check::All => Ranks::Even,
             Check::PeerLost | Check::PeerLostRead | Check::KillMidTransfer { .. } | Check::PeerFinished | Check::Netns => Ranks::Two,
         }
@@ -222,6 +228,7 @@ impl Check {
             self,
             Check::PeerLost
                 | Check::PeerLostRead
+                | Check::CollPeerLost
                 | Check::KillMidTransfer { .. }
                 | Check::PeerFinished
                 | Check::OutliveLauncher
@@ -630,6 +637,18 @@ fn comms(c: &Communicator) -> Res {
         comm.scatter(&gathered, &mut back, 0).map_err(e)?;
         check(back == [comm.rank() + 100], || format!("gather then scatter from 0: got {back:?}"))?;
     }
+    // Nonblocking: two allreduces and an alltoall outstanding at once, waited for last first.
+    let a = c.iallreduce(vec![u64::from(me) + 1; 3], weft::Op::Sum).map_err(e)?;
+    let b = c.iallreduce(vec![u64::from(me); 40 << 10], weft::Op::Max).map_err(e)?;
+    let send: Vec<u32> = (0..n).map(|q| me * 100 + q).collect();
+    let x = c.ialltoall(&send, vec![0; n as usize]).map_err(e)?;
+    let (x, _) = x.wait().map_err(e)?;
+    check(x.iter().enumerate().all(|(q, &v)| v == q as u32 * 100 + me), || format!("ialltoall: got {x:?}"))?;
+    let (b, _) = b.wait().map_err(e)?;
+    check(b.iter().all(|&v| v == u64::from(n) - 1), || format!("iallreduce max: got {}", b[0]))?;
+    let (a, _) = a.wait().map_err(e)?;
+    let want = u64::from(n) * u64::from(n + 1) / 2;
+    check(a == [want; 3], || format!("iallreduce sum: got {a:?} for {want}"))?;
     half.free();
     println!("comms ok: halves of {members}, collectives on {n} ranks");
     Ok(())
@@ -641,6 +660,44 @@ fn die() -> ! {
     // SAFETY: plain syscalls on this process.
     unsafe { libc::kill(libc::getpid(), libc::SIGKILL) };
     unreachable!("SIGKILL returned");
+}
+
+/// `coll-peer-lost`: the last rank kills itself once every rank has passed a barrier; the
+/// others' allreduces (recursive doubling and ring) and barrier each fail with `PeerLost`
+/// naming it, on every one of them, within seconds.
+fn coll_peer_lost(c: &Communicator) -> Res {
+    let (me, n) = (c.rank(), c.size());
+    c.barrier().map_err(e)?;
+    if me == n - 1 {
+        eprintln!("rank {me} killing itself on purpose");
+        die()
+    }
+    let t0 = Instant::now();
+    let lost = Err(Error::PeerLost { rank: n - 1 });
+    let small = c.allreduce(&[1u32], &mut [0u32], weft::Op::Sum);
+    check(small == lost, || format!("small allreduce: expected PeerLost, got {small:?}"))?;
+    let long = vec![1u32; 64 << 10];
+    let large = c.allreduce(&long, &mut long.clone(), weft::Op::Sum);
+    check(large == lost, || format!("large allreduce: expected PeerLost, got {large:?}"))?;
+    let bar = c.barrier();
+    check(bar == lost, || format!("barrier: expected PeerLost, got {bar:?}"))?;
+    let ms = t0.elapsed().as_millis();
+    check(t0.elapsed() < Duration::from_secs(20), || format!("PeerLost took {ms} ms"))?;
+    // The survivors leave together (through rank 0, point to point): one that left early
+    // would be a lost peer to those still in their collectives.
+    if me == 0 {
+        for r in 1..n - 1 {
+            c.recv(Vec::<u8>::with_capacity(1), r, 5).map_err(e)?;
+        }
+        for r in 1..n - 1 {
+            c.send(vec![0u8], r, 5).map_err(e)?;
+        }
+    } else {
+        c.send(vec![0u8], 0, 5).map_err(e)?;
+        c.recv(Vec::<u8>::with_capacity(1), 0u32, 5).map_err(e)?;
+    }
+    println!("coll-peer-lost ok after {ms} ms");
+    Ok(())
 }
 
 /// `peer-lost-read`: see the table in the module docs.
@@ -842,6 +899,7 @@ fn run_step(check: Check, rt: &Runtime, c: &Communicator) -> Res {
         Check::Comms => comms(c),
         Check::PeerLost => peer_lost(c),
         Check::PeerLostRead => peer_lost_read(rt, c),
+        Check::CollPeerLost => coll_peer_lost(c),
         Check::KillMidTransfer { ms } => kill_mid_transfer(c, Duration::from_millis(ms)),
         Check::OutliveLauncher => outlive_launcher(c),
         Check::Netns => netns(c),
@@ -1071,7 +1129,7 @@ mod tests {
     fn help_lists_every_check_with_the_ranks_it_takes() {
         let help = Cli::command().render_help().to_string();
         let checks = every_check();
-        assert_eq!(checks.len(), 19, "{help}");
+        assert_eq!(checks.len(), 20, "{help}");
         for (name, check, about) in &checks {
             assert_eq!(check.name(), name);
             assert!(about.starts_with(check.ranks().tag()), "{name}: {about:?} should start with {}", check.ranks().tag());

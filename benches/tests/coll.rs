@@ -1,0 +1,38 @@
+//! `weft-bench coll`: its CSV columns and one row per (collective, ranks, bytes) on the
+//! embedded provider, and its refusals.
+
+use std::time::Duration;
+
+mod common;
+
+#[test]
+fn csv_has_a_row_per_collective_ranks_and_size() {
+    let args = ["coll", "--csv", "--provider", "embedded", "-n", "2,3", "-s", "8,4096", "-c", "allreduce,bcast,alltoall"];
+    let out =
+        common::run_within(&[&args[..], &["-i", "3", "--warmup", "1", "--runs", "1", "--openmpi", "no"]].concat(), Duration::from_secs(60))
+            .expect("weft-bench coll hung (killed after 60 s)");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let stdout = String::from_utf8(out.stdout).expect("utf-8");
+    let lines: Vec<&str> = stdout.lines().collect();
+    assert_eq!(lines[0], "collective,ranks,bytes,latency_us,provider,ompi_latency_us");
+    assert_eq!(lines.len(), 1 + 3 * 2 * 2, "{stdout}");
+    for l in &lines[1..] {
+        let cells: Vec<&str> = l.split(',').collect();
+        assert_eq!(cells.len(), 6, "{l:?}");
+        assert!(["allreduce", "bcast", "alltoall"].contains(&cells[0]), "{l:?}");
+        assert!(cells[3].parse::<f64>().is_ok_and(|v| v > 0.0), "{l:?}");
+        assert_eq!((cells[4], cells[5]), ("embedded", "-"), "{l:?}");
+    }
+}
+
+#[test]
+fn an_unknown_collective_or_openmpi_choice_is_an_error() {
+    for (args, says) in [
+        (&["coll", "-c", "allscatter"][..], "unknown collective \"allscatter\""),
+        (&["coll", "--provider", "embedded", "--openmpi", "maybe"][..], "--openmpi \"maybe\""),
+    ] {
+        let out = common::run_within(args, Duration::from_secs(60)).expect("weft-bench coll hung");
+        assert_eq!(out.status.code(), Some(2), "{args:?}");
+        assert!(String::from_utf8_lossy(&out.stderr).contains(says), "{args:?}: {}", String::from_utf8_lossy(&out.stderr));
+    }
+}

@@ -1,0 +1,597 @@
+// The collectives suite, run on the embedded provider (`collectives.rs`) and on libfabric's
+// `shm` and `tcp` (`p2p_ofi.rs`, included there per provider): every collective,
+// blocking and nonblocking, against a sequential reference at odd and power-of-two sizes and
+// every root, each scenario bounded in time.
+
+use std::sync::atomic::{AtomicU32, Ordering};
+
+use crate::common::within;
+
+use weft::{Communicator, Error, Op, Runtime, Source, Tag};
+
+const SIZES: [u32; 6] = [1, 2, 3, 4, 5, 8];
+
+/// Runs `f(rank, world)` on one thread per rank of a local world of `n` and returns the
+/// results by rank.
+///
+/// Each rank ends with a barrier before the world is dropped: libfabric's `shm` provider,
+/// with every rank in one process, touches a closed peer's memory when a send to it (of more
+/// than its inject size) is still completing at the sender as that sender closes.
+fn on_world<T: Send>(n: u32, f: impl Fn(u32, &Communicator) -> T + Sync) -> Vec<T> {
+    let rts = super::builder().build_local(n).unwrap();
+    std::thread::scope(|s| {
+        let hs: Vec<_> = rts
+            .iter()
+            .enumerate()
+            .map(|(r, rt)| {
+                let f = &f;
+                s.spawn(move || {
+                    let out = f(r as u32, rt.world());
+                    rt.world().barrier().unwrap();
+                    out
+                })
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    })
+}
+
+/// Rank `r`'s input: `len` values that differ by rank and position.
+fn input(r: u32, len: usize) -> Vec<i64> {
+    (0..len).map(|i| (r as i64 + 1) * 1000 - i as i64 * (r as i64 % 3 + 1)).collect()
+}
+
+#[test]
+fn allreduce_matches_a_sequential_reference() {
+    within(120, "allreduce at sizes 1-8", || {
+        for n in SIZES {
+            for len in [1usize, 7, 3000] {
+                let out = on_world(n, |r, c| {
+                    let send = input(r, len);
+                    let mut res = Vec::new();
+                    for op in [Op::Sum, Op::Prod, Op::Min, Op::Max, Op::BAnd, Op::BOr, Op::BXor] {
+                        let mut recv = vec![0i64; len];
+                        c.allreduce(&send, &mut recv, op).unwrap();
+                        res.push(recv);
+                    }
+                    let fs: Vec<f64> = send.iter().map(|&x| x as f64 / 7.0).collect();
+                    let mut fr = vec![0f64; len];
+                    c.allreduce(&fs, &mut fr, Op::Max).unwrap();
+                    res.push(fr.iter().map(|&x| (x * 7.0).round() as i64).collect());
+                    res
+                });
+                let all: Vec<Vec<i64>> = (0..n).map(|r| input(r, len)).collect();
+                let fold = |f: fn(i64, i64) -> i64| -> Vec<i64> { (0..len).map(|i| all.iter().map(|v| v[i]).reduce(f).unwrap()).collect() };
+                let want = [
+                    fold(i64::wrapping_add),
+                    fold(i64::wrapping_mul),
+                    fold(i64::min),
+                    fold(i64::max),
+                    fold(|a, b| a & b),
+                    fold(|a, b| a | b),
+                    fold(|a, b| a ^ b),
+                    fold(i64::max),
+                ];
+                for (r, got) in out.iter().enumerate() {
+                    assert_eq!(got.as_slice(), &want, "size {n}, {len} elements, rank {r}");
+                }
+            }
+        }
+    });
+}
+
+#[test]
+fn a_user_reduction_gets_its_operands_in_rank_order() {
+    within(60, "allreduce_with a non-commutative op", || {
+        for n in SIZES {
+            // Concatenating decimal digits: associative, not commutative.
+            let out = on_world(n, |r, c| {
+                let mut recv = [0u64];
+                c.allreduce_with(&[r as u64 + 1], &mut recv, |a, b| a * 10u64.pow(b.ilog10() + 1) + b).unwrap();
+                recv[0]
+            });
+            let want = (1..=n as u64).fold(0, |acc, d| acc * 10 + d);
+            assert!(out.iter().all(|&v| v == want), "size {n}: {out:?}");
+        }
+    });
+}
+
+#[test]
+fn bcast_from_every_root() {
+    within(120, "bcast at sizes 1-8, every root", || {
+        for n in SIZES {
+            for len in [1usize, 5000] {
+                let out = on_world(n, |r, c| {
+                    (0..n)
+                        .map(|root| {
+                            let mut data = if r == root { input(root, len) } else { vec![-1; len] };
+                            c.bcast(&mut data, root).unwrap();
+                            data
+                        })
+                        .collect::<Vec<_>>()
+                });
+                for got in &out {
+                    for (root, d) in got.iter().enumerate() {
+                        assert_eq!(d, &input(root as u32, len), "size {n}, root {root}");
+                    }
+                }
+            }
+        }
+    });
+}
+
+#[test]
+fn nobody_leaves_a_barrier_before_everyone_entered() {
+    within(60, "barrier at sizes 1-8", || {
+        for n in SIZES {
+            let entered = AtomicU32::new(0);
+            on_world(n, |r, c| {
+                for round in 1..=5 {
+                    // Late arrivals: the last rank sleeps before entering.
+                    if r == n - 1 {
+                        std::thread::sleep(std::time::Duration::from_millis(5));
+                    }
+                    entered.fetch_add(1, Ordering::SeqCst);
+                    c.barrier().unwrap();
+                    assert!(entered.load(Ordering::SeqCst) >= round * n, "size {n}: left round {round} early");
+                    c.barrier().unwrap();
+                }
+            });
+        }
+    });
+}
+
+#[test]
+fn collectives_on_a_split_communicator_and_apart_from_user_receives() {
+    within(60, "collectives on the halves of 7 ranks", || {
+        let out = on_world(7, |r, w| {
+            let half = w.split(Some(r % 2), r as i32).unwrap().unwrap();
+            // A user receive for anything stays pending through every collective.
+            let mut pending = half.irecv(Vec::<u8>::with_capacity(64), Source::Any, Tag::Any).unwrap();
+            let mut sum = [0u32];
+            half.allreduce(&[r], &mut sum, Op::Sum).unwrap();
+            let mut root_rank = [if half.rank() == 0 { r } else { 0 }];
+            half.bcast(&mut root_rank, 0).unwrap();
+            half.barrier().unwrap();
+            assert!(!pending.test(), "a collective message matched a user receive");
+            (sum[0], root_rank[0])
+        });
+        for (r, &(sum, root)) in out.iter().enumerate() {
+            assert_eq!((sum, root), if r % 2 == 0 { (12, 0) } else { (9, 1) }, "rank {r}");
+        }
+    });
+}
+
+#[test]
+fn collectives_refuse_bad_input() {
+    within(60, "bad collective input", || {
+        let rts = super::builder().build_local(2).unwrap();
+        let c = rts[0].world();
+        assert_eq!(c.bcast(&mut [0u8], 2).unwrap_err(), Error::RankOutOfRange { rank: 2, size: 2 });
+        assert!(matches!(c.allreduce(&[1u32, 2], &mut [0u32], Op::Sum), Err(Error::InvalidArgument(_))));
+        assert!(matches!(c.allreduce(&[1.0f32], &mut [0f32], Op::BXor), Err(Error::InvalidArgument(_))));
+        let d = on_world_dup(&rts);
+        d.clone().free();
+        assert_eq!(d.barrier().unwrap_err(), Error::CommFreed);
+    });
+}
+
+fn on_world_dup(rts: &[Runtime]) -> Communicator {
+    std::thread::scope(|s| {
+        let h = s.spawn(|| rts[1].world().dup().unwrap());
+        let d = rts[0].world().dup().unwrap();
+        h.join().unwrap();
+        d
+    })
+}
+
+#[test]
+fn reduce_gather_scatter_allgather_match_a_sequential_reference() {
+    within(120, "reduce, gather, scatter, allgather at sizes 1-8, every root", || {
+        for n in SIZES {
+            for len in [0usize, 3, 3000] {
+                let out = on_world(n, |r, c| {
+                    let send = input(r, len);
+                    let mut per_root = Vec::new();
+                    for root in 0..n {
+                        let mut sum = vec![0i64; if r == root { len } else { 0 }];
+                        c.reduce(&send, &mut sum, Op::Sum, root).unwrap();
+                        let mut all = vec![0i64; if r == root { n as usize * len } else { 0 }];
+                        c.gather(&send, &mut all, root).unwrap();
+                        // The root scatters what it gathered: each rank gets its own input back.
+                        let mut mine = vec![0i64; len];
+                        c.scatter(&all, &mut mine, root).unwrap();
+                        assert_eq!(mine, send, "size {n}, root {root}: scatter of the gathered blocks");
+                        per_root.push((sum, all));
+                    }
+                    let mut everyone = vec![0i64; n as usize * len];
+                    c.allgather(&send, &mut everyone).unwrap();
+                    (per_root, everyone)
+                });
+                let concat: Vec<i64> = (0..n).flat_map(|r| input(r, len)).collect();
+                let sum: Vec<i64> = (0..len).map(|i| concat[i..].iter().step_by(len.max(1)).sum()).collect();
+                for (r, (per_root, everyone)) in out.iter().enumerate() {
+                    assert_eq!(everyone, &concat, "size {n}, {len} elements: allgather at rank {r}");
+                    for (root, (s, g)) in per_root.iter().enumerate() {
+                        if root == r {
+                            assert_eq!((s, g), (&sum, &concat), "size {n}, {len} elements, root {root}");
+                        }
+                    }
+                }
+            }
+        }
+    });
+}
+
+#[test]
+fn rooted_collectives_refuse_bad_input() {
+    within(60, "bad rooted collective input", || {
+        let rts = super::builder().build_local(2).unwrap();
+        let c = rts[0].world();
+        assert_eq!(c.reduce(&[1u8], &mut [0u8], Op::Sum, 5).unwrap_err(), Error::RankOutOfRange { rank: 5, size: 2 });
+        assert!(matches!(c.reduce(&[1u8], &mut [], Op::Sum, 0), Err(Error::InvalidArgument(_))));
+        assert!(matches!(c.reduce(&[1.0f64], &mut [0.0], Op::BAnd, 0), Err(Error::InvalidArgument(_))));
+        assert!(matches!(c.gather(&[1u8], &mut [0u8; 3], 0), Err(Error::InvalidArgument(_))));
+        assert!(matches!(c.scatter(&[1u8; 3], &mut [0u8], 0), Err(Error::InvalidArgument(_))));
+        assert!(matches!(c.allgather(&[1u8], &mut [0u8; 1]), Err(Error::InvalidArgument(_))));
+        assert_eq!(c.gather(&[1u8], &mut [0u8; 2], 2).unwrap_err(), Error::RankOutOfRange { rank: 2, size: 2 });
+    });
+}
+
+#[test]
+fn scan_and_exscan_match_prefix_reductions() {
+    within(60, "scan and exscan at sizes 1-8", || {
+        for n in SIZES {
+            for len in [1usize, 3000] {
+                let out = on_world(n, |r, c| {
+                    let send = input(r, len);
+                    let (mut inc, mut exc, mut max) = (vec![0i64; len], vec![-7i64; len], vec![0i64; len]);
+                    c.scan(&send, &mut inc, Op::Sum).unwrap();
+                    c.exscan(&send, &mut exc, Op::Sum).unwrap();
+                    c.scan(&send, &mut max, Op::Max).unwrap();
+                    (inc, exc, max)
+                });
+                let all: Vec<Vec<i64>> = (0..n).map(|q| input(q, len)).collect();
+                for (r, (inc, exc, max)) in out.iter().enumerate() {
+                    let upto = |k: usize, f: fn(i64, i64) -> i64| -> Vec<i64> {
+                        (0..len).map(|i| all[..k].iter().map(|v| v[i]).reduce(f).unwrap()).collect()
+                    };
+                    assert_eq!(inc, &upto(r + 1, i64::wrapping_add), "size {n}, rank {r}: scan");
+                    assert_eq!(max, &upto(r + 1, i64::max), "size {n}, rank {r}: scan max");
+                    let want_exc = if r == 0 { vec![-7; len] } else { upto(r, i64::wrapping_add) };
+                    assert_eq!(exc, &want_exc, "size {n}, rank {r}: exscan");
+                }
+            }
+        }
+        let rts = super::builder().build_local(1).unwrap();
+        assert!(matches!(rts[0].world().scan(&[1u8, 2], &mut [0u8], Op::Sum), Err(Error::InvalidArgument(_))));
+        assert!(matches!(rts[0].world().exscan(&[1f32], &mut [0f32], Op::BOr), Err(Error::InvalidArgument(_))));
+    });
+}
+
+/// Sum of the inputs of ranks `0..n`, elementwise.
+fn sum_of(n: u32, len: usize) -> Vec<i64> {
+    (0..len).map(|i| (0..n).map(|r| input(r, len)[i]).sum()).collect()
+}
+
+#[test]
+fn nonblocking_collectives_outstanding_at_once_complete_in_any_order() {
+    within(120, "ibarrier, ibcast, ireduce, iallreduce outstanding together", || {
+        for n in SIZES {
+            let out = on_world(n, |r, c| {
+                let len = 5;
+                // Every root's broadcast and reduction, an allreduce and a barrier, all started
+                // before any is waited for.
+                let bar = c.ibarrier().unwrap();
+                let mut reqs = Vec::new();
+                for root in 0..n {
+                    let data = if r == root { input(root, len) } else { vec![-1; len] };
+                    reqs.push(c.ibcast(data, root).unwrap());
+                    reqs.push(c.ireduce(input(r, len), Op::Sum, root).unwrap());
+                }
+                reqs.push(c.iallreduce(input(r, len), Op::Max).unwrap());
+                // Waited for last to first: each completes on its own.
+                let mut got: Vec<Vec<i64>> = reqs.into_iter().rev().map(|q| q.wait().unwrap().0).collect();
+                got.reverse();
+                bar.wait().unwrap();
+                got
+            });
+            for (r, got) in out.iter().enumerate() {
+                for root in 0..n as usize {
+                    assert_eq!(got[2 * root], input(root as u32, 5), "size {n}, rank {r}: ibcast from {root}");
+                    if r == root {
+                        assert_eq!(got[2 * root + 1], sum_of(n, 5), "size {n}: ireduce at root {root}");
+                    } else {
+                        assert_eq!(got[2 * root + 1], input(r as u32, 5), "size {n}, rank {r}: ireduce leaves a non-root's data");
+                    }
+                }
+                let max: Vec<i64> = (0..5).map(|i| (0..n).map(|q| input(q, 5)[i]).max().unwrap()).collect();
+                assert_eq!(got[2 * n as usize], max, "size {n}, rank {r}: iallreduce");
+            }
+        }
+    });
+}
+
+#[test]
+fn nonblocking_collectives_wait_together_with_wait_all_and_receives() {
+    within(60, "wait_all over collectives and a receive", || {
+        let out = on_world(5, |r, c| {
+            // A user message from the next rank, waited for with the collectives.
+            let rx = c.irecv(Vec::<i64>::with_capacity(1), (r + 4) % 5, 3).unwrap();
+            let mut reqs = vec![
+                c.iallreduce(input(r, 300), Op::Sum).unwrap(),
+                rx,
+                c.iallgather(&[r as i64], vec![0; 5]).unwrap(),
+                c.iscan(vec![r as i64 + 1], Op::Sum).unwrap(),
+                // Concatenating decimal digits: associative, not commutative.
+                c.iallreduce_with(vec![r as i64 + 1], |a, b| a * 10i64.pow(b.ilog10() + 1) + b).unwrap(),
+            ];
+            c.send(vec![r as i64 * 10], (r + 1) % 5, 3).unwrap();
+            weft::wait_all(&mut reqs).unwrap();
+            reqs.iter_mut().map(|q| q.take().unwrap().unwrap().0).collect::<Vec<_>>()
+        });
+        for (r, got) in out.iter().enumerate() {
+            assert_eq!(got[0], sum_of(5, 300), "rank {r}");
+            assert_eq!(got[1], vec![((r as i64 + 4) % 5) * 10], "rank {r}");
+            assert_eq!(got[2], vec![0, 1, 2, 3, 4], "rank {r}");
+            assert_eq!(got[3], vec![(1..=r as i64 + 1).sum::<i64>()], "rank {r}");
+            assert_eq!(got[4], vec![12345], "rank {r}: iallreduce_with in rank order");
+        }
+    });
+}
+
+#[test]
+fn collectives_on_distinct_communicators_from_many_threads() {
+    within(120, "4 threads per rank, each on its own communicator", || {
+        const THREADS: usize = 4;
+        let rts = super::builder().build_local(3).unwrap();
+        std::thread::scope(|s| {
+            for rt in &rts {
+                s.spawn(move || {
+                    let comms: Vec<_> = (0..THREADS).map(|_| rt.world().dup().unwrap()).collect();
+                    std::thread::scope(|s| {
+                        for (t, c) in comms.iter().enumerate() {
+                            s.spawn(move || {
+                                for i in 0..50i64 {
+                                    let v = c.iallreduce(vec![c.rank() as i64 + i, t as i64], Op::Sum).unwrap().wait().unwrap().0;
+                                    assert_eq!(v, vec![3 + 3 * i, 3 * t as i64], "thread {t}, round {i}");
+                                    let b = c.ibcast(vec![i * 7 + t as i64; 3], (i % 3) as u32).unwrap().wait().unwrap().0;
+                                    assert_eq!(b, vec![i * 7 + t as i64; 3]);
+                                    c.barrier().unwrap();
+                                }
+                            });
+                        }
+                    });
+                });
+            }
+        });
+    });
+}
+
+#[test]
+fn nonblocking_collectives_are_futures_inside_tokio() {
+    within(60, "collectives awaited in tokio", || {
+        let out = on_world(4, |r, c| {
+            let rt = tokio::runtime::Builder::new_current_thread().enable_time().build().unwrap();
+            rt.block_on(async {
+                // Two at once on one task, then one after the other.
+                let (a, b) = tokio::join!(c.iallreduce(vec![r as u64 + 1], Op::Prod).unwrap(), c.ibcast(vec![r as u64; 2], 2).unwrap());
+                c.ibarrier().unwrap().await.unwrap();
+                let g = c.igather(&[r as u64], vec![0; if r == 1 { 4 } else { 0 }], 1).unwrap().await.unwrap().0;
+                (a.unwrap().0, b.unwrap().0, g)
+            })
+        });
+        for (r, (a, b, g)) in out.into_iter().enumerate() {
+            assert_eq!((a, b), (vec![24], vec![2, 2]), "rank {r}");
+            assert_eq!(g, if r == 1 { vec![0, 1, 2, 3] } else { vec![] }, "rank {r}");
+        }
+    });
+}
+
+#[test]
+fn large_messages_take_the_ring_and_scatter_algorithms_and_agree() {
+    within(180, "allreduce and bcast above their thresholds", || {
+        let long = weft::ALLREDUCE_LONG_BYTES.max(weft::BCAST_LONG_BYTES) / 8 + 13;
+        for n in [2u32, 3, 4, 5, weft::BCAST_LONG_RANKS, weft::BCAST_LONG_RANKS + 1] {
+            let out = on_world(n, |r, c| {
+                let mut sum = vec![0i64; long];
+                c.allreduce(&input(r, long), &mut sum, Op::Sum).unwrap();
+                let mut min = vec![0i64; long];
+                c.allreduce(&input(r, long), &mut min, Op::Min).unwrap();
+                let bc: Vec<Vec<i64>> = (0..n)
+                    .map(|root| {
+                        let mut d = if r == root { input(root, long) } else { vec![0; long] };
+                        c.bcast(&mut d, root).unwrap();
+                        d
+                    })
+                    .collect();
+                (sum, min, bc)
+            });
+            let min: Vec<i64> = (0..long).map(|i| (0..n).map(|q| input(q, long)[i]).min().unwrap()).collect();
+            for (r, (s, m, bc)) in out.iter().enumerate() {
+                assert_eq!(s, &sum_of(n, long), "size {n}, rank {r}: ring allreduce sum");
+                assert_eq!(m, &min, "size {n}, rank {r}: ring allreduce min");
+                for (root, d) in bc.iter().enumerate() {
+                    assert_eq!(d, &input(root as u32, long), "size {n}, rank {r}: bcast from {root}");
+                }
+            }
+        }
+    });
+}
+
+#[test]
+fn alltoall_and_the_v_forms_match_a_sequential_reference() {
+    within(120, "alltoall(v), gatherv, scatterv, allgatherv at sizes 1-8", || {
+        for n in SIZES {
+            // Rank r contributes r + 1 elements to the v forms; block q of rank r's alltoall
+            // input is [100 r + q; 3].
+            let counts: Vec<usize> = (0..n as usize).map(|r| r + 1).collect();
+            let displs: Vec<usize> = counts.iter().scan(0, |acc, &c| Some(std::mem::replace(acc, *acc + c + 1))).collect();
+            let total = displs[n as usize - 1] + counts[n as usize - 1];
+            let mine = |r: u32| -> Vec<i64> { (0..=r as i64).map(|i| r as i64 * 10 + i).collect() };
+            let out = on_world(n, |r, c| {
+                let send: Vec<i64> = (0..n).flat_map(|q| vec![100 * r as i64 + q as i64; 3]).collect();
+                let mut a2a = vec![0i64; 3 * n as usize];
+                c.alltoall(&send, &mut a2a).unwrap();
+                // alltoallv: rank r sends q + 1 elements to rank q, at the v-form layout.
+                let sc: Vec<usize> = (0..n as usize).map(|q| q + 1).collect();
+                let sd: Vec<usize> = sc.iter().scan(0, |acc, &k| Some(std::mem::replace(acc, *acc + k))).collect();
+                let vsend: Vec<i64> = (0..n).flat_map(|q| vec![1000 * r as i64 + q as i64; q as usize + 1]).collect();
+                let rc = vec![r as usize + 1; n as usize];
+                let rd: Vec<usize> = (0..n as usize).map(|q| q * (r as usize + 1)).collect();
+                let mut a2av = vec![0i64; n as usize * (r as usize + 1)];
+                c.alltoallv(&vsend, &sc, &sd, &mut a2av, &rc, &rd).unwrap();
+                let mut per_root = Vec::new();
+                for root in 0..n {
+                    let mut g = vec![-1i64; if r == root { total } else { 0 }];
+                    c.gatherv(&mine(r), &mut g, &counts, &displs, root).unwrap();
+                    // The root scatters what it gathered back: each rank gets its own.
+                    let mut back = vec![0i64; r as usize + 1];
+                    c.scatterv(&g, &counts, &displs, &mut back, root).unwrap();
+                    assert_eq!(back, mine(r), "size {n}, root {root}, rank {r}: scatterv");
+                    per_root.push(g);
+                }
+                let mut ag = vec![-1i64; total];
+                c.allgatherv(&mine(r), &mut ag, &counts, &displs).unwrap();
+                (a2a, a2av, per_root, ag)
+            });
+            let mut gathered = vec![-1i64; total];
+            for q in 0..n {
+                gathered[displs[q as usize]..][..counts[q as usize]].copy_from_slice(&mine(q));
+            }
+            for (r, (a2a, a2av, per_root, ag)) in out.iter().enumerate() {
+                let want: Vec<i64> = (0..n).flat_map(|q| vec![100 * q as i64 + r as i64; 3]).collect();
+                assert_eq!(a2a, &want, "size {n}, rank {r}: alltoall");
+                let wantv: Vec<i64> = (0..n).flat_map(|q| vec![1000 * q as i64 + r as i64; r + 1]).collect();
+                assert_eq!(a2av, &wantv, "size {n}, rank {r}: alltoallv");
+                assert_eq!(per_root[r], gathered, "size {n}: gatherv at root {r}");
+                assert_eq!(ag, &gathered, "size {n}, rank {r}: allgatherv");
+            }
+        }
+    });
+}
+
+#[test]
+fn v_forms_and_alltoall_refuse_bad_input() {
+    within(60, "bad alltoall and v-form input", || {
+        let rts = super::builder().build_local(2).unwrap();
+        let c = rts[0].world();
+        let bad = |e: Result<(), Error>| matches!(e, Err(Error::InvalidArgument(_)));
+        assert!(bad(c.alltoall(&[1u8, 2, 3], &mut [0u8; 3])), "not size blocks");
+        assert!(bad(c.alltoall(&[1u8, 2], &mut [0u8; 4])), "different lengths");
+        assert!(bad(c.gatherv(&[1u8], &mut [0u8; 2], &[1], &[0, 1], 0)), "a count short");
+        assert!(bad(c.gatherv(&[1u8], &mut [0u8; 2], &[1, 2], &[0, 1], 0)), "a block past the end");
+        assert!(bad(c.gatherv(&[1u8, 2], &mut [0u8; 2], &[1, 1], &[0, 1], 0)), "the root's own count differs");
+        assert!(bad(c.scatterv(&[1u8; 2], &[1, 1], &[0, usize::MAX], &mut [0u8], 0)), "a displacement overflows");
+        assert!(bad(c.allgatherv(&[1u8, 2], &mut [0u8; 2], &[1, 1], &[0, 1])), "this rank's count differs");
+        assert!(bad(c.alltoallv(&[1u8], &[1, 1], &[0, 1], &mut [0u8; 2], &[1, 1], &[0, 1])), "send blocks past the end");
+        assert_eq!(c.scatterv(&[1u8; 2], &[1, 1], &[0, 1], &mut [0u8], 2).unwrap_err(), Error::RankOutOfRange { rank: 2, size: 2 });
+        assert_eq!(c.igatherv(&[1u8], vec![0; 2], &[1, 1], &[0, 1], 7).unwrap_err(), Error::RankOutOfRange { rank: 7, size: 2 });
+        assert_eq!(c.ibcast(vec![0u8], 2).unwrap_err(), Error::RankOutOfRange { rank: 2, size: 2 });
+    });
+}
+
+#[test]
+fn ranks_that_pass_different_lengths_all_fail_and_none_hangs() {
+    within(60, "mismatched lengths across ranks", || {
+        for n in [2u32, 3, 5, 8] {
+            let out = on_world(n, |r, c| {
+                // Rank 1 passes one element more than the others, to a small and a large
+                // allreduce, an alltoallv and a bcast; each fails everywhere.
+                let extra = usize::from(r == 1);
+                let small = c.allreduce(&vec![1u32; 2 + extra], &mut vec![0u32; 2 + extra], Op::Sum);
+                // The ring's threshold in u32s (its blocks stay below libfabric shm's inject
+                // size: see `on_world`).
+                let long = weft::ALLREDUCE_LONG_BYTES / 4;
+                let large = c.allreduce(&vec![1u32; long + extra], &mut vec![0u32; long + extra], Op::Sum);
+                let nn = n as usize;
+                let sc: Vec<usize> = (0..nn).map(|q| if q == 0 { 1 + extra } else { 1 }).collect();
+                let sd: Vec<usize> = sc.iter().scan(0, |a, &k| Some(std::mem::replace(a, *a + k))).collect();
+                let a2a = c.alltoallv(&vec![1u8; nn + extra], &sc, &sd, &mut vec![0u8; nn], &vec![1; nn], &(0..nn).collect::<Vec<_>>());
+                let bc = c.bcast(&mut vec![0u64; 3 + extra], 0);
+                // The communicator still works for collectives that match.
+                let mut ok = [0u32];
+                c.allreduce(&[1], &mut ok, Op::Sum).unwrap();
+                (small, large, a2a, bc, ok[0])
+            });
+            for (r, (small, large, a2a, bc, ok)) in out.into_iter().enumerate() {
+                let mismatch = |e: &Result<(), Error>| matches!(e, Err(Error::InvalidArgument(_)));
+                assert!(mismatch(&small) && mismatch(&large), "size {n}, rank {r}: {small:?} {large:?}");
+                // Only rank 0 receives the extra element of the alltoallv (rank 1 may be done
+                // before rank 0's notice comes); rank 1 receives a different length in the
+                // bcast.
+                if r == 0 {
+                    assert!(mismatch(&a2a), "size {n}, rank {r}: alltoallv {a2a:?}");
+                }
+                if r == 1 {
+                    assert!(mismatch(&bc), "size {n}: bcast at rank 1 {bc:?}");
+                }
+                assert_eq!(ok, n, "size {n}, rank {r}");
+            }
+        }
+    });
+}
+
+#[test]
+fn a_rank_lost_during_a_collective_fails_it_on_every_survivor() {
+    within(60, "a rank that leaves during allreduce and barrier", || {
+        for n in [3u32, 4, 5] {
+            let mut rts = super::builder().build_local(n).unwrap();
+            let last = rts.pop().unwrap();
+            let out = std::thread::scope(|s| {
+                let hs: Vec<_> = rts
+                    .iter()
+                    .map(|rt| {
+                        s.spawn(move || {
+                            let c = rt.world();
+                            let small = c.allreduce(&[1u32], &mut [0u32], Op::Sum);
+                            // The ring's threshold in u32s.
+                            let long = vec![1u32; weft::ALLREDUCE_LONG_BYTES / 4];
+                            let large = c.allreduce(&long, &mut long.clone(), Op::Sum);
+                            let bar = c.barrier();
+                            (small, large, bar)
+                        })
+                    })
+                    .collect();
+                // The last rank leaves while the others are in their collectives.
+                std::thread::sleep(std::time::Duration::from_millis(20));
+                drop(last);
+                hs.into_iter().map(|h| h.join().unwrap()).collect::<Vec<_>>()
+            });
+            let lost = Err(Error::PeerLost { rank: n - 1 });
+            for (r, (small, large, bar)) in out.into_iter().enumerate() {
+                assert_eq!((&small, &large, &bar), (&lost, &lost, &lost), "size {n}, rank {r}");
+            }
+        }
+    });
+}
+
+#[test]
+fn a_collective_request_dropped_in_flight_still_takes_its_steps() {
+    within(60, "dropped nonblocking collectives", || {
+        let out = on_world(4, |r, c| {
+            // Dropped at once: the schedules go on (the others need this rank's part), into
+            // buffers the runtime keeps. (A ring allreduce, of blocks below libfabric shm's
+            // inject size: see `on_world` on sends still completing at teardown.)
+            for _ in 0..3 {
+                drop(c.iallreduce(vec![u64::from(r); 300], Op::Sum).unwrap());
+                drop(c.ibcast(vec![u64::from(r); 40], 1).unwrap());
+            }
+            c.iallreduce(vec![u64::from(r)], Op::Sum).unwrap().wait().unwrap().0
+        });
+        assert!(out.iter().all(|v| v == &vec![6]), "{out:?}");
+    });
+}
+
+#[test]
+fn freeing_a_communicator_fails_its_collectives_in_flight() {
+    within(60, "a collective on a communicator freed under it", || {
+        let rts = super::builder().build_local(2).unwrap();
+        let d = on_world_dup(&rts);
+        // Only rank 0 enters: its barrier waits for rank 1 until the communicator goes.
+        let req = d.ibarrier().unwrap();
+        d.clone().free();
+        assert_eq!(req.wait().unwrap_err(), Error::CommFreed);
+        assert_eq!(d.ibcast(vec![1u8], 0).unwrap_err(), Error::CommFreed);
+    });
+}
