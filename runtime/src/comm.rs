@@ -292,14 +292,7 @@ impl Communicator {
     /// Starts receiving on context `st` from `source` (a world rank).
     pub(crate) fn irecv_on<B: RecvBuf>(&self, st: &CommState, mut buf: B, source: Source, tag: Tag) -> Result<Request<'_, B>, Error> {
         let s = &*self.engine;
-        let (ptr, cap) = buf.spare();
-        let elem = buf.elem_size();
-        let inner = new_operation(|i| {
-            i.ptr = ptr;
-            i.cap = cap;
-            i.elem = elem;
-            i.context = st.context;
-        });
+        let inner = recv_operation(st.context, &mut buf);
         if tag == Tag::Any && st.needs_switch() {
             s.finish_matches(s.main_path(|| s.switch_to_one_order(st)));
         }
@@ -358,10 +351,23 @@ impl Communicator {
     /// receive would refuse is refused here too, and with nothing queued, a source that is
     /// gone (lost or finished; `Source::Any` with no peer left) is [`Error::PeerLost`].
     pub fn iprobe(&self, source: impl Into<Source>, tag: impl Into<Tag>) -> Result<Option<Status>, Error> {
+        let found = self.probe_with(source.into(), tag.into(), |m, source, tag| m.probe(source, tag))?;
+        Ok(found.map(|(source, tag, bytes)| self.local_status(Status { source, tag, bytes })))
+    }
+
+    /// A probe's common part ([`iprobe`](Self::iprobe), `improbe`): checks `source` and `tag`
+    /// as a receive would, makes one step of progress, and runs `look` under the matching
+    /// lock of the tag's partition with the source as a world rank. With nothing found and
+    /// only a gone peer able to send it, [`Error::PeerLost`].
+    pub(crate) fn probe_with<R>(
+        &self,
+        mut source: Source,
+        tag: Tag,
+        mut look: impl FnMut(&mut MatchState, Source, Tag) -> Option<R>,
+    ) -> Result<Option<R>, Error> {
         if self.p2p.is_freed() {
             return Err(Error::CommFreed);
         }
-        let (mut source, tag) = (source.into(), tag.into());
         if let Source::Rank(r) = source {
             // As `irecv`: no rank of this communicator, so never a message from it.
             if r >= self.size() {
@@ -379,8 +385,8 @@ impl Communicator {
         // it was marked gone, so a probe after this sees every one of them.
         let gone = s.lost_source(source);
         let part = self.p2p.part_of(tag);
-        match s.main_path(|| s.with_matching_of(&self.p2p, part, |m| m.probe(source, tag))) {
-            Some((source, tag, bytes)) => Ok(Some(self.local_status(Status { source, tag, bytes }))),
+        match s.main_path(|| s.with_matching_of(&self.p2p, part, |m| look(m, source, tag))) {
+            Some(found) => Ok(Some(found)),
             // Nothing queued, and only a gone peer could send it: it never will (a loop of
             // probes would poll for ever), as a receive would say.
             None => match gone {
@@ -470,8 +476,25 @@ impl Communicator {
         self.p2p.clone()
     }
 
+    /// The state of the user context.
+    pub(crate) fn p2p(&self) -> &CommState {
+        &self.p2p
+    }
+
     /// The state of this communicator's context `ctx` (user or collective).
     pub(crate) fn state_of(&self, ctx: u32) -> Option<&CommState> {
         [&self.p2p, &self.coll].into_iter().find(|st| st.context == ctx).map(|st| &**st)
     }
+}
+
+/// A pending receive's operation on context `context`, over `buf`'s receive area.
+pub(crate) fn recv_operation<B: RecvBuf>(context: u32, buf: &mut B) -> std::sync::Arc<crate::operation::Operation> {
+    let (ptr, cap) = buf.spare();
+    let elem = buf.elem_size();
+    new_operation(|i| {
+        i.ptr = ptr;
+        i.cap = cap;
+        i.elem = elem;
+        i.context = context;
+    })
 }

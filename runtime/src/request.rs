@@ -174,7 +174,8 @@ impl<'c, B: Send + 'static> Request<'c, B> {
         let mut buf = self.buf.take()?;
         let res = match outcome {
             Ok(st) => {
-                if let Some(filled) = self.filled {
+                // A cancelled receive wrote nothing: its buffer is given back untouched.
+                if let (Some(filled), false) = (self.filled, st.cancelled()) {
                     // SAFETY: the completer wrote `st.bytes` bytes into the spare area and
                     // checked them against its length and the element size before
                     // completing with `Ok`; the acquire in `outcome()` makes them visible.
@@ -199,6 +200,53 @@ impl<'c, B: Send + 'static> Request<'c, B> {
     /// Whether the result is still to be taken (pending, or complete and not taken).
     pub(crate) fn is_live(&self) -> bool {
         self.inner.is_some() || self.sent.is_some()
+    }
+
+    /// Cancels the operation if it has not matched a message yet (`MPI_Cancel`), and says
+    /// whether it did.
+    ///
+    /// * A receive still posted is unposted and completes at once: its result is `Ok` with
+    ///   the buffer given back untouched and a status for which [`Status::cancelled`] is
+    ///   true. It consumed nothing: the message it would have matched goes to a later
+    ///   receive. A receive attached to a sync object delivers that status there.
+    /// * A receive that has matched (progress on any thread may match it at any time, the
+    ///   message then belongs to it) or completed is left alone: `false`, and it completes as
+    ///   usual. So is a receive of a message already matched by a probe
+    ///   ([`Message::imrecv`](crate::Message::imrecv)).
+    /// * A send is never cancelled (`false`; it completes as usual). Its frame left with a
+    ///   sequence number the receiver orders its messages by (an eager frame in it, a
+    ///   rendezvous send's announcement): withdrawing it would need the receiver's
+    ///   agreement, a round trip the protocol does not have, and a frame held back for a full
+    ///   inbox still fills a number the receiver waits for. MPI 4.0 deprecates cancelling
+    ///   sends for the same reasons (§3.8.4).
+    ///
+    /// Dropping a pending receive cancels it too (without giving the buffer back).
+    ///
+    /// ```
+    /// use weft::Runtime;
+    /// let rt = Runtime::builder().env(false).build().unwrap();
+    /// let comm = rt.world();
+    /// let mut r = comm.irecv(Vec::<u8>::with_capacity(4), 0u32, 3).unwrap();
+    /// assert!(r.cancel());
+    /// let (buf, st) = r.wait().unwrap();
+    /// assert!(st.cancelled() && buf.is_empty());
+    /// // The message goes to the next receive.
+    /// comm.send(vec![7u8], 0, 3).unwrap();
+    /// assert_eq!(comm.recv(Vec::<u8>::with_capacity(4), 0u32, 3).unwrap().0, vec![7]);
+    /// ```
+    pub fn cancel(&mut self) -> bool {
+        match &self.inner {
+            Some(inner) if self.unpost(inner) => inner.cell.complete(Ok(Status::CANCELLED)),
+            _ => false,
+        }
+    }
+
+    /// Unposts a pending receive that has not matched; whether it did (never a send).
+    fn unpost(&self, inner: &Arc<Operation>) -> bool {
+        // The request's own communicator handle keeps the state alive (no table lookup).
+        self.kind == Kind::Recv
+            && !inner.cell.is_complete()
+            && self.comm.state_of(inner.context).is_some_and(|st| self.comm.engine().cancel_recv(st, inner))
     }
 }
 
@@ -272,10 +320,7 @@ impl<B: Send + 'static> Drop for Request<'_, B> {
             recycle(inner);
             return;
         }
-        // The request's own communicator handle keeps the state alive (no table lookup).
-        let cancelled =
-            self.kind == Kind::Recv && self.comm.state_of(inner.context).is_some_and(|st| self.comm.engine().cancel_recv(st, &inner));
-        if cancelled {
+        if self.unpost(&inner) {
             // Unposted before any match: nothing will touch the buffer.
             inner.cell.complete(Err(Error::Cancelled));
             return;

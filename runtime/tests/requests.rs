@@ -1,0 +1,207 @@
+//! Requests for task runtimes: matched probe (`improbe`/`mprobe`, `Message`), cancel.
+
+use std::sync::mpsc;
+
+use weft::{Error, ProgressMode, Runtime, Source, Tag};
+
+mod common;
+use common::within;
+
+const MODES: [ProgressMode; 3] = [ProgressMode::Global, ProgressMode::Owner, ProgressMode::Concurrent];
+
+fn local(n: u32, mode: ProgressMode) -> Vec<Runtime> {
+    Runtime::builder().env(false).progress(mode).eager_threshold(512).build_local(n).unwrap()
+}
+
+/// Waits until `n` messages have been queued as unexpected at `rt` (making progress).
+fn wait_queued(rt: &Runtime, n: u64) {
+    let c = rt.world();
+    let t0 = std::time::Instant::now();
+    while rt.counters().unexpected < n {
+        let _ = c.iprobe(Source::Any, Tag::Any).unwrap();
+        assert!(t0.elapsed() < std::time::Duration::from_secs(10), "messages not queued");
+    }
+}
+
+/// Two threads of one rank probe the same source and tag, in this interleaving: A probes
+/// (and sees message 1, one byte), B probes and receives (message 1), A receives. With
+/// `iprobe` + `recv`, A receives message 2 (two bytes), not the message it probed; with
+/// `mprobe` + `mrecv`, B's probe no longer sees message 1 and A receives exactly it.
+#[test]
+fn iprobe_then_recv_races_and_mprobe_does_not() {
+    within(60, "two threads probing one source", || {
+        for mode in MODES {
+            let rts = local(2, mode);
+            let (a, b) = (rts[0].world(), rts[1].world());
+            let b = &b;
+            // iprobe + recv.
+            a.send(vec![1u8], 1, 5).unwrap();
+            a.send(vec![2u8, 2], 1, 5).unwrap();
+            let (to_b, at_b) = mpsc::channel::<()>();
+            let (to_a, at_a) = mpsc::channel::<()>();
+            let (probed, got) = std::thread::scope(|s| {
+                let thread_a = s.spawn(move || {
+                    let st = loop {
+                        if let Some(st) = b.iprobe(0u32, 5).unwrap() {
+                            break st;
+                        }
+                    };
+                    to_b.send(()).unwrap();
+                    at_a.recv().unwrap();
+                    let (got, _) = b.recv(Vec::<u8>::with_capacity(64), 0u32, 5).unwrap();
+                    (st.bytes, got)
+                });
+                at_b.recv().unwrap();
+                let st = b.iprobe(0u32, 5).unwrap().expect("message 1 is still queued");
+                let (got_b, _) = b.recv(Vec::<u8>::with_capacity(64), 0u32, 5).unwrap();
+                assert_eq!((st.bytes, got_b), (1, vec![1]), "{mode}");
+                to_a.send(()).unwrap();
+                thread_a.join().unwrap()
+            });
+            assert_eq!(probed, 1, "{mode}");
+            assert_eq!(got, vec![2, 2], "{mode}: A received the message after the one it probed");
+
+            // mprobe + mrecv, same interleaving.
+            a.send(vec![1u8], 1, 5).unwrap();
+            a.send(vec![2u8, 2], 1, 5).unwrap();
+            let (to_b, at_b) = mpsc::channel::<()>();
+            let (to_a, at_a) = mpsc::channel::<()>();
+            let got_a = std::thread::scope(|s| {
+                let thread_a = s.spawn(move || {
+                    let msg = b.mprobe(0u32, 5).unwrap();
+                    to_b.send(()).unwrap();
+                    at_a.recv().unwrap();
+                    let n = msg.status().bytes;
+                    msg.mrecv(Vec::<u8>::with_capacity(n)).unwrap()
+                });
+                at_b.recv().unwrap();
+                let msg = b.mprobe(0u32, 5).unwrap();
+                assert_eq!(msg.status().bytes, 2, "{mode}: B's probe saw the message A holds");
+                let (got_b, st) = msg.mrecv(Vec::<u8>::with_capacity(2)).unwrap();
+                assert_eq!((got_b, st.source, st.tag), (vec![2, 2], 0, 5), "{mode}");
+                to_a.send(()).unwrap();
+                thread_a.join().unwrap()
+            });
+            assert_eq!(got_a.0, vec![1], "{mode}: A received exactly the message it probed");
+            assert_eq!(got_a.1.bytes, 1, "{mode}");
+        }
+    });
+}
+
+/// Two threads probing one source with `mprobe` and receiving into a buffer sized exactly
+/// by the probe, free running, eager and rendezvous messages mixed: every receive gets the
+/// message its thread probed (never truncated, never another length), and every message is
+/// received once.
+#[test]
+fn mprobe_gives_each_thread_the_message_it_probed() {
+    const ROUNDS: u32 = 150;
+    within(120, "two threads mprobing one source", || {
+        for mode in MODES {
+            let rts = local(2, mode);
+            let (a, b) = (rts[0].world(), rts[1].world());
+            // Message i: `len(i)` words, each `i`; every fourth one above the eager threshold.
+            let len = |i: u32| if i % 4 == 3 { 300 + i as usize % 7 } else { 1 + i as usize % 5 };
+            let got = std::thread::scope(|s| {
+                s.spawn(|| {
+                    for i in 0..2 * ROUNDS {
+                        a.send(vec![i; len(i)], 1, 5).unwrap();
+                    }
+                });
+                let receivers: Vec<_> = (0..2)
+                    .map(|_| {
+                        s.spawn(|| {
+                            (0..ROUNDS)
+                                .map(|_| {
+                                    let msg = b.mprobe(0u32, Tag::Any).unwrap();
+                                    let words = msg.status().bytes / 4;
+                                    let (v, st) = msg.mrecv(Vec::<u32>::with_capacity(words)).expect("the probed message fits");
+                                    assert_eq!((v.len(), st.bytes), (words, words * 4));
+                                    v
+                                })
+                                .collect::<Vec<_>>()
+                        })
+                    })
+                    .collect();
+                receivers.into_iter().flat_map(|r| r.join().unwrap()).collect::<Vec<_>>()
+            });
+            let mut ids: Vec<u32> = got
+                .iter()
+                .map(|v| {
+                    assert!(v.iter().all(|&w| w == v[0]), "{mode}: a message mixed with another");
+                    assert_eq!(v.len(), len(v[0]), "{mode}");
+                    v[0]
+                })
+                .collect();
+            ids.sort_unstable();
+            assert_eq!(ids, (0..2 * ROUNDS).collect::<Vec<_>>(), "{mode}: every message once");
+        }
+    });
+}
+
+/// `improbe` takes the message a receive posted now would match (wildcards included, in
+/// send order); a message it took is seen by no probe and no receive; dropping a `Message`
+/// discards it (a rendezvous sender's send completes); bad arguments are errors.
+#[test]
+fn improbe_takes_the_message_out_of_matching() {
+    within(60, "improbe semantics", || {
+        let rts = local(2, ProgressMode::Owner);
+        let (a, b) = (rts[0].world(), rts[1].world());
+        assert!(b.improbe(Source::Any, Tag::Any).unwrap().is_none());
+        a.send(vec![10u8], 1, 1).unwrap();
+        a.send(vec![20u8, 20], 1, 2).unwrap();
+        a.send(vec![30u8, 30, 30], 1, 1).unwrap();
+        wait_queued(&rts[1], 3);
+        // By tag: the first of tag 2, past an earlier message of tag 1.
+        let m2 = b.improbe(0u32, 2).unwrap().expect("tag 2 queued");
+        assert_eq!((m2.status().source, m2.status().tag, m2.status().bytes), (0, 2, 2));
+        assert!(b.iprobe(Source::Any, 2).unwrap().is_none(), "a probed message stays visible");
+        // Wildcards: the earliest sent.
+        let m1 = b.improbe(Source::Any, Tag::Any).unwrap().expect("queued");
+        assert_eq!(m1.status().bytes, 1);
+        // A receive posted now does not take the messages held.
+        let mut r = b.irecv(Vec::<u8>::with_capacity(8), Source::Any, Tag::Any).unwrap();
+        assert!(r.test(), "the receive matched the third message");
+        assert_eq!(r.wait().unwrap().0, vec![30, 30, 30]);
+        // Truncation is reported by the receive of the message, which consumes it.
+        assert_eq!(m1.mrecv(Vec::<u8>::with_capacity(0)).unwrap_err(), Error::Truncated { message_len: 1, buffer_len: 0 });
+        let (v, st) = m2.imrecv(Vec::<u8>::with_capacity(2)).wait().unwrap();
+        assert_eq!((v, st.tag), (vec![20, 20], 2));
+        // A dropped message is discarded; the rendezvous send it announced completes.
+        let big = vec![7u8; 4096];
+        let mut send = a.isend(big, 1, 3).unwrap();
+        let msg = b.mprobe(0u32, 3).unwrap();
+        assert_eq!(msg.status().bytes, 4096);
+        drop(msg);
+        let t0 = std::time::Instant::now();
+        while !send.test() {
+            let _ = b.iprobe(Source::Any, Tag::Any);
+            assert!(t0.elapsed() < std::time::Duration::from_secs(10), "the send of a dropped message never completed");
+        }
+        // Its status says nothing was read.
+        assert_eq!(send.wait().unwrap().1.bytes, 0);
+        assert!(b.iprobe(Source::Any, Tag::Any).unwrap().is_none());
+        // Bad arguments, as a receive's.
+        assert!(matches!(b.improbe(0u32, -1), Err(Error::InvalidTag { .. })));
+        assert_eq!(b.improbe(2u32, 1).unwrap_err(), Error::RankOutOfRange { rank: 2, size: 2 });
+        assert_eq!(b.mprobe(2u32, 1).unwrap_err(), Error::RankOutOfRange { rank: 2, size: 2 });
+        let freed = b.clone();
+        freed.free();
+        assert_eq!(b.improbe(Source::Any, Tag::Any).unwrap_err(), Error::CommFreed);
+    });
+}
+
+/// With only a gone peer able to send it, a matched probe says so instead of polling for
+/// ever: what the peer sent before it finished is still probed and received first.
+#[test]
+fn mprobe_of_a_gone_peer_fails() {
+    within(60, "mprobe of a finished peer", || {
+        let mut rts = local(2, ProgressMode::Owner);
+        rts[0].world().send(vec![1u8], 1, 4).unwrap();
+        drop(rts.remove(0));
+        let b = rts[0].world();
+        let msg = b.mprobe(0u32, 4).unwrap();
+        assert_eq!(msg.mrecv(Vec::<u8>::with_capacity(1)).unwrap().0, vec![1]);
+        assert_eq!(b.mprobe(0u32, 4).unwrap_err(), Error::PeerLost { rank: 0 });
+        assert_eq!(b.improbe(Source::Any, Tag::Any).unwrap_err(), Error::PeerLost { rank: 0 });
+    });
+}
