@@ -205,3 +205,107 @@ fn mprobe_of_a_gone_peer_fails() {
         assert_eq!(b.improbe(Source::Any, Tag::Any).unwrap_err(), Error::PeerLost { rank: 0 });
     });
 }
+
+/// A pending receive is cancelled: it completes with a cancelled status and its buffer
+/// untouched, and the message it would have matched goes to the next receive. A receive
+/// that has matched, a send, and a request already cancelled are not cancelled.
+#[test]
+fn cancel_unposts_a_receive_and_consumes_nothing() {
+    within(60, "cancel", || {
+        for mode in MODES {
+            let rts = local(2, mode);
+            let (a, b) = (rts[0].world(), rts[1].world());
+            // Specific, wildcard, and in a tag partition other than the first.
+            for (source, tag) in [(Source::Rank(0), Tag::Is(3)), (Source::Any, Tag::Any), (Source::Rank(0), Tag::Is(1000))] {
+                let mut buf = Vec::<u16>::with_capacity(8);
+                buf.extend([9, 9]);
+                let mut r = b.irecv(buf, source, tag).unwrap();
+                assert!(r.cancel(), "{mode}: a pending receive is cancelled");
+                assert!(r.is_complete());
+                assert!(!r.cancel(), "{mode}: cancelled twice");
+                let (buf, st) = r.wait().unwrap();
+                assert!(st.cancelled(), "{mode}");
+                assert_eq!(buf, vec![9, 9], "{mode}: a cancelled receive wrote nothing");
+                let t = match tag {
+                    Tag::Is(t) => t,
+                    Tag::Any => 3,
+                };
+                a.send(vec![t as u16], 1, t).unwrap();
+                let (got, st) = b.recv(Vec::<u16>::with_capacity(1), source, tag).unwrap();
+                assert_eq!((got, st.cancelled()), (vec![t as u16], false), "{mode}");
+            }
+            // Matched before the cancel: it completes with its message.
+            a.send(vec![4u8], 1, 4).unwrap();
+            wait_queued(&rts[1], rts[1].counters().unexpected + 1);
+            let mut r = b.irecv(Vec::<u8>::with_capacity(1), 0u32, 4).unwrap();
+            assert!(!r.cancel(), "{mode}: a matched receive is not cancelled");
+            assert_eq!(r.wait().unwrap().0, vec![4], "{mode}");
+            // A send is not cancelled; it is delivered.
+            let mut s = a.isend(vec![5u8; 2000], 1, 6).unwrap();
+            assert!(!s.cancel(), "{mode}: a send is not cancelled");
+            let r = b.irecv(Vec::<u8>::with_capacity(2000), 0u32, 6).unwrap();
+            // The receive first: one thread drives the rank of the request it waits for.
+            assert_eq!(r.wait().unwrap().0, vec![5u8; 2000], "{mode}");
+            let (sent, st) = s.wait().unwrap();
+            assert!(!st.cancelled() && sent.len() == 2000, "{mode}");
+        }
+    });
+}
+
+/// A receive attached to a sync object and cancelled delivers its cancelled status there.
+#[test]
+fn a_cancelled_receive_reports_to_its_sync_object() {
+    let rt = Runtime::builder().env(false).build().unwrap();
+    let c = rt.world();
+    let sync = weft::SyncObject::new();
+    let mut r = c.irecv(Vec::<u8>::with_capacity(1), 0u32, 1).unwrap();
+    sync.attach(&mut r, 17u32).unwrap();
+    assert!(r.cancel());
+    let done = sync.query().expect("the cancel completed the receive");
+    assert_eq!(done.data, 17);
+    assert!(done.status().unwrap().cancelled());
+}
+
+/// Receives cancelled while the messages they could match arrive: each message is received
+/// once, in send order, by a receive that was not cancelled — a cancelled receive never
+/// consumed one — and a cancel either unposts (nothing received) or finds the receive
+/// matched (its message received).
+#[test]
+fn cancel_racing_arrivals_loses_no_message() {
+    const N: u32 = 400;
+    within(120, "cancel racing arrivals", || {
+        for mode in MODES {
+            let rts = local(2, mode);
+            let (a, b) = (rts[0].world(), rts[1].world());
+            let (got, cancelled) = std::thread::scope(|s| {
+                s.spawn(|| {
+                    for i in 0..N {
+                        a.send(vec![i], 1, 2).unwrap();
+                    }
+                });
+                let (mut got, mut cancelled) = (Vec::new(), 0);
+                let mut spins = 0u32;
+                while got.len() < N as usize {
+                    let mut r = b.irecv(Vec::<u32>::with_capacity(1), 0u32, 2).unwrap();
+                    // A varying delay, so some cancels come first and some after the match.
+                    for _ in 0..spins % 4 {
+                        r.test();
+                    }
+                    spins += 1;
+                    let was = r.cancel();
+                    let (v, st) = r.wait().unwrap();
+                    assert_eq!(was, st.cancelled(), "{mode}");
+                    if was {
+                        assert!(v.is_empty(), "{mode}");
+                        cancelled += 1;
+                    } else {
+                        got.extend(v);
+                    }
+                }
+                (got, cancelled)
+            });
+            assert_eq!(got, (0..N).collect::<Vec<_>>(), "{mode}: every message once, in order");
+            assert!(cancelled > 0, "{mode}: no receive was cancelled");
+        }
+    });
+}
