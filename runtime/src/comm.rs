@@ -174,7 +174,8 @@ impl Communicator {
         Assertions { allow_overtaking: self.p2p.overtaking, no_any_tag: self.p2p.no_any_tag() }
     }
 
-    fn check(&self, rank: u32, tag: i32) -> Result<(), Error> {
+    /// A destination rank and tag of a send, on a communicator not freed.
+    pub(crate) fn check(&self, rank: u32, tag: i32) -> Result<(), Error> {
         if self.p2p.is_freed() {
             return Err(Error::CommFreed);
         }
@@ -260,15 +261,23 @@ impl Communicator {
     /// already known, else when it becomes known, as every pending request that needs the
     /// rank does.
     pub fn irecv<B: RecvBuf>(&self, buf: B, source: impl Into<Source>, tag: impl Into<Tag>) -> Result<Request<'_, B>, Error> {
-        let (mut source, tag) = (source.into(), tag.into());
-        if let Source::Rank(r) = source {
-            self.check(r, 0)?;
-            source = Source::Rank(self.world_of(r));
-        } else if self.p2p.is_freed() {
-            return Err(Error::CommFreed);
-        }
-        self.check_recv_tag(tag)?;
+        let tag = tag.into();
+        let source = self.check_recv(source.into(), tag)?;
         self.irecv_on(&self.p2p, buf, source, tag).map_err(|e| self.local_error(e))
+    }
+
+    /// A receive's source and tag, on a communicator not freed: the source as a world rank.
+    pub(crate) fn check_recv(&self, source: Source, tag: Tag) -> Result<Source, Error> {
+        let source = match source {
+            Source::Rank(r) => {
+                self.check(r, 0)?;
+                Source::Rank(self.world_of(r))
+            }
+            Source::Any if self.p2p.is_freed() => return Err(Error::CommFreed),
+            Source::Any => Source::Any,
+        };
+        self.check_recv_tag(tag)?;
+        Ok(source)
     }
 
     /// A receive's or probe's tag: in range, and not `Tag::Any` on a `no_any_tag`

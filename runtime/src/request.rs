@@ -162,31 +162,33 @@ impl<'c, B: Send + 'static> Request<'c, B> {
 
     /// Takes the result of a completed request; `None` if still pending or already taken.
     pub fn take(&mut self) -> Option<Result<(B, Status), Error>> {
+        self.take_parts().map(|(buf, outcome)| outcome.map(|st| (buf, st)))
+    }
+
+    /// [`take`](Self::take), giving the buffer back with a failed outcome too (persistent
+    /// requests reuse it).
+    pub(crate) fn take_parts(&mut self) -> Option<(B, Outcome)> {
         if let Some(st) = self.sent.take() {
             if let Some(cell) = self.sent_cell.take() {
                 recycle(cell);
             }
             let st = self.comm.local_status(st);
-            return self.buf.take().map(|buf| Ok((buf, st)));
+            return self.buf.take().map(|buf| (buf, Ok(st)));
         }
         let outcome = self.comm.local_outcome(self.inner.as_ref()?.cell.outcome()?);
         let inner = self.inner.take()?;
         let mut buf = self.buf.take()?;
-        let res = match outcome {
-            Ok(st) => {
-                // A cancelled receive wrote nothing: its buffer is given back untouched.
-                if let (Some(filled), false) = (self.filled, st.cancelled()) {
-                    // SAFETY: the completer wrote `st.bytes` bytes into the spare area and
-                    // checked them against its length and the element size before
-                    // completing with `Ok`; the acquire in `outcome()` makes them visible.
-                    unsafe { filled(&mut buf, st.bytes) };
-                }
-                Ok((buf, st))
+        // A cancelled receive wrote nothing: its buffer is given back untouched.
+        if let (Ok(st), Some(filled)) = (outcome, self.filled) {
+            if !st.cancelled() {
+                // SAFETY: the completer wrote `st.bytes` bytes into the spare area and
+                // checked them against its length and the element size before completing
+                // with `Ok`; the acquire in `outcome()` makes them visible.
+                unsafe { filled(&mut buf, st.bytes) };
             }
-            Err(e) => Err(e),
-        };
+        }
         recycle(inner);
-        Some(res)
+        Some((buf, outcome))
     }
 
     /// The outcome without consuming the request (`None` while pending).

@@ -309,3 +309,84 @@ fn cancel_racing_arrivals_loses_no_message() {
         }
     });
 }
+
+/// Persistent sends and receives started many times, eager and rendezvous, one by one and
+/// all at once: each start moves the buffer's current contents, each wait gives the buffer
+/// back; misuse is an error, not a panic.
+#[test]
+fn persistent_requests_restart_with_their_buffers() {
+    use weft::Persistent;
+    within(120, "persistent requests", || {
+        for mode in MODES {
+            let rts = local(2, mode);
+            let (a, b) = (rts[0].world(), rts[1].world());
+            // Eager (tag 1) and rendezvous (tag 2, 1000 bytes) at once.
+            let mut sends = vec![a.send_init(vec![0u32; 4], 1, 1).unwrap(), a.send_init(vec![0u32; 250], 1, 2).unwrap()];
+            let mut recvs = vec![
+                b.recv_init(Vec::<u32>::with_capacity(4), 0u32, 1).unwrap(),
+                b.recv_init(Vec::with_capacity(250), 0u32, Tag::Any).unwrap(),
+            ];
+            assert!(recvs[0].wait().is_err() && recvs[0].outcome().is_none(), "{mode}: a wait before the first start");
+            for i in 0..20u32 {
+                for s in sends.iter_mut() {
+                    s.buffer_mut().unwrap().fill(i);
+                }
+                Persistent::start_all(&mut recvs).unwrap();
+                assert_eq!(recvs[1].start(), Err(Error::InvalidArgument("persistent request started while active")));
+                assert!(recvs[0].buffer().is_none() && recvs[0].is_active());
+                Persistent::start_all(&mut sends).unwrap();
+                // Both ranks' requests in one wait: it drives both ranks.
+                std::thread::scope(|s| {
+                    s.spawn(|| Persistent::wait_all(&mut sends).unwrap());
+                    Persistent::wait_all(&mut recvs).unwrap();
+                });
+                assert_eq!(recvs[0].buffer().unwrap(), &vec![i; 4], "{mode}");
+                assert_eq!(recvs[1].buffer().unwrap(), &vec![i; 250], "{mode}");
+                assert_eq!(recvs[1].outcome().unwrap().unwrap().tag, 2, "{mode}");
+                assert_eq!(sends[1].outcome().unwrap().unwrap().bytes, 1000, "{mode}");
+                assert!(!sends[0].is_active() && sends[0].buffer().unwrap().len() == 4);
+            }
+            // A cancelled start leaves the buffer as it was; the next start gets the message.
+            let mut r = recvs.remove(0);
+            r.start().unwrap();
+            assert!(r.cancel());
+            assert!(r.wait().unwrap().cancelled(), "{mode}");
+            assert_eq!(r.buffer().unwrap(), &vec![19; 4]);
+            r.start().unwrap();
+            sends[0].buffer_mut().unwrap().fill(77);
+            sends[0].start().unwrap();
+            let st = loop {
+                if let Some(o) = r.test() {
+                    break o.unwrap();
+                }
+            };
+            assert_eq!((st.bytes, r.buffer().unwrap().clone()), (16, vec![77; 4]), "{mode}");
+            sends[0].wait().unwrap();
+            // Dropping an active receive is safe (it is cancelled), as is dropping an active send.
+            r.start().unwrap();
+            drop(r);
+            let mut s = sends.remove(0);
+            s.start().unwrap();
+            drop(s);
+            assert_eq!(b.recv(Vec::<u32>::with_capacity(4), 0u32, 1).unwrap().0, vec![77; 4], "{mode}");
+        }
+    });
+}
+
+/// Bad arguments are refused once, at `*_init`; a freed communicator fails the next start,
+/// and the buffer the failed start took is not there for another.
+#[test]
+fn persistent_requests_check_their_arguments() {
+    let rts = local(2, ProgressMode::Owner);
+    let c = rts[0].world();
+    assert_eq!(c.send_init(vec![1u8], 2, 0).unwrap_err(), Error::RankOutOfRange { rank: 2, size: 2 });
+    assert!(matches!(c.send_init(vec![1u8], 1, -3), Err(Error::InvalidTag { .. })));
+    assert!(matches!(c.recv_init(Vec::<u8>::new(), 5u32, 0), Err(Error::RankOutOfRange { .. })));
+    let mut s = c.send_init(vec![1u8], 1, 0).unwrap();
+    let mut r = c.recv_init(Vec::<u8>::with_capacity(1), Source::Any, 0).unwrap();
+    c.clone().free();
+    assert_eq!(s.start(), Err(Error::CommFreed));
+    assert_eq!(r.start(), Err(Error::CommFreed));
+    assert_eq!(r.start(), Err(Error::InvalidArgument("persistent request lost its buffer to a failed start")));
+    assert!(c.recv_init(Vec::<u8>::new(), Source::Any, 0).is_err());
+}
