@@ -66,8 +66,44 @@ pub struct Communicator {
     group: Group,
     /// This rank's rank in `group`.
     rank: u32,
-    /// Per world rank, its rank in `group` (`u32::MAX`: not a member).
-    of_world: Arc<[u32]>,
+    /// World ranks to ranks in `group`.
+    of_world: RankMap,
+}
+
+/// A communicator's translation of world ranks (which frames, statuses and errors name) to
+/// ranks of its group; it holds nothing of the runtime.
+#[derive(Clone)]
+pub(crate) struct RankMap(
+    /// Per world rank, its rank in the group (`u32::MAX`: not a member).
+    Arc<[u32]>,
+);
+
+impl RankMap {
+    /// The rank in the group of world rank `w` (a member; else `w` unchanged).
+    pub(crate) fn rank(&self, w: u32) -> u32 {
+        match self.0.get(w as usize) {
+            Some(&r) if r != u32::MAX => r,
+            _ => w,
+        }
+    }
+
+    /// `e` with a lost peer named by its rank in the group.
+    pub(crate) fn error(&self, e: Error) -> Error {
+        match e {
+            Error::PeerLost { rank } => Error::PeerLost { rank: self.rank(rank) },
+            e => e,
+        }
+    }
+
+    /// `st` with its source named by its rank in the group.
+    pub(crate) fn status(&self, st: Status) -> Status {
+        Status { source: self.rank(st.source), ..st }
+    }
+
+    /// An outcome (which names world ranks) with ranks of the group.
+    pub(crate) fn outcome(&self, o: weft_sync::Outcome) -> weft_sync::Outcome {
+        o.map(|st| self.status(st)).map_err(|e| self.error(e))
+    }
 }
 
 impl fmt::Debug for Communicator {
@@ -96,7 +132,7 @@ impl Communicator {
         let coll = Arc::new(CommState::new(engine, context + 1, world, false, false, false));
         engine.install(p2p.clone())?;
         engine.install(coll.clone())?;
-        Ok(Communicator { engine: engine.clone(), p2p, coll, group, rank, of_world: of_world.into() })
+        Ok(Communicator { engine: engine.clone(), p2p, coll, group, rank, of_world: RankMap(of_world.into()) })
     }
 
     /// The group of the communicator (`MPI_Comm_group`).
@@ -111,28 +147,27 @@ impl Communicator {
 
     /// The rank in this communicator of world rank `w` (a member; else `w` unchanged).
     pub(crate) fn rank_of_world(&self, w: u32) -> u32 {
-        match self.of_world.get(w as usize) {
-            Some(&r) if r != u32::MAX => r,
-            _ => w,
-        }
+        self.of_world.rank(w)
     }
 
     /// `e` with a lost peer named by its rank here (as `rank_of_world`).
     pub(crate) fn local_error(&self, e: Error) -> Error {
-        match e {
-            Error::PeerLost { rank } => Error::PeerLost { rank: self.rank_of_world(rank) },
-            e => e,
-        }
+        self.of_world.error(e)
     }
 
     /// `st` with its source named by its rank here.
     pub(crate) fn local_status(&self, st: Status) -> Status {
-        Status { source: self.rank_of_world(st.source), ..st }
+        self.of_world.status(st)
     }
 
     /// A request's outcome (which names world ranks) with ranks here.
     pub(crate) fn local_outcome(&self, o: weft_sync::Outcome) -> weft_sync::Outcome {
-        o.map(|st| self.local_status(st)).map_err(|e| self.local_error(e))
+        self.of_world.outcome(o)
+    }
+
+    /// The translation of world ranks to ranks here, to keep beyond a borrow.
+    pub(crate) fn rank_map(&self) -> RankMap {
+        self.of_world.clone()
     }
 
     /// The collective context's state.

@@ -138,6 +138,7 @@ mod buffer;
 mod coll;
 mod comm;
 mod config;
+mod continuation;
 mod counters;
 mod create;
 mod datatype;
@@ -163,6 +164,7 @@ pub use coll::{Op, Reducible};
 pub use comm::{Assertions, Communicator};
 
 pub use config::{Assignment, Config, Locks, MatchingMode, ProgressMode, Provider};
+pub use continuation::{ContinuationRequest, Invoke, Results};
 pub use counters::Snapshot;
 pub use datatype::{Datatype, TypedRecv};
 pub use executor::{JoinError, JoinHandle};

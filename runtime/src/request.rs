@@ -103,6 +103,25 @@ unsafe impl<B: Send + 'static> Attach for Request<'_, B> {
 /// The error of an operation on a request whose result was already taken.
 pub(crate) const CONSUMED: Error = Error::InvalidArgument("request already consumed");
 
+/// The error of a continuation for a request attached to a sync object.
+pub(crate) const ATTACHED: Error = Error::InvalidArgument("request attached to a sync object: it cannot also have a continuation");
+
+/// Sets a receive buffer's length to what a successful receive wrote (`filled` is `None` for
+/// sends); a cancelled receive wrote nothing and its buffer stays untouched.
+///
+/// # Safety
+/// `outcome` must be the outcome of the buffer's completed operation, read after the
+/// completion (acquire): the completer wrote `st.bytes` bytes into the spare area and checked
+/// them against its length and the element size before completing with `Ok`.
+unsafe fn set_filled<B>(filled: Option<unsafe fn(&mut B, usize)>, buf: &mut B, outcome: Outcome) {
+    if let (Ok(st), Some(filled)) = (outcome, filled) {
+        if !st.cancelled() {
+            // SAFETY: per the contract.
+            unsafe { filled(buf, st.bytes) };
+        }
+    }
+}
+
 /// A cell, made on first use and kept in `slot`, completed with [`CONSUMED`]: what a request
 /// whose result was taken gives a sync object it is attached to (which then reports that
 /// error once, as for any completed request). One per request, not one shared by all: a
@@ -178,17 +197,55 @@ impl<'c, B: Send + 'static> Request<'c, B> {
         let outcome = self.comm.local_outcome(self.inner.as_ref()?.cell.outcome()?);
         let inner = self.inner.take()?;
         let mut buf = self.buf.take()?;
-        // A cancelled receive wrote nothing: its buffer is given back untouched.
-        if let (Ok(st), Some(filled)) = (outcome, self.filled) {
-            if !st.cancelled() {
-                // SAFETY: the completer wrote `st.bytes` bytes into the spare area and
-                // checked them against its length and the element size before completing
-                // with `Ok`; the acquire in `outcome()` makes them visible.
-                unsafe { filled(&mut buf, st.bytes) };
-            }
-        }
+        // SAFETY: `outcome` is the completed cell's, read with acquire by `outcome()`.
+        unsafe { set_filled(self.filled, &mut buf, outcome) };
         recycle(inner);
         Some((buf, outcome))
+    }
+
+    /// Whether [`continue_with`](Self::continue_with) would accept the request: its result
+    /// not taken, and not attached to a sync object (nor its completion delivered to one).
+    pub(crate) fn can_continue(&self) -> Result<(), Error> {
+        let attached = match (&self.inner, self.sent) {
+            (Some(inner), _) => !inner.cell.attachable(),
+            (None, Some(_)) => self.sent_cell.get().is_some_and(|i| !i.cell.attachable()),
+            (None, None) => return Err(CONSUMED),
+        };
+        if attached {
+            return Err(ATTACHED);
+        }
+        Ok(())
+    }
+
+    /// Hands the result to `f`, run once when the operation completes: by the thread that
+    /// completes it, or here, now, if it has completed (continuations,
+    /// [`crate::continuation`]). The request is left taken. Refused, the request untouched,
+    /// if it is attached to a sync object (or its completion went to one) or its result was
+    /// taken.
+    pub(crate) fn continue_with(&mut self, f: impl FnOnce(Result<(B, Status), Error>) + Send + 'static) -> Result<(), Error> {
+        self.can_continue()?;
+        if self.inner.is_none() {
+            // A send that completed in `isend`: its result is here.
+            if let Some((buf, outcome)) = self.take_parts() {
+                f(outcome.map(|st| (buf, st)));
+            }
+            return Ok(());
+        };
+        let (Some(mut buf), filled, ranks) = (self.buf.take(), self.filled, self.comm.rank_map()) else { return Err(CONSUMED) };
+        // The callback keeps the buffer (the operation's area) until the operation is over,
+        // as a dropped request's orphan slot does, and holds nothing of the runtime: an
+        // operation dropped pending (the runtime shut down) drops it, running it with
+        // `Cancelled`.
+        let run = move |outcome: Outcome| {
+            let outcome = ranks.outcome(outcome);
+            // SAFETY: `outcome` is the cell's, given to its attachment after completion.
+            unsafe { set_filled(filled, &mut buf, outcome) };
+            f(outcome.map(|st| (buf, st)));
+        };
+        // The caller's `&mut self` excludes any other attach since the check above.
+        weft_sync::on_complete(self, Box::new(run)).map_err(|_| ATTACHED)?;
+        self.inner = None;
+        Ok(())
     }
 
     /// The outcome without consuming the request (`None` while pending).

@@ -390,3 +390,196 @@ fn persistent_requests_check_their_arguments() {
     assert_eq!(r.start(), Err(Error::InvalidArgument("persistent request lost its buffer to a failed start")));
     assert!(c.recv_init(Vec::<u8>::new(), Source::Any, 0).is_err());
 }
+
+/// A continuation runs once with its request's buffer and status: inline on the thread
+/// whose progress completed it (or at once, for a request complete already), or in a pool
+/// task; the continuation request completes when every callback has run, and is reusable.
+#[test]
+fn continuations_run_once_inline_or_on_the_pool() {
+    use std::sync::{Arc, Mutex};
+    use weft::Invoke;
+    within(60, "continuations", || {
+        for mode in MODES {
+            let rts = Runtime::builder().env(false).progress(mode).workers(2).eager_threshold(512).build_local(2).unwrap();
+            let (a, b) = (rts[0].world(), rts[1].world());
+            let cr = rts[1].continuation_request();
+            let seen = Arc::new(Mutex::new(Vec::new()));
+            let record = |what: &'static str| {
+                let seen = seen.clone();
+                move |res: Result<(Vec<u8>, weft::Status), Error>| {
+                    let (buf, st) = res.unwrap();
+                    seen.lock().unwrap().push((what, buf, st.source, st.tag, std::thread::current().id()));
+                }
+            };
+            let me = std::thread::current().id();
+            // Inline first, before the pool has started: only this thread drives rank 1.
+            let mut inline = b.irecv(Vec::<u8>::with_capacity(1000), 0u32, 1).unwrap();
+            cr.attach(&mut inline, Invoke::Inline, record("inline")).unwrap();
+            assert_eq!(inline.take(), None, "{mode}: the request's result went to its continuation");
+            assert_eq!(cr.pending(), 1);
+            assert!(!cr.test());
+            let rendezvous = a.isend(vec![1u8; 700], 1, 1).unwrap(); // finished by rank 1's progress
+            cr.wait().unwrap();
+            rendezvous.wait().unwrap();
+            let mut pooled = b.irecv(Vec::<u8>::with_capacity(1000), Source::Any, Tag::Any).unwrap();
+            cr.attach(&mut pooled, Invoke::Pool, record("pool")).unwrap();
+            a.send(vec![2u8; 3], 1, 9).unwrap();
+            cr.wait().unwrap();
+            assert_eq!(cr.pending(), 0);
+            let seen_now = seen.lock().unwrap().clone();
+            assert_eq!(seen_now.len(), 2, "{mode}: each callback once");
+            let (what, buf, source, tag, thread) = &seen_now[0];
+            assert_eq!((*what, buf.clone(), *source, *tag, *thread), ("inline", vec![1u8; 700], 0, 1, me), "{mode}");
+            let (what, buf, _, tag, thread) = &seen_now[1];
+            assert_eq!((*what, buf.clone(), *tag), ("pool", vec![2u8; 3], 9), "{mode}");
+            assert_ne!(*thread, me, "{mode}: a pool callback runs on a worker");
+            // Reusable; a request complete already (an eager send) runs an inline callback
+            // at once, on the attaching thread.
+            let mut s = a.isend(vec![3u8; 4], 1, 2).unwrap();
+            let cr0 = rts[0].continuation_request();
+            let done = Arc::new(Mutex::new(None));
+            let d = done.clone();
+            cr0.attach(&mut s, Invoke::Inline, move |r| *d.lock().unwrap() = Some((r.unwrap().1.bytes, std::thread::current().id())))
+                .unwrap();
+            assert_eq!(*done.lock().unwrap(), Some((4, me)), "{mode}");
+            assert!(cr0.test());
+            let mut r = b.irecv(Vec::<u8>::with_capacity(4), 0u32, 2).unwrap();
+            cr.attach(&mut r, Invoke::Inline, record("again")).unwrap();
+            cr.wait().unwrap();
+            assert_eq!(seen.lock().unwrap().last().map(|s| (s.0, s.1.clone())), Some(("again", vec![3u8; 4])), "{mode}");
+        }
+    });
+}
+
+/// `attach_all` runs once with every result in order; `attach_any` once, at the first
+/// completion, with its index; a pool callback may communicate (here it answers).
+#[test]
+fn continuations_of_sets() {
+    use std::sync::{Arc, Mutex};
+    use weft::Invoke;
+    within(60, "continuations of sets", || {
+        for mode in MODES {
+            let rts = Runtime::builder().env(false).progress(mode).workers(2).eager_threshold(512).build_local(2).unwrap();
+            let (a, b) = (rts[0].world(), rts[1].world());
+            let cr = rts[1].continuation_request();
+            let all = Arc::new(Mutex::new(None));
+            let any = Arc::new(Mutex::new(None));
+            let mut recvs: Vec<_> = (0..6).map(|t| b.irecv(Vec::<u32>::with_capacity(200), 0u32, t).unwrap()).collect();
+            let al = all.clone();
+            cr.attach_all(&mut recvs, Invoke::Pool, move |results| {
+                *al.lock().unwrap() = Some(results.into_iter().map(|r| r.unwrap().0).collect::<Vec<_>>());
+            })
+            .unwrap();
+            let mut either: Vec<_> = (10..13).map(|t| b.irecv(Vec::<u32>::with_capacity(1), 0u32, t).unwrap()).collect();
+            let an = any.clone();
+            cr.attach_any(&mut either, Invoke::Inline, move |i, r| *an.lock().unwrap() = Some((i, r.unwrap().0))).unwrap();
+            assert_eq!(cr.pending(), 2);
+            // Backwards, half of them rendezvous: the callback still sees the set's order.
+            let sends: Vec<_> = (0..6u32).rev().map(|t| a.isend(vec![t; if t % 2 == 0 { 150 } else { 1 }], 1, t as i32).unwrap()).collect();
+            a.send(vec![11u32], 1, 11).unwrap();
+            cr.wait().unwrap();
+            for s in sends {
+                s.wait().unwrap();
+            }
+            let got = all.lock().unwrap().take().expect("the set's callback ran");
+            for (t, v) in got.iter().enumerate() {
+                assert_eq!(v, &vec![t as u32; if t % 2 == 0 { 150 } else { 1 }], "{mode}");
+            }
+            assert_eq!(*any.lock().unwrap(), Some((1, vec![11])), "{mode}");
+            // The others of the `any` set still complete; their results are dropped.
+            a.send(vec![10u32], 1, 10).unwrap();
+            a.send(vec![12u32], 1, 12).unwrap();
+            // A pool continuation that answers: rank 0 waits for the answer.
+            let mut ask = b.irecv(Vec::<u32>::with_capacity(1), 0u32, 20).unwrap();
+            let answerer = b.clone();
+            cr.attach(&mut ask, Invoke::Pool, move |r| {
+                let x = r.unwrap().0[0];
+                answerer.send(vec![x + 1], 0, 21).unwrap();
+            })
+            .unwrap();
+            a.send(vec![41u32], 1, 20).unwrap();
+            let (answer, _) = std::thread::scope(|s| {
+                s.spawn(|| cr.wait().unwrap());
+                a.recv(Vec::<u32>::with_capacity(1), 1u32, 21).unwrap()
+            });
+            assert_eq!(answer, vec![42], "{mode}");
+            // An empty set: `all` runs at once, `any` is an error.
+            let ran = Arc::new(Mutex::new(false));
+            let rn = ran.clone();
+            cr.attach_all(&mut Vec::<weft::Request<'_, Vec<u8>>>::new(), Invoke::Inline, move |v| *rn.lock().unwrap() = v.is_empty())
+                .unwrap();
+            assert!(*ran.lock().unwrap());
+            assert!(cr.attach_any(&mut Vec::<weft::Request<'_, Vec<u8>>>::new(), Invoke::Inline, |_, _| {}).is_err());
+            assert!(cr.test());
+        }
+    });
+}
+
+/// A request is attached to a sync object or has a continuation, not both: either order is
+/// an error, and a refused continuation leaves the request (and every request of a refused
+/// set) untouched. A request of another rank, or taken, is refused too. A panicking
+/// callback is reported by the continuation request and stops nothing.
+#[test]
+fn continuations_refuse_sync_objects_and_report_panics() {
+    use weft::Invoke;
+    let rts = local(2, ProgressMode::Owner);
+    let (a, b) = (rts[0].world(), rts[1].world());
+    let cr = rts[1].continuation_request();
+    let sync = rts[1].sync_object();
+    let mut attached = b.irecv(Vec::<u8>::with_capacity(1), 0u32, 1).unwrap();
+    sync.attach(&mut attached, 1u32).unwrap();
+    let err = cr.attach(&mut attached, Invoke::Inline, |_| panic!("refused callbacks never run")).unwrap_err();
+    assert_eq!(err, Error::InvalidArgument("request attached to a sync object: it cannot also have a continuation"));
+    let mut free = b.irecv(Vec::<u8>::with_capacity(1), 0u32, 2).unwrap();
+    let mut set = vec![free, attached];
+    assert!(cr.attach_all(&mut set, Invoke::Inline, |_| panic!("refused")).is_err());
+    assert!(cr.attach_any(&mut set, Invoke::Inline, |_, _| panic!("refused")).is_err());
+    assert_eq!(cr.pending(), 0, "nothing registered");
+    attached = set.pop().unwrap();
+    free = set.pop().unwrap();
+    a.send(vec![1u8], 1, 1).unwrap();
+    a.send(vec![2u8], 1, 2).unwrap();
+    assert_eq!(free.wait().unwrap().0, vec![2], "the refused set's requests still work");
+    assert_eq!(sync.wait_any().map(|c| c.data), Some(1));
+    assert_eq!(attached.wait().unwrap().0, vec![1]);
+    // A continuation first: the sync object gets an error, not the completion.
+    let mut cont = b.irecv(Vec::<u8>::with_capacity(1), 0u32, 3).unwrap();
+    cr.attach(&mut cont, Invoke::Inline, |r| assert_eq!(r.unwrap().0, vec![3])).unwrap();
+    sync.attach(&mut cont, 2u32).unwrap();
+    let c = sync.wait_any().unwrap();
+    assert!(c.data == 2 && c.outcome.is_err());
+    a.send(vec![3u8], 1, 3).unwrap();
+    cr.wait().unwrap();
+    // Taken, or of another rank.
+    assert!(cr.attach(&mut cont, Invoke::Inline, |_| {}).is_err());
+    let mut other = a.irecv(Vec::<u8>::with_capacity(1), 1u32, 4).unwrap();
+    assert_eq!(
+        cr.attach(&mut other, Invoke::Inline, |_| {}).unwrap_err(),
+        Error::InvalidArgument("request of another rank than its continuation request")
+    );
+    // A panic in an inline callback: reported once, progress goes on.
+    let mut r = b.irecv(Vec::<u8>::with_capacity(1), 0u32, 5).unwrap();
+    cr.attach(&mut r, Invoke::Inline, |_| panic!("a callback's own bug")).unwrap();
+    a.send(vec![5u8], 1, 5).unwrap();
+    assert_eq!(cr.wait().unwrap_err(), Error::InvalidArgument("continuation callback panicked"));
+    a.send(vec![6u8], 1, 6).unwrap();
+    assert_eq!(b.recv(Vec::<u8>::with_capacity(1), 0u32, 6).unwrap().0, vec![6]);
+    assert!(cr.wait().is_ok());
+}
+
+/// A continuation whose request never completes runs with `Cancelled` when the runtime
+/// that holds the operation goes away (dropping stays safe).
+#[test]
+fn a_pending_continuation_runs_cancelled_at_shutdown() {
+    use std::sync::{Arc, Mutex};
+    let got = Arc::new(Mutex::new(None));
+    {
+        let rt = Runtime::builder().env(false).build().unwrap();
+        let cr = rt.continuation_request();
+        let mut r = rt.world().irecv(Vec::<u8>::with_capacity(1), 0u32, 1).unwrap();
+        let g = got.clone();
+        cr.attach(&mut r, weft::Invoke::Inline, move |res| *g.lock().unwrap() = Some(res.map(|(b, _)| b))).unwrap();
+        assert!(got.lock().unwrap().is_none());
+    }
+    assert_eq!(*got.lock().unwrap(), Some(Err(Error::Cancelled)));
+}
