@@ -86,11 +86,14 @@ type Tiles = HashMap<(usize, usize), Vec<f64>>;
 /// A tile of `A` or `B`: `(matrix, row, column)`.
 type TileId = (usize, usize, usize);
 
+/// A task's partial product of tile `C(i,j)`.
+type Partial = ((usize, usize), Vec<f64>);
+
 /// One rank's DAG: the input tiles here, the tasks spawned, the first receive that failed.
 struct Dag {
     have: HashMap<TileId, Arc<Vec<f64>>>,
     spawned: HashSet<(usize, usize, usize)>,
-    tasks: Vec<JoinHandle<((usize, usize), Vec<f64>)>>,
+    tasks: Vec<JoinHandle<Partial>>,
     failed: Option<weft::Error>,
 }
 
