@@ -20,7 +20,7 @@
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::{Arc, Mutex, Weak};
 
-use weft_sync::{Attach, CompletionCell, Error, Status, SyncObject};
+use weft_sync::{Attach, CompletionCell, Error, Progress, SignalListener, Status, Step, SyncObject};
 
 use crate::engine::Engine;
 use crate::operation::{new_operation, Operation};
@@ -248,7 +248,7 @@ impl ContinuationRequest {
     /// never ran because the runtime shut down (`Cancelled`); each such error is reported
     /// once.
     pub fn wait(&self) -> Result<(), Error> {
-        self.pending.wait_all_with(&*sync_hook(&self.engine))
+        self.pending.wait_all_with(&Helping { rank: sync_hook(&self.engine), engine: &self.engine })
     }
 
     /// Refuses a set of requests of which one is attached to a sync object, taken, or of
@@ -275,6 +275,28 @@ impl ContinuationRequest {
             Invoke::Inline => run_counted(countdown, f, value),
             Invoke::Pool => spawn_counted(&rank, countdown, f, value),
         }
+    }
+}
+
+/// The progress of a wait for continuations: the rank's sync-object hook, and when it finds
+/// nothing to do, a pool task (an [`Invoke::Pool`] callback, say), so that a wait with no
+/// pool workers (`workers(0)`) runs the callbacks it waits for.
+struct Helping<'a> {
+    rank: Arc<dyn Progress>,
+    engine: &'a Engine,
+}
+
+impl Progress for Helping<'_> {
+    fn progress(&self) -> Step {
+        match self.rank.progress() {
+            Step::Progressed => Step::Progressed,
+            _ if crate::executor::help(&self.engine.executor) => Step::Progressed,
+            step => step,
+        }
+    }
+
+    fn park(&self, listener: SignalListener<'_>) {
+        self.rank.park(listener);
     }
 }
 

@@ -13,6 +13,11 @@ fn local(n: u32, mode: ProgressMode) -> Vec<Runtime> {
     Runtime::builder().env(false).progress(mode).eager_threshold(512).build_local(n).unwrap()
 }
 
+/// Two ranks with two pool workers each.
+fn with_pool(mode: ProgressMode) -> Vec<Runtime> {
+    Runtime::builder().env(false).progress(mode).workers(2).eager_threshold(512).build_local(2).unwrap()
+}
+
 /// Waits until `n` messages have been queued as unexpected at `rt` (making progress).
 fn wait_queued(rt: &Runtime, n: u64) {
     let c = rt.world();
@@ -400,7 +405,7 @@ fn continuations_run_once_inline_or_on_the_pool() {
     use weft::Invoke;
     within(60, "continuations", || {
         for mode in MODES {
-            let rts = Runtime::builder().env(false).progress(mode).workers(2).eager_threshold(512).build_local(2).unwrap();
+            let rts = with_pool(mode);
             let (a, b) = (rts[0].world(), rts[1].world());
             let cr = rts[1].continuation_request();
             let seen = Arc::new(Mutex::new(Vec::new()));
@@ -459,7 +464,7 @@ fn continuations_of_sets() {
     use weft::Invoke;
     within(60, "continuations of sets", || {
         for mode in MODES {
-            let rts = Runtime::builder().env(false).progress(mode).workers(2).eager_threshold(512).build_local(2).unwrap();
+            let rts = with_pool(mode);
             let (a, b) = (rts[0].world(), rts[1].world());
             let cr = rts[1].continuation_request();
             let all = Arc::new(Mutex::new(None));
@@ -565,6 +570,34 @@ fn continuations_refuse_sync_objects_and_report_panics() {
     a.send(vec![6u8], 1, 6).unwrap();
     assert_eq!(b.recv(Vec::<u8>::with_capacity(1), 0u32, 6).unwrap().0, vec![6]);
     assert!(cr.wait().is_ok());
+}
+
+/// Without pool workers, the thread that waits for the continuations runs the pool
+/// callbacks itself.
+#[test]
+fn pool_continuations_run_in_the_wait_without_workers() {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Arc;
+    within(60, "pool continuations without workers", || {
+        for mode in MODES {
+            let rts = Runtime::builder().env(false).progress(mode).workers(0).build_local(2).unwrap();
+            let (a, b) = (rts[0].world(), rts[1].world());
+            let cr = rts[1].continuation_request();
+            let ran = Arc::new(AtomicUsize::new(0));
+            for t in 0..8 {
+                let mut r = b.irecv(Vec::<u8>::with_capacity(1), 0u32, t).unwrap();
+                let ran = ran.clone();
+                cr.attach(&mut r, weft::Invoke::Pool, move |res| {
+                    assert_eq!(res.unwrap().0, vec![t as u8]);
+                    ran.fetch_add(1, Ordering::Relaxed);
+                })
+                .unwrap();
+                a.send(vec![t as u8], 1, t).unwrap();
+            }
+            cr.wait().unwrap();
+            assert_eq!(ran.load(Ordering::Relaxed), 8, "{mode}");
+        }
+    });
 }
 
 /// A continuation whose request never completes runs with `Cancelled` when the runtime
