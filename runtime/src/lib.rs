@@ -31,7 +31,7 @@
 //!
 //! | layer | files | what |
 //! |---|---|---|
-//! | API | `runtime.rs`, `comm.rs`, `group.rs`, `create.rs`, `coll.rs`, `request.rs`, `wait.rs`, `probe.rs`, `persistent.rs`, `continuation.rs`, `datatype.rs`, `counters.rs`, `rma/`, `dlock/` | [`Runtime`] and [`Builder`], [`Communicator`] and its [`Group`], communicator creation ([Dinan 2012]), the collectives, [`Request`] (and its cancel), the waits, matched probe ([`Message`]), [`Persistent`] requests, continuations ([`ContinuationRequest`], [Schuchart 2021]), datatypes, [`Snapshot`], one-sided windows ([`rma`]) and the distributed locks over them ([`dlock`]) |
+//! | API | `runtime.rs`, `comm.rs`, `group.rs`, `create.rs`, `coll.rs`, `request.rs`, `wait.rs`, `probe.rs`, `persistent.rs`, `continuation.rs`, `partitioned.rs`, `datatype.rs`, `counters.rs`, `rma/`, `dlock/` | [`Runtime`] and [`Builder`], [`Communicator`] and its [`Group`], communicator creation ([Dinan 2012]), the collectives, [`Request`] (and its cancel), the waits, matched probe ([`Message`]), [`Persistent`] requests, continuations ([`ContinuationRequest`], [Schuchart 2021]), partitioned sends and receives, datatypes, [`Snapshot`], one-sided windows ([`rma`]) and the distributed locks over them ([`dlock`]) |
 //! | progress | `progress/` | the three [`ProgressMode`]s (`global.rs`, `owner.rs`, `concurrent.rs`), one pass (`mod.rs`), parking (`park.rs`), blocking waits (`wait.rs`), posting a frame (`send.rs`), what the executor and sync objects call (`drive.rs`) |
 //! | engine | `engine/` | one rank's state by component — CRIs, the context table, frames into completions, rendezvous reads, the outbox of refused frames, lost peers, the courier — with what guards each and the lock order (`engine/README.md`) |
 //! | matching, executor | `matching/`, `executor/` | the matching engine of one communicator (over operations, `operation.rs`); the work-stealing pool, which knows the runtime only through its `Drive` trait |
@@ -98,6 +98,10 @@
 //!   requests, run once at completion by the completing thread ([`Invoke::Inline`]) or on
 //!   the pool ([`Invoke::Pool`]), with the results; a [`ContinuationRequest`] completes when
 //!   all of its callbacks have run. A request has a sync object or a continuation, not both.
+//! * Partitioned point-to-point (MPI 4.0 ch. 4, `partitioned.rs`):
+//!   [`Communicator::psend_init`] / [`Communicator::precv_init`]; threads fill the
+//!   [`Partition`]s of a [`PartitionedSend`] and mark them ready, each travels at once, and
+//!   the [`PartitionedRecv`] reads each as it arrives.
 //!
 //! ```
 //! use weft::{Invoke, Runtime, Source, Tag};
@@ -185,6 +189,7 @@ pub mod lock;
 pub(crate) mod loom;
 mod matching;
 mod operation;
+mod partitioned;
 mod persistent;
 mod probe;
 mod progress;
@@ -205,6 +210,7 @@ pub use datatype::{Datatype, TypedRecv};
 pub use executor::{JoinError, JoinHandle};
 pub use group::Group;
 pub use matching::{Source, Tag};
+pub use partitioned::{Partition, PartitionedRecv, PartitionedSend, MAX_PARTITIONED_TAG, MAX_PARTITIONS};
 pub use persistent::Persistent;
 pub use probe::Message;
 pub use request::Request;

@@ -624,3 +624,98 @@ fn a_pending_continuation_runs_cancelled_at_shutdown() {
     }
     assert_eq!(*got.lock().unwrap(), Some(Err(Error::Cancelled)));
 }
+
+/// Partitioned sends filled by many threads at once, round after round, eager and
+/// rendezvous partitions: every round's message arrives whole, in place, and a user receive
+/// with wildcards never sees a partition.
+#[test]
+fn partitioned_sends_filled_by_threads() {
+    const P: usize = 8;
+    within(120, "partitioned sends", || {
+        for mode in MODES {
+            for per in [16usize, 300] {
+                // 16 u32s per partition: eager; 300 (1200 bytes): rendezvous.
+                let rts = local(2, mode);
+                let (a, b) = (rts[0].world(), rts[1].world());
+                let mut wild = b.irecv(Vec::<u8>::with_capacity(8), Source::Any, Tag::Any).unwrap();
+                let mut send = a.psend_init(vec![0u32; P * per], P, 1, 7).unwrap();
+                let mut recv = b.precv_init(vec![0u32; P * per], P, 0, 7).unwrap();
+                for round in 0..5u32 {
+                    recv.start().unwrap();
+                    send.start().unwrap();
+                    std::thread::scope(|s| {
+                        s.spawn(|| recv.wait().unwrap());
+                        std::thread::scope(|fill| {
+                            for mut p in send.partitions().unwrap() {
+                                fill.spawn(move || {
+                                    let v = round * 100 + p.index() as u32;
+                                    p.as_mut_slice().fill(v);
+                                    p.ready().unwrap();
+                                });
+                            }
+                        });
+                        send.wait().unwrap();
+                    });
+                    let got = recv.buffer().unwrap();
+                    for i in 0..P {
+                        assert!(
+                            got[i * per..(i + 1) * per].iter().all(|&x| x == round * 100 + i as u32),
+                            "{mode}: round {round}, partition {i}"
+                        );
+                    }
+                }
+                assert!(!wild.test(), "{mode}: a user receive matched a partition");
+                assert!(wild.cancel());
+            }
+        }
+    });
+}
+
+/// A partition travels as soon as it is ready and the receiver reads it before the others
+/// are even filled; misuse is an error, never a hang.
+#[test]
+fn partitions_arrive_before_the_last_is_ready() {
+    within(60, "early partitions", || {
+        let rts = local(2, ProgressMode::Owner);
+        let (a, b) = (rts[0].world(), rts[1].world());
+        let mut send = a.psend_init(vec![0u8; 4 * 100], 4, 1, 0).unwrap();
+        let mut recv = b.precv_init(vec![0u8; 4 * 100], 4, 0, 0).unwrap();
+        assert_eq!(send.wait(), Err(Error::InvalidArgument("partitioned request not started")));
+        assert!(!recv.parrived(0) && recv.partition(0).is_none());
+        recv.start().unwrap();
+        assert_eq!(recv.start(), Err(Error::InvalidArgument("partitioned request started while active")));
+        send.start().unwrap();
+        assert!(send.buffer_mut().is_none(), "the buffer is the partitions' while active");
+        let mut parts = send.partitions().unwrap();
+        let mut second = parts.remove(2);
+        let first = parts.remove(0);
+        drop(parts); // 1 and 3: dropped unsent, handed out again below
+        let mut first = first;
+        first.as_mut_slice().fill(1);
+        first.ready().unwrap();
+        while !recv.parrived(0) {}
+        assert_eq!(recv.partition(0).unwrap(), &[1u8; 100][..]);
+        assert!(!recv.parrived(1) && recv.partition(1).is_none(), "partition 1 was never sent");
+        assert!(recv.buffer().is_none());
+        second.as_mut_slice().fill(2);
+        second.ready().unwrap();
+        assert_eq!(send.wait(), Err(Error::InvalidArgument("a partition was not marked ready")));
+        let rest = send.partitions().unwrap();
+        assert_eq!(rest.iter().map(|p| p.index()).collect::<Vec<_>>(), vec![1, 3]);
+        for mut p in rest {
+            let v = p.index() as u8;
+            p.as_mut_slice().fill(v);
+            p.ready().unwrap();
+        }
+        send.wait().unwrap();
+        recv.wait().unwrap();
+        let want: Vec<u8> = (0..4u8).flat_map(|i| [if i == 0 { 1 } else { i }; 100]).collect();
+        assert_eq!(recv.buffer().unwrap(), &want[..]);
+        send.buffer_mut().unwrap()[0] = 9;
+        // Bad arguments.
+        assert!(matches!(a.psend_init(vec![0u8; 10], 0, 1, 0), Err(Error::InvalidArgument(_))));
+        assert!(matches!(a.psend_init(vec![0u8; 10], 3, 1, 0), Err(Error::InvalidArgument(_))));
+        assert!(matches!(a.psend_init(vec![0u8; 10], 2, 1, weft::MAX_PARTITIONED_TAG + 1), Err(Error::InvalidTag { .. })));
+        assert!(matches!(b.precv_init(vec![0u8; 10], 2, 5, 0), Err(Error::RankOutOfRange { .. })));
+    });
+}
