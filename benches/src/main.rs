@@ -4,6 +4,7 @@
 //! configuration. Sweep options take comma lists (`-t 1,2,4,8`).
 
 mod alltoall;
+mod continuations;
 mod ctxid;
 mod idle;
 mod lock_regimes;
@@ -51,6 +52,8 @@ enum Cmd {
     Ctxid(ctxid::Args),
     /// [Amer 2019, §3.4]'s latency- and throughput-oriented regimes, sweeping the progress-path lock.
     LockRegimes(lock_regimes::Args),
+    /// Completions of many receives in flight: continuations inline or on the pool, tasks awaiting requests, a sync object ([Schuchart 2021]).
+    Continuations(continuations::Args),
 }
 
 fn main() {
@@ -67,6 +70,7 @@ fn main() {
         Cmd::Alltoall(a) => alltoall::run(&a),
         Cmd::Locks(a) => locks::run(&a),
         Cmd::Ctxid(a) => ctxid::run(&a),
+        Cmd::Continuations(a) => continuations::run(&a),
     };
     if let Err(e) = res {
         eprintln!("weft-bench: {e}");
