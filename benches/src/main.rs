@@ -12,6 +12,7 @@ mod locks;
 mod msgcost;
 mod multirate;
 mod pack;
+mod partitioned;
 mod pingpong;
 mod plot;
 mod report;
@@ -54,6 +55,8 @@ enum Cmd {
     LockRegimes(lock_regimes::Args),
     /// Completions of many receives in flight: continuations inline or on the pool, tasks awaiting requests, a sync object ([Schuchart 2021]).
     Continuations(continuations::Args),
+    /// One message filled by many threads: partitioned send vs a send per thread vs one send after a join (MPI 4.0 ch. 4).
+    Partitioned(partitioned::Args),
 }
 
 fn main() {
@@ -71,6 +74,7 @@ fn main() {
         Cmd::Locks(a) => locks::run(&a),
         Cmd::Ctxid(a) => ctxid::run(&a),
         Cmd::Continuations(a) => continuations::run(&a),
+        Cmd::Partitioned(a) => partitioned::run(&a),
     };
     if let Err(e) = res {
         eprintln!("weft-bench: {e}");
