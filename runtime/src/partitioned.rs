@@ -193,29 +193,24 @@ impl Communicator {
     /// (`MPI_Psend_init`), inactive. `tag` is at most [`MAX_PARTITIONED_TAG`], `partitions`
     /// at most [`MAX_PARTITIONS`] and divides `buf.len()`.
     pub fn psend_init<T: Primitive>(&self, buf: Vec<T>, partitions: usize, dest: u32, tag: i32) -> Result<PartitionedSend<'_, T>, Error> {
-        self.check(dest, 0)?;
-        let per = check_parts(buf.len(), partitions, tag)?;
-        Ok(PartitionedSend {
-            comm: self,
-            plan: Plan { peer: self.world_of(dest), tag, partitions, per },
-            buf: Shared::new(buf),
-            sends: (0..partitions).map(|_| Mutex::new(None)).collect(),
-            active: false,
-        })
+        let plan = self.plan(dest, buf.len(), partitions, tag)?;
+        let sends = (0..partitions).map(|_| Mutex::new(None)).collect();
+        Ok(PartitionedSend { comm: self, plan, buf: Shared::new(buf), sends, active: false })
     }
 
     /// A partitioned receive into `buf` in `partitions` equal parts from `source` with `tag`
     /// (`MPI_Precv_init`), inactive; the sender names the same number of partitions. No
     /// wildcards, as in MPI.
     pub fn precv_init<T: Primitive>(&self, buf: Vec<T>, partitions: usize, source: u32, tag: i32) -> Result<PartitionedRecv<'_, T>, Error> {
-        self.check(source, 0)?;
-        let per = check_parts(buf.len(), partitions, tag)?;
-        Ok(PartitionedRecv {
-            comm: self,
-            plan: Plan { peer: self.world_of(source), tag, partitions, per },
-            buf: Shared::new(buf),
-            recvs: Vec::with_capacity(partitions),
-        })
+        let plan = self.plan(source, buf.len(), partitions, tag)?;
+        Ok(PartitionedRecv { comm: self, plan, buf: Shared::new(buf), recvs: Vec::with_capacity(partitions) })
+    }
+
+    /// Checks a partitioned operation's arguments (`len` elements) and plans it.
+    fn plan(&self, peer: u32, len: usize, partitions: usize, tag: i32) -> Result<Plan, Error> {
+        self.check(peer, 0)?;
+        let per = check_parts(len, partitions, tag)?;
+        Ok(Plan { peer: self.world_of(peer), tag, partitions, per })
     }
 }
 
