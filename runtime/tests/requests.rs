@@ -274,23 +274,35 @@ fn a_cancelled_receive_reports_to_its_sync_object() {
 /// Receives cancelled while the messages they could match arrive: each message is received
 /// once, in send order, by a receive that was not cancelled — a cancelled receive never
 /// consumed one — and a cancel either unposts (nothing received) or finds the receive
-/// matched (its message received).
+/// matched (its message received). The messages come in bursts, each sent once the
+/// receiver has drained the one before and cancelled a receive since, so both outcomes
+/// occur whatever the two threads' speeds.
 #[test]
 fn cancel_racing_arrivals_loses_no_message() {
-    const N: u32 = 400;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    const BURSTS: usize = 8;
+    const BURST: usize = 50;
     within(120, "cancel racing arrivals", || {
         for mode in MODES {
             let rts = local(2, mode);
             let (a, b) = (rts[0].world(), rts[1].world());
-            let (got, cancelled) = std::thread::scope(|s| {
+            let (received, cancelled) = (AtomicUsize::new(0), AtomicUsize::new(0));
+            let got = std::thread::scope(|s| {
                 s.spawn(|| {
-                    for i in 0..N {
-                        a.send(vec![i], 1, 2).unwrap();
+                    for burst in 0..BURSTS {
+                        for i in burst * BURST..(burst + 1) * BURST {
+                            a.send(vec![i as u32], 1, 2).unwrap();
+                        }
+                        // Before the next burst (the receiver stops after the last one).
+                        let drained = |n| received.load(Ordering::Acquire) == n && cancelled.load(Ordering::Acquire) > burst;
+                        while burst + 1 < BURSTS && !drained((burst + 1) * BURST) {
+                            std::thread::yield_now();
+                        }
                     }
                 });
-                let (mut got, mut cancelled) = (Vec::new(), 0);
+                let mut got = Vec::new();
                 let mut spins = 0u32;
-                while got.len() < N as usize {
+                while got.len() < BURSTS * BURST {
                     let mut r = b.irecv(Vec::<u32>::with_capacity(1), 0u32, 2).unwrap();
                     // A varying delay, so some cancels come first and some after the match.
                     for _ in 0..spins % 4 {
@@ -302,15 +314,16 @@ fn cancel_racing_arrivals_loses_no_message() {
                     assert_eq!(was, st.cancelled(), "{mode}");
                     if was {
                         assert!(v.is_empty(), "{mode}");
-                        cancelled += 1;
+                        cancelled.fetch_add(1, Ordering::Release);
                     } else {
                         got.extend(v);
+                        received.store(got.len(), Ordering::Release);
                     }
                 }
-                (got, cancelled)
+                got
             });
-            assert_eq!(got, (0..N).collect::<Vec<_>>(), "{mode}: every message once, in order");
-            assert!(cancelled > 0, "{mode}: no receive was cancelled");
+            assert_eq!(got, (0..(BURSTS * BURST) as u32).collect::<Vec<_>>(), "{mode}: every message once, in order");
+            assert!(cancelled.load(Ordering::Relaxed) >= BURSTS - 1, "{mode}: a receive cancelled between bursts");
         }
     });
 }
