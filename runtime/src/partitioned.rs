@@ -258,22 +258,29 @@ impl<'c, T: Primitive> PartitionedSend<'c, T> {
     /// partition of this round was not marked ready (its handle dropped unsent: get it again
     /// from [`partitions`](Self::partitions)).
     pub fn wait(&mut self) -> Result<(), Error> {
+        let mut sends = self.finish_round()?;
+        crate::wait::wait_all(&mut sends)
+    }
+
+    /// [`wait`](Self::wait) as a future, for a task: resolves when every partition was sent.
+    /// Dropped before that, it still ends the round (the sends finish in the background).
+    pub async fn wait_async(&mut self) -> Result<(), Error> {
+        let sends = self.finish_round()?;
+        first_error(sends).await
+    }
+
+    /// Ends the round: its sends, once every partition is ready (else an error, and the
+    /// round goes on).
+    fn finish_round(&mut self) -> Result<Vec<Request<'c, Part<T>>>, Error> {
         if !self.active {
             return Err(INACTIVE);
         }
-        let lock = |s: &Mutex<Option<Request<'c, Part<T>>>>| s.lock().unwrap_or_else(|e| e.into_inner()).is_some();
-        if !self.sends.iter().all(lock) {
+        let slot = |s: &Mutex<Option<Request<'c, Part<T>>>>| s.lock().unwrap_or_else(|e| e.into_inner()).take();
+        if self.sends.iter().any(|s| s.lock().unwrap_or_else(|e| e.into_inner()).is_none()) {
             return Err(Error::InvalidArgument("a partition was not marked ready"));
         }
         self.active = false;
-        let mut first = Ok(());
-        for slot in &self.sends {
-            let sent = slot.lock().unwrap_or_else(|e| e.into_inner()).take();
-            if let Some(Err(e)) = sent.map(Request::wait) {
-                first = first.and(Err(e));
-            }
-        }
-        first
+        Ok(self.sends.iter().filter_map(slot).collect())
     }
 
     /// The whole buffer, while inactive (to fill it from one thread); `None` while active
@@ -371,6 +378,17 @@ impl<'c, T: Primitive> PartitionedRecv<'c, T> {
         res
     }
 
+    /// [`wait`](Self::wait) as a future, for a task: resolves when every partition has
+    /// arrived. Dropped before that, the round goes on (a later wait finishes it).
+    pub async fn wait_async(&mut self) -> Result<(), Error> {
+        if self.recvs.is_empty() {
+            return Err(INACTIVE);
+        }
+        let res = first_error(self.recvs.iter_mut().filter(|r| r.is_live())).await;
+        self.recvs.clear();
+        res
+    }
+
     /// The whole buffer, while inactive (the last round's message); `None` while active or
     /// while a receive into it is still in flight (a start that failed part way).
     pub fn buffer(&self) -> Option<&[T]> {
@@ -378,4 +396,17 @@ impl<'c, T: Primitive> PartitionedRecv<'c, T> {
         (self.recvs.is_empty() && Arc::strong_count(&self.buf) == 1)
             .then(|| unsafe { std::slice::from_raw_parts(self.buf.ptr, self.buf.len) })
     }
+}
+
+/// Awaits every request of `reqs` in turn: the first error among them.
+async fn first_error<B: Send + 'static, F: std::future::Future<Output = Result<(B, weft_sync::Status), Error>>>(
+    reqs: impl IntoIterator<Item = F>,
+) -> Result<(), Error> {
+    let mut first = Ok(());
+    for r in reqs {
+        if let Err(e) = r.await {
+            first = first.and(Err(e));
+        }
+    }
+    first
 }

@@ -638,9 +638,9 @@ fn a_pending_continuation_runs_cancelled_at_shutdown() {
     assert_eq!(*got.lock().unwrap(), Some(Err(Error::Cancelled)));
 }
 
-/// Partitioned sends filled by many threads at once, round after round, eager and
-/// rendezvous partitions: every round's message arrives whole, in place, and a user receive
-/// with wildcards never sees a partition.
+/// Partitioned sends filled by many threads at once, round after round (waited for by
+/// `wait` or by the futures of `wait_async`), eager and rendezvous partitions: every round's
+/// message arrives whole, in place, and a user receive with wildcards never sees a partition.
 #[test]
 fn partitioned_sends_filled_by_threads() {
     const P: usize = 8;
@@ -656,8 +656,13 @@ fn partitioned_sends_filled_by_threads() {
                 for round in 0..5u32 {
                     recv.start().unwrap();
                     send.start().unwrap();
+                    // Odd rounds wait through the futures, each run by its rank.
+                    let odd = round % 2 == 1;
                     std::thread::scope(|s| {
-                        s.spawn(|| recv.wait().unwrap());
+                        s.spawn(|| match odd {
+                            true => rts[1].block_on(recv.wait_async()).unwrap(),
+                            false => recv.wait().unwrap(),
+                        });
                         std::thread::scope(|fill| {
                             for mut p in send.partitions().unwrap() {
                                 fill.spawn(move || {
@@ -667,7 +672,10 @@ fn partitioned_sends_filled_by_threads() {
                                 });
                             }
                         });
-                        send.wait().unwrap();
+                        match odd {
+                            true => rts[0].block_on(send.wait_async()).unwrap(),
+                            false => send.wait().unwrap(),
+                        }
                     });
                     let got = recv.buffer().unwrap();
                     for i in 0..P {
