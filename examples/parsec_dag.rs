@@ -1,27 +1,30 @@
 //! A PaRSEC-like task runtime on weft: a tiled matrix product `C = A * B` as a DAG of tasks
-//! spread over ranks, whose inputs arrive as messages completed through a sync object.
+//! spread over ranks, whose inputs arrive as messages that release the tasks waiting for
+//! them through continuations [Schuchart 2021].
 //!
 //! * Tiles are distributed 2D-cyclically over the ranks. The owner of `A(i,k)` sends it to
 //!   every rank that owns a tile of row `i` of `C` (and `B(k,j)` to the owners of column
 //!   `j`), straight out of the full matrix with a vector datatype (no copy by hand).
-//! * Each rank posts a receive for every remote tile it needs and attaches them all to one
-//!   `SyncObject` with the tile's id as completion data ([Patinyasakdikul 2019, §4.6.1]: PaRSEC's
-//!   communication engine on `MPIX_Sync` instead of testing every request).
-//! * The rank's communication loop takes completions with `wait_any`; when both inputs of a
-//!   task `GEMM(i,j,k)` are present, it spawns the task on the rank's work-stealing pool.
+//! * Each rank posts a receive for every remote tile it needs and gives it a continuation
+//!   on the rank's continuation request: when the tile arrives, the thread whose progress
+//!   completed the receive runs it inline — it stores the tile and spawns every task
+//!   `GEMM(i,j,k)` whose two inputs are now present on the rank's work-stealing pool. No
+//!   thread loops over the requests or waits for the next completion; the rank's thread
+//!   only waits, once, for every continuation to have run.
 //! * Partial products are summed into `C`, gathered on rank 0 and checked against a
 //!   sequential product; the program exits with status 1 on a mismatch.
 //!
 //! `cargo run --release -p weft-examples --example parsec_dag -- [ranks] [tiles] [tile]`
-use std::collections::HashMap;
-use std::sync::Arc;
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Mutex};
 
-use weft::{Datatype, Runtime, Source, Tag};
+use weft::{Datatype, Invoke, JoinHandle, Runtime, Source, Tag};
 
 /// Which matrix a tile belongs to.
 const A: usize = 0;
 const B: usize = 1;
 
+#[derive(Clone, Copy)]
 struct Dims {
     ranks: usize,
     /// Tiles per dimension.
@@ -80,6 +83,39 @@ fn gemm(ts: usize, a: &[f64], b: &[f64]) -> Vec<f64> {
 /// Tiles of `C` by `(row, column)`.
 type Tiles = HashMap<(usize, usize), Vec<f64>>;
 
+/// A tile of `A` or `B`: `(matrix, row, column)`.
+type TileId = (usize, usize, usize);
+
+/// A task's partial product of tile `C(i,j)`.
+type Partial = ((usize, usize), Vec<f64>);
+
+/// One rank's DAG: the input tiles here, the tasks spawned, the first receive that failed.
+struct Dag {
+    have: HashMap<TileId, Arc<Vec<f64>>>,
+    spawned: HashSet<(usize, usize, usize)>,
+    tasks: Vec<JoinHandle<Partial>>,
+    failed: Option<weft::Error>,
+}
+
+impl Dag {
+    /// Spawns every task `GEMM(i,j,k)` of a tile `C(i,j)` in `mine` whose inputs `A(i,k)` and
+    /// `B(k,j)` are both here and that is not spawned yet.
+    fn release(&mut self, rt: &Runtime, d: &Dims, mine: &[(usize, usize)]) {
+        for &(i, j) in mine {
+            for k in 0..d.t {
+                if self.spawned.contains(&(i, j, k)) {
+                    continue;
+                }
+                if let (Some(a), Some(b)) = (self.have.get(&(A, i, k)), self.have.get(&(B, k, j))) {
+                    self.spawned.insert((i, j, k));
+                    let (a, b, ts) = (a.clone(), b.clone(), d.ts);
+                    self.tasks.push(rt.spawn(async move { ((i, j), gemm(ts, &a, &b)) }));
+                }
+            }
+        }
+    }
+}
+
 /// One rank's part: returns its `C` tiles.
 fn rank_main(rt: &Runtime, d: &Dims) -> Result<Tiles, weft::Error> {
     let me = rt.rank() as usize;
@@ -89,28 +125,45 @@ fn rank_main(rt: &Runtime, d: &Dims) -> Result<Tiles, weft::Error> {
     let tile_ty = Datatype::<f64>::vector(d.ts, d.ts, n)?;
 
     // Which tiles this rank needs: row i of A and column j of B for each C(i,j) it owns.
-    let mine: Vec<(usize, usize)> = (0..d.t).flat_map(|i| (0..d.t).map(move |j| (i, j))).filter(|&(i, j)| d.owner(i, j) == me).collect();
+    let mine: Arc<Vec<(usize, usize)>> =
+        Arc::new((0..d.t).flat_map(|i| (0..d.t).map(move |j| (i, j))).filter(|&(i, j)| d.owner(i, j) == me).collect());
     let mut need = std::collections::BTreeSet::new();
-    for &(i, j) in &mine {
+    for &(i, j) in mine.iter() {
         for k in 0..d.t {
             need.insert((A, i, k));
             need.insert((B, k, j));
         }
     }
 
-    // Post receives for remote inputs, all attached to one sync object.
-    let sync = rt.sync_object::<(usize, usize, usize)>();
-    let mut recvs = HashMap::new();
-    let mut have: HashMap<(usize, usize, usize), Arc<Vec<f64>>> = HashMap::new();
-    for &(m, i, j) in &need {
-        if d.owner(i, j) == me {
+    // The tiles owned here release their tasks at once.
+    let dag = Arc::new(Mutex::new(Dag { have: HashMap::new(), spawned: HashSet::new(), tasks: Vec::new(), failed: None }));
+    {
+        let mut g = dag.lock().expect("dag");
+        for &(m, i, j) in need.iter().filter(|&&(_, i, j)| d.owner(i, j) == me) {
             let src = if m == A { &fa } else { &fb };
-            have.insert((m, i, j), Arc::new(tile_of(d, src, i, j)));
-        } else {
-            let mut r = comm.irecv(Vec::<f64>::with_capacity(d.ts * d.ts), Source::Rank(d.owner(i, j) as u32), Tag::Is(d.tag(m, i, j)))?;
-            sync.attach(&mut r, (m, i, j)).map_err(|_| weft::Error::InvalidArgument("attach"))?;
-            recvs.insert((m, i, j), r);
+            g.have.insert((m, i, j), Arc::new(tile_of(d, src, i, j)));
         }
+        g.release(rt, d, &mine);
+    }
+
+    // A receive for every remote input, whose continuation stores the tile and releases the
+    // tasks it completes (inline: it only spawns them).
+    let cr = rt.continuation_request();
+    for &(m, i, j) in need.iter().filter(|&&(_, i, j)| d.owner(i, j) != me) {
+        let mut r = comm.irecv(Vec::<f64>::with_capacity(d.ts * d.ts), Source::Rank(d.owner(i, j) as u32), Tag::Is(d.tag(m, i, j)))?;
+        let (dag, rt, mine, d) = (dag.clone(), rt.clone(), mine.clone(), *d);
+        cr.attach(&mut r, Invoke::Inline, move |res| {
+            let mut g = dag.lock().unwrap_or_else(|e| e.into_inner());
+            match res {
+                Ok((tile, _)) => {
+                    g.have.insert((m, i, j), Arc::new(tile));
+                    g.release(&rt, &d, &mine);
+                }
+                Err(e) => {
+                    g.failed.get_or_insert(e);
+                }
+            }
+        })?;
     }
 
     // Send the tiles this rank owns to every other rank that needs them (from the full
@@ -133,35 +186,19 @@ fn rank_main(rt: &Runtime, d: &Dims) -> Result<Tiles, weft::Error> {
         }
     }
 
-    // The DAG: GEMM(i,j,k) is ready when A(i,k) and B(k,j) are both here.
-    let mut spawned = std::collections::HashSet::new();
-    let mut tasks = Vec::new();
-    let mut release = |have: &HashMap<(usize, usize, usize), Arc<Vec<f64>>>, tasks: &mut Vec<_>| {
-        for &(i, j) in &mine {
-            for k in 0..d.t {
-                if spawned.contains(&(i, j, k)) {
-                    continue;
-                }
-                if let (Some(a), Some(b)) = (have.get(&(A, i, k)), have.get(&(B, k, j))) {
-                    spawned.insert((i, j, k));
-                    let (a, b, ts) = (a.clone(), b.clone(), d.ts);
-                    tasks.push(rt.spawn(async move { ((i, j), gemm(ts, &a, &b)) }));
-                }
-            }
-        }
-    };
-    release(&have, &mut tasks);
-    while let Some(c) = sync.wait_any() {
-        c.outcome?;
-        let mut r = recvs.remove(&c.data).expect("posted");
-        let (tile, _) = r.take().expect("complete")?;
-        have.insert(c.data, Arc::new(tile));
-        release(&have, &mut tasks);
-    }
+    // Every input has arrived once every continuation has run (and spawned its tasks).
+    cr.wait()?;
     weft::wait_all(&mut sends)?;
+    let (tasks, failed) = {
+        let mut g = dag.lock().unwrap_or_else(|e| e.into_inner());
+        (std::mem::take(&mut g.tasks), g.failed)
+    };
+    if let Some(e) = failed {
+        return Err(e);
+    }
 
     // Sum the partial products (each C tile has t of them).
-    let mut c_tiles: HashMap<(usize, usize), Vec<f64>> = mine.iter().map(|&ij| (ij, vec![0.0; d.ts * d.ts])).collect();
+    let mut c_tiles: Tiles = mine.iter().map(|&ij| (ij, vec![0.0; d.ts * d.ts])).collect();
     let results = rt.block_on(async move {
         let mut out = Vec::new();
         for h in tasks {

@@ -5,6 +5,7 @@
 
 mod alltoall;
 mod coll;
+mod continuations;
 mod ctxid;
 mod dlock;
 mod idle;
@@ -14,6 +15,7 @@ mod mpi_peer;
 mod msgcost;
 mod multirate;
 mod pack;
+mod partitioned;
 mod pingpong;
 mod plot;
 mod report;
@@ -61,6 +63,10 @@ enum Cmd {
     LockRegimes(lock_regimes::Args),
     /// Distributed RMA locks under the seed's benchmarks ([Schmid 2016, §5.1]): LB, ECSB, SOB, WCSB, WARB.
     Dlock(dlock::Args),
+    /// Completions of many receives in flight: continuations inline or on the pool, tasks awaiting requests, a sync object ([Schuchart 2021]).
+    Continuations(continuations::Args),
+    /// One message filled by many threads: partitioned send vs a send per thread vs one send after a join (MPI 4.0 ch. 4).
+    Partitioned(partitioned::Args),
 }
 
 /// Set by `weftrun` in every rank's environment.
@@ -96,6 +102,8 @@ fn main() {
         Cmd::Startup(a) => startup::run(&a),
         Cmd::Dlock(a) => dlock::run(&a),
         Cmd::Coll(a) => coll::run(&a),
+        Cmd::Continuations(a) => continuations::run(&a),
+        Cmd::Partitioned(a) => partitioned::run(&a),
     };
     if let Err(e) = res {
         eprintln!("weft-bench: {e}");

@@ -66,10 +66,46 @@ pub struct Communicator {
     group: Group,
     /// This rank's rank in `group`.
     rank: u32,
-    /// Per world rank, its rank in `group` (`u32::MAX`: not a member).
-    of_world: Arc<[u32]>,
+    /// World ranks to ranks in `group`.
+    of_world: RankMap,
     /// Collectives called on the communicator so far (their sequence numbers, `nbc.rs`).
     coll_seq: Arc<AtomicU32>,
+}
+
+/// A communicator's translation of world ranks (which frames, statuses and errors name) to
+/// ranks of its group; it holds nothing of the runtime.
+#[derive(Clone)]
+pub(crate) struct RankMap(
+    /// Per world rank, its rank in the group (`u32::MAX`: not a member).
+    Arc<[u32]>,
+);
+
+impl RankMap {
+    /// The rank in the group of world rank `w` (a member; else `w` unchanged).
+    pub(crate) fn rank(&self, w: u32) -> u32 {
+        match self.0.get(w as usize) {
+            Some(&r) if r != u32::MAX => r,
+            _ => w,
+        }
+    }
+
+    /// `e` with a lost peer named by its rank in the group.
+    pub(crate) fn error(&self, e: Error) -> Error {
+        match e {
+            Error::PeerLost { rank } => Error::PeerLost { rank: self.rank(rank) },
+            e => e,
+        }
+    }
+
+    /// `st` with its source named by its rank in the group.
+    pub(crate) fn status(&self, st: Status) -> Status {
+        Status { source: self.rank(st.source), ..st }
+    }
+
+    /// An outcome (which names world ranks) with ranks of the group.
+    pub(crate) fn outcome(&self, o: weft_sync::Outcome) -> weft_sync::Outcome {
+        o.map(|st| self.status(st)).map_err(|e| self.error(e))
+    }
 }
 
 impl fmt::Debug for Communicator {
@@ -108,7 +144,7 @@ impl Communicator {
             coll,
             group,
             rank,
-            of_world: of_world.into(),
+            of_world: RankMap(of_world.into()),
             coll_seq: Arc::new(AtomicU32::new(0)),
         })
     }
@@ -125,28 +161,27 @@ impl Communicator {
 
     /// The rank in this communicator of world rank `w` (a member; else `w` unchanged).
     pub(crate) fn rank_of_world(&self, w: u32) -> u32 {
-        match self.of_world.get(w as usize) {
-            Some(&r) if r != u32::MAX => r,
-            _ => w,
-        }
+        self.of_world.rank(w)
     }
 
     /// `e` with a lost peer named by its rank here (as `rank_of_world`).
     pub(crate) fn local_error(&self, e: Error) -> Error {
-        match e {
-            Error::PeerLost { rank } => Error::PeerLost { rank: self.rank_of_world(rank) },
-            e => e,
-        }
+        self.of_world.error(e)
     }
 
     /// `st` with its source named by its rank here.
     pub(crate) fn local_status(&self, st: Status) -> Status {
-        Status { source: self.rank_of_world(st.source), ..st }
+        self.of_world.status(st)
     }
 
     /// A request's outcome (which names world ranks) with ranks here.
     pub(crate) fn local_outcome(&self, o: weft_sync::Outcome) -> weft_sync::Outcome {
-        o.map(|st| self.local_status(st)).map_err(|e| self.local_error(e))
+        self.of_world.outcome(o)
+    }
+
+    /// The translation of world ranks to ranks here, to keep beyond a borrow.
+    pub(crate) fn rank_map(&self) -> RankMap {
+        self.of_world.clone()
     }
 
     /// The collective context's state.
@@ -193,7 +228,8 @@ impl Communicator {
         Assertions { allow_overtaking: self.p2p.overtaking, no_any_tag: self.p2p.no_any_tag() }
     }
 
-    fn check(&self, rank: u32, tag: i32) -> Result<(), Error> {
+    /// A destination rank and tag of a send, on a communicator not freed.
+    pub(crate) fn check(&self, rank: u32, tag: i32) -> Result<(), Error> {
         if self.p2p.is_freed() {
             return Err(Error::CommFreed);
         }
@@ -279,15 +315,23 @@ impl Communicator {
     /// already known, else when it becomes known, as every pending request that needs the
     /// rank does.
     pub fn irecv<B: RecvBuf>(&self, buf: B, source: impl Into<Source>, tag: impl Into<Tag>) -> Result<Request<'_, B>, Error> {
-        let (mut source, tag) = (source.into(), tag.into());
-        if let Source::Rank(r) = source {
-            self.check(r, 0)?;
-            source = Source::Rank(self.world_of(r));
-        } else if self.p2p.is_freed() {
-            return Err(Error::CommFreed);
-        }
-        self.check_recv_tag(tag)?;
+        let tag = tag.into();
+        let source = self.check_recv(source.into(), tag)?;
         self.irecv_on(&self.p2p, buf, source, tag).map_err(|e| self.local_error(e))
+    }
+
+    /// A receive's source and tag, on a communicator not freed: the source as a world rank.
+    pub(crate) fn check_recv(&self, source: Source, tag: Tag) -> Result<Source, Error> {
+        let source = match source {
+            Source::Rank(r) => {
+                self.check(r, 0)?;
+                Source::Rank(self.world_of(r))
+            }
+            Source::Any if self.p2p.is_freed() => return Err(Error::CommFreed),
+            Source::Any => Source::Any,
+        };
+        self.check_recv_tag(tag)?;
+        Ok(source)
     }
 
     /// A receive's or probe's tag: in range, and not `Tag::Any` on a `no_any_tag`
@@ -311,14 +355,7 @@ impl Communicator {
     /// Starts receiving on context `st` from `source` (a world rank).
     pub(crate) fn irecv_on<B: RecvBuf>(&self, st: &CommState, mut buf: B, source: Source, tag: Tag) -> Result<Request<'_, B>, Error> {
         let s = &*self.engine;
-        let (ptr, cap) = buf.spare();
-        let elem = buf.elem_size();
-        let inner = new_operation(|i| {
-            i.ptr = ptr;
-            i.cap = cap;
-            i.elem = elem;
-            i.context = st.context;
-        });
+        let inner = recv_operation(st.context, &mut buf);
         if tag == Tag::Any && st.needs_switch() {
             s.finish_matches(s.main_path(|| s.switch_to_one_order(st)));
         }
@@ -377,10 +414,23 @@ impl Communicator {
     /// receive would refuse is refused here too, and with nothing queued, a source that is
     /// gone (lost or finished; `Source::Any` with no peer left) is [`Error::PeerLost`].
     pub fn iprobe(&self, source: impl Into<Source>, tag: impl Into<Tag>) -> Result<Option<Status>, Error> {
+        let found = self.probe_with(source.into(), tag.into(), |m, source, tag| m.probe(source, tag))?;
+        Ok(found.map(|(source, tag, bytes)| self.local_status(Status { source, tag, bytes })))
+    }
+
+    /// A probe's common part ([`iprobe`](Self::iprobe), `improbe`): checks `source` and `tag`
+    /// as a receive would, makes one step of progress, and runs `look` under the matching
+    /// lock of the tag's partition with the source as a world rank. With nothing found and
+    /// only a gone peer able to send it, [`Error::PeerLost`].
+    pub(crate) fn probe_with<R>(
+        &self,
+        mut source: Source,
+        tag: Tag,
+        mut look: impl FnMut(&mut MatchState, Source, Tag) -> Option<R>,
+    ) -> Result<Option<R>, Error> {
         if self.p2p.is_freed() {
             return Err(Error::CommFreed);
         }
-        let (mut source, tag) = (source.into(), tag.into());
         if let Source::Rank(r) = source {
             // As `irecv`: no rank of this communicator, so never a message from it.
             if r >= self.size() {
@@ -398,8 +448,8 @@ impl Communicator {
         // it was marked gone, so a probe after this sees every one of them.
         let gone = s.lost_source(source);
         let part = self.p2p.part_of(tag);
-        match s.main_path(|| s.with_matching_of(&self.p2p, part, |m| m.probe(source, tag))) {
-            Some((source, tag, bytes)) => Ok(Some(self.local_status(Status { source, tag, bytes }))),
+        match s.main_path(|| s.with_matching_of(&self.p2p, part, |m| look(m, source, tag))) {
+            Some(found) => Ok(Some(found)),
             // Nothing queued, and only a gone peer could send it: it never will (a loop of
             // probes would poll for ever), as a receive would say.
             None => match gone {
@@ -489,8 +539,25 @@ impl Communicator {
         self.p2p.clone()
     }
 
+    /// The state of the user context.
+    pub(crate) fn p2p(&self) -> &CommState {
+        &self.p2p
+    }
+
     /// The state of this communicator's context `ctx` (user or collective).
     pub(crate) fn state_of(&self, ctx: u32) -> Option<&CommState> {
         [&self.p2p, &self.coll].into_iter().find(|st| st.context == ctx).map(|st| &**st)
     }
+}
+
+/// A pending receive's operation on context `context`, over `buf`'s receive area.
+pub(crate) fn recv_operation<B: RecvBuf>(context: u32, buf: &mut B) -> std::sync::Arc<crate::operation::Operation> {
+    let (ptr, cap) = buf.spare();
+    let elem = buf.elem_size();
+    new_operation(|i| {
+        i.ptr = ptr;
+        i.cap = cap;
+        i.elem = elem;
+        i.context = context;
+    })
 }

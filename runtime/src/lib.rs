@@ -31,7 +31,7 @@
 //!
 //! | layer | files | what |
 //! |---|---|---|
-//! | API | `runtime.rs`, `comm.rs`, `group.rs`, `create.rs`, `coll.rs`, `nbc.rs`, `request.rs`, `wait.rs`, `datatype.rs`, `counters.rs`, `rma/`, `dlock/` | [`Runtime`] and [`Builder`], [`Communicator`] and its [`Group`], communicator creation ([Dinan 2012]), the collectives and their schedules, [`Request`], the waits, datatypes, [`Snapshot`], one-sided windows ([`rma`]) and the distributed locks over them ([`dlock`]) |
+//! | API | `runtime.rs`, `comm.rs`, `group.rs`, `create.rs`, `coll.rs`, `nbc.rs`, `request.rs`, `wait.rs`, `probe.rs`, `persistent.rs`, `continuation.rs`, `partitioned.rs`, `datatype.rs`, `counters.rs`, `rma/`, `dlock/` | [`Runtime`] and [`Builder`], [`Communicator`] and its [`Group`], communicator creation ([Dinan 2012]), the collectives and their schedules, [`Request`] (and its cancel), the waits, matched probe ([`Message`]), [`Persistent`] requests, continuations ([`ContinuationRequest`], [Schuchart 2021]), partitioned sends and receives, datatypes, [`Snapshot`], one-sided windows ([`rma`]) and the distributed locks over them ([`dlock`]) |
 //! | progress | `progress/` | the three [`ProgressMode`]s (`global.rs`, `owner.rs`, `concurrent.rs`), one pass (`mod.rs`), parking (`park.rs`), blocking waits (`wait.rs`), posting a frame (`send.rs`), what the executor and sync objects call (`drive.rs`) |
 //! | engine | `engine/` | one rank's state by component — CRIs, the context table, frames into completions, rendezvous reads, the outbox of refused frames, lost peers, the courier, the collectives in flight — with what guards each and the lock order (`engine/README.md`) |
 //! | matching, executor | `matching/`, `executor/` | the matching engine of one communicator (over operations, `operation.rs`); the work-stealing pool, which knows the runtime only through its `Drive` trait |
@@ -80,6 +80,45 @@
 //! comm.send_typed(&m, &column, 0, 9).unwrap();
 //! r.wait().unwrap();
 //! assert_eq!(row, [0.0, 4.0, 8.0, 12.0]);
+//! ```
+//!
+//! # Requests for task runtimes
+//!
+//! Runtimes that keep thousands of operations in flight get four tools besides
+//! [`wait_all`] and sync objects:
+//!
+//! * Matched probe: [`Communicator::improbe`] / [`Communicator::mprobe`] take the message
+//!   they find out of the matching queues into a [`Message`] that only [`Message::mrecv`] /
+//!   [`Message::imrecv`] receive — the thread-safe `iprobe` + `recv` (`probe.rs`).
+//! * Cancel: [`Request::cancel`] unposts a receive that has not matched; it completes with a
+//!   status for which [`Status::cancelled`] is true and consumed no message.
+//! * Persistent requests: [`Communicator::send_init`] / [`Communicator::recv_init`],
+//!   started again and again without allocating ([`Persistent`], `persistent.rs`).
+//! * Continuations ([Schuchart 2021], `continuation.rs`): a callback per request or set of
+//!   requests, run once at completion by the completing thread ([`Invoke::Inline`]) or on
+//!   the pool ([`Invoke::Pool`]), with the results; a [`ContinuationRequest`] completes when
+//!   all of its callbacks have run. A request has a sync object or a continuation, not both.
+//! * Partitioned point-to-point (MPI 4.0 ch. 4, `partitioned.rs`):
+//!   [`Communicator::psend_init`] / [`Communicator::precv_init`]; threads fill the
+//!   [`Partition`]s of a [`PartitionedSend`] and mark them ready, each travels at once, and
+//!   the [`PartitionedRecv`] reads each as it arrives.
+//!
+//! ```
+//! use weft::{Invoke, Runtime, Source, Tag};
+//! let ranks = Runtime::builder().env(false).build_local(2).unwrap();
+//! let (a, b) = (ranks[0].world(), ranks[1].world());
+//! a.send(vec![5u8; 3], 1, 1).unwrap();
+//! // Sized by the probe, received without a race.
+//! let msg = b.mprobe(Source::Any, Tag::Any).unwrap();
+//! let n = msg.status().bytes;
+//! let (v, _) = msg.mrecv(Vec::<u8>::with_capacity(n)).unwrap();
+//! assert_eq!(v, vec![5; 3]);
+//! // A continuation answers the next message from the completing thread.
+//! let cr = ranks[1].continuation_request();
+//! let mut r = b.irecv(Vec::<u8>::with_capacity(8), 0u32, 2).unwrap();
+//! cr.attach(&mut r, Invoke::Inline, |res| assert_eq!(res.unwrap().0, b"hi")).unwrap();
+//! a.send(b"hi".to_vec(), 1, 2).unwrap();
+//! cr.wait().unwrap();
 //! ```
 //!
 //! # Groups, communicator creation and collectives
@@ -144,6 +183,7 @@ mod buffer;
 mod coll;
 mod comm;
 mod config;
+mod continuation;
 mod counters;
 mod create;
 mod datatype;
@@ -156,6 +196,9 @@ pub(crate) mod loom;
 mod matching;
 mod nbc;
 mod operation;
+mod partitioned;
+mod persistent;
+mod probe;
 mod progress;
 mod provider;
 mod request;
@@ -168,11 +211,15 @@ pub use coll::{Op, Reducible, ALLREDUCE_LONG_BYTES, BCAST_LONG_BYTES, BCAST_LONG
 pub use comm::{Assertions, Communicator};
 
 pub use config::{Assignment, Config, Locks, MatchingMode, ProgressMode, Provider};
+pub use continuation::{ContinuationRequest, Invoke, Results};
 pub use counters::Snapshot;
 pub use datatype::{Datatype, TypedRecv};
 pub use executor::{JoinError, JoinHandle};
 pub use group::Group;
 pub use matching::{Source, Tag};
+pub use partitioned::{Partition, PartitionedRecv, PartitionedSend, MAX_PARTITIONED_TAG, MAX_PARTITIONS};
+pub use persistent::Persistent;
+pub use probe::Message;
 pub use request::Request;
 pub use runtime::{Builder, Runtime};
 pub use wait::{wait_all, wait_any, wait_some};

@@ -103,6 +103,25 @@ unsafe impl<B: Send + 'static> Attach for Request<'_, B> {
 /// The error of an operation on a request whose result was already taken.
 pub(crate) const CONSUMED: Error = Error::InvalidArgument("request already consumed");
 
+/// The error of a continuation for a request attached to a sync object.
+pub(crate) const ATTACHED: Error = Error::InvalidArgument("request attached to a sync object: it cannot also have a continuation");
+
+/// Sets a receive buffer's length to what a successful receive wrote (`filled` is `None` for
+/// sends); a cancelled receive wrote nothing and its buffer stays untouched.
+///
+/// # Safety
+/// `outcome` must be the outcome of the buffer's completed operation, read after the
+/// completion (acquire): the completer wrote `st.bytes` bytes into the spare area and checked
+/// them against its length and the element size before completing with `Ok`.
+unsafe fn set_filled<B>(filled: Option<unsafe fn(&mut B, usize)>, buf: &mut B, outcome: Outcome) {
+    if let (Ok(st), Some(filled)) = (outcome, filled) {
+        if !st.cancelled() {
+            // SAFETY: per the contract.
+            unsafe { filled(buf, st.bytes) };
+        }
+    }
+}
+
 /// A cell, made on first use and kept in `slot`, completed with [`CONSUMED`]: what a request
 /// whose result was taken gives a sync object it is attached to (which then reports that
 /// error once, as for any completed request). One per request, not one shared by all: a
@@ -168,30 +187,71 @@ impl<'c, B: Send + 'static> Request<'c, B> {
 
     /// Takes the result of a completed request; `None` if still pending or already taken.
     pub fn take(&mut self) -> Option<Result<(B, Status), Error>> {
+        self.take_parts().map(|(buf, outcome)| outcome.map(|st| (buf, st)))
+    }
+
+    /// [`take`](Self::take), giving the buffer back with a failed outcome too (persistent
+    /// requests reuse it).
+    pub(crate) fn take_parts(&mut self) -> Option<(B, Outcome)> {
         if let Some(st) = self.sent.take() {
             if let Some(cell) = self.sent_cell.take() {
                 recycle(cell);
             }
             let st = self.comm.local_status(st);
-            return self.buf.take().map(|buf| Ok((buf, st)));
+            return self.buf.take().map(|buf| (buf, Ok(st)));
         }
         let outcome = self.comm.local_outcome(self.inner.as_ref()?.cell.outcome()?);
         let inner = self.inner.take()?;
         let mut buf = self.buf.take()?;
-        let res = match outcome {
-            Ok(st) => {
-                if let Some(filled) = self.filled {
-                    // SAFETY: the completer wrote `st.bytes` bytes into the spare area and
-                    // checked them against its length and the element size before
-                    // completing with `Ok`; the acquire in `outcome()` makes them visible.
-                    unsafe { filled(&mut buf, st.bytes) };
-                }
-                Ok((buf, st))
-            }
-            Err(e) => Err(e),
-        };
+        // SAFETY: `outcome` is the completed cell's, read with acquire by `outcome()`.
+        unsafe { set_filled(self.filled, &mut buf, outcome) };
         recycle(inner);
-        Some(res)
+        Some((buf, outcome))
+    }
+
+    /// Whether [`continue_with`](Self::continue_with) would accept the request: its result
+    /// not taken, and not attached to a sync object (nor its completion delivered to one).
+    pub(crate) fn can_continue(&self) -> Result<(), Error> {
+        let attached = match (&self.inner, self.sent) {
+            (Some(inner), _) => !inner.cell.attachable(),
+            (None, Some(_)) => self.sent_cell.get().is_some_and(|i| !i.cell.attachable()),
+            (None, None) => return Err(CONSUMED),
+        };
+        if attached {
+            return Err(ATTACHED);
+        }
+        Ok(())
+    }
+
+    /// Hands the result to `f`, run once when the operation completes: by the thread that
+    /// completes it, or here, now, if it has completed (continuations,
+    /// [`crate::continuation`]). The request is left taken. Refused, the request untouched,
+    /// if it is attached to a sync object (or its completion went to one) or its result was
+    /// taken.
+    pub(crate) fn continue_with(&mut self, f: impl FnOnce(Result<(B, Status), Error>) + Send + 'static) -> Result<(), Error> {
+        self.can_continue()?;
+        if self.inner.is_none() {
+            // A send that completed in `isend`: its result is here.
+            if let Some((buf, outcome)) = self.take_parts() {
+                f(outcome.map(|st| (buf, st)));
+            }
+            return Ok(());
+        };
+        let (Some(mut buf), filled, ranks) = (self.buf.take(), self.filled, self.comm.rank_map()) else { return Err(CONSUMED) };
+        // The callback keeps the buffer (the operation's area) until the operation is over,
+        // as a dropped request's orphan slot does, and holds nothing of the runtime: an
+        // operation dropped pending (the runtime shut down) drops it, running it with
+        // `Cancelled`.
+        let run = move |outcome: Outcome| {
+            let outcome = ranks.outcome(outcome);
+            // SAFETY: `outcome` is the cell's, given to its attachment after completion.
+            unsafe { set_filled(filled, &mut buf, outcome) };
+            f(outcome.map(|st| (buf, st)));
+        };
+        // The caller's `&mut self` excludes any other attach since the check above.
+        weft_sync::on_complete(self, Box::new(run)).map_err(|_| ATTACHED)?;
+        self.inner = None;
+        Ok(())
     }
 
     /// The outcome without consuming the request (`None` while pending).
@@ -205,6 +265,53 @@ impl<'c, B: Send + 'static> Request<'c, B> {
     /// Whether the result is still to be taken (pending, or complete and not taken).
     pub(crate) fn is_live(&self) -> bool {
         self.inner.is_some() || self.sent.is_some()
+    }
+
+    /// Cancels the operation if it has not matched a message yet (`MPI_Cancel`), and says
+    /// whether it did.
+    ///
+    /// * A receive still posted is unposted and completes at once: its result is `Ok` with
+    ///   the buffer given back untouched and a status for which [`Status::cancelled`] is
+    ///   true. It consumed nothing: the message it would have matched goes to a later
+    ///   receive. A receive attached to a sync object delivers that status there.
+    /// * A receive that has matched (progress on any thread may match it at any time, the
+    ///   message then belongs to it) or completed is left alone: `false`, and it completes as
+    ///   usual. So is a receive of a message already matched by a probe
+    ///   ([`Message::imrecv`](crate::Message::imrecv)).
+    /// * A send is never cancelled (`false`; it completes as usual). Its frame left with a
+    ///   sequence number the receiver orders its messages by (an eager frame in it, a
+    ///   rendezvous send's announcement): withdrawing it would need the receiver's
+    ///   agreement, a round trip the protocol does not have, and a frame held back for a full
+    ///   inbox still fills a number the receiver waits for. MPI 4.0 deprecates cancelling
+    ///   sends for the same reasons (§3.8.4).
+    ///
+    /// Dropping a pending receive cancels it too (without giving the buffer back).
+    ///
+    /// ```
+    /// use weft::Runtime;
+    /// let rt = Runtime::builder().env(false).build().unwrap();
+    /// let comm = rt.world();
+    /// let mut r = comm.irecv(Vec::<u8>::with_capacity(4), 0u32, 3).unwrap();
+    /// assert!(r.cancel());
+    /// let (buf, st) = r.wait().unwrap();
+    /// assert!(st.cancelled() && buf.is_empty());
+    /// // The message goes to the next receive.
+    /// comm.send(vec![7u8], 0, 3).unwrap();
+    /// assert_eq!(comm.recv(Vec::<u8>::with_capacity(4), 0u32, 3).unwrap().0, vec![7]);
+    /// ```
+    pub fn cancel(&mut self) -> bool {
+        match &self.inner {
+            Some(inner) if self.unpost(inner) => inner.cell.complete(Ok(Status::CANCELLED)),
+            _ => false,
+        }
+    }
+
+    /// Unposts a pending receive that has not matched; whether it did (never a send).
+    fn unpost(&self, inner: &Arc<Operation>) -> bool {
+        // The request's own communicator handle keeps the state alive (no table lookup).
+        self.kind == Kind::Recv
+            && !inner.cell.is_complete()
+            && self.comm.state_of(inner.context).is_some_and(|st| self.comm.engine().cancel_recv(st, inner))
     }
 }
 
@@ -278,10 +385,7 @@ impl<B: Send + 'static> Drop for Request<'_, B> {
             recycle(inner);
             return;
         }
-        // The request's own communicator handle keeps the state alive (no table lookup).
-        let cancelled =
-            self.kind == Kind::Recv && self.comm.state_of(inner.context).is_some_and(|st| self.comm.engine().cancel_recv(st, &inner));
-        if cancelled {
+        if self.unpost(&inner) {
             // Unposted before any match: nothing will touch the buffer.
             inner.cell.complete(Err(Error::Cancelled));
             return;

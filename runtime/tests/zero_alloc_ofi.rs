@@ -4,32 +4,10 @@
 //! the path (frames, payload pools, requests, staging).
 #![cfg(feature = "ofi")]
 
-use std::alloc::{GlobalAlloc, Layout, System};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-
 use weft::{ProgressMode, Runtime};
 
-struct Counting;
-static ALLOCS: AtomicUsize = AtomicUsize::new(0);
-static ARMED: AtomicBool = AtomicBool::new(false);
-
-// SAFETY: forwards to the system allocator, only counting.
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, l: Layout) -> *mut u8 {
-        if ARMED.load(Ordering::Relaxed) {
-            ALLOCS.fetch_add(1, Ordering::Relaxed);
-        }
-        // SAFETY: same contract as ours.
-        unsafe { System.alloc(l) }
-    }
-    unsafe fn dealloc(&self, p: *mut u8, l: Layout) {
-        // SAFETY: same contract as ours.
-        unsafe { System.dealloc(p, l) }
-    }
-}
-
-#[global_allocator]
-static GLOBAL: Counting = Counting;
+#[path = "common/counting.rs"]
+mod counting;
 
 /// parking_lot creates its global table, and a thread's parking data, at the first contended
 /// lock (the ofi watcher's try-lock can meet a runtime thread on a CRI): a one-time cost per
@@ -76,12 +54,11 @@ fn eager_steady_state_allocates_nothing_on_shm() {
         for _ in 0..5000 {
             round(&mut sbuf, &mut tiny, &mut rbuf);
         }
-        ALLOCS.store(0, Ordering::Relaxed);
-        ARMED.store(true, Ordering::Relaxed);
-        for _ in 0..10_000 {
-            round(&mut sbuf, &mut tiny, &mut rbuf);
-        }
-        ARMED.store(false, Ordering::Relaxed);
-        assert_eq!(ALLOCS.load(Ordering::Relaxed), 0, "{mode}: allocations in 20,000 steady-state eager messages");
+        let n = counting::allocations(|| {
+            for _ in 0..10_000 {
+                round(&mut sbuf, &mut tiny, &mut rbuf);
+            }
+        });
+        assert_eq!(n, 0, "{mode}: allocations in 20,000 steady-state eager messages");
     }
 }

@@ -138,6 +138,15 @@ impl CompletionCell {
         self.state.load(Ordering::Relaxed) & (ATTACHED | COMPLETE) == ATTACHED
     }
 
+    /// Whether an attach (to a sync object, or a callback, [`on_complete`](crate::on_complete))
+    /// would be accepted: the cell is not attached, and its completion was not delivered to
+    /// an attachment. Only the owner of the request (who alone may attach) can rely on the
+    /// answer staying true.
+    #[inline]
+    pub fn attachable(&self) -> bool {
+        self.state.load(Ordering::Acquire) & ATTACHED == 0
+    }
+
     /// The outcome, once complete.
     #[inline]
     pub fn outcome(&self) -> Option<Outcome> {

@@ -48,6 +48,7 @@
 //! ```
 #![deny(unsafe_op_in_unsafe_fn)]
 
+mod callback;
 mod cell;
 mod idle;
 pub(crate) mod loom;
@@ -56,6 +57,7 @@ mod signal;
 mod status;
 mod wait;
 
+pub use callback::{on_complete, Callback, Refused};
 pub use cell::CompletionCell;
 pub use idle::IdleBackoff;
 pub use object::{Attach, AttachError, Completion, Completions, Detached, Next, SyncObject};

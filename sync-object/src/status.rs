@@ -17,6 +17,29 @@ pub struct Status {
     pub bytes: usize,
 }
 
+impl Status {
+    /// The status of an operation that was cancelled before it matched anything
+    /// (`Request::cancel` in `weft`): no message was received and no byte was written.
+    ///
+    /// As `MPI_Test_cancelled` is the only thing defined of such a status in MPI, it is told
+    /// apart by its fields alone (no field of its own, so `Status` keeps its size and every
+    /// literal stays valid): `source` is `u32::MAX` and `tag` is `i32::MIN`, neither of which
+    /// a message ever carries (ranks are below the size of the world, tags never negative).
+    pub const CANCELLED: Status = Status { source: u32::MAX, tag: i32::MIN, bytes: 0 };
+
+    /// Whether the operation was cancelled instead of completing (`MPI_Test_cancelled`).
+    ///
+    /// ```
+    /// use weft_sync::Status;
+    /// assert!(Status::CANCELLED.cancelled());
+    /// assert!(!Status { source: 0, tag: 7, bytes: 8 }.cancelled());
+    /// ```
+    #[inline]
+    pub fn cancelled(&self) -> bool {
+        *self == Status::CANCELLED
+    }
+}
+
 /// Every way a weft operation can fail.
 ///
 /// Defined in `weft-sync` because a completion carries it; `weft` re-exports it as

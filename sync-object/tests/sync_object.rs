@@ -865,3 +865,55 @@ fn a_refused_attach_wakes_a_waiter_that_saw_its_count() {
     }
     op.0.complete(ok(0));
 }
+
+/// A callback ([`weft_sync::on_complete`]) runs once: on the completer's thread when
+/// attached first, at once when the cell had completed, with `Cancelled` when the pending
+/// cell is dropped; a cell attached to a sync object (or whose completion went to one)
+/// refuses it and gives it back, and a cell with a callback refuses a sync object.
+#[test]
+fn callbacks_run_once_and_exclude_sync_objects() {
+    let runs = Arc::new(Mutex::new(Vec::new()));
+    let record = |runs: &Arc<Mutex<Vec<(Outcome, thread::ThreadId)>>>| -> weft_sync::Callback {
+        let runs = runs.clone();
+        Box::new(move |o| runs.lock().unwrap().push((o, thread::current().id())))
+    };
+    // Attached first: run by the completer, once.
+    let mut op = Op::new();
+    weft_sync::on_complete(&mut op, record(&runs)).unwrap();
+    assert!(!op.0.attachable() && runs.lock().unwrap().is_empty());
+    let cell = op.cell();
+    let completer = thread::spawn(move || {
+        assert!(cell.complete(ok(1)));
+        assert!(!cell.complete(ok(2)));
+        thread::current().id()
+    })
+    .join()
+    .unwrap();
+    assert_eq!(*runs.lock().unwrap(), vec![(ok(1), completer)]);
+    assert!(weft_sync::on_complete(&mut op, record(&runs)).is_err(), "a completion delivered to a callback is spent");
+    // Complete first: run here, now.
+    let mut op = Op::new();
+    op.0.complete(ok(3));
+    assert!(op.0.attachable());
+    weft_sync::on_complete(&mut op, record(&runs)).unwrap();
+    assert_eq!(runs.lock().unwrap()[1], (ok(3), thread::current().id()));
+    // Dropped pending: run with `Cancelled`.
+    let mut op = Op::new();
+    weft_sync::on_complete(&mut op, record(&runs)).unwrap();
+    drop(op);
+    assert_eq!(runs.lock().unwrap()[2].0, Err(Error::Cancelled));
+    // A sync object and a callback exclude each other.
+    let sync = SyncObject::new();
+    let mut op = Op::new();
+    sync.attach(&mut op, 1u32).unwrap();
+    let back = weft_sync::on_complete(&mut op, record(&runs));
+    assert!(back.is_err());
+    let mut op2 = Op::new();
+    weft_sync::on_complete(&mut op2, record(&runs)).unwrap();
+    assert_eq!(sync.attach(&mut op2, 2u32), Err(AttachError::AlreadyAttached(2)));
+    op.0.complete(ok(4));
+    op2.0.complete(ok(5));
+    assert_eq!(sync.query().map(|c| c.data), Some(1));
+    assert_eq!(runs.lock().unwrap().len(), 4, "the refused callback never ran; the accepted one ran once");
+    assert_eq!(runs.lock().unwrap()[3].0, ok(5));
+}

@@ -753,6 +753,14 @@ impl MatchState {
             .map(|f| (f.header.source, f.header.tag, message_len(f)))
     }
 
+    /// Takes the first unexpected frame that fits (`source`, `tag`) out of the queue, as a
+    /// receive posted now would, without posting anything when there is none (matched probe,
+    /// `MPI_Improbe`): the frame then belongs to the caller, and no receive can match it.
+    pub(crate) fn take_unexpected(&mut self, source: Source, tag: Tag) -> Option<Frame> {
+        let i = self.unexpected.iter().position(|f| fits(source, tag, f.header.source, f.header.tag))?;
+        self.unexpected.remove(i)
+    }
+
     /// Empties the queues (communicator freed / runtime shut down): the posted receives are
     /// returned so the caller can fail them; the frames are handed to `drop_frame`.
     pub(crate) fn drain(&mut self, mut drop_frame: impl FnMut(Frame)) -> Vec<Arc<Operation>> {

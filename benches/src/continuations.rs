@@ -1,0 +1,208 @@
+//! `weft-bench continuations`: how a task runtime learns that its receives completed, with
+//! `--in-flight` receives posted at once on rank 1 and rank 0 sending them their messages
+//! (8 bytes each: the send time), `--messages` in all, in four ways ([Schuchart 2021]):
+//!
+//! * `inline`: a continuation run by the thread whose progress completed the receive;
+//! * `pool`: a continuation run as a task of the rank's pool;
+//! * `task`: a pool task per receive that awaits the request (`req.await`);
+//! * `sync`: the receives attached to a sync object whose completions threads take.
+//!
+//! `--threads` threads of rank 1 drive it: they wait on the continuation request (`inline`,
+//! `pool`), are the pool's workers (`task`; `pool` has as many), or take the sync object's
+//! completions (`sync`). Rank 0 sends from the main thread.
+//!
+//! Columns: `mode,threads,in_flight,messages,completions_per_sec,mean_latency_us`
+//! (`completions_per_sec`: messages over the time from the first send to the last
+//! completion seen; `mean_latency_us`: from a message's send to its completion seen by the
+//! callback, task or thread).
+
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use weft::{Communicator, Invoke, Request, Runtime, Status};
+
+use crate::report::{parse_list, Output, Table};
+
+/// Options of `weft-bench continuations`.
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    /// Modes to sweep (comma list of `inline`, `pool`, `task`, `sync`).
+    #[arg(long, default_value = "inline,pool,task,sync")]
+    mode: String,
+    /// Threads of the receiving rank to sweep (comma list).
+    #[arg(short = 't', long, default_value = "1,2,4,8")]
+    threads: String,
+    /// Receives in flight at once to sweep (comma list).
+    #[arg(short = 'n', long, default_value = "1,100,10000")]
+    in_flight: String,
+    /// Messages per configuration (rounded up to whole rounds of `in_flight`).
+    #[arg(long, default_value_t = 20_000)]
+    messages: usize,
+    #[command(flatten)]
+    out: Output,
+}
+
+/// What completions record: their count and the sum of their latencies.
+struct Seen {
+    t0: Instant,
+    count: AtomicUsize,
+    nanos: AtomicU64,
+}
+
+impl Seen {
+    /// A message (its send time, nanoseconds after `t0`) seen complete now.
+    fn record(&self, buf: &[u64]) {
+        let now = self.t0.elapsed().as_nanos() as u64;
+        self.nanos.fetch_add(now.saturating_sub(buf.first().copied().unwrap_or(now)), Ordering::Relaxed);
+        self.count.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+/// A receive's result, for the ways that are given one.
+type Got = Result<(Vec<u64>, Status), weft::Error>;
+
+/// Posts one round's receives on `comm` (tag 1 from rank 0) the way `mode` says; returns
+/// what the round's waiters need.
+fn post<'c>(mode: &str, rt: &Runtime, comm: &'c Communicator, n: usize, seen: &Arc<Seen>, cr: &weft::ContinuationRequest) -> Round<'c> {
+    let recv = |c: &'c Communicator| c.irecv(Vec::<u64>::with_capacity(1), 0u32, 1).expect("irecv");
+    match mode {
+        "inline" | "pool" => {
+            let invoke = if mode == "inline" { Invoke::Inline } else { Invoke::Pool };
+            for _ in 0..n {
+                let seen = seen.clone();
+                let mut r = recv(comm);
+                cr.attach(&mut r, invoke, move |res: Got| seen.record(&res.expect("receive").0)).expect("attach");
+            }
+            Round::Continuations
+        }
+        "task" => {
+            let posted = Arc::new(AtomicUsize::new(0));
+            let handles = (0..n)
+                .map(|_| {
+                    let (comm, seen, posted) = (rt.world().clone(), seen.clone(), posted.clone());
+                    rt.spawn(async move {
+                        let r = comm.irecv(Vec::<u64>::with_capacity(1), 0u32, 1).expect("irecv");
+                        posted.fetch_add(1, Ordering::Release);
+                        let got: Got = r.await;
+                        seen.record(&got.expect("receive").0);
+                    })
+                })
+                .collect();
+            // Every receive posted before the sends, as in the other modes.
+            while posted.load(Ordering::Acquire) < n {
+                std::thread::yield_now();
+            }
+            Round::Tasks(handles)
+        }
+        _ => {
+            let sync = rt.sync_object::<usize>();
+            let reqs: Vec<Mutex<Request<'c, Vec<u64>>>> = (0..n)
+                .map(|i| {
+                    let mut r = recv(comm);
+                    sync.attach(&mut r, i).expect("attach");
+                    Mutex::new(r)
+                })
+                .collect();
+            Round::Sync(sync, reqs)
+        }
+    }
+}
+
+/// One round's waiters' share.
+enum Round<'c> {
+    Continuations,
+    Tasks(Vec<weft::JoinHandle<()>>),
+    Sync(weft::SyncObject<usize>, Vec<Mutex<Request<'c, Vec<u64>>>>),
+}
+
+/// One configuration: completions per second and mean latency in microseconds.
+fn measure(mode: &str, threads: usize, n: usize, messages: usize) -> Result<(f64, f64), String> {
+    let workers = if matches!(mode, "pool" | "task") { threads } else { 0 };
+    let rts = Runtime::builder().workers(workers).build_local(2).map_err(|e| e.to_string())?;
+    let (a, b) = (rts[0].world(), rts[1].world());
+    let rounds = messages.div_ceil(n);
+    let seen = Arc::new(Seen { t0: Instant::now(), count: AtomicUsize::new(0), nanos: AtomicU64::new(0) });
+    let cr = rts[1].continuation_request();
+    let mut first_send = None;
+    for _ in 0..rounds {
+        let round = post(mode, &rts[1], b, n, &seen, &cr);
+        let start = seen.t0.elapsed();
+        first_send.get_or_insert(start);
+        // Completions the `sync` threads have claimed.
+        let taken = AtomicUsize::new(0);
+        let (taken, seen) = (&taken, &seen);
+        std::thread::scope(|s| {
+            match &round {
+                Round::Continuations => {
+                    for _ in 0..threads {
+                        s.spawn(|| cr.wait().expect("continuations"));
+                    }
+                }
+                Round::Tasks(_) => {}
+                Round::Sync(sync, reqs) => {
+                    for _ in 0..threads {
+                        s.spawn(move || {
+                            while taken.fetch_add(1, Ordering::Relaxed) < n {
+                                let c = sync.wait_any().expect("a completion");
+                                let got = reqs[c.data].lock().expect("request").take().expect("complete");
+                                seen.record(&got.expect("receive").0);
+                            }
+                        });
+                    }
+                }
+            }
+            for _ in 0..n {
+                let now = seen.t0.elapsed().as_nanos() as u64;
+                a.send(vec![now], 1, 1).expect("send");
+            }
+        });
+        if let Round::Tasks(handles) = round {
+            rts[1].block_on(async {
+                for h in handles {
+                    h.await.expect("a receiving task panicked");
+                }
+            });
+        }
+    }
+    let secs = (seen.t0.elapsed() - first_send.unwrap_or_default()).as_secs_f64();
+    let count = seen.count.load(Ordering::Relaxed);
+    if count != rounds * n {
+        return Err(format!("{mode}: {count} completions seen of {}", rounds * n));
+    }
+    Ok((count as f64 / secs, seen.nanos.load(Ordering::Relaxed) as f64 / count as f64 / 1e3))
+}
+
+pub fn run(args: &Args) -> Result<(), String> {
+    let modes: Vec<String> = parse_list(&args.mode)?;
+    let threads: Vec<usize> = parse_list(&args.threads)?;
+    let in_flight: Vec<usize> = parse_list(&args.in_flight)?;
+    if threads.contains(&0) || in_flight.contains(&0) || args.messages == 0 {
+        return Err("threads, in-flight and messages must be at least 1".into());
+    }
+    if let Some(m) = modes.iter().find(|m| !matches!(m.as_str(), "inline" | "pool" | "task" | "sync")) {
+        return Err(format!("unknown mode {m:?} (inline, pool, task, sync)"));
+    }
+    let mut table = Table::new(&["mode", "threads", "in_flight", "messages", "completions_per_sec", "mean_latency_us"], &args.out);
+    table.progress(modes.len() * threads.len() * in_flight.len());
+    table.print_header();
+    for m in &modes {
+        for &t in &threads {
+            for &n in &in_flight {
+                table.step(|| format!("{m}, {t} threads, {n} in flight"));
+                let (rate, latency) = measure(m, t, n, args.messages)?;
+                let messages = args.messages.div_ceil(n) * n;
+                table.row(vec![
+                    m.clone(),
+                    t.to_string(),
+                    n.to_string(),
+                    messages.to_string(),
+                    format!("{rate:.0}"),
+                    format!("{latency:.2}"),
+                ]);
+            }
+        }
+    }
+    table.finish();
+    Ok(())
+}

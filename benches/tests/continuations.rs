@@ -1,0 +1,30 @@
+//! `weft-bench continuations`: a short functional run of every mode (its CSV columns, every
+//! completion seen), and a clear error for an unknown mode.
+
+use std::time::Duration;
+
+mod common;
+
+#[test]
+fn every_mode_sees_every_completion() {
+    let args = ["continuations", "--csv", "-t", "1,2", "-n", "1,50", "--messages", "100"];
+    let out = common::run_within(&args, Duration::from_secs(120)).expect("weft-bench continuations hung (killed after 120 s)");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let stdout = String::from_utf8(out.stdout).expect("utf-8");
+    let lines: Vec<&str> = stdout.lines().collect();
+    assert_eq!(lines[0], "mode,threads,in_flight,messages,completions_per_sec,mean_latency_us");
+    assert_eq!(lines.len(), 1 + 4 * 2 * 2, "{stdout}");
+    for l in &lines[1..] {
+        let cells: Vec<&str> = l.split(',').collect();
+        assert_eq!(cells[3], "100", "{l:?}");
+        assert!(cells[4].parse::<f64>().is_ok_and(|v| v > 0.0), "{l:?}");
+        assert!(cells[5].parse::<f64>().is_ok_and(|v| v >= 0.0), "{l:?}");
+    }
+}
+
+#[test]
+fn an_unknown_mode_is_an_error() {
+    let out = common::run_within(&["continuations", "--mode", "poll"], Duration::from_secs(60)).expect("weft-bench continuations hung");
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("unknown mode \"poll\""));
+}

@@ -1,0 +1,29 @@
+//! `weft-bench partitioned`: a short functional run of every mode (its CSV columns, every
+//! message checked on arrival), and a clear error for a size the threads do not divide.
+
+use std::time::Duration;
+
+mod common;
+
+#[test]
+fn every_mode_delivers_the_message() {
+    let args = ["partitioned", "--csv", "-t", "1,4", "-s", "1024,65536", "--rounds", "3"];
+    let out = common::run_within(&args, Duration::from_secs(120)).expect("weft-bench partitioned hung (killed after 120 s)");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let stdout = String::from_utf8(out.stdout).expect("utf-8");
+    let lines: Vec<&str> = stdout.lines().collect();
+    assert_eq!(lines[0], "mode,threads,bytes,rounds,receive_us");
+    assert_eq!(lines.len(), 1 + 3 * 2 * 2, "{stdout}");
+    for l in &lines[1..] {
+        let cells: Vec<&str> = l.split(',').collect();
+        assert_eq!(cells[3], "3", "{l:?}");
+        assert!(cells[4].parse::<f64>().is_ok_and(|v| v > 0.0), "{l:?}");
+    }
+}
+
+#[test]
+fn a_size_the_threads_do_not_divide_is_an_error() {
+    let out = common::run_within(&["partitioned", "-t", "3", "-s", "1024"], Duration::from_secs(60)).expect("weft-bench partitioned hung");
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("not a multiple of 3 threads"));
+}

@@ -1,0 +1,327 @@
+//! Continuations [Schuchart 2021]: a callback attached to a request, or to a set of requests,
+//! runs once when they complete, with their results (statuses and the buffers given back),
+//! instead of a thread waiting or polling for them.
+//!
+//! A [`ContinuationRequest`] (the proposal's continuation request, `MPIX_Continue_init`)
+//! collects continuations: [`attach`](ContinuationRequest::attach) (`MPIX_Continue`),
+//! [`attach_all`](ContinuationRequest::attach_all) (`MPIX_Continueall`) and
+//! [`attach_any`](ContinuationRequest::attach_any). It is complete when every callback
+//! registered on it has run, so a task runtime waits for "all my callbacks done" with one
+//! [`wait`](ContinuationRequest::wait) — or never waits at all and lets the callbacks
+//! release its work.
+//!
+//! A callback takes the request's one attachment (`weft_sync::on_complete`), the slot a
+//! sync object would take: a request is attached to a sync object or has a continuation,
+//! never both, and the attempt to do both is an error. Each continuation is counted on the
+//! continuation request's own sync object (a counted attachment of a pooled operation,
+//! completed after the callback ran), so waiting for them drives progress as every other
+//! wait of the rank does, and pending continuations cost no thread.
+
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::{Arc, Mutex, Weak};
+
+use weft_sync::{Attach, CompletionCell, Error, Progress, SignalListener, Status, Step, SyncObject};
+
+use crate::engine::Engine;
+use crate::operation::{new_operation, Operation};
+use crate::progress::sync_hook;
+use crate::request::Request;
+use crate::runtime::Runtime;
+
+/// Who runs a continuation's callback.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Invoke {
+    /// The thread that completes the operation, at once: the one whose progress pass matched
+    /// the message or saw the send finish, inside that pass (or the attaching thread, if the
+    /// operation had completed already). The lowest latency and no task, but it holds up
+    /// progress while it runs: for **short callbacks only**, which must not block, wait for
+    /// requests, or communicate (the pass may hold the rank's locks; use [`Invoke::Pool`]
+    /// for that).
+    Inline,
+    /// A task on the rank's pool ([`Runtime::spawn`]), spawned at completion: the callback
+    /// may take its time, communicate and wait.
+    Pool,
+}
+
+/// Results of a set of requests of buffers `B`, in the order of the set.
+pub type Results<B> = Vec<Result<(B, Status), Error>>;
+
+/// The error of a continuation attached to a request of another rank.
+const OTHER_RANK: Error = Error::InvalidArgument("request of another rank than its continuation request");
+/// The error a continuation request reports for a callback that panicked.
+const PANICKED: Error = Error::InvalidArgument("continuation callback panicked");
+
+/// A continuation request ([Schuchart 2021], `MPIX_Continue_init`): continuations attached
+/// to it run their callbacks when their requests complete, and it is complete when every
+/// callback registered on it has run. Made by [`Runtime::continuation_request`]; shared by
+/// reference between threads (`Sync`), and reusable: continuations attached after a wait
+/// are waited for by the next.
+///
+/// ```
+/// use std::sync::atomic::{AtomicUsize, Ordering};
+/// use std::sync::Arc;
+/// use weft::{Invoke, Runtime};
+///
+/// let ranks = Runtime::builder().env(false).build_local(2).unwrap();
+/// let (a, b) = (ranks[0].world(), ranks[1].world());
+/// let cr = ranks[1].continuation_request();
+/// let sum = Arc::new(AtomicUsize::new(0));
+/// let mut recvs: Vec<_> = (0..4).map(|t| b.irecv(Vec::<u32>::with_capacity(1), 0u32, t).unwrap()).collect();
+/// let s = sum.clone();
+/// cr.attach_all(&mut recvs, Invoke::Inline, move |results| {
+///     let total: u32 = results.into_iter().map(|r| r.unwrap().0[0]).sum();
+///     s.store(total as usize, Ordering::Relaxed);
+/// })
+/// .unwrap();
+/// for t in 0..4 {
+///     a.send(vec![10 * t as u32], 1, t).unwrap();
+/// }
+/// cr.wait().unwrap(); // every callback has run
+/// assert_eq!(sum.load(Ordering::Relaxed), 60);
+/// ```
+pub struct ContinuationRequest {
+    /// The rank; its pool runs [`Invoke::Pool`] callbacks.
+    engine: Arc<Engine>,
+    /// Counts the callbacks not yet run; its waits drive the rank's progress.
+    pending: SyncObject<()>,
+}
+
+impl std::fmt::Debug for ContinuationRequest {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ContinuationRequest").field("pending", &self.pending()).finish()
+    }
+}
+
+impl Runtime {
+    /// A continuation request of this rank (`MPIX_Continue_init`): see
+    /// [`ContinuationRequest`].
+    pub fn continuation_request(&self) -> ContinuationRequest {
+        // A sync object without the rank's progress hook: continuations pending in the rank's
+        // queues reach it (through their countdowns), and it must not hold the rank in turn,
+        // or a rank shut down with continuations pending would never be dropped (nor its
+        // callbacks run with `Cancelled`). Its waits are given the hook.
+        ContinuationRequest { engine: self.engine.clone(), pending: SyncObject::new() }
+    }
+}
+
+/// One registered callback not yet run: a pooled operation counted on the continuation
+/// request's sync object.
+struct Counted(Arc<Operation>);
+
+// SAFETY: the cell lives in the `Arc`, which the `Countdown` made from it holds until it
+// completes the cell, once.
+unsafe impl Attach for Counted {
+    fn completion_cell(&self) -> &CompletionCell {
+        &self.0.cell
+    }
+}
+
+/// Completes its callback's count when dropped: `Ok` once the callback returned, else
+/// the error of a panic, or `Cancelled` (a pool task dropped unrun: the runtime shut down).
+struct Countdown {
+    op: Arc<Operation>,
+    ran: bool,
+}
+
+impl Drop for Countdown {
+    fn drop(&mut self) {
+        let outcome = match (self.ran, std::thread::panicking()) {
+            (true, _) => Ok(Status::default()),
+            (false, true) => Err(PANICKED),
+            (false, false) => Err(Error::Cancelled),
+        };
+        self.op.cell.complete(outcome);
+    }
+}
+
+impl ContinuationRequest {
+    /// Attaches a continuation to `req` (`MPIX_Continue`): when it completes, `f` runs once
+    /// with its result — the buffer and status, or the error — as `invoke` says; at once if
+    /// it has completed already. `req` is left taken (its result went to `f`).
+    ///
+    /// An error, `req` untouched and `f` dropped unrun, if `req` is attached to a sync
+    /// object (or its completion went to one), its result was taken already, or it belongs
+    /// to another rank.
+    pub fn attach<B, F>(&self, req: &mut Request<'_, B>, invoke: Invoke, f: F) -> Result<(), Error>
+    where
+        B: Send + 'static,
+        F: FnOnce(Result<(B, Status), Error>) + Send + 'static,
+    {
+        self.check(std::slice::from_ref(req))?;
+        let run = self.register(invoke, f);
+        req.continue_with(run)
+    }
+
+    /// Attaches one continuation to every request of `reqs` (`MPIX_Continueall`): when the
+    /// last of them completes, `f` runs once with all their results, in the order of
+    /// `reqs`. Each request is left taken. Checked as [`attach`](Self::attach) for every
+    /// request before any is attached: an error leaves them all untouched. An empty set
+    /// runs `f` at once.
+    pub fn attach_all<B, F>(&self, reqs: &mut [Request<'_, B>], invoke: Invoke, f: F) -> Result<(), Error>
+    where
+        B: Send + 'static,
+        F: FnOnce(Results<B>) + Send + 'static,
+    {
+        self.check(reqs)?;
+        let n = reqs.len();
+        let run = self.register(invoke, f);
+        if n == 0 {
+            run(Vec::new());
+            return Ok(());
+        }
+        struct All<B, R> {
+            results: Vec<Option<Result<(B, Status), Error>>>,
+            left: usize,
+            run: Option<R>,
+        }
+        let all = Arc::new(Mutex::new(All { results: (0..n).map(|_| None).collect(), left: n, run: Some(run) }));
+        for (i, r) in reqs.iter_mut().enumerate() {
+            let all = all.clone();
+            r.continue_with(move |res| {
+                let done = {
+                    let mut a = all.lock().unwrap_or_else(|e| e.into_inner());
+                    a.results[i] = Some(res);
+                    a.left -= 1;
+                    if a.left == 0 {
+                        let results = a.results.drain(..).map(|r| r.unwrap_or(Err(Error::Cancelled))).collect::<Vec<_>>();
+                        a.run.take().map(|run| (run, results))
+                    } else {
+                        None
+                    }
+                };
+                if let Some((run, results)) = done {
+                    run(results);
+                }
+            })?;
+        }
+        Ok(())
+    }
+
+    /// Attaches one continuation to the set `reqs` that runs when the first of them
+    /// completes: `f` gets that request's index in `reqs` and its result. Each request is
+    /// left taken; the others go on to complete, and their results are dropped then (a
+    /// receive among them still takes the message it matches: for sends, or receives where
+    /// one message of several suffices). Checked as [`attach_all`](Self::attach_all); an
+    /// empty set is an error.
+    pub fn attach_any<B, F>(&self, reqs: &mut [Request<'_, B>], invoke: Invoke, f: F) -> Result<(), Error>
+    where
+        B: Send + 'static,
+        F: FnOnce(usize, Result<(B, Status), Error>) + Send + 'static,
+    {
+        if reqs.is_empty() {
+            return Err(Error::InvalidArgument("a continuation of any request of an empty set"));
+        }
+        self.check(reqs)?;
+        let run = self.register(invoke, move |(i, res)| f(i, res));
+        let first = Arc::new(Mutex::new(Some(run)));
+        for (i, r) in reqs.iter_mut().enumerate() {
+            let first = first.clone();
+            r.continue_with(move |res| {
+                let run = first.lock().unwrap_or_else(|e| e.into_inner()).take();
+                if let Some(run) = run {
+                    run((i, res));
+                }
+            })?;
+        }
+        Ok(())
+    }
+
+    /// The callbacks registered and not yet run.
+    pub fn pending(&self) -> usize {
+        self.pending.size()
+    }
+
+    /// Makes one step of progress and reports whether every callback registered has run
+    /// (`MPI_Test` on the continuation request). A `true` says nothing of the callbacks
+    /// attached after it.
+    pub fn test(&self) -> bool {
+        if self.pending() == 0 {
+            return true;
+        }
+        let _ = self.engine.progress_once();
+        self.pending() == 0
+    }
+
+    /// Blocks, driving the rank's progress, until every callback registered has run
+    /// (`MPI_Wait` on the continuation request); the pool's tasks run meanwhile. An error if
+    /// a callback panicked (the panic is caught: it stops neither progress nor the pool), or
+    /// never ran because the runtime shut down (`Cancelled`); each such error is reported
+    /// once.
+    pub fn wait(&self) -> Result<(), Error> {
+        self.pending.wait_all_with(&Helping { rank: sync_hook(&self.engine), engine: &self.engine })
+    }
+
+    /// Refuses a set of requests of which one is attached to a sync object, taken, or of
+    /// another rank: before any is attached, so that a refusal changes nothing.
+    fn check<B: Send + 'static>(&self, reqs: &[Request<'_, B>]) -> Result<(), Error> {
+        for r in reqs {
+            if !Arc::ptr_eq(r.communicator().engine(), &self.engine) {
+                return Err(OTHER_RANK);
+            }
+            r.can_continue()?;
+        }
+        Ok(())
+    }
+
+    /// Counts a callback on this request and wraps `f` to run as `invoke` says and to count
+    /// down after it ran.
+    fn register<T: Send + 'static>(&self, invoke: Invoke, f: impl FnOnce(T) + Send + 'static) -> impl FnOnce(T) + Send + 'static {
+        let op = new_operation(|_| {});
+        let counted = self.pending.attach_counted(&mut Counted(op.clone()));
+        debug_assert!(counted.is_ok(), "a fresh operation is attachable");
+        let countdown = Countdown { op, ran: false };
+        let rank = Arc::downgrade(&self.engine);
+        move |value: T| match invoke {
+            Invoke::Inline => run_counted(countdown, f, value),
+            Invoke::Pool => spawn_counted(&rank, countdown, f, value),
+        }
+    }
+}
+
+/// The progress of a wait for continuations: the rank's sync-object hook, and when it finds
+/// nothing to do, a pool task (an [`Invoke::Pool`] callback, say), so that a wait with no
+/// pool workers (`workers(0)`) runs the callbacks it waits for.
+struct Helping<'a> {
+    rank: Arc<dyn Progress>,
+    engine: &'a Engine,
+}
+
+impl Progress for Helping<'_> {
+    fn progress(&self) -> Step {
+        match self.rank.progress() {
+            Step::Progressed => Step::Progressed,
+            _ if crate::executor::help(&self.engine.executor) => Step::Progressed,
+            step => step,
+        }
+    }
+
+    fn park(&self, listener: SignalListener<'_>) {
+        self.rank.park(listener);
+    }
+}
+
+/// Runs `f(value)` here, catching a panic (reported by the continuation request), then
+/// counts it down.
+fn run_counted<T>(mut countdown: Countdown, f: impl FnOnce(T), value: T) {
+    match catch_unwind(AssertUnwindSafe(|| f(value))) {
+        Ok(()) => countdown.ran = true,
+        // Caught: `countdown` would drop as not panicking any more.
+        Err(_) => {
+            countdown.op.cell.complete(Err(PANICKED));
+        }
+    }
+}
+
+/// Runs `f(value)` in a task of rank `rank`'s pool, counting it down when the task ends (a
+/// task dropped unrun, or a rank gone, counts down as `Cancelled`).
+fn spawn_counted<T: Send + 'static>(rank: &Weak<Engine>, countdown: Countdown, f: impl FnOnce(T) + Send + 'static, value: T) {
+    let Some(engine) = rank.upgrade() else { return };
+    let Some(pool) = engine.executor.start(|| engine.clone()) else { return };
+    let task = pool.spawn(async move {
+        // The whole guard moves into the task (not only the field set below).
+        let mut countdown = countdown;
+        f(value);
+        countdown.ran = true;
+    });
+    drop(task);
+}

@@ -1,0 +1,241 @@
+//! Persistent requests (MPI 4.0 §3.9): [`Communicator::send_init`] and
+//! [`Communicator::recv_init`] check their arguments once and keep the buffer; each
+//! [`start`](Persistent::start) posts the same operation again, and [`wait`](Persistent::wait)
+//! gives the buffer back to the request for the next start.
+//!
+//! A start is an `isend` / `irecv` without their checks: its operation comes from the
+//! thread's pool and the request lives inside the persistent one, so a start allocates
+//! nothing in steady state (`runtime/tests/zero_alloc.rs`).
+
+use std::sync::{Arc, OnceLock};
+
+use weft_sync::{Attach, CompletionCell, Error, Outcome, Status};
+
+use crate::buffer::{RecvBuf, SendBuf};
+use crate::comm::Communicator;
+use crate::matching::{Source, Tag};
+use crate::operation::Operation;
+use crate::progress::{self, Want};
+use crate::request::{consumed_cell, Request};
+
+/// The error of a start on a request that is active already.
+const ACTIVE: Error = Error::InvalidArgument("persistent request started while active");
+/// The error of a wait on a request that is not active.
+const INACTIVE: Error = Error::InvalidArgument("persistent request waited for while not started");
+/// The error of a start after a start that failed (its buffer went with it).
+const NO_BUFFER: Error = Error::InvalidArgument("persistent request lost its buffer to a failed start");
+
+/// What a start posts, its ranks already world ranks.
+#[derive(Clone, Copy, Debug)]
+enum Op {
+    Send { dest: u32, tag: i32 },
+    Recv { source: Source, tag: Tag },
+}
+
+/// A persistent send or receive (`MPI_Send_init`, `MPI_Recv_init`): one operation started
+/// many times.
+///
+/// Inactive, it holds its buffer ([`buffer`](Self::buffer), [`buffer_mut`](Self::buffer_mut):
+/// fill the next message, read the last one); [`start`](Self::start) makes it active and
+/// [`wait`](Self::wait) or a [`test`](Self::test) that finds it complete makes it inactive
+/// again. Dropping it while active is as safe as dropping a [`Request`]: a receive that has
+/// not matched is cancelled, anything else finishes with the runtime keeping the buffer.
+///
+/// ```
+/// use weft::{Persistent, Runtime};
+/// let ranks = Runtime::builder().env(false).build_local(2).unwrap();
+/// let (a, b) = (ranks[0].world(), ranks[1].world());
+/// let mut send = a.send_init(vec![0u32; 4], 1, 7).unwrap();
+/// let mut recv = b.recv_init(Vec::<u32>::with_capacity(4), 0u32, 7).unwrap();
+/// for i in 0..3 {
+///     send.buffer_mut().unwrap().fill(i);
+///     Persistent::start_all(std::slice::from_mut(&mut recv)).unwrap();
+///     send.start().unwrap();
+///     assert_eq!(recv.wait().unwrap().bytes, 16);
+///     send.wait().unwrap();
+///     assert_eq!(recv.buffer().unwrap(), &vec![i; 4]);
+/// }
+/// ```
+pub struct Persistent<'c, B: Send + 'static> {
+    comm: &'c Communicator,
+    op: Op,
+    /// Posts the operation (an `isend` or `irecv` on the user context, without checks).
+    post: fn(&'c Communicator, B, Op) -> Result<Request<'c, B>, Error>,
+    /// The buffer, while inactive.
+    buf: Option<B>,
+    /// The operation, while active.
+    active: Option<Request<'c, B>>,
+    /// The outcome of the last start that completed.
+    last: Option<Outcome>,
+    /// What a sync object attached to an inactive request gets (made only then).
+    consumed: OnceLock<Arc<Operation>>,
+}
+
+impl<B: Send + 'static> std::fmt::Debug for Persistent<'_, B> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Persistent").field("op", &self.op).field("active", &self.is_active()).field("last", &self.last).finish()
+    }
+}
+
+impl Communicator {
+    /// A persistent send of `buf` to `dest` with `tag` (`MPI_Send_init`), inactive: each
+    /// [`start`](Persistent::start) sends the buffer as it is then, as
+    /// [`isend`](Self::isend) would. The arguments are checked here, once.
+    pub fn send_init<B: SendBuf>(&self, buf: B, dest: u32, tag: i32) -> Result<Persistent<'_, B>, Error> {
+        self.check(dest, tag)?;
+        fn post<'c, B: SendBuf>(comm: &'c Communicator, buf: B, op: Op) -> Result<Request<'c, B>, Error> {
+            match op {
+                Op::Send { dest, tag } if !comm.is_freed() => comm.isend_on(comm.p2p(), buf, dest, tag).map_err(|e| comm.local_error(e)),
+                Op::Send { .. } => Err(Error::CommFreed),
+                Op::Recv { .. } => Err(Error::InvalidArgument("a persistent send posted as a receive")),
+            }
+        }
+        Ok(Persistent::new(self, Op::Send { dest: self.world_of(dest), tag }, post::<B>, buf))
+    }
+
+    /// A persistent receive into `buf`'s capacity from `source` with `tag`
+    /// (`MPI_Recv_init`), inactive: each [`start`](Persistent::start) posts the receive
+    /// as [`irecv`](Self::irecv) would. The arguments are checked here, once.
+    pub fn recv_init<B: RecvBuf>(&self, buf: B, source: impl Into<Source>, tag: impl Into<Tag>) -> Result<Persistent<'_, B>, Error> {
+        let tag = tag.into();
+        let source = self.check_recv(source.into(), tag)?;
+        fn post<'c, B: RecvBuf>(comm: &'c Communicator, buf: B, op: Op) -> Result<Request<'c, B>, Error> {
+            match op {
+                Op::Recv { source, tag } => comm.irecv_on(comm.p2p(), buf, source, tag).map_err(|e| comm.local_error(e)),
+                Op::Send { .. } => Err(Error::InvalidArgument("a persistent receive posted as a send")),
+            }
+        }
+        Ok(Persistent::new(self, Op::Recv { source, tag }, post::<B>, buf))
+    }
+}
+
+impl<'c, B: Send + 'static> Persistent<'c, B> {
+    fn new(comm: &'c Communicator, op: Op, post: fn(&'c Communicator, B, Op) -> Result<Request<'c, B>, Error>, buf: B) -> Self {
+        Persistent { comm, op, post, buf: Some(buf), active: None, last: None, consumed: OnceLock::new() }
+    }
+
+    /// Starts the operation (`MPI_Start`). An error if it is active already. A start that
+    /// fails (the peer is gone, the communicator freed) takes the buffer with it, as the
+    /// failed `isend` / `irecv` would: later starts fail too.
+    pub fn start(&mut self) -> Result<(), Error> {
+        if self.active.is_some() {
+            return Err(ACTIVE);
+        }
+        let buf = self.buf.take().ok_or(NO_BUFFER)?;
+        self.active = Some((self.post)(self.comm, buf, self.op)?);
+        Ok(())
+    }
+
+    /// Starts every request of `reqs` in order (`MPI_Startall`); at the first that fails,
+    /// stops and returns its error (those before it are started).
+    pub fn start_all(reqs: &mut [Persistent<'c, B>]) -> Result<(), Error> {
+        reqs.iter_mut().try_for_each(Persistent::start)
+    }
+
+    /// Whether the request is started and not yet waited for.
+    pub fn is_active(&self) -> bool {
+        self.active.is_some()
+    }
+
+    /// Blocks until the started operation completes (`MPI_Wait`) and makes the request
+    /// inactive, its buffer back in it (a receive's length set to what arrived); the status,
+    /// or the operation's error. An error if the request is not active.
+    pub fn wait(&mut self) -> Result<Status, Error> {
+        let Some(r) = self.active.as_mut() else { return Err(INACTIVE) };
+        if !r.is_complete() {
+            progress::wait_all(self.comm.engine(), std::slice::from_mut(r));
+        }
+        self.finish().unwrap_or(Err(INACTIVE))
+    }
+
+    /// Makes one step of progress if needed and, if the started operation has completed,
+    /// makes the request inactive and returns its outcome (`MPI_Test`); `None` while it is
+    /// pending or not started.
+    pub fn test(&mut self) -> Option<Outcome> {
+        if self.active.as_mut()?.test() {
+            self.finish()
+        } else {
+            None
+        }
+    }
+
+    /// Blocks until every active request of `reqs` has completed (`MPI_Waitall`, inactive
+    /// ones ignored) and makes them inactive. Returns the first error among them; each
+    /// one's outcome stays available through [`outcome`](Self::outcome).
+    pub fn wait_all(reqs: &mut [Persistent<'c, B>]) -> Result<(), Error> {
+        if let Some(first) = reqs.first() {
+            progress::wait(first.comm.engine(), reqs, Want::All);
+        }
+        let mut err = None;
+        for p in reqs.iter_mut().filter(|p| p.active.is_some()) {
+            if let Some(Err(e)) = p.finish() {
+                err.get_or_insert(e);
+            }
+        }
+        err.map_or(Ok(()), Err)
+    }
+
+    /// Cancels an active receive that has not matched yet (see [`Request::cancel`]): it
+    /// completes with a cancelled status and a wait makes it inactive, its buffer untouched.
+    pub fn cancel(&mut self) -> bool {
+        self.active.as_mut().is_some_and(Request::cancel)
+    }
+
+    /// The outcome of the last start that completed (`None` before the first).
+    pub fn outcome(&self) -> Option<Outcome> {
+        self.last
+    }
+
+    /// The buffer, while inactive.
+    pub fn buffer(&self) -> Option<&B> {
+        self.buf.as_ref()
+    }
+
+    /// The buffer, while inactive, to change before the next start.
+    pub fn buffer_mut(&mut self) -> Option<&mut B> {
+        self.buf.as_mut()
+    }
+
+    /// The buffer, if inactive (an active request is dropped, as a [`Request`] is).
+    pub fn into_buffer(mut self) -> Option<B> {
+        self.buf.take()
+    }
+
+    /// A completed active operation's outcome, its buffer back in place.
+    fn finish(&mut self) -> Option<Outcome> {
+        let (buf, outcome) = self.active.as_mut()?.take_parts()?;
+        self.active = None;
+        self.buf = Some(buf);
+        self.last = Some(outcome);
+        Some(outcome)
+    }
+}
+
+// SAFETY: an active request's cell is its operation's (see `Request`'s impl); an inactive one
+// gives a completed cell of its own, kept as long as the request.
+unsafe impl<B: Send + 'static> Attach for Persistent<'_, B> {
+    fn completion_cell(&self) -> &CompletionCell {
+        match &self.active {
+            Some(r) => r.completion_cell(),
+            None => consumed_cell(&self.consumed),
+        }
+    }
+}
+
+impl<B: Send + 'static> progress::Waitable for Persistent<'_, B> {
+    fn is_complete(&self) -> bool {
+        self.active.as_ref().map_or(true, Request::is_complete)
+    }
+    fn is_live(&self) -> bool {
+        self.active.as_ref().is_some_and(Request::is_live)
+    }
+    fn engine(&self) -> &Arc<crate::engine::Engine> {
+        self.comm.engine()
+    }
+    fn context_id(&self) -> u32 {
+        self.comm.context_id()
+    }
+    fn part(&self) -> usize {
+        self.active.as_ref().map_or(0, Request::part)
+    }
+}
