@@ -28,12 +28,18 @@ fn weftrun_with(n: u32, provider: &str, options: &[&str], check: &str) -> (Outpu
 /// A job of `n` ranks of `program` (with its arguments) through `weftrun` with `options`;
 /// its output, and how long it took.
 fn job(n: u32, provider: &str, options: &[&str], program: &[&str]) -> (Output, Duration) {
+    job_with_env(n, provider, options, &[], program)
+}
+
+/// [`job`] with environment variables `env` for every rank.
+fn job_with_env(n: u32, provider: &str, options: &[&str], env: &[(&str, &str)], program: &[&str]) -> (Output, Duration) {
     let _g = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
     let t0 = Instant::now();
     let out = Command::new(WEFTRUN)
         .args(["-n", &n.to_string(), "--provider", provider])
         .args(options)
         .args(program)
+        .envs(env.iter().copied())
         .env("FI_TCP_IFACE", "lo")
         .env("FI_SOCKETS_IFACE", "lo")
         .env_remove("WEFT_PROVIDER")
@@ -125,6 +131,32 @@ fn three_ranks_checks_that_take_any_count_on_shm() {
 #[test]
 fn three_ranks_checks_that_take_any_count_on_tcp() {
     three_ranks("tcp");
+}
+
+/// Several senders at once into one receiver's wildcards at 3, 4 and 8 ranks: every other
+/// rank starts 120 sends to rank 0, eager and rendezvous interleaved, half of them on a
+/// `dup` of the check's communicator; rank 0 takes each communicator's with `Source::Any`
+/// and `Tag::Any` and checks each source's order and every byte. With the smallest inbox
+/// (`WEFT_INBOX=1`: 16 posted receive buffers) far more frames are in flight than it holds.
+fn fan_in(provider: &str) {
+    for n in [3, 4, 8] {
+        let (o, t) = job_with_env(n, provider, &["--timeout", "120"], &[("WEFT_INBOX", "1")], &[SELFTEST, "fan-in"]);
+        let s = text(&o);
+        assert!(o.status.success(), "fan-in at {n} ranks on {provider} failed or hung after {t:?}:\n{s}");
+        for r in 0..n {
+            assert!(s.contains(&format!("[{r}] fan-in done")), "fan-in at {n} ranks: rank {r}:\n{s}");
+        }
+    }
+}
+
+#[test]
+fn fan_in_from_many_senders_at_3_4_and_8_ranks_on_shm() {
+    fan_in("shm");
+}
+
+#[test]
+fn fan_in_from_many_senders_at_3_4_and_8_ranks_on_tcp() {
+    fan_in("tcp");
 }
 
 /// One-sided windows across processes at 2 and 4 ranks: puts and flushes, native and

@@ -20,6 +20,7 @@
 //! | `pingpong` | >= 2 | 1000 round trips in pairs 0-1, 2-3, ... at once (with an odd count the last rank then plays with rank 0), contents checked |
 //! | `multirate` | even | every multirate pattern (pairwise, one-to-many, many-to-one, many-to-many) from ranks `0..N/2` to `N/2..N`, window 16, 10 iterations |
 //! | `wildcard` | >= 2 | rank 0 receives 50 messages from every other rank with `Source::Any`/`Tag::Any`; per-source order checked |
+//! | `fan-in` | >= 2 | every other rank sends 120 messages to rank 0 at once, eager and rendezvous interleaved, half on the check's communicator and half on a `dup` of it; rank 0 receives each communicator's with `Source::Any`/`Tag::Any` in turn: per-source order, contents, and no message on the wrong communicator (more messages in flight than inbox slots: flow control with many senders) |
 //! | `order` | >= 2 | every rank sends 200 eager and rendezvous messages, interleaved on one tag, to the next rank on a ring; they arrive in send order |
 //! | `large` | >= 2 | every rank sends a 64 MiB message to the next rank on a ring, all at once (at 2 ranks: an exchange), contents checked |
 //! | `alltoall` | >= 2 | every rank sends 64 KiB (rendezvous) to every other at once, 40 rounds, contents checked |
@@ -73,6 +74,8 @@ enum Check {
     Wildcard,
     /// [2+ ranks] 200 eager and rendezvous messages on one tag to the next rank on a ring arrive in send order
     Order,
+    /// [2+ ranks] every other rank sends rank 0 120 eager and rendezvous messages at once, on two communicators; per-source order checked
+    FanIn,
     /// [2+ ranks] a 64 MiB message to the next rank on a ring, every rank at once
     Large,
     /// [2+ ranks] 64 KiB (rendezvous) from every rank to every other at once, 40 rounds
@@ -159,6 +162,7 @@ impl Check {
             Check::Multirate => "multirate",
             Check::Wildcard => "wildcard",
             Check::Order => "order",
+            Check::FanIn => "fan-in",
             Check::Large => "large",
             Check::Alltoall => "alltoall",
             Check::Rma => "rma",
@@ -178,9 +182,14 @@ impl Check {
     fn ranks(self) -> Ranks {
         match self {
             Check::Hello | Check::OutliveLauncher | Check::Block | Check::ExitCode => Ranks::Any,
-            Check::Pingpong | Check::Wildcard | Check::Order | Check::Large | Check::Alltoall | Check::Rma | Check::Comms => {
-                Ranks::AtLeastTwo
-            }
+            Check::Pingpong
+            | Check::Wildcard
+            | Check::Order
+            | Check::FanIn
+            | Check::Large
+            | Check::Alltoall
+            | Check::Rma
+            | Check::Comms => Ranks::AtLeastTwo,
             Check::Multirate | Check::All => Ranks::Even,
             Check::PeerLost | Check::PeerLostRead | Check::KillMidTransfer { .. } | Check::PeerFinished | Check::Netns => Ranks::Two,
         }
@@ -417,6 +426,55 @@ fn order(c: &Communicator) -> Res {
         expect(|| format!("message {i} of rank {prev}"), &got, prev, 5, &order_message(i))?;
     }
     weft::wait_all(&mut sends).map_err(e)
+}
+
+/// Messages each other rank sends rank 0 in `fan-in`.
+const FAN_IN_MESSAGES: u32 = 120;
+
+/// Message `i` of rank `from` in `fan-in`: every third above the eager threshold; the
+/// sender and the index in the first 8 bytes.
+fn fan_in_message(from: u32, i: u32) -> Vec<u8> {
+    let len = if i % 3 == 1 { 20_000 + i as usize } else { 8 + (i as usize % 50) };
+    let mut v = vec![(from * 31 + i) as u8; len];
+    v[..4].copy_from_slice(&from.to_le_bytes());
+    v[4..8].copy_from_slice(&i.to_le_bytes());
+    v
+}
+
+/// Every rank but 0 starts all its sends at once (messages of even index on `c`, of odd
+/// index on a `dup` of it); rank 0 takes those of `c` first, with wildcards, then those of
+/// the dup, so the dup's messages wait unexpected meanwhile and may not be taken by `c`'s
+/// receives.
+fn fan_in(c: &Communicator) -> Res {
+    let (me, size) = (c.rank(), c.size());
+    let d = c.dup().map_err(e)?;
+    let r = fan_in_on(c, &d, me, size);
+    d.free();
+    r
+}
+
+fn fan_in_on(c: &Communicator, d: &Communicator, me: u32, size: u32) -> Res {
+    if me != 0 {
+        let mut sends = Vec::new();
+        for i in 0..FAN_IN_MESSAGES {
+            let on = if i % 2 == 0 { c } else { d };
+            sends.push(on.isend(fan_in_message(me, i), 0, 7).map_err(e)?);
+        }
+        return weft::wait_all(&mut sends).map_err(e);
+    }
+    for (on, first, name) in [(c, 0, "the check's communicator"), (d, 1, "its dup")] {
+        let mut next = vec![first; size as usize];
+        for _ in 0..FAN_IN_MESSAGES / 2 * (size - 1) {
+            let got = on.recv(Vec::<u8>::with_capacity(21_000), Source::Any, Tag::Any).map_err(e)?;
+            let from = got.1.source;
+            check(from != 0 && from < size, || format!("on {name}: a message from rank {from}, which sends none: {}", show(&got.0)))?;
+            let i = next[from as usize];
+            check(i < FAN_IN_MESSAGES, || format!("on {name}: more than {} messages of rank {from}", FAN_IN_MESSAGES / 2))?;
+            expect(|| format!("on {name}: message {i} of rank {from}"), &got, from, 7, &fan_in_message(from, i))?;
+            next[from as usize] += 2;
+        }
+    }
+    Ok(())
 }
 
 /// Bytes of the message of `large`.
@@ -788,6 +846,7 @@ fn run_step(check: Check, rt: &Runtime, c: &Communicator) -> Res {
         Check::Multirate => multirate(c),
         Check::Wildcard => wildcard(c),
         Check::Order => order(c),
+        Check::FanIn => fan_in(c),
         Check::Large => large(c),
         Check::Alltoall => alltoall(c),
         Check::Rma => rma(c),
@@ -975,7 +1034,7 @@ mod tests {
     fn help_lists_every_check_with_the_ranks_it_takes() {
         let help = Cli::command().render_help().to_string();
         let checks = every_check();
-        assert_eq!(checks.len(), 18, "{help}");
+        assert_eq!(checks.len(), 19, "{help}");
         for (name, check, about) in &checks {
             assert_eq!(check.name(), name);
             assert!(about.starts_with(check.ranks().tag()), "{name}: {about:?} should start with {}", check.ranks().tag());
