@@ -660,9 +660,9 @@ fn signal_wakes_a_parked_waiter() {
     assert_eq!(waiter.join().unwrap(), Ok(()));
 }
 
-#[cfg(target_os = "linux")]
 /// Where the kernel has a thread (`/proc/self/task/TID`): its state letter (`S`: asleep)
 /// and how often it has given up its core, or `None` once it has exited (Linux).
+#[cfg(target_os = "linux")]
 fn sched_state(task: &std::path::Path) -> Option<(char, u64)> {
     let stat = std::fs::read_to_string(task.join("stat")).ok()?;
     let state = stat[stat.rfind(')')? + 2..].chars().next()?;
@@ -671,9 +671,9 @@ fn sched_state(task: &std::path::Path) -> Option<(char, u64)> {
     Some((state, switches))
 }
 
-#[cfg(target_os = "linux")]
 /// Waits until `task` is asleep having given up its core more than `after` times; returns
 /// that count (failing after a generous bound: a hang guard).
+#[cfg(target_os = "linux")]
 fn asleep_after(task: &std::path::Path, after: u64, what: &str) -> u64 {
     let t0 = Instant::now();
     loop {
