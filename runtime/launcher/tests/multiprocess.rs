@@ -383,7 +383,8 @@ fn early_clean_exit(provider: &str) {
     assert_eq!(o.status.code(), Some(1), "{provider}:\n{s}");
     assert!(s.contains("[0] weft-selftest hello: FAILED") && s.contains("peer rank 1 was lost"), "{provider}:\n{s}");
     assert!(s.contains("weftrun: rank 1 exited with status 0 without finishing"), "{provider}:\n{s}");
-    assert!(t < Duration::from_secs(10), "{provider}: took {t:?}");
+    // Well under the exchange's 60 s timeout, which the ranks used to wait out.
+    assert!(t < Duration::from_secs(30), "{provider}: took {t:?}");
 }
 
 #[test]
