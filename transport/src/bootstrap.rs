@@ -852,7 +852,13 @@ mod tests {
         drop(m1);
         assert_eq!(rx.recv_timeout(Duration::from_secs(5)), Ok((0, PeerEvent::Finished(1))));
         drop(monitors);
-        std::thread::sleep(Duration::from_millis(100));
+        // Rank 0's `BYE` reaches the server after the drop: wait for it (a hang guard, not a
+        // timing), then nothing else may have changed.
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while server.finished().len() < 2 {
+            assert!(Instant::now() < deadline, "rank 0's BYE never counted: {:?}", server.finished());
+            std::thread::yield_now();
+        }
         assert_eq!(server.lost(), vec![2]);
         assert_eq!(server.finished(), vec![1, 0]);
     }
@@ -1010,7 +1016,11 @@ mod tests {
         drop(m1);
         // Reaped before or after the server read the `BYE`: not lost either way.
         assert!(!server.report_exited(1));
-        std::thread::sleep(Duration::from_millis(100));
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while server.finished().is_empty() {
+            assert!(Instant::now() < deadline, "rank 1's BYE never counted");
+            std::thread::yield_now();
+        }
         assert!(!server.report_exited(1));
         assert!(server.lost().is_empty());
         assert_eq!(server.finished(), vec![1]);
