@@ -299,6 +299,31 @@ fn a_rank_killed_mid_transfer_fails_the_sender_on_shm() {
     }
 }
 
+/// A rank killed while the two others block in `wait_all` over rendezvous sends and
+/// receives with each other and with it: each survivor's wait fails with `PeerLost` of the
+/// dead rank within 10 s, the requests with it fail so, and those between the survivors
+/// complete whole.
+fn killed_in_wait_all(provider: &str) {
+    let (o, t) = weftrun_with(3, provider, &["--grace", "20", "--timeout", "60"], "kill-in-wait-all");
+    let s = text(&o);
+    // The worst status is rank 2's SIGKILL: 128 + 9.
+    assert_eq!(o.status.code(), Some(137), "{provider}:\n{s}");
+    for r in 0..2 {
+        assert!(s.contains(&format!("[{r}] kill-in-wait-all ok")), "{provider}: rank {r}:\n{s}");
+    }
+    assert!(t < Duration::from_secs(30), "{provider}: took {t:?}");
+}
+
+#[test]
+fn a_rank_killed_while_others_wait_all_over_mixed_ranks_on_shm() {
+    killed_in_wait_all("shm");
+}
+
+#[test]
+fn a_rank_killed_while_others_wait_all_over_mixed_ranks_on_tcp() {
+    killed_in_wait_all("tcp");
+}
+
 /// The pids the first `n` ranks of `child` (a `weftrun` with piped stdout) print as they
 /// start (`... pid N`), read as they come; fewer if its output ends or 30 s pass first. The
 /// reader comes back with them: the caller keeps the pipe open while the job runs.

@@ -29,6 +29,7 @@
 //! | `peer-lost` | 2 | rank 0 kills itself (SIGKILL); rank 1's pending receive and rendezvous send, and a new send and receive, fail with `PeerLost` |
 //! | `peer-lost-read` | 2 | rank 0 kills itself while rank 1 reads its 64 MiB message; rank 1's receive fails with `PeerLost` (not a transport error) or, if the read was done first, holds the whole message |
 //! | `kill-mid-transfer MS` | 2 | rank 0 streams 64 MiB messages to rank 1, which kills itself (SIGKILL) `MS` ms into the first receive; rank 0's send fails with `PeerLost` within seconds |
+//! | `kill-in-wait-all` | 3 | ranks 0 and 1 block in `wait_all` over rendezvous sends and receives with each other and with rank 2, which kills itself (SIGKILL) once both are about to wait; each survivor's `wait_all` fails with `PeerLost` naming rank 2 within 10 s, the requests with rank 2 fail so, and those between the survivors complete with the whole message (never a partial one) |
 //! | `outlive-launcher` | any | prints its pid and waits for a message that never comes; rank 1 ignores SIGTERM first. Once its wait fails (the test kills `weftrun`: `PeerLost`) a rank kills itself (SIGKILL), printing nothing more |
 //! | `peer-finished` | 2 | rank 1 sends 8 messages and drops its runtime (a normal finish) while rank 0 has receives posted that only rank 1 could match; rank 0 still gets the 8 messages, then the others, a new receive and a new send fail with `PeerLost` |
 //! | `netns` | 2 | a message and 1 MiB each way (the multi-host test) |
@@ -96,6 +97,8 @@ enum Check {
         #[arg(value_name = "MS", default_value_t = 300)]
         ms: u64,
     },
+    /// [3 ranks] rank 2 kills itself while ranks 0 and 1 wait_all over rendezvous requests with each other and with it
+    KillInWaitAll,
     /// [any ranks] prints its pid and waits until weftrun is killed, then kills itself (rank 1 ignores SIGTERM)
     OutliveLauncher,
     /// [2 ranks] rank 1 sends 8 messages and finishes; rank 0 gets them, then PeerLost for the rest
@@ -115,6 +118,7 @@ enum Ranks {
     AtLeastTwo,
     Even,
     Two,
+    Three,
 }
 
 impl Ranks {
@@ -124,6 +128,7 @@ impl Ranks {
             Ranks::AtLeastTwo => n >= 2,
             Ranks::Even => n >= 2 && n % 2 == 0,
             Ranks::Two => n == 2,
+            Ranks::Three => n == 3,
         }
     }
 
@@ -136,6 +141,7 @@ impl Ranks {
             Ranks::AtLeastTwo => "[2+ ranks]",
             Ranks::Even => "[even ranks]",
             Ranks::Two => "[2 ranks]",
+            Ranks::Three => "[3 ranks]",
         }
     }
 
@@ -146,6 +152,7 @@ impl Ranks {
             Ranks::AtLeastTwo => "2 or more ranks",
             Ranks::Even => "an even number of ranks (2 or more)",
             Ranks::Two => "exactly 2 ranks",
+            Ranks::Three => "exactly 3 ranks",
         }
     }
 }
@@ -171,6 +178,7 @@ impl Check {
             Check::PeerLost => "peer-lost",
             Check::PeerLostRead => "peer-lost-read",
             Check::KillMidTransfer { .. } => "kill-mid-transfer",
+            Check::KillInWaitAll => "kill-in-wait-all",
             Check::OutliveLauncher => "outlive-launcher",
             Check::PeerFinished => "peer-finished",
             Check::Netns => "netns",
@@ -192,6 +200,7 @@ impl Check {
             | Check::Comms => Ranks::AtLeastTwo,
             Check::Multirate | Check::All => Ranks::Even,
             Check::PeerLost | Check::PeerLostRead | Check::KillMidTransfer { .. } | Check::PeerFinished | Check::Netns => Ranks::Two,
+            Check::KillInWaitAll => Ranks::Three,
         }
     }
 
@@ -203,6 +212,7 @@ impl Check {
             Check::PeerLost
                 | Check::PeerLostRead
                 | Check::KillMidTransfer { .. }
+                | Check::KillInWaitAll
                 | Check::PeerFinished
                 | Check::OutliveLauncher
                 | Check::Block
@@ -717,6 +727,54 @@ fn peer_lost(c: &Communicator) -> Res {
     }
 }
 
+/// Bytes of each message of `kill-in-wait-all` (rendezvous).
+const WAIT_ALL_BYTES: usize = 4 << 20;
+
+/// What rank `from` sends the other survivor in `kill-in-wait-all`.
+fn wait_all_message(from: u32) -> Vec<u8> {
+    (0..WAIT_ALL_BYTES).map(|k| (k / 4093 + from as usize * 101) as u8).collect()
+}
+
+/// `kill-in-wait-all`: see the table in the module docs.
+fn kill_in_wait_all(c: &Communicator) -> Res {
+    let me = c.rank();
+    if me == 2 {
+        for from in [0u32, 1] {
+            let go = c.recv(Vec::<u8>::with_capacity(1), from, 1).map_err(e)?;
+            expect(|| format!("rank {from}'s go"), &go, from, 1, b"!")?;
+        }
+        // Both are about to wait (or waiting): their outcome may not depend on which.
+        std::thread::sleep(Duration::from_millis(200));
+        eprintln!("rank 2 killing itself on purpose");
+        die()
+    }
+    let other = 1 - me;
+    let mut reqs = vec![
+        c.irecv(Vec::<u8>::with_capacity(WAIT_ALL_BYTES), other, 5).map_err(e)?,
+        c.irecv(Vec::<u8>::with_capacity(WAIT_ALL_BYTES), 2u32, 6).map_err(e)?,
+        c.isend(wait_all_message(me), other, 5).map_err(e)?,
+        c.isend(vec![9u8; WAIT_ALL_BYTES], 2, 7).map_err(e)?,
+    ];
+    c.send(&b"!"[..], 2, 1).map_err(e)?;
+    let t0 = Instant::now();
+    let all = weft::wait_all(&mut reqs);
+    let ms = t0.elapsed().as_millis();
+    check(matches!(all, Err(Error::PeerLost { rank: 2 })), || format!("wait_all: expected PeerLost of rank 2, got {all:?}"))?;
+    check(t0.elapsed() < Duration::from_secs(10), || format!("PeerLost took {ms} ms"))?;
+    let mut outcome = |i: usize| reqs[i].take().ok_or_else(|| format!("request {i} not complete after wait_all"));
+    let got = outcome(0)?.map_err(|err| format!("the receive from rank {other}: {err}"))?;
+    expect(|| format!("the message of rank {other}"), &got, other, 5, &wait_all_message(other))?;
+    let from_dead = outcome(1)?;
+    check(matches!(from_dead, Err(Error::PeerLost { rank: 2 })), || {
+        format!("the receive from rank 2: expected PeerLost, got {from_dead:?}")
+    })?;
+    outcome(2)?.map_err(|err| format!("the send to rank {other}: {err}"))?;
+    let to_dead = outcome(3)?.map(|(_, st)| st);
+    check(matches!(to_dead, Err(Error::PeerLost { rank: 2 })), || format!("the send to rank 2: expected PeerLost, got {to_dead:?}"))?;
+    println!("kill-in-wait-all ok: PeerLost after {ms} ms");
+    Ok(())
+}
+
 /// `kill-mid-transfer`: see the table in the module docs.
 fn kill_mid_transfer(c: &Communicator, delay: Duration) -> Res {
     const LEN: usize = 64 << 20;
@@ -854,6 +912,7 @@ fn run_step(check: Check, rt: &Runtime, c: &Communicator) -> Res {
         Check::PeerLost => peer_lost(c),
         Check::PeerLostRead => peer_lost_read(rt, c),
         Check::KillMidTransfer { ms } => kill_mid_transfer(c, Duration::from_millis(ms)),
+        Check::KillInWaitAll => kill_in_wait_all(c),
         Check::OutliveLauncher => outlive_launcher(c),
         Check::Netns => netns(c),
         Check::Block => {
@@ -1034,7 +1093,7 @@ mod tests {
     fn help_lists_every_check_with_the_ranks_it_takes() {
         let help = Cli::command().render_help().to_string();
         let checks = every_check();
-        assert_eq!(checks.len(), 19, "{help}");
+        assert_eq!(checks.len(), 20, "{help}");
         for (name, check, about) in &checks {
             assert_eq!(check.name(), name);
             assert!(about.starts_with(check.ranks().tag()), "{name}: {about:?} should start with {}", check.ranks().tag());
@@ -1051,6 +1110,7 @@ mod tests {
         assert_eq!(admitted(Ranks::AtLeastTwo), (2..=9).collect::<Vec<_>>());
         assert_eq!(admitted(Ranks::Even), vec![2, 4, 6, 8]);
         assert_eq!(admitted(Ranks::Two), vec![2]);
+        assert_eq!(admitted(Ranks::Three), vec![3]);
         // `all` takes no count one of its steps refuses.
         for n in 1..=9 {
             assert!(!Check::All.ranks().admits(n) || Check::ALL.iter().all(|s| s.ranks().admits(n)), "{n}");
