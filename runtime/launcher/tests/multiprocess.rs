@@ -221,14 +221,23 @@ fn a_message_a_check_does_not_expect_fails_it_without_a_panic() {
     assert!(!s.contains("panicked"), "{s}");
 }
 
-fn killed_peer(provider: &str) {
-    let (o, t) = weftrun(2, provider, "peer-lost");
+/// Runs `check`, in which a rank kills itself, on `n` ranks with `options`: the job ends
+/// with that rank's SIGKILL as its worst status (128 + 9) in less than `secs` seconds, and
+/// every rank of `survivors` says `CHECK ok` and `CHECK done`.
+fn survivors_say_ok(n: u32, provider: &str, options: &[&str], check: &str, survivors: &[u32], secs: u64) {
+    let (o, t) = weftrun_with(n, provider, options, check);
     let s = text(&o);
-    // The worst status is rank 0's SIGKILL: 128 + 9.
-    assert_eq!(o.status.code(), Some(137), "{s}");
-    assert!(s.contains("[1] peer-lost ok"), "rank 1 did not see PeerLost:\n{s}");
-    assert!(s.contains("[1] peer-lost done"), "{s}");
-    assert!(t < Duration::from_secs(60), "took {t:?}");
+    assert_eq!(o.status.code(), Some(137), "{check} on {provider}:\n{s}");
+    for r in survivors {
+        for line in ["ok", "done"] {
+            assert!(s.contains(&format!("[{r}] {check} {line}")), "{check} on {provider}: rank {r} did not say {line:?}:\n{s}");
+        }
+    }
+    assert!(t < Duration::from_secs(secs), "{check} on {provider}: took {t:?}");
+}
+
+fn killed_peer(provider: &str) {
+    survivors_say_ok(2, provider, &["--timeout", "240"], "peer-lost", &[1], 60);
 }
 
 #[test]
@@ -266,11 +275,7 @@ fn eight_ranks_all_to_all_rendezvous_on_tcp() {
 fn killed_sender_mid_read(provider: &str) {
     // A read from a dead process may wait out its chunks (5 s) before it reports: the
     // survivor gets the grace to do so.
-    let (o, t) = weftrun_with(2, provider, &["--grace", "20", "--timeout", "60"], "peer-lost-read");
-    let s = text(&o);
-    assert_eq!(o.status.code(), Some(137), "{s}");
-    assert!(s.contains("[1] peer-lost-read ok"), "rank 1's receive from the killed sender:\n{s}");
-    assert!(t < Duration::from_secs(30), "took {t:?}");
+    survivors_say_ok(2, provider, &["--grace", "20", "--timeout", "60"], "peer-lost-read", &[1], 30);
 }
 
 #[test]
@@ -314,14 +319,7 @@ fn a_rank_killed_mid_transfer_fails_the_sender_on_tcp() {
 /// dead rank within 10 s, the requests with it fail so, and those between the survivors
 /// complete whole.
 fn killed_in_wait_all(provider: &str) {
-    let (o, t) = weftrun_with(3, provider, &["--grace", "20", "--timeout", "60"], "kill-in-wait-all");
-    let s = text(&o);
-    // The worst status is rank 2's SIGKILL: 128 + 9.
-    assert_eq!(o.status.code(), Some(137), "{provider}:\n{s}");
-    for r in 0..2 {
-        assert!(s.contains(&format!("[{r}] kill-in-wait-all ok")), "{provider}: rank {r}:\n{s}");
-    }
-    assert!(t < Duration::from_secs(30), "{provider}: took {t:?}");
+    survivors_say_ok(3, provider, &["--grace", "20", "--timeout", "60"], "kill-in-wait-all", &[0, 1], 30);
 }
 
 #[test]
