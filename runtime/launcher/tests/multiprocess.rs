@@ -105,7 +105,12 @@ fn comms_at_4(provider: &str) {
 /// Runs `check` on `n` ranks through `weftrun` with `options`; it must succeed, every rank
 /// printing `line`.
 fn each_rank_says(n: u32, provider: &str, options: &[&str], check: &str, line: &str) {
-    let (o, t) = weftrun_with(n, provider, options, check);
+    each_rank_says_with_env(n, provider, options, &[], check, line);
+}
+
+/// [`each_rank_says`] with environment variables `env` for every rank.
+fn each_rank_says_with_env(n: u32, provider: &str, options: &[&str], env: &[(&str, &str)], check: &str, line: &str) {
+    let (o, t) = job_with_env(n, provider, options, env, &[SELFTEST, check]);
     let s = text(&o);
     assert!(o.status.success(), "{check} at {n} ranks on {provider} failed or hung ({options:?}) after {t:?}:\n{s}");
     for r in 0..n {
@@ -140,12 +145,7 @@ fn three_ranks_checks_that_take_any_count_on_tcp() {
 /// (`WEFT_INBOX=1`: 16 posted receive buffers) far more frames are in flight than it holds.
 fn fan_in(provider: &str) {
     for n in [3, 4, 8] {
-        let (o, t) = job_with_env(n, provider, &["--timeout", "120"], &[("WEFT_INBOX", "1")], &[SELFTEST, "fan-in"]);
-        let s = text(&o);
-        assert!(o.status.success(), "fan-in at {n} ranks on {provider} failed or hung after {t:?}:\n{s}");
-        for r in 0..n {
-            assert!(s.contains(&format!("[{r}] fan-in done")), "fan-in at {n} ranks: rank {r}:\n{s}");
-        }
+        each_rank_says_with_env(n, provider, &["--timeout", "120"], &[("WEFT_INBOX", "1")], "fan-in", "fan-in done");
     }
 }
 
