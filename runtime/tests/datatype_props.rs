@@ -93,7 +93,8 @@ fn extent_of(offs: &[usize]) -> usize {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 1024, ..ProptestConfig::default() })]
+    // Fewer cases under Miri, which interprets every copy.
+    #![proptest_config(ProptestConfig { cases: if cfg!(miri) { 24 } else { 1024 }, ..ProptestConfig::default() })]
 
     /// Constructors accept exactly the layouts without overlapping blocks; size and extent,
     /// pack, `pack_to_vec` and unpacks of every prefix agree with the offsets; buffers too
