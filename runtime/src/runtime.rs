@@ -417,7 +417,13 @@ mod tests {
                     rt.engine.collect_retired(true);
                     collected.store(true, Ordering::SeqCst);
                 });
-                std::thread::sleep(std::time::Duration::from_millis(50));
+                // The collector has begun once it took the retired states (it then waits
+                // out every CRI lock, ours included, before it frees them).
+                let t0 = std::time::Instant::now();
+                while !rt.engine.contexts.retired.lock().is_empty() {
+                    assert!(t0.elapsed() < std::time::Duration::from_secs(30), "the collector never began");
+                    std::thread::yield_now();
+                }
                 assert!(!collected.load(Ordering::SeqCst), "collected under a reader");
                 assert!(weak.upgrade().is_some());
             });

@@ -310,7 +310,8 @@ fn no_starvation_by_a_self_waking_task() {
         setter.await.unwrap();
         hog.await.unwrap();
     });
-    assert!(start.elapsed() < Duration::from_secs(5), "starved for {:?}", start.elapsed());
+    // Starvation would never end: the bound is a generous hang guard.
+    assert!(start.elapsed() < Duration::from_secs(60), "starved for {:?}", start.elapsed());
 }
 
 #[test]
@@ -338,7 +339,7 @@ fn requests_inside_the_pool_every_mode() {
         ranks[0].block_on(send).unwrap();
         let total = ranks[1].block_on(recv).unwrap();
         assert_eq!(total, (0..N).map(|i| (i * 37) % 3000).sum::<usize>(), "{mode}");
-        assert!(t0.elapsed() < Duration::from_secs(20));
+        assert!(t0.elapsed() < Duration::from_secs(120), "{mode}: hang guard: {:?}", t0.elapsed());
     }
 }
 
@@ -563,7 +564,7 @@ fn no_starvation_by_two_tasks_waking_each_other() {
         stopper.await.unwrap();
         assert!(a.await.unwrap() + b.await.unwrap() >= 1000);
     });
-    assert!(t0.elapsed() < Duration::from_secs(10));
+    assert!(t0.elapsed() < Duration::from_secs(60), "hang guard: {:?}", t0.elapsed());
 }
 
 #[test]

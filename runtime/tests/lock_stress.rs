@@ -322,12 +322,13 @@ fn times_out<L: RawTimedLock + 'static>(lock: L) {
     .unwrap();
     assert!(!waited.0, "acquired a held lock");
     assert!(waited.1 >= Duration::from_millis(60), "gave up early: {:?}", waited.1);
-    assert!(waited.1 < Duration::from_secs(3), "gave up late: {:?}", waited.1);
+    // A hang guard, not a timing (a loaded machine may deschedule the waiter for long).
+    assert!(waited.1 < Duration::from_secs(30), "never gave up: {:?}", waited.1);
     // SAFETY: acquired above with `node`.
     unsafe { lock.unlock(node.as_ref()) };
     let t = Instant::now();
-    assert!(lock.try_lock_for(node.as_ref(), Duration::from_secs(5)));
-    assert!(t.elapsed() < Duration::from_secs(1));
+    assert!(lock.try_lock_for(node.as_ref(), Duration::from_secs(60)));
+    assert!(t.elapsed() < Duration::from_secs(30), "a free lock taken after {:?}", t.elapsed());
     // SAFETY: acquired just above with `node`.
     unsafe { lock.unlock(node.as_ref()) };
 }

@@ -660,21 +660,56 @@ fn signal_wakes_a_parked_waiter() {
     assert_eq!(waiter.join().unwrap(), Ok(()));
 }
 
+/// Where the kernel has a thread (`/proc/self/task/TID`): its state letter (`S`: asleep)
+/// and how often it has given up its core, or `None` once it has exited (Linux).
+#[cfg(target_os = "linux")]
+fn sched_state(task: &std::path::Path) -> Option<(char, u64)> {
+    let stat = std::fs::read_to_string(task.join("stat")).ok()?;
+    let state = stat[stat.rfind(')')? + 2..].chars().next()?;
+    let status = std::fs::read_to_string(task.join("status")).ok()?;
+    let switches = status.lines().find_map(|l| l.strip_prefix("voluntary_ctxt_switches:"))?.trim().parse().ok()?;
+    Some((state, switches))
+}
+
+/// Waits until `task` is asleep having given up its core more than `after` times; returns
+/// that count (failing after a generous bound: a hang guard).
+#[cfg(target_os = "linux")]
+fn asleep_after(task: &std::path::Path, after: u64, what: &str) -> u64 {
+    let t0 = Instant::now();
+    loop {
+        match sched_state(task) {
+            Some(('S', n)) if n > after => return n,
+            None => panic!("{what}: the waiter exited"),
+            _ => {}
+        }
+        assert!(t0.elapsed() < Duration::from_secs(10), "{what}: not after 10 s ({:?})", sched_state(task));
+        thread::yield_now();
+    }
+}
+
+#[cfg(target_os = "linux")]
 #[test]
 fn signal_wakes_a_plain_wait_any() {
     // Without a hook the waiter parks on the listener directly; a signal makes it re-check,
-    // and it goes back to sleep until the real completion.
+    // and it goes back to sleep until the real completion. Its kernel state shows both: it
+    // sleeps, wakes on the signal (giving up its core again when it re-parks), and sleeps
+    // again, not finished.
     let sync = SyncObject::<u8>::new();
     let mut op = Op::new();
     let cell = op.cell();
     sync.attach(&mut op, 9).unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
     let waiter = {
         let s = sync.clone();
-        thread::spawn(move || s.wait_any())
+        thread::spawn(move || {
+            tx.send(std::fs::read_link("/proc/thread-self").unwrap()).unwrap();
+            s.wait_any()
+        })
     };
-    thread::sleep(Duration::from_millis(20));
+    let task = std::path::Path::new("/proc").join(rx.recv().unwrap());
+    let parked = asleep_after(&task, 0, "the waiter parks");
     sync.signal();
-    thread::sleep(Duration::from_millis(20));
+    asleep_after(&task, parked, "the signalled waiter re-checks and parks again");
     assert!(!waiter.is_finished(), "a signal is not a completion");
     cell.complete(ok(0));
     assert_eq!(waiter.join().unwrap().map(|c| c.data), Some(9));

@@ -852,7 +852,13 @@ mod tests {
         drop(m1);
         assert_eq!(rx.recv_timeout(Duration::from_secs(5)), Ok((0, PeerEvent::Finished(1))));
         drop(monitors);
-        std::thread::sleep(Duration::from_millis(100));
+        // Rank 0's `BYE` reaches the server after the drop: wait for it (a hang guard, not a
+        // timing), then nothing else may have changed.
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while server.finished().len() < 2 {
+            assert!(Instant::now() < deadline, "rank 0's BYE never counted: {:?}", server.finished());
+            std::thread::yield_now();
+        }
         assert_eq!(server.lost(), vec![2]);
         assert_eq!(server.finished(), vec![1, 0]);
     }
@@ -925,6 +931,7 @@ mod tests {
 
     /// A server dropped as soon as its own rank has the answer (rank 0 under Slurm, failing
     /// at start) still answers a rank that asks later, instead of closing on it.
+    #[cfg(target_os = "linux")]
     #[test]
     fn a_dropped_server_answers_the_ranks_it_owes() {
         let token = random_token().unwrap();
@@ -932,23 +939,32 @@ mod tests {
         let mut job = Job::connect(&server.local_addr().to_string(), &token, 0, 2).unwrap();
         let (mut c, mut r) = raw_client(&server, &token, 1);
         c.write_all(b"PUT 6f6e65\n").unwrap();
-        let late = std::thread::spawn(move || {
-            std::thread::sleep(Duration::from_millis(300));
-            c.write_all(b"GET\n").unwrap();
-            // Rank 0 went away without `BYE` (a failed start): `LOST 0` may come first.
-            let mut line = String::new();
-            loop {
-                read_line(&mut r, &mut line)?;
-                if !line.starts_with("LOST ") {
-                    return Ok::<_, std::io::Error>(line);
-                }
-            }
-        });
         assert_eq!(job.exchange(b"zero").unwrap().len(), 2);
         drop(job);
-        drop(server);
-        let line = late.join().unwrap().expect("the answer, not EOF");
+        // The server is dropped on a thread of its own, which lingers there for the answer it
+        // owes; rank 1 asks only once that thread sleeps in the drop.
+        let (tx, rx) = std::sync::mpsc::channel();
+        let dropper = std::thread::spawn(move || {
+            tx.send(std::fs::read_link("/proc/thread-self").unwrap()).unwrap();
+            drop(server);
+        });
+        let stat = std::path::Path::new("/proc").join(rx.recv().unwrap()).join("stat");
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while !std::fs::read_to_string(&stat).is_ok_and(|st| st.rsplit_once(") ").is_some_and(|(_, rest)| rest.starts_with('S'))) {
+            assert!(Instant::now() < deadline, "the dropping thread never waited");
+            std::thread::yield_now();
+        }
+        c.write_all(b"GET\n").unwrap();
+        // Rank 0 went away without `BYE` (a failed start): `LOST 0` may come first.
+        let mut line = String::new();
+        loop {
+            read_line(&mut r, &mut line).expect("the answer, not EOF");
+            if !line.starts_with("LOST ") {
+                break;
+            }
+        }
         assert_eq!(line, "ALL 7a65726f 6f6e65");
+        dropper.join().unwrap();
     }
 
     /// `report_exited` (weftrun reaped a rank with status 0): a rank that never connected is
@@ -1010,7 +1026,11 @@ mod tests {
         drop(m1);
         // Reaped before or after the server read the `BYE`: not lost either way.
         assert!(!server.report_exited(1));
-        std::thread::sleep(Duration::from_millis(100));
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while server.finished().is_empty() {
+            assert!(Instant::now() < deadline, "rank 1's BYE never counted");
+            std::thread::yield_now();
+        }
         assert!(!server.report_exited(1));
         assert!(server.lost().is_empty());
         assert_eq!(server.finished(), vec![1]);

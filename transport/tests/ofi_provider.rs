@@ -235,11 +235,35 @@ fn rendezvous_read_and_lost_peer() {
         assert!(dst == data, "{p} (lane {lane}): rendezvous data");
         // SAFETY: an empty read touches nothing.
         assert_eq!(unsafe { r[1].start_read(&h, dst.as_mut_ptr(), 0, 8) }, Ok(ReadStart::Done));
+        // The same read again, and rank 0 is lost while it is in flight: it ends with
+        // `PeerLost`, or (every chunk done first) with the whole message; never with a
+        // partial `Ok`.
+        let mut again = vec![0u8; data.len()];
+        // SAFETY: `again` is not touched until the read is reported below.
+        let started = unsafe { r[1].start_read(&h, again.as_mut_ptr(), again.len(), 10) }.unwrap();
+        let epoch = r[1].lost_epoch();
+        if lane {
+            // A same-host read is never in flight: whole when `start_read` returns.
+            assert_eq!(started, ReadStart::Done, "{p}");
+            assert!(again == data, "{p}: a same-host read reported whole is not");
+            r[1].mark_lost(0);
+        } else {
+            assert_eq!(started, ReadStart::InFlight, "{p}");
+            r[1].mark_lost(0);
+            let mut reported = None;
+            while reported.is_none() {
+                assert!(t0.elapsed() < DEADLINE, "{p}: the read from a lost peer was never reported");
+                r[1].poll_reads(4, |token, outcome| reported = Some((token, outcome)));
+            }
+            match reported {
+                Some((10, Err(Error::PeerLost { rank: 0 }))) => {}
+                Some((10, Ok(()))) => assert!(again == data, "{p}: a read reported whole is not"),
+                other => panic!("{p}: the read from a lost peer: {other:?}"),
+            }
+        }
+        assert_ne!(r[1].lost_epoch(), epoch);
         r[0].deregister(key);
         // Rank 0 is lost: everything towards it fails at once.
-        let epoch = r[1].lost_epoch();
-        r[1].mark_lost(0);
-        assert_ne!(r[1].lost_epoch(), epoch);
         assert!(!r[1].is_alive(0));
         assert_eq!(r[1].send(0, 0, header(1, 0), &[]), Err(SendError::PeerLost));
         // SAFETY: nothing is posted when the read is refused.

@@ -786,6 +786,9 @@ pub(crate) fn message_len(f: &Frame) -> usize {
 }
 
 #[cfg(test)]
+mod props;
+
+#[cfg(test)]
 mod tests {
     use super::*;
     use weft_transport::{Header, Payload};

@@ -262,19 +262,31 @@ fn wait_attached<R: Waitable>(sync: &SyncObject<usize>, hook: &dyn Progress, eng
             None
         }
         Want::Any => {
+            // A request that completed between the caller's last test and here is the
+            // answer: attaching stops there. (Skipping it and waiting for the others
+            // waited for ever when none of them completes: the skipped completion was
+            // never looked at again.)
+            let mut done = None;
             for (i, r) in reqs.iter_mut().enumerate() {
-                if r.is_live() && !r.is_complete() {
-                    attached = i + 1;
-                    if sync.attach(r, i).is_err() {
-                        foreign.push(i);
-                    }
+                if !r.is_live() {
+                    continue;
+                }
+                if r.is_complete() {
+                    done = Some(i);
+                    break;
+                }
+                attached = i + 1;
+                if sync.attach(r, i).is_err() {
+                    foreign.push(i);
                 }
             }
-            let found = if !foreign.is_empty() {
+            let found = if done.is_some() {
+                done
+            } else if !foreign.is_empty() {
                 // One of them completes outside our object: test every one.
                 wait_polling(&[engine], reqs, Want::Any)
             } else {
-                // Nothing attached means something completed between the test and here.
+                // Nothing attached means every request was taken already.
                 sync.wait_any_with(hook).map(|c| c.data).or_else(|| first_done(reqs))
             };
             // Take the others back (those that completed meanwhile leave an event).
@@ -336,6 +348,52 @@ pub(crate) fn wait_polling<R: Waitable>(ranks: &[&Engine], reqs: &[R], want: Wan
         } else {
             std::thread::sleep(nap);
             nap = (nap * 2).min(std::time::Duration::from_millis(1));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::mpsc;
+    use std::time::Duration;
+
+    use super::*;
+    use crate::{ProgressMode, Runtime, Source};
+
+    /// A request of a `wait_any` that completes between the wait's last test and its attach
+    /// (another thread's progress matched it) is the wait's answer. The wait skipped it and
+    /// waited for the other requests only: with a receive that nothing matches among them,
+    /// for ever (2 ranks x 4 threads in `Concurrent` mode hung in about one run of four).
+    /// Here the receive is complete before `wait_attached` starts; the guard matches the
+    /// other receive after a generous limit, so the broken wait fails instead of hanging.
+    #[test]
+    fn a_request_completed_before_the_attach_is_the_answer() {
+        for mode in [ProgressMode::Owner, ProgressMode::Concurrent] {
+            let rt = Runtime::builder().env(false).progress(mode).build().unwrap();
+            let comm = rt.world();
+            let data = comm.irecv(Vec::<u8>::with_capacity(1), 0u32, 1).unwrap();
+            let never = comm.irecv(Vec::<u8>::with_capacity(1), Source::Any, 2).unwrap();
+            comm.send(vec![7u8], 0, 1).unwrap();
+            while !data.is_complete() {
+                let _ = rt.progress();
+            }
+            let mut reqs = [data, never];
+            let (stop, stopped) = mpsc::channel::<()>();
+            let found = std::thread::scope(|s| {
+                s.spawn(move || {
+                    if stopped.recv_timeout(Duration::from_secs(20)).is_err() {
+                        comm.send(vec![0u8], 0, 2).unwrap();
+                    }
+                });
+                let engine = reqs[0].engine().clone();
+                let hook = ConcurrentWait { engine: &engine, attend: None };
+                let found = with_wait_sync(|sync| wait_attached(sync, &hook, &engine, &mut reqs, Want::Any));
+                let _ = stop.send(());
+                found
+            });
+            assert_eq!(found, Some(0), "{mode:?}: the completed receive is the answer, not the one matched later");
+            let [mut data, _never] = reqs;
+            assert_eq!(data.take().unwrap().unwrap().0, vec![7u8]);
         }
     }
 }

@@ -421,20 +421,24 @@ fn async_requests_in_tokio() {
     // deferred, and only the doorbell wakes its task): once a hang, now a failure.
     let test = async move {
         let recv = tokio::spawn(async move {
-            let mut total = 0usize;
+            let mut got = Vec::new();
             for _ in 0..100 {
-                let (b, _) = c1.irecv(Vec::<u8>::with_capacity(64), 0u32, 1).unwrap().await.unwrap();
-                total += b.len();
+                let (b, st) = c1.irecv(Vec::<u8>::with_capacity(64), 0u32, 1).unwrap().await.unwrap();
+                assert_eq!((st.source, st.tag, st.bytes), (0, 1, b.len()));
+                got.push(b);
             }
-            total
+            got
         });
         let send = tokio::spawn(async move {
             for i in 0..100usize {
-                c0.isend(vec![1u8; i % 64], 1, 1).unwrap().await.unwrap();
+                let (_, st) = c0.isend(vec![i as u8; i % 64], 1, 1).unwrap().await.unwrap();
+                assert_eq!((st.source, st.tag, st.bytes), (1, 1, i % 64));
             }
         });
         send.await.unwrap();
-        assert_eq!(recv.await.unwrap(), (0..100).map(|i| i % 64).sum::<usize>());
+        // Every message whole and in send order (its length and every byte name it).
+        let want: Vec<Vec<u8>> = (0..100usize).map(|i| vec![i as u8; i % 64]).collect();
+        assert_eq!(recv.await.unwrap(), want);
     };
     rt.block_on(async { tokio::time::timeout(Duration::from_secs(30), test).await.expect("async requests did not complete within 30 s") });
 }

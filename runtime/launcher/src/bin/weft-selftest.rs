@@ -20,6 +20,7 @@
 //! | `pingpong` | >= 2 | 1000 round trips in pairs 0-1, 2-3, ... at once (with an odd count the last rank then plays with rank 0), contents checked |
 //! | `multirate` | even | every multirate pattern (pairwise, one-to-many, many-to-one, many-to-many) from ranks `0..N/2` to `N/2..N`, window 16, 10 iterations |
 //! | `wildcard` | >= 2 | rank 0 receives 50 messages from every other rank with `Source::Any`/`Tag::Any`; per-source order checked |
+//! | `fan-in` | >= 2 | every other rank sends 120 messages to rank 0 at once, eager and rendezvous interleaved, half on the check's communicator and half on a `dup` of it; rank 0 receives each communicator's with `Source::Any`/`Tag::Any` in turn: per-source order, contents, and no message on the wrong communicator (more messages in flight than inbox slots: flow control with many senders) |
 //! | `order` | >= 2 | every rank sends 200 eager and rendezvous messages, interleaved on one tag, to the next rank on a ring; they arrive in send order |
 //! | `large` | >= 2 | every rank sends a 64 MiB message to the next rank on a ring, all at once (at 2 ranks: an exchange), contents checked |
 //! | `alltoall` | >= 2 | every rank sends 64 KiB (rendezvous) to every other at once, 40 rounds, contents checked |
@@ -30,6 +31,7 @@
 //! | `peer-lost-read` | 2 | rank 0 kills itself while rank 1 reads its 64 MiB message; rank 1's receive fails with `PeerLost` (not a transport error) or, if the read was done first, holds the whole message |
 //! | `coll-peer-lost` | >= 2 | the last rank kills itself (SIGKILL) once every rank passed a barrier; the others' small (recursive doubling) and large (ring) allreduces and barrier each fail with `PeerLost` naming it, within seconds |
 //! | `kill-mid-transfer MS` | 2 | rank 0 streams 64 MiB messages to rank 1, which kills itself (SIGKILL) `MS` ms into the first receive; rank 0's send fails with `PeerLost` within seconds |
+//! | `kill-in-wait-all` | 3 | ranks 0 and 1 block in `wait_all` over rendezvous sends and receives with each other and with rank 2, which kills itself (SIGKILL) once both are about to wait; each survivor's `wait_all` fails with `PeerLost` naming rank 2 within 10 s, the requests with rank 2 fail so, and those between the survivors complete with the whole message (never a partial one) |
 //! | `outlive-launcher` | any | prints its pid and waits for a message that never comes; rank 1 ignores SIGTERM first. Once its wait fails (the test kills `weftrun`: `PeerLost`) a rank kills itself (SIGKILL), printing nothing more |
 //! | `peer-finished` | 2 | rank 1 sends 8 messages and drops its runtime (a normal finish) while rank 0 has receives posted that only rank 1 could match; rank 0 still gets the 8 messages, then the others, a new receive and a new send fail with `PeerLost` |
 //! | `netns` | 2 | a message and 1 MiB each way (the multi-host test) |
@@ -79,6 +81,8 @@ enum Check {
     Wildcard,
     /// [2+ ranks] 200 eager and rendezvous messages on one tag to the next rank on a ring arrive in send order
     Order,
+    /// [2+ ranks] every other rank sends rank 0 120 eager and rendezvous messages at once, on two communicators; per-source order checked
+    FanIn,
     /// [2+ ranks] a 64 MiB message to the next rank on a ring, every rank at once
     Large,
     /// [2+ ranks] 64 KiB (rendezvous) from every rank to every other at once, 40 rounds
@@ -101,6 +105,8 @@ enum Check {
         #[arg(value_name = "MS", default_value_t = 300)]
         ms: u64,
     },
+    /// [3 ranks] rank 2 kills itself while ranks 0 and 1 wait_all over rendezvous requests with each other and with it
+    KillInWaitAll,
     /// [any ranks] prints its pid and waits until weftrun is killed, then kills itself (rank 1 ignores SIGTERM)
     OutliveLauncher,
     /// [2 ranks] rank 1 sends 8 messages and finishes; rank 0 gets them, then PeerLost for the rest
@@ -139,6 +145,7 @@ enum Ranks {
     AtLeastTwo,
     Even,
     Two,
+    Three,
 }
 
 impl Ranks {
@@ -148,6 +155,7 @@ impl Ranks {
             Ranks::AtLeastTwo => n >= 2,
             Ranks::Even => n >= 2 && n % 2 == 0,
             Ranks::Two => n == 2,
+            Ranks::Three => n == 3,
         }
     }
 
@@ -160,6 +168,7 @@ impl Ranks {
             Ranks::AtLeastTwo => "[2+ ranks]",
             Ranks::Even => "[even ranks]",
             Ranks::Two => "[2 ranks]",
+            Ranks::Three => "[3 ranks]",
         }
     }
 
@@ -170,6 +179,7 @@ impl Ranks {
             Ranks::AtLeastTwo => "2 or more ranks",
             Ranks::Even => "an even number of ranks (2 or more)",
             Ranks::Two => "exactly 2 ranks",
+            Ranks::Three => "exactly 3 ranks",
         }
     }
 }
@@ -186,6 +196,7 @@ impl Check {
             Check::Multirate => "multirate",
             Check::Wildcard => "wildcard",
             Check::Order => "order",
+            Check::FanIn => "fan-in",
             Check::Large => "large",
             Check::Alltoall => "alltoall",
             Check::Rma => "rma",
@@ -195,6 +206,7 @@ impl Check {
             Check::PeerLostRead => "peer-lost-read",
             Check::CollPeerLost => "coll-peer-lost",
             Check::KillMidTransfer { .. } => "kill-mid-transfer",
+            Check::KillInWaitAll => "kill-in-wait-all",
             Check::OutliveLauncher => "outlive-launcher",
             Check::PeerFinished => "peer-finished",
             Check::Netns => "netns",
@@ -210,6 +222,7 @@ impl Check {
             Check::Pingpong
             | Check::Wildcard
             | Check::Order
+            | Check::FanIn
             | Check::Large
             | Check::Alltoall
             | Check::Rma
@@ -218,6 +231,7 @@ impl Check {
             | Check::CollPeerLost => Ranks::AtLeastTwo,
             Check::Multirate | Check::All => Ranks::Even,
             Check::PeerLost | Check::PeerLostRead | Check::KillMidTransfer { .. } | Check::PeerFinished | Check::Netns => Ranks::Two,
+            Check::KillInWaitAll => Ranks::Three,
         }
     }
 
@@ -230,6 +244,7 @@ impl Check {
                 | Check::PeerLostRead
                 | Check::CollPeerLost
                 | Check::KillMidTransfer { .. }
+                | Check::KillInWaitAll
                 | Check::PeerFinished
                 | Check::OutliveLauncher
                 | Check::Block
@@ -453,6 +468,55 @@ fn order(c: &Communicator) -> Res {
         expect(|| format!("message {i} of rank {prev}"), &got, prev, 5, &order_message(i))?;
     }
     weft::wait_all(&mut sends).map_err(e)
+}
+
+/// Messages each other rank sends rank 0 in `fan-in`.
+const FAN_IN_MESSAGES: u32 = 120;
+
+/// Message `i` of rank `from` in `fan-in`: every third above the eager threshold; the
+/// sender and the index in the first 8 bytes.
+fn fan_in_message(from: u32, i: u32) -> Vec<u8> {
+    let len = if i % 3 == 1 { 20_000 + i as usize } else { 8 + (i as usize % 50) };
+    let mut v = vec![(from * 31 + i) as u8; len];
+    v[..4].copy_from_slice(&from.to_le_bytes());
+    v[4..8].copy_from_slice(&i.to_le_bytes());
+    v
+}
+
+/// Every rank but 0 starts all its sends at once (messages of even index on `c`, of odd
+/// index on a `dup` of it); rank 0 takes those of `c` first, with wildcards, then those of
+/// the dup, so the dup's messages wait unexpected meanwhile and may not be taken by `c`'s
+/// receives.
+fn fan_in(c: &Communicator) -> Res {
+    let (me, size) = (c.rank(), c.size());
+    let d = c.dup().map_err(e)?;
+    let r = fan_in_on(c, &d, me, size);
+    d.free();
+    r
+}
+
+fn fan_in_on(c: &Communicator, d: &Communicator, me: u32, size: u32) -> Res {
+    if me != 0 {
+        let mut sends = Vec::new();
+        for i in 0..FAN_IN_MESSAGES {
+            let on = if i % 2 == 0 { c } else { d };
+            sends.push(on.isend(fan_in_message(me, i), 0, 7).map_err(e)?);
+        }
+        return weft::wait_all(&mut sends).map_err(e);
+    }
+    for (on, first, name) in [(c, 0, "the check's communicator"), (d, 1, "its dup")] {
+        let mut next = vec![first; size as usize];
+        for _ in 0..FAN_IN_MESSAGES / 2 * (size - 1) {
+            let got = on.recv(Vec::<u8>::with_capacity(21_000), Source::Any, Tag::Any).map_err(e)?;
+            let from = got.1.source;
+            check(from != 0 && from < size, || format!("on {name}: a message from rank {from}, which sends none: {}", show(&got.0)))?;
+            let i = next[from as usize];
+            check(i < FAN_IN_MESSAGES, || format!("on {name}: more than {} messages of rank {from}", FAN_IN_MESSAGES / 2))?;
+            expect(|| format!("on {name}: message {i} of rank {from}"), &got, from, 7, &fan_in_message(from, i))?;
+            next[from as usize] += 2;
+        }
+    }
+    Ok(())
 }
 
 /// Bytes of the message of `large`.
@@ -764,6 +828,54 @@ fn peer_lost(c: &Communicator) -> Res {
     }
 }
 
+/// Bytes of each message of `kill-in-wait-all` (rendezvous).
+const WAIT_ALL_BYTES: usize = 4 << 20;
+
+/// What rank `from` sends the other survivor in `kill-in-wait-all`.
+fn wait_all_message(from: u32) -> Vec<u8> {
+    (0..WAIT_ALL_BYTES).map(|k| (k / 4093 + from as usize * 101) as u8).collect()
+}
+
+/// `kill-in-wait-all`: see the table in the module docs.
+fn kill_in_wait_all(c: &Communicator) -> Res {
+    let me = c.rank();
+    if me == 2 {
+        for from in [0u32, 1] {
+            let go = c.recv(Vec::<u8>::with_capacity(1), from, 1).map_err(e)?;
+            expect(|| format!("rank {from}'s go"), &go, from, 1, b"!")?;
+        }
+        // Both are about to wait (or waiting): their outcome may not depend on which.
+        std::thread::sleep(Duration::from_millis(200));
+        eprintln!("rank 2 killing itself on purpose");
+        die()
+    }
+    let other = 1 - me;
+    let mut reqs = vec![
+        c.irecv(Vec::<u8>::with_capacity(WAIT_ALL_BYTES), other, 5).map_err(e)?,
+        c.irecv(Vec::<u8>::with_capacity(WAIT_ALL_BYTES), 2u32, 6).map_err(e)?,
+        c.isend(wait_all_message(me), other, 5).map_err(e)?,
+        c.isend(vec![9u8; WAIT_ALL_BYTES], 2, 7).map_err(e)?,
+    ];
+    c.send(&b"!"[..], 2, 1).map_err(e)?;
+    let t0 = Instant::now();
+    let all = weft::wait_all(&mut reqs);
+    let ms = t0.elapsed().as_millis();
+    check(matches!(all, Err(Error::PeerLost { rank: 2 })), || format!("wait_all: expected PeerLost of rank 2, got {all:?}"))?;
+    check(t0.elapsed() < Duration::from_secs(10), || format!("PeerLost took {ms} ms"))?;
+    let mut outcome = |i: usize| reqs[i].take().ok_or_else(|| format!("request {i} not complete after wait_all"));
+    let got = outcome(0)?.map_err(|err| format!("the receive from rank {other}: {err}"))?;
+    expect(|| format!("the message of rank {other}"), &got, other, 5, &wait_all_message(other))?;
+    let from_dead = outcome(1)?;
+    check(matches!(from_dead, Err(Error::PeerLost { rank: 2 })), || {
+        format!("the receive from rank 2: expected PeerLost, got {from_dead:?}")
+    })?;
+    outcome(2)?.map_err(|err| format!("the send to rank {other}: {err}"))?;
+    let to_dead = outcome(3)?.map(|(_, st)| st);
+    check(matches!(to_dead, Err(Error::PeerLost { rank: 2 })), || format!("the send to rank 2: expected PeerLost, got {to_dead:?}"))?;
+    println!("kill-in-wait-all ok: PeerLost after {ms} ms");
+    Ok(())
+}
+
 /// `kill-mid-transfer`: see the table in the module docs.
 fn kill_mid_transfer(c: &Communicator, delay: Duration) -> Res {
     const LEN: usize = 64 << 20;
@@ -893,6 +1005,7 @@ fn run_step(check: Check, rt: &Runtime, c: &Communicator) -> Res {
         Check::Multirate => multirate(c),
         Check::Wildcard => wildcard(c),
         Check::Order => order(c),
+        Check::FanIn => fan_in(c),
         Check::Large => large(c),
         Check::Alltoall => alltoall(c),
         Check::Rma => rma(c),
@@ -901,6 +1014,7 @@ fn run_step(check: Check, rt: &Runtime, c: &Communicator) -> Res {
         Check::PeerLostRead => peer_lost_read(rt, c),
         Check::CollPeerLost => coll_peer_lost(c),
         Check::KillMidTransfer { ms } => kill_mid_transfer(c, Duration::from_millis(ms)),
+        Check::KillInWaitAll => kill_in_wait_all(c),
         Check::OutliveLauncher => outlive_launcher(c),
         Check::Netns => netns(c),
         Check::Block => {
@@ -1129,7 +1243,7 @@ mod tests {
     fn help_lists_every_check_with_the_ranks_it_takes() {
         let help = Cli::command().render_help().to_string();
         let checks = every_check();
-        assert_eq!(checks.len(), 20, "{help}");
+        assert_eq!(checks.len(), 22, "{help}");
         for (name, check, about) in &checks {
             assert_eq!(check.name(), name);
             assert!(about.starts_with(check.ranks().tag()), "{name}: {about:?} should start with {}", check.ranks().tag());
@@ -1146,6 +1260,7 @@ mod tests {
         assert_eq!(admitted(Ranks::AtLeastTwo), (2..=9).collect::<Vec<_>>());
         assert_eq!(admitted(Ranks::Even), vec![2, 4, 6, 8]);
         assert_eq!(admitted(Ranks::Two), vec![2]);
+        assert_eq!(admitted(Ranks::Three), vec![3]);
         // `all` takes no count one of its steps refuses.
         for n in 1..=9 {
             assert!(!Check::All.ranks().admits(n) || Check::ALL.iter().all(|s| s.ranks().admits(n)), "{n}");
