@@ -104,15 +104,20 @@ if pkg-config --exists libfabric 2>/dev/null; then
 fi
 NO_OFI="weft-bench was built without the ofi feature (libfabric not found by pkg-config; Debian libfabric-dev, libclang-dev, pkg-config)"
 HAVE_MPI=0
-if command -v mpicc >/dev/null && command -v mpirun >/dev/null; then HAVE_MPI=1; fi
+if command -v mpicc.openmpi >/dev/null && command -v mpirun.openmpi >/dev/null; then HAVE_MPI=1; fi
+# `--peer openmpi` where Open MPI is installed.
+PEER=""
+if [ "$HAVE_MPI" = 1 ]; then PEER="--peer openmpi"; fi
 HAVE_FI_PINGPONG=0
 if command -v fi_pingpong >/dev/null; then HAVE_FI_PINGPONG=1; fi
 
 echo "## Message rate: multirate"
 echo
-bench "Thread mode against process mode, embedded provider" \
-    "$BENCH" multirate -t 1,2,4,8 --mode thread,process $(q "-i 1000 --runs 5" "-i 20 --runs 1") \
+bench "Thread mode against process mode, embedded provider, Open MPI beside" \
+    "$BENCH" multirate -t 1,2,4,8 --mode thread,process $(q "-i 1000 --runs 3" "-i 20 --runs 1") $PEER \
     --markdown --plot "$OUT/multirate.svg"
+bench "Hybrid mode" \
+    "$BENCH" multirate -t 4,8 --mode thread,hybrid-2,process $(q "-i 1000 --runs 3" "-i 20 --runs 1") --markdown
 bench "Progress modes" \
     "$BENCH" multirate -t 1,2,4,8 --mode thread,process --progress global,owner,concurrent $(q "-i 1000 --runs 3" "-i 10 --runs 1") \
     --markdown --plot "$OUT/multirate-progress.svg"
@@ -120,9 +125,12 @@ bench "Communicator per pair (-c), no Tag::Any (--no-any-tag)" \
     "$BENCH" multirate -t 2,4,8 --mode thread,process -c $(q "-i 1000 --runs 5" "-i 20 --runs 1") --markdown
 "$BENCH" multirate -t 2,4,8 --mode thread,process --no-any-tag $(q "-i 1000 --runs 5" "-i 20 --runs 1") --markdown
 if [ "$OFI" = 1 ]; then
-    bench "Thread mode against process mode, libfabric shm (one process per rank)" \
-        "$BENCH" multirate --provider shm -t 1,2,4 --mode thread,process $(q "-i 100 --runs 5" "-i 10 --runs 1") \
+    bench "Thread mode against process mode, shm (one process per rank), Open MPI beside" \
+        "$BENCH" multirate --provider shm -t 1,2,4 --mode thread,process $(q "-i 200 --runs 3" "-i 10 --runs 1") $PEER \
         --markdown --plot "$OUT/multirate-shm.svg"
+    bench "The same through libfabric alone" \
+        "$BENCH" multirate --provider shm -t 1,2,4 --mode thread,process $(q "-i 200 --runs 3" "-i 10 --runs 1") \
+        --no-same-host-lane --markdown
 else
     skip "multirate on shm: $NO_OFI"
 fi
@@ -139,6 +147,9 @@ if command -v valgrind >/dev/null; then
     total=$(awk '/^summary:/ { print $2 }' /tmp/weft-msgcost.callgrind)
     echo "Instructions: $total in all, $((total / MSGS)) per message (the whole process: start-up, warm-up run and both sides)."
     echo
+    show "Stage by stage, against Open MPI (callgrind)" benches/stages.sh "$BENCH"
+    benches/stages.sh "$BENCH"
+    echo
 else
     skip "instructions per message: valgrind not found (Debian valgrind)"
 fi
@@ -151,8 +162,10 @@ elif [ "$HAVE_FI_PINGPONG" = 0 ]; then
     skip "pingpong: fi_pingpong not found (Debian libfabric-bin)"
 else
     bench "One-way latency against fi_pingpong, shm and tcp" \
-        "$BENCH" pingpong --provider shm,tcp -s 8,64,1024 $(q "-i 20000 --runs 5" "-i 200 --runs 1") \
+        "$BENCH" pingpong --provider shm,tcp -s 8,1024 $(q "-i 20000 --runs 3" "-i 200 --runs 1") \
         --markdown --plot "$OUT/pingpong.svg"
+    bench "The same through libfabric alone" \
+        "$BENCH" pingpong --provider shm -s 8,1024 $(q "-i 20000 --runs 3" "-i 200 --runs 1") --no-same-host-lane --markdown
 fi
 
 echo "## All-to-all"
@@ -166,9 +179,12 @@ else
     else
         skip "the Open MPI columns: mpicc or mpirun not found (Debian openmpi-bin libopenmpi-dev)"
     fi
-    bench "Round time against Open MPI, shm and tcp" \
-        "$BENCH" alltoall --provider shm,tcp -n 2,4,8 -s 1024,16384,65536 $(q "-r 50 --runs 5" "-r 2 --warmup 1 --runs 1") \
+    bench "Round time against Open MPI, shm" \
+        "$BENCH" alltoall --provider shm -n 2,4,8 -s 1024,16384,65536 $(q "-r 50 --runs 3" "-r 2 --warmup 1 --runs 1") \
         $MPI --markdown --plot "$OUT/alltoall.svg"
+    bench "Round time against Open MPI, tcp" \
+        "$BENCH" alltoall --provider tcp -n 2,4,8 -s 1024,16384,65536 $(q "-r 50 --runs 3" "-r 2 --warmup 1 --runs 1") \
+        $MPI --markdown
 fi
 
 echo "## Locks"
@@ -196,7 +212,11 @@ show "Sync object micro-benchmarks (criterion)" cargo bench -p weft-benches --be
 cargo bench -q -p weft-benches --bench sync_object -- $CRITERION 2>/dev/null | criterion_lines
 echo
 bench "Idle runtime" \
-    "$BENCH" idle -w 2 $(q "--seconds 5" "--seconds 0.2") --markdown
+    "$BENCH" idle --ranks 2 --provider embedded $(q "--seconds 3" "--seconds 0.2") --markdown
+if [ "$OFI" = 1 ]; then
+    "$BENCH" idle --ranks 2 --provider shm $(q "--seconds 3" "--seconds 0.2") --markdown
+    "$BENCH" idle --ranks 2 --provider tcp $(q "--seconds 3" "--seconds 0.2") --markdown
+fi
 bench "Communicator creation from many threads: eager against base context ids" \
     "$BENCH" ctxid -t 1,2,4,8 $(q "--creations 2000" "--creations 50") --markdown
 show "Embedded inbox against crossbeam's ArrayQueue" cargo test -p weft-transport --release --lib ring::tests::stream -- --ignored --nocapture
@@ -204,3 +224,31 @@ cargo test -q -p weft-transport --release --lib ring::tests::stream -- --ignored
 echo
 
 echo "Plots: $(cd "$OUT" && ls -- *.svg | tr '\n' ' ')"
+
+if [ "$OFI" = 1 ]; then
+    echo "## Start-up"
+    echo
+    LAUNCHERS=weftrun
+    if cargo build --release --workspace --bins --features weft-benches/pmix,weft-launcher/ofi >&2; then LAUNCHERS=weftrun,mpirun; fi
+    bench "Start-up at 2-64 ranks" \
+        "$BENCH" startup -n $(q "2,4,8,16,32,64" "2,4") --launcher "$LAUNCHERS" $(q "--runs 3" "--runs 1") $PEER \
+        --markdown --plot "$OUT/startup.svg"
+    echo "## Collectives"
+    echo
+    bench "Latency against Open MPI, shm" \
+        "$BENCH" coll --provider shm -n 2,4,8 -s 8,1048576 -c allreduce,bcast $(q "--runs 3" "-i 5 --warmup 1 --runs 1") \
+        --openmpi "$([ "$HAVE_MPI" = 1 ] && echo yes || echo no)" --markdown
+else
+    skip "startup and coll: $NO_OFI"
+fi
+echo "## Requests for task runtimes"
+echo
+bench "Continuations" \
+    "$BENCH" continuations -t 1,2,4 -n 1,100,10000 $(q "" "--messages 200") --markdown
+bench "Partitioned sends" \
+    "$BENCH" partitioned -t 1,2,4,8 -s $(q "65536,1048576,16777216" "65536") $(q "" "--rounds 1") --markdown
+echo "## Distributed locks"
+echo
+bench "The seed's benchmarks, 4 in-process ranks" \
+    "$BENCH" dlock $(q "" "--ops 5") --markdown
+"$BENCH" dlock --lock rma-rw,fompi-rw --bench warb --writers 0.002,0.2 -r 4 $(q "" "--ops 5") --markdown
