@@ -2,9 +2,9 @@
 # The benchmarks of docs/BENCHMARKS.md, run with the commands the report shows: writes the
 # plots (docs/plots/*.svg) and prints the report's tables as markdown on stdout.
 #
-# Run time on the 2-core VM: about 12 minutes of benchmarks (the longest: all-to-all with
-# Open MPI 3, lock-regimes 2.5, pingpong 2), plus the release builds (about 8 minutes from
-# a clean target directory, criterion's included). Run it on a quiet machine: every number
+# Run time on the 2-core VM: about 20 minutes of benchmarks (the longest: all-to-all with
+# Open MPI, multirate with Open MPI beside, lock-regimes, pingpong), plus the release builds
+# (about 8 minutes from a clean target directory, criterion's included). Run it on a quiet machine: every number
 # is a rate or a time, and other work on the cores changes it.
 #
 #   benches/report.sh               the report's numbers (paste the output into BENCHMARKS.md)
@@ -214,6 +214,8 @@ echo
 bench "Idle runtime" \
     "$BENCH" idle --ranks 2 --provider embedded $(q "--seconds 3" "--seconds 0.2") --markdown
 if [ "$OFI" = 1 ]; then
+    # `cargo bench` above rebuilt weft-bench without the feature.
+    cargo build --release --workspace --bins --features weft-benches/ofi,weft-launcher/ofi >&2
     "$BENCH" idle --ranks 2 --provider shm $(q "--seconds 3" "--seconds 0.2") --markdown
     "$BENCH" idle --ranks 2 --provider tcp $(q "--seconds 3" "--seconds 0.2") --markdown
 fi
