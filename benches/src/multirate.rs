@@ -995,48 +995,51 @@ pub(crate) fn cross_barrier(c: &Communicator) -> Result<Instant, String> {
 /// Runs one configuration as a job of real processes through `weftrun`; returns the rate
 /// rank 0 measured.
 fn launch(p: &Point, a: &Args, provider: Provider) -> Result<f64, String> {
-    let (exe, weftrun) = crate::report::self_and_weftrun()?;
-    let n = p.mode.ranks(p.pairs);
-    let mut cmd = std::process::Command::new(&weftrun);
-    cmd.args(["-n", &n.to_string(), "--provider", &provider.to_string(), "--timeout", "600"])
-        .arg(&exe)
-        .args(["multirate", "--rank-worker", "--provider", &provider.to_string()])
-        .args(["--pattern", p.pattern.name(), "--mode", &p.mode.name()])
-        .args(["-t", &p.pairs.to_string(), "-s", &p.size.to_string(), "-w", &p.window.to_string()])
-        .args(["-i", &a.iterations.to_string(), "--progress", &p.progress.to_string()])
-        .args(["--assignment", &p.assignment.to_string(), "--cris", &p.cris.to_string(), "--matching", &p.matching.to_string()]);
-    if a.comm_per_pair {
-        cmd.arg("-c");
-    }
-    if a.overtaking {
-        cmd.arg("-o");
-    }
-    if a.no_any_tag {
-        cmd.arg("--no-any-tag");
-    }
+    let mut args: Vec<String> = [
+        "multirate",
+        "--rank-worker",
+        "--provider",
+        &provider.to_string(),
+        "--pattern",
+        p.pattern.name(),
+        "--mode",
+        &p.mode.name(),
+        "-t",
+        &p.pairs.to_string(),
+        "-s",
+        &p.size.to_string(),
+        "-w",
+        &p.window.to_string(),
+        "-i",
+        &a.iterations.to_string(),
+        "--progress",
+        &p.progress.to_string(),
+        "--assignment",
+        &p.assignment.to_string(),
+        "--cris",
+        &p.cris.to_string(),
+        "--matching",
+        &p.matching.to_string(),
+        // weftrun leaves the ranks unbound; each rank binds its workers as a local run does.
+        "--bind",
+        &a.bind,
+    ]
+    .into_iter()
+    .map(String::from)
+    .collect();
+    let flags = [
+        (a.comm_per_pair, "-c"),
+        (a.overtaking, "-o"),
+        (a.no_any_tag, "--no-any-tag"),
+        (a.no_pin, "--no-pin"),
+        (a.per_thread_order, "--per-thread-order"),
+        (a.no_same_host_lane, "--no-same-host-lane"),
+    ];
+    args.extend(flags.iter().filter(|(on, _)| *on).map(|(_, f)| f.to_string()));
     if let Some(us) = a.yield_us {
-        cmd.args(["--yield-us", &us.to_string()]);
+        args.extend(["--yield-us".to_string(), us.to_string()]);
     }
-    if a.no_pin {
-        cmd.arg("--no-pin");
-    }
-    if a.per_thread_order {
-        cmd.arg("--per-thread-order");
-    }
-    if a.no_same_host_lane {
-        cmd.arg("--no-same-host-lane");
-    }
-    // weftrun leaves the ranks unbound; each rank binds its workers as a local run does.
-    cmd.args(["--bind", &a.bind]);
-    let out = cmd.stdin(std::process::Stdio::null()).output().map_err(|e| format!("weftrun: {e}"))?;
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    if !out.status.success() {
-        return Err(format!("launched job failed ({}):\n{stdout}{}", out.status, String::from_utf8_lossy(&out.stderr)));
-    }
-    stdout
-        .lines()
-        .find_map(|l| l.strip_prefix("[0] RATE ").and_then(|v| v.trim().parse::<f64>().ok()))
-        .ok_or_else(|| format!("no rate in the job's output:\n{stdout}"))
+    crate::report::weftrun_job(provider, p.mode.ranks(p.pairs) as u32, 600, &args, "multirate", "RATE")
 }
 
 /// One rank of a launched job (`--rank-worker`): this process's senders or receivers.
