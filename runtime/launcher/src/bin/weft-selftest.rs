@@ -931,6 +931,8 @@ fn outlive_launcher(c: &Communicator) -> Res {
 
 /// Messages rank 1 sends before it finishes in `peer-finished`.
 const BEFORE_FINISH: u8 = 8;
+/// Tag of the message that lets rank 1 finish in `peer-finished`.
+const GO: i32 = 2;
 
 /// `peer-finished`: see the table in the module docs. Takes the runtime and the check's
 /// communicator because rank 1 drops them (finishes).
@@ -940,6 +942,10 @@ fn peer_finished(rt: Runtime, c: Communicator) -> Res {
             // Receives only rank 1 could match, posted before it finishes.
             let mut pending = c.irecv(Vec::<u8>::with_capacity(8), 1u32, 99).map_err(e)?;
             let mut any = c.irecv(Vec::<u8>::with_capacity(8), Source::Any, 98).map_err(e)?;
+            // Rank 1 finishes only once these receives are posted: without this, it could
+            // leave while this rank is still completing the `dup` that made `c`, and the
+            // receives would fail when posted instead of pending.
+            c.send(Vec::<u8>::new(), 1, GO).map_err(e)?;
             // No progress meanwhile: rank 1's messages and its finish both arrive before
             // this rank looks, the case where the messages must still come first.
             std::thread::sleep(Duration::from_millis(1500));
@@ -968,6 +974,7 @@ fn peer_finished(rt: Runtime, c: Communicator) -> Res {
             c.free();
         }
         _ => {
+            c.recv(Vec::<u8>::new(), 0u32, GO).map_err(e)?;
             for i in 0..BEFORE_FINISH {
                 c.send(vec![i; 16 << (i % 4)], 0, 1).map_err(e)?;
             }
