@@ -34,6 +34,14 @@ impl std::str::FromStr for Flavor {
 }
 
 impl Flavor {
+    /// The library's name in a plot's legend.
+    pub fn title(self) -> &'static str {
+        match self {
+            Flavor::OpenMpi => "Open MPI",
+            Flavor::Mpich => "MPICH",
+        }
+    }
+
     /// The name used in tables.
     pub fn name(self) -> &'static str {
         match self {

@@ -457,7 +457,7 @@ pub fn run(a: &Args) -> Result<(), String> {
         "pairs",
         "pairs (T sender-receiver pairs)",
     )
-    .y("msg_rate", "")
+    .y("msg_rate", "weft")
     .y_axis("message rate (M msg/s)", 1e6)
     .series("mode", "{} mode")
     .series("progress", "{}")
@@ -467,6 +467,11 @@ pub fn run(a: &Args) -> Result<(), String> {
     .series("assignment", "{}")
     .series("matching", "{} matching")
     .log2_x();
+    // The MPI peer's rate beside weft's, as lines of their own.
+    let chart = match &peer {
+        Some(p) => chart.y("peer_rate", p.flavor().title()),
+        None => chart,
+    };
     // `--cris auto` gives thread mode T CRIs and process mode one: no line of its own then.
     let chart = if a.cris == "auto" { chart } else { chart.series("cris", "{} CRIs") };
     table.finish_with_plot(&chart, &a.plot)
