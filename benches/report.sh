@@ -219,6 +219,8 @@ if [ "$OFI" = 1 ]; then
     "$BENCH" idle --ranks 2 --provider shm $(q "--seconds 3" "--seconds 0.2") --markdown
     "$BENCH" idle --ranks 2 --provider tcp $(q "--seconds 3" "--seconds 0.2") --markdown
 fi
+bench "Neighbor message rate: borrowed against counted communicator references" \
+    "$BENCH" neighbor -t 1,2,4,8 --comm world,dup $(q "-i 2000 --runs 5" "-i 20 --runs 1") --markdown --plot "$OUT/neighbor.svg"
 bench "Communicator creation from many threads: eager against base context ids" \
     "$BENCH" ctxid -t 1,2,4,8 $(q "--creations 2000" "--creations 50") --markdown
 show "Embedded inbox against crossbeam's ArrayQueue" cargo test -p weft-transport --release --lib ring::tests::stream -- --ignored --nocapture

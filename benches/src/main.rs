@@ -14,6 +14,7 @@ mod locks;
 mod mpi_peer;
 mod msgcost;
 mod multirate;
+mod neighbor;
 mod pack;
 mod partitioned;
 mod pingpong;
@@ -67,6 +68,8 @@ enum Cmd {
     Continuations(continuations::Args),
     /// One message filled by many threads: partitioned send vs a send per thread vs one send after a join (MPI 4.0 ch. 4).
     Partitioned(partitioned::Args),
+    /// Neighbor message rate ([Goodell 2010, §VI-B]): requests that borrow the communicator vs a reference count per message.
+    Neighbor(neighbor::Args),
 }
 
 /// Set by `weftrun` in every rank's environment.
@@ -104,6 +107,7 @@ fn main() {
         Cmd::Coll(a) => coll::run(&a),
         Cmd::Continuations(a) => continuations::run(&a),
         Cmd::Partitioned(a) => partitioned::run(&a),
+        Cmd::Neighbor(a) => neighbor::run(&a),
     };
     if let Err(e) = res {
         eprintln!("weft-bench: {e}");
