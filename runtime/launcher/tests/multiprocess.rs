@@ -296,6 +296,43 @@ fn soak_at_3_ranks_on_tcp() {
     soak("tcp");
 }
 
+/// The soak with rank 2 killed halfway through its first thread's messages: each survivor's
+/// requests with it complete or fail with `PeerLost` within 5 s of its announcement (none
+/// hangs), and every message between the survivors arrives whole, once and in order.
+fn soak_killed(provider: &str) {
+    let args = [SELFTEST, "soak", "20000", "--seconds", "60", "--kill-rank", "2"];
+    let (o, t) = job(3, provider, &["--timeout", "90"], &args);
+    let s = text(&o);
+    assert_eq!(o.status.code(), Some(137), "soak with a killed rank on {provider} after {t:?}:\n{s}");
+    for r in 0..2 {
+        assert!(s.contains(&format!("[{r}] soak ok: rank {r} of 3 sent 20000 and received ")), "rank {r}:\n{s}");
+        assert!(s.contains("rank 2 killed: ") && s.contains(&format!("[{r}] soak done")), "rank {r}:\n{s}");
+    }
+    assert!(s.contains("weftrun: rank 2 exited with status 137"), "{s}");
+}
+
+#[test]
+fn soak_with_a_killed_rank_on_shm() {
+    soak_killed("shm");
+}
+
+#[test]
+fn soak_with_a_killed_rank_on_tcp() {
+    soak_killed("tcp");
+}
+
+/// `--kill-rank` needs ranks in processes of their own.
+#[test]
+fn soak_refuses_to_kill_a_rank_in_one_process() {
+    let out = Command::new(SELFTEST)
+        .args(["soak", "100", "--local", "3", "--kill-rank", "1"])
+        .env_remove("WEFT_PROVIDER")
+        .output()
+        .expect("weft-selftest starts");
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+    assert!(text(&out).contains("--kill-rank needs ranks in processes of their own"), "{}", text(&out));
+}
+
 /// The same soak with the ranks in one process on the embedded provider.
 #[test]
 fn soak_in_one_process_on_the_embedded_provider() {

@@ -37,7 +37,7 @@
 //! | `netns` | 2 | a message and 1 MiB each way (the multi-host test) |
 //! | `block` | any | prints its pid, then waits for a message that never comes (teardown test) |
 //! | `exit-code` | any | rank `r` exits with status `3 * r` after everyone arrived |
-//! | `soak [MESSAGES]` | >= 2 | every rank's `--threads` threads send MESSAGES messages of random sizes (0 B to `--max-size`, default 4 MiB), tags and destinations, on a communicator that keeps order and one that allows overtaking; receivers take them with wildcards, and every byte, per-source order and exactly-once delivery are checked; fails after `--seconds`. `--local N` runs N ranks in this process on the embedded provider |
+//! | `soak [MESSAGES]` | >= 2 | every rank's `--threads` threads send MESSAGES messages of random sizes (0 B to `--max-size`, default 4 MiB), tags and destinations, on a communicator that keeps order and one that allows overtaking; receivers take them with wildcards, and every byte, per-source order and exactly-once delivery are checked; fails after `--seconds`. `--local N` runs N ranks in this process on the embedded provider; `--kill-rank R` kills rank R halfway, and the survivors check that its requests complete or fail with `PeerLost` within 5 s while theirs arrive whole |
 
 use std::fmt;
 use std::time::{Duration, Instant};
@@ -135,6 +135,11 @@ enum Check {
         /// launched job.
         #[arg(long, value_name = "N")]
         local: Option<u32>,
+        /// Rank that kills itself halfway through; the survivors check that every request
+        /// involving it completes or fails with `PeerLost` within 5 s of its announcement, and
+        /// that everything between them arrives whole.
+        #[arg(long, value_name = "R")]
+        kill_rank: Option<u32>,
     },
 }
 
@@ -248,6 +253,7 @@ impl Check {
                 | Check::PeerFinished
                 | Check::OutliveLauncher
                 | Check::Block
+                | Check::Soak { kill_rank: Some(_), .. }
         )
     }
 
@@ -1029,8 +1035,8 @@ fn run_step(check: Check, rt: &Runtime, c: &Communicator) -> Res {
             c.recv(Vec::<u8>::with_capacity(1), Source::Any, 77).map(|_| ()).map_err(e)
         }
         Check::ExitCode => Ok(()),
-        Check::Soak { messages, threads, max_size, seconds, .. } => {
-            let p = soak::Params { messages, threads, max_size, seconds };
+        Check::Soak { messages, threads, max_size, seconds, kill_rank, .. } => {
+            let p = soak::Params { messages, threads, max_size, seconds, kill_rank };
             soak_rank(c, &p)
         }
         Check::All | Check::PeerFinished => Err(format!("{} is not a single step", check.name())),
@@ -1077,15 +1083,28 @@ impl fmt::Display for Failure {
 
 /// One rank's soak on communicators made from `c`; prints its summary.
 fn soak_rank(c: &Communicator, p: &soak::Params) -> Res {
-    let (ordered, overtaking) = soak::communicators(c).map_err(e)?;
+    let (ordered, overtaking, notes) = soak::communicators(c, p).map_err(e)?;
     let t0 = Instant::now();
-    let r = soak::soak(&ordered, &overtaking, p);
+    let r = soak::soak(&ordered, &overtaking, notes.as_ref(), p);
     ordered.free();
     overtaking.free();
+    if let Some(notes) = notes {
+        notes.free();
+    }
     let s = r?;
     let secs = t0.elapsed().as_secs_f64();
+    let lost = match (p.kill_rank, s.lost_after) {
+        (Some(dead), Some(after)) => {
+            format!(
+                "; rank {dead} killed: {} requests with it failed with PeerLost, the last {} ms after its announcement",
+                s.lost,
+                after.as_millis()
+            )
+        }
+        _ => String::new(),
+    };
     println!(
-        "soak ok: rank {} of {} sent {} and received {} messages ({:.1} MiB) in {secs:.1} s, {:.0} messages/s received",
+        "soak ok: rank {} of {} sent {} and received {} messages ({:.1} MiB) in {secs:.1} s, {:.0} messages/s received{lost}",
         c.rank(),
         c.size(),
         s.sent,
@@ -1118,8 +1137,12 @@ fn soak_local(ranks: u32, p: &soak::Params) -> Result<(), Failure> {
 
 /// Runs `check` as this process's part of the job.
 fn run(check: Check) -> Result<(), Failure> {
-    if let Check::Soak { messages, threads, max_size, seconds, local: Some(n) } = check {
-        return soak_local(n, &soak::Params { messages, threads, max_size, seconds });
+    if let Check::Soak { messages, threads, max_size, seconds, local: Some(n), kill_rank } = check {
+        if kill_rank.is_some() {
+            let msg = "--kill-rank needs ranks in processes of their own, not --local".into();
+            return Err(Failure { check: "soak", rank: None, status: 2, msg });
+        }
+        return soak_local(n, &soak::Params { messages, threads, max_size, seconds, kill_rank });
     }
     let rt = Runtime::builder().build().map_err(|err| Failure {
         check: check.name(),
