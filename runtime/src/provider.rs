@@ -34,7 +34,7 @@ pub(crate) fn local(config: &Config, ranks: u32) -> Result<Vec<Transport>, Error
         .map(Transport::Embedded)
         .collect()),
         #[cfg(feature = "ofi")]
-        Provider::Shm | Provider::Tcp => {
+        Provider::Shm | Provider::OfiShm | Provider::Tcp => {
             let opts = ofi::options(config);
             Ok(weft_transport::ofi_provider::world(&opts, ranks)?.into_iter().map(Transport::Ofi).collect())
         }
@@ -128,7 +128,7 @@ pub(crate) fn open_process(config: &Config) -> Result<Transport, Error> {
             Ok(local(config, 1)?.remove(0))
         }
         #[cfg(feature = "ofi")]
-        Provider::Shm | Provider::Tcp => ofi::join(config, job),
+        Provider::Shm | Provider::OfiShm | Provider::Tcp => ofi::join(config, job),
         #[cfg(not(feature = "ofi"))]
         p => {
             drop(job);
@@ -165,12 +165,42 @@ mod ofi {
                 u64::from(config.per_thread_order),
                 "the ranks of the job disagree on per-thread order (WEFT_PER_THREAD_ORDER / Builder::per_thread_order)",
             )],
-            same_host_lane: config.same_host_lane,
+            // `ofi-shm` is libfabric's `shm` alone.
+            same_host_lane: config.same_host_lane && config.provider != weft_transport::Provider::OfiShm,
         }
     }
 
     /// This process's rank of `job` ([`weft_transport::ofi_provider::join`]).
     pub(super) fn join(config: &Config, job: Job) -> Result<Transport, Error> {
         weft_transport::ofi_provider::join(&options(config), job).map(Transport::Ofi)
+    }
+}
+
+#[cfg(all(test, feature = "ofi"))]
+mod tests {
+    use weft_transport::Provider;
+
+    use crate::config::Config;
+
+    /// `ofi-shm` is libfabric's `shm` with no same-host lane; `shm` has the lane (unless
+    /// switched off), and each says which it is.
+    #[test]
+    fn ofi_shm_is_libfabric_shm_without_the_lane() {
+        std::env::set_var("FI_TCP_IFACE", "lo");
+        for (p, lane_setting, want) in
+            [(Provider::Shm, true, Provider::Shm), (Provider::Shm, false, Provider::OfiShm), (Provider::OfiShm, true, Provider::OfiShm)]
+        {
+            let config = Config { provider: p, same_host_lane: lane_setting, ..Config::default() };
+            let ts = super::local(&config, 2).unwrap();
+            for t in &ts {
+                assert_eq!(t.provider(), want, "{p} with same_host_lane {lane_setting}");
+                let weft_transport::Transport::Ofi(r) = t else { panic!("{p}: not a libfabric transport") };
+                assert_eq!(r.same_host_lane(), want == Provider::Shm, "{p}");
+                assert_eq!(r.same_host_peers(), if want == Provider::Shm { 2 } else { 0 }, "{p}");
+            }
+        }
+        assert_eq!("ofi-shm".parse::<Provider>().unwrap(), Provider::OfiShm);
+        assert_eq!(Provider::OfiShm.to_string(), "ofi-shm");
+        assert_eq!(Provider::OfiShm.ofi_name(), Some("shm"));
     }
 }

@@ -14,7 +14,7 @@ mod p2p_suite;
 #[cfg(not(feature = "ofi"))]
 #[test]
 fn libfabric_providers_need_the_ofi_feature() {
-    for p in [weft::Provider::Shm, weft::Provider::Tcp] {
+    for p in [weft::Provider::Shm, weft::Provider::OfiShm, weft::Provider::Tcp] {
         let err = weft::Runtime::builder().env(false).provider(p).build_local(2).unwrap_err();
         assert!(matches!(err, weft::Error::InvalidArgument(m) if m.contains("`ofi`")), "{err}");
     }

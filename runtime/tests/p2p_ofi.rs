@@ -1,6 +1,7 @@
 //! The point-to-point suite of `p2p.rs`, the one-sided suite of `rma.rs` and the collectives
 //! suite of `collectives.rs` on libfabric:
-//! `shm` and `tcp;ofi_rxm`, every rank in this process (each with its own domain), traffic
+//! `shm` (and the point-to-point suite on `ofi-shm`, libfabric's `shm` without the
+//! same-host lane) and `tcp;ofi_rxm`, every rank in this process (each with its own domain), traffic
 //! pinned to loopback.
 #![cfg(feature = "ofi")]
 
@@ -31,6 +32,17 @@ mod shm {
     }
     mod coll_suite {
         include!("coll_suite/mod.rs");
+    }
+}
+
+/// libfabric's `shm` alone (`ofi-shm`: no same-host lane).
+mod ofi_shm {
+    fn builder() -> weft::Builder {
+        super::loopback();
+        weft::Runtime::builder().env(false).provider(weft::Provider::OfiShm)
+    }
+    mod p2p_suite {
+        include!("p2p_suite/mod.rs");
     }
 }
 

@@ -1554,6 +1554,12 @@ impl OfiRank {
         &self.inner.provider
     }
 
+    /// Whether this rank has the same-host lane (module docs): `false` when it was switched
+    /// off (`OfiOptions::same_host_lane`).
+    pub fn same_host_lane(&self) -> bool {
+        self.inner.lane.is_some()
+    }
+
     /// Ranks (this one included) this rank sends small frames to through the same-host
     /// lane (module docs); 0 without one.
     pub fn same_host_peers(&self) -> usize {

@@ -15,8 +15,13 @@ pub enum Provider {
     /// Every rank in this process (`build_local`); the default.
     #[default]
     Embedded,
-    /// libfabric `shm` (one node; feature `ofi`).
+    /// libfabric `shm` (one node; feature `ofi`), with the same-host lane: frames between
+    /// ranks of one host go through weft's own shared-memory rings, libfabric carries the
+    /// rest (RMA, and frames the lane is switched off for).
     Shm,
+    /// libfabric's `shm` provider alone (`ofi-shm`): every frame through libfabric, no
+    /// same-host lane — for comparison with `shm`.
+    OfiShm,
     /// libfabric `tcp;ofi_rxm` (across nodes; feature `ofi`).
     Tcp,
 }
@@ -26,7 +31,7 @@ impl Provider {
     pub fn ofi_name(self) -> Option<&'static str> {
         match self {
             Provider::Embedded => None,
-            Provider::Shm => Some("shm"),
+            Provider::Shm | Provider::OfiShm => Some("shm"),
             Provider::Tcp => Some("tcp;ofi_rxm"),
         }
     }
@@ -47,8 +52,9 @@ impl FromStr for Provider {
         match s.trim().to_ascii_lowercase().as_str() {
             "embedded" => Ok(Provider::Embedded),
             "shm" => Ok(Provider::Shm),
+            "ofi-shm" => Ok(Provider::OfiShm),
             "tcp" | "tcp;ofi_rxm" => Ok(Provider::Tcp),
-            _ => Err(Error::InvalidArgument("unknown provider (expected one of: embedded shm tcp)")),
+            _ => Err(Error::InvalidArgument("unknown provider (expected one of: embedded shm ofi-shm tcp)")),
         }
     }
 }
@@ -58,6 +64,7 @@ impl fmt::Display for Provider {
         f.write_str(match self {
             Provider::Embedded => "embedded",
             Provider::Shm => "shm",
+            Provider::OfiShm => "ofi-shm",
             Provider::Tcp => "tcp",
         })
     }
@@ -162,10 +169,12 @@ impl Transport {
             Transport::Embedded(_) => Provider::Embedded,
             #[cfg(feature = "ofi")]
             Transport::Ofi(r) => {
-                if r.provider_name() == "shm" {
+                if r.provider_name() != "shm" {
+                    Provider::Tcp
+                } else if r.same_host_lane() {
                     Provider::Shm
                 } else {
-                    Provider::Tcp
+                    Provider::OfiShm
                 }
             }
         }

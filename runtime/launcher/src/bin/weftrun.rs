@@ -1,4 +1,4 @@
-//! `weftrun -n N [--provider shm|tcp] prog args...`: starts a weft job of `N` processes on
+//! `weftrun -n N [--provider shm|ofi-shm|tcp] prog args...`: starts a weft job of `N` processes on
 //! this machine.
 //!
 //! * Serves the job's key-value exchange on 127.0.0.1 (an ephemeral port) with a random
@@ -52,7 +52,8 @@ struct Args {
     /// Number of processes (ranks), 1 to 1024.
     #[arg(short = 'n', long = "np", value_parser = ranks)]
     n: u32,
-    /// Provider: shm (one node) or tcp (tcp;ofi_rxm).
+    /// Provider: shm (one node), ofi-shm (libfabric's shm alone, without the same-host lane) or
+    /// tcp (tcp;ofi_rxm).
     #[arg(long, default_value = "shm")]
     provider: String,
     /// Seconds the other ranks get to finish after one died, before they are killed (a
