@@ -239,6 +239,7 @@ impl Communicator {
     }
 
     /// A destination rank and tag of a send, on a communicator not freed.
+    #[inline]
     pub(crate) fn check(&self, rank: u32, tag: i32) -> Result<(), Error> {
         if self.p2p.is_freed() {
             return Err(Error::CommFreed);
@@ -331,6 +332,7 @@ impl Communicator {
     }
 
     /// A receive's source and tag, on a communicator not freed: the source as a world rank.
+    #[inline]
     pub(crate) fn check_recv(&self, source: Source, tag: Tag) -> Result<Source, Error> {
         let source = match source {
             Source::Rank(r) => {
@@ -346,6 +348,7 @@ impl Communicator {
 
     /// A receive's or probe's tag: in range, and not `Tag::Any` on a `no_any_tag`
     /// communicator.
+    #[inline]
     fn check_recv_tag(&self, tag: Tag) -> Result<(), Error> {
         match tag {
             Tag::Is(t) => {
