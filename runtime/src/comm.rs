@@ -260,6 +260,7 @@ impl Communicator {
     /// Messages up to the eager threshold are copied out at once; larger ones go by
     /// rendezvous and the buffer is read in place by the receiver. When the destination's
     /// inbox is full this call makes progress until there is room (flow control).
+    #[inline]
     pub fn isend<B: SendBuf>(&self, buf: B, dest: u32, tag: i32) -> Result<Request<'_, B>, Error> {
         self.check(dest, tag)?;
         self.isend_on(&self.p2p, buf, self.world_of(dest), tag).map_err(|e| self.local_error(e))
@@ -325,6 +326,7 @@ impl Communicator {
     /// `Source::Any` with no peer left) fails with [`Error::PeerLost`] — here, if that is
     /// already known, else when it becomes known, as every pending request that needs the
     /// rank does.
+    #[inline]
     pub fn irecv<B: RecvBuf>(&self, buf: B, source: impl Into<Source>, tag: impl Into<Tag>) -> Result<Request<'_, B>, Error> {
         let tag = tag.into();
         let source = self.check_recv(source.into(), tag)?;
