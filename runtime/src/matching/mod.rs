@@ -733,6 +733,11 @@ impl MatchState {
             first.arrive(f, out);
         }
     }
+
+    /// A frame in turn meets the earliest posted receive that fits it, or waits as
+    /// unexpected. Inlined into its callers: the frame is moved once more, into the match,
+    /// not copied into a call of its own first.
+    #[inline(always)]
     fn pair(&mut self, frame: Frame, out: &mut Vec<Matched>) {
         let (from, tag) = (frame.header.source, frame.header.tag);
         let bin = self.bins.get_mut(bin_key(from, tag)).filter(|b| !b.is_empty());
