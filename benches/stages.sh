@@ -48,7 +48,10 @@ echo "| transport, send | $(per "$tsend" $MSGS) | the frame into the peer's inbo
 echo "| receive request | $(per $((irecv - post)) $MSGS) | \`irecv_on\`: operation, matching lock, less the matching |"
 echo "| matching | $(per $((post + arrive)) $MSGS) | posting the receive, pairing the arrived frame |"
 echo "| transport, receive | $(per $((progress - handle)) $MSGS) | taking the frame from the inbox |"
-echo "| completion | $(per "$finish" $MSGS) | the receive's completion cell |"
+# The pass's loop over its matches inlines the completion (`complete_match`): counted in
+# the next row then; `finish_match` is what the other callers call.
+if [ "$finish" -gt 0 ]; then completion=$(per "$finish" $MSGS); else completion="(in the pass)"; fi
+echo "| completion | $completion | the receive's completion cell |"
 echo "| progress, other | $(per $((wait - progress + handle - arrive - finish)) $MSGS) | the progress pass around the frames |"
 echo "| wait and release | $(per $((take + drop_)) $MSGS) | taking the result, dropping the requests |"
 echo "| the rest, inlined into the loop | $(per $((total - isend - irecv - wait - take - drop_)) $MSGS) | argument checks, \`wait_all\` around the progress pass, request drops, the loop's buffer and request vectors |"
