@@ -12,7 +12,9 @@ set -euo pipefail
 BENCH=${1:-target/release/weft-bench}
 DIR=$(mktemp -d)
 trap 'rm -rf "$DIR"' EXIT
-MSGS=25600   # msgcost -w 128 -i 200
+# msgcost -w 128 -i 200: the measured run's 200 rounds and the warm-up run's 21 (-i / 10 + 1),
+# both inside `rounds`, of 128 messages.
+MSGS=$((128 * (200 + 200 / 10 + 1)))
 
 # Inclusive instructions of every function whose name matches $2 in callgrind file $1.
 incl() {
