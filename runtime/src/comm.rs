@@ -82,6 +82,7 @@ pub(crate) struct RankMap(
 
 impl RankMap {
     /// The rank in the group of world rank `w` (a member; else `w` unchanged).
+    #[inline]
     pub(crate) fn rank(&self, w: u32) -> u32 {
         match self.0.get(w as usize) {
             Some(&r) if r != u32::MAX => r,
@@ -90,6 +91,7 @@ impl RankMap {
     }
 
     /// `e` with a lost peer named by its rank in the group.
+    #[inline]
     pub(crate) fn error(&self, e: Error) -> Error {
         match e {
             Error::PeerLost { rank } => Error::PeerLost { rank: self.rank(rank) },
@@ -98,11 +100,13 @@ impl RankMap {
     }
 
     /// `st` with its source named by its rank in the group.
+    #[inline]
     pub(crate) fn status(&self, st: Status) -> Status {
         Status { source: self.rank(st.source), ..st }
     }
 
     /// An outcome (which names world ranks) with ranks of the group.
+    #[inline]
     pub(crate) fn outcome(&self, o: weft_sync::Outcome) -> weft_sync::Outcome {
         o.map(|st| self.status(st)).map_err(|e| self.error(e))
     }
@@ -155,6 +159,7 @@ impl Communicator {
     }
 
     /// The world rank of rank `r` of this communicator (`r` in range).
+    #[inline]
     pub(crate) fn world_of(&self, r: u32) -> u32 {
         self.group.world_ranks()[r as usize]
     }
@@ -165,16 +170,19 @@ impl Communicator {
     }
 
     /// `e` with a lost peer named by its rank here (as `rank_of_world`).
+    #[inline]
     pub(crate) fn local_error(&self, e: Error) -> Error {
         self.of_world.error(e)
     }
 
     /// `st` with its source named by its rank here.
+    #[inline]
     pub(crate) fn local_status(&self, st: Status) -> Status {
         self.of_world.status(st)
     }
 
     /// A request's outcome (which names world ranks) with ranks here.
+    #[inline]
     pub(crate) fn local_outcome(&self, o: weft_sync::Outcome) -> weft_sync::Outcome {
         self.of_world.outcome(o)
     }
@@ -199,6 +207,7 @@ impl Communicator {
         self.p2p.is_freed()
     }
 
+    #[inline]
     pub(crate) fn engine(&self) -> &Arc<Engine> {
         &self.engine
     }
@@ -209,6 +218,7 @@ impl Communicator {
     }
 
     /// Number of ranks.
+    #[inline]
     pub fn size(&self) -> u32 {
         self.group.size()
     }
@@ -229,6 +239,7 @@ impl Communicator {
     }
 
     /// A destination rank and tag of a send, on a communicator not freed.
+    #[inline]
     pub(crate) fn check(&self, rank: u32, tag: i32) -> Result<(), Error> {
         if self.p2p.is_freed() {
             return Err(Error::CommFreed);
@@ -249,6 +260,7 @@ impl Communicator {
     /// Messages up to the eager threshold are copied out at once; larger ones go by
     /// rendezvous and the buffer is read in place by the receiver. When the destination's
     /// inbox is full this call makes progress until there is room (flow control).
+    #[inline]
     pub fn isend<B: SendBuf>(&self, buf: B, dest: u32, tag: i32) -> Result<Request<'_, B>, Error> {
         self.check(dest, tag)?;
         self.isend_on(&self.p2p, buf, self.world_of(dest), tag).map_err(|e| self.local_error(e))
@@ -314,6 +326,7 @@ impl Communicator {
     /// `Source::Any` with no peer left) fails with [`Error::PeerLost`] — here, if that is
     /// already known, else when it becomes known, as every pending request that needs the
     /// rank does.
+    #[inline]
     pub fn irecv<B: RecvBuf>(&self, buf: B, source: impl Into<Source>, tag: impl Into<Tag>) -> Result<Request<'_, B>, Error> {
         let tag = tag.into();
         let source = self.check_recv(source.into(), tag)?;
@@ -321,6 +334,7 @@ impl Communicator {
     }
 
     /// A receive's source and tag, on a communicator not freed: the source as a world rank.
+    #[inline]
     pub(crate) fn check_recv(&self, source: Source, tag: Tag) -> Result<Source, Error> {
         let source = match source {
             Source::Rank(r) => {
@@ -336,6 +350,7 @@ impl Communicator {
 
     /// A receive's or probe's tag: in range, and not `Tag::Any` on a `no_any_tag`
     /// communicator.
+    #[inline]
     fn check_recv_tag(&self, tag: Tag) -> Result<(), Error> {
         match tag {
             Tag::Is(t) => {

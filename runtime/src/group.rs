@@ -33,6 +33,7 @@ impl Group {
     }
 
     /// World rank of each member, in group order.
+    #[inline]
     pub(crate) fn world_ranks(&self) -> &Arc<[u32]> {
         &self.members
     }
@@ -43,6 +44,7 @@ impl Group {
     }
 
     /// Number of members (`MPI_Group_size`).
+    #[inline]
     pub fn size(&self) -> u32 {
         self.members.len() as u32
     }

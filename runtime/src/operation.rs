@@ -92,7 +92,7 @@ pub(crate) fn new_operation(init: impl FnOnce(&mut Operation)) -> Arc<Operation>
 }
 
 /// Returns an inner to this thread's pool if nobody else holds it.
-#[inline]
+#[inline(always)]
 pub(crate) fn recycle(arc: Arc<Operation>) {
     // `strong_count` loads Relaxed; the Acquire fence below orders our reuse after the
     // accesses of the last other holder (which dropped its reference with a Release

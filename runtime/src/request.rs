@@ -262,6 +262,18 @@ impl<'c, B: Send + 'static> Request<'c, B> {
         }
     }
 
+    /// The error a completed request failed with (`None` while pending, once taken, or on
+    /// success): the outcome's check without translating a successful status's rank.
+    pub(crate) fn error(&self) -> Option<Error> {
+        if self.sent.is_some() {
+            return None;
+        }
+        match self.inner.as_ref()?.cell.outcome()? {
+            Ok(_) => None,
+            Err(e) => Some(self.comm.local_error(e)),
+        }
+    }
+
     /// Whether the result is still to be taken (pending, or complete and not taken).
     pub(crate) fn is_live(&self) -> bool {
         self.inner.is_some() || self.sent.is_some()
@@ -376,7 +388,21 @@ impl<B: Send + 'static> Future for Request<'_, B> {
 }
 
 impl<B: Send + 'static> Drop for Request<'_, B> {
+    /// A request whose result was taken holds nothing of the runtime: dropped in a few
+    /// instructions, where it is dropped (`release` is out of line).
+    #[inline]
     fn drop(&mut self) {
+        if self.inner.is_some() || self.sent_cell.get().is_some() {
+            self.release();
+        }
+    }
+}
+
+impl<B: Send + 'static> Request<'_, B> {
+    /// [`Drop`] of a request that still holds an operation or a made cell: recycles them, and
+    /// cancels a receive still posted or hands a pending operation the buffer.
+    #[inline(never)]
+    fn release(&mut self) {
         if let Some(cell) = self.sent_cell.take() {
             recycle(cell);
         }

@@ -22,7 +22,7 @@ fn wait_for<B: Send + 'static>(reqs: &mut [Request<'_, B>], want: Want) -> Optio
 /// them; each request's own result stays available through [`Request::take`].
 pub fn wait_all<B: Send + 'static>(reqs: &mut [Request<'_, B>]) -> Result<(), Error> {
     wait_for(reqs, Want::All);
-    match reqs.iter().find_map(|r| r.outcome().and_then(|o| o.err())) {
+    match reqs.iter().find_map(Request::error) {
         Some(e) => Err(e),
         None => Ok(()),
     }

@@ -164,6 +164,7 @@ impl CompletionCell {
     ///
     /// Returns `false` (and changes nothing) if the cell was already complete: a completion
     /// is delivered exactly once.
+    #[inline]
     pub fn complete(&self, outcome: Outcome) -> bool {
         // Fast reject of a second completion; the runtime never does this, but a cell must not
         // be corrupted by it either.
@@ -177,6 +178,17 @@ impl CompletionCell {
         // AcqRel: release publishes the outcome; acquire sees an attacher's attachment.
         let prev = self.state.fetch_or(COMPLETE, Ordering::AcqRel);
         debug_assert_eq!(prev & COMPLETE, 0, "completion cell completed twice");
+        if prev & (ATTACHED | HAS_WAKER) != 0 {
+            self.notify(prev, outcome);
+        }
+        true
+    }
+
+    /// [`complete`](Self::complete)'s delivery, out of line (a request waited for by testing
+    /// has neither): to the attachment if `prev` (the state before `COMPLETE` was set) has
+    /// one, and to the registered waker.
+    #[inline(never)]
+    fn notify(&self, prev: usize, outcome: Outcome) {
         if prev & ATTACHED != 0 {
             // SAFETY: `ATTACHED` was set by a release-CAS after the attachment was written,
             // and we observed it with acquire; the attacher no longer touches the slot and a
@@ -192,7 +204,6 @@ impl CompletionCell {
                 w.wake();
             }
         }
-        true
     }
 
     /// Polls for completion, registering `cx`'s waker if still pending.
@@ -323,6 +334,7 @@ impl CompletionCell {
     ///
     /// Needs `&mut self`: nobody else may hold the cell, so no atomic instruction is needed.
     /// An attachment still in place (the operation never completed) is cancelled first.
+    #[inline]
     pub fn reset(&mut self) {
         let state = crate::loom::with_mut(&mut self.state, |s| std::mem::replace(s, 0));
         self.cancel_attachment(state);

@@ -76,13 +76,19 @@ thread_local! {
 }
 
 /// This thread's dedicated CRI in runtime `id`, assigned by `assign` on first use.
-#[inline]
+#[inline(always)]
 pub(crate) fn dedicated(id: u64, assign: impl FnOnce() -> usize) -> usize {
     if let Ok((r, k)) = LAST.try_with(Cell::get) {
         if r == id {
             return k;
         }
     }
+    dedicated_slow(id, assign)
+}
+
+/// [`dedicated`] past the last runtime asked about: the thread's list, or a new choice.
+#[inline(never)]
+fn dedicated_slow(id: u64, assign: impl FnOnce() -> usize) -> usize {
     let known = DEDICATED.try_with(|d| d.borrow().iter().find(|(r, _)| *r == id).map(|&(_, k)| k));
     if let Ok(Some(k)) = known {
         let _ = LAST.try_with(|l| l.set((id, k)));

@@ -133,8 +133,83 @@ impl Hasher for KeyHasher {
     }
 }
 
-/// Bins of fully specified posted receives.
-type Bins = HashMap<u64, VecDeque<Posted>, BuildHasherDefault<KeyHasher>>;
+/// Bins of fully specified posted receives, by (source, tag): the queues in a vector, found
+/// through a map of their keys, and the bin used last remembered. A receive is mostly paired
+/// with a frame of the (source, tag) of the receive posted before it (a window of receives
+/// for one peer and tag, a stream of its messages): one compare then finds the bin instead
+/// of a hash lookup, on posting and on pairing.
+#[derive(Default)]
+struct Bins {
+    /// Each bin's key and its receives in post order.
+    list: Vec<(u64, VecDeque<Posted>)>,
+    /// Keys to their bin's index in `list`.
+    index: HashMap<u64, usize, BuildHasherDefault<KeyHasher>>,
+    /// Index in `list` of the bin used last (any value while `list` is empty).
+    last: usize,
+}
+
+impl Bins {
+    /// The index of `key`'s bin, if there is one.
+    #[inline]
+    fn find(&mut self, key: u64) -> Option<usize> {
+        if self.list.get(self.last).is_some_and(|(k, _)| *k == key) {
+            return Some(self.last);
+        }
+        let i = *self.index.get(&key)?;
+        self.last = i;
+        Some(i)
+    }
+
+    /// `key`'s bin, if there is one.
+    #[inline]
+    fn get_mut(&mut self, key: u64) -> Option<&mut VecDeque<Posted>> {
+        let i = self.find(key)?;
+        Some(&mut self.list[i].1)
+    }
+
+    /// `key`'s bin, made empty if there is none.
+    #[inline]
+    fn entry(&mut self, key: u64) -> &mut VecDeque<Posted> {
+        let i = match self.find(key) {
+            Some(i) => i,
+            None => self.insert(key),
+        };
+        &mut self.list[i].1
+    }
+
+    /// Adds an empty bin for `key` (not there yet), first dropping the empty ones if there are
+    /// many bins; its index.
+    #[cold]
+    fn insert(&mut self, key: u64) -> usize {
+        if self.list.len() >= MAX_IDLE_BINS {
+            self.list.retain(|(_, b)| !b.is_empty());
+            self.index.clear();
+            self.index.extend(self.list.iter().enumerate().map(|(i, (k, _))| (*k, i)));
+        }
+        let i = self.list.len();
+        self.list.push((key, VecDeque::new()));
+        self.index.insert(key, i);
+        self.last = i;
+        i
+    }
+
+    /// Every bin.
+    fn values_mut(&mut self) -> impl Iterator<Item = &mut VecDeque<Posted>> {
+        self.list.iter_mut().map(|(_, b)| b)
+    }
+
+    /// Takes every bin out, with its key.
+    fn drain(&mut self) -> impl Iterator<Item = (u64, VecDeque<Posted>)> + '_ {
+        self.index.clear();
+        self.list.drain(..)
+    }
+
+    /// Bins held (empty ones included).
+    #[cfg(test)]
+    fn len(&self) -> usize {
+        self.list.len()
+    }
+}
 
 /// Bins beyond which empty ones are dropped (bounded memory with many distinct tags).
 const MAX_IDLE_BINS: usize = 1024;
@@ -634,7 +709,7 @@ impl MatchState {
         let Some((first, rest)) = parts.split_first_mut() else { return };
         for p in rest.iter_mut() {
             for (key, bin) in p.bins.drain() {
-                first.bins.entry(key).or_default().extend(bin);
+                first.bins.entry(key).extend(bin);
             }
         }
         wild.sort_by_key(|p| p.seq);
@@ -658,9 +733,14 @@ impl MatchState {
             first.arrive(f, out);
         }
     }
+
+    /// A frame in turn meets the earliest posted receive that fits it, or waits as
+    /// unexpected. Inlined into its callers: the frame is moved once more, into the match,
+    /// not copied into a call of its own first.
+    #[inline(always)]
     fn pair(&mut self, frame: Frame, out: &mut Vec<Matched>) {
         let (from, tag) = (frame.header.source, frame.header.tag);
-        let bin = self.bins.get_mut(&bin_key(from, tag)).filter(|b| !b.is_empty());
+        let bin = self.bins.get_mut(bin_key(from, tag)).filter(|b| !b.is_empty());
         let wild = if self.wild.is_empty() { None } else { self.wild.iter().position(|p| fits(p.source, p.tag, from, tag)) };
         // The earliest posted of the two candidates.
         let p = match (bin, wild) {
@@ -700,12 +780,7 @@ impl MatchState {
         self.post_seq += 1;
         let posted = Posted { source, tag, seq, req: req.clone() };
         match (source, tag) {
-            (Source::Rank(r), Tag::Is(t)) => {
-                if self.bins.len() >= MAX_IDLE_BINS && !self.bins.contains_key(&bin_key(r, t)) {
-                    self.bins.retain(|_, b| !b.is_empty());
-                }
-                self.bins.entry(bin_key(r, t)).or_default().push_back(posted);
-            }
+            (Source::Rank(r), Tag::Is(t)) => self.bins.entry(bin_key(r, t)).push_back(posted),
             _ => self.wild.push_back(posted),
         }
     }
@@ -878,6 +953,37 @@ mod tests {
         }
         assert_eq!(m.far.len(), 1, "source 2's frame still waits for its turn");
         assert_eq!(m.order[1][0].expected, 8);
+    }
+
+    /// The bin used last is found without a lookup, and stays right when the bins are
+    /// pruned under it: receives posted for one (source, tag) before and after many other
+    /// tags came and went still pair in post order, with their own frames only, and the
+    /// empty bins are dropped (memory stays bounded).
+    #[test]
+    fn bins_pair_in_post_order_across_pruning() {
+        let mut m = MatchState::new(2, Order::Overtake);
+        let mut out = Vec::new();
+        let (kept, _) = post(&mut m, Source::Rank(1), Tag::Is(5));
+        // Many other tags, each posted and paired: their bins are left empty.
+        for t in 0..MAX_IDLE_BINS as i32 + 10 {
+            let (r, f) = post(&mut m, Source::Rank(0), Tag::Is(1000 + t));
+            assert!(f.is_none());
+            m.arrive(gframe(0, 1000 + t, 0, 0), &mut out);
+            assert!(Arc::ptr_eq(&out.pop().expect("paired").req, &r));
+        }
+        assert!(m.bins.len() <= MAX_IDLE_BINS + 1, "empty bins are pruned: {}", m.bins.len());
+        // The bin of tag 5 moved when the others were pruned; the one used last is another.
+        let (later, _) = post(&mut m, Source::Rank(1), Tag::Is(5));
+        let (other, _) = post(&mut m, Source::Rank(1), Tag::Is(6));
+        for (tag, want) in [(5, &kept), (6, &other), (5, &later)] {
+            m.arrive(gframe(1, tag, 0, 0), &mut out);
+            let got = out.pop().expect("paired");
+            assert_eq!(got.frame.header.tag, tag);
+            assert!(Arc::ptr_eq(&got.req, want), "tag {tag}: the receive posted first");
+        }
+        m.arrive(gframe(1, 5, 0, 0), &mut out);
+        assert!(out.is_empty(), "no receive left for tag 5");
+        assert_eq!(m.unexpected.len(), 1);
     }
 
     /// Frames held for reordering are handed back by `drain` (freed communicator).

@@ -44,7 +44,8 @@ impl Engine {
         let n = self.transport.num_cris();
         let dst_cri = if k < n { k } else { k % n };
         if !self.queued_to(dst) {
-            let mut backoff = weft_sync::IdleBackoff::new();
+            // Made at the first refusal: a frame taken at once pays for neither.
+            let mut backoff: Option<weft_sync::IdleBackoff> = None;
             let mut since: Option<std::time::Instant> = None;
             loop {
                 let res = self.main_path(|| {
@@ -72,7 +73,7 @@ impl Engine {
                     break;
                 }
                 if !self.progress_once().progressed() {
-                    backoff.snooze();
+                    backoff.get_or_insert_with(weft_sync::IdleBackoff::new).snooze();
                 }
             }
         }
