@@ -14,7 +14,8 @@
 //!
 //! Columns: `bench,lock,provider,ranks,threads,writers_fraction,t_dc,t_l,t_r,ops_per_sec,latency_us`
 //! (`ops_per_sec`: acquisitions of all ranks per second; `latency_us`: mean time of one
-//! acquire plus release; `t_dc`, `t_l`, `t_r` are `-` where the lock has none).
+//! acquire plus release; `t_dc`, `t_l`, `t_r` are `-` where the lock has none). A last note
+//! (stderr with `--csv`) states the process's peak RSS.
 
 use std::time::{Duration, Instant};
 
@@ -334,7 +335,19 @@ pub fn run(args: &Args) -> Result<(), String> {
             format!("{latency:.2}"),
         ]);
     }
-    table.finish_with_plot(&chart(&args.levels), &args.plot)
+    table.finish_with_plot(&chart(&args.levels), &args.plot)?;
+    match peak_rss_kib() {
+        Some(kib) => args.out.note(&format!("# peak RSS of this process: {:.1} MiB (every point's ranks and locks)", kib as f64 / 1024.0)),
+        None => args.out.note("# peak RSS of this process: unknown (no /proc/self/status)"),
+    }
+    Ok(())
+}
+
+/// The process's peak resident set (`VmHWM` of `/proc/self/status`), in KiB.
+pub(crate) fn peak_rss_kib() -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
+    line.split_whitespace().nth(1)?.parse().ok()
 }
 
 /// `--plot`: acquisitions per second over the rank count, one panel per benchmark, one line

@@ -86,6 +86,8 @@ use crate::rma::{Op, Window};
 
 mod dht;
 mod levels;
+#[cfg(test)]
+mod model;
 mod queues;
 mod wait;
 

@@ -52,15 +52,15 @@ use crate::comm::Communicator;
 use crate::rma::{Op, Window};
 
 /// STATUS: spin (the listings' `WAIT`).
-const WAIT: u64 = u64::MAX;
+pub(super) const WAIT: u64 = u64::MAX;
 /// STATUS: acquire the parent level (§3.2.3).
-const ACQUIRE_PARENT: u64 = u64::MAX - 1;
+pub(super) const ACQUIRE_PARENT: u64 = u64::MAX - 1;
 /// STATUS at level 1: the lock went to the readers; take it back from them (§3.3.3).
-const MODE_CHANGE: u64 = u64::MAX - 2;
+pub(super) const MODE_CHANGE: u64 = u64::MAX - 2;
 /// STATUS of a writer that acquired a level itself: no passings within the element yet.
-const ACQUIRE_START: u64 = 0;
+pub(super) const ACQUIRE_START: u64 = 0;
 /// The WRITE mark added to an ARRIVE counter (`INT64_MAX/2`, Listing 6).
-const WRITE: i64 = i64::MAX / 2;
+pub(super) const WRITE: i64 = i64::MAX / 2;
 
 /// `rank + 1`: the encoding of a rank in a queue word (0 is "nobody", the paper's `∅`).
 pub(super) fn node(rank: u32) -> u64 {
