@@ -14,33 +14,43 @@ fn value_of(key: u64) -> u64 {
     key.wrapping_mul(3).wrapping_add(1)
 }
 
-/// The keys rank `r` of `n` inserts from thread `t`: a range shared with the next rank
-/// (so ranks replace each other's entries), and a key that is the same for every rank.
-fn keys(r: u32, t: u64, n: u32) -> impl Iterator<Item = u64> {
-    let base = u64::from(r) * 200 + t * 100;
-    (base..base + 300).chain([u64::MAX, 7 * u64::from(n)])
+/// The indices of the keys rank `r` of `n` inserts from thread `t` (into [`hot_keys`]): a
+/// range shared with the next rank (so ranks replace each other's entries), and one that is
+/// the same for every rank.
+fn keys(r: u32, t: u64, n: u32) -> impl Iterator<Item = usize> {
+    let base = (u64::from(r) * 30 + t * 15) as usize;
+    (base..base + 45).chain([7 * n as usize])
 }
 
-/// Three threads per rank insert their keys while a third looks up keys as they go in (a
+/// Keys that `table` places in rank 0's volume (every insert contends for one volume's lock
+/// and its heap), enough for [`keys`] of `n` ranks, and `u64::MAX` first.
+fn hot_keys(table: &Dht, n: u32) -> Vec<u64> {
+    let want = 30 * n as usize + 60;
+    [u64::MAX].into_iter().chain((0..).filter(|&k| table.volume_of(k) == 0)).take(want).collect()
+}
+
+/// Two threads per rank insert their keys while a third looks up keys as they go in (a
 /// lookup finds nothing or the right value, never a torn entry); then every rank checks
-/// every key of the union, and some keys nobody inserted, against a sequential map. Few
-/// buckets, so that most keys go through the overflow lists.
+/// every key of the union, and some keys nobody inserted, against a sequential map. The
+/// keys are all in one volume, with far fewer buckets than keys: most keys go through the
+/// overflow list, and the inserts of every rank contend for the volume.
 fn against_a_map(c: &Communicator, lock: VolumeLock) {
     let n = c.size();
-    let table = Dht::new(c, &DhtConfig { buckets: 3, heap: 2000, lock }).unwrap();
+    let table = Dht::new(c, &DhtConfig { buckets: 16, heap: 400, lock }).unwrap();
+    let hot = hot_keys(&table, n);
     barrier(c);
     std::thread::scope(|s| {
-        for t in 0..3u64 {
-            let table = &table;
+        for t in 0..2u64 {
+            let (table, hot) = (&table, &hot);
             s.spawn(move || {
-                for k in keys(c.rank(), t, n) {
+                for k in keys(c.rank(), t, n).map(|i| hot[i]) {
                     let old = table.insert(k, value_of(k)).unwrap();
                     assert!(old.is_none() || old == Some(value_of(k)), "key {k} held {old:?}");
                 }
             });
         }
         s.spawn(|| {
-            for k in keys((c.rank() + 1) % n, 0, n) {
+            for k in keys((c.rank() + 1) % n, 0, n).map(|i| hot[i]) {
                 let v = table.get(k).unwrap();
                 assert!(v.is_none() || v == Some(value_of(k)), "key {k} read as {v:?}");
             }
@@ -49,14 +59,14 @@ fn against_a_map(c: &Communicator, lock: VolumeLock) {
     barrier(c);
     let mut reference = BTreeMap::new();
     for r in 0..n {
-        for t in 0..3 {
-            reference.extend(keys(r, t, n).map(|k| (k, value_of(k))));
+        for t in 0..2 {
+            reference.extend(keys(r, t, n).map(|i| (hot[i], value_of(hot[i]))));
         }
     }
     for (&k, &v) in &reference {
         assert_eq!(table.get(k).unwrap(), Some(v), "key {k}");
     }
-    for k in [u64::from(n) * 200 + 1000, 1 << 40, u64::MAX - 1] {
+    for k in [hot[hot.len() - 1], 1 << 40, u64::MAX - 1] {
         assert_eq!(table.get(k).unwrap(), None, "key {k} was never inserted");
     }
     // Every key is in exactly one volume.
@@ -70,7 +80,7 @@ fn against_a_map(c: &Communicator, lock: VolumeLock) {
 
 #[test]
 fn dht_under_rma_rw_matches_a_sequential_map() {
-    on_ranks(4, "DHT under RMA-RW", |_, c| {
+    on_ranks(3, "DHT under RMA-RW", |_, c| {
         against_a_map(c, VolumeLock::RmaRw(Levels::simulated(&[2]), Thresholds { t_l: vec![2], t_r: 3, t_dc: 0 }));
     });
 }
