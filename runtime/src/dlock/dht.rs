@@ -88,6 +88,14 @@ const NEXT: usize = 3;
 /// The word that counts the heap entries in use.
 const HEAP_USED: usize = 0;
 
+/// Where a walk of a bucket's list ended: the word of an entry and the entry.
+enum Walk {
+    /// At the entry holding the key.
+    Found(usize, [u64; ENTRY]),
+    /// At the list's last entry (the bucket itself when it is free): the key is not there.
+    End(usize, [u64; ENTRY]),
+}
+
 /// One lock per volume.
 enum Locks {
     RmaRw(Vec<RmaRw>),
@@ -203,18 +211,17 @@ impl Dht {
         Ok(e)
     }
 
-    /// Walks `key`'s bucket list in volume `v`: the word of the entry holding `key`, or
-    /// (`Err`) the word of the list's last entry (the bucket itself when it is free).
-    fn find(&self, v: u32, key: u64) -> Result<Result<(usize, [u64; ENTRY]), (usize, [u64; ENTRY])>, Error> {
+    /// Walks `key`'s bucket list in volume `v`.
+    fn find(&self, v: u32, key: u64) -> Result<Walk, Error> {
         let mut at = self.bucket_of(key);
         // A list is at most the whole heap long; a longer walk means a corrupted volume.
         for _ in 0..=self.heap {
             let e = self.entry(v, at)?;
             if e[STATE] == 1 && e[KEY] == key {
-                return Ok(Ok((at, e)));
+                return Ok(Walk::Found(at, e));
             }
             if e[STATE] == 0 || e[NEXT] == 0 {
-                return Ok(Err((at, e)));
+                return Ok(Walk::End(at, e));
             }
             let next = (e[NEXT] - 1) as usize;
             if next >= self.heap {
@@ -233,7 +240,13 @@ impl Dht {
     /// [`get`](Self::get), parking the task (not the thread) while it waits for the lock.
     pub async fn get_async(&self, key: u64) -> Result<Option<u64>, Error> {
         let v = self.volume_of(key);
-        self.locked(v, false, || Ok(self.find(v, key)?.ok().map(|(_, e)| e[VALUE]))).await
+        self.locked(v, false, || {
+            Ok(match self.find(v, key)? {
+                Walk::Found(_, e) => Some(e[VALUE]),
+                Walk::End(..) => None,
+            })
+        })
+        .await
     }
 
     /// Inserts `key` with `value`, or replaces its value; returns the value it replaced.
@@ -255,13 +268,13 @@ impl Dht {
     fn insert_locked(&self, v: u32, key: u64, value: u64) -> Result<Option<u64>, Error> {
         let w = &self.window;
         let at = match self.find(v, key)? {
-            Ok((at, e)) => {
+            Walk::Found(at, e) => {
                 w.put(v, at + VALUE, &[value])?;
                 w.flush(v)?;
                 return Ok(Some(e[VALUE]));
             }
-            Err((at, e)) if e[STATE] == 0 => at,
-            Err((last, _)) => {
+            Walk::End(at, e) if e[STATE] == 0 => at,
+            Walk::End(last, _) => {
                 // The bucket is taken: the next free heap entry, linked after `last` once
                 // it is written.
                 let mut used = [0u64];

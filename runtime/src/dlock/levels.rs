@@ -110,7 +110,7 @@ fn sockets_of(comm: &Communicator, hosts: &[u64], topo: &Topology, mine: u64) ->
 
 /// Whether `topo` has at most one group at its coarsest level below the root.
 fn single_group(topo: &Topology) -> bool {
-    topo.depth().checked_sub(2).is_none_or(|level| topo.groups(level) <= 1)
+    topo.depth().checked_sub(2).map_or(true, |level| topo.groups(level) <= 1)
 }
 
 /// The keys of [`Levels::simulated`]: per level, outermost first, each rank's element.

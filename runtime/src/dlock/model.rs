@@ -20,7 +20,7 @@
 use std::collections::{HashMap, VecDeque};
 
 use super::levels::Machine;
-use super::queues::{ACQUIRE_PARENT, ACQUIRE_START, MODE_CHANGE, WAIT, WRITE};
+use super::queues::{Layout, ACQUIRE_PARENT, ACQUIRE_START, MODE_CHANGE, WAIT, WRITE};
 
 /// The most levels a model has.
 const MAXL: usize = 3;
@@ -166,41 +166,17 @@ impl Model {
         self.machine.depth()
     }
 
-    /// Words per rank, as `Queues::new` allocates.
-    fn words(&self) -> usize {
-        4 * self.n() + 2
+    /// Where the words are, as in `Queues`.
+    fn layout(&self) -> Layout {
+        Layout(self.n())
     }
 
     fn at(&self, rank: u64, off: usize) -> usize {
-        rank as usize * self.words() + off
-    }
-
-    fn next(l: usize) -> usize {
-        3 * l
-    }
-
-    fn status(l: usize) -> usize {
-        3 * l + 1
-    }
-
-    fn tail(l: usize) -> usize {
-        3 * l + 2
-    }
-
-    fn owners(&self) -> usize {
-        3 * self.n()
-    }
-
-    fn arrive(&self) -> usize {
-        4 * self.n()
-    }
-
-    fn depart(&self) -> usize {
-        4 * self.n() + 1
+        rank as usize * self.layout().words() + off
     }
 
     fn tail_at(&self, l: usize, p: u64) -> usize {
-        self.at(u64::from(self.machine.tail_rank(l, p as u32)), Self::tail(l))
+        self.at(u64::from(self.machine.tail_rank(l, p as u32)), Layout::tail(l))
     }
 
     fn initial(&self) -> State {
@@ -224,7 +200,7 @@ impl Model {
                 p
             })
             .collect();
-        State { mem: vec![0; self.roles.len() * self.words()], procs }
+        State { mem: vec![0; self.roles.len() * self.layout().words()], procs }
     }
 
     /// The first step of an acquisition (or `Done`).
@@ -298,11 +274,11 @@ impl Model {
         match p.pc {
             Pc::Done => return None,
             Pc::PrepNext => {
-                mem[self.at(me, Self::next(l))] = 0;
+                mem[self.at(me, Layout::next(l))] = 0;
                 p.pc = Pc::PrepStatus;
             }
             Pc::PrepStatus => {
-                mem[self.at(me, Self::status(l))] = WAIT;
+                mem[self.at(me, Layout::status(l))] = WAIT;
                 p.pc = Pc::SwapTail;
             }
             Pc::SwapTail => {
@@ -320,11 +296,11 @@ impl Model {
                 };
             }
             Pc::LinkPred => {
-                mem[self.at(p.v - 1, Self::next(l))] = me + 1;
+                mem[self.at(p.v - 1, Layout::next(l))] = me + 1;
                 p.pc = Pc::SpinStatus;
             }
             Pc::SpinStatus => {
-                let status = mem[self.at(me, Self::status(l))];
+                let status = mem[self.at(me, Layout::status(l))];
                 if status == WAIT {
                     return None;
                 }
@@ -341,18 +317,18 @@ impl Model {
             }
             Pc::GetOwners => {
                 for k in 0..l {
-                    p.held[k] = (mem[self.at(me, self.owners() + k)] - 1) as u8;
+                    p.held[k] = (mem[self.at(me, self.layout().owners() + k)] - 1) as u8;
                 }
                 p.pc = Pc::Cs;
             }
             Pc::AcqParent => {
-                mem[self.at(me, Self::status(l))] = ACQUIRE_START;
+                mem[self.at(me, Layout::status(l))] = ACQUIRE_START;
                 p.l -= 1;
                 p.pc = Pc::PrepNext;
             }
             Pc::MarkWrite => {
                 let r = self.reset_rank(p, i);
-                let a = self.at(r, self.arrive());
+                let a = self.at(r, self.layout().arrive());
                 mem[a] = mem[a].wrapping_add(WRITE as u64);
                 p.pc = if usize::from(p.j) + 1 < self.counter_ranks() {
                     p.j += 1;
@@ -365,11 +341,11 @@ impl Model {
                 };
             }
             Pc::DrainArrive => {
-                p.v = mem[self.at(self.reset_rank(p, i), self.arrive())];
+                p.v = mem[self.at(self.reset_rank(p, i), self.layout().arrive())];
                 p.pc = Pc::DrainDepart;
             }
             Pc::DrainDepart => {
-                let d = mem[self.at(self.reset_rank(p, i), self.depart())] as i64;
+                let d = mem[self.at(self.reset_rank(p, i), self.layout().depart())] as i64;
                 let active = unmarked(p.v as i64).wrapping_sub(d);
                 p.v = 0;
                 p.pc = if active != 0 {
@@ -382,7 +358,7 @@ impl Model {
                 };
             }
             Pc::WriteMode => {
-                mem[self.at(me, Self::status(0))] = ACQUIRE_START;
+                mem[self.at(me, Layout::status(0))] = ACQUIRE_START;
                 p.j = 0;
                 p.pc = Pc::Cs;
             }
@@ -398,18 +374,18 @@ impl Model {
                 }
                 Role::Reader => {
                     // Listing 10.
-                    let a = self.at(self.reset_rank(p, i), self.depart());
+                    let a = self.at(self.reset_rank(p, i), self.layout().depart());
                     mem[a] = mem[a].wrapping_add(1);
                     p.left -= 1;
                     self.start(p, i);
                 }
             },
             Pc::RelNext => {
-                p.succ[l] = mem[self.at(u64::from(p.held[l]), Self::next(l))];
+                p.succ[l] = mem[self.at(u64::from(p.held[l]), Layout::next(l))];
                 p.pc = Pc::RelStatus;
             }
             Pc::RelStatus => {
-                p.v = mem[self.at(u64::from(p.held[l]), Self::status(l))];
+                p.v = mem[self.at(u64::from(p.held[l]), Layout::status(l))];
                 if p.succ[l] != 0 && p.v < self.t_l[l] {
                     p.pc = Pc::RelOwners;
                 } else if l > 1 {
@@ -421,22 +397,22 @@ impl Model {
             }
             Pc::RelOwners => {
                 for k in 0..l {
-                    mem[self.at(p.succ[l] - 1, self.owners() + k)] = u64::from(p.held[k]) + 1;
+                    mem[self.at(p.succ[l] - 1, self.layout().owners() + k)] = u64::from(p.held[k]) + 1;
                 }
                 p.pc = Pc::RelPass;
             }
             Pc::RelPass => {
-                mem[self.at(p.succ[l] - 1, Self::status(l))] = p.v + 1;
+                mem[self.at(p.succ[l] - 1, Layout::status(l))] = p.v + 1;
                 (p.v, p.succ[l]) = (0, 0);
                 self.leave_below(p, i, l + 1);
             }
             Pc::RootNextPlain => {
-                p.succ[0] = mem[self.at(u64::from(p.held[0]), Self::next(0))];
+                p.succ[0] = mem[self.at(u64::from(p.held[0]), Layout::next(0))];
                 p.stat = ACQUIRE_START + 1;
                 Self::leave(p, 0);
             }
             Pc::RootStatus => {
-                p.stat = mem[self.at(u64::from(p.held[0]), Self::status(0))].wrapping_add(1);
+                p.stat = mem[self.at(u64::from(p.held[0]), Layout::status(0))].wrapping_add(1);
                 p.flag = false;
                 if p.stat >= self.counters.as_ref().expect("RMA-RW").t_w {
                     p.stat = MODE_CHANGE;
@@ -447,7 +423,7 @@ impl Model {
                 }
             }
             Pc::RootNext => {
-                p.succ[0] = mem[self.at(u64::from(p.held[0]), Self::next(0))];
+                p.succ[0] = mem[self.at(u64::from(p.held[0]), Layout::next(0))];
                 if p.succ[0] == 0 && !p.flag {
                     p.stat = MODE_CHANGE;
                     Self::reset_counters(p, Cont::RootLeave);
@@ -468,7 +444,7 @@ impl Model {
                 }
             }
             Pc::LeaveSpin => {
-                let succ = mem[self.at(u64::from(p.held[l]), Self::next(l))];
+                let succ = mem[self.at(u64::from(p.held[l]), Layout::next(l))];
                 if succ == 0 {
                     return None;
                 }
@@ -477,20 +453,20 @@ impl Model {
             }
             Pc::LeavePut => {
                 let status = if l == 0 { p.stat } else { ACQUIRE_PARENT };
-                mem[self.at(p.succ[l] - 1, Self::status(l))] = status;
+                mem[self.at(p.succ[l] - 1, Layout::status(l))] = status;
                 p.succ[l] = 0;
                 self.leave_below(p, i, l + 1);
             }
             Pc::ResetArrive => {
-                p.v = mem[self.at(self.reset_rank(p, i), self.arrive())];
+                p.v = mem[self.at(self.reset_rank(p, i), self.layout().arrive())];
                 p.pc = Pc::ResetDepart;
             }
             Pc::ResetDepart => {
-                p.d = mem[self.at(self.reset_rank(p, i), self.depart())];
+                p.d = mem[self.at(self.reset_rank(p, i), self.layout().depart())];
                 p.pc = Pc::ResetSubDepart;
             }
             Pc::ResetSubDepart => {
-                let a = self.at(self.reset_rank(p, i), self.depart());
+                let a = self.at(self.reset_rank(p, i), self.layout().depart());
                 mem[a] = mem[a].wrapping_sub(p.d);
                 p.pc = Pc::ResetSubArrive;
             }
@@ -499,7 +475,7 @@ impl Model {
                 if p.clear && p.v as i64 >= WRITE / 2 {
                     sub = sub.wrapping_sub(WRITE);
                 }
-                let a = self.at(self.reset_rank(p, i), self.arrive());
+                let a = self.at(self.reset_rank(p, i), self.layout().arrive());
                 mem[a] = mem[a].wrapping_add(sub as u64);
                 (p.v, p.d) = (0, 0);
                 match p.cont {
@@ -524,7 +500,7 @@ impl Model {
             }
             Pc::ReadAdd => {
                 let c = self.counters.as_ref().expect("RMA-RW");
-                let a = self.at(self.reset_rank(p, i), self.arrive());
+                let a = self.at(self.reset_rank(p, i), self.layout().arrive());
                 let cs = mem[a] as i64;
                 mem[a] = mem[a].wrapping_add(1);
                 p.flag = false;
@@ -546,13 +522,13 @@ impl Model {
                 }
             }
             Pc::ReadBack => {
-                let a = self.at(self.reset_rank(p, i), self.arrive());
+                let a = self.at(self.reset_rank(p, i), self.layout().arrive());
                 mem[a] = mem[a].wrapping_sub(1);
                 p.pc = if p.flag { Pc::ReadAdd } else { Pc::BarrierArrive };
                 p.flag = false;
             }
             Pc::BarrierArrive => {
-                let cs = mem[self.at(self.reset_rank(p, i), self.arrive())] as i64;
+                let cs = mem[self.at(self.reset_rank(p, i), self.layout().arrive())] as i64;
                 let t_r = self.counters.as_ref().expect("RMA-RW").t_r;
                 p.pc = if cs < t_r {
                     Pc::ReadAdd
