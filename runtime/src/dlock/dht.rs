@@ -359,6 +359,18 @@ mod tests {
         }
     }
 
+    /// The async forms can be spawned on a multi-threaded executor.
+    #[test]
+    fn async_forms_are_send() {
+        fn send<T: Send>(_: &T) {}
+        let rts = Runtime::builder().env(false).build_local(1).unwrap();
+        let t = Dht::new(rts[0].world(), &DhtConfig { buckets: 1, heap: 1, lock: VolumeLock::FompiRw }).unwrap();
+        let (insert, get) = (t.insert_async(3, 4), t.get_async(3));
+        send(&insert);
+        send(&get);
+        assert_eq!((block_on(insert).unwrap(), block_on(get).unwrap()), (None, Some(4)));
+    }
+
     #[test]
     fn keys_spread_over_volumes_and_buckets_alike_on_every_rank() {
         let rts = Runtime::builder().env(false).build_local(1).unwrap();
