@@ -14,7 +14,8 @@
 //!
 //! Columns: `bench,lock,provider,ranks,threads,writers_fraction,t_dc,t_l,t_r,ops_per_sec,latency_us`
 //! (`ops_per_sec`: acquisitions of all ranks per second; `latency_us`: mean time of one
-//! acquire plus release; `t_dc`, `t_l`, `t_r` are `-` where the lock has none).
+//! acquire plus release; `t_dc`, `t_l`, `t_r` are `-` where the lock has none). A last note
+//! (stderr with `--csv`) states the process's peak RSS.
 
 use std::time::{Duration, Instant};
 
@@ -22,7 +23,8 @@ use weft::dlock::{DMcs, FompiRw, Levels, RmaMcs, RmaRw, SpinLock, Thresholds};
 use weft::rma::{Op, Window};
 use weft::{Communicator, Provider, Runtime};
 
-use crate::report::{parse_list, Output, Table};
+use crate::plot::Chart;
+use crate::report::{parse_list, Output, PlotTo, Table};
 
 /// Options of `weft-bench dlock`.
 #[derive(Debug, clap::Args)]
@@ -63,6 +65,8 @@ pub struct Args {
     ops: u64,
     #[command(flatten)]
     out: Output,
+    #[command(flatten)]
+    plot: PlotTo,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -89,7 +93,7 @@ impl std::str::FromStr for Bench {
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Kind {
+pub(crate) enum Kind {
     DMcs,
     RmaMcs,
     RmaRw,
@@ -112,7 +116,7 @@ impl std::str::FromStr for Kind {
 }
 
 impl Kind {
-    fn name(self) -> &'static str {
+    pub(crate) fn name(self) -> &'static str {
         match self {
             Kind::DMcs => "d-mcs",
             Kind::RmaMcs => "rma-mcs",
@@ -168,10 +172,10 @@ fn spin_for(d: Duration) {
 }
 
 /// A small per-thread random sequence (xorshift).
-struct Rng(u64);
+pub(crate) struct Rng(pub(crate) u64);
 
 impl Rng {
-    fn next(&mut self) -> u64 {
+    pub(crate) fn next(&mut self) -> u64 {
         self.0 ^= self.0 << 13;
         self.0 ^= self.0 >> 7;
         self.0 ^= self.0 << 17;
@@ -216,7 +220,7 @@ fn measure(p: &Point, levels: &Levels, ops: u64) -> Result<(f64, f64), String> {
                                     let mut rng = Rng(0x9e37_79b9_7f4a_7c15 ^ ((u64::from(c.rank()) << 20) | (t as u64 + 1)));
                                     let mut held = Duration::ZERO;
                                     for _ in 0..ops {
-                                        let write = !p.kind.has_readers() || (rng.next() % 1_000_000) as f64 / 1e6 < p.writers;
+                                        let write = !p.kind.has_readers() || draws_write(rng.next(), p.writers);
                                         let work = rng.micros();
                                         let start = Instant::now();
                                         lock.cycle(write, || match p.bench {
@@ -256,6 +260,16 @@ fn measure(p: &Point, levels: &Levels, ops: u64) -> Result<(f64, f64), String> {
     Ok((total / slowest.max(1e-9), held / total * 1e6))
 }
 
+/// `--levels`: `flat`, or simulated sizes innermost first.
+pub(crate) fn parse_levels(s: &str) -> Result<Levels, String> {
+    Ok(if s == "flat" { Levels::flat() } else { Levels::simulated(&parse_list::<u32>(s)?) })
+}
+
+/// Whether `n` draws a write with probability `writers` (`F_W`).
+pub(crate) fn draws_write(n: u64, writers: f64) -> bool {
+    (n % 1_000_000) as f64 / 1e6 < writers
+}
+
 pub fn run(args: &Args) -> Result<(), String> {
     let benches: Vec<Bench> = parse_list(&args.bench)?;
     let kinds: Vec<Kind> = parse_list(&args.lock)?;
@@ -266,7 +280,7 @@ pub fn run(args: &Args) -> Result<(), String> {
     let t_dcs: Vec<u32> = parse_list(&args.t_dc)?;
     let t_ls: Vec<u64> = parse_list(&args.t_l)?;
     let t_rs: Vec<u64> = parse_list(&args.t_r)?;
-    let levels = if args.levels == "flat" { Levels::flat() } else { Levels::simulated(&parse_list::<u32>(&args.levels)?) };
+    let levels = parse_levels(&args.levels)?;
     if ranks.contains(&0) || threads.contains(&0) || args.ops == 0 {
         return Err("ranks, threads and ops must be at least 1".into());
     }
@@ -321,6 +335,59 @@ pub fn run(args: &Args) -> Result<(), String> {
             format!("{latency:.2}"),
         ]);
     }
-    table.finish();
+    table.finish_with_plot(&chart(&args.levels), &args.plot)?;
+    match peak_rss_kib() {
+        Some(kib) => args.out.note(&format!("# peak RSS of this process: {:.1} MiB (every point's ranks and locks)", kib as f64 / 1024.0)),
+        None => args.out.note("# peak RSS of this process: unknown (no /proc/self/status)"),
+    }
     Ok(())
+}
+
+/// The process's peak resident set (`VmHWM` of `/proc/self/status`), in KiB.
+pub(crate) fn peak_rss_kib() -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
+    line.split_whitespace().nth(1)?.parse().ok()
+}
+
+/// `--plot`: acquisitions per second over the rank count, one panel per benchmark, one line
+/// per lock (and per any other swept column).
+fn chart(levels: &str) -> Chart {
+    Chart::new(format!("distributed locks, in-process ranks (RMA-MCS/RMA-RW levels: {levels})"), "ranks", "ranks")
+        .log2_x()
+        .y_axis("acquisitions/s (thousands)", 1e3)
+        .y("ops_per_sec", "")
+        .series("lock", "{}")
+        .series("provider", "{}")
+        .series("threads", "{} threads")
+        .series("writers_fraction", "F_W {}")
+        .series("t_dc", "T_DC {}")
+        .series("t_l", "T_L {}")
+        .series("t_r", "T_R {}")
+        .panels("bench", "{}")
+}
+
+#[cfg(test)]
+mod tests {
+    /// `--plot`: a panel per benchmark, a line per lock; a threshold a lock has none of
+    /// (`-`) is left out of its legend.
+    #[test]
+    fn plot_draws_a_line_per_lock_and_a_panel_per_bench() {
+        let columns =
+            ["bench", "lock", "provider", "ranks", "threads", "writers_fraction", "t_dc", "t_l", "t_r", "ops_per_sec", "latency_us"];
+        let row = |b: &str, l: &str, r: &str, t_l: &str, ops: &str| -> Vec<String> {
+            [b, l, "embedded", r, "1", "1", "-", t_l, "-", ops, "1.0"].iter().map(|c| c.to_string()).collect()
+        };
+        let rows = [
+            row("lb", "d-mcs", "2", "-", "1000"),
+            row("lb", "d-mcs", "4", "-", "2000"),
+            row("lb", "rma-mcs", "2", "16", "3000"),
+            row("ecsb", "rma-mcs", "4", "16", "4000"),
+        ];
+        let svg = super::chart("2").svg(&columns, &rows).unwrap();
+        for text in ["lb", "ecsb", "d-mcs", "rma-mcs, T_L 16", "acquisitions/s (thousands)", "levels: 2"] {
+            assert!(svg.contains(text), "{text:?} missing from the SVG");
+        }
+        assert!(!svg.contains("T_L -"), "a threshold the lock has none of is not in its legend");
+    }
 }

@@ -7,6 +7,7 @@ mod alltoall;
 mod coll;
 mod continuations;
 mod ctxid;
+mod dht;
 mod dlock;
 mod idle;
 mod lock_regimes;
@@ -64,6 +65,8 @@ enum Cmd {
     LockRegimes(lock_regimes::Args),
     /// Distributed RMA locks under the seed's benchmarks ([Schmid 2016, §5.1]): LB, ECSB, SOB, WCSB, WARB.
     Dlock(dlock::Args),
+    /// The seed's distributed hash table ([Schmid 2016, §5.3]) under RMA-RW, foMPI-RW and the spin lock.
+    Dht(dht::Args),
     /// Completions of many receives in flight: continuations inline or on the pool, tasks awaiting requests, a sync object ([Schuchart 2021]).
     Continuations(continuations::Args),
     /// One message filled by many threads: partitioned send vs a send per thread vs one send after a join (MPI 4.0 ch. 4).
@@ -104,6 +107,7 @@ fn main() {
         Cmd::Ctxid(a) => ctxid::run(&a),
         Cmd::Startup(a) => startup::run(&a),
         Cmd::Dlock(a) => dlock::run(&a),
+        Cmd::Dht(a) => dht::run(&a),
         Cmd::Coll(a) => coll::run(&a),
         Cmd::Continuations(a) => continuations::run(&a),
         Cmd::Partitioned(a) => partitioned::run(&a),

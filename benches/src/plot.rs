@@ -6,7 +6,7 @@
 //! of lines, e.g. weft's time and the peer's time of the same row), the columns whose values
 //! tell lines apart (`series`), and optionally a column that splits the chart into panels
 //! side by side (e.g. one per provider). Of the series columns only those whose value varies
-//! over the rows name a line; cells that are not numbers (`-`, empty) are left out.
+//! over the rows name a line (and not in a row where the column does not apply, `-`); cells that are not numbers (`-`, empty) are left out.
 
 use std::path::Path;
 
@@ -149,7 +149,8 @@ impl Chart {
                 if ys.len() > 1 && !name.is_empty() {
                     parts.push(name.to_string());
                 }
-                parts.extend(varying.iter().map(|&(i, l)| l.replace("{}", &r[i])));
+                // A series column that does not apply to this row (`-`, empty) names nothing.
+                parts.extend(varying.iter().filter(|&&(i, _)| !matches!(r[i].as_str(), "-" | "")).map(|&(i, l)| l.replace("{}", &r[i])));
                 let label = parts.join(", ");
                 let lines = &mut panels[p].lines;
                 match lines.iter_mut().find(|l| l.label == label) {

@@ -30,6 +30,9 @@ mod shm {
     mod dlock_suite {
         include!("dlock_suite/mod.rs");
     }
+    mod dht_suite {
+        include!("dht_suite/mod.rs");
+    }
     mod coll_suite {
         include!("coll_suite/mod.rs");
     }
@@ -59,6 +62,9 @@ mod tcp {
     }
     mod dlock_suite {
         include!("dlock_suite/mod.rs");
+    }
+    mod dht_suite {
+        include!("dht_suite/mod.rs");
     }
     mod coll_suite {
         include!("coll_suite/mod.rs");

@@ -8,6 +8,7 @@ fn builder() -> weft::Builder {
 }
 
 mod common;
+mod dht_suite;
 mod dlock_suite;
 mod rma_suite;
 

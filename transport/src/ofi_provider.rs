@@ -659,6 +659,7 @@ impl Opened {
             }
         }
         let slot_size = WIRE_HEADER + self.opts.eager_capacity;
+        let hosts = published.iter().map(|p| p.as_ref().map(|p| p.host)).collect::<Option<Box<[u64]>>>();
         let lane = self.lane.map(|l| l.connect(rank, &published));
         let mut eps = self.eps;
         let rma_ep = eps.pop().ok_or(Error::InvalidArgument("no RMA endpoint"))?;
@@ -719,6 +720,7 @@ impl Opened {
             seen_activity: AtomicU64::new(0),
             provider: self.opts.provider.clone(),
             lane,
+            hosts,
             virt_addr: self.domain.info().mr_virt_addr(),
             domain: self.domain,
             av: self.av,
@@ -841,6 +843,9 @@ struct RankInner {
     provider: String,
     /// The same-host lane (module docs), where this rank has one.
     lane: Option<lane::Lane>,
+    /// Every rank's host (boot id and host name, hashed, as the same-host lane published
+    /// them), when every rank published one.
+    hosts: Option<Box<[u64]>>,
     /// Remote memory is addressed by virtual address (`FI_MR_VIRT_ADDR`), not by offset.
     virt_addr: bool,
     /// Keeps the domain open for registrations (endpoints hold it too).
@@ -1564,6 +1569,14 @@ impl OfiRank {
     /// lane (module docs); 0 without one.
     pub fn same_host_peers(&self) -> usize {
         self.inner.lane.as_ref().map_or(0, lane::Lane::peers)
+    }
+
+    /// Per rank of the job, a key of the host it runs on (its kernel's boot id and host
+    /// name, hashed: equal on ranks of one host), as the ranks published them for the
+    /// same-host lane (module docs); `None` where a rank published none (the lane switched
+    /// off, or no segment could be made). The same on every rank of the job.
+    pub fn host_keys(&self) -> Option<&[u64]> {
+        self.inner.hosts.as_deref()
     }
 
     /// Sends one frame to CRI `dst_cri` of rank `dst`, from this rank's CRI of the same

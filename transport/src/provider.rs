@@ -192,6 +192,18 @@ impl Transport {
         dispatch!(self, t => t.size())
     }
 
+    /// Per rank of the job, a key of the host it runs on (equal on ranks of one host), where
+    /// the transport knows it: every embedded rank is in this process, so on one host;
+    /// libfabric ranks know each other's hosts from the same-host lane's exchange
+    /// (`OfiRank::host_keys`). `None` otherwise; the same on every rank of the job.
+    pub fn host_keys(&self) -> Option<Vec<u64>> {
+        match self {
+            Transport::Embedded(t) => Some(vec![0; t.size() as usize]),
+            #[cfg(feature = "ofi")]
+            Transport::Ofi(t) => t.host_keys().map(<[u64]>::to_vec),
+        }
+    }
+
     /// CRIs of every rank.
     #[inline]
     pub fn num_cris(&self) -> usize {

@@ -66,6 +66,10 @@ fn frames_flow_control_loses_nothing() {
         for lane in [false, true] {
             let r = pair_with(p, 16, lane);
             assert_eq!(r[0].same_host_peers(), if lane { 2 } else { 0 }, "{p}");
+            let hosts = r[1].host_keys();
+            assert_eq!(hosts.map(<[u64]>::len), lane.then_some(2), "{p}: both ranks' hosts known with the lane, none without");
+            assert!(hosts.map_or(true, |h| h[0] == h[1]), "{p}: one host");
+            assert_eq!(r[0].host_keys(), hosts, "{p}: the same on every rank");
             let total = 5000u32;
             let (mut sent, mut got, mut would_block) = (0u32, 0u32, 0u64);
             let mut seen = vec![false; total as usize];
@@ -132,6 +136,7 @@ fn a_rank_without_the_same_host_lane_talks_to_one_with_it() {
         let blobs: Vec<Vec<u8>> = opened.iter().map(Opened::address_blob).collect();
         let r: Vec<OfiRank> = opened.into_iter().enumerate().map(|(i, o)| o.connect(i as u32, &blobs).unwrap()).collect();
         assert_eq!((r[0].same_host_peers(), r[1].same_host_peers()), (1, 0), "{p}: rank 0 reaches itself only");
+        assert_eq!((r[0].host_keys(), r[1].host_keys()), (None, None), "{p}: rank 1 published no host");
         for (from, to) in [(0usize, 1usize), (1, 0), (0, 0)] {
             for seq in 0..20u32 {
                 let data = [seq as u8; 8];

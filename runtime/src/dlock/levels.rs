@@ -51,8 +51,13 @@ impl Levels {
     /// the ranks bound to CPUs of one group of the host's coarsest topology level (its
     /// packages on a multi-socket host; from hwloc with the `hwloc` feature, else sysfs, as
     /// [`crate::lock::Topology::detect`]) form a third level, when that splits any node.
-    /// Resolving it is collective: the ranks exchange a digest of their host name and their
-    /// group.
+    ///
+    /// Which ranks share a host comes from the transport where it knows: every rank of the
+    /// embedded provider is in this process; libfabric ranks published their host (boot id
+    /// and host name) for the same-host lane. Then only the groups are exchanged, and not
+    /// even they when every rank is on one host with one group. Where the transport does not
+    /// know (the same-host lane switched off), resolving is collective: the ranks exchange a
+    /// digest of their host name and their group.
     pub fn hosts() -> Self {
         Levels(Spec::Hosts)
     }
@@ -69,15 +74,43 @@ impl Levels {
                 Ok(Machine::from_keys(simulated_keys(sizes, n)))
             }
             Spec::Hosts => {
-                let mine = [host_digest(), socket_key(&Topology::detect(), &allowed_cpus())];
-                let mut all = vec![0u64; 2 * n as usize];
-                comm.allgather(&mine, &mut all)?;
-                let hosts: Vec<u64> = all.chunks(2).map(|k| k[0]).collect();
-                let sockets: Vec<u64> = all.chunks(2).map(|k| fnv(&[k[0].to_le_bytes(), k[1].to_le_bytes()].concat())).collect();
+                let topo = Topology::detect();
+                let socket = socket_key(&topo, &allowed_cpus());
+                let (hosts, sockets) = match comm.engine().transport.host_keys() {
+                    // The transport knows every rank's host: only the sockets are exchanged.
+                    Some(world) => {
+                        let hosts: Vec<u64> = (0..n).map(|r| world[comm.world_of(r) as usize]).collect();
+                        (hosts.clone(), sockets_of(comm, &hosts, &topo, socket)?)
+                    }
+                    None => {
+                        let mut all = vec![0u64; 2 * n as usize];
+                        comm.allgather(&[host_digest(), socket], &mut all)?;
+                        (all.chunks(2).map(|k| k[0]).collect(), all.chunks(2).map(|k| k[1]).collect())
+                    }
+                };
+                let sockets = hosts.iter().zip(&sockets).map(|(h, s)| fnv(&[h.to_le_bytes(), s.to_le_bytes()].concat())).collect();
                 Ok(Machine::from_keys(vec![vec![0; n as usize], hosts, sockets]))
             }
         }
     }
+}
+
+/// Every rank's socket key, the ranks' hosts known (`hosts`): exchanged, unless every rank
+/// runs on this host and it has one group at its coarsest level (then no socket level can
+/// split it, and every rank, seeing the same host, decides alike without an exchange).
+fn sockets_of(comm: &Communicator, hosts: &[u64], topo: &Topology, mine: u64) -> Result<Vec<u64>, Error> {
+    let one_host = hosts.iter().all(|&h| h == hosts[0]);
+    if one_host && single_group(topo) {
+        return Ok(vec![0; hosts.len()]);
+    }
+    let mut all = vec![0u64; hosts.len()];
+    comm.allgather(&[mine], &mut all)?;
+    Ok(all)
+}
+
+/// Whether `topo` has at most one group at its coarsest level below the root.
+fn single_group(topo: &Topology) -> bool {
+    topo.depth().checked_sub(2).map_or(true, |level| topo.groups(level) <= 1)
 }
 
 /// The keys of [`Levels::simulated`]: per level, outermost first, each rank's element.
@@ -171,6 +204,12 @@ impl Machine {
         Machine { element, home }
     }
 
+    /// [`Levels::simulated`] over `n` ranks, without a communicator (`&[]`: one level).
+    #[cfg(test)]
+    pub(crate) fn simulated(sizes: &[u32], n: u32) -> Machine {
+        Machine::from_keys(simulated_keys(sizes, n))
+    }
+
     /// `N`, the number of levels.
     pub(crate) fn depth(&self) -> usize {
         self.element.len()
@@ -238,6 +277,29 @@ mod tests {
         assert_eq!(socket_key(&topo, &[1, 2]), 0, "bound across packages");
         assert_eq!(socket_key(&topo, &[]), 0);
         assert_eq!(socket_key(&Topology::flat(4), &[1]), 0, "no level below the host");
+    }
+
+    /// On the embedded provider every rank is in this process: `Levels::hosts` takes that
+    /// from the transport (one node), and exchanges the ranks' groups only where the host
+    /// has several; an allgather of host digests would send messages every time.
+    #[test]
+    fn hosts_on_the_embedded_provider_ask_the_transport() {
+        let rts = crate::Runtime::builder().env(false).build_local(3).unwrap();
+        let exchange = !single_group(&Topology::detect());
+        std::thread::scope(|s| {
+            for rt in &rts {
+                s.spawn(move || {
+                    let c = rt.world();
+                    c.barrier().unwrap();
+                    let before = rt.counters().messages_sent;
+                    let m = Levels::hosts().resolve(c).unwrap();
+                    let sent = rt.counters().messages_sent - before;
+                    assert_eq!(sent > 0, exchange, "{sent} messages sent to resolve the hosts");
+                    assert_eq!(m.element[0], [0, 0, 0], "one host");
+                    c.barrier().unwrap();
+                });
+            }
+        });
     }
 
     #[test]

@@ -8,6 +8,10 @@
 //! | [`SpinLock`] | the foMPI-style spin lock the seed compares with (one word, compare-and-swap) | [`lock`](SpinLock::lock) |
 //! | [`FompiRw`] | the foMPI-style reader-writer lock (one central counter) | [`read`](FompiRw::read), [`write`](FompiRw::write) |
 //!
+//! On them, [`Dht`] is the seed's distributed hash table [Schmid 2016, §5.3]: a volume of
+//! buckets and an overflow heap on every rank, each volume guarded by one of these locks
+//! ([`VolumeLock`]), lookups as readers and inserts as writers.
+//!
 //! Every lock is collective to create (each allocates a window on every rank of the
 //! communicator) and has a blocking acquire returning a [`Guard`], an `_async` form
 //! (`lock_async().await`, `read_async`, `write_async`) and a `try_` form. Mutual exclusion
@@ -80,10 +84,14 @@ use weft_sync::Error;
 use crate::comm::Communicator;
 use crate::rma::{Op, Window};
 
+mod dht;
 mod levels;
+#[cfg(test)]
+mod model;
 mod queues;
 mod wait;
 
+pub use dht::{Dht, DhtConfig, VolumeLock};
 pub use levels::Levels;
 use queues::{node, Counters, Queues};
 pub use wait::MAX_SLEEP;

@@ -52,15 +52,15 @@ use crate::comm::Communicator;
 use crate::rma::{Op, Window};
 
 /// STATUS: spin (the listings' `WAIT`).
-const WAIT: u64 = u64::MAX;
+pub(super) const WAIT: u64 = u64::MAX;
 /// STATUS: acquire the parent level (§3.2.3).
-const ACQUIRE_PARENT: u64 = u64::MAX - 1;
+pub(super) const ACQUIRE_PARENT: u64 = u64::MAX - 1;
 /// STATUS at level 1: the lock went to the readers; take it back from them (§3.3.3).
-const MODE_CHANGE: u64 = u64::MAX - 2;
+pub(super) const MODE_CHANGE: u64 = u64::MAX - 2;
 /// STATUS of a writer that acquired a level itself: no passings within the element yet.
-const ACQUIRE_START: u64 = 0;
+pub(super) const ACQUIRE_START: u64 = 0;
 /// The WRITE mark added to an ARRIVE counter (`INT64_MAX/2`, Listing 6).
-const WRITE: i64 = i64::MAX / 2;
+pub(super) const WRITE: i64 = i64::MAX / 2;
 
 /// `rank + 1`: the encoding of a rank in a queue word (0 is "nobody", the paper's `∅`).
 pub(super) fn node(rank: u32) -> u64 {
@@ -93,6 +93,42 @@ enum Attempt {
     Wait,
 }
 
+/// Where a lock's words are in each rank's part of its window, for `N` levels (module
+/// docs): NEXT, STATUS, TAIL per level, the OWNER words, ARRIVE and DEPART.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Layout(pub(super) usize);
+
+impl Layout {
+    /// Words per rank.
+    pub(super) fn words(self) -> usize {
+        4 * self.0 + 2
+    }
+
+    pub(super) fn next(l: usize) -> usize {
+        3 * l
+    }
+
+    pub(super) fn status(l: usize) -> usize {
+        3 * l + 1
+    }
+
+    pub(super) fn tail(l: usize) -> usize {
+        3 * l + 2
+    }
+
+    pub(super) fn owners(self) -> usize {
+        3 * self.0
+    }
+
+    pub(super) fn arrive(self) -> usize {
+        4 * self.0
+    }
+
+    pub(super) fn depart(self) -> usize {
+        4 * self.0 + 1
+    }
+}
+
 /// The queues of one lock on one rank (and, for RMA-RW, its counters).
 pub(super) struct Queues {
     pub(super) window: Window<'static, u64>,
@@ -121,35 +157,30 @@ impl Queues {
         if t_l.contains(&0) {
             return Err(Error::InvalidArgument("a locality threshold T_L,i is 0"));
         }
-        Ok(Queues { window: comm.window(4 * n + 2)?, machine, t_l, counters, local: LocalLock::new(), held: Mutex::new(vec![0; n]) })
+        Ok(Queues {
+            window: comm.window(Layout(n).words())?,
+            machine,
+            t_l,
+            counters,
+            local: LocalLock::new(),
+            held: Mutex::new(vec![0; n]),
+        })
     }
 
     fn depth(&self) -> usize {
         self.machine.depth()
     }
 
-    fn next(l: usize) -> usize {
-        3 * l
-    }
-
-    fn status(l: usize) -> usize {
-        3 * l + 1
-    }
-
-    fn tail(l: usize) -> usize {
-        3 * l + 2
-    }
-
     fn owners(&self) -> usize {
-        3 * self.depth()
+        Layout(self.depth()).owners()
     }
 
     fn arrive(&self) -> usize {
-        4 * self.depth()
+        Layout(self.depth()).arrive()
     }
 
     fn depart(&self) -> usize {
-        4 * self.depth() + 1
+        Layout(self.depth()).depart()
     }
 
     fn me(&self) -> u32 {
@@ -200,18 +231,18 @@ impl Queues {
         for l in (0..n).rev() {
             let tail_rank = self.machine.tail_rank(l, p);
             // Listing 4, lines 2-6: prepare the node, enter the DQ of e(p, i).
-            self.window.put(p, Self::next(l), &[0])?;
-            self.put(p, Self::status(l), WAIT)?;
-            let pred = self.window.fetch_and_op(tail_rank, Self::tail(l), node(p), Op::Replace)?;
+            self.window.put(p, Layout::next(l), &[0])?;
+            self.put(p, Layout::status(l), WAIT)?;
+            let pred = self.window.fetch_and_op(tail_rank, Layout::tail(l), node(p), Op::Replace)?;
             if pred != 0 {
                 // Lines 8-12: make pred see us, wait until it passes the lock.
-                self.put(rank_of(pred), Self::next(l), node(p))?;
-                let status = self.spin(p, Self::status(l), |s| s != WAIT).await?;
+                self.put(rank_of(pred), Layout::next(l), node(p))?;
+                let status = self.spin(p, Layout::status(l), |s| s != WAIT).await?;
                 if l == 0 {
                     // Listing 7, lines 14-17: the readers have the lock; take it back.
                     if status == MODE_CHANGE {
                         self.counters_to_write().await?;
-                        self.put(p, Self::status(0), ACQUIRE_START)?;
+                        self.put(p, Layout::status(0), ACQUIRE_START)?;
                     }
                     break;
                 }
@@ -227,12 +258,12 @@ impl Queues {
                 // Listing 7, lines 19-22: no predecessor; the lock is taken from the readers.
                 if self.counters.is_some() {
                     self.counters_to_write().await?;
-                    self.put(p, Self::status(0), ACQUIRE_START)?;
+                    self.put(p, Layout::status(0), ACQUIRE_START)?;
                 }
                 break;
             }
             // Lines 22-23: acquire the parent level.
-            self.put(p, Self::status(l), ACQUIRE_START)?;
+            self.put(p, Layout::status(l), ACQUIRE_START)?;
         }
         *self.held.lock() = held;
         Ok(())
@@ -245,12 +276,12 @@ impl Queues {
         let p = self.me();
         let n = self.depth();
         for l in (0..n).rev() {
-            self.window.put(p, Self::next(l), &[0])?;
-            self.put(p, Self::status(l), ACQUIRE_START)?;
-            if self.window.compare_and_swap(self.machine.tail_rank(l, p), Self::tail(l), 0, node(p))? != 0 {
+            self.window.put(p, Layout::next(l), &[0])?;
+            self.put(p, Layout::status(l), ACQUIRE_START)?;
+            if self.window.compare_and_swap(self.machine.tail_rank(l, p), Layout::tail(l), 0, node(p))? != 0 {
                 // Leave the levels below, from the top down (as Listing 5 does).
                 for j in l + 1..n {
-                    self.leave(j, p, self.get(p, Self::next(j))?, ACQUIRE_PARENT)?;
+                    self.leave(j, p, self.get(p, Layout::next(j))?, ACQUIRE_PARENT)?;
                 }
                 return Ok(false);
             }
@@ -267,9 +298,9 @@ impl Queues {
             if !drained {
                 // Give the lock back to the readers (Listing 8 with the counters reset).
                 self.reset_counters()?;
-                self.leave(0, p, self.get(p, Self::next(0))?, MODE_CHANGE)?;
+                self.leave(0, p, self.get(p, Layout::next(0))?, MODE_CHANGE)?;
                 for j in 1..n {
-                    self.leave(j, p, self.get(p, Self::next(j))?, ACQUIRE_PARENT)?;
+                    self.leave(j, p, self.get(p, Layout::next(j))?, ACQUIRE_PARENT)?;
                 }
                 return Ok(false);
             }
@@ -290,15 +321,15 @@ impl Queues {
         for l in (1..n).rev() {
             // Listing 5, lines 3-9.
             let o = held[l];
-            succ[l] = self.get(o, Self::next(l))?;
-            let status = self.get(o, Self::status(l))?;
+            succ[l] = self.get(o, Layout::next(l))?;
+            let status = self.get(o, Layout::status(l))?;
             if succ[l] != 0 && status < self.t_l[l] {
                 // Beyond the listing (1): name the nodes of the levels above first.
                 let to = rank_of(succ[l]);
                 let owners: Vec<u64> = held[..l].iter().map(|&r| node(r)).collect();
                 self.window.put(to, self.owners(), &owners)?;
                 self.window.flush(to)?;
-                self.put(to, Self::status(l), status + 1)?;
+                self.put(to, Layout::status(l), status + 1)?;
                 top = l;
                 break;
             }
@@ -316,19 +347,19 @@ impl Queues {
     /// Releases level 1 on `o`'s node: Listing 8 (RMA-RW) or Listing 3 (RMA-MCS).
     async fn root_release(&self, o: u32) -> Result<(), Error> {
         let Some(c) = self.counters else {
-            let succ = self.get(o, Self::next(0))?;
+            let succ = self.get(o, Layout::next(0))?;
             return self.leave_async(0, o, succ, ACQUIRE_START + 1).await;
         };
         // Listing 8, lines 2-8.
         let mut counters_reset = false;
-        let mut next_stat = self.get(o, Self::status(0))?.wrapping_add(1);
+        let mut next_stat = self.get(o, Layout::status(0))?.wrapping_add(1);
         if next_stat >= c.t_w {
             self.reset_counters()?;
             next_stat = MODE_CHANGE;
             counters_reset = true;
         }
         // Lines 9-13.
-        let succ = self.get(o, Self::next(0))?;
+        let succ = self.get(o, Layout::next(0))?;
         if succ == 0 && !counters_reset {
             self.reset_counters()?;
             next_stat = MODE_CHANGE;
@@ -343,12 +374,12 @@ impl Queues {
     async fn leave_async(&self, l: usize, o: u32, succ: u64, status: u64) -> Result<(), Error> {
         let mut succ = succ;
         if succ == 0 {
-            if self.window.compare_and_swap(self.machine.tail_rank(l, o), Self::tail(l), node(o), 0)? == node(o) {
+            if self.window.compare_and_swap(self.machine.tail_rank(l, o), Layout::tail(l), node(o), 0)? == node(o) {
                 return Ok(());
             }
-            succ = self.spin(o, Self::next(l), |s| s != 0).await?;
+            succ = self.spin(o, Layout::next(l), |s| s != 0).await?;
         }
-        self.put(rank_of(succ), Self::status(l), status)
+        self.put(rank_of(succ), Layout::status(l), status)
     }
 
     /// [`leave_async`](Self::leave_async) on this thread.
@@ -463,7 +494,7 @@ impl Queues {
     /// Whether a writer is in the queue of level 1 (its TAIL is set).
     fn writers_queued(&self) -> Result<bool, Error> {
         let tail_rank = self.machine.tail_rank(0, self.me());
-        Ok(self.window.fetch_and_op(tail_rank, Self::tail(0), 0, Op::NoOp)? != 0)
+        Ok(self.window.fetch_and_op(tail_rank, Layout::tail(0), 0, Op::NoOp)? != 0)
     }
 
     /// One attempt of Listing 9, and a second at once when this reader reset the counter.

@@ -1,0 +1,713 @@
+//! An exhaustive check of the lock protocols of [`super::queues`] (D-MCS, RMA-MCS, RMA-RW):
+//! mutual exclusion and deadlock freedom over every interleaving of their window operations,
+//! for 2-3 processes, as the seed checked its design with SPIN [Schmid 2016, §4.4].
+//!
+//! The model is the protocol of `queues.rs` transcribed step by step (the same words at the
+//! same offsets, the same constants, the same "beyond the listing" steps), each step one
+//! window operation done atomically: a put with its flush, a get, a fetch-and-op, a
+//! compare-and-swap (a get of several words, the OWNER words, is one step, as a put of
+//! them is). A spin on a word is a step that is enabled only once the word holds what the
+//! spin waits for; a wait that reads two words (the writer's drain, the reader's barrier)
+//! is a loop of steps. Every process is a writer or a reader and acquires the lock a fixed
+//! number of times.
+//!
+//! The explorer visits every reachable state once (breadth first, states hashed). It
+//! checks in each state that at most one writer, and no reader beside a writer, is in the
+//! critical section, and at the end that the final state (every process done) is reachable
+//! from every reachable state: no deadlock (nobody can move) and no livelock (moves that
+//! never finish). [`Mutation`]s break the protocol on purpose; the checks must fail then.
+
+use std::collections::{HashMap, VecDeque};
+
+use super::levels::Machine;
+use super::queues::{Layout, ACQUIRE_PARENT, ACQUIRE_START, MODE_CHANGE, WAIT, WRITE};
+
+/// The most levels a model has.
+const MAXL: usize = 3;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+enum Role {
+    Writer,
+    Reader,
+}
+
+/// A change that breaks the protocol, for showing that the checks find it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Mutation {
+    None,
+    /// A releasing writer whose successor has taken the tail but not yet linked itself
+    /// leaves without waiting for it and passing it the lock (Listing 3, lines 6-10 lost).
+    NoHandOff,
+    /// A reader's reset clears the WRITE mark, as Listing 6 does in every reset (beyond
+    /// the listing, 3).
+    ReaderResetClearsWrite,
+    /// A writer marks the counters WRITE but does not wait for the readers inside to leave
+    /// (beyond the listing, 2).
+    WriterSkipsDrain,
+}
+
+/// Where a process is: the next step it takes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+enum Pc {
+    Done,
+    /// In the critical section (its step leaves it).
+    Cs,
+    // Writer acquire (Listings 4 and 7).
+    PrepNext,
+    PrepStatus,
+    SwapTail,
+    LinkPred,
+    SpinStatus,
+    GetOwners,
+    AcqParent,
+    MarkWrite,
+    DrainArrive,
+    DrainDepart,
+    WriteMode,
+    // Writer release (Listings 5, 8, 3).
+    RelNext,
+    RelStatus,
+    RelOwners,
+    RelPass,
+    RootNextPlain,
+    RootStatus,
+    RootNext,
+    LeaveCas,
+    LeaveSpin,
+    LeavePut,
+    // reset_counter (Listing 6).
+    ResetArrive,
+    ResetDepart,
+    ResetSubDepart,
+    ResetSubArrive,
+    // Reader (Listings 9 and 10).
+    ReadAdd,
+    ReadTail,
+    ReadBack,
+    BarrierArrive,
+    BarrierTail,
+}
+
+/// Where a `reset_counter` goes on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+enum Cont {
+    /// Writer, next-stat reached `T_W`: read NEXT.
+    RootNext,
+    /// Writer, no successor: leave level 1.
+    RootLeave,
+    /// Reader at `T_R` with no writer: back off, then try again.
+    ReadAgain,
+    /// Reader in the barrier, no writer: try again.
+    ReadAdd,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+struct Proc {
+    pc: Pc,
+    /// Acquisitions left, this one included.
+    left: u8,
+    /// The level index of the step.
+    l: u8,
+    /// The counter index of the step (writer's loops over the counters).
+    j: u8,
+    /// The last value read (status, predecessor, ARRIVE).
+    v: u64,
+    /// DEPART, read.
+    d: u64,
+    succ: [u64; MAXL],
+    /// Per level, the rank whose node holds it.
+    held: [u8; MAXL],
+    /// The status a writer passes at level 1.
+    stat: u64,
+    /// Writer: the counters were reset in this release. Reader: try again at once.
+    flag: bool,
+    /// The running reset clears the WRITE mark.
+    clear: bool,
+    cont: Cont,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+struct State {
+    mem: Vec<u64>,
+    procs: Vec<Proc>,
+}
+
+/// RMA-RW's counters: on which ranks, `T_R`, `T_W`.
+struct Counters {
+    ranks: Vec<u32>,
+    t_r: i64,
+    t_w: u64,
+}
+
+/// One configuration: processes, their machine, thresholds, a mutation.
+struct Model {
+    machine: Machine,
+    roles: Vec<Role>,
+    rounds: u8,
+    t_l: Vec<u64>,
+    counters: Option<Counters>,
+    /// The counter of a reader is rank `p / t_dc * t_dc`.
+    t_dc: u32,
+    mutation: Mutation,
+}
+
+/// What the explorer found.
+#[derive(Debug)]
+struct Outcome {
+    states: usize,
+    /// The first state with two writers, or a reader and a writer, in the critical section.
+    exclusion_broken: Option<String>,
+    /// Reachable states from which the processes cannot all finish.
+    stuck: usize,
+}
+
+impl Model {
+    fn n(&self) -> usize {
+        self.machine.depth()
+    }
+
+    /// Where the words are, as in `Queues`.
+    fn layout(&self) -> Layout {
+        Layout(self.n())
+    }
+
+    fn at(&self, rank: u64, off: usize) -> usize {
+        rank as usize * self.layout().words() + off
+    }
+
+    fn tail_at(&self, l: usize, p: u64) -> usize {
+        self.at(u64::from(self.machine.tail_rank(l, p as u32)), Layout::tail(l))
+    }
+
+    fn initial(&self) -> State {
+        let procs = (0..self.roles.len())
+            .map(|i| {
+                let mut p = Proc {
+                    pc: Pc::Done,
+                    left: self.rounds,
+                    l: 0,
+                    j: 0,
+                    v: 0,
+                    d: 0,
+                    succ: [0; MAXL],
+                    held: [0; MAXL],
+                    stat: 0,
+                    flag: false,
+                    clear: false,
+                    cont: Cont::RootNext,
+                };
+                self.start(&mut p, i);
+                p
+            })
+            .collect();
+        State { mem: vec![0; self.roles.len() * self.layout().words()], procs }
+    }
+
+    /// The first step of an acquisition (or `Done`).
+    fn start(&self, p: &mut Proc, i: usize) {
+        if p.left == 0 {
+            p.pc = Pc::Done;
+            return;
+        }
+        match self.roles[i] {
+            Role::Writer => {
+                p.l = (self.n() - 1) as u8;
+                p.held = [i as u8; MAXL];
+                p.pc = Pc::PrepNext;
+            }
+            Role::Reader => {
+                p.flag = false;
+                p.pc = Pc::ReadAdd;
+            }
+        }
+    }
+
+    /// The reader's counter, or the writer's `j`-th, for a reset.
+    fn reset_rank(&self, p: &Proc, i: usize) -> u64 {
+        match self.roles[i] {
+            Role::Reader => u64::from(i as u32 / self.t_dc * self.t_dc),
+            Role::Writer => u64::from(self.counters.as_ref().expect("RMA-RW").ranks[p.j as usize]),
+        }
+    }
+
+    fn counter_ranks(&self) -> usize {
+        self.counters.as_ref().map_or(0, |c| c.ranks.len())
+    }
+
+    /// Leaves level `l` (Listing 5, lines 13-23; Listing 8, lines 14-23; Listing 3).
+    fn leave(p: &mut Proc, l: usize) {
+        p.l = l as u8;
+        p.pc = if p.succ[l] == 0 { Pc::LeaveCas } else { Pc::LeavePut };
+    }
+
+    /// Leaves the levels from `l` down, then ends the release.
+    fn leave_below(&self, p: &mut Proc, i: usize, l: usize) {
+        if l < self.n() {
+            Self::leave(p, l);
+        } else {
+            p.left -= 1;
+            (p.stat, p.flag, p.clear) = (0, false, false);
+            self.start(p, i);
+        }
+    }
+
+    /// Level 1's release: Listing 8 (RMA-RW) or Listing 3.
+    fn root_release(&self, p: &mut Proc) {
+        p.pc = if self.counters.is_some() { Pc::RootStatus } else { Pc::RootNextPlain };
+    }
+
+    fn reset_counters(p: &mut Proc, cont: Cont) {
+        p.j = 0;
+        p.clear = true;
+        p.cont = cont;
+        p.pc = Pc::ResetArrive;
+    }
+
+    /// Process `i`'s next step from `s`, or `None` if it is done or waits.
+    fn step(&self, s: &State, i: usize) -> Option<State> {
+        let mut s = s.clone();
+        let me = i as u64;
+        let State { mem, procs } = &mut s;
+        let p = &mut procs[i];
+        let l = p.l as usize;
+        let unmarked = |a: i64| if a >= WRITE / 2 { a.wrapping_sub(WRITE) } else { a };
+        match p.pc {
+            Pc::Done => return None,
+            Pc::PrepNext => {
+                mem[self.at(me, Layout::next(l))] = 0;
+                p.pc = Pc::PrepStatus;
+            }
+            Pc::PrepStatus => {
+                mem[self.at(me, Layout::status(l))] = WAIT;
+                p.pc = Pc::SwapTail;
+            }
+            Pc::SwapTail => {
+                let t = self.tail_at(l, me);
+                p.v = std::mem::replace(&mut mem[t], me + 1);
+                p.pc = if p.v != 0 {
+                    Pc::LinkPred
+                } else if l == 0 && self.counters.is_some() {
+                    p.j = 0;
+                    Pc::MarkWrite
+                } else if l == 0 {
+                    Pc::Cs
+                } else {
+                    Pc::AcqParent
+                };
+            }
+            Pc::LinkPred => {
+                mem[self.at(p.v - 1, Layout::next(l))] = me + 1;
+                p.pc = Pc::SpinStatus;
+            }
+            Pc::SpinStatus => {
+                let status = mem[self.at(me, Layout::status(l))];
+                if status == WAIT {
+                    return None;
+                }
+                p.pc = if l == 0 && status == MODE_CHANGE {
+                    p.j = 0;
+                    Pc::MarkWrite
+                } else if l == 0 {
+                    Pc::Cs
+                } else if status != ACQUIRE_PARENT {
+                    Pc::GetOwners
+                } else {
+                    Pc::AcqParent
+                };
+            }
+            Pc::GetOwners => {
+                for k in 0..l {
+                    p.held[k] = (mem[self.at(me, self.layout().owners() + k)] - 1) as u8;
+                }
+                p.pc = Pc::Cs;
+            }
+            Pc::AcqParent => {
+                mem[self.at(me, Layout::status(l))] = ACQUIRE_START;
+                p.l -= 1;
+                p.pc = Pc::PrepNext;
+            }
+            Pc::MarkWrite => {
+                let r = self.reset_rank(p, i);
+                let a = self.at(r, self.layout().arrive());
+                mem[a] = mem[a].wrapping_add(WRITE as u64);
+                p.pc = if usize::from(p.j) + 1 < self.counter_ranks() {
+                    p.j += 1;
+                    Pc::MarkWrite
+                } else if self.mutation == Mutation::WriterSkipsDrain {
+                    Pc::WriteMode
+                } else {
+                    p.j = 0;
+                    Pc::DrainArrive
+                };
+            }
+            Pc::DrainArrive => {
+                p.v = mem[self.at(self.reset_rank(p, i), self.layout().arrive())];
+                p.pc = Pc::DrainDepart;
+            }
+            Pc::DrainDepart => {
+                let d = mem[self.at(self.reset_rank(p, i), self.layout().depart())] as i64;
+                let active = unmarked(p.v as i64).wrapping_sub(d);
+                p.v = 0;
+                p.pc = if active != 0 {
+                    Pc::DrainArrive
+                } else if usize::from(p.j) + 1 < self.counter_ranks() {
+                    p.j += 1;
+                    Pc::DrainArrive
+                } else {
+                    Pc::WriteMode
+                };
+            }
+            Pc::WriteMode => {
+                mem[self.at(me, Layout::status(0))] = ACQUIRE_START;
+                p.j = 0;
+                p.pc = Pc::Cs;
+            }
+            Pc::Cs => match self.roles[i] {
+                Role::Writer => {
+                    p.v = 0;
+                    if self.n() > 1 {
+                        p.l = (self.n() - 1) as u8;
+                        p.pc = Pc::RelNext;
+                    } else {
+                        self.root_release(p);
+                    }
+                }
+                Role::Reader => {
+                    // Listing 10.
+                    let a = self.at(self.reset_rank(p, i), self.layout().depart());
+                    mem[a] = mem[a].wrapping_add(1);
+                    p.left -= 1;
+                    self.start(p, i);
+                }
+            },
+            Pc::RelNext => {
+                p.succ[l] = mem[self.at(u64::from(p.held[l]), Layout::next(l))];
+                p.pc = Pc::RelStatus;
+            }
+            Pc::RelStatus => {
+                p.v = mem[self.at(u64::from(p.held[l]), Layout::status(l))];
+                if p.succ[l] != 0 && p.v < self.t_l[l] {
+                    p.pc = Pc::RelOwners;
+                } else if l > 1 {
+                    p.l -= 1;
+                    p.pc = Pc::RelNext;
+                } else {
+                    self.root_release(p);
+                }
+            }
+            Pc::RelOwners => {
+                for k in 0..l {
+                    mem[self.at(p.succ[l] - 1, self.layout().owners() + k)] = u64::from(p.held[k]) + 1;
+                }
+                p.pc = Pc::RelPass;
+            }
+            Pc::RelPass => {
+                mem[self.at(p.succ[l] - 1, Layout::status(l))] = p.v + 1;
+                (p.v, p.succ[l]) = (0, 0);
+                self.leave_below(p, i, l + 1);
+            }
+            Pc::RootNextPlain => {
+                p.succ[0] = mem[self.at(u64::from(p.held[0]), Layout::next(0))];
+                p.stat = ACQUIRE_START + 1;
+                Self::leave(p, 0);
+            }
+            Pc::RootStatus => {
+                p.stat = mem[self.at(u64::from(p.held[0]), Layout::status(0))].wrapping_add(1);
+                p.flag = false;
+                if p.stat >= self.counters.as_ref().expect("RMA-RW").t_w {
+                    p.stat = MODE_CHANGE;
+                    p.flag = true;
+                    Self::reset_counters(p, Cont::RootNext);
+                } else {
+                    p.pc = Pc::RootNext;
+                }
+            }
+            Pc::RootNext => {
+                p.succ[0] = mem[self.at(u64::from(p.held[0]), Layout::next(0))];
+                if p.succ[0] == 0 && !p.flag {
+                    p.stat = MODE_CHANGE;
+                    Self::reset_counters(p, Cont::RootLeave);
+                } else {
+                    Self::leave(p, 0);
+                }
+            }
+            Pc::LeaveCas => {
+                let o = u64::from(p.held[l]);
+                let t = self.tail_at(l, o);
+                if mem[t] == o + 1 {
+                    mem[t] = 0;
+                    self.leave_below(p, i, l + 1);
+                } else if self.mutation == Mutation::NoHandOff {
+                    self.leave_below(p, i, l + 1);
+                } else {
+                    p.pc = Pc::LeaveSpin;
+                }
+            }
+            Pc::LeaveSpin => {
+                let succ = mem[self.at(u64::from(p.held[l]), Layout::next(l))];
+                if succ == 0 {
+                    return None;
+                }
+                p.succ[l] = succ;
+                p.pc = Pc::LeavePut;
+            }
+            Pc::LeavePut => {
+                let status = if l == 0 { p.stat } else { ACQUIRE_PARENT };
+                mem[self.at(p.succ[l] - 1, Layout::status(l))] = status;
+                p.succ[l] = 0;
+                self.leave_below(p, i, l + 1);
+            }
+            Pc::ResetArrive => {
+                p.v = mem[self.at(self.reset_rank(p, i), self.layout().arrive())];
+                p.pc = Pc::ResetDepart;
+            }
+            Pc::ResetDepart => {
+                p.d = mem[self.at(self.reset_rank(p, i), self.layout().depart())];
+                p.pc = Pc::ResetSubDepart;
+            }
+            Pc::ResetSubDepart => {
+                let a = self.at(self.reset_rank(p, i), self.layout().depart());
+                mem[a] = mem[a].wrapping_sub(p.d);
+                p.pc = Pc::ResetSubArrive;
+            }
+            Pc::ResetSubArrive => {
+                let mut sub = (p.d as i64).wrapping_neg();
+                if p.clear && p.v as i64 >= WRITE / 2 {
+                    sub = sub.wrapping_sub(WRITE);
+                }
+                let a = self.at(self.reset_rank(p, i), self.layout().arrive());
+                mem[a] = mem[a].wrapping_add(sub as u64);
+                (p.v, p.d) = (0, 0);
+                match p.cont {
+                    Cont::RootNext | Cont::RootLeave if usize::from(p.j) + 1 < self.counter_ranks() => {
+                        p.j += 1;
+                        p.pc = Pc::ResetArrive;
+                    }
+                    Cont::RootNext => {
+                        p.j = 0;
+                        p.pc = Pc::RootNext;
+                    }
+                    Cont::RootLeave => {
+                        p.j = 0;
+                        Self::leave(p, 0);
+                    }
+                    Cont::ReadAgain => {
+                        p.flag = true;
+                        p.pc = Pc::ReadBack;
+                    }
+                    Cont::ReadAdd => p.pc = Pc::ReadAdd,
+                }
+            }
+            Pc::ReadAdd => {
+                let c = self.counters.as_ref().expect("RMA-RW");
+                let a = self.at(self.reset_rank(p, i), self.layout().arrive());
+                let cs = mem[a] as i64;
+                mem[a] = mem[a].wrapping_add(1);
+                p.flag = false;
+                p.pc = if cs < c.t_r {
+                    Pc::Cs
+                } else if cs == c.t_r {
+                    Pc::ReadTail
+                } else {
+                    Pc::ReadBack
+                };
+            }
+            Pc::ReadTail => {
+                if mem[self.tail_at(0, me)] == 0 {
+                    p.clear = self.mutation == Mutation::ReaderResetClearsWrite;
+                    p.cont = Cont::ReadAgain;
+                    p.pc = Pc::ResetArrive;
+                } else {
+                    p.pc = Pc::ReadBack;
+                }
+            }
+            Pc::ReadBack => {
+                let a = self.at(self.reset_rank(p, i), self.layout().arrive());
+                mem[a] = mem[a].wrapping_sub(1);
+                p.pc = if p.flag { Pc::ReadAdd } else { Pc::BarrierArrive };
+                p.flag = false;
+            }
+            Pc::BarrierArrive => {
+                let cs = mem[self.at(self.reset_rank(p, i), self.layout().arrive())] as i64;
+                let t_r = self.counters.as_ref().expect("RMA-RW").t_r;
+                p.pc = if cs < t_r {
+                    Pc::ReadAdd
+                } else if cs < WRITE / 2 {
+                    Pc::BarrierTail
+                } else {
+                    Pc::BarrierArrive
+                };
+            }
+            Pc::BarrierTail => {
+                if mem[self.tail_at(0, me)] == 0 {
+                    p.clear = self.mutation == Mutation::ReaderResetClearsWrite;
+                    p.cont = Cont::ReadAdd;
+                    p.pc = Pc::ResetArrive;
+                } else {
+                    p.pc = Pc::BarrierArrive;
+                }
+            }
+        }
+        Some(s)
+    }
+
+    /// Whether `s` has two writers, or a reader and a writer, in the critical section.
+    fn exclusion_broken(&self, s: &State) -> bool {
+        let inside = |role| s.procs.iter().zip(&self.roles).filter(|(p, &r)| p.pc == Pc::Cs && r == role).count();
+        let writers = inside(Role::Writer);
+        writers > 1 || (writers == 1 && inside(Role::Reader) > 0)
+    }
+
+    /// Visits every reachable state (up to `limit`, else panics: not exhaustive).
+    fn explore(&self, limit: usize) -> Outcome {
+        let init = self.initial();
+        let mut ids: HashMap<State, u32> = HashMap::new();
+        let mut states: Vec<State> = Vec::new();
+        let mut edges: Vec<(u32, u32)> = Vec::new();
+        let mut terminal: Vec<u32> = Vec::new();
+        let mut queue = VecDeque::new();
+        ids.insert(init.clone(), 0);
+        states.push(init);
+        queue.push_back(0u32);
+        while let Some(id) = queue.pop_front() {
+            let s = states[id as usize].clone();
+            if s.procs.iter().all(|p| p.pc == Pc::Done) {
+                terminal.push(id);
+            }
+            for i in 0..s.procs.len() {
+                let Some(t) = self.step(&s, i) else { continue };
+                let next = match ids.get(&t) {
+                    Some(&n) => n,
+                    None => {
+                        if self.exclusion_broken(&t) {
+                            let pcs: Vec<String> = t.procs.iter().zip(&self.roles).map(|(p, r)| format!("{r:?} {:?}", p.pc)).collect();
+                            return Outcome { states: states.len(), exclusion_broken: Some(pcs.join(", ")), stuck: 0 };
+                        }
+                        let n = states.len() as u32;
+                        assert!(states.len() < limit, "more than {limit} states: the model is too large to check exhaustively");
+                        ids.insert(t.clone(), n);
+                        states.push(t);
+                        queue.push_back(n);
+                        n
+                    }
+                };
+                edges.push((id, next));
+            }
+        }
+        // Backwards from the final states: every state must reach one.
+        let mut preds: Vec<Vec<u32>> = vec![Vec::new(); states.len()];
+        for &(a, b) in &edges {
+            preds[b as usize].push(a);
+        }
+        let mut finishes = vec![false; states.len()];
+        let mut stack = terminal;
+        stack.iter().for_each(|&t| finishes[t as usize] = true);
+        while let Some(b) = stack.pop() {
+            for &a in &preds[b as usize] {
+                if !finishes[a as usize] {
+                    finishes[a as usize] = true;
+                    stack.push(a);
+                }
+            }
+        }
+        Outcome { states: states.len(), exclusion_broken: None, stuck: finishes.iter().filter(|&&f| !f).count() }
+    }
+}
+
+/// The most states a configuration may have.
+const LIMIT: usize = 4_000_000;
+
+/// D-MCS (one level, tail on rank 0) with `writers` writers.
+fn d_mcs(writers: usize, rounds: u8, mutation: Mutation) -> Model {
+    let machine = Machine::simulated(&[], writers as u32).with_root_tail(0);
+    Model { machine, roles: vec![Role::Writer; writers], rounds, t_l: vec![1], counters: None, t_dc: 1, mutation }
+}
+
+/// RMA-MCS over `sizes` (simulated levels) with `writers` writers.
+fn rma_mcs(sizes: &[u32], writers: usize, t_l: &[u64], rounds: u8) -> Model {
+    let machine = Machine::simulated(sizes, writers as u32);
+    let t_l = (0..machine.depth()).map(|l| t_l[l.min(t_l.len() - 1)]).collect();
+    Model { machine, roles: vec![Role::Writer; writers], rounds, t_l, counters: None, t_dc: 1, mutation: Mutation::None }
+}
+
+/// RMA-RW over `sizes` with these roles and thresholds.
+fn rma_rw(sizes: &[u32], roles: &[Role], t_l: &[u64], t_r: i64, t_dc: u32, rounds: u8, mutation: Mutation) -> Model {
+    let p = roles.len() as u32;
+    let machine = Machine::simulated(sizes, p);
+    let t_l: Vec<u64> = (0..machine.depth()).map(|l| t_l[l.min(t_l.len() - 1)]).collect();
+    let t_w = t_l.iter().product();
+    let counters = Counters { ranks: (0..p).step_by(t_dc as usize).collect(), t_r, t_w };
+    Model { machine, roles: roles.to_vec(), rounds, t_l, counters: Some(counters), t_dc, mutation }
+}
+
+/// Checks `m`: no broken exclusion, every state can finish.
+fn holds(m: &Model, what: &str) -> usize {
+    let o = m.explore(LIMIT);
+    assert_eq!(o.exclusion_broken, None, "{what}: mutual exclusion broken");
+    assert_eq!(o.stuck, 0, "{what}: {} of {} states cannot finish (deadlock or livelock)", o.stuck, o.states);
+    o.states
+}
+
+use Role::{Reader as R, Writer as W};
+
+#[test]
+fn d_mcs_excludes_and_never_deadlocks() {
+    let n = holds(&d_mcs(2, 3, Mutation::None), "D-MCS, 2 writers");
+    assert!(n > 100, "{n} states");
+    holds(&d_mcs(3, 2, Mutation::None), "D-MCS, 3 writers");
+}
+
+#[test]
+fn d_mcs_without_the_hand_off_deadlocks() {
+    let o = d_mcs(2, 2, Mutation::NoHandOff).explore(LIMIT);
+    assert_eq!(o.exclusion_broken, None);
+    assert!(o.stuck > 0, "a successor nobody passes the lock to waits forever: {o:?}");
+}
+
+#[test]
+#[cfg_attr(debug_assertions, ignore = "10^5 states and more: checked in release (.ci/run, step loom-locks)")]
+fn rma_mcs_over_two_levels_excludes_and_never_deadlocks() {
+    // Ranks 0-1 on node 0, rank 2 on node 1; the lock passes once within a node.
+    holds(&rma_mcs(&[2], 3, &[1, 1], 2), "RMA-MCS, 2 levels");
+    holds(&rma_mcs(&[2], 3, &[1, 2], 2), "RMA-MCS, 2 levels, T_L,2 = 2");
+}
+
+#[test]
+fn rma_rw_two_processes_exclude_and_never_deadlock() {
+    // A writer and a reader, T_R 1: the reader reaches T_R at every second entry.
+    let n = holds(&rma_rw(&[], &[W, R], &[1], 1, 2, 2, Mutation::None), "RMA-RW, 1 writer, 1 reader");
+    assert!(n > 100, "{n} states");
+    holds(&rma_rw(&[], &[W, W], &[2], 1, 1, 2, Mutation::None), "RMA-RW, 2 writers");
+}
+
+#[test]
+#[cfg_attr(debug_assertions, ignore = "10^5 states and more: checked in release (.ci/run, step loom-locks)")]
+fn rma_rw_excludes_and_never_deadlocks() {
+    // One counter, T_R 2: readers reach it and reset it, and the writer takes the lock from
+    // them; T_W 1: the lock goes back to the readers after every writer.
+    holds(&rma_rw(&[], &[W, R, R], &[1], 2, 3, 2, Mutation::None), "RMA-RW, 1 writer, 2 readers");
+    // A counter per rank.
+    holds(&rma_rw(&[], &[R, W, R], &[1], 1, 1, 2, Mutation::None), "RMA-RW, a counter per rank");
+    holds(&rma_rw(&[], &[W, W, R], &[2], 1, 3, 2, Mutation::None), "RMA-RW, 2 writers, 1 reader");
+}
+
+#[test]
+#[cfg_attr(debug_assertions, ignore = "10^5 states and more: checked in release (.ci/run, step loom-locks)")]
+fn rma_rw_over_two_levels_excludes_and_never_deadlocks() {
+    // Node 0: writers 0 and 1; node 1: reader 2. T_L,2 = 2: the lock passes within node 0.
+    holds(&rma_rw(&[2], &[W, W, R], &[1, 2], 1, 2, 2, Mutation::None), "RMA-RW, 2 levels");
+}
+
+#[test]
+fn rma_rw_reader_reset_clearing_write_breaks_exclusion() {
+    let m = rma_rw(&[], &[W, R, R], &[1], 2, 3, 2, Mutation::ReaderResetClearsWrite);
+    let o = m.explore(LIMIT);
+    assert!(o.exclusion_broken.as_deref().is_some_and(|s| s.contains("Writer Cs") && s.contains("Reader Cs")), "{o:?}");
+}
+
+#[test]
+fn rma_rw_writer_that_does_not_drain_breaks_exclusion() {
+    let m = rma_rw(&[], &[W, R], &[1], 2, 2, 1, Mutation::WriterSkipsDrain);
+    let o = m.explore(LIMIT);
+    assert!(o.exclusion_broken.is_some(), "{o:?}");
+}
