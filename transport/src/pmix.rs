@@ -4,7 +4,8 @@
 //!
 //! [`Client::init`] calls `PMIx_Init` (the launcher's server is named by the `PMIX_*`
 //! variables it sets), reads the rank from the process's name and the size from the job's
-//! `PMIX_JOB_SIZE`; [`Client::exchange`] puts this rank's blob under one key, commits, and
+//! `PMIX_JOB_SIZE`, and the ranks of this host from `PMIX_LOCAL_PEERS` (with this rank's
+//! place among them, `PMIX_LOCAL_RANK`); [`Client::exchange`] puts this rank's blob under one key, commits, and
 //! a fence that collects data makes every rank's blob readable locally (one collective, no
 //! request per peer at first contact); dropping the client calls `PMIx_Finalize`.
 //!
@@ -102,6 +103,24 @@ impl Value {
         (self.ty() == sys::PMIX_UINT32).then(|| unsafe { (*self.0).data.uint32 })
     }
 
+    /// The value as a 16-bit unsigned integer (`PMIX_UINT16`), `None` for another type.
+    fn u16(&self) -> Option<u16> {
+        // SAFETY: the union member read is the one the type says is set.
+        (self.ty() == sys::PMIX_UINT16).then(|| unsafe { (*self.0).data.uint16 })
+    }
+
+    /// The value as a string (`PMIX_STRING`), `None` for another type or one not UTF-8.
+    fn string(&self) -> Option<String> {
+        if self.ty() != sys::PMIX_STRING {
+            return None;
+        }
+        // SAFETY: the type says the string member is set: a NUL-terminated string PMIx
+        // allocated (or null), valid until the value is dropped.
+        let p = unsafe { (*self.0).data.string };
+        // SAFETY: as above.
+        (!p.is_null()).then(|| unsafe { CStr::from_ptr(p) }.to_str().ok().map(str::to_string)).flatten()
+    }
+
     /// The value's bytes (`PMIX_BYTE_OBJECT`), `None` for another type.
     fn bytes(&self) -> Option<Vec<u8>> {
         if self.ty() != sys::PMIX_BYTE_OBJECT {
@@ -141,6 +160,9 @@ pub(crate) struct Client {
     pub(crate) size: u32,
     /// Seconds the address fence may take.
     fence_timeout: i32,
+    /// The ranks of this job on this host, ascending, this one included (`PMIX_LOCAL_PEERS`);
+    /// `None` where the server does not say.
+    pub(crate) host_ranks: Option<Vec<u32>>,
 }
 
 impl std::fmt::Debug for Client {
@@ -159,7 +181,7 @@ impl Client {
         let status = unsafe { sys::PMIx_Init(&mut me, ptr::null_mut(), 0) };
         check("PMIx_Init (the PMIx server the PMIX_* variables name cannot be reached, or refused)", status)?;
         // From here on a failure drops the client, which finalizes.
-        let mut client = Client { me, rank: me.rank, size: 0, fence_timeout };
+        let mut client = Client { me, rank: me.rank, size: 0, fence_timeout, host_ranks: None };
         let mut job = me;
         job.rank = RANK_WILDCARD;
         let size = Value::get(&job, sys::PMIX_JOB_SIZE, "PMIx_Get of the job size (PMIX_JOB_SIZE)")?
@@ -169,7 +191,34 @@ impl Client {
             return Err(Error::InvalidArgument("the PMIx server gave a rank outside its job's size (PMIX_RANK, PMIX_JOB_SIZE)"));
         }
         client.size = size;
+        client.host_ranks = client.host_ranks()?;
         Ok(client)
+    }
+
+    /// The ranks of this host as the server tells them (`PMIX_LOCAL_PEERS` of the job, and
+    /// `PMIX_LOCAL_RANK`, which must name this rank's place among them): `None` where the
+    /// server has neither key; an error where what it says does not add up.
+    fn host_ranks(&self) -> Result<Option<Vec<u32>>, Error> {
+        let mut job = self.me;
+        job.rank = RANK_WILDCARD;
+        let Ok(peers) = Value::get(&job, sys::PMIX_LOCAL_PEERS, "PMIx_Get of the ranks on this host (PMIX_LOCAL_PEERS)") else {
+            return Ok(None);
+        };
+        let peers = peers
+            .string()
+            .ok_or(Error::InvalidArgument("the PMIx server gave the ranks on this host (PMIX_LOCAL_PEERS) not as a string"))?;
+        let peers = parse_host_ranks(&peers, self.rank, self.size)?;
+        if let Ok(local) = Value::get(&self.me, sys::PMIX_LOCAL_RANK, "PMIx_Get of this rank's local rank (PMIX_LOCAL_RANK)") {
+            let local = local
+                .u16()
+                .ok_or(Error::InvalidArgument("the PMIx server gave a local rank (PMIX_LOCAL_RANK) that is not a 16-bit integer"))?;
+            if peers.get(usize::from(local)) != Some(&self.rank) {
+                return Err(Error::InvalidArgument(
+                    "the PMIx server's local rank (PMIX_LOCAL_RANK) is not this rank's place among the ranks on its host (PMIX_LOCAL_PEERS)",
+                ));
+            }
+        }
+        Ok(Some(peers))
     }
 
     /// Puts `blob` under this rank's address key, commits, fences with data collection and
@@ -212,10 +261,45 @@ impl Client {
     }
 }
 
+/// The ranks of `PMIX_LOCAL_PEERS` ("0,1,5"), ascending: each below `size`, none twice,
+/// `rank` (the caller's) among them.
+pub(crate) fn parse_host_ranks(list: &str, rank: u32, size: u32) -> Result<Vec<u32>, Error> {
+    let bad =
+        Error::InvalidArgument("the PMIx server's ranks on this host (PMIX_LOCAL_PEERS) are not a comma-separated list of the job's ranks");
+    let mut ranks = list.split(',').map(|r| r.trim().parse::<u32>().ok().filter(|&r| r < size)).collect::<Option<Vec<u32>>>().ok_or(bad)?;
+    ranks.sort_unstable();
+    if ranks.windows(2).any(|w| w[0] == w[1]) {
+        return Err(Error::InvalidArgument("the PMIx server names a rank twice among the ranks on this host (PMIX_LOCAL_PEERS)"));
+    }
+    if ranks.binary_search(&rank).is_err() {
+        return Err(Error::InvalidArgument("the PMIx server's ranks on this host (PMIX_LOCAL_PEERS) leave out this rank"));
+    }
+    Ok(ranks)
+}
+
 impl Drop for Client {
     fn drop(&mut self) {
         // SAFETY: this client called PMIx_Init successfully once; PMIx counts
         // initializations, so each client finalizes its own.
         let _ = unsafe { sys::PMIx_Finalize(ptr::null(), 0) };
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn host_ranks_parse_and_bad_lists_are_refused() {
+        assert_eq!(parse_host_ranks("0,1,2", 1, 4), Ok(vec![0, 1, 2]));
+        assert_eq!(parse_host_ranks("5, 3,4", 3, 8), Ok(vec![3, 4, 5]));
+        assert_eq!(parse_host_ranks("2", 2, 3), Ok(vec![2]));
+        for (list, why) in [("0,1,x", "not a comma"), ("", "not a comma"), ("0,4", "not a comma"), ("0,1,1", "twice"), ("0,2", "leave out")]
+        {
+            match parse_host_ranks(list, 1, 4) {
+                Err(Error::InvalidArgument(m)) => assert!(m.contains(why), "{list:?}: {m}"),
+                other => panic!("{list:?}: {other:?}"),
+            }
+        }
     }
 }

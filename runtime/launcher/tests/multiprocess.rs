@@ -947,6 +947,28 @@ mod under_mpirun {
         }
     }
 
+    /// The ranks on the host come from PMIx (`PMIX_LOCAL_PEERS`): every rank of a job of 3
+    /// on this one host is told all three; and the RMA-RW lock over `Levels::hosts`, which
+    /// groups ranks by them, runs (the `rma` check). Under weftrun nobody tells them.
+    #[test]
+    fn host_ranks_come_from_pmix_and_the_lock_levels_use_them() {
+        let Some(o) = mpirun("shm", &["-np", "3", SELFTEST, "hello"]) else { return };
+        let s = text(&o);
+        assert!(o.status.success(), "{s}");
+        for r in 0..3 {
+            assert!(s.contains(&format!(",{r}]<stdout>:host ranks 0,1,2 (from the launcher)")), "rank {r}:\n{s}");
+        }
+        let Some(o) = mpirun("tcp", &["-np", "2", SELFTEST, "rma"]) else { return };
+        let s = text(&o);
+        assert!(o.status.success(), "{s}");
+        for r in 0..2 {
+            assert!(s.contains(&format!(",{r}]<stdout>:rma ok")), "rank {r}:\n{s}");
+        }
+        let (o, _) = weftrun(2, "shm", "hello");
+        let s = text(&o);
+        assert!(o.status.success() && s.contains("[1] host ranks not told by the launcher"), "{s}");
+    }
+
     /// Ranks started with settings that decide how frames are sized set differently (the
     /// CRI count, one value per application context) fail at start with an error that names
     /// the setting, as under weftrun: the check travels with the addresses PMIx exchanges.
