@@ -1028,3 +1028,66 @@ mod under_mpirun {
         assert_eq!(o.status.code(), Some(3), "{}", text(&o));
     }
 }
+
+/// Jobs under Slurm's `srun --mpi=pmix` (feature `pmix`): the same PMIx bootstrap as under
+/// `mpirun`, through Slurm's PMIx plugin. They skip (saying why) where no Slurm node is up;
+/// `.ci/slurm-one-node.sh` starts a one-node cluster on this machine.
+#[cfg(feature = "pmix")]
+mod under_srun {
+    use super::*;
+
+    /// `srun --mpi=pmix -n N -O` (overcommitted: more ranks than cores) with every line
+    /// labelled by its rank (`R: `); `None` (with the reason printed) where `srun` has no
+    /// node to run on.
+    fn srun(n: u32, provider: &str, args: &[&str]) -> Option<Output> {
+        let up = Command::new("sinfo").args(["-h", "-o", "%t"]).output();
+        if !up.is_ok_and(|o| o.status.success() && ["idle", "mix", "alloc"].iter().any(|s| String::from_utf8_lossy(&o.stdout).contains(s)))
+        {
+            println!("skipped: no Slurm node is up here (.ci/slurm-one-node.sh starts one)");
+            return None;
+        }
+        let _g = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+        let out = Command::new("srun")
+            .args(["--mpi=pmix", "-O", "-l", "-t", "4", "-n", &n.to_string()])
+            .arg(format!("--export=ALL,WEFT_PROVIDER={provider},FI_TCP_IFACE=lo,FI_SOCKETS_IFACE=lo"))
+            .args(args)
+            .env_remove("WEFT_RANK")
+            .env_remove("WEFT_SIZE")
+            .env_remove("WEFT_KVS")
+            .env_remove("WEFT_TOKEN")
+            .stdin(Stdio::null())
+            .output()
+            .expect("srun starts");
+        Some(out)
+    }
+
+    /// `weft-selftest all` at 2 ranks on shm and tcp, with no variable but the provider.
+    #[test]
+    fn every_check_under_srun_on_shm_and_tcp() {
+        for provider in ["shm", "tcp"] {
+            let Some(o) = srun(2, provider, &[SELFTEST, "all"]) else { return };
+            let s = text(&o);
+            assert!(o.status.success(), "{provider}:\n{s}");
+            for r in 0..2 {
+                for line in ["pingpong ok", "wildcard ok", "order ok", "large ok", "all done"] {
+                    assert!(s.contains(&format!("{r}: {line}")), "{provider}: rank {r}: missing {line:?}:\n{s}");
+                }
+            }
+        }
+    }
+
+    /// Rank, size and the ranks on the host come from Slurm's PMIx server; a rank's exit
+    /// status is the job's.
+    #[test]
+    fn ranks_size_and_host_ranks_come_from_slurms_pmix_and_the_exit_code_is_the_jobs() {
+        let Some(o) = srun(3, "shm", &[SELFTEST, "hello"]) else { return };
+        let s = text(&o);
+        assert!(o.status.success(), "{s}");
+        for r in 0..3 {
+            assert!(s.contains(&format!("{r}: rank {r} of 3 on shm")), "rank {r}:\n{s}");
+            assert!(s.contains(&format!("{r}: host ranks 0,1,2 (from the launcher)")), "rank {r}:\n{s}");
+        }
+        let Some(o) = srun(2, "shm", &[SELFTEST, "exit-code"]) else { return };
+        assert_eq!(o.status.code(), Some(3), "{}", text(&o));
+    }
+}
