@@ -9,6 +9,15 @@
 //! a fence that collects data makes every rank's blob readable locally (one collective, no
 //! request per peer at first contact); dropping the client calls `PMIx_Finalize`.
 //!
+//! `WEFT_PMIX_EXCHANGE=lazy` skips the fence: each peer's blob is fetched by a `PMIx_Get`
+//! that waits for that peer to commit (the server asks the peer's server: a direct modex),
+//! bounded by `WEFT_JOIN_TIMEOUT` as the fence is. The gets are made as the rank connects,
+//! not at each peer's first message: libfabric's address vector takes every peer's address
+//! then. `fence` stays the default: at 2 to 16 ranks on one host (`weft-bench startup
+//! --launcher mpirun,mpirun-lazy`, docs/BENCHMARKS.md) neither was faster beyond the noise,
+//! and a fence costs the servers one collective where the gets cost a request per pair of
+//! ranks, which grows with the job across hosts.
+//!
 //! The raw calls are bindgen output over the installed `pmix.h` (`build.rs`).
 
 use std::ffi::{c_char, c_void, CStr};
@@ -52,6 +61,24 @@ fn fence_timeout() -> Result<i32, Error> {
     }
 }
 
+/// How the ranks' addresses are exchanged under PMIx (`WEFT_PMIX_EXCHANGE`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Exchange {
+    /// One fence with data collection, then local reads (the default).
+    Fence,
+    /// No fence: one `PMIx_Get` per peer, waiting for it to commit (direct modex).
+    Lazy,
+}
+
+/// `WEFT_PMIX_EXCHANGE`: `fence` (or unset) or `lazy`.
+pub(crate) fn exchange_mode(value: Option<&str>) -> Result<Exchange, Error> {
+    match value.map(str::trim).filter(|v| !v.is_empty()) {
+        None | Some("fence") => Ok(Exchange::Fence),
+        Some("lazy") => Ok(Exchange::Lazy),
+        Some(_) => Err(Error::InvalidArgument("WEFT_PMIX_EXCHANGE must be fence or lazy")),
+    }
+}
+
 /// `PMIX_RANK_WILDCARD` (`UINT32_MAX-1`, which bindgen does not evaluate): the job itself.
 const RANK_WILDCARD: u32 = u32::MAX - 1;
 
@@ -80,10 +107,25 @@ struct Value(*mut sys::pmix_value_t);
 impl Value {
     /// `PMIx_Get` of `key` of `proc_`; `op` names the lookup in the error.
     fn get(proc_: &sys::pmix_proc_t, key: &[u8], op: &'static str) -> Result<Value, Error> {
+        Self::get_with(proc_, key, &[], op)
+    }
+
+    /// [`get`](Self::get) with qualifiers `infos` (loaded infos that hold no allocation).
+    fn get_with(proc_: &sys::pmix_proc_t, key: &[u8], infos: &[sys::pmix_info_t], op: &'static str) -> Result<Value, Error> {
         let mut v: *mut sys::pmix_value_t = ptr::null_mut();
-        // SAFETY: `proc_` is a valid process name, `key` a NUL-terminated key; no info; `v`
-        // receives a value PMIx allocates (or stays null on failure).
-        let status = unsafe { sys::PMIx_Get(proc_, key.as_ptr().cast(), ptr::null(), 0, &mut v) };
+        // SAFETY: `proc_` is a valid process name, `key` a NUL-terminated key; `infos` is
+        // `infos.len()` loaded infos (or none: a null array); `v` receives a value PMIx
+        // allocates (or stays null on failure).
+        let status = unsafe {
+            let p = if infos.is_empty() { ptr::null() } else { infos.as_ptr() };
+            sys::PMIx_Get(proc_, key.as_ptr().cast(), p, infos.len(), &mut v)
+        };
+        if status == sys::PMIX_ERR_TIMEOUT {
+            return Err(Error::Transport {
+                op: "PMIx_Get of a peer's fabric addresses: the peer did not publish them within WEFT_JOIN_TIMEOUT",
+                code: status,
+            });
+        }
         let v = Value(v);
         check(op, status)?;
         if v.0.is_null() {
@@ -158,8 +200,10 @@ pub(crate) struct Client {
     pub(crate) rank: u32,
     /// Ranks of the job (`PMIX_JOB_SIZE`).
     pub(crate) size: u32,
-    /// Seconds the address fence may take.
+    /// Seconds the address fence (or a lazy get) may take.
     fence_timeout: i32,
+    /// How the addresses are exchanged.
+    mode: Exchange,
     /// The ranks of this job on this host, ascending, this one included (`PMIX_LOCAL_PEERS`);
     /// `None` where the server does not say.
     pub(crate) host_ranks: Option<Vec<u32>>,
@@ -176,12 +220,13 @@ impl Client {
     /// `WEFT_JOIN_TIMEOUT` is refused first).
     pub(crate) fn init() -> Result<Client, Error> {
         let fence_timeout = fence_timeout()?;
+        let mode = exchange_mode(std::env::var("WEFT_PMIX_EXCHANGE").ok().as_deref())?;
         let mut me = sys::pmix_proc_t::default();
         // SAFETY: `me` receives this process's name; no info.
         let status = unsafe { sys::PMIx_Init(&mut me, ptr::null_mut(), 0) };
         check("PMIx_Init (the PMIx server the PMIX_* variables name cannot be reached, or refused)", status)?;
         // From here on a failure drops the client, which finalizes.
-        let mut client = Client { me, rank: me.rank, size: 0, fence_timeout, host_ranks: None };
+        let mut client = Client { me, rank: me.rank, size: 0, fence_timeout, mode, host_ranks: None };
         let mut job = me;
         job.rank = RANK_WILDCARD;
         let size = Value::get(&job, sys::PMIX_JOB_SIZE, "PMIx_Get of the job size (PMIX_JOB_SIZE)")?
@@ -236,6 +281,9 @@ impl Client {
         check("PMIx_Put of this rank's fabric addresses", put)?;
         // SAFETY: no arguments; pushes what this process put to its server.
         check("PMIx_Commit", unsafe { sys::PMIx_Commit() })?;
+        if self.mode == Exchange::Lazy {
+            return self.get_each(blob);
+        }
 
         let infos = [info(sys::PMIX_COLLECT_DATA, &true, sys::PMIX_BOOL)?, info(sys::PMIX_TIMEOUT, &self.fence_timeout, sys::PMIX_INT)?];
         // SAFETY: null procs with 0 count is every process of this job; `infos` are loaded
@@ -254,6 +302,24 @@ impl Client {
                 let mut peer = self.me;
                 peer.rank = r;
                 Value::get(&peer, ADDRESS_KEY.to_bytes_with_nul(), "PMIx_Get of a peer's fabric addresses")?
+                    .bytes()
+                    .ok_or(Error::InvalidArgument("a peer's fabric addresses under PMIx are not a byte object (mixed weft versions?)"))
+            })
+            .collect()
+    }
+
+    /// The lazy exchange: every peer's blob by a `PMIx_Get` that waits (up to the join
+    /// timeout) for the peer to commit it; this rank's own is `blob`.
+    fn get_each(&self, blob: &[u8]) -> Result<Vec<Vec<u8>>, Error> {
+        let wait = [info(sys::PMIX_TIMEOUT, &self.fence_timeout, sys::PMIX_INT)?];
+        (0..self.size)
+            .map(|r| {
+                if r == self.rank {
+                    return Ok(blob.to_vec());
+                }
+                let mut peer = self.me;
+                peer.rank = r;
+                Value::get_with(&peer, ADDRESS_KEY.to_bytes_with_nul(), &wait, "PMIx_Get of a peer's fabric addresses")?
                     .bytes()
                     .ok_or(Error::InvalidArgument("a peer's fabric addresses under PMIx are not a byte object (mixed weft versions?)"))
             })
@@ -288,6 +354,15 @@ impl Drop for Client {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_exchange_mode_is_fence_unless_lazy_is_asked_for() {
+        assert_eq!(exchange_mode(None), Ok(Exchange::Fence));
+        assert_eq!(exchange_mode(Some(" ")), Ok(Exchange::Fence));
+        assert_eq!(exchange_mode(Some("fence")), Ok(Exchange::Fence));
+        assert_eq!(exchange_mode(Some("lazy")), Ok(Exchange::Lazy));
+        assert_eq!(exchange_mode(Some("eager")), Err(Error::InvalidArgument("WEFT_PMIX_EXCHANGE must be fence or lazy")));
+    }
 
     #[test]
     fn host_ranks_parse_and_bad_lists_are_refused() {

@@ -995,6 +995,32 @@ mod under_mpirun {
         assert!(t0.elapsed() < Duration::from_secs(30), "took {:?}:\n{s}", t0.elapsed());
     }
 
+    /// The lazy exchange (`WEFT_PMIX_EXCHANGE=lazy`: no fence, one `PMIx_Get` per peer)
+    /// starts a job of 4 that passes every check, and a rank that never publishes fails the
+    /// others within `WEFT_JOIN_TIMEOUT`, as the fence does; a value that is neither mode is
+    /// refused at start.
+    #[test]
+    fn the_lazy_exchange_starts_a_job_and_bounds_a_rank_that_never_joins() {
+        let Some(o) = mpirun("shm", &["-x", "WEFT_PMIX_EXCHANGE=lazy", "-np", "4", SELFTEST, "all"]) else { return };
+        let s = text(&o);
+        assert!(o.status.success(), "{s}");
+        for r in 0..4 {
+            assert!(s.contains(&format!(",{r}]<stdout>:all done")), "rank {r} did not finish:\n{s}");
+        }
+        let t0 = Instant::now();
+        let args =
+            ["-x", "WEFT_PMIX_EXCHANGE=lazy", "-x", "WEFT_JOIN_TIMEOUT=2", "-np", "1", SELFTEST, "hello", ":", "-np", "1", "sleep", "60"];
+        let Some(o) = mpirun("shm", &args) else { return };
+        let s = text(&o);
+        assert_eq!(o.status.code(), Some(1), "{s}");
+        assert!(s.contains("did not publish them within WEFT_JOIN_TIMEOUT"), "{s}");
+        assert!(t0.elapsed() < Duration::from_secs(30), "took {:?}:\n{s}", t0.elapsed());
+        let Some(o) = mpirun("shm", &["-x", "WEFT_PMIX_EXCHANGE=eager", "-np", "2", SELFTEST, "hello"]) else { return };
+        let s = text(&o);
+        assert_eq!(o.status.code(), Some(1), "{s}");
+        assert!(s.contains("WEFT_PMIX_EXCHANGE must be fence or lazy"), "{s}");
+    }
+
     /// A rank killed mid-job ends the job within seconds with a failure status (mpirun
     /// tears the job down; no survivor is left waiting on the dead rank).
     #[test]
