@@ -32,8 +32,6 @@ pub(crate) mod ids;
 pub(crate) mod outbox;
 mod peers;
 mod reads;
-#[cfg(test)]
-mod rendezvous_faults;
 mod schedules;
 
 #[cfg(test)]

@@ -7,11 +7,16 @@
 //! own (its drop waits a bounded while for a `Fin` that cannot come), joined at the end.
 
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{mpsc, Arc};
+use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use crate::{Error, ProgressMode, Runtime};
+
+// The integration tests' bound on a scenario (`within`), one helper for both.
+#[path = "../tests/common/mod.rs"]
+mod common;
+use common::within;
 
 const MODES: [ProgressMode; 3] = [ProgressMode::Concurrent, ProgressMode::Owner, ProgressMode::Global];
 
@@ -24,22 +29,6 @@ fn big() -> Vec<u8> {
 
 fn pair(mode: ProgressMode) -> Vec<Runtime> {
     Runtime::builder().env(false).progress(mode).cris(1).eager_threshold(4096).build_local(2).unwrap()
-}
-
-/// Runs `scenario` on a thread of its own, failing after `secs` instead of hanging.
-fn within<T: Send + 'static>(secs: u64, what: &str, scenario: impl FnOnce() -> T + Send + 'static) -> T {
-    let (tx, rx) = mpsc::channel();
-    let t = std::thread::spawn(move || {
-        let _ = tx.send(scenario());
-    });
-    match rx.recv_timeout(Duration::from_secs(secs)) {
-        Ok(v) => v,
-        Err(mpsc::RecvTimeoutError::Timeout) => panic!("hang: {what} (not done after {secs} s)"),
-        Err(mpsc::RecvTimeoutError::Disconnected) => match t.join() {
-            Err(p) => std::panic::resume_unwind(p),
-            Ok(()) => unreachable!("the scenario ended without a result or a panic"),
-        },
-    }
 }
 
 /// Probes on `rt`'s world until the `Rts` of (`from`, `tag`) is queued there.
