@@ -936,28 +936,23 @@ mod under_mpirun {
         every_check("tcp");
     }
 
-    /// Rank and size come from PMIx: each rank says which it is, of a job of 3.
+    /// Rank, size and the ranks on the host come from PMIx (`PMIX_LOCAL_PEERS`): each rank
+    /// says which it is, of a job of 3, and is told all three run on this one host.
     #[test]
-    fn ranks_and_size_come_from_pmix() {
+    fn ranks_size_and_host_ranks_come_from_pmix() {
         let Some(o) = mpirun("shm", &["-np", "3", SELFTEST, "hello"]) else { return };
         let s = text(&o);
         assert!(o.status.success(), "{s}");
         for r in 0..3 {
             assert!(s.contains(&format!(",{r}]<stdout>:rank {r} of 3 on shm")), "rank {r}:\n{s}");
+            assert!(s.contains(&format!(",{r}]<stdout>:host ranks 0,1,2 (from the launcher)")), "rank {r}:\n{s}");
         }
     }
 
-    /// The ranks on the host come from PMIx (`PMIX_LOCAL_PEERS`): every rank of a job of 3
-    /// on this one host is told all three; and the RMA-RW lock over `Levels::hosts`, which
-    /// groups ranks by them, runs (the `rma` check). Under weftrun nobody tells them.
+    /// The RMA-RW lock over `Levels::hosts`, which groups ranks by PMIx's host ranks, runs
+    /// (the `rma` check); under weftrun nobody tells the host ranks.
     #[test]
-    fn host_ranks_come_from_pmix_and_the_lock_levels_use_them() {
-        let Some(o) = mpirun("shm", &["-np", "3", SELFTEST, "hello"]) else { return };
-        let s = text(&o);
-        assert!(o.status.success(), "{s}");
-        for r in 0..3 {
-            assert!(s.contains(&format!(",{r}]<stdout>:host ranks 0,1,2 (from the launcher)")), "rank {r}:\n{s}");
-        }
+    fn the_lock_levels_over_pmix_host_ranks_run_and_weftrun_tells_none() {
         let Some(o) = mpirun("tcp", &["-np", "2", SELFTEST, "rma"]) else { return };
         let s = text(&o);
         assert!(o.status.success(), "{s}");
