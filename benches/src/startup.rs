@@ -10,8 +10,9 @@
 //! oversubscribed on a 2-core machine, which is what the numbers show there.
 //!
 //! Under PMIx a rank publishes its addresses with `PMIx_Put`/`PMIx_Commit` and reads every
-//! other's after one `PMIx_Fence` with data collection (transport `pmix.rs`); fetching them
-//! lazily with `PMIx_Get` on first contact is not implemented, so there is one column.
+//! other's after one `PMIx_Fence` with data collection (transport `pmix.rs`): launcher
+//! `mpirun`. Launcher `mpirun-lazy` runs the same job with `WEFT_PMIX_EXCHANGE=lazy`: no
+//! fence, one `PMIx_Get` per peer that waits for the peer to publish (a direct modex).
 
 use std::process::{Command, Stdio};
 use std::time::Instant;
@@ -28,7 +29,8 @@ pub struct Args {
     /// Ranks per job.
     #[arg(short = 'n', long = "ranks", default_value = "2,4,8,16,32,64")]
     ranks: String,
-    /// Launchers: weftrun, mpirun (PMIx; needs weft-bench built with feature `pmix`).
+    /// Launchers: weftrun, mpirun (PMIx, fence exchange), mpirun-lazy (PMIx, `WEFT_PMIX_EXCHANGE=lazy`);
+    /// the mpirun ones need weft-bench built with feature `pmix`.
     #[arg(long, default_value = "weftrun")]
     launcher: String,
     /// Provider of the jobs: shm or tcp.
@@ -93,18 +95,19 @@ fn job(launcher: &str, n: usize, provider: Provider, timeout: u64) -> Result<(f6
             c.args(["-n", &n.to_string(), "--provider", &provider.to_string(), "--timeout", &timeout.to_string()]);
             c
         }
-        "mpirun" => {
+        "mpirun" | "mpirun-lazy" => {
             let mut c = Command::new("timeout");
             c.arg(timeout.to_string())
                 .args(["mpirun.openmpi", "--oversubscribe", "--bind-to", "none", "-np", &n.to_string()])
-                .args(["-x", "WEFT_PROVIDER", "-x", "FI_TCP_IFACE"])
+                .args(["-x", "WEFT_PROVIDER", "-x", "FI_TCP_IFACE", "-x", "WEFT_PMIX_EXCHANGE"])
                 .env("WEFT_PROVIDER", provider.to_string())
+                .env("WEFT_PMIX_EXCHANGE", if launcher == "mpirun-lazy" { "lazy" } else { "fence" })
                 .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
                 .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
                 .env("OMPI_MCA_oob_tcp_if_include", "lo");
             c
         }
-        o => return Err(format!("unknown launcher {o:?} (weftrun, mpirun)")),
+        o => return Err(format!("unknown launcher {o:?} (weftrun, mpirun, mpirun-lazy)")),
     };
     cmd.arg(&exe).args(["startup", "--rank-worker"]).env("FI_TCP_IFACE", "lo").stdin(Stdio::null());
     let t0 = Instant::now();
@@ -129,8 +132,8 @@ pub fn run(a: &Args) -> Result<(), String> {
     if provider == Provider::Embedded || ranks.contains(&0) || a.runs == 0 {
         return Err("startup runs jobs of 1 or more ranks on shm or tcp, at least once".into());
     }
-    if launchers.iter().any(|l| l == "mpirun") && !cfg!(feature = "pmix") {
-        return Err("--launcher mpirun needs weft-bench built with feature `pmix` (PMIx bootstrap)".into());
+    if launchers.iter().any(|l| l.starts_with("mpirun")) && !cfg!(feature = "pmix") {
+        return Err("--launcher mpirun (and mpirun-lazy) needs weft-bench built with feature `pmix` (PMIx bootstrap)".into());
     }
     let peer = match &a.peer {
         Some(f) => Some(Peer::build(f.parse::<Flavor>()?, "startup-mpi", include_str!("../peers/startup.c"))?),

@@ -201,6 +201,8 @@ mod persistent;
 mod probe;
 mod progress;
 mod provider;
+#[cfg(test)]
+mod rendezvous_faults;
 mod request;
 pub mod rma;
 mod runtime;

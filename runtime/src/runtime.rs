@@ -84,6 +84,15 @@ impl Runtime {
         self.engine.transport.size()
     }
 
+    /// The world ranks that run on this rank's host, ascending, this one included, where the
+    /// launcher tells them (a PMIx server's `PMIX_LOCAL_PEERS`, under `srun --mpi=pmix` or
+    /// `mpirun`); `None` elsewhere (`weftrun`, Slurm without PMIx, in-process worlds), where
+    /// ranks compare host identities instead. Where given, the same-host lane reaches only
+    /// these ranks and [`Levels::hosts`](crate::dlock::Levels::hosts) groups by them.
+    pub fn host_ranks(&self) -> Option<&[u32]> {
+        self.engine.transport.host_ranks()
+    }
+
     /// The world communicator (all ranks, context 0).
     pub fn world(&self) -> &Communicator {
         &self.world

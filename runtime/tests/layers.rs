@@ -2,7 +2,8 @@
 //! layer or of layers below it, so the layering cannot erode silently.
 //!
 //! ```text
-//! api       lib.rs runtime.rs comm.rs request.rs wait.rs datatype.rs counters.rs
+//! api       lib.rs runtime.rs comm.rs request.rs wait.rs datatype.rs counters.rs (and the
+//!           API-level unit tests: rendezvous_faults.rs)
 //! progress  progress/          the modes, parking, waits; implements the executor's Drive
 //! engine    engine/            one rank's state and the mechanisms that act on it
 //! matching  matching/          the matching engine of one communicator
@@ -40,10 +41,24 @@ impl Layer {
             "matching" => Layer::Matching,
             "executor" => Layer::Executor,
             "lock" | "loom.rs" | "config.rs" | "buffer.rs" | "provider.rs" | "operation.rs" => Layer::Base,
-            "lib.rs" | "runtime.rs" | "comm.rs" | "group.rs" | "create.rs" | "coll.rs" | "nbc.rs" | "request.rs" | "wait.rs"
-            | "datatype.rs" | "counters.rs" | "rma" | "dlock" | "probe.rs" | "persistent.rs" | "continuation.rs" | "partitioned.rs" => {
-                Layer::Api
-            }
+            "lib.rs"
+            | "runtime.rs"
+            | "comm.rs"
+            | "group.rs"
+            | "create.rs"
+            | "coll.rs"
+            | "nbc.rs"
+            | "request.rs"
+            | "wait.rs"
+            | "datatype.rs"
+            | "counters.rs"
+            | "rma"
+            | "dlock"
+            | "probe.rs"
+            | "persistent.rs"
+            | "continuation.rs"
+            | "partitioned.rs"
+            | "rendezvous_faults.rs" => Layer::Api,
             other => panic!("src/{rel}: no layer for `{other}`: add it to runtime/tests/layers.rs"),
         }
     }

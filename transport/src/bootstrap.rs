@@ -492,6 +492,9 @@ pub struct Job {
     /// Peers reported `LOST` or `FINISHED` while the exchange was answered, for the
     /// monitor.
     early: Vec<PeerEvent>,
+    /// The ranks on this rank's host, as the launcher tells them (PMIx's
+    /// `PMIX_LOCAL_PEERS`), ascending, this one included; `None` where it does not.
+    host_ranks: Option<Vec<u32>>,
     /// The launcher's PMIx server (feature `pmix`), finalized with the monitor (boxed: the
     /// process name it holds is 260 bytes, which every rank's monitor would carry).
     #[cfg(feature = "pmix")]
@@ -570,9 +573,18 @@ impl Job {
             server: None,
             host: None,
             early: Vec::new(),
+            host_ranks: None,
             #[cfg(feature = "pmix")]
             pmix: None,
         }
+    }
+
+    /// The ranks that run on this rank's host, ascending, this one included, where the
+    /// launcher tells them (a PMIx server's `PMIX_LOCAL_PEERS`); `None` under `weftrun`,
+    /// Slurm without PMIx and a plain start, where ranks find out by comparing host
+    /// identities instead.
+    pub fn host_ranks(&self) -> Option<&[u32]> {
+        self.host_ranks.as_deref()
     }
 
     /// The size of the job the environment describes, without connecting to anything (what
@@ -596,9 +608,9 @@ impl Job {
             Layout::Slurm { rank, size } => (rank, size, true),
             #[cfg(feature = "pmix")]
             Layout::Pmix => {
-                let client = crate::pmix::Client::init()?;
-                let (rank, size) = (client.rank, client.size);
-                return Ok(Job { pmix: Some(Box::new(client)), ..Job::alone(rank, size) });
+                let mut client = crate::pmix::Client::init()?;
+                let (rank, size, host_ranks) = (client.rank, client.size, client.host_ranks.take());
+                return Ok(Job { pmix: Some(Box::new(client)), host_ranks, ..Job::alone(rank, size) });
             }
         };
         let kvs = env("WEFT_KVS");

@@ -604,6 +604,13 @@ impl Opened {
     /// Fails with [`Error::InvalidArgument`] if a rank's CRI count, eager capacity or
     /// [`terms`](OfiOptions::terms) differ from this rank's.
     pub fn connect(self, rank: u32, blobs: &[Vec<u8>]) -> Result<OfiRank, Error> {
+        self.connect_on_host(rank, blobs, None)
+    }
+
+    /// [`connect`](Self::connect), where the launcher said which ranks run on this host
+    /// (`host_ranks`, this one included): the same-host lane then reaches only those of
+    /// them whose published host identity also matches; [`OfiRank::host_ranks`] tells them.
+    pub fn connect_on_host(self, rank: u32, blobs: &[Vec<u8>], host_ranks: Option<&[u32]>) -> Result<OfiRank, Error> {
         if blobs.len() != self.size as usize || rank >= self.size {
             return Err(Error::InvalidArgument("address exchange returned the wrong number of ranks"));
         }
@@ -660,7 +667,7 @@ impl Opened {
         }
         let slot_size = WIRE_HEADER + self.opts.eager_capacity;
         let hosts = published.iter().map(|p| p.as_ref().map(|p| p.host)).collect::<Option<Box<[u64]>>>();
-        let lane = self.lane.map(|l| l.connect(rank, &published));
+        let lane = self.lane.map(|l| l.connect(rank, &published, host_ranks));
         let mut eps = self.eps;
         let rma_ep = eps.pop().ok_or(Error::InvalidArgument("no RMA endpoint"))?;
         let inject_limit = rma_ep.inject_size().min(INJECT_MAX);
@@ -743,7 +750,13 @@ impl Opened {
             .name(format!("weft-ofi-watch-{rank}"))
             .spawn(move || w.watch())
             .map_err(|_| Error::InvalidArgument("could not start the ofi watcher thread"))?;
-        Ok(OfiRank { inner, watcher: Mutex::new(Some(watcher)), monitor: Mutex::new(None), siblings: Mutex::new(Vec::new()) })
+        Ok(OfiRank {
+            inner,
+            watcher: Mutex::new(Some(watcher)),
+            monitor: Mutex::new(None),
+            siblings: Mutex::new(Vec::new()),
+            host_ranks: host_ranks.map(Into::into),
+        })
     }
 }
 
@@ -753,7 +766,7 @@ impl Opened {
 pub fn join(opts: &OfiOptions, mut job: crate::bootstrap::Job) -> Result<OfiRank, Error> {
     let opened = Opened::open(opts, job.size)?;
     let blobs = job.exchange(&opened.address_blob())?;
-    let rank = opened.connect(job.rank, &blobs)?;
+    let rank = opened.connect_on_host(job.rank, &blobs, job.host_ranks())?;
     let notifier = rank.loss_notifier();
     // A finished peer is gone as a lost one is (it will send nothing more, and sends to it
     // cannot be received); the runtime delivers what it sent before it fails receives.
@@ -1508,6 +1521,8 @@ pub struct OfiRank {
     /// The other ranks of an in-process [`world`], told by `close` that this one finished
     /// (the bootstrap's `FINISHED` between processes).
     siblings: Mutex<Vec<LossNotifier>>,
+    /// The ranks on this host as the launcher told them ([`Opened::connect_on_host`]).
+    host_ranks: Option<Box<[u32]>>,
 }
 
 impl std::fmt::Debug for OfiRank {
@@ -1531,6 +1546,13 @@ pub struct RemoteMem {
 }
 
 impl OfiRank {
+    /// The ranks on this host as the launcher told them (PMIx's `PMIX_LOCAL_PEERS`),
+    /// ascending, this one included; `None` where it did not (the same-host lane then goes
+    /// by the published host identities alone).
+    pub fn host_ranks(&self) -> Option<&[u32]> {
+        self.host_ranks.as_deref()
+    }
+
     /// This rank.
     #[inline]
     pub fn rank(&self) -> u32 {

@@ -433,6 +433,17 @@ impl Transport {
         }
     }
 
+    /// The ranks on this rank's host as the launcher told them (PMIx's `PMIX_LOCAL_PEERS`),
+    /// ascending, this one included; `None` where it did not (in-process worlds, `weftrun`,
+    /// Slurm without PMIx).
+    pub fn host_ranks(&self) -> Option<&[u32]> {
+        match self {
+            Transport::Embedded(_) => None,
+            #[cfg(feature = "ofi")]
+            Transport::Ofi(t) => t.host_ranks(),
+        }
+    }
+
     /// Whether rank `r` is not known to be lost.
     #[inline]
     pub fn is_alive(&self, r: u32) -> bool {

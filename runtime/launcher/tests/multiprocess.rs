@@ -973,15 +973,32 @@ mod under_mpirun {
         every_check("tcp");
     }
 
-    /// Rank and size come from PMIx: each rank says which it is, of a job of 3.
+    /// Rank, size and the ranks on the host come from PMIx (`PMIX_LOCAL_PEERS`): each rank
+    /// says which it is, of a job of 3, and is told all three run on this one host.
     #[test]
-    fn ranks_and_size_come_from_pmix() {
+    fn ranks_size_and_host_ranks_come_from_pmix() {
         let Some(o) = mpirun("shm", &["-np", "3", SELFTEST, "hello"]) else { return };
         let s = text(&o);
         assert!(o.status.success(), "{s}");
         for r in 0..3 {
             assert!(s.contains(&format!(",{r}]<stdout>:rank {r} of 3 on shm")), "rank {r}:\n{s}");
+            assert!(s.contains(&format!(",{r}]<stdout>:host ranks 0,1,2 (from the launcher)")), "rank {r}:\n{s}");
         }
+    }
+
+    /// The RMA-RW lock over `Levels::hosts`, which groups ranks by PMIx's host ranks, runs
+    /// (the `rma` check); under weftrun nobody tells the host ranks.
+    #[test]
+    fn the_lock_levels_over_pmix_host_ranks_run_and_weftrun_tells_none() {
+        let Some(o) = mpirun("tcp", &["-np", "2", SELFTEST, "rma"]) else { return };
+        let s = text(&o);
+        assert!(o.status.success(), "{s}");
+        for r in 0..2 {
+            assert!(s.contains(&format!(",{r}]<stdout>:rma ok")), "rank {r}:\n{s}");
+        }
+        let (o, _) = weftrun(2, "shm", "hello");
+        let s = text(&o);
+        assert!(o.status.success() && s.contains("[1] host ranks not told by the launcher"), "{s}");
     }
 
     /// Ranks started with settings that decide how frames are sized set differently (the
@@ -1008,6 +1025,32 @@ mod under_mpirun {
         assert_eq!(o.status.code(), Some(1), "{s}");
         assert!(s.contains("did not join within WEFT_JOIN_TIMEOUT"), "{s}");
         assert!(t0.elapsed() < Duration::from_secs(30), "took {:?}:\n{s}", t0.elapsed());
+    }
+
+    /// The lazy exchange (`WEFT_PMIX_EXCHANGE=lazy`: no fence, one `PMIx_Get` per peer)
+    /// starts a job of 4 that passes every check, and a rank that never publishes fails the
+    /// others within `WEFT_JOIN_TIMEOUT`, as the fence does; a value that is neither mode is
+    /// refused at start.
+    #[test]
+    fn the_lazy_exchange_starts_a_job_and_bounds_a_rank_that_never_joins() {
+        let Some(o) = mpirun("shm", &["-x", "WEFT_PMIX_EXCHANGE=lazy", "-np", "4", SELFTEST, "all"]) else { return };
+        let s = text(&o);
+        assert!(o.status.success(), "{s}");
+        for r in 0..4 {
+            assert!(s.contains(&format!(",{r}]<stdout>:all done")), "rank {r} did not finish:\n{s}");
+        }
+        let t0 = Instant::now();
+        let args =
+            ["-x", "WEFT_PMIX_EXCHANGE=lazy", "-x", "WEFT_JOIN_TIMEOUT=2", "-np", "1", SELFTEST, "hello", ":", "-np", "1", "sleep", "60"];
+        let Some(o) = mpirun("shm", &args) else { return };
+        let s = text(&o);
+        assert_eq!(o.status.code(), Some(1), "{s}");
+        assert!(s.contains("did not publish them within WEFT_JOIN_TIMEOUT"), "{s}");
+        assert!(t0.elapsed() < Duration::from_secs(30), "took {:?}:\n{s}", t0.elapsed());
+        let Some(o) = mpirun("shm", &["-x", "WEFT_PMIX_EXCHANGE=eager", "-np", "2", SELFTEST, "hello"]) else { return };
+        let s = text(&o);
+        assert_eq!(o.status.code(), Some(1), "{s}");
+        assert!(s.contains("WEFT_PMIX_EXCHANGE must be fence or lazy"), "{s}");
     }
 
     /// A rank killed mid-job ends the job within seconds with a failure status (mpirun
@@ -1040,6 +1083,69 @@ mod under_mpirun {
     #[test]
     fn a_rank_exit_code_is_the_job_exit_code() {
         let Some(o) = mpirun("shm", &["-np", "2", SELFTEST, "exit-code"]) else { return };
+        assert_eq!(o.status.code(), Some(3), "{}", text(&o));
+    }
+}
+
+/// Jobs under Slurm's `srun --mpi=pmix` (feature `pmix`): the same PMIx bootstrap as under
+/// `mpirun`, through Slurm's PMIx plugin. They skip (saying why) where no Slurm node is up;
+/// `.ci/slurm-one-node.sh` starts a one-node cluster on this machine.
+#[cfg(feature = "pmix")]
+mod under_srun {
+    use super::*;
+
+    /// `srun --mpi=pmix -n N -O` (overcommitted: more ranks than cores) with every line
+    /// labelled by its rank (`R: `); `None` (with the reason printed) where `srun` has no
+    /// node to run on.
+    fn srun(n: u32, provider: &str, args: &[&str]) -> Option<Output> {
+        let up = Command::new("sinfo").args(["-h", "-o", "%t"]).output();
+        if !up.is_ok_and(|o| o.status.success() && ["idle", "mix", "alloc"].iter().any(|s| String::from_utf8_lossy(&o.stdout).contains(s)))
+        {
+            println!("skipped: no Slurm node is up here (.ci/slurm-one-node.sh starts one)");
+            return None;
+        }
+        let _g = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+        let out = Command::new("srun")
+            .args(["--mpi=pmix", "-O", "-l", "-t", "4", "-n", &n.to_string()])
+            .arg(format!("--export=ALL,WEFT_PROVIDER={provider},FI_TCP_IFACE=lo,FI_SOCKETS_IFACE=lo"))
+            .args(args)
+            .env_remove("WEFT_RANK")
+            .env_remove("WEFT_SIZE")
+            .env_remove("WEFT_KVS")
+            .env_remove("WEFT_TOKEN")
+            .stdin(Stdio::null())
+            .output()
+            .expect("srun starts");
+        Some(out)
+    }
+
+    /// `weft-selftest all` at 2 ranks on shm and tcp, with no variable but the provider.
+    #[test]
+    fn every_check_under_srun_on_shm_and_tcp() {
+        for provider in ["shm", "tcp"] {
+            let Some(o) = srun(2, provider, &[SELFTEST, "all"]) else { return };
+            let s = text(&o);
+            assert!(o.status.success(), "{provider}:\n{s}");
+            for r in 0..2 {
+                for line in ["pingpong ok", "wildcard ok", "order ok", "large ok", "all done"] {
+                    assert!(s.contains(&format!("{r}: {line}")), "{provider}: rank {r}: missing {line:?}:\n{s}");
+                }
+            }
+        }
+    }
+
+    /// Rank, size and the ranks on the host come from Slurm's PMIx server; a rank's exit
+    /// status is the job's.
+    #[test]
+    fn ranks_size_and_host_ranks_come_from_slurms_pmix_and_the_exit_code_is_the_jobs() {
+        let Some(o) = srun(3, "shm", &[SELFTEST, "hello"]) else { return };
+        let s = text(&o);
+        assert!(o.status.success(), "{s}");
+        for r in 0..3 {
+            assert!(s.contains(&format!("{r}: rank {r} of 3 on shm")), "rank {r}:\n{s}");
+            assert!(s.contains(&format!("{r}: host ranks 0,1,2 (from the launcher)")), "rank {r}:\n{s}");
+        }
+        let Some(o) = srun(2, "shm", &[SELFTEST, "exit-code"]) else { return };
         assert_eq!(o.status.code(), Some(3), "{}", text(&o));
     }
 }

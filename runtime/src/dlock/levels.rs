@@ -57,7 +57,9 @@ impl Levels {
     /// and host name) for the same-host lane. Then only the groups are exchanged, and not
     /// even they when every rank is on one host with one group. Where the transport does not
     /// know (the same-host lane switched off), resolving is collective: the ranks exchange a
-    /// digest of their host name and their group.
+    /// digest of their host and their group, the host being the launcher's where it says
+    /// which ranks share one (PMIx's `PMIX_LOCAL_PEERS`,
+    /// [`Runtime::host_ranks`](crate::Runtime::host_ranks)), else the host name.
     pub fn hosts() -> Self {
         Levels(Spec::Hosts)
     }
@@ -84,7 +86,7 @@ impl Levels {
                     }
                     None => {
                         let mut all = vec![0u64; 2 * n as usize];
-                        comm.allgather(&[host_digest(), socket], &mut all)?;
+                        comm.allgather(&[host_key(comm.engine().transport.host_ranks()), socket], &mut all)?;
                         (all.chunks(2).map(|k| k[0]).collect(), all.chunks(2).map(|k| k[1]).collect())
                     }
                 };
@@ -127,6 +129,16 @@ fn simulated_keys(sizes: &[u32], n: u32) -> Vec<Vec<u64>> {
 /// FNV-1a of `bytes`.
 fn fnv(bytes: &[u8]) -> u64 {
     bytes.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &b| (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3))
+}
+
+/// This rank's host, as a key equal on the ranks of one host: where the launcher named the
+/// ranks of this host (`host_ranks`, ascending, this one included; the same list on each of
+/// them, disjoint from every other host's), its first rank; else a digest of the host name.
+fn host_key(host_ranks: Option<&[u32]>) -> u64 {
+    match host_ranks.and_then(|h| h.first()) {
+        Some(&first) => fnv(&[b"launcher host ".as_slice(), &first.to_le_bytes()].concat()),
+        None => host_digest(),
+    }
 }
 
 /// A digest of this host's name: equal on ranks of one host.
@@ -241,6 +253,21 @@ mod tests {
 
     fn simulated(sizes: &[u32], n: u32) -> Machine {
         Machine::from_keys(simulated_keys(sizes, n))
+    }
+
+    /// Ranks the launcher put on one host share a key, whatever their host names; other
+    /// hosts' ranks get others; without the launcher's word, the host name decides.
+    #[test]
+    fn the_launchers_host_ranks_make_the_host_level() {
+        // Two hosts of a job of 5 as PMIx would name them: ranks 0, 2, 4 and ranks 1, 3.
+        let (a, b): (&[u32], &[u32]) = (&[0, 2, 4], &[1, 3]);
+        let keys: Vec<u64> = [a, b, a, b, a].iter().map(|h| host_key(Some(h))).collect();
+        let t = Machine::from_keys(vec![vec![0; 5], keys]);
+        assert_eq!(t.depth(), 2);
+        assert_eq!(t.element[1], [0, 1, 0, 1, 0]);
+        assert_eq!((t.tail_rank(1, 3), t.tail_rank(1, 4)), (1, 0));
+        assert_eq!(host_key(None), host_digest());
+        assert_ne!(host_key(Some(a)), host_digest());
     }
 
     #[test]

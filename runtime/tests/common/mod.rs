@@ -1,4 +1,5 @@
-//! Helpers shared by the integration test binaries (each includes this with `mod common;`).
+//! Helpers shared by the integration test binaries (each includes this with `mod common;`)
+//! and the runtime's unit tests of faults (`src/rendezvous_faults.rs`, by `#[path]`).
 
 use std::sync::mpsc::{self, RecvTimeoutError};
 use std::time::Duration;

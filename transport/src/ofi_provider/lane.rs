@@ -364,13 +364,17 @@ impl Prepared {
     }
 
     /// Maps the segments of the ranks of this host (`published[r]`, what rank `r`
-    /// published, `None` for a rank without a lane).
-    pub(super) fn connect(self, rank: u32, published: &[Option<Published>]) -> Lane {
+    /// published, `None` for a rank without a lane). A rank is of this host if its published
+    /// host identity is this one's and, where the launcher said which ranks share this host
+    /// (`host_ranks`, PMIx's `PMIX_LOCAL_PEERS`), it is one of them.
+    pub(super) fn connect(self, rank: u32, published: &[Option<Published>], host_ranks: Option<&[u32]>) -> Lane {
         let len = self.layout.len().unwrap_or(0);
-        let peers: Box<[Option<Peer>]> = published
-            .iter()
-            .map(|p| {
-                let p = p.as_ref().filter(|p| p.host == self.published.host)?;
+        let here = |r: usize| {
+            published[r].filter(|p| p.host == self.published.host && host_ranks.map_or(true, |h| h.binary_search(&(r as u32)).is_ok()))
+        };
+        let peers: Box<[Option<Peer>]> = (0..published.len())
+            .map(|r| {
+                let p = here(r)?;
                 let fd = fd_of(p.pid, p.memfd)?;
                 // SAFETY: `st` is a valid out-pointer for `fstat`.
                 let mut st: libc::stat = unsafe { std::mem::zeroed() };
@@ -389,8 +393,7 @@ impl Prepared {
         // Every rank of this host with a lane may write this rank's rings (whether this rank
         // could map its segment or not: the permission checks need not agree both ways), so
         // all their rings are read; one that nobody writes costs a load per poll.
-        let mine: Box<[u32]> =
-            (0..published.len() as u32).filter(|&r| published[r as usize].is_some_and(|p| p.host == self.published.host)).collect();
+        let mine: Box<[u32]> = (0..published.len() as u32).filter(|&r| here(r as usize).is_some()).collect();
         let readers = (0..self.layout.cris).map(|_| mine.clone()).collect();
         Lane { layout: self.layout, rank, seg: self.seg, _memfd: self.memfd, eventfd: self.eventfd, peers, readers }
     }
@@ -669,7 +672,7 @@ mod tests {
         let a = Prepared::create(2, 2, 1024).expect("memfd");
         let b = Prepared::create(2, 2, 1024).expect("memfd");
         let published = [Some(*a.published()), Some(*b.published())];
-        (a.connect(0, &published), b.connect(1, &published))
+        (a.connect(0, &published, None), b.connect(1, &published, None))
     }
 
     /// A zero-filled segment is a ring of free slots; frames come out in order, a full ring
@@ -710,7 +713,7 @@ mod tests {
         let b = Prepared::create(1, 3, 1024).expect("memfd");
         let c = Prepared::create(1, 3, 1024).expect("memfd");
         let published = [Some(*a.published()), Some(*b.published()), Some(*c.published())];
-        let (a, b, c) = (a.connect(0, &published), b.connect(1, &published), c.connect(2, &published));
+        let (a, b, c) = (a.connect(0, &published, None), b.connect(1, &published, None), c.connect(2, &published, None));
         for i in 0..10u8 {
             // Every third frame of each sender is a large one (the other ring).
             let len = if i % 3 == 0 { 900 } else { 1 };
@@ -739,18 +742,40 @@ mod tests {
         let mut wrong = *b.published();
         wrong.nonce ^= 1;
         let mine = *a.published();
-        let lane = a.connect(0, &[Some(mine), Some(wrong)]);
+        let lane = a.connect(0, &[Some(mine), Some(wrong)], None);
         assert!(lane.reaches(0) && !lane.reaches(1));
         let a = Prepared::create(1, 2, 1024).expect("memfd");
         let mut elsewhere = *b.published();
         elsewhere.host ^= 1;
         let mine = *a.published();
-        let lane = a.connect(0, &[Some(mine), Some(elsewhere)]);
+        let lane = a.connect(0, &[Some(mine), Some(elsewhere)], None);
         assert!(!lane.reaches(1));
         let a = Prepared::create(1, 2, 1024).expect("memfd");
         let mine = *a.published();
-        let lane = a.connect(0, &[Some(mine), None]);
+        let lane = a.connect(0, &[Some(mine), None], None);
         assert!(!lane.reaches(1), "a rank without a lane");
+    }
+
+    /// Where the launcher says which ranks share this host, a rank it leaves out is not
+    /// reached through the lane, though its host identity matches; one it names is.
+    #[test]
+    fn the_launchers_host_ranks_bound_the_lane() {
+        let make = || {
+            [
+                Prepared::create(1, 3, 1024).expect("memfd"),
+                Prepared::create(1, 3, 1024).expect("memfd"),
+                Prepared::create(1, 3, 1024).expect("memfd"),
+            ]
+        };
+        let [a, b, c] = make();
+        let published = [Some(*a.published()), Some(*b.published()), Some(*c.published())];
+        let lane = a.connect(0, &published, Some(&[0, 2]));
+        assert!(lane.reaches(0) && !lane.reaches(1) && lane.reaches(2));
+        assert_eq!(lane.peers(), 2);
+        let lane = b.connect(1, &published, Some(&[1]));
+        assert!(!lane.reaches(0) && lane.reaches(1) && !lane.reaches(2));
+        let lane = c.connect(2, &published, None);
+        assert!(lane.reaches(0) && lane.reaches(1) && lane.reaches(2), "no word from the launcher: host identities alone");
     }
 
     /// A sleeping watcher is woken by the first frame, once; frames while awake cost no write.

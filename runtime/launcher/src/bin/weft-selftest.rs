@@ -16,7 +16,7 @@
 //!
 //! | check | ranks | what |
 //! |---|---|---|
-//! | `hello` | any | prints rank, size and provider |
+//! | `hello` | any | prints rank, size and provider, and the ranks on its host where the launcher tells them (PMIx) |
 //! | `pingpong` | >= 2 | 1000 round trips in pairs 0-1, 2-3, ... at once (with an odd count the last rank then plays with rank 0), contents checked |
 //! | `multirate` | even | every multirate pattern (pairwise, one-to-many, many-to-one, many-to-many) from ranks `0..N/2` to `N/2..N`, window 16, 10 iterations |
 //! | `wildcard` | >= 2 | rank 0 receives 50 messages from every other rank with `Source::Any`/`Tag::Any`; per-source order checked |
@@ -71,7 +71,7 @@ and exits with status 2.";
 /// the number of ranks it takes (`Ranks::tag`; a unit test keeps the two in step).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Subcommand)]
 enum Check {
-    /// [any ranks] prints rank, size and provider
+    /// [any ranks] prints rank, size and provider, and the ranks on its host where the launcher tells them (PMIx)
     Hello,
     /// [2+ ranks] 1000 round trips in pairs 0-1, 2-3, ... at once (an odd last rank then plays with rank 0)
     Pingpong,
@@ -1012,6 +1012,10 @@ fn run_step(check: Check, rt: &Runtime, c: &Communicator) -> Res {
     match check {
         Check::Hello => {
             println!("rank {} of {} on {}", rt.rank(), rt.size(), rt.config().provider);
+            match rt.host_ranks() {
+                Some(h) => println!("host ranks {} (from the launcher)", h.iter().map(u32::to_string).collect::<Vec<_>>().join(",")),
+                None => println!("host ranks not told by the launcher"),
+            }
             Ok(())
         }
         Check::Pingpong => pingpong(c),
