@@ -123,10 +123,17 @@ fn op_for<T: Reducible>(
     sample: Option<&T>,
     what: &'static str,
 ) -> Result<impl Fn(&[T], &[T]) -> Vec<T> + Send + Sync + Copy, Error> {
-    if sample.is_some_and(|&x| T::apply(op, x, x).is_none()) {
-        return Err(Error::InvalidArgument(what));
-    }
+    check_op(op, sample, what)?;
     Ok(move |a: &[T], b: &[T]| zip_with(a, b, |x, y| T::apply(op, x, y).expect("op checked for the type")))
+}
+
+/// An error naming `what` if `op` is not defined for `T` (bitwise on floats; told by an
+/// element of the data, `sample`).
+pub(crate) fn check_op<T: Reducible>(op: Op, sample: Option<&T>, what: &'static str) -> Result<(), Error> {
+    match sample {
+        Some(&x) if T::apply(op, x, x).is_none() => Err(Error::InvalidArgument(what)),
+        _ => Ok(()),
+    }
 }
 
 /// Block `i` of `n` nearly equal blocks of `len` elements (the last ones may be shorter or
@@ -493,7 +500,7 @@ impl Communicator {
         Ok(b)
     }
 
-    fn check_root(&self, root: u32) -> Result<(), Error> {
+    pub(crate) fn check_root(&self, root: u32) -> Result<(), Error> {
         if root >= self.size() {
             return Err(Error::RankOutOfRange { rank: root, size: self.size() });
         }

@@ -122,14 +122,7 @@ impl<B: Send + 'static> Future for Done<'_, '_, B> {
     fn poll(mut self: Pin<&mut Self>, _cx: &mut Context<'_>) -> Poll<Self::Output> {
         if self.req.is_complete() {
             let comm = self.req.communicator();
-            return Poll::Ready(match self.req.take().unwrap_or(Err(CONSUMED)) {
-                Ok((b, _)) => Ok(b),
-                // The request names a lost peer by its rank here; the schedule works in world
-                // ranks (its result goes through its own request's translation).
-                Err(Error::PeerLost { rank }) => Err(Error::PeerLost { rank: comm.world_of(rank) }),
-                Err(Error::Truncated { .. }) => Err(MISMATCH),
-                Err(e) => Err(e),
-            });
+            return Poll::Ready(self.req.take().unwrap_or(Err(CONSUMED)).map(|(b, _)| b).map_err(|e| step_error(comm, e)));
         }
         if self.notice.is_some_and(|n| n.is_complete()) {
             // Read by `Sched::finish`.
@@ -139,12 +132,28 @@ impl<B: Send + 'static> Future for Done<'_, '_, B> {
     }
 }
 
+/// The error of a collective's step whose request failed with `e` on `comm`.
+pub(crate) fn step_error(comm: &Communicator, e: Error) -> Error {
+    match e {
+        // The request names a lost peer by its rank here; the schedule works in world
+        // ranks (its result goes through its own request's translation).
+        Error::PeerLost { rank } => Error::PeerLost { rank: comm.world_of(rank) },
+        Error::Truncated { .. } => MISMATCH,
+        e => e,
+    }
+}
+
+/// The data tag of sequence number `seq` (its failure notices travel under the one below).
+pub(crate) fn seq_tag(seq: u32) -> i32 {
+    TAG_SEQ - 2 * (seq % SEQ_SPAN) as i32
+}
+
 impl<'c> Sched<'c> {
     /// A collective on `comm` under `tag`: the tags of sequence number `seq`, with the receive
     /// for failure notices posted, or a fixed tag without notices.
     fn new(comm: &'c Communicator, tag: CollTag) -> Result<Self, Error> {
         let (tag, notices) = match tag {
-            CollTag::Seq(seq) => (TAG_SEQ - 2 * (seq % SEQ_SPAN) as i32, comm.size() > 1),
+            CollTag::Seq(seq) => (seq_tag(seq), comm.size() > 1),
             CollTag::Fixed(t) => (t, false),
         };
         let notice = if notices {
@@ -274,7 +283,7 @@ impl Drop for Nbc {
 
 impl Communicator {
     /// The sequence number of the next collective on this communicator.
-    fn next_seq(&self) -> u32 {
+    pub(crate) fn next_seq(&self) -> u32 {
         self.coll_seq().fetch_add(1, crate::loom::sync::atomic::Ordering::Relaxed)
     }
 
