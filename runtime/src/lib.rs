@@ -221,7 +221,7 @@ pub use datatype::{Datatype, TypedRecv};
 pub use executor::{JoinError, JoinHandle};
 pub use group::Group;
 pub use matching::{Source, Tag};
-pub use partitioned::{Partition, PartitionedRecv, PartitionedSend, MAX_PARTITIONED_TAG, MAX_PARTITIONS};
+pub use partitioned::{Partition, PartitionedRecv, PartitionedSend, MAX_PARTITIONED_TAG, MAX_PARTITIONS, PARTITIONS_MISMATCH};
 pub use persistent::Persistent;
 pub use probe::Message;
 pub use request::Request;

@@ -740,3 +740,118 @@ fn partitions_arrive_before_the_last_is_ready() {
         assert!(matches!(b.precv_init(vec![0u8; 10], 2, 5, 0), Err(Error::RankOutOfRange { .. })));
     });
 }
+
+/// A send and a receive of different partition counts (the same total bytes): every round
+/// arrives whole, and a receive partition has arrived exactly when every send partition
+/// overlapping it has — checked as the send's partitions are readied one by one.
+#[test]
+fn partitioned_with_different_partition_counts() {
+    within(120, "different partition counts", || {
+        for mode in MODES {
+            // (send partitions, receive partitions); 120 u32s (eager) or 2400 (rendezvous
+            // partitions, at least 1200 bytes).
+            for (ps, pr) in [(4usize, 6usize), (6, 4), (1, 8), (8, 1), (3, 5), (5, 3)] {
+                for len in [120usize, 2400] {
+                    let rts = local(2, mode);
+                    let (a, b) = (rts[0].world(), rts[1].world());
+                    let mut send = a.psend_init(vec![0u32; len], ps, 1, 5).unwrap();
+                    let mut recv = b.precv_init(vec![0u32; len], pr, 0, 5).unwrap();
+                    let (per_s, per_r) = (len / ps, len / pr);
+                    for round in 0..3u32 {
+                        recv.start().unwrap();
+                        send.start().unwrap();
+                        let parts = send.partitions().unwrap();
+                        for mut p in parts {
+                            let j = p.index();
+                            p.as_mut_slice().iter_mut().enumerate().for_each(|(k, x)| *x = round * 100_000 + (j * per_s + k) as u32);
+                            p.ready().unwrap();
+                            // Sent: send partitions 0..=j, the elements below `sent`.
+                            let sent = (j + 1) * per_s;
+                            for i in 0..pr {
+                                let covered = (i + 1) * per_r <= sent;
+                                if covered {
+                                    let t0 = std::time::Instant::now();
+                                    while !recv.parrived(i) {
+                                        assert!(t0.elapsed().as_secs() < 20, "{mode}: ({ps}, {pr}): partition {i} never arrived");
+                                    }
+                                    let want: Vec<u32> = (i * per_r..(i + 1) * per_r).map(|k| round * 100_000 + k as u32).collect();
+                                    assert_eq!(recv.partition(i).unwrap(), &want[..], "{mode}: ({ps}, {pr}) round {round}, partition {i}");
+                                } else {
+                                    assert!(!recv.parrived(i), "{mode}: ({ps}, {pr}): partition {i} arrived before all of it was sent");
+                                    assert!(recv.partition(i).is_none());
+                                }
+                            }
+                        }
+                        send.wait().unwrap();
+                        recv.wait().unwrap();
+                        let want: Vec<u32> = (0..len).map(|k| round * 100_000 + k as u32).collect();
+                        assert_eq!(recv.buffer().unwrap(), &want[..], "{mode}: ({ps}, {pr}) round {round}");
+                    }
+                }
+            }
+        }
+    });
+}
+
+/// Partitions of other element types fit when the bytes do: a send of bytes into a receive
+/// of `u32`s in fewer partitions, waited for through the futures.
+#[test]
+fn partitioned_send_and_receive_of_other_element_types() {
+    within(60, "partitioned u8 into u32", || {
+        let rts = local(2, ProgressMode::Owner);
+        let (a, b) = (rts[0].world(), rts[1].world());
+        let mut send = a.psend_init(vec![0u8; 64], 8, 1, 2).unwrap();
+        let mut recv = b.precv_init(vec![0u32; 16], 2, 0, 2).unwrap();
+        for round in 0..2u8 {
+            recv.start().unwrap();
+            send.start().unwrap();
+            for mut p in send.partitions().unwrap() {
+                p.as_mut_slice().fill(round + 1);
+                p.ready().unwrap();
+            }
+            std::thread::scope(|s| {
+                s.spawn(|| rts[1].block_on(recv.wait_async()).unwrap());
+                rts[0].block_on(send.wait_async()).unwrap();
+            });
+            assert_eq!(recv.buffer().unwrap(), &[u32::from_ne_bytes([round + 1; 4]); 16][..]);
+        }
+    });
+}
+
+/// Layouts that do not fit — other total bytes, or send partitions that are not whole
+/// elements of the receive — fail the first round on both sides, and every later start,
+/// without a hang (eager and rendezvous partitions).
+#[test]
+fn partitioned_layouts_that_do_not_fit_are_an_error_on_both_sides() {
+    within(60, "partitioned mismatch", || {
+        for mode in MODES {
+            for scale in [1usize, 100] {
+                let rts = local(2, mode);
+                let (a, b) = (rts[0].world(), rts[1].world());
+                let mut send = a.psend_init(vec![7u8; 40 * scale], 4, 1, 3).unwrap();
+                let mut recv = b.precv_init(vec![0u8; 48 * scale], 4, 0, 3).unwrap();
+                // Bytes that fit, in partitions of 3 bytes: not whole u32s.
+                let mut send2 = a.psend_init(vec![7u8; 12], 4, 1, 4).unwrap();
+                let mut recv2 = b.precv_init(vec![0u32; 3], 1, 0, 4).unwrap();
+                recv.start().unwrap();
+                recv2.start().unwrap();
+                send.start().unwrap();
+                send2.start().unwrap();
+                for p in send.partitions().unwrap().into_iter().chain(send2.partitions().unwrap()) {
+                    p.ready().unwrap();
+                }
+                std::thread::scope(|s| {
+                    s.spawn(|| {
+                        assert_eq!(recv.wait(), Err(weft::PARTITIONS_MISMATCH), "{mode}");
+                        assert_eq!(recv2.wait(), Err(weft::PARTITIONS_MISMATCH), "{mode}");
+                    });
+                    assert_eq!(send.wait(), Err(weft::PARTITIONS_MISMATCH), "{mode}");
+                    assert_eq!(send2.wait(), Err(weft::PARTITIONS_MISMATCH), "{mode}");
+                });
+                assert_eq!(send.start(), Err(weft::PARTITIONS_MISMATCH));
+                assert_eq!(recv.start(), Err(weft::PARTITIONS_MISMATCH));
+                assert_eq!(recv.buffer().unwrap(), &vec![0u8; 48 * scale][..], "{mode}: the receive's buffer was written");
+            }
+        }
+    });
+}
