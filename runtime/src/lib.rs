@@ -103,8 +103,10 @@
 //!   all of its callbacks have run. A request has a sync object or a continuation, not both.
 //! * Partitioned point-to-point (MPI 4.0 ch. 4, `partitioned.rs`):
 //!   [`Communicator::psend_init`] / [`Communicator::precv_init`]; threads fill the
-//!   [`Partition`]s of a [`PartitionedSend`] and mark them ready, each travels at once, and
-//!   the [`PartitionedRecv`] reads each as it arrives.
+//!   [`Partition`]s of a [`PartitionedSend`] (or pool tasks its `'static`
+//!   [`OwnedPartition`]s) and mark them ready, each travels at once, and the
+//!   [`PartitionedRecv`] — which may cut the message into another number of partitions —
+//!   reads each as it arrives.
 //!
 //! ```
 //! use weft::{Invoke, Runtime, Source, Tag};
@@ -221,7 +223,9 @@ pub use datatype::{Datatype, TypedRecv};
 pub use executor::{JoinError, JoinHandle};
 pub use group::Group;
 pub use matching::{Source, Tag};
-pub use partitioned::{Partition, PartitionedRecv, PartitionedSend, MAX_PARTITIONED_TAG, MAX_PARTITIONS, PARTITIONS_MISMATCH};
+pub use partitioned::{
+    OwnedPartition, Partition, PartitionedRecv, PartitionedSend, MAX_PARTITIONED_TAG, MAX_PARTITIONS, PARTITIONS_MISMATCH,
+};
 pub use persistent::Persistent;
 pub use probe::Message;
 pub use request::Request;

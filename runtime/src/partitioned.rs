@@ -5,6 +5,9 @@
 //! fills and marks [`ready`](Partition::ready) (`MPI_Pready`); each partition travels as soon
 //! as it is ready, not after the last one, and the receiver may read a partition as soon as
 //! it has arrived ([`PartitionedRecv::parrived`], [`PartitionedRecv::partition`]).
+//! [`owned_partitions`](PartitionedSend::owned_partitions) hands out [`OwnedPartition`]s
+//! instead, `'static`, to move into pool tasks ([`Runtime::spawn`](crate::Runtime::spawn)):
+//! each holds the operation's state (an `Arc`) and its range of the buffer.
 //!
 //! Partition `i` is a message of its own, on the communicator's collective context (never
 //! matched by a user receive) under a tag made of the user's tag and `i`: it takes the eager
@@ -24,14 +27,16 @@
 //! receive takes the send's partitions of that round and drops them, so neither side hangs.
 //! A first-round send's wait therefore needs the receive started.
 
-use std::sync::{Arc, Mutex};
+use std::marker::PhantomData;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use weft_sync::Error;
 
 use crate::buffer::{Primitive, RecvBuf, SendBuf};
 use crate::comm::Communicator;
 use crate::matching::{Source, Tag};
-use crate::request::Request;
+use crate::request::{unbound, Request};
 
 /// Partitions of one operation at the most (the partition index takes 15 bits of the tag).
 pub const MAX_PARTITIONS: usize = 1 << 15;
@@ -188,8 +193,8 @@ pub struct PartitionedSend<'c, T: Primitive> {
     comm: &'c Communicator,
     plan: Plan,
     buf: Arc<Shared<T>>,
-    /// Per partition, its send once ready (this round).
-    sends: Vec<Mutex<Option<Request<'c, Part<T>>>>>,
+    /// Per partition, its send once ready (this round), shared with the handles.
+    state: Arc<SendState<T>>,
     /// Started and not yet waited for.
     active: bool,
     /// The receive's layout message (`[total bytes, element size]`), posted at the first
@@ -201,15 +206,120 @@ pub struct PartitionedSend<'c, T: Primitive> {
     failed: Option<Error>,
 }
 
-/// One partition of an active [`PartitionedSend`]: fill it, then mark it
-/// [`ready`](Self::ready). Partitions are disjoint, so each may go to a thread of its own.
-pub struct Partition<'a, 'c, T: Primitive> {
-    comm: &'c Communicator,
+/// What a partitioned send shares with its partitions' handles: per partition its send once
+/// ready, and the communicator the sends borrow.
+struct SendState<T: Primitive> {
+    /// The sends borrow `comm` (below): they come first, so they are dropped before it.
+    slots: Vec<Slot<T>>,
+    /// In the `Arc`: its address never changes.
+    comm: Communicator,
+}
+
+/// One partition's place in a [`SendState`].
+struct Slot<T: Primitive> {
+    /// Its send, once ready (this round).
+    sent: Mutex<Option<Request<'static, Part<T>>>>,
+    /// A handle to it is out (handed out, not yet ready nor dropped): it is not handed out
+    /// again, so no two handles reach one range.
+    out: AtomicBool,
+}
+
+impl<T: Primitive> Slot<T> {
+    fn sent(&self) -> MutexGuard<'_, Option<Request<'static, Part<T>>>> {
+        self.sent.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// A partition handed out, borrowed ([`Partition`]) or owned ([`OwnedPartition`]).
+struct Handle<T: Primitive> {
     index: usize,
     tag: i32,
     dest: u32,
-    part: Part<T>,
-    slot: &'a Mutex<Option<Request<'c, Part<T>>>>,
+    /// `None` once sent.
+    part: Option<Part<T>>,
+    state: Arc<SendState<T>>,
+}
+
+impl<T: Primitive> Handle<T> {
+    fn as_mut_slice(&mut self) -> &mut [T] {
+        let part = self.part.as_ref().expect("a handle's range until it is sent");
+        // SAFETY: this handle alone reaches the range (its slot is marked out) until `ready`
+        // consumes it.
+        unsafe { std::slice::from_raw_parts_mut(part.buf.ptr.add(part.start), part.len) }
+    }
+
+    fn ready(mut self) -> Result<(), Error> {
+        let part = self.part.take().expect("a handle's range until it is sent");
+        let st = &*self.state;
+        let c = &st.comm;
+        let slot = &st.slots[self.index];
+        let req = match c.isend_on(c.coll_state(), part, self.dest, part_tag(self.tag, self.index)) {
+            Ok(req) => req,
+            Err(e) => {
+                // Unsent: handed out again.
+                slot.out.store(false, Ordering::Release);
+                return Err(c.local_error(e));
+            }
+        };
+        // SAFETY: `req` borrows `st.comm`, in the `Arc` with the slots, which are dropped
+        // before it; a send taken out of a slot is dropped while its `PartitionedSend` (which
+        // holds the `Arc`) lives.
+        *slot.sent() = Some(unsafe { unbound(req) });
+        slot.out.store(false, Ordering::Release);
+        Ok(())
+    }
+}
+
+impl<T: Primitive> Drop for Handle<T> {
+    fn drop(&mut self) {
+        // Dropped unsent (or its send failed): handed out again.
+        if self.part.is_some() {
+            self.state.slots[self.index].out.store(false, Ordering::Release);
+        }
+    }
+}
+
+/// One partition of an active [`PartitionedSend`]: fill it, then mark it
+/// [`ready`](Self::ready). Partitions are disjoint, so each may go to a thread of its own.
+pub struct Partition<'a, 'c, T: Primitive> {
+    handle: Handle<T>,
+    _send: PhantomData<&'a mut PartitionedSend<'c, T>>,
+}
+
+/// One partition of an active [`PartitionedSend`], owned (`'static`): to move into a pool
+/// task or another thread that outlives the borrow of the send. Fill it, then mark it
+/// [`ready`](Self::ready); dropped unsent, it is handed out again.
+///
+/// ```
+/// use weft::Runtime;
+/// let ranks = Runtime::builder().env(false).workers(2).build_local(2).unwrap();
+/// let (a, b) = (ranks[0].world(), ranks[1].world());
+/// let mut send = a.psend_init(vec![0u32; 4 * 64], 4, 1, 3).unwrap();
+/// // The receive may cut the message otherwise: two partitions of 128 elements.
+/// let mut recv = b.precv_init(vec![0u32; 4 * 64], 2, 0, 3).unwrap();
+/// recv.start().unwrap();
+/// send.start().unwrap();
+/// let tasks: Vec<_> = send
+///     .owned_partitions()
+///     .unwrap()
+///     .into_iter()
+///     .map(|mut p| {
+///         ranks[0].spawn(async move {
+///             let i = p.index() as u32;
+///             p.as_mut_slice().fill(i);
+///             p.ready()
+///         })
+///     })
+///     .collect();
+/// for t in tasks {
+///     ranks[0].block_on(t).unwrap().unwrap();
+/// }
+/// send.wait().unwrap();
+/// recv.wait().unwrap();
+/// assert_eq!(recv.buffer().unwrap()[3 * 64], 3);
+/// ```
+pub struct OwnedPartition<T: Primitive> {
+    handle: Handle<T>,
 }
 
 impl<T: Primitive> std::fmt::Debug for PartitionedSend<'_, T> {
@@ -220,7 +330,13 @@ impl<T: Primitive> std::fmt::Debug for PartitionedSend<'_, T> {
 
 impl<T: Primitive> std::fmt::Debug for Partition<'_, '_, T> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Partition").field("index", &self.index).field("len", &self.part.len).finish()
+        f.debug_struct("Partition").field("index", &self.handle.index).finish()
+    }
+}
+
+impl<T: Primitive> std::fmt::Debug for OwnedPartition<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("OwnedPartition").field("index", &self.handle.index).finish()
     }
 }
 
@@ -236,8 +352,9 @@ impl Communicator {
     /// at most [`MAX_PARTITIONS`] and divides `buf.len()`.
     pub fn psend_init<T: Primitive>(&self, buf: Vec<T>, partitions: usize, dest: u32, tag: i32) -> Result<PartitionedSend<'_, T>, Error> {
         let plan = self.plan(dest, buf.len(), partitions, tag)?;
-        let sends = (0..partitions).map(|_| Mutex::new(None)).collect();
-        Ok(PartitionedSend { comm: self, plan, buf: Shared::new(buf), sends, active: false, layout: None, checked: false, failed: None })
+        let slots = (0..partitions).map(|_| Slot { sent: Mutex::new(None), out: AtomicBool::new(false) }).collect();
+        let state = Arc::new(SendState { slots, comm: self.clone() });
+        Ok(PartitionedSend { comm: self, plan, buf: Shared::new(buf), state, active: false, layout: None, checked: false, failed: None })
     }
 
     /// A partitioned receive into `buf` in `partitions` equal parts from `source` with `tag`
@@ -312,26 +429,32 @@ impl<'c, T: Primitive> PartitionedSend<'c, T> {
     /// `start`; a handle dropped unsent is handed out again): each is filled and marked
     /// ready, by any thread. An error if not started.
     pub fn partitions(&mut self) -> Result<Vec<Partition<'_, 'c, T>>, Error> {
+        Ok(self.handles()?.map(|handle| Partition { handle, _send: PhantomData }).collect())
+    }
+
+    /// [`partitions`](Self::partitions), owned: `'static` handles to move into pool tasks
+    /// (those still out, owned and not yet ready, are not handed out again). An error if not
+    /// started.
+    pub fn owned_partitions(&mut self) -> Result<Vec<OwnedPartition<T>>, Error> {
+        Ok(self.handles()?.map(|handle| OwnedPartition { handle }).collect())
+    }
+
+    /// Handles to the partitions of this round neither ready nor out, each marked out.
+    fn handles(&mut self) -> Result<impl Iterator<Item = Handle<T>> + '_, Error> {
         if !self.active {
             return Err(INACTIVE);
         }
         let Plan { peer, tag, per, .. } = self.plan;
-        let comm = self.comm;
-        let buf = &self.buf;
-        Ok(self
-            .sends
-            .iter()
-            .enumerate()
-            .filter(|(_, slot)| slot.lock().unwrap_or_else(|e| e.into_inner()).is_none())
-            .map(|(index, slot)| Partition {
-                comm,
+        let (buf, state) = (&self.buf, &self.state);
+        Ok(state.slots.iter().enumerate().filter(|(_, slot)| slot.sent().is_none() && !slot.out.swap(true, Ordering::AcqRel)).map(
+            move |(index, _)| Handle {
                 index,
                 tag,
                 dest: peer,
-                part: Part { buf: buf.clone(), start: index * per, len: per },
-                slot,
-            })
-            .collect())
+                part: Some(Part { buf: buf.clone(), start: index * per, len: per }),
+                state: state.clone(),
+            },
+        ))
     }
 
     /// Blocks until every partition was sent (`MPI_Wait`) and makes the request inactive:
@@ -369,16 +492,15 @@ impl<'c, T: Primitive> PartitionedSend<'c, T> {
 
     /// Ends the round: its sends, once every partition is ready (else an error, and the
     /// round goes on).
-    fn finish_round(&mut self) -> Result<Vec<Request<'c, Part<T>>>, Error> {
+    fn finish_round(&mut self) -> Result<Vec<Request<'static, Part<T>>>, Error> {
         if !self.active {
             return Err(INACTIVE);
         }
-        let slot = |s: &Mutex<Option<Request<'c, Part<T>>>>| s.lock().unwrap_or_else(|e| e.into_inner()).take();
-        if self.sends.iter().any(|s| s.lock().unwrap_or_else(|e| e.into_inner()).is_none()) {
+        if self.state.slots.iter().any(|s| s.sent().is_none()) {
             return Err(Error::InvalidArgument("a partition was not marked ready"));
         }
         self.active = false;
-        Ok(self.sends.iter().filter_map(slot).collect())
+        Ok(self.state.slots.iter().filter_map(|s| s.sent().take()).collect())
     }
 
     /// The whole buffer, while inactive (to fill it from one thread); `None` while active
@@ -397,22 +519,36 @@ impl<'c, T: Primitive> PartitionedSend<'c, T> {
 impl<T: Primitive> Partition<'_, '_, T> {
     /// The partition's index.
     pub fn index(&self) -> usize {
-        self.index
+        self.handle.index
     }
 
     /// The partition's elements, to fill.
     pub fn as_mut_slice(&mut self) -> &mut [T] {
-        // SAFETY: this handle alone reaches the range until `ready` consumes it.
-        unsafe { std::slice::from_raw_parts_mut(self.part.buf.ptr.add(self.part.start), self.part.len) }
+        self.handle.as_mut_slice()
     }
 
     /// Marks the partition ready (`MPI_Pready`): it is sent now, whatever the other
     /// partitions' state.
     pub fn ready(self) -> Result<(), Error> {
-        let tag = part_tag(self.tag, self.index);
-        let req = self.comm.isend_on(self.comm.coll_state(), self.part, self.dest, tag).map_err(|e| self.comm.local_error(e))?;
-        *self.slot.lock().unwrap_or_else(|e| e.into_inner()) = Some(req);
-        Ok(())
+        self.handle.ready()
+    }
+}
+
+impl<T: Primitive> OwnedPartition<T> {
+    /// The partition's index.
+    pub fn index(&self) -> usize {
+        self.handle.index
+    }
+
+    /// The partition's elements, to fill.
+    pub fn as_mut_slice(&mut self) -> &mut [T] {
+        self.handle.as_mut_slice()
+    }
+
+    /// Marks the partition ready (`MPI_Pready`): it is sent now, whatever the other
+    /// partitions' state.
+    pub fn ready(self) -> Result<(), Error> {
+        self.handle.ready()
     }
 }
 

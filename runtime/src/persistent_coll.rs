@@ -38,7 +38,7 @@ use crate::matching::{Source, Tag};
 use crate::nbc::{seq_tag, step_error, Out, MISMATCH};
 use crate::operation::{new_operation, Operation};
 use crate::persistent::{Persistent, Plan};
-use crate::request::Request;
+use crate::request::{unbound, Request};
 
 /// The error of a start after the rank's runtime dropped the schedule (its last `Runtime`
 /// handle went while the collective was in flight).
@@ -237,17 +237,6 @@ struct Run<T: Primitive> {
     comm: Box<Communicator>,
 }
 
-/// Extends a request's borrow of a [`Run`]'s communicator to the run's life.
-///
-/// # Safety
-/// `r` must borrow the `comm` of the run that keeps it, in one of the fields dropped
-/// before `comm`.
-unsafe fn for_run<T: Primitive>(r: Request<'_, Vec<T>>) -> Request<'static, Vec<T>> {
-    // SAFETY: per the contract: the communicator is boxed (its address never changes) and
-    // outlives the request.
-    unsafe { std::mem::transmute::<Request<'_, Vec<T>>, Request<'static, Vec<T>>>(r) }
-}
-
 impl<T: Primitive> Run<T> {
     /// Posts the sends and the receive of step `self.at`.
     fn post(&mut self) -> Result<(), Error> {
@@ -259,13 +248,13 @@ impl<T: Primitive> Run<T> {
             b.extend_from_slice(&self.work);
             let r = c.isend_on(c.coll_state(), b, w, self.tag)?;
             // SAFETY: `r` borrows `self.comm`, and `sends` is dropped before it.
-            self.sends.push(unsafe { for_run(r) });
+            self.sends.push(unsafe { unbound(r) });
         }
         if let Some(w) = step.recv {
             let b = self.scratch.take().unwrap_or_else(|| Vec::with_capacity(self.work.len()));
             let r = c.irecv_on(c.coll_state(), b, Source::Rank(w), Tag::Is(self.tag))?;
             // SAFETY: as above, for `recv`.
-            self.recv = Some(unsafe { for_run(r) });
+            self.recv = Some(unsafe { unbound(r) });
         }
         Ok(())
     }

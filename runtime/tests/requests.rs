@@ -855,3 +855,57 @@ fn partitioned_layouts_that_do_not_fit_are_an_error_on_both_sides() {
         }
     });
 }
+
+/// Owned partitions are `'static`: pool tasks fill and ready them, round after round, into
+/// a receive of another partition count; a handle out is not handed out again, one dropped
+/// unsent is.
+#[test]
+fn owned_partitions_filled_by_pool_tasks() {
+    fn owned<T: Send + 'static>(_: &T) {}
+    within(60, "owned partitions in pool tasks", || {
+        for mode in MODES {
+            let rts = Runtime::builder().env(false).progress(mode).workers(3).build_local(2).unwrap();
+            let (a, b) = (rts[0].world(), rts[1].world());
+            let mut send = a.psend_init(vec![0u64; 8 * 200], 8, 1, 6).unwrap();
+            let mut recv = b.precv_init(vec![0u64; 8 * 200], 5, 0, 6).unwrap();
+            for round in 0..4u64 {
+                recv.start().unwrap();
+                send.start().unwrap();
+                let mut parts = send.owned_partitions().unwrap();
+                owned(&parts[0]);
+                assert_eq!(parts.len(), 8);
+                assert!(send.owned_partitions().unwrap().is_empty(), "{mode}: handles out were handed out again");
+                assert!(send.partitions().unwrap().is_empty(), "{mode}: handles out were handed out again");
+                // One dropped unsent is handed out again.
+                drop(parts.remove(5));
+                let again = send.owned_partitions().unwrap();
+                assert_eq!(again.iter().map(|p| p.index()).collect::<Vec<_>>(), vec![5]);
+                let tasks: Vec<_> = parts
+                    .into_iter()
+                    .chain(again)
+                    .map(|mut p| {
+                        rts[0].spawn(async move {
+                            let i = p.index() as u64;
+                            p.as_mut_slice().fill(round * 10 + i);
+                            p.ready()
+                        })
+                    })
+                    .collect();
+                for t in tasks {
+                    rts[0].block_on(t).unwrap().unwrap();
+                }
+                std::thread::scope(|s| {
+                    s.spawn(|| recv.wait().unwrap());
+                    send.wait().unwrap();
+                });
+                let got = recv.buffer().unwrap();
+                for i in 0..8 {
+                    assert!(
+                        got[i * 200..(i + 1) * 200].iter().all(|&x| x == round * 10 + i as u64),
+                        "{mode}: round {round}, partition {i}"
+                    );
+                }
+            }
+        }
+    });
+}
