@@ -100,7 +100,8 @@
 //! * Continuations ([Schuchart 2021], `continuation.rs`): a callback per request or set of
 //!   requests, run once at completion by the completing thread ([`Invoke::Inline`]) or on
 //!   the pool ([`Invoke::Pool`]), with the results; a [`ContinuationRequest`] completes when
-//!   all of its callbacks have run. A request has a sync object or a continuation, not both.
+//!   all of its callbacks have run, waited for by a thread or awaited by a task
+//!   ([`ContinuationRequest::wait_async`]). A request has a sync object or a continuation, not both.
 //! * Partitioned point-to-point (MPI 4.0 ch. 4, `partitioned.rs`):
 //!   [`Communicator::psend_init`] / [`Communicator::precv_init`]; threads fill the
 //!   [`Partition`]s of a [`PartitionedSend`] (or pool tasks its `'static`

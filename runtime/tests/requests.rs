@@ -909,3 +909,66 @@ fn owned_partitions_filled_by_pool_tasks() {
         }
     });
 }
+
+/// The continuation request's wait as a future: awaited in tokio (a current-thread runtime
+/// and a task of a multi-thread one) and in a task of weft's pool, with inline and pool
+/// callbacks whose messages come later from another thread; it resolves only once every
+/// callback has run, and to the error of one that panicked.
+#[test]
+fn continuation_request_awaited_in_tokio_and_in_weft_tasks() {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Arc;
+    const N: i32 = 16;
+    within(60, "continuation request futures", || {
+        for mode in MODES {
+            for exec in ["tokio current-thread", "tokio task", "weft task", "weft block_on without workers"] {
+                let workers = if exec == "weft block_on without workers" { 0 } else { 2 };
+                let rts = Runtime::builder().env(false).progress(mode).workers(workers).build_local(2).unwrap();
+                let (a, b) = (rts[0].world(), rts[1].world());
+                let cr = Arc::new(rts[1].continuation_request());
+                let ran = Arc::new(AtomicUsize::new(0));
+                for t in 0..N {
+                    let mut r = b.irecv(Vec::<u8>::with_capacity(1), 0u32, t).unwrap();
+                    let ran = ran.clone();
+                    let invoke = if t % 2 == 0 { weft::Invoke::Inline } else { weft::Invoke::Pool };
+                    cr.attach(&mut r, invoke, move |res| {
+                        assert_eq!(res.unwrap().0, vec![t as u8]);
+                        ran.fetch_add(1, Ordering::SeqCst);
+                    })
+                    .unwrap();
+                }
+                std::thread::scope(|s| {
+                    s.spawn(|| {
+                        for t in 0..N {
+                            std::thread::sleep(std::time::Duration::from_millis(1));
+                            a.send(vec![t as u8], 1, t).unwrap();
+                        }
+                    });
+                    let res = match exec {
+                        "tokio current-thread" => tokio::runtime::Builder::new_current_thread().build().unwrap().block_on(cr.wait_async()),
+                        "tokio task" => {
+                            let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).build().unwrap();
+                            let cr = cr.clone();
+                            let task = rt.spawn(async move { cr.wait_async().await });
+                            rt.block_on(task).unwrap()
+                        }
+                        "weft task" => {
+                            let cr = cr.clone();
+                            rts[1].block_on(rts[1].spawn(async move { cr.wait_async().await })).unwrap()
+                        }
+                        _ => rts[1].block_on(cr.wait_async()),
+                    };
+                    res.unwrap();
+                    assert_eq!(ran.load(Ordering::SeqCst), N as usize, "{mode}, {exec}: resolved before every callback ran");
+                    assert_eq!(cr.pending(), 0);
+                });
+                // A callback that panics: the future's error.
+                let mut r = b.irecv(Vec::<u8>::with_capacity(1), 0u32, 99).unwrap();
+                cr.attach(&mut r, weft::Invoke::Inline, |_| panic!("a callback that fails")).unwrap();
+                a.send(vec![1u8], 1, 99).unwrap();
+                let got = tokio::runtime::Builder::new_current_thread().build().unwrap().block_on(cr.wait_async());
+                assert!(matches!(got, Err(Error::InvalidArgument(_))), "{mode}, {exec}: {got:?}");
+            }
+        }
+    });
+}
