@@ -31,7 +31,7 @@
 //!
 //! | layer | files | what |
 //! |---|---|---|
-//! | API | `runtime.rs`, `comm.rs`, `group.rs`, `create.rs`, `coll.rs`, `nbc.rs`, `request.rs`, `wait.rs`, `probe.rs`, `persistent.rs`, `persistent_coll.rs`, `continuation.rs`, `partitioned.rs`, `datatype.rs`, `counters.rs`, `rma/`, `dlock/` | [`Runtime`] and [`Builder`], [`Communicator`] and its [`Group`], communicator creation ([Dinan 2012]), the collectives and their schedules, [`Request`] (and its cancel), the waits, matched probe ([`Message`]), [`Persistent`] requests, continuations ([`ContinuationRequest`], [Schuchart 2021]), partitioned sends and receives, datatypes, [`Snapshot`], one-sided windows ([`rma`]) and the distributed locks over them ([`dlock`]) |
+//! | API | `runtime.rs`, `comm.rs`, `group.rs`, `create.rs`, `coll.rs`, `coll_steps.rs`, `nbc.rs`, `request.rs`, `wait.rs`, `probe.rs`, `persistent.rs`, `persistent_coll.rs`, `continuation.rs`, `partitioned.rs`, `datatype.rs`, `counters.rs`, `rma/`, `dlock/` | [`Runtime`] and [`Builder`], [`Communicator`] and its [`Group`], communicator creation ([Dinan 2012]), the collectives and their schedules, [`Request`] (and its cancel), the waits, matched probe ([`Message`]), [`Persistent`] requests, continuations ([`ContinuationRequest`], [Schuchart 2021]), partitioned sends and receives, datatypes, [`Snapshot`], one-sided windows ([`rma`]) and the distributed locks over them ([`dlock`]) |
 //! | progress | `progress/` | the three [`ProgressMode`]s (`global.rs`, `owner.rs`, `concurrent.rs`), one pass (`mod.rs`), parking (`park.rs`), blocking waits (`wait.rs`), posting a frame (`send.rs`), what the executor and sync objects call (`drive.rs`) |
 //! | engine | `engine/` | one rank's state by component — CRIs, the context table, frames into completions, rendezvous reads, the outbox of refused frames, lost peers, the courier, the collectives in flight — with what guards each and the lock order (`engine/README.md`) |
 //! | matching, executor | `matching/`, `executor/` | the matching engine of one communicator (over operations, `operation.rs`); the work-stealing pool, which knows the runtime only through its `Drive` trait |
@@ -187,6 +187,7 @@
 
 mod buffer;
 mod coll;
+mod coll_steps;
 mod comm;
 mod config;
 mod continuation;

@@ -516,40 +516,33 @@ impl<'c, T: Primitive> PartitionedSend<'c, T> {
     }
 }
 
+/// The methods of a partition handle (a [`Handle`] in field `handle`).
+macro_rules! partition_methods {
+    () => {
+        /// The partition's index.
+        pub fn index(&self) -> usize {
+            self.handle.index
+        }
+
+        /// The partition's elements, to fill.
+        pub fn as_mut_slice(&mut self) -> &mut [T] {
+            self.handle.as_mut_slice()
+        }
+
+        /// Marks the partition ready (`MPI_Pready`): it is sent now, whatever the other
+        /// partitions' state.
+        pub fn ready(self) -> Result<(), Error> {
+            self.handle.ready()
+        }
+    };
+}
+
 impl<T: Primitive> Partition<'_, '_, T> {
-    /// The partition's index.
-    pub fn index(&self) -> usize {
-        self.handle.index
-    }
-
-    /// The partition's elements, to fill.
-    pub fn as_mut_slice(&mut self) -> &mut [T] {
-        self.handle.as_mut_slice()
-    }
-
-    /// Marks the partition ready (`MPI_Pready`): it is sent now, whatever the other
-    /// partitions' state.
-    pub fn ready(self) -> Result<(), Error> {
-        self.handle.ready()
-    }
+    partition_methods!();
 }
 
 impl<T: Primitive> OwnedPartition<T> {
-    /// The partition's index.
-    pub fn index(&self) -> usize {
-        self.handle.index
-    }
-
-    /// The partition's elements, to fill.
-    pub fn as_mut_slice(&mut self) -> &mut [T] {
-        self.handle.as_mut_slice()
-    }
-
-    /// Marks the partition ready (`MPI_Pready`): it is sent now, whatever the other
-    /// partitions' state.
-    pub fn ready(self) -> Result<(), Error> {
-        self.handle.ready()
-    }
+    partition_methods!();
 }
 
 /// A partitioned receive (`MPI_Precv_init`): see the module docs.

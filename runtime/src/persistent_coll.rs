@@ -21,10 +21,9 @@
 //! cannot be mistaken for it.
 //!
 //! Algorithms: a dissemination barrier, a binomial-tree broadcast and reduce, a recursive
-//! doubling allreduce (the ranks beyond a power of two folded in first) — the small-message
-//! algorithms of the nonblocking collectives (`coll.rs`), at every size.
+//! doubling allreduce (the ranks beyond a power of two folded in first) — the plans of the
+//! nonblocking collectives' small-message algorithms (`coll_steps.rs`), at every size.
 
-use std::ops::Range;
 use std::sync::{Arc, Weak};
 
 use parking_lot::Mutex;
@@ -32,6 +31,7 @@ use weft_sync::{Error, Status};
 
 use crate::buffer::Primitive;
 use crate::coll::{check_op, Op, Reducible};
+use crate::coll_steps::{barrier_steps, bcast_steps, reduce_over_steps, reduce_steps, Step, Steps, Then};
 use crate::comm::Communicator;
 use crate::engine::Schedule;
 use crate::matching::{Source, Tag};
@@ -45,153 +45,6 @@ use crate::request::{unbound, Request};
 const LOST: Error = Error::InvalidArgument("persistent collective: its schedule was dropped with the runtime");
 /// The error of a start whose buffer no longer has the length given at init.
 const RESIZED: Error = Error::InvalidArgument("persistent collective: the buffer's length changed since init");
-
-/// What a step does with the message it received, once its sends and receive completed.
-#[derive(Clone, Copy, Debug)]
-enum Then {
-    /// Nothing (a barrier's empty message).
-    Nothing,
-    /// It becomes the working data.
-    Replace,
-    /// It is combined into the working data, `op(theirs, ours)` if `theirs_first`, else
-    /// `op(ours, theirs)`.
-    Combine { theirs_first: bool },
-}
-
-/// One step: sends of the working data to some world ranks and at most one receive, posted
-/// at once; the next step starts when they all completed.
-#[derive(Clone, Debug)]
-struct Step {
-    /// Into [`Run::to`].
-    sends: Range<usize>,
-    recv: Option<u32>,
-    then: Then,
-}
-
-/// A collective's steps on one rank, in world ranks.
-#[derive(Default)]
-struct Steps {
-    steps: Vec<Step>,
-    to: Vec<u32>,
-}
-
-impl Steps {
-    fn push(&mut self, to: &[u32], recv: Option<u32>, then: Then) {
-        let start = self.to.len();
-        self.to.extend_from_slice(to);
-        self.steps.push(Step { sends: start..self.to.len(), recv, then });
-    }
-
-    /// The most sends of one step.
-    fn widest(&self) -> usize {
-        self.steps.iter().map(|s| s.sends.len()).max().unwrap_or(0)
-    }
-}
-
-/// World rank of the rank `v` places after `root` on `comm`.
-fn at(comm: &Communicator, v: u32, root: u32) -> u32 {
-    comm.world_of((v + root) % comm.size())
-}
-
-/// Dissemination barrier: round `k` signals the rank `2^k` ahead and hears from the one
-/// `2^k` behind (as `Sched::barrier`).
-fn barrier_steps(comm: &Communicator) -> Steps {
-    let (n, me) = (comm.size(), comm.rank());
-    let mut s = Steps::default();
-    let mut d = 1;
-    while d < n {
-        s.push(&[at(comm, me + d, 0)], Some(at(comm, me + n - d, 0)), Then::Nothing);
-        d <<= 1;
-    }
-    s
-}
-
-/// Binomial-tree broadcast from `root`: the data from the parent, then to every child at
-/// once (as `Sched::bcast_binomial`).
-fn bcast_steps(comm: &Communicator, root: u32) -> Steps {
-    let n = comm.size();
-    let vr = (comm.rank() + n - root) % n;
-    let mut s = Steps::default();
-    let mut mask = 1u32;
-    while mask < n {
-        if vr & mask != 0 {
-            s.push(&[], Some(at(comm, vr - mask, root)), Then::Replace);
-            break;
-        }
-        mask <<= 1;
-    }
-    let mut children = Vec::new();
-    mask >>= 1;
-    while mask > 0 {
-        if vr + mask < n {
-            children.push(at(comm, vr + mask, root));
-        }
-        mask >>= 1;
-    }
-    if !children.is_empty() {
-        s.push(&children, None, Then::Nothing);
-    }
-    s
-}
-
-/// Binomial-tree reduction into `root`: each child's partial result combined in, then ours to
-/// the parent (as `Sched::reduce`).
-fn reduce_steps(comm: &Communicator, root: u32) -> Steps {
-    let n = comm.size();
-    let vr = (comm.rank() + n - root) % n;
-    let mut s = Steps::default();
-    let mut mask = 1u32;
-    while mask < n {
-        if vr & mask != 0 {
-            s.push(&[at(comm, vr - mask, root)], None, Then::Nothing);
-            break;
-        }
-        if vr + mask < n {
-            s.push(&[], Some(at(comm, vr + mask, root)), Then::Combine { theirs_first: false });
-        }
-        mask <<= 1;
-    }
-    s
-}
-
-/// Recursive doubling allreduce over the largest power of two of ranks, those beyond it
-/// folded in first (as `Sched::reduce_over`, over every rank): operands combine in rank
-/// order.
-fn allreduce_steps(comm: &Communicator) -> Steps {
-    let (n, me) = (comm.size(), comm.rank());
-    let w = |r: u32| comm.world_of(r);
-    let pof2 = 1u32 << (31 - n.leading_zeros());
-    let rem = n - pof2;
-    let mut s = Steps::default();
-    let newrank = if me < 2 * rem {
-        if me % 2 == 0 {
-            s.push(&[w(me + 1)], None, Then::Nothing);
-            None
-        } else {
-            s.push(&[], Some(w(me - 1)), Then::Combine { theirs_first: true });
-            Some(me / 2)
-        }
-    } else {
-        Some(me - rem)
-    };
-    if let Some(nr) = newrank {
-        let mut mask = 1;
-        while mask < pof2 {
-            let partner = nr ^ mask;
-            let dst = if partner < rem { partner * 2 + 1 } else { partner + rem };
-            s.push(&[w(dst)], Some(w(dst)), Then::Combine { theirs_first: dst < me });
-            mask <<= 1;
-        }
-    }
-    if me < 2 * rem {
-        if me % 2 == 1 {
-            s.push(&[w(me - 1)], None, Then::Nothing);
-        } else {
-            s.push(&[], Some(w(me + 1)), Then::Replace);
-        }
-    }
-    s
-}
 
 /// `op` applied elementwise into `ours`.
 fn combine<T: Reducible>(op: Op, ours: &mut [T], theirs: &[T], theirs_first: bool) {
@@ -517,7 +370,8 @@ impl Communicator {
     pub fn allreduce_init<T: Reducible>(&self, data: Vec<T>, op: Op) -> Result<Persistent<'_, Vec<T>>, Error> {
         check_op(op, data.first(), "allreduce_init: a bitwise op on floating-point elements")?;
         self.agree([data.len() as u64, 0, op_code(op)])?;
-        let plan = CollPlan::new(self, allreduce_steps(self), data.len(), Some((op, combine::<T>)), true);
+        let steps = reduce_over_steps(self.group().world_ranks(), self.world_of(self.rank()))?;
+        let plan = CollPlan::new(self, steps, data.len(), Some((op, combine::<T>)), true);
         Ok(Persistent::collective(self, Arc::new(plan), data))
     }
 }
