@@ -223,29 +223,40 @@ impl<'c> Sched<'c> {
         let Some(mut notice) = self.notice.take() else { return res };
         let Err(e) = res else { return Ok(()) };
         if notice.is_complete() {
-            return Err(match notice.take() {
-                Some(Ok((v, _))) if v.len() == 2 && v[0] == NOTICE_LOST => Error::PeerLost { rank: v[1] },
-                Some(Ok((v, _))) if v.len() == 2 && v[0] == NOTICE_FREED => Error::CommFreed,
-                Some(Ok(_)) => MISMATCH,
-                // The notice's own receive failed: the peer it waited for is gone.
-                Some(Err(Error::PeerLost { rank })) => Error::PeerLost { rank: self.comm.world_of(rank) },
-                Some(Err(_)) | None => e,
-            });
+            return Err(notice_error(self.comm, notice.take(), e));
         }
         drop(notice);
-        let what = match e {
-            Error::PeerLost { rank } => [NOTICE_LOST, rank],
-            Error::CommFreed => [NOTICE_FREED, 0],
-            _ => [NOTICE_MISMATCH, 0],
-        };
-        let c = self.comm;
-        let me = c.rank();
-        for r in (0..c.size()).filter(|&r| r != me) {
-            // Best effort, not waited for: a member that is gone needs no notice (a send
-            // dropped in flight still goes out).
-            let _ = c.isend_on(c.coll_state(), what.to_vec(), c.world_of(r), self.tag - 1);
-        }
+        send_notices(self.comm, self.tag, e);
         Err(e)
+    }
+}
+
+/// The failure of a collective whose step failed with `e` and whose receive for failure
+/// notices completed with `got`: the failure another member reported, else `e`.
+pub(crate) fn notice_error(comm: &Communicator, got: Option<Result<(Vec<u32>, Status), Error>>, e: Error) -> Error {
+    match got {
+        Some(Ok((v, _))) if v.len() == 2 && v[0] == NOTICE_LOST => Error::PeerLost { rank: v[1] },
+        Some(Ok((v, _))) if v.len() == 2 && v[0] == NOTICE_FREED => Error::CommFreed,
+        Some(Ok(_)) => MISMATCH,
+        // The notice's own receive failed: the peer it waited for is gone.
+        Some(Err(Error::PeerLost { rank })) => Error::PeerLost { rank: comm.world_of(rank) },
+        Some(Err(_)) | None => e,
+    }
+}
+
+/// Tells every other member of `comm` that this rank's collective under data tag `tag`
+/// failed with `e` (under the tag below it, where each member's schedule listens).
+pub(crate) fn send_notices(comm: &Communicator, tag: i32, e: Error) {
+    let what = match e {
+        Error::PeerLost { rank } => [NOTICE_LOST, rank],
+        Error::CommFreed => [NOTICE_FREED, 0],
+        _ => [NOTICE_MISMATCH, 0],
+    };
+    let me = comm.rank();
+    for r in (0..comm.size()).filter(|&r| r != me) {
+        // Best effort, not waited for: a member that is gone needs no notice (a send dropped
+        // in flight still goes out).
+        let _ = comm.isend_on(comm.coll_state(), what.to_vec(), comm.world_of(r), tag - 1);
     }
 }
 

@@ -15,6 +15,11 @@
 //! and gets the schedule back when it ends (`Schedule::finish`): in steady state a start
 //! allocates nothing (`runtime/tests/zero_alloc_persistent_coll.rs`).
 //!
+//! A start that fails (a peer lost, the communicator freed) tells every other member, as a
+//! nonblocking collective does (`nbc.rs`): each start listens for such a notice, so a member
+//! that waits for a rank that failed, not for the lost peer itself, fails too instead of
+//! waiting forever.
+//!
 //! Starts of one persistent collective reuse its tag: each rank sends to each peer, and
 //! receives from it, in the same order at every start, and messages of one source and tag
 //! match in order, so a rank that starts again before a slow peer has finished the last start
@@ -35,7 +40,7 @@ use crate::coll_steps::{barrier_steps, bcast_steps, reduce_over_steps, reduce_st
 use crate::comm::Communicator;
 use crate::engine::Schedule;
 use crate::matching::{Source, Tag};
-use crate::nbc::{seq_tag, step_error, Out, MISMATCH};
+use crate::nbc::{notice_error, send_notices, seq_tag, step_error, Out, MISMATCH};
 use crate::operation::{new_operation, Operation};
 use crate::persistent::{Persistent, Plan};
 use crate::request::{unbound, Request};
@@ -64,6 +69,10 @@ struct Run<T: Primitive> {
     // dropped before it.
     sends: Vec<Request<'static, Vec<T>>>,
     recv: Option<Request<'static, Vec<T>>>,
+    /// The receive for a failure notice of another member (`nbc.rs`), posted with the first
+    /// step; its buffer between starts.
+    notice: Option<Request<'static, Vec<u32>>>,
+    notice_buf: Option<Vec<u32>>,
     steps: Box<[Step]>,
     to: Box<[u32]>,
     /// The step in flight (or next), and whether its messages are posted.
@@ -91,10 +100,17 @@ struct Run<T: Primitive> {
 }
 
 impl<T: Primitive> Run<T> {
-    /// Posts the sends and the receive of step `self.at`.
+    /// Posts the sends and the receive of step `self.at` (with the first, the receive for
+    /// failure notices).
     fn post(&mut self) -> Result<(), Error> {
         let step = self.steps[self.at].clone();
         let c: &Communicator = &self.comm;
+        if self.at == 0 {
+            let b = self.notice_buf.take().unwrap_or_else(|| Vec::with_capacity(2));
+            let r = c.irecv_on(c.coll_state(), b, Source::Any, Tag::Is(self.tag - 1))?;
+            // SAFETY: `r` borrows `self.comm`, and `notice` is dropped before it.
+            self.notice = Some(unsafe { unbound(r) });
+        }
         for &w in &self.to[step.sends] {
             let mut b = self.spare.pop().unwrap_or_default();
             b.clear();
@@ -153,6 +169,11 @@ impl<T: Primitive> Schedule for Run<T> {
                     break;
                 }
             }
+            if self.notice.as_ref().is_some_and(Request::is_complete) {
+                // Another member failed: read by `finish`.
+                self.result = Err(Error::Cancelled);
+                break;
+            }
             if self.recv.as_ref().is_some_and(|r| !r.is_complete()) || self.sends.iter().any(|r| !r.is_complete()) {
                 return false;
             }
@@ -164,7 +185,22 @@ impl<T: Primitive> Schedule for Run<T> {
     }
 
     fn finish(mut self: Box<Self>) {
-        let result = std::mem::replace(&mut self.result, Ok(()));
+        let mut result = std::mem::replace(&mut self.result, Ok(()));
+        if let Some(mut notice) = self.notice.take() {
+            match result {
+                // Unposted, its buffer kept for the next start (or taken with the notice
+                // that came anyway: another member failed after this one's last step).
+                Ok(()) => {
+                    notice.cancel();
+                    self.notice_buf = notice.take_parts().map(|(b, _)| b);
+                }
+                Err(e) if notice.is_complete() => result = Err(notice_error(&self.comm, notice.take(), e)),
+                Err(e) => {
+                    drop(notice);
+                    send_notices(&self.comm, self.tag, e);
+                }
+            }
+        }
         let out = self.out.take();
         if let (Ok(()), Some(out)) = (&result, out) {
             out.write(&self.work);
@@ -207,6 +243,8 @@ impl<T: Primitive> CollPlan<T> {
         let run = Run {
             sends: Vec::with_capacity(widest),
             recv: None,
+            notice: None,
+            notice_buf: Some(Vec::with_capacity(2)),
             steps: steps.steps.into(),
             to: steps.to.into(),
             at: 0,

@@ -776,3 +776,50 @@ fn a_persistent_collective_dropped_while_active_still_finishes() {
         assert_eq!(out, [Some(vec![6; 4]), None, Some(vec![6; 4])]);
     });
 }
+
+/// A rank lost during a persistent collective fails its start on every survivor (those that
+/// waited for the lost rank, and, through the failure notices, those that waited for a
+/// survivor that failed): none hangs.
+#[test]
+fn a_rank_lost_during_a_persistent_collective_fails_it_on_every_survivor() {
+    within(60, "a rank that leaves during persistent allreduce and barrier", || {
+        for n in [3u32, 4, 5] {
+            let mut rts = super::builder().build_local(n).unwrap();
+            let last = rts.pop().unwrap();
+            let ready = std::sync::Barrier::new(n as usize);
+            let out = std::thread::scope(|s| {
+                let ready = &ready;
+                let hs: Vec<_> = rts
+                    .iter()
+                    .map(|rt| {
+                        s.spawn(move || {
+                            let c = rt.world();
+                            let mut sum = c.allreduce_init(vec![1u32], Op::Sum).unwrap();
+                            let mut bar = c.barrier_init().unwrap();
+                            ready.wait();
+                            sum.start().unwrap();
+                            let small = sum.wait().map(drop);
+                            bar.start().unwrap();
+                            (small, bar.wait().map(drop))
+                        })
+                    })
+                    .collect();
+                // The last rank makes its inits (collectives), then leaves while the others
+                // are in their starts.
+                {
+                    let c = last.world();
+                    let inits = (c.allreduce_init(vec![1u32], Op::Sum).unwrap(), c.barrier_init().unwrap());
+                    ready.wait();
+                    std::thread::sleep(std::time::Duration::from_millis(20));
+                    drop(inits);
+                }
+                drop(last);
+                hs.into_iter().map(|h| h.join().unwrap()).collect::<Vec<_>>()
+            });
+            let lost = Err(Error::PeerLost { rank: n - 1 });
+            for (r, (small, bar)) in out.into_iter().enumerate() {
+                assert_eq!((&small, &bar), (&lost, &lost), "size {n}, rank {r}");
+            }
+        }
+    });
+}
