@@ -22,7 +22,8 @@ use std::time::Instant;
 
 use weft::{Communicator, Invoke, Request, Runtime, Status};
 
-use crate::report::{parse_list, Output, Table};
+use crate::plot::Chart;
+use crate::report::{parse_list, Output, PlotTo, Table};
 
 /// Options of `weft-bench continuations`.
 #[derive(Debug, clap::Args)]
@@ -41,6 +42,8 @@ pub struct Args {
     messages: usize,
     #[command(flatten)]
     out: Output,
+    #[command(flatten)]
+    plot: PlotTo,
 }
 
 /// What completions record: their count and the sum of their latencies.
@@ -203,6 +206,12 @@ pub fn run(args: &Args) -> Result<(), String> {
             }
         }
     }
-    table.finish();
-    Ok(())
+    let chart = Chart::new("continuations: completion to callback, 2 ranks in one process", "in_flight", "receives in flight")
+        .y("mean_latency_us", "")
+        .y_axis("mean completion-to-callback latency (µs)", 1.0)
+        .series("mode", "{}")
+        .series("threads", "{} threads")
+        .log_x()
+        .log_y();
+    table.finish_with_plot(&chart, &args.plot)
 }

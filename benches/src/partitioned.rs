@@ -15,7 +15,8 @@ use std::time::{Duration, Instant};
 
 use weft::{Communicator, Runtime};
 
-use crate::report::{parse_list, Output, Table};
+use crate::plot::Chart;
+use crate::report::{parse_list, Output, PlotTo, Table};
 
 /// Options of `weft-bench partitioned`.
 #[derive(Debug, clap::Args)]
@@ -34,6 +35,8 @@ pub struct Args {
     rounds: usize,
     #[command(flatten)]
     out: Output,
+    #[command(flatten)]
+    plot: PlotTo,
 }
 
 /// Fills a slice as a thread's share of the work (every byte written once).
@@ -189,6 +192,12 @@ pub fn run(args: &Args) -> Result<(), String> {
             }
         }
     }
-    table.finish();
-    Ok(())
+    let chart = Chart::new("partitioned: one message filled by T threads, 2 ranks in one process", "bytes", "message size (bytes)")
+        .y("receive_us", "")
+        .y_axis("time to complete on the receiver (µs)", 1.0)
+        .series("mode", "{}")
+        .panels("threads", "{} threads")
+        .log_x()
+        .log_y();
+    table.finish_with_plot(&chart, &args.plot)
 }

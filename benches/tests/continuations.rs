@@ -1,5 +1,5 @@
 //! `weft-bench continuations`: a short functional run of every mode (its CSV columns, every
-//! completion seen), and a clear error for an unknown mode.
+//! completion seen, its chart), and a clear error for an unknown mode.
 
 use std::time::Duration;
 
@@ -7,7 +7,8 @@ mod common;
 
 #[test]
 fn every_mode_sees_every_completion() {
-    let args = ["continuations", "--csv", "-t", "1,2", "-n", "1,50", "--messages", "100"];
+    let svg = std::env::temp_dir().join(format!("weft-bench-continuations-{}.svg", std::process::id()));
+    let args = ["continuations", "--csv", "-t", "1,2", "-n", "1,50", "--messages", "100", "--plot", svg.to_str().unwrap()];
     let out = common::run_within(&args, Duration::from_secs(120)).expect("weft-bench continuations hung (killed after 120 s)");
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let stdout = String::from_utf8(out.stdout).expect("utf-8");
@@ -20,6 +21,14 @@ fn every_mode_sees_every_completion() {
         assert!(cells[4].parse::<f64>().is_ok_and(|v| v > 0.0), "{l:?}");
         assert!(cells[5].parse::<f64>().is_ok_and(|v| v >= 0.0), "{l:?}");
     }
+    let chart = std::fs::read_to_string(&svg).expect("the plot was written");
+    for text in ["<svg", "continuations: completion to callback", "receives in flight", "latency"] {
+        assert!(chart.contains(text), "{text:?} not in the SVG");
+    }
+    for legend in ["inline, 1 threads", "pool, 2 threads", "task, 1 threads", "sync, 2 threads"] {
+        assert!(chart.lines().any(|l| l.trim() == legend), "no legend text {legend:?} in the SVG");
+    }
+    let _ = std::fs::remove_file(&svg);
 }
 
 #[test]

@@ -1,5 +1,6 @@
 //! `weft-bench partitioned`: a short functional run of every mode (its CSV columns, every
-//! message checked on arrival), and a clear error for a size the threads do not divide.
+//! message checked on arrival, its chart), and a clear error for a size the threads do not
+//! divide.
 
 use std::time::Duration;
 
@@ -7,7 +8,8 @@ mod common;
 
 #[test]
 fn every_mode_delivers_the_message() {
-    let args = ["partitioned", "--csv", "-t", "1,4", "-s", "1024,65536", "--rounds", "3"];
+    let svg = std::env::temp_dir().join(format!("weft-bench-partitioned-{}.svg", std::process::id()));
+    let args = ["partitioned", "--csv", "-t", "1,4", "-s", "1024,65536", "--rounds", "3", "--plot", svg.to_str().unwrap()];
     let out = common::run_within(&args, Duration::from_secs(120)).expect("weft-bench partitioned hung (killed after 120 s)");
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let stdout = String::from_utf8(out.stdout).expect("utf-8");
@@ -19,6 +21,14 @@ fn every_mode_delivers_the_message() {
         assert_eq!(cells[3], "3", "{l:?}");
         assert!(cells[4].parse::<f64>().is_ok_and(|v| v > 0.0), "{l:?}");
     }
+    let chart = std::fs::read_to_string(&svg).expect("the plot was written");
+    for text in ["<svg", "partitioned: one message filled by T threads", "1 threads", "4 threads", "message size"] {
+        assert!(chart.contains(text), "{text:?} not in the SVG");
+    }
+    for legend in ["partitioned", "separate", "join"] {
+        assert!(chart.lines().any(|l| l.trim() == legend), "no legend text {legend:?} in the SVG");
+    }
+    let _ = std::fs::remove_file(&svg);
 }
 
 #[test]

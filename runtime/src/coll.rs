@@ -37,6 +37,7 @@ use std::ops::Range;
 use weft_sync::Error;
 
 use crate::buffer::Primitive;
+use crate::coll_steps::{barrier_steps, bcast_steps, reduce_over_steps, reduce_steps};
 use crate::comm::Communicator;
 use crate::nbc::{Out, Sched, MISMATCH};
 use crate::request::Request;
@@ -123,10 +124,17 @@ fn op_for<T: Reducible>(
     sample: Option<&T>,
     what: &'static str,
 ) -> Result<impl Fn(&[T], &[T]) -> Vec<T> + Send + Sync + Copy, Error> {
-    if sample.is_some_and(|&x| T::apply(op, x, x).is_none()) {
-        return Err(Error::InvalidArgument(what));
-    }
+    check_op(op, sample, what)?;
     Ok(move |a: &[T], b: &[T]| zip_with(a, b, |x, y| T::apply(op, x, y).expect("op checked for the type")))
+}
+
+/// An error naming `what` if `op` is not defined for `T` (bitwise on floats; told by an
+/// element of the data, `sample`).
+pub(crate) fn check_op<T: Reducible>(op: Op, sample: Option<&T>, what: &'static str) -> Result<(), Error> {
+    match sample {
+        Some(&x) if T::apply(op, x, x).is_none() => Err(Error::InvalidArgument(what)),
+        _ => Ok(()),
+    }
 }
 
 /// Block `i` of `n` nearly equal blocks of `len` elements (the last ones may be shorter or
@@ -164,39 +172,15 @@ impl Sched<'_> {
         self.comm.world_of((v + root) % n)
     }
 
-    /// Dissemination barrier: round `k` signals the rank `2^k` ahead and hears from the one
-    /// `2^k` behind.
+    /// Dissemination barrier ([`barrier_steps`]).
     async fn barrier(&self) -> Result<(), Error> {
-        let (n, me) = (self.comm.size(), self.comm.rank());
-        let mut d = 1;
-        while d < n {
-            self.sendrecv::<u8>(self.at(me + d, 0), Vec::new(), self.at(me + n - d, 0), 0).await?;
-            d <<= 1;
-        }
-        Ok(())
+        self.run_steps::<u8>(&barrier_steps(self.comm), Vec::new(), |a, _| a.to_vec()).await.map(drop)
     }
 
-    /// Binomial-tree broadcast of `data` from `root`.
+    /// Binomial-tree broadcast of `data` from `root` ([`bcast_steps`]).
     async fn bcast_binomial<T: Primitive>(&self, data: &mut Vec<T>, root: u32) -> Result<(), Error> {
-        let n = self.comm.size();
-        let vr = (self.comm.rank() + n - root) % n;
-        let mut mask = 1u32;
-        while mask < n {
-            if vr & mask != 0 {
-                *data = self.recv(self.at(vr - mask, root), data.len()).await?;
-                break;
-            }
-            mask <<= 1;
-        }
-        let mut to = Vec::new();
-        mask >>= 1;
-        while mask > 0 {
-            if vr + mask < n {
-                to.push((self.at(vr + mask, root), data.clone()));
-            }
-            mask >>= 1;
-        }
-        self.exchange::<T>(None, to).await.map(drop)
+        *data = self.run_steps(&bcast_steps(self.comm, root), std::mem::take(data), |a, _| a.to_vec()).await?;
+        Ok(())
     }
 
     /// Broadcast by scatter and allgather: the root's `n` blocks go down a binomial tree
@@ -265,73 +249,24 @@ impl Sched<'_> {
     /// Reduces `value` over the world ranks `members` (this rank among them; each passes the
     /// same list and length): every member gets `f(f(v0, v1), ...)` over the members' values
     /// in list order (`f(lower, upper)` combines the values of two adjacent runs of
-    /// members). Recursive doubling over the largest power of two of members, the members
-    /// beyond it folded in first (MPICH's short-message allreduce).
+    /// members), by recursive doubling ([`reduce_over_steps`]).
     pub(crate) async fn reduce_over<T: Primitive>(
         &self,
         members: &[u32],
         value: Vec<T>,
         f: impl Fn(&[T], &[T]) -> Vec<T>,
     ) -> Result<Vec<T>, Error> {
-        let me_world = self.comm.world_of(self.comm.rank());
-        let me =
-            members.iter().position(|&w| w == me_world).ok_or(Error::InvalidArgument("a reduction over members without this rank"))? as u32;
-        let (n, len) = (members.len() as u32, value.len());
-        let w = |i: u32| members[i as usize];
-        let pof2 = 1u32 << (31 - n.leading_zeros());
-        let rem = n - pof2;
-        let mut buf = value;
-        // Fold: among the first `2 * rem` members, each even one hands its data to the odd
-        // one after it and waits for the result.
-        let newrank = if me < 2 * rem {
-            if me % 2 == 0 {
-                self.send(w(me + 1), buf.clone()).await?;
-                None
-            } else {
-                let lower = self.recv::<T>(w(me - 1), len).await?;
-                buf = f(&lower, &buf);
-                Some(me / 2)
-            }
-        } else {
-            Some(me - rem)
-        };
-        if let Some(nr) = newrank {
-            let mut mask = 1;
-            while mask < pof2 {
-                let partner = nr ^ mask;
-                let dst = if partner < rem { partner * 2 + 1 } else { partner + rem };
-                let theirs = self.sendrecv(w(dst), buf.clone(), w(dst), len).await?;
-                buf = if dst < me { f(&theirs, &buf) } else { f(&buf, &theirs) };
-                mask <<= 1;
-            }
-        }
-        if me < 2 * rem {
-            if me % 2 == 1 {
-                self.send(w(me - 1), buf.clone()).await?;
-            } else {
-                buf = self.recv(w(me + 1), len).await?;
-            }
-        }
-        Ok(buf)
+        let steps = reduce_over_steps(members, self.comm.world_of(self.comm.rank()))?;
+        self.run_steps(&steps, value, f).await
     }
 
-    /// Binomial-tree reduction of `data` into `data` of `root` (others' is left as it was).
+    /// Binomial-tree reduction of `data` into `data` of `root` (others' is left as it was;
+    /// [`reduce_steps`]).
     async fn reduce<T: Primitive>(&self, data: &mut Vec<T>, root: u32, f: impl Fn(&[T], &[T]) -> Vec<T>) -> Result<(), Error> {
-        let (n, len) = (self.comm.size(), data.len());
-        let vr = (self.comm.rank() + n - root) % n;
-        let mut buf = data.clone();
-        let mut mask = 1u32;
-        while mask < n {
-            if vr & mask != 0 {
-                return self.send(self.at(vr - mask, root), buf).await;
-            }
-            if vr + mask < n {
-                let theirs = self.recv::<T>(self.at(vr + mask, root), len).await?;
-                buf = f(&buf, &theirs);
-            }
-            mask <<= 1;
+        let out = self.run_steps(&reduce_steps(self.comm, root), data.clone(), f).await?;
+        if self.comm.rank() == root {
+            *data = out;
         }
-        *data = buf;
         Ok(())
     }
 
@@ -493,7 +428,7 @@ impl Communicator {
         Ok(b)
     }
 
-    fn check_root(&self, root: u32) -> Result<(), Error> {
+    pub(crate) fn check_root(&self, root: u32) -> Result<(), Error> {
         if root >= self.size() {
             return Err(Error::RankOutOfRange { rank: root, size: self.size() });
         }

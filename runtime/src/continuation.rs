@@ -7,8 +7,9 @@
 //! [`attach_all`](ContinuationRequest::attach_all) (`MPIX_Continueall`) and
 //! [`attach_any`](ContinuationRequest::attach_any). It is complete when every callback
 //! registered on it has run, so a task runtime waits for "all my callbacks done" with one
-//! [`wait`](ContinuationRequest::wait) — or never waits at all and lets the callbacks
-//! release its work.
+//! [`wait`](ContinuationRequest::wait), or a task with one
+//! [`wait_async`](ContinuationRequest::wait_async) in any executor — or never waits at all
+//! and lets the callbacks release its work.
 //!
 //! A callback takes the request's one attachment (`weft_sync::on_complete`), the slot a
 //! sync object would take: a request is attached to a sync object or has a continuation,
@@ -251,6 +252,29 @@ impl ContinuationRequest {
         self.pending.wait_all_with(&Helping { rank: sync_hook(&self.engine), engine: &self.engine })
     }
 
+    /// [`wait`](Self::wait) as a future, for a task in any executor (weft's pool, tokio,
+    /// ...): resolves once every callback registered has run, to the same result. While
+    /// pending, each poll drives the rank's progress and, when that finds nothing, runs a
+    /// task of the rank's pool (an [`Invoke::Pool`] callback, say), as a blocking wait does;
+    /// then it sleeps until a callback finishes or the network has news. Cancel-safe:
+    /// dropped, it changes nothing (the callbacks still run).
+    ///
+    /// ```
+    /// use weft::{Invoke, Runtime};
+    /// let ranks = Runtime::builder().env(false).workers(1).build_local(2).unwrap();
+    /// let (a, b) = (ranks[0].world(), ranks[1].world());
+    /// let cr = ranks[1].continuation_request();
+    /// let mut r = b.irecv(Vec::<u8>::with_capacity(2), 0u32, 1).unwrap();
+    /// cr.attach(&mut r, Invoke::Pool, |res| assert_eq!(res.unwrap().0, b"ok")).unwrap();
+    /// a.send(b"ok".to_vec(), 1, 1).unwrap();
+    /// ranks[1].block_on(cr.wait_async()).unwrap();
+    /// assert_eq!(cr.pending(), 0);
+    /// ```
+    pub async fn wait_async(&self) -> Result<(), Error> {
+        let helping = Helping { rank: sync_hook(&self.engine), engine: &self.engine };
+        self.pending.drained_with(&helping).await
+    }
+
     /// Refuses a set of requests of which one is attached to a sync object, taken, or of
     /// another rank: before any is attached, so that a refusal changes nothing.
     fn check<B: Send + 'static>(&self, reqs: &[Request<'_, B>]) -> Result<(), Error> {
@@ -297,6 +321,14 @@ impl Progress for Helping<'_> {
 
     fn park(&self, listener: SignalListener<'_>) {
         self.rank.park(listener);
+    }
+
+    fn poll_progress(&self, cx: &mut std::task::Context<'_>) -> Step {
+        match self.rank.poll_progress(cx) {
+            Step::Progressed => Step::Progressed,
+            _ if crate::executor::help(&self.engine.executor) => Step::Progressed,
+            step => step,
+        }
     }
 }
 

@@ -31,7 +31,7 @@
 //!
 //! | layer | files | what |
 //! |---|---|---|
-//! | API | `runtime.rs`, `comm.rs`, `group.rs`, `create.rs`, `coll.rs`, `nbc.rs`, `request.rs`, `wait.rs`, `probe.rs`, `persistent.rs`, `continuation.rs`, `partitioned.rs`, `datatype.rs`, `counters.rs`, `rma/`, `dlock/` | [`Runtime`] and [`Builder`], [`Communicator`] and its [`Group`], communicator creation ([Dinan 2012]), the collectives and their schedules, [`Request`] (and its cancel), the waits, matched probe ([`Message`]), [`Persistent`] requests, continuations ([`ContinuationRequest`], [Schuchart 2021]), partitioned sends and receives, datatypes, [`Snapshot`], one-sided windows ([`rma`]) and the distributed locks over them ([`dlock`]) |
+//! | API | `runtime.rs`, `comm.rs`, `group.rs`, `create.rs`, `coll.rs`, `coll_steps.rs`, `nbc.rs`, `request.rs`, `wait.rs`, `probe.rs`, `persistent.rs`, `persistent_coll.rs`, `continuation.rs`, `partitioned.rs`, `datatype.rs`, `counters.rs`, `rma/`, `dlock/` | [`Runtime`] and [`Builder`], [`Communicator`] and its [`Group`], communicator creation ([Dinan 2012]), the collectives and their schedules, [`Request`] (and its cancel), the waits, matched probe ([`Message`]), [`Persistent`] requests, continuations ([`ContinuationRequest`], [Schuchart 2021]), partitioned sends and receives, datatypes, [`Snapshot`], one-sided windows ([`rma`]) and the distributed locks over them ([`dlock`]) |
 //! | progress | `progress/` | the three [`ProgressMode`]s (`global.rs`, `owner.rs`, `concurrent.rs`), one pass (`mod.rs`), parking (`park.rs`), blocking waits (`wait.rs`), posting a frame (`send.rs`), what the executor and sync objects call (`drive.rs`) |
 //! | engine | `engine/` | one rank's state by component — CRIs, the context table, frames into completions, rendezvous reads, the outbox of refused frames, lost peers, the courier, the collectives in flight — with what guards each and the lock order (`engine/README.md`) |
 //! | matching, executor | `matching/`, `executor/` | the matching engine of one communicator (over operations, `operation.rs`); the work-stealing pool, which knows the runtime only through its `Drive` trait |
@@ -93,15 +93,21 @@
 //! * Cancel: [`Request::cancel`] unposts a receive that has not matched; it completes with a
 //!   status for which [`Status::cancelled`] is true and consumed no message.
 //! * Persistent requests: [`Communicator::send_init`] / [`Communicator::recv_init`],
-//!   started again and again without allocating ([`Persistent`], `persistent.rs`).
+//!   started again and again without allocating ([`Persistent`], `persistent.rs`), and the
+//!   persistent collectives [`Communicator::barrier_init`], [`Communicator::bcast_init`],
+//!   [`Communicator::reduce_init`], [`Communicator::allreduce_init`] (MPI 4.0 §6.13,
+//!   `persistent_coll.rs`), which [`Persistent::start_all`] starts with the others.
 //! * Continuations ([Schuchart 2021], `continuation.rs`): a callback per request or set of
 //!   requests, run once at completion by the completing thread ([`Invoke::Inline`]) or on
 //!   the pool ([`Invoke::Pool`]), with the results; a [`ContinuationRequest`] completes when
-//!   all of its callbacks have run. A request has a sync object or a continuation, not both.
+//!   all of its callbacks have run, waited for by a thread or awaited by a task
+//!   ([`ContinuationRequest::wait_async`]). A request has a sync object or a continuation, not both.
 //! * Partitioned point-to-point (MPI 4.0 ch. 4, `partitioned.rs`):
 //!   [`Communicator::psend_init`] / [`Communicator::precv_init`]; threads fill the
-//!   [`Partition`]s of a [`PartitionedSend`] and mark them ready, each travels at once, and
-//!   the [`PartitionedRecv`] reads each as it arrives.
+//!   [`Partition`]s of a [`PartitionedSend`] (or pool tasks its `'static`
+//!   [`OwnedPartition`]s) and mark them ready, each travels at once, and the
+//!   [`PartitionedRecv`] — which may cut the message into another number of partitions —
+//!   reads each as it arrives.
 //!
 //! ```
 //! use weft::{Invoke, Runtime, Source, Tag};
@@ -181,6 +187,7 @@
 
 mod buffer;
 mod coll;
+mod coll_steps;
 mod comm;
 mod config;
 mod continuation;
@@ -198,6 +205,7 @@ mod nbc;
 mod operation;
 mod partitioned;
 mod persistent;
+mod persistent_coll;
 mod probe;
 mod progress;
 mod provider;
@@ -219,7 +227,9 @@ pub use datatype::{Datatype, TypedRecv};
 pub use executor::{JoinError, JoinHandle};
 pub use group::Group;
 pub use matching::{Source, Tag};
-pub use partitioned::{Partition, PartitionedRecv, PartitionedSend, MAX_PARTITIONED_TAG, MAX_PARTITIONS};
+pub use partitioned::{
+    OwnedPartition, Partition, PartitionedRecv, PartitionedSend, MAX_PARTITIONED_TAG, MAX_PARTITIONS, PARTITIONS_MISMATCH,
+};
 pub use persistent::Persistent;
 pub use probe::Message;
 pub use request::Request;

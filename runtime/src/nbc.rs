@@ -122,14 +122,7 @@ impl<B: Send + 'static> Future for Done<'_, '_, B> {
     fn poll(mut self: Pin<&mut Self>, _cx: &mut Context<'_>) -> Poll<Self::Output> {
         if self.req.is_complete() {
             let comm = self.req.communicator();
-            return Poll::Ready(match self.req.take().unwrap_or(Err(CONSUMED)) {
-                Ok((b, _)) => Ok(b),
-                // The request names a lost peer by its rank here; the schedule works in world
-                // ranks (its result goes through its own request's translation).
-                Err(Error::PeerLost { rank }) => Err(Error::PeerLost { rank: comm.world_of(rank) }),
-                Err(Error::Truncated { .. }) => Err(MISMATCH),
-                Err(e) => Err(e),
-            });
+            return Poll::Ready(self.req.take().unwrap_or(Err(CONSUMED)).map(|(b, _)| b).map_err(|e| step_error(comm, e)));
         }
         if self.notice.is_some_and(|n| n.is_complete()) {
             // Read by `Sched::finish`.
@@ -139,12 +132,28 @@ impl<B: Send + 'static> Future for Done<'_, '_, B> {
     }
 }
 
+/// The error of a collective's step whose request failed with `e` on `comm`.
+pub(crate) fn step_error(comm: &Communicator, e: Error) -> Error {
+    match e {
+        // The request names a lost peer by its rank here; the schedule works in world
+        // ranks (its result goes through its own request's translation).
+        Error::PeerLost { rank } => Error::PeerLost { rank: comm.world_of(rank) },
+        Error::Truncated { .. } => MISMATCH,
+        e => e,
+    }
+}
+
+/// The data tag of sequence number `seq` (its failure notices travel under the one below).
+pub(crate) fn seq_tag(seq: u32) -> i32 {
+    TAG_SEQ - 2 * (seq % SEQ_SPAN) as i32
+}
+
 impl<'c> Sched<'c> {
     /// A collective on `comm` under `tag`: the tags of sequence number `seq`, with the receive
     /// for failure notices posted, or a fixed tag without notices.
     fn new(comm: &'c Communicator, tag: CollTag) -> Result<Self, Error> {
         let (tag, notices) = match tag {
-            CollTag::Seq(seq) => (TAG_SEQ - 2 * (seq % SEQ_SPAN) as i32, comm.size() > 1),
+            CollTag::Seq(seq) => (seq_tag(seq), comm.size() > 1),
             CollTag::Fixed(t) => (t, false),
         };
         let notice = if notices {
@@ -214,29 +223,40 @@ impl<'c> Sched<'c> {
         let Some(mut notice) = self.notice.take() else { return res };
         let Err(e) = res else { return Ok(()) };
         if notice.is_complete() {
-            return Err(match notice.take() {
-                Some(Ok((v, _))) if v.len() == 2 && v[0] == NOTICE_LOST => Error::PeerLost { rank: v[1] },
-                Some(Ok((v, _))) if v.len() == 2 && v[0] == NOTICE_FREED => Error::CommFreed,
-                Some(Ok(_)) => MISMATCH,
-                // The notice's own receive failed: the peer it waited for is gone.
-                Some(Err(Error::PeerLost { rank })) => Error::PeerLost { rank: self.comm.world_of(rank) },
-                Some(Err(_)) | None => e,
-            });
+            return Err(notice_error(self.comm, notice.take(), e));
         }
         drop(notice);
-        let what = match e {
-            Error::PeerLost { rank } => [NOTICE_LOST, rank],
-            Error::CommFreed => [NOTICE_FREED, 0],
-            _ => [NOTICE_MISMATCH, 0],
-        };
-        let c = self.comm;
-        let me = c.rank();
-        for r in (0..c.size()).filter(|&r| r != me) {
-            // Best effort, not waited for: a member that is gone needs no notice (a send
-            // dropped in flight still goes out).
-            let _ = c.isend_on(c.coll_state(), what.to_vec(), c.world_of(r), self.tag - 1);
-        }
+        send_notices(self.comm, self.tag, e);
         Err(e)
+    }
+}
+
+/// The failure of a collective whose step failed with `e` and whose receive for failure
+/// notices completed with `got`: the failure another member reported, else `e`.
+pub(crate) fn notice_error(comm: &Communicator, got: Option<Result<(Vec<u32>, Status), Error>>, e: Error) -> Error {
+    match got {
+        Some(Ok((v, _))) if v.len() == 2 && v[0] == NOTICE_LOST => Error::PeerLost { rank: v[1] },
+        Some(Ok((v, _))) if v.len() == 2 && v[0] == NOTICE_FREED => Error::CommFreed,
+        Some(Ok(_)) => MISMATCH,
+        // The notice's own receive failed: the peer it waited for is gone.
+        Some(Err(Error::PeerLost { rank })) => Error::PeerLost { rank: comm.world_of(rank) },
+        Some(Err(_)) | None => e,
+    }
+}
+
+/// Tells every other member of `comm` that this rank's collective under data tag `tag`
+/// failed with `e` (under the tag below it, where each member's schedule listens).
+pub(crate) fn send_notices(comm: &Communicator, tag: i32, e: Error) {
+    let what = match e {
+        Error::PeerLost { rank } => [NOTICE_LOST, rank],
+        Error::CommFreed => [NOTICE_FREED, 0],
+        _ => [NOTICE_MISMATCH, 0],
+    };
+    let me = comm.rank();
+    for r in (0..comm.size()).filter(|&r| r != me) {
+        // Best effort, not waited for: a member that is gone needs no notice (a send dropped
+        // in flight still goes out).
+        let _ = comm.isend_on(comm.coll_state(), what.to_vec(), comm.world_of(r), tag - 1);
     }
 }
 
@@ -274,7 +294,7 @@ impl Drop for Nbc {
 
 impl Communicator {
     /// The sequence number of the next collective on this communicator.
-    fn next_seq(&self) -> u32 {
+    pub(crate) fn next_seq(&self) -> u32 {
         self.coll_seq().fetch_add(1, crate::loom::sync::atomic::Ordering::Relaxed)
     }
 

@@ -5,26 +5,66 @@
 //! fills and marks [`ready`](Partition::ready) (`MPI_Pready`); each partition travels as soon
 //! as it is ready, not after the last one, and the receiver may read a partition as soon as
 //! it has arrived ([`PartitionedRecv::parrived`], [`PartitionedRecv::partition`]).
+//! [`owned_partitions`](PartitionedSend::owned_partitions) hands out [`OwnedPartition`]s
+//! instead, `'static`, to move into pool tasks ([`Runtime::spawn`](crate::Runtime::spawn)):
+//! each holds the operation's state (an `Arc`) and its range of the buffer.
 //!
 //! Partition `i` is a message of its own, on the communicator's collective context (never
 //! matched by a user receive) under a tag made of the user's tag and `i`: it takes the eager
 //! or the rendezvous path by its own size, and a receive posted at `start` lands it in place.
-//! Both sides name the same number of partitions (MPI allows them to differ; weft does not),
-//! and one operation per (communicator, peer, tag) is active at a time.
+//! One operation per (communicator, peer, tag) is active at a time.
+//!
+//! The two sides may name different numbers of partitions, as MPI 4.0 allows, when their
+//! messages have the same total bytes: the receive follows the send's partitions (a receive
+//! per send partition, each into its place), and its partition `i` has arrived once every
+//! send partition overlapping it has. Each side learns the other's layout once, in its first
+//! round: the first start of each sends the peer a small message of its layout (the send its
+//! partitions and total bytes, the receive its total bytes and element size), and until the
+//! send's has arrived the receive posts nothing else (a partition that arrives meanwhile
+//! waits in the unexpected queue, or for its rendezvous). Layouts that do not fit — other
+//! totals, or send partitions that are not whole elements of the receive — fail the first
+//! round's wait on both sides with [`PARTITIONS_MISMATCH`] and every later start; the
+//! receive takes the send's partitions of that round and drops them, so neither side hangs.
+//! A first-round send's wait therefore needs the receive started.
 
-use std::sync::{Arc, Mutex};
+use std::marker::PhantomData;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use weft_sync::Error;
 
 use crate::buffer::{Primitive, RecvBuf, SendBuf};
 use crate::comm::Communicator;
 use crate::matching::{Source, Tag};
-use crate::request::Request;
+use crate::request::{unbound, Request};
 
 /// Partitions of one operation at the most (the partition index takes 15 bits of the tag).
 pub const MAX_PARTITIONS: usize = 1 << 15;
 /// The largest tag of a partitioned operation (15 bits of the tag).
 pub const MAX_PARTITIONED_TAG: i32 = (1 << 15) - 1;
+
+/// The error of a partitioned send and receive whose layouts do not fit (other total bytes,
+/// or send partitions that are not whole elements of the receive).
+pub const PARTITIONS_MISMATCH: Error =
+    Error::InvalidArgument("partitioned send and receive differ in total bytes, or a send partition is not whole receive elements");
+
+/// The collective-context tag of the layout message of an operation with `tag`, from its
+/// send (`from_recv` false) or its receive: above the partitions' tags (`part_tag`), far
+/// below the collectives'.
+fn layout_tag(tag: i32, from_recv: bool) -> i32 {
+    i32::MIN + (1 << 30) + ((tag << 1) | i32::from(from_recv))
+}
+
+/// Whether a send of `parts` partitions, `send_bytes` in all, fits a receive of `recv_bytes`
+/// of elements of `elem` bytes (both sides check the same).
+fn layouts_fit(parts: u64, send_bytes: u64, recv_bytes: u64, elem: u64) -> Result<(), Error> {
+    let per = send_bytes.checked_div(parts).unwrap_or(u64::MAX);
+    if send_bytes == recv_bytes && parts > 0 && send_bytes % parts == 0 && elem > 0 && per % elem == 0 {
+        Ok(())
+    } else {
+        Err(PARTITIONS_MISMATCH)
+    }
+}
 
 /// The collective-context tag of partition `i` of an operation with `tag`: from `i32::MIN`
 /// to `i32::MIN + 2^30`, far below the small negative tags of the collectives and of
@@ -153,21 +193,133 @@ pub struct PartitionedSend<'c, T: Primitive> {
     comm: &'c Communicator,
     plan: Plan,
     buf: Arc<Shared<T>>,
-    /// Per partition, its send once ready (this round).
-    sends: Vec<Mutex<Option<Request<'c, Part<T>>>>>,
+    /// Per partition, its send once ready (this round), shared with the handles.
+    state: Arc<SendState<T>>,
     /// Started and not yet waited for.
     active: bool,
+    /// The receive's layout message (`[total bytes, element size]`), posted at the first
+    /// start, until the first wait checks it.
+    layout: Option<Request<'c, Vec<u64>>>,
+    /// Whether the receive's layout was checked (and fits).
+    checked: bool,
+    /// Layouts that do not fit: the error of every later start.
+    failed: Option<Error>,
+}
+
+/// What a partitioned send shares with its partitions' handles: per partition its send once
+/// ready, and the communicator the sends borrow.
+struct SendState<T: Primitive> {
+    /// The sends borrow `comm` (below): they come first, so they are dropped before it.
+    slots: Vec<Slot<T>>,
+    /// In the `Arc`: its address never changes.
+    comm: Communicator,
+}
+
+/// One partition's place in a [`SendState`].
+struct Slot<T: Primitive> {
+    /// Its send, once ready (this round).
+    sent: Mutex<Option<Request<'static, Part<T>>>>,
+    /// A handle to it is out (handed out, not yet ready nor dropped): it is not handed out
+    /// again, so no two handles reach one range.
+    out: AtomicBool,
+}
+
+impl<T: Primitive> Slot<T> {
+    fn sent(&self) -> MutexGuard<'_, Option<Request<'static, Part<T>>>> {
+        self.sent.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// A partition handed out, borrowed ([`Partition`]) or owned ([`OwnedPartition`]).
+struct Handle<T: Primitive> {
+    index: usize,
+    tag: i32,
+    dest: u32,
+    /// `None` once sent.
+    part: Option<Part<T>>,
+    state: Arc<SendState<T>>,
+}
+
+impl<T: Primitive> Handle<T> {
+    fn as_mut_slice(&mut self) -> &mut [T] {
+        let part = self.part.as_ref().expect("a handle's range until it is sent");
+        // SAFETY: this handle alone reaches the range (its slot is marked out) until `ready`
+        // consumes it.
+        unsafe { std::slice::from_raw_parts_mut(part.buf.ptr.add(part.start), part.len) }
+    }
+
+    fn ready(mut self) -> Result<(), Error> {
+        let part = self.part.take().expect("a handle's range until it is sent");
+        let st = &*self.state;
+        let c = &st.comm;
+        let slot = &st.slots[self.index];
+        let req = match c.isend_on(c.coll_state(), part, self.dest, part_tag(self.tag, self.index)) {
+            Ok(req) => req,
+            Err(e) => {
+                // Unsent: handed out again.
+                slot.out.store(false, Ordering::Release);
+                return Err(c.local_error(e));
+            }
+        };
+        // SAFETY: `req` borrows `st.comm`, in the `Arc` with the slots, which are dropped
+        // before it; a send taken out of a slot is dropped while its `PartitionedSend` (which
+        // holds the `Arc`) lives.
+        *slot.sent() = Some(unsafe { unbound(req) });
+        slot.out.store(false, Ordering::Release);
+        Ok(())
+    }
+}
+
+impl<T: Primitive> Drop for Handle<T> {
+    fn drop(&mut self) {
+        // Dropped unsent (or its send failed): handed out again.
+        if self.part.is_some() {
+            self.state.slots[self.index].out.store(false, Ordering::Release);
+        }
+    }
 }
 
 /// One partition of an active [`PartitionedSend`]: fill it, then mark it
 /// [`ready`](Self::ready). Partitions are disjoint, so each may go to a thread of its own.
 pub struct Partition<'a, 'c, T: Primitive> {
-    comm: &'c Communicator,
-    index: usize,
-    tag: i32,
-    dest: u32,
-    part: Part<T>,
-    slot: &'a Mutex<Option<Request<'c, Part<T>>>>,
+    handle: Handle<T>,
+    _send: PhantomData<&'a mut PartitionedSend<'c, T>>,
+}
+
+/// One partition of an active [`PartitionedSend`], owned (`'static`): to move into a pool
+/// task or another thread that outlives the borrow of the send. Fill it, then mark it
+/// [`ready`](Self::ready); dropped unsent, it is handed out again.
+///
+/// ```
+/// use weft::Runtime;
+/// let ranks = Runtime::builder().env(false).workers(2).build_local(2).unwrap();
+/// let (a, b) = (ranks[0].world(), ranks[1].world());
+/// let mut send = a.psend_init(vec![0u32; 4 * 64], 4, 1, 3).unwrap();
+/// // The receive may cut the message otherwise: two partitions of 128 elements.
+/// let mut recv = b.precv_init(vec![0u32; 4 * 64], 2, 0, 3).unwrap();
+/// recv.start().unwrap();
+/// send.start().unwrap();
+/// let tasks: Vec<_> = send
+///     .owned_partitions()
+///     .unwrap()
+///     .into_iter()
+///     .map(|mut p| {
+///         ranks[0].spawn(async move {
+///             let i = p.index() as u32;
+///             p.as_mut_slice().fill(i);
+///             p.ready()
+///         })
+///     })
+///     .collect();
+/// for t in tasks {
+///     ranks[0].block_on(t).unwrap().unwrap();
+/// }
+/// send.wait().unwrap();
+/// recv.wait().unwrap();
+/// assert_eq!(recv.buffer().unwrap()[3 * 64], 3);
+/// ```
+pub struct OwnedPartition<T: Primitive> {
+    handle: Handle<T>,
 }
 
 impl<T: Primitive> std::fmt::Debug for PartitionedSend<'_, T> {
@@ -178,7 +330,13 @@ impl<T: Primitive> std::fmt::Debug for PartitionedSend<'_, T> {
 
 impl<T: Primitive> std::fmt::Debug for Partition<'_, '_, T> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Partition").field("index", &self.index).field("len", &self.part.len).finish()
+        f.debug_struct("Partition").field("index", &self.handle.index).finish()
+    }
+}
+
+impl<T: Primitive> std::fmt::Debug for OwnedPartition<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("OwnedPartition").field("index", &self.handle.index).finish()
     }
 }
 
@@ -194,16 +352,27 @@ impl Communicator {
     /// at most [`MAX_PARTITIONS`] and divides `buf.len()`.
     pub fn psend_init<T: Primitive>(&self, buf: Vec<T>, partitions: usize, dest: u32, tag: i32) -> Result<PartitionedSend<'_, T>, Error> {
         let plan = self.plan(dest, buf.len(), partitions, tag)?;
-        let sends = (0..partitions).map(|_| Mutex::new(None)).collect();
-        Ok(PartitionedSend { comm: self, plan, buf: Shared::new(buf), sends, active: false })
+        let slots = (0..partitions).map(|_| Slot { sent: Mutex::new(None), out: AtomicBool::new(false) }).collect();
+        let state = Arc::new(SendState { slots, comm: self.clone() });
+        Ok(PartitionedSend { comm: self, plan, buf: Shared::new(buf), state, active: false, layout: None, checked: false, failed: None })
     }
 
     /// A partitioned receive into `buf` in `partitions` equal parts from `source` with `tag`
-    /// (`MPI_Precv_init`), inactive; the sender names the same number of partitions. No
-    /// wildcards, as in MPI.
+    /// (`MPI_Precv_init`), inactive; the sender may name another number of partitions, of
+    /// the same total bytes (see the module docs). No wildcards, as in MPI.
     pub fn precv_init<T: Primitive>(&self, buf: Vec<T>, partitions: usize, source: u32, tag: i32) -> Result<PartitionedRecv<'_, T>, Error> {
         let plan = self.plan(source, buf.len(), partitions, tag)?;
-        Ok(PartitionedRecv { comm: self, plan, buf: Shared::new(buf), recvs: Vec::with_capacity(partitions) })
+        Ok(PartitionedRecv {
+            comm: self,
+            plan,
+            buf: Shared::new(buf),
+            recvs: Vec::with_capacity(partitions),
+            active: false,
+            sender: None,
+            layout: None,
+            failed: None,
+            dropped: Vec::new(),
+        })
     }
 
     /// Checks a partitioned operation's arguments (`len` elements) and plans it.
@@ -215,7 +384,8 @@ impl Communicator {
 }
 
 impl<'c, T: Primitive> PartitionedSend<'c, T> {
-    /// Starts a round (`MPI_Start`): no partition is ready yet. An error if active.
+    /// Starts a round (`MPI_Start`): no partition is ready yet. An error if active, or if
+    /// the first round found that the receive's layout does not fit.
     pub fn start(&mut self) -> Result<(), Error> {
         if self.active {
             return Err(ACTIVE);
@@ -223,64 +393,114 @@ impl<'c, T: Primitive> PartitionedSend<'c, T> {
         if self.comm.is_freed() {
             return Err(Error::CommFreed);
         }
+        if let Some(e) = self.failed {
+            return Err(e);
+        }
+        if !self.checked && self.layout.is_none() {
+            let c = self.comm;
+            let (peer, tag) = (self.plan.peer, self.plan.tag);
+            let mine = vec![self.plan.partitions as u64, (self.buf.len * std::mem::size_of::<T>()) as u64];
+            // Not kept: a send dropped in flight finishes on its own.
+            c.isend_on(c.coll_state(), mine, peer, layout_tag(tag, false)).map_err(|e| c.local_error(e))?;
+            let theirs = c.irecv_on(c.coll_state(), Vec::<u64>::with_capacity(2), Source::Rank(peer), Tag::Is(layout_tag(tag, true)));
+            self.layout = Some(theirs.map_err(|e| c.local_error(e))?);
+        }
         self.active = true;
         Ok(())
+    }
+
+    /// Checks the receive's layout, once it has arrived (`got`).
+    fn check_layout(&mut self, got: Result<(Vec<u64>, weft_sync::Status), Error>) -> Result<(), Error> {
+        self.layout = None;
+        let (v, _) = got?;
+        let (parts, bytes) = (self.plan.partitions as u64, (self.buf.len * std::mem::size_of::<T>()) as u64);
+        let fit = match v[..] {
+            [total, elem] => layouts_fit(parts, bytes, total, elem),
+            _ => Err(PARTITIONS_MISMATCH),
+        };
+        match fit {
+            Ok(()) => self.checked = true,
+            Err(e) => self.failed = Some(e),
+        }
+        fit
     }
 
     /// The partitions of this round not yet marked ready, in index order (all of them after
     /// `start`; a handle dropped unsent is handed out again): each is filled and marked
     /// ready, by any thread. An error if not started.
     pub fn partitions(&mut self) -> Result<Vec<Partition<'_, 'c, T>>, Error> {
+        Ok(self.handles()?.map(|handle| Partition { handle, _send: PhantomData }).collect())
+    }
+
+    /// [`partitions`](Self::partitions), owned: `'static` handles to move into pool tasks
+    /// (those still out, owned and not yet ready, are not handed out again). An error if not
+    /// started.
+    pub fn owned_partitions(&mut self) -> Result<Vec<OwnedPartition<T>>, Error> {
+        Ok(self.handles()?.map(|handle| OwnedPartition { handle }).collect())
+    }
+
+    /// Handles to the partitions of this round neither ready nor out, each marked out.
+    fn handles(&mut self) -> Result<impl Iterator<Item = Handle<T>> + '_, Error> {
         if !self.active {
             return Err(INACTIVE);
         }
         let Plan { peer, tag, per, .. } = self.plan;
-        let comm = self.comm;
-        let buf = &self.buf;
-        Ok(self
-            .sends
-            .iter()
-            .enumerate()
-            .filter(|(_, slot)| slot.lock().unwrap_or_else(|e| e.into_inner()).is_none())
-            .map(|(index, slot)| Partition {
-                comm,
+        let (buf, state) = (&self.buf, &self.state);
+        Ok(state.slots.iter().enumerate().filter(|(_, slot)| slot.sent().is_none() && !slot.out.swap(true, Ordering::AcqRel)).map(
+            move |(index, _)| Handle {
                 index,
                 tag,
                 dest: peer,
-                part: Part { buf: buf.clone(), start: index * per, len: per },
-                slot,
-            })
-            .collect())
+                part: Some(Part { buf: buf.clone(), start: index * per, len: per }),
+                state: state.clone(),
+            },
+        ))
     }
 
     /// Blocks until every partition was sent (`MPI_Wait`) and makes the request inactive:
     /// the first error among the partitions' sends. An error, and nothing waited for, if a
     /// partition of this round was not marked ready (its handle dropped unsent: get it again
     /// from [`partitions`](Self::partitions)).
+    ///
+    /// The first round's wait also waits for the receive's layout: an error
+    /// ([`PARTITIONS_MISMATCH`]) if it does not fit, once the partitions' sends are done.
     pub fn wait(&mut self) -> Result<(), Error> {
         let mut sends = self.finish_round()?;
-        crate::wait::wait_all(&mut sends)
+        let fit = match self.layout.take() {
+            Some(mut l) => {
+                crate::wait::wait_all(std::slice::from_mut(&mut l)).ok();
+                self.check_layout(l.take().unwrap_or(Err(PARTITIONS_MISMATCH)))
+            }
+            None => Ok(()),
+        };
+        fit.and(crate::wait::wait_all(&mut sends))
     }
 
     /// [`wait`](Self::wait) as a future, for a task: resolves when every partition was sent.
     /// Dropped before that, it still ends the round (the sends finish in the background).
     pub async fn wait_async(&mut self) -> Result<(), Error> {
         let sends = self.finish_round()?;
-        first_error(sends).await
+        let fit = match self.layout.as_mut() {
+            Some(l) => {
+                let got = l.await;
+                self.check_layout(got)
+            }
+            None => Ok(()),
+        };
+        fit.and(first_error(sends).await)
     }
 
     /// Ends the round: its sends, once every partition is ready (else an error, and the
     /// round goes on).
-    fn finish_round(&mut self) -> Result<Vec<Request<'c, Part<T>>>, Error> {
+    fn finish_round(&mut self) -> Result<Vec<Request<'static, Part<T>>>, Error> {
         if !self.active {
             return Err(INACTIVE);
         }
-        let slot = |s: &Mutex<Option<Request<'c, Part<T>>>>| s.lock().unwrap_or_else(|e| e.into_inner()).take();
-        if self.sends.iter().any(|s| s.lock().unwrap_or_else(|e| e.into_inner()).is_none()) {
+        if self.state.slots.iter().any(|s| s.sent().is_none()) {
             return Err(Error::InvalidArgument("a partition was not marked ready"));
         }
         self.active = false;
-        Ok(self.sends.iter().filter_map(slot).collect())
+        Ok(self.state.slots.iter().filter_map(|s| s.sent().take()).collect())
     }
 
     /// The whole buffer, while inactive (to fill it from one thread); `None` while active
@@ -296,26 +516,33 @@ impl<'c, T: Primitive> PartitionedSend<'c, T> {
     }
 }
 
+/// The methods of a partition handle (a [`Handle`] in field `handle`).
+macro_rules! partition_methods {
+    () => {
+        /// The partition's index.
+        pub fn index(&self) -> usize {
+            self.handle.index
+        }
+
+        /// The partition's elements, to fill.
+        pub fn as_mut_slice(&mut self) -> &mut [T] {
+            self.handle.as_mut_slice()
+        }
+
+        /// Marks the partition ready (`MPI_Pready`): it is sent now, whatever the other
+        /// partitions' state.
+        pub fn ready(self) -> Result<(), Error> {
+            self.handle.ready()
+        }
+    };
+}
+
 impl<T: Primitive> Partition<'_, '_, T> {
-    /// The partition's index.
-    pub fn index(&self) -> usize {
-        self.index
-    }
+    partition_methods!();
+}
 
-    /// The partition's elements, to fill.
-    pub fn as_mut_slice(&mut self) -> &mut [T] {
-        // SAFETY: this handle alone reaches the range until `ready` consumes it.
-        unsafe { std::slice::from_raw_parts_mut(self.part.buf.ptr.add(self.part.start), self.part.len) }
-    }
-
-    /// Marks the partition ready (`MPI_Pready`): it is sent now, whatever the other
-    /// partitions' state.
-    pub fn ready(self) -> Result<(), Error> {
-        let tag = part_tag(self.tag, self.index);
-        let req = self.comm.isend_on(self.comm.coll_state(), self.part, self.dest, tag).map_err(|e| self.comm.local_error(e))?;
-        *self.slot.lock().unwrap_or_else(|e| e.into_inner()) = Some(req);
-        Ok(())
-    }
+impl<T: Primitive> OwnedPartition<T> {
+    partition_methods!();
 }
 
 /// A partitioned receive (`MPI_Precv_init`): see the module docs.
@@ -323,19 +550,57 @@ pub struct PartitionedRecv<'c, T: Primitive> {
     comm: &'c Communicator,
     plan: Plan,
     buf: Arc<Shared<T>>,
-    /// The partitions' receives this round (empty while inactive).
+    /// The receives of the send's partitions this round (empty while inactive, and in the
+    /// first round until the send's layout has arrived).
     recvs: Vec<Request<'c, Part<T>>>,
+    /// Started and not yet waited for.
+    active: bool,
+    /// The send's layout, once known: its partitions, and elements of `T` in each.
+    sender: Option<(usize, usize)>,
+    /// The send's layout message (`[partitions, total bytes]`), posted at the first start.
+    layout: Option<Request<'c, Vec<u64>>>,
+    /// Layouts that do not fit: the error of the first round and every later start.
+    failed: Option<Error>,
+    /// The first round's partitions of a send that does not fit, taken and dropped.
+    dropped: Vec<Request<'c, Vec<u8>>>,
 }
 
 impl<'c, T: Primitive> PartitionedRecv<'c, T> {
-    /// Starts a round (`MPI_Start`): posts the receive of every partition, each into its
-    /// place in the buffer. An error if active.
+    /// Starts a round (`MPI_Start`): posts the receive of every partition of the send, each
+    /// into its place in the buffer (in the first round, once the send's layout has
+    /// arrived). An error if active, or if the first round found that the send's layout does
+    /// not fit.
     pub fn start(&mut self) -> Result<(), Error> {
-        if !self.recvs.is_empty() {
+        if self.active {
             return Err(ACTIVE);
         }
-        let Plan { peer, tag, partitions, per } = self.plan;
-        for i in 0..partitions {
+        if let Some(e) = self.failed {
+            return Err(e);
+        }
+        let c = self.comm;
+        let Plan { peer, tag, .. } = self.plan;
+        if self.sender.is_none() && self.layout.is_none() {
+            if c.is_freed() {
+                return Err(Error::CommFreed);
+            }
+            let mine = vec![(self.buf.len * std::mem::size_of::<T>()) as u64, std::mem::size_of::<T>() as u64];
+            // Not kept: a send dropped in flight finishes on its own.
+            c.isend_on(c.coll_state(), mine, peer, layout_tag(tag, true)).map_err(|e| c.local_error(e))?;
+            let theirs = c.irecv_on(c.coll_state(), Vec::<u64>::with_capacity(2), Source::Rank(peer), Tag::Is(layout_tag(tag, false)));
+            self.layout = Some(theirs.map_err(|e| c.local_error(e))?);
+        }
+        if let Some((parts, per)) = self.sender {
+            self.post(parts, per)?;
+        }
+        self.active = true;
+        self.learn_if_arrived();
+        Ok(())
+    }
+
+    /// Posts the receives of the send's `parts` partitions of `per` elements.
+    fn post(&mut self, parts: usize, per: usize) -> Result<(), Error> {
+        let Plan { peer, tag, .. } = self.plan;
+        for i in 0..parts {
             let part = Part { buf: self.buf.clone(), start: i * per, len: per };
             match self.comm.irecv_on(self.comm.coll_state(), part, Source::Rank(peer), Tag::Is(part_tag(tag, i))) {
                 Ok(r) => self.recvs.push(r),
@@ -349,52 +614,147 @@ impl<'c, T: Primitive> PartitionedRecv<'c, T> {
         Ok(())
     }
 
-    /// Whether partition `i` has arrived (`MPI_Parrived`), making one step of progress if
-    /// not; `false` while inactive or for an index out of range.
+    /// Takes the send's layout if it has arrived (one step of progress if not).
+    fn learn_if_arrived(&mut self) {
+        if self.layout.as_mut().is_some_and(Request::test) {
+            let got = self.layout.take().and_then(|mut l| l.take()).unwrap_or(Err(PARTITIONS_MISMATCH));
+            self.learn(got);
+        }
+    }
+
+    /// Learns the send's layout (`got`): posts this round's receives of its partitions, or,
+    /// if it does not fit, receives of them to drop.
+    fn learn(&mut self, got: Result<(Vec<u64>, weft_sync::Status), Error>) {
+        self.layout = None;
+        let (v, _) = match got {
+            Ok(got) => got,
+            Err(e) => {
+                self.failed = Some(e);
+                return;
+            }
+        };
+        let [parts, bytes] = v[..] else {
+            self.failed = Some(PARTITIONS_MISMATCH);
+            return;
+        };
+        let size = std::mem::size_of::<T>() as u64;
+        if let Err(e) = layouts_fit(parts, bytes, (self.buf.len as u64) * size, size) {
+            self.failed = Some(e);
+            let Plan { peer, tag, .. } = self.plan;
+            let per = usize::try_from(bytes / parts.max(1)).unwrap_or(0);
+            for i in 0..usize::try_from(parts).unwrap_or(0).min(MAX_PARTITIONS) {
+                let (c, drop_into) = (self.comm, Vec::<u8>::with_capacity(per));
+                if let Ok(r) = c.irecv_on(c.coll_state(), drop_into, Source::Rank(peer), Tag::Is(part_tag(tag, i))) {
+                    self.dropped.push(r);
+                }
+            }
+            return;
+        }
+        let (parts, per) = (parts as usize, (bytes / parts / size) as usize);
+        self.sender = Some((parts, per));
+        if let Err(e) = self.post(parts, per) {
+            self.failed = Some(e);
+        }
+    }
+
+    /// The send partitions that overlap partition `i` of this receive (`None` out of range or
+    /// before the send's layout is known).
+    fn overlapping(&self, i: usize) -> Option<std::ops::Range<usize>> {
+        let (_, per_send) = self.sender?;
+        let per = self.plan.per;
+        if i >= self.plan.partitions {
+            return None;
+        }
+        if per == 0 || per_send == 0 {
+            return Some(0..0);
+        }
+        Some(i * per / per_send..((i + 1) * per).div_ceil(per_send))
+    }
+
+    /// Whether partition `i` has arrived (`MPI_Parrived`): every partition of the send that
+    /// overlaps it has; makes one step of progress if not. `false` while inactive, for an
+    /// index out of range, or when the layouts do not fit.
     pub fn parrived(&mut self, i: usize) -> bool {
-        self.recvs.get_mut(i).is_some_and(Request::test)
+        if !self.active {
+            return false;
+        }
+        self.learn_if_arrived();
+        if self.failed.is_some() || self.recvs.is_empty() {
+            return false;
+        }
+        self.overlapping(i).is_some_and(|r| self.recvs[r].iter_mut().all(Request::test))
     }
 
     /// Partition `i`'s elements once it has arrived (`None` before, while inactive, out of
-    /// range, or if its receive failed: [`wait`](Self::wait) says why).
+    /// range, or if a receive of it failed: [`wait`](Self::wait) says why).
     pub fn partition(&self, i: usize) -> Option<&[T]> {
-        let r = self.recvs.get(i)?;
-        matches!(r.outcome(), Some(Ok(_))).then(|| {
+        if !self.active || self.failed.is_some() || self.recvs.is_empty() {
+            return None;
+        }
+        let sends = self.overlapping(i)?;
+        self.recvs[sends].iter().all(|r| matches!(r.outcome(), Some(Ok(_)))).then(|| {
             let per = self.plan.per;
-            // SAFETY: the receive of this range completed (acquire in `outcome`) and nothing
+            // SAFETY: the receives of this range completed (acquire in `outcome`) and nothing
             // writes it again this round.
             unsafe { std::slice::from_raw_parts(self.buf.ptr.add(i * per), per) }
         })
     }
 
     /// Blocks until every partition has arrived (`MPI_Wait`) and makes the request
-    /// inactive: the first error among the partitions' receives. An error if not started.
+    /// inactive: the first error among the partitions' receives, or
+    /// [`PARTITIONS_MISMATCH`] (once the send's partitions were dropped). An error if not
+    /// started.
     pub fn wait(&mut self) -> Result<(), Error> {
-        if self.recvs.is_empty() {
+        if !self.active {
             return Err(INACTIVE);
         }
-        let res = crate::wait::wait_all(&mut self.recvs);
-        self.recvs.clear();
+        if let Some(mut l) = self.layout.take() {
+            crate::wait::wait_all(std::slice::from_mut(&mut l)).ok();
+            self.learn(l.take().unwrap_or(Err(PARTITIONS_MISMATCH)));
+        }
+        let res = match self.failed {
+            Some(e) => {
+                crate::wait::wait_all(&mut self.dropped).ok();
+                Err(e)
+            }
+            None => crate::wait::wait_all(&mut self.recvs),
+        };
+        self.end_round();
         res
     }
 
     /// [`wait`](Self::wait) as a future, for a task: resolves when every partition has
     /// arrived. Dropped before that, the round goes on (a later wait finishes it).
     pub async fn wait_async(&mut self) -> Result<(), Error> {
-        if self.recvs.is_empty() {
+        if !self.active {
             return Err(INACTIVE);
         }
-        let res = first_error(self.recvs.iter_mut().filter(|r| r.is_live())).await;
-        self.recvs.clear();
+        if let Some(l) = self.layout.as_mut() {
+            let got = l.await;
+            self.learn(got);
+        }
+        let res = match self.failed {
+            Some(e) => {
+                first_error(self.dropped.iter_mut().filter(|r| r.is_live())).await.ok();
+                Err(e)
+            }
+            None => first_error(self.recvs.iter_mut().filter(|r| r.is_live())).await,
+        };
+        self.end_round();
         res
+    }
+
+    fn end_round(&mut self) {
+        self.recvs.clear();
+        self.dropped.clear();
+        self.active = false;
     }
 
     /// The whole buffer, while inactive (the last round's message); `None` while active or
     /// while a receive into it is still in flight (a start that failed part way).
     pub fn buffer(&self) -> Option<&[T]> {
         // SAFETY: inactive and the only holder of the allocation: nothing writes it.
-        (self.recvs.is_empty() && Arc::strong_count(&self.buf) == 1)
-            .then(|| unsafe { std::slice::from_raw_parts(self.buf.ptr, self.buf.len) })
+        (!self.active && Arc::strong_count(&self.buf) == 1).then(|| unsafe { std::slice::from_raw_parts(self.buf.ptr, self.buf.len) })
     }
 }
 

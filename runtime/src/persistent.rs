@@ -1,5 +1,6 @@
 //! Persistent requests (MPI 4.0 §3.9): [`Communicator::send_init`] and
-//! [`Communicator::recv_init`] check their arguments once and keep the buffer; each
+//! [`Communicator::recv_init`] (and the persistent collectives, `persistent_coll.rs`) check
+//! their arguments once and keep the buffer; each
 //! [`start`](Persistent::start) posts the same operation again, and [`wait`](Persistent::wait)
 //! gives the buffer back to the request for the next start.
 //!
@@ -28,12 +29,29 @@ const NO_BUFFER: Error = Error::InvalidArgument("persistent request lost its buf
 /// What a start posts, its ranks already world ranks.
 #[derive(Clone, Copy, Debug)]
 enum Op {
-    Send { dest: u32, tag: i32 },
-    Recv { source: Source, tag: Tag },
+    Send {
+        dest: u32,
+        tag: i32,
+    },
+    Recv {
+        source: Source,
+        tag: Tag,
+    },
+    /// A persistent collective, posted by its plan (`persistent_coll.rs`).
+    Coll,
 }
 
-/// A persistent send or receive (`MPI_Send_init`, `MPI_Recv_init`): one operation started
-/// many times.
+/// What a start of a persistent collective posts: its schedule, again (`persistent_coll.rs`).
+pub(crate) trait Plan<B: Send + 'static>: Send + Sync {
+    /// Checks `buf` for a start on `comm` (before the start takes it).
+    fn check(&self, comm: &Communicator, buf: &B) -> Result<(), Error>;
+    /// Starts the collective over `buf` on `comm`; its request completes when it ends.
+    fn start<'c>(&self, comm: &'c Communicator, buf: B) -> Result<Request<'c, B>, Error>;
+}
+
+/// A persistent send or receive (`MPI_Send_init`, `MPI_Recv_init`), or a persistent
+/// collective ([`Communicator::allreduce_init`] and the others, `persistent_coll.rs`): one
+/// operation started many times.
 ///
 /// Inactive, it holds its buffer ([`buffer`](Self::buffer), [`buffer_mut`](Self::buffer_mut):
 /// fill the next message, read the last one); [`start`](Self::start) makes it active and
@@ -67,6 +85,8 @@ pub struct Persistent<'c, B: Send + 'static> {
     active: Option<Request<'c, B>>,
     /// The outcome of the last start that completed.
     last: Option<Outcome>,
+    /// A persistent collective's plan (`Op::Coll`).
+    plan: Option<Arc<dyn Plan<B>>>,
     /// What a sync object attached to an inactive request gets (made only then).
     consumed: OnceLock<Arc<Operation>>,
 }
@@ -87,7 +107,7 @@ impl Communicator {
             match op {
                 Op::Send { dest, tag } if !comm.is_freed() => comm.isend_on(comm.p2p(), buf, dest, tag).map_err(|e| comm.local_error(e)),
                 Op::Send { .. } => Err(Error::CommFreed),
-                Op::Recv { .. } => Err(Error::InvalidArgument("a persistent send posted as a receive")),
+                Op::Recv { .. } | Op::Coll => Err(Error::InvalidArgument("a persistent send posted as another operation")),
             }
         }
         Ok(Persistent::new(self, Op::Send { dest: self.world_of(dest), tag }, post::<B>, buf))
@@ -102,7 +122,7 @@ impl Communicator {
         fn post<'c, B: RecvBuf>(comm: &'c Communicator, buf: B, op: Op) -> Result<Request<'c, B>, Error> {
             match op {
                 Op::Recv { source, tag } => comm.irecv_on(comm.p2p(), buf, source, tag).map_err(|e| comm.local_error(e)),
-                Op::Send { .. } => Err(Error::InvalidArgument("a persistent receive posted as a send")),
+                Op::Send { .. } | Op::Coll => Err(Error::InvalidArgument("a persistent receive posted as another operation")),
             }
         }
         Ok(Persistent::new(self, Op::Recv { source, tag }, post::<B>, buf))
@@ -111,18 +131,33 @@ impl Communicator {
 
 impl<'c, B: Send + 'static> Persistent<'c, B> {
     fn new(comm: &'c Communicator, op: Op, post: fn(&'c Communicator, B, Op) -> Result<Request<'c, B>, Error>, buf: B) -> Self {
-        Persistent { comm, op, post, buf: Some(buf), active: None, last: None, consumed: OnceLock::new() }
+        Persistent { comm, op, post, buf: Some(buf), active: None, last: None, plan: None, consumed: OnceLock::new() }
+    }
+
+    /// A persistent collective over `buf`, each start posting `plan`.
+    pub(crate) fn collective(comm: &'c Communicator, plan: Arc<dyn Plan<B>>, buf: B) -> Self {
+        fn post<'c, B: Send + 'static>(_: &'c Communicator, _: B, _: Op) -> Result<Request<'c, B>, Error> {
+            Err(Error::InvalidArgument("a persistent collective posted as a point-to-point operation"))
+        }
+        Persistent { plan: Some(plan), ..Self::new(comm, Op::Coll, post::<B>, buf) }
     }
 
     /// Starts the operation (`MPI_Start`). An error if it is active already. A start that
     /// fails (the peer is gone, the communicator freed) takes the buffer with it, as the
-    /// failed `isend` / `irecv` would: later starts fail too.
+    /// failed `isend` / `irecv` would: later starts fail too; a collective's buffer that
+    /// changed length since init is refused and kept.
     pub fn start(&mut self) -> Result<(), Error> {
         if self.active.is_some() {
             return Err(ACTIVE);
         }
+        if let (Some(plan), Some(buf)) = (&self.plan, &self.buf) {
+            plan.check(self.comm, buf)?;
+        }
         let buf = self.buf.take().ok_or(NO_BUFFER)?;
-        self.active = Some((self.post)(self.comm, buf, self.op)?);
+        self.active = Some(match &self.plan {
+            Some(plan) => plan.start(self.comm, buf)?,
+            None => (self.post)(self.comm, buf, self.op)?,
+        });
         Ok(())
     }
 

@@ -130,6 +130,19 @@ pub(crate) fn consumed_cell(slot: &std::sync::OnceLock<Arc<Operation>>) -> &Comp
     &slot.get_or_init(|| new_operation(|i| i.cell.reset_completed(Err(CONSUMED)))).cell
 }
 
+/// Extends a request's borrow of its communicator to `'static`, for a request kept beside a
+/// communicator of its own (a persistent collective's schedule, a partitioned send's state).
+///
+/// # Safety
+/// `r` must borrow a communicator whose address never changes (in a `Box` or an `Arc`) and
+/// that outlives the request: the request lives in a field dropped before it, or is dropped
+/// while a holder of that `Arc` lives.
+pub(crate) unsafe fn unbound<B: Send + 'static>(r: Request<'_, B>) -> Request<'static, B> {
+    // SAFETY: per the contract, the communicator outlives the request; only the lifetime
+    // changes.
+    unsafe { std::mem::transmute::<Request<'_, B>, Request<'static, B>>(r) }
+}
+
 impl<'c, B: Send + 'static> Request<'c, B> {
     /// Every field once; `filled` is set by `recv` for receives.
     fn with(comm: &'c Communicator, inner: Option<Arc<Operation>>, buf: B, kind: Kind, sent: Option<Status>, part: usize) -> Self {

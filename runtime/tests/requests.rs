@@ -740,3 +740,235 @@ fn partitions_arrive_before_the_last_is_ready() {
         assert!(matches!(b.precv_init(vec![0u8; 10], 2, 5, 0), Err(Error::RankOutOfRange { .. })));
     });
 }
+
+/// A send and a receive of different partition counts (the same total bytes): every round
+/// arrives whole, and a receive partition has arrived exactly when every send partition
+/// overlapping it has — checked as the send's partitions are readied one by one.
+#[test]
+fn partitioned_with_different_partition_counts() {
+    within(120, "different partition counts", || {
+        for mode in MODES {
+            // (send partitions, receive partitions); 120 u32s (eager) or 2400 (rendezvous
+            // partitions, at least 1200 bytes).
+            for (ps, pr) in [(4usize, 6usize), (6, 4), (1, 8), (8, 1), (3, 5), (5, 3)] {
+                for len in [120usize, 2400] {
+                    let rts = local(2, mode);
+                    let (a, b) = (rts[0].world(), rts[1].world());
+                    let mut send = a.psend_init(vec![0u32; len], ps, 1, 5).unwrap();
+                    let mut recv = b.precv_init(vec![0u32; len], pr, 0, 5).unwrap();
+                    let (per_s, per_r) = (len / ps, len / pr);
+                    for round in 0..3u32 {
+                        recv.start().unwrap();
+                        send.start().unwrap();
+                        let parts = send.partitions().unwrap();
+                        for mut p in parts {
+                            let j = p.index();
+                            p.as_mut_slice().iter_mut().enumerate().for_each(|(k, x)| *x = round * 100_000 + (j * per_s + k) as u32);
+                            p.ready().unwrap();
+                            // Sent: send partitions 0..=j, the elements below `sent`.
+                            let sent = (j + 1) * per_s;
+                            for i in 0..pr {
+                                let covered = (i + 1) * per_r <= sent;
+                                if covered {
+                                    let t0 = std::time::Instant::now();
+                                    while !recv.parrived(i) {
+                                        assert!(t0.elapsed().as_secs() < 20, "{mode}: ({ps}, {pr}): partition {i} never arrived");
+                                    }
+                                    let want: Vec<u32> = (i * per_r..(i + 1) * per_r).map(|k| round * 100_000 + k as u32).collect();
+                                    assert_eq!(recv.partition(i).unwrap(), &want[..], "{mode}: ({ps}, {pr}) round {round}, partition {i}");
+                                } else {
+                                    assert!(!recv.parrived(i), "{mode}: ({ps}, {pr}): partition {i} arrived before all of it was sent");
+                                    assert!(recv.partition(i).is_none());
+                                }
+                            }
+                        }
+                        send.wait().unwrap();
+                        recv.wait().unwrap();
+                        let want: Vec<u32> = (0..len).map(|k| round * 100_000 + k as u32).collect();
+                        assert_eq!(recv.buffer().unwrap(), &want[..], "{mode}: ({ps}, {pr}) round {round}");
+                    }
+                }
+            }
+        }
+    });
+}
+
+/// Partitions of other element types fit when the bytes do: a send of bytes into a receive
+/// of `u32`s in fewer partitions, waited for through the futures.
+#[test]
+fn partitioned_send_and_receive_of_other_element_types() {
+    within(60, "partitioned u8 into u32", || {
+        let rts = local(2, ProgressMode::Owner);
+        let (a, b) = (rts[0].world(), rts[1].world());
+        let mut send = a.psend_init(vec![0u8; 64], 8, 1, 2).unwrap();
+        let mut recv = b.precv_init(vec![0u32; 16], 2, 0, 2).unwrap();
+        for round in 0..2u8 {
+            recv.start().unwrap();
+            send.start().unwrap();
+            for mut p in send.partitions().unwrap() {
+                p.as_mut_slice().fill(round + 1);
+                p.ready().unwrap();
+            }
+            std::thread::scope(|s| {
+                s.spawn(|| rts[1].block_on(recv.wait_async()).unwrap());
+                rts[0].block_on(send.wait_async()).unwrap();
+            });
+            assert_eq!(recv.buffer().unwrap(), &[u32::from_ne_bytes([round + 1; 4]); 16][..]);
+        }
+    });
+}
+
+/// Layouts that do not fit — other total bytes, or send partitions that are not whole
+/// elements of the receive — fail the first round on both sides, and every later start,
+/// without a hang (eager and rendezvous partitions).
+#[test]
+fn partitioned_layouts_that_do_not_fit_are_an_error_on_both_sides() {
+    within(60, "partitioned mismatch", || {
+        for mode in MODES {
+            for scale in [1usize, 100] {
+                let rts = local(2, mode);
+                let (a, b) = (rts[0].world(), rts[1].world());
+                let mut send = a.psend_init(vec![7u8; 40 * scale], 4, 1, 3).unwrap();
+                let mut recv = b.precv_init(vec![0u8; 48 * scale], 4, 0, 3).unwrap();
+                // Bytes that fit, in partitions of 3 bytes: not whole u32s.
+                let mut send2 = a.psend_init(vec![7u8; 12], 4, 1, 4).unwrap();
+                let mut recv2 = b.precv_init(vec![0u32; 3], 1, 0, 4).unwrap();
+                recv.start().unwrap();
+                recv2.start().unwrap();
+                send.start().unwrap();
+                send2.start().unwrap();
+                for p in send.partitions().unwrap().into_iter().chain(send2.partitions().unwrap()) {
+                    p.ready().unwrap();
+                }
+                std::thread::scope(|s| {
+                    s.spawn(|| {
+                        assert_eq!(recv.wait(), Err(weft::PARTITIONS_MISMATCH), "{mode}");
+                        assert_eq!(recv2.wait(), Err(weft::PARTITIONS_MISMATCH), "{mode}");
+                    });
+                    assert_eq!(send.wait(), Err(weft::PARTITIONS_MISMATCH), "{mode}");
+                    assert_eq!(send2.wait(), Err(weft::PARTITIONS_MISMATCH), "{mode}");
+                });
+                assert_eq!(send.start(), Err(weft::PARTITIONS_MISMATCH));
+                assert_eq!(recv.start(), Err(weft::PARTITIONS_MISMATCH));
+                assert_eq!(recv.buffer().unwrap(), &vec![0u8; 48 * scale][..], "{mode}: the receive's buffer was written");
+            }
+        }
+    });
+}
+
+/// Owned partitions are `'static`: pool tasks fill and ready them, round after round, into
+/// a receive of another partition count; a handle out is not handed out again, one dropped
+/// unsent is.
+#[test]
+fn owned_partitions_filled_by_pool_tasks() {
+    fn owned<T: Send + 'static>(_: &T) {}
+    within(60, "owned partitions in pool tasks", || {
+        for mode in MODES {
+            let rts = Runtime::builder().env(false).progress(mode).workers(3).build_local(2).unwrap();
+            let (a, b) = (rts[0].world(), rts[1].world());
+            let mut send = a.psend_init(vec![0u64; 8 * 200], 8, 1, 6).unwrap();
+            let mut recv = b.precv_init(vec![0u64; 8 * 200], 5, 0, 6).unwrap();
+            for round in 0..4u64 {
+                recv.start().unwrap();
+                send.start().unwrap();
+                let mut parts = send.owned_partitions().unwrap();
+                owned(&parts[0]);
+                assert_eq!(parts.len(), 8);
+                assert!(send.owned_partitions().unwrap().is_empty(), "{mode}: handles out were handed out again");
+                assert!(send.partitions().unwrap().is_empty(), "{mode}: handles out were handed out again");
+                // One dropped unsent is handed out again.
+                drop(parts.remove(5));
+                let again = send.owned_partitions().unwrap();
+                assert_eq!(again.iter().map(|p| p.index()).collect::<Vec<_>>(), vec![5]);
+                let tasks: Vec<_> = parts
+                    .into_iter()
+                    .chain(again)
+                    .map(|mut p| {
+                        rts[0].spawn(async move {
+                            let i = p.index() as u64;
+                            p.as_mut_slice().fill(round * 10 + i);
+                            p.ready()
+                        })
+                    })
+                    .collect();
+                for t in tasks {
+                    rts[0].block_on(t).unwrap().unwrap();
+                }
+                std::thread::scope(|s| {
+                    s.spawn(|| recv.wait().unwrap());
+                    send.wait().unwrap();
+                });
+                let got = recv.buffer().unwrap();
+                for i in 0..8 {
+                    assert!(
+                        got[i * 200..(i + 1) * 200].iter().all(|&x| x == round * 10 + i as u64),
+                        "{mode}: round {round}, partition {i}"
+                    );
+                }
+            }
+        }
+    });
+}
+
+/// The continuation request's wait as a future: awaited in tokio (a current-thread runtime
+/// and a task of a multi-thread one) and in a task of weft's pool, with inline and pool
+/// callbacks whose messages come later from another thread; it resolves only once every
+/// callback has run, and to the error of one that panicked.
+#[test]
+fn continuation_request_awaited_in_tokio_and_in_weft_tasks() {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Arc;
+    const N: i32 = 16;
+    within(60, "continuation request futures", || {
+        for mode in MODES {
+            for exec in ["tokio current-thread", "tokio task", "weft task", "weft block_on without workers"] {
+                let workers = if exec == "weft block_on without workers" { 0 } else { 2 };
+                let rts = Runtime::builder().env(false).progress(mode).workers(workers).build_local(2).unwrap();
+                let (a, b) = (rts[0].world(), rts[1].world());
+                let cr = Arc::new(rts[1].continuation_request());
+                let ran = Arc::new(AtomicUsize::new(0));
+                for t in 0..N {
+                    let mut r = b.irecv(Vec::<u8>::with_capacity(1), 0u32, t).unwrap();
+                    let ran = ran.clone();
+                    let invoke = if t % 2 == 0 { weft::Invoke::Inline } else { weft::Invoke::Pool };
+                    cr.attach(&mut r, invoke, move |res| {
+                        assert_eq!(res.unwrap().0, vec![t as u8]);
+                        ran.fetch_add(1, Ordering::SeqCst);
+                    })
+                    .unwrap();
+                }
+                std::thread::scope(|s| {
+                    s.spawn(|| {
+                        for t in 0..N {
+                            std::thread::sleep(std::time::Duration::from_millis(1));
+                            a.send(vec![t as u8], 1, t).unwrap();
+                        }
+                    });
+                    let res = match exec {
+                        "tokio current-thread" => tokio::runtime::Builder::new_current_thread().build().unwrap().block_on(cr.wait_async()),
+                        "tokio task" => {
+                            let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).build().unwrap();
+                            let cr = cr.clone();
+                            let task = rt.spawn(async move { cr.wait_async().await });
+                            rt.block_on(task).unwrap()
+                        }
+                        "weft task" => {
+                            let cr = cr.clone();
+                            rts[1].block_on(rts[1].spawn(async move { cr.wait_async().await })).unwrap()
+                        }
+                        _ => rts[1].block_on(cr.wait_async()),
+                    };
+                    res.unwrap();
+                    assert_eq!(ran.load(Ordering::SeqCst), N as usize, "{mode}, {exec}: resolved before every callback ran");
+                    assert_eq!(cr.pending(), 0);
+                });
+                // A callback that panics: the future's error.
+                let mut r = b.irecv(Vec::<u8>::with_capacity(1), 0u32, 99).unwrap();
+                cr.attach(&mut r, weft::Invoke::Inline, |_| panic!("a callback that fails")).unwrap();
+                a.send(vec![1u8], 1, 99).unwrap();
+                let got = tokio::runtime::Builder::new_current_thread().build().unwrap().block_on(cr.wait_async());
+                assert!(matches!(got, Err(Error::InvalidArgument(_))), "{mode}, {exec}: {got:?}");
+            }
+        }
+    });
+}

@@ -347,6 +347,15 @@ impl<T: Send + 'static> SyncObject<T> {
         crate::loom::lock(&self.inner.queue).first_error.take().map_or(Ok(()), Err)
     }
 
+    /// [`wait_all_with`](Self::wait_all_with) as a future: resolves once every attached
+    /// operation has completed, to the first error of a counted attachment since the last
+    /// wait, driving `progress` (its `poll_progress`) while pending, so it makes progress
+    /// inside any executor. Completion events stay queued. Cancel-safe: dropped, it takes
+    /// nothing.
+    pub fn drained_with<'a>(&'a self, progress: &'a dyn Progress) -> Drained<'a, T> {
+        Drained { sync: self, progress, listener: None }
+    }
+
     /// Blocks until a completion event is available and takes it; `None` once nothing is
     /// queued and nothing attached remains (like `MPI_Waitany` returning `MPI_UNDEFINED`).
     pub fn wait_any(&self) -> Option<Completion<T>> {
@@ -450,6 +459,47 @@ impl<T: Send + 'static> Future for Next<'_, T> {
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         Pin::new(&mut self.stream).poll_next(cx)
+    }
+}
+
+/// Future of [`SyncObject::drained_with`].
+#[must_use = "futures do nothing unless polled"]
+pub struct Drained<'a, T> {
+    sync: &'a SyncObject<T>,
+    progress: &'a dyn Progress,
+    listener: Option<SignalListener<'a>>,
+}
+
+impl<T> fmt::Debug for Drained<'_, T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Drained").field("sync", self.sync).finish()
+    }
+}
+
+impl<T> Future for Drained<'_, T> {
+    type Output = Result<(), Error>;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = &mut *self;
+        loop {
+            if this.sync.size() == 0 {
+                this.listener = None;
+                return Poll::Ready(crate::loom::lock(&this.sync.inner.queue).first_error.take().map_or(Ok(()), Err));
+            }
+            if let Step::Progressed = this.progress.poll_progress(cx) {
+                continue;
+            }
+            match this.listener.as_mut() {
+                None => {
+                    // Listen, then loop to re-check: the order that loses no wakeup.
+                    this.listener = Some(this.sync.inner.drained_event.listen());
+                }
+                Some(l) => match Pin::new(l).poll(cx) {
+                    Poll::Ready(()) => this.listener = None,
+                    Poll::Pending => return Poll::Pending,
+                },
+            }
+        }
     }
 }
 

@@ -952,3 +952,36 @@ fn callbacks_run_once_and_exclude_sync_objects() {
     assert_eq!(runs.lock().unwrap().len(), 4, "the refused callback never ran; the accepted one ran once");
     assert_eq!(runs.lock().unwrap()[3].0, ok(5));
 }
+
+/// A hook that counts its calls and never progresses.
+struct CountingIdle(AtomicUsize);
+
+impl Progress for CountingIdle {
+    fn progress(&self) -> Step {
+        self.0.fetch_add(1, Ordering::SeqCst);
+        Step::Idle
+    }
+}
+
+#[test]
+fn drained_with_resolves_once_everything_completed_and_keeps_the_events() {
+    let sync = SyncObject::new();
+    let hook = CountingIdle(AtomicUsize::new(0));
+    let t = complete_later(&sync, 3, Duration::from_millis(5));
+    assert_eq!(block_on(sync.drained_with(&hook)), Ok(()));
+    assert_eq!(sync.size(), 0);
+    assert!(hook.0.load(Ordering::SeqCst) > 0, "the hook was driven");
+    assert_eq!(sync.probe(), 3, "the events stay queued");
+    t.join().unwrap();
+    // A counted attachment's error, reported once.
+    let mut op = Op::new();
+    sync.attach_counted(&mut op).unwrap();
+    let c = op.cell();
+    let t = thread::spawn(move || {
+        thread::sleep(Duration::from_millis(5));
+        c.complete(Err(Error::Cancelled));
+    });
+    assert_eq!(block_on(sync.drained_with(&hook)), Err(Error::Cancelled));
+    assert_eq!(block_on(sync.drained_with(&hook)), Ok(()));
+    t.join().unwrap();
+}

@@ -21,8 +21,13 @@ use crate::loom::sync::atomic::{AtomicUsize, Ordering};
 /// One collective in flight.
 pub(crate) trait Schedule: Send {
     /// Takes every step it can without blocking; `true` once it has finished (and completed
-    /// its request).
+    /// its request, unless [`finish`](Self::finish) does).
     fn advance(&mut self) -> bool;
+
+    /// Called once after [`advance`](Self::advance) returned `true`, with no lock of the
+    /// rank held: a schedule that is started again and again (a persistent collective,
+    /// `crate::persistent_coll`) goes back to its owner here, so that no start allocates.
+    fn finish(self: Box<Self>) {}
 }
 
 /// The rank's schedules in flight.
@@ -55,7 +60,9 @@ impl Schedules {
 impl Engine {
     /// Advances `s` once and, unless it finished, keeps it for the passes to advance.
     pub(crate) fn start_schedule(&self, mut s: Box<dyn Schedule>) {
-        if !s.advance() {
+        if s.advance() {
+            s.finish();
+        } else {
             self.schedules.count.fetch_add(1, Ordering::Relaxed);
             self.schedules.state.lock().list.push(s);
         }
@@ -79,9 +86,15 @@ impl Engine {
         };
         let mut finished = 0;
         for round in 1.. {
-            let before = mine.len();
-            mine.retain_mut(|s| !s.advance());
-            finished += before - mine.len();
+            let mut i = 0;
+            while i < mine.len() {
+                if mine[i].advance() {
+                    mine.remove(i).finish();
+                    finished += 1;
+                } else {
+                    i += 1;
+                }
+            }
             let mut st = self.schedules.state.lock();
             // Those started meanwhile join the next round, or the list.
             mine.append(&mut st.list);

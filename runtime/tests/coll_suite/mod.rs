@@ -595,3 +595,231 @@ fn freeing_a_communicator_fails_its_collectives_in_flight() {
         assert_eq!(d.ibcast(vec![1u8], 0).unwrap_err(), Error::CommFreed);
     });
 }
+
+/// Start `k`'s input of rank `r`: differs by start, rank and position.
+fn input_at(k: usize, r: u32, len: usize) -> Vec<i64> {
+    input(r, len).into_iter().map(|x| x * (k as i64 + 1) - k as i64).collect()
+}
+
+#[test]
+fn persistent_collectives_match_a_sequential_reference_at_every_start() {
+    within(120, "persistent bcast, reduce, allreduce at sizes 1-8, every root", || {
+        const STARTS: usize = 3;
+        for n in SIZES {
+            for len in [1usize, 7, 3000] {
+                let out = on_world(n, |r, c| {
+                    let mut got = Vec::new();
+                    let mut all = c.allreduce_init(vec![0i64; len], Op::Sum).unwrap();
+                    let mut max = c.allreduce_init(vec![0i64; len], Op::Max).unwrap();
+                    for k in 0..STARTS {
+                        all.buffer_mut().unwrap().copy_from_slice(&input_at(k, r, len));
+                        max.buffer_mut().unwrap().copy_from_slice(&input_at(k, r, len));
+                        all.start().unwrap();
+                        max.start().unwrap();
+                        assert_eq!(all.wait().unwrap().bytes, len * 8);
+                        max.wait().unwrap();
+                        got.push(all.buffer().unwrap().clone());
+                        got.push(max.buffer().unwrap().clone());
+                    }
+                    for root in 0..n {
+                        let mut b = c.bcast_init(vec![-1i64; len], root).unwrap();
+                        let mut s = c.reduce_init(vec![0i64; len], Op::Sum, root).unwrap();
+                        for k in 0..STARTS {
+                            if r == root {
+                                b.buffer_mut().unwrap().copy_from_slice(&input_at(k, root, len));
+                            }
+                            s.buffer_mut().unwrap().copy_from_slice(&input_at(k, r, len));
+                            b.start().unwrap();
+                            s.start().unwrap();
+                            b.wait().unwrap();
+                            s.wait().unwrap();
+                            got.push(b.buffer().unwrap().clone());
+                            got.push(s.buffer().unwrap().clone());
+                        }
+                    }
+                    got
+                });
+                for (r, got) in out.iter().enumerate() {
+                    let mut want = Vec::new();
+                    let fold = |k: usize, f: fn(i64, i64) -> i64| -> Vec<i64> {
+                        let all: Vec<Vec<i64>> = (0..n).map(|q| input_at(k, q, len)).collect();
+                        (0..len).map(|i| all.iter().map(|v| v[i]).reduce(f).unwrap()).collect()
+                    };
+                    for k in 0..STARTS {
+                        want.push(fold(k, i64::wrapping_add));
+                        want.push(fold(k, i64::max));
+                    }
+                    for root in 0..n {
+                        for k in 0..STARTS {
+                            want.push(input_at(k, root, len));
+                            // The root gets the sum; the others keep their input.
+                            want.push(if r as u32 == root { fold(k, i64::wrapping_add) } else { input_at(k, r as u32, len) });
+                        }
+                    }
+                    assert_eq!(got.len(), want.len());
+                    for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+                        assert_eq!(g, w, "size {n}, {len} elements, rank {r}, result {i}");
+                    }
+                }
+            }
+        }
+    });
+}
+
+#[test]
+fn nobody_leaves_a_persistent_barrier_before_everyone_entered() {
+    within(60, "persistent barrier at sizes 1-8", || {
+        for n in SIZES {
+            let entered = AtomicU32::new(0);
+            on_world(n, |r, c| {
+                let mut b = c.barrier_init().unwrap();
+                for round in 1..=5 {
+                    if r == n - 1 {
+                        std::thread::sleep(std::time::Duration::from_millis(5));
+                    }
+                    entered.fetch_add(1, Ordering::SeqCst);
+                    b.start().unwrap();
+                    b.wait().unwrap();
+                    assert!(entered.load(Ordering::SeqCst) >= round * n, "size {n}: left round {round} early");
+                    b.start().unwrap();
+                    b.wait().unwrap();
+                }
+            });
+        }
+    });
+}
+
+/// `start_all` starts persistent collectives and point-to-point requests together, and
+/// `wait_all` finishes them; a collective's messages never match the user's receives.
+#[test]
+fn start_all_mixes_persistent_collectives_and_point_to_point_requests() {
+    within(60, "start_all over allreduce_init, send_init and recv_init", || {
+        for n in [2u32, 3, 5] {
+            let out = on_world(n, |r, c| {
+                let (right, left) = ((r + 1) % n, (r + n - 1) % n);
+                let mut reqs = vec![
+                    c.recv_init(Vec::<u64>::with_capacity(2), Source::Any, Tag::Any).unwrap(),
+                    c.allreduce_init(vec![0u64; 2], Op::Sum).unwrap(),
+                    c.send_init(vec![0u64; 2], right, 4).unwrap(),
+                ];
+                let mut got = Vec::new();
+                for k in 0..4u64 {
+                    reqs[1].buffer_mut().unwrap().fill(u64::from(r) + k);
+                    reqs[2].buffer_mut().unwrap().fill(100 * k + u64::from(r));
+                    weft::Persistent::start_all(&mut reqs).unwrap();
+                    weft::Persistent::wait_all(&mut reqs).unwrap();
+                    assert_eq!(reqs[0].outcome().unwrap().unwrap().source, left);
+                    got.push((reqs[0].buffer().unwrap().clone(), reqs[1].buffer().unwrap().clone()));
+                }
+                got
+            });
+            for (r, got) in out.iter().enumerate() {
+                let left = (r as u64 + u64::from(n) - 1) % u64::from(n);
+                for (k, (p2p, sum)) in got.iter().enumerate() {
+                    let k = k as u64;
+                    assert_eq!(p2p, &vec![100 * k + left; 2], "size {n}, rank {r}, start {k}");
+                    assert_eq!(sum, &vec![(0..u64::from(n)).map(|q| q + k).sum::<u64>(); 2], "size {n}, rank {r}, start {k}");
+                }
+            }
+        }
+    });
+}
+
+#[test]
+fn persistent_collectives_refuse_bad_input() {
+    within(60, "bad persistent collective input", || {
+        // Lengths that differ between ranks: an error at init on every rank.
+        let out = on_world(3, |r, c| c.allreduce_init(vec![0u32; 2 + (r == 1) as usize], Op::Sum).map(drop));
+        assert!(out.iter().all(|e| matches!(e, Err(Error::InvalidArgument(_)))), "{out:?}");
+        let out = on_world(2, |r, c| c.bcast_init(vec![0u8; 4], r).map(drop));
+        assert!(out.iter().all(|e| matches!(e, Err(Error::InvalidArgument(_)))), "{out:?}");
+        let out = on_world(2, |r, c| c.reduce_init(vec![0u8; 4], if r == 0 { Op::Sum } else { Op::Max }, 0).map(drop));
+        assert!(out.iter().all(|e| matches!(e, Err(Error::InvalidArgument(_)))), "{out:?}");
+        // Refused on the calling rank alone, before anything is sent.
+        let rts = super::builder().build_local(2).unwrap();
+        let c = rts[0].world();
+        assert_eq!(c.bcast_init(vec![0u8], 2).unwrap_err(), Error::RankOutOfRange { rank: 2, size: 2 });
+        assert!(matches!(c.allreduce_init(vec![1.0f32], Op::BXor), Err(Error::InvalidArgument(_))));
+        // A start while active, a wait while inactive, a buffer resized since init.
+        on_world(2, |_, c| {
+            let mut a = c.allreduce_init(vec![1u8; 3], Op::Max).unwrap();
+            assert!(matches!(a.wait(), Err(Error::InvalidArgument(_))));
+            a.start().unwrap();
+            assert!(matches!(a.start(), Err(Error::InvalidArgument(_))));
+            a.wait().unwrap();
+            a.buffer_mut().unwrap().push(4);
+            assert!(matches!(a.start(), Err(Error::InvalidArgument(_))));
+            a.buffer_mut().unwrap().pop();
+            a.start().unwrap();
+            a.wait().unwrap();
+            assert_eq!(a.buffer().unwrap(), &vec![1u8; 3]);
+        });
+    });
+}
+
+/// A persistent collective dropped while active still takes its steps, so the other ranks'
+/// starts complete, as a dropped nonblocking collective's do.
+#[test]
+fn a_persistent_collective_dropped_while_active_still_finishes() {
+    within(60, "dropped active allreduce_init", || {
+        let out = on_world(3, |r, c| {
+            let mut a = c.allreduce_init(vec![u64::from(r) + 1; 4], Op::Sum).unwrap();
+            a.start().unwrap();
+            if r == 1 {
+                drop(a);
+                None
+            } else {
+                a.wait().unwrap();
+                a.into_buffer()
+            }
+        });
+        assert_eq!(out, [Some(vec![6; 4]), None, Some(vec![6; 4])]);
+    });
+}
+
+/// A rank lost during a persistent collective fails its start on every survivor (those that
+/// waited for the lost rank, and, through the failure notices, those that waited for a
+/// survivor that failed): none hangs.
+#[test]
+fn a_rank_lost_during_a_persistent_collective_fails_it_on_every_survivor() {
+    within(60, "a rank that leaves during persistent allreduce and barrier", || {
+        for n in [3u32, 4, 5] {
+            let mut rts = super::builder().build_local(n).unwrap();
+            let last = rts.pop().unwrap();
+            let ready = std::sync::Barrier::new(n as usize);
+            let out = std::thread::scope(|s| {
+                let ready = &ready;
+                let hs: Vec<_> = rts
+                    .iter()
+                    .map(|rt| {
+                        s.spawn(move || {
+                            let c = rt.world();
+                            let mut sum = c.allreduce_init(vec![1u32], Op::Sum).unwrap();
+                            let mut bar = c.barrier_init().unwrap();
+                            ready.wait();
+                            sum.start().unwrap();
+                            let small = sum.wait().map(drop);
+                            bar.start().unwrap();
+                            (small, bar.wait().map(drop))
+                        })
+                    })
+                    .collect();
+                // The last rank makes its inits (collectives), then leaves while the others
+                // are in their starts.
+                {
+                    let c = last.world();
+                    let inits = (c.allreduce_init(vec![1u32], Op::Sum).unwrap(), c.barrier_init().unwrap());
+                    ready.wait();
+                    std::thread::sleep(std::time::Duration::from_millis(20));
+                    drop(inits);
+                }
+                drop(last);
+                hs.into_iter().map(|h| h.join().unwrap()).collect::<Vec<_>>()
+            });
+            let lost = Err(Error::PeerLost { rank: n - 1 });
+            for (r, (small, bar)) in out.into_iter().enumerate() {
+                assert_eq!((&small, &bar), (&lost, &lost), "size {n}, rank {r}");
+            }
+        }
+    });
+}
