@@ -34,11 +34,12 @@
 
 use std::ops::Range;
 
+use bytes::Bytes;
 use weft_sync::Error;
 
 use crate::buffer::Primitive;
 use crate::comm::Communicator;
-use crate::nbc::{Out, Sched, MISMATCH};
+use crate::nbc::{Out, Sched, Steps, MISMATCH};
 use crate::request::Request;
 
 /// `bcast` messages of at least this many bytes go by scatter and allgather (MPICH's
@@ -129,6 +130,30 @@ fn op_for<T: Reducible>(
     Ok(move |a: &[T], b: &[T]| zip_with(a, b, |x, y| T::apply(op, x, y).expect("op checked for the type")))
 }
 
+/// `acc[i] = op(other[i], acc[i])`, in place (`op` checked for the type).
+fn reduce_into<T: Reducible>(op: Op, other: &[T], acc: &mut [T]) {
+    for (a, &o) in acc.iter_mut().zip(other) {
+        *a = T::apply(op, o, *a).expect("op checked for the type");
+    }
+}
+
+/// A copy of `data` that many sends may share.
+fn shared_copy<T: Primitive>(data: &[T]) -> Bytes {
+    // SAFETY: `T: Primitive` has no padding, so its bytes are initialized.
+    Bytes::copy_from_slice(unsafe { std::slice::from_raw_parts(data.as_ptr().cast::<u8>(), std::mem::size_of_val(data)) })
+}
+
+/// A collective's steps working in place in a buffer (`start_in`, `run_in_place`).
+pub(crate) trait InPlace<T>: for<'a> FnOnce(&'a Sched<'a>, &'a mut [T]) -> Steps<'a> + Send + 'static {}
+
+impl<T, F: for<'a> FnOnce(&'a Sched<'a>, &'a mut [T]) -> Steps<'a> + Send + 'static> InPlace<T> for F {}
+
+/// `f` as the steps of a collective in place (a closure passed here gets the signature,
+/// for every lifetime, that [`InPlace`] asks for).
+fn in_place<T, F: for<'a> FnOnce(&'a Sched<'a>, &'a mut [T]) -> Steps<'a> + Send + 'static>(f: F) -> F {
+    f
+}
+
 /// Block `i` of `n` nearly equal blocks of `len` elements (the last ones may be shorter or
 /// empty).
 fn block(len: usize, n: u32, i: u32) -> Range<usize> {
@@ -177,26 +202,30 @@ impl Sched<'_> {
     }
 
     /// Binomial-tree broadcast of `data` from `root`.
-    async fn bcast_binomial<T: Primitive>(&self, data: &mut Vec<T>, root: u32) -> Result<(), Error> {
+    async fn bcast_binomial<T: Primitive>(&self, data: &mut [T], root: u32) -> Result<(), Error> {
         let n = self.comm.size();
         let vr = (self.comm.rank() + n - root) % n;
         let mut mask = 1u32;
         while mask < n {
             if vr & mask != 0 {
-                *data = self.recv(self.at(vr - mask, root), data.len()).await?;
+                let got = self.recv::<T>(self.at(vr - mask, root), data.len()).await?;
+                data.copy_from_slice(&got);
                 break;
             }
             mask <<= 1;
         }
-        let mut to = Vec::new();
         mask >>= 1;
-        while mask > 0 {
-            if vr + mask < n {
-                to.push((self.at(vr + mask, root), data.clone()));
-            }
-            mask >>= 1;
+        let children: Vec<u32> = std::iter::successors(Some(mask), |m| Some(m >> 1))
+            .take_while(|&m| m > 0)
+            .filter(|&m| vr + m < n)
+            .map(|m| self.at(vr + m, root))
+            .collect();
+        if children.is_empty() {
+            return Ok(());
         }
-        self.exchange::<T>(None, to).await.map(drop)
+        // One copy of the data, shared by the sends to every child.
+        let shared = shared_copy(data);
+        self.exchange::<T>(None, children.into_iter().map(|w| (w, shared.clone())).collect()).await.map(drop)
     }
 
     /// Broadcast by scatter and allgather: the root's `n` blocks go down a binomial tree
@@ -245,10 +274,11 @@ impl Sched<'_> {
         Ok(())
     }
 
-    /// Ring allreduce of `data` with the commutative `f`: a reduce-scatter (in `n - 1` steps
-    /// each rank adds its part of the block passing by; rank `v` ends with block `v + 1`
-    /// reduced over every rank), then a ring allgather of the reduced blocks.
-    async fn allreduce_ring<T: Primitive>(&self, data: &mut [T], f: impl Fn(&[T], &[T]) -> Vec<T>) -> Result<(), Error> {
+    /// Ring allreduce of `data` with the predefined (commutative) `op`: a reduce-scatter (in
+    /// `n - 1` steps each rank adds its part of the block passing by, in place; rank `v` ends
+    /// with block `v + 1` reduced over every rank), then a ring allgather of the reduced
+    /// blocks.
+    async fn allreduce_ring<T: Reducible>(&self, data: &mut [T], op: Op) -> Result<(), Error> {
         let (n, me, len) = (self.comm.size(), self.comm.rank(), data.len());
         let blocks: Vec<_> = (0..n).map(|i| block(len, n, i)).collect();
         let (left, right) = (self.at(me + n - 1, 0), self.at(me + 1, 0));
@@ -256,8 +286,7 @@ impl Sched<'_> {
             let out = blocks[((me + n - step) % n) as usize].clone();
             let inc = blocks[((me + 2 * n - step - 1) % n) as usize].clone();
             let got = self.sendrecv(right, data[out].to_vec(), left, inc.len()).await?;
-            let sum = f(&got, &data[inc.clone()]);
-            data[inc].copy_from_slice(&sum);
+            reduce_into(op, &got, &mut data[inc]);
         }
         self.ring_allgather(data, &blocks, 0, 1).await
     }
@@ -315,11 +344,18 @@ impl Sched<'_> {
         Ok(buf)
     }
 
+    /// [`reduce_over`](Self::reduce_over) of `data`, in place.
+    async fn reduce_over_in<T: Primitive>(&self, members: &[u32], data: &mut [T], f: impl Fn(&[T], &[T]) -> Vec<T>) -> Result<(), Error> {
+        let v = self.reduce_over(members, data.to_vec(), f).await?;
+        data.copy_from_slice(&v);
+        Ok(())
+    }
+
     /// Binomial-tree reduction of `data` into `data` of `root` (others' is left as it was).
-    async fn reduce<T: Primitive>(&self, data: &mut Vec<T>, root: u32, f: impl Fn(&[T], &[T]) -> Vec<T>) -> Result<(), Error> {
+    async fn reduce<T: Primitive>(&self, data: &mut [T], root: u32, f: impl Fn(&[T], &[T]) -> Vec<T>) -> Result<(), Error> {
         let (n, len) = (self.comm.size(), data.len());
         let vr = (self.comm.rank() + n - root) % n;
-        let mut buf = data.clone();
+        let mut buf = data.to_vec();
         let mut mask = 1u32;
         while mask < n {
             if vr & mask != 0 {
@@ -331,7 +367,7 @@ impl Sched<'_> {
             }
             mask <<= 1;
         }
-        *data = buf;
+        data.copy_from_slice(&buf);
         Ok(())
     }
 
@@ -347,7 +383,7 @@ impl Sched<'_> {
         }
         let others: Vec<u32> = (0..n).filter(|&r| r != me).collect();
         let from: Vec<_> = others.iter().map(|&r| (self.comm.world_of(r), blocks[r as usize].len())).collect();
-        let got = self.exchange_many::<T>(&from, Vec::new()).await?;
+        let got = self.exchange_many::<T>(&from, Vec::<(u32, Vec<T>)>::new()).await?;
         for (r, v) in others.into_iter().zip(got) {
             recv[blocks[r as usize].clone()].copy_from_slice(&v);
         }
@@ -368,7 +404,7 @@ impl Sched<'_> {
             return Err(MISMATCH);
         }
         let to = (0..n).filter(|&r| r != me).map(|r| (self.comm.world_of(r), send[blocks[r as usize].clone()].to_vec())).collect();
-        self.exchange(None, to).await?;
+        self.exchange::<T>(None, to).await?;
         recv.copy_from_slice(&send[blocks[me as usize].clone()]);
         Ok(())
     }
@@ -434,18 +470,14 @@ macro_rules! steps {
         move |$s: &Sched<'_>| -> crate::nbc::Steps<'_> { Box::pin(async move { $body }) }
     };
     (|$s:ident, $w:ident| $body:expr) => {
-        move |$s: &Sched<'_>, $w: &mut Vec<_>| -> crate::nbc::Steps<'_> { Box::pin(async move { $body }) }
+        in_place(move |$s: &Sched<'_>, $w: &mut [_]| -> crate::nbc::Steps<'_> { Box::pin(async move { $body }) })
     };
 }
 
 impl Communicator {
-    /// Starts a collective whose result is `buf` as `steps` leave it: they get the schedule
-    /// and a copy of `buf` to work in, which is copied into `buf` when they end.
-    fn start_in<T: Primitive>(
-        &self,
-        buf: Vec<T>,
-        steps: impl for<'a> FnOnce(&'a Sched<'a>, &'a mut Vec<T>) -> crate::nbc::Steps<'a> + Send + 'static,
-    ) -> Result<Request<'_, Vec<T>>, Error> {
+    /// Starts a collective whose result is `buf` as `steps` leave it: they work in `buf`
+    /// itself, in place (`nbc::Out`).
+    fn start_in<T: Primitive>(&self, buf: Vec<T>, steps: impl InPlace<T>) -> Result<Request<'_, Vec<T>>, Error> {
         self.start_in_tagged(None, buf, steps)
     }
 
@@ -455,19 +487,17 @@ impl Communicator {
         &self,
         fixed: Option<i32>,
         mut buf: Vec<T>,
-        steps: impl for<'a> FnOnce(&'a Sched<'a>, &'a mut Vec<T>) -> crate::nbc::Steps<'a> + Send + 'static,
+        steps: impl InPlace<T>,
     ) -> Result<Request<'_, Vec<T>>, Error> {
         let bytes = std::mem::size_of_val(buf.as_slice());
-        let (out, mut work) = (Out::of(&mut buf), buf.clone());
+        let out = Out::of(&mut buf);
         self.start_collective(
             buf,
             bytes,
             fixed,
-            steps!(|s| {
-                steps(s, &mut work).await?;
-                out.write(&work);
-                Ok(())
-            }),
+            // SAFETY: the only call for this schedule; the request keeps `buf` until its
+            // steps are over.
+            steps!(|s| steps(s, unsafe { out.slice() }).await),
         )
     }
 
@@ -515,29 +545,37 @@ impl Communicator {
     /// gives `data` back, holding the root's elements. Every rank passes the same length and
     /// root.
     pub fn ibcast<T: Primitive>(&self, data: Vec<T>, root: u32) -> Result<Request<'_, Vec<T>>, Error> {
+        let steps = self.bcast_steps(&data, root)?;
+        self.start_in(data, steps)
+    }
+
+    /// The steps of a broadcast of `data` from `root` (checked).
+    fn bcast_steps<T: Primitive>(&self, data: &[T], root: u32) -> Result<impl InPlace<T>, Error> {
         self.check_root(root)?;
-        let long = std::mem::size_of_val(data.as_slice()) >= BCAST_LONG_BYTES && self.size() >= BCAST_LONG_RANKS;
-        self.start_in(
-            data,
-            steps!(|s, work| if long { s.bcast_scatter_allgather(work, root).await } else { s.bcast_binomial(work, root).await }),
-        )
+        let long = std::mem::size_of_val(data) >= BCAST_LONG_BYTES && self.size() >= BCAST_LONG_RANKS;
+        Ok(steps!(|s, work| if long { s.bcast_scatter_allgather(work, root).await } else { s.bcast_binomial(work, root).await }))
     }
 
     /// Copies `data` of rank `root` into `data` of every rank (`MPI_Bcast`). Every rank
     /// passes the same length and root.
     pub fn bcast<T: Primitive>(&self, data: &mut [T], root: u32) -> Result<(), Error> {
-        let (v, _) = self.ibcast(data.to_vec(), root)?.wait()?;
-        data.copy_from_slice(&v);
-        Ok(())
+        let steps = self.bcast_steps(data, root)?;
+        self.run_in_place(data, None, steps)
     }
 
     /// Starts reducing `data` elementwise over every rank with `op` into `data` of rank
     /// `root` (`MPI_Ireduce`); the other ranks get theirs back as it was. Every rank passes
     /// the same length, op and root.
     pub fn ireduce<T: Reducible>(&self, data: Vec<T>, op: Op, root: u32) -> Result<Request<'_, Vec<T>>, Error> {
+        let steps = self.reduce_steps(&data, op, root)?;
+        self.start_in(data, steps)
+    }
+
+    /// The steps of a reduction of `data` with `op` into `root` (checked).
+    fn reduce_steps<T: Reducible>(&self, data: &[T], op: Op, root: u32) -> Result<impl InPlace<T>, Error> {
         self.check_root(root)?;
         let f = op_for(op, data.first(), "reduce: a bitwise op on floating-point elements")?;
-        self.start_in(data, steps!(|s, work| s.reduce(work, root, f).await))
+        Ok(steps!(|s, work| s.reduce(work, root, f).await))
     }
 
     /// Reduces `send` elementwise over every rank with `op` into `recv` of rank `root`
@@ -548,24 +586,32 @@ impl Communicator {
         if self.rank() == root && recv.len() != send.len() {
             return Err(Error::InvalidArgument("reduce: the root's receive buffer differs in length from the send buffer"));
         }
-        let (v, _) = self.ireduce(send.to_vec(), op, root)?.wait()?;
+        let steps = self.reduce_steps(send, op, root)?;
         if self.rank() == root {
-            recv.copy_from_slice(&v);
+            recv.copy_from_slice(send);
+            self.run_in_place(recv, None, steps)
+        } else {
+            // Left as it was: the steps work in a copy.
+            self.run_in_place(&mut send.to_vec(), None, steps)
         }
-        Ok(())
     }
 
     /// Starts reducing `data` elementwise over every rank with `op` into `data` of every rank
     /// (`MPI_Iallreduce`). Every rank passes the same length and op; a bitwise op on floats
     /// is an error.
     pub fn iallreduce<T: Reducible>(&self, data: Vec<T>, op: Op) -> Result<Request<'_, Vec<T>>, Error> {
+        let steps = self.allreduce_steps(&data, op)?;
+        self.start_in(data, steps)
+    }
+
+    /// The steps of an allreduce of `data` with `op`, by its size: recursive doubling or
+    /// the ring.
+    fn allreduce_steps<T: Reducible>(&self, data: &[T], op: Op) -> Result<impl InPlace<T>, Error> {
         let f = op_for(op, data.first(), "allreduce: a bitwise op on floating-point elements")?;
         let n = self.size();
-        let ring = std::mem::size_of_val(data.as_slice()) >= ALLREDUCE_LONG_BYTES && data.len() >= n as usize && n > 1;
-        if !ring {
-            return self.ireduce_over(None, self.group().world_ranks().clone(), data, f);
-        }
-        self.start_in(data, steps!(|s, work| s.allreduce_ring(work, f).await))
+        let ring = std::mem::size_of_val(data) >= ALLREDUCE_LONG_BYTES && data.len() >= n as usize && n > 1;
+        let members = self.group().world_ranks().clone();
+        Ok(steps!(|s, work| if ring { s.allreduce_ring(work, op).await } else { s.reduce_over_in(&members, work, f).await }))
     }
 
     /// Reduces `send` elementwise over every rank with `op` into `recv` of every rank
@@ -575,9 +621,9 @@ impl Communicator {
         if send.len() != recv.len() {
             return Err(Error::InvalidArgument("allreduce: send and receive buffers of different lengths"));
         }
-        let (v, _) = self.iallreduce(send.to_vec(), op)?.wait()?;
-        recv.copy_from_slice(&v);
-        Ok(())
+        let steps = self.allreduce_steps(send, op)?;
+        recv.copy_from_slice(send);
+        self.run_in_place(recv, None, steps)
     }
 
     /// [`iallreduce`](Self::iallreduce) with a user reduction `f(a, b)`, which must be
@@ -588,7 +634,13 @@ impl Communicator {
         data: Vec<T>,
         f: impl Fn(T, T) -> T + Send + Sync + 'static,
     ) -> Result<Request<'_, Vec<T>>, Error> {
-        self.ireduce_over(None, self.group().world_ranks().clone(), data, move |a, b| zip_with(a, b, &f))
+        self.start_in(data, self.allreduce_with_steps(f))
+    }
+
+    /// The steps of an allreduce with the user reduction `f` (recursive doubling).
+    fn allreduce_with_steps<T: Primitive>(&self, f: impl Fn(T, T) -> T + Send + Sync + 'static) -> impl InPlace<T> {
+        let members = self.group().world_ranks().clone();
+        steps!(|s, work| s.reduce_over_in(&members, work, move |a, b| zip_with(a, b, &f)).await)
     }
 
     /// [`allreduce`](Self::allreduce) with a user reduction `f(a, b)`, which must be
@@ -604,7 +656,8 @@ impl Communicator {
         if send.len() != recv.len() {
             return Err(Error::InvalidArgument("allreduce: send and receive buffers of different lengths"));
         }
-        finish_into(self.iallreduce_with(send.to_vec(), f)?, recv, true)
+        recv.copy_from_slice(send);
+        self.run_in_place(recv, None, self.allreduce_with_steps(f))
     }
 
     /// Reduces `value` over the world ranks `members` (this rank among them) on the
@@ -627,14 +680,7 @@ impl Communicator {
         value: Vec<T>,
         f: impl Fn(&[T], &[T]) -> Vec<T> + Send + Sync + 'static,
     ) -> Result<Request<'_, Vec<T>>, Error> {
-        self.start_in_tagged(
-            fixed,
-            value,
-            steps!(|s, work| {
-                *work = s.reduce_over(&members, std::mem::take(work), f).await?;
-                Ok(())
-            }),
-        )
+        self.start_in_tagged(fixed, value, steps!(|s, work| s.reduce_over_in(&members, work, f).await))
     }
 
     /// Starts gathering `send` of every rank into `recv` of rank `root`, rank `r`'s at
@@ -763,7 +809,12 @@ impl Communicator {
     /// `r * send.len()` (`MPI_Allgather`; a ring of `size - 1` steps). `recv` holds
     /// `size * send.len()` elements.
     pub fn allgather<T: Primitive>(&self, send: &[T], recv: &mut [T]) -> Result<(), Error> {
-        finish_into(self.iallgather(send, recv.to_vec())?, recv, true)
+        if recv.len() != self.size() as usize * send.len() {
+            return Err(Error::InvalidArgument("allgather: the receive buffer is not size x the send buffer"));
+        }
+        let blocks = even(send.len(), self.size());
+        recv[blocks[self.rank() as usize].clone()].copy_from_slice(send);
+        self.run_in_place(recv, None, steps!(|s, work| s.ring_allgather(work, &blocks, 0, 0).await))
     }
 
     /// Starts gathering `send` of every rank `r` into `recv[displs[r]..][..counts[r]]` of every
@@ -873,18 +924,8 @@ impl Communicator {
 
     /// [`iscan`](Self::iscan) (`inclusive`) or [`iexscan`](Self::iexscan).
     fn prefix<T: Reducible>(&self, data: Vec<T>, op: Op, inclusive: bool) -> Result<Request<'_, Vec<T>>, Error> {
-        let f = op_for(op, data.first(), "scan: a bitwise op on floating-point elements")?;
-        self.start_in(
-            data,
-            steps!(|s, work| {
-                match s.prefix(work, f).await? {
-                    Some(below) if inclusive => *work = f(&below, work),
-                    Some(below) => *work = below,
-                    None => {}
-                }
-                Ok(())
-            }),
-        )
+        let steps = prefix_steps(&data, op, inclusive)?;
+        self.start_in(data, steps)
     }
 
     /// Inclusive prefix reduction (`MPI_Scan`): `recv` of rank `r` is `send` of ranks
@@ -894,7 +935,9 @@ impl Communicator {
         if send.len() != recv.len() {
             return Err(Error::InvalidArgument("scan: send and receive buffers of different lengths"));
         }
-        finish_into(self.iscan(send.to_vec(), op)?, recv, true)
+        let steps = prefix_steps(send, op, true)?;
+        recv.copy_from_slice(send);
+        self.run_in_place(recv, None, steps)
     }
 
     /// Exclusive prefix reduction (`MPI_Exscan`): `recv` of rank `r > 0` is `send` of ranks
@@ -910,6 +953,23 @@ impl Communicator {
         }
         Ok(())
     }
+}
+
+/// The steps of a prefix reduction of `data` with `op`, `inclusive` (`scan`) or not
+/// (`exscan`).
+fn prefix_steps<T: Reducible>(data: &[T], op: Op, inclusive: bool) -> Result<impl InPlace<T>, Error> {
+    let f = op_for(op, data.first(), "scan: a bitwise op on floating-point elements")?;
+    Ok(steps!(|s, work| {
+        match s.prefix(work, f).await? {
+            Some(below) if inclusive => {
+                let v = f(&below, work);
+                work.copy_from_slice(&v);
+            }
+            Some(below) => work.copy_from_slice(&below),
+            None => {}
+        }
+        Ok(())
+    }))
 }
 
 /// Waits for a blocking collective's request and, if `copy`, copies its buffer into `into`.

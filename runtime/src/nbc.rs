@@ -29,7 +29,7 @@ use std::task::{Context, Poll, Wake, Waker};
 
 use weft_sync::{Error, Status};
 
-use crate::buffer::Primitive;
+use crate::buffer::{Primitive, SendBuf};
 use crate::comm::Communicator;
 use crate::engine::Schedule;
 use crate::matching::{Source, Tag};
@@ -69,9 +69,10 @@ pub(crate) struct Sched<'c> {
     notice: Option<Request<'c, Vec<u32>>>,
 }
 
-/// Where a nonblocking collective writes its result: the request's buffer, which the request
-/// (or the runtime's share of it, if the request is dropped) keeps alive until the schedule
-/// completes it.
+/// The buffer a collective works in, in place: the request's buffer (which the request, or
+/// the runtime's share of it if the request is dropped, keeps alive until the schedule
+/// completes it), or the caller's slice of a blocking collective (borrowed until its request
+/// completed, [`Communicator::run_in_place`]).
 pub(crate) struct Out<T> {
     ptr: *mut T,
     len: usize,
@@ -82,17 +83,38 @@ pub(crate) struct Out<T> {
 unsafe impl<T: Send> Send for Out<T> {}
 
 impl<T: Primitive> Out<T> {
-    pub(crate) fn of(v: &mut Vec<T>) -> Self {
+    pub(crate) fn of(v: &mut [T]) -> Self {
         Out { ptr: v.as_mut_ptr(), len: v.len() }
     }
 
-    /// Copies `from` (as long as the buffer) into the buffer.
-    pub(crate) fn write(&self, from: &[T]) {
-        assert_eq!(from.len(), self.len, "a collective's result fills its buffer");
-        // SAFETY: `ptr` addresses `len` elements of the request's buffer, alive until the
-        // request's cell completes, which happens only after this returns; nothing else
-        // reads or writes them meanwhile (the owner reads after completion).
-        unsafe { std::ptr::copy_nonoverlapping(from.as_ptr(), self.ptr, self.len) };
+    /// The buffer, for the schedule's steps to work in.
+    ///
+    /// # Safety
+    /// Called once per schedule, by its steps, which drop the slice before the request's
+    /// cell completes; the transport never holds a pointer into it (the steps send copies
+    /// and receive into buffers of their own), so nothing touches it after completion.
+    #[allow(clippy::mut_from_ref)]
+    pub(crate) unsafe fn slice(&self) -> &mut [T] {
+        // SAFETY: `ptr` addresses `len` elements alive until the request's cell completes,
+        // which happens only after the steps (and this borrow) are over; nothing else reads
+        // or writes them meanwhile (the owner reads after completion).
+        unsafe { std::slice::from_raw_parts_mut(self.ptr, self.len) }
+    }
+}
+
+/// Waits out a blocking collective's schedule if the caller unwinds before its request
+/// completed (a panic in a continuation or a sync object's delivery run by the wait): the
+/// schedule works in the caller's slice, which must outlive it.
+struct Outlive<'c> {
+    comm: &'c Communicator,
+    op: Arc<Operation>,
+}
+
+impl Drop for Outlive<'_> {
+    fn drop(&mut self) {
+        while !self.op.cell.is_complete() {
+            let _ = self.comm.engine().progress_once();
+        }
     }
 }
 
@@ -164,7 +186,11 @@ impl<'c> Sched<'c> {
     /// collective context, posting every receive before the sends of `to` (world ranks and
     /// their data) go out, so that large messages (by rendezvous) never wait on each other.
     /// A message of another length than expected is [`MISMATCH`].
-    pub(crate) async fn exchange_many<T: Primitive>(&self, from: &[(u32, usize)], to: Vec<(u32, Vec<T>)>) -> Result<Vec<Vec<T>>, Error> {
+    pub(crate) async fn exchange_many<T: Primitive>(
+        &self,
+        from: &[(u32, usize)],
+        to: Vec<(u32, impl SendBuf)>,
+    ) -> Result<Vec<Vec<T>>, Error> {
         let (c, tag) = (self.comm, self.tag);
         let coll = c.coll_state();
         let mut rx = from
@@ -187,14 +213,18 @@ impl<'c> Sched<'c> {
     }
 
     /// [`exchange_many`](Self::exchange_many) with at most one receive.
-    pub(crate) async fn exchange<T: Primitive>(&self, from: Option<(u32, usize)>, to: Vec<(u32, Vec<T>)>) -> Result<Option<Vec<T>>, Error> {
+    pub(crate) async fn exchange<T: Primitive>(
+        &self,
+        from: Option<(u32, usize)>,
+        to: Vec<(u32, impl SendBuf)>,
+    ) -> Result<Option<Vec<T>>, Error> {
         let from: Vec<(u32, usize)> = from.into_iter().collect();
         Ok(self.exchange_many(&from, to).await?.pop())
     }
 
     /// Receives `len` elements from world rank `w`.
     pub(crate) async fn recv<T: Primitive>(&self, w: u32, len: usize) -> Result<Vec<T>, Error> {
-        Ok(self.exchange(Some((w, len)), Vec::new()).await?.expect("a receive was posted"))
+        Ok(self.exchange(Some((w, len)), Vec::<(u32, Vec<T>)>::new()).await?.expect("a receive was posted"))
     }
 
     /// Sends `v` to world rank `w` (and waits for the send).
@@ -289,6 +319,17 @@ impl Communicator {
         fixed: Option<i32>,
         steps: impl for<'a> FnOnce(&'a Sched<'a>) -> Steps<'a> + Send + 'static,
     ) -> Result<Request<'_, B>, Error> {
+        self.start_schedule_of(buf, bytes, fixed, steps).map(|(req, _)| req)
+    }
+
+    /// [`start_collective`](Self::start_collective), also giving the request's operation.
+    fn start_schedule_of<B: Send + 'static>(
+        &self,
+        buf: B,
+        bytes: usize,
+        fixed: Option<i32>,
+        steps: impl for<'a> FnOnce(&'a Sched<'a>) -> Steps<'a> + Send + 'static,
+    ) -> Result<(Request<'_, B>, Arc<Operation>), Error> {
         if self.is_freed() {
             return Err(Error::CommFreed);
         }
@@ -305,7 +346,30 @@ impl Communicator {
         let op = new_operation(|i| i.context = self.coll_state().context);
         let status = Status { source: self.world_of(self.rank()), tag: 0, bytes };
         let req = Request::collective(self, op.clone(), buf);
-        self.engine().start_schedule(Box::new(Nbc { steps: Some(all), op, status }));
-        Ok(req)
+        self.engine().start_schedule(Box::new(Nbc { steps: Some(all), op: op.clone(), status }));
+        Ok((req, op))
+    }
+
+    /// Runs a blocking collective in place in `data`, the caller's buffer: `steps` get the
+    /// schedule and `data` to work in, and this returns once they ended. No copy of `data`
+    /// is made on the way in or out (a nonblocking collective works in its request's buffer
+    /// instead).
+    pub(crate) fn run_in_place<T: Primitive>(
+        &self,
+        data: &mut [T],
+        fixed: Option<i32>,
+        steps: impl for<'a> FnOnce(&'a Sched<'a>, &'a mut [T]) -> Steps<'a> + Send + 'static,
+    ) -> Result<(), Error> {
+        let bytes = std::mem::size_of_val(data);
+        let out = Out::of(data);
+        let (req, op) = self.start_schedule_of((), bytes, fixed, move |s: &Sched<'_>| -> Steps<'_> {
+            Box::pin(async move {
+                // SAFETY: the only call for this schedule; `data` is borrowed until the
+                // request completed (`Outlive` waits it out on an unwind).
+                steps(s, unsafe { out.slice() }).await
+            })
+        })?;
+        let _outlive = Outlive { comm: self, op };
+        req.wait().map(drop)
     }
 }
