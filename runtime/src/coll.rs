@@ -34,12 +34,13 @@
 
 use std::ops::Range;
 
-use bytes::Bytes;
+use std::sync::Arc;
+
 use weft_sync::Error;
 
 use crate::buffer::Primitive;
 use crate::comm::Communicator;
-use crate::nbc::{Out, Sched, Steps, MISMATCH};
+use crate::nbc::{Out, Sched, Scratch, Steps, MISMATCH};
 use crate::request::Request;
 
 /// `bcast` messages of at least this many bytes go by scatter and allgather (MPICH's
@@ -137,12 +138,6 @@ fn reduce_into<T: Reducible>(op: Op, other: &[T], acc: &mut [T]) {
     }
 }
 
-/// A copy of `data` that many sends may share.
-fn shared_copy<T: Primitive>(data: &[T]) -> Bytes {
-    // SAFETY: `T: Primitive` has no padding, so its bytes are initialized.
-    Bytes::copy_from_slice(unsafe { std::slice::from_raw_parts(data.as_ptr().cast::<u8>(), std::mem::size_of_val(data)) })
-}
-
 /// A collective's steps working in place in a buffer (`start_in`, `run_in_place`).
 pub(crate) trait InPlace<T>: for<'a> FnOnce(&'a Sched<'a>, &'a mut [T]) -> Steps<'a> + Send + 'static {}
 
@@ -195,7 +190,7 @@ impl Sched<'_> {
         let (n, me) = (self.comm.size(), self.comm.rank());
         let mut d = 1;
         while d < n {
-            self.sendrecv::<u8>(self.at(me + d, 0), Vec::new(), self.at(me + n - d, 0), 0).await?;
+            self.sendrecv::<u8>(self.at(me + d, 0), Vec::<u8>::new(), self.at(me + n - d, 0), 0).await?;
             d <<= 1;
         }
         Ok(())
@@ -224,7 +219,7 @@ impl Sched<'_> {
             return Ok(());
         }
         // One copy of the data, shared by the sends to every child.
-        let shared = shared_copy(data);
+        let shared = Arc::new(Scratch::copy_of(data));
         self.exchange::<T>(None, children.into_iter().map(|w| (w, shared.clone())).collect()).await.map(drop)
     }
 
@@ -249,7 +244,7 @@ impl Sched<'_> {
         mask >>= 1;
         while mask > 0 {
             if vr + mask < n {
-                to.push((self.at(vr + mask, root), data[span(vr + mask, vr + 2 * mask)].to_vec()));
+                to.push((self.at(vr + mask, root), Scratch::copy_of(&data[span(vr + mask, vr + 2 * mask)])));
             }
             mask >>= 1;
         }
@@ -268,7 +263,7 @@ impl Sched<'_> {
         for step in 0..n.saturating_sub(1) {
             let out = &blocks[((vr + shift + n - step) % n) as usize];
             let inc = blocks[((vr + shift + 2 * n - step - 1) % n) as usize].clone();
-            let got = self.sendrecv(right, data[out.clone()].to_vec(), left, inc.len()).await?;
+            let got = self.sendrecv(right, Scratch::copy_of(&data[out.clone()]), left, inc.len()).await?;
             data[inc].copy_from_slice(&got);
         }
         Ok(())
@@ -285,7 +280,7 @@ impl Sched<'_> {
         for step in 0..n - 1 {
             let out = blocks[((me + n - step) % n) as usize].clone();
             let inc = blocks[((me + 2 * n - step - 1) % n) as usize].clone();
-            let got = self.sendrecv(right, data[out].to_vec(), left, inc.len()).await?;
+            let got = self.sendrecv(right, Scratch::copy_of(&data[out]), left, inc.len()).await?;
             reduce_into(op, &got, &mut data[inc]);
         }
         self.ring_allgather(data, &blocks, 0, 1).await
@@ -338,7 +333,7 @@ impl Sched<'_> {
             if me % 2 == 1 {
                 self.send(w(me - 1), buf.clone()).await?;
             } else {
-                buf = self.recv(w(me + 1), len).await?;
+                buf = self.recv(w(me + 1), len).await?.to_vec();
             }
         }
         Ok(buf)
@@ -450,7 +445,7 @@ impl Sched<'_> {
                 if partner < me {
                     below = Some(match below {
                         Some(b) => f(&theirs, &b),
-                        None => theirs.clone(),
+                        None => theirs.to_vec(),
                     });
                     block = f(&theirs, &block);
                 } else {

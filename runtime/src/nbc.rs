@@ -29,7 +29,7 @@ use std::task::{Context, Poll, Wake, Waker};
 
 use weft_sync::{Error, Status};
 
-use crate::buffer::{Primitive, SendBuf};
+use crate::buffer::{Primitive, RecvBuf, SendBuf};
 use crate::comm::Communicator;
 use crate::engine::Schedule;
 use crate::matching::{Source, Tag};
@@ -118,6 +118,129 @@ impl Drop for Outlive<'_> {
     }
 }
 
+/// Storage unit of [`Scratch`]: aligned for every [`Primitive`].
+type Unit = u128;
+
+/// Scratch buffers at least this large go back to [`POOL`] when dropped (smaller ones cost
+/// the allocator little).
+const POOL_MIN_BYTES: usize = 16 << 10;
+
+/// Bytes [`POOL`] keeps at most, all buffers together.
+const POOL_MAX_BYTES: usize = 64 << 20;
+
+/// Buffers [`POOL`] keeps at most.
+const POOL_MAX_BUFFERS: usize = 8;
+
+/// The collectives' spare scratch buffers, kept by the process between collectives.
+///
+/// A large message's buffer freshly allocated is fresh memory: the allocator maps it (or
+/// takes it back from the heap's trimmed top) and every page of it faults on its first
+/// write — for 1 MiB, 256 faults, which cost more than the copy itself. A collective
+/// step's copies and receives take their buffers from here instead, whose pages are
+/// already mapped, as Open MPI's and MPICH's collectives use buffers they keep.
+static POOL: parking_lot::Mutex<Vec<Vec<Unit>>> = parking_lot::Mutex::new(Vec::new());
+
+/// A buffer of `T`s for one message of a collective step (what it sends, or what it
+/// receives): the smallest spare buffer of [`POOL`] that holds it, given back when dropped
+/// (also when the runtime drops it, for a request abandoned in flight).
+pub(crate) struct Scratch<T> {
+    store: Vec<Unit>,
+    /// Elements written (or received).
+    len: usize,
+    /// Elements a receive accepts at most.
+    cap: usize,
+    _t: std::marker::PhantomData<T>,
+}
+
+impl<T: Primitive> Scratch<T> {
+    /// A buffer for `cap` elements, none written.
+    fn with_capacity(cap: usize) -> Self {
+        let bytes = cap * std::mem::size_of::<T>();
+        let units = bytes.div_ceil(std::mem::size_of::<Unit>());
+        let store = (bytes >= POOL_MIN_BYTES)
+            .then(|| {
+                let mut pool = POOL.lock();
+                let best = (0..pool.len()).filter(|&i| pool[i].capacity() >= units).min_by_key(|&i| pool[i].capacity())?;
+                Some(pool.swap_remove(best))
+            })
+            .flatten()
+            .unwrap_or_else(|| Vec::with_capacity(units));
+        Scratch { store, len: 0, cap, _t: std::marker::PhantomData }
+    }
+
+    /// A copy of `data`.
+    pub(crate) fn copy_of(data: &[T]) -> Self {
+        let mut s = Self::with_capacity(data.len());
+        // SAFETY: the store holds `cap = data.len()` elements of `T` (`Unit`'s alignment is
+        // every primitive's), not overlapping `data`.
+        unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), s.store.as_mut_ptr().cast::<T>(), data.len()) };
+        s.len = data.len();
+        s
+    }
+
+    /// A receive buffer for `len` elements.
+    pub(crate) fn for_recv(len: usize) -> Self {
+        Self::with_capacity(len)
+    }
+}
+
+impl<T: Primitive> std::ops::Deref for Scratch<T> {
+    type Target = [T];
+
+    fn deref(&self) -> &[T] {
+        // SAFETY: the first `len` elements were written (`copy_of`, or a receive's `filled`);
+        // the store is aligned for `T`.
+        unsafe { std::slice::from_raw_parts(self.store.as_ptr().cast::<T>(), self.len) }
+    }
+}
+
+impl<T> Drop for Scratch<T> {
+    fn drop(&mut self) {
+        let bytes = self.store.capacity() * std::mem::size_of::<Unit>();
+        if bytes < POOL_MIN_BYTES || bytes > POOL_MAX_BYTES {
+            return;
+        }
+        let mut pool = POOL.lock();
+        pool.push(std::mem::take(&mut self.store));
+        // Over the bounds: the smallest buffers go first.
+        let total = |p: &Vec<Vec<Unit>>| p.iter().map(|v| v.capacity() * std::mem::size_of::<Unit>()).sum::<usize>();
+        while pool.len() > POOL_MAX_BUFFERS || total(&pool) > POOL_MAX_BYTES {
+            let smallest = (0..pool.len()).min_by_key(|&i| pool[i].capacity()).expect("the pool is not empty");
+            drop(pool.swap_remove(smallest));
+        }
+    }
+}
+
+// SAFETY: the store's heap memory does not move when the `Scratch` moves, and nothing
+// writes it while a send borrows it (the schedule owns the buffer and awaits the send).
+unsafe impl<T: Primitive> SendBuf for Scratch<T> {
+    fn as_bytes(&self) -> &[u8] {
+        // SAFETY: the first `len` elements were written, and `T: Primitive` has no padding.
+        unsafe { std::slice::from_raw_parts(self.store.as_ptr().cast::<u8>(), std::mem::size_of_val(&**self)) }
+    }
+}
+
+// SAFETY: as for `Scratch`: a shared one is never written while shared.
+unsafe impl<T: Primitive> SendBuf for Arc<Scratch<T>> {
+    fn as_bytes(&self) -> &[u8] {
+        (**self).as_bytes()
+    }
+}
+
+// SAFETY: the receive area is the store's first `cap` elements (heap memory that does not
+// move); `filled` sets the length to the elements received.
+unsafe impl<T: Primitive> RecvBuf for Scratch<T> {
+    fn elem_size(&self) -> usize {
+        std::mem::size_of::<T>().max(1)
+    }
+    fn spare(&mut self) -> (*mut u8, usize) {
+        (self.store.as_mut_ptr().cast(), self.cap * std::mem::size_of::<T>())
+    }
+    unsafe fn filled(&mut self, bytes: usize) {
+        self.len = bytes / self.elem_size();
+    }
+}
+
 /// The waker a schedule is polled with: nothing to wake, as whoever polls a schedule polls
 /// it again after the next progress pass (the steps test their requests then).
 struct Nobody;
@@ -190,12 +313,12 @@ impl<'c> Sched<'c> {
         &self,
         from: &[(u32, usize)],
         to: Vec<(u32, impl SendBuf)>,
-    ) -> Result<Vec<Vec<T>>, Error> {
+    ) -> Result<Vec<Scratch<T>>, Error> {
         let (c, tag) = (self.comm, self.tag);
         let coll = c.coll_state();
         let mut rx = from
             .iter()
-            .map(|&(w, len)| c.irecv_on(coll, Vec::<T>::with_capacity(len), Source::Rank(w), Tag::Is(tag)))
+            .map(|&(w, len)| c.irecv_on(coll, Scratch::<T>::for_recv(len), Source::Rank(w), Tag::Is(tag)))
             .collect::<Result<Vec<_>, _>>()?;
         let mut tx = to.into_iter().map(|(w, v)| c.isend_on(coll, v, w, tag)).collect::<Result<Vec<_>, _>>()?;
         let mut got = Vec::with_capacity(rx.len());
@@ -217,23 +340,23 @@ impl<'c> Sched<'c> {
         &self,
         from: Option<(u32, usize)>,
         to: Vec<(u32, impl SendBuf)>,
-    ) -> Result<Option<Vec<T>>, Error> {
+    ) -> Result<Option<Scratch<T>>, Error> {
         let from: Vec<(u32, usize)> = from.into_iter().collect();
         Ok(self.exchange_many(&from, to).await?.pop())
     }
 
     /// Receives `len` elements from world rank `w`.
-    pub(crate) async fn recv<T: Primitive>(&self, w: u32, len: usize) -> Result<Vec<T>, Error> {
+    pub(crate) async fn recv<T: Primitive>(&self, w: u32, len: usize) -> Result<Scratch<T>, Error> {
         Ok(self.exchange(Some((w, len)), Vec::<(u32, Vec<T>)>::new()).await?.expect("a receive was posted"))
     }
 
     /// Sends `v` to world rank `w` (and waits for the send).
-    pub(crate) async fn send<T: Primitive>(&self, w: u32, v: Vec<T>) -> Result<(), Error> {
-        self.exchange::<T>(None, vec![(w, v)]).await.map(drop)
+    pub(crate) async fn send(&self, w: u32, v: impl SendBuf) -> Result<(), Error> {
+        self.exchange::<u8>(None, vec![(w, v)]).await.map(drop)
     }
 
     /// Sends `v` to world rank `w` while receiving `len` elements from world rank `from`.
-    pub(crate) async fn sendrecv<T: Primitive>(&self, w: u32, v: Vec<T>, from: u32, len: usize) -> Result<Vec<T>, Error> {
+    pub(crate) async fn sendrecv<T: Primitive>(&self, w: u32, v: impl SendBuf, from: u32, len: usize) -> Result<Scratch<T>, Error> {
         Ok(self.exchange(Some((from, len)), vec![(w, v)]).await?.expect("a receive was posted"))
     }
 
