@@ -139,13 +139,13 @@ fn reduce_into<T: Reducible>(op: Op, other: &[T], acc: &mut [T]) {
 }
 
 /// A collective's steps working in place in a buffer (`start_in`, `run_in_place`).
-pub(crate) trait InPlace<T>: for<'a> FnOnce(&'a Sched<'a>, &'a mut [T]) -> Steps<'a> + Send + 'static {}
+pub(crate) trait InPlace<T>: for<'a, 'c> FnOnce(&'a Sched<'c>, &'a mut [T]) -> Steps<'a> + Send + 'static {}
 
-impl<T, F: for<'a> FnOnce(&'a Sched<'a>, &'a mut [T]) -> Steps<'a> + Send + 'static> InPlace<T> for F {}
+impl<T, F: for<'a, 'c> FnOnce(&'a Sched<'c>, &'a mut [T]) -> Steps<'a> + Send + 'static> InPlace<T> for F {}
 
 /// `f` as the steps of a collective in place (a closure passed here gets the signature,
 /// for every lifetime, that [`InPlace`] asks for).
-fn in_place<T, F: for<'a> FnOnce(&'a Sched<'a>, &'a mut [T]) -> Steps<'a> + Send + 'static>(f: F) -> F {
+fn in_place<T, F: for<'a, 'c> FnOnce(&'a Sched<'c>, &'a mut [T]) -> Steps<'a> + Send + 'static>(f: F) -> F {
     f
 }
 

@@ -66,8 +66,21 @@ pub(crate) enum CollTag {
 pub(crate) struct Sched<'c> {
     pub(crate) comm: &'c Communicator,
     tag: i32,
-    notice: Option<Request<'c, Vec<u32>>>,
+    /// Whether the members tell each other of failures (a sequence number's tags, more
+    /// than one member).
+    notices: bool,
+    /// The receive for a failure notice, posted once the schedule has been found waiting
+    /// [`NOTICE_AFTER_POLLS`] times.
+    notice: std::sync::OnceLock<Request<'c, Vec<u32>>>,
+    /// Polls that found a step waiting.
+    waits: std::sync::atomic::AtomicU32,
 }
+
+/// Polls of a waiting step before the schedule posts its receive for failure notices. A
+/// collective that ends quickly (the common case: its members are all there) never posts
+/// it, which spares it a receive from any source and its cancellation; a notice sent
+/// before is kept by matching until the receive is posted.
+const NOTICE_AFTER_POLLS: u32 = 32;
 
 /// The buffer a collective works in, in place: the request's buffer (which the request, or
 /// the runtime's share of it if the request is dropped, keeps alive until the schedule
@@ -129,7 +142,7 @@ const POOL_MIN_BYTES: usize = 16 << 10;
 const POOL_MAX_BYTES: usize = 64 << 20;
 
 /// Buffers [`POOL`] keeps at most.
-const POOL_MAX_BUFFERS: usize = 8;
+const POOL_MAX_BUFFERS: usize = 16;
 
 /// The collectives' spare scratch buffers, kept by the process between collectives.
 ///
@@ -160,7 +173,9 @@ impl<T: Primitive> Scratch<T> {
         let store = (bytes >= POOL_MIN_BYTES)
             .then(|| {
                 let mut pool = POOL.lock();
-                let best = (0..pool.len()).filter(|&i| pool[i].capacity() >= units).min_by_key(|&i| pool[i].capacity())?;
+                // A buffer more than twice as large is left for a larger message.
+                let fits = |v: &Vec<Unit>| (units..=2 * units).contains(&v.capacity());
+                let best = (0..pool.len()).filter(|&i| fits(&pool[i])).min_by_key(|&i| pool[i].capacity())?;
                 Some(pool.swap_remove(best))
             })
             .flatten()
@@ -258,7 +273,7 @@ pub(crate) type Steps<'a> = Pin<Box<dyn Future<Output = Result<(), Error>> + Sen
 /// whoever polls the schedule does.
 struct Done<'r, 'c, B: Send + 'static> {
     req: &'r mut Request<'c, B>,
-    notice: Option<&'r Request<'c, Vec<u32>>>,
+    sched: &'r Sched<'c>,
 }
 
 impl<B: Send + 'static> Future for Done<'_, '_, B> {
@@ -276,33 +291,39 @@ impl<B: Send + 'static> Future for Done<'_, '_, B> {
                 Err(e) => Err(e),
             });
         }
-        if self.notice.is_some_and(|n| n.is_complete()) {
-            // Read by `Sched::finish`.
-            return Poll::Ready(Err(Error::Cancelled));
+        let s = self.sched;
+        if let Some(n) = s.notice.get() {
+            if n.is_complete() {
+                // Read by `Sched::finish`.
+                return Poll::Ready(Err(Error::Cancelled));
+            }
+        } else if s.notices && s.waits.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1 >= NOTICE_AFTER_POLLS {
+            let c = s.comm;
+            match c.irecv_on(c.coll_state(), Vec::<u32>::with_capacity(2), Source::Any, Tag::Is(s.tag - 1)) {
+                // Only the thread advancing the schedule sets it.
+                Ok(r) => drop(s.notice.set(r)),
+                Err(e) => return Poll::Ready(Err(e)),
+            }
+            // A notice already here completed it: read on the next poll.
         }
         Poll::Pending
     }
 }
 
 impl<'c> Sched<'c> {
-    /// A collective on `comm` under `tag`: the tags of sequence number `seq`, with the receive
-    /// for failure notices posted, or a fixed tag without notices.
-    fn new(comm: &'c Communicator, tag: CollTag) -> Result<Self, Error> {
+    /// A collective on `comm` under `tag`: the tags of sequence number `seq`, with failure
+    /// notices, or a fixed tag without.
+    fn new(comm: &'c Communicator, tag: CollTag) -> Self {
         let (tag, notices) = match tag {
             CollTag::Seq(seq) => (TAG_SEQ - 2 * (seq % SEQ_SPAN) as i32, comm.size() > 1),
             CollTag::Fixed(t) => (t, false),
         };
-        let notice = if notices {
-            Some(comm.irecv_on(comm.coll_state(), Vec::<u32>::with_capacity(2), Source::Any, Tag::Is(tag - 1))?)
-        } else {
-            None
-        };
-        Ok(Sched { comm, tag, notice })
+        Sched { comm, tag, notices, notice: std::sync::OnceLock::new(), waits: std::sync::atomic::AtomicU32::new(0) }
     }
 
     /// Waits for `req` as a step of this schedule.
     async fn done<B: Send + 'static>(&self, req: &mut Request<'c, B>) -> Result<B, Error> {
-        Done { req, notice: self.notice.as_ref() }.await
+        Done { req, sched: self }.await
     }
 
     /// Receives from each world rank of `from` its given number of elements on the
@@ -364,9 +385,12 @@ impl<'c> Sched<'c> {
     /// of this rank's own is reported to every other member; a notice not used is
     /// cancelled.
     fn finish(mut self, res: Result<(), Error>) -> Result<(), Error> {
-        let Some(mut notice) = self.notice.take() else { return res };
+        if !self.notices {
+            return res;
+        }
+        let notice = self.notice.take();
         let Err(e) = res else { return Ok(()) };
-        if notice.is_complete() {
+        if let Some(mut notice) = notice.filter(|n| n.is_complete()) {
             return Err(match notice.take() {
                 Some(Ok((v, _))) if v.len() == 2 && v[0] == NOTICE_LOST => Error::PeerLost { rank: v[1] },
                 Some(Ok((v, _))) if v.len() == 2 && v[0] == NOTICE_FREED => Error::CommFreed,
@@ -376,7 +400,6 @@ impl<'c> Sched<'c> {
                 Some(Err(_)) | None => e,
             });
         }
-        drop(notice);
         let what = match e {
             Error::PeerLost { rank } => [NOTICE_LOST, rank],
             Error::CommFreed => [NOTICE_FREED, 0],
@@ -440,7 +463,7 @@ impl Communicator {
         buf: B,
         bytes: usize,
         fixed: Option<i32>,
-        steps: impl for<'a> FnOnce(&'a Sched<'a>) -> Steps<'a> + Send + 'static,
+        steps: impl for<'a, 'c> FnOnce(&'a Sched<'c>) -> Steps<'a> + Send + 'static,
     ) -> Result<Request<'_, B>, Error> {
         self.start_schedule_of(buf, bytes, fixed, steps).map(|(req, _)| req)
     }
@@ -451,7 +474,7 @@ impl Communicator {
         buf: B,
         bytes: usize,
         fixed: Option<i32>,
-        steps: impl for<'a> FnOnce(&'a Sched<'a>) -> Steps<'a> + Send + 'static,
+        steps: impl for<'a, 'c> FnOnce(&'a Sched<'c>) -> Steps<'a> + Send + 'static,
     ) -> Result<(Request<'_, B>, Arc<Operation>), Error> {
         if self.is_freed() {
             return Err(Error::CommFreed);
@@ -462,7 +485,7 @@ impl Communicator {
         };
         let comm = self.clone();
         let all: Steps<'static> = Box::pin(async move {
-            let s = Sched::new(&comm, tag)?;
+            let s = Sched::new(&comm, tag);
             let res = steps(&s).await;
             s.finish(res)
         });
@@ -481,7 +504,7 @@ impl Communicator {
         &self,
         data: &mut [T],
         fixed: Option<i32>,
-        steps: impl for<'a> FnOnce(&'a Sched<'a>, &'a mut [T]) -> Steps<'a> + Send + 'static,
+        steps: impl for<'a, 'c> FnOnce(&'a Sched<'c>, &'a mut [T]) -> Steps<'a> + Send + 'static,
     ) -> Result<(), Error> {
         let bytes = std::mem::size_of_val(data);
         let out = Out::of(data);
