@@ -13,8 +13,8 @@
 //! |---|---|---|
 //! | `barrier` | dissemination: `ceil(log2 n)` rounds | — |
 //! | `bcast` | binomial tree | from [`BCAST_LONG_BYTES`] and [`BCAST_LONG_RANKS`] ranks: binomial scatter of `n` blocks, then a ring allgather (van de Geijn; MPICH's `scatter_ring_allgather`) |
-//! | `allreduce` | recursive doubling, ranks beyond a power of two folded in first | from [`ALLREDUCE_LONG_BYTES`] with a predefined op and at least `n` elements: a ring reduce-scatter, then a ring allgather (about `2 (n-1)/n` times the data sent per rank, against `log2 n` times) |
-//! | `reduce` | binomial tree | — |
+//! | `allreduce` | recursive doubling, ranks beyond a power of two folded in first | from [`ALLREDUCE_LONG_BYTES`] with a predefined op and at least `n` elements: on a power of two of ranks Rabenseifner's (a reduce-scatter by recursive halving, then an allgather by recursive doubling: `2 log2 n` steps), on others a ring reduce-scatter, then a ring allgather (`2 (n-1)` steps); either sends about `2 (n-1)/n` times the data per rank, against `log2 n` times |
+//! | `reduce` | binomial tree | from [`REDUCE_LONG_BYTES`] with a predefined op, at least `n` elements and a power of two of ranks: a reduce-scatter by recursive halving, then a binomial gather of the reduced blocks ([Thakur 2005]) |
 //! | `gather`, `scatter` (and `v`) | the root exchanges with every rank at once | — |
 //! | `allgather` (and `v`) | ring | — |
 //! | `alltoall` (and `v`) | every pair at once, receives posted first | — |
@@ -22,6 +22,14 @@
 //!
 //! A user reduction (`allreduce_with`) need not be commutative, so it always takes recursive
 //! doubling, which combines in rank order.
+//!
+//! # Buffers
+//!
+//! A blocking collective works in the caller's buffer, a nonblocking one in its request's:
+//! neither copies the user's data in or out. What a step sends, and what it receives before
+//! reducing or copying it into place, lives in scratch buffers the process keeps between
+//! collectives (`nbc::Scratch`), so that a large message does not map fresh memory (and
+//! fault on each of its pages) on every call.
 //!
 //! # Errors
 //!
@@ -48,9 +56,14 @@ use crate::request::Request;
 pub const BCAST_LONG_BYTES: usize = 12288;
 /// ... on at least this many ranks (MPICH's `MPIR_CVAR_BCAST_MIN_PROCS`).
 pub const BCAST_LONG_RANKS: u32 = 8;
-/// `allreduce` messages of at least this many bytes go by ring reduce-scatter and allgather
-/// (MPICH's `MPIR_CVAR_ALLREDUCE_SHORT_MSG_SIZE`).
+/// `allreduce` messages of at least this many bytes (and at least one element per rank) go
+/// by reduce-scatter and allgather: Rabenseifner's on a power of two of ranks, the ring's on
+/// others (MPICH's `MPIR_CVAR_ALLREDUCE_SHORT_MSG_SIZE`).
 pub const ALLREDUCE_LONG_BYTES: usize = 2048;
+/// `reduce` messages of at least this many bytes (and at least one element per rank) go by
+/// reduce-scatter and gather on a power of two of ranks (MPICH's
+/// `MPIR_CVAR_REDUCE_SHORT_MSG_SIZE`).
+pub const REDUCE_LONG_BYTES: usize = 2048;
 
 /// A predefined reduction (`MPI_Op`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -172,6 +185,11 @@ fn blocks(counts: &[usize], displs: &[usize], n: u32, len: usize, what: &'static
         .collect()
 }
 
+/// Blocks `a..b` (`a < b`) of `blocks`, which follow each other, as one range.
+fn span(blocks: &[Range<usize>], a: u32, b: u32) -> Range<usize> {
+    blocks[a as usize].start..blocks[b as usize - 1].end
+}
+
 /// `n` blocks of `len` elements, one after the other.
 fn even(len: usize, n: u32) -> Vec<Range<usize>> {
     (0..n as usize).map(|r| r * len..(r + 1) * len).collect()
@@ -284,6 +302,90 @@ impl Sched<'_> {
             reduce_into(op, &got, &mut data[inc]);
         }
         self.ring_allgather(data, &blocks, 0, 1).await
+    }
+
+    /// Rabenseifner's allreduce of `data` with the predefined (commutative) `op` on a power
+    /// of two of ranks: a reduce-scatter by recursive halving, then an allgather by recursive
+    /// doubling ([Thakur 2005]; MPICH's `reduce_scatter_allgather`). `2 log2 n` steps
+    /// moving about `2 (n-1)/n` times the data per rank, as the ring does in `2 (n-1)` steps.
+    async fn allreduce_rabenseifner<T: Reducible>(&self, data: &mut [T], op: Op) -> Result<(), Error> {
+        let blocks = self.blocks_of(data.len());
+        self.reduce_scatter_halving(data, &blocks, 0, op).await?;
+        self.allgather_doubling(data, &blocks).await
+    }
+
+    /// The reduction of `data` with the predefined (commutative) `op` into `data` of `root`
+    /// on a power of two of ranks, for large messages: a reduce-scatter by recursive halving,
+    /// then a binomial gather of the reduced blocks to the root ([Thakur 2005];
+    /// MPICH's `reduce_scatter_gather`). The other ranks' `data` is left holding partial
+    /// reductions.
+    async fn reduce_large<T: Reducible>(&self, data: &mut [T], root: u32, op: Op) -> Result<(), Error> {
+        let blocks = self.blocks_of(data.len());
+        self.reduce_scatter_halving(data, &blocks, root, op).await?;
+        let n = self.comm.size();
+        let vr = (self.comm.rank() + n - root) % n;
+        // Rank `vr` holds blocks `vr..hi`, reduced over every rank.
+        let mut hi = vr + 1;
+        let mut mask = 1;
+        while mask < n {
+            if vr & mask != 0 {
+                return self.send(self.at(vr - mask, root), Scratch::copy_of(&data[span(&blocks, vr, hi)])).await;
+            }
+            let r = span(&blocks, hi, hi + mask);
+            let got = self.recv::<T>(self.at(vr + mask, root), r.len()).await?;
+            data[r].copy_from_slice(&got);
+            hi += mask;
+            mask <<= 1;
+        }
+        Ok(())
+    }
+
+    /// `len` elements in one block per rank.
+    fn blocks_of(&self, len: usize) -> Vec<Range<usize>> {
+        let n = self.comm.size();
+        (0..n).map(|i| block(len, n, i)).collect()
+    }
+
+    /// Reduce-scatter by recursive halving over a power of two of ranks counted from `root`,
+    /// in place: rank `v` (from the root) keeps, at each step, the half of its window of
+    /// `blocks` on its side of the partner `n / 2^(k+1)` away, sends the other half there and
+    /// reduces what comes back into the half it keeps; it ends with block `v` reduced over
+    /// every rank.
+    async fn reduce_scatter_halving<T: Reducible>(&self, data: &mut [T], blocks: &[Range<usize>], root: u32, op: Op) -> Result<(), Error> {
+        let n = self.comm.size();
+        let vr = (self.comm.rank() + n - root) % n;
+        let (mut lo, mut hi) = (0, n);
+        let mut mask = n / 2;
+        while mask > 0 {
+            let mid = lo + (hi - lo) / 2;
+            let (keep, give) = if vr & mask == 0 { ((lo, mid), (mid, hi)) } else { ((mid, hi), (lo, mid)) };
+            let (k, g) = (span(blocks, keep.0, keep.1), span(blocks, give.0, give.1));
+            let w = self.at(vr ^ mask, root);
+            let got = self.sendrecv(w, Scratch::copy_of(&data[g]), w, k.len()).await?;
+            reduce_into(op, &got, &mut data[k]);
+            (lo, hi) = keep;
+            mask >>= 1;
+        }
+        Ok(())
+    }
+
+    /// Allgather by recursive doubling over a power of two of ranks, after
+    /// [`reduce_scatter_halving`](Self::reduce_scatter_halving) from rank 0: each step trades
+    /// the window of `blocks` gathered so far with the partner's, the window doubling.
+    async fn allgather_doubling<T: Primitive>(&self, data: &mut [T], blocks: &[Range<usize>]) -> Result<(), Error> {
+        let (n, me) = (self.comm.size(), self.comm.rank());
+        let (mut lo, mut hi) = (me, me + 1);
+        let mut mask = 1;
+        while mask < n {
+            let theirs = if me & mask == 0 { (hi, hi + mask) } else { (lo - mask, lo) };
+            let r = span(blocks, theirs.0, theirs.1);
+            let w = self.at(me ^ mask, 0);
+            let got = self.sendrecv(w, Scratch::copy_of(&data[span(blocks, lo, hi)]), w, r.len()).await?;
+            data[r].copy_from_slice(&got);
+            (lo, hi) = (lo.min(theirs.0), hi.max(theirs.1));
+            mask <<= 1;
+        }
+        Ok(())
     }
 
     /// Reduces `value` over the world ranks `members` (this rank among them; each passes the
@@ -562,15 +664,26 @@ impl Communicator {
     /// `root` (`MPI_Ireduce`); the other ranks get theirs back as it was. Every rank passes
     /// the same length, op and root.
     pub fn ireduce<T: Reducible>(&self, data: Vec<T>, op: Op, root: u32) -> Result<Request<'_, Vec<T>>, Error> {
-        let steps = self.reduce_steps(&data, op, root)?;
+        let steps = self.reduce_steps(&data, op, root, true)?;
         self.start_in(data, steps)
     }
 
     /// The steps of a reduction of `data` with `op` into `root` (checked).
-    fn reduce_steps<T: Reducible>(&self, data: &[T], op: Op, root: u32) -> Result<impl InPlace<T>, Error> {
+    ///
+    /// Large messages on a power of two of ranks take the reduce-scatter, which leaves a
+    /// rank's buffer holding partial reductions: with `keep`, the other ranks' buffers are
+    /// kept as they were (the steps work in a copy).
+    fn reduce_steps<T: Reducible>(&self, data: &[T], op: Op, root: u32, keep: bool) -> Result<impl InPlace<T>, Error> {
         self.check_root(root)?;
         let f = op_for(op, data.first(), "reduce: a bitwise op on floating-point elements")?;
-        Ok(steps!(|s, work| s.reduce(work, root, f).await))
+        let n = self.size();
+        let large = std::mem::size_of_val(data) >= REDUCE_LONG_BYTES && data.len() >= n as usize && n > 1 && n.is_power_of_two();
+        let copy = keep && self.rank() != root;
+        Ok(steps!(|s, work| match (large, copy) {
+            (true, true) => s.reduce_large(&mut work.to_vec(), root, op).await,
+            (true, false) => s.reduce_large(work, root, op).await,
+            (false, _) => s.reduce(work, root, f).await,
+        }))
     }
 
     /// Reduces `send` elementwise over every rank with `op` into `recv` of rank `root`
@@ -581,7 +694,7 @@ impl Communicator {
         if self.rank() == root && recv.len() != send.len() {
             return Err(Error::InvalidArgument("reduce: the root's receive buffer differs in length from the send buffer"));
         }
-        let steps = self.reduce_steps(send, op, root)?;
+        let steps = self.reduce_steps(send, op, root, false)?;
         if self.rank() == root {
             recv.copy_from_slice(send);
             self.run_in_place(recv, None, steps)
@@ -606,7 +719,11 @@ impl Communicator {
         let n = self.size();
         let ring = std::mem::size_of_val(data) >= ALLREDUCE_LONG_BYTES && data.len() >= n as usize && n > 1;
         let members = self.group().world_ranks().clone();
-        Ok(steps!(|s, work| if ring { s.allreduce_ring(work, op).await } else { s.reduce_over_in(&members, work, f).await }))
+        Ok(steps!(|s, work| match (ring, n.is_power_of_two()) {
+            (true, true) => s.allreduce_rabenseifner(work, op).await,
+            (true, false) => s.allreduce_ring(work, op).await,
+            (false, _) => s.reduce_over_in(&members, work, f).await,
+        }))
     }
 
     /// Reduces `send` elementwise over every rank with `op` into `recv` of every rank
