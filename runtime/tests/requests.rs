@@ -740,3 +740,44 @@ fn partitions_arrive_before_the_last_is_ready() {
         assert!(matches!(b.precv_init(vec![0u8; 10], 2, 5, 0), Err(Error::RankOutOfRange { .. })));
     });
 }
+
+/// On a communicator of a subset of the world, the completions a sync object delivers name
+/// ranks of that communicator, as the requests' own results do: a receive's source, a
+/// sent message's destination, a collective's rank. World ranks 1 and 2 make
+/// a communicator where they are ranks 0 and 1.
+#[test]
+fn sync_object_completions_on_a_subset_communicator_name_its_ranks() {
+    within(60, "completions on a subset communicator", || {
+        let rts = Runtime::builder().env(false).build_local(3).unwrap();
+        std::thread::scope(|s| {
+            for rt in &rts {
+                s.spawn(move || {
+                    let w = rt.world();
+                    let Some(sub) = w.split((w.rank() > 0).then_some(0), 0).unwrap() else { return };
+                    let me = sub.rank();
+                    assert_eq!(me, w.rank() - 1);
+                    let sync = rt.sync_object();
+                    let mut r = sub.irecv(Vec::<u32>::with_capacity(1), Source::Any, Tag::Is(4)).unwrap();
+                    sync.attach(&mut r, 1u32).unwrap();
+                    let mut sent = sub.isend(vec![me], 1 - me, 4).unwrap();
+                    sync.attach(&mut sent, 2).unwrap();
+                    let mut coll = sub.ibarrier().unwrap();
+                    sync.attach(&mut coll, 3).unwrap();
+                    let mut got = Vec::new();
+                    while got.len() < 3 {
+                        let c = sync.wait_any().expect("a completion");
+                        got.push((c.data, c.status().unwrap().source));
+                    }
+                    got.sort();
+                    // The receive's source and the send's destination are the other member,
+                    // the barrier's status this rank: ranks of `sub`, not of the world.
+                    assert_eq!(got, vec![(1, 1 - me), (2, 1 - me), (3, me)], "world rank {}", w.rank());
+                    // The request's own result agrees.
+                    let mut again = sub.irecv(Vec::<u32>::with_capacity(1), Source::Any, Tag::Is(5)).unwrap();
+                    sub.send(vec![me], 1 - me, 5).unwrap();
+                    assert_eq!(again.wait().unwrap().1.source, 1 - me);
+                });
+            }
+        });
+    });
+}
