@@ -212,7 +212,7 @@ impl<T: Primitive> std::ops::Deref for Scratch<T> {
 impl<T> Drop for Scratch<T> {
     fn drop(&mut self) {
         let bytes = self.store.capacity() * std::mem::size_of::<Unit>();
-        if bytes < POOL_MIN_BYTES || bytes > POOL_MAX_BYTES {
+        if !(POOL_MIN_BYTES..=POOL_MAX_BYTES).contains(&bytes) {
             return;
         }
         let mut pool = POOL.lock();

@@ -773,7 +773,7 @@ fn sync_object_completions_on_a_subset_communicator_name_its_ranks() {
                     // the barrier's status this rank: ranks of `sub`, not of the world.
                     assert_eq!(got, vec![(1, 1 - me), (2, 1 - me), (3, me)], "world rank {}", w.rank());
                     // The request's own result agrees.
-                    let mut again = sub.irecv(Vec::<u32>::with_capacity(1), Source::Any, Tag::Is(5)).unwrap();
+                    let again = sub.irecv(Vec::<u32>::with_capacity(1), Source::Any, Tag::Is(5)).unwrap();
                     sub.send(vec![me], 1 - me, 5).unwrap();
                     assert_eq!(again.wait().unwrap().1.source, 1 - me);
                 });
