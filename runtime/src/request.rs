@@ -111,8 +111,9 @@ unsafe impl<B: Send + 'static> Attach for Request<'_, B> {
 }
 
 impl<B: Send + 'static> Request<'_, B> {
-    /// The cell the operation completes (a sent request's made here, completed).
-    fn own_cell(&self) -> &CompletionCell {
+    /// The cell the operation completes (a sent request's made here, completed), which
+    /// the runtime's own waits attach to.
+    pub(crate) fn own_cell(&self) -> &CompletionCell {
         match (&self.inner, self.sent) {
             (Some(i), _) => &i.cell,
             (None, Some(st)) => {
