@@ -14,7 +14,9 @@
 //! memory (`btl=self,vader`) beside the embedded and `shm` rows, `btl=self,tcp` on `lo`
 //! beside `tcp`, alternating with weft's runs: `ompi_latency_us`.
 //!
-//! Columns: `collective,ranks,bytes,latency_us,provider,ompi_latency_us`.
+//! Columns: `collective,ranks,bytes,latency_us,provider,ompi_latency_us`. `--plot FILE.svg`
+//! draws latency against message size, a line per collective and rank count (weft's and
+//! Open MPI's), a panel per provider.
 
 use std::time::Instant;
 
@@ -23,7 +25,8 @@ use weft::{Communicator, Op, Provider, Runtime};
 
 use crate::mpi_peer::{Flavor, Peer};
 use crate::multirate::cross_barrier;
-use crate::report::{median, parse_list, Output, Table};
+use crate::plot::Chart;
+use crate::report::{median, parse_list, Output, PlotTo, Table};
 
 /// The collectives timed.
 const COLLECTIVES: [&str; 6] = ["barrier", "bcast", "reduce", "allreduce", "allgather", "alltoall"];
@@ -60,6 +63,8 @@ pub struct Args {
     openmpi: String,
     #[command(flatten)]
     out: Output,
+    #[command(flatten)]
+    plot: PlotTo,
     /// Internal: one rank of a launched job.
     #[arg(long, hide = true)]
     rank_worker: bool,
@@ -124,8 +129,16 @@ pub fn run(a: &Args) -> Result<(), String> {
             }
         }
     }
-    table.finish();
-    Ok(())
+    let chart = Chart::new(format!("coll: latency per call, slowest rank, {cores} cores"), "bytes", "message size (bytes)")
+        .y("latency_us", "weft")
+        .y("ompi_latency_us", "Open MPI")
+        .y_axis("latency per call (µs)", 1.0)
+        .series("collective", "{}")
+        .series("ranks", "{} ranks")
+        .panels("provider", "provider {}")
+        .log_x()
+        .log_y();
+    table.finish_with_plot(&chart, &a.plot)
 }
 
 /// Whether `prog` is an executable on the `PATH`.

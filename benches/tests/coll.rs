@@ -26,6 +26,25 @@ fn csv_has_a_row_per_collective_ranks_and_size() {
 }
 
 #[test]
+fn plot_draws_a_line_per_collective_and_rank_count() {
+    let dir = std::env::temp_dir().join(format!("weft-bench-coll-plot-{}", std::process::id()));
+    let svg = dir.join("coll.svg");
+    let args = ["coll", "--provider", "embedded", "-n", "2,4", "-s", "8,4096", "-c", "allreduce,bcast", "--plot", svg.to_str().unwrap()];
+    let out =
+        common::run_within(&[&args[..], &["-i", "3", "--warmup", "1", "--runs", "1", "--openmpi", "no"]].concat(), Duration::from_secs(60))
+            .expect("weft-bench coll hung (killed after 60 s)");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let svg = std::fs::read_to_string(&svg).expect("the plot was written");
+    for text in ["<svg", "coll: latency per call", "message size (bytes)", "latency per call (µs)", "provider embedded"] {
+        assert!(svg.contains(text), "{text:?} not in the SVG");
+    }
+    for legend in ["allreduce, 2 ranks", "bcast, 4 ranks"] {
+        assert!(svg.contains(legend), "no legend {legend:?} in the SVG");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
 fn an_unknown_collective_or_openmpi_choice_is_an_error() {
     for (args, says) in [
         (&["coll", "-c", "allscatter"][..], "unknown collective \"allscatter\""),

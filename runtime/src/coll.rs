@@ -13,8 +13,8 @@
 //! |---|---|---|
 //! | `barrier` | dissemination: `ceil(log2 n)` rounds | — |
 //! | `bcast` | binomial tree | from [`BCAST_LONG_BYTES`] and [`BCAST_LONG_RANKS`] ranks: binomial scatter of `n` blocks, then a ring allgather (van de Geijn; MPICH's `scatter_ring_allgather`) |
-//! | `allreduce` | recursive doubling, ranks beyond a power of two folded in first | from [`ALLREDUCE_LONG_BYTES`] with a predefined op and at least `n` elements: a ring reduce-scatter, then a ring allgather (about `2 (n-1)/n` times the data sent per rank, against `log2 n` times) |
-//! | `reduce` | binomial tree | — |
+//! | `allreduce` | recursive doubling, ranks beyond a power of two folded in first | from [`ALLREDUCE_LONG_BYTES`] with a predefined op and at least `n` elements: on a power of two of ranks Rabenseifner's (a reduce-scatter by recursive halving, then an allgather by recursive doubling: `2 log2 n` steps), on others a ring reduce-scatter, then a ring allgather (`2 (n-1)` steps); either sends about `2 (n-1)/n` times the data per rank, against `log2 n` times |
+//! | `reduce` | binomial tree | from [`REDUCE_LONG_BYTES`] with a predefined op, at least `n` elements and a power of two of ranks: a reduce-scatter by recursive halving, then a binomial gather of the reduced blocks ([Thakur 2005]) |
 //! | `gather`, `scatter` (and `v`) | the root exchanges with every rank at once | — |
 //! | `allgather` (and `v`) | ring | — |
 //! | `alltoall` (and `v`) | every pair at once, receives posted first | — |
@@ -22,6 +22,14 @@
 //!
 //! A user reduction (`allreduce_with`) need not be commutative, so it always takes recursive
 //! doubling, which combines in rank order.
+//!
+//! # Buffers
+//!
+//! A blocking collective works in the caller's buffer, a nonblocking one in its request's:
+//! neither copies the user's data in or out. What a step sends, and what it receives before
+//! reducing or copying it into place, lives in scratch buffers the process keeps between
+//! collectives (`nbc::Scratch`), so that a large message does not map fresh memory (and
+//! fault on each of its pages) on every call.
 //!
 //! # Errors
 //!
@@ -34,12 +42,14 @@
 
 use std::ops::Range;
 
+use std::sync::Arc;
+
 use weft_sync::Error;
 
 use crate::buffer::Primitive;
-use crate::coll_steps::{barrier_steps, bcast_steps, reduce_over_steps, reduce_steps};
+use crate::coll_steps::barrier_steps;
 use crate::comm::Communicator;
-use crate::nbc::{Out, Sched, MISMATCH};
+use crate::nbc::{Out, Sched, Scratch, Steps, MISMATCH};
 use crate::request::Request;
 
 /// `bcast` messages of at least this many bytes go by scatter and allgather (MPICH's
@@ -47,9 +57,14 @@ use crate::request::Request;
 pub const BCAST_LONG_BYTES: usize = 12288;
 /// ... on at least this many ranks (MPICH's `MPIR_CVAR_BCAST_MIN_PROCS`).
 pub const BCAST_LONG_RANKS: u32 = 8;
-/// `allreduce` messages of at least this many bytes go by ring reduce-scatter and allgather
-/// (MPICH's `MPIR_CVAR_ALLREDUCE_SHORT_MSG_SIZE`).
+/// `allreduce` messages of at least this many bytes (and at least one element per rank) go
+/// by reduce-scatter and allgather: Rabenseifner's on a power of two of ranks, the ring's on
+/// others (MPICH's `MPIR_CVAR_ALLREDUCE_SHORT_MSG_SIZE`).
 pub const ALLREDUCE_LONG_BYTES: usize = 2048;
+/// `reduce` messages of at least this many bytes (and at least one element per rank) go by
+/// reduce-scatter and gather on a power of two of ranks (MPICH's
+/// `MPIR_CVAR_REDUCE_SHORT_MSG_SIZE`).
+pub const REDUCE_LONG_BYTES: usize = 2048;
 
 /// A predefined reduction (`MPI_Op`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -137,6 +152,25 @@ pub(crate) fn check_op<T: Reducible>(op: Op, sample: Option<&T>, what: &'static 
     }
 }
 
+
+/// `acc[i] = op(other[i], acc[i])`, in place (`op` checked for the type).
+fn reduce_into<T: Reducible>(op: Op, other: &[T], acc: &mut [T]) {
+    for (a, &o) in acc.iter_mut().zip(other) {
+        *a = T::apply(op, o, *a).expect("op checked for the type");
+    }
+}
+
+/// A collective's steps working in place in a buffer (`start_in`, `run_in_place`).
+pub(crate) trait InPlace<T>: for<'a, 'c> FnOnce(&'a Sched<'c>, &'a mut [T]) -> Steps<'a> + Send + 'static {}
+
+impl<T, F: for<'a, 'c> FnOnce(&'a Sched<'c>, &'a mut [T]) -> Steps<'a> + Send + 'static> InPlace<T> for F {}
+
+/// `f` as the steps of a collective in place (a closure passed here gets the signature,
+/// for every lifetime, that [`InPlace`] asks for).
+fn in_place<T, F: for<'a, 'c> FnOnce(&'a Sched<'c>, &'a mut [T]) -> Steps<'a> + Send + 'static>(f: F) -> F {
+    f
+}
+
 /// Block `i` of `n` nearly equal blocks of `len` elements (the last ones may be shorter or
 /// empty).
 fn block(len: usize, n: u32, i: u32) -> Range<usize> {
@@ -160,6 +194,11 @@ fn blocks(counts: &[usize], displs: &[usize], n: u32, len: usize, what: &'static
         .collect()
 }
 
+/// Blocks `a..b` (`a < b`) of `blocks`, which follow each other, as one range.
+fn span(blocks: &[Range<usize>], a: u32, b: u32) -> Range<usize> {
+    blocks[a as usize].start..blocks[b as usize - 1].end
+}
+
 /// `n` blocks of `len` elements, one after the other.
 fn even(len: usize, n: u32) -> Vec<Range<usize>> {
     (0..n as usize).map(|r| r * len..(r + 1) * len).collect()
@@ -177,10 +216,31 @@ impl Sched<'_> {
         self.run_steps::<u8>(&barrier_steps(self.comm), Vec::new(), |a, _| a.to_vec()).await.map(drop)
     }
 
-    /// Binomial-tree broadcast of `data` from `root` ([`bcast_steps`]).
-    async fn bcast_binomial<T: Primitive>(&self, data: &mut Vec<T>, root: u32) -> Result<(), Error> {
-        *data = self.run_steps(&bcast_steps(self.comm, root), std::mem::take(data), |a, _| a.to_vec()).await?;
-        Ok(())
+    /// Binomial-tree broadcast of `data` from `root`.
+    async fn bcast_binomial<T: Primitive>(&self, data: &mut [T], root: u32) -> Result<(), Error> {
+        let n = self.comm.size();
+        let vr = (self.comm.rank() + n - root) % n;
+        let mut mask = 1u32;
+        while mask < n {
+            if vr & mask != 0 {
+                let got = self.recv::<T>(self.at(vr - mask, root), data.len()).await?;
+                data.copy_from_slice(&got);
+                break;
+            }
+            mask <<= 1;
+        }
+        mask >>= 1;
+        let children: Vec<u32> = std::iter::successors(Some(mask), |m| Some(m >> 1))
+            .take_while(|&m| m > 0)
+            .filter(|&m| vr + m < n)
+            .map(|m| self.at(vr + m, root))
+            .collect();
+        if children.is_empty() {
+            return Ok(());
+        }
+        // One copy of the data, shared by the sends to every child.
+        let shared = Arc::new(Scratch::copy_of(data));
+        self.exchange::<T>(None, children.into_iter().map(|w| (w, shared.clone())).collect()).await.map(drop)
     }
 
     /// Broadcast by scatter and allgather: the root's `n` blocks go down a binomial tree
@@ -204,7 +264,7 @@ impl Sched<'_> {
         mask >>= 1;
         while mask > 0 {
             if vr + mask < n {
-                to.push((self.at(vr + mask, root), data[span(vr + mask, vr + 2 * mask)].to_vec()));
+                to.push((self.at(vr + mask, root), Scratch::copy_of(&data[span(vr + mask, vr + 2 * mask)])));
             }
             mask >>= 1;
         }
@@ -223,27 +283,111 @@ impl Sched<'_> {
         for step in 0..n.saturating_sub(1) {
             let out = &blocks[((vr + shift + n - step) % n) as usize];
             let inc = blocks[((vr + shift + 2 * n - step - 1) % n) as usize].clone();
-            let got = self.sendrecv(right, data[out.clone()].to_vec(), left, inc.len()).await?;
+            let got = self.sendrecv(right, Scratch::copy_of(&data[out.clone()]), left, inc.len()).await?;
             data[inc].copy_from_slice(&got);
         }
         Ok(())
     }
 
-    /// Ring allreduce of `data` with the commutative `f`: a reduce-scatter (in `n - 1` steps
-    /// each rank adds its part of the block passing by; rank `v` ends with block `v + 1`
-    /// reduced over every rank), then a ring allgather of the reduced blocks.
-    async fn allreduce_ring<T: Primitive>(&self, data: &mut [T], f: impl Fn(&[T], &[T]) -> Vec<T>) -> Result<(), Error> {
+    /// Ring allreduce of `data` with the predefined (commutative) `op`: a reduce-scatter (in
+    /// `n - 1` steps each rank adds its part of the block passing by, in place; rank `v` ends
+    /// with block `v + 1` reduced over every rank), then a ring allgather of the reduced
+    /// blocks.
+    async fn allreduce_ring<T: Reducible>(&self, data: &mut [T], op: Op) -> Result<(), Error> {
         let (n, me, len) = (self.comm.size(), self.comm.rank(), data.len());
         let blocks: Vec<_> = (0..n).map(|i| block(len, n, i)).collect();
         let (left, right) = (self.at(me + n - 1, 0), self.at(me + 1, 0));
         for step in 0..n - 1 {
             let out = blocks[((me + n - step) % n) as usize].clone();
             let inc = blocks[((me + 2 * n - step - 1) % n) as usize].clone();
-            let got = self.sendrecv(right, data[out].to_vec(), left, inc.len()).await?;
-            let sum = f(&got, &data[inc.clone()]);
-            data[inc].copy_from_slice(&sum);
+            let got = self.sendrecv(right, Scratch::copy_of(&data[out]), left, inc.len()).await?;
+            reduce_into(op, &got, &mut data[inc]);
         }
         self.ring_allgather(data, &blocks, 0, 1).await
+    }
+
+    /// Rabenseifner's allreduce of `data` with the predefined (commutative) `op` on a power
+    /// of two of ranks: a reduce-scatter by recursive halving, then an allgather by recursive
+    /// doubling ([Thakur 2005]; MPICH's `reduce_scatter_allgather`). `2 log2 n` steps
+    /// moving about `2 (n-1)/n` times the data per rank, as the ring does in `2 (n-1)` steps.
+    async fn allreduce_rabenseifner<T: Reducible>(&self, data: &mut [T], op: Op) -> Result<(), Error> {
+        let blocks = self.blocks_of(data.len());
+        self.reduce_scatter_halving(data, &blocks, 0, op).await?;
+        self.allgather_doubling(data, &blocks).await
+    }
+
+    /// The reduction of `data` with the predefined (commutative) `op` into `data` of `root`
+    /// on a power of two of ranks, for large messages: a reduce-scatter by recursive halving,
+    /// then a binomial gather of the reduced blocks to the root ([Thakur 2005];
+    /// MPICH's `reduce_scatter_gather`). The other ranks' `data` is left holding partial
+    /// reductions.
+    async fn reduce_large<T: Reducible>(&self, data: &mut [T], root: u32, op: Op) -> Result<(), Error> {
+        let blocks = self.blocks_of(data.len());
+        self.reduce_scatter_halving(data, &blocks, root, op).await?;
+        let n = self.comm.size();
+        let vr = (self.comm.rank() + n - root) % n;
+        // Rank `vr` holds blocks `vr..hi`, reduced over every rank.
+        let mut hi = vr + 1;
+        let mut mask = 1;
+        while mask < n {
+            if vr & mask != 0 {
+                return self.send(self.at(vr - mask, root), Scratch::copy_of(&data[span(&blocks, vr, hi)])).await;
+            }
+            let r = span(&blocks, hi, hi + mask);
+            let got = self.recv::<T>(self.at(vr + mask, root), r.len()).await?;
+            data[r].copy_from_slice(&got);
+            hi += mask;
+            mask <<= 1;
+        }
+        Ok(())
+    }
+
+    /// `len` elements in one block per rank.
+    fn blocks_of(&self, len: usize) -> Vec<Range<usize>> {
+        let n = self.comm.size();
+        (0..n).map(|i| block(len, n, i)).collect()
+    }
+
+    /// Reduce-scatter by recursive halving over a power of two of ranks counted from `root`,
+    /// in place: rank `v` (from the root) keeps, at each step, the half of its window of
+    /// `blocks` on its side of the partner `n / 2^(k+1)` away, sends the other half there and
+    /// reduces what comes back into the half it keeps; it ends with block `v` reduced over
+    /// every rank.
+    async fn reduce_scatter_halving<T: Reducible>(&self, data: &mut [T], blocks: &[Range<usize>], root: u32, op: Op) -> Result<(), Error> {
+        let n = self.comm.size();
+        let vr = (self.comm.rank() + n - root) % n;
+        let (mut lo, mut hi) = (0, n);
+        let mut mask = n / 2;
+        while mask > 0 {
+            let mid = lo + (hi - lo) / 2;
+            let (keep, give) = if vr & mask == 0 { ((lo, mid), (mid, hi)) } else { ((mid, hi), (lo, mid)) };
+            let (k, g) = (span(blocks, keep.0, keep.1), span(blocks, give.0, give.1));
+            let w = self.at(vr ^ mask, root);
+            let got = self.sendrecv(w, Scratch::copy_of(&data[g]), w, k.len()).await?;
+            reduce_into(op, &got, &mut data[k]);
+            (lo, hi) = keep;
+            mask >>= 1;
+        }
+        Ok(())
+    }
+
+    /// Allgather by recursive doubling over a power of two of ranks, after
+    /// [`reduce_scatter_halving`](Self::reduce_scatter_halving) from rank 0: each step trades
+    /// the window of `blocks` gathered so far with the partner's, the window doubling.
+    async fn allgather_doubling<T: Primitive>(&self, data: &mut [T], blocks: &[Range<usize>]) -> Result<(), Error> {
+        let (n, me) = (self.comm.size(), self.comm.rank());
+        let (mut lo, mut hi) = (me, me + 1);
+        let mut mask = 1;
+        while mask < n {
+            let theirs = if me & mask == 0 { (hi, hi + mask) } else { (lo - mask, lo) };
+            let r = span(blocks, theirs.0, theirs.1);
+            let w = self.at(me ^ mask, 0);
+            let got = self.sendrecv(w, Scratch::copy_of(&data[span(blocks, lo, hi)]), w, r.len()).await?;
+            data[r].copy_from_slice(&got);
+            (lo, hi) = (lo.min(theirs.0), hi.max(theirs.1));
+            mask <<= 1;
+        }
+        Ok(())
     }
 
     /// Reduces `value` over the world ranks `members` (this rank among them; each passes the
@@ -256,17 +400,72 @@ impl Sched<'_> {
         value: Vec<T>,
         f: impl Fn(&[T], &[T]) -> Vec<T>,
     ) -> Result<Vec<T>, Error> {
-        let steps = reduce_over_steps(members, self.comm.world_of(self.comm.rank()))?;
-        self.run_steps(&steps, value, f).await
+        let me_world = self.comm.world_of(self.comm.rank());
+        let me =
+            members.iter().position(|&w| w == me_world).ok_or(Error::InvalidArgument("a reduction over members without this rank"))? as u32;
+        let (n, len) = (members.len() as u32, value.len());
+        let w = |i: u32| members[i as usize];
+        let pof2 = 1u32 << (31 - n.leading_zeros());
+        let rem = n - pof2;
+        let mut buf = value;
+        // Fold: among the first `2 * rem` members, each even one hands its data to the odd
+        // one after it and waits for the result.
+        let newrank = if me < 2 * rem {
+            if me % 2 == 0 {
+                self.send(w(me + 1), buf.clone()).await?;
+                None
+            } else {
+                let lower = self.recv::<T>(w(me - 1), len).await?;
+                buf = f(&lower, &buf);
+                Some(me / 2)
+            }
+        } else {
+            Some(me - rem)
+        };
+        if let Some(nr) = newrank {
+            let mut mask = 1;
+            while mask < pof2 {
+                let partner = nr ^ mask;
+                let dst = if partner < rem { partner * 2 + 1 } else { partner + rem };
+                let theirs = self.sendrecv(w(dst), buf.clone(), w(dst), len).await?;
+                buf = if dst < me { f(&theirs, &buf) } else { f(&buf, &theirs) };
+                mask <<= 1;
+            }
+        }
+        if me < 2 * rem {
+            if me % 2 == 1 {
+                self.send(w(me - 1), buf.clone()).await?;
+            } else {
+                buf = self.recv(w(me + 1), len).await?.to_vec();
+            }
+        }
+        Ok(buf)
     }
 
-    /// Binomial-tree reduction of `data` into `data` of `root` (others' is left as it was;
-    /// [`reduce_steps`]).
-    async fn reduce<T: Primitive>(&self, data: &mut Vec<T>, root: u32, f: impl Fn(&[T], &[T]) -> Vec<T>) -> Result<(), Error> {
-        let out = self.run_steps(&reduce_steps(self.comm, root), data.clone(), f).await?;
-        if self.comm.rank() == root {
-            *data = out;
+    /// [`reduce_over`](Self::reduce_over) of `data`, in place.
+    async fn reduce_over_in<T: Primitive>(&self, members: &[u32], data: &mut [T], f: impl Fn(&[T], &[T]) -> Vec<T>) -> Result<(), Error> {
+        let v = self.reduce_over(members, data.to_vec(), f).await?;
+        data.copy_from_slice(&v);
+        Ok(())
+    }
+
+    /// Binomial-tree reduction of `data` into `data` of `root` (others' is left as it was).
+    async fn reduce<T: Primitive>(&self, data: &mut [T], root: u32, f: impl Fn(&[T], &[T]) -> Vec<T>) -> Result<(), Error> {
+        let (n, len) = (self.comm.size(), data.len());
+        let vr = (self.comm.rank() + n - root) % n;
+        let mut buf = data.to_vec();
+        let mut mask = 1u32;
+        while mask < n {
+            if vr & mask != 0 {
+                return self.send(self.at(vr - mask, root), buf).await;
+            }
+            if vr + mask < n {
+                let theirs = self.recv::<T>(self.at(vr + mask, root), len).await?;
+                buf = f(&buf, &theirs);
+            }
+            mask <<= 1;
         }
+        data.copy_from_slice(&buf);
         Ok(())
     }
 
@@ -282,7 +481,7 @@ impl Sched<'_> {
         }
         let others: Vec<u32> = (0..n).filter(|&r| r != me).collect();
         let from: Vec<_> = others.iter().map(|&r| (self.comm.world_of(r), blocks[r as usize].len())).collect();
-        let got = self.exchange_many::<T>(&from, Vec::new()).await?;
+        let got = self.exchange_many::<T>(&from, Vec::<(u32, Vec<T>)>::new()).await?;
         for (r, v) in others.into_iter().zip(got) {
             recv[blocks[r as usize].clone()].copy_from_slice(&v);
         }
@@ -303,7 +502,7 @@ impl Sched<'_> {
             return Err(MISMATCH);
         }
         let to = (0..n).filter(|&r| r != me).map(|r| (self.comm.world_of(r), send[blocks[r as usize].clone()].to_vec())).collect();
-        self.exchange(None, to).await?;
+        self.exchange::<T>(None, to).await?;
         recv.copy_from_slice(&send[blocks[me as usize].clone()]);
         Ok(())
     }
@@ -349,7 +548,7 @@ impl Sched<'_> {
                 if partner < me {
                     below = Some(match below {
                         Some(b) => f(&theirs, &b),
-                        None => theirs.clone(),
+                        None => theirs.to_vec(),
                     });
                     block = f(&theirs, &block);
                 } else {
@@ -369,18 +568,14 @@ macro_rules! steps {
         move |$s: &Sched<'_>| -> crate::nbc::Steps<'_> { Box::pin(async move { $body }) }
     };
     (|$s:ident, $w:ident| $body:expr) => {
-        move |$s: &Sched<'_>, $w: &mut Vec<_>| -> crate::nbc::Steps<'_> { Box::pin(async move { $body }) }
+        in_place(move |$s: &Sched<'_>, $w: &mut [_]| -> crate::nbc::Steps<'_> { Box::pin(async move { $body }) })
     };
 }
 
 impl Communicator {
-    /// Starts a collective whose result is `buf` as `steps` leave it: they get the schedule
-    /// and a copy of `buf` to work in, which is copied into `buf` when they end.
-    fn start_in<T: Primitive>(
-        &self,
-        buf: Vec<T>,
-        steps: impl for<'a> FnOnce(&'a Sched<'a>, &'a mut Vec<T>) -> crate::nbc::Steps<'a> + Send + 'static,
-    ) -> Result<Request<'_, Vec<T>>, Error> {
+    /// Starts a collective whose result is `buf` as `steps` leave it: they work in `buf`
+    /// itself, in place (`nbc::Out`).
+    fn start_in<T: Primitive>(&self, buf: Vec<T>, steps: impl InPlace<T>) -> Result<Request<'_, Vec<T>>, Error> {
         self.start_in_tagged(None, buf, steps)
     }
 
@@ -390,19 +585,17 @@ impl Communicator {
         &self,
         fixed: Option<i32>,
         mut buf: Vec<T>,
-        steps: impl for<'a> FnOnce(&'a Sched<'a>, &'a mut Vec<T>) -> crate::nbc::Steps<'a> + Send + 'static,
+        steps: impl InPlace<T>,
     ) -> Result<Request<'_, Vec<T>>, Error> {
         let bytes = std::mem::size_of_val(buf.as_slice());
-        let (out, mut work) = (Out::of(&mut buf), buf.clone());
+        let out = Out::of(&mut buf);
         self.start_collective(
             buf,
             bytes,
             fixed,
-            steps!(|s| {
-                steps(s, &mut work).await?;
-                out.write(&work);
-                Ok(())
-            }),
+            // SAFETY: the only call for this schedule; the request keeps `buf` until its
+            // steps are over.
+            steps!(|s| steps(s, unsafe { out.slice() }).await),
         )
     }
 
@@ -450,29 +643,48 @@ impl Communicator {
     /// gives `data` back, holding the root's elements. Every rank passes the same length and
     /// root.
     pub fn ibcast<T: Primitive>(&self, data: Vec<T>, root: u32) -> Result<Request<'_, Vec<T>>, Error> {
+        let steps = self.bcast_steps(&data, root)?;
+        self.start_in(data, steps)
+    }
+
+    /// The steps of a broadcast of `data` from `root` (checked).
+    fn bcast_steps<T: Primitive>(&self, data: &[T], root: u32) -> Result<impl InPlace<T>, Error> {
         self.check_root(root)?;
-        let long = std::mem::size_of_val(data.as_slice()) >= BCAST_LONG_BYTES && self.size() >= BCAST_LONG_RANKS;
-        self.start_in(
-            data,
-            steps!(|s, work| if long { s.bcast_scatter_allgather(work, root).await } else { s.bcast_binomial(work, root).await }),
-        )
+        let long = std::mem::size_of_val(data) >= BCAST_LONG_BYTES && self.size() >= BCAST_LONG_RANKS;
+        Ok(steps!(|s, work| if long { s.bcast_scatter_allgather(work, root).await } else { s.bcast_binomial(work, root).await }))
     }
 
     /// Copies `data` of rank `root` into `data` of every rank (`MPI_Bcast`). Every rank
     /// passes the same length and root.
     pub fn bcast<T: Primitive>(&self, data: &mut [T], root: u32) -> Result<(), Error> {
-        let (v, _) = self.ibcast(data.to_vec(), root)?.wait()?;
-        data.copy_from_slice(&v);
-        Ok(())
+        let steps = self.bcast_steps(data, root)?;
+        self.run_in_place(data, None, steps)
     }
 
     /// Starts reducing `data` elementwise over every rank with `op` into `data` of rank
     /// `root` (`MPI_Ireduce`); the other ranks get theirs back as it was. Every rank passes
     /// the same length, op and root.
     pub fn ireduce<T: Reducible>(&self, data: Vec<T>, op: Op, root: u32) -> Result<Request<'_, Vec<T>>, Error> {
+        let steps = self.reduce_steps(&data, op, root, true)?;
+        self.start_in(data, steps)
+    }
+
+    /// The steps of a reduction of `data` with `op` into `root` (checked).
+    ///
+    /// Large messages on a power of two of ranks take the reduce-scatter, which leaves a
+    /// rank's buffer holding partial reductions: with `keep`, the other ranks' buffers are
+    /// kept as they were (the steps work in a copy).
+    fn reduce_steps<T: Reducible>(&self, data: &[T], op: Op, root: u32, keep: bool) -> Result<impl InPlace<T>, Error> {
         self.check_root(root)?;
         let f = op_for(op, data.first(), "reduce: a bitwise op on floating-point elements")?;
-        self.start_in(data, steps!(|s, work| s.reduce(work, root, f).await))
+        let n = self.size();
+        let large = std::mem::size_of_val(data) >= REDUCE_LONG_BYTES && data.len() >= n as usize && n > 1 && n.is_power_of_two();
+        let copy = keep && self.rank() != root;
+        Ok(steps!(|s, work| match (large, copy) {
+            (true, true) => s.reduce_large(&mut work.to_vec(), root, op).await,
+            (true, false) => s.reduce_large(work, root, op).await,
+            (false, _) => s.reduce(work, root, f).await,
+        }))
     }
 
     /// Reduces `send` elementwise over every rank with `op` into `recv` of rank `root`
@@ -483,24 +695,36 @@ impl Communicator {
         if self.rank() == root && recv.len() != send.len() {
             return Err(Error::InvalidArgument("reduce: the root's receive buffer differs in length from the send buffer"));
         }
-        let (v, _) = self.ireduce(send.to_vec(), op, root)?.wait()?;
+        let steps = self.reduce_steps(send, op, root, false)?;
         if self.rank() == root {
-            recv.copy_from_slice(&v);
+            recv.copy_from_slice(send);
+            self.run_in_place(recv, None, steps)
+        } else {
+            // Left as it was: the steps work in a copy.
+            self.run_in_place(&mut send.to_vec(), None, steps)
         }
-        Ok(())
     }
 
     /// Starts reducing `data` elementwise over every rank with `op` into `data` of every rank
     /// (`MPI_Iallreduce`). Every rank passes the same length and op; a bitwise op on floats
     /// is an error.
     pub fn iallreduce<T: Reducible>(&self, data: Vec<T>, op: Op) -> Result<Request<'_, Vec<T>>, Error> {
+        let steps = self.allreduce_steps(&data, op)?;
+        self.start_in(data, steps)
+    }
+
+    /// The steps of an allreduce of `data` with `op`, by its size: recursive doubling or
+    /// the ring.
+    fn allreduce_steps<T: Reducible>(&self, data: &[T], op: Op) -> Result<impl InPlace<T>, Error> {
         let f = op_for(op, data.first(), "allreduce: a bitwise op on floating-point elements")?;
         let n = self.size();
-        let ring = std::mem::size_of_val(data.as_slice()) >= ALLREDUCE_LONG_BYTES && data.len() >= n as usize && n > 1;
-        if !ring {
-            return self.ireduce_over(None, self.group().world_ranks().clone(), data, f);
-        }
-        self.start_in(data, steps!(|s, work| s.allreduce_ring(work, f).await))
+        let ring = std::mem::size_of_val(data) >= ALLREDUCE_LONG_BYTES && data.len() >= n as usize && n > 1;
+        let members = self.group().world_ranks().clone();
+        Ok(steps!(|s, work| match (ring, n.is_power_of_two()) {
+            (true, true) => s.allreduce_rabenseifner(work, op).await,
+            (true, false) => s.allreduce_ring(work, op).await,
+            (false, _) => s.reduce_over_in(&members, work, f).await,
+        }))
     }
 
     /// Reduces `send` elementwise over every rank with `op` into `recv` of every rank
@@ -510,9 +734,9 @@ impl Communicator {
         if send.len() != recv.len() {
             return Err(Error::InvalidArgument("allreduce: send and receive buffers of different lengths"));
         }
-        let (v, _) = self.iallreduce(send.to_vec(), op)?.wait()?;
-        recv.copy_from_slice(&v);
-        Ok(())
+        let steps = self.allreduce_steps(send, op)?;
+        recv.copy_from_slice(send);
+        self.run_in_place(recv, None, steps)
     }
 
     /// [`iallreduce`](Self::iallreduce) with a user reduction `f(a, b)`, which must be
@@ -523,7 +747,13 @@ impl Communicator {
         data: Vec<T>,
         f: impl Fn(T, T) -> T + Send + Sync + 'static,
     ) -> Result<Request<'_, Vec<T>>, Error> {
-        self.ireduce_over(None, self.group().world_ranks().clone(), data, move |a, b| zip_with(a, b, &f))
+        self.start_in(data, self.allreduce_with_steps(f))
+    }
+
+    /// The steps of an allreduce with the user reduction `f` (recursive doubling).
+    fn allreduce_with_steps<T: Primitive>(&self, f: impl Fn(T, T) -> T + Send + Sync + 'static) -> impl InPlace<T> {
+        let members = self.group().world_ranks().clone();
+        steps!(|s, work| s.reduce_over_in(&members, work, move |a, b| zip_with(a, b, &f)).await)
     }
 
     /// [`allreduce`](Self::allreduce) with a user reduction `f(a, b)`, which must be
@@ -539,7 +769,8 @@ impl Communicator {
         if send.len() != recv.len() {
             return Err(Error::InvalidArgument("allreduce: send and receive buffers of different lengths"));
         }
-        finish_into(self.iallreduce_with(send.to_vec(), f)?, recv, true)
+        recv.copy_from_slice(send);
+        self.run_in_place(recv, None, self.allreduce_with_steps(f))
     }
 
     /// Reduces `value` over the world ranks `members` (this rank among them) on the
@@ -562,14 +793,7 @@ impl Communicator {
         value: Vec<T>,
         f: impl Fn(&[T], &[T]) -> Vec<T> + Send + Sync + 'static,
     ) -> Result<Request<'_, Vec<T>>, Error> {
-        self.start_in_tagged(
-            fixed,
-            value,
-            steps!(|s, work| {
-                *work = s.reduce_over(&members, std::mem::take(work), f).await?;
-                Ok(())
-            }),
-        )
+        self.start_in_tagged(fixed, value, steps!(|s, work| s.reduce_over_in(&members, work, f).await))
     }
 
     /// Starts gathering `send` of every rank into `recv` of rank `root`, rank `r`'s at
@@ -698,7 +922,12 @@ impl Communicator {
     /// `r * send.len()` (`MPI_Allgather`; a ring of `size - 1` steps). `recv` holds
     /// `size * send.len()` elements.
     pub fn allgather<T: Primitive>(&self, send: &[T], recv: &mut [T]) -> Result<(), Error> {
-        finish_into(self.iallgather(send, recv.to_vec())?, recv, true)
+        if recv.len() != self.size() as usize * send.len() {
+            return Err(Error::InvalidArgument("allgather: the receive buffer is not size x the send buffer"));
+        }
+        let blocks = even(send.len(), self.size());
+        recv[blocks[self.rank() as usize].clone()].copy_from_slice(send);
+        self.run_in_place(recv, None, steps!(|s, work| s.ring_allgather(work, &blocks, 0, 0).await))
     }
 
     /// Starts gathering `send` of every rank `r` into `recv[displs[r]..][..counts[r]]` of every
@@ -808,18 +1037,8 @@ impl Communicator {
 
     /// [`iscan`](Self::iscan) (`inclusive`) or [`iexscan`](Self::iexscan).
     fn prefix<T: Reducible>(&self, data: Vec<T>, op: Op, inclusive: bool) -> Result<Request<'_, Vec<T>>, Error> {
-        let f = op_for(op, data.first(), "scan: a bitwise op on floating-point elements")?;
-        self.start_in(
-            data,
-            steps!(|s, work| {
-                match s.prefix(work, f).await? {
-                    Some(below) if inclusive => *work = f(&below, work),
-                    Some(below) => *work = below,
-                    None => {}
-                }
-                Ok(())
-            }),
-        )
+        let steps = prefix_steps(&data, op, inclusive)?;
+        self.start_in(data, steps)
     }
 
     /// Inclusive prefix reduction (`MPI_Scan`): `recv` of rank `r` is `send` of ranks
@@ -829,7 +1048,9 @@ impl Communicator {
         if send.len() != recv.len() {
             return Err(Error::InvalidArgument("scan: send and receive buffers of different lengths"));
         }
-        finish_into(self.iscan(send.to_vec(), op)?, recv, true)
+        let steps = prefix_steps(send, op, true)?;
+        recv.copy_from_slice(send);
+        self.run_in_place(recv, None, steps)
     }
 
     /// Exclusive prefix reduction (`MPI_Exscan`): `recv` of rank `r > 0` is `send` of ranks
@@ -845,6 +1066,23 @@ impl Communicator {
         }
         Ok(())
     }
+}
+
+/// The steps of a prefix reduction of `data` with `op`, `inclusive` (`scan`) or not
+/// (`exscan`).
+fn prefix_steps<T: Reducible>(data: &[T], op: Op, inclusive: bool) -> Result<impl InPlace<T>, Error> {
+    let f = op_for(op, data.first(), "scan: a bitwise op on floating-point elements")?;
+    Ok(steps!(|s, work| {
+        match s.prefix(work, f).await? {
+            Some(below) if inclusive => {
+                let v = f(&below, work);
+                work.copy_from_slice(&v);
+            }
+            Some(below) => work.copy_from_slice(&below),
+            None => {}
+        }
+        Ok(())
+    }))
 }
 
 /// Waits for a blocking collective's request and, if `copy`, copies its buffer into `into`.

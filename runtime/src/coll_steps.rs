@@ -1,9 +1,10 @@
 //! The collectives' algorithms as plans of steps, one plan per rank, in world ranks: each
 //! step sends the working data to some ranks and receives at most one message, posted at
-//! once, and then replaces or combines the working data with what it received. The
-//! nonblocking collectives run a plan as the steps of their schedule
-//! ([`Sched::run_steps`], `nbc.rs`); a persistent collective fixes its plan at init and runs
-//! it again at every start (`persistent_coll.rs`).
+//! once, and then replaces or combines the working data with what it received. A
+//! persistent collective fixes its plan at init and runs it again at every start
+//! (`persistent_coll.rs`); the nonblocking barrier runs its plan as the steps of its
+//! schedule ([`Sched::run_steps`], `nbc.rs`), while the nonblocking broadcast and reductions
+//! run the same trees in place in the caller's buffer (`coll.rs`).
 //!
 //! The plans here: a dissemination barrier, a binomial-tree broadcast and reduce, and a
 //! recursive doubling reduction over any list of members (the allreduce's, and communicator
@@ -188,7 +189,7 @@ impl Sched<'_> {
             }
             work = match step.then {
                 Then::Nothing => work,
-                Then::Replace => got,
+                Then::Replace => got.to_vec(),
                 Then::Combine { theirs_first: true } => f(&got, &work),
                 Then::Combine { theirs_first: false } => f(&work, &got),
             };

@@ -78,6 +78,8 @@ pub struct Communicator {
 pub(crate) struct RankMap(
     /// Per world rank, its rank in the group (`u32::MAX`: not a member).
     Arc<[u32]>,
+    /// Whether every world rank is its own rank in the group (nothing to translate).
+    bool,
 );
 
 impl RankMap {
@@ -148,7 +150,7 @@ impl Communicator {
             coll,
             group,
             rank,
-            of_world: RankMap(of_world.into()),
+            of_world: RankMap(of_world.clone().into(), of_world.iter().enumerate().all(|(w, &r)| r == w as u32)),
             coll_seq: Arc::new(AtomicU32::new(0)),
         })
     }
@@ -185,6 +187,11 @@ impl Communicator {
     #[inline]
     pub(crate) fn local_outcome(&self, o: weft_sync::Outcome) -> weft_sync::Outcome {
         self.of_world.outcome(o)
+    }
+
+    /// Whether ranks here differ from world ranks (statuses and errors need translating).
+    pub(crate) fn renames_ranks(&self) -> bool {
+        !self.of_world.1
     }
 
     /// The translation of world ranks to ranks here, to keep beyond a borrow.

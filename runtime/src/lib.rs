@@ -217,7 +217,7 @@ mod runtime;
 mod wait;
 
 pub use buffer::{Primitive, RecvBuf, SendBuf};
-pub use coll::{Op, Reducible, ALLREDUCE_LONG_BYTES, BCAST_LONG_BYTES, BCAST_LONG_RANKS};
+pub use coll::{Op, Reducible, ALLREDUCE_LONG_BYTES, BCAST_LONG_BYTES, BCAST_LONG_RANKS, REDUCE_LONG_BYTES};
 pub use comm::{Assertions, Communicator};
 
 pub use config::{Assignment, Config, Locks, MatchingMode, ProgressMode, Provider};

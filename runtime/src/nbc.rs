@@ -29,7 +29,7 @@ use std::task::{Context, Poll, Wake, Waker};
 
 use weft_sync::{Error, Status};
 
-use crate::buffer::Primitive;
+use crate::buffer::{Primitive, RecvBuf, SendBuf};
 use crate::comm::Communicator;
 use crate::engine::Schedule;
 use crate::matching::{Source, Tag};
@@ -66,12 +66,26 @@ pub(crate) enum CollTag {
 pub(crate) struct Sched<'c> {
     pub(crate) comm: &'c Communicator,
     tag: i32,
-    notice: Option<Request<'c, Vec<u32>>>,
+    /// Whether the members tell each other of failures (a sequence number's tags, more
+    /// than one member).
+    notices: bool,
+    /// The receive for a failure notice, posted once the schedule has been found waiting
+    /// [`NOTICE_AFTER_POLLS`] times.
+    notice: std::sync::OnceLock<Request<'c, Vec<u32>>>,
+    /// Polls that found a step waiting.
+    waits: std::sync::atomic::AtomicU32,
 }
 
-/// Where a nonblocking collective writes its result: the request's buffer, which the request
-/// (or the runtime's share of it, if the request is dropped) keeps alive until the schedule
-/// completes it.
+/// Polls of a waiting step before the schedule posts its receive for failure notices. A
+/// collective that ends quickly (the common case: its members are all there) never posts
+/// it, which spares it a receive from any source and its cancellation; a notice sent
+/// before is kept by matching until the receive is posted.
+const NOTICE_AFTER_POLLS: u32 = 32;
+
+/// The buffer a collective works in, in place: the request's buffer (which the request, or
+/// the runtime's share of it if the request is dropped, keeps alive until the schedule
+/// completes it), or the caller's slice of a blocking collective (borrowed until its request
+/// completed, [`Communicator::run_in_place`]).
 pub(crate) struct Out<T> {
     ptr: *mut T,
     len: usize,
@@ -82,17 +96,173 @@ pub(crate) struct Out<T> {
 unsafe impl<T: Send> Send for Out<T> {}
 
 impl<T: Primitive> Out<T> {
-    pub(crate) fn of(v: &mut Vec<T>) -> Self {
+    pub(crate) fn of(v: &mut [T]) -> Self {
         Out { ptr: v.as_mut_ptr(), len: v.len() }
     }
 
-    /// Copies `from` (as long as the buffer) into the buffer.
+    /// The buffer, for the schedule's steps to work in.
+    ///
+    /// # Safety
+    /// Called once per schedule, by its steps, which drop the slice before the request's
+    /// cell completes; the transport never holds a pointer into it (the steps send copies
+    /// and receive into buffers of their own), so nothing touches it after completion.
+    /// Copies `from` (as long as the buffer) into the buffer (a persistent collective's
+    /// result, kept in its schedule's own working buffer).
     pub(crate) fn write(&self, from: &[T]) {
         assert_eq!(from.len(), self.len, "a collective's result fills its buffer");
         // SAFETY: `ptr` addresses `len` elements of the request's buffer, alive until the
         // request's cell completes, which happens only after this returns; nothing else
         // reads or writes them meanwhile (the owner reads after completion).
         unsafe { std::ptr::copy_nonoverlapping(from.as_ptr(), self.ptr, self.len) };
+    }
+
+    #[allow(clippy::mut_from_ref)]
+    pub(crate) unsafe fn slice(&self) -> &mut [T] {
+        // SAFETY: `ptr` addresses `len` elements alive until the request's cell completes,
+        // which happens only after the steps (and this borrow) are over; nothing else reads
+        // or writes them meanwhile (the owner reads after completion).
+        unsafe { std::slice::from_raw_parts_mut(self.ptr, self.len) }
+    }
+}
+
+/// Waits out a blocking collective's schedule if the caller unwinds before its request
+/// completed (a panic in a continuation or a sync object's delivery run by the wait): the
+/// schedule works in the caller's slice, which must outlive it.
+struct Outlive<'c> {
+    comm: &'c Communicator,
+    op: Arc<Operation>,
+}
+
+impl Drop for Outlive<'_> {
+    fn drop(&mut self) {
+        while !self.op.cell.is_complete() {
+            let _ = self.comm.engine().progress_once();
+        }
+    }
+}
+
+/// Storage unit of [`Scratch`]: aligned for every [`Primitive`].
+type Unit = u128;
+
+/// Scratch buffers at least this large go back to [`POOL`] when dropped (smaller ones cost
+/// the allocator little).
+const POOL_MIN_BYTES: usize = 16 << 10;
+
+/// Bytes [`POOL`] keeps at most, all buffers together.
+const POOL_MAX_BYTES: usize = 64 << 20;
+
+/// Buffers [`POOL`] keeps at most.
+const POOL_MAX_BUFFERS: usize = 16;
+
+/// The collectives' spare scratch buffers, kept by the process between collectives.
+///
+/// A large message's buffer freshly allocated is fresh memory: the allocator maps it (or
+/// takes it back from the heap's trimmed top) and every page of it faults on its first
+/// write — for 1 MiB, 256 faults, which cost more than the copy itself. A collective
+/// step's copies and receives take their buffers from here instead, whose pages are
+/// already mapped, as Open MPI's and MPICH's collectives use buffers they keep.
+static POOL: parking_lot::Mutex<Vec<Vec<Unit>>> = parking_lot::Mutex::new(Vec::new());
+
+/// A buffer of `T`s for one message of a collective step (what it sends, or what it
+/// receives): the smallest spare buffer of [`POOL`] that holds it, given back when dropped
+/// (also when the runtime drops it, for a request abandoned in flight).
+pub(crate) struct Scratch<T> {
+    store: Vec<Unit>,
+    /// Elements written (or received).
+    len: usize,
+    /// Elements a receive accepts at most.
+    cap: usize,
+    _t: std::marker::PhantomData<T>,
+}
+
+impl<T: Primitive> Scratch<T> {
+    /// A buffer for `cap` elements, none written.
+    fn with_capacity(cap: usize) -> Self {
+        let bytes = cap * std::mem::size_of::<T>();
+        let units = bytes.div_ceil(std::mem::size_of::<Unit>());
+        let store = (bytes >= POOL_MIN_BYTES)
+            .then(|| {
+                let mut pool = POOL.lock();
+                // A buffer more than twice as large is left for a larger message.
+                let fits = |v: &Vec<Unit>| (units..=2 * units).contains(&v.capacity());
+                let best = (0..pool.len()).filter(|&i| fits(&pool[i])).min_by_key(|&i| pool[i].capacity())?;
+                Some(pool.swap_remove(best))
+            })
+            .flatten()
+            .unwrap_or_else(|| Vec::with_capacity(units));
+        Scratch { store, len: 0, cap, _t: std::marker::PhantomData }
+    }
+
+    /// A copy of `data`.
+    pub(crate) fn copy_of(data: &[T]) -> Self {
+        let mut s = Self::with_capacity(data.len());
+        // SAFETY: the store holds `cap = data.len()` elements of `T` (`Unit`'s alignment is
+        // every primitive's), not overlapping `data`.
+        unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), s.store.as_mut_ptr().cast::<T>(), data.len()) };
+        s.len = data.len();
+        s
+    }
+
+    /// A receive buffer for `len` elements.
+    pub(crate) fn for_recv(len: usize) -> Self {
+        Self::with_capacity(len)
+    }
+}
+
+impl<T: Primitive> std::ops::Deref for Scratch<T> {
+    type Target = [T];
+
+    fn deref(&self) -> &[T] {
+        // SAFETY: the first `len` elements were written (`copy_of`, or a receive's `filled`);
+        // the store is aligned for `T`.
+        unsafe { std::slice::from_raw_parts(self.store.as_ptr().cast::<T>(), self.len) }
+    }
+}
+
+impl<T> Drop for Scratch<T> {
+    fn drop(&mut self) {
+        let bytes = self.store.capacity() * std::mem::size_of::<Unit>();
+        if !(POOL_MIN_BYTES..=POOL_MAX_BYTES).contains(&bytes) {
+            return;
+        }
+        let mut pool = POOL.lock();
+        pool.push(std::mem::take(&mut self.store));
+        // Over the bounds: the smallest buffers go first.
+        let total = |p: &Vec<Vec<Unit>>| p.iter().map(|v| v.capacity() * std::mem::size_of::<Unit>()).sum::<usize>();
+        while pool.len() > POOL_MAX_BUFFERS || total(&pool) > POOL_MAX_BYTES {
+            let smallest = (0..pool.len()).min_by_key(|&i| pool[i].capacity()).expect("the pool is not empty");
+            drop(pool.swap_remove(smallest));
+        }
+    }
+}
+
+// SAFETY: the store's heap memory does not move when the `Scratch` moves, and nothing
+// writes it while a send borrows it (the schedule owns the buffer and awaits the send).
+unsafe impl<T: Primitive> SendBuf for Scratch<T> {
+    fn as_bytes(&self) -> &[u8] {
+        // SAFETY: the first `len` elements were written, and `T: Primitive` has no padding.
+        unsafe { std::slice::from_raw_parts(self.store.as_ptr().cast::<u8>(), std::mem::size_of_val(&**self)) }
+    }
+}
+
+// SAFETY: as for `Scratch`: a shared one is never written while shared.
+unsafe impl<T: Primitive> SendBuf for Arc<Scratch<T>> {
+    fn as_bytes(&self) -> &[u8] {
+        (**self).as_bytes()
+    }
+}
+
+// SAFETY: the receive area is the store's first `cap` elements (heap memory that does not
+// move); `filled` sets the length to the elements received.
+unsafe impl<T: Primitive> RecvBuf for Scratch<T> {
+    fn elem_size(&self) -> usize {
+        std::mem::size_of::<T>().max(1)
+    }
+    fn spare(&mut self) -> (*mut u8, usize) {
+        (self.store.as_mut_ptr().cast(), self.cap * std::mem::size_of::<T>())
+    }
+    unsafe fn filled(&mut self, bytes: usize) {
+        self.len = bytes / self.elem_size();
     }
 }
 
@@ -113,7 +283,7 @@ pub(crate) type Steps<'a> = Pin<Box<dyn Future<Output = Result<(), Error>> + Sen
 /// whoever polls the schedule does.
 struct Done<'r, 'c, B: Send + 'static> {
     req: &'r mut Request<'c, B>,
-    notice: Option<&'r Request<'c, Vec<u32>>>,
+    sched: &'r Sched<'c>,
 }
 
 impl<B: Send + 'static> Future for Done<'_, '_, B> {
@@ -124,9 +294,20 @@ impl<B: Send + 'static> Future for Done<'_, '_, B> {
             let comm = self.req.communicator();
             return Poll::Ready(self.req.take().unwrap_or(Err(CONSUMED)).map(|(b, _)| b).map_err(|e| step_error(comm, e)));
         }
-        if self.notice.is_some_and(|n| n.is_complete()) {
-            // Read by `Sched::finish`.
-            return Poll::Ready(Err(Error::Cancelled));
+        let s = self.sched;
+        if let Some(n) = s.notice.get() {
+            if n.is_complete() {
+                // Read by `Sched::finish`.
+                return Poll::Ready(Err(Error::Cancelled));
+            }
+        } else if s.notices && s.waits.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1 >= NOTICE_AFTER_POLLS {
+            let c = s.comm;
+            match c.irecv_on(c.coll_state(), Vec::<u32>::with_capacity(2), Source::Any, Tag::Is(s.tag - 1)) {
+                // Only the thread advancing the schedule sets it.
+                Ok(r) => drop(s.notice.set(r)),
+                Err(e) => return Poll::Ready(Err(e)),
+            }
+            // A notice already here completed it: read on the next poll.
         }
         Poll::Pending
     }
@@ -149,36 +330,35 @@ pub(crate) fn seq_tag(seq: u32) -> i32 {
 }
 
 impl<'c> Sched<'c> {
-    /// A collective on `comm` under `tag`: the tags of sequence number `seq`, with the receive
-    /// for failure notices posted, or a fixed tag without notices.
-    fn new(comm: &'c Communicator, tag: CollTag) -> Result<Self, Error> {
+    /// A collective on `comm` under `tag`: the tags of sequence number `seq`, with failure
+    /// notices, or a fixed tag without.
+    fn new(comm: &'c Communicator, tag: CollTag) -> Self {
         let (tag, notices) = match tag {
             CollTag::Seq(seq) => (seq_tag(seq), comm.size() > 1),
             CollTag::Fixed(t) => (t, false),
         };
-        let notice = if notices {
-            Some(comm.irecv_on(comm.coll_state(), Vec::<u32>::with_capacity(2), Source::Any, Tag::Is(tag - 1))?)
-        } else {
-            None
-        };
-        Ok(Sched { comm, tag, notice })
+        Sched { comm, tag, notices, notice: std::sync::OnceLock::new(), waits: std::sync::atomic::AtomicU32::new(0) }
     }
 
     /// Waits for `req` as a step of this schedule.
     async fn done<B: Send + 'static>(&self, req: &mut Request<'c, B>) -> Result<B, Error> {
-        Done { req, notice: self.notice.as_ref() }.await
+        Done { req, sched: self }.await
     }
 
     /// Receives from each world rank of `from` its given number of elements on the
     /// collective context, posting every receive before the sends of `to` (world ranks and
     /// their data) go out, so that large messages (by rendezvous) never wait on each other.
     /// A message of another length than expected is [`MISMATCH`].
-    pub(crate) async fn exchange_many<T: Primitive>(&self, from: &[(u32, usize)], to: Vec<(u32, Vec<T>)>) -> Result<Vec<Vec<T>>, Error> {
+    pub(crate) async fn exchange_many<T: Primitive>(
+        &self,
+        from: &[(u32, usize)],
+        to: Vec<(u32, impl SendBuf)>,
+    ) -> Result<Vec<Scratch<T>>, Error> {
         let (c, tag) = (self.comm, self.tag);
         let coll = c.coll_state();
         let mut rx = from
             .iter()
-            .map(|&(w, len)| c.irecv_on(coll, Vec::<T>::with_capacity(len), Source::Rank(w), Tag::Is(tag)))
+            .map(|&(w, len)| c.irecv_on(coll, Scratch::<T>::for_recv(len), Source::Rank(w), Tag::Is(tag)))
             .collect::<Result<Vec<_>, _>>()?;
         let mut tx = to.into_iter().map(|(w, v)| c.isend_on(coll, v, w, tag)).collect::<Result<Vec<_>, _>>()?;
         let mut got = Vec::with_capacity(rx.len());
@@ -196,23 +376,27 @@ impl<'c> Sched<'c> {
     }
 
     /// [`exchange_many`](Self::exchange_many) with at most one receive.
-    pub(crate) async fn exchange<T: Primitive>(&self, from: Option<(u32, usize)>, to: Vec<(u32, Vec<T>)>) -> Result<Option<Vec<T>>, Error> {
+    pub(crate) async fn exchange<T: Primitive>(
+        &self,
+        from: Option<(u32, usize)>,
+        to: Vec<(u32, impl SendBuf)>,
+    ) -> Result<Option<Scratch<T>>, Error> {
         let from: Vec<(u32, usize)> = from.into_iter().collect();
         Ok(self.exchange_many(&from, to).await?.pop())
     }
 
     /// Receives `len` elements from world rank `w`.
-    pub(crate) async fn recv<T: Primitive>(&self, w: u32, len: usize) -> Result<Vec<T>, Error> {
-        Ok(self.exchange(Some((w, len)), Vec::new()).await?.expect("a receive was posted"))
+    pub(crate) async fn recv<T: Primitive>(&self, w: u32, len: usize) -> Result<Scratch<T>, Error> {
+        Ok(self.exchange(Some((w, len)), Vec::<(u32, Vec<T>)>::new()).await?.expect("a receive was posted"))
     }
 
     /// Sends `v` to world rank `w` (and waits for the send).
-    pub(crate) async fn send<T: Primitive>(&self, w: u32, v: Vec<T>) -> Result<(), Error> {
-        self.exchange::<T>(None, vec![(w, v)]).await.map(drop)
+    pub(crate) async fn send(&self, w: u32, v: impl SendBuf) -> Result<(), Error> {
+        self.exchange::<u8>(None, vec![(w, v)]).await.map(drop)
     }
 
     /// Sends `v` to world rank `w` while receiving `len` elements from world rank `from`.
-    pub(crate) async fn sendrecv<T: Primitive>(&self, w: u32, v: Vec<T>, from: u32, len: usize) -> Result<Vec<T>, Error> {
+    pub(crate) async fn sendrecv<T: Primitive>(&self, w: u32, v: impl SendBuf, from: u32, len: usize) -> Result<Scratch<T>, Error> {
         Ok(self.exchange(Some((from, len)), vec![(w, v)]).await?.expect("a receive was posted"))
     }
 
@@ -220,12 +404,14 @@ impl<'c> Sched<'c> {
     /// of this rank's own is reported to every other member; a notice not used is
     /// cancelled.
     fn finish(mut self, res: Result<(), Error>) -> Result<(), Error> {
-        let Some(mut notice) = self.notice.take() else { return res };
+        if !self.notices {
+            return res;
+        }
+        let notice = self.notice.take();
         let Err(e) = res else { return Ok(()) };
-        if notice.is_complete() {
+        if let Some(mut notice) = notice.filter(|n| n.is_complete()) {
             return Err(notice_error(self.comm, notice.take(), e));
         }
-        drop(notice);
         send_notices(self.comm, self.tag, e);
         Err(e)
     }
@@ -307,8 +493,19 @@ impl Communicator {
         buf: B,
         bytes: usize,
         fixed: Option<i32>,
-        steps: impl for<'a> FnOnce(&'a Sched<'a>) -> Steps<'a> + Send + 'static,
+        steps: impl for<'a, 'c> FnOnce(&'a Sched<'c>) -> Steps<'a> + Send + 'static,
     ) -> Result<Request<'_, B>, Error> {
+        self.start_schedule_of(buf, bytes, fixed, steps).map(|(req, _)| req)
+    }
+
+    /// [`start_collective`](Self::start_collective), also giving the request's operation.
+    fn start_schedule_of<B: Send + 'static>(
+        &self,
+        buf: B,
+        bytes: usize,
+        fixed: Option<i32>,
+        steps: impl for<'a, 'c> FnOnce(&'a Sched<'c>) -> Steps<'a> + Send + 'static,
+    ) -> Result<(Request<'_, B>, Arc<Operation>), Error> {
         if self.is_freed() {
             return Err(Error::CommFreed);
         }
@@ -318,14 +515,37 @@ impl Communicator {
         };
         let comm = self.clone();
         let all: Steps<'static> = Box::pin(async move {
-            let s = Sched::new(&comm, tag)?;
+            let s = Sched::new(&comm, tag);
             let res = steps(&s).await;
             s.finish(res)
         });
         let op = new_operation(|i| i.context = self.coll_state().context);
         let status = Status { source: self.world_of(self.rank()), tag: 0, bytes };
         let req = Request::collective(self, op.clone(), buf);
-        self.engine().start_schedule(Box::new(Nbc { steps: Some(all), op, status }));
-        Ok(req)
+        self.engine().start_schedule(Box::new(Nbc { steps: Some(all), op: op.clone(), status }));
+        Ok((req, op))
+    }
+
+    /// Runs a blocking collective in place in `data`, the caller's buffer: `steps` get the
+    /// schedule and `data` to work in, and this returns once they ended. No copy of `data`
+    /// is made on the way in or out (a nonblocking collective works in its request's buffer
+    /// instead).
+    pub(crate) fn run_in_place<T: Primitive>(
+        &self,
+        data: &mut [T],
+        fixed: Option<i32>,
+        steps: impl for<'a, 'c> FnOnce(&'a Sched<'c>, &'a mut [T]) -> Steps<'a> + Send + 'static,
+    ) -> Result<(), Error> {
+        let bytes = std::mem::size_of_val(data);
+        let out = Out::of(data);
+        let (req, op) = self.start_schedule_of((), bytes, fixed, move |s: &Sched<'_>| -> Steps<'_> {
+            Box::pin(async move {
+                // SAFETY: the only call for this schedule; `data` is borrowed until the
+                // request completed (`Outlive` waits it out on an unwind).
+                steps(s, unsafe { out.slice() }).await
+            })
+        })?;
+        let _outlive = Outlive { comm: self, op };
+        req.wait().map(drop)
     }
 }

@@ -258,6 +258,12 @@ unsafe impl<B: Send + 'static> Attach for Persistent<'_, B> {
 }
 
 impl<B: Send + 'static> progress::Waitable for Persistent<'_, B> {
+    fn own_cell(&self) -> &CompletionCell {
+        match &self.active {
+            Some(r) => r.own_cell(),
+            None => consumed_cell(&self.consumed),
+        }
+    }
     fn is_complete(&self) -> bool {
         self.active.as_ref().map_or(true, Request::is_complete)
     }

@@ -80,6 +80,10 @@ pub struct Request<'c, B: Send + 'static> {
     /// The tag partition of the communicator the operation is matched in (0 unless it
     /// asserts `no_any_tag`): a waiter attends its CRI for this partition.
     part: u16,
+    /// On a communicator whose ranks are not the world's: the cell a user's sync object
+    /// attaches to, completed with the operation's outcome in ranks here (made on the first
+    /// attach; `None` if the operation's cell was attached already).
+    relay: std::sync::OnceLock<Option<Arc<Operation>>>,
 }
 
 impl<B: Send + 'static> fmt::Debug for Request<'_, B> {
@@ -89,14 +93,54 @@ impl<B: Send + 'static> fmt::Debug for Request<'_, B> {
 }
 
 // SAFETY: the cell stays alive while the request or the runtime holds `inner` (the runtime
-// keeps its own `Arc` until it completes the cell), and the runtime completes it once.
+// keeps its own `Arc` until it completes the cell), and the runtime completes it once; a
+// relay lives in the request and in the callback that completes it, once.
 unsafe impl<B: Send + 'static> Attach for Request<'_, B> {
+    /// The cell a sync object attaches to. Statuses and errors name the ranks of the
+    /// request's communicator: on one whose ranks are not the world's, a relay cell that the
+    /// operation's completion completes with its outcome translated.
     fn completion_cell(&self) -> &CompletionCell {
+        match &self.inner {
+            Some(i) if self.comm.renames_ranks() => match self.relay.get_or_init(|| self.relay_of(i)) {
+                Some(relay) => &relay.cell,
+                None => &i.cell,
+            },
+            _ => self.own_cell(),
+        }
+    }
+}
+
+impl<B: Send + 'static> Request<'_, B> {
+    /// The cell the operation completes (a sent request's made here, completed), which
+    /// the runtime's own waits attach to.
+    pub(crate) fn own_cell(&self) -> &CompletionCell {
         match (&self.inner, self.sent) {
             (Some(i), _) => &i.cell,
-            (None, Some(st)) => &self.sent_cell.get_or_init(|| new_operation(|i| i.cell.reset_completed(Ok(st)))).cell,
+            (None, Some(st)) => {
+                let st = self.comm.local_status(st);
+                &self.sent_cell.get_or_init(|| new_operation(|i| i.cell.reset_completed(Ok(st)))).cell
+            }
             (None, None) => consumed_cell(&self.sent_cell),
         }
+    }
+
+    /// A relay for `inner`'s completion, its outcome translated to ranks here; `None` if
+    /// `inner`'s cell is attached already (the attach to the relay is refused then too).
+    fn relay_of(&self, inner: &Arc<Operation>) -> Option<Arc<Operation>> {
+        /// The operation's own cell, for the callback to attach to.
+        struct Cell<'a>(&'a Operation);
+        // SAFETY: the operation's cell, alive while `inner` is.
+        unsafe impl Attach for Cell<'_> {
+            fn completion_cell(&self) -> &CompletionCell {
+                &self.0.cell
+            }
+        }
+        let relay = new_operation(|_| {});
+        let (to, ranks) = (relay.clone(), self.comm.rank_map());
+        let complete = move |o: Outcome| {
+            to.cell.complete(ranks.outcome(o));
+        };
+        weft_sync::on_complete(&mut Cell(inner), Box::new(complete)).ok().map(|()| relay)
     }
 }
 
@@ -146,7 +190,17 @@ pub(crate) unsafe fn unbound<B: Send + 'static>(r: Request<'_, B>) -> Request<'s
 impl<'c, B: Send + 'static> Request<'c, B> {
     /// Every field once; `filled` is set by `recv` for receives.
     fn with(comm: &'c Communicator, inner: Option<Arc<Operation>>, buf: B, kind: Kind, sent: Option<Status>, part: usize) -> Self {
-        Request { comm, inner, buf: Some(buf), kind, filled: None, sent, sent_cell: std::sync::OnceLock::new(), part: part as u16 }
+        Request {
+            comm,
+            inner,
+            buf: Some(buf),
+            kind,
+            filled: None,
+            sent,
+            sent_cell: std::sync::OnceLock::new(),
+            part: part as u16,
+            relay: std::sync::OnceLock::new(),
+        }
     }
 
     pub(crate) fn send(comm: &'c Communicator, inner: Arc<Operation>, buf: B, part: usize) -> Self {
@@ -341,6 +395,9 @@ impl<'c, B: Send + 'static> Request<'c, B> {
 }
 
 impl<B: Send + 'static> crate::progress::Waitable for Request<'_, B> {
+    fn own_cell(&self) -> &CompletionCell {
+        Request::own_cell(self)
+    }
     fn is_complete(&self) -> bool {
         Request::is_complete(self)
     }

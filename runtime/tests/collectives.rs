@@ -83,3 +83,51 @@ fn collective_requests_complete_through_a_sync_object() {
         });
     });
 }
+
+/// On a power of two of ranks, a large allreduce takes Rabenseifner's algorithm (`2 log2 n`
+/// messages per rank, where the ring sends `2 (n-1)`) and a large reduce the reduce-scatter
+/// and gather (`log2 n` messages per rank, and one more from each rank but the root), while
+/// small ones keep recursive doubling and the binomial tree: counted in messages sent.
+#[test]
+fn large_reductions_on_a_power_of_two_take_the_reduce_scatter() {
+    within(60, "messages per allreduce and reduce", || {
+        let n = 4u32;
+        let rts = builder().build_local(n).unwrap();
+        let sent = |len: usize, reduce: bool| -> u64 {
+            std::thread::scope(|s| {
+                let hs: Vec<_> = rts
+                    .iter()
+                    .map(|rt| {
+                        s.spawn(move || {
+                            let c = rt.world();
+                            c.barrier().unwrap();
+                            let before = rt.counters().messages_sent;
+                            let (x, mut y) = (vec![1i64; len], vec![0i64; len]);
+                            if reduce {
+                                c.reduce(&x, &mut y, Op::Sum, 1).unwrap();
+                            } else {
+                                c.allreduce(&x, &mut y, Op::Sum).unwrap();
+                            }
+                            let after = rt.counters().messages_sent;
+                            if !reduce || c.rank() == 1 {
+                                assert!(y.iter().all(|&v| v == i64::from(n)), "rank {}: reduced {}", c.rank(), y[0]);
+                            }
+                            c.barrier().unwrap();
+                            after - before
+                        })
+                    })
+                    .collect();
+                hs.into_iter().map(|h| h.join().unwrap()).sum()
+            })
+        };
+        let long = weft::ALLREDUCE_LONG_BYTES.max(weft::REDUCE_LONG_BYTES) / 8 * 4;
+        // Recursive doubling: log2 n exchanges per rank.
+        assert_eq!(sent(1, false), 4 * 2);
+        // Rabenseifner: 2 log2 n per rank (the ring would send 2 (n-1) = 6).
+        assert_eq!(sent(long, false), 4 * 4);
+        // Binomial: one message from each rank but the root.
+        assert_eq!(sent(1, true), 3);
+        // Reduce-scatter (log2 n per rank), then the gather (one from each rank but the root).
+        assert_eq!(sent(long, true), 4 * 2 + 3);
+    });
+}

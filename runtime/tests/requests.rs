@@ -970,5 +970,53 @@ fn continuation_request_awaited_in_tokio_and_in_weft_tasks() {
                 assert!(matches!(got, Err(Error::InvalidArgument(_))), "{mode}, {exec}: {got:?}");
             }
         }
+
+/// On a communicator of a subset of the world, the completions a sync object delivers name
+/// ranks of that communicator, as the requests' own results do: a receive's source, a
+/// sent message's destination, a collective's rank, a persistent receive's source. World
+/// ranks 1 and 2 make a communicator where they are ranks 0 and 1.
+#[test]
+fn sync_object_completions_on_a_subset_communicator_name_its_ranks() {
+    within(60, "completions on a subset communicator", || {
+        let rts = Runtime::builder().env(false).build_local(3).unwrap();
+        std::thread::scope(|s| {
+            for rt in &rts {
+                s.spawn(move || {
+                    let w = rt.world();
+                    let Some(sub) = w.split((w.rank() > 0).then_some(0), 0).unwrap() else { return };
+                    let me = sub.rank();
+                    assert_eq!(me, w.rank() - 1);
+                    let sync = rt.sync_object();
+                    let mut r = sub.irecv(Vec::<u32>::with_capacity(1), Source::Any, Tag::Is(4)).unwrap();
+                    sync.attach(&mut r, 1u32).unwrap();
+                    let mut sent = sub.isend(vec![me], 1 - me, 4).unwrap();
+                    sync.attach(&mut sent, 2).unwrap();
+                    let mut coll = sub.ibarrier().unwrap();
+                    sync.attach(&mut coll, 3).unwrap();
+                    let mut p = sub.recv_init(Vec::<u32>::with_capacity(1), Source::Any, 6).unwrap();
+                    p.start().unwrap();
+                    sync.attach(&mut p, 4).unwrap();
+                    sub.send(vec![me], 1 - me, 6).unwrap();
+                    let mut got = Vec::new();
+                    while got.len() < 4 {
+                        let c = sync.wait_any().expect("a completion");
+                        got.push((c.data, c.status().unwrap().source));
+                    }
+                    got.sort();
+                    // The receive's source and the send's destination are the other member,
+                    // the barrier's status this rank: ranks of `sub`, not of the world.
+                    assert_eq!(got, vec![(1, 1 - me), (2, 1 - me), (3, me), (4, 1 - me)], "world rank {}", w.rank());
+                    // Its result taken, the persistent receive starts again and is waited on.
+                    assert_eq!(p.wait().unwrap().source, 1 - me);
+                    p.start().unwrap();
+                    sub.send(vec![me], 1 - me, 6).unwrap();
+                    assert_eq!(p.wait().unwrap().source, 1 - me);
+                    // The request's own result agrees.
+                    let again = sub.irecv(Vec::<u32>::with_capacity(1), Source::Any, Tag::Is(5)).unwrap();
+                    sub.send(vec![me], 1 - me, 5).unwrap();
+                    assert_eq!(again.wait().unwrap().1.source, 1 - me);
+                });
+            }
+        });
     });
 }

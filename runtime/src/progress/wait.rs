@@ -14,6 +14,11 @@ use crate::engine::Engine;
 
 /// What a blocking wait needs of a request (`Request` implements it, above this layer).
 pub(crate) trait Waitable: Attach {
+    /// The cell the operation itself completes, which a wait attaches to (a request's
+    /// [`Attach::completion_cell`] may be another, for the user's sync objects).
+    fn own_cell(&self) -> &weft_sync::CompletionCell {
+        self.completion_cell()
+    }
     /// Whether the operation has completed.
     fn is_complete(&self) -> bool;
     /// Whether the request still holds its operation (not yet taken by a wait).
@@ -234,6 +239,17 @@ pub(crate) fn wait<R: Waitable>(engine: &Engine, reqs: &mut [R], want: Want) -> 
     }
 }
 
+/// A request as a wait attaches it: by the cell its operation completes.
+struct Own<'r, R>(&'r R);
+
+// SAFETY: the request's own cell, which lives as long as the request's operation (the
+// request's `Attach` contract).
+unsafe impl<R: Waitable> Attach for Own<'_, R> {
+    fn completion_cell(&self) -> &weft_sync::CompletionCell {
+        self.0.own_cell()
+    }
+}
+
 /// Algorithm 2's second half: attaches the pending requests of `reqs` to `sync` and waits on
 /// it, driving `hook`. Returns, for [`Want::Any`], the index (in `reqs`) of a completed
 /// request. `sync` is left empty.
@@ -250,7 +266,7 @@ fn wait_attached<R: Waitable>(sync: &SyncObject<usize>, hook: &dyn Progress, eng
             for (i, r) in reqs.iter_mut().enumerate() {
                 if !r.is_complete() {
                     attached = i + 1;
-                    if sync.attach_counted(r).is_err() {
+                    if sync.attach_counted(&mut Own(&*r)).is_err() {
                         foreign.push(i);
                     }
                 }
@@ -276,7 +292,7 @@ fn wait_attached<R: Waitable>(sync: &SyncObject<usize>, hook: &dyn Progress, eng
                     break;
                 }
                 attached = i + 1;
-                if sync.attach(r, i).is_err() {
+                if sync.attach(&mut Own(&*r), i).is_err() {
                     foreign.push(i);
                 }
             }
@@ -292,7 +308,7 @@ fn wait_attached<R: Waitable>(sync: &SyncObject<usize>, hook: &dyn Progress, eng
             // Take the others back (those that completed meanwhile leave an event).
             for r in reqs.iter_mut() {
                 if r.is_live() {
-                    let _ = sync.detach(r);
+                    let _ = sync.detach(&mut Own(&*r));
                 }
             }
             // A request completed by another thread while we detached it is reported as

@@ -420,6 +420,45 @@ fn large_messages_take_the_ring_and_scatter_algorithms_and_agree() {
 }
 
 #[test]
+fn large_reductions_match_a_sequential_reference_at_every_size_and_root() {
+    within(180, "reduce and allreduce above their thresholds, sizes 1-8, every root", || {
+        let long = weft::REDUCE_LONG_BYTES.max(weft::ALLREDUCE_LONG_BYTES) / 8 + 13;
+        for n in SIZES {
+            let out = on_world(n, |r, c| {
+                let mine = input(r, long);
+                let mut all = vec![0i64; long];
+                c.allreduce(&mine, &mut all, Op::Max).unwrap();
+                let nb = c.iallreduce(mine.clone(), Op::Sum).unwrap().wait().unwrap().0;
+                let rooted: Vec<(Vec<i64>, Vec<i64>)> = (0..n)
+                    .map(|root| {
+                        let mut got = vec![0i64; long];
+                        c.reduce(&mine, &mut got, Op::Sum, root).unwrap();
+                        // Nonblocking: the other ranks get their data back as it was.
+                        let back = c.ireduce(mine.clone(), Op::Min, root).unwrap().wait().unwrap().0;
+                        (got, back)
+                    })
+                    .collect();
+                (all, nb, rooted)
+            });
+            let max: Vec<i64> = (0..long).map(|i| (0..n).map(|q| input(q, long)[i]).max().unwrap()).collect();
+            let min: Vec<i64> = (0..long).map(|i| (0..n).map(|q| input(q, long)[i]).min().unwrap()).collect();
+            for (r, (all, nb, rooted)) in out.iter().enumerate() {
+                assert_eq!(all, &max, "size {n}, rank {r}: allreduce max");
+                assert_eq!(nb, &sum_of(n, long), "size {n}, rank {r}: iallreduce sum");
+                for (root, (got, back)) in rooted.iter().enumerate() {
+                    if r == root {
+                        assert_eq!(got, &sum_of(n, long), "size {n}: reduce sum at root {root}");
+                        assert_eq!(back, &min, "size {n}: ireduce min at root {root}");
+                    } else {
+                        assert_eq!(back, &input(r as u32, long), "size {n}, rank {r}: ireduce to {root} changed its data");
+                    }
+                }
+            }
+        }
+    });
+}
+
+#[test]
 fn alltoall_and_the_v_forms_match_a_sequential_reference() {
     within(120, "alltoall(v), gatherv, scatterv, allgatherv at sizes 1-8", || {
         for n in SIZES {
