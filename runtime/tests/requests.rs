@@ -970,6 +970,8 @@ fn continuation_request_awaited_in_tokio_and_in_weft_tasks() {
                 assert!(matches!(got, Err(Error::InvalidArgument(_))), "{mode}, {exec}: {got:?}");
             }
         }
+    });
+}
 
 /// On a communicator of a subset of the world, the completions a sync object delivers name
 /// ranks of that communicator, as the requests' own results do: a receive's source, a
