@@ -152,7 +152,6 @@ pub(crate) fn check_op<T: Reducible>(op: Op, sample: Option<&T>, what: &'static 
     }
 }
 
-
 /// `acc[i] = op(other[i], acc[i])`, in place (`op` checked for the type).
 fn reduce_into<T: Reducible>(op: Op, other: &[T], acc: &mut [T]) {
     for (a, &o) in acc.iter_mut().zip(other) {

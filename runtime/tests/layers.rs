@@ -41,9 +41,26 @@ impl Layer {
             "matching" => Layer::Matching,
             "executor" => Layer::Executor,
             "lock" | "loom.rs" | "config.rs" | "buffer.rs" | "provider.rs" | "operation.rs" => Layer::Base,
-            "lib.rs" | "runtime.rs" | "comm.rs" | "group.rs" | "create.rs" | "coll.rs" | "coll_steps.rs" | "nbc.rs" | "request.rs"
-            | "wait.rs" | "datatype.rs" | "counters.rs" | "rma" | "dlock" | "probe.rs" | "persistent.rs" | "persistent_coll.rs"
-            | "continuation.rs" | "partitioned.rs" | "rendezvous_faults.rs" => Layer::Api,
+            "lib.rs"
+            | "runtime.rs"
+            | "comm.rs"
+            | "group.rs"
+            | "create.rs"
+            | "coll.rs"
+            | "coll_steps.rs"
+            | "nbc.rs"
+            | "request.rs"
+            | "wait.rs"
+            | "datatype.rs"
+            | "counters.rs"
+            | "rma"
+            | "dlock"
+            | "probe.rs"
+            | "persistent.rs"
+            | "persistent_coll.rs"
+            | "continuation.rs"
+            | "partitioned.rs"
+            | "rendezvous_faults.rs" => Layer::Api,
             other => panic!("src/{rel}: no layer for `{other}`: add it to runtime/tests/layers.rs"),
         }
     }
