@@ -336,8 +336,8 @@ pub fn run(a: &Args) -> Result<(), String> {
         a.bind,
         match (provider, a.no_same_host_lane) {
             (Provider::Embedded, _) => "",
+            (Provider::OfiShm, _) | (_, true) => " (one process per rank, via weftrun; every frame through libfabric)",
             (_, false) => " (one process per rank, via weftrun; same-host lane)",
-            (_, true) => " (one process per rank, via weftrun; every frame through libfabric)",
         }
     ));
     if provider == Provider::Embedded {

@@ -547,6 +547,10 @@ impl std::fmt::Debug for Opened {
     }
 }
 
+/// Endpoints libfabric 1.17's `shm` provider can address (`SMR_MAX_PEERS`): a rank's address
+/// vector holds every rank's `cris + 1` endpoints.
+const SHM_MAX_PEERS: usize = 256;
+
 impl Opened {
     /// Opens the domain, AV and `cris + 1` endpoints for a job of `size` ranks.
     pub fn open(opts: &OfiOptions, size: u32) -> Result<Self, Error> {
@@ -562,8 +566,15 @@ impl Opened {
                 remove_stale_shm_regions(std::process::id());
             });
         }
-        let domain = Domain::open_with_fabric(&info).map_err(|e| transport_error(&e))?;
         let per_rank = opts.cris + 1;
+        if info.provider() == "shm" && size as usize * per_rank > SHM_MAX_PEERS {
+            // libfabric's own check (`fi_av_open` fails with FI_ENOSYS) says nothing of why.
+            return Err(Error::InvalidArgument(
+                "libfabric's shm provider addresses at most 256 endpoints: ranks x (CRIs + 1) is more; \
+                 set fewer CRIs per rank (WEFT_CRIS / Builder::cris; the default is one per core) or use tcp",
+            ));
+        }
+        let domain = Domain::open_with_fabric(&info).map_err(|e| transport_error(&e))?;
         let av = AddressVector::open(&domain, size as usize * per_rank).map_err(|e| transport_error(&e))?;
         let cq_size = opts.recv_slots + opts.send_slots + 64;
         let mut eps = Vec::with_capacity(per_rank);
@@ -2187,6 +2198,18 @@ impl LossNotifier {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A job whose endpoints libfabric's `shm` cannot address (16 ranks of 16 CRIs, the
+    /// default on a 16-core host) is refused with an error that says what to change, not
+    /// libfabric's bare FI_ENOSYS from `fi_av_open`; one that fits opens.
+    #[test]
+    fn too_many_shm_endpoints_is_a_clear_error() {
+        let opts = OfiOptions { cris: 16, ..OfiOptions::default() };
+        let err = Opened::open(&opts, 16).map(drop).unwrap_err();
+        assert!(matches!(err, Error::InvalidArgument(m) if m.contains("at most 256 endpoints") && m.contains("WEFT_CRIS")), "{err}");
+        let fits = OfiOptions { cris: 3, ..OfiOptions::default() };
+        assert!(Opened::open(&fits, 64).is_ok());
+    }
 
     #[test]
     fn wire_header_round_trips() {
