@@ -47,7 +47,7 @@ use std::sync::Arc;
 use weft_sync::Error;
 
 use crate::buffer::Primitive;
-use crate::coll_steps::barrier_steps;
+use crate::coll_steps::{barrier_steps, reduce_over_steps};
 use crate::comm::Communicator;
 use crate::nbc::{Out, Sched, Scratch, Steps, MISMATCH};
 use crate::request::Request;
@@ -399,46 +399,8 @@ impl Sched<'_> {
         value: Vec<T>,
         f: impl Fn(&[T], &[T]) -> Vec<T>,
     ) -> Result<Vec<T>, Error> {
-        let me_world = self.comm.world_of(self.comm.rank());
-        let me =
-            members.iter().position(|&w| w == me_world).ok_or(Error::InvalidArgument("a reduction over members without this rank"))? as u32;
-        let (n, len) = (members.len() as u32, value.len());
-        let w = |i: u32| members[i as usize];
-        let pof2 = 1u32 << (31 - n.leading_zeros());
-        let rem = n - pof2;
-        let mut buf = value;
-        // Fold: among the first `2 * rem` members, each even one hands its data to the odd
-        // one after it and waits for the result.
-        let newrank = if me < 2 * rem {
-            if me % 2 == 0 {
-                self.send(w(me + 1), buf.clone()).await?;
-                None
-            } else {
-                let lower = self.recv::<T>(w(me - 1), len).await?;
-                buf = f(&lower, &buf);
-                Some(me / 2)
-            }
-        } else {
-            Some(me - rem)
-        };
-        if let Some(nr) = newrank {
-            let mut mask = 1;
-            while mask < pof2 {
-                let partner = nr ^ mask;
-                let dst = if partner < rem { partner * 2 + 1 } else { partner + rem };
-                let theirs = self.sendrecv(w(dst), buf.clone(), w(dst), len).await?;
-                buf = if dst < me { f(&theirs, &buf) } else { f(&buf, &theirs) };
-                mask <<= 1;
-            }
-        }
-        if me < 2 * rem {
-            if me % 2 == 1 {
-                self.send(w(me - 1), buf.clone()).await?;
-            } else {
-                buf = self.recv(w(me + 1), len).await?.to_vec();
-            }
-        }
-        Ok(buf)
+        let steps = reduce_over_steps(members, self.comm.world_of(self.comm.rank()))?;
+        self.run_steps(&steps, value, f).await
     }
 
     /// [`reduce_over`](Self::reduce_over) of `data`, in place.

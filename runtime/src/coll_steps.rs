@@ -2,9 +2,11 @@
 //! step sends the working data to some ranks and receives at most one message, posted at
 //! once, and then replaces or combines the working data with what it received. A
 //! persistent collective fixes its plan at init and runs it again at every start
-//! (`persistent_coll.rs`); the nonblocking barrier runs its plan as the steps of its
-//! schedule ([`Sched::run_steps`], `nbc.rs`), while the nonblocking broadcast and reductions
-//! run the same trees in place in the caller's buffer (`coll.rs`).
+//! (`persistent_coll.rs`); the nonblocking barrier and recursive-doubling reduction (small
+//! allreduces, communicator creation) run theirs as the steps of their schedule
+//! ([`Sched::run_steps`], `nbc.rs`), while the nonblocking binomial broadcast and reduce
+//! run the same trees in place in the caller's buffer (`coll.rs`), which a plan's working
+//! copy would cost them at large sizes.
 //!
 //! The plans here: a dissemination barrier, a binomial-tree broadcast and reduce, and a
 //! recursive doubling reduction over any list of members (the allreduce's, and communicator
