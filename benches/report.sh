@@ -116,6 +116,12 @@ echo
 bench "Thread mode against process mode, embedded provider, Open MPI beside" \
     "$BENCH" multirate -t 1,2,4,8 --mode thread,process $(q "-i 1000 --runs 3" "-i 20 --runs 1") $PEER \
     --markdown --plot "$OUT/multirate.svg"
+if command -v mpicc.mpich >/dev/null && command -v mpirun.mpich >/dev/null; then
+    bench "Thread mode against process mode, embedded provider, MPICH beside" \
+        "$BENCH" multirate -t 1,2,4 --mode thread,process $(q "-i 1000 --runs 3" "-i 20 --runs 1") --peer mpich --markdown
+else
+    skip "multirate against MPICH: mpicc.mpich or mpirun.mpich not found (Debian mpich libmpich-dev)"
+fi
 bench "Hybrid mode" \
     "$BENCH" multirate -t 4,8 --mode thread,hybrid-2,process $(q "-i 1000 --runs 3" "-i 20 --runs 1") --markdown
 bench "Progress modes" \
@@ -129,8 +135,8 @@ if [ "$OFI" = 1 ]; then
         "$BENCH" multirate --provider shm -t 1,2,4 --mode thread,process $(q "-i 200 --runs 3" "-i 10 --runs 1") $PEER \
         --markdown --plot "$OUT/multirate-shm.svg"
     bench "The same through libfabric alone" \
-        "$BENCH" multirate --provider shm -t 1,2,4 --mode thread,process $(q "-i 200 --runs 3" "-i 10 --runs 1") \
-        --no-same-host-lane --markdown
+        "$BENCH" multirate --provider ofi-shm -t 1,2,4 --mode thread,process $(q "-i 200 --runs 3" "-i 10 --runs 1") \
+        --markdown
 else
     skip "multirate on shm: $NO_OFI"
 fi
@@ -241,7 +247,7 @@ if [ "$OFI" = 1 ]; then
     echo
     bench "Latency against Open MPI, shm" \
         "$BENCH" coll --provider shm -n 2,4,8 -s 8,1048576 -c allreduce,bcast $(q "--runs 3" "-i 5 --warmup 1 --runs 1") \
-        --openmpi "$([ "$HAVE_MPI" = 1 ] && echo yes || echo no)" --markdown
+        --openmpi "$([ "$HAVE_MPI" = 1 ] && echo yes || echo no)" --markdown --plot "$OUT/coll.svg"
 else
     skip "startup and coll: $NO_OFI"
 fi
@@ -254,5 +260,7 @@ bench "Partitioned sends" \
 echo "## Distributed locks"
 echo
 bench "The seed's benchmarks, 4 in-process ranks" \
-    "$BENCH" dlock $(q "" "--ops 5") --markdown
+    "$BENCH" dlock $(q "" "--ops 5") --markdown --plot "$OUT/dlock.svg"
 "$BENCH" dlock --lock rma-rw,fompi-rw --bench warb --writers 0.002,0.2 -r 4 $(q "" "--ops 5") --markdown
+bench "The distributed hash table" \
+    "$BENCH" dht --ranks 4,8 --writers 0.002,0.2 --access one,spread $(q "" "--ops 20") --markdown
