@@ -246,9 +246,19 @@ fn receive_per_source(
             while !is_lost[s] && posted_for[s] < expected[s] && posted_for[s] - taken[s] < RECV_WINDOW as u64 {
                 let mut buf = spare.pop().unwrap_or_else(|| Vec::with_capacity(p.max_size));
                 buf.clear();
-                reqs.push(c.irecv(buf, s as u32, tag).map_err(|e| format!("irecv from rank {s}: {e}"))?);
-                meta.push((s as u32, posted_for[s]));
-                posted_for[s] += 1;
+                match c.irecv(buf, s as u32, tag) {
+                    Ok(r) => {
+                        reqs.push(r);
+                        meta.push((s as u32, posted_for[s]));
+                        posted_for[s] += 1;
+                    }
+                    // The killed rank known lost already: a receive from it fails at once.
+                    Err(e) if s as u32 == dead && lost(&e, Some(dead)) => {
+                        is_lost[s] = true;
+                        clock.0.failed(clock.1);
+                    }
+                    Err(e) => return Err(format!("irecv from rank {s}: {e}")),
+                }
             }
         }
         let Some(i) = weft::wait_any(&mut reqs) else { break };
