@@ -10,6 +10,7 @@
 #   benches/report.sh               the report's numbers (paste the output into BENCHMARKS.md)
 #   benches/report.sh --quick       every benchmark with the fewest iterations, in about
 #                                   two minutes: checks the script and the plots, not numbers
+#                                   (its plots go to a temporary directory, not docs/plots)
 #   benches/report.sh --out DIR     plots into DIR instead of docs/plots
 #
 # What the machine lacks is skipped with a line saying why, not failed: the libfabric
@@ -21,7 +22,7 @@ cd "$(dirname "$0")/.."
 ROOT=$(pwd)
 
 QUICK=0
-OUT=docs/plots
+OUT=""
 while [ $# -gt 0 ]; do
     case "$1" in
         --quick) QUICK=1 ;;
@@ -40,6 +41,10 @@ while [ $# -gt 0 ]; do
     esac
     shift
 done
+if [ -z "$OUT" ]; then
+    # A quick run's plots are not the report's: they must not replace it.
+    if [ "$QUICK" = 1 ]; then OUT=$(mktemp -d); else OUT=docs/plots; fi
+fi
 mkdir -p "$OUT"
 
 export FI_TCP_IFACE=lo FI_SOCKETS_IFACE=lo
