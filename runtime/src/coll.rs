@@ -47,7 +47,9 @@ use std::sync::Arc;
 use weft_sync::Error;
 
 use crate::buffer::Primitive;
-use crate::coll_steps::{barrier_steps, reduce_over_steps};
+use crate::coll_steps::{
+    barrier_into, barrier_steps, bcast_into, reduce_over_into, reduce_over_steps, reduce_tree_into, Steps as StepPlan,
+};
 use crate::comm::Communicator;
 use crate::nbc::{Out, Sched, Scratch, Steps, MISMATCH};
 use crate::request::Request;
@@ -156,6 +158,17 @@ pub(crate) fn check_op<T: Reducible>(op: Op, sample: Option<&T>, what: &'static 
 fn reduce_into<T: Reducible>(op: Op, other: &[T], acc: &mut [T]) {
     for (a, &o) in acc.iter_mut().zip(other) {
         *a = T::apply(op, o, *a).expect("op checked for the type");
+    }
+}
+
+/// `ours[i] = op(theirs[i], ours[i])` if `theirs_first`, else `op(ours[i], theirs[i])`, in
+/// place (`op` checked for the type).
+fn reduce_ordered<T: Reducible>(op: Op, ours: &mut [T], theirs: &[T], theirs_first: bool) {
+    if theirs_first {
+        return reduce_into(op, theirs, ours);
+    }
+    for (a, &t) in ours.iter_mut().zip(theirs) {
+        *a = T::apply(op, *a, t).expect("op checked for the type");
     }
 }
 
@@ -597,7 +610,11 @@ impl Communicator {
 
     /// Blocks until every rank of the communicator has called it (`MPI_Barrier`).
     pub fn barrier(&self) -> Result<(), Error> {
-        self.ibarrier()?.wait().map(drop)
+        let plan = |s: &mut StepPlan| {
+            barrier_into(s, self);
+            Ok(())
+        };
+        self.run_direct::<u8>(&mut [], plan, |_, _, _| {})
     }
 
     /// Starts broadcasting `data` of rank `root` to every rank (`MPI_Ibcast`): the request
@@ -618,6 +635,14 @@ impl Communicator {
     /// Copies `data` of rank `root` into `data` of every rank (`MPI_Bcast`). Every rank
     /// passes the same length and root.
     pub fn bcast<T: Primitive>(&self, data: &mut [T], root: u32) -> Result<(), Error> {
+        self.check_root(root)?;
+        if std::mem::size_of_val(data) < BCAST_LONG_BYTES || self.size() < BCAST_LONG_RANKS {
+            let plan = |s: &mut StepPlan| {
+                bcast_into(s, self, root);
+                Ok(())
+            };
+            return self.run_direct(data, plan, |_, _, _| {});
+        }
         let steps = self.bcast_steps(data, root)?;
         self.run_in_place(data, None, steps)
     }
@@ -638,14 +663,19 @@ impl Communicator {
     fn reduce_steps<T: Reducible>(&self, data: &[T], op: Op, root: u32, keep: bool) -> Result<impl InPlace<T>, Error> {
         self.check_root(root)?;
         let f = op_for(op, data.first(), "reduce: a bitwise op on floating-point elements")?;
-        let n = self.size();
-        let large = std::mem::size_of_val(data) >= REDUCE_LONG_BYTES && data.len() >= n as usize && n > 1 && n.is_power_of_two();
+        let large = self.reduce_is_large(data);
         let copy = keep && self.rank() != root;
         Ok(steps!(|s, work| match (large, copy) {
             (true, true) => s.reduce_large(&mut work.to_vec(), root, op).await,
             (true, false) => s.reduce_large(work, root, op).await,
             (false, _) => s.reduce(work, root, f).await,
         }))
+    }
+
+    /// Whether a reduction of `data` takes the large messages' reduce-scatter and gather.
+    fn reduce_is_large<T>(&self, data: &[T]) -> bool {
+        let n = self.size();
+        std::mem::size_of_val(data) >= REDUCE_LONG_BYTES && data.len() >= n as usize && n > 1 && n.is_power_of_two()
     }
 
     /// Reduces `send` elementwise over every rank with `op` into `recv` of rank `root`
@@ -655,6 +685,20 @@ impl Communicator {
         self.check_root(root)?;
         if self.rank() == root && recv.len() != send.len() {
             return Err(Error::InvalidArgument("reduce: the root's receive buffer differs in length from the send buffer"));
+        }
+        if !self.reduce_is_large(send) {
+            check_op(op, send.first(), "reduce: a bitwise op on floating-point elements")?;
+            let plan = |s: &mut StepPlan| {
+                reduce_tree_into(s, self, root);
+                Ok(())
+            };
+            let combine = |ours: &mut [T], theirs: &[T], first| reduce_ordered(op, ours, theirs, first);
+            if self.rank() == root {
+                recv.copy_from_slice(send);
+                return self.run_direct(recv, plan, combine);
+            }
+            // Left as it was: the steps work in a copy.
+            return self.run_direct(&mut send.to_vec(), plan, combine);
         }
         let steps = self.reduce_steps(send, op, root, false)?;
         if self.rank() == root {
@@ -679,7 +723,7 @@ impl Communicator {
     fn allreduce_steps<T: Reducible>(&self, data: &[T], op: Op) -> Result<impl InPlace<T>, Error> {
         let f = op_for(op, data.first(), "allreduce: a bitwise op on floating-point elements")?;
         let n = self.size();
-        let ring = std::mem::size_of_val(data) >= ALLREDUCE_LONG_BYTES && data.len() >= n as usize && n > 1;
+        let ring = self.allreduce_is_long(data);
         let members = self.group().world_ranks().clone();
         Ok(steps!(|s, work| match (ring, n.is_power_of_two()) {
             (true, true) => s.allreduce_rabenseifner(work, op).await,
@@ -688,12 +732,24 @@ impl Communicator {
         }))
     }
 
+    /// Whether an allreduce of `data` takes a reduce-scatter and allgather (Rabenseifner's or
+    /// the ring's).
+    fn allreduce_is_long<T>(&self, data: &[T]) -> bool {
+        std::mem::size_of_val(data) >= ALLREDUCE_LONG_BYTES && data.len() >= self.size() as usize && self.size() > 1
+    }
+
     /// Reduces `send` elementwise over every rank with `op` into `recv` of every rank
     /// (`MPI_Allreduce`). Every rank passes the same lengths and op; a bitwise op on floats
     /// is an error.
     pub fn allreduce<T: Reducible>(&self, send: &[T], recv: &mut [T], op: Op) -> Result<(), Error> {
         if send.len() != recv.len() {
             return Err(Error::InvalidArgument("allreduce: send and receive buffers of different lengths"));
+        }
+        if !self.allreduce_is_long(send) {
+            check_op(op, send.first(), "allreduce: a bitwise op on floating-point elements")?;
+            recv.copy_from_slice(send);
+            let plan = |s: &mut StepPlan| reduce_over_into(s, self.group().world_ranks(), self.world_of(self.rank()));
+            return self.run_direct(recv, plan, |ours, theirs, first| reduce_ordered(op, ours, theirs, first));
         }
         let steps = self.allreduce_steps(send, op)?;
         recv.copy_from_slice(send);

@@ -2,7 +2,9 @@
 //! step sends the working data to some ranks and receives at most one message, posted at
 //! once, and then replaces or combines the working data with what it received. A
 //! persistent collective fixes its plan at init and runs it again at every start
-//! (`persistent_coll.rs`); the nonblocking barrier and recursive-doubling reduction (small
+//! (`persistent_coll.rs`); a small blocking barrier, broadcast, reduce or allreduce writes
+//! its plan into storage the thread keeps and runs it on the calling thread
+//! (`Communicator::run_direct`, `nbc.rs`); the nonblocking barrier and recursive-doubling reduction (small
 //! allreduces, communicator creation) run theirs as the steps of their schedule
 //! ([`Sched::run_steps`], `nbc.rs`), while the nonblocking binomial broadcast and reduce
 //! run the same trees in place in the caller's buffer (`coll.rs`), which a plan's working
@@ -51,10 +53,16 @@ pub(crate) struct Steps {
 }
 
 impl Steps {
-    fn push(&mut self, to: &[u32], recv: Option<u32>, then: Then) {
+    fn push(&mut self, to: impl IntoIterator<Item = u32>, recv: Option<u32>, then: Then) {
         let start = self.to.len();
-        self.to.extend_from_slice(to);
+        self.to.extend(to);
         self.steps.push(Step { sends: start..self.to.len(), recv, then });
+    }
+
+    /// No step left, the storage kept for the next plan.
+    pub(crate) fn clear(&mut self) {
+        self.steps.clear();
+        self.to.clear();
     }
 
     /// The most sends of one step.
@@ -81,51 +89,66 @@ fn binomial(comm: &Communicator, root: u32) -> (u32, u32) {
     (vr, mask)
 }
 
+/// The plan `fill` writes into a new [`Steps`].
+fn plan(fill: impl FnOnce(&mut Steps)) -> Steps {
+    let mut s = Steps::default();
+    fill(&mut s);
+    s
+}
+
 /// Dissemination barrier: round `k` signals the rank `2^k` ahead and hears from the one
 /// `2^k` behind.
 pub(crate) fn barrier_steps(comm: &Communicator) -> Steps {
+    plan(|s| barrier_into(s, comm))
+}
+
+/// [`barrier_steps`] appended to `s`.
+pub(crate) fn barrier_into(s: &mut Steps, comm: &Communicator) {
     let (n, me) = (comm.size(), comm.rank());
-    let mut s = Steps::default();
     let mut d = 1;
     while d < n {
-        s.push(&[at(comm, me + d, 0)], Some(at(comm, me + n - d, 0)), Then::Nothing);
+        s.push([at(comm, me + d, 0)], Some(at(comm, me + n - d, 0)), Then::Nothing);
         d <<= 1;
     }
-    s
 }
 
 /// Binomial-tree broadcast from `root`: the data from the parent, then to every child at
 /// once.
 pub(crate) fn bcast_steps(comm: &Communicator, root: u32) -> Steps {
+    plan(|s| bcast_into(s, comm, root))
+}
+
+/// [`bcast_steps`] appended to `s`.
+pub(crate) fn bcast_into(s: &mut Steps, comm: &Communicator, root: u32) {
     let n = comm.size();
     let (vr, parent) = binomial(comm, root);
-    let mut s = Steps::default();
     if parent < n {
-        s.push(&[], Some(at(comm, vr - parent, root)), Then::Replace);
+        s.push([], Some(at(comm, vr - parent, root)), Then::Replace);
     }
-    let children: Vec<u32> =
-        (0..parent.trailing_zeros()).rev().map(|b| 1 << b).filter(|&m| vr + m < n).map(|m| at(comm, vr + m, root)).collect();
-    if !children.is_empty() {
-        s.push(&children, None, Then::Nothing);
+    let children = (0..parent.trailing_zeros()).rev().map(|b| 1 << b).filter(|&m| vr + m < n).map(|m| at(comm, vr + m, root));
+    if children.clone().next().is_some() {
+        s.push(children, None, Then::Nothing);
     }
-    s
 }
 
 /// Binomial-tree reduction into `root`: each child's partial result combined in (`f(ours,
 /// theirs)`, the child holding the higher ranks), then ours to the parent.
 pub(crate) fn reduce_steps(comm: &Communicator, root: u32) -> Steps {
+    plan(|s| reduce_tree_into(s, comm, root))
+}
+
+/// [`reduce_steps`] appended to `s`.
+pub(crate) fn reduce_tree_into(s: &mut Steps, comm: &Communicator, root: u32) {
     let n = comm.size();
     let (vr, parent) = binomial(comm, root);
-    let mut s = Steps::default();
     for b in 0..parent.trailing_zeros() {
         if vr + (1 << b) < n {
-            s.push(&[], Some(at(comm, vr + (1 << b), root)), Then::Combine { theirs_first: false });
+            s.push([], Some(at(comm, vr + (1 << b), root)), Then::Combine { theirs_first: false });
         }
     }
     if parent < n {
-        s.push(&[at(comm, vr - parent, root)], None, Then::Nothing);
+        s.push([at(comm, vr - parent, root)], None, Then::Nothing);
     }
-    s
 }
 
 /// Reduction over the world ranks `members` (this rank, world rank `me_world`, among them):
@@ -133,21 +156,27 @@ pub(crate) fn reduce_steps(comm: &Communicator, root: u32) -> Steps {
 /// Recursive doubling over the largest power of two of members, the members beyond it folded
 /// in first (MPICH's short-message allreduce).
 pub(crate) fn reduce_over_steps(members: &[u32], me_world: u32) -> Result<Steps, Error> {
+    let mut s = Steps::default();
+    reduce_over_into(&mut s, members, me_world)?;
+    Ok(s)
+}
+
+/// [`reduce_over_steps`] appended to `s`.
+pub(crate) fn reduce_over_into(s: &mut Steps, members: &[u32], me_world: u32) -> Result<(), Error> {
     let me =
         members.iter().position(|&w| w == me_world).ok_or(Error::InvalidArgument("a reduction over members without this rank"))? as u32;
     let n = members.len() as u32;
     let w = |i: u32| members[i as usize];
     let pof2 = 1u32 << (31 - n.leading_zeros());
     let rem = n - pof2;
-    let mut s = Steps::default();
     // Fold: among the first `2 * rem` members, each even one hands its data to the odd one
     // after it and waits for the result.
     let newrank = if me < 2 * rem {
         if me % 2 == 0 {
-            s.push(&[w(me + 1)], None, Then::Nothing);
+            s.push([w(me + 1)], None, Then::Nothing);
             None
         } else {
-            s.push(&[], Some(w(me - 1)), Then::Combine { theirs_first: true });
+            s.push([], Some(w(me - 1)), Then::Combine { theirs_first: true });
             Some(me / 2)
         }
     } else {
@@ -158,18 +187,18 @@ pub(crate) fn reduce_over_steps(members: &[u32], me_world: u32) -> Result<Steps,
         while mask < pof2 {
             let partner = nr ^ mask;
             let dst = if partner < rem { partner * 2 + 1 } else { partner + rem };
-            s.push(&[w(dst)], Some(w(dst)), Then::Combine { theirs_first: dst < me });
+            s.push([w(dst)], Some(w(dst)), Then::Combine { theirs_first: dst < me });
             mask <<= 1;
         }
     }
     if me < 2 * rem {
         if me % 2 == 1 {
-            s.push(&[w(me - 1)], None, Then::Nothing);
+            s.push([w(me - 1)], None, Then::Nothing);
         } else {
-            s.push(&[], Some(w(me + 1)), Then::Replace);
+            s.push([], Some(w(me + 1)), Then::Replace);
         }
     }
-    Ok(s)
+    Ok(())
 }
 
 impl Sched<'_> {

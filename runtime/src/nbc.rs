@@ -30,6 +30,7 @@ use std::task::{Context, Poll, Wake, Waker};
 use weft_sync::{Error, Status};
 
 use crate::buffer::{Primitive, RecvBuf, SendBuf};
+use crate::coll_steps::{Steps as StepPlan, Then};
 use crate::comm::Communicator;
 use crate::engine::Schedule;
 use crate::matching::{Source, Tag};
@@ -163,6 +164,15 @@ const POOL_MAX_BUFFERS: usize = 16;
 /// already mapped, as Open MPI's and MPICH's collectives use buffers they keep.
 static POOL: parking_lot::Mutex<Vec<Vec<Unit>>> = parking_lot::Mutex::new(Vec::new());
 
+thread_local! {
+    /// The thread's spare small scratch buffers (below [`POOL_MIN_BYTES`]): a small
+    /// collective's messages take theirs here, without a lock or the allocator.
+    static SMALL: std::cell::RefCell<Vec<Vec<Unit>>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// Small buffers [`SMALL`] keeps at most per thread.
+const SMALL_MAX_BUFFERS: usize = 16;
+
 /// A buffer of `T`s for one message of a collective step (what it sends, or what it
 /// receives): the smallest spare buffer of [`POOL`] that holds it, given back when dropped
 /// (also when the runtime drops it, for a request abandoned in flight).
@@ -180,16 +190,27 @@ impl<T: Primitive> Scratch<T> {
     fn with_capacity(cap: usize) -> Self {
         let bytes = cap * std::mem::size_of::<T>();
         let units = bytes.div_ceil(std::mem::size_of::<Unit>());
-        let store = (bytes >= POOL_MIN_BYTES)
-            .then(|| {
-                let mut pool = POOL.lock();
-                // A buffer more than twice as large is left for a larger message.
-                let fits = |v: &Vec<Unit>| (units..=2 * units).contains(&v.capacity());
-                let best = (0..pool.len()).filter(|&i| fits(&pool[i])).min_by_key(|&i| pool[i].capacity())?;
-                Some(pool.swap_remove(best))
-            })
-            .flatten()
-            .unwrap_or_else(|| Vec::with_capacity(units));
+        let store = if bytes >= POOL_MIN_BYTES {
+            let mut pool = POOL.lock();
+            // A buffer more than twice as large is left for a larger message.
+            let fits = |v: &Vec<Unit>| (units..=2 * units).contains(&v.capacity());
+            let best = (0..pool.len()).filter(|&i| fits(&pool[i])).min_by_key(|&i| pool[i].capacity());
+            best.map(|i| pool.swap_remove(i))
+        } else if units > 0 {
+            SMALL
+                .try_with(|p| {
+                    let mut p = p.try_borrow_mut().ok()?;
+                    let i = p.iter().position(|v| v.capacity() >= units)?;
+                    Some(p.swap_remove(i))
+                })
+                .ok()
+                .flatten()
+        } else {
+            None
+        };
+        // Small ones in a few sizes, so that a spare one fits the next message.
+        let store =
+            store.unwrap_or_else(|| Vec::with_capacity(if bytes >= POOL_MIN_BYTES { units } else { units.next_power_of_two().max(4) }));
         Scratch { store, len: 0, cap, _t: std::marker::PhantomData }
     }
 
@@ -209,6 +230,22 @@ impl<T: Primitive> Scratch<T> {
     }
 }
 
+impl Scratch<u8> {
+    /// The bytes as elements of `T` (the store is aligned for every primitive; a partial
+    /// element at the end is left out).
+    fn elems<T: Primitive>(&self) -> &[T] {
+        // SAFETY: the first `len` bytes were written; `T: Primitive` is plain data of any
+        // bit pattern, and the store is aligned for it.
+        unsafe { std::slice::from_raw_parts(self.store.as_ptr().cast::<T>(), self.len / std::mem::size_of::<T>().max(1)) }
+    }
+}
+
+/// The bytes of `data`.
+fn bytes_of<T: Primitive>(data: &[T]) -> &[u8] {
+    // SAFETY: `T: Primitive` has no padding, so its bytes are initialized.
+    unsafe { std::slice::from_raw_parts(data.as_ptr().cast(), std::mem::size_of_val(data)) }
+}
+
 impl<T: Primitive> std::ops::Deref for Scratch<T> {
     type Target = [T];
 
@@ -222,6 +259,14 @@ impl<T: Primitive> std::ops::Deref for Scratch<T> {
 impl<T> Drop for Scratch<T> {
     fn drop(&mut self) {
         let bytes = self.store.capacity() * std::mem::size_of::<Unit>();
+        if (1..POOL_MIN_BYTES).contains(&bytes) {
+            let store = std::mem::take(&mut self.store);
+            let _ = SMALL.try_with(|p| match p.try_borrow_mut() {
+                Ok(mut p) if p.len() < SMALL_MAX_BUFFERS => p.push(store),
+                _ => {}
+            });
+            return;
+        }
         if !(POOL_MIN_BYTES..=POOL_MAX_BYTES).contains(&bytes) {
             return;
         }
@@ -547,5 +592,180 @@ impl Communicator {
         })?;
         let _outlive = Outlive { comm: self, op };
         req.wait().map(drop)
+    }
+}
+
+/// Idle progress passes a step of a collective run on the calling thread
+/// ([`Communicator::run_direct`]) makes, testing its messages, before it posts its receive
+/// for failure notices and waits as a blocking request waits (attached, parked once idle).
+/// A step whose peers are all there completes within them, and the collective then costs
+/// no receive from any source and no cancellation.
+const DIRECT_POLLS: u32 = 64;
+
+/// What a collective run on the calling thread keeps between calls, per thread: the plan's
+/// storage, its step's requests and what they gave. Left empty by each call (the requests,
+/// which borrow the communicator, never outlive it: see [`Communicator::run_direct`]).
+#[derive(Default)]
+struct DirectStore {
+    steps: StepPlan,
+    reqs: Vec<Request<'static, Scratch<u8>>>,
+    got: Vec<Option<(Scratch<u8>, weft_sync::Outcome)>>,
+}
+
+thread_local! {
+    /// The calling thread's [`DirectStore`] (taken by a call; a call nested in another, a
+    /// collective of a pool task that a wait runs, makes its own).
+    static DIRECT: std::cell::Cell<Option<Box<DirectStore>>> = const { std::cell::Cell::new(None) };
+}
+
+/// A collective run on the calling thread: its communicator, data tag, the receive for
+/// failure notices once posted, and the thread's storage.
+struct Direct<'c> {
+    comm: &'c Communicator,
+    tag: i32,
+    notice: Option<Request<'static, Scratch<u8>>>,
+    store: Box<DirectStore>,
+}
+
+impl Direct<'_> {
+    /// Runs the plan in `store.steps` over `data`, in place; `combine(ours, theirs,
+    /// theirs_first)` reduces.
+    fn run<T: Primitive>(&mut self, data: &mut [T], combine: &impl Fn(&mut [T], &[T], bool)) -> Result<(), Error> {
+        let (c, tag, bytes) = (self.comm, self.tag, std::mem::size_of_val(data));
+        let coll = c.coll_state();
+        for i in 0..self.store.steps.steps.len() {
+            let step = self.store.steps.steps[i].clone();
+            if let Some(w) = step.recv {
+                let r = c.irecv_on(coll, Scratch::<u8>::for_recv(bytes), Source::Rank(w), Tag::Is(tag))?;
+                // SAFETY: dropped before this call returns (`store.reqs` is left empty), while
+                // the caller's borrow of `comm` holds.
+                self.store.reqs.push(unsafe { crate::request::unbound(r) });
+            }
+            for k in step.sends.clone() {
+                let w = self.store.steps.to[k];
+                let r = c.isend_on(coll, Scratch::<u8>::copy_of(bytes_of(data)), w, tag)?;
+                // SAFETY: as above.
+                self.store.reqs.push(unsafe { crate::request::unbound(r) });
+            }
+            self.wait_step()?;
+            let mut res = Ok(());
+            let mut theirs = None;
+            for (k, got) in self.store.got.drain(..).enumerate() {
+                match got {
+                    Some((_, Err(e))) => res = res.and(Err(step_error(c, e))),
+                    Some((b, Ok(_))) if k == 0 && step.recv.is_some() => theirs = Some(b),
+                    _ => {}
+                }
+            }
+            res?;
+            let Some(theirs) = theirs else { continue };
+            if theirs.len() != bytes {
+                return Err(MISMATCH);
+            }
+            match step.then {
+                Then::Nothing => {}
+                Then::Replace => data.copy_from_slice(theirs.elems()),
+                Then::Combine { theirs_first } => combine(data, theirs.elems(), theirs_first),
+            }
+        }
+        Ok(())
+    }
+
+    /// Waits for the step's requests (`store.reqs`, taken into `store.got` in their order):
+    /// first by testing them between progress passes, then, still pending after
+    /// [`DIRECT_POLLS`] passes, with the receive for failure notices posted, as a blocking
+    /// wait does. `Cancelled` if a notice came.
+    fn wait_step(&mut self) -> Result<(), Error> {
+        let engine = self.comm.engine();
+        let st = &mut *self.store;
+        if self.notice.is_none() {
+            let mut idle = weft_sync::IdleBackoff::new();
+            for _ in 0..DIRECT_POLLS {
+                if st.reqs.iter().all(Request::is_complete) {
+                    st.got.extend(st.reqs.drain(..).map(|mut r| r.take_parts()));
+                    return Ok(());
+                }
+                if engine.progress_once().progressed() {
+                    idle.reset();
+                } else {
+                    idle.snooze();
+                }
+            }
+            let c = self.comm;
+            let r = c.irecv_on(c.coll_state(), Scratch::<u8>::for_recv(8), Source::Any, Tag::Is(self.tag - 1))?;
+            // SAFETY: dropped by `finish`, before `run_direct` returns.
+            self.notice = Some(unsafe { crate::request::unbound(r) });
+        }
+        let k = st.reqs.len();
+        st.reqs.push(self.notice.take().expect("posted above"));
+        st.got.resize_with(k, || None);
+        let mut res = Ok(());
+        loop {
+            for (r, g) in st.reqs.iter_mut().zip(st.got.iter_mut()) {
+                if g.is_none() && r.is_complete() {
+                    *g = r.take_parts();
+                }
+            }
+            if st.got.iter().all(Option::is_some) {
+                break;
+            }
+            if st.reqs[k].is_complete() {
+                // Read by `finish`.
+                res = Err(Error::Cancelled);
+                break;
+            }
+            crate::wait::wait_any(&mut st.reqs);
+        }
+        self.notice = st.reqs.pop();
+        st.reqs.clear();
+        res
+    }
+
+    /// The collective's outcome: `res`, or the failure another member reported; a failure
+    /// of this rank's own is reported to every other member. In the communicator's ranks.
+    fn finish(mut self, res: Result<(), Error>) -> Result<(), Error> {
+        let notice = self.notice.take();
+        self.store.reqs.clear();
+        self.store.got.clear();
+        let _ = DIRECT.try_with(|d| d.set(Some(self.store)));
+        let Err(e) = res else { return Ok(()) };
+        let e = match notice.filter(Request::is_complete) {
+            Some(mut n) => {
+                let got = n.take().map(|r| r.map(|(b, st)| (b.elems::<u32>().to_vec(), st)));
+                notice_error(self.comm, got, e)
+            }
+            None => {
+                send_notices(self.comm, self.tag, e);
+                e
+            }
+        };
+        Err(self.comm.local_error(e))
+    }
+}
+
+impl Communicator {
+    /// Runs a small blocking collective on the calling thread, in place in `data`: `plan`
+    /// writes this rank's steps (world ranks) into storage the thread keeps, and each step's
+    /// messages are posted and waited for here, directly, under the tags of the
+    /// communicator's next sequence number, `combine` reducing as the steps say. No schedule,
+    /// no future and, once the thread's storage and scratch buffers are warm, no allocation.
+    /// Failures travel as a schedule's do (`finish`): a rank whose step fails tells every
+    /// other member, and a step that has waited [`DIRECT_POLLS`] passes listens for such
+    /// notices.
+    pub(crate) fn run_direct<T: Primitive>(
+        &self,
+        data: &mut [T],
+        plan: impl FnOnce(&mut StepPlan) -> Result<(), Error>,
+        combine: impl Fn(&mut [T], &[T], bool),
+    ) -> Result<(), Error> {
+        if self.is_freed() {
+            return Err(Error::CommFreed);
+        }
+        let mut store = DIRECT.try_with(std::cell::Cell::take).ok().flatten().unwrap_or_default();
+        store.steps.clear();
+        plan(&mut store.steps)?;
+        let mut d = Direct { comm: self, tag: seq_tag(self.next_seq()), notice: None, store };
+        let res = d.run(data, &combine);
+        d.finish(res)
     }
 }
