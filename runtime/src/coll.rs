@@ -698,7 +698,7 @@ impl Communicator {
                 return self.run_direct(recv, plan, combine);
             }
             // Left as it was: the steps work in a copy.
-            return self.run_direct(&mut send.to_vec(), plan, combine);
+            return self.run_direct(&mut Scratch::copy_of(send), plan, combine);
         }
         let steps = self.reduce_steps(send, op, root, false)?;
         if self.rank() == root {

@@ -209,8 +209,8 @@ impl<T: Primitive> Scratch<T> {
             None
         };
         // Small ones in a few sizes, so that a spare one fits the next message.
-        let store =
-            store.unwrap_or_else(|| Vec::with_capacity(if bytes >= POOL_MIN_BYTES { units } else { units.next_power_of_two().max(4) }));
+        let fresh = if bytes >= POOL_MIN_BYTES || units == 0 { units } else { units.next_power_of_two().max(4) };
+        let store = store.unwrap_or_else(|| Vec::with_capacity(fresh));
         Scratch { store, len: 0, cap, _t: std::marker::PhantomData }
     }
 
@@ -253,6 +253,13 @@ impl<T: Primitive> std::ops::Deref for Scratch<T> {
         // SAFETY: the first `len` elements were written (`copy_of`, or a receive's `filled`);
         // the store is aligned for `T`.
         unsafe { std::slice::from_raw_parts(self.store.as_ptr().cast::<T>(), self.len) }
+    }
+}
+
+impl<T: Primitive> std::ops::DerefMut for Scratch<T> {
+    fn deref_mut(&mut self) -> &mut [T] {
+        // SAFETY: as for `deref`, borrowed mutably.
+        unsafe { std::slice::from_raw_parts_mut(self.store.as_mut_ptr().cast::<T>(), self.len) }
     }
 }
 
@@ -728,7 +735,14 @@ impl Direct<'_> {
         self.store.reqs.clear();
         self.store.got.clear();
         let _ = DIRECT.try_with(|d| d.set(Some(self.store)));
-        let Err(e) = res else { return Ok(()) };
+        let Err(e) = res else {
+            if let Some(mut n) = notice {
+                // Unposted and taken, so that its operation goes back to the pool.
+                n.cancel();
+                let _ = n.take_parts();
+            }
+            return Ok(());
+        };
         let e = match notice.filter(Request::is_complete) {
             Some(mut n) => {
                 let got = n.take().map(|r| r.map(|(b, st)| (b.elems::<u32>().to_vec(), st)));

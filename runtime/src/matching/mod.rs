@@ -146,6 +146,9 @@ struct Bins {
     index: HashMap<u64, usize, BuildHasherDefault<KeyHasher>>,
     /// Index in `list` of the bin used last (any value while `list` is empty).
     last: usize,
+    /// Queues of dropped empty bins, kept for new keys: receives under ever new tags (a
+    /// collective's sequence numbers) then allocate no queue each.
+    spare: Vec<VecDeque<Posted>>,
 }
 
 impl Bins {
@@ -182,12 +185,22 @@ impl Bins {
     #[cold]
     fn insert(&mut self, key: u64) -> usize {
         if self.list.len() >= MAX_IDLE_BINS {
-            self.list.retain(|(_, b)| !b.is_empty());
+            let spare = &mut self.spare;
+            self.list.retain_mut(|(_, b)| {
+                if !b.is_empty() {
+                    return true;
+                }
+                if spare.len() < MAX_IDLE_BINS {
+                    spare.push(std::mem::take(b));
+                }
+                false
+            });
             self.index.clear();
             self.index.extend(self.list.iter().enumerate().map(|(i, (k, _))| (*k, i)));
         }
         let i = self.list.len();
-        self.list.push((key, VecDeque::new()));
+        let queue = self.spare.pop().unwrap_or_default();
+        self.list.push((key, queue));
         self.index.insert(key, i);
         self.last = i;
         i
