@@ -1,9 +1,11 @@
 //! The collectives on any communicator, blocking and nonblocking. Each is a schedule of
 //! point-to-point steps (`nbc.rs`): a nonblocking one (`ibcast`, ...) is a [`Request`] like a
 //! receive, which the rank's progress completes; a blocking one starts the same schedule and
-//! waits for it. Their messages travel on the communicator's collective context under tags of
-//! the collective's sequence number, so they never match a user receive (`Tag::Any`
-//! included) nor each other's.
+//! waits for it — except the small blocking `barrier`, `bcast`, `reduce` and `allreduce`,
+//! whose few steps the calling thread posts and waits for itself, with no schedule, future or
+//! allocation (`Communicator::run_direct`, `nbc.rs`). Their messages travel on the
+//! communicator's collective context under tags of the collective's sequence number, so they
+//! never match a user receive (`Tag::Any` included) nor each other's.
 //!
 //! # Algorithms and their thresholds
 //!
@@ -636,7 +638,7 @@ impl Communicator {
     /// passes the same length and root.
     pub fn bcast<T: Primitive>(&self, data: &mut [T], root: u32) -> Result<(), Error> {
         self.check_root(root)?;
-        if std::mem::size_of_val(data) < BCAST_LONG_BYTES || self.size() < BCAST_LONG_RANKS {
+        if std::mem::size_of_val(data) < BCAST_LONG_BYTES {
             let plan = |s: &mut StepPlan| {
                 bcast_into(s, self, root);
                 Ok(())
@@ -663,19 +665,14 @@ impl Communicator {
     fn reduce_steps<T: Reducible>(&self, data: &[T], op: Op, root: u32, keep: bool) -> Result<impl InPlace<T>, Error> {
         self.check_root(root)?;
         let f = op_for(op, data.first(), "reduce: a bitwise op on floating-point elements")?;
-        let large = self.reduce_is_large(data);
+        let n = self.size();
+        let large = std::mem::size_of_val(data) >= REDUCE_LONG_BYTES && data.len() >= n as usize && n > 1 && n.is_power_of_two();
         let copy = keep && self.rank() != root;
         Ok(steps!(|s, work| match (large, copy) {
             (true, true) => s.reduce_large(&mut work.to_vec(), root, op).await,
             (true, false) => s.reduce_large(work, root, op).await,
             (false, _) => s.reduce(work, root, f).await,
         }))
-    }
-
-    /// Whether a reduction of `data` takes the large messages' reduce-scatter and gather.
-    fn reduce_is_large<T>(&self, data: &[T]) -> bool {
-        let n = self.size();
-        std::mem::size_of_val(data) >= REDUCE_LONG_BYTES && data.len() >= n as usize && n > 1 && n.is_power_of_two()
     }
 
     /// Reduces `send` elementwise over every rank with `op` into `recv` of rank `root`
@@ -686,7 +683,7 @@ impl Communicator {
         if self.rank() == root && recv.len() != send.len() {
             return Err(Error::InvalidArgument("reduce: the root's receive buffer differs in length from the send buffer"));
         }
-        if !self.reduce_is_large(send) {
+        if std::mem::size_of_val(send) < REDUCE_LONG_BYTES {
             check_op(op, send.first(), "reduce: a bitwise op on floating-point elements")?;
             let plan = |s: &mut StepPlan| {
                 reduce_tree_into(s, self, root);
@@ -723,19 +720,13 @@ impl Communicator {
     fn allreduce_steps<T: Reducible>(&self, data: &[T], op: Op) -> Result<impl InPlace<T>, Error> {
         let f = op_for(op, data.first(), "allreduce: a bitwise op on floating-point elements")?;
         let n = self.size();
-        let ring = self.allreduce_is_long(data);
+        let ring = std::mem::size_of_val(data) >= ALLREDUCE_LONG_BYTES && data.len() >= n as usize && n > 1;
         let members = self.group().world_ranks().clone();
         Ok(steps!(|s, work| match (ring, n.is_power_of_two()) {
             (true, true) => s.allreduce_rabenseifner(work, op).await,
             (true, false) => s.allreduce_ring(work, op).await,
             (false, _) => s.reduce_over_in(&members, work, f).await,
         }))
-    }
-
-    /// Whether an allreduce of `data` takes a reduce-scatter and allgather (Rabenseifner's or
-    /// the ring's).
-    fn allreduce_is_long<T>(&self, data: &[T]) -> bool {
-        std::mem::size_of_val(data) >= ALLREDUCE_LONG_BYTES && data.len() >= self.size() as usize && self.size() > 1
     }
 
     /// Reduces `send` elementwise over every rank with `op` into `recv` of every rank
@@ -745,7 +736,7 @@ impl Communicator {
         if send.len() != recv.len() {
             return Err(Error::InvalidArgument("allreduce: send and receive buffers of different lengths"));
         }
-        if !self.allreduce_is_long(send) {
+        if std::mem::size_of_val(send) < ALLREDUCE_LONG_BYTES {
             check_op(op, send.first(), "allreduce: a bitwise op on floating-point elements")?;
             recv.copy_from_slice(send);
             let plan = |s: &mut StepPlan| reduce_over_into(s, self.group().world_ranks(), self.world_of(self.rank()));

@@ -17,6 +17,13 @@
 //! of communicator creation, whose members may be a subset of the communicator's, use fixed
 //! tags instead, `create.rs`, and take no number.)
 //!
+//! A small blocking collective skips the schedule ([`Communicator::run_direct`]): the calling
+//! thread writes the algorithm's plan of steps (`coll_steps.rs`) into storage it keeps, then
+//! posts each step's messages and tests them between progress passes itself, as a blocking
+//! receive waits, in scratch buffers it keeps: a schedule's boxed future, its request and
+//! operation, its polls on every progress pass and its allocations per step cost a small
+//! collective several times the instructions of its messages.
+//!
 //! A schedule that fails (a peer lost, a rank that passed a different length) tells every
 //! other member under the sequence number's second tag, where each member's schedule posted
 //! a receive when it started: a member waiting for a rank that failed, and not for the lost
