@@ -53,7 +53,7 @@ use crate::coll_steps::{
     barrier_into, barrier_steps, bcast_into, reduce_over_into, reduce_over_steps, reduce_tree_into, Steps as StepPlan,
 };
 use crate::comm::Communicator;
-use crate::nbc::{Out, Sched, Scratch, Steps, MISMATCH};
+use crate::nbc::{In, Out, Sched, Scratch, Steps, MISMATCH};
 use crate::request::Request;
 
 /// `bcast` messages of at least this many bytes go by scatter and allgather (MPICH's
@@ -447,10 +447,10 @@ impl Sched<'_> {
 
     /// Gathers `send` of every rank into `blocks[r]` of `recv` of `root` (the root posts
     /// every receive at once). `blocks` is read at the root only.
-    async fn gather<T: Primitive>(&self, send: Vec<T>, recv: &mut [T], blocks: &[Range<usize>], root: u32) -> Result<(), Error> {
+    async fn gather<T: Primitive>(&self, send: &[T], recv: &mut [T], blocks: &[Range<usize>], root: u32) -> Result<(), Error> {
         let (n, me) = (self.comm.size(), self.comm.rank());
         if me != root {
-            return self.send(self.comm.world_of(root), send).await;
+            return self.send(self.comm.world_of(root), Scratch::copy_of(send)).await;
         }
         if send.len() != blocks[me as usize].len() {
             return Err(MISMATCH);
@@ -461,7 +461,7 @@ impl Sched<'_> {
         for (r, v) in others.into_iter().zip(got) {
             recv[blocks[r as usize].clone()].copy_from_slice(&v);
         }
-        recv[blocks[me as usize].clone()].copy_from_slice(&send);
+        recv[blocks[me as usize].clone()].copy_from_slice(send);
         Ok(())
     }
 
@@ -477,7 +477,8 @@ impl Sched<'_> {
         if recv.len() != blocks[me as usize].len() {
             return Err(MISMATCH);
         }
-        let to = (0..n).filter(|&r| r != me).map(|r| (self.comm.world_of(r), send[blocks[r as usize].clone()].to_vec())).collect();
+        let to =
+            (0..n).filter(|&r| r != me).map(|r| (self.comm.world_of(r), Scratch::copy_of(&send[blocks[r as usize].clone()]))).collect();
         self.exchange::<T>(None, to).await?;
         recv.copy_from_slice(&send[blocks[me as usize].clone()]);
         Ok(())
@@ -808,19 +809,33 @@ impl Communicator {
     /// `r * send.len()` (`MPI_Igather`). `recv` is read only at the root, where it holds
     /// `size * send.len()` elements; the request gives it back.
     pub fn igather<T: Primitive>(&self, send: &[T], recv: Vec<T>, root: u32) -> Result<Request<'_, Vec<T>>, Error> {
+        let blocks = self.gather_blocks(send, recv.len(), root)?;
+        self.gatherv_blocks(send, recv, blocks, root)
+    }
+
+    /// A gather's blocks of the root's receive buffer of `len` elements (checked there).
+    fn gather_blocks<T>(&self, send: &[T], len: usize, root: u32) -> Result<Vec<Range<usize>>, Error> {
         self.check_root(root)?;
-        if self.rank() == root && recv.len() != self.size() as usize * send.len() {
+        if self.rank() == root && len != self.size() as usize * send.len() {
             return Err(Error::InvalidArgument("gather: the root's receive buffer is not size x the send buffer"));
         }
-        self.gatherv_blocks(send, recv, even(send.len(), self.size()), root)
+        Ok(even(send.len(), self.size()))
     }
 
     /// Gathers `send` of every rank into `recv` of rank `root`, rank `r`'s at
     /// `r * send.len()` (`MPI_Gather`). `recv` is read only at the root, where it holds
     /// `size * send.len()` elements.
     pub fn gather<T: Primitive>(&self, send: &[T], recv: &mut [T], root: u32) -> Result<(), Error> {
-        let req = self.igather(send, if self.rank() == root { recv.to_vec() } else { Vec::new() }, root)?;
-        finish_into(req, recv, self.rank() == root)
+        let blocks = self.gather_blocks(send, recv.len(), root)?;
+        self.gather_in(send, recv, blocks, root)
+    }
+
+    /// The blocking gather of `send` into `blocks` of `recv` (both read at the root only),
+    /// in the caller's buffers.
+    fn gather_in<T: Primitive>(&self, send: &[T], recv: &mut [T], blocks: Vec<Range<usize>>, root: u32) -> Result<(), Error> {
+        let send = In::of(send);
+        // SAFETY: `send` stays borrowed until `run_in_place` returned.
+        self.run_in_place(recv, None, steps!(|s, work| s.gather(unsafe { send.slice() }, work, &blocks, root).await))
     }
 
     /// Starts gathering `send` of every rank `r` into `recv[displs[r]..][..counts[r]]` of rank
@@ -834,20 +849,26 @@ impl Communicator {
         displs: &[usize],
         root: u32,
     ) -> Result<Request<'_, Vec<T>>, Error> {
-        let blocks = self.root_blocks(
-            root,
-            counts,
-            displs,
-            (recv.len(), send.len()),
-            "gatherv: counts and displacements do not fit the receive buffer, or the root's own count its send buffer",
-        )?;
+        let blocks = self.gatherv_of(send, recv.len(), counts, displs, root)?;
         self.gatherv_blocks(send, recv, blocks, root)
     }
 
-    /// Gathers as [`igatherv`](Self::igatherv) and waits (`MPI_Gatherv`).
+    /// A `gatherv`'s blocks of the root's receive buffer of `len` elements (checked there).
+    fn gatherv_of<T>(&self, send: &[T], len: usize, counts: &[usize], displs: &[usize], root: u32) -> Result<Vec<Range<usize>>, Error> {
+        self.root_blocks(
+            root,
+            counts,
+            displs,
+            (len, send.len()),
+            "gatherv: counts and displacements do not fit the receive buffer, or the root's own count its send buffer",
+        )
+    }
+
+    /// Gathers as [`igatherv`](Self::igatherv) and waits (`MPI_Gatherv`), in the caller's
+    /// buffers.
     pub fn gatherv<T: Primitive>(&self, send: &[T], recv: &mut [T], counts: &[usize], displs: &[usize], root: u32) -> Result<(), Error> {
-        let req = self.igatherv(send, if self.rank() == root { recv.to_vec() } else { Vec::new() }, counts, displs, root)?;
-        finish_into(req, recv, self.rank() == root)
+        let blocks = self.gatherv_of(send, recv.len(), counts, displs, root)?;
+        self.gather_in(send, recv, blocks, root)
     }
 
     /// The gather of `send` into `blocks` of `recv` (both read at the root only).
@@ -859,24 +880,38 @@ impl Communicator {
         root: u32,
     ) -> Result<Request<'_, Vec<T>>, Error> {
         let send = send.to_vec();
-        self.start_in(recv, steps!(|s, work| s.gather(send, work, &blocks, root).await))
+        self.start_in(recv, steps!(|s, work| s.gather(&send, work, &blocks, root).await))
     }
 
     /// Starts scattering `send` of rank `root` (`size * recv.len()` elements there; read only
     /// there): rank `r` gets the block at `r * recv.len()` into `recv` (`MPI_Iscatter`).
     pub fn iscatter<T: Primitive>(&self, send: &[T], recv: Vec<T>, root: u32) -> Result<Request<'_, Vec<T>>, Error> {
+        let blocks = self.scatter_blocks(send, recv.len(), root)?;
+        self.scatterv_blocks(send, blocks, recv, root)
+    }
+
+    /// A scatter's blocks of the root's send buffer (checked there), `len` elements each.
+    fn scatter_blocks<T>(&self, send: &[T], len: usize, root: u32) -> Result<Vec<Range<usize>>, Error> {
         self.check_root(root)?;
-        if self.rank() == root && send.len() != self.size() as usize * recv.len() {
+        if self.rank() == root && send.len() != self.size() as usize * len {
             return Err(Error::InvalidArgument("scatter: the root's send buffer is not size x the receive buffer"));
         }
-        let blocks = even(recv.len(), self.size());
-        self.scatterv_blocks(send, blocks, recv, root)
+        Ok(even(len, self.size()))
     }
 
     /// Scatters `send` of rank `root` (`size * recv.len()` elements there; read only there):
     /// rank `r` gets the block at `r * recv.len()` into `recv` (`MPI_Scatter`).
     pub fn scatter<T: Primitive>(&self, send: &[T], recv: &mut [T], root: u32) -> Result<(), Error> {
-        finish_into(self.iscatter(send, recv.to_vec(), root)?, recv, true)
+        let blocks = self.scatter_blocks(send, recv.len(), root)?;
+        self.scatter_in(send, blocks, recv, root)
+    }
+
+    /// The blocking scatter of `blocks` of `send` (both read at the root only) into `recv`,
+    /// in the caller's buffers.
+    fn scatter_in<T: Primitive>(&self, send: &[T], blocks: Vec<Range<usize>>, recv: &mut [T], root: u32) -> Result<(), Error> {
+        let send = In::of(send);
+        // SAFETY: `send` stays borrowed until `run_in_place` returned.
+        self.run_in_place(recv, None, steps!(|s, work| s.scatter(unsafe { send.slice() }, &blocks, work, root).await))
     }
 
     /// Starts scattering `send[displs[r]..][..counts[r]]` of rank `root` into `recv` of every
@@ -890,19 +925,27 @@ impl Communicator {
         recv: Vec<T>,
         root: u32,
     ) -> Result<Request<'_, Vec<T>>, Error> {
-        let blocks = self.root_blocks(
-            root,
-            counts,
-            displs,
-            (send.len(), recv.len()),
-            "scatterv: counts and displacements do not fit the send buffer, or the root's own count its receive buffer",
-        )?;
+        let blocks = self.scatterv_of(send, counts, displs, recv.len(), root)?;
         self.scatterv_blocks(send, blocks, recv, root)
     }
 
-    /// Scatters as [`iscatterv`](Self::iscatterv) and waits (`MPI_Scatterv`).
+    /// A `scatterv`'s blocks of the root's send buffer (checked there), whose own is `len`
+    /// elements.
+    fn scatterv_of<T>(&self, send: &[T], counts: &[usize], displs: &[usize], len: usize, root: u32) -> Result<Vec<Range<usize>>, Error> {
+        self.root_blocks(
+            root,
+            counts,
+            displs,
+            (send.len(), len),
+            "scatterv: counts and displacements do not fit the send buffer, or the root's own count its receive buffer",
+        )
+    }
+
+    /// Scatters as [`iscatterv`](Self::iscatterv) and waits (`MPI_Scatterv`), in the
+    /// caller's buffers.
     pub fn scatterv<T: Primitive>(&self, send: &[T], counts: &[usize], displs: &[usize], recv: &mut [T], root: u32) -> Result<(), Error> {
-        finish_into(self.iscatterv(send, counts, displs, recv.to_vec(), root)?, recv, true)
+        let blocks = self.scatterv_of(send, counts, displs, recv.len(), root)?;
+        self.scatter_in(send, blocks, recv, root)
     }
 
     /// The scatter of `blocks` of `send` (both read at the root only) into `recv`.

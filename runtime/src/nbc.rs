@@ -133,6 +133,33 @@ impl<T: Primitive> Out<T> {
     }
 }
 
+/// The caller's send buffer of a blocking collective, which its steps read in place: borrowed
+/// until the collective's request completed ([`Communicator::run_in_place`]).
+pub(crate) struct In<T> {
+    ptr: *const T,
+    len: usize,
+}
+
+// SAFETY: only read, by the schedule, on whichever thread advances it, while the caller
+// waits with the slice borrowed.
+unsafe impl<T: Sync> Send for In<T> {}
+
+impl<T> In<T> {
+    pub(crate) fn of(v: &[T]) -> Self {
+        In { ptr: v.as_ptr(), len: v.len() }
+    }
+
+    /// The buffer.
+    ///
+    /// # Safety
+    /// Called by the steps of a schedule that [`Communicator::run_in_place`] runs while the
+    /// slice given to [`of`](Self::of) stays borrowed (until the request completed).
+    pub(crate) unsafe fn slice(&self) -> &[T] {
+        // SAFETY: per the contract, `len` elements at `ptr` stay alive and unwritten.
+        unsafe { std::slice::from_raw_parts(self.ptr, self.len) }
+    }
+}
+
 /// Waits out a blocking collective's schedule if the caller unwinds before its request
 /// completed (a panic in a continuation or a sync object's delivery run by the wait): the
 /// schedule works in the caller's slice, which must outlive it.

@@ -9,8 +9,8 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 use weft::{Op, Runtime};
 
-/// Allocations at least this large are counted.
-const LARGE: usize = 16 << 10;
+/// Allocations at least this large are counted (while armed).
+static LARGE: AtomicUsize = AtomicUsize::new(16 << 10);
 
 struct CountLarge;
 static LARGE_BYTES: AtomicUsize = AtomicUsize::new(0);
@@ -19,7 +19,7 @@ static ARMED: AtomicBool = AtomicBool::new(false);
 // SAFETY: forwards to the system allocator, only counting.
 unsafe impl GlobalAlloc for CountLarge {
     unsafe fn alloc(&self, l: Layout) -> *mut u8 {
-        if l.size() >= LARGE && ARMED.load(Ordering::Relaxed) {
+        if l.size() >= LARGE.load(Ordering::Relaxed) && ARMED.load(Ordering::Relaxed) {
             LARGE_BYTES.fetch_add(l.size(), Ordering::Relaxed);
         }
         // SAFETY: same contract as ours.
@@ -39,7 +39,8 @@ fn large_collectives_allocate_no_large_buffers_in_the_steady_state() {
     let n = 4u32;
     let len = 128 << 10; // 1 MiB of u64
     let rts = Runtime::builder().env(false).build_local(n).unwrap();
-    let calls = |rounds: usize| {
+    // `v`: the `v` forms instead of the others.
+    let calls = |rounds: usize, v: bool| {
         std::thread::scope(|s| {
             for rt in &rts {
                 s.spawn(move || {
@@ -50,7 +51,20 @@ fn large_collectives_allocate_no_large_buffers_in_the_steady_state() {
                     let mut sum = vec![0u64; len];
                     let block = vec![me; len / n as usize];
                     let mut gathered = vec![0u64; len];
+                    let mut piece = vec![0u64; len / n as usize];
+                    let counts = vec![len / n as usize; n as usize];
+                    let displs: Vec<usize> = (0..n as usize).map(|r| r * len / n as usize).collect();
                     for round in 0..rounds as u64 {
+                        if v {
+                            gathered.fill(u64::MAX);
+                            c.gatherv(&block, &mut gathered, &counts, &displs, 1).unwrap();
+                            if c.rank() == 1 {
+                                assert!(gathered.chunks(len / n as usize).enumerate().all(|(r, b)| b.iter().all(|&x| x == r as u64)));
+                            }
+                            c.scatterv(&gathered, &counts, &displs, &mut piece, 1).unwrap();
+                            assert!(piece.iter().all(|&x| x == me));
+                            continue;
+                        }
                         if c.rank() == 0 {
                             data.fill(round);
                         }
@@ -66,16 +80,29 @@ fn large_collectives_allocate_no_large_buffers_in_the_steady_state() {
         })
     };
     // Fills the pool.
-    calls(3);
+    calls(3, false);
     LARGE_BYTES.store(0, Ordering::Relaxed);
     ARMED.store(true, Ordering::Relaxed);
-    // The ranks allocate their own buffers (4.25 MiB each, made before the calls).
-    calls(10);
+    // The ranks allocate their own buffers (4.5 MiB each, made before the calls).
+    calls(10, false);
     ARMED.store(false, Ordering::Relaxed);
-    let per_rank_buffers = (len * 4 + len / n as usize) * 8;
+    let per_rank_buffers = (len * 4 + 2 * len / n as usize) * 8;
     let extra = LARGE_BYTES.load(Ordering::Relaxed).saturating_sub(n as usize * per_rank_buffers);
     assert_eq!(
         extra, 0,
         "bytes of large allocations in 10 rounds of 1 MiB bcast, allreduce and allgather on {n} ranks, besides the ranks' own buffers"
     );
+
+    // The blocking `gatherv` and `scatterv` work in the caller's buffers: no copy of the
+    // whole buffer (1 MiB) on the way in or out. (A block, 256 KiB, may be held for a
+    // receive posted after its message came.)
+    calls(3, true);
+    LARGE.store(len * 8, Ordering::Relaxed);
+    LARGE_BYTES.store(0, Ordering::Relaxed);
+    ARMED.store(true, Ordering::Relaxed);
+    calls(10, true);
+    ARMED.store(false, Ordering::Relaxed);
+    // Of the ranks' own buffers, the four of 1 MiB count.
+    let extra = LARGE_BYTES.load(Ordering::Relaxed).saturating_sub(n as usize * 4 * len * 8);
+    assert_eq!(extra, 0, "bytes of whole-buffer allocations in 10 rounds of 1 MiB gatherv and scatterv on {n} ranks");
 }
