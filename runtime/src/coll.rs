@@ -66,6 +66,17 @@ pub const ALLREDUCE_LONG_BYTES: usize = 2048;
 /// `MPIR_CVAR_REDUCE_SHORT_MSG_SIZE`).
 pub const REDUCE_LONG_BYTES: usize = 2048;
 
+/// Whether a broadcast of `bytes` on `n` ranks goes by scatter and allgather.
+pub(crate) fn bcast_is_long(bytes: usize, n: u32) -> bool {
+    bytes >= BCAST_LONG_BYTES && n >= BCAST_LONG_RANKS
+}
+
+/// Whether an allreduce (with a predefined op) of `len` elements, `bytes` in all, on `n`
+/// ranks goes by reduce-scatter and allgather.
+pub(crate) fn allreduce_is_long(bytes: usize, len: usize, n: u32) -> bool {
+    bytes >= ALLREDUCE_LONG_BYTES && len >= n as usize && n > 1
+}
+
 /// A predefined reduction (`MPI_Op`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Op {
@@ -172,7 +183,7 @@ fn in_place<T, F: for<'a, 'c> FnOnce(&'a Sched<'c>, &'a mut [T]) -> Steps<'a> + 
 
 /// Block `i` of `n` nearly equal blocks of `len` elements (the last ones may be shorter or
 /// empty).
-fn block(len: usize, n: u32, i: u32) -> Range<usize> {
+pub(crate) fn block(len: usize, n: u32, i: u32) -> Range<usize> {
     let per = len.div_ceil(n as usize);
     (i as usize * per).min(len)..((i as usize + 1) * per).min(len)
 }
@@ -194,7 +205,7 @@ fn blocks(counts: &[usize], displs: &[usize], n: u32, len: usize, what: &'static
 }
 
 /// Blocks `a..b` (`a < b`) of `blocks`, which follow each other, as one range.
-fn span(blocks: &[Range<usize>], a: u32, b: u32) -> Range<usize> {
+pub(crate) fn span(blocks: &[Range<usize>], a: u32, b: u32) -> Range<usize> {
     blocks[a as usize].start..blocks[b as usize - 1].end
 }
 
@@ -399,7 +410,7 @@ impl Sched<'_> {
         value: Vec<T>,
         f: impl Fn(&[T], &[T]) -> Vec<T>,
     ) -> Result<Vec<T>, Error> {
-        let steps = reduce_over_steps(members, self.comm.world_of(self.comm.rank()))?;
+        let steps = reduce_over_steps(members, self.comm.world_of(self.comm.rank()), value.len())?;
         self.run_steps(&steps, value, f).await
     }
 
@@ -611,7 +622,7 @@ impl Communicator {
     /// The steps of a broadcast of `data` from `root` (checked).
     fn bcast_steps<T: Primitive>(&self, data: &[T], root: u32) -> Result<impl InPlace<T>, Error> {
         self.check_root(root)?;
-        let long = std::mem::size_of_val(data) >= BCAST_LONG_BYTES && self.size() >= BCAST_LONG_RANKS;
+        let long = bcast_is_long(std::mem::size_of_val(data), self.size());
         Ok(steps!(|s, work| if long { s.bcast_scatter_allgather(work, root).await } else { s.bcast_binomial(work, root).await }))
     }
 
@@ -679,7 +690,7 @@ impl Communicator {
     fn allreduce_steps<T: Reducible>(&self, data: &[T], op: Op) -> Result<impl InPlace<T>, Error> {
         let f = op_for(op, data.first(), "allreduce: a bitwise op on floating-point elements")?;
         let n = self.size();
-        let ring = std::mem::size_of_val(data) >= ALLREDUCE_LONG_BYTES && data.len() >= n as usize && n > 1;
+        let ring = allreduce_is_long(std::mem::size_of_val(data), data.len(), n);
         let members = self.group().world_ranks().clone();
         Ok(steps!(|s, work| match (ring, n.is_power_of_two()) {
             (true, true) => s.allreduce_rabenseifner(work, op).await,

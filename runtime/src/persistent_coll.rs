@@ -1,15 +1,24 @@
 //! Persistent collectives (MPI 4.0 §6.13): [`Communicator::barrier_init`],
-//! [`Communicator::bcast_init`], [`Communicator::reduce_init`] and
-//! [`Communicator::allreduce_init`] give a [`Persistent`] request like
+//! [`Communicator::bcast_init`], [`Communicator::reduce_init`],
+//! [`Communicator::allreduce_init`], [`Communicator::gather_init`],
+//! [`Communicator::scatter_init`], [`Communicator::allgather_init`],
+//! [`Communicator::alltoall_init`], [`Communicator::scan_init`] and
+//! [`Communicator::exscan_init`] give a [`Persistent`] request like
 //! [`send_init`](Communicator::send_init)'s, started and waited for as often as needed, and
 //! started together with point-to-point ones by [`Persistent::start_all`].
+//!
+//! Each works in one buffer, in place (as MPI's with `MPI_IN_PLACE`): the rank's data before
+//! a start, its result after the wait. Where MPI's send and receive buffers differ in
+//! length, the buffer has the receive buffer's length where the rank receives more than it
+//! sends (a gather's root, every rank of an allgather), the send buffer's where it sends
+//! more (a scatter's root); the others hold one block.
 //!
 //! The init call is a collective: every rank of the communicator makes it, in the same order
 //! as its other collectives, with the same length, op and root — which it checks with one
 //! allreduce, so a rank that passed another length or root gets an error at init on every
 //! rank, not a hang at a start. It then fixes the whole schedule (MPICH computes its
 //! persistent schedules once too): the steps of the algorithm in world ranks, the buffers of
-//! every step's sends and of its receive, and the tag of the collective's sequence number,
+//! every step's sends and receives, and the tag of the collective's sequence number,
 //! which every start reuses. A start copies the user's buffer in, hands the schedule to the
 //! rank's progress (`engine/schedules.rs`), which takes its steps as their messages complete,
 //! and gets the schedule back when it ends (`Schedule::finish`): in steady state a start
@@ -25,9 +34,16 @@
 //! match in order, so a rank that starts again before a slow peer has finished the last start
 //! cannot be mistaken for it.
 //!
-//! Algorithms: a dissemination barrier, a binomial-tree broadcast and reduce, a recursive
-//! doubling allreduce (the ranks beyond a power of two folded in first) — the plans of the
-//! nonblocking collectives' small-message algorithms (`coll_steps.rs`), at every size.
+//! Algorithms: those of the blocking collectives (`coll.rs`), chosen by size as they are,
+//! as plans of steps (`coll_steps.rs`): a dissemination barrier; a binomial-tree broadcast,
+//! or for large messages scatter and a ring allgather; a binomial-tree reduce; a recursive
+//! doubling allreduce (the ranks beyond a power of two folded in first), or for large
+//! messages Rabenseifner's on a power of two of ranks and the ring's on others; gather and
+//! scatter through the root at once; a ring allgather; every pair of an alltoall at once;
+//! recursive doubling prefix reductions. A plan moves each message through a buffer of its
+//! own, kept from init on, so a start copies what it sends and what it received where a
+//! blocking call works in the caller's buffer; a persistent reduce takes the binomial tree
+//! at every size.
 
 use std::sync::{Arc, Weak};
 
@@ -35,8 +51,11 @@ use parking_lot::Mutex;
 use weft_sync::{Error, Status};
 
 use crate::buffer::Primitive;
-use crate::coll::{check_op, Op, Reducible};
-use crate::coll_steps::{barrier_steps, bcast_steps, reduce_over_steps, reduce_steps, Step, Steps, Then};
+use crate::coll::{allreduce_is_long, bcast_is_long, check_op, Op, Reducible};
+use crate::coll_steps::{
+    allgather_steps, allreduce_long_steps, alltoall_steps, barrier_steps, bcast_long_steps, bcast_steps, gather_steps, reduce_over_steps,
+    reduce_steps, scan_steps, scatter_steps, Steps, Then,
+};
 use crate::comm::Communicator;
 use crate::engine::Schedule;
 use crate::matching::{Source, Tag};
@@ -68,25 +87,22 @@ struct Run<T: Primitive> {
     // The requests of the step in flight borrow `comm` (below): they come first, so they are
     // dropped before it.
     sends: Vec<Request<'static, Vec<T>>>,
-    recv: Option<Request<'static, Vec<T>>>,
+    recvs: Vec<Request<'static, Vec<T>>>,
     /// The receive for a failure notice of another member (`nbc.rs`), posted with the first
     /// step; its buffer between starts.
     notice: Option<Request<'static, Vec<u32>>>,
     notice_buf: Option<Vec<u32>>,
-    steps: Box<[Step]>,
-    to: Box<[u32]>,
+    plan: Steps,
     /// The step in flight (or next), and whether its messages are posted.
     at: usize,
     posted: bool,
-    /// The working data, the buffers of sends not in flight, the receive buffer when not in
-    /// flight (each as long as the data).
+    /// The working data, the buffers of sends not in flight (each as long as the longest
+    /// send), the buffers of receives not in flight (as long as the longest receive).
     work: Vec<T>,
     spare: Vec<Vec<T>>,
-    scratch: Option<Vec<T>>,
+    scratch: Vec<Vec<T>>,
     reducer: Option<Reducer<T>>,
     tag: i32,
-    /// Whether the start's result goes into the user's buffer (not at a reduce's non-root).
-    write_back: bool,
     /// The start in flight: where its result goes, its request's operation, its status and
     /// its outcome so far.
     out: Option<Out<T>>,
@@ -100,10 +116,10 @@ struct Run<T: Primitive> {
 }
 
 impl<T: Primitive> Run<T> {
-    /// Posts the sends and the receive of step `self.at` (with the first, the receive for
-    /// failure notices).
+    /// Posts the receives and then the sends of step `self.at` (with the first, the receive
+    /// for failure notices).
     fn post(&mut self) -> Result<(), Error> {
-        let step = self.steps[self.at].clone();
+        let step = self.plan.steps[self.at].clone();
         let c: &Communicator = &self.comm;
         if self.at == 0 {
             let b = self.notice_buf.take().unwrap_or_else(|| Vec::with_capacity(2));
@@ -111,24 +127,26 @@ impl<T: Primitive> Run<T> {
             // SAFETY: `r` borrows `self.comm`, and `notice` is dropped before it.
             self.notice = Some(unsafe { unbound(r) });
         }
-        for &w in &self.to[step.sends] {
+        for inc in &self.plan.recvs[step.recvs] {
+            let mut b = self.scratch.pop().unwrap_or_default();
+            b.clear();
+            b.reserve(inc.len);
+            let r = c.irecv_on(c.coll_state(), b, Source::Rank(inc.from), Tag::Is(self.tag))?;
+            // SAFETY: as for `notice`, for `recvs`.
+            self.recvs.push(unsafe { unbound(r) });
+        }
+        for o in &self.plan.sends[step.sends] {
             let mut b = self.spare.pop().unwrap_or_default();
             b.clear();
-            b.extend_from_slice(&self.work);
-            let r = c.isend_on(c.coll_state(), b, w, self.tag)?;
-            // SAFETY: `r` borrows `self.comm`, and `sends` is dropped before it.
+            b.extend_from_slice(&self.work[o.at.clone()]);
+            let r = c.isend_on(c.coll_state(), b, o.to, self.tag)?;
+            // SAFETY: as for `notice`, for `sends`.
             self.sends.push(unsafe { unbound(r) });
-        }
-        if let Some(w) = step.recv {
-            let b = self.scratch.take().unwrap_or_else(|| Vec::with_capacity(self.work.len()));
-            let r = c.irecv_on(c.coll_state(), b, Source::Rank(w), Tag::Is(self.tag))?;
-            // SAFETY: as above, for `recv`.
-            self.recv = Some(unsafe { unbound(r) });
         }
         Ok(())
     }
 
-    /// Collects step `self.at`, complete: the send buffers back, the received data used.
+    /// Collects step `self.at`, complete: the send buffers back, the received data landed.
     fn collect(&mut self) -> Result<(), Error> {
         let mut res = Ok(());
         for mut r in self.sends.drain(..) {
@@ -139,29 +157,35 @@ impl<T: Primitive> Run<T> {
                 }
             }
         }
-        let Some(mut r) = self.recv.take() else { return res };
-        let Some((got, outcome)) = r.take_parts() else { return res };
-        drop(r);
-        let used = match outcome {
-            Err(e) => Err(step_error(&self.comm, e)),
-            Ok(_) if got.len() != self.work.len() => Err(MISMATCH),
-            Ok(_) => {
-                match (self.steps[self.at].then, self.reducer) {
-                    (Then::Replace, _) => self.work.copy_from_slice(&got),
-                    (Then::Combine { theirs_first }, Some((op, f))) => f(op, &mut self.work, &got, theirs_first),
-                    (Then::Nothing, _) | (Then::Combine { .. }, None) => {}
+        let recvs = self.plan.steps[self.at].recvs.clone();
+        for (mut r, inc) in self.recvs.drain(..).zip(&self.plan.recvs[recvs]) {
+            let Some((got, outcome)) = r.take_parts() else { continue };
+            drop(r);
+            let used = match outcome {
+                Err(e) => Err(step_error(&self.comm, e)),
+                Ok(_) if got.len() != inc.len => Err(MISMATCH),
+                Ok(_) => {
+                    for l in &self.plan.landings[inc.lands.clone()] {
+                        let part = &mut self.work[l.at..l.at + inc.len];
+                        match (l.then, self.reducer) {
+                            (Then::Replace, _) => part.copy_from_slice(&got),
+                            (Then::Combine { theirs_first }, Some((op, f))) => f(op, part, &got, theirs_first),
+                            (Then::Nothing, _) | (Then::Combine { .. }, None) => {}
+                        }
+                    }
+                    Ok(())
                 }
-                Ok(())
-            }
-        };
-        self.scratch = Some(got);
-        res.and(used)
+            };
+            self.scratch.push(got);
+            res = res.and(used);
+        }
+        res
     }
 }
 
 impl<T: Primitive> Schedule for Run<T> {
     fn advance(&mut self) -> bool {
-        while self.result.is_ok() && self.at < self.steps.len() {
+        while self.result.is_ok() && self.at < self.plan.steps.len() {
             if !self.posted {
                 self.posted = true;
                 if let Err(e) = self.post() {
@@ -174,7 +198,7 @@ impl<T: Primitive> Schedule for Run<T> {
                 self.result = Err(Error::Cancelled);
                 break;
             }
-            if self.recv.as_ref().is_some_and(|r| !r.is_complete()) || self.sends.iter().any(|r| !r.is_complete()) {
+            if self.recvs.iter().chain(&self.sends).any(|r| !r.is_complete()) {
                 return false;
             }
             self.result = self.collect();
@@ -203,11 +227,11 @@ impl<T: Primitive> Schedule for Run<T> {
         }
         let out = self.out.take();
         if let (Ok(()), Some(out)) = (&result, out) {
-            out.write(&self.work);
+            out.write(&self.work[..self.work.len() / self.plan.copies]);
         }
         // A failed step's other messages: a receive is cancelled, a send finishes on its own.
         self.sends.clear();
-        self.recv = None;
+        self.recvs.clear();
         let (op, status) = (self.op.take(), self.status);
         if let Some(home) = self.home.upgrade() {
             *home.lock() = Some(self);
@@ -236,25 +260,23 @@ struct CollPlan<T: Primitive> {
 }
 
 impl<T: Primitive> CollPlan<T> {
-    /// A plan of `steps` over `len` elements under the next sequence number of `comm`.
-    fn new(comm: &Communicator, steps: Steps, len: usize, reducer: Option<Reducer<T>>, write_back: bool) -> Self {
-        let widest = steps.widest();
+    /// A plan of `plan` over `len` elements under the next sequence number of `comm`.
+    fn new(comm: &Communicator, plan: Steps, len: usize, reducer: Option<Reducer<T>>) -> Self {
+        let ((sends, recvs), (longest_send, longest_recv)) = (plan.widest(), plan.longest());
         let home = Arc::new(Mutex::new(None));
         let run = Run {
-            sends: Vec::with_capacity(widest),
-            recv: None,
+            sends: Vec::with_capacity(sends),
+            recvs: Vec::with_capacity(recvs),
             notice: None,
             notice_buf: Some(Vec::with_capacity(2)),
-            steps: steps.steps.into(),
-            to: steps.to.into(),
             at: 0,
             posted: false,
-            work: Vec::with_capacity(len),
-            spare: (0..widest).map(|_| Vec::with_capacity(len)).collect(),
-            scratch: Some(Vec::with_capacity(len)),
+            work: Vec::with_capacity(len * plan.copies),
+            spare: (0..sends).map(|_| Vec::with_capacity(longest_send)).collect(),
+            scratch: (0..recvs).map(|_| Vec::with_capacity(longest_recv)).collect(),
+            plan,
             reducer,
             tag: seq_tag(comm.next_seq()),
-            write_back,
             out: None,
             op: None,
             status: Status { source: comm.world_of(comm.rank()), tag: 0, bytes: len * std::mem::size_of::<T>() },
@@ -284,10 +306,12 @@ impl<T: Primitive> CollPlan<T> {
         let mut run = self.home.lock().take().ok_or(LOST)?;
         let op = new_operation(|i| i.context = comm.coll_state().context);
         run.work.clear();
-        run.work.extend_from_slice(data);
+        for _ in 0..run.plan.copies {
+            run.work.extend_from_slice(data);
+        }
         run.at = 0;
         run.posted = false;
-        run.out = out.filter(|_| run.write_back);
+        run.out = out.filter(|_| run.plan.result);
         run.op = Some(op.clone());
         comm.engine().start_schedule(run);
         Ok(op)
@@ -320,7 +344,22 @@ fn op_code(op: Op) -> u64 {
     [Op::Sum, Op::Prod, Op::Min, Op::Max, Op::BAnd, Op::BOr, Op::BXor].iter().position(|&o| o == op).map_or(u64::MAX, |i| i as u64)
 }
 
+/// The length of each of `n` blocks of one length in `len` elements, if they divide evenly.
+fn per_block(len: usize, n: u32) -> Option<usize> {
+    (len % n as usize == 0).then(|| len / n as usize)
+}
+
 impl Communicator {
+    /// Checks that every rank passed the same block length `k` (`None`: this rank's buffer
+    /// holds no whole number of blocks, the error `what`), `root` and `op`: the agreement
+    /// of [`agree`](Self::agree), which this rank makes even when its own buffer is wrong,
+    /// so that every rank fails instead of waiting for it.
+    fn agree_blocks(&self, k: Option<usize>, root: u32, op: u64, what: &'static str) -> Result<usize, Error> {
+        let agreed = self.agree([k.map_or(u64::MAX, |k| k as u64), u64::from(root), op]);
+        let k = k.ok_or(Error::InvalidArgument(what))?;
+        agreed.map(|()| k)
+    }
+
     /// Checks that every rank passed the same `values` (a collective: one allreduce).
     fn agree(&self, values: [u64; 3]) -> Result<(), Error> {
         let mine = [values[0], !values[0], values[1], !values[1], values[2], !values[2]];
@@ -355,7 +394,7 @@ impl Communicator {
         if self.is_freed() {
             return Err(Error::CommFreed);
         }
-        let plan = CollPlan::<u8>::new(self, barrier_steps(self), 0, None, false);
+        let plan = CollPlan::<u8>::new(self, barrier_steps(self), 0, None);
         Ok(Persistent::collective(self, Arc::new(plan), ()))
     }
 
@@ -366,7 +405,12 @@ impl Communicator {
     pub fn bcast_init<T: Primitive>(&self, data: Vec<T>, root: u32) -> Result<Persistent<'_, Vec<T>>, Error> {
         self.check_root(root)?;
         self.agree([data.len() as u64, u64::from(root), 0])?;
-        let plan = CollPlan::new(self, bcast_steps(self, root), data.len(), None, true);
+        let steps = if bcast_is_long(std::mem::size_of_val(data.as_slice()), self.size()) {
+            bcast_long_steps(self, root, data.len())
+        } else {
+            bcast_steps(self, root, data.len())
+        };
+        let plan = CollPlan::new(self, steps, data.len(), None);
         Ok(Persistent::collective(self, Arc::new(plan), data))
     }
 
@@ -378,7 +422,7 @@ impl Communicator {
         self.check_root(root)?;
         check_op(op, data.first(), "reduce_init: a bitwise op on floating-point elements")?;
         self.agree([data.len() as u64, u64::from(root), op_code(op)])?;
-        let plan = CollPlan::new(self, reduce_steps(self, root), data.len(), Some((op, combine::<T>)), self.rank() == root);
+        let plan = CollPlan::new(self, reduce_steps(self, root, data.len()), data.len(), Some((op, combine::<T>)));
         Ok(Persistent::collective(self, Arc::new(plan), data))
     }
 
@@ -408,8 +452,106 @@ impl Communicator {
     pub fn allreduce_init<T: Reducible>(&self, data: Vec<T>, op: Op) -> Result<Persistent<'_, Vec<T>>, Error> {
         check_op(op, data.first(), "allreduce_init: a bitwise op on floating-point elements")?;
         self.agree([data.len() as u64, 0, op_code(op)])?;
-        let steps = reduce_over_steps(self.group().world_ranks(), self.world_of(self.rank()))?;
-        let plan = CollPlan::new(self, steps, data.len(), Some((op, combine::<T>)), true);
+        let steps = if allreduce_is_long(std::mem::size_of_val(data.as_slice()), data.len(), self.size()) {
+            allreduce_long_steps(self, data.len())
+        } else {
+            reduce_over_steps(self.group().world_ranks(), self.world_of(self.rank()), data.len())?
+        };
+        let plan = CollPlan::new(self, steps, data.len(), Some((op, combine::<T>)));
+        Ok(Persistent::collective(self, Arc::new(plan), data))
+    }
+
+    /// A persistent gather into `data` of rank `root` (`MPI_Gather_init`, in place),
+    /// inactive: every other rank's `data` holds one block, the root's `size` blocks of that
+    /// length, its own at `root * len` in place; each start sends the blocks as they are
+    /// then, and a wait leaves rank `r`'s at `r * len` of the root's buffer (the others'
+    /// buffers are left as they were). Every rank passes the same block length and root
+    /// (checked here: a collective call).
+    pub fn gather_init<T: Primitive>(&self, data: Vec<T>, root: u32) -> Result<Persistent<'_, Vec<T>>, Error> {
+        self.check_root(root)?;
+        let k = if self.rank() == root { per_block(data.len(), self.size()) } else { Some(data.len()) };
+        let k = self.agree_blocks(k, root, 0, "gather_init: the root's buffer is not size blocks of one length")?;
+        let plan = CollPlan::new(self, gather_steps(self, root, k), data.len(), None);
+        Ok(Persistent::collective(self, Arc::new(plan), data))
+    }
+
+    /// A persistent scatter of `data` of rank `root` (`MPI_Scatter_init`, in place),
+    /// inactive: the root's `data` holds `size` blocks, every other rank's one block of that
+    /// length; each start sends the root's blocks as they are then, and a wait leaves block
+    /// `r` in rank `r`'s buffer (the root's is left as it was). Every rank passes the same
+    /// block length and root (checked here: a collective call).
+    pub fn scatter_init<T: Primitive>(&self, data: Vec<T>, root: u32) -> Result<Persistent<'_, Vec<T>>, Error> {
+        self.check_root(root)?;
+        let k = if self.rank() == root { per_block(data.len(), self.size()) } else { Some(data.len()) };
+        let k = self.agree_blocks(k, root, 0, "scatter_init: the root's buffer is not size blocks of one length")?;
+        let plan = CollPlan::new(self, scatter_steps(self, root, k), data.len(), None);
+        Ok(Persistent::collective(self, Arc::new(plan), data))
+    }
+
+    /// A persistent allgather (`MPI_Allgather_init`, in place), inactive: `data` holds
+    /// `size` blocks of one length, this rank's own at `rank * len`; each start sends it as
+    /// it is then, and a wait leaves every rank's block in place. A ring of `size - 1` steps.
+    /// Every rank passes the same length (checked here: a collective call).
+    ///
+    /// ```
+    /// use weft::Runtime;
+    /// let ranks = Runtime::builder().env(false).build_local(3).unwrap();
+    /// std::thread::scope(|s| {
+    ///     for rt in &ranks {
+    ///         s.spawn(move || {
+    ///             let w = rt.world();
+    ///             let mut all = w.allgather_init(vec![0u32; 3]).unwrap();
+    ///             for i in 0..3 {
+    ///                 all.buffer_mut().unwrap()[w.rank() as usize] = 10 * i + w.rank();
+    ///                 all.start().unwrap();
+    ///                 all.wait().unwrap();
+    ///                 assert_eq!(all.buffer().unwrap(), &vec![10 * i, 10 * i + 1, 10 * i + 2]);
+    ///             }
+    ///         });
+    ///     }
+    /// });
+    /// ```
+    pub fn allgather_init<T: Primitive>(&self, data: Vec<T>) -> Result<Persistent<'_, Vec<T>>, Error> {
+        let k = per_block(data.len(), self.size());
+        let k = self.agree_blocks(k, 0, 0, "allgather_init: the buffer is not size blocks of one length")?;
+        let plan = CollPlan::new(self, allgather_steps(self, k), data.len(), None);
+        Ok(Persistent::collective(self, Arc::new(plan), data))
+    }
+
+    /// A persistent alltoall (`MPI_Alltoall_init`, in place), inactive: `data` holds
+    /// `size` blocks of one length; each start sends block `r` as it is then to rank `r`,
+    /// and a wait leaves in block `r` the block rank `r` sent this rank (its own block stays
+    /// in place). Every rank passes the same length (checked here: a collective call).
+    pub fn alltoall_init<T: Primitive>(&self, data: Vec<T>) -> Result<Persistent<'_, Vec<T>>, Error> {
+        let k = per_block(data.len(), self.size());
+        let k = self.agree_blocks(k, 0, 0, "alltoall_init: the buffer is not size blocks of one length")?;
+        let plan = CollPlan::new(self, alltoall_steps(self, k), data.len(), None);
+        Ok(Persistent::collective(self, Arc::new(plan), data))
+    }
+
+    /// A persistent inclusive prefix reduction (`MPI_Scan_init`, in place), inactive: each
+    /// start reduces the buffers as they are then, and a wait leaves in rank `r`'s `data`
+    /// that of ranks `0..=r` reduced elementwise with `op`, in rank order. Every rank passes
+    /// the same length and op (checked here: a collective call); a bitwise op on floats is an
+    /// error.
+    pub fn scan_init<T: Reducible>(&self, data: Vec<T>, op: Op) -> Result<Persistent<'_, Vec<T>>, Error> {
+        self.prefix_init(data, op, true)
+    }
+
+    /// A persistent exclusive prefix reduction (`MPI_Exscan_init`, in place), inactive:
+    /// each start reduces the buffers as they are then, and a wait leaves in rank `r > 0`'s
+    /// `data` that of ranks `0..r` reduced elementwise with `op`, in rank order; rank 0's is
+    /// left as it was (MPI leaves it undefined). Every rank passes the same length and op
+    /// (checked here: a collective call); a bitwise op on floats is an error.
+    pub fn exscan_init<T: Reducible>(&self, data: Vec<T>, op: Op) -> Result<Persistent<'_, Vec<T>>, Error> {
+        self.prefix_init(data, op, false)
+    }
+
+    /// [`scan_init`](Self::scan_init) (`inclusive`) or [`exscan_init`](Self::exscan_init).
+    fn prefix_init<T: Reducible>(&self, data: Vec<T>, op: Op, inclusive: bool) -> Result<Persistent<'_, Vec<T>>, Error> {
+        check_op(op, data.first(), "scan_init: a bitwise op on floating-point elements")?;
+        self.agree([data.len() as u64, 0, op_code(op)])?;
+        let plan = CollPlan::new(self, scan_steps(self, data.len(), inclusive), data.len(), Some((op, combine::<T>)));
         Ok(Persistent::collective(self, Arc::new(plan), data))
     }
 }

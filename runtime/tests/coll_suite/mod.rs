@@ -862,3 +862,173 @@ fn a_rank_lost_during_a_persistent_collective_fails_it_on_every_survivor() {
         }
     });
 }
+
+#[test]
+fn persistent_gathers_scatters_alltoalls_and_scans_match_a_sequential_reference() {
+    within(120, "persistent gather, scatter, allgather, alltoall, scan, exscan at sizes 1-8, every root", || {
+        const STARTS: usize = 2;
+        for n in SIZES {
+            let nn = n as usize;
+            // Rank `r`'s block for rank `q` of an alltoall at start `k`.
+            let pair = |k: usize, r: u32, q: u32, len: usize| input_at(k, 16 * r + q, len);
+            let out = on_world(n, |r, c| {
+                let mut got = Vec::new();
+                for len in [1usize, 3] {
+                    let mut ag = c.allgather_init(vec![0i64; nn * len]).unwrap();
+                    let mut a2a = c.alltoall_init(vec![0i64; nn * len]).unwrap();
+                    let mut scan = c.scan_init(vec![0i64; len], Op::Sum).unwrap();
+                    let mut exscan = c.exscan_init(vec![0i64; len], Op::Sum).unwrap();
+                    for k in 0..STARTS {
+                        ag.buffer_mut().unwrap()[r as usize * len..][..len].copy_from_slice(&input_at(k, r, len));
+                        let sends: Vec<i64> = (0..n).flat_map(|q| pair(k, r, q, len)).collect();
+                        a2a.buffer_mut().unwrap().copy_from_slice(&sends);
+                        scan.buffer_mut().unwrap().copy_from_slice(&input_at(k, r, len));
+                        exscan.buffer_mut().unwrap().copy_from_slice(&input_at(k, r, len));
+                        for p in [&mut ag, &mut a2a, &mut scan, &mut exscan] {
+                            p.start().unwrap();
+                        }
+                        for p in [&mut ag, &mut a2a, &mut scan, &mut exscan] {
+                            p.wait().unwrap();
+                            got.push(p.buffer().unwrap().clone());
+                        }
+                    }
+                    for root in 0..n {
+                        let own = if r == root { nn * len } else { len };
+                        let mut g = c.gather_init(vec![0i64; own], root).unwrap();
+                        let mut s = c.scatter_init(vec![0i64; own], root).unwrap();
+                        for k in 0..STARTS {
+                            g.buffer_mut().unwrap()[if r == root { r as usize * len } else { 0 }..][..len]
+                                .copy_from_slice(&input_at(k, r, len));
+                            if r == root {
+                                let blocks: Vec<i64> = (0..n).flat_map(|q| input_at(k, 100 + q, len)).collect();
+                                s.buffer_mut().unwrap().copy_from_slice(&blocks);
+                            }
+                            g.start().unwrap();
+                            s.start().unwrap();
+                            g.wait().unwrap();
+                            s.wait().unwrap();
+                            got.push(g.buffer().unwrap().clone());
+                            got.push(s.buffer().unwrap().clone());
+                        }
+                    }
+                }
+                got
+            });
+            for (r, got) in out.iter().enumerate() {
+                let r = r as u32;
+                let mut want = Vec::new();
+                for len in [1usize, 3] {
+                    let sum = |k: usize, ranks: std::ops::Range<u32>| -> Vec<i64> {
+                        (0..len).map(|i| ranks.clone().map(|q| input_at(k, q, len)[i]).fold(0i64, i64::wrapping_add)).collect()
+                    };
+                    for k in 0..STARTS {
+                        want.push((0..n).flat_map(|q| input_at(k, q, len)).collect::<Vec<_>>());
+                        want.push((0..n).flat_map(|q| pair(k, q, r, len)).collect());
+                        want.push(sum(k, 0..r + 1));
+                        // Rank 0's exscan buffer is left as it was.
+                        want.push(if r == 0 { input_at(k, 0, len) } else { sum(k, 0..r) });
+                    }
+                    for root in 0..n {
+                        for k in 0..STARTS {
+                            if r == root {
+                                want.push((0..n).flat_map(|q| input_at(k, q, len)).collect());
+                                want.push((0..n).flat_map(|q| input_at(k, 100 + q, len)).collect());
+                            } else {
+                                want.push(input_at(k, r, len));
+                                want.push(input_at(k, 100 + r, len));
+                            }
+                        }
+                    }
+                }
+                assert_eq!(got.len(), want.len());
+                for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+                    assert_eq!(g, w, "size {n}, rank {r}, result {i}");
+                }
+            }
+        }
+    });
+}
+
+#[test]
+fn persistent_gathers_scatters_alltoalls_and_scans_refuse_bad_input() {
+    within(60, "bad persistent gather, scatter, allgather, alltoall, scan input", || {
+        // A buffer that is no whole number of blocks on one rank, or blocks of another
+        // length: an error at init on every rank.
+        let out = on_world(3, |r, c| c.allgather_init(vec![0u32; 3 + (r == 1) as usize]).map(drop));
+        assert!(out.iter().all(|e| matches!(e, Err(Error::InvalidArgument(_)))), "{out:?}");
+        let out = on_world(3, |r, c| c.alltoall_init(vec![0u32; 3 * (1 + (r == 2) as usize)]).map(drop));
+        assert!(out.iter().all(|e| matches!(e, Err(Error::InvalidArgument(_)))), "{out:?}");
+        let out = on_world(3, |r, c| c.gather_init(vec![0u32; if r == 0 { 7 } else { 2 }], 0).map(drop));
+        assert!(out.iter().all(|e| matches!(e, Err(Error::InvalidArgument(_)))), "{out:?}");
+        let out = on_world(3, |r, c| c.scatter_init(vec![0u32; if r == 1 { 6 } else { 3 }], 1).map(drop));
+        assert!(out.iter().all(|e| matches!(e, Err(Error::InvalidArgument(_)))), "{out:?}");
+        let out = on_world(2, |r, c| c.gather_init(vec![0u8; 2], r).map(drop));
+        assert!(out.iter().all(|e| matches!(e, Err(Error::InvalidArgument(_)))), "{out:?}");
+        let out = on_world(2, |r, c| c.exscan_init(vec![0u8; 4], if r == 0 { Op::Sum } else { Op::Prod }).map(drop));
+        assert!(out.iter().all(|e| matches!(e, Err(Error::InvalidArgument(_)))), "{out:?}");
+        // Refused on the calling rank alone, before anything is sent.
+        let rts = super::builder().build_local(2).unwrap();
+        let c = rts[0].world();
+        assert_eq!(c.gather_init(vec![0u8; 2], 2).unwrap_err(), Error::RankOutOfRange { rank: 2, size: 2 });
+        assert_eq!(c.scatter_init(vec![0u8; 2], 5).unwrap_err(), Error::RankOutOfRange { rank: 5, size: 2 });
+        assert!(matches!(c.scan_init(vec![1.0f64], Op::BAnd), Err(Error::InvalidArgument(_))));
+        // A buffer resized since init.
+        on_world(2, |_, c| {
+            let mut a = c.alltoall_init(vec![1u8; 4]).unwrap();
+            a.buffer_mut().unwrap().push(4);
+            assert!(matches!(a.start(), Err(Error::InvalidArgument(_))));
+            a.buffer_mut().unwrap().pop();
+            a.start().unwrap();
+            a.wait().unwrap();
+            assert_eq!(a.buffer().unwrap(), &vec![1u8; 4]);
+        });
+    });
+}
+
+/// A persistent allreduce and broadcast of a large message take the algorithm the blocking
+/// call takes at that size (Rabenseifner's or the ring's allreduce, the scatter-allgather
+/// broadcast), not the small-message trees: each rank sends as many messages per start as
+/// per blocking call.
+#[test]
+fn large_persistent_allreduce_and_bcast_send_what_the_blocking_ones_send() {
+    within(60, "messages of large persistent allreduce and bcast", || {
+        // `(ranks, elements, collective)`: Rabenseifner's, the ring, scatter-allgather.
+        for (n, len, bcast) in [(4u32, 1usize << 12, false), (3, 1 << 12, false), (8, 1 << 12, true)] {
+            let rts = super::builder().build_local(n).unwrap();
+            let out: Vec<(u64, u64, Vec<u64>)> = std::thread::scope(|s| {
+                let hs: Vec<_> = rts
+                    .iter()
+                    .map(|rt| {
+                        s.spawn(move || {
+                            let c = rt.world();
+                            let data: Vec<u64> = (0..len as u64).map(|i| i * u64::from(c.rank() + 1)).collect();
+                            let mut p =
+                                if bcast { c.bcast_init(data.clone(), 1) } else { c.allreduce_init(data.clone(), Op::Sum) }.unwrap();
+                            let mut res = data.clone();
+                            c.barrier().unwrap();
+                            let before = rt.counters().messages_sent;
+                            if bcast {
+                                c.bcast(&mut res, 1).unwrap();
+                            } else {
+                                c.allreduce(&data, &mut res, Op::Sum).unwrap();
+                            }
+                            let blocking = rt.counters().messages_sent - before;
+                            c.barrier().unwrap();
+                            let before = rt.counters().messages_sent;
+                            p.start().unwrap();
+                            p.wait().unwrap();
+                            let persistent = rt.counters().messages_sent - before;
+                            c.barrier().unwrap();
+                            assert_eq!(p.buffer().unwrap(), &res);
+                            (blocking, persistent, res)
+                        })
+                    })
+                    .collect();
+                hs.into_iter().map(|h| h.join().unwrap()).collect()
+            });
+            for (r, (blocking, persistent, _)) in out.iter().enumerate() {
+                assert_eq!(persistent, blocking, "{n} ranks, {len} elements, bcast {bcast}, rank {r}: messages sent");
+            }
+        }
+    });
+}
