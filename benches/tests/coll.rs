@@ -26,6 +26,24 @@ fn csv_has_a_row_per_collective_ranks_and_size() {
 }
 
 #[test]
+fn persistent_adds_the_persistent_requests_time_per_call() {
+    let args = ["coll", "--csv", "--provider", "embedded", "-n", "3", "-s", "8,4096", "-c", "allreduce,bcast,alltoall", "--persistent"];
+    let out =
+        common::run_within(&[&args[..], &["-i", "3", "--warmup", "1", "--runs", "1", "--openmpi", "no"]].concat(), Duration::from_secs(60))
+            .expect("weft-bench coll hung (killed after 60 s)");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let stdout = String::from_utf8(out.stdout).expect("utf-8");
+    let lines: Vec<&str> = stdout.lines().collect();
+    assert_eq!(lines[0], "collective,ranks,bytes,latency_us,provider,ompi_latency_us,persistent_us");
+    assert_eq!(lines.len(), 1 + 3 * 2, "{stdout}");
+    for l in &lines[1..] {
+        let cells: Vec<&str> = l.split(',').collect();
+        assert_eq!(cells.len(), 7, "{l:?}");
+        assert!(cells[6].parse::<f64>().is_ok_and(|v| v > 0.0), "{l:?}");
+    }
+}
+
+#[test]
 fn plot_draws_a_line_per_collective_and_rank_count() {
     let dir = std::env::temp_dir().join(format!("weft-bench-coll-plot-{}", std::process::id()));
     let svg = dir.join("coll.svg");
