@@ -190,7 +190,7 @@ pub(crate) fn block(len: usize, n: u32, i: u32) -> Range<usize> {
 
 /// Blocks `counts[r]` long at `displs[r]` of a buffer of `len` elements, one per rank, or an
 /// error naming `what` if the lists are not one per rank or a block leaves the buffer.
-fn blocks(counts: &[usize], displs: &[usize], n: u32, len: usize, what: &'static str) -> Result<Vec<Range<usize>>, Error> {
+pub(crate) fn blocks(counts: &[usize], displs: &[usize], n: u32, len: usize, what: &'static str) -> Result<Vec<Range<usize>>, Error> {
     if counts.len() != n as usize || displs.len() != n as usize {
         return Err(Error::InvalidArgument(what));
     }
@@ -210,7 +210,7 @@ pub(crate) fn span(blocks: &[Range<usize>], a: u32, b: u32) -> Range<usize> {
 }
 
 /// `n` blocks of `len` elements, one after the other.
-fn even(len: usize, n: u32) -> Vec<Range<usize>> {
+pub(crate) fn even(len: usize, n: u32) -> Vec<Range<usize>> {
     (0..n as usize).map(|r| r * len..(r + 1) * len).collect()
 }
 

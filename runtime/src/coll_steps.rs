@@ -292,48 +292,50 @@ fn blocks_of(len: usize, n: u32) -> Vec<Range<usize>> {
     (0..n).map(|i| block(len, n, i)).collect()
 }
 
-/// `n` blocks of `k` elements, one after the other.
-fn even(k: usize, n: u32) -> Vec<Range<usize>> {
-    (0..n as usize).map(|r| r * k..(r + 1) * k).collect()
-}
-
-/// Gather of `k` elements of every rank into the `size * k` of `root`, rank `r`'s at
-/// `r * k`: every other rank sends its data to the root, which receives them all at once
-/// (its own block is in place).
-pub(crate) fn gather_steps(comm: &Communicator, root: u32, k: usize) -> Steps {
-    let (n, me) = (comm.size(), comm.rank());
+/// Gather into `blocks` of the buffer of `root` (one per rank; its own in place) of
+/// every other rank's `own` elements: every other rank sends its data to the root, which
+/// receives them all at once. `blocks` is read at the root only.
+pub(crate) fn gather_steps(comm: &Communicator, root: u32, blocks: &[Range<usize>], own: usize) -> Steps {
+    let me = comm.rank();
     if me != root {
         let mut s = Steps { result: false, ..Steps::default() };
-        s.step().send(comm.world_of(root), 0..k);
+        s.step().send(comm.world_of(root), 0..own);
         return s;
     }
     let mut s = Steps::default();
-    if n > 1 {
+    if comm.size() > 1 {
         s.step();
-        for (r, b) in even(k, n).into_iter().enumerate().filter(|&(r, _)| r as u32 != me) {
-            s.recv(comm.world_of(r as u32), b, Then::Replace);
+        for (r, b) in others(comm, blocks) {
+            s.recv(r, b, Then::Replace);
         }
     }
     s
 }
 
-/// Scatter of the `size * k` elements of `root`: rank `r` gets the `k` at `r * k` (the
-/// root's own block stays in place), sent by the root to every rank at once.
-pub(crate) fn scatter_steps(comm: &Communicator, root: u32, k: usize) -> Steps {
-    let (n, me) = (comm.size(), comm.rank());
+/// Scatter of `blocks` of the buffer of `root` (one per rank; its own stays in place):
+/// every other rank gets its block, of `own` elements, sent by the root to every rank at
+/// once. `blocks` is read at the root only.
+pub(crate) fn scatter_steps(comm: &Communicator, root: u32, blocks: &[Range<usize>], own: usize) -> Steps {
+    let me = comm.rank();
     if me != root {
         let mut s = Steps::default();
-        s.step().recv(comm.world_of(root), 0..k, Then::Replace);
+        s.step().recv(comm.world_of(root), 0..own, Then::Replace);
         return s;
     }
     let mut s = Steps { result: false, ..Steps::default() };
-    if n > 1 {
+    if comm.size() > 1 {
         s.step();
-        for (r, b) in even(k, n).into_iter().enumerate().filter(|&(r, _)| r as u32 != me) {
-            s.send(comm.world_of(r as u32), b);
+        for (r, b) in others(comm, blocks) {
+            s.send(r, b);
         }
     }
     s
+}
+
+/// The world rank and block of `blocks` (one per rank) of every rank but this one.
+fn others<'a>(comm: &'a Communicator, blocks: &'a [Range<usize>]) -> impl Iterator<Item = (u32, Range<usize>)> + 'a {
+    let me = comm.rank() as usize;
+    blocks.iter().enumerate().filter(move |&(r, _)| r != me).map(|(r, b)| (comm.world_of(r as u32), b.clone()))
 }
 
 /// Adds a ring allgather of `blocks` to `s`, `blocks[v]` for the rank `v` from `root`:
@@ -350,27 +352,25 @@ fn ring_allgather(s: &mut Steps, comm: &Communicator, blocks: &[Range<usize>], r
     }
 }
 
-/// Allgather of `k` elements of every rank into the `size * k` of every rank, rank `r`'s at
-/// `r * k` (each rank's own block in place at the start): a ring of `size - 1` steps.
-pub(crate) fn allgather_steps(comm: &Communicator, k: usize) -> Steps {
+/// Allgather into `blocks` of every rank's buffer (one per rank, as long on every rank;
+/// each rank's own in place at the start): a ring of `size - 1` steps.
+pub(crate) fn allgather_steps(comm: &Communicator, blocks: &[Range<usize>]) -> Steps {
     let mut s = Steps::default();
-    ring_allgather(&mut s, comm, &even(k, comm.size()), 0, 0);
+    ring_allgather(&mut s, comm, blocks, 0, 0);
     s
 }
 
-/// Alltoall of `size` blocks of `k` elements: block `r` goes to rank `r` and is replaced
-/// by rank `r`'s block for this rank (this rank's own stays in place), every pair at once,
+/// Alltoall of `blocks` (one per rank): block `r` goes to rank `r` and is replaced by rank
+/// `r`'s block for this rank, as long (this rank's own stays in place), every pair at once,
 /// the receives posted first.
-pub(crate) fn alltoall_steps(comm: &Communicator, k: usize) -> Steps {
-    let (n, me) = (comm.size(), comm.rank());
+pub(crate) fn alltoall_steps(comm: &Communicator, blocks: &[Range<usize>]) -> Steps {
     let mut s = Steps::default();
-    if n > 1 {
-        let others = || even(k, n).into_iter().enumerate().filter(|&(r, _)| r as u32 != me).map(|(r, b)| (comm.world_of(r as u32), b));
+    if comm.size() > 1 {
         s.step();
-        for (w, b) in others() {
+        for (w, b) in others(comm, blocks) {
             s.recv(w, b, Then::Replace);
         }
-        for (w, b) in others() {
+        for (w, b) in others(comm, blocks) {
             s.send(w, b);
         }
     }

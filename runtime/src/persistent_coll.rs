@@ -2,7 +2,9 @@
 //! [`Communicator::bcast_init`], [`Communicator::reduce_init`],
 //! [`Communicator::allreduce_init`], [`Communicator::gather_init`],
 //! [`Communicator::scatter_init`], [`Communicator::allgather_init`],
-//! [`Communicator::alltoall_init`], [`Communicator::scan_init`] and
+//! [`Communicator::alltoall_init`], their `v` forms ([`Communicator::gatherv_init`],
+//! [`Communicator::scatterv_init`], [`Communicator::allgatherv_init`],
+//! [`Communicator::alltoallv_init`]), [`Communicator::scan_init`] and
 //! [`Communicator::exscan_init`] give a [`Persistent`] request like
 //! [`send_init`](Communicator::send_init)'s, started and waited for as often as needed, and
 //! started together with point-to-point ones by [`Persistent::start_all`].
@@ -15,8 +17,9 @@
 //!
 //! The init call is a collective: every rank of the communicator makes it, in the same order
 //! as its other collectives, with the same length, op and root — which it checks with one
-//! allreduce, so a rank that passed another length or root gets an error at init on every
-//! rank, not a hang at a start. It then fixes the whole schedule (MPICH computes its
+//! allreduce (a `v` form first trades the counts: the root scatters its own, the ranks of an
+//! alltoall trade theirs), so a rank that passed another length or root gets an error at
+//! init on every rank, not a hang at a start. It then fixes the whole schedule (MPICH computes its
 //! persistent schedules once too): the steps of the algorithm in world ranks, the buffers of
 //! every step's sends and receives, and the tag of the collective's sequence number,
 //! which every start reuses. A start copies the user's buffer in, hands the schedule to the
@@ -45,13 +48,14 @@
 //! blocking call works in the caller's buffer; a persistent reduce takes the binomial tree
 //! at every size.
 
+use std::ops::Range;
 use std::sync::{Arc, Weak};
 
 use parking_lot::Mutex;
 use weft_sync::{Error, Status};
 
 use crate::buffer::Primitive;
-use crate::coll::{allreduce_is_long, bcast_is_long, check_op, Op, Reducible};
+use crate::coll::{allreduce_is_long, bcast_is_long, blocks, check_op, even, Op, Reducible};
 use crate::coll_steps::{
     allgather_steps, allreduce_long_steps, alltoall_steps, barrier_steps, bcast_long_steps, bcast_steps, gather_steps, reduce_over_steps,
     reduce_steps, scan_steps, scatter_steps, Steps, Then,
@@ -471,7 +475,7 @@ impl Communicator {
         self.check_root(root)?;
         let k = if self.rank() == root { per_block(data.len(), self.size()) } else { Some(data.len()) };
         let k = self.agree_blocks(k, root, 0, "gather_init: the root's buffer is not size blocks of one length")?;
-        let plan = CollPlan::new(self, gather_steps(self, root, k), data.len(), None);
+        let plan = CollPlan::new(self, gather_steps(self, root, &even(k, self.size()), k), data.len(), None);
         Ok(Persistent::collective(self, Arc::new(plan), data))
     }
 
@@ -484,7 +488,7 @@ impl Communicator {
         self.check_root(root)?;
         let k = if self.rank() == root { per_block(data.len(), self.size()) } else { Some(data.len()) };
         let k = self.agree_blocks(k, root, 0, "scatter_init: the root's buffer is not size blocks of one length")?;
-        let plan = CollPlan::new(self, scatter_steps(self, root, k), data.len(), None);
+        let plan = CollPlan::new(self, scatter_steps(self, root, &even(k, self.size()), k), data.len(), None);
         Ok(Persistent::collective(self, Arc::new(plan), data))
     }
 
@@ -514,7 +518,7 @@ impl Communicator {
     pub fn allgather_init<T: Primitive>(&self, data: Vec<T>) -> Result<Persistent<'_, Vec<T>>, Error> {
         let k = per_block(data.len(), self.size());
         let k = self.agree_blocks(k, 0, 0, "allgather_init: the buffer is not size blocks of one length")?;
-        let plan = CollPlan::new(self, allgather_steps(self, k), data.len(), None);
+        let plan = CollPlan::new(self, allgather_steps(self, &even(k, self.size())), data.len(), None);
         Ok(Persistent::collective(self, Arc::new(plan), data))
     }
 
@@ -525,7 +529,7 @@ impl Communicator {
     pub fn alltoall_init<T: Primitive>(&self, data: Vec<T>) -> Result<Persistent<'_, Vec<T>>, Error> {
         let k = per_block(data.len(), self.size());
         let k = self.agree_blocks(k, 0, 0, "alltoall_init: the buffer is not size blocks of one length")?;
-        let plan = CollPlan::new(self, alltoall_steps(self, k), data.len(), None);
+        let plan = CollPlan::new(self, alltoall_steps(self, &even(k, self.size())), data.len(), None);
         Ok(Persistent::collective(self, Arc::new(plan), data))
     }
 
@@ -553,5 +557,115 @@ impl Communicator {
         self.agree([data.len() as u64, 0, op_code(op)])?;
         let plan = CollPlan::new(self, scan_steps(self, data.len(), inclusive), data.len(), Some((op, combine::<T>)));
         Ok(Persistent::collective(self, Arc::new(plan), data))
+    }
+
+    /// A persistent gather into `data` of rank `root` (`MPI_Gatherv_init`, in place),
+    /// inactive: the root's `data` holds rank `r`'s block at `displs[r]`, `counts[r]` long
+    /// (its own in place); every other rank's `data` is its block. Each start sends the
+    /// blocks as they are then, and a wait leaves them in place in the root's buffer (the
+    /// others' are left as they were). `counts` and `displs` are read at the root only; every
+    /// rank's length is checked against the root's count for it here (a collective call).
+    pub fn gatherv_init<T: Primitive>(
+        &self,
+        data: Vec<T>,
+        counts: &[usize],
+        displs: &[usize],
+        root: u32,
+    ) -> Result<Persistent<'_, Vec<T>>, Error> {
+        let what = "gatherv_init: counts and displacements do not fit the root's buffer";
+        let b = self.rooted_blocks(data.len(), counts, displs, root, what)?;
+        let plan = CollPlan::new(self, gather_steps(self, root, &b, data.len()), data.len(), None);
+        Ok(Persistent::collective(self, Arc::new(plan), data))
+    }
+
+    /// A persistent scatter of `data` of rank `root` (`MPI_Scatterv_init`, in place),
+    /// inactive: the root's `data` holds rank `r`'s block at `displs[r]`, `counts[r]` long;
+    /// every other rank's `data` is as long as its block. Each start sends the root's blocks
+    /// as they are then, and a wait leaves each rank's in its buffer (the root's is left as
+    /// it was). `counts` and `displs` are read at the root only; every rank's length is
+    /// checked against the root's count for it here (a collective call).
+    pub fn scatterv_init<T: Primitive>(
+        &self,
+        data: Vec<T>,
+        counts: &[usize],
+        displs: &[usize],
+        root: u32,
+    ) -> Result<Persistent<'_, Vec<T>>, Error> {
+        let what = "scatterv_init: counts and displacements do not fit the root's buffer";
+        let b = self.rooted_blocks(data.len(), counts, displs, root, what)?;
+        let plan = CollPlan::new(self, scatter_steps(self, root, &b, data.len()), data.len(), None);
+        Ok(Persistent::collective(self, Arc::new(plan), data))
+    }
+
+    /// A persistent allgather (`MPI_Allgatherv_init`, in place), inactive: `data` holds
+    /// rank `r`'s block at `displs[r]`, `counts[r]` long, this rank's own in place; each start
+    /// sends it as it is then, and a wait leaves every rank's block in place. Every rank
+    /// passes the same counts (checked here: a collective call); displacements may differ.
+    pub fn allgatherv_init<T: Primitive>(&self, data: Vec<T>, counts: &[usize], displs: &[usize]) -> Result<Persistent<'_, Vec<T>>, Error> {
+        let b = blocks(counts, displs, self.size(), data.len(), "allgatherv_init: counts and displacements do not fit the buffer");
+        // FNV-1a over the counts: every rank's must be the same.
+        let hash = counts.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &c| (h ^ c as u64).wrapping_mul(0x100_0000_01b3));
+        let agreed = self.agree([hash, u64::from(b.is_ok()), 0]);
+        let b = b?;
+        agreed?;
+        let plan = CollPlan::new(self, allgather_steps(self, &b), data.len(), None);
+        Ok(Persistent::collective(self, Arc::new(plan), data))
+    }
+
+    /// A persistent alltoall (`MPI_Alltoallv_init`, in place), inactive: `data` holds the
+    /// block for rank `r` at `displs[r]`, `counts[r]` long; each start sends it as it is then
+    /// to rank `r`, and a wait leaves in its place the block rank `r` sent this rank (this
+    /// rank's own stays in place). Rank `r`'s count for this rank equals this rank's count for
+    /// it (checked here: a collective call).
+    pub fn alltoallv_init<T: Primitive>(&self, data: Vec<T>, counts: &[usize], displs: &[usize]) -> Result<Persistent<'_, Vec<T>>, Error> {
+        let n = self.size() as usize;
+        let b = blocks(counts, displs, self.size(), data.len(), "alltoallv_init: counts and displacements do not fit the buffer");
+        // Each rank's counts for the others, traded: each must equal the other's for it.
+        let mine: Vec<u64> = match &b {
+            Ok(_) => counts.iter().map(|&c| c as u64).collect(),
+            Err(_) => vec![u64::MAX; n],
+        };
+        let mut theirs = vec![0u64; n];
+        self.alltoall(&mine, &mut theirs)?;
+        let agreed = self.agree([u64::from(mine == theirs), 0, 0]);
+        let b = b?;
+        agreed?;
+        if mine != theirs {
+            return Err(MISMATCH);
+        }
+        let plan = CollPlan::new(self, alltoall_steps(self, &b), data.len(), None);
+        Ok(Persistent::collective(self, Arc::new(plan), data))
+    }
+
+    /// The blocks of a rooted `v` init (`counts` and `displs` of the root's buffer of `len`
+    /// elements, else the error `what`; none elsewhere), once every rank's `len` is found to
+    /// be the root's count for it: the root scatters its counts (a collective call).
+    fn rooted_blocks(
+        &self,
+        len: usize,
+        counts: &[usize],
+        displs: &[usize],
+        root: u32,
+        what: &'static str,
+    ) -> Result<Vec<Range<usize>>, Error> {
+        self.check_root(root)?;
+        let n = self.size() as usize;
+        let b = if self.rank() == root { blocks(counts, displs, self.size(), len, what) } else { Ok(Vec::new()) };
+        let sent: Vec<u64> = match &b {
+            Ok(_) if self.rank() == root => counts.iter().map(|&c| c as u64).collect(),
+            _ => vec![u64::MAX; n],
+        };
+        let mut want = [0u64];
+        self.scatter(&sent, &mut want, root)?;
+        // At the root, its own block is in place: any count fits.
+        let fits = self.rank() == root || want[0] == len as u64;
+        let agreed = self.agree([u64::from(root), u64::from(fits && b.is_ok()), 0]);
+        let b = b?;
+        agreed?;
+        if fits {
+            Ok(b)
+        } else {
+            Err(MISMATCH)
+        }
     }
 }

@@ -1032,3 +1032,132 @@ fn large_persistent_allreduce_and_bcast_send_what_the_blocking_ones_send() {
         }
     });
 }
+
+/// Rank `r`'s count in the `v` tests (zero for some), and displacements that put the blocks
+/// in reverse rank order with a gap of one element after each.
+fn v_layout(n: u32) -> (Vec<usize>, Vec<usize>, usize) {
+    let counts: Vec<usize> = (0..n).map(|r| (r as usize * 2 + 1) % 4).collect();
+    let mut displs = vec![0; n as usize];
+    let mut at = 0;
+    for r in (0..n as usize).rev() {
+        displs[r] = at;
+        at += counts[r] + 1;
+    }
+    (counts, displs, at)
+}
+
+#[test]
+fn persistent_v_forms_match_a_sequential_reference() {
+    within(120, "persistent gatherv, scatterv, allgatherv, alltoallv at sizes 1-8, every root", || {
+        const STARTS: usize = 2;
+        for n in SIZES {
+            let (counts, displs, total) = v_layout(n);
+            // The alltoallv's count between ranks `a` and `b` (the same both ways), and its layout
+            // on rank `r`: blocks one after the other.
+            let pc = |a: u32, b: u32| ((a + b) % 3) as usize;
+            let pair_layout = |r: u32| -> (Vec<usize>, Vec<usize>) {
+                let c: Vec<usize> = (0..n).map(|q| pc(r, q)).collect();
+                let d = c.iter().scan(0, |at, &x| Some(std::mem::replace(at, *at + x))).collect();
+                (c, d)
+            };
+            let out = on_world(n, |r, c| {
+                let mut got = Vec::new();
+                let mine = counts[r as usize];
+                let (ac, ad) = pair_layout(r);
+                let mut ag = c.allgatherv_init(vec![-1i64; total], &counts, &displs).unwrap();
+                let mut a2a = c.alltoallv_init(vec![0i64; ac.iter().sum()], &ac, &ad).unwrap();
+                for k in 0..STARTS {
+                    ag.buffer_mut().unwrap()[displs[r as usize]..][..mine].copy_from_slice(&input_at(k, r, mine));
+                    for q in 0..n {
+                        a2a.buffer_mut().unwrap()[ad[q as usize]..][..ac[q as usize]].copy_from_slice(&input_at(
+                            k,
+                            16 * r + q,
+                            ac[q as usize],
+                        ));
+                    }
+                    ag.start().unwrap();
+                    a2a.start().unwrap();
+                    ag.wait().unwrap();
+                    a2a.wait().unwrap();
+                    got.push(ag.buffer().unwrap().clone());
+                    got.push(a2a.buffer().unwrap().clone());
+                }
+                for root in 0..n {
+                    let own = if r == root { total } else { mine };
+                    let mut g = c.gatherv_init(vec![-1i64; own], &counts, &displs, root).unwrap();
+                    let mut s = c.scatterv_init(vec![-1i64; own], &counts, &displs, root).unwrap();
+                    for k in 0..STARTS {
+                        g.buffer_mut().unwrap()[if r == root { displs[r as usize] } else { 0 }..][..mine]
+                            .copy_from_slice(&input_at(k, r, mine));
+                        if r == root {
+                            for q in 0..n as usize {
+                                s.buffer_mut().unwrap()[displs[q]..][..counts[q]].copy_from_slice(&input_at(k, 100 + q as u32, counts[q]));
+                            }
+                        }
+                        g.start().unwrap();
+                        s.start().unwrap();
+                        g.wait().unwrap();
+                        s.wait().unwrap();
+                        got.push(g.buffer().unwrap().clone());
+                        got.push(s.buffer().unwrap().clone());
+                    }
+                }
+                got
+            });
+            // Every rank's blocks in the layout, from `block(q)`, the gaps as `gap`.
+            let laid = |block: &dyn Fn(u32) -> Vec<i64>, gap: i64| -> Vec<i64> {
+                let mut v = vec![gap; total];
+                for q in 0..n {
+                    v[displs[q as usize]..][..counts[q as usize]].copy_from_slice(&block(q));
+                }
+                v
+            };
+            for (r, got) in out.iter().enumerate() {
+                let r = r as u32;
+                let mine = counts[r as usize];
+                let (ac, _) = pair_layout(r);
+                let mut want = Vec::new();
+                for k in 0..STARTS {
+                    want.push(laid(&|q| input_at(k, q, counts[q as usize]), -1));
+                    want.push((0..n).flat_map(|q| input_at(k, 16 * q + r, ac[q as usize])).collect::<Vec<_>>());
+                }
+                for root in 0..n {
+                    for k in 0..STARTS {
+                        if r == root {
+                            want.push(laid(&|q| input_at(k, q, counts[q as usize]), -1));
+                            want.push(laid(&|q| input_at(k, 100 + q, counts[q as usize]), -1));
+                        } else {
+                            want.push(input_at(k, r, mine));
+                            want.push(input_at(k, 100 + r, mine));
+                        }
+                    }
+                }
+                assert_eq!(got.len(), want.len());
+                for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+                    assert_eq!(g, w, "size {n}, rank {r}, result {i}");
+                }
+            }
+        }
+    });
+}
+
+#[test]
+fn persistent_v_forms_refuse_counts_that_disagree() {
+    within(60, "bad persistent gatherv, scatterv, allgatherv, alltoallv input", || {
+        let all_fail = |out: &[Result<(), Error>]| out.iter().all(|e| matches!(e, Err(Error::InvalidArgument(_))));
+        // A rank whose length is not the root's count for it.
+        let out = on_world(3, |r, c| {
+            c.gatherv_init(vec![0u8; if r == 0 { 6 } else { 1 + (r == 2) as usize }], &[2, 1, 1], &[0, 2, 4], 0).map(drop)
+        });
+        assert!(all_fail(&out), "{out:?}");
+        // Blocks that leave the root's buffer.
+        let out = on_world(3, |r, c| c.scatterv_init(vec![0u8; if r == 1 { 3 } else { 1 }], &[1, 1, 1], &[0, 1, 3], 1).map(drop));
+        assert!(all_fail(&out), "{out:?}");
+        // Counts that differ between ranks.
+        let out = on_world(3, |r, c| c.allgatherv_init(vec![0u8; 4], &[1, 1, 1 + (r == 1) as usize], &[0, 1, 2]).map(drop));
+        assert!(all_fail(&out), "{out:?}");
+        // Rank 0 sends rank 1 two elements, rank 1 expects one.
+        let out = on_world(2, |r, c| c.alltoallv_init(vec![0u8; 3], &[1, 2 - r as usize], &[0, 1]).map(drop));
+        assert!(all_fail(&out), "{out:?}");
+    });
+}
