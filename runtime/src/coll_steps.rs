@@ -123,6 +123,13 @@ impl Steps {
         self
     }
 
+    /// Whether the steps may work in the rank's buffer itself: its data once, and it is the
+    /// result or nothing lands on it (a reduction's or gather's other ranks must find theirs
+    /// as it was).
+    pub(crate) fn in_place(&self) -> bool {
+        self.copies == 1 && (self.result || self.recvs.is_empty())
+    }
+
     /// The most sends, and the most receives, of one step.
     pub(crate) fn widest(&self) -> (usize, usize) {
         let w = |f: fn(&Step) -> usize| self.steps.iter().map(f).max().unwrap_or(0);

@@ -100,9 +100,11 @@ struct Run<T: Primitive> {
     /// The step in flight (or next), and whether its messages are posted.
     at: usize,
     posted: bool,
-    /// The working data, the buffers of sends not in flight (each as long as the longest
-    /// send), the buffers of receives not in flight (as long as the longest receive).
+    /// The working data, where the start does not work in the user's buffer itself
+    /// (`in_place`); the buffers of sends not in flight (each as long as the longest send),
+    /// of receives not in flight (as long as the longest receive).
     work: Vec<T>,
+    in_place: bool,
     spare: Vec<Vec<T>>,
     scratch: Vec<Vec<T>>,
     reducer: Option<Reducer<T>>,
@@ -117,6 +119,18 @@ struct Run<T: Primitive> {
     home: Weak<Mutex<Option<Box<Run<T>>>>>,
     /// Boxed: the requests above borrow it, so its address never changes.
     comm: Box<Communicator>,
+}
+
+/// The working data of a start: the user's buffer itself if `in_place`, else `work`.
+fn working<'a, T: Primitive>(work: &'a mut Vec<T>, out: &'a Option<Out<T>>, in_place: bool) -> &'a mut [T] {
+    match out {
+        // SAFETY: `out` is the buffer of the request of the start in flight, alive until the
+        // schedule completes its operation (`finish`, after the last step); each borrow
+        // ends before the next is made (one step posts, or collects, at a time, on the thread
+        // advancing the schedule).
+        Some(out) if in_place => unsafe { out.slice() },
+        _ => work,
+    }
 }
 
 impl<T: Primitive> Run<T> {
@@ -142,7 +156,7 @@ impl<T: Primitive> Run<T> {
         for o in &self.plan.sends[step.sends] {
             let mut b = self.spare.pop().unwrap_or_default();
             b.clear();
-            b.extend_from_slice(&self.work[o.at.clone()]);
+            b.extend_from_slice(&working(&mut self.work, &self.out, self.in_place)[o.at.clone()]);
             let r = c.isend_on(c.coll_state(), b, o.to, self.tag)?;
             // SAFETY: as for `notice`, for `sends`.
             self.sends.push(unsafe { unbound(r) });
@@ -170,7 +184,7 @@ impl<T: Primitive> Run<T> {
                 Ok(_) if got.len() != inc.len => Err(MISMATCH),
                 Ok(_) => {
                     for l in &self.plan.landings[inc.lands.clone()] {
-                        let part = &mut self.work[l.at..l.at + inc.len];
+                        let part = &mut working(&mut self.work, &self.out, self.in_place)[l.at..l.at + inc.len];
                         match (l.then, self.reducer) {
                             (Then::Replace, _) => part.copy_from_slice(&got),
                             (Then::Combine { theirs_first }, Some((op, f))) => f(op, part, &got, theirs_first),
@@ -229,7 +243,7 @@ impl<T: Primitive> Schedule for Run<T> {
                 }
             }
         }
-        let out = self.out.take();
+        let out = self.out.take().filter(|_| self.plan.result && !self.in_place);
         if let (Ok(()), Some(out)) = (&result, out) {
             out.write(&self.work[..self.work.len() / self.plan.copies]);
         }
@@ -275,7 +289,8 @@ impl<T: Primitive> CollPlan<T> {
             notice_buf: Some(Vec::with_capacity(2)),
             at: 0,
             posted: false,
-            work: Vec::with_capacity(len * plan.copies),
+            work: Vec::with_capacity(if plan.in_place() { 0 } else { len * plan.copies }),
+            in_place: false,
             spare: (0..sends).map(|_| Vec::with_capacity(longest_send)).collect(),
             scratch: (0..recvs).map(|_| Vec::with_capacity(longest_recv)).collect(),
             plan,
@@ -309,13 +324,16 @@ impl<T: Primitive> CollPlan<T> {
         self.check_len(comm, data.len())?;
         let mut run = self.home.lock().take().ok_or(LOST)?;
         let op = new_operation(|i| i.context = comm.coll_state().context);
+        run.in_place = out.is_some() && run.plan.in_place();
         run.work.clear();
-        for _ in 0..run.plan.copies {
-            run.work.extend_from_slice(data);
+        if !run.in_place {
+            for _ in 0..run.plan.copies {
+                run.work.extend_from_slice(data);
+            }
         }
         run.at = 0;
         run.posted = false;
-        run.out = out.filter(|_| run.plan.result);
+        run.out = out;
         run.op = Some(op.clone());
         comm.engine().start_schedule(run);
         Ok(op)
