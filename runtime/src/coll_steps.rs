@@ -3,10 +3,13 @@
 //! others, posted at once; once they all completed, each message received lands in the
 //! working data (it replaces a part of it, or is combined into it). A persistent collective
 //! fixes its plan at init and runs it again at every start (`persistent_coll.rs`); the
-//! nonblocking barrier and recursive-doubling reduction (small allreduces, communicator
-//! creation) run theirs as the steps of their schedule ([`Sched::run_steps`], `nbc.rs`),
-//! while the other nonblocking collectives run the same algorithms in place in the caller's
-//! buffer (`coll.rs`), which a plan's working copy would cost them at large sizes.
+//! blocking and nonblocking collectives run theirs as the steps of their schedule
+//! (`nbc.rs`): the barrier and the recursive-doubling reduction (small allreduces,
+//! communicator creation) through [`Sched::run_steps`], the large-message algorithms in
+//! place in the caller's buffer through [`Sched::run_in`]. (The other nonblocking
+//! algorithms, `coll.rs`, are written as steps of their own: the binomial broadcast shares
+//! one copy of the data among a node's children, and the ring allgather serves every
+//! size.)
 //!
 //! The working data is the rank's data once (or twice, for the prefix reductions, which
 //! keep the partial result beside the running one); the rank's result is its first copy,
@@ -16,8 +19,8 @@
 //! recursive doubling reduction over any list of members (the allreduce's, and communicator
 //! creation's, `create.rs`); a gather and a scatter through the root; a ring allgather; an
 //! alltoall of every pair at once; the recursive doubling prefix reductions; and for large
-//! messages, the ring and Rabenseifner's allreduce and the scatter-allgather broadcast
-//! (MPICH's algorithms, chosen by size as `coll.rs` chooses them).
+//! messages, the ring and Rabenseifner's allreduce, the scatter-allgather broadcast and
+//! the reduce-scatter-gather reduce (MPICH's algorithms, chosen by size in `coll.rs`).
 
 use std::ops::Range;
 
@@ -26,7 +29,7 @@ use weft_sync::Error;
 use crate::buffer::Primitive;
 use crate::coll::{block, span};
 use crate::comm::Communicator;
-use crate::nbc::{Sched, MISMATCH};
+use crate::nbc::{Sched, Scratch};
 
 /// What a step does with a message it received, at the message's place in the working
 /// data.
@@ -255,10 +258,23 @@ pub(crate) fn reduce_over_steps(members: &[u32], me_world: u32, len: usize) -> R
     Ok(s)
 }
 
+/// Lands `got`, received, at each of `landings` in `work`; `combine(ours, theirs,
+/// theirs_first)` combines.
+pub(crate) fn land<T: Primitive>(work: &mut [T], landings: &[Landing], got: &[T], combine: &impl Fn(&mut [T], &[T], bool)) {
+    for l in landings {
+        let part = &mut work[l.at..l.at + got.len()];
+        match l.then {
+            Then::Nothing => {}
+            Then::Replace => part.copy_from_slice(got),
+            Then::Combine { theirs_first } => combine(part, got, theirs_first),
+        }
+    }
+}
+
 impl Sched<'_> {
     /// Runs `steps` over `data` (each receive checked for its length) and returns the
     /// rank's result they leave (`data` itself where the plan has none); `f` combines. A
-    /// message of another length than planned is [`MISMATCH`].
+    /// message of another length than planned is [`MISMATCH`](crate::nbc::MISMATCH).
     pub(crate) async fn run_steps<T: Primitive>(
         &self,
         steps: &Steps,
@@ -268,29 +284,37 @@ impl Sched<'_> {
         let len = data.len();
         let kept = (!steps.result).then(|| data.clone());
         let mut work = if steps.copies == 1 { data } else { data.repeat(steps.copies) };
-        for step in &steps.steps {
-            let from: Vec<(u32, usize)> = steps.recvs[step.recvs.clone()].iter().map(|i| (i.from, i.len)).collect();
-            let to: Vec<(u32, Vec<T>)> = steps.sends[step.sends.clone()].iter().map(|o| (o.to, work[o.at.clone()].to_vec())).collect();
-            let got = self.exchange_many::<T>(&from, to).await?;
-            for (inc, got) in steps.recvs[step.recvs.clone()].iter().zip(got) {
-                if got.len() != inc.len {
-                    return Err(MISMATCH);
-                }
-                for l in &steps.landings[inc.lands.clone()] {
-                    let part = &mut work[l.at..l.at + inc.len];
-                    match l.then {
-                        Then::Nothing => {}
-                        Then::Replace => part.copy_from_slice(&got),
-                        Then::Combine { theirs_first: true } => part.copy_from_slice(&f(&got, part)),
-                        Then::Combine { theirs_first: false } => part.copy_from_slice(&f(part, &got)),
-                    }
-                }
-            }
-        }
+        let combine = |ours: &mut [T], theirs: &[T], theirs_first: bool| {
+            let v = if theirs_first { f(theirs, ours) } else { f(ours, theirs) };
+            ours.copy_from_slice(&v);
+        };
+        self.run_in(steps, &mut work, combine).await?;
         Ok(kept.unwrap_or_else(|| {
             work.truncate(len);
             work
         }))
+    }
+
+    /// Runs `steps` in `work` itself (the rank's data once, as long as the plan's), each
+    /// step's sends from scratch copies (`nbc::Scratch`); `combine(ours, theirs,
+    /// theirs_first)` combines. A message of another length than planned is [`MISMATCH`](crate::nbc::MISMATCH).
+    pub(crate) async fn run_in<T: Primitive>(
+        &self,
+        steps: &Steps,
+        work: &mut [T],
+        combine: impl Fn(&mut [T], &[T], bool),
+    ) -> Result<(), Error> {
+        for step in &steps.steps {
+            let incoming = &steps.recvs[step.recvs.clone()];
+            let from: Vec<(u32, usize)> = incoming.iter().map(|i| (i.from, i.len)).collect();
+            let to: Vec<(u32, Scratch<T>)> =
+                steps.sends[step.sends.clone()].iter().map(|o| (o.to, Scratch::copy_of(&work[o.at.clone()]))).collect();
+            let got = self.exchange_many::<T>(&from, to).await?;
+            for (inc, got) in incoming.iter().zip(got) {
+                land(work, &steps.landings[inc.lands.clone()], &got, &combine);
+            }
+        }
+        Ok(())
     }
 }
 
@@ -425,7 +449,7 @@ pub(crate) fn allreduce_long_steps(comm: &Communicator, len: usize) -> Steps {
     let blocks = blocks_of(len, n);
     let mut s = Steps::default();
     if n.is_power_of_two() {
-        reduce_scatter_halving(&mut s, comm, &blocks);
+        reduce_scatter_halving(&mut s, comm, &blocks, 0);
         allgather_doubling(&mut s, comm, &blocks);
         return s;
     }
@@ -439,18 +463,20 @@ pub(crate) fn allreduce_long_steps(comm: &Communicator, len: usize) -> Steps {
     s
 }
 
-/// Adds a reduce-scatter by recursive halving over a power of two of ranks to `s`: rank `v`
-/// keeps, at each step, the half of its window of `blocks` on its side of the partner
-/// `n / 2^(k+1)` away, sends the other half there and combines what comes back into the
-/// half it keeps; it ends with block `v` reduced over every rank.
-fn reduce_scatter_halving(s: &mut Steps, comm: &Communicator, blocks: &[Range<usize>]) {
-    let (n, me) = (comm.size(), comm.rank());
+/// Adds a reduce-scatter by recursive halving over a power of two of ranks counted from
+/// `root` to `s`: rank `v` (from the root) keeps, at each step, the half of its window of
+/// `blocks` on its side of the partner `n / 2^(k+1)` away, sends the other half there and
+/// combines what comes back into the half it keeps; it ends with block `v` reduced over
+/// every rank.
+fn reduce_scatter_halving(s: &mut Steps, comm: &Communicator, blocks: &[Range<usize>], root: u32) {
+    let n = comm.size();
+    let vr = (comm.rank() + n - root) % n;
     let (mut lo, mut hi) = (0, n);
     let mut mask = n / 2;
     while mask > 0 {
         let mid = lo + (hi - lo) / 2;
-        let (keep, give) = if me & mask == 0 { ((lo, mid), (mid, hi)) } else { ((mid, hi), (lo, mid)) };
-        let w = at(comm, me ^ mask, 0);
+        let (keep, give) = if vr & mask == 0 { ((lo, mid), (mid, hi)) } else { ((mid, hi), (lo, mid)) };
+        let w = at(comm, vr ^ mask, root);
         s.step().send(w, span(blocks, give.0, give.1)).recv(w, span(blocks, keep.0, keep.1), Then::Combine { theirs_first: true });
         (lo, hi) = keep;
         mask >>= 1;
@@ -494,5 +520,29 @@ pub(crate) fn bcast_long_steps(comm: &Communicator, root: u32, len: usize) -> St
         }
     }
     ring_allgather(&mut s, comm, &blocks_of(len, n), root, 0);
+    s
+}
+
+/// Reduction of `len` elements (at least one per rank) with a commutative op into `root` on
+/// a power of two of ranks, for large messages: a reduce-scatter by recursive halving, then
+/// a binomial gather of the reduced blocks to the root ([Thakur 2005]; MPICH's
+/// `reduce_scatter_gather`). The other ranks' data is left holding partial reductions.
+pub(crate) fn reduce_long_steps(comm: &Communicator, root: u32, len: usize) -> Steps {
+    let n = comm.size();
+    let blocks = blocks_of(len, n);
+    let (vr, parent) = binomial(comm, root);
+    let mut s = Steps { result: vr == 0, ..Steps::default() };
+    reduce_scatter_halving(&mut s, comm, &blocks, root);
+    // Rank `vr` holds blocks `vr..hi`, reduced over every rank.
+    let mut hi = vr + 1;
+    let mut mask = 1;
+    while mask < parent {
+        s.step().recv(at(comm, vr + mask, root), span(&blocks, hi, hi + mask), Then::Replace);
+        hi += mask;
+        mask <<= 1;
+    }
+    if parent < n {
+        s.step().send(at(comm, vr - parent, root), span(&blocks, vr, hi));
+    }
     s
 }

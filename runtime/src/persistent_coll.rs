@@ -39,14 +39,16 @@
 //!
 //! Algorithms: those of the blocking collectives (`coll.rs`), chosen by size as they are,
 //! as plans of steps (`coll_steps.rs`): a dissemination barrier; a binomial-tree broadcast,
-//! or for large messages scatter and a ring allgather; a binomial-tree reduce; a recursive
+//! or for large messages scatter and a ring allgather; a recursive
 //! doubling allreduce (the ranks beyond a power of two folded in first), or for large
 //! messages Rabenseifner's on a power of two of ranks and the ring's on others; gather and
 //! scatter through the root at once; a ring allgather; every pair of an alltoall at once;
-//! recursive doubling prefix reductions. A plan moves each message through a buffer of its
-//! own, kept from init on, so a start copies what it sends and what it received where a
-//! blocking call works in the caller's buffer; a persistent reduce takes the binomial tree
-//! at every size.
+//! recursive doubling prefix reductions; a binomial-tree reduce, or for large messages on a
+//! power of two of ranks a reduce-scatter and gather. A start works in the user's buffer
+//! itself where the plan allows (its data is the result, or nothing lands on it), else in a
+//! working copy (a reduction's other ranks, whose buffers are left as they were; the prefix
+//! reductions, which keep a partial result beside the running one); each message goes
+//! through a buffer of its own, kept from init on.
 
 use std::ops::Range;
 use std::sync::{Arc, Weak};
@@ -55,10 +57,10 @@ use parking_lot::Mutex;
 use weft_sync::{Error, Status};
 
 use crate::buffer::Primitive;
-use crate::coll::{allreduce_is_long, bcast_is_long, blocks, check_op, even, Op, Reducible};
+use crate::coll::{allreduce_is_long, bcast_is_long, blocks, check_op, combine, even, reduce_is_long, Op, Reducible};
 use crate::coll_steps::{
-    allgather_steps, allreduce_long_steps, alltoall_steps, barrier_steps, bcast_long_steps, bcast_steps, gather_steps, reduce_over_steps,
-    reduce_steps, scan_steps, scatter_steps, Steps, Then,
+    allgather_steps, allreduce_long_steps, alltoall_steps, barrier_steps, bcast_long_steps, bcast_steps, gather_steps, land,
+    reduce_long_steps, reduce_over_steps, reduce_steps, scan_steps, scatter_steps, Steps,
 };
 use crate::comm::Communicator;
 use crate::engine::Schedule;
@@ -73,14 +75,6 @@ use crate::request::{unbound, Request};
 const LOST: Error = Error::InvalidArgument("persistent collective: its schedule was dropped with the runtime");
 /// The error of a start whose buffer no longer has the length given at init.
 const RESIZED: Error = Error::InvalidArgument("persistent collective: the buffer's length changed since init");
-
-/// `op` applied elementwise into `ours`.
-fn combine<T: Reducible>(op: Op, ours: &mut [T], theirs: &[T], theirs_first: bool) {
-    for (a, &t) in ours.iter_mut().zip(theirs) {
-        let v = if theirs_first { T::apply(op, t, *a) } else { T::apply(op, *a, t) };
-        *a = v.expect("the op was checked for the element type at init");
-    }
-}
 
 /// A reduction: its op and the elementwise combination for the element type.
 type Reducer<T> = (Op, fn(Op, &mut [T], &[T], bool));
@@ -183,14 +177,13 @@ impl<T: Primitive> Run<T> {
                 Err(e) => Err(step_error(&self.comm, e)),
                 Ok(_) if got.len() != inc.len => Err(MISMATCH),
                 Ok(_) => {
-                    for l in &self.plan.landings[inc.lands.clone()] {
-                        let part = &mut working(&mut self.work, &self.out, self.in_place)[l.at..l.at + inc.len];
-                        match (l.then, self.reducer) {
-                            (Then::Replace, _) => part.copy_from_slice(&got),
-                            (Then::Combine { theirs_first }, Some((op, f))) => f(op, part, &got, theirs_first),
-                            (Then::Nothing, _) | (Then::Combine { .. }, None) => {}
+                    let reducer = self.reducer;
+                    let combine = |ours: &mut [T], theirs: &[T], theirs_first| {
+                        if let Some((op, f)) = reducer {
+                            f(op, ours, theirs, theirs_first);
                         }
-                    }
+                    };
+                    land(working(&mut self.work, &self.out, self.in_place), &self.plan.landings[inc.lands.clone()], &got, &combine);
                     Ok(())
                 }
             };
@@ -444,7 +437,12 @@ impl Communicator {
         self.check_root(root)?;
         check_op(op, data.first(), "reduce_init: a bitwise op on floating-point elements")?;
         self.agree([data.len() as u64, u64::from(root), op_code(op)])?;
-        let plan = CollPlan::new(self, reduce_steps(self, root, data.len()), data.len(), Some((op, combine::<T>)));
+        let steps = if reduce_is_long(std::mem::size_of_val(data.as_slice()), data.len(), self.size()) {
+            reduce_long_steps(self, root, data.len())
+        } else {
+            reduce_steps(self, root, data.len())
+        };
+        let plan = CollPlan::new(self, steps, data.len(), Some((op, combine::<T>)));
         Ok(Persistent::collective(self, Arc::new(plan), data))
     }
 

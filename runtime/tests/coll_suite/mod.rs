@@ -985,15 +985,17 @@ fn persistent_gathers_scatters_alltoalls_and_scans_refuse_bad_input() {
     });
 }
 
-/// A persistent allreduce and broadcast of a large message take the algorithm the blocking
-/// call takes at that size (Rabenseifner's or the ring's allreduce, the scatter-allgather
-/// broadcast), not the small-message trees: each rank sends as many messages per start as
-/// per blocking call.
+/// A persistent allreduce, broadcast and reduce of a large message take the algorithm the
+/// blocking call takes at that size (Rabenseifner's or the ring's allreduce, the
+/// scatter-allgather broadcast, the reduce-scatter-gather reduce), not the small-message
+/// trees: each rank sends as many messages per start as per blocking call.
 #[test]
-fn large_persistent_allreduce_and_bcast_send_what_the_blocking_ones_send() {
-    within(60, "messages of large persistent allreduce and bcast", || {
-        // `(ranks, elements, collective)`: Rabenseifner's, the ring, scatter-allgather.
-        for (n, len, bcast) in [(4u32, 1usize << 12, false), (3, 1 << 12, false), (8, 1 << 12, true)] {
+fn large_persistent_allreduce_bcast_and_reduce_send_what_the_blocking_ones_send() {
+    within(60, "messages of large persistent allreduce, bcast and reduce", || {
+        // `(ranks, elements, collective)`: Rabenseifner's, the ring, scatter-allgather,
+        // reduce-scatter-gather.
+        for (n, len, coll) in [(4u32, 1usize << 12, "allreduce"), (3, 1 << 12, "allreduce"), (8, 1 << 12, "bcast"), (4, 1 << 12, "reduce")]
+        {
             let rts = super::builder().build_local(n).unwrap();
             let out: Vec<(u64, u64, Vec<u64>)> = std::thread::scope(|s| {
                 let hs: Vec<_> = rts
@@ -1002,15 +1004,19 @@ fn large_persistent_allreduce_and_bcast_send_what_the_blocking_ones_send() {
                         s.spawn(move || {
                             let c = rt.world();
                             let data: Vec<u64> = (0..len as u64).map(|i| i * u64::from(c.rank() + 1)).collect();
-                            let mut p =
-                                if bcast { c.bcast_init(data.clone(), 1) } else { c.allreduce_init(data.clone(), Op::Sum) }.unwrap();
+                            let mut p = match coll {
+                                "bcast" => c.bcast_init(data.clone(), 1),
+                                "reduce" => c.reduce_init(data.clone(), Op::Sum, 1),
+                                _ => c.allreduce_init(data.clone(), Op::Sum),
+                            }
+                            .unwrap();
                             let mut res = data.clone();
                             c.barrier().unwrap();
                             let before = rt.counters().messages_sent;
-                            if bcast {
-                                c.bcast(&mut res, 1).unwrap();
-                            } else {
-                                c.allreduce(&data, &mut res, Op::Sum).unwrap();
+                            match coll {
+                                "bcast" => c.bcast(&mut res, 1).unwrap(),
+                                "reduce" => c.reduce(&data, &mut res, Op::Sum, 1).unwrap(),
+                                _ => c.allreduce(&data, &mut res, Op::Sum).unwrap(),
                             }
                             let blocking = rt.counters().messages_sent - before;
                             c.barrier().unwrap();
@@ -1027,7 +1033,7 @@ fn large_persistent_allreduce_and_bcast_send_what_the_blocking_ones_send() {
                 hs.into_iter().map(|h| h.join().unwrap()).collect()
             });
             for (r, (blocking, persistent, _)) in out.iter().enumerate() {
-                assert_eq!(persistent, blocking, "{n} ranks, {len} elements, bcast {bcast}, rank {r}: messages sent");
+                assert_eq!(persistent, blocking, "{n} ranks, {len} elements, {coll}, rank {r}: messages sent");
             }
         }
     });
