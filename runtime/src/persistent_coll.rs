@@ -365,6 +365,21 @@ fn per_block(len: usize, n: u32) -> Option<usize> {
 }
 
 impl Communicator {
+    /// A persistent collective over `data`, inactive, each start running `steps`.
+    fn coll_init<T: Primitive>(&self, steps: Steps, data: Vec<T>, reducer: Option<Reducer<T>>) -> Persistent<'_, Vec<T>> {
+        let plan = CollPlan::new(self, steps, data.len(), reducer);
+        Persistent::collective(self, Arc::new(plan), data)
+    }
+
+    /// The block length of a rooted init over a buffer of `len` elements (`size` blocks at
+    /// `root`, else the error `what`; one elsewhere), agreed with every rank with `root`
+    /// ([`agree_blocks`](Self::agree_blocks)).
+    fn root_block(&self, len: usize, root: u32, what: &'static str) -> Result<usize, Error> {
+        self.check_root(root)?;
+        let k = if self.rank() == root { per_block(len, self.size()) } else { Some(len) };
+        self.agree_blocks(k, root, 0, what)
+    }
+
     /// Checks that every rank passed the same block length `k` (`None`: this rank's buffer
     /// holds no whole number of blocks, the error `what`), `root` and `op`: the agreement
     /// of [`agree`](Self::agree), which this rank makes even when its own buffer is wrong,
@@ -425,8 +440,7 @@ impl Communicator {
         } else {
             bcast_steps(self, root, data.len())
         };
-        let plan = CollPlan::new(self, steps, data.len(), None);
-        Ok(Persistent::collective(self, Arc::new(plan), data))
+        Ok(self.coll_init(steps, data, None))
     }
 
     /// A persistent reduction of `data` with `op` into `data` of rank `root`
@@ -442,8 +456,7 @@ impl Communicator {
         } else {
             reduce_steps(self, root, data.len())
         };
-        let plan = CollPlan::new(self, steps, data.len(), Some((op, combine::<T>)));
-        Ok(Persistent::collective(self, Arc::new(plan), data))
+        Ok(self.coll_init(steps, data, Some((op, combine::<T>))))
     }
 
     /// A persistent reduction of `data` with `op` into `data` of every rank
@@ -477,8 +490,7 @@ impl Communicator {
         } else {
             reduce_over_steps(self.group().world_ranks(), self.world_of(self.rank()), data.len())?
         };
-        let plan = CollPlan::new(self, steps, data.len(), Some((op, combine::<T>)));
-        Ok(Persistent::collective(self, Arc::new(plan), data))
+        Ok(self.coll_init(steps, data, Some((op, combine::<T>))))
     }
 
     /// A persistent gather into `data` of rank `root` (`MPI_Gather_init`, in place),
@@ -488,11 +500,8 @@ impl Communicator {
     /// buffers are left as they were). Every rank passes the same block length and root
     /// (checked here: a collective call).
     pub fn gather_init<T: Primitive>(&self, data: Vec<T>, root: u32) -> Result<Persistent<'_, Vec<T>>, Error> {
-        self.check_root(root)?;
-        let k = if self.rank() == root { per_block(data.len(), self.size()) } else { Some(data.len()) };
-        let k = self.agree_blocks(k, root, 0, "gather_init: the root's buffer is not size blocks of one length")?;
-        let plan = CollPlan::new(self, gather_steps(self, root, &even(k, self.size()), k), data.len(), None);
-        Ok(Persistent::collective(self, Arc::new(plan), data))
+        let k = self.root_block(data.len(), root, "gather_init: the root's buffer is not size blocks of one length")?;
+        Ok(self.coll_init(gather_steps(self, root, &even(k, self.size()), k), data, None))
     }
 
     /// A persistent scatter of `data` of rank `root` (`MPI_Scatter_init`, in place),
@@ -501,11 +510,8 @@ impl Communicator {
     /// `r` in rank `r`'s buffer (the root's is left as it was). Every rank passes the same
     /// block length and root (checked here: a collective call).
     pub fn scatter_init<T: Primitive>(&self, data: Vec<T>, root: u32) -> Result<Persistent<'_, Vec<T>>, Error> {
-        self.check_root(root)?;
-        let k = if self.rank() == root { per_block(data.len(), self.size()) } else { Some(data.len()) };
-        let k = self.agree_blocks(k, root, 0, "scatter_init: the root's buffer is not size blocks of one length")?;
-        let plan = CollPlan::new(self, scatter_steps(self, root, &even(k, self.size()), k), data.len(), None);
-        Ok(Persistent::collective(self, Arc::new(plan), data))
+        let k = self.root_block(data.len(), root, "scatter_init: the root's buffer is not size blocks of one length")?;
+        Ok(self.coll_init(scatter_steps(self, root, &even(k, self.size()), k), data, None))
     }
 
     /// A persistent allgather (`MPI_Allgather_init`, in place), inactive: `data` holds
@@ -534,8 +540,7 @@ impl Communicator {
     pub fn allgather_init<T: Primitive>(&self, data: Vec<T>) -> Result<Persistent<'_, Vec<T>>, Error> {
         let k = per_block(data.len(), self.size());
         let k = self.agree_blocks(k, 0, 0, "allgather_init: the buffer is not size blocks of one length")?;
-        let plan = CollPlan::new(self, allgather_steps(self, &even(k, self.size())), data.len(), None);
-        Ok(Persistent::collective(self, Arc::new(plan), data))
+        Ok(self.coll_init(allgather_steps(self, &even(k, self.size())), data, None))
     }
 
     /// A persistent alltoall (`MPI_Alltoall_init`, in place), inactive: `data` holds
@@ -545,8 +550,7 @@ impl Communicator {
     pub fn alltoall_init<T: Primitive>(&self, data: Vec<T>) -> Result<Persistent<'_, Vec<T>>, Error> {
         let k = per_block(data.len(), self.size());
         let k = self.agree_blocks(k, 0, 0, "alltoall_init: the buffer is not size blocks of one length")?;
-        let plan = CollPlan::new(self, alltoall_steps(self, &even(k, self.size())), data.len(), None);
-        Ok(Persistent::collective(self, Arc::new(plan), data))
+        Ok(self.coll_init(alltoall_steps(self, &even(k, self.size())), data, None))
     }
 
     /// A persistent inclusive prefix reduction (`MPI_Scan_init`, in place), inactive: each
@@ -571,8 +575,7 @@ impl Communicator {
     fn prefix_init<T: Reducible>(&self, data: Vec<T>, op: Op, inclusive: bool) -> Result<Persistent<'_, Vec<T>>, Error> {
         check_op(op, data.first(), "scan_init: a bitwise op on floating-point elements")?;
         self.agree([data.len() as u64, 0, op_code(op)])?;
-        let plan = CollPlan::new(self, scan_steps(self, data.len(), inclusive), data.len(), Some((op, combine::<T>)));
-        Ok(Persistent::collective(self, Arc::new(plan), data))
+        Ok(self.coll_init(scan_steps(self, data.len(), inclusive), data, Some((op, combine::<T>))))
     }
 
     /// A persistent gather into `data` of rank `root` (`MPI_Gatherv_init`, in place),
@@ -589,9 +592,7 @@ impl Communicator {
         root: u32,
     ) -> Result<Persistent<'_, Vec<T>>, Error> {
         let what = "gatherv_init: counts and displacements do not fit the root's buffer";
-        let b = self.rooted_blocks(data.len(), counts, displs, root, what)?;
-        let plan = CollPlan::new(self, gather_steps(self, root, &b, data.len()), data.len(), None);
-        Ok(Persistent::collective(self, Arc::new(plan), data))
+        self.rooted_v_init(data, (counts, displs), root, what, gather_steps)
     }
 
     /// A persistent scatter of `data` of rank `root` (`MPI_Scatterv_init`, in place),
@@ -608,9 +609,7 @@ impl Communicator {
         root: u32,
     ) -> Result<Persistent<'_, Vec<T>>, Error> {
         let what = "scatterv_init: counts and displacements do not fit the root's buffer";
-        let b = self.rooted_blocks(data.len(), counts, displs, root, what)?;
-        let plan = CollPlan::new(self, scatter_steps(self, root, &b, data.len()), data.len(), None);
-        Ok(Persistent::collective(self, Arc::new(plan), data))
+        self.rooted_v_init(data, (counts, displs), root, what, scatter_steps)
     }
 
     /// A persistent allgather (`MPI_Allgatherv_init`, in place), inactive: `data` holds
@@ -624,8 +623,7 @@ impl Communicator {
         let agreed = self.agree([hash, u64::from(b.is_ok()), 0]);
         let b = b?;
         agreed?;
-        let plan = CollPlan::new(self, allgather_steps(self, &b), data.len(), None);
-        Ok(Persistent::collective(self, Arc::new(plan), data))
+        Ok(self.coll_init(allgather_steps(self, &b), data, None))
     }
 
     /// A persistent alltoall (`MPI_Alltoallv_init`, in place), inactive: `data` holds the
@@ -649,8 +647,22 @@ impl Communicator {
         if mine != theirs {
             return Err(MISMATCH);
         }
-        let plan = CollPlan::new(self, alltoall_steps(self, &b), data.len(), None);
-        Ok(Persistent::collective(self, Arc::new(plan), data))
+        Ok(self.coll_init(alltoall_steps(self, &b), data, None))
+    }
+
+    /// A rooted `v` init over `data`: the plan `steps` makes of the blocks of `layout`
+    /// (counts and displacements, read at the root) once checked
+    /// ([`rooted_blocks`](Self::rooted_blocks)).
+    fn rooted_v_init<T: Primitive>(
+        &self,
+        data: Vec<T>,
+        layout: (&[usize], &[usize]),
+        root: u32,
+        what: &'static str,
+        steps: fn(&Communicator, u32, &[Range<usize>], usize) -> Steps,
+    ) -> Result<Persistent<'_, Vec<T>>, Error> {
+        let b = self.rooted_blocks(data.len(), layout.0, layout.1, root, what)?;
+        Ok(self.coll_init(steps(self, root, &b, data.len()), data, None))
     }
 
     /// The blocks of a rooted `v` init (`counts` and `displs` of the root's buffer of `len`
