@@ -267,5 +267,11 @@ echo
 bench "The seed's benchmarks, 4 in-process ranks" \
     "$BENCH" dlock $(q "" "--ops 5") --markdown --plot "$OUT/dlock.svg"
 "$BENCH" dlock --lock rma-rw,fompi-rw --bench warb --writers 0.002,0.2 -r 4 $(q "" "--ops 5") --markdown
+if [ "$OFI" = 1 ]; then
+    bench "The seed's benchmarks, ranks as processes on shm" \
+        "$BENCH" dlock --provider shm --launch weftrun --bench lb,ecsb --ranks $(q "2,4,8,16" "2") $(q "" "--ops 5") --markdown --plot "$OUT/dlock-procs.svg"
+else
+    skip "dlock across processes: $NO_OFI"
+fi
 bench "The distributed hash table" \
     "$BENCH" dht --ranks 4,8 --writers 0.002,0.2 --access one,spread $(q "" "--ops 20") --markdown
