@@ -261,7 +261,7 @@ echo
 bench "Continuations" \
     "$BENCH" continuations -t 1,2,4 -n 1,100,10000 $(q "" "--messages 200") --markdown --plot "$OUT/continuations.svg"
 bench "Partitioned sends" \
-    "$BENCH" partitioned -t 1,2,4,8 -s $(q "65536,1048576,16777216" "65536") $(q "" "--rounds 1") --markdown --plot "$OUT/partitioned.svg"
+    "$BENCH" partitioned --provider "$([ "$OFI" = 1 ] && echo embedded,shm || echo embedded)" -t 1,2,4,8 -s $(q "65536,1048576,16777216" "65536") $(q "" "--rounds 1") --markdown --plot "$OUT/partitioned.svg"
 echo "## Distributed locks"
 echo
 bench "The seed's benchmarks, 4 in-process ranks" \
