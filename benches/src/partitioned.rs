@@ -63,7 +63,7 @@ fn check(buf: &[u8], per: usize, round: usize) -> Result<(), String> {
 
 /// The receiving side of one configuration, kept from round to round.
 enum Receiver<'c> {
-    Partitioned(PartitionedRecv<'c, u8>),
+    Partitioned(Box<PartitionedRecv<'c, u8>>),
     /// The buffers of the `threads` receives (given back by each round's receives).
     Separate(Vec<Vec<u8>>),
     Join(Vec<u8>),
@@ -71,7 +71,7 @@ enum Receiver<'c> {
 
 /// The sending side of one configuration, kept from round to round.
 enum Sender<'c> {
-    Partitioned(PartitionedSend<'c, u8>),
+    Partitioned(Box<PartitionedSend<'c, u8>>),
     /// Each thread's slice (given back by its send).
     Separate(Vec<Vec<u8>>),
     Join(Vec<u8>),
@@ -84,7 +84,7 @@ fn err(e: weft::Error) -> String {
 impl<'c> Receiver<'c> {
     fn new(mode: &str, b: &'c Communicator, threads: usize, bytes: usize) -> Result<Self, String> {
         Ok(match mode {
-            "partitioned" => Receiver::Partitioned(b.precv_init(vec![0u8; bytes], threads, 0, 1).map_err(err)?),
+            "partitioned" => Receiver::Partitioned(Box::new(b.precv_init(vec![0u8; bytes], threads, 0, 1).map_err(err)?)),
             "separate" => Receiver::Separate((0..threads).map(|_| Vec::with_capacity(bytes / threads)).collect()),
             _ => Receiver::Join(Vec::with_capacity(bytes)),
         })
@@ -143,7 +143,7 @@ impl<'c> Receiver<'c> {
 impl<'c> Sender<'c> {
     fn new(mode: &str, a: &'c Communicator, threads: usize, bytes: usize) -> Result<Self, String> {
         Ok(match mode {
-            "partitioned" => Sender::Partitioned(a.psend_init(vec![0u8; bytes], threads, 1, 1).map_err(err)?),
+            "partitioned" => Sender::Partitioned(Box::new(a.psend_init(vec![0u8; bytes], threads, 1, 1).map_err(err)?)),
             "separate" => Sender::Separate((0..threads).map(|_| vec![0u8; bytes / threads]).collect()),
             _ => Sender::Join(vec![0u8; bytes]),
         })
