@@ -457,9 +457,13 @@ pub fn run(args: &Args) -> Result<(), String> {
         ]);
     }
     table.finish_with_plot(&chart(&args.levels), &args.plot)?;
-    match peak_rss_kib() {
-        Some(kib) => args.out.note(&format!("# peak RSS of this process: {:.1} MiB (every point's ranks and locks)", kib as f64 / 1024.0)),
-        None => args.out.note("# peak RSS of this process: unknown (no /proc/self/status)"),
+    if launches.contains(&Launch::InProcess) {
+        match peak_rss_kib() {
+            Some(kib) => args
+                .out
+                .note(&format!("# peak RSS of this process: {:.1} MiB (every in-process point's ranks and locks)", kib as f64 / 1024.0)),
+            None => args.out.note("# peak RSS of this process: unknown (no /proc/self/status)"),
+        }
     }
     Ok(())
 }
