@@ -20,7 +20,7 @@
 //! with the blocking calls: `persistent_us`, timed as `latency_us` is.
 //!
 //! Columns: `collective,ranks,bytes,latency_us,provider,ompi_latency_us` (and
-//! `persistent_us` with `--persistent`). `--plot FILE.svg`
+//! `persistent_us` with `--persistent`, drawn beside). `--plot FILE.svg`
 //! draws latency against message size, a line per collective and rank count (weft's and
 //! Open MPI's), a panel per provider.
 
@@ -150,9 +150,13 @@ pub fn run(a: &Args) -> Result<(), String> {
             }
         }
     }
-    let chart = Chart::new(format!("coll: latency per call, slowest rank, {cores} cores"), "bytes", "message size (bytes)")
+    let mut chart = Chart::new(format!("coll: latency per call, slowest rank, {cores} cores"), "bytes", "message size (bytes)")
         .y("latency_us", "weft")
-        .y("ompi_latency_us", "Open MPI")
+        .y("ompi_latency_us", "Open MPI");
+    if a.persistent {
+        chart = chart.y("persistent_us", "weft persistent");
+    }
+    let chart = chart
         .y_axis("latency per call (µs)", 1.0)
         .series("collective", "{}")
         .series("ranks", "{} ranks")
