@@ -56,7 +56,7 @@ use std::sync::{Arc, Weak};
 use parking_lot::Mutex;
 use weft_sync::{Error, Status};
 
-use crate::buffer::Primitive;
+use crate::buffer::{Primitive, SendBuf};
 use crate::coll::{allreduce_is_long, bcast_is_long, blocks, check_op, combine, even, reduce_is_long, Op, Reducible};
 use crate::coll_steps::{
     allgather_steps, allreduce_long_steps, alltoall_steps, barrier_steps, bcast_long_steps, bcast_steps, gather_steps, land,
@@ -84,7 +84,7 @@ type Reducer<T> = (Op, fn(Op, &mut [T], &[T], bool));
 struct Run<T: Primitive> {
     // The requests of the step in flight borrow `comm` (below): they come first, so they are
     // dropped before it.
-    sends: Vec<Request<'static, Vec<T>>>,
+    sends: Vec<Request<'static, Shared<T>>>,
     recvs: Vec<Request<'static, Vec<T>>>,
     /// The receive for a failure notice of another member (`nbc.rs`), posted with the first
     /// step; its buffer between starts.
@@ -95,11 +95,11 @@ struct Run<T: Primitive> {
     at: usize,
     posted: bool,
     /// The working data, where the start does not work in the user's buffer itself
-    /// (`in_place`); the buffers of sends not in flight (each as long as the longest send),
-    /// of receives not in flight (as long as the longest receive).
+    /// (`in_place`); the copies for sends not in flight (each as long as the longest send),
+    /// the buffers of receives not in flight (as long as the longest receive).
     work: Vec<T>,
     in_place: bool,
-    spare: Vec<Vec<T>>,
+    spare: Vec<Arc<Vec<T>>>,
     scratch: Vec<Vec<T>>,
     reducer: Option<Reducer<T>>,
     tag: i32,
@@ -113,6 +113,19 @@ struct Run<T: Primitive> {
     home: Weak<Mutex<Option<Box<Run<T>>>>>,
     /// Boxed: the requests above borrow it, so its address never changes.
     comm: Box<Communicator>,
+}
+
+/// The copy of a part of the working data that one step sends to one or more ranks (a
+/// binomial broadcast node's children share one, as the blocking broadcast's do).
+struct Shared<T>(Arc<Vec<T>>);
+
+// SAFETY: the `Vec`'s heap storage does not move while the `Arc` lives, and nothing writes
+// it while a send holds a share: a step fills a copy only when no send holds it
+// (`Arc::make_mut`, which copies otherwise).
+unsafe impl<T: Primitive> SendBuf for Shared<T> {
+    fn as_bytes(&self) -> &[u8] {
+        self.0.as_bytes()
+    }
 }
 
 /// The working data of a start: the user's buffer itself if `in_place`, else `work`.
@@ -147,11 +160,22 @@ impl<T: Primitive> Run<T> {
             // SAFETY: as for `notice`, for `recvs`.
             self.recvs.push(unsafe { unbound(r) });
         }
+        // Sends of the same part one after the other share its copy.
+        let mut last: Option<(Range<usize>, Arc<Vec<T>>)> = None;
         for o in &self.plan.sends[step.sends] {
-            let mut b = self.spare.pop().unwrap_or_default();
-            b.clear();
-            b.extend_from_slice(&working(&mut self.work, &self.out, self.in_place)[o.at.clone()]);
-            let r = c.isend_on(c.coll_state(), b, o.to, self.tag)?;
+            let b = match &last {
+                Some((at, b)) if *at == o.at => b.clone(),
+                _ => {
+                    let mut b = self.spare.pop().unwrap_or_default();
+                    // Held by no send (`collect` keeps only the last share): no copy.
+                    let v = Arc::make_mut(&mut b);
+                    v.clear();
+                    v.extend_from_slice(&working(&mut self.work, &self.out, self.in_place)[o.at.clone()]);
+                    last = Some((o.at.clone(), b.clone()));
+                    b
+                }
+            };
+            let r = c.isend_on(c.coll_state(), Shared(b), o.to, self.tag)?;
             // SAFETY: as for `notice`, for `sends`.
             self.sends.push(unsafe { unbound(r) });
         }
@@ -162,8 +186,11 @@ impl<T: Primitive> Run<T> {
     fn collect(&mut self) -> Result<(), Error> {
         let mut res = Ok(());
         for mut r in self.sends.drain(..) {
-            if let Some((b, outcome)) = r.take_parts() {
-                self.spare.push(b);
+            if let Some((Shared(b), outcome)) = r.take_parts() {
+                // The last of the sends that shared a copy gives it back.
+                if Arc::strong_count(&b) == 1 {
+                    self.spare.push(b);
+                }
                 if let Err(e) = outcome {
                     res = res.and(Err(step_error(&self.comm, e)));
                 }
@@ -209,7 +236,7 @@ impl<T: Primitive> Schedule for Run<T> {
                 self.result = Err(Error::Cancelled);
                 break;
             }
-            if self.recvs.iter().chain(&self.sends).any(|r| !r.is_complete()) {
+            if self.recvs.iter().any(|r| !r.is_complete()) || self.sends.iter().any(|r| !r.is_complete()) {
                 return false;
             }
             self.result = self.collect();
@@ -284,7 +311,7 @@ impl<T: Primitive> CollPlan<T> {
             posted: false,
             work: Vec::with_capacity(if plan.in_place() { 0 } else { len * plan.copies }),
             in_place: false,
-            spare: (0..sends).map(|_| Vec::with_capacity(longest_send)).collect(),
+            spare: (0..sends).map(|_| Arc::new(Vec::with_capacity(longest_send))).collect(),
             scratch: (0..recvs).map(|_| Vec::with_capacity(longest_recv)).collect(),
             plan,
             reducer,
