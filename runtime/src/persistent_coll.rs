@@ -19,13 +19,13 @@
 //! as its other collectives, with the same length, op and root — which it checks with one
 //! allreduce (a `v` form first trades the counts: the root scatters its own, the ranks of an
 //! alltoall trade theirs), so a rank that passed another length or root gets an error at
-//! init on every rank, not a hang at a start. It then fixes the whole schedule (MPICH computes its
-//! persistent schedules once too): the steps of the algorithm in world ranks, the buffers of
-//! every step's sends and receives, and the tag of the collective's sequence number,
-//! which every start reuses. A start copies the user's buffer in, hands the schedule to the
-//! rank's progress (`engine/schedules.rs`), which takes its steps as their messages complete,
-//! and gets the schedule back when it ends (`Schedule::finish`): in steady state a start
-//! allocates nothing (`runtime/tests/zero_alloc_persistent_coll.rs`).
+//! init on every rank, not a hang at a start. It then fixes the whole schedule (MPICH computes
+//! its persistent schedules once too): the steps of the algorithm in world ranks, the
+//! buffers of every step's sends and receives, and the tag of the collective's sequence
+//! number, which every start reuses. A start hands the schedule to the rank's progress
+//! (`engine/schedules.rs`), which takes its steps as their messages complete, and gets the
+//! schedule back when it ends (`Schedule::finish`): in steady state a start allocates
+//! nothing (`runtime/tests/zero_alloc_persistent_coll.rs`).
 //!
 //! A start that fails (a peer lost, the communicator freed) tells every other member, as a
 //! nonblocking collective does (`nbc.rs`): each start listens for such a notice, so a member
