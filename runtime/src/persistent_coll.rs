@@ -129,7 +129,7 @@ unsafe impl<T: Primitive> SendBuf for Shared<T> {
 }
 
 /// The working data of a start: the user's buffer itself if `in_place`, else `work`.
-fn working<'a, T: Primitive>(work: &'a mut Vec<T>, out: &'a Option<Out<T>>, in_place: bool) -> &'a mut [T] {
+fn working<'a, T: Primitive>(work: &'a mut [T], out: &'a Option<Out<T>>, in_place: bool) -> &'a mut [T] {
     match out {
         // SAFETY: `out` is the buffer of the request of the start in flight, alive until the
         // schedule completes its operation (`finish`, after the last step); each borrow
