@@ -11,6 +11,15 @@
 //! RMA reads registered memory directly (all ranks share one address space). Every push
 //! rings the destination rank's *doorbell* (an event-listener `Event`), which is how a parked
 //! progress owner learns of network activity.
+//!
+//! Every RMA operation that may change a rank's window memory (put, atomic update, swapped
+//! compare-and-swap) notifies, after the write, the [`Signal`] of each word it wrote
+//! ([`EmbeddedRank::watch`]): a rank waiting for a word of its window (a distributed lock's
+//! queue node) parks on it instead of polling, and is woken by the write.
+//!
+//! A fabric may simulate a machine hierarchy ([`LevelCost`], [`fabric_with_cost`]): ranks
+//! grouped consecutively into nodes, nodes into racks, ..., and a delay added to every RMA
+//! operation whose two ranks are in different elements of a level.
 
 use std::collections::HashMap;
 use std::fmt;
@@ -19,6 +28,7 @@ use std::sync::Arc;
 use crossbeam_queue::ArrayQueue;
 use crossbeam_utils::CachePadded;
 use parking_lot::Mutex;
+use weft_sync::Signal;
 
 use crate::doorbell::Doorbell;
 use crate::frame::{Frame, FrameKind, Header, Payload, INLINE};
@@ -62,6 +72,93 @@ impl Default for EmbeddedOptions {
     fn default() -> Self {
         EmbeddedOptions { ranks: 1, cris: 1, inbox_capacity: 1024, eager_capacity: 16 * 1024 }
     }
+}
+
+/// Most levels of a [`LevelCost`] (nodes, racks, ...).
+pub const MAX_SIM_LEVELS: usize = 4;
+
+/// A simulated machine hierarchy with a cost per level crossing, for the RMA operations of
+/// an embedded fabric: `sizes[0]` consecutive ranks form a node, `sizes[1]` consecutive
+/// nodes a rack, ...; an RMA operation (put, get, atomic) between two ranks in different
+/// elements of level `i` (different nodes for `i = 0`, different racks for `i = 1`) is
+/// delayed by `cost_ns[i]` (busy-waited by the issuing thread, before the access), and the
+/// delays of every level it crosses add up: with sizes `[4, 2]` and costs `[100, 1000]`,
+/// rank 0 reaches rank 3 at no cost, rank 4 (another node of its rack) at 100 ns, rank 8
+/// (another rack) at 1,100 ns. Messages (frames) are not delayed. The default crosses
+/// nothing at no cost.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct LevelCost {
+    /// Ranks spanned by one element of each level (the products of the sizes); 0 past the
+    /// last level.
+    span: [u64; MAX_SIM_LEVELS],
+    cost_ns: [u64; MAX_SIM_LEVELS],
+    depth: u8,
+}
+
+impl LevelCost {
+    /// `sizes` innermost first (ranks per node, nodes per rack, ...) and the cost of
+    /// crossing each level in nanoseconds; the lists have the same length, at most
+    /// [`MAX_SIM_LEVELS`], every size at least 1 and every cost at most 1 s.
+    pub fn new(sizes: &[u32], cost_ns: &[u64]) -> Result<Self, Error> {
+        if sizes.len() != cost_ns.len() {
+            return Err(Error::InvalidArgument("simulated levels: one crossing cost per level size is needed"));
+        }
+        if sizes.len() > MAX_SIM_LEVELS {
+            return Err(Error::InvalidArgument("simulated levels: at most 4 levels"));
+        }
+        if sizes.contains(&0) {
+            return Err(Error::InvalidArgument("simulated levels: a level has 0 elements per parent"));
+        }
+        if cost_ns.iter().any(|&c| c > 1_000_000_000) {
+            return Err(Error::InvalidArgument("simulated levels: a crossing cost is over 1 s"));
+        }
+        let mut m = LevelCost { depth: sizes.len() as u8, ..LevelCost::default() };
+        let mut span = 1u64;
+        for (i, (&s, &c)) in sizes.iter().zip(cost_ns).enumerate() {
+            span = span.saturating_mul(u64::from(s));
+            m.span[i] = span;
+            m.cost_ns[i] = c;
+        }
+        Ok(m)
+    }
+
+    /// The sizes and costs given to [`new`](Self::new).
+    pub fn levels(&self) -> (Vec<u32>, Vec<u64>) {
+        let d = self.depth as usize;
+        let sizes = (0..d).map(|i| if i == 0 { self.span[0] } else { self.span[i] / self.span[i - 1].max(1) } as u32).collect();
+        (sizes, self.cost_ns[..d].to_vec())
+    }
+
+    /// Whether any crossing costs anything.
+    pub fn is_free(&self) -> bool {
+        self.cost_ns.iter().all(|&c| c == 0)
+    }
+
+    /// The delay of an operation between ranks `a` and `b`, in nanoseconds.
+    pub fn cost(&self, a: u32, b: u32) -> u64 {
+        let (a, b) = (u64::from(a), u64::from(b));
+        (0..self.depth as usize).filter(|&i| a / self.span[i] != b / self.span[i]).map(|i| self.cost_ns[i]).sum()
+    }
+}
+
+impl fmt::Display for LevelCost {
+    /// `sizes [4, 2], crossing costs [100, 1000] ns`, or `none`.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.depth == 0 {
+            return f.write_str("none");
+        }
+        let (sizes, costs) = self.levels();
+        write!(f, "ranks per node, nodes per rack, ...: {sizes:?}; crossing cost per level: {costs:?} ns")
+    }
+}
+
+/// Watch signals per rank: a word of a window notifies the one its key and index hash to.
+const WATCH_SIGNALS: usize = 16;
+
+/// The watch signal of word `word` (byte offset / 8) of window `key`.
+#[inline]
+fn watch_index(key: u64, word: usize) -> usize {
+    (key as usize).wrapping_mul(5).wrapping_add(word) % WATCH_SIGNALS
 }
 
 /// One CRI's receive side.
@@ -201,17 +298,27 @@ struct RankSlot {
     regions: Mutex<HashMap<u64, Region>>,
     /// Next registration key.
     next_key: AtomicU64,
+    /// Notified after an RMA operation wrote a word of this rank's windows
+    /// ([`EmbeddedRank::watch`]).
+    written: [Signal; WATCH_SIGNALS],
 }
 
 struct World {
     ranks: Box<[RankSlot]>,
     opts: EmbeddedOptions,
+    /// The simulated hierarchy's delays of RMA operations.
+    cost: LevelCost,
     /// Bumped by every `close` (a rank lost to its peers).
     lost: AtomicU64,
 }
 
 /// Creates the ranks of an embedded fabric; hand one [`EmbeddedRank`] to each rank.
 pub fn fabric(opts: EmbeddedOptions) -> Result<Vec<EmbeddedRank>, Error> {
+    fabric_with_cost(opts, LevelCost::default())
+}
+
+/// [`fabric`], its RMA operations delayed as `cost` says for a simulated machine hierarchy.
+pub fn fabric_with_cost(opts: EmbeddedOptions, cost: LevelCost) -> Result<Vec<EmbeddedRank>, Error> {
     if opts.ranks == 0 || opts.cris == 0 || opts.cris > u16::MAX as usize {
         return Err(Error::InvalidArgument("an embedded fabric needs >= 1 rank and 1..=65535 CRIs"));
     }
@@ -236,9 +343,10 @@ pub fn fabric(opts: EmbeddedOptions) -> Result<Vec<EmbeddedRank>, Error> {
             pool: ArrayQueue::new(pool_cap),
             regions: Mutex::new(HashMap::new()),
             next_key: AtomicU64::new(1),
+            written: Default::default(),
         })
         .collect();
-    let world = Arc::new(World { ranks, opts, lost: AtomicU64::new(0) });
+    let world = Arc::new(World { ranks, opts, cost, lost: AtomicU64::new(0) });
     Ok((0..opts.ranks).map(|r| EmbeddedRank { world: world.clone(), rank: r }).collect())
 }
 
@@ -396,6 +504,7 @@ impl EmbeddedRank {
     /// RMA read: copies `dst.len()` bytes at `offset` of rank `src`'s region `key` into `dst`.
     pub fn read(&self, src: u32, key: u64, offset: usize, dst: &mut [u8]) -> Result<(), Error> {
         let peer = self.world.ranks.get(src as usize).ok_or(Error::RankOutOfRange { rank: src, size: self.size() })?;
+        self.cross(src);
         if !peer.alive.load(Ordering::Acquire) {
             return Err(Error::PeerLost { rank: src });
         }
@@ -429,6 +538,7 @@ impl EmbeddedRank {
     /// only when `write`), under that rank's registration lock.
     fn with_region<R>(&self, dst: u32, key: u64, offset: usize, len: usize, write: bool, f: impl FnOnce(*mut u8) -> R) -> Result<R, Error> {
         let peer = self.world.ranks.get(dst as usize).ok_or(Error::RankOutOfRange { rank: dst, size: self.size() })?;
+        self.cross(dst);
         // Acquire: pairs with `close`'s release.
         if !peer.alive.load(Ordering::Acquire) {
             return Err(Error::PeerLost { rank: dst });
@@ -446,19 +556,65 @@ impl EmbeddedRank {
         Ok(f((region.ptr + offset) as *mut u8))
     }
 
+    /// Delays an RMA operation to rank `peer` by the simulated cost of the levels it
+    /// crosses ([`LevelCost`]; nothing without one).
+    #[inline]
+    fn cross(&self, peer: u32) {
+        let cost = &self.world.cost;
+        if cost.depth == 0 {
+            return;
+        }
+        let ns = cost.cost(self.rank, peer);
+        if ns > 0 {
+            let until = std::time::Instant::now() + std::time::Duration::from_nanos(ns);
+            while std::time::Instant::now() < until {
+                std::hint::spin_loop();
+            }
+        }
+    }
+
+    /// The model of the simulated machine hierarchy this fabric's RMA operations pay for.
+    pub fn level_cost(&self) -> &LevelCost {
+        &self.world.cost
+    }
+
+    /// The signal notified after an RMA operation (of any rank, this one included) wrote
+    /// the 8-byte word at `offset` of rank `rank`'s window `key` (a put over it, an atomic
+    /// update, a compare-and-swap that swapped); `None` for a rank outside the fabric. A
+    /// signal serves several words (16 per rank): a waiter re-checks its word when woken.
+    /// Wait as [`Signal`] says: listen, re-check the word, then wait.
+    pub fn watch(&self, rank: u32, key: u64, offset: usize) -> Option<&Signal> {
+        let slot = self.world.ranks.get(rank as usize)?;
+        Some(&slot.written[watch_index(key, offset / 8)])
+    }
+
+    /// Notifies the watchers of the words `offset..offset + len` of rank `dst`'s window
+    /// `key` (after the write).
+    #[inline]
+    fn written(&self, dst: u32, key: u64, offset: usize, len: usize) {
+        let Some(slot) = self.world.ranks.get(dst as usize) else { return };
+        let (first, last) = (offset / 8, (offset + len.max(1) - 1) / 8);
+        // Each signal once: a long put notifies every one.
+        for w in first..=last.min(first + WATCH_SIGNALS - 1) {
+            slot.written[watch_index(key, w)].notify(usize::MAX);
+        }
+    }
+
     /// RMA write: copies `data` to `offset` of rank `dst`'s window `key`. Complete on return.
     pub fn put(&self, dst: u32, key: u64, offset: usize, data: &[u8]) -> Result<(), Error> {
         self.with_region(dst, key, offset, data.len(), true, |p| {
             // SAFETY: `p..p+len` lies inside a registered window (checked by `with_region`),
             // kept registered by the lock held during this call; `data` is a distinct borrow.
             unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), p, data.len()) }
-        })
+        })?;
+        self.written(dst, key, offset, data.len());
+        Ok(())
     }
 
     /// Atomic read-modify-write of the `u64` at `offset` of rank `dst`'s window `key`;
     /// returns the old value.
     pub fn fetch_op(&self, dst: u32, key: u64, offset: usize, op: crate::RmaOp, operand: u64) -> Result<u64, Error> {
-        self.with_region(dst, key, offset, 8, true, |p| {
+        let old = self.with_region(dst, key, offset, 8, true, |p| {
             if p as usize % 8 != 0 {
                 return Err(Error::InvalidArgument("atomic target is not 8-byte aligned"));
             }
@@ -477,13 +633,17 @@ impl EmbeddedRank {
                 crate::RmaOp::Min => a.fetch_min(operand, o),
                 crate::RmaOp::Max => a.fetch_max(operand, o),
             })
-        })?
+        })??;
+        if op != crate::RmaOp::Read {
+            self.written(dst, key, offset, 8);
+        }
+        Ok(old)
     }
 
     /// Atomic compare-and-swap of the `u64` at `offset` of rank `dst`'s window `key`;
     /// returns the old value (swapped if it equals `compare`).
     pub fn compare_swap(&self, dst: u32, key: u64, offset: usize, compare: u64, swap: u64) -> Result<u64, Error> {
-        self.with_region(dst, key, offset, 8, true, |p| {
+        let old = self.with_region(dst, key, offset, 8, true, |p| {
             if p as usize % 8 != 0 {
                 return Err(Error::InvalidArgument("atomic target is not 8-byte aligned"));
             }
@@ -493,7 +653,11 @@ impl EmbeddedRank {
             Ok(match a.compare_exchange(compare, swap, std::sync::atomic::Ordering::AcqRel, std::sync::atomic::Ordering::Acquire) {
                 Ok(v) | Err(v) => v,
             })
-        })?
+        })??;
+        if old == compare {
+            self.written(dst, key, offset, 8);
+        }
+        Ok(old)
     }
 
     /// Whether rank `r` is still open.
@@ -512,6 +676,8 @@ impl EmbeddedRank {
         self.me().regions.lock().clear();
         for r in self.world.ranks.iter() {
             r.doorbell.ring_all();
+            // Ranks parked on a word re-check it, and learn of the loss.
+            r.written.iter().for_each(|s| s.notify(usize::MAX));
         }
     }
 
