@@ -878,4 +878,61 @@ mod tests {
         });
         assert!(!eps[1].any_frames());
     }
+
+    /// A simulated hierarchy of 2 ranks per node, 2 nodes per rack: an RMA operation pays
+    /// the cost of every level it crosses, busy-waited before the access; operations inside
+    /// a node and messages pay nothing. Malformed models are errors.
+    #[test]
+    fn rma_operations_pay_for_the_levels_they_cross() {
+        let m = LevelCost::new(&[2, 2], &[3_000_000, 20_000_000]).unwrap();
+        assert_eq!(
+            [m.cost(0, 1), m.cost(1, 2), m.cost(3, 4), m.cost(4, 7), m.cost(7, 4)],
+            [0, 3_000_000, 23_000_000, 3_000_000, 3_000_000]
+        );
+        assert_eq!(m.levels(), (vec![2, 2], vec![3_000_000, 20_000_000]));
+        assert!(m.to_string().contains("[2, 2]") && m.to_string().contains("[3000000, 20000000] ns"), "{m}");
+        assert_eq!((LevelCost::default().cost(0, 9), LevelCost::default().to_string()), (0, "none".to_string()));
+        for (sizes, costs) in [(&[2u32][..], &[1u64, 2][..]), (&[0], &[1]), (&[1, 1, 1, 1, 1], &[0, 0, 0, 0, 0]), (&[2], &[2_000_000_000])]
+        {
+            assert!(matches!(LevelCost::new(sizes, costs), Err(Error::InvalidArgument(_))), "{sizes:?} {costs:?}");
+        }
+
+        let eps = fabric_with_cost(EmbeddedOptions { ranks: 3, ..EmbeddedOptions::default() }, LevelCost::new(&[2], &[3_000_000]).unwrap())
+            .unwrap();
+        let mut words = [0u64; 3];
+        // SAFETY: `words` outlives the fabric's use of it (deregistered below) and is only
+        // reached through the fabric meanwhile.
+        let key = unsafe { eps[2].register_window(words.as_mut_ptr().cast(), 24) };
+        let t = std::time::Instant::now();
+        eps[0].put(2, key, 0, &7u64.to_ne_bytes()).unwrap();
+        eps[0].fetch_op(2, key, 8, crate::RmaOp::Sum, 1).unwrap();
+        eps[0].compare_swap(2, key, 16, 0, 1).unwrap();
+        eps[0].read(2, key, 0, &mut [0u8; 8]).unwrap();
+        assert!(t.elapsed() >= std::time::Duration::from_millis(12), "4 operations across the node level: {:?}", t.elapsed());
+        assert_eq!((eps[0].level_cost().cost(0, 1), eps[2].level_cost().cost(2, 2)), (0, 0));
+        eps[2].deregister(key);
+    }
+
+    /// An RMA write notifies the signal of each word it wrote, after the write; a read or
+    /// a compare-and-swap that did not swap notifies nothing.
+    #[test]
+    fn rma_writes_notify_their_words() {
+        let eps = fabric(EmbeddedOptions { ranks: 2, ..EmbeddedOptions::default() }).unwrap();
+        let mut words = [0u64; 4];
+        // SAFETY: as in the test above.
+        let key = unsafe { eps[1].register_window(words.as_mut_ptr().cast(), 32) };
+        let notified = |op: &dyn Fn()| {
+            let l = eps[0].watch(1, key, 24).unwrap().listen();
+            op();
+            l.wait_timeout(std::time::Duration::ZERO)
+        };
+        assert!(notified(&|| eps[0].put(1, key, 24, &1u64.to_ne_bytes()).unwrap()));
+        assert!(notified(&|| eps[0].put(1, key, 0, &[0u8; 32]).unwrap()), "a put over the word");
+        assert!(notified(&|| drop(eps[1].fetch_op(1, key, 24, crate::RmaOp::Sum, 1).unwrap())), "its owner's own atomic");
+        assert!(notified(&|| drop(eps[0].compare_swap(1, key, 24, 1, 5).unwrap())));
+        assert!(!notified(&|| drop(eps[0].compare_swap(1, key, 24, 1, 6).unwrap())), "no swap");
+        assert!(!notified(&|| drop(eps[0].fetch_op(1, key, 24, crate::RmaOp::Read, 0).unwrap())), "a read");
+        assert!(eps[0].watch(2, key, 0).is_none(), "no such rank");
+        eps[1].deregister(key);
+    }
 }
