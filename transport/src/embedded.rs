@@ -928,10 +928,27 @@ mod tests {
         };
         assert!(notified(&|| eps[0].put(1, key, 24, &1u64.to_ne_bytes()).unwrap()));
         assert!(notified(&|| eps[0].put(1, key, 0, &[0u8; 32]).unwrap()), "a put over the word");
-        assert!(notified(&|| drop(eps[1].fetch_op(1, key, 24, crate::RmaOp::Sum, 1).unwrap())), "its owner's own atomic");
-        assert!(notified(&|| drop(eps[0].compare_swap(1, key, 24, 1, 5).unwrap())));
-        assert!(!notified(&|| drop(eps[0].compare_swap(1, key, 24, 1, 6).unwrap())), "no swap");
-        assert!(!notified(&|| drop(eps[0].fetch_op(1, key, 24, crate::RmaOp::Read, 0).unwrap())), "a read");
+        assert!(
+            notified(&|| {
+                eps[1].fetch_op(1, key, 24, crate::RmaOp::Sum, 1).unwrap();
+            }),
+            "its owner's own atomic"
+        );
+        assert!(notified(&|| {
+            eps[0].compare_swap(1, key, 24, 1, 5).unwrap();
+        }));
+        assert!(
+            !notified(&|| {
+                eps[0].compare_swap(1, key, 24, 1, 6).unwrap();
+            }),
+            "no swap"
+        );
+        assert!(
+            !notified(&|| {
+                eps[0].fetch_op(1, key, 24, crate::RmaOp::Read, 0).unwrap();
+            }),
+            "a read"
+        );
         assert!(eps[0].watch(2, key, 0).is_none(), "no such rank");
         eps[1].deregister(key);
     }
