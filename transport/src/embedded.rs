@@ -81,11 +81,14 @@ pub const MAX_SIM_LEVELS: usize = 4;
 /// an embedded fabric: `sizes[0]` consecutive ranks form a node, `sizes[1]` consecutive
 /// nodes a rack, ...; an RMA operation (put, get, atomic) between two ranks in different
 /// elements of level `i` (different nodes for `i = 0`, different racks for `i = 1`) is
-/// delayed by `cost_ns[i]` (busy-waited by the issuing thread, before the access), and the
-/// delays of every level it crosses add up: with sizes `[4, 2]` and costs `[100, 1000]`,
-/// rank 0 reaches rank 3 at no cost, rank 4 (another node of its rack) at 100 ns, rank 8
-/// (another rack) at 1,100 ns. Messages (frames) are not delayed. The default crosses
-/// nothing at no cost.
+/// delayed by `cost_ns[i]`, and the delays of every level it crosses add up: with sizes
+/// `[4, 2]` and costs `[100, 1000]`, rank 0 reaches rank 3 at no cost, rank 4 (another node
+/// of its rack) at 100 ns, rank 8 (another rack) at 1,100 ns. A rank serves the crossing
+/// operations that target it one at a time, as a network interface does: an operation
+/// ends its cost after the end of the one before it at the same target, so that many ranks
+/// hammering one word wait for each other. The issuing thread waits (spinning, yielding
+/// for waits over 5 µs) before the access. Messages (frames) are not delayed. The default
+/// crosses nothing at no cost.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub struct LevelCost {
     /// Ranks spanned by one element of each level (the products of the sizes); 0 past the
@@ -148,7 +151,10 @@ impl fmt::Display for LevelCost {
             return f.write_str("none");
         }
         let (sizes, costs) = self.levels();
-        write!(f, "ranks per node, nodes per rack, ...: {sizes:?}; crossing cost per level: {costs:?} ns")
+        write!(
+            f,
+            "ranks per node, nodes per rack, ...: {sizes:?}; crossing cost per level: {costs:?} ns, served one at a time by the target"
+        )
     }
 }
 
@@ -304,6 +310,9 @@ struct RankSlot {
     /// Notified after an RMA operation wrote a word of this rank's windows
     /// ([`EmbeddedRank::watch`]).
     written: [Signal; WATCH_SIGNALS],
+    /// When the last simulated crossing operation to this rank ends (nanoseconds since the
+    /// fabric's epoch; [`LevelCost`]).
+    served_until: CachePadded<std::sync::atomic::AtomicU64>,
 }
 
 struct World {
@@ -311,6 +320,8 @@ struct World {
     opts: EmbeddedOptions,
     /// The simulated hierarchy's delays of RMA operations.
     cost: LevelCost,
+    /// The origin of the ranks' `served_until`.
+    epoch: std::time::Instant,
     /// Bumped by every `close` (a rank lost to its peers).
     lost: AtomicU64,
 }
@@ -347,9 +358,10 @@ pub fn fabric_with_cost(opts: EmbeddedOptions, cost: LevelCost) -> Result<Vec<Em
             regions: Mutex::new(HashMap::new()),
             next_key: AtomicU64::new(1),
             written: Default::default(),
+            served_until: Default::default(),
         })
         .collect();
-    let world = Arc::new(World { ranks, opts, cost, lost: AtomicU64::new(0) });
+    let world = Arc::new(World { ranks, opts, cost, epoch: std::time::Instant::now(), lost: AtomicU64::new(0) });
     Ok((0..opts.ranks).map(|r| EmbeddedRank { world: world.clone(), rank: r }).collect())
 }
 
@@ -579,10 +591,27 @@ impl EmbeddedRank {
             return;
         }
         let ns = cost.cost(self.rank, peer);
-        if ns > 0 {
-            let until = std::time::Instant::now() + std::time::Duration::from_nanos(ns);
-            while std::time::Instant::now() < until {
-                std::hint::spin_loop();
+        let Some(target) = self.world.ranks.get(peer as usize).filter(|_| ns > 0) else { return };
+        // The target serves one crossing operation at a time: this one ends `ns` after the
+        // later of now and the end of the one before it.
+        let epoch = self.world.epoch;
+        let now = epoch.elapsed().as_nanos() as u64;
+        let order = std::sync::atomic::Ordering::Relaxed;
+        let mut seen = target.served_until.load(order);
+        let end = loop {
+            let end = seen.max(now) + ns;
+            match target.served_until.compare_exchange_weak(seen, end, order, order) {
+                Ok(_) => break end,
+                Err(s) => seen = s,
+            }
+        };
+        loop {
+            let left = end.saturating_sub(epoch.elapsed().as_nanos() as u64);
+            match left {
+                0 => break,
+                // A long wait leaves the core to the other ranks' threads.
+                1..=5_000 => std::hint::spin_loop(),
+                _ => std::thread::yield_now(),
             }
         }
     }
@@ -992,5 +1021,25 @@ mod tests {
         assert_eq!(capacity_of_next(200), MIN_POOLED, "the same buffer, again");
         assert_eq!(capacity_of_next(1000), 16 * 1024, "grown once to the eager capacity");
         assert_eq!(capacity_of_next(100), 16 * 1024, "kept at it");
+    }
+
+    /// Crossing operations to one target are served one at a time: two threads that each
+    /// issue one at once take two costs together, not one.
+    #[test]
+    fn a_target_serves_crossing_operations_one_at_a_time() {
+        let eps =
+            fabric_with_cost(EmbeddedOptions { ranks: 3, ..EmbeddedOptions::default() }, LevelCost::new(&[1], &[20_000_000]).unwrap())
+                .unwrap();
+        let mut words = [0u64; 1];
+        // SAFETY: as in `rma_operations_pay_for_the_levels_they_cross`.
+        let key = unsafe { eps[2].register_window(words.as_mut_ptr().cast(), 8) };
+        let t = std::time::Instant::now();
+        std::thread::scope(|s| {
+            for ep in &eps[..2] {
+                s.spawn(move || ep.fetch_op(2, key, 0, crate::RmaOp::Sum, 1).unwrap());
+            }
+        });
+        assert!(t.elapsed() >= std::time::Duration::from_millis(40), "served together: {:?}", t.elapsed());
+        eps[2].deregister(key);
     }
 }
