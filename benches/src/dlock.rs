@@ -269,6 +269,23 @@ fn measure(p: &Point, levels: &Levels, cost: LevelCost, ops: u64) -> Result<(f64
     Ok((total / slowest.max(1e-9), held / total * 1e6))
 }
 
+/// The columns of the output (module docs).
+const COLUMNS: [&str; 13] = [
+    "bench",
+    "lock",
+    "provider",
+    "ranks",
+    "threads",
+    "writers_fraction",
+    "t_dc",
+    "t_l",
+    "t_r",
+    "levels",
+    "level_cost_ns",
+    "ops_per_sec",
+    "latency_us",
+];
+
 /// `--levels`: `flat`, or simulated sizes innermost first.
 pub(crate) fn parse_levels(s: &str) -> Result<Levels, String> {
     Ok(if s == "flat" { Levels::flat() } else { Levels::simulated(&parse_list::<u32>(s)?) })
@@ -341,22 +358,7 @@ pub fn run(args: &Args) -> Result<(), String> {
             }
         }
     }
-    let columns = [
-        "bench",
-        "lock",
-        "provider",
-        "ranks",
-        "threads",
-        "writers_fraction",
-        "t_dc",
-        "t_l",
-        "t_r",
-        "levels",
-        "level_cost_ns",
-        "ops_per_sec",
-        "latency_us",
-    ];
-    let mut table = Table::new(&columns, &args.out);
+    let mut table = Table::new(&COLUMNS, &args.out);
     args.out.note(&format!(
         "# levels of RMA-MCS and RMA-RW: {} (simulated, innermost first); simulated RMA cost on the embedded provider: {cost}; {} acquisitions per thread",
         args.levels, args.ops
@@ -423,21 +425,6 @@ mod tests {
     /// (`-`) is left out of its legend.
     #[test]
     fn plot_draws_a_line_per_lock_and_a_panel_per_bench() {
-        let columns = [
-            "bench",
-            "lock",
-            "provider",
-            "ranks",
-            "threads",
-            "writers_fraction",
-            "t_dc",
-            "t_l",
-            "t_r",
-            "levels",
-            "level_cost_ns",
-            "ops_per_sec",
-            "latency_us",
-        ];
         let row = |b: &str, l: &str, r: &str, t_l: &str, ops: &str| -> Vec<String> {
             [b, l, "embedded", r, "1", "1", "-", t_l, "-", "2", "100", ops, "1.0"].iter().map(|c| c.to_string()).collect()
         };
@@ -447,7 +434,7 @@ mod tests {
             row("lb", "rma-mcs", "2", "16", "3000"),
             row("ecsb", "rma-mcs", "4", "16", "4000"),
         ];
-        let svg = super::chart("2", &weft::LevelCost::new(&[2], &[100]).unwrap()).svg(&columns, &rows).unwrap();
+        let svg = super::chart("2", &weft::LevelCost::new(&[2], &[100]).unwrap()).svg(&super::COLUMNS, &rows).unwrap();
         for text in ["lb", "ecsb", "d-mcs", "rma-mcs, T_L 16", "acquisitions/s (thousands)", "levels: 2", "RMA crossing cost 100 ns"] {
             assert!(svg.contains(text), "{text:?} missing from the SVG");
         }
