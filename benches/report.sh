@@ -276,4 +276,4 @@ else
     skip "dlock across processes: $NO_OFI"
 fi
 bench "The distributed hash table" \
-    "$BENCH" dht --ranks 4,8 --writers 0.002,0.2 --access one,spread $(q "" "--ops 20") --markdown
+    "$BENCH" dht --ranks 4,8 --writers 0.002,0.2 --access one,spread $(q "--ops 20000" "--ops 20") --markdown
