@@ -692,7 +692,7 @@ impl Job {
     /// ends before the monitor is dropped (module docs): [`PeerEvent::ServerLost`], or under
     /// Slurm `Lost(0)` unless rank 0 had finished. Dropping the monitor says `BYE` (a normal
     /// finish).
-    pub fn monitor(self, on_event: impl Fn(PeerEvent) + Send + 'static) -> Monitor {
+    pub fn monitor(mut self, on_event: impl Fn(PeerEvent) + Send + 'static) -> Monitor {
         let host = self.host;
         // The hosting rank finished (or was lost): its server may go away normally.
         let mut host_gone = false;
@@ -701,7 +701,19 @@ impl Job {
             on_event(e);
         }
         let closing = Arc::new(AtomicBool::new(false));
-        let Some(conn) = self.conn else {
+        // Under PMIx the launcher's events say what the KVS's lines say (`crate::pmix`); a
+        // server that refuses the handler leaves the transport's own signs of a loss.
+        #[cfg(feature = "pmix")]
+        let on_event = match self.pmix.as_mut() {
+            Some(client) => {
+                let _ = client.watch(Box::new(on_event));
+                None
+            }
+            None => Some(on_event),
+        };
+        #[cfg(not(feature = "pmix"))]
+        let on_event = Some(on_event);
+        let (Some(conn), Some(on_event)) = (self.conn, on_event) else {
             return Monitor {
                 conn: None,
                 reader: None,

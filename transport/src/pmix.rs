@@ -18,11 +18,36 @@
 //! and a fence costs the servers one collective where the gets cost a request per pair of
 //! ranks, which grows with the job across hosts.
 //!
+//! # Lost peers and a lost server
+//!
+//! [`Client::watch`] registers a PMIx event handler that turns what the launcher reports into
+//! the bootstrap's [`PeerEvent`]s, as `weftrun`'s monitor does: a process of the job that
+//! aborted, was killed or terminated without finalizing (`PMIX_ERR_PROC_ABORTED`,
+//! `PMIX_ERR_PROC_TERM_WO_SYNC`, `PMIX_EVENT_PROC_TERMINATED` with a non-zero exit code, ...)
+//! is [`PeerEvent::Lost`], one that terminated with exit code 0 [`PeerEvent::Finished`]; the
+//! connection to the server ending (`PMIX_ERR_LOST_CONNECTION`: the launcher was killed) is
+//! [`PeerEvent::ServerLost`]. The process concerned is the event's `PMIX_EVENT_AFFECTED_PROC`
+//! (or `PMIX_EVENT_AFFECTED_PROCS`), else its source.
+//!
+//! What arrives depends on the launcher. Open MPI 4.1's `mpirun` (ORTE) over PMIx 4.2
+//! delivers the lost connection, but not the loss of a rank: with `--enable-recovery` its
+//! notification of an aborted process names its targets without the custom range PMIx 4.2
+//! requires for them, and the server drops it (`PMIX ERROR: BAD-PARAM` in
+//! `pmix_event_notification.c`); without that flag it tears the whole job down instead.
+//! PRRTE (Open MPI 5) and Slurm send the process events as PMIx 4 defines them.
+//!
+//! PMIx passes a handler no pointer of its own but the `PMIX_EVENT_RETURN_OBJECT` given at
+//! registration, in the event's info: that is how the handler finds the watch it reports to,
+//! without state global to the process.
+//!
 //! The raw calls are bindgen output over the installed `pmix.h` (`build.rs`).
 
 use std::ffi::{c_char, c_void, CStr};
 use std::ptr;
+use std::sync::mpsc;
+use std::time::Duration;
 
+use crate::bootstrap::PeerEvent;
 use crate::Error;
 
 #[allow(
@@ -207,6 +232,8 @@ pub(crate) struct Client {
     /// The ranks of this job on this host, ascending, this one included (`PMIX_LOCAL_PEERS`);
     /// `None` where the server does not say.
     pub(crate) host_ranks: Option<Vec<u32>>,
+    /// The event handler [`watch`](Self::watch) registered, deregistered before finalizing.
+    watch: Option<Registration>,
 }
 
 impl std::fmt::Debug for Client {
@@ -226,7 +253,7 @@ impl Client {
         let status = unsafe { sys::PMIx_Init(&mut me, ptr::null_mut(), 0) };
         check("PMIx_Init (the PMIx server the PMIX_* variables name cannot be reached, or refused)", status)?;
         // From here on a failure drops the client, which finalizes.
-        let mut client = Client { me, rank: me.rank, size: 0, fence_timeout, mode, host_ranks: None };
+        let mut client = Client { me, rank: me.rank, size: 0, fence_timeout, mode, host_ranks: None, watch: None };
         let mut job = me;
         job.rank = RANK_WILDCARD;
         let size = Value::get(&job, sys::PMIX_JOB_SIZE, "PMIx_Get of the job size (PMIX_JOB_SIZE)")?
@@ -343,8 +370,217 @@ pub(crate) fn parse_host_ranks(list: &str, rank: u32, size: u32) -> Result<Vec<u
     Ok(ranks)
 }
 
+/// The events that say a process is gone or finished (module docs). The deprecated codes
+/// (`PMIX_ERR_PROC_ABORTED`, `_ABORTING`, `PMIX_PROC_TERMINATED`) are what launchers built
+/// against PMIx 3 still send.
+const PROCESS_EVENTS: [i32; 10] = [
+    sys::PMIX_ERR_PROC_ABORTED,
+    sys::PMIX_ERR_PROC_ABORTING,
+    sys::PMIX_ERR_PROC_REQUESTED_ABORT,
+    sys::PMIX_ERR_PROC_TERM_WO_SYNC,
+    sys::PMIX_ERR_PROC_KILLED_BY_CMD,
+    sys::PMIX_ERR_PROC_FAILED_TO_START,
+    sys::PMIX_ERR_PROC_ABORTED_BY_SIG,
+    sys::PMIX_ERR_PROC_SENSOR_BOUND_EXCEEDED,
+    sys::PMIX_EVENT_PROC_TERMINATED,
+    sys::PMIX_PROC_TERMINATED,
+];
+
+/// How long registering or deregistering the handler may take (the server answers a
+/// registration; a deregistration runs on PMIx's own thread).
+const REGISTER_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// What a registered handler reports to: the job it watches and the callback.
+struct Watch {
+    /// The job's namespace (a proc name whose rank is ignored).
+    job: sys::pmix_proc_t,
+    /// This rank (never reported).
+    me: u32,
+    /// Ranks of the job.
+    size: u32,
+    /// Where the events go. Called only on PMIx's progress thread; the mutex makes the watch
+    /// `Sync` for a callback that is only `Send`, and is never contended.
+    on_event: std::sync::Mutex<Box<dyn Fn(PeerEvent) + Send>>,
+}
+
+impl Watch {
+    /// The peer events one PMIx event `status` means, with `source` and `info` as PMIx gave
+    /// them (module docs); none for an event that is not about this job's other ranks.
+    fn translate(&self, status: sys::pmix_status_t, source: Option<&sys::pmix_proc_t>, info: &[sys::pmix_info_t]) -> Vec<PeerEvent> {
+        if status == sys::PMIX_ERR_LOST_CONNECTION || status == sys::PMIX_ERR_LOST_CONNECTION_TO_SERVER {
+            return vec![PeerEvent::ServerLost];
+        }
+        if !PROCESS_EVENTS.contains(&status) {
+            return Vec::new();
+        }
+        let mut procs = Vec::new();
+        let mut exit_code = None;
+        for i in info {
+            // SAFETY: PMIx NUL-terminates every key in its fixed-size array.
+            let key = unsafe { CStr::from_ptr(i.key.as_ptr()) }.to_bytes_with_nul();
+            let ty = u32::from(i.value.type_);
+            if key == sys::PMIX_EVENT_AFFECTED_PROC && ty == sys::PMIX_PROC {
+                // SAFETY: the type says the proc member is set: a pointer to one name (or null).
+                procs.extend(unsafe { i.value.data.proc_.as_ref() }.copied());
+            } else if key == sys::PMIX_EVENT_AFFECTED_PROCS && ty == sys::PMIX_DATA_ARRAY {
+                // SAFETY: the type says the darray member is set: a pointer to an array of
+                // `size` elements of its own type (or null).
+                if let Some(a) = unsafe { i.value.data.darray.as_ref() } {
+                    if u32::from(a.type_) == sys::PMIX_PROC && !a.array.is_null() {
+                        // SAFETY: `size` names of type PMIX_PROC at `array`.
+                        procs.extend_from_slice(unsafe { std::slice::from_raw_parts(a.array.cast::<sys::pmix_proc_t>(), a.size) });
+                    }
+                }
+            } else if key == sys::PMIX_EXIT_CODE && ty == sys::PMIX_INT {
+                // SAFETY: the type says the integer member is set.
+                exit_code = Some(unsafe { i.value.data.integer });
+            }
+        }
+        if procs.is_empty() {
+            procs.extend(source.copied());
+        }
+        let finished = (status == sys::PMIX_EVENT_PROC_TERMINATED || status == sys::PMIX_PROC_TERMINATED) && exit_code == Some(0);
+        let mut events: Vec<PeerEvent> = procs
+            .iter()
+            .filter(|p| same_nspace(p, &self.job) && p.rank < self.size && p.rank != self.me)
+            .map(|p| if finished { PeerEvent::Finished(p.rank) } else { PeerEvent::Lost(p.rank) })
+            .collect();
+        events.sort_unstable();
+        events.dedup();
+        events
+    }
+}
+
+/// Whether `a` and `b` name the same namespace.
+fn same_nspace(a: &sys::pmix_proc_t, b: &sys::pmix_proc_t) -> bool {
+    // SAFETY: PMIx NUL-terminates namespaces within their fixed-size arrays (and a name
+    // built here is zeroed first).
+    unsafe { CStr::from_ptr(a.nspace.as_ptr()) == CStr::from_ptr(b.nspace.as_ptr()) }
+}
+
+/// A registered event handler: its PMIx reference and the watch its return object points to.
+struct Registration {
+    id: usize,
+    watch: Box<Watch>,
+}
+
+/// The event handler (`pmix_notification_fn_t`): finds its [`Watch`] in the info
+/// (`PMIX_EVENT_RETURN_OBJECT`), reports what the event means, and lets the chain go on.
+///
+/// # Safety
+///
+/// Called by PMIx with `ninfo` infos at `info` (or null), a source name (or null) and the
+/// chain's continuation.
+unsafe extern "C" fn on_pmix_event(
+    _id: usize,
+    status: sys::pmix_status_t,
+    source: *const sys::pmix_proc_t,
+    info: *mut sys::pmix_info_t,
+    ninfo: usize,
+    _results: *mut sys::pmix_info_t,
+    _nresults: usize,
+    cbfunc: sys::pmix_event_notification_cbfunc_fn_t,
+    cbdata: *mut c_void,
+) {
+    let info: &[sys::pmix_info_t] = if info.is_null() {
+        &[]
+    } else {
+        // SAFETY: PMIx passes `ninfo` infos at `info`, valid for this call.
+        unsafe { std::slice::from_raw_parts(info, ninfo) }
+    };
+    let watch = info.iter().find_map(|i| {
+        // SAFETY: PMIx NUL-terminates every key.
+        let key = unsafe { CStr::from_ptr(i.key.as_ptr()) }.to_bytes_with_nul();
+        // SAFETY: the type says the pointer member is set.
+        (key == sys::PMIX_EVENT_RETURN_OBJECT && u32::from(i.value.type_) == sys::PMIX_POINTER).then(|| unsafe { i.value.data.ptr })
+    });
+    // SAFETY: the return object is the `Watch` the registration holds, which lives until
+    // the handler is deregistered (`Client::drop`); deregistering runs on this same PMIx
+    // thread, so no call is under way then.
+    if let Some(watch) = watch.and_then(|w| unsafe { w.cast::<Watch>().as_ref() }) {
+        // SAFETY: `source` is null or a name valid for this call.
+        let events = watch.translate(status, unsafe { source.as_ref() }, info);
+        // A panic must not unwind into C.
+        let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            let on_event = watch.on_event.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            for e in events {
+                on_event(e);
+            }
+        }));
+    }
+    if let Some(f) = cbfunc {
+        // SAFETY: PMIx's continuation with its own `cbdata`: success lets the handlers after
+        // this one see the event too.
+        unsafe { f(sys::PMIX_SUCCESS as sys::pmix_status_t, ptr::null_mut(), 0, None, ptr::null_mut(), cbdata) };
+    }
+}
+
+/// `pmix_op_cbfunc_t` of a deregistration: sends the status down the channel `cbdata` owns.
+///
+/// # Safety
+///
+/// `cbdata` is a `Box<mpsc::SyncSender<i32>>` leaked for this one call.
+unsafe extern "C" fn op_done(status: sys::pmix_status_t, cbdata: *mut c_void) {
+    // SAFETY: as the contract says; taken back once.
+    let tx = unsafe { Box::from_raw(cbdata.cast::<mpsc::SyncSender<sys::pmix_status_t>>()) };
+    let _ = tx.send(status);
+}
+
+impl Client {
+    /// Registers the event handler that reports lost and finished peers and a lost server to
+    /// `on_event` (module docs), until the client is dropped.
+    pub(crate) fn watch(&mut self, on_event: Box<dyn Fn(PeerEvent) + Send>) -> Result<(), Error> {
+        let watch = Box::new(Watch { job: self.me, me: self.rank, size: self.size, on_event: std::sync::Mutex::new(on_event) });
+        let mut codes = PROCESS_EVENTS.to_vec();
+        codes.extend([sys::PMIX_ERR_LOST_CONNECTION, sys::PMIX_ERR_LOST_CONNECTION_TO_SERVER]);
+        let name = *b"weft\0";
+        // A `PMIX_POINTER` info holds the address `info` passes (here the watch's), a
+        // `PMIX_STRING` one a copy of the string there.
+        let mut infos =
+            [info(sys::PMIX_EVENT_RETURN_OBJECT, &*watch, sys::PMIX_POINTER)?, info(sys::PMIX_EVENT_HDLR_NAME, &name, sys::PMIX_STRING)?];
+        // SAFETY: `codes` and `infos` are valid for the call; no callback: the call blocks
+        // until the server has the registration and returns its reference (>= 0) or an
+        // error. The return object stays valid until the handler is deregistered.
+        let id = unsafe {
+            sys::PMIx_Register_event_handler(
+                codes.as_mut_ptr(),
+                codes.len(),
+                infos.as_mut_ptr(),
+                infos.len(),
+                Some(on_pmix_event),
+                None,
+                ptr::null_mut(),
+            )
+        };
+        // SAFETY: the name's string is PMIx's copy, released once.
+        unsafe { sys::PMIx_Value_destruct(&mut infos[1].value) };
+        let id =
+            usize::try_from(id).map_err(|_| Error::Transport { op: "PMIx_Register_event_handler of the lost-process events", code: id })?;
+        self.watch = Some(Registration { id, watch });
+        Ok(())
+    }
+}
+
 impl Drop for Client {
     fn drop(&mut self) {
+        if let Some(reg) = self.watch.take() {
+            let (tx, rx) = mpsc::sync_channel::<sys::pmix_status_t>(1);
+            let tx = Box::into_raw(Box::new(tx)).cast::<c_void>();
+            // SAFETY: `reg.id` is this client's registration; `op_done` takes `tx` back
+            // when PMIx calls it, which it does only when the call returned success.
+            let status = unsafe { sys::PMIx_Deregister_event_handler(reg.id, Some(op_done), tx) };
+            let done = if status == sys::PMIX_SUCCESS as sys::pmix_status_t {
+                rx.recv_timeout(REGISTER_TIMEOUT).is_ok()
+            } else {
+                // SAFETY: PMIx did not take `tx`: free it here, once.
+                drop(unsafe { Box::from_raw(tx.cast::<mpsc::SyncSender<sys::pmix_status_t>>()) });
+                false
+            };
+            if !done {
+                // The handler may still run: its watch must outlive it.
+                std::mem::forget(reg.watch);
+            }
+        }
         // SAFETY: this client called PMIx_Init successfully once; PMIx counts
         // initializations, so each client finalizes its own.
         let _ = unsafe { sys::PMIx_Finalize(ptr::null(), 0) };
