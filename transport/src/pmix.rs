@@ -600,6 +600,59 @@ mod tests {
         assert_eq!(exchange_mode(Some("eager")), Err(Error::InvalidArgument("WEFT_PMIX_EXCHANGE must be fence or lazy")));
     }
 
+    /// A process name of namespace `ns`.
+    fn name(ns: &str, rank: u32) -> sys::pmix_proc_t {
+        let mut p = sys::pmix_proc_t::default();
+        for (d, s) in p.nspace.iter_mut().zip(ns.bytes()) {
+            *d = s as c_char;
+        }
+        p.rank = rank;
+        p
+    }
+
+    /// What a watch of rank 0 of a job of 4 in namespace "job" makes of event `status` from
+    /// `source` with `infos` (released after).
+    fn translated(status: i32, source: Option<sys::pmix_proc_t>, mut infos: Vec<sys::pmix_info_t>) -> Vec<PeerEvent> {
+        let watch = Watch { job: name("job", 0), me: 0, size: 4, on_event: std::sync::Mutex::new(Box::new(|_| {})) };
+        let events = watch.translate(status, source.as_ref(), &infos);
+        for i in &mut infos {
+            // SAFETY: a value `PMIx_Info_load` loaded, released once.
+            unsafe { sys::PMIx_Value_destruct(&mut i.value) };
+        }
+        events
+    }
+
+    /// The events the launchers send become the bootstrap's peer events, for this job's
+    /// other ranks only: the affected process (or processes, or else the source) is lost,
+    /// or finished where it terminated with exit code 0; a lost connection to the server is
+    /// `ServerLost`; other events mean nothing here.
+    #[test]
+    fn pmix_events_become_peer_events() {
+        let affected = |r| info(sys::PMIX_EVENT_AFFECTED_PROC, &name("job", r), sys::PMIX_PROC).unwrap();
+        let exit = |c: i32| info(sys::PMIX_EXIT_CODE, &c, sys::PMIX_INT).unwrap();
+        assert_eq!(translated(sys::PMIX_ERR_PROC_ABORTED, None, vec![affected(2)]), vec![PeerEvent::Lost(2)]);
+        assert_eq!(translated(sys::PMIX_ERR_PROC_ABORTED_BY_SIG, Some(name("job", 2)), vec![affected(3)]), vec![PeerEvent::Lost(3)]);
+        assert_eq!(translated(sys::PMIX_EVENT_PROC_TERMINATED, None, vec![affected(1), exit(0)]), vec![PeerEvent::Finished(1)]);
+        assert_eq!(translated(sys::PMIX_EVENT_PROC_TERMINATED, None, vec![affected(1), exit(3)]), vec![PeerEvent::Lost(1)]);
+        assert_eq!(translated(sys::PMIX_EVENT_PROC_TERMINATED, None, vec![affected(1)]), vec![PeerEvent::Lost(1)]);
+        // The source where no process is named; never this rank, another job or a rank
+        // outside the job.
+        assert_eq!(translated(sys::PMIX_ERR_PROC_TERM_WO_SYNC, Some(name("job", 3)), vec![]), vec![PeerEvent::Lost(3)]);
+        for source in [name("job", 0), name("other", 3), name("job", 4)] {
+            assert_eq!(translated(sys::PMIX_ERR_PROC_ABORTING, Some(source), vec![]), vec![]);
+        }
+        let procs = [name("job", 3), name("other", 2), name("job", 0), name("job", 1), name("job", 9), name("job", 3)];
+        let array = sys::pmix_data_array_t {
+            type_: sys::PMIX_PROC as sys::pmix_data_type_t,
+            size: procs.len(),
+            array: procs.as_ptr().cast_mut().cast(),
+        };
+        let many = info(sys::PMIX_EVENT_AFFECTED_PROCS, &array, sys::PMIX_DATA_ARRAY).unwrap();
+        assert_eq!(translated(sys::PMIX_ERR_PROC_KILLED_BY_CMD, None, vec![many]), vec![PeerEvent::Lost(1), PeerEvent::Lost(3)]);
+        assert_eq!(translated(sys::PMIX_ERR_LOST_CONNECTION, None, vec![]), vec![PeerEvent::ServerLost]);
+        assert_eq!(translated(sys::PMIX_ERR_JOB_ABORTED, None, vec![affected(2)]), vec![]);
+    }
+
     #[test]
     fn host_ranks_parse_and_bad_lists_are_refused() {
         assert_eq!(parse_host_ranks("0,1,2", 1, 4), Ok(vec![0, 1, 2]));
