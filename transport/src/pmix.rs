@@ -242,16 +242,41 @@ impl std::fmt::Debug for Client {
     }
 }
 
+/// `PMIx_Init`, on a thread of its own so that a server that accepts the connection but
+/// never answers the handshake (PMIx waits for it without a limit) fails the start within
+/// `limit` instead of hanging it; this process's name.
+fn init_within(limit: Duration) -> Result<sys::pmix_proc_t, Error> {
+    let (tx, rx) = mpsc::sync_channel(1);
+    std::thread::Builder::new()
+        .name("weft-pmix-init".into())
+        .spawn(move || {
+            let mut me = sys::pmix_proc_t::default();
+            // SAFETY: `me` receives this process's name; no info.
+            let status = unsafe { sys::PMIx_Init(&mut me, ptr::null_mut(), 0) };
+            if tx.send((status, me)).is_err() && status == sys::PMIX_SUCCESS as sys::pmix_status_t {
+                // The caller gave up on it: nobody else will finalize this initialization.
+                // SAFETY: PMIx_Init succeeded on this thread.
+                let _ = unsafe { sys::PMIx_Finalize(ptr::null(), 0) };
+            }
+        })
+        .map_err(|_| Error::InvalidArgument("could not start a thread to join the PMIx server"))?;
+    let Ok((status, me)) = rx.recv_timeout(limit) else {
+        return Err(Error::Transport {
+            op: "PMIx_Init: the PMIx server the PMIX_* variables name accepted the connection but did not answer within WEFT_JOIN_TIMEOUT",
+            code: sys::PMIX_ERR_TIMEOUT,
+        });
+    };
+    check("PMIx_Init (the PMIx server the PMIX_* variables name cannot be reached, or refused)", status)?;
+    Ok(me)
+}
+
 impl Client {
     /// `PMIx_Init`, then this process's rank and its job's size (a malformed
     /// `WEFT_JOIN_TIMEOUT` is refused first).
     pub(crate) fn init() -> Result<Client, Error> {
         let fence_timeout = fence_timeout()?;
         let mode = exchange_mode(std::env::var("WEFT_PMIX_EXCHANGE").ok().as_deref())?;
-        let mut me = sys::pmix_proc_t::default();
-        // SAFETY: `me` receives this process's name; no info.
-        let status = unsafe { sys::PMIx_Init(&mut me, ptr::null_mut(), 0) };
-        check("PMIx_Init (the PMIx server the PMIX_* variables name cannot be reached, or refused)", status)?;
+        let me = init_within(Duration::from_secs(fence_timeout.unsigned_abs().into()))?;
         // From here on a failure drops the client, which finalizes.
         let mut client = Client { me, rank: me.rank, size: 0, fence_timeout, mode, host_ranks: None, watch: None };
         let mut job = me;
