@@ -349,11 +349,19 @@ impl Client {
         }
         check("PMIx_Fence of the address exchange (a rank failed before it joined)", status)?;
 
+        // After a fence that collected data every blob is local: look nowhere else
+        // (`PMIX_OPTIONAL`), so that a rank that joined without publishing one fails at once.
+        let local = [info(sys::PMIX_OPTIONAL, &true, sys::PMIX_BOOL)?];
         (0..self.size)
             .map(|r| {
                 let mut peer = self.me;
                 peer.rank = r;
-                Value::get(&peer, ADDRESS_KEY.to_bytes_with_nul(), "PMIx_Get of a peer's fabric addresses")?
+                let value = Value::get_with(&peer, ADDRESS_KEY.to_bytes_with_nul(), &local, "PMIx_Get of a peer's fabric addresses")
+                    .map_err(|e| match e {
+                        Error::Transport { code, .. } => Error::Transport { op: missing_key(r), code },
+                        e => e,
+                    })?;
+                value
                     .bytes()
                     .ok_or(Error::InvalidArgument("a peer's fabric addresses under PMIx are not a byte object (mixed weft versions?)"))
             })
@@ -377,6 +385,16 @@ impl Client {
             })
             .collect()
     }
+}
+
+/// The error's text for rank `rank`, which joined the address fence but has no address key:
+/// it names the rank and the key. The text is leaked: a start fails with it once.
+fn missing_key(rank: u32) -> &'static str {
+    let key = ADDRESS_KEY.to_str().unwrap_or("weft.addr");
+    Box::leak(
+        format!("PMIx_Get of rank {rank}'s fabric addresses: the key {key} is missing (rank {rank} joined the fence without publishing it: not a weft program of this version?)")
+            .into_boxed_str(),
+    )
 }
 
 /// The ranks of `PMIX_LOCAL_PEERS` ("0,1,5"), ascending: each below `size`, none twice,

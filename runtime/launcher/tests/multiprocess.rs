@@ -1070,6 +1070,33 @@ mod under_mpirun {
         assert!(t0.elapsed() < Duration::from_secs(30), "took {:?}:\n{s}", t0.elapsed());
     }
 
+    /// A rank of the job that is an MPI program, not a weft one, joins the address fence
+    /// (its `MPI_Init` fences too) without publishing weft's key: the weft ranks fail at
+    /// start with an error naming that rank and the key, within seconds.
+    #[test]
+    fn a_rank_without_the_address_key_is_named_in_the_error() {
+        if Command::new("mpicc").arg("--version").output().map(|o| !o.status.success()).unwrap_or(true) {
+            println!("skipped: mpicc is not installed (Debian: libopenmpi-dev)");
+            return;
+        }
+        let dir = std::env::temp_dir().join(format!("weft-mpi-peer-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let (src, exe) = (dir.join("init.c"), dir.join("init"));
+        std::fs::write(&src, "#include <mpi.h>\nint main(int c, char **v) { MPI_Init(&c, &v); MPI_Finalize(); return 0; }\n").unwrap();
+        let cc = Command::new("mpicc").arg("-o").arg(&exe).arg(&src).output().unwrap();
+        assert!(cc.status.success(), "mpicc: {}", String::from_utf8_lossy(&cc.stderr));
+        let t0 = Instant::now();
+        let exe = exe.to_str().unwrap().to_string();
+        let args = ["--mca", "orte_abort_on_non_zero_status", "0", "-np", "2", SELFTEST, "hello", ":", "-np", "1", &exe];
+        let o = mpirun("shm", &args);
+        let _ = std::fs::remove_dir_all(&dir);
+        let Some(o) = o else { return };
+        let s = text(&o);
+        let said = "rank 2's fabric addresses: the key weft.addr is missing";
+        assert_eq!(s.matches(said).count(), 2, "{s}");
+        assert!(t0.elapsed() < Duration::from_secs(30), "took {:?}:\n{s}", t0.elapsed());
+    }
+
     /// `mpirun` killed with SIGKILL while its ranks wait on `shm` for a message that never
     /// comes: each rank's PMIx client reports the lost connection to its server, which is
     /// `ServerLost` as under weftrun — the rank removes its regions' names and fails its wait
