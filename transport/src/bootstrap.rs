@@ -54,6 +54,10 @@
 //! (it cleans up what would otherwise outlive it, and fails what waits for its peers).
 //! Under Slurm the server is rank 0's: its connections end normally after `FINISHED 0`, and
 //! without it rank 0 died, which the monitor reports as `Lost(0)`.
+//!
+//! Under a PMIx launcher there is no connection of weft's own: the monitor registers a PMIx
+//! event handler instead, which reports the same [`PeerEvent`]s from the launcher's
+//! process-termination events and the end of the connection to its server (`crate::pmix`).
 
 use std::collections::HashMap;
 use std::io::{BufRead, BufReader, Read, Write};
