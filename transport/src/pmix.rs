@@ -534,8 +534,12 @@ unsafe extern "C" fn on_pmix_event(
     let watch = info.iter().find_map(|i| {
         // SAFETY: PMIx NUL-terminates every key.
         let key = unsafe { CStr::from_ptr(i.key.as_ptr()) }.to_bytes_with_nul();
-        // SAFETY: the type says the pointer member is set.
-        (key == sys::PMIX_EVENT_RETURN_OBJECT && u32::from(i.value.type_) == sys::PMIX_POINTER).then(|| unsafe { i.value.data.ptr })
+        if key == sys::PMIX_EVENT_RETURN_OBJECT && u32::from(i.value.type_) == sys::PMIX_POINTER {
+            // SAFETY: the type says the pointer member is set.
+            Some(unsafe { i.value.data.ptr })
+        } else {
+            None
+        }
     });
     // SAFETY: the return object is the `Watch` the registration holds, which lives until
     // the handler is deregistered (`Client::drop`); deregistering runs on this same PMIx
