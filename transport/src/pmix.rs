@@ -370,8 +370,13 @@ impl Client {
 
     /// The lazy exchange: every peer's blob by a `PMIx_Get` that waits (up to the join
     /// timeout) for the peer to commit it; this rank's own is `blob`.
+    ///
+    /// Open MPI 4.1's server sometimes answers such a get with `PMIX_ERR_NOT_FOUND` at once
+    /// instead of waiting (about one job of 8 ranks in 5, the peers still starting): the get
+    /// is made again, after 1 ms doubling up to 50 ms, until the join timeout.
     fn get_each(&self, blob: &[u8]) -> Result<Vec<Vec<u8>>, Error> {
         let wait = [info(sys::PMIX_TIMEOUT, &self.fence_timeout, sys::PMIX_INT)?];
+        let deadline = std::time::Instant::now() + Duration::from_secs(self.fence_timeout.unsigned_abs().into());
         (0..self.size)
             .map(|r| {
                 if r == self.rank {
@@ -379,7 +384,17 @@ impl Client {
                 }
                 let mut peer = self.me;
                 peer.rank = r;
-                Value::get_with(&peer, ADDRESS_KEY.to_bytes_with_nul(), &wait, "PMIx_Get of a peer's fabric addresses")?
+                let mut pause = Duration::from_millis(1);
+                let value = loop {
+                    match Value::get_with(&peer, ADDRESS_KEY.to_bytes_with_nul(), &wait, "PMIx_Get of a peer's fabric addresses") {
+                        Err(Error::Transport { code: sys::PMIX_ERR_NOT_FOUND, .. }) if std::time::Instant::now() < deadline => {
+                            std::thread::sleep(pause);
+                            pause = (pause * 2).min(Duration::from_millis(50));
+                        }
+                        other => break other?,
+                    }
+                };
+                value
                     .bytes()
                     .ok_or(Error::InvalidArgument("a peer's fabric addresses under PMIx are not a byte object (mixed weft versions?)"))
             })
