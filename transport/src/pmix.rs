@@ -13,7 +13,7 @@
 //! that waits for that peer to commit (the server asks the peer's server: a direct modex),
 //! bounded by `WEFT_JOIN_TIMEOUT` as the fence is. The gets are made as the rank connects,
 //! not at each peer's first message: libfabric's address vector takes every peer's address
-//! then. `fence` stays the default: at 2 to 16 ranks on one host (`weft-bench startup
+//! then. `fence` stays the default: at 2 to 32 ranks on one host (`weft-bench startup
 //! --launcher mpirun,mpirun-lazy`, docs/BENCHMARKS.md) neither was faster beyond the noise,
 //! and a fence costs the servers one collective where the gets cost a request per pair of
 //! ranks, which grows with the job across hosts.
