@@ -696,6 +696,8 @@ impl Job {
     /// ends before the monitor is dropped (module docs): [`PeerEvent::ServerLost`], or under
     /// Slurm `Lost(0)` unless rank 0 had finished. Dropping the monitor says `BYE` (a normal
     /// finish).
+    // `mut` for the PMIx client's event handler.
+    #[cfg_attr(not(feature = "pmix"), allow(unused_mut))]
     pub fn monitor(mut self, on_event: impl Fn(PeerEvent) + Send + 'static) -> Monitor {
         let host = self.host;
         // The hosting rank finished (or was lost): its server may go away normally.
