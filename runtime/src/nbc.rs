@@ -37,7 +37,7 @@ use std::task::{Context, Poll, Wake, Waker};
 use weft_sync::{Error, Status};
 
 use crate::buffer::{Primitive, RecvBuf, SendBuf};
-use crate::coll_steps::{Steps as StepPlan, Then};
+use crate::coll_steps::{land, Steps as StepPlan};
 use crate::comm::Communicator;
 use crate::engine::Schedule;
 use crate::matching::{Source, Tag};
@@ -108,12 +108,6 @@ impl<T: Primitive> Out<T> {
         Out { ptr: v.as_mut_ptr(), len: v.len() }
     }
 
-    /// The buffer, for the schedule's steps to work in.
-    ///
-    /// # Safety
-    /// Called once per schedule, by its steps, which drop the slice before the request's
-    /// cell completes; the transport never holds a pointer into it (the steps send copies
-    /// and receive into buffers of their own), so nothing touches it after completion.
     /// Copies `from` (as long as the buffer) into the buffer (a persistent collective's
     /// result, kept in its schedule's own working buffer).
     pub(crate) fn write(&self, from: &[T]) {
@@ -124,6 +118,13 @@ impl<T: Primitive> Out<T> {
         unsafe { std::ptr::copy_nonoverlapping(from.as_ptr(), self.ptr, self.len) };
     }
 
+    /// The buffer, for the schedule's steps to work in.
+    ///
+    /// # Safety
+    /// Called by the schedule's steps only, each slice dropped before the next is made and
+    /// before the request's cell completes; the transport never holds a pointer into it (the
+    /// steps send copies and receive into buffers of their own), so nothing touches it after
+    /// completion.
     #[allow(clippy::mut_from_ref)]
     pub(crate) unsafe fn slice(&self) -> &mut [T] {
         // SAFETY: `ptr` addresses `len` elements alive until the request's cell completes,
@@ -669,45 +670,51 @@ struct Direct<'c> {
 }
 
 impl Direct<'_> {
-    /// Runs the plan in `store.steps` over `data`, in place; `combine(ours, theirs,
-    /// theirs_first)` reduces.
+    /// Runs the plan in `store.steps` over `data`, in place (a plan over one copy of the
+    /// data); `combine(ours, theirs, theirs_first)` reduces.
     fn run<T: Primitive>(&mut self, data: &mut [T], combine: &impl Fn(&mut [T], &[T], bool)) -> Result<(), Error> {
-        let (c, tag, bytes) = (self.comm, self.tag, std::mem::size_of_val(data));
+        let (c, tag) = (self.comm, self.tag);
         let coll = c.coll_state();
+        let size = std::mem::size_of::<T>();
+        debug_assert_eq!(self.store.steps.copies, 1, "a direct plan works in the data itself");
         for i in 0..self.store.steps.steps.len() {
             let step = self.store.steps.steps[i].clone();
-            if let Some(w) = step.recv {
-                let r = c.irecv_on(coll, Scratch::<u8>::for_recv(bytes), Source::Rank(w), Tag::Is(tag))?;
+            // Receives first (`got` keeps their order, the sends' after them).
+            for k in step.recvs.clone() {
+                let inc = &self.store.steps.recvs[k];
+                let r = c.irecv_on(coll, Scratch::<u8>::for_recv(inc.len * size), Source::Rank(inc.from), Tag::Is(tag))?;
                 // SAFETY: dropped before this call returns (`store.reqs` is left empty), while
                 // the caller's borrow of `comm` holds.
                 self.store.reqs.push(unsafe { crate::request::unbound(r) });
             }
             for k in step.sends.clone() {
-                let w = self.store.steps.to[k];
-                let r = c.isend_on(coll, Scratch::<u8>::copy_of(bytes_of(data)), w, tag)?;
+                let out = &self.store.steps.sends[k];
+                let r = c.isend_on(coll, Scratch::<u8>::copy_of(bytes_of(&data[out.at.clone()])), out.to, tag)?;
                 // SAFETY: as above.
                 self.store.reqs.push(unsafe { crate::request::unbound(r) });
             }
             self.wait_step()?;
+            let mut got = std::mem::take(&mut self.store.got);
             let mut res = Ok(());
-            let mut theirs = None;
-            for (k, got) in self.store.got.drain(..).enumerate() {
-                match got {
-                    Some((_, Err(e))) => res = res.and(Err(step_error(c, e))),
-                    Some((b, Ok(_))) if k == 0 && step.recv.is_some() => theirs = Some(b),
-                    _ => {}
+            for g in &got {
+                if let Some((_, Err(e))) = g {
+                    res = res.and(Err(step_error(c, *e)));
                 }
             }
+            if res.is_ok() {
+                for (k, g) in step.recvs.clone().zip(&got) {
+                    let inc = &self.store.steps.recvs[k];
+                    let Some((b, _)) = g else { continue };
+                    if b.len() != inc.len * size {
+                        res = Err(MISMATCH);
+                        break;
+                    }
+                    land(data, &self.store.steps.landings[inc.lands.clone()], b.elems(), combine);
+                }
+            }
+            got.clear();
+            self.store.got = got;
             res?;
-            let Some(theirs) = theirs else { continue };
-            if theirs.len() != bytes {
-                return Err(MISMATCH);
-            }
-            match step.then {
-                Then::Nothing => {}
-                Then::Replace => data.copy_from_slice(theirs.elems()),
-                Then::Combine { theirs_first } => combine(data, theirs.elems(), theirs_first),
-            }
         }
         Ok(())
     }

@@ -3,7 +3,13 @@
 //! in flight. Matching queues hold these, not the user's [`Request`](crate::Request)s.
 //!
 //! Operations come from a thread-local pool ([Goodell 2010]: thread-local request pools), so
-//! a send or receive allocates nothing in steady state.
+//! a send or receive allocates nothing in steady state. An operation goes back to the pool
+//! of the thread that drops it last: the waiting thread for a request waited for, the
+//! completing thread for one dropped in flight or whose result went to a continuation. Where
+//! one thread posts and others complete, the completers' pools would fill while the poster's
+//! ran dry: past [`POOL_MAX`], and when the thread ends, a thread's spares go to a small
+//! process-wide queue ([`SHARED_MAX`]), from which a thread whose pool is empty takes before
+//! it allocates.
 
 use std::any::Any;
 use std::cell::RefCell;
@@ -54,17 +60,59 @@ impl Default for Operation {
     }
 }
 
-/// Pooled requests per thread; beyond this many the extras are freed.
-const POOL_MAX: usize = 4096;
+/// Pooled requests per thread; beyond this many the extras go to the shared queue.
+const POOL_MAX: usize = 1024;
+
+/// Operations the process-wide queue keeps; beyond this many the extras are freed.
+#[cfg(not(loom))]
+const SHARED_MAX: usize = 16384;
+
+/// The process-wide queue of spare operations (module docs). Not under loom: an operation
+/// made in one model execution must not reach the next.
+#[cfg(not(loom))]
+fn shared() -> &'static crossbeam_queue::ArrayQueue<Arc<Operation>> {
+    static SHARED: std::sync::OnceLock<crossbeam_queue::ArrayQueue<Arc<Operation>>> = std::sync::OnceLock::new();
+    SHARED.get_or_init(|| crossbeam_queue::ArrayQueue::new(SHARED_MAX))
+}
+
+/// A spare operation of another thread, if the shared queue has one.
+#[inline(never)]
+fn take_shared() -> Option<Arc<Operation>> {
+    #[cfg(not(loom))]
+    return shared().pop();
+    #[cfg(loom)]
+    None
+}
+
+/// Hands a spare operation to the other threads (freed if the queue is full).
+#[inline(never)]
+fn give_shared(arc: Arc<Operation>) {
+    #[cfg(not(loom))]
+    let _ = shared().push(arc);
+    #[cfg(loom)]
+    drop(arc);
+}
+
+/// A thread's spare operations; a thread that ends hands them to the shared queue (a task
+/// runtime's short-lived threads would otherwise take theirs with them).
+struct Pool(RefCell<Vec<Arc<Operation>>>);
+
+impl Drop for Pool {
+    fn drop(&mut self) {
+        for arc in self.0.get_mut().drain(..) {
+            give_shared(arc);
+        }
+    }
+}
 
 thread_local! {
-    static POOL: RefCell<Vec<Arc<Operation>>> = const { RefCell::new(Vec::new()) };
+    static POOL: Pool = const { Pool(RefCell::new(Vec::new())) };
 }
 
 /// A fresh (or recycled) inner, set up by `init` while still exclusively owned.
 #[inline]
 pub(crate) fn new_operation(init: impl FnOnce(&mut Operation)) -> Arc<Operation> {
-    match POOL.try_with(|p| p.borrow_mut().pop()).ok().flatten() {
+    match POOL.try_with(|p| p.0.borrow_mut().pop()).ok().flatten().or_else(take_shared) {
         Some(arc) => {
             // SAFETY: `recycle` pools an `Arc` only when it is the sole strong reference and no
             // `Weak` exists (none is ever made), and the pool is thread-local, so nothing else
@@ -99,11 +147,17 @@ pub(crate) fn recycle(arc: Arc<Operation>) {
     // decrement), as `Arc`'s own drop does before freeing.
     if Arc::strong_count(&arc) == 1 && Arc::weak_count(&arc) == 0 && arc.cell.is_complete() {
         fence(Ordering::Acquire);
-        let _ = POOL.try_with(|p| {
-            let mut p = p.borrow_mut();
+        let spare = POOL.try_with(|p| {
+            let mut p = p.0.borrow_mut();
             if p.len() < POOL_MAX {
                 p.push(arc);
+                None
+            } else {
+                Some(arc)
             }
         });
+        if let Ok(Some(arc)) = spare {
+            give_shared(arc);
+        }
     }
 }
