@@ -734,9 +734,15 @@ impl Direct<'_> {
                     return Ok(());
                 }
                 if engine.progress_once().progressed() {
-                    idle.reset();
+                    continue;
+                }
+                // A core for every runnable thread: poll on. Else the peer this step waits
+                // for may be the thread without one: give ours up at once, as Open MPI's
+                // progress loop does when oversubscribed (`mpi_yield_when_idle`).
+                if idle.may_spin_long() {
+                    std::hint::spin_loop();
                 } else {
-                    idle.snooze();
+                    std::thread::yield_now();
                 }
             }
             let c = self.comm;
