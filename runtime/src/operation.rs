@@ -7,7 +7,7 @@
 
 use std::any::Any;
 use std::cell::RefCell;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use parking_lot::Mutex;
 use weft_sync::CompletionCell;
@@ -31,6 +31,11 @@ pub(crate) struct Operation {
     /// The buffer of a request dropped while in flight: kept alive until completion so the
     /// transport never touches freed memory.
     pub(crate) orphan: Mutex<Option<Box<dyn Any + Send>>>,
+    /// On a communicator whose ranks are not the world's: the cell a user's sync object
+    /// attaches to, completed with the operation's outcome in ranks there (made on the first
+    /// attach; `None` if the operation's own cell was attached already). Kept here, not in
+    /// the request, so that a request stays small to move.
+    pub(crate) relay: OnceLock<Option<Arc<Operation>>>,
 }
 
 // SAFETY: `ptr` points into the buffer owned by the request (or its orphan slot), which lives
@@ -50,6 +55,7 @@ impl Default for Operation {
             key: AtomicU64::new(0),
             context: 0,
             orphan: Mutex::new(None),
+            relay: OnceLock::new(),
         }
     }
 }
@@ -80,6 +86,7 @@ pub(crate) fn new_operation(init: impl FnOnce(&mut Operation)) -> Arc<Operation>
             inner.key.store(0, Ordering::Relaxed);
             inner.context = 0;
             *inner.orphan.get_mut() = None;
+            inner.relay.take();
             init(inner);
             arc
         }
