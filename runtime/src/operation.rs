@@ -70,7 +70,7 @@ thread_local! {
 /// A fresh (or recycled) inner, set up by `init` while still exclusively owned.
 #[inline]
 pub(crate) fn new_operation(init: impl FnOnce(&mut Operation)) -> Arc<Operation> {
-    match POOL.try_with(|p| p.borrow_mut().pop()).ok().flatten() {
+    match pool().and_then(|p| p.borrow_mut().pop()) {
         Some(arc) => {
             // SAFETY: `recycle` pools an `Arc` only when it is the sole strong reference and no
             // `Weak` exists (none is ever made), and the pool is thread-local, so nothing else
@@ -106,11 +106,21 @@ pub(crate) fn recycle(arc: Arc<Operation>) {
     // decrement), as `Arc`'s own drop does before freeing.
     if Arc::strong_count(&arc) == 1 && Arc::weak_count(&arc) == 0 && arc.cell.is_complete() {
         fence(Ordering::Acquire);
-        let _ = POOL.try_with(|p| {
+        if let Some(p) = pool() {
             let mut p = p.borrow_mut();
             if p.len() < POOL_MAX {
                 p.push(arc);
             }
-        });
+        }
     }
+}
+
+/// This thread's pool (`None` while the thread is being torn down). The thread-local access
+/// alone is in the closure, so that it inlines where the pool is used (a call per message
+/// less on each side).
+#[inline(always)]
+fn pool() -> Option<&'static RefCell<Vec<Arc<Operation>>>> {
+    // SAFETY: the pool lives until this thread's thread-local destructors run; the reference
+    // is used only within the calling function (never kept) and never by a destructor.
+    POOL.try_with(|p| unsafe { &*(p as *const RefCell<Vec<Arc<Operation>>>) }).ok()
 }
