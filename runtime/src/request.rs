@@ -268,7 +268,7 @@ impl<'c, B: Send + 'static> Request<'c, B> {
 
     /// [`take`](Self::take), giving the buffer back with a failed outcome too (persistent
     /// requests reuse it).
-    #[inline]
+    #[inline(always)]
     pub(crate) fn take_parts(&mut self) -> Option<(B, Outcome)> {
         if self.sent {
             self.sent = false;
