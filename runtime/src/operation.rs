@@ -7,7 +7,7 @@
 
 use std::any::Any;
 use std::cell::RefCell;
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, OnceLock, Weak};
 
 use parking_lot::Mutex;
 use weft_sync::CompletionCell;
@@ -34,8 +34,10 @@ pub(crate) struct Operation {
     /// On a communicator whose ranks are not the world's: the cell a user's sync object
     /// attaches to, completed with the operation's outcome in ranks there (made on the first
     /// attach; `None` if the operation's own cell was attached already). Kept here, not in
-    /// the request, so that a request stays small to move.
-    pub(crate) relay: OnceLock<Option<Arc<Operation>>>,
+    /// the request, so that a request stays small to move. Beside it a `Weak` of the
+    /// operation itself: an operation that has made its relay is never pooled ([`recycle`]
+    /// pools none that a `Weak` names), so a pooled one never has to clear it.
+    pub(crate) relay: OnceLock<(Option<Arc<Operation>>, Weak<Operation>)>,
 }
 
 // SAFETY: `ptr` points into the buffer owned by the request (or its orphan slot), which lives
@@ -73,7 +75,7 @@ pub(crate) fn new_operation(init: impl FnOnce(&mut Operation)) -> Arc<Operation>
     match pool().and_then(|p| p.borrow_mut().pop()) {
         Some(arc) => {
             // SAFETY: `recycle` pools an `Arc` only when it is the sole strong reference and no
-            // `Weak` exists (none is ever made), and the pool is thread-local, so nothing else
+            // `Weak` exists (one is made only by an operation that makes a relay), and the pool is thread-local, so nothing else
             // can reach this `Operation` until we hand the `Arc` out: the exclusive borrow is
             // sound. (`Arc::get_mut` would prove the same with a locked compare-exchange on
             // the weak count, once per message.)
@@ -86,7 +88,7 @@ pub(crate) fn new_operation(init: impl FnOnce(&mut Operation)) -> Arc<Operation>
             inner.key.store(0, Ordering::Relaxed);
             inner.context = 0;
             *inner.orphan.get_mut() = None;
-            inner.relay.take();
+            debug_assert!(inner.relay.get().is_none(), "an operation with a relay is never pooled");
             init(inner);
             arc
         }

@@ -103,7 +103,7 @@ unsafe impl<B: Send + 'static> Attach for Request<'_, B> {
     /// operation's completion completes with its outcome translated.
     fn completion_cell(&self) -> &CompletionCell {
         match &self.inner {
-            Some(i) if self.comm.renames_ranks() => match i.relay.get_or_init(|| self.relay_of(i)) {
+            Some(i) if self.comm.renames_ranks() => match &i.relay.get_or_init(|| (self.relay_of(i), Arc::downgrade(i))).0 {
                 Some(relay) => &relay.cell,
                 None => &i.cell,
             },
