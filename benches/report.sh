@@ -261,11 +261,17 @@ echo
 bench "Continuations" \
     "$BENCH" continuations -t 1,2,4 -n 1,100,10000 $(q "" "--messages 200") --markdown --plot "$OUT/continuations.svg"
 bench "Partitioned sends" \
-    "$BENCH" partitioned -t 1,2,4,8 -s $(q "65536,1048576,16777216" "65536") $(q "" "--rounds 1") --markdown --plot "$OUT/partitioned.svg"
+    "$BENCH" partitioned --provider "$([ "$OFI" = 1 ] && echo embedded,shm || echo embedded)" -t 1,2,4,8 -s $(q "65536,1048576,16777216" "65536") $(q "" "--rounds 1") --markdown --plot "$OUT/partitioned.svg"
 echo "## Distributed locks"
 echo
 bench "The seed's benchmarks, 4 in-process ranks" \
     "$BENCH" dlock $(q "" "--ops 5") --markdown --plot "$OUT/dlock.svg"
 "$BENCH" dlock --lock rma-rw,fompi-rw --bench warb --writers 0.002,0.2 -r 4 $(q "" "--ops 5") --markdown
+if [ "$OFI" = 1 ]; then
+    bench "The seed's benchmarks, ranks as processes on shm" \
+        "$BENCH" dlock --provider shm --launch weftrun --bench lb,ecsb --ranks $(q "2,4,8,16" "2") $(q "" "--ops 5") --markdown --plot "$OUT/dlock-procs.svg"
+else
+    skip "dlock across processes: $NO_OFI"
+fi
 bench "The distributed hash table" \
     "$BENCH" dht --ranks 4,8 --writers 0.002,0.2 --access one,spread $(q "" "--ops 20") --markdown

@@ -1,6 +1,7 @@
 //! `weft-bench dlock`: the distributed locks of `weft::dlock` under the seed's benchmarks
 //! [Schmid 2016, §5.1], on `--ranks` ranks in this process (embedded provider by default;
-//! `shm` and `tcp` with the `ofi` feature), `--threads` threads per rank:
+//! `shm` and `tcp` with the `ofi` feature) or, with `--launch weftrun`, as that many
+//! processes started through `weftrun` (`shm`, `tcp`), `--threads` threads per rank:
 //!
 //! - `lb`: latency of one acquire and release (the `latency_us` column; no work inside);
 //! - `ecsb`: empty critical section;
@@ -12,16 +13,18 @@
 //! locks always write and report 1). RMA-MCS and RMA-RW use `--levels` simulated machine
 //! levels (ranks per node, then nodes per rack, ...), the same for every row.
 //!
-//! Columns: `bench,lock,provider,ranks,threads,writers_fraction,t_dc,t_l,t_r,ops_per_sec,latency_us`
-//! (`ops_per_sec`: acquisitions of all ranks per second; `latency_us`: mean time of one
+//! Columns: `bench,lock,provider,launch,ranks,threads,writers_fraction,t_dc,t_l,t_r,ops_per_sec,latency_us`
+//! (`launch`: `in-process` or `weftrun`; `ops_per_sec`: acquisitions of all ranks per second; `latency_us`: mean time of one
 //! acquire plus release; `t_dc`, `t_l`, `t_r` are `-` where the lock has none). A last note
-//! (stderr with `--csv`) states the process's peak RSS.
+//! (stderr with `--csv`) states the process's peak RSS (the in-process ranks').
 
 use std::time::{Duration, Instant};
 
 use weft::dlock::{DMcs, FompiRw, Levels, RmaMcs, RmaRw, SpinLock, Thresholds};
 use weft::rma::{Op, Window};
 use weft::{Communicator, Provider, Runtime};
+
+use crate::report::{rank0_value, weftrun_output};
 
 use crate::plot::Chart;
 use crate::report::{parse_list, Output, PlotTo, Table};
@@ -44,6 +47,13 @@ pub struct Args {
     /// Providers to sweep (comma list of `embedded`, `shm`, `tcp`).
     #[arg(long, default_value = "embedded")]
     provider: String,
+    /// How ranks run (comma list): `in-process` (threads of this process) or `weftrun` (one
+    /// process per rank through `weftrun`, on `shm` or `tcp`).
+    #[arg(long, default_value = "in-process")]
+    launch: String,
+    /// Seconds a `weftrun` job may take before it is stopped.
+    #[arg(long, default_value_t = 300)]
+    timeout: u64,
     /// Fractions of writers `F_W` to sweep for the reader-writer locks (comma list).
     #[arg(long, default_value = "0.002")]
     writers: String,
@@ -67,6 +77,9 @@ pub struct Args {
     out: Output,
     #[command(flatten)]
     plot: PlotTo,
+    /// Internal: one rank of a launched job (one value of each option).
+    #[arg(long, hide = true)]
+    rank_worker: bool,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -76,6 +89,45 @@ enum Bench {
     Sob,
     Wcsb,
     Warb,
+}
+
+impl Bench {
+    fn name(self) -> &'static str {
+        match self {
+            Bench::Lb => "lb",
+            Bench::Ecsb => "ecsb",
+            Bench::Sob => "sob",
+            Bench::Wcsb => "wcsb",
+            Bench::Warb => "warb",
+        }
+    }
+}
+
+/// Where the ranks run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Launch {
+    InProcess,
+    Weftrun,
+}
+
+impl std::str::FromStr for Launch {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "in-process" => Ok(Launch::InProcess),
+            "weftrun" => Ok(Launch::Weftrun),
+            _ => Err(format!("unknown launch {s:?} (in-process, weftrun)")),
+        }
+    }
+}
+
+impl std::fmt::Display for Launch {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Launch::InProcess => "in-process",
+            Launch::Weftrun => "weftrun",
+        })
+    }
 }
 
 impl std::str::FromStr for Bench {
@@ -193,6 +245,7 @@ struct Point {
     bench: Bench,
     kind: Kind,
     provider: Provider,
+    launch: Launch,
     ranks: u32,
     threads: usize,
     writers: f64,
@@ -200,64 +253,119 @@ struct Point {
 }
 
 /// Acquisitions per second over all ranks, and the mean acquire-plus-release time in µs.
-fn measure(p: &Point, levels: &Levels, ops: u64) -> Result<(f64, f64), String> {
+fn measure(p: &Point, levels: &Levels, a: &Args) -> Result<(f64, f64), String> {
+    if p.launch == Launch::Weftrun {
+        return launch(p, a);
+    }
     let rts = Runtime::builder().provider(p.provider).build_local(p.ranks).map_err(|e| e.to_string())?;
     let results: Vec<Result<(Duration, Duration), weft::Error>> = std::thread::scope(|s| {
-        let hs: Vec<_> = rts
-            .iter()
-            .map(|rt| {
-                s.spawn(move || {
-                    let c = rt.world();
-                    let lock = AnyLock::new(p.kind, c, levels, &p.thresholds)?;
-                    let w: Window<'_, u64> = c.window(1)?;
-                    c.barrier()?;
-                    let t0 = Instant::now();
-                    let inside: Vec<Result<Duration, weft::Error>> = std::thread::scope(|s| {
-                        let hs: Vec<_> = (0..p.threads)
-                            .map(|t| {
-                                let (lock, w) = (&lock, &w);
-                                s.spawn(move || {
-                                    let mut rng = Rng(0x9e37_79b9_7f4a_7c15 ^ ((u64::from(c.rank()) << 20) | (t as u64 + 1)));
-                                    let mut held = Duration::ZERO;
-                                    for _ in 0..ops {
-                                        let write = !p.kind.has_readers() || draws_write(rng.next(), p.writers);
-                                        let work = rng.micros();
-                                        let start = Instant::now();
-                                        lock.cycle(write, || match p.bench {
-                                            Bench::Lb | Bench::Ecsb | Bench::Warb => Ok(()),
-                                            Bench::Sob if write => w.fetch_and_op(0, 0, 1, Op::Sum).map(drop),
-                                            Bench::Sob => w.get(0, 0, &mut [0]),
-                                            Bench::Wcsb => {
-                                                w.fetch_and_op(0, 0, 1, Op::Sum)?;
-                                                spin_for(work);
-                                                Ok(())
-                                            }
-                                        })?;
-                                        held += start.elapsed();
-                                        if p.bench == Bench::Warb {
-                                            spin_for(work);
-                                        }
-                                    }
-                                    Ok(held)
-                                })
-                            })
-                            .collect();
-                        hs.into_iter().map(|h| h.join().expect("a benchmark thread panicked")).collect()
-                    });
-                    let elapsed = t0.elapsed();
-                    c.barrier()?;
-                    let held = inside.into_iter().sum::<Result<Duration, weft::Error>>()?;
-                    Ok((elapsed, held))
-                })
-            })
-            .collect();
+        let hs: Vec<_> = rts.iter().map(|rt| s.spawn(move || rank_run(rt.world(), p, levels, a.ops))).collect();
         hs.into_iter().map(|h| h.join().expect("a rank panicked")).collect()
     });
     let results = results.into_iter().collect::<Result<Vec<_>, _>>().map_err(|e| e.to_string())?;
-    let slowest = results.iter().map(|r| r.0).max().unwrap_or_default().as_secs_f64();
+    let slowest = results.iter().map(|r| r.0).max().unwrap_or_default();
+    let held = results.iter().map(|r| r.1).sum();
+    Ok(rates(p, a.ops, slowest, held))
+}
+
+/// Acquisitions per second of the job whose slowest rank took `slowest`, and the mean time
+/// of one acquisition from `held`, all threads' time inside acquire plus release together.
+fn rates(p: &Point, ops: u64, slowest: Duration, held: Duration) -> (f64, f64) {
     let total = f64::from(p.ranks) * p.threads as f64 * ops as f64;
-    let held: f64 = results.iter().map(|r| r.1.as_secs_f64()).sum();
-    Ok((total / slowest.max(1e-9), held / total * 1e6))
+    (total / slowest.as_secs_f64().max(1e-9), held.as_secs_f64() / total * 1e6)
+}
+
+/// One job of `p.ranks` processes through `weftrun`, each running [`rank_run`].
+fn launch(p: &Point, a: &Args) -> Result<(f64, f64), String> {
+    let mut args: Vec<String> = ["dlock", "--rank-worker", "--bench", p.bench.name(), "--lock", p.kind.name()].map(String::from).to_vec();
+    let t = &p.thresholds;
+    for (flag, value) in [
+        ("--provider", p.provider.to_string()),
+        ("--ranks", p.ranks.to_string()),
+        ("--threads", p.threads.to_string()),
+        ("--writers", p.writers.to_string()),
+        ("--levels", a.levels.clone()),
+        ("--t-dc", t.t_dc.to_string()),
+        ("--t-l", t.t_l[0].to_string()),
+        ("--t-r", t.t_r.to_string()),
+        ("--ops", a.ops.to_string()),
+    ] {
+        args.push(flag.into());
+        args.push(value);
+    }
+    let what = format!("dlock {} {}", p.bench.name(), p.kind.name());
+    let out = weftrun_output(p.provider, p.ranks, a.timeout, &args, &what)?;
+    match (rank0_value(&out, "OPS"), rank0_value(&out, "LAT_US")) {
+        (Some(ops), Some(lat)) => Ok((ops, lat)),
+        _ => Err(format!("no OPS and LAT_US in the {what} job's output:\n{out}")),
+    }
+}
+
+/// One rank's part of a measurement on `c`: `p.threads` threads each acquire `ops` times.
+/// Returns the rank's time from the first barrier's end to the last thread's end, and the
+/// time its threads spent in acquire plus critical section plus release together.
+fn rank_run(c: &Communicator, p: &Point, levels: &Levels, ops: u64) -> Result<(Duration, Duration), weft::Error> {
+    let lock = AnyLock::new(p.kind, c, levels, &p.thresholds)?;
+    let w: Window<'_, u64> = c.window(1)?;
+    c.barrier()?;
+    let t0 = Instant::now();
+    let inside: Vec<Result<Duration, weft::Error>> = std::thread::scope(|s| {
+        let hs: Vec<_> = (0..p.threads)
+            .map(|t| {
+                let (lock, w) = (&lock, &w);
+                s.spawn(move || {
+                    let mut rng = Rng(0x9e37_79b9_7f4a_7c15 ^ ((u64::from(c.rank()) << 20) | (t as u64 + 1)));
+                    let mut held = Duration::ZERO;
+                    for _ in 0..ops {
+                        let write = !p.kind.has_readers() || draws_write(rng.next(), p.writers);
+                        let work = rng.micros();
+                        let start = Instant::now();
+                        lock.cycle(write, || match p.bench {
+                            Bench::Lb | Bench::Ecsb | Bench::Warb => Ok(()),
+                            Bench::Sob if write => w.fetch_and_op(0, 0, 1, Op::Sum).map(drop),
+                            Bench::Sob => w.get(0, 0, &mut [0]),
+                            Bench::Wcsb => {
+                                w.fetch_and_op(0, 0, 1, Op::Sum)?;
+                                spin_for(work);
+                                Ok(())
+                            }
+                        })?;
+                        held += start.elapsed();
+                        if p.bench == Bench::Warb {
+                            spin_for(work);
+                        }
+                    }
+                    Ok(held)
+                })
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().expect("a benchmark thread panicked")).collect()
+    });
+    let elapsed = t0.elapsed();
+    c.barrier()?;
+    let held = inside.into_iter().sum::<Result<Duration, weft::Error>>()?;
+    Ok((elapsed, held))
+}
+
+/// `--rank-worker`: this process is one rank of a `weftrun` job measuring `p`; rank 0
+/// prints the job's `OPS` and `LAT_US`.
+fn rank_worker(p: &Point, levels: &Levels, ops: u64) -> Result<(), String> {
+    let rt = Runtime::builder().build().map_err(|e| e.to_string())?;
+    let c = rt.world();
+    if c.size() != p.ranks {
+        return Err(format!("the job has {} ranks, the measurement {}", c.size(), p.ranks));
+    }
+    let (elapsed, held) = rank_run(c, p, levels, ops).map_err(|e| e.to_string())?;
+    let nanos = |d: Duration| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX);
+    let (mut slowest, mut sum) = ([0u64], [0u64]);
+    c.allreduce(&[nanos(elapsed)], &mut slowest, weft::Op::Max).map_err(|e| e.to_string())?;
+    c.allreduce(&[nanos(held)], &mut sum, weft::Op::Sum).map_err(|e| e.to_string())?;
+    if c.rank() == 0 {
+        let (rate, latency) = rates(p, ops, Duration::from_nanos(slowest[0]), Duration::from_nanos(sum[0]));
+        println!("OPS {rate:.0}");
+        println!("LAT_US {latency:.3}");
+    }
+    Ok(())
 }
 
 /// `--levels`: `flat`, or simulated sizes innermost first.
@@ -276,6 +384,7 @@ pub fn run(args: &Args) -> Result<(), String> {
     let ranks: Vec<u32> = parse_list(&args.ranks)?;
     let threads: Vec<usize> = parse_list(&args.threads)?;
     let providers: Vec<Provider> = parse_list(&args.provider)?;
+    let launches: Vec<Launch> = parse_list(&args.launch)?;
     let writers: Vec<f64> = parse_list(&args.writers)?;
     let t_dcs: Vec<u32> = parse_list(&args.t_dc)?;
     let t_ls: Vec<u64> = parse_list(&args.t_l)?;
@@ -287,10 +396,15 @@ pub fn run(args: &Args) -> Result<(), String> {
     if writers.iter().any(|f| !(0.0..=1.0).contains(f)) {
         return Err("a fraction of writers is outside 0..=1".into());
     }
+    if launches.contains(&Launch::Weftrun) && providers.contains(&Provider::Embedded) {
+        return Err(
+            "--launch weftrun runs ranks as processes: --provider shm or tcp (the embedded provider's ranks share one process)".into()
+        );
+    }
     let mut points = Vec::new();
     for &bench in &benches {
         for &kind in &kinds {
-            for &provider in &providers {
+            for (&provider, &launch) in providers.iter().flat_map(|p| launches.iter().map(move |l| (p, l))) {
                 for &r in &ranks {
                     for &t in &threads {
                         let fw: &[f64] = if kind.has_readers() { &writers } else { &[1.0] };
@@ -302,7 +416,7 @@ pub fn run(args: &Args) -> Result<(), String> {
                                 for &t_l in t_l {
                                     for &t_r in t_r {
                                         let thresholds = Thresholds { t_l: vec![t_l.max(1)], t_r: t_r.max(1), t_dc };
-                                        points.push(Point { bench, kind, provider, ranks: r, threads: t, writers, thresholds });
+                                        points.push(Point { bench, kind, provider, launch, ranks: r, threads: t, writers, thresholds });
                                     }
                                 }
                             }
@@ -312,19 +426,26 @@ pub fn run(args: &Args) -> Result<(), String> {
             }
         }
     }
-    let columns = ["bench", "lock", "provider", "ranks", "threads", "writers_fraction", "t_dc", "t_l", "t_r", "ops_per_sec", "latency_us"];
+    if args.rank_worker {
+        let [p] = points.as_slice() else {
+            return Err("--rank-worker measures one configuration: one value of each option".into());
+        };
+        return rank_worker(p, &levels, args.ops);
+    }
+    let columns = COLUMNS;
     let mut table = Table::new(&columns, &args.out);
     args.out.note(&format!("# levels: {} (simulated, innermost first); {} acquisitions per thread", args.levels, args.ops));
     table.progress(points.len());
     table.print_header();
     for p in &points {
-        table.step(|| format!("{:?} {} {} ranks x {} threads", p.bench, p.kind.name(), p.ranks, p.threads));
-        let (rate, latency) = measure(p, &levels, args.ops)?;
+        table.step(|| format!("{} {} {} ranks ({}) x {} threads", p.bench.name(), p.kind.name(), p.ranks, p.launch, p.threads));
+        let (rate, latency) = measure(p, &levels, args)?;
         let or_dash = |has: bool, v: String| if has { v } else { "-".into() };
         table.row(vec![
-            format!("{:?}", p.bench).to_lowercase(),
+            p.bench.name().into(),
             p.kind.name().into(),
             p.provider.to_string(),
+            p.launch.to_string(),
             p.ranks.to_string(),
             p.threads.to_string(),
             format!("{}", p.writers),
@@ -336,14 +457,22 @@ pub fn run(args: &Args) -> Result<(), String> {
         ]);
     }
     table.finish_with_plot(&chart(&args.levels), &args.plot)?;
-    match peak_rss_kib() {
-        Some(kib) => args.out.note(&format!("# peak RSS of this process: {:.1} MiB (every point's ranks and locks)", kib as f64 / 1024.0)),
-        None => args.out.note("# peak RSS of this process: unknown (no /proc/self/status)"),
+    if launches.contains(&Launch::InProcess) {
+        match peak_rss_kib() {
+            Some(kib) => args
+                .out
+                .note(&format!("# peak RSS of this process: {:.1} MiB (every in-process point's ranks and locks)", kib as f64 / 1024.0)),
+            None => args.out.note("# peak RSS of this process: unknown (no /proc/self/status)"),
+        }
     }
     Ok(())
 }
 
 /// The process's peak resident set (`VmHWM` of `/proc/self/status`), in KiB.
+/// The columns of the table.
+const COLUMNS: [&str; 12] =
+    ["bench", "lock", "provider", "launch", "ranks", "threads", "writers_fraction", "t_dc", "t_l", "t_r", "ops_per_sec", "latency_us"];
+
 pub(crate) fn peak_rss_kib() -> Option<u64> {
     let status = std::fs::read_to_string("/proc/self/status").ok()?;
     let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
@@ -353,12 +482,13 @@ pub(crate) fn peak_rss_kib() -> Option<u64> {
 /// `--plot`: acquisitions per second over the rank count, one panel per benchmark, one line
 /// per lock (and per any other swept column).
 fn chart(levels: &str) -> Chart {
-    Chart::new(format!("distributed locks, in-process ranks (RMA-MCS/RMA-RW levels: {levels})"), "ranks", "ranks")
+    Chart::new(format!("distributed locks (RMA-MCS/RMA-RW levels: {levels})"), "ranks", "ranks")
         .log2_x()
         .y_axis("acquisitions/s (thousands)", 1e3)
         .y("ops_per_sec", "")
         .series("lock", "{}")
         .series("provider", "{}")
+        .series("launch", "{}")
         .series("threads", "{} threads")
         .series("writers_fraction", "F_W {}")
         .series("t_dc", "T_DC {}")
@@ -373,10 +503,9 @@ mod tests {
     /// (`-`) is left out of its legend.
     #[test]
     fn plot_draws_a_line_per_lock_and_a_panel_per_bench() {
-        let columns =
-            ["bench", "lock", "provider", "ranks", "threads", "writers_fraction", "t_dc", "t_l", "t_r", "ops_per_sec", "latency_us"];
+        let columns = super::COLUMNS;
         let row = |b: &str, l: &str, r: &str, t_l: &str, ops: &str| -> Vec<String> {
-            [b, l, "embedded", r, "1", "1", "-", t_l, "-", ops, "1.0"].iter().map(|c| c.to_string()).collect()
+            [b, l, "embedded", "in-process", r, "1", "1", "-", t_l, "-", ops, "1.0"].iter().map(|c| c.to_string()).collect()
         };
         let rows = [
             row("lb", "d-mcs", "2", "-", "1000"),

@@ -2,18 +2,22 @@
 //! 0 fill, a slice each, received by rank 1 (MPI 4.0 ch. 4), three ways:
 //!
 //! * `partitioned`: a partitioned send of `threads` partitions, each sent by its thread as
-//!   soon as it is filled (`psend_init` / `precv_init`);
+//!   soon as it is filled (one `psend_init` / `precv_init` pair, started each round);
 //! * `separate`: each thread sends its slice as a message of its own (`threads` receives);
 //! * `join`: the threads fill one buffer, are joined, and one send carries it.
 //!
-//! Columns: `mode,threads,bytes,rounds,receive_us` (`receive_us`: the mean time from the
-//! round's start, when the receives are posted and the threads start filling, to the
-//! receiver's completion of the whole message).
+//! Every mode keeps its buffers from round to round (a persistent pair, or the buffers the
+//! sends and receives give back), so that no round maps fresh memory, and a first round
+//! that is not timed warms them up. Ranks are two in this process, on each of `--provider`.
+//!
+//! Columns: `mode,provider,threads,bytes,rounds,receive_us` (`receive_us`: the mean time
+//! from the round's start, when the receives are posted and the threads start filling, to
+//! the receiver's completion of the whole message).
 
 use std::sync::Barrier;
 use std::time::{Duration, Instant};
 
-use weft::{Communicator, Runtime};
+use weft::{Communicator, PartitionedRecv, PartitionedSend, Provider, Runtime};
 
 use crate::plot::Chart;
 use crate::report::{parse_list, Output, PlotTo, Table};
@@ -24,13 +28,16 @@ pub struct Args {
     /// Modes to sweep (comma list of `partitioned`, `separate`, `join`).
     #[arg(long, default_value = "partitioned,separate,join")]
     mode: String,
+    /// Providers to sweep (comma list of `embedded`, `shm`, `tcp`; two ranks in this process).
+    #[arg(long, default_value = "embedded")]
+    provider: String,
     /// Sending threads to sweep (comma list; each fills one slice).
     #[arg(short = 't', long, default_value = "1,2,4,8")]
     threads: String,
     /// Message sizes in bytes to sweep (comma list; each a multiple of every thread count).
     #[arg(short = 's', long, default_value = "1024,65536,1048576,16777216")]
     sizes: String,
-    /// Rounds per configuration.
+    /// Timed rounds per configuration (after one that is not timed).
     #[arg(long, default_value_t = 10)]
     rounds: usize,
     #[command(flatten)]
@@ -54,121 +61,176 @@ fn check(buf: &[u8], per: usize, round: usize) -> Result<(), String> {
     }
 }
 
-/// One round's receive side: posts, meets the sender at `start`, and returns the time to
-/// completion.
-fn receive(mode: &str, b: &Communicator, threads: usize, bytes: usize, round: usize, start: &Barrier) -> Result<Duration, String> {
-    let per = bytes / threads;
-    let e = |e: weft::Error| e.to_string();
-    match mode {
-        "partitioned" => {
-            let mut r = b.precv_init(vec![0u8; bytes], threads, 0, 1).map_err(e)?;
-            r.start().map_err(e)?;
-            start.wait();
-            let t0 = Instant::now();
-            r.wait().map_err(e)?;
-            let took = t0.elapsed();
-            check(r.buffer().ok_or("the partitioned receive still holds its buffer")?, per, round)?;
-            Ok(took)
-        }
-        "separate" => {
-            let mut rs =
-                (0..threads).map(|t| b.irecv(Vec::<u8>::with_capacity(per), 0u32, t as i32)).collect::<Result<Vec<_>, _>>().map_err(e)?;
-            start.wait();
-            let t0 = Instant::now();
-            weft::wait_all(&mut rs).map_err(e)?;
-            let took = t0.elapsed();
-            for mut r in rs {
-                let (v, _) = r.take().unwrap_or(Err(weft::Error::Cancelled)).map_err(e)?;
-                check(&v, per, round)?;
+/// The receiving side of one configuration, kept from round to round.
+enum Receiver<'c> {
+    Partitioned(Box<PartitionedRecv<'c, u8>>),
+    /// The buffers of the `threads` receives (given back by each round's receives).
+    Separate(Vec<Vec<u8>>),
+    Join(Vec<u8>),
+}
+
+/// The sending side of one configuration, kept from round to round.
+enum Sender<'c> {
+    Partitioned(Box<PartitionedSend<'c, u8>>),
+    /// Each thread's slice (given back by its send).
+    Separate(Vec<Vec<u8>>),
+    Join(Vec<u8>),
+}
+
+fn err(e: weft::Error) -> String {
+    e.to_string()
+}
+
+impl<'c> Receiver<'c> {
+    fn new(mode: &str, b: &'c Communicator, threads: usize, bytes: usize) -> Result<Self, String> {
+        Ok(match mode {
+            "partitioned" => Receiver::Partitioned(Box::new(b.precv_init(vec![0u8; bytes], threads, 0, 1).map_err(err)?)),
+            "separate" => Receiver::Separate((0..threads).map(|_| Vec::with_capacity(bytes / threads)).collect()),
+            _ => Receiver::Join(Vec::with_capacity(bytes)),
+        })
+    }
+
+    /// One round of slices of `per` bytes: posts, meets the sender at `start`, and returns
+    /// the time to completion.
+    fn round(&mut self, b: &Communicator, per: usize, round: usize, start: &Barrier) -> Result<Duration, String> {
+        match self {
+            Receiver::Partitioned(r) => {
+                r.start().map_err(err)?;
+                start.wait();
+                let t0 = Instant::now();
+                r.wait().map_err(err)?;
+                let took = t0.elapsed();
+                check(r.buffer().ok_or("the partitioned receive still holds its buffer")?, per, round)?;
+                Ok(took)
             }
-            Ok(took)
-        }
-        _ => {
-            let r = b.irecv(Vec::<u8>::with_capacity(bytes), 0u32, 1).map_err(e)?;
-            start.wait();
-            let t0 = Instant::now();
-            let (v, _) = r.wait().map_err(e)?;
-            let took = t0.elapsed();
-            check(&v, per, round)?;
-            Ok(took)
-        }
-    }
-}
-
-/// One round's send side: meets the receiver at `start`, then fills and sends.
-fn send(mode: &str, a: &Communicator, threads: usize, bytes: usize, round: usize, start: &Barrier) -> Result<(), String> {
-    let per = bytes / threads;
-    let e = |e: weft::Error| e.to_string();
-    match mode {
-        "partitioned" => {
-            let mut s = a.psend_init(vec![0u8; bytes], threads, 1, 1).map_err(e)?;
-            s.start().map_err(e)?;
-            let parts = s.partitions().map_err(e)?;
-            start.wait();
-            std::thread::scope(|sc| {
-                let hs: Vec<_> = parts
-                    .into_iter()
-                    .map(|mut p| {
-                        sc.spawn(move || {
-                            fill(p.as_mut_slice(), round);
-                            p.ready()
-                        })
+            Receiver::Separate(bufs) => {
+                let mut rs = bufs
+                    .drain(..)
+                    .enumerate()
+                    .map(|(t, mut v)| {
+                        v.clear();
+                        b.irecv(v, 0u32, t as i32)
                     })
-                    .collect();
-                hs.into_iter().try_for_each(|h| h.join().expect("a filling thread panicked"))
-            })
-            .map_err(e)?;
-            s.wait().map_err(e)
-        }
-        "separate" => {
-            start.wait();
-            std::thread::scope(|sc| {
-                let hs: Vec<_> = (0..threads)
-                    .map(|t| {
-                        sc.spawn(move || {
-                            let mut v = vec![0u8; per];
-                            fill(&mut v, round);
-                            a.send(v, 1, t as i32).map(|_| ())
-                        })
-                    })
-                    .collect();
-                hs.into_iter().try_for_each(|h| h.join().expect("a sending thread panicked"))
-            })
-            .map_err(e)
-        }
-        _ => {
-            let mut v = vec![0u8; bytes];
-            start.wait();
-            std::thread::scope(|sc| {
-                for c in v.chunks_mut(per.max(1)) {
-                    sc.spawn(move || fill(c, round));
+                    .collect::<Result<Vec<_>, _>>()
+                    .map_err(err)?;
+                start.wait();
+                let t0 = Instant::now();
+                weft::wait_all(&mut rs).map_err(err)?;
+                let took = t0.elapsed();
+                for mut r in rs {
+                    let (v, _) = r.take().unwrap_or(Err(weft::Error::Cancelled)).map_err(err)?;
+                    check(&v, per, round)?;
+                    bufs.push(v);
                 }
-            });
-            a.send(v, 1, 1).map(|_| ()).map_err(e)
+                Ok(took)
+            }
+            Receiver::Join(buf) => {
+                let mut v = std::mem::take(buf);
+                v.clear();
+                let r = b.irecv(v, 0u32, 1).map_err(err)?;
+                start.wait();
+                let t0 = Instant::now();
+                let (v, _) = r.wait().map_err(err)?;
+                let took = t0.elapsed();
+                check(&v, per, round)?;
+                *buf = v;
+                Ok(took)
+            }
         }
     }
 }
 
-/// One configuration: the mean receive time in microseconds.
-fn measure(mode: &str, threads: usize, bytes: usize, rounds: usize) -> Result<f64, String> {
-    let rts = Runtime::builder().build_local(2).map_err(|e| e.to_string())?;
+impl<'c> Sender<'c> {
+    fn new(mode: &str, a: &'c Communicator, threads: usize, bytes: usize) -> Result<Self, String> {
+        Ok(match mode {
+            "partitioned" => Sender::Partitioned(Box::new(a.psend_init(vec![0u8; bytes], threads, 1, 1).map_err(err)?)),
+            "separate" => Sender::Separate((0..threads).map(|_| vec![0u8; bytes / threads]).collect()),
+            _ => Sender::Join(vec![0u8; bytes]),
+        })
+    }
+
+    /// One round: meets the receiver at `start`, then fills and sends.
+    fn round(&mut self, a: &Communicator, threads: usize, round: usize, start: &Barrier) -> Result<(), String> {
+        match self {
+            Sender::Partitioned(s) => {
+                s.start().map_err(err)?;
+                let parts = s.partitions().map_err(err)?;
+                start.wait();
+                std::thread::scope(|sc| {
+                    let hs: Vec<_> = parts
+                        .into_iter()
+                        .map(|mut p| {
+                            sc.spawn(move || {
+                                fill(p.as_mut_slice(), round);
+                                p.ready()
+                            })
+                        })
+                        .collect();
+                    hs.into_iter().try_for_each(|h| h.join().expect("a filling thread panicked"))
+                })
+                .map_err(err)?;
+                s.wait().map_err(err)
+            }
+            Sender::Separate(slices) => {
+                start.wait();
+                std::thread::scope(|sc| {
+                    let hs: Vec<_> = slices
+                        .iter_mut()
+                        .enumerate()
+                        .map(|(t, slot)| {
+                            sc.spawn(move || {
+                                let mut v = std::mem::take(slot);
+                                fill(&mut v, round);
+                                *slot = a.send(v, 1, t as i32)?.0;
+                                Ok(())
+                            })
+                        })
+                        .collect();
+                    hs.into_iter().try_for_each(|h| h.join().expect("a sending thread panicked"))
+                })
+                .map_err(err)
+            }
+            Sender::Join(buf) => {
+                let per = buf.len() / threads;
+                let mut v = std::mem::take(buf);
+                start.wait();
+                std::thread::scope(|sc| {
+                    for c in v.chunks_mut(per.max(1)) {
+                        sc.spawn(move || fill(c, round));
+                    }
+                });
+                *buf = a.send(v, 1, 1).map_err(err)?.0;
+                Ok(())
+            }
+        }
+    }
+}
+
+/// One configuration: the mean receive time in microseconds over `rounds` timed rounds.
+fn measure(mode: &str, provider: Provider, threads: usize, bytes: usize, rounds: usize) -> Result<f64, String> {
+    let rts = Runtime::builder().provider(provider).build_local(2).map_err(err)?;
     let (a, b) = (rts[0].world(), rts[1].world());
+    let (mut sender, mut receiver) = (Sender::new(mode, a, threads, bytes)?, Receiver::new(mode, b, threads, bytes)?);
     let start = Barrier::new(2);
     let mut total = Duration::ZERO;
-    for round in 0..rounds {
+    for round in 0..=rounds {
         let (sent, took) = std::thread::scope(|s| {
-            let r = s.spawn(|| receive(mode, b, threads, bytes, round, &start));
-            let sent = send(mode, a, threads, bytes, round, &start);
+            let r = s.spawn(|| receiver.round(b, bytes / threads, round, &start));
+            let sent = sender.round(a, threads, round, &start);
             (sent, r.join().expect("the receiving thread panicked"))
         });
         sent?;
-        total += took?;
+        let took = took?;
+        if round > 0 {
+            total += took;
+        }
     }
     Ok(total.as_secs_f64() * 1e6 / rounds as f64)
 }
 
 pub fn run(args: &Args) -> Result<(), String> {
     let modes: Vec<String> = parse_list(&args.mode)?;
+    let providers: Vec<Provider> = parse_list(&args.provider)?;
     let threads: Vec<usize> = parse_list(&args.threads)?;
     let sizes: Vec<usize> = parse_list(&args.sizes)?;
     if threads.contains(&0) || args.rounds == 0 {
@@ -180,15 +242,17 @@ pub fn run(args: &Args) -> Result<(), String> {
     if let Some((s, t)) = sizes.iter().flat_map(|&s| threads.iter().map(move |&t| (s, t))).find(|&(s, t)| s % t != 0) {
         return Err(format!("size {s} is not a multiple of {t} threads"));
     }
-    let mut table = Table::new(&["mode", "threads", "bytes", "rounds", "receive_us"], &args.out);
-    table.progress(modes.len() * threads.len() * sizes.len());
+    let mut table = Table::new(&["mode", "provider", "threads", "bytes", "rounds", "receive_us"], &args.out);
+    table.progress(modes.len() * providers.len() * threads.len() * sizes.len());
     table.print_header();
     for m in &modes {
-        for &t in &threads {
-            for &s in &sizes {
-                table.step(|| format!("{m}, {t} threads, {s} bytes"));
-                let us = measure(m, t, s, args.rounds)?;
-                table.row(vec![m.clone(), t.to_string(), s.to_string(), args.rounds.to_string(), format!("{us:.1}")]);
+        for &p in &providers {
+            for &t in &threads {
+                for &s in &sizes {
+                    table.step(|| format!("{m}, {p}, {t} threads, {s} bytes"));
+                    let us = measure(m, p, t, s, args.rounds)?;
+                    table.row(vec![m.clone(), p.to_string(), t.to_string(), s.to_string(), args.rounds.to_string(), format!("{us:.1}")]);
+                }
             }
         }
     }
@@ -196,6 +260,7 @@ pub fn run(args: &Args) -> Result<(), String> {
         .y("receive_us", "")
         .y_axis("time to complete on the receiver (µs)", 1.0)
         .series("mode", "{}")
+        .series("provider", "{}")
         .panels("threads", "{} threads")
         .log_x()
         .log_y();

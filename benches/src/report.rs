@@ -217,6 +217,13 @@ pub fn self_and_weftrun() -> Result<(PathBuf, PathBuf), String> {
 /// `timeout` seconds), with `args` (the subcommand and its worker options); returns the
 /// value of rank 0's `KEY <value>` line. `what` names the job in errors.
 pub fn weftrun_job(p: weft::Provider, n: u32, timeout: u64, args: &[String], what: &str, key: &str) -> Result<f64, String> {
+    let stdout = weftrun_output(p, n, timeout, args, what)?;
+    rank0_value(&stdout, key).ok_or_else(|| format!("no {key} in the {what} job's output:\n{stdout}"))
+}
+
+/// Runs this binary as a job as [`weftrun_job`] does; returns the job's standard output
+/// (each line prefixed with its rank by `weftrun`).
+pub fn weftrun_output(p: weft::Provider, n: u32, timeout: u64, args: &[String], what: &str) -> Result<String, String> {
     let (exe, weftrun) = self_and_weftrun()?;
     let out = std::process::Command::new(&weftrun)
         .args(["-n", &n.to_string(), "--provider", &p.to_string(), "--timeout", &timeout.to_string()])
@@ -225,15 +232,17 @@ pub fn weftrun_job(p: weft::Provider, n: u32, timeout: u64, args: &[String], wha
         .stdin(std::process::Stdio::null())
         .output()
         .map_err(|e| format!("weftrun: {e}"))?;
-    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
     if !out.status.success() {
         return Err(format!("{what} job ({p}, {n} ranks) failed ({}):\n{stdout}{}", out.status, String::from_utf8_lossy(&out.stderr)));
     }
+    Ok(stdout)
+}
+
+/// The value of rank 0's `KEY <value>` line in a job's output.
+pub fn rank0_value(stdout: &str, key: &str) -> Option<f64> {
     let prefix = format!("[0] {key} ");
-    stdout
-        .lines()
-        .find_map(|l| l.strip_prefix(prefix.as_str()).and_then(|v| v.trim().parse::<f64>().ok()))
-        .ok_or_else(|| format!("no {key} in the {what} job's output:\n{stdout}"))
+    stdout.lines().find_map(|l| l.strip_prefix(prefix.as_str()).and_then(|v| v.trim().parse::<f64>().ok()))
 }
 
 #[cfg(test)]

@@ -24,7 +24,7 @@ use std::sync::{Arc, Mutex, Weak};
 use weft_sync::{Attach, CompletionCell, Error, Progress, SignalListener, Status, Step, SyncObject};
 
 use crate::engine::Engine;
-use crate::operation::{new_operation, Operation};
+use crate::operation::{new_operation, recycle, Operation};
 use crate::progress::sync_hook;
 use crate::request::Request;
 use crate::runtime::Runtime;
@@ -83,6 +83,9 @@ const PANICKED: Error = Error::InvalidArgument("continuation callback panicked")
 pub struct ContinuationRequest {
     /// The rank; its pool runs [`Invoke::Pool`] callbacks.
     engine: Arc<Engine>,
+    /// The rank's progress, as the waits for the callbacks drive it (made once: a wait
+    /// allocates nothing).
+    hook: Arc<dyn Progress>,
     /// Counts the callbacks not yet run; its waits drive the rank's progress.
     pending: SyncObject<()>,
 }
@@ -101,7 +104,7 @@ impl Runtime {
         // queues reach it (through their countdowns), and it must not hold the rank in turn,
         // or a rank shut down with continuations pending would never be dropped (nor its
         // callbacks run with `Cancelled`). Its waits are given the hook.
-        ContinuationRequest { engine: self.engine.clone(), pending: SyncObject::new() }
+        ContinuationRequest { engine: self.engine.clone(), hook: sync_hook(&self.engine), pending: SyncObject::new() }
     }
 }
 
@@ -120,8 +123,21 @@ unsafe impl Attach for Counted {
 /// Completes its callback's count when dropped: `Ok` once the callback returned, else
 /// the error of a panic, or `Cancelled` (a pool task dropped unrun: the runtime shut down).
 struct Countdown {
-    op: Arc<Operation>,
+    /// The counted operation (`None` once counted down).
+    op: Option<Arc<Operation>>,
     ran: bool,
+}
+
+impl Countdown {
+    /// Completes the count with `outcome`, once. The continuation request's sync object took
+    /// the outcome in `complete` and holds nothing of the operation, so this thread's pool of
+    /// operations takes it back for the next continuation (or request) made here.
+    fn count_down(&mut self, outcome: Result<Status, Error>) {
+        if let Some(op) = self.op.take() {
+            op.cell.complete(outcome);
+            recycle(op);
+        }
+    }
 }
 
 impl Drop for Countdown {
@@ -131,7 +147,7 @@ impl Drop for Countdown {
             (false, true) => Err(PANICKED),
             (false, false) => Err(Error::Cancelled),
         };
-        self.op.cell.complete(outcome);
+        self.count_down(outcome);
     }
 }
 
@@ -249,7 +265,7 @@ impl ContinuationRequest {
     /// never ran because the runtime shut down (`Cancelled`); each such error is reported
     /// once.
     pub fn wait(&self) -> Result<(), Error> {
-        self.pending.wait_all_with(&Helping { rank: sync_hook(&self.engine), engine: &self.engine })
+        self.pending.wait_all_with(&Helping { rank: &*self.hook, engine: &self.engine })
     }
 
     /// [`wait`](Self::wait) as a future, for a task in any executor (weft's pool, tokio,
@@ -271,7 +287,7 @@ impl ContinuationRequest {
     /// assert_eq!(cr.pending(), 0);
     /// ```
     pub async fn wait_async(&self) -> Result<(), Error> {
-        let helping = Helping { rank: sync_hook(&self.engine), engine: &self.engine };
+        let helping = Helping { rank: &*self.hook, engine: &self.engine };
         self.pending.drained_with(&helping).await
     }
 
@@ -293,7 +309,7 @@ impl ContinuationRequest {
         let op = new_operation(|_| {});
         let counted = self.pending.attach_counted(&mut Counted(op.clone()));
         debug_assert!(counted.is_ok(), "a fresh operation is attachable");
-        let countdown = Countdown { op, ran: false };
+        let countdown = Countdown { op: Some(op), ran: false };
         let rank = Arc::downgrade(&self.engine);
         move |value: T| match invoke {
             Invoke::Inline => run_counted(countdown, f, value),
@@ -306,7 +322,7 @@ impl ContinuationRequest {
 /// nothing to do, a pool task (an [`Invoke::Pool`] callback, say), so that a wait with no
 /// pool workers (`workers(0)`) runs the callbacks it waits for.
 struct Helping<'a> {
-    rank: Arc<dyn Progress>,
+    rank: &'a dyn Progress,
     engine: &'a Engine,
 }
 
@@ -338,9 +354,7 @@ fn run_counted<T>(mut countdown: Countdown, f: impl FnOnce(T), value: T) {
     match catch_unwind(AssertUnwindSafe(|| f(value))) {
         Ok(()) => countdown.ran = true,
         // Caught: `countdown` would drop as not panicking any more.
-        Err(_) => {
-            countdown.op.cell.complete(Err(PANICKED));
-        }
+        Err(_) => countdown.count_down(Err(PANICKED)),
     }
 }
 

@@ -3,7 +3,13 @@
 //! in flight. Matching queues hold these, not the user's [`Request`](crate::Request)s.
 //!
 //! Operations come from a thread-local pool ([Goodell 2010]: thread-local request pools), so
-//! a send or receive allocates nothing in steady state.
+//! a send or receive allocates nothing in steady state. An operation goes back to the pool
+//! of the thread that drops it last: the waiting thread for a request waited for, the
+//! completing thread for one dropped in flight or whose result went to a continuation. Where
+//! one thread posts and others complete, the completers' pools would fill while the poster's
+//! ran dry: past [`POOL_MAX`], and when the thread ends, a thread's spares go to a small
+//! process-wide queue ([`SHARED_MAX`]), from which a thread whose pool is empty takes before
+//! it allocates.
 
 use std::any::Any;
 use std::cell::RefCell;
@@ -62,22 +68,64 @@ impl Default for Operation {
     }
 }
 
-/// Pooled requests per thread; beyond this many the extras are freed.
-const POOL_MAX: usize = 4096;
+/// Pooled requests per thread; beyond this many the extras go to the shared queue.
+const POOL_MAX: usize = 1024;
+
+/// Operations the process-wide queue keeps; beyond this many the extras are freed.
+#[cfg(not(loom))]
+const SHARED_MAX: usize = 16384;
+
+/// The process-wide queue of spare operations (module docs). Not under loom: an operation
+/// made in one model execution must not reach the next.
+#[cfg(not(loom))]
+fn shared() -> &'static crossbeam_queue::ArrayQueue<Arc<Operation>> {
+    static SHARED: std::sync::OnceLock<crossbeam_queue::ArrayQueue<Arc<Operation>>> = std::sync::OnceLock::new();
+    SHARED.get_or_init(|| crossbeam_queue::ArrayQueue::new(SHARED_MAX))
+}
+
+/// A spare operation of another thread, if the shared queue has one.
+#[inline(never)]
+fn take_shared() -> Option<Arc<Operation>> {
+    #[cfg(not(loom))]
+    return shared().pop();
+    #[cfg(loom)]
+    None
+}
+
+/// Hands a spare operation to the other threads (freed if the queue is full).
+#[inline(never)]
+fn give_shared(arc: Arc<Operation>) {
+    #[cfg(not(loom))]
+    let _ = shared().push(arc);
+    #[cfg(loom)]
+    drop(arc);
+}
+
+/// A thread's spare operations; a thread that ends hands them to the shared queue (a task
+/// runtime's short-lived threads would otherwise take theirs with them).
+struct Pool(RefCell<Vec<Arc<Operation>>>);
+
+impl Drop for Pool {
+    fn drop(&mut self) {
+        for arc in self.0.get_mut().drain(..) {
+            give_shared(arc);
+        }
+    }
+}
 
 thread_local! {
-    static POOL: RefCell<Vec<Arc<Operation>>> = const { RefCell::new(Vec::new()) };
+    static POOL: Pool = const { Pool(RefCell::new(Vec::new())) };
 }
 
 /// A fresh (or recycled) inner, set up by `init` while still exclusively owned.
 #[inline]
 pub(crate) fn new_operation(init: impl FnOnce(&mut Operation)) -> Arc<Operation> {
-    match pool().and_then(|p| p.borrow_mut().pop()) {
+    match pool().and_then(|p| p.borrow_mut().pop()).or_else(take_shared) {
         Some(arc) => {
             // SAFETY: `recycle` pools an `Arc` only when it is the sole strong reference and no
-            // `Weak` exists (one is made only by an operation that makes a relay), and the pool is thread-local, so nothing else
-            // can reach this `Operation` until we hand the `Arc` out: the exclusive borrow is
-            // sound. (`Arc::get_mut` would prove the same with a locked compare-exchange on
+            // `Weak` exists (one is made only by an operation that makes a relay), and the pool
+            // is thread-local, so nothing else can reach this `Operation` until we hand the
+            // `Arc` out: the exclusive borrow is sound. (`Arc::get_mut` would prove the same with a locked compare-exchange on
             // the weak count, once per message.)
             let inner = unsafe { &mut *Arc::as_ptr(&arc).cast_mut() };
             inner.cell.reset();
@@ -108,11 +156,13 @@ pub(crate) fn recycle(arc: Arc<Operation>) {
     // decrement), as `Arc`'s own drop does before freeing.
     if Arc::strong_count(&arc) == 1 && Arc::weak_count(&arc) == 0 && arc.cell.is_complete() {
         fence(Ordering::Acquire);
-        if let Some(p) = pool() {
-            let mut p = p.borrow_mut();
-            if p.len() < POOL_MAX {
-                p.push(arc);
-            }
+        let Some(p) = pool() else { return };
+        let mut p = p.borrow_mut();
+        if p.len() < POOL_MAX {
+            p.push(arc);
+        } else {
+            drop(p);
+            give_shared(arc);
         }
     }
 }
@@ -122,7 +172,8 @@ pub(crate) fn recycle(arc: Arc<Operation>) {
 /// less on each side).
 #[inline(always)]
 fn pool() -> Option<&'static RefCell<Vec<Arc<Operation>>>> {
-    // SAFETY: the pool lives until this thread's thread-local destructors run; the reference
-    // is used only within the calling function (never kept) and never by a destructor.
-    POOL.try_with(|p| unsafe { &*(p as *const RefCell<Vec<Arc<Operation>>>) }).ok()
+    // SAFETY: the pool lives until its own destructor runs, after which `try_with` fails;
+    // the reference is used only within the calling function, which runs no destructor of
+    // this thread's thread-locals meanwhile.
+    POOL.try_with(|p| unsafe { &*(&p.0 as *const RefCell<Vec<Arc<Operation>>>) }).ok()
 }

@@ -118,6 +118,13 @@ fn each_rank_says_with_env(n: u32, provider: &str, options: &[&str], env: &[(&st
     }
 }
 
+/// Every distributed lock across 3 processes, 2 threads each: exclusion checked by every
+/// holder, the count of non-atomic increments exact.
+#[test]
+fn every_distributed_lock_excludes_across_processes_on_shm() {
+    each_rank_says(3, "shm", &["--timeout", "120"], "locks", "locks ok: rank");
+}
+
 #[test]
 fn comms_at_4_ranks_on_shm() {
     comms_at_4("shm");

@@ -194,5 +194,12 @@ impl Engine {
             self.transport.recycle(h.source, frame.payload);
         }
         req.cell.complete(outcome);
+        if Arc::strong_count(&req) == 1 {
+            // Nothing waits for the request any more (dropped, or its result went to a
+            // continuation): the buffer of a dropped one goes now, and the operation back to
+            // this thread's pool.
+            drop(req.orphan.lock().take());
+            crate::operation::recycle(req);
+        }
     }
 }

@@ -24,6 +24,7 @@
 //! | `order` | >= 2 | every rank sends 200 eager and rendezvous messages, interleaved on one tag, to the next rank on a ring; they arrive in send order |
 //! | `large` | >= 2 | every rank sends a 64 MiB message to the next rank on a ring, all at once (at 2 ranks: an exchange), contents checked |
 //! | `alltoall` | >= 2 | every rank sends 64 KiB (rendezvous) to every other at once, 40 rounds, contents checked |
+//! | `locks [ACQUISITIONS]` | >= 2 | every distributed lock of `weft::dlock` in turn (D-MCS, RMA-MCS, RMA-RW, foMPI-style spin and reader-writer), `--threads` threads per rank (default 2) taking it ACQUISITIONS times each (default 100; one in `--write-every` a write for the reader-writer locks, default 4): a writer increments a word on rank 0 non-atomically (get, add, put, flush), a reader reads it twice; words on rank 0 that count the writers and readers inside find any writer beside another holder; the final count is exact |
 //! | `comms` | >= 2 | split into halves, `create_group` of the first and last rank, then the blocking collectives on both, and two nonblocking allreduces and an alltoall outstanding at once |
 //! | `rma` | >= 2 | one-sided windows: every rank puts into the next rank on a ring, adds 500 times to counters on rank 0 (a native 64-bit and an emulated 32-bit atomic) increments a word on rank 0 100 times under the D-MCS lock (`weft::dlock`, get and put), and takes the RMA-RW lock over the ranks' hosts 100 times (one in four a write that increments another word); the slots and the exact counts are checked |
 //! | `all` | even | `pingpong`, `multirate`, `wildcard`, `order` and `large` in turn, each on a communicator of its own |
@@ -46,7 +47,7 @@ use std::time::{Duration, Instant};
 mod soak;
 
 use clap::{Parser, Subcommand};
-use weft::dlock::{DMcs, Levels, RmaRw, Thresholds};
+use weft::dlock::{DMcs, FompiRw, Levels, RmaMcs, RmaRw, SpinLock, Thresholds};
 use weft::rma::{Op, Window};
 use weft::{Communicator, Error, Request, Runtime, Source, Status, Tag};
 
@@ -89,6 +90,18 @@ enum Check {
     Alltoall,
     /// [2+ ranks] one-sided windows: a put on a ring, 500 atomic adds and 100 D-MCS-locked increments per rank on rank 0
     Rma,
+    /// [2+ ranks] every distributed lock in turn, THREADS threads per rank each taking it ACQUISITIONS times; exclusion checked, final count exact
+    Locks {
+        /// Acquisitions of each lock by each thread.
+        #[arg(value_name = "ACQUISITIONS", default_value_t = 100)]
+        acquisitions: u64,
+        /// Threads per rank.
+        #[arg(long, default_value_t = 2)]
+        threads: u32,
+        /// Every this many acquisitions of a reader-writer lock, one is a write.
+        #[arg(long, default_value_t = 4)]
+        write_every: u64,
+    },
     /// [2+ ranks] split into halves, create_group of the first and last rank, then barrier, bcast, allreduce, allgather, reduce, gather, scatter, and two iallreduces and an ialltoall at once
     Comms,
     /// [even ranks] pingpong, multirate, wildcard, order and large in turn
@@ -205,6 +218,7 @@ impl Check {
             Check::Large => "large",
             Check::Alltoall => "alltoall",
             Check::Rma => "rma",
+            Check::Locks { .. } => "locks",
             Check::Comms => "comms",
             Check::All => "all",
             Check::PeerLost => "peer-lost",
@@ -231,6 +245,7 @@ impl Check {
             | Check::Large
             | Check::Alltoall
             | Check::Rma
+            | Check::Locks { .. }
             | Check::Comms
             | Check::Soak { .. }
             | Check::CollPeerLost => Ranks::AtLeastTwo,
@@ -661,6 +676,136 @@ fn rma(c: &Communicator) -> Res {
     Ok(())
 }
 
+/// Words of the `locks` check's window on rank 0, per lock: the count the writers increment,
+/// the writers inside and the readers inside.
+const LOCK_WORDS: usize = 3;
+
+/// `locks`: every lock of `weft::dlock` in turn under [`lock_stress`]; prints each lock's
+/// acquisitions and time.
+fn locks(c: &Communicator, acquisitions: u64, threads: u32, write_every: u64) -> Res {
+    if threads == 0 || write_every == 0 {
+        return Err("locks: --threads and --write-every must be at least 1".into());
+    }
+    let (levels, t) = (Levels::hosts(), Thresholds { t_r: 4, ..Thresholds::default() });
+    let w: Window<'_, u64> = c.window(5 * LOCK_WORDS).map_err(e)?;
+    let p = StressParams { acquisitions, threads, write_every };
+    let home = c.size() - 1;
+    let mut done = Vec::new();
+    let dmcs = DMcs::new(c, home).map_err(e)?;
+    done.push(lock_stress(c, &w, (0, "d-mcs"), &p.exclusive(), || dmcs.lock(), || dmcs.lock(), |g| g.unlock())?);
+    let mcs = RmaMcs::new(c, &levels, &t).map_err(e)?;
+    done.push(lock_stress(c, &w, (1, "rma-mcs"), &p.exclusive(), || mcs.lock(), || mcs.lock(), |g| g.unlock())?);
+    let rw = RmaRw::new(c, &levels, &t).map_err(e)?;
+    done.push(lock_stress(c, &w, (2, "rma-rw"), &p, || rw.read(), || rw.write(), |g| g.unlock())?);
+    let spin = SpinLock::new(c, home).map_err(e)?;
+    done.push(lock_stress(c, &w, (3, "fompi-spin"), &p.exclusive(), || spin.lock(), || spin.lock(), |g| g.unlock())?);
+    let frw = FompiRw::new(c, home).map_err(e)?;
+    done.push(lock_stress(c, &w, (4, "fompi-rw"), &p, || frw.read(), || frw.write(), |g| g.unlock())?);
+    goodbye(c)?;
+    drop((dmcs, mcs, rw, spin, frw));
+    w.free().map_err(e)?;
+    println!(
+        "locks ok: rank {} of {}, {threads} threads x {acquisitions} acquisitions of each lock: {}",
+        c.rank(),
+        c.size(),
+        done.join(", ")
+    );
+    Ok(())
+}
+
+/// How [`lock_stress`] takes a lock.
+struct StressParams {
+    acquisitions: u64,
+    threads: u32,
+    write_every: u64,
+}
+
+impl StressParams {
+    /// The same for a mutual-exclusion lock: every acquisition writes.
+    fn exclusive(&self) -> StressParams {
+        StressParams { write_every: 1, ..*self }
+    }
+}
+
+/// `p.threads` threads of this rank take a lock `p.acquisitions` times each, every
+/// `p.write_every`-th time with `write`, else with `read`. A writer increments word
+/// `LOCK_WORDS * slot` on rank 0 non-atomically (get, add, put, flush); a reader reads it
+/// twice and finds it unchanged. The next two words count the writers and the readers
+/// inside: each holder raises its own and finds the other (and, a writer, its own) as the
+/// lock allows. Then the count on rank 0 must be the writes of every rank. `lock` is the
+/// lock's slot of words and its name; returns its line of the summary.
+fn lock_stress<G>(
+    c: &Communicator,
+    w: &Window<'_, u64>,
+    (slot, name): (usize, &str),
+    p: &StressParams,
+    read: impl Fn() -> Result<G, Error> + Sync,
+    write: impl Fn() -> Result<G, Error> + Sync,
+    unlock: impl Fn(G) -> Result<(), Error> + Sync,
+) -> Result<String, String> {
+    let (count, writers, readers) = (LOCK_WORDS * slot, LOCK_WORDS * slot + 1, LOCK_WORDS * slot + 2);
+    let fail = |what: String| format!("{name}: {what}");
+    c.barrier().map_err(e)?;
+    let t0 = Instant::now();
+    let writes: Result<u64, String> = std::thread::scope(|s| {
+        let hs: Vec<_> = (0..u64::from(p.threads))
+            .map(|t| {
+                let (read, write, unlock, fail) = (&read, &write, &unlock, &fail);
+                s.spawn(move || -> Result<u64, String> {
+                    let mut writes = 0;
+                    for i in 0..p.acquisitions {
+                        if (i + t + u64::from(c.rank())) % p.write_every == 0 {
+                            let g = write().map_err(e)?;
+                            let others = w.fetch_and_op(0, writers, 1, Op::Sum).map_err(e)?;
+                            let inside = w.fetch_and_op(0, readers, 0, Op::NoOp).map_err(e)?;
+                            if others != 0 || inside != 0 {
+                                return Err(fail(format!("a writer found {others} other writers and {inside} readers inside")));
+                            }
+                            let mut v = [0u64];
+                            w.get(0, count, &mut v).map_err(e)?;
+                            w.put(0, count, &[v[0] + 1]).map_err(e)?;
+                            w.flush(0).map_err(e)?;
+                            w.fetch_and_op(0, writers, u64::MAX, Op::Sum).map_err(e)?;
+                            unlock(g).map_err(e)?;
+                            writes += 1;
+                        } else {
+                            let g = read().map_err(e)?;
+                            w.fetch_and_op(0, readers, 1, Op::Sum).map_err(e)?;
+                            let inside = w.fetch_and_op(0, writers, 0, Op::NoOp).map_err(e)?;
+                            let (mut a, mut b) = ([0u64], [0u64]);
+                            w.get(0, count, &mut a).map_err(e)?;
+                            w.get(0, count, &mut b).map_err(e)?;
+                            w.fetch_and_op(0, readers, u64::MAX, Op::Sum).map_err(e)?;
+                            unlock(g).map_err(e)?;
+                            if inside != 0 || a != b {
+                                return Err(fail(format!(
+                                    "a reader found {inside} writers inside, and the count went from {} to {}",
+                                    a[0], b[0]
+                                )));
+                            }
+                        }
+                    }
+                    Ok(writes)
+                })
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().map_err(|_| fail("a thread panicked".into()))?).sum()
+    });
+    let writes = writes?;
+    let took = t0.elapsed();
+    let mut all = [0u64];
+    c.allreduce(&[writes], &mut all, weft::Op::Sum).map_err(e)?;
+    if c.rank() == 0 {
+        let mut v = [0u64];
+        w.read_local(count, &mut v).map_err(e)?;
+        check(v[0] == all[0], || {
+            fail(format!("expected a count of {} writes, found {} (an update was lost: two writers were inside)", all[0], v[0]))
+        })?;
+    }
+    let n = u64::from(p.threads) * p.acquisitions;
+    Ok(format!("{name} {n} ({writes} writes) in {:.2} s", took.as_secs_f64()))
+}
+
 /// `comms`: communicators over a subset of the ranks and the collectives on them, against
 /// what each rank computes alone.
 fn comms(c: &Communicator) -> Res {
@@ -1026,6 +1171,7 @@ fn run_step(check: Check, rt: &Runtime, c: &Communicator) -> Res {
         Check::Large => large(c),
         Check::Alltoall => alltoall(c),
         Check::Rma => rma(c),
+        Check::Locks { acquisitions, threads, write_every } => locks(c, acquisitions, threads, write_every),
         Check::Comms => comms(c),
         Check::PeerLost => peer_lost(c),
         Check::PeerLostRead => peer_lost_read(rt, c),
@@ -1277,7 +1423,7 @@ mod tests {
     fn help_lists_every_check_with_the_ranks_it_takes() {
         let help = Cli::command().render_help().to_string();
         let checks = every_check();
-        assert_eq!(checks.len(), 22, "{help}");
+        assert_eq!(checks.len(), 23, "{help}");
         for (name, check, about) in &checks {
             assert_eq!(check.name(), name);
             assert!(about.starts_with(check.ranks().tag()), "{name}: {about:?} should start with {}", check.ranks().tag());
