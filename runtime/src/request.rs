@@ -515,3 +515,14 @@ impl<B: Send + 'static> Request<'_, B> {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    /// A request is moved on every call that makes, stores or takes one: it stays at most
+    /// eleven words on 64-bit targets (rare-path state lives in its operation).
+    #[cfg(target_pointer_width = "64")]
+    #[test]
+    fn a_request_stays_small() {
+        assert!(std::mem::size_of::<super::Request<'static, Vec<u8>>>() <= 88);
+    }
+}
