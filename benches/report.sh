@@ -264,9 +264,11 @@ bench "Partitioned sends" \
     "$BENCH" partitioned --provider "$([ "$OFI" = 1 ] && echo embedded,shm || echo embedded)" -t 1,2,4,8 -s $(q "65536,1048576,16777216" "65536") $(q "" "--rounds 1") --markdown --plot "$OUT/partitioned.svg"
 echo "## Distributed locks"
 echo
-bench "The seed's benchmarks, 4 in-process ranks" \
-    "$BENCH" dlock $(q "" "--ops 5") --markdown --plot "$OUT/dlock.svg"
-"$BENCH" dlock --lock rma-rw,fompi-rw --bench warb --writers 0.002,0.2 -r 4 $(q "" "--ops 5") --markdown
+bench "The seed's benchmarks, in-process ranks on a simulated machine" \
+    "$BENCH" dlock --bench lb,ecsb,sob,wcsb,warb --ranks 4,16,64,256 --levels 4,4 --level-cost-ns 1000,2000 $(q "--ops 200" "--ops 5") --markdown --plot "$OUT/dlock.svg"
+"$BENCH" dlock --bench lb --lock d-mcs,rma-mcs,fompi-spin --ranks 16,64,256 --levels 4,4 --level-cost-ns 1000,2000 $(q "--ops 300" "--ops 5") --markdown
+"$BENCH" dlock --bench ecsb,sob --lock rma-rw,fompi-rw --writers 0.002 --ranks 16,64,256 --levels 4,4 --level-cost-ns 1000,2000 $(q "--ops 300" "--ops 5") --markdown
+"$BENCH" dlock --bench lb --ranks $(q 1024 64) --levels 16,8 --level-cost-ns 1000,2000 --ops 5 --markdown
 if [ "$OFI" = 1 ]; then
     bench "The seed's benchmarks, ranks as processes on shm" \
         "$BENCH" dlock --provider shm --launch weftrun --bench lb,ecsb --ranks $(q "2,4,8,16" "2") $(q "" "--ops 5") --markdown --plot "$OUT/dlock-procs.svg"
@@ -274,4 +276,4 @@ else
     skip "dlock across processes: $NO_OFI"
 fi
 bench "The distributed hash table" \
-    "$BENCH" dht --ranks 4,8 --writers 0.002,0.2 --access one,spread $(q "" "--ops 20") --markdown
+    "$BENCH" dht --ranks 4,8 --writers 0.002,0.2 --access one,spread $(q "--ops 20000" "--ops 20") --markdown

@@ -11,18 +11,23 @@
 //!
 //! Each acquisition is a write with probability `--writers` (`F_W`; the mutual-exclusion
 //! locks always write and report 1). RMA-MCS and RMA-RW use `--levels` simulated machine
-//! levels (ranks per node, then nodes per rack, ...), the same for every row.
+//! levels (ranks per node, then nodes per rack, ...), the same for every row. With
+//! `--level-cost-ns` (one cost per level), the embedded provider simulates that machine: an
+//! RMA operation between ranks of different nodes (racks, ...) is delayed by the cost of
+//! each level it crosses (`weft::LevelCost`); every row and the header note state the model.
 //!
-//! Columns: `bench,lock,provider,launch,ranks,threads,writers_fraction,t_dc,t_l,t_r,ops_per_sec,latency_us`
-//! (`launch`: `in-process` or `weftrun`; `ops_per_sec`: acquisitions of all ranks per second; `latency_us`: mean time of one
-//! acquire plus release; `t_dc`, `t_l`, `t_r` are `-` where the lock has none). A last note
-//! (stderr with `--csv`) states the process's peak RSS (the in-process ranks').
+//! Columns: `bench,lock,provider,launch,ranks,threads,writers_fraction,t_dc,t_l,t_r,levels,level_cost_ns,ops_per_sec,latency_us`
+//! (`launch`: `in-process` or `weftrun`; `ops_per_sec`: acquisitions of all ranks per
+//! second; `latency_us`: mean time of one acquire plus release; `t_dc`, `t_l`, `t_r` are `-`
+//! where the lock has none; `levels` is `--levels` and `level_cost_ns` the crossing costs,
+//! `/`-separated, `0` with no cost, `-` on libfabric). A last note (stderr with `--csv`)
+//! states the process's peak RSS (the in-process ranks').
 
 use std::time::{Duration, Instant};
 
 use weft::dlock::{DMcs, FompiRw, Levels, RmaMcs, RmaRw, SpinLock, Thresholds};
 use weft::rma::{Op, Window};
-use weft::{Communicator, Provider, Runtime};
+use weft::{Communicator, LevelCost, Provider, Runtime};
 
 use crate::report::{rank0_value, weftrun_output};
 
@@ -61,6 +66,10 @@ pub struct Args {
     /// node; `4,2` also 2 nodes per rack; `flat` is one level).
     #[arg(long, default_value = "2")]
     levels: String,
+    /// Delay of an RMA operation that crosses each simulated level, in nanoseconds, innermost
+    /// first (one per `--levels` size; embedded provider); `0`: no cost.
+    #[arg(long, default_value = "0")]
+    level_cost_ns: String,
     /// `T_DC` values to sweep (RMA-RW; 0: one counter per node).
     #[arg(long, default_value = "0")]
     t_dc: String,
@@ -257,7 +266,8 @@ fn measure(p: &Point, levels: &Levels, a: &Args) -> Result<(f64, f64), String> {
     if p.launch == Launch::Weftrun {
         return launch(p, a);
     }
-    let rts = Runtime::builder().provider(p.provider).build_local(p.ranks).map_err(|e| e.to_string())?;
+    let cost = if p.provider == Provider::Embedded { parse_cost(&a.levels, &a.level_cost_ns)? } else { LevelCost::default() };
+    let rts = Runtime::builder().provider(p.provider).level_cost(cost).build_local(p.ranks).map_err(|e| e.to_string())?;
     let results: Vec<Result<(Duration, Duration), weft::Error>> = std::thread::scope(|s| {
         let hs: Vec<_> = rts.iter().map(|rt| s.spawn(move || rank_run(rt.world(), p, levels, a.ops))).collect();
         hs.into_iter().map(|h| h.join().expect("a rank panicked")).collect()
@@ -368,9 +378,46 @@ fn rank_worker(p: &Point, levels: &Levels, ops: u64) -> Result<(), String> {
     Ok(())
 }
 
+/// The columns of the output (module docs).
+const COLUMNS: [&str; 14] = [
+    "bench",
+    "lock",
+    "provider",
+    "launch",
+    "ranks",
+    "threads",
+    "writers_fraction",
+    "t_dc",
+    "t_l",
+    "t_r",
+    "levels",
+    "level_cost_ns",
+    "ops_per_sec",
+    "latency_us",
+];
+
 /// `--levels`: `flat`, or simulated sizes innermost first.
 pub(crate) fn parse_levels(s: &str) -> Result<Levels, String> {
     Ok(if s == "flat" { Levels::flat() } else { Levels::simulated(&parse_list::<u32>(s)?) })
+}
+
+/// `--levels` with `--level-cost-ns`: the embedded provider's model (none for `0`).
+pub(crate) fn parse_cost(levels: &str, costs: &str) -> Result<LevelCost, String> {
+    let costs: Vec<u64> = parse_list(costs)?;
+    if costs.iter().all(|&c| c == 0) {
+        return Ok(LevelCost::default());
+    }
+    if levels == "flat" {
+        return Err("--level-cost-ns needs simulated --levels (sizes, not flat)".into());
+    }
+    LevelCost::new(&parse_list::<u32>(levels)?, &costs).map_err(|e| format!("--levels / --level-cost-ns: {e}"))
+}
+
+/// The sizes and costs of a model, `/`-separated (`0` for none).
+pub(crate) fn model_cells(cost: &LevelCost) -> (String, String) {
+    let (sizes, costs) = cost.levels();
+    let join = |v: Vec<String>| if v.is_empty() { "0".to_string() } else { v.join("/") };
+    (join(sizes.iter().map(u32::to_string).collect()), join(costs.iter().map(u64::to_string).collect()))
 }
 
 /// Whether `n` draws a write with probability `writers` (`F_W`).
@@ -390,6 +437,7 @@ pub fn run(args: &Args) -> Result<(), String> {
     let t_ls: Vec<u64> = parse_list(&args.t_l)?;
     let t_rs: Vec<u64> = parse_list(&args.t_r)?;
     let levels = parse_levels(&args.levels)?;
+    let cost = parse_cost(&args.levels, &args.level_cost_ns)?;
     if ranks.contains(&0) || threads.contains(&0) || args.ops == 0 {
         return Err("ranks, threads and ops must be at least 1".into());
     }
@@ -432,14 +480,18 @@ pub fn run(args: &Args) -> Result<(), String> {
         };
         return rank_worker(p, &levels, args.ops);
     }
-    let columns = COLUMNS;
-    let mut table = Table::new(&columns, &args.out);
-    args.out.note(&format!("# levels: {} (simulated, innermost first); {} acquisitions per thread", args.levels, args.ops));
+    let mut table = Table::new(&COLUMNS, &args.out);
+    args.out.note(&format!(
+        "# levels of RMA-MCS and RMA-RW: {} (simulated, innermost first); simulated RMA cost on the embedded provider: {cost}; {} acquisitions per thread",
+        args.levels, args.ops
+    ));
     table.progress(points.len());
     table.print_header();
     for p in &points {
         table.step(|| format!("{} {} {} ranks ({}) x {} threads", p.bench.name(), p.kind.name(), p.ranks, p.launch, p.threads));
         let (rate, latency) = measure(p, &levels, args)?;
+        let in_process_embedded = p.provider == Provider::Embedded && p.launch == Launch::InProcess;
+        let model_cost = if in_process_embedded { model_cells(&cost).1 } else { "-".into() };
         let or_dash = |has: bool, v: String| if has { v } else { "-".into() };
         table.row(vec![
             p.bench.name().into(),
@@ -452,11 +504,13 @@ pub fn run(args: &Args) -> Result<(), String> {
             or_dash(p.kind == Kind::RmaRw, p.thresholds.t_dc.to_string()),
             or_dash(matches!(p.kind, Kind::RmaMcs | Kind::RmaRw), p.thresholds.t_l[0].to_string()),
             or_dash(p.kind == Kind::RmaRw, p.thresholds.t_r.to_string()),
+            args.levels.replace(',', "/"),
+            model_cost,
             format!("{rate:.0}"),
             format!("{latency:.2}"),
         ]);
     }
-    table.finish_with_plot(&chart(&args.levels), &args.plot)?;
+    table.finish_with_plot(&chart(&args.levels, &cost), &args.plot)?;
     if launches.contains(&Launch::InProcess) {
         match peak_rss_kib() {
             Some(kib) => args
@@ -469,10 +523,6 @@ pub fn run(args: &Args) -> Result<(), String> {
 }
 
 /// The process's peak resident set (`VmHWM` of `/proc/self/status`), in KiB.
-/// The columns of the table.
-const COLUMNS: [&str; 12] =
-    ["bench", "lock", "provider", "launch", "ranks", "threads", "writers_fraction", "t_dc", "t_l", "t_r", "ops_per_sec", "latency_us"];
-
 pub(crate) fn peak_rss_kib() -> Option<u64> {
     let status = std::fs::read_to_string("/proc/self/status").ok()?;
     let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
@@ -481,8 +531,9 @@ pub(crate) fn peak_rss_kib() -> Option<u64> {
 
 /// `--plot`: acquisitions per second over the rank count, one panel per benchmark, one line
 /// per lock (and per any other swept column).
-fn chart(levels: &str) -> Chart {
-    Chart::new(format!("distributed locks (RMA-MCS/RMA-RW levels: {levels})"), "ranks", "ranks")
+fn chart(levels: &str, cost: &LevelCost) -> Chart {
+    let model = if cost.is_free() { "no RMA cost".to_string() } else { format!("RMA crossing cost {} ns", model_cells(cost).1) };
+    Chart::new(format!("distributed locks (RMA-MCS/RMA-RW levels: {levels}; {model})"), "ranks", "ranks")
         .log2_x()
         .y_axis("acquisitions/s (thousands)", 1e3)
         .y("ops_per_sec", "")
@@ -503,9 +554,8 @@ mod tests {
     /// (`-`) is left out of its legend.
     #[test]
     fn plot_draws_a_line_per_lock_and_a_panel_per_bench() {
-        let columns = super::COLUMNS;
         let row = |b: &str, l: &str, r: &str, t_l: &str, ops: &str| -> Vec<String> {
-            [b, l, "embedded", "in-process", r, "1", "1", "-", t_l, "-", ops, "1.0"].iter().map(|c| c.to_string()).collect()
+            [b, l, "embedded", "in-process", r, "1", "1", "-", t_l, "-", "2", "100", ops, "1.0"].iter().map(|c| c.to_string()).collect()
         };
         let rows = [
             row("lb", "d-mcs", "2", "-", "1000"),
@@ -513,8 +563,8 @@ mod tests {
             row("lb", "rma-mcs", "2", "16", "3000"),
             row("ecsb", "rma-mcs", "4", "16", "4000"),
         ];
-        let svg = super::chart("2").svg(&columns, &rows).unwrap();
-        for text in ["lb", "ecsb", "d-mcs", "rma-mcs, T_L 16", "acquisitions/s (thousands)", "levels: 2"] {
+        let svg = super::chart("2", &weft::LevelCost::new(&[2], &[100]).unwrap()).svg(&super::COLUMNS, &rows).unwrap();
+        for text in ["lb", "ecsb", "d-mcs", "rma-mcs, T_L 16", "acquisitions/s (thousands)", "levels: 2", "RMA crossing cost 100 ns"] {
             assert!(svg.contains(text), "{text:?} missing from the SVG");
         }
         assert!(!svg.contains("T_L -"), "a threshold the lock has none of is not in its legend");

@@ -99,6 +99,11 @@ impl Peer {
     /// Runs the program on `ranks` processes over `provider`'s kind of transport (at most
     /// `timeout_s` seconds) and returns the number after `key ` in its output.
     pub fn run(&self, ranks: usize, provider: Provider, timeout_s: u64, args: &[String], key: &str) -> Result<f64, String> {
+        Ok(self.run_keys(ranks, provider, timeout_s, args, &[key])?[0])
+    }
+
+    /// [`run`](Self::run) for several values of one job: the number after each of `keys`.
+    pub fn run_keys(&self, ranks: usize, provider: Provider, timeout_s: u64, args: &[String], keys: &[&str]) -> Result<Vec<f64>, String> {
         let out =
             self.command(ranks, provider, timeout_s).args(args).output().map_err(|e| format!("{}: {e}", self.flavor.tool("mpirun")))?;
         let stdout = String::from_utf8_lossy(&out.stdout);
@@ -110,7 +115,9 @@ impl Peer {
                 String::from_utf8_lossy(&out.stderr)
             ));
         }
-        parse_value(&stdout, key).ok_or_else(|| format!("no {key} in the {} job's output:\n{stdout}", self.flavor.name()))
+        keys.iter()
+            .map(|key| parse_value(&stdout, key).ok_or_else(|| format!("no {key} in the {} job's output:\n{stdout}", self.flavor.name())))
+            .collect()
     }
 
     fn command(&self, ranks: usize, provider: Provider, timeout_s: u64) -> Command {

@@ -4,7 +4,10 @@
 //! Each rank of a job times `Runtime::builder().build()` followed by a barrier on the world
 //! (every rank has joined and can reach every other) and prints it; `init_ms` is the
 //! slowest rank's time, `job_ms` the job's wall time from starting the launcher to its exit
-//! (process creation, start-up, teardown). With `--peer openmpi` the same is measured for
+//! (process creation, start-up, teardown), `cpu_ms` the mean over the ranks of the CPU time
+//! each process used until then (user and system, from `exec` on: loading the libraries
+//! included), which other work on the machine barely changes: ranks x `cpu_ms` / cores is
+//! the least a job's start can take on an oversubscribed machine. With `--peer openmpi` the same is measured for
 //! `MPI_Init` + `MPI_Barrier` of the project's C program (`benches/peers/startup.c`) under
 //! Open MPI's `mpirun`. Medians of `--runs`; every configuration above 2 ranks is
 //! oversubscribed on a 2-core machine, which is what the numbers show there.
@@ -57,37 +60,52 @@ pub struct Args {
 /// What a rank prints: its rank and its start-up time in µs.
 const KEY: &str = "STARTUP_US";
 
-/// One rank: time the runtime's start and a barrier, print it.
+/// CPU time (user and system) this process has used, in µs.
+fn cpu_us() -> f64 {
+    let mut ru = std::mem::MaybeUninit::<libc::rusage>::zeroed();
+    // SAFETY: `ru` is a writable rusage; RUSAGE_SELF is always valid.
+    if unsafe { libc::getrusage(libc::RUSAGE_SELF, ru.as_mut_ptr()) } != 0 {
+        return f64::NAN;
+    }
+    // SAFETY: getrusage succeeded and filled it.
+    let ru = unsafe { ru.assume_init() };
+    let tv = |t: libc::timeval| t.tv_sec as f64 * 1e6 + t.tv_usec as f64;
+    tv(ru.ru_utime) + tv(ru.ru_stime)
+}
+
+/// One rank: time the runtime's start and a barrier, print it and the CPU time used.
 fn rank_worker() -> Result<(), String> {
     let t0 = Instant::now();
     let rt = Runtime::builder().build().map_err(|e| e.to_string())?;
     rt.world().barrier().map_err(|e| e.to_string())?;
     let us = t0.elapsed().as_secs_f64() * 1e6;
-    println!("{KEY} {} {us:.0}", rt.rank());
+    println!("{KEY} {} {us:.0} {:.0}", rt.rank(), cpu_us());
     // Nobody leaves while a peer may still be starting.
     rt.world().barrier().map_err(|e| e.to_string())?;
     Ok(())
 }
 
-/// The slowest rank's time in `stdout` (lines `[r] STARTUP_US r us` or `STARTUP_US r us`),
-/// if every one of `ranks` reported.
-fn slowest(stdout: &str, ranks: usize) -> Option<f64> {
+/// The slowest rank's time and the ranks' mean CPU time in `stdout` (lines
+/// `[r] STARTUP_US r us cpu_us` or `STARTUP_US r us cpu_us`), if every one of `ranks`
+/// reported.
+fn slowest(stdout: &str, ranks: usize) -> Option<(f64, f64)> {
     let mut seen = vec![None; ranks];
     for l in stdout.lines() {
         let Some(rest) = l.split_once(KEY).map(|(_, r)| r.trim()) else { continue };
         let mut it = rest.split_whitespace();
-        let (Some(r), Some(us)) = (it.next().and_then(|r| r.parse::<usize>().ok()), it.next().and_then(|v| v.parse::<f64>().ok())) else {
-            continue;
-        };
-        if let Some(slot) = seen.get_mut(r) {
-            *slot = Some(us);
+        let mut num = || it.next().and_then(|v| v.parse::<f64>().ok());
+        let (Some(r), Some(us), Some(cpu)) = (num(), num(), num()) else { continue };
+        if let Some(slot) = seen.get_mut(r as usize) {
+            *slot = Some((us, cpu));
         }
     }
-    seen.into_iter().try_fold(0.0f64, |m, v| v.map(|v| m.max(v)))
+    let seen = seen.into_iter().collect::<Option<Vec<_>>>()?;
+    Some((seen.iter().fold(0.0f64, |m, v| m.max(v.0)), seen.iter().map(|v| v.1).sum::<f64>() / ranks as f64))
 }
 
-/// One job of `n` ranks; `(slowest rank's start in µs, the job's wall time in ms)`.
-fn job(launcher: &str, n: usize, provider: Provider, timeout: u64) -> Result<(f64, f64), String> {
+/// One job of `n` ranks; `(slowest rank's start in µs, the job's wall time in ms, the ranks'
+/// mean CPU time in µs)`.
+fn job(launcher: &str, n: usize, provider: Provider, timeout: u64) -> Result<(f64, f64, f64), String> {
     let (exe, weftrun) = crate::report::self_and_weftrun()?;
     let mut cmd = match launcher {
         "weftrun" => {
@@ -117,8 +135,8 @@ fn job(launcher: &str, n: usize, provider: Provider, timeout: u64) -> Result<(f6
     if !out.status.success() {
         return Err(format!("{launcher} job of {n} ranks failed ({}):\n{stdout}{}", out.status, String::from_utf8_lossy(&out.stderr)));
     }
-    let us = slowest(&stdout, n).ok_or_else(|| format!("not every rank of the {launcher} job reported its start:\n{stdout}"))?;
-    Ok((us, wall))
+    let (us, cpu) = slowest(&stdout, n).ok_or_else(|| format!("not every rank of the {launcher} job reported its start:\n{stdout}"))?;
+    Ok((us, wall, cpu))
 }
 
 /// Runs the sweep.
@@ -139,9 +157,9 @@ pub fn run(a: &Args) -> Result<(), String> {
         Some(f) => Some(Peer::build(f.parse::<Flavor>()?, "startup-mpi", include_str!("../peers/startup.c"))?),
         None => None,
     };
-    let mut table = Table::new(&["launcher", "ranks", "provider", "init_ms", "job_ms"], &a.out);
+    let mut table = Table::new(&["launcher", "ranks", "provider", "init_ms", "job_ms", "cpu_ms"], &a.out);
     a.out.note(&format!(
-        "# weft-bench startup: build() + barrier on every rank (the slowest), and the job's wall time; runs={} (median) cores={}",
+        "# weft-bench startup: build() + barrier on every rank (the slowest), the job's wall time, CPU time per rank until then; runs={} (median) cores={}",
         a.runs,
         std::thread::available_parallelism().map_or(1, |n| n.get())
     ));
@@ -150,37 +168,27 @@ pub fn run(a: &Args) -> Result<(), String> {
     table.print_header();
     for &n in &ranks {
         for launcher in &launchers {
-            let (mut init, mut wall) = (Vec::new(), Vec::new());
+            let (mut init, mut wall, mut cpu) = (Vec::new(), Vec::new(), Vec::new());
             for run in 0..a.runs {
                 table.step(|| format!("{launcher}, {n} ranks, run {}", run + 1));
-                let (us, ms) = job(launcher, n, provider, a.timeout)?;
+                let (us, ms, cpu_us) = job(launcher, n, provider, a.timeout)?;
                 init.push(us / 1e3);
                 wall.push(ms);
+                cpu.push(cpu_us / 1e3);
             }
-            table.row(vec![
-                launcher.clone(),
-                n.to_string(),
-                provider.to_string(),
-                format!("{:.1}", median(&init)),
-                format!("{:.0}", median(&wall)),
-            ]);
+            table.row(row(launcher.clone(), n, provider, &init, &wall, &cpu));
         }
         if let Some(peer) = &peer {
-            let (mut init, mut wall) = (Vec::new(), Vec::new());
+            let (mut init, mut wall, mut cpu) = (Vec::new(), Vec::new(), Vec::new());
             for run in 0..a.runs {
                 table.step(|| format!("{}, {n} ranks, run {}", peer.flavor().name(), run + 1));
                 let t0 = Instant::now();
-                let us = peer.run(n, provider, a.timeout, &[], "STARTUP_MAX_US")?;
+                let v = peer.run_keys(n, provider, a.timeout, &[], &["STARTUP_MAX_US", "STARTUP_CPU_US"])?;
                 wall.push(t0.elapsed().as_secs_f64() * 1e3);
-                init.push(us / 1e3);
+                init.push(v[0] / 1e3);
+                cpu.push(v[1] / 1e3);
             }
-            table.row(vec![
-                format!("{} mpirun", peer.flavor().name()),
-                n.to_string(),
-                provider.to_string(),
-                format!("{:.1}", median(&init)),
-                format!("{:.0}", median(&wall)),
-            ]);
+            table.row(row(format!("{} mpirun", peer.flavor().name()), n, provider, &init, &wall, &cpu));
         }
     }
     let chart = crate::plot::Chart::new("startup: slowest rank's start (build + barrier)".to_string(), "ranks", "ranks")
@@ -191,15 +199,28 @@ pub fn run(a: &Args) -> Result<(), String> {
     table.finish_with_plot(&chart, &a.plot)
 }
 
+/// A row of the table: medians of the runs.
+fn row(launcher: String, n: usize, provider: Provider, init: &[f64], wall: &[f64], cpu: &[f64]) -> Vec<String> {
+    vec![
+        launcher,
+        n.to_string(),
+        provider.to_string(),
+        format!("{:.1}", median(init)),
+        format!("{:.0}", median(wall)),
+        format!("{:.0}", median(cpu)),
+    ]
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
     fn the_slowest_rank_is_read_from_either_launchers_output() {
-        let weftrun = "[1] STARTUP_US 1 2500\n[0] STARTUP_US 0 1200\n[0] other\n";
-        assert_eq!(slowest(weftrun, 2), Some(2500.0));
-        assert_eq!(slowest("STARTUP_US 0 10\nSTARTUP_US 2 30\n", 3), None, "rank 1 missing");
-        assert_eq!(slowest("STARTUP_US 0 10\nSTARTUP_US 1 x\n", 2), None);
+        let weftrun = "[1] STARTUP_US 1 2500 90\n[0] STARTUP_US 0 1200 110\n[0] other\n";
+        assert_eq!(slowest(weftrun, 2), Some((2500.0, 100.0)));
+        assert_eq!(slowest("STARTUP_US 0 10 1\nSTARTUP_US 2 30 1\n", 3), None, "rank 1 missing");
+        assert_eq!(slowest("STARTUP_US 0 10 1\nSTARTUP_US 1 x 1\n", 2), None);
+        assert_eq!(slowest("STARTUP_US 0 10 1\nSTARTUP_US 1 20\n", 2), None, "no CPU time");
     }
 }

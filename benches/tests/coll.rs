@@ -5,15 +5,18 @@ use std::time::Duration;
 
 mod common;
 
+/// The CSV lines of a short `weft-bench coll` run on the embedded provider with `args`.
+fn csv(args: &[&str]) -> Vec<String> {
+    let args = [&["coll", "--csv", "--provider", "embedded"][..], args, &["-i", "3", "--warmup", "1", "--runs", "1", "--openmpi", "no"]];
+    let out = common::run_within(&args.concat(), Duration::from_secs(60)).expect("weft-bench coll hung (killed after 60 s)");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8(out.stdout).expect("utf-8").lines().map(String::from).collect()
+}
+
 #[test]
 fn csv_has_a_row_per_collective_ranks_and_size() {
-    let args = ["coll", "--csv", "--provider", "embedded", "-n", "2,3", "-s", "8,4096", "-c", "allreduce,bcast,alltoall"];
-    let out =
-        common::run_within(&[&args[..], &["-i", "3", "--warmup", "1", "--runs", "1", "--openmpi", "no"]].concat(), Duration::from_secs(60))
-            .expect("weft-bench coll hung (killed after 60 s)");
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    let stdout = String::from_utf8(out.stdout).expect("utf-8");
-    let lines: Vec<&str> = stdout.lines().collect();
+    let lines = csv(&["-n", "2,3", "-s", "8,4096", "-c", "allreduce,bcast,alltoall"]);
+    let stdout = lines.join("\n");
     assert_eq!(lines[0], "collective,ranks,bytes,latency_us,provider,ompi_latency_us");
     assert_eq!(lines.len(), 1 + 3 * 2 * 2, "{stdout}");
     for l in &lines[1..] {
@@ -22,6 +25,19 @@ fn csv_has_a_row_per_collective_ranks_and_size() {
         assert!(["allreduce", "bcast", "alltoall"].contains(&cells[0]), "{l:?}");
         assert!(cells[3].parse::<f64>().is_ok_and(|v| v > 0.0), "{l:?}");
         assert_eq!((cells[4], cells[5]), ("embedded", "-"), "{l:?}");
+    }
+}
+
+#[test]
+fn persistent_adds_the_persistent_requests_time_per_call() {
+    let lines = csv(&["-n", "3", "-s", "8,4096", "-c", "allreduce,bcast,alltoall", "--persistent"]);
+    let stdout = lines.join("\n");
+    assert_eq!(lines[0], "collective,ranks,bytes,latency_us,provider,ompi_latency_us,persistent_us");
+    assert_eq!(lines.len(), 1 + 3 * 2, "{stdout}");
+    for l in &lines[1..] {
+        let cells: Vec<&str> = l.split(',').collect();
+        assert_eq!(cells.len(), 7, "{l:?}");
+        assert!(cells[6].parse::<f64>().is_ok_and(|v| v > 0.0), "{l:?}");
     }
 }
 

@@ -13,14 +13,18 @@ fn every_lock_and_benchmark_runs_and_prints_its_row() {
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let stdout = String::from_utf8(out.stdout).expect("utf-8");
     let lines: Vec<&str> = stdout.lines().collect();
-    assert_eq!(lines[0], "bench,lock,provider,launch,ranks,threads,writers_fraction,t_dc,t_l,t_r,ops_per_sec,latency_us");
+    assert_eq!(
+        lines[0],
+        "bench,lock,provider,launch,ranks,threads,writers_fraction,t_dc,t_l,t_r,levels,level_cost_ns,ops_per_sec,latency_us"
+    );
     // 5 benchmarks x (d-mcs, rma-mcs, rma-rw at two T_R, fompi-spin, fompi-rw).
     assert_eq!(lines.len(), 1 + 5 * 6, "{stdout}");
     for l in &lines[1..] {
         let cells: Vec<&str> = l.split(',').collect();
-        assert_eq!(cells.len(), 12, "{l:?}");
+        assert_eq!(cells.len(), 14, "{l:?}");
         assert_eq!((cells[2], cells[3], cells[4]), ("embedded", "in-process", "3"), "{l:?}");
-        assert!(cells[10].parse::<f64>().is_ok_and(|v| v > 0.0) && cells[11].parse::<f64>().is_ok_and(|v| v > 0.0), "{l:?}");
+        assert_eq!((cells[10], cells[11]), ("2", "0"), "the default model: 2 ranks per node, no cost: {l:?}");
+        assert!(cells[12].parse::<f64>().is_ok_and(|v| v > 0.0) && cells[13].parse::<f64>().is_ok_and(|v| v > 0.0), "{l:?}");
         let rw = cells[1] == "rma-rw" || cells[1] == "fompi-rw";
         assert_eq!(cells[6], if rw { "0.25" } else { "1" }, "{l:?}");
         assert_eq!(cells[9] != "-", cells[1] == "rma-rw", "T_R only for RMA-RW: {l:?}");
@@ -71,4 +75,40 @@ fn an_unknown_lock_is_an_error() {
     let out = common::run_within(&["dlock", "--lock", "ticket"], Duration::from_secs(60)).expect("weft-bench dlock hung");
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("unknown lock \"ticket\""));
+}
+
+/// `--level-cost-ns`: the rows and the header note state the simulated model; a cost
+/// without simulated sizes, or one cost too many, is refused.
+#[test]
+fn a_simulated_cost_is_stated_with_the_numbers() {
+    let args = [
+        "dlock",
+        "--csv",
+        "--bench",
+        "lb",
+        "--lock",
+        "d-mcs,rma-mcs",
+        "--ranks",
+        "2",
+        "--ops",
+        "5",
+        "--levels",
+        "1",
+        "--level-cost-ns",
+        "500",
+    ];
+    let out = common::run_within(&args, Duration::from_secs(60)).expect("weft-bench dlock hung");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let stdout = String::from_utf8(out.stdout).expect("utf-8");
+    for l in stdout.lines().skip(1) {
+        let cells: Vec<&str> = l.split(',').collect();
+        assert_eq!((cells[10], cells[11]), ("1", "500"), "{l:?}");
+    }
+    assert!(String::from_utf8_lossy(&out.stderr).contains("crossing cost per level: [500] ns"), "{}", String::from_utf8_lossy(&out.stderr));
+    for bad in [["--levels", "flat", "--level-cost-ns", "100"], ["--levels", "2", "--level-cost-ns", "100,200"]] {
+        let out = common::run_within(&[&["dlock", "--ranks", "2", "--ops", "1"][..], &bad[..]].concat(), Duration::from_secs(60))
+            .expect("weft-bench dlock hung");
+        assert!(!out.status.success(), "{bad:?} was accepted");
+        assert!(String::from_utf8_lossy(&out.stderr).contains("level"), "{}", String::from_utf8_lossy(&out.stderr));
+    }
 }

@@ -23,6 +23,9 @@
 //! A user reduction (`allreduce_with`) need not be commutative, so it always takes recursive
 //! doubling, which combines in rank order.
 //!
+//! The barrier, the recursive doubling and the large-message algorithms are plans of steps
+//! (`coll_steps.rs`), the same the persistent collectives (`persistent_coll.rs`) start.
+//!
 //! # Buffers
 //!
 //! A blocking collective works in the caller's buffer, a nonblocking one in its request's:
@@ -47,7 +50,7 @@ use std::sync::Arc;
 use weft_sync::Error;
 
 use crate::buffer::Primitive;
-use crate::coll_steps::{barrier_steps, reduce_over_steps};
+use crate::coll_steps::{allreduce_long_steps, barrier_steps, bcast_long_steps, reduce_long_steps, reduce_over_steps};
 use crate::comm::Communicator;
 use crate::nbc::{Out, Sched, Scratch, Steps, MISMATCH};
 use crate::request::Request;
@@ -65,6 +68,23 @@ pub const ALLREDUCE_LONG_BYTES: usize = 2048;
 /// reduce-scatter and gather on a power of two of ranks (MPICH's
 /// `MPIR_CVAR_REDUCE_SHORT_MSG_SIZE`).
 pub const REDUCE_LONG_BYTES: usize = 2048;
+
+/// Whether a broadcast of `bytes` on `n` ranks goes by scatter and allgather.
+pub(crate) fn bcast_is_long(bytes: usize, n: u32) -> bool {
+    bytes >= BCAST_LONG_BYTES && n >= BCAST_LONG_RANKS
+}
+
+/// Whether an allreduce (with a predefined op) of `len` elements, `bytes` in all, on `n`
+/// ranks goes by reduce-scatter and allgather.
+pub(crate) fn allreduce_is_long(bytes: usize, len: usize, n: u32) -> bool {
+    bytes >= ALLREDUCE_LONG_BYTES && len >= n as usize && n > 1
+}
+
+/// Whether a reduction (with a predefined op) of `len` elements, `bytes` in all, on `n`
+/// ranks goes by reduce-scatter and gather.
+pub(crate) fn reduce_is_long(bytes: usize, len: usize, n: u32) -> bool {
+    bytes >= REDUCE_LONG_BYTES && len >= n as usize && n > 1 && n.is_power_of_two()
+}
 
 /// A predefined reduction (`MPI_Op`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -152,10 +172,12 @@ pub(crate) fn check_op<T: Reducible>(op: Op, sample: Option<&T>, what: &'static 
     }
 }
 
-/// `acc[i] = op(other[i], acc[i])`, in place (`op` checked for the type).
-fn reduce_into<T: Reducible>(op: Op, other: &[T], acc: &mut [T]) {
-    for (a, &o) in acc.iter_mut().zip(other) {
-        *a = T::apply(op, o, *a).expect("op checked for the type");
+/// `op` applied elementwise into `ours`: `op(theirs, ours)` if `theirs_first`, else
+/// `op(ours, theirs)` (`op` checked for the type).
+pub(crate) fn combine<T: Reducible>(op: Op, ours: &mut [T], theirs: &[T], theirs_first: bool) {
+    for (a, &t) in ours.iter_mut().zip(theirs) {
+        let v = if theirs_first { T::apply(op, t, *a) } else { T::apply(op, *a, t) };
+        *a = v.expect("op checked for the type");
     }
 }
 
@@ -172,14 +194,14 @@ fn in_place<T, F: for<'a, 'c> FnOnce(&'a Sched<'c>, &'a mut [T]) -> Steps<'a> + 
 
 /// Block `i` of `n` nearly equal blocks of `len` elements (the last ones may be shorter or
 /// empty).
-fn block(len: usize, n: u32, i: u32) -> Range<usize> {
+pub(crate) fn block(len: usize, n: u32, i: u32) -> Range<usize> {
     let per = len.div_ceil(n as usize);
     (i as usize * per).min(len)..((i as usize + 1) * per).min(len)
 }
 
 /// Blocks `counts[r]` long at `displs[r]` of a buffer of `len` elements, one per rank, or an
 /// error naming `what` if the lists are not one per rank or a block leaves the buffer.
-fn blocks(counts: &[usize], displs: &[usize], n: u32, len: usize, what: &'static str) -> Result<Vec<Range<usize>>, Error> {
+pub(crate) fn blocks(counts: &[usize], displs: &[usize], n: u32, len: usize, what: &'static str) -> Result<Vec<Range<usize>>, Error> {
     if counts.len() != n as usize || displs.len() != n as usize {
         return Err(Error::InvalidArgument(what));
     }
@@ -194,12 +216,12 @@ fn blocks(counts: &[usize], displs: &[usize], n: u32, len: usize, what: &'static
 }
 
 /// Blocks `a..b` (`a < b`) of `blocks`, which follow each other, as one range.
-fn span(blocks: &[Range<usize>], a: u32, b: u32) -> Range<usize> {
+pub(crate) fn span(blocks: &[Range<usize>], a: u32, b: u32) -> Range<usize> {
     blocks[a as usize].start..blocks[b as usize - 1].end
 }
 
 /// `n` blocks of `len` elements, one after the other.
-fn even(len: usize, n: u32) -> Vec<Range<usize>> {
+pub(crate) fn even(len: usize, n: u32) -> Vec<Range<usize>> {
     (0..n as usize).map(|r| r * len..(r + 1) * len).collect()
 }
 
@@ -242,36 +264,6 @@ impl Sched<'_> {
         self.exchange::<T>(None, children.into_iter().map(|w| (w, shared.clone())).collect()).await.map(drop)
     }
 
-    /// Broadcast by scatter and allgather: the root's `n` blocks go down a binomial tree
-    /// (each subtree gets the blocks of its ranks), then a ring gathers them everywhere.
-    async fn bcast_scatter_allgather<T: Primitive>(&self, data: &mut [T], root: u32) -> Result<(), Error> {
-        let (n, len) = (self.comm.size(), data.len());
-        let vr = (self.comm.rank() + n - root) % n;
-        // The blocks of ranks `lo..hi` (from the root) as one range.
-        let span = |lo: u32, hi: u32| block(len, n, lo).start..block(len, n, hi.min(n) - 1).end;
-        let mut mask = 1u32;
-        while mask < n {
-            if vr & mask != 0 {
-                let r = span(vr, vr + mask);
-                let got = self.recv(self.at(vr - mask, root), r.len()).await?;
-                data[r].copy_from_slice(&got);
-                break;
-            }
-            mask <<= 1;
-        }
-        let mut to = Vec::new();
-        mask >>= 1;
-        while mask > 0 {
-            if vr + mask < n {
-                to.push((self.at(vr + mask, root), Scratch::copy_of(&data[span(vr + mask, vr + 2 * mask)])));
-            }
-            mask >>= 1;
-        }
-        self.exchange::<T>(None, to).await?;
-        let blocks: Vec<_> = (0..n).map(|i| block(len, n, i)).collect();
-        self.ring_allgather(data, &blocks, root, 0).await
-    }
-
     /// Ring allgather of `data`'s blocks, `blocks[v]` for the rank `v` from `root`: that
     /// rank starts with block `v + shift`, and in `n - 1` steps each rank passes the block it
     /// got last to the next.
@@ -288,107 +280,6 @@ impl Sched<'_> {
         Ok(())
     }
 
-    /// Ring allreduce of `data` with the predefined (commutative) `op`: a reduce-scatter (in
-    /// `n - 1` steps each rank adds its part of the block passing by, in place; rank `v` ends
-    /// with block `v + 1` reduced over every rank), then a ring allgather of the reduced
-    /// blocks.
-    async fn allreduce_ring<T: Reducible>(&self, data: &mut [T], op: Op) -> Result<(), Error> {
-        let (n, me, len) = (self.comm.size(), self.comm.rank(), data.len());
-        let blocks: Vec<_> = (0..n).map(|i| block(len, n, i)).collect();
-        let (left, right) = (self.at(me + n - 1, 0), self.at(me + 1, 0));
-        for step in 0..n - 1 {
-            let out = blocks[((me + n - step) % n) as usize].clone();
-            let inc = blocks[((me + 2 * n - step - 1) % n) as usize].clone();
-            let got = self.sendrecv(right, Scratch::copy_of(&data[out]), left, inc.len()).await?;
-            reduce_into(op, &got, &mut data[inc]);
-        }
-        self.ring_allgather(data, &blocks, 0, 1).await
-    }
-
-    /// Rabenseifner's allreduce of `data` with the predefined (commutative) `op` on a power
-    /// of two of ranks: a reduce-scatter by recursive halving, then an allgather by recursive
-    /// doubling ([Thakur 2005]; MPICH's `reduce_scatter_allgather`). `2 log2 n` steps
-    /// moving about `2 (n-1)/n` times the data per rank, as the ring does in `2 (n-1)` steps.
-    async fn allreduce_rabenseifner<T: Reducible>(&self, data: &mut [T], op: Op) -> Result<(), Error> {
-        let blocks = self.blocks_of(data.len());
-        self.reduce_scatter_halving(data, &blocks, 0, op).await?;
-        self.allgather_doubling(data, &blocks).await
-    }
-
-    /// The reduction of `data` with the predefined (commutative) `op` into `data` of `root`
-    /// on a power of two of ranks, for large messages: a reduce-scatter by recursive halving,
-    /// then a binomial gather of the reduced blocks to the root ([Thakur 2005];
-    /// MPICH's `reduce_scatter_gather`). The other ranks' `data` is left holding partial
-    /// reductions.
-    async fn reduce_large<T: Reducible>(&self, data: &mut [T], root: u32, op: Op) -> Result<(), Error> {
-        let blocks = self.blocks_of(data.len());
-        self.reduce_scatter_halving(data, &blocks, root, op).await?;
-        let n = self.comm.size();
-        let vr = (self.comm.rank() + n - root) % n;
-        // Rank `vr` holds blocks `vr..hi`, reduced over every rank.
-        let mut hi = vr + 1;
-        let mut mask = 1;
-        while mask < n {
-            if vr & mask != 0 {
-                return self.send(self.at(vr - mask, root), Scratch::copy_of(&data[span(&blocks, vr, hi)])).await;
-            }
-            let r = span(&blocks, hi, hi + mask);
-            let got = self.recv::<T>(self.at(vr + mask, root), r.len()).await?;
-            data[r].copy_from_slice(&got);
-            hi += mask;
-            mask <<= 1;
-        }
-        Ok(())
-    }
-
-    /// `len` elements in one block per rank.
-    fn blocks_of(&self, len: usize) -> Vec<Range<usize>> {
-        let n = self.comm.size();
-        (0..n).map(|i| block(len, n, i)).collect()
-    }
-
-    /// Reduce-scatter by recursive halving over a power of two of ranks counted from `root`,
-    /// in place: rank `v` (from the root) keeps, at each step, the half of its window of
-    /// `blocks` on its side of the partner `n / 2^(k+1)` away, sends the other half there and
-    /// reduces what comes back into the half it keeps; it ends with block `v` reduced over
-    /// every rank.
-    async fn reduce_scatter_halving<T: Reducible>(&self, data: &mut [T], blocks: &[Range<usize>], root: u32, op: Op) -> Result<(), Error> {
-        let n = self.comm.size();
-        let vr = (self.comm.rank() + n - root) % n;
-        let (mut lo, mut hi) = (0, n);
-        let mut mask = n / 2;
-        while mask > 0 {
-            let mid = lo + (hi - lo) / 2;
-            let (keep, give) = if vr & mask == 0 { ((lo, mid), (mid, hi)) } else { ((mid, hi), (lo, mid)) };
-            let (k, g) = (span(blocks, keep.0, keep.1), span(blocks, give.0, give.1));
-            let w = self.at(vr ^ mask, root);
-            let got = self.sendrecv(w, Scratch::copy_of(&data[g]), w, k.len()).await?;
-            reduce_into(op, &got, &mut data[k]);
-            (lo, hi) = keep;
-            mask >>= 1;
-        }
-        Ok(())
-    }
-
-    /// Allgather by recursive doubling over a power of two of ranks, after
-    /// [`reduce_scatter_halving`](Self::reduce_scatter_halving) from rank 0: each step trades
-    /// the window of `blocks` gathered so far with the partner's, the window doubling.
-    async fn allgather_doubling<T: Primitive>(&self, data: &mut [T], blocks: &[Range<usize>]) -> Result<(), Error> {
-        let (n, me) = (self.comm.size(), self.comm.rank());
-        let (mut lo, mut hi) = (me, me + 1);
-        let mut mask = 1;
-        while mask < n {
-            let theirs = if me & mask == 0 { (hi, hi + mask) } else { (lo - mask, lo) };
-            let r = span(blocks, theirs.0, theirs.1);
-            let w = self.at(me ^ mask, 0);
-            let got = self.sendrecv(w, Scratch::copy_of(&data[span(blocks, lo, hi)]), w, r.len()).await?;
-            data[r].copy_from_slice(&got);
-            (lo, hi) = (lo.min(theirs.0), hi.max(theirs.1));
-            mask <<= 1;
-        }
-        Ok(())
-    }
-
     /// Reduces `value` over the world ranks `members` (this rank among them; each passes the
     /// same list and length): every member gets `f(f(v0, v1), ...)` over the members' values
     /// in list order (`f(lower, upper)` combines the values of two adjacent runs of
@@ -399,7 +290,7 @@ impl Sched<'_> {
         value: Vec<T>,
         f: impl Fn(&[T], &[T]) -> Vec<T>,
     ) -> Result<Vec<T>, Error> {
-        let steps = reduce_over_steps(members, self.comm.world_of(self.comm.rank()))?;
+        let steps = reduce_over_steps(members, self.comm.world_of(self.comm.rank()), value.len())?;
         self.run_steps(&steps, value, f).await
     }
 
@@ -611,8 +502,12 @@ impl Communicator {
     /// The steps of a broadcast of `data` from `root` (checked).
     fn bcast_steps<T: Primitive>(&self, data: &[T], root: u32) -> Result<impl InPlace<T>, Error> {
         self.check_root(root)?;
-        let long = std::mem::size_of_val(data) >= BCAST_LONG_BYTES && self.size() >= BCAST_LONG_RANKS;
-        Ok(steps!(|s, work| if long { s.bcast_scatter_allgather(work, root).await } else { s.bcast_binomial(work, root).await }))
+        let long = bcast_is_long(std::mem::size_of_val(data), self.size());
+        Ok(steps!(|s, work| if long {
+            s.run_in(&bcast_long_steps(s.comm, root, work.len()), work, |_, _, _| {}).await
+        } else {
+            s.bcast_binomial(work, root).await
+        }))
     }
 
     /// Copies `data` of rank `root` into `data` of every rank (`MPI_Bcast`). Every rank
@@ -639,11 +534,13 @@ impl Communicator {
         self.check_root(root)?;
         let f = op_for(op, data.first(), "reduce: a bitwise op on floating-point elements")?;
         let n = self.size();
-        let large = std::mem::size_of_val(data) >= REDUCE_LONG_BYTES && data.len() >= n as usize && n > 1 && n.is_power_of_two();
+        let large = reduce_is_long(std::mem::size_of_val(data), data.len(), n);
         let copy = keep && self.rank() != root;
+        let long = move |s: &Sched<'_>, len| reduce_long_steps(s.comm, root, len);
+        let f_in = move |ours: &mut [T], theirs: &[T], tf| combine(op, ours, theirs, tf);
         Ok(steps!(|s, work| match (large, copy) {
-            (true, true) => s.reduce_large(&mut work.to_vec(), root, op).await,
-            (true, false) => s.reduce_large(work, root, op).await,
+            (true, true) => s.run_in(&long(s, work.len()), &mut work.to_vec(), f_in).await,
+            (true, false) => s.run_in(&long(s, work.len()), work, f_in).await,
             (false, _) => s.reduce(work, root, f).await,
         }))
     }
@@ -678,13 +575,12 @@ impl Communicator {
     /// the ring.
     fn allreduce_steps<T: Reducible>(&self, data: &[T], op: Op) -> Result<impl InPlace<T>, Error> {
         let f = op_for(op, data.first(), "allreduce: a bitwise op on floating-point elements")?;
-        let n = self.size();
-        let ring = std::mem::size_of_val(data) >= ALLREDUCE_LONG_BYTES && data.len() >= n as usize && n > 1;
+        let ring = allreduce_is_long(std::mem::size_of_val(data), data.len(), self.size());
         let members = self.group().world_ranks().clone();
-        Ok(steps!(|s, work| match (ring, n.is_power_of_two()) {
-            (true, true) => s.allreduce_rabenseifner(work, op).await,
-            (true, false) => s.allreduce_ring(work, op).await,
-            (false, _) => s.reduce_over_in(&members, work, f).await,
+        Ok(steps!(|s, work| if ring {
+            s.run_in(&allreduce_long_steps(s.comm, work.len()), work, |ours, theirs, tf| combine(op, ours, theirs, tf)).await
+        } else {
+            s.reduce_over_in(&members, work, f).await
         }))
     }
 

@@ -1,65 +1,147 @@
 //! The collectives' algorithms as plans of steps, one plan per rank, in world ranks: each
-//! step sends the working data to some ranks and receives at most one message, posted at
-//! once, and then replaces or combines the working data with what it received. A
-//! persistent collective fixes its plan at init and runs it again at every start
-//! (`persistent_coll.rs`); the nonblocking barrier and recursive-doubling reduction (small
-//! allreduces, communicator creation) run theirs as the steps of their schedule
-//! ([`Sched::run_steps`], `nbc.rs`), while the nonblocking binomial broadcast and reduce
-//! run the same trees in place in the caller's buffer (`coll.rs`), which a plan's working
-//! copy would cost them at large sizes.
+//! step sends parts of the working data to some ranks and receives messages from some
+//! others, posted at once; once they all completed, each message received lands in the
+//! working data (it replaces a part of it, or is combined into it). A persistent collective
+//! fixes its plan at init and runs it again at every start (`persistent_coll.rs`); the
+//! blocking and nonblocking collectives run theirs as the steps of their schedule
+//! (`nbc.rs`): the barrier and the recursive-doubling reduction (small allreduces,
+//! communicator creation) through [`Sched::run_steps`], the large-message algorithms in
+//! place in the caller's buffer through [`Sched::run_in`]. (The other nonblocking
+//! algorithms, `coll.rs`, are written as steps of their own: the binomial broadcast shares
+//! one copy of the data among a node's children, and the ring allgather serves every
+//! size.)
 //!
-//! The plans here: a dissemination barrier, a binomial-tree broadcast and reduce, and a
+//! The working data is the rank's data once (or twice, for the prefix reductions, which
+//! keep the partial result beside the running one); the rank's result is its first copy,
+//! where the plan says there is one (not at a reduction's or gather's other ranks).
+//!
+//! The plans here: a dissemination barrier; a binomial-tree broadcast and reduce; a
 //! recursive doubling reduction over any list of members (the allreduce's, and communicator
-//! creation's, `create.rs`).
+//! creation's, `create.rs`); a gather and a scatter through the root; a ring allgather; an
+//! alltoall of every pair at once; the recursive doubling prefix reductions; and for large
+//! messages, the ring and Rabenseifner's allreduce, the scatter-allgather broadcast and
+//! the reduce-scatter-gather reduce (MPICH's algorithms, chosen by size in `coll.rs`).
 
 use std::ops::Range;
 
 use weft_sync::Error;
 
 use crate::buffer::Primitive;
+use crate::coll::{block, span};
 use crate::comm::Communicator;
-use crate::nbc::{Sched, MISMATCH};
+use crate::nbc::{Sched, Scratch};
 
-/// What a step does with the message it received, once its sends and receive completed.
+/// What a step does with a message it received, at the message's place in the working
+/// data.
 #[derive(Clone, Copy, Debug)]
 pub(crate) enum Then {
     /// Nothing (a barrier's empty message).
     Nothing,
-    /// It becomes the working data.
+    /// It replaces that part of the working data.
     Replace,
-    /// It is combined into the working data: `f(theirs, ours)` if `theirs_first`, else
+    /// It is combined into that part: `f(theirs, ours)` if `theirs_first`, else
     /// `f(ours, theirs)`.
     Combine { theirs_first: bool },
 }
 
-/// One step: sends of the working data to some world ranks and at most one receive, posted
-/// at once; the next step starts when they all completed.
+/// A send of the working data's elements `at` to world rank `to`.
 #[derive(Clone, Debug)]
-pub(crate) struct Step {
-    /// Into [`Steps::to`].
-    pub(crate) sends: Range<usize>,
-    pub(crate) recv: Option<u32>,
+pub(crate) struct Outgoing {
+    pub(crate) to: u32,
+    pub(crate) at: Range<usize>,
+}
+
+/// A receive of `len` elements from world rank `from`, used by the landings `lands` (into
+/// [`Steps::landings`]).
+#[derive(Clone, Debug)]
+pub(crate) struct Incoming {
+    pub(crate) from: u32,
+    pub(crate) len: usize,
+    pub(crate) lands: Range<usize>,
+}
+
+/// Where a received message goes: the working data's elements from `at` on, as `then`
+/// says.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Landing {
+    pub(crate) at: usize,
     pub(crate) then: Then,
 }
 
-/// A collective's steps on one rank, in world ranks.
-#[derive(Default, Debug)]
+/// One step: sends and receives posted at once (into [`Steps::sends`] and
+/// [`Steps::recvs`]); the next step starts when they all completed.
+#[derive(Clone, Debug)]
+pub(crate) struct Step {
+    pub(crate) sends: Range<usize>,
+    pub(crate) recvs: Range<usize>,
+}
+
+/// A collective's steps on one rank, in world ranks, over `copies` copies of the rank's
+/// data.
+#[derive(Debug)]
 pub(crate) struct Steps {
     pub(crate) steps: Vec<Step>,
-    /// The destinations of every step's sends.
-    pub(crate) to: Vec<u32>,
+    pub(crate) sends: Vec<Outgoing>,
+    pub(crate) recvs: Vec<Incoming>,
+    pub(crate) landings: Vec<Landing>,
+    /// The working data: the rank's data this many times over.
+    pub(crate) copies: usize,
+    /// Whether the first copy, once the steps are over, is the rank's result.
+    pub(crate) result: bool,
+}
+
+impl Default for Steps {
+    fn default() -> Self {
+        Steps { steps: Vec::new(), sends: Vec::new(), recvs: Vec::new(), landings: Vec::new(), copies: 1, result: true }
+    }
 }
 
 impl Steps {
-    fn push(&mut self, to: &[u32], recv: Option<u32>, then: Then) {
-        let start = self.to.len();
-        self.to.extend_from_slice(to);
-        self.steps.push(Step { sends: start..self.to.len(), recv, then });
+    /// Starts the next step.
+    fn step(&mut self) -> &mut Self {
+        let (s, r) = (self.sends.len(), self.recvs.len());
+        self.steps.push(Step { sends: s..s, recvs: r..r });
+        self
     }
 
-    /// The most sends of one step.
-    pub(crate) fn widest(&self) -> usize {
-        self.steps.iter().map(|s| s.sends.len()).max().unwrap_or(0)
+    /// Adds to the step a send of `at` to world rank `to`.
+    fn send(&mut self, to: u32, at: Range<usize>) -> &mut Self {
+        self.sends.push(Outgoing { to, at });
+        self.steps.last_mut().expect("a step started").sends.end += 1;
+        self
+    }
+
+    /// Adds to the step a receive from world rank `from` that lands on `at` as `then` says.
+    fn recv(&mut self, from: u32, at: Range<usize>, then: Then) -> &mut Self {
+        self.recv_to(from, at.len(), &[Landing { at: at.start, then }])
+    }
+
+    /// Adds to the step a receive of `len` elements from world rank `from`, landing at each
+    /// of `landings`.
+    fn recv_to(&mut self, from: u32, len: usize, landings: &[Landing]) -> &mut Self {
+        let l = self.landings.len();
+        self.landings.extend_from_slice(landings);
+        self.recvs.push(Incoming { from, len, lands: l..self.landings.len() });
+        self.steps.last_mut().expect("a step started").recvs.end += 1;
+        self
+    }
+
+    /// Whether the steps may work in the rank's buffer itself: its data once, and it is the
+    /// result or nothing lands on it (a reduction's or gather's other ranks must find theirs
+    /// as it was).
+    pub(crate) fn in_place(&self) -> bool {
+        self.copies == 1 && (self.result || self.recvs.is_empty())
+    }
+
+    /// The most sends, and the most receives, of one step.
+    pub(crate) fn widest(&self) -> (usize, usize) {
+        let w = |f: fn(&Step) -> usize| self.steps.iter().map(f).max().unwrap_or(0);
+        (w(|s| s.sends.len()), w(|s| s.recvs.len()))
+    }
+
+    /// The longest send, and the longest receive.
+    pub(crate) fn longest(&self) -> (usize, usize) {
+        (self.sends.iter().map(|o| o.at.len()).max().unwrap_or(0), self.recvs.iter().map(|i| i.len).max().unwrap_or(0))
     }
 }
 
@@ -88,51 +170,55 @@ pub(crate) fn barrier_steps(comm: &Communicator) -> Steps {
     let mut s = Steps::default();
     let mut d = 1;
     while d < n {
-        s.push(&[at(comm, me + d, 0)], Some(at(comm, me + n - d, 0)), Then::Nothing);
+        s.step().send(at(comm, me + d, 0), 0..0).recv(at(comm, me + n - d, 0), 0..0, Then::Nothing);
         d <<= 1;
     }
     s
 }
 
-/// Binomial-tree broadcast from `root`: the data from the parent, then to every child at
-/// once.
-pub(crate) fn bcast_steps(comm: &Communicator, root: u32) -> Steps {
+/// Binomial-tree broadcast of `len` elements from `root`: the data from the parent, then to
+/// every child at once.
+pub(crate) fn bcast_steps(comm: &Communicator, root: u32, len: usize) -> Steps {
     let n = comm.size();
     let (vr, parent) = binomial(comm, root);
     let mut s = Steps::default();
     if parent < n {
-        s.push(&[], Some(at(comm, vr - parent, root)), Then::Replace);
+        s.step().recv(at(comm, vr - parent, root), 0..len, Then::Replace);
     }
     let children: Vec<u32> =
         (0..parent.trailing_zeros()).rev().map(|b| 1 << b).filter(|&m| vr + m < n).map(|m| at(comm, vr + m, root)).collect();
     if !children.is_empty() {
-        s.push(&children, None, Then::Nothing);
+        s.step();
+        for w in children {
+            s.send(w, 0..len);
+        }
     }
     s
 }
 
-/// Binomial-tree reduction into `root`: each child's partial result combined in (`f(ours,
-/// theirs)`, the child holding the higher ranks), then ours to the parent.
-pub(crate) fn reduce_steps(comm: &Communicator, root: u32) -> Steps {
+/// Binomial-tree reduction of `len` elements into `root`: each child's partial result
+/// combined in (`f(ours, theirs)`, the child holding the higher ranks), then ours to the
+/// parent.
+pub(crate) fn reduce_steps(comm: &Communicator, root: u32, len: usize) -> Steps {
     let n = comm.size();
     let (vr, parent) = binomial(comm, root);
-    let mut s = Steps::default();
+    let mut s = Steps { result: vr == 0, ..Steps::default() };
     for b in 0..parent.trailing_zeros() {
         if vr + (1 << b) < n {
-            s.push(&[], Some(at(comm, vr + (1 << b), root)), Then::Combine { theirs_first: false });
+            s.step().recv(at(comm, vr + (1 << b), root), 0..len, Then::Combine { theirs_first: false });
         }
     }
     if parent < n {
-        s.push(&[at(comm, vr - parent, root)], None, Then::Nothing);
+        s.step().send(at(comm, vr - parent, root), 0..len);
     }
     s
 }
 
-/// Reduction over the world ranks `members` (this rank, world rank `me_world`, among them):
-/// every member ends with `f(f(v0, v1), ...)` over the members' values in list order.
-/// Recursive doubling over the largest power of two of members, the members beyond it folded
-/// in first (MPICH's short-message allreduce).
-pub(crate) fn reduce_over_steps(members: &[u32], me_world: u32) -> Result<Steps, Error> {
+/// Reduction of `len` elements over the world ranks `members` (this rank, world rank
+/// `me_world`, among them): every member ends with `f(f(v0, v1), ...)` over the members'
+/// values in list order. Recursive doubling over the largest power of two of members, the
+/// members beyond it folded in first (MPICH's short-message allreduce).
+pub(crate) fn reduce_over_steps(members: &[u32], me_world: u32, len: usize) -> Result<Steps, Error> {
     let me =
         members.iter().position(|&w| w == me_world).ok_or(Error::InvalidArgument("a reduction over members without this rank"))? as u32;
     let n = members.len() as u32;
@@ -144,10 +230,10 @@ pub(crate) fn reduce_over_steps(members: &[u32], me_world: u32) -> Result<Steps,
     // after it and waits for the result.
     let newrank = if me < 2 * rem {
         if me % 2 == 0 {
-            s.push(&[w(me + 1)], None, Then::Nothing);
+            s.step().send(w(me + 1), 0..len);
             None
         } else {
-            s.push(&[], Some(w(me - 1)), Then::Combine { theirs_first: true });
+            s.step().recv(w(me - 1), 0..len, Then::Combine { theirs_first: true });
             Some(me / 2)
         }
     } else {
@@ -158,44 +244,305 @@ pub(crate) fn reduce_over_steps(members: &[u32], me_world: u32) -> Result<Steps,
         while mask < pof2 {
             let partner = nr ^ mask;
             let dst = if partner < rem { partner * 2 + 1 } else { partner + rem };
-            s.push(&[w(dst)], Some(w(dst)), Then::Combine { theirs_first: dst < me });
+            s.step().send(w(dst), 0..len).recv(w(dst), 0..len, Then::Combine { theirs_first: dst < me });
             mask <<= 1;
         }
     }
     if me < 2 * rem {
         if me % 2 == 1 {
-            s.push(&[w(me - 1)], None, Then::Nothing);
+            s.step().send(w(me - 1), 0..len);
         } else {
-            s.push(&[], Some(w(me + 1)), Then::Replace);
+            s.step().recv(w(me + 1), 0..len, Then::Replace);
         }
     }
     Ok(s)
 }
 
+/// Lands `got`, received, at each of `landings` in `work`; `combine(ours, theirs,
+/// theirs_first)` combines.
+pub(crate) fn land<T: Primitive>(work: &mut [T], landings: &[Landing], got: &[T], combine: &impl Fn(&mut [T], &[T], bool)) {
+    for l in landings {
+        let part = &mut work[l.at..l.at + got.len()];
+        match l.then {
+            Then::Nothing => {}
+            Then::Replace => part.copy_from_slice(got),
+            Then::Combine { theirs_first } => combine(part, got, theirs_first),
+        }
+    }
+}
+
 impl Sched<'_> {
-    /// Runs `steps` as steps of this schedule over `work` (each receive as long as it) and
-    /// returns the working data they leave; `f` combines. A message of another length than
-    /// the data is [`MISMATCH`].
+    /// Runs `steps` over `data` (each receive checked for its length) and returns the
+    /// rank's result they leave (`data` itself where the plan has none); `f` combines. A
+    /// message of another length than planned is [`MISMATCH`](crate::nbc::MISMATCH).
     pub(crate) async fn run_steps<T: Primitive>(
         &self,
         steps: &Steps,
-        mut work: Vec<T>,
+        data: Vec<T>,
         f: impl Fn(&[T], &[T]) -> Vec<T>,
     ) -> Result<Vec<T>, Error> {
-        let len = work.len();
-        for step in &steps.steps {
-            let to = steps.to[step.sends.clone()].iter().map(|&w| (w, work.clone())).collect();
-            let Some(got) = self.exchange(step.recv.map(|w| (w, len)), to).await? else { continue };
-            if got.len() != len {
-                return Err(MISMATCH);
-            }
-            work = match step.then {
-                Then::Nothing => work,
-                Then::Replace => got.to_vec(),
-                Then::Combine { theirs_first: true } => f(&got, &work),
-                Then::Combine { theirs_first: false } => f(&work, &got),
-            };
-        }
-        Ok(work)
+        let len = data.len();
+        let kept = (!steps.result).then(|| data.clone());
+        let mut work = if steps.copies == 1 { data } else { data.repeat(steps.copies) };
+        let combine = |ours: &mut [T], theirs: &[T], theirs_first: bool| {
+            let v = if theirs_first { f(theirs, ours) } else { f(ours, theirs) };
+            ours.copy_from_slice(&v);
+        };
+        self.run_in(steps, &mut work, combine).await?;
+        Ok(kept.unwrap_or_else(|| {
+            work.truncate(len);
+            work
+        }))
     }
+
+    /// Runs `steps` in `work` itself (the rank's data once, as long as the plan's), each
+    /// step's sends from scratch copies (`nbc::Scratch`); `combine(ours, theirs,
+    /// theirs_first)` combines. A message of another length than planned is [`MISMATCH`](crate::nbc::MISMATCH).
+    pub(crate) async fn run_in<T: Primitive>(
+        &self,
+        steps: &Steps,
+        work: &mut [T],
+        combine: impl Fn(&mut [T], &[T], bool),
+    ) -> Result<(), Error> {
+        for step in &steps.steps {
+            let incoming = &steps.recvs[step.recvs.clone()];
+            let from: Vec<(u32, usize)> = incoming.iter().map(|i| (i.from, i.len)).collect();
+            let to: Vec<(u32, Scratch<T>)> =
+                steps.sends[step.sends.clone()].iter().map(|o| (o.to, Scratch::copy_of(&work[o.at.clone()]))).collect();
+            let got = self.exchange_many::<T>(&from, to).await?;
+            for (inc, got) in incoming.iter().zip(got) {
+                land(work, &steps.landings[inc.lands.clone()], &got, &combine);
+            }
+        }
+        Ok(())
+    }
+}
+
+/// `len` elements in one block per rank of `n` ([`block`]).
+fn blocks_of(len: usize, n: u32) -> Vec<Range<usize>> {
+    (0..n).map(|i| block(len, n, i)).collect()
+}
+
+/// Gather into `blocks` of the buffer of `root` (one per rank; its own in place) of
+/// every other rank's `own` elements: every other rank sends its data to the root, which
+/// receives them all at once. `blocks` is read at the root only.
+pub(crate) fn gather_steps(comm: &Communicator, root: u32, blocks: &[Range<usize>], own: usize) -> Steps {
+    let me = comm.rank();
+    if me != root {
+        let mut s = Steps { result: false, ..Steps::default() };
+        s.step().send(comm.world_of(root), 0..own);
+        return s;
+    }
+    let mut s = Steps::default();
+    if comm.size() > 1 {
+        s.step();
+        for (r, b) in others(comm, blocks) {
+            s.recv(r, b, Then::Replace);
+        }
+    }
+    s
+}
+
+/// Scatter of `blocks` of the buffer of `root` (one per rank; its own stays in place):
+/// every other rank gets its block, of `own` elements, sent by the root to every rank at
+/// once. `blocks` is read at the root only.
+pub(crate) fn scatter_steps(comm: &Communicator, root: u32, blocks: &[Range<usize>], own: usize) -> Steps {
+    let me = comm.rank();
+    if me != root {
+        let mut s = Steps::default();
+        s.step().recv(comm.world_of(root), 0..own, Then::Replace);
+        return s;
+    }
+    let mut s = Steps { result: false, ..Steps::default() };
+    if comm.size() > 1 {
+        s.step();
+        for (r, b) in others(comm, blocks) {
+            s.send(r, b);
+        }
+    }
+    s
+}
+
+/// The world rank and block of `blocks` (one per rank) of every rank but this one.
+fn others<'a>(comm: &'a Communicator, blocks: &'a [Range<usize>]) -> impl Iterator<Item = (u32, Range<usize>)> + 'a {
+    let me = comm.rank() as usize;
+    blocks.iter().enumerate().filter(move |&(r, _)| r != me).map(|(r, b)| (comm.world_of(r as u32), b.clone()))
+}
+
+/// Adds a ring allgather of `blocks` to `s`, `blocks[v]` for the rank `v` from `root`:
+/// that rank starts with block `v + shift`, and in `n - 1` steps each rank passes the block
+/// it got last to the next.
+fn ring_allgather(s: &mut Steps, comm: &Communicator, blocks: &[Range<usize>], root: u32, shift: u32) {
+    let n = comm.size();
+    let vr = (comm.rank() + n - root) % n;
+    let (left, right) = (at(comm, vr + n - 1, root), at(comm, vr + 1, root));
+    for step in 0..n.saturating_sub(1) {
+        let out = blocks[((vr + shift + n - step) % n) as usize].clone();
+        let inc = blocks[((vr + shift + 2 * n - step - 1) % n) as usize].clone();
+        s.step().send(right, out).recv(left, inc, Then::Replace);
+    }
+}
+
+/// Allgather into `blocks` of every rank's buffer (one per rank, as long on every rank;
+/// each rank's own in place at the start): a ring of `size - 1` steps.
+pub(crate) fn allgather_steps(comm: &Communicator, blocks: &[Range<usize>]) -> Steps {
+    let mut s = Steps::default();
+    ring_allgather(&mut s, comm, blocks, 0, 0);
+    s
+}
+
+/// Alltoall of `blocks` (one per rank): block `r` goes to rank `r` and is replaced by rank
+/// `r`'s block for this rank, as long (this rank's own stays in place), every pair at once,
+/// the receives posted first.
+pub(crate) fn alltoall_steps(comm: &Communicator, blocks: &[Range<usize>]) -> Steps {
+    let mut s = Steps::default();
+    if comm.size() > 1 {
+        s.step();
+        for (w, b) in others(comm, blocks) {
+            s.recv(w, b, Then::Replace);
+        }
+        for (w, b) in others(comm, blocks) {
+            s.send(w, b);
+        }
+    }
+    s
+}
+
+/// Prefix reduction of `len` elements in rank order, `inclusive` (`scan`) or not
+/// (`exscan`, rank 0's data left as it is), by recursive doubling (MPICH's): the working
+/// data holds the result so far, then the reduction over this rank's block of ranks of the
+/// current step; each step trades the block's with the partner `2^k` away, whose block,
+/// if it holds lower ranks, comes first in both.
+pub(crate) fn scan_steps(comm: &Communicator, len: usize, inclusive: bool) -> Steps {
+    let (n, me) = (comm.size(), comm.rank());
+    let mut s = Steps { copies: 2, ..Steps::default() };
+    let (result, block) = (0, len);
+    let mut below = inclusive;
+    let mut mask = 1u32;
+    while mask < n {
+        let partner = me ^ mask;
+        if partner < n {
+            let w = comm.world_of(partner);
+            s.step().send(w, block..block + len);
+            if partner < me {
+                let first = if below { Then::Combine { theirs_first: true } } else { Then::Replace };
+                let into = [Landing { at: block, then: Then::Combine { theirs_first: true } }, Landing { at: result, then: first }];
+                s.recv_to(w, len, &into);
+                below = true;
+            } else {
+                s.recv(w, block..block + len, Then::Combine { theirs_first: false });
+            }
+        }
+        mask <<= 1;
+    }
+    s
+}
+
+/// Allreduce of `len` elements (at least one per rank) with a commutative op for large
+/// messages: on a power of two of ranks Rabenseifner's, a reduce-scatter by recursive
+/// halving and an allgather by recursive doubling ([Thakur 2005]; MPICH's
+/// `reduce_scatter_allgather`); on others a ring reduce-scatter (in `n - 1` steps each rank
+/// adds its part of the block passing by; rank `v` ends with block `v + 1` reduced over
+/// every rank), then a ring allgather of the reduced blocks.
+pub(crate) fn allreduce_long_steps(comm: &Communicator, len: usize) -> Steps {
+    let (n, me) = (comm.size(), comm.rank());
+    let blocks = blocks_of(len, n);
+    let mut s = Steps::default();
+    if n.is_power_of_two() {
+        reduce_scatter_halving(&mut s, comm, &blocks, 0);
+        allgather_doubling(&mut s, comm, &blocks);
+        return s;
+    }
+    let (left, right) = (at(comm, me + n - 1, 0), at(comm, me + 1, 0));
+    for step in 0..n - 1 {
+        let out = blocks[((me + n - step) % n) as usize].clone();
+        let inc = blocks[((me + 2 * n - step - 1) % n) as usize].clone();
+        s.step().send(right, out).recv(left, inc, Then::Combine { theirs_first: true });
+    }
+    ring_allgather(&mut s, comm, &blocks, 0, 1);
+    s
+}
+
+/// Adds a reduce-scatter by recursive halving over a power of two of ranks counted from
+/// `root` to `s`: rank `v` (from the root) keeps, at each step, the half of its window of
+/// `blocks` on its side of the partner `n / 2^(k+1)` away, sends the other half there and
+/// combines what comes back into the half it keeps; it ends with block `v` reduced over
+/// every rank.
+fn reduce_scatter_halving(s: &mut Steps, comm: &Communicator, blocks: &[Range<usize>], root: u32) {
+    let n = comm.size();
+    let vr = (comm.rank() + n - root) % n;
+    let (mut lo, mut hi) = (0, n);
+    let mut mask = n / 2;
+    while mask > 0 {
+        let mid = lo + (hi - lo) / 2;
+        let (keep, give) = if vr & mask == 0 { ((lo, mid), (mid, hi)) } else { ((mid, hi), (lo, mid)) };
+        let w = at(comm, vr ^ mask, root);
+        s.step().send(w, span(blocks, give.0, give.1)).recv(w, span(blocks, keep.0, keep.1), Then::Combine { theirs_first: true });
+        (lo, hi) = keep;
+        mask >>= 1;
+    }
+}
+
+/// Adds an allgather by recursive doubling over a power of two of ranks to `s`, after
+/// [`reduce_scatter_halving`]: each step trades the window of `blocks` gathered so far
+/// with the partner's, the window doubling.
+fn allgather_doubling(s: &mut Steps, comm: &Communicator, blocks: &[Range<usize>]) {
+    let (n, me) = (comm.size(), comm.rank());
+    let (mut lo, mut hi) = (me, me + 1);
+    let mut mask = 1;
+    while mask < n {
+        let theirs = if me & mask == 0 { (hi, hi + mask) } else { (lo - mask, lo) };
+        let w = at(comm, me ^ mask, 0);
+        s.step().send(w, span(blocks, lo, hi)).recv(w, span(blocks, theirs.0, theirs.1), Then::Replace);
+        (lo, hi) = (lo.min(theirs.0), hi.max(theirs.1));
+        mask <<= 1;
+    }
+}
+
+/// Broadcast of `len` elements from `root` for large messages by scatter and allgather
+/// (van de Geijn; MPICH's `scatter_ring_allgather`): the root's `n` blocks go down a
+/// binomial tree (each subtree gets the blocks of its ranks), then a ring gathers them
+/// everywhere.
+pub(crate) fn bcast_long_steps(comm: &Communicator, root: u32, len: usize) -> Steps {
+    let n = comm.size();
+    let (vr, parent) = binomial(comm, root);
+    // The blocks of ranks `lo..hi` (from the root) as one range.
+    let part = |lo: u32, hi: u32| block(len, n, lo).start..block(len, n, hi.min(n) - 1).end;
+    let mut s = Steps::default();
+    if parent < n {
+        s.step().recv(at(comm, vr - parent, root), part(vr, vr + parent), Then::Replace);
+    }
+    let children: Vec<u32> = (0..parent.trailing_zeros()).rev().map(|b| 1 << b).filter(|&m| vr + m < n).collect();
+    if !children.is_empty() {
+        s.step();
+        for m in children {
+            s.send(at(comm, vr + m, root), part(vr + m, vr + 2 * m));
+        }
+    }
+    ring_allgather(&mut s, comm, &blocks_of(len, n), root, 0);
+    s
+}
+
+/// Reduction of `len` elements (at least one per rank) with a commutative op into `root` on
+/// a power of two of ranks, for large messages: a reduce-scatter by recursive halving, then
+/// a binomial gather of the reduced blocks to the root ([Thakur 2005]; MPICH's
+/// `reduce_scatter_gather`). The other ranks' data is left holding partial reductions.
+pub(crate) fn reduce_long_steps(comm: &Communicator, root: u32, len: usize) -> Steps {
+    let n = comm.size();
+    let blocks = blocks_of(len, n);
+    let (vr, parent) = binomial(comm, root);
+    let mut s = Steps { result: vr == 0, ..Steps::default() };
+    reduce_scatter_halving(&mut s, comm, &blocks, root);
+    // Rank `vr` holds blocks `vr..hi`, reduced over every rank.
+    let mut hi = vr + 1;
+    let mut mask = 1;
+    while mask < parent {
+        s.step().recv(at(comm, vr + mask, root), span(&blocks, hi, hi + mask), Then::Replace);
+        hi += mask;
+        mask <<= 1;
+    }
+    if parent < n {
+        s.step().send(at(comm, vr - parent, root), span(&blocks, vr, hi));
+    }
+    s
 }

@@ -6,6 +6,7 @@ use std::str::FromStr;
 
 use crate::lock::{FlatKind, LockKind, LockPath};
 use weft_sync::Error;
+pub use weft_transport::embedded::LevelCost;
 pub use weft_transport::Provider;
 
 /// How waiting threads drive progress ([Patinyasakdikul 2019] ch. 4-5).
@@ -110,6 +111,11 @@ pub struct Config {
     pub pack_threshold: usize,
     /// Which provider moves frames (`WEFT_PROVIDER=embedded|shm|tcp`).
     pub provider: Provider,
+    /// A simulated machine hierarchy on the embedded provider: ranks per node, nodes per
+    /// rack, ..., and the delay added to each RMA operation that crosses a level
+    /// (`WEFT_SIM_LEVELS=4,2` with `WEFT_LEVEL_COST_NS=100,1000`; see [`LevelCost`]). None by
+    /// default; refused on libfabric, whose levels are the machine's own.
+    pub level_cost: LevelCost,
     /// On libfabric (`shm`, `tcp`): carry small frames between ranks of one host through
     /// rings in shared memory, libfabric carrying larger frames, rendezvous reads and RMA
     /// (`WEFT_SAME_HOST_LANE`; default on). Off, every frame goes through libfabric's own
@@ -213,6 +219,7 @@ impl Default for Config {
             workers: std::thread::available_parallelism().map_or(1, |n| n.get()),
             pack_threshold: 256 * 1024,
             provider: Provider::Embedded,
+            level_cost: LevelCost::default(),
             per_thread_order: false,
             same_host_lane: true,
             yield_window: std::time::Duration::from_micros(50),
@@ -277,6 +284,18 @@ impl Config {
         if let Some(v) = var!("WEFT_PROVIDER") {
             self.provider =
                 v.parse().map_err(|_| Error::InvalidArgument("unknown provider in WEFT_PROVIDER (expected one of: embedded shm tcp)"))?;
+        }
+        match (var!("WEFT_SIM_LEVELS"), var!("WEFT_LEVEL_COST_NS")) {
+            (None, None) => {}
+            (Some(sizes), Some(costs)) => {
+                const BAD: &str = "WEFT_SIM_LEVELS and WEFT_LEVEL_COST_NS must be comma lists of integers (ranks per node, nodes per rack, ...; nanoseconds per crossing)";
+                let sizes: Vec<u32> =
+                    sizes.split(',').map(|v| v.trim().parse().map_err(|_| Error::InvalidArgument(BAD))).collect::<Result<_, _>>()?;
+                let costs: Vec<u64> =
+                    costs.split(',').map(|v| v.trim().parse().map_err(|_| Error::InvalidArgument(BAD))).collect::<Result<_, _>>()?;
+                self.level_cost = LevelCost::new(&sizes, &costs)?;
+            }
+            _ => return Err(Error::InvalidArgument("WEFT_SIM_LEVELS and WEFT_LEVEL_COST_NS are set together or not at all")),
         }
         if let Some(v) = var!("WEFT_MATCH_TIMING") {
             self.match_timing = switch("WEFT_MATCH_TIMING must be 1/true/yes/on or 0/false/no/off", &v)?;
@@ -367,6 +386,11 @@ impl Config {
             return Err(Error::InvalidArgument("idle pause must be in 0..=4096 PAUSE instructions"));
         }
         self.provider.check_available()?;
+        if self.provider != Provider::Embedded && self.level_cost != LevelCost::default() {
+            return Err(Error::InvalidArgument(
+                "simulated machine levels (WEFT_SIM_LEVELS / Builder::level_cost) need the embedded provider",
+            ));
+        }
         if self.provider != Provider::Embedded && self.eager_threshold > 1 << 20 {
             return Err(Error::InvalidArgument(
                 "the libfabric providers take an eager threshold (WEFT_EAGER_THRESHOLD / Builder::eager_threshold) of at most 1 MiB",

@@ -220,7 +220,7 @@ pub use buffer::{Primitive, RecvBuf, SendBuf};
 pub use coll::{Op, Reducible, ALLREDUCE_LONG_BYTES, BCAST_LONG_BYTES, BCAST_LONG_RANKS, REDUCE_LONG_BYTES};
 pub use comm::{Assertions, Communicator};
 
-pub use config::{Assignment, Config, Locks, MatchingMode, ProgressMode, Provider};
+pub use config::{Assignment, Config, LevelCost, Locks, MatchingMode, ProgressMode, Provider};
 pub use continuation::{ContinuationRequest, Invoke, Results};
 pub use counters::Snapshot;
 pub use datatype::{Datatype, TypedRecv};

@@ -100,12 +100,6 @@ impl<T: Primitive> Out<T> {
         Out { ptr: v.as_mut_ptr(), len: v.len() }
     }
 
-    /// The buffer, for the schedule's steps to work in.
-    ///
-    /// # Safety
-    /// Called once per schedule, by its steps, which drop the slice before the request's
-    /// cell completes; the transport never holds a pointer into it (the steps send copies
-    /// and receive into buffers of their own), so nothing touches it after completion.
     /// Copies `from` (as long as the buffer) into the buffer (a persistent collective's
     /// result, kept in its schedule's own working buffer).
     pub(crate) fn write(&self, from: &[T]) {
@@ -116,6 +110,13 @@ impl<T: Primitive> Out<T> {
         unsafe { std::ptr::copy_nonoverlapping(from.as_ptr(), self.ptr, self.len) };
     }
 
+    /// The buffer, for the schedule's steps to work in.
+    ///
+    /// # Safety
+    /// Called by the schedule's steps only, each slice dropped before the next is made and
+    /// before the request's cell completes; the transport never holds a pointer into it (the
+    /// steps send copies and receive into buffers of their own), so nothing touches it after
+    /// completion.
     #[allow(clippy::mut_from_ref)]
     pub(crate) unsafe fn slice(&self) -> &mut [T] {
         // SAFETY: `ptr` addresses `len` elements alive until the request's cell completes,

@@ -1,19 +1,31 @@
 //! Persistent collectives (MPI 4.0 §6.13): [`Communicator::barrier_init`],
-//! [`Communicator::bcast_init`], [`Communicator::reduce_init`] and
-//! [`Communicator::allreduce_init`] give a [`Persistent`] request like
+//! [`Communicator::bcast_init`], [`Communicator::reduce_init`],
+//! [`Communicator::allreduce_init`], [`Communicator::gather_init`],
+//! [`Communicator::scatter_init`], [`Communicator::allgather_init`],
+//! [`Communicator::alltoall_init`], their `v` forms ([`Communicator::gatherv_init`],
+//! [`Communicator::scatterv_init`], [`Communicator::allgatherv_init`],
+//! [`Communicator::alltoallv_init`]), [`Communicator::scan_init`] and
+//! [`Communicator::exscan_init`] give a [`Persistent`] request like
 //! [`send_init`](Communicator::send_init)'s, started and waited for as often as needed, and
 //! started together with point-to-point ones by [`Persistent::start_all`].
 //!
+//! Each works in one buffer, in place (as MPI's with `MPI_IN_PLACE`): the rank's data before
+//! a start, its result after the wait. Where MPI's send and receive buffers differ in
+//! length, the buffer has the receive buffer's length where the rank receives more than it
+//! sends (a gather's root, every rank of an allgather), the send buffer's where it sends
+//! more (a scatter's root); the others hold one block.
+//!
 //! The init call is a collective: every rank of the communicator makes it, in the same order
 //! as its other collectives, with the same length, op and root — which it checks with one
-//! allreduce, so a rank that passed another length or root gets an error at init on every
-//! rank, not a hang at a start. It then fixes the whole schedule (MPICH computes its
-//! persistent schedules once too): the steps of the algorithm in world ranks, the buffers of
-//! every step's sends and of its receive, and the tag of the collective's sequence number,
-//! which every start reuses. A start copies the user's buffer in, hands the schedule to the
-//! rank's progress (`engine/schedules.rs`), which takes its steps as their messages complete,
-//! and gets the schedule back when it ends (`Schedule::finish`): in steady state a start
-//! allocates nothing (`runtime/tests/zero_alloc_persistent_coll.rs`).
+//! allreduce (a `v` form first trades the counts: the root scatters its own, the ranks of an
+//! alltoall trade theirs), so a rank that passed another length or root gets an error at
+//! init on every rank, not a hang at a start. It then fixes the whole schedule (MPICH computes
+//! its persistent schedules once too): the steps of the algorithm in world ranks, the
+//! buffers of every step's sends and receives, and the tag of the collective's sequence
+//! number, which every start reuses. A start hands the schedule to the rank's progress
+//! (`engine/schedules.rs`), which takes its steps as their messages complete, and gets the
+//! schedule back when it ends (`Schedule::finish`): in steady state a start allocates
+//! nothing (`runtime/tests/zero_alloc_persistent_coll.rs`).
 //!
 //! A start that fails (a peer lost, the communicator freed) tells every other member, as a
 //! nonblocking collective does (`nbc.rs`): each start listens for such a notice, so a member
@@ -25,18 +37,31 @@
 //! match in order, so a rank that starts again before a slow peer has finished the last start
 //! cannot be mistaken for it.
 //!
-//! Algorithms: a dissemination barrier, a binomial-tree broadcast and reduce, a recursive
-//! doubling allreduce (the ranks beyond a power of two folded in first) — the plans of the
-//! nonblocking collectives' small-message algorithms (`coll_steps.rs`), at every size.
+//! Algorithms: those of the blocking collectives (`coll.rs`), chosen by size as they are,
+//! as plans of steps (`coll_steps.rs`): a dissemination barrier; a binomial-tree broadcast,
+//! or for large messages scatter and a ring allgather; a recursive
+//! doubling allreduce (the ranks beyond a power of two folded in first), or for large
+//! messages Rabenseifner's on a power of two of ranks and the ring's on others; gather and
+//! scatter through the root at once; a ring allgather; every pair of an alltoall at once;
+//! recursive doubling prefix reductions; a binomial-tree reduce, or for large messages on a
+//! power of two of ranks a reduce-scatter and gather. A start works in the user's buffer
+//! itself where the plan allows (its data is the result, or nothing lands on it), else in a
+//! working copy (a reduction's other ranks, whose buffers are left as they were; the prefix
+//! reductions, which keep a partial result beside the running one); each message goes
+//! through a buffer of its own, kept from init on.
 
+use std::ops::Range;
 use std::sync::{Arc, Weak};
 
 use parking_lot::Mutex;
 use weft_sync::{Error, Status};
 
-use crate::buffer::Primitive;
-use crate::coll::{check_op, Op, Reducible};
-use crate::coll_steps::{barrier_steps, bcast_steps, reduce_over_steps, reduce_steps, Step, Steps, Then};
+use crate::buffer::{Primitive, SendBuf};
+use crate::coll::{allreduce_is_long, bcast_is_long, blocks, check_op, combine, even, reduce_is_long, Op, Reducible};
+use crate::coll_steps::{
+    allgather_steps, allreduce_long_steps, alltoall_steps, barrier_steps, bcast_long_steps, bcast_steps, gather_steps, land,
+    reduce_long_steps, reduce_over_steps, reduce_steps, scan_steps, scatter_steps, Steps,
+};
 use crate::comm::Communicator;
 use crate::engine::Schedule;
 use crate::matching::{Source, Tag};
@@ -51,14 +76,6 @@ const LOST: Error = Error::InvalidArgument("persistent collective: its schedule 
 /// The error of a start whose buffer no longer has the length given at init.
 const RESIZED: Error = Error::InvalidArgument("persistent collective: the buffer's length changed since init");
 
-/// `op` applied elementwise into `ours`.
-fn combine<T: Reducible>(op: Op, ours: &mut [T], theirs: &[T], theirs_first: bool) {
-    for (a, &t) in ours.iter_mut().zip(theirs) {
-        let v = if theirs_first { T::apply(op, t, *a) } else { T::apply(op, *a, t) };
-        *a = v.expect("the op was checked for the element type at init");
-    }
-}
-
 /// A reduction: its op and the elementwise combination for the element type.
 type Reducer<T> = (Op, fn(Op, &mut [T], &[T], bool));
 
@@ -67,26 +84,25 @@ type Reducer<T> = (Op, fn(Op, &mut [T], &[T], bool));
 struct Run<T: Primitive> {
     // The requests of the step in flight borrow `comm` (below): they come first, so they are
     // dropped before it.
-    sends: Vec<Request<'static, Vec<T>>>,
-    recv: Option<Request<'static, Vec<T>>>,
+    sends: Vec<Request<'static, Shared<T>>>,
+    recvs: Vec<Request<'static, Vec<T>>>,
     /// The receive for a failure notice of another member (`nbc.rs`), posted with the first
     /// step; its buffer between starts.
     notice: Option<Request<'static, Vec<u32>>>,
     notice_buf: Option<Vec<u32>>,
-    steps: Box<[Step]>,
-    to: Box<[u32]>,
+    plan: Steps,
     /// The step in flight (or next), and whether its messages are posted.
     at: usize,
     posted: bool,
-    /// The working data, the buffers of sends not in flight, the receive buffer when not in
-    /// flight (each as long as the data).
+    /// The working data, where the start does not work in the user's buffer itself
+    /// (`in_place`); the copies for sends not in flight (each as long as the longest send),
+    /// the buffers of receives not in flight (as long as the longest receive).
     work: Vec<T>,
-    spare: Vec<Vec<T>>,
-    scratch: Option<Vec<T>>,
+    in_place: bool,
+    spare: Vec<Arc<Vec<T>>>,
+    scratch: Vec<Vec<T>>,
     reducer: Option<Reducer<T>>,
     tag: i32,
-    /// Whether the start's result goes into the user's buffer (not at a reduce's non-root).
-    write_back: bool,
     /// The start in flight: where its result goes, its request's operation, its status and
     /// its outcome so far.
     out: Option<Out<T>>,
@@ -99,11 +115,36 @@ struct Run<T: Primitive> {
     comm: Box<Communicator>,
 }
 
+/// The copy of a part of the working data that one step sends to one or more ranks (a
+/// binomial broadcast node's children share one, as the blocking broadcast's do).
+struct Shared<T>(Arc<Vec<T>>);
+
+// SAFETY: the `Vec`'s heap storage does not move while the `Arc` lives, and nothing writes
+// it while a send holds a share: a step fills a copy only when no send holds it
+// (`Arc::make_mut`, which copies otherwise).
+unsafe impl<T: Primitive> SendBuf for Shared<T> {
+    fn as_bytes(&self) -> &[u8] {
+        self.0.as_bytes()
+    }
+}
+
+/// The working data of a start: the user's buffer itself if `in_place`, else `work`.
+fn working<'a, T: Primitive>(work: &'a mut [T], out: &'a Option<Out<T>>, in_place: bool) -> &'a mut [T] {
+    match out {
+        // SAFETY: `out` is the buffer of the request of the start in flight, alive until the
+        // schedule completes its operation (`finish`, after the last step); each borrow
+        // ends before the next is made (one step posts, or collects, at a time, on the thread
+        // advancing the schedule).
+        Some(out) if in_place => unsafe { out.slice() },
+        _ => work,
+    }
+}
+
 impl<T: Primitive> Run<T> {
-    /// Posts the sends and the receive of step `self.at` (with the first, the receive for
-    /// failure notices).
+    /// Posts the receives and then the sends of step `self.at` (with the first, the receive
+    /// for failure notices).
     fn post(&mut self) -> Result<(), Error> {
-        let step = self.steps[self.at].clone();
+        let step = self.plan.steps[self.at].clone();
         let c: &Communicator = &self.comm;
         if self.at == 0 {
             let b = self.notice_buf.take().unwrap_or_else(|| Vec::with_capacity(2));
@@ -111,57 +152,78 @@ impl<T: Primitive> Run<T> {
             // SAFETY: `r` borrows `self.comm`, and `notice` is dropped before it.
             self.notice = Some(unsafe { unbound(r) });
         }
-        for &w in &self.to[step.sends] {
-            let mut b = self.spare.pop().unwrap_or_default();
+        for inc in &self.plan.recvs[step.recvs] {
+            let mut b = self.scratch.pop().unwrap_or_default();
             b.clear();
-            b.extend_from_slice(&self.work);
-            let r = c.isend_on(c.coll_state(), b, w, self.tag)?;
-            // SAFETY: `r` borrows `self.comm`, and `sends` is dropped before it.
-            self.sends.push(unsafe { unbound(r) });
+            b.reserve(inc.len);
+            let r = c.irecv_on(c.coll_state(), b, Source::Rank(inc.from), Tag::Is(self.tag))?;
+            // SAFETY: as for `notice`, for `recvs`.
+            self.recvs.push(unsafe { unbound(r) });
         }
-        if let Some(w) = step.recv {
-            let b = self.scratch.take().unwrap_or_else(|| Vec::with_capacity(self.work.len()));
-            let r = c.irecv_on(c.coll_state(), b, Source::Rank(w), Tag::Is(self.tag))?;
-            // SAFETY: as above, for `recv`.
-            self.recv = Some(unsafe { unbound(r) });
+        // Sends of the same part one after the other share its copy.
+        let mut last: Option<(Range<usize>, Arc<Vec<T>>)> = None;
+        for o in &self.plan.sends[step.sends] {
+            let b = match &last {
+                Some((at, b)) if *at == o.at => b.clone(),
+                _ => {
+                    let mut b = self.spare.pop().unwrap_or_default();
+                    // Held by no send (`collect` keeps only the last share): no copy.
+                    let v = Arc::make_mut(&mut b);
+                    v.clear();
+                    v.extend_from_slice(&working(&mut self.work, &self.out, self.in_place)[o.at.clone()]);
+                    last = Some((o.at.clone(), b.clone()));
+                    b
+                }
+            };
+            let r = c.isend_on(c.coll_state(), Shared(b), o.to, self.tag)?;
+            // SAFETY: as for `notice`, for `sends`.
+            self.sends.push(unsafe { unbound(r) });
         }
         Ok(())
     }
 
-    /// Collects step `self.at`, complete: the send buffers back, the received data used.
+    /// Collects step `self.at`, complete: the send buffers back, the received data landed.
     fn collect(&mut self) -> Result<(), Error> {
         let mut res = Ok(());
         for mut r in self.sends.drain(..) {
-            if let Some((b, outcome)) = r.take_parts() {
-                self.spare.push(b);
+            if let Some((Shared(b), outcome)) = r.take_parts() {
+                // The last of the sends that shared a copy gives it back.
+                if Arc::strong_count(&b) == 1 {
+                    self.spare.push(b);
+                }
                 if let Err(e) = outcome {
                     res = res.and(Err(step_error(&self.comm, e)));
                 }
             }
         }
-        let Some(mut r) = self.recv.take() else { return res };
-        let Some((got, outcome)) = r.take_parts() else { return res };
-        drop(r);
-        let used = match outcome {
-            Err(e) => Err(step_error(&self.comm, e)),
-            Ok(_) if got.len() != self.work.len() => Err(MISMATCH),
-            Ok(_) => {
-                match (self.steps[self.at].then, self.reducer) {
-                    (Then::Replace, _) => self.work.copy_from_slice(&got),
-                    (Then::Combine { theirs_first }, Some((op, f))) => f(op, &mut self.work, &got, theirs_first),
-                    (Then::Nothing, _) | (Then::Combine { .. }, None) => {}
+        let recvs = self.plan.steps[self.at].recvs.clone();
+        for (mut r, inc) in self.recvs.drain(..).zip(&self.plan.recvs[recvs]) {
+            let Some((got, outcome)) = r.take_parts() else { continue };
+            drop(r);
+            let used = match outcome {
+                Err(e) => Err(step_error(&self.comm, e)),
+                Ok(_) if got.len() != inc.len => Err(MISMATCH),
+                Ok(_) => {
+                    let reducer = self.reducer;
+                    let combine = |ours: &mut [T], theirs: &[T], theirs_first| {
+                        if let Some((op, f)) = reducer {
+                            f(op, ours, theirs, theirs_first);
+                        }
+                    };
+                    land(working(&mut self.work, &self.out, self.in_place), &self.plan.landings[inc.lands.clone()], &got, &combine);
+                    Ok(())
                 }
-                Ok(())
-            }
-        };
-        self.scratch = Some(got);
-        res.and(used)
+            };
+            self.scratch.push(got);
+            res = res.and(used);
+        }
+        res
     }
 }
 
 impl<T: Primitive> Schedule for Run<T> {
     fn advance(&mut self) -> bool {
-        while self.result.is_ok() && self.at < self.steps.len() {
+        while self.result.is_ok() && self.at < self.plan.steps.len() {
             if !self.posted {
                 self.posted = true;
                 if let Err(e) = self.post() {
@@ -174,7 +236,7 @@ impl<T: Primitive> Schedule for Run<T> {
                 self.result = Err(Error::Cancelled);
                 break;
             }
-            if self.recv.as_ref().is_some_and(|r| !r.is_complete()) || self.sends.iter().any(|r| !r.is_complete()) {
+            if self.recvs.iter().any(|r| !r.is_complete()) || self.sends.iter().any(|r| !r.is_complete()) {
                 return false;
             }
             self.result = self.collect();
@@ -201,13 +263,13 @@ impl<T: Primitive> Schedule for Run<T> {
                 }
             }
         }
-        let out = self.out.take();
+        let out = self.out.take().filter(|_| self.plan.result && !self.in_place);
         if let (Ok(()), Some(out)) = (&result, out) {
-            out.write(&self.work);
+            out.write(&self.work[..self.work.len() / self.plan.copies]);
         }
         // A failed step's other messages: a receive is cancelled, a send finishes on its own.
         self.sends.clear();
-        self.recv = None;
+        self.recvs.clear();
         let (op, status) = (self.op.take(), self.status);
         if let Some(home) = self.home.upgrade() {
             *home.lock() = Some(self);
@@ -236,25 +298,24 @@ struct CollPlan<T: Primitive> {
 }
 
 impl<T: Primitive> CollPlan<T> {
-    /// A plan of `steps` over `len` elements under the next sequence number of `comm`.
-    fn new(comm: &Communicator, steps: Steps, len: usize, reducer: Option<Reducer<T>>, write_back: bool) -> Self {
-        let widest = steps.widest();
+    /// A plan of `plan` over `len` elements under the next sequence number of `comm`.
+    fn new(comm: &Communicator, plan: Steps, len: usize, reducer: Option<Reducer<T>>) -> Self {
+        let ((sends, recvs), (longest_send, longest_recv)) = (plan.widest(), plan.longest());
         let home = Arc::new(Mutex::new(None));
         let run = Run {
-            sends: Vec::with_capacity(widest),
-            recv: None,
+            sends: Vec::with_capacity(sends),
+            recvs: Vec::with_capacity(recvs),
             notice: None,
             notice_buf: Some(Vec::with_capacity(2)),
-            steps: steps.steps.into(),
-            to: steps.to.into(),
             at: 0,
             posted: false,
-            work: Vec::with_capacity(len),
-            spare: (0..widest).map(|_| Vec::with_capacity(len)).collect(),
-            scratch: Some(Vec::with_capacity(len)),
+            work: Vec::with_capacity(if plan.in_place() { 0 } else { len * plan.copies }),
+            in_place: false,
+            spare: (0..sends).map(|_| Arc::new(Vec::with_capacity(longest_send))).collect(),
+            scratch: (0..recvs).map(|_| Vec::with_capacity(longest_recv)).collect(),
+            plan,
             reducer,
             tag: seq_tag(comm.next_seq()),
-            write_back,
             out: None,
             op: None,
             status: Status { source: comm.world_of(comm.rank()), tag: 0, bytes: len * std::mem::size_of::<T>() },
@@ -283,11 +344,16 @@ impl<T: Primitive> CollPlan<T> {
         self.check_len(comm, data.len())?;
         let mut run = self.home.lock().take().ok_or(LOST)?;
         let op = new_operation(|i| i.context = comm.coll_state().context);
+        run.in_place = out.is_some() && run.plan.in_place();
         run.work.clear();
-        run.work.extend_from_slice(data);
+        if !run.in_place {
+            for _ in 0..run.plan.copies {
+                run.work.extend_from_slice(data);
+            }
+        }
         run.at = 0;
         run.posted = false;
-        run.out = out.filter(|_| run.write_back);
+        run.out = out;
         run.op = Some(op.clone());
         comm.engine().start_schedule(run);
         Ok(op)
@@ -320,7 +386,37 @@ fn op_code(op: Op) -> u64 {
     [Op::Sum, Op::Prod, Op::Min, Op::Max, Op::BAnd, Op::BOr, Op::BXor].iter().position(|&o| o == op).map_or(u64::MAX, |i| i as u64)
 }
 
+/// The length of each of `n` blocks of one length in `len` elements, if they divide evenly.
+fn per_block(len: usize, n: u32) -> Option<usize> {
+    (len % n as usize == 0).then(|| len / n as usize)
+}
+
 impl Communicator {
+    /// A persistent collective over `data`, inactive, each start running `steps`.
+    fn coll_init<T: Primitive>(&self, steps: Steps, data: Vec<T>, reducer: Option<Reducer<T>>) -> Persistent<'_, Vec<T>> {
+        let plan = CollPlan::new(self, steps, data.len(), reducer);
+        Persistent::collective(self, Arc::new(plan), data)
+    }
+
+    /// The block length of a rooted init over a buffer of `len` elements (`size` blocks at
+    /// `root`, else the error `what`; one elsewhere), agreed with every rank with `root`
+    /// ([`agree_blocks`](Self::agree_blocks)).
+    fn root_block(&self, len: usize, root: u32, what: &'static str) -> Result<usize, Error> {
+        self.check_root(root)?;
+        let k = if self.rank() == root { per_block(len, self.size()) } else { Some(len) };
+        self.agree_blocks(k, root, 0, what)
+    }
+
+    /// Checks that every rank passed the same block length `k` (`None`: this rank's buffer
+    /// holds no whole number of blocks, the error `what`), `root` and `op`: the agreement
+    /// of [`agree`](Self::agree), which this rank makes even when its own buffer is wrong,
+    /// so that every rank fails instead of waiting for it.
+    fn agree_blocks(&self, k: Option<usize>, root: u32, op: u64, what: &'static str) -> Result<usize, Error> {
+        let agreed = self.agree([k.map_or(u64::MAX, |k| k as u64), u64::from(root), op]);
+        let k = k.ok_or(Error::InvalidArgument(what))?;
+        agreed.map(|()| k)
+    }
+
     /// Checks that every rank passed the same `values` (a collective: one allreduce).
     fn agree(&self, values: [u64; 3]) -> Result<(), Error> {
         let mine = [values[0], !values[0], values[1], !values[1], values[2], !values[2]];
@@ -355,7 +451,7 @@ impl Communicator {
         if self.is_freed() {
             return Err(Error::CommFreed);
         }
-        let plan = CollPlan::<u8>::new(self, barrier_steps(self), 0, None, false);
+        let plan = CollPlan::<u8>::new(self, barrier_steps(self), 0, None);
         Ok(Persistent::collective(self, Arc::new(plan), ()))
     }
 
@@ -366,8 +462,12 @@ impl Communicator {
     pub fn bcast_init<T: Primitive>(&self, data: Vec<T>, root: u32) -> Result<Persistent<'_, Vec<T>>, Error> {
         self.check_root(root)?;
         self.agree([data.len() as u64, u64::from(root), 0])?;
-        let plan = CollPlan::new(self, bcast_steps(self, root), data.len(), None, true);
-        Ok(Persistent::collective(self, Arc::new(plan), data))
+        let steps = if bcast_is_long(std::mem::size_of_val(data.as_slice()), self.size()) {
+            bcast_long_steps(self, root, data.len())
+        } else {
+            bcast_steps(self, root, data.len())
+        };
+        Ok(self.coll_init(steps, data, None))
     }
 
     /// A persistent reduction of `data` with `op` into `data` of rank `root`
@@ -378,8 +478,12 @@ impl Communicator {
         self.check_root(root)?;
         check_op(op, data.first(), "reduce_init: a bitwise op on floating-point elements")?;
         self.agree([data.len() as u64, u64::from(root), op_code(op)])?;
-        let plan = CollPlan::new(self, reduce_steps(self, root), data.len(), Some((op, combine::<T>)), self.rank() == root);
-        Ok(Persistent::collective(self, Arc::new(plan), data))
+        let steps = if reduce_is_long(std::mem::size_of_val(data.as_slice()), data.len(), self.size()) {
+            reduce_long_steps(self, root, data.len())
+        } else {
+            reduce_steps(self, root, data.len())
+        };
+        Ok(self.coll_init(steps, data, Some((op, combine::<T>))))
     }
 
     /// A persistent reduction of `data` with `op` into `data` of every rank
@@ -408,8 +512,215 @@ impl Communicator {
     pub fn allreduce_init<T: Reducible>(&self, data: Vec<T>, op: Op) -> Result<Persistent<'_, Vec<T>>, Error> {
         check_op(op, data.first(), "allreduce_init: a bitwise op on floating-point elements")?;
         self.agree([data.len() as u64, 0, op_code(op)])?;
-        let steps = reduce_over_steps(self.group().world_ranks(), self.world_of(self.rank()))?;
-        let plan = CollPlan::new(self, steps, data.len(), Some((op, combine::<T>)), true);
-        Ok(Persistent::collective(self, Arc::new(plan), data))
+        let steps = if allreduce_is_long(std::mem::size_of_val(data.as_slice()), data.len(), self.size()) {
+            allreduce_long_steps(self, data.len())
+        } else {
+            reduce_over_steps(self.group().world_ranks(), self.world_of(self.rank()), data.len())?
+        };
+        Ok(self.coll_init(steps, data, Some((op, combine::<T>))))
+    }
+
+    /// A persistent gather into `data` of rank `root` (`MPI_Gather_init`, in place),
+    /// inactive: every other rank's `data` holds one block, the root's `size` blocks of that
+    /// length, its own at `root * len` in place; each start sends the blocks as they are
+    /// then, and a wait leaves rank `r`'s at `r * len` of the root's buffer (the others'
+    /// buffers are left as they were). Every rank passes the same block length and root
+    /// (checked here: a collective call).
+    pub fn gather_init<T: Primitive>(&self, data: Vec<T>, root: u32) -> Result<Persistent<'_, Vec<T>>, Error> {
+        let k = self.root_block(data.len(), root, "gather_init: the root's buffer is not size blocks of one length")?;
+        Ok(self.coll_init(gather_steps(self, root, &even(k, self.size()), k), data, None))
+    }
+
+    /// A persistent scatter of `data` of rank `root` (`MPI_Scatter_init`, in place),
+    /// inactive: the root's `data` holds `size` blocks, every other rank's one block of that
+    /// length; each start sends the root's blocks as they are then, and a wait leaves block
+    /// `r` in rank `r`'s buffer (the root's is left as it was). Every rank passes the same
+    /// block length and root (checked here: a collective call).
+    pub fn scatter_init<T: Primitive>(&self, data: Vec<T>, root: u32) -> Result<Persistent<'_, Vec<T>>, Error> {
+        let k = self.root_block(data.len(), root, "scatter_init: the root's buffer is not size blocks of one length")?;
+        Ok(self.coll_init(scatter_steps(self, root, &even(k, self.size()), k), data, None))
+    }
+
+    /// A persistent allgather (`MPI_Allgather_init`, in place), inactive: `data` holds
+    /// `size` blocks of one length, this rank's own at `rank * len`; each start sends it as
+    /// it is then, and a wait leaves every rank's block in place. A ring of `size - 1` steps.
+    /// Every rank passes the same length (checked here: a collective call).
+    ///
+    /// ```
+    /// use weft::Runtime;
+    /// let ranks = Runtime::builder().env(false).build_local(3).unwrap();
+    /// std::thread::scope(|s| {
+    ///     for rt in &ranks {
+    ///         s.spawn(move || {
+    ///             let w = rt.world();
+    ///             let mut all = w.allgather_init(vec![0u32; 3]).unwrap();
+    ///             for i in 0..3 {
+    ///                 all.buffer_mut().unwrap()[w.rank() as usize] = 10 * i + w.rank();
+    ///                 all.start().unwrap();
+    ///                 all.wait().unwrap();
+    ///                 assert_eq!(all.buffer().unwrap(), &vec![10 * i, 10 * i + 1, 10 * i + 2]);
+    ///             }
+    ///         });
+    ///     }
+    /// });
+    /// ```
+    pub fn allgather_init<T: Primitive>(&self, data: Vec<T>) -> Result<Persistent<'_, Vec<T>>, Error> {
+        let k = per_block(data.len(), self.size());
+        let k = self.agree_blocks(k, 0, 0, "allgather_init: the buffer is not size blocks of one length")?;
+        Ok(self.coll_init(allgather_steps(self, &even(k, self.size())), data, None))
+    }
+
+    /// A persistent alltoall (`MPI_Alltoall_init`, in place), inactive: `data` holds
+    /// `size` blocks of one length; each start sends block `r` as it is then to rank `r`,
+    /// and a wait leaves in block `r` the block rank `r` sent this rank (its own block stays
+    /// in place). Every rank passes the same length (checked here: a collective call).
+    pub fn alltoall_init<T: Primitive>(&self, data: Vec<T>) -> Result<Persistent<'_, Vec<T>>, Error> {
+        let k = per_block(data.len(), self.size());
+        let k = self.agree_blocks(k, 0, 0, "alltoall_init: the buffer is not size blocks of one length")?;
+        Ok(self.coll_init(alltoall_steps(self, &even(k, self.size())), data, None))
+    }
+
+    /// A persistent inclusive prefix reduction (`MPI_Scan_init`, in place), inactive: each
+    /// start reduces the buffers as they are then, and a wait leaves in rank `r`'s `data`
+    /// that of ranks `0..=r` reduced elementwise with `op`, in rank order. Every rank passes
+    /// the same length and op (checked here: a collective call); a bitwise op on floats is an
+    /// error.
+    pub fn scan_init<T: Reducible>(&self, data: Vec<T>, op: Op) -> Result<Persistent<'_, Vec<T>>, Error> {
+        self.prefix_init(data, op, true)
+    }
+
+    /// A persistent exclusive prefix reduction (`MPI_Exscan_init`, in place), inactive:
+    /// each start reduces the buffers as they are then, and a wait leaves in rank `r > 0`'s
+    /// `data` that of ranks `0..r` reduced elementwise with `op`, in rank order; rank 0's is
+    /// left as it was (MPI leaves it undefined). Every rank passes the same length and op
+    /// (checked here: a collective call); a bitwise op on floats is an error.
+    pub fn exscan_init<T: Reducible>(&self, data: Vec<T>, op: Op) -> Result<Persistent<'_, Vec<T>>, Error> {
+        self.prefix_init(data, op, false)
+    }
+
+    /// [`scan_init`](Self::scan_init) (`inclusive`) or [`exscan_init`](Self::exscan_init).
+    fn prefix_init<T: Reducible>(&self, data: Vec<T>, op: Op, inclusive: bool) -> Result<Persistent<'_, Vec<T>>, Error> {
+        check_op(op, data.first(), "scan_init: a bitwise op on floating-point elements")?;
+        self.agree([data.len() as u64, 0, op_code(op)])?;
+        Ok(self.coll_init(scan_steps(self, data.len(), inclusive), data, Some((op, combine::<T>))))
+    }
+
+    /// A persistent gather into `data` of rank `root` (`MPI_Gatherv_init`, in place),
+    /// inactive: the root's `data` holds rank `r`'s block at `displs[r]`, `counts[r]` long
+    /// (its own in place); every other rank's `data` is its block. Each start sends the
+    /// blocks as they are then, and a wait leaves them in place in the root's buffer (the
+    /// others' are left as they were). `counts` and `displs` are read at the root only; every
+    /// rank's length is checked against the root's count for it here (a collective call).
+    pub fn gatherv_init<T: Primitive>(
+        &self,
+        data: Vec<T>,
+        counts: &[usize],
+        displs: &[usize],
+        root: u32,
+    ) -> Result<Persistent<'_, Vec<T>>, Error> {
+        let what = "gatherv_init: counts and displacements do not fit the root's buffer";
+        self.rooted_v_init(data, (counts, displs), root, what, gather_steps)
+    }
+
+    /// A persistent scatter of `data` of rank `root` (`MPI_Scatterv_init`, in place),
+    /// inactive: the root's `data` holds rank `r`'s block at `displs[r]`, `counts[r]` long;
+    /// every other rank's `data` is as long as its block. Each start sends the root's blocks
+    /// as they are then, and a wait leaves each rank's in its buffer (the root's is left as
+    /// it was). `counts` and `displs` are read at the root only; every rank's length is
+    /// checked against the root's count for it here (a collective call).
+    pub fn scatterv_init<T: Primitive>(
+        &self,
+        data: Vec<T>,
+        counts: &[usize],
+        displs: &[usize],
+        root: u32,
+    ) -> Result<Persistent<'_, Vec<T>>, Error> {
+        let what = "scatterv_init: counts and displacements do not fit the root's buffer";
+        self.rooted_v_init(data, (counts, displs), root, what, scatter_steps)
+    }
+
+    /// A persistent allgather (`MPI_Allgatherv_init`, in place), inactive: `data` holds
+    /// rank `r`'s block at `displs[r]`, `counts[r]` long, this rank's own in place; each start
+    /// sends it as it is then, and a wait leaves every rank's block in place. Every rank
+    /// passes the same counts (checked here: a collective call); displacements may differ.
+    pub fn allgatherv_init<T: Primitive>(&self, data: Vec<T>, counts: &[usize], displs: &[usize]) -> Result<Persistent<'_, Vec<T>>, Error> {
+        let b = blocks(counts, displs, self.size(), data.len(), "allgatherv_init: counts and displacements do not fit the buffer");
+        // FNV-1a over the counts: every rank's must be the same.
+        let hash = counts.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &c| (h ^ c as u64).wrapping_mul(0x100_0000_01b3));
+        let agreed = self.agree([hash, u64::from(b.is_ok()), 0]);
+        let b = b?;
+        agreed?;
+        Ok(self.coll_init(allgather_steps(self, &b), data, None))
+    }
+
+    /// A persistent alltoall (`MPI_Alltoallv_init`, in place), inactive: `data` holds the
+    /// block for rank `r` at `displs[r]`, `counts[r]` long; each start sends it as it is then
+    /// to rank `r`, and a wait leaves in its place the block rank `r` sent this rank (this
+    /// rank's own stays in place). Rank `r`'s count for this rank equals this rank's count for
+    /// it (checked here: a collective call).
+    pub fn alltoallv_init<T: Primitive>(&self, data: Vec<T>, counts: &[usize], displs: &[usize]) -> Result<Persistent<'_, Vec<T>>, Error> {
+        let n = self.size() as usize;
+        let b = blocks(counts, displs, self.size(), data.len(), "alltoallv_init: counts and displacements do not fit the buffer");
+        // Each rank's counts for the others, traded: each must equal the other's for it.
+        let mine: Vec<u64> = match &b {
+            Ok(_) => counts.iter().map(|&c| c as u64).collect(),
+            Err(_) => vec![u64::MAX; n],
+        };
+        let mut theirs = vec![0u64; n];
+        self.alltoall(&mine, &mut theirs)?;
+        let agreed = self.agree([u64::from(mine == theirs), 0, 0]);
+        let b = b?;
+        agreed?;
+        if mine != theirs {
+            return Err(MISMATCH);
+        }
+        Ok(self.coll_init(alltoall_steps(self, &b), data, None))
+    }
+
+    /// A rooted `v` init over `data`: the plan `steps` makes of the blocks of `layout`
+    /// (counts and displacements, read at the root) once checked
+    /// ([`rooted_blocks`](Self::rooted_blocks)).
+    fn rooted_v_init<T: Primitive>(
+        &self,
+        data: Vec<T>,
+        layout: (&[usize], &[usize]),
+        root: u32,
+        what: &'static str,
+        steps: fn(&Communicator, u32, &[Range<usize>], usize) -> Steps,
+    ) -> Result<Persistent<'_, Vec<T>>, Error> {
+        let b = self.rooted_blocks(data.len(), layout.0, layout.1, root, what)?;
+        Ok(self.coll_init(steps(self, root, &b, data.len()), data, None))
+    }
+
+    /// The blocks of a rooted `v` init (`counts` and `displs` of the root's buffer of `len`
+    /// elements, else the error `what`; none elsewhere), once every rank's `len` is found to
+    /// be the root's count for it: the root scatters its counts (a collective call).
+    fn rooted_blocks(
+        &self,
+        len: usize,
+        counts: &[usize],
+        displs: &[usize],
+        root: u32,
+        what: &'static str,
+    ) -> Result<Vec<Range<usize>>, Error> {
+        self.check_root(root)?;
+        let n = self.size() as usize;
+        let b = if self.rank() == root { blocks(counts, displs, self.size(), len, what) } else { Ok(Vec::new()) };
+        let sent: Vec<u64> = match &b {
+            Ok(_) if self.rank() == root => counts.iter().map(|&c| c as u64).collect(),
+            _ => vec![u64::MAX; n],
+        };
+        let mut want = [0u64];
+        self.scatter(&sent, &mut want, root)?;
+        // At the root, its own block is in place: any count fits.
+        let fits = self.rank() == root || want[0] == len as u64;
+        let agreed = self.agree([u64::from(root), u64::from(fits && b.is_ok()), 0]);
+        let b = b?;
+        agreed?;
+        if fits {
+            Ok(b)
+        } else {
+            Err(MISMATCH)
+        }
     }
 }

@@ -24,12 +24,15 @@ pub(crate) fn local(config: &Config, ranks: u32) -> Result<Vec<Transport>, Error
         ));
     }
     match config.provider {
-        Provider::Embedded => Ok(embedded::fabric(embedded::EmbeddedOptions {
-            ranks,
-            cris: config.cris,
-            inbox_capacity: config.inbox_capacity,
-            eager_capacity: config.eager_threshold.max(64),
-        })?
+        Provider::Embedded => Ok(embedded::fabric_with_cost(
+            embedded::EmbeddedOptions {
+                ranks,
+                cris: config.cris,
+                inbox_capacity: config.inbox_capacity,
+                eager_capacity: config.eager_threshold.max(64),
+            },
+            config.level_cost,
+        )?
         .into_iter()
         .map(Transport::Embedded)
         .collect()),

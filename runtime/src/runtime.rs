@@ -260,6 +260,12 @@ impl Builder {
         self.config.provider = p;
         self
     }
+    /// A simulated machine hierarchy whose level crossings delay RMA operations (embedded
+    /// provider; see [`LevelCost`](crate::LevelCost); `WEFT_SIM_LEVELS`, `WEFT_LEVEL_COST_NS`).
+    pub fn level_cost(mut self, cost: crate::LevelCost) -> Self {
+        self.config.level_cost = cost;
+        self
+    }
     /// How long a blocked waiter yields its core before sleeping in the kernel (see
     /// [`Config::yield_window`]).
     pub fn yield_window(mut self, window: std::time::Duration) -> Self {

@@ -1,7 +1,7 @@
 //! A process whose environment says a PMIx launcher started it (`PMIX_NAMESPACE`,
-//! `PMIX_RANK`) while no PMIx server can be reached: `Runtime::build` fails at once with an
-//! error that names the problem, never hangs. (One test in this binary: it sets process
-//! environment variables.)
+//! `PMIX_RANK`) while no PMIx server can be reached, or the one named closes the connection
+//! or never answers: `Runtime::build` fails within seconds with an error that names the
+//! problem, never hangs. (One test in this binary: it sets process environment variables.)
 
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
@@ -28,18 +28,42 @@ fn a_pmix_environment_that_points_nowhere_is_a_clear_error() {
         }
         std::env::remove_var("WEFT_JOIN_TIMEOUT");
     }
-    let (tx, rx) = mpsc::channel();
-    let t0 = Instant::now();
-    std::thread::spawn(move || {
-        let _ = tx.send(Runtime::builder().build().map(|_| ()));
-    });
-    let r = rx.recv_timeout(Duration::from_secs(20)).expect("build() still joining after 20 s");
-    assert!(t0.elapsed() < Duration::from_secs(10), "took {:?}", t0.elapsed());
+    let r = build_within(Duration::from_secs(10));
     if cfg!(feature = "pmix") {
         // PMIx_Init cannot reach the server.
         match r {
             Err(Error::Transport { op, .. }) => assert!(op.contains("PMIx_Init"), "{op}"),
             other => panic!("expected a transport error from PMIx_Init, got {other:?}"),
+        }
+        // A server that closes every connection at once refuses; one that accepts and never
+        // answers the handshake is given WEFT_JOIN_TIMEOUT (PMIx itself would wait for ever).
+        // (The one that never answers comes last: its PMIx_Init stays blocked in this process.)
+        std::env::set_var("WEFT_JOIN_TIMEOUT", "1");
+        for (closes, says) in [(true, "cannot be reached, or refused"), (false, "did not answer within WEFT_JOIN_TIMEOUT")] {
+            let server = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+            for uri in ["PMIX_SERVER_URI4", "PMIX_SERVER_URI41"] {
+                std::env::set_var(uri, format!("weft-test-nowhere.0;tcp4://{}", server.local_addr().unwrap()));
+            }
+            let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+            let stop = done.clone();
+            let accept = std::thread::spawn(move || {
+                server.set_nonblocking(true).unwrap();
+                let mut held = Vec::new();
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    match server.accept() {
+                        Ok((c, _)) if !closes => held.push(c),
+                        Ok(_) => {}
+                        Err(_) => std::thread::sleep(Duration::from_millis(5)),
+                    }
+                }
+            });
+            let r = build_within(Duration::from_secs(5));
+            done.store(true, std::sync::atomic::Ordering::Relaxed);
+            accept.join().unwrap();
+            match r {
+                Err(Error::Transport { op, .. }) => assert!(op.contains("PMIx_Init") && op.contains(says), "{op}"),
+                other => panic!("expected a transport error from PMIx_Init, got {other:?}"),
+            }
         }
     } else {
         // Each rank would run alone as a job of one: refused, naming the feature.
@@ -48,4 +72,16 @@ fn a_pmix_environment_that_points_nowhere_is_a_clear_error() {
             other => panic!("expected InvalidArgument, got {other:?}"),
         }
     }
+}
+
+/// `Runtime::builder().build()`, which must end within `limit`.
+fn build_within(limit: Duration) -> Result<(), Error> {
+    let (tx, rx) = mpsc::channel();
+    let t0 = Instant::now();
+    std::thread::spawn(move || {
+        let _ = tx.send(Runtime::builder().build().map(|_| ()));
+    });
+    let r = rx.recv_timeout(limit + Duration::from_secs(10)).expect("build() still joining 10 s past its limit");
+    assert!(t0.elapsed() < limit, "took {:?}", t0.elapsed());
+    r
 }

@@ -193,5 +193,16 @@ fn weft_variables_override_the_builder_and_bad_values_fail() {
         refused("WEFT_PROVIDER", value);
     }
     std::env::remove_var("WEFT_PROVIDER");
+    // The simulated machine levels: both variables or neither, well-formed.
+    std::env::set_var("WEFT_SIM_LEVELS", "4,2");
+    std::env::set_var("WEFT_LEVEL_COST_NS", " 100, 1000");
+    assert_eq!(builder().resolve().unwrap().level_cost, weft::LevelCost::new(&[4, 2], &[100, 1000]).unwrap());
+    for (levels, costs) in [("4,2", "100"), ("4,x", "1,2"), ("0", "5"), ("2", "")] {
+        std::env::set_var("WEFT_SIM_LEVELS", levels);
+        std::env::set_var("WEFT_LEVEL_COST_NS", costs);
+        assert!(matches!(builder().resolve(), Err(Error::InvalidArgument(_))), "{levels:?} {costs:?}");
+    }
+    std::env::remove_var("WEFT_SIM_LEVELS");
+    std::env::remove_var("WEFT_LEVEL_COST_NS");
     assert_eq!(builder().resolve().unwrap(), asked, "every variable removed again");
 }

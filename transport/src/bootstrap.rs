@@ -54,6 +54,10 @@
 //! (it cleans up what would otherwise outlive it, and fails what waits for its peers).
 //! Under Slurm the server is rank 0's: its connections end normally after `FINISHED 0`, and
 //! without it rank 0 died, which the monitor reports as `Lost(0)`.
+//!
+//! Under a PMIx launcher there is no connection of weft's own: the monitor registers a PMIx
+//! event handler instead, which reports the same [`PeerEvent`]s from the launcher's
+//! process-termination events and the end of the connection to its server (`crate::pmix`).
 
 use std::collections::HashMap;
 use std::io::{BufRead, BufReader, Read, Write};
@@ -692,7 +696,9 @@ impl Job {
     /// ends before the monitor is dropped (module docs): [`PeerEvent::ServerLost`], or under
     /// Slurm `Lost(0)` unless rank 0 had finished. Dropping the monitor says `BYE` (a normal
     /// finish).
-    pub fn monitor(self, on_event: impl Fn(PeerEvent) + Send + 'static) -> Monitor {
+    // `mut` for the PMIx client's event handler.
+    #[cfg_attr(not(feature = "pmix"), allow(unused_mut))]
+    pub fn monitor(mut self, on_event: impl Fn(PeerEvent) + Send + 'static) -> Monitor {
         let host = self.host;
         // The hosting rank finished (or was lost): its server may go away normally.
         let mut host_gone = false;
@@ -701,7 +707,19 @@ impl Job {
             on_event(e);
         }
         let closing = Arc::new(AtomicBool::new(false));
-        let Some(conn) = self.conn else {
+        // Under PMIx the launcher's events say what the KVS's lines say (`crate::pmix`); a
+        // server that refuses the handler leaves the transport's own signs of a loss.
+        #[cfg(feature = "pmix")]
+        let on_event = match self.pmix.as_mut() {
+            Some(client) => {
+                let _ = client.watch(Box::new(on_event));
+                None
+            }
+            None => Some(on_event),
+        };
+        #[cfg(not(feature = "pmix"))]
+        let on_event = Some(on_event);
+        let (Some(conn), Some(on_event)) = (self.conn, on_event) else {
             return Monitor {
                 conn: None,
                 reader: None,

@@ -11,6 +11,15 @@
 //! RMA reads registered memory directly (all ranks share one address space). Every push
 //! rings the destination rank's *doorbell* (an event-listener `Event`), which is how a parked
 //! progress owner learns of network activity.
+//!
+//! Every RMA operation that may change a rank's window memory (put, atomic update, swapped
+//! compare-and-swap) notifies, after the write, the [`Signal`] of each word it wrote
+//! ([`EmbeddedRank::watch`]): a rank waiting for a word of its window (a distributed lock's
+//! queue node) parks on it instead of polling, and is woken by the write.
+//!
+//! A fabric may simulate a machine hierarchy ([`LevelCost`], [`fabric_with_cost`]): ranks
+//! grouped consecutively into nodes, nodes into racks, ..., and a delay added to every RMA
+//! operation whose two ranks are in different elements of a level.
 
 use std::collections::HashMap;
 use std::fmt;
@@ -19,6 +28,7 @@ use std::sync::Arc;
 use crossbeam_queue::ArrayQueue;
 use crossbeam_utils::CachePadded;
 use parking_lot::Mutex;
+use weft_sync::Signal;
 
 use crate::doorbell::Doorbell;
 use crate::frame::{Frame, FrameKind, Header, Payload, INLINE};
@@ -64,6 +74,99 @@ impl Default for EmbeddedOptions {
     }
 }
 
+/// Most levels of a [`LevelCost`] (nodes, racks, ...).
+pub const MAX_SIM_LEVELS: usize = 4;
+
+/// A simulated machine hierarchy with a cost per level crossing, for the RMA operations of
+/// an embedded fabric: `sizes[0]` consecutive ranks form a node, `sizes[1]` consecutive
+/// nodes a rack, ...; an RMA operation (put, get, atomic) between two ranks in different
+/// elements of level `i` (different nodes for `i = 0`, different racks for `i = 1`) is
+/// delayed by `cost_ns[i]`, and the delays of every level it crosses add up: with sizes
+/// `[4, 2]` and costs `[100, 1000]`, rank 0 reaches rank 3 at no cost, rank 4 (another node
+/// of its rack) at 100 ns, rank 8 (another rack) at 1,100 ns. A rank serves the crossing
+/// operations that target it one at a time, as a network interface does: an operation
+/// ends its cost after the end of the one before it at the same target, so that many ranks
+/// hammering one word wait for each other. The issuing thread waits (spinning, yielding
+/// for waits over 5 µs) before the access. Messages (frames) are not delayed. The default
+/// crosses nothing at no cost.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct LevelCost {
+    /// Ranks spanned by one element of each level (the products of the sizes); 0 past the
+    /// last level.
+    span: [u64; MAX_SIM_LEVELS],
+    cost_ns: [u64; MAX_SIM_LEVELS],
+    depth: u8,
+}
+
+impl LevelCost {
+    /// `sizes` innermost first (ranks per node, nodes per rack, ...) and the cost of
+    /// crossing each level in nanoseconds; the lists have the same length, at most
+    /// [`MAX_SIM_LEVELS`], every size at least 1 and every cost at most 1 s.
+    pub fn new(sizes: &[u32], cost_ns: &[u64]) -> Result<Self, Error> {
+        if sizes.len() != cost_ns.len() {
+            return Err(Error::InvalidArgument("simulated levels: one crossing cost per level size is needed"));
+        }
+        if sizes.len() > MAX_SIM_LEVELS {
+            return Err(Error::InvalidArgument("simulated levels: at most 4 levels"));
+        }
+        if sizes.contains(&0) {
+            return Err(Error::InvalidArgument("simulated levels: a level has 0 elements per parent"));
+        }
+        if cost_ns.iter().any(|&c| c > 1_000_000_000) {
+            return Err(Error::InvalidArgument("simulated levels: a crossing cost is over 1 s"));
+        }
+        let mut m = LevelCost { depth: sizes.len() as u8, ..LevelCost::default() };
+        let mut span = 1u64;
+        for (i, (&s, &c)) in sizes.iter().zip(cost_ns).enumerate() {
+            span = span.saturating_mul(u64::from(s));
+            m.span[i] = span;
+            m.cost_ns[i] = c;
+        }
+        Ok(m)
+    }
+
+    /// The sizes and costs given to [`new`](Self::new).
+    pub fn levels(&self) -> (Vec<u32>, Vec<u64>) {
+        let d = self.depth as usize;
+        let sizes = (0..d).map(|i| if i == 0 { self.span[0] } else { self.span[i] / self.span[i - 1].max(1) } as u32).collect();
+        (sizes, self.cost_ns[..d].to_vec())
+    }
+
+    /// Whether any crossing costs anything.
+    pub fn is_free(&self) -> bool {
+        self.cost_ns.iter().all(|&c| c == 0)
+    }
+
+    /// The delay of an operation between ranks `a` and `b`, in nanoseconds.
+    pub fn cost(&self, a: u32, b: u32) -> u64 {
+        let (a, b) = (u64::from(a), u64::from(b));
+        (0..self.depth as usize).filter(|&i| a / self.span[i] != b / self.span[i]).map(|i| self.cost_ns[i]).sum()
+    }
+}
+
+impl fmt::Display for LevelCost {
+    /// `sizes [4, 2], crossing costs [100, 1000] ns`, or `none`.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.depth == 0 {
+            return f.write_str("none");
+        }
+        let (sizes, costs) = self.levels();
+        write!(
+            f,
+            "ranks per node, nodes per rack, ...: {sizes:?}; crossing cost per level: {costs:?} ns, served one at a time by the target"
+        )
+    }
+}
+
+/// Watch signals per rank: a word of a window notifies the one its key and index hash to.
+const WATCH_SIGNALS: usize = 16;
+
+/// The watch signal of word `word` (byte offset / 8) of window `key`.
+#[inline]
+fn watch_index(key: u64, word: usize) -> usize {
+    (key as usize).wrapping_mul(5).wrapping_add(word) % WATCH_SIGNALS
+}
+
 /// One CRI's receive side.
 struct CriSlot {
     /// Frames pushed by peers, consumed by whoever holds this CRI.
@@ -88,6 +191,9 @@ struct Envelope {
     src_cri: u16,
     chan: u16,
 }
+
+/// The least capacity of a new pooled buffer (bytes).
+const MIN_POOLED: usize = 256;
 
 /// Payload bytes a slot holds in place ([`Packed::Inline`]); larger payloads go in a pooled
 /// buffer. Less than [`INLINE`]: the envelope and these bytes fill the slot's line.
@@ -201,17 +307,32 @@ struct RankSlot {
     regions: Mutex<HashMap<u64, Region>>,
     /// Next registration key.
     next_key: AtomicU64,
+    /// Notified after an RMA operation wrote a word of this rank's windows
+    /// ([`EmbeddedRank::watch`]).
+    written: [Signal; WATCH_SIGNALS],
+    /// When the last simulated crossing operation to this rank ends (nanoseconds since the
+    /// fabric's epoch; [`LevelCost`]).
+    served_until: CachePadded<std::sync::atomic::AtomicU64>,
 }
 
 struct World {
     ranks: Box<[RankSlot]>,
     opts: EmbeddedOptions,
+    /// The simulated hierarchy's delays of RMA operations.
+    cost: LevelCost,
+    /// The origin of the ranks' `served_until`.
+    epoch: std::time::Instant,
     /// Bumped by every `close` (a rank lost to its peers).
     lost: AtomicU64,
 }
 
 /// Creates the ranks of an embedded fabric; hand one [`EmbeddedRank`] to each rank.
 pub fn fabric(opts: EmbeddedOptions) -> Result<Vec<EmbeddedRank>, Error> {
+    fabric_with_cost(opts, LevelCost::default())
+}
+
+/// [`fabric`], its RMA operations delayed as `cost` says for a simulated machine hierarchy.
+pub fn fabric_with_cost(opts: EmbeddedOptions, cost: LevelCost) -> Result<Vec<EmbeddedRank>, Error> {
     if opts.ranks == 0 || opts.cris == 0 || opts.cris > u16::MAX as usize {
         return Err(Error::InvalidArgument("an embedded fabric needs >= 1 rank and 1..=65535 CRIs"));
     }
@@ -236,9 +357,11 @@ pub fn fabric(opts: EmbeddedOptions) -> Result<Vec<EmbeddedRank>, Error> {
             pool: ArrayQueue::new(pool_cap),
             regions: Mutex::new(HashMap::new()),
             next_key: AtomicU64::new(1),
+            written: Default::default(),
+            served_until: Default::default(),
         })
         .collect();
-    let world = Arc::new(World { ranks, opts, lost: AtomicU64::new(0) });
+    let world = Arc::new(World { ranks, opts, cost, epoch: std::time::Instant::now(), lost: AtomicU64::new(0) });
     Ok((0..opts.ranks).map(|r| EmbeddedRank { world: world.clone(), rank: r }).collect())
 }
 
@@ -273,7 +396,8 @@ impl EmbeddedRank {
         self.world.opts.cris
     }
 
-    /// Largest payload a pooled eager buffer holds without growing.
+    /// The eager capacity: what a pooled buffer grows to when a payload larger than its
+    /// first one needs it.
     pub fn eager_capacity(&self) -> usize {
         self.world.opts.eager_capacity
     }
@@ -299,7 +423,17 @@ impl EmbeddedRank {
         let n = self.world.opts.cris;
         let slot = &peer.cris[if dst_cri < n { dst_cri } else { dst_cri % n }];
         let packed = Packed::pack(header, data, || {
-            self.me().pool.pop().unwrap_or_else(|| Vec::with_capacity(self.world.opts.eager_capacity.max(data.len())))
+            let mut buf = self.me().pool.pop().unwrap_or_default();
+            if buf.capacity() < data.len() {
+                buf.clear();
+                // A new buffer is made for its first payload (most are small, and a frame in
+                // flight holds its buffer: at the eager capacity each, 1,024 ranks' first
+                // collectives took 580 MB); one that is too small grows once to the eager
+                // capacity, so that the pool's buffers stop growing.
+                let fresh = buf.capacity() == 0;
+                buf.reserve_exact(if fresh { data.len().max(MIN_POOLED) } else { self.world.opts.eager_capacity.max(data.len()) });
+            }
+            buf
         });
         // A refused frame marks this rank in the inbox, so that whoever drains it rings our
         // doorbell (`poll`): a sender with frames deferred behind a full inbox is woken when
@@ -396,6 +530,7 @@ impl EmbeddedRank {
     /// RMA read: copies `dst.len()` bytes at `offset` of rank `src`'s region `key` into `dst`.
     pub fn read(&self, src: u32, key: u64, offset: usize, dst: &mut [u8]) -> Result<(), Error> {
         let peer = self.world.ranks.get(src as usize).ok_or(Error::RankOutOfRange { rank: src, size: self.size() })?;
+        self.cross(src);
         if !peer.alive.load(Ordering::Acquire) {
             return Err(Error::PeerLost { rank: src });
         }
@@ -429,6 +564,7 @@ impl EmbeddedRank {
     /// only when `write`), under that rank's registration lock.
     fn with_region<R>(&self, dst: u32, key: u64, offset: usize, len: usize, write: bool, f: impl FnOnce(*mut u8) -> R) -> Result<R, Error> {
         let peer = self.world.ranks.get(dst as usize).ok_or(Error::RankOutOfRange { rank: dst, size: self.size() })?;
+        self.cross(dst);
         // Acquire: pairs with `close`'s release.
         if !peer.alive.load(Ordering::Acquire) {
             return Err(Error::PeerLost { rank: dst });
@@ -446,19 +582,82 @@ impl EmbeddedRank {
         Ok(f((region.ptr + offset) as *mut u8))
     }
 
+    /// Delays an RMA operation to rank `peer` by the simulated cost of the levels it
+    /// crosses ([`LevelCost`]; nothing without one).
+    #[inline]
+    fn cross(&self, peer: u32) {
+        let cost = &self.world.cost;
+        if cost.depth == 0 {
+            return;
+        }
+        let ns = cost.cost(self.rank, peer);
+        let Some(target) = self.world.ranks.get(peer as usize).filter(|_| ns > 0) else { return };
+        // The target serves one crossing operation at a time: this one ends `ns` after the
+        // later of now and the end of the one before it.
+        let epoch = self.world.epoch;
+        let now = epoch.elapsed().as_nanos() as u64;
+        let order = std::sync::atomic::Ordering::Relaxed;
+        let mut seen = target.served_until.load(order);
+        let end = loop {
+            let end = seen.max(now) + ns;
+            match target.served_until.compare_exchange_weak(seen, end, order, order) {
+                Ok(_) => break end,
+                Err(s) => seen = s,
+            }
+        };
+        loop {
+            let left = end.saturating_sub(epoch.elapsed().as_nanos() as u64);
+            match left {
+                0 => break,
+                // A long wait leaves the core to the other ranks' threads.
+                1..=5_000 => std::hint::spin_loop(),
+                _ => std::thread::yield_now(),
+            }
+        }
+    }
+
+    /// The model of the simulated machine hierarchy this fabric's RMA operations pay for.
+    pub fn level_cost(&self) -> &LevelCost {
+        &self.world.cost
+    }
+
+    /// The signal notified after an RMA operation (of any rank, this one included) wrote
+    /// the 8-byte word at `offset` of rank `rank`'s window `key` (a put over it, an atomic
+    /// update, a compare-and-swap that swapped); `None` for a rank outside the fabric. A
+    /// signal serves several words (16 per rank): a waiter re-checks its word when woken.
+    /// Wait as [`Signal`] says: listen, re-check the word, then wait.
+    pub fn watch(&self, rank: u32, key: u64, offset: usize) -> Option<&Signal> {
+        let slot = self.world.ranks.get(rank as usize)?;
+        Some(&slot.written[watch_index(key, offset / 8)])
+    }
+
+    /// Notifies the watchers of the words `offset..offset + len` of rank `dst`'s window
+    /// `key` (after the write).
+    #[inline]
+    fn written(&self, dst: u32, key: u64, offset: usize, len: usize) {
+        let Some(slot) = self.world.ranks.get(dst as usize) else { return };
+        let (first, last) = (offset / 8, (offset + len.max(1) - 1) / 8);
+        // Each signal once: a long put notifies every one.
+        for w in first..=last.min(first + WATCH_SIGNALS - 1) {
+            slot.written[watch_index(key, w)].notify(usize::MAX);
+        }
+    }
+
     /// RMA write: copies `data` to `offset` of rank `dst`'s window `key`. Complete on return.
     pub fn put(&self, dst: u32, key: u64, offset: usize, data: &[u8]) -> Result<(), Error> {
         self.with_region(dst, key, offset, data.len(), true, |p| {
             // SAFETY: `p..p+len` lies inside a registered window (checked by `with_region`),
             // kept registered by the lock held during this call; `data` is a distinct borrow.
             unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), p, data.len()) }
-        })
+        })?;
+        self.written(dst, key, offset, data.len());
+        Ok(())
     }
 
     /// Atomic read-modify-write of the `u64` at `offset` of rank `dst`'s window `key`;
     /// returns the old value.
     pub fn fetch_op(&self, dst: u32, key: u64, offset: usize, op: crate::RmaOp, operand: u64) -> Result<u64, Error> {
-        self.with_region(dst, key, offset, 8, true, |p| {
+        let old = self.with_region(dst, key, offset, 8, true, |p| {
             if p as usize % 8 != 0 {
                 return Err(Error::InvalidArgument("atomic target is not 8-byte aligned"));
             }
@@ -477,13 +676,17 @@ impl EmbeddedRank {
                 crate::RmaOp::Min => a.fetch_min(operand, o),
                 crate::RmaOp::Max => a.fetch_max(operand, o),
             })
-        })?
+        })??;
+        if op != crate::RmaOp::Read {
+            self.written(dst, key, offset, 8);
+        }
+        Ok(old)
     }
 
     /// Atomic compare-and-swap of the `u64` at `offset` of rank `dst`'s window `key`;
     /// returns the old value (swapped if it equals `compare`).
     pub fn compare_swap(&self, dst: u32, key: u64, offset: usize, compare: u64, swap: u64) -> Result<u64, Error> {
-        self.with_region(dst, key, offset, 8, true, |p| {
+        let old = self.with_region(dst, key, offset, 8, true, |p| {
             if p as usize % 8 != 0 {
                 return Err(Error::InvalidArgument("atomic target is not 8-byte aligned"));
             }
@@ -493,7 +696,11 @@ impl EmbeddedRank {
             Ok(match a.compare_exchange(compare, swap, std::sync::atomic::Ordering::AcqRel, std::sync::atomic::Ordering::Acquire) {
                 Ok(v) | Err(v) => v,
             })
-        })?
+        })??;
+        if old == compare {
+            self.written(dst, key, offset, 8);
+        }
+        Ok(old)
     }
 
     /// Whether rank `r` is still open.
@@ -512,6 +719,8 @@ impl EmbeddedRank {
         self.me().regions.lock().clear();
         for r in self.world.ranks.iter() {
             r.doorbell.ring_all();
+            // Ranks parked on a word re-check it, and learn of the loss.
+            r.written.iter().for_each(|s| s.notify(usize::MAX));
         }
     }
 
@@ -711,5 +920,126 @@ mod tests {
             assert!(!eps[0].any_frames() && !eps[2].any_frames(), "frames for rank 1 reached a sender");
         });
         assert!(!eps[1].any_frames());
+    }
+
+    /// A simulated hierarchy of 2 ranks per node, 2 nodes per rack: an RMA operation pays
+    /// the cost of every level it crosses, busy-waited before the access; operations inside
+    /// a node and messages pay nothing. Malformed models are errors.
+    #[test]
+    fn rma_operations_pay_for_the_levels_they_cross() {
+        let m = LevelCost::new(&[2, 2], &[3_000_000, 20_000_000]).unwrap();
+        assert_eq!(
+            [m.cost(0, 1), m.cost(1, 2), m.cost(3, 4), m.cost(4, 7), m.cost(7, 4)],
+            [0, 3_000_000, 23_000_000, 3_000_000, 3_000_000]
+        );
+        assert_eq!(m.levels(), (vec![2, 2], vec![3_000_000, 20_000_000]));
+        assert!(m.to_string().contains("[2, 2]") && m.to_string().contains("[3000000, 20000000] ns"), "{m}");
+        assert_eq!((LevelCost::default().cost(0, 9), LevelCost::default().to_string()), (0, "none".to_string()));
+        for (sizes, costs) in [(&[2u32][..], &[1u64, 2][..]), (&[0], &[1]), (&[1, 1, 1, 1, 1], &[0, 0, 0, 0, 0]), (&[2], &[2_000_000_000])]
+        {
+            assert!(matches!(LevelCost::new(sizes, costs), Err(Error::InvalidArgument(_))), "{sizes:?} {costs:?}");
+        }
+
+        let eps = fabric_with_cost(EmbeddedOptions { ranks: 3, ..EmbeddedOptions::default() }, LevelCost::new(&[2], &[3_000_000]).unwrap())
+            .unwrap();
+        let mut words = [0u64; 3];
+        // SAFETY: `words` outlives the fabric's use of it (deregistered below) and is only
+        // reached through the fabric meanwhile.
+        let key = unsafe { eps[2].register_window(words.as_mut_ptr().cast(), 24) };
+        let t = std::time::Instant::now();
+        eps[0].put(2, key, 0, &7u64.to_ne_bytes()).unwrap();
+        eps[0].fetch_op(2, key, 8, crate::RmaOp::Sum, 1).unwrap();
+        eps[0].compare_swap(2, key, 16, 0, 1).unwrap();
+        eps[0].read(2, key, 0, &mut [0u8; 8]).unwrap();
+        assert!(t.elapsed() >= std::time::Duration::from_millis(12), "4 operations across the node level: {:?}", t.elapsed());
+        assert_eq!((eps[0].level_cost().cost(0, 1), eps[2].level_cost().cost(2, 2)), (0, 0));
+        eps[2].deregister(key);
+    }
+
+    /// An RMA write notifies the signal of each word it wrote, after the write; a read or
+    /// a compare-and-swap that did not swap notifies nothing.
+    #[test]
+    fn rma_writes_notify_their_words() {
+        let eps = fabric(EmbeddedOptions { ranks: 2, ..EmbeddedOptions::default() }).unwrap();
+        let mut words = [0u64; 4];
+        // SAFETY: as in the test above.
+        let key = unsafe { eps[1].register_window(words.as_mut_ptr().cast(), 32) };
+        let notified = |op: &dyn Fn()| {
+            let l = eps[0].watch(1, key, 24).unwrap().listen();
+            op();
+            l.wait_timeout(std::time::Duration::ZERO)
+        };
+        assert!(notified(&|| eps[0].put(1, key, 24, &1u64.to_ne_bytes()).unwrap()));
+        assert!(notified(&|| eps[0].put(1, key, 0, &[0u8; 32]).unwrap()), "a put over the word");
+        assert!(
+            notified(&|| {
+                eps[1].fetch_op(1, key, 24, crate::RmaOp::Sum, 1).unwrap();
+            }),
+            "its owner's own atomic"
+        );
+        assert!(notified(&|| {
+            eps[0].compare_swap(1, key, 24, 1, 5).unwrap();
+        }));
+        assert!(
+            !notified(&|| {
+                eps[0].compare_swap(1, key, 24, 1, 6).unwrap();
+            }),
+            "no swap"
+        );
+        assert!(
+            !notified(&|| {
+                eps[0].fetch_op(1, key, 24, crate::RmaOp::Read, 0).unwrap();
+            }),
+            "a read"
+        );
+        assert!(eps[0].watch(2, key, 0).is_none(), "no such rank");
+        eps[1].deregister(key);
+    }
+
+    /// A pooled buffer is made for its first payload, not at the eager capacity (a frame in
+    /// flight holds it: thousands of small frames in flight cost their size, not 16 KiB
+    /// each); one too small for a later payload grows once to the eager capacity, and the
+    /// pool gives it back for the next frames.
+    #[test]
+    fn pooled_buffers_take_the_memory_their_payload_needs() {
+        let eps = fabric(EmbeddedOptions { ranks: 2, eager_capacity: 16 * 1024, ..EmbeddedOptions::default() }).unwrap();
+        let capacity_of_next = |len: usize| {
+            let data = vec![7u8; len];
+            eps[0].send(1, 0, header(FrameKind::Eager, len as u64, 0, 0, 0), &data).unwrap();
+            let mut got = Vec::new();
+            eps[1].poll(0, 1, |f| got.push(f));
+            let f = got.pop().unwrap();
+            assert_eq!(f.payload.as_slice(), &data[..]);
+            let cap = match &f.payload {
+                Payload::Pooled(buf) => buf.capacity(),
+                _ => panic!("{len} bytes: not pooled"),
+            };
+            eps[1].recycle(f.header.source, f.payload);
+            cap
+        };
+        assert_eq!(capacity_of_next(100), MIN_POOLED, "a small payload's buffer");
+        assert_eq!(capacity_of_next(200), MIN_POOLED, "the same buffer, again");
+        assert_eq!(capacity_of_next(1000), 16 * 1024, "grown once to the eager capacity");
+        assert_eq!(capacity_of_next(100), 16 * 1024, "kept at it");
+    }
+
+    /// Crossing operations to one target are served one at a time: two threads that each
+    /// issue one at once take two costs together, not one.
+    #[test]
+    fn a_target_serves_crossing_operations_one_at_a_time() {
+        let eps =
+            fabric_with_cost(EmbeddedOptions { ranks: 3, ..EmbeddedOptions::default() }, LevelCost::new(&[1], &[20_000_000]).unwrap())
+                .unwrap();
+        let mut words = [0u64; 1];
+        // SAFETY: as in `rma_operations_pay_for_the_levels_they_cross`.
+        let key = unsafe { eps[2].register_window(words.as_mut_ptr().cast(), 8) };
+        let t = std::time::Instant::now();
+        std::thread::scope(|s| {
+            for ep in &eps[..2] {
+                s.spawn(move || ep.fetch_op(2, key, 0, crate::RmaOp::Sum, 1).unwrap());
+            }
+        });
+        assert!(t.elapsed() >= std::time::Duration::from_millis(40), "served together: {:?}", t.elapsed());
+        eps[2].deregister(key);
     }
 }

@@ -13,16 +13,41 @@
 //! that waits for that peer to commit (the server asks the peer's server: a direct modex),
 //! bounded by `WEFT_JOIN_TIMEOUT` as the fence is. The gets are made as the rank connects,
 //! not at each peer's first message: libfabric's address vector takes every peer's address
-//! then. `fence` stays the default: at 2 to 16 ranks on one host (`weft-bench startup
+//! then. `fence` stays the default: at 2 to 32 ranks on one host (`weft-bench startup
 //! --launcher mpirun,mpirun-lazy`, docs/BENCHMARKS.md) neither was faster beyond the noise,
 //! and a fence costs the servers one collective where the gets cost a request per pair of
 //! ranks, which grows with the job across hosts.
+//!
+//! # Lost peers and a lost server
+//!
+//! [`Client::watch`] registers a PMIx event handler that turns what the launcher reports into
+//! the bootstrap's [`PeerEvent`]s, as `weftrun`'s monitor does: a process of the job that
+//! aborted, was killed or terminated without finalizing (`PMIX_ERR_PROC_ABORTED`,
+//! `PMIX_ERR_PROC_TERM_WO_SYNC`, `PMIX_EVENT_PROC_TERMINATED` with a non-zero exit code, ...)
+//! is [`PeerEvent::Lost`], one that terminated with exit code 0 [`PeerEvent::Finished`]; the
+//! connection to the server ending (`PMIX_ERR_LOST_CONNECTION`: the launcher was killed) is
+//! [`PeerEvent::ServerLost`]. The process concerned is the event's `PMIX_EVENT_AFFECTED_PROC`
+//! (or `PMIX_EVENT_AFFECTED_PROCS`), else its source.
+//!
+//! What arrives depends on the launcher. Open MPI 4.1's `mpirun` (ORTE) over PMIx 4.2
+//! delivers the lost connection, but not the loss of a rank: with `--enable-recovery` its
+//! notification of an aborted process names its targets without the custom range PMIx 4.2
+//! requires for them, and the server drops it (`PMIX ERROR: BAD-PARAM` in
+//! `pmix_event_notification.c`); without that flag it tears the whole job down instead.
+//! PRRTE (Open MPI 5) and Slurm send the process events as PMIx 4 defines them.
+//!
+//! PMIx passes a handler no pointer of its own but the `PMIX_EVENT_RETURN_OBJECT` given at
+//! registration, in the event's info: that is how the handler finds the watch it reports to,
+//! without state global to the process.
 //!
 //! The raw calls are bindgen output over the installed `pmix.h` (`build.rs`).
 
 use std::ffi::{c_char, c_void, CStr};
 use std::ptr;
+use std::sync::mpsc;
+use std::time::Duration;
 
+use crate::bootstrap::PeerEvent;
 use crate::Error;
 
 #[allow(
@@ -207,6 +232,8 @@ pub(crate) struct Client {
     /// The ranks of this job on this host, ascending, this one included (`PMIX_LOCAL_PEERS`);
     /// `None` where the server does not say.
     pub(crate) host_ranks: Option<Vec<u32>>,
+    /// The event handler [`watch`](Self::watch) registered, deregistered before finalizing.
+    watch: Option<Registration>,
 }
 
 impl std::fmt::Debug for Client {
@@ -215,18 +242,43 @@ impl std::fmt::Debug for Client {
     }
 }
 
+/// `PMIx_Init`, on a thread of its own so that a server that accepts the connection but
+/// never answers the handshake (PMIx waits for it without a limit) fails the start within
+/// `limit` instead of hanging it; this process's name.
+fn init_within(limit: Duration) -> Result<sys::pmix_proc_t, Error> {
+    let (tx, rx) = mpsc::sync_channel(1);
+    std::thread::Builder::new()
+        .name("weft-pmix-init".into())
+        .spawn(move || {
+            let mut me = sys::pmix_proc_t::default();
+            // SAFETY: `me` receives this process's name; no info.
+            let status = unsafe { sys::PMIx_Init(&mut me, ptr::null_mut(), 0) };
+            if tx.send((status, me)).is_err() && status == sys::PMIX_SUCCESS as sys::pmix_status_t {
+                // The caller gave up on it: nobody else will finalize this initialization.
+                // SAFETY: PMIx_Init succeeded on this thread.
+                let _ = unsafe { sys::PMIx_Finalize(ptr::null(), 0) };
+            }
+        })
+        .map_err(|_| Error::InvalidArgument("could not start a thread to join the PMIx server"))?;
+    let Ok((status, me)) = rx.recv_timeout(limit) else {
+        return Err(Error::Transport {
+            op: "PMIx_Init: the PMIx server the PMIX_* variables name accepted the connection but did not answer within WEFT_JOIN_TIMEOUT",
+            code: sys::PMIX_ERR_TIMEOUT,
+        });
+    };
+    check("PMIx_Init (the PMIx server the PMIX_* variables name cannot be reached, or refused)", status)?;
+    Ok(me)
+}
+
 impl Client {
     /// `PMIx_Init`, then this process's rank and its job's size (a malformed
     /// `WEFT_JOIN_TIMEOUT` is refused first).
     pub(crate) fn init() -> Result<Client, Error> {
         let fence_timeout = fence_timeout()?;
         let mode = exchange_mode(std::env::var("WEFT_PMIX_EXCHANGE").ok().as_deref())?;
-        let mut me = sys::pmix_proc_t::default();
-        // SAFETY: `me` receives this process's name; no info.
-        let status = unsafe { sys::PMIx_Init(&mut me, ptr::null_mut(), 0) };
-        check("PMIx_Init (the PMIx server the PMIX_* variables name cannot be reached, or refused)", status)?;
+        let me = init_within(Duration::from_secs(fence_timeout.unsigned_abs().into()))?;
         // From here on a failure drops the client, which finalizes.
-        let mut client = Client { me, rank: me.rank, size: 0, fence_timeout, mode, host_ranks: None };
+        let mut client = Client { me, rank: me.rank, size: 0, fence_timeout, mode, host_ranks: None, watch: None };
         let mut job = me;
         job.rank = RANK_WILDCARD;
         let size = Value::get(&job, sys::PMIX_JOB_SIZE, "PMIx_Get of the job size (PMIX_JOB_SIZE)")?
@@ -297,11 +349,19 @@ impl Client {
         }
         check("PMIx_Fence of the address exchange (a rank failed before it joined)", status)?;
 
+        // After a fence that collected data every blob is local: look nowhere else
+        // (`PMIX_OPTIONAL`), so that a rank that joined without publishing one fails at once.
+        let local = [info(sys::PMIX_OPTIONAL, &true, sys::PMIX_BOOL)?];
         (0..self.size)
             .map(|r| {
                 let mut peer = self.me;
                 peer.rank = r;
-                Value::get(&peer, ADDRESS_KEY.to_bytes_with_nul(), "PMIx_Get of a peer's fabric addresses")?
+                let value = Value::get_with(&peer, ADDRESS_KEY.to_bytes_with_nul(), &local, "PMIx_Get of a peer's fabric addresses")
+                    .map_err(|e| match e {
+                        Error::Transport { code, .. } => Error::Transport { op: missing_key(r), code },
+                        e => e,
+                    })?;
+                value
                     .bytes()
                     .ok_or(Error::InvalidArgument("a peer's fabric addresses under PMIx are not a byte object (mixed weft versions?)"))
             })
@@ -310,8 +370,13 @@ impl Client {
 
     /// The lazy exchange: every peer's blob by a `PMIx_Get` that waits (up to the join
     /// timeout) for the peer to commit it; this rank's own is `blob`.
+    ///
+    /// Open MPI 4.1's server sometimes answers such a get with `PMIX_ERR_NOT_FOUND` at once
+    /// instead of waiting (about one job of 8 ranks in 5, the peers still starting): the get
+    /// is made again, after 1 ms doubling up to 50 ms, until the join timeout.
     fn get_each(&self, blob: &[u8]) -> Result<Vec<Vec<u8>>, Error> {
         let wait = [info(sys::PMIX_TIMEOUT, &self.fence_timeout, sys::PMIX_INT)?];
+        let deadline = std::time::Instant::now() + Duration::from_secs(self.fence_timeout.unsigned_abs().into());
         (0..self.size)
             .map(|r| {
                 if r == self.rank {
@@ -319,12 +384,32 @@ impl Client {
                 }
                 let mut peer = self.me;
                 peer.rank = r;
-                Value::get_with(&peer, ADDRESS_KEY.to_bytes_with_nul(), &wait, "PMIx_Get of a peer's fabric addresses")?
+                let mut pause = Duration::from_millis(1);
+                let value = loop {
+                    match Value::get_with(&peer, ADDRESS_KEY.to_bytes_with_nul(), &wait, "PMIx_Get of a peer's fabric addresses") {
+                        Err(Error::Transport { code: sys::PMIX_ERR_NOT_FOUND, .. }) if std::time::Instant::now() < deadline => {
+                            std::thread::sleep(pause);
+                            pause = (pause * 2).min(Duration::from_millis(50));
+                        }
+                        other => break other?,
+                    }
+                };
+                value
                     .bytes()
                     .ok_or(Error::InvalidArgument("a peer's fabric addresses under PMIx are not a byte object (mixed weft versions?)"))
             })
             .collect()
     }
+}
+
+/// The error's text for rank `rank`, which joined the address fence but has no address key:
+/// it names the rank and the key. The text is leaked: a start fails with it once.
+fn missing_key(rank: u32) -> &'static str {
+    let key = ADDRESS_KEY.to_str().unwrap_or("weft.addr");
+    Box::leak(
+        format!("PMIx_Get of rank {rank}'s fabric addresses: the key {key} is missing (rank {rank} joined the fence without publishing it: not a weft program of this version?)")
+            .into_boxed_str(),
+    )
 }
 
 /// The ranks of `PMIX_LOCAL_PEERS` ("0,1,5"), ascending: each below `size`, none twice,
@@ -343,8 +428,221 @@ pub(crate) fn parse_host_ranks(list: &str, rank: u32, size: u32) -> Result<Vec<u
     Ok(ranks)
 }
 
+/// The events that say a process is gone or finished (module docs). The deprecated codes
+/// (`PMIX_ERR_PROC_ABORTED`, `_ABORTING`, `PMIX_PROC_TERMINATED`) are what launchers built
+/// against PMIx 3 still send.
+const PROCESS_EVENTS: [i32; 10] = [
+    sys::PMIX_ERR_PROC_ABORTED,
+    sys::PMIX_ERR_PROC_ABORTING,
+    sys::PMIX_ERR_PROC_REQUESTED_ABORT,
+    sys::PMIX_ERR_PROC_TERM_WO_SYNC,
+    sys::PMIX_ERR_PROC_KILLED_BY_CMD,
+    sys::PMIX_ERR_PROC_FAILED_TO_START,
+    sys::PMIX_ERR_PROC_ABORTED_BY_SIG,
+    sys::PMIX_ERR_PROC_SENSOR_BOUND_EXCEEDED,
+    sys::PMIX_EVENT_PROC_TERMINATED,
+    sys::PMIX_PROC_TERMINATED,
+];
+
+/// How long registering or deregistering the handler may take (the server answers a
+/// registration; a deregistration runs on PMIx's own thread).
+const REGISTER_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// What a registered handler reports to: the job it watches and the callback.
+struct Watch {
+    /// The job's namespace (a proc name whose rank is ignored).
+    job: sys::pmix_proc_t,
+    /// This rank (never reported).
+    me: u32,
+    /// Ranks of the job.
+    size: u32,
+    /// Where the events go. Called only on PMIx's progress thread; the mutex makes the watch
+    /// `Sync` for a callback that is only `Send`, and is never contended.
+    on_event: std::sync::Mutex<Box<dyn Fn(PeerEvent) + Send>>,
+}
+
+impl Watch {
+    /// The peer events one PMIx event `status` means, with `source` and `info` as PMIx gave
+    /// them (module docs); none for an event that is not about this job's other ranks.
+    fn translate(&self, status: sys::pmix_status_t, source: Option<&sys::pmix_proc_t>, info: &[sys::pmix_info_t]) -> Vec<PeerEvent> {
+        if status == sys::PMIX_ERR_LOST_CONNECTION || status == sys::PMIX_ERR_LOST_CONNECTION_TO_SERVER {
+            return vec![PeerEvent::ServerLost];
+        }
+        if !PROCESS_EVENTS.contains(&status) {
+            return Vec::new();
+        }
+        let mut procs = Vec::new();
+        let mut exit_code = None;
+        for i in info {
+            // SAFETY: PMIx NUL-terminates every key in its fixed-size array.
+            let key = unsafe { CStr::from_ptr(i.key.as_ptr()) }.to_bytes_with_nul();
+            let ty = u32::from(i.value.type_);
+            if key == sys::PMIX_EVENT_AFFECTED_PROC && ty == sys::PMIX_PROC {
+                // SAFETY: the type says the proc member is set: a pointer to one name (or null).
+                procs.extend(unsafe { i.value.data.proc_.as_ref() }.copied());
+            } else if key == sys::PMIX_EVENT_AFFECTED_PROCS && ty == sys::PMIX_DATA_ARRAY {
+                // SAFETY: the type says the darray member is set: a pointer to an array of
+                // `size` elements of its own type (or null).
+                if let Some(a) = unsafe { i.value.data.darray.as_ref() } {
+                    if u32::from(a.type_) == sys::PMIX_PROC && !a.array.is_null() {
+                        // SAFETY: `size` names of type PMIX_PROC at `array`.
+                        procs.extend_from_slice(unsafe { std::slice::from_raw_parts(a.array.cast::<sys::pmix_proc_t>(), a.size) });
+                    }
+                }
+            } else if key == sys::PMIX_EXIT_CODE && ty == sys::PMIX_INT {
+                // SAFETY: the type says the integer member is set.
+                exit_code = Some(unsafe { i.value.data.integer });
+            }
+        }
+        if procs.is_empty() {
+            procs.extend(source.copied());
+        }
+        let finished = (status == sys::PMIX_EVENT_PROC_TERMINATED || status == sys::PMIX_PROC_TERMINATED) && exit_code == Some(0);
+        let mut events: Vec<PeerEvent> = procs
+            .iter()
+            .filter(|p| same_nspace(p, &self.job) && p.rank < self.size && p.rank != self.me)
+            .map(|p| if finished { PeerEvent::Finished(p.rank) } else { PeerEvent::Lost(p.rank) })
+            .collect();
+        events.sort_unstable();
+        events.dedup();
+        events
+    }
+}
+
+/// Whether `a` and `b` name the same namespace.
+fn same_nspace(a: &sys::pmix_proc_t, b: &sys::pmix_proc_t) -> bool {
+    // SAFETY: PMIx NUL-terminates namespaces within their fixed-size arrays (and a name
+    // built here is zeroed first).
+    unsafe { CStr::from_ptr(a.nspace.as_ptr()) == CStr::from_ptr(b.nspace.as_ptr()) }
+}
+
+/// A registered event handler: its PMIx reference and the watch its return object points to.
+struct Registration {
+    id: usize,
+    watch: Box<Watch>,
+}
+
+/// The event handler (`pmix_notification_fn_t`): finds its [`Watch`] in the info
+/// (`PMIX_EVENT_RETURN_OBJECT`), reports what the event means, and lets the chain go on.
+///
+/// # Safety
+///
+/// Called by PMIx with `ninfo` infos at `info` (or null), a source name (or null) and the
+/// chain's continuation.
+unsafe extern "C" fn on_pmix_event(
+    _id: usize,
+    status: sys::pmix_status_t,
+    source: *const sys::pmix_proc_t,
+    info: *mut sys::pmix_info_t,
+    ninfo: usize,
+    _results: *mut sys::pmix_info_t,
+    _nresults: usize,
+    cbfunc: sys::pmix_event_notification_cbfunc_fn_t,
+    cbdata: *mut c_void,
+) {
+    let info: &[sys::pmix_info_t] = if info.is_null() {
+        &[]
+    } else {
+        // SAFETY: PMIx passes `ninfo` infos at `info`, valid for this call.
+        unsafe { std::slice::from_raw_parts(info, ninfo) }
+    };
+    let watch = info.iter().find_map(|i| {
+        // SAFETY: PMIx NUL-terminates every key.
+        let key = unsafe { CStr::from_ptr(i.key.as_ptr()) }.to_bytes_with_nul();
+        if key == sys::PMIX_EVENT_RETURN_OBJECT && u32::from(i.value.type_) == sys::PMIX_POINTER {
+            // SAFETY: the type says the pointer member is set.
+            Some(unsafe { i.value.data.ptr })
+        } else {
+            None
+        }
+    });
+    // SAFETY: the return object is the `Watch` the registration holds, which lives until
+    // the handler is deregistered (`Client::drop`); deregistering runs on this same PMIx
+    // thread, so no call is under way then.
+    if let Some(watch) = watch.and_then(|w| unsafe { w.cast::<Watch>().as_ref() }) {
+        // SAFETY: `source` is null or a name valid for this call.
+        let events = watch.translate(status, unsafe { source.as_ref() }, info);
+        // A panic must not unwind into C.
+        let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            let on_event = watch.on_event.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            for e in events {
+                on_event(e);
+            }
+        }));
+    }
+    if let Some(f) = cbfunc {
+        // SAFETY: PMIx's continuation with its own `cbdata`: success lets the handlers after
+        // this one see the event too.
+        unsafe { f(sys::PMIX_SUCCESS as sys::pmix_status_t, ptr::null_mut(), 0, None, ptr::null_mut(), cbdata) };
+    }
+}
+
+/// `pmix_op_cbfunc_t` of a deregistration: sends the status down the channel `cbdata` owns.
+///
+/// # Safety
+///
+/// `cbdata` is a `Box<mpsc::SyncSender<i32>>` leaked for this one call.
+unsafe extern "C" fn op_done(status: sys::pmix_status_t, cbdata: *mut c_void) {
+    // SAFETY: as the contract says; taken back once.
+    let tx = unsafe { Box::from_raw(cbdata.cast::<mpsc::SyncSender<sys::pmix_status_t>>()) };
+    let _ = tx.send(status);
+}
+
+impl Client {
+    /// Registers the event handler that reports lost and finished peers and a lost server to
+    /// `on_event` (module docs), until the client is dropped.
+    pub(crate) fn watch(&mut self, on_event: Box<dyn Fn(PeerEvent) + Send>) -> Result<(), Error> {
+        let watch = Box::new(Watch { job: self.me, me: self.rank, size: self.size, on_event: std::sync::Mutex::new(on_event) });
+        let mut codes = PROCESS_EVENTS.to_vec();
+        codes.extend([sys::PMIX_ERR_LOST_CONNECTION, sys::PMIX_ERR_LOST_CONNECTION_TO_SERVER]);
+        let name = *b"weft\0";
+        // A `PMIX_POINTER` info holds the address `info` passes (here the watch's), a
+        // `PMIX_STRING` one a copy of the string there.
+        let mut infos =
+            [info(sys::PMIX_EVENT_RETURN_OBJECT, &*watch, sys::PMIX_POINTER)?, info(sys::PMIX_EVENT_HDLR_NAME, &name, sys::PMIX_STRING)?];
+        // SAFETY: `codes` and `infos` are valid for the call; no callback: the call blocks
+        // until the server has the registration and returns its reference (>= 0) or an
+        // error. The return object stays valid until the handler is deregistered.
+        let id = unsafe {
+            sys::PMIx_Register_event_handler(
+                codes.as_mut_ptr(),
+                codes.len(),
+                infos.as_mut_ptr(),
+                infos.len(),
+                Some(on_pmix_event),
+                None,
+                ptr::null_mut(),
+            )
+        };
+        // SAFETY: the name's string is PMIx's copy, released once.
+        unsafe { sys::PMIx_Value_destruct(&mut infos[1].value) };
+        let id =
+            usize::try_from(id).map_err(|_| Error::Transport { op: "PMIx_Register_event_handler of the lost-process events", code: id })?;
+        self.watch = Some(Registration { id, watch });
+        Ok(())
+    }
+}
+
 impl Drop for Client {
     fn drop(&mut self) {
+        if let Some(reg) = self.watch.take() {
+            let (tx, rx) = mpsc::sync_channel::<sys::pmix_status_t>(1);
+            let tx = Box::into_raw(Box::new(tx)).cast::<c_void>();
+            // SAFETY: `reg.id` is this client's registration; `op_done` takes `tx` back
+            // when PMIx calls it, which it does only when the call returned success.
+            let status = unsafe { sys::PMIx_Deregister_event_handler(reg.id, Some(op_done), tx) };
+            let done = if status == sys::PMIX_SUCCESS as sys::pmix_status_t {
+                rx.recv_timeout(REGISTER_TIMEOUT).is_ok()
+            } else {
+                // SAFETY: PMIx did not take `tx`: free it here, once.
+                drop(unsafe { Box::from_raw(tx.cast::<mpsc::SyncSender<sys::pmix_status_t>>()) });
+                false
+            };
+            if !done {
+                // The handler may still run: its watch must outlive it.
+                std::mem::forget(reg.watch);
+            }
+        }
         // SAFETY: this client called PMIx_Init successfully once; PMIx counts
         // initializations, so each client finalizes its own.
         let _ = unsafe { sys::PMIx_Finalize(ptr::null(), 0) };
@@ -362,6 +660,59 @@ mod tests {
         assert_eq!(exchange_mode(Some("fence")), Ok(Exchange::Fence));
         assert_eq!(exchange_mode(Some("lazy")), Ok(Exchange::Lazy));
         assert_eq!(exchange_mode(Some("eager")), Err(Error::InvalidArgument("WEFT_PMIX_EXCHANGE must be fence or lazy")));
+    }
+
+    /// A process name of namespace `ns`.
+    fn name(ns: &str, rank: u32) -> sys::pmix_proc_t {
+        let mut p = sys::pmix_proc_t::default();
+        for (d, s) in p.nspace.iter_mut().zip(ns.bytes()) {
+            *d = s as c_char;
+        }
+        p.rank = rank;
+        p
+    }
+
+    /// What a watch of rank 0 of a job of 4 in namespace "job" makes of event `status` from
+    /// `source` with `infos` (released after).
+    fn translated(status: i32, source: Option<sys::pmix_proc_t>, mut infos: Vec<sys::pmix_info_t>) -> Vec<PeerEvent> {
+        let watch = Watch { job: name("job", 0), me: 0, size: 4, on_event: std::sync::Mutex::new(Box::new(|_| {})) };
+        let events = watch.translate(status, source.as_ref(), &infos);
+        for i in &mut infos {
+            // SAFETY: a value `PMIx_Info_load` loaded, released once.
+            unsafe { sys::PMIx_Value_destruct(&mut i.value) };
+        }
+        events
+    }
+
+    /// The events the launchers send become the bootstrap's peer events, for this job's
+    /// other ranks only: the affected process (or processes, or else the source) is lost,
+    /// or finished where it terminated with exit code 0; a lost connection to the server is
+    /// `ServerLost`; other events mean nothing here.
+    #[test]
+    fn pmix_events_become_peer_events() {
+        let affected = |r| info(sys::PMIX_EVENT_AFFECTED_PROC, &name("job", r), sys::PMIX_PROC).unwrap();
+        let exit = |c: i32| info(sys::PMIX_EXIT_CODE, &c, sys::PMIX_INT).unwrap();
+        assert_eq!(translated(sys::PMIX_ERR_PROC_ABORTED, None, vec![affected(2)]), vec![PeerEvent::Lost(2)]);
+        assert_eq!(translated(sys::PMIX_ERR_PROC_ABORTED_BY_SIG, Some(name("job", 2)), vec![affected(3)]), vec![PeerEvent::Lost(3)]);
+        assert_eq!(translated(sys::PMIX_EVENT_PROC_TERMINATED, None, vec![affected(1), exit(0)]), vec![PeerEvent::Finished(1)]);
+        assert_eq!(translated(sys::PMIX_EVENT_PROC_TERMINATED, None, vec![affected(1), exit(3)]), vec![PeerEvent::Lost(1)]);
+        assert_eq!(translated(sys::PMIX_EVENT_PROC_TERMINATED, None, vec![affected(1)]), vec![PeerEvent::Lost(1)]);
+        // The source where no process is named; never this rank, another job or a rank
+        // outside the job.
+        assert_eq!(translated(sys::PMIX_ERR_PROC_TERM_WO_SYNC, Some(name("job", 3)), vec![]), vec![PeerEvent::Lost(3)]);
+        for source in [name("job", 0), name("other", 3), name("job", 4)] {
+            assert_eq!(translated(sys::PMIX_ERR_PROC_ABORTING, Some(source), vec![]), vec![]);
+        }
+        let procs = [name("job", 3), name("other", 2), name("job", 0), name("job", 1), name("job", 9), name("job", 3)];
+        let array = sys::pmix_data_array_t {
+            type_: sys::PMIX_PROC as sys::pmix_data_type_t,
+            size: procs.len(),
+            array: procs.as_ptr().cast_mut().cast(),
+        };
+        let many = info(sys::PMIX_EVENT_AFFECTED_PROCS, &array, sys::PMIX_DATA_ARRAY).unwrap();
+        assert_eq!(translated(sys::PMIX_ERR_PROC_KILLED_BY_CMD, None, vec![many]), vec![PeerEvent::Lost(1), PeerEvent::Lost(3)]);
+        assert_eq!(translated(sys::PMIX_ERR_LOST_CONNECTION, None, vec![]), vec![PeerEvent::ServerLost]);
+        assert_eq!(translated(sys::PMIX_ERR_JOB_ABORTED, None, vec![affected(2)]), vec![]);
     }
 
     #[test]

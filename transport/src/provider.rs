@@ -421,6 +421,21 @@ impl Transport {
         }
     }
 
+    /// The signal notified after an RMA operation wrote the word at `offset` of window
+    /// `at` (the embedded provider: the writer notifies it, [`embedded::EmbeddedRank::watch`]);
+    /// `None` on libfabric, where a write to this rank's memory raises no event here, and a
+    /// waiter polls.
+    pub fn watch(&self, at: &RemoteWindow, offset: usize) -> Option<&weft_sync::Signal> {
+        match self {
+            Transport::Embedded(t) => t.watch(at.rank, at.key, offset),
+            #[cfg(feature = "ofi")]
+            Transport::Ofi(_) => {
+                let _ = (at, offset);
+                None
+            }
+        }
+    }
+
     /// Waits until every `put`/`get` posted on CRI `cri` has completed.
     pub fn flush(&self, cri: usize) -> Result<(), Error> {
         match self {

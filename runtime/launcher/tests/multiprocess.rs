@@ -920,38 +920,43 @@ mod under_mpirun {
     /// `mpirun` with `args`, as root too, every rank's output tagged `[job,rank]<stdout>:`;
     /// `None` (with the reason printed) where `mpirun` is not installed.
     fn mpirun(provider: &str, args: &[&str]) -> Option<Output> {
+        let mut cmd = mpirun_command(provider, args)?;
+        let _g = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+        Some(cmd.output().expect("mpirun starts"))
+    }
+
+    /// The command [`mpirun`] runs, not started; `None` (with the reason printed) where
+    /// `mpirun` is not installed.
+    fn mpirun_command(provider: &str, args: &[&str]) -> Option<Command> {
         if Command::new("mpirun").arg("--version").output().map(|o| !o.status.success()).unwrap_or(true) {
             println!("skipped: mpirun is not installed (Debian: openmpi-bin)");
             return None;
         }
-        let _g = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
-        let out = Command::new("mpirun")
-            .args([
-                "--oversubscribe",
-                "--tag-output",
-                "--timeout",
-                "240",
-                "-x",
-                "WEFT_PROVIDER",
-                "-x",
-                "FI_TCP_IFACE",
-                "-x",
-                "FI_SOCKETS_IFACE",
-            ])
-            .args(args)
-            .env("WEFT_PROVIDER", provider)
-            .env("FI_TCP_IFACE", "lo")
-            .env("FI_SOCKETS_IFACE", "lo")
-            .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
-            .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
-            .env_remove("WEFT_RANK")
-            .env_remove("WEFT_SIZE")
-            .env_remove("WEFT_KVS")
-            .env_remove("WEFT_TOKEN")
-            .stdin(Stdio::null())
-            .output()
-            .expect("mpirun starts");
-        Some(out)
+        let mut cmd = Command::new("mpirun");
+        cmd.args([
+            "--oversubscribe",
+            "--tag-output",
+            "--timeout",
+            "240",
+            "-x",
+            "WEFT_PROVIDER",
+            "-x",
+            "FI_TCP_IFACE",
+            "-x",
+            "FI_SOCKETS_IFACE",
+        ])
+        .args(args)
+        .env("WEFT_PROVIDER", provider)
+        .env("FI_TCP_IFACE", "lo")
+        .env("FI_SOCKETS_IFACE", "lo")
+        .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
+        .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
+        .env_remove("WEFT_RANK")
+        .env_remove("WEFT_SIZE")
+        .env_remove("WEFT_KVS")
+        .env_remove("WEFT_TOKEN")
+        .stdin(Stdio::null());
+        Some(cmd)
     }
 
     /// `weft-selftest all` at 2 and 4 ranks: every rank passes every check.
@@ -1021,6 +1026,21 @@ mod under_mpirun {
         assert!(s.contains("disagree on the CRI count"), "{s}");
     }
 
+    /// The lazy exchange at 8 ranks, three jobs: a get that Open MPI's server answers
+    /// "not found" while the peer is still starting (it used to fail about one job in five,
+    /// `PMIx_Get ...: code -46`) is made again until the peer has published.
+    #[test]
+    fn the_lazy_exchange_waits_for_peers_still_starting() {
+        for round in 0..3 {
+            let Some(o) = mpirun("shm", &["-x", "WEFT_PMIX_EXCHANGE=lazy", "-np", "8", SELFTEST, "hello"]) else { return };
+            let s = text(&o);
+            assert!(o.status.success(), "round {round}:\n{s}");
+            for r in 0..8 {
+                assert!(s.contains(&format!(",{r}]<stdout>:rank {r} of 8 on shm")), "round {round}, rank {r}:\n{s}");
+            }
+        }
+    }
+
     /// A rank that never joins (here not a weft program at all) fails the others' start
     /// within `WEFT_JOIN_TIMEOUT` with an error that says so, instead of a hang.
     #[test]
@@ -1070,6 +1090,62 @@ mod under_mpirun {
         assert!(!o.status.success(), "{s}");
         assert!(s.contains("killing itself on purpose"), "{s}");
         assert!(t0.elapsed() < Duration::from_secs(30), "took {:?}:\n{s}", t0.elapsed());
+    }
+
+    /// A rank of the job that is an MPI program, not a weft one, joins the address fence
+    /// (its `MPI_Init` fences too) without publishing weft's key: the weft ranks fail at
+    /// start with an error naming that rank and the key, within seconds.
+    #[test]
+    fn a_rank_without_the_address_key_is_named_in_the_error() {
+        if Command::new("mpicc").arg("--version").output().map(|o| !o.status.success()).unwrap_or(true) {
+            println!("skipped: mpicc is not installed (Debian: libopenmpi-dev)");
+            return;
+        }
+        let dir = std::env::temp_dir().join(format!("weft-mpi-peer-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let (src, exe) = (dir.join("init.c"), dir.join("init"));
+        std::fs::write(&src, "#include <mpi.h>\nint main(int c, char **v) { MPI_Init(&c, &v); MPI_Finalize(); return 0; }\n").unwrap();
+        let cc = Command::new("mpicc").arg("-o").arg(&exe).arg(&src).output().unwrap();
+        assert!(cc.status.success(), "mpicc: {}", String::from_utf8_lossy(&cc.stderr));
+        let t0 = Instant::now();
+        let exe = exe.to_str().unwrap().to_string();
+        let args = ["--mca", "orte_abort_on_non_zero_status", "0", "-np", "2", SELFTEST, "hello", ":", "-np", "1", &exe];
+        let o = mpirun("shm", &args);
+        let _ = std::fs::remove_dir_all(&dir);
+        let Some(o) = o else { return };
+        let s = text(&o);
+        let said = "rank 2's fabric addresses: the key weft.addr is missing";
+        assert_eq!(s.matches(said).count(), 2, "{s}");
+        assert!(t0.elapsed() < Duration::from_secs(30), "took {:?}:\n{s}", t0.elapsed());
+    }
+
+    /// `mpirun` killed with SIGKILL while its ranks wait on `shm` for a message that never
+    /// comes: each rank's PMIx client reports the lost connection to its server, which is
+    /// `ServerLost` as under weftrun — the rank removes its regions' names and fails its wait
+    /// with `PeerLost` (then kills itself) — within seconds. Nothing else would end the
+    /// ranks: they waited for ever.
+    #[test]
+    fn killing_mpirun_fails_the_ranks_waits_and_leaves_no_shm_files_behind() {
+        let Some(mut cmd) = mpirun_command("shm", &["-np", "2", SELFTEST, "outlive-launcher"]) else { return };
+        let _g = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+        let mut child = cmd.stdout(Stdio::piped()).stderr(Stdio::null()).spawn().expect("mpirun starts");
+        let (pids, _out) = rank_pids(&mut child, 2);
+        let _ = child.kill();
+        let _ = child.wait();
+        assert_eq!(pids.len(), 2, "ranks did not start: pids {pids:?}");
+        let t1 = Instant::now();
+        while pids.iter().any(|&p| runs(p) || !shm_files_of(p).is_empty()) && t1.elapsed() < Duration::from_secs(10) {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let left: Vec<u32> = pids.iter().copied().filter(|&p| runs(p)).collect();
+        for &p in &left {
+            // SAFETY: a plain syscall; `p` is a rank this test started and that still runs.
+            unsafe { libc::kill(p as i32, libc::SIGKILL) };
+        }
+        assert_eq!(left, Vec::<u32>::new(), "rank processes outlived mpirun by 10 s");
+        for p in pids {
+            assert_eq!(shm_files_of(p), Vec::<String>::new(), "shm regions of rank process {p} left behind");
+        }
     }
 
     /// The embedded provider cannot span processes: a job of 2 on it fails at start on

@@ -21,13 +21,19 @@
 //!
 //! # Waiting
 //!
-//! A waiting rank polls its own queue word (or a counter) with one-sided gets and atomics,
-//! which on libfabric also make the transport's progress, so the waiter's own window keeps
-//! being served. Between polls a blocking call spins a little, then yields, then sleeps up
-//! to [`MAX_SLEEP`], so many waiting ranks in one process leave the cores to the holder. An
-//! `_async` call instead parks its task (on a shared timer, for the same backoff): the
-//! thread runs other tasks meanwhile, on weft's executor ([`crate::Runtime::spawn`]) or
-//! tokio alike, and thousands of tasks of one rank can wait for a lock on a few threads.
+//! A waiting rank reads its own queue word (or a reader counter) with one-sided gets and
+//! atomics. In the queue locks (D-MCS, RMA-MCS, RMA-RW, the seed's "spin locally" loops)
+//! and at RMA-RW's counters, after a few polls the waiter parks until a write to the word
+//! wakes it: on the embedded provider every RMA write notifies the words it wrote, so the
+//! predecessor's hand-off (the put of STATUS) wakes its successor at once, and parked ranks
+//! take no CPU from the holder. A blocking call parks its thread, an `_async` call its
+//! task (the thread runs other tasks meanwhile, on weft's executor
+//! ([`crate::Runtime::spawn`]) or tokio alike, and thousands of tasks of one rank can wait
+//! on a few threads). On libfabric a peer's write raises no event at the target, so the
+//! waiter polls: between polls it spins a little, then yields, then sleeps up to
+//! [`MAX_SLEEP`] (a task on a shared timer); each poll also makes the transport's progress,
+//! so the waiter's own window keeps being served. The foMPI-style locks poll the central
+//! word that way on every provider, as the seed's baselines do.
 //! Dropping a [`Guard`] releases on the dropping thread (a release waits, briefly, only for
 //! a successor that has entered the queue to make itself known);
 //! [`unlock_async`](Guard::unlock_async) releases without blocking the thread, which matters
@@ -526,5 +532,80 @@ impl Release for FompiRw {
     fn release(&self, mode: Mode) -> Releasing<'_> {
         let added = if mode == Mode::Shared { 1 } else { WRITER };
         Box::pin(std::future::ready(self.window.fetch_and_op(self.home, 0, added.wrapping_neg(), Op::Sum).map(drop)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::mpsc;
+    use std::time::{Duration, Instant};
+
+    use super::wait::{waits_here, Waits};
+    use super::*;
+    use crate::Runtime;
+
+    /// How long the holder keeps the lock while the other rank waits.
+    const HOLD: Duration = Duration::from_millis(40);
+
+    /// Rank 1 takes the lock with `take`, rank 0 then waits for it with `wait` (on its own
+    /// thread, or as a task of a one-thread tokio runtime) while rank 1 holds it for
+    /// [`HOLD`]; returns rank 0's waits and how long it waited.
+    fn hand_off<L: Release + Send>(
+        make: impl Fn(&Communicator) -> L + Sync,
+        take: impl Fn(&L) -> Guard<'_, L> + Sync,
+        wait: impl Fn(&L) -> Guard<'_, L> + Sync,
+    ) -> (Waits, Duration) {
+        let rts = Runtime::builder().env(false).cris(1).build_local(2).unwrap();
+        let (held_tx, held_rx) = mpsc::channel();
+        std::thread::scope(|s| {
+            let (make, wait, rts) = (&make, &wait, &rts);
+            let waiter = s.spawn(move || {
+                let c = rts[0].world();
+                let lock = make(c);
+                c.barrier().unwrap();
+                held_rx.recv().unwrap();
+                let before = waits_here();
+                let t = Instant::now();
+                wait(&lock).unlock().unwrap();
+                let waited = t.elapsed();
+                let after = waits_here();
+                c.barrier().unwrap();
+                (Waits { sleeps: after.sleeps - before.sleeps, parks: after.parks - before.parks }, waited)
+            });
+            let c = rts[1].world();
+            let lock = make(c);
+            c.barrier().unwrap();
+            let g = take(&lock);
+            held_tx.send(()).unwrap();
+            std::thread::sleep(HOLD);
+            g.unlock().unwrap();
+            c.barrier().unwrap();
+            waiter.join().unwrap()
+        })
+    }
+
+    /// A rank waiting in a queue lock (D-MCS, RMA-MCS, an RMA-RW writer behind a writer, an
+    /// RMA-RW reader behind a writer) parks on its word and is woken by the hand-off: on the
+    /// embedded provider it never sleeps in the backoff, and parks a few times at most,
+    /// however long the holder keeps the lock (a polling waiter sleeps hundreds of times in
+    /// [`HOLD`]).
+    #[test]
+    fn a_queued_waiter_parks_and_is_woken_by_the_hand_off() {
+        let check = |what: &str, (w, waited): (Waits, Duration)| {
+            assert_eq!(w.sleeps, 0, "{what}: the waiter slept in the backoff ({w:?}, waited {waited:?})");
+            assert!(w.parks <= 4, "{what}: the waiter woke for nothing ({w:?})");
+        };
+        let t = Thresholds::default();
+        check("D-MCS", hand_off(|c| DMcs::new(c, 1).unwrap(), |l| l.lock().unwrap(), |l| l.lock().unwrap()));
+        let nodes = Levels::simulated(&[1]);
+        check("RMA-MCS", hand_off(|c| RmaMcs::new(c, &nodes, &t).unwrap(), |l| l.lock().unwrap(), |l| l.lock().unwrap()));
+        check("RMA-RW writer", hand_off(|c| RmaRw::new(c, &nodes, &t).unwrap(), |l| l.write().unwrap(), |l| l.write().unwrap()));
+        check("RMA-RW reader", hand_off(|c| RmaRw::new(c, &nodes, &t).unwrap(), |l| l.write().unwrap(), |l| l.read().unwrap()));
+        // A task: its thread runs a one-thread tokio runtime; no timer sleep is begun.
+        fn in_task(l: &DMcs) -> DMcsGuard<'_> {
+            let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
+            rt.block_on(l.lock_async()).unwrap()
+        }
+        check("D-MCS, a task", hand_off(|c| DMcs::new(c, 1).unwrap(), |l| l.lock().unwrap(), in_task));
     }
 }

@@ -47,7 +47,7 @@ use parking_lot::Mutex;
 use weft_sync::Error;
 
 use super::levels::Machine;
-use super::wait::{Backoff, LocalLock};
+use super::wait::{until, Backoff, LocalLock};
 use crate::comm::Communicator;
 use crate::rma::{Op, Window};
 
@@ -210,16 +210,11 @@ impl Queues {
         Ok(self.window.fetch_and_op(rank, offset, value as u64, Op::Sum)? as i64)
     }
 
-    /// Polls `rank`'s word at `offset` until `done` holds for it; returns it.
+    /// Waits until `done` holds for `rank`'s word at `offset` (the listings' local spin);
+    /// returns it. Parks until the word is written where the transport says so
+    /// ([`until`]).
     async fn spin(&self, rank: u32, offset: usize, done: impl Fn(u64) -> bool) -> Result<u64, Error> {
-        let mut backoff = Backoff::new();
-        loop {
-            let v = self.get(rank, offset)?;
-            if done(v) {
-                return Ok(v);
-            }
-            backoff.snooze().await;
-        }
+        until(&self.window, [(rank, offset)], || Ok(Some(self.get(rank, offset)?).filter(|&v| done(v)))).await
     }
 
     /// Acquires the lock as a writer: Listing 4 from level `N` up, Listing 7 at level 1 for
@@ -396,10 +391,9 @@ impl Queues {
             self.add(r, self.arrive(), WRITE)?;
         }
         for r in ranks {
-            let mut backoff = Backoff::new();
-            while self.active_readers(r)? != 0 {
-                backoff.snooze().await;
-            }
+            // The count falls with a reader's departure (DEPART) or back-off (ARRIVE).
+            let words = [(r, self.arrive()), (r, self.depart())];
+            until(&self.window, words, || Ok((self.active_readers(r)? == 0).then_some(()))).await?;
         }
         Ok(())
     }
@@ -466,18 +460,20 @@ impl Queues {
             if barrier {
                 // Lines 5-9: wait until the counter is reset. Beyond the listing (5): with no
                 // WRITE mark and no writer at level 1, nobody else will reset it.
-                let mut backoff = Backoff::new();
-                loop {
+                // A reset writes ARRIVE; a writer leaving the queue, the TAIL of level 1.
+                let words = [(r, self.arrive()), (self.machine.tail_rank(0, self.me()), Layout::tail(0))];
+                until(&self.window, words, || {
                     let curr_stat = self.read_atomic(r, self.arrive())?;
                     if curr_stat < c.t_r {
-                        break;
+                        return Ok(Some(()));
                     }
                     if curr_stat < WRITE / 2 && !self.writers_queued()? {
                         self.reset_counter(r, false)?;
-                        break;
+                        return Ok(Some(()));
                     }
-                    backoff.snooze().await;
-                }
+                    Ok(None)
+                })
+                .await?;
             }
             match self.reader_attempt(&c, r)? {
                 Attempt::Entered => return Ok(()),

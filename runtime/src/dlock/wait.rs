@@ -7,6 +7,11 @@
 //!   then parks it on a timer ([`Sleep`]) that one shared thread fires: the thread the task
 //!   ran on is free meanwhile (other tasks run, progress goes on), and each wake-up polls the
 //!   lock word once more with a one-sided operation.
+//! - [`until`] waits for words of a window that a peer's write changes (a queue node's
+//!   STATUS or NEXT, a reader counter): after a few polls it parks (the thread in
+//!   [`block_on`], the task under an executor) until a write to one of the words wakes it,
+//!   where the transport signals writes (the embedded provider); elsewhere (libfabric) it
+//!   polls with [`Backoff`].
 //! - [`LocalLock`] orders the threads and tasks of one rank that share its queue nodes:
 //!   waiters are parked (tasks) or park their thread, and are woken by the release.
 
@@ -20,13 +25,92 @@ use std::task::{Context, Poll, Wake, Waker};
 use std::time::{Duration, Instant};
 
 use event_listener::Event;
+use weft_sync::{Error, SignalListener};
+
+use crate::rma::Window;
 
 /// The longest a waiting rank sleeps between two polls.
 pub const MAX_SLEEP: Duration = Duration::from_micros(100);
 
+/// Polls of a word in [`until`] before the waiter parks on the word's signal (the first
+/// ones of [`Backoff`]: spins on a thread, yields of a task).
+const SPIN_POLLS: u32 = 8;
+
 thread_local! {
     /// Whether this thread runs a protocol in [`block_on`] (waits sleep the thread).
     static BLOCKING: Cell<bool> = const { Cell::new(false) };
+    /// [`Backoff`] sleeps begun on this thread, and parks of [`until`] on it.
+    static WAITS: Cell<Waits> = const { Cell::new(Waits { sleeps: 0, parks: 0 }) };
+}
+
+/// How the waits of the distributed locks on one thread went: [`Backoff`] sleeps (a
+/// thread's sleep in [`block_on`], a task's sleep on the timer begun from the thread) and
+/// parks on a signal in [`until`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct Waits {
+    pub(crate) sleeps: u64,
+    pub(crate) parks: u64,
+}
+
+/// The waits on this thread so far.
+#[cfg(test)]
+pub(crate) fn waits_here() -> Waits {
+    WAITS.get()
+}
+
+fn count(f: impl FnOnce(&mut Waits)) {
+    let mut w = WAITS.get();
+    f(&mut w);
+    WAITS.set(w);
+}
+
+/// Waits until `check` gives a value, where `check` reads the `N` words `words` (rank,
+/// element offset) of `window`: polls it a few times, then parks until a write to one of
+/// the words and polls again. The listeners are registered before the last poll, so a write
+/// between that poll and the park wakes it (no lost wake-up); a write to another word that
+/// shares a word's signal only costs a poll. Where the transport signals no writes
+/// (libfabric: a peer's write raises no event at this rank), it polls with [`Backoff`]
+/// instead: each poll is a one-sided read, which also makes the transport's progress.
+pub(crate) async fn until<T, const N: usize>(
+    window: &Window<'_, u64>,
+    words: [(u32, usize); N],
+    mut check: impl FnMut() -> Result<Option<T>, Error>,
+) -> Result<T, Error> {
+    let mut backoff = Backoff::new();
+    loop {
+        if let Some(v) = check()? {
+            return Ok(v);
+        }
+        if backoff.0 < SPIN_POLLS {
+            backoff.snooze().await;
+            continue;
+        }
+        let listeners = words.map(|(rank, offset)| window.watch(rank, offset));
+        if listeners.iter().any(Option::is_none) {
+            backoff.snooze().await;
+            continue;
+        }
+        if let Some(v) = check()? {
+            return Ok(v);
+        }
+        count(|w| w.parks += 1);
+        AnyOf(listeners).await;
+    }
+}
+
+/// Ready when one of its listeners is notified.
+struct AnyOf<'a, const N: usize>([Option<SignalListener<'a>>; N]);
+
+impl<const N: usize> Future for AnyOf<'_, N> {
+    type Output = ();
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+        for l in self.0.iter_mut().flatten() {
+            if Pin::new(l).poll(cx).is_ready() {
+                return Poll::Ready(());
+            }
+        }
+        Poll::Pending
+    }
 }
 
 /// Wakes a thread parked in [`block_on`].
@@ -80,6 +164,9 @@ impl Backoff {
     pub(crate) async fn snooze(&mut self) {
         self.0 = self.0.saturating_add(1);
         let sleep = Self::sleep_after(self.0);
+        if sleep.is_some() {
+            count(|w| w.sleeps += 1);
+        }
         if BLOCKING.get() {
             match (self.0, sleep) {
                 (_, Some(d)) => std::thread::sleep(d),

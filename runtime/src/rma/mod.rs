@@ -324,6 +324,17 @@ impl<'a, T: Primitive> Window<'a, T> {
         Ok(())
     }
 
+    /// A listener for the next write of any rank to the element at `offset` of `rank`'s
+    /// part (a put over it, an atomic update), where the transport raises one: on the
+    /// embedded provider the writer notifies after the write; on libfabric `None` (nothing
+    /// here learns of a peer's write: a waiter polls). Listen, re-check the element, then
+    /// wait: no write after the listen is missed. A listener may also wake for a write to
+    /// another element (re-check when woken).
+    pub(crate) fn watch(&self, rank: u32, offset: usize) -> Option<weft_sync::SignalListener<'_>> {
+        let (part, at) = self.target(rank, offset, 1).ok()?;
+        self.transport().watch(&part.remote, at).map(weft_sync::Signal::listen)
+    }
+
     /// Writes `data` into this rank's own part at `offset` (a local store, ordered with
     /// peers' accesses only by the program's synchronization, as in MPI).
     pub fn write_local(&self, offset: usize, data: &[T]) -> Result<(), Error> {

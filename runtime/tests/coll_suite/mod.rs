@@ -640,6 +640,14 @@ fn input_at(k: usize, r: u32, len: usize) -> Vec<i64> {
     input(r, len).into_iter().map(|x| x * (k as i64 + 1) - k as i64).collect()
 }
 
+/// Checks a rank's results, in order, against the reference's, saying `what` of a mismatch.
+fn assert_results(got: &[Vec<i64>], want: &[Vec<i64>], what: &str) {
+    assert_eq!(got.len(), want.len(), "{what}: results");
+    for (i, (g, w)) in got.iter().zip(want).enumerate() {
+        assert_eq!(g, w, "{what}, result {i}");
+    }
+}
+
 #[test]
 fn persistent_collectives_match_a_sequential_reference_at_every_start() {
     within(120, "persistent bcast, reduce, allreduce at sizes 1-8, every root", || {
@@ -695,10 +703,7 @@ fn persistent_collectives_match_a_sequential_reference_at_every_start() {
                             want.push(if r as u32 == root { fold(k, i64::wrapping_add) } else { input_at(k, r as u32, len) });
                         }
                     }
-                    assert_eq!(got.len(), want.len());
-                    for (i, (g, w)) in got.iter().zip(&want).enumerate() {
-                        assert_eq!(g, w, "size {n}, {len} elements, rank {r}, result {i}");
-                    }
+                    assert_results(got, &want, &format!("size {n}, {len} elements, rank {r}"));
                 }
             }
         }
@@ -860,5 +865,294 @@ fn a_rank_lost_during_a_persistent_collective_fails_it_on_every_survivor() {
                 assert_eq!((&small, &bar), (&lost, &lost), "size {n}, rank {r}");
             }
         }
+    });
+}
+
+#[test]
+fn persistent_gathers_scatters_alltoalls_and_scans_match_a_sequential_reference() {
+    within(120, "persistent gather, scatter, allgather, alltoall, scan, exscan at sizes 1-8, every root", || {
+        const STARTS: usize = 2;
+        for n in SIZES {
+            let nn = n as usize;
+            // Rank `r`'s block for rank `q` of an alltoall at start `k`.
+            let pair = |k: usize, r: u32, q: u32, len: usize| input_at(k, 16 * r + q, len);
+            let out = on_world(n, |r, c| {
+                let mut got = Vec::new();
+                for len in [1usize, 3] {
+                    let mut ag = c.allgather_init(vec![0i64; nn * len]).unwrap();
+                    let mut a2a = c.alltoall_init(vec![0i64; nn * len]).unwrap();
+                    let mut scan = c.scan_init(vec![0i64; len], Op::Sum).unwrap();
+                    let mut exscan = c.exscan_init(vec![0i64; len], Op::Sum).unwrap();
+                    for k in 0..STARTS {
+                        ag.buffer_mut().unwrap()[r as usize * len..][..len].copy_from_slice(&input_at(k, r, len));
+                        let sends: Vec<i64> = (0..n).flat_map(|q| pair(k, r, q, len)).collect();
+                        a2a.buffer_mut().unwrap().copy_from_slice(&sends);
+                        scan.buffer_mut().unwrap().copy_from_slice(&input_at(k, r, len));
+                        exscan.buffer_mut().unwrap().copy_from_slice(&input_at(k, r, len));
+                        for p in [&mut ag, &mut a2a, &mut scan, &mut exscan] {
+                            p.start().unwrap();
+                        }
+                        for p in [&mut ag, &mut a2a, &mut scan, &mut exscan] {
+                            p.wait().unwrap();
+                            got.push(p.buffer().unwrap().clone());
+                        }
+                    }
+                    for root in 0..n {
+                        let own = if r == root { nn * len } else { len };
+                        let mut g = c.gather_init(vec![0i64; own], root).unwrap();
+                        let mut s = c.scatter_init(vec![0i64; own], root).unwrap();
+                        for k in 0..STARTS {
+                            g.buffer_mut().unwrap()[if r == root { r as usize * len } else { 0 }..][..len]
+                                .copy_from_slice(&input_at(k, r, len));
+                            if r == root {
+                                let blocks: Vec<i64> = (0..n).flat_map(|q| input_at(k, 100 + q, len)).collect();
+                                s.buffer_mut().unwrap().copy_from_slice(&blocks);
+                            }
+                            g.start().unwrap();
+                            s.start().unwrap();
+                            g.wait().unwrap();
+                            s.wait().unwrap();
+                            got.push(g.buffer().unwrap().clone());
+                            got.push(s.buffer().unwrap().clone());
+                        }
+                    }
+                }
+                got
+            });
+            for (r, got) in out.iter().enumerate() {
+                let r = r as u32;
+                let mut want = Vec::new();
+                for len in [1usize, 3] {
+                    let sum = |k: usize, ranks: std::ops::Range<u32>| -> Vec<i64> {
+                        (0..len).map(|i| ranks.clone().map(|q| input_at(k, q, len)[i]).fold(0i64, i64::wrapping_add)).collect()
+                    };
+                    for k in 0..STARTS {
+                        want.push((0..n).flat_map(|q| input_at(k, q, len)).collect::<Vec<_>>());
+                        want.push((0..n).flat_map(|q| pair(k, q, r, len)).collect());
+                        want.push(sum(k, 0..r + 1));
+                        // Rank 0's exscan buffer is left as it was.
+                        want.push(if r == 0 { input_at(k, 0, len) } else { sum(k, 0..r) });
+                    }
+                    for root in 0..n {
+                        for k in 0..STARTS {
+                            if r == root {
+                                want.push((0..n).flat_map(|q| input_at(k, q, len)).collect());
+                                want.push((0..n).flat_map(|q| input_at(k, 100 + q, len)).collect());
+                            } else {
+                                want.push(input_at(k, r, len));
+                                want.push(input_at(k, 100 + r, len));
+                            }
+                        }
+                    }
+                }
+                assert_results(got, &want, &format!("size {n}, rank {r}"));
+            }
+        }
+    });
+}
+
+#[test]
+fn persistent_gathers_scatters_alltoalls_and_scans_refuse_bad_input() {
+    within(60, "bad persistent gather, scatter, allgather, alltoall, scan input", || {
+        // A buffer that is no whole number of blocks on one rank, or blocks of another
+        // length: an error at init on every rank.
+        let out = on_world(3, |r, c| c.allgather_init(vec![0u32; 3 + (r == 1) as usize]).map(drop));
+        assert!(out.iter().all(|e| matches!(e, Err(Error::InvalidArgument(_)))), "{out:?}");
+        let out = on_world(3, |r, c| c.alltoall_init(vec![0u32; 3 * (1 + (r == 2) as usize)]).map(drop));
+        assert!(out.iter().all(|e| matches!(e, Err(Error::InvalidArgument(_)))), "{out:?}");
+        let out = on_world(3, |r, c| c.gather_init(vec![0u32; if r == 0 { 7 } else { 2 }], 0).map(drop));
+        assert!(out.iter().all(|e| matches!(e, Err(Error::InvalidArgument(_)))), "{out:?}");
+        let out = on_world(3, |r, c| c.scatter_init(vec![0u32; if r == 1 { 6 } else { 3 }], 1).map(drop));
+        assert!(out.iter().all(|e| matches!(e, Err(Error::InvalidArgument(_)))), "{out:?}");
+        let out = on_world(2, |r, c| c.gather_init(vec![0u8; 2], r).map(drop));
+        assert!(out.iter().all(|e| matches!(e, Err(Error::InvalidArgument(_)))), "{out:?}");
+        let out = on_world(2, |r, c| c.exscan_init(vec![0u8; 4], if r == 0 { Op::Sum } else { Op::Prod }).map(drop));
+        assert!(out.iter().all(|e| matches!(e, Err(Error::InvalidArgument(_)))), "{out:?}");
+        // Refused on the calling rank alone, before anything is sent.
+        let rts = super::builder().build_local(2).unwrap();
+        let c = rts[0].world();
+        assert_eq!(c.gather_init(vec![0u8; 2], 2).unwrap_err(), Error::RankOutOfRange { rank: 2, size: 2 });
+        assert_eq!(c.scatter_init(vec![0u8; 2], 5).unwrap_err(), Error::RankOutOfRange { rank: 5, size: 2 });
+        assert!(matches!(c.scan_init(vec![1.0f64], Op::BAnd), Err(Error::InvalidArgument(_))));
+    });
+}
+
+/// A persistent allreduce, broadcast and reduce of a large message take the algorithm the
+/// blocking call takes at that size (Rabenseifner's or the ring's allreduce, the
+/// scatter-allgather broadcast, the reduce-scatter-gather reduce), not the small-message
+/// trees: each rank sends as many messages per start as per blocking call.
+#[test]
+fn large_persistent_allreduce_bcast_and_reduce_send_what_the_blocking_ones_send() {
+    within(60, "messages of large persistent allreduce, bcast and reduce", || {
+        // `(ranks, elements, collective)`: Rabenseifner's, the ring, scatter-allgather,
+        // reduce-scatter-gather.
+        for (n, len, coll) in [(4u32, 1usize << 12, "allreduce"), (3, 1 << 12, "allreduce"), (8, 1 << 12, "bcast"), (4, 1 << 12, "reduce")]
+        {
+            let rts = super::builder().build_local(n).unwrap();
+            let out: Vec<(u64, u64, Vec<u64>)> = std::thread::scope(|s| {
+                let hs: Vec<_> = rts
+                    .iter()
+                    .map(|rt| {
+                        s.spawn(move || {
+                            let c = rt.world();
+                            let data: Vec<u64> = (0..len as u64).map(|i| i * u64::from(c.rank() + 1)).collect();
+                            let mut p = match coll {
+                                "bcast" => c.bcast_init(data.clone(), 1),
+                                "reduce" => c.reduce_init(data.clone(), Op::Sum, 1),
+                                _ => c.allreduce_init(data.clone(), Op::Sum),
+                            }
+                            .unwrap();
+                            let mut res = data.clone();
+                            c.barrier().unwrap();
+                            let before = rt.counters().messages_sent;
+                            match coll {
+                                "bcast" => c.bcast(&mut res, 1).unwrap(),
+                                "reduce" => c.reduce(&data, &mut res, Op::Sum, 1).unwrap(),
+                                _ => c.allreduce(&data, &mut res, Op::Sum).unwrap(),
+                            }
+                            let blocking = rt.counters().messages_sent - before;
+                            c.barrier().unwrap();
+                            let before = rt.counters().messages_sent;
+                            p.start().unwrap();
+                            p.wait().unwrap();
+                            let persistent = rt.counters().messages_sent - before;
+                            c.barrier().unwrap();
+                            assert_eq!(p.buffer().unwrap(), &res);
+                            (blocking, persistent, res)
+                        })
+                    })
+                    .collect();
+                hs.into_iter().map(|h| h.join().unwrap()).collect()
+            });
+            for (r, (blocking, persistent, _)) in out.iter().enumerate() {
+                assert_eq!(persistent, blocking, "{n} ranks, {len} elements, {coll}, rank {r}: messages sent");
+            }
+        }
+    });
+}
+
+/// Rank `r`'s count in the `v` tests (zero for some), and displacements that put the blocks
+/// in reverse rank order with a gap of one element after each.
+fn v_layout(n: u32) -> (Vec<usize>, Vec<usize>, usize) {
+    let counts: Vec<usize> = (0..n).map(|r| (r as usize * 2 + 1) % 4).collect();
+    let mut displs = vec![0; n as usize];
+    let mut at = 0;
+    for r in (0..n as usize).rev() {
+        displs[r] = at;
+        at += counts[r] + 1;
+    }
+    (counts, displs, at)
+}
+
+#[test]
+fn persistent_v_forms_match_a_sequential_reference() {
+    within(120, "persistent gatherv, scatterv, allgatherv, alltoallv at sizes 1-8, every root", || {
+        const STARTS: usize = 2;
+        for n in SIZES {
+            let (counts, displs, total) = v_layout(n);
+            // The alltoallv's count between ranks `a` and `b` (the same both ways), and its layout
+            // on rank `r`: blocks one after the other.
+            let pc = |a: u32, b: u32| ((a + b) % 3) as usize;
+            let pair_layout = |r: u32| -> (Vec<usize>, Vec<usize>) {
+                let c: Vec<usize> = (0..n).map(|q| pc(r, q)).collect();
+                let d = c.iter().scan(0, |at, &x| Some(std::mem::replace(at, *at + x))).collect();
+                (c, d)
+            };
+            let out = on_world(n, |r, c| {
+                let mut got = Vec::new();
+                let mine = counts[r as usize];
+                let (ac, ad) = pair_layout(r);
+                let mut ag = c.allgatherv_init(vec![-1i64; total], &counts, &displs).unwrap();
+                let mut a2a = c.alltoallv_init(vec![0i64; ac.iter().sum()], &ac, &ad).unwrap();
+                for k in 0..STARTS {
+                    ag.buffer_mut().unwrap()[displs[r as usize]..][..mine].copy_from_slice(&input_at(k, r, mine));
+                    for q in 0..n {
+                        a2a.buffer_mut().unwrap()[ad[q as usize]..][..ac[q as usize]].copy_from_slice(&input_at(
+                            k,
+                            16 * r + q,
+                            ac[q as usize],
+                        ));
+                    }
+                    ag.start().unwrap();
+                    a2a.start().unwrap();
+                    ag.wait().unwrap();
+                    a2a.wait().unwrap();
+                    got.push(ag.buffer().unwrap().clone());
+                    got.push(a2a.buffer().unwrap().clone());
+                }
+                for root in 0..n {
+                    let own = if r == root { total } else { mine };
+                    let mut g = c.gatherv_init(vec![-1i64; own], &counts, &displs, root).unwrap();
+                    let mut s = c.scatterv_init(vec![-1i64; own], &counts, &displs, root).unwrap();
+                    for k in 0..STARTS {
+                        g.buffer_mut().unwrap()[if r == root { displs[r as usize] } else { 0 }..][..mine]
+                            .copy_from_slice(&input_at(k, r, mine));
+                        if r == root {
+                            for q in 0..n as usize {
+                                s.buffer_mut().unwrap()[displs[q]..][..counts[q]].copy_from_slice(&input_at(k, 100 + q as u32, counts[q]));
+                            }
+                        }
+                        g.start().unwrap();
+                        s.start().unwrap();
+                        g.wait().unwrap();
+                        s.wait().unwrap();
+                        got.push(g.buffer().unwrap().clone());
+                        got.push(s.buffer().unwrap().clone());
+                    }
+                }
+                got
+            });
+            // Every rank's blocks in the layout, from `block(q)`, the gaps as `gap`.
+            let laid = |block: &dyn Fn(u32) -> Vec<i64>, gap: i64| -> Vec<i64> {
+                let mut v = vec![gap; total];
+                for q in 0..n {
+                    v[displs[q as usize]..][..counts[q as usize]].copy_from_slice(&block(q));
+                }
+                v
+            };
+            for (r, got) in out.iter().enumerate() {
+                let r = r as u32;
+                let mine = counts[r as usize];
+                let (ac, _) = pair_layout(r);
+                let mut want = Vec::new();
+                for k in 0..STARTS {
+                    want.push(laid(&|q| input_at(k, q, counts[q as usize]), -1));
+                    want.push((0..n).flat_map(|q| input_at(k, 16 * q + r, ac[q as usize])).collect::<Vec<_>>());
+                }
+                for root in 0..n {
+                    for k in 0..STARTS {
+                        if r == root {
+                            want.push(laid(&|q| input_at(k, q, counts[q as usize]), -1));
+                            want.push(laid(&|q| input_at(k, 100 + q, counts[q as usize]), -1));
+                        } else {
+                            want.push(input_at(k, r, mine));
+                            want.push(input_at(k, 100 + r, mine));
+                        }
+                    }
+                }
+                assert_results(got, &want, &format!("size {n}, rank {r}"));
+            }
+        }
+    });
+}
+
+#[test]
+fn persistent_v_forms_refuse_counts_that_disagree() {
+    within(60, "bad persistent gatherv, scatterv, allgatherv, alltoallv input", || {
+        let all_fail = |out: &[Result<(), Error>]| out.iter().all(|e| matches!(e, Err(Error::InvalidArgument(_))));
+        // A rank whose length is not the root's count for it.
+        let out = on_world(3, |r, c| {
+            c.gatherv_init(vec![0u8; if r == 0 { 6 } else { 1 + (r == 2) as usize }], &[2, 1, 1], &[0, 2, 4], 0).map(drop)
+        });
+        assert!(all_fail(&out), "{out:?}");
+        // Blocks that leave the root's buffer.
+        let out = on_world(3, |r, c| c.scatterv_init(vec![0u8; if r == 1 { 3 } else { 1 }], &[1, 1, 1], &[0, 1, 3], 1).map(drop));
+        assert!(all_fail(&out), "{out:?}");
+        // Counts that differ between ranks.
+        let out = on_world(3, |r, c| c.allgatherv_init(vec![0u8; 4], &[1, 1, 1 + (r == 1) as usize], &[0, 1, 2]).map(drop));
+        assert!(all_fail(&out), "{out:?}");
+        // Rank 0 sends rank 1 two elements, rank 1 expects one.
+        let out = on_world(2, |r, c| c.alltoallv_init(vec![0u8; 3], &[1, 2 - r as usize], &[0, 1]).map(drop));
+        assert!(all_fail(&out), "{out:?}");
     });
 }

@@ -25,7 +25,7 @@
 //! | `large` | >= 2 | every rank sends a 64 MiB message to the next rank on a ring, all at once (at 2 ranks: an exchange), contents checked |
 //! | `alltoall` | >= 2 | every rank sends 64 KiB (rendezvous) to every other at once, 40 rounds, contents checked |
 //! | `locks [ACQUISITIONS]` | >= 2 | every distributed lock of `weft::dlock` in turn (D-MCS, RMA-MCS, RMA-RW, foMPI-style spin and reader-writer), `--threads` threads per rank (default 2) taking it ACQUISITIONS times each (default 100; one in `--write-every` a write for the reader-writer locks, default 4): a writer increments a word on rank 0 non-atomically (get, add, put, flush), a reader reads it twice; words on rank 0 that count the writers and readers inside find any writer beside another holder; the final count is exact |
-//! | `comms` | >= 2 | split into halves, `create_group` of the first and last rank, then the blocking collectives on both, and two nonblocking allreduces and an alltoall outstanding at once |
+//! | `comms` | >= 2 | split into halves, `create_group` of the first and last rank, then the blocking collectives on both and persistent ones (a large allreduce, an allgather, a scan, each started twice), and two nonblocking allreduces and an alltoall outstanding at once |
 //! | `rma` | >= 2 | one-sided windows: every rank puts into the next rank on a ring, adds 500 times to counters on rank 0 (a native 64-bit and an emulated 32-bit atomic) increments a word on rank 0 100 times under the D-MCS lock (`weft::dlock`, get and put), and takes the RMA-RW lock over the ranks' hosts 100 times (one in four a write that increments another word); the slots and the exact counts are checked |
 //! | `all` | even | `pingpong`, `multirate`, `wildcard`, `order` and `large` in turn, each on a communicator of its own |
 //! | `peer-lost` | 2 | rank 0 kills itself (SIGKILL); rank 1's pending receive and rendezvous send, and a new send and receive, fail with `PeerLost` |
@@ -102,7 +102,7 @@ enum Check {
         #[arg(long, default_value_t = 4)]
         write_every: u64,
     },
-    /// [2+ ranks] split into halves, create_group of the first and last rank, then barrier, bcast, allreduce, allgather, reduce, gather, scatter, and two iallreduces and an ialltoall at once
+    /// [2+ ranks] split into halves, create_group of the first and last rank, then barrier, bcast, allreduce, allgather, reduce, gather, scatter, persistent allreduce, allgather and scan, and two iallreduces and an ialltoall at once
     Comms,
     /// [even ranks] pingpong, multirate, wildcard, order and large in turn
     All,
@@ -851,6 +851,7 @@ fn comms(c: &Communicator) -> Res {
         let mut back = [0u32];
         comm.scatter(&gathered, &mut back, 0).map_err(e)?;
         check(back == [comm.rank() + 100], || format!("gather then scatter from 0: got {back:?}"))?;
+        persistent(comm, &ranks)?;
     }
     // Nonblocking: two allreduces and an alltoall outstanding at once, waited for last first.
     let a = c.iallreduce(vec![u64::from(me) + 1; 3], weft::Op::Sum).map_err(e)?;
@@ -866,6 +867,36 @@ fn comms(c: &Communicator) -> Res {
     check(a == [want; 3], || format!("iallreduce sum: got {a:?} for {want}"))?;
     half.free();
     println!("comms ok: halves of {members}, collectives on {n} ranks");
+    Ok(())
+}
+
+/// Persistent collectives on `comm`, whose ranks are the world ranks `ranks`, each started
+/// twice: an allreduce of a large message (reduce-scatter and allgather), an allgather and a
+/// scan.
+fn persistent(comm: &Communicator, ranks: &[u32]) -> Res {
+    let (r, size) = (comm.rank(), comm.size());
+    let mut sum = comm.allreduce_init(vec![0u64; 32 << 10], weft::Op::Sum).map_err(e)?;
+    let mut all = comm.allgather_init(vec![0u32; size as usize]).map_err(e)?;
+    let mut scan = comm.scan_init(vec![0u64; 2], weft::Op::Sum).map_err(e)?;
+    for k in 0..2u32 {
+        sum.buffer_mut().ok_or("allreduce_init: no buffer")?.fill(u64::from(ranks[r as usize] + k));
+        all.buffer_mut().ok_or("allgather_init: no buffer")?[r as usize] = r * 3 + k;
+        scan.buffer_mut().ok_or("scan_init: no buffer")?.fill(u64::from(r) + 1);
+        sum.start().map_err(e)?;
+        all.start().map_err(e)?;
+        scan.start().map_err(e)?;
+        sum.wait().map_err(e)?;
+        all.wait().map_err(e)?;
+        scan.wait().map_err(e)?;
+        let want: u64 = ranks.iter().map(|&w| u64::from(w + k)).sum();
+        let got = sum.buffer().ok_or("allreduce_init: no buffer")?;
+        check(got.iter().all(|&x| x == want), || format!("allreduce_init, start {k}: got {} for {want}", got[0]))?;
+        let got = all.buffer().ok_or("allgather_init: no buffer")?;
+        check(got.iter().enumerate().all(|(i, &x)| x == i as u32 * 3 + k), || format!("allgather_init, start {k}: got {got:?}"))?;
+        let want = u64::from(r + 1) * u64::from(r + 2) / 2;
+        let got = scan.buffer().ok_or("scan_init: no buffer")?;
+        check(got == &[want; 2], || format!("scan_init, start {k}: got {got:?} for {want}"))?;
+    }
     Ok(())
 }
 
