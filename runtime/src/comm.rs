@@ -86,6 +86,9 @@ impl RankMap {
     /// The rank in the group of world rank `w` (a member; else `w` unchanged).
     #[inline]
     pub(crate) fn rank(&self, w: u32) -> u32 {
+        if self.1 {
+            return w;
+        }
         match self.0.get(w as usize) {
             Some(&r) if r != u32::MAX => r,
             _ => w,

@@ -13,7 +13,7 @@
 
 use std::any::Any;
 use std::cell::RefCell;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock, Weak};
 
 use parking_lot::Mutex;
 use weft_sync::CompletionCell;
@@ -37,6 +37,13 @@ pub(crate) struct Operation {
     /// The buffer of a request dropped while in flight: kept alive until completion so the
     /// transport never touches freed memory.
     pub(crate) orphan: Mutex<Option<Box<dyn Any + Send>>>,
+    /// On a communicator whose ranks are not the world's: the cell a user's sync object
+    /// attaches to, completed with the operation's outcome in ranks there (made on the first
+    /// attach; `None` if the operation's own cell was attached already). Kept here, not in
+    /// the request, so that a request stays small to move. Beside it a `Weak` of the
+    /// operation itself: an operation that has made its relay is never pooled ([`recycle`]
+    /// pools none that a `Weak` names), so a pooled one never has to clear it.
+    pub(crate) relay: OnceLock<(Option<Arc<Operation>>, Weak<Operation>)>,
 }
 
 // SAFETY: `ptr` points into the buffer owned by the request (or its orphan slot), which lives
@@ -56,6 +63,7 @@ impl Default for Operation {
             key: AtomicU64::new(0),
             context: 0,
             orphan: Mutex::new(None),
+            relay: OnceLock::new(),
         }
     }
 }
@@ -112,12 +120,12 @@ thread_local! {
 /// A fresh (or recycled) inner, set up by `init` while still exclusively owned.
 #[inline]
 pub(crate) fn new_operation(init: impl FnOnce(&mut Operation)) -> Arc<Operation> {
-    match POOL.try_with(|p| p.0.borrow_mut().pop()).ok().flatten().or_else(take_shared) {
+    match pool().and_then(|p| p.borrow_mut().pop()).or_else(take_shared) {
         Some(arc) => {
             // SAFETY: `recycle` pools an `Arc` only when it is the sole strong reference and no
-            // `Weak` exists (none is ever made), and the pool is thread-local, so nothing else
-            // can reach this `Operation` until we hand the `Arc` out: the exclusive borrow is
-            // sound. (`Arc::get_mut` would prove the same with a locked compare-exchange on
+            // `Weak` exists (one is made only by an operation that makes a relay), and the pool
+            // is thread-local, so nothing else can reach this `Operation` until we hand the
+            // `Arc` out: the exclusive borrow is sound. (`Arc::get_mut` would prove the same with a locked compare-exchange on
             // the weak count, once per message.)
             let inner = unsafe { &mut *Arc::as_ptr(&arc).cast_mut() };
             inner.cell.reset();
@@ -128,6 +136,7 @@ pub(crate) fn new_operation(init: impl FnOnce(&mut Operation)) -> Arc<Operation>
             inner.key.store(0, Ordering::Relaxed);
             inner.context = 0;
             *inner.orphan.get_mut() = None;
+            debug_assert!(inner.relay.get().is_none(), "an operation with a relay is never pooled");
             init(inner);
             arc
         }
@@ -147,17 +156,24 @@ pub(crate) fn recycle(arc: Arc<Operation>) {
     // decrement), as `Arc`'s own drop does before freeing.
     if Arc::strong_count(&arc) == 1 && Arc::weak_count(&arc) == 0 && arc.cell.is_complete() {
         fence(Ordering::Acquire);
-        let spare = POOL.try_with(|p| {
-            let mut p = p.0.borrow_mut();
-            if p.len() < POOL_MAX {
-                p.push(arc);
-                None
-            } else {
-                Some(arc)
-            }
-        });
-        if let Ok(Some(arc)) = spare {
+        let Some(p) = pool() else { return };
+        let mut p = p.borrow_mut();
+        if p.len() < POOL_MAX {
+            p.push(arc);
+        } else {
+            drop(p);
             give_shared(arc);
         }
     }
+}
+
+/// This thread's pool (`None` while the thread is being torn down). The thread-local access
+/// alone is in the closure, so that it inlines where the pool is used (a call per message
+/// less on each side).
+#[inline(always)]
+fn pool() -> Option<&'static RefCell<Vec<Arc<Operation>>>> {
+    // SAFETY: the pool lives until its own destructor runs, after which `try_with` fails;
+    // the reference is used only within the calling function, which runs no destructor of
+    // this thread's thread-locals meanwhile.
+    POOL.try_with(|p| unsafe { &*(&p.0 as *const RefCell<Vec<Arc<Operation>>>) }).ok()
 }

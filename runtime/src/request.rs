@@ -7,6 +7,7 @@
 
 use std::fmt;
 use std::future::Future;
+use std::mem::ManuallyDrop;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
@@ -65,25 +66,26 @@ pub(crate) enum Kind {
 pub struct Request<'c, B: Send + 'static> {
     comm: &'c Communicator,
     inner: Option<Arc<Operation>>,
-    buf: Option<B>,
-    kind: Kind,
+    /// The buffer, dropped by [`Drop`] itself (only a request whose result was not taken
+    /// has one: a taken request's drop is a few compares, not the fields' drop glue).
+    buf: ManuallyDrop<Option<B>>,
     /// For receives: sets the buffer's length to the bytes received (`RecvBuf::filled`).
     filled: Option<unsafe fn(&mut B, usize)>,
-    /// A send that completed inside `isend` (an eager frame the transport took at once):
-    /// its status, and no inner — nothing else ever refers to it, so it needs no pooled
-    /// `Operation`, no completion cell and no reference count (about 150 instructions per
-    /// message). `None` once taken.
-    sent: Option<Status>,
+    /// A send that completed inside `isend` (an eager frame the transport took at once),
+    /// while `sent` is set: its status, and no inner — nothing else ever refers to it, so it
+    /// needs no pooled `Operation`, no completion cell and no reference count (about 150
+    /// instructions per message).
+    status: Status,
     /// A completed cell for such a send, made only if someone asks for one (attaching it
-    /// to a sync object).
-    sent_cell: std::sync::OnceLock<Arc<Operation>>,
+    /// to a sync object), or the cell of a request whose result was taken.
+    /// Emptied by [`Drop`] itself, as `buf`.
+    sent_cell: ManuallyDrop<std::sync::OnceLock<Arc<Operation>>>,
+    kind: Kind,
+    /// Whether `status` is a sent request's result still to be taken.
+    sent: bool,
     /// The tag partition of the communicator the operation is matched in (0 unless it
     /// asserts `no_any_tag`): a waiter attends its CRI for this partition.
     part: u16,
-    /// On a communicator whose ranks are not the world's: the cell a user's sync object
-    /// attaches to, completed with the operation's outcome in ranks here (made on the first
-    /// attach; `None` if the operation's cell was attached already).
-    relay: std::sync::OnceLock<Option<Arc<Operation>>>,
 }
 
 impl<B: Send + 'static> fmt::Debug for Request<'_, B> {
@@ -94,14 +96,14 @@ impl<B: Send + 'static> fmt::Debug for Request<'_, B> {
 
 // SAFETY: the cell stays alive while the request or the runtime holds `inner` (the runtime
 // keeps its own `Arc` until it completes the cell), and the runtime completes it once; a
-// relay lives in the request and in the callback that completes it, once.
+// relay lives in the operation and in the callback that completes it, once.
 unsafe impl<B: Send + 'static> Attach for Request<'_, B> {
     /// The cell a sync object attaches to. Statuses and errors name the ranks of the
     /// request's communicator: on one whose ranks are not the world's, a relay cell that the
     /// operation's completion completes with its outcome translated.
     fn completion_cell(&self) -> &CompletionCell {
         match &self.inner {
-            Some(i) if self.comm.renames_ranks() => match self.relay.get_or_init(|| self.relay_of(i)) {
+            Some(i) if self.comm.renames_ranks() => match &i.relay.get_or_init(|| (self.relay_of(i), Arc::downgrade(i))).0 {
                 Some(relay) => &relay.cell,
                 None => &i.cell,
             },
@@ -116,11 +118,11 @@ impl<B: Send + 'static> Request<'_, B> {
     pub(crate) fn own_cell(&self) -> &CompletionCell {
         match (&self.inner, self.sent) {
             (Some(i), _) => &i.cell,
-            (None, Some(st)) => {
-                let st = self.comm.local_status(st);
+            (None, true) => {
+                let st = self.comm.local_status(self.status);
                 &self.sent_cell.get_or_init(|| new_operation(|i| i.cell.reset_completed(Ok(st)))).cell
             }
-            (None, None) => consumed_cell(&self.sent_cell),
+            (None, false) => consumed_cell(&self.sent_cell),
         }
     }
 
@@ -189,17 +191,18 @@ pub(crate) unsafe fn unbound<B: Send + 'static>(r: Request<'_, B>) -> Request<'s
 
 impl<'c, B: Send + 'static> Request<'c, B> {
     /// Every field once; `filled` is set by `recv` for receives.
+    #[inline]
     fn with(comm: &'c Communicator, inner: Option<Arc<Operation>>, buf: B, kind: Kind, sent: Option<Status>, part: usize) -> Self {
         Request {
             comm,
             inner,
-            buf: Some(buf),
-            kind,
+            buf: ManuallyDrop::new(Some(buf)),
             filled: None,
-            sent,
-            sent_cell: std::sync::OnceLock::new(),
+            status: sent.unwrap_or_default(),
+            sent_cell: ManuallyDrop::new(std::sync::OnceLock::new()),
+            kind,
+            sent: sent.is_some(),
             part: part as u16,
-            relay: std::sync::OnceLock::new(),
         }
     }
 
@@ -253,22 +256,31 @@ impl<'c, B: Send + 'static> Request<'c, B> {
     }
 
     /// Takes the result of a completed request; `None` if still pending or already taken.
+    /// Inlined where it is called (generic code, once per message on both sides).
+    #[inline(always)]
     pub fn take(&mut self) -> Option<Result<(B, Status), Error>> {
-        self.take_parts().map(|(buf, outcome)| outcome.map(|st| (buf, st)))
+        let (buf, outcome) = self.take_parts()?;
+        Some(match outcome {
+            Ok(st) => Ok((buf, st)),
+            Err(e) => Err(e),
+        })
     }
 
     /// [`take`](Self::take), giving the buffer back with a failed outcome too (persistent
     /// requests reuse it).
+    #[inline(always)]
     pub(crate) fn take_parts(&mut self) -> Option<(B, Outcome)> {
-        if let Some(st) = self.sent.take() {
-            if let Some(cell) = self.sent_cell.take() {
-                recycle(cell);
+        if self.sent {
+            self.sent = false;
+            if self.sent_cell.get().is_some() {
+                self.recycle_sent_cell();
             }
-            let st = self.comm.local_status(st);
+            let st = self.comm.local_status(self.status);
             return self.buf.take().map(|buf| (buf, Ok(st)));
         }
-        let outcome = self.comm.local_outcome(self.inner.as_ref()?.cell.outcome()?);
+        let outcome = self.inner.as_ref()?.cell.outcome()?;
         let inner = self.inner.take()?;
+        let outcome = self.comm.local_outcome(outcome);
         let mut buf = self.buf.take()?;
         // SAFETY: `outcome` is the completed cell's, read with acquire by `outcome()`.
         unsafe { set_filled(self.filled, &mut buf, outcome) };
@@ -276,13 +288,22 @@ impl<'c, B: Send + 'static> Request<'c, B> {
         Some((buf, outcome))
     }
 
+    /// Gives the cell made for a sent request (or a taken one) back to the pool.
+    #[cold]
+    #[inline(never)]
+    fn recycle_sent_cell(&mut self) {
+        if let Some(cell) = self.sent_cell.take() {
+            recycle(cell);
+        }
+    }
+
     /// Whether [`continue_with`](Self::continue_with) would accept the request: its result
     /// not taken, and not attached to a sync object (nor its completion delivered to one).
     pub(crate) fn can_continue(&self) -> Result<(), Error> {
         let attached = match (&self.inner, self.sent) {
             (Some(inner), _) => !inner.cell.attachable(),
-            (None, Some(_)) => self.sent_cell.get().is_some_and(|i| !i.cell.attachable()),
-            (None, None) => return Err(CONSUMED),
+            (None, true) => self.sent_cell.get().is_some_and(|i| !i.cell.attachable()),
+            (None, false) => return Err(CONSUMED),
         };
         if attached {
             return Err(ATTACHED);
@@ -324,15 +345,15 @@ impl<'c, B: Send + 'static> Request<'c, B> {
     /// The outcome without consuming the request (`None` while pending).
     pub fn outcome(&self) -> Option<Outcome> {
         match self.sent {
-            Some(st) => Some(Ok(self.comm.local_status(st))),
-            None => self.inner.as_ref().and_then(|i| i.cell.outcome()).map(|o| self.comm.local_outcome(o)),
+            true => Some(Ok(self.comm.local_status(self.status))),
+            false => self.inner.as_ref().and_then(|i| i.cell.outcome()).map(|o| self.comm.local_outcome(o)),
         }
     }
 
     /// The error a completed request failed with (`None` while pending, once taken, or on
     /// success): the outcome's check without translating a successful status's rank.
     pub(crate) fn error(&self) -> Option<Error> {
-        if self.sent.is_some() {
+        if self.sent {
             return None;
         }
         match self.inner.as_ref()?.cell.outcome()? {
@@ -343,7 +364,7 @@ impl<'c, B: Send + 'static> Request<'c, B> {
 
     /// Whether the result is still to be taken (pending, or complete and not taken).
     pub(crate) fn is_live(&self) -> bool {
-        self.inner.is_some() || self.sent.is_some()
+        self.inner.is_some() || self.sent
     }
 
     /// Cancels the operation if it has not matched a message yet (`MPI_Cancel`), and says
@@ -431,7 +452,7 @@ impl<B: Send + 'static> Future for Request<'_, B> {
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let this = &mut *self;
-        if this.sent.is_some() {
+        if this.sent {
             return Poll::Ready(this.take().expect("a sent request has its result"));
         }
         let Some(inner) = this.inner.clone() else {
@@ -458,38 +479,50 @@ impl<B: Send + 'static> Future for Request<'_, B> {
 }
 
 impl<B: Send + 'static> Drop for Request<'_, B> {
-    /// A request whose result was taken holds nothing of the runtime: dropped in a few
-    /// instructions, where it is dropped (`release` is out of line).
+    /// A request whose result was taken holds nothing of the runtime nor a buffer: dropped
+    /// in a few instructions, where it is dropped (`release` is out of line).
     #[inline]
     fn drop(&mut self) {
-        if self.inner.is_some() || self.sent_cell.get().is_some() {
+        if self.inner.is_some() || self.buf.is_some() || self.sent_cell.get().is_some() {
             self.release();
         }
     }
 }
 
 impl<B: Send + 'static> Request<'_, B> {
-    /// [`Drop`] of a request that still holds an operation or a made cell: recycles them, and
-    /// cancels a receive still posted or hands a pending operation the buffer.
+    /// [`Drop`] of a request that still holds an operation, a buffer or a made cell:
+    /// recycles them, and cancels a receive still posted or hands a pending operation the
+    /// buffer; drops the buffer otherwise. Leaves `buf` and `sent_cell` empty, so their own
+    /// drop has nothing to do.
     #[inline(never)]
     fn release(&mut self) {
-        if let Some(cell) = self.sent_cell.take() {
-            recycle(cell);
-        }
+        self.recycle_sent_cell();
+        let buf = self.buf.take();
         let Some(inner) = self.inner.take() else { return };
         if inner.cell.is_complete() {
             recycle(inner);
             return;
         }
         if self.unpost(&inner) {
-            // Unposted before any match: nothing will touch the buffer.
+            // Unposted before any match: nothing will touch the buffer (dropped after).
             inner.cell.complete(Err(Error::Cancelled));
             return;
         }
         // In flight: hand the buffer to the runtime's share so it outlives the transport's
         // use of it. (An allocation, but only on this abandonment path.)
-        if let Some(buf) = self.buf.take() {
+        if let Some(buf) = buf {
             *inner.orphan.lock() = Some(Box::new(buf));
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    /// A request is moved on every call that makes, stores or takes one: it stays at most
+    /// eleven words on 64-bit targets (rare-path state lives in its operation).
+    #[cfg(target_pointer_width = "64")]
+    #[test]
+    fn a_request_stays_small() {
+        assert!(std::mem::size_of::<super::Request<'static, Vec<u8>>>() <= 88);
     }
 }

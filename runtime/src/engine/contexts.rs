@@ -107,10 +107,11 @@ pub(crate) struct CommState {
     /// Set by `free`; operations then fail with `CommFreed`.
     freed: AtomicBool,
     /// Next sequence number per (ordering channel, destination): row `chan` starts at
-    /// `chan * seq_stride` (rows padded to a cache line, so threads on different channels
-    /// do not share one). On a partitioned communicator (`switchable`), one more row after
-    /// the channels': the `gseq` per destination, over every channel.
-    send_seq: Box<[AtomicU32]>,
+    /// counter `chan * seq_stride` (rows padded to whole cache lines, and the lines aligned
+    /// to one, so threads on different channels do not share one). On a partitioned
+    /// communicator (`switchable`), one more row after the channels': the `gseq` per
+    /// destination, over every channel.
+    send_seq: Box<[SeqLine]>,
     /// Row length of `send_seq`.
     seq_stride: usize,
     /// Ordering channels: `thread channels x tag partitions`. Thread channels: with
@@ -146,6 +147,22 @@ pub(crate) struct CommState {
 /// Tag partitions of a partitioned communicator.
 pub(crate) const TAG_PARTS: usize = 16;
 
+/// Sequence counters per cache line.
+const SEQS_PER_LINE: usize = 16;
+
+/// One cache line of send sequence counters, aligned to a line: a row of
+/// `CommState::send_seq` starts on a line of its own.
+#[repr(C, align(64))]
+struct SeqLine([AtomicU32; SEQS_PER_LINE]);
+
+const _: () = assert!(std::mem::size_of::<SeqLine>() == SEQS_PER_LINE * std::mem::size_of::<AtomicU32>());
+
+impl SeqLine {
+    fn new() -> Self {
+        SeqLine(std::array::from_fn(|_| AtomicU32::new(0)))
+    }
+}
+
 impl CommState {
     /// A communicator's state; `partition`: match per tag partition (user contexts; the
     /// collective context, whose few messages never use `Tag::Any`, keeps one state).
@@ -160,7 +177,7 @@ impl CommState {
         let parts = if no_any_tag || switchable { TAG_PARTS } else { 1 };
         let chans = thread_chans * parts;
         // 16 u32 counters per 64-byte line.
-        let seq_stride = (size as usize).div_ceil(16) * 16;
+        let seq_stride = (size as usize).div_ceil(SEQS_PER_LINE) * SEQS_PER_LINE;
         let rows = chans + usize::from(switchable);
         let one_state = engine.config.matching == MatchingMode::Global;
         let order = if overtaking {
@@ -177,7 +194,7 @@ impl CommState {
             size,
             overtaking,
             freed: AtomicBool::new(false),
-            send_seq: (0..rows * seq_stride).map(|_| AtomicU32::new(0)).collect(),
+            send_seq: (0..rows * seq_stride / SEQS_PER_LINE).map(|_| SeqLine::new()).collect(),
             seq_stride,
             chans,
             parts,
@@ -277,12 +294,21 @@ impl CommState {
         // §5.4.4]: one sequence per source shared by every thread forces frames that travel
         // through different CRIs back into one order, filling the out-of-sequence queue).
         let chan = if st.chans > st.parts { k * st.parts } else { 0 } + st.tag_part(tag);
-        let seq = if st.overtaking { 0 } else { st.send_seq[chan * st.seq_stride + dest as usize].fetch_add(1, Ordering::Relaxed) };
+        let seq = if st.overtaking { 0 } else { st.seq_counter(chan * st.seq_stride + dest as usize).fetch_add(1, Ordering::Relaxed) };
         // The number over every partition, shared by the sending threads (what a
         // communicator with one partition pays for `seq`); MPI orders only the sends of one
         // thread, so the two numbers need not be taken together.
-        let gseq = if st.switchable { st.send_seq[st.chans * st.seq_stride + dest as usize].fetch_add(1, Ordering::Relaxed) } else { 0 };
+        let gseq = if st.switchable { st.seq_counter(st.chans * st.seq_stride + dest as usize).fetch_add(1, Ordering::Relaxed) } else { 0 };
         (chan, seq, gseq)
+    }
+
+    /// Counter `i` of `send_seq` (row-major, rows of `seq_stride`).
+    #[inline]
+    fn seq_counter(&self, i: usize) -> &AtomicU32 {
+        // SAFETY: a `SeqLine` is its 16 counters and nothing else (`repr(C)`, 64 bytes, no
+        // padding), so the lines are one contiguous array of counters.
+        let all: &[AtomicU32] = unsafe { std::slice::from_raw_parts(self.send_seq.as_ptr().cast(), self.send_seq.len() * SEQS_PER_LINE) };
+        &all[i]
     }
 
     /// Marks the state freed (`Communicator::free`); whether this call did it (a second one
@@ -548,5 +574,26 @@ impl Engine {
             }
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::{Assignment, Runtime};
+
+    /// Every row of send sequence counters starts on a cache line of its own, whatever the
+    /// communicator's size: threads sending on different channels never share a line.
+    #[test]
+    fn send_sequence_rows_start_on_cache_lines() {
+        for size in [2, 3, 17] {
+            let ranks =
+                Runtime::builder().env(false).cris(4).assignment(Assignment::Dedicated).per_thread_order(true).build_local(size).unwrap();
+            let st = ranks[0].world().p2p_state();
+            assert!(st.chans > 1, "one channel per CRI and tag partition");
+            for chan in 0..st.chans {
+                let row = st.seq_counter(chan * st.seq_stride) as *const _ as usize;
+                assert_eq!(row % 64, 0, "row {chan} of a communicator of {size} ranks");
+            }
+        }
     }
 }
