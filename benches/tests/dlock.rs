@@ -59,7 +59,7 @@ fn locks_run_as_processes_through_weftrun() {
     assert_eq!(rows.len(), 2, "{stdout}");
     for (row, lock) in rows.iter().zip(["d-mcs", "rma-rw"]) {
         assert_eq!((row[1], row[2], row[3], row[4]), (lock, "shm", "weftrun", "3"), "{row:?}");
-        assert!(row[10].parse::<f64>().is_ok_and(|v| v > 0.0) && row[11].parse::<f64>().is_ok_and(|v| v > 0.0), "{row:?}");
+        assert!(row[12].parse::<f64>().is_ok_and(|v| v > 0.0) && row[13].parse::<f64>().is_ok_and(|v| v > 0.0), "{row:?}");
     }
 }
 
