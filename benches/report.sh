@@ -2,7 +2,7 @@
 # The benchmarks of docs/BENCHMARKS.md, run with the commands the report shows: writes the
 # plots (docs/plots/*.svg) and prints the report's tables as markdown on stdout.
 #
-# Run time on the 2-core VM: about 20 minutes of benchmarks (the longest: all-to-all with
+# Run time on the 2-core VM: about 25 minutes of benchmarks (the longest: all-to-all with
 # Open MPI, multirate with Open MPI beside, lock-regimes, pingpong), plus the release builds
 # (about 8 minutes from a clean target directory, criterion's included). Run it on a quiet machine: every number
 # is a rate or a time, and other work on the cores changes it.
