@@ -244,6 +244,16 @@ const RELEASE_SAMPLES: u32 = 100;
 const RELEASE_SAMPLE: Duration = Duration::from_millis(1);
 
 /// Context kinds (top byte of the `u64` operation context).
+/// The endpoint of a peer that every one-sided operation of this rank targets (its first
+/// CRI's), whichever CRI issues it. libfabric's `shm` completes a small write at the
+/// initiator once it is queued in the target endpoint's command queue, and the target
+/// applies each queue in order: with one queue per target, an operation queued after
+/// another — by any thread of any rank that saw the other's effect — is applied after it.
+/// Aimed at the issuing CRI's index, two threads' operations landed in two queues, and a
+/// put could be applied after a later operation that depended on it (RMA-RW let a writer in
+/// beside another holder, 8 processes of 2 threads).
+const RMA_TARGET_EP: usize = 0;
+
 const CTX_RECV: u64 = 1 << 56;
 const CTX_SEND: u64 = 2 << 56;
 const CTX_READ: u64 = 3 << 56;
@@ -1959,7 +1969,7 @@ impl OfiRank {
         if c.ep.rma_counter().is_none() {
             return Err(Error::Transport { op: "rma", code: crate::ofi::errno::FI_EOPNOTSUPP });
         }
-        let dest = s.addr(to.rank, cri);
+        let dest = s.addr(to.rank, RMA_TARGET_EP);
         let deadline = Instant::now() + Duration::from_secs(30);
         loop {
             if !s.is_alive(to.rank) {

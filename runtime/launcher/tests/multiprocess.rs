@@ -125,13 +125,18 @@ fn every_distributed_lock_excludes_across_processes_on_shm() {
     each_rank_says(3, "shm", &["--timeout", "120"], "locks", "locks ok: rank");
 }
 
-/// The same at 8 processes of 2 threads each: RMA-RW lets a writer in beside another
-/// holder there (the other locks pass; 1 thread per rank, 4 processes, and 8 ranks in one
-/// process pass too). Run with `--ignored`.
+/// The same at 8 processes of 2 threads each, 2 CRIs per rank, 40 acquisitions per thread:
+/// the ranks' threads issue their one-sided operations from two endpoints, and the locks'
+/// hand-offs must still be seen in order at each target (RMA-RW let a writer in beside
+/// another holder here while each CRI aimed at its own index of the target's endpoints).
 #[test]
-#[ignore = "fails: RMA-RW exclusion with 2 threads per rank across 8 processes on shm"]
 fn every_distributed_lock_excludes_across_8_processes_of_2_threads_on_shm() {
-    each_rank_says(8, "shm", &["--timeout", "120"], "locks", "locks ok: rank");
+    let (o, t) = job_with_env(8, "shm", &["--timeout", "120"], &[("WEFT_CRIS", "2")], &[SELFTEST, "locks", "40"]);
+    let s = text(&o);
+    assert!(o.status.success(), "locks at 8 ranks of 2 threads on shm failed or hung after {t:?}:\n{s}");
+    for r in 0..8 {
+        assert!(s.contains(&format!("[{r}] locks ok: rank")), "rank {r}:\n{s}");
+    }
 }
 
 #[test]
