@@ -30,6 +30,19 @@ fn stress<G>(
     write: impl Fn() -> Result<G, Error> + Sync,
     unlock: impl Fn(G) -> Result<(), Error> + Sync,
 ) {
+    stress_with(c, 2, ACQUISITIONS, write_every, read, write, unlock);
+}
+
+/// [`stress`] with `threads` threads per rank taking the lock `acquisitions` times each.
+fn stress_with<G>(
+    c: &Communicator,
+    threads: u64,
+    acquisitions: u64,
+    write_every: u64,
+    read: impl Fn() -> Result<G, Error> + Sync,
+    write: impl Fn() -> Result<G, Error> + Sync,
+    unlock: impl Fn(G) -> Result<(), Error> + Sync,
+) {
     const COUNT: usize = 0;
     const WRITERS: usize = 1;
     const READERS: usize = 2;
@@ -37,10 +50,10 @@ fn stress<G>(
     barrier(c);
     let writes = std::sync::atomic::AtomicU64::new(0);
     std::thread::scope(|s| {
-        for t in 0..2u64 {
+        for t in 0..threads {
             let (w, writes, read, write, unlock) = (&w, &writes, &read, &write, &unlock);
             s.spawn(move || {
-                for i in 0..ACQUISITIONS {
+                for i in 0..acquisitions {
                     if (i + t + u64::from(c.rank())) % write_every == 0 {
                         let g = write().unwrap();
                         assert_eq!(w.fetch_and_op(1, WRITERS, 1, Op::Sum).unwrap(), 0, "two writers at once");
@@ -136,6 +149,18 @@ fn rma_rw_readers_and_writers_exclude_and_count_exactly() {
 }
 
 /// RMA-RW with readers mostly (one write in 10) and the default thresholds.
+/// RMA-RW at volume: 8 ranks of one thread, 12,800 acquisitions each, one in four a write.
+/// Fails about one run in six to twelve on the embedded provider (a reader inside beside a
+/// writer, then the others hang at the barrier); run with `--ignored`, in a loop.
+#[test]
+#[ignore = "fails: RMA-RW lets a reader in beside a writer about once in 100,000 acquisitions"]
+fn rma_rw_at_volume_excludes() {
+    on_ranks(8, "RMA-RW at volume", |_, c| {
+        let lock = RmaRw::new(c, &Levels::flat(), &Thresholds { t_r: 4, ..Thresholds::default() }).unwrap();
+        stress_with(c, 1, 12_800, 4, || lock.read(), || lock.write(), |g| g.unlock());
+    });
+}
+
 #[test]
 fn rma_rw_with_few_writers() {
     on_ranks(3, "RMA-RW read-mostly", |_, c| {
