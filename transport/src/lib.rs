@@ -32,7 +32,7 @@ mod ring;
 
 pub use doorbell::Doorbell;
 pub use frame::{Frame, FrameKind, Header, Payload, INLINE};
-pub use provider::{Provider, ReadStart, RemoteWindow, RmaOp, Transport};
+pub use provider::{Provider, RankWaiter, ReadStart, RemoteWindow, RmaOp, Transport};
 pub use weft_sync::Error;
 
 /// Why a send was not accepted.

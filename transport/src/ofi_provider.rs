@@ -177,6 +177,7 @@ use crate::{Error, ReadStart, SendError};
 
 mod lane;
 mod reads;
+mod waiter;
 
 /// Bytes of the full wire header, in front of protocol frames (`Rts`, `Fin`) and of eager
 /// frames that carry rendezvous fields.
@@ -738,6 +739,7 @@ impl Opened {
             regions: Mutex::new(HashMap::new()),
             pool: ArrayQueue::new((self.opts.cris * self.opts.recv_slots * 2).clamp(64, 1 << 16)),
             doorbell: Doorbell::new(),
+            waiter: waiter::Slot::new(lane.as_ref()).ok_or(Error::InvalidArgument("no eventfd for the rank's waiter"))?,
             eager_capacity: self.opts.eager_capacity,
             slot_size,
             recv_slots: self.opts.recv_slots,
@@ -855,6 +857,8 @@ struct RankInner {
     pool: ArrayQueue<Vec<u8>>,
     /// Rung by the watcher when it staged frames, after refused sends, and on lost peers.
     doorbell: Doorbell,
+    /// The rank's waiter role (`waiter` module).
+    waiter: waiter::Slot,
     /// A send was refused since the watcher last looked (module docs).
     send_refused: AtomicBool,
     /// Largest eager payload.
@@ -1294,44 +1298,36 @@ impl RankInner {
                 // at most every millisecond, not every 10 µs.
                 sleep_us = MIN_SLEEP_US;
             }
+            // The rank's waiter, while a thread holds the role, sleeps on the lane's and the
+            // CQs' descriptors itself (`waiter` module): the watcher then only keeps what
+            // has no descriptor, on a timer.
+            let waiter = self.waiter.is_taken();
             // Same-host senders wake this sleep through the lane's eventfd (lane docs,
-            // *Waking the receiver*): say so, then look at the rings once more.
-            let lane_fd = self.lane.as_ref().map(|l| {
-                l.fall_asleep();
-                l.wake_fd()
-            });
-            if lane_fd.is_some() && self.lane_waiting() {
+            // *Waking the receiver*) unless the waiter sleeps on the lane: say so, then look
+            // at the rings once more.
+            let on_lane = !waiter && self.lane.as_ref().is_some_and(lane::Lane::fall_asleep);
+            if on_lane && self.lane_waiting() {
                 self.doorbell.ring();
                 sleep_us = MIN_SLEEP_US;
             } else {
+                let watcher_fd = self.waiter.watcher_fd();
                 match &fds {
-                    Some(fds) if !refused && !reading && self.all_may_block() => {
-                        let mut pfds: Vec<libc::pollfd> =
-                            fds.iter().chain(lane_fd.as_ref()).map(|&fd| libc::pollfd { fd, events: libc::POLLIN, revents: 0 }).collect();
-                        // SAFETY: `pfds` is a valid array of `len` pollfds whose fds are the
-                        // CQs' wait fds and the lane's eventfd, open while `self` (which owns
-                        // them) lives.
-                        unsafe { libc::poll(pfds.as_mut_ptr(), pfds.len() as libc::nfds_t, 10) };
+                    Some(fds) if !waiter && !refused && !reading && self.all_may_block() => {
+                        if self.waiter.nap(false) {
+                            let all = fds.iter().copied().chain(std::iter::once(watcher_fd));
+                            poll_fds(all, Duration::from_millis(10));
+                        }
                     }
                     _ => {
-                        // Where the lane reaches every rank, whatever needs this rank's
-                        // progress wakes the sleep (a push, or a nudge after a libfabric
-                        // post): the timer is only a safety net then, except while sends
-                        // are refused or reads are in flight, which nothing wakes.
-                        let longest = if !refused && !reading && self.lane.as_ref().is_some_and(lane::Lane::reaches_all) {
-                            LANE_SLEEP_US
-                        } else {
-                            1000
-                        };
-                        match lane_fd {
-                            Some(fd) => {
-                                let mut pfd = libc::pollfd { fd, events: libc::POLLIN, revents: 0 };
-                                let ts = libc::timespec { tv_sec: 0, tv_nsec: sleep_us as libc::c_long * 1000 };
-                                // SAFETY: one valid pollfd (the lane's eventfd, open while
-                                // `self` lives) and a valid timeout.
-                                unsafe { libc::ppoll(&mut pfd, 1, &ts, std::ptr::null()) };
-                            }
-                            None => std::thread::sleep(Duration::from_micros(sleep_us)),
+                        // Whatever needs this rank's progress wakes the sleep where the lane
+                        // reaches every rank (a push, or a nudge after a libfabric post), or
+                        // where the waiter sleeps on the CQs' wait fds: the timer is only a
+                        // safety net then, except while sends are refused or reads are in
+                        // flight, which nothing wakes.
+                        let woken = (waiter && fds.is_some()) || self.lane.as_ref().is_some_and(lane::Lane::reaches_all);
+                        let longest = if !refused && !reading && woken { LANE_SLEEP_US } else { 1000 };
+                        if sleep_us <= 1000 || self.waiter.nap(waiter) {
+                            poll_fds(std::iter::once(watcher_fd), Duration::from_micros(sleep_us));
                         }
                         sleep_us = (sleep_us * 2).min(longest);
                     }
@@ -1340,7 +1336,45 @@ impl RankInner {
             if let Some(l) = &self.lane {
                 l.wake_up();
             }
+            self.waiter.woke();
         }
+    }
+
+    /// The sleep of the rank's waiter (`waiter` module), for at most `timeout`: on its
+    /// `eventfd` (its waker, same-host senders) and, where every CQ has a wait fd and
+    /// `fi_trywait` allows, on those. Returns whether a wake-up source ended it (or frames
+    /// were found before it began) rather than the timeout: the caller then progresses.
+    fn waiter_sleep(&self, held: &waiter::Held<'_>, timeout: Duration) -> bool {
+        // Say so to same-host senders, then look at the rings once more (lane docs,
+        // *Waking the receiver*). A ring of a CRI another thread holds is that thread's to
+        // see (it looks again before it parks).
+        if let Some(l) = &self.lane {
+            l.waiter_falls_asleep();
+            let waiting = self.cris.iter().enumerate().any(|(i, cri)| cri.st.try_lock().is_some_and(|st| self.lane_has_frames(i, &st)));
+            if waiting {
+                l.waiter_wakes_up();
+                return true;
+            }
+        }
+        let cqs = self.cris.iter().map(|c| c.ep.cq().wait_fd()).collect::<Option<Vec<i32>>>();
+        let woke = match cqs {
+            Some(fds) => {
+                if self.all_may_block() {
+                    poll_fds(fds.into_iter().chain(std::iter::once(held.fd())), timeout)
+                } else {
+                    // Completions wait in a CQ: the caller's progress pass reads them. A CQ
+                    // that keeps answering "poll" costs a pass per millisecond at most.
+                    poll_fds(std::iter::once(held.fd()), timeout.min(Duration::from_millis(1)));
+                    true
+                }
+            }
+            None => poll_fds(std::iter::once(held.fd()), timeout),
+        };
+        if let Some(l) = &self.lane {
+            l.waiter_wakes_up();
+        }
+        lane::drain(held.fd());
+        woke
     }
 
     /// Wakes `dst`'s watcher if it sleeps and the lane reaches it (see `lane::Lane::nudge`).
@@ -1433,6 +1467,15 @@ impl RankInner {
         let names = self.cris.iter().map(|c| &c.ep).chain(std::iter::once(&self.rma_ep)).filter_map(|ep| shm_region_name(ep.name(), pid));
         names.filter(|n| std::fs::remove_file(format!("/dev/shm/{n}")).is_ok()).count()
     }
+}
+
+/// Blocks until one of `fds` is readable or `timeout` passes; returns whether one was.
+fn poll_fds(fds: impl Iterator<Item = i32>, timeout: Duration) -> bool {
+    let mut pfds: Vec<libc::pollfd> = fds.map(|fd| libc::pollfd { fd, events: libc::POLLIN, revents: 0 }).collect();
+    let ts = libc::timespec { tv_sec: timeout.as_secs() as libc::time_t, tv_nsec: timeout.subsec_nanos() as libc::c_long };
+    // SAFETY: `pfds` is a valid array of `len` pollfds (descriptors the caller keeps open
+    // meanwhile) and `ts` a valid timeout.
+    unsafe { libc::ppoll(pfds.as_mut_ptr(), pfds.len() as libc::nfds_t, &ts, std::ptr::null()) > 0 }
 }
 
 /// The `/dev/shm` file name of an `shm` endpoint named `addr` (its `fi_getname`:
@@ -1814,6 +1857,13 @@ impl OfiRank {
         &self.inner.doorbell
     }
 
+    /// The rank's waiter role, if no other thread holds it: its holder sleeps on what wakes
+    /// the rank itself (module docs, *Polling, staging and parking*).
+    #[inline]
+    pub fn take_waiter(&self) -> Option<FdWaiter<'_>> {
+        self.inner.waiter.take().map(|held| FdWaiter { rank: &self.inner, held })
+    }
+
     /// Registers `len` bytes at `ptr` for remote reads; returns the key for `Rts` frames.
     ///
     /// # Safety
@@ -2105,12 +2155,10 @@ impl OfiRank {
         }
         // Release: pairs with the watcher's acquire load.
         self.inner.closed.store(true, Ordering::Release);
-        if let Some(l) = &self.inner.lane {
-            l.wake_self();
-        }
+        self.inner.waiter.wake_watcher();
         if let Some(w) = self.watcher.lock().take() {
             if w.thread().id() != std::thread::current().id() {
-                // It checks `closed` at least every 10 ms between CQ reads (the lane's eventfd,
+                // It checks `closed` at least every 10 ms between CQ reads (its eventfd,
                 // written above, ends a longer sleep).
                 let deadline = Instant::now() + STUCK_AFTER;
                 while !w.is_finished() && Instant::now() < deadline {
@@ -2127,6 +2175,34 @@ impl OfiRank {
             }
         }
         self.inner.doorbell.ring_all();
+    }
+}
+
+/// The rank's waiter role, held ([`OfiRank::take_waiter`]); given back when dropped.
+pub struct FdWaiter<'a> {
+    rank: &'a RankInner,
+    held: waiter::Held<'a>,
+}
+
+impl std::fmt::Debug for FdWaiter<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("FdWaiter").field("rank", &self.rank.rank).finish_non_exhaustive()
+    }
+}
+
+impl FdWaiter<'_> {
+    /// The waker that ends [`sleep`](Self::sleep): poll the listeners the sleep is to end
+    /// for with it (it writes the waiter's `eventfd`).
+    #[inline]
+    pub fn waker(&self) -> &std::task::Waker {
+        self.held.waker()
+    }
+
+    /// Sleeps until the waker is woken, a same-host sender pushes a frame, a CQ has a
+    /// completion (where every CQ has a wait fd), or `timeout` passes. Returns `false` for
+    /// the timeout alone; `true` means progress may find work.
+    pub fn sleep(&self, timeout: Duration) -> bool {
+        self.rank.waiter_sleep(&self.held, timeout)
     }
 }
 

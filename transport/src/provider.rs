@@ -152,6 +152,44 @@ pub enum Transport {
     Ofi(crate::ofi_provider::OfiRank),
 }
 
+/// The rank's waiter role, held ([`Transport::take_waiter`]); given back when dropped.
+#[derive(Debug)]
+pub struct RankWaiter<'a> {
+    #[cfg(feature = "ofi")]
+    held: crate::ofi_provider::FdWaiter<'a>,
+    /// Without libfabric there is none to hold.
+    #[cfg(not(feature = "ofi"))]
+    never: std::convert::Infallible,
+    #[cfg(not(feature = "ofi"))]
+    _rank: std::marker::PhantomData<&'a ()>,
+}
+
+impl RankWaiter<'_> {
+    /// The waker that ends [`sleep`](Self::sleep): poll the listeners the sleep is to end
+    /// for with it.
+    #[inline]
+    pub fn waker(&self) -> &std::task::Waker {
+        #[cfg(feature = "ofi")]
+        return self.held.waker();
+        #[cfg(not(feature = "ofi"))]
+        match self.never {}
+    }
+
+    /// Sleeps until the waker is woken, the network has something for the rank, or
+    /// `timeout` passes. Returns `false` for the timeout alone; `true` means a progress pass
+    /// may find work.
+    #[inline]
+    pub fn sleep(&self, timeout: std::time::Duration) -> bool {
+        #[cfg(feature = "ofi")]
+        return self.held.sleep(timeout);
+        #[cfg(not(feature = "ofi"))]
+        {
+            let _ = timeout;
+            match self.never {}
+        }
+    }
+}
+
 macro_rules! dispatch {
     ($self:expr, $t:ident => $e:expr) => {
         match $self {
@@ -272,6 +310,20 @@ impl Transport {
     #[inline]
     pub fn doorbell(&self) -> &Doorbell {
         dispatch!(self, t => t.doorbell())
+    }
+
+    /// The rank's waiter role, where the provider has descriptors to sleep on (libfabric)
+    /// and no other thread holds it: a thread about to park on the doorbell sleeps through
+    /// it instead, woken by the network directly rather than by whoever rings the doorbell
+    /// (on libfabric a watcher thread: a second hand-off). `None` on the embedded provider,
+    /// whose senders ring the doorbell themselves.
+    #[inline]
+    pub fn take_waiter(&self) -> Option<RankWaiter<'_>> {
+        match self {
+            Transport::Embedded(_) => None,
+            #[cfg(feature = "ofi")]
+            Transport::Ofi(t) => t.take_waiter().map(|held| RankWaiter { held }),
+        }
     }
 
     /// Registers `len` bytes at `ptr` for a rendezvous; returns the key to put in the `Rts`.

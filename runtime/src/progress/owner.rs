@@ -4,7 +4,7 @@
 
 use weft_sync::{Progress, SignalListener, Step};
 
-use super::park::{park_or_frames, park_two};
+use super::park::{park_or_frames, park_two, Waiter};
 use crate::engine::Engine;
 use crate::loom::sync::atomic::Ordering;
 
@@ -40,7 +40,7 @@ impl Progress for OwnerWait<'_> {
         } else if let Some(handoff) = s.owner.listen() {
             // A plain waiter: its completions, or a hand-off of ownership.
             s.counters.parks.fetch_add(1, Ordering::Relaxed);
-            let _ = park_two(s, listener, Some(handoff));
+            let _ = park_two(s, listener, Some(handoff), Waiter::Leave);
         }
     }
 }

@@ -1,10 +1,18 @@
 //! Parking a blocked thread: on its sync object's signal and the rank's doorbell (or an
 //! ownership hand-off), yielding first, never longer than [`PARK_LIMIT`] at a time.
+//!
+//! A thread that parks on the doorbell becomes the rank's *waiter* where the transport has
+//! one to give (`Transport::take_waiter`: libfabric) and no other thread holds it: it then
+//! sleeps on what wakes the rank itself — the network's descriptors, and a waker its
+//! listeners write — instead of on its thread parker behind a watcher thread that would
+//! ring the doorbell for it. One hand-off from a frame's arrival to a running thread, as
+//! on the embedded provider; the other threads park on the doorbell as before.
 
 use std::sync::Arc;
 use std::task::{Context, Poll, Waker};
 
 use weft_sync::SignalListener;
+use weft_transport::RankWaiter;
 
 use crate::engine::Engine;
 use crate::executor::Unpark;
@@ -21,15 +29,25 @@ pub(super) fn park_or_frames(s: &Engine, listener: SignalListener<'_>) {
         return;
     }
     s.counters.parks.fetch_add(1, Ordering::Relaxed);
-    if park_two(s, listener, Some(bell)) == Woken::Second {
+    if park_two(s, listener, Some(bell), Waiter::Take) == Woken::Second {
         let _ = s.progress_once();
     }
+}
+
+/// Whether a `park_two` may sleep as the rank's waiter (module docs).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Waiter {
+    /// It may: the thread progresses when the network wakes it (it listens to the doorbell).
+    Take,
+    /// It may not: a thread that waits for its own completions or a hand-off only.
+    Leave,
 }
 
 /// Which listener ended a `park_two`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) enum Woken {
     First,
+    /// The second, or (for the rank's waiter) the network.
     Second,
     /// Neither: the park limit passed.
     Timeout,
@@ -47,17 +65,24 @@ pub(crate) const PARK_LIMIT: std::time::Duration = std::time::Duration::from_mil
 
 /// Blocks until either listener fires (or `PARK_LIMIT` passes, counted in
 /// `park_timeouts`; callers re-check): yields the core for the configured
-/// `yield_window` first (a notification then needs no futex wake), then parks.
-pub(super) fn park_two(s: &Engine, mut a: SignalListener<'_>, mut b: Option<SignalListener<'_>>) -> Woken {
+/// `yield_window` first (a notification then needs no futex wake), then parks — as the
+/// rank's waiter if `waiter` allows and the role is free (module docs), woken by the
+/// network too ([`Woken::Second`]).
+pub(super) fn park_two(s: &Engine, mut a: SignalListener<'_>, mut b: Option<SignalListener<'_>>, waiter: Waiter) -> Woken {
     use std::future::Future;
     use std::pin::Pin;
-    let waker = PARKER.with(|w| w.clone());
+    let parker = PARKER.with(|w| w.clone());
+    // Taken once the yield window is over, just before the sleep: while the thread yields,
+    // the watcher keeps the network's descriptors.
+    let mut held: Option<RankWaiter<'_>> = None;
+    let mut may_take = waiter == Waiter::Take;
+    // The network ended the waiter's last sleep.
+    let mut network = false;
     let start = std::time::Instant::now();
     let deadline = start + PARK_LIMIT;
     // At most the park limit: a longer window yields just as long (the wait ends there), and
     // `start + Duration::MAX` would overflow the `Instant`.
     let yield_until = start + s.config.yield_window.min(PARK_LIMIT);
-    let mut cx = Context::from_waker(&waker);
     tracing::trace!(rank = s.transport.rank(), "thread parks");
     let woke = |how: Woken| {
         let counter = if how == Woken::Timeout { &s.counters.park_timeouts } else { &s.counters.wakes };
@@ -66,6 +91,8 @@ pub(super) fn park_two(s: &Engine, mut a: SignalListener<'_>, mut b: Option<Sign
         how
     };
     loop {
+        // The waiter's listeners write its descriptor; other threads are unparked.
+        let mut cx = Context::from_waker(held.as_ref().map_or(&parker, RankWaiter::waker));
         if let Poll::Ready(()) = Pin::new(&mut a).poll(&mut cx) {
             return woke(Woken::First);
         }
@@ -74,13 +101,22 @@ pub(super) fn park_two(s: &Engine, mut a: SignalListener<'_>, mut b: Option<Sign
                 return woke(Woken::Second);
             }
         }
+        if network {
+            return woke(Woken::Second);
+        }
         let now = std::time::Instant::now();
         if now >= deadline {
             return woke(Woken::Timeout);
         }
         if now < yield_until {
             std::thread::yield_now();
+        } else if let Some(w) = &held {
+            network = w.sleep(deadline - now);
+        } else if let Some(w) = may_take.then(|| s.transport.take_waiter()).flatten() {
+            // The listeners are polled again with the waiter's waker before it sleeps.
+            held = Some(w);
         } else {
+            may_take = false;
             std::thread::park_timeout(deadline - now);
         }
     }

@@ -48,12 +48,23 @@
 //!
 //! # Waking the receiver
 //!
-//! The receiver's watcher thread sleeps between its passes while the rank is quiet. Before
-//! it sleeps it sets `asleep` in its segment and looks at its rings once more; a sender
-//! that pushed a frame and finds `asleep` set (a `SeqCst` fence between its push and that
-//! load, one between the watcher's store and its look) clears it and writes the rank's
-//! `eventfd`, which the watcher sleeps on. While the rank is busy nobody sleeps, and a send
-//! costs no system call.
+//! A rank has two `eventfd`s, both published: its watcher's, and its *waiter*'s (the one
+//! parked thread that blocks on the rank's wake-up descriptors itself, the parent module's
+//! *Polling, staging and parking*). Before either sleeps it says so in `asleep` in its
+//! segment ([`ASLEEP_WATCHER`] or [`ASLEEP_WAITER`]) and looks at its rings once more; a
+//! sender that pushed a frame and finds `asleep` set (a `SeqCst` fence between its push and
+//! that load, one between the sleeper's store and its look) takes it back to
+//! [`AWAKE`] and writes the `eventfd` it names. While the rank is busy nobody sleeps, and a
+//! send costs no system call.
+//!
+//! | `asleep` | set by | taken back by |
+//! |---|---|---|
+//! | [`AWAKE`] | | |
+//! | [`ASLEEP_WATCHER`] | the watcher, from [`AWAKE`] only (a waiter sleeping is not displaced) | a sender, or the watcher after its sleep (from [`ASLEEP_WATCHER`] only) |
+//! | [`ASLEEP_WAITER`] | the waiter, from either (it displaces a sleeping watcher, which it wakes when it leaves) | a sender, or the waiter after its sleep (from [`ASLEEP_WAITER`] only) |
+//!
+//! So the wake-up goes to the thread that is to run next: a frame for a rank whose thread
+//! is parked in a wait wakes that thread, with no watcher in between.
 
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::ptr::NonNull;
@@ -99,6 +110,13 @@ const RING_HEADER: usize = 128;
 
 /// Bytes in front of the rings: magic, nonce, `asleep`.
 const SEGMENT_HEADER: usize = 128;
+
+/// `asleep`: nobody of the rank sleeps on the lane (module docs, *Waking the receiver*).
+pub(super) const AWAKE: u32 = 0;
+/// `asleep`: the watcher sleeps on its `eventfd`.
+pub(super) const ASLEEP_WATCHER: u32 = 1;
+/// `asleep`: the rank's waiter sleeps on its `eventfd`.
+pub(super) const ASLEEP_WAITER: u32 = 2;
 
 /// The first word of a segment.
 const MAGIC: u64 = u64::from_le_bytes(*b"weftlan1");
@@ -204,12 +222,14 @@ pub(super) struct Published {
     pub memfd: i32,
     /// The owner's watcher `eventfd` in the owner's process.
     pub eventfd: i32,
+    /// The owner's waiter `eventfd` in the owner's process.
+    pub waiter_eventfd: i32,
     /// Random; also in the segment, to tell it apart from any other descriptor.
     pub nonce: u64,
 }
 
 /// Bytes of [`Published`] on the wire (`encode`), after a `u8` saying whether there is one.
-pub(super) const PUBLISHED_BYTES: usize = 8 + 4 + 4 + 4 + 8;
+pub(super) const PUBLISHED_BYTES: usize = 8 + 4 + 4 + 4 + 4 + 8;
 
 impl Published {
     pub(super) fn encode(this: Option<&Published>, out: &mut Vec<u8>) {
@@ -221,6 +241,7 @@ impl Published {
                 out.extend_from_slice(&p.pid.to_le_bytes());
                 out.extend_from_slice(&p.memfd.to_le_bytes());
                 out.extend_from_slice(&p.eventfd.to_le_bytes());
+                out.extend_from_slice(&p.waiter_eventfd.to_le_bytes());
                 out.extend_from_slice(&p.nonce.to_le_bytes());
             }
         }
@@ -234,8 +255,14 @@ impl Published {
                 let b = b.get(1..1 + PUBLISHED_BYTES)?;
                 let u64_at = |at: usize| u64::from_le_bytes(b[at..at + 8].try_into().unwrap_or_default());
                 let u32_at = |at: usize| u32::from_le_bytes(b[at..at + 4].try_into().unwrap_or_default());
-                let p =
-                    Published { host: u64_at(0), pid: u32_at(8), memfd: u32_at(12) as i32, eventfd: u32_at(16) as i32, nonce: u64_at(20) };
+                let p = Published {
+                    host: u64_at(0),
+                    pid: u32_at(8),
+                    memfd: u32_at(12) as i32,
+                    eventfd: u32_at(16) as i32,
+                    waiter_eventfd: u32_at(20) as i32,
+                    nonce: u64_at(24),
+                };
                 Some((Some(p), 1 + PUBLISHED_BYTES))
             }
             _ => None,
@@ -268,6 +295,25 @@ fn random_u64() -> u64 {
     }
 }
 
+/// A duplicate of this process's descriptor `fd`.
+pub(super) fn dup(fd: RawFd) -> Option<OwnedFd> {
+    // SAFETY: duplicates a descriptor of this process; the result is checked.
+    owned(unsafe { libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, 0) })
+}
+
+/// A fresh non-blocking `eventfd`.
+pub(super) fn new_eventfd() -> Option<OwnedFd> {
+    // SAFETY: a plain system call; the result is checked.
+    owned(unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) })
+}
+
+/// Takes what `fd` (a non-blocking `eventfd` of ours) counted, if anything.
+pub(super) fn drain(fd: RawFd) {
+    let mut v = 0u64;
+    // SAFETY: reads at most 8 bytes into `v` from a non-blocking eventfd we hold.
+    let _ = unsafe { libc::read(fd, (&mut v as *mut u64).cast(), 8) };
+}
+
 fn owned(fd: RawFd) -> Option<OwnedFd> {
     // SAFETY: `fd` was just returned to us by the kernel and is owned by nobody else.
     (fd >= 0).then(|| unsafe { OwnedFd::from_raw_fd(fd) })
@@ -277,8 +323,7 @@ fn owned(fd: RawFd) -> Option<OwnedFd> {
 /// `dup` for this process's own, as for ranks in one process).
 fn fd_of(pid: u32, fd: i32) -> Option<OwnedFd> {
     if pid == std::process::id() {
-        // SAFETY: duplicates a descriptor of this process; the result is checked.
-        return owned(unsafe { libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, 0) });
+        return dup(fd);
     }
     // SAFETY: plain system calls with integer arguments; results are checked.
     let pidfd = owned(unsafe { libc::syscall(libc::SYS_pidfd_open, pid as libc::c_long, 0 as libc::c_long) } as RawFd)?;
@@ -288,7 +333,7 @@ fn fd_of(pid: u32, fd: i32) -> Option<OwnedFd> {
 
 /// Adds one to the eventfd `fd`. A failure (the peer is gone) loses nothing: its watcher
 /// wakes on a timer too.
-fn write_one(fd: RawFd) {
+pub(super) fn write_one(fd: RawFd) {
     let one = 1u64;
     // SAFETY: writes 8 bytes from `one` to an eventfd we hold.
     let _ = unsafe { libc::write(fd, (&one as *const u64).cast(), 8) };
@@ -299,6 +344,8 @@ pub(super) struct Peer {
     seg: Mapping,
     /// The peer's watcher `eventfd`.
     wake: OwnedFd,
+    /// The peer's waiter `eventfd`.
+    wake_waiter: OwnedFd,
     /// Its process.
     pid: u32,
 }
@@ -313,6 +360,8 @@ pub(super) struct Lane {
     _memfd: OwnedFd,
     /// The watcher sleeps on it.
     eventfd: OwnedFd,
+    /// The rank's waiter sleeps on it.
+    waiter_eventfd: OwnedFd,
     /// Per rank: its segment, for ranks of this host that could be mapped.
     peers: Box<[Option<Peer>]>,
     /// Per CRI: the ranks whose rings it reads (this host's, as mapped by them).
@@ -332,6 +381,7 @@ pub(super) struct Prepared {
     seg: Mapping,
     memfd: OwnedFd,
     eventfd: OwnedFd,
+    waiter_eventfd: OwnedFd,
     published: Published,
 }
 
@@ -348,15 +398,21 @@ impl Prepared {
         if unsafe { libc::ftruncate(memfd.as_raw_fd(), len as libc::off_t) } != 0 {
             return None;
         }
-        // SAFETY: a plain system call; the result is checked.
-        let eventfd = owned(unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) })?;
+        let eventfd = new_eventfd()?;
+        let waiter_eventfd = new_eventfd()?;
         let seg = Mapping::map(memfd.as_raw_fd(), len)?;
         let nonce = random_u64();
         seg.u64_at(8).store(nonce, Ordering::Relaxed);
         seg.u64_at(0).store(MAGIC, Ordering::Release);
-        let published =
-            Published { host: host_key()?, pid: std::process::id(), memfd: memfd.as_raw_fd(), eventfd: eventfd.as_raw_fd(), nonce };
-        Some(Prepared { layout, seg, memfd, eventfd, published })
+        let published = Published {
+            host: host_key()?,
+            pid: std::process::id(),
+            memfd: memfd.as_raw_fd(),
+            eventfd: eventfd.as_raw_fd(),
+            waiter_eventfd: waiter_eventfd.as_raw_fd(),
+            nonce,
+        };
+        Some(Prepared { layout, seg, memfd, eventfd, waiter_eventfd, published })
     }
 
     pub(super) fn published(&self) -> &Published {
@@ -387,7 +443,7 @@ impl Prepared {
                 if seg.u64_at(0).load(Ordering::Acquire) != MAGIC || seg.u64_at(8).load(Ordering::Relaxed) != p.nonce {
                     return None;
                 }
-                Some(Peer { seg, wake: fd_of(p.pid, p.eventfd)?, pid: p.pid })
+                Some(Peer { seg, wake: fd_of(p.pid, p.eventfd)?, wake_waiter: fd_of(p.pid, p.waiter_eventfd)?, pid: p.pid })
             })
             .collect();
         // Every rank of this host with a lane may write this rank's rings (whether this rank
@@ -395,7 +451,16 @@ impl Prepared {
         // all their rings are read; one that nobody writes costs a load per poll.
         let mine: Box<[u32]> = (0..published.len() as u32).filter(|&r| here(r as usize).is_some()).collect();
         let readers = (0..self.layout.cris).map(|_| mine.clone()).collect();
-        Lane { layout: self.layout, rank, seg: self.seg, _memfd: self.memfd, eventfd: self.eventfd, peers, readers }
+        Lane {
+            layout: self.layout,
+            rank,
+            seg: self.seg,
+            _memfd: self.memfd,
+            eventfd: self.eventfd,
+            waiter_eventfd: self.waiter_eventfd,
+            peers,
+            readers,
+        }
     }
 }
 
@@ -597,14 +662,13 @@ impl Lane {
         // *Waking*).
         fence(Ordering::SeqCst);
         let asleep = peer.seg.u32_at(16);
-        if asleep.load(Ordering::Relaxed) != 0 && asleep.swap(0, Ordering::Relaxed) != 0 {
-            write_one(peer.wake.as_raw_fd());
+        if asleep.load(Ordering::Relaxed) != AWAKE {
+            match asleep.swap(AWAKE, Ordering::Relaxed) {
+                ASLEEP_WATCHER => write_one(peer.wake.as_raw_fd()),
+                ASLEEP_WAITER => write_one(peer.wake_waiter.as_raw_fd()),
+                _ => {}
+            }
         }
-    }
-
-    /// Wakes this rank's own watcher (it is closing).
-    pub(super) fn wake_self(&self) {
-        write_one(self.eventfd.as_raw_fd());
     }
 
     /// New consumer positions for CRI `cri`.
@@ -643,24 +707,48 @@ impl Lane {
         n
     }
 
-    /// Before the watcher sleeps: says so to senders. Follow with a last look at the rings.
-    pub(super) fn fall_asleep(&self) {
-        self.seg.u32_at(16).store(1, Ordering::Relaxed);
-        // SeqCst: orders the store before the watcher's last look (module docs, *Waking*).
+    /// Before the watcher sleeps: says so to senders, unless the rank's waiter sleeps on the
+    /// lane (then the senders wake the waiter: `false`). Follow with a last look at the rings.
+    pub(super) fn fall_asleep(&self) -> bool {
+        let asleep = self.seg.u32_at(16);
+        // SeqCst (the exchange, or the fence): orders the store before the watcher's last
+        // look (module docs, *Waking*).
+        let covered = match asleep.compare_exchange(AWAKE, ASLEEP_WATCHER, Ordering::SeqCst, Ordering::Relaxed) {
+            Ok(_) | Err(ASLEEP_WATCHER) => true,
+            Err(_) => false,
+        };
+        fence(Ordering::SeqCst);
+        covered
+    }
+
+    /// After the watcher's sleep: no sender needs to wake it now (a waiter's claim stays).
+    /// Its eventfd is drained by its owner.
+    pub(super) fn wake_up(&self) {
+        let _ = self.seg.u32_at(16).compare_exchange(ASLEEP_WATCHER, AWAKE, Ordering::Relaxed, Ordering::Relaxed);
+    }
+
+    /// Before the rank's waiter sleeps: says so to senders (a sleeping watcher is displaced).
+    /// Follow with a last look at the rings.
+    pub(super) fn waiter_falls_asleep(&self) {
+        // SeqCst: orders the store before the waiter's last look (module docs, *Waking*).
+        self.seg.u32_at(16).swap(ASLEEP_WAITER, Ordering::SeqCst);
         fence(Ordering::SeqCst);
     }
 
-    /// After the watcher's sleep: no sender needs to wake it now; drains the eventfd.
-    pub(super) fn wake_up(&self) {
-        self.seg.u32_at(16).store(0, Ordering::Relaxed);
-        let mut v = 0u64;
-        // SAFETY: reads at most 8 bytes into `v` from our non-blocking eventfd.
-        let _ = unsafe { libc::read(self.eventfd.as_raw_fd(), (&mut v as *mut u64).cast(), 8) };
+    /// After the waiter's sleep: no sender needs to wake it now (a watcher's claim made
+    /// since stays). Its eventfd is drained by its owner.
+    pub(super) fn waiter_wakes_up(&self) {
+        let _ = self.seg.u32_at(16).compare_exchange(ASLEEP_WAITER, AWAKE, Ordering::Relaxed, Ordering::Relaxed);
     }
 
     /// The descriptor the watcher sleeps on.
     pub(super) fn wake_fd(&self) -> RawFd {
         self.eventfd.as_raw_fd()
+    }
+
+    /// The descriptor the rank's waiter sleeps on.
+    pub(super) fn waiter_fd(&self) -> RawFd {
+        self.waiter_eventfd.as_raw_fd()
     }
 }
 
@@ -793,6 +881,7 @@ mod tests {
         assert!(a.push(1, 0, 0, |_| ()));
         assert!(readable(b.wake_fd()));
         b.wake_up();
+        drain(b.wake_fd());
         assert!(!readable(b.wake_fd()));
         assert!(a.push(1, 0, 0, |_| ()));
         assert!(!readable(b.wake_fd()));
