@@ -2545,6 +2545,60 @@ mod tests {
         assert_eq!(Arc::strong_count(&inner), 2, "the watcher did not finish");
     }
 
+    /// A thread parked as the rank's waiter is woken by the network itself, not by the
+    /// watcher: with the watcher caught (stalled in its pass), a frame from the peer still
+    /// ends the waiter's sleep at once — through the same-host lane's eventfd on `shm`, and
+    /// through the CQ's wait fd on `tcp` with the lane off. Parked on the doorbell instead,
+    /// whose only ringer for a frame is the watcher, the thread slept its whole timeout.
+    #[test]
+    fn a_parked_waiter_is_woken_by_the_network_not_the_watcher() {
+        for (provider, lane) in [("shm", true), ("tcp;ofi_rxm", false)] {
+            let opts =
+                OfiOptions { provider: provider.into(), recv_slots: 16, send_slots: 8, same_host_lane: lane, ..OfiOptions::default() };
+            let ranks = match world(&opts, 2) {
+                Ok(r) => Arc::new(r),
+                Err(e) => {
+                    eprintln!("skipped {provider}: not available here ({e})");
+                    continue;
+                }
+            };
+            a_frame_goes_through(&ranks);
+            let inner = ranks[1].inner.clone();
+            inner.stall_watcher.store(true, Ordering::Relaxed);
+            // The rank is idle after `ACTIVE_MS`: its watcher comes to its pass then.
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while !inner.watcher_stalled.load(Ordering::Relaxed) {
+                assert!(Instant::now() < deadline, "the watcher did not come to its pass");
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            let r = ranks.clone();
+            let (slept, woke, got) = within(20, "a waiter's sleep", move || {
+                let waiter = r[1].take_waiter().expect("the role is free");
+                assert!(r[1].take_waiter().is_none(), "one waiter at a time");
+                std::thread::scope(|s| {
+                    s.spawn(|| {
+                        std::thread::sleep(Duration::from_millis(20));
+                        r[0].send(1, 0, eager(2, 3), b"def").expect("send");
+                    });
+                    let t0 = Instant::now();
+                    let mut woke = false;
+                    let mut got = Vec::new();
+                    // A sleep may end early for a completion that is not a frame (a CQ fd).
+                    while got.is_empty() && t0.elapsed() < Duration::from_secs(3) {
+                        woke = waiter.sleep(Duration::from_secs(3));
+                        r[1].poll(0, 64, |f| got.push(f.payload.as_slice().to_vec()));
+                    }
+                    (t0.elapsed(), woke, got)
+                })
+            });
+            inner.stall_watcher.store(false, Ordering::Relaxed);
+            assert!(woke, "{provider}: the network ended the sleep");
+            assert_eq!(got, vec![b"def".to_vec()], "{provider}");
+            assert!(slept < Duration::from_secs(1), "{provider}: woken after {slept:?}");
+            assert!(ranks[1].take_waiter().is_some(), "{provider}: the role was given back");
+        }
+    }
+
     /// A peer killed while it held the spin lock of this rank's CRI region (as one queueing
     /// a command is) catches the next thread that reads the CRI's CQ inside `fi_cq_read`;
     /// once the peer is reported dead (not merely finished), the lock is released (by the
