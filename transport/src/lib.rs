@@ -29,6 +29,8 @@ pub mod ofi_provider;
 mod pmix;
 mod provider;
 mod ring;
+#[cfg_attr(not(any(loom, feature = "ofi")), allow(dead_code))]
+mod waiter_role;
 
 pub use doorbell::Doorbell;
 pub use frame::{Frame, FrameKind, Header, Payload, INLINE};

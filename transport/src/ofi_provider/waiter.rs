@@ -4,33 +4,15 @@
 //! the CQs' wait fds after `fi_trywait` — instead of on its thread parker behind the
 //! watcher (the parent module's *Polling, staging and parking*).
 //!
-//! # The role
-//!
-//! | `taken` | meaning |
-//! |---|---|
-//! | `false` | no thread is the waiter: the watcher sleeps on the lane and the CQ wait fds |
-//! | `true` | one thread holds [`Held`]: it sleeps on them; the watcher keeps only its timed duties |
-//!
-//! A thread takes the role with one compare-and-swap when it parks and gives it back when
-//! it wakes; a thread that finds it taken parks on the doorbell as before. The watcher
-//! announces a long sleep (`watcher_naps`) before it takes it, then looks at `taken` again;
-//! a waiter that gives the role back clears `taken`, then looks at `watcher_naps` and, if
-//! set, writes the watcher's `eventfd`, so that the watcher covers the descriptors again at
-//! once rather than after its nap.
-//!
-//! # Memory ordering
-//!
-//! Dekker-style, a `SeqCst` fence on each side: the watcher's between its store of
-//! `watcher_naps` and its load of `taken`, the waiter's between its store of `taken` and its
-//! load of `watcher_naps`. One of the two sees the other: either the watcher sees the role
-//! free (and covers the descriptors itself), or the waiter sees the nap (and ends it).
+//! The role itself — who holds it, and how the watcher learns to cover the descriptors
+//! again when it is given back — is [`WaiterRole`] (with its loom model).
 
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
-use std::sync::atomic::{fence, AtomicBool, Ordering};
 use std::sync::Arc;
 use std::task::{Wake, Waker};
 
 use super::lane::{self, Lane};
+use crate::waiter_role::WaiterRole;
 
 /// An `eventfd` that a [`Waker`] writes.
 struct EventFd(OwnedFd);
@@ -47,8 +29,8 @@ impl Wake for EventFd {
 
 /// The rank's waiter role and the descriptors of its hand-over with the watcher.
 pub(super) struct Slot {
-    /// A thread holds the role ([`Held`]).
-    taken: AtomicBool,
+    /// Who holds the role; whether the watcher naps meanwhile.
+    role: WaiterRole,
     /// The waiter's `eventfd`: a duplicate of the lane's published one where the rank has a
     /// lane (same-host senders write it), else its own.
     fd: Arc<EventFd>,
@@ -57,8 +39,6 @@ pub(super) struct Slot {
     /// The watcher's `eventfd`: a duplicate of the lane's where the rank has a lane, else
     /// its own. Written to end the watcher's sleep (a waiter leaving it, `close`).
     watcher_fd: OwnedFd,
-    /// The watcher is in (or about to start) a sleep longer than a short nap (module docs).
-    watcher_naps: AtomicBool,
 }
 
 impl Slot {
@@ -71,21 +51,18 @@ impl Slot {
         };
         let fd = Arc::new(EventFd(fd));
         let waker = Waker::from(fd.clone());
-        Some(Slot { taken: AtomicBool::new(false), fd, waker, watcher_fd, watcher_naps: AtomicBool::new(false) })
+        Some(Slot { role: WaiterRole::new(), fd, waker, watcher_fd })
     }
 
     /// Takes the role if no thread holds it.
     #[inline]
     pub(super) fn take(&self) -> Option<Held<'_>> {
-        // Acquire: the previous holder's use of the descriptors happened before.
-        (!self.taken.load(Ordering::Relaxed) && self.taken.compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed).is_ok())
-            .then_some(Held { slot: self })
+        self.role.take().then_some(Held { slot: self })
     }
 
-    /// Whether a thread holds the role. Relaxed: a hint for the watcher's choice of sleep;
-    /// `nap` is the checked handshake.
+    /// Whether a thread holds the role (a hint: [`nap`](Self::nap) checks).
     pub(super) fn is_taken(&self) -> bool {
-        self.taken.load(Ordering::Relaxed)
+        self.role.is_taken()
     }
 
     /// The watcher's `eventfd`.
@@ -98,23 +75,16 @@ impl Slot {
         lane::write_one(self.watcher_fd.as_raw_fd());
     }
 
-    /// The watcher is about to sleep longer than a short nap, having chosen its sleep while
-    /// the role was taken (`taken`, what it saw): `false` if that changed meanwhile (then it
+    /// The watcher is about to sleep longer than a short nap, having chosen its sleep by
+    /// `taken` (what it saw of the role): `false` if that changed meanwhile (then it
     /// chooses again instead). Follow with [`woke`](Self::woke) after the sleep.
     pub(super) fn nap(&self, taken: bool) -> bool {
-        self.watcher_naps.store(true, Ordering::Relaxed);
-        // SeqCst: the Dekker handshake of the module docs (with the fence in `Held::drop`).
-        fence(Ordering::SeqCst);
-        if self.taken.load(Ordering::Relaxed) != taken {
-            self.watcher_naps.store(false, Ordering::Relaxed);
-            return false;
-        }
-        true
+        self.role.nap(taken)
     }
 
     /// After the watcher's sleep: takes back `nap` and drains its `eventfd`.
     pub(super) fn woke(&self) {
-        self.watcher_naps.store(false, Ordering::Relaxed);
+        self.role.woke();
         lane::drain(self.watcher_fd.as_raw_fd());
     }
 }
@@ -139,12 +109,10 @@ impl Held<'_> {
 
 impl Drop for Held<'_> {
     fn drop(&mut self) {
-        // Release: the next holder's descriptors use happens after ours.
-        self.slot.taken.store(false, Ordering::Release);
-        // SeqCst: the Dekker handshake of the module docs (with the fence in `nap`).
-        fence(Ordering::SeqCst);
-        if self.slot.watcher_naps.load(Ordering::Relaxed) && self.slot.watcher_naps.swap(false, Ordering::Relaxed) {
-            lane::write_one(self.slot.watcher_fd.as_raw_fd());
+        if self.slot.role.give_back() {
+            // The watcher sleeps on a timer, leaving the descriptors to us: it covers them
+            // again from now on.
+            self.slot.wake_watcher();
         }
     }
 }
