@@ -50,12 +50,12 @@
 //! full ring refuses the send like `FI_EAGAIN`. A rendezvous from a rank the lane reaches is
 //! read with one `process_vm_readv` at the sender's address (which its `Rts` carries on
 //! every provider), by the receiving thread, without libfabric; where the kernel refuses,
-//! through libfabric as before. The watcher sleeps on the lane's `eventfd`
-//! as well, which the first same-host frame after it fell asleep writes, and so does a
-//! same-host peer after it posted anything else for this rank to libfabric (a large frame,
-//! an RMA operation, a rendezvous read). So where the lane reaches every rank, the
-//! watcher's sleeps on `shm` back off to [`LANE_SLEEP_US`] instead of 1 ms, and an idle rank
-//! costs next to no CPU. Off with
+//! through libfabric as before. The rank's waiter (below), or else the watcher, sleeps on
+//! an `eventfd` of the lane as well, which the first same-host frame after it fell asleep
+//! writes, and so does a same-host peer after it posted anything else for this rank to
+//! libfabric (a large frame, an RMA operation, a rendezvous read). So where the lane reaches
+//! every rank, the watcher's sleeps on `shm` back off to [`LANE_SLEEP_US`] instead of 1 ms,
+//! and an idle rank costs next to no CPU. Off with
 //! [`OfiOptions::same_host_lane`] (`WEFT_SAME_HOST_LANE=0`); each rank chooses for itself.
 //!
 //! # Polling, staging and parking
@@ -65,15 +65,26 @@
 //! the CRI's internal mutex and *stages* the receive completions (at most one entry per
 //! posted slot, so the staging queue is bounded) for the next `poll`.
 //!
-//! A parked progress owner is woken through the rank's [`Doorbell`], rung by a per-rank
-//! *watcher* thread. While the rank is idle, the watcher reads every CRI's CQ (which also
+//! The first thread of an idle rank to park on the doorbell becomes the rank's *waiter*
+//! ([`OfiRank::take_waiter`], the `waiter` module; one at a time): it sleeps on what wakes
+//! the rank itself — its `eventfd`, which same-host senders write (lane docs, *Waking the
+//! receiver*) and which its own waker writes (the doorbell, its sync object), and the CQ
+//! wait fds after `fi_trywait` where every CQ has one (`tcp;ofi_rxm`) — so a frame's arrival
+//! wakes the thread that progresses it, with no thread in between. The other parked threads
+//! are woken through the rank's [`Doorbell`], rung by a per-rank *watcher* thread, as are
+//! async pollers. While the rank is idle, the watcher reads every CRI's CQ (which also
 //! drives the provider's progress, so a peer's RMA read of this rank's memory completes while
 //! all of this rank's threads sleep) and rings the doorbell when it staged frames; while the
-//! rank is active it stays out of the way (progress threads are polling). Between passes it blocks on
-//! the CQ wait fds after `fi_trywait` when every CQ has one (`tcp;ofi_rxm`), else it sleeps,
-//! starting at 10 µs when the rank goes quiet and backing off to 1 ms (shm has no wait fd in
-//! 1.17), so a wake-up costs at most about the time the rank has been idle. While the rank
-//! has been active in the last few milliseconds ([`OfiRank::any_frames`] then answers `true`)
+//! rank is active it stays out of the way (progress threads are polling). Between passes,
+//! while no thread is the waiter, it blocks on the CQ wait fds after `fi_trywait` when every
+//! CQ has one, else it sleeps, starting at 10 µs when the rank goes quiet and backing off
+//! to 1 ms (shm has no wait fd in 1.17), so a wake-up costs at most about the time the rank
+//! has been idle. While a thread is the waiter the watcher keeps only what has no
+//! descriptor, on its timer (up to [`LANE_SLEEP_US`] where nothing needs it sooner): CQs
+//! without a wait fd where the lane does not reach every rank, reads in flight, refused
+//! sends, stuck CRIs; the waiter that leaves ends a longer sleep, so the watcher covers the
+//! descriptors again at once (`WaiterRole`, with its loom model). While the rank has been
+//! active in the last few milliseconds ([`OfiRank::any_frames`] then answers `true`)
 //! progress threads spin instead of parking, so ping-pong latency is not the watcher's.
 //!
 //! A send the provider refuses (`SendError::WouldBlock`: no free send slot, or `FI_EAGAIN`
@@ -217,8 +228,12 @@ const REAP_CHUNK: usize = 16;
 /// First sleep of the watcher after the rank went quiet (then doubling up to 1 ms).
 const MIN_SLEEP_US: u64 = 10;
 
+/// Descriptors `poll_fds` takes without allocating: a CQ per CRI and an `eventfd`.
+const POLL_FDS: usize = 33;
+
 /// Longest sleep of the watcher on a provider without wait fds (`shm`) while the same-host
-/// lane reaches every rank (module docs, *Same-host lane*); 1 ms otherwise.
+/// lane reaches every rank (module docs, *Same-host lane*), and while the rank's waiter
+/// sleeps on the CQs' wait fds (*Polling, staging and parking*); 1 ms otherwise.
 const LANE_SLEEP_US: u64 = 50_000;
 
 /// While the same-host rings deliver frames, a CRI's poll reads its CQ only every this many
@@ -1356,19 +1371,16 @@ impl RankInner {
                 return true;
             }
         }
-        let cqs = self.cris.iter().map(|c| c.ep.cq().wait_fd()).collect::<Option<Vec<i32>>>();
-        let woke = match cqs {
-            Some(fds) => {
-                if self.all_may_block() {
-                    poll_fds(fds.into_iter().chain(std::iter::once(held.fd())), timeout)
-                } else {
-                    // Completions wait in a CQ: the caller's progress pass reads them. A CQ
-                    // that keeps answering "poll" costs a pass per millisecond at most.
-                    poll_fds(std::iter::once(held.fd()), timeout.min(Duration::from_millis(1)));
-                    true
-                }
-            }
-            None => poll_fds(std::iter::once(held.fd()), timeout),
+        let woke = if !self.cris.iter().all(|c| c.ep.cq().wait_fd().is_some()) {
+            poll_fds(std::iter::once(held.fd()), timeout)
+        } else if self.all_may_block() {
+            let cqs = self.cris.iter().filter_map(|c| c.ep.cq().wait_fd());
+            poll_fds(cqs.chain(std::iter::once(held.fd())), timeout)
+        } else {
+            // Completions wait in a CQ: the caller's progress pass reads them. A CQ that
+            // keeps answering "poll" costs a pass per millisecond at most.
+            poll_fds(std::iter::once(held.fd()), timeout.min(Duration::from_millis(1)));
+            true
         };
         if let Some(l) = &self.lane {
             l.waiter_wakes_up();
@@ -1470,8 +1482,24 @@ impl RankInner {
 }
 
 /// Blocks until one of `fds` is readable or `timeout` passes; returns whether one was.
+/// Without allocating for up to [`POLL_FDS`] descriptors (a parked thread's sleep).
 fn poll_fds(fds: impl Iterator<Item = i32>, timeout: Duration) -> bool {
-    let mut pfds: Vec<libc::pollfd> = fds.map(|fd| libc::pollfd { fd, events: libc::POLLIN, revents: 0 }).collect();
+    let mut local = [libc::pollfd { fd: -1, events: libc::POLLIN, revents: 0 }; POLL_FDS];
+    let mut more = Vec::new();
+    let mut n = 0;
+    for fd in fds {
+        match local.get_mut(n) {
+            Some(p) => p.fd = fd,
+            None => more.push(libc::pollfd { fd, events: libc::POLLIN, revents: 0 }),
+        }
+        n += 1;
+    }
+    let pfds = if more.is_empty() {
+        &mut local[..n]
+    } else {
+        more.splice(0..0, local);
+        &mut more[..]
+    };
     let ts = libc::timespec { tv_sec: timeout.as_secs() as libc::time_t, tv_nsec: timeout.subsec_nanos() as libc::c_long };
     // SAFETY: `pfds` is a valid array of `len` pollfds (descriptors the caller keeps open
     // meanwhile) and `ts` a valid timeout.
