@@ -14,6 +14,7 @@ use std::task::{Context, Poll, Waker};
 use weft_sync::SignalListener;
 use weft_transport::RankWaiter;
 
+use super::Pass;
 use crate::engine::Engine;
 use crate::executor::Unpark;
 use crate::loom::sync::atomic::Ordering;
@@ -29,8 +30,18 @@ pub(super) fn park_or_frames(s: &Engine, listener: SignalListener<'_>) {
         return;
     }
     s.counters.parks.fetch_add(1, Ordering::Relaxed);
-    if park_two(s, listener, Some(bell), Waiter::Take) == Woken::Second {
-        let _ = s.progress_once();
+    match park_two(s, listener, Some(bell), Waiter::Take) {
+        Woken::Second => {
+            let _ = s.progress_once();
+        }
+        Woken::Network => {
+            // The watcher's pass would have rung the doorbell for what woke us: where
+            // another thread owns progress, it is that thread's to take.
+            if s.progress_once() == Pass::Elsewhere {
+                s.transport.doorbell().ring();
+            }
+        }
+        Woken::First | Woken::Timeout => {}
     }
 }
 
@@ -47,8 +58,9 @@ pub(super) enum Waiter {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) enum Woken {
     First,
-    /// The second, or (for the rank's waiter) the network.
     Second,
+    /// Neither: the network, for the rank's waiter (module docs).
+    Network,
     /// Neither: the park limit passed.
     Timeout,
 }
@@ -67,7 +79,7 @@ pub(crate) const PARK_LIMIT: std::time::Duration = std::time::Duration::from_mil
 /// `park_timeouts`; callers re-check): yields the core for the configured
 /// `yield_window` first (a notification then needs no futex wake), then parks — as the
 /// rank's waiter if `waiter` allows and the role is free (module docs), woken by the
-/// network too ([`Woken::Second`]).
+/// network too ([`Woken::Network`]).
 pub(super) fn park_two(s: &Engine, mut a: SignalListener<'_>, mut b: Option<SignalListener<'_>>, waiter: Waiter) -> Woken {
     use std::future::Future;
     use std::pin::Pin;
@@ -102,7 +114,7 @@ pub(super) fn park_two(s: &Engine, mut a: SignalListener<'_>, mut b: Option<Sign
             }
         }
         if network {
-            return woke(Woken::Second);
+            return woke(Woken::Network);
         }
         let now = std::time::Instant::now();
         if now >= deadline {
