@@ -2471,6 +2471,17 @@ mod tests {
         }
     }
 
+    /// Holds the watcher of `inner`'s rank in its pass, as one caught inside libfabric,
+    /// once it comes there (the rank is idle after `ACTIVE_MS`).
+    fn catch_watcher(inner: &RankInner) {
+        inner.stall_watcher.store(true, Ordering::Relaxed);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !inner.watcher_stalled.load(Ordering::Relaxed) {
+            assert!(Instant::now() < deadline, "the watcher did not come to its pass");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+
     /// An eager frame of `len` bytes on tag 5.
     fn eager(seq: u32, len: usize) -> Header {
         Header {
@@ -2547,13 +2558,7 @@ mod tests {
         let names = region_names(&ranks[1]);
         assert_eq!(names.len(), 2, "{names:?}");
         assert!(names.iter().all(|n| std::path::Path::new(n).exists()), "{names:?}");
-        inner.stall_watcher.store(true, Ordering::Relaxed);
-        // The rank is idle after `ACTIVE_MS`: its watcher comes to its pass then.
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while !inner.watcher_stalled.load(Ordering::Relaxed) {
-            assert!(Instant::now() < deadline, "the watcher did not come to its pass");
-            std::thread::sleep(Duration::from_millis(1));
-        }
+        catch_watcher(&inner);
         let r = ranks.clone();
         let took = within(20, "close of a rank whose watcher is caught in libfabric", move || {
             let t0 = Instant::now();
@@ -2592,13 +2597,7 @@ mod tests {
             };
             a_frame_goes_through(&ranks);
             let inner = ranks[1].inner.clone();
-            inner.stall_watcher.store(true, Ordering::Relaxed);
-            // The rank is idle after `ACTIVE_MS`: its watcher comes to its pass then.
-            let deadline = Instant::now() + Duration::from_secs(10);
-            while !inner.watcher_stalled.load(Ordering::Relaxed) {
-                assert!(Instant::now() < deadline, "the watcher did not come to its pass");
-                std::thread::sleep(Duration::from_millis(1));
-            }
+            catch_watcher(&inner);
             let r = ranks.clone();
             let (slept, woke, got) = within(20, "a waiter's sleep", move || {
                 let waiter = r[1].take_waiter().expect("the role is free");
