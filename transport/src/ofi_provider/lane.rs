@@ -889,6 +889,33 @@ mod tests {
         assert_eq!(b.poll(0, &mut heads, 10, |_, n| assert_eq!(n, 0)), 3);
     }
 
+    /// A waiter asleep on the lane takes the wake-up from a sleeping watcher: the push
+    /// writes the waiter's eventfd, not the watcher's; a watcher does not displace a sleeping
+    /// waiter, and the waiter that wakes leaves a watcher's later claim alone.
+    #[test]
+    fn a_sleeping_waiter_is_woken_not_the_watcher() {
+        let (a, b) = pair();
+        let readable = |fd: RawFd| {
+            let mut p = libc::pollfd { fd, events: libc::POLLIN, revents: 0 };
+            // SAFETY: one valid pollfd.
+            unsafe { libc::poll(&mut p, 1, 0) == 1 }
+        };
+        assert!(b.fall_asleep(), "nobody else sleeps: the watcher covers the lane");
+        b.waiter_falls_asleep();
+        assert!(!b.fall_asleep(), "a sleeping waiter is not displaced");
+        assert!(a.push(1, 0, 0, |_| ()));
+        assert!(readable(b.waiter_fd()) && !readable(b.wake_fd()), "the waiter is woken, alone");
+        drain(b.waiter_fd());
+        b.waiter_falls_asleep();
+        b.waiter_wakes_up();
+        assert!(b.fall_asleep(), "the waiter gave the lane back");
+        b.waiter_wakes_up();
+        assert!(a.push(1, 0, 0, |_| ()));
+        assert!(readable(b.wake_fd()) && !readable(b.waiter_fd()), "the watcher's claim stayed");
+        let mut heads = b.heads(0);
+        assert_eq!(b.poll(0, &mut heads, 10, |_, n| assert_eq!(n, 0)), 2);
+    }
+
     #[test]
     fn published_round_trips() {
         let a = Prepared::create(1, 1, 1024).expect("memfd");
