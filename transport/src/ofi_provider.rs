@@ -1360,16 +1360,25 @@ impl RankInner {
     /// `fi_trywait` allows, on those. Returns whether a wake-up source ended it (or frames
     /// were found before it began) rather than the timeout: the caller then progresses.
     fn waiter_sleep(&self, held: &waiter::Held<'_>, timeout: Duration) -> bool {
-        // Say so to same-host senders, then look at the rings once more (lane docs,
-        // *Waking the receiver*). A ring of a CRI another thread holds is that thread's to
-        // see (it looks again before it parks).
+        // Say so to same-host senders, then look once more (lane docs, *Waking the
+        // receiver*): at the rings, and at the CQs, whose read also serves what a same-host
+        // peer posted to libfabric for this rank before it saw the waiter asleep (its nudge
+        // woke nobody), as the watcher's pass before its sleep does. A CRI another thread
+        // holds is that thread's to look at (it looks again before it parks).
         if let Some(l) = &self.lane {
             l.waiter_falls_asleep();
-            let waiting = self.cris.iter().enumerate().any(|(i, cri)| cri.st.try_lock().is_some_and(|st| self.lane_has_frames(i, &st)));
-            if waiting {
+        }
+        let waiting = self.cris.iter().enumerate().any(|(i, cri)| {
+            cri.st.try_lock().is_some_and(|mut st| {
+                self.reap(cri, &mut st);
+                !st.staged.is_empty() || self.lane_has_frames(i, &st)
+            })
+        });
+        if waiting {
+            if let Some(l) = &self.lane {
                 l.waiter_wakes_up();
-                return true;
             }
+            return true;
         }
         let woke = if !self.cris.iter().all(|c| c.ep.cq().wait_fd().is_some()) {
             poll_fds(std::iter::once(held.fd()), timeout)
