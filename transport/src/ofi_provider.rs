@@ -80,10 +80,12 @@
 //! CQ has one, else it sleeps, starting at 10 µs when the rank goes quiet and backing off
 //! to 1 ms (shm has no wait fd in 1.17), so a wake-up costs at most about the time the rank
 //! has been idle. While a thread is the waiter the watcher keeps only what has no
-//! descriptor, on its timer (up to [`LANE_SLEEP_US`] where nothing needs it sooner): CQs
-//! without a wait fd where the lane does not reach every rank, reads in flight, refused
-//! sends, stuck CRIs; the waiter that leaves ends a longer sleep, so the watcher covers the
-//! descriptors again at once (`WaiterRole`, with its loom model). While the rank has been
+//! descriptor, on its timer: CQs without a wait fd where the lane does not reach every
+//! rank, reads in flight, refused sends, stuck CRIs; else a pass every [`CQ_WAIT_MS`] where
+//! the CQs have wait fds (a connection's progress in `ofi_rxm` does not always signal them:
+//! the pass its own blocking on them would make), up to [`LANE_SLEEP_US`] on `shm`. The
+//! waiter that leaves ends a longer sleep, so the watcher covers the descriptors again at
+//! once (`WaiterRole`, with its loom model). While the rank has been
 //! active in the last few milliseconds ([`OfiRank::any_frames`] then answers `true`)
 //! progress threads spin instead of parking, so ping-pong latency is not the watcher's.
 //!
@@ -227,6 +229,10 @@ const REAP_CHUNK: usize = 16;
 
 /// First sleep of the watcher after the rank went quiet (then doubling up to 1 ms).
 const MIN_SLEEP_US: u64 = 10;
+
+/// Longest block of the watcher on the CQs' wait fds (`tcp;ofi_rxm`), and its sleep while
+/// the rank's waiter blocks on them instead.
+const CQ_WAIT_MS: u64 = 10;
 
 /// Descriptors `poll_fds` takes without allocating: a CQ per CRI and an `eventfd`.
 const POLL_FDS: usize = 33;
@@ -1330,17 +1336,26 @@ impl RankInner {
                     Some(fds) if !waiter && !refused && !reading && self.all_may_block() => {
                         if self.waiter.nap(false) {
                             let all = fds.iter().copied().chain(std::iter::once(watcher_fd));
-                            poll_fds(all, Duration::from_millis(10));
+                            poll_fds(all, Duration::from_millis(CQ_WAIT_MS));
                         }
                     }
                     _ => {
                         // Whatever needs this rank's progress wakes the sleep where the lane
-                        // reaches every rank (a push, or a nudge after a libfabric post), or
-                        // where the waiter sleeps on the CQs' wait fds: the timer is only a
-                        // safety net then, except while sends are refused or reads are in
-                        // flight, which nothing wakes.
-                        let woken = (waiter && fds.is_some()) || self.lane.as_ref().is_some_and(lane::Lane::reaches_all);
-                        let longest = if !refused && !reading && woken { LANE_SLEEP_US } else { 1000 };
+                        // reaches every rank (a push, or a nudge after a libfabric post): the
+                        // timer is only a safety net then, except while sends are refused or
+                        // reads are in flight, which nothing wakes. Where the waiter sleeps on
+                        // the CQs' wait fds, the watcher's pass still comes as often as its
+                        // own blocking on them would time out (`CQ_WAIT_MS`): a connection's
+                        // progress in `ofi_rxm` does not always signal them.
+                        let longest = if refused || reading {
+                            1000
+                        } else if waiter && fds.is_some() {
+                            CQ_WAIT_MS * 1000
+                        } else if self.lane.as_ref().is_some_and(lane::Lane::reaches_all) {
+                            LANE_SLEEP_US
+                        } else {
+                            1000
+                        };
                         if sleep_us <= 1000 || self.waiter.nap(waiter) {
                             poll_fds(std::iter::once(watcher_fd), Duration::from_micros(sleep_us));
                         }
