@@ -1,7 +1,6 @@
 //! An exhaustive check of the lock protocols of [`super::queues`] (D-MCS, RMA-MCS, RMA-RW):
 //! mutual exclusion and deadlock freedom over every interleaving of their window operations,
-//! for 2-3 processes (and random schedules of more), as the seed checked its design with
-//! SPIN [Schmid 2016, §4.4].
+//! for 2-3 processes, as the seed checked its design with SPIN [Schmid 2016, §4.4].
 //!
 //! The model is the protocol of `queues.rs` transcribed step by step (the same words at the
 //! same offsets, the same constants, the same "beyond the listing" steps), each step one
@@ -9,8 +8,8 @@
 //! compare-and-swap (a get of several words, the OWNER words, is one step, as a put of
 //! them is). A spin on a word is a step that is enabled only once the word holds what the
 //! spin waits for; a wait that reads two words (the writer's drain, the reader's barrier)
-//! is a loop of steps. Every process acquires the lock a fixed number of times, as a writer
-//! or a reader, or (random schedules) as a writer at every `k`-th acquisition.
+//! is a loop of steps. Every process is a writer or a reader and acquires the lock a fixed
+//! number of times.
 //!
 //! The explorer visits every reachable state once (breadth first, states hashed). It
 //! checks in each state that at most one writer, and no reader beside a writer, is in the
@@ -18,11 +17,13 @@
 //! from every reachable state: no deadlock (nobody can move) and no livelock (moves that
 //! never finish). [`Mutation`]s break the protocol on purpose; the checks must fail then.
 //!
-//! Beyond what exhaustive search can reach (4-8 processes, tens of acquisitions each,
-//! processes that read at one acquisition and write at the next), [`Model::walk`] runs
-//! random schedules of the same steps and checks the same properties on each; thousands of
-//! walks find interleavings that real threads meet once in 10^5 acquisitions (a reset that
-//! took a negative DEPART, beyond the listing 6 of `queues.rs`, was found so).
+//! Exhaustive search ends at 3 processes of 2 acquisitions. Beyond it, [`real`] runs the
+//! code of `queues.rs` itself, not this transcription: each process's protocol future over
+//! a window whose every operation is a step, under thousands of random schedules of 4-8
+//! processes whose roles change from one acquisition to the next, checking the same
+//! properties. Such schedules meet, within a second, interleavings that threads meet once
+//! in 10^5 acquisitions (a reset taking a negative DEPART, beyond the listing 6 of
+//! `queues.rs`, let a writer in beside a reader).
 
 use std::collections::{HashMap, VecDeque};
 
@@ -51,9 +52,6 @@ enum Mutation {
     /// A writer marks the counters WRITE but does not wait for the readers inside to leave
     /// (beyond the listing, 2).
     WriterSkipsDrain,
-    /// A reset subtracts what it read of DEPART even when that is negative (two resets
-    /// that read the same DEPART left it below zero), as Listing 6 does.
-    ResetTakesNegativeDepart,
 }
 
 /// Where a process is: the next step it takes.
@@ -114,8 +112,6 @@ enum Cont {
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 struct Proc {
     pc: Pc,
-    /// What this acquisition is.
-    role: Role,
     /// Acquisitions left, this one included.
     left: u8,
     /// The level index of the step.
@@ -155,9 +151,6 @@ struct Counters {
 struct Model {
     machine: Machine,
     roles: Vec<Role>,
-    /// Every `k`-th acquisition of a process writes (process `i`'s acquisition `j` when
-    /// `(i + j) % k == 0`), the others read; `None`: each process keeps its role.
-    alternate: Option<u8>,
     rounds: u8,
     t_l: Vec<u64>,
     counters: Option<Counters>,
@@ -199,7 +192,6 @@ impl Model {
             .map(|i| {
                 let mut p = Proc {
                     pc: Pc::Done,
-                    role: self.roles[i],
                     left: self.rounds,
                     l: 0,
                     j: 0,
@@ -225,11 +217,7 @@ impl Model {
             p.pc = Pc::Done;
             return;
         }
-        if let Some(k) = self.alternate {
-            let j = usize::from(self.rounds - p.left);
-            p.role = if (i + j) % usize::from(k) == 0 { Role::Writer } else { Role::Reader };
-        }
-        match p.role {
+        match self.roles[i] {
             Role::Writer => {
                 p.l = (self.n() - 1) as u8;
                 p.held = [i as u8; MAXL];
@@ -244,7 +232,7 @@ impl Model {
 
     /// The reader's counter, or the writer's `j`-th, for a reset.
     fn reset_rank(&self, p: &Proc, i: usize) -> u64 {
-        match p.role {
+        match self.roles[i] {
             Role::Reader => u64::from(i as u32 / self.t_dc * self.t_dc),
             Role::Writer => u64::from(self.counters.as_ref().expect("RMA-RW").ranks[p.j as usize]),
         }
@@ -382,7 +370,7 @@ impl Model {
                 p.j = 0;
                 p.pc = Pc::Cs;
             }
-            Pc::Cs => match p.role {
+            Pc::Cs => match self.roles[i] {
                 Role::Writer => {
                     p.v = 0;
                     if self.n() > 1 {
@@ -482,10 +470,8 @@ impl Model {
                 p.pc = Pc::ResetDepart;
             }
             Pc::ResetDepart => {
-                p.d = mem[self.at(self.reset_rank(p, i), self.layout().depart())];
-                if (p.d as i64) < 0 && self.mutation != Mutation::ResetTakesNegativeDepart {
-                    p.d = 0;
-                }
+                // Beyond the listing (6): nothing is taken from a DEPART below zero.
+                p.d = (mem[self.at(self.reset_rank(p, i), self.layout().depart())] as i64).max(0) as u64;
                 p.pc = Pc::ResetSubDepart;
             }
             Pc::ResetSubDepart => {
@@ -576,7 +562,7 @@ impl Model {
 
     /// Whether `s` has two writers, or a reader and a writer, in the critical section.
     fn exclusion_broken(&self, s: &State) -> bool {
-        let inside = |role| s.procs.iter().filter(|p| p.pc == Pc::Cs && p.role == role).count();
+        let inside = |role| s.procs.iter().zip(&self.roles).filter(|(p, &r)| p.pc == Pc::Cs && r == role).count();
         let writers = inside(Role::Writer);
         writers > 1 || (writers == 1 && inside(Role::Reader) > 0)
     }
@@ -603,7 +589,7 @@ impl Model {
                     Some(&n) => n,
                     None => {
                         if self.exclusion_broken(&t) {
-                            let pcs: Vec<String> = t.procs.iter().map(|p| format!("{:?} {:?}", p.role, p.pc)).collect();
+                            let pcs: Vec<String> = t.procs.iter().zip(&self.roles).map(|(p, r)| format!("{r:?} {:?}", p.pc)).collect();
                             return Outcome { states: states.len(), exclusion_broken: Some(pcs.join(", ")), stuck: 0 };
                         }
                         let n = states.len() as u32;
@@ -637,139 +623,20 @@ impl Model {
     }
 }
 
-/// What [`Model::walk`] found on one random schedule.
-#[derive(Debug)]
-enum Walk {
-    /// Every process finished.
-    Finished,
-    /// Nobody can move, or the step budget ran out, before every process finished.
-    Stuck(String),
-    /// Exclusion broken: the last steps before it.
-    Broken(String),
-}
-
-impl std::fmt::Display for Walk {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            Walk::Finished => write!(f, "finished"),
-            Walk::Stuck(t) => write!(f, "stuck:\n{t}"),
-            Walk::Broken(t) => write!(f, "exclusion broken:\n{t}"),
-        }
-    }
-}
-
-impl Model {
-    /// Runs one random schedule from the initial state (xorshift state `x`), at most
-    /// `steps` steps: at each step a random process that can move takes 1-4 steps in a row
-    /// (as a thread runs a while before it is preempted). Where exhaustive search cannot go
-    /// (more processes, more rounds, roles that change), many such walks find what the
-    /// schedules of real threads find only once in 10^5 acquisitions.
-    fn walk(&self, x: &mut u64, steps: u32) -> Walk {
-        let mut next = || {
-            *x ^= *x << 13;
-            *x ^= *x >> 7;
-            *x ^= *x << 17;
-            *x
-        };
-        const KEEP: usize = 64;
-        let mut s = self.initial();
-        // The last steps: (process, its role and step before it, ARRIVE and DEPART of the
-        // first counter after it).
-        let mut last: VecDeque<(usize, Role, Pc, u64, u64)> = VecDeque::with_capacity(KEEP);
-        let counter = self.counters.as_ref().map_or(0, |c| c.ranks[0]);
-        let (arrive, depart) = (self.at(counter.into(), self.layout().arrive()), self.at(counter.into(), self.layout().depart()));
-        let show = |last: &VecDeque<(usize, Role, Pc, u64, u64)>, s: &State| {
-            let unmark =
-                |a: u64| if a as i64 >= WRITE / 2 { format!("WRITE+{}", (a as i64).wrapping_sub(WRITE)) } else { (a as i64).to_string() };
-            let steps: Vec<String> =
-                last.iter().map(|&(i, r, pc, a, d)| format!("{i} {r:?} {pc:?}: ARRIVE {} DEPART {}", unmark(a), d as i64)).collect();
-            let now: Vec<String> = s.procs.iter().map(|p| format!("{:?} {:?}", p.role, p.pc)).collect();
-            format!("{}\nnow: {}", steps.join("\n"), now.join(", "))
-        };
-        for _ in 0..steps {
-            let n = s.procs.len();
-            let first = (next() % n as u64) as usize;
-            let burst = 1 + next() % 4;
-            let Some(i) = (0..n).map(|k| (first + k) % n).find(|&i| self.step(&s, i).is_some()) else {
-                return if s.procs.iter().all(|p| p.pc == Pc::Done) { Walk::Finished } else { Walk::Stuck(show(&last, &s)) };
-            };
-            for _ in 0..burst {
-                let (role, pc) = (s.procs[i].role, s.procs[i].pc);
-                let Some(t) = self.step(&s, i) else { break };
-                s = t;
-                if last.len() == KEEP {
-                    last.pop_front();
-                }
-                last.push_back((i, role, pc, s.mem.get(arrive).copied().unwrap_or(0), s.mem.get(depart).copied().unwrap_or(0)));
-                if self.exclusion_broken(&s) {
-                    return Walk::Broken(show(&last, &s));
-                }
-            }
-        }
-        Walk::Stuck(format!("after {steps} steps: {}", show(&last, &s)))
-    }
-
-    /// `walks` random schedules from `seed`: the first that broke exclusion or got stuck.
-    fn random_walks(&self, walks: u32, steps: u32, seed: u64) -> Option<Walk> {
-        let mut x = seed | 1;
-        (0..walks).map(|_| self.walk(&mut x, steps)).find(|w| !matches!(w, Walk::Finished))
-    }
-}
-
-/// RMA-RW over `sizes`, `procs` processes each taking the lock `rounds` times, every
-/// `every`-th acquisition a write (shifted by the process: roles change as in the stress
-/// tests).
-fn rma_rw_alternating(sizes: &[u32], procs: usize, t_l: &[u64], t_r: i64, t_dc: u32, every: u8, rounds: u8) -> Model {
-    let mut m = rma_rw(sizes, &vec![Role::Reader; procs], t_l, t_r, t_dc, rounds, Mutation::None);
-    m.alternate = Some(every);
-    m
-}
-
-/// Random schedules of RMA-RW with 4-8 processes whose roles change, one level and two,
-/// one counter and several: exclusion holds and every walk finishes.
-#[test]
-#[cfg_attr(debug_assertions, ignore = "10^7 steps: checked in release (.ci/run, step loom-locks)")]
-fn rma_rw_random_schedules_exclude_and_finish() {
-    let walks: u32 = std::env::var("WEFT_MODEL_WALKS").ok().and_then(|v| v.parse().ok()).unwrap_or(150);
-    let configs: [(&str, Model); 5] = [
-        ("6 processes, one counter, T_R 2, T_W 2", rma_rw_alternating(&[], 6, &[2], 2, 6, 4, 40)),
-        ("8 processes, one counter, T_R 1, T_W 1", rma_rw_alternating(&[], 8, &[1], 1, 8, 3, 30)),
-        ("4 processes, a counter per rank, T_R 1", rma_rw_alternating(&[], 4, &[3], 1, 1, 2, 40)),
-        ("6 processes on 3 nodes, 3 counters", rma_rw_alternating(&[2], 6, &[2, 2], 2, 2, 4, 30)),
-        ("8 processes on 2 nodes, T_R 4, T_L 16", rma_rw_alternating(&[4], 8, &[16], 4, 4, 4, 30)),
-    ];
-    for (seed, (what, m)) in configs.iter().enumerate() {
-        if let Some(w) = m.random_walks(walks, 2_000_000, seed as u64 + 11) {
-            panic!("RMA-RW, {what}: {w}");
-        }
-    }
-}
-
-/// A reset that takes a negative DEPART (two resets read the same DEPART; a third read
-/// what they left) raises DEPART before ARRIVE, and a writer reading between the two
-/// finds no reader where one is inside: the random schedules find it.
-#[test]
-fn rma_rw_reset_taking_a_negative_depart_breaks_exclusion() {
-    let mut m = rma_rw_alternating(&[], 6, &[2], 2, 6, 4, 60);
-    m.mutation = Mutation::ResetTakesNegativeDepart;
-    let w = m.random_walks(2_000, 2_000_000, 7);
-    assert!(matches!(w, Some(Walk::Broken(_))), "{}", w.map_or("every walk finished".into(), |w| w.to_string()));
-}
-
 /// The most states a configuration may have.
 const LIMIT: usize = 4_000_000;
 
 /// D-MCS (one level, tail on rank 0) with `writers` writers.
 fn d_mcs(writers: usize, rounds: u8, mutation: Mutation) -> Model {
     let machine = Machine::simulated(&[], writers as u32).with_root_tail(0);
-    Model { machine, roles: vec![Role::Writer; writers], alternate: None, rounds, t_l: vec![1], counters: None, t_dc: 1, mutation }
+    Model { machine, roles: vec![Role::Writer; writers], rounds, t_l: vec![1], counters: None, t_dc: 1, mutation }
 }
 
 /// RMA-MCS over `sizes` (simulated levels) with `writers` writers.
 fn rma_mcs(sizes: &[u32], writers: usize, t_l: &[u64], rounds: u8) -> Model {
     let machine = Machine::simulated(sizes, writers as u32);
     let t_l = (0..machine.depth()).map(|l| t_l[l.min(t_l.len() - 1)]).collect();
-    Model { machine, roles: vec![Role::Writer; writers], alternate: None, rounds, t_l, counters: None, t_dc: 1, mutation: Mutation::None }
+    Model { machine, roles: vec![Role::Writer; writers], rounds, t_l, counters: None, t_dc: 1, mutation: Mutation::None }
 }
 
 /// RMA-RW over `sizes` with these roles and thresholds.
@@ -779,7 +646,7 @@ fn rma_rw(sizes: &[u32], roles: &[Role], t_l: &[u64], t_r: i64, t_dc: u32, round
     let t_l: Vec<u64> = (0..machine.depth()).map(|l| t_l[l.min(t_l.len() - 1)]).collect();
     let t_w = t_l.iter().product();
     let counters = Counters { ranks: (0..p).step_by(t_dc as usize).collect(), t_r, t_w };
-    Model { machine, roles: roles.to_vec(), alternate: None, rounds, t_l, counters: Some(counters), t_dc, mutation }
+    Model { machine, roles: roles.to_vec(), rounds, t_l, counters: Some(counters), t_dc, mutation }
 }
 
 /// Checks `m`: no broken exclusion, every state can finish.
@@ -852,4 +719,288 @@ fn rma_rw_writer_that_does_not_drain_breaks_exclusion() {
     let m = rma_rw(&[], &[W, R], &[1], 2, 2, 1, Mutation::WriterSkipsDrain);
     let o = m.explore(LIMIT);
     assert!(o.exclusion_broken.is_some(), "{o:?}");
+}
+
+/// The protocols of `queues.rs` themselves (not the transcription above) under random
+/// schedules: each process runs [`Queues`] over [`ModelWords`], whose every operation is a
+/// step (the process's future returns `Pending` before it, and the scheduler picks whom to
+/// poll next), so a schedule interleaves the real code's window operations one by one.
+#[cfg(not(loom))]
+mod real {
+    use std::future::Future;
+    use std::pin::Pin;
+    use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
+    use std::sync::Arc;
+    use std::task::{Context, Poll, Waker};
+
+    use parking_lot::Mutex;
+    use weft_sync::Error;
+
+    use super::super::levels::Machine;
+    use super::super::queues::{Counters, Layout, Queues, Words};
+    use super::super::wait::{Armed, Backoff};
+    use crate::rma::{AtomicElement, Op};
+
+    /// One operation as the trace shows it: (process, what, target rank, offset, value
+    /// written or read).
+    type Traced = (u32, &'static str, u32, usize, u64);
+
+    /// The window's words of every process, and the last operations.
+    struct Memory {
+        words: Vec<AtomicU64>,
+        per_rank: usize,
+        trace: Mutex<std::collections::VecDeque<Traced>>,
+    }
+
+    impl Memory {
+        fn at(&self, rank: u32, offset: usize) -> &AtomicU64 {
+            assert!(offset < self.per_rank, "offset {offset} outside a rank's {} words", self.per_rank);
+            &self.words[rank as usize * self.per_rank + offset]
+        }
+
+        fn log(&self, op: Traced) {
+            let mut t = self.trace.lock();
+            if t.len() == 48 {
+                t.pop_front();
+            }
+            t.push_back(op);
+        }
+    }
+
+    /// `Pending` once: the point where the scheduler may run another process.
+    struct Step(bool);
+
+    impl Future for Step {
+        type Output = ();
+        fn poll(mut self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<()> {
+            if std::mem::replace(&mut self.0, true) {
+                Poll::Ready(())
+            } else {
+                Poll::Pending
+            }
+        }
+    }
+
+    fn step() -> Step {
+        Step(false)
+    }
+
+    /// One process's window: every operation is one step, done at once when its turn comes.
+    struct ModelWords {
+        rank: u32,
+        size: u32,
+        mem: Arc<Memory>,
+    }
+
+    impl Words for ModelWords {
+        fn rank(&self) -> u32 {
+            self.rank
+        }
+
+        fn size(&self) -> u32 {
+            self.size
+        }
+
+        async fn get(&self, rank: u32, offset: usize, out: &mut [u64]) -> Result<(), Error> {
+            step().await;
+            for (k, o) in out.iter_mut().enumerate() {
+                *o = self.mem.at(rank, offset + k).load(Relaxed);
+            }
+            self.mem.log((self.rank, "get", rank, offset, out[0]));
+            Ok(())
+        }
+
+        async fn put_unflushed(&self, rank: u32, offset: usize, data: &[u64]) -> Result<(), Error> {
+            self.put(rank, offset, data).await
+        }
+
+        async fn put(&self, rank: u32, offset: usize, data: &[u64]) -> Result<(), Error> {
+            step().await;
+            for (k, &d) in data.iter().enumerate() {
+                self.mem.at(rank, offset + k).store(d, Relaxed);
+            }
+            self.mem.log((self.rank, "put", rank, offset, data[0]));
+            Ok(())
+        }
+
+        async fn fetch_and_op(&self, rank: u32, offset: usize, operand: u64, op: Op) -> Result<u64, Error> {
+            step().await;
+            let w = self.mem.at(rank, offset);
+            let old = w.load(Relaxed);
+            w.store(u64::combine(old, operand, op).expect("an integer operation"), Relaxed);
+            self.mem.log((self.rank, if op == Op::NoOp { "read" } else { "fetch-op" }, rank, offset, old));
+            Ok(old)
+        }
+
+        async fn compare_and_swap(&self, rank: u32, offset: usize, compare: u64, swap: u64) -> Result<u64, Error> {
+            step().await;
+            let old = self.mem.at(rank, offset).compare_exchange(compare, swap, Relaxed, Relaxed).unwrap_or_else(|v| v);
+            self.mem.log((self.rank, "cas", rank, offset, old));
+            Ok(old)
+        }
+
+        fn arm<const N: usize>(&self, _: &Backoff, _: [(u32, usize); N]) -> Armed<'_, N> {
+            Armed::Yield
+        }
+
+        async fn pause(&self) {
+            step().await;
+        }
+    }
+
+    /// A process's acquisitions, under way.
+    type Process<'a> = Pin<Box<dyn Future<Output = Result<(), Error>> + 'a>>;
+
+    /// Who is in the critical section.
+    #[derive(Default)]
+    struct Inside {
+        writers: AtomicUsize,
+        readers: AtomicUsize,
+    }
+
+    /// A lock of the queues: RMA-RW (with counters) or a mutual-exclusion lock.
+    pub(super) struct Config {
+        pub(super) sizes: Vec<u32>,
+        pub(super) procs: u32,
+        pub(super) t_l: Vec<u64>,
+        /// `(T_R, T_DC)` for RMA-RW; `None`: RMA-MCS (D-MCS with one level).
+        pub(super) rw: Option<(i64, u32)>,
+        /// Every `every`-th acquisition of a process writes (shifted by the process).
+        pub(super) every: u32,
+        pub(super) rounds: u32,
+    }
+
+    /// Runs `walks` random schedules of `config` (xorshift from `seed`), each at most
+    /// `steps` steps; the first that broke exclusion or did not finish, described.
+    pub(super) fn walks(config: &Config, walks: u32, steps: u32, seed: u64) -> Option<String> {
+        let mut x = seed | 1;
+        let mut next = move || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x
+        };
+        let machine = Machine::simulated(&config.sizes, config.procs);
+        let n = machine.depth();
+        let t_l: Vec<u64> = (0..n).map(|l| config.t_l[l.min(config.t_l.len() - 1)]).collect();
+        let counters = config.rw.map(|(t_r, t_dc)| Counters { t_dc, t_r, t_w: t_l.iter().product() });
+        for walk in 0..walks {
+            let mem = Arc::new(Memory {
+                words: (0..config.procs as usize * Layout(n).words()).map(|_| AtomicU64::new(0)).collect(),
+                per_rank: Layout(n).words(),
+                trace: Mutex::new(Default::default()),
+            });
+            let queues: Vec<Queues<ModelWords>> = (0..config.procs)
+                .map(|rank| {
+                    let words = ModelWords { rank, size: config.procs, mem: mem.clone() };
+                    Queues::on(words, machine.clone(), t_l.clone(), counters).expect("valid thresholds")
+                })
+                .collect();
+            let inside = Inside::default();
+            let mut procs: Vec<Option<Process<'_>>> =
+                queues.iter().map(|q| Some(Box::pin(process(q, config, &inside)) as Process<'_>)).collect();
+            let mut cx = Context::from_waker(Waker::noop());
+            let mut left = steps;
+            let failure = loop {
+                let alive: Vec<usize> = (0..procs.len()).filter(|&i| procs[i].is_some()).collect();
+                if alive.is_empty() {
+                    break None;
+                }
+                if left == 0 {
+                    break Some(format!("not finished after {steps} steps (deadlock or livelock)"));
+                }
+                let i = alive[(next() % alive.len() as u64) as usize];
+                for _ in 0..1 + next() % 4 {
+                    left = left.saturating_sub(1);
+                    let Some(f) = procs[i].as_mut() else { break };
+                    if let Poll::Ready(r) = f.as_mut().poll(&mut cx) {
+                        r.expect("model operations do not fail");
+                        procs[i] = None;
+                    }
+                    let (w, r) = (inside.writers.load(Relaxed), inside.readers.load(Relaxed));
+                    if w > 1 || (w == 1 && r > 0) {
+                        break;
+                    }
+                }
+                let (w, r) = (inside.writers.load(Relaxed), inside.readers.load(Relaxed));
+                if w > 1 || (w == 1 && r > 0) {
+                    break Some(format!("{w} writers and {r} readers inside"));
+                }
+            };
+            if let Some(what) = failure {
+                let trace: Vec<String> =
+                    mem.trace.lock().iter().map(|(p, op, r, off, v)| format!("{p}: {op} rank {r} word {off}: {:#x}", v)).collect();
+                return Some(format!("walk {walk}: {what}; the last operations:\n{}", trace.join("\n")));
+            }
+        }
+        None
+    }
+
+    /// One process: `config.rounds` acquisitions, each a write or a read, held for a step.
+    async fn process(q: &Queues<ModelWords>, config: &Config, inside: &Inside) -> Result<(), Error> {
+        let me = q.window.rank;
+        for j in 0..config.rounds {
+            let write = config.rw.is_none() || (me + j) % config.every == 0;
+            let who = if write { &inside.writers } else { &inside.readers };
+            if write {
+                q.writer_acquire().await?;
+            } else {
+                q.reader_acquire().await?;
+            }
+            who.fetch_add(1, Relaxed);
+            step().await;
+            who.fetch_sub(1, Relaxed);
+            if write {
+                q.writer_release().await?;
+            } else {
+                q.reader_release().await?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The code of `queues.rs` itself under random schedules of 4-8 processes: RMA-RW with
+/// roles that change, one counter and several, one level and two; RMA-MCS and D-MCS. The
+/// schedules are the same at every run (fixed seeds): 30 walks per lock in a debug build,
+/// 300 in release, `WEFT_MODEL_WALKS` to search longer. (Not under `--cfg loom`: the
+/// queues' local lock would take loom's atomics outside a loom model.)
+#[test]
+#[cfg(not(loom))]
+fn the_protocols_code_under_random_schedules_excludes_and_finishes() {
+    use real::Config;
+    let default = if cfg!(debug_assertions) { 30 } else { 300 };
+    let walks: u32 = std::env::var("WEFT_MODEL_WALKS").ok().and_then(|v| v.parse().ok()).unwrap_or(default);
+    let configs = [
+        (
+            "RMA-RW, 6 processes, one counter, T_R 2, T_W 2",
+            Config { sizes: vec![], procs: 6, t_l: vec![2], rw: Some((2, 6)), every: 4, rounds: 40 },
+        ),
+        (
+            "RMA-RW, 8 processes, one counter, T_R 1, T_W 1",
+            Config { sizes: vec![], procs: 8, t_l: vec![1], rw: Some((1, 8)), every: 3, rounds: 30 },
+        ),
+        (
+            "RMA-RW, 4 processes, a counter per rank",
+            Config { sizes: vec![], procs: 4, t_l: vec![3], rw: Some((1, 1)), every: 2, rounds: 40 },
+        ),
+        (
+            "RMA-RW, 6 processes on 3 nodes, 3 counters",
+            Config { sizes: vec![2], procs: 6, t_l: vec![2, 2], rw: Some((2, 2)), every: 4, rounds: 30 },
+        ),
+        (
+            "RMA-RW, 8 processes on 2 nodes, T_R 4",
+            Config { sizes: vec![4], procs: 8, t_l: vec![16], rw: Some((4, 4)), every: 4, rounds: 30 },
+        ),
+        (
+            "RMA-MCS, 8 processes, 2 nodes of 2 sockets",
+            Config { sizes: vec![2, 2], procs: 8, t_l: vec![1, 2, 2], rw: None, every: 1, rounds: 20 },
+        ),
+        ("D-MCS, 6 processes", Config { sizes: vec![], procs: 6, t_l: vec![1], rw: None, every: 1, rounds: 30 }),
+    ];
+    for (seed, (what, config)) in configs.iter().enumerate() {
+        if let Some(failure) = real::walks(config, walks, 2_000_000, seed as u64 + 3) {
+            panic!("{what}: {failure}");
+        }
+    }
 }
