@@ -15,7 +15,7 @@
 //! |---|---|---|
 //! | `barrier` | dissemination: `ceil(log2 n)` rounds | — |
 //! | `bcast` | binomial tree | from [`BCAST_LONG_BYTES`] and [`BCAST_LONG_RANKS`] ranks: binomial scatter of `n` blocks, then a ring allgather (van de Geijn; MPICH's `scatter_ring_allgather`) |
-//! | `allreduce` | recursive doubling, ranks beyond a power of two folded in first | from [`ALLREDUCE_LONG_BYTES`] with a predefined op and at least `n` elements: on a power of two of ranks Rabenseifner's (a reduce-scatter by recursive halving, then an allgather by recursive doubling: `2 log2 n` steps), on others a ring reduce-scatter, then a ring allgather (`2 (n-1)` steps); either sends about `2 (n-1)/n` times the data per rank, against `log2 n` times |
+//! | `allreduce` | recursive doubling, ranks beyond a power of two folded in first | from [`ALLREDUCE_LONG_BYTES`] with a predefined op and at least `n` elements: Rabenseifner's: a reduce-scatter by recursive halving, then an allgather by recursive doubling (`2 log2 p` steps over the largest power of two `p` of ranks, each rank beyond it folding its vector into a partner first and getting the result back at the end), sending about `2 (p-1)/p` times the data per rank, against `log2 p` times |
 //! | `reduce` | binomial tree | from [`REDUCE_LONG_BYTES`] with a predefined op, at least `n` elements and a power of two of ranks: a reduce-scatter by recursive halving, then a binomial gather of the reduced blocks ([Thakur 2005]) |
 //! | `gather`, `scatter` (and `v`) | the root exchanges with every rank at once | — |
 //! | `allgather` (and `v`) | ring | — |
@@ -66,8 +66,8 @@ pub const BCAST_LONG_BYTES: usize = 12288;
 /// ... on at least this many ranks (MPICH's `MPIR_CVAR_BCAST_MIN_PROCS`).
 pub const BCAST_LONG_RANKS: u32 = 8;
 /// `allreduce` messages of at least this many bytes (and at least one element per rank) go
-/// by reduce-scatter and allgather: Rabenseifner's on a power of two of ranks, the ring's on
-/// others (MPICH's `MPIR_CVAR_ALLREDUCE_SHORT_MSG_SIZE`).
+/// by Rabenseifner's reduce-scatter and allgather, the ranks beyond a power of two folded in
+/// first (MPICH's `MPIR_CVAR_ALLREDUCE_SHORT_MSG_SIZE`).
 pub const ALLREDUCE_LONG_BYTES: usize = 2048;
 /// `reduce` messages of at least this many bytes (and at least one element per rank) go by
 /// reduce-scatter and gather on a power of two of ranks (MPICH's
@@ -605,12 +605,12 @@ impl Communicator {
     }
 
     /// The steps of an allreduce of `data` with `op`, by its size: recursive doubling or
-    /// the ring.
+    /// Rabenseifner's.
     fn allreduce_steps<T: Reducible>(&self, data: &[T], op: Op) -> Result<impl InPlace<T>, Error> {
         let f = op_for(op, data.first(), "allreduce: a bitwise op on floating-point elements")?;
-        let ring = allreduce_is_long(std::mem::size_of_val(data), data.len(), self.size());
+        let long = allreduce_is_long(std::mem::size_of_val(data), data.len(), self.size());
         let members = self.group().world_ranks().clone();
-        Ok(steps!(|s, work| if ring {
+        Ok(steps!(|s, work| if long {
             s.run_in(&allreduce_long_steps(s.comm, work.len()), work, |ours, theirs, tf| combine(op, ours, theirs, tf)).await
         } else {
             s.reduce_over_in(&members, work, f).await

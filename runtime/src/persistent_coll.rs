@@ -41,7 +41,7 @@
 //! as plans of steps (`coll_steps.rs`): a dissemination barrier; a binomial-tree broadcast,
 //! or for large messages scatter and a ring allgather; a recursive
 //! doubling allreduce (the ranks beyond a power of two folded in first), or for large
-//! messages Rabenseifner's on a power of two of ranks and the ring's on others; gather and
+//! messages Rabenseifner's (the ranks beyond a power of two folded in first); gather and
 //! scatter through the root at once; a ring allgather; every pair of an alltoall at once;
 //! recursive doubling prefix reductions; a binomial-tree reduce, or for large messages on a
 //! power of two of ranks a reduce-scatter and gather. A start works in the user's buffer

@@ -458,6 +458,76 @@ fn large_reductions_match_a_sequential_reference_at_every_size_and_root() {
     });
 }
 
+/// A large allreduce on a number of ranks that is not a power of two takes Rabenseifner's
+/// algorithm, the ranks beyond the largest power of two `p` folded in first (MPICH's): every
+/// op agrees with a sequential reduction, and a call sends one message from a rank folded in,
+/// `2 log2 p + 1` from its partner and `2 log2 p` from the others (the ring's `2 (n - 1)`
+/// each, before).
+#[test]
+fn large_allreduce_on_any_number_of_ranks_folds_into_rabenseifners() {
+    within(120, "large allreduce at 3, 5, 6 and 7 ranks, every op", || {
+        let long = weft::ALLREDUCE_LONG_BYTES / 8 + 13;
+        let ops = [Op::Sum, Op::Prod, Op::Min, Op::Max, Op::BAnd, Op::BOr, Op::BXor];
+        for n in [3u32, 5, 6, 7] {
+            let rts = super::builder().build_local(n).unwrap();
+            let out: Vec<(Vec<Vec<i64>>, u64)> = std::thread::scope(|s| {
+                let hs: Vec<_> = rts
+                    .iter()
+                    .map(|rt| {
+                        s.spawn(move || {
+                            let c = rt.world();
+                            let mine = input(c.rank(), long);
+                            c.barrier().unwrap();
+                            let before = rt.counters().messages_sent;
+                            let mut got = Vec::new();
+                            for op in ops {
+                                let mut v = vec![0i64; long];
+                                c.allreduce(&mine, &mut v, op).unwrap();
+                                got.push(v);
+                            }
+                            let sent = rt.counters().messages_sent - before;
+                            c.barrier().unwrap();
+                            (got, sent)
+                        })
+                    })
+                    .collect();
+                hs.into_iter().map(|h| h.join().unwrap()).collect()
+            });
+            let p = 1u32 << (31 - n.leading_zeros());
+            let rem = n - p;
+            for (r, (got, sent)) in out.iter().enumerate() {
+                let r = r as u32;
+                for (op, v) in ops.iter().zip(got) {
+                    let want: Vec<i64> = (0..long)
+                        .map(|i| {
+                            (1..n).fold(input(0, long)[i], |a, q| {
+                                let b = input(q, long)[i];
+                                match op {
+                                    Op::Sum => a.wrapping_add(b),
+                                    Op::Prod => a.wrapping_mul(b),
+                                    Op::Min => a.min(b),
+                                    Op::Max => a.max(b),
+                                    Op::BAnd => a & b,
+                                    Op::BOr => a | b,
+                                    Op::BXor => a ^ b,
+                                }
+                            })
+                        })
+                        .collect();
+                    assert_eq!(v, &want, "{n} ranks, rank {r}: {op:?}");
+                }
+                let steps = 2 * u64::from(p.trailing_zeros());
+                let per_call = match r {
+                    r if r < 2 * rem && r % 2 == 0 => 1,
+                    r if r < 2 * rem => steps + 1,
+                    _ => steps,
+                };
+                assert_eq!(*sent, per_call * ops.len() as u64, "{n} ranks, rank {r}: messages sent by {} allreduces", ops.len());
+            }
+        }
+    });
+}
+
 #[test]
 fn alltoall_and_the_v_forms_match_a_sequential_reference() {
     within(120, "alltoall(v), gatherv, scatterv, allgatherv at sizes 1-8", || {
