@@ -57,7 +57,7 @@ use crate::coll_steps::{
     reduce_over_steps, reduce_tree_into, Steps as StepPlan,
 };
 use crate::comm::Communicator;
-use crate::nbc::{In, Out, Sched, Scratch, Steps, MISMATCH};
+use crate::nbc::{DirectPlan, In, Out, Sched, Scratch, Steps, MISMATCH};
 use crate::request::Request;
 
 /// `bcast` messages of at least this many bytes go by scatter and allgather (MPICH's
@@ -498,7 +498,7 @@ impl Communicator {
             barrier_into(s, self);
             Ok(())
         };
-        self.run_direct::<u8>(&mut [], plan, |_, _, _| {})
+        self.run_direct::<u8>(&mut [], DirectPlan::Barrier, plan, |_, _, _| {})
     }
 
     /// Starts broadcasting `data` of rank `root` to every rank (`MPI_Ibcast`): the request
@@ -530,7 +530,7 @@ impl Communicator {
                 bcast_into(s, self, root, len);
                 Ok(())
             };
-            return self.run_direct(data, plan, |_, _, _| {});
+            return self.run_direct(data, DirectPlan::Bcast { len, root }, plan, |_, _, _| {});
         }
         let steps = self.bcast_steps(data, root)?;
         self.run_in_place(data, None, steps)
@@ -579,12 +579,13 @@ impl Communicator {
                 Ok(())
             };
             let f = |ours: &mut [T], theirs: &[T], first| combine(op, ours, theirs, first);
+            let what = DirectPlan::Reduce { len: send.len(), root };
             if self.rank() == root {
                 recv.copy_from_slice(send);
-                return self.run_direct(recv, plan, f);
+                return self.run_direct(recv, what, plan, f);
             }
             // Left as it was: the steps work in a copy.
-            return self.run_direct(&mut Scratch::copy_of(send), plan, f);
+            return self.run_direct(&mut Scratch::copy_of(send), what, plan, f);
         }
         let steps = self.reduce_steps(send, op, root, false)?;
         if self.rank() == root {
@@ -627,8 +628,9 @@ impl Communicator {
         if std::mem::size_of_val(send) < ALLREDUCE_LONG_BYTES {
             check_op(op, send.first(), "allreduce: a bitwise op on floating-point elements")?;
             recv.copy_from_slice(send);
-            let plan = |s: &mut StepPlan| reduce_over_into(s, self.group().world_ranks(), self.world_of(self.rank()), send.len());
-            return self.run_direct(recv, plan, |ours, theirs, first| combine(op, ours, theirs, first));
+            let plan = |s: &mut StepPlan| reduce_over_into(s, self.world_ranks(), self.world_of(self.rank()), send.len());
+            let what = DirectPlan::Allreduce { len: send.len() };
+            return self.run_direct(recv, what, plan, |ours, theirs, first| combine(op, ours, theirs, first));
         }
         let steps = self.allreduce_steps(send, op)?;
         recv.copy_from_slice(send);

@@ -644,14 +644,34 @@ impl Communicator {
 /// no receive from any source and no cancellation.
 const DIRECT_POLLS: u32 = 64;
 
-/// What a collective run on the calling thread keeps between calls, per thread: the plan's
-/// storage, its step's requests and what they gave. Left empty by each call (the requests,
-/// which borrow the communicator, never outlive it: see [`Communicator::run_direct`]).
+/// What a collective run on the calling thread keeps between calls, per thread: the last
+/// plan and what it was made for, its step's requests and what they gave. The requests are
+/// left empty by each call (they borrow the communicator, and never outlive it: see
+/// [`Communicator::run_direct`]).
 #[derive(Default)]
 struct DirectStore {
     steps: StepPlan,
+    /// What `steps` is the plan of: the members it was made over (kept, so that the list
+    /// is not freed and another allocated at its address), this rank's place among them and
+    /// the collective.
+    made_for: Option<(Arc<[u32]>, u32, DirectPlan)>,
     reqs: Vec<Request<'static, Scratch<u8>>>,
     got: Vec<Option<(Scratch<u8>, weft_sync::Outcome)>>,
+}
+
+/// A collective run on the calling thread, as far as its plan depends on it (beside the
+/// communicator's members and this rank among them): a thread that calls the same
+/// collective again on the same communicator reuses the plan it made the last time.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum DirectPlan {
+    /// A barrier.
+    Barrier,
+    /// A broadcast of so many elements from a root.
+    Bcast { len: usize, root: u32 },
+    /// A reduction of so many elements into a root.
+    Reduce { len: usize, root: u32 },
+    /// An allreduce of so many elements.
+    Allreduce { len: usize },
 }
 
 thread_local! {
@@ -679,17 +699,19 @@ impl Direct<'_> {
         debug_assert_eq!(self.store.steps.copies, 1, "a direct plan works in the data itself");
         for i in 0..self.store.steps.steps.len() {
             let step = self.store.steps.steps[i].clone();
-            // Receives first (`got` keeps their order, the sends' after them).
-            for k in step.recvs.clone() {
-                let inc = &self.store.steps.recvs[k];
-                let r = c.irecv_on(coll, Scratch::<u8>::for_recv(inc.len * size), Source::Rank(inc.from), Tag::Is(tag))?;
+            // Sends first, so that the peers get them a receive's posting earlier (a small
+            // collective's messages go eagerly, or by a rendezvous that no send waits for;
+            // `got` keeps their order, the receives' after them).
+            for k in step.sends.clone() {
+                let out = &self.store.steps.sends[k];
+                let r = c.isend_on(coll, Scratch::<u8>::copy_of(bytes_of(&data[out.at.clone()])), out.to, tag)?;
                 // SAFETY: dropped before this call returns (`store.reqs` is left empty), while
                 // the caller's borrow of `comm` holds.
                 self.store.reqs.push(unsafe { crate::request::unbound(r) });
             }
-            for k in step.sends.clone() {
-                let out = &self.store.steps.sends[k];
-                let r = c.isend_on(coll, Scratch::<u8>::copy_of(bytes_of(&data[out.at.clone()])), out.to, tag)?;
+            for k in step.recvs.clone() {
+                let inc = &self.store.steps.recvs[k];
+                let r = c.irecv_on(coll, Scratch::<u8>::for_recv(inc.len * size), Source::Rank(inc.from), Tag::Is(tag))?;
                 // SAFETY: as above.
                 self.store.reqs.push(unsafe { crate::request::unbound(r) });
             }
@@ -702,7 +724,7 @@ impl Direct<'_> {
                 }
             }
             if res.is_ok() {
-                for (k, g) in step.recvs.clone().zip(&got) {
+                for (k, g) in step.recvs.clone().zip(&got[step.sends.len()..]) {
                     let inc = &self.store.steps.recvs[k];
                     let Some((b, _)) = g else { continue };
                     if b.len() != inc.len * size {
@@ -816,6 +838,7 @@ impl Communicator {
     pub(crate) fn run_direct<T: Primitive>(
         &self,
         data: &mut [T],
+        what: DirectPlan,
         plan: impl FnOnce(&mut StepPlan) -> Result<(), Error>,
         combine: impl Fn(&mut [T], &[T], bool),
     ) -> Result<(), Error> {
@@ -823,8 +846,16 @@ impl Communicator {
             return Err(Error::CommFreed);
         }
         let mut store = DIRECT.try_with(std::cell::Cell::take).ok().flatten().unwrap_or_default();
-        store.steps.clear();
-        plan(&mut store.steps)?;
+        // A plan depends on the members (in world ranks), this rank's place among them and
+        // `what`, nothing else.
+        let (members, me) = (self.world_ranks(), self.rank());
+        let reuse = matches!(&store.made_for, Some((m, r, w)) if Arc::ptr_eq(m, members) && (*r, *w) == (me, what));
+        if !reuse {
+            store.made_for = None;
+            store.steps.clear();
+            plan(&mut store.steps)?;
+            store.made_for = Some((members.clone(), me, what));
+        }
         let mut d = Direct { comm: self, tag: seq_tag(self.next_seq()), notice: None, store };
         let res = d.run(data, &combine);
         d.finish(res)
