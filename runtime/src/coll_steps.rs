@@ -177,9 +177,7 @@ fn binomial(comm: &Communicator, root: u32) -> (u32, u32) {
 /// Dissemination barrier: round `k` signals the rank `2^k` ahead and hears from the one
 /// `2^k` behind.
 pub(crate) fn barrier_steps(comm: &Communicator) -> Steps {
-    let mut s = Steps::default();
-    barrier_into(&mut s, comm);
-    s
+    made(|s| barrier_into(s, comm))
 }
 
 /// [`barrier_steps`] written into `s` (cleared).
@@ -195,9 +193,7 @@ pub(crate) fn barrier_into(s: &mut Steps, comm: &Communicator) {
 /// Binomial-tree broadcast of `len` elements from `root`: the data from the parent, then to
 /// every child at once.
 pub(crate) fn bcast_steps(comm: &Communicator, root: u32, len: usize) -> Steps {
-    let mut s = Steps::default();
-    bcast_into(&mut s, comm, root, len);
-    s
+    made(|s| bcast_into(s, comm, root, len))
 }
 
 /// [`bcast_steps`] written into `s` (cleared).
@@ -220,9 +216,7 @@ pub(crate) fn bcast_into(s: &mut Steps, comm: &Communicator, root: u32, len: usi
 /// combined in (`f(ours, theirs)`, the child holding the higher ranks), then ours to the
 /// parent.
 pub(crate) fn reduce_steps(comm: &Communicator, root: u32, len: usize) -> Steps {
-    let mut s = Steps::default();
-    reduce_tree_into(&mut s, comm, root, len);
-    s
+    made(|s| reduce_tree_into(s, comm, root, len))
 }
 
 /// [`reduce_steps`] written into `s` (cleared).
@@ -402,19 +396,26 @@ fn blocks_of(len: usize, n: u32) -> Vec<Range<usize>> {
 /// every other rank's `own` elements: every other rank sends its data to the root, which
 /// receives them all at once. `blocks` is read at the root only.
 pub(crate) fn gather_steps(comm: &Communicator, root: u32, blocks: &[Range<usize>], own: usize) -> Steps {
-    let me = comm.rank();
-    if me != root {
-        let mut s = Steps { result: false, ..Steps::default() };
+    made(|s| gather_into(s, comm, root, blocks, own))
+}
+
+/// [`gather_steps`] written into `s` (cleared).
+pub(crate) fn gather_into(s: &mut Steps, comm: &Communicator, root: u32, blocks: &[Range<usize>], own: usize) {
+    if comm.rank() != root {
+        s.result = false;
         s.step().send(comm.world_of(root), 0..own);
-        return s;
-    }
-    let mut s = Steps::default();
-    if comm.size() > 1 {
+    } else if comm.size() > 1 {
         s.step();
         for (r, b) in others(comm, blocks) {
             s.recv(r, b, Then::Replace);
         }
     }
+}
+
+/// The plan `write` writes.
+fn made(write: impl FnOnce(&mut Steps)) -> Steps {
+    let mut s = Steps::default();
+    write(&mut s);
     s
 }
 
@@ -422,20 +423,22 @@ pub(crate) fn gather_steps(comm: &Communicator, root: u32, blocks: &[Range<usize
 /// every other rank gets its block, of `own` elements, sent by the root to every rank at
 /// once. `blocks` is read at the root only.
 pub(crate) fn scatter_steps(comm: &Communicator, root: u32, blocks: &[Range<usize>], own: usize) -> Steps {
-    let me = comm.rank();
-    if me != root {
-        let mut s = Steps::default();
+    made(|s| scatter_into(s, comm, root, blocks, own))
+}
+
+/// [`scatter_steps`] written into `s` (cleared).
+pub(crate) fn scatter_into(s: &mut Steps, comm: &Communicator, root: u32, blocks: &[Range<usize>], own: usize) {
+    if comm.rank() != root {
         s.step().recv(comm.world_of(root), 0..own, Then::Replace);
-        return s;
+        return;
     }
-    let mut s = Steps { result: false, ..Steps::default() };
+    s.result = false;
     if comm.size() > 1 {
         s.step();
         for (r, b) in others(comm, blocks) {
             s.send(r, b);
         }
     }
-    s
 }
 
 /// The world rank and block of `blocks` (one per rank) of every rank but this one.
@@ -461,26 +464,32 @@ fn ring_allgather(s: &mut Steps, comm: &Communicator, blocks: &[Range<usize>], r
 /// Allgather into `blocks` of every rank's buffer (one per rank, as long on every rank;
 /// each rank's own in place at the start): a ring of `size - 1` steps.
 pub(crate) fn allgather_steps(comm: &Communicator, blocks: &[Range<usize>]) -> Steps {
-    let mut s = Steps::default();
-    ring_allgather(&mut s, comm, blocks, 0);
-    s
+    made(|s| allgather_into(s, comm, blocks))
 }
 
-/// Alltoall of `blocks` (one per rank): block `r` goes to rank `r` and is replaced by rank
-/// `r`'s block for this rank, as long (this rank's own stays in place), every pair at once,
-/// the receives posted first.
-pub(crate) fn alltoall_steps(comm: &Communicator, blocks: &[Range<usize>]) -> Steps {
-    let mut s = Steps::default();
+/// [`allgather_steps`] written into `s` (cleared).
+pub(crate) fn allgather_into(s: &mut Steps, comm: &Communicator, blocks: &[Range<usize>]) {
+    ring_allgather(s, comm, blocks, 0);
+}
+
+/// Alltoall: `sblocks[r]` (one per rank) goes to rank `r`, and rank `r`'s block for this
+/// rank lands on `rblocks[r]` (the same blocks, in place, for the in-place forms; this
+/// rank's own is left to the caller), every pair at once, the receives posted first.
+pub(crate) fn alltoall_steps(comm: &Communicator, sblocks: &[Range<usize>], rblocks: &[Range<usize>]) -> Steps {
+    made(|s| alltoall_into(s, comm, sblocks, rblocks))
+}
+
+/// [`alltoall_steps`] written into `s` (cleared).
+pub(crate) fn alltoall_into(s: &mut Steps, comm: &Communicator, sblocks: &[Range<usize>], rblocks: &[Range<usize>]) {
     if comm.size() > 1 {
         s.step();
-        for (w, b) in others(comm, blocks) {
+        for (w, b) in others(comm, rblocks) {
             s.recv(w, b, Then::Replace);
         }
-        for (w, b) in others(comm, blocks) {
+        for (w, b) in others(comm, sblocks) {
             s.send(w, b);
         }
     }
-    s
 }
 
 /// Prefix reduction of `len` elements in rank order, `inclusive` (`scan`) or not

@@ -477,16 +477,6 @@ impl<'c> Sched<'c> {
         Ok(self.exchange(Some((w, len)), Vec::<(u32, Vec<T>)>::new()).await?.expect("a receive was posted"))
     }
 
-    /// Sends `v` to world rank `w` (and waits for the send).
-    pub(crate) async fn send(&self, w: u32, v: impl SendBuf) -> Result<(), Error> {
-        self.exchange::<u8>(None, vec![(w, v)]).await.map(drop)
-    }
-
-    /// Sends `v` to world rank `w` while receiving `len` elements from world rank `from`.
-    pub(crate) async fn sendrecv<T: Primitive>(&self, w: u32, v: impl SendBuf, from: u32, len: usize) -> Result<Scratch<T>, Error> {
-        Ok(self.exchange(Some((from, len)), vec![(w, v)]).await?.expect("a receive was posted"))
-    }
-
     /// The schedule's outcome: `res`, or the failure another member reported. A failure
     /// of this rank's own is reported to every other member; a notice not used is
     /// cancelled.
@@ -672,6 +662,17 @@ pub(crate) enum DirectPlan {
     Reduce { len: usize, root: u32 },
     /// An allreduce of so many elements.
     Allreduce { len: usize },
+    /// A gather of so many elements per rank into a root.
+    Gather { len: usize, root: u32 },
+    /// A scatter of so many elements per rank from a root.
+    Scatter { len: usize, root: u32 },
+    /// An allgather of so many elements per rank.
+    Allgather { len: usize },
+    /// An alltoall of so many elements in all.
+    Alltoall { len: usize },
+    /// A collective whose plan depends on more (the blocks of a `v` form): made afresh at
+    /// every call.
+    Once,
 }
 
 thread_local! {
@@ -849,7 +850,8 @@ impl Communicator {
         // A plan depends on the members (in world ranks), this rank's place among them and
         // `what`, nothing else.
         let (members, me) = (self.world_ranks(), self.rank());
-        let reuse = matches!(&store.made_for, Some((m, r, w)) if Arc::ptr_eq(m, members) && (*r, *w) == (me, what));
+        let reuse =
+            what != DirectPlan::Once && matches!(&store.made_for, Some((m, r, w)) if Arc::ptr_eq(m, members) && (*r, *w) == (me, what));
         if !reuse {
             store.made_for = None;
             store.steps.clear();

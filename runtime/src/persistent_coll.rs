@@ -577,7 +577,7 @@ impl Communicator {
     pub fn alltoall_init<T: Primitive>(&self, data: Vec<T>) -> Result<Persistent<'_, Vec<T>>, Error> {
         let k = per_block(data.len(), self.size());
         let k = self.agree_blocks(k, 0, 0, "alltoall_init: the buffer is not size blocks of one length")?;
-        Ok(self.coll_init(alltoall_steps(self, &even(k, self.size())), data, None))
+        Ok(self.coll_init(alltoall_steps(self, &even(k, self.size()), &even(k, self.size())), data, None))
     }
 
     /// A persistent inclusive prefix reduction (`MPI_Scan_init`, in place), inactive: each
@@ -674,7 +674,7 @@ impl Communicator {
         if mine != theirs {
             return Err(MISMATCH);
         }
-        Ok(self.coll_init(alltoall_steps(self, &b), data, None))
+        Ok(self.coll_init(alltoall_steps(self, &b, &b), data, None))
     }
 
     /// A rooted `v` init over `data`: the plan `steps` makes of the blocks of `layout`
