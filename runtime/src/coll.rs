@@ -1,9 +1,10 @@
 //! The collectives on any communicator, blocking and nonblocking. Each is a schedule of
 //! point-to-point steps (`nbc.rs`): a nonblocking one (`ibcast`, ...) is a [`Request`] like a
 //! receive, which the rank's progress completes; a blocking one starts the same schedule and
-//! waits for it — except the small blocking `barrier`, `bcast`, `reduce` and `allreduce`,
-//! whose few steps the calling thread posts and waits for itself, with no schedule, future or
-//! allocation (`Communicator::run_direct`, `nbc.rs`). Their messages travel on the
+//! waits for it — except the small blocking `barrier`, `bcast`, `reduce` and `allreduce`, and
+//! the blocking `gather`, `scatter`, `allgather` and `alltoall` (and their `v` forms), whose
+//! steps the calling thread posts and waits for itself, with no schedule or future
+//! (`Communicator::run_direct`, `nbc.rs`). Their messages travel on the
 //! communicator's collective context under tags of the collective's sequence number, so they
 //! never match a user receive (`Tag::Any` included) nor each other's.
 //!
@@ -25,8 +26,9 @@
 //! A user reduction (`allreduce_with`) need not be commutative, so it always takes recursive
 //! doubling, which combines in rank order.
 //!
-//! The barrier, the recursive doubling and the large-message algorithms are plans of steps
-//! (`coll_steps.rs`), the same the persistent collectives (`persistent_coll.rs`) start.
+//! Every algorithm but the small nonblocking broadcast (which shares one copy of the data
+//! among a node's children) is a plan of steps (`coll_steps.rs`), one copy for the blocking,
+//! nonblocking and persistent (`persistent_coll.rs`) forms.
 //!
 //! # Buffers
 //!

@@ -3,15 +3,14 @@
 //! others, posted at once; once they all completed, each message received lands in the
 //! working data (it replaces a part of it, or is combined into it). A persistent collective
 //! fixes its plan at init and runs it again at every start (`persistent_coll.rs`); a small
-//! blocking barrier, broadcast, reduce or allreduce writes its plan into storage the thread
-//! keeps and runs it on the calling thread (`Communicator::run_direct`, `nbc.rs`); the other
-//! blocking and nonblocking collectives run theirs as the steps of their schedule
-//! (`nbc.rs`): the barrier and the recursive-doubling reduction (small allreduces,
-//! communicator creation) through [`Sched::run_steps`], the large-message algorithms in
-//! place in the caller's buffer through [`Sched::run_in`]. (The other nonblocking
-//! algorithms, `coll.rs`, are written as steps of their own: the binomial broadcast shares
-//! one copy of the data among a node's children, and the ring allgather serves every
-//! size.)
+//! blocking barrier, broadcast, reduce or allreduce, and a blocking gather, scatter,
+//! allgather or alltoall, writes its plan into storage the thread keeps and runs it on the
+//! calling thread (`Communicator::run_direct`, `nbc.rs`); the other blocking and nonblocking
+//! collectives run theirs as the steps of their schedule (`nbc.rs`): the barrier and the
+//! recursive-doubling reduction (communicator creation) through [`Sched::run_steps`], the
+//! others in place through [`Sched::run_in`]. (The small nonblocking broadcast, `coll.rs`,
+//! is written as steps of its own: it shares one copy of the data among a node's
+//! children.)
 //!
 //! The working data is the rank's data once (or twice, for the prefix reductions, which
 //! keep the partial result beside the running one); the rank's result is its first copy,

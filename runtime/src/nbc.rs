@@ -17,10 +17,12 @@
 //! of communicator creation, whose members may be a subset of the communicator's, use fixed
 //! tags instead, `create.rs`, and take no number.)
 //!
-//! A small blocking collective skips the schedule ([`Communicator::run_direct`]): the calling
-//! thread writes the algorithm's plan of steps (`coll_steps.rs`) into storage it keeps, then
-//! posts each step's messages and tests them between progress passes itself, as a blocking
-//! receive waits, in scratch buffers it keeps: a schedule's boxed future, its request and
+//! A small blocking collective, and a blocking gather, scatter, allgather or alltoall, skips
+//! the schedule ([`Communicator::run_direct`]): the calling thread writes the algorithm's
+//! plan of steps (`coll_steps.rs`) into storage it keeps (or keeps the plan of its last call,
+//! when that was the same collective on the same members), then posts each step's messages
+//! and tests them between progress passes itself, as a blocking receive waits, in scratch
+//! buffers it keeps: a schedule's boxed future, its request and
 //! operation, its polls on every progress pass and its allocations per step cost a small
 //! collective several times the instructions of its messages.
 //!
@@ -828,8 +830,9 @@ impl Direct<'_> {
 }
 
 impl Communicator {
-    /// Runs a small blocking collective on the calling thread, in place in `data`: `plan`
-    /// writes this rank's steps (world ranks) into storage the thread keeps, and each step's
+    /// Runs a blocking collective on the calling thread, in place in `data`: `plan` writes
+    /// this rank's steps (world ranks) into storage the thread keeps (unless the plan there
+    /// is already that of `what` on this communicator's members), and each step's
     /// messages are posted and waited for here, directly, under the tags of the
     /// communicator's next sequence number, `combine` reducing as the steps say. No schedule,
     /// no future and, once the thread's storage and scratch buffers are warm, no allocation.
