@@ -467,7 +467,15 @@ fn large_reductions_match_a_sequential_reference_at_every_size_and_root() {
 fn large_allreduce_on_any_number_of_ranks_folds_into_rabenseifners() {
     within(120, "large allreduce at 3, 5, 6 and 7 ranks, every op", || {
         let long = weft::ALLREDUCE_LONG_BYTES / 8 + 13;
-        let ops = [Op::Sum, Op::Prod, Op::Min, Op::Max, Op::BAnd, Op::BOr, Op::BXor];
+        let ops: [(Op, fn(i64, i64) -> i64); 7] = [
+            (Op::Sum, i64::wrapping_add),
+            (Op::Prod, i64::wrapping_mul),
+            (Op::Min, i64::min),
+            (Op::Max, i64::max),
+            (Op::BAnd, |a, b| a & b),
+            (Op::BOr, |a, b| a | b),
+            (Op::BXor, |a, b| a ^ b),
+        ];
         for n in [3u32, 5, 6, 7] {
             let rts = super::builder().build_local(n).unwrap();
             let out: Vec<(Vec<Vec<i64>>, u64)> = std::thread::scope(|s| {
@@ -480,7 +488,7 @@ fn large_allreduce_on_any_number_of_ranks_folds_into_rabenseifners() {
                             c.barrier().unwrap();
                             let before = rt.counters().messages_sent;
                             let mut got = Vec::new();
-                            for op in ops {
+                            for (op, _) in ops {
                                 let mut v = vec![0i64; long];
                                 c.allreduce(&mine, &mut v, op).unwrap();
                                 got.push(v);
@@ -497,23 +505,8 @@ fn large_allreduce_on_any_number_of_ranks_folds_into_rabenseifners() {
             let rem = n - p;
             for (r, (got, sent)) in out.iter().enumerate() {
                 let r = r as u32;
-                for (op, v) in ops.iter().zip(got) {
-                    let want: Vec<i64> = (0..long)
-                        .map(|i| {
-                            (1..n).fold(input(0, long)[i], |a, q| {
-                                let b = input(q, long)[i];
-                                match op {
-                                    Op::Sum => a.wrapping_add(b),
-                                    Op::Prod => a.wrapping_mul(b),
-                                    Op::Min => a.min(b),
-                                    Op::Max => a.max(b),
-                                    Op::BAnd => a & b,
-                                    Op::BOr => a | b,
-                                    Op::BXor => a ^ b,
-                                }
-                            })
-                        })
-                        .collect();
+                for ((op, f), v) in ops.iter().zip(got) {
+                    let want: Vec<i64> = (0..long).map(|i| (0..n).map(|q| input(q, long)[i]).reduce(f).unwrap()).collect();
                     assert_eq!(v, &want, "{n} ranks, rank {r}: {op:?}");
                 }
                 let steps = 2 * u64::from(p.trailing_zeros());
