@@ -521,6 +521,57 @@ fn large_allreduce_on_any_number_of_ranks_folds_into_rabenseifners() {
     });
 }
 
+/// A thread that runs a collective on the calling thread keeps its plan for the next call of
+/// the same collective on the same members only: calls that alternate communicators (a dup,
+/// a split of other members), lengths and roots each get the result of their own.
+#[test]
+fn collectives_alternating_communicators_lengths_and_roots_each_get_their_own_result() {
+    within(60, "allreduce and bcast alternating communicators, lengths and roots", || {
+        let out = on_world(4, |r, c| {
+            let half = c.split(Some(r % 2), r as i32).unwrap().unwrap();
+            let dup = c.dup().unwrap();
+            let comms = [c, &half, &dup, &half, c];
+            let mut got = Vec::new();
+            // The same collective, length and root in a row on other communicators, then
+            // another length or root on the same one.
+            for i in 0..4usize {
+                let (len, root) = (1 + i % 2, (i / 2) as u32);
+                let sums: Vec<Vec<i64>> = comms
+                    .iter()
+                    .map(|comm| {
+                        let mut sum = vec![0i64; len];
+                        comm.allreduce(&vec![i64::from(r) + 1; len], &mut sum, Op::Sum).unwrap();
+                        sum
+                    })
+                    .collect();
+                for (comm, sum) in comms.iter().zip(sums) {
+                    let mut b = vec![i64::from(comm.rank()); len];
+                    comm.bcast(&mut b, root).unwrap();
+                    got.push((comm.size(), sum, root, b));
+                }
+            }
+            got
+        });
+        for (r, got) in out.iter().enumerate() {
+            for (size, sum, root, b) in got {
+                // The world's ranks 1 + 2 + 3 + 4; a half's, those of its parity.
+                let want = if *size == 4 {
+                    10
+                } else if r % 2 == 0 {
+                    4
+                } else {
+                    6
+                };
+                assert!(sum.iter().all(|&x| x == want), "rank {r}, {size} ranks: allreduce {sum:?}");
+                assert!(
+                    b.len() == sum.len() && b.iter().all(|&x| x == i64::from(*root)),
+                    "rank {r}, {size} ranks: bcast from {root}: {b:?}"
+                );
+            }
+        }
+    });
+}
+
 #[test]
 fn alltoall_and_the_v_forms_match_a_sequential_reference() {
     within(120, "alltoall(v), gatherv, scatterv, allgatherv at sizes 1-8", || {
