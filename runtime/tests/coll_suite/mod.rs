@@ -467,7 +467,8 @@ fn large_reductions_match_a_sequential_reference_at_every_size_and_root() {
 fn large_allreduce_on_any_number_of_ranks_folds_into_rabenseifners() {
     within(120, "large allreduce at 3, 5, 6 and 7 ranks, every op", || {
         let long = weft::ALLREDUCE_LONG_BYTES / 8 + 13;
-        let ops: [(Op, fn(i64, i64) -> i64); 7] = [
+        type Reduction = fn(i64, i64) -> i64;
+        let ops: [(Op, Reduction); 7] = [
             (Op::Sum, i64::wrapping_add),
             (Op::Prod, i64::wrapping_mul),
             (Op::Min, i64::min),
