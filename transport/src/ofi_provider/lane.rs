@@ -756,6 +756,13 @@ impl Lane {
 mod tests {
     use super::*;
 
+    /// Whether `fd` is readable now.
+    fn readable(fd: RawFd) -> bool {
+        let mut p = libc::pollfd { fd, events: libc::POLLIN, revents: 0 };
+        // SAFETY: one valid pollfd.
+        unsafe { libc::poll(&mut p, 1, 0) == 1 }
+    }
+
     fn pair() -> (Lane, Lane) {
         let a = Prepared::create(2, 2, 1024).expect("memfd");
         let b = Prepared::create(2, 2, 1024).expect("memfd");
@@ -870,11 +877,6 @@ mod tests {
     #[test]
     fn a_sleeping_watcher_is_woken_once() {
         let (a, b) = pair();
-        let readable = |fd: RawFd| {
-            let mut p = libc::pollfd { fd, events: libc::POLLIN, revents: 0 };
-            // SAFETY: one valid pollfd.
-            unsafe { libc::poll(&mut p, 1, 0) == 1 }
-        };
         assert!(a.push(1, 0, 0, |_| ()));
         assert!(!readable(b.wake_fd()), "awake: no wake-up");
         b.fall_asleep();
@@ -895,11 +897,6 @@ mod tests {
     #[test]
     fn a_sleeping_waiter_is_woken_not_the_watcher() {
         let (a, b) = pair();
-        let readable = |fd: RawFd| {
-            let mut p = libc::pollfd { fd, events: libc::POLLIN, revents: 0 };
-            // SAFETY: one valid pollfd.
-            unsafe { libc::poll(&mut p, 1, 0) == 1 }
-        };
         assert!(b.fall_asleep(), "nobody else sleeps: the watcher covers the lane");
         b.waiter_falls_asleep();
         assert!(!b.fall_asleep(), "a sleeping waiter is not displaced");
