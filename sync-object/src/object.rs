@@ -337,13 +337,13 @@ impl<T: Send + 'static> SyncObject<T> {
     /// first error of a counted attachment since the last call, if any.
     pub fn wait_all(&self) -> Result<(), Error> {
         let hook = self.inner.progress.as_deref();
-        block_until(hook, || self.size() == 0, || self.inner.drained_event.listen());
+        block_until(hook, || self.size() == 0, &self.inner.drained_event);
         crate::loom::lock(&self.inner.queue).first_error.take().map_or(Ok(()), Err)
     }
 
     /// Like [`wait_all`](Self::wait_all) but drives `progress` instead of the object's hook.
     pub fn wait_all_with(&self, progress: &dyn Progress) -> Result<(), Error> {
-        block_until(Some(progress), || self.size() == 0, || self.inner.drained_event.listen());
+        block_until(Some(progress), || self.size() == 0, &self.inner.drained_event);
         crate::loom::lock(&self.inner.queue).first_error.take().map_or(Ok(()), Err)
     }
 
@@ -375,7 +375,7 @@ impl<T: Send + 'static> SyncObject<T> {
                 got = self.query();
                 got.is_some() || (self.size() == 0 && self.probe() == 0)
             },
-            || self.inner.data_event.listen(),
+            &self.inner.data_event,
         );
         if got.is_none() {
             // `size` reached zero: one last look, the final event may have raced the check.
