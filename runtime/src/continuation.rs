@@ -14,8 +14,8 @@
 //! A callback takes the request's one attachment (`weft_sync::on_complete`), the slot a
 //! sync object would take: a request is attached to a sync object or has a continuation,
 //! never both, and the attempt to do both is an error. Each continuation is counted on the
-//! continuation request's own sync object (a counted attachment of a pooled operation,
-//! completed after the callback ran), so waiting for them drives progress as every other
+//! continuation request's own sync object (`SyncObject::count_one`: a count with no
+//! operation or completion cell behind it, completed after the callback ran), so waiting for them drives progress as every other
 //! wait of the rank does, and pending continuations cost no thread.
 //!
 //! Threads that wait on one continuation request at once all wait for the same thing, the
@@ -31,10 +31,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
-use weft_sync::{Attach, CompletionCell, Error, Progress, SignalListener, Status, Step, SyncObject};
+use weft_sync::{Counted, Error, Progress, SignalListener, Status, Step, SyncObject};
 
 use crate::engine::Engine;
-use crate::operation::{new_operation, recycle, Operation};
 use crate::progress::sync_hook;
 use crate::request::Request;
 use crate::runtime::Runtime;
@@ -129,34 +128,19 @@ impl Runtime {
     }
 }
 
-/// One registered callback not yet run: a pooled operation counted on the continuation
-/// request's sync object.
-struct Counted(Arc<Operation>);
-
-// SAFETY: the cell lives in the `Arc`, which the `Countdown` made from it holds until it
-// completes the cell, once.
-unsafe impl Attach for Counted {
-    fn completion_cell(&self) -> &CompletionCell {
-        &self.0.cell
-    }
-}
-
 /// Completes its callback's count when dropped: `Ok` once the callback returned, else
 /// the error of a panic, or `Cancelled` (a pool task dropped unrun: the runtime shut down).
 struct Countdown {
-    /// The counted operation (`None` once counted down).
-    op: Option<Arc<Operation>>,
+    /// The callback's count on the continuation request (`None` once counted down).
+    counted: Option<Counted<()>>,
     ran: bool,
 }
 
 impl Countdown {
-    /// Completes the count with `outcome`, once. The continuation request's sync object took
-    /// the outcome in `complete` and holds nothing of the operation, so this thread's pool of
-    /// operations takes it back for the next continuation (or request) made here.
+    /// Completes the count with `outcome`, once.
     fn count_down(&mut self, outcome: Result<Status, Error>) {
-        if let Some(op) = self.op.take() {
-            op.cell.complete(outcome);
-            recycle(op);
+        if let Some(c) = self.counted.take() {
+            c.complete(outcome);
         }
     }
 }
@@ -332,10 +316,7 @@ impl ContinuationRequest {
     /// Counts a callback on this request and wraps `f` to run as `invoke` says and to count
     /// down after it ran.
     fn register<T: Send + 'static>(&self, invoke: Invoke, f: impl FnOnce(T) + Send + 'static) -> impl FnOnce(T) + Send + 'static {
-        let op = new_operation(|_| {});
-        let counted = self.pending.attach_counted(&mut Counted(op.clone()));
-        debug_assert!(counted.is_ok(), "a fresh operation is attachable");
-        let countdown = Countdown { op: Some(op), ran: false };
+        let countdown = Countdown { counted: Some(self.pending.count_one()), ran: false };
         let rank = Arc::downgrade(&self.engine);
         move |value: T| match invoke {
             Invoke::Inline => run_counted(countdown, f, value),
