@@ -2,35 +2,16 @@
 //! the waiter's stack (counting global allocator, every thread counted while armed; one
 //! counting test in this binary, as the harness's own threads allocate).
 
-use std::alloc::{GlobalAlloc, Layout, System};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::thread;
 use std::time::{Duration, Instant};
 
 use weft_sync::{Attach, CompletionCell, Progress, SignalListener, Status, Step, SyncObject};
 
-struct Counting;
-static ALLOCS: AtomicUsize = AtomicUsize::new(0);
-static ARMED: AtomicBool = AtomicBool::new(false);
-
-// SAFETY: forwards to the system allocator, only counting.
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, l: Layout) -> *mut u8 {
-        if ARMED.load(Ordering::Relaxed) {
-            ALLOCS.fetch_add(1, Ordering::Relaxed);
-        }
-        // SAFETY: same contract as ours.
-        unsafe { System.alloc(l) }
-    }
-    unsafe fn dealloc(&self, p: *mut u8, l: Layout) {
-        // SAFETY: same contract as ours.
-        unsafe { System.dealloc(p, l) }
-    }
-}
-
-#[global_allocator]
-static GLOBAL: Counting = Counting;
+// The runtime's counting allocator: one for the workspace's zero-allocation tests.
+#[path = "../../runtime/tests/common/counting.rs"]
+mod counting;
 
 struct Op(Arc<CompletionCell>);
 // SAFETY: the Arc keeps the cell alive until it completes.
@@ -94,11 +75,7 @@ fn a_parked_wait_allocates_nothing() {
         cells[i].complete(Ok(Status { source: 0, tag: 0, bytes: 0 }));
     };
     (0..WARM).for_each(round);
-    ALLOCS.store(0, Ordering::Relaxed);
-    ARMED.store(true, Ordering::Relaxed);
-    (WARM..WARM + COUNTED).for_each(round);
-    ARMED.store(false, Ordering::Relaxed);
-    let n = ALLOCS.load(Ordering::Relaxed);
+    let n = counting::allocations(|| (WARM..WARM + COUNTED).for_each(round));
     waiter.join().unwrap();
     assert!(hook.0.load(Ordering::SeqCst) >= WARM + COUNTED, "the waiter did not park every round");
     assert_eq!(n, 0, "{n} allocations in {COUNTED} parked waits");
