@@ -312,22 +312,27 @@ impl Dht {
 #[cfg(test)]
 mod tests {
     use std::sync::atomic::{AtomicBool, Ordering};
-    use std::time::Duration;
+    use std::time::{Duration, Instant};
 
     use super::super::{Guard, Release};
     use super::*;
     use crate::Runtime;
 
-    /// Runs `access` on another thread while this one holds `g`: whether it finished within
-    /// 100 ms. It finishes after the release.
-    fn finishes_while_held<L: Release>(g: Guard<'_, L>, access: impl FnOnce() -> Result<Option<u64>, Error> + Send) -> bool {
+    /// Runs `access` on another thread while this one holds `g`: whether it finished while
+    /// `g` was held. Held for 100 ms where it should not finish; where it should (`shares`),
+    /// held until it did, for up to 10 s (a loaded machine may not run the thread for a
+    /// while). It finishes after the release.
+    fn finishes_while_held<L: Release>(g: Guard<'_, L>, shares: bool, access: impl FnOnce() -> Result<Option<u64>, Error> + Send) -> bool {
         let done = AtomicBool::new(false);
         std::thread::scope(|s| {
             s.spawn(|| {
                 access().unwrap();
                 done.store(true, Ordering::SeqCst);
             });
-            std::thread::sleep(Duration::from_millis(100));
+            let deadline = Instant::now() + if shares { Duration::from_secs(10) } else { Duration::from_millis(100) };
+            while !done.load(Ordering::SeqCst) && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(1));
+            }
             let finished = done.load(Ordering::SeqCst);
             g.unlock().unwrap();
             finished
@@ -335,11 +340,11 @@ mod tests {
     }
 
     /// [`finishes_while_held`] with volume 0's lock held (as a writer if `write`).
-    fn beside(t: &Dht, write: bool, access: impl FnOnce() -> Result<Option<u64>, Error> + Send) -> bool {
+    fn beside(t: &Dht, write: bool, shares: bool, access: impl FnOnce() -> Result<Option<u64>, Error> + Send) -> bool {
         match &t.locks {
-            Locks::RmaRw(l) => finishes_while_held(if write { l[0].write() } else { l[0].read() }.unwrap(), access),
-            Locks::FompiRw(l) => finishes_while_held(if write { l[0].write() } else { l[0].read() }.unwrap(), access),
-            Locks::Spin(l) => finishes_while_held(l[0].lock().unwrap(), access),
+            Locks::RmaRw(l) => finishes_while_held(if write { l[0].write() } else { l[0].read() }.unwrap(), shares, access),
+            Locks::FompiRw(l) => finishes_while_held(if write { l[0].write() } else { l[0].read() }.unwrap(), shares, access),
+            Locks::Spin(l) => finishes_while_held(l[0].lock().unwrap(), shares, access),
         }
     }
 
@@ -351,10 +356,10 @@ mod tests {
         let c = rts[0].world();
         for lock in [VolumeLock::FompiRw, VolumeLock::RmaRw(Levels::flat(), Thresholds::default()), VolumeLock::Spin] {
             let t = Dht::new(c, &DhtConfig { buckets: 4, heap: 4, lock: lock.clone() }).unwrap();
-            assert!(!beside(&t, false, || t.insert(1, 2)), "{lock:?}: an insert beside a lookup");
-            assert!(!beside(&t, true, || t.get(1)), "{lock:?}: a lookup beside an insert");
+            assert!(!beside(&t, false, false, || t.insert(1, 2)), "{lock:?}: an insert beside a lookup");
+            assert!(!beside(&t, true, false, || t.get(1)), "{lock:?}: a lookup beside an insert");
             let shared = lock != VolumeLock::Spin;
-            assert_eq!(beside(&t, false, || t.get(1)), shared, "{lock:?}: lookups share a volume (not under the spin lock)");
+            assert_eq!(beside(&t, false, shared, || t.get(1)), shared, "{lock:?}: lookups share a volume (not under the spin lock)");
             assert_eq!(t.get(1).unwrap(), Some(2));
         }
     }

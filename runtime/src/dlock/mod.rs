@@ -380,7 +380,7 @@ impl Release for RmaRw {
     fn release(&self, mode: Mode) -> Releasing<'_> {
         match mode {
             Mode::Exclusive => Box::pin(self.q.writer_release()),
-            Mode::Shared => Box::pin(std::future::ready(self.q.reader_release())),
+            Mode::Shared => Box::pin(self.q.reader_release()),
         }
     }
 }

@@ -16,6 +16,14 @@
 //! critical section, and at the end that the final state (every process done) is reachable
 //! from every reachable state: no deadlock (nobody can move) and no livelock (moves that
 //! never finish). [`Mutation`]s break the protocol on purpose; the checks must fail then.
+//!
+//! Exhaustive search ends at 3 processes of 2 acquisitions. Beyond it, [`real`] runs the
+//! code of `queues.rs` itself, not this transcription: each process's protocol future over
+//! a window whose every operation is a step, under thousands of random schedules of 4-8
+//! processes whose roles change from one acquisition to the next, checking the same
+//! properties. Such schedules meet, within a second, interleavings that threads meet once
+//! in 10^5 acquisitions (a reset taking a negative DEPART, beyond the listing 6 of
+//! `queues.rs`, let a writer in beside a reader).
 
 use std::collections::{HashMap, VecDeque};
 
@@ -462,7 +470,8 @@ impl Model {
                 p.pc = Pc::ResetDepart;
             }
             Pc::ResetDepart => {
-                p.d = mem[self.at(self.reset_rank(p, i), self.layout().depart())];
+                // Beyond the listing (6): nothing is taken from a DEPART below zero.
+                p.d = (mem[self.at(self.reset_rank(p, i), self.layout().depart())] as i64).max(0) as u64;
                 p.pc = Pc::ResetSubDepart;
             }
             Pc::ResetSubDepart => {
@@ -710,4 +719,288 @@ fn rma_rw_writer_that_does_not_drain_breaks_exclusion() {
     let m = rma_rw(&[], &[W, R], &[1], 2, 2, 1, Mutation::WriterSkipsDrain);
     let o = m.explore(LIMIT);
     assert!(o.exclusion_broken.is_some(), "{o:?}");
+}
+
+/// The protocols of `queues.rs` themselves (not the transcription above) under random
+/// schedules: each process runs [`Queues`] over [`ModelWords`], whose every operation is a
+/// step (the process's future returns `Pending` before it, and the scheduler picks whom to
+/// poll next), so a schedule interleaves the real code's window operations one by one.
+#[cfg(not(loom))]
+mod real {
+    use std::future::Future;
+    use std::pin::Pin;
+    use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
+    use std::sync::Arc;
+    use std::task::{Context, Poll, Waker};
+
+    use parking_lot::Mutex;
+    use weft_sync::Error;
+
+    use super::super::levels::Machine;
+    use super::super::queues::{Counters, Layout, Queues, Words};
+    use super::super::wait::{Armed, Backoff};
+    use crate::rma::{AtomicElement, Op};
+
+    /// One operation as the trace shows it: (process, what, target rank, offset, value
+    /// written or read).
+    type Traced = (u32, &'static str, u32, usize, u64);
+
+    /// The window's words of every process, and the last operations.
+    struct Memory {
+        words: Vec<AtomicU64>,
+        per_rank: usize,
+        trace: Mutex<std::collections::VecDeque<Traced>>,
+    }
+
+    impl Memory {
+        fn at(&self, rank: u32, offset: usize) -> &AtomicU64 {
+            assert!(offset < self.per_rank, "offset {offset} outside a rank's {} words", self.per_rank);
+            &self.words[rank as usize * self.per_rank + offset]
+        }
+
+        fn log(&self, op: Traced) {
+            let mut t = self.trace.lock();
+            if t.len() == 48 {
+                t.pop_front();
+            }
+            t.push_back(op);
+        }
+    }
+
+    /// `Pending` once: the point where the scheduler may run another process.
+    struct Step(bool);
+
+    impl Future for Step {
+        type Output = ();
+        fn poll(mut self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<()> {
+            if std::mem::replace(&mut self.0, true) {
+                Poll::Ready(())
+            } else {
+                Poll::Pending
+            }
+        }
+    }
+
+    fn step() -> Step {
+        Step(false)
+    }
+
+    /// One process's window: every operation is one step, done at once when its turn comes.
+    struct ModelWords {
+        rank: u32,
+        size: u32,
+        mem: Arc<Memory>,
+    }
+
+    impl Words for ModelWords {
+        fn rank(&self) -> u32 {
+            self.rank
+        }
+
+        fn size(&self) -> u32 {
+            self.size
+        }
+
+        async fn get(&self, rank: u32, offset: usize, out: &mut [u64]) -> Result<(), Error> {
+            step().await;
+            for (k, o) in out.iter_mut().enumerate() {
+                *o = self.mem.at(rank, offset + k).load(Relaxed);
+            }
+            self.mem.log((self.rank, "get", rank, offset, out[0]));
+            Ok(())
+        }
+
+        async fn put_unflushed(&self, rank: u32, offset: usize, data: &[u64]) -> Result<(), Error> {
+            self.put(rank, offset, data).await
+        }
+
+        async fn put(&self, rank: u32, offset: usize, data: &[u64]) -> Result<(), Error> {
+            step().await;
+            for (k, &d) in data.iter().enumerate() {
+                self.mem.at(rank, offset + k).store(d, Relaxed);
+            }
+            self.mem.log((self.rank, "put", rank, offset, data[0]));
+            Ok(())
+        }
+
+        async fn fetch_and_op(&self, rank: u32, offset: usize, operand: u64, op: Op) -> Result<u64, Error> {
+            step().await;
+            let w = self.mem.at(rank, offset);
+            let old = w.load(Relaxed);
+            w.store(u64::combine(old, operand, op).expect("an integer operation"), Relaxed);
+            self.mem.log((self.rank, if op == Op::NoOp { "read" } else { "fetch-op" }, rank, offset, old));
+            Ok(old)
+        }
+
+        async fn compare_and_swap(&self, rank: u32, offset: usize, compare: u64, swap: u64) -> Result<u64, Error> {
+            step().await;
+            let old = self.mem.at(rank, offset).compare_exchange(compare, swap, Relaxed, Relaxed).unwrap_or_else(|v| v);
+            self.mem.log((self.rank, "cas", rank, offset, old));
+            Ok(old)
+        }
+
+        fn arm<const N: usize>(&self, _: &Backoff, _: [(u32, usize); N]) -> Armed<'_, N> {
+            Armed::Yield
+        }
+
+        async fn pause(&self) {
+            step().await;
+        }
+    }
+
+    /// A process's acquisitions, under way.
+    type Process<'a> = Pin<Box<dyn Future<Output = Result<(), Error>> + 'a>>;
+
+    /// Who is in the critical section.
+    #[derive(Default)]
+    struct Inside {
+        writers: AtomicUsize,
+        readers: AtomicUsize,
+    }
+
+    /// A lock of the queues: RMA-RW (with counters) or a mutual-exclusion lock.
+    pub(super) struct Config {
+        pub(super) sizes: Vec<u32>,
+        pub(super) procs: u32,
+        pub(super) t_l: Vec<u64>,
+        /// `(T_R, T_DC)` for RMA-RW; `None`: RMA-MCS (D-MCS with one level).
+        pub(super) rw: Option<(i64, u32)>,
+        /// Every `every`-th acquisition of a process writes (shifted by the process).
+        pub(super) every: u32,
+        pub(super) rounds: u32,
+    }
+
+    /// Runs `walks` random schedules of `config` (xorshift from `seed`), each at most
+    /// `steps` steps; the first that broke exclusion or did not finish, described.
+    pub(super) fn walks(config: &Config, walks: u32, steps: u32, seed: u64) -> Option<String> {
+        let mut x = seed | 1;
+        let mut next = move || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x
+        };
+        let machine = Machine::simulated(&config.sizes, config.procs);
+        let n = machine.depth();
+        let t_l: Vec<u64> = (0..n).map(|l| config.t_l[l.min(config.t_l.len() - 1)]).collect();
+        let counters = config.rw.map(|(t_r, t_dc)| Counters { t_dc, t_r, t_w: t_l.iter().product() });
+        for walk in 0..walks {
+            let mem = Arc::new(Memory {
+                words: (0..config.procs as usize * Layout(n).words()).map(|_| AtomicU64::new(0)).collect(),
+                per_rank: Layout(n).words(),
+                trace: Mutex::new(Default::default()),
+            });
+            let queues: Vec<Queues<ModelWords>> = (0..config.procs)
+                .map(|rank| {
+                    let words = ModelWords { rank, size: config.procs, mem: mem.clone() };
+                    Queues::on(words, machine.clone(), t_l.clone(), counters).expect("valid thresholds")
+                })
+                .collect();
+            let inside = Inside::default();
+            let mut procs: Vec<Option<Process<'_>>> =
+                queues.iter().map(|q| Some(Box::pin(process(q, config, &inside)) as Process<'_>)).collect();
+            let mut cx = Context::from_waker(Waker::noop());
+            let mut left = steps;
+            let failure = loop {
+                let alive: Vec<usize> = (0..procs.len()).filter(|&i| procs[i].is_some()).collect();
+                if alive.is_empty() {
+                    break None;
+                }
+                if left == 0 {
+                    break Some(format!("not finished after {steps} steps (deadlock or livelock)"));
+                }
+                let i = alive[(next() % alive.len() as u64) as usize];
+                for _ in 0..1 + next() % 4 {
+                    left = left.saturating_sub(1);
+                    let Some(f) = procs[i].as_mut() else { break };
+                    if let Poll::Ready(r) = f.as_mut().poll(&mut cx) {
+                        r.expect("model operations do not fail");
+                        procs[i] = None;
+                    }
+                    let (w, r) = (inside.writers.load(Relaxed), inside.readers.load(Relaxed));
+                    if w > 1 || (w == 1 && r > 0) {
+                        break;
+                    }
+                }
+                let (w, r) = (inside.writers.load(Relaxed), inside.readers.load(Relaxed));
+                if w > 1 || (w == 1 && r > 0) {
+                    break Some(format!("{w} writers and {r} readers inside"));
+                }
+            };
+            if let Some(what) = failure {
+                let trace: Vec<String> =
+                    mem.trace.lock().iter().map(|(p, op, r, off, v)| format!("{p}: {op} rank {r} word {off}: {:#x}", v)).collect();
+                return Some(format!("walk {walk}: {what}; the last operations:\n{}", trace.join("\n")));
+            }
+        }
+        None
+    }
+
+    /// One process: `config.rounds` acquisitions, each a write or a read, held for a step.
+    async fn process(q: &Queues<ModelWords>, config: &Config, inside: &Inside) -> Result<(), Error> {
+        let me = q.window.rank;
+        for j in 0..config.rounds {
+            let write = config.rw.is_none() || (me + j) % config.every == 0;
+            let who = if write { &inside.writers } else { &inside.readers };
+            if write {
+                q.writer_acquire().await?;
+            } else {
+                q.reader_acquire().await?;
+            }
+            who.fetch_add(1, Relaxed);
+            step().await;
+            who.fetch_sub(1, Relaxed);
+            if write {
+                q.writer_release().await?;
+            } else {
+                q.reader_release().await?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The code of `queues.rs` itself under random schedules of 4-8 processes: RMA-RW with
+/// roles that change, one counter and several, one level and two; RMA-MCS and D-MCS. The
+/// schedules are the same at every run (fixed seeds): 30 walks per lock in a debug build,
+/// 300 in release, `WEFT_MODEL_WALKS` to search longer. (Not under `--cfg loom`: the
+/// queues' local lock would take loom's atomics outside a loom model.)
+#[test]
+#[cfg(not(loom))]
+fn the_protocols_code_under_random_schedules_excludes_and_finishes() {
+    use real::Config;
+    let default = if cfg!(debug_assertions) { 30 } else { 300 };
+    let walks: u32 = std::env::var("WEFT_MODEL_WALKS").ok().and_then(|v| v.parse().ok()).unwrap_or(default);
+    let configs = [
+        (
+            "RMA-RW, 6 processes, one counter, T_R 2, T_W 2",
+            Config { sizes: vec![], procs: 6, t_l: vec![2], rw: Some((2, 6)), every: 4, rounds: 40 },
+        ),
+        (
+            "RMA-RW, 8 processes, one counter, T_R 1, T_W 1",
+            Config { sizes: vec![], procs: 8, t_l: vec![1], rw: Some((1, 8)), every: 3, rounds: 30 },
+        ),
+        (
+            "RMA-RW, 4 processes, a counter per rank",
+            Config { sizes: vec![], procs: 4, t_l: vec![3], rw: Some((1, 1)), every: 2, rounds: 40 },
+        ),
+        (
+            "RMA-RW, 6 processes on 3 nodes, 3 counters",
+            Config { sizes: vec![2], procs: 6, t_l: vec![2, 2], rw: Some((2, 2)), every: 4, rounds: 30 },
+        ),
+        (
+            "RMA-RW, 8 processes on 2 nodes, T_R 4",
+            Config { sizes: vec![4], procs: 8, t_l: vec![16], rw: Some((4, 4)), every: 4, rounds: 30 },
+        ),
+        (
+            "RMA-MCS, 8 processes, 2 nodes of 2 sockets",
+            Config { sizes: vec![2, 2], procs: 8, t_l: vec![1, 2, 2], rw: None, every: 1, rounds: 20 },
+        ),
+        ("D-MCS, 6 processes", Config { sizes: vec![], procs: 6, t_l: vec![1], rw: None, every: 1, rounds: 30 }),
+    ];
+    for (seed, (what, config)) in configs.iter().enumerate() {
+        if let Some(failure) = real::walks(config, walks, 2_000_000, seed as u64 + 3) {
+            panic!("{what}: {failure}");
+        }
+    }
 }

@@ -27,8 +27,8 @@
 //!    counter; clearing the mark there would let readers in beside the writer. Readers
 //!    reset with the mark kept; the writer's release (Listing 8) clears it. A reset subtracts
 //!    from DEPART before ARRIVE, so a writer that reads ARRIVE then DEPART never counts
-//!    fewer active readers than there are; the mark is recognized from `WRITE / 2` up, since
-//!    two resets that read the same DEPART leave ARRIVE a little below its mark.
+//!    fewer active readers than there are (see 6); the mark is recognized from `WRITE / 2`
+//!    up, since two resets that read the same DEPART leave ARRIVE a little below its mark.
 //! 4. **Listing 9's loop ends** when the reader's increment finds the count below `T_R`
 //!    (the listing never sets `done`).
 //! 5. **Readers do not wait for a writer that left.** A reader that finds `T_R` reached
@@ -38,6 +38,13 @@
 //!    and no writer queued resets it itself. A reader that reset the counter backs off once
 //!    before its next increment, so the readers inside (perhaps tasks of the same thread)
 //!    get to leave.
+//! 6. **A reset takes nothing from a DEPART below zero.** Two resets that read the same
+//!    DEPART both subtract it, which leaves DEPART below zero (and ARRIVE as far below, so
+//!    ARRIVE - DEPART still counts the readers). A third reset that read the negative value
+//!    and subtracted it would *raise* DEPART before it raises ARRIVE, and a writer reading
+//!    ARRIVE then DEPART between the two would count fewer readers than are inside: it
+//!    entered beside one, about once in 10^5 acquisitions of 8 ranks. A reset therefore
+//!    subtracts `max(DEPART, 0)`; the departures still to come bring DEPART back above zero.
 //!
 //! Each rank's part of the window: for each level `l` (0 is level 1, the machine) NEXT,
 //! STATUS, TAIL at `3l..3l+3`; the OWNER words at `3N..4N`; ARRIVE and DEPART at `4N` and
@@ -47,9 +54,95 @@ use parking_lot::Mutex;
 use weft_sync::Error;
 
 use super::levels::Machine;
-use super::wait::{until, Backoff, LocalLock};
+use super::wait::{arm, block_on, Armed, Backoff, LocalLock};
 use crate::comm::Communicator;
 use crate::rma::{Op, Window};
+
+/// Waits until `$check`, an expression that reads the words `$words` of `$q`'s window (with
+/// `.await` and `?`), gives `Some(value)`; evaluates to the value. Before each check the
+/// wait is armed (a listener for the words registered where the window has one), then, if
+/// the check gave `None`, waited on ([`Armed`]): the listings' local spin, parked where the
+/// transport signals writes.
+macro_rules! until {
+    ($q:expr, $words:expr, $check:expr) => {{
+        let mut backoff = Backoff::new();
+        loop {
+            let armed = $q.window.arm(&backoff, $words);
+            if let Some(v) = $check {
+                break v;
+            }
+            armed.wait(&mut backoff).await;
+        }
+    }};
+}
+
+/// The one-sided operations the protocols make on the words of a lock's window, each one
+/// complete (at its target) when its future is: the listings' `Get`, `Put` + `Flush`,
+/// `Accumulate`/`FAO` + `Flush`, `CAS` + `Flush`, and their waits. The lock's RMA window
+/// does them; the protocols' model (tests) does them on memory of its own, each one a step
+/// its scheduler interleaves with the other processes' steps, so that it runs this module's
+/// code itself.
+pub(super) trait Words: Send + Sync {
+    /// This process's rank.
+    fn rank(&self) -> u32;
+    /// The processes.
+    fn size(&self) -> u32;
+    /// Reads `out.len()` words at `offset` of `rank`'s part.
+    async fn get(&self, rank: u32, offset: usize, out: &mut [u64]) -> Result<(), Error>;
+    /// Writes `data` at `offset` of `rank`'s part, complete at the next [`put`](Self::put)
+    /// to `rank` (a `Put` whose `Flush` comes with the next one).
+    async fn put_unflushed(&self, rank: u32, offset: usize, data: &[u64]) -> Result<(), Error>;
+    /// Writes `data` at `offset` of `rank`'s part, complete on return.
+    async fn put(&self, rank: u32, offset: usize, data: &[u64]) -> Result<(), Error>;
+    /// Atomic read-modify-write of one word; returns its old value.
+    async fn fetch_and_op(&self, rank: u32, offset: usize, operand: u64, op: Op) -> Result<u64, Error>;
+    /// Atomic compare-and-swap of one word; returns its old value.
+    async fn compare_and_swap(&self, rank: u32, offset: usize, compare: u64, swap: u64) -> Result<u64, Error>;
+    /// Arms the next wait for the `N` words `words` after the polls `backoff` counted
+    /// ([`Armed`]; see `until!`).
+    fn arm<const N: usize>(&self, backoff: &Backoff, words: [(u32, usize); N]) -> Armed<'_, N>;
+    /// A short pause before trying again.
+    async fn pause(&self);
+}
+
+impl Words for Window<'_, u64> {
+    fn rank(&self) -> u32 {
+        Window::rank(self)
+    }
+
+    fn size(&self) -> u32 {
+        Window::size(self)
+    }
+
+    async fn get(&self, rank: u32, offset: usize, out: &mut [u64]) -> Result<(), Error> {
+        Window::get(self, rank, offset, out)
+    }
+
+    async fn put_unflushed(&self, rank: u32, offset: usize, data: &[u64]) -> Result<(), Error> {
+        Window::put(self, rank, offset, data)
+    }
+
+    async fn put(&self, rank: u32, offset: usize, data: &[u64]) -> Result<(), Error> {
+        Window::put(self, rank, offset, data)?;
+        self.flush(rank)
+    }
+
+    async fn fetch_and_op(&self, rank: u32, offset: usize, operand: u64, op: Op) -> Result<u64, Error> {
+        Window::fetch_and_op(self, rank, offset, operand, op)
+    }
+
+    async fn compare_and_swap(&self, rank: u32, offset: usize, compare: u64, swap: u64) -> Result<u64, Error> {
+        Window::compare_and_swap(self, rank, offset, compare, swap)
+    }
+
+    fn arm<const N: usize>(&self, backoff: &Backoff, words: [(u32, usize); N]) -> Armed<'_, N> {
+        arm(self, backoff, words)
+    }
+
+    async fn pause(&self) {
+        Backoff::new().snooze().await;
+    }
+}
 
 /// STATUS: spin (the listings' `WAIT`).
 pub(super) const WAIT: u64 = u64::MAX;
@@ -129,9 +222,10 @@ impl Layout {
     }
 }
 
-/// The queues of one lock on one rank (and, for RMA-RW, its counters).
-pub(super) struct Queues {
-    pub(super) window: Window<'static, u64>,
+/// The queues of one lock on one rank (and, for RMA-RW, its counters), on the words `W`
+/// (the lock's window).
+pub(super) struct Queues<W = Window<'static, u64>> {
+    pub(super) window: W,
     machine: Machine,
     /// `T_L,i` per level index (index 0, level 1, is not used: RMA-MCS passes there
     /// without limit, RMA-RW counts to `T_W`).
@@ -143,7 +237,7 @@ pub(super) struct Queues {
     held: Mutex<Vec<u32>>,
 }
 
-impl std::fmt::Debug for Queues {
+impl<W: Words> std::fmt::Debug for Queues<W> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Queues").field("rank", &self.window.rank()).field("levels", &self.machine.depth()).field("t_l", &self.t_l).finish()
     }
@@ -152,19 +246,20 @@ impl std::fmt::Debug for Queues {
 impl Queues {
     /// Creates the window (collective). `t_l` has one threshold per level.
     pub(super) fn new(comm: &Communicator, machine: Machine, t_l: Vec<u64>, counters: Option<Counters>) -> Result<Self, Error> {
+        let window = comm.window(Layout(machine.depth()).words())?;
+        Queues::on(window, machine, t_l, counters)
+    }
+}
+
+impl<W: Words> Queues<W> {
+    /// The queues on `window`, which holds [`Layout::words`] words per rank, zeroed.
+    pub(super) fn on(window: W, machine: Machine, t_l: Vec<u64>, counters: Option<Counters>) -> Result<Self, Error> {
         let n = machine.depth();
         debug_assert_eq!(t_l.len(), n);
         if t_l.contains(&0) {
             return Err(Error::InvalidArgument("a locality threshold T_L,i is 0"));
         }
-        Ok(Queues {
-            window: comm.window(Layout(n).words())?,
-            machine,
-            t_l,
-            counters,
-            local: LocalLock::new(),
-            held: Mutex::new(vec![0; n]),
-        })
+        Ok(Queues { window, machine, t_l, counters, local: LocalLock::new(), held: Mutex::new(vec![0; n]) })
     }
 
     fn depth(&self) -> usize {
@@ -188,33 +283,32 @@ impl Queues {
     }
 
     /// One word of `rank`'s part, read with a get (the listings' `Get` and `Flush`).
-    fn get(&self, rank: u32, offset: usize) -> Result<u64, Error> {
+    async fn get(&self, rank: u32, offset: usize) -> Result<u64, Error> {
         let mut v = [0u64];
-        self.window.get(rank, offset, &mut v)?;
+        self.window.get(rank, offset, &mut v).await?;
         Ok(v[0])
     }
 
     /// The listings' `Put(value, rank, offset); Flush(rank)`.
-    fn put(&self, rank: u32, offset: usize, value: u64) -> Result<(), Error> {
-        self.window.put(rank, offset, &[value])?;
-        self.window.flush(rank)
+    async fn put(&self, rank: u32, offset: usize, value: u64) -> Result<(), Error> {
+        self.window.put(rank, offset, &[value]).await
     }
 
     /// A counter word, read atomically (it is only ever changed by atomics).
-    fn read_atomic(&self, rank: u32, offset: usize) -> Result<i64, Error> {
-        Ok(self.window.fetch_and_op(rank, offset, 0, Op::NoOp)? as i64)
+    async fn read_atomic(&self, rank: u32, offset: usize) -> Result<i64, Error> {
+        Ok(self.window.fetch_and_op(rank, offset, 0, Op::NoOp).await? as i64)
     }
 
     /// `Accumulate(value, rank, offset, SUM); Flush(rank)`.
-    fn add(&self, rank: u32, offset: usize, value: i64) -> Result<i64, Error> {
-        Ok(self.window.fetch_and_op(rank, offset, value as u64, Op::Sum)? as i64)
+    async fn add(&self, rank: u32, offset: usize, value: i64) -> Result<i64, Error> {
+        Ok(self.window.fetch_and_op(rank, offset, value as u64, Op::Sum).await? as i64)
     }
 
     /// Waits until `done` holds for `rank`'s word at `offset` (the listings' local spin);
     /// returns it. Parks until the word is written where the transport says so
     /// ([`until`]).
-    async fn spin(&self, rank: u32, offset: usize, done: impl Fn(u64) -> bool) -> Result<u64, Error> {
-        until(&self.window, [(rank, offset)], || Ok(Some(self.get(rank, offset)?).filter(|&v| done(v)))).await
+    async fn spin(&self, rank: u32, offset: usize, done: fn(u64) -> bool) -> Result<u64, Error> {
+        Ok(until!(self, [(rank, offset)], Some(self.get(rank, offset).await?).filter(|&v| done(v))))
     }
 
     /// Acquires the lock as a writer: Listing 4 from level `N` up, Listing 7 at level 1 for
@@ -226,18 +320,18 @@ impl Queues {
         for l in (0..n).rev() {
             let tail_rank = self.machine.tail_rank(l, p);
             // Listing 4, lines 2-6: prepare the node, enter the DQ of e(p, i).
-            self.window.put(p, Layout::next(l), &[0])?;
-            self.put(p, Layout::status(l), WAIT)?;
-            let pred = self.window.fetch_and_op(tail_rank, Layout::tail(l), node(p), Op::Replace)?;
+            self.window.put_unflushed(p, Layout::next(l), &[0]).await?;
+            self.put(p, Layout::status(l), WAIT).await?;
+            let pred = self.window.fetch_and_op(tail_rank, Layout::tail(l), node(p), Op::Replace).await?;
             if pred != 0 {
                 // Lines 8-12: make pred see us, wait until it passes the lock.
-                self.put(rank_of(pred), Layout::next(l), node(p))?;
+                self.put(rank_of(pred), Layout::next(l), node(p)).await?;
                 let status = self.spin(p, Layout::status(l), |s| s != WAIT).await?;
                 if l == 0 {
                     // Listing 7, lines 14-17: the readers have the lock; take it back.
                     if status == MODE_CHANGE {
                         self.counters_to_write().await?;
-                        self.put(p, Layout::status(0), ACQUIRE_START)?;
+                        self.put(p, Layout::status(0), ACQUIRE_START).await?;
                     }
                     break;
                 }
@@ -245,7 +339,7 @@ impl Queues {
                     // Lines 15-18: passed within the element. Beyond the listing (1): the
                     // nodes above this level are the ones the passer named.
                     let mut owners = vec![0u64; l];
-                    self.window.get(p, self.owners(), &mut owners)?;
+                    self.window.get(p, self.owners(), &mut owners).await?;
                     held[..l].iter_mut().zip(&owners).for_each(|(h, &o)| *h = rank_of(o));
                     break;
                 }
@@ -253,12 +347,12 @@ impl Queues {
                 // Listing 7, lines 19-22: no predecessor; the lock is taken from the readers.
                 if self.counters.is_some() {
                     self.counters_to_write().await?;
-                    self.put(p, Layout::status(0), ACQUIRE_START)?;
+                    self.put(p, Layout::status(0), ACQUIRE_START).await?;
                 }
                 break;
             }
             // Lines 22-23: acquire the parent level.
-            self.put(p, Layout::status(l), ACQUIRE_START)?;
+            self.put(p, Layout::status(l), ACQUIRE_START).await?;
         }
         *self.held.lock() = held;
         Ok(())
@@ -268,15 +362,20 @@ impl Queues {
     /// for RMA-RW, no reader holds it): one compare-and-swap of each tail from level `N`
     /// up. The caller holds `local`.
     pub(super) fn try_writer_acquire(&self) -> Result<bool, Error> {
+        block_on(self.try_writer_acquire_async())
+    }
+
+    async fn try_writer_acquire_async(&self) -> Result<bool, Error> {
         let p = self.me();
         let n = self.depth();
         for l in (0..n).rev() {
-            self.window.put(p, Layout::next(l), &[0])?;
-            self.put(p, Layout::status(l), ACQUIRE_START)?;
-            if self.window.compare_and_swap(self.machine.tail_rank(l, p), Layout::tail(l), 0, node(p))? != 0 {
+            self.window.put_unflushed(p, Layout::next(l), &[0]).await?;
+            self.put(p, Layout::status(l), ACQUIRE_START).await?;
+            if self.window.compare_and_swap(self.machine.tail_rank(l, p), Layout::tail(l), 0, node(p)).await? != 0 {
                 // Leave the levels below, from the top down (as Listing 5 does).
                 for j in l + 1..n {
-                    self.leave(j, p, self.get(p, Layout::next(j))?, ACQUIRE_PARENT)?;
+                    let next = self.get(p, Layout::next(j)).await?;
+                    self.leave(j, p, next, ACQUIRE_PARENT).await?;
                 }
                 return Ok(false);
             }
@@ -284,18 +383,20 @@ impl Queues {
         if let Some(c) = self.counters {
             let ranks = (0..self.window.size()).step_by(c.t_dc as usize);
             for r in ranks.clone() {
-                self.add(r, self.arrive(), WRITE)?;
+                self.add(r, self.arrive(), WRITE).await?;
             }
             let mut drained = true;
             for r in ranks {
-                drained &= self.active_readers(r)? == 0;
+                drained &= self.active_readers(r).await? == 0;
             }
             if !drained {
                 // Give the lock back to the readers (Listing 8 with the counters reset).
-                self.reset_counters()?;
-                self.leave(0, p, self.get(p, Layout::next(0))?, MODE_CHANGE)?;
+                self.reset_counters().await?;
+                let next = self.get(p, Layout::next(0)).await?;
+                self.leave(0, p, next, MODE_CHANGE).await?;
                 for j in 1..n {
-                    self.leave(j, p, self.get(p, Layout::next(j))?, ACQUIRE_PARENT)?;
+                    let next = self.get(p, Layout::next(j)).await?;
+                    self.leave(j, p, next, ACQUIRE_PARENT).await?;
                 }
                 return Ok(false);
             }
@@ -316,15 +417,14 @@ impl Queues {
         for l in (1..n).rev() {
             // Listing 5, lines 3-9.
             let o = held[l];
-            succ[l] = self.get(o, Layout::next(l))?;
-            let status = self.get(o, Layout::status(l))?;
+            succ[l] = self.get(o, Layout::next(l)).await?;
+            let status = self.get(o, Layout::status(l)).await?;
             if succ[l] != 0 && status < self.t_l[l] {
                 // Beyond the listing (1): name the nodes of the levels above first.
                 let to = rank_of(succ[l]);
                 let owners: Vec<u64> = held[..l].iter().map(|&r| node(r)).collect();
-                self.window.put(to, self.owners(), &owners)?;
-                self.window.flush(to)?;
-                self.put(to, Layout::status(l), status + 1)?;
+                self.window.put(to, self.owners(), &owners).await?;
+                self.put(to, Layout::status(l), status + 1).await?;
                 top = l;
                 break;
             }
@@ -334,7 +434,7 @@ impl Queues {
         }
         for l in top + 1..n {
             // Listing 5, lines 13-23.
-            self.leave_async(l, held[l], succ[l], ACQUIRE_PARENT).await?;
+            self.leave(l, held[l], succ[l], ACQUIRE_PARENT).await?;
         }
         Ok(())
     }
@@ -342,44 +442,39 @@ impl Queues {
     /// Releases level 1 on `o`'s node: Listing 8 (RMA-RW) or Listing 3 (RMA-MCS).
     async fn root_release(&self, o: u32) -> Result<(), Error> {
         let Some(c) = self.counters else {
-            let succ = self.get(o, Layout::next(0))?;
-            return self.leave_async(0, o, succ, ACQUIRE_START + 1).await;
+            let succ = self.get(o, Layout::next(0)).await?;
+            return self.leave(0, o, succ, ACQUIRE_START + 1).await;
         };
         // Listing 8, lines 2-8.
         let mut counters_reset = false;
-        let mut next_stat = self.get(o, Layout::status(0))?.wrapping_add(1);
+        let mut next_stat = self.get(o, Layout::status(0)).await?.wrapping_add(1);
         if next_stat >= c.t_w {
-            self.reset_counters()?;
+            self.reset_counters().await?;
             next_stat = MODE_CHANGE;
             counters_reset = true;
         }
         // Lines 9-13.
-        let succ = self.get(o, Layout::next(0))?;
+        let succ = self.get(o, Layout::next(0)).await?;
         if succ == 0 && !counters_reset {
-            self.reset_counters()?;
+            self.reset_counters().await?;
             next_stat = MODE_CHANGE;
         }
         // Lines 14-23.
-        self.leave_async(0, o, succ, next_stat).await
+        self.leave(0, o, succ, next_stat).await
     }
 
     /// Hands level `l` of `o`'s node to `succ` with `status`; with no known successor,
     /// first leaves the DQ if nobody entered it since (Listing 5, lines 13-23; Listing 8,
     /// lines 14-23; Listing 3).
-    async fn leave_async(&self, l: usize, o: u32, succ: u64, status: u64) -> Result<(), Error> {
+    async fn leave(&self, l: usize, o: u32, succ: u64, status: u64) -> Result<(), Error> {
         let mut succ = succ;
         if succ == 0 {
-            if self.window.compare_and_swap(self.machine.tail_rank(l, o), Layout::tail(l), node(o), 0)? == node(o) {
+            if self.window.compare_and_swap(self.machine.tail_rank(l, o), Layout::tail(l), node(o), 0).await? == node(o) {
                 return Ok(());
             }
             succ = self.spin(o, Layout::next(l), |s| s != 0).await?;
         }
-        self.put(rank_of(succ), Layout::status(l), status)
-    }
-
-    /// [`leave_async`](Self::leave_async) on this thread.
-    fn leave(&self, l: usize, o: u32, succ: u64, status: u64) -> Result<(), Error> {
-        super::wait::block_on(self.leave_async(l, o, succ, status))
+        self.put(rank_of(succ), Layout::status(l), status).await
     }
 
     /// `set_counters_to_WRITE` (Listing 6, lines 2-7), then (beyond the listing, 2) the wait
@@ -388,43 +483,51 @@ impl Queues {
         let Some(c) = self.counters else { return Ok(()) };
         let ranks = (0..self.window.size()).step_by(c.t_dc as usize);
         for r in ranks.clone() {
-            self.add(r, self.arrive(), WRITE)?;
+            self.add(r, self.arrive(), WRITE).await?;
         }
         for r in ranks {
             // The count falls with a reader's departure (DEPART) or back-off (ARRIVE).
             let words = [(r, self.arrive()), (r, self.depart())];
-            until(&self.window, words, || Ok((self.active_readers(r)? == 0).then_some(()))).await?;
+            until!(self, words, (self.active_readers(r).await? == 0).then_some(()));
         }
         Ok(())
     }
 
     /// Readers in the CS or on their way in or out at counter `r` (ARRIVE less its WRITE
     /// mark, less DEPART; ARRIVE read first).
-    fn active_readers(&self, r: u32) -> Result<i64, Error> {
-        let arrive = self.read_atomic(r, self.arrive())?;
-        let depart = self.read_atomic(r, self.depart())?;
+    async fn active_readers(&self, r: u32) -> Result<i64, Error> {
+        let arrive = self.read_atomic(r, self.arrive()).await?;
+        let depart = self.read_atomic(r, self.depart()).await?;
         let unmarked = if arrive >= WRITE / 2 { arrive.wrapping_sub(WRITE) } else { arrive };
         Ok(unmarked.wrapping_sub(depart))
     }
 
     /// `reset_counter` (Listing 6, lines 10-24); a reader's keeps the WRITE mark (beyond the
     /// listing, 3).
-    fn reset_counter(&self, r: u32, clear_write: bool) -> Result<(), Error> {
-        let arr_cnt = self.read_atomic(r, self.arrive())?;
-        let dep_cnt = self.read_atomic(r, self.depart())?;
+    async fn reset_counter(&self, r: u32, clear_write: bool) -> Result<(), Error> {
+        let arr_cnt = self.read_atomic(r, self.arrive()).await?;
+        // Beyond the listing (6): nothing is taken from a DEPART below zero.
+        let dep_cnt = self.read_atomic(r, self.depart()).await?.max(0);
         let mut sub_arr_cnt = dep_cnt.wrapping_neg();
         if clear_write && arr_cnt >= WRITE / 2 {
             sub_arr_cnt = sub_arr_cnt.wrapping_sub(WRITE);
         }
-        self.add(r, self.depart(), dep_cnt.wrapping_neg())?;
-        self.add(r, self.arrive(), sub_arr_cnt)?;
+        if dep_cnt != 0 {
+            self.add(r, self.depart(), dep_cnt.wrapping_neg()).await?;
+        }
+        if sub_arr_cnt != 0 {
+            self.add(r, self.arrive(), sub_arr_cnt).await?;
+        }
         Ok(())
     }
 
     /// `reset_counters` (Listing 6, lines 27-28), by the writer that holds the lock.
-    fn reset_counters(&self) -> Result<(), Error> {
+    async fn reset_counters(&self) -> Result<(), Error> {
         let c = self.counters.expect("RMA-RW");
-        (0..self.window.size()).step_by(c.t_dc as usize).try_for_each(|r| self.reset_counter(r, true))
+        for r in (0..self.window.size()).step_by(c.t_dc as usize) {
+            self.reset_counter(r, true).await?;
+        }
+        Ok(())
     }
 
     /// `c(p)`: this rank's physical counter.
@@ -433,21 +536,21 @@ impl Queues {
     }
 
     /// One pass of Listing 9's loop (lines 11-24) at counter `r`.
-    fn reader_attempt(&self, c: &Counters, r: u32) -> Result<Attempt, Error> {
-        let curr_stat = self.add(r, self.arrive(), 1)?;
+    async fn reader_attempt(&self, c: &Counters, r: u32) -> Result<Attempt, Error> {
+        let curr_stat = self.add(r, self.arrive(), 1).await?;
         if curr_stat < c.t_r {
             return Ok(Attempt::Entered);
         }
         let mut next = Attempt::Wait;
         if curr_stat == c.t_r {
             // The first to reach T_R: to the writers if there are any, else reset.
-            if !self.writers_queued()? {
-                self.reset_counter(r, false)?;
+            if !self.writers_queued().await? {
+                self.reset_counter(r, false).await?;
                 next = Attempt::Again;
             }
         }
         // Line 24: back off.
-        self.add(r, self.arrive(), -1)?;
+        self.add(r, self.arrive(), -1).await?;
         Ok(next)
     }
 
@@ -462,25 +565,24 @@ impl Queues {
                 // WRITE mark and no writer at level 1, nobody else will reset it.
                 // A reset writes ARRIVE; a writer leaving the queue, the TAIL of level 1.
                 let words = [(r, self.arrive()), (self.machine.tail_rank(0, self.me()), Layout::tail(0))];
-                until(&self.window, words, || {
-                    let curr_stat = self.read_atomic(r, self.arrive())?;
+                until!(self, words, {
+                    let curr_stat = self.read_atomic(r, self.arrive()).await?;
                     if curr_stat < c.t_r {
-                        return Ok(Some(()));
+                        Some(())
+                    } else if curr_stat < WRITE / 2 && !self.writers_queued().await? {
+                        self.reset_counter(r, false).await?;
+                        Some(())
+                    } else {
+                        None
                     }
-                    if curr_stat < WRITE / 2 && !self.writers_queued()? {
-                        self.reset_counter(r, false)?;
-                        return Ok(Some(()));
-                    }
-                    Ok(None)
-                })
-                .await?;
+                });
             }
-            match self.reader_attempt(&c, r)? {
+            match self.reader_attempt(&c, r).await? {
                 Attempt::Entered => return Ok(()),
                 Attempt::Again => {
                     // Beyond the listing (5): the readers inside must get to leave first.
                     barrier = false;
-                    Backoff::new().snooze().await;
+                    self.window.pause().await;
                 }
                 Attempt::Wait => barrier = true,
             }
@@ -488,26 +590,28 @@ impl Queues {
     }
 
     /// Whether a writer is in the queue of level 1 (its TAIL is set).
-    fn writers_queued(&self) -> Result<bool, Error> {
+    async fn writers_queued(&self) -> Result<bool, Error> {
         let tail_rank = self.machine.tail_rank(0, self.me());
-        Ok(self.window.fetch_and_op(tail_rank, Layout::tail(0), 0, Op::NoOp)? != 0)
+        Ok(self.window.fetch_and_op(tail_rank, Layout::tail(0), 0, Op::NoOp).await? != 0)
     }
 
     /// One attempt of Listing 9, and a second at once when this reader reset the counter.
     pub(super) fn try_reader_acquire(&self) -> Result<bool, Error> {
         let c = self.counters.expect("RMA-RW");
         let r = self.counter(&c);
-        Ok(match self.reader_attempt(&c, r)? {
-            Attempt::Entered => true,
-            Attempt::Again => self.reader_attempt(&c, r)? == Attempt::Entered,
-            Attempt::Wait => false,
+        block_on(async {
+            Ok(match self.reader_attempt(&c, r).await? {
+                Attempt::Entered => true,
+                Attempt::Again => self.reader_attempt(&c, r).await? == Attempt::Entered,
+                Attempt::Wait => false,
+            })
         })
     }
 
     /// Releases the lock as a reader (Listing 10).
-    pub(super) fn reader_release(&self) -> Result<(), Error> {
+    pub(super) async fn reader_release(&self) -> Result<(), Error> {
         let c = self.counters.expect("RMA-RW");
-        self.add(self.counter(&c), self.depart(), 1).map(drop)
+        self.add(self.counter(&c), self.depart(), 1).await.map(drop)
     }
 }
 
@@ -532,16 +636,21 @@ mod tests {
         rx.recv_timeout(Duration::from_secs(20)).unwrap_or_else(|_| panic!("hang: {what}"));
     }
 
+    /// ARRIVE and DEPART of rank 0's counter.
+    fn counts(q: &Queues) -> (i64, i64) {
+        block_on(async { Ok::<_, Error>((q.read_atomic(0, q.arrive()).await?, q.read_atomic(0, q.depart()).await?)) }).unwrap()
+    }
+
     /// A counter past `T_R` with no WRITE mark and no writer queued (a writer reset it and
     /// left the queue only after readers reached `T_R` again): a reader resets it itself
     /// (beyond the listing, 5) instead of waiting for a writer that is gone.
     #[test]
     fn a_reader_resets_a_counter_no_writer_will_reset() {
         one_rank("a counter nobody resets", |lock, q| {
-            q.add(0, q.arrive(), 3).unwrap();
-            q.add(0, q.depart(), 3).unwrap();
+            block_on(q.add(0, q.arrive(), 3)).unwrap();
+            block_on(q.add(0, q.depart(), 3)).unwrap();
             let g = lock.read().unwrap();
-            assert_eq!((q.read_atomic(0, q.arrive()).unwrap(), q.read_atomic(0, q.depart()).unwrap()), (1, 0), "reset, then this reader");
+            assert_eq!(counts(q), (1, 0), "reset, then this reader");
             g.unlock().unwrap();
         });
     }
@@ -551,13 +660,27 @@ mod tests {
     #[test]
     fn only_a_writers_reset_clears_the_write_mark() {
         one_rank("resets", |_, q| {
-            q.add(0, q.arrive(), WRITE + 5).unwrap();
-            q.add(0, q.depart(), 4).unwrap();
-            q.reset_counter(0, false).unwrap();
-            assert_eq!(q.read_atomic(0, q.arrive()).unwrap(), WRITE + 1);
-            assert_eq!(q.active_readers(0).unwrap(), 1);
-            q.reset_counter(0, true).unwrap();
-            assert_eq!((q.read_atomic(0, q.arrive()).unwrap(), q.read_atomic(0, q.depart()).unwrap()), (1, 0));
+            block_on(q.add(0, q.arrive(), WRITE + 5)).unwrap();
+            block_on(q.add(0, q.depart(), 4)).unwrap();
+            block_on(q.reset_counter(0, false)).unwrap();
+            assert_eq!(counts(q), (WRITE + 1, 0));
+            assert_eq!(block_on(q.active_readers(0)).unwrap(), 1);
+            block_on(q.reset_counter(0, true)).unwrap();
+            assert_eq!(counts(q), (1, 0));
+        });
+    }
+
+    /// A reset that reads a DEPART below zero (two resets took the same departures) takes
+    /// nothing from it (beyond the listing, 6): raising DEPART before ARRIVE would let a
+    /// writer count fewer readers than are inside.
+    #[test]
+    fn a_reset_takes_nothing_from_a_depart_below_zero() {
+        one_rank("a negative DEPART", |_, q| {
+            block_on(q.add(0, q.arrive(), -1)).unwrap();
+            block_on(q.add(0, q.depart(), -2)).unwrap();
+            block_on(q.reset_counter(0, false)).unwrap();
+            assert_eq!(counts(q), (-1, -2));
+            assert_eq!(block_on(q.active_readers(0)).unwrap(), 1);
         });
     }
 }

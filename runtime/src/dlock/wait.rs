@@ -7,7 +7,7 @@
 //!   then parks it on a timer ([`Sleep`]) that one shared thread fires: the thread the task
 //!   ran on is free meanwhile (other tasks run, progress goes on), and each wake-up polls the
 //!   lock word once more with a one-sided operation.
-//! - [`until`] waits for words of a window that a peer's write changes (a queue node's
+//! - [`Armed`] waits for words of a window that a peer's write changes (a queue node's
 //!   STATUS or NEXT, a reader counter): after a few polls it parks (the thread in
 //!   [`block_on`], the task under an executor) until a write to one of the words wakes it,
 //!   where the transport signals writes (the embedded provider); elsewhere (libfabric) it
@@ -25,27 +25,27 @@ use std::task::{Context, Poll, Wake, Waker};
 use std::time::{Duration, Instant};
 
 use event_listener::Event;
-use weft_sync::{Error, SignalListener};
+use weft_sync::SignalListener;
 
 use crate::rma::Window;
 
 /// The longest a waiting rank sleeps between two polls.
 pub const MAX_SLEEP: Duration = Duration::from_micros(100);
 
-/// Polls of a word in [`until`] before the waiter parks on the word's signal (the first
+/// Polls of a word ([`Armed`]) before the waiter parks on the word's signal (the first
 /// ones of [`Backoff`]: spins on a thread, yields of a task).
 const SPIN_POLLS: u32 = 8;
 
 thread_local! {
     /// Whether this thread runs a protocol in [`block_on`] (waits sleep the thread).
     static BLOCKING: Cell<bool> = const { Cell::new(false) };
-    /// [`Backoff`] sleeps begun on this thread, and parks of [`until`] on it.
+    /// [`Backoff`] sleeps begun on this thread, and parks ([`Armed`]) on it.
     static WAITS: Cell<Waits> = const { Cell::new(Waits { sleeps: 0, parks: 0 }) };
 }
 
 /// How the waits of the distributed locks on one thread went: [`Backoff`] sleeps (a
 /// thread's sleep in [`block_on`], a task's sleep on the timer begun from the thread) and
-/// parks on a signal in [`until`].
+/// parks on a signal ([`Armed`]).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub(crate) struct Waits {
     pub(crate) sleeps: u64,
@@ -64,37 +64,48 @@ fn count(f: impl FnOnce(&mut Waits)) {
     WAITS.set(w);
 }
 
-/// Waits until `check` gives a value, where `check` reads the `N` words `words` (rank,
-/// element offset) of `window`: polls it a few times, then parks until a write to one of
-/// the words and polls again. The listeners are registered before the last poll, so a write
-/// between that poll and the park wakes it (no lost wake-up); a write to another word that
-/// shares a word's signal only costs a poll. Where the transport signals no writes
-/// (libfabric: a peer's write raises no event at this rank), it polls with [`Backoff`]
-/// instead: each poll is a one-sided read, which also makes the transport's progress.
-pub(crate) async fn until<T, const N: usize>(
-    window: &Window<'_, u64>,
-    words: [(u32, usize); N],
-    mut check: impl FnMut() -> Result<Option<T>, Error>,
-) -> Result<T, Error> {
-    let mut backoff = Backoff::new();
-    loop {
-        if let Some(v) = check()? {
-            return Ok(v);
+/// How a wait for words of a window waits next (see [`until!`](super::queues)): a waiter
+/// *arms* before each check of the words, then, if the check failed, *waits* on what it
+/// armed. For the first polls it spins ([`Backoff`]); after that it listens for a write to
+/// one of the words, registered before the check, so a write between the check and the park
+/// wakes it (no lost wake-up); a write to another word that shares a word's signal only
+/// costs a check. Where the transport signals no writes (libfabric: a peer's write raises
+/// no event at this rank), it polls with [`Backoff`]: each check is a one-sided read, which
+/// also makes the transport's progress.
+pub(crate) enum Armed<'a, const N: usize> {
+    /// Spin, yield or sleep ([`Backoff::snooze`]).
+    Snooze,
+    /// Let other tasks run once (the protocols' model: every wait is a step).
+    #[cfg_attr(not(test), allow(dead_code))]
+    Yield,
+    /// Park until one of the words is written.
+    Listen([SignalListener<'a>; N]),
+}
+
+/// Arms the next wait for the words `words` (rank, element offset) of `window` after the
+/// polls `backoff` counted.
+pub(crate) fn arm<'a, const N: usize>(window: &'a Window<'_, u64>, backoff: &Backoff, words: [(u32, usize); N]) -> Armed<'a, N> {
+    if backoff.0 < SPIN_POLLS {
+        return Armed::Snooze;
+    }
+    let listeners = words.map(|(rank, offset)| window.watch(rank, offset));
+    if listeners.iter().any(Option::is_none) {
+        return Armed::Snooze;
+    }
+    Armed::Listen(listeners.map(|l| l.expect("checked above")))
+}
+
+impl<const N: usize> Armed<'_, N> {
+    /// Waits as armed (after a check that failed).
+    pub(crate) async fn wait(self, backoff: &mut Backoff) {
+        match self {
+            Armed::Snooze => backoff.snooze().await,
+            Armed::Yield => YieldNow(false).await,
+            Armed::Listen(listeners) => {
+                count(|w| w.parks += 1);
+                AnyOf(listeners.map(Some)).await;
+            }
         }
-        if backoff.0 < SPIN_POLLS {
-            backoff.snooze().await;
-            continue;
-        }
-        let listeners = words.map(|(rank, offset)| window.watch(rank, offset));
-        if listeners.iter().any(Option::is_none) {
-            backoff.snooze().await;
-            continue;
-        }
-        if let Some(v) = check()? {
-            return Ok(v);
-        }
-        count(|w| w.parks += 1);
-        AnyOf(listeners).await;
     }
 }
 

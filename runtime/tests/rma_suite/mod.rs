@@ -254,3 +254,53 @@ fn flush_waits_only_for_what_was_issued_before_it() {
         w.free().unwrap();
     });
 }
+
+/// A put that a flush completed is applied at its target before any operation issued after
+/// the flush — by another thread of the origin, through another CRI, so another connection
+/// where the provider has connections — is seen there (`MPI_Win_flush` completes an
+/// operation at the target, not only at the origin). The puts are large (256 KiB), so a
+/// provider that completes a write once it is handed to the network would let the small
+/// atomic behind it overtake its tail.
+#[test]
+fn a_flushed_put_lands_before_a_later_operation_of_another_thread() {
+    const ROUNDS: u64 = 200;
+    const LEN: usize = 32 * 1024;
+    on_ranks(2, "a flushed put, then another thread's atomic", |me, c| {
+        let w: Window<'_, u64> = c.window(LEN + 1).unwrap();
+        barrier(c);
+        if me == 0 {
+            let (tx, rx) = std::sync::mpsc::channel::<u64>();
+            std::thread::scope(|s| {
+                let w = &w;
+                s.spawn(move || {
+                    for i in 1..=ROUNDS {
+                        w.put(1, 0, &vec![i; LEN]).unwrap();
+                        w.flush(1).unwrap();
+                        tx.send(i).unwrap();
+                    }
+                });
+                s.spawn(move || {
+                    for i in rx {
+                        w.fetch_and_op(1, LEN, i, Op::Replace).unwrap();
+                    }
+                });
+            });
+        } else {
+            let mut seen = 0;
+            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+            while seen < ROUNDS && std::time::Instant::now() < deadline {
+                let flag = w.fetch_and_op(1, LEN, 0, Op::NoOp).unwrap();
+                let mut tail = [0u64];
+                w.read_local(LEN - 1, &mut tail).unwrap();
+                assert!(
+                    tail[0] >= flag,
+                    "the atomic of round {flag} was applied before the end of that round's flushed put (found {})",
+                    tail[0]
+                );
+                seen = flag;
+            }
+            assert_eq!(seen, ROUNDS, "rounds seen");
+        }
+        barrier(c);
+    });
+}
