@@ -27,13 +27,13 @@
 //! and every frame rang a doorbell some of them slept on, to find the driver had the frame.
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
 use weft_sync::{Counted, Error, Progress, SignalListener, Status, Step, SyncObject};
 
 use crate::engine::Engine;
+use crate::loom::sync::atomic::{AtomicBool, Ordering};
 use crate::progress::sync_hook;
 use crate::request::Request;
 use crate::runtime::Runtime;
@@ -374,7 +374,8 @@ impl Helping<'_> {
 
 impl Drop for Helping<'_> {
     fn drop(&mut self) {
-        if *self.drives.get_mut() {
+        // Relaxed: only this wait writes `drives`.
+        if self.drives.load(Ordering::Relaxed) {
             // Release: what this driver did is seen by the next. Then the waiters sleeping
             // beside it wake, and one takes over if callbacks remain (memory ordering above).
             self.request.driven.store(false, Ordering::Release);
