@@ -1,9 +1,10 @@
 //! The collectives on any communicator, blocking and nonblocking. Each is a schedule of
 //! point-to-point steps (`nbc.rs`): a nonblocking one (`ibcast`, ...) is a [`Request`] like a
 //! receive, which the rank's progress completes; a blocking one starts the same schedule and
-//! waits for it — except the small blocking `barrier`, `bcast`, `reduce` and `allreduce`,
-//! whose few steps the calling thread posts and waits for itself, with no schedule, future or
-//! allocation (`Communicator::run_direct`, `nbc.rs`). Their messages travel on the
+//! waits for it — except the small blocking `barrier`, `bcast`, `reduce` and `allreduce`, and
+//! the blocking `gather`, `scatter`, `allgather` and `alltoall` (and their `v` forms), whose
+//! steps the calling thread posts and waits for itself, with no schedule or future
+//! (`Communicator::run_direct`, `nbc.rs`). Their messages travel on the
 //! communicator's collective context under tags of the collective's sequence number, so they
 //! never match a user receive (`Tag::Any` included) nor each other's.
 //!
@@ -15,7 +16,7 @@
 //! |---|---|---|
 //! | `barrier` | dissemination: `ceil(log2 n)` rounds | — |
 //! | `bcast` | binomial tree | from [`BCAST_LONG_BYTES`] and [`BCAST_LONG_RANKS`] ranks: binomial scatter of `n` blocks, then a ring allgather (van de Geijn; MPICH's `scatter_ring_allgather`) |
-//! | `allreduce` | recursive doubling, ranks beyond a power of two folded in first | from [`ALLREDUCE_LONG_BYTES`] with a predefined op and at least `n` elements: on a power of two of ranks Rabenseifner's (a reduce-scatter by recursive halving, then an allgather by recursive doubling: `2 log2 n` steps), on others a ring reduce-scatter, then a ring allgather (`2 (n-1)` steps); either sends about `2 (n-1)/n` times the data per rank, against `log2 n` times |
+//! | `allreduce` | recursive doubling, ranks beyond a power of two folded in first | from [`ALLREDUCE_LONG_BYTES`] with a predefined op and at least `n` elements: Rabenseifner's: a reduce-scatter by recursive halving, then an allgather by recursive doubling (`2 log2 p` steps over the largest power of two `p` of ranks, each rank beyond it folding its vector into a partner first and getting the result back at the end), sending about `2 (p-1)/p` times the data per rank, against `log2 p` times |
 //! | `reduce` | binomial tree | from [`REDUCE_LONG_BYTES`] with a predefined op, at least `n` elements and a power of two of ranks: a reduce-scatter by recursive halving, then a binomial gather of the reduced blocks ([Thakur 2005]) |
 //! | `gather`, `scatter` (and `v`) | the root exchanges with every rank at once | — |
 //! | `allgather` (and `v`) | ring | — |
@@ -25,8 +26,9 @@
 //! A user reduction (`allreduce_with`) need not be commutative, so it always takes recursive
 //! doubling, which combines in rank order.
 //!
-//! The barrier, the recursive doubling and the large-message algorithms are plans of steps
-//! (`coll_steps.rs`), the same the persistent collectives (`persistent_coll.rs`) start.
+//! Every algorithm but the small nonblocking broadcast (which shares one copy of the data
+//! among a node's children) is a plan of steps (`coll_steps.rs`), one copy for the blocking,
+//! nonblocking and persistent (`persistent_coll.rs`) forms.
 //!
 //! # Buffers
 //!
@@ -53,11 +55,12 @@ use weft_sync::Error;
 
 use crate::buffer::Primitive;
 use crate::coll_steps::{
-    allreduce_long_steps, barrier_into, barrier_steps, bcast_into, bcast_long_steps, reduce_long_steps, reduce_over_into,
-    reduce_over_steps, reduce_tree_into, Steps as StepPlan,
+    allgather_into, allgather_steps, allreduce_long_steps, alltoall_into, alltoall_steps, barrier_into, barrier_steps, bcast_into,
+    bcast_long_steps, gather_into, gather_steps, reduce_long_steps, reduce_over_into, reduce_over_steps, reduce_steps, reduce_tree_into,
+    scan_steps, scatter_into, scatter_steps, Steps as StepPlan,
 };
 use crate::comm::Communicator;
-use crate::nbc::{In, Out, Sched, Scratch, Steps, MISMATCH};
+use crate::nbc::{DirectPlan, In, Out, Sched, Scratch, Steps, MISMATCH};
 use crate::request::Request;
 
 /// `bcast` messages of at least this many bytes go by scatter and allgather (MPICH's
@@ -66,8 +69,8 @@ pub const BCAST_LONG_BYTES: usize = 12288;
 /// ... on at least this many ranks (MPICH's `MPIR_CVAR_BCAST_MIN_PROCS`).
 pub const BCAST_LONG_RANKS: u32 = 8;
 /// `allreduce` messages of at least this many bytes (and at least one element per rank) go
-/// by reduce-scatter and allgather: Rabenseifner's on a power of two of ranks, the ring's on
-/// others (MPICH's `MPIR_CVAR_ALLREDUCE_SHORT_MSG_SIZE`).
+/// by Rabenseifner's reduce-scatter and allgather, the ranks beyond a power of two folded in
+/// first (MPICH's `MPIR_CVAR_ALLREDUCE_SHORT_MSG_SIZE`).
 pub const ALLREDUCE_LONG_BYTES: usize = 2048;
 /// `reduce` messages of at least this many bytes (and at least one element per rank) go by
 /// reduce-scatter and gather on a power of two of ranks (MPICH's
@@ -269,22 +272,6 @@ impl Sched<'_> {
         self.exchange::<T>(None, children.into_iter().map(|w| (w, shared.clone())).collect()).await.map(drop)
     }
 
-    /// Ring allgather of `data`'s blocks, `blocks[v]` for the rank `v` from `root`: that
-    /// rank starts with block `v + shift`, and in `n - 1` steps each rank passes the block it
-    /// got last to the next.
-    async fn ring_allgather<T: Primitive>(&self, data: &mut [T], blocks: &[Range<usize>], root: u32, shift: u32) -> Result<(), Error> {
-        let n = self.comm.size();
-        let vr = (self.comm.rank() + n - root) % n;
-        let (left, right) = (self.at(vr + n - 1, root), self.at(vr + 1, root));
-        for step in 0..n.saturating_sub(1) {
-            let out = &blocks[((vr + shift + n - step) % n) as usize];
-            let inc = blocks[((vr + shift + 2 * n - step - 1) % n) as usize].clone();
-            let got = self.sendrecv(right, Scratch::copy_of(&data[out.clone()]), left, inc.len()).await?;
-            data[inc].copy_from_slice(&got);
-        }
-        Ok(())
-    }
-
     /// Reduces `value` over the world ranks `members` (this rank among them; each passes the
     /// same list and length): every member gets `f(f(v0, v1), ...)` over the members' values
     /// in list order (`f(lower, upper)` combines the values of two adjacent runs of
@@ -306,67 +293,34 @@ impl Sched<'_> {
         Ok(())
     }
 
-    /// Binomial-tree reduction of `data` into `data` of `root` (others' is left as it was).
-    async fn reduce<T: Primitive>(&self, data: &mut [T], root: u32, f: impl Fn(&[T], &[T]) -> Vec<T>) -> Result<(), Error> {
-        let (n, len) = (self.comm.size(), data.len());
-        let vr = (self.comm.rank() + n - root) % n;
-        let mut buf = data.to_vec();
-        let mut mask = 1u32;
-        while mask < n {
-            if vr & mask != 0 {
-                return self.send(self.at(vr - mask, root), buf).await;
-            }
-            if vr + mask < n {
-                let theirs = self.recv::<T>(self.at(vr + mask, root), len).await?;
-                buf = f(&buf, &theirs);
-            }
-            mask <<= 1;
-        }
-        data.copy_from_slice(&buf);
-        Ok(())
-    }
-
-    /// Gathers `send` of every rank into `blocks[r]` of `recv` of `root` (the root posts
-    /// every receive at once). `blocks` is read at the root only.
+    /// Gathers `send` of every rank into `blocks[r]` of `recv` of `root` ([`gather_steps`];
+    /// `recv` and `blocks` are read at the root only).
     async fn gather<T: Primitive>(&self, send: &[T], recv: &mut [T], blocks: &[Range<usize>], root: u32) -> Result<(), Error> {
-        let (n, me) = (self.comm.size(), self.comm.rank());
-        if me != root {
-            return self.send(self.comm.world_of(root), Scratch::copy_of(send)).await;
+        let plan = gather_steps(self.comm, root, blocks, send.len());
+        if self.comm.rank() != root {
+            // The plan only reads it.
+            return self.run_in(&plan, &mut Scratch::copy_of(send), |_, _, _| {}).await;
         }
-        if send.len() != blocks[me as usize].len() {
-            return Err(MISMATCH);
-        }
-        let others: Vec<u32> = (0..n).filter(|&r| r != me).collect();
-        let from: Vec<_> = others.iter().map(|&r| (self.comm.world_of(r), blocks[r as usize].len())).collect();
-        let got = self.exchange_many::<T>(&from, Vec::<(u32, Vec<T>)>::new()).await?;
-        for (r, v) in others.into_iter().zip(got) {
-            recv[blocks[r as usize].clone()].copy_from_slice(&v);
-        }
-        recv[blocks[me as usize].clone()].copy_from_slice(send);
-        Ok(())
+        recv[blocks[root as usize].clone()].copy_from_slice(send);
+        self.run_in(&plan, recv, |_, _, _| {}).await
     }
 
-    /// Scatters `blocks[r]` of `send` of `root` into `recv` of rank `r` (`send` and `blocks`
-    /// are read at the root only).
+    /// Scatters `blocks[r]` of `send` of `root` into `recv` of rank `r` ([`scatter_steps`];
+    /// `send` and `blocks` are read at the root only).
     async fn scatter<T: Primitive>(&self, send: &[T], blocks: &[Range<usize>], recv: &mut [T], root: u32) -> Result<(), Error> {
-        let (n, me) = (self.comm.size(), self.comm.rank());
-        if me != root {
-            let v = self.recv(self.comm.world_of(root), recv.len()).await?;
-            recv.copy_from_slice(&v);
-            return Ok(());
+        let plan = scatter_steps(self.comm, root, blocks, recv.len());
+        if self.comm.rank() != root {
+            return self.run_in(&plan, recv, |_, _, _| {}).await;
         }
-        if recv.len() != blocks[me as usize].len() {
-            return Err(MISMATCH);
-        }
-        let to =
-            (0..n).filter(|&r| r != me).map(|r| (self.comm.world_of(r), Scratch::copy_of(&send[blocks[r as usize].clone()]))).collect();
-        self.exchange::<T>(None, to).await?;
-        recv.copy_from_slice(&send[blocks[me as usize].clone()]);
+        // The plan only reads it.
+        self.run_in(&plan, &mut Scratch::copy_of(send), |_, _, _| {}).await?;
+        recv.copy_from_slice(&send[blocks[root as usize].clone()]);
         Ok(())
     }
 
     /// Sends `send[sblocks[r]]` to every rank `r` and receives `rblocks[r]` of `recv` from it,
-    /// all at once.
+    /// all at once ([`alltoall_steps`]): in `recv` itself where both lay their blocks out
+    /// alike, else in one buffer of both.
     async fn alltoall<T: Primitive>(
         &self,
         send: &[T],
@@ -374,48 +328,34 @@ impl Sched<'_> {
         recv: &mut [T],
         rblocks: &[Range<usize>],
     ) -> Result<(), Error> {
-        let (n, me) = (self.comm.size(), self.comm.rank());
-        let others: Vec<u32> = (0..n).filter(|&r| r != me).collect();
-        let from: Vec<_> = others.iter().map(|&r| (self.comm.world_of(r), rblocks[r as usize].len())).collect();
-        let to = others.iter().map(|&r| (self.comm.world_of(r), send[sblocks[r as usize].clone()].to_vec())).collect();
-        let got = self.exchange_many(&from, to).await?;
-        for (&r, v) in others.iter().zip(got) {
-            recv[rblocks[r as usize].clone()].copy_from_slice(&v);
-        }
-        if sblocks[me as usize].len() != rblocks[me as usize].len() {
+        let me = self.comm.rank() as usize;
+        if sblocks[me].len() != rblocks[me].len() {
             return Err(MISMATCH);
         }
-        recv[rblocks[me as usize].clone()].copy_from_slice(&send[sblocks[me as usize].clone()]);
+        if sblocks == rblocks && send.len() == recv.len() {
+            recv.copy_from_slice(send);
+            return self.run_in(&alltoall_steps(self.comm, sblocks, rblocks), recv, |_, _, _| {}).await;
+        }
+        // What this rank sends, then what it receives.
+        let at = send.len();
+        let mut work = [send, &*recv].concat();
+        let shifted: Vec<Range<usize>> = rblocks.iter().map(|b| b.start + at..b.end + at).collect();
+        self.run_in(&alltoall_steps(self.comm, sblocks, &shifted), &mut work, |_, _, _| {}).await?;
+        recv.copy_from_slice(&work[at..]);
+        recv[rblocks[me].clone()].copy_from_slice(&send[sblocks[me].clone()]);
         Ok(())
     }
 
-    /// The reduction of `send` over the ranks below this one (`None` at rank 0), by recursive
-    /// doubling: each step trades the reduction of a block of ranks with the partner's.
-    async fn prefix<T: Primitive>(&self, send: &[T], f: impl Fn(&[T], &[T]) -> Vec<T>) -> Result<Option<Vec<T>>, Error> {
-        let (n, me, len) = (self.comm.size(), self.comm.rank(), send.len());
-        // `block`: the reduction over this rank's block of the current step; `below`: over
-        // the ranks below this one seen so far.
-        let mut block = send.to_vec();
-        let mut below: Option<Vec<T>> = None;
-        let mut mask = 1u32;
-        while mask < n {
-            let partner = me ^ mask;
-            if partner < n {
-                let w = self.comm.world_of(partner);
-                let theirs = self.sendrecv(w, block.clone(), w, len).await?;
-                if partner < me {
-                    below = Some(match below {
-                        Some(b) => f(&theirs, &b),
-                        None => theirs.to_vec(),
-                    });
-                    block = f(&theirs, &block);
-                } else {
-                    block = f(&block, &theirs);
-                }
-            }
-            mask <<= 1;
-        }
-        Ok(below)
+    /// The prefix reduction of `data` with `op` (checked for the type) into `data`
+    /// ([`scan_steps`]), `inclusive` (`scan`) or not (`exscan`, rank 0's data left as it
+    /// is).
+    async fn prefix<T: Reducible>(&self, data: &mut [T], op: Op, inclusive: bool) -> Result<(), Error> {
+        let len = data.len();
+        // The result so far, then the reduction over this rank's block of ranks.
+        let mut work = [&*data, &*data].concat();
+        self.run_in(&scan_steps(self.comm, len, inclusive), &mut work, |ours, theirs, tf| combine(op, ours, theirs, tf)).await?;
+        data.copy_from_slice(&work[..len]);
+        Ok(())
     }
 }
 
@@ -498,7 +438,7 @@ impl Communicator {
             barrier_into(s, self);
             Ok(())
         };
-        self.run_direct::<u8>(&mut [], plan, |_, _, _| {})
+        self.run_direct::<u8>(&mut [], DirectPlan::Barrier, plan, |_, _, _| {})
     }
 
     /// Starts broadcasting `data` of rank `root` to every rank (`MPI_Ibcast`): the request
@@ -530,7 +470,7 @@ impl Communicator {
                 bcast_into(s, self, root, len);
                 Ok(())
             };
-            return self.run_direct(data, plan, |_, _, _| {});
+            return self.run_direct(data, DirectPlan::Bcast { len, root }, plan, |_, _, _| {});
         }
         let steps = self.bcast_steps(data, root)?;
         self.run_in_place(data, None, steps)
@@ -551,16 +491,16 @@ impl Communicator {
     /// kept as they were (the steps work in a copy).
     fn reduce_steps<T: Reducible>(&self, data: &[T], op: Op, root: u32, keep: bool) -> Result<impl InPlace<T>, Error> {
         self.check_root(root)?;
-        let f = op_for(op, data.first(), "reduce: a bitwise op on floating-point elements")?;
-        let n = self.size();
-        let large = reduce_is_long(std::mem::size_of_val(data), data.len(), n);
+        check_op(op, data.first(), "reduce: a bitwise op on floating-point elements")?;
+        let large = reduce_is_long(std::mem::size_of_val(data), data.len(), self.size());
+        // The binomial tree too combines the children's data into a rank's own.
         let copy = keep && self.rank() != root;
-        let long = move |s: &Sched<'_>, len| reduce_long_steps(s.comm, root, len);
-        let f_in = move |ours: &mut [T], theirs: &[T], tf| combine(op, ours, theirs, tf);
-        Ok(steps!(|s, work| match (large, copy) {
-            (true, true) => s.run_in(&long(s, work.len()), &mut work.to_vec(), f_in).await,
-            (true, false) => s.run_in(&long(s, work.len()), work, f_in).await,
-            (false, _) => s.reduce(work, root, f).await,
+        let plan = move |s: &Sched<'_>, len| if large { reduce_long_steps(s.comm, root, len) } else { reduce_steps(s.comm, root, len) };
+        let f = move |ours: &mut [T], theirs: &[T], tf| combine(op, ours, theirs, tf);
+        Ok(steps!(|s, work| if copy {
+            s.run_in(&plan(s, work.len()), &mut Scratch::copy_of(work), f).await
+        } else {
+            s.run_in(&plan(s, work.len()), work, f).await
         }))
     }
 
@@ -579,12 +519,13 @@ impl Communicator {
                 Ok(())
             };
             let f = |ours: &mut [T], theirs: &[T], first| combine(op, ours, theirs, first);
+            let what = DirectPlan::Reduce { len: send.len(), root };
             if self.rank() == root {
                 recv.copy_from_slice(send);
-                return self.run_direct(recv, plan, f);
+                return self.run_direct(recv, what, plan, f);
             }
             // Left as it was: the steps work in a copy.
-            return self.run_direct(&mut Scratch::copy_of(send), plan, f);
+            return self.run_direct(&mut Scratch::copy_of(send), what, plan, f);
         }
         let steps = self.reduce_steps(send, op, root, false)?;
         if self.rank() == root {
@@ -605,12 +546,12 @@ impl Communicator {
     }
 
     /// The steps of an allreduce of `data` with `op`, by its size: recursive doubling or
-    /// the ring.
+    /// Rabenseifner's.
     fn allreduce_steps<T: Reducible>(&self, data: &[T], op: Op) -> Result<impl InPlace<T>, Error> {
         let f = op_for(op, data.first(), "allreduce: a bitwise op on floating-point elements")?;
-        let ring = allreduce_is_long(std::mem::size_of_val(data), data.len(), self.size());
+        let long = allreduce_is_long(std::mem::size_of_val(data), data.len(), self.size());
         let members = self.group().world_ranks().clone();
-        Ok(steps!(|s, work| if ring {
+        Ok(steps!(|s, work| if long {
             s.run_in(&allreduce_long_steps(s.comm, work.len()), work, |ours, theirs, tf| combine(op, ours, theirs, tf)).await
         } else {
             s.reduce_over_in(&members, work, f).await
@@ -627,8 +568,9 @@ impl Communicator {
         if std::mem::size_of_val(send) < ALLREDUCE_LONG_BYTES {
             check_op(op, send.first(), "allreduce: a bitwise op on floating-point elements")?;
             recv.copy_from_slice(send);
-            let plan = |s: &mut StepPlan| reduce_over_into(s, self.group().world_ranks(), self.world_of(self.rank()), send.len());
-            return self.run_direct(recv, plan, |ours, theirs, first| combine(op, ours, theirs, first));
+            let plan = |s: &mut StepPlan| reduce_over_into(s, self.world_ranks(), self.world_of(self.rank()), send.len());
+            let what = DirectPlan::Allreduce { len: send.len() };
+            return self.run_direct(recv, what, plan, |ours, theirs, first| combine(op, ours, theirs, first));
         }
         let steps = self.allreduce_steps(send, op)?;
         recv.copy_from_slice(send);
@@ -714,15 +656,30 @@ impl Communicator {
     /// `size * send.len()` elements.
     pub fn gather<T: Primitive>(&self, send: &[T], recv: &mut [T], root: u32) -> Result<(), Error> {
         let blocks = self.gather_blocks(send, recv.len(), root)?;
-        self.gather_in(send, recv, blocks, root)
+        self.gather_in(send, recv, blocks, root, DirectPlan::Gather { len: send.len(), root })
     }
 
     /// The blocking gather of `send` into `blocks` of `recv` (both read at the root only),
-    /// in the caller's buffers.
-    fn gather_in<T: Primitive>(&self, send: &[T], recv: &mut [T], blocks: Vec<Range<usize>>, root: u32) -> Result<(), Error> {
-        let send = In::of(send);
-        // SAFETY: `send` stays borrowed until `run_in_place` returned.
-        self.run_in_place(recv, None, steps!(|s, work| s.gather(unsafe { send.slice() }, work, &blocks, root).await))
+    /// in the caller's buffers, on the calling thread ([`gather_steps`]; `what` says when
+    /// its plan may be reused).
+    fn gather_in<T: Primitive>(
+        &self,
+        send: &[T],
+        recv: &mut [T],
+        blocks: Vec<Range<usize>>,
+        root: u32,
+        what: DirectPlan,
+    ) -> Result<(), Error> {
+        let plan = |s: &mut StepPlan| {
+            gather_into(s, self, root, &blocks, send.len());
+            Ok(())
+        };
+        if self.rank() != root {
+            // The plan only reads it.
+            return self.run_direct(&mut Scratch::copy_of(send), what, plan, |_, _, _| {});
+        }
+        recv[blocks[root as usize].clone()].copy_from_slice(send);
+        self.run_direct(recv, what, plan, |_, _, _| {})
     }
 
     /// Starts gathering `send` of every rank `r` into `recv[displs[r]..][..counts[r]]` of rank
@@ -755,7 +712,7 @@ impl Communicator {
     /// buffers.
     pub fn gatherv<T: Primitive>(&self, send: &[T], recv: &mut [T], counts: &[usize], displs: &[usize], root: u32) -> Result<(), Error> {
         let blocks = self.gatherv_of(send, recv.len(), counts, displs, root)?;
-        self.gather_in(send, recv, blocks, root)
+        self.gather_in(send, recv, blocks, root, DirectPlan::Once)
     }
 
     /// The gather of `send` into `blocks` of `recv` (both read at the root only).
@@ -790,15 +747,32 @@ impl Communicator {
     /// rank `r` gets the block at `r * recv.len()` into `recv` (`MPI_Scatter`).
     pub fn scatter<T: Primitive>(&self, send: &[T], recv: &mut [T], root: u32) -> Result<(), Error> {
         let blocks = self.scatter_blocks(send, recv.len(), root)?;
-        self.scatter_in(send, blocks, recv, root)
+        self.scatter_in(send, blocks, recv, root, DirectPlan::Scatter { len: recv.len(), root })
     }
 
     /// The blocking scatter of `blocks` of `send` (both read at the root only) into `recv`,
-    /// in the caller's buffers.
-    fn scatter_in<T: Primitive>(&self, send: &[T], blocks: Vec<Range<usize>>, recv: &mut [T], root: u32) -> Result<(), Error> {
-        let send = In::of(send);
-        // SAFETY: `send` stays borrowed until `run_in_place` returned.
-        self.run_in_place(recv, None, steps!(|s, work| s.scatter(unsafe { send.slice() }, &blocks, work, root).await))
+    /// in the caller's buffers, on the calling thread ([`scatter_steps`]; `what` says when
+    /// its plan may be reused).
+    fn scatter_in<T: Primitive>(
+        &self,
+        send: &[T],
+        blocks: Vec<Range<usize>>,
+        recv: &mut [T],
+        root: u32,
+        what: DirectPlan,
+    ) -> Result<(), Error> {
+        let own = recv.len();
+        let plan = |s: &mut StepPlan| {
+            scatter_into(s, self, root, &blocks, own);
+            Ok(())
+        };
+        if self.rank() != root {
+            return self.run_direct(recv, what, plan, |_, _, _| {});
+        }
+        // The plan only reads it.
+        self.run_direct(&mut Scratch::copy_of(send), what, plan, |_, _, _| {})?;
+        recv.copy_from_slice(&send[blocks[root as usize].clone()]);
+        Ok(())
     }
 
     /// Starts scattering `send[displs[r]..][..counts[r]]` of rank `root` into `recv` of every
@@ -832,7 +806,7 @@ impl Communicator {
     /// caller's buffers.
     pub fn scatterv<T: Primitive>(&self, send: &[T], counts: &[usize], displs: &[usize], recv: &mut [T], root: u32) -> Result<(), Error> {
         let blocks = self.scatterv_of(send, counts, displs, recv.len(), root)?;
-        self.scatter_in(send, blocks, recv, root)
+        self.scatter_in(send, blocks, recv, root, DirectPlan::Once)
     }
 
     /// The scatter of `blocks` of `send` (both read at the root only) into `recv`.
@@ -863,9 +837,18 @@ impl Communicator {
         if recv.len() != self.size() as usize * send.len() {
             return Err(Error::InvalidArgument("allgather: the receive buffer is not size x the send buffer"));
         }
-        let blocks = even(send.len(), self.size());
+        self.allgather_in(send, recv, even(send.len(), self.size()), DirectPlan::Allgather { len: send.len() })
+    }
+
+    /// The blocking allgather of `send` into `blocks` of `recv`, in the caller's buffer, on
+    /// the calling thread ([`allgather_steps`]; `what` says when its plan may be reused).
+    fn allgather_in<T: Primitive>(&self, send: &[T], recv: &mut [T], blocks: Vec<Range<usize>>, what: DirectPlan) -> Result<(), Error> {
         recv[blocks[self.rank() as usize].clone()].copy_from_slice(send);
-        self.run_in_place(recv, None, steps!(|s, work| s.ring_allgather(work, &blocks, 0, 0).await))
+        let plan = |s: &mut StepPlan| {
+            allgather_into(s, self, &blocks);
+            Ok(())
+        };
+        self.run_direct(recv, what, plan, |_, _, _| {})
     }
 
     /// Starts gathering `send` of every rank `r` into `recv[displs[r]..][..counts[r]]` of every
@@ -877,16 +860,24 @@ impl Communicator {
         counts: &[usize],
         displs: &[usize],
     ) -> Result<Request<'_, Vec<T>>, Error> {
-        let b = blocks(counts, displs, self.size(), recv.len(), "allgatherv: counts and displacements do not fit the receive buffer")?;
-        if b[self.rank() as usize].len() != send.len() {
-            return Err(Error::InvalidArgument("allgatherv: the send buffer differs from this rank's count"));
-        }
+        let b = self.allgatherv_of(send, recv.len(), counts, displs)?;
         self.allgatherv_blocks(send, recv, b)
     }
 
-    /// Gathers as [`iallgatherv`](Self::iallgatherv) and waits (`MPI_Allgatherv`).
+    /// Gathers as [`iallgatherv`](Self::iallgatherv) and waits (`MPI_Allgatherv`), in the
+    /// caller's buffer.
     pub fn allgatherv<T: Primitive>(&self, send: &[T], recv: &mut [T], counts: &[usize], displs: &[usize]) -> Result<(), Error> {
-        finish_into(self.iallgatherv(send, recv.to_vec(), counts, displs)?, recv, true)
+        let b = self.allgatherv_of(send, recv.len(), counts, displs)?;
+        self.allgather_in(send, recv, b, DirectPlan::Once)
+    }
+
+    /// An `allgatherv`'s blocks of the receive buffer of `len` elements (checked).
+    fn allgatherv_of<T>(&self, send: &[T], len: usize, counts: &[usize], displs: &[usize]) -> Result<Vec<Range<usize>>, Error> {
+        let b = blocks(counts, displs, self.size(), len, "allgatherv: counts and displacements do not fit the receive buffer")?;
+        if b[self.rank() as usize].len() != send.len() {
+            return Err(Error::InvalidArgument("allgatherv: the send buffer differs from this rank's count"));
+        }
+        Ok(b)
     }
 
     /// The ring allgather of `send` into `blocks` of `recv`.
@@ -897,24 +888,55 @@ impl Communicator {
         blocks: Vec<Range<usize>>,
     ) -> Result<Request<'_, Vec<T>>, Error> {
         recv[blocks[self.rank() as usize].clone()].copy_from_slice(send);
-        self.start_in(recv, steps!(|s, work| s.ring_allgather(work, &blocks, 0, 0).await))
+        self.start_in(recv, steps!(|s, work| s.run_in(&allgather_steps(s.comm, &blocks), work, |_, _, _| {}).await))
     }
 
     /// Starts sending block `r` of `send` to rank `r` and receiving rank `r`'s block for this
     /// rank into block `r` of `recv`, for every rank `r` (`MPI_Ialltoall`). Both hold `size`
     /// blocks of one length.
     pub fn ialltoall<T: Primitive>(&self, send: &[T], recv: Vec<T>) -> Result<Request<'_, Vec<T>>, Error> {
-        let n = self.size() as usize;
-        if send.len() % n != 0 || recv.len() != send.len() {
-            return Err(Error::InvalidArgument("alltoall: buffers not of size blocks of one length, or of different lengths"));
-        }
-        let blocks = even(send.len() / n, self.size());
+        let blocks = self.alltoall_blocks(send, recv.len())?;
         self.alltoallv_blocks(send, blocks.clone(), recv, blocks)
     }
 
-    /// Exchanges as [`ialltoall`](Self::ialltoall) and waits (`MPI_Alltoall`).
+    /// An `alltoall`'s blocks of buffers of `send.len()` and `len` elements (checked).
+    fn alltoall_blocks<T>(&self, send: &[T], len: usize) -> Result<Vec<Range<usize>>, Error> {
+        let n = self.size() as usize;
+        if send.len() % n != 0 || len != send.len() {
+            return Err(Error::InvalidArgument("alltoall: buffers not of size blocks of one length, or of different lengths"));
+        }
+        Ok(even(send.len() / n, self.size()))
+    }
+
+    /// Exchanges as [`ialltoall`](Self::ialltoall) and waits (`MPI_Alltoall`), in the
+    /// caller's buffers.
     pub fn alltoall<T: Primitive>(&self, send: &[T], recv: &mut [T]) -> Result<(), Error> {
-        finish_into(self.ialltoall(send, recv.to_vec())?, recv, true)
+        let blocks = self.alltoall_blocks(send, recv.len())?;
+        self.alltoall_in(send, blocks.clone(), recv, blocks, DirectPlan::Alltoall { len: send.len() })
+    }
+
+    /// The blocking exchange of `sblocks` of `send` for `rblocks` of `recv`, in the caller's
+    /// buffers: on the calling thread in `recv` itself where both lay their blocks out alike
+    /// ([`alltoall_steps`]; `what` says when its plan may be reused), else as a schedule.
+    fn alltoall_in<T: Primitive>(
+        &self,
+        send: &[T],
+        sblocks: Vec<Range<usize>>,
+        recv: &mut [T],
+        rblocks: Vec<Range<usize>>,
+        what: DirectPlan,
+    ) -> Result<(), Error> {
+        if sblocks == rblocks && send.len() == recv.len() {
+            recv.copy_from_slice(send);
+            let plan = |s: &mut StepPlan| {
+                alltoall_into(s, self, &sblocks, &rblocks);
+                Ok(())
+            };
+            return self.run_direct(recv, what, plan, |_, _, _| {});
+        }
+        let send = In::of(send);
+        // SAFETY: `send` stays borrowed until `run_in_place` returned.
+        self.run_in_place(recv, None, steps!(|s, work| s.alltoall(unsafe { send.slice() }, &sblocks, work, &rblocks).await))
     }
 
     /// Starts sending `send[sdispls[r]..][..scounts[r]]` to every rank `r` and receiving its
@@ -929,10 +951,22 @@ impl Communicator {
         rcounts: &[usize],
         rdispls: &[usize],
     ) -> Result<Request<'_, Vec<T>>, Error> {
-        let n = self.size();
-        let sb = blocks(scounts, sdispls, n, send.len(), "alltoallv: send counts and displacements do not fit the send buffer")?;
-        let rb = blocks(rcounts, rdispls, n, recv.len(), "alltoallv: receive counts and displacements do not fit the receive buffer")?;
+        let (sb, rb) = self.alltoallv_of((send.len(), scounts, sdispls), (recv.len(), rcounts, rdispls))?;
         self.alltoallv_blocks(send, sb, recv, rb)
+    }
+
+    /// An `alltoallv`'s blocks of its send and receive buffers, each given as its length,
+    /// counts and displacements (checked).
+    #[allow(clippy::type_complexity)]
+    fn alltoallv_of(
+        &self,
+        (slen, scounts, sdispls): (usize, &[usize], &[usize]),
+        (rlen, rcounts, rdispls): (usize, &[usize], &[usize]),
+    ) -> Result<(Vec<Range<usize>>, Vec<Range<usize>>), Error> {
+        let n = self.size();
+        let sb = blocks(scounts, sdispls, n, slen, "alltoallv: send counts and displacements do not fit the send buffer")?;
+        let rb = blocks(rcounts, rdispls, n, rlen, "alltoallv: receive counts and displacements do not fit the receive buffer")?;
+        Ok((sb, rb))
     }
 
     /// Exchanges as [`ialltoallv`](Self::ialltoallv) and waits (`MPI_Alltoallv`).
@@ -945,7 +979,8 @@ impl Communicator {
         rcounts: &[usize],
         rdispls: &[usize],
     ) -> Result<(), Error> {
-        finish_into(self.ialltoallv(send, scounts, sdispls, recv.to_vec(), rcounts, rdispls)?, recv, true)
+        let (sb, rb) = self.alltoallv_of((send.len(), scounts, sdispls), (recv.len(), rcounts, rdispls))?;
+        self.alltoall_in(send, sb, recv, rb, DirectPlan::Once)
     }
 
     /// The exchange of `sblocks` of `send` for `rblocks` of `recv`.
@@ -998,36 +1033,19 @@ impl Communicator {
         if send.len() != recv.len() {
             return Err(Error::InvalidArgument("scan: send and receive buffers of different lengths"));
         }
-        let (v, _) = self.iexscan(send.to_vec(), op)?.wait()?;
-        if self.rank() > 0 {
-            recv.copy_from_slice(&v);
+        let steps = prefix_steps(send, op, false)?;
+        if self.rank() == 0 {
+            // Left as it is: the steps work in a copy.
+            return self.run_in_place(&mut Scratch::copy_of(send), None, steps);
         }
-        Ok(())
+        recv.copy_from_slice(send);
+        self.run_in_place(recv, None, steps)
     }
 }
 
 /// The steps of a prefix reduction of `data` with `op`, `inclusive` (`scan`) or not
 /// (`exscan`).
 fn prefix_steps<T: Reducible>(data: &[T], op: Op, inclusive: bool) -> Result<impl InPlace<T>, Error> {
-    let f = op_for(op, data.first(), "scan: a bitwise op on floating-point elements")?;
-    Ok(steps!(|s, work| {
-        match s.prefix(work, f).await? {
-            Some(below) if inclusive => {
-                let v = f(&below, work);
-                work.copy_from_slice(&v);
-            }
-            Some(below) => work.copy_from_slice(&below),
-            None => {}
-        }
-        Ok(())
-    }))
-}
-
-/// Waits for a blocking collective's request and, if `copy`, copies its buffer into `into`.
-fn finish_into<T: Primitive>(req: Request<'_, Vec<T>>, into: &mut [T], copy: bool) -> Result<(), Error> {
-    let (v, _) = req.wait()?;
-    if copy {
-        into.copy_from_slice(&v);
-    }
-    Ok(())
+    check_op(op, data.first(), "scan: a bitwise op on floating-point elements")?;
+    Ok(steps!(|s, work| s.prefix(work, op, inclusive).await))
 }

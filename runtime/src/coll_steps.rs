@@ -3,15 +3,14 @@
 //! others, posted at once; once they all completed, each message received lands in the
 //! working data (it replaces a part of it, or is combined into it). A persistent collective
 //! fixes its plan at init and runs it again at every start (`persistent_coll.rs`); a small
-//! blocking barrier, broadcast, reduce or allreduce writes its plan into storage the thread
-//! keeps and runs it on the calling thread (`Communicator::run_direct`, `nbc.rs`); the other
-//! blocking and nonblocking collectives run theirs as the steps of their schedule
-//! (`nbc.rs`): the barrier and the recursive-doubling reduction (small allreduces,
-//! communicator creation) through [`Sched::run_steps`], the large-message algorithms in
-//! place in the caller's buffer through [`Sched::run_in`]. (The other nonblocking
-//! algorithms, `coll.rs`, are written as steps of their own: the binomial broadcast shares
-//! one copy of the data among a node's children, and the ring allgather serves every
-//! size.)
+//! blocking barrier, broadcast, reduce or allreduce, and a blocking gather, scatter,
+//! allgather or alltoall, writes its plan into storage the thread keeps and runs it on the
+//! calling thread (`Communicator::run_direct`, `nbc.rs`); the other blocking and nonblocking
+//! collectives run theirs as the steps of their schedule (`nbc.rs`): the barrier and the
+//! recursive-doubling reduction (communicator creation) through [`Sched::run_steps`], the
+//! others in place through [`Sched::run_in`]. (The small nonblocking broadcast, `coll.rs`,
+//! is written as steps of its own: it shares one copy of the data among a node's
+//! children.)
 //!
 //! The working data is the rank's data once (or twice, for the prefix reductions, which
 //! keep the partial result beside the running one); the rank's result is its first copy,
@@ -21,7 +20,7 @@
 //! recursive doubling reduction over any list of members (the allreduce's, and communicator
 //! creation's, `create.rs`); a gather and a scatter through the root; a ring allgather; an
 //! alltoall of every pair at once; the recursive doubling prefix reductions; and for large
-//! messages, the ring and Rabenseifner's allreduce, the scatter-allgather broadcast and
+//! messages, Rabenseifner's allreduce, the scatter-allgather broadcast and
 //! the reduce-scatter-gather reduce (MPICH's algorithms, chosen by size in `coll.rs`).
 
 use std::ops::Range;
@@ -177,9 +176,7 @@ fn binomial(comm: &Communicator, root: u32) -> (u32, u32) {
 /// Dissemination barrier: round `k` signals the rank `2^k` ahead and hears from the one
 /// `2^k` behind.
 pub(crate) fn barrier_steps(comm: &Communicator) -> Steps {
-    let mut s = Steps::default();
-    barrier_into(&mut s, comm);
-    s
+    made(|s| barrier_into(s, comm))
 }
 
 /// [`barrier_steps`] written into `s` (cleared).
@@ -195,9 +192,7 @@ pub(crate) fn barrier_into(s: &mut Steps, comm: &Communicator) {
 /// Binomial-tree broadcast of `len` elements from `root`: the data from the parent, then to
 /// every child at once.
 pub(crate) fn bcast_steps(comm: &Communicator, root: u32, len: usize) -> Steps {
-    let mut s = Steps::default();
-    bcast_into(&mut s, comm, root, len);
-    s
+    made(|s| bcast_into(s, comm, root, len))
 }
 
 /// [`bcast_steps`] written into `s` (cleared).
@@ -220,9 +215,7 @@ pub(crate) fn bcast_into(s: &mut Steps, comm: &Communicator, root: u32, len: usi
 /// combined in (`f(ours, theirs)`, the child holding the higher ranks), then ours to the
 /// parent.
 pub(crate) fn reduce_steps(comm: &Communicator, root: u32, len: usize) -> Steps {
-    let mut s = Steps::default();
-    reduce_tree_into(&mut s, comm, root, len);
-    s
+    made(|s| reduce_tree_into(s, comm, root, len))
 }
 
 /// [`reduce_steps`] written into `s` (cleared).
@@ -256,38 +249,81 @@ pub(crate) fn reduce_over_into(s: &mut Steps, members: &[u32], me_world: u32, le
         members.iter().position(|&w| w == me_world).ok_or(Error::InvalidArgument("a reduction over members without this rank"))? as u32;
     let n = members.len() as u32;
     let w = |i: u32| members[i as usize];
-    let pof2 = 1u32 << (31 - n.leading_zeros());
-    let rem = n - pof2;
-    // Fold: among the first `2 * rem` members, each even one hands its data to the odd one
-    // after it and waits for the result.
-    let newrank = if me < 2 * rem {
-        if me % 2 == 0 {
-            s.step().send(w(me + 1), 0..len);
-            None
-        } else {
-            s.step().recv(w(me - 1), 0..len, Then::Combine { theirs_first: true });
-            Some(me / 2)
-        }
-    } else {
-        Some(me - rem)
-    };
-    if let Some(nr) = newrank {
+    let fold = Fold::of(n, me);
+    fold.fold_in(s, w, len);
+    if let Some(nr) = fold.newrank {
         let mut mask = 1;
-        while mask < pof2 {
-            let partner = nr ^ mask;
-            let dst = if partner < rem { partner * 2 + 1 } else { partner + rem };
+        while mask < fold.pof2 {
+            let dst = fold.member(nr ^ mask);
             s.step().send(w(dst), 0..len).recv(w(dst), 0..len, Then::Combine { theirs_first: dst < me });
             mask <<= 1;
         }
     }
-    if me < 2 * rem {
-        if me % 2 == 1 {
-            s.step().send(w(me - 1), 0..len);
+    fold.fold_out(s, w, len);
+    Ok(())
+}
+
+/// A reduction's fold of the members beyond the largest power of two of them (MPICH's, for
+/// its recursive doubling and Rabenseifner's allreduce on any number of ranks): among the
+/// first `2 * rem` members, each even one hands its data to the odd one after it, which
+/// combines it in and takes part in the algorithm over `pof2` members in its stead, then
+/// hands the result back.
+#[derive(Clone, Copy, Debug)]
+struct Fold {
+    /// This member's place in the list of `n`.
+    me: u32,
+    /// The largest power of two not above `n`.
+    pof2: u32,
+    /// `n - pof2`: the members folded into others.
+    rem: u32,
+    /// This member's place among the `pof2` that run the algorithm (`None` for one folded
+    /// in).
+    newrank: Option<u32>,
+}
+
+impl Fold {
+    /// Member `me`'s fold on a list of `n` members.
+    fn of(n: u32, me: u32) -> Fold {
+        let pof2 = 1u32 << (31 - n.leading_zeros());
+        let rem = n - pof2;
+        let newrank = match me {
+            m if m >= 2 * rem => Some(m - rem),
+            m if m % 2 == 1 => Some(m / 2),
+            _ => None,
+        };
+        Fold { me, pof2, rem, newrank }
+    }
+
+    /// The member at place `nr` among the `pof2`.
+    fn member(&self, nr: u32) -> u32 {
+        if nr < self.rem {
+            nr * 2 + 1
         } else {
-            s.step().recv(w(me + 1), 0..len, Then::Replace);
+            nr + self.rem
         }
     }
-    Ok(())
+
+    /// Adds the fold's first step (elements `0..len`; `w` gives a member's world rank).
+    fn fold_in(&self, s: &mut Steps, w: impl Fn(u32) -> u32, len: usize) {
+        if self.me < 2 * self.rem {
+            if self.newrank.is_none() {
+                s.step().send(w(self.me + 1), 0..len);
+            } else {
+                s.step().recv(w(self.me - 1), 0..len, Then::Combine { theirs_first: true });
+            }
+        }
+    }
+
+    /// Adds the fold's last step: the result back to the member folded in.
+    fn fold_out(&self, s: &mut Steps, w: impl Fn(u32) -> u32, len: usize) {
+        if self.me < 2 * self.rem {
+            if self.newrank.is_some() {
+                s.step().send(w(self.me - 1), 0..len);
+            } else {
+                s.step().recv(w(self.me + 1), 0..len, Then::Replace);
+            }
+        }
+    }
 }
 
 /// Lands `got`, received, at each of `landings` in `work`; `combine(ours, theirs,
@@ -359,19 +395,26 @@ fn blocks_of(len: usize, n: u32) -> Vec<Range<usize>> {
 /// every other rank's `own` elements: every other rank sends its data to the root, which
 /// receives them all at once. `blocks` is read at the root only.
 pub(crate) fn gather_steps(comm: &Communicator, root: u32, blocks: &[Range<usize>], own: usize) -> Steps {
-    let me = comm.rank();
-    if me != root {
-        let mut s = Steps { result: false, ..Steps::default() };
+    made(|s| gather_into(s, comm, root, blocks, own))
+}
+
+/// [`gather_steps`] written into `s` (cleared).
+pub(crate) fn gather_into(s: &mut Steps, comm: &Communicator, root: u32, blocks: &[Range<usize>], own: usize) {
+    if comm.rank() != root {
+        s.result = false;
         s.step().send(comm.world_of(root), 0..own);
-        return s;
-    }
-    let mut s = Steps::default();
-    if comm.size() > 1 {
+    } else if comm.size() > 1 {
         s.step();
         for (r, b) in others(comm, blocks) {
             s.recv(r, b, Then::Replace);
         }
     }
+}
+
+/// The plan `write` writes.
+fn made(write: impl FnOnce(&mut Steps)) -> Steps {
+    let mut s = Steps::default();
+    write(&mut s);
     s
 }
 
@@ -379,20 +422,22 @@ pub(crate) fn gather_steps(comm: &Communicator, root: u32, blocks: &[Range<usize
 /// every other rank gets its block, of `own` elements, sent by the root to every rank at
 /// once. `blocks` is read at the root only.
 pub(crate) fn scatter_steps(comm: &Communicator, root: u32, blocks: &[Range<usize>], own: usize) -> Steps {
-    let me = comm.rank();
-    if me != root {
-        let mut s = Steps::default();
+    made(|s| scatter_into(s, comm, root, blocks, own))
+}
+
+/// [`scatter_steps`] written into `s` (cleared).
+pub(crate) fn scatter_into(s: &mut Steps, comm: &Communicator, root: u32, blocks: &[Range<usize>], own: usize) {
+    if comm.rank() != root {
         s.step().recv(comm.world_of(root), 0..own, Then::Replace);
-        return s;
+        return;
     }
-    let mut s = Steps { result: false, ..Steps::default() };
+    s.result = false;
     if comm.size() > 1 {
         s.step();
         for (r, b) in others(comm, blocks) {
             s.send(r, b);
         }
     }
-    s
 }
 
 /// The world rank and block of `blocks` (one per rank) of every rank but this one.
@@ -402,15 +447,15 @@ fn others<'a>(comm: &'a Communicator, blocks: &'a [Range<usize>]) -> impl Iterat
 }
 
 /// Adds a ring allgather of `blocks` to `s`, `blocks[v]` for the rank `v` from `root`:
-/// that rank starts with block `v + shift`, and in `n - 1` steps each rank passes the block
-/// it got last to the next.
-fn ring_allgather(s: &mut Steps, comm: &Communicator, blocks: &[Range<usize>], root: u32, shift: u32) {
+/// that rank starts with block `v`, and in `n - 1` steps each rank passes the block it got
+/// last to the next.
+fn ring_allgather(s: &mut Steps, comm: &Communicator, blocks: &[Range<usize>], root: u32) {
     let n = comm.size();
     let vr = (comm.rank() + n - root) % n;
     let (left, right) = (at(comm, vr + n - 1, root), at(comm, vr + 1, root));
     for step in 0..n.saturating_sub(1) {
-        let out = blocks[((vr + shift + n - step) % n) as usize].clone();
-        let inc = blocks[((vr + shift + 2 * n - step - 1) % n) as usize].clone();
+        let out = blocks[((vr + n - step) % n) as usize].clone();
+        let inc = blocks[((vr + 2 * n - step - 1) % n) as usize].clone();
         s.step().send(right, out).recv(left, inc, Then::Replace);
     }
 }
@@ -418,26 +463,32 @@ fn ring_allgather(s: &mut Steps, comm: &Communicator, blocks: &[Range<usize>], r
 /// Allgather into `blocks` of every rank's buffer (one per rank, as long on every rank;
 /// each rank's own in place at the start): a ring of `size - 1` steps.
 pub(crate) fn allgather_steps(comm: &Communicator, blocks: &[Range<usize>]) -> Steps {
-    let mut s = Steps::default();
-    ring_allgather(&mut s, comm, blocks, 0, 0);
-    s
+    made(|s| allgather_into(s, comm, blocks))
 }
 
-/// Alltoall of `blocks` (one per rank): block `r` goes to rank `r` and is replaced by rank
-/// `r`'s block for this rank, as long (this rank's own stays in place), every pair at once,
-/// the receives posted first.
-pub(crate) fn alltoall_steps(comm: &Communicator, blocks: &[Range<usize>]) -> Steps {
-    let mut s = Steps::default();
+/// [`allgather_steps`] written into `s` (cleared).
+pub(crate) fn allgather_into(s: &mut Steps, comm: &Communicator, blocks: &[Range<usize>]) {
+    ring_allgather(s, comm, blocks, 0);
+}
+
+/// Alltoall: `sblocks[r]` (one per rank) goes to rank `r`, and rank `r`'s block for this
+/// rank lands on `rblocks[r]` (the same blocks, in place, for the in-place forms; this
+/// rank's own is left to the caller), every pair at once, the receives posted first.
+pub(crate) fn alltoall_steps(comm: &Communicator, sblocks: &[Range<usize>], rblocks: &[Range<usize>]) -> Steps {
+    made(|s| alltoall_into(s, comm, sblocks, rblocks))
+}
+
+/// [`alltoall_steps`] written into `s` (cleared).
+pub(crate) fn alltoall_into(s: &mut Steps, comm: &Communicator, sblocks: &[Range<usize>], rblocks: &[Range<usize>]) {
     if comm.size() > 1 {
         s.step();
-        for (w, b) in others(comm, blocks) {
+        for (w, b) in others(comm, rblocks) {
             s.recv(w, b, Then::Replace);
         }
-        for (w, b) in others(comm, blocks) {
+        for (w, b) in others(comm, sblocks) {
             s.send(w, b);
         }
     }
-    s
 }
 
 /// Prefix reduction of `len` elements in rank order, `inclusive` (`scan`) or not
@@ -471,61 +522,54 @@ pub(crate) fn scan_steps(comm: &Communicator, len: usize, inclusive: bool) -> St
 }
 
 /// Allreduce of `len` elements (at least one per rank) with a commutative op for large
-/// messages: on a power of two of ranks Rabenseifner's, a reduce-scatter by recursive
-/// halving and an allgather by recursive doubling ([Thakur 2005]; MPICH's
-/// `reduce_scatter_allgather`); on others a ring reduce-scatter (in `n - 1` steps each rank
-/// adds its part of the block passing by; rank `v` ends with block `v + 1` reduced over
-/// every rank), then a ring allgather of the reduced blocks.
+/// messages: Rabenseifner's, a reduce-scatter by recursive halving and an allgather by
+/// recursive doubling over the largest power of two of ranks, the ranks beyond it folded in
+/// first and handed the result at the end ([Thakur 2005]; MPICH's
+/// `reduce_scatter_allgather`).
 pub(crate) fn allreduce_long_steps(comm: &Communicator, len: usize) -> Steps {
-    let (n, me) = (comm.size(), comm.rank());
-    let blocks = blocks_of(len, n);
+    let fold = Fold::of(comm.size(), comm.rank());
+    let w = |v: u32| comm.world_of(v);
     let mut s = Steps::default();
-    if n.is_power_of_two() {
-        reduce_scatter_halving(&mut s, comm, &blocks, 0);
-        allgather_doubling(&mut s, comm, &blocks);
-        return s;
+    fold.fold_in(&mut s, w, len);
+    if let Some(nr) = fold.newrank {
+        let blocks = blocks_of(len, fold.pof2);
+        let ranks = |v: u32| w(fold.member(v));
+        reduce_scatter_halving(&mut s, (fold.pof2, nr), ranks, &blocks);
+        allgather_doubling(&mut s, (fold.pof2, nr), ranks, &blocks);
     }
-    let (left, right) = (at(comm, me + n - 1, 0), at(comm, me + 1, 0));
-    for step in 0..n - 1 {
-        let out = blocks[((me + n - step) % n) as usize].clone();
-        let inc = blocks[((me + 2 * n - step - 1) % n) as usize].clone();
-        s.step().send(right, out).recv(left, inc, Then::Combine { theirs_first: true });
-    }
-    ring_allgather(&mut s, comm, &blocks, 0, 1);
+    fold.fold_out(&mut s, w, len);
     s
 }
 
-/// Adds a reduce-scatter by recursive halving over a power of two of ranks counted from
-/// `root` to `s`: rank `v` (from the root) keeps, at each step, the half of its window of
-/// `blocks` on its side of the partner `n / 2^(k+1)` away, sends the other half there and
-/// combines what comes back into the half it keeps; it ends with block `v` reduced over
-/// every rank.
-fn reduce_scatter_halving(s: &mut Steps, comm: &Communicator, blocks: &[Range<usize>], root: u32) {
-    let n = comm.size();
-    let vr = (comm.rank() + n - root) % n;
+/// Adds a reduce-scatter by recursive halving over a power of two `n` of ranks to `s`, this
+/// one `vr` of them (`w(v)` the world rank of rank `v`): rank `v` keeps, at each step, the
+/// half of its window of `blocks` on its side of the partner `n / 2^(k+1)` away, sends the
+/// other half there and combines what comes back into the half it keeps; it ends with block
+/// `v` reduced over every rank.
+fn reduce_scatter_halving(s: &mut Steps, (n, vr): (u32, u32), w: impl Fn(u32) -> u32, blocks: &[Range<usize>]) {
     let (mut lo, mut hi) = (0, n);
     let mut mask = n / 2;
     while mask > 0 {
         let mid = lo + (hi - lo) / 2;
         let (keep, give) = if vr & mask == 0 { ((lo, mid), (mid, hi)) } else { ((mid, hi), (lo, mid)) };
-        let w = at(comm, vr ^ mask, root);
-        s.step().send(w, span(blocks, give.0, give.1)).recv(w, span(blocks, keep.0, keep.1), Then::Combine { theirs_first: true });
+        let to = w(vr ^ mask);
+        s.step().send(to, span(blocks, give.0, give.1)).recv(to, span(blocks, keep.0, keep.1), Then::Combine { theirs_first: true });
         (lo, hi) = keep;
         mask >>= 1;
     }
 }
 
-/// Adds an allgather by recursive doubling over a power of two of ranks to `s`, after
-/// [`reduce_scatter_halving`]: each step trades the window of `blocks` gathered so far
-/// with the partner's, the window doubling.
-fn allgather_doubling(s: &mut Steps, comm: &Communicator, blocks: &[Range<usize>]) {
-    let (n, me) = (comm.size(), comm.rank());
-    let (mut lo, mut hi) = (me, me + 1);
+/// Adds an allgather by recursive doubling over a power of two `n` of ranks to `s`, this
+/// one `vr` of them (`w(v)` the world rank of rank `v`), after [`reduce_scatter_halving`]:
+/// each step trades the window of `blocks` gathered so far with the partner's, the window
+/// doubling.
+fn allgather_doubling(s: &mut Steps, (n, vr): (u32, u32), w: impl Fn(u32) -> u32, blocks: &[Range<usize>]) {
+    let (mut lo, mut hi) = (vr, vr + 1);
     let mut mask = 1;
     while mask < n {
-        let theirs = if me & mask == 0 { (hi, hi + mask) } else { (lo - mask, lo) };
-        let w = at(comm, me ^ mask, 0);
-        s.step().send(w, span(blocks, lo, hi)).recv(w, span(blocks, theirs.0, theirs.1), Then::Replace);
+        let theirs = if vr & mask == 0 { (hi, hi + mask) } else { (lo - mask, lo) };
+        let to = w(vr ^ mask);
+        s.step().send(to, span(blocks, lo, hi)).recv(to, span(blocks, theirs.0, theirs.1), Then::Replace);
         (lo, hi) = (lo.min(theirs.0), hi.max(theirs.1));
         mask <<= 1;
     }
@@ -551,7 +595,7 @@ pub(crate) fn bcast_long_steps(comm: &Communicator, root: u32, len: usize) -> St
             s.send(at(comm, vr + m, root), part(vr + m, vr + 2 * m));
         }
     }
-    ring_allgather(&mut s, comm, &blocks_of(len, n), root, 0);
+    ring_allgather(&mut s, comm, &blocks_of(len, n), root);
     s
 }
 
@@ -564,7 +608,7 @@ pub(crate) fn reduce_long_steps(comm: &Communicator, root: u32, len: usize) -> S
     let blocks = blocks_of(len, n);
     let (vr, parent) = binomial(comm, root);
     let mut s = Steps { result: vr == 0, ..Steps::default() };
-    reduce_scatter_halving(&mut s, comm, &blocks, root);
+    reduce_scatter_halving(&mut s, (n, vr), |v| at(comm, v, root), &blocks);
     // Rank `vr` holds blocks `vr..hi`, reduced over every rank.
     let mut hi = vr + 1;
     let mut mask = 1;

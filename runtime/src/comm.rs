@@ -169,6 +169,11 @@ impl Communicator {
         self.group.world_ranks()[r as usize]
     }
 
+    /// The world rank of each member, in rank order.
+    pub(crate) fn world_ranks(&self) -> &Arc<[u32]> {
+        self.group.world_ranks()
+    }
+
     /// The rank in this communicator of world rank `w` (a member; else `w` unchanged).
     pub(crate) fn rank_of_world(&self, w: u32) -> u32 {
         self.of_world.rank(w)

@@ -17,10 +17,12 @@
 //! of communicator creation, whose members may be a subset of the communicator's, use fixed
 //! tags instead, `create.rs`, and take no number.)
 //!
-//! A small blocking collective skips the schedule ([`Communicator::run_direct`]): the calling
-//! thread writes the algorithm's plan of steps (`coll_steps.rs`) into storage it keeps, then
-//! posts each step's messages and tests them between progress passes itself, as a blocking
-//! receive waits, in scratch buffers it keeps: a schedule's boxed future, its request and
+//! A small blocking collective, and a blocking gather, scatter, allgather or alltoall, skips
+//! the schedule ([`Communicator::run_direct`]): the calling thread writes the algorithm's
+//! plan of steps (`coll_steps.rs`) into storage it keeps (or keeps the plan of its last call,
+//! when that was the same collective on the same members), then posts each step's messages
+//! and tests them between progress passes itself, as a blocking receive waits, in scratch
+//! buffers it keeps: a schedule's boxed future, its request and
 //! operation, its polls on every progress pass and its allocations per step cost a small
 //! collective several times the instructions of its messages.
 //!
@@ -477,16 +479,6 @@ impl<'c> Sched<'c> {
         Ok(self.exchange(Some((w, len)), Vec::<(u32, Vec<T>)>::new()).await?.expect("a receive was posted"))
     }
 
-    /// Sends `v` to world rank `w` (and waits for the send).
-    pub(crate) async fn send(&self, w: u32, v: impl SendBuf) -> Result<(), Error> {
-        self.exchange::<u8>(None, vec![(w, v)]).await.map(drop)
-    }
-
-    /// Sends `v` to world rank `w` while receiving `len` elements from world rank `from`.
-    pub(crate) async fn sendrecv<T: Primitive>(&self, w: u32, v: impl SendBuf, from: u32, len: usize) -> Result<Scratch<T>, Error> {
-        Ok(self.exchange(Some((from, len)), vec![(w, v)]).await?.expect("a receive was posted"))
-    }
-
     /// The schedule's outcome: `res`, or the failure another member reported. A failure
     /// of this rank's own is reported to every other member; a notice not used is
     /// cancelled.
@@ -644,14 +636,45 @@ impl Communicator {
 /// no receive from any source and no cancellation.
 const DIRECT_POLLS: u32 = 64;
 
-/// What a collective run on the calling thread keeps between calls, per thread: the plan's
-/// storage, its step's requests and what they gave. Left empty by each call (the requests,
-/// which borrow the communicator, never outlive it: see [`Communicator::run_direct`]).
+/// What a collective run on the calling thread keeps between calls, per thread: the last
+/// plan and what it was made for, its step's requests and what they gave. The requests are
+/// left empty by each call (they borrow the communicator, and never outlive it: see
+/// [`Communicator::run_direct`]).
 #[derive(Default)]
 struct DirectStore {
     steps: StepPlan,
+    /// What `steps` is the plan of: the members it was made over (kept, so that the list
+    /// is not freed and another allocated at its address), this rank's place among them and
+    /// the collective.
+    made_for: Option<(Arc<[u32]>, u32, DirectPlan)>,
     reqs: Vec<Request<'static, Scratch<u8>>>,
     got: Vec<Option<(Scratch<u8>, weft_sync::Outcome)>>,
+}
+
+/// A collective run on the calling thread, as far as its plan depends on it (beside the
+/// communicator's members and this rank among them): a thread that calls the same
+/// collective again on the same communicator reuses the plan it made the last time.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum DirectPlan {
+    /// A barrier.
+    Barrier,
+    /// A broadcast of so many elements from a root.
+    Bcast { len: usize, root: u32 },
+    /// A reduction of so many elements into a root.
+    Reduce { len: usize, root: u32 },
+    /// An allreduce of so many elements.
+    Allreduce { len: usize },
+    /// A gather of so many elements per rank into a root.
+    Gather { len: usize, root: u32 },
+    /// A scatter of so many elements per rank from a root.
+    Scatter { len: usize, root: u32 },
+    /// An allgather of so many elements per rank.
+    Allgather { len: usize },
+    /// An alltoall of so many elements in all.
+    Alltoall { len: usize },
+    /// A collective whose plan depends on more (the blocks of a `v` form): made afresh at
+    /// every call.
+    Once,
 }
 
 thread_local! {
@@ -679,17 +702,19 @@ impl Direct<'_> {
         debug_assert_eq!(self.store.steps.copies, 1, "a direct plan works in the data itself");
         for i in 0..self.store.steps.steps.len() {
             let step = self.store.steps.steps[i].clone();
-            // Receives first (`got` keeps their order, the sends' after them).
-            for k in step.recvs.clone() {
-                let inc = &self.store.steps.recvs[k];
-                let r = c.irecv_on(coll, Scratch::<u8>::for_recv(inc.len * size), Source::Rank(inc.from), Tag::Is(tag))?;
+            // Sends first, so that the peers get them a receive's posting earlier (a small
+            // collective's messages go eagerly, or by a rendezvous that no send waits for;
+            // `got` keeps their order, the receives' after them).
+            for k in step.sends.clone() {
+                let out = &self.store.steps.sends[k];
+                let r = c.isend_on(coll, Scratch::<u8>::copy_of(bytes_of(&data[out.at.clone()])), out.to, tag)?;
                 // SAFETY: dropped before this call returns (`store.reqs` is left empty), while
                 // the caller's borrow of `comm` holds.
                 self.store.reqs.push(unsafe { crate::request::unbound(r) });
             }
-            for k in step.sends.clone() {
-                let out = &self.store.steps.sends[k];
-                let r = c.isend_on(coll, Scratch::<u8>::copy_of(bytes_of(&data[out.at.clone()])), out.to, tag)?;
+            for k in step.recvs.clone() {
+                let inc = &self.store.steps.recvs[k];
+                let r = c.irecv_on(coll, Scratch::<u8>::for_recv(inc.len * size), Source::Rank(inc.from), Tag::Is(tag))?;
                 // SAFETY: as above.
                 self.store.reqs.push(unsafe { crate::request::unbound(r) });
             }
@@ -702,7 +727,7 @@ impl Direct<'_> {
                 }
             }
             if res.is_ok() {
-                for (k, g) in step.recvs.clone().zip(&got) {
+                for (k, g) in step.recvs.clone().zip(&got[step.sends.len()..]) {
                     let inc = &self.store.steps.recvs[k];
                     let Some((b, _)) = g else { continue };
                     if b.len() != inc.len * size {
@@ -805,8 +830,9 @@ impl Direct<'_> {
 }
 
 impl Communicator {
-    /// Runs a small blocking collective on the calling thread, in place in `data`: `plan`
-    /// writes this rank's steps (world ranks) into storage the thread keeps, and each step's
+    /// Runs a blocking collective on the calling thread, in place in `data`: `plan` writes
+    /// this rank's steps (world ranks) into storage the thread keeps (unless the plan there
+    /// is already that of `what` on this communicator's members), and each step's
     /// messages are posted and waited for here, directly, under the tags of the
     /// communicator's next sequence number, `combine` reducing as the steps say. No schedule,
     /// no future and, once the thread's storage and scratch buffers are warm, no allocation.
@@ -816,6 +842,7 @@ impl Communicator {
     pub(crate) fn run_direct<T: Primitive>(
         &self,
         data: &mut [T],
+        what: DirectPlan,
         plan: impl FnOnce(&mut StepPlan) -> Result<(), Error>,
         combine: impl Fn(&mut [T], &[T], bool),
     ) -> Result<(), Error> {
@@ -823,8 +850,17 @@ impl Communicator {
             return Err(Error::CommFreed);
         }
         let mut store = DIRECT.try_with(std::cell::Cell::take).ok().flatten().unwrap_or_default();
-        store.steps.clear();
-        plan(&mut store.steps)?;
+        // A plan depends on the members (in world ranks), this rank's place among them and
+        // `what`, nothing else.
+        let (members, me) = (self.world_ranks(), self.rank());
+        let reuse =
+            what != DirectPlan::Once && matches!(&store.made_for, Some((m, r, w)) if Arc::ptr_eq(m, members) && (*r, *w) == (me, what));
+        if !reuse {
+            store.made_for = None;
+            store.steps.clear();
+            plan(&mut store.steps)?;
+            store.made_for = Some((members.clone(), me, what));
+        }
         let mut d = Direct { comm: self, tag: seq_tag(self.next_seq()), notice: None, store };
         let res = d.run(data, &combine);
         d.finish(res)

@@ -45,7 +45,7 @@
 //! as plans of steps (`coll_steps.rs`): a dissemination barrier; a binomial-tree broadcast,
 //! or for large messages scatter and a ring allgather; a recursive
 //! doubling allreduce (the ranks beyond a power of two folded in first), or for large
-//! messages Rabenseifner's on a power of two of ranks and the ring's on others; gather and
+//! messages Rabenseifner's (the ranks beyond a power of two folded in first); gather and
 //! scatter through the root at once; a ring allgather; every pair of an alltoall at once;
 //! recursive doubling prefix reductions; a binomial-tree reduce, or for large messages on a
 //! power of two of ranks a reduce-scatter and gather. A start works in the user's buffer
@@ -625,7 +625,7 @@ impl Communicator {
     pub fn alltoall_init<T: Primitive>(&self, data: Vec<T>) -> Result<Persistent<'_, Vec<T>>, Error> {
         let k = per_block(data.len(), self.size());
         let k = self.agree_blocks(k, 0, 0, "alltoall_init: the buffer is not size blocks of one length")?;
-        Ok(self.coll_init(alltoall_steps(self, &even(k, self.size())), data, None))
+        Ok(self.coll_init(alltoall_steps(self, &even(k, self.size()), &even(k, self.size())), data, None))
     }
 
     /// A persistent inclusive prefix reduction (`MPI_Scan_init`, in place), inactive: each
@@ -722,7 +722,7 @@ impl Communicator {
         if mine != theirs {
             return Err(MISMATCH);
         }
-        Ok(self.coll_init(alltoall_steps(self, &b), data, None))
+        Ok(self.coll_init(alltoall_steps(self, &b, &b), data, None))
     }
 
     /// A rooted `v` init over `data`: the plan `steps` makes of the blocks of `layout`

@@ -736,9 +736,9 @@ mod real {
     use parking_lot::Mutex;
     use weft_sync::Error;
 
-    use super::super::levels::Machine;
-    use super::super::queues::{Counters, Layout, Queues, Words};
-    use super::super::wait::{Armed, Backoff};
+    use crate::dlock::levels::Machine;
+    use crate::dlock::queues::{Counters, Layout, Queues, Words};
+    use crate::dlock::wait::{Armed, Backoff};
     use crate::rma::{AtomicElement, Op};
 
     /// One operation as the trace shows it: (process, what, target rank, offset, value

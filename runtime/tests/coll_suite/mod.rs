@@ -458,6 +458,121 @@ fn large_reductions_match_a_sequential_reference_at_every_size_and_root() {
     });
 }
 
+/// A large allreduce on a number of ranks that is not a power of two takes Rabenseifner's
+/// algorithm, the ranks beyond the largest power of two `p` folded in first (MPICH's): every
+/// op agrees with a sequential reduction, and a call sends one message from a rank folded in,
+/// `2 log2 p + 1` from its partner and `2 log2 p` from the others (the ring's `2 (n - 1)`
+/// each, before).
+#[test]
+fn large_allreduce_on_any_number_of_ranks_folds_into_rabenseifners() {
+    within(120, "large allreduce at 3, 5, 6 and 7 ranks, every op", || {
+        let long = weft::ALLREDUCE_LONG_BYTES / 8 + 13;
+        type Reduction = fn(i64, i64) -> i64;
+        let ops: [(Op, Reduction); 7] = [
+            (Op::Sum, i64::wrapping_add),
+            (Op::Prod, i64::wrapping_mul),
+            (Op::Min, i64::min),
+            (Op::Max, i64::max),
+            (Op::BAnd, |a, b| a & b),
+            (Op::BOr, |a, b| a | b),
+            (Op::BXor, |a, b| a ^ b),
+        ];
+        for n in [3u32, 5, 6, 7] {
+            let rts = super::builder().build_local(n).unwrap();
+            let out: Vec<(Vec<Vec<i64>>, u64)> = std::thread::scope(|s| {
+                let hs: Vec<_> = rts
+                    .iter()
+                    .map(|rt| {
+                        s.spawn(move || {
+                            let c = rt.world();
+                            let mine = input(c.rank(), long);
+                            c.barrier().unwrap();
+                            let before = rt.counters().messages_sent;
+                            let mut got = Vec::new();
+                            for (op, _) in ops {
+                                let mut v = vec![0i64; long];
+                                c.allreduce(&mine, &mut v, op).unwrap();
+                                got.push(v);
+                            }
+                            let sent = rt.counters().messages_sent - before;
+                            c.barrier().unwrap();
+                            (got, sent)
+                        })
+                    })
+                    .collect();
+                hs.into_iter().map(|h| h.join().unwrap()).collect()
+            });
+            let p = 1u32 << (31 - n.leading_zeros());
+            let rem = n - p;
+            for (r, (got, sent)) in out.iter().enumerate() {
+                let r = r as u32;
+                for ((op, f), v) in ops.iter().zip(got) {
+                    let want: Vec<i64> = (0..long).map(|i| (0..n).map(|q| input(q, long)[i]).reduce(f).unwrap()).collect();
+                    assert_eq!(v, &want, "{n} ranks, rank {r}: {op:?}");
+                }
+                let steps = 2 * u64::from(p.trailing_zeros());
+                let per_call = match r {
+                    r if r < 2 * rem && r % 2 == 0 => 1,
+                    r if r < 2 * rem => steps + 1,
+                    _ => steps,
+                };
+                assert_eq!(*sent, per_call * ops.len() as u64, "{n} ranks, rank {r}: messages sent by {} allreduces", ops.len());
+            }
+        }
+    });
+}
+
+/// A thread that runs a collective on the calling thread keeps its plan for the next call of
+/// the same collective on the same members only: calls that alternate communicators (a dup,
+/// a split of other members), lengths and roots each get the result of their own.
+#[test]
+fn collectives_alternating_communicators_lengths_and_roots_each_get_their_own_result() {
+    within(60, "allreduce and bcast alternating communicators, lengths and roots", || {
+        let out = on_world(4, |r, c| {
+            let half = c.split(Some(r % 2), r as i32).unwrap().unwrap();
+            let dup = c.dup().unwrap();
+            let comms = [c, &half, &dup, &half, c];
+            let mut got = Vec::new();
+            // The same collective, length and root in a row on other communicators, then
+            // another length or root on the same one.
+            for i in 0..4usize {
+                let (len, root) = (1 + i % 2, (i / 2) as u32);
+                let sums: Vec<Vec<i64>> = comms
+                    .iter()
+                    .map(|comm| {
+                        let mut sum = vec![0i64; len];
+                        comm.allreduce(&vec![i64::from(r) + 1; len], &mut sum, Op::Sum).unwrap();
+                        sum
+                    })
+                    .collect();
+                for (comm, sum) in comms.iter().zip(sums) {
+                    let mut b = vec![i64::from(comm.rank()); len];
+                    comm.bcast(&mut b, root).unwrap();
+                    got.push((comm.size(), sum, root, b));
+                }
+            }
+            got
+        });
+        for (r, got) in out.iter().enumerate() {
+            for (size, sum, root, b) in got {
+                // The world's ranks 1 + 2 + 3 + 4; a half's, those of its parity.
+                let want = if *size == 4 {
+                    10
+                } else if r % 2 == 0 {
+                    4
+                } else {
+                    6
+                };
+                assert!(sum.iter().all(|&x| x == want), "rank {r}, {size} ranks: allreduce {sum:?}");
+                assert!(
+                    b.len() == sum.len() && b.iter().all(|&x| x == i64::from(*root)),
+                    "rank {r}, {size} ranks: bcast from {root}: {b:?}"
+                );
+            }
+        }
+    });
+}
+
 #[test]
 fn alltoall_and_the_v_forms_match_a_sequential_reference() {
     within(120, "alltoall(v), gatherv, scatterv, allgatherv at sizes 1-8", || {
