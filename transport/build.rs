@@ -62,7 +62,7 @@ mod pmix {
         let builder = bindgen::Builder::default()
             .header(header.display().to_string())
             .allowlist_function(
-                "PMIx_Init|PMIx_Finalize|PMIx_Put|PMIx_Commit|PMIx_Fence|PMIx_Get|PMIx_Error_string|PMIx_Value_load|PMIx_Value_destruct|PMIx_Info_load|PMIx_Register_event_handler|PMIx_Deregister_event_handler",
+                "PMIx_Init|PMIx_Finalize|PMIx_Put|PMIx_Commit|PMIx_Fence|PMIx_Fence_nb|PMIx_Query_info_nb|PMIx_Get|PMIx_Error_string|PMIx_Value_load|PMIx_Value_destruct|PMIx_Info_load|PMIx_Register_event_handler|PMIx_Deregister_event_handler",
             )
             .allowlist_type("pmix_.*")
             .allowlist_var("PMIX_.*");

@@ -383,7 +383,19 @@ impl Communicator {
     }
 
     /// Starts receiving on context `st` from `source` (a world rank).
-    pub(crate) fn irecv_on<B: RecvBuf>(&self, st: &CommState, mut buf: B, source: Source, tag: Tag) -> Result<Request<'_, B>, Error> {
+    pub(crate) fn irecv_on<B: RecvBuf>(&self, st: &CommState, buf: B, source: Source, tag: Tag) -> Result<Request<'_, B>, Error> {
+        self.irecv_or_back(st, buf, source, tag).map_err(|(e, _)| e)
+    }
+
+    /// [`irecv_on`](Self::irecv_on), giving the buffer back with the error of a receive that
+    /// could not be posted (a persistent collective keeps it for its next start).
+    pub(crate) fn irecv_or_back<B: RecvBuf>(
+        &self,
+        st: &CommState,
+        mut buf: B,
+        source: Source,
+        tag: Tag,
+    ) -> Result<Request<'_, B>, (Error, B)> {
         let s = &*self.engine;
         let inner = recv_operation(st.context, &mut buf);
         if tag == Tag::Any && st.needs_switch() {
@@ -392,7 +404,7 @@ impl Communicator {
         let part = st.part_of(tag);
         // A frame already here is handed out through `early`, not the return values.
         let mut early = None;
-        s.main_path(|| {
+        let posted = s.main_path(|| {
             s.with_matching_of(st, part, |m| {
                 // Under the matching lock: `free` sets the flag before it drains the queues,
                 // so a receive posted here is either refused or drained (failed) by it.
@@ -409,7 +421,10 @@ impl Communicator {
                 }
                 Ok(())
             })
-        })?;
+        });
+        if let Err(e) = posted {
+            return Err((e, buf));
+        }
         if let Some(frame) = early {
             s.finish_match(s.cri_for_thread(), inner.clone(), frame);
         }

@@ -14,17 +14,26 @@
 //! A callback takes the request's one attachment (`weft_sync::on_complete`), the slot a
 //! sync object would take: a request is attached to a sync object or has a continuation,
 //! never both, and the attempt to do both is an error. Each continuation is counted on the
-//! continuation request's own sync object (a counted attachment of a pooled operation,
-//! completed after the callback ran), so waiting for them drives progress as every other
+//! continuation request's own sync object (`SyncObject::count_one`: a count with no
+//! operation or completion cell behind it, completed after the callback ran), so waiting for them drives progress as every other
 //! wait of the rank does, and pending continuations cost no thread.
+//!
+//! Threads that wait on one continuation request at once all wait for the same thing, the
+//! count reaching zero, and the callbacks run on whichever thread completes their requests:
+//! one waiter, the *driver*, drives the rank's progress (and so runs the inline callbacks);
+//! the others run pool tasks if there are any and otherwise sleep until the count reaches
+//! zero or the driver leaves, when one of them takes over. On a machine with fewer cores
+//! than threads, waiters that polled beside the driver only took its core and the sender's,
+//! and every frame rang a doorbell some of them slept on, to find the driver had the frame.
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::{Arc, Mutex, Weak};
+use std::time::Duration;
 
-use weft_sync::{Attach, CompletionCell, Error, Progress, SignalListener, Status, Step, SyncObject};
+use weft_sync::{Counted, Error, Progress, SignalListener, Status, Step, SyncObject};
 
 use crate::engine::Engine;
-use crate::operation::{new_operation, recycle, Operation};
+use crate::loom::sync::atomic::{AtomicBool, Ordering};
 use crate::progress::sync_hook;
 use crate::request::Request;
 use crate::runtime::Runtime;
@@ -88,7 +97,13 @@ pub struct ContinuationRequest {
     hook: Arc<dyn Progress>,
     /// Counts the callbacks not yet run; its waits drive the rank's progress.
     pending: SyncObject<()>,
+    /// Taken by the wait that drives the rank's progress (module docs).
+    driven: AtomicBool,
 }
+
+/// Longest sleep of a waiter beside the driver: a safety net, not the wake-up mechanism
+/// (the count reaching zero and the driver leaving both wake it).
+const FOLLOWER_NAP: Duration = Duration::from_millis(50);
 
 impl std::fmt::Debug for ContinuationRequest {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -104,38 +119,28 @@ impl Runtime {
         // queues reach it (through their countdowns), and it must not hold the rank in turn,
         // or a rank shut down with continuations pending would never be dropped (nor its
         // callbacks run with `Cancelled`). Its waits are given the hook.
-        ContinuationRequest { engine: self.engine.clone(), hook: sync_hook(&self.engine), pending: SyncObject::new() }
-    }
-}
-
-/// One registered callback not yet run: a pooled operation counted on the continuation
-/// request's sync object.
-struct Counted(Arc<Operation>);
-
-// SAFETY: the cell lives in the `Arc`, which the `Countdown` made from it holds until it
-// completes the cell, once.
-unsafe impl Attach for Counted {
-    fn completion_cell(&self) -> &CompletionCell {
-        &self.0.cell
+        ContinuationRequest {
+            engine: self.engine.clone(),
+            hook: sync_hook(&self.engine),
+            pending: SyncObject::new(),
+            driven: AtomicBool::new(false),
+        }
     }
 }
 
 /// Completes its callback's count when dropped: `Ok` once the callback returned, else
 /// the error of a panic, or `Cancelled` (a pool task dropped unrun: the runtime shut down).
 struct Countdown {
-    /// The counted operation (`None` once counted down).
-    op: Option<Arc<Operation>>,
+    /// The callback's count on the continuation request (`None` once counted down).
+    counted: Option<Counted<()>>,
     ran: bool,
 }
 
 impl Countdown {
-    /// Completes the count with `outcome`, once. The continuation request's sync object took
-    /// the outcome in `complete` and holds nothing of the operation, so this thread's pool of
-    /// operations takes it back for the next continuation (or request) made here.
+    /// Completes the count with `outcome`, once.
     fn count_down(&mut self, outcome: Result<Status, Error>) {
-        if let Some(op) = self.op.take() {
-            op.cell.complete(outcome);
-            recycle(op);
+        if let Some(c) = self.counted.take() {
+            c.complete(outcome);
         }
     }
 }
@@ -265,7 +270,7 @@ impl ContinuationRequest {
     /// never ran because the runtime shut down (`Cancelled`); each such error is reported
     /// once.
     pub fn wait(&self) -> Result<(), Error> {
-        self.pending.wait_all_with(&Helping { rank: &*self.hook, engine: &self.engine })
+        self.pending.wait_all_with(&self.helping())
     }
 
     /// [`wait`](Self::wait) as a future, for a task in any executor (weft's pool, tokio,
@@ -287,8 +292,13 @@ impl ContinuationRequest {
     /// assert_eq!(cr.pending(), 0);
     /// ```
     pub async fn wait_async(&self) -> Result<(), Error> {
-        let helping = Helping { rank: &*self.hook, engine: &self.engine };
+        let helping = self.helping();
         self.pending.drained_with(&helping).await
+    }
+
+    /// The progress of one wait for the callbacks.
+    fn helping(&self) -> Helping<'_> {
+        Helping { rank: &*self.hook, engine: &self.engine, request: self, drives: AtomicBool::new(false) }
     }
 
     /// Refuses a set of requests of which one is attached to a sync object, taken, or of
@@ -306,10 +316,7 @@ impl ContinuationRequest {
     /// Counts a callback on this request and wraps `f` to run as `invoke` says and to count
     /// down after it ran.
     fn register<T: Send + 'static>(&self, invoke: Invoke, f: impl FnOnce(T) + Send + 'static) -> impl FnOnce(T) + Send + 'static {
-        let op = new_operation(|_| {});
-        let counted = self.pending.attach_counted(&mut Counted(op.clone()));
-        debug_assert!(counted.is_ok(), "a fresh operation is attachable");
-        let countdown = Countdown { op: Some(op), ran: false };
+        let countdown = Countdown { counted: Some(self.pending.count_one()), ran: false };
         let rank = Arc::downgrade(&self.engine);
         move |value: T| match invoke {
             Invoke::Inline => run_counted(countdown, f, value),
@@ -318,16 +325,70 @@ impl ContinuationRequest {
     }
 }
 
-/// The progress of a wait for continuations: the rank's sync-object hook, and when it finds
-/// nothing to do, a pool task (an [`Invoke::Pool`] callback, say), so that a wait with no
-/// pool workers (`workers(0)`) runs the callbacks it waits for.
+/// The progress of a wait for continuations: the driver's (module docs) is the rank's
+/// sync-object hook, and when it finds nothing to do, a pool task (an [`Invoke::Pool`]
+/// callback, say), so that a wait with no pool workers (`workers(0)`) runs the callbacks it
+/// waits for; another waiter's is a pool task, else sleep.
+///
+/// # Memory ordering
+///
+/// A waiter beside the driver registers its listener on the count's signal (a `SeqCst`
+/// fence, `weft_sync::Signal`) before it reads `driven` to decide to sleep; a driver that
+/// leaves clears `driven` before it signals (a `SeqCst` fence, then the listener count). One
+/// of the two fences comes first: either the waiter sees `driven` clear and does not sleep,
+/// or the driver sees its listener and wakes it.
 struct Helping<'a> {
     rank: &'a dyn Progress,
     engine: &'a Engine,
+    /// The continuation request waited on (its driver slot and count).
+    request: &'a ContinuationRequest,
+    /// Whether this wait holds the driver slot (only its own thread or task reads it).
+    drives: AtomicBool,
+}
+
+impl Helping<'_> {
+    /// Whether this wait drives progress: it holds the slot, or takes it now.
+    fn drives(&self) -> bool {
+        // Relaxed: only this wait writes `drives`.
+        if self.drives.load(Ordering::Relaxed) {
+            return true;
+        }
+        // Acquire: pairs with the release of the driver that left.
+        let took = !self.request.driven.load(Ordering::Relaxed)
+            && self.request.driven.compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed).is_ok();
+        if took {
+            self.drives.store(true, Ordering::Relaxed);
+        }
+        took
+    }
+
+    /// A step of a waiter beside the driver: a pool task, else sleep.
+    fn follow(&self) -> Step {
+        if crate::executor::help(&self.engine.executor) {
+            Step::Progressed
+        } else {
+            Step::Park
+        }
+    }
+}
+
+impl Drop for Helping<'_> {
+    fn drop(&mut self) {
+        // Relaxed: only this wait writes `drives`.
+        if self.drives.load(Ordering::Relaxed) {
+            // Release: what this driver did is seen by the next. Then the waiters sleeping
+            // beside it wake, and one takes over if callbacks remain (memory ordering above).
+            self.request.driven.store(false, Ordering::Release);
+            self.request.pending.signal();
+        }
+    }
 }
 
 impl Progress for Helping<'_> {
     fn progress(&self) -> Step {
+        if !self.drives() {
+            return self.follow();
+        }
         match self.rank.progress() {
             Step::Progressed => Step::Progressed,
             _ if crate::executor::help(&self.engine.executor) => Step::Progressed,
@@ -336,10 +397,22 @@ impl Progress for Helping<'_> {
     }
 
     fn park(&self, listener: SignalListener<'_>) {
-        self.rank.park(listener);
+        if self.drives.load(Ordering::Relaxed) {
+            self.rank.park(listener);
+        } else if self.request.driven.load(Ordering::SeqCst) {
+            // SeqCst above: after the listener's registration (memory ordering above). The
+            // count reaching zero, or the driver leaving, wakes this waiter.
+            let _ = listener.wait_timeout(FOLLOWER_NAP);
+        }
+        // Else the driver left: back to the caller, whose next step takes over.
     }
 
     fn poll_progress(&self, cx: &mut std::task::Context<'_>) -> Step {
+        if !self.drives() {
+            // Someone else drives progress; the count reaching zero or the driver leaving
+            // wakes this task through the listener its caller registers.
+            return self.follow();
+        }
         match self.rank.poll_progress(cx) {
             Step::Progressed => Step::Progressed,
             _ if crate::executor::help(&self.engine.executor) => Step::Progressed,

@@ -30,7 +30,11 @@
 //! A start that fails (a peer lost, the communicator freed) tells every other member, as a
 //! nonblocking collective does (`nbc.rs`): each start listens for such a notice, so a member
 //! that waits for a rank that failed, not for the lost peer itself, fails too instead of
-//! waiting forever.
+//! waiting forever. It keeps the buffers of the messages it had posted: a receive is
+//! cancelled and a send that has finished gives its copy back at once, one still in flight at
+//! the next start (a send or receive refused when posted gives its buffer back too), so the
+//! starts after a failure allocate no message buffers either
+//! (`runtime/tests/zero_alloc_failed_start.rs`).
 //!
 //! Starts of one persistent collective reuse its tag: each rank sends to each peer, and
 //! receives from it, in the same order at every start, and messages of one source and tag
@@ -156,7 +160,10 @@ impl<T: Primitive> Run<T> {
             let mut b = self.scratch.pop().unwrap_or_default();
             b.clear();
             b.reserve(inc.len);
-            let r = c.irecv_on(c.coll_state(), b, Source::Rank(inc.from), Tag::Is(self.tag))?;
+            let r = c.irecv_or_back(c.coll_state(), b, Source::Rank(inc.from), Tag::Is(self.tag)).map_err(|(e, b)| {
+                self.scratch.push(b);
+                e
+            })?;
             // SAFETY: as for `notice`, for `recvs`.
             self.recvs.push(unsafe { unbound(r) });
         }
@@ -175,11 +182,47 @@ impl<T: Primitive> Run<T> {
                     b
                 }
             };
-            let r = c.isend_on(c.coll_state(), Shared(b), o.to, self.tag)?;
+            let r = match c.isend_on(c.coll_state(), Shared(b), o.to, self.tag) {
+                Ok(r) => r,
+                Err(e) => {
+                    // The refused send dropped its share; the copy comes back if nothing else
+                    // holds it.
+                    if let Some((_, b)) = last.filter(|(_, b)| Arc::strong_count(b) == 1) {
+                        self.spare.push(b);
+                    }
+                    return Err(e);
+                }
+            };
             // SAFETY: as for `notice`, for `sends`.
             self.sends.push(unsafe { unbound(r) });
         }
         Ok(())
+    }
+
+    /// Takes back the buffers of the messages a failed start left posted (`finish`): a
+    /// completed send's copy to the spares (the last of those that shared it), a completed
+    /// receive's buffer to the scratch buffers. With `all`, a message still in flight is
+    /// dropped (the runtime keeps its buffer until it finishes), else it stays, for the next
+    /// start to take back.
+    fn reclaim(&mut self, all: bool) {
+        let spare = &mut self.spare;
+        self.sends.retain_mut(|r| match r.take_parts() {
+            Some((Shared(b), _)) => {
+                if Arc::strong_count(&b) == 1 {
+                    spare.push(b);
+                }
+                false
+            }
+            None => !all,
+        });
+        let scratch = &mut self.scratch;
+        self.recvs.retain_mut(|r| match r.take_parts() {
+            Some((b, _)) => {
+                scratch.push(b);
+                false
+            }
+            None => !all,
+        });
     }
 
     /// Collects step `self.at`, complete: the send buffers back, the received data landed.
@@ -258,7 +301,8 @@ impl<T: Primitive> Schedule for Run<T> {
                 }
                 Err(e) if notice.is_complete() => result = Err(notice_error(&self.comm, notice.take(), e)),
                 Err(e) => {
-                    drop(notice);
+                    notice.cancel();
+                    self.notice_buf = notice.take_parts().map(|(b, _)| b);
                     send_notices(&self.comm, self.tag, e);
                 }
             }
@@ -267,9 +311,12 @@ impl<T: Primitive> Schedule for Run<T> {
         if let (Ok(()), Some(out)) = (&result, out) {
             out.write(&self.work[..self.work.len() / self.plan.copies]);
         }
-        // A failed step's other messages: a receive is cancelled, a send finishes on its own.
-        self.sends.clear();
-        self.recvs.clear();
+        // A failed step's other messages: a receive is cancelled, a send finishes on its own;
+        // their buffers come back now, or at the next start (`launch`) if still in flight.
+        for r in &mut self.recvs {
+            r.cancel();
+        }
+        self.reclaim(false);
         let (op, status) = (self.op.take(), self.status);
         if let Some(home) = self.home.upgrade() {
             *home.lock() = Some(self);
@@ -343,6 +390,7 @@ impl<T: Primitive> CollPlan<T> {
     fn launch(&self, comm: &Communicator, data: &[T], out: Option<Out<T>>) -> Result<Arc<Operation>, Error> {
         self.check_len(comm, data.len())?;
         let mut run = self.home.lock().take().ok_or(LOST)?;
+        run.reclaim(true);
         let op = new_operation(|i| i.context = comm.coll_state().context);
         run.in_place = out.is_some() && run.plan.in_place();
         run.work.clear();

@@ -1,6 +1,6 @@
 //! A continuation in the steady state allocates one block: its boxed callback. The count it
-//! adds to its continuation request is an operation of the thread's pool, given back when
-//! the callback has run; the receive's operation, which nothing holds once its result went
+//! adds to its continuation request is a count of the request's sync object, with no
+//! operation behind it (`SyncObject::count_one`); the receive's operation, which nothing holds once its result went
 //! to the callback, goes back to the pool of the thread that completed it; a wait for the
 //! callbacks allocates nothing (counting global allocator).
 

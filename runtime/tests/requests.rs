@@ -621,6 +621,63 @@ fn pool_continuations_run_in_the_wait_without_workers() {
     });
 }
 
+/// Threads that wait on one continuation request leave the rank's progress to one of them,
+/// which runs the inline callbacks; the others sleep instead of polling beside it: of three
+/// threads waiting through 2,000 messages, the two that use the least CPU time use less than
+/// a quarter of what the third does (`/proc/thread-self/schedstat`: time on a CPU).
+#[cfg(target_os = "linux")]
+#[test]
+fn one_waiter_drives_a_continuation_request_the_others_sleep() {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Arc;
+    const N: u64 = 2000;
+    /// Nanoseconds this thread has run on a CPU.
+    fn cpu_ns() -> u64 {
+        let stat = std::fs::read_to_string("/proc/thread-self/schedstat").expect("schedstat");
+        stat.split_whitespace().next().and_then(|t| t.parse().ok()).expect("schedstat's first field")
+    }
+    within(60, "three threads waiting on one continuation request", || {
+        let rts = Runtime::builder().env(false).cris(1).workers(0).build_local(2).unwrap();
+        let (a, b) = (rts[0].world(), rts[1].world());
+        let cr = rts[1].continuation_request();
+        let ran = Arc::new(AtomicUsize::new(0));
+        for i in 0..N {
+            let mut r = b.irecv(Vec::<u64>::with_capacity(1), 0u32, 1).unwrap();
+            let ran = ran.clone();
+            cr.attach(&mut r, weft::Invoke::Inline, move |res| {
+                assert_eq!(res.unwrap().0, vec![i]);
+                ran.fetch_add(1, Ordering::Relaxed);
+            })
+            .unwrap();
+        }
+        let waiting = std::sync::Barrier::new(4);
+        let mut cpu: Vec<u64> = std::thread::scope(|s| {
+            let waiters: Vec<_> = (0..3)
+                .map(|_| {
+                    s.spawn(|| {
+                        waiting.wait();
+                        let t0 = cpu_ns();
+                        cr.wait().unwrap();
+                        cpu_ns() - t0
+                    })
+                })
+                .collect();
+            waiting.wait();
+            for i in 0..N {
+                a.send(vec![i], 1, 1).unwrap();
+                if i % 100 == 0 {
+                    // Now and then a pause, in which waiters that poll find nothing.
+                    std::thread::sleep(std::time::Duration::from_micros(200));
+                }
+            }
+            waiters.into_iter().map(|w| w.join().unwrap()).collect()
+        });
+        assert_eq!(ran.load(Ordering::Relaxed), N as usize);
+        cpu.sort_unstable();
+        assert!(4 * (cpu[0] + cpu[1]) < cpu[2], "CPU time of the waiters (ns): {cpu:?}");
+    });
+}
+
 /// A continuation whose request never completes runs with `Cancelled` when the runtime
 /// that holds the operation goes away (dropping stays safe).
 #[test]

@@ -60,7 +60,7 @@ mod wait;
 pub use callback::{on_complete, Callback, Refused};
 pub use cell::CompletionCell;
 pub use idle::IdleBackoff;
-pub use object::{Attach, AttachError, Completion, Completions, Detached, Drained, Next, SyncObject};
+pub use object::{Attach, AttachError, Completion, Completions, Counted, Detached, Drained, Next, SyncObject};
 pub use signal::{Signal, SignalListener};
 pub use status::{Error, Outcome, Status};
 pub use wait::{Progress, Step};

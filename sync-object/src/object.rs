@@ -337,13 +337,13 @@ impl<T: Send + 'static> SyncObject<T> {
     /// first error of a counted attachment since the last call, if any.
     pub fn wait_all(&self) -> Result<(), Error> {
         let hook = self.inner.progress.as_deref();
-        block_until(hook, || self.size() == 0, || self.inner.drained_event.listen());
+        block_until(hook, || self.size() == 0, &self.inner.drained_event);
         crate::loom::lock(&self.inner.queue).first_error.take().map_or(Ok(()), Err)
     }
 
     /// Like [`wait_all`](Self::wait_all) but drives `progress` instead of the object's hook.
     pub fn wait_all_with(&self, progress: &dyn Progress) -> Result<(), Error> {
-        block_until(Some(progress), || self.size() == 0, || self.inner.drained_event.listen());
+        block_until(Some(progress), || self.size() == 0, &self.inner.drained_event);
         crate::loom::lock(&self.inner.queue).first_error.take().map_or(Ok(()), Err)
     }
 
@@ -375,7 +375,7 @@ impl<T: Send + 'static> SyncObject<T> {
                 got = self.query();
                 got.is_some() || (self.size() == 0 && self.probe() == 0)
             },
-            || self.inner.data_event.listen(),
+            &self.inner.data_event,
         );
         if got.is_none() {
             // `size` reached zero: one last look, the final event may have raced the check.
@@ -402,13 +402,64 @@ impl<T: Send + 'static> SyncObject<T> {
         Completions { sync: self, listener: None }
     }
 
+    /// Counts one operation that has no completion cell (`MPIX_SYNC_NO_COMPLETION_DATA`
+    /// without a request): `size` grows by one until the returned [`Counted`] is completed,
+    /// or dropped (then it counts as `Cancelled`). Costs what a counted attachment's
+    /// completion costs, without the cell to attach (a runtime's own counts: one per
+    /// continuation of a continuation request).
+    pub fn count_one(&self) -> Counted<T> {
+        self.inner.pending.fetch_add(1, Ordering::Relaxed);
+        Counted { inner: Some(self.inner.clone()) }
+    }
+
     /// Counts one completed or detached attachment and wakes whoever waits on it.
     fn finish_one(&self) {
         finish_one(&self.inner);
     }
 }
 
-/// Pushes a completion event (or records a counted error), then counts it.
+/// One operation counted on a sync object without a completion cell
+/// ([`SyncObject::count_one`]).
+#[must_use = "dropped, it counts as cancelled"]
+pub struct Counted<T> {
+    /// The object counted on (`None` once completed).
+    inner: Option<Arc<Inner<T>>>,
+}
+
+impl<T> fmt::Debug for Counted<T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Counted").field("pending", &self.inner.is_some()).finish()
+    }
+}
+
+impl<T> Counted<T> {
+    /// Completes the operation with `outcome`: the object's count drops (waking its waiters
+    /// when it reaches zero), and an error is reported by the next `wait_all`.
+    pub fn complete(mut self, outcome: Outcome) {
+        if let Some(inner) = self.inner.take() {
+            finish_counted(&inner, outcome);
+        }
+    }
+}
+
+impl<T> Drop for Counted<T> {
+    fn drop(&mut self) {
+        if let Some(inner) = self.inner.take() {
+            finish_counted(&inner, Err(Error::Cancelled));
+        }
+    }
+}
+
+/// Records a counted completion's error, if any, then counts it.
+fn finish_counted<T>(inner: &Inner<T>, outcome: Outcome) {
+    if let Err(e) = outcome {
+        // A counted completion touches the queue only to record an error.
+        crate::loom::lock(&inner.queue).first_error.get_or_insert(e);
+    }
+    finish_one(inner);
+}
+
+/// Counts one completion and wakes whoever waits on it.
 fn finish_one<T>(inner: &Inner<T>) {
     // AcqRel: release publishes the queued item to a waiter that sees the new count;
     // acquire orders us after earlier completers (only the count's last writer notifies
@@ -435,14 +486,12 @@ unsafe fn deliver<T: Send + 'static>(sink: *const (), data: *mut DataSlot, with_
         let mut q = crate::loom::lock(&inner.queue);
         q.items.push_back(Completion { data, outcome });
         inner.ready.store(q.items.len(), Ordering::Release);
-    } else if let Err(e) = outcome {
-        // A counted completion touches the queue only to record an error.
-        crate::loom::lock(&inner.queue).first_error.get_or_insert(e);
-    }
-    if with_data {
+        drop(q);
         inner.data_event.notify_additional(1);
+        finish_one(&inner);
+    } else {
+        finish_counted(&inner, outcome);
     }
-    finish_one(&inner);
     // `inner` (the attachment's Arc) is released only now, after every notification.
     drop(inner);
 }

@@ -7,6 +7,11 @@
 //! finds nobody listening. A `Signal` counts its live listeners and skips `notify` when the
 //! count is zero.
 //!
+//! Parking allocates nothing: [`Signal::listen_scoped`] registers a listener that lives on
+//! the caller's stack (event-listener's `listener!`), which is what blocking waits use. Only
+//! [`Signal::listen`], whose listener outlives the call (futures, listeners kept across
+//! polls), boxes it.
+//!
 //! # Memory ordering (Dekker-style, like tokio's `Notify` and crossbeam's `Parker`)
 //!
 //! * A listener registers with the event first, then increments `listeners`, then issues a
@@ -28,7 +33,7 @@ use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use crossbeam_utils::CachePadded;
-use event_listener::{Event, EventListener, Listener};
+use event_listener::{listener, Event, EventListener, Listener};
 
 use crate::loom::sync::atomic::{fence, AtomicUsize, Ordering};
 
@@ -55,13 +60,32 @@ impl Signal {
 
     /// Registers a listener for the next notification. The caller must re-check its
     /// condition after this returns and before waiting (check -> listen -> re-check -> wait).
+    ///
+    /// The listener is boxed (one allocation); a blocking wait that ends before the caller
+    /// returns takes [`listen_scoped`](Self::listen_scoped) instead, which allocates nothing.
     pub fn listen(&self) -> SignalListener<'_> {
         let inner = self.event.listen();
+        self.counted();
+        SignalListener { waiter: Waiter::Owned(Some(inner)), listeners: &self.listeners }
+    }
+
+    /// Registers a listener for the next notification on this stack frame and hands it to
+    /// `f`, which re-checks its condition and waits (check -> listen -> re-check -> wait).
+    /// Allocates nothing: the listener lives until `f` returns.
+    pub fn listen_scoped<R>(&self, f: impl FnOnce(SignalListener<'_>) -> R) -> R {
+        listener!(self.event => stacked);
+        self.counted();
+        let mut slot = Some(stacked);
+        f(SignalListener { waiter: Waiter::Borrowed(&mut slot), listeners: &self.listeners })
+    }
+
+    /// Counts a listener just registered with the event.
+    #[inline]
+    fn counted(&self) {
         self.listeners.fetch_add(1, Ordering::Relaxed);
         // SeqCst: orders the registration and the count before the caller's re-check
         // (module docs).
         fence(Ordering::SeqCst);
-        SignalListener { inner: Some(inner), listeners: &self.listeners }
     }
 
     /// Whether a notifier must call into the event: fences, then reads the count.
@@ -95,9 +119,57 @@ impl Signal {
 /// A registered listener of a [`Signal`]: a future, or something to block on.
 #[must_use = "a listener does nothing unless waited for"]
 pub struct SignalListener<'a> {
-    /// `None` once consumed by a blocking wait (the count is released at drop).
-    inner: Option<EventListener>,
+    /// The event-listener registration.
+    waiter: Waiter<'a>,
+    /// The signal's count of live listeners, released at drop.
     listeners: &'a AtomicUsize,
+}
+
+/// Where a [`SignalListener`]'s registration lives.
+enum Waiter<'a> {
+    /// Boxed by [`Signal::listen`].
+    Owned(Option<EventListener>),
+    /// On the stack frame of [`Signal::listen_scoped`].
+    Borrowed(&'a mut (dyn Registered + Send + Sync + 'a)),
+}
+
+impl Waiter<'_> {
+    fn registered(&mut self) -> &mut (dyn Registered + Send + Sync + '_) {
+        match self {
+            Waiter::Owned(l) => l,
+            Waiter::Borrowed(l) => *l,
+        }
+    }
+}
+
+/// An event-listener registration, boxed or on a stack, behind one object-safe face.
+/// `None` once consumed by a blocking wait.
+trait Registered {
+    /// Blocks until notified or `deadline`; returns whether it was notified. Consumes the
+    /// registration (a second call returns `false` at once).
+    fn wait_until(&mut self, deadline: Option<Instant>) -> bool;
+    /// Polls for the notification; ready at once when already consumed.
+    fn poll_notified(&mut self, cx: &mut Context<'_>) -> Poll<()>;
+}
+
+impl<L: Listener + Unpin> Registered for Option<L> {
+    fn wait_until(&mut self, deadline: Option<Instant>) -> bool {
+        match (self.take(), deadline) {
+            (Some(l), None) => {
+                l.wait();
+                true
+            }
+            (Some(l), Some(d)) => l.wait_deadline(d).is_some(),
+            (None, _) => false,
+        }
+    }
+
+    fn poll_notified(&mut self, cx: &mut Context<'_>) -> Poll<()> {
+        match self.as_mut() {
+            Some(l) => Pin::new(l).poll(cx),
+            None => Poll::Ready(()),
+        }
+    }
 }
 
 impl fmt::Debug for SignalListener<'_> {
@@ -109,9 +181,7 @@ impl fmt::Debug for SignalListener<'_> {
 impl SignalListener<'_> {
     /// Blocks until notified.
     pub fn wait(mut self) {
-        if let Some(l) = self.inner.take() {
-            l.wait();
-        }
+        self.waiter.registered().wait_until(None);
         // `self` drops here, after the wait: the count covers the whole wait.
     }
 
@@ -122,7 +192,7 @@ impl SignalListener<'_> {
 
     /// Blocks until notified or `deadline`; returns whether it was notified.
     pub fn wait_deadline(mut self, deadline: Instant) -> bool {
-        self.inner.take().is_some_and(|l| l.wait_deadline(deadline).is_some())
+        self.waiter.registered().wait_until(Some(deadline))
     }
 }
 
@@ -130,10 +200,7 @@ impl Future for SignalListener<'_> {
     type Output = ();
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
-        match self.inner.as_mut() {
-            Some(l) => Pin::new(l).poll(cx),
-            None => Poll::Ready(()),
-        }
+        self.waiter.registered().poll_notified(cx)
     }
 }
 

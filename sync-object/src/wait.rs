@@ -3,13 +3,13 @@
 //! This crate carries no progress logic. A blocked waiter is handed a [`Progress`] hook by
 //! the runtime; between checks of its condition it calls [`Progress::progress`], and when
 //! that reports nothing to do for a while (or tells it to park) the waiter registers an
-//! event-listener and parks through [`Progress::park`]. The runtime decides there whether the
+//! event-listener on its stack (no allocation) and parks through [`Progress::park`]. The runtime decides there whether the
 //! thread waits as the progress owner (woken by network activity), as a plain waiter (woken
 //! by its completions or by an ownership hand-off), or runs pool tasks meanwhile.
 
 use std::task::Context;
 
-use crate::signal::SignalListener;
+use crate::signal::{Signal, SignalListener};
 
 /// What one call into the progress hook achieved.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -50,12 +50,13 @@ const IDLE_SPINS: u32 = 64;
 #[cfg(loom)]
 const IDLE_SPINS: u32 = 0;
 
-/// Blocks until `done()` holds, driving `hook` meanwhile.
+/// Blocks until `done()` holds, driving `hook` meanwhile and parking on `signal`.
 ///
-/// The protocol that loses no wakeup: check -> listen -> re-check -> park.
+/// The protocol that loses no wakeup: check -> listen -> re-check -> park. Each park
+/// listens on the stack ([`Signal::listen_scoped`]): waiting allocates nothing.
 // Under loom the spin budget is 0, which makes `idle < IDLE_SPINS` always false.
 #[cfg_attr(loom, allow(clippy::absurd_extreme_comparisons))]
-pub(crate) fn block_until<'a>(hook: Option<&dyn Progress>, mut done: impl FnMut() -> bool, mut listen: impl FnMut() -> SignalListener<'a>) {
+pub(crate) fn block_until(hook: Option<&dyn Progress>, mut done: impl FnMut() -> bool, signal: &Signal) {
     let mut idle = 0u32;
     let mut backoff = crate::IdleBackoff::new();
     loop {
@@ -80,13 +81,18 @@ pub(crate) fn block_until<'a>(hook: Option<&dyn Progress>, mut done: impl FnMut(
             }
             Step::Idle | Step::Park => {}
         }
-        let listener = listen();
-        if done() {
+        let finished = signal.listen_scoped(|listener| {
+            if done() {
+                return true;
+            }
+            match hook {
+                Some(h) => h.park(listener),
+                None => listener.wait(),
+            }
+            false
+        });
+        if finished {
             return;
-        }
-        match hook {
-            Some(h) => h.park(listener),
-            None => listener.wait(),
         }
         idle = 0;
         backoff.reset();

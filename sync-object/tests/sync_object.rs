@@ -207,6 +207,30 @@ fn counted_attach_error_is_reported_by_wait_all_once() {
     assert_eq!(sync.wait_all(), Ok(()));
 }
 
+/// A count without a cell (`count_one`) is counted like a counted attachment: its error is
+/// reported by `wait_all`, and one dropped uncompleted counts as cancelled; a waiter parked
+/// on the count is woken by the last one.
+#[test]
+fn counted_without_a_cell_counts_and_reports_its_error() {
+    let sync = SyncObject::<u32>::new();
+    let (a, b, c) = (sync.count_one(), sync.count_one(), sync.count_one());
+    assert_eq!((sync.size(), sync.probe()), (3, 0));
+    a.complete(ok(0));
+    b.complete(Err(Error::PeerLost { rank: 2 }));
+    assert_eq!(sync.size(), 1);
+    let waiter = {
+        let sync = sync.clone();
+        thread::spawn(move || sync.wait_all())
+    };
+    drop(c);
+    assert_eq!(waiter.join().unwrap(), Err(Error::PeerLost { rank: 2 }));
+    assert_eq!(sync.size(), 0);
+    let d = sync.count_one();
+    drop(d);
+    assert_eq!(sync.wait_all(), Err(Error::Cancelled));
+    assert!(sync.query().is_none(), "a count queues no event");
+}
+
 #[test]
 fn errors_of_data_attachments_are_events_not_wait_all_errors() {
     let sync = SyncObject::new();

@@ -36,6 +36,19 @@
 //! `pmix_event_notification.c`); without that flag it tears the whole job down instead.
 //! PRRTE (Open MPI 5) and Slurm send the process events as PMIx 4 defines them.
 //!
+//! # A rank gone before the fence
+//!
+//! The events above are delivered from the moment the rank has joined: during the address
+//! fence, a process of the job that ends first would leave the others waiting out the
+//! fence's time limit (`WEFT_JOIN_TIMEOUT`), where the launcher does not end the job itself.
+//! Open MPI 4.1's `mpirun` ends it when a process exits with a non-zero status or a signal,
+//! or with status 0 after another one reached PMIx, but not for one that exited with status 0
+//! before any did (say a rank that is not a weft program, or one that decided to do nothing).
+//! So the fence is waited for while the job's process table (`PMIX_QUERY_PROC_TABLE`) is
+//! read every half second: a process listed as terminated or failed, or (as that `mpirun`
+//! lists an exited process) with no state but a pid in two readings in a row, fails the
+//! start, naming it. A server that does not answer the query leaves the fence its limit.
+//!
 //! PMIx passes a handler no pointer of its own but the `PMIX_EVENT_RETURN_OBJECT` given at
 //! registration, in the event's info: that is how the handler finds the watch it reports to,
 //! without state global to the process.
@@ -45,7 +58,7 @@
 use std::ffi::{c_char, c_void, CStr};
 use std::ptr;
 use std::sync::mpsc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crate::bootstrap::PeerEvent;
 use crate::Error;
@@ -337,10 +350,9 @@ impl Client {
             return self.get_each(blob);
         }
 
-        let infos = [info(sys::PMIX_COLLECT_DATA, &true, sys::PMIX_BOOL)?, info(sys::PMIX_TIMEOUT, &self.fence_timeout, sys::PMIX_INT)?];
-        // SAFETY: null procs with 0 count is every process of this job; `infos` are loaded
-        // infos (bool and int values hold no allocation to release).
-        let status = unsafe { sys::PMIx_Fence(ptr::null(), 0, infos.as_ptr(), infos.len()) };
+        let infos =
+            vec![info(sys::PMIX_COLLECT_DATA, &true, sys::PMIX_BOOL)?, info(sys::PMIX_TIMEOUT, &self.fence_timeout, sys::PMIX_INT)?];
+        let status = self.fence_watching_departures(infos)?;
         if status == sys::PMIX_ERR_TIMEOUT {
             return Err(Error::Transport {
                 op: "PMIx_Fence of the address exchange: a rank did not join within WEFT_JOIN_TIMEOUT",
@@ -368,6 +380,65 @@ impl Client {
             .collect()
     }
 
+    /// The address fence (`PMIx_Fence_nb` with `infos`, over every process of the job), its
+    /// status once it completes; while it does not, the job's process table is read every
+    /// [`DEPARTURE_POLL`] (`PMIX_QUERY_PROC_TABLE`), and a process that ended before the
+    /// fence completed fails the start at once, naming it (module docs, *A rank gone before
+    /// the fence*). The fence is bounded as before by its `PMIX_TIMEOUT`, and here by the
+    /// same limit again should the server not honour it.
+    fn fence_watching_departures(&self, infos: Vec<sys::pmix_info_t>) -> Result<sys::pmix_status_t, Error> {
+        let (tx, rx) = mpsc::sync_channel::<sys::pmix_status_t>(1);
+        let tx = Box::into_raw(Box::new(tx)).cast::<c_void>();
+        // SAFETY: null procs with 0 count is every process of this job; `infos` are loaded
+        // infos (bool and int values hold no allocation), kept alive until the fence is done
+        // (or for good, below); `op_done` takes `tx` back when PMIx calls it, which it does
+        // only when the call returned success.
+        let status = unsafe { sys::PMIx_Fence_nb(ptr::null(), 0, infos.as_ptr(), infos.len(), Some(op_done), tx) };
+        if status != sys::PMIX_SUCCESS as sys::pmix_status_t {
+            // SAFETY: PMIx did not take `tx`: free it here, once.
+            drop(unsafe { Box::from_raw(tx.cast::<mpsc::SyncSender<sys::pmix_status_t>>()) });
+            return Ok(if status == sys::PMIX_OPERATION_SUCCEEDED { sys::PMIX_SUCCESS as sys::pmix_status_t } else { status });
+        }
+        let deadline = Instant::now() + Duration::from_secs(self.fence_timeout.unsigned_abs().into());
+        let mut departures = Departures::default();
+        loop {
+            match rx.recv_timeout(DEPARTURE_POLL) {
+                Ok(status) => return Ok(status),
+                // `op_done` sends before it drops the sender: not seen, but not a reason to wait.
+                Err(mpsc::RecvTimeoutError::Disconnected) => return Ok(sys::PMIX_ERROR),
+                Err(mpsc::RecvTimeoutError::Timeout) => {}
+            }
+            let gone = self.process_table().and_then(|table| departures.observe(&table, self.rank));
+            let out_of_time = Instant::now() >= deadline;
+            if gone.is_some() || out_of_time {
+                // The fence is still under way in PMIx, which reads `infos` until it completes.
+                std::mem::forget(infos);
+                return match gone {
+                    Some(rank) => Err(Error::Transport { op: departed(rank), code: sys::PMIX_ERR_PROC_TERM_WO_SYNC }),
+                    None => Ok(sys::PMIX_ERR_TIMEOUT),
+                };
+            }
+        }
+    }
+
+    /// The job's processes as the server lists them (`PMIX_QUERY_PROC_TABLE`): `None` where
+    /// it does not answer within [`DEPARTURE_POLL`] or does not support the query.
+    fn process_table(&self) -> Option<Vec<ProcState>> {
+        let (tx, rx) = mpsc::sync_channel(1);
+        let q = Box::into_raw(TableQuery::new(&self.me, tx)?);
+        // SAFETY: `q` holds one query whose keys (a NULL-terminated list of PMIx's own
+        // constants, never written) and qualifier live as long as it; `table_done` takes it
+        // back (and frees it) when PMIx calls it, which it does only when the call returned
+        // success.
+        let status = unsafe { sys::PMIx_Query_info_nb(&mut (*q).query, 1, Some(table_done), q.cast()) };
+        if status != sys::PMIX_SUCCESS as sys::pmix_status_t {
+            // SAFETY: PMIx did not take `q`: free it here, once.
+            drop(unsafe { Box::from_raw(q) });
+            return None;
+        }
+        rx.recv_timeout(DEPARTURE_POLL).ok().flatten()
+    }
+
     /// The lazy exchange: every peer's blob by a `PMIx_Get` that waits (up to the join
     /// timeout) for the peer to commit it; this rank's own is `blob`.
     ///
@@ -376,7 +447,7 @@ impl Client {
     /// is made again, after 1 ms doubling up to 50 ms, until the join timeout.
     fn get_each(&self, blob: &[u8]) -> Result<Vec<Vec<u8>>, Error> {
         let wait = [info(sys::PMIX_TIMEOUT, &self.fence_timeout, sys::PMIX_INT)?];
-        let deadline = std::time::Instant::now() + Duration::from_secs(self.fence_timeout.unsigned_abs().into());
+        let deadline = Instant::now() + Duration::from_secs(self.fence_timeout.unsigned_abs().into());
         (0..self.size)
             .map(|r| {
                 if r == self.rank {
@@ -387,7 +458,7 @@ impl Client {
                 let mut pause = Duration::from_millis(1);
                 let value = loop {
                     match Value::get_with(&peer, ADDRESS_KEY.to_bytes_with_nul(), &wait, "PMIx_Get of a peer's fabric addresses") {
-                        Err(Error::Transport { code: sys::PMIX_ERR_NOT_FOUND, .. }) if std::time::Instant::now() < deadline => {
+                        Err(Error::Transport { code: sys::PMIX_ERR_NOT_FOUND, .. }) if Instant::now() < deadline => {
                             std::thread::sleep(pause);
                             pause = (pause * 2).min(Duration::from_millis(50));
                         }
@@ -399,6 +470,205 @@ impl Client {
                     .ok_or(Error::InvalidArgument("a peer's fabric addresses under PMIx are not a byte object (mixed weft versions?)"))
             })
             .collect()
+    }
+}
+
+/// The error's text for rank `rank`, which ended before the address fence completed. The
+/// text is leaked: a start fails with it once.
+fn departed(rank: u32) -> &'static str {
+    Box::leak(
+        format!("PMIx_Fence of the address exchange: rank {rank} of the job ended before it joined (the launcher lists it as no longer running)")
+            .into_boxed_str(),
+    )
+}
+
+/// How often a rank waiting in the address fence reads the job's process table.
+const DEPARTURE_POLL: Duration = Duration::from_millis(500);
+
+/// One process of the job as the server's process table lists it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct ProcState {
+    /// Its rank.
+    rank: u32,
+    /// Its process id; 0 before the launcher started it.
+    pid: i32,
+    /// Its `pmix_proc_state_t`.
+    state: u8,
+}
+
+impl ProcState {
+    /// Whether the table says the process has ended: a terminated or failed state, for sure;
+    /// `UNDEF` for a process that was started, maybe (Open MPI 4.1's `mpirun` lists an exited
+    /// process so, and also, for a moment, one it has just forked and not yet marked running).
+    fn ended(&self) -> Ended {
+        if u32::from(self.state) >= sys::PMIX_PROC_STATE_TERMINATED {
+            Ended::Yes
+        } else if u32::from(self.state) == sys::PMIX_PROC_STATE_UNDEF && self.pid != 0 {
+            Ended::Maybe
+        } else {
+            Ended::No
+        }
+    }
+}
+
+/// What one row of the process table says of a process's end.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Ended {
+    /// Running, or not started yet.
+    No,
+    /// Ended, or just started: ended if the next reading says so again.
+    Maybe,
+    /// Ended.
+    Yes,
+}
+
+/// The readings of the process table a rank has taken while waiting in the fence.
+#[derive(Debug, Default)]
+struct Departures {
+    /// Ranks the last reading said may have ended.
+    maybe: Vec<u32>,
+}
+
+impl Departures {
+    /// Takes one reading; the lowest rank other than `me` that has ended, if any: listed as
+    /// ended, or as maybe ended in this reading and the one before.
+    fn observe(&mut self, table: &[ProcState], me: u32) -> Option<u32> {
+        let mut maybe = Vec::new();
+        let mut gone = None;
+        for p in table.iter().filter(|p| p.rank != me) {
+            let ended = match p.ended() {
+                Ended::Yes => true,
+                Ended::Maybe => {
+                    maybe.push(p.rank);
+                    self.maybe.contains(&p.rank)
+                }
+                Ended::No => false,
+            };
+            if ended {
+                gone = Some(gone.map_or(p.rank, |g: u32| g.min(p.rank)));
+            }
+        }
+        self.maybe = maybe;
+        gone
+    }
+}
+
+/// The rows of a `PMIX_QUERY_PROC_TABLE` answer: an array of `pmix_proc_info_t`, directly or
+/// each in an info of its own (Open MPI 4.1).
+///
+/// # Safety
+///
+/// `info` are infos PMIx passed to a query's callback, valid for the call.
+unsafe fn proc_table_rows(info: &[sys::pmix_info_t]) -> Vec<ProcState> {
+    let row = |p: &sys::pmix_proc_info_t| ProcState { rank: p.proc_.rank, pid: p.pid, state: p.state };
+    let mut rows = Vec::new();
+    for i in info {
+        // SAFETY: PMIx NUL-terminates every key in its fixed-size array.
+        let key = unsafe { CStr::from_ptr(i.key.as_ptr()) }.to_bytes_with_nul();
+        if key != sys::PMIX_QUERY_PROC_TABLE || u32::from(i.value.type_) != sys::PMIX_DATA_ARRAY {
+            continue;
+        }
+        // SAFETY: the type says the darray member is set: null or an array of `size`
+        // elements of its own type.
+        let Some(a) = (unsafe { i.value.data.darray.as_ref() }) else { continue };
+        if a.array.is_null() {
+            continue;
+        }
+        match u32::from(a.type_) {
+            sys::PMIX_PROC_INFO => {
+                // SAFETY: `size` process infos at `array`.
+                rows.extend(unsafe { std::slice::from_raw_parts(a.array.cast::<sys::pmix_proc_info_t>(), a.size) }.iter().map(row));
+            }
+            sys::PMIX_INFO => {
+                // SAFETY: `size` infos at `array`.
+                for e in unsafe { std::slice::from_raw_parts(a.array.cast::<sys::pmix_info_t>(), a.size) } {
+                    if u32::from(e.value.type_) == sys::PMIX_PROC_INFO {
+                        // SAFETY: the type says the pinfo member is set: null or one process info.
+                        rows.extend(unsafe { e.value.data.pinfo.as_ref() }.map(row));
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+    rows
+}
+
+/// One `PMIX_QUERY_PROC_TABLE` query in flight: what PMIx reads until it answers, and where
+/// the answer goes. Boxed, so that the query's pointers into it stay put.
+struct TableQuery {
+    /// The key list the query points to: the key and the terminating NULL.
+    keys: [*mut c_char; 2],
+    /// The query's one qualifier: this job's namespace (`PMIX_NSPACE`).
+    qualifier: sys::pmix_info_t,
+    /// The query itself.
+    query: sys::pmix_query_t,
+    /// Where [`table_done`] sends the rows.
+    done: mpsc::SyncSender<Option<Vec<ProcState>>>,
+}
+
+impl TableQuery {
+    /// The query for the process table of `me`'s job; `None` where the qualifier cannot be made.
+    fn new(me: &sys::pmix_proc_t, done: mpsc::SyncSender<Option<Vec<ProcState>>>) -> Option<Box<TableQuery>> {
+        let mut q = Box::new(TableQuery {
+            keys: [sys::PMIX_QUERY_PROC_TABLE.as_ptr().cast::<c_char>().cast_mut(), ptr::null_mut()],
+            qualifier: sys::pmix_info_t::default(),
+            query: sys::pmix_query_t { keys: ptr::null_mut(), qualifiers: ptr::null_mut(), nqual: 0 },
+            done,
+        });
+        // SAFETY: `qualifier` is zeroed; a PMIX_STRING info takes the string's address (the
+        // namespace, NUL-terminated) and keeps a copy, released in `drop`.
+        let status = unsafe {
+            sys::PMIx_Info_load(
+                &mut q.qualifier,
+                sys::PMIX_NSPACE.as_ptr().cast(),
+                me.nspace.as_ptr().cast(),
+                sys::PMIX_STRING as sys::pmix_data_type_t,
+            )
+        };
+        if status != sys::PMIX_SUCCESS as sys::pmix_status_t {
+            return None;
+        }
+        q.query = sys::pmix_query_t { keys: q.keys.as_mut_ptr(), qualifiers: &mut q.qualifier, nqual: 1 };
+        Some(q)
+    }
+}
+
+impl Drop for TableQuery {
+    fn drop(&mut self) {
+        // SAFETY: the namespace's copy `PMIx_Info_load` made (or a zeroed value), released once.
+        unsafe { sys::PMIx_Value_destruct(&mut self.qualifier.value) };
+    }
+}
+
+/// `pmix_info_cbfunc_t` of a process-table query: sends the rows (`None` for a failed
+/// query) down the channel of the [`TableQuery`] `cbdata` is, frees it, then lets PMIx
+/// release its answer.
+///
+/// # Safety
+///
+/// `cbdata` is a `Box<TableQuery>` leaked for this one call; `info` is null or `ninfo` infos
+/// valid for the call.
+unsafe extern "C" fn table_done(
+    status: sys::pmix_status_t,
+    info: *mut sys::pmix_info_t,
+    ninfo: usize,
+    cbdata: *mut c_void,
+    release: sys::pmix_release_cbfunc_t,
+    release_cbdata: *mut c_void,
+) {
+    // SAFETY: as the contract says; taken back once, when PMIx is done with the query.
+    let q = unsafe { Box::from_raw(cbdata.cast::<TableQuery>()) };
+    let ok = status == sys::PMIX_SUCCESS as sys::pmix_status_t || status == sys::PMIX_ERR_PARTIAL_SUCCESS;
+    let rows = (ok && !info.is_null()).then(|| {
+        // SAFETY: `ninfo` infos at `info`, valid for this call.
+        unsafe { proc_table_rows(std::slice::from_raw_parts(info, ninfo)) }
+    });
+    let _ = q.done.try_send(rows);
+    drop(q);
+    if let Some(f) = release {
+        // SAFETY: PMIx's own release of its answer, called once, after the last read of it.
+        unsafe { f(release_cbdata) };
     }
 }
 
@@ -652,6 +922,30 @@ impl Drop for Client {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The process table's rows read in turn while waiting in the fence: a terminated or
+    /// failed process is named at once, one listed as `UNDEF` with a pid (Open MPI 4.1's
+    /// exited process, or one just forked) only when two readings in a row say so; running,
+    /// connected and not yet started processes, and this rank itself, never.
+    #[test]
+    fn a_process_that_ended_before_the_fence_is_named() {
+        let row = |rank: u32, pid: i32, state: u32| ProcState { rank, pid, state: state as u8 };
+        let (undef, running, connected) = (sys::PMIX_PROC_STATE_UNDEF, sys::PMIX_PROC_STATE_RUNNING, sys::PMIX_PROC_STATE_CONNECTED);
+        let mut d = Departures::default();
+        assert_eq!(d.observe(&[row(0, 10, connected), row(1, 11, running), row(2, 0, undef)], 0), None);
+        assert_eq!(d.observe(&[row(0, 10, connected), row(1, 11, sys::PMIX_PROC_STATE_TERM_NON_ZERO), row(2, 12, running)], 0), Some(1));
+        assert_eq!(d.observe(&[row(0, 10, sys::PMIX_PROC_STATE_TERMINATED), row(1, 11, running)], 0), None, "this rank itself");
+        assert_eq!(d.observe(&[row(3, 13, sys::PMIX_PROC_STATE_TERMINATED), row(2, 12, sys::PMIX_PROC_STATE_ABORTED)], 0), Some(2));
+
+        let mut d = Departures::default();
+        assert_eq!(d.observe(&[row(0, 10, connected), row(2, 12, undef)], 0), None, "once may be a process just forked");
+        assert_eq!(d.observe(&[row(0, 10, connected), row(2, 12, undef)], 0), Some(2));
+
+        let mut d = Departures::default();
+        for state in [undef, running, undef, connected] {
+            assert_eq!(d.observe(&[row(2, 12, state)], 0), None, "not twice in a row");
+        }
+    }
 
     #[test]
     fn the_exchange_mode_is_fence_unless_lazy_is_asked_for() {

@@ -1068,6 +1068,24 @@ mod under_mpirun {
         assert!(t0.elapsed() < Duration::from_secs(30), "took {:?}:\n{s}", t0.elapsed());
     }
 
+    /// A process of the job that ends with status 0 before any rank has reached PMIx (here
+    /// `true`, which `mpirun` starts within a millisecond, where a weft rank takes some
+    /// 100 ms to get there): Open MPI 4.1's `mpirun` neither ends the job nor sends an
+    /// event, and the weft rank used to wait in the address fence for all of
+    /// `WEFT_JOIN_TIMEOUT`. It reads the job's process table while it waits and fails
+    /// within seconds, naming the rank. (Should `true` end after the weft rank reached PMIx
+    /// after all, `mpirun` ends the job itself, as quickly.)
+    #[test]
+    fn a_rank_that_ends_before_the_fence_fails_the_others_within_seconds() {
+        let t0 = Instant::now();
+        let args = ["-x", "WEFT_PROVIDER", "-x", "WEFT_JOIN_TIMEOUT=60", "-np", "1", SELFTEST, "hello", ":", "-np", "1", "true"];
+        let Some(o) = mpirun("shm", &args) else { return };
+        let s = text(&o);
+        assert!(!o.status.success(), "{s}");
+        assert!(t0.elapsed() < Duration::from_secs(30), "took {:?}:\n{s}", t0.elapsed());
+        assert!(s.contains("rank 1 of the job ended before it joined") || s.contains("exiting improperly"), "{s}");
+    }
+
     /// The lazy exchange (`WEFT_PMIX_EXCHANGE=lazy`: no fence, one `PMIx_Get` per peer)
     /// starts a job of 4 that passes every check, and a rank that never publishes fails the
     /// others within `WEFT_JOIN_TIMEOUT`, as the fence does; a value that is neither mode is

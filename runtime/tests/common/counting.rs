@@ -9,11 +9,13 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 struct Counting;
 static ALLOCS: AtomicUsize = AtomicUsize::new(0);
 static ARMED: AtomicBool = AtomicBool::new(false);
+/// The smallest allocation counted, in bytes.
+static MIN_SIZE: AtomicUsize = AtomicUsize::new(0);
 
 // SAFETY: forwards to the system allocator, only counting.
 unsafe impl GlobalAlloc for Counting {
     unsafe fn alloc(&self, l: Layout) -> *mut u8 {
-        if ARMED.load(Ordering::Relaxed) {
+        if ARMED.load(Ordering::Relaxed) && l.size() >= MIN_SIZE.load(Ordering::Relaxed) {
             ALLOCS.fetch_add(1, Ordering::Relaxed);
         }
         // SAFETY: same contract as ours.
@@ -29,7 +31,15 @@ unsafe impl GlobalAlloc for Counting {
 static GLOBAL: Counting = Counting;
 
 /// The allocations made (by any thread) while `f` runs.
+#[allow(dead_code)] // Not every test binary that includes this module counts all sizes.
 pub(crate) fn allocations(f: impl FnOnce()) -> usize {
+    allocations_of_at_least(0, f)
+}
+
+/// The allocations of at least `bytes` made (by any thread) while `f` runs.
+#[allow(dead_code)] // Not every test binary that includes this module counts by size.
+pub(crate) fn allocations_of_at_least(bytes: usize, f: impl FnOnce()) -> usize {
+    MIN_SIZE.store(bytes, Ordering::Relaxed);
     ALLOCS.store(0, Ordering::Relaxed);
     ARMED.store(true, Ordering::Relaxed);
     f();

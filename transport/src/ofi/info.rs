@@ -1,8 +1,10 @@
-//! Provider discovery: `fi_getinfo` for one provider, `FI_EP_RDM`, with capability fallback.
+//! Provider discovery: `fi_getinfo` for one provider, `FI_EP_RDM`, with capability fallback;
+//! the settings libfabric reads when the process's first `fi_getinfo` initializes it.
 
 use std::ffi::{CStr, CString};
 use std::fmt;
 use std::ptr::{self, NonNull};
+use std::sync::Once;
 
 use super::error::OfiError;
 use super::flags::Caps;
@@ -13,6 +15,48 @@ use super::sys;
 /// the provider may choose keys. Not offered: `FI_MR_LOCAL` (weft posts plain buffers with no
 /// descriptor), `FI_MR_ENDPOINT`, `FI_MR_RAW`.
 const MR_MODE_HINTS: u64 = sys::FI_MR_VIRT_ADDR | sys::FI_MR_ALLOCATED | sys::FI_MR_PROV_KEY;
+
+/// libfabric settings weft gives a process whose environment leaves them unset, with why.
+/// libfabric reads its `FI_*` variables once, as its first `fi_getinfo` initializes every
+/// provider, so they are in the environment for that call only ([`with_start_settings`]);
+/// a value the user set wins.
+///
+/// * `FI_OFI_RXM_MSG_RX_SIZE=1024`: the receive buffers `ofi_rxm` posts to the shared receive
+///   context of each of its endpoints over `tcp`. Its default, 4,096 buffers of 16 KiB, takes
+///   four chunks of its buffer pool (1,024 buffers each), and libfabric zeroes every chunk
+///   as it allocates it: 67 MB written and some 20 ms of CPU per endpoint as a rank starts,
+///   where one chunk is 17 MB. 1,024 is that one chunk, which rxm allocates whatever the
+///   size: fewer buffers would not start faster. rxm still buffers 16 MiB of unexpected
+///   messages per endpoint; past that, tcp leaves them in the socket until a buffer is free.
+const START_SETTINGS: &[(&str, &str)] = &[("FI_OFI_RXM_MSG_RX_SIZE", "1024")];
+
+/// Runs `first`, the process's first `fi_getinfo`, with the [`START_SETTINGS`] the
+/// environment lacks set, then removes those again: the process's environment (and what
+/// processes it starts inherit) is left as it was. Later calls run `first` alone.
+///
+/// Process-wide, as libfabric's own initialization is. The environment changes once per
+/// process, around its first `fi_getinfo`; a thread that reads the environment through C's
+/// `getenv` at that very moment races with it, as it would with any `setenv`.
+fn with_start_settings<R>(first: impl FnOnce() -> R) -> R {
+    static STARTED: Once = Once::new();
+    let mut set = Vec::new();
+    STARTED.call_once(|| {
+        for &(name, value) in START_SETTINGS {
+            if std::env::var_os(name).is_none() {
+                std::env::set_var(name, value);
+                set.push(name);
+            }
+        }
+    });
+    // A `fi_getinfo` of another thread may initialize libfabric meanwhile: the settings are
+    // in place from here, and once `first` returns libfabric has read them, whoever
+    // initialized it (it does so once, under its own lock).
+    let out = first();
+    for name in set {
+        std::env::remove_var(name);
+    }
+    out
+}
 
 /// One provider configuration (an owned, single `fi_info` entry) for an `FI_EP_RDM` endpoint.
 ///
@@ -243,7 +287,8 @@ fn getinfo(provider: &str, caps: Caps) -> Result<NonNull<sys::fi_info>, OfiError
     }
     let mut list: *mut sys::fi_info = ptr::null_mut();
     // SAFETY: valid hints, NULL node/service, out-pointer to a local.
-    let ret = unsafe { sys::fi_getinfo(sys::WEFT_FI_VERSION, ptr::null(), ptr::null(), 0, hints.0.as_ptr(), &mut list) };
+    let ret =
+        with_start_settings(|| unsafe { sys::fi_getinfo(sys::WEFT_FI_VERSION, ptr::null(), ptr::null(), 0, hints.0.as_ptr(), &mut list) });
     if ret != 0 {
         return Err(OfiError::from_code("fi_getinfo", i64::from(ret)));
     }
@@ -269,4 +314,86 @@ fn getinfo(provider: &str, caps: Caps) -> Result<NonNull<sys::fi_info>, OfiError
         ));
     }
     Ok(first)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::process::Command;
+    use std::sync::Arc;
+
+    use super::*;
+    use crate::ofi::{AddressVector, Domain, Endpoint, EndpointConfig};
+
+    /// What the child test prints before its result.
+    const CHILD_MARK: &str = "TCP_ENDPOINT_CHILD";
+
+    /// A field of `/proc/self/status` in KiB (`VmHWM`, `VmRSS`).
+    fn status_kib(field: &str) -> u64 {
+        let status = std::fs::read_to_string("/proc/self/status").expect("read /proc/self/status");
+        let line = status.lines().find(|l| l.starts_with(field)).expect("field of /proc/self/status");
+        line[field.len()..].trim().trim_end_matches("kB").trim().parse().expect("KiB value")
+    }
+
+    /// Run by [`a_tcp_endpoint_starts_with_one_chunk_of_rxm_buffers`] in a process of its
+    /// own (libfabric reads its settings once per process): opens one `tcp;ofi_rxm` endpoint
+    /// and prints how much memory that touched, and whether the environment still names the
+    /// setting afterwards.
+    #[test]
+    #[ignore = "run as a child process by a_tcp_endpoint_starts_with_one_chunk_of_rxm_buffers"]
+    fn tcp_endpoint_child() {
+        let before = status_kib("VmRSS:");
+        let info = match Info::query("tcp;ofi_rxm") {
+            Ok(info) => info,
+            Err(e) if e.is_unavailable() => {
+                println!("{CHILD_MARK} unavailable");
+                return;
+            }
+            Err(e) => panic!("fi_getinfo for tcp;ofi_rxm failed: {e}"),
+        };
+        let domain: Arc<Domain> = Domain::open_with_fabric(&info).expect("open fabric + domain");
+        let av = AddressVector::open(&domain, 4).expect("open av");
+        let ep = Endpoint::open(&domain, &av, &EndpointConfig::default()).expect("open endpoint");
+        let grown = status_kib("VmHWM:").saturating_sub(before);
+        let env = std::env::var("FI_OFI_RXM_MSG_RX_SIZE").unwrap_or_else(|_| "unset".into());
+        println!("{CHILD_MARK} {grown} {env}");
+        drop(ep);
+    }
+
+    /// Runs the child; `(KiB the endpoint touched, FI_OFI_RXM_MSG_RX_SIZE after)`, or
+    /// `None` when tcp is not available.
+    fn child(msg_rx_size: Option<&str>) -> Option<(u64, String)> {
+        let mut cmd = Command::new(std::env::current_exe().expect("test binary path"));
+        cmd.args(["ofi::info::tests::tcp_endpoint_child", "--exact", "--ignored", "--nocapture", "--test-threads=1"])
+            .env("FI_TCP_IFACE", "lo")
+            .env_remove("FI_OFI_RXM_MSG_RX_SIZE");
+        if let Some(v) = msg_rx_size {
+            cmd.env("FI_OFI_RXM_MSG_RX_SIZE", v);
+        }
+        let out = cmd.output().expect("run the child test");
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(out.status.success(), "child failed:\n{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+        let line = stdout.lines().find_map(|l| l.split_once(CHILD_MARK).map(|(_, r)| r.trim())).expect("child's result");
+        if line == "unavailable" {
+            println!("SKIP: provider tcp;ofi_rxm not available");
+            return None;
+        }
+        let (kib, env) = line.split_once(' ').expect("child's result: KiB and the setting");
+        Some((kib.parse().expect("KiB"), env.to_string()))
+    }
+
+    /// rxm's default of 4,096 receive buffers per endpoint costs four zeroed chunks of 17 MB
+    /// (67 MB) at the start; weft's 1,024 costs one. A user's own setting wins, and the
+    /// environment is left as it was.
+    #[test]
+    fn a_tcp_endpoint_starts_with_one_chunk_of_rxm_buffers() {
+        let Some((ours, env)) = child(None) else { return };
+        assert_eq!(env, "unset", "the setting stays in the environment after libfabric read it");
+        assert!(ours < 40 * 1024, "one tcp endpoint touched {ours} KiB at the start: more than one chunk of rxm buffers");
+        let Some((users, env)) = child(Some("4096")) else { return };
+        assert_eq!(env, "4096", "the user's setting was changed");
+        assert!(
+            users > 60 * 1024,
+            "with FI_OFI_RXM_MSG_RX_SIZE=4096 one tcp endpoint touched only {users} KiB: the user's setting was not used"
+        );
+    }
 }
