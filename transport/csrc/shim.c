@@ -97,6 +97,18 @@ ssize_t weft_fi_write(struct fid_ep *ep, const void *buf, size_t len, void *desc
                       fi_addr_t dest_addr, uint64_t addr, uint64_t key, void *context)
 { return fi_write(ep, buf, len, desc, dest_addr, addr, key, context); }
 
+ssize_t weft_fi_write_delivered(struct fid_ep *ep, const void *buf, size_t len, void *desc,
+                                fi_addr_t dest_addr, uint64_t addr, uint64_t key, void *context)
+{
+    struct iovec iov = { .iov_base = (void *) buf, .iov_len = len };
+    struct fi_rma_iov rma = { .addr = addr, .len = len, .key = key };
+    struct fi_msg_rma msg = {
+        .msg_iov = &iov, .desc = &desc, .iov_count = 1, .addr = dest_addr,
+        .rma_iov = &rma, .rma_iov_count = 1, .context = context, .data = 0,
+    };
+    return fi_writemsg(ep, &msg, FI_DELIVERY_COMPLETE);
+}
+
 ssize_t weft_fi_fetch_atomic(struct fid_ep *ep, const void *buf, size_t count, void *desc,
                              void *result, void *result_desc, fi_addr_t dest_addr,
                              uint64_t addr, uint64_t key, enum fi_datatype datatype,

@@ -71,6 +71,10 @@ ssize_t weft_fi_read(struct fid_ep *ep, void *buf, size_t len, void *desc,
                      fi_addr_t src_addr, uint64_t addr, uint64_t key, void *context);
 ssize_t weft_fi_write(struct fid_ep *ep, const void *buf, size_t len, void *desc,
                       fi_addr_t dest_addr, uint64_t addr, uint64_t key, void *context);
+/* fi_write whose completion waits for the target to have applied the data
+ * (FI_DELIVERY_COMPLETE), through fi_writemsg. */
+ssize_t weft_fi_write_delivered(struct fid_ep *ep, const void *buf, size_t len, void *desc,
+                                fi_addr_t dest_addr, uint64_t addr, uint64_t key, void *context);
 ssize_t weft_fi_fetch_atomic(struct fid_ep *ep, const void *buf, size_t count, void *desc,
                              void *result, void *result_desc, fi_addr_t dest_addr,
                              uint64_t addr, uint64_t key, enum fi_datatype datatype,

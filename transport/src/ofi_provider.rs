@@ -770,6 +770,7 @@ impl Opened {
             last_active: AtomicU64::new(coarse_ms()),
             seen_activity: AtomicU64::new(0),
             provider: self.opts.provider.clone(),
+            rma_delivered: self.opts.provider != "shm",
             lane,
             hosts,
             virt_addr: self.domain.info().mr_virt_addr(),
@@ -900,6 +901,16 @@ struct RankInner {
     seen_activity: AtomicU64,
     /// libfabric provider name.
     provider: String,
+    /// Whether a put completes only once the target applied it (`FI_DELIVERY_COMPLETE`):
+    /// off `shm`. `MPI_Win_flush` completes an operation at the target; `tcp;ofi_rxm` 1.17
+    /// completes a write once its bytes are in the socket (rxm passes `tcp` no completion
+    /// flag, and `tcp` waits for the target's acknowledgement only under
+    /// `FI_TRANSMIT_COMPLETE` or `FI_DELIVERY_COMPLETE`), and a later operation of another
+    /// thread, through another CRI's connection, could be applied before it: the
+    /// distributed locks let two writers in across 4 processes of 2 threads on `tcp`. On
+    /// `shm` every one-sided operation of a rank goes into one queue at the target, applied
+    /// in order ([`RMA_TARGET_EP`]), so the default completion suffices there.
+    rma_delivered: bool,
     /// The same-host lane (module docs), where this rank has one.
     lane: Option<lane::Lane>,
     /// Every rank's host (boot id and host name, hashed, as the same-host lane published
@@ -2017,9 +2028,10 @@ impl OfiRank {
     /// # Safety
     /// `data` must stay valid and unmodified until `flush(cri)` returned.
     pub unsafe fn put(&self, cri: usize, to: &RemoteMem, offset: u64, data: &[u8]) -> Result<(), Error> {
+        let delivered = self.inner.rma_delivered;
         self.rma_post(cri, to, |ep, dest| {
             // SAFETY: forwarded contract of `put`.
-            unsafe { ep.write(data, None, dest, &to.region, offset, 0) }
+            unsafe { ep.write(data, None, dest, &to.region, offset, 0, delivered) }
         })
     }
 

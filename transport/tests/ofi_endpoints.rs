@@ -137,7 +137,7 @@ fn rma(provider: &str) {
         // SAFETY: `local` outlives the wait below; bytes 0..64 are not modified until then.
         let src = unsafe { &local.as_slice()[..64] };
         // SAFETY: `src` stays valid and unmodified until the write completion is read below.
-        unsafe { p.a.ep.write(src, Some(&local), p.to_b, &remote, 128, 10) }.expect("write")
+        unsafe { p.a.ep.write(src, Some(&local), p.to_b, &remote, 128, 10, false) }.expect("write")
     });
     let c = p.wait_ok(Which::A, 10, "write completion");
     assert!(c.flags.contains(CompletionFlags::RMA | CompletionFlags::WRITE), "{:?}", c.flags);
@@ -297,7 +297,7 @@ fn bad_input(provider: &str) {
         let remote = mr.remote();
         let buf = [0u8; 16];
         // SAFETY: the post is refused before reaching libfabric (out of range).
-        let e = unsafe { p.a.ep.write(&buf, None, p.to_b, &remote, 60, 1) }.expect_err("out-of-range RMA accepted");
+        let e = unsafe { p.a.ep.write(&buf, None, p.to_b, &remote, 60, 1, false) }.expect_err("out-of-range RMA accepted");
         assert_eq!(e.code, errno::FI_EINVAL);
         let other = MemoryRegion::alloc(p.a.ep.domain(), 64, MrAccess::ALL).expect("register");
         // SAFETY: refused before reaching libfabric (buffer outside `other`).

@@ -139,6 +139,20 @@ fn every_distributed_lock_excludes_across_8_processes_of_2_threads_on_shm() {
     }
 }
 
+/// The same on `tcp` at 4 processes of 2 threads, 2 CRIs per rank: two threads of a rank
+/// reach a target through two connections, and a flushed put must have been applied there
+/// before another thread's later operation is (without `FI_DELIVERY_COMPLETE` a put
+/// completed once in the socket, and D-MCS let two writers in at 10^5 acquisitions).
+#[test]
+fn every_distributed_lock_excludes_across_4_processes_of_2_threads_on_tcp() {
+    let (o, t) = job_with_env(4, "tcp", &["--timeout", "120"], &[("WEFT_CRIS", "2")], &[SELFTEST, "locks", "40"]);
+    let s = text(&o);
+    assert!(o.status.success(), "locks at 4 ranks of 2 threads on tcp failed or hung after {t:?}:\n{s}");
+    for r in 0..4 {
+        assert!(s.contains(&format!("[{r}] locks ok: rank")), "rank {r}:\n{s}");
+    }
+}
+
 #[test]
 fn comms_at_4_ranks_on_shm() {
     comms_at_4("shm");

@@ -310,11 +310,15 @@ impl Endpoint {
         Post::from_ret("fi_trecv", ret)
     }
 
-    /// RMA write of `local` to `remote` at `offset` on peer `dest`.
+    /// RMA write of `local` to `remote` at `offset` on peer `dest`. With `delivered`, its
+    /// completion waits until the target has applied the data (`FI_DELIVERY_COMPLETE`, through
+    /// `fi_writemsg`); without, it is the endpoint's default (on `tcp`, once the data is
+    /// handed to the socket).
     ///
     /// # Safety
     ///
     /// As [`Endpoint::send`] for `local`.
+    #[allow(clippy::too_many_arguments)]
     pub unsafe fn write(
         &self,
         local: &[u8],
@@ -323,15 +327,15 @@ impl Endpoint {
         remote: &RemoteRegion,
         offset: u64,
         ctx: u64,
+        delivered: bool,
     ) -> Result<Post, OfiError> {
         self.check_len("fi_write", local.len())?;
         let desc = Self::desc("fi_write", local_mr, local.as_ptr(), local.len())?;
         let addr = remote.addr("fi_write", offset, local.len())?;
+        let write = if delivered { sys::weft_fi_write_delivered } else { sys::weft_fi_write };
         // SAFETY: valid endpoint; local buffer lifetime per this function's contract; the
         // remote range was checked against the region's length.
-        let ret = unsafe {
-            sys::weft_fi_write(self.ep(), local.as_ptr().cast(), local.len(), desc, dest.raw(), addr, remote.key, ctx as *mut c_void)
-        };
+        let ret = unsafe { write(self.ep(), local.as_ptr().cast(), local.len(), desc, dest.raw(), addr, remote.key, ctx as *mut c_void) };
         Post::from_ret("fi_write", ret)
     }
 
