@@ -131,10 +131,16 @@ fn every_distributed_lock_excludes_across_processes_on_shm() {
 /// another holder here while each CRI aimed at its own index of the target's endpoints).
 #[test]
 fn every_distributed_lock_excludes_across_8_processes_of_2_threads_on_shm() {
-    let (o, t) = job_with_env(8, "shm", &["--timeout", "120"], &[("WEFT_CRIS", "2")], &[SELFTEST, "locks", "40"]);
+    locks_of_2_threads_with_2_cris(8, "shm");
+}
+
+/// Every lock at `n` processes of 2 threads (the check's default), 2 CRIs per rank, 40
+/// acquisitions per thread.
+fn locks_of_2_threads_with_2_cris(n: u32, provider: &str) {
+    let (o, t) = job_with_env(n, provider, &["--timeout", "120"], &[("WEFT_CRIS", "2")], &[SELFTEST, "locks", "40"]);
     let s = text(&o);
-    assert!(o.status.success(), "locks at 8 ranks of 2 threads on shm failed or hung after {t:?}:\n{s}");
-    for r in 0..8 {
+    assert!(o.status.success(), "locks at {n} ranks of 2 threads on {provider} failed or hung after {t:?}:\n{s}");
+    for r in 0..n {
         assert!(s.contains(&format!("[{r}] locks ok: rank")), "rank {r}:\n{s}");
     }
 }
@@ -145,12 +151,7 @@ fn every_distributed_lock_excludes_across_8_processes_of_2_threads_on_shm() {
 /// completed once in the socket, and D-MCS let two writers in at 10^5 acquisitions).
 #[test]
 fn every_distributed_lock_excludes_across_4_processes_of_2_threads_on_tcp() {
-    let (o, t) = job_with_env(4, "tcp", &["--timeout", "120"], &[("WEFT_CRIS", "2")], &[SELFTEST, "locks", "40"]);
-    let s = text(&o);
-    assert!(o.status.success(), "locks at 4 ranks of 2 threads on tcp failed or hung after {t:?}:\n{s}");
-    for r in 0..4 {
-        assert!(s.contains(&format!("[{r}] locks ok: rank")), "rank {r}:\n{s}");
-    }
+    locks_of_2_threads_with_2_cris(4, "tcp");
 }
 
 #[test]
