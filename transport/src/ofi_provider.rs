@@ -77,15 +77,28 @@
 //! all of this rank's threads sleep) and rings the doorbell when it staged frames; while the
 //! rank is active it stays out of the way (progress threads are polling). Between passes,
 //! while no thread is the waiter, it blocks on the CQ wait fds after `fi_trywait` when every
-//! CQ has one, else it sleeps, starting at 10 µs when the rank goes quiet and backing off
-//! to 1 ms (shm has no wait fd in 1.17), so a wake-up costs at most about the time the rank
-//! has been idle. While a thread is the waiter the watcher keeps only what has no
-//! descriptor, on its timer: CQs without a wait fd where the lane does not reach every
-//! rank, reads in flight, refused sends, stuck CRIs; else a pass every [`CQ_WAIT_MS`] where
-//! the CQs have wait fds (a connection's progress in `ofi_rxm` does not always signal them:
-//! the pass its own blocking on them would make), up to [`LANE_SLEEP_US`] on `shm`. The
-//! waiter that leaves ends a longer sleep, so the watcher covers the descriptors again at
-//! once (`WaiterRole`, with its loom model). While the rank has been
+//! CQ has one — for [`CQ_WAIT_MS`] when the rank goes quiet, doubling while the blocks time
+//! out, up to [`IDLE_WAIT_MS`] — else it sleeps, starting at 10 µs when the rank goes quiet
+//! and backing off to 1 ms (shm has no wait fd in 1.17), so a wake-up costs at most about
+//! the time the rank has been idle. While a thread is the waiter the watcher keeps only what
+//! has no descriptor, on its timer: CQs without a wait fd where the lane does not reach every
+//! rank, reads in flight, refused sends, stuck CRIs; else a pass every [`IDLE_WAIT_MS`] where
+//! the CQs have wait fds, up to [`LANE_SLEEP_US`] on `shm`. The waiter that leaves ends a
+//! longer sleep, so the watcher covers the descriptors again at once (`WaiterRole`, with its
+//! loom model).
+//!
+//! On `tcp;ofi_rxm` (libfabric 1.17) a block on the CQ wait fds begun after `fi_trywait`
+//! ends for everything a peer needs of this rank's progress, so its timeout is a safety net
+//! only: an rxm CQ's wait fd is an epoll set that holds the tcp CQ's own (the connected
+//! sockets, with `POLLOUT` while tcp has bytes queued on one: a read response, a delivery
+//! acknowledgement) and the descriptors of rxm's connection-management EQ (the listening
+//! socket, the sockets of handshakes in progress); `fi_trywait` brings the EQ's part up to
+//! date, asks for `POLLOUT` where tcp buffered bytes, and refuses while anything is pending.
+//! A peer's connection, its puts, gets and atomics on a window of this rank and its reads of
+//! a registered send buffer are therefore served while every thread of the rank sleeps. The
+//! one lag is rxm's: it reads its connection events at most every 10 ms while none of its
+//! own connections is being set up (`FI_OFI_RXM_CM_PROGRESS_INTERVAL`), and until it does
+//! the listening socket stays readable — a block ends early, never late. While the rank has been
 //! active in the last few milliseconds ([`OfiRank::any_frames`] then answers `true`)
 //! progress threads spin instead of parking, so ping-pong latency is not the watcher's.
 //!
@@ -230,9 +243,15 @@ const REAP_CHUNK: usize = 16;
 /// First sleep of the watcher after the rank went quiet (then doubling up to 1 ms).
 const MIN_SLEEP_US: u64 = 10;
 
-/// Longest block of the watcher on the CQs' wait fds (`tcp;ofi_rxm`), and its sleep while
-/// the rank's waiter blocks on them instead.
+/// First block of the watcher on the CQs' wait fds (`tcp;ofi_rxm`) after the rank went
+/// quiet; each block that times out doubles the next, up to [`IDLE_WAIT_MS`].
 const CQ_WAIT_MS: u64 = 10;
+
+/// Longest block of the watcher on the CQs' wait fds, and its longest sleep while the
+/// rank's waiter blocks on them instead (module docs, *Polling, staging and parking*):
+/// half of [`STUCK_AFTER`], so that the watcher's look for stuck CRIs still comes twice
+/// in that time.
+const IDLE_WAIT_MS: u64 = STUCK_AFTER.as_millis() as u64 / 2;
 
 /// Descriptors `poll_fds` takes without allocating: a CQ per CRI and an `eventfd`.
 const POLL_FDS: usize = 33;
@@ -780,6 +799,10 @@ impl Opened {
             stall_watcher: AtomicBool::new(false),
             #[cfg(test)]
             watcher_stalled: AtomicBool::new(false),
+            #[cfg(test)]
+            watcher_passes: AtomicU64::new(0),
+            #[cfg(test)]
+            idle_wait_ms: AtomicU64::new(0),
         });
         // event-listener allocates an `Event`'s state at its first use: do it now, not at
         // the first ring in steady state.
@@ -929,6 +952,13 @@ struct RankInner {
     /// ... and says so here once it is there.
     #[cfg(test)]
     watcher_stalled: AtomicBool,
+    /// Tests: the watcher's passes (each wake-up of its loop).
+    #[cfg(test)]
+    watcher_passes: AtomicU64,
+    /// Tests: when not 0, the watcher's every block on the CQs' wait fds and its longest
+    /// sleep while the waiter blocks on them, in milliseconds (`idle_waits`).
+    #[cfg(test)]
+    idle_wait_ms: AtomicU64,
 }
 
 impl RankInner {
@@ -1274,6 +1304,9 @@ impl RankInner {
         // SAFETY: PR_SET_TIMERSLACK only changes this thread's timer slack (in ns).
         unsafe { libc::prctl(libc::PR_SET_TIMERSLACK, 1000 as libc::c_ulong) };
         let mut sleep_us = MIN_SLEEP_US;
+        // The next block on the CQs' wait fds: `CQ_WAIT_MS` after the rank went quiet,
+        // doubling up to `IDLE_WAIT_MS` while the blocks time out.
+        let mut block_ms = CQ_WAIT_MS;
         // Per CRI, since when its state lock was found held at every pass (`watch_stuck`).
         let mut held_since: Vec<Option<Instant>> = vec![None; self.cris.len()];
         let mut released_at: Option<Instant> = None;
@@ -1281,6 +1314,9 @@ impl RankInner {
         let mut death_seen: Option<(u64, Instant)> = None;
         // Acquire: pairs with the release store in `close`.
         while !self.closed.load(Ordering::Acquire) {
+            #[cfg(test)]
+            self.watcher_passes.fetch_add(1, Ordering::Relaxed);
+            let (first_block_ms, idle_wait_ms) = self.idle_waits();
             // A peer that died may have left an `shm` spin lock held, which catches whatever
             // thread takes it next — in a CQ read, a send or a read (module docs): look once,
             // `STUCK_AFTER` after the death was reported (its process has ended by then),
@@ -1302,6 +1338,7 @@ impl RankInner {
                 // fast again as soon as the rank goes quiet (a thread may park then).
                 std::thread::sleep(Duration::from_millis(1));
                 sleep_us = MIN_SLEEP_US;
+                block_ms = first_block_ms;
                 held_since.fill(None);
                 continue;
             }
@@ -1329,6 +1366,7 @@ impl RankInner {
                 // Refusals alone keep backing off: a destination that stays full is retried
                 // at most every millisecond, not every 10 µs.
                 sleep_us = MIN_SLEEP_US;
+                block_ms = first_block_ms;
             }
             // The rank's waiter, while a thread holds the role, sleeps on the lane's and the
             // CQs' descriptors itself (`waiter` module): the watcher then only keeps what
@@ -1347,21 +1385,24 @@ impl RankInner {
                     Some(fds) if !waiter && !refused && !reading && self.all_may_block() => {
                         if self.waiter.nap(false) {
                             let all = fds.iter().copied().chain(std::iter::once(watcher_fd));
-                            poll_fds(all, Duration::from_millis(CQ_WAIT_MS));
+                            // Everything a peer needs of this rank's progress is signalled
+                            // on these after `fi_trywait` (module docs): the timeout is a
+                            // safety net, which backs off while nothing comes.
+                            if !poll_fds(all, Duration::from_millis(block_ms)) {
+                                block_ms = (block_ms * 2).min(idle_wait_ms);
+                            }
                         }
                     }
                     _ => {
                         // Whatever needs this rank's progress wakes the sleep where the lane
                         // reaches every rank (a push, or a nudge after a libfabric post): the
                         // timer is only a safety net then, except while sends are refused or
-                        // reads are in flight, which nothing wakes. Where the waiter sleeps on
-                        // the CQs' wait fds, the watcher's pass still comes as often as its
-                        // own blocking on them would time out (`CQ_WAIT_MS`): a connection's
-                        // progress in `ofi_rxm` does not always signal them.
+                        // reads are in flight, which nothing wakes; likewise where the waiter
+                        // sleeps on the CQs' wait fds (module docs).
                         let longest = if refused || reading {
                             1000
                         } else if waiter && fds.is_some() {
-                            CQ_WAIT_MS * 1000
+                            idle_wait_ms * 1000
                         } else if self.lane.as_ref().is_some_and(lane::Lane::reaches_all) {
                             LANE_SLEEP_US
                         } else {
@@ -1379,6 +1420,16 @@ impl RankInner {
             }
             self.waiter.woke();
         }
+    }
+
+    /// The watcher's first and longest block on the CQs' wait fds, in milliseconds:
+    /// [`CQ_WAIT_MS`] and [`IDLE_WAIT_MS`]; tests may set both longer.
+    fn idle_waits(&self) -> (u64, u64) {
+        #[cfg(test)]
+        if let ms @ 1.. = self.idle_wait_ms.load(Ordering::Relaxed) {
+            return (ms, ms);
+        }
+        (CQ_WAIT_MS, IDLE_WAIT_MS)
     }
 
     /// The sleep of the rank's waiter (`waiter` module), for at most `timeout`: on its
@@ -1442,8 +1493,9 @@ impl RankInner {
     /// quiet: a CRI whose state lock was held at every pass for [`STUCK_AFTER`] — a thread
     /// caught inside libfabric holds it, perhaps one no other thread waits for — counts as
     /// stuck, and the spin locks a dead peer may have left held are released (at most once
-    /// per [`STUCK_AFTER`]). A pass is at most a few milliseconds after the last ([`LANE_SLEEP_US`]
-    /// where the same-host lane reaches every rank).
+    /// per [`STUCK_AFTER`]). A pass is at most a few milliseconds after the last
+    /// ([`LANE_SLEEP_US`] where the same-host lane reaches every rank, [`IDLE_WAIT_MS`] where
+    /// the CQs have wait fds).
     fn watch_stuck(&self, held_since: &mut [Option<Instant>], released_at: &mut Option<Instant>) {
         let now = Instant::now();
         let mut stuck = false;
@@ -2691,6 +2743,104 @@ mod tests {
         // The CRI works again: frames of the peer (which does not know it was given up)
         // still arrive, and nothing is stuck.
         a_frame_goes_through(&ranks);
+    }
+
+    /// Two ranks of an in-process `tcp;ofi_rxm` world without the same-host lane (whose
+    /// nudges would wake the watcher), or `None` (skipped) where tcp is not available.
+    fn tcp_pair() -> Option<Arc<Vec<OfiRank>>> {
+        std::env::set_var("FI_TCP_IFACE", "lo");
+        let opts =
+            OfiOptions { provider: "tcp;ofi_rxm".into(), recv_slots: 16, send_slots: 8, same_host_lane: false, ..OfiOptions::default() };
+        match world(&opts, 2) {
+            Ok(r) => Some(Arc::new(r)),
+            Err(e) => {
+                eprintln!("skipped: tcp not available here ({e})");
+                None
+            }
+        }
+    }
+
+    /// On `tcp;ofi_rxm` the watcher of a quiet rank backs off from one pass every
+    /// [`CQ_WAIT_MS`] to one every [`IDLE_WAIT_MS`], both while it blocks on the CQs' wait fds
+    /// itself (rank 0) and while a parked thread, the rank's waiter, blocks on them (rank 1):
+    /// over half a second of quiet a few passes each, where passes every 10 ms made 50.
+    #[test]
+    fn an_idle_tcp_rank_wakes_its_watcher_rarely() {
+        let Some(ranks) = tcp_pair() else { return };
+        a_frame_goes_through(&ranks);
+        let stop = Arc::new(AtomicBool::new(false));
+        let (r, st) = (ranks.clone(), stop.clone());
+        let parked = std::thread::spawn(move || {
+            let waiter = r[1].take_waiter().expect("the role is free");
+            while !st.load(Ordering::Relaxed) {
+                waiter.sleep(Duration::from_millis(200));
+                r[1].poll(0, 64, |_| panic!("no frame was sent"));
+            }
+        });
+        let passes = || ranks.iter().map(|r| r.inner.watcher_passes.load(Ordering::Relaxed)).collect::<Vec<_>>();
+        // Quiet for good: past `ACTIVE_MS` and the first steps of the backoff.
+        std::thread::sleep(Duration::from_millis(300));
+        let before = passes();
+        std::thread::sleep(Duration::from_millis(500));
+        let after = passes();
+        stop.store(true, Ordering::Relaxed);
+        parked.join().unwrap();
+        for (rank, (b, a)) in before.iter().zip(&after).enumerate() {
+            assert!(a - b < 10, "rank {rank}: the watcher woke {} times in 500 ms of quiet", a - b);
+        }
+    }
+
+    /// Whatever a peer needs of an idle `tcp;ofi_rxm` rank's progress wakes the rank's
+    /// watcher through the CQs' wait fds: with the watcher blocking on them for 10 s at a
+    /// time and no thread of the rank awake, the peer's connection, its one-sided operations
+    /// on the rank's window and its rendezvous read of the rank's registered buffer are all
+    /// served at once, not at the watcher's timeout.
+    #[test]
+    fn an_idle_tcp_rank_serves_its_peers_through_the_wait_fds() {
+        let Some(ranks) = tcp_pair() else { return };
+        let r = ranks.clone();
+        let took = within(60, "a peer's operations on an idle tcp rank", move || {
+            r[1].inner.idle_wait_ms.store(10_000, Ordering::Relaxed);
+            let mut window = vec![0u64; 3];
+            // SAFETY: `window` outlives the registration and is read after the operations
+            // completed (flushed or blocking), once it is deregistered.
+            let region = unsafe { r[1].register_window(window.as_mut_ptr().cast(), 24) }.unwrap();
+            let to = RemoteMem { rank: 1, region };
+            let data: Vec<u8> = (0..(1usize << 20)).map(|i| (i * 7) as u8).collect();
+            // SAFETY: `data` is not modified and outlives the registration.
+            let key = unsafe { r[1].register(data.as_ptr(), data.len()) }.unwrap();
+            // Rank 1's watcher in its long block.
+            std::thread::sleep(Duration::from_millis(50));
+            let t0 = Instant::now();
+            let value = 7u64.to_le_bytes();
+            // SAFETY: `value` lives until the flush.
+            unsafe { r[0].put(0, &to, 0, &value) }.unwrap();
+            r[0].flush(0).unwrap();
+            let mut back = [0u8; 8];
+            // SAFETY: `back` is untouched until the flush.
+            unsafe { r[0].get(0, &to, 0, &mut back) }.unwrap();
+            r[0].flush(0).unwrap();
+            assert_eq!(back, value);
+            assert_eq!(r[0].fetch_op(0, &to, 8, FetchOp::Sum, 5).unwrap(), 0);
+            assert_eq!(r[0].compare_swap(0, &to, 16, 0, 9).unwrap(), 0);
+            let mut rts = eager(0, data.len());
+            (rts.kind, rts.key, rts.source) = (FrameKind::Rts, key, 1);
+            let mut dst = vec![0u8; data.len()];
+            // SAFETY: `dst` is not touched until the read is reported below.
+            assert_eq!(unsafe { r[0].start_read(&rts, dst.as_mut_ptr(), dst.len(), 3) }, Ok(ReadStart::InFlight));
+            let mut reported = None;
+            while reported.is_none() {
+                r[0].poll_reads(4, |token, outcome| reported = Some((token, outcome)));
+            }
+            let took = t0.elapsed();
+            assert_eq!(reported, Some((3, Ok(()))));
+            assert!(dst == data, "rendezvous data");
+            r[1].deregister(region.key);
+            r[1].deregister(key);
+            assert_eq!(window, vec![u64::from_le_bytes(value), 5, 9]);
+            took
+        });
+        assert!(took < Duration::from_secs(5), "served after {took:?}: at the watcher's timeout, not by the wait fds");
     }
 
     /// A frame from rank 0 reaches CRI 0 of rank 1 within 10 s, and that CRI is not stuck.
