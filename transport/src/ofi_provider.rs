@@ -248,10 +248,11 @@ const MIN_SLEEP_US: u64 = 10;
 const CQ_WAIT_MS: u64 = 10;
 
 /// Longest block of the watcher on the CQs' wait fds, and its longest sleep while the
-/// rank's waiter blocks on them instead (module docs, *Polling, staging and parking*):
-/// half of [`STUCK_AFTER`], so that the watcher's look for stuck CRIs still comes twice
-/// in that time.
-const IDLE_WAIT_MS: u64 = STUCK_AFTER.as_millis() as u64 / 2;
+/// rank's waiter blocks on them instead (module docs, *Polling, staging and parking*): a
+/// safety net, as what a peer needs of the rank's progress wakes these blocks, and a bound
+/// on how late the watcher first finds a CRI's state lock held (it looks again within
+/// [`CQ_WAIT_MS`] from then on, `watch_stuck`).
+const IDLE_WAIT_MS: u64 = 250;
 
 /// Descriptors `poll_fds` takes without allocating: a CQ per CRI and an `eventfd`.
 const POLL_FDS: usize = 33;
@@ -1355,7 +1356,11 @@ impl RankInner {
             // that is over wakes a thread to report it.
             let reading = self.reads.any();
             let read_done = reading && self.reads.advance(&self.rma_ep, |r| self.is_alive(r));
-            self.watch_stuck(&mut held_since, &mut released_at);
+            // A CRI whose state lock this pass found held is looked at again within
+            // `CQ_WAIT_MS`: it counts as stuck only when held at every look for
+            // `STUCK_AFTER`, and two looks a long sleep apart would catch a lock that is
+            // merely taken often (a thread spinning in `flush` takes it at every turn).
+            let watching = self.watch_stuck(&mut held_since, &mut released_at);
             if refused {
                 // A retry may succeed now: room, which also wakes the waiters for frames.
                 self.doorbell.ring_room();
@@ -1388,7 +1393,8 @@ impl RankInner {
                             // Everything a peer needs of this rank's progress is signalled
                             // on these after `fi_trywait` (module docs): the timeout is a
                             // safety net, which backs off while nothing comes.
-                            if !poll_fds(all, Duration::from_millis(block_ms)) {
+                            let timeout = if watching { block_ms.min(CQ_WAIT_MS) } else { block_ms };
+                            if !poll_fds(all, Duration::from_millis(timeout)) {
                                 block_ms = (block_ms * 2).min(idle_wait_ms);
                             }
                         }
@@ -1408,8 +1414,9 @@ impl RankInner {
                         } else {
                             1000
                         };
-                        if sleep_us <= 1000 || self.waiter.nap(waiter) {
-                            poll_fds(std::iter::once(watcher_fd), Duration::from_micros(sleep_us));
+                        let nap_us = if watching { sleep_us.min(CQ_WAIT_MS * 1000) } else { sleep_us };
+                        if nap_us <= 1000 || self.waiter.nap(waiter) {
+                            poll_fds(std::iter::once(watcher_fd), Duration::from_micros(nap_us));
                         }
                         sleep_us = (sleep_us * 2).min(longest);
                     }
@@ -1493,10 +1500,12 @@ impl RankInner {
     /// quiet: a CRI whose state lock was held at every pass for [`STUCK_AFTER`] — a thread
     /// caught inside libfabric holds it, perhaps one no other thread waits for — counts as
     /// stuck, and the spin locks a dead peer may have left held are released (at most once
-    /// per [`STUCK_AFTER`]). A pass is at most a few milliseconds after the last
-    /// ([`LANE_SLEEP_US`] where the same-host lane reaches every rank, [`IDLE_WAIT_MS`] where
-    /// the CQs have wait fds).
-    fn watch_stuck(&self, held_since: &mut [Option<Instant>], released_at: &mut Option<Instant>) {
+    /// per [`STUCK_AFTER`]). A pass comes at most [`LANE_SLEEP_US`] or [`IDLE_WAIT_MS`] after
+    /// the last, and within [`CQ_WAIT_MS`] while a CRI's lock was found held, so that a lock
+    /// merely taken often is seen free at some look.
+    /// Returns whether a CRI's state lock was found held (the watcher then looks again
+    /// soon).
+    fn watch_stuck(&self, held_since: &mut [Option<Instant>], released_at: &mut Option<Instant>) -> bool {
         let now = Instant::now();
         let mut stuck = false;
         for (cri, since) in self.cris.iter().zip(held_since.iter_mut()) {
@@ -1512,6 +1521,7 @@ impl RankInner {
             *released_at = Some(now);
             self.release_dead_peers_locks();
         }
+        held_since.iter().any(Option::is_some)
     }
 
     /// Before closing: keeps reading the CQs until every send slot is free (bounded by
@@ -2788,6 +2798,28 @@ mod tests {
         for (rank, (b, a)) in before.iter().zip(&after).enumerate() {
             assert!(a - b < 10, "rank {rank}: the watcher woke {} times in 500 ms of quiet", a - b);
         }
+    }
+
+    /// The watcher of an idle rank that finds a CRI's state lock held looks again within
+    /// [`CQ_WAIT_MS`], not after its long idle sleep: a CRI counts as stuck only if its lock
+    /// was held at every look for [`STUCK_AFTER`], and two looks far apart would count one
+    /// whose lock is merely taken often (a thread spinning in `flush` takes it at every
+    /// turn; the asynchronous lock tests on tcp failed so). Over a hold of 450 ms (shorter
+    /// than `STUCK_AFTER`) the watcher looks many times, and the CRI is not stuck.
+    #[test]
+    fn an_idle_watcher_looks_again_soon_at_a_held_cri_lock() {
+        let Some(ranks) = tcp_pair() else { return };
+        a_frame_goes_through(&ranks);
+        // Quiet: the watcher's blocks are long by now.
+        std::thread::sleep(Duration::from_millis(300));
+        let inner = &ranks[1].inner;
+        let hold = ranks[1].hold_cri_state(0);
+        let before = inner.watcher_passes.load(Ordering::Relaxed);
+        std::thread::sleep(Duration::from_millis(450));
+        let looks = inner.watcher_passes.load(Ordering::Relaxed) - before;
+        drop(hold);
+        assert!(looks >= 8, "the watcher looked {looks} times at a lock held for 450 ms");
+        assert!(!inner.cris[0].stuck.load(Ordering::Relaxed), "a lock held shorter than STUCK_AFTER counted stuck");
     }
 
     /// Whatever a peer needs of an idle `tcp;ofi_rxm` rank's progress wakes the rank's
