@@ -296,3 +296,74 @@ impl<B: Send + 'static> progress::Waitable for Persistent<'_, B> {
         self.active.as_ref().map_or(0, Request::part)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::time::{Duration, Instant};
+
+    use crate::matching::{Source, Tag};
+    use crate::{Communicator, Error, Persistent, Runtime};
+
+    /// Frames queued, unmatched, in the collective context of `c`'s rank (taken out).
+    fn drain_collective_queue(c: &Communicator) -> usize {
+        let (s, st) = (c.engine(), c.coll_state());
+        (0..s.matching_parts(st))
+            .map(|part| {
+                s.with_matching_of(st, part, |m| {
+                    let mut n = 0;
+                    while let Some(frame) = m.take_unexpected(Source::Any, Tag::Any) {
+                        s.transport.recycle(frame.header.source, frame.payload);
+                        n += 1;
+                    }
+                    n
+                })
+            })
+            .sum()
+    }
+
+    /// Failed starts of a persistent collective leave frames behind on the survivors: in a
+    /// ring allgather of four ranks, the fourth gone, rank 1 sends to rank 2 before either
+    /// learns that the start failed, and rank 2, failing at its send to the lost rank,
+    /// cancels its receive from rank 1, whose message stays queued. The next start takes it,
+    /// in order (its receive from that peer and tag matches the oldest message first): a
+    /// carry-over, not a leak — every later start fails too while a member is gone, so no
+    /// result is ever made of it. After many failed starts a survivor holds no more such
+    /// frames than after one (at most a message and a failure notice of each peer that
+    /// sends to it).
+    #[test]
+    fn failed_starts_carry_over_a_bounded_number_of_frames() {
+        let mut rts = Runtime::builder().env(false).cris(1).build_local(4).unwrap();
+        let last = rts.pop().unwrap();
+        let cs: Vec<Communicator> = rts.iter().map(|rt| rt.world().clone()).collect();
+        fn init(c: &Communicator) -> Persistent<'_, Vec<u64>> {
+            c.allgather_init(vec![0u64; 4]).unwrap()
+        }
+        let mut reqs: Vec<Persistent<'_, Vec<u64>>> = std::thread::scope(|s| {
+            let hs: Vec<_> = cs.iter().map(|c| s.spawn(|| init(c))).collect();
+            drop(init(last.world()));
+            drop(last);
+            hs.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        for _ in 0..20 {
+            for r in reqs.iter_mut() {
+                r.start().unwrap();
+            }
+            let deadline = Instant::now() + Duration::from_secs(20);
+            while reqs.iter().any(Persistent::is_active) {
+                assert!(Instant::now() < deadline, "a start that waits for a lost rank never failed");
+                for r in reqs.iter_mut().filter(|r| r.is_active()) {
+                    if let Some(outcome) = r.test() {
+                        assert!(matches!(outcome, Err(Error::PeerLost { .. })), "{outcome:?}");
+                    }
+                }
+            }
+            for rt in &rts {
+                rt.progress();
+            }
+        }
+        for c in &cs {
+            let n = drain_collective_queue(c);
+            assert!(n <= 2, "rank {}: {n} frames left behind by 20 failed starts", c.rank());
+        }
+    }
+}
