@@ -610,7 +610,6 @@ impl Communicator {
     }
 }
 
-/// A pending receive's operation on context `context`, over `buf`'s receive area.
 /// An operation that was never posted (its send or receive failed to start): completed
 /// with the error, which nothing will read, and given back to the thread's pool, so that
 /// failed starts allocate no operation either.
@@ -620,6 +619,7 @@ fn unposted(inner: std::sync::Arc<crate::operation::Operation>, e: Error) {
     crate::operation::recycle(inner);
 }
 
+/// A pending receive's operation on context `context`, over `buf`'s receive area.
 pub(crate) fn recv_operation<B: RecvBuf>(context: u32, buf: &mut B) -> std::sync::Arc<crate::operation::Operation> {
     let (ptr, cap) = buf.spare();
     let elem = buf.elem_size();
