@@ -153,8 +153,11 @@ impl<'c, B: Send + 'static> Persistent<'c, B> {
     /// length since init) leaves the request inactive with its buffer, untouched: the next
     /// start tries again and allocates nothing more than this one did.
     pub fn start(&mut self) -> Result<(), Error> {
+        if self.active.is_some() {
+            return Err(ACTIVE);
+        }
         // Inactive, a request holds its buffer (a failed start gives it back).
-        let Some(buf) = self.buf.take().filter(|_| self.active.is_none()) else { return Err(ACTIVE) };
+        let Some(buf) = self.buf.take() else { return Err(ACTIVE) };
         if let Some(plan) = &self.plan {
             if let Err(e) = plan.check(self.comm, &buf) {
                 self.buf = Some(buf);
