@@ -275,19 +275,36 @@ impl<T: Primitive> SendState<T> {
         matches!(unsafe { self.comm.engine().transport.write_direct(dest, at, bytes) }, Some(Ok(())))
     }
 
-    /// Where this round's partitions are written straight (0: not, or not yet): takes the
-    /// round's clear to write if it has arrived (one step of progress if not; a thread that
-    /// finds another taking it does not wait for it).
+    /// Where this round's partitions are written straight (0: not, or not yet): the
+    /// round's clear to write, taken if it has arrived, else after one step of progress.
     fn clear_to_write(&self) -> u64 {
+        if let Some(to) = self.take_clear() {
+            return to;
+        }
+        // With no lock held: what the step completes may ready a partition of this send.
+        let _ = self.comm.engine().progress_once();
+        self.take_clear().unwrap_or(0)
+    }
+
+    /// The round's clear to write once known (where partitions go, 0 if not straight);
+    /// `None` while it has not arrived. Threads that ask at once wait for the one that
+    /// takes it: one that went on without it would send its partition as a message though
+    /// the clear is there.
+    fn take_clear(&self) -> Option<u64> {
         // Acquire: pairs with the release below (the clear was received before).
         let to = self.direct.load(Ordering::Acquire);
         if to != 0 {
-            return to;
+            return Some(to);
         }
-        let Ok(mut clear) = self.clear.try_lock() else { return 0 };
-        let Some(r) = clear.now.as_mut() else { return 0 };
-        if !r.test() {
-            return 0;
+        let mut clear = self.clear.lock().unwrap_or_else(|e| e.into_inner());
+        // Taken by another thread meanwhile (stored under the lock).
+        let to = self.direct.load(Ordering::Relaxed);
+        if to != 0 {
+            return Some(to);
+        }
+        let Some(r) = clear.now.as_mut() else { return Some(0) };
+        if !r.is_complete() {
+            return None;
         }
         let round = self.round.load(Ordering::Relaxed);
         let to = match r.take() {
@@ -296,7 +313,7 @@ impl<T: Primitive> SendState<T> {
         };
         clear.now = None;
         self.direct.store(to, Ordering::Release);
-        to
+        Some(to)
     }
 }
 
@@ -565,6 +582,8 @@ impl<'c, T: Primitive> PartitionedSend<'c, T> {
             return Err(INACTIVE);
         }
         let Plan { peer, tag, per, .. } = self.plan;
+        // The round's clear to write, if it is here already: taken once, not by every thread.
+        self.state.clear_to_write();
         let (buf, state) = (&self.buf, &self.state);
         Ok(state.slots.iter().enumerate().filter(|(_, slot)| slot.sent().is_none() && !slot.out.swap(true, Ordering::AcqRel)).map(
             move |(index, _)| Handle {
