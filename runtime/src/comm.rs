@@ -283,6 +283,13 @@ impl Communicator {
 
     /// Starts sending on context `st` to world rank `dest`.
     pub(crate) fn isend_on<B: SendBuf>(&self, st: &CommState, buf: B, dest: u32, tag: i32) -> Result<Request<'_, B>, Error> {
+        self.isend_or_back(st, buf, dest, tag).map_err(|(e, _)| e)
+    }
+
+    /// [`isend_on`](Self::isend_on), giving the buffer back with the error of a send that
+    /// could not be posted (a persistent send keeps it for its next start).
+    #[inline(always)]
+    pub(crate) fn isend_or_back<B: SendBuf>(&self, st: &CommState, buf: B, dest: u32, tag: i32) -> Result<Request<'_, B>, (Error, B)> {
         let s = &*self.engine;
         let bytes = buf.as_bytes();
         let len = bytes.len();
@@ -305,7 +312,10 @@ impl Communicator {
         if len <= s.config.eager_threshold {
             // SAFETY: the bytes belong to `buf`, which the request keeps (or orphans into
             // the inner) until a deferred frame has gone out and completed the inner.
-            let posted = unsafe { s.post_frame(k, dest, header, bytes, || Some(new_operation(|i| i.context = st.context))) }?;
+            let posted = match unsafe { s.post_frame(k, dest, header, bytes, || Some(new_operation(|i| i.context = st.context))) } {
+                Ok(posted) => posted,
+                Err(e) => return Err((e, buf)),
+            };
             return Ok(match posted {
                 SendOutcome::Sent => Request::sent(self, Status { source: dest, tag, bytes: len }, buf),
                 SendOutcome::Deferred(inner) => {
@@ -316,7 +326,10 @@ impl Communicator {
         // Rendezvous.
         // SAFETY: the bytes belong to `buf`, which the request keeps (or orphans into the
         // inner) until the `Fin` completes it; `Fin` handling deregisters before completing.
-        let key = unsafe { s.transport.register(bytes.as_ptr(), len) }?;
+        let key = match unsafe { s.transport.register(bytes.as_ptr(), len) } {
+            Ok(key) => key,
+            Err(e) => return Err((e, buf)),
+        };
         let inner = new_operation(|i| {
             i.context = st.context;
             i.key.store(key, Ordering::Relaxed);
@@ -328,7 +341,8 @@ impl Communicator {
         if let Err(e) = unsafe { s.post_frame(k, dest, header, &[], || None) } {
             s.untrack_rendezvous(header.cookie, None);
             s.transport.deregister(key);
-            return Err(e);
+            unposted(inner, e);
+            return Err((e, buf));
         }
         Ok(Request::send(self, inner, buf, st.part(tag)))
     }
@@ -423,6 +437,7 @@ impl Communicator {
             })
         });
         if let Err(e) = posted {
+            unposted(inner, e);
             return Err((e, buf));
         }
         if let Some(frame) = early {
@@ -593,6 +608,15 @@ impl Communicator {
     pub(crate) fn state_of(&self, ctx: u32) -> Option<&CommState> {
         [&self.p2p, &self.coll].into_iter().find(|st| st.context == ctx).map(|st| &**st)
     }
+}
+
+/// An operation that was never posted (its send or receive failed to start): completed
+/// with the error, which nothing will read, and given back to the thread's pool, so that
+/// failed starts allocate no operation either.
+#[cold]
+fn unposted(inner: std::sync::Arc<crate::operation::Operation>, e: Error) {
+    inner.cell.complete(Err(e));
+    crate::operation::recycle(inner);
 }
 
 /// A pending receive's operation on context `context`, over `buf`'s receive area.
