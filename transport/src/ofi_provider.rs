@@ -164,7 +164,8 @@
 //!   send that needs a send slot is refused (`WouldBlock`), the transport-level RMA calls
 //!   retry until their deadline. The watcher also counts a CRI stuck whose state lock it
 //!   finds held at every pass for [`STUCK_AFTER`] (the caught thread may be the only one
-//!   that uses the CRI). The runtime's loss handling therefore goes on and fails the
+//!   that uses the CRI; once it found the lock held, its passes come every [`CQ_WAIT_MS`]
+//!   at most, so that a lock merely taken often is seen free). The runtime's loss handling therefore goes on and fails the
 //!   requests that need the lost peer (it waits for its own CRI locks with a deadline too).
 //! * When a peer died (the bootstrap reported it `LOST`, not finished, and its pid no
 //!   longer runs) — [`STUCK_AFTER`] after the report (the watcher), and again whenever a
