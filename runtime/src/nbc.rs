@@ -265,6 +265,43 @@ impl<T: Primitive> Scratch<T> {
     pub(crate) fn for_recv(len: usize) -> Self {
         Self::with_capacity(len)
     }
+
+    /// A buffer for `cap` elements, none written: the last of `spare` if it holds them (a
+    /// small collective's buffers going round its calls without the thread's pool),
+    /// else one of the pools'.
+    #[inline]
+    fn from_spare(spare: &mut Vec<Vec<Unit>>, cap: usize) -> Self {
+        let units = (cap * std::mem::size_of::<T>()).div_ceil(std::mem::size_of::<Unit>());
+        let store = if units == 0 {
+            Vec::new()
+        } else if spare.last().is_some_and(|v| v.capacity() >= units) {
+            spare.pop().unwrap_or_default()
+        } else {
+            return Self::with_capacity(cap);
+        };
+        Scratch { store, len: 0, cap, _t: std::marker::PhantomData }
+    }
+}
+
+impl Scratch<u8> {
+    /// [`copy_of`](Scratch::copy_of) `data`, in a buffer [`from_spare`](Scratch::from_spare).
+    fn copy_from_spare(spare: &mut Vec<Vec<Unit>>, data: &[u8]) -> Self {
+        let mut s = Self::from_spare(spare, data.len());
+        // SAFETY: as in `copy_of`.
+        unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), s.store.as_mut_ptr().cast::<u8>(), data.len()) };
+        s.len = data.len();
+        s
+    }
+
+    /// Moves this small buffer's store into `spare` (bounded) instead of the thread's pool.
+    #[inline]
+    fn keep_in(&mut self, spare: &mut Vec<Vec<Unit>>) {
+        let bytes = self.store.capacity() * std::mem::size_of::<Unit>();
+        if (1..POOL_MIN_BYTES).contains(&bytes) && spare.len() < SMALL_MAX_BUFFERS {
+            // Left empty: its drop is two compares.
+            spare.push(std::mem::take(&mut self.store));
+        }
+    }
 }
 
 impl Scratch<u8> {
@@ -649,6 +686,8 @@ struct DirectStore {
     made_for: Option<(Arc<[u32]>, u32, DirectPlan)>,
     reqs: Vec<Request<'static, Scratch<u8>>>,
     got: Vec<Option<(Scratch<u8>, weft_sync::Outcome)>>,
+    /// Small message buffers that the steps' requests gave back, for the next steps.
+    spare: Vec<Vec<Unit>>,
 }
 
 /// A collective run on the calling thread, as far as its plan depends on it (beside the
@@ -707,14 +746,16 @@ impl Direct<'_> {
             // `got` keeps their order, the receives' after them).
             for k in step.sends.clone() {
                 let out = &self.store.steps.sends[k];
-                let r = c.isend_on(coll, Scratch::<u8>::copy_of(bytes_of(&data[out.at.clone()])), out.to, tag)?;
+                let buf = Scratch::copy_from_spare(&mut self.store.spare, bytes_of(&data[out.at.clone()]));
+                let r = c.isend_on(coll, buf, out.to, tag)?;
                 // SAFETY: dropped before this call returns (`store.reqs` is left empty), while
                 // the caller's borrow of `comm` holds.
                 self.store.reqs.push(unsafe { crate::request::unbound(r) });
             }
             for k in step.recvs.clone() {
                 let inc = &self.store.steps.recvs[k];
-                let r = c.irecv_on(coll, Scratch::<u8>::for_recv(inc.len * size), Source::Rank(inc.from), Tag::Is(tag))?;
+                let buf = Scratch::<u8>::from_spare(&mut self.store.spare, inc.len * size);
+                let r = c.irecv_on(coll, buf, Source::Rank(inc.from), Tag::Is(tag))?;
                 // SAFETY: as above.
                 self.store.reqs.push(unsafe { crate::request::unbound(r) });
             }
@@ -736,6 +777,9 @@ impl Direct<'_> {
                     }
                     land(data, &self.store.steps.landings[inc.lands.clone()], b.elems(), combine);
                 }
+            }
+            for (b, _) in got.iter_mut().flatten() {
+                b.keep_in(&mut self.store.spare);
             }
             got.clear();
             self.store.got = got;
