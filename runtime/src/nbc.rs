@@ -338,7 +338,20 @@ impl<T: Primitive> std::ops::DerefMut for Scratch<T> {
 }
 
 impl<T> Drop for Scratch<T> {
+    /// An empty one (no message, or its store kept by [`keep_in`](Scratch::keep_in)) is a
+    /// compare; the others go back to a pool.
+    #[inline]
     fn drop(&mut self) {
+        if self.store.capacity() != 0 {
+            self.give_back();
+        }
+    }
+}
+
+impl<T> Scratch<T> {
+    /// Gives the store to the thread's pool (small) or the process's (large), or frees it.
+    #[inline(never)]
+    fn give_back(&mut self) {
         let bytes = self.store.capacity() * std::mem::size_of::<Unit>();
         if (1..POOL_MIN_BYTES).contains(&bytes) {
             let store = std::mem::take(&mut self.store);
@@ -799,7 +812,11 @@ impl Direct<'_> {
             let mut idle = weft_sync::IdleBackoff::new();
             for _ in 0..DIRECT_POLLS {
                 if st.reqs.iter().all(Request::is_complete) {
-                    st.got.extend(st.reqs.drain(..).map(|mut r| r.take_parts()));
+                    // Taken where they lie, not moved out first (a request is eleven words).
+                    for r in st.reqs.iter_mut() {
+                        st.got.push(r.take_parts());
+                    }
+                    st.reqs.clear();
                     return Ok(());
                 }
                 if engine.progress_once().progressed() {
