@@ -384,18 +384,27 @@ impl Communicator {
 
     /// Starts receiving on context `st` from `source` (a world rank).
     pub(crate) fn irecv_on<B: RecvBuf>(&self, st: &CommState, buf: B, source: Source, tag: Tag) -> Result<Request<'_, B>, Error> {
-        self.irecv_or_back(st, buf, source, tag).map_err(|(e, _)| e)
+        // The request is built in the result returned, not repacked from another `Result`.
+        self.post_recv(st, buf, source, tag, |e, _| e)
     }
 
     /// [`irecv_on`](Self::irecv_on), giving the buffer back with the error of a receive that
     /// could not be posted (a persistent collective keeps it for its next start).
-    pub(crate) fn irecv_or_back<B: RecvBuf>(
+    pub(crate) fn irecv_or_back<B: RecvBuf>(&self, st: &CommState, buf: B, source: Source, tag: Tag) -> Result<Request<'_, B>, (Error, B)> {
+        self.post_recv(st, buf, source, tag, |e, b| (e, b))
+    }
+
+    /// Posts a receive on context `st`; a receive that could not be posted gives its error
+    /// and buffer to `refused`.
+    #[inline(always)]
+    fn post_recv<B: RecvBuf, E>(
         &self,
         st: &CommState,
         mut buf: B,
         source: Source,
         tag: Tag,
-    ) -> Result<Request<'_, B>, (Error, B)> {
+        refused: impl FnOnce(Error, B) -> E,
+    ) -> Result<Request<'_, B>, E> {
         let s = &*self.engine;
         let inner = recv_operation(st.context, &mut buf);
         if tag == Tag::Any && st.needs_switch() {
@@ -423,7 +432,7 @@ impl Communicator {
             })
         });
         if let Err(e) = posted {
-            return Err((e, buf));
+            return Err(refused(e, buf));
         }
         if let Some(frame) = early {
             s.finish_match(s.cri_for_thread(), inner.clone(), frame);
