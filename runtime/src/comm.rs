@@ -281,18 +281,38 @@ impl Communicator {
         self.isend_on(&self.p2p, buf, self.world_of(dest), tag).map_err(|e| self.local_error(e))
     }
 
-    /// Starts sending on context `st` to world rank `dest`.
+    /// Starts sending on context `st` to world rank `dest`. The eager path is inlined into
+    /// the caller, so that the request is built in the caller's result, not repacked from
+    /// this call's; a rendezvous goes out of line.
+    #[inline]
     pub(crate) fn isend_on<B: SendBuf>(&self, st: &CommState, buf: B, dest: u32, tag: i32) -> Result<Request<'_, B>, Error> {
         let s = &*self.engine;
         let bytes = buf.as_bytes();
         let len = bytes.len();
+        if len > s.config.eager_threshold {
+            return self.isend_rendezvous(st, buf, dest, tag);
+        }
         let k = s.cri_for_thread();
+        let header = self.send_header(st, k, dest, tag, len);
+        // SAFETY: the bytes belong to `buf`, which the request keeps (or orphans into the
+        // inner) until a deferred frame has gone out and completed the inner.
+        let posted = unsafe { s.post_frame(k, dest, header, bytes, || Some(new_operation(|i| i.context = st.context))) }?;
+        Ok(match posted {
+            SendOutcome::Sent => Request::sent(self, Status { source: dest, tag, bytes: len }, buf),
+            SendOutcome::Deferred(inner) => Request::send(self, inner.expect("an eager deferral carries its request"), buf, st.part(tag)),
+        })
+    }
+
+    /// The eager header of the next frame to `dest` with `tag` on context `st`, sent through
+    /// CRI `k` (its sequence numbers taken).
+    #[inline]
+    fn send_header(&self, st: &CommState, k: usize, dest: u32, tag: i32, len: usize) -> Header {
         let (chan, seq, gseq) = st.sequence_numbers(k, dest, tag);
-        let mut header = Header {
+        Header {
             kind: FrameKind::Eager,
             src_cri: k as u16,
             context: st.context,
-            source: s.transport.rank(),
+            source: self.engine.transport.rank(),
             tag,
             seq,
             gseq,
@@ -301,19 +321,17 @@ impl Communicator {
             cookie: 0,
             key: 0,
             addr: 0,
-        };
-        if len <= s.config.eager_threshold {
-            // SAFETY: the bytes belong to `buf`, which the request keeps (or orphans into
-            // the inner) until a deferred frame has gone out and completed the inner.
-            let posted = unsafe { s.post_frame(k, dest, header, bytes, || Some(new_operation(|i| i.context = st.context))) }?;
-            return Ok(match posted {
-                SendOutcome::Sent => Request::sent(self, Status { source: dest, tag, bytes: len }, buf),
-                SendOutcome::Deferred(inner) => {
-                    Request::send(self, inner.expect("an eager deferral carries its request"), buf, st.part(tag))
-                }
-            });
         }
-        // Rendezvous.
+    }
+
+    /// [`isend_on`](Self::isend_on) of a message above the eager threshold: a rendezvous.
+    #[inline(never)]
+    fn isend_rendezvous<B: SendBuf>(&self, st: &CommState, buf: B, dest: u32, tag: i32) -> Result<Request<'_, B>, Error> {
+        let s = &*self.engine;
+        let bytes = buf.as_bytes();
+        let len = bytes.len();
+        let k = s.cri_for_thread();
+        let mut header = self.send_header(st, k, dest, tag, len);
         // SAFETY: the bytes belong to `buf`, which the request keeps (or orphans into the
         // inner) until the `Fin` completes it; `Fin` handling deregisters before completing.
         let key = unsafe { s.transport.register(bytes.as_ptr(), len) }?;
