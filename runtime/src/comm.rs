@@ -281,22 +281,46 @@ impl Communicator {
         self.isend_on(&self.p2p, buf, self.world_of(dest), tag).map_err(|e| self.local_error(e))
     }
 
-    /// Starts sending on context `st` to world rank `dest`. The eager path is inlined into
-    /// the caller, so that the request is built in the caller's result, not repacked from
-    /// this call's; a rendezvous goes out of line.
+    /// Starts sending on context `st` to world rank `dest`.
     #[inline]
     pub(crate) fn isend_on<B: SendBuf>(&self, st: &CommState, buf: B, dest: u32, tag: i32) -> Result<Request<'_, B>, Error> {
+        self.post_send(st, buf, dest, tag, |e, _| e)
+    }
+
+    /// [`isend_on`](Self::isend_on), giving the buffer back with the error of a send that
+    /// could not be posted (a persistent send keeps it for its next start).
+    #[inline]
+    pub(crate) fn isend_or_back<B: SendBuf>(&self, st: &CommState, buf: B, dest: u32, tag: i32) -> Result<Request<'_, B>, (Error, B)> {
+        self.post_send(st, buf, dest, tag, |e, b| (e, b))
+    }
+
+    /// Posts a send on context `st` to world rank `dest`; a send that could not be posted
+    /// gives its error and buffer to `refused`. The eager path is inlined into the caller,
+    /// so that the request is built in the result the caller returns, not repacked from
+    /// another; a rendezvous goes out of line.
+    #[inline(always)]
+    fn post_send<B: SendBuf, E>(
+        &self,
+        st: &CommState,
+        buf: B,
+        dest: u32,
+        tag: i32,
+        refused: impl FnOnce(Error, B) -> E,
+    ) -> Result<Request<'_, B>, E> {
         let s = &*self.engine;
         let bytes = buf.as_bytes();
         let len = bytes.len();
         if len > s.config.eager_threshold {
-            return self.isend_rendezvous(st, buf, dest, tag);
+            return self.isend_rendezvous(st, buf, dest, tag).map_err(|(e, b)| refused(e, b));
         }
         let k = s.cri_for_thread();
         let header = self.send_header(st, k, dest, tag, len);
         // SAFETY: the bytes belong to `buf`, which the request keeps (or orphans into the
         // inner) until a deferred frame has gone out and completed the inner.
-        let posted = unsafe { s.post_frame(k, dest, header, bytes, || Some(new_operation(|i| i.context = st.context))) }?;
+        let posted = match unsafe { s.post_frame(k, dest, header, bytes, || Some(new_operation(|i| i.context = st.context))) } {
+            Ok(posted) => posted,
+            Err(e) => return Err(refused(e, buf)),
+        };
         Ok(match posted {
             SendOutcome::Sent => Request::sent(self, Status { source: dest, tag, bytes: len }, buf),
             SendOutcome::Deferred(inner) => Request::send(self, inner.expect("an eager deferral carries its request"), buf, st.part(tag)),
@@ -324,9 +348,9 @@ impl Communicator {
         }
     }
 
-    /// [`isend_on`](Self::isend_on) of a message above the eager threshold: a rendezvous.
+    /// [`post_send`](Self::post_send) of a message above the eager threshold: a rendezvous.
     #[inline(never)]
-    fn isend_rendezvous<B: SendBuf>(&self, st: &CommState, buf: B, dest: u32, tag: i32) -> Result<Request<'_, B>, Error> {
+    fn isend_rendezvous<B: SendBuf>(&self, st: &CommState, buf: B, dest: u32, tag: i32) -> Result<Request<'_, B>, (Error, B)> {
         let s = &*self.engine;
         let bytes = buf.as_bytes();
         let len = bytes.len();
@@ -334,7 +358,10 @@ impl Communicator {
         let mut header = self.send_header(st, k, dest, tag, len);
         // SAFETY: the bytes belong to `buf`, which the request keeps (or orphans into the
         // inner) until the `Fin` completes it; `Fin` handling deregisters before completing.
-        let key = unsafe { s.transport.register(bytes.as_ptr(), len) }?;
+        let key = match unsafe { s.transport.register(bytes.as_ptr(), len) } {
+            Ok(key) => key,
+            Err(e) => return Err((e, buf)),
+        };
         let inner = new_operation(|i| {
             i.context = st.context;
             i.key.store(key, Ordering::Relaxed);
@@ -346,7 +373,8 @@ impl Communicator {
         if let Err(e) = unsafe { s.post_frame(k, dest, header, &[], || None) } {
             s.untrack_rendezvous(header.cookie, None);
             s.transport.deregister(key);
-            return Err(e);
+            unposted(inner, e);
+            return Err((e, buf));
         }
         Ok(Request::send(self, inner, buf, st.part(tag)))
     }
@@ -450,6 +478,7 @@ impl Communicator {
             })
         });
         if let Err(e) = posted {
+            unposted(inner, e);
             return Err(refused(e, buf));
         }
         if let Some(frame) = early {
@@ -620,6 +649,15 @@ impl Communicator {
     pub(crate) fn state_of(&self, ctx: u32) -> Option<&CommState> {
         [&self.p2p, &self.coll].into_iter().find(|st| st.context == ctx).map(|st| &**st)
     }
+}
+
+/// An operation that was never posted (its send or receive failed to start): completed
+/// with the error, which nothing will read, and given back to the thread's pool, so that
+/// failed starts allocate no operation either.
+#[cold]
+fn unposted(inner: std::sync::Arc<crate::operation::Operation>, e: Error) {
+    inner.cell.complete(Err(e));
+    crate::operation::recycle(inner);
 }
 
 /// A pending receive's operation on context `context`, over `buf`'s receive area.

@@ -23,8 +23,10 @@ use crate::request::{consumed_cell, Request};
 const ACTIVE: Error = Error::InvalidArgument("persistent request started while active");
 /// The error of a wait on a request that is not active.
 const INACTIVE: Error = Error::InvalidArgument("persistent request waited for while not started");
-/// The error of a start after a start that failed (its buffer went with it).
-const NO_BUFFER: Error = Error::InvalidArgument("persistent request lost its buffer to a failed start");
+
+/// How a persistent point-to-point request posts its operation: the buffer back with the
+/// error of a post that failed.
+type Post<'c, B> = fn(&'c Communicator, B, Op) -> Result<Request<'c, B>, (Error, B)>;
 
 /// What a start posts, its ranks already world ranks.
 #[derive(Clone, Copy, Debug)]
@@ -45,8 +47,9 @@ enum Op {
 pub(crate) trait Plan<B: Send + 'static>: Send + Sync {
     /// Checks `buf` for a start on `comm` (before the start takes it).
     fn check(&self, comm: &Communicator, buf: &B) -> Result<(), Error>;
-    /// Starts the collective over `buf` on `comm`; its request completes when it ends.
-    fn start<'c>(&self, comm: &'c Communicator, buf: B) -> Result<Request<'c, B>, Error>;
+    /// Starts the collective over `buf` on `comm`; its request completes when it ends. A
+    /// start that fails gives `buf` back with the error.
+    fn start<'c>(&self, comm: &'c Communicator, buf: B) -> Result<Request<'c, B>, (Error, B)>;
 }
 
 /// A persistent send or receive (`MPI_Send_init`, `MPI_Recv_init`), or a persistent
@@ -77,8 +80,9 @@ pub(crate) trait Plan<B: Send + 'static>: Send + Sync {
 pub struct Persistent<'c, B: Send + 'static> {
     comm: &'c Communicator,
     op: Op,
-    /// Posts the operation (an `isend` or `irecv` on the user context, without checks).
-    post: fn(&'c Communicator, B, Op) -> Result<Request<'c, B>, Error>,
+    /// Posts the operation (an `isend` or `irecv` on the user context, without checks); a
+    /// post that fails gives the buffer back.
+    post: Post<'c, B>,
     /// The buffer, while inactive.
     buf: Option<B>,
     /// The operation, while active.
@@ -103,11 +107,13 @@ impl Communicator {
     /// [`isend`](Self::isend) would. The arguments are checked here, once.
     pub fn send_init<B: SendBuf>(&self, buf: B, dest: u32, tag: i32) -> Result<Persistent<'_, B>, Error> {
         self.check(dest, tag)?;
-        fn post<'c, B: SendBuf>(comm: &'c Communicator, buf: B, op: Op) -> Result<Request<'c, B>, Error> {
+        fn post<'c, B: SendBuf>(comm: &'c Communicator, buf: B, op: Op) -> Result<Request<'c, B>, (Error, B)> {
             match op {
-                Op::Send { dest, tag } if !comm.is_freed() => comm.isend_on(comm.p2p(), buf, dest, tag).map_err(|e| comm.local_error(e)),
-                Op::Send { .. } => Err(Error::CommFreed),
-                Op::Recv { .. } | Op::Coll => Err(Error::InvalidArgument("a persistent send posted as another operation")),
+                Op::Send { dest, tag } if !comm.is_freed() => {
+                    comm.isend_or_back(comm.p2p(), buf, dest, tag).map_err(|(e, b)| (comm.local_error(e), b))
+                }
+                Op::Send { .. } => Err((Error::CommFreed, buf)),
+                Op::Recv { .. } | Op::Coll => Err((Error::InvalidArgument("a persistent send posted as another operation"), buf)),
             }
         }
         Ok(Persistent::new(self, Op::Send { dest: self.world_of(dest), tag }, post::<B>, buf))
@@ -119,10 +125,10 @@ impl Communicator {
     pub fn recv_init<B: RecvBuf>(&self, buf: B, source: impl Into<Source>, tag: impl Into<Tag>) -> Result<Persistent<'_, B>, Error> {
         let tag = tag.into();
         let source = self.check_recv(source.into(), tag)?;
-        fn post<'c, B: RecvBuf>(comm: &'c Communicator, buf: B, op: Op) -> Result<Request<'c, B>, Error> {
+        fn post<'c, B: RecvBuf>(comm: &'c Communicator, buf: B, op: Op) -> Result<Request<'c, B>, (Error, B)> {
             match op {
-                Op::Recv { source, tag } => comm.irecv_on(comm.p2p(), buf, source, tag).map_err(|e| comm.local_error(e)),
-                Op::Send { .. } | Op::Coll => Err(Error::InvalidArgument("a persistent receive posted as another operation")),
+                Op::Recv { source, tag } => comm.irecv_or_back(comm.p2p(), buf, source, tag).map_err(|(e, b)| (comm.local_error(e), b)),
+                Op::Send { .. } | Op::Coll => Err((Error::InvalidArgument("a persistent receive posted as another operation"), buf)),
             }
         }
         Ok(Persistent::new(self, Op::Recv { source, tag }, post::<B>, buf))
@@ -130,35 +136,48 @@ impl Communicator {
 }
 
 impl<'c, B: Send + 'static> Persistent<'c, B> {
-    fn new(comm: &'c Communicator, op: Op, post: fn(&'c Communicator, B, Op) -> Result<Request<'c, B>, Error>, buf: B) -> Self {
+    fn new(comm: &'c Communicator, op: Op, post: Post<'c, B>, buf: B) -> Self {
         Persistent { comm, op, post, buf: Some(buf), active: None, last: None, plan: None, consumed: OnceLock::new() }
     }
 
     /// A persistent collective over `buf`, each start posting `plan`.
     pub(crate) fn collective(comm: &'c Communicator, plan: Arc<dyn Plan<B>>, buf: B) -> Self {
-        fn post<'c, B: Send + 'static>(_: &'c Communicator, _: B, _: Op) -> Result<Request<'c, B>, Error> {
-            Err(Error::InvalidArgument("a persistent collective posted as a point-to-point operation"))
+        fn post<'c, B: Send + 'static>(_: &'c Communicator, buf: B, _: Op) -> Result<Request<'c, B>, (Error, B)> {
+            Err((Error::InvalidArgument("a persistent collective posted as a point-to-point operation"), buf))
         }
         Persistent { plan: Some(plan), ..Self::new(comm, Op::Coll, post::<B>, buf) }
     }
 
     /// Starts the operation (`MPI_Start`). An error if it is active already. A start that
-    /// fails (the peer is gone, the communicator freed) takes the buffer with it, as the
-    /// failed `isend` / `irecv` would: later starts fail too; a collective's buffer that
-    /// changed length since init is refused and kept.
+    /// fails (the peer is gone, the communicator freed, a collective's buffer that changed
+    /// length since init) leaves the request inactive with its buffer, untouched: the next
+    /// start tries again and allocates nothing more than this one did.
     pub fn start(&mut self) -> Result<(), Error> {
         if self.active.is_some() {
             return Err(ACTIVE);
         }
-        if let (Some(plan), Some(buf)) = (&self.plan, &self.buf) {
-            plan.check(self.comm, buf)?;
+        // Inactive, a request holds its buffer (a failed start gives it back).
+        let Some(buf) = self.buf.take() else { return Err(ACTIVE) };
+        if let Some(plan) = &self.plan {
+            if let Err(e) = plan.check(self.comm, &buf) {
+                self.buf = Some(buf);
+                return Err(e);
+            }
         }
-        let buf = self.buf.take().ok_or(NO_BUFFER)?;
-        self.active = Some(match &self.plan {
-            Some(plan) => plan.start(self.comm, buf)?,
-            None => (self.post)(self.comm, buf, self.op)?,
-        });
-        Ok(())
+        let posted = match &self.plan {
+            Some(plan) => plan.start(self.comm, buf),
+            None => (self.post)(self.comm, buf, self.op),
+        };
+        match posted {
+            Ok(r) => {
+                self.active = Some(r);
+                Ok(())
+            }
+            Err((e, buf)) => {
+                self.buf = Some(buf);
+                Err(e)
+            }
+        }
     }
 
     /// Starts every request of `reqs` in order (`MPI_Startall`); at the first that fails,
@@ -278,5 +297,76 @@ impl<B: Send + 'static> progress::Waitable for Persistent<'_, B> {
     }
     fn part(&self) -> usize {
         self.active.as_ref().map_or(0, Request::part)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::{Duration, Instant};
+
+    use crate::matching::{Source, Tag};
+    use crate::{Communicator, Error, Persistent, Runtime};
+
+    /// Frames queued, unmatched, in the collective context of `c`'s rank (taken out).
+    fn drain_collective_queue(c: &Communicator) -> usize {
+        let (s, st) = (c.engine(), c.coll_state());
+        (0..s.matching_parts(st))
+            .map(|part| {
+                s.with_matching_of(st, part, |m| {
+                    let mut n = 0;
+                    while let Some(frame) = m.take_unexpected(Source::Any, Tag::Any) {
+                        s.transport.recycle(frame.header.source, frame.payload);
+                        n += 1;
+                    }
+                    n
+                })
+            })
+            .sum()
+    }
+
+    /// Failed starts of a persistent collective leave frames behind on the survivors: in a
+    /// ring allgather of four ranks, the fourth gone, rank 1 sends to rank 2 before either
+    /// learns that the start failed, and rank 2, failing at its send to the lost rank,
+    /// cancels its receive from rank 1, whose message stays queued. The next start takes it,
+    /// in order (its receive from that peer and tag matches the oldest message first): a
+    /// carry-over, not a leak — every later start fails too while a member is gone, so no
+    /// result is ever made of it. After many failed starts a survivor holds no more such
+    /// frames than after one (at most a message and a failure notice of each peer that
+    /// sends to it).
+    #[test]
+    fn failed_starts_carry_over_a_bounded_number_of_frames() {
+        let mut rts = Runtime::builder().env(false).cris(1).build_local(4).unwrap();
+        let last = rts.pop().unwrap();
+        let cs: Vec<Communicator> = rts.iter().map(|rt| rt.world().clone()).collect();
+        fn init(c: &Communicator) -> Persistent<'_, Vec<u64>> {
+            c.allgather_init(vec![0u64; 4]).unwrap()
+        }
+        let mut reqs: Vec<Persistent<'_, Vec<u64>>> = std::thread::scope(|s| {
+            let hs: Vec<_> = cs.iter().map(|c| s.spawn(|| init(c))).collect();
+            drop(init(last.world()));
+            drop(last);
+            hs.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        for _ in 0..20 {
+            for r in reqs.iter_mut() {
+                r.start().unwrap();
+            }
+            let deadline = Instant::now() + Duration::from_secs(20);
+            while reqs.iter().any(Persistent::is_active) {
+                assert!(Instant::now() < deadline, "a start that waits for a lost rank never failed");
+                for r in reqs.iter_mut().filter(|r| r.is_active()) {
+                    if let Some(outcome) = r.test() {
+                        assert!(matches!(outcome, Err(Error::PeerLost { .. })), "{outcome:?}");
+                    }
+                }
+            }
+            for rt in &rts {
+                rt.progress();
+            }
+        }
+        for c in &cs {
+            let n = drain_collective_queue(c);
+            assert!(n <= 2, "rank {}: {n} frames left behind by 20 failed starts", c.rank());
+        }
     }
 }

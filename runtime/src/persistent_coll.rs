@@ -412,10 +412,12 @@ impl<T: Primitive> Plan<Vec<T>> for CollPlan<T> {
     fn check(&self, comm: &Communicator, buf: &Vec<T>) -> Result<(), Error> {
         self.check_len(comm, buf.len())
     }
-    fn start<'c>(&self, comm: &'c Communicator, mut buf: Vec<T>) -> Result<Request<'c, Vec<T>>, Error> {
+    fn start<'c>(&self, comm: &'c Communicator, mut buf: Vec<T>) -> Result<Request<'c, Vec<T>>, (Error, Vec<T>)> {
         let out = Out::of(&mut buf);
-        let op = self.launch(comm, &buf, Some(out))?;
-        Ok(Request::collective(comm, op, buf))
+        match self.launch(comm, &buf, Some(out)) {
+            Ok(op) => Ok(Request::collective(comm, op, buf)),
+            Err(e) => Err((e, buf)),
+        }
     }
 }
 
@@ -423,9 +425,8 @@ impl Plan<()> for CollPlan<u8> {
     fn check(&self, comm: &Communicator, (): &()) -> Result<(), Error> {
         self.check_len(comm, 0)
     }
-    fn start<'c>(&self, comm: &'c Communicator, (): ()) -> Result<Request<'c, ()>, Error> {
-        let op = self.launch(comm, &[], None)?;
-        Ok(Request::collective(comm, op, ()))
+    fn start<'c>(&self, comm: &'c Communicator, (): ()) -> Result<Request<'c, ()>, (Error, ())> {
+        self.launch(comm, &[], None).map(|op| Request::collective(comm, op, ())).map_err(|e| (e, ()))
     }
 }
 

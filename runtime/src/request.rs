@@ -377,7 +377,10 @@ impl<'c, B: Send + 'static> Request<'c, B> {
     /// * A receive that has matched (progress on any thread may match it at any time, the
     ///   message then belongs to it) or completed is left alone: `false`, and it completes as
     ///   usual. So is a receive of a message already matched by a probe
-    ///   ([`Message::imrecv`](crate::Message::imrecv)).
+    ///   ([`Message::imrecv`](crate::Message::imrecv)). A rendezvous receive (a message
+    ///   above the eager threshold) has matched once its read of the sender's buffer has
+    ///   started: that read is not stopped, and the receive completes with the whole
+    ///   message, its sender with it.
     /// * A send is never cancelled (`false`; it completes as usual). Its frame left with a
     ///   sequence number the receiver orders its messages by (an eager frame in it, a
     ///   rendezvous send's announcement): withdrawing it would need the receiver's
@@ -385,7 +388,11 @@ impl<'c, B: Send + 'static> Request<'c, B> {
     ///   inbox still fills a number the receiver waits for. MPI 4.0 deprecates cancelling
     ///   sends for the same reasons (§3.8.4).
     ///
-    /// Dropping a pending receive cancels it too (without giving the buffer back).
+    /// Dropping a pending receive cancels it too (without giving the buffer back). Dropping
+    /// a matched one discards its message once it is over: a rendezvous read in flight ends
+    /// into the buffer the runtime keeps meanwhile, and the sender's request completes —
+    /// even if no thread of the receiving rank calls weft again (the rank's courier thread
+    /// finishes the read).
     ///
     /// ```
     /// use weft::Runtime;
@@ -512,6 +519,11 @@ impl<B: Send + 'static> Request<'_, B> {
         // use of it. (An allocation, but only on this abandonment path.)
         if let Some(buf) = buf {
             *inner.orphan.lock() = Some(Box::new(buf));
+        }
+        if self.kind == Kind::Recv {
+            // A matched receive: its rendezvous read, if in flight, must still end (the
+            // sender waits for its `Fin`) though nobody waits for it now.
+            self.comm.engine().read_abandoned(&inner);
         }
     }
 }

@@ -105,9 +105,18 @@ impl Doorbell {
         }
     }
 
-    /// A listener for the next ring (check -> listen -> re-check -> wait).
+    /// A listener for the next ring (check -> listen -> re-check -> wait), boxed: one that
+    /// outlives the caller's frame. A thread that parks before it returns takes
+    /// [`listen_scoped`](Self::listen_scoped).
     pub fn listen(&self) -> SignalListener<'_> {
         self.event.listen()
+    }
+
+    /// A listener for the next ring on this stack frame, handed to `f`, which re-checks and
+    /// waits (check -> listen -> re-check -> wait): allocates nothing
+    /// ([`Signal::listen_scoped`]).
+    pub fn listen_scoped<R>(&self, f: impl FnOnce(SignalListener<'_>) -> R) -> R {
+        self.event.listen_scoped(f)
     }
 
     /// Registers `waker` to be woken at the next ring. The caller re-checks for frames

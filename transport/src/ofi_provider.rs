@@ -2123,8 +2123,19 @@ impl OfiRank {
         let s = &*self.inner;
         let c = s.cris.get(cri).ok_or(Error::InvalidArgument("CRI index out of range"))?;
         let Some(counter) = c.ep.rma_counter() else { return Ok(()) };
-        let issued = s.lock_state(c).ok_or(Error::Transport { op: "rma flush", code: crate::ofi::errno::FI_EAGAIN })?.rma_issued;
         let deadline = Instant::now() + Duration::from_secs(60);
+        // A CRI counted stuck may only be slow (its holder descheduled on a loaded machine):
+        // as the posts, the flush retries until its deadline rather than failing at once —
+        // an operation it reported failed may still have been applied at its target.
+        let issued = loop {
+            if let Some(st) = s.lock_state(c) {
+                break st.rma_issued;
+            }
+            if Instant::now() > deadline {
+                return Err(Error::Transport { op: "rma flush", code: crate::ofi::errno::FI_EAGAIN });
+            }
+            std::thread::yield_now();
+        };
         loop {
             let done = counter.read();
             let errs = counter.read_err();
@@ -2582,6 +2593,39 @@ mod tests {
         });
         assert!(took < Duration::from_secs(3), "close took {took:?}");
         drop(hold);
+    }
+
+    /// A flush whose CRI's state lock is held longer than `STUCK_AFTER` (by a thread
+    /// descheduled on a loaded machine) waits for it until its deadline, as the posts do,
+    /// instead of failing while the operations it covers may still be applied; the put it
+    /// covers is then at its target.
+    #[test]
+    fn a_flush_waits_for_a_slow_cri_instead_of_failing() {
+        let Some(ranks) = shm_pair() else { return };
+        let mut mem = vec![0u64; 1];
+        // SAFETY: `mem` outlives the registration (removed below) and is read only after the
+        // flush returned.
+        let region = unsafe { ranks[1].register_window(mem.as_mut_ptr().cast(), 8) }.unwrap();
+        let key = region.key;
+        let to = RemoteMem { rank: 1, region };
+        let value = 0x5eed_u64.to_le_bytes();
+        // SAFETY: `value` lives until the flush below returned.
+        unsafe { ranks[0].put(0, &to, 0, &value) }.unwrap();
+        let hold = ranks[0].hold_cri_state(0);
+        let slow = std::thread::spawn(move || {
+            std::thread::sleep(STUCK_AFTER * 2);
+            drop(hold);
+        });
+        let r = ranks.clone();
+        let (flushed, took) = within(20, "a flush of a CRI held for a while", move || {
+            let t0 = Instant::now();
+            (r[0].flush(0), t0.elapsed())
+        });
+        slow.join().unwrap();
+        assert!(flushed.is_ok(), "a flush failed while its CRI was only slow: {flushed:?} after {took:?}");
+        assert!(took >= STUCK_AFTER, "the flush did not wait for the CRI: {took:?}");
+        ranks[1].deregister(key);
+        assert_eq!(mem[0], 0x5eed, "the flushed put is not at its target");
     }
 
     /// A watcher caught inside libfabric does not hold `close` up: after `STUCK_AFTER` it

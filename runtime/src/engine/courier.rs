@@ -38,8 +38,10 @@
 //!   while that handle still holds the state, so the state is never dropped on the courier.
 //!   A pass is bounded (try-locks, one flush), and so is the join.
 //!
-//! What counts as work is [`Engine::courier_work`], one small function: deferred frames
-//! today; any other work that only needs a pass of `flush_deferred` to finish (operations
+//! What counts as work is [`Engine::courier_work`], one small function: deferred frames,
+//! and the rendezvous reads in flight once one of them fills a receive its owner dropped
+//! (`reads.rs`: nobody waits for it, and its sender waits for the `Fin` the read's end
+//! sends). Any other work that only needs a pass of `flush_deferred` to finish (operations
 //! it drives in flight) belongs there too, with `summon_courier` called when it starts.
 
 use std::sync::{Arc, OnceLock, Weak};
@@ -178,11 +180,12 @@ fn run(engine: &Weak<Engine>) {
 
 impl Engine {
     /// Whether the rank has work that only a progress pass finishes and that its courier
-    /// does when no thread of the rank makes one: frames deferred behind full inboxes.
+    /// does when no thread of the rank makes one: frames deferred behind full inboxes, and
+    /// rendezvous reads whose receives were dropped (their `Fin`s hold the senders).
     #[inline]
     pub(crate) fn courier_work(&self) -> bool {
         // Acquire: pairs with the store in `defer` (the queue behind the flag).
-        self.outbox.pending.load(Ordering::Acquire)
+        self.outbox.pending.load(Ordering::Acquire) || self.reads_unattended()
     }
 
     /// Starts the rank's courier at the first call and wakes it (see the module docs); call

@@ -14,7 +14,7 @@ use weft_sync::{Error, Status};
 use weft_transport::{FrameKind, Header, ReadStart};
 
 use super::Engine;
-use crate::loom::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use crate::loom::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use crate::operation::Operation;
 
 /// Finished rendezvous reads one progress pass reports at most (bounded work per pass).
@@ -34,6 +34,11 @@ pub(crate) struct RendezvousReads {
     list: Mutex<Vec<ReadInFlight>>,
     /// Next token (0 is never used).
     next_token: AtomicU64,
+    /// A read in the list fills a receive its owner dropped: nobody may wait for it, so the
+    /// rank's courier makes the passes that finish it (and send its `Fin`) until the list
+    /// is empty. Set and cleared under `list`'s lock; read by `courier_work` (Relaxed: a
+    /// hint, the courier is summoned after it is set).
+    unattended: AtomicBool,
 }
 
 /// One rendezvous read in flight.
@@ -51,7 +56,12 @@ struct ReadInFlight {
 impl RendezvousReads {
     /// No reads.
     pub(crate) fn new() -> Self {
-        RendezvousReads { count: AtomicUsize::new(0), list: Mutex::new(Vec::new()), next_token: AtomicU64::new(0) }
+        RendezvousReads {
+            count: AtomicUsize::new(0),
+            list: Mutex::new(Vec::new()),
+            next_token: AtomicU64::new(0),
+            unattended: AtomicBool::new(false),
+        }
     }
 }
 
@@ -64,7 +74,18 @@ impl Engine {
         let dst = req.ptr;
         tracing::trace!(rank = self.transport.rank(), source = h.source, tag = h.tag, bytes = len, token, "rendezvous read starts");
         // Recorded before the read starts: a pass on another thread may report it at once.
-        self.reads.list.lock().push(ReadInFlight { token, req, header: h, len });
+        let abandoned = {
+            let mut list = self.reads.list.lock();
+            // A receive dropped between its match and here (its buffer orphaned): seen now,
+            // under the list's lock; one dropped later finds its read in the list
+            // (`read_abandoned`).
+            let abandoned = req.orphan.lock().is_some();
+            list.push(ReadInFlight { token, req, header: h, len });
+            if abandoned {
+                self.reads.unattended.store(true, Ordering::Relaxed);
+            }
+            abandoned
+        };
         self.reads.count.fetch_add(1, Ordering::Relaxed);
         // SAFETY: `dst..dst+len` (`len <= cap`) is the receive area owned by the request, or
         // by its orphan slot once the request is dropped, until its cell completes, which
@@ -72,6 +93,7 @@ impl Engine {
         // the `Operation` (and an orphan) alive meanwhile, and outlives the transport
         // (`Engine`'s field order). Tokens are unique (a counter).
         match unsafe { self.transport.start_read(&h, dst, len, token) } {
+            Ok(ReadStart::InFlight) if abandoned => self.summon_courier(),
             Ok(ReadStart::InFlight) => {}
             Ok(ReadStart::Done) => self.finish_read(token, Ok(())),
             Err(e) => self.finish_read(token, Err(e)),
@@ -84,7 +106,11 @@ impl Engine {
         let read = {
             let mut list = self.reads.list.lock();
             let Some(i) = list.iter().position(|r| r.token == token) else { return };
-            list.swap_remove(i)
+            let read = list.swap_remove(i);
+            if list.is_empty() {
+                self.reads.unattended.store(false, Ordering::Relaxed);
+            }
+            read
         };
         self.reads.count.fetch_sub(1, Ordering::Relaxed);
         let ReadInFlight { req, header: h, len, .. } = read;
@@ -119,6 +145,28 @@ impl Engine {
     /// Whether rendezvous reads of this rank are in flight.
     pub(crate) fn reads_pending(&self) -> bool {
         !self.reads.list.lock().is_empty()
+    }
+
+    /// The owner of receive `req` dropped it after it matched (its buffer is orphaned
+    /// already): if its rendezvous read is in flight, nobody waits for it any more, and the
+    /// sender waits for its `Fin` — the courier finishes it when no thread of the rank
+    /// progresses. A read that starts later sees the orphan itself
+    /// (`start_rendezvous_read`).
+    pub(crate) fn read_abandoned(&self, req: &Arc<Operation>) {
+        {
+            let list = self.reads.list.lock();
+            if !list.iter().any(|r| Arc::ptr_eq(&r.req, req)) {
+                return;
+            }
+            self.reads.unattended.store(true, Ordering::Relaxed);
+        }
+        self.summon_courier();
+    }
+
+    /// Whether a read in flight fills a receive nobody waits for (`read_abandoned`): work
+    /// for the courier.
+    pub(crate) fn reads_unattended(&self) -> bool {
+        self.reads.unattended.load(Ordering::Relaxed)
     }
 }
 

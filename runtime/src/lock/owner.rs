@@ -85,6 +85,14 @@ impl OwnerToken {
         self.is_taken().then_some(l)
     }
 
+    /// [`listen`](Self::listen) with the listener on this stack frame, handed to `f`
+    /// (`None` when the token is free): allocates nothing.
+    #[inline]
+    pub(crate) fn listen_scoped<R>(&self, f: impl FnOnce(Option<SignalListener<'_>>) -> R) -> R {
+        // As in `listen`: the registration fences before the load.
+        self.handoff.listen_scoped(|l| f(self.is_taken().then_some(l)))
+    }
+
     /// A wait of `me` ends: release if `me` owns progress, else pass a hand-off on if the
     /// token is free (see the module docs).
     #[inline]

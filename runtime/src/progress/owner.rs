@@ -37,10 +37,15 @@ impl Progress for OwnerWait<'_> {
         if s.owner.is(self.me) {
             // The owner sleeps until the next frame (or its own completion).
             park_or_frames(s, listener);
-        } else if let Some(handoff) = s.owner.listen() {
-            // A plain waiter: its completions, or a hand-off of ownership.
-            s.counters.parks.fetch_add(1, Ordering::Relaxed);
-            let _ = park_two(s, listener, Some(handoff), Waiter::Leave);
+        } else {
+            // A plain waiter: its completions, or a hand-off of ownership (listened to on
+            // this frame: a park allocates nothing).
+            s.owner.listen_scoped(|handoff| {
+                if let Some(handoff) = handoff {
+                    s.counters.parks.fetch_add(1, Ordering::Relaxed);
+                    let _ = park_two(s, listener, Some(handoff), Waiter::Leave);
+                }
+            });
         }
     }
 }

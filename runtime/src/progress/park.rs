@@ -24,25 +24,29 @@ use crate::loom::sync::atomic::Ordering;
 /// A thread the doorbell woke makes one progress pass before it returns: the ring was
 /// meant for whoever progresses, and its own wait may be over already (it would then leave
 /// without looking at the frames, and the threads still parked were not woken for them).
+///
+/// The doorbell's listener lives on this frame (`Doorbell::listen_scoped`), as the wait's
+/// own does on its caller's: a park allocates nothing.
 pub(super) fn park_or_frames(s: &Engine, listener: SignalListener<'_>) {
-    let bell = s.transport.doorbell().listen();
-    if s.work_before_sleep() {
-        return;
-    }
-    s.counters.parks.fetch_add(1, Ordering::Relaxed);
-    match park_two(s, listener, Some(bell), Waiter::Take) {
-        Woken::Second => {
-            let _ = s.progress_once();
+    s.transport.doorbell().listen_scoped(|bell| {
+        if s.work_before_sleep() {
+            return;
         }
-        Woken::Network => {
-            // The watcher's pass would have rung the doorbell for what woke us: where
-            // another thread owns progress, it is that thread's to take.
-            if s.progress_once() == Pass::Elsewhere {
-                s.transport.doorbell().ring();
+        s.counters.parks.fetch_add(1, Ordering::Relaxed);
+        match park_two(s, listener, Some(bell), Waiter::Take) {
+            Woken::Second => {
+                let _ = s.progress_once();
             }
+            Woken::Network => {
+                // The watcher's pass would have rung the doorbell for what woke us: where
+                // another thread owns progress, it is that thread's to take.
+                if s.progress_once() == Pass::Elsewhere {
+                    s.transport.doorbell().ring();
+                }
+            }
+            Woken::First | Woken::Timeout => {}
         }
-        Woken::First | Woken::Timeout => {}
-    }
+    });
 }
 
 /// Whether a `park_two` may sleep as the rank's waiter (module docs).
@@ -131,5 +135,84 @@ pub(super) fn park_two(s: &Engine, mut a: SignalListener<'_>, mut b: Option<Sign
             may_take = false;
             std::thread::park_timeout(deadline - now);
         }
+    }
+}
+
+#[cfg(all(test, not(loom), not(miri)))]
+mod tests {
+    use std::alloc::{GlobalAlloc, Layout, System};
+    use std::cell::Cell;
+    use std::time::Duration;
+
+    use weft_sync::{Progress, Signal};
+
+    use super::park_or_frames;
+    use crate::progress::owner::OwnerWait;
+    use crate::{ProgressMode, Runtime};
+
+    /// The allocator of the crate's unit-test binary: the system's, counting the
+    /// allocations of a thread while that thread asks it to ([`allocations_here`]) — other
+    /// tests run on other threads meanwhile.
+    struct PerThread;
+
+    thread_local! {
+        /// Whether this thread's allocations are counted, and how many were.
+        static COUNTED: Cell<Option<usize>> = const { Cell::new(None) };
+    }
+
+    // SAFETY: forwards to the system allocator; the count is a const-initialised
+    // thread-local without a destructor (no allocation, usable at any time).
+    unsafe impl GlobalAlloc for PerThread {
+        unsafe fn alloc(&self, l: Layout) -> *mut u8 {
+            let _ = COUNTED.try_with(|c| c.set(c.get().map(|n| n + 1)));
+            // SAFETY: the caller's contract, forwarded.
+            unsafe { System.alloc(l) }
+        }
+        unsafe fn dealloc(&self, p: *mut u8, l: Layout) {
+            // SAFETY: the caller's contract, forwarded.
+            unsafe { System.dealloc(p, l) }
+        }
+    }
+
+    #[global_allocator]
+    static ALLOCATOR: PerThread = PerThread;
+
+    /// The allocations the calling thread makes while `f` runs.
+    fn allocations_here(f: impl FnOnce()) -> usize {
+        COUNTED.with(|c| c.set(Some(0)));
+        f();
+        COUNTED.with(|c| c.take()).unwrap_or(0)
+    }
+
+    /// A blocked thread's park allocates nothing, in every progress mode: the doorbell's
+    /// listener (a thread that parks for frames) and the progress token's hand-off (an
+    /// `Owner`-mode waiter that does not own progress) live on its stack, as the wait's own
+    /// listener does. (Each listener used to be boxed: one allocation per park.) Each park
+    /// here sleeps out the park limit: nothing wakes it.
+    #[test]
+    fn a_park_allocates_nothing() {
+        let signal = Signal::new();
+        for mode in [ProgressMode::Global, ProgressMode::Owner, ProgressMode::Concurrent] {
+            let rt = Runtime::builder().env(false).progress(mode).yield_window(Duration::ZERO).build().unwrap();
+            let s = &*rt.engine;
+            // What a first park makes once (the thread's parker, the events' lists).
+            signal.listen_scoped(|l| park_or_frames(s, l));
+            let parks = s.counters.parks.load(std::sync::atomic::Ordering::Relaxed);
+            let n = allocations_here(|| signal.listen_scoped(|l| park_or_frames(s, l)));
+            assert_eq!(s.counters.parks.load(std::sync::atomic::Ordering::Relaxed), parks + 1, "{mode}: did not park");
+            assert_eq!(n, 0, "{mode}: allocations in a park on the doorbell");
+        }
+        // An `Owner`-mode waiter while another thread owns progress: it parks on the hand-off.
+        let rt = Runtime::builder().env(false).progress(ProgressMode::Owner).yield_window(Duration::ZERO).build().unwrap();
+        let s = &*rt.engine;
+        let (owner, me) = (u64::MAX, crate::engine::thread_token());
+        assert!(s.owner.own_or_take(owner));
+        let wait = OwnerWait { engine: s, me };
+        signal.listen_scoped(|l| wait.park(l));
+        let parks = s.counters.parks.load(std::sync::atomic::Ordering::Relaxed);
+        let n = allocations_here(|| signal.listen_scoped(|l| wait.park(l)));
+        assert_eq!(s.counters.parks.load(std::sync::atomic::Ordering::Relaxed), parks + 1, "did not park on the hand-off");
+        assert_eq!(n, 0, "allocations in a park on the hand-off");
+        s.owner.leave(owner);
     }
 }

@@ -526,6 +526,72 @@ fn dropped_requests_are_safe() {
     assert!(b.iter().all(|&x| x == 5));
 }
 
+/// Posts, on rank 1, the receive of a rendezvous message of `len` bytes from rank 0 once
+/// its `Rts` has arrived: the receive matches where it is posted, and its read of the
+/// sender's buffer starts there (on libfabric without the same-host lane it is still in
+/// flight when `irecv` returns).
+fn matched_rendezvous_receive(rts: &[Runtime], len: usize, tag: i32) -> (weft::Request<'_, Vec<u8>>, weft::Request<'_, Vec<u8>>) {
+    let (a, b) = (rts[0].world(), rts[1].world());
+    let send = a.isend((0..len).map(|i| (i % 251) as u8).collect::<Vec<u8>>(), 1, tag).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while b.iprobe(0u32, tag).unwrap().is_none() {
+        assert!(Instant::now() < deadline, "the Rts never arrived");
+    }
+    (send, b.irecv(Vec::<u8>::with_capacity(len), 0u32, tag).unwrap())
+}
+
+/// Waits for `send` on a thread of rank 0 alone (rank 1 makes no progress meanwhile) and
+/// returns its outcome, or `None` after 10 s — rank 1 is then progressed, so the stuck
+/// send ends and the test fails instead of hanging.
+fn send_finishes_alone(rts: &[Runtime], send: weft::Request<'_, Vec<u8>>) -> Option<Result<usize, Error>> {
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::scope(|s| {
+        let waiter = s.spawn(move || {
+            let _ = tx.send(send.wait().map(|(_, st)| st.bytes));
+        });
+        let got = rx.recv_timeout(Duration::from_secs(10)).ok();
+        while !waiter.is_finished() {
+            rts[1].progress();
+        }
+        got
+    })
+}
+
+/// A rendezvous receive dropped while its read of the sender's buffer is in flight: the
+/// read still ends into the buffer the runtime keeps, and its `Fin` goes out though no
+/// thread of the receiving rank calls weft again (its courier finishes the read), so the
+/// sender's wait returns (it used to wait for the `Fin` for ever where reads are
+/// asynchronous: libfabric without the same-host lane).
+#[test]
+fn a_receive_dropped_during_its_rendezvous_read_lets_the_send_finish() {
+    const LEN: usize = 1 << 20;
+    for mode in MODES {
+        let rts = super::builder().progress(mode).cris(1).eager_threshold(4096).build_local(2).unwrap();
+        let (send, recv) = matched_rendezvous_receive(&rts, LEN, 3);
+        drop(recv);
+        let got = send_finishes_alone(&rts, send);
+        assert_eq!(got, Some(Ok(LEN)), "{mode}: the send of a receive dropped during its read (None: not done within 10 s)");
+    }
+}
+
+/// A rendezvous receive that has matched cannot be cancelled, not even while its read is
+/// in flight (MPI: a matched receive completes): `cancel` says `false`, the receive
+/// completes with the whole message and the send finishes.
+#[test]
+fn a_matched_rendezvous_receive_is_not_cancelled() {
+    const LEN: usize = 1 << 20;
+    for mode in MODES {
+        let rts = super::builder().progress(mode).cris(1).eager_threshold(4096).build_local(2).unwrap();
+        let (send, mut recv) = matched_rendezvous_receive(&rts, LEN, 4);
+        assert!(!recv.cancel(), "{mode}: a matched receive was cancelled");
+        let (got, st) = recv.wait().unwrap();
+        assert!(!st.cancelled(), "{mode}");
+        assert_eq!((got.len(), st.bytes), (LEN, LEN), "{mode}");
+        assert!(got.iter().enumerate().all(|(i, &x)| x == (i % 251) as u8), "{mode}: payload corrupted");
+        assert_eq!(send_finishes_alone(&rts, send), Some(Ok(LEN)), "{mode}");
+    }
+}
+
 #[test]
 fn send_to_self_eager_and_rendezvous() {
     let rts = super::builder().eager_threshold(4096).build_local(1).unwrap();

@@ -751,45 +751,58 @@ fn lock_stress<G>(
         let hs: Vec<_> = (0..u64::from(p.threads))
             .map(|t| {
                 let (read, write, unlock, fail) = (&read, &write, &unlock, &fail);
-                s.spawn(move || -> Result<u64, String> {
-                    let mut writes = 0;
-                    for i in 0..p.acquisitions {
-                        if (i + t + u64::from(c.rank())) % p.write_every == 0 {
-                            let g = write().map_err(e)?;
-                            let others = w.fetch_and_op(0, writers, 1, Op::Sum).map_err(e)?;
-                            let inside = w.fetch_and_op(0, readers, 0, Op::NoOp).map_err(e)?;
-                            if others != 0 || inside != 0 {
-                                return Err(fail(format!("a writer found {others} other writers and {inside} readers inside")));
-                            }
-                            let mut v = [0u64];
-                            w.get(0, count, &mut v).map_err(e)?;
-                            w.put(0, count, &[v[0] + 1]).map_err(e)?;
-                            w.flush(0).map_err(e)?;
-                            w.fetch_and_op(0, writers, u64::MAX, Op::Sum).map_err(e)?;
-                            unlock(g).map_err(e)?;
-                            writes += 1;
-                        } else {
-                            let g = read().map_err(e)?;
-                            w.fetch_and_op(0, readers, 1, Op::Sum).map_err(e)?;
-                            let inside = w.fetch_and_op(0, writers, 0, Op::NoOp).map_err(e)?;
-                            let (mut a, mut b) = ([0u64], [0u64]);
-                            w.get(0, count, &mut a).map_err(e)?;
-                            w.get(0, count, &mut b).map_err(e)?;
-                            w.fetch_and_op(0, readers, u64::MAX, Op::Sum).map_err(e)?;
-                            unlock(g).map_err(e)?;
-                            if inside != 0 || a != b {
-                                return Err(fail(format!(
-                                    "a reader found {inside} writers inside, and the count went from {} to {}",
-                                    a[0], b[0]
-                                )));
+                // A failing thread leaves its count in the words (it does not clean up), so
+                // the others' checks fail after it: it is the first failure that says what
+                // went wrong, and each carries its time.
+                s.spawn(move || -> Result<u64, (Instant, String)> {
+                    let run = || -> Result<u64, String> {
+                        let mut writes = 0;
+                        for i in 0..p.acquisitions {
+                            if (i + t + u64::from(c.rank())) % p.write_every == 0 {
+                                let g = write().map_err(e)?;
+                                let others = w.fetch_and_op(0, writers, 1, Op::Sum).map_err(e)?;
+                                let inside = w.fetch_and_op(0, readers, 0, Op::NoOp).map_err(e)?;
+                                if others != 0 || inside != 0 {
+                                    return Err(fail(format!("a writer found {others} other writers and {inside} readers inside")));
+                                }
+                                let mut v = [0u64];
+                                w.get(0, count, &mut v).map_err(e)?;
+                                w.put(0, count, &[v[0] + 1]).map_err(e)?;
+                                w.flush(0).map_err(e)?;
+                                w.fetch_and_op(0, writers, u64::MAX, Op::Sum).map_err(e)?;
+                                unlock(g).map_err(e)?;
+                                writes += 1;
+                            } else {
+                                let g = read().map_err(e)?;
+                                w.fetch_and_op(0, readers, 1, Op::Sum).map_err(e)?;
+                                let inside = w.fetch_and_op(0, writers, 0, Op::NoOp).map_err(e)?;
+                                let (mut a, mut b) = ([0u64], [0u64]);
+                                w.get(0, count, &mut a).map_err(e)?;
+                                w.get(0, count, &mut b).map_err(e)?;
+                                w.fetch_and_op(0, readers, u64::MAX, Op::Sum).map_err(e)?;
+                                unlock(g).map_err(e)?;
+                                if inside != 0 || a != b {
+                                    return Err(fail(format!(
+                                        "a reader found {inside} writers inside, and the count went from {} to {}",
+                                        a[0], b[0]
+                                    )));
+                                }
                             }
                         }
-                    }
-                    Ok(writes)
+                        Ok(writes)
+                    };
+                    run().map_err(|m| (Instant::now(), m))
                 })
             })
             .collect();
-        hs.into_iter().map(|h| h.join().map_err(|_| fail("a thread panicked".into()))?).sum()
+        let ends: Vec<Result<u64, (Instant, String)>> =
+            hs.into_iter().map(|h| h.join().unwrap_or_else(|_| Err((Instant::now(), fail("a thread panicked".into()))))).collect();
+        let failed = ends.iter().filter(|r| r.is_err()).count();
+        match ends.iter().filter_map(|r| r.as_ref().err()).min_by_key(|(at, _)| *at) {
+            Some((_, first)) if failed > 1 => Err(format!("{first} (the first of {failed} threads that failed here)")),
+            Some((_, first)) => Err(first.clone()),
+            None => Ok(ends.into_iter().map(|r| r.unwrap_or(0)).sum()),
+        }
     });
     let writes = writes?;
     let took = t0.elapsed();
