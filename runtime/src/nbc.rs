@@ -863,11 +863,30 @@ impl Direct<'_> {
 
     /// The collective's outcome: `res`, or the failure another member reported; a failure
     /// of this rank's own is reported to every other member. In the communicator's ranks.
-    fn finish(mut self, res: Result<(), Error>) -> Result<(), Error> {
-        let notice = self.notice.take();
-        self.store.reqs.clear();
-        self.store.got.clear();
-        let _ = DIRECT.try_with(|d| d.set(Some(self.store)));
+    /// Inlined where the collective ran (no copy of this into a call); a receive for
+    /// failure notices and a failure go out of line.
+    #[inline]
+    fn finish(self, res: Result<(), Error>) -> Result<(), Error> {
+        let Direct { comm, tag, notice, mut store } = self;
+        store.reqs.clear();
+        store.got.clear();
+        let _ = DIRECT.try_with(|d| d.set(Some(store)));
+        match (res, notice) {
+            (Ok(()), None) => Ok(()),
+            (res, notice) => Self::finish_noticed(comm, tag, res, notice),
+        }
+    }
+
+    /// [`finish`](Self::finish) of a collective that posted a receive for failure notices,
+    /// or that failed.
+    #[cold]
+    #[inline(never)]
+    fn finish_noticed(
+        comm: &Communicator,
+        tag: i32,
+        res: Result<(), Error>,
+        notice: Option<Request<'static, Scratch<u8>>>,
+    ) -> Result<(), Error> {
         let Err(e) = res else {
             if let Some(mut n) = notice {
                 // Unposted and taken, so that its operation goes back to the pool.
@@ -879,14 +898,14 @@ impl Direct<'_> {
         let e = match notice.filter(Request::is_complete) {
             Some(mut n) => {
                 let got = n.take().map(|r| r.map(|(b, st)| (b.elems::<u32>().to_vec(), st)));
-                notice_error(self.comm, got, e)
+                notice_error(comm, got, e)
             }
             None => {
-                send_notices(self.comm, self.tag, e);
+                send_notices(comm, tag, e);
                 e
             }
         };
-        Err(self.comm.local_error(e))
+        Err(comm.local_error(e))
     }
 }
 
