@@ -1048,7 +1048,7 @@ mod tests {
             (0..n).map(|t| (0..2).map(|_| post(&mut m, Source::Rank(t as u32 % 3), Tag::Is(t)).0).collect()).collect();
         assert_eq!(m.bins.len(), n as usize);
         assert_eq!(m.bins.index.len(), n as usize, "the map holds every key once past the scanned bins");
-        for round in 0..2 {
+        for round in [0, 1] {
             for t in (0..n).rev() {
                 m.arrive(gframe(t as u32 % 3, t, 0, 0), &mut out);
                 let got = out.pop().expect("paired");
