@@ -8,11 +8,14 @@
 //!
 //! Every mode keeps its buffers from round to round (a persistent pair, or the buffers the
 //! sends and receives give back), so that no round maps fresh memory, and a first round
-//! that is not timed warms them up. Ranks are two in this process, on each of `--provider`.
+//! that is not timed warms them up. Ranks are two in this process, on each of `--provider`
+//! (a pair of its own per mode). The modes' rounds alternate (round `r` runs every mode
+//! once, starting with a different one each round), so that a change in the machine's load
+//! meets them all alike.
 //!
-//! Columns: `mode,provider,threads,bytes,rounds,receive_us` (`receive_us`: the mean time
-//! from the round's start, when the receives are posted and the threads start filling, to
-//! the receiver's completion of the whole message).
+//! Columns: `mode,provider,threads,bytes,rounds,receive_us,median_us` (the mean and the
+//! median time from the round's start, when the receives are posted and the threads start
+//! filling, to the receiver's completion of the whole message).
 
 use std::sync::Barrier;
 use std::time::{Duration, Instant};
@@ -206,26 +209,47 @@ impl<'c> Sender<'c> {
     }
 }
 
-/// One configuration: the mean receive time in microseconds over `rounds` timed rounds.
-fn measure(mode: &str, provider: Provider, threads: usize, bytes: usize, rounds: usize) -> Result<f64, String> {
-    let rts = Runtime::builder().provider(provider).build_local(2).map_err(err)?;
-    let (a, b) = (rts[0].world(), rts[1].world());
-    let (mut sender, mut receiver) = (Sender::new(mode, a, threads, bytes)?, Receiver::new(mode, b, threads, bytes)?);
+/// One configuration, every mode of `modes` with rounds alternating: per mode the mean and
+/// the median receive time in microseconds over `rounds` timed rounds.
+fn measure(modes: &[String], provider: Provider, threads: usize, bytes: usize, rounds: usize) -> Result<Vec<(f64, f64)>, String> {
+    let worlds = modes.iter().map(|_| Runtime::builder().provider(provider).build_local(2).map_err(err)).collect::<Result<Vec<_>, _>>()?;
+    let mut sides = modes
+        .iter()
+        .zip(&worlds)
+        .map(|(m, rts)| Ok((Sender::new(m, rts[0].world(), threads, bytes)?, Receiver::new(m, rts[1].world(), threads, bytes)?)))
+        .collect::<Result<Vec<_>, String>>()?;
     let start = Barrier::new(2);
-    let mut total = Duration::ZERO;
+    let mut times: Vec<Vec<Duration>> = vec![Vec::with_capacity(rounds); modes.len()];
     for round in 0..=rounds {
-        let (sent, took) = std::thread::scope(|s| {
-            let r = s.spawn(|| receiver.round(b, bytes / threads, round, &start));
-            let sent = sender.round(a, threads, round, &start);
-            (sent, r.join().expect("the receiving thread panicked"))
-        });
-        sent?;
-        let took = took?;
-        if round > 0 {
-            total += took;
+        for k in 0..modes.len() {
+            let j = (k + round) % modes.len();
+            let (a, b) = (worlds[j][0].world(), worlds[j][1].world());
+            let (sender, receiver) = &mut sides[j];
+            let (sent, took) = std::thread::scope(|s| {
+                let r = s.spawn(|| receiver.round(b, bytes / threads, round, &start));
+                let sent = sender.round(a, threads, round, &start);
+                (sent, r.join().expect("the receiving thread panicked"))
+            });
+            sent?;
+            let took = took?;
+            if round > 0 {
+                times[j].push(took);
+            }
         }
     }
-    Ok(total.as_secs_f64() * 1e6 / rounds as f64)
+    Ok(times
+        .into_iter()
+        .map(|mut t| {
+            t.sort_unstable();
+            let us = |d: Duration| d.as_secs_f64() * 1e6;
+            let mean = t.iter().map(|&d| us(d)).sum::<f64>() / rounds as f64;
+            let median = match t.len() % 2 {
+                1 => us(t[t.len() / 2]),
+                _ => (us(t[t.len() / 2 - 1]) + us(t[t.len() / 2])) / 2.0,
+            };
+            (mean, median)
+        })
+        .collect())
 }
 
 pub fn run(args: &Args) -> Result<(), String> {
@@ -242,22 +266,22 @@ pub fn run(args: &Args) -> Result<(), String> {
     if let Some((s, t)) = sizes.iter().flat_map(|&s| threads.iter().map(move |&t| (s, t))).find(|&(s, t)| s % t != 0) {
         return Err(format!("size {s} is not a multiple of {t} threads"));
     }
-    let mut table = Table::new(&["mode", "provider", "threads", "bytes", "rounds", "receive_us"], &args.out);
-    table.progress(modes.len() * providers.len() * threads.len() * sizes.len());
+    let mut table = Table::new(&["mode", "provider", "threads", "bytes", "rounds", "receive_us", "median_us"], &args.out);
+    table.progress(providers.len() * threads.len() * sizes.len());
     table.print_header();
-    for m in &modes {
-        for &p in &providers {
-            for &t in &threads {
-                for &s in &sizes {
-                    table.step(|| format!("{m}, {p}, {t} threads, {s} bytes"));
-                    let us = measure(m, p, t, s, args.rounds)?;
-                    table.row(vec![m.clone(), p.to_string(), t.to_string(), s.to_string(), args.rounds.to_string(), format!("{us:.1}")]);
+    for &p in &providers {
+        for &t in &threads {
+            for &s in &sizes {
+                table.step(|| format!("{p}, {t} threads, {s} bytes"));
+                for (m, (mean, median)) in modes.iter().zip(measure(&modes, p, t, s, args.rounds)?) {
+                    let row = [m.clone(), p.to_string(), t.to_string(), s.to_string(), args.rounds.to_string()];
+                    table.row(row.into_iter().chain([format!("{mean:.1}"), format!("{median:.1}")]).collect());
                 }
             }
         }
     }
     let chart = Chart::new("partitioned: one message filled by T threads, 2 ranks in one process", "bytes", "message size (bytes)")
-        .y("receive_us", "")
+        .y("median_us", "")
         .y_axis("time to complete on the receiver (µs)", 1.0)
         .series("mode", "{}")
         .series("provider", "{}")

@@ -14,6 +14,18 @@
 //! or the rendezvous path by its own size, and a receive posted at `start` lands it in place.
 //! One operation per (communicator, peer, tag) is active at a time.
 //!
+//! From the second round on, a partition larger than an eager message is written straight
+//! into the receive's buffer where the transport reaches the receiver's memory (the
+//! embedded provider; libfabric's same-host lane, `process_vm_writev`), by the thread that
+//! marks it ready, and its message is empty: it only says that the partition has arrived.
+//! The receive lends its buffer for that: its layout message names the buffer's address,
+//! and each start sends the send a *clear to write* naming the round; a partition readied
+//! before that round's clear has arrived travels as a message, as in the first round. So no
+//! partition needs a registration, a rendezvous read or a `Fin`, the copies run on the
+//! filling threads (side by side, not one after another on the receiver's), and the
+//! receiver handles one small message per partition. A receive dropped in a round keeps
+//! its buffer allocated for good: the send may still write into it.
+//!
 //! The two sides may name different numbers of partitions, as MPI 4.0 allows, when their
 //! messages have the same total bytes: the receive follows the send's partitions (a receive
 //! per send partition, each into its place), and its partition `i` has arrived once every
@@ -28,7 +40,7 @@
 //! A first-round send's wait therefore needs the receive started.
 
 use std::marker::PhantomData;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use weft_sync::Error;
@@ -48,11 +60,16 @@ pub const MAX_PARTITIONED_TAG: i32 = (1 << 15) - 1;
 pub const PARTITIONS_MISMATCH: Error =
     Error::InvalidArgument("partitioned send and receive differ in total bytes, or a send partition is not whole receive elements");
 
-/// The collective-context tag of the layout message of an operation with `tag`, from its
-/// send (`from_recv` false) or its receive: above the partitions' tags (`part_tag`), far
-/// below the collectives'.
-fn layout_tag(tag: i32, from_recv: bool) -> i32 {
-    i32::MIN + (1 << 30) + ((tag << 1) | i32::from(from_recv))
+/// The control messages of an operation (their kind in [`control_tag`]): the send's layout,
+/// the receive's layout, the receive's clear to write of a round.
+const SEND_LAYOUT: i32 = 0;
+const RECV_LAYOUT: i32 = 1;
+const CLEAR_TO_WRITE: i32 = 2;
+
+/// The collective-context tag of control message `kind` of an operation with `tag`: above
+/// the partitions' tags (`part_tag`), far below the collectives'.
+fn control_tag(tag: i32, kind: i32) -> i32 {
+    i32::MIN + (1 << 30) + ((tag << 2) | kind)
 }
 
 /// Whether a send of `parts` partitions, `send_bytes` in all, fits a receive of `recv_bytes`
@@ -207,12 +224,97 @@ pub struct PartitionedSend<'c, T: Primitive> {
 }
 
 /// What a partitioned send shares with its partitions' handles: per partition its send once
-/// ready, and the communicator the sends borrow.
+/// ready, where this round's partitions may be written straight, and the communicator the
+/// sends borrow.
 struct SendState<T: Primitive> {
     /// The sends borrow `comm` (below): they come first, so they are dropped before it.
     slots: Vec<Slot<T>>,
+    /// The receives of the receive's clears to write (borrowing `comm`, as the sends).
+    clear: Mutex<Clears>,
+    /// The receive's buffer address, from its layout message (0: not known yet).
+    peer_buf: AtomicU64,
+    /// This round's number, from 1 (a clear to write names the round it is for).
+    round: AtomicU64,
+    /// Where this round's partitions are written straight: the receive's buffer once this
+    /// round's clear to write has arrived (0: not yet, or not at all: they are sent).
+    direct: AtomicU64,
+    /// The largest message sent eager (a partition up to it travels in one frame).
+    eager: usize,
     /// In the `Arc`: its address never changes.
     comm: Communicator,
+}
+
+/// The receives of a partitioned send's clears to write.
+struct Clears {
+    /// This round's, until it arrives and is taken.
+    now: Option<Request<'static, Vec<u64>>>,
+    /// Those of earlier rounds that ended before theirs arrived: still posted, so that each
+    /// takes its own round's clear (receives match in order) and none is left for a later
+    /// round to take.
+    late: Vec<Request<'static, Vec<u64>>>,
+}
+
+impl<T: Primitive> SendState<T> {
+    /// Writes `part` straight into the receive's buffer if this round allows it (its clear
+    /// to write has arrived, the partition is larger than an eager message and the
+    /// transport reaches the receiver's memory): whether it did.
+    fn write_direct(&self, dest: u32, part: &Part<T>) -> bool {
+        let bytes = part.as_bytes();
+        if bytes.len() <= self.eager {
+            return false;
+        }
+        let to = self.clear_to_write();
+        if to == 0 {
+            return false;
+        }
+        let at = to + (part.start * std::mem::size_of::<T>()) as u64;
+        // SAFETY: the receive lent its whole buffer, at `to`, for this round when it sent the
+        // round's clear to write; it reads this partition's range only once the partition's
+        // message (sent after this write) has arrived, and no other partition's write
+        // reaches that range. A receive dropped in the round never frees the buffer.
+        matches!(unsafe { self.comm.engine().transport.write_direct(dest, at, bytes) }, Some(Ok(())))
+    }
+
+    /// Where this round's partitions are written straight (0: not, or not yet): the
+    /// round's clear to write, taken if it has arrived, else after one step of progress.
+    fn clear_to_write(&self) -> u64 {
+        if let Some(to) = self.take_clear() {
+            return to;
+        }
+        // With no lock held: what the step completes may ready a partition of this send.
+        let _ = self.comm.engine().progress_once();
+        self.take_clear().unwrap_or(0)
+    }
+
+    /// The round's clear to write once known (where partitions go, 0 if not straight);
+    /// `None` while it has not arrived. Threads that ask at once wait for the one that
+    /// takes it: one that went on without it would send its partition as a message though
+    /// the clear is there.
+    fn take_clear(&self) -> Option<u64> {
+        // Acquire: pairs with the release below (the clear was received before).
+        let to = self.direct.load(Ordering::Acquire);
+        if to != 0 {
+            return Some(to);
+        }
+        let mut clear = self.clear.lock().unwrap_or_else(|e| e.into_inner());
+        // Taken by another thread meanwhile (stored under the lock).
+        let to = self.direct.load(Ordering::Relaxed);
+        if to != 0 {
+            return Some(to);
+        }
+        let Some(r) = clear.now.as_mut() else { return Some(0) };
+        if !r.is_complete() {
+            return None;
+        }
+        let round = self.round.load(Ordering::Relaxed);
+        let to = match r.take() {
+            Some(Ok((v, _))) if v[..] == [round] => self.peer_buf.load(Ordering::Relaxed),
+            _ => 0,
+        };
+        clear.now = None;
+        self.direct.store(to, Ordering::Release);
+        Some(to)
+    }
 }
 
 /// One partition's place in a [`SendState`].
@@ -249,10 +351,14 @@ impl<T: Primitive> Handle<T> {
     }
 
     fn ready(mut self) -> Result<(), Error> {
-        let part = self.part.take().expect("a handle's range until it is sent");
+        let mut part = self.part.take().expect("a handle's range until it is sent");
         let st = &*self.state;
         let c = &st.comm;
         let slot = &st.slots[self.index];
+        if st.write_direct(self.dest, &part) {
+            // In the receive's buffer already: an empty message says it has arrived.
+            part.len = 0;
+        }
         let req = match c.isend_on(c.coll_state(), part, self.dest, part_tag(self.tag, self.index)) {
             Ok(req) => req,
             Err(e) => {
@@ -353,7 +459,15 @@ impl Communicator {
     pub fn psend_init<T: Primitive>(&self, buf: Vec<T>, partitions: usize, dest: u32, tag: i32) -> Result<PartitionedSend<'_, T>, Error> {
         let plan = self.plan(dest, buf.len(), partitions, tag)?;
         let slots = (0..partitions).map(|_| Slot { sent: Mutex::new(None), out: AtomicBool::new(false) }).collect();
-        let state = Arc::new(SendState { slots, comm: self.clone() });
+        let state = Arc::new(SendState {
+            slots,
+            clear: Mutex::new(Clears { now: None, late: Vec::new() }),
+            peer_buf: AtomicU64::new(0),
+            round: AtomicU64::new(0),
+            direct: AtomicU64::new(0),
+            eager: self.engine().config.eager_threshold,
+            comm: self.clone(),
+        });
         Ok(PartitionedSend { comm: self, plan, buf: Shared::new(buf), state, active: false, layout: None, checked: false, failed: None })
     }
 
@@ -372,6 +486,7 @@ impl Communicator {
             layout: None,
             failed: None,
             dropped: Vec::new(),
+            rounds: 0,
         })
     }
 
@@ -401,11 +516,33 @@ impl<'c, T: Primitive> PartitionedSend<'c, T> {
             let (peer, tag) = (self.plan.peer, self.plan.tag);
             let mine = vec![self.plan.partitions as u64, (self.buf.len * std::mem::size_of::<T>()) as u64];
             // Not kept: a send dropped in flight finishes on its own.
-            c.isend_on(c.coll_state(), mine, peer, layout_tag(tag, false)).map_err(|e| c.local_error(e))?;
-            let theirs = c.irecv_on(c.coll_state(), Vec::<u64>::with_capacity(2), Source::Rank(peer), Tag::Is(layout_tag(tag, true)));
+            c.isend_on(c.coll_state(), mine, peer, control_tag(tag, SEND_LAYOUT)).map_err(|e| c.local_error(e))?;
+            let theirs =
+                c.irecv_on(c.coll_state(), Vec::<u64>::with_capacity(3), Source::Rank(peer), Tag::Is(control_tag(tag, RECV_LAYOUT)));
             self.layout = Some(theirs.map_err(|e| c.local_error(e))?);
         }
+        self.post_clear()?;
         self.active = true;
+        Ok(())
+    }
+
+    /// Posts the receive of this round's clear to write (every round, the first too, as the
+    /// receive sends one at every start) and counts the round.
+    fn post_clear(&mut self) -> Result<(), Error> {
+        let st = &*self.state;
+        let c = &st.comm;
+        let (peer, tag) = (self.plan.peer, self.plan.tag);
+        let mut clear = st.clear.lock().unwrap_or_else(|e| e.into_inner());
+        let r = c.irecv_on(c.coll_state(), Vec::<u64>::with_capacity(1), Source::Rank(peer), Tag::Is(control_tag(tag, CLEAR_TO_WRITE)));
+        let r = r.map_err(|e| c.local_error(e))?;
+        clear.late.retain(|r| !r.is_complete());
+        if let Some(old) = clear.now.take().filter(|r| !r.is_complete()) {
+            clear.late.push(old);
+        }
+        // SAFETY: `r` borrows `st.comm`, in the `Arc` with `clear`, which is dropped before it.
+        clear.now = Some(unsafe { unbound(r) });
+        st.direct.store(0, Ordering::Relaxed);
+        st.round.fetch_add(1, Ordering::Relaxed);
         Ok(())
     }
 
@@ -415,7 +552,7 @@ impl<'c, T: Primitive> PartitionedSend<'c, T> {
         let (v, _) = got?;
         let (parts, bytes) = (self.plan.partitions as u64, (self.buf.len * std::mem::size_of::<T>()) as u64);
         let fit = match v[..] {
-            [total, elem] => layouts_fit(parts, bytes, total, elem),
+            [total, elem, buf] => layouts_fit(parts, bytes, total, elem).map(|()| self.state.peer_buf.store(buf, Ordering::Relaxed)),
             _ => Err(PARTITIONS_MISMATCH),
         };
         match fit {
@@ -445,6 +582,8 @@ impl<'c, T: Primitive> PartitionedSend<'c, T> {
             return Err(INACTIVE);
         }
         let Plan { peer, tag, per, .. } = self.plan;
+        // The round's clear to write, if it is here already: taken once, not by every thread.
+        self.state.clear_to_write();
         let (buf, state) = (&self.buf, &self.state);
         Ok(state.slots.iter().enumerate().filter(|(_, slot)| slot.sent().is_none() && !slot.out.swap(true, Ordering::AcqRel)).map(
             move |(index, _)| Handle {
@@ -563,6 +702,18 @@ pub struct PartitionedRecv<'c, T: Primitive> {
     failed: Option<Error>,
     /// The first round's partitions of a send that does not fit, taken and dropped.
     dropped: Vec<Request<'c, Vec<u8>>>,
+    /// Rounds started (a clear to write names its round).
+    rounds: u64,
+}
+
+impl<T: Primitive> Drop for PartitionedRecv<'_, T> {
+    fn drop(&mut self) {
+        // Dropped in a round: the send may still write partitions straight into the buffer
+        // (lent to it for the round by the clear to write), so the buffer is never freed.
+        if self.active {
+            std::mem::forget(self.buf.clone());
+        }
+    }
 }
 
 impl<'c, T: Primitive> PartitionedRecv<'c, T> {
@@ -583,15 +734,26 @@ impl<'c, T: Primitive> PartitionedRecv<'c, T> {
             if c.is_freed() {
                 return Err(Error::CommFreed);
             }
-            let mine = vec![(self.buf.len * std::mem::size_of::<T>()) as u64, std::mem::size_of::<T>() as u64];
+            let (bytes, elem) = ((self.buf.len * std::mem::size_of::<T>()) as u64, std::mem::size_of::<T>() as u64);
+            let mine = vec![bytes, elem, self.buf.ptr as u64];
             // Not kept: a send dropped in flight finishes on its own.
-            c.isend_on(c.coll_state(), mine, peer, layout_tag(tag, true)).map_err(|e| c.local_error(e))?;
-            let theirs = c.irecv_on(c.coll_state(), Vec::<u64>::with_capacity(2), Source::Rank(peer), Tag::Is(layout_tag(tag, false)));
+            c.isend_on(c.coll_state(), mine, peer, control_tag(tag, RECV_LAYOUT)).map_err(|e| c.local_error(e))?;
+            let theirs =
+                c.irecv_on(c.coll_state(), Vec::<u64>::with_capacity(2), Source::Rank(peer), Tag::Is(control_tag(tag, SEND_LAYOUT)));
             self.layout = Some(theirs.map_err(|e| c.local_error(e))?);
         }
         if let Some((parts, per)) = self.sender {
             self.post(parts, per)?;
         }
+        // The buffer is the send's to write from here until the round's wait: the clear to
+        // write of this round. Not kept, as the layout.
+        let clear = c.isend_on(c.coll_state(), vec![self.rounds + 1], peer, control_tag(tag, CLEAR_TO_WRITE));
+        if let Err(e) = clear {
+            // Dropping the receives posted cancels them: the round did not start.
+            self.recvs.clear();
+            return Err(c.local_error(e));
+        }
+        self.rounds += 1;
         self.active = true;
         self.learn_if_arrived();
         Ok(())

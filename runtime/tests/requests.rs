@@ -852,6 +852,75 @@ fn partitioned_with_different_partition_counts() {
     });
 }
 
+/// From the second round on, a partition larger than an eager message is written straight
+/// into the receive's buffer (the ranks reach each other's memory: in-process ranks, and
+/// libfabric's same-host lane) and its message only says that it has arrived: the sending
+/// rank receives one frame a round (the receive's clear to write), not a rendezvous `Fin`
+/// per partition. Every round still arrives whole, each partition as soon as it is ready.
+/// A round whose partitions are ready before the receive starts sends them as messages, and
+/// the round after it is written straight again (each clear to write taken by its round).
+#[test]
+fn partitions_written_straight_into_the_receive_after_the_first_round() {
+    const P: usize = 4;
+    const PER: usize = 1000; // 4,000 bytes a partition: above the eager threshold of 512
+    within(60, "partitions written straight", || {
+        let mut worlds: Vec<(String, Vec<Runtime>)> = MODES.iter().map(|&m| (format!("{m:?}"), local(2, m))).collect();
+        #[cfg(feature = "ofi")]
+        worlds
+            .push(("shm".into(), Runtime::builder().env(false).provider(weft::Provider::Shm).eager_threshold(512).build_local(2).unwrap()));
+        for (what, rts) in &worlds {
+            let (a, b) = (rts[0].world(), rts[1].world());
+            let mut send = a.psend_init(vec![0u32; P * PER], P, 1, 9).unwrap();
+            let mut recv = b.precv_init(vec![0u32; P * PER], P, 0, 9).unwrap();
+            let arrive = |recv: &mut weft::PartitionedRecv<'_, u32>, round: u32, i: usize| {
+                let t0 = std::time::Instant::now();
+                while !recv.parrived(i) {
+                    assert!(t0.elapsed().as_secs() < 20, "{what}: round {round}: partition {i} never arrived");
+                }
+            };
+            for round in 0..5u32 {
+                let before = rts[0].counters().messages_received;
+                // Round 2: every partition ready before the receive starts (no clear yet).
+                let ahead = round == 2;
+                if ahead {
+                    send.start().unwrap();
+                    for mut p in send.partitions().unwrap() {
+                        let v = round * 100 + p.index() as u32;
+                        p.as_mut_slice().fill(v);
+                        p.ready().unwrap();
+                    }
+                    recv.start().unwrap();
+                    (0..P).for_each(|i| arrive(&mut recv, round, i));
+                } else {
+                    recv.start().unwrap();
+                    send.start().unwrap();
+                }
+                for mut p in send.partitions().unwrap() {
+                    let i = p.index();
+                    p.as_mut_slice().fill(round * 100 + i as u32);
+                    p.ready().unwrap();
+                    arrive(&mut recv, round, i);
+                    assert!(
+                        recv.partition(i).unwrap().iter().all(|&x| x == round * 100 + i as u32),
+                        "{what}: round {round}, partition {i}"
+                    );
+                    if i + 1 < P {
+                        assert!(!recv.parrived(i + 1), "{what}: round {round}: partition {} arrived before it was ready", i + 1);
+                    }
+                }
+                send.wait().unwrap();
+                recv.wait().unwrap();
+                let frames = rts[0].counters().messages_received - before;
+                if round > 0 && !ahead {
+                    assert!(frames <= 1, "{what}: round {round}: the sending rank received {frames} frames, not one clear to write");
+                }
+                let got = recv.buffer().unwrap();
+                assert!((0..P).all(|i| got[i * PER..(i + 1) * PER].iter().all(|&x| x == round * 100 + i as u32)), "{what}: round {round}");
+            }
+        }
+    });
+}
+
 /// Partitions of other element types fit when the bytes do: a send of bytes into a receive
 /// of `u32`s in fewer partitions, waited for through the futures.
 #[test]

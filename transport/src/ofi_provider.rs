@@ -1960,6 +1960,22 @@ impl OfiRank {
         self.inner.regions.lock().remove(&key);
     }
 
+    /// Copies `data` straight to address `to` in the process of rank `dst`, where the
+    /// same-host lane reaches it (`process_vm_writev`). `None`: it does not (or the kernel
+    /// refused), nothing was written: the caller sends the data instead.
+    ///
+    /// # Safety
+    /// `to..to + data.len()` in `dst`'s process must be memory that rank lent for this write
+    /// and neither reads nor writes meanwhile.
+    pub unsafe fn write_direct(&self, dst: u32, to: u64, data: &[u8]) -> Option<Result<(), Error>> {
+        let s = &*self.inner;
+        if dst >= s.size || !s.is_alive(dst) {
+            return None;
+        }
+        // SAFETY: forwarded contract.
+        unsafe { s.lane.as_ref()?.write(dst, to, data) }
+    }
+
     /// Starts the rendezvous read of the buffer the `Rts` header `h` names into the `len`
     /// bytes at `dst` (module docs, *Rendezvous*): posts the chunks that fit and returns.
     /// [`ReadStart::InFlight`]: a later [`poll_reads`](Self::poll_reads) reports its end

@@ -376,6 +376,31 @@ impl Transport {
         }
     }
 
+    /// Copies `data` straight to address `to` of rank `dst`, where this rank reaches that
+    /// rank's memory directly: the embedded provider (every rank in this process) or
+    /// libfabric's same-host lane (`process_vm_writev`). `None`: it does not, nothing was
+    /// written (the caller sends the data as a message instead); `Some(Err(_))`: the copy
+    /// failed part way (the peer is lost).
+    ///
+    /// # Safety
+    /// `to..to + data.len()` must be memory rank `dst` lent for this write (in this process,
+    /// on the embedded provider) and neither reads nor writes meanwhile.
+    pub unsafe fn write_direct(&self, dst: u32, to: u64, data: &[u8]) -> Option<Result<(), Error>> {
+        match self {
+            Transport::Embedded(t) => {
+                if !t.is_alive(dst) {
+                    return None;
+                }
+                // SAFETY: forwarded contract: `to` is an address of this process, lent to us.
+                unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), to as *mut u8, data.len()) };
+                Some(Ok(()))
+            }
+            #[cfg(feature = "ofi")]
+            // SAFETY: forwarded contract.
+            Transport::Ofi(t) => unsafe { t.write_direct(dst, to, data) },
+        }
+    }
+
     /// Advances the rendezvous reads in flight (bounded work; never waits) and hands up to
     /// `max` of those that are over to `f`: the token given to
     /// [`start_read`](Self::start_read), and `Ok` or the error (`PeerLost` when the peer

@@ -623,24 +623,55 @@ impl Lane {
     /// # Safety
     /// `dst..dst + len` must be valid for writes and used by nobody else meanwhile.
     pub(super) unsafe fn read(&self, src: u32, from: u64, dst: *mut u8, len: usize) -> Option<Result<(), crate::Error>> {
-        let Some(Some(peer)) = self.peers.get(src as usize) else { return None };
+        // SAFETY: forwarded contract.
+        unsafe { self.vm_copy(src, from, dst, len, false) }
+    }
+
+    /// Copies `data` to address `to` in the process of `dst` (which the lane reaches), with
+    /// `process_vm_writev`: [`read`](Self::read) the other way round. A rank of this
+    /// process (ranks of one process on `shm`) is written with a plain copy: the kernel's
+    /// costs 10-30 times as much for 128 KiB in cache.
+    ///
+    /// # Safety
+    /// `to..to + data.len()` in `dst`'s process must be memory that process lent for this
+    /// write and neither reads nor writes meanwhile.
+    pub(super) unsafe fn write(&self, dst: u32, to: u64, data: &[u8]) -> Option<Result<(), crate::Error>> {
+        let Some(Some(p)) = self.peers.get(dst as usize) else { return None };
+        if p.pid == std::process::id() {
+            // SAFETY: forwarded contract: `to` is an address of this process, lent to us.
+            unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), to as *mut u8, data.len()) };
+            return Some(Ok(()));
+        }
+        // SAFETY: forwarded contract; `process_vm_writev` only reads the local range.
+        unsafe { self.vm_copy(dst, to, data.as_ptr().cast_mut(), data.len(), true) }
+    }
+
+    /// `process_vm_readv` (`write` false: `len` bytes at `remote` in `peer`'s process into
+    /// `local`) or `process_vm_writev` (the other way), through short transfers.
+    unsafe fn vm_copy(&self, peer: u32, remote: u64, local: *mut u8, len: usize, write: bool) -> Option<Result<(), crate::Error>> {
+        let Some(Some(p)) = self.peers.get(peer as usize) else { return None };
         let mut done = 0usize;
         while done < len {
-            let local = libc::iovec { iov_base: dst.wrapping_add(done).cast(), iov_len: len - done };
-            let remote = libc::iovec { iov_base: (from as usize + done) as *mut libc::c_void, iov_len: len - done };
-            // SAFETY: the local range is the caller's (valid for writes, ours alone); the
-            // kernel checks the remote range against the peer's mappings.
-            let n = unsafe { libc::process_vm_readv(peer.pid as libc::pid_t, &local, 1, &remote, 1, 0) };
+            let here = libc::iovec { iov_base: local.wrapping_add(done).cast(), iov_len: len - done };
+            let there = libc::iovec { iov_base: (remote as usize + done) as *mut libc::c_void, iov_len: len - done };
+            // SAFETY: the local range is the caller's (valid for writes when reading, ours
+            // alone); the kernel checks the remote range against the peer's mappings.
+            let n = unsafe {
+                match write {
+                    false => libc::process_vm_readv(p.pid as libc::pid_t, &here, 1, &there, 1, 0),
+                    true => libc::process_vm_writev(p.pid as libc::pid_t, &here, 1, &there, 1, 0),
+                }
+            };
             match n {
                 n if n > 0 => done += n as usize,
                 0 => return None,
                 _ => {
                     return match std::io::Error::last_os_error().raw_os_error() {
-                        Some(libc::ESRCH) => Some(Err(crate::Error::PeerLost { rank: src })),
-                        // EPERM, EFAULT (not the peer's address), ENOSYS: libfabric reads it.
+                        Some(libc::ESRCH) => Some(Err(crate::Error::PeerLost { rank: peer })),
+                        // EPERM, EFAULT (not the peer's address), ENOSYS: the caller goes through libfabric.
                         _ if done == 0 => None,
                         _ => Some(Err(crate::Error::Transport {
-                            op: "process_vm_readv",
+                            op: if write { "process_vm_writev" } else { "process_vm_readv" },
                             code: std::io::Error::last_os_error().raw_os_error().unwrap_or(0),
                         })),
                     };
