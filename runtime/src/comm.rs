@@ -282,24 +282,61 @@ impl Communicator {
     }
 
     /// Starts sending on context `st` to world rank `dest`.
+    #[inline]
     pub(crate) fn isend_on<B: SendBuf>(&self, st: &CommState, buf: B, dest: u32, tag: i32) -> Result<Request<'_, B>, Error> {
-        self.isend_or_back(st, buf, dest, tag).map_err(|(e, _)| e)
+        self.post_send(st, buf, dest, tag, |e, _| e)
     }
 
     /// [`isend_on`](Self::isend_on), giving the buffer back with the error of a send that
     /// could not be posted (a persistent send keeps it for its next start).
-    #[inline(always)]
+    #[inline]
     pub(crate) fn isend_or_back<B: SendBuf>(&self, st: &CommState, buf: B, dest: u32, tag: i32) -> Result<Request<'_, B>, (Error, B)> {
+        self.post_send(st, buf, dest, tag, |e, b| (e, b))
+    }
+
+    /// Posts a send on context `st` to world rank `dest`; a send that could not be posted
+    /// gives its error and buffer to `refused`. The eager path is inlined into the caller,
+    /// so that the request is built in the result the caller returns, not repacked from
+    /// another; a rendezvous goes out of line.
+    #[inline(always)]
+    fn post_send<B: SendBuf, E>(
+        &self,
+        st: &CommState,
+        buf: B,
+        dest: u32,
+        tag: i32,
+        refused: impl FnOnce(Error, B) -> E,
+    ) -> Result<Request<'_, B>, E> {
         let s = &*self.engine;
         let bytes = buf.as_bytes();
         let len = bytes.len();
+        if len > s.config.eager_threshold {
+            return self.isend_rendezvous(st, buf, dest, tag).map_err(|(e, b)| refused(e, b));
+        }
         let k = s.cri_for_thread();
+        let header = self.send_header(st, k, dest, tag, len);
+        // SAFETY: the bytes belong to `buf`, which the request keeps (or orphans into the
+        // inner) until a deferred frame has gone out and completed the inner.
+        let posted = match unsafe { s.post_frame(k, dest, header, bytes, || Some(new_operation(|i| i.context = st.context))) } {
+            Ok(posted) => posted,
+            Err(e) => return Err(refused(e, buf)),
+        };
+        Ok(match posted {
+            SendOutcome::Sent => Request::sent(self, Status { source: dest, tag, bytes: len }, buf),
+            SendOutcome::Deferred(inner) => Request::send(self, inner.expect("an eager deferral carries its request"), buf, st.part(tag)),
+        })
+    }
+
+    /// The eager header of the next frame to `dest` with `tag` on context `st`, sent through
+    /// CRI `k` (its sequence numbers taken).
+    #[inline]
+    fn send_header(&self, st: &CommState, k: usize, dest: u32, tag: i32, len: usize) -> Header {
         let (chan, seq, gseq) = st.sequence_numbers(k, dest, tag);
-        let mut header = Header {
+        Header {
             kind: FrameKind::Eager,
             src_cri: k as u16,
             context: st.context,
-            source: s.transport.rank(),
+            source: self.engine.transport.rank(),
             tag,
             seq,
             gseq,
@@ -308,22 +345,17 @@ impl Communicator {
             cookie: 0,
             key: 0,
             addr: 0,
-        };
-        if len <= s.config.eager_threshold {
-            // SAFETY: the bytes belong to `buf`, which the request keeps (or orphans into
-            // the inner) until a deferred frame has gone out and completed the inner.
-            let posted = match unsafe { s.post_frame(k, dest, header, bytes, || Some(new_operation(|i| i.context = st.context))) } {
-                Ok(posted) => posted,
-                Err(e) => return Err((e, buf)),
-            };
-            return Ok(match posted {
-                SendOutcome::Sent => Request::sent(self, Status { source: dest, tag, bytes: len }, buf),
-                SendOutcome::Deferred(inner) => {
-                    Request::send(self, inner.expect("an eager deferral carries its request"), buf, st.part(tag))
-                }
-            });
         }
-        // Rendezvous.
+    }
+
+    /// [`post_send`](Self::post_send) of a message above the eager threshold: a rendezvous.
+    #[inline(never)]
+    fn isend_rendezvous<B: SendBuf>(&self, st: &CommState, buf: B, dest: u32, tag: i32) -> Result<Request<'_, B>, (Error, B)> {
+        let s = &*self.engine;
+        let bytes = buf.as_bytes();
+        let len = bytes.len();
+        let k = s.cri_for_thread();
+        let mut header = self.send_header(st, k, dest, tag, len);
         // SAFETY: the bytes belong to `buf`, which the request keeps (or orphans into the
         // inner) until the `Fin` completes it; `Fin` handling deregisters before completing.
         let key = match unsafe { s.transport.register(bytes.as_ptr(), len) } {
@@ -398,18 +430,27 @@ impl Communicator {
 
     /// Starts receiving on context `st` from `source` (a world rank).
     pub(crate) fn irecv_on<B: RecvBuf>(&self, st: &CommState, buf: B, source: Source, tag: Tag) -> Result<Request<'_, B>, Error> {
-        self.irecv_or_back(st, buf, source, tag).map_err(|(e, _)| e)
+        // The request is built in the result returned, not repacked from another `Result`.
+        self.post_recv(st, buf, source, tag, |e, _| e)
     }
 
     /// [`irecv_on`](Self::irecv_on), giving the buffer back with the error of a receive that
     /// could not be posted (a persistent collective keeps it for its next start).
-    pub(crate) fn irecv_or_back<B: RecvBuf>(
+    pub(crate) fn irecv_or_back<B: RecvBuf>(&self, st: &CommState, buf: B, source: Source, tag: Tag) -> Result<Request<'_, B>, (Error, B)> {
+        self.post_recv(st, buf, source, tag, |e, b| (e, b))
+    }
+
+    /// Posts a receive on context `st`; a receive that could not be posted gives its error
+    /// and buffer to `refused`.
+    #[inline(always)]
+    fn post_recv<B: RecvBuf, E>(
         &self,
         st: &CommState,
         mut buf: B,
         source: Source,
         tag: Tag,
-    ) -> Result<Request<'_, B>, (Error, B)> {
+        refused: impl FnOnce(Error, B) -> E,
+    ) -> Result<Request<'_, B>, E> {
         let s = &*self.engine;
         let inner = recv_operation(st.context, &mut buf);
         if tag == Tag::Any && st.needs_switch() {
@@ -438,7 +479,7 @@ impl Communicator {
         });
         if let Err(e) = posted {
             unposted(inner, e);
-            return Err((e, buf));
+            return Err(refused(e, buf));
         }
         if let Some(frame) = early {
             s.finish_match(s.cri_for_thread(), inner.clone(), frame);

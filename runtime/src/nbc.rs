@@ -265,6 +265,43 @@ impl<T: Primitive> Scratch<T> {
     pub(crate) fn for_recv(len: usize) -> Self {
         Self::with_capacity(len)
     }
+
+    /// A buffer for `cap` elements, none written: the last of `spare` if it holds them (a
+    /// small collective's buffers going round its calls without the thread's pool),
+    /// else one of the pools'.
+    #[inline]
+    fn from_spare(spare: &mut Vec<Vec<Unit>>, cap: usize) -> Self {
+        let units = (cap * std::mem::size_of::<T>()).div_ceil(std::mem::size_of::<Unit>());
+        let store = if units == 0 {
+            Vec::new()
+        } else if spare.last().is_some_and(|v| v.capacity() >= units) {
+            spare.pop().unwrap_or_default()
+        } else {
+            return Self::with_capacity(cap);
+        };
+        Scratch { store, len: 0, cap, _t: std::marker::PhantomData }
+    }
+}
+
+impl Scratch<u8> {
+    /// [`copy_of`](Scratch::copy_of) `data`, in a buffer [`from_spare`](Scratch::from_spare).
+    fn copy_from_spare(spare: &mut Vec<Vec<Unit>>, data: &[u8]) -> Self {
+        let mut s = Self::from_spare(spare, data.len());
+        // SAFETY: as in `copy_of`.
+        unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), s.store.as_mut_ptr().cast::<u8>(), data.len()) };
+        s.len = data.len();
+        s
+    }
+
+    /// Moves this small buffer's store into `spare` (bounded) instead of the thread's pool.
+    #[inline]
+    fn keep_in(&mut self, spare: &mut Vec<Vec<Unit>>) {
+        let bytes = self.store.capacity() * std::mem::size_of::<Unit>();
+        if (1..POOL_MIN_BYTES).contains(&bytes) && spare.len() < SMALL_MAX_BUFFERS {
+            // Left empty: its drop is two compares.
+            spare.push(std::mem::take(&mut self.store));
+        }
+    }
 }
 
 impl Scratch<u8> {
@@ -301,7 +338,20 @@ impl<T: Primitive> std::ops::DerefMut for Scratch<T> {
 }
 
 impl<T> Drop for Scratch<T> {
+    /// An empty one (no message, or its store kept by [`keep_in`](Scratch::keep_in)) is a
+    /// compare; the others go back to a pool.
+    #[inline]
     fn drop(&mut self) {
+        if self.store.capacity() != 0 {
+            self.give_back();
+        }
+    }
+}
+
+impl<T> Scratch<T> {
+    /// Gives the store to the thread's pool (small) or the process's (large), or frees it.
+    #[inline(never)]
+    fn give_back(&mut self) {
         let bytes = self.store.capacity() * std::mem::size_of::<Unit>();
         if (1..POOL_MIN_BYTES).contains(&bytes) {
             let store = std::mem::take(&mut self.store);
@@ -649,6 +699,8 @@ struct DirectStore {
     made_for: Option<(Arc<[u32]>, u32, DirectPlan)>,
     reqs: Vec<Request<'static, Scratch<u8>>>,
     got: Vec<Option<(Scratch<u8>, weft_sync::Outcome)>>,
+    /// Small message buffers that the steps' requests gave back, for the next steps.
+    spare: Vec<Vec<Unit>>,
 }
 
 /// A collective run on the calling thread, as far as its plan depends on it (beside the
@@ -707,14 +759,16 @@ impl Direct<'_> {
             // `got` keeps their order, the receives' after them).
             for k in step.sends.clone() {
                 let out = &self.store.steps.sends[k];
-                let r = c.isend_on(coll, Scratch::<u8>::copy_of(bytes_of(&data[out.at.clone()])), out.to, tag)?;
+                let buf = Scratch::copy_from_spare(&mut self.store.spare, bytes_of(&data[out.at.clone()]));
+                let r = c.isend_on(coll, buf, out.to, tag)?;
                 // SAFETY: dropped before this call returns (`store.reqs` is left empty), while
                 // the caller's borrow of `comm` holds.
                 self.store.reqs.push(unsafe { crate::request::unbound(r) });
             }
             for k in step.recvs.clone() {
                 let inc = &self.store.steps.recvs[k];
-                let r = c.irecv_on(coll, Scratch::<u8>::for_recv(inc.len * size), Source::Rank(inc.from), Tag::Is(tag))?;
+                let buf = Scratch::<u8>::from_spare(&mut self.store.spare, inc.len * size);
+                let r = c.irecv_on(coll, buf, Source::Rank(inc.from), Tag::Is(tag))?;
                 // SAFETY: as above.
                 self.store.reqs.push(unsafe { crate::request::unbound(r) });
             }
@@ -737,6 +791,9 @@ impl Direct<'_> {
                     land(data, &self.store.steps.landings[inc.lands.clone()], b.elems(), combine);
                 }
             }
+            for (b, _) in got.iter_mut().flatten() {
+                b.keep_in(&mut self.store.spare);
+            }
             got.clear();
             self.store.got = got;
             res?;
@@ -755,7 +812,11 @@ impl Direct<'_> {
             let mut idle = weft_sync::IdleBackoff::new();
             for _ in 0..DIRECT_POLLS {
                 if st.reqs.iter().all(Request::is_complete) {
-                    st.got.extend(st.reqs.drain(..).map(|mut r| r.take_parts()));
+                    // Taken where they lie, not moved out first (a request is eleven words).
+                    for r in st.reqs.iter_mut() {
+                        st.got.push(r.take_parts());
+                    }
+                    st.reqs.clear();
                     return Ok(());
                 }
                 if engine.progress_once().progressed() {
@@ -802,11 +863,30 @@ impl Direct<'_> {
 
     /// The collective's outcome: `res`, or the failure another member reported; a failure
     /// of this rank's own is reported to every other member. In the communicator's ranks.
-    fn finish(mut self, res: Result<(), Error>) -> Result<(), Error> {
-        let notice = self.notice.take();
-        self.store.reqs.clear();
-        self.store.got.clear();
-        let _ = DIRECT.try_with(|d| d.set(Some(self.store)));
+    /// Inlined where the collective ran (no copy of this into a call); a receive for
+    /// failure notices and a failure go out of line.
+    #[inline]
+    fn finish(self, res: Result<(), Error>) -> Result<(), Error> {
+        let Direct { comm, tag, notice, mut store } = self;
+        store.reqs.clear();
+        store.got.clear();
+        let _ = DIRECT.try_with(|d| d.set(Some(store)));
+        match (res, notice) {
+            (Ok(()), None) => Ok(()),
+            (res, notice) => Self::finish_noticed(comm, tag, res, notice),
+        }
+    }
+
+    /// [`finish`](Self::finish) of a collective that posted a receive for failure notices,
+    /// or that failed.
+    #[cold]
+    #[inline(never)]
+    fn finish_noticed(
+        comm: &Communicator,
+        tag: i32,
+        res: Result<(), Error>,
+        notice: Option<Request<'static, Scratch<u8>>>,
+    ) -> Result<(), Error> {
         let Err(e) = res else {
             if let Some(mut n) = notice {
                 // Unposted and taken, so that its operation goes back to the pool.
@@ -818,14 +898,14 @@ impl Direct<'_> {
         let e = match notice.filter(Request::is_complete) {
             Some(mut n) => {
                 let got = n.take().map(|r| r.map(|(b, st)| (b.elems::<u32>().to_vec(), st)));
-                notice_error(self.comm, got, e)
+                notice_error(comm, got, e)
             }
             None => {
-                send_notices(self.comm, self.tag, e);
+                send_notices(comm, tag, e);
                 e
             }
         };
-        Err(self.comm.local_error(e))
+        Err(comm.local_error(e))
     }
 }
 

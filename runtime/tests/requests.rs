@@ -864,6 +864,7 @@ fn partitions_written_straight_into_the_receive_after_the_first_round() {
     const P: usize = 4;
     const PER: usize = 1000; // 4,000 bytes a partition: above the eager threshold of 512
     within(60, "partitions written straight", || {
+        #[cfg_attr(not(feature = "ofi"), allow(unused_mut))]
         let mut worlds: Vec<(String, Vec<Runtime>)> = MODES.iter().map(|&m| (format!("{m:?}"), local(2, m))).collect();
         #[cfg(feature = "ofi")]
         worlds

@@ -133,23 +133,30 @@ impl Hasher for KeyHasher {
     }
 }
 
-/// Bins of fully specified posted receives, by (source, tag): the queues in a vector, found
-/// through a map of their keys, and the bin used last remembered. A receive is mostly paired
-/// with a frame of the (source, tag) of the receive posted before it (a window of receives
-/// for one peer and tag, a stream of its messages): one compare then finds the bin instead
-/// of a hash lookup, on posting and on pairing.
+/// Bins of fully specified posted receives, by (source, tag): the queues in a vector, and
+/// the bin used last remembered. A receive is mostly paired with a frame of the (source, tag)
+/// of the receive posted before it (a window of receives for one peer and tag, a stream of
+/// its messages): one compare then finds the bin, on posting and on pairing. A few bins are
+/// found by comparing their keys, and a new key takes over an empty bin: a collective's
+/// receives, each under a new tag (its sequence number), use one bin over and over, with no
+/// hash to compute and no entry to add. Beyond [`SCAN_BINS`] bins a map of the keys finds
+/// them.
 #[derive(Default)]
 struct Bins {
     /// Each bin's key and its receives in post order.
     list: Vec<(u64, VecDeque<Posted>)>,
-    /// Keys to their bin's index in `list`.
+    /// Keys to their bin's index in `list`, while `list` holds more than [`SCAN_BINS`] bins
+    /// (empty otherwise).
     index: HashMap<u64, usize, BuildHasherDefault<KeyHasher>>,
     /// Index in `list` of the bin used last (any value while `list` is empty).
     last: usize,
-    /// Queues of dropped empty bins, kept for new keys: receives under ever new tags (a
-    /// collective's sequence numbers) then allocate no queue each.
+    /// Queues of dropped empty bins, kept for new keys: receives under ever new tags then
+    /// allocate no queue each.
     spare: Vec<VecDeque<Posted>>,
 }
+
+/// Bins found by comparing their keys, without the map.
+const SCAN_BINS: usize = 8;
 
 impl Bins {
     /// The index of `key`'s bin, if there is one.
@@ -158,7 +165,7 @@ impl Bins {
         if self.list.get(self.last).is_some_and(|(k, _)| *k == key) {
             return Some(self.last);
         }
-        let i = *self.index.get(&key)?;
+        let i = if self.list.len() <= SCAN_BINS { self.list.iter().position(|(k, _)| *k == key)? } else { *self.index.get(&key)? };
         self.last = i;
         Some(i)
     }
@@ -170,12 +177,21 @@ impl Bins {
         Some(&mut self.list[i].1)
     }
 
-    /// `key`'s bin, made empty if there is none.
+    /// `key`'s bin, made empty if there is none: among a few bins, an empty one takes the
+    /// new key.
     #[inline]
     fn entry(&mut self, key: u64) -> &mut VecDeque<Posted> {
         let i = match self.find(key) {
             Some(i) => i,
-            None => self.insert(key),
+            None if self.list.len() > SCAN_BINS => self.insert(key),
+            None => match self.list.iter().position(|(_, b)| b.is_empty()) {
+                Some(i) => {
+                    self.list[i].0 = key;
+                    self.last = i;
+                    i
+                }
+                None => self.insert(key),
+            },
         };
         &mut self.list[i].1
     }
@@ -196,12 +212,18 @@ impl Bins {
                 false
             });
             self.index.clear();
-            self.index.extend(self.list.iter().enumerate().map(|(i, (k, _))| (*k, i)));
         }
         let i = self.list.len();
         let queue = self.spare.pop().unwrap_or_default();
         self.list.push((key, queue));
-        self.index.insert(key, i);
+        if self.list.len() > SCAN_BINS {
+            if self.index.is_empty() {
+                // Past the bins found by comparing (or pruned): the map takes every key.
+                self.index.extend(self.list.iter().enumerate().map(|(i, (k, _))| (*k, i)));
+            } else {
+                self.index.insert(key, i);
+            }
+        }
         self.last = i;
         i
     }
@@ -997,6 +1019,44 @@ mod tests {
         m.arrive(gframe(1, 5, 0, 0), &mut out);
         assert!(out.is_empty(), "no receive left for tag 5");
         assert_eq!(m.unexpected.len(), 1);
+    }
+
+    /// Receives under ever new tags (a collective's sequence numbers), each paired before
+    /// the next is posted, reuse one bin: no bin per tag, no map entry.
+    #[test]
+    fn new_tags_take_over_an_empty_bin() {
+        let mut m = MatchState::new(2, Order::Overtake);
+        let mut out = Vec::new();
+        for t in 0..100 {
+            let (r, f) = post(&mut m, Source::Rank(1), Tag::Is(-2 * t));
+            assert!(f.is_none());
+            m.arrive(gframe(1, -2 * t, 0, 0), &mut out);
+            assert!(Arc::ptr_eq(&out.pop().expect("paired").req, &r));
+        }
+        assert_eq!(m.bins.len(), 1, "one bin for every tag in turn");
+        assert!(m.bins.index.is_empty());
+    }
+
+    /// Bins past those found by comparing keys are found through the map, before and after
+    /// it takes over, and pair each frame with its own tag's receives in post order.
+    #[test]
+    fn bins_pair_by_key_past_the_scanned_ones() {
+        let mut m = MatchState::new(3, Order::Overtake);
+        let mut out = Vec::new();
+        let n = 3 * SCAN_BINS as i32;
+        let reqs: Vec<Vec<Arc<Operation>>> =
+            (0..n).map(|t| (0..2).map(|_| post(&mut m, Source::Rank(t as u32 % 3), Tag::Is(t)).0).collect()).collect();
+        assert_eq!(m.bins.len(), n as usize);
+        assert_eq!(m.bins.index.len(), n as usize, "the map holds every key once past the scanned bins");
+        for round in [0, 1] {
+            for t in (0..n).rev() {
+                m.arrive(gframe(t as u32 % 3, t, 0, 0), &mut out);
+                let got = out.pop().expect("paired");
+                assert!(Arc::ptr_eq(&got.req, &reqs[t as usize][round]), "tag {t}, receive {round}");
+            }
+        }
+        m.arrive(gframe(0, 0, 0, 0), &mut out);
+        assert!(out.is_empty() && m.unexpected.len() == 1, "no receive left");
     }
 
     /// Frames held for reordering are handed back by `drain` (freed communicator).
