@@ -46,10 +46,11 @@ pub(crate) trait Drive: Send + Sync + 'static {
     /// handled.
     fn idle_pass(&self) -> bool;
     /// Listens for the network activity a worker about to park must wake for, then looks
-    /// once more for such work that came before it listened: `None` if there is work now,
-    /// else the listener and whether it is an ownership hand-off (meant for a blocked
+    /// once more for such work that came before it listened, and hands `f` the outcome:
+    /// `None` if there is work now, else the listener (on this stack frame: a park
+    /// allocates nothing) and whether it is an ownership hand-off (meant for a blocked
     /// waiter) rather than the doorbell.
-    fn listen(&self) -> Option<(SignalListener<'_>, bool)>;
+    fn listen_scoped(&self, f: &mut dyn FnMut(Option<(SignalListener<'_>, bool)>));
     /// A parked worker heard its listener (`handoff` as [`listen`](Self::listen) said). The
     /// notification may have been meant for a blocked thread: use it, or pass it on.
     fn heard(&self, handoff: bool);

@@ -147,43 +147,84 @@ pub(super) fn park_worker(drive: &dyn Drive, pool: &Pool, index: usize) {
 
     // Network wake-ups (see the module docs for why Owner mode differs). Deferred frames do
     // not keep a worker awake: the transport rings the doorbell when their destination has
-    // room, and `listen` looks once more after listening.
-    let listened = drive.listen();
-    let (mut listener, someone_owns) = match listened {
-        Some(l) if !pool.has_work() && !pool.is_shutdown() => l,
-        _ => {
-            sleep.unsleep(index);
-            return;
-        }
-    };
-    drive.count_park(false);
-    tracing::trace!(worker = index, "pool worker parks");
-    let waker = Waker::from(Arc::new(Unpark(std::thread::current())));
-    let mut cx = Context::from_waker(&waker);
-    let deadline = Instant::now() + WORKER_NAP_LIMIT;
-    let mut heard = false;
-    loop {
-        if sleep.is_claimed(index) || pool.is_shutdown() {
-            drive.count_park(true);
-            break;
-        }
-        if let Poll::Ready(()) = Pin::new(&mut listener).poll(&mut cx) {
-            drive.count_park(true);
-            heard = true;
-            break;
-        }
-        let now = Instant::now();
-        if now >= deadline {
-            // An idle worker's periodic look around, not a missed notification: not
-            // counted in `park_timeouts`.
-            break;
-        }
-        std::thread::park_timeout(deadline - now);
-    }
+    // room, and `listen_scoped` looks once more after listening.
+    let mut parked = false;
+    let mut heard = None;
+    drive.listen_scoped(&mut |listened| {
+        let (mut listener, someone_owns) = match listened {
+            Some(l) if !pool.has_work() && !pool.is_shutdown() => l,
+            _ => return,
+        };
+        parked = true;
+        drive.count_park(false);
+        tracing::trace!(worker = index, "pool worker parks");
+        UNPARK.with(|waker| {
+            let mut cx = Context::from_waker(waker);
+            let deadline = Instant::now() + WORKER_NAP_LIMIT;
+            loop {
+                if sleep.is_claimed(index) || pool.is_shutdown() {
+                    drive.count_park(true);
+                    break;
+                }
+                if let Poll::Ready(()) = Pin::new(&mut listener).poll(&mut cx) {
+                    drive.count_park(true);
+                    heard = Some(someone_owns);
+                    break;
+                }
+                let now = Instant::now();
+                if now >= deadline {
+                    // An idle worker's periodic look around, not a missed notification: not
+                    // counted in `park_timeouts`.
+                    break;
+                }
+                std::thread::park_timeout(deadline - now);
+            }
+        });
+    });
     sleep.unsleep(index);
-    tracing::trace!(worker = index, heard, "pool worker unparks");
-    if heard {
+    if parked {
+        tracing::trace!(worker = index, heard = heard.is_some(), "pool worker unparks");
+    }
+    if let Some(someone_owns) = heard {
         drive.heard(someone_owns);
+    }
+}
+
+std::thread_local! {
+    /// The waker of the listener a parked worker sleeps on: it unparks the worker's thread
+    /// (made once per thread, not per park).
+    static UNPARK: Waker = Waker::from(Arc::new(Unpark(std::thread::current())));
+}
+
+#[cfg(all(test, not(loom), not(miri)))]
+mod tests {
+    use std::time::Duration;
+
+    use super::{park_worker, WORKER_NAP_LIMIT};
+    use crate::executor::pool::Pool;
+    use crate::executor::Drive;
+    use crate::progress::park::tests::allocations_here;
+    use crate::{ProgressMode, Runtime};
+
+    /// An idle pool worker's park allocates nothing, in every progress mode (its listener
+    /// lives on its stack, its waker is made once per thread; each used to be allocated at
+    /// every park, several times a second per idle worker). Each park sleeps out the
+    /// worker's nap limit: nothing wakes it.
+    #[test]
+    fn an_idle_worker_park_allocates_nothing() {
+        for mode in [ProgressMode::Global, ProgressMode::Owner, ProgressMode::Concurrent] {
+            let rt = Runtime::builder().env(false).progress(mode).workers(0).yield_window(Duration::ZERO).build().unwrap();
+            let drive: &dyn Drive = &*rt.engine;
+            let pool = Pool::for_tests(1);
+            // What a first park makes once (the thread's parker and waker, the events' lists).
+            park_worker(drive, &pool, 0);
+            let parks = rt.engine.counters.parks.load(std::sync::atomic::Ordering::Relaxed);
+            let t0 = std::time::Instant::now();
+            let n = allocations_here(|| park_worker(drive, &pool, 0));
+            assert_eq!(rt.engine.counters.parks.load(std::sync::atomic::Ordering::Relaxed), parks + 1, "{mode}: did not park");
+            assert!(t0.elapsed() >= WORKER_NAP_LIMIT / 2, "{mode}: the park ended early");
+            assert_eq!(n, 0, "{mode}: allocations in an idle worker's park");
+        }
     }
 }
 

@@ -221,6 +221,19 @@ pub(super) fn may_help() -> bool {
 }
 
 impl Pool {
+    /// A pool of `n` workers' queues and sleep states without their threads (tests that
+    /// drive a worker's steps on their own thread).
+    #[cfg(all(test, not(loom)))]
+    pub(super) fn for_tests(n: usize) -> Pool {
+        Pool {
+            injector: Injector::new(),
+            stealers: (0..n).map(|_| Worker::<TaskRef>::new_fifo().stealer()).collect(),
+            sleep: Sleepers::new(n),
+            shutdown: AtomicBool::new(false),
+            tasks: Registry::new(n),
+        }
+    }
+
     /// Spawns `future` onto the pool.
     pub(crate) fn spawn<F>(self: &Arc<Self>, future: F) -> JoinHandle<F::Output>
     where

@@ -78,6 +78,7 @@ impl OwnerToken {
     /// A listener for the next hand-off, or `None` when the token is free (the caller should
     /// try to take it instead of parking).
     #[inline]
+    #[cfg(loom)]
     pub(crate) fn listen(&self) -> Option<SignalListener<'_>> {
         let l = self.handoff.listen();
         // `listen` fences (SeqCst) after registering: a release before this load is seen
@@ -85,11 +86,13 @@ impl OwnerToken {
         self.is_taken().then_some(l)
     }
 
-    /// [`listen`](Self::listen) with the listener on this stack frame, handed to `f`
-    /// (`None` when the token is free): allocates nothing.
+    /// A listener for the next hand-off on this stack frame, handed to `f` (`None` when
+    /// the token is free: the caller should try to take it instead of parking): allocates
+    /// nothing.
     #[inline]
     pub(crate) fn listen_scoped<R>(&self, f: impl FnOnce(Option<SignalListener<'_>>) -> R) -> R {
-        // As in `listen`: the registration fences before the load.
+        // The registration fences (SeqCst) before the load: a release before it is seen
+        // here, one after it notifies the listener.
         self.handoff.listen_scoped(|l| f(self.is_taken().then_some(l)))
     }
 

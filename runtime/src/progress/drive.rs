@@ -75,17 +75,23 @@ impl Drive for Engine {
         self.progress_idle()
     }
 
-    fn listen(&self) -> Option<(SignalListener<'_>, bool)> {
+    fn listen_scoped(&self, f: &mut dyn FnMut(Option<(SignalListener<'_>, bool)>)) {
         // In `Owner` mode a worker listens for the hand-off while someone owns progress (the
-        // owner listens to the doorbell itself), else to the doorbell.
-        let handoff = if self.config.progress == ProgressMode::Owner { self.owner.listen() } else { None };
-        match handoff {
-            Some(l) => (self.owner.is_taken()).then_some((l, true)),
-            None => {
-                let l = self.transport.doorbell().listen();
-                (!self.work_before_sleep()).then_some((l, false))
-            }
+        // owner listens to the doorbell itself), else to the doorbell. The hand-off's
+        // listener is gone before the doorbell's is made: one left registered would take a
+        // hand-off meant for a blocked waiter and sit on it while this worker sleeps.
+        if self.config.progress == ProgressMode::Owner
+            && self.owner.listen_scoped(|handoff| match handoff {
+                Some(l) => {
+                    f(self.owner.is_taken().then_some((l, true)));
+                    true
+                }
+                None => false,
+            })
+        {
+            return;
         }
+        self.transport.doorbell().listen_scoped(|l| f((!self.work_before_sleep()).then_some((l, false))));
     }
 
     /// If this worker cannot use the notification — progress is held by someone else, or

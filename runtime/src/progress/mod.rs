@@ -35,7 +35,7 @@ mod concurrent;
 mod drive;
 mod global;
 mod owner;
-mod park;
+pub(crate) mod park;
 mod send;
 mod wait;
 

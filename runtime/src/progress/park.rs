@@ -139,7 +139,7 @@ pub(super) fn park_two(s: &Engine, mut a: SignalListener<'_>, mut b: Option<Sign
 }
 
 #[cfg(all(test, not(loom), not(miri)))]
-mod tests {
+pub(crate) mod tests {
     use std::alloc::{GlobalAlloc, Layout, System};
     use std::cell::Cell;
     use std::time::Duration;
@@ -178,7 +178,7 @@ mod tests {
     static ALLOCATOR: PerThread = PerThread;
 
     /// The allocations the calling thread makes while `f` runs.
-    fn allocations_here(f: impl FnOnce()) -> usize {
+    pub(crate) fn allocations_here(f: impl FnOnce()) -> usize {
         COUNTED.with(|c| c.set(Some(0)));
         f();
         COUNTED.with(|c| c.take()).unwrap_or(0)
