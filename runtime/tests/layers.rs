@@ -86,13 +86,20 @@ impl Layer {
 }
 
 /// The source without comments and without test modules (`#[cfg(test)]` or
-/// `#[cfg(all(test, ...))]` followed by `mod`), which may use the public API.
+/// `#[cfg(all(test, ...))]` followed by `mod` or `pub(crate) mod`), which may use the public
+/// API.
 fn code_of(src: &str) -> String {
     let mut out = String::new();
     let mut lines = src.lines().peekable();
     while let Some(line) = lines.next() {
         let t = line.trim_start();
-        if t.starts_with("#[cfg(") && t.contains("test") && lines.peek().is_some_and(|n| n.trim_start().starts_with("mod ")) {
+        if t.starts_with("#[cfg(")
+            && t.contains("test")
+            && lines.peek().is_some_and(|n| {
+                let n = n.trim_start();
+                n.starts_with("mod ") || n.starts_with("pub(crate) mod ")
+            })
+        {
             // Skip the module: up to the line where its braces balance.
             let mut depth = 0i32;
             let mut opened = false;
