@@ -89,10 +89,11 @@ fn large_collectives_allocate_no_large_buffers_in_the_steady_state() {
     let per_rank_buffers = (len * 4 + 2 * len / n as usize) * 8;
     let extra = LARGE_BYTES.load(Ordering::Relaxed).saturating_sub(n as usize * per_rank_buffers);
     // The pool holds what the warm-up rounds had in flight at once; where the ranks' timing
-    // overlaps one more step than then, it grows by that step's buffer (at most half the
-    // message), once. A call that mapped its buffers afresh would count megabytes a call.
+    // overlaps more steps than then (on a loaded machine, two did), it grows by those
+    // steps' buffers (each at most half the message), once each. A call that mapped its
+    // buffers afresh would count megabytes a call: 30 calls here.
     assert!(
-        extra <= len * 8 / 2,
+        extra <= len * 8,
         "{extra} bytes of large allocations in 10 rounds of 1 MiB bcast, allreduce and allgather on {n} ranks, besides the ranks' own buffers"
     );
 
