@@ -721,11 +721,16 @@ impl<T: Primitive> Drop for PartitionedRecv<'_, T> {
             return;
         }
         for r in &mut self.recvs {
-            let lent = Lent(Some(self.buf.clone()));
-            let pending = !r.is_complete();
-            if r.continue_with(move |res| lent.end(&res)).is_err() && pending {
-                std::mem::forget(self.buf.clone());
+            if r.can_continue().is_err() {
+                // Its result taken (arrived), or awaited by a dropped `wait_async` (kept).
+                if !r.is_complete() {
+                    std::mem::forget(self.buf.clone());
+                }
+                continue;
             }
+            let lent = Lent(Some(self.buf.clone()));
+            // Checked above; refused all the same, `lent` keeps the buffer.
+            let _ = r.continue_with(move |res| lent.end(&res));
         }
     }
 }
