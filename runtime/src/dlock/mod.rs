@@ -100,7 +100,7 @@ mod wait;
 pub use dht::{Dht, DhtConfig, VolumeLock};
 pub use levels::Levels;
 use queues::{node, Counters, Queues};
-pub use wait::MAX_SLEEP;
+pub use wait::{MAX_SLEEP, WAKE_CHECK};
 use wait::{block_on, Backoff, LocalGuard, LocalLock};
 
 /// A lock's release, under way.
@@ -549,13 +549,23 @@ mod tests {
 
     /// Rank 1 takes the lock with `take`, rank 0 then waits for it with `wait` (on its own
     /// thread, or as a task of a one-thread tokio runtime) while rank 1 holds it for
-    /// [`HOLD`]; returns rank 0's waits and how long it waited.
+    /// [`HOLD`]; returns rank 0's waits and how long it waited. On the embedded provider.
     fn hand_off<L: Release + Send>(
         make: impl Fn(&Communicator) -> L + Sync,
         take: impl Fn(&L) -> Guard<'_, L> + Sync,
         wait: impl Fn(&L) -> Guard<'_, L> + Sync,
     ) -> (Waits, Duration) {
-        let rts = Runtime::builder().env(false).cris(1).build_local(2).unwrap();
+        hand_off_on(crate::Provider::Embedded, make, take, wait)
+    }
+
+    /// [`hand_off`] on `provider`.
+    fn hand_off_on<L: Release + Send>(
+        provider: crate::Provider,
+        make: impl Fn(&Communicator) -> L + Sync,
+        take: impl Fn(&L) -> Guard<'_, L> + Sync,
+        wait: impl Fn(&L) -> Guard<'_, L> + Sync,
+    ) -> (Waits, Duration) {
+        let rts = Runtime::builder().env(false).provider(provider).cris(1).build_local(2).unwrap();
         let (held_tx, held_rx) = mpsc::channel();
         std::thread::scope(|s| {
             let (make, wait, rts) = (&make, &wait, &rts);
@@ -570,7 +580,8 @@ mod tests {
                 let waited = t.elapsed();
                 let after = waits_here();
                 c.barrier().unwrap();
-                (Waits { sleeps: after.sleeps - before.sleeps, parks: after.parks - before.parks }, waited)
+                let waits = Waits { sleeps: after.sleeps - before.sleeps, parks: after.parks - before.parks, wakes: after.wakes - before.wakes };
+                (waits, waited)
             });
             let c = rts[1].world();
             let lock = make(c);
@@ -607,5 +618,32 @@ mod tests {
             rt.block_on(l.lock_async()).unwrap()
         }
         check("D-MCS, a task", hand_off(|c| DMcs::new(c, 1).unwrap(), |l| l.lock().unwrap(), in_task));
+    }
+
+    /// On libfabric (`shm`), where a peer's write raises no event, a queued writer parks on
+    /// the hand-off's wake frame: it never sleeps in the backoff, is woken by the frame, and
+    /// parks about once per [`wait::WAKE_CHECK`] of [`HOLD`] at most (a polling waiter
+    /// sleeps hundreds of times in [`HOLD`]). A writer or a task, behind a writer.
+    #[cfg(feature = "ofi")]
+    #[test]
+    fn a_queued_waiter_across_libfabric_is_woken_by_a_wake_frame() {
+        std::env::set_var("FI_TCP_IFACE", "lo");
+        std::env::set_var("FI_SOCKETS_IFACE", "lo");
+        let most = (HOLD.as_micros() / wait::WAKE_CHECK.as_micros()) as u64 + 4;
+        let check = |what: &str, (w, waited): (Waits, Duration)| {
+            assert_eq!(w.sleeps, 0, "{what}: the waiter slept in the backoff ({w:?}, waited {waited:?})");
+            assert!(w.wakes >= 1, "{what}: no wake frame ended a park ({w:?}, waited {waited:?})");
+            assert!(w.parks <= most, "{what}: the waiter woke for nothing ({w:?})");
+        };
+        let shm = crate::Provider::Shm;
+        let t = Thresholds::default();
+        check("D-MCS", hand_off_on(shm, |c| DMcs::new(c, 1).unwrap(), |l| l.lock().unwrap(), |l| l.lock().unwrap()));
+        let nodes = Levels::simulated(&[1]);
+        check("RMA-RW writer", hand_off_on(shm, |c| RmaRw::new(c, &nodes, &t).unwrap(), |l| l.write().unwrap(), |l| l.write().unwrap()));
+        fn in_task(l: &RmaMcs) -> RmaMcsGuard<'_> {
+            let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
+            rt.block_on(l.lock_async()).unwrap()
+        }
+        check("RMA-MCS, a task", hand_off_on(shm, |c| RmaMcs::new(c, &nodes, &t).unwrap(), |l| l.lock().unwrap(), in_task));
     }
 }

@@ -54,7 +54,7 @@ use parking_lot::Mutex;
 use weft_sync::Error;
 
 use super::levels::Machine;
-use super::wait::{arm, block_on, Armed, Backoff, LocalLock};
+use super::wait::{arm, arm_wake, block_on, wake, Armed, Backoff, LocalLock};
 use crate::comm::Communicator;
 use crate::rma::{Op, Window};
 
@@ -64,14 +64,18 @@ use crate::rma::{Op, Window};
 /// the check gave `None`, waited on ([`Armed`]): the listings' local spin, parked where the
 /// transport signals writes.
 macro_rules! until {
-    ($q:expr, $words:expr, $check:expr) => {{
-        let mut backoff = Backoff::new();
+    ($q:expr, $words:expr, $check:expr) => {
+        until!(backoff => $q.window.arm(&backoff, $words), $check)
+    };
+    // Armed by `$arm`, an expression of the polls so far, `$backoff`.
+    ($backoff:ident => $arm:expr, $check:expr) => {{
+        let mut $backoff = Backoff::new();
         loop {
-            let armed = $q.window.arm(&backoff, $words);
+            let armed = $arm;
             if let Some(v) = $check {
                 break v;
             }
-            armed.wait(&mut backoff).await;
+            armed.wait(&mut $backoff).await;
         }
     }};
 }
@@ -235,6 +239,17 @@ pub(super) struct Queues<W = Window<'static, u64>> {
     pub(super) local: LocalLock,
     /// While this rank holds the lock as a writer: per level, the rank whose node holds it.
     held: Mutex<Vec<u32>>,
+    /// Where the window signals no writes (libfabric): the lock's own communicator, on which
+    /// a hand-off's writer wakes the rank waiting for its STATUS (tag: the word's offset).
+    wakes: Option<Communicator>,
+}
+
+impl<W> Drop for Queues<W> {
+    fn drop(&mut self) {
+        if let Some(c) = self.wakes.take() {
+            c.free();
+        }
+    }
 }
 
 impl<W: Words> std::fmt::Debug for Queues<W> {
@@ -247,7 +262,10 @@ impl Queues {
     /// Creates the window (collective). `t_l` has one threshold per level.
     pub(super) fn new(comm: &Communicator, machine: Machine, t_l: Vec<u64>, counters: Option<Counters>) -> Result<Self, Error> {
         let window = comm.window(Layout(machine.depth()).words())?;
-        Queues::on(window, machine, t_l, counters)
+        let wakes = if window.signals_writes() { None } else { Some(comm.dup()?) };
+        let mut q = Queues::on(window, machine, t_l, counters)?;
+        q.wakes = wakes;
+        Ok(q)
     }
 }
 
@@ -259,7 +277,7 @@ impl<W: Words> Queues<W> {
         if t_l.contains(&0) {
             return Err(Error::InvalidArgument("a locality threshold T_L,i is 0"));
         }
-        Ok(Queues { window, machine, t_l, counters, local: LocalLock::new(), held: Mutex::new(vec![0; n]) })
+        Ok(Queues { window, machine, t_l, counters, local: LocalLock::new(), held: Mutex::new(vec![0; n]), wakes: None })
     }
 
     fn depth(&self) -> usize {
@@ -311,6 +329,29 @@ impl<W: Words> Queues<W> {
         Ok(until!(self, [(rank, offset)], Some(self.get(rank, offset).await?).filter(|&v| done(v))))
     }
 
+    /// Waits until this rank's STATUS at level `l` is no longer `WAIT` (the listings' spin
+    /// for the hand-off); returns it. Where the window signals no writes, parks on the wake
+    /// frame of the hand-off ([`pass`](Self::pass)).
+    async fn wait_status(&self, l: usize) -> Result<u64, Error> {
+        let (p, offset) = (self.me(), Layout::status(l));
+        let arm = |backoff: &Backoff| match self.wakes.as_ref().and_then(|c| arm_wake(c, backoff, offset)) {
+            Some(armed) => armed,
+            None => self.window.arm(backoff, [(p, offset)]),
+        };
+        Ok(until!(backoff => arm(&backoff), Some(self.get(p, offset).await?).filter(|&s| s != WAIT)))
+    }
+
+    /// Passes level `l` to the waiting `to`: the listings' `Put(status, to, STATUS);
+    /// Flush(to)`, then, where the window signals no writes, the wake frame `to` parks on
+    /// ([`wait_status`](Self::wait_status)).
+    async fn pass(&self, to: u32, l: usize, status: u64) -> Result<(), Error> {
+        self.put(to, Layout::status(l), status).await?;
+        match &self.wakes {
+            Some(c) => wake(c, to, Layout::status(l)),
+            None => Ok(()),
+        }
+    }
+
     /// Acquires the lock as a writer: Listing 4 from level `N` up, Listing 7 at level 1 for
     /// RMA-RW (Listing 4 there for RMA-MCS). The caller holds `local`.
     pub(super) async fn writer_acquire(&self) -> Result<(), Error> {
@@ -326,7 +367,7 @@ impl<W: Words> Queues<W> {
             if pred != 0 {
                 // Lines 8-12: make pred see us, wait until it passes the lock.
                 self.put(rank_of(pred), Layout::next(l), node(p)).await?;
-                let status = self.spin(p, Layout::status(l), |s| s != WAIT).await?;
+                let status = self.wait_status(l).await?;
                 if l == 0 {
                     // Listing 7, lines 14-17: the readers have the lock; take it back.
                     if status == MODE_CHANGE {
@@ -424,7 +465,7 @@ impl<W: Words> Queues<W> {
                 let to = rank_of(succ[l]);
                 let owners: Vec<u64> = held[..l].iter().map(|&r| node(r)).collect();
                 self.window.put(to, self.owners(), &owners).await?;
-                self.put(to, Layout::status(l), status + 1).await?;
+                self.pass(to, l, status + 1).await?;
                 top = l;
                 break;
             }
@@ -474,7 +515,7 @@ impl<W: Words> Queues<W> {
             }
             succ = self.spin(o, Layout::next(l), |s| s != 0).await?;
         }
-        self.put(rank_of(succ), Layout::status(l), status).await
+        self.pass(rank_of(succ), l, status).await
     }
 
     /// `set_counters_to_WRITE` (Listing 6, lines 2-7), then (beyond the listing, 2) the wait

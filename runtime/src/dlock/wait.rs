@@ -10,8 +10,12 @@
 //! - [`Armed`] waits for words of a window that a peer's write changes (a queue node's
 //!   STATUS or NEXT, a reader counter): after a few polls it parks (the thread in
 //!   [`block_on`], the task under an executor) until a write to one of the words wakes it,
-//!   where the transport signals writes (the embedded provider); elsewhere (libfabric) it
-//!   polls with [`Backoff`].
+//!   where the transport signals writes (the embedded provider). Elsewhere (libfabric) a
+//!   queue node's STATUS is waited for on a *wake frame* ([`arm_wake`], [`wake`]): the
+//!   hand-off's writer sends the waiting rank an empty message on the lock's own
+//!   communicator after its write, and the waiter parks on a receive of it, checking the
+//!   word again every [`WAKE_CHECK`] should a frame be late; the other words are polled
+//!   with [`Backoff`].
 //! - [`LocalLock`] orders the threads and tasks of one rank that share its queue nodes:
 //!   waiters are parked (tasks) or park their thread, and are woken by the release.
 
@@ -27,10 +31,18 @@ use std::time::{Duration, Instant};
 use event_listener::Event;
 use weft_sync::SignalListener;
 
+use crate::comm::Communicator;
+use crate::matching::Source;
+use crate::request::Request;
 use crate::rma::Window;
 
 /// The longest a waiting rank sleeps between two polls.
 pub const MAX_SLEEP: Duration = Duration::from_micros(100);
+
+/// The longest a waiter for a wake frame ([`arm_wake`]) parks before it checks its word
+/// again: the safety net for a frame that is late (the write itself is flushed before the
+/// frame is sent, so the check then finds it).
+pub const WAKE_CHECK: Duration = Duration::from_millis(10);
 
 /// Polls of a word ([`Armed`]) before the waiter parks on the word's signal (the first
 /// ones of [`Backoff`]: spins on a thread, yields of a task).
@@ -40,16 +52,17 @@ thread_local! {
     /// Whether this thread runs a protocol in [`block_on`] (waits sleep the thread).
     static BLOCKING: Cell<bool> = const { Cell::new(false) };
     /// [`Backoff`] sleeps begun on this thread, and parks ([`Armed`]) on it.
-    static WAITS: Cell<Waits> = const { Cell::new(Waits { sleeps: 0, parks: 0 }) };
+    static WAITS: Cell<Waits> = const { Cell::new(Waits { sleeps: 0, parks: 0, wakes: 0 }) };
 }
 
 /// How the waits of the distributed locks on one thread went: [`Backoff`] sleeps (a
 /// thread's sleep in [`block_on`], a task's sleep on the timer begun from the thread) and
-/// parks on a signal ([`Armed`]).
+/// parks on a signal or a wake frame ([`Armed`]), and the parks a wake frame ended.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub(crate) struct Waits {
     pub(crate) sleeps: u64,
     pub(crate) parks: u64,
+    pub(crate) wakes: u64,
 }
 
 /// The waits on this thread so far.
@@ -80,6 +93,9 @@ pub(crate) enum Armed<'a, const N: usize> {
     Yield,
     /// Park until one of the words is written.
     Listen([SignalListener<'a>; N]),
+    /// Park until a wake frame arrives (a receive posted before the check), or for
+    /// [`WAKE_CHECK`].
+    Woken(Request<'a, Vec<u8>>),
 }
 
 /// Arms the next wait for the words `words` (rank, element offset) of `window` after the
@@ -95,6 +111,28 @@ pub(crate) fn arm<'a, const N: usize>(window: &'a Window<'_, u64>, backoff: &Bac
     Armed::Listen(listeners.map(|l| l.expect("checked above")))
 }
 
+/// Arms the next wait for a word whose writer sends a wake frame with tag `tag` on `wakes`
+/// ([`wake`]) after the polls `backoff` counted: a receive of the frame, posted before the
+/// check, so a frame sent after it is not missed (one sent for an earlier write that the
+/// waiter saw without it is received by a later wait, which then only checks once more).
+/// `None` while the waiter still spins, or if the receive cannot be posted (then the wait
+/// polls).
+pub(crate) fn arm_wake<'a, const N: usize>(wakes: &'a Communicator, backoff: &Backoff, tag: usize) -> Option<Armed<'a, N>> {
+    if backoff.0 < SPIN_POLLS {
+        return None;
+    }
+    let tag = i32::try_from(tag).ok()?;
+    wakes.irecv(Vec::new(), Source::Any, tag).ok().map(Armed::Woken)
+}
+
+/// Wakes the waiter armed by [`arm_wake`] at rank `rank` with tag `tag` (after the write it
+/// waits for, flushed): an empty message on `wakes`, the lock's own communicator, which no
+/// other traffic shares.
+pub(crate) fn wake(wakes: &Communicator, rank: u32, tag: usize) -> Result<(), weft_sync::Error> {
+    let tag = i32::try_from(tag).map_err(|_| weft_sync::Error::InvalidArgument("wake frame tag out of range"))?;
+    wakes.send_slice::<u8>(&[], rank, tag).map(drop)
+}
+
 impl<const N: usize> Armed<'_, N> {
     /// Waits as armed (after a check that failed).
     pub(crate) async fn wait(self, backoff: &mut Backoff) {
@@ -105,7 +143,39 @@ impl<const N: usize> Armed<'_, N> {
                 count(|w| w.parks += 1);
                 AnyOf(listeners.map(Some)).await;
             }
+            Armed::Woken(request) => {
+                count(|w| w.parks += 1);
+                // A thread waits as every blocked receive does (as the rank's waiter, on
+                // what wakes the rank itself); a task parks on the receive beside its check.
+                let woken = if BLOCKING.get() {
+                    request.wait().is_ok()
+                } else {
+                    (WakeOrCheck { request, check: Sleep::new(WAKE_CHECK) }).await
+                };
+                if woken {
+                    count(|w| w.wakes += 1);
+                }
+            }
         }
+    }
+}
+
+/// Ready with `true` when the wake frame's receive completes, with `false` when the check's
+/// time comes first (the receive is then cancelled by its drop).
+struct WakeOrCheck<'a> {
+    request: Request<'a, Vec<u8>>,
+    check: Sleep,
+}
+
+impl Future for WakeOrCheck<'_> {
+    type Output = bool;
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<bool> {
+        // A failed receive (the communicator freed, say) also ends the park: the check that
+        // follows finds what happened.
+        if Pin::new(&mut self.request).poll(cx).is_ready() {
+            return Poll::Ready(true);
+        }
+        Pin::new(&mut self.check).poll(cx).map(|()| false)
     }
 }
 

@@ -335,6 +335,12 @@ impl<'a, T: Primitive> Window<'a, T> {
         self.transport().watch(&part.remote, at).map(weft_sync::Signal::listen)
     }
 
+    /// Whether [`watch`](Self::watch) gives listeners: the transport signals writes (the
+    /// embedded provider).
+    pub(crate) fn signals_writes(&self) -> bool {
+        self.direct
+    }
+
     /// Writes `data` into this rank's own part at `offset` (a local store, ordered with
     /// peers' accesses only by the program's synchronization, as in MPI).
     pub fn write_local(&self, offset: usize, data: &[T]) -> Result<(), Error> {
