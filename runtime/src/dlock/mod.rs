@@ -29,11 +29,20 @@
 //! take no CPU from the holder. A blocking call parks its thread, an `_async` call its
 //! task (the thread runs other tasks meanwhile, on weft's executor
 //! ([`crate::Runtime::spawn`]) or tokio alike, and thousands of tasks of one rank can wait
-//! on a few threads). On libfabric a peer's write raises no event at the target, so the
-//! waiter polls: between polls it spins a little, then yields, then sleeps up to
-//! [`MAX_SLEEP`] (a task on a shared timer); each poll also makes the transport's progress,
-//! so the waiter's own window keeps being served. The foMPI-style locks poll the central
-//! word that way on every provider, as the seed's baselines do.
+//! on a few threads). On libfabric a peer's write raises no event at the target, so a
+//! queue lock's hand-off comes with a message: each lock has its own communicator (a
+//! duplicate of the one it was made on, which no user message can match), and the rank
+//! that passes a level, once its write of the successor's STATUS is flushed, sends the
+//! successor an empty *wake frame* tagged with the word. The successor, after a few polls,
+//! posts the frame's receive before each check of its word and then waits for it as any
+//! blocked receive waits (a thread as the rank's waiter, on what wakes the rank; a task
+//! parked, checking its word again every [`WAKE_CHECK`] as well). A frame whose write the
+//! waiter saw first is received by its next wait, which then checks once more. The other
+//! waits on libfabric (a releaser for its successor's NEXT, RMA-RW's readers and draining
+//! writer at the counters) poll: between polls the waiter spins a little, then yields,
+//! then sleeps up to [`MAX_SLEEP`] (a task on a shared timer); each poll also makes the
+//! transport's progress, so the waiter's own window keeps being served. The foMPI-style
+//! locks poll the central word that way on every provider, as the seed's baselines do.
 //! Dropping a [`Guard`] releases on the dropping thread (a release waits, briefly, only for
 //! a successor that has entered the queue to make itself known);
 //! [`unlock_async`](Guard::unlock_async) releases without blocking the thread, which matters
@@ -100,8 +109,8 @@ mod wait;
 pub use dht::{Dht, DhtConfig, VolumeLock};
 pub use levels::Levels;
 use queues::{node, Counters, Queues};
-pub use wait::{MAX_SLEEP, WAKE_CHECK};
 use wait::{block_on, Backoff, LocalGuard, LocalLock};
+pub use wait::{MAX_SLEEP, WAKE_CHECK};
 
 /// A lock's release, under way.
 type Releasing<'a> = Pin<Box<dyn Future<Output = Result<(), Error>> + Send + 'a>>;
@@ -580,7 +589,8 @@ mod tests {
                 let waited = t.elapsed();
                 let after = waits_here();
                 c.barrier().unwrap();
-                let waits = Waits { sleeps: after.sleeps - before.sleeps, parks: after.parks - before.parks, wakes: after.wakes - before.wakes };
+                let waits =
+                    Waits { sleeps: after.sleeps - before.sleeps, parks: after.parks - before.parks, wakes: after.wakes - before.wakes };
                 (waits, waited)
             });
             let c = rts[1].world();

@@ -147,11 +147,8 @@ impl<const N: usize> Armed<'_, N> {
                 count(|w| w.parks += 1);
                 // A thread waits as every blocked receive does (as the rank's waiter, on
                 // what wakes the rank itself); a task parks on the receive beside its check.
-                let woken = if BLOCKING.get() {
-                    request.wait().is_ok()
-                } else {
-                    (WakeOrCheck { request, check: Sleep::new(WAKE_CHECK) }).await
-                };
+                let woken =
+                    if BLOCKING.get() { request.wait().is_ok() } else { (WakeOrCheck { request, check: Sleep::new(WAKE_CHECK) }).await };
                 if woken {
                     count(|w| w.wakes += 1);
                 }
