@@ -24,7 +24,7 @@
 //! | `order` | >= 2 | every rank sends 200 eager and rendezvous messages, interleaved on one tag, to the next rank on a ring; they arrive in send order |
 //! | `large` | >= 2 | every rank sends a 64 MiB message to the next rank on a ring, all at once (at 2 ranks: an exchange), contents checked |
 //! | `alltoall` | >= 2 | every rank sends 64 KiB (rendezvous) to every other at once, 40 rounds, contents checked |
-//! | `locks [ACQUISITIONS]` | >= 2 | every distributed lock of `weft::dlock` in turn (D-MCS, RMA-MCS, RMA-RW, foMPI-style spin and reader-writer), `--threads` threads per rank (default 2) taking it ACQUISITIONS times each (default 100; one in `--write-every` a write for the reader-writer locks, default 4): a writer increments a word on rank 0 non-atomically (get, add, put, flush), a reader reads it twice; words on rank 0 that count the writers and readers inside find any writer beside another holder; the final count is exact |
+//! | `locks [ACQUISITIONS]` | >= 2 | every distributed lock of `weft::dlock` in turn (D-MCS, RMA-MCS, RMA-RW, foMPI-style spin and reader-writer), `--threads` threads per rank (default 2) taking it ACQUISITIONS times each (default 100; one in `--write-every` a write for the reader-writer locks, default 4): a writer increments a word on rank 0 non-atomically (get, add, put, flush), a reader reads it twice; words on rank 0 that count the writers and readers inside find any writer beside another holder; the final count is exact; each lock's line gives its time and the job's acquisitions per second |
 //! | `comms` | >= 2 | split into halves, `create_group` of the first and last rank, then the blocking collectives on both and persistent ones (a large allreduce, an allgather, a scan, each started twice), and two nonblocking allreduces and an alltoall outstanding at once |
 //! | `partitioned` | 2 | rank 0 sends rank 1 a partitioned message of 4 partitions of 64 KiB (above the eager threshold), each filled and marked ready by a thread of its own, in 4 rounds; rank 1 checks every word of every round, and rank 0 tells by the frames it receives per round whether rounds 2 on were written straight into rank 1's buffer (where the transport reaches its memory: the same-host lane) or sent as messages |
 //! | `rma` | >= 2 | one-sided windows: every rank puts into the next rank on a ring, adds 500 times to counters on rank 0 (a native 64-bit and an emulated 32-bit atomic) increments a word on rank 0 100 times under the D-MCS lock (`weft::dlock`, get and put), and takes the RMA-RW lock over the ranks' hosts 100 times (one in four a write that increments another word); the slots and the exact counts are checked |
@@ -903,7 +903,10 @@ fn lock_stress<G>(
         })?;
     }
     let n = u64::from(p.threads) * p.acquisitions;
-    Ok(format!("{name} {n} ({writes} writes) in {:.2} s", took.as_secs_f64()))
+    // The job's rate: every rank's acquisitions over this rank's time (the ranks start
+    // together at the barrier and their times differ little).
+    let rate = (n * u64::from(c.size())) as f64 / took.as_secs_f64().max(1e-9);
+    Ok(format!("{name} {n} ({writes} writes) in {:.2} s, {rate:.0} acquisitions/s in the job", took.as_secs_f64()))
 }
 
 /// `comms`: communicators over a subset of the ranks and the collectives on them, against
