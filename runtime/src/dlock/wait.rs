@@ -29,7 +29,7 @@ use std::task::{Context, Poll, Wake, Waker};
 use std::time::{Duration, Instant};
 
 use event_listener::Event;
-use weft_sync::SignalListener;
+use weft_sync::{SignalListener, Step};
 
 use crate::comm::Communicator;
 use crate::matching::Source;
@@ -158,7 +158,9 @@ impl<const N: usize> Armed<'_, N> {
 }
 
 /// Ready with `true` when the wake frame's receive completes, with `false` when the check's
-/// time comes first (the receive is then cancelled by its drop).
+/// time comes first (the receive is then cancelled by its drop). While the rank's progress
+/// goes on, the task yields between passes instead of looping inside one poll: the holder
+/// it waits for may be a task of the same thread.
 struct WakeOrCheck<'a> {
     request: Request<'a, Vec<u8>>,
     check: Sleep,
@@ -167,12 +169,27 @@ struct WakeOrCheck<'a> {
 impl Future for WakeOrCheck<'_> {
     type Output = bool;
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<bool> {
+        let this = &mut *self;
         // A failed receive (the communicator freed, say) also ends the park: the check that
         // follows finds what happened.
-        if Pin::new(&mut self.request).poll(cx).is_ready() {
+        if this.request.is_complete() {
             return Poll::Ready(true);
         }
-        Pin::new(&mut self.check).poll(cx).map(|()| false)
+        if this.request.communicator().engine().poll_progress(cx) == Step::Progressed {
+            if this.request.is_complete() {
+                return Poll::Ready(true);
+            }
+            if Instant::now() >= this.check.deadline {
+                return Poll::Ready(false);
+            }
+            cx.waker().wake_by_ref();
+            return Poll::Pending;
+        }
+        // Idle: parked on the receive's completion (and the doorbell), and on the check.
+        if Pin::new(&mut this.request).poll(cx).is_ready() {
+            return Poll::Ready(true);
+        }
+        Pin::new(&mut this.check).poll(cx).map(|()| false)
     }
 }
 
