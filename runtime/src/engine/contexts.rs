@@ -16,7 +16,7 @@ use weft_sync::Error;
 use weft_transport::Frame;
 
 use crate::config::{Assignment, MatchingMode};
-use crate::lock::path::PathLock;
+use crate::lock::path::{Counting, PathLock};
 use crate::loom::sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, Ordering};
 use crate::matching::{MatchState, Matched, Order, Tag};
 
@@ -207,7 +207,7 @@ impl CommState {
                     CachePadded::new(PathLock::new(
                         engine.config.locks.matching,
                         &engine.lock_options,
-                        engine.config.lock_timing,
+                        Counting::new(engine.config.lock_stats, engine.config.lock_timing),
                         MatchState::new(size, order),
                     ))
                 })
