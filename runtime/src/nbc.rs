@@ -84,6 +84,9 @@ pub(crate) struct Sched<'c> {
     notice: std::sync::OnceLock<Request<'c, Vec<u32>>>,
     /// Polls that found a step waiting.
     waits: std::sync::atomic::AtomicU32,
+    /// Whether the steps ended well (else, when dropped, the schedule's tags are
+    /// forgotten: [`Communicator::forget_collective`]).
+    ended_well: bool,
 }
 
 /// Polls of a waiting step before the schedule posts its receive for failure notices. A
@@ -476,7 +479,7 @@ impl<'c> Sched<'c> {
             CollTag::Seq(seq) => (seq_tag(seq), comm.size() > 1),
             CollTag::Fixed(t) => (t, false),
         };
-        Sched { comm, tag, notices, notice: std::sync::OnceLock::new(), waits: std::sync::atomic::AtomicU32::new(0) }
+        Sched { comm, tag, notices, notice: std::sync::OnceLock::new(), waits: std::sync::atomic::AtomicU32::new(0), ended_well: false }
     }
 
     /// Waits for `req` as a step of this schedule.
@@ -533,6 +536,7 @@ impl<'c> Sched<'c> {
     /// of this rank's own is reported to every other member; a notice not used is
     /// cancelled.
     fn finish(mut self, res: Result<(), Error>) -> Result<(), Error> {
+        self.ended_well = res.is_ok();
         if !self.notices {
             return res;
         }
@@ -543,6 +547,16 @@ impl<'c> Sched<'c> {
         }
         send_notices(self.comm, self.tag, e);
         Err(e)
+    }
+}
+
+impl Drop for Sched<'_> {
+    /// A schedule that failed, or was dropped before its steps ended, forgets its tags (its
+    /// steps' requests are gone by now: they borrow it).
+    fn drop(&mut self) {
+        if self.notices && !self.ended_well {
+            self.comm.forget_collective(self.tag);
+        }
     }
 }
 
@@ -611,6 +625,32 @@ impl Communicator {
     /// The sequence number of the next collective on this communicator.
     pub(crate) fn next_seq(&self) -> u32 {
         self.coll_seq().fetch_add(1, crate::loom::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Forgets the tags of the failed collective of data tag `tag` (its data and failure
+    /// notices) on the collective context: the frames queued under them go now, and those
+    /// that come later go as they arrive (a peer's step or notice sent before it learnt of
+    /// the failure), until the communicator's collectives have moved half the span of
+    /// sequence numbers on, long before the tags come round again. Without this each failed
+    /// collective would leave its peers' frames queued until the communicator is freed, and
+    /// after `SEQ_SPAN` collectives one could match a new collective of the same tag.
+    #[cold]
+    #[inline(never)]
+    pub(crate) fn forget_collective(&self, tag: i32) {
+        let (st, engine) = (self.coll_state(), self.engine());
+        let mut frames = Vec::new();
+        for part in 0..engine.matching_parts(st) {
+            engine.with_matching(st, part, |m| {
+                // Under the matching lock: `free` sets the flag before it drains the queues.
+                if !st.is_freed() {
+                    m.forget(&[tag, tag - 1], self.coll_seq_arc(), SEQ_SPAN / 2, &mut frames);
+                }
+            });
+        }
+        // Outside the matching lock: releasing an `Rts` sends its `Fin`.
+        for f in frames {
+            engine.release_frame(f);
+        }
     }
 
     /// Starts a nonblocking collective whose result goes into `buf`: `steps` (given the
@@ -905,6 +945,9 @@ impl Direct<'_> {
                 e
             }
         };
+        if comm.size() > 1 {
+            comm.forget_collective(tag);
+        }
         Err(comm.local_error(e))
     }
 }
@@ -944,5 +987,54 @@ impl Communicator {
         let mut d = Direct { comm: self, tag: seq_tag(self.next_seq()), notice: None, store };
         let res = d.run(data, &combine);
         d.finish(res)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::{Duration, Instant};
+
+    use crate::{Communicator, Error, Op, Runtime, Source, Tag};
+
+    /// Frames held by the communicator's collective context (queued, early or dropped).
+    fn coll_frames(c: &Communicator) -> usize {
+        c.engine().with_matching(c.coll_state(), 0, |m| m.frames_held())
+    }
+
+    /// Three ranks of four run allreduces (recursive doubling: 0-1 and 2-3, then 0-2 and
+    /// 1-3) after the fourth left: rank 2 fails at its first step and tells the others,
+    /// rank 0's second step to it is sent all the same, rank 1 fails at its second step and
+    /// tells the others too. The frames of those failed calls (rank 0's step, the notices
+    /// no receive took) do not stay queued on any survivor, for nonblocking calls and
+    /// blocking ones.
+    #[test]
+    fn failed_collectives_leave_no_frames_queued() {
+        let mut rts = Runtime::builder().env(false).cris(1).build_local(4).unwrap();
+        drop(rts.pop());
+        let cs: Vec<&Communicator> = rts.iter().map(Runtime::world).collect();
+        let lost = Err(Error::PeerLost { rank: 3 });
+        std::thread::scope(|s| {
+            for c in &cs {
+                s.spawn(move || {
+                    for k in 0..24u32 {
+                        let res = if k % 3 == 2 {
+                            c.allreduce(&[k], &mut [0], Op::Sum)
+                        } else {
+                            c.iallreduce(vec![k], Op::Sum).unwrap().wait().map(drop)
+                        };
+                        assert_eq!(res, lost, "call {k}");
+                    }
+                });
+            }
+        });
+        // Whatever was still in flight arrives (bounded).
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while cs.iter().any(|c| coll_frames(c) > 0) && Instant::now() < deadline {
+            for c in &cs {
+                assert_eq!(c.iprobe(Source::Any, Tag::Any), Ok(None));
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        assert_eq!(cs.iter().map(|c| coll_frames(c)).collect::<Vec<_>>(), vec![0; 3], "frames of failed collectives queued");
     }
 }
