@@ -39,7 +39,7 @@ use std::task::{Context, Poll, Wake, Waker};
 use weft_sync::{Error, Status};
 
 use crate::buffer::{Primitive, RecvBuf, SendBuf};
-use crate::coll_steps::{land, Steps as StepPlan};
+use crate::coll_steps::{land, Incoming, Steps as StepPlan};
 use crate::comm::Communicator;
 use crate::engine::Schedule;
 use crate::matching::{Source, Tag};
@@ -775,6 +775,53 @@ thread_local! {
     static DIRECT: std::cell::Cell<Option<Box<DirectStore>>> = const { std::cell::Cell::new(None) };
 }
 
+/// What the requests of a collective's step gave, settled one by one: the first failure,
+/// and whether a receive's length differed from the plan's (each received message lands
+/// until either is found).
+#[derive(Default)]
+struct Settled {
+    failed: Option<Error>,
+    mismatch: bool,
+}
+
+impl Settled {
+    /// Settles one request's result (`recv`: its receive in the plan, for a receive):
+    /// lands a receive's message with `land` while nothing failed, and keeps its buffer in
+    /// `spare`.
+    #[inline(always)]
+    fn take(
+        &mut self,
+        part: Option<(Scratch<u8>, weft_sync::Outcome)>,
+        recv: Option<&Incoming>,
+        size: usize,
+        spare: &mut Vec<Vec<Unit>>,
+        land: impl FnOnce(&Incoming, &Scratch<u8>),
+    ) {
+        // Read where it lies (a result is nine words), not moved out first.
+        let mut part = part;
+        let Some((b, o)) = &mut part else { return };
+        if let Err(e) = o {
+            self.failed.get_or_insert(*e);
+        } else if let Some(inc) = recv.filter(|_| self.failed.is_none() && !self.mismatch) {
+            if b.len() == inc.len * size {
+                land(inc, b);
+            } else {
+                self.mismatch = true;
+            }
+        }
+        b.keep_in(spare);
+    }
+
+    /// The step's outcome: its first failure, else [`MISMATCH`] if a length differed.
+    fn outcome(self, comm: &Communicator) -> Result<(), Error> {
+        match self {
+            Settled { failed: Some(e), .. } => Err(step_error(comm, e)),
+            Settled { mismatch: true, .. } => Err(MISMATCH),
+            Settled { .. } => Ok(()),
+        }
+    }
+}
+
 /// A collective run on the calling thread: its communicator, data tag, the receive for
 /// failure notices once posted, and the thread's storage.
 struct Direct<'c> {
@@ -812,52 +859,42 @@ impl Direct<'_> {
                 // SAFETY: as above.
                 self.store.reqs.push(unsafe { crate::request::unbound(r) });
             }
-            self.wait_step()?;
-            let mut got = std::mem::take(&mut self.store.got);
-            let mut res = Ok(());
-            for g in &got {
-                if let Some((_, Err(e))) = g {
-                    res = res.and(Err(step_error(c, *e)));
-                }
+            // Each request's result is settled where it lies when the step ended on the
+            // fast path (no list of results to fill and walk), else from `got`.
+            let in_place = self.wait_step()?;
+            let DirectStore { steps, reqs, got, spare, .. } = &mut *self.store;
+            let mut settled = Settled::default();
+            let n = if in_place { reqs.len() } else { got.len() };
+            for j in 0..n {
+                let part = if in_place { reqs[j].take_parts() } else { got[j].take() };
+                let recv = j.checked_sub(step.sends.len()).map(|k| &steps.recvs[step.recvs.start + k]);
+                settled.take(part, recv, size, spare, |inc, b| land(data, &steps.landings[inc.lands.clone()], b.elems(), combine));
             }
-            if res.is_ok() {
-                for (k, g) in step.recvs.clone().zip(&got[step.sends.len()..]) {
-                    let inc = &self.store.steps.recvs[k];
-                    let Some((b, _)) = g else { continue };
-                    if b.len() != inc.len * size {
-                        res = Err(MISMATCH);
-                        break;
-                    }
-                    land(data, &self.store.steps.landings[inc.lands.clone()], b.elems(), combine);
-                }
-            }
-            for (b, _) in got.iter_mut().flatten() {
-                b.keep_in(&mut self.store.spare);
-            }
+            reqs.clear();
             got.clear();
-            self.store.got = got;
-            res?;
+            settled.outcome(c)?;
         }
         Ok(())
     }
 
-    /// Waits for the step's requests (`store.reqs`, taken into `store.got` in their order):
-    /// first by testing them between progress passes, then, still pending after
+    /// Waits for the step's requests (`store.reqs`): first by testing them between progress
+    /// passes, which leaves them complete where they lie (`true`), then, still pending after
     /// [`DIRECT_POLLS`] passes, with the receive for failure notices posted, as a blocking
-    /// wait does. `Cancelled` if a notice came.
-    fn wait_step(&mut self) -> Result<(), Error> {
+    /// wait does, taking their results into `store.got` in their order as they complete
+    /// (`false`). `Cancelled` if a notice came.
+    fn wait_step(&mut self) -> Result<bool, Error> {
         let engine = self.comm.engine();
         let st = &mut *self.store;
         if self.notice.is_none() {
             let mut idle = weft_sync::IdleBackoff::new();
+            // Asked at the step's first idle pass, then kept for the step (the answer is
+            // sampled every millisecond or two, and a step's passes take microseconds):
+            // its clock read once per step, not once per idle pass.
+            let mut long = None;
             for _ in 0..DIRECT_POLLS {
                 if st.reqs.iter().all(Request::is_complete) {
-                    // Taken where they lie, not moved out first (a request is eleven words).
-                    for r in st.reqs.iter_mut() {
-                        st.got.push(r.take_parts());
-                    }
-                    st.reqs.clear();
-                    return Ok(());
+                    // Left where they lie, for the caller to take.
+                    return Ok(true);
                 }
                 if engine.progress_once().progressed() {
                     continue;
@@ -865,7 +902,7 @@ impl Direct<'_> {
                 // A core for every runnable thread: poll on. Else the peer this step waits
                 // for may be the thread without one: give ours up at once, as Open MPI's
                 // progress loop does when oversubscribed (`mpi_yield_when_idle`).
-                if idle.may_spin_long() {
+                if *long.get_or_insert_with(|| idle.may_spin_long()) {
                     std::hint::spin_loop();
                 } else {
                     std::thread::yield_now();
@@ -898,14 +935,14 @@ impl Direct<'_> {
         }
         self.notice = st.reqs.pop();
         st.reqs.clear();
-        res
+        res.map(|()| false)
     }
 
     /// The collective's outcome: `res`, or the failure another member reported; a failure
     /// of this rank's own is reported to every other member. In the communicator's ranks.
     /// Inlined where the collective ran (no copy of this into a call); a receive for
     /// failure notices and a failure go out of line.
-    #[inline]
+    #[inline(always)]
     fn finish(self, res: Result<(), Error>) -> Result<(), Error> {
         let Direct { comm, tag, notice, mut store } = self;
         store.reqs.clear();

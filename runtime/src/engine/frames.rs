@@ -160,7 +160,10 @@ impl Engine {
     }
 
     /// Gives a frame's resources back without delivering it (freed communicator, or a
-    /// failed collective's tag).
+    /// failed collective's tag). Out of line: the delivering paths keep the transport's
+    /// `recycle` inlined.
+    #[cold]
+    #[inline(never)]
     pub(crate) fn release_frame(&self, frame: Frame) {
         if frame.header.kind == FrameKind::Rts {
             // The sender waits for a `Fin`; tell it the data was consumed (MPI would hang).
