@@ -16,7 +16,7 @@ use weft_sync::{Error, Outcome, Status};
 use weft_transport::{Frame, FrameKind, Header};
 
 use super::{CriLocal, Engine};
-use crate::matching::{message_len, Due, MatchState, Matched};
+use crate::matching::{message_len, Due, Matched};
 use crate::operation::Operation;
 
 /// Frames taken from one inbox per progress call (bounded work per call).
@@ -149,21 +149,8 @@ impl Engine {
         req.orphan.lock().take();
     }
 
-    /// Releases the frames a matching state dropped under forgotten tags (a failed
-    /// collective's, `MatchState::forget`).
-    #[cold]
-    #[inline(never)]
-    fn release_dropped(&self, comm: &super::CommState, part: usize) {
-        for frame in self.with_matching_low(comm, part, MatchState::take_dropped) {
-            self.release_frame(frame);
-        }
-    }
-
     /// Gives a frame's resources back without delivering it (freed communicator, or a
-    /// failed collective's tag). Out of line: the delivering paths keep the transport's
-    /// `recycle` inlined.
-    #[cold]
-    #[inline(never)]
+    /// failed collective's tag).
     pub(crate) fn release_frame(&self, frame: Frame) {
         if frame.header.kind == FrameKind::Rts {
             // The sender waits for a `Fin`; tell it the data was consumed (MPI would hang).
