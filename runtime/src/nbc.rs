@@ -775,6 +775,26 @@ thread_local! {
     static DIRECT: std::cell::Cell<Option<Box<DirectStore>>> = const { std::cell::Cell::new(None) };
 }
 
+/// How a collective run on the calling thread waits between idle passes: the spin slot
+/// and the answer of [`may_spin_long`](weft_sync::IdleBackoff::may_spin_long), taken at
+/// the first idle pass and kept for the call (sampled every millisecond or two, where a
+/// call takes microseconds): one clock read and one slot taken and given back per call, not
+/// per step or per idle pass.
+#[derive(Default)]
+struct Idle {
+    backoff: weft_sync::IdleBackoff,
+    long: Option<bool>,
+}
+
+impl Idle {
+    /// Whether to poll on (spin) rather than give the core up.
+    #[inline]
+    fn may_spin_long(&mut self) -> bool {
+        let Idle { backoff, long } = self;
+        *long.get_or_insert_with(|| backoff.may_spin_long())
+    }
+}
+
 /// What the requests of a collective's step gave, settled one by one: the first failure,
 /// and whether a receive's length differed from the plan's (each received message lands
 /// until either is found).
@@ -839,6 +859,7 @@ impl Direct<'_> {
         let coll = c.coll_state();
         let size = std::mem::size_of::<T>();
         debug_assert_eq!(self.store.steps.copies, 1, "a direct plan works in the data itself");
+        let mut idle = Idle::default();
         for i in 0..self.store.steps.steps.len() {
             let step = self.store.steps.steps[i].clone();
             // Sends first, so that the peers get them a receive's posting earlier (a small
@@ -861,7 +882,7 @@ impl Direct<'_> {
             }
             // Each request's result is settled where it lies when the step ended on the
             // fast path (no list of results to fill and walk), else from `got`.
-            let in_place = self.wait_step()?;
+            let in_place = self.wait_step(&mut idle)?;
             let DirectStore { steps, reqs, got, spare, .. } = &mut *self.store;
             let mut settled = Settled::default();
             let n = if in_place { reqs.len() } else { got.len() };
@@ -882,15 +903,10 @@ impl Direct<'_> {
     /// [`DIRECT_POLLS`] passes, with the receive for failure notices posted, as a blocking
     /// wait does, taking their results into `store.got` in their order as they complete
     /// (`false`). `Cancelled` if a notice came.
-    fn wait_step(&mut self) -> Result<bool, Error> {
+    fn wait_step(&mut self, idle: &mut Idle) -> Result<bool, Error> {
         let engine = self.comm.engine();
         let st = &mut *self.store;
         if self.notice.is_none() {
-            let mut idle = weft_sync::IdleBackoff::new();
-            // Asked at the step's first idle pass, then kept for the step (the answer is
-            // sampled every millisecond or two, and a step's passes take microseconds):
-            // its clock read once per step, not once per idle pass.
-            let mut long = None;
             for _ in 0..DIRECT_POLLS {
                 if st.reqs.iter().all(Request::is_complete) {
                     // Left where they lie, for the caller to take.
@@ -902,7 +918,7 @@ impl Direct<'_> {
                 // A core for every runnable thread: poll on. Else the peer this step waits
                 // for may be the thread without one: give ours up at once, as Open MPI's
                 // progress loop does when oversubscribed (`mpi_yield_when_idle`).
-                if *long.get_or_insert_with(|| idle.may_spin_long()) {
+                if idle.may_spin_long() {
                     std::hint::spin_loop();
                 } else {
                     std::thread::yield_now();
@@ -913,6 +929,8 @@ impl Direct<'_> {
             // SAFETY: dropped by `finish`, before `run_direct` returns.
             self.notice = Some(unsafe { crate::request::unbound(r) });
         }
+        // The spin slot goes back: the blocking wait below takes its own.
+        *idle = Idle::default();
         let k = st.reqs.len();
         st.reqs.push(self.notice.take().expect("posted above"));
         st.got.resize_with(k, || None);
