@@ -30,6 +30,16 @@
 //! other member under the sequence number's second tag, where each member's schedule posted
 //! a receive when it started: a member waiting for a rank that failed, and not for the lost
 //! peer itself, fails too instead of waiting forever.
+//!
+//! A collective that failed on a rank, or whose schedule was dropped unfinished, leaves
+//! messages no receive will take: its peers' steps and failure notices sent before they
+//! learnt of the failure. Each call's tags being new, nothing would ever match them, and
+//! after [`SEQ_SPAN`] calls one could match a new call of the same tag. So the rank forgets
+//! the failed call's two tags on the collective context
+//! ([`Communicator::forget_collective`]): the frames queued under them go at once, and
+//! those that arrive later and find no receive are dropped as they come, until the
+//! communicator's collectives have moved half the span on. A call that succeeds pays
+//! nothing for it but a test of an empty field when a frame arrives before its receive.
 
 use std::future::Future;
 use std::pin::Pin;
