@@ -217,6 +217,11 @@ impl Communicator {
         &self.coll_seq
     }
 
+    /// [`coll_seq`](Self::coll_seq), shared.
+    pub(crate) fn coll_seq_arc(&self) -> &Arc<AtomicU32> {
+        &self.coll_seq
+    }
+
     /// Whether the communicator was freed (through any handle).
     pub(crate) fn is_freed(&self) -> bool {
         self.p2p.is_freed()

@@ -518,6 +518,16 @@ impl Engine {
         self.while_partitioned(comm, |parts| MatchState::trim(parts));
     }
 
+    /// Releases the frames a matching state dropped under forgotten tags (a failed
+    /// collective's, `MatchState::forget`), which it asked for.
+    #[cold]
+    #[inline(never)]
+    pub(crate) fn release_dropped(&self, comm: &CommState, part: usize) {
+        for frame in self.with_matching_low(comm, part, MatchState::take_dropped) {
+            self.release_frame(frame);
+        }
+    }
+
     /// Completes the receives of pairs made under a matching lock (outside it).
     pub(crate) fn finish_matches(&self, matched: Vec<Matched>) {
         for m in matched {
