@@ -13,9 +13,8 @@
 //!   where the transport signals writes (the embedded provider). Elsewhere (libfabric) a
 //!   queue node's STATUS is waited for on a *wake frame* ([`arm_wake`], [`wake`]): the
 //!   hand-off's writer sends the waiting rank an empty message on the lock's own
-//!   communicator after its write, and the waiter parks on a receive of it, checking the
-//!   word again every [`WAKE_CHECK`] should a frame be late; the other words are polled
-//!   with [`Backoff`].
+//!   communicator after its write, and the waiter parks on a receive of it (a task also
+//!   checks the word every [`WAKE_CHECK`]); the other words are polled with [`Backoff`].
 //! - [`LocalLock`] orders the threads and tasks of one rank that share its queue nodes:
 //!   waiters are parked (tasks) or park their thread, and are woken by the release.
 
@@ -39,9 +38,11 @@ use crate::rma::Window;
 /// The longest a waiting rank sleeps between two polls.
 pub const MAX_SLEEP: Duration = Duration::from_micros(100);
 
-/// The longest a waiter for a wake frame ([`arm_wake`]) parks before it checks its word
-/// again: the safety net for a frame that is late (the write itself is flushed before the
-/// frame is sent, so the check then finds it).
+/// The longest a task waiting for a wake frame ([`arm_wake`]) parks before it checks its
+/// word again: its safety net, should the rank's progress that completes the receive be
+/// late (the write itself is flushed before the frame is sent, so the check finds it). A
+/// thread waits for the frame as any blocked receive does, driving the progress itself: the
+/// receive is posted before the check and the frame sent after the write, so it comes.
 pub const WAKE_CHECK: Duration = Duration::from_millis(10);
 
 /// Polls of a word ([`Armed`]) before the waiter parks on the word's signal (the first
@@ -93,8 +94,8 @@ pub(crate) enum Armed<'a, const N: usize> {
     Yield,
     /// Park until one of the words is written.
     Listen([SignalListener<'a>; N]),
-    /// Park until a wake frame arrives (a receive posted before the check), or for
-    /// [`WAKE_CHECK`].
+    /// Park until a wake frame arrives (a receive posted before the check); a task also
+    /// for [`WAKE_CHECK`] at most.
     Woken(Request<'a, Vec<u8>>),
 }
 
