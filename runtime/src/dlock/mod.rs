@@ -632,8 +632,9 @@ mod tests {
 
     /// On libfabric (`shm`), where a peer's write raises no event, a queued writer parks on
     /// the hand-off's wake frame: it never sleeps in the backoff, is woken by the frame, and
-    /// parks about once per [`wait::WAKE_CHECK`] of [`HOLD`] at most (a polling waiter
-    /// sleeps hundreds of times in [`HOLD`]). A writer or a task, behind a writer.
+    /// parks a few times (a thread), or about once per [`wait::WAKE_CHECK`] of [`HOLD`] (a
+    /// task), at most; a polling waiter sleeps hundreds of times in [`HOLD`]. Threads and a
+    /// task, behind a writer.
     #[cfg(feature = "ofi")]
     #[test]
     fn a_queued_waiter_across_libfabric_is_woken_by_a_wake_frame() {
