@@ -50,10 +50,15 @@ pub(crate) trait Drive: Send + Sync + 'static {
     /// `None` if there is work now, else the listener (on this stack frame: a park
     /// allocates nothing) and whether it is an ownership hand-off (meant for a blocked
     /// waiter) rather than the doorbell.
-    fn listen_scoped(&self, f: &mut dyn FnMut(Option<(SignalListener<'_>, bool)>));
-    /// A parked worker heard its listener (`handoff` as [`listen`](Self::listen) said). The
+    fn listen_scoped(&self, f: &mut dyn FnMut(Option<Listening<'_>>));
+    /// A parked worker heard its listener (`handoff` as [`listen_scoped`](Self::listen_scoped)
+    /// said). The
     /// notification may have been meant for a blocked thread: use it, or pass it on.
     fn heard(&self, handoff: bool);
     /// Counts a park of a worker (`wake`: one ended by a notification).
     fn count_park(&self, wake: bool);
 }
+
+/// What [`Drive::listen_scoped`] hands a worker about to park: the listener, and whether it
+/// is an ownership hand-off.
+pub(crate) type Listening<'a> = (SignalListener<'a>, bool);

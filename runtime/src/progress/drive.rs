@@ -75,7 +75,7 @@ impl Drive for Engine {
         self.progress_idle()
     }
 
-    fn listen_scoped(&self, f: &mut dyn FnMut(Option<(SignalListener<'_>, bool)>)) {
+    fn listen_scoped(&self, f: &mut dyn FnMut(Option<crate::executor::Listening<'_>>)) {
         // In `Owner` mode a worker listens for the hand-off while someone owns progress (the
         // owner listens to the doorbell itself), else to the doorbell. The hand-off's
         // listener is gone before the doorbell's is made: one left registered would take a
