@@ -191,6 +191,10 @@ enum Mode {
     /// [Patinyasakdikul 2019]'s hybrid mode: 2P ranks (P senders' ranks, P receivers'), the
     /// T senders spread over the first P in blocks, the T receivers over the others.
     Hybrid(usize),
+    /// Process mode's ranks and loop one layer down, through `weft-transport` alone (frames
+    /// with weft's eager header, no matching, requests or progress engine; shm and tcp):
+    /// what the transport (on shm, the same-host lane) carries without the runtime.
+    Transport,
 }
 
 impl std::str::FromStr for Mode {
@@ -199,9 +203,10 @@ impl std::str::FromStr for Mode {
         match m.trim() {
             "thread" => Ok(Mode::Thread),
             "process" => Ok(Mode::Process),
+            "transport" => Ok(Mode::Transport),
             o => match o.strip_prefix("hybrid-").map(str::parse::<usize>) {
                 Some(Ok(p)) if p > 0 => Ok(Mode::Hybrid(p)),
-                _ => Err(format!("unknown mode {o:?} (thread, process, hybrid-P with P processes per side)")),
+                _ => Err(format!("unknown mode {o:?} (thread, process, hybrid-P with P processes per side, transport)")),
             },
         }
     }
@@ -213,6 +218,7 @@ impl Mode {
             Mode::Thread => "thread".into(),
             Mode::Process => "process".into(),
             Mode::Hybrid(p) => format!("hybrid-{p}"),
+            Mode::Transport => "transport".into(),
         }
     }
 
@@ -220,7 +226,7 @@ impl Mode {
     fn ranks_per_side(self, t: usize) -> usize {
         match self {
             Mode::Thread => 1,
-            Mode::Process => t,
+            Mode::Process | Mode::Transport => t,
             Mode::Hybrid(p) => p.min(t),
         }
     }
@@ -290,6 +296,9 @@ pub fn run(a: &Args) -> Result<(), String> {
     let provider: Provider = a.provider.parse().map_err(|e| format!("{e}"))?;
     let cpus = worker_cpus(a)?;
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    if provider == Provider::Embedded && modes.contains(&Mode::Transport) {
+        return Err("--mode transport runs real processes: it needs --provider shm, ofi-shm or tcp".into());
+    }
     if a.rank_worker {
         let p = Point {
             pattern: patterns[0],
@@ -302,7 +311,10 @@ pub fn run(a: &Args) -> Result<(), String> {
             cris: cris[0].unwrap_or(modes[0].auto_cris(pairs[0])),
             matching: matching[0],
         };
-        return rank_worker(&p, a, provider, &cpus);
+        return match p.mode {
+            Mode::Transport => transport_worker(&p, a, provider, &cpus),
+            _ => rank_worker(&p, a, provider, &cpus),
+        };
     }
     let peer = match &a.peer {
         Some(f) => Some(Peer::build(f.parse::<Flavor>()?, "multirate-mpi", include_str!("../peers/multirate.c"))?),
@@ -484,9 +496,11 @@ fn peer_rate(peer: &Peer, p: &Point, a: &Args, provider: Provider) -> Result<f64
         return Err("--peer: pairs, size or window too large for the C peer".into());
     }
     let ranks = p.mode.ranks(p.pairs);
+    // Transport mode stands beside MPI's process mode.
+    let mode = if p.mode == Mode::Transport { Mode::Process } else { p.mode };
     let args = [
         p.pattern.name().to_string(),
-        p.mode.name(),
+        mode.name(),
         p.pairs.to_string(),
         p.size.to_string(),
         p.window.to_string(),
@@ -1117,6 +1131,173 @@ fn rank_worker(p: &Point, a: &Args, provider: Provider, cpus: &[usize]) -> Resul
         println!("RATE {}", (links.len() * w * iterations) as f64 / elapsed.as_secs_f64());
     }
     Ok(())
+}
+
+/// What a frame of a `--mode transport` job is, in its header's tag.
+#[cfg(feature = "ofi")]
+mod stream {
+    pub const DATA: i32 = 0;
+    pub const READY: i32 = 1;
+    pub const ACK: i32 = 2;
+    pub const BARRIER: i32 = 3;
+}
+
+/// One rank of a `--mode transport` job (`--rank-worker`): process mode's loop through a
+/// `weft-transport` rank alone, one CRI, default options (the same-host lane on shm unless
+/// `--no-same-host-lane`). Each receiver sends a 1-byte ready, each sender its window of
+/// frames with weft's eager header (`-s` bytes of payload), each receiver acknowledges once
+/// it has them all; frames are only counted (by their tag: data, ready, ack, barrier) and
+/// their length checked, with no matching, request or progress engine. A refused send (a
+/// full ring) polls and retries. The rate is timed as [`rank_worker`]'s: on rank 0, from
+/// the start barrier's release to the end barrier, here barriers of frames to rank 0 and
+/// back.
+#[cfg(feature = "ofi")]
+fn transport_worker(p: &Point, a: &Args, provider: Provider, cpus: &[usize]) -> Result<(), String> {
+    use weft_transport::bootstrap::Job;
+    use weft_transport::ofi_provider::{join, OfiOptions};
+    use weft_transport::{FrameKind, Header, SendError};
+
+    let job = Job::from_env().map_err(|e| e.to_string())?;
+    let t = p.pairs;
+    if job.size as usize != p.mode.ranks(t) {
+        return Err(format!("job has {} ranks, this configuration needs {}", job.size, p.mode.ranks(t)));
+    }
+    let opts = OfiOptions {
+        provider: provider.ofi_name().ok_or("--mode transport needs shm, ofi-shm or tcp")?.to_string(),
+        same_host_lane: !a.no_same_host_lane,
+        ..OfiOptions::default()
+    };
+    let rank = join(&opts, job).map_err(|e| e.to_string())?;
+    let me = rank.rank();
+    let (size, n) = (p.size, rank.size());
+    if size > rank.eager_capacity() {
+        rank.close();
+        return Err(format!("--mode transport sends single frames: at most {} bytes", rank.eager_capacity()));
+    }
+    // Sender i is rank i, receiver j rank T + j: bound where `run_roles` binds them.
+    if let Some(&cpu) = cpus.get(me as usize % cpus.len().max(1)) {
+        weft::lock::bind_thread_to_cpu(cpu).map_err(|e| format!("--bind core: CPU {cpu}: {e} (use --bind none)"))?;
+    }
+    let links = p.pattern.links(t);
+    let to: Vec<u32> = links.iter().filter(|l| l.0 == me as usize).map(|l| (t + l.1) as u32).collect();
+    let from: Vec<u32> = links.iter().filter(|l| t + l.1 == me as usize).map(|l| l.0 as u32).collect();
+    let data = vec![7u8; size];
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let mut counts = [0u64; 4];
+    // Takes what has arrived into `counts`; a data frame of the wrong length is an error.
+    let poll = |counts: &mut [u64; 4]| -> Result<(), String> {
+        let mut bad = None;
+        rank.poll(0, 64, |f| {
+            let k = f.header.tag.clamp(0, 3) as usize;
+            if f.header.tag == stream::DATA && f.payload.as_slice().len() != size {
+                bad = Some(f.payload.as_slice().len());
+            }
+            counts[k] += 1;
+            rank.recycle(f.payload);
+        });
+        match bad {
+            Some(len) => Err(format!("--mode transport: a data frame of {len} bytes, not {size}")),
+            None if Instant::now() > deadline => Err("--mode transport: no progress for 120 s".into()),
+            None => Ok(()),
+        }
+    };
+    let frame = |tag: i32, len: usize| Header {
+        kind: FrameKind::Eager,
+        src_cri: 0,
+        context: 1,
+        source: me,
+        tag,
+        seq: 0,
+        gseq: 0,
+        chan: 0,
+        len: len as u64,
+        cookie: 0,
+        key: 0,
+        addr: 0,
+    };
+    let send = |counts: &mut [u64; 4], dst: u32, tag: i32, bytes: &[u8]| -> Result<(), String> {
+        loop {
+            match rank.send(dst, 0, frame(tag, bytes.len()), bytes) {
+                Ok(()) => return Ok(()),
+                Err(SendError::WouldBlock) => poll(counts)?,
+                Err(err) => return Err(format!("--mode transport: send to rank {dst}: {err:?}")),
+            }
+        }
+    };
+    // Polls until `counts[tag]` reaches `until`.
+    let wait = |counts: &mut [u64; 4], tag: i32, until: u64| -> Result<(), String> {
+        while counts[tag as usize] < until {
+            poll(counts)?;
+        }
+        Ok(())
+    };
+    let (w, iterations) = (p.window as u64, a.iterations as u64);
+    let warmup = (iterations / 10).clamp(1, 20);
+    let mut round = 0u64;
+    // One iteration: the counts are cumulative, so iteration `k` waits for `k + 1` of each.
+    let mut iteration = |counts: &mut [u64; 4]| -> Result<(), String> {
+        round += 1;
+        for &r in &from {
+            send(counts, r, stream::READY, b"r")?;
+        }
+        if !to.is_empty() {
+            wait(counts, stream::READY, round * to.len() as u64)?;
+            for &r in &to {
+                for _ in 0..w {
+                    send(counts, r, stream::DATA, &data)?;
+                }
+            }
+        }
+        if !from.is_empty() {
+            wait(counts, stream::DATA, round * w * from.len() as u64)?;
+            for &r in &from {
+                send(counts, r, stream::ACK, b"a")?;
+            }
+        }
+        if !to.is_empty() {
+            wait(counts, stream::ACK, round * to.len() as u64)?;
+        }
+        Ok(())
+    };
+    // Everyone to rank 0, rank 0 to everyone; on rank 0, the instant all had arrived.
+    let mut barriers = 0u64;
+    let mut barrier = |counts: &mut [u64; 4]| -> Result<Instant, String> {
+        barriers += 1;
+        if me == 0 {
+            wait(counts, stream::BARRIER, barriers * u64::from(n - 1))?;
+            let all_in = Instant::now();
+            for r in 1..n {
+                send(counts, r, stream::BARRIER, b"b")?;
+            }
+            Ok(all_in)
+        } else {
+            send(counts, 0, stream::BARRIER, b"b")?;
+            wait(counts, stream::BARRIER, barriers)?;
+            Ok(Instant::now())
+        }
+    };
+    let r = (|| {
+        for _ in 0..warmup {
+            iteration(&mut counts)?;
+        }
+        let released = barrier(&mut counts)?;
+        for _ in 0..iterations {
+            iteration(&mut counts)?;
+        }
+        let ended = barrier(&mut counts)?;
+        barrier(&mut counts)?;
+        if me == 0 {
+            println!("RATE {}", (links.len() as u64 * w * iterations) as f64 / (ended - released).as_secs_f64());
+        }
+        Ok(())
+    })();
+    rank.close();
+    r
+}
+
+#[cfg(not(feature = "ofi"))]
+fn transport_worker(_p: &Point, _a: &Args, _provider: Provider, _cpus: &[usize]) -> Result<(), String> {
+    Err("--mode transport needs the ofi feature".into())
 }
 
 #[cfg(test)]
