@@ -1148,7 +1148,7 @@ mod stream {
 /// frames with weft's eager header (`-s` bytes of payload), each receiver acknowledges once
 /// it has them all; frames are only counted (by their tag: data, ready, ack, barrier) and
 /// their length checked, with no matching, request or progress engine. A refused send (a
-/// full ring) polls and retries. The rate is timed as [`rank_worker`]'s: on rank 0, from
+/// full ring) polls and retries; a poll that finds nothing yields the core. The rate is timed as [`rank_worker`]'s: on rank 0, from
 /// the start barrier's release to the end barrier, here barriers of frames to rank 0 and
 /// back.
 #[cfg(feature = "ofi")]
@@ -1185,9 +1185,12 @@ fn transport_worker(p: &Point, a: &Args, provider: Provider, cpus: &[usize]) -> 
     let deadline = Instant::now() + Duration::from_secs(120);
     let mut counts = [0u64; 4];
     // Takes what has arrived into `counts`; a data frame of the wrong length is an error.
+    // An empty poll yields the core, as the runtime's waiters and an oversubscribed Open MPI
+    // (`mpi_yield_when_idle`) do: with more ranks than cores, a rank spinning on its empty
+    // rings would take the time slice of the rank it waits for.
     let poll = |counts: &mut [u64; 4]| -> Result<(), String> {
         let mut bad = None;
-        rank.poll(0, 64, |f| {
+        let got = rank.poll(0, 64, |f| {
             let k = f.header.tag.clamp(0, 3) as usize;
             if f.header.tag == stream::DATA && f.payload.as_slice().len() != size {
                 bad = Some(f.payload.as_slice().len());
@@ -1195,6 +1198,9 @@ fn transport_worker(p: &Point, a: &Args, provider: Provider, cpus: &[usize]) -> 
             counts[k] += 1;
             rank.recycle(f.payload);
         });
+        if got == 0 {
+            std::thread::yield_now();
+        }
         match bad {
             Some(len) => Err(format!("--mode transport: a data frame of {len} bytes, not {size}")),
             None if Instant::now() > deadline => Err("--mode transport: no progress for 120 s".into()),
