@@ -25,6 +25,12 @@
 //! thread each, in process mode; `-n 2`, T threads each, in thread mode — with the hidden
 //! `--rank-worker` flag; rank 0 times the run between two cross-process barriers and prints
 //! the rate.
+//!
+//! `--mode transport` (shm, tcp) runs process mode's ranks and loop one layer down, through
+//! `weft-transport` alone: frames with weft's eager header sent with `Rank::send` and counted
+//! as `Rank::poll` hands them over, no matching, requests or progress engine; on shm, what
+//! the same-host lane carries by itself. Its row's `thread_over_process` is transport /
+//! process mode, and `--peer` runs the MPI library's process mode beside it.
 
 use std::sync::Barrier;
 use std::time::{Duration, Instant};
@@ -44,7 +50,8 @@ pub struct Args {
     pattern: String,
     /// Modes: thread (2 ranks x T threads), process (2T ranks x 1 thread), hybrid-P (2P
     /// ranks, the T senders in blocks over the first P and the receivers over the others:
-    /// [Patinyasakdikul 2019]'s hybrid mode).
+    /// [Patinyasakdikul 2019]'s hybrid mode), transport (process mode's ranks through
+    /// weft-transport alone, no matching; shm and tcp).
     #[arg(long, default_value = "thread,process")]
     mode: String,
     /// Progress modes: global, owner, concurrent.
