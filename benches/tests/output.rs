@@ -108,7 +108,8 @@ fn started_under_weftrun_it_says_so_and_exits() {
 #[cfg(feature = "ofi")]
 #[test]
 fn multirate_transport_mode_runs_beside_process_mode() {
-    let args = ["multirate", "--provider", "shm", "-t", "1", "--mode", "transport,process", "-i", "5", "--runs", "1", "--bind", "none", "--csv"];
+    let args =
+        ["multirate", "--provider", "shm", "-t", "1", "--mode", "transport,process", "-i", "5", "--runs", "1", "--bind", "none", "--csv"];
     let out = common::run_within(&args, Duration::from_secs(120)).expect("weft-bench multirate hung (killed after 120 s)");
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let stdout = String::from_utf8(out.stdout).expect("utf-8");

@@ -505,13 +505,7 @@ impl Prepared {
                 // No fence after a push where the peer's sleepers have this process's CPUs
                 // run one for it (module docs, *Waking the receiver*).
                 let fenceless = self.barrier && seg.u32_at(SLEEPER_BARRIER).load(Ordering::Relaxed) == 1;
-                Some(Peer {
-                    seg,
-                    wake: fd_of(p.pid, p.eventfd)?,
-                    wake_waiter: fd_of(p.pid, p.waiter_eventfd)?,
-                    pid: p.pid,
-                    fenceless,
-                })
+                Some(Peer { seg, wake: fd_of(p.pid, p.eventfd)?, wake_waiter: fd_of(p.pid, p.waiter_eventfd)?, pid: p.pid, fenceless })
             })
             .collect();
         // Every rank of this host with a lane may write this rank's rings (whether this rank
