@@ -131,6 +131,11 @@ pub struct Args {
     /// assertion; `-c` gives it a communicator per pair too.
     #[arg(long)]
     peer: Option<String>,
+    /// On shm / tcp: the ranks in this process (`Builder::build_local`, as on the embedded
+    /// provider) instead of a `weftrun` job: the same transport path without the process
+    /// boundary, for comparison.
+    #[arg(long)]
+    in_process: bool,
     /// On shm / tcp: every frame through libfabric, none through the same-host lane
     /// (`Builder::same_host_lane(false)`), for comparison.
     #[arg(long)]
@@ -303,8 +308,8 @@ pub fn run(a: &Args) -> Result<(), String> {
     let provider: Provider = a.provider.parse().map_err(|e| format!("{e}"))?;
     let cpus = worker_cpus(a)?;
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-    if provider == Provider::Embedded && modes.contains(&Mode::Transport) {
-        return Err("--mode transport runs real processes: it needs --provider shm, ofi-shm or tcp".into());
+    if (provider == Provider::Embedded || a.in_process) && modes.contains(&Mode::Transport) {
+        return Err("--mode transport runs real processes: it needs --provider shm, ofi-shm or tcp, without --in-process".into());
     }
     if a.rank_worker {
         let p = Point {
@@ -353,13 +358,15 @@ pub fn run(a: &Args) -> Result<(), String> {
         a.runs,
         cores,
         a.bind,
-        match (provider, a.no_same_host_lane) {
-            (Provider::Embedded, _) => "",
-            (Provider::OfiShm, _) | (_, true) => " (one process per rank, via weftrun; every frame through libfabric)",
-            (_, false) => " (one process per rank, via weftrun; same-host lane)",
+        match (provider, a.no_same_host_lane, a.in_process) {
+            (Provider::Embedded, _, _) => "",
+            (Provider::OfiShm, _, true) | (_, true, true) => " (ranks in this process; every frame through libfabric)",
+            (_, false, true) => " (ranks in this process; same-host lane)",
+            (Provider::OfiShm, _, false) | (_, true, false) => " (one process per rank, via weftrun; every frame through libfabric)",
+            (_, false, false) => " (one process per rank, via weftrun; same-host lane)",
         }
     ));
-    if provider == Provider::Embedded {
+    if provider == Provider::Embedded || a.in_process {
         warm_up();
     }
     // The machine's state, beside the configuration: on a VM the cost of moving a cache line
@@ -404,8 +411,8 @@ pub fn run(a: &Args) -> Result<(), String> {
                                             table.step(|| format!("{} mode, {t} pairs, {pm}, run {}", modes[m].name(), run + 1));
                                             let weft = || {
                                                 plausible(cores, || {
-                                                    if provider == Provider::Embedded {
-                                                        measure(&p, a, &cpus, Faults::of(a))
+                                                    if provider == Provider::Embedded || a.in_process {
+                                                        measure(&p, a, provider, &cpus, Faults::of(a))
                                                     } else {
                                                         launch(&p, a, provider)
                                                     }
@@ -647,13 +654,15 @@ fn worker_cpus(a: &Args) -> Result<Vec<usize>, String> {
     Ok(cpus)
 }
 
-fn measure(p: &Point, a: &Args, cpus: &[usize], faults: Faults) -> Result<f64, String> {
+fn measure(p: &Point, a: &Args, provider: Provider, cpus: &[usize], faults: Faults) -> Result<f64, String> {
     let (iterations, comm_per_pair, overtaking, counters) = (a.iterations, a.comm_per_pair, a.overtaking, a.counters);
     let t = p.pairs;
     let links = p.pattern.links(t);
     let nranks = p.mode.ranks(t) as u32;
     let mut builder = Runtime::builder()
         .env(false)
+        .provider(provider)
+        .same_host_lane(!a.no_same_host_lane)
         .progress(p.progress)
         .assignment(p.assignment)
         .matching(p.matching)
@@ -1353,7 +1362,7 @@ mod tests {
         let a = args(&["-i", &iterations.to_string(), "--bind", "none"]);
         let faults = Faults { coordinator_pause: Duration::from_millis(500), worker_pause: Duration::from_millis(50), ..Faults::default() };
         for mode in [Mode::Thread, Mode::Process] {
-            let rate = measure(&point(mode, window), &a, &[], faults).unwrap();
+            let rate = measure(&point(mode, window), &a, Provider::Embedded, &[], faults).unwrap();
             let elapsed = Duration::from_secs_f64((iterations * window) as f64 / rate);
             assert!(elapsed >= faults.worker_pause, "{mode:?}: timed {elapsed:?}; the workers spent over 50 ms");
             assert!(elapsed < faults.coordinator_pause, "{mode:?}: timed {elapsed:?}: the coordinator's pause counted");
