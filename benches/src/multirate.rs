@@ -1171,7 +1171,7 @@ mod stream {
 fn transport_worker(p: &Point, a: &Args, provider: Provider, cpus: &[usize]) -> Result<(), String> {
     use weft_transport::bootstrap::Job;
     use weft_transport::ofi_provider::{join, OfiOptions};
-    use weft_transport::{FrameKind, Header, SendError};
+    use weft_transport::SendError;
 
     let job = Job::from_env().map_err(|e| e.to_string())?;
     let t = p.pairs;
@@ -1223,20 +1223,7 @@ fn transport_worker(p: &Point, a: &Args, provider: Provider, cpus: &[usize]) -> 
             None => Ok(()),
         }
     };
-    let frame = |tag: i32, len: usize| Header {
-        kind: FrameKind::Eager,
-        src_cri: 0,
-        context: 1,
-        source: me,
-        tag,
-        seq: 0,
-        gseq: 0,
-        chan: 0,
-        len: len as u64,
-        cookie: 0,
-        key: 0,
-        addr: 0,
-    };
+    let frame = |tag: i32, len: usize| crate::pingpong::eager_header(me, tag, len);
     let send = |counts: &mut [u64; 4], dst: u32, tag: i32, bytes: &[u8]| -> Result<(), String> {
         loop {
             match rank.send(dst, 0, frame(tag, bytes.len()), bytes) {
