@@ -317,10 +317,12 @@ impl ContinuationRequest {
     /// down after it ran.
     fn register<T: Send + 'static>(&self, invoke: Invoke, f: impl FnOnce(T) + Send + 'static) -> impl FnOnce(T) + Send + 'static {
         let countdown = Countdown { counted: Some(self.pending.count_one()), ran: false };
-        let rank = Arc::downgrade(&self.engine);
-        move |value: T| match invoke {
-            Invoke::Inline => run_counted(countdown, f, value),
-            Invoke::Pool => spawn_counted(&rank, countdown, f, value),
+        // Only a pool callback needs the rank (to spawn on): an inline one takes no count of
+        // the engine's, a line every thread of the rank reads, at attach nor at completion.
+        let rank = (invoke == Invoke::Pool).then(|| Arc::downgrade(&self.engine));
+        move |value: T| match rank {
+            None => run_counted(countdown, f, value),
+            Some(rank) => spawn_counted(&rank, countdown, f, value),
         }
     }
 }

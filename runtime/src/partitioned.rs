@@ -23,8 +23,11 @@
 //! before that round's clear has arrived travels as a message, as in the first round. So no
 //! partition needs a registration, a rendezvous read or a `Fin`, the copies run on the
 //! filling threads (side by side, not one after another on the receiver's), and the
-//! receiver handles one small message per partition. A receive dropped in a round keeps
-//! its buffer allocated for good: the send may still write into it.
+//! receiver handles one small message per partition. A receive dropped in a round leaves
+//! that round's receives posted: its buffer is freed once every partition's message of the
+//! round has arrived (each is sent after its write) or the sender is lost, and kept for good
+//! if the communicator is freed or the runtime shut down before that (the send may still
+//! write into it).
 //!
 //! The two sides may name different numbers of partitions, as MPI 4.0 allows, when their
 //! messages have the same total bytes: the receive follows the send's partitions (a receive
@@ -271,7 +274,8 @@ impl<T: Primitive> SendState<T> {
         // SAFETY: the receive lent its whole buffer, at `to`, for this round when it sent the
         // round's clear to write; it reads this partition's range only once the partition's
         // message (sent after this write) has arrived, and no other partition's write
-        // reaches that range. A receive dropped in the round never frees the buffer.
+        // reaches that range. A receive dropped in the round frees the buffer only once
+        // every partition's message of the round has arrived, or this rank is lost to it.
         matches!(unsafe { self.comm.engine().transport.write_direct(dest, at, bytes) }, Some(Ok(())))
     }
 
@@ -709,9 +713,47 @@ pub struct PartitionedRecv<'c, T: Primitive> {
 impl<T: Primitive> Drop for PartitionedRecv<'_, T> {
     fn drop(&mut self) {
         // Dropped in a round: the send may still write partitions straight into the buffer
-        // (lent to it for the round by the clear to write), so the buffer is never freed.
-        if self.active {
-            std::mem::forget(self.buf.clone());
+        // (lent to it for the round by the clear to write). The round's receives stay
+        // posted, each holding its share of the buffer until its partition's message
+        // arrives, which the send sends after the partition's write: once all have, no
+        // write of the round is left. A receive that cannot say so keeps the buffer.
+        if !self.active {
+            return;
+        }
+        for r in &mut self.recvs {
+            if r.can_continue().is_err() {
+                // Its result taken (arrived), or awaited by a dropped `wait_async` (kept).
+                if !r.is_complete() {
+                    std::mem::forget(self.buf.clone());
+                }
+                continue;
+            }
+            let lent = Lent(Some(self.buf.clone()));
+            // Checked above; refused all the same, `lent` keeps the buffer.
+            let _ = r.continue_with(move |res| lent.end(&res));
+        }
+    }
+}
+
+/// One share of a dropped receive's buffer, held until its partition of the round has
+/// arrived or its sender is lost; dropped otherwise (the communicator freed or the runtime
+/// shut down first: the send may still write), it keeps the buffer for good.
+struct Lent<T>(Option<Arc<Shared<T>>>);
+
+impl<T> Lent<T> {
+    /// The share's partition ended with `res`: the buffer is given back where no write of
+    /// the round can follow.
+    fn end<B>(mut self, res: &Result<B, Error>) {
+        if matches!(res, Ok(_) | Err(Error::PeerLost { .. })) {
+            self.0 = None;
+        }
+    }
+}
+
+impl<T> Drop for Lent<T> {
+    fn drop(&mut self) {
+        if let Some(buf) = self.0.take() {
+            std::mem::forget(buf);
         }
     }
 }

@@ -1,4 +1,5 @@
-//! A global allocator that counts allocations, on every thread, while armed: the
+//! A global allocator that counts allocations, on every thread, while armed (and tells
+//! when one watched allocation is freed): the
 //! zero-allocation tests include it with `#[path = "common/counting.rs"] mod counting;`. A
 //! binary that includes it holds one counting test, as the test harness's own threads
 //! allocate while another test would be counting.
@@ -14,6 +15,11 @@ static ARMED: AtomicBool = AtomicBool::new(false);
 static MIN_SIZE: AtomicUsize = AtomicUsize::new(0);
 /// Whether only the allocations of the threads that set [`HERE`] count.
 static ONLY_HERE: AtomicBool = AtomicBool::new(false);
+
+/// The address of the allocation [`watch`] looks out for (0: none), and whether it was
+/// freed since.
+static WATCHED: AtomicUsize = AtomicUsize::new(0);
+static WATCHED_FREED: AtomicBool = AtomicBool::new(false);
 
 thread_local! {
     /// Set on the thread that counts with [`allocations_on_this_thread`].
@@ -33,6 +39,9 @@ unsafe impl GlobalAlloc for Counting {
         unsafe { System.alloc(l) }
     }
     unsafe fn dealloc(&self, p: *mut u8, l: Layout) {
+        if p as usize == WATCHED.load(Ordering::Relaxed) {
+            WATCHED_FREED.store(true, Ordering::Release);
+        }
         // SAFETY: same contract as ours.
         unsafe { System.dealloc(p, l) }
     }
@@ -69,4 +78,18 @@ pub(crate) fn allocations_on_this_thread(f: impl FnOnce()) -> usize {
     ONLY_HERE.store(false, Ordering::Relaxed);
     HERE.with(|h| h.set(false));
     n
+}
+
+/// Looks out for the free of the allocation at `p` (one at a time): [`freed`] says whether
+/// it happened since.
+#[allow(dead_code)] // Not every test binary that includes this module watches a free.
+pub(crate) fn watch<T>(p: *const T) {
+    WATCHED_FREED.store(false, Ordering::Relaxed);
+    WATCHED.store(p as usize, Ordering::Relaxed);
+}
+
+/// Whether the allocation given to [`watch`] was freed since.
+#[allow(dead_code)] // Not every test binary that includes this module watches a free.
+pub(crate) fn freed() -> bool {
+    WATCHED_FREED.load(Ordering::Acquire)
 }

@@ -26,6 +26,7 @@
 //! | `alltoall` | >= 2 | every rank sends 64 KiB (rendezvous) to every other at once, 40 rounds, contents checked |
 //! | `locks [ACQUISITIONS]` | >= 2 | every distributed lock of `weft::dlock` in turn (D-MCS, RMA-MCS, RMA-RW, foMPI-style spin and reader-writer), `--threads` threads per rank (default 2) taking it ACQUISITIONS times each (default 100; one in `--write-every` a write for the reader-writer locks, default 4): a writer increments a word on rank 0 non-atomically (get, add, put, flush), a reader reads it twice; words on rank 0 that count the writers and readers inside find any writer beside another holder; the final count is exact |
 //! | `comms` | >= 2 | split into halves, `create_group` of the first and last rank, then the blocking collectives on both and persistent ones (a large allreduce, an allgather, a scan, each started twice), and two nonblocking allreduces and an alltoall outstanding at once |
+//! | `partitioned` | 2 | rank 0 sends rank 1 a partitioned message of 4 partitions of 64 KiB (above the eager threshold), each filled and marked ready by a thread of its own, in 4 rounds; rank 1 checks every word of every round, and rank 0 tells by the frames it receives per round whether rounds 2 on were written straight into rank 1's buffer (where the transport reaches its memory: the same-host lane) or sent as messages |
 //! | `rma` | >= 2 | one-sided windows: every rank puts into the next rank on a ring, adds 500 times to counters on rank 0 (a native 64-bit and an emulated 32-bit atomic) increments a word on rank 0 100 times under the D-MCS lock (`weft::dlock`, get and put), and takes the RMA-RW lock over the ranks' hosts 100 times (one in four a write that increments another word); the slots and the exact counts are checked |
 //! | `all` | even | `pingpong`, `multirate`, `wildcard`, `order` and `large` in turn, each on a communicator of its own |
 //! | `peer-lost` | 2 | rank 0 kills itself (SIGKILL); rank 1's pending receive and rendezvous send, and a new send and receive, fail with `PeerLost` |
@@ -88,6 +89,8 @@ enum Check {
     Large,
     /// [2+ ranks] 64 KiB (rendezvous) from every rank to every other at once, 40 rounds
     Alltoall,
+    /// [2 ranks] a partitioned message of 4 partitions of 64 KiB from rank 0 to rank 1 in 4 rounds; contents checked, and whether rounds 2 on went straight into the receive's buffer
+    Partitioned,
     /// [2+ ranks] one-sided windows: a put on a ring, 500 atomic adds and 100 D-MCS-locked increments per rank on rank 0
     Rma,
     /// [2+ ranks] every distributed lock in turn, THREADS threads per rank each taking it ACQUISITIONS times; exclusion checked, final count exact
@@ -217,6 +220,7 @@ impl Check {
             Check::FanIn => "fan-in",
             Check::Large => "large",
             Check::Alltoall => "alltoall",
+            Check::Partitioned => "partitioned",
             Check::Rma => "rma",
             Check::Locks { .. } => "locks",
             Check::Comms => "comms",
@@ -250,7 +254,12 @@ impl Check {
             | Check::Soak { .. }
             | Check::CollPeerLost => Ranks::AtLeastTwo,
             Check::Multirate | Check::All => Ranks::Even,
-            Check::PeerLost | Check::PeerLostRead | Check::KillMidTransfer { .. } | Check::PeerFinished | Check::Netns => Ranks::Two,
+            Check::PeerLost
+            | Check::PeerLostRead
+            | Check::KillMidTransfer { .. }
+            | Check::PeerFinished
+            | Check::Netns
+            | Check::Partitioned => Ranks::Two,
             Check::KillInWaitAll => Ranks::Three,
         }
     }
@@ -604,6 +613,84 @@ fn alltoall(c: &Communicator) -> Res {
         weft::wait_all(&mut sends).map_err(e)?;
     }
     println!("alltoall ok: {ALLTOALL_ROUNDS} rounds of {ALLTOALL_BYTES} B to each of {} ranks", size - 1);
+    Ok(())
+}
+
+/// Partitions of the message of `partitioned`, and words in each: 64 KiB a partition, above
+/// the eager threshold, so that from the second round on it may be written straight.
+const PART_COUNT: usize = 4;
+const PART_WORDS: usize = 8 << 10;
+/// Rounds of `partitioned`.
+const PART_ROUNDS: u64 = 4;
+
+/// Word `k` of round `round`'s message in `partitioned`.
+fn part_word(round: u64, k: usize) -> u64 {
+    (k as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ (round + 1).wrapping_mul(0x0101_0101_0101_0101)
+}
+
+/// The frames rank 0 receives in a round of `partitioned` at the most when the round's
+/// partitions were written straight: rank 1's go-ahead and its clear to write. Sent as
+/// rendezvous messages, each partition adds the frame that ends its rendezvous.
+const PART_DIRECT_FRAMES: u64 = 2;
+
+/// `partitioned`: see the table in the module docs. Each round rank 1 starts its receive
+/// (which sends the round's clear to write) and then sends rank 0 a go-ahead, so that the
+/// clear has arrived before any partition is ready.
+fn partitioned(rt: &Runtime, c: &Communicator) -> Res {
+    let n = PART_COUNT * PART_WORDS;
+    if c.rank() == 1 {
+        let mut recv = c.precv_init(vec![0u64; n], PART_COUNT, 0, 1).map_err(e)?;
+        for round in 0..PART_ROUNDS {
+            recv.start().map_err(e)?;
+            c.send(&b"g"[..], 0, 2).map_err(e)?;
+            recv.wait().map_err(|err| format!("round {}: {err}", round + 1))?;
+            let got = recv.buffer().ok_or("the receive's buffer after its wait")?;
+            if let Some(k) = got.iter().enumerate().position(|(k, &w)| w != part_word(round, k)) {
+                let want = part_word(round, k);
+                return Err(format!(
+                    "round {}: word {k} (partition {}) is {:#018x}, expected {want:#018x}",
+                    round + 1,
+                    k / PART_WORDS,
+                    got[k]
+                ));
+            }
+        }
+        println!("partitioned ok: {PART_ROUNDS} rounds of {PART_COUNT} partitions of {} KiB received whole", PART_WORDS / 128);
+        return Ok(());
+    }
+    let mut send = c.psend_init(vec![0u64; n], PART_COUNT, 1, 1).map_err(e)?;
+    let mut frames = Vec::new();
+    for round in 0..PART_ROUNDS {
+        let before = rt.counters().messages_received;
+        let go = c.recv(Vec::<u8>::with_capacity(1), 1, 2).map_err(e)?;
+        expect(|| format!("round {}: the go-ahead", round + 1), &go, 1, 2, b"g")?;
+        send.start().map_err(e)?;
+        let parts = send.partitions().map_err(e)?;
+        std::thread::scope(|s| {
+            let filled: Vec<_> = parts
+                .into_iter()
+                .map(|mut p| {
+                    s.spawn(move || {
+                        let first = p.index() * PART_WORDS;
+                        p.as_mut_slice().iter_mut().enumerate().for_each(|(k, w)| *w = part_word(round, first + k));
+                        p.ready()
+                    })
+                })
+                .collect();
+            filled.into_iter().try_for_each(|h| h.join().map_err(|_| "a filling thread panicked".to_string())?.map_err(e))
+        })?;
+        send.wait().map_err(|err| format!("round {}: {err}", round + 1))?;
+        frames.push(rt.counters().messages_received - before);
+    }
+    let later = &frames[1..];
+    let how = if later.iter().all(|&f| f <= PART_DIRECT_FRAMES) {
+        "written straight"
+    } else if later.iter().all(|&f| f > PART_DIRECT_FRAMES) {
+        "sent as messages"
+    } else {
+        return Err(format!("rounds 2 on were written straight only in part: frames received per round {frames:?}"));
+    };
+    println!("partitioned ok: rounds 2-{PART_ROUNDS} {how} (frames received per round {frames:?})");
     Ok(())
 }
 
@@ -1214,6 +1301,7 @@ fn run_step(check: Check, rt: &Runtime, c: &Communicator) -> Res {
         Check::FanIn => fan_in(c),
         Check::Large => large(c),
         Check::Alltoall => alltoall(c),
+        Check::Partitioned => partitioned(rt, c),
         Check::Rma => rma(c),
         Check::Locks { acquisitions, threads, write_every } => locks(c, acquisitions, threads, write_every),
         Check::Comms => comms(c),
@@ -1467,7 +1555,7 @@ mod tests {
     fn help_lists_every_check_with_the_ranks_it_takes() {
         let help = Cli::command().render_help().to_string();
         let checks = every_check();
-        assert_eq!(checks.len(), 23, "{help}");
+        assert_eq!(checks.len(), 24, "{help}");
         for (name, check, about) in &checks {
             assert_eq!(check.name(), name);
             assert!(about.starts_with(check.ranks().tag()), "{name}: {about:?} should start with {}", check.ranks().tag());
