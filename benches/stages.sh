@@ -30,7 +30,7 @@ total=$(incl "$W" 'PROGRAM TOTALS')
 # `isend` and `irecv` are inlined into the loop (their argument checks count in the rest):
 # their inner halves, `isend_on` and `irecv_on`, make the stages.
 isend=$(incl "$W" 'comm.rs:weft::comm::Communicator::isend(_on)?$')
-tsend=$(incl "$W" 'transport/src/provider.rs:weft::progress::send::.*post_frame')
+tsend=$(incl "$W" 'transport/src/provider.rs:weft::(progress::send::.*post_frame.*|comm::Communicator::isend)$')
 irecv=$(incl "$W" 'comm.rs:weft::comm::Communicator::irecv(_on)?$')
 post=$(incl "$W" 'matching/mod.rs:weft::matching::MatchState::post_into$')
 progress=$(incl "$W" 'engine/frames.rs:weft::engine::frames::.*progress_cri$')

@@ -143,6 +143,7 @@ fn measure(regime: Regime, kind: LockKind, t: usize, a: &Args) -> Result<Sample,
         .progress(ProgressMode::Global)
         .lock(LockPath::Progress, kind)
         .cris(t)
+        .lock_stats(true)
         .build_local(2)
         .map_err(|e| e.to_string())?;
     let before = rts[1].counters().progress_lock;

@@ -667,7 +667,8 @@ fn measure(p: &Point, a: &Args, provider: Provider, cpus: &[usize], faults: Faul
         .assignment(p.assignment)
         .matching(p.matching)
         .cris(p.cris)
-        .per_thread_order(a.per_thread_order);
+        .per_thread_order(a.per_thread_order)
+        .lock_stats(counters);
     if let Some(us) = a.yield_us {
         builder = builder.yield_window(Duration::from_micros(us));
     }

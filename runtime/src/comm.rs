@@ -25,7 +25,7 @@ use weft_sync::{Error, Status};
 use weft_transport::{FrameKind, Header};
 
 use crate::buffer::{Primitive, RecvBuf, SendBuf};
-use crate::engine::{slot_of, CommState, Engine, SendOutcome};
+use crate::engine::{main_path_inline, slot_of, CommState, Engine, SendOutcome};
 use crate::group::Group;
 use crate::loom::sync::atomic::{AtomicU32, Ordering};
 use crate::matching::{MatchState, Source, Tag};
@@ -214,6 +214,11 @@ impl Communicator {
 
     /// The sequence of collectives called on the communicator (`nbc.rs`).
     pub(crate) fn coll_seq(&self) -> &AtomicU32 {
+        &self.coll_seq
+    }
+
+    /// [`coll_seq`](Self::coll_seq), shared.
+    pub(crate) fn coll_seq_arc(&self) -> &Arc<AtomicU32> {
         &self.coll_seq
     }
 
@@ -459,7 +464,7 @@ impl Communicator {
         let part = st.part_of(tag);
         // A frame already here is handed out through `early`, not the return values.
         let mut early = None;
-        let posted = s.main_path(|| {
+        let posted = main_path_inline!(s, || {
             s.with_matching_of(st, part, |m| {
                 // Under the matching lock: `free` sets the flag before it drains the queues,
                 // so a receive posted here is either refused or drained (failed) by it.

@@ -153,8 +153,12 @@ pub struct Config {
     pub idle_pause: u32,
     /// Lock protocol of each path (`WEFT_LOCK_PROGRESS`, `WEFT_LOCK_CRI`, `WEFT_LOCK_MATCHING`).
     pub locks: Locks,
+    /// Count each path lock's acquisitions, contended acquisitions and productive vs
+    /// unproductive ones ([`Snapshot`](crate::Snapshot)'s `progress_lock`, `cri_lock`,
+    /// `matching_lock`; `WEFT_LOCK_STATS=1`). Off, an acquisition writes no counter.
+    pub lock_stats: bool,
     /// Measure how long each path lock is held (two clock reads per acquisition;
-    /// `WEFT_LOCK_TIMING=1`).
+    /// `WEFT_LOCK_TIMING=1`); turns the lock counts on too.
     pub lock_timing: bool,
 }
 
@@ -225,6 +229,7 @@ impl Default for Config {
             yield_window: std::time::Duration::from_micros(50),
             idle_pause: 1,
             locks: Locks::default(),
+            lock_stats: false,
             lock_timing: false,
         }
     }
@@ -325,6 +330,9 @@ impl Config {
         }
         if let Some(v) = var!("WEFT_SAME_HOST_LANE") {
             self.same_host_lane = switch("WEFT_SAME_HOST_LANE must be 1/true/yes/on or 0/false/no/off", &v)?;
+        }
+        if let Some(v) = var!("WEFT_LOCK_STATS") {
+            self.lock_stats = switch("WEFT_LOCK_STATS must be 1/true/yes/on or 0/false/no/off", &v)?;
         }
         if let Some(v) = var!("WEFT_LOCK_TIMING") {
             self.lock_timing = switch("WEFT_LOCK_TIMING must be 1/true/yes/on or 0/false/no/off", &v)?;

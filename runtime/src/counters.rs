@@ -23,6 +23,9 @@ pub struct Snapshot {
     pub out_of_sequence: u64,
     /// Nanoseconds in matching (only with `match_timing`).
     pub match_nanos: u64,
+    /// The path locks' counts below are kept only with lock statistics on
+    /// ([`Builder::lock_stats`](crate::Builder::lock_stats) or `lock_timing`); zero otherwise.
+    ///
     /// The progress path lock of `Global` mode ([Amer 2019, §3.2]): acquisitions, contended
     /// acquisitions, time held (with lock timing on), and productive vs unproductive passes
     /// of waiters through the progress engine.

@@ -30,6 +30,16 @@
 //! other member under the sequence number's second tag, where each member's schedule posted
 //! a receive when it started: a member waiting for a rank that failed, and not for the lost
 //! peer itself, fails too instead of waiting forever.
+//!
+//! A collective that failed on a rank, or whose schedule was dropped unfinished, leaves
+//! messages no receive will take: its peers' steps and failure notices sent before they
+//! learnt of the failure. Each call's tags being new, nothing would ever match them, and
+//! after [`SEQ_SPAN`] calls one could match a new call of the same tag. So the rank forgets
+//! the failed call's two tags on the collective context
+//! ([`Communicator::forget_collective`]): the frames queued under them go at once, and
+//! those that arrive later and find no receive are dropped as they come, until the
+//! communicator's collectives have moved half the span on. A call that succeeds pays
+//! nothing for it but a test of an empty field when a frame arrives before its receive.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -39,7 +49,7 @@ use std::task::{Context, Poll, Wake, Waker};
 use weft_sync::{Error, Status};
 
 use crate::buffer::{Primitive, RecvBuf, SendBuf};
-use crate::coll_steps::{land, Steps as StepPlan};
+use crate::coll_steps::{land, Incoming, Steps as StepPlan};
 use crate::comm::Communicator;
 use crate::engine::Schedule;
 use crate::matching::{Source, Tag};
@@ -84,6 +94,9 @@ pub(crate) struct Sched<'c> {
     notice: std::sync::OnceLock<Request<'c, Vec<u32>>>,
     /// Polls that found a step waiting.
     waits: std::sync::atomic::AtomicU32,
+    /// Whether the steps ended well (else, when dropped, the schedule's tags are
+    /// forgotten: [`Communicator::forget_collective`]).
+    ended_well: bool,
 }
 
 /// Polls of a waiting step before the schedule posts its receive for failure notices. A
@@ -476,7 +489,7 @@ impl<'c> Sched<'c> {
             CollTag::Seq(seq) => (seq_tag(seq), comm.size() > 1),
             CollTag::Fixed(t) => (t, false),
         };
-        Sched { comm, tag, notices, notice: std::sync::OnceLock::new(), waits: std::sync::atomic::AtomicU32::new(0) }
+        Sched { comm, tag, notices, notice: std::sync::OnceLock::new(), waits: std::sync::atomic::AtomicU32::new(0), ended_well: false }
     }
 
     /// Waits for `req` as a step of this schedule.
@@ -533,6 +546,7 @@ impl<'c> Sched<'c> {
     /// of this rank's own is reported to every other member; a notice not used is
     /// cancelled.
     fn finish(mut self, res: Result<(), Error>) -> Result<(), Error> {
+        self.ended_well = res.is_ok();
         if !self.notices {
             return res;
         }
@@ -543,6 +557,16 @@ impl<'c> Sched<'c> {
         }
         send_notices(self.comm, self.tag, e);
         Err(e)
+    }
+}
+
+impl Drop for Sched<'_> {
+    /// A schedule that failed, or was dropped before its steps ended, forgets its tags (its
+    /// steps' requests are gone by now: they borrow it).
+    fn drop(&mut self) {
+        if self.notices && !self.ended_well {
+            self.comm.forget_collective(self.tag);
+        }
     }
 }
 
@@ -611,6 +635,32 @@ impl Communicator {
     /// The sequence number of the next collective on this communicator.
     pub(crate) fn next_seq(&self) -> u32 {
         self.coll_seq().fetch_add(1, crate::loom::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Forgets the tags of the failed collective of data tag `tag` (its data and failure
+    /// notices) on the collective context: the frames queued under them go now, and those
+    /// that come later go as they arrive (a peer's step or notice sent before it learnt of
+    /// the failure), until the communicator's collectives have moved half the span of
+    /// sequence numbers on, long before the tags come round again. Without this each failed
+    /// collective would leave its peers' frames queued until the communicator is freed, and
+    /// after `SEQ_SPAN` collectives one could match a new collective of the same tag.
+    #[cold]
+    #[inline(never)]
+    pub(crate) fn forget_collective(&self, tag: i32) {
+        let (st, engine) = (self.coll_state(), self.engine());
+        let mut frames = Vec::new();
+        for part in 0..engine.matching_parts(st) {
+            engine.with_matching(st, part, |m| {
+                // Under the matching lock: `free` sets the flag before it drains the queues.
+                if !st.is_freed() {
+                    m.forget(&[tag, tag - 1], self.coll_seq_arc(), SEQ_SPAN / 2, &mut frames);
+                }
+            });
+        }
+        // Outside the matching lock: releasing an `Rts` sends its `Fin`.
+        for f in frames {
+            engine.release_frame(f);
+        }
     }
 
     /// Starts a nonblocking collective whose result goes into `buf`: `steps` (given the
@@ -735,6 +785,73 @@ thread_local! {
     static DIRECT: std::cell::Cell<Option<Box<DirectStore>>> = const { std::cell::Cell::new(None) };
 }
 
+/// How a collective run on the calling thread waits between idle passes: the spin slot
+/// and the answer of [`may_spin_long`](weft_sync::IdleBackoff::may_spin_long), taken at
+/// the first idle pass and kept for the call (sampled every millisecond or two, where a
+/// call takes microseconds): one clock read and one slot taken and given back per call, not
+/// per step or per idle pass.
+#[derive(Default)]
+struct Idle {
+    backoff: weft_sync::IdleBackoff,
+    long: Option<bool>,
+}
+
+impl Idle {
+    /// Whether to poll on (spin) rather than give the core up.
+    #[inline]
+    fn may_spin_long(&mut self) -> bool {
+        let Idle { backoff, long } = self;
+        *long.get_or_insert_with(|| backoff.may_spin_long())
+    }
+}
+
+/// What the requests of a collective's step gave, settled one by one: the first failure,
+/// and whether a receive's length differed from the plan's (each received message lands
+/// until either is found).
+#[derive(Default)]
+struct Settled {
+    failed: Option<Error>,
+    mismatch: bool,
+}
+
+impl Settled {
+    /// Settles one request's result (`recv`: its receive in the plan, for a receive):
+    /// lands a receive's message with `land` while nothing failed, and keeps its buffer in
+    /// `spare`.
+    #[inline(always)]
+    fn take(
+        &mut self,
+        part: Option<(Scratch<u8>, weft_sync::Outcome)>,
+        recv: Option<&Incoming>,
+        size: usize,
+        spare: &mut Vec<Vec<Unit>>,
+        land: impl FnOnce(&Incoming, &Scratch<u8>),
+    ) {
+        // Read where it lies (a result is nine words), not moved out first.
+        let mut part = part;
+        let Some((b, o)) = &mut part else { return };
+        if let Err(e) = o {
+            self.failed.get_or_insert(*e);
+        } else if let Some(inc) = recv.filter(|_| self.failed.is_none() && !self.mismatch) {
+            if b.len() == inc.len * size {
+                land(inc, b);
+            } else {
+                self.mismatch = true;
+            }
+        }
+        b.keep_in(spare);
+    }
+
+    /// The step's outcome: its first failure, else [`MISMATCH`] if a length differed.
+    fn outcome(self, comm: &Communicator) -> Result<(), Error> {
+        match self {
+            Settled { failed: Some(e), .. } => Err(step_error(comm, e)),
+            Settled { mismatch: true, .. } => Err(MISMATCH),
+            Settled { .. } => Ok(()),
+        }
+    }
+}
+
 /// A collective run on the calling thread: its communicator, data tag, the receive for
 /// failure notices once posted, and the thread's storage.
 struct Direct<'c> {
@@ -752,6 +869,7 @@ impl Direct<'_> {
         let coll = c.coll_state();
         let size = std::mem::size_of::<T>();
         debug_assert_eq!(self.store.steps.copies, 1, "a direct plan works in the data itself");
+        let mut idle = Idle::default();
         for i in 0..self.store.steps.steps.len() {
             let step = self.store.steps.steps[i].clone();
             // Sends first, so that the peers get them a receive's posting earlier (a small
@@ -772,52 +890,37 @@ impl Direct<'_> {
                 // SAFETY: as above.
                 self.store.reqs.push(unsafe { crate::request::unbound(r) });
             }
-            self.wait_step()?;
-            let mut got = std::mem::take(&mut self.store.got);
-            let mut res = Ok(());
-            for g in &got {
-                if let Some((_, Err(e))) = g {
-                    res = res.and(Err(step_error(c, *e)));
-                }
+            // Each request's result is settled where it lies when the step ended on the
+            // fast path (no list of results to fill and walk), else from `got`.
+            let in_place = self.wait_step(&mut idle)?;
+            let DirectStore { steps, reqs, got, spare, .. } = &mut *self.store;
+            let mut settled = Settled::default();
+            let n = if in_place { reqs.len() } else { got.len() };
+            for j in 0..n {
+                let part = if in_place { reqs[j].take_parts() } else { got[j].take() };
+                let recv = j.checked_sub(step.sends.len()).map(|k| &steps.recvs[step.recvs.start + k]);
+                settled.take(part, recv, size, spare, |inc, b| land(data, &steps.landings[inc.lands.clone()], b.elems(), combine));
             }
-            if res.is_ok() {
-                for (k, g) in step.recvs.clone().zip(&got[step.sends.len()..]) {
-                    let inc = &self.store.steps.recvs[k];
-                    let Some((b, _)) = g else { continue };
-                    if b.len() != inc.len * size {
-                        res = Err(MISMATCH);
-                        break;
-                    }
-                    land(data, &self.store.steps.landings[inc.lands.clone()], b.elems(), combine);
-                }
-            }
-            for (b, _) in got.iter_mut().flatten() {
-                b.keep_in(&mut self.store.spare);
-            }
+            reqs.clear();
             got.clear();
-            self.store.got = got;
-            res?;
+            settled.outcome(c)?;
         }
         Ok(())
     }
 
-    /// Waits for the step's requests (`store.reqs`, taken into `store.got` in their order):
-    /// first by testing them between progress passes, then, still pending after
+    /// Waits for the step's requests (`store.reqs`): first by testing them between progress
+    /// passes, which leaves them complete where they lie (`true`), then, still pending after
     /// [`DIRECT_POLLS`] passes, with the receive for failure notices posted, as a blocking
-    /// wait does. `Cancelled` if a notice came.
-    fn wait_step(&mut self) -> Result<(), Error> {
+    /// wait does, taking their results into `store.got` in their order as they complete
+    /// (`false`). `Cancelled` if a notice came.
+    fn wait_step(&mut self, idle: &mut Idle) -> Result<bool, Error> {
         let engine = self.comm.engine();
         let st = &mut *self.store;
         if self.notice.is_none() {
-            let mut idle = weft_sync::IdleBackoff::new();
             for _ in 0..DIRECT_POLLS {
                 if st.reqs.iter().all(Request::is_complete) {
-                    // Taken where they lie, not moved out first (a request is eleven words).
-                    for r in st.reqs.iter_mut() {
-                        st.got.push(r.take_parts());
-                    }
-                    st.reqs.clear();
-                    return Ok(());
+                    // Left where they lie, for the caller to take.
+                    return Ok(true);
                 }
                 if engine.progress_once().progressed() {
                     continue;
@@ -836,6 +939,8 @@ impl Direct<'_> {
             // SAFETY: dropped by `finish`, before `run_direct` returns.
             self.notice = Some(unsafe { crate::request::unbound(r) });
         }
+        // The spin slot goes back: the blocking wait below takes its own.
+        *idle = Idle::default();
         let k = st.reqs.len();
         st.reqs.push(self.notice.take().expect("posted above"));
         st.got.resize_with(k, || None);
@@ -858,14 +963,14 @@ impl Direct<'_> {
         }
         self.notice = st.reqs.pop();
         st.reqs.clear();
-        res
+        res.map(|()| false)
     }
 
     /// The collective's outcome: `res`, or the failure another member reported; a failure
     /// of this rank's own is reported to every other member. In the communicator's ranks.
     /// Inlined where the collective ran (no copy of this into a call); a receive for
     /// failure notices and a failure go out of line.
-    #[inline]
+    #[inline(always)]
     fn finish(self, res: Result<(), Error>) -> Result<(), Error> {
         let Direct { comm, tag, notice, mut store } = self;
         store.reqs.clear();
@@ -905,6 +1010,9 @@ impl Direct<'_> {
                 e
             }
         };
+        if comm.size() > 1 {
+            comm.forget_collective(tag);
+        }
         Err(comm.local_error(e))
     }
 }
@@ -944,5 +1052,54 @@ impl Communicator {
         let mut d = Direct { comm: self, tag: seq_tag(self.next_seq()), notice: None, store };
         let res = d.run(data, &combine);
         d.finish(res)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::{Duration, Instant};
+
+    use crate::{Communicator, Error, Op, Runtime, Source, Tag};
+
+    /// Frames held by the communicator's collective context (queued, early or dropped).
+    fn coll_frames(c: &Communicator) -> usize {
+        c.engine().with_matching(c.coll_state(), 0, |m| m.frames_held())
+    }
+
+    /// Three ranks of four run allreduces (recursive doubling: 0-1 and 2-3, then 0-2 and
+    /// 1-3) after the fourth left: rank 2 fails at its first step and tells the others,
+    /// rank 0's second step to it is sent all the same, rank 1 fails at its second step and
+    /// tells the others too. The frames of those failed calls (rank 0's step, the notices
+    /// no receive took) do not stay queued on any survivor, for nonblocking calls and
+    /// blocking ones.
+    #[test]
+    fn failed_collectives_leave_no_frames_queued() {
+        let mut rts = Runtime::builder().env(false).cris(1).build_local(4).unwrap();
+        drop(rts.pop());
+        let cs: Vec<&Communicator> = rts.iter().map(Runtime::world).collect();
+        let lost = Err(Error::PeerLost { rank: 3 });
+        std::thread::scope(|s| {
+            for c in &cs {
+                s.spawn(move || {
+                    for k in 0..12u32 {
+                        let res = if k % 3 == 2 {
+                            c.allreduce(&[k], &mut [0], Op::Sum)
+                        } else {
+                            c.iallreduce(vec![k], Op::Sum).unwrap().wait().map(drop)
+                        };
+                        assert_eq!(res, lost, "call {k}");
+                    }
+                });
+            }
+        });
+        // Whatever was still in flight arrives (bounded).
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while cs.iter().any(|c| coll_frames(c) > 0) && Instant::now() < deadline {
+            for c in &cs {
+                assert_eq!(c.iprobe(Source::Any, Tag::Any), Ok(None));
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        assert_eq!(cs.iter().map(|c| coll_frames(c)).collect::<Vec<_>>(), vec![0; 3], "frames of failed collectives queued");
     }
 }

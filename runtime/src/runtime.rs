@@ -18,7 +18,7 @@ use crate::engine::{ContextTable, Courier, Cri, CriLocal, Engine, Outbox, PeerWa
 #[allow(unused_imports)] // `JoinError` is named in docs.
 use crate::executor::{JoinError, JoinHandle};
 use crate::lock::owner::OwnerToken;
-use crate::lock::path::PathLock;
+use crate::lock::path::{Counting, PathLock};
 use crate::lock::{FlatKind, LockOptions, Topology};
 use crate::loom::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
 
@@ -304,7 +304,15 @@ impl Builder {
         self.config.locks.set(path, kind);
         self
     }
-    /// Measure how long each path lock is held (two clock reads per acquisition).
+    /// Count each path lock's acquisitions, contended acquisitions and productive vs
+    /// unproductive ones, reported by [`Runtime::counters`] (default off: an acquisition
+    /// then writes no counter).
+    pub fn lock_stats(mut self, on: bool) -> Self {
+        self.config.lock_stats = on;
+        self
+    }
+    /// Measure how long each path lock is held (two clock reads per acquisition); counts
+    /// as [`lock_stats`](Self::lock_stats) does, too.
     pub fn lock_timing(mut self, on: bool) -> Self {
         self.config.lock_timing = on;
         self
@@ -365,6 +373,7 @@ impl Builder {
     fn assemble(config: Config, lock_options: LockOptions, endpoints: Vec<Transport>) -> Result<Vec<Runtime>, Error> {
         // std: a `static` needs a `const fn new`, which loom's atomics lack.
         static NEXT_ID: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+        let lock_counting = Counting::new(config.lock_stats, config.lock_timing);
         endpoints
             .into_iter()
             .map(|ep| {
@@ -373,13 +382,13 @@ impl Builder {
                     id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
                     cris: (0..config.cris)
                         .map(|_| {
-                            let lock = PathLock::new(config.locks.cri, &lock_options, config.lock_timing, CriLocal::default());
+                            let lock = PathLock::new(config.locks.cri, &lock_options, lock_counting, CriLocal::default());
                             CachePadded::new(Cri { lock, attending: AtomicU32::new(0), rma: Default::default() })
                         })
                         .collect(),
                     rr: CachePadded::new(AtomicUsize::new(0)),
-                    contexts: ContextTable::new(PathLock::new(config.locks.matching, &lock_options, config.lock_timing, Vec::new())),
-                    progress_lock: CachePadded::new(PathLock::new(config.locks.progress, &lock_options, config.lock_timing, ())),
+                    contexts: ContextTable::new(PathLock::new(config.locks.matching, &lock_options, lock_counting, Vec::new())),
+                    progress_lock: CachePadded::new(PathLock::new(config.locks.progress, &lock_options, lock_counting, ())),
                     lock_options: lock_options.clone(),
                     owner: CachePadded::new(OwnerToken::new()),
                     outbox: Outbox::new(size),

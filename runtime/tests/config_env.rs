@@ -171,8 +171,9 @@ fn weft_variables_override_the_builder_and_bad_values_fail() {
     // The switches: the on and off spellings in any case; anything else is an error naming
     // the variable (it was taken for "off").
     type Get = fn(&Config) -> bool;
-    let switches: [(&str, Get); 3] = [
+    let switches: [(&str, Get); 4] = [
         ("WEFT_MATCH_TIMING", |c| c.match_timing),
+        ("WEFT_LOCK_STATS", |c| c.lock_stats),
         ("WEFT_LOCK_TIMING", |c| c.lock_timing),
         ("WEFT_PER_THREAD_ORDER", |c| c.per_thread_order),
     ];

@@ -1,7 +1,7 @@
 //! The runtime's path locks: every protocol on every path carries real traffic in
 //! every progress mode, the per-path counters see it, and bad names are errors.
 
-use weft::lock::{FlatKind, LockKind, LockOptions, LockPath};
+use weft::lock::{FlatKind, LockKind, LockOptions, LockPath, LockStatsSnapshot};
 use weft::{MatchingMode, ProgressMode, Request, Runtime};
 
 const MODES: [ProgressMode; 3] = [ProgressMode::Global, ProgressMode::Owner, ProgressMode::Concurrent];
@@ -45,6 +45,7 @@ fn every_protocol_on_every_path_in_every_mode() {
                 .lock(LockPath::Progress, kind)
                 .lock(LockPath::Cri, kind)
                 .lock(LockPath::Matching, kind)
+                .lock_stats(true)
                 .build_local(2)
                 .unwrap();
             assert_eq!(rts[0].config().locks.cri, kind);
@@ -78,11 +79,39 @@ fn global_matching_lock_is_counted() {
         .progress(ProgressMode::Owner)
         .matching(MatchingMode::Global)
         .lock(LockPath::Matching, LockKind::Flat(FlatKind::Mcs))
+        .lock_stats(true)
         .build_local(2)
         .unwrap();
     traffic(&rts, "global matching");
     let c = rts[1].counters();
     assert!(c.matching_lock.acquisitions > 4 * 64 && c.matching_lock.productive >= 1, "posts + arrivals: {c:?}");
+}
+
+/// Lock statistics are kept only when asked for (an acquisition then writes no counter):
+/// off by default, every path's counts stay zero while messages flow; on, every path counts,
+/// under the default protocol (`parking_lot`) and a queue lock alike.
+#[test]
+fn lock_counts_only_when_asked() {
+    for kind in [LockKind::Flat(FlatKind::ParkingLot), LockKind::Flat(FlatKind::Mcs)] {
+        for stats in [None, Some(false), Some(true)] {
+            let mut b =
+                Runtime::builder().env(false).progress(ProgressMode::Global).lock(LockPath::Cri, kind).lock(LockPath::Matching, kind);
+            if let Some(on) = stats {
+                b = b.lock_stats(on);
+            }
+            let rts = b.build_local(2).unwrap();
+            assert_eq!(rts[0].config().lock_stats, stats == Some(true));
+            traffic(&rts, &format!("{kind} lock_stats {stats:?}"));
+            let c = rts[1].counters();
+            assert_eq!(c.messages_received, 4 * 64, "{kind} {stats:?}: the message counts are kept either way");
+            let paths = [c.progress_lock, c.cri_lock, c.matching_lock];
+            if stats == Some(true) {
+                assert!(paths.iter().all(|p| p.acquisitions > 0 && p.productive > 0), "{kind}: {c:?}");
+            } else {
+                assert!(paths.iter().all(|p| *p == LockStatsSnapshot::default()), "{kind} {stats:?}: {c:?}");
+            }
+        }
+    }
 }
 
 #[test]

@@ -90,8 +90,9 @@ const SAMPLE_EVERY_US: u64 = 2000;
 static OCCUPANCY: Occupancy = Occupancy { stamp_us: AtomicU64::new(0), spare: AtomicBool::new(false) };
 
 impl Occupancy {
-    fn spare(&self) -> bool {
-        let now = epoch_us();
+    /// The answer, sampled anew if the last sample is older than its period at `now`
+    /// ([`epoch_us`]).
+    fn spare(&self, now: u64) -> bool {
         // Relaxed: a hint; a stale answer costs one wait its long spin or one yield.
         let stamp = self.stamp_us.load(Ordering::Relaxed);
         if stamp != u64::MAX
@@ -128,12 +129,12 @@ fn epoch_us() -> u64 {
 /// millisecond by timing one `sched_yield`: the machine-wide count (`Occupancy`) can read
 /// "spare" while two busy threads sit on one CPU and another idles (the load balancer moves
 /// one within milliseconds); spinning long there would hold the CPU from the very thread
-/// the spinner waits for. The probe's yield costs about 0.5 µs once per millisecond.
-fn cpu_is_ours() -> bool {
+/// the spinner waits for. The probe's yield costs about 0.5 µs once per millisecond. `now`:
+/// [`epoch_us`].
+fn cpu_is_ours(now: u64) -> bool {
     PROBE
         .try_with(|p| {
             let (stamp, ours) = p.get();
-            let now = epoch_us();
             if now.saturating_sub(stamp) < PROBE_EVERY_US {
                 return ours;
             }
@@ -302,9 +303,11 @@ impl IdleBackoff {
     /// (sampled at most every 2 ms; on Linux from `/proc/loadavg`, elsewhere never). A
     /// busy-polling rank of a two-process ping-pong on two cores gets a yes; a waiter among
     /// more runnable threads than cores (threads or processes) gets a no and yields, since
-    /// the thread it waits for may be the one without a core.
+    /// the thread it waits for may be the one without a core. One clock read: both samples'
+    /// ages are taken from it.
     pub fn may_spin_long(&mut self) -> bool {
-        OCCUPANCY.spare() && self.may_spin() && cpu_is_ours()
+        let now = epoch_us();
+        OCCUPANCY.spare(now) && self.may_spin() && cpu_is_ours(now)
     }
 
     /// Whether the spin phase is over (every further step yields).
@@ -461,7 +464,7 @@ mod tests {
             let deadline = Instant::now() + std::time::Duration::from_secs(5);
             let mut spare = true;
             while spare && Instant::now() < deadline {
-                spare = OCCUPANCY.spare();
+                spare = OCCUPANCY.spare(epoch_us());
                 std::thread::sleep(std::time::Duration::from_micros(SAMPLE_EVERY_US));
             }
             stop.store(true, Ordering::Relaxed);

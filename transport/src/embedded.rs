@@ -230,7 +230,7 @@ impl Packed {
     /// Packs `h` with `data` (which [`fits`](Self::fits)); a payload longer than
     /// [`SLOT_INLINE`] is copied into a buffer from `pool`.
     #[inline]
-    fn pack(h: Header, data: &[u8], pool: impl FnOnce() -> Vec<u8>) -> Packed {
+    fn pack(h: &Header, data: &[u8], pool: impl FnOnce() -> Vec<u8>) -> Packed {
         let env = Envelope { context: h.context, source: h.source, tag: h.tag, seq: h.seq, gseq: h.gseq, src_cri: h.src_cri, chan: h.chan };
         let kind = h.kind;
         if data.is_empty() {
@@ -272,14 +272,6 @@ impl Packed {
                 Frame { header: header(kind, env, u64::from(n), 0, 0), payload: Payload::Inline { len: n, bytes } }
             }
             Packed::Pooled { kind, env, buf } => Frame { header: header(kind, env, buf.len() as u64, 0, 0), payload: Payload::Pooled(buf) },
-        }
-    }
-
-    /// The payload, for giving its buffer back.
-    fn into_payload(self) -> Payload {
-        match self {
-            Packed::Pooled { buf, .. } => Payload::Pooled(buf),
-            _ => Payload::Empty,
         }
     }
 }
@@ -422,31 +414,32 @@ impl EmbeddedRank {
         // A compare instead of `%`: an integer division costs tens of cycles per frame.
         let n = self.world.opts.cris;
         let slot = &peer.cris[if dst_cri < n { dst_cri } else { dst_cri % n }];
-        let packed = Packed::pack(header, data, || {
-            let mut buf = self.me().pool.pop().unwrap_or_default();
-            if buf.capacity() < data.len() {
-                buf.clear();
-                // A new buffer is made for its first payload (most are small, and a frame in
-                // flight holds its buffer: at the eager capacity each, 1,024 ranks' first
-                // collectives took 580 MB); one that is too small grows once to the eager
-                // capacity, so that the pool's buffers stop growing.
-                let fresh = buf.capacity() == 0;
-                buf.reserve_exact(if fresh { data.len().max(MIN_POOLED) } else { self.world.opts.eager_capacity.max(data.len()) });
-            }
-            buf
-        });
+        // Packed in the slot the push claims (no copy of the packed frame through the
+        // stack), and only then: a refused frame takes no pooled buffer.
+        let packed = || {
+            Packed::pack(&header, data, || {
+                let mut buf = self.me().pool.pop().unwrap_or_default();
+                if buf.capacity() < data.len() {
+                    buf.clear();
+                    // A new buffer is made for its first payload (most are small, and a frame in
+                    // flight holds its buffer: at the eager capacity each, 1,024 ranks' first
+                    // collectives took 580 MB); one that is too small grows once to the eager
+                    // capacity, so that the pool's buffers stop growing.
+                    let fresh = buf.capacity() == 0;
+                    buf.reserve_exact(if fresh { data.len().max(MIN_POOLED) } else { self.world.opts.eager_capacity.max(data.len()) });
+                }
+                buf
+            })
+        };
         // A refused frame marks this rank in the inbox, so that whoever drains it rings our
         // doorbell (`poll`): a sender with frames deferred behind a full inbox is woken when
         // there is room, whether it is a parked thread or a pending task.
-        match slot.inbox.push(packed).or_else(|packed| slot.inbox.refuse(refusal_bit(self.rank), packed)) {
+        match slot.inbox.push_with(packed).or_else(|packed| slot.inbox.refuse_with(refusal_bit(self.rank), packed)) {
             Ok(()) => {
                 peer.doorbell.ring();
                 Ok(())
             }
-            Err(packed) => {
-                self.recycle_own(packed.into_payload());
-                Err(SendError::WouldBlock)
-            }
+            Err(_) => Err(SendError::WouldBlock),
         }
     }
 
@@ -492,17 +485,15 @@ impl EmbeddedRank {
     }
 
     /// Gives a consumed payload's buffer back to the pool of `source`, the rank that sent it.
-    #[inline]
+    /// Inlined into every caller (the receive path's included, whatever else calls it: an
+    /// inline payload's is no work at all).
+    #[inline(always)]
     pub fn recycle(&self, source: u32, payload: Payload) {
         if let Payload::Pooled(buf) = payload {
             if let Some(r) = self.world.ranks.get(source as usize) {
                 let _ = r.pool.push(buf);
             }
         }
-    }
-
-    fn recycle_own(&self, payload: Payload) {
-        self.recycle(self.rank, payload);
     }
 
     /// The event rung on every frame pushed to this rank.

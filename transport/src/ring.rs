@@ -97,7 +97,17 @@ impl<T> Inbox<T> {
     }
 
     /// Appends `value`, or hands it back if the queue is full.
+    #[cfg(test)]
     pub(crate) fn push(&self, value: T) -> Result<(), T> {
+        self.push_with(move || value).map_err(|make| make())
+    }
+
+    /// Appends the value `make` gives, built in its slot once the slot is claimed (not on
+    /// the producer's stack, then copied in); hands `make` back, not called, if the queue
+    /// is full. `make` must not panic: the slot it was to fill would never be published,
+    /// and the consumer would wait at it for ever.
+    #[inline]
+    pub(crate) fn push_with<F: FnOnce() -> T>(&self, make: F) -> Result<(), F> {
         let cap = self.mask + 1;
         // Relaxed: the tail only allocates positions; the slot's stamp carries the data.
         let mut t = self.tail.load(Ordering::Relaxed);
@@ -110,7 +120,7 @@ impl<T> Inbox<T> {
                     Ok(_) => {
                         // SAFETY: position `t` is ours (the CAS), and stamp `t` says the slot
                         // is free: the consumer finished reading its previous value.
-                        slot.value.with_mut(|p| unsafe { (*p).write(value) });
+                        slot.value.with_mut(|p| unsafe { (*p).write(make()) });
                         // Release: publishes the value to the consumer's Acquire.
                         slot.stamp.store(t.wrapping_add(1), Ordering::Release);
                         return Ok(());
@@ -119,7 +129,7 @@ impl<T> Inbox<T> {
                 }
             } else if stamp.wrapping_add(cap) == t.wrapping_add(1) {
                 // Last lap's value is still unread.
-                return Err(value);
+                return Err(make);
             } else {
                 // Another producer took `t` meanwhile.
                 t = self.tail.load(Ordering::Relaxed);
@@ -130,11 +140,18 @@ impl<T> Inbox<T> {
     /// After `push` refused `value`: marks the producer with `bits` for the consumer's next
     /// [`take_refused`](Self::take_refused), then tries once more. An `Err` means the
     /// consumer will see the mark after it next frees a slot (module docs, "Refusals").
+    #[cfg(test)]
     pub(crate) fn refuse(&self, bits: u64, value: T) -> Result<(), T> {
+        self.refuse_with(bits, move || value).map_err(|make| make())
+    }
+
+    /// [`refuse`](Self::refuse) after [`push_with`](Self::push_with) refused `make`.
+    #[cold]
+    pub(crate) fn refuse_with<F: FnOnce() -> T>(&self, bits: u64, make: F) -> Result<(), F> {
         self.refused.fetch_or(bits, Ordering::Relaxed);
         // SeqCst: orders the mark before the second try's stamp loads (the handshake).
         fence(Ordering::SeqCst);
-        self.push(value)
+        self.push_with(make)
     }
 
     /// The marks of producers refused since the last call, cleared; for the consumer after

@@ -16,7 +16,7 @@ use weft_sync::Error;
 use weft_transport::Frame;
 
 use crate::config::{Assignment, MatchingMode};
-use crate::lock::path::PathLock;
+use crate::lock::path::{Counting, PathLock};
 use crate::loom::sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, Ordering};
 use crate::matching::{MatchState, Matched, Order, Tag};
 
@@ -207,7 +207,7 @@ impl CommState {
                     CachePadded::new(PathLock::new(
                         engine.config.locks.matching,
                         &engine.lock_options,
-                        engine.config.lock_timing,
+                        Counting::new(engine.config.lock_stats, engine.config.lock_timing),
                         MatchState::new(size, order),
                     ))
                 })
@@ -516,6 +516,16 @@ impl Engine {
     #[cold]
     pub(crate) fn trim_partitions(&self, comm: &CommState) {
         self.while_partitioned(comm, |parts| MatchState::trim(parts));
+    }
+
+    /// Releases the frames a matching state dropped under forgotten tags (a failed
+    /// collective's, `MatchState::forget`), which it asked for.
+    #[cold]
+    #[inline(never)]
+    pub(crate) fn release_dropped(&self, comm: &CommState, part: usize) {
+        for frame in self.with_matching_low(comm, part, MatchState::take_dropped) {
+            self.release_frame(frame);
+        }
     }
 
     /// Completes the receives of pairs made under a matching lock (outside it).

@@ -94,6 +94,7 @@ impl Engine {
                 Due::None => {}
                 Due::Trim => self.trim_partitions(comm),
                 Due::Switch => matched.append(&mut self.switch_to_one_order(comm)),
+                Due::Release => self.release_dropped(comm, part),
             }
             // One match (a frame for a posted receive) is the common case: taken without
             // a `Drain`.
@@ -148,7 +149,8 @@ impl Engine {
         req.orphan.lock().take();
     }
 
-    /// Gives a frame's resources back without delivering it (freed communicator).
+    /// Gives a frame's resources back without delivering it (freed communicator, or a
+    /// failed collective's tag).
     pub(crate) fn release_frame(&self, frame: Frame) {
         if frame.header.kind == FrameKind::Rts {
             // The sender waits for a `Fin`; tell it the data was consumed (MPI would hang).

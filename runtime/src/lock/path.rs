@@ -1,8 +1,9 @@
 //! The runtime's locks, one protocol per path ([Amer 2019, §4]), with per-path counters.
 //!
-//! Every lock of the communication path is a [`PathLock`]: a [`weft::lock::Mutex`] over a
-//! [`DynLock`] (the protocol chosen by [`Locks`](crate::Locks)) wrapped in [`Counted`]
-//! (acquisitions, contended acquisitions, optional time held, productive vs unproductive).
+//! Every lock of the communication path is a [`PathLock`]: a [`weft::lock::Mutex`] over the
+//! protocol chosen by [`Locks`](crate::Locks), wrapped in [`Counted`] (acquisitions,
+//! contended acquisitions, optional time held, productive vs unproductive) when the
+//! runtime's lock statistics are on ([`Counting`]).
 //!
 //! Two classes of acquirer ([Amer 2019, §2.2], §4.1):
 //!
@@ -22,51 +23,130 @@
 use crate::lock::{Acquisition, Counted, DynLock, FlatKind, LockKind, LockOptions, LockStatsSnapshot, Mutex, ParkingLot};
 use crate::loom::sync::atomic::{AtomicU64, Ordering};
 
+/// What the path locks count ([`Config::lock_stats`], [`Config::lock_timing`]).
+///
+/// [`Config::lock_stats`]: crate::Config::lock_stats
+/// [`Config::lock_timing`]: crate::Config::lock_timing
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Counting {
+    /// Nothing: an acquisition is the protocol's alone.
+    Off,
+    /// Acquisitions, contended ones, productive and unproductive ones.
+    Counts,
+    /// The counts and the time held (two clock reads per acquisition).
+    Timed,
+}
+
+impl Counting {
+    /// Counting as the switches ask: timing implies the counts.
+    pub(crate) fn new(stats: bool, timing: bool) -> Self {
+        match (stats, timing) {
+            (_, true) => Counting::Timed,
+            (true, false) => Counting::Counts,
+            (false, false) => Counting::Off,
+        }
+    }
+}
+
 /// A lock of one runtime path guarding a `T`.
 pub(crate) struct PathLock<T> {
     m: PathImp<T>,
     /// Try-acquisitions that found the lock taken and gave up (`Concurrent` progress): not
     /// acquisitions, so not in the lock's own counters, which only its holder writes.
+    /// Counted only with the counters on.
     refused: AtomicU64,
 }
 
-/// The protocol behind a [`PathLock`]. The default of the CRI and matching paths,
-/// `parking_lot`, is held directly: through [`DynLock`] every acquisition would build (and
-/// drop) a node with a field for each queue protocol, a cost paid twice per message on the
-/// path of one eager send and receive although `parking_lot` uses none of it. Inline, not
-/// boxed: a box would put a pointer chase on every acquisition of the other protocols.
+/// The protocol behind a [`PathLock`], with or without its counters. The default of the CRI
+/// and matching paths, `parking_lot`, is held directly: through [`DynLock`] every
+/// acquisition would build (and drop) a node with a field for each queue protocol, a cost
+/// paid twice per message on the path of one eager send and receive although `parking_lot`
+/// uses none of it. Without counters ([`Counting::Off`], the default) an acquisition writes
+/// no counter and builds no node for a start time: the counters' load-and-store, the check
+/// for timing and the start time's store and reset were about 9 instructions per
+/// acquisition, two acquisitions (a CRI's, a matching lock's) on every message. Inline,
+/// not boxed: a box would put a pointer chase on every acquisition of the other protocols.
 #[allow(clippy::large_enum_variant)]
 enum PathImp<T> {
-    /// `parking_lot` (no node).
-    Plain(Mutex<Counted<ParkingLot>, T>),
-    /// Any other protocol, chosen at run time.
-    Dyn(Mutex<Counted<DynLock>, T>),
+    /// `parking_lot` (no node), not counted.
+    Plain(Mutex<ParkingLot, T>),
+    /// `parking_lot`, counted.
+    PlainCounted(Mutex<Counted<ParkingLot>, T>),
+    /// Any other protocol, chosen at run time, not counted.
+    Dyn(Mutex<DynLock, T>),
+    /// Any other protocol, counted.
+    DynCounted(Mutex<Counted<DynLock>, T>),
 }
 
-/// Runs `$e` with `$m` bound to the chosen mutex (the same code for either protocol).
+/// Runs `$e` with `$m` bound to the chosen mutex (the same code for every protocol).
 macro_rules! with_imp {
     ($imp:expr, |$m:ident| $e:expr) => {
         match $imp {
             PathImp::Plain($m) => $e,
+            PathImp::PlainCounted($m) => $e,
             PathImp::Dyn($m) => $e,
+            PathImp::DynCounted($m) => $e,
         }
     };
 }
 
+/// The counters of a path lock's protocol: [`Counted`]'s, or none.
+trait PathStats {
+    /// Reports a progress-path acquisition's outcome (while holding the lock).
+    #[inline]
+    fn record(&self, productive: bool) {
+        let _ = productive;
+    }
+
+    /// Whether the lock keeps counters.
+    #[inline]
+    fn counts(&self) -> bool {
+        false
+    }
+
+    /// The counters now (zero without them).
+    fn snapshot(&self) -> LockStatsSnapshot {
+        LockStatsSnapshot::default()
+    }
+}
+
+impl PathStats for ParkingLot {}
+
+impl PathStats for DynLock {}
+
+impl<L> PathStats for Counted<L> {
+    #[inline]
+    fn record(&self, productive: bool) {
+        self.record_progress(if productive { Acquisition::Productive } else { Acquisition::Unproductive });
+    }
+
+    #[inline]
+    fn counts(&self) -> bool {
+        true
+    }
+
+    fn snapshot(&self) -> LockStatsSnapshot {
+        self.stats().snapshot()
+    }
+}
+
 impl<T> PathLock<T> {
-    /// `value` behind a lock of protocol `kind`; `timed` also measures time held. `opts`
-    /// carries the topology, detected once per runtime (HMCS levels).
-    pub(crate) fn new(kind: LockKind, opts: &LockOptions, timed: bool, value: T) -> Self {
-        fn counted<L>(lock: L, timed: bool) -> Counted<L> {
-            if timed {
+    /// `value` behind a lock of protocol `kind`, counting as `counting` says. `opts` carries
+    /// the topology, detected once per runtime (HMCS levels).
+    pub(crate) fn new(kind: LockKind, opts: &LockOptions, counting: Counting, value: T) -> Self {
+        fn counted<L>(lock: L, counting: Counting) -> Counted<L> {
+            if counting == Counting::Timed {
                 Counted::timed(lock)
             } else {
                 Counted::new(lock)
             }
         }
-        let m = match kind {
-            LockKind::Flat(FlatKind::ParkingLot) => PathImp::Plain(Mutex::with_raw(counted(ParkingLot::new(), timed), value)),
-            _ => PathImp::Dyn(Mutex::with_raw(counted(DynLock::with_options(kind, opts), timed), value)),
+        let plain = matches!(kind, LockKind::Flat(FlatKind::ParkingLot));
+        let m = match (plain, counting) {
+            (true, Counting::Off) => PathImp::Plain(Mutex::with_raw(ParkingLot::new(), value)),
+            (true, _) => PathImp::PlainCounted(Mutex::with_raw(counted(ParkingLot::new(), counting), value)),
+            (false, Counting::Off) => PathImp::Dyn(Mutex::with_raw(DynLock::with_options(kind, opts), value)),
+            (false, _) => PathImp::DynCounted(Mutex::with_raw(counted(DynLock::with_options(kind, opts), counting), value)),
         };
         PathLock { m, refused: AtomicU64::new(0) }
     }
@@ -87,26 +167,30 @@ impl<T> PathLock<T> {
     /// Progress path without waiting: `None` (counted as refused) if the lock is taken.
     #[inline]
     pub(crate) fn try_low<R>(&self, f: impl FnOnce(&mut T) -> (R, bool)) -> Option<R> {
-        let r = with_imp!(&self.m, |m| m.try_with_lock_low(|v| record(m.raw(), f(v))));
-        if r.is_none() {
-            // Relaxed: a statistic.
-            self.refused.fetch_add(1, Ordering::Relaxed);
-        }
-        r
+        with_imp!(&self.m, |m| {
+            let r = m.try_with_lock_low(|v| record(m.raw(), f(v)));
+            if r.is_none() && m.raw().counts() {
+                // Relaxed: a statistic.
+                self.refused.fetch_add(1, Ordering::Relaxed);
+            }
+            r
+        })
     }
 
-    /// The lock's counters; `contended` also counts refused try-acquisitions.
+    /// The lock's counters (zero unless counting); `contended` also counts refused
+    /// try-acquisitions.
     pub(crate) fn stats(&self) -> LockStatsSnapshot {
-        let mut s = with_imp!(&self.m, |m| m.raw().stats().snapshot());
+        let mut s = with_imp!(&self.m, |m| m.raw().snapshot());
         s.contended += self.refused.load(Ordering::Relaxed);
         s
     }
 }
 
-/// Reports a progress-path acquisition's outcome to its lock's counters (while holding it).
+/// Reports a progress-path acquisition's outcome to its lock's counters, if it has any
+/// (while holding it).
 #[inline]
-fn record<L, R>(lock: &Counted<L>, (r, productive): (R, bool)) -> R {
-    lock.record_progress(if productive { Acquisition::Productive } else { Acquisition::Unproductive });
+fn record<L: PathStats, R>(lock: &L, (r, productive): (R, bool)) -> R {
+    lock.record(productive);
     r
 }
 

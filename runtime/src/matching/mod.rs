@@ -44,6 +44,7 @@
 //! met receives posted before the first `Tag::Any` one, each for their own tag, in that tag's
 //! send order.
 
+use crate::loom::sync::atomic::{AtomicU32, Ordering as AtomicOrdering};
 use std::collections::{HashMap, VecDeque};
 use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::Arc;
@@ -178,8 +179,8 @@ impl Bins {
     }
 
     /// `key`'s bin, made empty if there is none: among a few bins, an empty one takes the
-    /// new key.
-    #[inline]
+    /// new key. Inlined into its one caller, posting (a call per receive less).
+    #[inline(always)]
     fn entry(&mut self, key: u64) -> &mut VecDeque<Posted> {
         let i = match self.find(key) {
             Some(i) => i,
@@ -454,9 +455,30 @@ pub(crate) struct MatchState {
     parked: Vec<Frame>,
     /// Work this state asks of its caller once the lock is released.
     due: Due,
+    /// Tags no receive will be posted for again (a failed collective's; none on most
+    /// states): a frame under one that finds no receive is dropped, not queued.
+    forgotten: Option<Box<Forgotten>>,
+    /// Frames dropped so, for the caller to release outside the lock ([`Due::Release`]).
+    dropped: Vec<Frame>,
     /// Counters.
     pub(crate) counters: MatchCounters,
 }
+
+/// Tags whose frames nobody will receive, each until a count of the caller's has moved on
+/// by a span from its value when the tag was forgotten (a collective's tags come round
+/// again after so many collectives: their frames must then be kept).
+struct Forgotten {
+    /// The count (the communicator's collectives called).
+    count: Arc<AtomicU32>,
+    /// How far the count moves before a tag is remembered again.
+    span: u32,
+    /// The tags and the count when each was forgotten, oldest first.
+    tags: VecDeque<(i32, u32)>,
+}
+
+/// Tags a state forgets at most at once (the oldest is remembered again past it: its late
+/// frames, if any, are then queued as before).
+const MAX_FORGOTTEN: usize = 128;
 
 /// Work a partition asks for that needs every partition lock ([`MatchState::take_due`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -467,6 +489,9 @@ pub(crate) enum Due {
     Trim,
     /// A window would outgrow its bound: switch to one order ([`MatchState::merge`]).
     Switch,
+    /// Frames under forgotten tags were dropped: release them
+    /// ([`MatchState::take_dropped`]).
+    Release,
 }
 
 impl MatchState {
@@ -483,6 +508,8 @@ impl MatchState {
             seen: Vec::new(),
             parked: Vec::new(),
             due: Due::None,
+            forgotten: None,
+            dropped: Vec::new(),
             counters: MatchCounters::default(),
         }
     }
@@ -786,11 +813,70 @@ impl MatchState {
         };
         match p {
             Some(p) => out.push(Matched { req: p.req, frame }),
+            None if self.forgotten.is_some() && self.is_forgotten(tag) => self.drop_frame(frame),
             None => {
                 self.counters.unexpected += 1;
                 self.unexpected.push_back(frame);
             }
         }
+    }
+
+    /// Forgets `tags` (nobody will post a receive for them again): the frames queued under
+    /// them are appended to `out` (to be released outside the lock), and those that arrive
+    /// later and find no receive are dropped, until `count` has moved on by `span` from its
+    /// value now. Only the collective context forgets tags (one matching state, never
+    /// partitioned: nothing else is [`Due`] there).
+    pub(crate) fn forget(&mut self, tags: &[i32], count: &Arc<AtomicU32>, span: u32, out: &mut Vec<Frame>) {
+        let f = self
+            .forgotten
+            .get_or_insert_with(|| Box::new(Forgotten { count: count.clone(), span, tags: VecDeque::with_capacity(tags.len()) }));
+        let now = f.count.load(AtomicOrdering::Relaxed);
+        for &t in tags {
+            if f.tags.len() >= MAX_FORGOTTEN {
+                f.tags.pop_front();
+            }
+            f.tags.push_back((t, now));
+        }
+        if self.unexpected.iter().any(|fr| tags.contains(&fr.header.tag)) {
+            let (gone, kept): (VecDeque<Frame>, VecDeque<Frame>) = self.unexpected.drain(..).partition(|fr| tags.contains(&fr.header.tag));
+            self.unexpected = kept;
+            out.extend(gone);
+        }
+    }
+
+    /// Whether frames under `tag` are dropped (forgotten and not yet remembered again).
+    #[cold]
+    #[inline(never)]
+    fn is_forgotten(&mut self, tag: i32) -> bool {
+        let Some(f) = self.forgotten.as_deref_mut() else { return false };
+        let now = f.count.load(AtomicOrdering::Relaxed);
+        f.tags.retain(|&(_, at)| now.wrapping_sub(at) < f.span);
+        let hit = f.tags.iter().any(|&(t, _)| t == tag);
+        if f.tags.is_empty() {
+            self.forgotten = None;
+        }
+        hit
+    }
+
+    /// Keeps a frame under a forgotten tag for the caller to release.
+    #[cold]
+    #[inline(never)]
+    fn drop_frame(&mut self, frame: Frame) {
+        debug_assert!(matches!(self.due, Due::None | Due::Release), "a forgetting state is never partitioned");
+        self.dropped.push(frame);
+        self.due = Due::Release;
+    }
+
+    /// The frames dropped under forgotten tags, to release outside the lock.
+    pub(crate) fn take_dropped(&mut self) -> Vec<Frame> {
+        std::mem::take(&mut self.dropped)
+    }
+
+    /// Frames held (unexpected, early or dropped and not yet released).
+    #[cfg(test)]
+    pub(crate) fn frames_held(&self) -> usize {
+        let held: usize = self.order.iter().flatten().map(|r| r.window.iter().flatten().count()).sum();
+        self.unexpected.len() + self.far.len() + self.parked.len() + self.dropped.len() + held
     }
 
     /// [`post_into`](Self::post_into), returning the frame taken.
@@ -875,7 +961,8 @@ impl MatchState {
     /// returned so the caller can fail them; the frames are handed to `drop_frame`.
     pub(crate) fn drain(&mut self, mut drop_frame: impl FnMut(Frame)) -> Vec<Arc<Operation>> {
         let held = self.order.iter_mut().flatten().flat_map(|r| r.window.drain(..).flatten());
-        for f in self.unexpected.drain(..).chain(self.far.drain(..)).chain(self.parked.drain(..)).chain(held) {
+        let dropped = self.dropped.drain(..);
+        for f in self.unexpected.drain(..).chain(self.far.drain(..)).chain(self.parked.drain(..)).chain(dropped).chain(held) {
             drop_frame(f);
         }
         let mut posted: Vec<Posted> = self.wild.drain(..).collect();
@@ -1073,6 +1160,39 @@ mod tests {
         assert_eq!(dropped, vec![0, 3, REORDER_WINDOW as u32 + 9]);
     }
 
+    /// Frames under forgotten tags: those queued are handed out at once, those arriving
+    /// later without a receive are dropped (and the caller told), others queue as before;
+    /// once the count has moved on by the span the tags are kept again.
+    #[test]
+    fn forgotten_tags_drop_their_frames_until_the_count_moves_on() {
+        let mut m = MatchState::new(2, Order::Chan);
+        let mut out = Vec::new();
+        m.arrive(gframe(1, -8, 0, 0), &mut out);
+        m.arrive(gframe(1, -10, 1, 0), &mut out);
+        let count = Arc::new(AtomicU32::new(u32::MAX - 1));
+        let mut gone = Vec::new();
+        m.forget(&[-8, -9], &count, 4, &mut gone);
+        assert_eq!(gone.iter().map(|f| f.header.tag).collect::<Vec<_>>(), vec![-8], "the queued frame of the tag goes");
+        assert_eq!(m.frames_held(), 1, "the other tag's frame stays");
+        // Out of sequence first: held, then dropped once in turn.
+        m.arrive(gframe(0, -9, 1, 0), &mut out);
+        m.arrive(gframe(0, -8, 0, 0), &mut out);
+        assert!(out.is_empty());
+        assert_eq!(m.take_due(), Due::Release);
+        assert_eq!(m.take_dropped().len(), 2);
+        assert_eq!(m.take_due(), Due::None);
+        // A posted receive still takes a frame of a forgotten tag.
+        let (r, early) = post(&mut m, Source::Rank(1), Tag::Is(-8));
+        assert!(early.is_none());
+        m.arrive(gframe(1, -8, 2, 0), &mut out);
+        assert!(out.len() == 1 && Arc::ptr_eq(&out[0].req, &r));
+        // The count wraps and moves on by the span: the tag is kept again.
+        count.store(2, AtomicOrdering::Relaxed);
+        m.arrive(gframe(0, -8, 2, 0), &mut out);
+        assert_eq!((m.take_due(), m.frames_held()), (Due::None, 2), "queued once the span has passed");
+        assert!(m.forgotten.is_none(), "nothing is forgotten any more");
+    }
+
     fn gframe(source: u32, tag: i32, seq: u32, gseq: u32) -> Frame {
         let header =
             Header { kind: FrameKind::Eager, src_cri: 0, context: 0, source, tag, seq, gseq, chan: 0, len: 0, cookie: 0, key: 0, addr: 0 };
@@ -1213,6 +1333,7 @@ mod tests {
                 }
                 Due::Switch => break,
                 Due::None => {}
+                Due::Release => unreachable!("no tag is forgotten here"),
             }
             b.arrive(gframe(1, 2, seq_b, g + 3), &mut out); // held behind the hole
             seq_b += 1;

@@ -233,6 +233,7 @@ impl Harness {
                 MatchState::trim(&mut refs);
             }
             Due::Switch => self.merge()?,
+            Due::Release => return Err(TestCaseError::fail("no tag is forgotten here")),
         }
         Ok(())
     }

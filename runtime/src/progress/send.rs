@@ -7,7 +7,7 @@ use weft_sync::Error;
 use weft_transport::{Header, SendError};
 
 use crate::engine::outbox::QueuedFrame;
-use crate::engine::{Engine, SendOutcome};
+use crate::engine::{main_path_inline, Engine, SendOutcome};
 use crate::loom::sync::atomic::Ordering;
 use crate::operation::Operation;
 
@@ -48,7 +48,7 @@ impl Engine {
             let mut backoff: Option<weft_sync::IdleBackoff> = None;
             let mut since: Option<std::time::Instant> = None;
             loop {
-                let res = self.main_path(|| {
+                let res = main_path_inline!(self, || {
                     self.cris[k].lock.high(|c| {
                         let r = self.transport.send(dst, dst_cri, header, data);
                         if r.is_ok() {
