@@ -25,6 +25,12 @@
 //! thread each, in process mode; `-n 2`, T threads each, in thread mode — with the hidden
 //! `--rank-worker` flag; rank 0 times the run between two cross-process barriers and prints
 //! the rate.
+//!
+//! `--mode transport` (shm, tcp) runs process mode's ranks and loop one layer down, through
+//! `weft-transport` alone: frames with weft's eager header sent with `Rank::send` and counted
+//! as `Rank::poll` hands them over, no matching, requests or progress engine; on shm, what
+//! the same-host lane carries by itself. Its row's `thread_over_process` is transport /
+//! process mode, and `--peer` runs the MPI library's process mode beside it.
 
 use std::sync::Barrier;
 use std::time::{Duration, Instant};
@@ -44,7 +50,8 @@ pub struct Args {
     pattern: String,
     /// Modes: thread (2 ranks x T threads), process (2T ranks x 1 thread), hybrid-P (2P
     /// ranks, the T senders in blocks over the first P and the receivers over the others:
-    /// [Patinyasakdikul 2019]'s hybrid mode).
+    /// [Patinyasakdikul 2019]'s hybrid mode), transport (process mode's ranks through
+    /// weft-transport alone, no matching; shm and tcp).
     #[arg(long, default_value = "thread,process")]
     mode: String,
     /// Progress modes: global, owner, concurrent.
@@ -124,6 +131,11 @@ pub struct Args {
     /// assertion; `-c` gives it a communicator per pair too.
     #[arg(long)]
     peer: Option<String>,
+    /// On shm / tcp: the ranks in this process (`Builder::build_local`, as on the embedded
+    /// provider) instead of a `weftrun` job: the same transport path without the process
+    /// boundary, for comparison.
+    #[arg(long)]
+    in_process: bool,
     /// On shm / tcp: every frame through libfabric, none through the same-host lane
     /// (`Builder::same_host_lane(false)`), for comparison.
     #[arg(long)]
@@ -191,6 +203,10 @@ enum Mode {
     /// [Patinyasakdikul 2019]'s hybrid mode: 2P ranks (P senders' ranks, P receivers'), the
     /// T senders spread over the first P in blocks, the T receivers over the others.
     Hybrid(usize),
+    /// Process mode's ranks and loop one layer down, through `weft-transport` alone (frames
+    /// with weft's eager header, no matching, requests or progress engine; shm and tcp):
+    /// what the transport (on shm, the same-host lane) carries without the runtime.
+    Transport,
 }
 
 impl std::str::FromStr for Mode {
@@ -199,9 +215,10 @@ impl std::str::FromStr for Mode {
         match m.trim() {
             "thread" => Ok(Mode::Thread),
             "process" => Ok(Mode::Process),
+            "transport" => Ok(Mode::Transport),
             o => match o.strip_prefix("hybrid-").map(str::parse::<usize>) {
                 Some(Ok(p)) if p > 0 => Ok(Mode::Hybrid(p)),
-                _ => Err(format!("unknown mode {o:?} (thread, process, hybrid-P with P processes per side)")),
+                _ => Err(format!("unknown mode {o:?} (thread, process, hybrid-P with P processes per side, transport)")),
             },
         }
     }
@@ -213,6 +230,7 @@ impl Mode {
             Mode::Thread => "thread".into(),
             Mode::Process => "process".into(),
             Mode::Hybrid(p) => format!("hybrid-{p}"),
+            Mode::Transport => "transport".into(),
         }
     }
 
@@ -220,7 +238,7 @@ impl Mode {
     fn ranks_per_side(self, t: usize) -> usize {
         match self {
             Mode::Thread => 1,
-            Mode::Process => t,
+            Mode::Process | Mode::Transport => t,
             Mode::Hybrid(p) => p.min(t),
         }
     }
@@ -290,6 +308,9 @@ pub fn run(a: &Args) -> Result<(), String> {
     let provider: Provider = a.provider.parse().map_err(|e| format!("{e}"))?;
     let cpus = worker_cpus(a)?;
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    if (provider == Provider::Embedded || a.in_process) && modes.contains(&Mode::Transport) {
+        return Err("--mode transport runs real processes: it needs --provider shm, ofi-shm or tcp, without --in-process".into());
+    }
     if a.rank_worker {
         let p = Point {
             pattern: patterns[0],
@@ -302,7 +323,10 @@ pub fn run(a: &Args) -> Result<(), String> {
             cris: cris[0].unwrap_or(modes[0].auto_cris(pairs[0])),
             matching: matching[0],
         };
-        return rank_worker(&p, a, provider, &cpus);
+        return match p.mode {
+            Mode::Transport => transport_worker(&p, a, provider, &cpus),
+            _ => rank_worker(&p, a, provider, &cpus),
+        };
     }
     let peer = match &a.peer {
         Some(f) => Some(Peer::build(f.parse::<Flavor>()?, "multirate-mpi", include_str!("../peers/multirate.c"))?),
@@ -334,13 +358,15 @@ pub fn run(a: &Args) -> Result<(), String> {
         a.runs,
         cores,
         a.bind,
-        match (provider, a.no_same_host_lane) {
-            (Provider::Embedded, _) => "",
-            (Provider::OfiShm, _) | (_, true) => " (one process per rank, via weftrun; every frame through libfabric)",
-            (_, false) => " (one process per rank, via weftrun; same-host lane)",
+        match (provider, a.no_same_host_lane, a.in_process) {
+            (Provider::Embedded, _, _) => "",
+            (Provider::OfiShm, _, true) | (_, true, true) => " (ranks in this process; every frame through libfabric)",
+            (_, false, true) => " (ranks in this process; same-host lane)",
+            (Provider::OfiShm, _, false) | (_, true, false) => " (one process per rank, via weftrun; every frame through libfabric)",
+            (_, false, false) => " (one process per rank, via weftrun; same-host lane)",
         }
     ));
-    if provider == Provider::Embedded {
+    if provider == Provider::Embedded || a.in_process {
         warm_up();
     }
     // The machine's state, beside the configuration: on a VM the cost of moving a cache line
@@ -385,8 +411,8 @@ pub fn run(a: &Args) -> Result<(), String> {
                                             table.step(|| format!("{} mode, {t} pairs, {pm}, run {}", modes[m].name(), run + 1));
                                             let weft = || {
                                                 plausible(cores, || {
-                                                    if provider == Provider::Embedded {
-                                                        measure(&p, a, &cpus, Faults::of(a))
+                                                    if provider == Provider::Embedded || a.in_process {
+                                                        measure(&p, a, provider, &cpus, Faults::of(a))
                                                     } else {
                                                         launch(&p, a, provider)
                                                     }
@@ -484,9 +510,11 @@ fn peer_rate(peer: &Peer, p: &Point, a: &Args, provider: Provider) -> Result<f64
         return Err("--peer: pairs, size or window too large for the C peer".into());
     }
     let ranks = p.mode.ranks(p.pairs);
+    // Transport mode stands beside MPI's process mode.
+    let mode = if p.mode == Mode::Transport { Mode::Process } else { p.mode };
     let args = [
         p.pattern.name().to_string(),
-        p.mode.name(),
+        mode.name(),
         p.pairs.to_string(),
         p.size.to_string(),
         p.window.to_string(),
@@ -626,13 +654,15 @@ fn worker_cpus(a: &Args) -> Result<Vec<usize>, String> {
     Ok(cpus)
 }
 
-fn measure(p: &Point, a: &Args, cpus: &[usize], faults: Faults) -> Result<f64, String> {
+fn measure(p: &Point, a: &Args, provider: Provider, cpus: &[usize], faults: Faults) -> Result<f64, String> {
     let (iterations, comm_per_pair, overtaking, counters) = (a.iterations, a.comm_per_pair, a.overtaking, a.counters);
     let t = p.pairs;
     let links = p.pattern.links(t);
     let nranks = p.mode.ranks(t) as u32;
     let mut builder = Runtime::builder()
         .env(false)
+        .provider(provider)
+        .same_host_lane(!a.no_same_host_lane)
         .progress(p.progress)
         .assignment(p.assignment)
         .matching(p.matching)
@@ -1120,6 +1150,166 @@ fn rank_worker(p: &Point, a: &Args, provider: Provider, cpus: &[usize]) -> Resul
     Ok(())
 }
 
+/// What a frame of a `--mode transport` job is, in its header's tag.
+#[cfg(feature = "ofi")]
+mod stream {
+    pub const DATA: i32 = 0;
+    pub const READY: i32 = 1;
+    pub const ACK: i32 = 2;
+    pub const BARRIER: i32 = 3;
+}
+
+/// One rank of a `--mode transport` job (`--rank-worker`): process mode's loop through a
+/// `weft-transport` rank alone, one CRI, default options (the same-host lane on shm unless
+/// `--no-same-host-lane`). Each receiver sends a 1-byte ready, each sender its window of
+/// frames with weft's eager header (`-s` bytes of payload), each receiver acknowledges once
+/// it has them all; frames are only counted (by their tag: data, ready, ack, barrier) and
+/// their length checked, with no matching, request or progress engine. A refused send (a
+/// full ring) polls and retries; a poll that finds nothing yields the core. The rate is timed as [`rank_worker`]'s: on rank 0, from
+/// the start barrier's release to the end barrier, here barriers of frames to rank 0 and
+/// back.
+#[cfg(feature = "ofi")]
+fn transport_worker(p: &Point, a: &Args, provider: Provider, cpus: &[usize]) -> Result<(), String> {
+    use weft_transport::bootstrap::Job;
+    use weft_transport::ofi_provider::{join, OfiOptions};
+    use weft_transport::SendError;
+
+    let job = Job::from_env().map_err(|e| e.to_string())?;
+    let t = p.pairs;
+    if job.size as usize != p.mode.ranks(t) {
+        return Err(format!("job has {} ranks, this configuration needs {}", job.size, p.mode.ranks(t)));
+    }
+    let opts = OfiOptions {
+        provider: provider.ofi_name().ok_or("--mode transport needs shm, ofi-shm or tcp")?.to_string(),
+        same_host_lane: !a.no_same_host_lane,
+        ..OfiOptions::default()
+    };
+    let rank = join(&opts, job).map_err(|e| e.to_string())?;
+    let me = rank.rank();
+    let (size, n) = (p.size, rank.size());
+    if size > rank.eager_capacity() {
+        rank.close();
+        return Err(format!("--mode transport sends single frames: at most {} bytes", rank.eager_capacity()));
+    }
+    // Sender i is rank i, receiver j rank T + j: bound where `run_roles` binds them.
+    if let Some(&cpu) = cpus.get(me as usize % cpus.len().max(1)) {
+        weft::lock::bind_thread_to_cpu(cpu).map_err(|e| format!("--bind core: CPU {cpu}: {e} (use --bind none)"))?;
+    }
+    let links = p.pattern.links(t);
+    let to: Vec<u32> = links.iter().filter(|l| l.0 == me as usize).map(|l| (t + l.1) as u32).collect();
+    let from: Vec<u32> = links.iter().filter(|l| t + l.1 == me as usize).map(|l| l.0 as u32).collect();
+    let data = vec![7u8; size];
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let mut counts = [0u64; 4];
+    // Takes what has arrived into `counts`; a data frame of the wrong length is an error.
+    // An empty poll yields the core, as the runtime's waiters and an oversubscribed Open MPI
+    // (`mpi_yield_when_idle`) do: with more ranks than cores, a rank spinning on its empty
+    // rings would take the time slice of the rank it waits for.
+    let poll = |counts: &mut [u64; 4]| -> Result<(), String> {
+        let mut bad = None;
+        let got = rank.poll(0, 64, |f| {
+            let k = f.header.tag.clamp(0, 3) as usize;
+            if f.header.tag == stream::DATA && f.payload.as_slice().len() != size {
+                bad = Some(f.payload.as_slice().len());
+            }
+            counts[k] += 1;
+            rank.recycle(f.payload);
+        });
+        if got == 0 {
+            std::thread::yield_now();
+        }
+        match bad {
+            Some(len) => Err(format!("--mode transport: a data frame of {len} bytes, not {size}")),
+            None if Instant::now() > deadline => Err("--mode transport: no progress for 120 s".into()),
+            None => Ok(()),
+        }
+    };
+    let frame = |tag: i32, len: usize| crate::pingpong::eager_header(me, tag, len);
+    let send = |counts: &mut [u64; 4], dst: u32, tag: i32, bytes: &[u8]| -> Result<(), String> {
+        loop {
+            match rank.send(dst, 0, frame(tag, bytes.len()), bytes) {
+                Ok(()) => return Ok(()),
+                Err(SendError::WouldBlock) => poll(counts)?,
+                Err(err) => return Err(format!("--mode transport: send to rank {dst}: {err:?}")),
+            }
+        }
+    };
+    // Polls until `counts[tag]` reaches `until`.
+    let wait = |counts: &mut [u64; 4], tag: i32, until: u64| -> Result<(), String> {
+        while counts[tag as usize] < until {
+            poll(counts)?;
+        }
+        Ok(())
+    };
+    let (w, iterations) = (p.window as u64, a.iterations as u64);
+    let warmup = (iterations / 10).clamp(1, 20);
+    let mut round = 0u64;
+    // One iteration: the counts are cumulative, so iteration `k` waits for `k + 1` of each.
+    let mut iteration = |counts: &mut [u64; 4]| -> Result<(), String> {
+        round += 1;
+        for &r in &from {
+            send(counts, r, stream::READY, b"r")?;
+        }
+        if !to.is_empty() {
+            wait(counts, stream::READY, round * to.len() as u64)?;
+            for &r in &to {
+                for _ in 0..w {
+                    send(counts, r, stream::DATA, &data)?;
+                }
+            }
+        }
+        if !from.is_empty() {
+            wait(counts, stream::DATA, round * w * from.len() as u64)?;
+            for &r in &from {
+                send(counts, r, stream::ACK, b"a")?;
+            }
+        }
+        if !to.is_empty() {
+            wait(counts, stream::ACK, round * to.len() as u64)?;
+        }
+        Ok(())
+    };
+    // Everyone to rank 0, rank 0 to everyone; on rank 0, the instant all had arrived.
+    let mut barriers = 0u64;
+    let mut barrier = |counts: &mut [u64; 4]| -> Result<Instant, String> {
+        barriers += 1;
+        if me == 0 {
+            wait(counts, stream::BARRIER, barriers * u64::from(n - 1))?;
+            let all_in = Instant::now();
+            for r in 1..n {
+                send(counts, r, stream::BARRIER, b"b")?;
+            }
+            Ok(all_in)
+        } else {
+            send(counts, 0, stream::BARRIER, b"b")?;
+            wait(counts, stream::BARRIER, barriers)?;
+            Ok(Instant::now())
+        }
+    };
+    let r = (|| {
+        for _ in 0..warmup {
+            iteration(&mut counts)?;
+        }
+        let released = barrier(&mut counts)?;
+        for _ in 0..iterations {
+            iteration(&mut counts)?;
+        }
+        let ended = barrier(&mut counts)?;
+        barrier(&mut counts)?;
+        if me == 0 {
+            println!("RATE {}", (links.len() as u64 * w * iterations) as f64 / (ended - released).as_secs_f64());
+        }
+        Ok(())
+    })();
+    rank.close();
+    r
+}
+
+#[cfg(not(feature = "ofi"))]
+fn transport_worker(_p: &Point, _a: &Args, _provider: Provider, _cpus: &[usize]) -> Result<(), String> {
+    Err("--mode transport needs the ofi feature".into())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1160,7 +1350,7 @@ mod tests {
         let a = args(&["-i", &iterations.to_string(), "--bind", "none"]);
         let faults = Faults { coordinator_pause: Duration::from_millis(500), worker_pause: Duration::from_millis(50), ..Faults::default() };
         for mode in [Mode::Thread, Mode::Process] {
-            let rate = measure(&point(mode, window), &a, &[], faults).unwrap();
+            let rate = measure(&point(mode, window), &a, Provider::Embedded, &[], faults).unwrap();
             let elapsed = Duration::from_secs_f64((iterations * window) as f64 / rate);
             assert!(elapsed >= faults.worker_pause, "{mode:?}: timed {elapsed:?}; the workers spent over 50 ms");
             assert!(elapsed < faults.coordinator_pause, "{mode:?}: timed {elapsed:?}: the coordinator's pause counted");

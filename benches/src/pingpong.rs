@@ -225,7 +225,7 @@ fn hops(
 fn transport_worker(p: Provider, size: usize, iterations: usize, lane: bool) -> Result<(), String> {
     use weft_transport::bootstrap::Job;
     use weft_transport::ofi_provider::{join, OfiOptions};
-    use weft_transport::{FrameKind, Header, SendError};
+    use weft_transport::SendError;
 
     let e = |e: weft::Error| e.to_string();
     let job = Job::from_env().map_err(e)?;
@@ -244,20 +244,7 @@ fn transport_worker(p: Provider, size: usize, iterations: usize, lane: bool) -> 
     }
     let other = 1 - me;
     let data = vec![me as u8 + 1; size];
-    let header = Header {
-        kind: FrameKind::Eager,
-        src_cri: 0,
-        context: 1,
-        source: me,
-        tag: 1,
-        seq: 0,
-        gseq: 0,
-        chan: 0,
-        len: size as u64,
-        cookie: 0,
-        key: 0,
-        addr: 0,
-    };
+    let header = eager_header(me, 1, size);
     // Bounded: a lost peer or a stuck provider ends the run with an error, not a hang.
     let deadline = Instant::now() + Duration::from_secs(120);
     let send = || loop {
@@ -284,6 +271,26 @@ fn transport_worker(p: Provider, size: usize, iterations: usize, lane: bool) -> 
     let r = hops(me, iterations, send, recv);
     rank.close();
     r
+}
+
+/// The header weft's eager path puts in front of `len` bytes from `source` with `tag`
+/// (context 1, no sequence): what the transport-layer benchmarks send.
+#[cfg(feature = "ofi")]
+pub(crate) fn eager_header(source: u32, tag: i32, len: usize) -> weft_transport::Header {
+    weft_transport::Header {
+        kind: weft_transport::FrameKind::Eager,
+        src_cri: 0,
+        context: 1,
+        source,
+        tag,
+        seq: 0,
+        gseq: 0,
+        chan: 0,
+        len: len as u64,
+        cookie: 0,
+        key: 0,
+        addr: 0,
+    }
 }
 
 #[cfg(not(feature = "ofi"))]

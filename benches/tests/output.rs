@@ -101,3 +101,29 @@ fn started_under_weftrun_it_says_so_and_exits() {
         assert!(!String::from_utf8_lossy(&out.stderr).contains("started under weftrun"), "{worker}");
     }
 }
+
+/// `multirate --mode transport`: process mode's loop through `weft-transport` alone, as a
+/// `weftrun` job on `shm`, in the table beside process mode (its ratio to it in the
+/// `thread_over_process` column).
+#[cfg(feature = "ofi")]
+#[test]
+fn multirate_transport_mode_runs_beside_process_mode() {
+    let args =
+        ["multirate", "--provider", "shm", "-t", "1", "--mode", "transport,process", "-i", "5", "--runs", "1", "--bind", "none", "--csv"];
+    let out = common::run_within(&args, Duration::from_secs(120)).expect("weft-bench multirate hung (killed after 120 s)");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let stdout = String::from_utf8(out.stdout).expect("utf-8");
+    let rows: Vec<Vec<&str>> = stdout.lines().skip(1).map(|l| l.split(',').collect()).collect();
+    assert_eq!(rows.len(), 2, "{stdout}");
+    assert_eq!((rows[0][1], rows[1][1]), ("transport", "process"), "{stdout}");
+    assert!(rows.iter().all(|r| r[12].parse::<f64>().is_ok_and(|v| v > 0.0)), "{stdout}");
+    assert!(rows[0][13].parse::<f64>().is_ok_and(|v| v > 0.0), "transport / process: {stdout}");
+}
+
+/// The transport mode runs real processes: refused on the embedded provider, with a reason.
+#[test]
+fn multirate_transport_mode_needs_processes() {
+    let out = weft_bench(&["multirate", "--mode", "transport", "-t", "1", "-i", "5", "--runs", "1"]);
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--mode transport runs real processes"), "{out:?}");
+}

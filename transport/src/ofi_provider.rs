@@ -1805,9 +1805,10 @@ impl OfiRank {
         if data.len() > s.slot_size - WIRE_HEADER {
             return Err(SendError::Invalid("frame larger than the provider's eager capacity"));
         }
-        let c = dst_cri % s.k;
+        // A CRI index is below the CRI count but for a peer with more CRIs than this rank:
+        // no division on the common path.
+        let c = if dst_cri < s.k { dst_cri } else { dst_cri % s.k };
         let cri = &s.cris[c];
-        let to = s.addr(dst, c);
         let mut h = header;
         if h.kind == FrameKind::Rts {
             match s.regions.lock().get(&h.key) {
@@ -1826,6 +1827,7 @@ impl OfiRank {
             RankInner::note_activity(cri);
             return Ok(());
         }
+        let to = s.addr(dst, c);
         // The CRI state lock, held only for a slot send: an inject copies the frame before it
         // returns and completes nothing, so the CRI's state (send slots, staging) is not
         // touched — the endpoint is thread-safe, and the runtime's CRI lock already orders a

@@ -65,10 +65,24 @@
 //!
 //! So the wake-up goes to the thread that is to run next: a frame for a rank whose thread
 //! is parked in a wait wakes that thread, with no watcher in between.
+//!
+//! The fence between a push and the load of `asleep` is the costly half of the handshake:
+//! the push's stores miss (the receiver's core holds the slot's line), and a full fence
+//! waits for them, so every frame would stall its sender for a round trip between cores.
+//! Where the kernel has `membarrier(MEMBARRIER_CMD_GLOBAL_EXPEDITED)`, the handshake is
+//! asymmetric instead, as `membarrier(2)` describes: every rank registers its process, and
+//! a sleeper, after its store to `asleep`, has the kernel run a full barrier on every CPU
+//! that runs a thread of a registered process before it looks at its rings; a sender then
+//! needs only a compiler fence between its push and its load of `asleep` (its CPU's barrier,
+//! if it is running, comes from the sleeper's call; if it is not, its stores have drained).
+//! A segment says in its header ([`SLEEPER_BARRIER`]) whether its owner's sleepers do so; a
+//! sender keeps the full fence towards a rank that does not, and where its own process could
+//! not register.
 
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::ptr::NonNull;
-use std::sync::atomic::{fence, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{compiler_fence, fence, AtomicU32, AtomicU64, Ordering};
+use std::sync::OnceLock;
 
 /// The size of a ring's slots and how many it has.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -108,7 +122,7 @@ const SLOT_DATA: usize = 16;
 /// Bytes in front of a ring's slots: the producers' `tail`, on a line of its own.
 const RING_HEADER: usize = 128;
 
-/// Bytes in front of the rings: magic, nonce, `asleep`.
+/// Bytes in front of the rings: magic, nonce, `asleep`, [`SLEEPER_BARRIER`].
 const SEGMENT_HEADER: usize = 128;
 
 /// `asleep`: nobody of the rank sleeps on the lane (module docs, *Waking the receiver*).
@@ -117,6 +131,11 @@ pub(super) const AWAKE: u32 = 0;
 pub(super) const ASLEEP_WATCHER: u32 = 1;
 /// `asleep`: the rank's waiter sleeps on its `eventfd`.
 pub(super) const ASLEEP_WAITER: u32 = 2;
+
+/// A segment header's `u32` at this offset: 1 if the owner's sleepers issue
+/// `membarrier(MEMBARRIER_CMD_GLOBAL_EXPEDITED)` before their last look (module docs,
+/// *Waking the receiver*), so that senders of registered processes need no fence.
+const SLEEPER_BARRIER: usize = 20;
 
 /// The first word of a segment.
 const MAGIC: u64 = u64::from_le_bytes(*b"weftlan1");
@@ -295,6 +314,34 @@ fn random_u64() -> u64 {
     }
 }
 
+/// `membarrier(2)` commands (the kernel's ABI, `linux/membarrier.h`).
+const MEMBARRIER_CMD_QUERY: libc::c_long = 0;
+const MEMBARRIER_CMD_GLOBAL_EXPEDITED: libc::c_long = 1 << 1;
+const MEMBARRIER_CMD_REGISTER_GLOBAL_EXPEDITED: libc::c_long = 1 << 2;
+
+/// `membarrier(cmd, 0, 0)`: whether it succeeded.
+fn membarrier(cmd: libc::c_long) -> bool {
+    // SAFETY: a system call with integer arguments and no memory of ours.
+    unsafe { libc::syscall(libc::SYS_membarrier, cmd, 0 as libc::c_long, 0 as libc::c_long) >= 0 }
+}
+
+/// Registers this process for `MEMBARRIER_CMD_GLOBAL_EXPEDITED` (once): whether the kernel
+/// has the command (a seccomp filter may refuse it) and the registration took, so that this
+/// process's lanes may go without fences where their peers issue it (module docs, *Waking
+/// the receiver*).
+fn membarrier_registered() -> bool {
+    static REGISTERED: OnceLock<bool> = OnceLock::new();
+    *REGISTERED.get_or_init(|| {
+        // SAFETY: as in `membarrier`.
+        let cmds = unsafe { libc::syscall(libc::SYS_membarrier, MEMBARRIER_CMD_QUERY, 0 as libc::c_long, 0 as libc::c_long) };
+        let wanted = MEMBARRIER_CMD_GLOBAL_EXPEDITED | MEMBARRIER_CMD_REGISTER_GLOBAL_EXPEDITED;
+        cmds >= 0
+            && cmds & wanted == wanted
+            && membarrier(MEMBARRIER_CMD_REGISTER_GLOBAL_EXPEDITED)
+            && membarrier(MEMBARRIER_CMD_GLOBAL_EXPEDITED)
+    })
+}
+
 /// A duplicate of this process's descriptor `fd`.
 pub(super) fn dup(fd: RawFd) -> Option<OwnedFd> {
     // SAFETY: duplicates a descriptor of this process; the result is checked.
@@ -348,6 +395,10 @@ pub(super) struct Peer {
     wake_waiter: OwnedFd,
     /// Its process.
     pid: u32,
+    /// Whether a push needs no fence before its load of `asleep`: the peer's sleepers issue
+    /// `membarrier` and this process is registered for it (module docs, *Waking the
+    /// receiver*).
+    fenceless: bool,
 }
 
 /// This rank's side of the lane: its segment and the peers it reaches through theirs.
@@ -366,6 +417,9 @@ pub(super) struct Lane {
     peers: Box<[Option<Peer>]>,
     /// Per CRI: the ranks whose rings it reads (this host's, as mapped by them).
     readers: Box<[Box<[u32]>]>,
+    /// Whether this rank's sleepers issue `membarrier` before their last look (published in
+    /// the segment's header, [`SLEEPER_BARRIER`]).
+    barrier: bool,
 }
 
 impl std::fmt::Debug for Lane {
@@ -383,6 +437,9 @@ pub(super) struct Prepared {
     eventfd: OwnedFd,
     waiter_eventfd: OwnedFd,
     published: Published,
+    /// Whether this process is registered for, and this rank's sleepers issue,
+    /// `membarrier(MEMBARRIER_CMD_GLOBAL_EXPEDITED)`.
+    barrier: bool,
 }
 
 impl Prepared {
@@ -403,6 +460,8 @@ impl Prepared {
         let seg = Mapping::map(memfd.as_raw_fd(), len)?;
         let nonce = random_u64();
         seg.u64_at(8).store(nonce, Ordering::Relaxed);
+        let barrier = membarrier_registered();
+        seg.u32_at(SLEEPER_BARRIER).store(u32::from(barrier), Ordering::Relaxed);
         seg.u64_at(0).store(MAGIC, Ordering::Release);
         let published = Published {
             host: host_key()?,
@@ -412,7 +471,7 @@ impl Prepared {
             waiter_eventfd: waiter_eventfd.as_raw_fd(),
             nonce,
         };
-        Some(Prepared { layout, seg, memfd, eventfd, waiter_eventfd, published })
+        Some(Prepared { layout, seg, memfd, eventfd, waiter_eventfd, published, barrier })
     }
 
     pub(super) fn published(&self) -> &Published {
@@ -443,7 +502,10 @@ impl Prepared {
                 if seg.u64_at(0).load(Ordering::Acquire) != MAGIC || seg.u64_at(8).load(Ordering::Relaxed) != p.nonce {
                     return None;
                 }
-                Some(Peer { seg, wake: fd_of(p.pid, p.eventfd)?, wake_waiter: fd_of(p.pid, p.waiter_eventfd)?, pid: p.pid })
+                // No fence after a push where the peer's sleepers have this process's CPUs
+                // run one for it (module docs, *Waking the receiver*).
+                let fenceless = self.barrier && seg.u32_at(SLEEPER_BARRIER).load(Ordering::Relaxed) == 1;
+                Some(Peer { seg, wake: fd_of(p.pid, p.eventfd)?, wake_waiter: fd_of(p.pid, p.waiter_eventfd)?, pid: p.pid, fenceless })
             })
             .collect();
         // Every rank of this host with a lane may write this rank's rings (whether this rank
@@ -460,6 +522,7 @@ impl Prepared {
             waiter_eventfd: self.waiter_eventfd,
             peers,
             readers,
+            barrier: self.barrier,
         }
     }
 }
@@ -688,10 +751,16 @@ impl Lane {
         self.peers.iter().all(Option::is_some)
     }
 
+    #[inline]
     fn wake_if_asleep(peer: &Peer) {
-        // SeqCst: orders the push (or post) before the load of `asleep` (module docs,
-        // *Waking*).
-        fence(Ordering::SeqCst);
+        // Orders the push (or post) before the load of `asleep` (module docs, *Waking the
+        // receiver*): against a sleeper that runs a barrier on this CPU, the compiler's
+        // order is enough; against any other, a full fence.
+        if peer.fenceless {
+            compiler_fence(Ordering::SeqCst);
+        } else {
+            fence(Ordering::SeqCst);
+        }
         let asleep = peer.seg.u32_at(16);
         if asleep.load(Ordering::Relaxed) != AWAKE {
             match asleep.swap(AWAKE, Ordering::Relaxed) {
@@ -748,7 +817,7 @@ impl Lane {
             Ok(_) | Err(ASLEEP_WATCHER) => true,
             Err(_) => false,
         };
-        fence(Ordering::SeqCst);
+        self.sleeper_barrier();
         covered
     }
 
@@ -763,13 +832,30 @@ impl Lane {
     pub(super) fn waiter_falls_asleep(&self) {
         // SeqCst: orders the store before the waiter's last look (module docs, *Waking*).
         self.seg.u32_at(16).swap(ASLEEP_WAITER, Ordering::SeqCst);
-        fence(Ordering::SeqCst);
+        self.sleeper_barrier();
     }
 
     /// After the waiter's sleep: no sender needs to wake it now (a watcher's claim made
     /// since stays). Its eventfd is drained by its owner.
     pub(super) fn waiter_wakes_up(&self) {
         let _ = self.seg.u32_at(16).compare_exchange(ASLEEP_WAITER, AWAKE, Ordering::Relaxed, Ordering::Relaxed);
+    }
+
+    /// Between a sleeper's store to `asleep` and its last look at the rings: a full fence,
+    /// and where this rank published it, a barrier on every CPU that runs a thread of a
+    /// registered process, which orders the pushes of fenceless senders against that look
+    /// (module docs, *Waking the receiver*).
+    fn sleeper_barrier(&self) {
+        fence(Ordering::SeqCst);
+        if self.barrier {
+            membarrier(MEMBARRIER_CMD_GLOBAL_EXPEDITED);
+        }
+    }
+
+    /// Whether pushes to `dst` go without a fence (module docs, *Waking the receiver*).
+    #[cfg(test)]
+    fn fenceless_to(&self, dst: u32) -> bool {
+        matches!(self.peers.get(dst as usize), Some(Some(p)) if p.fenceless)
     }
 
     /// The descriptor the watcher sleeps on.
@@ -942,6 +1028,32 @@ mod tests {
         assert!(readable(b.wake_fd()) && !readable(b.waiter_fd()), "the watcher's claim stayed");
         let mut heads = b.heads(0);
         assert_eq!(b.poll(0, &mut heads, 10, |_, n| assert_eq!(n, 0)), 2);
+    }
+
+    /// A push goes without a fence only to a rank whose segment says its sleepers issue
+    /// `membarrier`, and only from a process registered for it; a sleeping watcher is woken
+    /// by such a push as by any other.
+    #[test]
+    fn pushes_skip_the_fence_only_where_the_sleeper_runs_the_barrier() {
+        let registered = membarrier_registered();
+        let a = Prepared::create(1, 3, 1024).expect("memfd");
+        let b = Prepared::create(1, 3, 1024).expect("memfd");
+        let mut c = Prepared::create(1, 3, 1024).expect("memfd");
+        assert_eq!(a.seg.u32_at(SLEEPER_BARRIER).load(Ordering::Relaxed), u32::from(registered));
+        // `c` stands for a rank whose process could not register: its sleepers fence only.
+        c.seg.u32_at(SLEEPER_BARRIER).store(0, Ordering::Relaxed);
+        c.barrier = false;
+        let published = [Some(*a.published()), Some(*b.published()), Some(*c.published())];
+        let (a, b, c) = (a.connect(0, &published, None), b.connect(1, &published, None), c.connect(2, &published, None));
+        assert_eq!((a.fenceless_to(1), a.fenceless_to(0)), (registered, registered));
+        assert!(!a.fenceless_to(2), "c's sleepers run no barrier for a's pushes");
+        assert!(!c.fenceless_to(0), "c's process is not registered: it fences");
+        b.fall_asleep();
+        assert!(a.push(1, 0, 0, |_| ()));
+        assert!(readable(b.wake_fd()), "a fenceless push wakes a sleeping watcher");
+        c.fall_asleep();
+        assert!(a.push(2, 0, 0, |_| ()));
+        assert!(readable(c.wake_fd()));
     }
 
     #[test]
