@@ -5,13 +5,14 @@
 //! a `sched_yield` costs about 0.5 µs on a KVM guest. With more threads than cores ([Patinyasakdikul 2019,
 //! §4.5]: a 2-core machine running 16 communicating threads), spinning is the worst choice:
 //! the spinner burns the time slice of the thread whose send it waits for. [`IdleBackoff`]
-//! spins only while it holds one of a process-wide budget of spin slots, one per core;
-//! without one, every idle step yields at once. A slot is taken at a waiter's first idle
-//! step and given back when its spin phase ends or the waiter is dropped (once per wait,
-//! not per message). The runtime's blocking waits hold theirs for the whole wait, so the
-//! sync-object wait nested inside (whose backoff spins longer) spins only with a second
-//! slot, while another core is idle — or, in a process bound to one CPU (a budget of one
-//! slot), on its thread's own slot.
+//! spins only while it holds one of a process-wide budget of spin slots, one per core, and
+//! the budget is empty while the machine has more runnable threads than cores (every
+//! process of a job has a budget of its own); without a slot every idle step yields at
+//! once. A slot is taken at a waiter's first idle step and given back when its spin phase
+//! ends or the waiter is dropped (once per wait, not per message). The runtime's blocking
+//! waits hold theirs for the whole wait, so the sync-object wait nested inside (whose
+//! backoff spins longer) spins only with a second slot, while another core is idle — or, in
+//! a process bound to one CPU (a budget of one slot), on its thread's own slot.
 //!
 //! Measured (when the spin budget was introduced):
 //! multirate on 2 cores, process mode at 4 and 8 pairs 5.3-5.6 -> 6.5-7.5 M msg/s, thread
@@ -29,11 +30,23 @@ struct SpinSlots {
     spinning: AtomicUsize,
     /// How many may (`usize::MAX`: the cores this process may run on, read on first use).
     slots: AtomicUsize,
+    /// The machine's occupancy a slot is also subject to (the process's budget: [`OCCUPANCY`]),
+    /// once [`watching`](Self::watching).
+    machine: Option<&'static Occupancy>,
+    /// Whether `machine` decides too: other processes this one waits for share its cores
+    /// ([`IdleBackoff::share_cores`]).
+    watching: AtomicBool,
 }
 
 impl SpinSlots {
     const fn new(slots: usize) -> Self {
-        SpinSlots { spinning: AtomicUsize::new(0), slots: AtomicUsize::new(slots) }
+        SpinSlots { spinning: AtomicUsize::new(0), slots: AtomicUsize::new(slots), machine: None, watching: AtomicBool::new(false) }
+    }
+
+    /// A budget of `slots` that, once `watching`, is empty while `machine` has no core to
+    /// spare.
+    const fn on_machine(slots: usize, machine: &'static Occupancy, watching: bool) -> Self {
+        SpinSlots { machine: Some(machine), watching: AtomicBool::new(watching), ..Self::new(slots) }
     }
 
     fn slots(&self) -> usize {
@@ -48,8 +61,13 @@ impl SpinSlots {
         }
     }
 
-    /// Takes a slot if one is free.
+    /// Takes a slot if one is free (and the machine has a core to spare, where the budget
+    /// watches it).
     fn enter(&self) -> bool {
+        // Relaxed: a switch set once, before the waits it concerns matter.
+        if self.machine.is_some_and(|m| self.watching.load(Ordering::Relaxed) && !m.spare_lately()) {
+            return false;
+        }
         let slots = self.slots();
         // Relaxed: a count, not a guard of data; a stale read costs one spin or one yield.
         if self.spinning.load(Ordering::Relaxed) >= slots {
@@ -77,6 +95,7 @@ impl SpinSlots {
 /// yielding waiter is runnable, so two busy-polling ranks on two cores read 2 (spare), a
 /// 16-thread job on two cores reads 16 (not spare). Elsewhere, or if the file cannot be
 /// read, the answer is always "not spare" (waiters keep yielding as before).
+#[derive(Debug)]
 struct Occupancy {
     /// Microseconds since `EPOCH` of the last sample, `u64::MAX` while one is taken.
     stamp_us: AtomicU64,
@@ -105,6 +124,38 @@ impl Occupancy {
         }
         self.spare.load(Ordering::Relaxed)
     }
+
+    /// The answer for a waiter about to take a spin slot: the last sample's, sampled anew
+    /// (if old) at every [`SPARE_CLOCK_EVERY`]th call of the thread, so that the clock is
+    /// not read at every wait. Where the count is unknown (not Linux), yes: the slots alone
+    /// decide, as they did before the machine was watched.
+    fn spare_lately(&self) -> bool {
+        if !cfg!(target_os = "linux") {
+            return true;
+        }
+        let read_clock = SPARE_TICK
+            .try_with(|t| {
+                let n = t.get().wrapping_add(1);
+                t.set(n);
+                n % SPARE_CLOCK_EVERY == 1
+            })
+            .unwrap_or(true);
+        if read_clock {
+            self.spare(epoch_us())
+        } else {
+            // Relaxed: a hint, as above.
+            self.spare.load(Ordering::Relaxed)
+        }
+    }
+}
+
+/// A thread's waiters read the clock to renew the machine's occupancy sample at one slot
+/// request in this many ([`Occupancy::spare_lately`]).
+const SPARE_CLOCK_EVERY: u32 = 8;
+
+thread_local! {
+    /// Slot requests of this thread's waiters, counted for [`SPARE_CLOCK_EVERY`].
+    static SPARE_TICK: std::cell::Cell<u32> = const { std::cell::Cell::new(0) };
 }
 
 /// How often a thread checks that its CPU is its own (`cpu_is_ours`).
@@ -197,14 +248,17 @@ const SPIN_LIMIT: u32 = 6;
 /// Idle steps after which the backoff [completes](IdleBackoff::is_completed).
 const YIELD_LIMIT: u32 = 10;
 
-/// The process's spin budget: one spinner per core.
+/// The process's spin budget: one spinner per core, and, once other processes it waits for
+/// share the host ([`IdleBackoff::share_cores`]), none while the machine has no core to
+/// spare ([`Occupancy`]): a budget of its own in every process of a job would let each
+/// spin while the rank it waits for sits on the same core.
 ///
 /// Process-wide state, against the habit of hanging everything off a `Runtime`: the cores
 /// are the process's, not a runtime's, and the ranks of an embedded job (several runtimes in
 /// one process) share them — a budget per runtime would let each spin on every core. It is
 /// written when a waiter starts and stops spinning (once per blocking wait, not per message
 /// of a window).
-static PROCESS: SpinSlots = SpinSlots::new(usize::MAX);
+static PROCESS: SpinSlots = SpinSlots::on_machine(usize::MAX, &OCCUPANCY, false);
 
 /// A waiter's idle step: spin while a core is free for it, else yield. A process-wide budget
 /// of spin slots, one per core, decides: a slot is taken at the first idle step and given
@@ -310,6 +364,24 @@ impl IdleBackoff {
         OCCUPANCY.spare(now) && self.may_spin() && cpu_is_ours(now)
     }
 
+    /// Says that processes this one waits for (ranks of its job) run on the same host: from
+    /// then on no waiter of the process spins while the machine has more runnable threads
+    /// than cores. Each process's budget counts only its own spinners, so otherwise every
+    /// process of a job on an oversubscribed host would spin on the core the rank it waits
+    /// for needs (measured: multirate across 4-8 processes on 2 cores, 1.67-1.71x the
+    /// process-mode rate; 1 pair, 2 processes on 2 cores, unchanged). In one process the
+    /// budget alone already bounds the spinners, and is left so: the sync-object waits of
+    /// threads in one process lose by yielding there.
+    pub fn share_cores() {
+        // Relaxed: see `SpinSlots::enter`.
+        PROCESS.watching.store(true, Ordering::Relaxed);
+    }
+
+    /// Whether [`share_cores`](Self::share_cores) was called in this process.
+    pub fn cores_shared() -> bool {
+        PROCESS.watching.load(Ordering::Relaxed)
+    }
+
     /// Whether the spin phase is over (every further step yields).
     pub fn is_completed(&self) -> bool {
         self.step > YIELD_LIMIT
@@ -383,6 +455,33 @@ mod tests {
             assert!(a.spinning, "after a productive poll the waiter spins again");
         });
         assert_eq!(count(), 0);
+    }
+
+    /// Once the process shares its cores with peers' processes, its budget is empty while
+    /// the machine has no core to spare, whatever slots are free (its waiter would spin on
+    /// the core the peer it waits for needs); before, its slots alone decide.
+    #[test]
+    fn no_slot_while_the_machine_has_no_core_to_spare() {
+        // Never sampled anew (`u64::MAX`: a sample under way): the answer stays as set.
+        static BUSY: Occupancy = Occupancy { stamp_us: AtomicU64::new(u64::MAX), spare: AtomicBool::new(false) };
+        static IDLE: Occupancy = Occupancy { stamp_us: AtomicU64::new(u64::MAX), spare: AtomicBool::new(true) };
+        static ON_BUSY: SpinSlots = SpinSlots::on_machine(2, &BUSY, true);
+        static ON_IDLE: SpinSlots = SpinSlots::on_machine(2, &IDLE, true);
+        static ALONE: SpinSlots = SpinSlots::on_machine(2, &BUSY, false);
+        on_thread(|| {
+            for _ in 0..2 * SPARE_CLOCK_EVERY {
+                let mut w = IdleBackoff::with_budget(&ON_BUSY);
+                w.snooze();
+                assert!(!w.spinning, "no slot while the machine is busy");
+                assert_eq!(ON_BUSY.spinning.load(Ordering::Relaxed), 0);
+            }
+            let mut w = IdleBackoff::with_budget(&ON_IDLE);
+            w.snooze();
+            assert!(w.spinning, "a free slot is taken while the machine has a core to spare");
+            let mut w = IdleBackoff::with_budget(&ALONE);
+            w.snooze();
+            assert!(w.spinning, "a process that shares its cores with no peer's process counts its slots alone");
+        });
     }
 
     /// A wait nested in another on the same thread needs a second slot — unless the budget

@@ -198,25 +198,27 @@ fn fan_in_from_many_senders_at_3_4_and_8_ranks_on_tcp() {
 /// A partitioned message across 2 processes, 4 rounds: every word arrives, and rounds 2 on
 /// go as `how` says (rank 0 counts the frames it receives per round, as the in-process test
 /// does): written straight into the receive's buffer where the same-host lane reaches it
-/// (`process_vm_writev`), sent as rendezvous messages where it does not.
-fn partitioned(provider: &str, env: &[(&str, &str)], how: &str) {
+/// (`process_vm_writev`), sent as rendezvous messages where it does not; and whether rank 0
+/// counts its cores as shared with its peer's process (`shared`: where the lane met it).
+fn partitioned(provider: &str, env: &[(&str, &str)], how: &str, shared: &str) {
     let (o, t) = job_with_env(2, provider, &["--timeout", "60"], env, &[SELFTEST, "partitioned"]);
     let s = text(&o);
     assert!(o.status.success(), "partitioned on {provider} {env:?} failed after {t:?}:\n{s}");
     assert!(s.contains("[1] partitioned ok: 4 rounds"), "rank 1's check of the contents:\n{s}");
     assert!(s.contains(&format!("[0] partitioned ok: rounds 2-4 {how}")), "rounds 2 on not {how} on {provider} {env:?}:\n{s}");
+    assert!(s.contains(&format!("cores shared with peers' processes: {shared})")), "cores shared not {shared} on {provider} {env:?}:\n{s}");
 }
 
 #[test]
 fn partitions_written_straight_across_processes_on_shm() {
-    partitioned("shm", &[], "written straight");
+    partitioned("shm", &[], "written straight", "yes");
 }
 
 /// Without the same-host lane nothing reaches the receiver's memory: every round's
 /// partitions travel as messages, and arrive whole.
 #[test]
 fn partitions_sent_as_messages_across_processes_on_tcp_without_the_lane() {
-    partitioned("tcp", &[("WEFT_SAME_HOST_LANE", "0")], "sent as messages");
+    partitioned("tcp", &[("WEFT_SAME_HOST_LANE", "0")], "sent as messages", "no");
 }
 
 /// One-sided windows across processes at 2 and 4 ranks: puts and flushes, native and

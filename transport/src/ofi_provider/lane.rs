@@ -513,6 +513,11 @@ impl Prepared {
         // all their rings are read; one that nobody writes costs a load per poll.
         let mine: Box<[u32]> = (0..published.len() as u32).filter(|&r| here(r as usize).is_some()).collect();
         let readers = (0..self.layout.cris).map(|_| mine.clone()).collect();
+        // Ranks of other processes share this host's cores: the process's waiters spin only
+        // while the machine has a core to spare (`IdleBackoff::share_cores`).
+        if mine.iter().any(|&r| published[r as usize].is_some_and(|p| p.pid != std::process::id())) {
+            weft_sync::IdleBackoff::share_cores();
+        }
         Lane {
             layout: self.layout,
             rank,
