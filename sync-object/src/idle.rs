@@ -18,7 +18,7 @@
 //! multirate on 2 cores, process mode at 4 and 8 pairs 5.3-5.6 -> 6.5-7.5 M msg/s, thread
 //! mode 4.7-4.9 -> 5.3-5.6 M; 1 pair unchanged within noise.
 
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::OnceLock;
 use std::time::Instant;
 
@@ -101,14 +101,27 @@ struct Occupancy {
     stamp_us: AtomicU64,
     /// The last sample's answer.
     spare: AtomicBool,
+    /// Samples in a row that found no core to spare ([`spare_lately`](Self::spare_lately)).
+    busy_in_a_row: AtomicU32,
 }
 
 /// How old a sample may be, in microseconds.
 const SAMPLE_EVERY_US: u64 = 2000;
 
-static OCCUPANCY: Occupancy = Occupancy { stamp_us: AtomicU64::new(0), spare: AtomicBool::new(false) };
+static OCCUPANCY: Occupancy = Occupancy::sampled(false);
+
+/// Samples in a row that must find no core to spare before waiters of a process that shares
+/// its cores stop their short spin: one runnable thread more at one instant (a watcher
+/// woken, a kernel thread) does not make a host of two busy-polling ranks on two cores
+/// oversubscribed.
+const BUSY_SAMPLES: u32 = 2;
 
 impl Occupancy {
+    /// No sample taken yet, the answer `spare` until the first.
+    const fn sampled(spare: bool) -> Self {
+        Occupancy { stamp_us: AtomicU64::new(0), spare: AtomicBool::new(spare), busy_in_a_row: AtomicU32::new(0) }
+    }
+
     /// The answer, sampled anew if the last sample is older than its period at `now`
     /// ([`epoch_us`]).
     fn spare(&self, now: u64) -> bool {
@@ -120,14 +133,17 @@ impl Occupancy {
         {
             let spare = runnable_threads().is_some_and(|r| r <= machine_cpus());
             self.spare.store(spare, Ordering::Relaxed);
+            let busy = if spare { 0 } else { self.busy_in_a_row.load(Ordering::Relaxed).saturating_add(1) };
+            self.busy_in_a_row.store(busy, Ordering::Relaxed);
             self.stamp_us.store(now, Ordering::Relaxed);
         }
         self.spare.load(Ordering::Relaxed)
     }
 
-    /// The answer for a waiter about to take a spin slot: the last sample's, sampled anew
-    /// (if old) at every [`SPARE_CLOCK_EVERY`]th call of the thread, so that the clock is
-    /// not read at every wait. Where the count is unknown (not Linux), yes: the slots alone
+    /// The answer for a waiter about to take a spin slot: no only after [`BUSY_SAMPLES`]
+    /// samples in a row found no core to spare; sampled anew (if old) at every
+    /// [`SPARE_CLOCK_EVERY`]th call of the thread, so that the clock is not read at every
+    /// wait. Where the count is unknown (not Linux), yes: the slots alone
     /// decide, as they did before the machine was watched.
     fn spare_lately(&self) -> bool {
         if !cfg!(target_os = "linux") {
@@ -141,11 +157,10 @@ impl Occupancy {
             })
             .unwrap_or(true);
         if read_clock {
-            self.spare(epoch_us())
-        } else {
-            // Relaxed: a hint, as above.
-            self.spare.load(Ordering::Relaxed)
+            self.spare(epoch_us());
         }
+        // Relaxed: a hint, as above.
+        self.busy_in_a_row.load(Ordering::Relaxed) < BUSY_SAMPLES
     }
 }
 
@@ -463,11 +478,16 @@ mod tests {
     #[test]
     fn no_slot_while_the_machine_has_no_core_to_spare() {
         // Never sampled anew (`u64::MAX`: a sample under way): the answer stays as set.
-        static BUSY: Occupancy = Occupancy { stamp_us: AtomicU64::new(u64::MAX), spare: AtomicBool::new(false) };
-        static IDLE: Occupancy = Occupancy { stamp_us: AtomicU64::new(u64::MAX), spare: AtomicBool::new(true) };
+        static BUSY: Occupancy =
+            Occupancy { stamp_us: AtomicU64::new(u64::MAX), spare: AtomicBool::new(false), busy_in_a_row: AtomicU32::new(BUSY_SAMPLES) };
+        static ONCE_BUSY: Occupancy =
+            Occupancy { stamp_us: AtomicU64::new(u64::MAX), spare: AtomicBool::new(false), busy_in_a_row: AtomicU32::new(1) };
+        static IDLE: Occupancy =
+            Occupancy { stamp_us: AtomicU64::new(u64::MAX), spare: AtomicBool::new(true), busy_in_a_row: AtomicU32::new(0) };
         static ON_BUSY: SpinSlots = SpinSlots::on_machine(2, &BUSY, true);
         static ON_IDLE: SpinSlots = SpinSlots::on_machine(2, &IDLE, true);
         static ALONE: SpinSlots = SpinSlots::on_machine(2, &BUSY, false);
+        static ON_ONCE_BUSY: SpinSlots = SpinSlots::on_machine(2, &ONCE_BUSY, true);
         on_thread(|| {
             for _ in 0..2 * SPARE_CLOCK_EVERY {
                 let mut w = IdleBackoff::with_budget(&ON_BUSY);
@@ -478,6 +498,9 @@ mod tests {
             let mut w = IdleBackoff::with_budget(&ON_IDLE);
             w.snooze();
             assert!(w.spinning, "a free slot is taken while the machine has a core to spare");
+            let mut w = IdleBackoff::with_budget(&ON_ONCE_BUSY);
+            w.snooze();
+            assert!(w.spinning, "one busy sample is not yet a busy machine");
             let mut w = IdleBackoff::with_budget(&ALONE);
             w.snooze();
             assert!(w.spinning, "a process that shares its cores with no peer's process counts its slots alone");
