@@ -277,20 +277,7 @@ fn transport_worker(p: Provider, size: usize, iterations: usize, lane: bool) -> 
 /// (context 1, no sequence): what the transport-layer benchmarks send.
 #[cfg(feature = "ofi")]
 pub(crate) fn eager_header(source: u32, tag: i32, len: usize) -> weft_transport::Header {
-    weft_transport::Header {
-        kind: weft_transport::FrameKind::Eager,
-        src_cri: 0,
-        context: 1,
-        source,
-        tag,
-        seq: 0,
-        gseq: 0,
-        chan: 0,
-        len: len as u64,
-        cookie: 0,
-        key: 0,
-        addr: 0,
-    }
+    weft_transport::Header::eager(1, source, tag, 0, len)
 }
 
 #[cfg(not(feature = "ofi"))]

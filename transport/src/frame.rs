@@ -54,6 +54,27 @@ pub struct Header {
     pub addr: u64,
 }
 
+impl Header {
+    /// The header of an eager frame of `len` bytes on `context`, from `source` with `tag`,
+    /// `seq` in its channel 0; no rendezvous fields, no `gseq`.
+    pub fn eager(context: u32, source: u32, tag: i32, seq: u32, len: usize) -> Header {
+        Header {
+            kind: FrameKind::Eager,
+            src_cri: 0,
+            context,
+            source,
+            tag,
+            seq,
+            gseq: 0,
+            chan: 0,
+            len: len as u64,
+            cookie: 0,
+            key: 0,
+            addr: 0,
+        }
+    }
+}
+
 /// Bytes carried inside the frame itself, without a buffer.
 pub const INLINE: usize = 32;
 

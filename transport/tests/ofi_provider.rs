@@ -39,20 +39,7 @@ fn pair_with(provider: &str, recv_slots: usize, same_host_lane: bool) -> Vec<Ofi
 }
 
 fn header(seq: u32, len: usize) -> Header {
-    Header {
-        kind: FrameKind::Eager,
-        src_cri: 1,
-        context: 0,
-        source: 0,
-        tag: 7,
-        seq,
-        gseq: 0,
-        chan: 0,
-        len: len as u64,
-        cookie: 0,
-        key: 0,
-        addr: 0,
-    }
+    Header { src_cri: 1, ..Header::eager(0, 0, 7, seq, len) }
 }
 
 /// A sender faster than its receiver is pushed back, never loses a frame, and never grows

@@ -991,21 +991,7 @@ mod tests {
     use weft_transport::{Header, Payload};
 
     fn frame(source: u32, seq: u32) -> Frame {
-        let header = Header {
-            kind: FrameKind::Eager,
-            src_cri: 0,
-            context: 0,
-            source,
-            tag: 7,
-            seq,
-            gseq: 0,
-            chan: 0,
-            len: 0,
-            cookie: 0,
-            key: 0,
-            addr: 0,
-        };
-        Frame { header, payload: Payload::Empty }
+        Frame { header: Header::eager(0, source, 7, seq, 0), payload: Payload::Empty }
     }
 
     fn post_n(m: &mut MatchState, n: usize) -> Vec<Arc<Operation>> {
