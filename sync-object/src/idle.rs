@@ -386,7 +386,9 @@ impl IdleBackoff {
     /// for needs (measured: multirate across 4-8 processes on 2 cores, 1.67-1.71x the
     /// process-mode rate; 1 pair, 2 processes on 2 cores, unchanged). In one process the
     /// budget alone already bounds the spinners, and is left so: the sync-object waits of
-    /// threads in one process lose by yielding there.
+    /// threads in one process lose by yielding there. weft's same-host lane calls it when
+    /// it meets ranks of other processes; a job on one host with the lane switched off
+    /// counts each process's spinners alone.
     pub fn share_cores() {
         // Relaxed: see `SpinSlots::enter`.
         PROCESS.watching.store(true, Ordering::Relaxed);

@@ -307,6 +307,21 @@ struct RankSlot {
     served_until: CachePadded<std::sync::atomic::AtomicU64>,
 }
 
+impl RankSlot {
+    /// Region `key` of this rank (`rank`), looked up under its registration lock (`regions`).
+    /// A key that is gone because the rank closed meanwhile (a peer checks `alive` before it
+    /// takes the lock; `close` clears the flag, then the table) is `PeerLost`, as it would
+    /// have been a moment earlier, not an unknown key.
+    fn region(&self, regions: &HashMap<u64, Region>, rank: u32, key: u64) -> Result<Region, Error> {
+        match regions.get(&key) {
+            Some(r) => Ok(*r),
+            // Acquire: pairs with `close`'s release (the table was cleared after it).
+            None if !self.alive.load(Ordering::Acquire) => Err(Error::PeerLost { rank }),
+            None => Err(Error::InvalidArgument("unknown remote memory key")),
+        }
+    }
+}
+
 struct World {
     ranks: Box<[RankSlot]>,
     opts: EmbeddedOptions,
@@ -526,7 +541,7 @@ impl EmbeddedRank {
             return Err(Error::PeerLost { rank: src });
         }
         let regions = peer.regions.lock();
-        let region = regions.get(&key).copied().ok_or(Error::InvalidArgument("unknown remote memory key"))?;
+        let region = peer.region(&regions, src, key)?;
         let end = offset.checked_add(dst.len()).ok_or(Error::InvalidArgument("remote read out of bounds"))?;
         if end > region.len {
             return Err(Error::InvalidArgument("remote read out of bounds"));
@@ -561,7 +576,7 @@ impl EmbeddedRank {
             return Err(Error::PeerLost { rank: dst });
         }
         let regions = peer.regions.lock();
-        let region = regions.get(&key).copied().ok_or(Error::InvalidArgument("unknown remote memory key"))?;
+        let region = peer.region(&regions, dst, key)?;
         if write && !region.writable {
             return Err(Error::InvalidArgument("remote region is not a writable RMA window"));
         }
@@ -746,6 +761,25 @@ mod tests {
             key,
             addr,
         }
+    }
+
+    /// A read that found its peer alive and then, under the registration lock, no longer
+    /// finds the peer's region because the peer closed in between fails with `PeerLost`;
+    /// a key the peer never registered is an unknown key.
+    #[test]
+    fn a_region_gone_with_its_closed_rank_is_peer_lost() {
+        let eps = fabric(EmbeddedOptions { ranks: 2, cris: 1, inbox_capacity: 8, eager_capacity: 64 }).unwrap();
+        let buf = [7u8; 16];
+        // SAFETY: `buf` outlives every read below (the rank is closed before it goes).
+        let key = unsafe { eps[0].register(buf.as_ptr(), buf.len()) };
+        let slot = &eps[1].world.ranks[0];
+        assert!(slot.region(&slot.regions.lock(), 0, key).is_ok());
+        assert_eq!(slot.region(&slot.regions.lock(), 0, key + 1).err(), Some(Error::InvalidArgument("unknown remote memory key")));
+        // The state a read meets when the close falls between its `alive` check and its lock.
+        eps[0].close();
+        assert_eq!(slot.region(&slot.regions.lock(), 0, key).err(), Some(Error::PeerLost { rank: 0 }));
+        let mut dst = [0u8; 4];
+        assert_eq!(eps[1].read(0, key, 0, &mut dst).unwrap_err(), Error::PeerLost { rank: 0 });
     }
 
     /// Every frame shape comes out of an inbox exactly as it went in: bare frames with all
