@@ -34,11 +34,10 @@
 //! duplicate of the one it was made on, which no user message can match), and the rank
 //! that passes a level, once its write of the successor's STATUS is flushed, sends the
 //! successor an empty *wake frame* tagged with the word. The successor, after a few polls,
-//! posts the frame's receive before each check of its word and then waits for it as any
-//! blocked receive waits (a thread as the rank's waiter, on what wakes the rank; a task
-//! parked, checking its word again every [`WAKE_CHECK`] as well). A frame whose write the
-//! waiter saw first is received by its next wait, which then checks once more. The other
-//! waits on libfabric (a releaser for its successor's NEXT, RMA-RW's readers and draining
+//! posts the frame's receive before each check of its word and then parks (its thread, or
+//! its task) until the frame comes, a rank is lost, or [`WAKE_CHECK`] passed, and checks
+//! its word again. A frame whose write the waiter saw first is received by its next wait,
+//! which then checks once more. The other waits on libfabric (a releaser for its successor's NEXT, RMA-RW's readers and draining
 //! writer at the counters) poll: between polls the waiter spins a little, then yields,
 //! then sleeps up to [`MAX_SLEEP`] (a task on a shared timer); each poll also makes the
 //! transport's progress, so the waiter's own window keeps being served. The foMPI-style
@@ -47,6 +46,20 @@
 //! a successor that has entered the queue to make itself known);
 //! [`unlock_async`](Guard::unlock_async) releases without blocking the thread, which matters
 //! when that successor is a task on the same thread.
+//!
+//! # Lost ranks
+//!
+//! A wait whose check of its word failed while a rank of the lock's communicator is gone
+//! (its process died, or it finished) fails with [`Error::PeerLost`] naming that rank,
+//! within [`WAKE_CHECK`] of the loss or at once (a loss rings every waiter's doorbell and
+//! the written words' signals): the write it waits for may never come, and a rank cannot
+//! tell which ranks ahead of it in a queue, or inside as readers, will write it. A write
+//! that landed before its writer went is seen by the check first: a successor whose
+//! releaser died between the flushed hand-off and its wake frame takes the lock. The
+//! spin lock's word names its holder: a waiter there fails only once that rank is gone.
+//! A lock whose rank was lost is not usable after that (its queues may hold the lost
+//! rank's place); a rank that finishes while others still use a lock it made counts as
+//! lost, as for a window.
 //!
 //! # Machine levels
 //!
@@ -101,6 +114,8 @@ use crate::rma::{Op, Window};
 
 mod dht;
 mod levels;
+#[cfg(test)]
+mod lost;
 #[cfg(test)]
 mod model;
 mod queues;
@@ -415,6 +430,13 @@ impl std::fmt::Debug for SpinLock {
     }
 }
 
+/// `PeerLost` once a rank of `window` is gone: a waiter at a central word fails instead of
+/// waiting for a holder that will never release (the word does not say whether the rank
+/// that went held it).
+fn gone(window: &Window<'_, u64>) -> Result<(), Error> {
+    window.lost_peer().map_or(Ok(()), |rank| Err(Error::PeerLost { rank }))
+}
+
 /// Checks that `home` is a rank of `comm` and makes a window of `len` words.
 fn central_window(comm: &Communicator, home: u32, len: usize) -> Result<Window<'static, u64>, Error> {
     if home >= comm.size() {
@@ -429,8 +451,19 @@ impl SpinLock {
         Ok(SpinLock { window: central_window(comm, home, 1)?, home, local: LocalLock::new() })
     }
 
+    /// One compare-and-swap: `true` if it took the word; `PeerLost` if the rank that
+    /// holds it is gone (it will never release).
     fn attempt(&self) -> Result<bool, Error> {
-        Ok(self.window.compare_and_swap(self.home, 0, 0, node(self.window.rank()))? == 0)
+        match self.window.compare_and_swap(self.home, 0, 0, node(self.window.rank()))? {
+            0 => Ok(true),
+            holder => {
+                let rank = (holder - 1) as u32;
+                if self.window.peer_gone(rank) {
+                    return Err(Error::PeerLost { rank });
+                }
+                Ok(false)
+            }
+        }
     }
 
     /// Acquires the lock, polling until the word is free.
@@ -531,6 +564,7 @@ impl FompiRw {
     async fn poll(&self, attempt: fn(&Self) -> Result<bool, Error>, mode: Mode) -> Result<FompiRwGuard<'_>, Error> {
         let mut backoff = Backoff::new();
         while !attempt(self)? {
+            gone(&self.window)?;
             backoff.snooze().await;
         }
         Ok(Guard::new(self, mode, None))

@@ -846,6 +846,10 @@ mod real {
         async fn pause(&self) {
             step().await;
         }
+
+        fn lost(&self) -> Option<u32> {
+            None
+        }
     }
 
     /// A process's acquisitions, under way.

@@ -63,17 +63,26 @@ use crate::rma::{Op, Window};
 /// wait is armed (a listener for the words registered where the window has one), then, if
 /// the check gave `None`, waited on ([`Armed`]): the listings' local spin, parked where the
 /// transport signals writes.
+///
+/// A check that failed while a rank of the lock's communicator is gone (lost or finished)
+/// ends the wait with `PeerLost` naming it: the write the wait is for may never come (the
+/// rank may have held the lock, or a place in a queue ahead), and a write that landed
+/// before its writer went was seen by the check. Every park ends on a loss (the doorbell
+/// and the written words' signals are rung) or after [`WAKE_CHECK`](super::WAKE_CHECK).
 macro_rules! until {
     ($q:expr, $words:expr, $check:expr) => {
-        until!(backoff => $q.window.arm(&backoff, $words), $check)
+        until!($q, backoff => $q.window.arm(&backoff, $words), $check)
     };
     // Armed by `$arm`, an expression of the polls so far, `$backoff`.
-    ($backoff:ident => $arm:expr, $check:expr) => {{
+    ($q:expr, $backoff:ident => $arm:expr, $check:expr) => {{
         let mut $backoff = Backoff::new();
         loop {
             let armed = $arm;
             if let Some(v) = $check {
                 break v;
+            }
+            if let Some(rank) = $q.window.lost() {
+                return Err(Error::PeerLost { rank });
             }
             armed.wait(&mut $backoff).await;
         }
@@ -107,6 +116,9 @@ pub(super) trait Words: Send + Sync {
     fn arm<const N: usize>(&self, backoff: &Backoff, words: [(u32, usize); N]) -> Armed<'_, N>;
     /// A short pause before trying again.
     async fn pause(&self);
+    /// A process that is gone (lost or finished), if any: a wait for a word it may have
+    /// been about to write fails with `PeerLost` naming it.
+    fn lost(&self) -> Option<u32>;
 }
 
 impl Words for Window<'_, u64> {
@@ -145,6 +157,10 @@ impl Words for Window<'_, u64> {
 
     async fn pause(&self) {
         Backoff::new().snooze().await;
+    }
+
+    fn lost(&self) -> Option<u32> {
+        self.lost_peer()
     }
 }
 
@@ -338,7 +354,7 @@ impl<W: Words> Queues<W> {
             Some(armed) => armed,
             None => self.window.arm(backoff, [(p, offset)]),
         };
-        Ok(until!(backoff => arm(&backoff), Some(self.get(p, offset).await?).filter(|&s| s != WAIT)))
+        Ok(until!(self, backoff => arm(&backoff), Some(self.get(p, offset).await?).filter(|&s| s != WAIT)))
     }
 
     /// Passes level `l` to the waiting `to`: the listings' `Put(status, to, STATUS);

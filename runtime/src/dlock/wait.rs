@@ -38,11 +38,11 @@ use crate::rma::Window;
 /// The longest a waiting rank sleeps between two polls.
 pub const MAX_SLEEP: Duration = Duration::from_micros(100);
 
-/// The longest a task waiting for a wake frame ([`arm_wake`]) parks before it checks its
+/// The longest a waiter parked on a wake frame ([`arm_wake`]) waits before it checks its
 /// word again: its safety net, should the rank's progress that completes the receive be
-/// late (the write itself is flushed before the frame is sent, so the check finds it). A
-/// thread waits for the frame as any blocked receive does, driving the progress itself: the
-/// receive is posted before the check and the frame sent after the write, so it comes.
+/// late, or the frame never come (its sender lost after its write: the write itself is
+/// flushed before the frame is sent, so the check finds it). A loss of a rank ends the
+/// park at once (the transport rings the rank's doorbell).
 pub const WAKE_CHECK: Duration = Duration::from_millis(10);
 
 /// Polls of a word ([`Armed`]) before the waiter parks on the word's signal (the first
@@ -54,6 +54,9 @@ thread_local! {
     static BLOCKING: Cell<bool> = const { Cell::new(false) };
     /// [`Backoff`] sleeps begun on this thread, and parks ([`Armed`]) on it.
     static WAITS: Cell<Waits> = const { Cell::new(Waits { sleeps: 0, parks: 0, wakes: 0 }) };
+    /// The earliest [`Sleep`] the protocol in [`block_on`] waits for in its current poll:
+    /// the thread parks no longer (a thread's sleep needs no timer thread).
+    static WAKE_AT: Cell<Option<Instant>> = const { Cell::new(None) };
 }
 
 /// How the waits of the distributed locks on one thread went: [`Backoff`] sleeps (a
@@ -94,8 +97,8 @@ pub(crate) enum Armed<'a, const N: usize> {
     Yield,
     /// Park until one of the words is written.
     Listen([SignalListener<'a>; N]),
-    /// Park until a wake frame arrives (a receive posted before the check); a task also
-    /// for [`WAKE_CHECK`] at most.
+    /// Park until a wake frame arrives (a receive posted before the check), a rank is
+    /// lost, or [`WAKE_CHECK`] passed.
     Woken(Request<'a, Vec<u8>>),
 }
 
@@ -146,11 +149,10 @@ impl<const N: usize> Armed<'_, N> {
             }
             Armed::Woken(request) => {
                 count(|w| w.parks += 1);
-                // A thread waits as every blocked receive does (as the rank's waiter, on
-                // what wakes the rank itself); a task parks on the receive beside its check.
-                let woken =
-                    if BLOCKING.get() { request.wait().is_ok() } else { (WakeOrCheck { request, check: Sleep::new(WAKE_CHECK) }).await };
-                if woken {
+                // A thread (in `block_on`) and a task alike: parked on the receive, the
+                // rank's doorbell (which a loss rings) and the check's deadline.
+                let epoch = request.communicator().engine().transport.lost_epoch();
+                if (WakeOrCheck { request, check: Sleep::new(WAKE_CHECK), epoch }).await {
                     count(|w| w.wakes += 1);
                 }
             }
@@ -159,12 +161,15 @@ impl<const N: usize> Armed<'_, N> {
 }
 
 /// Ready with `true` when the wake frame's receive completes, with `false` when the check's
-/// time comes first (the receive is then cancelled by its drop). While the rank's progress
-/// goes on, the task yields between passes instead of looping inside one poll: the holder
-/// it waits for may be a task of the same thread.
+/// time comes first or a rank was lost since `epoch` (the receive is then cancelled by its
+/// drop; the check that follows sees a write that landed, and the loss). While the rank's
+/// progress goes on, the task yields between passes instead of looping inside one poll: the
+/// holder it waits for may be a task of the same thread.
 struct WakeOrCheck<'a> {
     request: Request<'a, Vec<u8>>,
     check: Sleep,
+    /// The transport's loss epoch when the wait was armed.
+    epoch: u64,
 }
 
 impl Future for WakeOrCheck<'_> {
@@ -175,6 +180,11 @@ impl Future for WakeOrCheck<'_> {
         // follows finds what happened.
         if this.request.is_complete() {
             return Poll::Ready(true);
+        }
+        // A receive from any source fails only once no peer is left: a loss ends the park
+        // here (the transport rings the doorbell the wait is registered on).
+        if this.request.communicator().engine().transport.lost_epoch() != this.epoch {
+            return Poll::Ready(false);
         }
         if this.request.communicator().engine().poll_progress(cx) == Step::Progressed {
             if this.request.is_complete() {
@@ -221,24 +231,29 @@ impl Wake for Unparker {
     }
 }
 
-/// Runs `future` to completion on this thread (parking it while nothing can go on), with
-/// [`Backoff`] sleeping the thread instead of parking a task.
+/// Runs `future` to completion on this thread (parking it while nothing can go on, until
+/// the earliest [`Sleep`] it waits for at most), with [`Backoff`] sleeping the thread
+/// instead of parking a task.
 pub(crate) fn block_on<F: Future>(future: F) -> F::Output {
-    struct Restore(bool);
+    struct Restore(bool, Option<Instant>);
     impl Drop for Restore {
         fn drop(&mut self) {
             BLOCKING.set(self.0);
+            WAKE_AT.set(self.1);
         }
     }
     let mut future = pin!(future);
     let waker = Waker::from(Arc::new(Unparker(std::thread::current())));
     let mut cx = Context::from_waker(&waker);
-    let _restore = Restore(BLOCKING.replace(true));
+    let _restore = Restore(BLOCKING.replace(true), WAKE_AT.take());
     loop {
         if let Poll::Ready(v) = future.as_mut().poll(&mut cx) {
             return v;
         }
-        std::thread::park();
+        match WAKE_AT.take() {
+            Some(at) => std::thread::park_timeout(at.saturating_duration_since(Instant::now())),
+            None => std::thread::park(),
+        }
     }
 }
 
@@ -310,8 +325,13 @@ impl Future for Sleep {
         if Instant::now() >= self.deadline {
             return Poll::Ready(());
         }
-        // Registered at each poll that finds it early: a spurious wake-up re-arms it.
-        timer().add(self.deadline, cx.waker().clone());
+        // Registered at each poll that finds it early: a spurious wake-up re-arms it. A
+        // thread in `block_on` parks until the deadline itself.
+        if BLOCKING.get() {
+            WAKE_AT.set(Some(WAKE_AT.get().map_or(self.deadline, |at| at.min(self.deadline))));
+        } else {
+            timer().add(self.deadline, cx.waker().clone());
+        }
         Poll::Pending
     }
 }

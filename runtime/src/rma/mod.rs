@@ -335,6 +335,24 @@ impl<'a, T: Primitive> Window<'a, T> {
         self.transport().watch(&part.remote, at).map(weft_sync::Signal::listen)
     }
 
+    /// The lowest rank of the window whose process is gone (lost, or finished), if any:
+    /// one load while no rank of the fabric ever was. What a wait for a peer's write asks
+    /// when its check failed (a gone writer writes nothing more).
+    pub(crate) fn lost_peer(&self) -> Option<u32> {
+        let t = self.transport();
+        if t.lost_epoch() == 0 {
+            return None;
+        }
+        let me = self.rank();
+        (0..self.size()).find(|&r| r != me && !t.is_alive(self.comm.world_of(r)))
+    }
+
+    /// Whether `rank`'s process is gone (lost, or finished); `false` for a rank outside the
+    /// window.
+    pub(crate) fn peer_gone(&self, rank: u32) -> bool {
+        rank < self.size() && rank != self.rank() && !self.transport().is_alive(self.comm.world_of(rank))
+    }
+
     /// Whether [`watch`](Self::watch) gives listeners: the transport signals writes (the
     /// embedded provider).
     pub(crate) fn signals_writes(&self) -> bool {
