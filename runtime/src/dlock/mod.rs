@@ -29,19 +29,36 @@
 //! take no CPU from the holder. A blocking call parks its thread, an `_async` call its
 //! task (the thread runs other tasks meanwhile, on weft's executor
 //! ([`crate::Runtime::spawn`]) or tokio alike, and thousands of tasks of one rank can wait
-//! on a few threads). On libfabric a peer's write raises no event at the target, so a
-//! queue lock's hand-off comes with a message: each lock has its own communicator (a
-//! duplicate of the one it was made on, which no user message can match), and the rank
-//! that passes a level, once its write of the successor's STATUS is flushed, sends the
-//! successor an empty *wake frame* tagged with the word. The successor, after a few polls,
-//! posts the frame's receive before each check of its word and then parks (its thread, or
-//! its task) until the frame comes, a rank is lost, or [`WAKE_CHECK`] passed, and checks
-//! its word again. A frame whose write the waiter saw first is received by its next wait,
-//! which then checks once more. The other waits on libfabric (a releaser for its successor's NEXT, RMA-RW's readers and draining
-//! writer at the counters) poll: between polls the waiter spins a little, then yields,
-//! then sleeps up to [`MAX_SLEEP`] (a task on a shared timer); each poll also makes the
-//! transport's progress, so the waiter's own window keeps being served. The foMPI-style
-//! locks poll the central word that way on every provider, as the seed's baselines do.
+//! on a few threads).
+//!
+//! On libfabric a peer's write raises no event at the target, so the change a waiter needs
+//! comes with a message: each lock has its own communicator (a duplicate of the one it was
+//! made on, which no user message can match), and the rank that made the change, once it
+//! is complete at its target, sends the waiting rank an empty *wake frame* tagged with the
+//! word. The listings' protocols are unchanged; the frames and the words that say who
+//! waits are beside them:
+//!
+//! - a queue node's STATUS (Listings 2, 4, 7: the spin for the hand-off): the rank passing
+//!   the level knows its successor and wakes it;
+//! - a node's NEXT (Listings 3, 5, 8: a releaser waiting for a successor that swapped the
+//!   tail to make itself known), the counters (Listing 9, lines 5-9: readers waiting for a
+//!   reset; Listing 7 with §3.3.3: a writer waiting for the readers to leave), the
+//!   foMPI-style locks' word: the waiter does not know which rank will change the word,
+//!   nor that rank who waits, so a *watchers word* beside it at the same rank holds a bit
+//!   per waiting rank; the waiter sets its bit before its check, and each change (the
+//!   successor's put of NEXT, a reset, a reader's departure or back-off, a release) is
+//!   followed by a read of the watchers word and a frame to each rank set. Both are
+//!   atomics at one rank, complete on return: the check sees the change, or the change's
+//!   reader sees the bit. With more than 64 ranks there is no bit for each: these waits
+//!   poll, spinning a little, then yielding, then sleeping up to [`MAX_SLEEP`] (a task on
+//!   a shared timer), as the foMPI-style locks do on the embedded provider (the seed's
+//!   baselines poll).
+//!
+//! After a few polls the waiter posts the frame's receive before each check of its word,
+//! then parks (its thread, or its task) until the frame comes, or [`WAKE_ALARM`] passed
+//! (a thread; [`WAKE_CHECK`], or a rank's loss, for a task), and checks its word again. A
+//! frame whose change the waiter saw first is received by its next wait, which then checks
+//! once more.
 //! Dropping a [`Guard`] releases on the dropping thread (a release waits, briefly, only for
 //! a successor that has entered the queue to make itself known);
 //! [`unlock_async`](Guard::unlock_async) releases without blocking the thread, which matters
@@ -51,7 +68,7 @@
 //!
 //! A wait whose check of its word failed while a rank of the lock's communicator is gone
 //! (its process died, or it finished) fails with [`Error::PeerLost`] naming that rank,
-//! within [`WAKE_CHECK`] of the loss or at once (a loss rings every waiter's doorbell and
+//! within [`WAKE_ALARM`] of the loss or at once (a loss rings every rank's doorbell and
 //! the written words' signals): the write it waits for may never come, and a rank cannot
 //! tell which ranks ahead of it in a queue, or inside as readers, will write it. A write
 //! that landed before its writer went is seen by the check first: a successor whose
@@ -124,8 +141,8 @@ mod wait;
 pub use dht::{Dht, DhtConfig, VolumeLock};
 pub use levels::Levels;
 use queues::{node, Counters, Queues};
-use wait::{block_on, Backoff, LocalGuard, LocalLock};
-pub use wait::{MAX_SLEEP, WAKE_CHECK};
+use wait::{block_on, Backoff, LocalGuard, LocalLock, Wakes};
+pub use wait::{MAX_SLEEP, WAKE_ALARM, WAKE_CHECK};
 
 /// A lock's release, under way.
 type Releasing<'a> = Pin<Box<dyn Future<Output = Result<(), Error>> + Send + 'a>>;
@@ -415,50 +432,99 @@ impl std::fmt::Debug for RmaRw {
     }
 }
 
-/// The foMPI-style spin lock [Schmid 2016, §5] (foMPI-Spin): one word on `home`,
-/// acquired by compare-and-swap from "free" to the acquirer, released by an atomic swap
-/// back; waiters poll the word with backoff.
-pub struct SpinLock {
+/// The central word of the foMPI-style locks: word 0 of `home`'s part of the window; where
+/// the window signals no writes (libfabric), word 1 there is its watchers word
+/// ([`Wakes`]), and a waiter parks on the wake frame of the word's next change.
+struct Central {
     window: Window<'static, u64>,
     home: u32,
+    wakes: Option<Wakes>,
+}
+
+/// The watchers word of a [`Central`] word.
+const WATCHERS: usize = 1;
+
+impl Central {
+    /// Checks that `home` is a rank of `comm` and makes the window (collective).
+    fn new(comm: &Communicator, home: u32) -> Result<Self, Error> {
+        if home >= comm.size() {
+            return Err(Error::RankOutOfRange { rank: home, size: comm.size() });
+        }
+        let window = comm.window(2)?;
+        let wakes = Wakes::new(comm, &window)?;
+        Ok(Central { window, home, wakes })
+    }
+
+    /// Makes `attempt` until it succeeds. Between attempts the waiter spins, yields, then
+    /// sleeps up to [`MAX_SLEEP`] (the seed's baselines poll; so they do on the embedded
+    /// provider), or, where the window signals no writes, parks until the word changes
+    /// (each change's maker wakes the watchers, [`changed`](Self::changed)) or
+    /// [`WAKE_CHECK`] ([`WAKE_ALARM`] for a thread) passed. Fails with what `gone` says
+    /// after a failed attempt.
+    async fn until(&self, attempt: impl Fn() -> Result<bool, Error>, gone: impl Fn() -> Result<(), Error>) -> Result<(), Error> {
+        let mut backoff = Backoff::new();
+        let mut watching = None;
+        loop {
+            let armed: Option<wait::Armed<'_, 1>> = match &self.wakes {
+                Some(w) => w.arm_watched(&self.window, &backoff, &mut watching, (self.home, WATCHERS, 0))?,
+                None => None,
+            };
+            if attempt()? {
+                return Ok(());
+            }
+            gone()?;
+            match armed {
+                Some(armed) => armed.wait(&mut backoff).await,
+                None => backoff.snooze().await,
+            }
+        }
+    }
+
+    /// After a change of the word (complete): wakes the ranks waiting on it.
+    fn changed(&self) -> Result<(), Error> {
+        match &self.wakes {
+            Some(w) => w.notify(&self.window, self.home, WATCHERS),
+            None => Ok(()),
+        }
+    }
+
+    /// An atomic update of the word, then the wake of its watchers.
+    fn update(&self, operand: u64, op: Op) -> Result<u64, Error> {
+        let old = self.window.fetch_and_op(self.home, 0, operand, op)?;
+        self.changed()?;
+        Ok(old)
+    }
+}
+
+/// The foMPI-style spin lock [Schmid 2016, §5] (foMPI-Spin): one word on `home`,
+/// acquired by compare-and-swap from "free" to the acquirer, released by an atomic swap
+/// back; waiters poll the word with backoff (on libfabric, park until it changes).
+pub struct SpinLock {
+    c: Central,
     local: LocalLock,
 }
 
 impl std::fmt::Debug for SpinLock {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("SpinLock").field("rank", &self.window.rank()).field("home", &self.home).finish()
+        f.debug_struct("SpinLock").field("rank", &self.c.window.rank()).field("home", &self.c.home).finish()
     }
-}
-
-/// `PeerLost` once a rank of `window` is gone: a waiter at a central word fails instead of
-/// waiting for a holder that will never release (the word does not say whether the rank
-/// that went held it).
-fn gone(window: &Window<'_, u64>) -> Result<(), Error> {
-    window.lost_peer().map_or(Ok(()), |rank| Err(Error::PeerLost { rank }))
-}
-
-/// Checks that `home` is a rank of `comm` and makes a window of `len` words.
-fn central_window(comm: &Communicator, home: u32, len: usize) -> Result<Window<'static, u64>, Error> {
-    if home >= comm.size() {
-        return Err(Error::RankOutOfRange { rank: home, size: comm.size() });
-    }
-    comm.window(len)
 }
 
 impl SpinLock {
     /// Creates the lock on every rank of `comm` (collective), its word on `home`.
     pub fn new(comm: &Communicator, home: u32) -> Result<Self, Error> {
-        Ok(SpinLock { window: central_window(comm, home, 1)?, home, local: LocalLock::new() })
+        Ok(SpinLock { c: Central::new(comm, home)?, local: LocalLock::new() })
     }
 
     /// One compare-and-swap: `true` if it took the word; `PeerLost` if the rank that
     /// holds it is gone (it will never release).
     fn attempt(&self) -> Result<bool, Error> {
-        match self.window.compare_and_swap(self.home, 0, 0, node(self.window.rank()))? {
+        let w = &self.c.window;
+        match w.compare_and_swap(self.c.home, 0, 0, node(w.rank()))? {
             0 => Ok(true),
             holder => {
                 let rank = (holder - 1) as u32;
-                if self.window.peer_gone(rank) {
+                if w.peer_gone(rank) {
                     return Err(Error::PeerLost { rank });
                 }
                 Ok(false)
@@ -474,10 +540,7 @@ impl SpinLock {
     /// Acquires the lock, parking the task (not the thread) between polls.
     pub async fn lock_async(&self) -> Result<SpinGuard<'_>, Error> {
         let local = self.local.lock().await;
-        let mut backoff = Backoff::new();
-        while !self.attempt()? {
-            backoff.snooze().await;
-        }
+        self.c.until(|| self.attempt(), || Ok(())).await?;
         Ok(Guard::new(self, Mode::Exclusive, Some(local)))
     }
 
@@ -490,7 +553,7 @@ impl SpinLock {
 
 impl Release for SpinLock {
     fn release(&self, _: Mode) -> Releasing<'_> {
-        Box::pin(std::future::ready(self.window.fetch_and_op(self.home, 0, 0, Op::Replace).map(drop)))
+        Box::pin(std::future::ready(self.c.update(0, Op::Replace).map(drop)))
     }
 }
 
@@ -503,32 +566,32 @@ const WRITER: u64 = 1 << 62;
 /// compare-and-swap; each release subtracts what it added. Readers get no priority order:
 /// a steady stream of readers can keep a writer out.
 pub struct FompiRw {
-    window: Window<'static, u64>,
-    home: u32,
+    c: Central,
 }
 
 impl std::fmt::Debug for FompiRw {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("FompiRw").field("rank", &self.window.rank()).field("home", &self.home).finish()
+        f.debug_struct("FompiRw").field("rank", &self.c.window.rank()).field("home", &self.c.home).finish()
     }
 }
 
 impl FompiRw {
     /// Creates the lock on every rank of `comm` (collective), its counter on `home`.
     pub fn new(comm: &Communicator, home: u32) -> Result<Self, Error> {
-        Ok(FompiRw { window: central_window(comm, home, 1)?, home })
+        Ok(FompiRw { c: Central::new(comm, home)? })
     }
 
     fn read_attempt(&self) -> Result<bool, Error> {
-        if self.window.fetch_and_op(self.home, 0, 1, Op::Sum)? & WRITER == 0 {
+        if self.c.window.fetch_and_op(self.c.home, 0, 1, Op::Sum)? & WRITER == 0 {
             return Ok(true);
         }
-        self.window.fetch_and_op(self.home, 0, 1u64.wrapping_neg(), Op::Sum)?;
+        // The back-off is a change a waiting writer may need.
+        self.c.update(1u64.wrapping_neg(), Op::Sum)?;
         Ok(false)
     }
 
     fn write_attempt(&self) -> Result<bool, Error> {
-        Ok(self.window.compare_and_swap(self.home, 0, 0, WRITER)? == 0)
+        Ok(self.c.window.compare_and_swap(self.c.home, 0, 0, WRITER)? == 0)
     }
 
     /// Acquires the lock as a reader, waiting as long as it takes.
@@ -561,12 +624,10 @@ impl FompiRw {
         Ok(self.write_attempt()?.then(|| Guard::new(self, Mode::Exclusive, None)))
     }
 
+    /// `PeerLost` once a rank is gone: the word does not say whether it held the lock.
     async fn poll(&self, attempt: fn(&Self) -> Result<bool, Error>, mode: Mode) -> Result<FompiRwGuard<'_>, Error> {
-        let mut backoff = Backoff::new();
-        while !attempt(self)? {
-            gone(&self.window)?;
-            backoff.snooze().await;
-        }
+        let gone = || self.c.window.lost_peer().map_or(Ok(()), |rank| Err(Error::PeerLost { rank }));
+        self.c.until(|| attempt(self), gone).await?;
         Ok(Guard::new(self, mode, None))
     }
 }
@@ -574,7 +635,7 @@ impl FompiRw {
 impl Release for FompiRw {
     fn release(&self, mode: Mode) -> Releasing<'_> {
         let added = if mode == Mode::Shared { 1 } else { WRITER };
-        Box::pin(std::future::ready(self.window.fetch_and_op(self.home, 0, added.wrapping_neg(), Op::Sum).map(drop)))
+        Box::pin(std::future::ready(self.c.update(added.wrapping_neg(), Op::Sum).map(drop)))
     }
 }
 
@@ -664,31 +725,40 @@ mod tests {
         check("D-MCS, a task", hand_off(|c| DMcs::new(c, 1).unwrap(), |l| l.lock().unwrap(), in_task));
     }
 
-    /// On libfabric (`shm`), where a peer's write raises no event, a queued writer parks on
-    /// the hand-off's wake frame: it never sleeps in the backoff, is woken by the frame, and
-    /// parks a few times (a thread), or about once per [`wait::WAKE_CHECK`] of [`HOLD`] (a
-    /// task), at most; a polling waiter sleeps hundreds of times in [`HOLD`]. Threads and a
-    /// task, behind a writer.
+    /// On libfabric (`shm`), where a peer's write raises no event, a waiting thread parks on
+    /// a wake frame: it never sleeps in the backoff, is woken by the frame, and parks a few
+    /// times at most (its alarm comes every [`wait::WAKE_ALARM`]); a polling waiter sleeps
+    /// hundreds of times in [`HOLD`]. A queued writer behind a writer (the hand-off's frame
+    /// to it), a reader behind a writer (the writer's reset of the counter wakes its
+    /// watchers), the spin lock and the foMPI-style reader-writer lock (each change of the
+    /// word wakes its watchers). A task parks, checking its word every
+    /// [`wait::WAKE_CHECK`] as well (the frame or the check ends each park, whichever comes
+    /// first).
     #[cfg(feature = "ofi")]
     #[test]
-    fn a_queued_waiter_across_libfabric_is_woken_by_a_wake_frame() {
+    fn a_waiter_across_libfabric_is_woken_by_a_wake_frame() {
         std::env::set_var("FI_TCP_IFACE", "lo");
         std::env::set_var("FI_SOCKETS_IFACE", "lo");
-        let most = (HOLD.as_micros() / wait::WAKE_CHECK.as_micros()) as u64 + 4;
         let check = |what: &str, (w, waited): (Waits, Duration)| {
             assert_eq!(w.sleeps, 0, "{what}: the waiter slept in the backoff ({w:?}, waited {waited:?})");
             assert!(w.wakes >= 1, "{what}: no wake frame ended a park ({w:?}, waited {waited:?})");
-            assert!(w.parks <= most, "{what}: the waiter woke for nothing ({w:?})");
+            assert!(w.parks <= 4, "{what}: the waiter woke for nothing ({w:?})");
         };
         let shm = crate::Provider::Shm;
         let t = Thresholds::default();
         check("D-MCS", hand_off_on(shm, |c| DMcs::new(c, 1).unwrap(), |l| l.lock().unwrap(), |l| l.lock().unwrap()));
         let nodes = Levels::simulated(&[1]);
         check("RMA-RW writer", hand_off_on(shm, |c| RmaRw::new(c, &nodes, &t).unwrap(), |l| l.write().unwrap(), |l| l.write().unwrap()));
+        check("RMA-RW reader", hand_off_on(shm, |c| RmaRw::new(c, &nodes, &t).unwrap(), |l| l.write().unwrap(), |l| l.read().unwrap()));
+        check("spin", hand_off_on(shm, |c| SpinLock::new(c, 1).unwrap(), |l| l.lock().unwrap(), |l| l.lock().unwrap()));
+        check("foMPI-RW", hand_off_on(shm, |c| FompiRw::new(c, 1).unwrap(), |l| l.read().unwrap(), |l| l.write().unwrap()));
         fn in_task(l: &RmaMcs) -> RmaMcsGuard<'_> {
             let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
             rt.block_on(l.lock_async()).unwrap()
         }
-        check("RMA-MCS, a task", hand_off_on(shm, |c| RmaMcs::new(c, &nodes, &t).unwrap(), |l| l.lock().unwrap(), in_task));
+        let (w, waited) = hand_off_on(shm, |c| RmaMcs::new(c, &nodes, &t).unwrap(), |l| l.lock().unwrap(), in_task);
+        let most = (HOLD.as_micros() / wait::WAKE_CHECK.as_micros()) as u64 + 4;
+        assert_eq!(w.sleeps, 0, "RMA-MCS, a task: it slept in the backoff ({w:?}, waited {waited:?})");
+        assert!((1..=most).contains(&w.parks), "RMA-MCS, a task: {w:?}");
     }
 }

@@ -850,6 +850,10 @@ mod real {
         fn lost(&self) -> Option<u32> {
             None
         }
+
+        fn as_window(&self) -> Option<&crate::rma::Window<'_, u64>> {
+            None
+        }
     }
 
     /// A process's acquisitions, under way.

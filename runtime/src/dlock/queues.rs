@@ -48,13 +48,16 @@
 //!
 //! Each rank's part of the window: for each level `l` (0 is level 1, the machine) NEXT,
 //! STATUS, TAIL at `3l..3l+3`; the OWNER words at `3N..4N`; ARRIVE and DEPART at `4N` and
-//! `4N + 1`. Ranks are stored as `rank + 1` (0 is the listings' `∅`).
+//! `4N + 1`. Ranks are stored as `rank + 1` (0 is the listings' `∅`). Then the watchers
+//! words of the wake frames where the window signals no writes (libfabric; [`Wakes`]: not
+//! the listings' words, and the protocol never reads them): a counter's waiting readers at
+//! `4N + 2`, a writer waiting for its readers at `4N + 3`, each level's NEXT at `4N + 4 + l`.
 
 use parking_lot::Mutex;
 use weft_sync::Error;
 
 use super::levels::Machine;
-use super::wait::{arm, arm_wake, block_on, wake, Armed, Backoff, LocalLock};
+use super::wait::{arm, block_on, Armed, Backoff, LocalLock, Wakes, Watching};
 use crate::comm::Communicator;
 use crate::rma::{Op, Window};
 
@@ -68,7 +71,7 @@ use crate::rma::{Op, Window};
 /// ends the wait with `PeerLost` naming it: the write the wait is for may never come (the
 /// rank may have held the lock, or a place in a queue ahead), and a write that landed
 /// before its writer went was seen by the check. Every park ends on a loss (the doorbell
-/// and the written words' signals are rung) or after [`WAKE_CHECK`](super::WAKE_CHECK).
+/// and the written words' signals are rung) or after [`WAKE_ALARM`](super::WAKE_ALARM).
 macro_rules! until {
     ($q:expr, $words:expr, $check:expr) => {
         until!($q, backoff => $q.window.arm(&backoff, $words), $check)
@@ -116,6 +119,8 @@ pub(super) trait Words: Send + Sync {
     fn arm<const N: usize>(&self, backoff: &Backoff, words: [(u32, usize); N]) -> Armed<'_, N>;
     /// A short pause before trying again.
     async fn pause(&self);
+    /// The window itself, where these are a window's words (wake frames need one).
+    fn as_window(&self) -> Option<&Window<'_, u64>>;
     /// A process that is gone (lost or finished), if any: a wait for a word it may have
     /// been about to write fails with `PeerLost` naming it.
     fn lost(&self) -> Option<u32>;
@@ -162,7 +167,17 @@ impl Words for Window<'_, u64> {
     fn lost(&self) -> Option<u32> {
         self.lost_peer()
     }
+
+    fn as_window(&self) -> Option<&Window<'_, u64>> {
+        Some(self)
+    }
 }
+
+/// The watchers slots ([`Wakes`]) of the waits of one rank: readers at their counter, a
+/// writer at a counter, a releaser for NEXT.
+const READERS_SLOT: usize = 0;
+const WRITER_SLOT: usize = 1;
+const NEXT_SLOT: usize = 2;
 
 /// STATUS: spin (the listings' `WAIT`).
 pub(super) const WAIT: u64 = u64::MAX;
@@ -214,7 +229,7 @@ pub(super) struct Layout(pub(super) usize);
 impl Layout {
     /// Words per rank.
     pub(super) fn words(self) -> usize {
-        4 * self.0 + 2
+        5 * self.0 + 4
     }
 
     pub(super) fn next(l: usize) -> usize {
@@ -240,6 +255,21 @@ impl Layout {
     pub(super) fn depart(self) -> usize {
         4 * self.0 + 1
     }
+
+    /// The watchers word of a counter's waiting readers ([`Wakes`]).
+    pub(super) fn readers_watch(self) -> usize {
+        4 * self.0 + 2
+    }
+
+    /// The watchers word of a writer waiting for a counter's readers to leave.
+    pub(super) fn writer_watch(self) -> usize {
+        4 * self.0 + 3
+    }
+
+    /// The watchers word of a node's NEXT at level `l` (a releaser waiting for it).
+    pub(super) fn next_watch(self, l: usize) -> usize {
+        4 * self.0 + 4 + l
+    }
 }
 
 /// The queues of one lock on one rank (and, for RMA-RW, its counters), on the words `W`
@@ -255,17 +285,8 @@ pub(super) struct Queues<W = Window<'static, u64>> {
     pub(super) local: LocalLock,
     /// While this rank holds the lock as a writer: per level, the rank whose node holds it.
     held: Mutex<Vec<u32>>,
-    /// Where the window signals no writes (libfabric): the lock's own communicator, on which
-    /// a hand-off's writer wakes the rank waiting for its STATUS (tag: the word's offset).
-    wakes: Option<Communicator>,
-}
-
-impl<W> Drop for Queues<W> {
-    fn drop(&mut self) {
-        if let Some(c) = self.wakes.take() {
-            c.free();
-        }
-    }
+    /// Where the window signals no writes (libfabric): the wake frames of its waits.
+    wakes: Option<Wakes>,
 }
 
 impl<W: Words> std::fmt::Debug for Queues<W> {
@@ -278,7 +299,7 @@ impl Queues {
     /// Creates the window (collective). `t_l` has one threshold per level.
     pub(super) fn new(comm: &Communicator, machine: Machine, t_l: Vec<u64>, counters: Option<Counters>) -> Result<Self, Error> {
         let window = comm.window(Layout(machine.depth()).words())?;
-        let wakes = if window.signals_writes() { None } else { Some(comm.dup()?) };
+        let wakes = Wakes::new(comm, &window)?;
         let mut q = Queues::on(window, machine, t_l, counters)?;
         q.wakes = wakes;
         Ok(q)
@@ -338,11 +359,47 @@ impl<W: Words> Queues<W> {
         Ok(self.window.fetch_and_op(rank, offset, value as u64, Op::Sum).await? as i64)
     }
 
-    /// Waits until `done` holds for `rank`'s word at `offset` (the listings' local spin);
-    /// returns it. Parks until the word is written where the transport says so
-    /// ([`until`]).
-    async fn spin(&self, rank: u32, offset: usize, done: fn(u64) -> bool) -> Result<u64, Error> {
-        Ok(until!(self, [(rank, offset)], Some(self.get(rank, offset).await?).filter(|&v| done(v))))
+    /// Waits until `rank`'s NEXT at level `l` names a successor (Listing 3, line 8; Listing
+    /// 5, line 18); returns it. Parks until the word is written where the transport says
+    /// so ([`until`]), else on the wake frame of the successor, which reads the watchers
+    /// word of the NEXT it wrote ([`Self::notify`]).
+    async fn wait_next(&self, l: usize, rank: u32) -> Result<u64, Error> {
+        let (offset, mut watching) = (Layout::next(l), None);
+        let watch = (rank, Layout(self.depth()).next_watch(l), NEXT_SLOT);
+        let next = until!(
+            self,
+            backoff => self.arm_watched(&backoff, &mut watching, watch, [(rank, offset)])?,
+            Some(self.get(rank, offset).await?).filter(|&v| v != 0)
+        );
+        drop(watching);
+        Ok(next)
+    }
+
+    /// Arms the next wait for words `words` that other ranks change, watched at `(home,
+    /// watchers word, slot)` ([`Wakes::arm_watched`]); as [`Words::arm`] where the window
+    /// signals writes, while the waiter spins, or with more than 64 ranks.
+    fn arm_watched<'a, const N: usize>(
+        &'a self,
+        backoff: &Backoff,
+        watching: &mut Option<Watching<'a>>,
+        watch: (u32, usize, usize),
+        words: [(u32, usize); N],
+    ) -> Result<Armed<'a, N>, Error> {
+        if let (Some(wakes), Some(window)) = (self.wakes.as_ref(), self.window.as_window()) {
+            if let Some(armed) = wakes.arm_watched(window, backoff, watching, watch)? {
+                return Ok(armed);
+            }
+        }
+        Ok(self.window.arm(backoff, words))
+    }
+
+    /// After a change of words watched at `home`'s watchers word `word` (complete there):
+    /// wakes the ranks waiting on them, where the window signals no writes.
+    fn notify(&self, home: u32, word: usize) -> Result<(), Error> {
+        match (self.wakes.as_ref(), self.window.as_window()) {
+            (Some(wakes), Some(window)) => wakes.notify(window, home, word),
+            _ => Ok(()),
+        }
     }
 
     /// Waits until this rank's STATUS at level `l` is no longer `WAIT` (the listings' spin
@@ -350,7 +407,7 @@ impl<W: Words> Queues<W> {
     /// frame of the hand-off ([`pass`](Self::pass)).
     async fn wait_status(&self, l: usize) -> Result<u64, Error> {
         let (p, offset) = (self.me(), Layout::status(l));
-        let arm = |backoff: &Backoff| match self.wakes.as_ref().and_then(|c| arm_wake(c, backoff, offset)) {
+        let arm = |backoff: &Backoff| match self.wakes.as_ref().and_then(|w| w.arm(backoff, offset)) {
             Some(armed) => armed,
             None => self.window.arm(backoff, [(p, offset)]),
         };
@@ -363,7 +420,7 @@ impl<W: Words> Queues<W> {
     async fn pass(&self, to: u32, l: usize, status: u64) -> Result<(), Error> {
         self.put(to, Layout::status(l), status).await?;
         match &self.wakes {
-            Some(c) => wake(c, to, Layout::status(l)),
+            Some(w) => w.wake(to, Layout::status(l)),
             None => Ok(()),
         }
     }
@@ -383,6 +440,7 @@ impl<W: Words> Queues<W> {
             if pred != 0 {
                 // Lines 8-12: make pred see us, wait until it passes the lock.
                 self.put(rank_of(pred), Layout::next(l), node(p)).await?;
+                self.notify(rank_of(pred), Layout(n).next_watch(l))?;
                 let status = self.wait_status(l).await?;
                 if l == 0 {
                     // Listing 7, lines 14-17: the readers have the lock; take it back.
@@ -529,7 +587,7 @@ impl<W: Words> Queues<W> {
             if self.window.compare_and_swap(self.machine.tail_rank(l, o), Layout::tail(l), node(o), 0).await? == node(o) {
                 return Ok(());
             }
-            succ = self.spin(o, Layout::next(l), |s| s != 0).await?;
+            succ = self.wait_next(l, o).await?;
         }
         self.pass(rank_of(succ), l, status).await
     }
@@ -543,9 +601,15 @@ impl<W: Words> Queues<W> {
             self.add(r, self.arrive(), WRITE).await?;
         }
         for r in ranks {
-            // The count falls with a reader's departure (DEPART) or back-off (ARRIVE).
+            // The count falls with a reader's departure (DEPART) or back-off (ARRIVE); each
+            // notifies the watchers of the counter's writer.
             let words = [(r, self.arrive()), (r, self.depart())];
-            until!(self, words, (self.active_readers(r).await? == 0).then_some(()));
+            let (watch, mut watching) = ((r, Layout(self.depth()).writer_watch(), WRITER_SLOT), None);
+            until!(
+                self,
+                backoff => self.arm_watched(&backoff, &mut watching, watch, words)?,
+                (self.active_readers(r).await? == 0).then_some(())
+            );
         }
         Ok(())
     }
@@ -575,7 +639,7 @@ impl<W: Words> Queues<W> {
         if sub_arr_cnt != 0 {
             self.add(r, self.arrive(), sub_arr_cnt).await?;
         }
-        Ok(())
+        self.notify(r, Layout(self.depth()).readers_watch())
     }
 
     /// `reset_counters` (Listing 6, lines 27-28), by the writer that holds the lock.
@@ -608,6 +672,7 @@ impl<W: Words> Queues<W> {
         }
         // Line 24: back off.
         self.add(r, self.arrive(), -1).await?;
+        self.notify(r, Layout(self.depth()).writer_watch())?;
         Ok(next)
     }
 
@@ -621,8 +686,12 @@ impl<W: Words> Queues<W> {
                 // Lines 5-9: wait until the counter is reset. Beyond the listing (5): with no
                 // WRITE mark and no writer at level 1, nobody else will reset it.
                 // A reset writes ARRIVE; a writer leaving the queue, the TAIL of level 1.
+                // A reset notifies the watchers of the counter's readers (a writer's leaving
+                // the queue does not: a reader that waits only for that checks its words
+                // every `WAKE_CHECK` or `WAKE_ALARM`).
                 let words = [(r, self.arrive()), (self.machine.tail_rank(0, self.me()), Layout::tail(0))];
-                until!(self, words, {
+                let (watch, mut watching) = ((r, Layout(self.depth()).readers_watch(), READERS_SLOT), None);
+                until!(self, backoff => self.arm_watched(&backoff, &mut watching, watch, words)?, {
                     let curr_stat = self.read_atomic(r, self.arrive()).await?;
                     if curr_stat < c.t_r {
                         Some(())
@@ -668,7 +737,9 @@ impl<W: Words> Queues<W> {
     /// Releases the lock as a reader (Listing 10).
     pub(super) async fn reader_release(&self) -> Result<(), Error> {
         let c = self.counters.expect("RMA-RW");
-        self.add(self.counter(&c), self.depart(), 1).await.map(drop)
+        let r = self.counter(&c);
+        self.add(r, self.depart(), 1).await?;
+        self.notify(r, Layout(self.depth()).writer_watch())
     }
 }
 

@@ -10,11 +10,12 @@
 //! - [`Armed`] waits for words of a window that a peer's write changes (a queue node's
 //!   STATUS or NEXT, a reader counter): after a few polls it parks (the thread in
 //!   [`block_on`], the task under an executor) until a write to one of the words wakes it,
-//!   where the transport signals writes (the embedded provider). Elsewhere (libfabric) a
-//!   queue node's STATUS is waited for on a *wake frame* ([`arm_wake`], [`wake`]): the
-//!   hand-off's writer sends the waiting rank an empty message on the lock's own
-//!   communicator after its write, and the waiter parks on a receive of it (a task also
-//!   checks the word every [`WAKE_CHECK`]); the other words are polled with [`Backoff`].
+//!   where the transport signals writes (the embedded provider). Elsewhere (libfabric) it
+//!   parks on a *wake frame* ([`Wakes`]): the rank that changed the word sends the waiting
+//!   rank an empty message on the lock's own communicator after its change, and the waiter
+//!   parks on a receive of it, posted before its check (a task also checks the word every
+//!   [`WAKE_CHECK`], a thread every [`WAKE_ALARM`]); with more than 64 ranks the words
+//!   other ranks' atomics change are polled with [`Backoff`].
 //! - [`LocalLock`] orders the threads and tasks of one rank that share its queue nodes:
 //!   waiters are parked (tasks) or park their thread, and are woken by the release.
 
@@ -22,7 +23,7 @@ use std::cell::Cell;
 use std::collections::BinaryHeap;
 use std::future::Future;
 use std::pin::{pin, Pin};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Condvar, Mutex, OnceLock};
 use std::task::{Context, Poll, Wake, Waker};
 use std::time::{Duration, Instant};
@@ -33,17 +34,23 @@ use weft_sync::{SignalListener, Step};
 use crate::comm::Communicator;
 use crate::matching::Source;
 use crate::request::Request;
-use crate::rma::Window;
+use crate::rma::{Op, Window};
 
 /// The longest a waiting rank sleeps between two polls.
 pub const MAX_SLEEP: Duration = Duration::from_micros(100);
 
-/// The longest a waiter parked on a wake frame ([`arm_wake`]) waits before it checks its
-/// word again: its safety net, should the rank's progress that completes the receive be
-/// late, or the frame never come (its sender lost after its write: the write itself is
-/// flushed before the frame is sent, so the check finds it). A loss of a rank ends the
-/// park at once (the transport rings the rank's doorbell).
+/// The longest a task parked on a wake frame waits before it checks its word
+/// again: its safety net, should the rank's progress that completes the receive be late,
+/// or the frame never come (its sender lost after its write: the write itself is complete
+/// before the frame is sent, so the check finds it). A loss of a rank ends the park at
+/// once (the transport rings the rank's doorbell).
 pub const WAKE_CHECK: Duration = Duration::from_millis(10);
+
+/// The longest a thread parked on a wake frame waits before it checks its word again
+/// (its alarm): what bounds its wait where the frame never comes (its sender lost after
+/// the write, which the check then finds; or a rank lost, which the check reports). It
+/// waits as a blocked receive does, which a loss ends only once no peer is left.
+pub const WAKE_ALARM: Duration = Duration::from_millis(100);
 
 /// Polls of a word ([`Armed`]) before the waiter parks on the word's signal (the first
 /// ones of [`Backoff`]: spins on a thread, yields of a task).
@@ -97,9 +104,10 @@ pub(crate) enum Armed<'a, const N: usize> {
     Yield,
     /// Park until one of the words is written.
     Listen([SignalListener<'a>; N]),
-    /// Park until a wake frame arrives (a receive posted before the check), a rank is
-    /// lost, or [`WAKE_CHECK`] passed.
-    Woken(Request<'a, Vec<u8>>),
+    /// Park until a wake frame arrives (a receive posted before the check), or a task
+    /// until a rank is lost or [`WAKE_CHECK`] passed, a thread until [`WAKE_ALARM`] passed.
+    /// With the frame's tag.
+    Woken(Request<'a, Vec<u8>>, i32),
 }
 
 /// Arms the next wait for the words `words` (rank, element offset) of `window` after the
@@ -115,26 +123,166 @@ pub(crate) fn arm<'a, const N: usize>(window: &'a Window<'_, u64>, backoff: &Bac
     Armed::Listen(listeners.map(|l| l.expect("checked above")))
 }
 
-/// Arms the next wait for a word whose writer sends a wake frame with tag `tag` on `wakes`
-/// ([`wake`]) after the polls `backoff` counted: a receive of the frame, posted before the
-/// check, so a frame sent after it is not missed (one sent for an earlier write that the
-/// waiter saw without it is received by a later wait, which then only checks once more).
-/// `None` while the waiter still spins, or if the receive cannot be posted (then the wait
-/// polls).
-pub(crate) fn arm_wake<'a, const N: usize>(wakes: &'a Communicator, backoff: &Backoff, tag: usize) -> Option<Armed<'a, N>> {
-    if backoff.0 < SPIN_POLLS {
-        return None;
-    }
-    let tag = i32::try_from(tag).ok()?;
-    wakes.irecv(Vec::new(), Source::Any, tag).ok().map(Armed::Woken)
+/// Where a lock's window signals no writes (libfabric), how its waiters are woken: by *wake
+/// frames*, empty messages on the lock's own communicator (a duplicate of the one it was
+/// made on, which no user message can match), tagged with the word waited for.
+///
+/// - A word one known rank waits for (a queue node's STATUS): its writer, once the write is
+///   flushed, sends that rank the frame ([`wake`](Self::wake)).
+/// - A word that any of several ranks may wait for, changed by atomics (RMA-RW's counters,
+///   the foMPI-style locks' word): a *watchers word* at the same rank holds a bit per rank
+///   that waits. A waiter sets its rank's bit ([`watch`](Self::watch)) before it checks; a
+///   rank that changed the word reads the watchers word after its change and wakes each
+///   rank set ([`notify`](Self::notify)). Both are atomics at one rank, complete on return:
+///   the check sees the change, or the change's reader sees the bit. The bit is per rank,
+///   set while any of its threads and tasks waits there (counted here). With more than 64
+///   ranks there is no room for a bit each: those waits poll.
+///
+/// A waiter posts the frame's receive before each check ([`arm`](Self::arm)), so a frame
+/// sent after it is not missed; one sent for a change the waiter saw without it is received
+/// by a later wait, which then only checks once more.
+pub(crate) struct Wakes {
+    comm: Option<Communicator>,
+    /// Per watchers word this rank waits on (by slot), its threads and tasks waiting there.
+    waiting: [AtomicU32; SLOTS],
 }
 
-/// Wakes the waiter armed by [`arm_wake`] at rank `rank` with tag `tag` (after the write it
-/// waits for, flushed): an empty message on `wakes`, the lock's own communicator, which no
-/// other traffic shares.
-pub(crate) fn wake(wakes: &Communicator, rank: u32, tag: usize) -> Result<(), weft_sync::Error> {
-    let tag = i32::try_from(tag).map_err(|_| weft_sync::Error::InvalidArgument("wake frame tag out of range"))?;
-    wakes.send_slice::<u8>(&[], rank, tag).map(drop)
+/// Watchers words a rank may wait on at once, by what waits: RMA-RW's readers at their
+/// counter, its writer at a counter, a releaser for its successor's NEXT; the foMPI-style
+/// locks use the first.
+pub(crate) const SLOTS: usize = 3;
+
+/// A rank's bit set in a watchers word ([`Wakes::watch`]): cleared when the last of its
+/// waiters there drops this.
+pub(crate) struct Watching<'a> {
+    wakes: &'a Wakes,
+    window: &'a Window<'a, u64>,
+    home: u32,
+    word: usize,
+    slot: usize,
+}
+
+impl Wakes {
+    /// The wake frames of a lock whose window is `window`, made on `comm` (collective:
+    /// duplicates `comm`); `None` where the window signals writes itself.
+    pub(crate) fn new(comm: &Communicator, window: &Window<'_, u64>) -> Result<Option<Self>, weft_sync::Error> {
+        if window.signals_writes() {
+            return Ok(None);
+        }
+        Ok(Some(Wakes { comm: Some(comm.dup()?), waiting: std::array::from_fn(|_| AtomicU32::new(0)) }))
+    }
+
+    fn comm(&self) -> &Communicator {
+        self.comm.as_ref().expect("freed only on drop")
+    }
+
+    /// Arms the next wait for a word whose change sends a wake frame with tag `tag` after
+    /// the polls `backoff` counted: a receive of the frame, posted before the check. `None`
+    /// while the waiter still spins, or if the receive cannot be posted (then the wait
+    /// polls).
+    pub(crate) fn arm<const N: usize>(&self, backoff: &Backoff, tag: usize) -> Option<Armed<'_, N>> {
+        if backoff.0 < SPIN_POLLS {
+            return None;
+        }
+        let tag = i32::try_from(tag).ok()?;
+        self.comm().irecv(Vec::new(), Source::Any, tag).ok().map(|r| Armed::Woken(r, tag))
+    }
+
+    /// Wakes the waiter armed at rank `rank` with tag `tag` (after the change it waits for,
+    /// complete at its target).
+    pub(crate) fn wake(&self, rank: u32, tag: usize) -> Result<(), weft_sync::Error> {
+        let tag = i32::try_from(tag).map_err(|_| weft_sync::Error::InvalidArgument("wake frame tag out of range"))?;
+        self.comm().send_slice::<u8>(&[], rank, tag).map(drop)
+    }
+
+    /// Whether the ranks have a bit each in a watchers word.
+    fn watchable(&self) -> bool {
+        self.comm().size() <= 64
+    }
+
+    /// Sets this rank's bit in the watchers word `word` of `home` (this rank's waiters on it
+    /// counted in `slot`) until the returned guard is dropped; `None` with more than 64
+    /// ranks (the wait polls).
+    pub(crate) fn watch<'a>(
+        &'a self,
+        window: &'a Window<'a, u64>,
+        home: u32,
+        word: usize,
+        slot: usize,
+    ) -> Result<Option<Watching<'a>>, weft_sync::Error> {
+        if !self.watchable() {
+            return Ok(None);
+        }
+        let bit = 1u64 << window.rank();
+        // The first waiter of this rank sets the bit; a later one may check before it is
+        // set, and then is woken by its check of the word (`WAKE_CHECK`, `WAKE_ALARM`).
+        if self.waiting[slot].fetch_add(1, Ordering::AcqRel) == 0 {
+            if let Err(e) = window.fetch_and_op(home, word, bit, Op::BitOr) {
+                self.waiting[slot].fetch_sub(1, Ordering::AcqRel);
+                return Err(e);
+            }
+        }
+        Ok(Some(Watching { wakes: self, window, home, word, slot }))
+    }
+
+    /// Arms the next wait for a word of `home` that other ranks change, whose watchers word
+    /// is `word` there (this rank's waiters on it counted in `slot`): after the first polls,
+    /// this rank's bit set there (kept in `watching` until the wait ends) and the wake
+    /// frame's receive posted, both before the check. `None` while the waiter still spins,
+    /// or where it cannot watch (more than 64 ranks): the caller arms as it would without.
+    pub(crate) fn arm_watched<'a, const N: usize>(
+        &'a self,
+        window: &'a Window<'a, u64>,
+        backoff: &Backoff,
+        watching: &mut Option<Watching<'a>>,
+        (home, word, slot): (u32, usize, usize),
+    ) -> Result<Option<Armed<'a, N>>, weft_sync::Error> {
+        if backoff.0 < SPIN_POLLS {
+            return Ok(None);
+        }
+        if watching.is_none() {
+            *watching = self.watch(window, home, word, slot)?;
+        }
+        Ok(if watching.is_some() { self.arm(backoff, word) } else { None })
+    }
+
+    /// After a change of a word whose watchers word is `word` of `home` (complete there):
+    /// wakes every rank watching it.
+    pub(crate) fn notify(&self, window: &Window<'_, u64>, home: u32, word: usize) -> Result<(), weft_sync::Error> {
+        if !self.watchable() {
+            return Ok(());
+        }
+        let mut mask = window.fetch_and_op(home, word, 0, Op::NoOp)?;
+        while mask != 0 {
+            let rank = mask.trailing_zeros();
+            mask &= mask - 1;
+            self.wake(rank, word)?;
+        }
+        Ok(())
+    }
+}
+
+impl Drop for Watching<'_> {
+    fn drop(&mut self) {
+        let waiting = &self.wakes.waiting[self.slot];
+        if waiting.fetch_sub(1, Ordering::AcqRel) == 1 {
+            let bit = 1u64 << self.window.rank();
+            // A failure leaves the bit set: it only costs wake frames nobody waits for.
+            let _ = self.window.fetch_and_op(self.home, self.word, !bit, Op::BitAnd);
+            // A waiter that came meanwhile counted on the bit: set it again.
+            if waiting.load(Ordering::Acquire) > 0 {
+                let _ = self.window.fetch_and_op(self.home, self.word, bit, Op::BitOr);
+            }
+        }
+    }
+}
+
+impl Drop for Wakes {
+    fn drop(&mut self) {
+        if let Some(c) = self.comm.take() {
+            c.free();
+        }
+    }
 }
 
 impl<const N: usize> Armed<'_, N> {
@@ -147,12 +295,18 @@ impl<const N: usize> Armed<'_, N> {
                 count(|w| w.parks += 1);
                 AnyOf(listeners.map(Some)).await;
             }
-            Armed::Woken(request) => {
+            Armed::Woken(request, tag) => {
                 count(|w| w.parks += 1);
-                // A thread (in `block_on`) and a task alike: parked on the receive, the
-                // rank's doorbell (which a loss rings) and the check's deadline.
-                let epoch = request.communicator().engine().transport.lost_epoch();
-                if (WakeOrCheck { request, check: Sleep::new(WAKE_CHECK), epoch }).await {
+                // A thread waits as a blocked receive does (the rank's waiter, woken by the
+                // network itself) until the frame or its alarm comes; a task parks on the
+                // receive, the rank's doorbell (which a loss rings) and the check's deadline.
+                let woken = if BLOCKING.get() {
+                    Alarm::wait(request, tag)
+                } else {
+                    let epoch = request.communicator().engine().transport.lost_epoch();
+                    (WakeOrCheck { request, check: Sleep::new(WAKE_CHECK), epoch }).await
+                };
+                if woken {
                     count(|w| w.wakes += 1);
                 }
             }
@@ -186,6 +340,7 @@ impl Future for WakeOrCheck<'_> {
         if this.request.communicator().engine().transport.lost_epoch() != this.epoch {
             return Poll::Ready(false);
         }
+
         if this.request.communicator().engine().poll_progress(cx) == Step::Progressed {
             if this.request.is_complete() {
                 return Poll::Ready(true);
@@ -201,6 +356,46 @@ impl Future for WakeOrCheck<'_> {
             return Poll::Ready(true);
         }
         Pin::new(&mut this.check).poll(cx).map(|()| false)
+    }
+}
+
+/// A thread's end of a wait for a wake frame: after [`WAKE_ALARM`] the timer thread sends
+/// this rank a frame of one byte with the wake frame's tag (a wake frame is empty), unless
+/// the wait ended first. A blocked receive ends only when it matches (a receive from any
+/// source fails only once no peer is left), so the alarm is what bounds the wait: the
+/// check that follows sees a write whose wake frame never came, or a lost rank.
+struct Alarm {
+    comm: Communicator,
+    tag: i32,
+    /// `ARMED`, then `FIRED` by the timer or `DISARMED` by the waiter, whichever first.
+    state: std::sync::atomic::AtomicU8,
+}
+
+const ARMED: u8 = 0;
+const FIRED: u8 = 1;
+const DISARMED: u8 = 2;
+
+impl Alarm {
+    /// Waits for `request` (a wake frame's receive) as a blocked receive does, at most
+    /// about [`WAKE_ALARM`]; `true` if the wake frame ended it.
+    fn wait(mut request: Request<'_, Vec<u8>>, tag: i32) -> bool {
+        let comm = request.communicator();
+        let alarm = Arc::new(Alarm { comm: comm.clone(), tag, state: std::sync::atomic::AtomicU8::new(ARMED) });
+        timer().add(Instant::now() + WAKE_ALARM, Waker::from(alarm.clone()));
+        crate::progress::wait_all(comm.engine(), std::slice::from_mut(&mut request));
+        // A frame of the alarm that fired after the wake frame came is received by a later
+        // wait, which then checks once more.
+        let _ = alarm.state.compare_exchange(ARMED, DISARMED, Ordering::AcqRel, Ordering::Acquire);
+        matches!(request.take(), Some(Ok((frame, _))) if frame.is_empty())
+    }
+}
+
+impl Wake for Alarm {
+    fn wake(self: Arc<Self>) {
+        if self.state.compare_exchange(ARMED, FIRED, Ordering::AcqRel, Ordering::Acquire).is_ok() {
+            // A failure (the lock freed meanwhile) leaves nothing to wake.
+            let _ = self.comm.send_slice::<u8>(&[1], self.comm.rank(), self.tag);
+        }
     }
 }
 
