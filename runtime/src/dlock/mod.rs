@@ -49,8 +49,10 @@
 //!   successor's put of NEXT, a reset, a reader's departure or back-off, a release) is
 //!   followed by a read of the watchers word and a frame to each rank set. Both are
 //!   atomics at one rank, complete on return: the check sees the change, or the change's
-//!   reader sees the bit. With more than 64 ranks there is no bit for each: these waits
-//!   poll, spinning a little, then yielding, then sleeping up to [`MAX_SLEEP`] (a task on
+//!   reader sees the bit. A thread waits so; a task polls these words (its wake frame
+//!   would wait for the pass of the transport's watcher thread, a slower wake-up than the
+//!   backoff's next poll), and so does every waiter with more than 64 ranks (no bit for
+//!   each): spinning a little, then yielding, then sleeping up to [`MAX_SLEEP`] (a task on
 //!   a shared timer), as the foMPI-style locks do on the embedded provider (the seed's
 //!   baselines poll).
 //!

@@ -229,7 +229,8 @@ impl Wakes {
     /// is `word` there (this rank's waiters on it counted in `slot`): after the first polls,
     /// this rank's bit set there (kept in `watching` until the wait ends) and the wake
     /// frame's receive posted, both before the check. `None` while the waiter still spins,
-    /// or where it cannot watch (more than 64 ranks): the caller arms as it would without.
+    /// for a task, or where it cannot watch (more than 64 ranks): the caller arms as it
+    /// would without.
     pub(crate) fn arm_watched<'a, const N: usize>(
         &'a self,
         window: &'a Window<'a, u64>,
@@ -237,7 +238,9 @@ impl Wakes {
         watching: &mut Option<Watching<'a>>,
         (home, word, slot): (u32, usize, usize),
     ) -> Result<Option<Armed<'a, N>>, weft_sync::Error> {
-        if backoff.0 < SPIN_POLLS {
+        // A task polls: its wake frame would wait for the pass of the transport's watcher
+        // thread, on libfabric a slower wake-up than the backoff's next poll.
+        if backoff.0 < SPIN_POLLS || !BLOCKING.get() {
             return Ok(None);
         }
         if watching.is_none() {
