@@ -368,36 +368,33 @@ impl Future for WakeOrCheck<'_> {
 /// source fails only once no peer is left), so the alarm is what bounds the wait: the
 /// check that follows sees a write whose wake frame never came, or a lost rank.
 struct Alarm {
-    comm: Communicator,
+    /// The lock's communicator until the alarm fires (the timer takes it to send) or the
+    /// wait ends (the waiter takes it back: the timer's entry keeps no rank alive).
+    comm: parking_lot::Mutex<Option<Communicator>>,
     tag: i32,
-    /// `ARMED`, then `FIRED` by the timer or `DISARMED` by the waiter, whichever first.
-    state: std::sync::atomic::AtomicU8,
 }
-
-const ARMED: u8 = 0;
-const FIRED: u8 = 1;
-const DISARMED: u8 = 2;
 
 impl Alarm {
     /// Waits for `request` (a wake frame's receive) as a blocked receive does, at most
     /// about [`WAKE_ALARM`]; `true` if the wake frame ended it.
     fn wait(mut request: Request<'_, Vec<u8>>, tag: i32) -> bool {
         let comm = request.communicator();
-        let alarm = Arc::new(Alarm { comm: comm.clone(), tag, state: std::sync::atomic::AtomicU8::new(ARMED) });
+        let alarm = Arc::new(Alarm { comm: parking_lot::Mutex::new(Some(comm.clone())), tag });
         timer().add(Instant::now() + WAKE_ALARM, Waker::from(alarm.clone()));
         crate::progress::wait_all(comm.engine(), std::slice::from_mut(&mut request));
-        // A frame of the alarm that fired after the wake frame came is received by a later
-        // wait, which then checks once more.
-        let _ = alarm.state.compare_exchange(ARMED, DISARMED, Ordering::AcqRel, Ordering::Acquire);
+        // Disarmed. A frame of an alarm that fired after the wake frame came is received by
+        // a later wait, which then checks once more.
+        drop(alarm.comm.lock().take());
         matches!(request.take(), Some(Ok((frame, _))) if frame.is_empty())
     }
 }
 
 impl Wake for Alarm {
     fn wake(self: Arc<Self>) {
-        if self.state.compare_exchange(ARMED, FIRED, Ordering::AcqRel, Ordering::Acquire).is_ok() {
+        let comm = self.comm.lock().take();
+        if let Some(comm) = comm {
             // A failure (the lock freed meanwhile) leaves nothing to wake.
-            let _ = self.comm.send_slice::<u8>(&[1], self.comm.rank(), self.tag);
+            let _ = comm.send_slice::<u8>(&[1], comm.rank(), self.tag);
         }
     }
 }
