@@ -15,7 +15,7 @@ use crate::{Error, ProgressMode, Runtime};
 
 // The integration tests' bound on a scenario (`within`), one helper for both.
 #[path = "../tests/common/mod.rs"]
-mod common;
+pub(crate) mod common;
 use common::within;
 
 const MODES: [ProgressMode; 3] = [ProgressMode::Concurrent, ProgressMode::Owner, ProgressMode::Global];

@@ -11,10 +11,8 @@ use super::queues::Layout;
 use super::*;
 use crate::{Provider, Runtime};
 
-// The integration tests' bound on a scenario (`within`), one helper for both.
-#[path = "../../tests/common/mod.rs"]
-mod common;
-use common::within;
+// The integration tests' bound on a scenario, loaded once for the unit tests.
+use crate::rendezvous_faults::common::within;
 
 /// How long the holder keeps the lock before it goes: the waiter parks meanwhile.
 const BEFORE_LOSS: Duration = Duration::from_millis(100);
