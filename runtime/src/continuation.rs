@@ -27,7 +27,7 @@
 //! and every frame rang a doorbell some of them slept on, to find the driver had the frame.
 //!
 //! A continuation's callback (with the request's buffer it is given) lives in a *record*:
-//! a block of [`RECORD_BYTES`] taken at attach from the attaching thread's spare records and
+//! a block of 128 bytes (`RECORD_BYTES`) taken at attach from the attaching thread's spare records and
 //! given back, before the callback runs, to the spares of the thread that completes it, as
 //! the requests' operations are (`operation.rs`: per-thread spares, and a process-wide queue
 //! for the extras of a thread that completes more than it attaches). In the steady state
@@ -460,7 +460,7 @@ fn spawn_counted<T: Send + 'static>(rank: &Weak<Engine>, countdown: Countdown, f
 
 /// Bytes of a continuation record (module docs): room for a callback with the request's
 /// buffer and a few words of its own.
-pub(crate) const RECORD_BYTES: usize = 128;
+const RECORD_BYTES: usize = 128;
 
 /// Spare records a thread keeps; beyond this many the extras go to the shared queue.
 const SPARES_MAX: usize = 1024;
