@@ -30,10 +30,11 @@
 //! a block of 128 bytes (`RECORD_BYTES`) taken at attach from the attaching thread's spare records and
 //! given back, before the callback runs, to the spares of the thread that completes it, as
 //! the requests' operations are (`operation.rs`: per-thread spares, and a process-wide queue
-//! for the extras of a thread that completes more than it attaches). In the steady state
+//! for the extras of a thread that completes more than it attaches; a thread that only
+//! completes continuations keeps none). In the steady state
 //! attaching a continuation allocates nothing; a callback too large for a record is boxed.
 
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::marker::PhantomData;
 use std::mem::{ManuallyDrop, MaybeUninit};
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -486,6 +487,10 @@ impl Drop for Spares {
 
 thread_local! {
     static SPARES: Spares = const { Spares(RefCell::new(Vec::new())) };
+    /// Whether this thread has attached a continuation: only such a thread keeps spares; one
+    /// that only completes continuations (a waiter, a pool worker) hands their records
+    /// straight to the threads that attach, through the shared queue.
+    static ATTACHES: Cell<bool> = const { Cell::new(false) };
 }
 
 /// The process-wide queue of spare records. Not under loom: a record made in one model
@@ -508,15 +513,19 @@ fn give_shared_record(r: Box<Record>) {
 /// A spare record of this thread, else of another, else a new one.
 #[inline]
 fn take_record() -> Box<Record> {
+    let _ = ATTACHES.try_with(|a| a.set(true));
     let local = SPARES.try_with(|s| s.0.borrow_mut().pop()).ok().flatten();
     #[cfg(not(loom))]
     let local = local.or_else(|| shared_records().pop());
     local.unwrap_or_else(|| Box::new(Record(MaybeUninit::uninit())))
 }
 
-/// Keeps `r` for this thread's next continuation (or another thread's).
+/// Keeps `r` for this thread's next continuation, or another thread's.
 #[inline]
 fn give_record(r: Box<Record>) {
+    if !ATTACHES.try_with(Cell::get).unwrap_or(false) {
+        return give_shared_record(r);
+    }
     let kept = SPARES.try_with(|s| {
         let mut s = s.0.borrow_mut();
         if s.len() < SPARES_MAX {
