@@ -26,13 +26,13 @@
 //! than threads, waiters that polled beside the driver only took its core and the sender's,
 //! and every frame rang a doorbell some of them slept on, to find the driver had the frame.
 //!
-//! A continuation's callback (with the request's buffer it is given) lives in a *record*:
-//! a block of 128 bytes (`RECORD_BYTES`) taken at attach from the attaching thread's spare records and
-//! given back, before the callback runs, to the spares of the thread that completes it, as
-//! the requests' operations are (`operation.rs`: per-thread spares, and a process-wide queue
-//! for the extras of a thread that completes more than it attaches; a thread that only
-//! completes continuations keeps none). In the steady state
-//! attaching a continuation allocates nothing; a callback too large for a record is boxed.
+//! A continuation's callback (with the request's buffer it is given) lives in a *record*, a
+//! block of 128 bytes (`RECORD_BYTES`) taken at attach from the attaching thread's spare
+//! records and given back, before the callback runs, to the spares of the thread that
+//! completes it, as the requests' operations are (`operation.rs`: per-thread spares, and a
+//! process-wide queue for the extras of a thread that completes more than it attaches; a
+//! thread that only completes continuations keeps none). In the steady state attaching a
+//! continuation allocates nothing; a callback too large for a record is boxed.
 
 use std::cell::{Cell, RefCell};
 use std::marker::PhantomData;
@@ -574,12 +574,21 @@ impl<A, F: FnOnce(A)> InRecord<A, F> {
     /// Takes the callback out and gives the record back.
     fn take(self) -> F {
         let this = ManuallyDrop::new(self);
-        // SAFETY: the record holds an `F` not yet taken (type invariant); `this` is not
-        // dropped, so it is taken once, and the record (leaked from a `Box` in `new`) is
-        // given back once.
+        // SAFETY: `this` is not dropped: its callback is taken this once.
+        unsafe { this.take_out() }
+    }
+
+    /// Moves the callback out of the record and gives the record back.
+    ///
+    /// # Safety
+    /// Once per handle: the record holds an `F` not taken yet (type invariant) until then,
+    /// and the handle must not be used after.
+    unsafe fn take_out(&self) -> F {
+        // SAFETY: per the contract the record holds an `F` not taken yet; the record was
+        // leaked from a `Box` in `new` and is given back this once.
         unsafe {
-            let f = this.record.cast::<F>().as_ptr().read();
-            give_record(Box::from_raw(this.record.as_ptr()));
+            let f = self.record.cast::<F>().as_ptr().read();
+            give_record(Box::from_raw(self.record.as_ptr()));
             f
         }
     }
@@ -587,17 +596,12 @@ impl<A, F: FnOnce(A)> InRecord<A, F> {
 
 impl<A, F: FnOnce(A)> Drop for InRecord<A, F> {
     fn drop(&mut self) {
-        // SAFETY: as in `take`; the handle is dropped once.
-        let f = unsafe {
-            let f = self.record.cast::<F>().as_ptr().read();
-            give_record(Box::from_raw(self.record.as_ptr()));
-            f
-        };
-        drop(f);
+        // SAFETY: a handle is dropped once, and one whose callback was taken is not dropped.
+        drop(unsafe { self.take_out() });
     }
 }
 
-/// `f`, in a record when it fits (module docs), boxed when not: small enough (a word) for
+/// `f`, in a record when it fits (module docs), boxed when not: small enough (two words) for
 /// a completion cell's attachment, so that attaching it allocates nothing in the steady
 /// state. The record goes back to the spares before `f` runs, so a callback that attaches
 /// the next continuation reuses it.
