@@ -70,8 +70,10 @@ use crate::rma::{Op, Window};
 /// A check that failed while a rank of the lock's communicator is gone (lost or finished)
 /// ends the wait with `PeerLost` naming it: the write the wait is for may never come (the
 /// rank may have held the lock, or a place in a queue ahead), and a write that landed
-/// before its writer went was seen by the check. Every park ends on a loss (the doorbell
-/// and the written words' signals are rung) or after [`WAKE_ALARM`](super::WAKE_ALARM).
+/// before its writer went was seen by the check. Every park ends within
+/// [`WAKE_ALARM`](super::WAKE_ALARM) of a loss: at once where the rank's doorbell or the
+/// written words' signals wake it (a task, the embedded provider), at its alarm where a
+/// thread waits for a wake frame as a blocked receive.
 macro_rules! until {
     ($q:expr, $words:expr, $check:expr) => {
         until!($q, backoff => $q.window.arm(&backoff, $words), $check)
