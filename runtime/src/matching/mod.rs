@@ -1066,7 +1066,7 @@ mod tests {
         m.arrive(frame(1, 0), &mut out);
         assert_eq!(out.pairs.len(), n);
         for (i, (got, req)) in out.pairs.iter().zip(&reqs).enumerate() {
-            assert_eq!(out.frame(&got).header.seq, i as u32);
+            assert_eq!(out.frame(got).header.seq, i as u32);
             assert!(Arc::ptr_eq(&got.req, req), "sequence {i} paired with the receive posted {i}th");
         }
         assert!(m.far.is_empty());
