@@ -28,7 +28,7 @@ impl Engine {
     /// counters, [Amer 2019, §3.2]).
     pub(crate) fn progress_cri(&self, k: usize, local: &mut CriLocal) -> (usize, bool) {
         let CriLocal { counters, matches } = local;
-        let n = self.transport.poll(k, POLL_BATCH, |frame| matches.frames.push(frame));
+        let n = self.transport.poll_into(k, POLL_BATCH, &mut matches.frames);
         self.handle_frames(k, matches);
         counters.received += n as u64;
         (n, n > 0)
