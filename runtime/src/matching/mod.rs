@@ -575,7 +575,8 @@ impl MatchState {
     pub(crate) fn arrive_at(&mut self, at: usize, out: &mut Matches) {
         let header = &out.frames[at].header;
         if self.mode == Order::Overtake {
-            self.pair(at, out);
+            let (from, tag) = (header.source, header.tag);
+            self.pair(at, from, tag, out);
             return;
         }
         let src = header.source as usize;
@@ -664,11 +665,13 @@ impl MatchState {
     /// A frame in turn: pairs it (recording its `gseq` under [`Order::Partition`]).
     #[inline(never)]
     fn process(&mut self, at: usize, out: &mut Matches) {
+        // The header's fields read once (one bounds check).
         let header = &out.frames[at].header;
-        if self.mode == Order::Partition && !self.record(header.source, header.gseq) {
+        let (from, tag, gseq) = (header.source, header.tag, header.gseq);
+        if self.mode == Order::Partition && !self.record(from, gseq) {
             return self.park(out.take(at));
         }
-        self.pair(at, out);
+        self.pair(at, from, tag, out);
     }
 
     /// A frame whose `gseq` lies beyond its window: kept for the switch to one order, which
@@ -840,11 +843,10 @@ impl MatchState {
         }
     }
 
-    /// A frame in turn (frame `at` of `out`) meets the earliest posted receive that fits it,
-    /// or waits as unexpected. Inlined into its callers.
+    /// A frame in turn (frame `at` of `out`, from `from` under `tag`) meets the earliest
+    /// posted receive that fits it, or waits as unexpected. Inlined into its callers.
     #[inline(always)]
-    fn pair(&mut self, at: usize, out: &mut Matches) {
-        let (from, tag) = (out.frames[at].header.source, out.frames[at].header.tag);
+    fn pair(&mut self, at: usize, from: u32, tag: i32, out: &mut Matches) {
         let bin = self.bins.get_mut(bin_key(from, tag)).filter(|b| !b.is_empty());
         let wild = if self.wild.is_empty() { None } else { self.wild.iter().position(|p| fits(p.source, p.tag, from, tag)) };
         // The earliest posted of the two candidates.
