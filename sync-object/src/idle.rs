@@ -97,7 +97,8 @@ impl SpinSlots {
 /// read, the answer is always "not spare" (waiters keep yielding as before).
 #[derive(Debug)]
 struct Occupancy {
-    /// Microseconds since `EPOCH` of the last sample, `u64::MAX` while one is taken.
+    /// Microseconds since `EPOCH` of the last sample ([`epoch_us`]: never 0), `0` before
+    /// the first, `u64::MAX` while one is taken.
     stamp_us: AtomicU64,
     /// The last sample's answer.
     spare: AtomicBool,
@@ -117,18 +118,21 @@ static OCCUPANCY: Occupancy = Occupancy::sampled(false);
 const BUSY_SAMPLES: u32 = 2;
 
 impl Occupancy {
-    /// No sample taken yet, the answer `spare` until the first.
+    /// No sample taken yet: the first question takes one (the answer `spare` is read only
+    /// by a question that races that first sample).
     const fn sampled(spare: bool) -> Self {
         Occupancy { stamp_us: AtomicU64::new(0), spare: AtomicBool::new(spare), busy_in_a_row: AtomicU32::new(0) }
     }
 
-    /// The answer, sampled anew if the last sample is older than its period at `now`
-    /// ([`epoch_us`]).
+    /// The answer, sampled anew if there is none yet or the last sample is older than its
+    /// period at `now` ([`epoch_us`]). The first question samples at once: a process's
+    /// first waits would otherwise get the initial answer for a whole period, which is all
+    /// of a short job (200 collectives of a few microseconds each).
     fn spare(&self, now: u64) -> bool {
         // Relaxed: a hint; a stale answer costs one wait its long spin or one yield.
         let stamp = self.stamp_us.load(Ordering::Relaxed);
         if stamp != u64::MAX
-            && now.saturating_sub(stamp) >= SAMPLE_EVERY_US
+            && (stamp == 0 || now.saturating_sub(stamp) >= SAMPLE_EVERY_US)
             && self.stamp_us.compare_exchange(stamp, u64::MAX, Ordering::Relaxed, Ordering::Relaxed).is_ok()
         {
             let spare = runnable_threads().is_some_and(|r| r <= machine_cpus());
@@ -182,7 +186,8 @@ const PROBE_EVERY_US: u64 = 1000;
 const SHARED_YIELD: std::time::Duration = std::time::Duration::from_nanos(1500);
 
 thread_local! {
-    /// (Microseconds since `EPOCH` + 1 of this thread's last probe, its answer.)
+    /// (Microseconds since `EPOCH` + 1 of this thread's last probe, 0 before the first; its
+    /// answer.)
     static PROBE: std::cell::Cell<(u64, bool)> = const { std::cell::Cell::new((0, false)) };
 }
 
@@ -195,13 +200,13 @@ fn epoch_us() -> u64 {
 /// millisecond by timing one `sched_yield`: the machine-wide count (`Occupancy`) can read
 /// "spare" while two busy threads sit on one CPU and another idles (the load balancer moves
 /// one within milliseconds); spinning long there would hold the CPU from the very thread
-/// the spinner waits for. The probe's yield costs about 0.5 µs once per millisecond. `now`:
-/// [`epoch_us`].
+/// the spinner waits for. The probe's yield costs about 0.5 µs once per millisecond; a
+/// thread's first question probes at once. `now`: [`epoch_us`].
 fn cpu_is_ours(now: u64) -> bool {
     PROBE
         .try_with(|p| {
             let (stamp, ours) = p.get();
-            if now.saturating_sub(stamp) < PROBE_EVERY_US {
+            if stamp != 0 && now.saturating_sub(stamp) < PROBE_EVERY_US {
                 return ours;
             }
             let t = Instant::now();
@@ -552,6 +557,24 @@ mod tests {
             assert!(steps <= YIELD_LIMIT + 1, "never completes");
         }
         assert_eq!(steps, YIELD_LIMIT + 1);
+    }
+
+    /// The first question about the machine samples it, and a thread's first question about
+    /// its CPU probes it, at once, however soon after the clock's start (1 µs here): the
+    /// initial answers ("no core to spare", "not ours") would otherwise hold for a whole
+    /// period, and a job of 200 collectives of a few microseconds each ran all its waits
+    /// on them, yielding at every idle pass.
+    #[test]
+    fn first_questions_sample_at_once() {
+        static FRESH: Occupancy = Occupancy::sampled(false);
+        FRESH.spare(1);
+        assert_eq!(FRESH.stamp_us.load(Ordering::Relaxed), 1, "no sample taken by the first question");
+        FRESH.spare(2);
+        assert_eq!(FRESH.stamp_us.load(Ordering::Relaxed), 1, "a sample is reused within its period");
+        on_thread(|| {
+            cpu_is_ours(1);
+            assert_eq!(PROBE.with(std::cell::Cell::get).0, 1, "no probe made by the thread's first question");
+        });
     }
 
     #[test]
