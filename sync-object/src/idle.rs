@@ -111,10 +111,10 @@ const SAMPLE_EVERY_US: u64 = 2000;
 
 static OCCUPANCY: Occupancy = Occupancy::sampled(false);
 
-/// Samples in a row that must find no core to spare before waiters of a process that shares
-/// its cores stop their short spin: one runnable thread more at one instant (a watcher
-/// woken, a kernel thread) does not make a host of two busy-polling ranks on two cores
-/// oversubscribed.
+/// Samples in a row that must find no core to spare before waiters stop spinning (the short
+/// spin of a process that shares its cores, and every long spin): one runnable thread more
+/// at one instant (a watcher woken, a kernel thread) does not make a host of two
+/// busy-polling ranks on two cores oversubscribed.
 const BUSY_SAMPLES: u32 = 2;
 
 impl Occupancy {
@@ -135,9 +135,15 @@ impl Occupancy {
             && (stamp == 0 || now.saturating_sub(stamp) >= SAMPLE_EVERY_US)
             && self.stamp_us.compare_exchange(stamp, u64::MAX, Ordering::Relaxed, Ordering::Relaxed).is_ok()
         {
-            let spare = runnable_threads().is_some_and(|r| r <= machine_cpus());
+            let runnable = runnable_threads();
+            let spare = runnable.is_some_and(|r| r <= machine_cpus());
             self.spare.store(spare, Ordering::Relaxed);
-            let busy = if spare { 0 } else { self.busy_in_a_row.load(Ordering::Relaxed).saturating_add(1) };
+            // An unknown count is no core to spare, at once.
+            let busy = match runnable {
+                _ if spare => 0,
+                Some(_) => self.busy_in_a_row.load(Ordering::Relaxed).saturating_add(1),
+                None => BUSY_SAMPLES,
+            };
             self.busy_in_a_row.store(busy, Ordering::Relaxed);
             self.stamp_us.store(now, Ordering::Relaxed);
         }
@@ -163,6 +169,21 @@ impl Occupancy {
         if read_clock {
             self.spare(epoch_us());
         }
+        self.not_busy()
+    }
+
+    /// The answer for a waiter about to poll on past its short spin, sampled anew (if old)
+    /// at `now`: no only after [`BUSY_SAMPLES`] samples in a row found no core to spare, as
+    /// for a spin slot (one busy sample used to make a rank of two on two cores yield at
+    /// every idle pass of its collectives for a whole period), and no where the count is
+    /// unknown.
+    fn spare_at(&self, now: u64) -> bool {
+        self.spare(now);
+        self.not_busy()
+    }
+
+    /// Whether fewer than [`BUSY_SAMPLES`] samples in a row found no core to spare.
+    fn not_busy(&self) -> bool {
         // Relaxed: a hint, as above.
         self.busy_in_a_row.load(Ordering::Relaxed) < BUSY_SAMPLES
     }
@@ -373,15 +394,16 @@ impl IdleBackoff {
     }
 
     /// Whether this waiter may go on polling without yielding past its short spin: it
-    /// [may spin](Self::may_spin) and every runnable thread on the machine has a core
-    /// (sampled at most every 2 ms; on Linux from `/proc/loadavg`, elsewhere never). A
-    /// busy-polling rank of a two-process ping-pong on two cores gets a yes; a waiter among
+    /// [may spin](Self::may_spin), every runnable thread on the machine has had a core
+    /// lately (sampled at most every 2 ms; on Linux from `/proc/loadavg`, elsewhere never;
+    /// no once [`BUSY_SAMPLES`] samples in a row found none to spare) and its CPU is its own.
+    /// A busy-polling rank of a two-process ping-pong on two cores gets a yes; a waiter among
     /// more runnable threads than cores (threads or processes) gets a no and yields, since
     /// the thread it waits for may be the one without a core. One clock read: both samples'
     /// ages are taken from it.
     pub fn may_spin_long(&mut self) -> bool {
         let now = epoch_us();
-        OCCUPANCY.spare(now) && self.may_spin() && cpu_is_ours(now)
+        self.budget.machine.unwrap_or(&OCCUPANCY).spare_at(now) && self.may_spin() && cpu_is_ours(now)
     }
 
     /// Says that processes this one waits for (ranks of its job) run on the same host: from
@@ -557,6 +579,24 @@ mod tests {
             assert!(steps <= YIELD_LIMIT + 1, "never completes");
         }
         assert_eq!(steps, YIELD_LIMIT + 1);
+    }
+
+    /// One busy sample does not stop a long spin (a blip: a watcher woken at that instant);
+    /// two in a row do.
+    #[test]
+    fn long_spin_stops_after_busy_samples_in_a_row() {
+        static ONCE_BUSY: Occupancy =
+            Occupancy { stamp_us: AtomicU64::new(u64::MAX), spare: AtomicBool::new(false), busy_in_a_row: AtomicU32::new(1) };
+        static BUSY: Occupancy =
+            Occupancy { stamp_us: AtomicU64::new(u64::MAX), spare: AtomicBool::new(false), busy_in_a_row: AtomicU32::new(BUSY_SAMPLES) };
+        static ON_ONCE_BUSY: SpinSlots = SpinSlots::on_machine(2, &ONCE_BUSY, true);
+        static ON_BUSY: SpinSlots = SpinSlots::on_machine(2, &BUSY, false);
+        on_thread(|| {
+            // The thread's CPU is its own, and stays so (a probe stamped in the future).
+            PROBE.with(|p| p.set((u64::MAX, true)));
+            assert!(IdleBackoff::with_budget(&ON_ONCE_BUSY).may_spin_long(), "one busy sample stopped the long spin");
+            assert!(!IdleBackoff::with_budget(&ON_BUSY).may_spin_long(), "two busy samples in a row did not");
+        });
     }
 
     /// The first question about the machine samples it, and a thread's first question about
