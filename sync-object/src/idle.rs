@@ -151,29 +151,15 @@ impl Occupancy {
     }
 
     /// The answer for a waiter about to take a spin slot: no only after [`BUSY_SAMPLES`]
-    /// samples in a row found no core to spare; sampled anew (if old) at every
-    /// [`SPARE_CLOCK_EVERY`]th call of the thread, so that the clock is not read at every
-    /// wait. Where the count is unknown (not Linux), yes: the slots alone
+    /// samples in a row found no core to spare; sampled anew (if old) by the thread's
+    /// [`clock_lately`]. Where the count is unknown (not Linux), yes: the slots alone
     /// decide, as they did before the machine was watched.
     fn spare_lately(&self) -> bool {
-        if !cfg!(target_os = "linux") {
-            return true;
-        }
-        let read_clock = SPARE_TICK
-            .try_with(|t| {
-                let n = t.get().wrapping_add(1);
-                t.set(n);
-                n % SPARE_CLOCK_EVERY == 1
-            })
-            .unwrap_or(true);
-        if read_clock {
-            self.spare(epoch_us());
-        }
-        self.not_busy()
+        !cfg!(target_os = "linux") || self.spare_at(clock_lately())
     }
 
     /// The answer for a waiter about to poll on past its short spin, sampled anew (if old)
-    /// at `now`: no only after [`BUSY_SAMPLES`] samples in a row found no core to spare, as
+    /// at `now` ([`clock_lately`]): no only after [`BUSY_SAMPLES`] samples in a row found no core to spare, as
     /// for a spin slot (one busy sample used to make a rank of two on two cores yield at
     /// every idle pass of its collectives for a whole period), and no where the count is
     /// unknown.
@@ -189,13 +175,38 @@ impl Occupancy {
     }
 }
 
-/// A thread's waiters read the clock to renew the machine's occupancy sample at one slot
-/// request in this many ([`Occupancy::spare_lately`]).
+/// A thread's waiters read the clock at one question in this many about the machine or
+/// their CPU ([`clock_lately`]).
 const SPARE_CLOCK_EVERY: u32 = 8;
 
 thread_local! {
-    /// Slot requests of this thread's waiters, counted for [`SPARE_CLOCK_EVERY`].
-    static SPARE_TICK: std::cell::Cell<u32> = const { std::cell::Cell::new(0) };
+    /// The clock as this thread's waiters last read it ([`epoch_us`]; 0: not yet), and the
+    /// questions asked since, counted for [`SPARE_CLOCK_EVERY`].
+    static CLOCK: std::cell::Cell<(u64, u32)> = const { std::cell::Cell::new((0, 0)) };
+}
+
+/// The time by which a thread's waiter judges the age of the machine's sample and of its
+/// CPU's probe ([`epoch_us`]): read anew at the thread's first question and at one in
+/// [`SPARE_CLOCK_EVERY`] after, so that a question, asked at a wait's idle pass (a
+/// collective's first, a blocking wait's slot request), does not read the clock each time
+/// (a clock read is about 90 instructions, more than the rest of the question). The samples
+/// are taken every millisecond or two, where a thread that asks often asks every few
+/// microseconds; one that asks seldom judges by an older time, which costs a wait its spin
+/// or a yield, and never blocks it.
+fn clock_lately() -> u64 {
+    CLOCK
+        .try_with(|c| match c.get() {
+            (now, asked) if now != 0 && asked + 1 < SPARE_CLOCK_EVERY => {
+                c.set((now, asked + 1));
+                now
+            }
+            _ => {
+                let now = epoch_us();
+                c.set((now, 0));
+                now
+            }
+        })
+        .unwrap_or_else(|_| epoch_us())
 }
 
 /// How often a thread checks that its CPU is its own (`cpu_is_ours`).
@@ -402,7 +413,7 @@ impl IdleBackoff {
     /// the thread it waits for may be the one without a core. One clock read: both samples'
     /// ages are taken from it.
     pub fn may_spin_long(&mut self) -> bool {
-        let now = epoch_us();
+        let now = clock_lately();
         self.budget.machine.unwrap_or(&OCCUPANCY).spare_at(now) && self.may_spin() && cpu_is_ours(now)
     }
 
@@ -579,6 +590,21 @@ mod tests {
             assert!(steps <= YIELD_LIMIT + 1, "never completes");
         }
         assert_eq!(steps, YIELD_LIMIT + 1);
+    }
+
+    /// A thread reads the clock at its first question and at one in `SPARE_CLOCK_EVERY`
+    /// after; between, it judges by the time it read last.
+    #[test]
+    fn clock_is_read_at_one_question_in_so_many() {
+        on_thread(|| {
+            let first = clock_lately();
+            assert_ne!(first, 0, "the first question reads the clock");
+            std::thread::sleep(std::time::Duration::from_millis(2));
+            for _ in 1..SPARE_CLOCK_EVERY {
+                assert_eq!(clock_lately(), first, "the clock read again before its turn");
+            }
+            assert!(clock_lately() > first, "the clock not read at its turn");
+        });
     }
 
     /// One busy sample does not stop a long spin (a blip: a watcher woken at that instant);
