@@ -34,7 +34,7 @@
 //! thread that only completes continuations keeps none). In the steady state attaching a
 //! continuation allocates nothing; a callback too large for a record is boxed.
 
-use std::cell::{Cell, RefCell};
+use std::cell::Cell;
 use std::marker::PhantomData;
 use std::mem::{ManuallyDrop, MaybeUninit};
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -49,6 +49,7 @@ use crate::loom::sync::atomic::{AtomicBool, Ordering};
 use crate::progress::sync_hook;
 use crate::request::Request;
 use crate::runtime::Runtime;
+use crate::spares::{SharedSpares, Spares};
 
 /// Who runs a continuation's callback.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -467,83 +468,41 @@ const RECORD_BYTES: usize = 128;
 const SPARES_MAX: usize = 1024;
 
 /// Records the process-wide queue keeps; beyond this many the extras are freed.
-#[cfg(not(loom))]
 const SHARED_SPARES_MAX: usize = 16384;
 
 /// The storage of one callback (module docs).
 #[repr(C, align(16))]
 struct Record(MaybeUninit<[u8; RECORD_BYTES]>);
 
-/// A thread's spare records; a thread that ends hands them to the shared queue.
-// Boxes, not records in the vector: a record leaves it as its own allocation, whose address
-// a pending continuation holds.
-#[allow(clippy::vec_box)]
-struct Spares(RefCell<Vec<Box<Record>>>);
-
-impl Drop for Spares {
-    fn drop(&mut self) {
-        for r in self.0.get_mut().drain(..) {
-            give_shared_record(r);
-        }
-    }
-}
+/// The process-wide queue of spare records.
+static SHARED_RECORDS: SharedSpares<Box<Record>> = SharedSpares::new(SHARED_SPARES_MAX);
 
 thread_local! {
-    static SPARES: Spares = const { Spares(RefCell::new(Vec::new())) };
+    /// A thread's spare records. Boxes, not records in a vector: a record leaves as its own
+    /// allocation, whose address a pending continuation holds.
+    static SPARES: Spares<Box<Record>, SPARES_MAX> = const { Spares::new(&SHARED_RECORDS) };
     /// Whether this thread has attached a continuation: only such a thread keeps spares; one
     /// that only completes continuations (a waiter, a pool worker) hands their records
     /// straight to the threads that attach, through the shared queue.
     static ATTACHES: Cell<bool> = const { Cell::new(false) };
 }
 
-/// The process-wide queue of spare records. Not under loom: a record made in one model
-/// execution must not reach the next.
-#[cfg(not(loom))]
-fn shared_records() -> &'static crossbeam_queue::ArrayQueue<Box<Record>> {
-    static SHARED: std::sync::OnceLock<crossbeam_queue::ArrayQueue<Box<Record>>> = std::sync::OnceLock::new();
-    SHARED.get_or_init(|| crossbeam_queue::ArrayQueue::new(SHARED_SPARES_MAX))
-}
-
-/// Hands a spare record to the other threads (freed if the queue is full).
-#[inline(never)]
-fn give_shared_record(r: Box<Record>) {
-    #[cfg(not(loom))]
-    let _ = shared_records().push(r);
-    #[cfg(loom)]
-    drop(r);
-}
-
 /// A spare record of this thread, else of another, else a new one.
 #[inline]
 fn take_record() -> Box<Record> {
     let _ = ATTACHES.try_with(|a| a.set(true));
-    let local = SPARES.try_with(|s| s.0.borrow_mut().pop()).ok().flatten();
-    #[cfg(not(loom))]
-    let local = local.or_else(|| shared_records().pop());
-    local.unwrap_or_else(|| Box::new(Record(MaybeUninit::uninit())))
+    let spare = SPARES.try_with(Spares::take).unwrap_or_else(|_| SHARED_RECORDS.take());
+    spare.unwrap_or_else(|| Box::new(Record(MaybeUninit::uninit())))
 }
 
 /// Keeps `r` for this thread's next continuation, or another thread's.
 #[inline]
 fn give_record(r: Box<Record>) {
     if !ATTACHES.try_with(Cell::get).unwrap_or(false) {
-        return give_shared_record(r);
+        return SHARED_RECORDS.give(r);
     }
-    let kept = SPARES.try_with(|s| {
-        let mut s = s.0.borrow_mut();
-        if s.len() < SPARES_MAX {
-            s.push(r);
-            None
-        } else {
-            Some(r)
-        }
-    });
-    match kept {
-        Ok(None) => {}
-        Ok(Some(r)) => give_shared_record(r),
-        // The thread is being torn down: freed.
-        Err(_) => {}
-    }
+    // A thread being torn down frees it.
+    let _ = SPARES.try_with(|s| s.keep(r));
 }
 
 /// A callback `F` of argument `A` in a record of its own (module docs); run or dropped, it

@@ -214,6 +214,7 @@ mod rendezvous_faults;
 mod request;
 pub mod rma;
 mod runtime;
+mod spares;
 mod wait;
 
 pub use buffer::{Primitive, RecvBuf, SendBuf};

@@ -12,11 +12,12 @@
 //! it allocates.
 
 use std::any::Any;
-use std::cell::RefCell;
 use std::sync::{Arc, OnceLock, Weak};
 
 use parking_lot::Mutex;
 use weft_sync::CompletionCell;
+
+use crate::spares::{SharedSpares, Spares};
 
 use crate::loom::sync::atomic::{fence, AtomicU64, Ordering};
 
@@ -72,55 +73,22 @@ impl Default for Operation {
 const POOL_MAX: usize = 1024;
 
 /// Operations the process-wide queue keeps; beyond this many the extras are freed.
-#[cfg(not(loom))]
 const SHARED_MAX: usize = 16384;
 
-/// The process-wide queue of spare operations (module docs). Not under loom: an operation
-/// made in one model execution must not reach the next.
-#[cfg(not(loom))]
-fn shared() -> &'static crossbeam_queue::ArrayQueue<Arc<Operation>> {
-    static SHARED: std::sync::OnceLock<crossbeam_queue::ArrayQueue<Arc<Operation>>> = std::sync::OnceLock::new();
-    SHARED.get_or_init(|| crossbeam_queue::ArrayQueue::new(SHARED_MAX))
-}
+/// The process-wide queue of spare operations (module docs).
+static SHARED: SharedSpares<Arc<Operation>> = SharedSpares::new(SHARED_MAX);
 
-/// A spare operation of another thread, if the shared queue has one.
-#[inline(never)]
-fn take_shared() -> Option<Arc<Operation>> {
-    #[cfg(not(loom))]
-    return shared().pop();
-    #[cfg(loom)]
-    None
-}
-
-/// Hands a spare operation to the other threads (freed if the queue is full).
-#[inline(never)]
-fn give_shared(arc: Arc<Operation>) {
-    #[cfg(not(loom))]
-    let _ = shared().push(arc);
-    #[cfg(loom)]
-    drop(arc);
-}
-
-/// A thread's spare operations; a thread that ends hands them to the shared queue (a task
-/// runtime's short-lived threads would otherwise take theirs with them).
-struct Pool(RefCell<Vec<Arc<Operation>>>);
-
-impl Drop for Pool {
-    fn drop(&mut self) {
-        for arc in self.0.get_mut().drain(..) {
-            give_shared(arc);
-        }
-    }
-}
+/// A thread's spare operations.
+type Pool = Spares<Arc<Operation>, POOL_MAX>;
 
 thread_local! {
-    static POOL: Pool = const { Pool(RefCell::new(Vec::new())) };
+    static POOL: Pool = const { Pool::new(&SHARED) };
 }
 
 /// A fresh (or recycled) inner, set up by `init` while still exclusively owned.
 #[inline]
 pub(crate) fn new_operation(init: impl FnOnce(&mut Operation)) -> Arc<Operation> {
-    match pool().and_then(|p| p.borrow_mut().pop()).or_else(take_shared) {
+    match pool().map_or_else(|| SHARED.take(), Pool::take) {
         Some(arc) => {
             // SAFETY: `recycle` pools an `Arc` only when it is the sole strong reference and no
             // `Weak` exists (one is made only by an operation that makes a relay), and the pool
@@ -156,13 +124,8 @@ pub(crate) fn recycle(arc: Arc<Operation>) {
     // decrement), as `Arc`'s own drop does before freeing.
     if Arc::strong_count(&arc) == 1 && Arc::weak_count(&arc) == 0 && arc.cell.is_complete() {
         fence(Ordering::Acquire);
-        let Some(p) = pool() else { return };
-        let mut p = p.borrow_mut();
-        if p.len() < POOL_MAX {
-            p.push(arc);
-        } else {
-            drop(p);
-            give_shared(arc);
+        if let Some(p) = pool() {
+            p.keep(arc);
         }
     }
 }
@@ -171,9 +134,9 @@ pub(crate) fn recycle(arc: Arc<Operation>) {
 /// alone is in the closure, so that it inlines where the pool is used (a call per message
 /// less on each side).
 #[inline(always)]
-fn pool() -> Option<&'static RefCell<Vec<Arc<Operation>>>> {
+fn pool() -> Option<&'static Pool> {
     // SAFETY: the pool lives until its own destructor runs, after which `try_with` fails;
     // the reference is used only within the calling function, which runs no destructor of
     // this thread's thread-locals meanwhile.
-    POOL.try_with(|p| unsafe { &*(&p.0 as *const RefCell<Vec<Arc<Operation>>>) }).ok()
+    POOL.try_with(|p| unsafe { &*(p as *const Pool) }).ok()
 }

@@ -97,7 +97,8 @@ impl SpinSlots {
 /// read, the answer is always "not spare" (waiters keep yielding as before).
 #[derive(Debug)]
 struct Occupancy {
-    /// Microseconds since `EPOCH` of the last sample, `u64::MAX` while one is taken.
+    /// Microseconds since `EPOCH` of the last sample ([`epoch_us`]: never 0), `0` before
+    /// the first, `u64::MAX` while one is taken.
     stamp_us: AtomicU64,
     /// The last sample's answer.
     spare: AtomicBool,
@@ -110,30 +111,39 @@ const SAMPLE_EVERY_US: u64 = 2000;
 
 static OCCUPANCY: Occupancy = Occupancy::sampled(false);
 
-/// Samples in a row that must find no core to spare before waiters of a process that shares
-/// its cores stop their short spin: one runnable thread more at one instant (a watcher
-/// woken, a kernel thread) does not make a host of two busy-polling ranks on two cores
-/// oversubscribed.
+/// Samples in a row that must find no core to spare before waiters stop spinning (the short
+/// spin of a process that shares its cores, and every long spin): one runnable thread more
+/// at one instant (a watcher woken, a kernel thread) does not make a host of two
+/// busy-polling ranks on two cores oversubscribed.
 const BUSY_SAMPLES: u32 = 2;
 
 impl Occupancy {
-    /// No sample taken yet, the answer `spare` until the first.
+    /// No sample taken yet: the first question takes one (the answer `spare` is read only
+    /// by a question that races that first sample).
     const fn sampled(spare: bool) -> Self {
         Occupancy { stamp_us: AtomicU64::new(0), spare: AtomicBool::new(spare), busy_in_a_row: AtomicU32::new(0) }
     }
 
-    /// The answer, sampled anew if the last sample is older than its period at `now`
-    /// ([`epoch_us`]).
+    /// The answer, sampled anew if there is none yet or the last sample is older than its
+    /// period at `now` ([`epoch_us`]). The first question samples at once: a process's
+    /// first waits would otherwise get the initial answer for a whole period, which is all
+    /// of a short job (200 collectives of a few microseconds each).
     fn spare(&self, now: u64) -> bool {
         // Relaxed: a hint; a stale answer costs one wait its long spin or one yield.
         let stamp = self.stamp_us.load(Ordering::Relaxed);
         if stamp != u64::MAX
-            && now.saturating_sub(stamp) >= SAMPLE_EVERY_US
+            && (stamp == 0 || now.saturating_sub(stamp) >= SAMPLE_EVERY_US)
             && self.stamp_us.compare_exchange(stamp, u64::MAX, Ordering::Relaxed, Ordering::Relaxed).is_ok()
         {
-            let spare = runnable_threads().is_some_and(|r| r <= machine_cpus());
+            let runnable = runnable_threads();
+            let spare = runnable.is_some_and(|r| r <= machine_cpus());
             self.spare.store(spare, Ordering::Relaxed);
-            let busy = if spare { 0 } else { self.busy_in_a_row.load(Ordering::Relaxed).saturating_add(1) };
+            // An unknown count is no core to spare, at once.
+            let busy = match runnable {
+                _ if spare => 0,
+                Some(_) => self.busy_in_a_row.load(Ordering::Relaxed).saturating_add(1),
+                None => BUSY_SAMPLES,
+            };
             self.busy_in_a_row.store(busy, Ordering::Relaxed);
             self.stamp_us.store(now, Ordering::Relaxed);
         }
@@ -141,36 +151,62 @@ impl Occupancy {
     }
 
     /// The answer for a waiter about to take a spin slot: no only after [`BUSY_SAMPLES`]
-    /// samples in a row found no core to spare; sampled anew (if old) at every
-    /// [`SPARE_CLOCK_EVERY`]th call of the thread, so that the clock is not read at every
-    /// wait. Where the count is unknown (not Linux), yes: the slots alone
+    /// samples in a row found no core to spare; sampled anew (if old) by the thread's
+    /// [`clock_lately`]. Where the count is unknown (not Linux), yes: the slots alone
     /// decide, as they did before the machine was watched.
     fn spare_lately(&self) -> bool {
-        if !cfg!(target_os = "linux") {
-            return true;
-        }
-        let read_clock = SPARE_TICK
-            .try_with(|t| {
-                let n = t.get().wrapping_add(1);
-                t.set(n);
-                n % SPARE_CLOCK_EVERY == 1
-            })
-            .unwrap_or(true);
-        if read_clock {
-            self.spare(epoch_us());
-        }
+        !cfg!(target_os = "linux") || self.spare_at(clock_lately())
+    }
+
+    /// The answer for a waiter about to poll on past its short spin, sampled anew (if old)
+    /// at `now` ([`clock_lately`]): no only after [`BUSY_SAMPLES`] samples in a row found no core to spare, as
+    /// for a spin slot (one busy sample used to make a rank of two on two cores yield at
+    /// every idle pass of its collectives for a whole period), and no where the count is
+    /// unknown.
+    fn spare_at(&self, now: u64) -> bool {
+        self.spare(now);
+        self.not_busy()
+    }
+
+    /// Whether fewer than [`BUSY_SAMPLES`] samples in a row found no core to spare.
+    fn not_busy(&self) -> bool {
         // Relaxed: a hint, as above.
         self.busy_in_a_row.load(Ordering::Relaxed) < BUSY_SAMPLES
     }
 }
 
-/// A thread's waiters read the clock to renew the machine's occupancy sample at one slot
-/// request in this many ([`Occupancy::spare_lately`]).
+/// A thread's waiters read the clock at one question in this many about the machine or
+/// their CPU ([`clock_lately`]).
 const SPARE_CLOCK_EVERY: u32 = 8;
 
 thread_local! {
-    /// Slot requests of this thread's waiters, counted for [`SPARE_CLOCK_EVERY`].
-    static SPARE_TICK: std::cell::Cell<u32> = const { std::cell::Cell::new(0) };
+    /// The clock as this thread's waiters last read it ([`epoch_us`]; 0: not yet), and the
+    /// questions asked since, counted for [`SPARE_CLOCK_EVERY`].
+    static CLOCK: std::cell::Cell<(u64, u32)> = const { std::cell::Cell::new((0, 0)) };
+}
+
+/// The time by which a thread's waiter judges the age of the machine's sample and of its
+/// CPU's probe ([`epoch_us`]): read anew at the thread's first question and at one in
+/// [`SPARE_CLOCK_EVERY`] after, so that a question, asked at a wait's idle pass (a
+/// collective's first, a blocking wait's slot request), does not read the clock each time
+/// (a clock read is about 90 instructions, more than the rest of the question). The samples
+/// are taken every millisecond or two, where a thread that asks often asks every few
+/// microseconds; one that asks seldom judges by an older time, which costs a wait its spin
+/// or a yield, and never blocks it.
+fn clock_lately() -> u64 {
+    CLOCK
+        .try_with(|c| match c.get() {
+            (now, asked) if now != 0 && asked + 1 < SPARE_CLOCK_EVERY => {
+                c.set((now, asked + 1));
+                now
+            }
+            _ => {
+                let now = epoch_us();
+                c.set((now, 0));
+                now
+            }
+        })
+        .unwrap_or_else(|_| epoch_us())
 }
 
 /// How often a thread checks that its CPU is its own (`cpu_is_ours`).
@@ -182,7 +218,8 @@ const PROBE_EVERY_US: u64 = 1000;
 const SHARED_YIELD: std::time::Duration = std::time::Duration::from_nanos(1500);
 
 thread_local! {
-    /// (Microseconds since `EPOCH` + 1 of this thread's last probe, its answer.)
+    /// (Microseconds since `EPOCH` + 1 of this thread's last probe, 0 before the first; its
+    /// answer.)
     static PROBE: std::cell::Cell<(u64, bool)> = const { std::cell::Cell::new((0, false)) };
 }
 
@@ -195,13 +232,13 @@ fn epoch_us() -> u64 {
 /// millisecond by timing one `sched_yield`: the machine-wide count (`Occupancy`) can read
 /// "spare" while two busy threads sit on one CPU and another idles (the load balancer moves
 /// one within milliseconds); spinning long there would hold the CPU from the very thread
-/// the spinner waits for. The probe's yield costs about 0.5 µs once per millisecond. `now`:
-/// [`epoch_us`].
+/// the spinner waits for. The probe's yield costs about 0.5 µs once per millisecond; a
+/// thread's first question probes at once. `now`: [`epoch_us`].
 fn cpu_is_ours(now: u64) -> bool {
     PROBE
         .try_with(|p| {
             let (stamp, ours) = p.get();
-            if now.saturating_sub(stamp) < PROBE_EVERY_US {
+            if stamp != 0 && now.saturating_sub(stamp) < PROBE_EVERY_US {
                 return ours;
             }
             let t = Instant::now();
@@ -368,15 +405,16 @@ impl IdleBackoff {
     }
 
     /// Whether this waiter may go on polling without yielding past its short spin: it
-    /// [may spin](Self::may_spin) and every runnable thread on the machine has a core
-    /// (sampled at most every 2 ms; on Linux from `/proc/loadavg`, elsewhere never). A
-    /// busy-polling rank of a two-process ping-pong on two cores gets a yes; a waiter among
+    /// [may spin](Self::may_spin), every runnable thread on the machine has had a core
+    /// lately (sampled at most every 2 ms; on Linux from `/proc/loadavg`, elsewhere never;
+    /// no once [`BUSY_SAMPLES`] samples in a row found none to spare) and its CPU is its own.
+    /// A busy-polling rank of a two-process ping-pong on two cores gets a yes; a waiter among
     /// more runnable threads than cores (threads or processes) gets a no and yields, since
     /// the thread it waits for may be the one without a core. One clock read: both samples'
     /// ages are taken from it.
     pub fn may_spin_long(&mut self) -> bool {
-        let now = epoch_us();
-        OCCUPANCY.spare(now) && self.may_spin() && cpu_is_ours(now)
+        let now = clock_lately();
+        self.budget.machine.unwrap_or(&OCCUPANCY).spare_at(now) && self.may_spin() && cpu_is_ours(now)
     }
 
     /// Says that processes this one waits for (ranks of its job) run on the same host: from
@@ -552,6 +590,57 @@ mod tests {
             assert!(steps <= YIELD_LIMIT + 1, "never completes");
         }
         assert_eq!(steps, YIELD_LIMIT + 1);
+    }
+
+    /// A thread reads the clock at its first question and at one in `SPARE_CLOCK_EVERY`
+    /// after; between, it judges by the time it read last.
+    #[test]
+    fn clock_is_read_at_one_question_in_so_many() {
+        on_thread(|| {
+            let first = clock_lately();
+            assert_ne!(first, 0, "the first question reads the clock");
+            std::thread::sleep(std::time::Duration::from_millis(2));
+            for _ in 1..SPARE_CLOCK_EVERY {
+                assert_eq!(clock_lately(), first, "the clock read again before its turn");
+            }
+            assert!(clock_lately() > first, "the clock not read at its turn");
+        });
+    }
+
+    /// One busy sample does not stop a long spin (a blip: a watcher woken at that instant);
+    /// two in a row do.
+    #[test]
+    fn long_spin_stops_after_busy_samples_in_a_row() {
+        static ONCE_BUSY: Occupancy =
+            Occupancy { stamp_us: AtomicU64::new(u64::MAX), spare: AtomicBool::new(false), busy_in_a_row: AtomicU32::new(1) };
+        static BUSY: Occupancy =
+            Occupancy { stamp_us: AtomicU64::new(u64::MAX), spare: AtomicBool::new(false), busy_in_a_row: AtomicU32::new(BUSY_SAMPLES) };
+        static ON_ONCE_BUSY: SpinSlots = SpinSlots::on_machine(2, &ONCE_BUSY, true);
+        static ON_BUSY: SpinSlots = SpinSlots::on_machine(2, &BUSY, false);
+        on_thread(|| {
+            // The thread's CPU is its own, and stays so (a probe stamped in the future).
+            PROBE.with(|p| p.set((u64::MAX, true)));
+            assert!(IdleBackoff::with_budget(&ON_ONCE_BUSY).may_spin_long(), "one busy sample stopped the long spin");
+            assert!(!IdleBackoff::with_budget(&ON_BUSY).may_spin_long(), "two busy samples in a row did not");
+        });
+    }
+
+    /// The first question about the machine samples it, and a thread's first question about
+    /// its CPU probes it, at once, however soon after the clock's start (1 µs here): the
+    /// initial answers ("no core to spare", "not ours") would otherwise hold for a whole
+    /// period, and a job of 200 collectives of a few microseconds each ran all its waits
+    /// on them, yielding at every idle pass.
+    #[test]
+    fn first_questions_sample_at_once() {
+        static FRESH: Occupancy = Occupancy::sampled(false);
+        FRESH.spare(1);
+        assert_eq!(FRESH.stamp_us.load(Ordering::Relaxed), 1, "no sample taken by the first question");
+        FRESH.spare(2);
+        assert_eq!(FRESH.stamp_us.load(Ordering::Relaxed), 1, "a sample is reused within its period");
+        on_thread(|| {
+            cpu_is_ours(1);
+            assert_eq!(PROBE.with(std::cell::Cell::get).0, 1, "no probe made by the thread's first question");
+        });
     }
 
     #[test]
