@@ -188,7 +188,7 @@ impl<'a, T: Primitive> Window<'a, T> {
                 }
             }
         };
-        let d = mine.unwrap_or(RemoteWindow { rank: comm.rank(), key: 0, base: 0, len: 0 });
+        let d = mine.unwrap_or(RemoteWindow { rank: comm.world_of(comm.rank()), key: 0, base: 0, len: 0 });
         let descriptor = [d.key, d.base, d.len, (base as usize % 8) as u64, len as u64, size_of::<T>() as u64, u64::from(failed.is_none())];
         // Every rank takes part even if its registration failed, so none waits forever.
         let mut all = vec![0u64; descriptor.len() * comm.size() as usize];
@@ -211,7 +211,8 @@ impl<'a, T: Primitive> Window<'a, T> {
                 refused = refused.and(Err(Error::InvalidArgument("window: a rank could not register its memory")));
             }
             parts.push(Part {
-                remote: RemoteWindow { rank: rank as u32, key: c[0], base: c[1], len: c[2] },
+                // The transport names ranks by their world rank.
+                remote: RemoteWindow { rank: comm.world_of(rank as u32), key: c[0], base: c[1], len: c[2] },
                 misalign: c[3] as usize,
                 len: c[4] as usize,
             });
@@ -265,7 +266,7 @@ impl<'a, T: Primitive> Window<'a, T> {
         if offset.checked_add(count).ok_or(out)? > part.len {
             return Err(out);
         }
-        if !self.transport().is_alive(rank) {
+        if !self.transport().is_alive(part.remote.rank) {
             return Err(Error::PeerLost { rank });
         }
         Ok((part, offset * size_of::<T>()))

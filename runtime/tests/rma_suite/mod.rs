@@ -73,6 +73,31 @@ fn put_get_and_local_access() {
 }
 
 #[test]
+fn a_window_of_a_communicator_whose_ranks_differ_from_the_world_targets_its_own_ranks() {
+    // Ranks reversed: rank r of `rev` is world rank 2 - r.
+    on_ranks(3, "window of a reordered communicator", |me, c| {
+        let rev = c.split(Some(0), -(me as i32)).unwrap().unwrap();
+        let r = rev.rank();
+        assert_eq!(r, 2 - me);
+        let w: Window<'_, u64> = rev.window(4).unwrap();
+        // Every rank writes its world rank at its slot of `rev`'s rank 0, and counts itself
+        // at its slot 3.
+        w.put(0, r as usize, &[100 + u64::from(me)]).unwrap();
+        w.fetch_and_op(0, 3, 1, Op::Sum).unwrap();
+        w.flush(0).unwrap();
+        barrier(&rev);
+        if r == 0 {
+            let mut mine = [0u64; 4];
+            w.read_local(0, &mut mine).unwrap();
+            assert_eq!(mine, [102, 101, 100, 3], "world rank {me} (rank 0 of the reversed communicator)");
+        }
+        barrier(&rev);
+        w.free().unwrap();
+        rev.free();
+    });
+}
+
+#[test]
 fn atomics_of_every_width_are_exact_under_contention() {
     const N: u32 = 200;
     on_ranks(3, "atomics", |me, c| {
