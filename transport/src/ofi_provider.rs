@@ -55,7 +55,9 @@
 //! writes, and so does a same-host peer after it posted anything else for this rank to
 //! libfabric (a large frame, an RMA operation, a rendezvous read). So where the lane reaches
 //! every rank, the watcher's sleeps on `shm` back off to [`LANE_SLEEP_US`] instead of 1 ms,
-//! and an idle rank costs next to no CPU. Off with
+//! and an idle rank costs next to no CPU. Frames the watcher finds waiting in the rings
+//! make it ring the doorbell, then nap until a thread of the rank takes them (a new frame
+//! ends the nap; the naps back off to [`LANE_WAITING_NAP_US`]). Off with
 //! [`OfiOptions::same_host_lane`] (`WEFT_SAME_HOST_LANE=0`); each rank chooses for itself.
 //!
 //! # Polling, staging and parking
