@@ -25,8 +25,20 @@
 //! zero or the driver leaves, when one of them takes over. On a machine with fewer cores
 //! than threads, waiters that polled beside the driver only took its core and the sender's,
 //! and every frame rang a doorbell some of them slept on, to find the driver had the frame.
+//!
+//! A continuation's callback (with the request's buffer it is given) lives in a *record*, a
+//! block of 128 bytes (`RECORD_BYTES`) taken at attach from the attaching thread's spare
+//! records and given back, before the callback runs, to the spares of the thread that
+//! completes it, as the requests' operations are (`operation.rs`: per-thread spares, and a
+//! process-wide queue for the extras of a thread that completes more than it attaches; a
+//! thread that only completes continuations keeps none). In the steady state attaching a
+//! continuation allocates nothing; a callback too large for a record is boxed.
 
+use std::cell::{Cell, RefCell};
+use std::marker::PhantomData;
+use std::mem::{ManuallyDrop, MaybeUninit};
 use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::ptr::NonNull;
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
@@ -445,4 +457,166 @@ fn spawn_counted<T: Send + 'static>(rank: &Weak<Engine>, countdown: Countdown, f
         countdown.ran = true;
     });
     drop(task);
+}
+
+/// Bytes of a continuation record (module docs): room for a callback with the request's
+/// buffer and a few words of its own.
+const RECORD_BYTES: usize = 128;
+
+/// Spare records a thread keeps; beyond this many the extras go to the shared queue.
+const SPARES_MAX: usize = 1024;
+
+/// Records the process-wide queue keeps; beyond this many the extras are freed.
+#[cfg(not(loom))]
+const SHARED_SPARES_MAX: usize = 16384;
+
+/// The storage of one callback (module docs).
+#[repr(C, align(16))]
+struct Record(MaybeUninit<[u8; RECORD_BYTES]>);
+
+/// A thread's spare records; a thread that ends hands them to the shared queue.
+// Boxes, not records in the vector: a record leaves it as its own allocation, whose address
+// a pending continuation holds.
+#[allow(clippy::vec_box)]
+struct Spares(RefCell<Vec<Box<Record>>>);
+
+impl Drop for Spares {
+    fn drop(&mut self) {
+        for r in self.0.get_mut().drain(..) {
+            give_shared_record(r);
+        }
+    }
+}
+
+thread_local! {
+    static SPARES: Spares = const { Spares(RefCell::new(Vec::new())) };
+    /// Whether this thread has attached a continuation: only such a thread keeps spares; one
+    /// that only completes continuations (a waiter, a pool worker) hands their records
+    /// straight to the threads that attach, through the shared queue.
+    static ATTACHES: Cell<bool> = const { Cell::new(false) };
+}
+
+/// The process-wide queue of spare records. Not under loom: a record made in one model
+/// execution must not reach the next.
+#[cfg(not(loom))]
+fn shared_records() -> &'static crossbeam_queue::ArrayQueue<Box<Record>> {
+    static SHARED: std::sync::OnceLock<crossbeam_queue::ArrayQueue<Box<Record>>> = std::sync::OnceLock::new();
+    SHARED.get_or_init(|| crossbeam_queue::ArrayQueue::new(SHARED_SPARES_MAX))
+}
+
+/// Hands a spare record to the other threads (freed if the queue is full).
+#[inline(never)]
+fn give_shared_record(r: Box<Record>) {
+    #[cfg(not(loom))]
+    let _ = shared_records().push(r);
+    #[cfg(loom)]
+    drop(r);
+}
+
+/// A spare record of this thread, else of another, else a new one.
+#[inline]
+fn take_record() -> Box<Record> {
+    let _ = ATTACHES.try_with(|a| a.set(true));
+    let local = SPARES.try_with(|s| s.0.borrow_mut().pop()).ok().flatten();
+    #[cfg(not(loom))]
+    let local = local.or_else(|| shared_records().pop());
+    local.unwrap_or_else(|| Box::new(Record(MaybeUninit::uninit())))
+}
+
+/// Keeps `r` for this thread's next continuation, or another thread's.
+#[inline]
+fn give_record(r: Box<Record>) {
+    if !ATTACHES.try_with(Cell::get).unwrap_or(false) {
+        return give_shared_record(r);
+    }
+    let kept = SPARES.try_with(|s| {
+        let mut s = s.0.borrow_mut();
+        if s.len() < SPARES_MAX {
+            s.push(r);
+            None
+        } else {
+            Some(r)
+        }
+    });
+    match kept {
+        Ok(None) => {}
+        Ok(Some(r)) => give_shared_record(r),
+        // The thread is being torn down: freed.
+        Err(_) => {}
+    }
+}
+
+/// A callback `F` of argument `A` in a record of its own (module docs); run or dropped, it
+/// gives the record back.
+struct InRecord<A, F: FnOnce(A)> {
+    /// The record, holding an `F` not yet taken.
+    record: NonNull<Record>,
+    _f: PhantomData<(fn(A), F)>,
+}
+
+// SAFETY: the handle owns the `F` in its record (as a `Box<F>` would); the record itself is
+// plain memory.
+unsafe impl<A, F: FnOnce(A) + Send> Send for InRecord<A, F> {}
+
+impl<A, F: FnOnce(A)> InRecord<A, F> {
+    /// Whether an `F` fits a record.
+    const FITS: bool = std::mem::size_of::<F>() <= RECORD_BYTES && std::mem::align_of::<F>() <= std::mem::align_of::<Record>();
+
+    /// Puts `f` in a record; `F` must fit ([`Self::FITS`]).
+    fn new(f: F) -> Self {
+        assert!(Self::FITS, "a callback larger than a record");
+        let record = NonNull::from(Box::leak(take_record()));
+        // SAFETY: the record is ours, and large and aligned enough for an `F` (checked above).
+        unsafe { record.cast::<F>().as_ptr().write(f) };
+        InRecord { record, _f: PhantomData }
+    }
+
+    /// Takes the callback out and gives the record back.
+    fn take(self) -> F {
+        let this = ManuallyDrop::new(self);
+        // SAFETY: `this` is not dropped: its callback is taken this once.
+        unsafe { this.take_out() }
+    }
+
+    /// Moves the callback out of the record and gives the record back.
+    ///
+    /// # Safety
+    /// Once per handle: the record holds an `F` not taken yet (type invariant) until then,
+    /// and the handle must not be used after.
+    unsafe fn take_out(&self) -> F {
+        // SAFETY: per the contract the record holds an `F` not taken yet; the record was
+        // leaked from a `Box` in `new` and is given back this once.
+        unsafe {
+            let f = self.record.cast::<F>().as_ptr().read();
+            give_record(Box::from_raw(self.record.as_ptr()));
+            f
+        }
+    }
+}
+
+impl<A, F: FnOnce(A)> Drop for InRecord<A, F> {
+    fn drop(&mut self) {
+        // SAFETY: a handle is dropped once, and one whose callback was taken is not dropped.
+        drop(unsafe { self.take_out() });
+    }
+}
+
+/// `f`, in a record when it fits (module docs), boxed when not: small enough (two words) for
+/// a completion cell's attachment, so that attaching it allocates nothing in the steady
+/// state. The record goes back to the spares before `f` runs, so a callback that attaches
+/// the next continuation reuses it.
+pub(crate) fn in_record<A, F>(f: F) -> impl FnOnce(A) + Send + 'static
+where
+    A: 'static,
+    F: FnOnce(A) + Send + 'static,
+{
+    enum Held<A, F: FnOnce(A)> {
+        Record(InRecord<A, F>),
+        Boxed(Box<F>),
+    }
+    let held = if InRecord::<A, F>::FITS { Held::Record(InRecord::new(f)) } else { Held::Boxed(Box::new(f)) };
+    move |a: A| match held {
+        Held::Record(r) => r.take()(a),
+        Held::Boxed(f) => f(a),
+    }
 }

@@ -337,7 +337,7 @@ impl<'c, B: Send + 'static> Request<'c, B> {
             f(outcome.map(|st| (buf, st)));
         };
         // The caller's `&mut self` excludes any other attach since the check above.
-        weft_sync::on_complete(self, Box::new(run)).map_err(|_| ATTACHED)?;
+        weft_sync::on_complete(self, crate::continuation::in_record(run)).map_err(|_| ATTACHED)?;
         self.inner = None;
         Ok(())
     }

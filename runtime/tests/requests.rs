@@ -697,6 +697,63 @@ fn a_pending_continuation_runs_cancelled_at_shutdown() {
     assert_eq!(*got.lock().unwrap(), Some(Err(Error::Cancelled)));
 }
 
+/// Callbacks too large for a continuation record (boxed instead) run as the small ones do,
+/// with their captures whole, and every callback's captures are dropped once, run or
+/// cancelled at shutdown.
+#[test]
+fn large_continuations_run_and_every_capture_is_dropped_once() {
+    use std::sync::{Arc, Mutex};
+    let token = Arc::new(());
+    let sums = Arc::new(Mutex::new(Vec::new()));
+    {
+        let rts = Runtime::builder().env(false).build_local(2).unwrap();
+        let (a, b) = (rts[0].world(), rts[1].world());
+        let cr = rts[1].continuation_request();
+        for round in 0..3u64 {
+            // A large and a small callback, each round: the records are reused.
+            let large = [round; 64];
+            let (t, s) = (token.clone(), sums.clone());
+            let mut r = b.irecv(Vec::<u64>::with_capacity(1), 0u32, 1).unwrap();
+            cr.attach(&mut r, weft::Invoke::Inline, move |res| {
+                let _held = &t;
+                s.lock().unwrap().push(large.iter().sum::<u64>() + res.unwrap().0[0]);
+            })
+            .unwrap();
+            let (t, s) = (token.clone(), sums.clone());
+            let mut r = b.irecv(Vec::<u64>::with_capacity(1), 0u32, 2).unwrap();
+            cr.attach(&mut r, weft::Invoke::Inline, move |res| {
+                let _held = &t;
+                s.lock().unwrap().push(res.unwrap().0[0]);
+            })
+            .unwrap();
+            a.send(vec![1000u64], 1, 1).unwrap();
+            a.send(vec![round], 1, 2).unwrap();
+            cr.wait().unwrap();
+        }
+        // A large and a small one left pending: cancelled when the ranks shut down.
+        let (t, s, large) = (token.clone(), sums.clone(), [5u64; 64]);
+        let mut r = b.irecv(Vec::<u64>::with_capacity(1), 0u32, 3).unwrap();
+        cr.attach(&mut r, weft::Invoke::Inline, move |res| {
+            let _held = &t;
+            s.lock().unwrap().push(large[0] + u64::from(res.unwrap_err() == Error::Cancelled));
+        })
+        .unwrap();
+        let (t, s) = (token.clone(), sums.clone());
+        let mut r = b.irecv(Vec::<u64>::with_capacity(1), 0u32, 4).unwrap();
+        cr.attach(&mut r, weft::Invoke::Inline, move |res| {
+            let _held = &t;
+            s.lock().unwrap().push(u64::from(res.unwrap_err() == Error::Cancelled));
+        })
+        .unwrap();
+        assert_eq!(Arc::strong_count(&token), 3);
+    }
+    // The cancelled two in either order.
+    let mut sums = sums.lock().unwrap().clone();
+    sums[6..].sort_unstable();
+    assert_eq!(sums, [1000, 0, 64 + 1000, 1, 128 + 1000, 2, 1, 6]);
+    assert_eq!(Arc::strong_count(&token), 1, "a callback's captures were not dropped");
+}
+
 /// Partitioned sends filled by many threads at once, round after round (waited for by
 /// `wait` or by the futures of `wait_async`), eager and rendezvous partitions: every round's
 /// message arrives whole, in place, and a user receive with wildcards never sees a partition.

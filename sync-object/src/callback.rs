@@ -14,21 +14,21 @@ pub type Callback = Box<dyn FnOnce(Outcome) + Send + 'static>;
 
 /// Why [`on_complete`] refused a callback: the request is attached already (or its
 /// completion was delivered to an attachment). The callback is given back, never run.
-pub struct Refused(pub Callback);
+pub struct Refused<F = Callback>(pub F);
 
-impl std::fmt::Debug for Refused {
+impl<F> std::fmt::Debug for Refused<F> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str("Refused(..)")
     }
 }
 
-impl std::fmt::Display for Refused {
+impl<F> std::fmt::Display for Refused<F> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str("request already attached to a sync object or a callback")
     }
 }
 
-impl std::error::Error for Refused {}
+impl<F> std::error::Error for Refused<F> {}
 
 /// Has `f` run once with `request`'s outcome: by the thread that completes it (inside
 /// [`CompletionCell::complete`](crate::CompletionCell::complete), so it must be short and
@@ -39,6 +39,9 @@ impl std::error::Error for Refused {}
 /// Refused, with `f` given back, if the request is attached to a sync object or has a
 /// callback already, or if its completion was delivered to either
 /// ([`attachable`](crate::CompletionCell::attachable) is `false`).
+///
+/// `f` is stored in the cell's attachment: one of two words or less (a [`Callback`], or a
+/// handle to storage the caller reuses) costs no allocation; a larger one is boxed.
 ///
 /// ```
 /// use std::sync::{Arc, Mutex};
@@ -58,18 +61,22 @@ impl std::error::Error for Refused {}
 /// op.0.complete(Ok(Status { source: 1, tag: 2, bytes: 3 }));
 /// assert_eq!(seen.lock().unwrap().unwrap().unwrap().tag, 2);
 /// ```
-pub fn on_complete<R: Attach + ?Sized>(request: &mut R, f: Callback) -> Result<(), Refused> {
-    let att = Attachment { sink: std::ptr::null(), deliver: run, data: put_data(f), with_data: true };
+pub fn on_complete<R, F>(request: &mut R, f: F) -> Result<(), Refused<F>>
+where
+    R: Attach + ?Sized,
+    F: FnOnce(Outcome) + Send + 'static,
+{
+    let att = Attachment { sink: std::ptr::null(), deliver: run::<F>, data: put_data(f), with_data: true };
     match request.completion_cell().try_attach(att) {
         AttachRace::Attached => Ok(()),
         AttachRace::AlreadyComplete(mut att, outcome) => {
             // SAFETY: built above for `run`, and handed back: this is its one consumption.
-            unsafe { run(att.sink, &mut att.data, att.with_data, outcome) };
+            unsafe { run::<F>(att.sink, &mut att.data, att.with_data, outcome) };
             Ok(())
         }
         AttachRace::AlreadyAttached(mut att) => {
             // SAFETY: the slot holds the callback put above, never taken.
-            Err(Refused(unsafe { take_data::<Callback>(&mut att.data) }))
+            Err(Refused(unsafe { take_data::<F>(&mut att.data) }))
         }
     }
 }
@@ -77,9 +84,9 @@ pub fn on_complete<R: Attach + ?Sized>(request: &mut R, f: Callback) -> Result<(
 /// The attachment's delivery: runs the callback.
 ///
 /// # Safety
-/// `data` must hold a [`Callback`] stored by `put_data`, not taken yet; it is consumed.
-unsafe fn run(_sink: *const (), data: *mut DataSlot, _with_data: bool, outcome: Outcome) {
+/// `data` must hold an `F` stored by `put_data`, not taken yet; it is consumed.
+unsafe fn run<F: FnOnce(Outcome)>(_sink: *const (), data: *mut DataSlot, _with_data: bool, outcome: Outcome) {
     // SAFETY: per the contract.
-    let f = unsafe { take_data::<Callback>(data) };
+    let f = unsafe { take_data::<F>(data) };
     f(outcome);
 }
