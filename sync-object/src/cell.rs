@@ -359,16 +359,26 @@ impl CompletionCell {
     }
 
     /// Cancels the attachment of a cell in state `state` held exclusively: it was attached
-    /// and never completed (the runtime shut down with the operation pending).
+    /// and never completed (the runtime shut down with the operation pending). The test is
+    /// inlined into every reset (one per recycled operation); the cancellation, rare, is not.
+    #[inline(always)]
     fn cancel_attachment(&mut self, state: usize) {
         if state & (ATTACHED | COMPLETE) == ATTACHED {
-            // SAFETY: `ATTACHED` without `COMPLETE`: the attacher initialized the slot, and no
-            // completer or detacher can consume it (we hold the cell exclusively).
-            let mut att = self.attachment.with(|p| unsafe { (*p).assume_init() });
-            // SAFETY: delivering a cancellation consumes the attachment exactly once and
-            // releases the sync object.
-            unsafe { (att.deliver)(att.sink, &mut att.data, att.with_data, Err(Error::Cancelled)) };
+            self.deliver_cancel();
         }
+    }
+
+    /// [`cancel_attachment`](Self::cancel_attachment)'s delivery, for a cell attached and
+    /// never completed.
+    #[cold]
+    #[inline(never)]
+    fn deliver_cancel(&mut self) {
+        // SAFETY: the caller saw `ATTACHED` without `COMPLETE`: the attacher initialized the
+        // slot, and no completer or detacher can consume it (we hold the cell exclusively).
+        let mut att = self.attachment.with(|p| unsafe { (*p).assume_init() });
+        // SAFETY: delivering a cancellation consumes the attachment exactly once and
+        // releases the sync object.
+        unsafe { (att.deliver)(att.sink, &mut att.data, att.with_data, Err(Error::Cancelled)) };
     }
 }
 

@@ -247,10 +247,14 @@ impl Packed {
         }
     }
 
-    /// The frame again.
+    /// The frame again, written at `dst`: each form writes its own fields there, where a
+    /// returned frame merged the three forms through the stack first.
+    ///
+    /// # Safety
+    /// `dst` is valid for a write of a `Frame` (whatever it held is overwritten, not dropped).
     #[inline]
-    fn unpack(self) -> Frame {
-        let header = |kind: FrameKind, e: Envelope, len: u64, cookie: u64, key: u64| Header {
+    unsafe fn unpack_to(self, dst: *mut Frame) {
+        let header = |kind: FrameKind, e: &Envelope, len: u64, cookie: u64, key: u64| Header {
             kind,
             src_cri: e.src_cri,
             context: e.context,
@@ -264,14 +268,29 @@ impl Packed {
             key,
             addr: 0,
         };
-        match self {
-            Packed::Bare { kind, env, len, cookie, key } => Frame { header: header(kind, env, len, cookie, key), payload: Payload::Empty },
+        let frame = match self {
+            Packed::Bare { kind, env, len, cookie, key } => Frame { header: header(kind, &env, len, cookie, key), payload: Payload::Empty },
             Packed::Inline { kind, env, n, bytes: b } => {
                 let mut bytes = [0u8; INLINE];
                 bytes[..SLOT_INLINE].copy_from_slice(&b);
-                Frame { header: header(kind, env, u64::from(n), 0, 0), payload: Payload::Inline { len: n, bytes } }
+                Frame { header: header(kind, &env, u64::from(n), 0, 0), payload: Payload::Inline { len: n, bytes } }
             }
-            Packed::Pooled { kind, env, buf } => Frame { header: header(kind, env, buf.len() as u64, 0, 0), payload: Payload::Pooled(buf) },
+            Packed::Pooled { kind, env, buf } => {
+                Frame { header: header(kind, &env, buf.len() as u64, 0, 0), payload: Payload::Pooled(buf) }
+            }
+        };
+        // SAFETY: the caller's promise.
+        unsafe { dst.write(frame) };
+    }
+
+    /// The frame again.
+    #[inline]
+    fn unpack(self) -> Frame {
+        let mut frame = std::mem::MaybeUninit::uninit();
+        // SAFETY: `unpack_to` writes the whole frame.
+        unsafe {
+            self.unpack_to(frame.as_mut_ptr());
+            frame.assume_init()
         }
     }
 }
@@ -468,6 +487,30 @@ impl EmbeddedRank {
     pub fn poll(&self, cri: usize, max: usize, mut f: impl FnMut(Frame)) -> usize {
         let inbox = &self.me().cris[cri].inbox;
         let n = inbox.pop_batch(max, |p| f(p.unpack()));
+        if n > 0 {
+            let refused = inbox.take_refused();
+            if refused != 0 {
+                self.wake_refused(refused);
+            }
+        }
+        n
+    }
+
+    /// [`poll`](Self::poll) appending the frames to `frames`, each unpacked where it will lie
+    /// (room for the batch is made first: nothing is allocated once `frames` has it).
+    #[inline]
+    pub fn poll_into(&self, cri: usize, max: usize, frames: &mut Vec<Frame>) -> usize {
+        let inbox = &self.me().cris[cri].inbox;
+        frames.reserve(max);
+        let n = inbox.pop_batch(max, |p| {
+            let len = frames.len();
+            // SAFETY: `reserve` made room for `max` more and at most `max` values come, so
+            // slot `len` is spare capacity; it is written before the length counts it.
+            unsafe {
+                p.unpack_to(frames.as_mut_ptr().add(len));
+                frames.set_len(len + 1);
+            }
+        });
         if n > 0 {
             let refused = inbox.take_refused();
             if refused != 0 {
@@ -803,6 +846,34 @@ mod tests {
             let mut got = Vec::new();
             assert_eq!(eps[1].poll(1, 8, |f| got.push(f)), 1);
             let f = got.pop().unwrap();
+            assert_eq!(f.header, *h);
+            assert_eq!(f.payload.as_slice(), &data[..]);
+            eps[1].recycle(f.header.source, f.payload);
+        }
+    }
+
+    /// `poll_into` appends what `poll` hands out: every frame shape unchanged, in order,
+    /// after the frames already in the vector, at most `max` a call.
+    #[test]
+    fn poll_into_appends_frames_unchanged() {
+        let eps = fabric(EmbeddedOptions { ranks: 2, cris: 1, inbox_capacity: 8, eager_capacity: 64 }).unwrap();
+        let cases: Vec<(Header, Vec<u8>)> = vec![
+            (header(FrameKind::Rts, u64::MAX, 0xdead_beef_0000_0001, 42, 0), vec![]),
+            (header(FrameKind::Eager, 0, 0, 0, 0), vec![]),
+            (header(FrameKind::Eager, SLOT_INLINE as u64, 0, 0, 0), (0..SLOT_INLINE as u8).collect()),
+            (header(FrameKind::Eager, 200, 0, 0, 0), (0..200u32).map(|i| i as u8).collect()),
+        ];
+        for (h, data) in &cases {
+            eps[0].send(1, 0, *h, data).unwrap();
+        }
+        let already = Frame { header: header(FrameKind::Fin, 0, 0, 0, 0), payload: Payload::Empty };
+        let mut got = vec![already];
+        assert_eq!(eps[1].poll_into(0, 3, &mut got), 3);
+        assert_eq!(eps[1].poll_into(0, 3, &mut got), 1);
+        assert_eq!(eps[1].poll_into(0, 3, &mut got), 0);
+        assert_eq!(got.len(), 1 + cases.len());
+        assert_eq!(got[0].header.kind, FrameKind::Fin);
+        for (f, (h, data)) in got.drain(1..).zip(&cases) {
             assert_eq!(f.header, *h);
             assert_eq!(f.payload.as_slice(), &data[..]);
             eps[1].recycle(f.header.source, f.payload);

@@ -18,7 +18,7 @@ use weft_transport::Frame;
 use crate::config::{Assignment, MatchingMode};
 use crate::lock::path::{Counting, PathLock};
 use crate::loom::sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, Ordering};
-use crate::matching::{MatchState, Matched, Order, Tag};
+use crate::matching::{MatchState, Matches, Order, Tag};
 
 use super::Engine;
 
@@ -502,8 +502,8 @@ impl Engine {
     /// whose processed-number window would outgrow its bound. Returns the pairs the merge
     /// made, to be finished outside the locks ([`finish_matches`](Self::finish_matches)).
     #[cold]
-    pub(crate) fn switch_to_one_order(&self, comm: &CommState) -> Vec<Matched> {
-        let mut out = Vec::new();
+    pub(crate) fn switch_to_one_order(&self, comm: &CommState) -> Matches {
+        let mut out = Matches::default();
         self.while_partitioned(comm, |parts| {
             MatchState::merge(parts, &mut out);
             comm.set_switched();
@@ -529,9 +529,10 @@ impl Engine {
     }
 
     /// Completes the receives of pairs made under a matching lock (outside it).
-    pub(crate) fn finish_matches(&self, matched: Vec<Matched>) {
-        for m in matched {
-            self.finish_match(0, m.req, m.frame);
+    pub(crate) fn finish_matches(&self, mut matched: Matches) {
+        let Matches { frames, pairs } = &mut matched;
+        for m in pairs.drain(..) {
+            self.finish_match_in(0, m.req, &mut frames[m.at]);
         }
     }
 

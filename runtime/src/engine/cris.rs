@@ -6,12 +6,10 @@
 
 use std::cell::{Cell, RefCell};
 
-use weft_transport::Frame;
-
 use crate::config::Assignment;
 use crate::lock::path::PathLock;
 use crate::loom::sync::atomic::{AtomicU32, Ordering};
-use crate::matching::Matched;
+use crate::matching::Matches;
 
 use super::Engine;
 
@@ -47,8 +45,7 @@ pub(crate) struct CriLocal {
     /// pass allocates nothing): the frames drained from it, and the matches found for
     /// them. The CRI's, not the thread's: no thread-local lookup per pass, and a pass nested
     /// inside another (on another CRI) has lists of its own.
-    pub(crate) frames: Vec<Frame>,
-    pub(crate) matched: Vec<Matched>,
+    pub(crate) matches: Matches,
 }
 
 impl Engine {

@@ -13,10 +13,10 @@
 use std::sync::Arc;
 
 use weft_sync::{Error, Outcome, Status};
-use weft_transport::{Frame, FrameKind, Header};
+use weft_transport::{Frame, FrameKind, Header, Payload};
 
 use super::{CriLocal, Engine};
-use crate::matching::{message_len, Due, Matched};
+use crate::matching::{message_len, Due, Matches};
 use crate::operation::Operation;
 
 /// Frames taken from one inbox per progress call (bounded work per call).
@@ -27,47 +27,50 @@ impl Engine {
     /// Returns the number of frames handled and whether that was productive (for the lock's
     /// counters, [Amer 2019, §3.2]).
     pub(crate) fn progress_cri(&self, k: usize, local: &mut CriLocal) -> (usize, bool) {
-        let CriLocal { counters, frames, matched } = local;
-        let n = self.transport.poll(k, POLL_BATCH, |frame| frames.push(frame));
-        self.handle_frames(k, frames, matched);
+        let CriLocal { counters, matches } = local;
+        let n = self.transport.poll_into(k, POLL_BATCH, &mut matches.frames);
+        self.handle_frames(k, matches);
         counters.received += n as u64;
         (n, n > 0)
     }
 
     /// Path step 4-5 for one received frame.
     pub(crate) fn handle_frame(&self, k: usize, frame: Frame) {
-        let (mut frames, mut matched) = (vec![frame], Vec::new());
-        self.handle_frames(k, &mut frames, &mut matched);
+        let mut matches = Matches { frames: vec![frame], pairs: Vec::new() };
+        self.handle_frames(k, &mut matches);
     }
 
-    /// Path steps 4-5 for a batch of received frames, in arrival order (`frames` is left
-    /// empty). Consecutive frames of one matching state (communicator and tag partition) are
-    /// matched under one acquisition of its matching lock; receives are completed after the
-    /// lock is released.
-    fn handle_frames(&self, k: usize, frames: &mut Vec<Frame>, matched: &mut Vec<Matched>) {
-        let mut it = frames.drain(..);
-        // Each frame is read where it lies until `arrive` takes it: a frame is moved once
-        // on its way into the matching state, not through locals and closures.
-        while let Some(first) = it.as_slice().first() {
-            if first.header.kind == FrameKind::Fin {
-                if let Some(fin) = it.next() {
-                    self.handle_fin(fin);
-                }
+    /// Path steps 4-5 for a batch of received frames (`matches.frames`, in arrival order;
+    /// both lists are left empty). Consecutive frames of one matching state (communicator and
+    /// tag partition) are matched under one acquisition of its matching lock; receives are
+    /// completed after the lock is released. Each frame is read where it lies in the batch:
+    /// one that pairs is not moved until its receive takes the payload.
+    fn handle_frames(&self, k: usize, matches: &mut Matches) {
+        let n = matches.frames.len();
+        let mut i = 0;
+        while i < n {
+            let first = &matches.frames[i].header;
+            if first.kind == FrameKind::Fin {
+                let fin = matches.take(i);
+                i += 1;
+                self.handle_fin(fin);
                 continue;
             }
-            let ctx = first.header.context;
+            let ctx = first.context;
             let Some(comm) = self.context(ctx) else {
-                if let Some(frame) = it.next() {
-                    self.unknown_context(k, frame);
-                }
+                let frame = matches.take(i);
+                i += 1;
+                self.unknown_context(k, frame);
                 continue;
             };
-            let part = comm.part(first.header.tag);
+            let part = comm.part(first.tag);
             // This frame and those right behind it that go to the same matching state.
-            let run = 1 + it.as_slice()[1..]
+            let run = 1 + matches.frames[i + 1..n]
                 .iter()
                 .take_while(|f| f.header.kind != FrameKind::Fin && f.header.context == ctx && comm.part(f.header.tag) == part)
                 .count();
+            let (from, to) = (i, i + run);
+            i = to;
             let timing = self.config.match_timing.then(std::time::Instant::now);
             let due = self.with_matching_of_low(comm, part, |m| {
                 // Under the matching lock: `free` sets the flag before it drains the queues,
@@ -75,8 +78,8 @@ impl Engine {
                 if comm.is_freed() {
                     return None;
                 }
-                for frame in it.by_ref().take(run) {
-                    m.arrive(frame, matched);
+                for at in from..to {
+                    m.arrive_at(at, matches);
                 }
                 if let Some(t0) = timing {
                     m.counters.match_nanos += t0.elapsed().as_nanos() as u64;
@@ -85,29 +88,36 @@ impl Engine {
             });
             let Some(due) = due else {
                 // Refused (freed communicator): given back outside the lock.
-                for frame in it.by_ref().take(run) {
+                for at in from..to {
+                    let frame = matches.take(at);
                     self.release_frame(frame);
                 }
                 continue;
             };
+            let mut switched = None;
             match due {
                 Due::None => {}
                 Due::Trim => self.trim_partitions(comm),
-                Due::Switch => matched.append(&mut self.switch_to_one_order(comm)),
+                Due::Switch => switched = Some(self.switch_to_one_order(comm)),
                 Due::Release => self.release_dropped(comm, part),
             }
+            let Matches { frames, pairs } = matches;
             // One match (a frame for a posted receive) is the common case: taken without
             // a `Drain`.
-            if matched.len() == 1 {
-                if let Some(m) = matched.pop() {
-                    self.finish_match(k, m.req, m.frame);
+            if pairs.len() == 1 {
+                if let Some(m) = pairs.pop() {
+                    self.finish_match_in(k, m.req, &mut frames[m.at]);
                 }
             } else {
-                for m in matched.drain(..) {
-                    self.complete_match(k, m.req, m.frame);
+                for m in pairs.drain(..) {
+                    self.complete_match(k, m.req, &mut frames[m.at]);
                 }
             }
+            if let Some(more) = switched {
+                self.finish_matches(more);
+            }
         }
+        matches.clear();
     }
 
     /// A frame for a context not installed on this rank: stale (its communicator was freed
@@ -161,17 +171,22 @@ impl Engine {
     }
 
     /// Completes receive `req` with `frame` (outside every matching lock).
-    pub(crate) fn finish_match(&self, k: usize, req: Arc<Operation>, frame: Frame) {
+    pub(crate) fn finish_match(&self, k: usize, req: Arc<Operation>, mut frame: Frame) {
+        self.complete_match(k, req, &mut frame);
+    }
+
+    /// Completes receive `req` with `frame`, read where it lies (its payload is taken).
+    pub(crate) fn finish_match_in(&self, k: usize, req: Arc<Operation>, frame: &mut Frame) {
         self.complete_match(k, req, frame);
     }
 
-    /// [`finish_match`](Self::finish_match), inlined into the progress pass's loop over its
-    /// matches (a call per message less).
+    /// [`finish_match_in`](Self::finish_match_in), inlined into the progress pass's loop over
+    /// its matches (a call per message less).
     #[inline(always)]
-    fn complete_match(&self, _k: usize, req: Arc<Operation>, frame: Frame) {
+    fn complete_match(&self, _k: usize, req: Arc<Operation>, frame: &mut Frame) {
         // The fields read on every path, not the whole header (a copy per message less).
         let (rts, source, tag) = (frame.header.kind == FrameKind::Rts, frame.header.source, frame.header.tag);
-        let len = message_len(&frame);
+        let len = message_len(frame);
         let outcome: Outcome = if len > req.cap {
             Err(Error::Truncated { message_len: len, buffer_len: req.cap })
         } else if req.elem > 1 && len % req.elem != 0 {
@@ -194,7 +209,7 @@ impl Engine {
             let fin = Header { kind: FrameKind::Fin, len: len as u64, ..frame.header };
             self.send_control(source, frame.header.src_cri as usize, fin);
         } else {
-            self.transport.recycle(source, frame.payload);
+            self.transport.recycle(source, std::mem::replace(&mut frame.payload, Payload::Empty));
         }
         req.cell.complete(outcome);
         if Arc::strong_count(&req) == 1 {

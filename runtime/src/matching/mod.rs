@@ -49,7 +49,7 @@ use std::collections::{HashMap, VecDeque};
 use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::Arc;
 
-use weft_transport::{Frame, FrameKind};
+use weft_transport::{Frame, FrameKind, Payload};
 
 use crate::operation::Operation;
 
@@ -250,10 +250,44 @@ impl Bins {
 /// Bins beyond which empty ones are dropped (bounded memory with many distinct tags).
 const MAX_IDLE_BINS: usize = 1024;
 
-/// A frame paired with the receive it completes; finished outside the lock.
+/// A frame paired with the receive it completes; finished outside the lock. The frame is
+/// named by its place in [`Matches::frames`]: it stays where it was put until the receive
+/// completes, instead of moving into the pair and out again (104 bytes a move).
 pub(crate) struct Matched {
     pub(crate) req: Arc<Operation>,
-    pub(crate) frame: Frame,
+    pub(crate) at: usize,
+}
+
+/// The frames of a matching step and the pairs it made. A frame that arrives is read where
+/// it lies in `frames`; one that a matching state keeps (unexpected, early, parked) is taken
+/// out, leaving an empty payload behind, and one that pairs stays until its receive is
+/// completed, which takes its payload. Frames that come out of a state again (released
+/// from the reorder window, or by a merge) are appended.
+#[derive(Default)]
+pub(crate) struct Matches {
+    pub(crate) frames: Vec<Frame>,
+    pub(crate) pairs: Vec<Matched>,
+}
+
+impl Matches {
+    /// Takes frame `at` out (its header stays, its payload is left empty).
+    #[inline]
+    pub(crate) fn take(&mut self, at: usize) -> Frame {
+        let f = &mut self.frames[at];
+        Frame { header: f.header, payload: std::mem::replace(&mut f.payload, Payload::Empty) }
+    }
+
+    /// The frame of a pair.
+    #[cfg(test)]
+    pub(crate) fn frame(&self, m: &Matched) -> &Frame {
+        &self.frames[m.at]
+    }
+
+    /// Empties both lists (capacity kept).
+    pub(crate) fn clear(&mut self) {
+        self.pairs.clear();
+        self.frames.clear();
+    }
 }
 
 /// Frames a reorder window holds ahead of the expected one; a frame further ahead (a sender
@@ -532,13 +566,21 @@ impl MatchState {
 
     /// A frame arrived: pair it (and any early frames it unblocks) with posted receives.
     /// Matches are appended to `out`; unmatched frames are queued.
-    pub(crate) fn arrive(&mut self, frame: Frame, out: &mut Vec<Matched>) {
+    pub(crate) fn arrive(&mut self, frame: Frame, out: &mut Matches) {
+        out.frames.push(frame);
+        self.arrive_at(out.frames.len() - 1, out);
+    }
+
+    /// [`arrive`](Self::arrive) for frame `at` of `out.frames`, read where it lies.
+    pub(crate) fn arrive_at(&mut self, at: usize, out: &mut Matches) {
+        let header = &out.frames[at].header;
         if self.mode == Order::Overtake {
-            self.pair(frame, out);
+            let (from, tag) = (header.source, header.tag);
+            self.pair(at, from, tag, out);
             return;
         }
-        let src = frame.header.source as usize;
-        let (chan, seq) = self.key(&frame.header);
+        let src = header.source as usize;
+        let (chan, seq) = self.key(header);
         if src >= self.order.len() {
             if src >= self.size as usize {
                 // A source outside the communicator: the frame is malformed; drop it.
@@ -553,6 +595,7 @@ impl MatchState {
         let ahead = seq.wrapping_sub(chans[chan].expected) as usize;
         if ahead != 0 {
             self.counters.out_of_sequence += 1;
+            let frame = out.take(at);
             if ahead < REORDER_WINDOW {
                 chans[chan].hold(ahead, frame);
             } else {
@@ -565,7 +608,7 @@ impl MatchState {
         let r = &mut chans[chan];
         r.expected = r.expected.wrapping_add(1);
         let held = !r.window.is_empty() || !self.far.is_empty() || self.skipping(src);
-        self.process(frame, out);
+        self.process(at, out);
         if !held {
             // Nothing came early (the common case): no window to walk, no far list to search.
             return;
@@ -581,7 +624,7 @@ impl MatchState {
 
     /// After (`src`, `chan`)'s expected number advanced: processes the frames that came
     /// early and are now in turn, skipping numbers processed before the merge.
-    fn release(&mut self, src: usize, chan: usize, out: &mut Vec<Matched>) {
+    fn release(&mut self, src: usize, chan: usize, out: &mut Matches) {
         // The gap may have closed for frames that came early on this channel: they wait in
         // sequence order in the window (O(1) each), or, rarely, in the far list.
         loop {
@@ -614,17 +657,21 @@ impl MatchState {
             };
             let r = &mut self.order[src][chan];
             r.expected = r.expected.wrapping_add(1);
-            self.process(next, out);
+            out.frames.push(next);
+            self.process(out.frames.len() - 1, out);
         }
     }
 
     /// A frame in turn: pairs it (recording its `gseq` under [`Order::Partition`]).
     #[inline(never)]
-    fn process(&mut self, frame: Frame, out: &mut Vec<Matched>) {
-        if self.mode == Order::Partition && !self.record(frame.header.source, frame.header.gseq) {
-            return self.park(frame);
+    fn process(&mut self, at: usize, out: &mut Matches) {
+        // The header's fields read once (one bounds check).
+        let header = &out.frames[at].header;
+        let (from, tag, gseq) = (header.source, header.tag, header.gseq);
+        if self.mode == Order::Partition && !self.record(from, gseq) {
+            return self.park(out.take(at));
         }
-        self.pair(frame, out);
+        self.pair(at, from, tag, out);
     }
 
     /// A frame whose `gseq` lies beyond its window: kept for the switch to one order, which
@@ -723,7 +770,7 @@ impl MatchState {
     /// * unexpected frames below the frontier stay unexpected, in `gseq` order per source;
     ///   those above it, the frames held for reordering and the parked ones go through the
     ///   one order again, as arrivals (pairs they make are appended to `out`).
-    pub(crate) fn merge(parts: &mut [&mut MatchState], out: &mut Vec<Matched>) {
+    pub(crate) fn merge(parts: &mut [&mut MatchState], out: &mut Matches) {
         let Some(size) = parts.first().map(|p| p.size as usize) else { return };
         let sources = parts.iter().map(|p| p.seen.len()).max().unwrap_or(0);
         // Per source: the union of the processed windows (all partitions share each base).
@@ -796,12 +843,10 @@ impl MatchState {
         }
     }
 
-    /// A frame in turn meets the earliest posted receive that fits it, or waits as
-    /// unexpected. Inlined into its callers: the frame is moved once more, into the match,
-    /// not copied into a call of its own first.
+    /// A frame in turn (frame `at` of `out`, from `from` under `tag`) meets the earliest
+    /// posted receive that fits it, or waits as unexpected. Inlined into its callers.
     #[inline(always)]
-    fn pair(&mut self, frame: Frame, out: &mut Vec<Matched>) {
-        let (from, tag) = (frame.header.source, frame.header.tag);
+    fn pair(&mut self, at: usize, from: u32, tag: i32, out: &mut Matches) {
         let bin = self.bins.get_mut(bin_key(from, tag)).filter(|b| !b.is_empty());
         let wild = if self.wild.is_empty() { None } else { self.wild.iter().position(|p| fits(p.source, p.tag, from, tag)) };
         // The earliest posted of the two candidates.
@@ -812,11 +857,11 @@ impl MatchState {
             (None, None) => None,
         };
         match p {
-            Some(p) => out.push(Matched { req: p.req, frame }),
-            None if self.forgotten.is_some() && self.is_forgotten(tag) => self.drop_frame(frame),
+            Some(p) => out.pairs.push(Matched { req: p.req, at }),
+            None if self.forgotten.is_some() && self.is_forgotten(tag) => self.drop_frame(out.take(at)),
             None => {
                 self.counters.unexpected += 1;
-                self.unexpected.push_back(frame);
+                self.unexpected.push_back(out.take(at));
             }
         }
     }
@@ -988,7 +1033,7 @@ mod props;
 #[cfg(test)]
 mod tests {
     use super::*;
-    use weft_transport::{Header, Payload};
+    use weft_transport::Header;
 
     fn frame(source: u32, seq: u32) -> Frame {
         Frame { header: Header::eager(0, source, 7, seq, 0), payload: Payload::Empty }
@@ -1012,28 +1057,28 @@ mod tests {
         let n = far as usize + 1;
         let mut m = MatchState::new(2, Order::Chan);
         let reqs = post_n(&mut m, n);
-        let mut out = Vec::new();
+        let mut out = Matches::default();
         // The farthest first, then everything else backwards, then the first.
         m.arrive(frame(1, far), &mut out);
         for seq in (1..far).rev() {
             m.arrive(frame(1, seq), &mut out);
         }
-        assert!(out.is_empty(), "nothing may match before sequence 0");
+        assert!(out.pairs.is_empty(), "nothing may match before sequence 0");
         assert_eq!(m.counters.out_of_sequence, u64::from(far));
         m.arrive(frame(1, 0), &mut out);
-        assert_eq!(out.len(), n);
-        for (i, (got, req)) in out.iter().zip(&reqs).enumerate() {
-            assert_eq!(got.frame.header.seq, i as u32);
+        assert_eq!(out.pairs.len(), n);
+        for (i, (got, req)) in out.pairs.iter().zip(&reqs).enumerate() {
+            assert_eq!(out.frame(got).header.seq, i as u32);
             assert!(Arc::ptr_eq(&got.req, req), "sequence {i} paired with the receive posted {i}th");
         }
         assert!(m.far.is_empty());
         // The window keeps working after draining: a gap of one, then its filler.
-        let mut out = Vec::new();
+        let mut out = Matches::default();
         let _more = post_n(&mut m, 2);
         m.arrive(frame(1, far + 2), &mut out);
-        assert!(out.is_empty());
+        assert!(out.pairs.is_empty());
         m.arrive(frame(1, far + 1), &mut out);
-        assert_eq!(out.iter().map(|x| x.frame.header.seq).collect::<Vec<_>>(), vec![far + 1, far + 2]);
+        assert_eq!(out.pairs.iter().map(|x| out.frame(x).header.seq).collect::<Vec<_>>(), vec![far + 1, far + 2]);
     }
 
     /// The in-sequence fast path (nothing held) and the walk (something held) agree: frames
@@ -1043,7 +1088,7 @@ mod tests {
     fn in_sequence_frames_around_held_ones() {
         let mut m = MatchState::new(3, Order::Chan);
         let reqs = post_n(&mut m, 8);
-        let mut out = Vec::new();
+        let mut out = Matches::default();
         // Source 2, far ahead: the far list is not empty from here on.
         m.arrive(frame(2, REORDER_WINDOW as u32 + 1), &mut out);
         m.arrive(frame(1, 0), &mut out);
@@ -1054,9 +1099,9 @@ mod tests {
         m.arrive(frame(1, 6), &mut out);
         m.arrive(frame(1, 5), &mut out);
         m.arrive(frame(1, 7), &mut out);
-        let seqs: Vec<u32> = out.iter().map(|x| x.frame.header.seq).collect();
+        let seqs: Vec<u32> = out.pairs.iter().map(|x| out.frame(x).header.seq).collect();
         assert_eq!(seqs, (0..8).collect::<Vec<_>>());
-        for (got, req) in out.iter().zip(&reqs) {
+        for (got, req) in out.pairs.iter().zip(&reqs) {
             assert!(Arc::ptr_eq(&got.req, req));
         }
         assert_eq!(m.far.len(), 1, "source 2's frame still waits for its turn");
@@ -1070,14 +1115,14 @@ mod tests {
     #[test]
     fn bins_pair_in_post_order_across_pruning() {
         let mut m = MatchState::new(2, Order::Overtake);
-        let mut out = Vec::new();
+        let mut out = Matches::default();
         let (kept, _) = post(&mut m, Source::Rank(1), Tag::Is(5));
         // Many other tags, each posted and paired: their bins are left empty.
         for t in 0..MAX_IDLE_BINS as i32 + 10 {
             let (r, f) = post(&mut m, Source::Rank(0), Tag::Is(1000 + t));
             assert!(f.is_none());
             m.arrive(gframe(0, 1000 + t, 0, 0), &mut out);
-            assert!(Arc::ptr_eq(&out.pop().expect("paired").req, &r));
+            assert!(Arc::ptr_eq(&out.pairs.pop().expect("paired").req, &r));
         }
         assert!(m.bins.len() <= MAX_IDLE_BINS + 1, "empty bins are pruned: {}", m.bins.len());
         // The bin of tag 5 moved when the others were pruned; the one used last is another.
@@ -1085,12 +1130,12 @@ mod tests {
         let (other, _) = post(&mut m, Source::Rank(1), Tag::Is(6));
         for (tag, want) in [(5, &kept), (6, &other), (5, &later)] {
             m.arrive(gframe(1, tag, 0, 0), &mut out);
-            let got = out.pop().expect("paired");
-            assert_eq!(got.frame.header.tag, tag);
+            let got = out.pairs.pop().expect("paired");
+            assert_eq!(out.frame(&got).header.tag, tag);
             assert!(Arc::ptr_eq(&got.req, want), "tag {tag}: the receive posted first");
         }
         m.arrive(gframe(1, 5, 0, 0), &mut out);
-        assert!(out.is_empty(), "no receive left for tag 5");
+        assert!(out.pairs.is_empty(), "no receive left for tag 5");
         assert_eq!(m.unexpected.len(), 1);
     }
 
@@ -1099,12 +1144,12 @@ mod tests {
     #[test]
     fn new_tags_take_over_an_empty_bin() {
         let mut m = MatchState::new(2, Order::Overtake);
-        let mut out = Vec::new();
+        let mut out = Matches::default();
         for t in 0..100 {
             let (r, f) = post(&mut m, Source::Rank(1), Tag::Is(-2 * t));
             assert!(f.is_none());
             m.arrive(gframe(1, -2 * t, 0, 0), &mut out);
-            assert!(Arc::ptr_eq(&out.pop().expect("paired").req, &r));
+            assert!(Arc::ptr_eq(&out.pairs.pop().expect("paired").req, &r));
         }
         assert_eq!(m.bins.len(), 1, "one bin for every tag in turn");
         assert!(m.bins.index.is_empty());
@@ -1115,7 +1160,7 @@ mod tests {
     #[test]
     fn bins_pair_by_key_past_the_scanned_ones() {
         let mut m = MatchState::new(3, Order::Overtake);
-        let mut out = Vec::new();
+        let mut out = Matches::default();
         let n = 3 * SCAN_BINS as i32;
         let reqs: Vec<Vec<Arc<Operation>>> =
             (0..n).map(|t| (0..2).map(|_| post(&mut m, Source::Rank(t as u32 % 3), Tag::Is(t)).0).collect()).collect();
@@ -1124,19 +1169,19 @@ mod tests {
         for round in [0, 1] {
             for t in (0..n).rev() {
                 m.arrive(gframe(t as u32 % 3, t, 0, 0), &mut out);
-                let got = out.pop().expect("paired");
+                let got = out.pairs.pop().expect("paired");
                 assert!(Arc::ptr_eq(&got.req, &reqs[t as usize][round]), "tag {t}, receive {round}");
             }
         }
         m.arrive(gframe(0, 0, 0, 0), &mut out);
-        assert!(out.is_empty() && m.unexpected.len() == 1, "no receive left");
+        assert!(out.pairs.is_empty() && m.unexpected.len() == 1, "no receive left");
     }
 
     /// Frames held for reordering are handed back by `drain` (freed communicator).
     #[test]
     fn drain_returns_held_frames() {
         let mut m = MatchState::new(2, Order::Chan);
-        let mut out = Vec::new();
+        let mut out = Matches::default();
         m.arrive(frame(1, 3), &mut out);
         m.arrive(frame(1, REORDER_WINDOW as u32 + 9), &mut out);
         m.arrive(frame(0, 0), &mut out); // in sequence, nobody posted: unexpected
@@ -1152,7 +1197,7 @@ mod tests {
     #[test]
     fn forgotten_tags_drop_their_frames_until_the_count_moves_on() {
         let mut m = MatchState::new(2, Order::Chan);
-        let mut out = Vec::new();
+        let mut out = Matches::default();
         m.arrive(gframe(1, -8, 0, 0), &mut out);
         m.arrive(gframe(1, -10, 1, 0), &mut out);
         let count = Arc::new(AtomicU32::new(u32::MAX - 1));
@@ -1163,7 +1208,7 @@ mod tests {
         // Out of sequence first: held, then dropped once in turn.
         m.arrive(gframe(0, -9, 1, 0), &mut out);
         m.arrive(gframe(0, -8, 0, 0), &mut out);
-        assert!(out.is_empty());
+        assert!(out.pairs.is_empty());
         assert_eq!(m.take_due(), Due::Release);
         assert_eq!(m.take_dropped().len(), 2);
         assert_eq!(m.take_due(), Due::None);
@@ -1171,7 +1216,7 @@ mod tests {
         let (r, early) = post(&mut m, Source::Rank(1), Tag::Is(-8));
         assert!(early.is_none());
         m.arrive(gframe(1, -8, 2, 0), &mut out);
-        assert!(out.len() == 1 && Arc::ptr_eq(&out[0].req, &r));
+        assert!(out.pairs.len() == 1 && Arc::ptr_eq(&out.pairs[0].req, &r));
         // The count wraps and moves on by the span: the tag is kept again.
         count.store(2, AtomicOrdering::Relaxed);
         m.arrive(gframe(0, -8, 2, 0), &mut out);
@@ -1199,7 +1244,7 @@ mod tests {
     fn per_source_state_grows_on_first_frame() {
         let size = 1000;
         let (mut a, mut b) = (MatchState::new(size, Order::Partition), MatchState::new(size, Order::Partition));
-        let mut out = Vec::new();
+        let mut out = Matches::default();
         assert!(a.order.is_empty() && b.order.is_empty());
         a.arrive(gframe(5, 1, 0, 0), &mut out);
         assert_eq!(a.order.len(), 6);
@@ -1228,14 +1273,14 @@ mod tests {
     #[test]
     fn merge_orders_by_gseq_across_partitions() {
         let (mut a, mut b) = two_partitions();
-        let mut out = Vec::new();
+        let mut out = Matches::default();
         for (seq, g) in [(0, 0), (1, 2), (2, 4)] {
             a.arrive(gframe(1, 1, seq, g), &mut out);
         }
         b.arrive(gframe(1, 2, 1, 3), &mut out); // seq 0 (gseq 1) still in flight
-        assert!(out.is_empty());
+        assert!(out.pairs.is_empty());
         MatchState::merge(&mut [&mut a, &mut b], &mut out);
-        assert!(out.is_empty(), "nothing was posted");
+        assert!(out.pairs.is_empty(), "nothing was posted");
         let (_, first) = post(&mut a, Source::Any, Tag::Any);
         assert_eq!(first.map(|f| f.header.gseq), Some(0), "the frame below the frontier is unexpected");
         let reqs: Vec<_> = (0..5)
@@ -1247,8 +1292,8 @@ mod tests {
             .collect();
         a.arrive(gframe(1, 2, 0, 1), &mut out);
         a.arrive(gframe(1, 2, 2, 5), &mut out);
-        assert_eq!(out.iter().map(|m| m.frame.header.gseq).collect::<Vec<_>>(), vec![1, 2, 3, 4, 5]);
-        for (m, r) in out.iter().zip(&reqs) {
+        assert_eq!(out.pairs.iter().map(|m| out.frame(m).header.gseq).collect::<Vec<_>>(), vec![1, 2, 3, 4, 5]);
+        for (m, r) in out.pairs.iter().zip(&reqs) {
             assert!(Arc::ptr_eq(&m.req, r), "receives filled in post order");
         }
         assert!(b.unexpected.is_empty() && b.order.iter().all(|c| c.is_empty()), "partition b handed everything over");
@@ -1259,21 +1304,21 @@ mod tests {
     #[test]
     fn frames_paired_before_the_merge_are_skipped() {
         let (mut a, mut b) = two_partitions();
-        let mut out = Vec::new();
+        let mut out = Matches::default();
         let (ra, _) = post(&mut a, Source::Rank(1), Tag::Is(1));
         let (rb, _) = post(&mut b, Source::Any, Tag::Is(2));
         a.arrive(gframe(1, 1, 0, 1), &mut out); // gseq 0 (tag 2) still in flight
-        assert_eq!(out.len(), 1);
-        assert!(Arc::ptr_eq(&out[0].req, &ra));
+        assert_eq!(out.pairs.len(), 1);
+        assert!(Arc::ptr_eq(&out.pairs[0].req, &ra));
         out.clear();
         MatchState::merge(&mut [&mut a, &mut b], &mut out);
         let (rany, f) = post(&mut a, Source::Any, Tag::Any);
         assert!(f.is_none());
         a.arrive(gframe(1, 2, 0, 0), &mut out);
         a.arrive(gframe(1, 1, 1, 2), &mut out);
-        let got: Vec<(u32, bool)> = out.iter().map(|m| (m.frame.header.gseq, Arc::ptr_eq(&m.req, &rb))).collect();
+        let got: Vec<(u32, bool)> = out.pairs.iter().map(|m| (out.frame(m).header.gseq, Arc::ptr_eq(&m.req, &rb))).collect();
         assert_eq!(got, vec![(0, true), (2, false)], "gseq 0 to the earlier posted receive, 1 skipped, 2 to Tag::Any");
-        assert!(Arc::ptr_eq(&out[1].req, &rany));
+        assert!(Arc::ptr_eq(&out.pairs[1].req, &rany));
         assert!(a.seen[1].len() == 0, "the skipped numbers are forgotten once passed");
     }
 
@@ -1284,7 +1329,7 @@ mod tests {
     #[test]
     fn windows_are_trimmed_and_bounded() {
         let (mut a, mut b) = two_partitions();
-        let mut out = Vec::new();
+        let mut out = Matches::default();
         let n = 20 * TRIM_WORDS as u32 * 64;
         let mut trims = 0;
         let mut capacity = None;
@@ -1328,11 +1373,11 @@ mod tests {
         assert!(trims <= 4, "{trims} trims while the hole stays open");
         assert!(a.seen[1].base <= n + 1, "a trim settled numbers above the hole");
         assert_eq!(a.parked.len(), 1);
-        assert!(out.is_empty());
+        assert!(out.pairs.is_empty());
         MatchState::merge(&mut [&mut a, &mut b], &mut out);
         assert_eq!(a.unexpected.len(), 1, "only gseq n lies below the frontier");
         a.arrive(gframe(1, 2, n / 2, n + 1), &mut out);
-        assert!(out.is_empty());
+        assert!(out.pairs.is_empty());
         let taken: Vec<u32> = (0..).map_while(|_| post(&mut a, Source::Any, Tag::Any).1).map(|f| f.header.gseq).collect();
         assert_eq!(taken, (n..=g + 1).collect::<Vec<_>>(), "after the hole closed, every frame in gseq order");
     }

@@ -23,7 +23,7 @@ use std::sync::Arc;
 use proptest::prelude::*;
 use weft_transport::{Frame, FrameKind, Header, Payload};
 
-use super::{fits, Due, MatchState, Matched, Order, Source, Tag};
+use super::{fits, Due, MatchState, Matches, Order, Source, Tag};
 use crate::operation::Operation;
 
 /// Ranks that send (the communicator's size).
@@ -152,7 +152,7 @@ impl Harness {
         if self.parts.len() == 1 || self.switched {
             return Ok(());
         }
-        let mut out = Vec::new();
+        let mut out = Matches::default();
         let mut refs: Vec<&mut MatchState> = self.parts.iter_mut().collect();
         MatchState::merge(&mut refs, &mut out);
         self.switched = true;
@@ -160,10 +160,10 @@ impl Harness {
     }
 
     /// Checks and records the pairs a step made, in the order made.
-    fn pairs(&mut self, out: Vec<Matched>) -> Result<(), TestCaseError> {
-        for m in out {
+    fn pairs(&mut self, out: Matches) -> Result<(), TestCaseError> {
+        for m in &out.pairs {
             let r = self.by_op[&Arc::as_ptr(&m.req)];
-            self.pair(r, m.frame.header.cookie as usize)?;
+            self.pair(r, out.frames[m.at].header.cookie as usize)?;
         }
         Ok(())
     }
@@ -223,7 +223,7 @@ impl Harness {
         self.arrived[f] = true;
         let h = self.headers[f];
         let part = self.part(Tag::Is(h.tag));
-        let mut out = Vec::new();
+        let mut out = Matches::default();
         self.parts[part].arrive(Frame { header: h, payload: Payload::Empty }, &mut out);
         self.pairs(out)?;
         match self.parts[part].take_due() {
