@@ -7,7 +7,9 @@
 //! (process creation, start-up, teardown), `cpu_ms` the mean over the ranks of the CPU time
 //! each process used until then (user and system, from `exec` on: loading the libraries
 //! included), which other work on the machine barely changes: ranks x `cpu_ms` / cores is
-//! the least a job's start can take on an oversubscribed machine. With `--peer openmpi` the same is measured for
+//! the least a job's start can take on an oversubscribed machine. `load_ms` is the part of
+//! `cpu_ms` spent before `main`: the dynamic loader and the constructors of the libraries
+//! (for weft, libfabric's and those it links). With `--peer openmpi` the same is measured for
 //! `MPI_Init` + `MPI_Barrier` of the project's C program (`benches/peers/startup.c`) under
 //! Open MPI's `mpirun`. Medians of `--runs`; every configuration above 2 ranks is
 //! oversubscribed on a 2-core machine, which is what the numbers show there.
@@ -73,39 +75,49 @@ fn cpu_us() -> f64 {
     tv(ru.ru_utime) + tv(ru.ru_stime)
 }
 
-/// One rank: time the runtime's start and a barrier, print it and the CPU time used.
+/// One rank: time the runtime's start and a barrier, print it, the CPU time used and the
+/// part of it used before `main`.
 fn rank_worker() -> Result<(), String> {
+    let loaded = cpu_us();
     let t0 = Instant::now();
     let rt = Runtime::builder().build().map_err(|e| e.to_string())?;
     rt.world().barrier().map_err(|e| e.to_string())?;
     let us = t0.elapsed().as_secs_f64() * 1e6;
-    println!("{KEY} {} {us:.0} {:.0}", rt.rank(), cpu_us());
+    println!("{KEY} {} {us:.0} {:.0} {loaded:.0}", rt.rank(), cpu_us());
     // Nobody leaves while a peer may still be starting.
     rt.world().barrier().map_err(|e| e.to_string())?;
     Ok(())
 }
 
-/// The slowest rank's time and the ranks' mean CPU time in `stdout` (lines
-/// `[r] STARTUP_US r us cpu_us` or `STARTUP_US r us cpu_us`), if every one of `ranks`
-/// reported.
-fn slowest(stdout: &str, ranks: usize) -> Option<(f64, f64)> {
+/// What a job's ranks reported: the slowest rank's start and the means over the ranks of
+/// the CPU time in all and before `main`, in µs.
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct Reported {
+    slowest_us: f64,
+    cpu_us: f64,
+    load_us: f64,
+}
+
+/// What the ranks reported in `stdout` (lines `[r] STARTUP_US r us cpu_us load_us` or
+/// `STARTUP_US r us cpu_us load_us`), if every one of `ranks` did.
+fn reported(stdout: &str, ranks: usize) -> Option<Reported> {
     let mut seen = vec![None; ranks];
     for l in stdout.lines() {
         let Some(rest) = l.split_once(KEY).map(|(_, r)| r.trim()) else { continue };
         let mut it = rest.split_whitespace();
         let mut num = || it.next().and_then(|v| v.parse::<f64>().ok());
-        let (Some(r), Some(us), Some(cpu)) = (num(), num(), num()) else { continue };
+        let (Some(r), Some(us), Some(cpu), Some(load)) = (num(), num(), num(), num()) else { continue };
         if let Some(slot) = seen.get_mut(r as usize) {
-            *slot = Some((us, cpu));
+            *slot = Some((us, cpu, load));
         }
     }
     let seen = seen.into_iter().collect::<Option<Vec<_>>>()?;
-    Some((seen.iter().fold(0.0f64, |m, v| m.max(v.0)), seen.iter().map(|v| v.1).sum::<f64>() / ranks as f64))
+    let mean = |f: fn(&(f64, f64, f64)) -> f64| seen.iter().map(f).sum::<f64>() / ranks as f64;
+    Some(Reported { slowest_us: seen.iter().fold(0.0f64, |m, v| m.max(v.0)), cpu_us: mean(|v| v.1), load_us: mean(|v| v.2) })
 }
 
-/// One job of `n` ranks; `(slowest rank's start in µs, the job's wall time in ms, the ranks'
-/// mean CPU time in µs)`.
-fn job(launcher: &str, n: usize, provider: Provider, timeout: u64) -> Result<(f64, f64, f64), String> {
+/// One job of `n` ranks: what its ranks reported and the job's wall time in ms.
+fn job(launcher: &str, n: usize, provider: Provider, timeout: u64) -> Result<(Reported, f64), String> {
     let (exe, weftrun) = crate::report::self_and_weftrun()?;
     let mut cmd = match launcher {
         "weftrun" => {
@@ -123,6 +135,10 @@ fn job(launcher: &str, n: usize, provider: Provider, timeout: u64) -> Result<(f6
                 .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
                 .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
                 .env("OMPI_MCA_oob_tcp_if_include", "lo");
+            if std::env::var_os("LD_LIBRARY_PATH").is_some() {
+                // Ranks load the libraries weftrun's would (another libfabric, say).
+                c.args(["-x", "LD_LIBRARY_PATH"]);
+            }
             c
         }
         o => return Err(format!("unknown launcher {o:?} (weftrun, mpirun, mpirun-lazy)")),
@@ -135,8 +151,8 @@ fn job(launcher: &str, n: usize, provider: Provider, timeout: u64) -> Result<(f6
     if !out.status.success() {
         return Err(format!("{launcher} job of {n} ranks failed ({}):\n{stdout}{}", out.status, String::from_utf8_lossy(&out.stderr)));
     }
-    let (us, cpu) = slowest(&stdout, n).ok_or_else(|| format!("not every rank of the {launcher} job reported its start:\n{stdout}"))?;
-    Ok((us, wall, cpu))
+    let r = reported(&stdout, n).ok_or_else(|| format!("not every rank of the {launcher} job reported its start:\n{stdout}"))?;
+    Ok((r, wall))
 }
 
 /// Runs the sweep.
@@ -157,9 +173,9 @@ pub fn run(a: &Args) -> Result<(), String> {
         Some(f) => Some(Peer::build(f.parse::<Flavor>()?, "startup-mpi", include_str!("../peers/startup.c"))?),
         None => None,
     };
-    let mut table = Table::new(&["launcher", "ranks", "provider", "init_ms", "job_ms", "cpu_ms"], &a.out);
+    let mut table = Table::new(&["launcher", "ranks", "provider", "init_ms", "job_ms", "cpu_ms", "load_ms"], &a.out);
     a.out.note(&format!(
-        "# weft-bench startup: build() + barrier on every rank (the slowest), the job's wall time, CPU time per rank until then; runs={} (median) cores={}",
+        "# weft-bench startup: build() + barrier on every rank (the slowest), the job's wall time, CPU time per rank until then and before main; runs={} (median) cores={}",
         a.runs,
         std::thread::available_parallelism().map_or(1, |n| n.get())
     ));
@@ -168,27 +184,23 @@ pub fn run(a: &Args) -> Result<(), String> {
     table.print_header();
     for &n in &ranks {
         for launcher in &launchers {
-            let (mut init, mut wall, mut cpu) = (Vec::new(), Vec::new(), Vec::new());
+            let mut runs = Vec::new();
             for run in 0..a.runs {
                 table.step(|| format!("{launcher}, {n} ranks, run {}", run + 1));
-                let (us, ms, cpu_us) = job(launcher, n, provider, a.timeout)?;
-                init.push(us / 1e3);
-                wall.push(ms);
-                cpu.push(cpu_us / 1e3);
+                runs.push(job(launcher, n, provider, a.timeout)?);
             }
-            table.row(row(launcher.clone(), n, provider, &init, &wall, &cpu));
+            table.row(row(launcher.clone(), n, provider, &runs));
         }
         if let Some(peer) = &peer {
-            let (mut init, mut wall, mut cpu) = (Vec::new(), Vec::new(), Vec::new());
+            let mut runs = Vec::new();
             for run in 0..a.runs {
                 table.step(|| format!("{}, {n} ranks, run {}", peer.flavor().name(), run + 1));
                 let t0 = Instant::now();
-                let v = peer.run_keys(n, provider, a.timeout, &[], &["STARTUP_MAX_US", "STARTUP_CPU_US"])?;
-                wall.push(t0.elapsed().as_secs_f64() * 1e3);
-                init.push(v[0] / 1e3);
-                cpu.push(v[1] / 1e3);
+                let v = peer.run_keys(n, provider, a.timeout, &[], &["STARTUP_MAX_US", "STARTUP_CPU_US", "STARTUP_LOAD_US"])?;
+                let wall = t0.elapsed().as_secs_f64() * 1e3;
+                runs.push((Reported { slowest_us: v[0], cpu_us: v[1], load_us: v[2] }, wall));
             }
-            table.row(row(format!("{} mpirun", peer.flavor().name()), n, provider, &init, &wall, &cpu));
+            table.row(row(format!("{} mpirun", peer.flavor().name()), n, provider, &runs));
         }
     }
     let chart = crate::plot::Chart::new("startup: slowest rank's start (build + barrier)".to_string(), "ranks", "ranks")
@@ -199,15 +211,17 @@ pub fn run(a: &Args) -> Result<(), String> {
     table.finish_with_plot(&chart, &a.plot)
 }
 
-/// A row of the table: medians of the runs.
-fn row(launcher: String, n: usize, provider: Provider, init: &[f64], wall: &[f64], cpu: &[f64]) -> Vec<String> {
+/// A row of the table: medians of the runs (what the ranks reported, the job's wall time).
+fn row(launcher: String, n: usize, provider: Provider, runs: &[(Reported, f64)]) -> Vec<String> {
+    let ms = |f: fn(&(Reported, f64)) -> f64| median(&runs.iter().map(f).collect::<Vec<_>>());
     vec![
         launcher,
         n.to_string(),
         provider.to_string(),
-        format!("{:.1}", median(init)),
-        format!("{:.0}", median(wall)),
-        format!("{:.0}", median(cpu)),
+        format!("{:.1}", ms(|r| r.0.slowest_us / 1e3)),
+        format!("{:.0}", ms(|r| r.1)),
+        format!("{:.0}", ms(|r| r.0.cpu_us / 1e3)),
+        format!("{:.0}", ms(|r| r.0.load_us / 1e3)),
     ]
 }
 
@@ -217,10 +231,10 @@ mod tests {
 
     #[test]
     fn the_slowest_rank_is_read_from_either_launchers_output() {
-        let weftrun = "[1] STARTUP_US 1 2500 90\n[0] STARTUP_US 0 1200 110\n[0] other\n";
-        assert_eq!(slowest(weftrun, 2), Some((2500.0, 100.0)));
-        assert_eq!(slowest("STARTUP_US 0 10 1\nSTARTUP_US 2 30 1\n", 3), None, "rank 1 missing");
-        assert_eq!(slowest("STARTUP_US 0 10 1\nSTARTUP_US 1 x 1\n", 2), None);
-        assert_eq!(slowest("STARTUP_US 0 10 1\nSTARTUP_US 1 20\n", 2), None, "no CPU time");
+        let weftrun = "[1] STARTUP_US 1 2500 90 10\n[0] STARTUP_US 0 1200 110 14\n[0] other\n";
+        assert_eq!(reported(weftrun, 2), Some(Reported { slowest_us: 2500.0, cpu_us: 100.0, load_us: 12.0 }));
+        assert_eq!(reported("STARTUP_US 0 10 1 1\nSTARTUP_US 2 30 1 1\n", 3), None, "rank 1 missing");
+        assert_eq!(reported("STARTUP_US 0 10 1 1\nSTARTUP_US 1 x 1 1\n", 2), None);
+        assert_eq!(reported("STARTUP_US 0 10 1 1\nSTARTUP_US 1 20 1\n", 2), None, "no CPU time before main");
     }
 }

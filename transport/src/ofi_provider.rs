@@ -55,7 +55,9 @@
 //! writes, and so does a same-host peer after it posted anything else for this rank to
 //! libfabric (a large frame, an RMA operation, a rendezvous read). So where the lane reaches
 //! every rank, the watcher's sleeps on `shm` back off to [`LANE_SLEEP_US`] instead of 1 ms,
-//! and an idle rank costs next to no CPU. Off with
+//! and an idle rank costs next to no CPU. Frames the watcher finds waiting in the rings
+//! make it ring the doorbell, then nap until a thread of the rank takes them (a new frame
+//! ends the nap; the naps back off to [`LANE_WAITING_NAP_US`]). Off with
 //! [`OfiOptions::same_host_lane`] (`WEFT_SAME_HOST_LANE=0`); each rank chooses for itself.
 //!
 //! # Polling, staging and parking
@@ -262,6 +264,11 @@ const POLL_FDS: usize = 33;
 /// lane reaches every rank (module docs, *Same-host lane*), and while the rank's waiter
 /// sleeps on the CQs' wait fds (*Polling, staging and parking*); 1 ms otherwise.
 const LANE_SLEEP_US: u64 = 50_000;
+
+/// Longest nap of the watcher between its rings while frames wait in the same-host rings
+/// for the rank's threads (a busy or descheduled thread, or one that holds the CRI):
+/// each nap from [`MIN_SLEEP_US`] doubles up to this.
+const LANE_WAITING_NAP_US: u64 = 1000;
 
 /// While the same-host rings deliver frames, a CRI's poll reads its CQ only every this many
 /// polls (`OfiRank::poll`).
@@ -1306,6 +1313,9 @@ impl RankInner {
         // SAFETY: PR_SET_TIMERSLACK only changes this thread's timer slack (in ns).
         unsafe { libc::prctl(libc::PR_SET_TIMERSLACK, 1000 as libc::c_ulong) };
         let mut sleep_us = MIN_SLEEP_US;
+        // The watcher's next nap while frames wait in the same-host rings for the rank's
+        // threads, doubling while they keep waiting.
+        let mut lane_nap_us = MIN_SLEEP_US;
         // The next block on the CQs' wait fds: `CQ_WAIT_MS` after the rank went quiet,
         // doubling up to `IDLE_WAIT_MS` while the blocks time out.
         let mut block_ms = CQ_WAIT_MS;
@@ -1383,9 +1393,19 @@ impl RankInner {
             // at the rings once more.
             let on_lane = !waiter && self.lane.as_ref().is_some_and(lane::Lane::fall_asleep);
             if on_lane && self.lane_waiting() {
+                // The ring wakes the rank's parked threads, and a thread about to park looks
+                // at the rings first: frames still there at the next pass wait for a thread
+                // that is busy or not running. Ringing again at once would only take the
+                // core it needs (each pass issues the lane's sleeper barrier, an IPI to every
+                // CPU, module docs): the watcher naps, backing off to a millisecond while
+                // frames keep waiting; a new frame ends the nap (its sender writes the
+                // eventfd of a watcher that said it sleeps).
                 self.doorbell.ring();
+                poll_fds(std::iter::once(self.waiter.watcher_fd()), Duration::from_micros(lane_nap_us));
+                lane_nap_us = (lane_nap_us * 2).min(LANE_WAITING_NAP_US);
                 sleep_us = MIN_SLEEP_US;
             } else {
+                lane_nap_us = MIN_SLEEP_US;
                 let watcher_fd = self.waiter.watcher_fd();
                 match &fds {
                     Some(fds) if !waiter && !refused && !reading && self.all_may_block() => {
@@ -2861,6 +2881,40 @@ mod tests {
         for (rank, (b, a)) in before.iter().zip(&after).enumerate() {
             assert!(a - b < 10, "rank {rank}: the watcher woke {} times in 500 ms of quiet", a - b);
         }
+    }
+
+    /// A frame that waits in the same-host rings for a thread of its rank that does not come
+    /// (busy, or not running on a host whose cores are all taken) makes the watcher ring
+    /// the doorbell and nap, backing off to [`LANE_WAITING_NAP_US`]: over 300 ms a few
+    /// hundred passes at most, where a watcher that rang again at once made thousands, each
+    /// with the lane's sleeper barrier (an IPI to every CPU). The frame is still there for
+    /// the thread that comes.
+    #[test]
+    fn a_frame_left_in_the_lane_does_not_spin_the_watcher() {
+        let opts = OfiOptions { provider: "shm".into(), recv_slots: 16, send_slots: 8, same_host_lane: true, ..OfiOptions::default() };
+        let ranks = match world(&opts, 2) {
+            Ok(r) => r,
+            Err(e) => {
+                eprintln!("skipped: shm not available here ({e})");
+                return;
+            }
+        };
+        if !ranks[1].same_host_lane() {
+            eprintln!("skipped: no same-host lane here");
+            return;
+        }
+        a_frame_goes_through(&ranks);
+        // Quiet: past `ACTIVE_MS`, the watcher asleep on the lane.
+        std::thread::sleep(Duration::from_millis(50));
+        ranks[0].send(1, 0, eager(2, 3), b"def").expect("send");
+        let inner = &ranks[1].inner;
+        let before = inner.watcher_passes.load(Ordering::Relaxed);
+        std::thread::sleep(Duration::from_millis(300));
+        let passes = inner.watcher_passes.load(Ordering::Relaxed) - before;
+        let mut got = Vec::new();
+        ranks[1].poll(0, 64, |f| got.push(f.payload.as_slice().to_vec()));
+        assert_eq!(got, vec![b"def".to_vec()]);
+        assert!(passes < 600, "the watcher made {passes} passes in 300 ms while a frame waited in the lane");
     }
 
     /// The watcher of an idle rank that finds a CRI's state lock held looks again within
