@@ -106,6 +106,29 @@ impl Signal {
         }
     }
 
+    /// [`notify`](Self::notify) without its fence, for a notifier that orders its state
+    /// change before this call itself: with a `SeqCst` fence, or where every listener, after
+    /// [`listen`](Self::listen) or [`listen_scoped`](Self::listen_scoped) and before its
+    /// re-check, has a full barrier run on the notifier's CPU (`membarrier(2)`), with a
+    /// compiler fence. Otherwise a wake-up may be lost.
+    #[inline]
+    pub fn notify_unfenced(&self, n: usize) {
+        // Relaxed: the caller's fence, or the listeners' barrier, orders this load after its
+        // state change.
+        if self.listeners.load(Ordering::Relaxed) != 0 {
+            self.notify_listening(n);
+        }
+    }
+
+    /// The event's notification, out of line: a notifier that inlines
+    /// [`notify_unfenced`](Self::notify_unfenced) into its hot path inlines a load and a
+    /// branch, not the event's locking.
+    #[cold]
+    #[inline(never)]
+    fn notify_listening(&self, n: usize) {
+        self.event.notify_relaxed(n);
+    }
+
     /// Wakes `n` more listeners, notified ones not counted (`Event::notify_additional`).
     #[inline]
     pub fn notify_additional(&self, n: usize) {

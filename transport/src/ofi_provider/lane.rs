@@ -82,7 +82,8 @@
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::ptr::NonNull;
 use std::sync::atomic::{compiler_fence, fence, AtomicU32, AtomicU64, Ordering};
-use std::sync::OnceLock;
+
+use crate::membarrier;
 
 /// The size of a ring's slots and how many it has.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -314,34 +315,6 @@ fn random_u64() -> u64 {
     }
 }
 
-/// `membarrier(2)` commands (the kernel's ABI, `linux/membarrier.h`).
-const MEMBARRIER_CMD_QUERY: libc::c_long = 0;
-const MEMBARRIER_CMD_GLOBAL_EXPEDITED: libc::c_long = 1 << 1;
-const MEMBARRIER_CMD_REGISTER_GLOBAL_EXPEDITED: libc::c_long = 1 << 2;
-
-/// `membarrier(cmd, 0, 0)`: whether it succeeded.
-fn membarrier(cmd: libc::c_long) -> bool {
-    // SAFETY: a system call with integer arguments and no memory of ours.
-    unsafe { libc::syscall(libc::SYS_membarrier, cmd, 0 as libc::c_long, 0 as libc::c_long) >= 0 }
-}
-
-/// Registers this process for `MEMBARRIER_CMD_GLOBAL_EXPEDITED` (once): whether the kernel
-/// has the command (a seccomp filter may refuse it) and the registration took, so that this
-/// process's lanes may go without fences where their peers issue it (module docs, *Waking
-/// the receiver*).
-fn membarrier_registered() -> bool {
-    static REGISTERED: OnceLock<bool> = OnceLock::new();
-    *REGISTERED.get_or_init(|| {
-        // SAFETY: as in `membarrier`.
-        let cmds = unsafe { libc::syscall(libc::SYS_membarrier, MEMBARRIER_CMD_QUERY, 0 as libc::c_long, 0 as libc::c_long) };
-        let wanted = MEMBARRIER_CMD_GLOBAL_EXPEDITED | MEMBARRIER_CMD_REGISTER_GLOBAL_EXPEDITED;
-        cmds >= 0
-            && cmds & wanted == wanted
-            && membarrier(MEMBARRIER_CMD_REGISTER_GLOBAL_EXPEDITED)
-            && membarrier(MEMBARRIER_CMD_GLOBAL_EXPEDITED)
-    })
-}
-
 /// A duplicate of this process's descriptor `fd`.
 pub(super) fn dup(fd: RawFd) -> Option<OwnedFd> {
     // SAFETY: duplicates a descriptor of this process; the result is checked.
@@ -460,7 +433,7 @@ impl Prepared {
         let seg = Mapping::map(memfd.as_raw_fd(), len)?;
         let nonce = random_u64();
         seg.u64_at(8).store(nonce, Ordering::Relaxed);
-        let barrier = membarrier_registered();
+        let barrier = membarrier::global_registered();
         seg.u32_at(SLEEPER_BARRIER).store(u32::from(barrier), Ordering::Relaxed);
         seg.u64_at(0).store(MAGIC, Ordering::Release);
         let published = Published {
@@ -853,7 +826,7 @@ impl Lane {
     fn sleeper_barrier(&self) {
         fence(Ordering::SeqCst);
         if self.barrier {
-            membarrier(MEMBARRIER_CMD_GLOBAL_EXPEDITED);
+            membarrier::global_barrier();
         }
     }
 
@@ -1040,7 +1013,7 @@ mod tests {
     /// by such a push as by any other.
     #[test]
     fn pushes_skip_the_fence_only_where_the_sleeper_runs_the_barrier() {
-        let registered = membarrier_registered();
+        let registered = membarrier::global_registered();
         let a = Prepared::create(1, 3, 1024).expect("memfd");
         let b = Prepared::create(1, 3, 1024).expect("memfd");
         let mut c = Prepared::create(1, 3, 1024).expect("memfd");
