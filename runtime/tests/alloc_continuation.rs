@@ -95,7 +95,9 @@ fn a_continuation_allocates_nothing_in_the_steady_state() {
     let mut round = |i: u64| {
         let mut all = {
             let mut kept = bufs.lock().unwrap();
-            std::array::from_fn::<_, 3, _>(|t| b.irecv(kept[t].take().expect("the callback gave the buffers back"), 0u32, 10 + t as i32).unwrap())
+            std::array::from_fn::<_, 3, _>(|t| {
+                b.irecv(kept[t].take().expect("the callback gave the buffers back"), 0u32, 10 + t as i32).unwrap()
+            })
         };
         let kept = bufs.clone();
         cr.attach_all(&mut all, Invoke::Inline, move |results| {
