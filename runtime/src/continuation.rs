@@ -33,6 +33,14 @@
 //! process-wide queue for the extras of a thread that completes more than it attaches; a
 //! thread that only completes continuations keeps none). In the steady state attaching a
 //! continuation allocates nothing; a callback too large for a record is boxed.
+//!
+//! A continuation of a set of requests (`attach_all`, `attach_any`) gives each request a
+//! *share* of one *set state*, which holds the set's callback and, for `attach_all`, a slot
+//! for each request's result: each share writes its own slot and counts itself off, and the
+//! last runs the callback with the slots as its [`Results`] (for `attach_any` the first
+//! share takes the callback). Set states are spares as records are, each keeping the
+//! storage it grew to, given back with the results (or by the last share of an
+//! `attach_any`): in the steady state a set's continuation allocates nothing either.
 
 use std::cell::Cell;
 use std::marker::PhantomData;
@@ -187,7 +195,7 @@ impl ContinuationRequest {
 
     /// Attaches one continuation to every request of `reqs` (`MPIX_Continueall`): when the
     /// last of them completes, `f` runs once with all their results, in the order of
-    /// `reqs`. Each request is left taken. Checked as [`attach`](Self::attach) for every
+    /// `reqs` ([`Results`]: an iterator over them, and a slice). Each request is left taken. Checked as [`attach`](Self::attach) for every
     /// request before any is attached: an error leaves them all untouched. An empty set
     /// runs `f` at once.
     pub fn attach_all<B, F>(&self, reqs: &mut [Request<'_, B>], invoke: Invoke, f: F) -> Result<(), Error>
@@ -602,6 +610,9 @@ struct SetState {
 // SAFETY: the callback and slots behind `base` are `Send` (the typed shares that reach them
 // require it); the rest is atomics.
 unsafe impl Send for SetState {}
+// SAFETY: the shares of other threads reach the state together: through its atomics, and
+// each through its own slot (the callback goes to one of them, ordered by the atomics).
+unsafe impl Sync for SetState {}
 
 impl SetState {
     /// Bytes of storage a callback `R` and `slots` slots of `T` need, aligned anywhere in it.
