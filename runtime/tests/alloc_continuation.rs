@@ -51,7 +51,7 @@ fn a_continuation_allocates_nothing_in_the_steady_state() {
     let mut sbuf = vec![0u64; 1];
 
     // The attaching thread completes its continuations (its wait drives the progress).
-    let mut round = |i: u64| {
+    let round = |i: u64| {
         attach_and_send(a, b, &cr, &back, &mut sbuf, i);
         cr.wait().unwrap();
     };
@@ -91,7 +91,7 @@ fn a_continuation_allocates_nothing_in_the_steady_state() {
     // Sets: every result of three receives, then the first of two.
     type Bufs = Arc<Mutex<[Option<Vec<u64>>; 3]>>;
     let bufs: Bufs = Arc::new(Mutex::new(std::array::from_fn(|_| Some(Vec::with_capacity(1)))));
-    let mut round = |i: u64| {
+    let round = |i: u64| {
         let mut all = {
             let mut kept = bufs.lock().unwrap();
             std::array::from_fn::<_, 3, _>(|t| {
