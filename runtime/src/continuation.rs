@@ -33,19 +33,28 @@
 //! process-wide queue for the extras of a thread that completes more than it attaches; a
 //! thread that only completes continuations keeps none). In the steady state attaching a
 //! continuation allocates nothing; a callback too large for a record is boxed.
+//!
+//! A continuation of a set of requests (`attach_all`, `attach_any`) gives each request a
+//! *share* of one *set state*, which holds the set's callback and, for `attach_all`, a slot
+//! for each request's result: each share writes its own slot and counts itself off, and the
+//! last runs the callback with the slots as its [`Results`] (for `attach_any` the first
+//! share takes the callback). Set states are spares as records are, each keeping the
+//! storage it grew to, given back with the results (or by the last share of an
+//! `attach_any`): in the steady state a set's continuation allocates nothing either.
 
 use std::cell::Cell;
 use std::marker::PhantomData;
 use std::mem::{ManuallyDrop, MaybeUninit};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::ptr::NonNull;
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::{Arc, Weak};
+use std::thread::LocalKey;
 use std::time::Duration;
 
 use weft_sync::{Counted, Error, Progress, SignalListener, Status, Step, SyncObject};
 
 use crate::engine::Engine;
-use crate::loom::sync::atomic::{AtomicBool, Ordering};
+use crate::loom::sync::atomic::{fence, AtomicBool, AtomicUsize, Ordering};
 use crate::progress::sync_hook;
 use crate::request::Request;
 use crate::runtime::Runtime;
@@ -65,9 +74,6 @@ pub enum Invoke {
     /// may take its time, communicate and wait.
     Pool,
 }
-
-/// Results of a set of requests of buffers `B`, in the order of the set.
-pub type Results<B> = Vec<Result<(B, Status), Error>>;
 
 /// The error of a continuation attached to a request of another rank.
 const OTHER_RANK: Error = Error::InvalidArgument("request of another rank than its continuation request");
@@ -189,7 +195,7 @@ impl ContinuationRequest {
 
     /// Attaches one continuation to every request of `reqs` (`MPIX_Continueall`): when the
     /// last of them completes, `f` runs once with all their results, in the order of
-    /// `reqs`. Each request is left taken. Checked as [`attach`](Self::attach) for every
+    /// `reqs` ([`Results`]: an iterator over them, and a slice). Each request is left taken. Checked as [`attach`](Self::attach) for every
     /// request before any is attached: an error leaves them all untouched. An empty set
     /// runs `f` at once.
     pub fn attach_all<B, F>(&self, reqs: &mut [Request<'_, B>], invoke: Invoke, f: F) -> Result<(), Error>
@@ -198,38 +204,13 @@ impl ContinuationRequest {
         F: FnOnce(Results<B>) + Send + 'static,
     {
         self.check(reqs)?;
-        let n = reqs.len();
         let run = self.register(invoke, f);
-        if n == 0 {
-            run(Vec::new());
+        if reqs.is_empty() {
+            run(Results::empty());
             return Ok(());
         }
-        struct All<B, R> {
-            results: Vec<Option<Result<(B, Status), Error>>>,
-            left: usize,
-            run: Option<R>,
-        }
-        let all = Arc::new(Mutex::new(All { results: (0..n).map(|_| None).collect(), left: n, run: Some(run) }));
-        for (i, r) in reqs.iter_mut().enumerate() {
-            let all = all.clone();
-            r.continue_with(move |res| {
-                let done = {
-                    let mut a = all.lock().unwrap_or_else(|e| e.into_inner());
-                    a.results[i] = Some(res);
-                    a.left -= 1;
-                    if a.left == 0 {
-                        let results = a.results.drain(..).map(|r| r.unwrap_or(Err(Error::Cancelled))).collect::<Vec<_>>();
-                        a.run.take().map(|run| (run, results))
-                    } else {
-                        None
-                    }
-                };
-                if let Some((run, results)) = done {
-                    run(results);
-                }
-            })?;
-        }
-        Ok(())
+        let set = SetState::with::<_, Slot<B>>(run, reqs.len(), reqs.len());
+        attach_shares(reqs, |i| AllShare { set, i, _b: PhantomData })
     }
 
     /// Attaches one continuation to the set `reqs` that runs when the first of them
@@ -248,17 +229,8 @@ impl ContinuationRequest {
         }
         self.check(reqs)?;
         let run = self.register(invoke, move |(i, res)| f(i, res));
-        let first = Arc::new(Mutex::new(Some(run)));
-        for (i, r) in reqs.iter_mut().enumerate() {
-            let first = first.clone();
-            r.continue_with(move |res| {
-                let run = first.lock().unwrap_or_else(|e| e.into_inner()).take();
-                if let Some(run) = run {
-                    run((i, res));
-                }
-            })?;
-        }
-        Ok(())
+        let set = SetState::with::<_, Slot<B>>(run, 0, reqs.len());
+        attach_shares(reqs, |i| AnyShare { set, i, _b: PhantomData })
     }
 
     /// The callbacks registered and not yet run.
@@ -485,24 +457,38 @@ thread_local! {
     /// that only completes continuations (a waiter, a pool worker) hands their records
     /// straight to the threads that attach, through the shared queue.
     static ATTACHES: Cell<bool> = const { Cell::new(false) };
+    /// A thread's spare set states (as its records).
+    static SET_SPARES: Spares<Box<SetState>, SET_SPARES_MAX> = const { Spares::new(&SHARED_SETS) };
+}
+
+/// A spare of this thread's `local`, else of another thread's (`shared`); marks this thread
+/// as one that attaches (and so keeps spares).
+#[inline]
+fn take_spare<T, const MAX: usize>(local: &'static LocalKey<Spares<T, MAX>>, shared: &'static SharedSpares<T>) -> Option<T> {
+    let _ = ATTACHES.try_with(|a| a.set(true));
+    local.try_with(Spares::take).unwrap_or_else(|_| shared.take())
+}
+
+/// Keeps `spare` for this thread's next continuation (in `local`), or another thread's.
+#[inline]
+fn give_spare<T, const MAX: usize>(local: &'static LocalKey<Spares<T, MAX>>, shared: &'static SharedSpares<T>, spare: T) {
+    if !ATTACHES.try_with(Cell::get).unwrap_or(false) {
+        return shared.give(spare);
+    }
+    // A thread being torn down frees it.
+    let _ = local.try_with(|s| s.keep(spare));
 }
 
 /// A spare record of this thread, else of another, else a new one.
 #[inline]
 fn take_record() -> Box<Record> {
-    let _ = ATTACHES.try_with(|a| a.set(true));
-    let spare = SPARES.try_with(Spares::take).unwrap_or_else(|_| SHARED_RECORDS.take());
-    spare.unwrap_or_else(|| Box::new(Record(MaybeUninit::uninit())))
+    take_spare(&SPARES, &SHARED_RECORDS).unwrap_or_else(|| Box::new(Record(MaybeUninit::uninit())))
 }
 
 /// Keeps `r` for this thread's next continuation, or another thread's.
 #[inline]
 fn give_record(r: Box<Record>) {
-    if !ATTACHES.try_with(Cell::get).unwrap_or(false) {
-        return SHARED_RECORDS.give(r);
-    }
-    // A thread being torn down frees it.
-    let _ = SPARES.try_with(|s| s.keep(r));
+    give_spare(&SPARES, &SHARED_RECORDS, r);
 }
 
 /// A callback `F` of argument `A` in a record of its own (module docs); run or dropped, it
@@ -577,5 +563,463 @@ where
     move |a: A| match held {
         Held::Record(r) => r.take()(a),
         Held::Boxed(f) => f(a),
+    }
+}
+
+/// Spare set states a thread keeps (each may hold a set's storage of any size: fewer than
+/// records).
+const SET_SPARES_MAX: usize = 64;
+
+/// Set states the process-wide queue keeps.
+const SHARED_SET_SPARES_MAX: usize = 1024;
+
+/// The process-wide queue of spare set states.
+static SHARED_SETS: SharedSpares<Box<SetState>> = SharedSpares::new(SHARED_SET_SPARES_MAX);
+
+/// The result of one request of a set.
+type Slot<B> = Result<(B, Status), Error>;
+
+/// A block of a set's storage.
+#[repr(C, align(16))]
+struct Block(MaybeUninit<[u8; 16]>);
+
+/// The state a continuation of a set of requests shares between its requests' callbacks
+/// (their *shares*): the set's callback and, for [`attach_all`](ContinuationRequest::attach_all),
+/// a slot for each request's result, in storage of its own that a spare state keeps (it only
+/// grows), so that in the steady state a set allocates nothing. Taken at attach as records
+/// are, and given back by the share that arrives last, or with the [`Results`] its callback
+/// got.
+///
+/// Each share writes its own slot, then counts itself off `left` (release); the last (acquire)
+/// reads them all: the slots need no lock.
+struct SetState {
+    /// The shares not yet arrived.
+    left: AtomicUsize,
+    /// `attach_all`: a share was dropped unrun (the set's callback will not run);
+    /// `attach_any`: a share took the callback.
+    flag: AtomicBool,
+    /// The slots (results) of the set: its requests for `attach_all`, none for `attach_any`.
+    slots: usize,
+    /// The set's callback, then its slots (see [`SetState::parts`]).
+    storage: Vec<Block>,
+    /// The start of `storage`, taken while it was borrowed mutably: the shares write through
+    /// it from any thread.
+    base: NonNull<Block>,
+}
+
+// SAFETY: the callback and slots behind `base` are `Send` (the typed shares that reach them
+// require it); the rest is atomics.
+unsafe impl Send for SetState {}
+// SAFETY: the shares of other threads reach the state together: through its atomics, and
+// each through its own slot (the callback goes to one of them, ordered by the atomics).
+unsafe impl Sync for SetState {}
+
+impl SetState {
+    /// Bytes of storage a callback `R` and `slots` slots of `T` need, aligned anywhere in it.
+    const fn bytes<R, T>(slots: usize) -> usize {
+        std::mem::size_of::<R>() + std::mem::align_of::<R>() + slots * std::mem::size_of::<T>() + std::mem::align_of::<T>()
+    }
+
+    /// A spare state (else a new one) holding `run`, with `slots` slots of `T` and `shares`
+    /// shares to arrive; leaked until the last share, or the results, give it back.
+    fn with<R, T>(run: R, slots: usize, shares: usize) -> Set<R> {
+        let mut s = take_spare(&SET_SPARES, &SHARED_SETS).unwrap_or_else(|| {
+            Box::new(SetState {
+                left: AtomicUsize::new(0),
+                flag: AtomicBool::new(false),
+                slots: 0,
+                storage: Vec::new(),
+                base: NonNull::dangling(),
+            })
+        });
+        let blocks = Self::bytes::<R, T>(slots).div_ceil(std::mem::size_of::<Block>());
+        if s.storage.len() < blocks {
+            s.storage.resize_with(blocks, || Block(MaybeUninit::uninit()));
+        }
+        // New atomics: a spare's may be of a model execution past, under loom.
+        s.left = AtomicUsize::new(shares);
+        s.flag = AtomicBool::new(false);
+        s.slots = slots;
+        s.base = NonNull::new(s.storage.as_mut_ptr()).expect("a vector's buffer");
+        let set = NonNull::from(Box::leak(s));
+        // SAFETY: the storage is large enough (above), and nothing else holds the state yet.
+        unsafe { Self::parts::<R, T>(set).0.write(run) };
+        Set(set, PhantomData)
+    }
+
+    /// Where a state of callback `R` and slots of `T` keeps the callback and the first slot.
+    ///
+    /// # Safety
+    /// `set` is a live state made by [`with::<R, T>`](Self::with).
+    unsafe fn parts<R, T>(set: NonNull<SetState>) -> (*mut R, *mut T) {
+        /// `at`, rounded up to an address aligned for `U`.
+        fn aligned<U>(at: *mut u8) -> *mut U {
+            let align = std::mem::align_of::<U>();
+            at.wrapping_add((align - at as usize % align) % align).cast()
+        }
+        // SAFETY: the state is live (contract); `base` and the offsets stay within its
+        // storage, sized by `bytes::<R, T>`.
+        unsafe {
+            let run = aligned::<R>((*set.as_ptr()).base.as_ptr().cast());
+            (run, aligned::<T>(run.cast::<u8>().add(std::mem::size_of::<R>())))
+        }
+    }
+
+    /// Counts one share off; whether it was the last (which then sees every share's writes).
+    ///
+    /// # Safety
+    /// `set` is live and the caller's share has not arrived yet.
+    unsafe fn arrive(set: NonNull<SetState>) -> bool {
+        // SAFETY: live (contract).
+        let last = unsafe { set.as_ref() }.left.fetch_sub(1, Ordering::Release) == 1;
+        if last {
+            // Pairs with every other share's release above.
+            fence(Ordering::Acquire);
+        }
+        last
+    }
+
+    /// Gives a state whose shares have all arrived, its callback and slots moved out or
+    /// dropped, back to the spares.
+    ///
+    /// # Safety
+    /// Once, after the last share arrived; nothing uses `set` after.
+    unsafe fn recycle(set: NonNull<SetState>) {
+        // SAFETY: leaked from a `Box` in `with`, and given back this once (contract).
+        give_spare(&SET_SPARES, &SHARED_SETS, unsafe { Box::from_raw(set.as_ptr()) });
+    }
+}
+
+/// A set state holding a callback `R`.
+struct Set<R>(NonNull<SetState>, PhantomData<fn(R)>);
+
+impl<R> Clone for Set<R> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+
+impl<R> Copy for Set<R> {}
+
+/// A request's share of a set's continuation.
+trait Share<B>: Send + 'static {
+    /// The request completed with `res`.
+    fn complete(self, res: Slot<B>);
+}
+
+/// Attaches share `share(i)` to request `i` of `reqs`; if one is refused (`reqs` were checked:
+/// it does not happen), the shares of it and of the requests after it go as dropped unrun.
+fn attach_shares<B: Send + 'static, S: Share<B>>(reqs: &mut [Request<'_, B>], share: impl Fn(usize) -> S) -> Result<(), Error> {
+    for (i, r) in reqs.iter_mut().enumerate() {
+        let s = share(i);
+        if let Err(e) = r.continue_with(move |res| s.complete(res)) {
+            (i + 1..reqs.len()).for_each(|i| drop(share(i)));
+            return Err(e);
+        }
+    }
+    Ok(())
+}
+
+/// Request `i`'s share of an `attach_all` set of callback `R`: completed, it writes its slot,
+/// and the last runs the callback with the results; dropped unrun (an operation dropped
+/// pending), it writes `Cancelled` and the set's callback is dropped unrun (as each request's
+/// own would be).
+struct AllShare<B, R: FnOnce(Results<B>)> {
+    set: Set<R>,
+    i: usize,
+    _b: PhantomData<fn(B)>,
+}
+
+// SAFETY: a share reaches its slot (of `B`s) and the callback `R`, both `Send`.
+unsafe impl<B: Send, R: FnOnce(Results<B>) + Send> Send for AllShare<B, R> {}
+
+impl<B: Send + 'static, R: FnOnce(Results<B>) + Send + 'static> Share<B> for AllShare<B, R> {
+    /// Writes the request's result; the last share runs the callback.
+    fn complete(self, res: Slot<B>) {
+        let this = ManuallyDrop::new(self);
+        // SAFETY: the share is consumed here, once.
+        unsafe { this.arrive(res) }
+    }
+}
+
+impl<B, R: FnOnce(Results<B>)> AllShare<B, R> {
+    /// # Safety
+    /// Once per share.
+    unsafe fn arrive(&self, res: Slot<B>) {
+        let set = self.set.0;
+        // SAFETY: the state lives until every share arrived, and slot `i` is this share's.
+        unsafe {
+            let (run, slots) = SetState::parts::<R, Slot<B>>(set);
+            slots.add(self.i).write(res);
+            if !SetState::arrive(set) {
+                return;
+            }
+            let run = run.read();
+            let results = Results { set: Some(set), slots, front: 0, len: set.as_ref().slots };
+            if set.as_ref().flag.load(Ordering::Relaxed) {
+                // A share dropped unrun: the callback drops unrun too, as do the results.
+                drop(results);
+                drop(run);
+            } else {
+                run(results);
+            }
+        }
+    }
+}
+
+impl<B, R: FnOnce(Results<B>)> Drop for AllShare<B, R> {
+    fn drop(&mut self) {
+        // SAFETY: live until this share arrives (below, once: `complete` forgets it).
+        unsafe {
+            self.set.0.as_ref().flag.store(true, Ordering::Relaxed);
+            self.arrive(Err(Error::Cancelled));
+        }
+    }
+}
+
+/// Request `i`'s share of an `attach_any` set of callback `R`: the first to complete takes
+/// the callback and runs it with its result; the others' results are dropped. The last share
+/// to arrive, completed or dropped unrun, drops the callback if none took it.
+struct AnyShare<B, R: FnOnce((usize, Slot<B>))> {
+    set: Set<R>,
+    i: usize,
+    _b: PhantomData<fn(B)>,
+}
+
+// SAFETY: a share reaches the callback `R`, `Send`.
+unsafe impl<B, R: FnOnce((usize, Slot<B>)) + Send> Send for AnyShare<B, R> {}
+
+impl<B: 'static, R: FnOnce((usize, Slot<B>)) + Send + 'static> Share<B> for AnyShare<B, R> {
+    /// Runs the callback with `res` if no other share took it first.
+    fn complete(self, res: Slot<B>) {
+        let this = ManuallyDrop::new(self);
+        let set = this.set.0;
+        // SAFETY: the state lives until this share arrives (below, once: `this` is not
+        // dropped); the flag gives the callback to one share.
+        let run = unsafe {
+            // Relaxed: only who takes it matters; the callback was written before any share
+            // was attached, and the last share sees the flag through `arrive`.
+            let taken = set.as_ref().flag.swap(true, Ordering::Relaxed);
+            let run = (!taken).then(|| SetState::parts::<R, Slot<B>>(set).0.read());
+            Self::arrive(set);
+            run
+        };
+        if let Some(run) = run {
+            run((this.i, res));
+        }
+    }
+}
+
+impl<B, R: FnOnce((usize, Slot<B>))> AnyShare<B, R> {
+    /// Counts a share off; the last drops the callback if no share took it, and recycles the
+    /// state.
+    ///
+    /// # Safety
+    /// Once per share.
+    unsafe fn arrive(set: NonNull<SetState>) {
+        // SAFETY: live until the last share arrived, which alone goes on.
+        unsafe {
+            if SetState::arrive(set) {
+                if !set.as_ref().flag.load(Ordering::Relaxed) {
+                    drop(SetState::parts::<R, Slot<B>>(set).0.read());
+                }
+                SetState::recycle(set);
+            }
+        }
+    }
+}
+
+impl<B, R: FnOnce((usize, Slot<B>))> Drop for AnyShare<B, R> {
+    fn drop(&mut self) {
+        // SAFETY: once (`complete` forgets the share).
+        unsafe { Self::arrive(self.set.0) }
+    }
+}
+
+/// The results of a set of requests of buffers `B` ([`ContinuationRequest::attach_all`]),
+/// in the order of the set: an iterator that yields them by value, and a slice of those not
+/// yet taken. They live in the set's storage, reused for a later set once they are dropped
+/// (module docs): a set's continuation allocates nothing in the steady state.
+pub struct Results<B> {
+    /// The set state holding the slots (`None` for an empty set).
+    set: Option<NonNull<SetState>>,
+    /// The first slot.
+    slots: *mut Slot<B>,
+    /// The first slot not yet taken.
+    front: usize,
+    len: usize,
+}
+
+// SAFETY: the results own their slots, as a `Vec` of them would.
+unsafe impl<B: Send> Send for Results<B> {}
+// SAFETY: as above: `&Results` reaches the slots as `&[Slot<B>]`.
+unsafe impl<B: Sync> Sync for Results<B> {}
+
+impl<B> Results<B> {
+    /// The results of an empty set.
+    fn empty() -> Self {
+        Results { set: None, slots: NonNull::dangling().as_ptr(), front: 0, len: 0 }
+    }
+
+    /// The results not yet taken.
+    pub fn len(&self) -> usize {
+        self.len - self.front
+    }
+
+    /// Whether every result was taken (or the set was empty).
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+impl<B> std::ops::Deref for Results<B> {
+    type Target = [Result<(B, Status), Error>];
+    fn deref(&self) -> &Self::Target {
+        // SAFETY: the slots from `front` to `len` hold results not taken.
+        unsafe { std::slice::from_raw_parts(self.slots.add(self.front), self.len()) }
+    }
+}
+
+impl<B> std::ops::DerefMut for Results<B> {
+    fn deref_mut(&mut self) -> &mut Self::Target {
+        // SAFETY: as in `deref`, borrowed mutably.
+        unsafe { std::slice::from_raw_parts_mut(self.slots.add(self.front), self.len()) }
+    }
+}
+
+impl<B> Iterator for Results<B> {
+    type Item = Result<(B, Status), Error>;
+    fn next(&mut self) -> Option<Self::Item> {
+        if self.front == self.len {
+            return None;
+        }
+        self.front += 1;
+        // SAFETY: slot `front - 1` holds a result not taken, taken now this once.
+        Some(unsafe { self.slots.add(self.front - 1).read() })
+    }
+
+    fn size_hint(&self) -> (usize, Option<usize>) {
+        (self.len(), Some(self.len()))
+    }
+}
+
+impl<B> ExactSizeIterator for Results<B> {}
+
+impl<B: std::fmt::Debug> std::fmt::Debug for Results<B> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_list().entries(self.iter()).finish()
+    }
+}
+
+impl<B> Drop for Results<B> {
+    fn drop(&mut self) {
+        // SAFETY: the results not taken are dropped this once; the state's shares have all
+        // arrived, and these results were the last of it in use.
+        unsafe {
+            std::ptr::drop_in_place::<[Slot<B>]>(&mut **self);
+            if let Some(set) = self.set {
+                SetState::recycle(set);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Mutex;
+
+    /// A result holding `token`.
+    fn ok<T>(token: T) -> Slot<T> {
+        Ok((token, Status::default()))
+    }
+
+    /// The shares of an `all` set of three tokens: every result reaches the callback in order,
+    /// those not taken are dropped with the results; a share dropped unrun drops the callback
+    /// and the results instead. Every token and capture is dropped once.
+    #[test]
+    fn all_shares_run_once_or_drop_everything() {
+        let token = Arc::new(());
+        let got = Arc::new(Mutex::new(Vec::new()));
+        for dropped in [None, Some(0), Some(2)] {
+            let (t, g) = (token.clone(), got.clone());
+            let run = move |mut results: Results<Arc<()>>| {
+                let _held = &t;
+                assert_eq!(results.len(), 3);
+                let first = results.next().unwrap().unwrap().0;
+                g.lock().unwrap().push((Arc::strong_count(&first), results.len()));
+            };
+            let set = SetState::with::<_, Slot<Arc<()>>>(run, 3, 3);
+            // Completed backwards: the slots keep the set's order.
+            for i in (0..3).rev() {
+                let share = AllShare::<Arc<()>, _> { set, i, _b: PhantomData };
+                if dropped == Some(i) {
+                    drop(share);
+                } else {
+                    share.complete(ok(token.clone()));
+                }
+            }
+        }
+        // The callback ran once, when no share was dropped, with the three tokens (and its
+        // capture's) alive.
+        assert_eq!(*got.lock().unwrap(), vec![(5, 2)]);
+        assert_eq!(Arc::strong_count(&token), 1, "every token and capture dropped once");
+    }
+
+    /// The shares of an `any` set: the first to complete runs the callback, once; a set whose
+    /// shares were all dropped drops it unrun.
+    #[test]
+    fn any_shares_run_the_first_once_or_drop_the_callback() {
+        let token = Arc::new(());
+        let ran = Arc::new(Mutex::new(Vec::new()));
+        for completes in [true, false] {
+            let (t, r) = (token.clone(), ran.clone());
+            let run = move |(i, res): (usize, Slot<Arc<()>>)| {
+                let _held = &t;
+                assert!(res.is_ok());
+                r.lock().unwrap().push(i);
+            };
+            let set = SetState::with::<_, Slot<Arc<()>>>(run, 0, 3);
+            let share = |i| AnyShare::<Arc<()>, _> { set, i, _b: PhantomData };
+            let (s0, s1, s2) = (share(0), share(1), share(2));
+            if completes {
+                s2.complete(ok(token.clone()));
+                s0.complete(ok(token.clone()));
+            } else {
+                drop(s2);
+                drop(s0);
+            }
+            drop(s1);
+        }
+        assert_eq!(*ran.lock().unwrap(), vec![2]);
+        assert_eq!(Arc::strong_count(&token), 1, "every token and capture dropped once");
+    }
+
+    /// A callback and results of any alignment and size fit a spare state's storage, which
+    /// grows for a larger set.
+    #[test]
+    fn set_storage_aligns_and_grows() {
+        #[derive(Debug, PartialEq)]
+        #[repr(align(64))]
+        struct Wide(u64);
+        let sums = Arc::new(Mutex::new(Vec::new()));
+        for n in [1, 5, 40] {
+            let s = sums.clone();
+            let big = [n as u64; 20];
+            let run = move |results: Results<Wide>| {
+                let mut sum = big[0];
+                for r in results {
+                    let w = r.unwrap().0;
+                    assert_eq!(&w as *const Wide as usize % 64, 0);
+                    sum += w.0;
+                }
+                s.lock().unwrap().push(sum);
+            };
+            let set = SetState::with::<_, Slot<Wide>>(run, n, n);
+            for i in 0..n {
+                AllShare::<Wide, _> { set, i, _b: PhantomData }.complete(ok(Wide(i as u64)));
+            }
+        }
+        assert_eq!(*sums.lock().unwrap(), vec![1, 5 + 10, 40 + 780]);
     }
 }

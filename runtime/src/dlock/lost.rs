@@ -7,6 +7,7 @@
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
+#[cfg(feature = "ofi")]
 use super::queues::Layout;
 use super::*;
 use crate::{Provider, Runtime};
@@ -78,6 +79,7 @@ fn holder_lost<L: Send + Sync + 'static>(
 
 /// The hand-off's write of rank 0's STATUS at level 1 (Listing 3: passed, the count 1),
 /// flushed, without its wake frame: what a releaser lost between the two did.
+#[cfg(feature = "ofi")]
 fn passes_without_waking(q: &Queues) {
     q.window.put(0, Layout::status(0), &[1]).unwrap();
     q.window.flush(0).unwrap();
@@ -87,6 +89,7 @@ fn d_mcs(c: &Communicator) -> DMcs {
     DMcs::new(c, 0).unwrap()
 }
 
+#[cfg(feature = "ofi")]
 fn rma_mcs(c: &Communicator) -> RmaMcs {
     RmaMcs::new(c, &Levels::flat(), &Thresholds::default()).unwrap()
 }
