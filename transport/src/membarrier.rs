@@ -30,14 +30,15 @@ const PRIVATE_EXPEDITED: libc::c_long = 1 << 3;
 const REGISTER_PRIVATE_EXPEDITED: libc::c_long = 1 << 4;
 
 /// `membarrier(cmd, 0, 0)`: its result (negative where it failed).
-#[cfg(all(target_os = "linux", not(loom)))]
+#[cfg(all(target_os = "linux", not(loom), not(miri)))]
 fn membarrier(cmd: libc::c_long) -> libc::c_long {
     // SAFETY: a system call with integer arguments and no memory of ours.
     unsafe { libc::syscall(libc::SYS_membarrier, cmd, 0 as libc::c_long, 0 as libc::c_long) }
 }
 
-/// Elsewhere, and under loom (module docs): no command.
-#[cfg(not(all(target_os = "linux", not(loom))))]
+/// Elsewhere, under loom (module docs) and under Miri (which has no such system call): no
+/// command.
+#[cfg(not(all(target_os = "linux", not(loom), not(miri))))]
 fn membarrier(_: libc::c_long) -> libc::c_long {
     -1
 }
