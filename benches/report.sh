@@ -251,7 +251,7 @@ if [ "$OFI" = 1 ]; then
     echo "## Collectives"
     echo
     bench "Latency against Open MPI, shm" \
-        "$BENCH" coll --provider shm -n 2,4,8 -s 8,1048576 -c allreduce,bcast $(q "--runs 3" "-i 5 --warmup 1 --runs 1") \
+        "$BENCH" coll --provider shm -n 2,4,8 -s 8,1048576 -c allreduce,bcast $(q "-i 2000 --warmup 200 --runs 3" "-i 5 --warmup 1 --runs 1") \
         --openmpi "$([ "$HAVE_MPI" = 1 ] && echo yes || echo no)" --markdown --plot "$OUT/coll.svg"
 else
     skip "startup and coll: $NO_OFI"
