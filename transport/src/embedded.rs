@@ -485,24 +485,15 @@ impl EmbeddedRank {
     /// the woken side under the caller's lock).
     #[inline]
     pub fn poll(&self, cri: usize, max: usize, mut f: impl FnMut(Frame)) -> usize {
-        let inbox = &self.me().cris[cri].inbox;
-        let n = inbox.pop_batch(max, |p| f(p.unpack()));
-        if n > 0 {
-            let refused = inbox.take_refused();
-            if refused != 0 {
-                self.wake_refused(refused);
-            }
-        }
-        n
+        self.pop(cri, max, |p| f(p.unpack()))
     }
 
     /// [`poll`](Self::poll) appending the frames to `frames`, each unpacked where it will lie
     /// (room for the batch is made first: nothing is allocated once `frames` has it).
     #[inline]
     pub fn poll_into(&self, cri: usize, max: usize, frames: &mut Vec<Frame>) -> usize {
-        let inbox = &self.me().cris[cri].inbox;
         frames.reserve(max);
-        let n = inbox.pop_batch(max, |p| {
+        self.pop(cri, max, |p| {
             let len = frames.len();
             // SAFETY: `reserve` made room for `max` more and at most `max` values come, so
             // slot `len` is spare capacity; it is written before the length counts it.
@@ -510,7 +501,15 @@ impl EmbeddedRank {
                 p.unpack_to(frames.as_mut_ptr().add(len));
                 frames.set_len(len + 1);
             }
-        });
+        })
+    }
+
+    /// Takes up to `max` packed frames from CRI `cri`'s inbox, handing each to `f`, then
+    /// rings the ranks the inbox refused (see [`poll`](Self::poll)). Returns how many.
+    #[inline(always)]
+    fn pop(&self, cri: usize, max: usize, f: impl FnMut(Packed)) -> usize {
+        let inbox = &self.me().cris[cri].inbox;
+        let n = inbox.pop_batch(max, f);
         if n > 0 {
             let refused = inbox.take_refused();
             if refused != 0 {

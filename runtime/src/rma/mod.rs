@@ -345,13 +345,13 @@ impl<'a, T: Primitive> Window<'a, T> {
             return None;
         }
         let me = self.rank();
-        (0..self.size()).find(|&r| r != me && !t.is_alive(self.comm.world_of(r)))
+        (0..self.size()).find(|&r| r != me && !t.is_alive(self.parts[r as usize].remote.rank))
     }
 
     /// Whether `rank`'s process is gone (lost, or finished); `false` for a rank outside the
     /// window.
     pub(crate) fn peer_gone(&self, rank: u32) -> bool {
-        rank < self.size() && rank != self.rank() && !self.transport().is_alive(self.comm.world_of(rank))
+        rank < self.size() && rank != self.rank() && !self.transport().is_alive(self.parts[rank as usize].remote.rank)
     }
 
     /// Whether [`watch`](Self::watch) gives listeners: the transport signals writes (the
