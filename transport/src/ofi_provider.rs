@@ -379,27 +379,13 @@ fn coarse_ms() -> u64 {
 // ----------------------------------------------------------------------------------------
 // Wire format
 
-fn put_u16(b: &mut [u8], at: usize, v: u16) {
-    b[at..at + 2].copy_from_slice(&v.to_le_bytes());
-}
-fn put_u32(b: &mut [u8], at: usize, v: u32) {
-    b[at..at + 4].copy_from_slice(&v.to_le_bytes());
-}
-fn put_u64(b: &mut [u8], at: usize, v: u64) {
-    b[at..at + 8].copy_from_slice(&v.to_le_bytes());
-}
-fn get_u16(b: &[u8], at: usize) -> u16 {
-    u16::from_le_bytes([b[at], b[at + 1]])
-}
-fn get_u32(b: &[u8], at: usize) -> u32 {
-    let mut w = [0u8; 4];
-    w.copy_from_slice(&b[at..at + 4]);
-    u32::from_le_bytes(w)
-}
-fn get_u64(b: &[u8], at: usize) -> u64 {
-    let mut w = [0u8; 8];
-    w.copy_from_slice(&b[at..at + 8]);
-    u64::from_le_bytes(w)
+/// The `N` bytes of `b` at `at` (a fixed-size copy: the reads and writes of one header
+/// check its bounds once).
+#[inline(always)]
+fn le<const N: usize>(b: &[u8], at: usize) -> [u8; N] {
+    let mut w = [0u8; N];
+    w.copy_from_slice(&b[at..at + N]);
+    w
 }
 
 /// Wire kind byte of a compact eager frame (the full ones use `FrameKind as u8`: 0, 1, 2).
@@ -434,23 +420,26 @@ fn header_len(h: &Header, data_len: usize) -> usize {
 /// 0). 24 bytes keep an 8-byte message in 32 bytes on the wire, the size up to which a shm
 /// hop costs the same (`fi_pingpong` here: 0.28-0.29 µs one-way up to 32 bytes, 0.33-0.35
 /// from 36).
+#[inline(always)]
 fn encode(h: &Header, hlen: usize, out: &mut [u8]) {
-    out[0] = if hlen == COMPACT_HEADER { COMPACT_EAGER } else { h.kind as u8 };
-    out[1] = 0;
-    put_u16(out, 2, h.chan);
-    put_u32(out, 4, h.context);
-    put_u32(out, 8, h.source);
-    put_u32(out, 12, h.tag as u32);
-    put_u32(out, 16, h.seq);
-    put_u32(out, 20, h.gseq);
+    // The compact part, built in registers and stored at once.
+    let mut w = [0u8; COMPACT_HEADER];
+    w[0] = if hlen == COMPACT_HEADER { COMPACT_EAGER } else { h.kind as u8 };
+    w[2..4].copy_from_slice(&h.chan.to_le_bytes());
+    w[4..8].copy_from_slice(&h.context.to_le_bytes());
+    w[8..12].copy_from_slice(&h.source.to_le_bytes());
+    w[12..16].copy_from_slice(&(h.tag as u32).to_le_bytes());
+    w[16..20].copy_from_slice(&h.seq.to_le_bytes());
+    w[20..24].copy_from_slice(&h.gseq.to_le_bytes());
+    out[..COMPACT_HEADER].copy_from_slice(&w);
     if hlen == WIRE_HEADER {
-        put_u16(out, 24, h.src_cri);
-        put_u16(out, 26, 0);
-        put_u32(out, 28, 0);
-        put_u64(out, 32, h.len);
-        put_u64(out, 40, h.cookie);
-        put_u64(out, 48, h.key);
-        put_u64(out, 56, h.addr);
+        let mut x = [0u8; WIRE_HEADER - COMPACT_HEADER];
+        x[0..2].copy_from_slice(&h.src_cri.to_le_bytes());
+        x[8..16].copy_from_slice(&h.len.to_le_bytes());
+        x[16..24].copy_from_slice(&h.cookie.to_le_bytes());
+        x[24..32].copy_from_slice(&h.key.to_le_bytes());
+        x[32..40].copy_from_slice(&h.addr.to_le_bytes());
+        out[COMPACT_HEADER..WIRE_HEADER].copy_from_slice(&x);
     }
 }
 
@@ -463,35 +452,39 @@ fn write_frame(h: &Header, hlen: usize, data: &[u8], out: &mut [u8]) {
 }
 
 /// Reads a header written by [`encode`] and its length; `None` for a malformed frame.
+#[inline(always)]
 fn decode(b: &[u8]) -> Option<(Header, usize)> {
-    if b.len() < COMPACT_HEADER {
-        return None;
-    }
-    let (kind, hlen) = match b[0] {
+    let w: [u8; COMPACT_HEADER] = b.get(..COMPACT_HEADER)?.try_into().ok()?;
+    let (kind, hlen) = match w[0] {
         0 => (FrameKind::Eager, WIRE_HEADER),
         1 => (FrameKind::Rts, WIRE_HEADER),
         2 => (FrameKind::Fin, WIRE_HEADER),
         COMPACT_EAGER => (FrameKind::Eager, COMPACT_HEADER),
         _ => return None,
     };
-    if b.len() < hlen {
-        return None;
-    }
-    let full = hlen == WIRE_HEADER;
-    let header = Header {
+    let u32_at = |at: usize| u32::from_le_bytes([w[at], w[at + 1], w[at + 2], w[at + 3]]);
+    let mut header = Header {
         kind,
-        src_cri: if full { get_u16(b, 24) } else { 0 },
-        context: get_u32(b, 4),
-        source: get_u32(b, 8),
-        tag: get_u32(b, 12) as i32,
-        seq: get_u32(b, 16),
-        gseq: get_u32(b, 20),
-        chan: get_u16(b, 2),
-        len: if full { get_u64(b, 32) } else { (b.len() - COMPACT_HEADER) as u64 },
-        cookie: if full { get_u64(b, 40) } else { 0 },
-        key: if full { get_u64(b, 48) } else { 0 },
-        addr: if full { get_u64(b, 56) } else { 0 },
+        src_cri: 0,
+        context: u32_at(4),
+        source: u32_at(8),
+        tag: u32_at(12) as i32,
+        seq: u32_at(16),
+        gseq: u32_at(20),
+        chan: u16::from_le_bytes([w[2], w[3]]),
+        len: (b.len() - COMPACT_HEADER) as u64,
+        cookie: 0,
+        key: 0,
+        addr: 0,
     };
+    if hlen == WIRE_HEADER {
+        let x: [u8; WIRE_HEADER - COMPACT_HEADER] = b.get(COMPACT_HEADER..WIRE_HEADER)?.try_into().ok()?;
+        header.src_cri = u16::from_le_bytes(le(&x, 0));
+        header.len = u64::from_le_bytes(le(&x, 8));
+        header.cookie = u64::from_le_bytes(le(&x, 16));
+        header.key = u64::from_le_bytes(le(&x, 24));
+        header.addr = u64::from_le_bytes(le(&x, 32));
+    }
     Some((header, hlen))
 }
 
@@ -705,7 +698,7 @@ impl Opened {
                 return Err(Error::InvalidArgument("malformed endpoint address from a peer (a different weft version?)"));
             }
             for (i, &v) in mine.iter().enumerate() {
-                if get_u64(blob, i * 8) != v {
+                if u64::from_le_bytes(le(blob, i * 8)) != v {
                     return Err(Error::InvalidArgument(what(i)));
                 }
             }
@@ -714,7 +707,7 @@ impl Opened {
                 if at + 2 > blob.len() {
                     return Err(Error::InvalidArgument("malformed endpoint address from a peer (different CRI count?)"));
                 }
-                let n = get_u16(blob, at) as usize;
+                let n = usize::from(u16::from_le_bytes(le(blob, at)));
                 at += 2;
                 let name = blob.get(at..at + n).ok_or(Error::InvalidArgument("malformed endpoint address from a peer"))?;
                 at += n;
@@ -1017,6 +1010,7 @@ impl RankInner {
         now.saturating_sub(self.last_active.load(Ordering::Relaxed)) < ACTIVE_MS
     }
 
+    #[inline]
     fn is_alive(&self, r: u32) -> bool {
         // Acquire: pairs with the release in `mark_lost`.
         self.alive.get(r as usize).is_some_and(|a| a.load(Ordering::Acquire))
@@ -1229,7 +1223,7 @@ impl RankInner {
     /// The frame in the first `len` bytes of `slot_bytes` (a receive slot or a same-host
     /// ring slot, whose bytes past `len` are initialized too), its payload copied out;
     /// `None` for a malformed frame.
-    #[inline]
+    #[inline(always)]
     fn frame_from(&self, slot_bytes: &[u8], len: usize) -> Option<Frame> {
         let bytes = &slot_bytes[..len];
         decode(bytes).map(|(header, hlen)| {
@@ -1263,6 +1257,21 @@ impl RankInner {
     #[inline]
     fn lane_has_frames(&self, cri: usize, st: &CriState) -> bool {
         self.lane.as_ref().is_some_and(|l| l.has_frames(cri, &st.heads))
+    }
+
+    /// Sends a frame to CRI `c` of `dst` through the same-host lane, where the lane
+    /// reaches `dst` and carries a frame of this size; `None` where it does not.
+    #[inline(always)]
+    fn lane_send(&self, dst: u32, c: usize, h: &Header, data: &[u8]) -> Option<Result<(), SendError>> {
+        let lane = self.lane.as_ref()?;
+        let hlen = header_len(h, data.len());
+        let total = hlen + data.len();
+        if !lane.push(dst, c, total, |out| write_frame(h, hlen, data, out)) {
+            // Not reached, too large, or the ring is full: only the last is a refusal.
+            return (lane.reaches(dst) && total <= lane.max_frame()).then(|| Err(self.refused()));
+        }
+        RankInner::note_activity(&self.cris[c]);
+        Some(Ok(()))
     }
 
     fn next_frame(&self, cri: &CriEndpoint, st: &mut CriState, read_cq: bool) -> Option<Frame> {
@@ -1812,15 +1821,14 @@ impl OfiRank {
     }
 
     /// Sends one frame to CRI `dst_cri` of rank `dst`, from this rank's CRI of the same
-    /// index. The payload is copied (inject, or a send slot): the caller's buffer is free
-    /// when this returns.
+    /// index. The payload is copied (the same-host lane's slot, inject, or a send slot):
+    /// the caller's buffer is free when this returns.
+    #[inline]
     pub fn send(&self, dst: u32, dst_cri: usize, header: Header, data: &[u8]) -> Result<(), SendError> {
         let s = &*self.inner;
         if !s.is_alive(dst) {
             return Err(SendError::PeerLost);
         }
-        let hlen = header_len(&header, data.len());
-        let total = hlen + data.len();
         // The eager capacity bounds the payload whatever header it travels behind.
         if data.len() > s.slot_size - WIRE_HEADER {
             return Err(SendError::Invalid("frame larger than the provider's eager capacity"));
@@ -1828,6 +1836,22 @@ impl OfiRank {
         // A CRI index is below the CRI count but for a peer with more CRIs than this rank:
         // no division on the common path.
         let c = if dst_cri < s.k { dst_cri } else { dst_cri % s.k };
+        // A frame to a rank of this host that needs no address of a registration: the lane
+        // alone, inlined into the caller. The rest (libfabric, and an `Rts` whatever its way)
+        // out of line.
+        if header.kind != FrameKind::Rts {
+            if let Some(sent) = s.lane_send(dst, c, &header, data) {
+                return sent;
+            }
+        }
+        self.send_frame(dst, c, header, data)
+    }
+
+    /// [`send`](Self::send) past its checks: to CRI `c` (below the CRI count) of `dst`
+    /// through the lane or libfabric, an `Rts` given its buffer's address first.
+    #[inline(never)]
+    fn send_frame(&self, dst: u32, c: usize, header: Header, data: &[u8]) -> Result<(), SendError> {
+        let s = &*self.inner;
         let cri = &s.cris[c];
         let mut h = header;
         if h.kind == FrameKind::Rts {
@@ -1839,14 +1863,12 @@ impl OfiRank {
                 Some(mr) => h.addr = mr.remote().base,
                 None => return Err(SendError::Invalid("rendezvous buffer is not registered")),
             }
-        }
-        if let Some(lane) = s.lane.as_ref().filter(|l| l.reaches(dst) && total <= l.max_frame()) {
-            if !lane.push(dst, c, total, |out| write_frame(&h, hlen, data, out)) {
-                return Err(s.refused());
+            if let Some(sent) = s.lane_send(dst, c, &h, data) {
+                return sent;
             }
-            RankInner::note_activity(cri);
-            return Ok(());
         }
+        let hlen = header_len(&h, data.len());
+        let total = hlen + data.len();
         let to = s.addr(dst, c);
         // The CRI state lock, held only for a slot send: an inject copies the frame before it
         // returns and completes nothing, so the CRI's state (send slots, staging) is not
@@ -1917,7 +1939,31 @@ impl OfiRank {
     /// under the CRI's state lock (one acquisition per call, not per frame): it must not
     /// send or poll on this rank — the runtime only collects the frames in it.
     #[inline]
-    pub fn poll(&self, cri: usize, max: usize, mut f: impl FnMut(Frame)) -> usize {
+    pub fn poll(&self, cri: usize, max: usize, f: impl FnMut(Frame)) -> usize {
+        self.poll_with(cri, max, f)
+    }
+
+    /// [`poll`](Self::poll) appending the frames to `frames`, each decoded where it will
+    /// lie (room for the batch is made first: nothing is allocated once `frames` has it).
+    #[inline]
+    pub fn poll_into(&self, cri: usize, max: usize, frames: &mut Vec<Frame>) -> usize {
+        frames.reserve(max);
+        self.poll_with(cri, max, |frame| {
+            let len = frames.len();
+            // SAFETY: `reserve` made room for `max` more and `poll_with` hands out at most
+            // `max`, so slot `len` is spare capacity; it is written before the length
+            // counts it.
+            unsafe {
+                frames.as_mut_ptr().add(len).write(frame);
+                frames.set_len(len + 1);
+            }
+        })
+    }
+
+    /// [`poll`](Self::poll), inlined into each caller with its `f`: the same-host rings'
+    /// frames are decoded straight into what `f` does with them.
+    #[inline(always)]
+    fn poll_with(&self, cri: usize, max: usize, mut f: impl FnMut(Frame)) -> usize {
         let s = &*self.inner;
         let c = &s.cris[cri];
         let mut n = 0;

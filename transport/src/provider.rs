@@ -268,14 +268,14 @@ impl Transport {
         dispatch!(self, t => t.poll(cri, max, f))
     }
 
-    /// [`poll`](Self::poll) appending the frames to `frames` (the embedded provider unpacks
-    /// each straight into the vector).
+    /// [`poll`](Self::poll) appending the frames to `frames` (each provider writes each
+    /// frame straight into the vector).
     #[inline]
     pub fn poll_into(&self, cri: usize, max: usize, frames: &mut Vec<Frame>) -> usize {
         match self {
             Transport::Embedded(t) => t.poll_into(cri, max, frames),
             #[cfg(feature = "ofi")]
-            Transport::Ofi(t) => t.poll(cri, max, |f| frames.push(f)),
+            Transport::Ofi(t) => t.poll_into(cri, max, frames),
         }
     }
 

@@ -98,10 +98,12 @@ pub(super) struct Class {
 
 impl Class {
     /// The largest frame a slot holds.
+    #[inline]
     pub(super) const fn max_frame(self) -> usize {
         self.slot_bytes - SLOT_DATA
     }
 
+    #[inline]
     const fn ring_bytes(self) -> usize {
         RING_HEADER + self.slots * self.slot_bytes
     }
@@ -168,6 +170,7 @@ impl Mapping {
         NonNull::new(p.cast()).map(|ptr| Mapping { ptr, len })
     }
 
+    #[inline]
     fn u64_at(&self, off: usize) -> &AtomicU64 {
         debug_assert!(off + 8 <= self.len && off % 8 == 0);
         // SAFETY: in bounds and 8-aligned (the mapping is page-aligned); the memory lives as
@@ -175,6 +178,7 @@ impl Mapping {
         unsafe { &*self.ptr.as_ptr().add(off).cast::<AtomicU64>() }
     }
 
+    #[inline]
     fn u32_at(&self, off: usize) -> &AtomicU32 {
         debug_assert!(off + 4 <= self.len && off % 4 == 0);
         // SAFETY: as in `u64_at`.
@@ -208,6 +212,7 @@ impl Layout {
     }
 
     /// Bytes of a (CRI, sender)'s two rings.
+    #[inline]
     fn pair_bytes(self) -> usize {
         SMALL.ring_bytes() + self.big.ring_bytes()
     }
@@ -218,10 +223,12 @@ impl Layout {
 
     /// The ring of `class` CRI `cri` of the segment's owner reads frames of `from` from:
     /// its offset.
+    #[inline]
     fn ring(self, cri: usize, from: u32, big: bool) -> usize {
         SEGMENT_HEADER + (cri * self.ranks + from as usize) * self.pair_bytes() + if big { SMALL.ring_bytes() } else { 0 }
     }
 
+    #[inline]
     fn class(self, big: bool) -> Class {
         if big {
             self.big
@@ -513,25 +520,30 @@ struct Ring<'a> {
 }
 
 impl Ring<'_> {
+    #[inline]
     fn tail(&self) -> &AtomicU64 {
         self.seg.u64_at(self.at)
     }
 
+    #[inline]
     fn stamp(&self, i: usize) -> &AtomicU64 {
         self.seg.u64_at(self.at + RING_HEADER + i * self.class.slot_bytes)
     }
 
+    #[inline]
     fn slot_ptr(&self, i: usize) -> *mut u8 {
         // SAFETY: in bounds of the mapping (the layout's ring `at` has the class's slots).
         unsafe { self.seg.ptr.as_ptr().add(self.at + RING_HEADER + i * self.class.slot_bytes) }
     }
 
+    #[inline]
     fn slots(&self) -> u64 {
         self.class.slots as u64
     }
 
     /// Claims the next position and lets `write` fill its frame bytes (at most the class's
     /// `max_frame`; it returns how many it wrote), then publishes it. `false`: full.
+    #[inline(always)]
     fn push(&self, write: impl FnOnce(&mut [u8]) -> usize) -> bool {
         let mask = self.slots() - 1;
         // Relaxed: the tail only allocates positions; the stamp carries the data.
@@ -565,7 +577,7 @@ impl Ring<'_> {
     }
 
     /// Whether position `head` holds a frame.
-    #[inline]
+    #[inline(always)]
     fn ready(&self, head: u64) -> bool {
         let i = (head & (self.slots() - 1)) as usize;
         // Acquire: a `true` is followed by the read of the frame.
@@ -574,7 +586,7 @@ impl Ring<'_> {
 
     /// Hands the slot of the frame at `head` (which is [`ready`](Self::ready)) and the
     /// frame's length to `read`, then frees the slot for the next lap.
-    #[inline]
+    #[inline(always)]
     fn take<R>(&self, head: u64, read: impl FnOnce(&[u8], usize) -> R) -> R {
         let i = (head & (self.slots() - 1)) as usize;
         let p = self.slot_ptr(i);
@@ -604,12 +616,14 @@ pub(super) struct Heads {
 
 impl Lane {
     /// Ring `k` (of [`Heads::heads`]) of CRI `cri`.
+    #[inline]
     fn ring_in(&self, cri: usize, k: usize) -> Ring<'_> {
         let big = k % 2 == 1;
         Ring { seg: &self.seg, at: self.layout.ring(cri, self.readers[cri][k / 2], big), class: self.layout.class(big) }
     }
 
     /// The largest frame the lane carries.
+    #[inline]
     pub(super) fn max_frame(&self) -> usize {
         self.layout.big_frame
     }
@@ -627,7 +641,9 @@ impl Lane {
 
     /// Pushes a frame of `len` bytes (at most [`max_frame`](Self::max_frame)), written by
     /// `write` into the slice it is given (its first `len` bytes), to CRI `cri` of `dst`
-    /// (which the lane [`reaches`](Self::reaches)). `false`: the ring is full.
+    /// (which the lane [`reaches`](Self::reaches)). `false`: the ring is full, or the lane
+    /// does not carry the frame (another rank, too large).
+    #[inline(always)]
     pub(super) fn push(&self, dst: u32, cri: usize, len: usize, write: impl FnOnce(&mut [u8])) -> bool {
         let Some(Some(peer)) = self.peers.get(dst as usize) else { return false };
         let big = len > SMALL.max_frame();
@@ -762,6 +778,7 @@ impl Lane {
     /// Hands up to `max` frames of CRI `cri` to `read` (the slot, whose bytes are all
     /// initialized, and the frame's length), ring after ring, each drained before the next;
     /// returns how many.
+    #[inline(always)]
     pub(super) fn poll(&self, cri: usize, heads: &mut Heads, max: usize, mut read: impl FnMut(&[u8], usize)) -> usize {
         let n_rings = heads.heads.len();
         let mut n = 0;
