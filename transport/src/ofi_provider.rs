@@ -445,10 +445,13 @@ fn encode(h: &Header, hlen: usize, out: &mut [u8]) {
 
 /// Writes a whole frame into `out`, which is exactly `hlen + data.len()` bytes: the
 /// header (`hlen` from [`header_len`]), then the payload.
-#[inline]
+#[inline(always)]
 fn write_frame(h: &Header, hlen: usize, data: &[u8], out: &mut [u8]) {
     encode(h, hlen, out);
-    out[hlen..].copy_from_slice(data);
+    // No `memcpy` call for the empty payloads of 0-byte messages and protocol frames.
+    if !data.is_empty() {
+        out[hlen..].copy_from_slice(data);
+    }
 }
 
 /// Reads a header written by [`encode`] and its length; `None` for a malformed frame.
@@ -1266,10 +1269,12 @@ impl RankInner {
         let lane = self.lane.as_ref()?;
         let hlen = header_len(h, data.len());
         let total = hlen + data.len();
-        if !lane.push(dst, c, total, |out| write_frame(h, hlen, data, out)) {
+        let Some(mut claim) = lane.claim(dst, c, total) else {
             // Not reached, too large, or the ring is full: only the last is a refusal.
             return (lane.reaches(dst) && total <= lane.max_frame()).then(|| Err(self.refused()));
-        }
+        };
+        write_frame(h, hlen, data, claim.frame());
+        claim.publish();
         RankInner::note_activity(&self.cris[c]);
         Some(Ok(()))
     }

@@ -541,10 +541,10 @@ impl Ring<'_> {
         self.class.slots as u64
     }
 
-    /// Claims the next position and lets `write` fill its frame bytes (at most the class's
-    /// `max_frame`; it returns how many it wrote), then publishes it. `false`: full.
+    /// Claims the next position: its index in the ring and the position, whose slot is
+    /// then the caller's to write until [`publish`](Self::publish). `None`: full.
     #[inline(always)]
-    fn push(&self, write: impl FnOnce(&mut [u8]) -> usize) -> bool {
+    fn claim(&self) -> Option<(usize, u64)> {
         let mask = self.slots() - 1;
         // Relaxed: the tail only allocates positions; the stamp carries the data.
         let mut t = self.tail().load(Ordering::Relaxed);
@@ -554,26 +554,25 @@ impl Ring<'_> {
             let stamp = self.stamp(i).load(Ordering::Acquire).wrapping_add(i as u64);
             if stamp == t {
                 match self.tail().compare_exchange_weak(t, t.wrapping_add(1), Ordering::Relaxed, Ordering::Relaxed) {
-                    Ok(_) => {
-                        let p = self.slot_ptr(i);
-                        // SAFETY: position `t` is ours (the CAS) and its slot free (the
-                        // stamp): nobody reads or writes these bytes until we publish.
-                        let frame = unsafe { std::slice::from_raw_parts_mut(p.add(SLOT_DATA), self.class.max_frame()) };
-                        let n = write(frame);
-                        // SAFETY: the length word of our slot, 8-aligned.
-                        unsafe { (*p.add(8).cast::<AtomicU32>()).store(n as u32, Ordering::Relaxed) };
-                        // Release: publishes the frame to the consumer's Acquire.
-                        self.stamp(i).store(t.wrapping_add(1).wrapping_sub(i as u64), Ordering::Release);
-                        return true;
-                    }
+                    Ok(_) => return Some((i, t)),
                     Err(now) => t = now,
                 }
             } else if stamp.wrapping_add(self.slots()) == t.wrapping_add(1) {
-                return false;
+                return None;
             } else {
                 t = self.tail().load(Ordering::Relaxed);
             }
         }
+    }
+
+    /// Publishes the frame of `n` bytes written into the slot of position `t` (index `i`),
+    /// claimed by [`claim`](Self::claim).
+    #[inline(always)]
+    fn publish(&self, i: usize, t: u64, n: usize) {
+        // SAFETY: the length word of our slot, 8-aligned.
+        unsafe { (*self.slot_ptr(i).add(8).cast::<AtomicU32>()).store(n as u32, Ordering::Relaxed) };
+        // Release: publishes the frame to the consumer's Acquire.
+        self.stamp(i).store(t.wrapping_add(1).wrapping_sub(i as u64), Ordering::Release);
     }
 
     /// Whether position `head` holds a frame.
@@ -584,24 +583,29 @@ impl Ring<'_> {
         self.stamp(i).load(Ordering::Acquire).wrapping_add(i as u64) == head.wrapping_add(1)
     }
 
-    /// Hands the slot of the frame at `head` (which is [`ready`](Self::ready)) and the
-    /// frame's length to `read`, then frees the slot for the next lap.
+    /// The slot of the frame at `head` (which is [`ready`](Self::ready)), whose bytes are
+    /// all initialized, and the frame's length; the slot stays the consumer's until
+    /// [`free`](Self::free).
     #[inline(always)]
-    fn take<R>(&self, head: u64, read: impl FnOnce(&[u8], usize) -> R) -> R {
+    fn frame_at(&self, head: u64) -> (&[u8], usize) {
         let i = (head & (self.slots() - 1)) as usize;
         let p = self.slot_ptr(i);
         // SAFETY: the stamp said written for `head`; the producer touches the slot no more
         // until we free it, and the consumer is one thread (the CRI's state lock). The length
         // word is ours to read after the Acquire in `ready`; it is clamped to the slot.
-        let (slot, n) = unsafe {
+        unsafe {
             let max = self.class.max_frame();
             let n = ((*p.add(8).cast::<AtomicU32>()).load(Ordering::Relaxed) as usize).min(max);
             (std::slice::from_raw_parts(p.add(SLOT_DATA), max), n)
-        };
-        let r = read(slot, n);
+        }
+    }
+
+    /// Frees the slot of `head` for the next lap, once its frame was read.
+    #[inline(always)]
+    fn free(&self, head: u64) {
+        let i = (head & (self.slots() - 1)) as usize;
         // Release: our read of the frame happens before the next lap's producer writes.
         self.stamp(i).store(head.wrapping_add(self.slots()).wrapping_sub(i as u64), Ordering::Release);
-        r
     }
 }
 
@@ -612,6 +616,38 @@ pub(super) struct Heads {
     heads: Vec<u64>,
     /// Where the next poll starts (round robin over the rings).
     next: usize,
+}
+
+/// A slot of a peer's ring claimed for one frame ([`Lane::claim`]): written by the claimer,
+/// then published. A claim never published stops its ring (as a sender that dies in the
+/// middle of a push does: module docs, *Segments*).
+pub(super) struct Claim<'a> {
+    peer: &'a Peer,
+    ring: Ring<'a>,
+    /// The slot's index in the ring.
+    i: usize,
+    /// The claimed position.
+    t: u64,
+    /// The frame's length.
+    len: usize,
+}
+
+impl Claim<'_> {
+    /// The frame's bytes, to write.
+    #[inline(always)]
+    pub(super) fn frame(&mut self) -> &mut [u8] {
+        // SAFETY: position `t` is ours (the tail's compare-and-swap) and its slot free (the
+        // stamp): nobody reads or writes these bytes until we publish; `len` is at most the
+        // class's `max_frame` (`Lane::claim`).
+        unsafe { std::slice::from_raw_parts_mut(self.ring.slot_ptr(self.i).add(SLOT_DATA), self.len) }
+    }
+
+    /// Hands the frame to the receiver, and wakes it if it sleeps on the lane.
+    #[inline(always)]
+    pub(super) fn publish(self) {
+        self.ring.publish(self.i, self.t, self.len);
+        Lane::wake_if_asleep(self.peer);
+    }
 }
 
 impl Lane {
@@ -639,25 +675,29 @@ impl Lane {
         self.peers.iter().filter(|p| p.is_some()).count()
     }
 
-    /// Pushes a frame of `len` bytes (at most [`max_frame`](Self::max_frame)), written by
-    /// `write` into the slice it is given (its first `len` bytes), to CRI `cri` of `dst`
-    /// (which the lane [`reaches`](Self::reaches)). `false`: the ring is full, or the lane
-    /// does not carry the frame (another rank, too large).
+    /// Claims a slot for a frame of `len` bytes to CRI `cri` of `dst`: the caller writes
+    /// the frame into [`Claim::frame`], then [`Claim::publish`]es it. `None`: the lane does
+    /// not reach `dst`, the frame is larger than [`max_frame`](Self::max_frame), or the ring
+    /// is full.
     #[inline(always)]
-    pub(super) fn push(&self, dst: u32, cri: usize, len: usize, write: impl FnOnce(&mut [u8])) -> bool {
-        let Some(Some(peer)) = self.peers.get(dst as usize) else { return false };
-        let big = len > SMALL.max_frame();
+    pub(super) fn claim(&self, dst: u32, cri: usize, len: usize) -> Option<Claim<'_>> {
+        let Some(Some(peer)) = self.peers.get(dst as usize) else { return None };
         if len > self.max_frame() {
-            return false;
+            return None;
         }
+        let big = len > SMALL.max_frame();
         let ring = Ring { seg: &peer.seg, at: self.layout.ring(cri, self.rank, big), class: self.layout.class(big) };
-        if !ring.push(|out| {
-            write(&mut out[..len]);
-            len
-        }) {
-            return false;
-        }
-        Self::wake_if_asleep(peer);
+        let (i, t) = ring.claim()?;
+        Some(Claim { peer, ring, i, t, len })
+    }
+
+    /// [`claim`](Self::claim), `write` (given the frame's `len` bytes), publish. `false`
+    /// where `claim` finds no slot.
+    #[cfg(test)]
+    fn push(&self, dst: u32, cri: usize, len: usize, write: impl FnOnce(&mut [u8])) -> bool {
+        let Some(mut c) = self.claim(dst, cri, len) else { return false };
+        write(c.frame());
+        c.publish();
         true
     }
 
@@ -745,7 +785,7 @@ impl Lane {
         self.peers.iter().all(Option::is_some)
     }
 
-    #[inline]
+    #[inline(always)]
     fn wake_if_asleep(peer: &Peer) {
         // Orders the push (or post) before the load of `asleep` (module docs, *Waking the
         // receiver*): against a sleeper that runs a barrier on this CPU, the compiler's
@@ -792,7 +832,9 @@ impl Lane {
             let mut h = heads.heads[j];
             let before = n;
             while n < max && ring.ready(h) {
-                ring.take(h, &mut read);
+                let (slot, len) = ring.frame_at(h);
+                read(slot, len);
+                ring.free(h);
                 h = h.wrapping_add(1);
                 n += 1;
             }
