@@ -202,30 +202,27 @@ struct Layout {
     big: Class,
     /// The largest frame the big ring takes (its slots may hold a little more).
     big_frame: usize,
+    /// Bytes of a (CRI, sender)'s two rings.
+    pair_bytes: usize,
 }
 
 impl Layout {
     /// For frames of up to `max_frame` bytes.
     fn new(cris: usize, ranks: usize, max_frame: usize) -> Layout {
         let frame = max_frame.clamp(SMALL.max_frame(), BIG_FRAME_LIMIT);
-        Layout { cris, ranks, big: Class { slots: BIG_SLOTS, slot_bytes: (SLOT_DATA + frame).next_multiple_of(64) }, big_frame: frame }
-    }
-
-    /// Bytes of a (CRI, sender)'s two rings.
-    #[inline]
-    fn pair_bytes(self) -> usize {
-        SMALL.ring_bytes() + self.big.ring_bytes()
+        let big = Class { slots: BIG_SLOTS, slot_bytes: (SLOT_DATA + frame).next_multiple_of(64) };
+        Layout { cris, ranks, big, big_frame: frame, pair_bytes: SMALL.ring_bytes() + big.ring_bytes() }
     }
 
     fn len(self) -> Option<usize> {
-        self.cris.checked_mul(self.ranks)?.checked_mul(self.pair_bytes())?.checked_add(SEGMENT_HEADER).filter(|&n| n <= MAX_SEGMENT)
+        self.cris.checked_mul(self.ranks)?.checked_mul(self.pair_bytes)?.checked_add(SEGMENT_HEADER).filter(|&n| n <= MAX_SEGMENT)
     }
 
     /// The ring of `class` CRI `cri` of the segment's owner reads frames of `from` from:
     /// its offset.
     #[inline]
     fn ring(self, cri: usize, from: u32, big: bool) -> usize {
-        SEGMENT_HEADER + (cri * self.ranks + from as usize) * self.pair_bytes() + if big { SMALL.ring_bytes() } else { 0 }
+        SEGMENT_HEADER + (cri * self.ranks + from as usize) * self.pair_bytes + if big { SMALL.ring_bytes() } else { 0 }
     }
 
     #[inline]
