@@ -77,7 +77,10 @@
 //! if it is running, comes from the sleeper's call; if it is not, its stores have drained).
 //! A segment says in its header ([`SLEEPER_BARRIER`]) whether its owner's sleepers do so; a
 //! sender keeps the full fence towards a rank that does not, and where its own process could
-//! not register.
+//! not register. Where every rank that writes a rank's rings runs in the rank's own process
+//! (ranks in one process on `shm`), its sleepers ask for `MEMBARRIER_CMD_PRIVATE_EXPEDITED`
+//! instead, where the process registered for it: a barrier on the CPUs of that process
+//! alone, which are all the senders' ([`SleeperBarrier`]).
 
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::ptr::NonNull;
@@ -394,9 +397,22 @@ pub(super) struct Lane {
     peers: Box<[Option<Peer>]>,
     /// Per CRI: the ranks whose rings it reads (this host's, as mapped by them).
     readers: Box<[Box<[u32]>]>,
-    /// Whether this rank's sleepers issue `membarrier` before their last look (published in
-    /// the segment's header, [`SLEEPER_BARRIER`]).
-    barrier: bool,
+    /// What this rank's sleepers run before their last look (whether they run a barrier is
+    /// published in the segment's header, [`SLEEPER_BARRIER`]).
+    barrier: SleeperBarrier,
+}
+
+/// The barrier a rank's sleepers run between their store to `asleep` and their last look
+/// at the rings, beside their own full fence (module docs, *Waking the receiver*).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum SleeperBarrier {
+    /// None: the process could not register, and senders fence.
+    Fence,
+    /// `MEMBARRIER_CMD_PRIVATE_EXPEDITED`: every rank that writes this rank's rings runs in
+    /// this process, so the CPUs running its threads are all the senders' there may be.
+    Private,
+    /// `MEMBARRIER_CMD_GLOBAL_EXPEDITED`: senders in other processes.
+    Global,
 }
 
 impl std::fmt::Debug for Lane {
@@ -492,9 +508,18 @@ impl Prepared {
         let readers = (0..self.layout.cris).map(|_| mine.clone()).collect();
         // Ranks of other processes share this host's cores: the process's waiters spin only
         // while the machine has a core to spare (`IdleBackoff::share_cores`).
-        if mine.iter().any(|&r| published[r as usize].is_some_and(|p| p.pid != std::process::id())) {
+        let one_process = mine.iter().all(|&r| published[r as usize].is_some_and(|p| p.pid == std::process::id()));
+        if !one_process {
             weft_sync::IdleBackoff::share_cores();
         }
+        // The segment's header says the sleepers run a barrier wherever this process
+        // registered for the global one; with every writer in this process, the private one
+        // covers them all, and interrupts no CPU of another process.
+        let barrier = match (self.barrier, one_process && membarrier::private_registered()) {
+            (false, _) => SleeperBarrier::Fence,
+            (true, true) => SleeperBarrier::Private,
+            (true, false) => SleeperBarrier::Global,
+        };
         Lane {
             layout: self.layout,
             rank,
@@ -504,7 +529,7 @@ impl Prepared {
             waiter_eventfd: self.waiter_eventfd,
             peers,
             readers,
-            barrier: self.barrier,
+            barrier,
         }
     }
 }
@@ -881,8 +906,10 @@ impl Lane {
     /// (module docs, *Waking the receiver*).
     fn sleeper_barrier(&self) {
         fence(Ordering::SeqCst);
-        if self.barrier {
-            membarrier::global_barrier();
+        match self.barrier {
+            SleeperBarrier::Fence => {}
+            SleeperBarrier::Private => membarrier::private_barrier(),
+            SleeperBarrier::Global => membarrier::global_barrier(),
         }
     }
 
@@ -1088,6 +1115,30 @@ mod tests {
         c.fall_asleep();
         assert!(a.push(2, 0, 0, |_| ()));
         assert!(readable(c.wake_fd()));
+    }
+
+    /// Where every writer of a rank's rings is of its own process, its sleepers' barrier is
+    /// the private one (where the process registered for both), and a sleeper that ran it is
+    /// woken by a push.
+    #[test]
+    fn sleepers_with_writers_of_their_own_process_alone_run_the_private_barrier() {
+        let global = membarrier::global_registered();
+        let private = membarrier::private_registered();
+        let (a, b) = pair();
+        let expected = match (global, private) {
+            (false, _) => SleeperBarrier::Fence,
+            (true, true) => SleeperBarrier::Private,
+            (true, false) => SleeperBarrier::Global,
+        };
+        assert_eq!((a.barrier, b.barrier), (expected, expected));
+        b.fall_asleep();
+        assert!(a.push(1, 0, 0, |_| ()));
+        assert!(readable(b.wake_fd()), "a push wakes a watcher that ran the private barrier");
+        b.wake_up();
+        drain(b.wake_fd());
+        b.waiter_falls_asleep();
+        assert!(a.push(1, 0, 0, |_| ()));
+        assert!(readable(b.waiter_fd()), "and a waiter that ran it");
     }
 
     #[test]
