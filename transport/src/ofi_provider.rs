@@ -1829,7 +1829,7 @@ impl OfiRank {
     /// Sends one frame to CRI `dst_cri` of rank `dst`, from this rank's CRI of the same
     /// index. The payload is copied (the same-host lane's slot, inject, or a send slot):
     /// the caller's buffer is free when this returns.
-    #[inline(always)]
+    #[inline]
     pub fn send(&self, dst: u32, dst_cri: usize, header: Header, data: &[u8]) -> Result<(), SendError> {
         let s = &*self.inner;
         if !s.is_alive(dst) {
