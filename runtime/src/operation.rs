@@ -96,14 +96,18 @@ pub(crate) fn new_operation(init: impl FnOnce(&mut Operation)) -> Arc<Operation>
             // `Arc` out: the exclusive borrow is sound. (`Arc::get_mut` would prove the same with a locked compare-exchange on
             // the weak count, once per message.)
             let inner = unsafe { &mut *Arc::as_ptr(&arc).cast_mut() };
+            // What may call out (a pending attachment's cancellation, an orphan's drop)
+            // first, the plain fields last: `init`, inlined, then overwrites them with no
+            // call in between, and the compiler drops the stores it overwrites (a receive
+            // sets all four).
             inner.cell.reset();
+            *inner.orphan.get_mut() = None;
+            // A plain store, like `get_mut` (loom's atomics have no `get_mut`).
+            inner.key.store(0, Ordering::Relaxed);
             inner.ptr = std::ptr::null_mut();
             inner.cap = 0;
             inner.elem = 1;
-            // A plain store, like `get_mut` (loom's atomics have no `get_mut`).
-            inner.key.store(0, Ordering::Relaxed);
             inner.context = 0;
-            *inner.orphan.get_mut() = None;
             debug_assert!(inner.relay.get().is_none(), "an operation with a relay is never pooled");
             init(inner);
             arc
