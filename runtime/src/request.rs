@@ -429,6 +429,15 @@ impl<B: Send + 'static> crate::progress::Waitable for Request<'_, B> {
     fn is_complete(&self) -> bool {
         Request::is_complete(self)
     }
+    /// A sent request, or one whose result was taken, holds no operation: settled, not
+    /// failed.
+    #[inline]
+    fn settled(&self) -> Option<bool> {
+        match &self.inner {
+            Some(i) => i.cell.outcome().map(|o| o.is_err()),
+            None => Some(false),
+        }
+    }
     fn is_live(&self) -> bool {
         Request::is_live(self)
     }
