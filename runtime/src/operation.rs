@@ -123,10 +123,19 @@ pub(crate) fn new_operation(init: impl FnOnce(&mut Operation)) -> Arc<Operation>
 /// Returns an inner to this thread's pool if nobody else holds it.
 #[inline(always)]
 pub(crate) fn recycle(arc: Arc<Operation>) {
+    if arc.cell.is_complete() {
+        recycle_completed(arc);
+    }
+}
+
+/// [`recycle`] for an operation whose completion the caller has seen (acquire), as taking a
+/// request's result has: its cell is not tested again.
+#[inline(always)]
+pub(crate) fn recycle_completed(arc: Arc<Operation>) {
     // `strong_count` loads Relaxed; the Acquire fence below orders our reuse after the
     // accesses of the last other holder (which dropped its reference with a Release
     // decrement), as `Arc`'s own drop does before freeing.
-    if Arc::strong_count(&arc) == 1 && Arc::weak_count(&arc) == 0 && arc.cell.is_complete() {
+    if Arc::strong_count(&arc) == 1 && Arc::weak_count(&arc) == 0 {
         fence(Ordering::Acquire);
         if let Some(p) = pool() {
             p.keep(arc);

@@ -532,9 +532,7 @@ fn wait_all_reports_a_failed_request_seen_or_parked() {
                         ra.world().send(vec![i as u8; n], 1, 9).unwrap();
                     }
                 });
-                if !late {
-                    peer.join().unwrap();
-                }
+                let peer = if late { Some(peer) } else { peer.join().map(|()| None).unwrap() };
                 let err = weft::wait_all(&mut reqs).unwrap_err();
                 assert_eq!(err, weft::Error::Truncated { message_len: 8, buffer_len: 4 }, "{mode:?} late={late}");
                 assert_eq!(reqs[0].take().unwrap().unwrap().0, vec![0, 0]);
@@ -542,7 +540,7 @@ fn wait_all_reports_a_failed_request_seen_or_parked() {
                 assert_eq!(reqs[2].take().unwrap().unwrap().0, vec![2, 2, 2]);
                 // Taken, every request is settled without an error.
                 assert_eq!(weft::wait_all(&mut reqs), Ok(()));
-                if late {
+                if let Some(peer) = peer {
                     peer.join().unwrap();
                 }
             });

@@ -588,7 +588,8 @@ impl MatchState {
     /// [`arrive_in_order`](Self::arrive_in_order), out of line. So this function needs
     /// only a few registers and no stack frame of its own: the large frame of the rare
     /// paths (reordering, new sources, overtaking) is not set up and torn down per message.
-    #[inline]
+    /// Kept out of line itself: the pass's loop over a run of frames stays small.
+    #[inline(never)]
     pub(crate) fn arrive_at(&mut self, at: usize, out: &mut Matches) {
         let header = &out.frames[at].header;
         if self.mode != Order::Overtake && self.far.is_empty() {
