@@ -988,7 +988,26 @@ impl MatchState {
     /// A receive is posted: take the first fitting unexpected frame into `early` (left
     /// untouched when there is none: no frame-sized copy on the common path), or queue the
     /// receive.
+    ///
+    /// The common posting — nothing unexpected, a fully specified receive for the (source,
+    /// tag) of the bin used last — is done here, in a function that saves few registers;
+    /// every other case goes to [`post_searching`](Self::post_searching), out of line.
+    #[inline(never)]
     pub(crate) fn post_into(&mut self, source: Source, tag: Tag, req: &Arc<Operation>, early: &mut Option<Frame>) {
+        if let (true, Source::Rank(r), Tag::Is(t)) = (self.unexpected.is_empty(), source, tag) {
+            let seq = self.post_seq;
+            if let Some(bin) = self.bins.last_mut(bin_key(r, t)) {
+                bin.push_back(Posted { source, tag, seq, req: req.clone() });
+                self.post_seq = seq + 1;
+                return;
+            }
+        }
+        self.post_searching(source, tag, req, early);
+    }
+
+    /// [`post_into`](Self::post_into) for every other posting.
+    #[inline(never)]
+    fn post_searching(&mut self, source: Source, tag: Tag, req: &Arc<Operation>, early: &mut Option<Frame>) {
         if !self.unexpected.is_empty() {
             if let Some(i) = self.unexpected.iter().position(|f| fits(source, tag, f.header.source, f.header.tag)) {
                 *early = self.unexpected.remove(i);
