@@ -471,6 +471,7 @@ impl Central {
                 Some(w) => w.arm_watched(&self.window, &backoff, &mut watching, (self.home, WATCHERS, 0))?,
                 None => None,
             };
+            wait::checked();
             if attempt()? {
                 return Ok(());
             }
@@ -684,10 +685,8 @@ mod tests {
                 let t = Instant::now();
                 wait(&lock).unlock().unwrap();
                 let waited = t.elapsed();
-                let after = waits_here();
+                let waits = waits_here().since(before);
                 c.barrier().unwrap();
-                let waits =
-                    Waits { sleeps: after.sleeps - before.sleeps, parks: after.parks - before.parks, wakes: after.wakes - before.wakes };
                 (waits, waited)
             });
             let c = rts[1].world();
@@ -768,5 +767,122 @@ mod tests {
         let most = (HOLD.as_micros() / wait::WAKE_CHECK.as_micros()) as u64 + 4;
         assert_eq!(w.sleeps, 0, "RMA-MCS, a task: it slept in the backoff ({w:?}, waited {waited:?})");
         assert!((1..=most).contains(&w.parks), "RMA-MCS, a task: {w:?}");
+    }
+
+    /// 10,000 tasks of rank 0 read an RMA-RW whose writer is rank 1, on `shm` (one
+    /// thread, a one-thread tokio runtime): while they wait they park, one of them leading
+    /// on the wake frame's receive, instead of polling the counter: each checks it once
+    /// before it parks and once when the writer's reset wakes them, and the leader a few
+    /// times more (a polling task checks it again and again for as long as the writer
+    /// holds). All of them then acquire.
+    #[cfg(feature = "ofi")]
+    #[test]
+    fn ten_thousand_tasks_wait_for_a_lock_without_polling() {
+        const TASKS: u64 = 10_000;
+        std::env::set_var("FI_TCP_IFACE", "lo");
+        std::env::set_var("FI_SOCKETS_IFACE", "lo");
+        let rts = Runtime::builder().env(false).provider(crate::Provider::Shm).cris(1).build_local(2).unwrap();
+        let t = Thresholds { t_r: 1 << 40, ..Thresholds::default() };
+        let (held_tx, held_rx) = mpsc::channel();
+        let (parked_tx, parked_rx) = mpsc::channel();
+        let (waits, acquired) = std::thread::scope(|s| {
+            let (rts, t) = (&rts, &t);
+            let waiter = s.spawn(move || {
+                let c = rts[0].world();
+                let lock = RmaRw::new(c, &Levels::flat(), t).unwrap();
+                c.barrier().unwrap();
+                held_rx.recv().unwrap();
+                let before = waits_here();
+                let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
+                let acquired = std::sync::atomic::AtomicU64::new(0);
+                rt.block_on(async {
+                    let readers = futures::future::join_all((0..TASKS).map(|_| async {
+                        lock.read_async().await.unwrap().unlock_async().await.unwrap();
+                        acquired.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    }));
+                    // Tells rank 1 to release once every task parked, or once they checked
+                    // three times each (they poll), or after 60 s.
+                    let watch = async {
+                        let start = Instant::now();
+                        loop {
+                            let w = waits_here().since(before);
+                            if w.parks >= TASKS || w.checks >= 3 * TASKS || start.elapsed() > Duration::from_secs(60) {
+                                parked_tx.send(()).unwrap();
+                                return;
+                            }
+                            wait::Sleep::new(Duration::from_millis(1)).await;
+                        }
+                    };
+                    futures::join!(readers, watch);
+                });
+                let waits = waits_here().since(before);
+                c.barrier().unwrap();
+                (waits, acquired.into_inner())
+            });
+            let c = rts[1].world();
+            let lock = RmaRw::new(c, &Levels::flat(), t).unwrap();
+            c.barrier().unwrap();
+            let g = lock.write().unwrap();
+            held_tx.send(()).unwrap();
+            parked_rx.recv().unwrap();
+            // Held on while they wait: the leader's checks come every WAKE_CHECK.
+            std::thread::sleep(HOLD);
+            g.unlock().unwrap();
+            c.barrier().unwrap();
+            waiter.join().unwrap()
+        });
+        assert_eq!(acquired, TASKS);
+        assert_eq!(waits.sleeps, 0, "tasks slept in the backoff: {waits:?}");
+        assert!(waits.parks >= TASKS, "tasks did not park: {waits:?}");
+        let most = 2 * TASKS + 64 + (HOLD.as_micros() / wait::WAKE_CHECK.as_micros()) as u64;
+        assert!(waits.checks <= most, "tasks polled the counter: {waits:?}, at most {most} checks");
+    }
+
+    /// Wake frames nobody needs (sent for a hand-off its waiter saw while it spun, or to a
+    /// rank whose waiter left meanwhile) are consumed: after 2 ranks of 2 threads took a
+    /// D-MCS and an RMA-RW 200 times each on `shm`, a few at most are queued at a rank.
+    #[cfg(feature = "ofi")]
+    #[test]
+    fn unclaimed_wake_frames_do_not_pile_up() {
+        std::env::set_var("FI_TCP_IFACE", "lo");
+        std::env::set_var("FI_SOCKETS_IFACE", "lo");
+        let rts = Runtime::builder().env(false).provider(crate::Provider::Shm).cris(1).build_local(2).unwrap();
+        let queued: Vec<(usize, usize)> = std::thread::scope(|s| {
+            let ranks: Vec<_> = rts
+                .iter()
+                .map(|rt| {
+                    s.spawn(move || {
+                        let c = rt.world();
+                        let mcs = DMcs::new(c, 0).unwrap();
+                        let rw = RmaRw::new(c, &Levels::simulated(&[1]), &Thresholds::default()).unwrap();
+                        c.barrier().unwrap();
+                        std::thread::scope(|s| {
+                            for _ in 0..2 {
+                                s.spawn(|| {
+                                    for i in 0..100 {
+                                        drop(mcs.lock().unwrap());
+                                        if i % 4 == 0 {
+                                            drop(rw.write().unwrap());
+                                        } else {
+                                            drop(rw.read().unwrap());
+                                        }
+                                    }
+                                });
+                            }
+                        });
+                        c.barrier().unwrap();
+                        // Frames sent before the barrier have arrived by now.
+                        std::thread::sleep(Duration::from_millis(20));
+                        let queued = (mcs.q.take_queued_wakes(), rw.q.take_queued_wakes());
+                        c.barrier().unwrap();
+                        queued
+                    })
+                })
+                .collect();
+            ranks.into_iter().map(|r| r.join().unwrap()).collect()
+        });
+        for (rank, &(mcs, rw)) in queued.iter().enumerate() {
+            assert!(mcs <= 4 && rw <= 6, "rank {rank}: {mcs} D-MCS and {rw} RMA-RW wake frames queued");
+        }
     }
 }
