@@ -155,7 +155,7 @@ fn a_waiter_on_libfabric_sees_a_write_that_landed_before_the_loss() {
         in_task(async {
             let all = futures::future::join_all((0..100).map(|_| async { l.read_async().await?.unlock_async().await })).await;
             assert!(all.iter().all(|r| *r == LOST), "every reader task fails: {all:?}");
-            all[0].clone()
+            all[0]
         })
     };
     assert_eq!(holder_lost("100 RMA-RW reader tasks, lost", p, rma_rw, rw_take, None, readers), LOST);

@@ -49,18 +49,21 @@
 //!   successor's put of NEXT, a reset, a reader's departure or back-off, a release) is
 //!   followed by a read of the watchers word and a frame to each rank set. Both are
 //!   atomics at one rank, complete on return: the check sees the change, or the change's
-//!   reader sees the bit. A thread waits so; a task polls these words (its wake frame
-//!   would wait for the pass of the transport's watcher thread, a slower wake-up than the
-//!   backoff's next poll), and so does every waiter with more than 64 ranks (no bit for
-//!   each): spinning a little, then yielding, then sleeping up to [`MAX_SLEEP`] (a task on
-//!   a shared timer), as the foMPI-style locks do on the embedded provider (the seed's
-//!   baselines poll).
+//!   reader sees the bit. A waiter with more than 64 ranks (no bit for each) polls these
+//!   words instead: spinning a little, then yielding, then sleeping up to [`MAX_SLEEP`] (a
+//!   task on a shared timer), as the foMPI-style locks do on the embedded provider (the
+//!   seed's baselines poll).
 //!
 //! After a few polls the waiter posts the frame's receive before each check of its word,
 //! then parks (its thread, or its task) until the frame comes, or [`WAKE_ALARM`] passed
-//! (a thread; [`WAKE_CHECK`], or a rank's loss, for a task), and checks its word again. A
-//! frame whose change the waiter saw first is received by its next wait, which then checks
-//! once more.
+//! (a thread; [`WAKE_CHECK`], or a rank's loss, for a task), and checks its word again.
+//! The tasks of one rank waiting on one of the watched words share that receive: the first
+//! leads (spins, then parks on the receive); the others park on it at once, with no receive
+//! or check of their own, and are woken when its frame comes or it stops leading (its check
+//! found the change, or its wait failed): thousands of tasks waiting on a rank cost one
+//! receive and the leader's checks while they wait, and one check each per change. A
+//! frame nobody received (its change seen first, its waiters gone) is consumed when a wait
+//! on its word ends: a rank's queue of unexpected messages holds a few at most.
 //! Dropping a [`Guard`] releases on the dropping thread (a release waits, briefly, only for
 //! a successor that has entered the queue to make itself known);
 //! [`unlock_async`](Guard::unlock_async) releases without blocking the thread, which matters

@@ -14,8 +14,9 @@
 //!   parks on a *wake frame* ([`Wakes`]): the rank that changed the word sends the waiting
 //!   rank an empty message on the lock's own communicator after its change, and the waiter
 //!   parks on a receive of it, posted before its check (a task also checks the word every
-//!   [`WAKE_CHECK`], a thread every [`WAKE_ALARM`]); with more than 64 ranks the words
-//!   other ranks' atomics change are polled with [`Backoff`].
+//!   [`WAKE_CHECK`], a thread every [`WAKE_ALARM`]); the tasks of a rank waiting on one
+//!   watched word park on one leader's receive ([`Relay`]); with more than 64 ranks the
+//!   words other ranks' atomics change are polled with [`Backoff`].
 //! - [`LocalLock`] orders the threads and tasks of one rank that share its queue nodes:
 //!   waiters are parked (tasks) or park their thread, and are woken by the release.
 
