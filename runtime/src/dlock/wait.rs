@@ -328,7 +328,7 @@ impl Wakes {
             // Listening before the look at the lead: a leader that stops after it wakes
             // this task too.
             let listener = relay.event.listen();
-            if relay.led.load(Ordering::Acquire) || relay.led.swap(true, Ordering::AcqRel) {
+            if relay.led.load(Ordering::SeqCst) || relay.led.swap(true, Ordering::SeqCst) {
                 self.count_in(w)?;
                 return Ok(Some(Armed::Relayed(listener)));
             }
@@ -364,7 +364,7 @@ impl Drop for Watching<'_> {
     fn drop(&mut self) {
         if self.leads {
             let relay = &self.wakes.relays[self.slot];
-            relay.led.store(false, Ordering::Release);
+            relay.led.store(false, Ordering::SeqCst);
             relay.wake_all();
         }
         if !self.counted {
