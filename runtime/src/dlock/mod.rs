@@ -843,7 +843,7 @@ mod tests {
 
     /// Wake frames nobody needs (sent for a hand-off its waiter saw while it spun, or to a
     /// rank whose waiter left meanwhile) are consumed: after 2 ranks of 2 threads took a
-    /// D-MCS and an RMA-RW 200 times each on `shm`, a few at most are queued at a rank.
+    /// D-MCS and an RMA-RW 100 times each on `shm`, a few at most are queued at a rank.
     #[cfg(feature = "ofi")]
     #[test]
     fn unclaimed_wake_frames_do_not_pile_up() {
@@ -862,7 +862,7 @@ mod tests {
                         std::thread::scope(|s| {
                             for _ in 0..2 {
                                 s.spawn(|| {
-                                    for i in 0..100 {
+                                    for i in 0..50 {
                                         drop(mcs.lock().unwrap());
                                         if i % 4 == 0 {
                                             drop(rw.write().unwrap());
