@@ -438,16 +438,21 @@ impl std::fmt::Debug for RmaRw {
 }
 
 /// The central word of the foMPI-style locks: word 0 of `home`'s part of the window; where
-/// the window signals no writes (libfabric), word 1 there is its watchers word
-/// ([`Wakes`]), and a waiter parks on the wake frame of the word's next change.
+/// the window signals no writes (libfabric), words 1 and 2 there are its watchers words
+/// ([`Wakes`]), and a waiter parks on the wake frame of the word's next change that it
+/// needs: word 1 for the waits for the word to fall (the spin lock's, a writer's), word 2
+/// for the foMPI-style readers' waits for a writer to leave (a reader's back-off, which a
+/// waiting writer needs, wakes no reader).
 struct Central {
     window: Window<'static, u64>,
     home: u32,
     wakes: Option<Wakes>,
 }
 
-/// The watchers word of a [`Central`] word.
-const WATCHERS: usize = 1;
+/// The watchers word of a [`Central`] word's waits for it to fall, and its slot.
+const WATCHERS: (usize, usize) = (1, 0);
+/// The watchers word of the foMPI-style readers' waits for a writer to leave, and its slot.
+const READERS_WATCHERS: (usize, usize) = (2, 1);
 
 impl Central {
     /// Checks that `home` is a rank of `comm` and makes the window (collective).
@@ -455,7 +460,7 @@ impl Central {
         if home >= comm.size() {
             return Err(Error::RankOutOfRange { rank: home, size: comm.size() });
         }
-        let window = comm.window(2)?;
+        let window = comm.window(3)?;
         let wakes = Wakes::new(comm, &window)?;
         Ok(Central { window, home, wakes })
     }
@@ -465,13 +470,18 @@ impl Central {
     /// provider), or, where the window signals no writes, parks until the word changes
     /// (each change's maker wakes the watchers, [`changed`](Self::changed)) or
     /// [`WAKE_CHECK`] ([`WAKE_ALARM`] for a thread) passed. Fails with what `gone` says
-    /// after a failed attempt.
-    async fn until(&self, attempt: impl Fn() -> Result<bool, Error>, gone: impl Fn() -> Result<(), Error>) -> Result<(), Error> {
+    /// after a failed attempt. `(word, slot)`: the watchers word of the changes it needs.
+    async fn until(
+        &self,
+        (word, slot): (usize, usize),
+        attempt: impl Fn() -> Result<bool, Error>,
+        gone: impl Fn() -> Result<(), Error>,
+    ) -> Result<(), Error> {
         let mut backoff = Backoff::new();
         let mut watching = None;
         loop {
             let armed: Option<wait::Armed<'_, 1>> = match &self.wakes {
-                Some(w) => w.arm_watched(&self.window, &backoff, &mut watching, (self.home, WATCHERS, 0))?,
+                Some(w) => w.arm_watched(&self.window, &backoff, &mut watching, (self.home, word, slot))?,
                 None => None,
             };
             wait::checked();
@@ -486,18 +496,15 @@ impl Central {
         }
     }
 
-    /// After a change of the word (complete): wakes the ranks waiting on it.
-    fn changed(&self) -> Result<(), Error> {
-        match &self.wakes {
-            Some(w) => w.notify(&self.window, self.home, WATCHERS),
-            None => Ok(()),
-        }
-    }
-
-    /// An atomic update of the word, then the wake of its watchers.
-    fn update(&self, operand: u64, op: Op) -> Result<u64, Error> {
+    /// An atomic update of the word, then the wake of the ranks watching it in `watchers`
+    /// (the watchers words of the waits that need the change).
+    fn update(&self, operand: u64, op: Op, watchers: &[(usize, usize)]) -> Result<u64, Error> {
         let old = self.window.fetch_and_op(self.home, 0, operand, op)?;
-        self.changed()?;
+        if let Some(w) = &self.wakes {
+            for &(word, _) in watchers {
+                w.notify(&self.window, self.home, word)?;
+            }
+        }
         Ok(old)
     }
 }
@@ -546,7 +553,7 @@ impl SpinLock {
     /// Acquires the lock, parking the task (not the thread) between polls.
     pub async fn lock_async(&self) -> Result<SpinGuard<'_>, Error> {
         let local = self.local.lock().await;
-        self.c.until(|| self.attempt(), || Ok(())).await?;
+        self.c.until(WATCHERS, || self.attempt(), || Ok(())).await?;
         Ok(Guard::new(self, Mode::Exclusive, Some(local)))
     }
 
@@ -559,7 +566,7 @@ impl SpinLock {
 
 impl Release for SpinLock {
     fn release(&self, _: Mode) -> Releasing<'_> {
-        Box::pin(std::future::ready(self.c.update(0, Op::Replace).map(drop)))
+        Box::pin(std::future::ready(self.c.update(0, Op::Replace, &[WATCHERS]).map(drop)))
     }
 }
 
@@ -591,8 +598,8 @@ impl FompiRw {
         if self.c.window.fetch_and_op(self.c.home, 0, 1, Op::Sum)? & WRITER == 0 {
             return Ok(true);
         }
-        // The back-off is a change a waiting writer may need.
-        self.c.update(1u64.wrapping_neg(), Op::Sum)?;
+        // The back-off is a change a waiting writer may need (a waiting reader does not).
+        self.c.update(1u64.wrapping_neg(), Op::Sum, &[WATCHERS])?;
         Ok(false)
     }
 
@@ -633,15 +640,17 @@ impl FompiRw {
     /// `PeerLost` once a rank is gone: the word does not say whether it held the lock.
     async fn poll(&self, attempt: fn(&Self) -> Result<bool, Error>, mode: Mode) -> Result<FompiRwGuard<'_>, Error> {
         let gone = || self.c.window.lost_peer().map_or(Ok(()), |rank| Err(Error::PeerLost { rank }));
-        self.c.until(|| attempt(self), gone).await?;
+        let watch = if mode == Mode::Shared { READERS_WATCHERS } else { WATCHERS };
+        self.c.until(watch, || attempt(self), gone).await?;
         Ok(Guard::new(self, mode, None))
     }
 }
 
 impl Release for FompiRw {
     fn release(&self, mode: Mode) -> Releasing<'_> {
-        let added = if mode == Mode::Shared { 1 } else { WRITER };
-        Box::pin(std::future::ready(self.c.update(added.wrapping_neg(), Op::Sum).map(drop)))
+        // A reader's leaving matters to the writers; a writer's to the readers as well.
+        let (added, watchers): (u64, &[_]) = if mode == Mode::Shared { (1, &[WATCHERS]) } else { (WRITER, &[WATCHERS, READERS_WATCHERS]) };
+        Box::pin(std::future::ready(self.c.update(added.wrapping_neg(), Op::Sum, watchers).map(drop)))
     }
 }
 
@@ -652,6 +661,8 @@ mod tests {
 
     use super::wait::{waits_here, Waits};
     use super::*;
+    #[cfg(feature = "ofi")]
+    use crate::rendezvous_faults::common::within;
     use crate::Runtime;
 
     /// How long the holder keeps the lock while the other rank waits.
@@ -772,27 +783,26 @@ mod tests {
         assert!((1..=most).contains(&w.parks), "RMA-MCS, a task: {w:?}");
     }
 
-    /// 10,000 tasks of rank 0 read an RMA-RW whose writer is rank 1, on `shm` (one
-    /// thread, a one-thread tokio runtime): while they wait they park, one of them leading
-    /// on the wake frame's receive, instead of polling the counter: each checks it once
-    /// before it parks and once when the writer's reset wakes them, and the leader a few
-    /// times more (a polling task checks it again and again for as long as the writer
-    /// holds). All of them then acquire.
+    /// 10,000 tasks of rank 0 read a lock made with `make` whose writer (`write`) is rank 1,
+    /// on `shm` (one thread, a one-thread tokio runtime), each with `read`; returns rank
+    /// 0's waits and the acquisitions. Rank 1 lets the lock go once every task parked, or
+    /// checked 3 times (they poll), or after 60 s, and [`HOLD`] later.
     #[cfg(feature = "ofi")]
-    #[test]
-    fn ten_thousand_tasks_wait_for_a_lock_without_polling() {
-        const TASKS: u64 = 10_000;
+    fn ten_thousand_readers<L: Release + Sync>(
+        make: impl Fn(&Communicator) -> L + Sync,
+        write: impl for<'a> Fn(&'a L) -> Guard<'a, L> + Sync,
+        read: impl for<'a> Fn(&'a L) -> Pin<Box<dyn Future<Output = Guard<'a, L>> + 'a>> + Sync,
+    ) -> (Waits, u64) {
         std::env::set_var("FI_TCP_IFACE", "lo");
         std::env::set_var("FI_SOCKETS_IFACE", "lo");
         let rts = Runtime::builder().env(false).provider(crate::Provider::Shm).cris(1).build_local(2).unwrap();
-        let t = Thresholds { t_r: 1 << 40, ..Thresholds::default() };
         let (held_tx, held_rx) = mpsc::channel();
         let (parked_tx, parked_rx) = mpsc::channel();
-        let (waits, acquired) = std::thread::scope(|s| {
-            let (rts, t) = (&rts, &t);
+        std::thread::scope(|s| {
+            let (rts, make, read) = (&rts, &make, &read);
             let waiter = s.spawn(move || {
                 let c = rts[0].world();
-                let lock = RmaRw::new(c, &Levels::flat(), t).unwrap();
+                let lock = make(c);
                 c.barrier().unwrap();
                 held_rx.recv().unwrap();
                 let before = waits_here();
@@ -800,11 +810,9 @@ mod tests {
                 let acquired = std::sync::atomic::AtomicU64::new(0);
                 rt.block_on(async {
                     let readers = futures::future::join_all((0..TASKS).map(|_| async {
-                        lock.read_async().await.unwrap().unlock_async().await.unwrap();
+                        read(&lock).await.unlock_async().await.unwrap();
                         acquired.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                     }));
-                    // Tells rank 1 to release once every task parked, or once they checked
-                    // three times each (they poll), or after 60 s.
                     let watch = async {
                         let start = Instant::now();
                         loop {
@@ -823,9 +831,9 @@ mod tests {
                 (waits, acquired.into_inner())
             });
             let c = rts[1].world();
-            let lock = RmaRw::new(c, &Levels::flat(), t).unwrap();
+            let lock = make(c);
             c.barrier().unwrap();
-            let g = lock.write().unwrap();
+            let g = write(&lock);
             held_tx.send(()).unwrap();
             parked_rx.recv().unwrap();
             // Held on while they wait: the leader's checks come every WAKE_CHECK.
@@ -833,12 +841,58 @@ mod tests {
             g.unlock().unwrap();
             c.barrier().unwrap();
             waiter.join().unwrap()
-        });
-        assert_eq!(acquired, TASKS);
-        assert_eq!(waits.sleeps, 0, "tasks slept in the backoff: {waits:?}");
-        assert!(waits.parks >= TASKS, "tasks did not park: {waits:?}");
+        })
+    }
+
+    /// Tasks in [`ten_thousand_readers`].
+    #[cfg(feature = "ofi")]
+    const TASKS: u64 = 10_000;
+
+    /// [`ten_thousand_readers`] parked instead of polling the word: each task checked it
+    /// once before it parked and once when the writer's release woke them, the leader a
+    /// few times more (a polling task checks it again and again for as long as the writer
+    /// holds); all of them acquired.
+    #[cfg(feature = "ofi")]
+    fn parked_all_along(what: &str, (waits, acquired): (Waits, u64)) {
+        assert_eq!(acquired, TASKS, "{what}");
+        assert_eq!(waits.sleeps, 0, "{what}: tasks slept in the backoff: {waits:?}");
+        assert!(waits.parks >= TASKS, "{what}: tasks did not park: {waits:?}");
         let most = 2 * TASKS + 64 + (HOLD.as_micros() / wait::WAKE_CHECK.as_micros()) as u64;
-        assert!(waits.checks <= most, "tasks polled the counter: {waits:?}, at most {most} checks");
+        assert!(waits.checks <= most, "{what}: tasks polled the word: {waits:?}, at most {most} checks");
+    }
+
+    /// 10,000 reader tasks of one rank behind another rank's writer of an RMA-RW wait on
+    /// libfabric without polling its counter ([`parked_all_along`]): one of them leads on
+    /// the wake frame's receive, the others park on it.
+    #[cfg(feature = "ofi")]
+    #[test]
+    fn ten_thousand_tasks_wait_for_a_lock_without_polling() {
+        let run = within(60, "10,000 RMA-RW reader tasks", || {
+            let t = Thresholds { t_r: 1 << 40, ..Thresholds::default() };
+            ten_thousand_readers(
+                |c| RmaRw::new(c, &Levels::flat(), &t).unwrap(),
+                |l| l.write().unwrap(),
+                |l| Box::pin(async move { l.read_async().await.unwrap() }),
+            )
+        });
+        parked_all_along("RMA-RW", run);
+    }
+
+    /// As [`ten_thousand_tasks_wait_for_a_lock_without_polling`], the foMPI-style
+    /// reader-writer lock: a reader's back-off (each reader adds 1, finds the writer, takes
+    /// it back) wakes the writers only; a wake of the readers by each back-off would make
+    /// every parked reader try again, back off and wake them all again, without end.
+    #[cfg(feature = "ofi")]
+    #[test]
+    fn ten_thousand_fompi_readers_wait_without_polling() {
+        let run = within(60, "10,000 foMPI-RW reader tasks", || {
+            ten_thousand_readers(
+                |c| FompiRw::new(c, 1).unwrap(),
+                |l| l.write().unwrap(),
+                |l| Box::pin(async move { l.read_async().await.unwrap() }),
+            )
+        });
+        parked_all_along("foMPI-RW", run);
     }
 
     /// Wake frames nobody needs (sent for a hand-off its waiter saw while it spun, or to a

@@ -204,7 +204,7 @@ impl Relay {
 
 /// Watchers words a rank may wait on at once, by what waits: RMA-RW's readers at their
 /// counter, its writer at a counter, a releaser for its successor's NEXT; the foMPI-style
-/// locks use the first.
+/// locks use the first two (the waits for their word to fall, their readers' waits).
 pub(crate) const SLOTS: usize = 3;
 
 /// One wait on a watched word ([`Wakes::arm_watched`]): once counted, its rank's bit set
