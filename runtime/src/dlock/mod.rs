@@ -49,10 +49,11 @@
 //!   successor's put of NEXT, a reset, a reader's departure or back-off, a release) is
 //!   followed by a read of the watchers word and a frame to each rank set. Both are
 //!   atomics at one rank, complete on return: the check sees the change, or the change's
-//!   reader sees the bit. A waiter with more than 64 ranks (no bit for each) polls these
-//!   words instead: spinning a little, then yielding, then sleeping up to [`MAX_SLEEP`] (a
-//!   task on a shared timer), as the foMPI-style locks do on the embedded provider (the
-//!   seed's baselines poll).
+//!   reader sees the bit (the foMPI-style readers watch a word of their own, which a
+//!   reader's back-off, a change only writers need, leaves alone). A waiter with more
+//!   than 64 ranks (no bit for each) polls these words instead: spinning a little, then
+//!   yielding, then sleeping up to [`MAX_SLEEP`] (a task on a shared timer), as the
+//!   foMPI-style locks do on the embedded provider (the seed's baselines poll).
 //!
 //! After a few polls the waiter posts the frame's receive before each check of its word,
 //! then parks (its thread, or its task) until the frame comes, or [`WAKE_ALARM`] passed
