@@ -364,7 +364,7 @@ impl<W: Words> Queues<W> {
 
     /// The wake frames queued unreceived at this rank, consumed (tests; 0 where the window
     /// signals writes).
-    #[cfg(test)]
+    #[cfg(all(test, feature = "ofi"))]
     pub(super) fn take_queued_wakes(&self) -> usize {
         self.wakes.as_ref().map_or(0, Wakes::take_queued)
     }

@@ -271,7 +271,7 @@ impl Wakes {
     }
 
     /// The wake frames queued unreceived at this rank, consumed (tests).
-    #[cfg(test)]
+    #[cfg(all(test, feature = "ofi"))]
     pub(crate) fn take_queued(&self) -> usize {
         let mut n = 0;
         while let Ok(Some(frame)) = self.comm().improbe(Source::Any, crate::matching::Tag::Any) {
