@@ -862,21 +862,28 @@ mod tests {
         assert!(waits.checks <= most, "{what}: tasks polled the word: {waits:?}, at most {most} checks");
     }
 
+    /// [`ten_thousand_readers`] of the reader-writer lock `$make` makes (`write`,
+    /// `read_async`), bounded in time; then [`parked_all_along`].
+    #[cfg(feature = "ofi")]
+    macro_rules! readers_park {
+        ($what:expr, $make:expr) => {{
+            let run = within(60, $what, || {
+                ten_thousand_readers($make, |l| l.write().unwrap(), |l| Box::pin(async move { l.read_async().await.unwrap() }))
+            });
+            parked_all_along($what, run);
+        }};
+    }
+
     /// 10,000 reader tasks of one rank behind another rank's writer of an RMA-RW wait on
     /// libfabric without polling its counter ([`parked_all_along`]): one of them leads on
     /// the wake frame's receive, the others park on it.
     #[cfg(feature = "ofi")]
     #[test]
     fn ten_thousand_tasks_wait_for_a_lock_without_polling() {
-        let run = within(60, "10,000 RMA-RW reader tasks", || {
-            let t = Thresholds { t_r: 1 << 40, ..Thresholds::default() };
-            ten_thousand_readers(
-                |c| RmaRw::new(c, &Levels::flat(), &t).unwrap(),
-                |l| l.write().unwrap(),
-                |l| Box::pin(async move { l.read_async().await.unwrap() }),
-            )
+        // `T_R` past the readers: none of them resets the counter.
+        readers_park!("10,000 RMA-RW reader tasks", |c| {
+            RmaRw::new(c, &Levels::flat(), &Thresholds { t_r: 1 << 40, ..Thresholds::default() }).unwrap()
         });
-        parked_all_along("RMA-RW", run);
     }
 
     /// As [`ten_thousand_tasks_wait_for_a_lock_without_polling`], the foMPI-style
@@ -886,14 +893,7 @@ mod tests {
     #[cfg(feature = "ofi")]
     #[test]
     fn ten_thousand_fompi_readers_wait_without_polling() {
-        let run = within(60, "10,000 foMPI-RW reader tasks", || {
-            ten_thousand_readers(
-                |c| FompiRw::new(c, 1).unwrap(),
-                |l| l.write().unwrap(),
-                |l| Box::pin(async move { l.read_async().await.unwrap() }),
-            )
-        });
-        parked_all_along("foMPI-RW", run);
+        readers_park!("10,000 foMPI-RW reader tasks", |c| FompiRw::new(c, 1).unwrap());
     }
 
     /// Wake frames nobody needs (sent for a hand-off its waiter saw while it spun, or to a
