@@ -687,32 +687,53 @@ mod tests {
         take: impl Fn(&L) -> Guard<'_, L> + Sync,
         wait: impl Fn(&L) -> Guard<'_, L> + Sync,
     ) -> (Waits, Duration) {
+        holder_and_waiter(
+            provider,
+            make,
+            take,
+            || std::thread::sleep(HOLD),
+            |lock| {
+                let t = Instant::now();
+                wait(lock).unlock().unwrap();
+                t.elapsed()
+            },
+        )
+    }
+
+    /// Ranks 0 and 1 of `provider` make a lock with `make`; rank 1 takes it with `take`,
+    /// rank 0 then runs `waiter` on it while rank 1 holds it until `hold` returns. Returns
+    /// rank 0's waits in `waiter` and what it gave.
+    fn holder_and_waiter<L: Release + Send, R: Send>(
+        provider: crate::Provider,
+        make: impl Fn(&Communicator) -> L + Sync,
+        take: impl Fn(&L) -> Guard<'_, L> + Sync,
+        hold: impl FnOnce(),
+        waiter: impl Fn(&L) -> R + Sync,
+    ) -> (Waits, R) {
         let rts = Runtime::builder().env(false).provider(provider).cris(1).build_local(2).unwrap();
         let (held_tx, held_rx) = mpsc::channel();
         std::thread::scope(|s| {
-            let (make, wait, rts) = (&make, &wait, &rts);
-            let waiter = s.spawn(move || {
+            let (make, waiter, rts) = (&make, &waiter, &rts);
+            let rank0 = s.spawn(move || {
                 let c = rts[0].world();
                 let lock = make(c);
                 c.barrier().unwrap();
                 held_rx.recv().unwrap();
                 let before = waits_here();
-                let t = Instant::now();
-                wait(&lock).unlock().unwrap();
-                let waited = t.elapsed();
+                let out = waiter(&lock);
                 let waits = waits_here().since(before);
                 c.barrier().unwrap();
-                (waits, waited)
+                (waits, out)
             });
             let c = rts[1].world();
             let lock = make(c);
             c.barrier().unwrap();
             let g = take(&lock);
             held_tx.send(()).unwrap();
-            std::thread::sleep(HOLD);
+            hold();
             g.unlock().unwrap();
             c.barrier().unwrap();
-            waiter.join().unwrap()
+            rank0.join().unwrap()
         })
     }
 
@@ -789,59 +810,42 @@ mod tests {
     /// 0's waits and the acquisitions. Rank 1 lets the lock go once every task parked, or
     /// checked 3 times (they poll), or after 60 s, and [`HOLD`] later.
     #[cfg(feature = "ofi")]
-    fn ten_thousand_readers<L: Release + Sync>(
+    fn ten_thousand_readers<L: Release + Send>(
         make: impl Fn(&Communicator) -> L + Sync,
         write: impl for<'a> Fn(&'a L) -> Guard<'a, L> + Sync,
         read: impl for<'a> Fn(&'a L) -> Pin<Box<dyn Future<Output = Guard<'a, L>> + 'a>> + Sync,
     ) -> (Waits, u64) {
         std::env::set_var("FI_TCP_IFACE", "lo");
         std::env::set_var("FI_SOCKETS_IFACE", "lo");
-        let rts = Runtime::builder().env(false).provider(crate::Provider::Shm).cris(1).build_local(2).unwrap();
-        let (held_tx, held_rx) = mpsc::channel();
         let (parked_tx, parked_rx) = mpsc::channel();
-        std::thread::scope(|s| {
-            let (rts, make, read) = (&rts, &make, &read);
-            let waiter = s.spawn(move || {
-                let c = rts[0].world();
-                let lock = make(c);
-                c.barrier().unwrap();
-                held_rx.recv().unwrap();
-                let before = waits_here();
-                let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
-                let acquired = std::sync::atomic::AtomicU64::new(0);
-                rt.block_on(async {
-                    let readers = futures::future::join_all((0..TASKS).map(|_| async {
-                        read(&lock).await.unlock_async().await.unwrap();
-                        acquired.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                    }));
-                    let watch = async {
-                        let start = Instant::now();
-                        loop {
-                            let w = waits_here().since(before);
-                            if w.parks >= TASKS || w.checks >= 3 * TASKS || start.elapsed() > Duration::from_secs(60) {
-                                parked_tx.send(()).unwrap();
-                                return;
-                            }
-                            wait::Sleep::new(Duration::from_millis(1)).await;
-                        }
-                    };
-                    futures::join!(readers, watch);
-                });
-                let waits = waits_here().since(before);
-                c.barrier().unwrap();
-                (waits, acquired.into_inner())
-            });
-            let c = rts[1].world();
-            let lock = make(c);
-            c.barrier().unwrap();
-            let g = write(&lock);
-            held_tx.send(()).unwrap();
+        let hold = || {
             parked_rx.recv().unwrap();
             // Held on while they wait: the leader's checks come every WAKE_CHECK.
             std::thread::sleep(HOLD);
-            g.unlock().unwrap();
-            c.barrier().unwrap();
-            waiter.join().unwrap()
+        };
+        holder_and_waiter(crate::Provider::Shm, make, write, hold, |lock| {
+            let before = waits_here();
+            let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
+            let acquired = std::sync::atomic::AtomicU64::new(0);
+            rt.block_on(async {
+                let readers = futures::future::join_all((0..TASKS).map(|_| async {
+                    read(lock).await.unlock_async().await.unwrap();
+                    acquired.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                }));
+                let watch = async {
+                    let start = Instant::now();
+                    loop {
+                        let w = waits_here().since(before);
+                        if w.parks >= TASKS || w.checks >= 3 * TASKS || start.elapsed() > Duration::from_secs(60) {
+                            parked_tx.send(()).unwrap();
+                            return;
+                        }
+                        wait::Sleep::new(Duration::from_millis(1)).await;
+                    }
+                };
+                futures::join!(readers, watch);
+            });
+            acquired.into_inner()
         })
     }
 
