@@ -1,7 +1,7 @@
 //! The collectives on any communicator, blocking and nonblocking. Each is a schedule of
 //! point-to-point steps (`nbc.rs`): a nonblocking one (`ibcast`, ...) is a [`Request`] like a
 //! receive, which the rank's progress completes; a blocking one starts the same schedule and
-//! waits for it — except the small blocking `barrier`, `bcast`, `reduce` and `allreduce`, and
+//! waits for it — except the small blocking `barrier`, `bcast` and `reduce`, every blocking `allreduce`, and
 //! the blocking `gather`, `scatter`, `allgather` and `alltoall` (and their `v` forms), whose
 //! steps the calling thread posts and waits for itself, with no schedule or future
 //! (`Communicator::run_direct`, `nbc.rs`). Their messages travel on the
@@ -55,9 +55,9 @@ use weft_sync::Error;
 
 use crate::buffer::Primitive;
 use crate::coll_steps::{
-    allgather_into, allgather_steps, allreduce_long_steps, alltoall_into, alltoall_steps, barrier_into, barrier_steps, bcast_into,
-    bcast_long_steps, gather_into, gather_steps, reduce_long_steps, reduce_over_into, reduce_over_steps, reduce_steps, reduce_tree_into,
-    scan_steps, scatter_into, scatter_steps, Steps as StepPlan,
+    allgather_into, allgather_steps, allreduce_long_into, allreduce_long_steps, alltoall_into, alltoall_steps, barrier_into, barrier_steps,
+    bcast_into, bcast_long_steps, gather_into, gather_steps, reduce_long_steps, reduce_over_into, reduce_over_steps, reduce_steps,
+    reduce_tree_into, scan_steps, scatter_into, scatter_steps, Steps as StepPlan,
 };
 use crate::comm::Communicator;
 use crate::nbc::{DirectPlan, In, Out, Sched, Scratch, Steps, MISMATCH};
@@ -583,16 +583,20 @@ impl Communicator {
         if send.len() != recv.len() {
             return Err(Error::InvalidArgument("allreduce: send and receive buffers of different lengths"));
         }
-        if std::mem::size_of_val(send) < ALLREDUCE_LONG_BYTES {
-            check_op(op, send.first(), "allreduce: a bitwise op on floating-point elements")?;
-            recv.copy_from_slice(send);
-            let plan = |s: &mut StepPlan| reduce_over_into(s, self.world_ranks(), self.world_of(self.rank()), send.len());
-            let what = DirectPlan::Allreduce { len: send.len() };
-            return self.run_direct(recv, what, plan, |ours, theirs, first| combine(op, ours, theirs, first));
-        }
-        let steps = self.allreduce_steps(send, op)?;
+        check_op(op, send.first(), "allreduce: a bitwise op on floating-point elements")?;
         recv.copy_from_slice(send);
-        self.run_in_place(recv, None, steps)
+        let (len, n) = (send.len(), self.size());
+        let long = allreduce_is_long(std::mem::size_of_val(send), len, n);
+        let plan = |s: &mut StepPlan| match long {
+            true => {
+                allreduce_long_into(s, self, len);
+                Ok(())
+            }
+            false => reduce_over_into(s, self.world_ranks(), self.world_of(self.rank()), len),
+        };
+        // The plan is a function of the length (the members fixed).
+        let what = DirectPlan::Allreduce { len };
+        self.run_direct(recv, what, plan, |ours, theirs, first| combine(op, ours, theirs, first))
     }
 
     /// [`iallreduce`](Self::iallreduce) with a user reduction `f(a, b)`, which must be

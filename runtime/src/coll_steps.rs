@@ -527,18 +527,21 @@ pub(crate) fn scan_steps(comm: &Communicator, len: usize, inclusive: bool) -> St
 /// first and handed the result at the end ([Thakur 2005]; MPICH's
 /// `reduce_scatter_allgather`).
 pub(crate) fn allreduce_long_steps(comm: &Communicator, len: usize) -> Steps {
+    made(|s| allreduce_long_into(s, comm, len))
+}
+
+/// [`allreduce_long_steps`] written into `s` (empty).
+pub(crate) fn allreduce_long_into(s: &mut Steps, comm: &Communicator, len: usize) {
     let fold = Fold::of(comm.size(), comm.rank());
     let w = |v: u32| comm.world_of(v);
-    let mut s = Steps::default();
-    fold.fold_in(&mut s, w, len);
+    fold.fold_in(s, w, len);
     if let Some(nr) = fold.newrank {
         let blocks = blocks_of(len, fold.pof2);
         let ranks = |v: u32| w(fold.member(v));
-        reduce_scatter_halving(&mut s, (fold.pof2, nr), ranks, &blocks);
-        allgather_doubling(&mut s, (fold.pof2, nr), ranks, &blocks);
+        reduce_scatter_halving(s, (fold.pof2, nr), ranks, &blocks);
+        allgather_doubling(s, (fold.pof2, nr), ranks, &blocks);
     }
-    fold.fold_out(&mut s, w, len);
-    s
+    fold.fold_out(s, w, len);
 }
 
 /// Adds a reduce-scatter by recursive halving over a power of two `n` of ranks to `s`, this
