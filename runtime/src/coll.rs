@@ -1,7 +1,7 @@
 //! The collectives on any communicator, blocking and nonblocking. Each is a schedule of
 //! point-to-point steps (`nbc.rs`): a nonblocking one (`ibcast`, ...) is a [`Request`] like a
 //! receive, which the rank's progress completes; a blocking one starts the same schedule and
-//! waits for it — except the small blocking `barrier`, `bcast` and `reduce`, every blocking `allreduce`, and
+//! waits for it — except the small blocking `barrier` and `reduce`, every blocking `bcast` and `allreduce`, and
 //! the blocking `gather`, `scatter`, `allgather` and `alltoall` (and their `v` forms), whose
 //! steps the calling thread posts and waits for itself, with no schedule or future
 //! (`Communicator::run_direct`, `nbc.rs`). Their messages travel on the
@@ -56,8 +56,8 @@ use weft_sync::Error;
 use crate::buffer::Primitive;
 use crate::coll_steps::{
     allgather_into, allgather_steps, allreduce_long_into, allreduce_long_steps, alltoall_into, alltoall_steps, barrier_into, barrier_steps,
-    bcast_into, bcast_long_steps, gather_into, gather_steps, reduce_long_steps, reduce_over_into, reduce_over_steps, reduce_steps,
-    reduce_tree_into, scan_steps, scatter_into, scatter_steps, Steps as StepPlan,
+    bcast_into, bcast_long_into, bcast_long_steps, gather_into, gather_steps, reduce_long_steps, reduce_over_into, reduce_over_steps,
+    reduce_steps, reduce_tree_into, scan_steps, scatter_into, scatter_steps, Steps as StepPlan,
 };
 use crate::comm::Communicator;
 use crate::nbc::{DirectPlan, In, Out, Sched, Scratch, Steps, MISMATCH};
@@ -482,16 +482,17 @@ impl Communicator {
     /// passes the same length and root.
     pub fn bcast<T: Primitive>(&self, data: &mut [T], root: u32) -> Result<(), Error> {
         self.check_root(root)?;
-        if std::mem::size_of_val(data) < BCAST_LONG_BYTES {
-            let len = data.len();
-            let plan = |s: &mut StepPlan| {
-                bcast_into(s, self, root, len);
-                Ok(())
-            };
-            return self.run_direct(data, DirectPlan::Bcast { len, root }, plan, |_, _, _| {});
-        }
-        let steps = self.bcast_steps(data, root)?;
-        self.run_in_place(data, None, steps)
+        let len = data.len();
+        let long = bcast_is_long(std::mem::size_of_val(data), self.size());
+        let plan = |s: &mut StepPlan| {
+            match long {
+                true => bcast_long_into(s, self, root, len),
+                false => bcast_into(s, self, root, len),
+            }
+            Ok(())
+        };
+        // The plan is a function of the length and root (the members fixed).
+        self.run_direct(data, DirectPlan::Bcast { len, root }, plan, |_, _, _| {})
     }
 
     /// Starts reducing `data` elementwise over every rank with `op` into `data` of rank

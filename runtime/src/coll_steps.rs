@@ -583,11 +583,15 @@ fn allgather_doubling(s: &mut Steps, (n, vr): (u32, u32), w: impl Fn(u32) -> u32
 /// binomial tree (each subtree gets the blocks of its ranks), then a ring gathers them
 /// everywhere.
 pub(crate) fn bcast_long_steps(comm: &Communicator, root: u32, len: usize) -> Steps {
+    made(|s| bcast_long_into(s, comm, root, len))
+}
+
+/// [`bcast_long_steps`] written into `s` (empty).
+pub(crate) fn bcast_long_into(s: &mut Steps, comm: &Communicator, root: u32, len: usize) {
     let n = comm.size();
     let (vr, parent) = binomial(comm, root);
     // The blocks of ranks `lo..hi` (from the root) as one range.
     let part = |lo: u32, hi: u32| block(len, n, lo).start..block(len, n, hi.min(n) - 1).end;
-    let mut s = Steps::default();
     if parent < n {
         s.step().recv(at(comm, vr - parent, root), part(vr, vr + parent), Then::Replace);
     }
@@ -598,8 +602,7 @@ pub(crate) fn bcast_long_steps(comm: &Communicator, root: u32, len: usize) -> St
             s.send(at(comm, vr + m, root), part(vr + m, vr + 2 * m));
         }
     }
-    ring_allgather(&mut s, comm, &blocks_of(len, n), root);
-    s
+    ring_allgather(s, comm, &blocks_of(len, n), root);
 }
 
 /// Reduction of `len` elements (at least one per rank) with a commutative op into `root` on
