@@ -36,7 +36,10 @@
 //! neither copies the user's data in or out. What a step sends, and what it receives before
 //! reducing or copying it into place, lives in scratch buffers the process keeps between
 //! collectives (`nbc::Scratch`), so that a large message does not map fresh memory (and
-//! fault on each of its pages) on every call.
+//! fault on each of its pages) on every call. A collective run on the calling thread sends
+//! a large message from the caller's buffer itself, and receives one that only replaces a
+//! part of it straight into that part (`nbc::LEND_MIN_BYTES`): only what it combines goes
+//! through a scratch buffer.
 //!
 //! # Errors
 //!
