@@ -488,9 +488,10 @@ impl Communicator {
         let len = data.len();
         let long = bcast_is_long(std::mem::size_of_val(data), self.size());
         let plan = |s: &mut StepPlan| {
-            match long {
-                true => bcast_long_into(s, self, root, len),
-                false => bcast_into(s, self, root, len),
+            if long {
+                bcast_long_into(s, self, root, len);
+            } else {
+                bcast_into(s, self, root, len);
             }
             Ok(())
         };
@@ -591,12 +592,12 @@ impl Communicator {
         recv.copy_from_slice(send);
         let (len, n) = (send.len(), self.size());
         let long = allreduce_is_long(std::mem::size_of_val(send), len, n);
-        let plan = |s: &mut StepPlan| match long {
-            true => {
-                allreduce_long_into(s, self, len);
-                Ok(())
+        let plan = |s: &mut StepPlan| {
+            if !long {
+                return reduce_over_into(s, self.world_ranks(), self.world_of(self.rank()), len);
             }
-            false => reduce_over_into(s, self.world_ranks(), self.world_of(self.rank()), len),
+            allreduce_long_into(s, self, len);
+            Ok(())
         };
         // The plan is a function of the length (the members fixed).
         let what = DirectPlan::Allreduce { len };

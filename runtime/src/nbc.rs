@@ -325,16 +325,25 @@ impl<T: Primitive> Scratch<T> {
 }
 
 impl Scratch<u8> {
-    /// The caller's `bytes` bytes at `at` themselves as a message buffer, no copy: the data
-    /// of a send (`filled`), or the place a receive lands in.
+    /// The caller's `bytes` bytes at `at` themselves as the data of a send, no copy.
     ///
     /// # Safety
-    /// The bytes stay valid, and are neither written (a send) nor otherwise read or written
-    /// (a receive), until the request holding this buffer completed; the buffer is dropped
-    /// before the bytes are freed.
-    unsafe fn lent(at: *mut u8, bytes: usize, filled: bool) -> Self {
-        let len = if filled { bytes } else { 0 };
-        Scratch { store: Vec::new(), len, cap: bytes, lent: std::ptr::NonNull::new(at), _t: std::marker::PhantomData }
+    /// The bytes stay valid and unwritten until the request holding this buffer completed;
+    /// the buffer is dropped before the bytes are freed.
+    unsafe fn lent(at: *mut u8, bytes: usize) -> Self {
+        Scratch { store: Vec::new(), len: bytes, cap: bytes, lent: std::ptr::NonNull::new(at), _t: std::marker::PhantomData }
+    }
+
+    /// The caller's `bytes` bytes at `at` themselves as the place a receive lands in.
+    ///
+    /// # Safety
+    /// As for [`lent`](Scratch::lent), and nothing else reads or writes the bytes until the
+    /// receive completed.
+    unsafe fn lent_for_recv(at: *mut u8, bytes: usize) -> Self {
+        // SAFETY: per the contract, which is `lent`'s and more.
+        let mut s = unsafe { Self::lent(at, bytes) };
+        s.len = 0;
+        s
     }
 
     /// Whether this is the caller's data ([`lent`](Scratch::lent)).
@@ -934,7 +943,7 @@ impl Direct<'_> {
                     // of the data that a send of theirs holds until it completed (a step's
                     // landings after all its requests completed; a receive lent below only
                     // where no send of its step reads).
-                    unsafe { Scratch::lent(at, len, true) }
+                    unsafe { Scratch::lent(at, len) }
                 } else {
                     Scratch::copy_from_spare(&mut self.store.spare, bytes_of(&data[out.at.clone()]))
                 };
@@ -953,7 +962,7 @@ impl Direct<'_> {
                         // SAFETY: as for a lent send: the caller's data, which no send of
                         // this step reads and nothing else touches until the receive
                         // completed, and which this call waits for.
-                        unsafe { Scratch::lent(part, inc.len * size, false) }
+                        unsafe { Scratch::lent_for_recv(part, inc.len * size) }
                     }
                     None => Scratch::<u8>::from_spare(&mut self.store.spare, inc.len * size),
                 };
