@@ -32,7 +32,11 @@
 //! completes it, as the requests' operations are (`operation.rs`: per-thread spares, and a
 //! process-wide queue for the extras of a thread that completes more than it attaches; a
 //! thread that only completes continuations keeps none). In the steady state attaching a
-//! continuation allocates nothing; a callback too large for a record is boxed.
+//! continuation allocates nothing; a callback too large for a record is boxed (and the box
+//! kept in a record). A callback whose request a progress pass completes runs at the end of
+//! that pass, once the pass has released the CRI's lock (`deferred.rs`): the record keeps it
+//! meanwhile, with the request's outcome, linked into the thread's deferred callbacks, so
+//! the callback holds up no other thread that wants the CRI and may post on it.
 //!
 //! A continuation of a set of requests (`attach_all`, `attach_any`) gives each request a
 //! *share* of one *set state*, which holds the set's callback and, for `attach_all`, a slot
@@ -53,6 +57,7 @@ use std::time::Duration;
 
 use weft_sync::{Counted, Error, Progress, SignalListener, Status, Step, SyncObject};
 
+use crate::deferred;
 use crate::engine::Engine;
 use crate::loom::sync::atomic::{fence, AtomicBool, AtomicUsize, Ordering};
 use crate::progress::sync_hook;
@@ -63,12 +68,12 @@ use crate::spares::{SharedSpares, Spares};
 /// Who runs a continuation's callback.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Invoke {
-    /// The thread that completes the operation, at once: the one whose progress pass matched
-    /// the message or saw the send finish, inside that pass (or the attaching thread, if the
-    /// operation had completed already). The lowest latency and no task, but it holds up
-    /// progress while it runs: for **short callbacks only**, which must not block, wait for
-    /// requests, or communicate (the pass may hold the rank's locks; use [`Invoke::Pool`]
-    /// for that).
+    /// The thread that completes the operation: the one whose progress pass matched the
+    /// message or saw the send finish, at the end of that pass, once it has released its
+    /// locks (or the attaching thread, at once, if the operation had completed already). The
+    /// lowest latency and no task, but the thread makes no progress while it runs: for
+    /// **short callbacks**, which may post sends and receives and attach continuations, but
+    /// must not block or wait for requests (use [`Invoke::Pool`] for that).
     Inline,
     /// A task on the rank's pool ([`Runtime::spawn`]), spawned at completion: the callback
     /// may take its time, communicate and wait.
@@ -432,9 +437,13 @@ fn spawn_counted<T: Send + 'static>(rank: &Weak<Engine>, countdown: Countdown, f
     drop(task);
 }
 
-/// Bytes of a continuation record (module docs): room for a callback with the request's
-/// buffer and a few words of its own.
+/// Bytes of a continuation record's callback (module docs): room for a callback with the
+/// request's buffer and a few words of its own.
 const RECORD_BYTES: usize = 128;
+
+/// Bytes of a continuation record's argument, kept there while the callback is deferred
+/// (`deferred.rs`): a request's outcome.
+const ARG_BYTES: usize = 48;
 
 /// Spare records a thread keeps; beyond this many the extras go to the shared queue.
 const SPARES_MAX: usize = 1024;
@@ -442,9 +451,26 @@ const SPARES_MAX: usize = 1024;
 /// Records the process-wide queue keeps; beyond this many the extras are freed.
 const SHARED_SPARES_MAX: usize = 16384;
 
-/// The storage of one callback (module docs).
+/// Storage of `N` bytes for a value of any alignment up to 16.
 #[repr(C, align(16))]
-struct Record(MaybeUninit<[u8; RECORD_BYTES]>);
+struct Bytes<const N: usize>(MaybeUninit<[u8; N]>);
+
+/// The storage of one callback (module docs): the callback, and while it is deferred (its
+/// request completed inside a progress pass) the link that queues it and its argument.
+#[repr(C)]
+struct Record {
+    /// First: a deferred record is linked by its address.
+    node: MaybeUninit<deferred::Node>,
+    arg: Bytes<ARG_BYTES>,
+    f: Bytes<RECORD_BYTES>,
+}
+
+// SAFETY: a spare record is plain memory; the link in it is only read by the thread that
+// deferred the record, while the record is not a spare.
+unsafe impl Send for Record {}
+
+// An outcome, a continuation's usual argument, is deferred in its record.
+const _: () = assert!(std::mem::size_of::<weft_sync::Outcome>() <= ARG_BYTES);
 
 /// The process-wide queue of spare records.
 static SHARED_RECORDS: SharedSpares<Box<Record>> = SharedSpares::new(SHARED_SPARES_MAX);
@@ -482,7 +508,9 @@ fn give_spare<T, const MAX: usize>(local: &'static LocalKey<Spares<T, MAX>>, sha
 /// A spare record of this thread, else of another, else a new one.
 #[inline]
 fn take_record() -> Box<Record> {
-    take_spare(&SPARES, &SHARED_RECORDS).unwrap_or_else(|| Box::new(Record(MaybeUninit::uninit())))
+    take_spare(&SPARES, &SHARED_RECORDS).unwrap_or_else(|| {
+        Box::new(Record { node: MaybeUninit::uninit(), arg: Bytes(MaybeUninit::uninit()), f: Bytes(MaybeUninit::uninit()) })
+    })
 }
 
 /// Keeps `r` for this thread's next continuation, or another thread's.
@@ -505,15 +533,68 @@ unsafe impl<A, F: FnOnce(A) + Send> Send for InRecord<A, F> {}
 
 impl<A, F: FnOnce(A)> InRecord<A, F> {
     /// Whether an `F` fits a record.
-    const FITS: bool = std::mem::size_of::<F>() <= RECORD_BYTES && std::mem::align_of::<F>() <= std::mem::align_of::<Record>();
+    const FITS: bool = std::mem::size_of::<F>() <= RECORD_BYTES && std::mem::align_of::<F>() <= 16;
+
+    /// Whether an `A` fits a record's argument (else a deferred callback could not keep it:
+    /// it runs at once).
+    const ARG_FITS: bool = std::mem::size_of::<A>() <= ARG_BYTES && std::mem::align_of::<A>() <= 16;
 
     /// Puts `f` in a record; `F` must fit ([`Self::FITS`]).
     fn new(f: F) -> Self {
         assert!(Self::FITS, "a callback larger than a record");
         let record = NonNull::from(Box::leak(take_record()));
         // SAFETY: the record is ours, and large and aligned enough for an `F` (checked above).
-        unsafe { record.cast::<F>().as_ptr().write(f) };
+        unsafe { Self::f(record).write(f) };
         InRecord { record, _f: PhantomData }
+    }
+
+    /// Where `record` keeps its callback.
+    fn f(record: NonNull<Record>) -> *mut F {
+        // SAFETY: in bounds of the record (a field's address).
+        unsafe { std::ptr::addr_of_mut!((*record.as_ptr()).f).cast() }
+    }
+
+    /// Where `record` keeps a deferred callback's argument.
+    fn arg(record: NonNull<Record>) -> *mut A {
+        // SAFETY: in bounds of the record (a field's address).
+        unsafe { std::ptr::addr_of_mut!((*record.as_ptr()).arg).cast() }
+    }
+
+    /// Runs the callback with `a`: now, or, inside a progress pass, once the pass has let go
+    /// of its locks (`deferred.rs`). The record goes back to the spares before the callback
+    /// runs, so a callback that attaches the next continuation reuses it.
+    #[inline]
+    fn call(self, a: A) {
+        if !Self::ARG_FITS || !deferred::deferring() {
+            return self.take()(a);
+        }
+        let this = ManuallyDrop::new(self);
+        let record = this.record;
+        // SAFETY: the record is this handle's, which is consumed here (not dropped): it
+        // holds the callback until `run_deferred` takes it, once, with the argument written
+        // here (`ARG_FITS`), and nobody else touches it until then.
+        unsafe {
+            Self::arg(record).write(a);
+            let node = record.cast::<deferred::Node>();
+            node.as_ptr().write(deferred::Node::new(Self::run_deferred));
+            deferred::defer(node);
+        }
+    }
+
+    /// Runs a callback deferred by [`call`](Self::call).
+    ///
+    /// # Safety
+    /// `node` heads a record deferred by `call` for an `InRecord<A, F>`, run this once.
+    unsafe fn run_deferred(node: NonNull<deferred::Node>) {
+        let record = node.cast::<Record>();
+        // SAFETY: the record holds the callback and its argument (contract); it was leaked
+        // from a `Box` in `new` and is given back this once.
+        let (f, a) = unsafe {
+            let (f, a) = (Self::f(record).read(), Self::arg(record).read());
+            give_record(Box::from_raw(record.as_ptr()));
+            (f, a)
+        };
+        f(a);
     }
 
     /// Takes the callback out and gives the record back.
@@ -532,7 +613,7 @@ impl<A, F: FnOnce(A)> InRecord<A, F> {
         // SAFETY: per the contract the record holds an `F` not taken yet; the record was
         // leaked from a `Box` in `new` and is given back this once.
         unsafe {
-            let f = self.record.cast::<F>().as_ptr().read();
+            let f = Self::f(self.record).read();
             give_record(Box::from_raw(self.record.as_ptr()));
             f
         }
@@ -546,10 +627,10 @@ impl<A, F: FnOnce(A)> Drop for InRecord<A, F> {
     }
 }
 
-/// `f`, in a record when it fits (module docs), boxed when not: small enough (two words) for
-/// a completion cell's attachment, so that attaching it allocates nothing in the steady
-/// state. The record goes back to the spares before `f` runs, so a callback that attaches
-/// the next continuation reuses it.
+/// `f` in a record (module docs), boxed first when it does not fit: small enough (one word)
+/// for a completion cell's attachment, so that attaching it allocates nothing in the steady
+/// state. Run by a progress pass, it runs after the pass has released its locks
+/// ([`InRecord::call`]).
 pub(crate) fn in_record<A, F>(f: F) -> impl FnOnce(A) + Send + 'static
 where
     A: 'static,
@@ -557,12 +638,12 @@ where
 {
     enum Held<A, F: FnOnce(A)> {
         Record(InRecord<A, F>),
-        Boxed(Box<F>),
+        Boxed(InRecord<A, Box<F>>),
     }
-    let held = if InRecord::<A, F>::FITS { Held::Record(InRecord::new(f)) } else { Held::Boxed(Box::new(f)) };
+    let held = if InRecord::<A, F>::FITS { Held::Record(InRecord::new(f)) } else { Held::Boxed(InRecord::new(Box::new(f))) };
     move |a: A| match held {
-        Held::Record(r) => r.take()(a),
-        Held::Boxed(f) => f(a),
+        Held::Record(r) => r.call(a),
+        Held::Boxed(r) => r.call(a),
     }
 }
 
