@@ -565,26 +565,29 @@ impl<A, F: FnOnce(A)> InRecord<A, F> {
     /// runs, so a callback that attaches the next continuation reuses it.
     #[inline]
     fn call(self, a: A) {
-        if !Self::ARG_FITS || !deferred::deferring() {
+        if !Self::ARG_FITS {
             return self.take()(a);
         }
         let this = ManuallyDrop::new(self);
         let record = this.record;
         // SAFETY: the record is this handle's, which is consumed here (not dropped): it
-        // holds the callback until `run_deferred` takes it, once, with the argument written
-        // here (`ARG_FITS`), and nobody else touches it until then.
+        // holds the callback, and the argument written here (`ARG_FITS`), until
+        // `run_deferred` takes both, once, or, not deferred, `run_deferred` runs now; nobody
+        // else touches it until then.
         unsafe {
             Self::arg(record).write(a);
             let node = record.cast::<deferred::Node>();
             node.as_ptr().write(deferred::Node::new(Self::run_deferred));
-            deferred::defer(node);
+            if !deferred::defer(node) {
+                Self::run_deferred(node);
+            }
         }
     }
 
-    /// Runs a callback deferred by [`call`](Self::call).
+    /// Runs a callback [`call`](Self::call) has put in its record with its argument.
     ///
     /// # Safety
-    /// `node` heads a record deferred by `call` for an `InRecord<A, F>`, run this once.
+    /// `node` heads a record that `call` filled for an `InRecord<A, F>`, run this once.
     unsafe fn run_deferred(node: NonNull<deferred::Node>) {
         let record = node.cast::<Record>();
         // SAFETY: the record holds the callback and its argument (contract); it was leaked

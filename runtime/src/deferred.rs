@@ -91,27 +91,29 @@ pub(crate) fn pass<R>(f: impl FnOnce() -> R) -> R {
     r
 }
 
-/// Whether the calling thread is inside a pass: a callback completed now is to be
-/// [deferred](defer).
-#[inline]
-pub(crate) fn deferring() -> bool {
-    DEFERRED.try_with(|d| d.depth.get() > 0).unwrap_or(false)
-}
-
-/// Links `node` behind the thread's deferred callbacks; the outermost pass runs it.
+/// If the calling thread is inside a pass, links `node` behind its deferred callbacks (the
+/// outermost pass runs it) and returns `true`; else `false`, and the caller runs it.
 ///
 /// # Safety
-/// `node` heads storage that stays live, and is touched by nobody else, until its `run` is
-/// called (once); the calling thread is inside a pass ([`deferring`]).
-pub(crate) unsafe fn defer(node: NonNull<Node>) {
-    DEFERRED.with(|d| {
-        match d.tail.get() {
-            // SAFETY: the tail is a live linked node (contract), touched by this thread only.
-            Some(tail) => unsafe { (*tail.as_ptr()).next = Some(node) },
-            None => d.head.set(Some(node)),
-        }
-        d.tail.set(Some(node));
-    });
+/// Deferred, `node` heads storage that stays live, and is touched by nobody else, until its
+/// `run` is called (once).
+#[inline]
+pub(crate) unsafe fn defer(node: NonNull<Node>) -> bool {
+    DEFERRED
+        .try_with(|d| {
+            if d.depth.get() == 0 {
+                return false;
+            }
+            match d.tail.get() {
+                // SAFETY: the tail is a live linked node (contract), touched by this thread
+                // only.
+                Some(tail) => unsafe { (*tail.as_ptr()).next = Some(node) },
+                None => d.head.set(Some(node)),
+            }
+            d.tail.set(Some(node));
+            true
+        })
+        .unwrap_or(false)
 }
 
 /// Runs the thread's deferred callbacks, oldest first, until none is left (those that the
