@@ -17,8 +17,9 @@ pub(crate) struct SharedSpares<T> {
     queue: std::sync::OnceLock<crossbeam_queue::ArrayQueue<T>>,
     #[cfg_attr(loom, allow(dead_code))]
     max: usize,
+    /// Holds no `T` (nothing is kept under loom), so the queue is a `static` for any `T`.
     #[cfg(loom)]
-    _t: std::marker::PhantomData<T>,
+    _t: std::marker::PhantomData<fn(T) -> T>,
 }
 
 impl<T> SharedSpares<T> {
