@@ -126,3 +126,87 @@ fn run_deferred() {
         unsafe { (node.as_ref().run)(node) };
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::cell::RefCell;
+
+    thread_local! {
+        /// What the test callbacks ran, in order.
+        static RAN: RefCell<Vec<u32>> = const { RefCell::new(Vec::new()) };
+    }
+
+    /// A test callback: logs its number; the first (number 0) defers number 100 in turn,
+    /// from inside a pass of its own.
+    #[repr(C)]
+    struct Logged {
+        node: Node,
+        n: u32,
+    }
+
+    /// Defers callback `n` if inside a pass, else runs it now.
+    fn complete(n: u32) {
+        let node = NonNull::from(Box::leak(Box::new(Logged { node: Node::new(run), n }))).cast::<Node>();
+        // SAFETY: a leaked box, freed by `run` once.
+        if !unsafe { defer(node) } {
+            // SAFETY: as above, not deferred: run here, once.
+            unsafe { run(node) };
+        }
+    }
+
+    /// # Safety
+    /// `node` heads a `Logged` leaked by `complete`, run once.
+    unsafe fn run(node: NonNull<Node>) {
+        // SAFETY: per the contract.
+        let Logged { n, .. } = *unsafe { Box::from_raw(node.cast::<Logged>().as_ptr()) };
+        RAN.with(|r| r.borrow_mut().push(n));
+        if n == 0 {
+            pass(|| complete(100));
+        }
+    }
+
+    fn ran() -> Vec<u32> {
+        RAN.with(|r| std::mem::take(&mut *r.borrow_mut()))
+    }
+
+    /// Callbacks completed in nested passes run once the outermost has returned, in
+    /// completion order, with those they complete in passes of their own; outside a pass one
+    /// runs at once.
+    #[test]
+    fn the_outermost_pass_runs_the_callbacks_in_order() {
+        complete(7);
+        assert_eq!(ran(), vec![7], "outside a pass: at once");
+        let inside = pass(|| {
+            complete(0);
+            pass(|| complete(1));
+            let nested = ran();
+            complete(2);
+            (nested, ran())
+        });
+        assert_eq!(inside, (vec![], vec![]), "nothing runs inside a pass");
+        assert_eq!(ran(), vec![0, 1, 2, 100]);
+        assert!(!deferring_now(), "every pass was left");
+    }
+
+    /// A pass that unwinds is left, and its callbacks run with the next pass.
+    #[test]
+    fn an_unwound_pass_leaves_its_callbacks_to_the_next() {
+        let unwound = std::panic::catch_unwind(|| {
+            pass(|| {
+                complete(3);
+                panic!("a pass unwinds");
+            })
+        });
+        assert!(unwound.is_err());
+        assert!(!deferring_now());
+        assert_eq!(ran(), vec![]);
+        pass(|| complete(4));
+        assert_eq!(ran(), vec![3, 4]);
+    }
+
+    /// Whether the calling thread is inside a pass.
+    fn deferring_now() -> bool {
+        DEFERRED.with(|d| d.depth.get() > 0)
+    }
+}
