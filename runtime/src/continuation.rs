@@ -171,6 +171,10 @@ impl Countdown {
 
 impl Drop for Countdown {
     fn drop(&mut self) {
+        // Counted down already (an inline callback that ran): nothing to ask.
+        if self.counted.is_none() {
+            return;
+        }
         let outcome = match (self.ran, std::thread::panicking()) {
             (true, _) => Ok(Status::default()),
             (false, true) => Err(PANICKED),
@@ -416,11 +420,15 @@ impl Progress for Helping<'_> {
 /// Runs `f(value)` here, catching a panic (reported by the continuation request), then
 /// counts it down.
 fn run_counted<T>(mut countdown: Countdown, f: impl FnOnce(T), value: T) {
-    match catch_unwind(AssertUnwindSafe(|| f(value))) {
-        Ok(()) => countdown.ran = true,
+    // Counted down here, not by the drop, which would ask whether the thread panics.
+    let outcome = match catch_unwind(AssertUnwindSafe(|| f(value))) {
+        Ok(()) => Ok(Status::default()),
         // Caught: `countdown` would drop as not panicking any more.
-        Err(_) => countdown.count_down(Err(PANICKED)),
-    }
+        Err(_) => Err(PANICKED),
+    };
+    countdown.count_down(outcome);
+    // Nothing left to drop: counted down.
+    std::mem::forget(countdown);
 }
 
 /// Runs `f(value)` in a task of rank `rank`'s pool, counting it down when the task ends (a
