@@ -27,12 +27,12 @@
 //! and every frame rang a doorbell some of them slept on, to find the driver had the frame.
 //!
 //! A continuation's callback (with the request's buffer it is given) lives in a *record*, a
-//! block of 128 bytes (`RECORD_BYTES`) taken at attach from the attaching thread's spare
-//! records and given back, before the callback runs, to the spares of the thread that
-//! completes it, as the requests' operations are (`operation.rs`: per-thread spares, and a
-//! process-wide queue for the extras of a thread that completes more than it attaches; a
-//! thread that only completes continuations keeps none). In the steady state attaching a
-//! continuation allocates nothing; a callback too large for a record is boxed (and the box
+//! block with room for 128 bytes of callback (`RECORD_BYTES`) taken at attach from the
+//! attaching thread's spare records and given back, before the callback runs, to the spares
+//! of the thread that completes it, as the requests' operations are (`operation.rs`:
+//! per-thread spares, and a process-wide queue for the extras of a thread that completes
+//! more than it attaches; a thread that only completes continuations keeps none). In the
+//! steady state attaching a continuation allocates nothing; a callback too large for a record is boxed (and the box
 //! kept in a record). A callback whose request a progress pass completes runs at the end of
 //! that pass, once the pass has released the CRI's lock (`deferred.rs`): the record keeps it
 //! meanwhile, with the request's outcome, linked into the thread's deferred callbacks, so
