@@ -31,7 +31,8 @@
 //! attaching thread's spare records and given back, before the callback runs, to the spares
 //! of the thread that completes it, as the requests' operations are (`operation.rs`:
 //! per-thread spares, and a process-wide queue for the extras of a thread that completes
-//! more than it attaches; a thread that only completes continuations keeps none). In the
+//! more than it attaches; a thread that only completes continuations keeps none, and hands
+//! the records on in batches of 32, a queue operation per batch). In the
 //! steady state attaching a continuation allocates nothing; a callback too large for a
 //! record is boxed (and the box kept in a record). A callback whose request a progress pass
 //! completes runs at the end of that pass, once the pass has released the CRI's lock
@@ -47,7 +48,7 @@
 //! storage it grew to, given back with the results (or by the last share of an
 //! `attach_any`): in the steady state a set's continuation allocates nothing either.
 
-use std::cell::Cell;
+use std::cell::{Cell, RefCell};
 use std::marker::PhantomData;
 use std::mem::{ManuallyDrop, MaybeUninit};
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -489,8 +490,8 @@ thread_local! {
     /// allocation, whose address a pending continuation holds.
     static SPARES: Spares<Box<Record>, SPARES_MAX> = const { Spares::new(&SHARED_RECORDS) };
     /// Whether this thread has attached a continuation: only such a thread keeps spares; one
-    /// that only completes continuations (a waiter, a pool worker) hands their records
-    /// straight to the threads that attach, through the shared queue.
+    /// that only completes continuations (a waiter, a pool worker) hands their records to
+    /// the threads that attach, in batches ([`BATCH`]).
     static ATTACHES: Cell<bool> = const { Cell::new(false) };
     /// A thread's spare set states (as its records).
     static SET_SPARES: Spares<Box<SetState>, SET_SPARES_MAX> = const { Spares::new(&SHARED_SETS) };
@@ -514,18 +515,79 @@ fn give_spare<T, const MAX: usize>(local: &'static LocalKey<Spares<T, MAX>>, sha
     let _ = local.try_with(|s| s.keep(spare));
 }
 
-/// A spare record of this thread, else of another, else a new one.
-#[inline]
-fn take_record() -> Box<Record> {
-    take_spare(&SPARES, &SHARED_RECORDS).unwrap_or_else(|| {
-        Box::new(Record { node: MaybeUninit::uninit(), arg: Bytes(MaybeUninit::uninit()), f: Bytes(MaybeUninit::uninit()) })
-    })
+/// Records a thread that only completes continuations hands to the attaching threads at
+/// once: one shared-queue operation per batch instead of one per record on either side.
+const BATCH: usize = 32;
+
+/// Batches of [`BATCH`] spare records, from threads that complete continuations to threads
+/// that attach them.
+static SHARED_BATCHES: SharedSpares<Vec<Box<Record>>> = SharedSpares::new(SHARED_SPARES_MAX / BATCH);
+
+/// Emptied batches (their storage), back to the completing threads.
+static EMPTY_BATCHES: SharedSpares<Vec<Box<Record>>> = SharedSpares::new(SHARED_SPARES_MAX / BATCH);
+
+/// The batch of records a thread that only completes continuations is filling; handed on
+/// when full, or when the thread ends.
+struct Outgoing(RefCell<Vec<Box<Record>>>);
+
+impl Drop for Outgoing {
+    fn drop(&mut self) {
+        let batch = std::mem::take(self.0.get_mut());
+        if !batch.is_empty() {
+            SHARED_BATCHES.give(batch);
+        }
+    }
 }
 
-/// Keeps `r` for this thread's next continuation, or another thread's.
+thread_local! {
+    static OUTGOING: Outgoing = const { Outgoing(RefCell::new(Vec::new())) };
+}
+
+/// A spare record of this thread, else of another (a batch of them, else one), else a new
+/// one.
+#[inline]
+fn take_record() -> Box<Record> {
+    let _ = ATTACHES.try_with(|a| a.set(true));
+    SPARES
+        .try_with(|s| {
+            s.take_own().or_else(|| match SHARED_BATCHES.take() {
+                Some(mut batch) => {
+                    let r = batch.pop();
+                    for spare in batch.drain(..) {
+                        s.keep(spare);
+                    }
+                    EMPTY_BATCHES.give(batch);
+                    r
+                }
+                None => SHARED_RECORDS.take(),
+            })
+        })
+        .unwrap_or_else(|_| SHARED_RECORDS.take())
+        .unwrap_or_else(|| {
+            Box::new(Record { node: MaybeUninit::uninit(), arg: Bytes(MaybeUninit::uninit()), f: Bytes(MaybeUninit::uninit()) })
+        })
+}
+
+/// Keeps `r` for this thread's next continuation; a thread that does not attach adds it to
+/// its outgoing batch for the threads that do.
 #[inline]
 fn give_record(r: Box<Record>) {
-    give_spare(&SPARES, &SHARED_RECORDS, r);
+    if ATTACHES.try_with(Cell::get).unwrap_or(false) {
+        // A thread being torn down frees it.
+        let _ = SPARES.try_with(|s| s.keep(r));
+        return;
+    }
+    // A thread being torn down frees it.
+    let _ = OUTGOING.try_with(|o| {
+        let mut batch = o.0.borrow_mut();
+        if batch.capacity() == 0 {
+            *batch = EMPTY_BATCHES.take().unwrap_or_else(|| Vec::with_capacity(BATCH));
+        }
+        batch.push(r);
+        if batch.len() >= BATCH {
+            SHARED_BATCHES.give(std::mem::take(&mut *batch));
+        }
+    });
 }
 
 /// A callback `F` of argument `A` in a record of its own (module docs); run or dropped, it

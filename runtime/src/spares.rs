@@ -75,7 +75,13 @@ impl<T, const MAX: usize> Spares<T, MAX> {
     /// One of this thread's spares, else one of another thread's.
     #[inline(always)]
     pub(crate) fn take(&self) -> Option<T> {
-        self.own.borrow_mut().pop().or_else(|| self.shared.take())
+        self.take_own().or_else(|| self.shared.take())
+    }
+
+    /// One of this thread's spares.
+    #[inline(always)]
+    pub(crate) fn take_own(&self) -> Option<T> {
+        self.own.borrow_mut().pop()
     }
 
     /// Keeps `spare` for this thread, or hands it to the other threads when this thread
