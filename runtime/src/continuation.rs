@@ -32,13 +32,13 @@
 //! of the thread that completes it, as the requests' operations are (`operation.rs`:
 //! per-thread spares, and a process-wide queue for the extras of a thread that completes
 //! more than it attaches; a thread that only completes continuations keeps none, and hands
-//! the records on in batches of 32, a queue operation per batch). In the
-//! steady state attaching a continuation allocates nothing; a callback too large for a
-//! record is boxed (and the box kept in a record). A callback whose request a progress pass
-//! completes runs at the end of that pass, once the pass has released the CRI's lock
-//! (`deferred.rs`): the record keeps it meanwhile, with the request's outcome, linked into
-//! the thread's deferred callbacks, so the callback holds up no other thread that wants the
-//! CRI and may post on it.
+//! the records on in batches of 32, a queue operation per batch). In the steady state
+//! attaching a continuation allocates nothing; a callback too large for a record is boxed
+//! (and the box kept in a record). A callback whose request a progress pass completes runs
+//! at the end of that pass, once the pass has released the CRI's lock (`deferred.rs`): the
+//! record keeps it meanwhile, with the request's outcome, linked into the thread's deferred
+//! callbacks, so the callback holds up no other thread that wants the CRI and may post on
+//! it.
 //!
 //! A continuation of a set of requests (`attach_all`, `attach_any`) gives each request a
 //! *share* of one *set state*, which holds the set's callback and, for `attach_all`, a slot
