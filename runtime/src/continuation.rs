@@ -519,16 +519,21 @@ fn give_spare<T, const MAX: usize>(local: &'static LocalKey<Spares<T, MAX>>, sha
 /// once: one shared-queue operation per batch instead of one per record on either side.
 const BATCH: usize = 32;
 
+/// A batch of spare records: boxes, each record its own allocation (a pending continuation
+/// holds its address).
+#[allow(clippy::vec_box)]
+type Batch = Vec<Box<Record>>;
+
 /// Batches of [`BATCH`] spare records, from threads that complete continuations to threads
 /// that attach them.
-static SHARED_BATCHES: SharedSpares<Vec<Box<Record>>> = SharedSpares::new(SHARED_SPARES_MAX / BATCH);
+static SHARED_BATCHES: SharedSpares<Batch> = SharedSpares::new(SHARED_SPARES_MAX / BATCH);
 
 /// Emptied batches (their storage), back to the completing threads.
-static EMPTY_BATCHES: SharedSpares<Vec<Box<Record>>> = SharedSpares::new(SHARED_SPARES_MAX / BATCH);
+static EMPTY_BATCHES: SharedSpares<Batch> = SharedSpares::new(SHARED_SPARES_MAX / BATCH);
 
 /// The batch of records a thread that only completes continuations is filling; handed on
 /// when full, or when the thread ends.
-struct Outgoing(RefCell<Vec<Box<Record>>>);
+struct Outgoing(RefCell<Batch>);
 
 impl Drop for Outgoing {
     fn drop(&mut self) {
