@@ -37,7 +37,7 @@ progress=$(incl "$W" 'engine/frames.rs:weft::engine::frames::.*progress_cri$')
 handle=$(incl "$W" 'engine/frames.rs:weft::engine::frames::.*handle_frames$')
 arrive=$(incl "$W" 'matching/mod.rs:weft::matching::MatchState::arrive(_at)?$')
 finish=$(incl "$W" 'engine/frames.rs:weft::engine::frames::.*finish_match$')
-wait=$(incl "$W" 'progress/wait.rs:weft::progress::wait::wait$')
+wait=$(incl "$W" 'progress/wait.rs:weft::progress::wait::wait(_walked)?$')
 take=$(incl "$W" 'request.rs:weft::request::Request<B>::take$')
 # A taken request's drop is inlined into the loop; one that still holds an operation goes
 # out of line to `release`.

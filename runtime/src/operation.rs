@@ -96,14 +96,18 @@ pub(crate) fn new_operation(init: impl FnOnce(&mut Operation)) -> Arc<Operation>
             // `Arc` out: the exclusive borrow is sound. (`Arc::get_mut` would prove the same with a locked compare-exchange on
             // the weak count, once per message.)
             let inner = unsafe { &mut *Arc::as_ptr(&arc).cast_mut() };
+            // What may call out (a pending attachment's cancellation, an orphan's drop)
+            // first, the plain fields last: `init`, inlined, then overwrites them with no
+            // call in between, and the compiler drops the stores it overwrites (a receive
+            // sets all four).
             inner.cell.reset();
+            *inner.orphan.get_mut() = None;
+            // A plain store, like `get_mut` (loom's atomics have no `get_mut`).
+            inner.key.store(0, Ordering::Relaxed);
             inner.ptr = std::ptr::null_mut();
             inner.cap = 0;
             inner.elem = 1;
-            // A plain store, like `get_mut` (loom's atomics have no `get_mut`).
-            inner.key.store(0, Ordering::Relaxed);
             inner.context = 0;
-            *inner.orphan.get_mut() = None;
             debug_assert!(inner.relay.get().is_none(), "an operation with a relay is never pooled");
             init(inner);
             arc
@@ -119,10 +123,19 @@ pub(crate) fn new_operation(init: impl FnOnce(&mut Operation)) -> Arc<Operation>
 /// Returns an inner to this thread's pool if nobody else holds it.
 #[inline(always)]
 pub(crate) fn recycle(arc: Arc<Operation>) {
+    if arc.cell.is_complete() {
+        recycle_completed(arc);
+    }
+}
+
+/// [`recycle`] for an operation whose completion the caller has seen (acquire), as taking a
+/// request's result has: its cell is not tested again.
+#[inline(always)]
+pub(crate) fn recycle_completed(arc: Arc<Operation>) {
     // `strong_count` loads Relaxed; the Acquire fence below orders our reuse after the
     // accesses of the last other holder (which dropped its reference with a Release
     // decrement), as `Arc`'s own drop does before freeing.
-    if Arc::strong_count(&arc) == 1 && Arc::weak_count(&arc) == 0 && arc.cell.is_complete() {
+    if Arc::strong_count(&arc) == 1 && Arc::weak_count(&arc) == 0 {
         fence(Ordering::Acquire);
         if let Some(p) = pool() {
             p.keep(arc);

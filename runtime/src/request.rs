@@ -16,7 +16,7 @@ use weft_sync::{Attach, CompletionCell, Error, Outcome, Status};
 
 use crate::buffer::RecvBuf;
 use crate::comm::Communicator;
-use crate::operation::{new_operation, recycle, Operation};
+use crate::operation::{new_operation, recycle, recycle_completed, Operation};
 use crate::progress;
 
 /// What kind of operation a request tracks.
@@ -65,7 +65,9 @@ pub(crate) enum Kind {
 /// queued until a `next` that completes takes it.
 pub struct Request<'c, B: Send + 'static> {
     comm: &'c Communicator,
-    inner: Option<Arc<Operation>>,
+    /// The operation while the result is still to be taken. Emptied by [`Drop`] itself, as
+    /// `buf`: a taken request has no drop glue left to run on its fields.
+    inner: ManuallyDrop<Option<Arc<Operation>>>,
     /// The buffer, dropped by [`Drop`] itself (only a request whose result was not taken
     /// has one: a taken request's drop is a few compares, not the fields' drop glue).
     buf: ManuallyDrop<Option<B>>,
@@ -102,7 +104,7 @@ unsafe impl<B: Send + 'static> Attach for Request<'_, B> {
     /// request's communicator: on one whose ranks are not the world's, a relay cell that the
     /// operation's completion completes with its outcome translated.
     fn completion_cell(&self) -> &CompletionCell {
-        match &self.inner {
+        match &*self.inner {
             Some(i) if self.comm.renames_ranks() => match &i.relay.get_or_init(|| (self.relay_of(i), Arc::downgrade(i))).0 {
                 Some(relay) => &relay.cell,
                 None => &i.cell,
@@ -116,7 +118,7 @@ impl<B: Send + 'static> Request<'_, B> {
     /// The cell the operation completes (a sent request's made here, completed), which
     /// the runtime's own waits attach to.
     pub(crate) fn own_cell(&self) -> &CompletionCell {
-        match (&self.inner, self.sent) {
+        match (&*self.inner, self.sent) {
             (Some(i), _) => &i.cell,
             (None, true) => {
                 let st = self.comm.local_status(self.status);
@@ -195,7 +197,7 @@ impl<'c, B: Send + 'static> Request<'c, B> {
     fn with(comm: &'c Communicator, inner: Option<Arc<Operation>>, buf: B, kind: Kind, sent: Option<Status>, part: usize) -> Self {
         Request {
             comm,
-            inner,
+            inner: ManuallyDrop::new(inner),
             buf: ManuallyDrop::new(Some(buf)),
             filled: None,
             status: sent.unwrap_or_default(),
@@ -284,7 +286,7 @@ impl<'c, B: Send + 'static> Request<'c, B> {
         let mut buf = self.buf.take()?;
         // SAFETY: `outcome` is the completed cell's, read with acquire by `outcome()`.
         unsafe { set_filled(self.filled, &mut buf, outcome) };
-        recycle(inner);
+        recycle_completed(inner);
         Some((buf, outcome))
     }
 
@@ -300,7 +302,7 @@ impl<'c, B: Send + 'static> Request<'c, B> {
     /// Whether [`continue_with`](Self::continue_with) would accept the request: its result
     /// not taken, and not attached to a sync object (nor its completion delivered to one).
     pub(crate) fn can_continue(&self) -> Result<(), Error> {
-        let attached = match (&self.inner, self.sent) {
+        let attached = match (&*self.inner, self.sent) {
             (Some(inner), _) => !inner.cell.attachable(),
             (None, true) => self.sent_cell.get().is_some_and(|i| !i.cell.attachable()),
             (None, false) => return Err(CONSUMED),
@@ -338,7 +340,7 @@ impl<'c, B: Send + 'static> Request<'c, B> {
         };
         // The caller's `&mut self` excludes any other attach since the check above.
         weft_sync::on_complete(self, crate::continuation::in_record(run)).map_err(|_| ATTACHED)?;
-        self.inner = None;
+        *self.inner = None;
         Ok(())
     }
 
@@ -407,7 +409,7 @@ impl<'c, B: Send + 'static> Request<'c, B> {
     /// assert_eq!(comm.recv(Vec::<u8>::with_capacity(4), 0u32, 3).unwrap().0, vec![7]);
     /// ```
     pub fn cancel(&mut self) -> bool {
-        match &self.inner {
+        match &*self.inner {
             Some(inner) if self.unpost(inner) => inner.cell.complete(Ok(Status::CANCELLED)),
             _ => false,
         }
@@ -428,6 +430,15 @@ impl<B: Send + 'static> crate::progress::Waitable for Request<'_, B> {
     }
     fn is_complete(&self) -> bool {
         Request::is_complete(self)
+    }
+    /// A sent request, or one whose result was taken, holds no operation: settled, not
+    /// failed.
+    #[inline]
+    fn settled(&self) -> Option<bool> {
+        match &*self.inner {
+            Some(i) => i.cell.outcome().map(|o| o.is_err()),
+            None => Some(false),
+        }
     }
     fn is_live(&self) -> bool {
         Request::is_live(self)
@@ -462,7 +473,7 @@ impl<B: Send + 'static> Future for Request<'_, B> {
         if this.sent {
             return Poll::Ready(this.take().expect("a sent request has its result"));
         }
-        let Some(inner) = this.inner.clone() else {
+        let Some(inner) = Option::clone(&this.inner) else {
             return Poll::Ready(Err(Error::InvalidArgument("request polled after completion")));
         };
         loop {

@@ -509,3 +509,41 @@ fn rounds_that_end_at_a_std_barrier_finish_behind_full_inboxes() {
         }
     }
 }
+
+/// `wait_all` returns the error of a request that failed, whether the wait's own tests saw
+/// every request complete (here, all three frames are in before the wait: a truncated
+/// receive among them) or some completed while the wait was parked on its sync object (the
+/// truncating message is sent late), and leaves each request's result to `take`.
+#[test]
+fn wait_all_reports_a_failed_request_seen_or_parked() {
+    for mode in [ProgressMode::Global, ProgressMode::Owner, ProgressMode::Concurrent] {
+        for late in [false, true] {
+            within(30, &format!("{mode:?} late={late}"), move || {
+                let ranks = Runtime::builder().env(false).progress(mode).build_local(2).unwrap();
+                let (ra, rb) = (ranks[0].clone(), ranks[1].clone());
+                let b = rb.world();
+                let mut reqs: Vec<_> = (0..3).map(|_| b.irecv(Vec::<u8>::with_capacity(4), 0u32, 9).unwrap()).collect();
+                let sizes = [2usize, 8, 3];
+                let peer = std::thread::spawn(move || {
+                    for (i, &n) in sizes.iter().enumerate() {
+                        if late && i == 1 {
+                            std::thread::sleep(Duration::from_millis(100));
+                        }
+                        ra.world().send(vec![i as u8; n], 1, 9).unwrap();
+                    }
+                });
+                let peer = if late { Some(peer) } else { peer.join().map(|()| None).unwrap() };
+                let err = weft::wait_all(&mut reqs).unwrap_err();
+                assert_eq!(err, weft::Error::Truncated { message_len: 8, buffer_len: 4 }, "{mode:?} late={late}");
+                assert_eq!(reqs[0].take().unwrap().unwrap().0, vec![0, 0]);
+                assert!(reqs[1].take().unwrap().is_err());
+                assert_eq!(reqs[2].take().unwrap().unwrap().0, vec![2, 2, 2]);
+                // Taken, every request is settled without an error.
+                assert_eq!(weft::wait_all(&mut reqs), Ok(()));
+                if let Some(peer) = peer {
+                    peer.join().unwrap();
+                }
+            });
+        }
+    }
+}

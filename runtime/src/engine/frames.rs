@@ -44,7 +44,9 @@ impl Engine {
     /// both lists are left empty). Consecutive frames of one matching state (communicator and
     /// tag partition) are matched under one acquisition of its matching lock; receives are
     /// completed after the lock is released. Each frame is read where it lies in the batch:
-    /// one that pairs is not moved until its receive takes the payload.
+    /// one that pairs is not moved until its receive takes the payload. Out of line: one copy
+    /// for its callers (and the stage `benches/stages.sh` counts by it).
+    #[inline(never)]
     fn handle_frames(&self, k: usize, matches: &mut Matches) {
         let n = matches.frames.len();
         let mut i = 0;

@@ -171,6 +171,15 @@ impl Bins {
         Some(i)
     }
 
+    /// `key`'s bin if it is the bin used last (one compare, no search).
+    #[inline(always)]
+    fn last_mut(&mut self, key: u64) -> Option<&mut VecDeque<Posted>> {
+        match self.list.get_mut(self.last) {
+            Some((k, b)) if *k == key => Some(b),
+            _ => None,
+        }
+    }
+
     /// `key`'s bin, if there is one.
     #[inline]
     fn get_mut(&mut self, key: u64) -> Option<&mut VecDeque<Posted>> {
@@ -572,7 +581,35 @@ impl MatchState {
     }
 
     /// [`arrive`](Self::arrive) for frame `at` of `out.frames`, read where it lies.
+    ///
+    /// The common arrival — the frame its (source, channel) expects, with nothing held for
+    /// reordering — is tested first and changes nothing else before it goes to
+    /// [`process`](Self::process); every other arrival goes to
+    /// [`arrive_in_order`](Self::arrive_in_order), out of line. So this function needs
+    /// only a few registers and no stack frame of its own: the large frame of the rare
+    /// paths (reordering, new sources, overtaking) is not set up and torn down per message.
+    /// Kept out of line itself: the pass's loop over a run of frames stays small.
+    #[inline(never)]
     pub(crate) fn arrive_at(&mut self, at: usize, out: &mut Matches) {
+        let header = &out.frames[at].header;
+        if self.mode != Order::Overtake && self.far.is_empty() {
+            let src = header.source as usize;
+            let (chan, seq) = self.key(header);
+            let skipping = self.skipping(src);
+            if let Some(r) = self.order.get_mut(src).and_then(|chans| chans.get_mut(chan)) {
+                if r.expected == seq && r.window.is_empty() && !skipping {
+                    r.expected = r.expected.wrapping_add(1);
+                    return self.process(at, out);
+                }
+            }
+        }
+        self.arrive_in_order(at, out);
+    }
+
+    /// [`arrive_at`](Self::arrive_at) for every other arrival: a new source or channel, a
+    /// frame out of sequence, frames held that it may release, or no order (overtaking).
+    #[inline(never)]
+    fn arrive_in_order(&mut self, at: usize, out: &mut Matches) {
         let header = &out.frames[at].header;
         if self.mode == Order::Overtake {
             let (from, tag) = (header.source, header.tag);
@@ -671,6 +708,22 @@ impl MatchState {
         if self.mode == Order::Partition && !self.record(from, gseq) {
             return self.park(out.take(at));
         }
+        // The common pairing — no wildcard receive posted, and the bin used last (the
+        // receive before was for the same source and tag) holds the earliest receive for
+        // it — here; every other case out of line, so that this function keeps a small
+        // frame (no registers saved for the searches, the queueing of an unexpected frame).
+        if self.wild.is_empty() {
+            if let Some(p) = self.bins.last_mut(bin_key(from, tag)).and_then(VecDeque::pop_front) {
+                out.pairs.push(Matched { req: p.req, at });
+                return;
+            }
+        }
+        self.pair_searching(at, from, tag, out);
+    }
+
+    /// [`pair`](Self::pair) for what [`process`](Self::process) does not pair itself.
+    #[inline(never)]
+    fn pair_searching(&mut self, at: usize, from: u32, tag: i32, out: &mut Matches) {
         self.pair(at, from, tag, out);
     }
 
@@ -935,7 +988,26 @@ impl MatchState {
     /// A receive is posted: take the first fitting unexpected frame into `early` (left
     /// untouched when there is none: no frame-sized copy on the common path), or queue the
     /// receive.
+    ///
+    /// The common posting — nothing unexpected, a fully specified receive for the (source,
+    /// tag) of the bin used last — is done here, in a function that saves few registers;
+    /// every other case goes to [`post_searching`](Self::post_searching), out of line.
+    #[inline(never)]
     pub(crate) fn post_into(&mut self, source: Source, tag: Tag, req: &Arc<Operation>, early: &mut Option<Frame>) {
+        if let (true, Source::Rank(r), Tag::Is(t)) = (self.unexpected.is_empty(), source, tag) {
+            let seq = self.post_seq;
+            if let Some(bin) = self.bins.last_mut(bin_key(r, t)) {
+                bin.push_back(Posted { source, tag, seq, req: req.clone() });
+                self.post_seq = seq + 1;
+                return;
+            }
+        }
+        self.post_searching(source, tag, req, early);
+    }
+
+    /// [`post_into`](Self::post_into) for every other posting.
+    #[inline(never)]
+    fn post_searching(&mut self, source: Source, tag: Tag, req: &Arc<Operation>, early: &mut Option<Frame>) {
         if !self.unexpected.is_empty() {
             if let Some(i) = self.unexpected.iter().position(|f| fits(source, tag, f.header.source, f.header.tag)) {
                 *early = self.unexpected.remove(i);

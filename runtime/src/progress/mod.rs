@@ -40,7 +40,7 @@ mod send;
 mod wait;
 
 pub(crate) use drive::sync_hook;
-pub(crate) use wait::{wait, wait_all, Waitable, Want};
+pub(crate) use wait::{wait, wait_all, wait_all_walked, Waitable, Want};
 
 /// What one progress pass did.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -21,6 +21,13 @@ pub(crate) trait Waitable: Attach {
     }
     /// Whether the operation has completed.
     fn is_complete(&self) -> bool;
+    /// `None` while the operation is pending; once it has completed, whether it may have
+    /// failed (`false` only where it is known not to have: succeeded, or its result taken).
+    /// One look at the operation's state for both. By default every completed operation may
+    /// have failed, which sends the caller of [`wait_all_walked`] to look at each outcome.
+    fn settled(&self) -> Option<bool> {
+        self.is_complete().then_some(true)
+    }
     /// Whether the request still holds its operation (not yet taken by a wait).
     fn is_live(&self) -> bool;
     /// The rank the request belongs to.
@@ -39,12 +46,16 @@ const TEST_SPINS: u32 = 16;
 /// (`IdleBackoff::may_spin_long`): about 0.1-0.2 ms of idle passes.
 const LONG_TEST_SPINS: u32 = 2048;
 
-/// Index of the first request from `from` on that has not completed (`reqs.len()` if none).
+/// Index of the first request from `from` on that has not completed (`reqs.len()` if none);
+/// `failed` is set if one of the completed requests passed over may have failed.
 #[inline]
-fn first_pending<R: Waitable>(reqs: &[R], mut from: usize) -> usize {
-    while from < reqs.len() && reqs[from].is_complete() {
+fn first_pending<R: Waitable>(reqs: &[R], mut from: usize, failed: &mut bool) -> usize {
+    let mut any = false;
+    while let Some(f) = reqs.get(from).and_then(Waitable::settled) {
+        any |= f;
         from += 1;
     }
+    *failed |= any;
     from
 }
 
@@ -83,11 +94,12 @@ fn first_done<R: Waitable>(reqs: &[R]) -> Option<usize> {
 /// Whether `want` holds for `reqs`, and for [`Want::Any`] the index of a completed request
 /// (`None` if every one was taken). `first`, the first request not known complete, only
 /// moves forward: requests mostly complete in the order they were posted, so checking
-/// them all costs O(1) per completion.
-fn satisfied<R: Waitable>(reqs: &[R], want: Want, first: &mut usize) -> (bool, Option<usize>) {
+/// them all costs O(1) per completion. For [`Want::All`], `walk` records whether a request
+/// passed over failed.
+fn satisfied<R: Waitable>(reqs: &[R], want: Want, first: &mut usize, walk: &mut Walk) -> (bool, Option<usize>) {
     match want {
         Want::All => {
-            *first = first_pending(reqs, *first);
+            *first = first_pending(reqs, *first, &mut walk.failed);
             (*first == reqs.len(), None)
         }
         Want::Any => match first_done(reqs) {
@@ -100,6 +112,33 @@ fn satisfied<R: Waitable>(reqs: &[R], want: Want, first: &mut usize) -> (bool, O
 /// Blocks until every request in `reqs` has completed, in the runtime's progress mode.
 pub(crate) fn wait_all<R: Waitable>(engine: &Engine, reqs: &mut [R]) {
     wait(engine, reqs, Want::All);
+}
+
+/// What a wait's own tests of the requests saw ([`Want::All`]): whether one of them failed,
+/// as [`first_pending`] passed over it. A wait that ends with every request seen complete
+/// there knows without a second look whether one failed (`MPI_Waitall`'s error): the
+/// common wait, which tests each request once anyway, then reads each outcome once.
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct Walk {
+    /// A request passed over had failed.
+    failed: bool,
+    /// Some requests completed while attached to the wait's sync object, unseen by the
+    /// walk.
+    unseen: bool,
+}
+
+impl Walk {
+    /// Whether no request failed, if the walk saw them all (`None`: look at each).
+    pub(crate) fn none_failed(self) -> Option<bool> {
+        (!self.unseen).then_some(!self.failed)
+    }
+}
+
+/// [`wait`] with [`Want::All`], telling what its tests saw ([`Walk`]).
+pub(crate) fn wait_all_walked<R: Waitable>(engine: &Engine, reqs: &mut [R]) -> Walk {
+    let mut walk = Walk::default();
+    wait_walked(engine, reqs, Want::All, &mut walk);
+    walk
 }
 
 /// The ranks `reqs` belong to, if more than one (in-process ranks of `build_local`).
@@ -127,8 +166,13 @@ fn ranks_of<R: Waitable>(reqs: &[R]) -> Option<Vec<&Engine>> {
 /// the requests, which the common wait that ends at once does not pay) and, if they span
 /// ranks, goes on in [`wait_polling`], driving every one of them.
 pub(crate) fn wait<R: Waitable>(engine: &Engine, reqs: &mut [R], want: Want) -> Option<usize> {
+    wait_walked(engine, reqs, want, &mut Walk::default())
+}
+
+/// [`wait`], recording in `walk` what its tests of the requests saw.
+fn wait_walked<R: Waitable>(engine: &Engine, reqs: &mut [R], want: Want, walk: &mut Walk) -> Option<usize> {
     let mut first = 0;
-    if let (true, found) = satisfied(reqs, want, &mut first) {
+    if let (true, found) = satisfied(reqs, want, &mut first, walk) {
         return found;
     }
     match engine.config.progress {
@@ -136,14 +180,14 @@ pub(crate) fn wait<R: Waitable>(engine: &Engine, reqs: &mut [R], want: Want) -> 
             // Algorithm 1.
             let mut idle = 0;
             loop {
-                if let (true, found) = satisfied(reqs, want, &mut first) {
+                if let (true, found) = satisfied(reqs, want, &mut first, walk) {
                     return found;
                 }
                 if engine.progress_global() == 0 {
                     idle += 1;
                     if idle == TEST_SPINS {
                         if let Some(ranks) = ranks_of(reqs) {
-                            return wait_polling(&ranks, reqs, want);
+                            return wait_polling_walked(&ranks, reqs, want, walk);
                         }
                     }
                     // Nothing to progress: run a pool task rather than only yield ([Patinyasakdikul 2019,
@@ -186,7 +230,7 @@ pub(crate) fn wait<R: Waitable>(engine: &Engine, reqs: &mut [R], want: Want) -> 
                         break;
                     }
                 }
-                (done, found) = satisfied(reqs, want, &mut first);
+                (done, found) = satisfied(reqs, want, &mut first, walk);
                 if done {
                     break;
                 }
@@ -217,13 +261,14 @@ pub(crate) fn wait<R: Waitable>(engine: &Engine, reqs: &mut [R], want: Want) -> 
             // spins only with a second, free slot (or, with a one-slot budget, on this one).
             let spanned = if done { None } else { ranks_of(reqs) };
             if let Some(ranks) = spanned {
-                found = wait_polling(&ranks, reqs, want);
+                found = wait_polling_walked(&ranks, reqs, want, walk);
             } else if !done {
                 // Algorithm 2: attach what is pending, then wait on the sync object.
                 let owner_wait = OwnerWait { engine, me };
                 let concurrent_wait = ConcurrentWait { engine, attend: attend.as_ref() };
                 let hook: &dyn Progress = if owner_mode { &owner_wait } else { &concurrent_wait };
                 found = with_wait_sync(|sync| wait_attached(sync, hook, engine, &mut reqs[first..], want)).map(|i| first + i);
+                walk.unseen = true;
                 if owner_mode && !engine.owner.is(me) {
                     // We may have been the waiter a hand-off woke, and left without
                     // taking ownership (our requests were done): pass it on, or a
@@ -341,11 +386,16 @@ fn wait_attached<R: Waitable>(sync: &SyncObject<usize>, hook: &dyn Progress, eng
 /// in-process ranks at once (one rank's progress alone would never complete the others'),
 /// or a request attached to a sync object of the user's.
 pub(crate) fn wait_polling<R: Waitable>(ranks: &[&Engine], reqs: &[R], want: Want) -> Option<usize> {
+    wait_polling_walked(ranks, reqs, want, &mut Walk::default())
+}
+
+/// [`wait_polling`], recording in `walk` what its tests saw.
+fn wait_polling_walked<R: Waitable>(ranks: &[&Engine], reqs: &[R], want: Want, walk: &mut Walk) -> Option<usize> {
     let mut idle = weft_sync::IdleBackoff::new();
     let mut nap = std::time::Duration::from_micros(20);
     let mut first = 0;
     loop {
-        if let (true, found) = satisfied(reqs, want, &mut first) {
+        if let (true, found) = satisfied(reqs, want, &mut first, walk) {
             return found;
         }
         let mut progressed = false;
