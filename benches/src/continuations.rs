@@ -40,6 +40,11 @@ pub struct Args {
     /// Messages per configuration (rounded up to whole rounds of `in_flight`).
     #[arg(long, default_value_t = 20_000)]
     messages: usize,
+    /// Count the receiving rank's lock acquisitions and parks, printed per configuration on
+    /// stderr (CRI locks: acquisitions, contended, productive and unproductive polls;
+    /// matching locks: acquisitions, contended; parks, wakes).
+    #[arg(long)]
+    lock_stats: bool,
     #[command(flatten)]
     out: Output,
     #[command(flatten)]
@@ -120,9 +125,9 @@ enum Round<'c> {
 }
 
 /// One configuration: completions per second and mean latency in microseconds.
-fn measure(mode: &str, threads: usize, n: usize, messages: usize) -> Result<(f64, f64), String> {
+fn measure(mode: &str, threads: usize, n: usize, messages: usize, lock_stats: bool) -> Result<(f64, f64), String> {
     let workers = if matches!(mode, "pool" | "task") { threads } else { 0 };
-    let rts = Runtime::builder().workers(workers).build_local(2).map_err(|e| e.to_string())?;
+    let rts = Runtime::builder().workers(workers).lock_stats(lock_stats).build_local(2).map_err(|e| e.to_string())?;
     let (a, b) = (rts[0].world(), rts[1].world());
     let rounds = messages.div_ceil(n);
     let seen = Arc::new(Seen { t0: Instant::now(), count: AtomicUsize::new(0), nanos: AtomicU64::new(0) });
@@ -169,6 +174,15 @@ fn measure(mode: &str, threads: usize, n: usize, messages: usize) -> Result<(f64
         }
     }
     let secs = (seen.t0.elapsed() - first_send.unwrap_or_default()).as_secs_f64();
+    if lock_stats {
+        let c = rts[1].counters();
+        let (cri, m) = (c.cri_lock, c.matching_lock);
+        eprintln!(
+            "# {mode}, {threads} threads, {n} in flight: cri_lock {} acquired, {} contended, {} productive, {} unproductive; \
+             matching_lock {} acquired, {} contended; parks {}, wakes {}",
+            cri.acquisitions, cri.contended, cri.productive, cri.unproductive, m.acquisitions, m.contended, c.parks, c.wakes
+        );
+    }
     let count = seen.count.load(Ordering::Relaxed);
     if count != rounds * n {
         return Err(format!("{mode}: {count} completions seen of {}", rounds * n));
@@ -193,7 +207,7 @@ pub fn run(args: &Args) -> Result<(), String> {
         for &t in &threads {
             for &n in &in_flight {
                 table.step(|| format!("{m}, {t} threads, {n} in flight"));
-                let (rate, latency) = measure(m, t, n, args.messages)?;
+                let (rate, latency) = measure(m, t, n, args.messages, args.lock_stats)?;
                 let messages = args.messages.div_ceil(n) * n;
                 table.row(vec![
                     m.clone(),

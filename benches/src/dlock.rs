@@ -73,7 +73,9 @@ pub struct Args {
     /// `T_DC` values to sweep (RMA-RW; 0: one counter per node).
     #[arg(long, default_value = "0")]
     t_dc: String,
-    /// `T_L,i` values to sweep, each for every level (RMA-MCS, RMA-RW).
+    /// `T_L,i` values to sweep (RMA-MCS, RMA-RW): each one value for every level, or one
+    /// per level, `/`-separated from `T_L,1` (the machine) inward (`1/64/16`: 64 for a
+    /// rack, 16 for a node); a shorter list repeats its last value.
     #[arg(long, default_value = "16")]
     t_l: String,
     /// `T_R` values to sweep (RMA-RW).
@@ -224,6 +226,25 @@ impl AnyLock {
     }
 }
 
+/// A `T_L,i` per level, `T_L,1` first (`16`, or `1/64/16`; see `--t-l`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct PerLevel(Vec<u64>);
+
+impl std::str::FromStr for PerLevel {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        let t = s.split('/').map(|v| v.trim().parse::<u64>().map_err(|e| format!("T_L {s:?}: {e}"))).collect::<Result<Vec<_>, _>>()?;
+        Ok(PerLevel(t))
+    }
+}
+
+impl std::fmt::Display for PerLevel {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let t: Vec<String> = self.0.iter().map(u64::to_string).collect();
+        f.write_str(&t.join("/"))
+    }
+}
+
 /// Busy work for `d` (the seed's "local computation").
 fn spin_for(d: Duration) {
     let t = Instant::now();
@@ -296,7 +317,7 @@ fn launch(p: &Point, a: &Args) -> Result<(f64, f64), String> {
         ("--writers", p.writers.to_string()),
         ("--levels", a.levels.clone()),
         ("--t-dc", t.t_dc.to_string()),
-        ("--t-l", t.t_l[0].to_string()),
+        ("--t-l", PerLevel(t.t_l.clone()).to_string()),
         ("--t-r", t.t_r.to_string()),
         ("--ops", a.ops.to_string()),
     ] {
@@ -434,7 +455,7 @@ pub fn run(args: &Args) -> Result<(), String> {
     let launches: Vec<Launch> = parse_list(&args.launch)?;
     let writers: Vec<f64> = parse_list(&args.writers)?;
     let t_dcs: Vec<u32> = parse_list(&args.t_dc)?;
-    let t_ls: Vec<u64> = parse_list(&args.t_l)?;
+    let t_ls: Vec<PerLevel> = parse_list(&args.t_l)?;
     let t_rs: Vec<u64> = parse_list(&args.t_r)?;
     let levels = parse_levels(&args.levels)?;
     let cost = parse_cost(&args.levels, &args.level_cost_ns)?;
@@ -457,13 +478,15 @@ pub fn run(args: &Args) -> Result<(), String> {
                     for &t in &threads {
                         let fw: &[f64] = if kind.has_readers() { &writers } else { &[1.0] };
                         let t_dc: &[u32] = if kind == Kind::RmaRw { &t_dcs } else { &[0] };
-                        let t_l: &[u64] = if matches!(kind, Kind::RmaMcs | Kind::RmaRw) { &t_ls } else { &[0] };
+                        let none = [PerLevel(vec![0])];
+                        let t_l: &[PerLevel] = if matches!(kind, Kind::RmaMcs | Kind::RmaRw) { &t_ls } else { &none };
                         let t_r: &[u64] = if kind == Kind::RmaRw { &t_rs } else { &[0] };
                         for &writers in fw {
                             for &t_dc in t_dc {
-                                for &t_l in t_l {
+                                for t_l in t_l {
                                     for &t_r in t_r {
-                                        let thresholds = Thresholds { t_l: vec![t_l.max(1)], t_r: t_r.max(1), t_dc };
+                                        let t_l = t_l.0.iter().map(|&t| t.max(1)).collect();
+                                        let thresholds = Thresholds { t_l, t_r: t_r.max(1), t_dc };
                                         points.push(Point { bench, kind, provider, launch, ranks: r, threads: t, writers, thresholds });
                                     }
                                 }
@@ -502,7 +525,7 @@ pub fn run(args: &Args) -> Result<(), String> {
             p.threads.to_string(),
             format!("{}", p.writers),
             or_dash(p.kind == Kind::RmaRw, p.thresholds.t_dc.to_string()),
-            or_dash(matches!(p.kind, Kind::RmaMcs | Kind::RmaRw), p.thresholds.t_l[0].to_string()),
+            or_dash(matches!(p.kind, Kind::RmaMcs | Kind::RmaRw), PerLevel(p.thresholds.t_l.clone()).to_string()),
             or_dash(p.kind == Kind::RmaRw, p.thresholds.t_r.to_string()),
             args.levels.replace(',', "/"),
             model_cost,
@@ -568,5 +591,15 @@ mod tests {
             assert!(svg.contains(text), "{text:?} missing from the SVG");
         }
         assert!(!svg.contains("T_L -"), "a threshold the lock has none of is not in its legend");
+    }
+
+    /// `--t-l`: one value for every level, or one per level `/`-separated; written back as
+    /// given; a bad value is an error.
+    #[test]
+    fn locality_thresholds_per_level() {
+        let sweep: Vec<super::PerLevel> = crate::report::parse_list("16,1/64/16").unwrap();
+        assert_eq!(sweep, [super::PerLevel(vec![16]), super::PerLevel(vec![1, 64, 16])]);
+        assert_eq!(sweep[1].to_string(), "1/64/16");
+        assert!(crate::report::parse_list::<super::PerLevel>("16/x").is_err());
     }
 }

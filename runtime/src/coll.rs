@@ -1,7 +1,7 @@
 //! The collectives on any communicator, blocking and nonblocking. Each is a schedule of
 //! point-to-point steps (`nbc.rs`): a nonblocking one (`ibcast`, ...) is a [`Request`] like a
 //! receive, which the rank's progress completes; a blocking one starts the same schedule and
-//! waits for it — except the small blocking `barrier`, `bcast`, `reduce` and `allreduce`, and
+//! waits for it — except the small blocking `barrier` and `reduce`, every blocking `bcast` and `allreduce`, and
 //! the blocking `gather`, `scatter`, `allgather` and `alltoall` (and their `v` forms), whose
 //! steps the calling thread posts and waits for itself, with no schedule or future
 //! (`Communicator::run_direct`, `nbc.rs`). Their messages travel on the
@@ -36,7 +36,10 @@
 //! neither copies the user's data in or out. What a step sends, and what it receives before
 //! reducing or copying it into place, lives in scratch buffers the process keeps between
 //! collectives (`nbc::Scratch`), so that a large message does not map fresh memory (and
-//! fault on each of its pages) on every call.
+//! fault on each of its pages) on every call. A collective run on the calling thread sends
+//! a large message from the caller's buffer itself, and receives one that only replaces a
+//! part of it straight into that part (`nbc::LEND_MIN_BYTES`): only what it combines goes
+//! through a scratch buffer.
 //!
 //! # Errors
 //!
@@ -55,9 +58,9 @@ use weft_sync::Error;
 
 use crate::buffer::Primitive;
 use crate::coll_steps::{
-    allgather_into, allgather_steps, allreduce_long_steps, alltoall_into, alltoall_steps, barrier_into, barrier_steps, bcast_into,
-    bcast_long_steps, gather_into, gather_steps, reduce_long_steps, reduce_over_into, reduce_over_steps, reduce_steps, reduce_tree_into,
-    scan_steps, scatter_into, scatter_steps, Steps as StepPlan,
+    allgather_into, allgather_steps, allreduce_long_into, allreduce_long_steps, alltoall_into, alltoall_steps, barrier_into, barrier_steps,
+    bcast_into, bcast_long_into, bcast_long_steps, gather_into, gather_steps, reduce_long_steps, reduce_over_into, reduce_over_steps,
+    reduce_steps, reduce_tree_into, scan_steps, scatter_into, scatter_steps, Steps as StepPlan,
 };
 use crate::comm::Communicator;
 use crate::nbc::{DirectPlan, In, Out, Sched, Scratch, Steps, MISMATCH};
@@ -122,6 +125,7 @@ pub trait Reducible: Primitive {
 macro_rules! reducible_int {
     ($($t:ty),*) => { $(
         impl Reducible for $t {
+            #[inline]
             fn apply(op: Op, a: Self, b: Self) -> Option<Self> {
                 Some(match op {
                     Op::Sum => a.wrapping_add(b),
@@ -141,6 +145,7 @@ reducible_int!(u8, i8, u16, i16, u32, i32, u64, i64, u128, i128, usize, isize);
 macro_rules! reducible_float {
     ($($t:ty),*) => { $(
         impl Reducible for $t {
+            #[inline]
             fn apply(op: Op, a: Self, b: Self) -> Option<Self> {
                 match op {
                     Op::Sum => Some(a + b),
@@ -181,11 +186,27 @@ pub(crate) fn check_op<T: Reducible>(op: Op, sample: Option<&T>, what: &'static 
 }
 
 /// `op` applied elementwise into `ours`: `op(theirs, ours)` if `theirs_first`, else
-/// `op(ours, theirs)` (`op` checked for the type).
+/// `op(ours, theirs)` (`op` checked for the type). The op is chosen once, outside the loop,
+/// so that each loop is one operation over two slices, which the compiler vectorizes.
 pub(crate) fn combine<T: Reducible>(op: Op, ours: &mut [T], theirs: &[T], theirs_first: bool) {
-    for (a, &t) in ours.iter_mut().zip(theirs) {
-        let v = if theirs_first { T::apply(op, t, *a) } else { T::apply(op, *a, t) };
-        *a = v.expect("op checked for the type");
+    /// The loop of one op.
+    #[inline(always)]
+    fn each<T: Reducible>(ours: &mut [T], theirs: &[T], theirs_first: bool, op: Op) {
+        let f = |a, b| T::apply(op, a, b).expect("op checked for the type");
+        if theirs_first {
+            ours.iter_mut().zip(theirs).for_each(|(a, &t)| *a = f(t, *a));
+        } else {
+            ours.iter_mut().zip(theirs).for_each(|(a, &t)| *a = f(*a, t));
+        }
+    }
+    match op {
+        Op::Sum => each(ours, theirs, theirs_first, Op::Sum),
+        Op::Prod => each(ours, theirs, theirs_first, Op::Prod),
+        Op::Min => each(ours, theirs, theirs_first, Op::Min),
+        Op::Max => each(ours, theirs, theirs_first, Op::Max),
+        Op::BAnd => each(ours, theirs, theirs_first, Op::BAnd),
+        Op::BOr => each(ours, theirs, theirs_first, Op::BOr),
+        Op::BXor => each(ours, theirs, theirs_first, Op::BXor),
     }
 }
 
@@ -464,16 +485,18 @@ impl Communicator {
     /// passes the same length and root.
     pub fn bcast<T: Primitive>(&self, data: &mut [T], root: u32) -> Result<(), Error> {
         self.check_root(root)?;
-        if std::mem::size_of_val(data) < BCAST_LONG_BYTES {
-            let len = data.len();
-            let plan = |s: &mut StepPlan| {
+        let len = data.len();
+        let long = bcast_is_long(std::mem::size_of_val(data), self.size());
+        let plan = |s: &mut StepPlan| {
+            if long {
+                bcast_long_into(s, self, root, len);
+            } else {
                 bcast_into(s, self, root, len);
-                Ok(())
-            };
-            return self.run_direct(data, DirectPlan::Bcast { len, root }, plan, |_, _, _| {});
-        }
-        let steps = self.bcast_steps(data, root)?;
-        self.run_in_place(data, None, steps)
+            }
+            Ok(())
+        };
+        // The plan is a function of the length and root (the members fixed).
+        self.run_direct(data, DirectPlan::Bcast { len, root }, plan, |_, _, _| {})
     }
 
     /// Starts reducing `data` elementwise over every rank with `op` into `data` of rank
@@ -565,16 +588,20 @@ impl Communicator {
         if send.len() != recv.len() {
             return Err(Error::InvalidArgument("allreduce: send and receive buffers of different lengths"));
         }
-        if std::mem::size_of_val(send) < ALLREDUCE_LONG_BYTES {
-            check_op(op, send.first(), "allreduce: a bitwise op on floating-point elements")?;
-            recv.copy_from_slice(send);
-            let plan = |s: &mut StepPlan| reduce_over_into(s, self.world_ranks(), self.world_of(self.rank()), send.len());
-            let what = DirectPlan::Allreduce { len: send.len() };
-            return self.run_direct(recv, what, plan, |ours, theirs, first| combine(op, ours, theirs, first));
-        }
-        let steps = self.allreduce_steps(send, op)?;
+        check_op(op, send.first(), "allreduce: a bitwise op on floating-point elements")?;
         recv.copy_from_slice(send);
-        self.run_in_place(recv, None, steps)
+        let (len, n) = (send.len(), self.size());
+        let long = allreduce_is_long(std::mem::size_of_val(send), len, n);
+        let plan = |s: &mut StepPlan| {
+            if !long {
+                return reduce_over_into(s, self.world_ranks(), self.world_of(self.rank()), len);
+            }
+            allreduce_long_into(s, self, len);
+            Ok(())
+        };
+        // The plan is a function of the length (the members fixed).
+        let what = DirectPlan::Allreduce { len };
+        self.run_direct(recv, what, plan, |ours, theirs, first| combine(op, ours, theirs, first))
     }
 
     /// [`iallreduce`](Self::iallreduce) with a user reduction `f(a, b)`, which must be
@@ -1048,4 +1075,41 @@ impl Communicator {
 fn prefix_steps<T: Reducible>(data: &[T], op: Op, inclusive: bool) -> Result<impl InPlace<T>, Error> {
     check_op(op, data.first(), "scan: a bitwise op on floating-point elements")?;
     Ok(steps!(|s, work| s.prefix(work, op, inclusive).await))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{combine, Op, Reducible};
+
+    /// `combine` of every op, in both orders, element by element as `apply` gives it
+    /// (a loop per op, chosen outside it, must pick the right op and order).
+    fn combines_as_apply<T: Reducible + std::fmt::Debug + PartialEq>(ours: &[T], theirs: &[T], ops: &[Op]) {
+        for &op in ops {
+            for theirs_first in [false, true] {
+                let mut got = ours.to_vec();
+                combine(op, &mut got, theirs, theirs_first);
+                let want: Vec<T> = ours
+                    .iter()
+                    .zip(theirs)
+                    .map(|(&a, &t)| if theirs_first { T::apply(op, t, a) } else { T::apply(op, a, t) }.unwrap())
+                    .collect();
+                assert_eq!(got, want, "{op:?}, theirs first: {theirs_first}");
+            }
+        }
+    }
+
+    #[test]
+    fn combine_matches_apply_for_every_op_and_order() {
+        let all = [Op::Sum, Op::Prod, Op::Min, Op::Max, Op::BAnd, Op::BOr, Op::BXor];
+        let a: Vec<i64> = (0..37).map(|i| i * 7 - 100).collect();
+        let b: Vec<i64> = (0..37).map(|i| 50 - i * 3).collect();
+        combines_as_apply(&a, &b, &all);
+        let a: Vec<u8> = (0..37u8).map(|i| i.wrapping_mul(13)).collect();
+        let b: Vec<u8> = (0..37u8).map(|i| 255 - i * 5).collect();
+        combines_as_apply(&a, &b, &all);
+        // Floats: order matters for sums of values of very different magnitudes.
+        let a: Vec<f64> = (0..37).map(|i| f64::from(i) * 1e16 - 3.5).collect();
+        let b: Vec<f64> = (0..37).map(|i| 0.25 - f64::from(i)).collect();
+        combines_as_apply(&a, &b, &[Op::Sum, Op::Prod, Op::Min, Op::Max]);
+    }
 }

@@ -527,18 +527,21 @@ pub(crate) fn scan_steps(comm: &Communicator, len: usize, inclusive: bool) -> St
 /// first and handed the result at the end ([Thakur 2005]; MPICH's
 /// `reduce_scatter_allgather`).
 pub(crate) fn allreduce_long_steps(comm: &Communicator, len: usize) -> Steps {
+    made(|s| allreduce_long_into(s, comm, len))
+}
+
+/// [`allreduce_long_steps`] written into `s` (empty).
+pub(crate) fn allreduce_long_into(s: &mut Steps, comm: &Communicator, len: usize) {
     let fold = Fold::of(comm.size(), comm.rank());
     let w = |v: u32| comm.world_of(v);
-    let mut s = Steps::default();
-    fold.fold_in(&mut s, w, len);
+    fold.fold_in(s, w, len);
     if let Some(nr) = fold.newrank {
         let blocks = blocks_of(len, fold.pof2);
         let ranks = |v: u32| w(fold.member(v));
-        reduce_scatter_halving(&mut s, (fold.pof2, nr), ranks, &blocks);
-        allgather_doubling(&mut s, (fold.pof2, nr), ranks, &blocks);
+        reduce_scatter_halving(s, (fold.pof2, nr), ranks, &blocks);
+        allgather_doubling(s, (fold.pof2, nr), ranks, &blocks);
     }
-    fold.fold_out(&mut s, w, len);
-    s
+    fold.fold_out(s, w, len);
 }
 
 /// Adds a reduce-scatter by recursive halving over a power of two `n` of ranks to `s`, this
@@ -580,11 +583,15 @@ fn allgather_doubling(s: &mut Steps, (n, vr): (u32, u32), w: impl Fn(u32) -> u32
 /// binomial tree (each subtree gets the blocks of its ranks), then a ring gathers them
 /// everywhere.
 pub(crate) fn bcast_long_steps(comm: &Communicator, root: u32, len: usize) -> Steps {
+    made(|s| bcast_long_into(s, comm, root, len))
+}
+
+/// [`bcast_long_steps`] written into `s` (empty).
+pub(crate) fn bcast_long_into(s: &mut Steps, comm: &Communicator, root: u32, len: usize) {
     let n = comm.size();
     let (vr, parent) = binomial(comm, root);
     // The blocks of ranks `lo..hi` (from the root) as one range.
     let part = |lo: u32, hi: u32| block(len, n, lo).start..block(len, n, hi.min(n) - 1).end;
-    let mut s = Steps::default();
     if parent < n {
         s.step().recv(at(comm, vr - parent, root), part(vr, vr + parent), Then::Replace);
     }
@@ -595,8 +602,7 @@ pub(crate) fn bcast_long_steps(comm: &Communicator, root: u32, len: usize) -> St
             s.send(at(comm, vr + m, root), part(vr + m, vr + 2 * m));
         }
     }
-    ring_allgather(&mut s, comm, &blocks_of(len, n), root);
-    s
+    ring_allgather(s, comm, &blocks_of(len, n), root);
 }
 
 /// Reduction of `len` elements (at least one per rank) with a commutative op into `root` on

@@ -27,12 +27,18 @@
 //! and every frame rang a doorbell some of them slept on, to find the driver had the frame.
 //!
 //! A continuation's callback (with the request's buffer it is given) lives in a *record*, a
-//! block of 128 bytes (`RECORD_BYTES`) taken at attach from the attaching thread's spare
-//! records and given back, before the callback runs, to the spares of the thread that
-//! completes it, as the requests' operations are (`operation.rs`: per-thread spares, and a
-//! process-wide queue for the extras of a thread that completes more than it attaches; a
-//! thread that only completes continuations keeps none). In the steady state attaching a
-//! continuation allocates nothing; a callback too large for a record is boxed.
+//! block with room for 128 bytes of callback (`RECORD_BYTES`) taken at attach from the
+//! attaching thread's spare records and given back, before the callback runs, to the spares
+//! of the thread that completes it, as the requests' operations are (`operation.rs`:
+//! per-thread spares, and a process-wide queue for the extras of a thread that completes
+//! more than it attaches; a thread that only completes continuations keeps none, and hands
+//! the records on in batches of 32, a queue operation per batch). In the steady state
+//! attaching a continuation allocates nothing; a callback too large for a record is boxed
+//! (and the box kept in a record). A callback whose request a progress pass completes runs
+//! at the end of that pass, once the pass has released the CRI's lock (`deferred.rs`): the
+//! record keeps it meanwhile, with the request's outcome, linked into the thread's deferred
+//! callbacks, so the callback holds up no other thread that wants the CRI and may post on
+//! it.
 //!
 //! A continuation of a set of requests (`attach_all`, `attach_any`) gives each request a
 //! *share* of one *set state*, which holds the set's callback and, for `attach_all`, a slot
@@ -42,7 +48,7 @@
 //! storage it grew to, given back with the results (or by the last share of an
 //! `attach_any`): in the steady state a set's continuation allocates nothing either.
 
-use std::cell::Cell;
+use std::cell::{Cell, RefCell};
 use std::marker::PhantomData;
 use std::mem::{ManuallyDrop, MaybeUninit};
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -53,6 +59,7 @@ use std::time::Duration;
 
 use weft_sync::{Counted, Error, Progress, SignalListener, Status, Step, SyncObject};
 
+use crate::deferred;
 use crate::engine::Engine;
 use crate::loom::sync::atomic::{fence, AtomicBool, AtomicUsize, Ordering};
 use crate::progress::sync_hook;
@@ -63,12 +70,12 @@ use crate::spares::{SharedSpares, Spares};
 /// Who runs a continuation's callback.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Invoke {
-    /// The thread that completes the operation, at once: the one whose progress pass matched
-    /// the message or saw the send finish, inside that pass (or the attaching thread, if the
-    /// operation had completed already). The lowest latency and no task, but it holds up
-    /// progress while it runs: for **short callbacks only**, which must not block, wait for
-    /// requests, or communicate (the pass may hold the rank's locks; use [`Invoke::Pool`]
-    /// for that).
+    /// The thread that completes the operation: the one whose progress pass matched the
+    /// message or saw the send finish, at the end of that pass, once it has released its
+    /// locks (or the attaching thread, at once, if the operation had completed already). The
+    /// lowest latency and no task, but the thread makes no progress while it runs: for
+    /// **short callbacks**, which may post sends and receives and attach continuations, but
+    /// must not block or wait for requests (use [`Invoke::Pool`] for that).
     Inline,
     /// A task on the rank's pool ([`Runtime::spawn`]), spawned at completion: the callback
     /// may take its time, communicate and wait.
@@ -166,6 +173,10 @@ impl Countdown {
 
 impl Drop for Countdown {
     fn drop(&mut self) {
+        // Counted down already (an inline callback that ran): nothing to ask.
+        if self.counted.is_none() {
+            return;
+        }
         let outcome = match (self.ran, std::thread::panicking()) {
             (true, _) => Ok(Status::default()),
             (false, true) => Err(PANICKED),
@@ -411,11 +422,15 @@ impl Progress for Helping<'_> {
 /// Runs `f(value)` here, catching a panic (reported by the continuation request), then
 /// counts it down.
 fn run_counted<T>(mut countdown: Countdown, f: impl FnOnce(T), value: T) {
-    match catch_unwind(AssertUnwindSafe(|| f(value))) {
-        Ok(()) => countdown.ran = true,
+    // Counted down here, not by the drop, which would ask whether the thread panics.
+    let outcome = match catch_unwind(AssertUnwindSafe(|| f(value))) {
+        Ok(()) => Ok(Status::default()),
         // Caught: `countdown` would drop as not panicking any more.
-        Err(_) => countdown.count_down(Err(PANICKED)),
-    }
+        Err(_) => Err(PANICKED),
+    };
+    countdown.count_down(outcome);
+    // Nothing left to drop: counted down.
+    std::mem::forget(countdown);
 }
 
 /// Runs `f(value)` in a task of rank `rank`'s pool, counting it down when the task ends (a
@@ -432,9 +447,13 @@ fn spawn_counted<T: Send + 'static>(rank: &Weak<Engine>, countdown: Countdown, f
     drop(task);
 }
 
-/// Bytes of a continuation record (module docs): room for a callback with the request's
-/// buffer and a few words of its own.
+/// Bytes of a continuation record's callback (module docs): room for a callback with the
+/// request's buffer and a few words of its own.
 const RECORD_BYTES: usize = 128;
+
+/// Bytes of a continuation record's argument, kept there while the callback is deferred
+/// (`deferred.rs`): a request's outcome.
+const ARG_BYTES: usize = 48;
 
 /// Spare records a thread keeps; beyond this many the extras go to the shared queue.
 const SPARES_MAX: usize = 1024;
@@ -442,9 +461,26 @@ const SPARES_MAX: usize = 1024;
 /// Records the process-wide queue keeps; beyond this many the extras are freed.
 const SHARED_SPARES_MAX: usize = 16384;
 
-/// The storage of one callback (module docs).
+/// Storage of `N` bytes for a value of any alignment up to 16.
 #[repr(C, align(16))]
-struct Record(MaybeUninit<[u8; RECORD_BYTES]>);
+struct Bytes<const N: usize>(MaybeUninit<[u8; N]>);
+
+/// The storage of one callback (module docs): the callback, and while it is deferred (its
+/// request completed inside a progress pass) the link that queues it and its argument.
+#[repr(C)]
+struct Record {
+    /// First: a deferred record is linked by its address.
+    node: MaybeUninit<deferred::Node>,
+    arg: Bytes<ARG_BYTES>,
+    f: Bytes<RECORD_BYTES>,
+}
+
+// SAFETY: a spare record is plain memory; the link in it is only read by the thread that
+// deferred the record, while the record is not a spare.
+unsafe impl Send for Record {}
+
+// An outcome, a continuation's usual argument, is deferred in its record.
+const _: () = assert!(std::mem::size_of::<weft_sync::Outcome>() <= ARG_BYTES);
 
 /// The process-wide queue of spare records.
 static SHARED_RECORDS: SharedSpares<Box<Record>> = SharedSpares::new(SHARED_SPARES_MAX);
@@ -454,8 +490,8 @@ thread_local! {
     /// allocation, whose address a pending continuation holds.
     static SPARES: Spares<Box<Record>, SPARES_MAX> = const { Spares::new(&SHARED_RECORDS) };
     /// Whether this thread has attached a continuation: only such a thread keeps spares; one
-    /// that only completes continuations (a waiter, a pool worker) hands their records
-    /// straight to the threads that attach, through the shared queue.
+    /// that only completes continuations (a waiter, a pool worker) hands their records to
+    /// the threads that attach, in batches ([`BATCH`]).
     static ATTACHES: Cell<bool> = const { Cell::new(false) };
     /// A thread's spare set states (as its records).
     static SET_SPARES: Spares<Box<SetState>, SET_SPARES_MAX> = const { Spares::new(&SHARED_SETS) };
@@ -479,16 +515,84 @@ fn give_spare<T, const MAX: usize>(local: &'static LocalKey<Spares<T, MAX>>, sha
     let _ = local.try_with(|s| s.keep(spare));
 }
 
-/// A spare record of this thread, else of another, else a new one.
-#[inline]
-fn take_record() -> Box<Record> {
-    take_spare(&SPARES, &SHARED_RECORDS).unwrap_or_else(|| Box::new(Record(MaybeUninit::uninit())))
+/// Records a thread that only completes continuations hands to the attaching threads at
+/// once: one shared-queue operation per batch instead of one per record on either side.
+const BATCH: usize = 32;
+
+/// A batch of spare records: boxes, each record its own allocation (a pending continuation
+/// holds its address).
+#[allow(clippy::vec_box)]
+type Batch = Vec<Box<Record>>;
+
+/// Batches of [`BATCH`] spare records, from threads that complete continuations to threads
+/// that attach them.
+static SHARED_BATCHES: SharedSpares<Batch> = SharedSpares::new(SHARED_SPARES_MAX / BATCH);
+
+/// Emptied batches (their storage), back to the completing threads.
+static EMPTY_BATCHES: SharedSpares<Batch> = SharedSpares::new(SHARED_SPARES_MAX / BATCH);
+
+/// The batch of records a thread that only completes continuations is filling; handed on
+/// when full, or when the thread ends.
+struct Outgoing(RefCell<Batch>);
+
+impl Drop for Outgoing {
+    fn drop(&mut self) {
+        let batch = std::mem::take(self.0.get_mut());
+        if !batch.is_empty() {
+            SHARED_BATCHES.give(batch);
+        }
+    }
 }
 
-/// Keeps `r` for this thread's next continuation, or another thread's.
+thread_local! {
+    static OUTGOING: Outgoing = const { Outgoing(RefCell::new(Vec::new())) };
+}
+
+/// A spare record of this thread, else of another (a batch of them, else one), else a new
+/// one.
+#[inline]
+fn take_record() -> Box<Record> {
+    let _ = ATTACHES.try_with(|a| a.set(true));
+    SPARES
+        .try_with(|s| {
+            s.take_own().or_else(|| match SHARED_BATCHES.take() {
+                Some(mut batch) => {
+                    let r = batch.pop();
+                    for spare in batch.drain(..) {
+                        s.keep(spare);
+                    }
+                    EMPTY_BATCHES.give(batch);
+                    r
+                }
+                None => SHARED_RECORDS.take(),
+            })
+        })
+        .unwrap_or_else(|_| SHARED_RECORDS.take())
+        .unwrap_or_else(|| {
+            Box::new(Record { node: MaybeUninit::uninit(), arg: Bytes(MaybeUninit::uninit()), f: Bytes(MaybeUninit::uninit()) })
+        })
+}
+
+/// Keeps `r` for this thread's next continuation; a thread that does not attach adds it to
+/// its outgoing batch for the threads that do.
 #[inline]
 fn give_record(r: Box<Record>) {
-    give_spare(&SPARES, &SHARED_RECORDS, r);
+    if ATTACHES.try_with(Cell::get).unwrap_or(false) {
+        // A thread being torn down frees it.
+        let _ = SPARES.try_with(|s| s.keep(r));
+        return;
+    }
+    // A thread being torn down frees it.
+    let _ = OUTGOING.try_with(|o| {
+        let mut batch = o.0.borrow_mut();
+        if batch.capacity() == 0 {
+            *batch = EMPTY_BATCHES.take().unwrap_or_else(|| Vec::with_capacity(BATCH));
+        }
+        batch.push(r);
+        if batch.len() >= BATCH {
+            SHARED_BATCHES.give(std::mem::take(&mut *batch));
+        }
+    });
 }
 
 /// A callback `F` of argument `A` in a record of its own (module docs); run or dropped, it
@@ -505,15 +609,71 @@ unsafe impl<A, F: FnOnce(A) + Send> Send for InRecord<A, F> {}
 
 impl<A, F: FnOnce(A)> InRecord<A, F> {
     /// Whether an `F` fits a record.
-    const FITS: bool = std::mem::size_of::<F>() <= RECORD_BYTES && std::mem::align_of::<F>() <= std::mem::align_of::<Record>();
+    const FITS: bool = std::mem::size_of::<F>() <= RECORD_BYTES && std::mem::align_of::<F>() <= 16;
+
+    /// Whether an `A` fits a record's argument (else a deferred callback could not keep it:
+    /// it runs at once).
+    const ARG_FITS: bool = std::mem::size_of::<A>() <= ARG_BYTES && std::mem::align_of::<A>() <= 16;
 
     /// Puts `f` in a record; `F` must fit ([`Self::FITS`]).
     fn new(f: F) -> Self {
         assert!(Self::FITS, "a callback larger than a record");
         let record = NonNull::from(Box::leak(take_record()));
         // SAFETY: the record is ours, and large and aligned enough for an `F` (checked above).
-        unsafe { record.cast::<F>().as_ptr().write(f) };
+        unsafe { Self::f(record).write(f) };
         InRecord { record, _f: PhantomData }
+    }
+
+    /// Where `record` keeps its callback.
+    fn f(record: NonNull<Record>) -> *mut F {
+        // SAFETY: in bounds of the record (a field's address).
+        unsafe { std::ptr::addr_of_mut!((*record.as_ptr()).f).cast() }
+    }
+
+    /// Where `record` keeps a deferred callback's argument.
+    fn arg(record: NonNull<Record>) -> *mut A {
+        // SAFETY: in bounds of the record (a field's address).
+        unsafe { std::ptr::addr_of_mut!((*record.as_ptr()).arg).cast() }
+    }
+
+    /// Runs the callback with `a`: now, or, inside a progress pass, once the pass has let go
+    /// of its locks (`deferred.rs`). The record goes back to the spares before the callback
+    /// runs, so a callback that attaches the next continuation reuses it.
+    #[inline]
+    fn call(self, a: A) {
+        if !Self::ARG_FITS {
+            return self.take()(a);
+        }
+        let this = ManuallyDrop::new(self);
+        let record = this.record;
+        // SAFETY: the record is this handle's, which is consumed here (not dropped): it
+        // holds the callback, and the argument written here (`ARG_FITS`), until
+        // `run_deferred` takes both, once, or, not deferred, `run_deferred` runs now; nobody
+        // else touches it until then.
+        unsafe {
+            Self::arg(record).write(a);
+            let node = record.cast::<deferred::Node>();
+            node.as_ptr().write(deferred::Node::new(Self::run_deferred));
+            if !deferred::defer(node) {
+                Self::run_deferred(node);
+            }
+        }
+    }
+
+    /// Runs a callback [`call`](Self::call) has put in its record with its argument.
+    ///
+    /// # Safety
+    /// `node` heads a record that `call` filled for an `InRecord<A, F>`, run this once.
+    unsafe fn run_deferred(node: NonNull<deferred::Node>) {
+        let record = node.cast::<Record>();
+        // SAFETY: the record holds the callback and its argument (contract); it was leaked
+        // from a `Box` in `new` and is given back this once.
+        let (f, a) = unsafe {
+            let (f, a) = (Self::f(record).read(), Self::arg(record).read());
+            give_record(Box::from_raw(record.as_ptr()));
+            (f, a)
+        };
+        f(a);
     }
 
     /// Takes the callback out and gives the record back.
@@ -532,7 +692,7 @@ impl<A, F: FnOnce(A)> InRecord<A, F> {
         // SAFETY: per the contract the record holds an `F` not taken yet; the record was
         // leaked from a `Box` in `new` and is given back this once.
         unsafe {
-            let f = self.record.cast::<F>().as_ptr().read();
+            let f = Self::f(self.record).read();
             give_record(Box::from_raw(self.record.as_ptr()));
             f
         }
@@ -546,10 +706,10 @@ impl<A, F: FnOnce(A)> Drop for InRecord<A, F> {
     }
 }
 
-/// `f`, in a record when it fits (module docs), boxed when not: small enough (two words) for
-/// a completion cell's attachment, so that attaching it allocates nothing in the steady
-/// state. The record goes back to the spares before `f` runs, so a callback that attaches
-/// the next continuation reuses it.
+/// `f` in a record (module docs), boxed first when it does not fit: small enough (one word)
+/// for a completion cell's attachment, so that attaching it allocates nothing in the steady
+/// state. Run by a progress pass, it runs after the pass has released its locks
+/// ([`InRecord::call`]).
 pub(crate) fn in_record<A, F>(f: F) -> impl FnOnce(A) + Send + 'static
 where
     A: 'static,
@@ -557,12 +717,12 @@ where
 {
     enum Held<A, F: FnOnce(A)> {
         Record(InRecord<A, F>),
-        Boxed(Box<F>),
+        Boxed(InRecord<A, Box<F>>),
     }
-    let held = if InRecord::<A, F>::FITS { Held::Record(InRecord::new(f)) } else { Held::Boxed(Box::new(f)) };
+    let held = if InRecord::<A, F>::FITS { Held::Record(InRecord::new(f)) } else { Held::Boxed(InRecord::new(Box::new(f))) };
     move |a: A| match held {
-        Held::Record(r) => r.take()(a),
-        Held::Boxed(f) => f(a),
+        Held::Record(r) => r.call(a),
+        Held::Boxed(r) => r.call(a),
     }
 }
 

@@ -194,6 +194,7 @@ mod continuation;
 mod counters;
 mod create;
 mod datatype;
+mod deferred;
 pub mod dlock;
 mod engine;
 mod executor;

@@ -49,7 +49,7 @@ use std::task::{Context, Poll, Wake, Waker};
 use weft_sync::{Error, Status};
 
 use crate::buffer::{Primitive, RecvBuf, SendBuf};
-use crate::coll_steps::{land, Incoming, Steps as StepPlan};
+use crate::coll_steps::{land, Incoming, Landing, Outgoing, Step, Steps as StepPlan, Then};
 use crate::comm::Communicator;
 use crate::engine::Schedule;
 use crate::matching::{Source, Tag};
@@ -232,8 +232,18 @@ pub(crate) struct Scratch<T> {
     len: usize,
     /// Elements a receive accepts at most.
     cap: usize,
+    /// Where the elements lie when not in `store`: a part of the caller's data lent to a
+    /// large message of a collective run on the calling thread ([`Scratch::lent`]).
+    lent: Option<std::ptr::NonNull<u8>>,
     _t: std::marker::PhantomData<T>,
 }
+
+// SAFETY: the store is a `Vec`; a lent part of the caller's data is read or written only
+// through this buffer while the collective that lent it waits for the request holding it
+// (`Direct::settle_in_flight`), whichever thread the transport touches it on.
+unsafe impl<T: Send> Send for Scratch<T> {}
+// SAFETY: as above; `&Scratch` only reads.
+unsafe impl<T: Sync> Sync for Scratch<T> {}
 
 impl<T: Primitive> Scratch<T> {
     /// A buffer for `cap` elements, none written.
@@ -261,7 +271,7 @@ impl<T: Primitive> Scratch<T> {
         // Small ones in a few sizes, so that a spare one fits the next message.
         let fresh = if bytes >= POOL_MIN_BYTES || units == 0 { units } else { units.next_power_of_two().max(4) };
         let store = store.unwrap_or_else(|| Vec::with_capacity(fresh));
-        Scratch { store, len: 0, cap, _t: std::marker::PhantomData }
+        Scratch { store, len: 0, cap, lent: None, _t: std::marker::PhantomData }
     }
 
     /// A copy of `data`.
@@ -292,11 +302,55 @@ impl<T: Primitive> Scratch<T> {
         } else {
             return Self::with_capacity(cap);
         };
-        Scratch { store, len: 0, cap, _t: std::marker::PhantomData }
+        Scratch { store, len: 0, cap, lent: None, _t: std::marker::PhantomData }
+    }
+
+    /// Where the elements lie.
+    #[inline]
+    fn base(&self) -> *const T {
+        match self.lent {
+            Some(p) => p.as_ptr().cast_const().cast(),
+            None => self.store.as_ptr().cast(),
+        }
+    }
+
+    /// Where the elements lie, to write them.
+    #[inline]
+    fn base_mut(&mut self) -> *mut T {
+        match self.lent {
+            Some(p) => p.as_ptr().cast(),
+            None => self.store.as_mut_ptr().cast(),
+        }
     }
 }
 
 impl Scratch<u8> {
+    /// The caller's `bytes` bytes at `at` themselves as the data of a send, no copy.
+    ///
+    /// # Safety
+    /// The bytes stay valid and unwritten until the request holding this buffer completed;
+    /// the buffer is dropped before the bytes are freed.
+    unsafe fn lent(at: *mut u8, bytes: usize) -> Self {
+        Scratch { store: Vec::new(), len: bytes, cap: bytes, lent: std::ptr::NonNull::new(at), _t: std::marker::PhantomData }
+    }
+
+    /// The caller's `bytes` bytes at `at` themselves as the place a receive lands in.
+    ///
+    /// # Safety
+    /// As for [`lent`](Scratch::lent), and nothing else reads or writes the bytes until the
+    /// receive completed.
+    unsafe fn lent_for_recv(at: *mut u8, bytes: usize) -> Self {
+        // SAFETY: per the contract, which is `lent`'s and more.
+        let mut s = unsafe { Self::lent(at, bytes) };
+        s.len = 0;
+        s
+    }
+
+    /// Whether this is the caller's data ([`lent`](Scratch::lent)).
+    fn is_lent(&self) -> bool {
+        self.lent.is_some()
+    }
+
     /// [`copy_of`](Scratch::copy_of) `data`, in a buffer [`from_spare`](Scratch::from_spare).
     fn copy_from_spare(spare: &mut Vec<Vec<Unit>>, data: &[u8]) -> Self {
         let mut s = Self::from_spare(spare, data.len());
@@ -323,7 +377,7 @@ impl Scratch<u8> {
     fn elems<T: Primitive>(&self) -> &[T] {
         // SAFETY: the first `len` bytes were written; `T: Primitive` is plain data of any
         // bit pattern, and the store is aligned for it.
-        unsafe { std::slice::from_raw_parts(self.store.as_ptr().cast::<T>(), self.len / std::mem::size_of::<T>().max(1)) }
+        unsafe { std::slice::from_raw_parts(self.base().cast::<T>(), self.len / std::mem::size_of::<T>().max(1)) }
     }
 }
 
@@ -337,16 +391,16 @@ impl<T: Primitive> std::ops::Deref for Scratch<T> {
     type Target = [T];
 
     fn deref(&self) -> &[T] {
-        // SAFETY: the first `len` elements were written (`copy_of`, or a receive's `filled`);
-        // the store is aligned for `T`.
-        unsafe { std::slice::from_raw_parts(self.store.as_ptr().cast::<T>(), self.len) }
+        // SAFETY: the first `len` elements were written (`copy_of`, `lent`, or a receive's
+        // `filled`); the store is aligned for `T`, and a lent part is the caller's `T`s.
+        unsafe { std::slice::from_raw_parts(self.base(), self.len) }
     }
 }
 
 impl<T: Primitive> std::ops::DerefMut for Scratch<T> {
     fn deref_mut(&mut self) -> &mut [T] {
         // SAFETY: as for `deref`, borrowed mutably.
-        unsafe { std::slice::from_raw_parts_mut(self.store.as_mut_ptr().cast::<T>(), self.len) }
+        unsafe { std::slice::from_raw_parts_mut(self.base_mut(), self.len) }
     }
 }
 
@@ -389,11 +443,12 @@ impl<T> Scratch<T> {
 }
 
 // SAFETY: the store's heap memory does not move when the `Scratch` moves, and nothing
-// writes it while a send borrows it (the schedule owns the buffer and awaits the send).
+// writes it while a send borrows it (the schedule owns the buffer and awaits the send); a
+// lent part of the caller's data stays unwritten until the send completed (`lent`).
 unsafe impl<T: Primitive> SendBuf for Scratch<T> {
     fn as_bytes(&self) -> &[u8] {
         // SAFETY: the first `len` elements were written, and `T: Primitive` has no padding.
-        unsafe { std::slice::from_raw_parts(self.store.as_ptr().cast::<u8>(), std::mem::size_of_val(&**self)) }
+        unsafe { std::slice::from_raw_parts(self.base().cast::<u8>(), std::mem::size_of_val(&**self)) }
     }
 }
 
@@ -411,7 +466,7 @@ unsafe impl<T: Primitive> RecvBuf for Scratch<T> {
         std::mem::size_of::<T>().max(1)
     }
     fn spare(&mut self) -> (*mut u8, usize) {
-        (self.store.as_mut_ptr().cast(), self.cap * std::mem::size_of::<T>())
+        (self.base_mut().cast(), self.cap * std::mem::size_of::<T>())
     }
     unsafe fn filled(&mut self, bytes: usize) {
         self.len = bytes / self.elem_size();
@@ -749,6 +804,9 @@ struct DirectStore {
     made_for: Option<(Arc<[u32]>, u32, DirectPlan)>,
     reqs: Vec<Request<'static, Scratch<u8>>>,
     got: Vec<Option<(Scratch<u8>, weft_sync::Outcome)>>,
+    /// Whether a request of the call holds a part of the caller's data ([`Scratch::lent`]):
+    /// then no request is dropped before it completed.
+    lent: bool,
     /// Small message buffers that the steps' requests gave back, for the next steps.
     spare: Vec<Vec<Unit>>,
 }
@@ -877,7 +935,18 @@ impl Direct<'_> {
             // `got` keeps their order, the receives' after them).
             for k in step.sends.clone() {
                 let out = &self.store.steps.sends[k];
-                let buf = Scratch::copy_from_spare(&mut self.store.spare, bytes_of(&data[out.at.clone()]));
+                let buf = if out.at.len() * size >= LEND_MIN_BYTES {
+                    self.store.lent = true;
+                    let (at, len) = (data[out.at.clone()].as_mut_ptr().cast::<u8>(), out.at.len() * size);
+                    // SAFETY: the caller's data, borrowed for this call, which waits for the
+                    // send (also when it fails: `settle_in_flight`); the steps write no part
+                    // of the data that a send of theirs holds until it completed (a step's
+                    // landings after all its requests completed; a receive lent below only
+                    // where no send of its step reads).
+                    unsafe { Scratch::lent(at, len) }
+                } else {
+                    Scratch::copy_from_spare(&mut self.store.spare, bytes_of(&data[out.at.clone()]))
+                };
                 let r = c.isend_on(coll, buf, out.to, tag)?;
                 // SAFETY: dropped before this call returns (`store.reqs` is left empty), while
                 // the caller's borrow of `comm` holds.
@@ -885,7 +954,18 @@ impl Direct<'_> {
             }
             for k in step.recvs.clone() {
                 let inc = &self.store.steps.recvs[k];
-                let buf = Scratch::<u8>::from_spare(&mut self.store.spare, inc.len * size);
+                let steps = &self.store.steps;
+                let buf = match in_place_landing(steps, &step, inc, size) {
+                    Some(at) => {
+                        self.store.lent = true;
+                        let part = data[at..at + inc.len].as_mut_ptr().cast::<u8>();
+                        // SAFETY: as for a lent send: the caller's data, which no send of
+                        // this step reads and nothing else touches until the receive
+                        // completed, and which this call waits for.
+                        unsafe { Scratch::lent_for_recv(part, inc.len * size) }
+                    }
+                    None => Scratch::<u8>::from_spare(&mut self.store.spare, inc.len * size),
+                };
                 let r = c.irecv_on(coll, buf, Source::Rank(inc.from), Tag::Is(tag))?;
                 // SAFETY: as above.
                 self.store.reqs.push(unsafe { crate::request::unbound(r) });
@@ -899,7 +979,12 @@ impl Direct<'_> {
             for j in 0..n {
                 let part = if in_place { reqs[j].take_parts() } else { got[j].take() };
                 let recv = j.checked_sub(step.sends.len()).map(|k| &steps.recvs[step.recvs.start + k]);
-                settled.take(part, recv, size, spare, |inc, b| land(data, &steps.landings[inc.lands.clone()], b.elems(), combine));
+                settled.take(part, recv, size, spare, |inc, b| {
+                    // A lent receive landed in place.
+                    if !b.is_lent() {
+                        land(data, &steps.landings[inc.lands.clone()], b.elems(), combine);
+                    }
+                });
             }
             reqs.clear();
             got.clear();
@@ -962,6 +1047,9 @@ impl Direct<'_> {
             crate::wait::wait_any(&mut st.reqs);
         }
         self.notice = st.reqs.pop();
+        if res.is_err() {
+            settle_in_flight(&mut st.reqs, st.lent);
+        }
         st.reqs.clear();
         res.map(|()| false)
     }
@@ -973,6 +1061,10 @@ impl Direct<'_> {
     #[inline(always)]
     fn finish(self, res: Result<(), Error>) -> Result<(), Error> {
         let Direct { comm, tag, notice, mut store } = self;
+        if res.is_err() {
+            settle_in_flight(&mut store.reqs, store.lent);
+        }
+        store.lent = false;
         store.reqs.clear();
         store.got.clear();
         let _ = DIRECT.try_with(|d| d.set(Some(store)));
@@ -1015,6 +1107,38 @@ impl Direct<'_> {
         }
         Err(comm.local_error(e))
     }
+}
+
+/// Messages of a collective run on the calling thread of at least this many bytes are sent
+/// from the caller's data itself, and received straight into place where a receive only
+/// replaces a part of it (no copy of theirs into a scratch buffer, or out of one; on the
+/// same host a large one is then a single copy, the receiver's read of the sender's data).
+const LEND_MIN_BYTES: usize = POOL_MIN_BYTES;
+
+/// Where in the data receive `inc` of `step` lands by itself, if it is large enough to be
+/// received there directly (as a lent buffer): a single landing that replaces a part no
+/// send of the step reads.
+fn in_place_landing(steps: &StepPlan, step: &Step, inc: &Incoming, size: usize) -> Option<usize> {
+    let [Landing { at, then: Then::Replace }] = steps.landings[inc.lands.clone()] else { return None };
+    let part = at..at + inc.len;
+    let apart = |o: &Outgoing| o.at.end <= part.start || part.end <= o.at.start;
+    (inc.len * size >= LEND_MIN_BYTES && steps.sends[step.sends.clone()].iter().all(apart)).then_some(at)
+}
+
+/// Before the requests of a failed step are dropped: where one holds a part of the caller's
+/// data (`lent`), the receives not yet matched are cancelled and every request is waited
+/// for, so that none touches the data after the collective returned. A send completes once
+/// its peer took it, dropped it as a failed collective's (its `Fin` then comes too) or was
+/// lost; a receive, once cancelled, filled or its peer lost.
+#[cold]
+fn settle_in_flight(reqs: &mut [Request<'static, Scratch<u8>>], lent: bool) {
+    if !lent {
+        return;
+    }
+    for r in reqs.iter_mut() {
+        r.cancel();
+    }
+    let _ = crate::wait::wait_all(reqs);
 }
 
 impl Communicator {

@@ -17,8 +17,9 @@ pub(crate) struct SharedSpares<T> {
     queue: std::sync::OnceLock<crossbeam_queue::ArrayQueue<T>>,
     #[cfg_attr(loom, allow(dead_code))]
     max: usize,
+    /// Holds no `T` (nothing is kept under loom), so the queue is a `static` for any `T`.
     #[cfg(loom)]
-    _t: std::marker::PhantomData<T>,
+    _t: std::marker::PhantomData<fn(T) -> T>,
 }
 
 impl<T> SharedSpares<T> {
@@ -74,7 +75,13 @@ impl<T, const MAX: usize> Spares<T, MAX> {
     /// One of this thread's spares, else one of another thread's.
     #[inline(always)]
     pub(crate) fn take(&self) -> Option<T> {
-        self.own.borrow_mut().pop().or_else(|| self.shared.take())
+        self.take_own().or_else(|| self.shared.take())
+    }
+
+    /// One of this thread's spares.
+    #[inline(always)]
+    pub(crate) fn take_own(&self) -> Option<T> {
+        self.own.borrow_mut().pop()
     }
 
     /// Keeps `spare` for this thread, or hands it to the other threads when this thread

@@ -15,6 +15,8 @@ static LARGE: AtomicUsize = AtomicUsize::new(16 << 10);
 struct CountLarge;
 static LARGE_BYTES: AtomicUsize = AtomicUsize::new(0);
 static ARMED: AtomicBool = AtomicBool::new(false);
+/// What the first allreduce took.
+static ALLREDUCE_BYTES: AtomicUsize = AtomicUsize::new(0);
 
 // SAFETY: forwards to the system allocator, only counting.
 unsafe impl GlobalAlloc for CountLarge {
@@ -36,8 +38,58 @@ static GLOBAL: CountLarge = CountLarge;
 
 #[test]
 fn large_collectives_allocate_no_large_buffers_in_the_steady_state() {
-    let n = 4u32;
     let len = 128 << 10; // 1 MiB of u64
+
+    // First, with the pool still empty: a large blocking allreduce sends from the caller's
+    // buffer and receives what only replaces a part of it straight into place, so that
+    // between 2 ranks the one scratch buffer each takes is the half it combines from
+    // (copying each message in and out of scratch buffers took two more per rank); a
+    // large broadcast takes none.
+    let pair = Runtime::builder().env(false).build_local(2).unwrap();
+    let bufs: Vec<_> = (1..=2u64).map(|r| (vec![r; len], vec![0u64; len])).collect();
+    std::thread::scope(|s| {
+        for (rt, (send, mut sum)) in pair.iter().zip(bufs) {
+            s.spawn(move || {
+                let c = rt.world();
+                // A large message each way first (no scratch buffer), so that the runtime's
+                // own first allocations for a rendezvous are not counted.
+                let mut got: Vec<u64> = Vec::with_capacity(len);
+                for sender in 0..2 {
+                    if c.rank() == sender {
+                        c.send(send.clone(), 1 - sender, 5).unwrap();
+                    } else {
+                        got = c.recv(got, sender, 5).unwrap().0;
+                    }
+                }
+                c.barrier().unwrap();
+                if c.rank() == 0 {
+                    LARGE_BYTES.store(0, Ordering::Relaxed);
+                    ARMED.store(true, Ordering::Relaxed);
+                }
+                c.barrier().unwrap();
+                c.allreduce(&send, &mut sum, Op::Sum).unwrap();
+                assert!(sum.iter().all(|&x| x == 3));
+                c.barrier().unwrap();
+                if c.rank() == 0 {
+                    ALLREDUCE_BYTES.store(LARGE_BYTES.swap(0, Ordering::Relaxed), Ordering::Relaxed);
+                }
+                c.barrier().unwrap();
+                // A large broadcast: sent from the root's buffer, received in place.
+                c.bcast(&mut sum, 1).unwrap();
+                assert!(sum.iter().all(|&x| x == 3));
+                c.barrier().unwrap();
+                drop(got);
+            });
+        }
+    });
+    ARMED.store(false, Ordering::Relaxed);
+    let took = ALLREDUCE_BYTES.load(Ordering::Relaxed);
+    assert!(took <= 2 * len / 2 * 8, "{took} bytes of scratch buffers in one 1 MiB allreduce between 2 ranks");
+    let took = LARGE_BYTES.load(Ordering::Relaxed);
+    assert_eq!(took, 0, "bytes of scratch buffers in one 1 MiB bcast between 2 ranks");
+    drop(pair);
+
+    let n = 4u32;
     let rts = Runtime::builder().env(false).build_local(n).unwrap();
     // `v`: the `v` forms instead of the others.
     let calls = |rounds: usize, v: bool| {

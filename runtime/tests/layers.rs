@@ -8,7 +8,7 @@
 //! engine    engine/            one rank's state and the mechanisms that act on it
 //! matching  matching/          the matching engine of one communicator
 //! executor  executor/          the task pool; knows the runtime only through Drive
-//! base      lock/ loom.rs config.rs buffer.rs provider.rs operation.rs spares.rs
+//! base      lock/ loom.rs config.rs buffer.rs provider.rs operation.rs spares.rs deferred.rs
 //! ```
 //!
 //! `matching` and `executor` sit side by side: neither names the other. What counts is
@@ -40,7 +40,7 @@ impl Layer {
             "engine" => Layer::Engine,
             "matching" => Layer::Matching,
             "executor" => Layer::Executor,
-            "lock" | "loom.rs" | "config.rs" | "buffer.rs" | "provider.rs" | "operation.rs" | "spares.rs" => Layer::Base,
+            "lock" | "loom.rs" | "config.rs" | "buffer.rs" | "provider.rs" | "operation.rs" | "spares.rs" | "deferred.rs" => Layer::Base,
             "lib.rs"
             | "runtime.rs"
             | "comm.rs"
@@ -72,7 +72,7 @@ impl Layer {
             "engine" => Layer::Engine,
             "matching" => Layer::Matching,
             "executor" => Layer::Executor,
-            "lock" | "loom" | "config" | "buffer" | "provider" | "operation" | "spares" => Layer::Base,
+            "lock" | "loom" | "config" | "buffer" | "provider" | "operation" | "spares" | "deferred" => Layer::Base,
             // Another module of lib.rs, or an item of the root (a re-export).
             _ => Layer::Api,
         }

@@ -435,8 +435,10 @@ impl<T> fmt::Debug for Counted<T> {
 impl<T> Counted<T> {
     /// Completes the operation with `outcome`: the object's count drops (waking its waiters
     /// when it reaches zero), and an error is reported by the next `wait_all`.
-    pub fn complete(mut self, outcome: Outcome) {
-        if let Some(inner) = self.inner.take() {
+    pub fn complete(self, outcome: Outcome) {
+        // Not dropped: its drop would count the operation again, as cancelled.
+        let mut this = std::mem::ManuallyDrop::new(self);
+        if let Some(inner) = this.inner.take() {
             finish_counted(&inner, outcome);
         }
     }

@@ -147,4 +147,20 @@ fn a_waiter_on_libfabric_sees_a_write_that_landed_before_the_loss() {
     let passes: fn(&RmaMcs) = |l| passes_without_waking(&l.q);
     assert_eq!(holder_lost("RMA-MCS task, passed", p, rma_mcs, mcs_take, Some(passes), task), Ok(()));
     assert_eq!(holder_lost("RMA-MCS task, lost", p, rma_mcs, mcs_take, None, task), LOST);
+    // Tasks waiting on a watched word park on the one that leads them: its wait ends with
+    // the loss, and so do theirs. 100 reader tasks behind the lost writer; a task of the
+    // spin lock.
+    let rw_take: fn(&RmaRw) = |l| std::mem::forget(l.write().unwrap());
+    let readers: fn(&RmaRw) -> Result<(), Error> = |l| {
+        in_task(async {
+            let all = futures::future::join_all((0..100).map(|_| async { l.read_async().await?.unlock_async().await })).await;
+            assert!(all.iter().all(|r| *r == LOST), "every reader task fails: {all:?}");
+            all[0]
+        })
+    };
+    assert_eq!(holder_lost("100 RMA-RW reader tasks, lost", p, rma_rw, rw_take, None, readers), LOST);
+    let spin = |c: &Communicator| SpinLock::new(c, 0).unwrap();
+    let spin_take: fn(&SpinLock) = |l| std::mem::forget(l.lock().unwrap());
+    let spin_task: fn(&SpinLock) -> Result<(), Error> = |l| in_task(async { l.lock_async().await?.unlock_async().await });
+    assert_eq!(holder_lost("spin, a task", p, spin, spin_take, None, spin_task), LOST);
 }

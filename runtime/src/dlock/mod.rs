@@ -49,18 +49,22 @@
 //!   successor's put of NEXT, a reset, a reader's departure or back-off, a release) is
 //!   followed by a read of the watchers word and a frame to each rank set. Both are
 //!   atomics at one rank, complete on return: the check sees the change, or the change's
-//!   reader sees the bit. A thread waits so; a task polls these words (its wake frame
-//!   would wait for the pass of the transport's watcher thread, a slower wake-up than the
-//!   backoff's next poll), and so does every waiter with more than 64 ranks (no bit for
-//!   each): spinning a little, then yielding, then sleeping up to [`MAX_SLEEP`] (a task on
-//!   a shared timer), as the foMPI-style locks do on the embedded provider (the seed's
-//!   baselines poll).
+//!   reader sees the bit (the foMPI-style readers watch a word of their own, which a
+//!   reader's back-off, a change only writers need, leaves alone). A waiter with more
+//!   than 64 ranks (no bit for each) polls these words instead: spinning a little, then
+//!   yielding, then sleeping up to [`MAX_SLEEP`] (a task on a shared timer), as the
+//!   foMPI-style locks do on the embedded provider (the seed's baselines poll).
 //!
 //! After a few polls the waiter posts the frame's receive before each check of its word,
 //! then parks (its thread, or its task) until the frame comes, or [`WAKE_ALARM`] passed
-//! (a thread; [`WAKE_CHECK`], or a rank's loss, for a task), and checks its word again. A
-//! frame whose change the waiter saw first is received by its next wait, which then checks
-//! once more.
+//! (a thread; [`WAKE_CHECK`], or a rank's loss, for a task), and checks its word again.
+//! The tasks of one rank waiting on one of the watched words share that receive: the first
+//! leads (spins, then parks on the receive); the others park on it at once, with no receive
+//! or check of their own, and are woken when its frame comes or it stops leading (its check
+//! found the change, or its wait failed): thousands of tasks waiting on a rank cost one
+//! receive and the leader's checks while they wait, and one check each per change. A
+//! frame nobody received (its change seen first, its waiters gone) is consumed when a wait
+//! on its word ends: a rank's queue of unexpected messages holds a few at most.
 //! Dropping a [`Guard`] releases on the dropping thread (a release waits, briefly, only for
 //! a successor that has entered the queue to make itself known);
 //! [`unlock_async`](Guard::unlock_async) releases without blocking the thread, which matters
@@ -435,16 +439,21 @@ impl std::fmt::Debug for RmaRw {
 }
 
 /// The central word of the foMPI-style locks: word 0 of `home`'s part of the window; where
-/// the window signals no writes (libfabric), word 1 there is its watchers word
-/// ([`Wakes`]), and a waiter parks on the wake frame of the word's next change.
+/// the window signals no writes (libfabric), words 1 and 2 there are its watchers words
+/// ([`Wakes`]), and a waiter parks on the wake frame of the word's next change that it
+/// needs: word 1 for the waits for the word to fall (the spin lock's, a writer's), word 2
+/// for the foMPI-style readers' waits for a writer to leave (a reader's back-off, which a
+/// waiting writer needs, wakes no reader).
 struct Central {
     window: Window<'static, u64>,
     home: u32,
     wakes: Option<Wakes>,
 }
 
-/// The watchers word of a [`Central`] word.
-const WATCHERS: usize = 1;
+/// The watchers word of a [`Central`] word's waits for it to fall, and its slot.
+const WATCHERS: (usize, usize) = (1, 0);
+/// The watchers word of the foMPI-style readers' waits for a writer to leave, and its slot.
+const READERS_WATCHERS: (usize, usize) = (2, 1);
 
 impl Central {
     /// Checks that `home` is a rank of `comm` and makes the window (collective).
@@ -452,7 +461,7 @@ impl Central {
         if home >= comm.size() {
             return Err(Error::RankOutOfRange { rank: home, size: comm.size() });
         }
-        let window = comm.window(2)?;
+        let window = comm.window(3)?;
         let wakes = Wakes::new(comm, &window)?;
         Ok(Central { window, home, wakes })
     }
@@ -462,15 +471,21 @@ impl Central {
     /// provider), or, where the window signals no writes, parks until the word changes
     /// (each change's maker wakes the watchers, [`changed`](Self::changed)) or
     /// [`WAKE_CHECK`] ([`WAKE_ALARM`] for a thread) passed. Fails with what `gone` says
-    /// after a failed attempt.
-    async fn until(&self, attempt: impl Fn() -> Result<bool, Error>, gone: impl Fn() -> Result<(), Error>) -> Result<(), Error> {
+    /// after a failed attempt. `(word, slot)`: the watchers word of the changes it needs.
+    async fn until(
+        &self,
+        (word, slot): (usize, usize),
+        attempt: impl Fn() -> Result<bool, Error>,
+        gone: impl Fn() -> Result<(), Error>,
+    ) -> Result<(), Error> {
         let mut backoff = Backoff::new();
         let mut watching = None;
         loop {
             let armed: Option<wait::Armed<'_, 1>> = match &self.wakes {
-                Some(w) => w.arm_watched(&self.window, &backoff, &mut watching, (self.home, WATCHERS, 0))?,
+                Some(w) => w.arm_watched(&self.window, &backoff, &mut watching, (self.home, word, slot))?,
                 None => None,
             };
+            wait::checked();
             if attempt()? {
                 return Ok(());
             }
@@ -482,18 +497,15 @@ impl Central {
         }
     }
 
-    /// After a change of the word (complete): wakes the ranks waiting on it.
-    fn changed(&self) -> Result<(), Error> {
-        match &self.wakes {
-            Some(w) => w.notify(&self.window, self.home, WATCHERS),
-            None => Ok(()),
-        }
-    }
-
-    /// An atomic update of the word, then the wake of its watchers.
-    fn update(&self, operand: u64, op: Op) -> Result<u64, Error> {
+    /// An atomic update of the word, then the wake of the ranks watching it in `watchers`
+    /// (the watchers words of the waits that need the change).
+    fn update(&self, operand: u64, op: Op, watchers: &[(usize, usize)]) -> Result<u64, Error> {
         let old = self.window.fetch_and_op(self.home, 0, operand, op)?;
-        self.changed()?;
+        if let Some(w) = &self.wakes {
+            for &(word, _) in watchers {
+                w.notify(&self.window, self.home, word)?;
+            }
+        }
         Ok(old)
     }
 }
@@ -542,7 +554,7 @@ impl SpinLock {
     /// Acquires the lock, parking the task (not the thread) between polls.
     pub async fn lock_async(&self) -> Result<SpinGuard<'_>, Error> {
         let local = self.local.lock().await;
-        self.c.until(|| self.attempt(), || Ok(())).await?;
+        self.c.until(WATCHERS, || self.attempt(), || Ok(())).await?;
         Ok(Guard::new(self, Mode::Exclusive, Some(local)))
     }
 
@@ -555,7 +567,7 @@ impl SpinLock {
 
 impl Release for SpinLock {
     fn release(&self, _: Mode) -> Releasing<'_> {
-        Box::pin(std::future::ready(self.c.update(0, Op::Replace).map(drop)))
+        Box::pin(std::future::ready(self.c.update(0, Op::Replace, &[WATCHERS]).map(drop)))
     }
 }
 
@@ -587,8 +599,8 @@ impl FompiRw {
         if self.c.window.fetch_and_op(self.c.home, 0, 1, Op::Sum)? & WRITER == 0 {
             return Ok(true);
         }
-        // The back-off is a change a waiting writer may need.
-        self.c.update(1u64.wrapping_neg(), Op::Sum)?;
+        // The back-off is a change a waiting writer may need (a waiting reader does not).
+        self.c.update(1u64.wrapping_neg(), Op::Sum, &[WATCHERS])?;
         Ok(false)
     }
 
@@ -629,15 +641,17 @@ impl FompiRw {
     /// `PeerLost` once a rank is gone: the word does not say whether it held the lock.
     async fn poll(&self, attempt: fn(&Self) -> Result<bool, Error>, mode: Mode) -> Result<FompiRwGuard<'_>, Error> {
         let gone = || self.c.window.lost_peer().map_or(Ok(()), |rank| Err(Error::PeerLost { rank }));
-        self.c.until(|| attempt(self), gone).await?;
+        let watch = if mode == Mode::Shared { READERS_WATCHERS } else { WATCHERS };
+        self.c.until(watch, || attempt(self), gone).await?;
         Ok(Guard::new(self, mode, None))
     }
 }
 
 impl Release for FompiRw {
     fn release(&self, mode: Mode) -> Releasing<'_> {
-        let added = if mode == Mode::Shared { 1 } else { WRITER };
-        Box::pin(std::future::ready(self.c.update(added.wrapping_neg(), Op::Sum).map(drop)))
+        // A reader's leaving matters to the writers; a writer's to the readers as well.
+        let (added, watchers): (u64, &[_]) = if mode == Mode::Shared { (1, &[WATCHERS]) } else { (WRITER, &[WATCHERS, READERS_WATCHERS]) };
+        Box::pin(std::future::ready(self.c.update(added.wrapping_neg(), Op::Sum, watchers).map(drop)))
     }
 }
 
@@ -648,6 +662,8 @@ mod tests {
 
     use super::wait::{waits_here, Waits};
     use super::*;
+    #[cfg(feature = "ofi")]
+    use crate::rendezvous_faults::common::within;
     use crate::Runtime;
 
     /// How long the holder keeps the lock while the other rank waits.
@@ -671,34 +687,53 @@ mod tests {
         take: impl Fn(&L) -> Guard<'_, L> + Sync,
         wait: impl Fn(&L) -> Guard<'_, L> + Sync,
     ) -> (Waits, Duration) {
+        holder_and_waiter(
+            provider,
+            make,
+            take,
+            || std::thread::sleep(HOLD),
+            |lock| {
+                let t = Instant::now();
+                wait(lock).unlock().unwrap();
+                t.elapsed()
+            },
+        )
+    }
+
+    /// Ranks 0 and 1 of `provider` make a lock with `make`; rank 1 takes it with `take`,
+    /// rank 0 then runs `waiter` on it while rank 1 holds it until `hold` returns. Returns
+    /// rank 0's waits in `waiter` and what it gave.
+    fn holder_and_waiter<L: Release + Send, R: Send>(
+        provider: crate::Provider,
+        make: impl Fn(&Communicator) -> L + Sync,
+        take: impl Fn(&L) -> Guard<'_, L> + Sync,
+        hold: impl FnOnce(),
+        waiter: impl Fn(&L) -> R + Sync,
+    ) -> (Waits, R) {
         let rts = Runtime::builder().env(false).provider(provider).cris(1).build_local(2).unwrap();
         let (held_tx, held_rx) = mpsc::channel();
         std::thread::scope(|s| {
-            let (make, wait, rts) = (&make, &wait, &rts);
-            let waiter = s.spawn(move || {
+            let (make, waiter, rts) = (&make, &waiter, &rts);
+            let rank0 = s.spawn(move || {
                 let c = rts[0].world();
                 let lock = make(c);
                 c.barrier().unwrap();
                 held_rx.recv().unwrap();
                 let before = waits_here();
-                let t = Instant::now();
-                wait(&lock).unlock().unwrap();
-                let waited = t.elapsed();
-                let after = waits_here();
+                let out = waiter(&lock);
+                let waits = waits_here().since(before);
                 c.barrier().unwrap();
-                let waits =
-                    Waits { sleeps: after.sleeps - before.sleeps, parks: after.parks - before.parks, wakes: after.wakes - before.wakes };
-                (waits, waited)
+                (waits, out)
             });
             let c = rts[1].world();
             let lock = make(c);
             c.barrier().unwrap();
             let g = take(&lock);
             held_tx.send(()).unwrap();
-            std::thread::sleep(HOLD);
+            hold();
             g.unlock().unwrap();
             c.barrier().unwrap();
-            waiter.join().unwrap()
+            rank0.join().unwrap()
         })
     }
 
@@ -768,5 +803,148 @@ mod tests {
         let most = (HOLD.as_micros() / wait::WAKE_CHECK.as_micros()) as u64 + 4;
         assert_eq!(w.sleeps, 0, "RMA-MCS, a task: it slept in the backoff ({w:?}, waited {waited:?})");
         assert!((1..=most).contains(&w.parks), "RMA-MCS, a task: {w:?}");
+    }
+
+    /// 10,000 tasks of rank 0 read a lock made with `make` whose writer (`write`) is rank 1,
+    /// on `shm` (one thread, a one-thread tokio runtime), each with `read`; returns rank
+    /// 0's waits and the acquisitions. Rank 1 lets the lock go once every task parked, or
+    /// checked 3 times (they poll), or after 60 s, and [`HOLD`] later.
+    #[cfg(feature = "ofi")]
+    fn ten_thousand_readers<L: Release + Send>(
+        make: impl Fn(&Communicator) -> L + Sync,
+        write: impl for<'a> Fn(&'a L) -> Guard<'a, L> + Sync,
+        read: impl for<'a> Fn(&'a L) -> Pin<Box<dyn Future<Output = Guard<'a, L>> + 'a>> + Sync,
+    ) -> (Waits, u64) {
+        std::env::set_var("FI_TCP_IFACE", "lo");
+        std::env::set_var("FI_SOCKETS_IFACE", "lo");
+        let (parked_tx, parked_rx) = mpsc::channel();
+        let hold = || {
+            parked_rx.recv().unwrap();
+            // Held on while they wait: the leader's checks come every WAKE_CHECK.
+            std::thread::sleep(HOLD);
+        };
+        holder_and_waiter(crate::Provider::Shm, make, write, hold, |lock| {
+            let before = waits_here();
+            let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
+            let acquired = std::sync::atomic::AtomicU64::new(0);
+            rt.block_on(async {
+                let readers = futures::future::join_all((0..TASKS).map(|_| async {
+                    read(lock).await.unlock_async().await.unwrap();
+                    acquired.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                }));
+                let watch = async {
+                    let start = Instant::now();
+                    loop {
+                        let w = waits_here().since(before);
+                        if w.parks >= TASKS || w.checks >= 3 * TASKS || start.elapsed() > Duration::from_secs(60) {
+                            parked_tx.send(()).unwrap();
+                            return;
+                        }
+                        wait::Sleep::new(Duration::from_millis(1)).await;
+                    }
+                };
+                futures::join!(readers, watch);
+            });
+            acquired.into_inner()
+        })
+    }
+
+    /// Tasks in [`ten_thousand_readers`].
+    #[cfg(feature = "ofi")]
+    const TASKS: u64 = 10_000;
+
+    /// [`ten_thousand_readers`] parked instead of polling the word: each task checked it
+    /// once before it parked and once when the writer's release woke them, the leader a
+    /// few times more (a polling task checks it again and again for as long as the writer
+    /// holds); all of them acquired.
+    #[cfg(feature = "ofi")]
+    fn parked_all_along(what: &str, (waits, acquired): (Waits, u64)) {
+        assert_eq!(acquired, TASKS, "{what}");
+        assert_eq!(waits.sleeps, 0, "{what}: tasks slept in the backoff: {waits:?}");
+        assert!(waits.parks >= TASKS, "{what}: tasks did not park: {waits:?}");
+        let most = 2 * TASKS + 64 + (HOLD.as_micros() / wait::WAKE_CHECK.as_micros()) as u64;
+        assert!(waits.checks <= most, "{what}: tasks polled the word: {waits:?}, at most {most} checks");
+    }
+
+    /// [`ten_thousand_readers`] of the reader-writer lock `$make` makes (`write`,
+    /// `read_async`), bounded in time; then [`parked_all_along`].
+    #[cfg(feature = "ofi")]
+    macro_rules! readers_park {
+        ($what:expr, $make:expr) => {{
+            let run = within(60, $what, || {
+                ten_thousand_readers($make, |l| l.write().unwrap(), |l| Box::pin(async move { l.read_async().await.unwrap() }))
+            });
+            parked_all_along($what, run);
+        }};
+    }
+
+    /// 10,000 reader tasks of one rank behind another rank's writer of an RMA-RW wait on
+    /// libfabric without polling its counter ([`parked_all_along`]): one of them leads on
+    /// the wake frame's receive, the others park on it.
+    #[cfg(feature = "ofi")]
+    #[test]
+    fn ten_thousand_tasks_wait_for_a_lock_without_polling() {
+        // `T_R` past the readers: none of them resets the counter.
+        readers_park!("10,000 RMA-RW reader tasks", |c| {
+            RmaRw::new(c, &Levels::flat(), &Thresholds { t_r: 1 << 40, ..Thresholds::default() }).unwrap()
+        });
+    }
+
+    /// As [`ten_thousand_tasks_wait_for_a_lock_without_polling`], the foMPI-style
+    /// reader-writer lock: a reader's back-off (each reader adds 1, finds the writer, takes
+    /// it back) wakes the writers only; a wake of the readers by each back-off would make
+    /// every parked reader try again, back off and wake them all again, without end.
+    #[cfg(feature = "ofi")]
+    #[test]
+    fn ten_thousand_fompi_readers_wait_without_polling() {
+        readers_park!("10,000 foMPI-RW reader tasks", |c| FompiRw::new(c, 1).unwrap());
+    }
+
+    /// Wake frames nobody needs (sent for a hand-off its waiter saw while it spun, or to a
+    /// rank whose waiter left meanwhile) are consumed: after 2 ranks of 2 threads took a
+    /// D-MCS and an RMA-RW 100 times each on `shm`, a few at most are queued at a rank.
+    #[cfg(feature = "ofi")]
+    #[test]
+    fn unclaimed_wake_frames_do_not_pile_up() {
+        std::env::set_var("FI_TCP_IFACE", "lo");
+        std::env::set_var("FI_SOCKETS_IFACE", "lo");
+        let rts = Runtime::builder().env(false).provider(crate::Provider::Shm).cris(1).build_local(2).unwrap();
+        let queued: Vec<(usize, usize)> = std::thread::scope(|s| {
+            let ranks: Vec<_> = rts
+                .iter()
+                .map(|rt| {
+                    s.spawn(move || {
+                        let c = rt.world();
+                        let mcs = DMcs::new(c, 0).unwrap();
+                        let rw = RmaRw::new(c, &Levels::simulated(&[1]), &Thresholds::default()).unwrap();
+                        c.barrier().unwrap();
+                        std::thread::scope(|s| {
+                            for _ in 0..2 {
+                                s.spawn(|| {
+                                    for i in 0..50 {
+                                        drop(mcs.lock().unwrap());
+                                        if i % 4 == 0 {
+                                            drop(rw.write().unwrap());
+                                        } else {
+                                            drop(rw.read().unwrap());
+                                        }
+                                    }
+                                });
+                            }
+                        });
+                        c.barrier().unwrap();
+                        // Frames sent before the barrier have arrived by now.
+                        std::thread::sleep(Duration::from_millis(20));
+                        let queued = (mcs.q.take_queued_wakes(), rw.q.take_queued_wakes());
+                        c.barrier().unwrap();
+                        queued
+                    })
+                })
+                .collect();
+            ranks.into_iter().map(|r| r.join().unwrap()).collect()
+        });
+        for (rank, &(mcs, rw)) in queued.iter().enumerate() {
+            assert!(mcs <= 4 && rw <= 6, "rank {rank}: {mcs} D-MCS and {rw} RMA-RW wake frames queued");
+        }
     }
 }

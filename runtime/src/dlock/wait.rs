@@ -14,8 +14,9 @@
 //!   parks on a *wake frame* ([`Wakes`]): the rank that changed the word sends the waiting
 //!   rank an empty message on the lock's own communicator after its change, and the waiter
 //!   parks on a receive of it, posted before its check (a task also checks the word every
-//!   [`WAKE_CHECK`], a thread every [`WAKE_ALARM`]); with more than 64 ranks the words
-//!   other ranks' atomics change are polled with [`Backoff`].
+//!   [`WAKE_CHECK`], a thread every [`WAKE_ALARM`]); the tasks of a rank waiting on one
+//!   watched word park on one leader's receive ([`Relay`]); with more than 64 ranks the
+//!   words other ranks' atomics change are polled with [`Backoff`].
 //! - [`LocalLock`] orders the threads and tasks of one rank that share its queue nodes:
 //!   waiters are parked (tasks) or park their thread, and are woken by the release.
 
@@ -28,7 +29,7 @@ use std::sync::{Arc, Condvar, Mutex, OnceLock};
 use std::task::{Context, Poll, Wake, Waker};
 use std::time::{Duration, Instant};
 
-use event_listener::Event;
+use event_listener::{Event, EventListener};
 use weft_sync::{SignalListener, Step};
 
 use crate::comm::Communicator;
@@ -60,26 +61,47 @@ thread_local! {
     /// Whether this thread runs a protocol in [`block_on`] (waits sleep the thread).
     static BLOCKING: Cell<bool> = const { Cell::new(false) };
     /// [`Backoff`] sleeps begun on this thread, and parks ([`Armed`]) on it.
-    static WAITS: Cell<Waits> = const { Cell::new(Waits { sleeps: 0, parks: 0, wakes: 0 }) };
+    static WAITS: Cell<Waits> = const { Cell::new(Waits { sleeps: 0, parks: 0, wakes: 0, checks: 0 }) };
     /// The earliest [`Sleep`] the protocol in [`block_on`] waits for in its current poll:
     /// the thread parks no longer (a thread's sleep needs no timer thread).
     static WAKE_AT: Cell<Option<Instant>> = const { Cell::new(None) };
 }
 
 /// How the waits of the distributed locks on one thread went: [`Backoff`] sleeps (a
-/// thread's sleep in [`block_on`], a task's sleep on the timer begun from the thread) and
-/// parks on a signal or a wake frame ([`Armed`]), and the parks a wake frame ended.
+/// thread's sleep in [`block_on`], a task's sleep on the timer begun from the thread),
+/// parks on a signal or a wake frame ([`Armed`]), the parks a wake frame ended (or, for a
+/// task, the leader that received it, [`Wakes::arm_watched`]), and the checks of a waited-for
+/// word (each one or more one-sided reads or atomics).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub(crate) struct Waits {
     pub(crate) sleeps: u64,
     pub(crate) parks: u64,
     pub(crate) wakes: u64,
+    pub(crate) checks: u64,
+}
+
+#[cfg(test)]
+impl Waits {
+    /// The waits since `before`.
+    pub(crate) fn since(self, before: Waits) -> Waits {
+        Waits {
+            sleeps: self.sleeps - before.sleeps,
+            parks: self.parks - before.parks,
+            wakes: self.wakes - before.wakes,
+            checks: self.checks - before.checks,
+        }
+    }
 }
 
 /// The waits on this thread so far.
 #[cfg(test)]
 pub(crate) fn waits_here() -> Waits {
     WAITS.get()
+}
+
+/// Counts one check of a waited-for word ([`Waits::checks`]).
+pub(crate) fn checked() {
+    count(|w| w.checks += 1);
 }
 
 fn count(f: impl FnOnce(&mut Waits)) {
@@ -106,8 +128,12 @@ pub(crate) enum Armed<'a, const N: usize> {
     Listen([SignalListener<'a>; N]),
     /// Park until a wake frame arrives (a receive posted before the check), or a task
     /// until a rank is lost or [`WAKE_CHECK`] passed, a thread until [`WAKE_ALARM`] passed.
-    /// With the frame's tag.
-    Woken(Request<'a, Vec<u8>>, i32),
+    /// With the frame's tag, and, for the task that leads its rank's tasks waiting on a
+    /// watched word, their [`Relay`] (woken when the frame comes).
+    Woken(Request<'a, Vec<u8>>, i32, Option<&'a Relay>),
+    /// A task waiting on a watched word while another task of its rank leads
+    /// ([`Wakes::arm_watched`]): park until the leader's frame comes or it stops leading.
+    Relayed(EventListener),
 }
 
 /// Arms the next wait for the words `words` (rank, element offset) of `window` after the
@@ -139,27 +165,61 @@ pub(crate) fn arm<'a, const N: usize>(window: &'a Window<'_, u64>, backoff: &Bac
 ///   ranks there is no room for a bit each: those waits poll.
 ///
 /// A waiter posts the frame's receive before each check ([`arm`](Self::arm)), so a frame
-/// sent after it is not missed; one sent for a change the waiter saw without it is received
-/// by a later wait, which then only checks once more.
+/// sent after it is not missed. A frame nobody needs any more (sent for a change its waiter
+/// saw first, or to a rank whose waiters left meanwhile) is consumed ([`drain`](Self::drain))
+/// when a wait on its word ends: the rank's queue of unexpected messages holds a few of them
+/// at most, whatever the number of acquisitions.
+///
+/// The tasks of a rank waiting on one watched word share one receive ([`Relay`]).
 pub(crate) struct Wakes {
     comm: Option<Communicator>,
     /// Per watchers word this rank waits on (by slot), its threads and tasks waiting there.
     waiting: [AtomicU32; SLOTS],
+    /// Per slot, the tasks waiting there.
+    relays: [Relay; SLOTS],
+}
+
+/// The tasks of one rank waiting on one watched word: the first of them *leads*: it spins,
+/// then parks on the wake frame's receive as a lone task would; the others park on `event`
+/// at once, without a receive or a check of their own. The leader wakes them all when its
+/// frame comes, and when it stops leading (its check found the word changed, its wait
+/// failed, or it was dropped); each of them then checks the word once, and one of those
+/// still waiting leads. So a rank's thousands of tasks waiting on a word cost one receive
+/// and the leader's checks while they wait, and one check each per change.
+pub(crate) struct Relay {
+    led: AtomicBool,
+    event: Event,
+}
+
+impl Relay {
+    fn new() -> Self {
+        Relay { led: AtomicBool::new(false), event: Event::new() }
+    }
+
+    /// Wakes every task parked on the leader.
+    fn wake_all(&self) {
+        self.event.notify(usize::MAX);
+    }
 }
 
 /// Watchers words a rank may wait on at once, by what waits: RMA-RW's readers at their
 /// counter, its writer at a counter, a releaser for its successor's NEXT; the foMPI-style
-/// locks use the first.
+/// locks use the first two (the waits for their word to fall, their readers' waits).
 pub(crate) const SLOTS: usize = 3;
 
-/// A rank's bit set in a watchers word ([`Wakes::watch`]): cleared when the last of its
-/// waiters there drops this.
+/// One wait on a watched word ([`Wakes::arm_watched`]): once counted, its rank's bit set
+/// in the watchers word, cleared when the last of the rank's waiters there drops this;
+/// for a task that leads the rank's tasks waiting there, the lead, handed on when dropped.
 pub(crate) struct Watching<'a> {
     wakes: &'a Wakes,
     window: &'a Window<'a, u64>,
     home: u32,
     word: usize,
     slot: usize,
+    /// Counted in the rank's waiters of the slot (its bit set).
+    counted: bool,
+    /// Leads the rank's tasks waiting in the slot.
+    leads: bool,
 }
 
 impl Wakes {
@@ -169,7 +229,11 @@ impl Wakes {
         if window.signals_writes() {
             return Ok(None);
         }
-        Ok(Some(Wakes { comm: Some(comm.dup()?), waiting: std::array::from_fn(|_| AtomicU32::new(0)) }))
+        Ok(Some(Wakes {
+            comm: Some(comm.dup()?),
+            waiting: std::array::from_fn(|_| AtomicU32::new(0)),
+            relays: std::array::from_fn(|_| Relay::new()),
+        }))
     }
 
     fn comm(&self) -> &Communicator {
@@ -185,7 +249,18 @@ impl Wakes {
             return None;
         }
         let tag = i32::try_from(tag).ok()?;
-        self.comm().irecv(Vec::new(), Source::Any, tag).ok().map(|r| Armed::Woken(r, tag))
+        self.comm().irecv(Vec::new(), Source::Any, tag).ok().map(|r| Armed::Woken(r, tag, None))
+    }
+
+    /// Consumes the wake frames with tag `tag` that arrived and that no receive took: no wait
+    /// of this rank needs them (a wait posts its receive before its check, which sees the
+    /// change a frame was sent for). Called when a wait on the word ends.
+    pub(crate) fn drain(&self, tag: usize) {
+        let Ok(tag) = i32::try_from(tag) else { return };
+        // A failure (the communicator freed) leaves nothing to consume.
+        while let Ok(Some(frame)) = self.comm().improbe(Source::Any, tag) {
+            let _ = frame.mrecv(Vec::<u8>::new());
+        }
     }
 
     /// Wakes the waiter armed at rank `rank` with tag `tag` (after the change it waits for,
@@ -195,42 +270,48 @@ impl Wakes {
         self.comm().send_slice::<u8>(&[], rank, tag).map(drop)
     }
 
+    /// The wake frames queued unreceived at this rank, consumed (tests).
+    #[cfg(all(test, feature = "ofi"))]
+    pub(crate) fn take_queued(&self) -> usize {
+        let mut n = 0;
+        while let Ok(Some(frame)) = self.comm().improbe(Source::Any, crate::matching::Tag::Any) {
+            let _ = frame.mrecv(Vec::<u8>::new());
+            n += 1;
+        }
+        n
+    }
+
     /// Whether the ranks have a bit each in a watchers word.
     fn watchable(&self) -> bool {
         self.comm().size() <= 64
     }
 
-    /// Sets this rank's bit in the watchers word `word` of `home` (this rank's waiters on it
-    /// counted in `slot`) until the returned guard is dropped; `None` with more than 64
-    /// ranks (the wait polls).
-    pub(crate) fn watch<'a>(
-        &'a self,
-        window: &'a Window<'a, u64>,
-        home: u32,
-        word: usize,
-        slot: usize,
-    ) -> Result<Option<Watching<'a>>, weft_sync::Error> {
-        if !self.watchable() {
-            return Ok(None);
+    /// Counts the wait `w` in its rank's waiters of its slot: the first sets the rank's bit
+    /// in the watchers word (a later one may check before it is set, and is then woken by
+    /// its own or its leader's check of the word: `WAKE_CHECK`, `WAKE_ALARM`).
+    fn count_in(&self, w: &mut Watching<'_>) -> Result<(), weft_sync::Error> {
+        if w.counted {
+            return Ok(());
         }
-        let bit = 1u64 << window.rank();
-        // The first waiter of this rank sets the bit; a later one may check before it is
-        // set, and then is woken by its check of the word (`WAKE_CHECK`, `WAKE_ALARM`).
-        if self.waiting[slot].fetch_add(1, Ordering::AcqRel) == 0 {
-            if let Err(e) = window.fetch_and_op(home, word, bit, Op::BitOr) {
-                self.waiting[slot].fetch_sub(1, Ordering::AcqRel);
+        if self.waiting[w.slot].fetch_add(1, Ordering::AcqRel) == 0 {
+            let bit = 1u64 << w.window.rank();
+            if let Err(e) = w.window.fetch_and_op(w.home, w.word, bit, Op::BitOr) {
+                self.waiting[w.slot].fetch_sub(1, Ordering::AcqRel);
                 return Err(e);
             }
         }
-        Ok(Some(Watching { wakes: self, window, home, word, slot }))
+        w.counted = true;
+        Ok(())
     }
 
     /// Arms the next wait for a word of `home` that other ranks change, whose watchers word
-    /// is `word` there (this rank's waiters on it counted in `slot`): after the first polls,
-    /// this rank's bit set there (kept in `watching` until the wait ends) and the wake
-    /// frame's receive posted, both before the check. `None` while the waiter still spins,
-    /// for a task, or where it cannot watch (more than 64 ranks): the caller arms as it
-    /// would without.
+    /// is `word` there (this rank's waiters on it counted in `slot`), the wait's state in
+    /// `watching` (kept until the wait ends). A thread, after its first polls, sets its
+    /// rank's bit there and posts the wake frame's receive, both before the check. A task
+    /// parks on the task that leads its rank's tasks waiting there ([`Relay`]), or leads:
+    /// it spins, then waits as a thread does (parked on the receive, its check every
+    /// [`WAKE_CHECK`]). `None` while the waiter spins, or where it cannot watch (more than
+    /// 64 ranks): the caller arms as it would without.
     pub(crate) fn arm_watched<'a, const N: usize>(
         &'a self,
         window: &'a Window<'a, u64>,
@@ -238,15 +319,29 @@ impl Wakes {
         watching: &mut Option<Watching<'a>>,
         (home, word, slot): (u32, usize, usize),
     ) -> Result<Option<Armed<'a, N>>, weft_sync::Error> {
-        // A task polls: its wake frame would wait for the pass of the transport's watcher
-        // thread, on libfabric a slower wake-up than the backoff's next poll.
-        if backoff.0 < SPIN_POLLS || !BLOCKING.get() {
+        if !self.watchable() {
             return Ok(None);
         }
-        if watching.is_none() {
-            *watching = self.watch(window, home, word, slot)?;
+        let w = watching.get_or_insert(Watching { wakes: self, window, home, word, slot, counted: false, leads: false });
+        let relay = &self.relays[slot];
+        if !BLOCKING.get() && !w.leads {
+            // Listening before the look at the lead: a leader that stops after it wakes
+            // this task too.
+            let listener = relay.event.listen();
+            if relay.led.load(Ordering::SeqCst) || relay.led.swap(true, Ordering::SeqCst) {
+                self.count_in(w)?;
+                return Ok(Some(Armed::Relayed(listener)));
+            }
+            w.leads = true;
         }
-        Ok(if watching.is_some() { self.arm(backoff, word) } else { None })
+        if backoff.0 < SPIN_POLLS {
+            return Ok(None);
+        }
+        self.count_in(w)?;
+        Ok(match self.arm(backoff, word) {
+            Some(Armed::Woken(r, tag, _)) => Some(Armed::Woken(r, tag, w.leads.then_some(relay))),
+            armed => armed,
+        })
     }
 
     /// After a change of a word whose watchers word is `word` of `home` (complete there):
@@ -267,15 +362,25 @@ impl Wakes {
 
 impl Drop for Watching<'_> {
     fn drop(&mut self) {
+        if self.leads {
+            let relay = &self.wakes.relays[self.slot];
+            relay.led.store(false, Ordering::SeqCst);
+            relay.wake_all();
+        }
+        if !self.counted {
+            return;
+        }
         let waiting = &self.wakes.waiting[self.slot];
         if waiting.fetch_sub(1, Ordering::AcqRel) == 1 {
             let bit = 1u64 << self.window.rank();
-            // A failure leaves the bit set: it only costs wake frames nobody waits for.
+            // A failure leaves the bit set: it only costs wake frames, consumed below.
             let _ = self.window.fetch_and_op(self.home, self.word, !bit, Op::BitAnd);
             // A waiter that came meanwhile counted on the bit: set it again.
             if waiting.load(Ordering::Acquire) > 0 {
                 let _ = self.window.fetch_and_op(self.home, self.word, bit, Op::BitOr);
             }
+            // The last waiter of the rank there: the frames sent to it are nobody's.
+            self.wakes.drain(self.word);
         }
     }
 }
@@ -298,7 +403,12 @@ impl<const N: usize> Armed<'_, N> {
                 count(|w| w.parks += 1);
                 AnyOf(listeners.map(Some)).await;
             }
-            Armed::Woken(request, tag) => {
+            Armed::Relayed(listener) => {
+                count(|w| w.parks += 1);
+                listener.await;
+                count(|w| w.wakes += 1);
+            }
+            Armed::Woken(request, tag, relay) => {
                 count(|w| w.parks += 1);
                 // A thread waits as a blocked receive does (the rank's waiter, woken by the
                 // network itself) until the frame or its alarm comes; a task parks on the
@@ -311,6 +421,8 @@ impl<const N: usize> Armed<'_, N> {
                 };
                 if woken {
                     count(|w| w.wakes += 1);
+                    // The tasks parked on this leader check the word too.
+                    relay.into_iter().for_each(Relay::wake_all);
                 }
             }
         }

@@ -180,16 +180,19 @@ impl Engine {
     /// Progresses every CRI that has frames (the owner's and the global lock holder's pass),
     /// then, outside `Global` mode (whose caller holds the progress lock and advances them
     /// after it), the collectives in flight.
+    /// The callbacks it completes run after the CRI locks are released (`deferred.rs`).
     pub(crate) fn progress_all(&self) -> usize {
-        let mut n = self.flush_deferred();
-        for k in 0..self.cris.len() {
-            if self.transport.has_frames(k) {
-                n += self.cris[k].lock.low(|c| self.progress_cri(k, c));
+        crate::deferred::pass(|| {
+            let mut n = self.flush_deferred();
+            for k in 0..self.cris.len() {
+                if self.transport.has_frames(k) {
+                    n += self.cris[k].lock.low(|c| self.progress_cri(k, c));
+                }
             }
-        }
-        if self.config.progress != ProgressMode::Global {
-            n += self.advance_schedules(n > 0);
-        }
-        n
+            if self.config.progress != ProgressMode::Global {
+                n += self.advance_schedules(n > 0);
+            }
+            n
+        })
     }
 }

@@ -33,10 +33,13 @@ impl Engine {
     /// CRI is still progressed eventually and frames that arrive on another thread's CRI
     /// are not left to that thread alone for long.
     ///
-    /// The collectives in flight are advanced after the walk, with no lock held.
+    /// The collectives in flight are advanced after the walk, with no lock held, and the
+    /// callbacks the pass completed run then too (`deferred.rs`).
     pub(crate) fn progress_concurrent(&self) -> usize {
-        let n = self.walk_concurrent();
-        n + self.advance_schedules(n > 0)
+        crate::deferred::pass(|| {
+            let n = self.walk_concurrent();
+            n + self.advance_schedules(n > 0)
+        })
     }
 
     /// The walk of [`progress_concurrent`](Self::progress_concurrent).

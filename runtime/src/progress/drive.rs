@@ -25,7 +25,8 @@ impl Engine {
             return false;
         }
         match self.config.progress {
-            ProgressMode::Global => {
+            // The callbacks the pass completes run after the progress lock (`deferred.rs`).
+            ProgressMode::Global => crate::deferred::pass(|| {
                 let progressed = self
                     .progress_lock
                     .try_low(|_| {
@@ -35,7 +36,7 @@ impl Engine {
                     .unwrap_or(false);
                 // After the lock: collectives in flight post.
                 self.advance_schedules(progressed) > 0 || progressed
-            }
+            }),
             ProgressMode::Owner => self.progress_once().progressed(),
             ProgressMode::Concurrent => self.progress_concurrent() > 0,
         }

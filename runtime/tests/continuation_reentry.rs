@@ -1,0 +1,67 @@
+//! An inline continuation's callback runs after the progress pass that completed its request
+//! has released its locks: it may post sends and receives on the rank — on the very CRI the
+//! pass polled — and attach the next continuation, without waiting for a lock its own
+//! thread holds, in every progress mode.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{mpsc, Arc};
+use std::time::Duration;
+
+use weft::{Communicator, ContinuationRequest, Invoke, ProgressMode, Runtime};
+
+/// Messages each exchange bounces.
+const ROUNDS: u64 = 50;
+
+/// Posts a receive of `comm` (from rank 0, tag 1) whose inline callback answers the message
+/// on tag 2 and posts the next receive with the next such callback, `left` more times.
+fn echo(comm: &Communicator, cr: &Arc<ContinuationRequest>, seen: &Arc<AtomicUsize>, left: u64) {
+    let mut r = comm.irecv(Vec::<u64>::with_capacity(1), 0u32, 1).expect("irecv");
+    let (c, cr2, seen) = (comm.clone(), cr.clone(), seen.clone());
+    cr.attach(&mut r, Invoke::Inline, move |res| {
+        let (buf, _) = res.expect("received");
+        seen.fetch_add(1, Ordering::Relaxed);
+        // A send on the rank that completed the receive, from its progressing thread.
+        c.send(buf, 0, 2).expect("send from a callback");
+        if left > 1 {
+            // A receive posted from the callback, with the next continuation.
+            echo(&c, &cr2, &seen, left - 1);
+        }
+    })
+    .expect("attach");
+}
+
+/// Rank 0 sends `ROUNDS` messages one at a time, each answered by rank 1's callback; rank 1's
+/// one thread waits on the continuation request. One CRI per rank: the callback's send
+/// goes out on the CRI whose frame completed the receive.
+fn exchange(mode: ProgressMode) -> usize {
+    let rts = Runtime::builder().env(false).progress(mode).cris(1).build_local(2).expect("runtime");
+    let (a, b) = (rts[0].world(), rts[1].world());
+    let cr = Arc::new(rts[1].continuation_request());
+    let seen = Arc::new(AtomicUsize::new(0));
+    echo(b, &cr, &seen, ROUNDS);
+    std::thread::scope(|s| {
+        let waiter = s.spawn(|| cr.wait());
+        for i in 0..ROUNDS {
+            a.send(vec![i], 1, 1).expect("send");
+            let (got, _) = a.recv(Vec::<u64>::with_capacity(1), 1u32, 2).expect("answer");
+            assert_eq!(got, vec![i]);
+        }
+        waiter.join().expect("waiter").expect("every callback ran");
+    });
+    seen.load(Ordering::Relaxed)
+}
+
+#[test]
+fn inline_callbacks_send_and_receive_on_the_cri_that_completed_them() {
+    for mode in [ProgressMode::Concurrent, ProgressMode::Owner, ProgressMode::Global] {
+        // Bounded: a callback waiting for its own thread's lock would hang the exchange.
+        let (tx, rx) = mpsc::channel();
+        std::thread::spawn(move || {
+            let _ = tx.send(exchange(mode));
+        });
+        match rx.recv_timeout(Duration::from_secs(20)) {
+            Ok(n) => assert_eq!(n, ROUNDS as usize, "{mode:?}: every callback ran once"),
+            Err(_) => panic!("{mode:?}: an inline callback that posts on its rank did not finish (deadlock)"),
+        }
+    }
+}
