@@ -70,6 +70,9 @@ pub struct Communicator {
     of_world: RankMap,
     /// Collectives called on the communicator so far (their sequence numbers, `nbc.rs`).
     coll_seq: Arc<AtomicU32>,
+    /// Persistent collectives initialized on the communicator so far (their tags' own
+    /// sequence, `nbc.rs`).
+    persistent_seq: Arc<AtomicU32>,
 }
 
 /// A communicator's translation of world ranks (which frames, statuses and errors name) to
@@ -155,6 +158,7 @@ impl Communicator {
             rank,
             of_world: RankMap(of_world.clone().into(), of_world.iter().enumerate().all(|(w, &r)| r == w as u32)),
             coll_seq: Arc::new(AtomicU32::new(0)),
+            persistent_seq: Arc::new(AtomicU32::new(0)),
         })
     }
 
@@ -220,6 +224,11 @@ impl Communicator {
     /// [`coll_seq`](Self::coll_seq), shared.
     pub(crate) fn coll_seq_arc(&self) -> &Arc<AtomicU32> {
         &self.coll_seq
+    }
+
+    /// The sequence of persistent collectives initialized on the communicator (`nbc.rs`).
+    pub(crate) fn persistent_seq(&self) -> &AtomicU32 {
+        &self.persistent_seq
     }
 
     /// Whether the communicator was freed (through any handle).

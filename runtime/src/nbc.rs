@@ -61,6 +61,15 @@ use crate::request::{Request, CONSUMED};
 const TAG_SEQ: i32 = -(1 << 20);
 /// Sequence numbers before the tags repeat (far more than can be outstanding at once).
 pub(crate) const SEQ_SPAN: u32 = 1 << 20;
+/// Tags of the `k`th persistent collective initialized on a communicator: `TAG_PERSISTENT -
+/// 2k` and the one below, below every sequence number's. A persistent collective keeps its
+/// tags for its whole life, which may span any number of other calls: in a range of their
+/// own they cannot meet a later call's, whatever the order of the ranks' starts (which MPI
+/// 4.0 leaves free) against their other collectives.
+const TAG_PERSISTENT: i32 = TAG_SEQ - 2 * SEQ_SPAN as i32 - (1 << 20);
+/// Persistent collectives initialized before their tags repeat: the rest of the negative
+/// tags below `TAG_PERSISTENT`, two each.
+const PERSISTENT_SPAN: u32 = 1 << 29;
 
 /// The error a rank reports for a collective whose ranks passed different lengths or
 /// counts (or that another member failed for that reason).
@@ -536,6 +545,12 @@ pub(crate) fn seq_tag(seq: u32) -> i32 {
     TAG_SEQ - 2 * (seq % SEQ_SPAN) as i32
 }
 
+/// The data tag of the persistent collective of (persistent) sequence number `seq`; its
+/// failure notices go under the tag below.
+pub(crate) fn persistent_tag(seq: u32) -> i32 {
+    TAG_PERSISTENT - 2 * (seq % PERSISTENT_SPAN) as i32
+}
+
 impl<'c> Sched<'c> {
     /// A collective on `comm` under `tag`: the tags of sequence number `seq`, with failure
     /// notices, or a fixed tag without.
@@ -690,6 +705,11 @@ impl Communicator {
     /// The sequence number of the next collective on this communicator.
     pub(crate) fn next_seq(&self) -> u32 {
         self.coll_seq().fetch_add(1, crate::loom::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// The data tag of the next persistent collective initialized on this communicator.
+    pub(crate) fn next_persistent_tag(&self) -> i32 {
+        persistent_tag(self.persistent_seq().fetch_add(1, crate::loom::sync::atomic::Ordering::Relaxed))
     }
 
     /// Forgets the tags of the failed collective of data tag `tag` (its data and failure

@@ -39,7 +39,10 @@
 //! Starts of one persistent collective reuse its tag: each rank sends to each peer, and
 //! receives from it, in the same order at every start, and messages of one source and tag
 //! match in order, so a rank that starts again before a slow peer has finished the last start
-//! cannot be mistaken for it.
+//! cannot be mistaken for it. Its tags come from a sequence of persistent collectives of their
+//! own (`nbc.rs`), apart from the other collectives' sequence numbers: those come round again
+//! after 2^20 calls, which a persistent collective may well outlive, and a rank may start it
+//! before or after another collective that another rank called in the other order.
 //!
 //! Algorithms: those of the blocking collectives (`coll.rs`), chosen by size as they are,
 //! as plans of steps (`coll_steps.rs`): a dissemination barrier; a binomial-tree broadcast,
@@ -69,7 +72,7 @@ use crate::coll_steps::{
 use crate::comm::Communicator;
 use crate::engine::Schedule;
 use crate::matching::{Source, Tag};
-use crate::nbc::{notice_error, send_notices, seq_tag, step_error, Out, MISMATCH};
+use crate::nbc::{notice_error, send_notices, step_error, Out, MISMATCH};
 use crate::operation::{new_operation, Operation};
 use crate::persistent::{Persistent, Plan};
 use crate::request::{unbound, Request};
@@ -362,7 +365,7 @@ impl<T: Primitive> CollPlan<T> {
             scratch: (0..recvs).map(|_| Vec::with_capacity(longest_recv)).collect(),
             plan,
             reducer,
-            tag: seq_tag(comm.next_seq()),
+            tag: comm.next_persistent_tag(),
             out: None,
             op: None,
             status: Status { source: comm.world_of(comm.rank()), tag: 0, bytes: len * std::mem::size_of::<T>() },
@@ -771,5 +774,45 @@ impl Communicator {
         } else {
             Err(MISMATCH)
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::Ordering;
+
+    use crate::nbc::SEQ_SPAN;
+    use crate::{Op, Runtime};
+
+    /// A persistent allreduce that lives while the communicator's other collectives go once
+    /// round their span of sequence numbers: its starts (in a different order than a
+    /// nonblocking allreduce's on the two ranks, as MPI 4.0 allows) are not mistaken for
+    /// that allreduce's messages.
+    #[test]
+    fn a_persistent_collective_outliving_the_span_keeps_its_messages_apart() {
+        let rts = Runtime::builder().env(false).cris(1).build_local(2).unwrap();
+        std::thread::scope(|s| {
+            for rt in &rts {
+                s.spawn(move || {
+                    let c = rt.world();
+                    let r = u64::from(c.rank());
+                    let mut p = c.allreduce_init(vec![r + 1], Op::Sum).unwrap();
+                    // As many collectives as the span, less the init's own.
+                    c.coll_seq().fetch_add(SEQ_SPAN - 1, Ordering::Relaxed);
+                    let n = if r == 0 {
+                        p.start().unwrap();
+                        c.iallreduce(vec![100 * (r + 1)], Op::Sum).unwrap()
+                    } else {
+                        let n = c.iallreduce(vec![100 * (r + 1)], Op::Sum).unwrap();
+                        p.start().unwrap();
+                        n
+                    };
+                    p.wait().unwrap();
+                    let (sum, _) = n.wait().unwrap();
+                    assert_eq!(p.buffer().unwrap(), &vec![3]);
+                    assert_eq!(sum, vec![300]);
+                });
+            }
+        });
     }
 }
