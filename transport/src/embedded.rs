@@ -493,15 +493,9 @@ impl EmbeddedRank {
     #[inline]
     pub fn poll_into(&self, cri: usize, max: usize, frames: &mut Vec<Frame>) -> usize {
         frames.reserve(max);
-        self.pop(cri, max, |p| {
-            let len = frames.len();
-            // SAFETY: `reserve` made room for `max` more and at most `max` values come, so
-            // slot `len` is spare capacity; it is written before the length counts it.
-            unsafe {
-                p.unpack_to(frames.as_mut_ptr().add(len));
-                frames.set_len(len + 1);
-            }
-        })
+        // SAFETY: `reserve` made room for `max` more and at most `max` values come;
+        // `unpack_to` writes a whole frame.
+        self.pop(cri, max, |p| unsafe { Frame::append_in_place(frames, |slot| p.unpack_to(slot)) })
     }
 
     /// Takes up to `max` packed frames from CRI `cri`'s inbox, handing each to `f`, then

@@ -119,3 +119,24 @@ pub struct Frame {
     /// Bytes (eager only).
     pub payload: Payload,
 }
+
+impl Frame {
+    /// Appends to `frames` the frame that `write` writes in place, straight into the
+    /// vector's spare capacity (no frame-sized move through the stack): what a provider's
+    /// `poll_into` does with each frame it takes.
+    ///
+    /// # Safety
+    /// `frames` has spare capacity for one more frame (the caller reserved it), and `write`
+    /// initializes the whole frame at the pointer it is given.
+    #[inline(always)]
+    pub(crate) unsafe fn append_in_place(frames: &mut Vec<Frame>, write: impl FnOnce(*mut Frame)) {
+        let len = frames.len();
+        debug_assert!(len < frames.capacity(), "append_in_place without spare capacity");
+        // SAFETY: slot `len` is spare capacity (contract); it is written before the length
+        // counts it.
+        unsafe {
+            write(frames.as_mut_ptr().add(len));
+            frames.set_len(len + 1);
+        }
+    }
+}

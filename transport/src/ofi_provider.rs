@@ -1954,16 +1954,8 @@ impl OfiRank {
     #[inline]
     pub fn poll_into(&self, cri: usize, max: usize, frames: &mut Vec<Frame>) -> usize {
         frames.reserve(max);
-        self.poll_with(cri, max, |frame| {
-            let len = frames.len();
-            // SAFETY: `reserve` made room for `max` more and `poll_with` hands out at most
-            // `max`, so slot `len` is spare capacity; it is written before the length
-            // counts it.
-            unsafe {
-                frames.as_mut_ptr().add(len).write(frame);
-                frames.set_len(len + 1);
-            }
-        })
+        // SAFETY: `reserve` made room for `max` more and `poll_with` hands out at most `max`.
+        self.poll_with(cri, max, |frame| unsafe { Frame::append_in_place(frames, |slot| slot.write(frame)) })
     }
 
     /// [`poll`](Self::poll), inlined into each caller with its `f`: the same-host rings'
