@@ -42,6 +42,12 @@ use crossbeam_utils::CachePadded;
 use crate::loom::cell::UnsafeCell;
 use crate::loom::sync::atomic::{fence, AtomicBool, AtomicU64, AtomicUsize, Ordering};
 
+/// One position of the ring: its stamp and the value it carries, on one 64-byte line (a
+/// packed embedded frame is 56 bytes). Not `CachePadded` (128 bytes on x86-64): a consumer
+/// streaming through 64-byte slots gets the next slot's line with the adjacent-line
+/// prefetch of the one it reads, and a stream of 56-byte items costs 16.5 ns an item
+/// instead of 19.5 (`stream_versus_array_queue`).
+#[repr(align(64))]
 struct Slot<T> {
     stamp: AtomicUsize,
     value: UnsafeCell<MaybeUninit<T>>,
@@ -59,7 +65,7 @@ pub(crate) struct Inbox<T> {
     /// [`refuse`](Self::refuse)). Written only on refusals: the consumer's line-local read
     /// of it costs nothing while nobody is refused.
     refused: CachePadded<AtomicU64>,
-    slots: Box<[CachePadded<Slot<T>>]>,
+    slots: Box<[Slot<T>]>,
     /// `slots.len() - 1` (the length is a power of two).
     mask: usize,
 }
@@ -89,9 +95,7 @@ impl<T> Inbox<T> {
             tail: CachePadded::new(AtomicUsize::new(0)),
             consuming: CachePadded::new(AtomicBool::new(false)),
             refused: CachePadded::new(AtomicU64::new(0)),
-            slots: (0..cap)
-                .map(|i| CachePadded::new(Slot { stamp: AtomicUsize::new(i), value: UnsafeCell::new(MaybeUninit::uninit()) }))
-                .collect(),
+            slots: (0..cap).map(|i| Slot { stamp: AtomicUsize::new(i), value: UnsafeCell::new(MaybeUninit::uninit()) }).collect(),
             mask: cap - 1,
         }
     }
