@@ -1,7 +1,10 @@
 //! `weft-bench dlock`: the distributed locks of `weft::dlock` under the seed's benchmarks
 //! [Schmid 2016, §5.1], on `--ranks` ranks in this process (embedded provider by default;
 //! `shm` and `tcp` with the `ofi` feature) or, with `--launch weftrun`, as that many
-//! processes started through `weftrun` (`shm`, `tcp`), `--threads` threads per rank:
+//! processes started through `weftrun` (`shm`, `tcp`), `--threads` threads per rank, or,
+//! with `--tasks N`, `N` tasks on each of those threads (a one-thread tokio runtime per
+//! thread) acquiring with the `_async` calls (`lock_async`, `read_async`, `write_async`,
+//! `unlock_async`), so that a rank's tasks wait for the lock side by side:
 //!
 //! - `lb`: latency of one acquire and release (the `latency_us` column; no work inside);
 //! - `ecsb`: empty critical section;
@@ -16,9 +19,11 @@
 //! RMA operation between ranks of different nodes (racks, ...) is delayed by the cost of
 //! each level it crosses (`weft::LevelCost`); every row and the header note state the model.
 //!
-//! Columns: `bench,lock,provider,launch,ranks,threads,writers_fraction,t_dc,t_l,t_r,levels,level_cost_ns,ops_per_sec,latency_us`
-//! (`launch`: `in-process` or `weftrun`; `ops_per_sec`: acquisitions of all ranks per
-//! second; `latency_us`: mean time of one acquire plus release; `t_dc`, `t_l`, `t_r` are `-`
+//! Columns: `bench,lock,provider,launch,ranks,threads,tasks,writers_fraction,t_dc,t_l,t_r,levels,level_cost_ns,ops_per_sec,latency_us`
+//! (`launch`: `in-process` or `weftrun`; `tasks`: per thread, 0 where the threads acquire
+//! with the blocking calls; `ops_per_sec`: acquisitions of all ranks per second;
+//! `latency_us`: mean time of one acquire plus release (per task with `--tasks`, from its
+//! first poll: the time it waited behind its rank's other tasks counts); `t_dc`, `t_l`, `t_r` are `-`
 //! where the lock has none; `levels` is `--levels` and `level_cost_ns` the crossing costs,
 //! `/`-separated, `0` with no cost, `-` on libfabric). A last note (stderr with `--csv`)
 //! states the process's peak RSS (the in-process ranks').
@@ -49,6 +54,11 @@ pub struct Args {
     /// Threads per rank to sweep (comma list).
     #[arg(short = 't', long, default_value = "1")]
     threads: String,
+    /// Tasks per thread to sweep (comma list): each of a rank's threads runs that many
+    /// tasks, each acquiring `--ops` times with the `_async` calls; 0: the threads acquire
+    /// themselves with the blocking calls.
+    #[arg(long, default_value = "0")]
+    tasks: String,
     /// Providers to sweep (comma list of `embedded`, `shm`, `tcp`).
     #[arg(long, default_value = "embedded")]
     provider: String,
@@ -214,6 +224,26 @@ impl AnyLock {
         })
     }
 
+    /// As [`cycle`](Self::cycle), with the `_async` calls: the task parks while it waits.
+    async fn cycle_async(&self, write: bool, cs: impl FnOnce() -> Result<(), weft::Error>) -> Result<(), weft::Error> {
+        // Runs `cs` under the guard, then releases without blocking the thread (a failed
+        // `cs` releases by the guard's drop).
+        macro_rules! held {
+            ($guard:expr) => {{
+                let g = $guard;
+                cs()?;
+                g.unlock_async().await
+            }};
+        }
+        match self {
+            AnyLock::DMcs(l) => held!(l.lock_async().await?),
+            AnyLock::RmaMcs(l) => held!(l.lock_async().await?),
+            AnyLock::Spin(l) => held!(l.lock_async().await?),
+            AnyLock::RmaRw(l) => held!(if write { l.write_async().await } else { l.read_async().await }?),
+            AnyLock::FompiRw(l) => held!(if write { l.write_async().await } else { l.read_async().await }?),
+        }
+    }
+
     /// Acquires (as a writer if `write`), runs `cs`, releases.
     fn cycle(&self, write: bool, cs: impl FnOnce() -> Result<(), weft::Error>) -> Result<(), weft::Error> {
         match self {
@@ -278,8 +308,17 @@ struct Point {
     launch: Launch,
     ranks: u32,
     threads: usize,
+    /// Tasks per thread (0: the threads acquire).
+    tasks: usize,
     writers: f64,
     thresholds: Thresholds,
+}
+
+impl Point {
+    /// Who acquires on each thread: its tasks, or the thread itself.
+    fn per_thread(&self) -> usize {
+        self.tasks.max(1)
+    }
 }
 
 /// Acquisitions per second over all ranks, and the mean acquire-plus-release time in µs.
@@ -302,7 +341,7 @@ fn measure(p: &Point, levels: &Levels, a: &Args) -> Result<(f64, f64), String> {
 /// Acquisitions per second of the job whose slowest rank took `slowest`, and the mean time
 /// of one acquisition from `held`, all threads' time inside acquire plus release together.
 fn rates(p: &Point, ops: u64, slowest: Duration, held: Duration) -> (f64, f64) {
-    let total = f64::from(p.ranks) * p.threads as f64 * ops as f64;
+    let total = f64::from(p.ranks) * (p.threads * p.per_thread()) as f64 * ops as f64;
     (total / slowest.as_secs_f64().max(1e-9), held.as_secs_f64() / total * 1e6)
 }
 
@@ -314,6 +353,7 @@ fn launch(p: &Point, a: &Args) -> Result<(f64, f64), String> {
         ("--provider", p.provider.to_string()),
         ("--ranks", p.ranks.to_string()),
         ("--threads", p.threads.to_string()),
+        ("--tasks", p.tasks.to_string()),
         ("--writers", p.writers.to_string()),
         ("--levels", a.levels.clone()),
         ("--t-dc", t.t_dc.to_string()),
@@ -345,28 +385,17 @@ fn rank_run(c: &Communicator, p: &Point, levels: &Levels, ops: u64) -> Result<(D
             .map(|t| {
                 let (lock, w) = (&lock, &w);
                 s.spawn(move || {
-                    let mut rng = Rng(0x9e37_79b9_7f4a_7c15 ^ ((u64::from(c.rank()) << 20) | (t as u64 + 1)));
-                    let mut held = Duration::ZERO;
-                    for _ in 0..ops {
-                        let write = !p.kind.has_readers() || draws_write(rng.next(), p.writers);
-                        let work = rng.micros();
-                        let start = Instant::now();
-                        lock.cycle(write, || match p.bench {
-                            Bench::Lb | Bench::Ecsb | Bench::Warb => Ok(()),
-                            Bench::Sob if write => w.fetch_and_op(0, 0, 1, Op::Sum).map(drop),
-                            Bench::Sob => w.get(0, 0, &mut [0]),
-                            Bench::Wcsb => {
-                                w.fetch_and_op(0, 0, 1, Op::Sum)?;
-                                spin_for(work);
-                                Ok(())
-                            }
-                        })?;
-                        held += start.elapsed();
-                        if p.bench == Bench::Warb {
-                            spin_for(work);
-                        }
+                    let seed = |k: usize| Rng(0x9e37_79b9_7f4a_7c15 ^ ((u64::from(c.rank()) << 20) | (t as u64 + 1)) ^ ((k as u64) << 40));
+                    if p.tasks == 0 {
+                        return futures::executor::block_on(waiter(seed(0), p, ops, w, |write, cs| {
+                            std::future::ready(lock.cycle(write, cs))
+                        }));
                     }
-                    Ok(held)
+                    let rt = tokio::runtime::Builder::new_current_thread().build().expect("a one-thread tokio runtime");
+                    rt.block_on(async {
+                        let tasks = (0..p.tasks).map(|k| waiter(seed(k + 1), p, ops, w, |write, cs| lock.cycle_async(write, cs)));
+                        futures::future::join_all(tasks).await.into_iter().sum()
+                    })
                 })
             })
             .collect();
@@ -376,6 +405,41 @@ fn rank_run(c: &Communicator, p: &Point, levels: &Levels, ops: u64) -> Result<(D
     c.barrier()?;
     let held = inside.into_iter().sum::<Result<Duration, weft::Error>>()?;
     Ok((elapsed, held))
+}
+
+/// One waiter's `ops` acquisitions (a thread's, or a task's), each by `cycle` (acquire, the
+/// benchmark's critical section, release); the time spent in them.
+async fn waiter<'a, F, C>(mut rng: Rng, p: &Point, ops: u64, w: &'a Window<'_, u64>, cycle: C) -> Result<Duration, weft::Error>
+where
+    C: Fn(bool, Box<dyn FnOnce() -> Result<(), weft::Error> + 'a>) -> F,
+    F: std::future::Future<Output = Result<(), weft::Error>>,
+{
+    let mut held = Duration::ZERO;
+    for _ in 0..ops {
+        let write = !p.kind.has_readers() || draws_write(rng.next(), p.writers);
+        let work = rng.micros();
+        let bench = p.bench;
+        let start = Instant::now();
+        cycle(
+            write,
+            Box::new(move || match bench {
+                Bench::Lb | Bench::Ecsb | Bench::Warb => Ok(()),
+                Bench::Sob if write => w.fetch_and_op(0, 0, 1, Op::Sum).map(drop),
+                Bench::Sob => w.get(0, 0, &mut [0]),
+                Bench::Wcsb => {
+                    w.fetch_and_op(0, 0, 1, Op::Sum)?;
+                    spin_for(work);
+                    Ok(())
+                }
+            }),
+        )
+        .await?;
+        held += start.elapsed();
+        if bench == Bench::Warb {
+            spin_for(work);
+        }
+    }
+    Ok(held)
 }
 
 /// `--rank-worker`: this process is one rank of a `weftrun` job measuring `p`; rank 0
@@ -400,13 +464,14 @@ fn rank_worker(p: &Point, levels: &Levels, ops: u64) -> Result<(), String> {
 }
 
 /// The columns of the output (module docs).
-const COLUMNS: [&str; 14] = [
+const COLUMNS: [&str; 15] = [
     "bench",
     "lock",
     "provider",
     "launch",
     "ranks",
     "threads",
+    "tasks",
     "writers_fraction",
     "t_dc",
     "t_l",
@@ -451,6 +516,7 @@ pub fn run(args: &Args) -> Result<(), String> {
     let kinds: Vec<Kind> = parse_list(&args.lock)?;
     let ranks: Vec<u32> = parse_list(&args.ranks)?;
     let threads: Vec<usize> = parse_list(&args.threads)?;
+    let tasks: Vec<usize> = parse_list(&args.tasks)?;
     let providers: Vec<Provider> = parse_list(&args.provider)?;
     let launches: Vec<Launch> = parse_list(&args.launch)?;
     let writers: Vec<f64> = parse_list(&args.writers)?;
@@ -475,7 +541,7 @@ pub fn run(args: &Args) -> Result<(), String> {
         for &kind in &kinds {
             for (&provider, &launch) in providers.iter().flat_map(|p| launches.iter().map(move |l| (p, l))) {
                 for &r in &ranks {
-                    for &t in &threads {
+                    for (&t, &tasks) in threads.iter().flat_map(|t| tasks.iter().map(move |k| (t, k))) {
                         let fw: &[f64] = if kind.has_readers() { &writers } else { &[1.0] };
                         let t_dc: &[u32] = if kind == Kind::RmaRw { &t_dcs } else { &[0] };
                         let none = [PerLevel(vec![0])];
@@ -487,7 +553,17 @@ pub fn run(args: &Args) -> Result<(), String> {
                                     for &t_r in t_r {
                                         let t_l = t_l.0.iter().map(|&t| t.max(1)).collect();
                                         let thresholds = Thresholds { t_l, t_r: t_r.max(1), t_dc };
-                                        points.push(Point { bench, kind, provider, launch, ranks: r, threads: t, writers, thresholds });
+                                        points.push(Point {
+                                            bench,
+                                            kind,
+                                            provider,
+                                            launch,
+                                            ranks: r,
+                                            threads: t,
+                                            tasks,
+                                            writers,
+                                            thresholds,
+                                        });
                                     }
                                 }
                             }
@@ -511,7 +587,9 @@ pub fn run(args: &Args) -> Result<(), String> {
     table.progress(points.len());
     table.print_header();
     for p in &points {
-        table.step(|| format!("{} {} {} ranks ({}) x {} threads", p.bench.name(), p.kind.name(), p.ranks, p.launch, p.threads));
+        table.step(|| {
+            format!("{} {} {} ranks ({}) x {} threads x {} tasks", p.bench.name(), p.kind.name(), p.ranks, p.launch, p.threads, p.tasks)
+        });
         let (rate, latency) = measure(p, &levels, args)?;
         let in_process_embedded = p.provider == Provider::Embedded && p.launch == Launch::InProcess;
         let model_cost = if in_process_embedded { model_cells(&cost).1 } else { "-".into() };
@@ -523,6 +601,7 @@ pub fn run(args: &Args) -> Result<(), String> {
             p.launch.to_string(),
             p.ranks.to_string(),
             p.threads.to_string(),
+            p.tasks.to_string(),
             format!("{}", p.writers),
             or_dash(p.kind == Kind::RmaRw, p.thresholds.t_dc.to_string()),
             or_dash(matches!(p.kind, Kind::RmaMcs | Kind::RmaRw), PerLevel(p.thresholds.t_l.clone()).to_string()),
@@ -564,6 +643,7 @@ fn chart(levels: &str, cost: &LevelCost) -> Chart {
         .series("provider", "{}")
         .series("launch", "{}")
         .series("threads", "{} threads")
+        .series("tasks", "{} tasks")
         .series("writers_fraction", "F_W {}")
         .series("t_dc", "T_DC {}")
         .series("t_l", "T_L {}")
@@ -578,7 +658,10 @@ mod tests {
     #[test]
     fn plot_draws_a_line_per_lock_and_a_panel_per_bench() {
         let row = |b: &str, l: &str, r: &str, t_l: &str, ops: &str| -> Vec<String> {
-            [b, l, "embedded", "in-process", r, "1", "1", "-", t_l, "-", "2", "100", ops, "1.0"].iter().map(|c| c.to_string()).collect()
+            [b, l, "embedded", "in-process", r, "1", "0", "1", "-", t_l, "-", "2", "100", ops, "1.0"]
+                .iter()
+                .map(|c| c.to_string())
+                .collect()
         };
         let rows = [
             row("lb", "d-mcs", "2", "-", "1000"),

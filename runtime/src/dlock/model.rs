@@ -28,7 +28,7 @@
 use std::collections::{HashMap, VecDeque};
 
 use super::levels::Machine;
-use super::queues::{Layout, ACQUIRE_PARENT, ACQUIRE_START, MODE_CHANGE, WAIT, WRITE};
+use super::queues::{Layout, ACQUIRE_PARENT, ACQUIRE_START, MODE_CHANGE, PARKED, WAIT, WRITE};
 
 /// The most levels a model has.
 const MAXL: usize = 3;
@@ -52,6 +52,9 @@ enum Mutation {
     /// A writer marks the counters WRITE but does not wait for the readers inside to leave
     /// (beyond the listing, 2).
     WriterSkipsDrain,
+    /// A hand-off reads its successor's STATUS, then puts the status in a second step, and
+    /// sends the wake frame if the read found the word marked parked (not one atomic swap).
+    PassReadsThenPuts,
 }
 
 /// Where a process is: the next step it takes.
@@ -66,6 +69,10 @@ enum Pc {
     SwapTail,
     LinkPred,
     SpinStatus,
+    /// The check that marks STATUS parked (compare-and-swap `WAIT` to `PARKED`).
+    MarkParked,
+    /// Parked: moves only once a wake frame came (and takes it).
+    Parked,
     GetOwners,
     AcqParent,
     MarkWrite,
@@ -83,6 +90,8 @@ enum Pc {
     LeaveCas,
     LeaveSpin,
     LeavePut,
+    /// [`Mutation::PassReadsThenPuts`]: the put after the read.
+    LeaveLatePut,
     // reset_counter (Listing 6).
     ResetArrive,
     ResetDepart,
@@ -138,6 +147,8 @@ struct Proc {
 struct State {
     mem: Vec<u64>,
     procs: Vec<Proc>,
+    /// Per process, the wake frames sent to it and not yet taken.
+    frames: Vec<u8>,
 }
 
 /// RMA-RW's counters: on which ranks, `T_R`, `T_W`.
@@ -167,6 +178,12 @@ struct Outcome {
     exclusion_broken: Option<String>,
     /// Reachable states from which the processes cannot all finish.
     stuck: usize,
+    /// The first state with a wake frame astray ([`Model::frame_astray`]).
+    frame_astray: Option<String>,
+    /// Reachable states with a wake frame on its way to a parked waiter.
+    frames_sent: usize,
+    /// Steps in which a waiter's poll (before any mark) saw the hand-off.
+    polled: usize,
 }
 
 impl Model {
@@ -208,7 +225,7 @@ impl Model {
                 p
             })
             .collect();
-        State { mem: vec![0; self.roles.len() * self.layout().words()], procs }
+        State { mem: vec![0; self.roles.len() * self.layout().words()], procs, frames: vec![0; self.roles.len()] }
     }
 
     /// The first step of an acquisition (or `Done`).
@@ -275,7 +292,7 @@ impl Model {
     fn step(&self, s: &State, i: usize) -> Option<State> {
         let mut s = s.clone();
         let me = i as u64;
-        let State { mem, procs } = &mut s;
+        let State { mem, procs, frames } = &mut s;
         let p = &mut procs[i];
         let l = p.l as usize;
         let unmarked = |a: i64| if a >= WRITE / 2 { a.wrapping_sub(WRITE) } else { a };
@@ -307,10 +324,21 @@ impl Model {
                 mem[self.at(p.v - 1, Layout::next(l))] = me + 1;
                 p.pc = Pc::SpinStatus;
             }
-            Pc::SpinStatus => {
-                let status = mem[self.at(me, Layout::status(l))];
-                if status == WAIT {
-                    return None;
+            Pc::SpinStatus | Pc::MarkParked => {
+                let w = self.at(me, Layout::status(l));
+                let status = mem[w];
+                if p.pc == Pc::MarkParked && status == WAIT {
+                    mem[w] = PARKED;
+                }
+                if status == WAIT || status == PARKED {
+                    // A polled word is polled again (a step that changes nothing); one that
+                    // spins long enough is marked, and its waiter parks.
+                    if p.pc == Pc::MarkParked {
+                        p.pc = Pc::Parked;
+                        return Some(s);
+                    }
+                    p.pc = Pc::MarkParked;
+                    return Some(s);
                 }
                 p.pc = if l == 0 && status == MODE_CHANGE {
                     p.j = 0;
@@ -322,6 +350,13 @@ impl Model {
                 } else {
                     Pc::AcqParent
                 };
+            }
+            Pc::Parked => {
+                if frames[i] == 0 {
+                    return None;
+                }
+                frames[i] -= 1;
+                p.pc = Pc::MarkParked;
             }
             Pc::GetOwners => {
                 for k in 0..l {
@@ -410,7 +445,7 @@ impl Model {
                 p.pc = Pc::RelPass;
             }
             Pc::RelPass => {
-                mem[self.at(p.succ[l] - 1, Layout::status(l))] = p.v + 1;
+                self.pass(mem, frames, p.succ[l] - 1, l, p.v + 1);
                 (p.v, p.succ[l]) = (0, 0);
                 self.leave_below(p, i, l + 1);
             }
@@ -459,9 +494,20 @@ impl Model {
                 p.succ[l] = succ;
                 p.pc = Pc::LeavePut;
             }
-            Pc::LeavePut => {
+            Pc::LeavePut if self.mutation == Mutation::PassReadsThenPuts => {
+                p.d = mem[self.at(p.succ[l] - 1, Layout::status(l))];
+                p.pc = Pc::LeaveLatePut;
+            }
+            Pc::LeavePut | Pc::LeaveLatePut => {
                 let status = if l == 0 { p.stat } else { ACQUIRE_PARENT };
-                mem[self.at(p.succ[l] - 1, Layout::status(l))] = status;
+                let to = p.succ[l] - 1;
+                if p.pc == Pc::LeaveLatePut {
+                    mem[self.at(to, Layout::status(l))] = status;
+                    frames[to as usize] += u8::from(p.d == PARKED);
+                    p.d = 0;
+                } else {
+                    self.pass(mem, frames, to, l, status);
+                }
                 p.succ[l] = 0;
                 self.leave_below(p, i, l + 1);
             }
@@ -560,6 +606,20 @@ impl Model {
         Some(s)
     }
 
+    /// Passes level `l` to `to` with `status` (`Queues::pass`): one atomic swap of its STATUS,
+    /// and a wake frame if the swap replaced the parked mark.
+    fn pass(&self, mem: &mut [u64], frames: &mut [u8], to: u64, l: usize, status: u64) {
+        let old = std::mem::replace(&mut mem[self.at(to, Layout::status(l))], status);
+        frames[to as usize] += u8::from(old == PARKED);
+    }
+
+    /// Whether a wake frame went where no parked waiter takes it: more than one frame to a
+    /// process, or one to a process that is not parked (the frame of a hand-off is sent
+    /// exactly to a waiter that marked its word and parks).
+    fn frame_astray(s: &State) -> bool {
+        s.frames.iter().zip(&s.procs).any(|(&f, p)| f > 1 || (f == 1 && p.pc != Pc::Parked))
+    }
+
     /// Whether `s` has two writers, or a reader and a writer, in the critical section.
     fn exclusion_broken(&self, s: &State) -> bool {
         let inside = |role| s.procs.iter().zip(&self.roles).filter(|(p, &r)| p.pc == Pc::Cs && r == role).count();
@@ -575,6 +635,7 @@ impl Model {
         let mut edges: Vec<(u32, u32)> = Vec::new();
         let mut terminal: Vec<u32> = Vec::new();
         let mut queue = VecDeque::new();
+        let (mut frames_sent, mut polled) = (0, 0);
         ids.insert(init.clone(), 0);
         states.push(init);
         queue.push_back(0u32);
@@ -585,13 +646,18 @@ impl Model {
             }
             for i in 0..s.procs.len() {
                 let Some(t) = self.step(&s, i) else { continue };
+                polled += usize::from(s.procs[i].pc == Pc::SpinStatus && !matches!(t.procs[i].pc, Pc::MarkParked));
                 let next = match ids.get(&t) {
                     Some(&n) => n,
                     None => {
-                        if self.exclusion_broken(&t) {
+                        let (broken, astray) = (self.exclusion_broken(&t), Self::frame_astray(&t));
+                        if broken || astray {
                             let pcs: Vec<String> = t.procs.iter().zip(&self.roles).map(|(p, r)| format!("{r:?} {:?}", p.pc)).collect();
-                            return Outcome { states: states.len(), exclusion_broken: Some(pcs.join(", ")), stuck: 0 };
+                            let at = Some(format!("{}, frames {:?}", pcs.join(", "), t.frames));
+                            let (exclusion_broken, frame_astray) = if broken { (at, None) } else { (None, at) };
+                            return Outcome { states: states.len(), exclusion_broken, stuck: 0, frame_astray, frames_sent, polled };
                         }
+                        frames_sent += usize::from(t.frames.iter().any(|&f| f > 0));
                         let n = states.len() as u32;
                         assert!(states.len() < limit, "more than {limit} states: the model is too large to check exhaustively");
                         ids.insert(t.clone(), n);
@@ -619,7 +685,8 @@ impl Model {
                 }
             }
         }
-        Outcome { states: states.len(), exclusion_broken: None, stuck: finishes.iter().filter(|&&f| !f).count() }
+        let stuck = finishes.iter().filter(|&&f| !f).count();
+        Outcome { states: states.len(), exclusion_broken: None, stuck, frame_astray: None, frames_sent, polled }
     }
 }
 
@@ -653,6 +720,7 @@ fn rma_rw(sizes: &[u32], roles: &[Role], t_l: &[u64], t_r: i64, t_dc: u32, round
 fn holds(m: &Model, what: &str) -> usize {
     let o = m.explore(LIMIT);
     assert_eq!(o.exclusion_broken, None, "{what}: mutual exclusion broken");
+    assert_eq!(o.frame_astray, None, "{what}: a wake frame went to no parked waiter");
     assert_eq!(o.stuck, 0, "{what}: {} of {} states cannot finish (deadlock or livelock)", o.stuck, o.states);
     o.states
 }
@@ -664,6 +732,31 @@ fn d_mcs_excludes_and_never_deadlocks() {
     let n = holds(&d_mcs(2, 3, Mutation::None), "D-MCS, 2 writers");
     assert!(n > 100, "{n} states");
     holds(&d_mcs(3, 2, Mutation::None), "D-MCS, 3 writers");
+}
+
+/// The hand-off's wake frame, with the parked mark (`Queues::pass`, `Queues::wait_status`):
+/// over every interleaving of the waiter's polls, its mark and the passer's swap, a frame
+/// goes to a waiter exactly when it marked its word and parks, one frame a wait (checked in
+/// every state by [`holds`]), and a parked waiter, which moves only once its frame came, is
+/// never left waiting (no lost wake-up). Both ways are reached: hand-offs the waiter saw
+/// while it polled (no frame) and hand-offs to a parked waiter.
+#[test]
+fn the_hand_offs_wake_frame_goes_to_a_parked_waiter_exactly_once() {
+    let m = d_mcs(2, 2, Mutation::None);
+    let o = m.explore(LIMIT);
+    assert!(o.frames_sent > 0, "no hand-off to a parked waiter: {o:?}");
+    assert!(o.polled > 0, "no hand-off seen while polling: {o:?}");
+    holds(&rma_mcs(&[2], 3, &[1, 2], 1), "RMA-MCS, 2 levels, one round");
+    holds(&rma_rw(&[], &[W, W], &[1], 1, 1, 2, Mutation::None), "RMA-RW, 2 writers, T_W 1");
+}
+
+/// The mark read in one step and the put in another: a waiter that marks between the two
+/// is passed the lock without a frame, and stays parked.
+#[test]
+fn a_hand_off_that_reads_the_mark_then_puts_loses_a_wake_up() {
+    let o = d_mcs(2, 2, Mutation::PassReadsThenPuts).explore(LIMIT);
+    assert_eq!(o.exclusion_broken, None);
+    assert!(o.stuck > 0, "a parked waiter passed the lock without a frame waits forever: {o:?}");
 }
 
 #[test]

@@ -184,6 +184,9 @@ const NEXT_SLOT: usize = 2;
 
 /// STATUS: spin (the listings' `WAIT`).
 pub(super) const WAIT: u64 = u64::MAX;
+/// STATUS: `WAIT`, and the waiter parks on the hand-off's wake frame (where the window
+/// signals no writes; [`Queues::pass`] sends the frame only then). Not the listings'.
+pub(super) const PARKED: u64 = u64::MAX - 3;
 /// STATUS: acquire the parent level (§3.2.3).
 pub(super) const ACQUIRE_PARENT: u64 = u64::MAX - 1;
 /// STATUS at level 1: the lock went to the readers; take it back from them (§3.3.3).
@@ -413,32 +416,57 @@ impl<W: Words> Queues<W> {
     }
 
     /// Waits until this rank's STATUS at level `l` is no longer `WAIT` (the listings' spin
-    /// for the hand-off); returns it. Where the window signals no writes, parks on the wake
-    /// frame of the hand-off ([`pass`](Self::pass)).
+    /// for the hand-off); returns it. Where the window signals no writes, the waiter, once
+    /// its first polls failed, posts the receive of the hand-off's wake frame and *marks*
+    /// the word parked before each check: its check is the compare-and-swap of `WAIT` to
+    /// [`PARKED`], which returns the word (see [`pass`](Self::pass) for why no wake-up is
+    /// lost, and why exactly one frame comes to a marked word). A hand-off its polls saw
+    /// sends no frame, and leaves none to consume.
     async fn wait_status(&self, l: usize) -> Result<u64, Error> {
         let (p, offset) = (self.me(), Layout::status(l));
-        let arm = |backoff: &Backoff| match self.wakes.as_ref().and_then(|w| w.arm(backoff, offset)) {
-            Some(armed) => armed,
-            None => self.window.arm(backoff, [(p, offset)]),
-        };
-        let status = until!(self, backoff => arm(&backoff), Some(self.get(p, offset).await?).filter(|&s| s != WAIT));
-        // The hand-off's frame, if it came while this wait spun or after its receive was
-        // dropped, is nobody's: one wait on the word is this rank's at a time.
-        if let Some(w) = &self.wakes {
+        // Whether the receive of the frame is posted (the next check marks), and whether a
+        // check marked the word.
+        let (mut receiving, mut marked);
+        marked = false;
+        let status = until!(self, backoff => {
+            let frame = self.wakes.as_ref().and_then(|w| w.arm(&backoff, offset));
+            receiving = frame.is_some();
+            frame.unwrap_or_else(|| self.window.arm(&backoff, [(p, offset)]))
+        }, {
+            let status = if receiving {
+                marked = true;
+                self.window.compare_and_swap(p, offset, WAIT, PARKED).await?
+            } else {
+                self.get(p, offset).await?
+            };
+            Some(status).filter(|&s| s != WAIT && s != PARKED)
+        });
+        // A marked word got one frame: if it came after the check that saw the hand-off (a
+        // task's check every `WAKE_CHECK`, a thread's every `WAKE_ALARM`), it is nobody's:
+        // one wait on the word is this rank's at a time.
+        if let (true, Some(w)) = (marked, &self.wakes) {
             w.drain(offset);
         }
         Ok(status)
     }
 
     /// Passes level `l` to the waiting `to`: the listings' `Put(status, to, STATUS);
-    /// Flush(to)`, then, where the window signals no writes, the wake frame `to` parks on
-    /// ([`wait_status`](Self::wait_status)).
+    /// Flush(to)`. Where the window signals no writes, the put is an atomic swap, and only
+    /// a swap that replaced [`PARKED`] sends the wake frame `to` parks on
+    /// ([`wait_status`](Self::wait_status)). No wake-up is lost: the waiter posts its
+    /// receive before it marks, and its mark and this swap are atomics on one word, so one
+    /// of them comes first. If the mark does, the swap finds it and sends the frame, which
+    /// the posted receive (or a later one of that wait) takes; if the swap does, the mark's
+    /// compare-and-swap returns the status, and the waiter does not park. The swap replaces
+    /// the mark, so one frame at most goes to a wait: the waiter's next check returns the
+    /// status. (The embedded provider's put wakes the word's listeners itself.)
     async fn pass(&self, to: u32, l: usize, status: u64) -> Result<(), Error> {
-        self.put(to, Layout::status(l), status).await?;
-        match &self.wakes {
-            Some(w) => w.wake(to, Layout::status(l)),
-            None => Ok(()),
+        let offset = Layout::status(l);
+        let Some(w) = &self.wakes else { return self.put(to, offset, status).await };
+        if self.window.fetch_and_op(to, offset, status, Op::Replace).await? == PARKED {
+            w.wake(to, offset)?;
         }
+        Ok(())
     }
 
     /// Acquires the lock as a writer: Listing 4 from level `N` up, Listing 7 at level 1 for
@@ -765,6 +793,8 @@ mod tests {
     use std::time::Duration;
 
     use super::*;
+    #[cfg(feature = "ofi")]
+    use crate::dlock::wait::waits_here;
     use crate::dlock::{Levels, RmaRw, Thresholds};
     use crate::Runtime;
 
@@ -828,13 +858,12 @@ mod tests {
         });
     }
 
-    /// A hand-off whose waiter saw STATUS before it parked (its frame arrives after the wait
-    /// ended, or before it looked) leaves a frame nobody receives: the wait's end consumes
-    /// it, so a rank's unexpected queue does not grow with the hand-offs. One rank on `shm`
-    /// hands itself its level 50 times, each time before its wait looks.
+    /// A hand-off its waiter saw while it polled sends no wake frame (the waiter never
+    /// marked its word parked), and leaves none to consume: one rank on `shm` hands itself
+    /// its level 50 times, each time before its wait looks.
     #[cfg(feature = "ofi")]
     #[test]
-    fn a_hand_offs_frame_its_waiter_did_not_need_is_consumed() {
+    fn a_hand_off_seen_while_polling_sends_no_wake_frame() {
         std::env::set_var("FI_TCP_IFACE", "lo");
         std::env::set_var("FI_SOCKETS_IFACE", "lo");
         let (tx, rx) = mpsc::channel();
@@ -842,13 +871,59 @@ mod tests {
             let rt = Runtime::builder().env(false).provider(crate::Provider::Shm).cris(1).build_local(1).unwrap().pop().unwrap();
             let lock = crate::dlock::DMcs::new(rt.world(), 0).unwrap();
             let q = &lock.q;
+            let before = waits_here();
             for _ in 0..50 {
+                block_on(q.put(0, Layout::status(0), WAIT)).unwrap();
                 block_on(q.pass(0, 0, ACQUIRE_START)).unwrap();
                 assert_eq!(block_on(q.wait_status(0)).unwrap(), ACQUIRE_START);
             }
-            let _ = tx.send(q.take_queued_wakes());
+            let _ = tx.send((waits_here().since(before).frames, q.take_queued_wakes()));
         });
-        let queued = rx.recv_timeout(Duration::from_secs(20)).expect("hang: hand-offs to oneself");
-        assert!(queued <= 1, "{queued} wake frames queued after 50 hand-offs");
+        let (sent, queued) = rx.recv_timeout(Duration::from_secs(20)).expect("hang: hand-offs to oneself");
+        assert_eq!((sent, queued), (0, 0), "wake frames sent and queued after 50 hand-offs seen while polling");
+    }
+
+    /// A waiter that parked (its word marked) gets exactly one wake frame from the
+    /// hand-off, which ends its park, and none is left queued: on `shm`, rank 1 waits for
+    /// its STATUS; rank 0 passes it once the word is marked.
+    #[cfg(feature = "ofi")]
+    #[test]
+    fn a_parked_waiter_gets_one_wake_frame() {
+        std::env::set_var("FI_TCP_IFACE", "lo");
+        std::env::set_var("FI_SOCKETS_IFACE", "lo");
+        let (tx, rx) = mpsc::channel();
+        std::thread::spawn(move || {
+            let rts = Runtime::builder().env(false).provider(crate::Provider::Shm).cris(1).build_local(2).unwrap();
+            let result = std::thread::scope(|s| {
+                let waiter = s.spawn(|| {
+                    let lock = crate::dlock::DMcs::new(rts[1].world(), 0).unwrap();
+                    block_on(lock.q.put(1, Layout::status(0), WAIT)).unwrap();
+                    rts[1].world().barrier().unwrap();
+                    let before = waits_here();
+                    let status = block_on(lock.q.wait_status(0)).unwrap();
+                    let waits = waits_here().since(before);
+                    rts[1].world().barrier().unwrap();
+                    (status, waits, lock.q.take_queued_wakes())
+                });
+                let lock = crate::dlock::DMcs::new(rts[0].world(), 0).unwrap();
+                rts[0].world().barrier().unwrap();
+                let deadline = std::time::Instant::now() + Duration::from_secs(10);
+                while block_on(lock.q.get(1, Layout::status(0))).unwrap() != PARKED && std::time::Instant::now() < deadline {
+                    std::thread::sleep(Duration::from_millis(1));
+                }
+                let before = waits_here();
+                block_on(lock.q.pass(1, 0, ACQUIRE_START)).unwrap();
+                let sent = waits_here().since(before).frames;
+                rts[0].world().barrier().unwrap();
+                let (status, waits, queued) = waiter.join().unwrap();
+                (sent, status, waits, queued)
+            });
+            let _ = tx.send(result);
+        });
+        let (sent, status, waits, queued) = rx.recv_timeout(Duration::from_secs(30)).expect("hang: a hand-off to a parked waiter");
+        assert_eq!(status, ACQUIRE_START);
+        assert_eq!(sent, 1, "frames sent to the parked waiter");
+        assert!(waits.parks >= 1 && waits.wakes >= 1, "the frame did not end a park: {waits:?}");
+        assert_eq!(queued, 0, "frames left queued");
     }
 }

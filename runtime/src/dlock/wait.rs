@@ -61,7 +61,7 @@ thread_local! {
     /// Whether this thread runs a protocol in [`block_on`] (waits sleep the thread).
     static BLOCKING: Cell<bool> = const { Cell::new(false) };
     /// [`Backoff`] sleeps begun on this thread, and parks ([`Armed`]) on it.
-    static WAITS: Cell<Waits> = const { Cell::new(Waits { sleeps: 0, parks: 0, wakes: 0, checks: 0 }) };
+    static WAITS: Cell<Waits> = const { Cell::new(Waits { sleeps: 0, parks: 0, wakes: 0, checks: 0, frames: 0 }) };
     /// The earliest [`Sleep`] the protocol in [`block_on`] waits for in its current poll:
     /// the thread parks no longer (a thread's sleep needs no timer thread).
     static WAKE_AT: Cell<Option<Instant>> = const { Cell::new(None) };
@@ -70,14 +70,15 @@ thread_local! {
 /// How the waits of the distributed locks on one thread went: [`Backoff`] sleeps (a
 /// thread's sleep in [`block_on`], a task's sleep on the timer begun from the thread),
 /// parks on a signal or a wake frame ([`Armed`]), the parks a wake frame ended (or, for a
-/// task, the leader that received it, [`Wakes::arm_watched`]), and the checks of a waited-for
-/// word (each one or more one-sided reads or atomics).
+/// task, the leader that received it, [`Wakes::arm_watched`]), the checks of a waited-for
+/// word (each one or more one-sided reads or atomics), and the wake frames sent.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub(crate) struct Waits {
     pub(crate) sleeps: u64,
     pub(crate) parks: u64,
     pub(crate) wakes: u64,
     pub(crate) checks: u64,
+    pub(crate) frames: u64,
 }
 
 #[cfg(test)]
@@ -89,6 +90,7 @@ impl Waits {
             parks: self.parks - before.parks,
             wakes: self.wakes - before.wakes,
             checks: self.checks - before.checks,
+            frames: self.frames - before.frames,
         }
     }
 }
@@ -154,7 +156,8 @@ pub(crate) fn arm<'a, const N: usize>(window: &'a Window<'_, u64>, backoff: &Bac
 /// made on, which no user message can match), tagged with the word waited for.
 ///
 /// - A word one known rank waits for (a queue node's STATUS): its writer, once the write is
-///   flushed, sends that rank the frame ([`wake`](Self::wake)).
+///   complete, sends that rank the frame ([`wake`](Self::wake)) if the waiter marked the
+///   word parked (`Queues::pass`: the write is an atomic swap, the mark a compare-and-swap).
 /// - A word that any of several ranks may wait for, changed by atomics (RMA-RW's counters,
 ///   the foMPI-style locks' word): a *watchers word* at the same rank holds a bit per rank
 ///   that waits. A waiter sets its rank's bit ([`watch`](Self::watch)) before it checks; a
@@ -267,6 +270,7 @@ impl Wakes {
     /// complete at its target).
     pub(crate) fn wake(&self, rank: u32, tag: usize) -> Result<(), weft_sync::Error> {
         let tag = i32::try_from(tag).map_err(|_| weft_sync::Error::InvalidArgument("wake frame tag out of range"))?;
+        count(|w| w.frames += 1);
         self.comm().send_slice::<u8>(&[], rank, tag).map(drop)
     }
 
