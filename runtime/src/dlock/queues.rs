@@ -858,18 +858,27 @@ mod tests {
         });
     }
 
+    /// Runs `f` on `ranks` ranks of `shm` in this process, on a thread bounded in time.
+    #[cfg(feature = "ofi")]
+    fn on_shm<R: Send + 'static>(ranks: u32, what: &'static str, f: impl FnOnce(&[Runtime]) -> R + Send + 'static) -> R {
+        std::env::set_var("FI_TCP_IFACE", "lo");
+        std::env::set_var("FI_SOCKETS_IFACE", "lo");
+        let (tx, rx) = mpsc::channel();
+        std::thread::spawn(move || {
+            let rts = Runtime::builder().env(false).provider(crate::Provider::Shm).cris(1).build_local(ranks).unwrap();
+            let _ = tx.send(f(&rts));
+        });
+        rx.recv_timeout(Duration::from_secs(30)).unwrap_or_else(|_| panic!("hang: {what}"))
+    }
+
     /// A hand-off its waiter saw while it polled sends no wake frame (the waiter never
     /// marked its word parked), and leaves none to consume: one rank on `shm` hands itself
     /// its level 50 times, each time before its wait looks.
     #[cfg(feature = "ofi")]
     #[test]
     fn a_hand_off_seen_while_polling_sends_no_wake_frame() {
-        std::env::set_var("FI_TCP_IFACE", "lo");
-        std::env::set_var("FI_SOCKETS_IFACE", "lo");
-        let (tx, rx) = mpsc::channel();
-        std::thread::spawn(move || {
-            let rt = Runtime::builder().env(false).provider(crate::Provider::Shm).cris(1).build_local(1).unwrap().pop().unwrap();
-            let lock = crate::dlock::DMcs::new(rt.world(), 0).unwrap();
+        let (sent, queued) = on_shm(1, "hand-offs to oneself", |rts| {
+            let lock = crate::dlock::DMcs::new(rts[0].world(), 0).unwrap();
             let q = &lock.q;
             let before = waits_here();
             for _ in 0..50 {
@@ -877,9 +886,8 @@ mod tests {
                 block_on(q.pass(0, 0, ACQUIRE_START)).unwrap();
                 assert_eq!(block_on(q.wait_status(0)).unwrap(), ACQUIRE_START);
             }
-            let _ = tx.send((waits_here().since(before).frames, q.take_queued_wakes()));
+            (waits_here().since(before).frames, q.take_queued_wakes())
         });
-        let (sent, queued) = rx.recv_timeout(Duration::from_secs(20)).expect("hang: hand-offs to oneself");
         assert_eq!((sent, queued), (0, 0), "wake frames sent and queued after 50 hand-offs seen while polling");
     }
 
@@ -889,12 +897,8 @@ mod tests {
     #[cfg(feature = "ofi")]
     #[test]
     fn a_parked_waiter_gets_one_wake_frame() {
-        std::env::set_var("FI_TCP_IFACE", "lo");
-        std::env::set_var("FI_SOCKETS_IFACE", "lo");
-        let (tx, rx) = mpsc::channel();
-        std::thread::spawn(move || {
-            let rts = Runtime::builder().env(false).provider(crate::Provider::Shm).cris(1).build_local(2).unwrap();
-            let result = std::thread::scope(|s| {
+        let (sent, status, waits, queued) = on_shm(2, "a hand-off to a parked waiter", |rts| {
+            std::thread::scope(|s| {
                 let waiter = s.spawn(|| {
                     let lock = crate::dlock::DMcs::new(rts[1].world(), 0).unwrap();
                     block_on(lock.q.put(1, Layout::status(0), WAIT)).unwrap();
@@ -917,10 +921,8 @@ mod tests {
                 rts[0].world().barrier().unwrap();
                 let (status, waits, queued) = waiter.join().unwrap();
                 (sent, status, waits, queued)
-            });
-            let _ = tx.send(result);
+            })
         });
-        let (sent, status, waits, queued) = rx.recv_timeout(Duration::from_secs(30)).expect("hang: a hand-off to a parked waiter");
         assert_eq!(status, ACQUIRE_START);
         assert_eq!(sent, 1, "frames sent to the parked waiter");
         assert!(waits.parks >= 1 && waits.wakes >= 1, "the frame did not end a park: {waits:?}");
