@@ -387,13 +387,13 @@ fn rank_run(c: &Communicator, p: &Point, levels: &Levels, ops: u64) -> Result<(D
                 s.spawn(move || {
                     let seed = |k: usize| Rng(0x9e37_79b9_7f4a_7c15 ^ ((u64::from(c.rank()) << 20) | (t as u64 + 1)) ^ ((k as u64) << 40));
                     if p.tasks == 0 {
-                        return futures::executor::block_on(waiter(seed(0), p, ops, w, |write, cs| {
-                            std::future::ready(lock.cycle(write, cs))
-                        }));
+                        let cycle = |write, work| std::future::ready(lock.cycle(write, || critical_section(p.bench, write, work, w)));
+                        return futures::executor::block_on(waiter(seed(0), p, ops, cycle));
                     }
                     let rt = tokio::runtime::Builder::new_current_thread().build().expect("a one-thread tokio runtime");
                     rt.block_on(async {
-                        let tasks = (0..p.tasks).map(|k| waiter(seed(k + 1), p, ops, w, |write, cs| lock.cycle_async(write, cs)));
+                        let cycle = |write, work| lock.cycle_async(write, move || critical_section(p.bench, write, work, w));
+                        let tasks = (0..p.tasks).map(|k| waiter(seed(k + 1), p, ops, cycle));
                         futures::future::join_all(tasks).await.into_iter().sum()
                     })
                 })
@@ -407,39 +407,39 @@ fn rank_run(c: &Communicator, p: &Point, levels: &Levels, ops: u64) -> Result<(D
     Ok((elapsed, held))
 }
 
-/// One waiter's `ops` acquisitions (a thread's, or a task's), each by `cycle` (acquire, the
-/// benchmark's critical section, release); the time spent in them.
-async fn waiter<'a, F, C>(mut rng: Rng, p: &Point, ops: u64, w: &'a Window<'_, u64>, cycle: C) -> Result<Duration, weft::Error>
+/// One waiter's `ops` acquisitions (a thread's, or a task's), each by `cycle(write, work)`
+/// (acquire, [`critical_section`], release); the time spent in them.
+async fn waiter<F, C>(mut rng: Rng, p: &Point, ops: u64, cycle: C) -> Result<Duration, weft::Error>
 where
-    C: Fn(bool, Box<dyn FnOnce() -> Result<(), weft::Error> + 'a>) -> F,
+    C: Fn(bool, Duration) -> F,
     F: std::future::Future<Output = Result<(), weft::Error>>,
 {
     let mut held = Duration::ZERO;
     for _ in 0..ops {
         let write = !p.kind.has_readers() || draws_write(rng.next(), p.writers);
         let work = rng.micros();
-        let bench = p.bench;
         let start = Instant::now();
-        cycle(
-            write,
-            Box::new(move || match bench {
-                Bench::Lb | Bench::Ecsb | Bench::Warb => Ok(()),
-                Bench::Sob if write => w.fetch_and_op(0, 0, 1, Op::Sum).map(drop),
-                Bench::Sob => w.get(0, 0, &mut [0]),
-                Bench::Wcsb => {
-                    w.fetch_and_op(0, 0, 1, Op::Sum)?;
-                    spin_for(work);
-                    Ok(())
-                }
-            }),
-        )
-        .await?;
+        cycle(write, work).await?;
         held += start.elapsed();
-        if bench == Bench::Warb {
+        if p.bench == Bench::Warb {
             spin_for(work);
         }
     }
     Ok(held)
+}
+
+/// What `bench` does inside the lock (a writer's if `write`), with `work` of local work.
+fn critical_section(bench: Bench, write: bool, work: Duration, w: &Window<'_, u64>) -> Result<(), weft::Error> {
+    match bench {
+        Bench::Lb | Bench::Ecsb | Bench::Warb => Ok(()),
+        Bench::Sob if write => w.fetch_and_op(0, 0, 1, Op::Sum).map(drop),
+        Bench::Sob => w.get(0, 0, &mut [0]),
+        Bench::Wcsb => {
+            w.fetch_and_op(0, 0, 1, Op::Sum)?;
+            spin_for(work);
+            Ok(())
+        }
+    }
 }
 
 /// `--rank-worker`: this process is one rank of a `weftrun` job measuring `p`; rank 0
