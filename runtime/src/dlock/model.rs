@@ -9,7 +9,11 @@
 //! them is). A spin on a word is a step that is enabled only once the word holds what the
 //! spin waits for; a wait that reads two words (the writer's drain, the reader's barrier)
 //! is a loop of steps. Every process is a writer or a reader and acquires the lock a fixed
-//! number of times.
+//! number of times. The spin for the hand-off is the libfabric one: after a poll that
+//! failed, the waiter marks its STATUS parked (a compare-and-swap) and parks, and then moves
+//! only once a wake frame came; a hand-off is an atomic swap of STATUS that sends the frame
+//! if it replaced the mark (`Queues::pass`). A lost wake-up is then a state that cannot
+//! finish, and a frame to a process that is not parked, or a second one, fails the check.
 //!
 //! The explorer visits every reachable state once (breadth first, states hashed). It
 //! checks in each state that at most one writer, and no reader beside a writer, is in the
