@@ -808,6 +808,53 @@ mod tests {
         assert!((1..=most).contains(&w.parks), "RMA-MCS, a task: {w:?}");
     }
 
+    /// A task parked on a wake frame while its rank serves other ranks' traffic (here the
+    /// holder's gets of a word at the task's rank, for [`HOLD`]) polls the rank's progress
+    /// again at once for one yield window at a time, then parks: it does not poll on for
+    /// as long as the traffic lasts (which took the cores from the processes it waited for).
+    #[cfg(feature = "ofi")]
+    #[test]
+    fn a_task_waiting_for_a_frame_does_not_poll_while_its_rank_is_busy() {
+        std::env::set_var("FI_TCP_IFACE", "lo");
+        std::env::set_var("FI_SOCKETS_IFACE", "lo");
+        let waits = within(60, "a task waiting while its rank is busy", || {
+            let rts = Runtime::builder().env(false).provider(crate::Provider::Shm).cris(1).build_local(2).unwrap();
+            let (held_tx, held_rx) = mpsc::channel();
+            std::thread::scope(|s| {
+                let rts = &rts;
+                let rank0 = s.spawn(move || {
+                    let c = rts[0].world();
+                    let lock = DMcs::new(c, 1).unwrap();
+                    let w: crate::rma::Window<'_, u64> = c.window(1).unwrap();
+                    c.barrier().unwrap();
+                    held_rx.recv().unwrap();
+                    let before = waits_here();
+                    let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
+                    rt.block_on(async { lock.lock_async().await.unwrap().unlock_async().await.unwrap() });
+                    let waits = waits_here().since(before);
+                    c.barrier().unwrap();
+                    drop(w);
+                    waits
+                });
+                let c = rts[1].world();
+                let lock = DMcs::new(c, 1).unwrap();
+                let w: crate::rma::Window<'_, u64> = c.window(1).unwrap();
+                c.barrier().unwrap();
+                let g = lock.lock().unwrap();
+                held_tx.send(()).unwrap();
+                let start = Instant::now();
+                while start.elapsed() < HOLD {
+                    w.get(0, 0, &mut [0]).unwrap();
+                }
+                g.unlock().unwrap();
+                c.barrier().unwrap();
+                rank0.join().unwrap()
+            })
+        });
+        assert!(waits.wakes >= 1, "no wake frame ended a park: {waits:?}");
+        assert!(waits.repolls < 2_000, "the task polled on while its rank was busy: {waits:?}");
+    }
+
     /// 10,000 tasks of rank 0 read a lock made with `make` whose writer (`write`) is rank 1,
     /// on `shm` (one thread, a one-thread tokio runtime), each with `read`; returns rank
     /// 0's waits and the acquisitions. Rank 1 lets the lock go once every task parked, or

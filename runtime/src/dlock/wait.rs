@@ -61,7 +61,7 @@ thread_local! {
     /// Whether this thread runs a protocol in [`block_on`] (waits sleep the thread).
     static BLOCKING: Cell<bool> = const { Cell::new(false) };
     /// [`Backoff`] sleeps begun on this thread, and parks ([`Armed`]) on it.
-    static WAITS: Cell<Waits> = const { Cell::new(Waits { sleeps: 0, parks: 0, wakes: 0, checks: 0, frames: 0 }) };
+    static WAITS: Cell<Waits> = const { Cell::new(Waits { sleeps: 0, parks: 0, wakes: 0, checks: 0, frames: 0, repolls: 0 }) };
     /// The earliest [`Sleep`] the protocol in [`block_on`] waits for in its current poll:
     /// the thread parks no longer (a thread's sleep needs no timer thread).
     static WAKE_AT: Cell<Option<Instant>> = const { Cell::new(None) };
@@ -71,7 +71,8 @@ thread_local! {
 /// thread's sleep in [`block_on`], a task's sleep on the timer begun from the thread),
 /// parks on a signal or a wake frame ([`Armed`]), the parks a wake frame ended (or, for a
 /// task, the leader that received it, [`Wakes::arm_watched`]), the checks of a waited-for
-/// word (each one or more one-sided reads or atomics), and the wake frames sent.
+/// word (each one or more one-sided reads or atomics), the wake frames sent, and the passes
+/// of progress a task parked on a wake frame made at once after one that progressed.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub(crate) struct Waits {
     pub(crate) sleeps: u64,
@@ -79,6 +80,7 @@ pub(crate) struct Waits {
     pub(crate) wakes: u64,
     pub(crate) checks: u64,
     pub(crate) frames: u64,
+    pub(crate) repolls: u64,
 }
 
 #[cfg(test)]
@@ -91,6 +93,7 @@ impl Waits {
             wakes: self.wakes - before.wakes,
             checks: self.checks - before.checks,
             frames: self.frames - before.frames,
+            repolls: self.repolls - before.repolls,
         }
     }
 }
@@ -421,7 +424,7 @@ impl<const N: usize> Armed<'_, N> {
                     Alarm::wait(request, tag)
                 } else {
                     let epoch = request.communicator().engine().transport.lost_epoch();
-                    (WakeOrCheck { request, check: Sleep::new(WAKE_CHECK), epoch }).await
+                    (WakeOrCheck { request, check: Sleep::new(WAKE_CHECK), epoch, yield_until: None, nap: NAP_MIN }).await
                 };
                 if woken {
                     count(|w| w.wakes += 1);
@@ -436,14 +439,29 @@ impl<const N: usize> Armed<'_, N> {
 /// Ready with `true` when the wake frame's receive completes, with `false` when the check's
 /// time comes first or a rank was lost since `epoch` (the receive is then cancelled by its
 /// drop; the check that follows sees a write that landed, and the loss). While the rank's
-/// progress goes on, the task yields between passes instead of looping inside one poll: the
-/// holder it waits for may be a task of the same thread.
+/// progress goes on, the task yields between passes instead of looping inside one poll (the
+/// holder it waits for may be a task of the same thread), for the rank's yield window
+/// (`WEFT_YIELD_US`) at most, as a blocked thread does: then it parks until the receive
+/// completes (the rank's watcher rings the doorbell) or the check's time comes, and, while
+/// the rank is busy (its watcher then leaves the progress to the rank's waiters), for a nap
+/// of [`NAP_MIN`] doubling up to [`NAP_MAX`], after which it makes a pass again. A task that
+/// polled on for as long as the rank saw traffic took the cores from the processes it
+/// waited for.
 struct WakeOrCheck<'a> {
     request: Request<'a, Vec<u8>>,
     check: Sleep,
     /// The transport's loss epoch when the wait was armed.
     epoch: u64,
+    /// Until when passes that made progress are followed by another at once.
+    yield_until: Option<Instant>,
+    /// The next nap of a park while the rank is busy.
+    nap: Duration,
 }
+
+/// The first nap of a task parked on a wake frame while its rank is busy ([`WakeOrCheck`]).
+const NAP_MIN: Duration = Duration::from_micros(50);
+/// The longest nap of a task parked on a wake frame while its rank is busy.
+const NAP_MAX: Duration = Duration::from_millis(1);
 
 impl Future for WakeOrCheck<'_> {
     type Output = bool;
@@ -460,19 +478,36 @@ impl Future for WakeOrCheck<'_> {
             return Poll::Ready(false);
         }
 
-        if this.request.communicator().engine().poll_progress(cx) == Step::Progressed {
+        let engine = this.request.communicator().engine();
+        let busy = engine.poll_progress(cx) == Step::Progressed;
+        if busy {
             if this.request.is_complete() {
                 return Poll::Ready(true);
             }
-            if Instant::now() >= this.check.deadline {
+            let now = Instant::now();
+            if now >= this.check.deadline {
                 return Poll::Ready(false);
             }
-            cx.waker().wake_by_ref();
-            return Poll::Pending;
+            if now < *this.yield_until.get_or_insert(now + engine.config.yield_window) {
+                count(|w| w.repolls += 1);
+                cx.waker().wake_by_ref();
+                return Poll::Pending;
+            }
+        } else {
+            // Idle: the next pass that progresses yields again for a window.
+            (this.yield_until, this.nap) = (None, NAP_MIN);
         }
-        // Idle: parked on the receive's completion (and the doorbell), and on the check.
+        // Parked on the receive's completion (and the doorbell), and on the check.
         if Pin::new(&mut this.request).poll(cx).is_ready() {
             return Poll::Ready(true);
+        }
+        if busy {
+            let mut nap = Sleep::new(this.nap);
+            this.nap = (this.nap * 2).min(NAP_MAX);
+            if Pin::new(&mut nap).poll(cx).is_ready() {
+                cx.waker().wake_by_ref();
+                return Poll::Pending;
+            }
         }
         Pin::new(&mut this.check).poll(cx).map(|()| false)
     }
