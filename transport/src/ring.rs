@@ -66,12 +66,11 @@ const PREFETCH_AHEAD: usize = 2;
 /// nothing (a slot the producer has not written yet is read again, by its stamp, before
 /// its value).
 #[inline(always)]
-fn prefetch<T>(slot: &Slot<T>) {
+fn prefetch<T>(slot: *const Slot<T>) {
     #[cfg(all(target_arch = "x86_64", not(loom), not(miri)))]
-    // SAFETY: `_mm_prefetch` reads no memory and faults on no address; `slot` is a live
-    // reference besides.
+    // SAFETY: `_mm_prefetch` reads no memory and faults on no address.
     unsafe {
-        core::arch::x86_64::_mm_prefetch::<{ core::arch::x86_64::_MM_HINT_T0 }>((slot as *const Slot<T>).cast());
+        core::arch::x86_64::_mm_prefetch::<{ core::arch::x86_64::_MM_HINT_T0 }>(slot.cast());
     }
     #[cfg(not(all(target_arch = "x86_64", not(loom), not(miri))))]
     let _ = slot;
@@ -209,18 +208,22 @@ impl<T> Inbox<T> {
         if self.consuming.swap(true, Ordering::Acquire) {
             return 0;
         }
-        let cap = self.mask + 1;
+        // In registers for the loop: through `&self` the compiler would load them again after
+        // every value `f` takes (`f` might write them, for all it knows).
+        let (slots, mask) = (&*self.slots, self.mask);
+        let cap = mask + 1;
         // Relaxed: only consumers write `head`, and the flag orders them.
         let mut h = self.head.load(Ordering::Relaxed);
         let mut n = 0;
         while n < max {
-            let slot = &self.slots[h & self.mask];
+            // SAFETY: `h & mask < mask + 1 == slots.len()` (`new`).
+            let slot = unsafe { slots.get_unchecked(h & mask) };
             // Acquire: pairs with the producer's Release after it wrote the value.
             if slot.stamp.load(Ordering::Acquire) != h.wrapping_add(1) {
                 break;
             }
             // The slot after next, whose line the adjacent-line prefetch does not bring.
-            prefetch(&self.slots[h.wrapping_add(PREFETCH_AHEAD) & self.mask]);
+            prefetch(slots.as_ptr().wrapping_add(h.wrapping_add(PREFETCH_AHEAD) & mask));
             // SAFETY: stamp `h + 1` says a producer wrote this slot for position `h` and
             // nobody touches it until we store the next stamp; we are the only consumer.
             let value = slot.value.with(|p| unsafe { (*p).assume_init_read() });
