@@ -53,29 +53,6 @@ struct Slot<T> {
     value: UnsafeCell<MaybeUninit<T>>,
 }
 
-/// How many slots past the one it reads the consumer prefetches: the first slot of the
-/// next pair of lines (the adjacent-line prefetch brings the next slot with the one read),
-/// so that its transfer from the producer's core overlaps the work on this one and the
-/// next. Streaming 56-byte items (`stream_versus_array_queue`, medians of alternating
-/// runs against no prefetch): 0.68-0.89x the time an item; 1 slot ahead 1.04x, 3 slots
-/// 0.91x, 4 slots 0.90x; a prefetch for writing (the consumer stores the stamp) 0.77x where
-/// this one gave 0.68x.
-const PREFETCH_AHEAD: usize = 2;
-
-/// Asks for `slot`'s line ahead of its read: a hint, which changes no value and faults on
-/// nothing (a slot the producer has not written yet is read again, by its stamp, before
-/// its value).
-#[inline(always)]
-fn prefetch<T>(slot: *const Slot<T>) {
-    #[cfg(all(target_arch = "x86_64", not(loom), not(miri)))]
-    // SAFETY: `_mm_prefetch` reads no memory and faults on no address.
-    unsafe {
-        core::arch::x86_64::_mm_prefetch::<{ core::arch::x86_64::_MM_HINT_T0 }>(slot.cast());
-    }
-    #[cfg(not(all(target_arch = "x86_64", not(loom), not(miri))))]
-    let _ = slot;
-}
-
 /// A bounded many-producer, single-consumer queue; see the [module docs](self).
 pub(crate) struct Inbox<T> {
     /// Next position to read; written only by the consumer.
@@ -222,8 +199,6 @@ impl<T> Inbox<T> {
             if slot.stamp.load(Ordering::Acquire) != h.wrapping_add(1) {
                 break;
             }
-            // The slot after next, whose line the adjacent-line prefetch does not bring.
-            prefetch(slots.as_ptr().wrapping_add(h.wrapping_add(PREFETCH_AHEAD) & mask));
             // SAFETY: stamp `h + 1` says a producer wrote this slot for position `h` and
             // nobody touches it until we store the next stamp; we are the only consumer.
             let value = slot.value.with(|p| unsafe { (*p).assume_init_read() });
