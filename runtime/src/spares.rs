@@ -4,17 +4,31 @@
 //! when it ends, and from which a thread whose own spares ran dry takes before allocating
 //! ([Goodell 2010]: thread-local request pools). Where one thread makes objects and others
 //! drop them, the droppers' spares would fill while the maker's ran dry: the queue carries
-//! them across.
+//! them across, [`BATCH`] at a time (one shared-queue operation per batch on either side,
+//! instead of one per object: a receive completed by a thread that did not post it, say).
 //!
 //! Under loom the shared queue keeps nothing: an object made in one model execution must
 //! not reach the next.
 
 use std::cell::RefCell;
 
+/// Spares a thread hands to the others at once (module docs).
+pub(crate) const BATCH: usize = 32;
+
+/// A batch of spares on its way between threads.
+type Batch<T> = Vec<T>;
+
 /// The process-wide queue of spares of one kind (module docs); a `static`.
 pub(crate) struct SharedSpares<T> {
+    /// Single spares (those of a thread being torn down).
     #[cfg(not(loom))]
     queue: std::sync::OnceLock<crossbeam_queue::ArrayQueue<T>>,
+    /// Full batches.
+    #[cfg(not(loom))]
+    batches: std::sync::OnceLock<crossbeam_queue::ArrayQueue<Batch<T>>>,
+    /// Emptied batches (their storage), back to the threads that fill them.
+    #[cfg(not(loom))]
+    empties: std::sync::OnceLock<crossbeam_queue::ArrayQueue<Batch<T>>>,
     #[cfg_attr(loom, allow(dead_code))]
     max: usize,
     /// Holds no `T` (nothing is kept under loom), so the queue is a `static` for any `T`.
@@ -23,11 +37,16 @@ pub(crate) struct SharedSpares<T> {
 }
 
 impl<T> SharedSpares<T> {
-    /// A queue that keeps up to `max` spares; beyond them the extras are freed.
+    /// A queue that keeps up to `max` spares (and as many again in batches); beyond them
+    /// the extras are freed.
     pub(crate) const fn new(max: usize) -> Self {
         SharedSpares {
             #[cfg(not(loom))]
             queue: std::sync::OnceLock::new(),
+            #[cfg(not(loom))]
+            batches: std::sync::OnceLock::new(),
+            #[cfg(not(loom))]
+            empties: std::sync::OnceLock::new(),
             max,
             #[cfg(loom)]
             _t: std::marker::PhantomData,
@@ -37,6 +56,16 @@ impl<T> SharedSpares<T> {
     #[cfg(not(loom))]
     fn queue(&self) -> &crossbeam_queue::ArrayQueue<T> {
         self.queue.get_or_init(|| crossbeam_queue::ArrayQueue::new(self.max))
+    }
+
+    #[cfg(not(loom))]
+    fn batches(&self) -> &crossbeam_queue::ArrayQueue<Batch<T>> {
+        self.batches.get_or_init(|| crossbeam_queue::ArrayQueue::new(self.max.div_ceil(BATCH)))
+    }
+
+    #[cfg(not(loom))]
+    fn empties(&self) -> &crossbeam_queue::ArrayQueue<Batch<T>> {
+        self.empties.get_or_init(|| crossbeam_queue::ArrayQueue::new(self.max.div_ceil(BATCH)))
     }
 
     /// A spare of another thread, if the queue has one.
@@ -56,6 +85,45 @@ impl<T> SharedSpares<T> {
         #[cfg(loom)]
         drop(spare);
     }
+
+    /// A full batch of another thread's spares.
+    #[inline(never)]
+    fn take_batch(&self) -> Option<Batch<T>> {
+        #[cfg(not(loom))]
+        return self.batches().pop();
+        #[cfg(loom)]
+        None
+    }
+
+    /// Hands a full batch to the other threads (freed, with its spares, if the queue is
+    /// full).
+    #[inline(never)]
+    fn give_batch(&self, batch: Batch<T>) {
+        #[cfg(not(loom))]
+        let _ = self.batches().push(batch);
+        #[cfg(loom)]
+        drop(batch);
+    }
+
+    /// Storage for a batch: an emptied one, else new.
+    #[inline(never)]
+    fn take_empty(&self) -> Batch<T> {
+        #[cfg(not(loom))]
+        if let Some(b) = self.empties().pop() {
+            return b;
+        }
+        Vec::with_capacity(BATCH)
+    }
+
+    /// Gives an emptied batch's storage back to the threads that fill them.
+    #[inline(never)]
+    fn give_empty(&self, batch: Batch<T>) {
+        debug_assert!(batch.is_empty());
+        #[cfg(not(loom))]
+        let _ = self.empties().push(batch);
+        #[cfg(loom)]
+        drop(batch);
+    }
 }
 
 /// A thread's spares of one kind, up to a limit (module docs); a thread-local. A thread
@@ -63,25 +131,44 @@ impl<T> SharedSpares<T> {
 /// otherwise take theirs with them).
 pub(crate) struct Spares<T: 'static, const MAX: usize> {
     own: RefCell<Vec<T>>,
+    /// Spares on their way to the other threads, handed over when [`BATCH`] are here.
+    out: RefCell<Batch<T>>,
     shared: &'static SharedSpares<T>,
 }
 
 impl<T, const MAX: usize> Spares<T, MAX> {
     /// Up to `MAX` spares of this thread; the extras go to `shared`.
     pub(crate) const fn new(shared: &'static SharedSpares<T>) -> Self {
-        Spares { own: RefCell::new(Vec::new()), shared }
+        const { assert!(MAX >= BATCH, "a thread's spares take a whole batch") };
+        Spares { own: RefCell::new(Vec::new()), out: RefCell::new(Vec::new()), shared }
     }
 
-    /// One of this thread's spares, else one of another thread's.
+    /// One of this thread's spares, else of another thread's (a batch of them, else one).
     #[inline(always)]
     pub(crate) fn take(&self) -> Option<T> {
-        self.take_own().or_else(|| self.shared.take())
+        // The borrow ends before a refill borrows again.
+        let own = self.own.borrow_mut().pop();
+        own.or_else(|| self.refill())
     }
 
-    /// One of this thread's spares.
-    #[inline(always)]
-    pub(crate) fn take_own(&self) -> Option<T> {
-        self.own.borrow_mut().pop()
+    /// Takes a batch of another thread's spares into this thread's (empty) own, and one of
+    /// them out; else a single spare of another thread.
+    #[inline(never)]
+    fn refill(&self) -> Option<T> {
+        let Some(mut batch) = self.shared.take_batch() else {
+            return self.shared.take();
+        };
+        let spare = batch.pop();
+        let mut own = self.own.borrow_mut();
+        if own.capacity() < MAX {
+            // Once per thread: room for every spare it keeps.
+            let len = own.len();
+            own.reserve_exact(MAX - len);
+        }
+        own.append(&mut batch);
+        drop(own);
+        self.shared.give_empty(batch);
+        spare
     }
 
     /// Keeps `spare` for this thread, or hands it to the other threads when this thread
@@ -104,15 +191,84 @@ impl<T, const MAX: usize> Spares<T, MAX> {
             }
         } else {
             drop(own);
-            self.shared.give(spare);
+            self.hand_on(spare);
+        }
+    }
+
+    /// Hands `spare` to the other threads, in this thread's next batch.
+    #[inline]
+    pub(crate) fn hand_on(&self, spare: T) {
+        let mut out = self.out.borrow_mut();
+        if out.capacity() == 0 {
+            *out = self.shared.take_empty();
+        }
+        out.push(spare);
+        if out.len() >= BATCH {
+            self.shared.give_batch(std::mem::take(&mut *out));
         }
     }
 }
 
 impl<T, const MAX: usize> Drop for Spares<T, MAX> {
     fn drop(&mut self) {
+        let out = std::mem::take(self.out.get_mut());
+        if !out.is_empty() {
+            self.shared.give_batch(out);
+        }
         for spare in self.own.get_mut().drain(..) {
             self.shared.give(spare);
         }
+    }
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+
+    static SHARED: SharedSpares<u32> = SharedSpares::new(256);
+
+    /// A thread past its limit hands its extras to the others a batch at a time (one
+    /// shared-queue operation per [`BATCH`] spares, not one each), and a thread that ran dry
+    /// takes a whole batch, which then serves it without the shared queue; what a thread
+    /// holds when it ends goes to the shared queue.
+    #[test]
+    fn extras_cross_between_threads_in_batches() {
+        thread_local! {
+            static MINE: Spares<u32, BATCH> = const { Spares::new(&SHARED) };
+        }
+        std::thread::spawn(|| {
+            MINE.with(|s| {
+                for i in 0..BATCH as u32 {
+                    s.keep(i);
+                }
+                for i in 0..BATCH as u32 - 1 {
+                    s.keep(100 + i);
+                }
+                assert!(SHARED.take().is_none(), "no extra handed over singly");
+                assert_eq!(SHARED.batches().len(), 0, "a batch is handed over once full");
+                s.keep(200);
+                assert_eq!(SHARED.batches().len(), 1);
+            })
+        })
+        .join()
+        .unwrap();
+        let got = std::thread::spawn(|| {
+            MINE.with(|s| {
+                let got: Vec<u32> = std::iter::from_fn(|| s.take()).take(BATCH).collect();
+                // The batch came whole: the queue was asked once.
+                assert_eq!(SHARED.batches().len(), 0);
+                assert_eq!(SHARED.empties().len(), 1, "the batch's storage goes back");
+                got
+            })
+        })
+        .join()
+        .unwrap();
+        let mut want: Vec<u32> = (100..100 + BATCH as u32 - 1).chain([200]).collect();
+        let mut got = got;
+        got.sort_unstable();
+        want.sort_unstable();
+        assert_eq!(got, want);
+        // The first thread's own spares went to the queue singly when it ended.
+        assert_eq!(SHARED.queue().len(), BATCH);
     }
 }
