@@ -15,15 +15,12 @@ use std::cell::RefCell;
 /// Spares a thread hands to the others at once (module docs).
 pub(crate) const BATCH: usize = 32;
 
-/// A batch of spares on its way between threads.
+/// Spares on their way between threads: at most [`BATCH`], in storage for [`BATCH`].
 type Batch<T> = Vec<T>;
 
-/// The process-wide queue of spares of one kind (module docs); a `static`.
+/// The process-wide queue of spares of one kind (module docs), in batches; a `static`.
 pub(crate) struct SharedSpares<T> {
-    /// Single spares (those of a thread being torn down).
-    #[cfg(not(loom))]
-    queue: std::sync::OnceLock<crossbeam_queue::ArrayQueue<T>>,
-    /// Full batches.
+    /// Batches of spares (full, but for those of threads that ended).
     #[cfg(not(loom))]
     batches: std::sync::OnceLock<crossbeam_queue::ArrayQueue<Batch<T>>>,
     /// Emptied batches (their storage), back to the threads that fill them.
@@ -37,12 +34,9 @@ pub(crate) struct SharedSpares<T> {
 }
 
 impl<T> SharedSpares<T> {
-    /// A queue that keeps up to `max` spares (and as many again in batches); beyond them
-    /// the extras are freed.
+    /// A queue that keeps up to about `max` spares; beyond them the extras are freed.
     pub(crate) const fn new(max: usize) -> Self {
         SharedSpares {
-            #[cfg(not(loom))]
-            queue: std::sync::OnceLock::new(),
             #[cfg(not(loom))]
             batches: std::sync::OnceLock::new(),
             #[cfg(not(loom))]
@@ -51,11 +45,6 @@ impl<T> SharedSpares<T> {
             #[cfg(loom)]
             _t: std::marker::PhantomData,
         }
-    }
-
-    #[cfg(not(loom))]
-    fn queue(&self) -> &crossbeam_queue::ArrayQueue<T> {
-        self.queue.get_or_init(|| crossbeam_queue::ArrayQueue::new(self.max))
     }
 
     #[cfg(not(loom))]
@@ -68,25 +57,21 @@ impl<T> SharedSpares<T> {
         self.empties.get_or_init(|| crossbeam_queue::ArrayQueue::new(self.max.div_ceil(BATCH)))
     }
 
-    /// A spare of another thread, if the queue has one.
+    /// One spare of another thread, for a thread whose own spares are gone (being torn
+    /// down): taken from a batch, whose rest goes back.
     #[inline(never)]
     pub(crate) fn take(&self) -> Option<T> {
-        #[cfg(not(loom))]
-        return self.queue().pop();
-        #[cfg(loom)]
-        None
+        let mut batch = self.take_batch()?;
+        let spare = batch.pop();
+        if batch.is_empty() {
+            self.give_empty(batch);
+        } else {
+            self.give_batch(batch);
+        }
+        spare
     }
 
-    /// Hands a spare to the other threads (freed if the queue is full).
-    #[inline(never)]
-    pub(crate) fn give(&self, spare: T) {
-        #[cfg(not(loom))]
-        let _ = self.queue().push(spare);
-        #[cfg(loom)]
-        drop(spare);
-    }
-
-    /// A full batch of another thread's spares.
+    /// A batch of another thread's spares.
     #[inline(never)]
     fn take_batch(&self) -> Option<Batch<T>> {
         #[cfg(not(loom))]
@@ -95,8 +80,7 @@ impl<T> SharedSpares<T> {
         None
     }
 
-    /// Hands a full batch to the other threads (freed, with its spares, if the queue is
-    /// full).
+    /// Hands a batch to the other threads (freed, with its spares, if the queue is full).
     #[inline(never)]
     fn give_batch(&self, batch: Batch<T>) {
         #[cfg(not(loom))]
@@ -143,7 +127,7 @@ impl<T, const MAX: usize> Spares<T, MAX> {
         Spares { own: RefCell::new(Vec::new()), out: RefCell::new(Vec::new()), shared }
     }
 
-    /// One of this thread's spares, else of another thread's (a batch of them, else one).
+    /// One of this thread's spares, else of another thread's (a batch of them).
     #[inline(always)]
     pub(crate) fn take(&self) -> Option<T> {
         // The borrow ends before a refill borrows again.
@@ -152,12 +136,10 @@ impl<T, const MAX: usize> Spares<T, MAX> {
     }
 
     /// Takes a batch of another thread's spares into this thread's (empty) own, and one of
-    /// them out; else a single spare of another thread.
+    /// them out.
     #[inline(never)]
     fn refill(&self) -> Option<T> {
-        let Some(mut batch) = self.shared.take_batch() else {
-            return self.shared.take();
-        };
+        let mut batch = self.shared.take_batch()?;
         let spare = batch.pop();
         let mut own = self.own.borrow_mut();
         if own.capacity() < MAX {
@@ -185,10 +167,7 @@ impl<T, const MAX: usize> Spares<T, MAX> {
             // SAFETY: `len < capacity`, so the slot is allocated and uninitialized; the
             // length then covers the value written. (`Vec::push` does the same, but its
             // call is not always inlined into a request's drop: 17 instructions a message.)
-            unsafe {
-                own.as_mut_ptr().add(len).write(spare);
-                own.set_len(len + 1);
-            }
+            unsafe { write_at(&mut own, len, spare) };
         } else {
             drop(own);
             self.hand_on(spare);
@@ -196,16 +175,34 @@ impl<T, const MAX: usize> Spares<T, MAX> {
     }
 
     /// Hands `spare` to the other threads, in this thread's next batch.
-    #[inline]
+    #[inline(always)]
     pub(crate) fn hand_on(&self, spare: T) {
         let mut out = self.out.borrow_mut();
         if out.capacity() == 0 {
             *out = self.shared.take_empty();
         }
-        out.push(spare);
-        if out.len() >= BATCH {
+        let len = out.len();
+        // SAFETY: a batch has room for `BATCH` (`take_empty`) and is handed over when full,
+        // so `len < BATCH <= capacity`.
+        unsafe { write_at(&mut out, len, spare) };
+        if len + 1 == BATCH {
             self.shared.give_batch(std::mem::take(&mut *out));
         }
+    }
+}
+
+/// Writes `value` at `len`, the end of `v`, and extends `v` over it.
+///
+/// # Safety
+/// `len == v.len() < v.capacity()`.
+#[inline(always)]
+unsafe fn write_at<T>(v: &mut Vec<T>, len: usize, value: T) {
+    debug_assert!(len == v.len() && len < v.capacity());
+    // SAFETY: per the contract the slot is allocated and uninitialized; the length then
+    // covers the value written.
+    unsafe {
+        v.as_mut_ptr().add(len).write(value);
+        v.set_len(len + 1);
     }
 }
 
@@ -215,8 +212,11 @@ impl<T, const MAX: usize> Drop for Spares<T, MAX> {
         if !out.is_empty() {
             self.shared.give_batch(out);
         }
-        for spare in self.own.get_mut().drain(..) {
-            self.shared.give(spare);
+        let own = self.own.get_mut();
+        while !own.is_empty() {
+            let mut batch = self.shared.take_empty();
+            batch.extend(own.drain(own.len().saturating_sub(BATCH)..));
+            self.shared.give_batch(batch);
         }
     }
 }
@@ -230,7 +230,7 @@ mod tests {
     /// A thread past its limit hands its extras to the others a batch at a time (one
     /// shared-queue operation per [`BATCH`] spares, not one each), and a thread that ran dry
     /// takes a whole batch, which then serves it without the shared queue; what a thread
-    /// holds when it ends goes to the shared queue.
+    /// holds when it ends goes to the shared queue, in batches too.
     #[test]
     fn extras_cross_between_threads_in_batches() {
         thread_local! {
@@ -244,8 +244,7 @@ mod tests {
                 for i in 0..BATCH as u32 - 1 {
                     s.keep(100 + i);
                 }
-                assert!(SHARED.take().is_none(), "no extra handed over singly");
-                assert_eq!(SHARED.batches().len(), 0, "a batch is handed over once full");
+                assert_eq!(SHARED.batches().len(), 0, "a batch is handed over once full, not spare by spare");
                 s.keep(200);
                 assert_eq!(SHARED.batches().len(), 1);
             })
@@ -254,9 +253,11 @@ mod tests {
         .unwrap();
         let got = std::thread::spawn(|| {
             MINE.with(|s| {
+                // The batch handed on, and the one the first thread left when it ended.
+                assert_eq!(SHARED.batches().len(), 2);
                 let got: Vec<u32> = std::iter::from_fn(|| s.take()).take(BATCH).collect();
                 // The batch came whole: the queue was asked once.
-                assert_eq!(SHARED.batches().len(), 0);
+                assert_eq!(SHARED.batches().len(), 1);
                 assert_eq!(SHARED.empties().len(), 1, "the batch's storage goes back");
                 got
             })
@@ -268,7 +269,8 @@ mod tests {
         got.sort_unstable();
         want.sort_unstable();
         assert_eq!(got, want);
-        // The first thread's own spares went to the queue singly when it ended.
-        assert_eq!(SHARED.queue().len(), BATCH);
+        // The first thread's own spares went to the queue when it ended: a batch, from
+        // which a thread without spares of its own takes one.
+        assert!((0..BATCH as u32).contains(&SHARED.take().expect("a spare of the ended thread")));
     }
 }
