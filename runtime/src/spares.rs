@@ -18,14 +18,21 @@ pub(crate) const BATCH: usize = 32;
 /// Spares on their way between threads: at most [`BATCH`], in storage for [`BATCH`].
 type Batch<T> = Vec<T>;
 
+/// The shared queues of a [`SharedSpares`].
+#[cfg(not(loom))]
+struct Queues<T> {
+    /// Batches of spares (full, but for those of threads that ended).
+    batches: crossbeam_queue::ArrayQueue<Batch<T>>,
+    /// Emptied batches (their storage), back to the threads that fill them.
+    empties: crossbeam_queue::ArrayQueue<Batch<T>>,
+}
+
 /// The process-wide queue of spares of one kind (module docs), in batches; a `static`.
 pub(crate) struct SharedSpares<T> {
-    /// Batches of spares (full, but for those of threads that ended).
+    /// Made at the first use of either, together: a thread's first hand-off (a thread that
+    /// ends, say) allocates nothing more than its first miss did.
     #[cfg(not(loom))]
-    batches: std::sync::OnceLock<crossbeam_queue::ArrayQueue<Batch<T>>>,
-    /// Emptied batches (their storage), back to the threads that fill them.
-    #[cfg(not(loom))]
-    empties: std::sync::OnceLock<crossbeam_queue::ArrayQueue<Batch<T>>>,
+    queues: std::sync::OnceLock<Queues<T>>,
     #[cfg_attr(loom, allow(dead_code))]
     max: usize,
     /// Holds no `T` (nothing is kept under loom), so the queue is a `static` for any `T`.
@@ -38,9 +45,7 @@ impl<T> SharedSpares<T> {
     pub(crate) const fn new(max: usize) -> Self {
         SharedSpares {
             #[cfg(not(loom))]
-            batches: std::sync::OnceLock::new(),
-            #[cfg(not(loom))]
-            empties: std::sync::OnceLock::new(),
+            queues: std::sync::OnceLock::new(),
             max,
             #[cfg(loom)]
             _t: std::marker::PhantomData,
@@ -48,13 +53,21 @@ impl<T> SharedSpares<T> {
     }
 
     #[cfg(not(loom))]
+    fn queues(&self) -> &Queues<T> {
+        self.queues.get_or_init(|| {
+            let n = self.max.div_ceil(BATCH);
+            Queues { batches: crossbeam_queue::ArrayQueue::new(n), empties: crossbeam_queue::ArrayQueue::new(n) }
+        })
+    }
+
+    #[cfg(not(loom))]
     fn batches(&self) -> &crossbeam_queue::ArrayQueue<Batch<T>> {
-        self.batches.get_or_init(|| crossbeam_queue::ArrayQueue::new(self.max.div_ceil(BATCH)))
+        &self.queues().batches
     }
 
     #[cfg(not(loom))]
     fn empties(&self) -> &crossbeam_queue::ArrayQueue<Batch<T>> {
-        self.empties.get_or_init(|| crossbeam_queue::ArrayQueue::new(self.max.div_ceil(BATCH)))
+        &self.queues().empties
     }
 
     /// One spare of another thread, for a thread whose own spares are gone (being torn
