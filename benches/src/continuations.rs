@@ -268,4 +268,20 @@ mod tests {
             assert!(paced <= 5_300.0, "{mode}: {paced:.0} completions a second, paced at 5,000");
         }
     }
+
+    /// A rate that is not a number of messages a second, 0 or more, is refused before
+    /// anything runs.
+    #[test]
+    fn a_bad_rate_is_an_error() {
+        #[derive(clap::Parser)]
+        struct Cli {
+            #[command(flatten)]
+            args: Args,
+        }
+        for rate in ["-1", "nan", "inf"] {
+            let cli = <Cli as clap::Parser>::try_parse_from(["continuations", &format!("--rate={rate}")]).expect("parsed");
+            let err = run(&cli.args).expect_err(rate);
+            assert!(err.contains("--rate must be"), "{rate}: {err}");
+        }
+    }
 }
