@@ -1117,4 +1117,44 @@ mod tests {
         }
         assert_eq!(*sums.lock().unwrap(), vec![1, 5 + 10, 40 + 780]);
     }
+
+    /// A receive completed by the rank's courier (a peer lost while the courier sends the
+    /// frames deferred behind its full inbox: the frames that peer sent are delivered first)
+    /// runs its inline callback after the courier's pass let go of its locks, so the callback
+    /// may post on that CRI, in every progress mode; run inside the pass, it waited for good
+    /// for the lock its own thread held.
+    #[test]
+    fn a_callback_completed_by_the_courier_may_post() {
+        use crate::{ProgressMode, Runtime};
+        use std::sync::mpsc;
+        use std::time::Duration;
+        for mode in [ProgressMode::Concurrent, ProgressMode::Owner, ProgressMode::Global] {
+            let rts = Runtime::builder().env(false).progress(mode).cris(1).inbox_capacity(2).build_local(2).unwrap();
+            let (a, b) = (rts[0].world().clone(), rts[1].world().clone());
+            let cr = rts[1].continuation_request();
+            let (tx, posted) = mpsc::channel();
+            let mut r = b.irecv(Vec::<u8>::with_capacity(1), 0u32, 1).unwrap();
+            let c = b.clone();
+            cr.attach(&mut r, Invoke::Inline, move |res| {
+                // A send on the CRI whose frame completed the receive (to this rank itself).
+                let sent = c.isend(res.map(|(buf, _)| buf).unwrap_or_default(), 1, 2).map(drop);
+                let _ = tx.send(sent);
+            })
+            .unwrap();
+            // Rank 0's inbox full (nobody progresses rank 0): rank 1's third send is deferred
+            // (after the 20 ms a refused send is retried) and summons rank 1's courier.
+            let sends: Vec<_> = (0..3u8).map(|i| b.isend(vec![i], 0, 3).unwrap()).collect();
+            // The frame the callback's receive matches, in rank 1's inbox, then rank 0 is lost.
+            a.send(vec![9u8], 1, 1).unwrap();
+            rts[0].engine.transport.close();
+            let got = posted.recv_timeout(Duration::from_secs(10));
+            if got.is_err() {
+                // The courier is stuck: leave the ranks behind rather than join it.
+                std::mem::forget((rts, cr, sends));
+                panic!("{mode:?}: the callback did not post (it waited for its own thread's lock)");
+            }
+            assert!(got.unwrap().is_ok(), "{mode:?}: the callback's send");
+            drop(sends);
+        }
+    }
 }
