@@ -18,7 +18,8 @@
 //!
 //! The plans here: a dissemination barrier; a binomial-tree broadcast and reduce; a
 //! recursive doubling reduction over any list of members (the allreduce's, and communicator
-//! creation's, `create.rs`); a gather and a scatter through the root; a ring allgather; an
+//! creation's, `create.rs`) and one in a single exchange among all members (a small
+//! blocking allreduce of integers); a gather and a scatter through the root; a ring allgather; an
 //! alltoall of every pair at once; the recursive doubling prefix reductions; and for large
 //! messages, Rabenseifner's allreduce, the scatter-allgather broadcast and
 //! the reduce-scatter-gather reduce (MPICH's algorithms, chosen by size in `coll.rs`).

@@ -838,8 +838,9 @@ struct DirectStore {
 pub(crate) enum DirectPlan {
     /// A barrier.
     Barrier,
-    /// A broadcast of so many elements from a root.
-    Bcast { len: usize, root: u32 },
+    /// A broadcast of so many elements, so many bytes, from a root (the algorithm depends on
+    /// the bytes).
+    Bcast { len: usize, bytes: usize, root: u32 },
     /// A reduction of so many elements into a root.
     Reduce { len: usize, root: u32 },
     /// An allreduce of so many elements, so many bytes, of an [exact](crate::Reducible::EXACT)

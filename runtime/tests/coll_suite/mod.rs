@@ -564,6 +564,28 @@ fn an_allreduce_of_another_type_of_the_same_length_takes_its_own_algorithm() {
     });
 }
 
+/// A broadcast of another element type and the same length as the last one a rank's thread
+/// ran takes its own algorithm (by its size in bytes), as an allreduce does (above): on 8
+/// ranks, 2,000 bytes go down the binomial tree and 16,000 by scatter and allgather.
+#[test]
+fn a_bcast_of_another_type_of_the_same_length_takes_its_own_algorithm() {
+    within(60, "broadcasts of the same length and other element types", || {
+        let len = 2000;
+        let out = on_world(8, |r, c| {
+            let rest = c.split((r > 0).then_some(0), r as i32).unwrap();
+            let mut a = vec![if r == 0 { 7u8 } else { 0 }; len];
+            c.bcast(&mut a, 0).unwrap();
+            if let Some(rest) = &rest {
+                rest.barrier().unwrap();
+            }
+            let mut b: Vec<u64> = (0..len as u64).map(|i| if r == 0 { i } else { 0 }).collect();
+            c.bcast(&mut b, 0).unwrap();
+            a.iter().all(|&x| x == 7) && b.iter().enumerate().all(|(i, &x)| x == i as u64)
+        });
+        assert_eq!(out, vec![true; 8]);
+    });
+}
+
 #[test]
 fn collectives_alternating_communicators_lengths_and_roots_each_get_their_own_result() {
     within(60, "allreduce and bcast alternating communicators, lengths and roots", || {
