@@ -11,6 +11,13 @@
 //! `pool`), are the pool's workers (`task`; `pool` has as many), or take the sync object's
 //! completions (`sync`). Rank 0 sends from the main thread.
 //!
+//! With `--rate R`, rank 0 sends at most `R` messages a second (each at its time, the first
+//! of a round at once): below what the receiving side completes a second, the latency is
+//! then the receiving side's own. Unpaced, with many receives in flight, a message also waits
+//! behind those of its burst that the sender got ahead with (up to an inbox's worth and the
+//! frames queued behind it), so a mode whose waiting threads take cores from the sender
+//! shows less of that wait (docs/BENCHMARKS.md).
+//!
 //! Columns: `mode,threads,in_flight,messages,completions_per_sec,mean_latency_us`
 //! (`completions_per_sec`: messages over the time from the first send to the last
 //! completion seen; `mean_latency_us`: from a message's send to its completion seen by the
@@ -40,6 +47,9 @@ pub struct Args {
     /// Messages per configuration (rounded up to whole rounds of `in_flight`).
     #[arg(long, default_value_t = 20_000)]
     messages: usize,
+    /// Messages a second rank 0 sends at most (0: as fast as it can).
+    #[arg(long, default_value_t = 0.0)]
+    rate: f64,
     /// Count the receiving rank's lock acquisitions and parks, printed per configuration on
     /// stderr (CRI locks: acquisitions, contended, productive and unproductive polls;
     /// matching locks: acquisitions, contended; parks, wakes).
@@ -125,7 +135,7 @@ enum Round<'c> {
 }
 
 /// One configuration: completions per second and mean latency in microseconds.
-fn measure(mode: &str, threads: usize, n: usize, messages: usize, lock_stats: bool) -> Result<(f64, f64), String> {
+fn measure(mode: &str, threads: usize, n: usize, messages: usize, rate: f64, lock_stats: bool) -> Result<(f64, f64), String> {
     let workers = if matches!(mode, "pool" | "task") { threads } else { 0 };
     let rts = Runtime::builder().workers(workers).lock_stats(lock_stats).build_local(2).map_err(|e| e.to_string())?;
     let (a, b) = (rts[0].world(), rts[1].world());
@@ -160,8 +170,16 @@ fn measure(mode: &str, threads: usize, n: usize, messages: usize, lock_stats: bo
                     }
                 }
             }
-            for _ in 0..n {
-                let now = seen.t0.elapsed().as_nanos() as u64;
+            // Paced: message `i` of the round leaves no earlier than `i / rate` after the first.
+            let gap = if rate > 0.0 { 1e9 / rate } else { 0.0 };
+            let first = seen.t0.elapsed().as_nanos() as u64;
+            for i in 0..n {
+                let due = first + (i as f64 * gap) as u64;
+                let mut now = seen.t0.elapsed().as_nanos() as u64;
+                while now < due {
+                    std::hint::spin_loop();
+                    now = seen.t0.elapsed().as_nanos() as u64;
+                }
                 a.send(vec![now], 1, 1).expect("send");
             }
         });
@@ -197,17 +215,23 @@ pub fn run(args: &Args) -> Result<(), String> {
     if threads.contains(&0) || in_flight.contains(&0) || args.messages == 0 {
         return Err("threads, in-flight and messages must be at least 1".into());
     }
+    if !(args.rate >= 0.0 && args.rate.is_finite()) {
+        return Err(format!("--rate must be a number of messages a second, 0 or more (got {})", args.rate));
+    }
     if let Some(m) = modes.iter().find(|m| !matches!(m.as_str(), "inline" | "pool" | "task" | "sync")) {
         return Err(format!("unknown mode {m:?} (inline, pool, task, sync)"));
     }
     let mut table = Table::new(&["mode", "threads", "in_flight", "messages", "completions_per_sec", "mean_latency_us"], &args.out);
+    if args.rate > 0.0 {
+        args.out.note(&format!("# sender paced at {} messages a second", args.rate));
+    }
     table.progress(modes.len() * threads.len() * in_flight.len());
     table.print_header();
     for m in &modes {
         for &t in &threads {
             for &n in &in_flight {
                 table.step(|| format!("{m}, {t} threads, {n} in flight"));
-                let (rate, latency) = measure(m, t, n, args.messages, args.lock_stats)?;
+                let (rate, latency) = measure(m, t, n, args.messages, args.rate, args.lock_stats)?;
                 let messages = args.messages.div_ceil(n) * n;
                 table.row(vec![
                     m.clone(),
@@ -228,4 +252,36 @@ pub fn run(args: &Args) -> Result<(), String> {
         .log_x()
         .log_y();
     table.finish_with_plot(&chart, &args.plot)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A paced sender sends no faster than its rate: 20 messages at 5,000 a second take at
+    /// least 3.8 ms, so no more than about 5,260 complete a second (`measure` checks that
+    /// every completion was seen).
+    #[test]
+    fn a_paced_sender_keeps_its_rate() {
+        for mode in ["inline", "sync"] {
+            let (paced, _) = measure(mode, 1, 20, 20, 5_000.0, false).expect("paced run");
+            assert!(paced <= 5_300.0, "{mode}: {paced:.0} completions a second, paced at 5,000");
+        }
+    }
+
+    /// A rate that is not a number of messages a second, 0 or more, is refused before
+    /// anything runs.
+    #[test]
+    fn a_bad_rate_is_an_error() {
+        #[derive(clap::Parser)]
+        struct Cli {
+            #[command(flatten)]
+            args: Args,
+        }
+        for rate in ["-1", "nan", "inf"] {
+            let cli = <Cli as clap::Parser>::try_parse_from(["continuations", &format!("--rate={rate}")]).expect("parsed");
+            let err = run(&cli.args).expect_err(rate);
+            assert!(err.contains("--rate must be"), "{rate}: {err}");
+        }
+    }
 }

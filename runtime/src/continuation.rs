@@ -31,8 +31,8 @@
 //! attaching thread's spare records and given back, before the callback runs, to the spares
 //! of the thread that completes it, as the requests' operations are (`operation.rs`:
 //! per-thread spares, and a process-wide queue for the extras of a thread that completes
-//! more than it attaches; a thread that only completes continuations keeps none, and hands
-//! the records on in batches of 32, a queue operation per batch). In the steady state
+//! more than it attaches, which carries them in batches of 32, a queue operation per batch;
+//! a thread that only completes continuations keeps none and hands all on). In the steady state
 //! attaching a continuation allocates nothing; a callback too large for a record is boxed
 //! (and the box kept in a record). A callback whose request a progress pass completes runs
 //! at the end of that pass, once the pass has released the CRI's lock (`deferred.rs`): the
@@ -48,7 +48,7 @@
 //! storage it grew to, given back with the results (or by the last share of an
 //! `attach_any`): in the steady state a set's continuation allocates nothing either.
 
-use std::cell::{Cell, RefCell};
+use std::cell::Cell;
 use std::marker::PhantomData;
 use std::mem::{ManuallyDrop, MaybeUninit};
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -491,7 +491,7 @@ thread_local! {
     static SPARES: Spares<Box<Record>, SPARES_MAX> = const { Spares::new(&SHARED_RECORDS) };
     /// Whether this thread has attached a continuation: only such a thread keeps spares; one
     /// that only completes continuations (a waiter, a pool worker) hands their records to
-    /// the threads that attach, in batches ([`BATCH`]).
+    /// the threads that attach, in batches (`spares::BATCH`).
     static ATTACHES: Cell<bool> = const { Cell::new(false) };
     /// A thread's spare set states (as its records).
     static SET_SPARES: Spares<Box<SetState>, SET_SPARES_MAX> = const { Spares::new(&SHARED_SETS) };
@@ -505,94 +505,29 @@ fn take_spare<T, const MAX: usize>(local: &'static LocalKey<Spares<T, MAX>>, sha
     local.try_with(Spares::take).unwrap_or_else(|_| shared.take())
 }
 
-/// Keeps `spare` for this thread's next continuation (in `local`), or another thread's.
+/// Keeps `spare` for this thread's next continuation (in `local`); a thread that does not
+/// attach hands it to the threads that do, in batches (`spares::BATCH`).
 #[inline]
-fn give_spare<T, const MAX: usize>(local: &'static LocalKey<Spares<T, MAX>>, shared: &'static SharedSpares<T>, spare: T) {
-    if !ATTACHES.try_with(Cell::get).unwrap_or(false) {
-        return shared.give(spare);
-    }
+fn give_spare<T, const MAX: usize>(local: &'static LocalKey<Spares<T, MAX>>, spare: T) {
+    let attaches = ATTACHES.try_with(Cell::get).unwrap_or(false);
     // A thread being torn down frees it.
-    let _ = local.try_with(|s| s.keep(spare));
-}
-
-/// Records a thread that only completes continuations hands to the attaching threads at
-/// once: one shared-queue operation per batch instead of one per record on either side.
-const BATCH: usize = 32;
-
-/// A batch of spare records: boxes, each record its own allocation (a pending continuation
-/// holds its address).
-#[allow(clippy::vec_box)]
-type Batch = Vec<Box<Record>>;
-
-/// Batches of [`BATCH`] spare records, from threads that complete continuations to threads
-/// that attach them.
-static SHARED_BATCHES: SharedSpares<Batch> = SharedSpares::new(SHARED_SPARES_MAX / BATCH);
-
-/// Emptied batches (their storage), back to the completing threads.
-static EMPTY_BATCHES: SharedSpares<Batch> = SharedSpares::new(SHARED_SPARES_MAX / BATCH);
-
-/// The batch of records a thread that only completes continuations is filling; handed on
-/// when full, or when the thread ends.
-struct Outgoing(RefCell<Batch>);
-
-impl Drop for Outgoing {
-    fn drop(&mut self) {
-        let batch = std::mem::take(self.0.get_mut());
-        if !batch.is_empty() {
-            SHARED_BATCHES.give(batch);
-        }
-    }
-}
-
-thread_local! {
-    static OUTGOING: Outgoing = const { Outgoing(RefCell::new(Vec::new())) };
+    let _ = local.try_with(|s| if attaches { s.keep(spare) } else { s.hand_on(spare) });
 }
 
 /// A spare record of this thread, else of another (a batch of them, else one), else a new
 /// one.
 #[inline]
 fn take_record() -> Box<Record> {
-    let _ = ATTACHES.try_with(|a| a.set(true));
-    SPARES
-        .try_with(|s| {
-            s.take_own().or_else(|| match SHARED_BATCHES.take() {
-                Some(mut batch) => {
-                    let r = batch.pop();
-                    for spare in batch.drain(..) {
-                        s.keep(spare);
-                    }
-                    EMPTY_BATCHES.give(batch);
-                    r
-                }
-                None => SHARED_RECORDS.take(),
-            })
-        })
-        .unwrap_or_else(|_| SHARED_RECORDS.take())
-        .unwrap_or_else(|| {
-            Box::new(Record { node: MaybeUninit::uninit(), arg: Bytes(MaybeUninit::uninit()), f: Bytes(MaybeUninit::uninit()) })
-        })
+    take_spare(&SPARES, &SHARED_RECORDS).unwrap_or_else(|| {
+        Box::new(Record { node: MaybeUninit::uninit(), arg: Bytes(MaybeUninit::uninit()), f: Bytes(MaybeUninit::uninit()) })
+    })
 }
 
 /// Keeps `r` for this thread's next continuation; a thread that does not attach adds it to
 /// its outgoing batch for the threads that do.
 #[inline]
 fn give_record(r: Box<Record>) {
-    if ATTACHES.try_with(Cell::get).unwrap_or(false) {
-        // A thread being torn down frees it.
-        let _ = SPARES.try_with(|s| s.keep(r));
-        return;
-    }
-    // A thread being torn down frees it.
-    let _ = OUTGOING.try_with(|o| {
-        let mut batch = o.0.borrow_mut();
-        if batch.capacity() == 0 {
-            *batch = EMPTY_BATCHES.take().unwrap_or_else(|| Vec::with_capacity(BATCH));
-        }
-        batch.push(r);
-        if batch.len() >= BATCH {
-            SHARED_BATCHES.give(std::mem::take(&mut *batch));
-        }
-    });
+    give_spare(&SPARES, r);
 }
 
 /// A callback `F` of argument `A` in a record of its own (module docs); run or dropped, it
@@ -846,7 +781,7 @@ impl SetState {
     /// Once, after the last share arrived; nothing uses `set` after.
     unsafe fn recycle(set: NonNull<SetState>) {
         // SAFETY: leaked from a `Box` in `with`, and given back this once (contract).
-        give_spare(&SET_SPARES, &SHARED_SETS, unsafe { Box::from_raw(set.as_ptr()) });
+        give_spare(&SET_SPARES, unsafe { Box::from_raw(set.as_ptr()) });
     }
 }
 
@@ -1181,5 +1116,45 @@ mod tests {
             }
         }
         assert_eq!(*sums.lock().unwrap(), vec![1, 5 + 10, 40 + 780]);
+    }
+
+    /// A receive completed by the rank's courier (a peer lost while the courier sends the
+    /// frames deferred behind its full inbox: the frames that peer sent are delivered first)
+    /// runs its inline callback after the courier's pass let go of its locks, so the callback
+    /// may post on that CRI, in every progress mode; run inside the pass, it waited for good
+    /// for the lock its own thread held.
+    #[test]
+    fn a_callback_completed_by_the_courier_may_post() {
+        use crate::{ProgressMode, Runtime};
+        use std::sync::mpsc;
+        use std::time::Duration;
+        for mode in [ProgressMode::Concurrent, ProgressMode::Owner, ProgressMode::Global] {
+            let rts = Runtime::builder().env(false).progress(mode).cris(1).inbox_capacity(2).build_local(2).unwrap();
+            let (a, b) = (rts[0].world().clone(), rts[1].world().clone());
+            let cr = rts[1].continuation_request();
+            let (tx, posted) = mpsc::channel();
+            let mut r = b.irecv(Vec::<u8>::with_capacity(1), 0u32, 1).unwrap();
+            let c = b.clone();
+            cr.attach(&mut r, Invoke::Inline, move |res| {
+                // A send on the CRI whose frame completed the receive (to this rank itself).
+                let sent = c.isend(res.map(|(buf, _)| buf).unwrap_or_default(), 1, 2).map(drop);
+                let _ = tx.send(sent);
+            })
+            .unwrap();
+            // Rank 0's inbox full (nobody progresses rank 0): rank 1's third send is deferred
+            // (after the 20 ms a refused send is retried) and summons rank 1's courier.
+            let sends: Vec<_> = (0..3u8).map(|i| b.isend(vec![i], 0, 3).unwrap()).collect();
+            // The frame the callback's receive matches, in rank 1's inbox, then rank 0 is lost.
+            a.send(vec![9u8], 1, 1).unwrap();
+            rts[0].engine.transport.close();
+            let got = posted.recv_timeout(Duration::from_secs(10));
+            if got.is_err() {
+                // The courier is stuck: leave the ranks behind rather than join it.
+                std::mem::forget((rts, cr, sends));
+                panic!("{mode:?}: the callback did not post (it waited for its own thread's lock)");
+            }
+            assert!(got.unwrap().is_ok(), "{mode:?}: the callback's send");
+            drop(sends);
+        }
     }
 }

@@ -4,17 +4,35 @@
 //! when it ends, and from which a thread whose own spares ran dry takes before allocating
 //! ([Goodell 2010]: thread-local request pools). Where one thread makes objects and others
 //! drop them, the droppers' spares would fill while the maker's ran dry: the queue carries
-//! them across.
+//! them across, [`BATCH`] at a time (one shared-queue operation per batch on either side,
+//! instead of one per object: a receive completed by a thread that did not post it, say).
 //!
 //! Under loom the shared queue keeps nothing: an object made in one model execution must
 //! not reach the next.
 
 use std::cell::RefCell;
 
-/// The process-wide queue of spares of one kind (module docs); a `static`.
+/// Spares a thread hands to the others at once (module docs).
+pub(crate) const BATCH: usize = 32;
+
+/// Spares on their way between threads: at most [`BATCH`], in storage for [`BATCH`].
+type Batch<T> = Vec<T>;
+
+/// The shared queues of a [`SharedSpares`].
+#[cfg(not(loom))]
+struct Queues<T> {
+    /// Batches of spares (full, but for those of threads that ended).
+    batches: crossbeam_queue::ArrayQueue<Batch<T>>,
+    /// Emptied batches (their storage), back to the threads that fill them.
+    empties: crossbeam_queue::ArrayQueue<Batch<T>>,
+}
+
+/// The process-wide queue of spares of one kind (module docs), in batches; a `static`.
 pub(crate) struct SharedSpares<T> {
+    /// Made at the first use of either, together: a thread's first hand-off (a thread that
+    /// ends, say) allocates nothing more than its first miss did.
     #[cfg(not(loom))]
-    queue: std::sync::OnceLock<crossbeam_queue::ArrayQueue<T>>,
+    queues: std::sync::OnceLock<Queues<T>>,
     #[cfg_attr(loom, allow(dead_code))]
     max: usize,
     /// Holds no `T` (nothing is kept under loom), so the queue is a `static` for any `T`.
@@ -23,11 +41,11 @@ pub(crate) struct SharedSpares<T> {
 }
 
 impl<T> SharedSpares<T> {
-    /// A queue that keeps up to `max` spares; beyond them the extras are freed.
+    /// A queue that keeps up to about `max` spares; beyond them the extras are freed.
     pub(crate) const fn new(max: usize) -> Self {
         SharedSpares {
             #[cfg(not(loom))]
-            queue: std::sync::OnceLock::new(),
+            queues: std::sync::OnceLock::new(),
             max,
             #[cfg(loom)]
             _t: std::marker::PhantomData,
@@ -35,26 +53,73 @@ impl<T> SharedSpares<T> {
     }
 
     #[cfg(not(loom))]
-    fn queue(&self) -> &crossbeam_queue::ArrayQueue<T> {
-        self.queue.get_or_init(|| crossbeam_queue::ArrayQueue::new(self.max))
+    fn queues(&self) -> &Queues<T> {
+        self.queues.get_or_init(|| {
+            let n = self.max.div_ceil(BATCH);
+            Queues { batches: crossbeam_queue::ArrayQueue::new(n), empties: crossbeam_queue::ArrayQueue::new(n) }
+        })
     }
 
-    /// A spare of another thread, if the queue has one.
+    #[cfg(not(loom))]
+    fn batches(&self) -> &crossbeam_queue::ArrayQueue<Batch<T>> {
+        &self.queues().batches
+    }
+
+    #[cfg(not(loom))]
+    fn empties(&self) -> &crossbeam_queue::ArrayQueue<Batch<T>> {
+        &self.queues().empties
+    }
+
+    /// One spare of another thread, for a thread whose own spares are gone (being torn
+    /// down): taken from a batch, whose rest goes back.
     #[inline(never)]
     pub(crate) fn take(&self) -> Option<T> {
+        let mut batch = self.take_batch()?;
+        let spare = batch.pop();
+        if batch.is_empty() {
+            self.give_empty(batch);
+        } else {
+            self.give_batch(batch);
+        }
+        spare
+    }
+
+    /// A batch of another thread's spares.
+    #[inline(never)]
+    fn take_batch(&self) -> Option<Batch<T>> {
         #[cfg(not(loom))]
-        return self.queue().pop();
+        return self.batches().pop();
         #[cfg(loom)]
         None
     }
 
-    /// Hands a spare to the other threads (freed if the queue is full).
+    /// Hands a batch to the other threads (freed, with its spares, if the queue is full).
     #[inline(never)]
-    pub(crate) fn give(&self, spare: T) {
+    fn give_batch(&self, batch: Batch<T>) {
         #[cfg(not(loom))]
-        let _ = self.queue().push(spare);
+        let _ = self.batches().push(batch);
         #[cfg(loom)]
-        drop(spare);
+        drop(batch);
+    }
+
+    /// Storage for a batch: an emptied one, else new.
+    #[inline(never)]
+    fn take_empty(&self) -> Batch<T> {
+        #[cfg(not(loom))]
+        if let Some(b) = self.empties().pop() {
+            return b;
+        }
+        Vec::with_capacity(BATCH)
+    }
+
+    /// Gives an emptied batch's storage back to the threads that fill them.
+    #[inline(never)]
+    fn give_empty(&self, batch: Batch<T>) {
+        debug_assert!(batch.is_empty());
+        #[cfg(not(loom))]
+        let _ = self.empties().push(batch);
+        #[cfg(loom)]
+        drop(batch);
     }
 }
 
@@ -63,25 +128,42 @@ impl<T> SharedSpares<T> {
 /// otherwise take theirs with them).
 pub(crate) struct Spares<T: 'static, const MAX: usize> {
     own: RefCell<Vec<T>>,
+    /// Spares on their way to the other threads, handed over when [`BATCH`] are here.
+    out: RefCell<Batch<T>>,
     shared: &'static SharedSpares<T>,
 }
 
 impl<T, const MAX: usize> Spares<T, MAX> {
     /// Up to `MAX` spares of this thread; the extras go to `shared`.
     pub(crate) const fn new(shared: &'static SharedSpares<T>) -> Self {
-        Spares { own: RefCell::new(Vec::new()), shared }
+        const { assert!(MAX >= BATCH, "a thread's spares take a whole batch") };
+        Spares { own: RefCell::new(Vec::new()), out: RefCell::new(Vec::new()), shared }
     }
 
-    /// One of this thread's spares, else one of another thread's.
+    /// One of this thread's spares, else of another thread's (a batch of them).
     #[inline(always)]
     pub(crate) fn take(&self) -> Option<T> {
-        self.take_own().or_else(|| self.shared.take())
+        // The borrow ends before a refill borrows again.
+        let own = self.own.borrow_mut().pop();
+        own.or_else(|| self.refill())
     }
 
-    /// One of this thread's spares.
-    #[inline(always)]
-    pub(crate) fn take_own(&self) -> Option<T> {
-        self.own.borrow_mut().pop()
+    /// Takes a batch of another thread's spares into this thread's (empty) own, and one of
+    /// them out.
+    #[inline(never)]
+    fn refill(&self) -> Option<T> {
+        let mut batch = self.shared.take_batch()?;
+        let spare = batch.pop();
+        let mut own = self.own.borrow_mut();
+        if own.capacity() < MAX {
+            // Once per thread: room for every spare it keeps.
+            let len = own.len();
+            own.reserve_exact(MAX - len);
+        }
+        own.append(&mut batch);
+        drop(own);
+        self.shared.give_empty(batch);
+        spare
     }
 
     /// Keeps `spare` for this thread, or hands it to the other threads when this thread
@@ -98,21 +180,110 @@ impl<T, const MAX: usize> Spares<T, MAX> {
             // SAFETY: `len < capacity`, so the slot is allocated and uninitialized; the
             // length then covers the value written. (`Vec::push` does the same, but its
             // call is not always inlined into a request's drop: 17 instructions a message.)
-            unsafe {
-                own.as_mut_ptr().add(len).write(spare);
-                own.set_len(len + 1);
-            }
+            unsafe { write_at(&mut own, len, spare) };
         } else {
             drop(own);
-            self.shared.give(spare);
+            self.hand_on(spare);
         }
+    }
+
+    /// Hands `spare` to the other threads, in this thread's next batch.
+    #[inline(always)]
+    pub(crate) fn hand_on(&self, spare: T) {
+        let mut out = self.out.borrow_mut();
+        if out.capacity() == 0 {
+            *out = self.shared.take_empty();
+        }
+        let len = out.len();
+        // SAFETY: a batch has room for `BATCH` (`take_empty`) and is handed over when full,
+        // so `len < BATCH <= capacity`.
+        unsafe { write_at(&mut out, len, spare) };
+        if len + 1 == BATCH {
+            self.shared.give_batch(std::mem::take(&mut *out));
+        }
+    }
+}
+
+/// Writes `value` at `len`, the end of `v`, and extends `v` over it.
+///
+/// # Safety
+/// `len == v.len() < v.capacity()`.
+#[inline(always)]
+unsafe fn write_at<T>(v: &mut Vec<T>, len: usize, value: T) {
+    debug_assert!(len == v.len() && len < v.capacity());
+    // SAFETY: per the contract the slot is allocated and uninitialized; the length then
+    // covers the value written.
+    unsafe {
+        v.as_mut_ptr().add(len).write(value);
+        v.set_len(len + 1);
     }
 }
 
 impl<T, const MAX: usize> Drop for Spares<T, MAX> {
     fn drop(&mut self) {
-        for spare in self.own.get_mut().drain(..) {
-            self.shared.give(spare);
+        let out = std::mem::take(self.out.get_mut());
+        if !out.is_empty() {
+            self.shared.give_batch(out);
         }
+        let own = self.own.get_mut();
+        while !own.is_empty() {
+            let mut batch = self.shared.take_empty();
+            batch.extend(own.drain(own.len().saturating_sub(BATCH)..));
+            self.shared.give_batch(batch);
+        }
+    }
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+
+    static SHARED: SharedSpares<u32> = SharedSpares::new(256);
+
+    /// A thread past its limit hands its extras to the others a batch at a time (one
+    /// shared-queue operation per [`BATCH`] spares, not one each), and a thread that ran dry
+    /// takes a whole batch, which then serves it without the shared queue; what a thread
+    /// holds when it ends goes to the shared queue, in batches too.
+    #[test]
+    fn extras_cross_between_threads_in_batches() {
+        thread_local! {
+            static MINE: Spares<u32, BATCH> = const { Spares::new(&SHARED) };
+        }
+        std::thread::spawn(|| {
+            MINE.with(|s| {
+                for i in 0..BATCH as u32 {
+                    s.keep(i);
+                }
+                for i in 0..BATCH as u32 - 1 {
+                    s.keep(100 + i);
+                }
+                assert_eq!(SHARED.batches().len(), 0, "a batch is handed over once full, not spare by spare");
+                s.keep(200);
+                assert_eq!(SHARED.batches().len(), 1);
+            })
+        })
+        .join()
+        .unwrap();
+        let got = std::thread::spawn(|| {
+            MINE.with(|s| {
+                // The batch handed on, and the one the first thread left when it ended.
+                assert_eq!(SHARED.batches().len(), 2);
+                let got: Vec<u32> = std::iter::from_fn(|| s.take()).take(BATCH).collect();
+                // The batch came whole: the queue was asked once.
+                assert_eq!(SHARED.batches().len(), 1);
+                assert_eq!(SHARED.empties().len(), 1, "the batch's storage goes back");
+                got
+            })
+        })
+        .join()
+        .unwrap();
+        let mut want: Vec<u32> = (100..100 + BATCH as u32 - 1).chain([200]).collect();
+        let mut got = got;
+        got.sort_unstable();
+        want.sort_unstable();
+        assert_eq!(got, want);
+        // The first thread's own spares went to the queue when it ended: a batch, from
+        // which a thread without spares of its own takes one.
+        assert!((0..BATCH as u32).contains(&SHARED.take().expect("a spare of the ended thread")));
     }
 }

@@ -185,12 +185,16 @@ impl<T> Inbox<T> {
         if self.consuming.swap(true, Ordering::Acquire) {
             return 0;
         }
-        let cap = self.mask + 1;
+        // In registers for the loop: through `&self` the compiler would load them again after
+        // every value `f` takes (`f` might write them, for all it knows).
+        let (slots, mask) = (&*self.slots, self.mask);
+        let cap = mask + 1;
         // Relaxed: only consumers write `head`, and the flag orders them.
         let mut h = self.head.load(Ordering::Relaxed);
         let mut n = 0;
         while n < max {
-            let slot = &self.slots[h & self.mask];
+            // SAFETY: `h & mask < mask + 1 == slots.len()` (`new`).
+            let slot = unsafe { slots.get_unchecked(h & mask) };
             // Acquire: pairs with the producer's Release after it wrote the value.
             if slot.stamp.load(Ordering::Acquire) != h.wrapping_add(1) {
                 break;

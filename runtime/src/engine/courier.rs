@@ -197,8 +197,10 @@ impl Engine {
 
     /// One pass of the courier: `flush_deferred` through the try paths (module docs).
     /// Returns how many frames went out or requests failed; 0 if the pass could not run.
+    /// The callbacks it completes (a loss delivers the frames that arrived) run after its
+    /// locks are released (`deferred.rs`).
     fn courier_pass(&self) -> usize {
-        match self.config.progress {
+        crate::deferred::pass(|| match self.config.progress {
             ProgressMode::Global => self
                 .progress_lock
                 .try_low(|_| {
@@ -207,7 +209,7 @@ impl Engine {
                 })
                 .unwrap_or(0),
             ProgressMode::Owner | ProgressMode::Concurrent => self.flush_deferred(),
-        }
+        })
     }
 }
 

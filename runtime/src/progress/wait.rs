@@ -267,8 +267,13 @@ fn wait_walked<R: Waitable>(engine: &Engine, reqs: &mut [R], want: Want, walk: &
                 let owner_wait = OwnerWait { engine, me };
                 let concurrent_wait = ConcurrentWait { engine, attend: attend.as_ref() };
                 let hook: &dyn Progress = if owner_mode { &owner_wait } else { &concurrent_wait };
-                found = with_wait_sync(|sync| wait_attached(sync, hook, engine, &mut reqs[first..], want)).map(|i| first + i);
-                walk.unseen = true;
+                found = with_wait_sync(|sync| match want {
+                    Want::All => {
+                        wait_attached_all(sync, hook, engine, reqs, &mut first, walk);
+                        None
+                    }
+                    Want::Any => wait_attached(sync, hook, engine, &mut reqs[first..], want).map(|i| first + i),
+                });
                 if owner_mode && !engine.owner.is(me) {
                     // We may have been the waiter a hand-off woke, and left without
                     // taking ownership (our requests were done): pass it on, or a
@@ -293,6 +298,51 @@ unsafe impl<R: Waitable> Attach for Own<'_, R> {
     fn completion_cell(&self) -> &weft_sync::CompletionCell {
         self.0.own_cell()
     }
+}
+
+/// Rounds of [`wait_attached_all`] that attach one request, before it attaches every one
+/// still pending: a wait wakes at most this many times more than one that attached them all.
+const ONE_BY_ONE_ROUNDS: u32 = 4;
+
+/// Algorithm 2's second half for [`Want::All`], with `reqs[*first]` pending: attaches the
+/// last request still pending alone and waits on `sync` until it completes, then tests the
+/// requests again (the walk moves `first` on and records a failure it passes, as the test
+/// loop's does), up to [`ONE_BY_ONE_ROUNDS`] times; then attaches every one still pending
+/// ([`wait_attached`]; `walk` then looks at each outcome again). Requests mostly complete
+/// in the order they were posted (always, from one source with one tag), so the last one's
+/// completion is the end of the wait: one attachment per wait, where attaching every
+/// pending request cost the waiter four atomic updates per request, and the completion of
+/// each an indirect call and two more (a receiver that runs out of frames for a moment,
+/// as one waiting for a window of messages does at its start, attached the whole window).
+/// A request attached to a sync object of the user's cannot be attached here: the wait
+/// then attaches every one ([`wait_attached`] tests that one between passes).
+fn wait_attached_all<R: Waitable>(
+    sync: &SyncObject<usize>,
+    hook: &dyn Progress,
+    engine: &Engine,
+    reqs: &mut [R],
+    first: &mut usize,
+    walk: &mut Walk,
+) {
+    let mut end = reqs.len();
+    for _ in 0..ONE_BY_ONE_ROUNDS {
+        // Every request from `end` on is complete; `reqs[*first]` is not.
+        while end > *first + 1 && reqs[end - 1].is_complete() {
+            end -= 1;
+        }
+        let last = &mut reqs[end - 1];
+        if sync.attach_counted(&mut Own(&*last)).is_err() {
+            break;
+        }
+        let _ = sync.wait_all_with(hook);
+        // Drained: its completion is the user's again (see `wait_attached`).
+        last.own_cell().forget_delivery();
+        if satisfied(reqs, Want::All, first, walk).0 {
+            return;
+        }
+    }
+    wait_attached(sync, hook, engine, &mut reqs[*first..], Want::All);
+    walk.unseen = true;
 }
 
 /// Algorithm 2's second half: attaches the pending requests of `reqs` to `sync` and waits on
@@ -420,11 +470,80 @@ fn wait_polling_walked<R: Waitable>(ranks: &[&Engine], reqs: &[R], want: Want, w
 
 #[cfg(test)]
 mod tests {
+    use std::sync::atomic::{AtomicUsize, Ordering};
     use std::sync::mpsc;
     use std::time::Duration;
 
     use super::*;
+    use crate::request::Request;
     use crate::{ProgressMode, Runtime, Source};
+
+    /// A request that counts how often a wait takes its cell to attach it (or to forget a
+    /// delivery).
+    struct Counting<'r, 'c>(Request<'c, Vec<u8>>, &'r AtomicUsize);
+
+    // SAFETY: the request's own.
+    unsafe impl Attach for Counting<'_, '_> {
+        fn completion_cell(&self) -> &weft_sync::CompletionCell {
+            self.1.fetch_add(1, Ordering::Relaxed);
+            self.0.completion_cell()
+        }
+    }
+
+    impl Waitable for Counting<'_, '_> {
+        fn own_cell(&self) -> &weft_sync::CompletionCell {
+            self.1.fetch_add(1, Ordering::Relaxed);
+            self.0.own_cell()
+        }
+        fn is_complete(&self) -> bool {
+            self.0.is_complete()
+        }
+        fn settled(&self) -> Option<bool> {
+            Waitable::settled(&self.0)
+        }
+        fn is_live(&self) -> bool {
+            self.0.is_live()
+        }
+        fn engine(&self) -> &Arc<Engine> {
+            Waitable::engine(&self.0)
+        }
+        fn context_id(&self) -> u32 {
+            Waitable::context_id(&self.0)
+        }
+        fn part(&self) -> usize {
+            Waitable::part(&self.0)
+        }
+    }
+
+    /// A `wait_all` that parks for a window of receives completing in the order they were
+    /// posted attaches the last one only, not every one (each attachment and its delivery
+    /// cost the waiter atomic updates per message); the results are all there after it.
+    #[test]
+    fn wait_all_attaches_the_last_pending_request_only() {
+        for mode in [ProgressMode::Owner, ProgressMode::Concurrent] {
+            let ranks = Runtime::builder().env(false).progress(mode).workers(0).build_local(2).unwrap();
+            let (a, b) = (ranks[0].world(), ranks[1].world());
+            let cells = AtomicUsize::new(0);
+            let mut reqs: Vec<_> = (0..32).map(|_| Counting(b.irecv(Vec::<u8>::with_capacity(1), 0u32, 4).unwrap(), &cells)).collect();
+            let walk = std::thread::scope(|s| {
+                s.spawn(|| {
+                    // Late: the wait has attached and parked.
+                    std::thread::sleep(Duration::from_millis(50));
+                    for i in 0..32u8 {
+                        a.send(vec![i], 1, 4).unwrap();
+                    }
+                });
+                let engine = reqs[0].engine().clone();
+                wait_all_walked(&engine, &mut reqs)
+            });
+            let cells = cells.load(Ordering::Relaxed);
+            assert!(cells <= 2, "{mode:?}: the wait took {cells} cells to attach, not the last request's alone");
+            assert_eq!(walk.none_failed(), Some(true), "{mode:?}: the wait's own tests saw every request");
+            for (i, r) in reqs.iter_mut().enumerate() {
+                assert_eq!(r.0.take().unwrap().unwrap().0, vec![i as u8], "{mode:?}");
+            }
+        }
+    }
 
     /// A request of a `wait_any` that completes between the wait's last test and its attach
     /// (another thread's progress matched it) is the wait's answer. The wait skipped it and
