@@ -16,7 +16,7 @@
 //! |---|---|---|
 //! | `barrier` | dissemination: `ceil(log2 n)` rounds | — |
 //! | `bcast` | binomial tree | from [`BCAST_LONG_BYTES`] and [`BCAST_LONG_RANKS`] ranks: binomial scatter of `n` blocks, then a ring allgather (van de Geijn; MPICH's `scatter_ring_allgather`) |
-//! | `allreduce` | recursive doubling, ranks beyond a power of two folded in first | from [`ALLREDUCE_LONG_BYTES`] with a predefined op and at least `n` elements: Rabenseifner's: a reduce-scatter by recursive halving, then an allgather by recursive doubling (`2 log2 p` steps over the largest power of two `p` of ranks, each rank beyond it folding its vector into a partner first and getting the result back at the end), sending about `2 (p-1)/p` times the data per rank, against `log2 p` times |
+//! | `allreduce` | recursive doubling, ranks beyond a power of two folded in first; a blocking one of integers on 3 to [`ALLREDUCE_EXCHANGE_RANKS`] ranks and up to [`ALLREDUCE_EXCHANGE_BYTES`]: one exchange, every rank's data to every other at once (one round of waiting instead of `log2 n`: on a host with fewer cores than ranks each round costs every rank a turn on a core) | from [`ALLREDUCE_LONG_BYTES`] with a predefined op and at least `n` elements: Rabenseifner's: a reduce-scatter by recursive halving, then an allgather by recursive doubling (`2 log2 p` steps over the largest power of two `p` of ranks, each rank beyond it folding its vector into a partner first and getting the result back at the end), sending about `2 (p-1)/p` times the data per rank, against `log2 p` times |
 //! | `reduce` | binomial tree | from [`REDUCE_LONG_BYTES`] with a predefined op, at least `n` elements and a power of two of ranks: a reduce-scatter by recursive halving, then a binomial gather of the reduced blocks ([Thakur 2005]) |
 //! | `gather`, `scatter` (and `v`) | the root exchanges with every rank at once | — |
 //! | `allgather` (and `v`) | ring | — |
@@ -59,8 +59,8 @@ use weft_sync::Error;
 use crate::buffer::Primitive;
 use crate::coll_steps::{
     allgather_into, allgather_steps, allreduce_long_into, allreduce_long_steps, alltoall_into, alltoall_steps, barrier_into, barrier_steps,
-    bcast_into, bcast_long_into, bcast_long_steps, gather_into, gather_steps, reduce_long_steps, reduce_over_into, reduce_over_steps,
-    reduce_steps, reduce_tree_into, scan_steps, scatter_into, scatter_steps, Steps as StepPlan,
+    bcast_into, bcast_long_into, bcast_long_steps, gather_into, gather_steps, reduce_exchange_into, reduce_long_steps, reduce_over_into,
+    reduce_over_steps, reduce_steps, reduce_tree_into, scan_steps, scatter_into, scatter_steps, Steps as StepPlan,
 };
 use crate::comm::Communicator;
 use crate::nbc::{DirectPlan, In, Out, Sched, Scratch, Steps, MISMATCH};
@@ -89,6 +89,19 @@ pub(crate) fn bcast_is_long(bytes: usize, n: u32) -> bool {
 /// ranks goes by reduce-scatter and allgather.
 pub(crate) fn allreduce_is_long(bytes: usize, len: usize, n: u32) -> bool {
     bytes >= ALLREDUCE_LONG_BYTES && len >= n as usize && n > 1
+}
+
+/// A small `allreduce` of an [exact](Reducible::EXACT) type on up to this many ranks goes
+/// by one exchange of every rank's data with every other's (`reduce_exchange_into`) ...
+pub const ALLREDUCE_EXCHANGE_RANKS: u32 = 8;
+/// ... of at most this many bytes.
+pub const ALLREDUCE_EXCHANGE_BYTES: usize = 256;
+
+/// Whether a blocking allreduce of `bytes` of an exact type (`exact`) on `n` ranks goes by
+/// one exchange among all ranks rather than recursive doubling. Every rank decides alike
+/// (from the call's arguments and the communicator's size only).
+pub(crate) fn allreduce_is_exchange(bytes: usize, n: u32, exact: bool) -> bool {
+    exact && n > 2 && n <= ALLREDUCE_EXCHANGE_RANKS && bytes <= ALLREDUCE_EXCHANGE_BYTES
 }
 
 /// Whether a reduction (with a predefined op) of `len` elements, `bytes` in all, on `n`
@@ -120,11 +133,18 @@ pub enum Op {
 pub trait Reducible: Primitive {
     /// `op(a, b)`; `None` where `op` is not defined for the type (bitwise on floats).
     fn apply(op: Op, a: Self, b: Self) -> Option<Self>;
+
+    /// Whether every op gives the same result whatever the order and grouping of its
+    /// operands (integers: their arithmetic wraps), so that a reduction may combine them
+    /// in any order and every rank still gets the sequential result. Not floats.
+    const EXACT: bool = false;
 }
 
 macro_rules! reducible_int {
     ($($t:ty),*) => { $(
         impl Reducible for $t {
+            const EXACT: bool = true;
+
             #[inline]
             fn apply(op: Op, a: Self, b: Self) -> Option<Self> {
                 Some(match op {
@@ -495,8 +515,8 @@ impl Communicator {
             }
             Ok(())
         };
-        // The plan is a function of the length and root (the members fixed).
-        self.run_direct(data, DirectPlan::Bcast { len, root }, plan, |_, _, _| {})
+        // The plan is a function of the length, size in bytes and root (the members fixed).
+        self.run_direct(data, DirectPlan::Bcast { len, bytes: std::mem::size_of_val(data), root }, plan, |_, _, _| {})
     }
 
     /// Starts reducing `data` elementwise over every rank with `op` into `data` of rank
@@ -592,15 +612,20 @@ impl Communicator {
         recv.copy_from_slice(send);
         let (len, n) = (send.len(), self.size());
         let long = allreduce_is_long(std::mem::size_of_val(send), len, n);
+        let exchange = allreduce_is_exchange(std::mem::size_of_val(send), n, T::EXACT);
         let plan = |s: &mut StepPlan| {
+            if exchange {
+                return reduce_exchange_into(s, self.world_ranks(), self.world_of(self.rank()), len);
+            }
             if !long {
                 return reduce_over_into(s, self.world_ranks(), self.world_of(self.rank()), len);
             }
             allreduce_long_into(s, self, len);
             Ok(())
         };
-        // The plan is a function of the length (the members fixed).
-        let what = DirectPlan::Allreduce { len };
+        // The plan is a function of the length, the size in bytes and the type's exactness
+        // (the members fixed).
+        let what = DirectPlan::Allreduce { len, bytes: std::mem::size_of_val(send), exact: T::EXACT };
         self.run_direct(recv, what, plan, |ours, theirs, first| combine(op, ours, theirs, first))
     }
 

@@ -18,7 +18,8 @@
 //!
 //! The plans here: a dissemination barrier; a binomial-tree broadcast and reduce; a
 //! recursive doubling reduction over any list of members (the allreduce's, and communicator
-//! creation's, `create.rs`); a gather and a scatter through the root; a ring allgather; an
+//! creation's, `create.rs`) and one in a single exchange among all members (a small
+//! blocking allreduce of integers); a gather and a scatter through the root; a ring allgather; an
 //! alltoall of every pair at once; the recursive doubling prefix reductions; and for large
 //! messages, Rabenseifner's allreduce, the scatter-allgather broadcast and
 //! the reduce-scatter-gather reduce (MPICH's algorithms, chosen by size in `coll.rs`).
@@ -245,8 +246,7 @@ pub(crate) fn reduce_over_steps(members: &[u32], me_world: u32, len: usize) -> R
 
 /// [`reduce_over_steps`] written into `s` (cleared).
 pub(crate) fn reduce_over_into(s: &mut Steps, members: &[u32], me_world: u32, len: usize) -> Result<(), Error> {
-    let me =
-        members.iter().position(|&w| w == me_world).ok_or(Error::InvalidArgument("a reduction over members without this rank"))? as u32;
+    let me = place_of(members, me_world)? as u32;
     let n = members.len() as u32;
     let w = |i: u32| members[i as usize];
     let fold = Fold::of(n, me);
@@ -261,6 +261,35 @@ pub(crate) fn reduce_over_into(s: &mut Steps, members: &[u32], me_world: u32, le
     }
     fold.fold_out(s, w, len);
     Ok(())
+}
+
+/// Reduction of `len` elements over the world ranks `members` (this rank, world rank
+/// `me_world`, among them) in one step: every member sends its data to every other and
+/// combines what each sends into its own, the lower ranks' first. `n - 1` messages each way
+/// per member where recursive doubling sends `log2 n`, but one round of waiting instead of
+/// `log2 n` (and two more beyond a power of two): where the members share fewer cores than
+/// they are, each round costs every member a turn on a core, and the round, not the
+/// message, is the cost. The combination's order differs between members, so only an op
+/// that gives the same result in any order may take it ([`Reducible::EXACT`]).
+///
+/// [`Reducible::EXACT`]: crate::coll::Reducible::EXACT
+pub(crate) fn reduce_exchange_into(s: &mut Steps, members: &[u32], me_world: u32, len: usize) -> Result<(), Error> {
+    let me = place_of(members, me_world)?;
+    let others = || members.iter().enumerate().filter(move |&(i, _)| i != me);
+    s.step();
+    for (_, &w) in others() {
+        s.send(w, 0..len);
+    }
+    for (i, &w) in others() {
+        s.recv(w, 0..len, Then::Combine { theirs_first: i < me });
+    }
+    Ok(())
+}
+
+/// This rank's place among a reduction's `members` (world ranks), this rank world rank
+/// `me_world`.
+fn place_of(members: &[u32], me_world: u32) -> Result<usize, Error> {
+    members.iter().position(|&w| w == me_world).ok_or(Error::InvalidArgument("a reduction over members without this rank"))
 }
 
 /// A reduction's fold of the members beyond the largest power of two of them (MPICH's, for

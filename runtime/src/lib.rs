@@ -219,7 +219,10 @@ mod spares;
 mod wait;
 
 pub use buffer::{Primitive, RecvBuf, SendBuf};
-pub use coll::{Op, Reducible, ALLREDUCE_LONG_BYTES, BCAST_LONG_BYTES, BCAST_LONG_RANKS, REDUCE_LONG_BYTES};
+pub use coll::{
+    Op, Reducible, ALLREDUCE_EXCHANGE_BYTES, ALLREDUCE_EXCHANGE_RANKS, ALLREDUCE_LONG_BYTES, BCAST_LONG_BYTES, BCAST_LONG_RANKS,
+    REDUCE_LONG_BYTES,
+};
 pub use comm::{Assertions, Communicator};
 
 pub use config::{Assignment, Config, LevelCost, Locks, MatchingMode, ProgressMode, Provider};

@@ -838,12 +838,14 @@ struct DirectStore {
 pub(crate) enum DirectPlan {
     /// A barrier.
     Barrier,
-    /// A broadcast of so many elements from a root.
-    Bcast { len: usize, root: u32 },
+    /// A broadcast of so many elements, so many bytes, from a root (the algorithm depends on
+    /// the bytes).
+    Bcast { len: usize, bytes: usize, root: u32 },
     /// A reduction of so many elements into a root.
     Reduce { len: usize, root: u32 },
-    /// An allreduce of so many elements.
-    Allreduce { len: usize },
+    /// An allreduce of so many elements, so many bytes, of an [exact](crate::Reducible::EXACT)
+    /// type or not (the algorithm depends on all three).
+    Allreduce { len: usize, bytes: usize, exact: bool },
     /// A gather of so many elements per rank into a root.
     Gather { len: usize, root: u32 },
     /// A scatter of so many elements per rank from a root.

@@ -525,6 +525,67 @@ fn large_allreduce_on_any_number_of_ranks_folds_into_rabenseifners() {
 /// A thread that runs a collective on the calling thread keeps its plan for the next call of
 /// the same collective on the same members only: calls that alternate communicators (a dup,
 /// a split of other members), lengths and roots each get the result of their own.
+/// An allreduce of another element type and the same length as the last one a rank's thread
+/// ran takes its own algorithm (by its size in bytes and whether its type reduces exactly
+/// in any order), not the plan kept from that call: ranks 1-3 ran a barrier in between and
+/// make their plans afresh, rank 0 would reuse its last one, and the members would then
+/// run different algorithms (messages that never come).
+#[test]
+fn an_allreduce_of_another_type_of_the_same_length_takes_its_own_algorithm() {
+    within(60, "allreduces of the same length and other element types", || {
+        let out = on_world(4, |r, c| {
+            let rest = c.split((r > 0).then_some(0), r as i32).unwrap();
+            let v = u64::from(r) + 1;
+            let mut got = Vec::new();
+            // One exchange (8 B of integers), then recursive doubling (floats); one exchange
+            // (256 B), then Rabenseifner's (2 KiB).
+            let mut a = [0u64];
+            c.allreduce(&[v], &mut a, Op::Sum).unwrap();
+            if let Some(rest) = &rest {
+                rest.barrier().unwrap();
+            }
+            let mut b = [0f64];
+            c.allreduce(&[v as f64], &mut b, Op::Sum).unwrap();
+            got.push((a[0], b[0] as u64));
+            let mut a = vec![0u8; weft::ALLREDUCE_EXCHANGE_BYTES];
+            c.allreduce(&vec![v as u8; a.len()], &mut a, Op::Sum).unwrap();
+            if let Some(rest) = &rest {
+                rest.barrier().unwrap();
+            }
+            let mut b = vec![0u64; a.len()];
+            c.allreduce(&vec![v; b.len()], &mut b, Op::Sum).unwrap();
+            assert!(a.iter().all(|&x| x == a[0]) && b.iter().all(|&x| x == b[0]), "rank {r}: {a:?} {b:?}");
+            got.push((u64::from(a[0]), b[0]));
+            got
+        });
+        for (r, got) in out.iter().enumerate() {
+            assert_eq!(got, &vec![(10, 10), (10, 10)], "rank {r}");
+        }
+    });
+}
+
+/// A broadcast of another element type and the same length as the last one a rank's thread
+/// ran takes its own algorithm (by its size in bytes), as an allreduce does (above): on 8
+/// ranks, 2,000 bytes go down the binomial tree and 16,000 by scatter and allgather.
+#[test]
+fn a_bcast_of_another_type_of_the_same_length_takes_its_own_algorithm() {
+    within(60, "broadcasts of the same length and other element types", || {
+        let len = 2000;
+        let out = on_world(8, |r, c| {
+            let rest = c.split((r > 0).then_some(0), r as i32).unwrap();
+            let mut a = vec![if r == 0 { 7u8 } else { 0 }; len];
+            c.bcast(&mut a, 0).unwrap();
+            if let Some(rest) = &rest {
+                rest.barrier().unwrap();
+            }
+            let mut b: Vec<u64> = (0..len as u64).map(|i| if r == 0 { i } else { 0 }).collect();
+            c.bcast(&mut b, 0).unwrap();
+            a.iter().all(|&x| x == 7) && b.iter().enumerate().all(|(i, &x)| x == i as u64)
+        });
+        assert_eq!(out, vec![true; 8]);
+    });
+}
+
 #[test]
 fn collectives_alternating_communicators_lengths_and_roots_each_get_their_own_result() {
     within(60, "allreduce and bcast alternating communicators, lengths and roots", || {
