@@ -15,19 +15,44 @@ fn every_lock_and_benchmark_runs_and_prints_its_row() {
     let lines: Vec<&str> = stdout.lines().collect();
     assert_eq!(
         lines[0],
-        "bench,lock,provider,launch,ranks,threads,writers_fraction,t_dc,t_l,t_r,levels,level_cost_ns,ops_per_sec,latency_us"
+        "bench,lock,provider,launch,ranks,threads,tasks,writers_fraction,t_dc,t_l,t_r,levels,level_cost_ns,ops_per_sec,latency_us"
     );
     // 5 benchmarks x (d-mcs, rma-mcs, rma-rw at two T_R, fompi-spin, fompi-rw).
     assert_eq!(lines.len(), 1 + 5 * 6, "{stdout}");
     for l in &lines[1..] {
-        let cells: Vec<&str> = l.split(',').collect();
-        assert_eq!(cells.len(), 14, "{l:?}");
-        assert_eq!((cells[2], cells[3], cells[4]), ("embedded", "in-process", "3"), "{l:?}");
-        assert_eq!((cells[10], cells[11]), ("2", "0"), "the default model: 2 ranks per node, no cost: {l:?}");
-        assert!(cells[12].parse::<f64>().is_ok_and(|v| v > 0.0) && cells[13].parse::<f64>().is_ok_and(|v| v > 0.0), "{l:?}");
-        let rw = cells[1] == "rma-rw" || cells[1] == "fompi-rw";
-        assert_eq!(cells[6], if rw { "0.25" } else { "1" }, "{l:?}");
-        assert_eq!(cells[9] != "-", cells[1] == "rma-rw", "T_R only for RMA-RW: {l:?}");
+        let row = Row::new(lines[0], l);
+        assert_eq!(row.cells.len(), 15, "{l:?}");
+        assert_eq!(
+            (row.get("provider"), row.get("launch"), row.get("ranks"), row.get("tasks")),
+            ("embedded", "in-process", "3", "0"),
+            "{l:?}"
+        );
+        assert_eq!((row.get("levels"), row.get("level_cost_ns")), ("2", "0"), "the default model: 2 ranks per node, no cost: {l:?}");
+        assert!(row.positive("ops_per_sec") && row.positive("latency_us"), "{l:?}");
+        let rw = row.get("lock") == "rma-rw" || row.get("lock") == "fompi-rw";
+        assert_eq!(row.get("writers_fraction"), if rw { "0.25" } else { "1" }, "{l:?}");
+        assert_eq!(row.get("t_r") != "-", row.get("lock") == "rma-rw", "T_R only for RMA-RW: {l:?}");
+    }
+}
+
+/// One CSV row, its cells looked up by the header's column names.
+struct Row<'a> {
+    header: Vec<&'a str>,
+    cells: Vec<&'a str>,
+}
+
+impl<'a> Row<'a> {
+    fn new(header: &'a str, line: &'a str) -> Self {
+        Row { header: header.split(',').collect(), cells: line.split(',').collect() }
+    }
+
+    fn get(&self, name: &str) -> &'a str {
+        let i = self.header.iter().position(|h| *h == name).unwrap_or_else(|| panic!("no column {name:?} in {:?}", self.header));
+        self.cells[i]
+    }
+
+    fn positive(&self, name: &str) -> bool {
+        self.get(name).parse::<f64>().is_ok_and(|v| v > 0.0)
     }
 }
 
@@ -55,11 +80,12 @@ fn locks_run_as_processes_through_weftrun() {
     let out = common::run_within(&args, Duration::from_secs(120)).expect("weft-bench dlock hung (killed after 120 s)");
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let stdout = String::from_utf8(out.stdout).expect("utf-8");
-    let rows: Vec<Vec<&str>> = stdout.lines().skip(1).map(|l| l.split(',').collect()).collect();
-    assert_eq!(rows.len(), 2, "{stdout}");
-    for (row, lock) in rows.iter().zip(["d-mcs", "rma-rw"]) {
-        assert_eq!((row[1], row[2], row[3], row[4]), (lock, "shm", "weftrun", "3"), "{row:?}");
-        assert!(row[12].parse::<f64>().is_ok_and(|v| v > 0.0) && row[13].parse::<f64>().is_ok_and(|v| v > 0.0), "{row:?}");
+    let lines: Vec<&str> = stdout.lines().collect();
+    assert_eq!(lines.len(), 3, "{stdout}");
+    for (l, lock) in lines[1..].iter().zip(["d-mcs", "rma-rw"]) {
+        let row = Row::new(lines[0], l);
+        assert_eq!((row.get("lock"), row.get("provider"), row.get("launch"), row.get("ranks")), (lock, "shm", "weftrun", "3"), "{l:?}");
+        assert!(row.positive("ops_per_sec") && row.positive("latency_us"), "{l:?}");
     }
 }
 
@@ -100,9 +126,10 @@ fn a_simulated_cost_is_stated_with_the_numbers() {
     let out = common::run_within(&args, Duration::from_secs(60)).expect("weft-bench dlock hung");
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let stdout = String::from_utf8(out.stdout).expect("utf-8");
+    let header = stdout.lines().next().expect("a header");
     for l in stdout.lines().skip(1) {
-        let cells: Vec<&str> = l.split(',').collect();
-        assert_eq!((cells[10], cells[11]), ("1", "500"), "{l:?}");
+        let row = Row::new(header, l);
+        assert_eq!((row.get("levels"), row.get("level_cost_ns")), ("1", "500"), "{l:?}");
     }
     assert!(String::from_utf8_lossy(&out.stderr).contains("crossing cost per level: [500] ns"), "{}", String::from_utf8_lossy(&out.stderr));
     for bad in [["--levels", "flat", "--level-cost-ns", "100"], ["--levels", "2", "--level-cost-ns", "100,200"]] {
@@ -110,5 +137,22 @@ fn a_simulated_cost_is_stated_with_the_numbers() {
             .expect("weft-bench dlock hung");
         assert!(!out.status.success(), "{bad:?} was accepted");
         assert!(String::from_utf8_lossy(&out.stderr).contains("level"), "{}", String::from_utf8_lossy(&out.stderr));
+    }
+}
+
+/// `--tasks`: the waiters of a rank are tasks of its pool (`lock_async`), one row per count.
+#[test]
+fn tasks_wait_for_the_locks_and_are_counted_in_the_row() {
+    let args = ["dlock", "--csv", "--bench", "lb", "--lock", "d-mcs,fompi-spin", "--ranks", "2", "--ops", "5", "--tasks", "0,4"];
+    let out = common::run_within(&args, Duration::from_secs(60)).expect("weft-bench dlock hung");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let stdout = String::from_utf8(out.stdout).expect("utf-8");
+    let lines: Vec<&str> = stdout.lines().collect();
+    assert_eq!(lines.len(), 1 + 2 * 2, "{stdout}");
+    let tasks: Vec<&str> = lines[1..].iter().map(|l| Row::new(lines[0], l).get("tasks")).collect();
+    assert_eq!(tasks, ["0", "4", "0", "4"], "{stdout}");
+    for l in &lines[1..] {
+        let row = Row::new(lines[0], l);
+        assert!(row.positive("ops_per_sec") && row.positive("latency_us"), "{l:?}");
     }
 }
