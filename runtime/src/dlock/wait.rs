@@ -502,12 +502,10 @@ impl Future for WakeOrCheck<'_> {
             return Poll::Ready(true);
         }
         if busy {
-            let mut nap = Sleep::new(this.nap);
+            // A nap of a future length is never ready at its first poll: the poll only
+            // registers the wake-up at its deadline (a `Sleep` dropped stays registered).
+            let _ = Pin::new(&mut Sleep::new(this.nap)).poll(cx);
             this.nap = (this.nap * 2).min(NAP_MAX);
-            if Pin::new(&mut nap).poll(cx).is_ready() {
-                cx.waker().wake_by_ref();
-                return Poll::Pending;
-            }
         }
         Pin::new(&mut this.check).poll(cx).map(|()| false)
     }
