@@ -61,7 +61,7 @@ thread_local! {
     /// Whether this thread runs a protocol in [`block_on`] (waits sleep the thread).
     static BLOCKING: Cell<bool> = const { Cell::new(false) };
     /// [`Backoff`] sleeps begun on this thread, and parks ([`Armed`]) on it.
-    static WAITS: Cell<Waits> = const { Cell::new(Waits { sleeps: 0, parks: 0, wakes: 0, checks: 0, frames: 0, repolls: 0 }) };
+    static WAITS: Cell<Waits> = const { Cell::new(Waits { sleeps: 0, parks: 0, wakes: 0, checks: 0, frames: 0, repolls: 0, naps: 0 }) };
     /// The earliest [`Sleep`] the protocol in [`block_on`] waits for in its current poll:
     /// the thread parks no longer (a thread's sleep needs no timer thread).
     static WAKE_AT: Cell<Option<Instant>> = const { Cell::new(None) };
@@ -71,8 +71,9 @@ thread_local! {
 /// thread's sleep in [`block_on`], a task's sleep on the timer begun from the thread),
 /// parks on a signal or a wake frame ([`Armed`]), the parks a wake frame ended (or, for a
 /// task, the leader that received it, [`Wakes::arm_watched`]), the checks of a waited-for
-/// word (each one or more one-sided reads or atomics), the wake frames sent, and the passes
-/// of progress a task parked on a wake frame made at once after one that progressed.
+/// word (each one or more one-sided reads or atomics), the wake frames sent, the passes of
+/// progress a task parked on a wake frame made at once after one that progressed, and the
+/// naps such a task took while its rank was busy.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub(crate) struct Waits {
     pub(crate) sleeps: u64,
@@ -81,6 +82,7 @@ pub(crate) struct Waits {
     pub(crate) checks: u64,
     pub(crate) frames: u64,
     pub(crate) repolls: u64,
+    pub(crate) naps: u64,
 }
 
 #[cfg(test)]
@@ -94,6 +96,7 @@ impl Waits {
             checks: self.checks - before.checks,
             frames: self.frames - before.frames,
             repolls: self.repolls - before.repolls,
+            naps: self.naps - before.naps,
         }
     }
 }
@@ -424,7 +427,7 @@ impl<const N: usize> Armed<'_, N> {
                     Alarm::wait(request, tag)
                 } else {
                     let epoch = request.communicator().engine().transport.lost_epoch();
-                    (WakeOrCheck { request, check: Sleep::new(WAKE_CHECK), epoch, yield_until: None, nap: NAP_MIN }).await
+                    (WakeOrCheck { request, check: Sleep::new(WAKE_CHECK), epoch, yield_until: None }).await
                 };
                 if woken {
                     count(|w| w.wakes += 1);
@@ -444,9 +447,16 @@ impl<const N: usize> Armed<'_, N> {
 /// (`WEFT_YIELD_US`) at most, as a blocked thread does: then it parks until the receive
 /// completes (the rank's watcher rings the doorbell) or the check's time comes, and, while
 /// the rank is busy (its watcher then leaves the progress to the rank's waiters), for a nap
-/// of [`NAP_MIN`] doubling up to [`NAP_MAX`], after which it makes a pass again. A task that
-/// polled on for as long as the rank saw traffic took the cores from the processes it
-/// waited for.
+/// of [`NAP`], after which it makes a pass again. A task that polled on for as long as the
+/// rank saw traffic took the cores from the processes it waited for; one that napped
+/// longer (naps doubling up to 1 ms) let the hand-off wait for it: a hand-off on `shm`
+/// needs the waiter's rank's progress twice (the passer's swap of STATUS, an atomic its
+/// target serves, then the wake frame), each up to a nap late.
+///
+/// The receive is looked at without progress of its own: a receive's poll makes passes for
+/// as long as they progress, and a pass counts as progress while the rank saw traffic in
+/// the last milliseconds (so that blocked threads spin then), which held the task inside one
+/// poll for as long as the traffic lasted: no yield window, no nap.
 struct WakeOrCheck<'a> {
     request: Request<'a, Vec<u8>>,
     check: Sleep,
@@ -454,14 +464,10 @@ struct WakeOrCheck<'a> {
     epoch: u64,
     /// Until when passes that made progress are followed by another at once.
     yield_until: Option<Instant>,
-    /// The next nap of a park while the rank is busy.
-    nap: Duration,
 }
 
-/// The first nap of a task parked on a wake frame while its rank is busy ([`WakeOrCheck`]).
-const NAP_MIN: Duration = Duration::from_micros(50);
-/// The longest nap of a task parked on a wake frame while its rank is busy.
-const NAP_MAX: Duration = Duration::from_millis(1);
+/// The nap of a task parked on a wake frame while its rank is busy ([`WakeOrCheck`]).
+const NAP: Duration = Duration::from_micros(50);
 
 impl Future for WakeOrCheck<'_> {
     type Output = bool;
@@ -495,17 +501,18 @@ impl Future for WakeOrCheck<'_> {
             }
         } else {
             // Idle: the next pass that progresses yields again for a window.
-            (this.yield_until, this.nap) = (None, NAP_MIN);
+            this.yield_until = None;
         }
-        // Parked on the receive's completion (and the doorbell), and on the check.
-        if Pin::new(&mut this.request).poll(cx).is_ready() {
+        // Parked on the receive's completion (and the doorbell, registered by the pass when
+        // idle), and on the check.
+        if this.request.own_cell().poll_complete(cx).is_ready() {
             return Poll::Ready(true);
         }
         if busy {
             // A nap of a future length is never ready at its first poll: the poll only
             // registers the wake-up at its deadline (a `Sleep` dropped stays registered).
-            let _ = Pin::new(&mut Sleep::new(this.nap)).poll(cx);
-            this.nap = (this.nap * 2).min(NAP_MAX);
+            let _ = Pin::new(&mut Sleep::new(NAP)).poll(cx);
+            count(|w| w.naps += 1);
         }
         Pin::new(&mut this.check).poll(cx).map(|()| false)
     }
