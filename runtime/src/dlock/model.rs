@@ -25,7 +25,8 @@
 //! code of `queues.rs` itself, not this transcription: each process's protocol future over
 //! a window whose every operation is a step, under thousands of random schedules of 4-8
 //! processes whose roles change from one acquisition to the next, checking the same
-//! properties. Such schedules meet, within a second, interleavings that threads meet once
+//! properties, with the hand-off's mark and wake frame as the code does them (the waiter's
+//! wait on its frame a step at a time until one came). Such schedules meet, within a second, interleavings that threads meet once
 //! in 10^5 acquisitions (a reset taking a negative DEPART, beyond the listing 6 of
 //! `queues.rs`, let a writer in beside a reader).
 
@@ -826,7 +827,7 @@ fn rma_rw_writer_that_does_not_drain_breaks_exclusion() {
 mod real {
     use std::future::Future;
     use std::pin::Pin;
-    use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
+    use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering::Relaxed};
     use std::sync::Arc;
     use std::task::{Context, Poll, Waker};
 
@@ -835,17 +836,26 @@ mod real {
 
     use crate::dlock::levels::Machine;
     use crate::dlock::queues::{Counters, Layout, Queues, Words};
-    use crate::dlock::wait::{Armed, Backoff};
+    use crate::dlock::wait::{Armed, Backoff, Wakes};
     use crate::rma::{AtomicElement, Op};
 
     /// One operation as the trace shows it: (process, what, target rank, offset, value
     /// written or read).
     type Traced = (u32, &'static str, u32, usize, u64);
 
-    /// The window's words of every process, and the last operations.
+    /// The window's words of every process, the wake frames come to each word and not yet
+    /// taken (where the hand-off's waiters park on them), and the last operations.
     struct Memory {
         words: Vec<AtomicU64>,
         per_rank: usize,
+        /// Whether a waiter marks its STATUS and parks on the hand-off's wake frame.
+        frames: bool,
+        /// The steps after which a parked waiter checks its word without a frame (its
+        /// `WAKE_CHECK`); `u32::MAX`: never, so a lost wake-up leaves it parked.
+        check_after: u32,
+        mailboxes: Vec<AtomicU32>,
+        /// A wake frame sent to a word that already had one waiting: described.
+        astray: Mutex<Option<String>>,
         trace: Mutex<std::collections::VecDeque<Traced>>,
     }
 
@@ -853,6 +863,11 @@ mod real {
         fn at(&self, rank: u32, offset: usize) -> &AtomicU64 {
             assert!(offset < self.per_rank, "offset {offset} outside a rank's {} words", self.per_rank);
             &self.words[rank as usize * self.per_rank + offset]
+        }
+
+        /// The wake frames with tag `tag` come to `rank` and not taken.
+        fn mailbox(&self, rank: u32, tag: usize) -> &AtomicU32 {
+            &self.mailboxes[rank as usize * self.per_rank + tag]
         }
 
         fn log(&self, op: Traced) {
@@ -951,6 +966,28 @@ mod real {
         fn as_window(&self) -> Option<&crate::rma::Window<'_, u64>> {
             None
         }
+
+        fn frames(&self, _: Option<&Wakes>) -> bool {
+            self.mem.frames
+        }
+
+        /// Posted from the third poll of a wait on (so that hand-offs are also seen while
+        /// polling): a receive that takes a frame come before or after it.
+        fn arm_frame<'a>(&'a self, _: Option<&'a Wakes>, backoff: &Backoff, tag: usize) -> Option<Armed<'a, 1>> {
+            (self.mem.frames && backoff.polls() >= 2).then(|| Armed::Mailbox(self.mem.mailbox(self.rank, tag), self.mem.check_after))
+        }
+
+        fn wake(&self, _: Option<&Wakes>, rank: u32, tag: usize) -> Result<(), Error> {
+            self.mem.log((self.rank, "frame", rank, tag, 0));
+            if self.mem.mailbox(rank, tag).fetch_add(1, Relaxed) != 0 {
+                self.mem.astray.lock().get_or_insert_with(|| format!("a second wake frame to process {rank}'s word {tag}"));
+            }
+            Ok(())
+        }
+
+        fn drain(&self, _: Option<&Wakes>, tag: usize) {
+            self.mem.mailbox(self.rank, tag).store(0, Relaxed);
+        }
     }
 
     /// A process's acquisitions, under way.
@@ -973,6 +1010,9 @@ mod real {
         /// Every `every`-th acquisition of a process writes (shifted by the process).
         pub(super) every: u32,
         pub(super) rounds: u32,
+        /// A waiter marks its STATUS and parks on the hand-off's wake frame (libfabric);
+        /// else it polls (the embedded provider's waits, which listen, are steps here).
+        pub(super) frames: bool,
     }
 
     /// Runs `walks` random schedules of `config` (xorshift from `seed`), each at most
@@ -990,9 +1030,15 @@ mod real {
         let t_l: Vec<u64> = (0..n).map(|l| config.t_l[l.min(config.t_l.len() - 1)]).collect();
         let counters = config.rw.map(|(t_r, t_dc)| Counters { t_dc, t_r, t_w: t_l.iter().product() });
         for walk in 0..walks {
+            let words = config.procs as usize * Layout(n).words();
             let mem = Arc::new(Memory {
-                words: (0..config.procs as usize * Layout(n).words()).map(|_| AtomicU64::new(0)).collect(),
+                words: (0..words).map(|_| AtomicU64::new(0)).collect(),
                 per_rank: Layout(n).words(),
+                frames: config.frames,
+                // Every other walk: a frame nobody waits for any more is left to be consumed.
+                check_after: if walk % 2 == 0 { u32::MAX } else { 64 },
+                mailboxes: (0..words).map(|_| AtomicU32::new(0)).collect(),
+                astray: Mutex::new(None),
                 trace: Mutex::new(Default::default()),
             });
             let queues: Vec<Queues<ModelWords>> = (0..config.procs)
@@ -1031,7 +1077,15 @@ mod real {
                 if w > 1 || (w == 1 && r > 0) {
                     break Some(format!("{w} writers and {r} readers inside"));
                 }
+                if let Some(astray) = mem.astray.lock().take() {
+                    break Some(astray);
+                }
             };
+            // Every wait on a marked word consumed its frame, or the frames nobody took.
+            let failure = failure.or_else(|| {
+                let left = mem.mailboxes.iter().position(|m| m.load(Relaxed) != 0)?;
+                Some(format!("a wake frame left queued at process {}'s word {}", left / mem.per_rank, left % mem.per_rank))
+            });
             if let Some(what) = failure {
                 let trace: Vec<String> =
                     mem.trace.lock().iter().map(|(p, op, r, off, v)| format!("{p}: {op} rank {r} word {off}: {:#x}", v)).collect();
@@ -1066,7 +1120,10 @@ mod real {
 }
 
 /// The code of `queues.rs` itself under random schedules of 4-8 processes: RMA-RW with
-/// roles that change, one counter and several, one level and two; RMA-MCS and D-MCS. The
+/// roles that change, one counter and several, one level and two; RMA-MCS and D-MCS; most
+/// with the waiters of hand-offs marking their STATUS and parking on the wake frame as on
+/// libfabric (a lost wake-up leaves a process parked, a walk that does not finish; a second
+/// frame to a wait, or one left queued, fails too), two polling as elsewhere. The
 /// schedules are the same at every run (fixed seeds): 30 walks per lock in a debug build,
 /// 300 in release, `WEFT_MODEL_WALKS` to search longer. (Not under `--cfg loom`: the
 /// queues' local lock would take loom's atomics outside a loom model.)
@@ -1079,29 +1136,33 @@ fn the_protocols_code_under_random_schedules_excludes_and_finishes() {
     let configs = [
         (
             "RMA-RW, 6 processes, one counter, T_R 2, T_W 2",
-            Config { sizes: vec![], procs: 6, t_l: vec![2], rw: Some((2, 6)), every: 4, rounds: 40 },
+            Config { sizes: vec![], procs: 6, t_l: vec![2], rw: Some((2, 6)), every: 4, rounds: 40, frames: true },
         ),
         (
             "RMA-RW, 8 processes, one counter, T_R 1, T_W 1",
-            Config { sizes: vec![], procs: 8, t_l: vec![1], rw: Some((1, 8)), every: 3, rounds: 30 },
+            Config { sizes: vec![], procs: 8, t_l: vec![1], rw: Some((1, 8)), every: 3, rounds: 30, frames: true },
         ),
         (
             "RMA-RW, 4 processes, a counter per rank",
-            Config { sizes: vec![], procs: 4, t_l: vec![3], rw: Some((1, 1)), every: 2, rounds: 40 },
+            Config { sizes: vec![], procs: 4, t_l: vec![3], rw: Some((1, 1)), every: 2, rounds: 40, frames: false },
         ),
         (
             "RMA-RW, 6 processes on 3 nodes, 3 counters",
-            Config { sizes: vec![2], procs: 6, t_l: vec![2, 2], rw: Some((2, 2)), every: 4, rounds: 30 },
+            Config { sizes: vec![2], procs: 6, t_l: vec![2, 2], rw: Some((2, 2)), every: 4, rounds: 30, frames: true },
         ),
         (
             "RMA-RW, 8 processes on 2 nodes, T_R 4",
-            Config { sizes: vec![4], procs: 8, t_l: vec![16], rw: Some((4, 4)), every: 4, rounds: 30 },
+            Config { sizes: vec![4], procs: 8, t_l: vec![16], rw: Some((4, 4)), every: 4, rounds: 30, frames: true },
         ),
         (
             "RMA-MCS, 8 processes, 2 nodes of 2 sockets",
-            Config { sizes: vec![2, 2], procs: 8, t_l: vec![1, 2, 2], rw: None, every: 1, rounds: 20 },
+            Config { sizes: vec![2, 2], procs: 8, t_l: vec![1, 2, 2], rw: None, every: 1, rounds: 20, frames: true },
         ),
-        ("D-MCS, 6 processes", Config { sizes: vec![], procs: 6, t_l: vec![1], rw: None, every: 1, rounds: 30 }),
+        ("D-MCS, 6 processes", Config { sizes: vec![], procs: 6, t_l: vec![1], rw: None, every: 1, rounds: 30, frames: false }),
+        (
+            "D-MCS, 6 processes, parked on wake frames",
+            Config { sizes: vec![], procs: 6, t_l: vec![1], rw: None, every: 1, rounds: 30, frames: true },
+        ),
     ];
     for (seed, (what, config)) in configs.iter().enumerate() {
         if let Some(failure) = real::walks(config, walks, 2_000_000, seed as u64 + 3) {

@@ -124,6 +124,18 @@ pub(super) trait Words: Send + Sync {
     async fn pause(&self);
     /// The window itself, where these are a window's words (wake frames need one).
     fn as_window(&self) -> Option<&Window<'_, u64>>;
+    /// Whether a hand-off's waiter parks on a wake frame (and marks its STATUS first,
+    /// [`Queues::wait_status`]): where the queues have wake frames, `wakes`.
+    fn frames(&self, wakes: Option<&Wakes>) -> bool;
+    /// Arms the next wait for the wake frame with tag `tag` after the polls `backoff`
+    /// counted (a receive posted before the check, [`Wakes::arm`]); `None` while the
+    /// waiter still polls.
+    fn arm_frame<'a>(&'a self, wakes: Option<&'a Wakes>, backoff: &Backoff, tag: usize) -> Option<Armed<'a, 1>>;
+    /// Sends `rank` the wake frame with tag `tag` ([`Wakes::wake`]).
+    fn wake(&self, wakes: Option<&Wakes>, rank: u32, tag: usize) -> Result<(), Error>;
+    /// Consumes the wake frames with tag `tag` that came to this process and that no wait
+    /// took ([`Wakes::drain`]).
+    fn drain(&self, wakes: Option<&Wakes>, tag: usize);
     /// A process that is gone (lost or finished), if any: a wait for a word it may have
     /// been about to write fails with `PeerLost` naming it.
     fn lost(&self) -> Option<u32>;
@@ -173,6 +185,24 @@ impl Words for Window<'_, u64> {
 
     fn as_window(&self) -> Option<&Window<'_, u64>> {
         Some(self)
+    }
+
+    fn frames(&self, wakes: Option<&Wakes>) -> bool {
+        wakes.is_some()
+    }
+
+    fn arm_frame<'a>(&'a self, wakes: Option<&'a Wakes>, backoff: &Backoff, tag: usize) -> Option<Armed<'a, 1>> {
+        wakes?.arm(backoff, tag)
+    }
+
+    fn wake(&self, wakes: Option<&Wakes>, rank: u32, tag: usize) -> Result<(), Error> {
+        wakes.map_or(Ok(()), |w| w.wake(rank, tag))
+    }
+
+    fn drain(&self, wakes: Option<&Wakes>, tag: usize) {
+        if let Some(w) = wakes {
+            w.drain(tag);
+        }
     }
 }
 
@@ -429,7 +459,7 @@ impl<W: Words> Queues<W> {
         let (mut receiving, mut marked);
         marked = false;
         let status = until!(self, backoff => {
-            let frame = self.wakes.as_ref().and_then(|w| w.arm(&backoff, offset));
+            let frame = self.window.arm_frame(self.wakes.as_ref(), &backoff, offset);
             receiving = frame.is_some();
             frame.unwrap_or_else(|| self.window.arm(&backoff, [(p, offset)]))
         }, {
@@ -444,8 +474,8 @@ impl<W: Words> Queues<W> {
         // A marked word got one frame: if it came after the check that saw the hand-off (a
         // task's check every `WAKE_CHECK`, a thread's every `WAKE_ALARM`), it is nobody's:
         // one wait on the word is this rank's at a time.
-        if let (true, Some(w)) = (marked, &self.wakes) {
-            w.drain(offset);
+        if marked {
+            self.window.drain(self.wakes.as_ref(), offset);
         }
         Ok(status)
     }
@@ -462,9 +492,11 @@ impl<W: Words> Queues<W> {
     /// status. (The embedded provider's put wakes the word's listeners itself.)
     async fn pass(&self, to: u32, l: usize, status: u64) -> Result<(), Error> {
         let offset = Layout::status(l);
-        let Some(w) = &self.wakes else { return self.put(to, offset, status).await };
+        if !self.window.frames(self.wakes.as_ref()) {
+            return self.put(to, offset, status).await;
+        }
         if self.window.fetch_and_op(to, offset, status, Op::Replace).await? == PARKED {
-            w.wake(to, offset)?;
+            self.window.wake(self.wakes.as_ref(), to, offset)?;
         }
         Ok(())
     }

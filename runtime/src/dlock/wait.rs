@@ -132,6 +132,11 @@ pub(crate) enum Armed<'a, const N: usize> {
     /// Let other tasks run once (the protocols' model: every wait is a step).
     #[cfg_attr(not(test), allow(dead_code))]
     Yield,
+    /// Wait, a step at a time, until a wake frame is in the mailbox, and take it, or until
+    /// the steps given passed (the protocols' model: a receive of the hand-off's wake
+    /// frame, and the waiter's check of its word every [`WAKE_CHECK`]).
+    #[cfg(test)]
+    Mailbox(&'a AtomicU32, u32),
     /// Park until one of the words is written.
     Listen([SignalListener<'a>; N]),
     /// Park until a wake frame arrives (a receive posted before the check), or a task
@@ -408,7 +413,21 @@ impl<const N: usize> Armed<'_, N> {
     pub(crate) async fn wait(self, backoff: &mut Backoff) {
         match self {
             Armed::Snooze => backoff.snooze().await,
-            Armed::Yield => YieldNow(false).await,
+            Armed::Yield => {
+                backoff.0 = backoff.0.saturating_add(1);
+                YieldNow(false).await;
+            }
+            #[cfg(test)]
+            Armed::Mailbox(mailbox, steps) => {
+                count(|w| w.parks += 1);
+                for _ in 0..steps {
+                    if mailbox.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1)).is_ok() {
+                        count(|w| w.wakes += 1);
+                        return;
+                    }
+                    YieldNow(false).await;
+                }
+            }
             Armed::Listen(listeners) => {
                 count(|w| w.parks += 1);
                 AnyOf(listeners.map(Some)).await;
@@ -616,6 +635,12 @@ pub(crate) struct Backoff(u32);
 impl Backoff {
     pub(crate) fn new() -> Self {
         Backoff(0)
+    }
+
+    /// The polls counted so far.
+    #[cfg(test)]
+    pub(crate) fn polls(&self) -> u32 {
+        self.0
     }
 
     /// The sleep after `n` polls (none for the first ones).
