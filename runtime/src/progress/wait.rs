@@ -28,6 +28,12 @@ pub(crate) trait Waitable: Attach {
     fn settled(&self) -> Option<bool> {
         self.is_complete().then_some(true)
     }
+    /// Whether the completion of this complete request went to a sync object already (an
+    /// attach of it would be refused). By default a look at its own cell; a request that
+    /// makes its cell on demand answers without making it.
+    fn delivery_spent(&self) -> bool {
+        !self.own_cell().attachable()
+    }
     /// Whether the request still holds its operation (not yet taken by a wait).
     fn is_live(&self) -> bool;
     /// The rank the request belongs to.
@@ -363,7 +369,7 @@ fn wait_attached<R: Waitable>(sync: &SyncObject<usize>, hook: &dyn Progress, eng
         Want::All => {
             for (i, r) in reqs.iter_mut().enumerate() {
                 if r.is_complete() {
-                    if !r.own_cell().attachable() {
+                    if r.delivery_spent() {
                         foreign.push(i);
                     }
                 } else {
@@ -432,8 +438,10 @@ fn wait_attached<R: Waitable>(sync: &SyncObject<usize>, hook: &dyn Progress, eng
     // The completions our object took (and that are drained now) are the user's again: a
     // sync object they attach a request to after this wait gets its completion. Only those:
     // one that went to a user's object before the wait stays spent there.
+    // (`delivery_spent` first: a request with nothing delivered has nothing to forget, and a
+    // sent one then makes no cell.)
     for (i, r) in reqs[..attached].iter_mut().enumerate() {
-        if r.is_live() && !foreign.contains(&i) {
+        if r.is_live() && r.delivery_spent() && !foreign.contains(&i) {
             r.own_cell().forget_delivery();
         }
     }
