@@ -58,8 +58,8 @@ use weft_sync::Error;
 
 use crate::buffer::Primitive;
 use crate::coll_steps::{
-    allgather_into, allgather_steps, allreduce_long_into, allreduce_long_steps, alltoall_into, alltoall_steps, barrier_into, barrier_steps,
-    bcast_into, bcast_long_into, bcast_long_steps, gather_into, gather_steps, reduce_exchange_into, reduce_long_steps, reduce_over_into,
+    allgather_into, allgather_steps, allreduce_long_into, alltoall_into, alltoall_steps, barrier_into, barrier_steps, bcast_into,
+    bcast_long_into, bcast_long_steps, gather_into, gather_steps, reduce_exchange_into, reduce_long_steps, reduce_over_into,
     reduce_over_steps, reduce_steps, reduce_tree_into, scan_steps, scatter_into, scatter_steps, Steps as StepPlan,
 };
 use crate::comm::Communicator;
@@ -91,17 +91,34 @@ pub(crate) fn allreduce_is_long(bytes: usize, len: usize, n: u32) -> bool {
     bytes >= ALLREDUCE_LONG_BYTES && len >= n as usize && n > 1
 }
 
-/// A small `allreduce` of an [exact](Reducible::EXACT) type on up to this many ranks goes
-/// by one exchange of every rank's data with every other's (`reduce_exchange_into`) ...
+/// A small `allreduce` (blocking, nonblocking or persistent, of any type and op) on up to
+/// this many ranks goes by one exchange of every rank's data with every other's, each rank
+/// combining them all in rank order (`reduce_exchange_into`) ...
 pub const ALLREDUCE_EXCHANGE_RANKS: u32 = 8;
 /// ... of at most this many bytes.
 pub const ALLREDUCE_EXCHANGE_BYTES: usize = 256;
 
-/// Whether a blocking allreduce of `bytes` of an exact type (`exact`) on `n` ranks goes by
-/// one exchange among all ranks rather than recursive doubling. Every rank decides alike
-/// (from the call's arguments and the communicator's size only).
-pub(crate) fn allreduce_is_exchange(bytes: usize, n: u32, exact: bool) -> bool {
-    exact && n > 2 && n <= ALLREDUCE_EXCHANGE_RANKS && bytes <= ALLREDUCE_EXCHANGE_BYTES
+/// Whether an allreduce of `bytes` on `n` ranks goes by one exchange among all ranks rather
+/// than recursive doubling. Every rank decides alike (from the call's arguments and the
+/// communicator's size only).
+pub(crate) fn allreduce_is_exchange(bytes: usize, n: u32) -> bool {
+    n > 2 && n <= ALLREDUCE_EXCHANGE_RANKS && bytes <= ALLREDUCE_EXCHANGE_BYTES
+}
+
+/// The plan of an allreduce of `len` elements, `bytes` in all, on `comm`, written into `s`
+/// (cleared), with a predefined op (`commutative`) or a user's: the one choice of the
+/// blocking, nonblocking and persistent forms. One exchange ([`allreduce_is_exchange`]),
+/// else Rabenseifner's for a predefined op ([`allreduce_is_long`]), else recursive doubling.
+pub(crate) fn allreduce_into(s: &mut StepPlan, comm: &Communicator, len: usize, bytes: usize, commutative: bool) -> Result<(), Error> {
+    let (members, me, n) = (comm.world_ranks(), comm.world_of(comm.rank()), comm.size());
+    if allreduce_is_exchange(bytes, n) {
+        reduce_exchange_into(s, members, me, len)
+    } else if commutative && allreduce_is_long(bytes, len, n) {
+        allreduce_long_into(s, comm, len);
+        Ok(())
+    } else {
+        reduce_over_into(s, members, me, len)
+    }
 }
 
 /// Whether a reduction (with a predefined op) of `len` elements, `bytes` in all, on `n`
@@ -133,18 +150,11 @@ pub enum Op {
 pub trait Reducible: Primitive {
     /// `op(a, b)`; `None` where `op` is not defined for the type (bitwise on floats).
     fn apply(op: Op, a: Self, b: Self) -> Option<Self>;
-
-    /// Whether every op gives the same result whatever the order and grouping of its
-    /// operands (integers: their arithmetic wraps), so that a reduction may combine them
-    /// in any order and every rank still gets the sequential result. Not floats.
-    const EXACT: bool = false;
 }
 
 macro_rules! reducible_int {
     ($($t:ty),*) => { $(
         impl Reducible for $t {
-            const EXACT: bool = true;
-
             #[inline]
             fn apply(op: Op, a: Self, b: Self) -> Option<Self> {
                 Some(match op {
@@ -179,22 +189,6 @@ macro_rules! reducible_float {
     )* };
 }
 reducible_float!(f32, f64);
-
-/// `f` applied elementwise.
-fn zip_with<T: Copy>(a: &[T], b: &[T], f: impl Fn(T, T) -> T) -> Vec<T> {
-    a.iter().zip(b).map(|(&x, &y)| f(x, y)).collect()
-}
-
-/// The elementwise reduction of `op` over `T`, or an error naming `what` if `op` is not
-/// defined for it (bitwise on floats; told by an element of the data, `sample`).
-fn op_for<T: Reducible>(
-    op: Op,
-    sample: Option<&T>,
-    what: &'static str,
-) -> Result<impl Fn(&[T], &[T]) -> Vec<T> + Send + Sync + Copy, Error> {
-    check_op(op, sample, what)?;
-    Ok(move |a: &[T], b: &[T]| zip_with(a, b, |x, y| T::apply(op, x, y).expect("op checked for the type")))
-}
 
 /// An error naming `what` if `op` is not defined for `T` (bitwise on floats; told by an
 /// element of the data, `sample`).
@@ -262,6 +256,16 @@ pub(crate) fn blocks(counts: &[usize], displs: &[usize], n: u32, len: usize, wha
             _ => Err(Error::InvalidArgument(what)),
         })
         .collect()
+}
+
+/// The user reduction `f` as a step's combination: `f(theirs, ours)` elementwise if
+/// `theirs_first`, else `f(ours, theirs)`.
+fn user_combine<T: Copy>(f: impl Fn(T, T) -> T + Send + Sync + 'static) -> impl Fn(&mut [T], &[T], bool) + Send + 'static {
+    move |ours, theirs, theirs_first| {
+        for (a, &t) in ours.iter_mut().zip(theirs) {
+            *a = if theirs_first { f(t, *a) } else { f(*a, t) };
+        }
+    }
 }
 
 /// Blocks `a..b` (`a < b`) of `blocks`, which follow each other, as one range.
@@ -584,83 +588,78 @@ impl Communicator {
     /// (`MPI_Iallreduce`). Every rank passes the same length and op; a bitwise op on floats
     /// is an error.
     pub fn iallreduce<T: Reducible>(&self, data: Vec<T>, op: Op) -> Result<Request<'_, Vec<T>>, Error> {
-        let steps = self.allreduce_steps(&data, op)?;
+        check_op(op, data.first(), "allreduce: a bitwise op on floating-point elements")?;
+        let steps = self.allreduce_steps(&data, true, move |ours: &mut [T], theirs: &[T], tf| combine(op, ours, theirs, tf))?;
         self.start_in(data, steps)
     }
 
-    /// The steps of an allreduce of `data` with `op`, by its size: recursive doubling or
-    /// Rabenseifner's.
-    fn allreduce_steps<T: Reducible>(&self, data: &[T], op: Op) -> Result<impl InPlace<T>, Error> {
-        let f = op_for(op, data.first(), "allreduce: a bitwise op on floating-point elements")?;
-        let long = allreduce_is_long(std::mem::size_of_val(data), data.len(), self.size());
-        let members = self.group().world_ranks().clone();
-        Ok(steps!(|s, work| if long {
-            s.run_in(&allreduce_long_steps(s.comm, work.len()), work, |ours, theirs, tf| combine(op, ours, theirs, tf)).await
-        } else {
-            s.reduce_over_in(&members, work, f).await
-        }))
+    /// The steps of an allreduce of `data` ([`allreduce_into`]) with a predefined op
+    /// (`commutative`) or a user's, `combine(ours, theirs, theirs_first)` reducing.
+    fn allreduce_steps<T: Primitive>(
+        &self,
+        data: &[T],
+        commutative: bool,
+        combine: impl Fn(&mut [T], &[T], bool) + Send + 'static,
+    ) -> Result<impl InPlace<T>, Error> {
+        let mut plan = StepPlan::default();
+        allreduce_into(&mut plan, self, data.len(), std::mem::size_of_val(data), commutative)?;
+        Ok(steps!(|s, work| s.run_over(&plan, work, combine).await))
     }
 
     /// Reduces `send` elementwise over every rank with `op` into `recv` of every rank
     /// (`MPI_Allreduce`). Every rank passes the same lengths and op; a bitwise op on floats
     /// is an error.
     pub fn allreduce<T: Reducible>(&self, send: &[T], recv: &mut [T], op: Op) -> Result<(), Error> {
+        check_op(op, send.first(), "allreduce: a bitwise op on floating-point elements")?;
+        self.allreduce_direct(send, recv, true, |ours, theirs, first| combine(op, ours, theirs, first))
+    }
+
+    /// The blocking allreduce of `send` into `recv` ([`allreduce_into`]) with a predefined op
+    /// (`commutative`) or a user's, `combine(ours, theirs, theirs_first)` reducing, on the
+    /// calling thread.
+    fn allreduce_direct<T: Primitive>(
+        &self,
+        send: &[T],
+        recv: &mut [T],
+        commutative: bool,
+        combine: impl Fn(&mut [T], &[T], bool),
+    ) -> Result<(), Error> {
         if send.len() != recv.len() {
             return Err(Error::InvalidArgument("allreduce: send and receive buffers of different lengths"));
         }
-        check_op(op, send.first(), "allreduce: a bitwise op on floating-point elements")?;
         recv.copy_from_slice(send);
-        let (len, n) = (send.len(), self.size());
-        let long = allreduce_is_long(std::mem::size_of_val(send), len, n);
-        let exchange = allreduce_is_exchange(std::mem::size_of_val(send), n, T::EXACT);
-        let plan = |s: &mut StepPlan| {
-            if exchange {
-                return reduce_exchange_into(s, self.world_ranks(), self.world_of(self.rank()), len);
-            }
-            if !long {
-                return reduce_over_into(s, self.world_ranks(), self.world_of(self.rank()), len);
-            }
-            allreduce_long_into(s, self, len);
-            Ok(())
-        };
-        // The plan is a function of the length, the size in bytes and the type's exactness
-        // (the members fixed).
-        let what = DirectPlan::Allreduce { len, bytes: std::mem::size_of_val(send), exact: T::EXACT };
-        self.run_direct(recv, what, plan, |ours, theirs, first| combine(op, ours, theirs, first))
+        let (len, bytes) = (send.len(), std::mem::size_of_val(send));
+        let plan = |s: &mut StepPlan| allreduce_into(s, self, len, bytes, commutative);
+        // The plan is a function of these (the members fixed).
+        self.run_direct(recv, DirectPlan::Allreduce { len, bytes, commutative }, plan, combine)
     }
 
     /// [`iallreduce`](Self::iallreduce) with a user reduction `f(a, b)`, which must be
     /// associative; operands always come in rank order (`a` from the lower ranks), so it need
-    /// not be commutative (recursive doubling at every size).
+    /// not be commutative. The algorithm is the predefined ops' but for large messages (one
+    /// exchange, each rank applying `f` over every rank's data in rank order, for small
+    /// ones; recursive doubling, which keeps the order, for the others).
     pub fn iallreduce_with<T: Primitive>(
         &self,
         data: Vec<T>,
         f: impl Fn(T, T) -> T + Send + Sync + 'static,
     ) -> Result<Request<'_, Vec<T>>, Error> {
-        self.start_in(data, self.allreduce_with_steps(f))
-    }
-
-    /// The steps of an allreduce with the user reduction `f` (recursive doubling).
-    fn allreduce_with_steps<T: Primitive>(&self, f: impl Fn(T, T) -> T + Send + Sync + 'static) -> impl InPlace<T> {
-        let members = self.group().world_ranks().clone();
-        steps!(|s, work| s.reduce_over_in(&members, work, move |a, b| zip_with(a, b, &f)).await)
+        let steps = self.allreduce_steps(&data, false, user_combine(f))?;
+        self.start_in(data, steps)
     }
 
     /// [`allreduce`](Self::allreduce) with a user reduction `f(a, b)`, which must be
     /// associative; operands always come in rank order (`a` from the lower ranks), so it need
-    /// not be commutative. Recursive doubling: `log2` of the largest power of two not above
-    /// the size in exchanges, plus two messages for each rank beyond it.
+    /// not be commutative. As [`iallreduce_with`](Self::iallreduce_with): one exchange for
+    /// small messages, else recursive doubling (`log2` of the largest power of two not above
+    /// the size in exchanges, plus two messages for each rank beyond it).
     pub fn allreduce_with<T: Primitive>(
         &self,
         send: &[T],
         recv: &mut [T],
         f: impl Fn(T, T) -> T + Send + Sync + 'static,
     ) -> Result<(), Error> {
-        if send.len() != recv.len() {
-            return Err(Error::InvalidArgument("allreduce: send and receive buffers of different lengths"));
-        }
-        recv.copy_from_slice(send);
-        self.run_in_place(recv, None, self.allreduce_with_steps(f))
+        self.allreduce_direct(send, recv, false, user_combine(f))
     }
 
     /// Reduces `value` over the world ranks `members` (this rank among them) on the

@@ -80,6 +80,46 @@ fn allreduce_matches_a_sequential_reference() {
     });
 }
 
+/// Rank `r`'s floating-point input: magnitudes far apart, so that the sum's value depends
+/// on the order in which it adds.
+fn float_input(r: u32, len: usize) -> Vec<f64> {
+    (0..len).map(|i| [1e16, 1.0 + i as f64, -1e16, 3.0, 0.5][(r as usize + i) % 5] * if r % 3 == 2 { -1.0 } else { 1.0 }).collect()
+}
+
+/// A small allreduce of floats (up to [`weft::ALLREDUCE_EXCHANGE_BYTES`]), blocking,
+/// nonblocking, persistent or with a closure, gives every rank the sequential sum in rank
+/// order, bit for bit: `((x0 + x1) + x2) + ...`.
+#[test]
+fn a_small_float_allreduce_is_the_sequential_sum_in_rank_order_on_every_rank() {
+    within(60, "small float allreduce at sizes 1-8", || {
+        for n in SIZES {
+            for len in [1usize, 5, weft::ALLREDUCE_EXCHANGE_BYTES / 8] {
+                let out = on_world(n, |r, c| {
+                    let send = float_input(r, len);
+                    let mut blocking = vec![0f64; len];
+                    c.allreduce(&send, &mut blocking, Op::Sum).unwrap();
+                    let nonblocking = c.iallreduce(send.clone(), Op::Sum).unwrap().wait().unwrap().0;
+                    let mut p = c.allreduce_init(send.clone(), Op::Sum).unwrap();
+                    p.start().unwrap();
+                    p.wait().unwrap();
+                    let persistent = p.buffer().unwrap().clone();
+                    let mut with = vec![0f64; len];
+                    c.allreduce_with(&send, &mut with, |a, b| a + b).unwrap();
+                    let iwith = c.iallreduce_with(send.clone(), |a, b| a + b).unwrap().wait().unwrap().0;
+                    [blocking, nonblocking, persistent, with, iwith].map(|v| v.iter().map(|x| x.to_bits()).collect::<Vec<u64>>())
+                });
+                let want: Vec<u64> =
+                    (0..len).map(|i| (0..n).map(|r| float_input(r, len)[i]).reduce(|a, b| a + b).unwrap().to_bits()).collect();
+                for (r, got) in out.iter().enumerate() {
+                    for (k, form) in ["blocking", "nonblocking", "persistent", "with", "iwith"].iter().enumerate() {
+                        assert_eq!(got[k], want, "size {n}, {len} elements, rank {r}, {form}");
+                    }
+                }
+            }
+        }
+    });
+}
+
 #[test]
 fn a_user_reduction_gets_its_operands_in_rank_order() {
     within(60, "allreduce_with a non-commutative op", || {
@@ -526,8 +566,7 @@ fn large_allreduce_on_any_number_of_ranks_folds_into_rabenseifners() {
 /// the same collective on the same members only: calls that alternate communicators (a dup,
 /// a split of other members), lengths and roots each get the result of their own.
 /// An allreduce of another element type and the same length as the last one a rank's thread
-/// ran takes its own algorithm (by its size in bytes and whether its type reduces exactly
-/// in any order), not the plan kept from that call: ranks 1-3 ran a barrier in between and
+/// ran takes its own algorithm (by its size in bytes), not the plan kept from that call: ranks 1-3 ran a barrier in between and
 /// make their plans afresh, rank 0 would reuse its last one, and the members would then
 /// run different algorithms (messages that never come).
 #[test]
@@ -537,7 +576,7 @@ fn an_allreduce_of_another_type_of_the_same_length_takes_its_own_algorithm() {
             let rest = c.split((r > 0).then_some(0), r as i32).unwrap();
             let v = u64::from(r) + 1;
             let mut got = Vec::new();
-            // One exchange (8 B of integers), then recursive doubling (floats); one exchange
+            // One exchange (8 B of integers), then one exchange (8 B of floats); one exchange
             // (256 B), then Rabenseifner's (2 KiB).
             let mut a = [0u64];
             c.allreduce(&[v], &mut a, Op::Sum).unwrap();
