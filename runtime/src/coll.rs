@@ -1,7 +1,8 @@
 //! The collectives on any communicator, blocking and nonblocking. Each is a schedule of
 //! point-to-point steps (`nbc.rs`): a nonblocking one (`ibcast`, ...) is a [`Request`] like a
 //! receive, which the rank's progress completes; a blocking one starts the same schedule and
-//! waits for it — except the small blocking `barrier` and `reduce`, every blocking `bcast` and `allreduce`, and
+//! waits for it — except the small blocking `barrier` and `reduce`, every blocking `bcast`,
+//! `allreduce` and `allreduce_with`, and
 //! the blocking `gather`, `scatter`, `allgather` and `alltoall` (and their `v` forms), whose
 //! steps the calling thread posts and waits for itself, with no schedule or future
 //! (`Communicator::run_direct`, `nbc.rs`). Their messages travel on the
@@ -16,15 +17,19 @@
 //! |---|---|---|
 //! | `barrier` | dissemination: `ceil(log2 n)` rounds | — |
 //! | `bcast` | binomial tree | from [`BCAST_LONG_BYTES`] and [`BCAST_LONG_RANKS`] ranks: binomial scatter of `n` blocks, then a ring allgather (van de Geijn; MPICH's `scatter_ring_allgather`) |
-//! | `allreduce` | recursive doubling, ranks beyond a power of two folded in first; a blocking one of integers on 3 to [`ALLREDUCE_EXCHANGE_RANKS`] ranks and up to [`ALLREDUCE_EXCHANGE_BYTES`]: one exchange, every rank's data to every other at once (one round of waiting instead of `log2 n`: on a host with fewer cores than ranks each round costs every rank a turn on a core) | from [`ALLREDUCE_LONG_BYTES`] with a predefined op and at least `n` elements: Rabenseifner's: a reduce-scatter by recursive halving, then an allgather by recursive doubling (`2 log2 p` steps over the largest power of two `p` of ranks, each rank beyond it folding its vector into a partner first and getting the result back at the end), sending about `2 (p-1)/p` times the data per rank, against `log2 p` times |
+//! | `allreduce` | recursive doubling, ranks beyond a power of two folded in first; on 3 to [`ALLREDUCE_EXCHANGE_RANKS`] ranks and up to [`ALLREDUCE_EXCHANGE_BYTES`]: one exchange, every rank's data to every other at once, each rank combining all of them in rank order (one round of waiting instead of `log2 n`: on a host with fewer cores than ranks each round costs every rank a turn on a core) | from [`ALLREDUCE_LONG_BYTES`] with a predefined op and at least `n` elements: Rabenseifner's: a reduce-scatter by recursive halving, then an allgather by recursive doubling (`2 log2 p` steps over the largest power of two `p` of ranks, each rank beyond it folding its vector into a partner first and getting the result back at the end), sending about `2 (p-1)/p` times the data per rank, against `log2 p` times |
 //! | `reduce` | binomial tree | from [`REDUCE_LONG_BYTES`] with a predefined op, at least `n` elements and a power of two of ranks: a reduce-scatter by recursive halving, then a binomial gather of the reduced blocks ([Thakur 2005]) |
 //! | `gather`, `scatter` (and `v`) | the root exchanges with every rank at once | — |
 //! | `allgather` (and `v`) | ring | — |
 //! | `alltoall` (and `v`) | every pair at once, receives posted first | — |
 //! | `scan`, `exscan` | recursive doubling | — |
 //!
-//! A user reduction (`allreduce_with`) need not be commutative, so it always takes recursive
-//! doubling, which combines in rank order.
+//! The blocking, nonblocking and persistent allreduce choose alike (`allreduce_into`). Every
+//! rank of a small one combines the `n` contributions in rank order, `((x0 op x1) op x2)
+//! ...`, the sequential result, the same bit for bit on every rank, for floats too. A user
+//! reduction (`allreduce_with`) need not be commutative: it takes the exchange where a
+//! predefined op does, and recursive doubling, which combines in rank order, at every
+//! larger size.
 //!
 //! Every algorithm but the small nonblocking broadcast (which shares one copy of the data
 //! among a node's children) is a plan of steps (`coll_steps.rs`), one copy for the blocking,
