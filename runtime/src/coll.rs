@@ -26,7 +26,8 @@
 //!
 //! The blocking, nonblocking and persistent allreduce choose alike (`allreduce_into`). Every
 //! rank of a small one combines the `n` contributions in rank order, `((x0 op x1) op x2)
-//! ...`, the sequential result, the same bit for bit on every rank, for floats too. A user
+//! ...`, the sequential result, the same bit for bit on every rank, for floats too (an
+//! [exact](Reducible::EXACT) type's, whose result no order changes, each as it lands). A user
 //! reduction (`allreduce_with`) need not be commutative: it takes the exchange where a
 //! predefined op does, and recursive doubling, which combines in rank order, at every
 //! larger size.
@@ -110,15 +111,39 @@ pub(crate) fn allreduce_is_exchange(bytes: usize, n: u32) -> bool {
     n > 2 && n <= ALLREDUCE_EXCHANGE_RANKS && bytes <= ALLREDUCE_EXCHANGE_BYTES
 }
 
-/// The plan of an allreduce of `len` elements, `bytes` in all, on `comm`, written into `s`
-/// (cleared), with a predefined op (`commutative`) or a user's: the one choice of the
-/// blocking, nonblocking and persistent forms. One exchange ([`allreduce_is_exchange`]),
-/// else Rabenseifner's for a predefined op ([`allreduce_is_long`]), else recursive doubling.
-pub(crate) fn allreduce_into(s: &mut StepPlan, comm: &Communicator, len: usize, bytes: usize, commutative: bool) -> Result<(), Error> {
+/// What an allreduce's plan may rely on of its op.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum OpKind {
+    /// A predefined op on an [exact](Reducible::EXACT) type: any order and grouping of the
+    /// operands gives the same result.
+    Exact,
+    /// A predefined op on floats: commutative, its result depends on the order.
+    Commutative,
+    /// A user's op: associative only, its operands in rank order.
+    User,
+}
+
+impl OpKind {
+    /// The kind of a predefined op on `T`.
+    pub(crate) fn of<T: Reducible>() -> OpKind {
+        if T::EXACT {
+            OpKind::Exact
+        } else {
+            OpKind::Commutative
+        }
+    }
+}
+
+/// The plan of an allreduce of `len` elements, `bytes` in all, on `comm` with an op of
+/// `kind`, written into `s` (cleared): the one choice of the blocking, nonblocking and
+/// persistent forms. One exchange ([`allreduce_is_exchange`]; an exact op combines each
+/// contribution as it lands, the others all of them in rank order once all came), else
+/// Rabenseifner's for a predefined op ([`allreduce_is_long`]), else recursive doubling.
+pub(crate) fn allreduce_into(s: &mut StepPlan, comm: &Communicator, len: usize, bytes: usize, kind: OpKind) -> Result<(), Error> {
     let (members, me, n) = (comm.world_ranks(), comm.world_of(comm.rank()), comm.size());
     if allreduce_is_exchange(bytes, n) {
-        reduce_exchange_into(s, members, me, len)
-    } else if commutative && allreduce_is_long(bytes, len, n) {
+        reduce_exchange_into(s, members, me, len, kind != OpKind::Exact)
+    } else if kind != OpKind::User && allreduce_is_long(bytes, len, n) {
         allreduce_long_into(s, comm, len);
         Ok(())
     } else {
@@ -155,11 +180,18 @@ pub enum Op {
 pub trait Reducible: Primitive {
     /// `op(a, b)`; `None` where `op` is not defined for the type (bitwise on floats).
     fn apply(op: Op, a: Self, b: Self) -> Option<Self>;
+
+    /// Whether every op gives the same result whatever the order and grouping of its
+    /// operands (integers: their arithmetic wraps), so that a reduction may combine them
+    /// in any order and every rank still gets the sequential result. Not floats.
+    const EXACT: bool = false;
 }
 
 macro_rules! reducible_int {
     ($($t:ty),*) => { $(
         impl Reducible for $t {
+            const EXACT: bool = true;
+
             #[inline]
             fn apply(op: Op, a: Self, b: Self) -> Option<Self> {
                 Some(match op {
@@ -594,20 +626,21 @@ impl Communicator {
     /// is an error.
     pub fn iallreduce<T: Reducible>(&self, data: Vec<T>, op: Op) -> Result<Request<'_, Vec<T>>, Error> {
         check_op(op, data.first(), "allreduce: a bitwise op on floating-point elements")?;
-        let steps = self.allreduce_steps(&data, true, move |ours: &mut [T], theirs: &[T], tf| combine(op, ours, theirs, tf))?;
+        let steps =
+            self.allreduce_steps(&data, OpKind::of::<T>(), move |ours: &mut [T], theirs: &[T], tf| combine(op, ours, theirs, tf))?;
         self.start_in(data, steps)
     }
 
-    /// The steps of an allreduce of `data` ([`allreduce_into`]) with a predefined op
-    /// (`commutative`) or a user's, `combine(ours, theirs, theirs_first)` reducing.
+    /// The steps of an allreduce of `data` ([`allreduce_into`]) with an op of `kind`,
+    /// `combine(ours, theirs, theirs_first)` reducing.
     fn allreduce_steps<T: Primitive>(
         &self,
         data: &[T],
-        commutative: bool,
+        kind: OpKind,
         combine: impl Fn(&mut [T], &[T], bool) + Send + 'static,
     ) -> Result<impl InPlace<T>, Error> {
         let mut plan = StepPlan::default();
-        allreduce_into(&mut plan, self, data.len(), std::mem::size_of_val(data), commutative)?;
+        allreduce_into(&mut plan, self, data.len(), std::mem::size_of_val(data), kind)?;
         Ok(steps!(|s, work| s.run_over(&plan, work, combine).await))
     }
 
@@ -616,17 +649,16 @@ impl Communicator {
     /// is an error.
     pub fn allreduce<T: Reducible>(&self, send: &[T], recv: &mut [T], op: Op) -> Result<(), Error> {
         check_op(op, send.first(), "allreduce: a bitwise op on floating-point elements")?;
-        self.allreduce_direct(send, recv, true, |ours, theirs, first| combine(op, ours, theirs, first))
+        self.allreduce_direct(send, recv, OpKind::of::<T>(), |ours, theirs, first| combine(op, ours, theirs, first))
     }
 
-    /// The blocking allreduce of `send` into `recv` ([`allreduce_into`]) with a predefined op
-    /// (`commutative`) or a user's, `combine(ours, theirs, theirs_first)` reducing, on the
-    /// calling thread.
+    /// The blocking allreduce of `send` into `recv` ([`allreduce_into`]) with an op of
+    /// `kind`, `combine(ours, theirs, theirs_first)` reducing, on the calling thread.
     fn allreduce_direct<T: Primitive>(
         &self,
         send: &[T],
         recv: &mut [T],
-        commutative: bool,
+        kind: OpKind,
         combine: impl Fn(&mut [T], &[T], bool),
     ) -> Result<(), Error> {
         if send.len() != recv.len() {
@@ -634,9 +666,9 @@ impl Communicator {
         }
         recv.copy_from_slice(send);
         let (len, bytes) = (send.len(), std::mem::size_of_val(send));
-        let plan = |s: &mut StepPlan| allreduce_into(s, self, len, bytes, commutative);
+        let plan = |s: &mut StepPlan| allreduce_into(s, self, len, bytes, kind);
         // The plan is a function of these (the members fixed).
-        self.run_direct(recv, DirectPlan::Allreduce { len, bytes, commutative }, plan, combine)
+        self.run_direct(recv, DirectPlan::Allreduce { len, bytes, kind }, plan, combine)
     }
 
     /// [`iallreduce`](Self::iallreduce) with a user reduction `f(a, b)`, which must be
@@ -649,7 +681,7 @@ impl Communicator {
         data: Vec<T>,
         f: impl Fn(T, T) -> T + Send + Sync + 'static,
     ) -> Result<Request<'_, Vec<T>>, Error> {
-        let steps = self.allreduce_steps(&data, false, user_combine(f))?;
+        let steps = self.allreduce_steps(&data, OpKind::User, user_combine(f))?;
         self.start_in(data, steps)
     }
 
@@ -664,7 +696,7 @@ impl Communicator {
         recv: &mut [T],
         f: impl Fn(T, T) -> T + Send + Sync + 'static,
     ) -> Result<(), Error> {
-        self.allreduce_direct(send, recv, false, user_combine(f))
+        self.allreduce_direct(send, recv, OpKind::User, user_combine(f))
     }
 
     /// Reduces `value` over the world ranks `members` (this rank among them) on the

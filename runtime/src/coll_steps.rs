@@ -267,27 +267,38 @@ pub(crate) fn reduce_over_into(s: &mut Steps, members: &[u32], me_world: u32, le
 }
 
 /// Reduction of `len` elements over the world ranks `members` (this rank, world rank
-/// `me_world`, among them) in one step: every member sends its data to every other, keeps
-/// what each sends in a copy of its own (`n` copies of the data, member `i`'s in copy `i`)
-/// and, once all came, combines the copies in list order, `f(f(v0, v1), v2) ...`
-/// ([`Steps::fold`]). `n - 1` messages each way per member where recursive doubling sends
-/// `log2 n`, but one round of waiting instead of `log2 n` (and two more beyond a power of
-/// two): where the members share fewer cores than they are, each round costs every member a
-/// turn on a core, and the round, not the message, is the cost. Every member combines the
-/// same values in the same order, the sequential one, so any op may take it (floats, a
-/// user's op that is not commutative) and every member gets the same result, bit for bit.
-pub(crate) fn reduce_exchange_into(s: &mut Steps, members: &[u32], me_world: u32, len: usize) -> Result<(), Error> {
+/// `me_world`, among them) in one step: every member sends its data to every other. `n - 1`
+/// messages each way per member where recursive doubling sends `log2 n`, but one round of
+/// waiting instead of `log2 n` (and two more beyond a power of two): where the members
+/// share fewer cores than they are, each round costs every member a turn on a core, and the
+/// round, not the message, is the cost.
+///
+/// `in_order`: each member keeps what each sends in a copy of its own (`n` copies of the
+/// data, member `i`'s in copy `i`) and, once all came, combines the copies in list order,
+/// `f(f(v0, v1), v2) ...` ([`Steps::fold`]): every member combines the same values in the
+/// same order, the sequential one, so any op may take it (floats, a user's op that is not
+/// commutative) and every member gets the same result, bit for bit. Else each message is
+/// combined into the member's own data as it lands, the lower members' first, which gives
+/// the sequential result only where the order does not matter ([`Reducible::EXACT`]), with
+/// no copies.
+///
+/// [`Reducible::EXACT`]: crate::coll::Reducible::EXACT
+pub(crate) fn reduce_exchange_into(s: &mut Steps, members: &[u32], me_world: u32, len: usize, in_order: bool) -> Result<(), Error> {
     let me = place_of(members, me_world)?;
-    (s.copies, s.fold) = (members.len(), true);
+    let copy = |i: usize| if in_order { i * len..(i + 1) * len } else { 0..len };
+    if in_order {
+        (s.copies, s.fold) = (members.len(), true);
+    }
     s.step();
     for (i, &w) in members.iter().enumerate() {
         if i != me {
-            s.send(w, me * len..(me + 1) * len);
+            s.send(w, copy(me));
         }
     }
     for (i, &w) in members.iter().enumerate() {
         if i != me {
-            s.recv(w, i * len..(i + 1) * len, Then::Replace);
+            let then = if in_order { Then::Replace } else { Then::Combine { theirs_first: i < me } };
+            s.recv(w, copy(i), then);
         }
     }
     Ok(())

@@ -855,10 +855,10 @@ pub(crate) enum DirectPlan {
     Bcast { len: usize, bytes: usize, root: u32 },
     /// A reduction of so many elements into a root.
     Reduce { len: usize, root: u32 },
-    /// An allreduce of so many elements, so many bytes, with a predefined op (commutative)
-    /// or a user's (the algorithm depends on all three: a user's op never takes
-    /// Rabenseifner's).
-    Allreduce { len: usize, bytes: usize, commutative: bool },
+    /// An allreduce of so many elements, so many bytes, with an op of a kind (the algorithm
+    /// depends on all three: a user's op never takes Rabenseifner's, an exact one combines
+    /// the exchange's messages as they land).
+    Allreduce { len: usize, bytes: usize, kind: crate::coll::OpKind },
     /// A gather of so many elements per rank into a root.
     Gather { len: usize, root: u32 },
     /// A scatter of so many elements per rank from a root.

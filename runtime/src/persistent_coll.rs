@@ -64,7 +64,7 @@ use parking_lot::Mutex;
 use weft_sync::{Error, Status};
 
 use crate::buffer::{Primitive, SendBuf};
-use crate::coll::{allreduce_into, bcast_is_long, blocks, check_op, combine, even, reduce_is_long, Op, Reducible};
+use crate::coll::{allreduce_into, bcast_is_long, blocks, check_op, combine, even, reduce_is_long, Op, OpKind, Reducible};
 use crate::coll_steps::{
     allgather_steps, alltoall_steps, barrier_steps, bcast_long_steps, bcast_steps, fold_copies, gather_steps, land, reduce_long_steps,
     reduce_steps, scan_steps, scatter_steps, Steps,
@@ -568,7 +568,7 @@ impl Communicator {
         check_op(op, data.first(), "allreduce_init: a bitwise op on floating-point elements")?;
         self.agree([data.len() as u64, 0, op_code(op)])?;
         let mut steps = Steps::default();
-        allreduce_into(&mut steps, self, data.len(), std::mem::size_of_val(data.as_slice()), true)?;
+        allreduce_into(&mut steps, self, data.len(), std::mem::size_of_val(data.as_slice()), OpKind::of::<T>())?;
         Ok(self.coll_init(steps, data, Some((op, combine::<T>))))
     }
 
