@@ -756,6 +756,10 @@ fn ranks_that_pass_different_lengths_all_fail_and_none_hangs() {
                 // allreduce, an alltoallv and a bcast; each fails everywhere.
                 let extra = usize::from(r == 1);
                 let small = c.allreduce(&vec![1u32; 2 + extra], &mut vec![0u32; 2 + extra], Op::Sum);
+                // Floats, whose small allreduce combines in rank order once all came, blocking
+                // and nonblocking.
+                let floats = c.allreduce(&vec![1f64; 2 + extra], &mut vec![0f64; 2 + extra], Op::Sum);
+                let ifloats = c.iallreduce(vec![1f64; 2 + extra], Op::Sum).and_then(|q| q.wait()).map(drop);
                 // The ring's threshold in u32s (its blocks stay below libfabric shm's inject
                 // size: see `on_world`).
                 let long = weft::ALLREDUCE_LONG_BYTES / 4;
@@ -768,11 +772,12 @@ fn ranks_that_pass_different_lengths_all_fail_and_none_hangs() {
                 // The communicator still works for collectives that match.
                 let mut ok = [0u32];
                 c.allreduce(&[1], &mut ok, Op::Sum).unwrap();
-                (small, large, a2a, bc, ok[0])
+                (small, [floats, ifloats], large, a2a, bc, ok[0])
             });
-            for (r, (small, large, a2a, bc, ok)) in out.into_iter().enumerate() {
+            for (r, (small, floats, large, a2a, bc, ok)) in out.into_iter().enumerate() {
                 let mismatch = |e: &Result<(), Error>| matches!(e, Err(Error::InvalidArgument(_)));
                 assert!(mismatch(&small) && mismatch(&large), "size {n}, rank {r}: {small:?} {large:?}");
+                assert!(floats.iter().all(mismatch), "size {n}, rank {r}: floats {floats:?}");
                 // Only rank 0 receives the extra element of the alltoallv (rank 1 may be done
                 // before rank 0's notice comes); rank 1 receives a different length in the
                 // bcast.
