@@ -244,9 +244,9 @@ pub fn run(args: &Args) -> Result<(), String> {
             }
         }
     }
-    let chart = Chart::new("continuations: completion to callback, 2 ranks in one process", "in_flight", "receives in flight")
+    let chart = Chart::new("continuations: send to callback, 2 ranks in one process", "in_flight", "receives in flight")
         .y("mean_latency_us", "")
-        .y_axis("mean completion-to-callback latency (µs)", 1.0)
+        .y_axis("mean send-to-callback latency (µs)", 1.0)
         .series("mode", "{}")
         .series("threads", "{} threads")
         .log_x()

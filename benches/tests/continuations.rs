@@ -22,7 +22,7 @@ fn every_mode_sees_every_completion() {
         assert!(cells[5].parse::<f64>().is_ok_and(|v| v >= 0.0), "{l:?}");
     }
     let chart = std::fs::read_to_string(&svg).expect("the plot was written");
-    for text in ["<svg", "continuations: completion to callback", "receives in flight", "latency"] {
+    for text in ["<svg", "continuations: send to callback", "receives in flight", "latency"] {
         assert!(chart.contains(text), "{text:?} not in the SVG");
     }
     for legend in ["inline, 1 threads", "pool, 2 threads", "task, 1 threads", "sync, 2 threads"] {
