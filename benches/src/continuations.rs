@@ -24,8 +24,9 @@
 //! completion seen by the callback, task or thread, so with the message's wait in the
 //! transport queue; `completion_to_callback_us`: from the receive's completion, stamped
 //! where the runtime completes it for every mode alike (`weft_sync::stamps`), to the same
-//! instant seen, `-` if some completion was not stamped: a task that finds its receive
-//! complete at its first poll registered no waker, and its completion is not stamped).
+//! instant seen; `-` where the stamps do not match the messages one for one: a task that
+//! finds its receive complete at its first poll registered no waker and is not stamped, and
+//! a send of rank 0 that had to wait for room in a full inbox is stamped too).
 
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
