@@ -195,6 +195,8 @@ impl CompletionCell {
         let prev = self.state.fetch_or(COMPLETE, Ordering::AcqRel);
         debug_assert_eq!(prev & COMPLETE, 0, "completion cell completed twice");
         if prev & (ATTACHED | HAS_WAKER) != 0 {
+            #[cfg(feature = "stamps")]
+            crate::stamps::stamp();
             self.notify(prev);
         }
         true
