@@ -260,6 +260,8 @@ echo "## Requests for task runtimes"
 echo
 bench "Continuations" \
     "$BENCH" continuations -t 1,2,4 -n 1,100,10000 $(q "" "--messages 200") --markdown --plot "$OUT/continuations.svg"
+bench "Continuations, the sender paced below what every mode completes" \
+    "$BENCH" continuations --mode inline,sync -t 1,2,4 -n 10000 --rate 1000000 $(q "" "--messages 200") --markdown
 bench "Partitioned sends" \
     "$BENCH" partitioned --provider "$([ "$OFI" = 1 ] && echo embedded,shm || echo embedded)" -t 1,2,4,8 -s $(q "65536,1048576,16777216" "65536") $(q "" "--rounds 1") --markdown --plot "$OUT/partitioned.svg"
 echo "## Distributed locks"

@@ -18,10 +18,15 @@
 //! frames queued behind it), so a mode whose waiting threads take cores from the sender
 //! shows less of that wait (docs/BENCHMARKS.md).
 //!
-//! Columns: `mode,threads,in_flight,messages,completions_per_sec,mean_latency_us`
-//! (`completions_per_sec`: messages over the time from the first send to the last
-//! completion seen; `mean_latency_us`: from a message's send to its completion seen by the
-//! callback, task or thread).
+//! Columns: `mode,threads,in_flight,messages,completions_per_sec,mean_latency_us,
+//! completion_to_callback_us` (`completions_per_sec`: messages over the time from the first
+//! send to the last completion seen; `mean_latency_us`: from a message's send to its
+//! completion seen by the callback, task or thread, so with the message's wait in the
+//! transport queue; `completion_to_callback_us`: from the receive's completion, stamped
+//! where the runtime completes it for every mode alike (`weft_sync::stamps`), to the same
+//! instant seen; `-` where the stamps do not match the messages one for one: a task that
+//! finds its receive complete at its first poll registered no waker and is not stamped, and
+//! a send of rank 0 that had to wait for room in a full inbox is stamped too).
 
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -66,6 +71,8 @@ struct Seen {
     t0: Instant,
     count: AtomicUsize,
     nanos: AtomicU64,
+    /// The instants the completions were seen at, nanoseconds after the stamps' epoch.
+    seen_at: AtomicU64,
 }
 
 impl Seen {
@@ -74,6 +81,7 @@ impl Seen {
         let now = self.t0.elapsed().as_nanos() as u64;
         self.nanos.fetch_add(now.saturating_sub(buf.first().copied().unwrap_or(now)), Ordering::Relaxed);
         self.count.fetch_add(1, Ordering::Relaxed);
+        self.seen_at.fetch_add(weft_sync::stamps::now_nanos(), Ordering::Relaxed);
     }
 }
 
@@ -134,15 +142,26 @@ enum Round<'c> {
     Sync(weft::SyncObject<usize>, Vec<Mutex<Request<'c, Vec<u64>>>>),
 }
 
-/// One configuration: completions per second and mean latency in microseconds.
-fn measure(mode: &str, threads: usize, n: usize, messages: usize, rate: f64, lock_stats: bool) -> Result<(f64, f64), String> {
+/// What one configuration measured.
+struct Measured {
+    /// Completions a second.
+    rate: f64,
+    /// Mean send-to-callback latency, µs.
+    latency: f64,
+    /// Mean completion-to-callback latency, µs (`None`: some completion was not stamped).
+    from_completion: Option<f64>,
+}
+
+/// One configuration: completions per second and mean latencies in microseconds.
+fn measure(mode: &str, threads: usize, n: usize, messages: usize, rate: f64, lock_stats: bool) -> Result<Measured, String> {
     let workers = if matches!(mode, "pool" | "task") { threads } else { 0 };
     let rts = Runtime::builder().workers(workers).lock_stats(lock_stats).build_local(2).map_err(|e| e.to_string())?;
     let (a, b) = (rts[0].world(), rts[1].world());
     let rounds = messages.div_ceil(n);
-    let seen = Arc::new(Seen { t0: Instant::now(), count: AtomicUsize::new(0), nanos: AtomicU64::new(0) });
+    let seen = Arc::new(Seen { t0: Instant::now(), count: AtomicUsize::new(0), nanos: AtomicU64::new(0), seen_at: AtomicU64::new(0) });
     let cr = rts[1].continuation_request();
     let mut first_send = None;
+    weft_sync::stamps::start();
     for _ in 0..rounds {
         let round = post(mode, &rts[1], b, n, &seen, &cr);
         let start = seen.t0.elapsed();
@@ -192,6 +211,7 @@ fn measure(mode: &str, threads: usize, n: usize, messages: usize, rate: f64, loc
         }
     }
     let secs = (seen.t0.elapsed() - first_send.unwrap_or_default()).as_secs_f64();
+    let (stamped, stamps) = weft_sync::stamps::stop();
     if lock_stats {
         let c = rts[1].counters();
         let (cri, m) = (c.cri_lock, c.matching_lock);
@@ -205,7 +225,9 @@ fn measure(mode: &str, threads: usize, n: usize, messages: usize, rate: f64, loc
     if count != rounds * n {
         return Err(format!("{mode}: {count} completions seen of {}", rounds * n));
     }
-    Ok((count as f64 / secs, seen.nanos.load(Ordering::Relaxed) as f64 / count as f64 / 1e3))
+    let from_completion =
+        (stamped == count as u64).then(|| (seen.seen_at.load(Ordering::Relaxed) as f64 - stamps as f64).max(0.0) / count as f64 / 1e3);
+    Ok(Measured { rate: count as f64 / secs, latency: seen.nanos.load(Ordering::Relaxed) as f64 / count as f64 / 1e3, from_completion })
 }
 
 pub fn run(args: &Args) -> Result<(), String> {
@@ -221,7 +243,10 @@ pub fn run(args: &Args) -> Result<(), String> {
     if let Some(m) = modes.iter().find(|m| !matches!(m.as_str(), "inline" | "pool" | "task" | "sync")) {
         return Err(format!("unknown mode {m:?} (inline, pool, task, sync)"));
     }
-    let mut table = Table::new(&["mode", "threads", "in_flight", "messages", "completions_per_sec", "mean_latency_us"], &args.out);
+    let mut table = Table::new(
+        &["mode", "threads", "in_flight", "messages", "completions_per_sec", "mean_latency_us", "completion_to_callback_us"],
+        &args.out,
+    );
     if args.rate > 0.0 {
         args.out.note(&format!("# sender paced at {} messages a second", args.rate));
     }
@@ -231,7 +256,7 @@ pub fn run(args: &Args) -> Result<(), String> {
         for &t in &threads {
             for &n in &in_flight {
                 table.step(|| format!("{m}, {t} threads, {n} in flight"));
-                let (rate, latency) = measure(m, t, n, args.messages, args.rate, args.lock_stats)?;
+                let Measured { rate, latency, from_completion } = measure(m, t, n, args.messages, args.rate, args.lock_stats)?;
                 let messages = args.messages.div_ceil(n) * n;
                 table.row(vec![
                     m.clone(),
@@ -240,13 +265,14 @@ pub fn run(args: &Args) -> Result<(), String> {
                     messages.to_string(),
                     format!("{rate:.0}"),
                     format!("{latency:.2}"),
+                    from_completion.map_or_else(|| "-".to_string(), |c| format!("{c:.2}")),
                 ]);
             }
         }
     }
-    let chart = Chart::new("continuations: completion to callback, 2 ranks in one process", "in_flight", "receives in flight")
+    let chart = Chart::new("continuations: send to callback, 2 ranks in one process", "in_flight", "receives in flight")
         .y("mean_latency_us", "")
-        .y_axis("mean completion-to-callback latency (µs)", 1.0)
+        .y_axis("mean send-to-callback latency (µs)", 1.0)
         .series("mode", "{}")
         .series("threads", "{} threads")
         .log_x()
@@ -264,7 +290,7 @@ mod tests {
     #[test]
     fn a_paced_sender_keeps_its_rate() {
         for mode in ["inline", "sync"] {
-            let (paced, _) = measure(mode, 1, 20, 20, 5_000.0, false).expect("paced run");
+            let paced = measure(mode, 1, 20, 20, 5_000.0, false).expect("paced run").rate;
             assert!(paced <= 5_300.0, "{mode}: {paced:.0} completions a second, paced at 5,000");
         }
     }

@@ -1,7 +1,8 @@
 //! The collectives on any communicator, blocking and nonblocking. Each is a schedule of
 //! point-to-point steps (`nbc.rs`): a nonblocking one (`ibcast`, ...) is a [`Request`] like a
 //! receive, which the rank's progress completes; a blocking one starts the same schedule and
-//! waits for it — except the small blocking `barrier` and `reduce`, every blocking `bcast` and `allreduce`, and
+//! waits for it — except the small blocking `barrier` and `reduce`, every blocking `bcast`,
+//! `allreduce` and `allreduce_with`, and
 //! the blocking `gather`, `scatter`, `allgather` and `alltoall` (and their `v` forms), whose
 //! steps the calling thread posts and waits for itself, with no schedule or future
 //! (`Communicator::run_direct`, `nbc.rs`). Their messages travel on the
@@ -16,15 +17,20 @@
 //! |---|---|---|
 //! | `barrier` | dissemination: `ceil(log2 n)` rounds | — |
 //! | `bcast` | binomial tree | from [`BCAST_LONG_BYTES`] and [`BCAST_LONG_RANKS`] ranks: binomial scatter of `n` blocks, then a ring allgather (van de Geijn; MPICH's `scatter_ring_allgather`) |
-//! | `allreduce` | recursive doubling, ranks beyond a power of two folded in first; a blocking one of integers on 3 to [`ALLREDUCE_EXCHANGE_RANKS`] ranks and up to [`ALLREDUCE_EXCHANGE_BYTES`]: one exchange, every rank's data to every other at once (one round of waiting instead of `log2 n`: on a host with fewer cores than ranks each round costs every rank a turn on a core) | from [`ALLREDUCE_LONG_BYTES`] with a predefined op and at least `n` elements: Rabenseifner's: a reduce-scatter by recursive halving, then an allgather by recursive doubling (`2 log2 p` steps over the largest power of two `p` of ranks, each rank beyond it folding its vector into a partner first and getting the result back at the end), sending about `2 (p-1)/p` times the data per rank, against `log2 p` times |
+//! | `allreduce` | recursive doubling, ranks beyond a power of two folded in first; on 3 to [`ALLREDUCE_EXCHANGE_RANKS`] ranks and up to [`ALLREDUCE_EXCHANGE_BYTES`]: one exchange, every rank's data to every other at once, each rank combining all of them in rank order (one round of waiting instead of `log2 n`: on a host with fewer cores than ranks each round costs every rank a turn on a core) | from [`ALLREDUCE_LONG_BYTES`] with a predefined op and at least `n` elements: Rabenseifner's: a reduce-scatter by recursive halving, then an allgather by recursive doubling (`2 log2 p` steps over the largest power of two `p` of ranks, each rank beyond it folding its vector into a partner first and getting the result back at the end), sending about `2 (p-1)/p` times the data per rank, against `log2 p` times |
 //! | `reduce` | binomial tree | from [`REDUCE_LONG_BYTES`] with a predefined op, at least `n` elements and a power of two of ranks: a reduce-scatter by recursive halving, then a binomial gather of the reduced blocks ([Thakur 2005]) |
 //! | `gather`, `scatter` (and `v`) | the root exchanges with every rank at once | — |
 //! | `allgather` (and `v`) | ring | — |
 //! | `alltoall` (and `v`) | every pair at once, receives posted first | — |
 //! | `scan`, `exscan` | recursive doubling | — |
 //!
-//! A user reduction (`allreduce_with`) need not be commutative, so it always takes recursive
-//! doubling, which combines in rank order.
+//! The blocking, nonblocking and persistent allreduce choose alike (`allreduce_into`). Every
+//! rank of a small one combines the `n` contributions in rank order, `((x0 op x1) op x2)
+//! ...`, the sequential result, the same bit for bit on every rank, for floats too (an
+//! [exact](Reducible::EXACT) type's, whose result no order changes, each as it lands). A user
+//! reduction (`allreduce_with`) need not be commutative: it takes the exchange where a
+//! predefined op does, and recursive doubling, which combines in rank order, at every
+//! larger size.
 //!
 //! Every algorithm but the small nonblocking broadcast (which shares one copy of the data
 //! among a node's children) is a plan of steps (`coll_steps.rs`), one copy for the blocking,
@@ -58,8 +64,8 @@ use weft_sync::Error;
 
 use crate::buffer::Primitive;
 use crate::coll_steps::{
-    allgather_into, allgather_steps, allreduce_long_into, allreduce_long_steps, alltoall_into, alltoall_steps, barrier_into, barrier_steps,
-    bcast_into, bcast_long_into, bcast_long_steps, gather_into, gather_steps, reduce_exchange_into, reduce_long_steps, reduce_over_into,
+    allgather_into, allgather_steps, allreduce_long_into, alltoall_into, alltoall_steps, barrier_into, barrier_steps, bcast_into,
+    bcast_long_into, bcast_long_steps, gather_into, gather_steps, reduce_exchange_into, reduce_long_steps, reduce_over_into,
     reduce_over_steps, reduce_steps, reduce_tree_into, scan_steps, scatter_into, scatter_steps, Steps as StepPlan,
 };
 use crate::comm::Communicator;
@@ -91,17 +97,58 @@ pub(crate) fn allreduce_is_long(bytes: usize, len: usize, n: u32) -> bool {
     bytes >= ALLREDUCE_LONG_BYTES && len >= n as usize && n > 1
 }
 
-/// A small `allreduce` of an [exact](Reducible::EXACT) type on up to this many ranks goes
-/// by one exchange of every rank's data with every other's (`reduce_exchange_into`) ...
+/// A small `allreduce` (blocking, nonblocking or persistent, of any type and op) on up to
+/// this many ranks goes by one exchange of every rank's data with every other's, each rank
+/// combining them all in rank order (`reduce_exchange_into`) ...
 pub const ALLREDUCE_EXCHANGE_RANKS: u32 = 8;
 /// ... of at most this many bytes.
 pub const ALLREDUCE_EXCHANGE_BYTES: usize = 256;
 
-/// Whether a blocking allreduce of `bytes` of an exact type (`exact`) on `n` ranks goes by
-/// one exchange among all ranks rather than recursive doubling. Every rank decides alike
-/// (from the call's arguments and the communicator's size only).
-pub(crate) fn allreduce_is_exchange(bytes: usize, n: u32, exact: bool) -> bool {
-    exact && n > 2 && n <= ALLREDUCE_EXCHANGE_RANKS && bytes <= ALLREDUCE_EXCHANGE_BYTES
+/// Whether an allreduce of `bytes` on `n` ranks goes by one exchange among all ranks rather
+/// than recursive doubling. Every rank decides alike (from the call's arguments and the
+/// communicator's size only).
+pub(crate) fn allreduce_is_exchange(bytes: usize, n: u32) -> bool {
+    n > 2 && n <= ALLREDUCE_EXCHANGE_RANKS && bytes <= ALLREDUCE_EXCHANGE_BYTES
+}
+
+/// What an allreduce's plan may rely on of its op.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum OpKind {
+    /// A predefined op on an [exact](Reducible::EXACT) type: any order and grouping of the
+    /// operands gives the same result.
+    Exact,
+    /// A predefined op on floats: commutative, its result depends on the order.
+    Commutative,
+    /// A user's op: associative only, its operands in rank order.
+    User,
+}
+
+impl OpKind {
+    /// The kind of a predefined op on `T`.
+    pub(crate) fn of<T: Reducible>() -> OpKind {
+        if T::EXACT {
+            OpKind::Exact
+        } else {
+            OpKind::Commutative
+        }
+    }
+}
+
+/// The plan of an allreduce of `len` elements, `bytes` in all, on `comm` with an op of
+/// `kind`, written into `s` (cleared): the one choice of the blocking, nonblocking and
+/// persistent forms. One exchange ([`allreduce_is_exchange`]; an exact op combines each
+/// contribution as it lands, the others all of them in rank order once all came), else
+/// Rabenseifner's for a predefined op ([`allreduce_is_long`]), else recursive doubling.
+pub(crate) fn allreduce_into(s: &mut StepPlan, comm: &Communicator, len: usize, bytes: usize, kind: OpKind) -> Result<(), Error> {
+    let (members, me, n) = (comm.world_ranks(), comm.world_of(comm.rank()), comm.size());
+    if allreduce_is_exchange(bytes, n) {
+        reduce_exchange_into(s, members, me, len, kind != OpKind::Exact)
+    } else if kind != OpKind::User && allreduce_is_long(bytes, len, n) {
+        allreduce_long_into(s, comm, len);
+        Ok(())
+    } else {
+        reduce_over_into(s, members, me, len)
+    }
 }
 
 /// Whether a reduction (with a predefined op) of `len` elements, `bytes` in all, on `n`
@@ -180,22 +227,6 @@ macro_rules! reducible_float {
 }
 reducible_float!(f32, f64);
 
-/// `f` applied elementwise.
-fn zip_with<T: Copy>(a: &[T], b: &[T], f: impl Fn(T, T) -> T) -> Vec<T> {
-    a.iter().zip(b).map(|(&x, &y)| f(x, y)).collect()
-}
-
-/// The elementwise reduction of `op` over `T`, or an error naming `what` if `op` is not
-/// defined for it (bitwise on floats; told by an element of the data, `sample`).
-fn op_for<T: Reducible>(
-    op: Op,
-    sample: Option<&T>,
-    what: &'static str,
-) -> Result<impl Fn(&[T], &[T]) -> Vec<T> + Send + Sync + Copy, Error> {
-    check_op(op, sample, what)?;
-    Ok(move |a: &[T], b: &[T]| zip_with(a, b, |x, y| T::apply(op, x, y).expect("op checked for the type")))
-}
-
 /// An error naming `what` if `op` is not defined for `T` (bitwise on floats; told by an
 /// element of the data, `sample`).
 pub(crate) fn check_op<T: Reducible>(op: Op, sample: Option<&T>, what: &'static str) -> Result<(), Error> {
@@ -262,6 +293,16 @@ pub(crate) fn blocks(counts: &[usize], displs: &[usize], n: u32, len: usize, wha
             _ => Err(Error::InvalidArgument(what)),
         })
         .collect()
+}
+
+/// The user reduction `f` as a step's combination: `f(theirs, ours)` elementwise if
+/// `theirs_first`, else `f(ours, theirs)`.
+fn user_combine<T: Copy>(f: impl Fn(T, T) -> T + Send + Sync + 'static) -> impl Fn(&mut [T], &[T], bool) + Send + 'static {
+    move |ours, theirs, theirs_first| {
+        for (a, &t) in ours.iter_mut().zip(theirs) {
+            *a = if theirs_first { f(t, *a) } else { f(*a, t) };
+        }
+    }
 }
 
 /// Blocks `a..b` (`a < b`) of `blocks`, which follow each other, as one range.
@@ -584,83 +625,78 @@ impl Communicator {
     /// (`MPI_Iallreduce`). Every rank passes the same length and op; a bitwise op on floats
     /// is an error.
     pub fn iallreduce<T: Reducible>(&self, data: Vec<T>, op: Op) -> Result<Request<'_, Vec<T>>, Error> {
-        let steps = self.allreduce_steps(&data, op)?;
+        check_op(op, data.first(), "allreduce: a bitwise op on floating-point elements")?;
+        let steps =
+            self.allreduce_steps(&data, OpKind::of::<T>(), move |ours: &mut [T], theirs: &[T], tf| combine(op, ours, theirs, tf))?;
         self.start_in(data, steps)
     }
 
-    /// The steps of an allreduce of `data` with `op`, by its size: recursive doubling or
-    /// Rabenseifner's.
-    fn allreduce_steps<T: Reducible>(&self, data: &[T], op: Op) -> Result<impl InPlace<T>, Error> {
-        let f = op_for(op, data.first(), "allreduce: a bitwise op on floating-point elements")?;
-        let long = allreduce_is_long(std::mem::size_of_val(data), data.len(), self.size());
-        let members = self.group().world_ranks().clone();
-        Ok(steps!(|s, work| if long {
-            s.run_in(&allreduce_long_steps(s.comm, work.len()), work, |ours, theirs, tf| combine(op, ours, theirs, tf)).await
-        } else {
-            s.reduce_over_in(&members, work, f).await
-        }))
+    /// The steps of an allreduce of `data` ([`allreduce_into`]) with an op of `kind`,
+    /// `combine(ours, theirs, theirs_first)` reducing.
+    fn allreduce_steps<T: Primitive>(
+        &self,
+        data: &[T],
+        kind: OpKind,
+        combine: impl Fn(&mut [T], &[T], bool) + Send + 'static,
+    ) -> Result<impl InPlace<T>, Error> {
+        let mut plan = StepPlan::default();
+        allreduce_into(&mut plan, self, data.len(), std::mem::size_of_val(data), kind)?;
+        Ok(steps!(|s, work| s.run_over(&plan, work, combine).await))
     }
 
     /// Reduces `send` elementwise over every rank with `op` into `recv` of every rank
     /// (`MPI_Allreduce`). Every rank passes the same lengths and op; a bitwise op on floats
     /// is an error.
     pub fn allreduce<T: Reducible>(&self, send: &[T], recv: &mut [T], op: Op) -> Result<(), Error> {
+        check_op(op, send.first(), "allreduce: a bitwise op on floating-point elements")?;
+        self.allreduce_direct(send, recv, OpKind::of::<T>(), |ours, theirs, first| combine(op, ours, theirs, first))
+    }
+
+    /// The blocking allreduce of `send` into `recv` ([`allreduce_into`]) with an op of
+    /// `kind`, `combine(ours, theirs, theirs_first)` reducing, on the calling thread.
+    fn allreduce_direct<T: Primitive>(
+        &self,
+        send: &[T],
+        recv: &mut [T],
+        kind: OpKind,
+        combine: impl Fn(&mut [T], &[T], bool),
+    ) -> Result<(), Error> {
         if send.len() != recv.len() {
             return Err(Error::InvalidArgument("allreduce: send and receive buffers of different lengths"));
         }
-        check_op(op, send.first(), "allreduce: a bitwise op on floating-point elements")?;
         recv.copy_from_slice(send);
-        let (len, n) = (send.len(), self.size());
-        let long = allreduce_is_long(std::mem::size_of_val(send), len, n);
-        let exchange = allreduce_is_exchange(std::mem::size_of_val(send), n, T::EXACT);
-        let plan = |s: &mut StepPlan| {
-            if exchange {
-                return reduce_exchange_into(s, self.world_ranks(), self.world_of(self.rank()), len);
-            }
-            if !long {
-                return reduce_over_into(s, self.world_ranks(), self.world_of(self.rank()), len);
-            }
-            allreduce_long_into(s, self, len);
-            Ok(())
-        };
-        // The plan is a function of the length, the size in bytes and the type's exactness
-        // (the members fixed).
-        let what = DirectPlan::Allreduce { len, bytes: std::mem::size_of_val(send), exact: T::EXACT };
-        self.run_direct(recv, what, plan, |ours, theirs, first| combine(op, ours, theirs, first))
+        let (len, bytes) = (send.len(), std::mem::size_of_val(send));
+        let plan = |s: &mut StepPlan| allreduce_into(s, self, len, bytes, kind);
+        // The plan is a function of these (the members fixed).
+        self.run_direct(recv, DirectPlan::Allreduce { len, bytes, kind }, plan, combine)
     }
 
     /// [`iallreduce`](Self::iallreduce) with a user reduction `f(a, b)`, which must be
     /// associative; operands always come in rank order (`a` from the lower ranks), so it need
-    /// not be commutative (recursive doubling at every size).
+    /// not be commutative. The algorithm is the predefined ops' but for large messages (one
+    /// exchange, each rank applying `f` over every rank's data in rank order, for small
+    /// ones; recursive doubling, which keeps the order, for the others).
     pub fn iallreduce_with<T: Primitive>(
         &self,
         data: Vec<T>,
         f: impl Fn(T, T) -> T + Send + Sync + 'static,
     ) -> Result<Request<'_, Vec<T>>, Error> {
-        self.start_in(data, self.allreduce_with_steps(f))
-    }
-
-    /// The steps of an allreduce with the user reduction `f` (recursive doubling).
-    fn allreduce_with_steps<T: Primitive>(&self, f: impl Fn(T, T) -> T + Send + Sync + 'static) -> impl InPlace<T> {
-        let members = self.group().world_ranks().clone();
-        steps!(|s, work| s.reduce_over_in(&members, work, move |a, b| zip_with(a, b, &f)).await)
+        let steps = self.allreduce_steps(&data, OpKind::User, user_combine(f))?;
+        self.start_in(data, steps)
     }
 
     /// [`allreduce`](Self::allreduce) with a user reduction `f(a, b)`, which must be
     /// associative; operands always come in rank order (`a` from the lower ranks), so it need
-    /// not be commutative. Recursive doubling: `log2` of the largest power of two not above
-    /// the size in exchanges, plus two messages for each rank beyond it.
+    /// not be commutative. As [`iallreduce_with`](Self::iallreduce_with): one exchange for
+    /// small messages, else recursive doubling (`log2` of the largest power of two not above
+    /// the size in exchanges, plus two messages for each rank beyond it).
     pub fn allreduce_with<T: Primitive>(
         &self,
         send: &[T],
         recv: &mut [T],
         f: impl Fn(T, T) -> T + Send + Sync + 'static,
     ) -> Result<(), Error> {
-        if send.len() != recv.len() {
-            return Err(Error::InvalidArgument("allreduce: send and receive buffers of different lengths"));
-        }
-        recv.copy_from_slice(send);
-        self.run_in_place(recv, None, self.allreduce_with_steps(f))
+        self.allreduce_direct(send, recv, OpKind::User, user_combine(f))
     }
 
     /// Reduces `value` over the world ranks `members` (this rank among them) on the

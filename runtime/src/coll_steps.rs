@@ -19,7 +19,7 @@
 //! The plans here: a dissemination barrier; a binomial-tree broadcast and reduce; a
 //! recursive doubling reduction over any list of members (the allreduce's, and communicator
 //! creation's, `create.rs`) and one in a single exchange among all members (a small
-//! blocking allreduce of integers); a gather and a scatter through the root; a ring allgather; an
+//! allreduce); a gather and a scatter through the root; a ring allgather; an
 //! alltoall of every pair at once; the recursive doubling prefix reductions; and for large
 //! messages, Rabenseifner's allreduce, the scatter-allgather broadcast and
 //! the reduce-scatter-gather reduce (MPICH's algorithms, chosen by size in `coll.rs`).
@@ -90,11 +90,14 @@ pub(crate) struct Steps {
     pub(crate) copies: usize,
     /// Whether the first copy, once the steps are over, is the rank's result.
     pub(crate) result: bool,
+    /// Whether, once the steps are over, the copies are combined into the first in order,
+    /// `f(f(c0, c1), c2) ...` ([`fold_copies`]).
+    pub(crate) fold: bool,
 }
 
 impl Default for Steps {
     fn default() -> Self {
-        Steps { steps: Vec::new(), sends: Vec::new(), recvs: Vec::new(), landings: Vec::new(), copies: 1, result: true }
+        Steps { steps: Vec::new(), sends: Vec::new(), recvs: Vec::new(), landings: Vec::new(), copies: 1, result: true, fold: false }
     }
 }
 
@@ -147,7 +150,7 @@ impl Steps {
         self.sends.clear();
         self.recvs.clear();
         self.landings.clear();
-        (self.copies, self.result) = (1, true);
+        (self.copies, self.result, self.fold) = (1, true, false);
     }
 
     /// The longest send, and the longest receive.
@@ -264,26 +267,55 @@ pub(crate) fn reduce_over_into(s: &mut Steps, members: &[u32], me_world: u32, le
 }
 
 /// Reduction of `len` elements over the world ranks `members` (this rank, world rank
-/// `me_world`, among them) in one step: every member sends its data to every other and
-/// combines what each sends into its own, the lower ranks' first. `n - 1` messages each way
-/// per member where recursive doubling sends `log2 n`, but one round of waiting instead of
-/// `log2 n` (and two more beyond a power of two): where the members share fewer cores than
-/// they are, each round costs every member a turn on a core, and the round, not the
-/// message, is the cost. The combination's order differs between members, so only an op
-/// that gives the same result in any order may take it ([`Reducible::EXACT`]).
+/// `me_world`, among them) in one step: every member sends its data to every other. `n - 1`
+/// messages each way per member where recursive doubling sends `log2 n`, but one round of
+/// waiting instead of `log2 n` (and two more beyond a power of two): where the members
+/// share fewer cores than they are, each round costs every member a turn on a core, and the
+/// round, not the message, is the cost.
+///
+/// `in_order`: each member keeps what each sends in a copy of its own (`n` copies of the
+/// data, member `i`'s in copy `i`) and, once all came, combines the copies in list order,
+/// `f(f(v0, v1), v2) ...` ([`Steps::fold`]): every member combines the same values in the
+/// same order, the sequential one, so any op may take it (floats, a user's op that is not
+/// commutative) and every member gets the same result, bit for bit. Else each message is
+/// combined into the member's own data as it lands, the lower members' first, which gives
+/// the sequential result only where the order does not matter ([`Reducible::EXACT`]), with
+/// no copies.
 ///
 /// [`Reducible::EXACT`]: crate::coll::Reducible::EXACT
-pub(crate) fn reduce_exchange_into(s: &mut Steps, members: &[u32], me_world: u32, len: usize) -> Result<(), Error> {
+pub(crate) fn reduce_exchange_into(s: &mut Steps, members: &[u32], me_world: u32, len: usize, in_order: bool) -> Result<(), Error> {
     let me = place_of(members, me_world)?;
-    let others = || members.iter().enumerate().filter(move |&(i, _)| i != me);
-    s.step();
-    for (_, &w) in others() {
-        s.send(w, 0..len);
+    let copy = |i: usize| if in_order { i * len..(i + 1) * len } else { 0..len };
+    if in_order {
+        (s.copies, s.fold) = (members.len(), true);
     }
-    for (i, &w) in others() {
-        s.recv(w, 0..len, Then::Combine { theirs_first: i < me });
+    s.step();
+    for (i, &w) in members.iter().enumerate() {
+        if i != me {
+            s.send(w, copy(me));
+        }
+    }
+    for (i, &w) in members.iter().enumerate() {
+        if i != me {
+            let then = if in_order { Then::Replace } else { Then::Combine { theirs_first: i < me } };
+            s.recv(w, copy(i), then);
+        }
     }
     Ok(())
+}
+
+/// The copies of `work` (`copies` of them, one after the other) combined into the first in
+/// order: `combine(ours, theirs, theirs_first)` with the first as `ours`, each other in turn
+/// as `theirs`, `theirs_first` false ([`Steps::fold`]).
+pub(crate) fn fold_copies<T>(work: &mut [T], copies: usize, combine: &impl Fn(&mut [T], &[T], bool)) {
+    let len = work.len() / copies.max(1);
+    if len == 0 {
+        return;
+    }
+    let (first, rest) = work.split_at_mut(len);
+    for theirs in rest.chunks_exact(len) {
+        combine(first, theirs, false);
+    }
 }
 
 /// This rank's place among a reduction's `members` (world ranks), this rank world rank
@@ -392,7 +424,27 @@ impl Sched<'_> {
         }))
     }
 
-    /// Runs `steps` in `work` itself (the rank's data once, as long as the plan's), each
+    /// Runs `steps` over `data`, the rank's data once, in place: in a working copy of it as
+    /// many times over as the plan says where that is more than once (`nbc::Scratch`), whose
+    /// first copy comes back into `data` at the end; `combine(ours, theirs, theirs_first)`
+    /// combines.
+    pub(crate) async fn run_over<T: Primitive>(
+        &self,
+        steps: &Steps,
+        data: &mut [T],
+        combine: impl Fn(&mut [T], &[T], bool),
+    ) -> Result<(), Error> {
+        if steps.copies == 1 {
+            return self.run_in(steps, data, combine).await;
+        }
+        let mut work = Scratch::repeated(data, steps.copies);
+        self.run_in(steps, &mut work, combine).await?;
+        data.copy_from_slice(&work[..data.len()]);
+        Ok(())
+    }
+
+    /// Runs `steps` in `work` itself (the rank's data as many times over as the plan's
+    /// copies), each
     /// step's sends from scratch copies (`nbc::Scratch`); `combine(ours, theirs,
     /// theirs_first)` combines. A message of another length than planned is [`MISMATCH`](crate::nbc::MISMATCH).
     pub(crate) async fn run_in<T: Primitive>(
@@ -410,6 +462,9 @@ impl Sched<'_> {
             for (inc, got) in incoming.iter().zip(got) {
                 land(work, &steps.landings[inc.lands.clone()], &got, &combine);
             }
+        }
+        if steps.fold {
+            fold_copies(work, steps.copies, &combine);
         }
         Ok(())
     }
@@ -554,12 +609,7 @@ pub(crate) fn scan_steps(comm: &Communicator, len: usize, inclusive: bool) -> St
 /// messages: Rabenseifner's, a reduce-scatter by recursive halving and an allgather by
 /// recursive doubling over the largest power of two of ranks, the ranks beyond it folded in
 /// first and handed the result at the end ([Thakur 2005]; MPICH's
-/// `reduce_scatter_allgather`).
-pub(crate) fn allreduce_long_steps(comm: &Communicator, len: usize) -> Steps {
-    made(|s| allreduce_long_into(s, comm, len))
-}
-
-/// [`allreduce_long_steps`] written into `s` (empty).
+/// `reduce_scatter_allgather`), written into `s` (empty).
 pub(crate) fn allreduce_long_into(s: &mut Steps, comm: &Communicator, len: usize) {
     let fold = Fold::of(comm.size(), comm.rank());
     let w = |v: u32| comm.world_of(v);

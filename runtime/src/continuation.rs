@@ -48,7 +48,6 @@
 //! storage it grew to, given back with the results (or by the last share of an
 //! `attach_any`): in the steady state a set's continuation allocates nothing either.
 
-use std::cell::Cell;
 use std::marker::PhantomData;
 use std::mem::{ManuallyDrop, MaybeUninit};
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -488,20 +487,17 @@ static SHARED_RECORDS: SharedSpares<Box<Record>> = SharedSpares::new(SHARED_SPAR
 thread_local! {
     /// A thread's spare records. Boxes, not records in a vector: a record leaves as its own
     /// allocation, whose address a pending continuation holds.
+    /// Only a thread that attaches keeps them (as many as it took, `spares.rs`); one that
+    /// only completes continuations (a waiter, a pool worker) hands their records to the
+    /// threads that attach, in batches (`spares::BATCH`).
     static SPARES: Spares<Box<Record>, SPARES_MAX> = const { Spares::new(&SHARED_RECORDS) };
-    /// Whether this thread has attached a continuation: only such a thread keeps spares; one
-    /// that only completes continuations (a waiter, a pool worker) hands their records to
-    /// the threads that attach, in batches (`spares::BATCH`).
-    static ATTACHES: Cell<bool> = const { Cell::new(false) };
     /// A thread's spare set states (as its records).
     static SET_SPARES: Spares<Box<SetState>, SET_SPARES_MAX> = const { Spares::new(&SHARED_SETS) };
 }
 
-/// A spare of this thread's `local`, else of another thread's (`shared`); marks this thread
-/// as one that attaches (and so keeps spares).
+/// A spare of this thread's `local`, else of another thread's (`shared`).
 #[inline]
 fn take_spare<T, const MAX: usize>(local: &'static LocalKey<Spares<T, MAX>>, shared: &'static SharedSpares<T>) -> Option<T> {
-    let _ = ATTACHES.try_with(|a| a.set(true));
     local.try_with(Spares::take).unwrap_or_else(|_| shared.take())
 }
 
@@ -509,9 +505,8 @@ fn take_spare<T, const MAX: usize>(local: &'static LocalKey<Spares<T, MAX>>, sha
 /// attach hands it to the threads that do, in batches (`spares::BATCH`).
 #[inline]
 fn give_spare<T, const MAX: usize>(local: &'static LocalKey<Spares<T, MAX>>, spare: T) {
-    let attaches = ATTACHES.try_with(Cell::get).unwrap_or(false);
     // A thread being torn down frees it.
-    let _ = local.try_with(|s| if attaches { s.keep(spare) } else { s.hand_on(spare) });
+    let _ = local.try_with(|s| s.keep(spare));
 }
 
 /// A spare record of this thread, else of another (a batch of them, else one), else a new

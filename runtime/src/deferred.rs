@@ -116,6 +116,12 @@ pub(crate) unsafe fn defer(node: NonNull<Node>) -> bool {
         .unwrap_or(false)
 }
 
+/// Whether the calling thread is inside a pass, for the assertions of the paths that must be
+/// (a thread being torn down, whose passes cannot defer, answers `true`).
+pub(crate) fn inside_pass() -> bool {
+    DEFERRED.try_with(|d| d.depth.get() > 0).unwrap_or(true)
+}
+
 /// Runs the thread's deferred callbacks, oldest first, until none is left (those that the
 /// callbacks defer in turn included).
 #[inline(never)]
@@ -186,7 +192,7 @@ mod tests {
         });
         assert_eq!(inside, (vec![], vec![]), "nothing runs inside a pass");
         assert_eq!(ran(), vec![0, 1, 2, 100]);
-        assert!(!deferring_now(), "every pass was left");
+        assert!(!inside_pass(), "every pass was left");
     }
 
     /// A pass that unwinds is left, and its callbacks run with the next pass.
@@ -199,14 +205,9 @@ mod tests {
             })
         });
         assert!(unwound.is_err());
-        assert!(!deferring_now());
+        assert!(!inside_pass());
         assert_eq!(ran(), vec![]);
         pass(|| complete(4));
         assert_eq!(ran(), vec![3, 4]);
-    }
-
-    /// Whether the calling thread is inside a pass.
-    fn deferring_now() -> bool {
-        DEFERRED.with(|d| d.depth.get() > 0)
     }
 }

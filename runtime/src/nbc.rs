@@ -49,7 +49,7 @@ use std::task::{Context, Poll, Wake, Waker};
 use weft_sync::{Error, Status};
 
 use crate::buffer::{Primitive, RecvBuf, SendBuf};
-use crate::coll_steps::{land, Incoming, Landing, Outgoing, Step, Steps as StepPlan, Then};
+use crate::coll_steps::{fold_copies, land, Incoming, Landing, Outgoing, Step, Steps as StepPlan, Then};
 use crate::comm::Communicator;
 use crate::engine::Schedule;
 use crate::matching::{Source, Tag};
@@ -290,6 +290,18 @@ impl<T: Primitive> Scratch<T> {
         // every primitive's), not overlapping `data`.
         unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), s.store.as_mut_ptr().cast::<T>(), data.len()) };
         s.len = data.len();
+        s
+    }
+
+    /// `data` `k` times over, one copy after the other.
+    pub(crate) fn repeated(data: &[T], k: usize) -> Self {
+        let mut s = Self::with_capacity(data.len() * k);
+        for i in 0..k {
+            // SAFETY: the store holds `cap = k * data.len()` elements of `T` (`Unit`'s
+            // alignment is every primitive's), not overlapping `data`.
+            unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), s.store.as_mut_ptr().cast::<T>().add(i * data.len()), data.len()) };
+        }
+        s.len = data.len() * k;
         s
     }
 
@@ -843,9 +855,10 @@ pub(crate) enum DirectPlan {
     Bcast { len: usize, bytes: usize, root: u32 },
     /// A reduction of so many elements into a root.
     Reduce { len: usize, root: u32 },
-    /// An allreduce of so many elements, so many bytes, of an [exact](crate::Reducible::EXACT)
-    /// type or not (the algorithm depends on all three).
-    Allreduce { len: usize, bytes: usize, exact: bool },
+    /// An allreduce of so many elements, so many bytes, with an op of a kind (the algorithm
+    /// depends on all three: a user's op never takes Rabenseifner's, an exact one combines
+    /// the exchange's messages as they land).
+    Allreduce { len: usize, bytes: usize, kind: crate::coll::OpKind },
     /// A gather of so many elements per rank into a root.
     Gather { len: usize, root: u32 },
     /// A scatter of so many elements per rank from a root.
@@ -942,13 +955,12 @@ struct Direct<'c> {
 }
 
 impl Direct<'_> {
-    /// Runs the plan in `store.steps` over `data`, in place (a plan over one copy of the
-    /// data); `combine(ours, theirs, theirs_first)` reduces.
+    /// Runs the plan in `store.steps` over `data`, in place (the rank's data as many times
+    /// over as the plan's copies); `combine(ours, theirs, theirs_first)` reduces.
     fn run<T: Primitive>(&mut self, data: &mut [T], combine: &impl Fn(&mut [T], &[T], bool)) -> Result<(), Error> {
         let (c, tag) = (self.comm, self.tag);
         let coll = c.coll_state();
         let size = std::mem::size_of::<T>();
-        debug_assert_eq!(self.store.steps.copies, 1, "a direct plan works in the data itself");
         let mut idle = Idle::default();
         for i in 0..self.store.steps.steps.len() {
             let step = self.store.steps.steps[i].clone();
@@ -1011,6 +1023,9 @@ impl Direct<'_> {
             reqs.clear();
             got.clear();
             settled.outcome(c)?;
+        }
+        if self.store.steps.fold {
+            fold_copies(data, self.store.steps.copies, combine);
         }
         Ok(())
     }
@@ -1195,9 +1210,19 @@ impl Communicator {
             plan(&mut store.steps)?;
             store.made_for = Some((members.clone(), me, what));
         }
+        // A plan over more than one copy of the data works in a scratch buffer, which lives
+        // until every request that may hold a part of it has settled (`finish`).
+        let mut copies = (store.steps.copies > 1).then(|| Scratch::repeated(data, store.steps.copies));
         let mut d = Direct { comm: self, tag: seq_tag(self.next_seq()), notice: None, store };
-        let res = d.run(data, &combine);
-        d.finish(res)
+        let res = match &mut copies {
+            None => d.run(data, &combine),
+            Some(work) => d.run(work, &combine),
+        };
+        let res = d.finish(res);
+        if let (Ok(()), Some(work)) = (&res, &copies) {
+            data.copy_from_slice(&work[..data.len()]);
+        }
+        res
     }
 }
 

@@ -47,8 +47,8 @@
 //! Algorithms: those of the blocking collectives (`coll.rs`), chosen by size as they are,
 //! as plans of steps (`coll_steps.rs`): a dissemination barrier; a binomial-tree broadcast,
 //! or for large messages scatter and a ring allgather; a recursive
-//! doubling allreduce (the ranks beyond a power of two folded in first), or for large
-//! messages Rabenseifner's (the ranks beyond a power of two folded in first); gather and
+//! doubling allreduce (the ranks beyond a power of two folded in first), for small messages on
+//! up to eight ranks one exchange among all ranks, or for large messages Rabenseifner's (the ranks beyond a power of two folded in first); gather and
 //! scatter through the root at once; a ring allgather; every pair of an alltoall at once;
 //! recursive doubling prefix reductions; a binomial-tree reduce, or for large messages on a
 //! power of two of ranks a reduce-scatter and gather. A start works in the user's buffer
@@ -64,10 +64,10 @@ use parking_lot::Mutex;
 use weft_sync::{Error, Status};
 
 use crate::buffer::{Primitive, SendBuf};
-use crate::coll::{allreduce_is_long, bcast_is_long, blocks, check_op, combine, even, reduce_is_long, Op, Reducible};
+use crate::coll::{allreduce_into, bcast_is_long, blocks, check_op, combine, even, reduce_is_long, Op, OpKind, Reducible};
 use crate::coll_steps::{
-    allgather_steps, allreduce_long_steps, alltoall_steps, barrier_steps, bcast_long_steps, bcast_steps, gather_steps, land,
-    reduce_long_steps, reduce_over_steps, reduce_steps, scan_steps, scatter_steps, Steps,
+    allgather_steps, alltoall_steps, barrier_steps, bcast_long_steps, bcast_steps, fold_copies, gather_steps, land, reduce_long_steps,
+    reduce_steps, scan_steps, scatter_steps, Steps,
 };
 use crate::comm::Communicator;
 use crate::engine::Schedule;
@@ -309,6 +309,9 @@ impl<T: Primitive> Schedule for Run<T> {
                     send_notices(&self.comm, self.tag, e);
                 }
             }
+        }
+        if let (Ok(()), true, Some((op, f))) = (&result, self.plan.fold, self.reducer) {
+            fold_copies(&mut self.work, self.plan.copies, &|ours: &mut [T], theirs: &[T], tf| f(op, ours, theirs, tf));
         }
         let out = self.out.take().filter(|_| self.plan.result && !self.in_place);
         if let (Ok(()), Some(out)) = (&result, out) {
@@ -564,11 +567,8 @@ impl Communicator {
     pub fn allreduce_init<T: Reducible>(&self, data: Vec<T>, op: Op) -> Result<Persistent<'_, Vec<T>>, Error> {
         check_op(op, data.first(), "allreduce_init: a bitwise op on floating-point elements")?;
         self.agree([data.len() as u64, 0, op_code(op)])?;
-        let steps = if allreduce_is_long(std::mem::size_of_val(data.as_slice()), data.len(), self.size()) {
-            allreduce_long_steps(self, data.len())
-        } else {
-            reduce_over_steps(self.group().world_ranks(), self.world_of(self.rank()), data.len())?
-        };
+        let mut steps = Steps::default();
+        allreduce_into(&mut steps, self, data.len(), std::mem::size_of_val(data.as_slice()), OpKind::of::<T>())?;
         Ok(self.coll_init(steps, data, Some((op, combine::<T>))))
     }
 

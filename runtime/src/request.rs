@@ -440,6 +440,15 @@ impl<B: Send + 'static> crate::progress::Waitable for Request<'_, B> {
             None => Some(false),
         }
     }
+    /// A sent request whose cell was never made (nothing attached it) has delivered
+    /// nothing: no cell is made to say so.
+    fn delivery_spent(&self) -> bool {
+        match (&*self.inner, self.sent_cell.get()) {
+            (Some(i), _) => !i.cell.attachable(),
+            (None, Some(made)) => !made.cell.attachable(),
+            (None, None) => false,
+        }
+    }
     fn is_live(&self) -> bool {
         Request::is_live(self)
     }

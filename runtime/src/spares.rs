@@ -6,11 +6,15 @@
 //! drop them, the droppers' spares would fill while the maker's ran dry: the queue carries
 //! them across, [`BATCH`] at a time (one shared-queue operation per batch on either side,
 //! instead of one per object: a receive completed by a thread that did not post it, say).
+//! A thread keeps only as many as it has shown it takes: its limit starts at none and grows
+//! by a batch each time it found its own spares empty, up to its `MAX`, so a thread that
+//! only gives back (a progress thread completing the others' receives) hoards nothing and
+//! hands all on.
 //!
 //! Under loom the shared queue keeps nothing: an object made in one model execution must
 //! not reach the next.
 
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 
 /// Spares a thread hands to the others at once (module docs).
 pub(crate) const BATCH: usize = 32;
@@ -128,6 +132,9 @@ impl<T> SharedSpares<T> {
 /// otherwise take theirs with them).
 pub(crate) struct Spares<T: 'static, const MAX: usize> {
     own: RefCell<Vec<T>>,
+    /// How many spares this thread keeps (module docs): a batch more each time it found
+    /// `own` empty, up to `MAX`.
+    keeps: Cell<usize>,
     /// Spares on their way to the other threads, handed over when [`BATCH`] are here.
     out: RefCell<Batch<T>>,
     shared: &'static SharedSpares<T>,
@@ -137,7 +144,7 @@ impl<T, const MAX: usize> Spares<T, MAX> {
     /// Up to `MAX` spares of this thread; the extras go to `shared`.
     pub(crate) const fn new(shared: &'static SharedSpares<T>) -> Self {
         const { assert!(MAX >= BATCH, "a thread's spares take a whole batch") };
-        Spares { own: RefCell::new(Vec::new()), out: RefCell::new(Vec::new()), shared }
+        Spares { own: RefCell::new(Vec::new()), keeps: Cell::new(0), out: RefCell::new(Vec::new()), shared }
     }
 
     /// One of this thread's spares, else of another thread's (a batch of them).
@@ -149,9 +156,10 @@ impl<T, const MAX: usize> Spares<T, MAX> {
     }
 
     /// Takes a batch of another thread's spares into this thread's (empty) own, and one of
-    /// them out.
+    /// them out. The thread ran out of its own: it keeps a batch more from now on.
     #[inline(never)]
     fn refill(&self) -> Option<T> {
+        self.keeps.set((self.keeps.get() + BATCH).min(MAX));
         let mut batch = self.shared.take_batch()?;
         let spare = batch.pop();
         let mut own = self.own.borrow_mut();
@@ -167,12 +175,12 @@ impl<T, const MAX: usize> Spares<T, MAX> {
     }
 
     /// Keeps `spare` for this thread, or hands it to the other threads when this thread
-    /// has its limit.
+    /// has as many as it keeps (module docs).
     #[inline(always)]
     pub(crate) fn keep(&self, spare: T) {
         let mut own = self.own.borrow_mut();
         let len = own.len();
-        if len < MAX {
+        if len < self.keeps.get() {
             if len == own.capacity() {
                 // Once per thread: room for every spare it keeps.
                 own.reserve_exact(MAX - len);
@@ -189,7 +197,7 @@ impl<T, const MAX: usize> Spares<T, MAX> {
 
     /// Hands `spare` to the other threads, in this thread's next batch.
     #[inline(always)]
-    pub(crate) fn hand_on(&self, spare: T) {
+    fn hand_on(&self, spare: T) {
         let mut out = self.out.borrow_mut();
         if out.capacity() == 0 {
             *out = self.shared.take_empty();
@@ -240,6 +248,36 @@ mod tests {
 
     static SHARED: SharedSpares<u32> = SharedSpares::new(256);
 
+    /// A thread that only gives spares back keeps none of them: every one goes on to the
+    /// threads that take, a batch at a time; once it took (and found none of its own), it
+    /// keeps a batch, and another for each time it ran out, up to its limit.
+    #[test]
+    fn a_thread_keeps_only_what_it_took() {
+        static GIVEN: SharedSpares<u32> = SharedSpares::new(16 * BATCH);
+        thread_local! {
+            static MINE: Spares<u32, { 4 * BATCH }> = const { Spares::new(&GIVEN) };
+        }
+        std::thread::spawn(|| {
+            MINE.with(|s| {
+                for i in 0..2 * BATCH as u32 {
+                    s.keep(i);
+                }
+                assert_eq!(s.own.borrow().len(), 0, "a thread that never took kept spares");
+                assert_eq!(GIVEN.batches().len(), 2, "what it gave back went on, in batches");
+                // It takes: a batch of the others', then its own until they run out.
+                let taken: Vec<u32> = std::iter::from_fn(|| s.take()).take(BATCH + 1).collect();
+                assert_eq!(taken.len(), BATCH + 1);
+                assert_eq!(s.keeps.get(), 2 * BATCH, "two refills, a batch each");
+                for i in 0..3 * BATCH as u32 {
+                    s.keep(i);
+                }
+                assert_eq!(s.own.borrow().len(), 2 * BATCH, "it keeps what it showed it takes, no more");
+            })
+        })
+        .join()
+        .unwrap();
+    }
+
     /// A thread past its limit hands its extras to the others a batch at a time (one
     /// shared-queue operation per [`BATCH`] spares, not one each), and a thread that ran dry
     /// takes a whole batch, which then serves it without the shared queue; what a thread
@@ -251,6 +289,8 @@ mod tests {
         }
         std::thread::spawn(|| {
             MINE.with(|s| {
+                // A thread that takes: it keeps up to its limit.
+                assert_eq!(s.take(), None);
                 for i in 0..BATCH as u32 {
                     s.keep(i);
                 }

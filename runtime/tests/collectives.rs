@@ -132,3 +132,95 @@ fn large_reductions_on_a_power_of_two_take_the_reduce_scatter() {
         assert_eq!(sent(long, true), 4 * 2 + 3);
     });
 }
+
+/// The blocking, nonblocking and persistent allreduce take one algorithm per size, and a
+/// user's op the same but for Rabenseifner's: as many messages each, counted on 3 and 4
+/// ranks at the exchange's size (`n - 1` per rank), recursive doubling's and
+/// Rabenseifner's.
+#[test]
+fn blocking_nonblocking_and_persistent_allreduce_send_alike_at_every_size() {
+    within(60, "messages per allreduce in its three forms", || {
+        for n in [3u32, 4] {
+            let rts = builder().build_local(n).unwrap();
+            let rabenseifner = weft::ALLREDUCE_LONG_BYTES / 8;
+            for len in [1usize, weft::ALLREDUCE_EXCHANGE_BYTES / 8 + 1, rabenseifner] {
+                let per_rank: Vec<[u64; 5]> = on_ranks(&rts, |rt| {
+                    let c = rt.world();
+                    let x = vec![u64::from(c.rank()) + 1; len];
+                    let mut p = c.allreduce_init(x.clone(), Op::Sum).unwrap();
+                    let sent = |call: &mut dyn FnMut() -> Vec<u64>| {
+                        c.barrier().unwrap();
+                        let before = rt.counters().messages_sent;
+                        let got = call();
+                        let after = rt.counters().messages_sent;
+                        let want = u64::from(n * (n + 1) / 2);
+                        assert!(got.iter().all(|&v| v == want), "rank {}: {} elements, {got:?}", c.rank(), len);
+                        after - before
+                    };
+                    let blocking = sent(&mut || {
+                        let mut y = vec![0u64; len];
+                        c.allreduce(&x, &mut y, Op::Sum).unwrap();
+                        y
+                    });
+                    let nonblocking = sent(&mut || c.iallreduce(x.clone(), Op::Sum).unwrap().wait().unwrap().0);
+                    let persistent = sent(&mut || {
+                        p.start().unwrap();
+                        p.wait().unwrap();
+                        p.buffer().unwrap().clone()
+                    });
+                    let with = sent(&mut || {
+                        let mut y = vec![0u64; len];
+                        c.allreduce_with(&x, &mut y, |a, b| a + b).unwrap();
+                        y
+                    });
+                    let iwith = sent(&mut || c.iallreduce_with(x.clone(), |a, b| a + b).unwrap().wait().unwrap().0);
+                    c.barrier().unwrap();
+                    [blocking, nonblocking, persistent, with, iwith]
+                });
+                for (r, got) in per_rank.iter().enumerate() {
+                    let what = format!("{n} ranks, {len} elements, rank {r}: messages of blocking, nonblocking, persistent, with, iwith");
+                    assert_eq!(got[1..3], [got[0]; 2], "{what}: {got:?}");
+                    assert_eq!(got[4], got[3], "{what}: {got:?}");
+                    if len == 1 {
+                        assert_eq!(got[0], u64::from(n - 1), "{what}: one exchange");
+                    }
+                    if len < rabenseifner {
+                        assert_eq!(got[3], got[0], "{what}: a user's op as a predefined one");
+                    }
+                }
+            }
+        }
+    });
+}
+
+/// A user's op of the same length as the predefined op's allreduce that a rank's thread ran
+/// last (Rabenseifner's, which combines out of rank order) takes its own plan, recursive
+/// doubling, which keeps the order: a non-commutative op gets its operands in rank order.
+#[test]
+fn a_user_op_after_a_large_predefined_allreduce_of_its_length_keeps_rank_order() {
+    within(60, "allreduce_with after allreduce of one length", || {
+        let n = 4u32;
+        let rts = builder().build_local(n).unwrap();
+        let len = weft::ALLREDUCE_LONG_BYTES / 8;
+        let out: Vec<u64> = on_ranks(&rts, |rt| {
+            let c = rt.world();
+            let x = vec![u64::from(c.rank()) + 1; len];
+            let mut y = vec![0u64; len];
+            c.allreduce(&x, &mut y, Op::Sum).unwrap();
+            // Concatenating decimal digits: associative, not commutative.
+            c.allreduce_with(&x, &mut y, |a, b| a * 10u64.pow(b.ilog10() + 1) + b).unwrap();
+            assert!(y.iter().all(|&v| v == y[0]), "rank {}: {y:?}", c.rank());
+            c.barrier().unwrap();
+            y[0]
+        });
+        assert_eq!(out, vec![1234; n as usize]);
+    });
+}
+
+/// `f(rank)` on a thread per rank of `rts`, the results by rank.
+fn on_ranks<T: Send>(rts: &[weft::Runtime], f: impl Fn(&weft::Runtime) -> T + Sync) -> Vec<T> {
+    std::thread::scope(|s| {
+        let hs: Vec<_> = rts.iter().map(|rt| s.spawn(|| f(rt))).collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    })
+}

@@ -42,7 +42,7 @@ use std::task::{Context, Poll, Waker};
 use crate::loom::cell::UnsafeCell;
 use crate::loom::sync::atomic::{AtomicUsize, Ordering};
 use crate::loom::sync::Mutex;
-use crate::status::{Error, Outcome};
+use crate::status::{Error, Outcome, Status};
 
 const COMPLETE: usize = 0b001;
 const ATTACHED: usize = 0b010;
@@ -166,6 +166,22 @@ impl CompletionCell {
     /// is delivered exactly once.
     #[inline]
     pub fn complete(&self, outcome: Outcome) -> bool {
+        self.complete_in(outcome)
+    }
+
+    /// [`complete`](Self::complete) with a success: the status is written into the cell's
+    /// slot where it is made, field by field. (An `Outcome` made on the stack on one of
+    /// several paths and then copied into the slot is read back, as a whole, from the
+    /// stores that just made it: a load that waits for them to retire instead of taking
+    /// their values, once per message on the receive side.)
+    #[inline]
+    pub fn complete_ok(&self, status: Status) -> bool {
+        self.complete_in(Ok(status))
+    }
+
+    /// [`complete`](Self::complete)'s body, inlined into both.
+    #[inline(always)]
+    fn complete_in(&self, outcome: Outcome) -> bool {
         // Fast reject of a second completion; the runtime never does this, but a cell must not
         // be corrupted by it either.
         if self.state.load(Ordering::Relaxed) & COMPLETE != 0 {
@@ -179,16 +195,22 @@ impl CompletionCell {
         let prev = self.state.fetch_or(COMPLETE, Ordering::AcqRel);
         debug_assert_eq!(prev & COMPLETE, 0, "completion cell completed twice");
         if prev & (ATTACHED | HAS_WAKER) != 0 {
-            self.notify(prev, outcome);
+            #[cfg(feature = "stamps")]
+            crate::stamps::stamp();
+            self.notify(prev);
         }
         true
     }
 
     /// [`complete`](Self::complete)'s delivery, out of line (a request waited for by testing
     /// has neither): to the attachment if `prev` (the state before `COMPLETE` was set) has
-    /// one, and to the registered waker.
+    /// one, and to the registered waker. The outcome is read from its slot (the caller, the
+    /// completer, wrote it), not carried across the completion's read-modify-write.
     #[inline(never)]
-    fn notify(&self, prev: usize, outcome: Outcome) {
+    fn notify(&self, prev: usize) {
+        // SAFETY: we are the completer and wrote the slot before setting `COMPLETE`; nobody
+        // writes it again until `reset` (`&mut self`).
+        let outcome = self.outcome.with(|p| unsafe { *p }).unwrap_or(Err(Error::Cancelled));
         if prev & ATTACHED != 0 {
             // SAFETY: `ATTACHED` was set by a release-CAS after the attachment was written,
             // and we observed it with acquire; the attacher no longer touches the slot and a

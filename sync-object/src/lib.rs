@@ -54,6 +54,8 @@ mod idle;
 pub(crate) mod loom;
 mod object;
 mod signal;
+#[cfg(feature = "stamps")]
+pub mod stamps;
 mod status;
 mod wait;
 

@@ -12,7 +12,7 @@
 
 use std::sync::Arc;
 
-use weft_sync::{Error, Outcome, Status};
+use weft_sync::{Error, Status};
 use weft_transport::{Frame, FrameKind, Header, Payload};
 
 use super::{CriLocal, Engine};
@@ -183,37 +183,59 @@ impl Engine {
     }
 
     /// [`finish_match_in`](Self::finish_match_in), inlined into the progress pass's loop over
-    /// its matches (a call per message less).
+    /// its matches (a call per message less). The common receive, an eager message that fits,
+    /// is all it holds: a failed one goes to [`fail_match`](Self::fail_match), out of line,
+    /// so that the status of a success is written straight into the cell
+    /// (`CompletionCell::complete_ok`), not made on the stack as one `Outcome` of several
+    /// paths and copied from there (a load of the stores just made, which waits for them).
     #[inline(always)]
     fn complete_match(&self, _k: usize, req: Arc<Operation>, frame: &mut Frame) {
         // The fields read on every path, not the whole header (a copy per message less).
         let (rts, source, tag) = (frame.header.kind == FrameKind::Rts, frame.header.source, frame.header.tag);
         let len = message_len(frame);
-        let outcome: Outcome = if len > req.cap {
-            Err(Error::Truncated { message_len: len, buffer_len: req.cap })
-        } else if req.elem > 1 && len % req.elem != 0 {
-            Err(Error::Misaligned { elem_size: req.elem, message_len: len })
-        } else if rts {
+        if len > req.cap {
+            let buffer_len = req.cap;
+            return self.fail_match(req, frame, Error::Truncated { message_len: len, buffer_len });
+        }
+        if req.elem > 1 && len % req.elem != 0 {
+            let elem_size = req.elem;
+            return self.fail_match(req, frame, Error::Misaligned { elem_size, message_len: len });
+        }
+        if rts {
             // Completed when the read is over, by a later pass (module docs).
             self.start_rendezvous_read(req, frame.header, len);
             return;
-        } else {
-            let src = frame.payload.as_slice();
-            if len > 0 {
-                // SAFETY: `ptr..ptr+cap` is the receive area owned by the request (or its
-                // orphan slot) until the cell completes, `len <= cap`, and the payload is a
-                // distinct allocation.
-                unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), req.ptr, len) };
-            }
-            Ok(Status { source, tag, bytes: len })
-        };
-        if rts {
-            let fin = Header { kind: FrameKind::Fin, len: len as u64, ..frame.header };
+        }
+        if len > 0 {
+            // SAFETY: `ptr..ptr+cap` is the receive area owned by the request (or its orphan
+            // slot) until the cell completes, `len <= cap`, and the payload is a distinct
+            // allocation.
+            unsafe { std::ptr::copy_nonoverlapping(frame.payload.as_slice().as_ptr(), req.ptr, len) };
+        }
+        self.transport.recycle(source, std::mem::replace(&mut frame.payload, Payload::Empty));
+        req.cell.complete_ok(Status { source, tag, bytes: len });
+        Self::settled(req);
+    }
+
+    /// Completes receive `req` with `error`, consuming `frame`: a rendezvous sender is told
+    /// its data was consumed (`Fin`), an eager payload goes back.
+    #[cold]
+    #[inline(never)]
+    fn fail_match(&self, req: Arc<Operation>, frame: &mut Frame, error: Error) {
+        let source = frame.header.source;
+        if frame.header.kind == FrameKind::Rts {
+            let fin = Header { kind: FrameKind::Fin, len: message_len(frame) as u64, ..frame.header };
             self.send_control(source, frame.header.src_cri as usize, fin);
         } else {
             self.transport.recycle(source, std::mem::replace(&mut frame.payload, Payload::Empty));
         }
-        req.cell.complete(outcome);
+        req.cell.complete(Err(error));
+        Self::settled(req);
+    }
+
+    /// The matching side's reference to a receive it has just completed, dropped.
+    #[inline(always)]
+    fn settled(req: Arc<Operation>) {
         if Arc::strong_count(&req) == 1 {
             // Nothing waits for the request any more (dropped, or its result went to a
             // continuation): the buffer of a dropped one goes now, and the operation back to

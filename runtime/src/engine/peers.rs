@@ -248,7 +248,8 @@ impl Engine {
     /// once this has held it. It waits for the locks (even on paths that otherwise only
     /// try them, such as an idle pool worker's): a loss is rare, and a holder keeps a CRI
     /// lock for one poll batch. Never called with a CRI lock held (`flush_deferred` runs
-    /// outside them).
+    /// outside them), and always inside a pass (`deferred.rs`): the callbacks of the
+    /// receives it completes run once the pass let go of the CRI locks.
     ///
     /// Bounded whatever the transport does: the locks are tried until [`DELIVER_WAIT`] has
     /// passed (then once each), never waited for — a thread caught inside libfabric (a
@@ -258,6 +259,7 @@ impl Engine {
     /// of a CRI whose transport state is held that way finds nothing after a bounded wait.
     #[cold]
     fn deliver_arrived(&self) -> usize {
+        debug_assert!(crate::deferred::inside_pass(), "frames delivered outside a pass: their callbacks would run under the CRI locks");
         let deadline = std::time::Instant::now() + DELIVER_WAIT;
         let mut total = 0;
         for k in 0..self.cris.len() {
@@ -339,6 +341,68 @@ mod tests {
             });
             assert_eq!(res, Err(Error::PeerLost { rank: 0 }), "{mode:?}");
             assert!(took < Duration::from_secs(10), "{mode:?}: took {took:?}");
+        }
+    }
+
+    /// A receive completed by a thread's last check before it sleeps (`work_before_sleep`:
+    /// frames deferred, so it flushes them, and a peer was lost meanwhile, so it delivers
+    /// the frames that arrived first, here one from a live peer that came while another
+    /// thread held the CRI's lock) runs its inline callback after the check let go of its
+    /// locks, so the callback may post on that CRI, in every progress mode; run under the
+    /// CRI's lock, it waited for good for the lock its own thread held.
+    #[test]
+    fn a_callback_completed_by_the_check_before_sleep_may_post() {
+        for mode in MODES {
+            let rts = Runtime::builder().env(false).progress(mode).cris(1).inbox_capacity(2).build_local(3).unwrap();
+            let (engine, seen) = (rts[1].engine.clone(), rts[1].engine.transport.lost_epoch());
+            // No courier: the sleeping thread's check is what handles the loss.
+            engine.courier.stop();
+            let b = rts[1].world().clone();
+            let cr = rts[1].continuation_request();
+            let (tx, posted) = mpsc::channel();
+            let mut r = b.irecv(Vec::<u8>::with_capacity(1), 2u32, 1).unwrap();
+            let c = b.clone();
+            cr.attach(&mut r, crate::Invoke::Inline, move |res| {
+                // A send on the CRI whose frame completed the receive (to this rank itself).
+                let sent = c.isend(res.map(|(buf, _)| buf).unwrap_or_default(), 1, 2).map(drop);
+                let _ = tx.send(sent);
+            })
+            .unwrap();
+            // Rank 0's inbox full (nobody progresses rank 0): rank 1's third frame is deferred.
+            let sends: Vec<_> = (0..3u8).map(|i| b.isend(vec![i], 0, 3).unwrap()).collect();
+            assert!(engine.outbox.pending.load(crate::loom::sync::atomic::Ordering::Acquire), "{mode:?}: nothing deferred");
+            let (held_tx, held) = mpsc::channel();
+            let (release, wait) = mpsc::channel::<()>();
+            let e = engine.clone();
+            let holder = std::thread::spawn(move || {
+                e.cris[0].lock.high(|_| {
+                    let _ = held_tx.send(());
+                    let _ = wait.recv();
+                })
+            });
+            held.recv().unwrap();
+            rts[0].engine.transport.close();
+            let e = engine.clone();
+            let sleeper = std::thread::spawn(move || e.work_before_sleep());
+            // The check has taken the loss and waits for the CRI's lock: rank 2's frame
+            // arrives behind it, then the lock is let go.
+            let deadline = Instant::now() + Duration::from_secs(5);
+            while engine.peers.seen.load(crate::loom::sync::atomic::Ordering::Acquire) == seen {
+                assert!(Instant::now() < deadline, "{mode:?}: the check did not take the loss");
+                std::thread::yield_now();
+            }
+            rts[2].world().send(vec![9u8], 1, 1).unwrap();
+            drop(release);
+            holder.join().unwrap();
+            let got = posted.recv_timeout(Duration::from_secs(10));
+            if got.is_err() {
+                // The check is stuck: leave the ranks behind rather than join it.
+                std::mem::forget((rts, cr, sends, sleeper, engine));
+                panic!("{mode:?}: the callback did not post (it waited for its own thread's lock)");
+            }
+            assert!(got.unwrap().is_ok(), "{mode:?}: the callback's send");
+            sleeper.join().unwrap();
+            drop(sends);
         }
     }
 

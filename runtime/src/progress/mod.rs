@@ -125,10 +125,16 @@ impl Engine {
     /// frame has room again (`SendError::WouldBlock`'s contract), but either ring may have
     /// come between the poller's last pass and its registration; this check sees what it
     /// announced.
+    ///
+    /// The flush is a pass of its own (`deferred.rs`): a peer lost meanwhile makes it deliver
+    /// the frames that arrived (`Engine::deliver_arrived`) under each CRI's lock, and fail
+    /// requests under `Global` mode's progress lock; the callbacks those completions run wait
+    /// until the locks are released, as a pass's do.
     pub(crate) fn work_before_sleep(&self) -> bool {
         // Acquire: pairs with the store in `defer`. The flush runs under the global critical
         // section in `Global` mode, as every other send.
-        self.transport.any_frames() || (self.outbox.pending.load(Ordering::Acquire) && self.main_path(|| self.flush_deferred()) > 0)
+        self.transport.any_frames()
+            || (self.outbox.pending.load(Ordering::Acquire) && crate::deferred::pass(|| self.main_path(|| self.flush_deferred())) > 0)
     }
 
     /// Unposts a receive that has not matched yet. Returns whether it was unposted.

@@ -28,6 +28,12 @@ pub(crate) trait Waitable: Attach {
     fn settled(&self) -> Option<bool> {
         self.is_complete().then_some(true)
     }
+    /// Whether the completion of this complete request went to a sync object already (an
+    /// attach of it would be refused). By default a look at its own cell; a request that
+    /// makes its cell on demand answers without making it.
+    fn delivery_spent(&self) -> bool {
+        !self.own_cell().attachable()
+    }
     /// Whether the request still holds its operation (not yet taken by a wait).
     fn is_live(&self) -> bool;
     /// The rank the request belongs to.
@@ -352,22 +358,30 @@ fn wait_attached_all<R: Waitable>(
 /// A request already attached to a sync object of the user's cannot be attached here; the
 /// wait then tests it between progress passes instead ([`wait_polling`]'s loop).
 fn wait_attached<R: Waitable>(sync: &SyncObject<usize>, hook: &dyn Progress, engine: &Engine, reqs: &mut [R], want: Want) -> Option<usize> {
-    // Requests attached elsewhere (rare: no allocation unless there is one), and the end of
-    // the attached range.
+    // Requests in the attached range whose completion this wait does not take (rare: no
+    // allocation unless there is one): pending ones attached elsewhere, and, for
+    // `Want::All`, complete ones whose completion went to a sync object before the wait.
+    // The end of the attached range.
     let mut foreign: Vec<usize> = Vec::new();
+    let mut elsewhere = false;
     let mut attached = 0;
     let found = match want {
         Want::All => {
             for (i, r) in reqs.iter_mut().enumerate() {
-                if !r.is_complete() {
+                if r.is_complete() {
+                    if r.delivery_spent() {
+                        foreign.push(i);
+                    }
+                } else {
                     attached = i + 1;
                     if sync.attach_counted(&mut Own(&*r)).is_err() {
                         foreign.push(i);
+                        elsewhere = true;
                     }
                 }
             }
             let _ = sync.wait_all_with(hook);
-            if !foreign.is_empty() {
+            if elsewhere {
                 wait_polling(&[engine], reqs, Want::All);
             }
             None
@@ -389,11 +403,12 @@ fn wait_attached<R: Waitable>(sync: &SyncObject<usize>, hook: &dyn Progress, eng
                 attached = i + 1;
                 if sync.attach(&mut Own(&*r), i).is_err() {
                     foreign.push(i);
+                    elsewhere = true;
                 }
             }
             let found = if done.is_some() {
                 done
-            } else if !foreign.is_empty() {
+            } else if elsewhere {
                 // One of them completes outside our object: test every one.
                 wait_polling(&[engine], reqs, Want::Any)
             } else {
@@ -421,10 +436,13 @@ fn wait_attached<R: Waitable>(sync: &SyncObject<usize>, hook: &dyn Progress, eng
         }
     };
     // The completions our object took (and that are drained now) are the user's again: a
-    // sync object they attach a request to after this wait gets its completion.
+    // sync object they attach a request to after this wait gets its completion. Only those:
+    // one that went to a user's object before the wait stays spent there.
+    // (`delivery_spent` first: a request with nothing delivered has nothing to forget, and a
+    // sent one then makes no cell.)
     for (i, r) in reqs[..attached].iter_mut().enumerate() {
-        if r.is_live() && !foreign.contains(&i) {
-            r.completion_cell().forget_delivery();
+        if r.is_live() && r.delivery_spent() && !foreign.contains(&i) {
+            r.own_cell().forget_delivery();
         }
     }
     found
@@ -579,6 +597,47 @@ mod tests {
             assert_eq!(found, Some(0), "{mode:?}: the completed receive is the answer, not the one matched later");
             let [mut data, _never] = reqs;
             assert_eq!(data.take().unwrap().unwrap().0, vec![7u8]);
+        }
+    }
+
+    /// A request whose completion went to a sync object of the user's before a wait, and
+    /// that the wait passes over as complete, stays delivered: the wait gives back only the
+    /// completions its own object took. (The fallback of `wait_attached_all` forgot every
+    /// delivery in the range it attached, and the user's next attach of that request then
+    /// queued its completion a second time.) Here `wait_attached` waits for a receive that
+    /// another thread's send completes, with the delivered request before it.
+    #[test]
+    fn a_wait_gives_back_only_the_deliveries_it_took() {
+        for mode in [ProgressMode::Owner, ProgressMode::Concurrent] {
+            let rt = Runtime::builder().env(false).progress(mode).workers(0).build().unwrap();
+            let comm = rt.world();
+            let user = SyncObject::<u32>::new();
+            let mut delivered = comm.irecv(Vec::<u8>::with_capacity(1), 0u32, 1).unwrap();
+            comm.send(vec![1u8], 0, 1).unwrap();
+            while !delivered.is_complete() {
+                let _ = rt.progress();
+            }
+            user.attach(&mut delivered, 7).unwrap();
+            assert_eq!(user.query().map(|c| c.data), Some(7));
+            let pending = comm.irecv(Vec::<u8>::with_capacity(1), 0u32, 2).unwrap();
+            let mut reqs = [delivered, pending];
+            std::thread::scope(|s| {
+                s.spawn(|| {
+                    std::thread::sleep(Duration::from_millis(20));
+                    comm.send(vec![2u8], 0, 2).unwrap();
+                });
+                let engine = reqs[0].engine().clone();
+                let hook = ConcurrentWait { engine: &engine, attend: None };
+                with_wait_sync(|sync| wait_attached(sync, &hook, &engine, &mut reqs, Want::All));
+            });
+            let [mut delivered, mut pending] = reqs;
+            assert!(user.attach(&mut delivered, 8).is_err(), "{mode:?}: a completion the user's object took was given back");
+            assert!(user.query().is_none(), "{mode:?}: a completion was queued twice");
+            // The one the wait took is the user's again.
+            user.attach(&mut pending, 9).unwrap();
+            assert_eq!(user.query().map(|c| c.data), Some(9), "{mode:?}");
+            assert_eq!(delivered.take().unwrap().unwrap().0, vec![1u8]);
+            assert_eq!(pending.take().unwrap().unwrap().0, vec![2u8]);
         }
     }
 }

@@ -80,6 +80,46 @@ fn allreduce_matches_a_sequential_reference() {
     });
 }
 
+/// Rank `r`'s floating-point input: magnitudes far apart, so that the sum's value depends
+/// on the order in which it adds.
+fn float_input(r: u32, len: usize) -> Vec<f64> {
+    (0..len).map(|i| [1e16, 1.0 + i as f64, -1e16, 3.0, 0.5][(r as usize + i) % 5] * if r % 3 == 2 { -1.0 } else { 1.0 }).collect()
+}
+
+/// A small allreduce of floats (up to [`weft::ALLREDUCE_EXCHANGE_BYTES`]), blocking,
+/// nonblocking, persistent or with a closure, gives every rank the sequential sum in rank
+/// order, bit for bit: `((x0 + x1) + x2) + ...`.
+#[test]
+fn a_small_float_allreduce_is_the_sequential_sum_in_rank_order_on_every_rank() {
+    within(60, "small float allreduce at sizes 1-8", || {
+        for n in SIZES {
+            for len in [5usize, weft::ALLREDUCE_EXCHANGE_BYTES / 8] {
+                let out = on_world(n, |r, c| {
+                    let send = float_input(r, len);
+                    let mut blocking = vec![0f64; len];
+                    c.allreduce(&send, &mut blocking, Op::Sum).unwrap();
+                    let nonblocking = c.iallreduce(send.clone(), Op::Sum).unwrap().wait().unwrap().0;
+                    let mut p = c.allreduce_init(send.clone(), Op::Sum).unwrap();
+                    p.start().unwrap();
+                    p.wait().unwrap();
+                    let persistent = p.buffer().unwrap().clone();
+                    let mut with = vec![0f64; len];
+                    c.allreduce_with(&send, &mut with, |a, b| a + b).unwrap();
+                    let iwith = c.iallreduce_with(send.clone(), |a, b| a + b).unwrap().wait().unwrap().0;
+                    [blocking, nonblocking, persistent, with, iwith].map(|v| v.iter().map(|x| x.to_bits()).collect::<Vec<u64>>())
+                });
+                let want: Vec<u64> =
+                    (0..len).map(|i| (0..n).map(|r| float_input(r, len)[i]).reduce(|a, b| a + b).unwrap().to_bits()).collect();
+                for (r, got) in out.iter().enumerate() {
+                    for (k, form) in ["blocking", "nonblocking", "persistent", "with", "iwith"].iter().enumerate() {
+                        assert_eq!(got[k], want, "size {n}, {len} elements, rank {r}, {form}");
+                    }
+                }
+            }
+        }
+    });
+}
+
 #[test]
 fn a_user_reduction_gets_its_operands_in_rank_order() {
     within(60, "allreduce_with a non-commutative op", || {
@@ -529,7 +569,7 @@ fn large_allreduce_on_any_number_of_ranks_folds_into_rabenseifners() {
 /// ran takes its own algorithm (by its size in bytes and whether its type reduces exactly
 /// in any order), not the plan kept from that call: ranks 1-3 ran a barrier in between and
 /// make their plans afresh, rank 0 would reuse its last one, and the members would then
-/// run different algorithms (messages that never come).
+/// run different algorithms (messages that never come) or combine in another order.
 #[test]
 fn an_allreduce_of_another_type_of_the_same_length_takes_its_own_algorithm() {
     within(60, "allreduces of the same length and other element types", || {
@@ -537,8 +577,9 @@ fn an_allreduce_of_another_type_of_the_same_length_takes_its_own_algorithm() {
             let rest = c.split((r > 0).then_some(0), r as i32).unwrap();
             let v = u64::from(r) + 1;
             let mut got = Vec::new();
-            // One exchange (8 B of integers), then recursive doubling (floats); one exchange
-            // (256 B), then Rabenseifner's (2 KiB).
+            // One exchange (8 B of integers, combined as they land), then one exchange (8 B
+            // of floats, combined in rank order once all came); one exchange (256 B), then
+            // Rabenseifner's (2 KiB).
             let mut a = [0u64];
             c.allreduce(&[v], &mut a, Op::Sum).unwrap();
             if let Some(rest) = &rest {
@@ -715,6 +756,10 @@ fn ranks_that_pass_different_lengths_all_fail_and_none_hangs() {
                 // allreduce, an alltoallv and a bcast; each fails everywhere.
                 let extra = usize::from(r == 1);
                 let small = c.allreduce(&vec![1u32; 2 + extra], &mut vec![0u32; 2 + extra], Op::Sum);
+                // Floats, whose small allreduce combines in rank order once all came, blocking
+                // and nonblocking.
+                let floats = c.allreduce(&vec![1f64; 2 + extra], &mut vec![0f64; 2 + extra], Op::Sum);
+                let ifloats = c.iallreduce(vec![1f64; 2 + extra], Op::Sum).and_then(|q| q.wait()).map(drop);
                 // The ring's threshold in u32s (its blocks stay below libfabric shm's inject
                 // size: see `on_world`).
                 let long = weft::ALLREDUCE_LONG_BYTES / 4;
@@ -727,11 +772,12 @@ fn ranks_that_pass_different_lengths_all_fail_and_none_hangs() {
                 // The communicator still works for collectives that match.
                 let mut ok = [0u32];
                 c.allreduce(&[1], &mut ok, Op::Sum).unwrap();
-                (small, large, a2a, bc, ok[0])
+                (small, [floats, ifloats], large, a2a, bc, ok[0])
             });
-            for (r, (small, large, a2a, bc, ok)) in out.into_iter().enumerate() {
+            for (r, (small, floats, large, a2a, bc, ok)) in out.into_iter().enumerate() {
                 let mismatch = |e: &Result<(), Error>| matches!(e, Err(Error::InvalidArgument(_)));
                 assert!(mismatch(&small) && mismatch(&large), "size {n}, rank {r}: {small:?} {large:?}");
+                assert!(floats.iter().all(mismatch), "size {n}, rank {r}: floats {floats:?}");
                 // Only rank 0 receives the extra element of the alltoallv (rank 1 may be done
                 // before rank 0's notice comes); rank 1 receives a different length in the
                 // bcast.
