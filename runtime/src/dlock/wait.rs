@@ -136,6 +136,7 @@ pub(crate) enum Armed<'a, const N: usize> {
     /// the steps given passed (the protocols' model: a receive of the hand-off's wake
     /// frame, and the waiter's check of its word every [`WAKE_CHECK`]).
     #[cfg(test)]
+    #[cfg_attr(loom, allow(dead_code))]
     Mailbox(&'a AtomicU32, u32),
     /// Park until one of the words is written.
     Listen([SignalListener<'a>; N]),
@@ -637,8 +638,9 @@ impl Backoff {
         Backoff(0)
     }
 
-    /// The polls counted so far.
+    /// The polls counted so far (the protocols' model).
     #[cfg(test)]
+    #[cfg_attr(loom, allow(dead_code))]
     pub(crate) fn polls(&self) -> u32 {
         self.0
     }
