@@ -485,15 +485,18 @@ impl<B: Send + 'static> Future for Request<'_, B> {
         let Some(inner) = Option::clone(&this.inner) else {
             return Poll::Ready(Err(Error::InvalidArgument("request polled after completion")));
         };
-        loop {
-            if inner.cell.is_complete() {
+        // A bounded number of passes (`drive_poll`): a `Yielded` end has woken this task,
+        // which the executor polls again after its other ready tasks; an `Idle` end left the
+        // waker on the doorbell, and the cell's registration below, re-checked, covers a
+        // completion by another thread's pass.
+        let engine = this.comm.engine();
+        match weft_sync::drive_poll(cx, || inner.cell.is_complete(), |cx| engine.poll_progress(cx)) {
+            weft_sync::Driven::Done => {
                 drop(inner);
                 return Poll::Ready(this.take().expect("complete"));
             }
-            match this.comm.engine().poll_progress(cx) {
-                weft_sync::Step::Progressed => continue,
-                _ => break,
-            }
+            weft_sync::Driven::Yielded => return Poll::Pending,
+            weft_sync::Driven::Idle => {}
         }
         match inner.cell.poll_complete(cx) {
             Poll::Ready(_) => {

@@ -65,4 +65,4 @@ pub use idle::IdleBackoff;
 pub use object::{Attach, AttachError, Completion, Completions, Counted, Detached, Drained, Next, SyncObject};
 pub use signal::{Signal, SignalListener};
 pub use status::{Error, Outcome, Status};
-pub use wait::{Progress, Step};
+pub use wait::{drive_poll, Driven, Progress, Step, POLL_PASSES};

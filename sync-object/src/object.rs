@@ -37,7 +37,7 @@ use crate::loom::sync::atomic::{AtomicUsize, Ordering};
 use crate::loom::sync::{Arc, Mutex};
 use crate::signal::{Signal, SignalListener};
 use crate::status::{Error, Outcome, Status};
-use crate::wait::{block_until, Progress, Step};
+use crate::wait::{block_until, drive_poll, Driven, Progress};
 
 /// A request that can be attached to a [`SyncObject`].
 ///
@@ -532,13 +532,15 @@ impl<T> Future for Drained<'_, T> {
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let this = &mut *self;
+        let (sync, progress) = (this.sync, this.progress);
         loop {
-            if this.sync.size() == 0 {
-                this.listener = None;
-                return Poll::Ready(crate::loom::lock(&this.sync.inner.queue).first_error.take().map_or(Ok(()), Err));
-            }
-            if let Step::Progressed = this.progress.poll_progress(cx) {
-                continue;
+            match drive_poll(cx, || sync.size() == 0, |cx| progress.poll_progress(cx)) {
+                Driven::Done => {
+                    this.listener = None;
+                    return Poll::Ready(crate::loom::lock(&sync.inner.queue).first_error.take().map_or(Ok(()), Err));
+                }
+                Driven::Yielded => return Poll::Pending,
+                Driven::Idle => {}
             }
             match this.listener.as_mut() {
                 None => {
@@ -572,19 +574,26 @@ impl<T: Send + 'static> Stream for Completions<'_, T> {
 
     fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
         let this = &mut *self;
+        let sync = this.sync;
         loop {
-            if let Some(c) = this.sync.query() {
-                this.listener = None;
-                return Poll::Ready(Some(c));
-            }
-            if this.sync.size() == 0 && this.sync.probe() == 0 {
-                this.listener = None;
-                return Poll::Ready(None);
-            }
-            if let Some(p) = this.sync.inner.progress.as_deref() {
-                if let Step::Progressed = p.poll_progress(cx) {
-                    continue;
+            // A completion taken, or none left to come (then `got` stays `None`).
+            let mut got = None;
+            let mut done = || {
+                got = sync.query();
+                got.is_some() || (sync.size() == 0 && sync.probe() == 0)
+            };
+            let driven = match sync.inner.progress.as_deref() {
+                Some(p) => drive_poll(cx, done, |cx| p.poll_progress(cx)),
+                None if done() => Driven::Done,
+                None => Driven::Idle,
+            };
+            match driven {
+                Driven::Done => {
+                    this.listener = None;
+                    return Poll::Ready(got);
                 }
+                Driven::Yielded => return Poll::Pending,
+                Driven::Idle => {}
             }
             match this.listener.as_mut() {
                 None => {

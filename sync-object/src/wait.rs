@@ -43,6 +43,55 @@ pub trait Progress: Send + Sync {
     }
 }
 
+/// Passes of progress one `poll` of a future makes at most while they keep progressing.
+/// A pass that handled frames, or a rank whose transport keeps answering that frames may
+/// come (libfabric's, for a few milliseconds after any traffic), says `Progressed` again and
+/// again: unbounded, one `poll` would hold its executor's worker for as long as traffic
+/// lasts. A pass costs about as much as a trip of the task through its executor's queue
+/// (hundreds of nanoseconds either), so a few passes per `poll` keep that trip's share of
+/// the time small, while the other tasks of the worker wait at most a few microseconds.
+pub const POLL_PASSES: u32 = 8;
+
+/// How [`drive_poll`] ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[must_use]
+pub enum Driven {
+    /// `done()` held.
+    Done,
+    /// A step was not `Progressed`: the hook registered the task's waker where more progress
+    /// will wake it (the [`Progress::poll_progress`] contract). The caller registers on its
+    /// own event, re-checks, and returns `Pending`.
+    Idle,
+    /// [`POLL_PASSES`] steps progressed and `done()` still does not hold: the task's waker
+    /// was woken, so the executor polls the future again after its other ready tasks. The
+    /// caller returns `Pending`.
+    Yielded,
+}
+
+/// The progress loop of a pending future's `poll`, cooperative as tokio's own resources
+/// are: at most [`POLL_PASSES`] progressing steps of `step`, checking `done()` before each
+/// and after the last.
+///
+/// No wake-up is lost: an `Idle` end leaves the waker registered by the step that found
+/// nothing (it registers, then re-checks for work that came before the registration); a
+/// `Yielded` end has woken the waker itself (`wake_by_ref`), which the executor honours
+/// however the future returns, so the task is polled again while progress work remains.
+pub fn drive_poll(cx: &mut Context<'_>, mut done: impl FnMut() -> bool, mut step: impl FnMut(&mut Context<'_>) -> Step) -> Driven {
+    for _ in 0..POLL_PASSES {
+        if done() {
+            return Driven::Done;
+        }
+        if step(cx) != Step::Progressed {
+            return Driven::Idle;
+        }
+    }
+    if done() {
+        return Driven::Done;
+    }
+    cx.waker().wake_by_ref();
+    Driven::Yielded
+}
+
 /// Spin budget before parking: progress calls that found nothing, with a backoff that
 /// yields the core once the spin phase is over (crossbeam's `Backoff`).
 #[cfg(not(loom))]

@@ -1009,3 +1009,49 @@ fn drained_with_resolves_once_everything_completed_and_keeps_the_events() {
     assert_eq!(block_on(sync.drained_with(&hook)), Ok(()));
     t.join().unwrap();
 }
+
+/// A hook that says `Progressed` to its first `limit` calls (a rank whose traffic never
+/// stops), then `Idle`.
+struct Busy {
+    calls: AtomicUsize,
+    limit: usize,
+}
+
+impl Progress for Busy {
+    fn progress(&self) -> Step {
+        if self.calls.fetch_add(1, Ordering::SeqCst) < self.limit {
+            Step::Progressed
+        } else {
+            Step::Idle
+        }
+    }
+}
+
+/// One `poll` of a pending wait makes at most `POLL_PASSES` progressing steps, then wakes
+/// its task (to be polled again after the executor's other tasks) and returns `Pending`:
+/// a hook that keeps progressing does not hold the executor's worker.
+#[test]
+fn one_poll_of_a_busy_wait_is_bounded_and_wakes_its_task() {
+    use std::future::Future;
+    let busy = Arc::new(Busy { calls: AtomicUsize::new(0), limit: 100_000 });
+    let sync = SyncObject::with_progress(busy.clone());
+    let mut op = Op::new();
+    sync.attach(&mut op, 1u32).unwrap();
+    let wakes = Arc::new(CountingWaker(AtomicUsize::new(0)));
+    let waker = futures::task::waker(wakes.clone());
+    let mut cx = Context::from_waker(&waker);
+
+    let mut drained = std::pin::pin!(sync.drained_with(&*busy));
+    assert!(drained.as_mut().poll(&mut cx).is_pending());
+    assert_eq!(busy.calls.load(Ordering::SeqCst), weft_sync::POLL_PASSES as usize, "drained: passes of one poll");
+    assert_eq!(wakes.0.load(Ordering::SeqCst), 1, "drained: the task is woken to be polled again");
+
+    let mut completions = sync.completions();
+    assert!(completions.poll_next_unpin(&mut cx).is_pending());
+    assert_eq!(busy.calls.load(Ordering::SeqCst), 2 * weft_sync::POLL_PASSES as usize, "completions: passes of one poll");
+    assert_eq!(wakes.0.load(Ordering::SeqCst), 2, "completions: the task is woken to be polled again");
+
+    op.0.complete(ok(0));
+    assert!(drained.as_mut().poll(&mut cx).is_ready());
+    assert!(matches!(completions.poll_next_unpin(&mut cx), Poll::Ready(Some(c)) if c.data == 1));
+}

@@ -1462,3 +1462,69 @@ fn all_to_all_rendezvous_completes() {
         });
     }
 }
+
+/// One `poll` of a pending receive makes a bounded amount of progress and returns, even
+/// while frames keep arriving (libfabric says frames may come for a while after any
+/// traffic): it must not hold its executor's worker for as long as the traffic lasts. While
+/// progress work remains the task is woken to be polled again.
+#[test]
+fn one_poll_returns_while_frames_keep_arriving() {
+    use std::future::Future;
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+    use std::sync::Arc;
+    use std::task::{Context, Wake, Waker};
+
+    struct Counting(AtomicUsize);
+    impl Wake for Counting {
+        fn wake(self: Arc<Self>) {
+            self.0.fetch_add(1, Ordering::Relaxed);
+        }
+        fn wake_by_ref(self: &Arc<Self>) {
+            self.0.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+    /// The sender's frames: one a millisecond, for at most this long.
+    const SENDING: Duration = Duration::from_secs(2);
+    for mode in MODES {
+        let rts = world(2, mode);
+        let stop = AtomicBool::new(false);
+        let sent = std::thread::scope(|s| {
+            let sender = s.spawn(|| {
+                let c = rts[1].world();
+                let until = Instant::now() + SENDING;
+                let mut n = 0u32;
+                while !stop.load(Ordering::Relaxed) && Instant::now() < until {
+                    c.send(n.to_le_bytes().to_vec(), 0, 7).unwrap();
+                    n += 1;
+                    std::thread::sleep(Duration::from_millis(1));
+                }
+                n
+            });
+            let c = rts[0].world();
+            // Traffic flows before the poll.
+            c.recv(Vec::<u8>::with_capacity(4), 1u32, 7).unwrap();
+            let mut r = c.irecv(Vec::<u8>::with_capacity(4), Source::Any, 9).unwrap();
+            let wakes = Arc::new(Counting(AtomicUsize::new(0)));
+            let waker = Waker::from(wakes.clone());
+            let polled = std::pin::Pin::new(&mut r).poll(&mut Context::from_waker(&waker));
+            let sending = !sender.is_finished();
+            // Pending, the task is woken again: by itself while work remains, else by the
+            // next frame.
+            let woken_by = Instant::now() + Duration::from_secs(1);
+            while wakes.0.load(Ordering::Relaxed) == 0 && Instant::now() < woken_by {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            stop.store(true, Ordering::Relaxed);
+            assert!(polled.is_pending(), "{mode}: nobody sends tag 9");
+            assert!(sending, "{mode}: one poll returned only once the sender stopped");
+            assert!(wakes.0.load(Ordering::Relaxed) > 0, "{mode}: the pending receive was never woken while frames came");
+            drop(r);
+            sender.join().unwrap()
+        });
+        // The frames polled meanwhile, received in order.
+        let c = rts[0].world();
+        for _ in 1..sent {
+            c.recv(Vec::<u8>::with_capacity(4), 1u32, 7).unwrap();
+        }
+    }
+}
