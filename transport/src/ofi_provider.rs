@@ -781,6 +781,7 @@ impl Opened {
             releasing: Mutex::new(()),
             released_deaths: AtomicU64::new(0),
             closed: AtomicBool::new(false),
+            rma_exposed: AtomicBool::new(false),
             send_refused: AtomicBool::new(false),
             regions: Mutex::new(HashMap::new()),
             pool: ArrayQueue::new((self.opts.cris * self.opts.recv_slots * 2).clamp(64, 1 << 16)),
@@ -904,6 +905,9 @@ struct RankInner {
     closed: AtomicBool,
     /// Registrations of rendezvous send buffers and RMA windows, by key.
     regions: Mutex<HashMap<u64, MemoryRegion>>,
+    /// A window was registered: peers' one-sided operations may wait in the
+    /// [`RMA_TARGET_EP`]'s queue, which only reads of its CQ serve (`serve_rma_target`).
+    rma_exposed: AtomicBool,
     /// Payload buffers of received frames; given back by `recycle`.
     pool: ArrayQueue<Vec<u8>>,
     /// Rung by the watcher when it staged frames, after refused sends, and on lost peers.
@@ -1518,6 +1522,21 @@ impl RankInner {
         woke
     }
 
+    /// Reads the CQ of the endpoint peers' one-sided operations target ([`RMA_TARGET_EP`]),
+    /// if no other thread holds it: a software RMA of `shm` (atomics, small puts) waits in
+    /// that endpoint's queue until a read of its CQ applies it, and the CRI's own thread may
+    /// be computing, parked or off its core meanwhile. An idle poll of any other CRI of a rank
+    /// with a window calls this, so whichever thread polls serves the rank's RMA; the frames
+    /// the read stages stay for the CRI's next poll (its `ready` flag says so).
+    #[cold]
+    #[inline(never)]
+    fn serve_rma_target(&self) {
+        let c = &self.cris[RMA_TARGET_EP];
+        if let Some(mut st) = c.st.try_lock() {
+            self.reap(c, &mut st);
+        }
+    }
+
     /// Wakes `dst`'s watcher if it sleeps and the lane reaches it (see `lane::Lane::nudge`).
     #[inline]
     fn nudge(&self, dst: u32) {
@@ -2003,6 +2022,9 @@ impl OfiRank {
             RankInner::note_activity(c);
         }
         drop(st);
+        if n == 0 && cri != RMA_TARGET_EP && s.rma_exposed.load(Ordering::Relaxed) {
+            s.serve_rma_target();
+        }
         n
     }
 
@@ -2081,6 +2103,7 @@ impl OfiRank {
         let mr = unsafe { MemoryRegion::register(&self.inner.domain, ptr, len, MrAccess::ALL) }.map_err(|e| transport_error(&e))?;
         let remote = mr.remote();
         self.inner.regions.lock().insert(remote.key, mr);
+        self.inner.rma_exposed.store(true, Ordering::Relaxed);
         Ok(remote)
     }
 
@@ -2900,6 +2923,55 @@ mod tests {
             assert!(slept < Duration::from_secs(1), "{provider}: woken after {slept:?}");
             assert!(ranks[1].take_waiter().is_some(), "{provider}: the role was given back");
         }
+    }
+
+    /// A peer's atomic on this rank's window waits in the queue of the endpoint one-sided
+    /// operations target (`RMA_TARGET_EP`, CRI 0) until a read of that endpoint's CQ applies
+    /// it. With CRI 0's thread away and the watcher held, the only thread of the target
+    /// polling its own CRI 1 serves the atomic within a bounded number of its polls.
+    #[test]
+    fn polls_of_another_cri_serve_the_rma_target_endpoint() {
+        let opts = OfiOptions { cris: 2, recv_slots: 16, send_slots: 8, same_host_lane: false, ..OfiOptions::default() };
+        let ranks = match world(&opts, 2) {
+            Ok(r) => Arc::new(r),
+            Err(e) => {
+                eprintln!("skipped: shm not available here ({e})");
+                return;
+            }
+        };
+        /// The target's polls of CRI 1, a tenth of a millisecond apart at least.
+        const POLLS: u32 = 5_000;
+        let mut mem = vec![0u64; 1];
+        // SAFETY: `mem` outlives the registration (removed below) and is read only after the
+        // atomic completed.
+        let region = unsafe { ranks[1].register_window(mem.as_mut_ptr().cast(), 8) }.unwrap();
+        let key = region.key;
+        let to = RemoteMem { rank: 1, region };
+        let inner = ranks[1].inner.clone();
+        catch_watcher(&inner);
+        let done = Arc::new(AtomicBool::new(false));
+        let (r, d) = (ranks.clone(), done.clone());
+        let initiator = std::thread::spawn(move || {
+            let old = r[0].fetch_op(1, &to, 0, FetchOp::Sum, 5);
+            d.store(true, Ordering::Release);
+            old
+        });
+        let mut polls = 0;
+        let mut frames = Vec::new();
+        while !done.load(Ordering::Acquire) && polls < POLLS {
+            ranks[1].poll_into(1, 16, &mut frames);
+            polls += 1;
+            std::thread::sleep(Duration::from_micros(100));
+        }
+        let served = done.load(Ordering::Acquire);
+        // Before any assertion: the watcher, free again, serves the atomic otherwise.
+        inner.stall_watcher.store(false, Ordering::Relaxed);
+        let old = initiator.join().unwrap();
+        assert!(served, "the atomic waited for CRI 0's CQ through {polls} polls of CRI 1");
+        assert_eq!(old.unwrap(), 0);
+        assert!(frames.is_empty());
+        ranks[1].deregister(key);
+        assert_eq!(mem[0], 5, "the atomic is applied at its target");
     }
 
     /// A peer killed while it held the spin lock of this rank's CRI region (as one queueing
