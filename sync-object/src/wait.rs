@@ -47,9 +47,11 @@ pub trait Progress: Send + Sync {
 /// A pass that handled frames, or a rank whose transport keeps answering that frames may
 /// come (libfabric's, for a few milliseconds after any traffic), says `Progressed` again and
 /// again: unbounded, one `poll` would hold its executor's worker for as long as traffic
-/// lasts. A pass costs about as much as a trip of the task through its executor's queue
-/// (hundreds of nanoseconds either), so a few passes per `poll` keep that trip's share of
-/// the time small, while the other tasks of the worker wait at most a few microseconds.
+/// lasts. On libfabric's `shm` a pass of a rank under traffic costs about 135 ns (one `poll`
+/// of a pending receive, 8 passes, about 1.1 µs), a trip of a task through tokio's
+/// current-thread queue about 110 ns (`yield_now`): 8 passes keep the trip to about a tenth
+/// of the time a busy poller spends, and hold the worker's other tasks back about a
+/// microsecond.
 pub const POLL_PASSES: u32 = 8;
 
 /// How [`drive_poll`] ended.
