@@ -195,8 +195,6 @@ impl CompletionCell {
         let prev = self.state.fetch_or(COMPLETE, Ordering::AcqRel);
         debug_assert_eq!(prev & COMPLETE, 0, "completion cell completed twice");
         if prev & (ATTACHED | HAS_WAKER) != 0 {
-            #[cfg(feature = "stamps")]
-            crate::stamps::stamp();
             self.notify(prev);
         }
         true
@@ -208,6 +206,7 @@ impl CompletionCell {
     /// completer, wrote it), not carried across the completion's read-modify-write.
     #[inline(never)]
     fn notify(&self, prev: usize) {
+        crate::stamps::stamp();
         // SAFETY: we are the completer and wrote the slot before setting `COMPLETE`; nobody
         // writes it again until `reset` (`&mut self`).
         let outcome = self.outcome.with(|p| unsafe { *p }).unwrap_or(Err(Error::Cancelled));

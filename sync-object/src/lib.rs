@@ -54,7 +54,6 @@ mod idle;
 pub(crate) mod loom;
 mod object;
 mod signal;
-#[cfg(feature = "stamps")]
 pub mod stamps;
 mod status;
 mod wait;

@@ -1,11 +1,11 @@
-//! Completion stamps, for benchmarks (feature `stamps`, off by default): while switched on
+//! Completion stamps, for benchmarks (off unless a measurement switches them on): while on
 //! ([`start`]), every completion delivered to someone waiting for it — an attachment (a sync
 //! object, a continuation) or a registered waker (a task awaiting its request) — adds its
 //! instant, in nanoseconds after [`epoch`], to one sum, and counts itself. A benchmark that
 //! sums the instants its callbacks (or takers, or tasks) saw the completions at gets their
 //! mean completion-to-callback latency from the two sums, the same way for every way of
-//! learning of a completion. Without the feature nothing of this is compiled in; with it, a
-//! completion pays one relaxed load while the stamps are off.
+//! learning of a completion. While they are off, a completion delivered to someone waiting
+//! pays one relaxed load (in the delivery's out-of-line path); one tested for pays nothing.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::OnceLock;
