@@ -782,6 +782,7 @@ impl Opened {
             released_deaths: AtomicU64::new(0),
             closed: AtomicBool::new(false),
             rma_exposed: AtomicBool::new(false),
+            rma_reached: Mutex::new(Vec::new()),
             send_refused: AtomicBool::new(false),
             regions: Mutex::new(HashMap::new()),
             pool: ArrayQueue::new((self.opts.cris * self.opts.recv_slots * 2).clamp(64, 1 << 16)),
@@ -810,6 +811,8 @@ impl Opened {
             watcher_passes: AtomicU64::new(0),
             #[cfg(test)]
             idle_wait_ms: AtomicU64::new(0),
+            #[cfg(test)]
+            rma_refusals: AtomicU64::new(0),
         });
         // event-listener allocates an `Event`'s state at its first use: do it now, not at
         // the first ring in steady state.
@@ -908,6 +911,9 @@ struct RankInner {
     /// A window was registered: peers' one-sided operations may wait in the
     /// [`RMA_TARGET_EP`]'s queue, which only reads of its CQ serve (`serve_rma_target`).
     rma_exposed: AtomicBool,
+    /// By rank: whether every CRI of this rank has reached that rank's [`RMA_TARGET_EP`]
+    /// ([`OfiRank::reach_rma_targets`]).
+    rma_reached: Mutex<Vec<bool>>,
     /// Payload buffers of received frames; given back by `recycle`.
     pool: ArrayQueue<Vec<u8>>,
     /// Rung by the watcher when it staged frames, after refused sends, and on lost peers.
@@ -969,6 +975,9 @@ struct RankInner {
     /// sleep while the waiter blocks on them, in milliseconds (`idle_waits`).
     #[cfg(test)]
     idle_wait_ms: AtomicU64,
+    /// Tests: one-sided posts the provider refused (`FI_EAGAIN`) and `rma_post` retried.
+    #[cfg(test)]
+    rma_refusals: AtomicU64,
 }
 
 impl RankInner {
@@ -2273,6 +2282,8 @@ impl OfiRank {
                     return Ok(());
                 }
                 Ok(Post::WouldBlock) => {
+                    #[cfg(test)]
+                    s.rma_refusals.fetch_add(1, Ordering::Relaxed);
                     s.reap(c, &mut st);
                 }
                 Err(e) => return Err(transport_error(&e)),
@@ -2283,6 +2294,45 @@ impl OfiRank {
             }
             std::thread::yield_now();
         }
+    }
+
+    /// Reaches the RMA target endpoint of each rank of `targets` from every CRI of this
+    /// rank, once per rank: a one-byte read of each target's region (regions of no bytes are
+    /// skipped) from each CRI, then a flush of it. For window creation, while every rank
+    /// progresses (its collective): on `shm` an endpoint's first operation to a peer's
+    /// endpoint is refused (`FI_EAGAIN`) until the peer's progress of that endpoint has
+    /// answered a handshake, and a rank's threads attend their own CRIs, which are mostly not
+    /// the RMA target endpoint (CRI 0): a first one-sided operation from such a CRI to a peer
+    /// busy elsewhere (spinning on a lock, parked for a wake) waits for the peer's watcher.
+    /// A failure (a peer lost) leaves the rank unreached; its operations report it.
+    pub fn reach_rma_targets(&self, targets: &[RemoteMem]) -> Result<(), Error> {
+        let s = &*self.inner;
+        let mut reached = s.rma_reached.lock();
+        reached.resize(s.size as usize, false);
+        let new: Vec<&RemoteMem> =
+            targets.iter().filter(|t| t.region.len > 0 && !reached.get(t.rank as usize).copied().unwrap_or(true)).collect();
+        if new.is_empty() || s.cris[0].ep.rma_counter().is_none() {
+            return Ok(());
+        }
+        let mut out = vec![0u8; new.len()];
+        for k in 0..s.cris.len() {
+            for (t, b) in new.iter().zip(out.chunks_mut(1)) {
+                // SAFETY: `out` lives until the flush below returned (or is leaked).
+                if let Err(e) = unsafe { self.get(k, t, 0, b) } {
+                    std::mem::forget(out);
+                    return Err(e);
+                }
+            }
+            if let Err(e) = self.flush(k) {
+                // Reads may still be in flight: their buffer is never freed.
+                std::mem::forget(out);
+                return Err(e);
+            }
+        }
+        for t in new {
+            reached[t.rank as usize] = true;
+        }
+        Ok(())
     }
 
     /// Waits until every transport-level RMA operation posted on CRI `cri` has completed

@@ -484,6 +484,20 @@ impl Transport {
         }
     }
 
+    /// Makes every CRI of this rank reach the one-sided target of each rank of `targets`
+    /// (libfabric: `OfiRank::reach_rma_targets`); nothing on the embedded provider. For
+    /// window creation, where every rank progresses.
+    pub fn reach_rma_targets(&self, targets: &[RemoteWindow]) -> Result<(), Error> {
+        match self {
+            Transport::Embedded(_) => {
+                let _ = targets;
+                Ok(())
+            }
+            #[cfg(feature = "ofi")]
+            Transport::Ofi(t) => t.reach_rma_targets(&targets.iter().map(RemoteWindow::ofi).collect::<Vec<_>>()),
+        }
+    }
+
     /// Atomic `op` on the `u64` at `offset` of window `at`; returns the old value. Blocking.
     pub fn fetch_op(&self, cri: usize, at: &RemoteWindow, offset: usize, op: RmaOp, operand: u64) -> Result<u64, Error> {
         match self {

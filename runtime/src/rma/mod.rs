@@ -223,6 +223,11 @@ impl<'a, T: Primitive> Window<'a, T> {
             }
             return Err(e);
         }
+        // Every rank progresses now (the allgather just ended): the CRIs reach the ranks'
+        // one-sided targets before the first operation of a thread on its own CRI needs them
+        // (a failure shows again in that operation).
+        let remotes: Vec<RemoteWindow> = parts.iter().map(|p| p.remote).collect();
+        let _ = t.reach_rma_targets(&remotes);
         Ok((parts, mine.is_some()))
     }
 
