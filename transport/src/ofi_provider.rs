@@ -3024,6 +3024,61 @@ mod tests {
         assert_eq!(mem[0], 5, "the atomic is applied at its target");
     }
 
+    /// On `shm` an endpoint's first one-sided operation to a peer's endpoint is refused until
+    /// the peer's progress of that endpoint answered a handshake. After
+    /// `reach_rma_targets` (window creation), a peer's first atomic from its CRI 1 is posted
+    /// at once; from a rank that did not reach the target, it is refused first.
+    #[test]
+    fn reached_rma_targets_take_a_first_atomic_without_refusal() {
+        let opts = OfiOptions { cris: 2, recv_slots: 16, send_slots: 8, same_host_lane: false, ..OfiOptions::default() };
+        let ranks = match world(&opts, 3) {
+            Ok(r) => Arc::new(r),
+            Err(e) => {
+                eprintln!("skipped: shm not available here ({e})");
+                return;
+            }
+        };
+        let mut mem = vec![0u64; 1];
+        // SAFETY: `mem` outlives the registration (removed below) and is read only after the
+        // atomics completed.
+        let region = unsafe { ranks[1].register_window(mem.as_mut_ptr().cast(), 8) }.unwrap();
+        let key = region.key;
+        let to = RemoteMem { rank: 1, region };
+        // Rank 1's watcher serves the handshakes and the reads.
+        ranks[0].reach_rma_targets(&[to]).unwrap();
+        let inner = ranks[1].inner.clone();
+        catch_watcher(&inner);
+        // The first atomic of `from` on its CRI 1, served by rank 1's polls of its CRI 1;
+        // returns the refusals it met.
+        let first_atomic = |from: usize| {
+            ranks[from].inner.rma_refusals.store(0, Ordering::Relaxed);
+            let done = Arc::new(AtomicBool::new(false));
+            let (r, d) = (ranks.clone(), done.clone());
+            let initiator = std::thread::spawn(move || {
+                let old = r[from].fetch_op(1, &to, 0, FetchOp::Sum, 1);
+                d.store(true, Ordering::Release);
+                old
+            });
+            let mut frames = Vec::new();
+            for _ in 0..5_000 {
+                if done.load(Ordering::Acquire) {
+                    break;
+                }
+                ranks[1].poll_into(1, 16, &mut frames);
+                std::thread::sleep(Duration::from_micros(100));
+            }
+            (initiator.join().unwrap(), ranks[from].inner.rma_refusals.load(Ordering::Relaxed))
+        };
+        let (reached, unreached) = (first_atomic(0), first_atomic(2));
+        inner.stall_watcher.store(false, Ordering::Relaxed);
+        ranks[1].deregister(key);
+        assert_eq!(reached.0.unwrap(), 0);
+        assert_eq!(reached.1, 0, "the reached target refused the first atomic");
+        assert_eq!(unreached.0.unwrap(), 1);
+        assert!(unreached.1 > 0, "an unreached target took a first atomic at once: the handshake is gone");
+        assert_eq!(mem[0], 2, "both atomics are applied at their target");
+    }
+
     /// A peer killed while it held the spin lock of this rank's CRI region (as one queueing
     /// a command is) catches the next thread that reads the CRI's CQ inside `fi_cq_read`;
     /// once the peer is reported dead (not merely finished), the lock is released (by the
