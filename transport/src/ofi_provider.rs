@@ -2304,13 +2304,16 @@ impl OfiRank {
     /// answered a handshake, and a rank's threads attend their own CRIs, which are mostly not
     /// the RMA target endpoint (CRI 0): a first one-sided operation from such a CRI to a peer
     /// busy elsewhere (spinning on a lock, parked for a wake) waits for the peer's watcher.
-    /// A failure (a peer lost) leaves the rank unreached; its operations report it.
+    /// Lost ranks are skipped; a failure (a peer lost meanwhile) leaves the ranks unreached,
+    /// and their operations report it.
     pub fn reach_rma_targets(&self, targets: &[RemoteMem]) -> Result<(), Error> {
         let s = &*self.inner;
         let mut reached = s.rma_reached.lock();
         reached.resize(s.size as usize, false);
-        let new: Vec<&RemoteMem> =
-            targets.iter().filter(|t| t.region.len > 0 && !reached.get(t.rank as usize).copied().unwrap_or(true)).collect();
+        let new: Vec<&RemoteMem> = targets
+            .iter()
+            .filter(|t| t.region.len > 0 && s.is_alive(t.rank) && !reached.get(t.rank as usize).copied().unwrap_or(true))
+            .collect();
         if new.is_empty() || s.cris[0].ep.rma_counter().is_none() {
             return Ok(());
         }
