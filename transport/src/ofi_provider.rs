@@ -2305,9 +2305,15 @@ impl OfiRank {
     /// the RMA target endpoint (CRI 0): a first one-sided operation from such a CRI to a peer
     /// busy elsewhere (spinning on a lock, parked for a wake) waits for the peer's watcher.
     /// Lost ranks are skipped; a failure (a peer lost meanwhile) leaves the ranks unreached,
-    /// and their operations report it.
+    /// and their operations report it. Only on `shm`, the provider with the handshake: on
+    /// `tcp;ofi_rxm` a rank that finished the window's collective first and parked did not
+    /// serve a peer's read from a CRI it had not connected to yet, and the reaching rank
+    /// waited in its flush until the flush's deadline (60 s) at every window.
     pub fn reach_rma_targets(&self, targets: &[RemoteMem]) -> Result<(), Error> {
         let s = &*self.inner;
+        if s.provider != "shm" {
+            return Ok(());
+        }
         let mut reached = s.rma_reached.lock();
         reached.resize(s.size as usize, false);
         let new: Vec<&RemoteMem> = targets
