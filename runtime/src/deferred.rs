@@ -116,6 +116,14 @@ pub(crate) unsafe fn defer(node: NonNull<Node>) -> bool {
         .unwrap_or(false)
 }
 
+/// Whether the calling thread has callbacks deferred, waiting for its outermost pass to
+/// end: a pass that handles a long batch of frames ends the batch early on this, so that
+/// they run after a chunk of it rather than after all of it (`engine/frames.rs`).
+#[inline]
+pub(crate) fn waiting() -> bool {
+    DEFERRED.try_with(|d| d.head.get().is_some()).unwrap_or(false)
+}
+
 /// Whether the calling thread is inside a pass, for the assertions of the paths that must be
 /// (a thread being torn down, whose passes cannot defer, answers `true`).
 pub(crate) fn inside_pass() -> bool {

@@ -1,7 +1,8 @@
 //! An inline continuation's callback runs after the progress pass that completed its request
 //! has released its locks: it may post sends and receives on the rank — on the very CRI the
 //! pass polled — and attach the next continuation, without waiting for a lock its own
-//! thread holds, in every progress mode.
+//! thread holds, in every progress mode. It runs after a chunk of the pass's batch of
+//! frames, not after the whole batch.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc};
@@ -63,5 +64,45 @@ fn inline_callbacks_send_and_receive_on_the_cri_that_completed_them() {
             Ok(n) => assert_eq!(n, ROUNDS as usize, "{mode:?}: every callback ran once"),
             Err(_) => panic!("{mode:?}: an inline callback that posts on its rank did not finish (deadlock)"),
         }
+    }
+}
+
+/// Frames rank 0 sends before rank 1 progresses: one full batch of a pass (64).
+const BATCH: usize = 64;
+
+/// The frames rank 1 had handled when the callback of the first of `BATCH` messages, all
+/// waiting in its inbox, ran.
+fn handled_before_first_callback(mode: ProgressMode) -> u64 {
+    let rts = Runtime::builder().env(false).progress(mode).cris(1).workers(0).build_local(2).expect("runtime");
+    let (a, b) = (rts[0].world(), rts[1].world());
+    let cr = rts[1].continuation_request();
+    let first = Arc::new(AtomicUsize::new(usize::MAX));
+    for i in 0..BATCH {
+        let mut r = b.irecv(Vec::<u64>::with_capacity(1), 0u32, 1).expect("irecv");
+        let (rank, first) = (rts[1].clone(), first.clone());
+        cr.attach(&mut r, Invoke::Inline, move |res| {
+            assert_eq!(res.expect("received").0, vec![i as u64]);
+            if i == 0 {
+                first.store(rank.counters().messages_received as usize, Ordering::Relaxed);
+            }
+        })
+        .expect("attach");
+    }
+    for i in 0..BATCH {
+        a.send(vec![i as u64], 1, 1).expect("send");
+    }
+    cr.wait().expect("every callback ran");
+    first.load(Ordering::Relaxed) as u64
+}
+
+#[test]
+fn an_inline_callback_runs_before_the_rest_of_a_long_batch_is_handled() {
+    for mode in [ProgressMode::Concurrent, ProgressMode::Owner, ProgressMode::Global] {
+        let handled = handled_before_first_callback(mode);
+        assert!(handled >= 1, "{mode:?}: the first callback ran before its frame was counted ({handled})");
+        assert!(
+            handled < BATCH as u64,
+            "{mode:?}: the first message's callback waited for the whole batch of {BATCH} frames ({handled} handled)"
+        );
     }
 }

@@ -22,14 +22,32 @@ use crate::operation::Operation;
 /// Frames taken from one inbox per progress call (bounded work per call).
 const POLL_BATCH: usize = 64;
 
+/// Frames of a batch taken and handled at a time: after each chunk the batch ends if a
+/// continuation's callback is waiting for the pass to end (see `progress_cri`).
+const CHUNK: usize = 16;
+
 impl Engine {
     /// Drains up to a batch of frames from CRI `k`; the caller holds its lock (`local`).
     /// Returns the number of frames handled and whether that was productive (for the lock's
     /// counters, [Amer 2019, §3.2]).
+    ///
+    /// The batch is taken in chunks of [`CHUNK`] frames, and ends after the chunk that left
+    /// a callback deferred (`deferred.rs`): a callback runs once its pass ends, after the
+    /// locks, so a long batch would hold it back for every frame behind its own, where a
+    /// thread taking completions from a sync object would have it the moment it is
+    /// delivered. The frames left stay in the inbox for the next pass (this thread's, or
+    /// another's that takes the CRI meanwhile). A batch with no continuation runs whole.
     pub(crate) fn progress_cri(&self, k: usize, local: &mut CriLocal) -> (usize, bool) {
         let CriLocal { counters, matches } = local;
-        let n = self.transport.poll_into(k, POLL_BATCH, &mut matches.frames);
-        self.handle_frames(k, matches);
+        let mut n = 0;
+        while n < POLL_BATCH {
+            let got = self.transport.poll_into(k, CHUNK.min(POLL_BATCH - n), &mut matches.frames);
+            self.handle_frames(k, matches);
+            n += got;
+            if got < CHUNK || crate::deferred::waiting() {
+                break;
+            }
+        }
         counters.received += n as u64;
         (n, n > 0)
     }
