@@ -48,6 +48,7 @@
 //! storage it grew to, given back with the results (or by the last share of an
 //! `attach_any`): in the steady state a set's continuation allocates nothing either.
 
+use std::cell::UnsafeCell;
 use std::marker::PhantomData;
 use std::mem::{ManuallyDrop, MaybeUninit};
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -432,18 +433,104 @@ fn run_counted<T>(mut countdown: Countdown, f: impl FnOnce(T), value: T) {
     std::mem::forget(countdown);
 }
 
-/// Runs `f(value)` in a task of rank `rank`'s pool, counting it down when the task ends (a
-/// task dropped unrun, or a rank gone, counts down as `Cancelled`).
+/// Runs `f(value)` on rank `rank`'s pool, counting it down after it ran (dropped unrun at
+/// shutdown, or with the rank gone, it counts down as `Cancelled`): in a [`PoolCall`], a
+/// reusable task, with the callback in a record, so that in the steady state a pool
+/// continuation allocates nothing and touches no registry.
 fn spawn_counted<T: Send + 'static>(rank: &Weak<Engine>, countdown: Countdown, f: impl FnOnce(T) + Send + 'static, value: T) {
     let Some(engine) = rank.upgrade() else { return };
     let Some(pool) = engine.executor.start(|| engine.clone()) else { return };
-    let task = pool.spawn(async move {
-        // The whole guard moves into the task (not only the field set below).
-        let mut countdown = countdown;
-        f(value);
-        countdown.ran = true;
-    });
-    drop(task);
+    let call = take_spare(&POOL_CALLS, &SHARED_POOL_CALLS).unwrap_or_else(|| Arc::new(PoolCall { held: UnsafeCell::new(None) }));
+    let held = Held::new(move |()| run_counted(countdown, f, value));
+    // SAFETY: a spare call is this thread's alone (the task that gave it back let go of it
+    // before it ran its callback); the queue's push publishes the write to the worker.
+    unsafe { *call.held.get() = Some(held) };
+    pool.schedule(call, crate::executor::Hint::Spawn);
+}
+
+/// A callback in a record with its type erased: run or dropped, once, by `finish`.
+struct Held {
+    record: NonNull<Record>,
+    /// Takes the callback out of `record` and gives the record back, then runs the callback
+    /// (`true`) or drops it unrun.
+    finish: unsafe fn(NonNull<Record>, bool),
+}
+
+impl Held {
+    /// `f` in a record (boxed first if it does not fit one).
+    fn new<F: FnOnce(()) + Send + 'static>(f: F) -> Held {
+        if InRecord::<(), F>::FITS {
+            InRecord::new(f).erase()
+        } else {
+            InRecord::new(Box::new(f)).erase()
+        }
+    }
+
+    /// Runs the callback (`run`), or drops it unrun.
+    fn finish(self, run: bool) {
+        // SAFETY: `erase` made this handle of the record's callback, consumed here, once.
+        unsafe { (self.finish)(self.record, run) }
+    }
+}
+
+// SAFETY: it owns a `Send` callback in its record (`InRecord`'s reasoning).
+unsafe impl Send for Held {}
+
+/// A pool continuation's task (`spawn_counted`): the rank's pool runs it as any task, but it
+/// never waits for a wake (its callback is a plain function), so it is always in a run queue
+/// or running, and shutdown reaches it there (a queued task is cancelled: the callback
+/// dropped unrun). Not in the pool's registry, and given back to the spares when it runs,
+/// before its callback does.
+struct PoolCall {
+    /// The callback, from its scheduling until it runs or is cancelled.
+    held: UnsafeCell<Option<Held>>,
+}
+
+// SAFETY: `held` is written by the thread that schedules the call and then read by the one
+// that runs or cancels it, ordered by the run queue; never at once.
+unsafe impl Sync for PoolCall {}
+
+impl PoolCall {
+    /// Takes the callback out and gives the call back to this thread's spares.
+    fn take(self: Arc<Self>) -> Option<Held> {
+        // SAFETY: the queue handed this call to this thread alone (struct docs).
+        let held = unsafe { (*self.held.get()).take() };
+        give_spare(&POOL_CALLS, self);
+        held
+    }
+}
+
+impl crate::executor::Runnable for PoolCall {
+    fn run(self: Arc<Self>) {
+        if let Some(h) = self.take() {
+            // `run_counted` catches a panic of the callback: none reaches the worker.
+            h.finish(true);
+        }
+    }
+
+    fn cancel(self: Arc<Self>) {
+        if let Some(h) = self.take() {
+            // The callback's countdown, dropped unrun, reports `Cancelled`.
+            h.finish(false);
+        }
+    }
+
+    fn shut_down(self: Arc<Self>) {
+        self.cancel();
+    }
+
+    fn bind(&self, _key: crate::executor::Key) {}
+}
+
+/// Spare pool-continuation tasks a thread keeps.
+const POOL_CALLS_MAX: usize = 1024;
+
+/// The process-wide queue of spare pool-continuation tasks.
+static SHARED_POOL_CALLS: SharedSpares<Arc<PoolCall>> = SharedSpares::new(SHARED_SPARES_MAX);
+
+thread_local! {
+    /// A thread's spare pool-continuation tasks (as its records).
+    static POOL_CALLS: Spares<Arc<PoolCall>, POOL_CALLS_MAX> = const { Spares::new(&SHARED_POOL_CALLS) };
 }
 
 /// Bytes of a continuation record's callback (module docs): room for a callback with the
@@ -625,6 +712,27 @@ impl<A, F: FnOnce(A)> InRecord<A, F> {
             let f = Self::f(self.record).read();
             give_record(Box::from_raw(self.record.as_ptr()));
             f
+        }
+    }
+}
+
+impl<F: FnOnce(()) + Send> InRecord<(), F> {
+    /// This handle with its callback's type erased.
+    fn erase(self) -> Held {
+        let this = ManuallyDrop::new(self);
+        Held { record: this.record, finish: Self::finish }
+    }
+
+    /// [`Held::finish`] of a callback `F`.
+    ///
+    /// # Safety
+    /// Once per handle `erase` made: `record` holds an `F` not taken yet.
+    unsafe fn finish(record: NonNull<Record>, run: bool) {
+        let handle = InRecord::<(), F> { record, _f: PhantomData };
+        if run {
+            handle.take()(());
+        } else {
+            drop(handle);
         }
     }
 }

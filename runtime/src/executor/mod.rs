@@ -34,8 +34,10 @@ use weft_sync::SignalListener;
 
 pub(crate) use block_on::block_on;
 pub(crate) use park::Unpark;
-pub(crate) use pool::{help, Executor};
+pub(crate) use pool::{help, Executor, Hint};
+pub(crate) use registry::Key;
 pub(crate) use split::split;
+pub(crate) use task::Runnable;
 pub use task::{JoinError, JoinHandle};
 
 /// What the pool needs from the runtime it serves (the progress layer implements it,

@@ -18,7 +18,7 @@ use parking_lot::Mutex;
 use super::task::TaskRef;
 
 /// A task's place in the registry: shard and slot, packed as `slot * shards + shard`.
-pub(super) type Key = usize;
+pub(crate) type Key = usize;
 
 /// A key no task has: the task was never registered (spawned after shutdown).
 pub(super) const UNREGISTERED: Key = usize::MAX;
