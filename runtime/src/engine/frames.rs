@@ -22,8 +22,8 @@ use crate::operation::Operation;
 /// Frames taken from one inbox per progress call (bounded work per call).
 const POLL_BATCH: usize = 64;
 
-/// Frames of a batch taken and handled at a time: after each chunk the batch ends if a
-/// continuation's callback is waiting for the pass to end (see `progress_cri`).
+/// Frames of a batch taken and handled first: the batch ends after them if a continuation's
+/// callback is waiting for the pass to end (see `progress_cri`).
 const CHUNK: usize = 16;
 
 impl Engine {
@@ -31,22 +31,21 @@ impl Engine {
     /// Returns the number of frames handled and whether that was productive (for the lock's
     /// counters, [Amer 2019, §3.2]).
     ///
-    /// The batch is taken in chunks of [`CHUNK`] frames, and ends after the chunk that left
-    /// a callback deferred (`deferred.rs`): a callback runs once its pass ends, after the
-    /// locks, so a long batch would hold it back for every frame behind its own, where a
-    /// thread taking completions from a sync object would have it the moment it is
-    /// delivered. The frames left stay in the inbox for the next pass (this thread's, or
-    /// another's that takes the CRI meanwhile). A batch with no continuation runs whole.
+    /// The batch's first [`CHUNK`] frames are taken and handled first, and the batch ends
+    /// there if that left a callback deferred (`deferred.rs`): a callback runs once its pass
+    /// ends, after the locks, so a long batch would hold it back for every frame behind its
+    /// own (up to 63), where a thread taking completions from a sync object has it the
+    /// moment it is delivered. The frames left stay in the inbox for the next pass (this
+    /// thread's, or another's that takes the CRI meanwhile). Otherwise the rest of the
+    /// batch is taken at once: two polls of the inbox per full batch, not one per chunk (a
+    /// message's instructions as before, `benches/stages.sh`).
     pub(crate) fn progress_cri(&self, k: usize, local: &mut CriLocal) -> (usize, bool) {
         let CriLocal { counters, matches } = local;
-        let mut n = 0;
-        while n < POLL_BATCH {
-            let got = self.transport.poll_into(k, CHUNK.min(POLL_BATCH - n), &mut matches.frames);
+        let mut n = self.transport.poll_into(k, CHUNK, &mut matches.frames);
+        self.handle_frames(k, matches);
+        if n == CHUNK && !crate::deferred::waiting() {
+            n += self.transport.poll_into(k, POLL_BATCH - CHUNK, &mut matches.frames);
             self.handle_frames(k, matches);
-            n += got;
-            if got < CHUNK || crate::deferred::waiting() {
-                break;
-            }
         }
         counters.received += n as u64;
         (n, n > 0)
