@@ -27,6 +27,7 @@ use std::collections::VecDeque;
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
+use std::ptr::NonNull;
 use std::task::{Context, Poll};
 
 use crossbeam_utils::CachePadded;
@@ -248,7 +249,7 @@ impl<T: Send + 'static> SyncObject<T> {
             None => DataSlot::uninit(),
         };
         // Counted before publishing, so the completer's decrement cannot underflow.
-        self.inner.pending.fetch_add(1, Ordering::Relaxed);
+        count_one(&self.inner);
         let att = Attachment { sink: Arc::into_raw(self.inner.clone()).cast(), deliver: deliver::<T>, data: slot, with_data };
         match cell.try_attach(att) {
             AttachRace::Attached => Ok(()),
@@ -407,14 +408,19 @@ impl<T: Send + 'static> SyncObject<T> {
     /// or dropped (then it counts as `Cancelled`). Costs what a counted attachment's
     /// completion costs, without the cell to attach (a runtime's own counts: one per
     /// continuation of a continuation request).
+    ///
+    /// The count takes no reference of its own to the object: the object lives as long as
+    /// anything is pending on it ([`count_one`](fn@count_one)), so a count costs one atomic
+    /// operation on the object at each end.
     pub fn count_one(&self) -> Counted<T> {
-        self.inner.pending.fetch_add(1, Ordering::Relaxed);
-        Counted { inner: Some(self.inner.clone()) }
+        count_one(&self.inner);
+        Counted { inner: NonNull::new(Arc::as_ptr(&self.inner).cast_mut()) }
     }
 
     /// Counts one completed or detached attachment and wakes whoever waits on it.
     fn finish_one(&self) {
-        finish_one(&self.inner);
+        // SAFETY: the handle keeps the object alive.
+        unsafe { finish_one(Arc::as_ptr(&self.inner)) };
     }
 }
 
@@ -422,9 +428,16 @@ impl<T: Send + 'static> SyncObject<T> {
 /// ([`SyncObject::count_one`]).
 #[must_use = "dropped, it counts as cancelled"]
 pub struct Counted<T> {
-    /// The object counted on (`None` once completed).
-    inner: Option<Arc<Inner<T>>>,
+    /// The object counted on (`None` once completed), kept alive by its pending count.
+    inner: Option<NonNull<Inner<T>>>,
 }
+
+// SAFETY: a count reaches its object as an `Arc<Inner<T>>` would (it is kept alive by the
+// object's count of pending operations instead), and `Inner<T>` is `Send` and `Sync` for a
+// `T: Send`.
+unsafe impl<T: Send> Send for Counted<T> {}
+// SAFETY: as above; a shared count gives access to nothing.
+unsafe impl<T: Send> Sync for Counted<T> {}
 
 impl<T> fmt::Debug for Counted<T> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -439,7 +452,8 @@ impl<T> Counted<T> {
         // Not dropped: its drop would count the operation again, as cancelled.
         let mut this = std::mem::ManuallyDrop::new(self);
         if let Some(inner) = this.inner.take() {
-            finish_counted(&inner, outcome);
+            // SAFETY: counted, so the object lives until `finish_counted` counts it.
+            unsafe { finish_counted(inner.as_ptr(), outcome) };
         }
     }
 }
@@ -447,30 +461,60 @@ impl<T> Counted<T> {
 impl<T> Drop for Counted<T> {
     fn drop(&mut self) {
         if let Some(inner) = self.inner.take() {
-            finish_counted(&inner, Err(Error::Cancelled));
+            // SAFETY: as in `complete`.
+            unsafe { finish_counted(inner.as_ptr(), Err(Error::Cancelled)) };
         }
     }
 }
 
 /// Records a counted completion's error, if any, then counts it.
-fn finish_counted<T>(inner: &Inner<T>, outcome: Outcome) {
+///
+/// # Safety
+/// `inner` is an `Arc`'s pointer (`Arc::as_ptr`) to an object with this completion counted
+/// pending; it may be gone once this returns.
+unsafe fn finish_counted<T>(inner: *const Inner<T>, outcome: Outcome) {
     if let Err(e) = outcome {
         // A counted completion touches the queue only to record an error.
-        crate::loom::lock(&inner.queue).first_error.get_or_insert(e);
+        // SAFETY: live while the completion is pending (contract).
+        crate::loom::lock(&unsafe { &*inner }.queue).first_error.get_or_insert(e);
     }
-    finish_one(inner);
+    // SAFETY: as above.
+    unsafe { finish_one(inner) };
 }
 
-/// Counts one completion and wakes whoever waits on it.
-fn finish_one<T>(inner: &Inner<T>) {
+/// Counts one pending completion (an attachment or a [`Counted`]). While anything is
+/// pending, the count holds one strong reference to the object, taken by the count's first
+/// (from zero) and given back by [`finish_one`] at its last: so an attachment or count
+/// outlives every handle of the object without a reference of its own.
+fn count_one<T>(inner: &Arc<Inner<T>>) {
+    if inner.pending.fetch_add(1, Ordering::Relaxed) == 0 {
+        // SAFETY: `inner` is a live `Arc` (the caller's handle); the reference is the
+        // count's, given back by the `finish_one` that brings it back to zero.
+        unsafe { Arc::increment_strong_count(Arc::as_ptr(inner)) };
+    }
+}
+
+/// Counts one completion and wakes whoever waits on it; the object may be gone after it,
+/// unless the caller holds a reference of its own ([`count_one`]).
+///
+/// # Safety
+/// `inner` is an `Arc`'s pointer (`Arc::as_ptr`) to an object with this completion counted
+/// pending.
+unsafe fn finish_one<T>(inner: *const Inner<T>) {
+    // SAFETY: live until the count's reference is given back below (contract); not
+    // touched after.
+    let inner_ref = unsafe { &*inner };
     // AcqRel: release publishes the queued item to a waiter that sees the new count;
     // acquire orders us after earlier completers (only the count's last writer notifies
     // drained waiters).
-    let prev = inner.pending.fetch_sub(1, Ordering::AcqRel);
+    let prev = inner_ref.pending.fetch_sub(1, Ordering::AcqRel);
     debug_assert!(prev > 0, "sync object count underflow");
     if prev == 1 {
-        inner.drained_event.notify(usize::MAX);
-        inner.data_event.notify(usize::MAX);
+        inner_ref.drained_event.notify(usize::MAX);
+        inner_ref.data_event.notify(usize::MAX);
+        // SAFETY: the count's reference (`count_one`), given back as the count reaches zero;
+        // the object is not touched after.
+        unsafe { Arc::decrement_strong_count(inner) };
     }
 }
 
@@ -490,9 +534,11 @@ unsafe fn deliver<T: Send + 'static>(sink: *const (), data: *mut DataSlot, with_
         inner.ready.store(q.items.len(), Ordering::Release);
         drop(q);
         inner.data_event.notify_additional(1);
-        finish_one(&inner);
+        // SAFETY: `inner` is held here.
+        unsafe { finish_one(Arc::as_ptr(&inner)) };
     } else {
-        finish_counted(&inner, outcome);
+        // SAFETY: as above.
+        unsafe { finish_counted(Arc::as_ptr(&inner), outcome) };
     }
     // `inner` (the attachment's Arc) is released only now, after every notification.
     drop(inner);
@@ -606,5 +652,26 @@ impl<T: Send + 'static> Stream for Completions<'_, T> {
                 },
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Counts take no reference of their own to the object: only the pending count does,
+    /// one for all of them, and it keeps the object alive after its last handle is gone.
+    #[test]
+    fn counts_share_one_reference_that_outlives_the_handles() {
+        let sync = SyncObject::<u32>::new();
+        let counts: Vec<Counted<u32>> = (0..3).map(|_| sync.count_one()).collect();
+        assert_eq!(Arc::strong_count(&sync.inner), 2, "the handle's and the pending count's");
+        let weak = Arc::downgrade(&sync.inner);
+        drop(sync);
+        assert_eq!(weak.strong_count(), 1, "the pending count keeps the object");
+        for c in counts {
+            c.complete(Ok(Status::default()));
+        }
+        assert_eq!(weak.strong_count(), 0, "the last count gave the reference back");
     }
 }
