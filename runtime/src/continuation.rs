@@ -77,8 +77,9 @@ pub enum Invoke {
     /// **short callbacks**, which may post sends and receives and attach continuations, but
     /// must not block or wait for requests (use [`Invoke::Pool`] for that).
     Inline,
-    /// A task on the rank's pool ([`Runtime::spawn`]), spawned at completion: the callback
-    /// may take its time, communicate and wait.
+    /// A task on the rank's pool ([`Runtime::spawn`]), queued at completion (a reused one,
+    /// with the callback in a record: none is allocated for it): the callback may take its
+    /// time, communicate and wait.
     Pool,
 }
 
