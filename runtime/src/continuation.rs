@@ -469,8 +469,19 @@ impl Held {
 
     /// Runs the callback (`run`), or drops it unrun.
     fn finish(self, run: bool) {
-        // SAFETY: `erase` made this handle of the record's callback, consumed here, once.
-        unsafe { (self.finish)(self.record, run) }
+        let this = ManuallyDrop::new(self);
+        // SAFETY: `erase` made this handle of the record's callback, consumed here, once
+        // (not dropped after).
+        unsafe { (this.finish)(this.record, run) }
+    }
+}
+
+impl Drop for Held {
+    /// A callback dropped unrun (its task dropped without running or being cancelled)
+    /// counts down as `Cancelled` all the same, and gives its record back.
+    fn drop(&mut self) {
+        // SAFETY: as in `finish`; a handle that finished is not dropped.
+        unsafe { (self.finish)(self.record, false) }
     }
 }
 

@@ -6,7 +6,7 @@
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use weft::{Communicator, ContinuationRequest, Invoke, ProgressMode, Runtime};
 
@@ -105,4 +105,50 @@ fn an_inline_callback_runs_before_the_rest_of_a_long_batch_is_handled() {
             "{mode:?}: the first message's callback waited for the whole batch of {BATCH} frames ({handled} handled)"
         );
     }
+}
+
+/// A pool callback that panics is reported by its continuation request and stops no worker;
+/// one still queued when its rank shuts down is dropped unrun and counts as `Cancelled`.
+#[test]
+fn pool_callbacks_report_panics_and_are_cancelled_at_shutdown() {
+    let rts = Runtime::builder().env(false).cris(1).workers(1).build_local(2).expect("runtime");
+    let (a, b) = (rts[0].world(), rts[1].world());
+    let cr = rts[1].continuation_request();
+    let mut r = b.irecv(Vec::<u8>::with_capacity(1), 0u32, 1).expect("irecv");
+    cr.attach(&mut r, Invoke::Pool, |_| panic!("a pool callback's own bug")).expect("attach");
+    a.send(vec![1u8], 1, 1).expect("send");
+    assert_eq!(cr.wait().unwrap_err(), weft::Error::InvalidArgument("continuation callback panicked"));
+    let ran = Arc::new(AtomicUsize::new(0));
+    let mut r = b.irecv(Vec::<u8>::with_capacity(1), 0u32, 2).expect("irecv");
+    let counted = ran.clone();
+    cr.attach(&mut r, Invoke::Pool, move |res| {
+        assert_eq!(res.expect("received").0, vec![2]);
+        counted.fetch_add(1, Ordering::Relaxed);
+    })
+    .expect("attach");
+    a.send(vec![2u8], 1, 2).expect("send");
+    cr.wait().expect("the pool goes on after a panic");
+    assert_eq!(ran.load(Ordering::Relaxed), 1);
+
+    // No worker, and nobody waits on the continuation request: the callback stays queued.
+    let rts = Runtime::builder().env(false).cris(1).workers(0).build_local(2).expect("runtime");
+    let cr = rts[1].continuation_request();
+    {
+        let (a, b) = (rts[0].world(), rts[1].world());
+        let mut r = b.irecv(Vec::<u8>::with_capacity(1), 0u32, 1).expect("irecv");
+        let counted = ran.clone();
+        cr.attach(&mut r, Invoke::Pool, move |_| {
+            counted.fetch_add(1, Ordering::Relaxed);
+        })
+        .expect("attach");
+        a.send(vec![1u8], 1, 1).expect("send");
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !rts[1].progress() {
+            assert!(Instant::now() < deadline, "the message never arrived");
+        }
+    }
+    assert_eq!(cr.pending(), 1, "completed, its callback queued on the pool");
+    drop(rts);
+    assert_eq!(cr.wait().unwrap_err(), weft::Error::Cancelled);
+    assert_eq!(ran.load(Ordering::Relaxed), 1, "the queued callback never ran");
 }
