@@ -35,8 +35,11 @@ use weft_sync::SignalListener;
 pub(crate) use block_on::block_on;
 pub(crate) use park::Unpark;
 pub(crate) use pool::{help, Executor, Hint};
-pub(crate) use registry::Key;
 pub(crate) use split::split;
+// A task of its own kind outside this module (a pool continuation's, `continuation.rs`):
+// one that never waits for a wake, queued with `Pool::schedule`, is always in a run queue or
+// running, so shutdown reaches it without the registry (`Runnable::bind` does nothing).
+pub(crate) use registry::Key;
 pub(crate) use task::Runnable;
 pub use task::{JoinError, JoinHandle};
 
