@@ -405,7 +405,14 @@ impl Communicator {
     pub fn irecv<B: RecvBuf>(&self, buf: B, source: impl Into<Source>, tag: impl Into<Tag>) -> Result<Request<'_, B>, Error> {
         let tag = tag.into();
         let source = self.check_recv(source.into(), tag)?;
-        self.irecv_on(&self.p2p, buf, source, tag).map_err(|e| self.local_error(e))
+        self.irecv_here(buf, source, tag)
+    }
+
+    /// [`irecv_on`](Self::irecv_on) on the user context, an error naming ranks here: the
+    /// request is built in the result `irecv` returns, not moved out of the inner call's
+    /// result by an error's translation (88 bytes a receive).
+    fn irecv_here<B: RecvBuf>(&self, buf: B, source: Source, tag: Tag) -> Result<Request<'_, B>, Error> {
+        self.post_recv(&self.p2p, buf, source, tag, |e, _| self.local_error(e))
     }
 
     /// A receive's source and tag, on a communicator not freed: the source as a world rank.
