@@ -489,6 +489,20 @@ impl Raw {
     }
 }
 
+/// The owner's side of `leave`: its reference dropped, or given to the holder (forgotten
+/// here). An owner that keeps it finds the cell complete with `done`, if given (a holder
+/// that had not counted one of its own).
+fn let_go(owner: Arc<CompletionCell>, done: Option<Outcome>) {
+    if owner.leave() {
+        std::mem::forget(owner);
+        return;
+    }
+    if let Some(o) = done {
+        assert_eq!(owner.outcome(), Some(o), "the owner keeps its reference only once complete");
+    }
+    drop(owner);
+}
+
 /// (f) An owner lets go of a pending held operation (`leave`) while its holder completes
 /// it (`complete_held`): exactly one of the two drops the owner's reference, so the cell is
 /// freed once (loom reports a leak otherwise) and never under the other.
@@ -506,12 +520,7 @@ fn leave_vs_complete_held() {
                 drop(raw.inherit());
             }
         });
-        if !owner.leave() {
-            assert_eq!(owner.outcome(), Some(ok(5)), "the owner keeps its reference only once complete");
-            drop(owner);
-        } else {
-            std::mem::forget(owner);
-        }
+        let_go(owner, Some(ok(5)));
         holder.join().unwrap();
     });
 }
@@ -530,19 +539,16 @@ fn leave_vs_hold_counted() {
             }
             assert!(own.complete(ok(6)));
         });
-        if !owner.leave() {
-            drop(owner);
-        } else {
-            std::mem::forget(owner);
-        }
+        let_go(owner, None);
         holder.join().unwrap();
     });
 }
 
-/// (h) An owner polls a held cell (a waker registered) while its holder completes it: a
-/// delivery to the waker runs under a reference the holder pinned before `COMPLETE`, so an
-/// owner that sees the completion and finds itself alone (and recycles the cell, `reset`)
-/// never does so under the delivery; the owner is woken either way.
+/// (h) An owner polls a held cell once (a waker registered), then tests it until complete,
+/// while its holder completes it: a delivery to the waker runs under a reference the holder
+/// pinned before `COMPLETE`, so an owner that sees the completion and finds itself alone
+/// (recycling the cell: `reset`, and a new completion) never does so under the delivery
+/// (the waker's slot and the outcome the delivery reads).
 #[test]
 fn poll_vs_complete_held() {
     model("poll_vs_complete_held", || {
@@ -555,11 +561,16 @@ fn poll_vs_complete_held() {
             assert!(!left);
             drop(pinned);
         });
-        let got = loom::future::block_on(poll_fn(|cx| owner.poll_complete(cx)));
-        assert_eq!(got, ok(7));
+        let _ = owner.poll_complete(&mut std::task::Context::from_waker(std::task::Waker::noop()));
+        while !owner.is_complete() {
+            thread::yield_now();
+        }
+        assert_eq!(owner.outcome(), Some(ok(7)));
         if let Some(cell) = Arc::get_mut(&mut owner) {
-            // Alone: recycled (exclusive access, as the operations' pool takes it).
+            // Alone: recycled (exclusive access, as the operations' pool takes it) and used
+            // again.
             cell.reset();
+            assert!(cell.complete(ok(9)));
         }
         holder.join().unwrap();
     });
