@@ -544,15 +544,31 @@ fn leave_vs_hold_counted() {
     });
 }
 
+/// A waker that checks, when woken, that the cell it waits on was not recycled yet: a wake
+/// is a completion's last use of the cell.
+struct CheckedWaker(Arc<loom::sync::atomic::AtomicBool>);
+
+impl std::task::Wake for CheckedWaker {
+    fn wake(self: std::sync::Arc<Self>) {
+        self.wake_by_ref();
+    }
+    fn wake_by_ref(self: &std::sync::Arc<Self>) {
+        assert!(!self.0.load(loom::sync::atomic::Ordering::Acquire), "a delivery ran on a recycled cell");
+    }
+}
+
 /// (h) An owner polls a held cell once (a waker registered), then tests it until complete,
 /// while its holder completes it: a delivery to the waker runs under a reference the holder
 /// pinned before `COMPLETE`, so an owner that sees the completion and finds itself alone
-/// (recycling the cell: `reset`, and a new completion) never does so under the delivery
-/// (the waker's slot and the outcome the delivery reads).
+/// (and recycles the cell) never does so before the delivery's last use of the cell, the
+/// wake (checked by the waker).
 #[test]
 fn poll_vs_complete_held() {
+    use loom::sync::atomic::{AtomicBool, Ordering};
     model("poll_vs_complete_held", || {
         let mut owner = held_cell();
+        let recycled = Arc::new(AtomicBool::new(false));
+        let waker = std::task::Waker::from(std::sync::Arc::new(CheckedWaker(recycled.clone())));
         let raw = Raw(Arc::as_ptr(&owner));
         let holder = thread::spawn(move || {
             // SAFETY: the owner keeps its reference until it sees the completion; after it
@@ -561,16 +577,15 @@ fn poll_vs_complete_held() {
             assert!(!left);
             drop(pinned);
         });
-        let _ = owner.poll_complete(&mut std::task::Context::from_waker(std::task::Waker::noop()));
+        let _ = owner.poll_complete(&mut std::task::Context::from_waker(&waker));
         while !owner.is_complete() {
             thread::yield_now();
         }
         assert_eq!(owner.outcome(), Some(ok(7)));
         if let Some(cell) = Arc::get_mut(&mut owner) {
-            // Alone: recycled (exclusive access, as the operations' pool takes it) and used
-            // again.
+            // Alone: recycled (exclusive access, as the operations' pool takes it).
+            recycled.store(true, Ordering::Release);
             cell.reset();
-            assert!(cell.complete(ok(9)));
         }
         holder.join().unwrap();
     });
