@@ -32,11 +32,12 @@
 //! such a notice, so a member that waits for a rank that failed, not for the lost peer
 //! itself, fails too instead of waiting forever (a start that ends within a few advances
 //! never posts that receive from any source, nor cancels it; one that fails looks for a
-//! notice that came before it reports its own error). It keeps the buffers of the messages
-//! it had posted: a receive is cancelled and a send that has finished gives its copy back
-//! at once, one still in flight at the next start (a send or receive refused when posted
-//! gives its buffer back too), so the starts after a failure allocate no message buffers
-//! either (`runtime/tests/zero_alloc_failed_start.rs`).
+//! notice that came before it reports its own error; the first start, and every start after
+//! a failed one, posts the receive with its first step). It keeps the buffers of the
+//! messages it had posted: a receive is cancelled and a send that has finished gives its
+//! copy back at once, one still in flight at the next start (a send or receive refused when
+//! posted gives its buffer back too), so the starts after a failure allocate no message
+//! buffers either (`runtime/tests/zero_alloc_failed_start.rs`).
 //!
 //! Starts of one persistent collective reuse its tag: each rank sends to each peer, and
 //! receives from it, in the same order at every start, and messages of one source and tag
@@ -102,6 +103,11 @@ struct Run<T: Primitive> {
     /// Advances of the start in flight that found its step waiting (none while the
     /// notice's receive is posted).
     waits: u32,
+    /// Whether the next start posts the receive for failure notices with its first step:
+    /// until a start has ended well, and after every start that failed, so that the notices
+    /// of failed starts' members (which may come after this rank's own failure, each start
+    /// failing on every member alike) are taken start by start, not left to pile up.
+    listens: bool,
     plan: Steps,
     /// The step in flight (or next), and whether its messages are posted.
     at: usize,
@@ -153,9 +159,13 @@ fn working<'a, T: Primitive>(work: &'a mut [T], out: &'a Option<Out<T>>, in_plac
 }
 
 impl<T: Primitive> Run<T> {
-    /// Posts the receives and then the sends of step `self.at`.
+    /// Posts the receives and then the sends of step `self.at` (with the first, while the
+    /// starts listen from the outset, the receive for failure notices).
     fn post(&mut self) -> Result<(), Error> {
         let step = self.plan.steps[self.at].clone();
+        if self.at == 0 && self.listens && self.notice.is_none() {
+            self.post_notice()?;
+        }
         let c: &Communicator = &self.comm;
         for inc in &self.plan.recvs[step.recvs] {
             let mut b = self.scratch.pop().unwrap_or_default();
@@ -316,6 +326,7 @@ impl<T: Primitive> Schedule for Run<T> {
 
     fn finish(mut self: Box<Self>) {
         let mut result = std::mem::replace(&mut self.result, Ok(()));
+        self.listens = result.is_err();
         if result.is_err() && self.notice.is_none() && self.comm.size() > 1 {
             // A failure: whether another member's notice came already (it is then the
             // start's error, as if the receive had been posted all along).
@@ -390,6 +401,7 @@ impl<T: Primitive> CollPlan<T> {
             notice: None,
             notice_buf: Some(Vec::with_capacity(2)),
             waits: 0,
+            listens: true,
             at: 0,
             posted: false,
             work: Vec::with_capacity(if plan.in_place() { 0 } else { len * plan.copies }),

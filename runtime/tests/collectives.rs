@@ -196,7 +196,8 @@ fn blocking_nonblocking_and_persistent_allreduce_send_alike_at_every_size() {
 /// A persistent allreduce start whose peer is there ends without a receive for failure
 /// notices: driven on one thread, each start of each rank takes the matching lock twice (its
 /// receive posted, the peer's message handled), not four times (a receive from any source
-/// posted and cancelled at every start besides), counted by the lock statistics.
+/// posted and cancelled at every start besides), counted by the lock statistics; only the
+/// first start, which listens from the outset, takes it twice more.
 #[test]
 fn a_persistent_start_that_ends_at_once_posts_no_receive_for_notices() {
     within(30, "matching-lock acquisitions per persistent start", || {
@@ -223,7 +224,7 @@ fn a_persistent_start_that_ends_at_once_posts_no_receive_for_notices() {
         let after = taken();
         for r in 0..2 {
             let starting = after[r] - before[r] - (before[r] - reading[r]);
-            assert!(starting <= 2 * starts + 2, "rank {r}: {starting} matching-lock acquisitions in {starts} starts");
+            assert!(starting <= 2 * starts + 4, "rank {r}: {starting} matching-lock acquisitions in {starts} starts");
         }
     });
 }
