@@ -43,10 +43,9 @@
 //! reducing or copying it into place, lives in scratch buffers the process keeps between
 //! collectives (`nbc::Scratch`), so that a large message does not map fresh memory (and
 //! fault on each of its pages) on every call. A collective run on the calling thread sends
-//! every message from the caller's buffer itself (an eager one is copied out by the
-//! transport as it is posted), and receives a large one that only replaces a part of it
-//! straight into that part (`nbc::LEND_MIN_BYTES`): only what it combines goes through a
-//! scratch buffer.
+//! a large message from the caller's buffer itself, and receives one that only replaces a
+//! part of it straight into that part (`nbc::LEND_MIN_BYTES`): only what it combines goes
+//! through a scratch buffer.
 //!
 //! # Errors
 //!

@@ -372,6 +372,15 @@ impl Scratch<u8> {
         self.lent.is_some()
     }
 
+    /// [`copy_of`](Scratch::copy_of) `data`, in a buffer [`from_spare`](Scratch::from_spare).
+    fn copy_from_spare(spare: &mut Vec<Vec<Unit>>, data: &[u8]) -> Self {
+        let mut s = Self::from_spare(spare, data.len());
+        // SAFETY: as in `copy_of`.
+        unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), s.store.as_mut_ptr().cast::<u8>(), data.len()) };
+        s.len = data.len();
+        s
+    }
+
     /// Moves this small buffer's store into `spare` (bounded) instead of the thread's pool.
     #[inline]
     fn keep_in(&mut self, spare: &mut Vec<Vec<Unit>>) {
@@ -391,6 +400,12 @@ impl Scratch<u8> {
         // bit pattern, and the store is aligned for it.
         unsafe { std::slice::from_raw_parts(self.base().cast::<T>(), self.len / std::mem::size_of::<T>().max(1)) }
     }
+}
+
+/// The bytes of `data`.
+fn bytes_of<T: Primitive>(data: &[T]) -> &[u8] {
+    // SAFETY: `T: Primitive` has no padding, so its bytes are initialized.
+    unsafe { std::slice::from_raw_parts(data.as_ptr().cast(), std::mem::size_of_val(data)) }
 }
 
 impl<T: Primitive> std::ops::Deref for Scratch<T> {
@@ -953,18 +968,19 @@ impl Direct<'_> {
             // collective's messages go eagerly, or by a rendezvous that no send waits for;
             // `got` keeps their order, the receives' after them).
             for k in step.sends.clone() {
-                // Every send goes from the data itself, small ones too: an eager frame is
-                // copied out by the transport when posted (no copy of ours first), and one
-                // deferred by a full inbox is waited for as a large one is.
                 let out = &self.store.steps.sends[k];
-                self.store.lent = true;
-                let (at, len) = (data[out.at.clone()].as_mut_ptr().cast::<u8>(), out.at.len() * size);
-                // SAFETY: the caller's data, borrowed for this call, which waits for the
-                // send (also when it fails: `settle_in_flight`); the steps write no part
-                // of the data that a send of theirs holds until it completed (a step's
-                // landings after all its requests completed; a receive lent below only
-                // where no send of its step reads).
-                let buf = unsafe { Scratch::lent(at, len) };
+                let buf = if out.at.len() * size >= LEND_MIN_BYTES {
+                    self.store.lent = true;
+                    let (at, len) = (data[out.at.clone()].as_mut_ptr().cast::<u8>(), out.at.len() * size);
+                    // SAFETY: the caller's data, borrowed for this call, which waits for the
+                    // send (also when it fails: `settle_in_flight`); the steps write no part
+                    // of the data that a send of theirs holds until it completed (a step's
+                    // landings after all its requests completed; a receive lent below only
+                    // where no send of its step reads).
+                    unsafe { Scratch::lent(at, len) }
+                } else {
+                    Scratch::copy_from_spare(&mut self.store.spare, bytes_of(&data[out.at.clone()]))
+                };
                 let r = c.isend_on(coll, buf, out.to, tag)?;
                 // SAFETY: dropped before this call returns (`store.reqs` is left empty), while
                 // the caller's borrow of `comm` holds.
@@ -1130,11 +1146,10 @@ impl Direct<'_> {
     }
 }
 
-/// Messages of a collective run on the calling thread of at least this many bytes are
-/// received straight into place where a receive only replaces a part of the caller's data
-/// (no copy of theirs out of a scratch buffer; on the same host a large one is then a single
-/// copy, the receiver's read of the sender's data, which every send gives from the data
-/// itself).
+/// Messages of a collective run on the calling thread of at least this many bytes are sent
+/// from the caller's data itself, and received straight into place where a receive only
+/// replaces a part of it (no copy of theirs into a scratch buffer, or out of one; on the
+/// same host a large one is then a single copy, the receiver's read of the sender's data).
 const LEND_MIN_BYTES: usize = POOL_MIN_BYTES;
 
 /// Where in the data receive `inc` of `step` lands by itself, if it is large enough to be
@@ -1220,36 +1235,6 @@ mod tests {
     /// Frames held by the communicator's collective context (queued, early or dropped).
     fn coll_frames(c: &Communicator) -> usize {
         c.engine().with_matching(c.coll_state(), 0, |m| m.frames_held())
-    }
-
-    /// The small scratch buffers the calling thread's collectives keep.
-    fn spare_buffers() -> usize {
-        super::DIRECT.with(|d| {
-            let store = d.take();
-            let n = store.as_ref().map_or(0, |s| s.spare.len());
-            d.set(store);
-            n
-        })
-    }
-
-    /// A small blocking allreduce sends from the caller's data itself: the one scratch
-    /// buffer a rank of two keeps between calls is its receive's, none for its send.
-    #[test]
-    fn a_small_allreduce_sends_without_a_scratch_copy() {
-        let rts = Runtime::builder().env(false).build_local(2).unwrap();
-        std::thread::scope(|s| {
-            for rt in &rts {
-                s.spawn(move || {
-                    let c = rt.world();
-                    for k in 0..4u64 {
-                        let mut got = [0u64];
-                        c.allreduce(&[k + u64::from(c.rank())], &mut got, Op::Sum).unwrap();
-                        assert_eq!(got, [2 * k + 1]);
-                    }
-                    assert_eq!(spare_buffers(), 1, "rank {}: scratch buffers kept", c.rank());
-                });
-            }
-        });
     }
 
     /// Three ranks of four run allreduces (recursive doubling: 0-1 and 2-3, then 0-2 and
