@@ -11,7 +11,9 @@
 //!
 //! The AV holds `size * (k + 1)` addresses: entry `r * (k + 1) + c` is endpoint `c` of rank
 //! `r` (`c == k` is the RMA endpoint). Each rank publishes its `k + 1` endpoint names as one
-//! blob ([`Opened::address_blob`]) through the bootstrap (or directly, in [`world`]).
+//! blob ([`Opened::address_blob`]) through the bootstrap (or directly, in [`world`]), with
+//! its *probe*: a word registered for remote reads for the rank's lifetime, which peers
+//! read to reach the rank's RMA target endpoint ([`OfiRank::reach_rma_targets`]).
 //!
 //! # Eager frames and flow control
 //!
@@ -304,6 +306,9 @@ const RELEASE_SAMPLE: Duration = Duration::from_millis(1);
 /// beside another holder, 8 processes of 2 threads).
 const RMA_TARGET_EP: usize = 0;
 
+/// Bytes of a rank's probe (module docs): one word, of which a reach reads one byte.
+const PROBE_LEN: usize = 8;
+
 const CTX_RECV: u64 = 1 << 56;
 const CTX_SEND: u64 = 2 << 56;
 const CTX_READ: u64 = 3 << 56;
@@ -594,6 +599,8 @@ pub struct Opened {
     av: Arc<AddressVector>,
     /// `k` CRI endpoints then the RMA endpoint.
     eps: Vec<Endpoint>,
+    /// The rank's probe (module docs).
+    probe: MemoryRegion,
     /// This rank's same-host segment, where the system allows one.
     lane: Option<lane::Prepared>,
 }
@@ -641,12 +648,14 @@ impl Opened {
         }
         let cfg = EndpointConfig { cq_size: reads::CHUNKS_POSTED + 16, wait_fd: false, rma_counter: false };
         eps.push(Endpoint::open(&domain, &av, &cfg).map_err(|e| transport_error(&e))?);
+        let probe = MemoryRegion::alloc(&domain, PROBE_LEN, MrAccess::REMOTE_READ).map_err(|e| transport_error(&e))?;
         let lane = if opts.same_host_lane { lane::Prepared::create(opts.cris, size, WIRE_HEADER + opts.eager_capacity) } else { None };
-        Ok(Opened { opts: opts.clone(), size, domain, av, eps, lane })
+        Ok(Opened { opts: opts.clone(), size, domain, av, eps, probe, lane })
     }
 
     /// This rank's endpoint names: for each endpoint a little-endian `u16` length and the
-    /// bytes. Publish it; [`connect`](Self::connect) takes every rank's.
+    /// bytes, then its probe (module docs). Publish it; [`connect`](Self::connect) takes
+    /// every rank's.
     pub fn address_blob(&self) -> Vec<u8> {
         let mut out = Vec::new();
         for v in self.terms() {
@@ -656,6 +665,7 @@ impl Opened {
             out.extend_from_slice(&(ep.name().len() as u16).to_le_bytes());
             out.extend_from_slice(ep.name());
         }
+        out.extend_from_slice(&self.probe.remote().to_bytes());
         lane::Published::encode(self.lane.as_ref().map(lane::Prepared::published), &mut out);
         out
     }
@@ -696,6 +706,7 @@ impl Opened {
         // Per rank, the `shm` region names of its CRI endpoints (module docs).
         let mut peer_regions = Vec::with_capacity(if shm { blobs.len() } else { 0 });
         let mut published = Vec::with_capacity(blobs.len());
+        let mut probes = Vec::with_capacity(blobs.len());
         for blob in blobs {
             let mut regions = Vec::new();
             if blob.len() < mine.len() * 8 {
@@ -723,6 +734,13 @@ impl Opened {
             if shm {
                 peer_regions.push(regions);
             }
+            let probe = blob
+                .get(at..at + RemoteRegion::ENCODED_LEN)
+                .and_then(RemoteRegion::from_bytes)
+                .filter(|p| p.len >= 1)
+                .ok_or(Error::InvalidArgument("malformed probe region from a peer (a different weft version?)"))?;
+            probes.push(probe);
+            at += RemoteRegion::ENCODED_LEN;
             let (p, n) = blob
                 .get(at..)
                 .and_then(lane::Published::decode)
@@ -776,6 +794,8 @@ impl Opened {
             alive: (0..self.size).map(|_| AtomicBool::new(true)).collect(),
             lost_epoch: AtomicU64::new(0),
             peer_regions: peer_regions.into_boxed_slice(),
+            probes: probes.into_boxed_slice(),
+            _probe: self.probe,
             died: (0..self.size).map(|_| AtomicBool::new(false)).collect(),
             deaths: AtomicU64::new(0),
             releasing: Mutex::new(()),
@@ -896,6 +916,10 @@ struct RankInner {
     /// Per rank, the `shm` region names of its CRI endpoints (empty on other providers):
     /// where a lost peer's spin locks are (module docs).
     peer_regions: Box<[Vec<String>]>,
+    /// Per rank, its probe (module docs), which [`OfiRank::reach_rma_targets`] reads.
+    probes: Box<[RemoteRegion]>,
+    /// This rank's probe, kept registered until the rank is dropped.
+    _probe: MemoryRegion,
     /// Per rank: lost because its process died without finishing (`mark_died`).
     died: Box<[AtomicBool]>,
     /// Peers newly marked in `died` so far.
@@ -2296,29 +2320,28 @@ impl OfiRank {
         }
     }
 
-    /// Reaches the RMA target endpoint of each rank of `targets` from every CRI of this
-    /// rank, once per rank: a one-byte read of each target's region (regions of no bytes are
-    /// skipped) from each CRI, then a flush of it. For window creation, while every rank
-    /// progresses (its collective): on `shm` an endpoint's first operation to a peer's
-    /// endpoint is refused (`FI_EAGAIN`) until the peer's progress of that endpoint has
-    /// answered a handshake, and a rank's threads attend their own CRIs, which are mostly not
-    /// the RMA target endpoint (CRI 0): a first one-sided operation from such a CRI to a peer
-    /// busy elsewhere (spinning on a lock, parked for a wake) waits for the peer's watcher.
-    /// Lost ranks are skipped; a failure (a peer lost meanwhile) leaves the ranks unreached,
-    /// and their operations report it. Only on `shm`, the provider with the handshake: on
-    /// `tcp;ofi_rxm` a rank that finished the window's collective first and parked did not
-    /// serve a peer's read from a CRI it had not connected to yet, and the reaching rank
-    /// waited in its flush until the flush's deadline (60 s) at every window.
-    pub fn reach_rma_targets(&self, targets: &[RemoteMem]) -> Result<(), Error> {
+    /// Reaches the RMA target endpoint of each rank of `ranks` from every CRI of this rank,
+    /// once per rank: a one-byte read of each rank's probe (module docs) from each CRI, then
+    /// a flush of it. For window creation, while every rank progresses (its collective): an
+    /// endpoint's first operation to a peer's endpoint waits for the peer's progress of that
+    /// endpoint — on `shm` it is refused (`FI_EAGAIN`) until the peer answered a handshake,
+    /// on `tcp;ofi_rxm` it waits until the peer accepted the connection — and a rank's
+    /// threads attend their own CRIs, which are mostly not the RMA target endpoint (CRI 0):
+    /// a first one-sided operation from such a CRI to a peer busy elsewhere (spinning on a
+    /// lock) waits for the peer's watcher. The probe, not the window being created: a peer
+    /// may drop its part of that window as soon as it has left the collective (an error
+    /// right after the creation), and on `tcp;ofi_rxm` a read of a removed registration is
+    /// never answered — the peer's provider drops the connection — so the flush waited out
+    /// its deadline. Lost ranks are skipped; a failure (a peer lost meanwhile) leaves the
+    /// ranks unreached, and their operations report it.
+    pub fn reach_rma_targets(&self, ranks: &[u32]) -> Result<(), Error> {
         let s = &*self.inner;
-        if s.provider != "shm" {
-            return Ok(());
-        }
         let mut reached = s.rma_reached.lock();
         reached.resize(s.size as usize, false);
-        let new: Vec<&RemoteMem> = targets
+        let new: Vec<RemoteMem> = ranks
             .iter()
-            .filter(|t| t.region.len > 0 && s.is_alive(t.rank) && !reached.get(t.rank as usize).copied().unwrap_or(true))
+            .filter(|&&r| s.is_alive(r) && !reached.get(r as usize).copied().unwrap_or(true))
+            .map(|&rank| RemoteMem { rank, region: s.probes[rank as usize] })
             .collect();
         if new.is_empty() || s.cris[0].ep.rma_counter().is_none() {
             return Ok(());
@@ -3054,7 +3077,7 @@ mod tests {
         let key = region.key;
         let to = RemoteMem { rank: 1, region };
         // Rank 1's watcher serves the handshakes and the reads.
-        ranks[0].reach_rma_targets(&[to]).unwrap();
+        ranks[0].reach_rma_targets(&[1]).unwrap();
         let inner = ranks[1].inner.clone();
         catch_watcher(&inner);
         // The first atomic of `from` on its CRI 1, served by rank 1's polls of its CRI 1;
