@@ -599,8 +599,9 @@ pub struct Opened {
     av: Arc<AddressVector>,
     /// `k` CRI endpoints then the RMA endpoint.
     eps: Vec<Endpoint>,
-    /// The rank's probe (module docs).
-    probe: MemoryRegion,
+    /// The rank's probe (module docs); `None` where the provider registers no memory (the
+    /// rank then publishes an empty probe, which peers do not reach).
+    probe: Option<MemoryRegion>,
     /// This rank's same-host segment, where the system allows one.
     lane: Option<lane::Prepared>,
 }
@@ -648,7 +649,7 @@ impl Opened {
         }
         let cfg = EndpointConfig { cq_size: reads::CHUNKS_POSTED + 16, wait_fd: false, rma_counter: false };
         eps.push(Endpoint::open(&domain, &av, &cfg).map_err(|e| transport_error(&e))?);
-        let probe = MemoryRegion::alloc(&domain, PROBE_LEN, MrAccess::REMOTE_READ).map_err(|e| transport_error(&e))?;
+        let probe = MemoryRegion::alloc(&domain, PROBE_LEN, MrAccess::REMOTE_READ).ok();
         let lane = if opts.same_host_lane { lane::Prepared::create(opts.cris, size, WIRE_HEADER + opts.eager_capacity) } else { None };
         Ok(Opened { opts: opts.clone(), size, domain, av, eps, probe, lane })
     }
@@ -665,7 +666,8 @@ impl Opened {
             out.extend_from_slice(&(ep.name().len() as u16).to_le_bytes());
             out.extend_from_slice(ep.name());
         }
-        out.extend_from_slice(&self.probe.remote().to_bytes());
+        let probe = self.probe.as_ref().map_or(RemoteRegion { base: 0, key: 0, len: 0 }, MemoryRegion::remote);
+        out.extend_from_slice(&probe.to_bytes());
         lane::Published::encode(self.lane.as_ref().map(lane::Prepared::published), &mut out);
         out
     }
@@ -737,7 +739,6 @@ impl Opened {
             let probe = blob
                 .get(at..at + RemoteRegion::ENCODED_LEN)
                 .and_then(RemoteRegion::from_bytes)
-                .filter(|p| p.len >= 1)
                 .ok_or(Error::InvalidArgument("malformed probe region from a peer (a different weft version?)"))?;
             probes.push(probe);
             at += RemoteRegion::ENCODED_LEN;
@@ -919,7 +920,7 @@ struct RankInner {
     /// Per rank, its probe (module docs), which [`OfiRank::reach_rma_targets`] reads.
     probes: Box<[RemoteRegion]>,
     /// This rank's probe, kept registered until the rank is dropped.
-    _probe: MemoryRegion,
+    _probe: Option<MemoryRegion>,
     /// Per rank: lost because its process died without finishing (`mark_died`).
     died: Box<[AtomicBool]>,
     /// Peers newly marked in `died` so far.
@@ -2363,6 +2364,7 @@ impl OfiRank {
             .iter()
             .filter(|&&r| s.is_alive(r) && !reached.get(r as usize).copied().unwrap_or(true))
             .map(|&rank| RemoteMem { rank, region: s.probes[rank as usize] })
+            .filter(|t| t.region.len > 0)
             .collect();
         if new.is_empty() || s.cris[0].ep.rma_counter().is_none() {
             return Ok(());
