@@ -961,6 +961,28 @@ mod tests {
         assert_eq!(queued, 0, "frames left queued");
     }
 
+    /// The locks of a rank share one stand-in (one thread a rank, whatever the number of
+    /// locks: a hash table has one a volume), and a rank has its own.
+    #[cfg(feature = "ofi")]
+    #[test]
+    fn the_locks_of_a_rank_share_one_stand_in() {
+        let shared = on_shm(2, "stand-ins", |rts| {
+            std::thread::scope(|s| {
+                let other = s.spawn(|| {
+                    let locks = [crate::dlock::DMcs::new(rts[1].world(), 0).unwrap(), crate::dlock::DMcs::new(rts[1].world(), 1).unwrap()];
+                    locks.map(|l| std::sync::Arc::as_ptr(l.q.wakes.as_ref().unwrap().stand_in()) as usize)
+                });
+                let locks = [crate::dlock::DMcs::new(rts[0].world(), 0).unwrap(), crate::dlock::DMcs::new(rts[0].world(), 1).unwrap()];
+                let here = locks.each_ref().map(|l| std::sync::Arc::as_ptr(l.q.wakes.as_ref().unwrap().stand_in()) as usize);
+                (here, other.join().unwrap())
+            })
+        });
+        let (here, other) = shared;
+        assert_eq!(here[0], here[1], "the locks of rank 0");
+        assert_eq!(other[0], other[1], "the locks of rank 1");
+        assert_ne!(here[0], other[0], "ranks 0 and 1");
+    }
+
     /// A hand-off to a parked task wakes it without a nap of the task's: on `shm`, rank 0
     /// passes rank 1's STATUS 30 times, each time once rank 1's task (under an executor of
     /// its own) marked it parked. The hand-offs' frames keep rank 1 busy, where a parked

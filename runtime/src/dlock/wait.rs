@@ -192,8 +192,9 @@ pub(crate) struct Wakes {
     waiting: [AtomicU32; SLOTS],
     /// Per slot, the tasks waiting there.
     relays: [Relay; SLOTS],
-    /// The thread that progresses while tasks of the rank are parked on wake frames.
-    stand_in: StandIn,
+    /// The thread that progresses while tasks of the rank are parked on wake frames (one
+    /// for every lock of the rank).
+    stand_in: Arc<StandIn>,
 }
 
 /// The tasks of one rank waiting on one watched word: the first of them *leads*: it spins,
@@ -250,7 +251,7 @@ impl Wakes {
             comm: Some(comm.dup()?),
             waiting: std::array::from_fn(|_| AtomicU32::new(0)),
             relays: std::array::from_fn(|_| Relay::new()),
-            stand_in: StandIn::default(),
+            stand_in: StandIn::of(comm.engine()),
         }))
     }
 
@@ -267,7 +268,7 @@ impl Wakes {
             return None;
         }
         let tag = i32::try_from(tag).ok()?;
-        self.comm().irecv(Vec::new(), Source::Any, tag).ok().map(|r| Armed::Woken(r, tag, None, &self.stand_in))
+        self.comm().irecv(Vec::new(), Source::Any, tag).ok().map(|r| Armed::Woken(r, tag, None, &*self.stand_in))
     }
 
     /// Consumes the wake frames with tag `tag` that arrived and that no receive took: no wait
@@ -298,6 +299,12 @@ impl Wakes {
             n += 1;
         }
         n
+    }
+
+    /// The rank's stand-in (tests).
+    #[cfg(all(test, feature = "ofi"))]
+    pub(crate) fn stand_in(&self) -> &Arc<StandIn> {
+        &self.stand_in
     }
 
     /// Whether the ranks have a bit each in a watchers word.
@@ -406,8 +413,6 @@ impl Drop for Watching<'_> {
 
 impl Drop for Wakes {
     fn drop(&mut self) {
-        // No task waits on the lock any more (each borrows it): the stand-in is idle.
-        self.stand_in.stop();
         if let Some(c) = self.comm.take() {
             c.free();
         }
@@ -529,8 +534,8 @@ impl Future for WakeOrCheck<'_> {
 /// it waits as a blocked thread of the rank does (progress while the rank is busy, then a
 /// park on the doorbell as the rank's waiter, which the network wakes, `Progress::park`),
 /// for as long as any task of the rank is parked there (each counted on its sync object),
-/// and sleeps otherwise. Started at the first park, stopped when the lock is freed.
-#[derive(Default)]
+/// and sleeps otherwise. One per rank, shared by its locks ([`of`](Self::of)); its thread
+/// starts at the first park, and ends when the rank's last lock is freed.
 pub(crate) struct StandIn {
     /// One count per parked task, and whether the thread is to end.
     shared: Arc<(SyncObject<()>, AtomicBool)>,
@@ -538,6 +543,23 @@ pub(crate) struct StandIn {
 }
 
 impl StandIn {
+    /// The stand-in of `engine`'s rank: the one its live locks share, or a new one.
+    fn of(engine: &Arc<crate::engine::Engine>) -> Arc<StandIn> {
+        /// The stand-ins of the ranks with live locks, by engine. An engine is not freed
+        /// while its stand-in lives (its thread holds the engine's progress hook once
+        /// started, and its locks their communicators), so an address is not reused meanwhile.
+        static RANKS: Mutex<Vec<(usize, std::sync::Weak<StandIn>)>> = Mutex::new(Vec::new());
+        let key = Arc::as_ptr(engine) as usize;
+        let mut ranks = RANKS.lock().unwrap_or_else(|e| e.into_inner());
+        ranks.retain(|(_, s)| s.strong_count() > 0);
+        if let Some(s) = ranks.iter().find(|(k, _)| *k == key).and_then(|(_, s)| s.upgrade()) {
+            return s;
+        }
+        let s = Arc::new(StandIn { shared: Arc::default(), thread: Mutex::new(None) });
+        ranks.push((key, Arc::downgrade(&s)));
+        s
+    }
+
     /// Counts a parked task of `engine`'s rank until the returned count is dropped; starts
     /// the thread, or wakes it.
     fn stand(&self, engine: &Arc<crate::engine::Engine>) -> Counted<()> {
@@ -564,14 +586,19 @@ impl StandIn {
         }
         counted
     }
+}
 
-    /// Ends the thread (no task is parked: each borrows the lock).
-    fn stop(&self) {
+impl Drop for StandIn {
+    /// Ends the thread: the rank's locks are freed, so no task is parked (each borrows one),
+    /// unless a parked task's future was leaked (then the thread, waiting for it, is left).
+    fn drop(&mut self) {
         self.shared.1.store(true, Ordering::Release);
-        let thread = self.thread.lock().unwrap_or_else(|e| e.into_inner()).take();
+        let thread = self.thread.get_mut().unwrap_or_else(|e| e.into_inner()).take();
         if let Some(t) = thread {
             t.thread().unpark();
-            let _ = t.join();
+            if self.shared.0.size() == 0 {
+                let _ = t.join();
+            }
         }
     }
 }
