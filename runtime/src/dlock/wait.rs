@@ -268,7 +268,7 @@ impl Wakes {
             return None;
         }
         let tag = i32::try_from(tag).ok()?;
-        self.comm().irecv(Vec::new(), Source::Any, tag).ok().map(|r| Armed::Woken(r, tag, None, &*self.stand_in))
+        self.comm().irecv(Vec::new(), Source::Any, tag).ok().map(|r| Armed::Woken(r, tag, None, &self.stand_in))
     }
 
     /// Consumes the wake frames with tag `tag` that arrived and that no receive took: no wait
