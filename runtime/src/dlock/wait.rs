@@ -17,8 +17,8 @@
 //!   [`WAKE_CHECK`], a thread every [`WAKE_ALARM`]); the tasks of a rank waiting on one
 //!   watched word park on one leader's receive ([`Relay`]); with more than 64 ranks the
 //!   words other ranks' atomics change are polled with [`Backoff`]. While tasks are parked
-//!   on frames, a thread of the rank ([`StandIn`]) waits as a blocked thread does, so the
-//!   frame's delivery wakes the task whatever executor runs it.
+//!   on a queue lock's hand-off frames, a thread of the rank ([`StandIn`]) waits as a
+//!   blocked thread does, so the frame's delivery wakes the task whatever executor runs it.
 //! - [`LocalLock`] orders the threads and tasks of one rank that share its queue nodes:
 //!   waiters are parked (tasks) or park their thread, and are woken by the release.
 
@@ -75,7 +75,7 @@ thread_local! {
 /// task, the leader that received it, [`Wakes::arm_watched`]), the checks of a waited-for
 /// word (each one or more one-sided reads or atomics), the wake frames sent, and the passes
 /// of progress a task parked on a wake frame made itself, woken by something else than its
-/// frame's delivery (the doorbell, its check).
+/// frame's delivery (the doorbell, its check, a nap).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub(crate) struct Waits {
     pub(crate) sleeps: u64,
@@ -144,7 +144,8 @@ pub(crate) enum Armed<'a, const N: usize> {
     /// until a rank is lost or [`WAKE_CHECK`] passed, a thread until [`WAKE_ALARM`] passed.
     /// With the frame's tag, and, for the task that leads its rank's tasks waiting on a
     /// watched word, their [`Relay`] (woken when the frame comes).
-    Woken(Request<'a, Vec<u8>>, i32, Option<&'a Relay>, &'a StandIn),
+    /// With the rank's stand-in where the frame is a queue lock's hand-off ([`StandIn`]).
+    Woken(Request<'a, Vec<u8>>, i32, Option<&'a Relay>, Option<&'a StandIn>),
     /// A task waiting on a watched word while another task of its rank leads
     /// ([`Wakes::arm_watched`]): park until the leader's frame comes or it stops leading.
     Relayed(EventListener),
@@ -268,7 +269,7 @@ impl Wakes {
             return None;
         }
         let tag = i32::try_from(tag).ok()?;
-        self.comm().irecv(Vec::new(), Source::Any, tag).ok().map(|r| Armed::Woken(r, tag, None, &self.stand_in))
+        self.comm().irecv(Vec::new(), Source::Any, tag).ok().map(|r| Armed::Woken(r, tag, None, Some(&self.stand_in)))
     }
 
     /// Consumes the wake frames with tag `tag` that arrived and that no receive took: no wait
@@ -365,7 +366,7 @@ impl Wakes {
         }
         self.count_in(w)?;
         Ok(match self.arm(backoff, word) {
-            Some(Armed::Woken(r, tag, _, s)) => Some(Armed::Woken(r, tag, w.leads.then_some(relay), s)),
+            Some(Armed::Woken(r, tag, _, _)) => Some(Armed::Woken(r, tag, w.leads.then_some(relay), None)),
             armed => armed,
         })
     }
@@ -457,7 +458,7 @@ impl<const N: usize> Armed<'_, N> {
                     Alarm::wait(request, tag)
                 } else {
                     let epoch = request.communicator().engine().transport.lost_epoch();
-                    (WakeOrCheck { request, check: Sleep::new(WAKE_CHECK), epoch, stand_in, standing: None }).await
+                    (WakeOrCheck { request, check: Sleep::new(WAKE_CHECK), epoch, yield_until: None, stand_in, parked: None }).await
                 };
                 if woken {
                     count(|w| w.wakes += 1);
@@ -471,29 +472,47 @@ impl<const N: usize> Armed<'_, N> {
 
 /// Ready with `true` when the wake frame's receive completes, with `false` when the check's
 /// time comes first or a rank was lost since `epoch` (the receive is then cancelled by its
-/// drop; the check that follows sees a write that landed, and the loss). The task makes one
-/// pass of the rank's progress, then parks on the receive's completion, the rank's doorbell
-/// (which a loss rings) and the check, counted in the rank's [`StandIn`] while parked: the
-/// stand-in waits as a blocked thread of the rank does, so the hand-off (on `shm` the
-/// passer's swap of STATUS, an atomic the task's rank serves, then the wake frame) is served
-/// while the task sleeps, and the frame's delivery wakes the task, whichever thread of the
-/// rank made the pass that delivered it.
+/// drop; the check that follows sees a write that landed, and the loss).
+///
+/// A queue lock's hand-off (`stand_in` given): the task makes one pass of the rank's
+/// progress, then parks on the receive's completion, the rank's doorbell (which a loss
+/// rings) and the check, counted in the rank's [`StandIn`] while parked: the stand-in waits
+/// as a blocked thread of the rank does, so the hand-off (on `shm` the passer's swap of
+/// STATUS, an atomic the task's rank serves, then the wake frame) is served while the task
+/// sleeps, and the frame's delivery wakes the task, whichever thread of the rank made the
+/// pass that delivered it. A task that napped and made a pass of its own after each nap
+/// let every hand-off wait for up to two naps.
+///
+/// A watched word's change (the spin lock's word, RMA-RW's counters, a releaser's NEXT:
+/// whoever gets there first may take the lock, no hand-off waits for this task): while the
+/// rank's progress goes on, the task yields between passes for the rank's yield window
+/// (`WEFT_YIELD_US`) at most, as a blocked thread does, then parks until the receive
+/// completes (the rank's watcher rings the doorbell) or the check's time comes, and, while
+/// the rank is busy (its watcher then leaves the progress to the rank's waiters), for a nap
+/// of [`NAP`], after which it makes a pass again: no thread spins for it.
 ///
 /// The receive is looked at without progress of its own: a receive's poll makes passes for
 /// as long as they progress, and a pass counts as progress while the rank saw traffic in
 /// the last milliseconds (so that blocked threads spin then), which held the task inside one
-/// poll for as long as the traffic lasted. A task that polled on for as long as the rank saw
-/// traffic took the cores from the processes it waited for; one that napped and polled
-/// again let each hand-off wait for its naps.
+/// poll for as long as the traffic lasted, and took the cores from the processes it waited
+/// for.
 struct WakeOrCheck<'a> {
     request: Request<'a, Vec<u8>>,
     check: Sleep,
     /// The transport's loss epoch when the wait was armed.
     epoch: u64,
-    /// The rank's stand-in, and this task's count in it once parked.
-    stand_in: &'a StandIn,
-    standing: Option<Counted<()>>,
+    /// Until when passes that made progress are followed by another at once (a watched
+    /// word's wait).
+    yield_until: Option<Instant>,
+    /// The rank's stand-in (a hand-off's wait).
+    stand_in: Option<&'a StandIn>,
+    /// Once parked: the task's count in the stand-in, if any.
+    parked: Option<Option<Counted<()>>>,
 }
+
+/// The nap of a task waiting for a watched word's frame while its rank is busy
+/// ([`WakeOrCheck`]).
+const NAP: Duration = Duration::from_micros(50);
 
 impl Future for WakeOrCheck<'_> {
     type Output = bool;
@@ -509,28 +528,48 @@ impl Future for WakeOrCheck<'_> {
         if this.request.communicator().engine().transport.lost_epoch() != this.epoch {
             return Poll::Ready(false);
         }
-        if this.standing.is_some() {
+        if this.parked.is_some() {
             // Woken while parked by something else than the frame's delivery.
             count(|w| w.passes += 1);
         }
         let engine = this.request.communicator().engine();
-        // The pass registers the task on the doorbell when idle; while the rank is busy it
-        // is registered here.
-        if engine.poll_progress(cx) == Step::Progressed {
-            engine.transport.doorbell().register(cx.waker());
+        // The pass registers the task on the doorbell when idle.
+        let busy = engine.poll_progress(cx) == Step::Progressed;
+        if busy && this.request.is_complete() {
+            return Poll::Ready(true);
+        }
+        match (busy, this.stand_in) {
+            (true, Some(_)) => engine.transport.doorbell().register(cx.waker()),
+            (true, None) => {
+                let now = Instant::now();
+                if now >= this.check.deadline {
+                    return Poll::Ready(false);
+                }
+                if now < *this.yield_until.get_or_insert(now + engine.config.yield_window) {
+                    cx.waker().wake_by_ref();
+                    return Poll::Pending;
+                }
+            }
+            // Idle: the next pass that progresses yields again for a window.
+            (false, _) => this.yield_until = None,
         }
         if this.request.own_cell().poll_complete(cx).is_ready() {
             return Poll::Ready(true);
         }
-        if this.standing.is_none() {
-            this.standing = Some(this.stand_in.stand(engine));
+        if this.parked.is_none() {
+            this.parked = Some(this.stand_in.map(|s| s.stand(engine)));
+        }
+        if busy && this.stand_in.is_none() {
+            // A nap of a future length is never ready at its first poll: the poll only
+            // registers the wake-up at its deadline (a `Sleep` dropped stays registered).
+            let _ = Pin::new(&mut Sleep::new(NAP)).poll(cx);
         }
         Pin::new(&mut this.check).poll(cx).map(|()| false)
     }
 }
 
-/// A thread of a rank that progresses while tasks of the rank are parked on wake frames
-/// ([`WakeOrCheck`]), so that a hand-off to a parked task waits for no poll of the task's:
+/// A thread of a rank that progresses while tasks of the rank are parked on a queue lock's
+/// hand-off frames ([`WakeOrCheck`]), so that a hand-off to a parked task waits for no poll of the task's:
 /// it waits as a blocked thread of the rank does (progress while the rank is busy, then a
 /// park on the doorbell as the rank's waiter, which the network wakes, `Progress::park`),
 /// for as long as any task of the rank is parked there (each counted on its sync object),
