@@ -987,9 +987,9 @@ mod tests {
     /// passes rank 1's STATUS 30 times, each time once rank 1's task (under an executor of
     /// its own) marked it parked. The hand-offs' frames keep rank 1 busy, where a parked
     /// task used to nap, and the hand-off (the swap of STATUS, an atomic rank 1's progress
-    /// serves, then the frame) waited for the naps; the rank's stand-in now progresses while
-    /// the task is parked, and the frame's receive wakes the task. Every park ends by its
-    /// frame.
+    /// serves, then the frame) waited for the naps, and the task's own pass after a nap took
+    /// the frame; the rank's stand-in now progresses while the task is parked, and the
+    /// frame's delivery wakes the task. Every park ends by its frame.
     #[cfg(feature = "ofi")]
     #[test]
     fn a_hand_off_to_a_parked_task_needs_no_nap() {
@@ -1023,7 +1023,8 @@ mod tests {
                 waiter.join().unwrap()
             })
         });
-        assert!(waits.passes < HAND_OFFS / 3, "passes of the parked task itself: {waits:?}");
         assert_eq!(waits.wakes, HAND_OFFS, "parks its frame ended: {waits:?}");
+        // Under load a hand-off may outlast a check (10 ms), whose pass then takes the frame.
+        assert!(waits.delivered >= HAND_OFFS * 2 / 3, "frames delivered to the parked task by another thread: {waits:?}");
     }
 }

@@ -63,7 +63,7 @@ thread_local! {
     /// Whether this thread runs a protocol in [`block_on`] (waits sleep the thread).
     static BLOCKING: Cell<bool> = const { Cell::new(false) };
     /// [`Backoff`] sleeps begun on this thread, and parks ([`Armed`]) on it.
-    static WAITS: Cell<Waits> = const { Cell::new(Waits { sleeps: 0, parks: 0, wakes: 0, checks: 0, frames: 0, passes: 0 }) };
+    static WAITS: Cell<Waits> = const { Cell::new(Waits { sleeps: 0, parks: 0, wakes: 0, checks: 0, frames: 0, passes: 0, delivered: 0 }) };
     /// The earliest [`Sleep`] the protocol in [`block_on`] waits for in its current poll:
     /// the thread parks no longer (a thread's sleep needs no timer thread).
     static WAKE_AT: Cell<Option<Instant>> = const { Cell::new(None) };
@@ -73,9 +73,10 @@ thread_local! {
 /// thread's sleep in [`block_on`], a task's sleep on the timer begun from the thread),
 /// parks on a signal or a wake frame ([`Armed`]), the parks a wake frame ended (or, for a
 /// task, the leader that received it, [`Wakes::arm_watched`]), the checks of a waited-for
-/// word (each one or more one-sided reads or atomics), the wake frames sent, and the passes
-/// of progress a task parked on a wake frame made itself, woken by something else than its
-/// frame's delivery (the doorbell, its check, a nap).
+/// word (each one or more one-sided reads or atomics), the wake frames sent, the passes of
+/// progress a task parked on a wake frame made itself, woken by something else than its
+/// frame's delivery (the doorbell, its check, a nap), and the parks of a task that its
+/// frame's delivery by another pass than its own ended.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub(crate) struct Waits {
     pub(crate) sleeps: u64,
@@ -84,6 +85,7 @@ pub(crate) struct Waits {
     pub(crate) checks: u64,
     pub(crate) frames: u64,
     pub(crate) passes: u64,
+    pub(crate) delivered: u64,
 }
 
 #[cfg(test)]
@@ -97,6 +99,7 @@ impl Waits {
             checks: self.checks - before.checks,
             frames: self.frames - before.frames,
             passes: self.passes - before.passes,
+            delivered: self.delivered - before.delivered,
         }
     }
 }
@@ -521,6 +524,9 @@ impl Future for WakeOrCheck<'_> {
         // A failed receive (the communicator freed, say) also ends the park: the check that
         // follows finds what happened.
         if this.request.is_complete() {
+            if this.parked.is_some() {
+                count(|w| w.delivered += 1);
+            }
             return Poll::Ready(true);
         }
         // A receive from any source fails only once no peer is left: a loss ends the park
