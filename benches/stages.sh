@@ -31,7 +31,7 @@ total=$(incl "$W" 'PROGRAM TOTALS')
 # their inner halves, `isend_on` and `irecv_on`, make the stages.
 isend=$(incl "$W" 'comm.rs:weft::comm::Communicator::isend(_on)?$')
 tsend=$(incl "$W" 'transport/src/provider.rs:weft::(progress::send::.*post_frame.*|comm::Communicator::isend)$')
-irecv=$(incl "$W" 'comm.rs:weft::comm::Communicator::irecv(_on)?$')
+irecv=$(incl "$W" 'comm.rs:weft::comm::Communicator::irecv(_on|_here)?$')
 post=$(incl "$W" 'matching/mod.rs:weft::matching::MatchState::post_into$')
 progress=$(incl "$W" 'engine/frames.rs:weft::engine::frames::.*progress_cri$')
 handle=$(incl "$W" 'engine/frames.rs:weft::engine::frames::.*handle_frames$')

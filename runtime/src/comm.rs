@@ -29,7 +29,7 @@ use crate::engine::{main_path_inline, slot_of, CommState, Engine, SendOutcome};
 use crate::group::Group;
 use crate::loom::sync::atomic::{AtomicU32, Ordering};
 use crate::matching::{MatchState, Source, Tag};
-use crate::operation::new_operation;
+use crate::operation::{new_operation, Held};
 use crate::request::Request;
 
 /// MPI 4.0 communicator assertions (the `mpi_assert_*` info keys), given to
@@ -405,7 +405,14 @@ impl Communicator {
     pub fn irecv<B: RecvBuf>(&self, buf: B, source: impl Into<Source>, tag: impl Into<Tag>) -> Result<Request<'_, B>, Error> {
         let tag = tag.into();
         let source = self.check_recv(source.into(), tag)?;
-        self.irecv_on(&self.p2p, buf, source, tag).map_err(|e| self.local_error(e))
+        self.irecv_here(buf, source, tag)
+    }
+
+    /// [`irecv_on`](Self::irecv_on) on the user context, an error naming ranks here: the
+    /// request is built in the result `irecv` returns, not moved out of the inner call's
+    /// result by an error's translation (88 bytes a receive).
+    fn irecv_here<B: RecvBuf>(&self, buf: B, source: Source, tag: Tag) -> Result<Request<'_, B>, Error> {
+        self.post_recv(&self.p2p, buf, source, tag, |e, _| self.local_error(e))
     }
 
     /// A receive's source and tag, on a communicator not freed: the source as a world rank.
@@ -496,7 +503,7 @@ impl Communicator {
             return Err(refused(e, buf));
         }
         if let Some(frame) = early {
-            s.finish_match(s.cri_for_thread(), inner.clone(), frame);
+            s.finish_match(s.cri_for_thread(), Held::of(&inner), frame);
         }
         Ok(Request::recv(self, inner, buf, part))
     }
@@ -674,7 +681,8 @@ fn unposted(inner: std::sync::Arc<crate::operation::Operation>, e: Error) {
     crate::operation::recycle(inner);
 }
 
-/// A pending receive's operation on context `context`, over `buf`'s receive area.
+/// A pending receive's operation on context `context`, over `buf`'s receive area, marked to
+/// be held on the request's reference once posted ([`Held`]).
 pub(crate) fn recv_operation<B: RecvBuf>(context: u32, buf: &mut B) -> std::sync::Arc<crate::operation::Operation> {
     let (ptr, cap) = buf.spare();
     let elem = buf.elem_size();
@@ -683,5 +691,6 @@ pub(crate) fn recv_operation<B: RecvBuf>(context: u32, buf: &mut B) -> std::sync
         i.cap = cap;
         i.elem = elem;
         i.context = context;
+        crate::operation::hold(i);
     })
 }

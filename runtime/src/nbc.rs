@@ -112,7 +112,7 @@ pub(crate) struct Sched<'c> {
 /// collective that ends quickly (the common case: its members are all there) never posts
 /// it, which spares it a receive from any source and its cancellation; a notice sent
 /// before is kept by matching until the receive is posted.
-const NOTICE_AFTER_POLLS: u32 = 32;
+pub(crate) const NOTICE_AFTER_POLLS: u32 = 32;
 
 /// The buffer a collective works in, in place: the request's buffer (which the request, or
 /// the runtime's share of it if the request is dropped, keeps alive until the schedule

@@ -12,10 +12,12 @@
 //! it allocates.
 
 use std::any::Any;
+use std::mem::ManuallyDrop;
+use std::ptr::NonNull;
 use std::sync::{Arc, OnceLock, Weak};
 
 use parking_lot::Mutex;
-use weft_sync::CompletionCell;
+use weft_sync::{CompletionCell, Outcome, Status};
 
 use crate::spares::{SharedSpares, Spares};
 
@@ -66,6 +68,16 @@ impl Default for Operation {
             orphan: Mutex::new(None),
             relay: OnceLock::new(),
         }
+    }
+}
+
+#[cfg(test)]
+impl Operation {
+    /// A fresh operation marked to be held on its owner's reference, as a receive's is.
+    pub(crate) fn held() -> Operation {
+        let mut op = Operation::default();
+        hold(&mut op);
+        op
     }
 }
 
@@ -152,4 +164,254 @@ fn pool() -> Option<&'static Pool> {
     // the reference is used only within the calling function, which runs no destructor of
     // this thread's thread-locals meanwhile.
     POOL.try_with(|p| unsafe { &*(p as *const Pool) }).ok()
+}
+
+/// A posted receive's operation as matching holds it: on the request's reference, with no
+/// count of its own, so that posting a receive and completing it touch no reference count
+/// (a locked add and a locked decrement a message).
+///
+/// The invariant that keeps it valid: the operation's cell is marked held
+/// ([`CompletionCell::mark_held`], by [`hold`] while the request owns it alone), one `Held`
+/// at most exists for it (queued in one matching state, then moved into one pair or list),
+/// and each `Held` ends in one of three ways:
+///
+/// * completed ([`complete`](Held::complete), [`complete_ok`](Held::complete_ok)): until its
+///   cell is complete the request keeps its reference, or has left it to the holder
+///   (`Request`'s drop of a matched receive, a continuation: [`leave`]); the completion says
+///   which, and the holder drops the reference it inherited. After `COMPLETE` the holder
+///   touches the operation only under a reference of its own, taken before the completion
+///   when it has a delivery to make (an attached sync object, a registered waker);
+/// * made counted ([`counted`](Held::counted)): a reference of its own taken, for code that
+///   keeps operations by `Arc` (a rendezvous read, the receives failed by a lost peer or a
+///   freed communicator); an owner that had left gave its reference too, one is dropped;
+/// * dropped uncompleted, which makes it counted and drops that: a receive unposted by its
+///   request's owner (cancelled, or refused at posting) under the matching lock, or the
+///   receives still posted when a matching state goes at shutdown.
+///
+/// So the operation is alive while a `Held` exists, and an owner that takes a completed
+/// result (and pools the operation) has no holder left to race with.
+pub(crate) struct Held(NonNull<Operation>);
+
+// SAFETY: a `Held` is a shared reference to a `Sync` operation kept alive by the invariant
+// above; moving it between threads is moving that reference.
+unsafe impl Send for Held {}
+// SAFETY: as above; `&Held` gives `&Operation` only.
+unsafe impl Sync for Held {}
+
+/// Marks a receive's operation, still owned by its request alone, to be held on the
+/// request's reference once posted (set up in [`new_operation`]'s `init`).
+#[inline(always)]
+pub(crate) fn hold(op: &mut Operation) {
+    op.cell.mark_held();
+}
+
+impl Held {
+    /// The holder's share of `op` (marked held), on `op`'s reference: no count.
+    #[inline(always)]
+    pub(crate) fn of(op: &Arc<Operation>) -> Held {
+        debug_assert!(op.cell.is_held(), "an operation held without a count is marked so");
+        Held(NonNull::from(&**op))
+    }
+
+    /// Whether this is `op`'s.
+    #[inline]
+    pub(crate) fn is(&self, op: &Arc<Operation>) -> bool {
+        std::ptr::eq(self.0.as_ptr(), Arc::as_ptr(op))
+    }
+
+    /// A counted reference, taken while the owner's (or the one it left) keeps the
+    /// operation alive.
+    #[inline]
+    fn count(&self) -> Arc<Operation> {
+        let p = self.0.as_ptr().cast_const();
+        // SAFETY: `p` came from an `Arc` (`of`), alive by the type's invariant.
+        unsafe {
+            Arc::increment_strong_count(p);
+            Arc::from_raw(p)
+        }
+    }
+
+    /// The reference the owner left to this holder.
+    ///
+    /// # Safety
+    /// Once per operation, after the cell said the owner left (`complete_held`,
+    /// `hold_counted`).
+    #[inline]
+    unsafe fn inherited(&self) -> Arc<Operation> {
+        // SAFETY: per the contract, the owner's reference (an `Arc::into_raw`'s worth) is ours.
+        unsafe { Arc::from_raw(self.0.as_ptr().cast_const()) }
+    }
+
+    /// Completes the receive with `outcome` (the type's first way out).
+    #[inline]
+    pub(crate) fn complete(self, outcome: Outcome) {
+        let this = ManuallyDrop::new(self);
+        let (left, pinned) = this.cell.complete_held(outcome, || this.count());
+        this.settle(left, pinned);
+    }
+
+    /// [`complete`](Self::complete) with a success, its status written into the cell where it
+    /// is made ([`CompletionCell::complete_held`] inlined).
+    #[inline(always)]
+    pub(crate) fn complete_ok(self, status: Status) {
+        let this = ManuallyDrop::new(self);
+        let (left, pinned) = this.cell.complete_held(Ok(status), || this.count());
+        if left || pinned.is_some() {
+            this.settle(left, pinned);
+        }
+    }
+
+    /// After the completion: drops the references the holder has (the one the owner left,
+    /// one taken for a delivery).
+    #[cold]
+    #[inline(never)]
+    fn settle(&self, left: bool, pinned: Option<Arc<Operation>>) {
+        if let Some(p) = pinned {
+            release(p);
+        }
+        if left {
+            // SAFETY: `complete_held` said the owner left.
+            release(unsafe { self.inherited() });
+        }
+    }
+
+    /// A counted reference for code that keeps operations by `Arc` (the type's second way
+    /// out).
+    pub(crate) fn counted(self) -> Arc<Operation> {
+        let this = ManuallyDrop::new(self);
+        let own = this.count();
+        if own.cell.hold_counted() {
+            // SAFETY: the owner left before the count was taken: its reference is ours too,
+            // one more than we keep.
+            drop(unsafe { this.inherited() });
+        }
+        own
+    }
+}
+
+impl Drop for Held {
+    /// The type's third way out, a receive unposted uncompleted: by its owner (a cancel),
+    /// who holds its reference, or with the matching state at shutdown, whose receives'
+    /// owners may have left them their references. Made counted and dropped, the last
+    /// reference goes either way (and with it, at shutdown, an attachment still waiting,
+    /// cancelled). Never on the paths of a message.
+    #[cold]
+    fn drop(&mut self) {
+        drop(Held(self.0).counted());
+    }
+}
+
+impl std::ops::Deref for Held {
+    type Target = Operation;
+    #[inline(always)]
+    fn deref(&self) -> &Operation {
+        // SAFETY: alive by the type's invariant.
+        unsafe { self.0.as_ref() }
+    }
+}
+
+/// A reference to a completed operation dropped by the runtime: the buffer of a dropped
+/// request goes with the last one, and the operation back to this thread's pool.
+pub(crate) fn release(op: Arc<Operation>) {
+    if Arc::strong_count(&op) == 1 {
+        drop(op.orphan.lock().take());
+    }
+    recycle(op);
+}
+
+/// The request's reference to a pending operation let go (a dropped request whose receive
+/// matched, a result handed to a continuation): left to the operation's holder if it holds
+/// it on this reference ([`Held`]), dropped otherwise.
+pub(crate) fn leave(op: Arc<Operation>) {
+    if op.cell.leave() {
+        // The holder's now: it drops it when it completes the operation.
+        std::mem::forget(op);
+    } else {
+        release(op);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ok() -> Outcome {
+        Ok(Status { source: 0, tag: 1, bytes: 0 })
+    }
+
+    /// A held receive's holder and its request, in either order: the reference is dropped
+    /// once, by whichever lets go last.
+    #[test]
+    fn a_holder_drops_the_reference_its_request_left_it() {
+        // The request leaves first (dropped after its receive matched): the completion drops
+        // the operation with it.
+        let op = Arc::new(Operation::held());
+        let gone = Arc::downgrade(&op);
+        let held = Held::of(&op);
+        leave(op);
+        assert!(gone.upgrade().is_some(), "left to the holder, not dropped");
+        held.complete(ok());
+        assert!(gone.upgrade().is_none(), "the holder dropped the reference it was left");
+
+        // The completion first: the holder drops nothing, the request its own reference.
+        let op = Arc::new(Operation::held());
+        let gone = Arc::downgrade(&op);
+        Held::of(&op).complete_ok(Status { source: 0, tag: 1, bytes: 0 });
+        assert_eq!((Arc::strong_count(&op), op.cell.outcome()), (1, Some(ok())));
+        leave(op);
+        assert!(gone.upgrade().is_none(), "the request dropped its reference itself");
+    }
+
+    /// A holder made counted before or after its request left: one reference each, each
+    /// dropped once.
+    #[test]
+    fn a_counted_holder_keeps_one_reference() {
+        let op = Arc::new(Operation::held());
+        let gone = Arc::downgrade(&op);
+        let held = Held::of(&op);
+        leave(op);
+        let counted = held.counted();
+        assert_eq!(Arc::strong_count(&counted), 1, "the reference left to it dropped");
+        counted.cell.complete(ok());
+        drop(counted);
+        assert!(gone.upgrade().is_none());
+
+        let op = Arc::new(Operation::held());
+        let gone = Arc::downgrade(&op);
+        let counted = Held::of(&op).counted();
+        assert_eq!(Arc::strong_count(&op), 2);
+        leave(op);
+        assert_eq!(Arc::strong_count(&counted), 1, "the request dropped its own");
+        drop(counted);
+        assert!(gone.upgrade().is_none());
+    }
+
+    /// A holder dropped uncompleted: a cancel's (the request keeps its reference) or a
+    /// matching state's at shutdown (the request left it its reference: the operation goes,
+    /// with it).
+    #[test]
+    fn a_holder_dropped_uncompleted_drops_only_what_it_was_left() {
+        let op = Arc::new(Operation::held());
+        drop(Held::of(&op));
+        assert_eq!(Arc::strong_count(&op), 1, "the request's reference stays");
+        let gone = Arc::downgrade(&op);
+        leave(op);
+        assert!(gone.upgrade().is_none(), "the request dropped its reference itself");
+
+        let op = Arc::new(Operation::held());
+        let gone = Arc::downgrade(&op);
+        let held = Held::of(&op);
+        leave(op);
+        drop(held);
+        assert!(gone.upgrade().is_none(), "the holder dropped the reference it was left");
+    }
+
+    /// An operation not held (a send's) is dropped by the request that leaves it.
+    #[test]
+    fn an_operation_not_held_is_dropped_by_its_request() {
+        let op = Arc::new(Operation::default());
+        let gone = Arc::downgrade(&op);
+        leave(op);
+        assert!(gone.upgrade().is_none());
+    }
 }

@@ -28,13 +28,16 @@
 //! nothing (`runtime/tests/zero_alloc_persistent_coll.rs`).
 //!
 //! A start that fails (a peer lost, the communicator freed) tells every other member, as a
-//! nonblocking collective does (`nbc.rs`): each start listens for such a notice, so a member
-//! that waits for a rank that failed, not for the lost peer itself, fails too instead of
-//! waiting forever. It keeps the buffers of the messages it had posted: a receive is
-//! cancelled and a send that has finished gives its copy back at once, one still in flight at
-//! the next start (a send or receive refused when posted gives its buffer back too), so the
-//! starts after a failure allocate no message buffers either
-//! (`runtime/tests/zero_alloc_failed_start.rs`).
+//! nonblocking collective does (`nbc.rs`): each start that has waited a while listens for
+//! such a notice, so a member that waits for a rank that failed, not for the lost peer
+//! itself, fails too instead of waiting forever (a start that ends within a few advances
+//! never posts that receive from any source, nor cancels it; one that fails looks for a
+//! notice that came before it reports its own error; the first start, and every start after
+//! a failed one, posts the receive with its first step). It keeps the buffers of the
+//! messages it had posted: a receive is cancelled and a send that has finished gives its
+//! copy back at once, one still in flight at the next start (a send or receive refused when
+//! posted gives its buffer back too), so the starts after a failure allocate no message
+//! buffers either (`runtime/tests/zero_alloc_failed_start.rs`).
 //!
 //! Starts of one persistent collective reuse its tag: each rank sends to each peer, and
 //! receives from it, in the same order at every start, and messages of one source and tag
@@ -72,7 +75,7 @@ use crate::coll_steps::{
 use crate::comm::Communicator;
 use crate::engine::Schedule;
 use crate::matching::{Source, Tag};
-use crate::nbc::{notice_error, send_notices, step_error, Out, MISMATCH};
+use crate::nbc::{notice_error, send_notices, step_error, Out, MISMATCH, NOTICE_AFTER_POLLS};
 use crate::operation::{new_operation, Operation};
 use crate::persistent::{Persistent, Plan};
 use crate::request::{unbound, Request};
@@ -93,10 +96,18 @@ struct Run<T: Primitive> {
     // dropped before it.
     sends: Vec<Request<'static, Shared<T>>>,
     recvs: Vec<Request<'static, Vec<T>>>,
-    /// The receive for a failure notice of another member (`nbc.rs`), posted with the first
-    /// step; its buffer between starts.
+    /// The receive for a failure notice of another member (`nbc.rs`), posted once the start
+    /// has been found waiting [`NOTICE_AFTER_POLLS`] times; its buffer between starts.
     notice: Option<Request<'static, Vec<u32>>>,
     notice_buf: Option<Vec<u32>>,
+    /// Advances of the start in flight that found its step waiting (none while the
+    /// notice's receive is posted).
+    waits: u32,
+    /// Whether the next start posts the receive for failure notices with its first step:
+    /// until a start has ended well, and after every start that failed, so that the notices
+    /// of failed starts' members (which may come after this rank's own failure, each start
+    /// failing on every member alike) are taken start by start, not left to pile up.
+    listens: bool,
     plan: Steps,
     /// The step in flight (or next), and whether its messages are posted.
     at: usize,
@@ -148,17 +159,14 @@ fn working<'a, T: Primitive>(work: &'a mut [T], out: &'a Option<Out<T>>, in_plac
 }
 
 impl<T: Primitive> Run<T> {
-    /// Posts the receives and then the sends of step `self.at` (with the first, the receive
-    /// for failure notices).
+    /// Posts the receives and then the sends of step `self.at` (with the first, while the
+    /// starts listen from the outset, the receive for failure notices).
     fn post(&mut self) -> Result<(), Error> {
         let step = self.plan.steps[self.at].clone();
-        let c: &Communicator = &self.comm;
-        if self.at == 0 {
-            let b = self.notice_buf.take().unwrap_or_else(|| Vec::with_capacity(2));
-            let r = c.irecv_on(c.coll_state(), b, Source::Any, Tag::Is(self.tag - 1))?;
-            // SAFETY: `r` borrows `self.comm`, and `notice` is dropped before it.
-            self.notice = Some(unsafe { unbound(r) });
+        if self.at == 0 && self.listens && self.notice.is_none() {
+            self.post_notice()?;
         }
+        let c: &Communicator = &self.comm;
         for inc in &self.plan.recvs[step.recvs] {
             let mut b = self.scratch.pop().unwrap_or_default();
             b.clear();
@@ -199,6 +207,18 @@ impl<T: Primitive> Run<T> {
             // SAFETY: as for `notice`, for `sends`.
             self.sends.push(unsafe { unbound(r) });
         }
+        Ok(())
+    }
+
+    /// Posts the receive for a failure notice of another member (`nbc.rs`).
+    #[cold]
+    #[inline(never)]
+    fn post_notice(&mut self) -> Result<(), Error> {
+        let c: &Communicator = &self.comm;
+        let b = self.notice_buf.take().unwrap_or_else(|| Vec::with_capacity(2));
+        let r = c.irecv_on(c.coll_state(), b, Source::Any, Tag::Is(self.tag - 1))?;
+        // SAFETY: `r` borrows `self.comm`, and `notice` is dropped before it.
+        self.notice = Some(unsafe { unbound(r) });
         Ok(())
     }
 
@@ -283,6 +303,18 @@ impl<T: Primitive> Schedule for Run<T> {
                 break;
             }
             if self.recvs.iter().any(|r| !r.is_complete()) || self.sends.iter().any(|r| !r.is_complete()) {
+                // A start whose members are all there ends within a few advances and never
+                // posts the receive for failure notices, nor cancels it; a notice sent
+                // before it is posted waits in matching.
+                if self.notice.is_none() {
+                    self.waits += 1;
+                    if self.waits >= NOTICE_AFTER_POLLS {
+                        if let Err(e) = self.post_notice() {
+                            self.result = Err(self.comm.local_error(e));
+                            break;
+                        }
+                    }
+                }
                 return false;
             }
             self.result = self.collect();
@@ -294,6 +326,12 @@ impl<T: Primitive> Schedule for Run<T> {
 
     fn finish(mut self: Box<Self>) {
         let mut result = std::mem::replace(&mut self.result, Ok(()));
+        self.listens = result.is_err();
+        if result.is_err() && self.notice.is_none() && self.comm.size() > 1 {
+            // A failure: whether another member's notice came already (it is then the
+            // start's error, as if the receive had been posted all along).
+            let _ = self.post_notice();
+        }
         if let Some(mut notice) = self.notice.take() {
             match result {
                 // Unposted, its buffer kept for the next start (or taken with the notice
@@ -309,6 +347,8 @@ impl<T: Primitive> Schedule for Run<T> {
                     send_notices(&self.comm, self.tag, e);
                 }
             }
+        } else if let Err(e) = result {
+            send_notices(&self.comm, self.tag, e);
         }
         if let (Ok(()), true, Some((op, f))) = (&result, self.plan.fold, self.reducer) {
             fold_copies(&mut self.work, self.plan.copies, &|ours: &mut [T], theirs: &[T], tf| f(op, ours, theirs, tf));
@@ -360,6 +400,8 @@ impl<T: Primitive> CollPlan<T> {
             recvs: Vec::with_capacity(recvs),
             notice: None,
             notice_buf: Some(Vec::with_capacity(2)),
+            waits: 0,
+            listens: true,
             at: 0,
             posted: false,
             work: Vec::with_capacity(if plan.in_place() { 0 } else { len * plan.copies }),
@@ -406,6 +448,7 @@ impl<T: Primitive> CollPlan<T> {
             }
         }
         run.at = 0;
+        run.waits = 0;
         run.posted = false;
         run.out = out;
         run.op = Some(op.clone());

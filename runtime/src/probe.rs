@@ -129,7 +129,7 @@ impl<'c> Message<'c> {
         };
         let part = st.part(frame.header.tag);
         let s = comm.engine();
-        s.finish_match(s.cri_for_thread(), inner.clone(), frame);
+        s.finish_match(s.cri_for_thread(), crate::operation::Held::of(&inner), frame);
         Request::recv(comm, inner, buf, part)
     }
 

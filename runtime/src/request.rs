@@ -16,7 +16,7 @@ use weft_sync::{Attach, CompletionCell, Error, Outcome, Status};
 
 use crate::buffer::RecvBuf;
 use crate::comm::Communicator;
-use crate::operation::{new_operation, recycle, recycle_completed, Operation};
+use crate::operation::{leave, new_operation, recycle, recycle_completed, Operation};
 use crate::progress;
 
 /// What kind of operation a request tracks.
@@ -340,7 +340,10 @@ impl<'c, B: Send + 'static> Request<'c, B> {
         };
         // The caller's `&mut self` excludes any other attach since the check above.
         weft_sync::on_complete(self, crate::continuation::in_record(run)).map_err(|_| ATTACHED)?;
-        *self.inner = None;
+        if let Some(inner) = self.inner.take() {
+            // Pending still, perhaps: a receive's holder may hold it on this reference.
+            leave(inner);
+        }
         Ok(())
     }
 
@@ -548,6 +551,9 @@ impl<B: Send + 'static> Request<'_, B> {
             // sender waits for its `Fin`) though nobody waits for it now.
             self.comm.engine().read_abandoned(&inner);
         }
+        // Its holder (a matched receive's, held on this reference) drops it with the buffer
+        // once it completes, or it is dropped here.
+        leave(inner);
     }
 }
 

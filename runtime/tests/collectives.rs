@@ -193,6 +193,42 @@ fn blocking_nonblocking_and_persistent_allreduce_send_alike_at_every_size() {
     });
 }
 
+/// A persistent allreduce start whose peer is there ends without a receive for failure
+/// notices: driven on one thread, each start of each rank takes the matching lock twice (its
+/// receive posted, the peer's message handled), not four times (a receive from any source
+/// posted and cancelled at every start besides), counted by the lock statistics; only the
+/// first start, which listens from the outset, takes it twice more.
+#[test]
+fn a_persistent_start_that_ends_at_once_posts_no_receive_for_notices() {
+    within(30, "matching-lock acquisitions per persistent start", || {
+        let rts = builder().lock_stats(true).build_local(2).unwrap();
+        let mut ps: Vec<_> = std::thread::scope(|s| {
+            let hs: Vec<_> = rts.iter().map(|rt| s.spawn(move || rt.world().allreduce_init(vec![0u64], Op::Sum).unwrap())).collect();
+            hs.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        let taken = || rts.iter().map(|rt| rt.counters().matching_lock.acquisitions).collect::<Vec<_>>();
+        let starts = 20u64;
+        // What reading the counters takes itself.
+        let reading = taken();
+        let before = taken();
+        for _ in 0..starts {
+            for p in ps.iter_mut() {
+                p.buffer_mut().unwrap()[0] = 1;
+                p.start().unwrap();
+            }
+            for p in ps.iter_mut() {
+                p.wait().unwrap();
+                assert_eq!(p.buffer().unwrap(), &[2]);
+            }
+        }
+        let after = taken();
+        for r in 0..2 {
+            let starting = after[r] - before[r] - (before[r] - reading[r]);
+            assert!(starting <= 2 * starts + 4, "rank {r}: {starting} matching-lock acquisitions in {starts} starts");
+        }
+    });
+}
+
 /// A user's op of the same length as the predefined op's allreduce that a rank's thread ran
 /// last (Rabenseifner's, which combines out of rank order) takes its own plan, recursive
 /// doubling, which keeps the order: a non-commutative op gets its operands in rank order.

@@ -1,12 +1,21 @@
-//! Steady-state eager sends and receives allocate nothing (counting global allocator).
+//! Steady-state eager sends and receives allocate nothing (counting global allocator), nor
+//! does a wait that parks for them.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
 
 use weft::{ProgressMode, Runtime};
 
 #[path = "common/counting.rs"]
 mod counting;
 
+/// Held by each test while it runs: the first counts every thread's allocations.
+static COUNTING: Mutex<()> = Mutex::new(());
+
 #[test]
 fn eager_steady_state_allocates_nothing() {
+    let _one_at_a_time = COUNTING.lock().unwrap_or_else(|e| e.into_inner());
     for mode in [ProgressMode::Global, ProgressMode::Owner, ProgressMode::Concurrent] {
         let rts = Runtime::builder().env(false).progress(mode).cris(1).build_local(2).unwrap();
         let (c0, c1) = (rts[0].world(), rts[1].world());
@@ -37,5 +46,83 @@ fn eager_steady_state_allocates_nothing() {
             }
         });
         assert_eq!(n, 0, "{mode}: allocations in 20,000 steady-state eager messages");
+    }
+}
+
+/// A `wait_all` that has to park (its last request's message comes only once the waiter has
+/// parked) over sends that finished in `isend`, before the pending receive, allocates
+/// nothing on the waiting thread: the sends hold no operation to attach, the receive is
+/// attached to the thread's own sync object, and the wait's lists of requests it does not
+/// take stay empty. The sender, another thread, answers each round once the receiving
+/// rank's park counter has moved.
+#[test]
+fn a_wait_parked_over_finished_sends_allocates_nothing() {
+    let _one_at_a_time = COUNTING.lock().unwrap_or_else(|e| e.into_inner());
+    for mode in [ProgressMode::Owner, ProgressMode::Concurrent] {
+        let rts = Runtime::builder().env(false).progress(mode).cris(1).build_local(2).unwrap();
+        let (c0, c1) = (rts[0].world(), rts[1].world());
+        // The round the waiter is in (0: none yet, `u64::MAX`: the end), and the receiving
+        // rank's parks when the sender saw it begin.
+        let round = AtomicU64::new(0);
+        let seen = AtomicU64::new(0);
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                let mut done = 0;
+                let mut back = Vec::<u8>::with_capacity(16);
+                loop {
+                    let deadline = Instant::now() + Duration::from_secs(10);
+                    let r = loop {
+                        match round.load(Ordering::Acquire) {
+                            r if r != done => break r,
+                            _ => assert!(Instant::now() < deadline, "{mode}: the waiter never began a round"),
+                        }
+                        std::thread::yield_now();
+                    };
+                    if r == u64::MAX {
+                        return;
+                    }
+                    // The receiver's two sends of the round, then the message it waits for,
+                    // once it has parked.
+                    for _ in 0..2 {
+                        back = c0.recv(std::mem::take(&mut back), 1u32, 8).unwrap().0;
+                    }
+                    let before = seen.load(Ordering::Acquire);
+                    while rts[1].counters().parks == before {
+                        assert!(Instant::now() < deadline, "{mode}: the waiter never parked");
+                        std::thread::yield_now();
+                    }
+                    c0.send(vec![r as u8], 1, 7).unwrap();
+                    done = r;
+                }
+            });
+            let mut bufs = [vec![1u8; 8], vec![2u8; 8], Vec::<u8>::with_capacity(8)];
+            let one = |n: u64, bufs: &mut [Vec<u8>; 3]| {
+                seen.store(rts[1].counters().parks, Ordering::Release);
+                let [a, b, rbuf] = bufs;
+                let mut reqs = [
+                    c1.isend(std::mem::take(a), 0, 8).unwrap(),
+                    c1.isend(std::mem::take(b), 0, 8).unwrap(),
+                    c1.irecv(std::mem::take(rbuf), 0u32, 7).unwrap(),
+                ];
+                round.store(n, Ordering::Release);
+                weft::wait_all(&mut reqs).unwrap();
+                for (buf, r) in bufs.iter_mut().zip(reqs.iter_mut()) {
+                    *buf = r.take().expect("complete").unwrap().0;
+                }
+                assert_eq!(bufs[2], [n as u8]);
+            };
+            for n in 1..=10 {
+                one(n, &mut bufs);
+            }
+            let parks = rts[1].counters().parks;
+            let n = counting::allocations_on_this_thread(|| {
+                for n in 11..=60 {
+                    one(n, &mut bufs);
+                }
+            });
+            round.store(u64::MAX, Ordering::Release);
+            assert!(rts[1].counters().parks >= parks + 50, "{mode}: every counted wait parked");
+            assert_eq!(n, 0, "{mode}: allocations in 50 waits parked over finished sends");
+        });
     }
 }

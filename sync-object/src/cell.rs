@@ -15,6 +15,9 @@
 //! | 1   | `ATTACHED`  | `attach` (CAS, not complete; | `detach` (CAS), reset |
 //! |     |             | `fetch_or` once complete)    |                       |
 //! | 2   | `HAS_WAKER` | `poll` after storing a waker | `reset`               |
+//! | 3   | `HELD`      | `mark_held` (exclusive)      | `reset`               |
+//! | 4   | `LEFT`      | `leave` (`fetch_or`)         | `reset`               |
+//! | 5   | `COUNTED`   | `hold_counted` (`fetch_or`)  | `reset`               |
 //!
 //! The outcome slot is written by the completer *before* it sets `COMPLETE`; the attachment
 //! slot is written by the attacher *before* it sets `ATTACHED`. Each slot is read only by the
@@ -24,6 +27,25 @@
 //! found the attachment, or an attach found the cell complete, delivered it itself and set
 //! `ATTACHED` afterwards. A later attach sees both bits and is refused, so one completion is
 //! never queued twice (on two objects, or twice on one).
+//!
+//! # A holder on the owner's share (`HELD`, `LEFT`, `COUNTED`)
+//!
+//! A runtime may hold a pending operation without a reference count of its own (a posted
+//! receive in a matching queue): the owner's reference stands for both, so that posting and
+//! completing touch no count. `mark_held` says so before anyone else can see the cell. The
+//! owner that lets go of a pending operation (a request dropped after its receive matched,
+//! or whose result went to a callback) calls `leave`; the holder completes with
+//! [`complete_held`](CompletionCell::complete_held). The two read-modify-writes on the state
+//! word decide, whichever comes second seeing the other's bit: an owner that finds the cell
+//! complete (or the holder counted, below) drops its reference itself; otherwise the
+//! completion finds `LEFT` and the reference is the completer's to drop. A holder that
+//! needs a reference of its own (a read that completes later, code that keeps operations
+//! counted) takes one and calls `hold_counted`: from then on the owner's reference is its
+//! own again (an owner that had left already gave its reference to the holder, which drops
+//! one of its two). Completing touches the cell after `COMPLETE` only to deliver to an
+//! attachment or a waker; `complete_held` has the holder take a reference for that first
+//! (its `pin`), so that an owner who sees `COMPLETE` and recycles the operation never
+//! recycles it under a delivery.
 //!
 //! # Memory ordering
 //!
@@ -47,6 +69,9 @@ use crate::status::{Error, Outcome, Status};
 const COMPLETE: usize = 0b001;
 const ATTACHED: usize = 0b010;
 const HAS_WAKER: usize = 0b100;
+const HELD: usize = 0b1000;
+const LEFT: usize = 0b1_0000;
+const COUNTED: usize = 0b10_0000;
 
 /// Inline storage for a sync object's completion data: a value that fits two words is stored
 /// in place, anything larger is boxed. This keeps `attach` free of allocation for the data
@@ -198,6 +223,76 @@ impl CompletionCell {
             self.notify(prev);
         }
         true
+    }
+
+    /// Marks a cell whose operation a holder keeps on the owner's share (module docs), while
+    /// the owner has it exclusively (before the operation is posted).
+    #[inline]
+    pub fn mark_held(&mut self) {
+        crate::loom::with_mut(&mut self.state, |s| *s |= HELD);
+    }
+
+    /// Whether [`mark_held`](Self::mark_held) marked the cell (stable until `reset`).
+    #[inline]
+    pub fn is_held(&self) -> bool {
+        self.state.load(Ordering::Relaxed) & HELD != 0
+    }
+
+    /// [`complete`](Self::complete) by the holder of a cell marked held (module docs): returns
+    /// whether the owner had left, its reference now the caller's, and what `pin` made if
+    /// the completion had a delivery to make (called before `COMPLETE` is published, so that
+    /// the caller keeps the operation alive across the delivery by a reference of its own).
+    /// An already complete cell is left unchanged: `(false, None)`.
+    #[inline(always)]
+    pub fn complete_held<G>(&self, outcome: Outcome, pin: impl FnOnce() -> G) -> (bool, Option<G>) {
+        let mut cur = self.state.load(Ordering::Relaxed);
+        if cur & COMPLETE != 0 {
+            return (false, None);
+        }
+        // SAFETY: as in `complete_in`.
+        self.outcome.with_mut(|p| unsafe { *p = Some(outcome) });
+        let mut pinned = None;
+        let mut pin = Some(pin);
+        loop {
+            if cur & (ATTACHED | HAS_WAKER) != 0 {
+                if let Some(pin) = pin.take() {
+                    pinned = Some(pin());
+                }
+            }
+            // AcqRel, as `complete_in`; the acquire also orders an owner's use of the
+            // operation before it left (`LEFT`) before ours.
+            match self.state.compare_exchange_weak(cur, cur | COMPLETE, Ordering::AcqRel, Ordering::Relaxed) {
+                Ok(_) => break,
+                Err(actual) => cur = actual,
+            }
+        }
+        if cur & (ATTACHED | HAS_WAKER) != 0 {
+            self.notify(cur);
+        }
+        (cur & LEFT != 0, pinned)
+    }
+
+    /// The owner lets go of a pending operation that it may share with a holder (module
+    /// docs): `true` if the holder now has the owner's reference (the cell is marked held,
+    /// not complete, and the holder has not counted one of its own), `false` if the owner is
+    /// to drop its reference itself.
+    #[inline]
+    pub fn leave(&self) -> bool {
+        if !self.is_held() {
+            return false;
+        }
+        // AcqRel: release orders the owner's last use before the completer's (acquire) drop;
+        // acquire, when `COMPLETE` or `COUNTED` is seen, orders the holder's use before ours.
+        self.state.fetch_or(LEFT, Ordering::AcqRel) & (COMPLETE | COUNTED) == 0
+    }
+
+    /// The holder of a cell marked held has taken a reference of its own, and the owner's
+    /// is the owner's again (module docs): `true` if the owner had left already, its
+    /// reference given to the caller, which now holds two and drops one.
+    #[inline]
+    pub fn hold_counted(&self) -> bool {
+        // AcqRel: as `leave`, from the other side.
+        self.state.fetch_or(COUNTED, Ordering::AcqRel) & LEFT != 0
     }
 
     /// [`complete`](Self::complete)'s delivery, out of line (a request waited for by testing

@@ -449,3 +449,144 @@ fn signal_listen_vs_notify() {
         n2.join().unwrap();
     });
 }
+
+/// A cell marked held, shared by an owner `Arc` and a holder that has only its address
+/// (as matching holds a posted receive: no count of its own).
+fn held_cell() -> Arc<CompletionCell> {
+    let mut cell = CompletionCell::new();
+    cell.mark_held();
+    Arc::new(cell)
+}
+
+/// The holder's uncounted reference, sent to its thread.
+struct Raw(*const CompletionCell);
+// SAFETY: the models keep the cell alive by the protocol under test.
+unsafe impl Send for Raw {}
+
+impl Raw {
+    /// The holder's view of the cell.
+    ///
+    /// # Safety
+    /// The protocol must keep the cell alive (the owner's reference, or one left to us).
+    unsafe fn cell(&self) -> &CompletionCell {
+        // SAFETY: per the contract.
+        unsafe { &*self.0 }
+    }
+
+    /// A counted reference of the holder's own, taken while the cell is alive.
+    fn count(&self) -> Arc<CompletionCell> {
+        // SAFETY: `self.0` came from `Arc::as_ptr`, and the cell is alive (see callers).
+        unsafe {
+            Arc::increment_strong_count(self.0);
+            Arc::from_raw(self.0)
+        }
+    }
+
+    /// The reference the owner left to the holder.
+    fn inherit(&self) -> Arc<CompletionCell> {
+        // SAFETY: called once, after the cell said the owner left its reference.
+        unsafe { Arc::from_raw(self.0) }
+    }
+}
+
+/// The owner's side of `leave`: its reference dropped, or given to the holder (forgotten
+/// here). An owner that keeps it finds the cell complete with `done`, if given (a holder
+/// that had not counted one of its own).
+fn let_go(owner: Arc<CompletionCell>, done: Option<Outcome>) {
+    if owner.leave() {
+        std::mem::forget(owner);
+        return;
+    }
+    if let Some(o) = done {
+        assert_eq!(owner.outcome(), Some(o), "the owner keeps its reference only once complete");
+    }
+    drop(owner);
+}
+
+/// (f) An owner lets go of a pending held operation (`leave`) while its holder completes
+/// it (`complete_held`): exactly one of the two drops the owner's reference, so the cell is
+/// freed once (loom reports a leak otherwise) and never under the other.
+#[test]
+fn leave_vs_complete_held() {
+    model("leave_vs_complete_held", || {
+        let owner = held_cell();
+        let raw = Raw(Arc::as_ptr(&owner));
+        let holder = thread::spawn(move || {
+            // SAFETY: the owner's reference keeps the cell alive until it leaves, and then
+            // the reference is ours until we drop it below.
+            let (left, pinned) = unsafe { raw.cell() }.complete_held(ok(5), || raw.count());
+            assert!(pinned.is_none(), "nothing to deliver, nothing pinned");
+            if left {
+                drop(raw.inherit());
+            }
+        });
+        let_go(owner, Some(ok(5)));
+        holder.join().unwrap();
+    });
+}
+
+/// (g) An owner leaves while its holder takes a count of its own (`hold_counted`, a
+/// rendezvous read starting) and completes by it: each reference dropped once.
+#[test]
+fn leave_vs_hold_counted() {
+    model("leave_vs_hold_counted", || {
+        let owner = held_cell();
+        let raw = Raw(Arc::as_ptr(&owner));
+        let holder = thread::spawn(move || {
+            let own = raw.count();
+            if own.hold_counted() {
+                drop(raw.inherit());
+            }
+            assert!(own.complete(ok(6)));
+        });
+        let_go(owner, None);
+        holder.join().unwrap();
+    });
+}
+
+/// A waker that checks, when woken, that the cell it waits on was not recycled yet: a wake
+/// is a completion's last use of the cell.
+struct CheckedWaker(Arc<loom::sync::atomic::AtomicBool>);
+
+impl std::task::Wake for CheckedWaker {
+    fn wake(self: std::sync::Arc<Self>) {
+        self.wake_by_ref();
+    }
+    fn wake_by_ref(self: &std::sync::Arc<Self>) {
+        assert!(!self.0.load(loom::sync::atomic::Ordering::Acquire), "a delivery ran on a recycled cell");
+    }
+}
+
+/// (h) An owner polls a held cell once (a waker registered), then tests it until complete,
+/// while its holder completes it: a delivery to the waker runs under a reference the holder
+/// pinned before `COMPLETE`, so an owner that sees the completion and finds itself alone
+/// (and recycles the cell) never does so before the delivery's last use of the cell, the
+/// wake (checked by the waker).
+#[test]
+fn poll_vs_complete_held() {
+    use loom::sync::atomic::{AtomicBool, Ordering};
+    model("poll_vs_complete_held", || {
+        let mut owner = held_cell();
+        let recycled = Arc::new(AtomicBool::new(false));
+        let waker = std::task::Waker::from(std::sync::Arc::new(CheckedWaker(recycled.clone())));
+        let raw = Raw(Arc::as_ptr(&owner));
+        let holder = thread::spawn(move || {
+            // SAFETY: the owner keeps its reference until it sees the completion; after it
+            // the holder touches the cell only through what it pinned.
+            let (left, pinned) = unsafe { raw.cell() }.complete_held(ok(7), || raw.count());
+            assert!(!left);
+            drop(pinned);
+        });
+        let _ = owner.poll_complete(&mut std::task::Context::from_waker(&waker));
+        while !owner.is_complete() {
+            thread::yield_now();
+        }
+        assert_eq!(owner.outcome(), Some(ok(7)));
+        if let Some(cell) = Arc::get_mut(&mut owner) {
+            // Alone: recycled (exclusive access, as the operations' pool takes it).
+            recycled.store(true, Ordering::Release);
+            cell.reset();
+        }
+        holder.join().unwrap();
+    });
+}

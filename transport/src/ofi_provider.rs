@@ -11,7 +11,9 @@
 //!
 //! The AV holds `size * (k + 1)` addresses: entry `r * (k + 1) + c` is endpoint `c` of rank
 //! `r` (`c == k` is the RMA endpoint). Each rank publishes its `k + 1` endpoint names as one
-//! blob ([`Opened::address_blob`]) through the bootstrap (or directly, in [`world`]).
+//! blob ([`Opened::address_blob`]) through the bootstrap (or directly, in [`world`]), with
+//! its *probe*: a word registered for remote reads for the rank's lifetime, which peers
+//! read to reach the rank's RMA target endpoint ([`OfiRank::reach_rma_targets`]).
 //!
 //! # Eager frames and flow control
 //!
@@ -304,6 +306,9 @@ const RELEASE_SAMPLE: Duration = Duration::from_millis(1);
 /// beside another holder, 8 processes of 2 threads).
 const RMA_TARGET_EP: usize = 0;
 
+/// Bytes of a rank's probe (module docs): one word, of which a reach reads one byte.
+const PROBE_LEN: usize = 8;
+
 const CTX_RECV: u64 = 1 << 56;
 const CTX_SEND: u64 = 2 << 56;
 const CTX_READ: u64 = 3 << 56;
@@ -594,6 +599,9 @@ pub struct Opened {
     av: Arc<AddressVector>,
     /// `k` CRI endpoints then the RMA endpoint.
     eps: Vec<Endpoint>,
+    /// The rank's probe (module docs); `None` where the provider registers no memory (the
+    /// rank then publishes an empty probe, which peers do not reach).
+    probe: Option<MemoryRegion>,
     /// This rank's same-host segment, where the system allows one.
     lane: Option<lane::Prepared>,
 }
@@ -641,12 +649,14 @@ impl Opened {
         }
         let cfg = EndpointConfig { cq_size: reads::CHUNKS_POSTED + 16, wait_fd: false, rma_counter: false };
         eps.push(Endpoint::open(&domain, &av, &cfg).map_err(|e| transport_error(&e))?);
+        let probe = MemoryRegion::alloc(&domain, PROBE_LEN, MrAccess::REMOTE_READ).ok();
         let lane = if opts.same_host_lane { lane::Prepared::create(opts.cris, size, WIRE_HEADER + opts.eager_capacity) } else { None };
-        Ok(Opened { opts: opts.clone(), size, domain, av, eps, lane })
+        Ok(Opened { opts: opts.clone(), size, domain, av, eps, probe, lane })
     }
 
     /// This rank's endpoint names: for each endpoint a little-endian `u16` length and the
-    /// bytes. Publish it; [`connect`](Self::connect) takes every rank's.
+    /// bytes, then its probe (module docs). Publish it; [`connect`](Self::connect) takes
+    /// every rank's.
     pub fn address_blob(&self) -> Vec<u8> {
         let mut out = Vec::new();
         for v in self.terms() {
@@ -656,6 +666,8 @@ impl Opened {
             out.extend_from_slice(&(ep.name().len() as u16).to_le_bytes());
             out.extend_from_slice(ep.name());
         }
+        let probe = self.probe.as_ref().map_or(RemoteRegion { base: 0, key: 0, len: 0 }, MemoryRegion::remote);
+        out.extend_from_slice(&probe.to_bytes());
         lane::Published::encode(self.lane.as_ref().map(lane::Prepared::published), &mut out);
         out
     }
@@ -696,6 +708,7 @@ impl Opened {
         // Per rank, the `shm` region names of its CRI endpoints (module docs).
         let mut peer_regions = Vec::with_capacity(if shm { blobs.len() } else { 0 });
         let mut published = Vec::with_capacity(blobs.len());
+        let mut probes = Vec::with_capacity(blobs.len());
         for blob in blobs {
             let mut regions = Vec::new();
             if blob.len() < mine.len() * 8 {
@@ -723,6 +736,12 @@ impl Opened {
             if shm {
                 peer_regions.push(regions);
             }
+            let probe = blob
+                .get(at..at + RemoteRegion::ENCODED_LEN)
+                .and_then(RemoteRegion::from_bytes)
+                .ok_or(Error::InvalidArgument("malformed probe region from a peer (a different weft version?)"))?;
+            probes.push(probe);
+            at += RemoteRegion::ENCODED_LEN;
             let (p, n) = blob
                 .get(at..)
                 .and_then(lane::Published::decode)
@@ -776,6 +795,8 @@ impl Opened {
             alive: (0..self.size).map(|_| AtomicBool::new(true)).collect(),
             lost_epoch: AtomicU64::new(0),
             peer_regions: peer_regions.into_boxed_slice(),
+            probes: probes.into_boxed_slice(),
+            _probe: self.probe,
             died: (0..self.size).map(|_| AtomicBool::new(false)).collect(),
             deaths: AtomicU64::new(0),
             releasing: Mutex::new(()),
@@ -896,6 +917,10 @@ struct RankInner {
     /// Per rank, the `shm` region names of its CRI endpoints (empty on other providers):
     /// where a lost peer's spin locks are (module docs).
     peer_regions: Box<[Vec<String>]>,
+    /// Per rank, its probe (module docs), which [`OfiRank::reach_rma_targets`] reads.
+    probes: Box<[RemoteRegion]>,
+    /// This rank's probe, kept registered until the rank is dropped.
+    _probe: Option<MemoryRegion>,
     /// Per rank: lost because its process died without finishing (`mark_died`).
     died: Box<[AtomicBool]>,
     /// Peers newly marked in `died` so far.
@@ -2252,6 +2277,28 @@ impl OfiRank {
     }
 
     fn rma_post(&self, cri: usize, to: &RemoteMem, mut post: impl FnMut(&Endpoint, FiAddr) -> Result<Post, OfiError>) -> Result<(), Error> {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            if self.rma_try_post(cri, to, &mut post)? {
+                return Ok(());
+            }
+            if Instant::now() > deadline {
+                return Err(Error::Transport { op: "rma", code: crate::ofi::errno::FI_EAGAIN });
+            }
+            std::thread::yield_now();
+        }
+    }
+
+    /// One try of [`rma_post`](Self::rma_post): whether `post` posted the operation on CRI
+    /// `cri` (counted for its flush); `false` if the CRI counts as stuck or the provider
+    /// refused for now (the CRI's CQ is read then, which progresses what the refusal waits
+    /// for: on `shm` a handshake, on `tcp;ofi_rxm` a connection).
+    fn rma_try_post(
+        &self,
+        cri: usize,
+        to: &RemoteMem,
+        post: &mut impl FnMut(&Endpoint, FiAddr) -> Result<Post, OfiError>,
+    ) -> Result<bool, Error> {
         let s = &*self.inner;
         let c = s.cris.get(cri).ok_or(Error::InvalidArgument("CRI index out of range"))?;
         if to.rank >= s.size {
@@ -2260,83 +2307,114 @@ impl OfiRank {
         if c.ep.rma_counter().is_none() {
             return Err(Error::Transport { op: "rma", code: crate::ofi::errno::FI_EOPNOTSUPP });
         }
-        let dest = s.addr(to.rank, RMA_TARGET_EP);
-        let deadline = Instant::now() + Duration::from_secs(30);
-        loop {
-            if !s.is_alive(to.rank) {
-                return Err(Error::PeerLost { rank: to.rank });
+        if !s.is_alive(to.rank) {
+            return Err(Error::PeerLost { rank: to.rank });
+        }
+        let Some(mut st) = s.lock_state(c) else { return Ok(false) };
+        match post(&c.ep, s.addr(to.rank, RMA_TARGET_EP)) {
+            Ok(Post::Posted) => {
+                st.rma_issued += 1;
+                drop(st);
+                // The target's progress serves `shm` atomics.
+                s.nudge(to.rank);
+                Ok(true)
             }
-            let Some(mut st) = s.lock_state(c) else {
-                if Instant::now() > deadline {
-                    return Err(Error::Transport { op: "rma", code: crate::ofi::errno::FI_EAGAIN });
-                }
-                std::thread::yield_now();
-                continue;
-            };
-            match post(&c.ep, dest) {
-                Ok(Post::Posted) => {
-                    st.rma_issued += 1;
-                    drop(st);
-                    // The target's progress serves `shm` atomics.
-                    s.nudge(to.rank);
-                    return Ok(());
-                }
-                Ok(Post::WouldBlock) => {
-                    #[cfg(test)]
-                    s.rma_refusals.fetch_add(1, Ordering::Relaxed);
-                    s.reap(c, &mut st);
-                }
-                Err(e) => return Err(transport_error(&e)),
+            Ok(Post::WouldBlock) => {
+                #[cfg(test)]
+                s.rma_refusals.fetch_add(1, Ordering::Relaxed);
+                s.reap(c, &mut st);
+                Ok(false)
             }
-            drop(st);
-            if Instant::now() > deadline {
-                return Err(Error::Transport { op: "rma", code: crate::ofi::errno::FI_EAGAIN });
-            }
-            std::thread::yield_now();
+            Err(e) => Err(transport_error(&e)),
         }
     }
 
-    /// Reaches the RMA target endpoint of each rank of `targets` from every CRI of this
-    /// rank, once per rank: a one-byte read of each target's region (regions of no bytes are
-    /// skipped) from each CRI, then a flush of it. For window creation, while every rank
-    /// progresses (its collective): on `shm` an endpoint's first operation to a peer's
-    /// endpoint is refused (`FI_EAGAIN`) until the peer's progress of that endpoint has
-    /// answered a handshake, and a rank's threads attend their own CRIs, which are mostly not
-    /// the RMA target endpoint (CRI 0): a first one-sided operation from such a CRI to a peer
-    /// busy elsewhere (spinning on a lock, parked for a wake) waits for the peer's watcher.
-    /// Lost ranks are skipped; a failure (a peer lost meanwhile) leaves the ranks unreached,
-    /// and their operations report it. Only on `shm`, the provider with the handshake: on
-    /// `tcp;ofi_rxm` a rank that finished the window's collective first and parked did not
-    /// serve a peer's read from a CRI it had not connected to yet, and the reaching rank
-    /// waited in its flush until the flush's deadline (60 s) at every window.
-    pub fn reach_rma_targets(&self, targets: &[RemoteMem]) -> Result<(), Error> {
+    /// Reaches the RMA target endpoint of each rank of `ranks` from every CRI of this rank,
+    /// once per rank: a one-byte read of each rank's probe (module docs) from each CRI, then
+    /// a flush of it. For window creation, while every rank progresses (its collective): an
+    /// endpoint's first operation to a peer's endpoint waits for the peer's progress of that
+    /// endpoint — on `shm` it is refused (`FI_EAGAIN`) until the peer answered a handshake,
+    /// on `tcp;ofi_rxm` it waits until the peer accepted the connection — and a rank's
+    /// threads attend their own CRIs, which are mostly not the RMA target endpoint (CRI 0):
+    /// a first one-sided operation from such a CRI to a peer busy elsewhere (spinning on a
+    /// lock) waits for the peer's watcher. The pairs are posted side by side (on `shm`, 2-3
+    /// ranks of 2 CRIs: 0.3 ms median where one pair after the other took 17 ms). The
+    /// probe, not the window being created: a peer may drop its part of that window as soon
+    /// as it has left the collective (an error right after the creation); a read of a
+    /// removed registration fails on `shm`, leaving the pair unreached, and is never
+    /// answered on `tcp;ofi_rxm` (the peer's provider drops the connection: the flush waited
+    /// out its deadline). Lost ranks are skipped; a failure (a peer lost meanwhile) leaves
+    /// the ranks unreached, and their operations report it.
+    ///
+    /// Only on `shm`. On `tcp;ofi_rxm` each (CRI, rank) pair is a connection set up through
+    /// both ranks' connection managers: reaching took 30-100 ms per rank at a job's first
+    /// window (2 ranks of 2 CRIs, 2 loaded cores; up to 0.3 s where two ranks connected to
+    /// each other at once), and would hold `2 x ranks x CRIs` sockets per rank whether or
+    /// not its threads ever target those ranks. A first operation to a parked `tcp` rank is
+    /// served without it: the rank's waiter or watcher blocks on its CQs' wait fds, which
+    /// hold the connection manager's listening socket (module docs).
+    pub fn reach_rma_targets(&self, ranks: &[u32]) -> Result<(), Error> {
         let s = &*self.inner;
         if s.provider != "shm" {
             return Ok(());
         }
         let mut reached = s.rma_reached.lock();
         reached.resize(s.size as usize, false);
-        let new: Vec<&RemoteMem> = targets
+        let new: Vec<RemoteMem> = ranks
             .iter()
-            .filter(|t| t.region.len > 0 && s.is_alive(t.rank) && !reached.get(t.rank as usize).copied().unwrap_or(true))
+            .filter(|&&r| s.is_alive(r) && !reached.get(r as usize).copied().unwrap_or(true))
+            .map(|&rank| RemoteMem { rank, region: s.probes[rank as usize] })
+            .filter(|t| t.region.len > 0)
             .collect();
         if new.is_empty() || s.cris[0].ep.rma_counter().is_none() {
             return Ok(());
         }
-        let mut out = vec![0u8; new.len()];
-        for k in 0..s.cris.len() {
-            for (t, b) in new.iter().zip(out.chunks_mut(1)) {
-                // SAFETY: `out` lives until the flush below returned (or is leaked).
-                if let Err(e) = unsafe { self.get(k, t, 0, b) } {
-                    std::mem::forget(out);
-                    return Err(e);
+        // A byte per (CRI, rank) pair, pair `i` = CRI `i / n`, rank `new[i % n]`; the pairs
+        // not posted yet. Each pass tries every pair once: the first posts of the pairs
+        // (connections on `tcp;ofi_rxm`, handshakes on `shm`) proceed side by side instead of
+        // one after the other.
+        let n = new.len();
+        let mut out = vec![0u8; n * s.cris.len()];
+        let mut pending: Vec<usize> = (0..out.len()).collect();
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let posted = loop {
+            let mut failed = None;
+            let base = out.as_mut_ptr();
+            pending.retain(|&i| {
+                if failed.is_some() {
+                    return true;
                 }
+                let t = &new[i % n];
+                // SAFETY: `i < out.len()`, and each pair's byte is handed to one read only.
+                let b = unsafe { std::slice::from_raw_parts_mut(base.add(i), 1) };
+                // SAFETY: `out` lives until the flushes below returned (or is leaked).
+                let read = &mut |ep: &Endpoint, src| unsafe { ep.read(b, None, src, &t.region, 0, 0) };
+                match self.rma_try_post(i / n, t, read) {
+                    Ok(done) => !done,
+                    Err(e) => {
+                        failed = Some(e);
+                        true
+                    }
+                }
+            });
+            if let Some(e) = failed {
+                break Err(e);
             }
-            if let Err(e) = self.flush(k) {
-                // Reads may still be in flight: their buffer is never freed.
-                std::mem::forget(out);
-                return Err(e);
+            if pending.is_empty() {
+                break Ok(());
             }
+            if Instant::now() > deadline {
+                break Err(Error::Transport { op: "rma", code: crate::ofi::errno::FI_EAGAIN });
+            }
+            // Peers reach this rank meanwhile: their connections and handshakes need its
+            // progress too.
+            s.progress_while_waiting();
+            std::thread::yield_now();
+        };
+        if let Err(e) = posted.and_then(|()| (0..s.cris.len()).try_for_each(|k| self.flush(k))) {
+            // Reads may still be in flight: their buffer is never freed.
+            std::mem::forget(out);
+            return Err(e);
         }
         for t in new {
             reached[t.rank as usize] = true;
@@ -3036,7 +3114,9 @@ mod tests {
     /// On `shm` an endpoint's first one-sided operation to a peer's endpoint is refused until
     /// the peer's progress of that endpoint answered a handshake. After
     /// `reach_rma_targets` (window creation), a peer's first atomic from its CRI 1 is posted
-    /// at once; from a rank that did not reach the target, it is refused first.
+    /// at once; from a rank that did not reach the target, it is refused first. The reach
+    /// reads the target's probe: it needs no window of the target (here it comes before
+    /// the target registered one).
     #[test]
     fn reached_rma_targets_take_a_first_atomic_without_refusal() {
         let opts = OfiOptions { cris: 2, recv_slots: 16, send_slots: 8, same_host_lane: false, ..OfiOptions::default() };
@@ -3047,14 +3127,14 @@ mod tests {
                 return;
             }
         };
+        // Rank 1's watcher serves the handshakes and the reads.
+        ranks[0].reach_rma_targets(&[1]).unwrap();
         let mut mem = vec![0u64; 1];
         // SAFETY: `mem` outlives the registration (removed below) and is read only after the
         // atomics completed.
         let region = unsafe { ranks[1].register_window(mem.as_mut_ptr().cast(), 8) }.unwrap();
         let key = region.key;
         let to = RemoteMem { rank: 1, region };
-        // Rank 1's watcher serves the handshakes and the reads.
-        ranks[0].reach_rma_targets(&[to]).unwrap();
         let inner = ranks[1].inner.clone();
         catch_watcher(&inner);
         // The first atomic of `from` on its CRI 1, served by rank 1's polls of its CRI 1;

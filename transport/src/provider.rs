@@ -484,17 +484,17 @@ impl Transport {
         }
     }
 
-    /// Makes every CRI of this rank reach the one-sided target of each rank of `targets`
+    /// Makes every CRI of this rank reach the one-sided target of each rank of `ranks`
     /// (libfabric: `OfiRank::reach_rma_targets`); nothing on the embedded provider. For
     /// window creation, where every rank progresses.
-    pub fn reach_rma_targets(&self, targets: &[RemoteWindow]) -> Result<(), Error> {
+    pub fn reach_rma_targets(&self, ranks: &[u32]) -> Result<(), Error> {
         match self {
             Transport::Embedded(_) => {
-                let _ = targets;
+                let _ = ranks;
                 Ok(())
             }
             #[cfg(feature = "ofi")]
-            Transport::Ofi(t) => t.reach_rma_targets(&targets.iter().map(RemoteWindow::ofi).collect::<Vec<_>>()),
+            Transport::Ofi(t) => t.reach_rma_targets(ranks),
         }
     }
 

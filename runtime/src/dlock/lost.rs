@@ -78,9 +78,17 @@ fn holder_lost<L: Send + Sync + 'static>(
 }
 
 /// The hand-off's write of rank 0's STATUS at level 1 (Listing 3: passed, the count 1),
-/// flushed, without its wake frame: what a releaser lost between the two did.
+/// flushed, without its wake frame: what a releaser lost between the two did. Written once
+/// the waiter is queued (the holder's NEXT names it, written after the waiter set its
+/// STATUS to wait), as a releaser's is.
 #[cfg(feature = "ofi")]
 fn passes_without_waking(q: &Queues) {
+    let deadline = Instant::now() + NOTICED;
+    let mut next = [0u64];
+    while next[0] == 0 && Instant::now() < deadline {
+        q.window.get(1, Layout::next(0), &mut next).unwrap();
+        std::thread::sleep(Duration::from_millis(1));
+    }
     q.window.put(0, Layout::status(0), &[1]).unwrap();
     q.window.flush(0).unwrap();
 }

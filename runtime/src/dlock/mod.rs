@@ -809,12 +809,12 @@ mod tests {
     }
 
     /// A task parked on a wake frame while its rank serves other ranks' traffic (here the
-    /// holder's gets of a word at the task's rank and its messages to it, for [`HOLD`]) polls the rank's progress
-    /// again at once for one yield window at a time, then parks: it does not poll on for
-    /// as long as the traffic lasts (which took the cores from the processes it waited for),
-    /// neither by passes of its own nor inside its receive's poll (whose passes count as
-    /// progress while the rank saw traffic in the last milliseconds): it naps between its
-    /// passes, and each nap ends in a pass that would see a hand-off.
+    /// holder's gets of a word at the task's rank and its messages to it, for [`HOLD`])
+    /// parks after one pass: it does not poll on for as long as the traffic lasts (which
+    /// took the cores from the processes it waited for), neither by passes of its own nor
+    /// inside its receive's poll (whose passes count as progress while the rank saw traffic
+    /// in the last milliseconds); the rank's stand-in serves the traffic and the hand-off,
+    /// whose frame wakes the task. The task's own passes while parked are its checks.
     #[cfg(feature = "ofi")]
     #[test]
     fn a_task_waiting_for_a_frame_does_not_poll_while_its_rank_is_busy() {
@@ -867,8 +867,7 @@ mod tests {
         // up to 3 runs.
         let waits = (0..2).map(|_| run()).find(|w| w.wakes > 0).unwrap_or_else(run);
         assert!(waits.wakes >= 1, "no wake frame ended a park: {waits:?}");
-        assert!(waits.repolls < 2_000, "the task polled on while its rank was busy: {waits:?}");
-        assert!(waits.naps >= 10, "the task did not nap between its passes while its rank was busy: {waits:?}");
+        assert!(waits.passes < 40, "the task polled on while its rank was busy: {waits:?}");
     }
 
     /// 10,000 tasks of rank 0 read a lock made with `make` whose writer (`write`) is rank 1,

@@ -960,4 +960,71 @@ mod tests {
         assert!(waits.parks >= 1 && waits.wakes >= 1, "the frame did not end a park: {waits:?}");
         assert_eq!(queued, 0, "frames left queued");
     }
+
+    /// The locks of a rank share one stand-in (one thread a rank, whatever the number of
+    /// locks: a hash table has one a volume), and a rank has its own.
+    #[cfg(feature = "ofi")]
+    #[test]
+    fn the_locks_of_a_rank_share_one_stand_in() {
+        let shared = on_shm(2, "stand-ins", |rts| {
+            std::thread::scope(|s| {
+                let other = s.spawn(|| {
+                    let locks = [crate::dlock::DMcs::new(rts[1].world(), 0).unwrap(), crate::dlock::DMcs::new(rts[1].world(), 1).unwrap()];
+                    locks.map(|l| std::sync::Arc::as_ptr(l.q.wakes.as_ref().unwrap().stand_in()) as usize)
+                });
+                let locks = [crate::dlock::DMcs::new(rts[0].world(), 0).unwrap(), crate::dlock::DMcs::new(rts[0].world(), 1).unwrap()];
+                let here = locks.each_ref().map(|l| std::sync::Arc::as_ptr(l.q.wakes.as_ref().unwrap().stand_in()) as usize);
+                (here, other.join().unwrap())
+            })
+        });
+        let (here, other) = shared;
+        assert_eq!(here[0], here[1], "the locks of rank 0");
+        assert_eq!(other[0], other[1], "the locks of rank 1");
+        assert_ne!(here[0], other[0], "ranks 0 and 1");
+    }
+
+    /// A hand-off to a parked task wakes it without a nap of the task's: on `shm`, rank 0
+    /// passes rank 1's STATUS 30 times, each time once rank 1's task (under an executor of
+    /// its own) marked it parked. The hand-offs' frames keep rank 1 busy, where a parked
+    /// task used to nap, and the hand-off (the swap of STATUS, an atomic rank 1's progress
+    /// serves, then the frame) waited for the naps, and the task's own pass after a nap took
+    /// the frame; the rank's stand-in now progresses while the task is parked, and the
+    /// frame's delivery wakes the task. Every park ends by its frame.
+    #[cfg(feature = "ofi")]
+    #[test]
+    fn a_hand_off_to_a_parked_task_needs_no_nap() {
+        const HAND_OFFS: u64 = 30;
+        let waits = on_shm(2, "hand-offs to a parked task", |rts| {
+            std::thread::scope(|s| {
+                let waiter = s.spawn(|| {
+                    let lock = crate::dlock::DMcs::new(rts[1].world(), 0).unwrap();
+                    rts[1].world().barrier().unwrap();
+                    let before = waits_here();
+                    futures::executor::block_on(async {
+                        for _ in 0..HAND_OFFS {
+                            lock.q.put(1, Layout::status(0), WAIT).await.unwrap();
+                            assert_eq!(lock.q.wait_status(0).await.unwrap(), ACQUIRE_START);
+                        }
+                    });
+                    let waits = waits_here().since(before);
+                    rts[1].world().barrier().unwrap();
+                    waits
+                });
+                let lock = crate::dlock::DMcs::new(rts[0].world(), 0).unwrap();
+                rts[0].world().barrier().unwrap();
+                let deadline = std::time::Instant::now() + Duration::from_secs(20);
+                for _ in 0..HAND_OFFS {
+                    while block_on(lock.q.get(1, Layout::status(0))).unwrap() != PARKED && std::time::Instant::now() < deadline {
+                        std::thread::yield_now();
+                    }
+                    block_on(lock.q.pass(1, 0, ACQUIRE_START)).unwrap();
+                }
+                rts[0].world().barrier().unwrap();
+                waiter.join().unwrap()
+            })
+        });
+        assert_eq!(waits.wakes, HAND_OFFS, "parks its frame ended: {waits:?}");
+        // Under load a hand-off may outlast a check (10 ms), whose pass then takes the frame.
+        assert!(waits.delivered >= HAND_OFFS * 2 / 3, "frames delivered to the parked task by another thread: {waits:?}");
+    }
 }

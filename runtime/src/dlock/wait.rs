@@ -16,7 +16,9 @@
 //!   parks on a receive of it, posted before its check (a task also checks the word every
 //!   [`WAKE_CHECK`], a thread every [`WAKE_ALARM`]); the tasks of a rank waiting on one
 //!   watched word park on one leader's receive ([`Relay`]); with more than 64 ranks the
-//!   words other ranks' atomics change are polled with [`Backoff`].
+//!   words other ranks' atomics change are polled with [`Backoff`]. While tasks are parked
+//!   on a queue lock's hand-off frames, a thread of the rank ([`StandIn`]) waits as a
+//!   blocked thread does, so the frame's delivery wakes the task whatever executor runs it.
 //! - [`LocalLock`] orders the threads and tasks of one rank that share its queue nodes:
 //!   waiters are parked (tasks) or park their thread, and are woken by the release.
 
@@ -30,7 +32,7 @@ use std::task::{Context, Poll, Wake, Waker};
 use std::time::{Duration, Instant};
 
 use event_listener::{Event, EventListener};
-use weft_sync::{SignalListener, Step};
+use weft_sync::{Counted, SignalListener, Step, SyncObject};
 
 use crate::comm::Communicator;
 use crate::matching::Source;
@@ -61,7 +63,7 @@ thread_local! {
     /// Whether this thread runs a protocol in [`block_on`] (waits sleep the thread).
     static BLOCKING: Cell<bool> = const { Cell::new(false) };
     /// [`Backoff`] sleeps begun on this thread, and parks ([`Armed`]) on it.
-    static WAITS: Cell<Waits> = const { Cell::new(Waits { sleeps: 0, parks: 0, wakes: 0, checks: 0, frames: 0, repolls: 0, naps: 0 }) };
+    static WAITS: Cell<Waits> = const { Cell::new(Waits { sleeps: 0, parks: 0, wakes: 0, checks: 0, frames: 0, passes: 0, delivered: 0 }) };
     /// The earliest [`Sleep`] the protocol in [`block_on`] waits for in its current poll:
     /// the thread parks no longer (a thread's sleep needs no timer thread).
     static WAKE_AT: Cell<Option<Instant>> = const { Cell::new(None) };
@@ -72,8 +74,9 @@ thread_local! {
 /// parks on a signal or a wake frame ([`Armed`]), the parks a wake frame ended (or, for a
 /// task, the leader that received it, [`Wakes::arm_watched`]), the checks of a waited-for
 /// word (each one or more one-sided reads or atomics), the wake frames sent, the passes of
-/// progress a task parked on a wake frame made at once after one that progressed, and the
-/// naps such a task took while its rank was busy.
+/// progress a task parked on a wake frame made itself, woken by something else than its
+/// frame's delivery (the doorbell, its check, a nap), and the parks of a task that its
+/// frame's delivery by another pass than its own ended.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub(crate) struct Waits {
     pub(crate) sleeps: u64,
@@ -81,8 +84,8 @@ pub(crate) struct Waits {
     pub(crate) wakes: u64,
     pub(crate) checks: u64,
     pub(crate) frames: u64,
-    pub(crate) repolls: u64,
-    pub(crate) naps: u64,
+    pub(crate) passes: u64,
+    pub(crate) delivered: u64,
 }
 
 #[cfg(test)]
@@ -95,8 +98,8 @@ impl Waits {
             wakes: self.wakes - before.wakes,
             checks: self.checks - before.checks,
             frames: self.frames - before.frames,
-            repolls: self.repolls - before.repolls,
-            naps: self.naps - before.naps,
+            passes: self.passes - before.passes,
+            delivered: self.delivered - before.delivered,
         }
     }
 }
@@ -144,7 +147,8 @@ pub(crate) enum Armed<'a, const N: usize> {
     /// until a rank is lost or [`WAKE_CHECK`] passed, a thread until [`WAKE_ALARM`] passed.
     /// With the frame's tag, and, for the task that leads its rank's tasks waiting on a
     /// watched word, their [`Relay`] (woken when the frame comes).
-    Woken(Request<'a, Vec<u8>>, i32, Option<&'a Relay>),
+    /// With the rank's stand-in where the frame is a queue lock's hand-off ([`StandIn`]).
+    Woken(Request<'a, Vec<u8>>, i32, Option<&'a Relay>, Option<&'a StandIn>),
     /// A task waiting on a watched word while another task of its rank leads
     /// ([`Wakes::arm_watched`]): park until the leader's frame comes or it stops leading.
     Relayed(EventListener),
@@ -192,6 +196,9 @@ pub(crate) struct Wakes {
     waiting: [AtomicU32; SLOTS],
     /// Per slot, the tasks waiting there.
     relays: [Relay; SLOTS],
+    /// The thread that progresses while tasks of the rank are parked on wake frames (one
+    /// for every lock of the rank).
+    stand_in: Arc<StandIn>,
 }
 
 /// The tasks of one rank waiting on one watched word: the first of them *leads*: it spins,
@@ -248,6 +255,7 @@ impl Wakes {
             comm: Some(comm.dup()?),
             waiting: std::array::from_fn(|_| AtomicU32::new(0)),
             relays: std::array::from_fn(|_| Relay::new()),
+            stand_in: StandIn::of(comm.engine()),
         }))
     }
 
@@ -264,7 +272,7 @@ impl Wakes {
             return None;
         }
         let tag = i32::try_from(tag).ok()?;
-        self.comm().irecv(Vec::new(), Source::Any, tag).ok().map(|r| Armed::Woken(r, tag, None))
+        self.comm().irecv(Vec::new(), Source::Any, tag).ok().map(|r| Armed::Woken(r, tag, None, Some(&self.stand_in)))
     }
 
     /// Consumes the wake frames with tag `tag` that arrived and that no receive took: no wait
@@ -295,6 +303,12 @@ impl Wakes {
             n += 1;
         }
         n
+    }
+
+    /// The rank's stand-in (tests).
+    #[cfg(all(test, feature = "ofi"))]
+    pub(crate) fn stand_in(&self) -> &Arc<StandIn> {
+        &self.stand_in
     }
 
     /// Whether the ranks have a bit each in a watchers word.
@@ -355,7 +369,7 @@ impl Wakes {
         }
         self.count_in(w)?;
         Ok(match self.arm(backoff, word) {
-            Some(Armed::Woken(r, tag, _)) => Some(Armed::Woken(r, tag, w.leads.then_some(relay))),
+            Some(Armed::Woken(r, tag, _, _)) => Some(Armed::Woken(r, tag, w.leads.then_some(relay), None)),
             armed => armed,
         })
     }
@@ -438,7 +452,7 @@ impl<const N: usize> Armed<'_, N> {
                 listener.await;
                 count(|w| w.wakes += 1);
             }
-            Armed::Woken(request, tag, relay) => {
+            Armed::Woken(request, tag, relay, stand_in) => {
                 count(|w| w.parks += 1);
                 // A thread waits as a blocked receive does (the rank's waiter, woken by the
                 // network itself) until the frame or its alarm comes; a task parks on the
@@ -447,7 +461,7 @@ impl<const N: usize> Armed<'_, N> {
                     Alarm::wait(request, tag)
                 } else {
                     let epoch = request.communicator().engine().transport.lost_epoch();
-                    (WakeOrCheck { request, check: Sleep::new(WAKE_CHECK), epoch, yield_until: None }).await
+                    (WakeOrCheck { request, check: Sleep::new(WAKE_CHECK), epoch, yield_until: None, stand_in, parked: None }).await
                 };
                 if woken {
                     count(|w| w.wakes += 1);
@@ -461,32 +475,46 @@ impl<const N: usize> Armed<'_, N> {
 
 /// Ready with `true` when the wake frame's receive completes, with `false` when the check's
 /// time comes first or a rank was lost since `epoch` (the receive is then cancelled by its
-/// drop; the check that follows sees a write that landed, and the loss). While the rank's
-/// progress goes on, the task yields between passes instead of looping inside one poll (the
-/// holder it waits for may be a task of the same thread), for the rank's yield window
-/// (`WEFT_YIELD_US`) at most, as a blocked thread does: then it parks until the receive
+/// drop; the check that follows sees a write that landed, and the loss).
+///
+/// A queue lock's hand-off (`stand_in` given): the task makes one pass of the rank's
+/// progress, then parks on the receive's completion, the rank's doorbell (which a loss
+/// rings) and the check, counted in the rank's [`StandIn`] while parked: the stand-in waits
+/// as a blocked thread of the rank does, so the hand-off (on `shm` the passer's swap of
+/// STATUS, an atomic the task's rank serves, then the wake frame) is served while the task
+/// sleeps, and the frame's delivery wakes the task, whichever thread of the rank made the
+/// pass that delivered it. A task that napped and made a pass of its own after each nap
+/// let every hand-off wait for up to two naps.
+///
+/// A watched word's change (the spin lock's word, RMA-RW's counters, a releaser's NEXT:
+/// whoever gets there first may take the lock, no hand-off waits for this task): while the
+/// rank's progress goes on, the task yields between passes for the rank's yield window
+/// (`WEFT_YIELD_US`) at most, as a blocked thread does, then parks until the receive
 /// completes (the rank's watcher rings the doorbell) or the check's time comes, and, while
 /// the rank is busy (its watcher then leaves the progress to the rank's waiters), for a nap
-/// of [`NAP`], after which it makes a pass again. A task that polled on for as long as the
-/// rank saw traffic took the cores from the processes it waited for; one that napped
-/// longer (naps doubling up to 1 ms) let the hand-off wait for it: a hand-off on `shm`
-/// needs the waiter's rank's progress twice (the passer's swap of STATUS, an atomic its
-/// target serves, then the wake frame), each up to a nap late.
+/// of [`NAP`], after which it makes a pass again: no thread spins for it.
 ///
 /// The receive is looked at without progress of its own: a receive's poll makes passes for
 /// as long as they progress, and a pass counts as progress while the rank saw traffic in
 /// the last milliseconds (so that blocked threads spin then), which held the task inside one
-/// poll for as long as the traffic lasted: no yield window, no nap.
+/// poll for as long as the traffic lasted, and took the cores from the processes it waited
+/// for.
 struct WakeOrCheck<'a> {
     request: Request<'a, Vec<u8>>,
     check: Sleep,
     /// The transport's loss epoch when the wait was armed.
     epoch: u64,
-    /// Until when passes that made progress are followed by another at once.
+    /// Until when passes that made progress are followed by another at once (a watched
+    /// word's wait).
     yield_until: Option<Instant>,
+    /// The rank's stand-in (a hand-off's wait).
+    stand_in: Option<&'a StandIn>,
+    /// Once parked: the task's count in the stand-in, if any.
+    parked: Option<Option<Counted<()>>>,
 }
 
-/// The nap of a task parked on a wake frame while its rank is busy ([`WakeOrCheck`]).
+/// The nap of a task waiting for a watched word's frame while its rank is busy
+/// ([`WakeOrCheck`]).
 const NAP: Duration = Duration::from_micros(50);
 
 impl Future for WakeOrCheck<'_> {
@@ -496,6 +524,9 @@ impl Future for WakeOrCheck<'_> {
         // A failed receive (the communicator freed, say) also ends the park: the check that
         // follows finds what happened.
         if this.request.is_complete() {
+            if this.parked.is_some() {
+                count(|w| w.delivered += 1);
+            }
             return Poll::Ready(true);
         }
         // A receive from any source fails only once no peer is left: a loss ends the park
@@ -503,38 +534,117 @@ impl Future for WakeOrCheck<'_> {
         if this.request.communicator().engine().transport.lost_epoch() != this.epoch {
             return Poll::Ready(false);
         }
-
-        let engine = this.request.communicator().engine();
-        let busy = engine.poll_progress(cx) == Step::Progressed;
-        if busy {
-            if this.request.is_complete() {
-                return Poll::Ready(true);
-            }
-            let now = Instant::now();
-            if now >= this.check.deadline {
-                return Poll::Ready(false);
-            }
-            if now < *this.yield_until.get_or_insert(now + engine.config.yield_window) {
-                count(|w| w.repolls += 1);
-                cx.waker().wake_by_ref();
-                return Poll::Pending;
-            }
-        } else {
-            // Idle: the next pass that progresses yields again for a window.
-            this.yield_until = None;
+        if this.parked.is_some() {
+            // Woken while parked by something else than the frame's delivery.
+            count(|w| w.passes += 1);
         }
-        // Parked on the receive's completion (and the doorbell, registered by the pass when
-        // idle), and on the check.
+        let engine = this.request.communicator().engine();
+        // The pass registers the task on the doorbell when idle.
+        let busy = engine.poll_progress(cx) == Step::Progressed;
+        if busy && this.request.is_complete() {
+            return Poll::Ready(true);
+        }
+        match (busy, this.stand_in) {
+            (true, Some(_)) => engine.transport.doorbell().register(cx.waker()),
+            (true, None) => {
+                let now = Instant::now();
+                if now >= this.check.deadline {
+                    return Poll::Ready(false);
+                }
+                if now < *this.yield_until.get_or_insert(now + engine.config.yield_window) {
+                    cx.waker().wake_by_ref();
+                    return Poll::Pending;
+                }
+            }
+            // Idle: the next pass that progresses yields again for a window.
+            (false, _) => this.yield_until = None,
+        }
         if this.request.own_cell().poll_complete(cx).is_ready() {
             return Poll::Ready(true);
         }
-        if busy {
+        if this.parked.is_none() {
+            this.parked = Some(this.stand_in.map(|s| s.stand(engine)));
+        }
+        if busy && this.stand_in.is_none() {
             // A nap of a future length is never ready at its first poll: the poll only
             // registers the wake-up at its deadline (a `Sleep` dropped stays registered).
             let _ = Pin::new(&mut Sleep::new(NAP)).poll(cx);
-            count(|w| w.naps += 1);
         }
         Pin::new(&mut this.check).poll(cx).map(|()| false)
+    }
+}
+
+/// A thread of a rank that progresses while tasks of the rank are parked on a queue lock's
+/// hand-off frames ([`WakeOrCheck`]), so that a hand-off to a parked task waits for no poll of the task's:
+/// it waits as a blocked thread of the rank does (progress while the rank is busy, then a
+/// park on the doorbell as the rank's waiter, which the network wakes, `Progress::park`),
+/// for as long as any task of the rank is parked there (each counted on its sync object),
+/// and sleeps otherwise. One per rank, shared by its locks ([`of`](Self::of)); its thread
+/// starts at the first park, and ends when the rank's last lock is freed.
+pub(crate) struct StandIn {
+    /// One count per parked task, and whether the thread is to end.
+    shared: Arc<(SyncObject<()>, AtomicBool)>,
+    thread: Mutex<Option<std::thread::JoinHandle<()>>>,
+}
+
+impl StandIn {
+    /// The stand-in of `engine`'s rank: the one its live locks share, or a new one.
+    fn of(engine: &Arc<crate::engine::Engine>) -> Arc<StandIn> {
+        /// The stand-ins of the ranks with live locks, by engine. An engine is not freed
+        /// while its stand-in lives (its thread holds the engine's progress hook once
+        /// started, and its locks their communicators), so an address is not reused meanwhile.
+        static RANKS: Mutex<Vec<(usize, std::sync::Weak<StandIn>)>> = Mutex::new(Vec::new());
+        let key = Arc::as_ptr(engine) as usize;
+        let mut ranks = RANKS.lock().unwrap_or_else(|e| e.into_inner());
+        ranks.retain(|(_, s)| s.strong_count() > 0);
+        if let Some(s) = ranks.iter().find(|(k, _)| *k == key).and_then(|(_, s)| s.upgrade()) {
+            return s;
+        }
+        let s = Arc::new(StandIn { shared: Arc::default(), thread: Mutex::new(None) });
+        ranks.push((key, Arc::downgrade(&s)));
+        s
+    }
+
+    /// Counts a parked task of `engine`'s rank until the returned count is dropped; starts
+    /// the thread, or wakes it.
+    fn stand(&self, engine: &Arc<crate::engine::Engine>) -> Counted<()> {
+        let counted = self.shared.0.count_one();
+        let mut thread = self.thread.lock().unwrap_or_else(|e| e.into_inner());
+        match thread.as_ref() {
+            Some(t) => t.thread().unpark(),
+            None => {
+                let (shared, hook) = (self.shared.clone(), crate::progress::sync_hook(engine));
+                let run = move || {
+                    let (parked, stop) = &*shared;
+                    while !stop.load(Ordering::Acquire) {
+                        if parked.size() == 0 {
+                            std::thread::park();
+                        } else {
+                            // A count dropped without completion is no error here.
+                            let _ = parked.wait_all_with(&*hook);
+                        }
+                    }
+                };
+                // Without the thread (none could be started) the task's check still ends its park.
+                *thread = std::thread::Builder::new().name("weft-dlock-stand-in".into()).spawn(run).ok();
+            }
+        }
+        counted
+    }
+}
+
+impl Drop for StandIn {
+    /// Ends the thread: the rank's locks are freed, so no task is parked (each borrows one),
+    /// unless a parked task's future was leaked (then the thread, waiting for it, is left).
+    fn drop(&mut self) {
+        self.shared.1.store(true, Ordering::Release);
+        let thread = self.thread.get_mut().unwrap_or_else(|e| e.into_inner()).take();
+        if let Some(t) = thread {
+            t.thread().unpark();
+            if self.shared.0.size() == 0 {
+                let _ = t.join();
+            }
+        }
     }
 }
 

@@ -3,6 +3,20 @@
 //! it. Which CRI a thread uses: round-robin, or dedicated ([Patinyasakdikul 2019, Alg. 3],
 //! GET-INSTANCE-ID-DEDICATED: a thread keeps the CRI it was first given, per runtime, in
 //! thread-local storage).
+//!
+//! Dedicated CRIs are given in the order threads first communicate, and setting a rank up
+//! (its windows, locks, communicators) communicates: the thread that does it, usually the
+//! main thread, keeps CRI 0, and the rank's first worker thread gets CRI 1. Kept so on
+//! purpose. A main thread that goes on communicating beside its workers has a CRI of its
+//! own; one that only waits for them leaves CRI 0 (on libfabric the endpoint peers'
+//! one-sided operations target) to those operations, which the idle polls of every CRI
+//! serve. Not counting the setup (the first worker bound to CRI 0 too) measured within the
+//! noise of the distributed-lock benchmark on `shm` (`weft-bench dlock --provider shm
+//! --launch weftrun --bench lb --lock d-mcs,fompi-spin --ranks 4 --ops 50`, 20 runs each on
+//! 2 cores shared with other jobs: median acquisitions per second 19.6k against 22.3k for
+//! d-mcs with quartiles 9.5k-23.7k and 9.7k-27.2k, 64.9k against 67.1k for fompi-spin),
+//! and would put the main thread's frames on the first worker's CRI.
+//! `Runtime::pin_cri` binds a thread to a CRI of the caller's choice.
 
 use std::cell::{Cell, RefCell};
 
@@ -123,4 +137,21 @@ pub(crate) fn thread_token() -> u64 {
         static TOKEN: u64 = NEXT.fetch_add(1, Ordering::Relaxed);
     }
     TOKEN.try_with(|t| *t).unwrap_or(u64::MAX)
+}
+
+#[cfg(all(test, not(loom), not(miri)))]
+mod tests {
+    use crate::Runtime;
+
+    /// The module docs' rule: the thread that sets a rank up keeps CRI 0, and the rank's
+    /// worker threads get the next CRIs in the order they first communicate.
+    #[test]
+    fn the_setup_thread_keeps_cri_0_and_workers_get_the_next() {
+        let rt = &Runtime::builder().env(false).cris(3).build_local(1).unwrap()[0];
+        let w = rt.world().dup().unwrap();
+        assert_eq!(rt.engine.cri_for_thread(), 0, "the thread that set the rank up");
+        let workers: Vec<usize> = (0..3).map(|_| std::thread::scope(|s| s.spawn(|| rt.engine.cri_for_thread()).join().unwrap())).collect();
+        assert_eq!(workers, vec![1, 2, 0]);
+        w.free();
+    }
 }

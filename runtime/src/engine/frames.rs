@@ -10,14 +10,12 @@
 //!   (`peers.rs` keeps the sends waiting for their `Fin`). Memory stays bounded for any
 //!   message size.
 
-use std::sync::Arc;
-
 use weft_sync::{Error, Status};
 use weft_transport::{Frame, FrameKind, Header, Payload};
 
 use super::{CriLocal, Engine};
 use crate::matching::{message_len, Due, Matches};
-use crate::operation::Operation;
+use crate::operation::Held;
 
 /// Frames taken from one inbox per progress call (bounded work per call).
 const POLL_BATCH: usize = 64;
@@ -190,12 +188,12 @@ impl Engine {
     }
 
     /// Completes receive `req` with `frame` (outside every matching lock).
-    pub(crate) fn finish_match(&self, k: usize, req: Arc<Operation>, mut frame: Frame) {
+    pub(crate) fn finish_match(&self, k: usize, req: Held, mut frame: Frame) {
         self.complete_match(k, req, &mut frame);
     }
 
     /// Completes receive `req` with `frame`, read where it lies (its payload is taken).
-    pub(crate) fn finish_match_in(&self, k: usize, req: Arc<Operation>, frame: &mut Frame) {
+    pub(crate) fn finish_match_in(&self, k: usize, req: Held, frame: &mut Frame) {
         self.complete_match(k, req, frame);
     }
 
@@ -206,7 +204,7 @@ impl Engine {
     /// (`CompletionCell::complete_ok`), not made on the stack as one `Outcome` of several
     /// paths and copied from there (a load of the stores just made, which waits for them).
     #[inline(always)]
-    fn complete_match(&self, _k: usize, req: Arc<Operation>, frame: &mut Frame) {
+    fn complete_match(&self, _k: usize, req: Held, frame: &mut Frame) {
         // The fields read on every path, not the whole header (a copy per message less).
         let (rts, source, tag) = (frame.header.kind == FrameKind::Rts, frame.header.source, frame.header.tag);
         let len = message_len(frame);
@@ -219,8 +217,9 @@ impl Engine {
             return self.fail_match(req, frame, Error::Misaligned { elem_size, message_len: len });
         }
         if rts {
-            // Completed when the read is over, by a later pass (module docs).
-            self.start_rendezvous_read(req, frame.header, len);
+            // Completed when the read is over, by a later pass (module docs); the read keeps
+            // the operation by a reference of its own.
+            self.start_rendezvous_read(req.counted(), frame.header, len);
             return;
         }
         if len > 0 {
@@ -230,15 +229,15 @@ impl Engine {
             unsafe { std::ptr::copy_nonoverlapping(frame.payload.as_slice().as_ptr(), req.ptr, len) };
         }
         self.transport.recycle(source, std::mem::replace(&mut frame.payload, Payload::Empty));
-        req.cell.complete_ok(Status { source, tag, bytes: len });
-        Self::settled(req);
+        // The holder's last use, unless the request left it its reference (`Held`).
+        req.complete_ok(Status { source, tag, bytes: len });
     }
 
     /// Completes receive `req` with `error`, consuming `frame`: a rendezvous sender is told
     /// its data was consumed (`Fin`), an eager payload goes back.
     #[cold]
     #[inline(never)]
-    fn fail_match(&self, req: Arc<Operation>, frame: &mut Frame, error: Error) {
+    fn fail_match(&self, req: Held, frame: &mut Frame, error: Error) {
         let source = frame.header.source;
         if frame.header.kind == FrameKind::Rts {
             let fin = Header { kind: FrameKind::Fin, len: message_len(frame) as u64, ..frame.header };
@@ -246,19 +245,6 @@ impl Engine {
         } else {
             self.transport.recycle(source, std::mem::replace(&mut frame.payload, Payload::Empty));
         }
-        req.cell.complete(Err(error));
-        Self::settled(req);
-    }
-
-    /// The matching side's reference to a receive it has just completed, dropped.
-    #[inline(always)]
-    fn settled(req: Arc<Operation>) {
-        if Arc::strong_count(&req) == 1 {
-            // Nothing waits for the request any more (dropped, or its result went to a
-            // continuation): the buffer of a dropped one goes now, and the operation back to
-            // this thread's pool.
-            drop(req.orphan.lock().take());
-            crate::operation::recycle(req);
-        }
+        req.complete(Err(error));
     }
 }

@@ -51,6 +51,32 @@ struct State {
 /// Rounds one call of [`Engine::advance_schedules`] makes at most.
 const MAX_ROUNDS: u32 = 4;
 
+/// An idle pass (one that handled no frame and sent nothing deferred) advances the
+/// schedules only every this many idle passes of its thread: the steps' requests complete in
+/// the passes that handle their frames (which advance the schedules at once, on whichever
+/// thread), so an idle pass finds nothing to take, and taking the list out and putting it
+/// back, and testing every schedule's requests, would cost a waiter's every pass about as
+/// much as the pass itself. What completes a request outside a pass (a peer found lost)
+/// waits a few idle passes more.
+const IDLE_ADVANCE_EVERY: u32 = 8;
+
+thread_local! {
+    /// This thread's idle passes since its last one that advanced the schedules.
+    static IDLE_SINCE_ADVANCE: std::cell::Cell<u32> = const { std::cell::Cell::new(0) };
+}
+
+/// Whether an idle pass of this thread advances the schedules ([`IDLE_ADVANCE_EVERY`]).
+fn idle_turn() -> bool {
+    IDLE_SINCE_ADVANCE
+        .try_with(|c| {
+            let v = c.get() + 1;
+            let turn = v >= IDLE_ADVANCE_EVERY;
+            c.set(if turn { 0 } else { v });
+            turn
+        })
+        .unwrap_or(true)
+}
+
 impl Schedules {
     pub(crate) fn new() -> Self {
         Schedules { state: Mutex::new(State { list: Vec::new(), busy: false, again: false }), count: AtomicUsize::new(0) }
@@ -69,10 +95,11 @@ impl Engine {
     }
 
     /// Advances every schedule in flight, unless another thread is (then, if this pass
-    /// `progressed`, that thread goes round again for what it completed); returns how many
-    /// finished. Called by the progress passes with no lock of the rank held.
+    /// `progressed`, that thread goes round again for what it completed), or this pass did
+    /// not progress and it is not its thread's turn ([`IDLE_ADVANCE_EVERY`]); returns how
+    /// many finished. Called by the progress passes with no lock of the rank held.
     pub(crate) fn advance_schedules(&self, progressed: bool) -> usize {
-        if self.schedules.count.load(Ordering::Relaxed) == 0 {
+        if self.schedules.count.load(Ordering::Relaxed) == 0 || (!progressed && !idle_turn()) {
             return 0;
         }
         let mut mine = {
@@ -120,5 +147,49 @@ impl Engine {
         let gone = std::mem::take(&mut self.schedules.state.lock().list);
         self.schedules.count.fetch_sub(gone.len(), Ordering::Relaxed);
         drop(gone);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+    use std::sync::Arc;
+
+    use super::{Schedule, IDLE_ADVANCE_EVERY};
+    use crate::Runtime;
+
+    /// A schedule that counts its advances and finishes once told.
+    struct Counting {
+        advances: Arc<AtomicU32>,
+        done: Arc<AtomicBool>,
+    }
+
+    impl Schedule for Counting {
+        fn advance(&mut self) -> bool {
+            self.advances.fetch_add(1, Ordering::Relaxed);
+            self.done.load(Ordering::Relaxed)
+        }
+    }
+
+    /// Progress passes that find nothing to do advance a schedule in flight only every
+    /// `IDLE_ADVANCE_EVERY`th time, not at every pass; it still finishes.
+    #[test]
+    fn idle_passes_leave_the_schedules_mostly_alone() {
+        let rts = Runtime::builder().env(false).build_local(1).unwrap();
+        let engine = rts[0].world().engine();
+        let (advances, done) = (Arc::new(AtomicU32::new(0)), Arc::new(AtomicBool::new(false)));
+        engine.start_schedule(Box::new(Counting { advances: advances.clone(), done: done.clone() }));
+        assert_eq!(advances.load(Ordering::Relaxed), 1, "advanced once as it starts");
+        let passes = 8 * IDLE_ADVANCE_EVERY;
+        for _ in 0..passes {
+            assert!(!engine.progress_once().progressed());
+        }
+        let idle = advances.load(Ordering::Relaxed) - 1;
+        assert!((passes / IDLE_ADVANCE_EVERY - 1..=passes / IDLE_ADVANCE_EVERY).contains(&idle), "{idle} advances in {passes} idle passes");
+        done.store(true, Ordering::Relaxed);
+        for _ in 0..2 * IDLE_ADVANCE_EVERY {
+            let _ = engine.progress_once();
+        }
+        assert_eq!(engine.schedules.count.load(Ordering::Relaxed), 0, "the schedule finished");
     }
 }

@@ -51,7 +51,7 @@ use std::sync::Arc;
 
 use weft_transport::{Frame, FrameKind, Payload};
 
-use crate::operation::Operation;
+use crate::operation::{Held, Operation};
 
 /// Wildcard-able source of a receive.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -100,7 +100,8 @@ pub(crate) struct Posted {
     tag: Tag,
     /// Post order within the communicator (bins and wildcard list interleave by it).
     seq: u64,
-    pub(crate) req: Arc<Operation>,
+    /// On the request's reference (`Held`).
+    pub(crate) req: Held,
 }
 
 /// The bin key of a fully specified (source, tag).
@@ -263,7 +264,7 @@ const MAX_IDLE_BINS: usize = 1024;
 /// named by its place in [`Matches::frames`]: it stays where it was put until the receive
 /// completes, instead of moving into the pair and out again (104 bytes a move).
 pub(crate) struct Matched {
-    pub(crate) req: Arc<Operation>,
+    pub(crate) req: Held,
     pub(crate) at: usize,
 }
 
@@ -997,7 +998,7 @@ impl MatchState {
         if let (true, Source::Rank(r), Tag::Is(t)) = (self.unexpected.is_empty(), source, tag) {
             let seq = self.post_seq;
             if let Some(bin) = self.bins.last_mut(bin_key(r, t)) {
-                bin.push_back(Posted { source, tag, seq, req: req.clone() });
+                bin.push_back(Posted { source, tag, seq, req: Held::of(req) });
                 self.post_seq = seq + 1;
                 return;
             }
@@ -1016,7 +1017,7 @@ impl MatchState {
         }
         let seq = self.post_seq;
         self.post_seq += 1;
-        let posted = Posted { source, tag, seq, req: req.clone() };
+        let posted = Posted { source, tag, seq, req: Held::of(req) };
         match (source, tag) {
             (Source::Rank(r), Tag::Is(t)) => self.bins.entry(bin_key(r, t)).push_back(posted),
             _ => self.wild.push_back(posted),
@@ -1024,14 +1025,16 @@ impl MatchState {
     }
 
     /// Removes a posted receive that has not matched (cancel). Returns whether it was there.
+    /// Only the request's owner cancels, holding the reference that the queue held the
+    /// receive on (`Held`): that share ends here, uncompleted.
     pub(crate) fn cancel(&mut self, req: &Arc<Operation>) -> bool {
-        let list = match self.wild.iter().position(|p| Arc::ptr_eq(&p.req, req)) {
+        let list = match self.wild.iter().position(|p| p.req.is(req)) {
             Some(i) => return self.wild.remove(i).is_some(),
-            None => self.bins.values_mut().find(|b| b.iter().any(|p| Arc::ptr_eq(&p.req, req))),
+            None => self.bins.values_mut().find(|b| b.iter().any(|p| p.req.is(req))),
         };
         match list {
             Some(b) => {
-                b.retain(|p| !Arc::ptr_eq(&p.req, req));
+                b.retain(|p| !p.req.is(req));
                 true
             }
             None => false,
@@ -1040,7 +1043,8 @@ impl MatchState {
 
     /// Removes the posted receives that can no longer match because their source is lost
     /// (`alive(r)` false), or — for `Source::Any` — because no peer is left (`any_alive`
-    /// false). They are appended to `out` with their source, to be failed outside the lock.
+    /// false). They are appended to `out` with their source, to be failed outside the lock,
+    /// each by a reference of its own.
     pub(crate) fn fail_lost(&mut self, alive: impl Fn(u32) -> bool, any_alive: bool, out: &mut Vec<(Arc<Operation>, Source)>) {
         let dead = |p: &Posted| match p.source {
             Source::Rank(r) => !alive(r),
@@ -1055,7 +1059,7 @@ impl MatchState {
             }
         }
         lost.sort_by_key(|p| p.seq);
-        out.extend(lost.into_iter().map(|p| (p.req, p.source)));
+        out.extend(lost.into_iter().map(|p| (p.req.counted(), p.source)));
     }
 
     /// Probes for an unexpected frame without taking it: `(source, tag, bytes)`.
@@ -1075,7 +1079,8 @@ impl MatchState {
     }
 
     /// Empties the queues (communicator freed / runtime shut down): the posted receives are
-    /// returned so the caller can fail them; the frames are handed to `drop_frame`.
+    /// returned, each by a reference of its own, so the caller can fail them; the frames are
+    /// handed to `drop_frame`.
     pub(crate) fn drain(&mut self, mut drop_frame: impl FnMut(Frame)) -> Vec<Arc<Operation>> {
         let held = self.order.iter_mut().flatten().flat_map(|r| r.window.drain(..).flatten());
         let dropped = self.dropped.drain(..);
@@ -1087,7 +1092,7 @@ impl MatchState {
             posted.extend(b.drain(..));
         }
         posted.sort_by_key(|p| p.seq);
-        posted.into_iter().map(|p| p.req).collect()
+        posted.into_iter().map(|p| p.req.counted()).collect()
     }
 }
 
@@ -1114,7 +1119,7 @@ mod tests {
     fn post_n(m: &mut MatchState, n: usize) -> Vec<Arc<Operation>> {
         (0..n)
             .map(|_| {
-                let r = Arc::new(Operation::default());
+                let r = Arc::new(Operation::held());
                 assert!(m.post(Source::Rank(1), Tag::Is(7), &r).is_none());
                 r
             })
@@ -1141,7 +1146,7 @@ mod tests {
         assert_eq!(out.pairs.len(), n);
         for (i, (got, req)) in out.pairs.iter().zip(&reqs).enumerate() {
             assert_eq!(out.frame(got).header.seq, i as u32);
-            assert!(Arc::ptr_eq(&got.req, req), "sequence {i} paired with the receive posted {i}th");
+            assert!(got.req.is(req), "sequence {i} paired with the receive posted {i}th");
         }
         assert!(m.far.is_empty());
         // The window keeps working after draining: a gap of one, then its filler.
@@ -1174,7 +1179,7 @@ mod tests {
         let seqs: Vec<u32> = out.pairs.iter().map(|x| out.frame(x).header.seq).collect();
         assert_eq!(seqs, (0..8).collect::<Vec<_>>());
         for (got, req) in out.pairs.iter().zip(&reqs) {
-            assert!(Arc::ptr_eq(&got.req, req));
+            assert!(got.req.is(req));
         }
         assert_eq!(m.far.len(), 1, "source 2's frame still waits for its turn");
         assert_eq!(m.order[1][0].expected, 8);
@@ -1194,7 +1199,7 @@ mod tests {
             let (r, f) = post(&mut m, Source::Rank(0), Tag::Is(1000 + t));
             assert!(f.is_none());
             m.arrive(gframe(0, 1000 + t, 0, 0), &mut out);
-            assert!(Arc::ptr_eq(&out.pairs.pop().expect("paired").req, &r));
+            assert!(out.pairs.pop().expect("paired").req.is(&r));
         }
         assert!(m.bins.len() <= MAX_IDLE_BINS + 1, "empty bins are pruned: {}", m.bins.len());
         // The bin of tag 5 moved when the others were pruned; the one used last is another.
@@ -1204,7 +1209,7 @@ mod tests {
             m.arrive(gframe(1, tag, 0, 0), &mut out);
             let got = out.pairs.pop().expect("paired");
             assert_eq!(out.frame(&got).header.tag, tag);
-            assert!(Arc::ptr_eq(&got.req, want), "tag {tag}: the receive posted first");
+            assert!(got.req.is(want), "tag {tag}: the receive posted first");
         }
         m.arrive(gframe(1, 5, 0, 0), &mut out);
         assert!(out.pairs.is_empty(), "no receive left for tag 5");
@@ -1221,7 +1226,7 @@ mod tests {
             let (r, f) = post(&mut m, Source::Rank(1), Tag::Is(-2 * t));
             assert!(f.is_none());
             m.arrive(gframe(1, -2 * t, 0, 0), &mut out);
-            assert!(Arc::ptr_eq(&out.pairs.pop().expect("paired").req, &r));
+            assert!(out.pairs.pop().expect("paired").req.is(&r));
         }
         assert_eq!(m.bins.len(), 1, "one bin for every tag in turn");
         assert!(m.bins.index.is_empty());
@@ -1242,7 +1247,7 @@ mod tests {
             for t in (0..n).rev() {
                 m.arrive(gframe(t as u32 % 3, t, 0, 0), &mut out);
                 let got = out.pairs.pop().expect("paired");
-                assert!(Arc::ptr_eq(&got.req, &reqs[t as usize][round]), "tag {t}, receive {round}");
+                assert!(got.req.is(&reqs[t as usize][round]), "tag {t}, receive {round}");
             }
         }
         m.arrive(gframe(0, 0, 0, 0), &mut out);
@@ -1288,7 +1293,7 @@ mod tests {
         let (r, early) = post(&mut m, Source::Rank(1), Tag::Is(-8));
         assert!(early.is_none());
         m.arrive(gframe(1, -8, 2, 0), &mut out);
-        assert!(out.pairs.len() == 1 && Arc::ptr_eq(&out.pairs[0].req, &r));
+        assert!(out.pairs.len() == 1 && out.pairs[0].req.is(&r));
         // The count wraps and moves on by the span: the tag is kept again.
         count.store(2, AtomicOrdering::Relaxed);
         m.arrive(gframe(0, -8, 2, 0), &mut out);
@@ -1303,7 +1308,7 @@ mod tests {
     }
 
     fn post(m: &mut MatchState, source: Source, tag: Tag) -> (Arc<Operation>, Option<Frame>) {
-        let r = Arc::new(Operation::default());
+        let r = Arc::new(Operation::held());
         let f = m.post(source, tag, &r);
         (r, f)
     }
@@ -1366,7 +1371,7 @@ mod tests {
         a.arrive(gframe(1, 2, 2, 5), &mut out);
         assert_eq!(out.pairs.iter().map(|m| out.frame(m).header.gseq).collect::<Vec<_>>(), vec![1, 2, 3, 4, 5]);
         for (m, r) in out.pairs.iter().zip(&reqs) {
-            assert!(Arc::ptr_eq(&m.req, r), "receives filled in post order");
+            assert!(m.req.is(r), "receives filled in post order");
         }
         assert!(b.unexpected.is_empty() && b.order.iter().all(|c| c.is_empty()), "partition b handed everything over");
     }
@@ -1381,16 +1386,16 @@ mod tests {
         let (rb, _) = post(&mut b, Source::Any, Tag::Is(2));
         a.arrive(gframe(1, 1, 0, 1), &mut out); // gseq 0 (tag 2) still in flight
         assert_eq!(out.pairs.len(), 1);
-        assert!(Arc::ptr_eq(&out.pairs[0].req, &ra));
+        assert!(out.pairs[0].req.is(&ra));
         out.clear();
         MatchState::merge(&mut [&mut a, &mut b], &mut out);
         let (rany, f) = post(&mut a, Source::Any, Tag::Any);
         assert!(f.is_none());
         a.arrive(gframe(1, 2, 0, 0), &mut out);
         a.arrive(gframe(1, 1, 1, 2), &mut out);
-        let got: Vec<(u32, bool)> = out.pairs.iter().map(|m| (out.frame(m).header.gseq, Arc::ptr_eq(&m.req, &rb))).collect();
+        let got: Vec<(u32, bool)> = out.pairs.iter().map(|m| (out.frame(m).header.gseq, m.req.is(&rb))).collect();
         assert_eq!(got, vec![(0, true), (2, false)], "gseq 0 to the earlier posted receive, 1 skipped, 2 to Tag::Any");
-        assert!(Arc::ptr_eq(&out.pairs[1].req, &rany));
+        assert!(out.pairs[1].req.is(&rany));
         assert!(a.seen[1].len() == 0, "the skipped numbers are forgotten once passed");
     }
 
@@ -1409,7 +1414,7 @@ mod tests {
             // No frame in flight for long: every trim settles all but the last word.
             let (p, tag) = if g % 2 == 0 { (&mut a, 1) } else { (&mut b, 2) };
             p.arrive(gframe(1, tag, g / 2, g), &mut out);
-            assert!(p.post(Source::Rank(1), Tag::Is(tag), &Arc::new(Operation::default())).is_some());
+            assert!(p.post(Source::Rank(1), Tag::Is(tag), &Arc::new(Operation::held())).is_some());
             if p.take_due() == Due::Trim {
                 MatchState::trim(&mut [&mut a, &mut b]);
                 trims += 1;

@@ -162,7 +162,7 @@ impl Harness {
     /// Checks and records the pairs a step made, in the order made.
     fn pairs(&mut self, out: Matches) -> Result<(), TestCaseError> {
         for m in &out.pairs {
-            let r = self.by_op[&Arc::as_ptr(&m.req)];
+            let r = self.by_op[&std::ptr::from_ref::<Operation>(&m.req)];
             self.pair(r, out.frames[m.at].header.cookie as usize)?;
         }
         Ok(())
@@ -205,7 +205,7 @@ impl Harness {
         if tag == Tag::Any {
             self.merge()?;
         }
-        let op = Arc::new(Operation::default());
+        let op = Arc::new(Operation::held());
         let r = self.recvs.len();
         self.by_op.insert(Arc::as_ptr(&op), r);
         self.recvs.push(Recv { source, tag, live: true });

@@ -226,8 +226,8 @@ impl<'a, T: Primitive> Window<'a, T> {
         // Every rank progresses now (the allgather just ended): the CRIs reach the ranks'
         // one-sided targets before the first operation of a thread on its own CRI needs them
         // (a failure shows again in that operation).
-        let remotes: Vec<RemoteWindow> = parts.iter().map(|p| p.remote).collect();
-        let _ = t.reach_rma_targets(&remotes);
+        let ranks: Vec<u32> = parts.iter().map(|p| p.remote.rank).collect();
+        let _ = t.reach_rma_targets(&ranks);
         Ok((parts, mine.is_some()))
     }
 

@@ -72,6 +72,71 @@ fn put_get_and_local_access() {
     });
 }
 
+/// A rank parked in a blocking receive serves a peer's first one-sided operations from
+/// CRIs that never reached it yet: the peer's thread (its own CRI) and a second thread (the
+/// next CRI) each read and write the parked rank's part, then release it. On `tcp;ofi_rxm`
+/// each is the first operation on a connection to the parked rank's RMA target endpoint,
+/// which the parked rank must accept and serve; its flush used to wait out its deadline.
+#[test]
+fn a_parked_rank_serves_first_operations_from_new_cris() {
+    on_ranks(2, "first operations on a parked rank", |me, c| {
+        let w: Window<'_, u64> = c.window(4).unwrap();
+        if me == 1 {
+            // Parks: rank 0 sends only once its operations are back.
+            c.recv(Vec::<u8>::with_capacity(1), 0, 901).unwrap();
+        } else {
+            let access = |slot: usize| {
+                let start = std::time::Instant::now();
+                w.put(1, slot, &[10 + slot as u64]).unwrap();
+                w.flush(1).unwrap();
+                let mut back = [0u64; 1];
+                w.get(1, slot, &mut back).unwrap();
+                assert_eq!(back[0], 10 + slot as u64);
+                start.elapsed()
+            };
+            let mine = access(0);
+            let other = std::thread::scope(|s| s.spawn(|| access(1)).join().unwrap());
+            c.send(vec![0u8], 1, 901).unwrap();
+            // A hang guard (the flush's own deadline is 60 s); served, each takes milliseconds.
+            for (who, took) in [("the rank's thread", mine), ("a second thread", other)] {
+                assert!(took < std::time::Duration::from_secs(10), "{who}: first put, flush and get on the parked rank took {took:?}");
+            }
+        }
+        barrier(c);
+        let mut mine = [0u64; 4];
+        w.read_local(0, &mut mine).unwrap();
+        assert_eq!(mine, if me == 1 { [10, 11, 0, 0] } else { [0; 4] });
+        w.free().unwrap();
+    });
+}
+
+/// Ranks that drop a window as soon as they created it (an error right after the creation,
+/// as a table whose lock refuses its shape) do not hold up the ranks still creating it:
+/// window creation reaches the peers' RMA target endpoints through a region each rank keeps
+/// for its lifetime, never through the new window's parts, which a peer may have removed
+/// already. (On `tcp;ofi_rxm` a read of a removed registration is never answered, and each
+/// creation waited out the reaching flush's deadline.) Then a window in use.
+#[test]
+fn windows_dropped_at_once_do_not_hold_up_their_creation() {
+    on_ranks(2, "windows dropped at once", |me, c| {
+        for round in 0..4 {
+            let start = std::time::Instant::now();
+            drop(c.window::<u64>(2).unwrap());
+            let took = start.elapsed();
+            // A hang guard (the flush's deadline is 60 s); each creation takes milliseconds.
+            assert!(took < std::time::Duration::from_secs(10), "rank {me}: creation {round} took {took:?}");
+        }
+        let w: Window<'_, u64> = c.window(2).unwrap();
+        w.put(1 - me, 0, &[u64::from(me) + 7]).unwrap();
+        w.flush(1 - me).unwrap();
+        barrier(c);
+        let mut mine = [0u64; 1];
+        w.read_local(0, &mut mine).unwrap();
+        assert_eq!(mine[0], u64::from(1 - me) + 7);
+        w.free().unwrap();
+    });
+}
+
 #[test]
 fn a_window_of_a_communicator_whose_ranks_differ_from_the_world_targets_its_own_ranks() {
     // Ranks reversed: rank r of `rev` is world rank 2 - r.
