@@ -494,7 +494,9 @@ impl Central {
             }
             gone()?;
             match armed {
-                Some(armed) => armed.wait(&mut backoff).await,
+                Some(armed) => {
+                    armed.wait(&mut backoff).await;
+                }
                 None => backoff.snooze().await,
             }
         }

@@ -10,10 +10,13 @@
 //! spin waits for; a wait that reads two words (the writer's drain, the reader's barrier)
 //! is a loop of steps. Every process is a writer or a reader and acquires the lock a fixed
 //! number of times. The spin for the hand-off is the libfabric one: after a poll that
-//! failed, the waiter marks its STATUS parked (a compare-and-swap) and parks, and then moves
-//! only once a wake frame came; a hand-off is an atomic swap of STATUS that sends the frame
-//! if it replaced the mark (`Queues::pass`). A lost wake-up is then a state that cannot
-//! finish, and a frame to a process that is not parked, or a second one, fails the check.
+//! failed, the waiter marks its predecessor's NEXT parked (a compare-and-swap of its node to
+//! its node and `NEXT_PARKED`) and, if the mark took, parks, and then moves only once a wake
+//! frame came; if it did not (the word was claimed), it polls STATUS. A hand-off is a put of
+//! STATUS, then the claim of the node's NEXT (an atomic or of `NEXT_PASSED`), which sends
+//! the frame if it found the mark (`Queues::pass`, beyond the listing 7 of `queues.rs`). A
+//! lost wake-up is then a state that cannot finish, and a frame to a process that is not
+//! parked, or a second one, fails the check.
 //!
 //! The explorer visits every reachable state once (breadth first, states hashed). It
 //! checks in each state that at most one writer, and no reader beside a writer, is in the
@@ -33,7 +36,7 @@
 use std::collections::{HashMap, VecDeque};
 
 use super::levels::Machine;
-use super::queues::{Layout, ACQUIRE_PARENT, ACQUIRE_START, MODE_CHANGE, PARKED, WAIT, WRITE};
+use super::queues::{Layout, ACQUIRE_PARENT, ACQUIRE_START, MODE_CHANGE, NEXT_NODE, NEXT_PARKED, NEXT_PASSED, WAIT, WRITE};
 
 /// The most levels a model has.
 const MAXL: usize = 3;
@@ -57,9 +60,11 @@ enum Mutation {
     /// A writer marks the counters WRITE but does not wait for the readers inside to leave
     /// (beyond the listing, 2).
     WriterSkipsDrain,
-    /// A hand-off reads its successor's STATUS, then puts the status in a second step, and
-    /// sends the wake frame if the read found the word marked parked (not one atomic swap).
-    PassReadsThenPuts,
+    /// A hand-off reads its node's NEXT (a get) instead of claiming it (an atomic that marks
+    /// it passed), and sends the wake frame if the read found the parked mark.
+    PassReadsMark,
+    /// A hand-off sends the wake frame whether or not its claim found the parked mark.
+    PassAlwaysWakes,
 }
 
 /// Where a process is: the next step it takes.
@@ -74,10 +79,14 @@ enum Pc {
     SwapTail,
     LinkPred,
     SpinStatus,
-    /// The check that marks STATUS parked (compare-and-swap `WAIT` to `PARKED`).
+    /// The mark of the predecessor's NEXT (compare-and-swap of its node to its node and
+    /// `NEXT_PARKED`).
     MarkParked,
     /// Parked: moves only once a wake frame came (and takes it).
     Parked,
+    /// Polls STATUS, with no frame to come (the mark found the word claimed, or the frame
+    /// came): enabled once STATUS is not `WAIT`.
+    PollStatus,
     GetOwners,
     AcqParent,
     MarkWrite,
@@ -95,8 +104,8 @@ enum Pc {
     LeaveCas,
     LeaveSpin,
     LeavePut,
-    /// [`Mutation::PassReadsThenPuts`]: the put after the read.
-    LeaveLatePut,
+    /// The claim of the node's NEXT after the put of a hand-off, and its frame.
+    Claim,
     // reset_counter (Listing 6).
     ResetArrive,
     ResetDepart,
@@ -189,6 +198,8 @@ struct Outcome {
     frames_sent: usize,
     /// Steps in which a waiter's poll (before any mark) saw the hand-off.
     polled: usize,
+    /// Steps in which a waiter's mark found its predecessor's NEXT already claimed.
+    claimed_first: usize,
 }
 
 impl Model {
@@ -329,18 +340,13 @@ impl Model {
                 mem[self.at(p.v - 1, Layout::next(l))] = me + 1;
                 p.pc = Pc::SpinStatus;
             }
-            Pc::SpinStatus | Pc::MarkParked => {
-                let w = self.at(me, Layout::status(l));
-                let status = mem[w];
-                if p.pc == Pc::MarkParked && status == WAIT {
-                    mem[w] = PARKED;
-                }
-                if status == WAIT || status == PARKED {
-                    // A polled word is polled again (a step that changes nothing); one that
-                    // spins long enough is marked, and its waiter parks.
-                    if p.pc == Pc::MarkParked {
-                        p.pc = Pc::Parked;
-                        return Some(s);
+            Pc::SpinStatus | Pc::PollStatus => {
+                let status = mem[self.at(me, Layout::status(l))];
+                if status == WAIT {
+                    // A word polled after the mark failed, or after the frame, waits for the
+                    // put; one that spins is marked once it polled.
+                    if p.pc == Pc::PollStatus {
+                        return None;
                     }
                     p.pc = Pc::MarkParked;
                     return Some(s);
@@ -356,12 +362,22 @@ impl Model {
                     Pc::AcqParent
                 };
             }
+            Pc::MarkParked => {
+                // `p.v` is the predecessor (`SwapTail`).
+                let w = self.at(p.v - 1, Layout::next(l));
+                if mem[w] == me + 1 {
+                    mem[w] |= NEXT_PARKED;
+                    p.pc = Pc::Parked;
+                } else {
+                    p.pc = Pc::PollStatus;
+                }
+            }
             Pc::Parked => {
                 if frames[i] == 0 {
                     return None;
                 }
                 frames[i] -= 1;
-                p.pc = Pc::MarkParked;
+                p.pc = Pc::PollStatus;
             }
             Pc::GetOwners => {
                 for k in 0..l {
@@ -429,7 +445,7 @@ impl Model {
                 }
             },
             Pc::RelNext => {
-                p.succ[l] = mem[self.at(u64::from(p.held[l]), Layout::next(l))];
+                p.succ[l] = mem[self.at(u64::from(p.held[l]), Layout::next(l))] & NEXT_NODE;
                 p.pc = Pc::RelStatus;
             }
             Pc::RelStatus => {
@@ -450,12 +466,12 @@ impl Model {
                 p.pc = Pc::RelPass;
             }
             Pc::RelPass => {
-                self.pass(mem, frames, p.succ[l] - 1, l, p.v + 1);
-                (p.v, p.succ[l]) = (0, 0);
-                self.leave_below(p, i, l + 1);
+                mem[self.at(p.succ[l] - 1, Layout::status(l))] = p.v + 1;
+                p.v = 0;
+                p.pc = Pc::Claim;
             }
             Pc::RootNextPlain => {
-                p.succ[0] = mem[self.at(u64::from(p.held[0]), Layout::next(0))];
+                p.succ[0] = mem[self.at(u64::from(p.held[0]), Layout::next(0))] & NEXT_NODE;
                 p.stat = ACQUIRE_START + 1;
                 Self::leave(p, 0);
             }
@@ -471,7 +487,7 @@ impl Model {
                 }
             }
             Pc::RootNext => {
-                p.succ[0] = mem[self.at(u64::from(p.held[0]), Layout::next(0))];
+                p.succ[0] = mem[self.at(u64::from(p.held[0]), Layout::next(0))] & NEXT_NODE;
                 if p.succ[0] == 0 && !p.flag {
                     p.stat = MODE_CHANGE;
                     Self::reset_counters(p, Cont::RootLeave);
@@ -492,27 +508,26 @@ impl Model {
                 }
             }
             Pc::LeaveSpin => {
-                let succ = mem[self.at(u64::from(p.held[l]), Layout::next(l))];
+                let succ = mem[self.at(u64::from(p.held[l]), Layout::next(l))] & NEXT_NODE;
                 if succ == 0 {
                     return None;
                 }
                 p.succ[l] = succ;
                 p.pc = Pc::LeavePut;
             }
-            Pc::LeavePut if self.mutation == Mutation::PassReadsThenPuts => {
-                p.d = mem[self.at(p.succ[l] - 1, Layout::status(l))];
-                p.pc = Pc::LeaveLatePut;
-            }
-            Pc::LeavePut | Pc::LeaveLatePut => {
+            Pc::LeavePut => {
                 let status = if l == 0 { p.stat } else { ACQUIRE_PARENT };
-                let to = p.succ[l] - 1;
-                if p.pc == Pc::LeaveLatePut {
-                    mem[self.at(to, Layout::status(l))] = status;
-                    frames[to as usize] += u8::from(p.d == PARKED);
-                    p.d = 0;
-                } else {
-                    self.pass(mem, frames, to, l, status);
+                mem[self.at(p.succ[l] - 1, Layout::status(l))] = status;
+                p.pc = Pc::Claim;
+            }
+            Pc::Claim => {
+                let w = self.at(u64::from(p.held[l]), Layout::next(l));
+                let old = mem[w];
+                if self.mutation != Mutation::PassReadsMark {
+                    mem[w] |= NEXT_PASSED;
                 }
+                let wake = old & NEXT_PARKED != 0 || self.mutation == Mutation::PassAlwaysWakes;
+                frames[(p.succ[l] - 1) as usize] += u8::from(wake);
                 p.succ[l] = 0;
                 self.leave_below(p, i, l + 1);
             }
@@ -611,13 +626,6 @@ impl Model {
         Some(s)
     }
 
-    /// Passes level `l` to `to` with `status` (`Queues::pass`): one atomic swap of its STATUS,
-    /// and a wake frame if the swap replaced the parked mark.
-    fn pass(&self, mem: &mut [u64], frames: &mut [u8], to: u64, l: usize, status: u64) {
-        let old = std::mem::replace(&mut mem[self.at(to, Layout::status(l))], status);
-        frames[to as usize] += u8::from(old == PARKED);
-    }
-
     /// Whether a wake frame went where no parked waiter takes it: more than one frame to a
     /// process, or one to a process that is not parked (the frame of a hand-off is sent
     /// exactly to a waiter that marked its word and parks).
@@ -640,7 +648,7 @@ impl Model {
         let mut edges: Vec<(u32, u32)> = Vec::new();
         let mut terminal: Vec<u32> = Vec::new();
         let mut queue = VecDeque::new();
-        let (mut frames_sent, mut polled) = (0, 0);
+        let (mut frames_sent, mut polled, mut claimed_first) = (0, 0, 0);
         ids.insert(init.clone(), 0);
         states.push(init);
         queue.push_back(0u32);
@@ -652,6 +660,7 @@ impl Model {
             for i in 0..s.procs.len() {
                 let Some(t) = self.step(&s, i) else { continue };
                 polled += usize::from(s.procs[i].pc == Pc::SpinStatus && !matches!(t.procs[i].pc, Pc::MarkParked));
+                claimed_first += usize::from(s.procs[i].pc == Pc::MarkParked && t.procs[i].pc == Pc::PollStatus);
                 let next = match ids.get(&t) {
                     Some(&n) => n,
                     None => {
@@ -660,7 +669,15 @@ impl Model {
                             let pcs: Vec<String> = t.procs.iter().zip(&self.roles).map(|(p, r)| format!("{r:?} {:?}", p.pc)).collect();
                             let at = Some(format!("{}, frames {:?}", pcs.join(", "), t.frames));
                             let (exclusion_broken, frame_astray) = if broken { (at, None) } else { (None, at) };
-                            return Outcome { states: states.len(), exclusion_broken, stuck: 0, frame_astray, frames_sent, polled };
+                            return Outcome {
+                                states: states.len(),
+                                exclusion_broken,
+                                stuck: 0,
+                                frame_astray,
+                                frames_sent,
+                                polled,
+                                claimed_first,
+                            };
                         }
                         frames_sent += usize::from(t.frames.iter().any(|&f| f > 0));
                         let n = states.len() as u32;
@@ -691,7 +708,7 @@ impl Model {
             }
         }
         let stuck = finishes.iter().filter(|&&f| !f).count();
-        Outcome { states: states.len(), exclusion_broken: None, stuck, frame_astray: None, frames_sent, polled }
+        Outcome { states: states.len(), exclusion_broken: None, stuck, frame_astray: None, frames_sent, polled, claimed_first }
     }
 }
 
@@ -739,29 +756,39 @@ fn d_mcs_excludes_and_never_deadlocks() {
     holds(&d_mcs(3, 2, Mutation::None), "D-MCS, 3 writers");
 }
 
-/// The hand-off's wake frame, with the parked mark (`Queues::pass`, `Queues::wait_status`):
-/// over every interleaving of the waiter's polls, its mark and the passer's swap, a frame
-/// goes to a waiter exactly when it marked its word and parks, one frame a wait (checked in
-/// every state by [`holds`]), and a parked waiter, which moves only once its frame came, is
-/// never left waiting (no lost wake-up). Both ways are reached: hand-offs the waiter saw
-/// while it polled (no frame) and hand-offs to a parked waiter.
+/// The hand-off's wake frame, with the parked mark in the predecessor's NEXT
+/// (`Queues::pass`, `Queues::wait_status`): over every interleaving of the waiter's polls,
+/// its mark, and the passer's put and claim, a frame goes to a waiter exactly when it marked
+/// the word before the claim and parks, one frame a wait (checked in every state by
+/// [`holds`]), and a parked waiter, which moves only once its frame came, is never left
+/// waiting (no lost wake-up). Every way is reached: hand-offs the waiter saw while it polled
+/// (no frame), marks that found the word claimed (no frame; STATUS polled), and hand-offs to
+/// a parked waiter.
 #[test]
 fn the_hand_offs_wake_frame_goes_to_a_parked_waiter_exactly_once() {
     let m = d_mcs(2, 2, Mutation::None);
     let o = m.explore(LIMIT);
     assert!(o.frames_sent > 0, "no hand-off to a parked waiter: {o:?}");
     assert!(o.polled > 0, "no hand-off seen while polling: {o:?}");
+    assert!(o.claimed_first > 0, "no mark after the claim: {o:?}");
     holds(&rma_mcs(&[2], 3, &[1, 2], 1), "RMA-MCS, 2 levels, one round");
     holds(&rma_rw(&[], &[W, W], &[1], 1, 1, 2, Mutation::None), "RMA-RW, 2 writers, T_W 1");
 }
 
-/// The mark read in one step and the put in another: a waiter that marks between the two
-/// is passed the lock without a frame, and stays parked.
+/// The mark read with a get, not claimed: a waiter that marks after the read (and after the
+/// put) is passed the lock without a frame, and stays parked.
 #[test]
-fn a_hand_off_that_reads_the_mark_then_puts_loses_a_wake_up() {
-    let o = d_mcs(2, 2, Mutation::PassReadsThenPuts).explore(LIMIT);
+fn a_hand_off_that_reads_the_mark_without_claiming_it_loses_a_wake_up() {
+    let o = d_mcs(2, 2, Mutation::PassReadsMark).explore(LIMIT);
     assert_eq!(o.exclusion_broken, None);
     assert!(o.stuck > 0, "a parked waiter passed the lock without a frame waits forever: {o:?}");
+}
+
+/// A frame on every hand-off goes to waiters that saw the hand-off while they polled.
+#[test]
+fn a_hand_off_that_always_wakes_sends_a_frame_astray() {
+    let o = d_mcs(2, 2, Mutation::PassAlwaysWakes).explore(LIMIT);
+    assert!(o.frame_astray.is_some(), "{o:?}");
 }
 
 #[test]
@@ -848,7 +875,8 @@ mod real {
     struct Memory {
         words: Vec<AtomicU64>,
         per_rank: usize,
-        /// Whether a waiter marks its STATUS and parks on the hand-off's wake frame.
+        /// Whether a waiter marks its predecessor's NEXT and parks on the hand-off's wake
+        /// frame.
         frames: bool,
         /// The steps after which a parked waiter checks its word without a frame (its
         /// `WAKE_CHECK`); `u32::MAX`: never, so a lost wake-up leaves it parked.
@@ -1010,7 +1038,7 @@ mod real {
         /// Every `every`-th acquisition of a process writes (shifted by the process).
         pub(super) every: u32,
         pub(super) rounds: u32,
-        /// A waiter marks its STATUS and parks on the hand-off's wake frame (libfabric);
+        /// A waiter marks its predecessor's NEXT and parks on the hand-off's wake frame (libfabric);
         /// else it polls (the embedded provider's waits, which listen, are steps here).
         pub(super) frames: bool,
     }
@@ -1121,7 +1149,7 @@ mod real {
 
 /// The code of `queues.rs` itself under random schedules of 4-8 processes: RMA-RW with
 /// roles that change, one counter and several, one level and two; RMA-MCS and D-MCS; most
-/// with the waiters of hand-offs marking their STATUS and parking on the wake frame as on
+/// with the waiters of hand-offs marking their predecessor's NEXT and parking on the wake frame as on
 /// libfabric (a lost wake-up leaves a process parked, a walk that does not finish; a second
 /// frame to a wait, or one left queued, fails too), two polling as elsewhere. The
 /// schedules are the same at every run (fixed seeds): 30 walks per lock in a debug build,

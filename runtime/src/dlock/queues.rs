@@ -45,9 +45,23 @@
 //!    ARRIVE then DEPART between the two would count fewer readers than are inside: it
 //!    entered beside one, about once in 10^5 acquisitions of 8 ranks. A reset therefore
 //!    subtracts `max(DEPART, 0)`; the departures still to come bring DEPART back above zero.
+//! 7. **The parked mark is in the predecessor's NEXT.** Where the window signals no writes
+//!    (libfabric), a waiter that is about to park on the hand-off's wake frame says so where
+//!    the passer reads it: in the NEXT word it linked itself into (Listing 4, line 9;
+//!    Listing 2, line 9), not in its own STATUS. Listing 3's (and Listing 5's, Listing 8's)
+//!    `Put(status, succ, STATUS); Flush(succ)` stays a put, which on `shm` completes when
+//!    queued, without waiting for the successor's process; the passer then sets NEXT's
+//!    PASSED mark with one atomic on the node's word (its own memory where it owns the node)
+//!    and sends the frame only if that found the PARKED mark. The waiter marks with a
+//!    compare-and-swap of NEXT from its node to its node and PARKED, after its receive of
+//!    the frame is posted. Mark and claim are atomics on one word, so one comes first: if
+//!    the mark does, the claim finds it and the frame comes (exactly one, to a wait that
+//!    waits for it); if the claim does, the mark fails, no frame comes, and the waiter
+//!    polls STATUS, which the put before the claim wrote. See [`Queues::wait_status`],
+//!    [`Queues::pass`].
 //!
 //! Each rank's part of the window: for each level `l` (0 is level 1, the machine) NEXT,
-//! STATUS, TAIL at `3l..3l+3`; the OWNER words at `3N..4N`; ARRIVE and DEPART at `4N` and
+//! STATUS, TAIL at `3l..3l+3` (NEXT's two high bits are the marks of 7); the OWNER words at `3N..4N`; ARRIVE and DEPART at `4N` and
 //! `4N + 1`. Ranks are stored as `rank + 1` (0 is the listings' `∅`). Then the watchers
 //! words of the wake frames where the window signals no writes (libfabric; [`Wakes`]: not
 //! the listings' words, and the protocol never reads them): a counter's waiting readers at
@@ -80,6 +94,11 @@ macro_rules! until {
     };
     // Armed by `$arm`, an expression of the polls so far, `$backoff`.
     ($q:expr, $backoff:ident => $arm:expr, $check:expr) => {{
+        let mut _woken = false;
+        until!($q, $backoff => $arm, $check, _woken)
+    }};
+    // `$woken` is set after each wait: whether a wake frame ended it ([`Armed::wait`]).
+    ($q:expr, $backoff:ident => $arm:expr, $check:expr, $woken:ident) => {{
         let mut $backoff = Backoff::new();
         loop {
             let armed = $arm;
@@ -90,7 +109,7 @@ macro_rules! until {
             if let Some(rank) = $q.window.lost() {
                 return Err(Error::PeerLost { rank });
             }
-            armed.wait(&mut $backoff).await;
+            $woken = armed.wait(&mut $backoff).await;
         }
     }};
 }
@@ -124,7 +143,7 @@ pub(super) trait Words: Send + Sync {
     async fn pause(&self);
     /// The window itself, where these are a window's words (wake frames need one).
     fn as_window(&self) -> Option<&Window<'_, u64>>;
-    /// Whether a hand-off's waiter parks on a wake frame (and marks its STATUS first,
+    /// Whether a hand-off's waiter parks on a wake frame (and marks its predecessor's NEXT first,
     /// [`Queues::wait_status`]): where the queues have wake frames, `wakes`.
     fn frames(&self, wakes: Option<&Wakes>) -> bool;
     /// Arms the next wait for the wake frame with tag `tag` after the polls `backoff`
@@ -214,9 +233,14 @@ const NEXT_SLOT: usize = 2;
 
 /// STATUS: spin (the listings' `WAIT`).
 pub(super) const WAIT: u64 = u64::MAX;
-/// STATUS: `WAIT`, and the waiter parks on the hand-off's wake frame (where the window
+/// NEXT: the successor it names parks on the hand-off's wake frame (where the window
 /// signals no writes; [`Queues::pass`] sends the frame only then). Not the listings'.
-pub(super) const PARKED: u64 = u64::MAX - 3;
+pub(super) const NEXT_PARKED: u64 = 1 << 62;
+/// NEXT: the lock was passed to the successor it names (its STATUS written). Not the
+/// listings'.
+pub(super) const NEXT_PASSED: u64 = 1 << 63;
+/// The rank's node in a NEXT word, without the marks.
+pub(super) const NEXT_NODE: u64 = NEXT_PARKED - 1;
 /// STATUS: acquire the parent level (§3.2.3).
 pub(super) const ACQUIRE_PARENT: u64 = u64::MAX - 1;
 /// STATUS at level 1: the lock went to the readers; take it back from them (§3.3.3).
@@ -255,6 +279,20 @@ enum Attempt {
     Again,
     /// A writer has the lock or `T_R` was reached: wait until the counter is reset.
     Wait,
+}
+
+/// Where a hand-off's waiter stands with its parked mark ([`Queues::wait_status`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Mark {
+    /// Not marked (still polling, or the receive of the frame not yet posted).
+    Unmarked,
+    /// Marked by this check.
+    JustMarked,
+    /// Marked before the passer's claim: the frame comes, and the wait takes it.
+    Marked,
+    /// The mark found the word claimed (or reset), or the frame came: STATUS is written,
+    /// and polled.
+    Passed,
 }
 
 /// Where a lock's words are in each rank's part of its window, for `N` levels (module
@@ -380,6 +418,12 @@ impl<W: Words> Queues<W> {
         Ok(v[0])
     }
 
+    /// `rank`'s NEXT at level `l` (`Get(rank, NEXT)`): the node it names, without the marks
+    /// of the hand-off (beyond the listing, 7).
+    async fn get_next(&self, rank: u32, l: usize) -> Result<u64, Error> {
+        Ok(self.get(rank, Layout::next(l)).await? & NEXT_NODE)
+    }
+
     /// The listings' `Put(value, rank, offset); Flush(rank)`.
     async fn put(&self, rank: u32, offset: usize, value: u64) -> Result<(), Error> {
         self.window.put(rank, offset, &[value]).await
@@ -412,7 +456,7 @@ impl<W: Words> Queues<W> {
         let next = until!(
             self,
             backoff => self.arm_watched(&backoff, &mut watching, watch, [(rank, offset)])?,
-            Some(self.get(rank, offset).await?).filter(|&v| v != 0)
+            Some(self.get(rank, offset).await? & NEXT_NODE).filter(|&v| v != 0)
         );
         drop(watching);
         Ok(next)
@@ -446,56 +490,82 @@ impl<W: Words> Queues<W> {
     }
 
     /// Waits until this rank's STATUS at level `l` is no longer `WAIT` (the listings' spin
-    /// for the hand-off); returns it. Where the window signals no writes, the waiter, once
-    /// its first polls failed, posts the receive of the hand-off's wake frame and *marks*
-    /// the word parked before each check: its check is the compare-and-swap of `WAIT` to
-    /// [`PARKED`], which returns the word (see [`pass`](Self::pass) for why no wake-up is
-    /// lost, and why exactly one frame comes to a marked word). A hand-off its polls saw
-    /// sends no frame, and leaves none to consume.
-    async fn wait_status(&self, l: usize) -> Result<u64, Error> {
+    /// for the hand-off); returns it. `pred` is the rank whose NEXT at `l` this rank linked
+    /// itself into. Where the window signals no writes, the waiter, once its first polls
+    /// failed, posts the receive of the hand-off's wake frame and *marks* that NEXT parked
+    /// (beyond the listing, 7): a compare-and-swap of its node to its node and
+    /// [`NEXT_PARKED`]. If the word still held its node, the passer has not claimed it yet,
+    /// and its claim will find the mark and send the frame: the waiter waits until the frame
+    /// came (a check of the word that ends its park, a task's every `WAKE_CHECK`, a thread's
+    /// every `WAKE_ALARM`, waits on), then reads STATUS, so the frame is never left for a
+    /// later wait. Otherwise the lock was passed (the word has [`NEXT_PASSED`], or its owner
+    /// reset it for a later acquisition) and no frame comes: the waiter polls STATUS, which
+    /// the passer wrote before its claim. A hand-off its polls saw sends no frame.
+    async fn wait_status(&self, l: usize, pred: u32) -> Result<u64, Error> {
         let (p, offset) = (self.me(), Layout::status(l));
-        // Whether the receive of the frame is posted (the next check marks), and whether a
-        // check marked the word.
-        let (mut receiving, mut marked);
-        marked = false;
+        // Whether the receive of the frame is posted (the next check marks, while `mark`
+        // is `Unmarked`), where the mark stands, and whether a frame ended the last wait.
+        let (mut receiving, mut mark, mut woken);
+        (mark, woken) = (Mark::Unmarked, false);
         let status = until!(self, backoff => {
-            let frame = self.window.arm_frame(self.wakes.as_ref(), &backoff, offset);
+            if mark == Mark::Marked && woken {
+                mark = Mark::Passed;
+            }
+            let frame = if mark == Mark::Passed { None } else { self.window.arm_frame(self.wakes.as_ref(), &backoff, offset) };
             receiving = frame.is_some();
             frame.unwrap_or_else(|| self.window.arm(&backoff, [(p, offset)]))
         }, {
-            let status = if receiving {
-                marked = true;
-                self.window.compare_and_swap(p, offset, WAIT, PARKED).await?
-            } else {
-                self.get(p, offset).await?
-            };
-            Some(status).filter(|&s| s != WAIT && s != PARKED)
-        });
-        // A marked word got one frame: if it came after the check that saw the hand-off (a
-        // task's check every `WAKE_CHECK`, a thread's every `WAKE_ALARM`), it is nobody's:
-        // one wait on the word is this rank's at a time.
-        if marked {
-            self.window.drain(self.wakes.as_ref(), offset);
-        }
+            let me = node(p);
+            if receiving && mark == Mark::Unmarked {
+                let old = self.window.compare_and_swap(pred, Layout::next(l), me, me | NEXT_PARKED).await?;
+                mark = if old == me { Mark::JustMarked } else { Mark::Passed };
+            }
+            match mark {
+                // Its frame comes after STATUS is written.
+                Mark::JustMarked => {
+                    mark = Mark::Marked;
+                    None
+                }
+                // A park that ended without the frame: STATUS may be written (the passer
+                // not yet at its claim, or lost before it). Then the mark is taken back,
+                // and if the claim came first, its frame is consumed.
+                Mark::Marked => match self.get(p, offset).await? {
+                    WAIT => None,
+                    status => {
+                        // A failure (the passer lost) leaves no frame to come.
+                        let taken_back = self.window.compare_and_swap(pred, Layout::next(l), me | NEXT_PARKED, me).await;
+                        if taken_back.is_ok_and(|old| old != me | NEXT_PARKED) {
+                            self.window.drain(self.wakes.as_ref(), offset);
+                        }
+                        Some(status)
+                    }
+                },
+                _ => Some(self.get(p, offset).await?).filter(|&s| s != WAIT),
+            }
+        }, woken);
         Ok(status)
     }
 
-    /// Passes level `l` to the waiting `to`: the listings' `Put(status, to, STATUS);
-    /// Flush(to)`. Where the window signals no writes, the put is an atomic swap, and only
-    /// a swap that replaced [`PARKED`] sends the wake frame `to` parks on
-    /// ([`wait_status`](Self::wait_status)). No wake-up is lost: the waiter posts its
-    /// receive before it marks, and its mark and this swap are atomics on one word, so one
-    /// of them comes first. If the mark does, the swap finds it and sends the frame, which
-    /// the posted receive (or a later one of that wait) takes; if the swap does, the mark's
-    /// compare-and-swap returns the status, and the waiter does not park. The swap replaces
-    /// the mark, so one frame at most goes to a wait: the waiter's next check returns the
-    /// status. (The embedded provider's put wakes the word's listeners itself.)
-    async fn pass(&self, to: u32, l: usize, status: u64) -> Result<(), Error> {
+    /// Passes level `l`, held on `o`'s node, to the waiting `to`: the listings' `Put(status,
+    /// to, STATUS); Flush(to)`. Where the window signals no writes, the passer then claims
+    /// `o`'s NEXT (an atomic or of [`NEXT_PASSED`]) and sends the wake frame `to` parks on
+    /// only if the claim found [`NEXT_PARKED`] (beyond the listing, 7). No wake-up is lost:
+    /// the waiter posts its receive before it marks, and its mark and this claim are atomics
+    /// on one word, so one of them comes first. If the mark does, the claim finds it and
+    /// sends the frame, which the posted receive (or a later one of that wait) takes; if the
+    /// claim does, the mark's compare-and-swap fails, and the waiter polls STATUS, written
+    /// before the claim, and does not park. One frame at most goes to a wait (it marks
+    /// once), and a wait that marked in time waits for it.
+    /// The put does not wait for `to`'s process (on `shm`, it completes when queued); the
+    /// claim is on `o`'s word, this rank's own unless the node was inherited. (The embedded
+    /// provider's put wakes the word's listeners itself.)
+    async fn pass(&self, o: u32, to: u32, l: usize, status: u64) -> Result<(), Error> {
         let offset = Layout::status(l);
+        self.put(to, offset, status).await?;
         if !self.window.frames(self.wakes.as_ref()) {
-            return self.put(to, offset, status).await;
+            return Ok(());
         }
-        if self.window.fetch_and_op(to, offset, status, Op::Replace).await? == PARKED {
+        if self.window.fetch_and_op(o, Layout::next(l), NEXT_PASSED, Op::BitOr).await? & NEXT_PARKED != 0 {
             self.window.wake(self.wakes.as_ref(), to, offset)?;
         }
         Ok(())
@@ -517,7 +587,7 @@ impl<W: Words> Queues<W> {
                 // Lines 8-12: make pred see us, wait until it passes the lock.
                 self.put(rank_of(pred), Layout::next(l), node(p)).await?;
                 self.notify(rank_of(pred), Layout(n).next_watch(l))?;
-                let status = self.wait_status(l).await?;
+                let status = self.wait_status(l, rank_of(pred)).await?;
                 if l == 0 {
                     // Listing 7, lines 14-17: the readers have the lock; take it back.
                     if status == MODE_CHANGE {
@@ -565,7 +635,7 @@ impl<W: Words> Queues<W> {
             if self.window.compare_and_swap(self.machine.tail_rank(l, p), Layout::tail(l), 0, node(p)).await? != 0 {
                 // Leave the levels below, from the top down (as Listing 5 does).
                 for j in l + 1..n {
-                    let next = self.get(p, Layout::next(j)).await?;
+                    let next = self.get_next(p, j).await?;
                     self.leave(j, p, next, ACQUIRE_PARENT).await?;
                 }
                 return Ok(false);
@@ -583,10 +653,10 @@ impl<W: Words> Queues<W> {
             if !drained {
                 // Give the lock back to the readers (Listing 8 with the counters reset).
                 self.reset_counters().await?;
-                let next = self.get(p, Layout::next(0)).await?;
+                let next = self.get_next(p, 0).await?;
                 self.leave(0, p, next, MODE_CHANGE).await?;
                 for j in 1..n {
-                    let next = self.get(p, Layout::next(j)).await?;
+                    let next = self.get_next(p, j).await?;
                     self.leave(j, p, next, ACQUIRE_PARENT).await?;
                 }
                 return Ok(false);
@@ -608,14 +678,14 @@ impl<W: Words> Queues<W> {
         for l in (1..n).rev() {
             // Listing 5, lines 3-9.
             let o = held[l];
-            succ[l] = self.get(o, Layout::next(l)).await?;
+            succ[l] = self.get_next(o, l).await?;
             let status = self.get(o, Layout::status(l)).await?;
             if succ[l] != 0 && status < self.t_l[l] {
                 // Beyond the listing (1): name the nodes of the levels above first.
                 let to = rank_of(succ[l]);
                 let owners: Vec<u64> = held[..l].iter().map(|&r| node(r)).collect();
                 self.window.put(to, self.owners(), &owners).await?;
-                self.pass(to, l, status + 1).await?;
+                self.pass(o, to, l, status + 1).await?;
                 top = l;
                 break;
             }
@@ -633,7 +703,7 @@ impl<W: Words> Queues<W> {
     /// Releases level 1 on `o`'s node: Listing 8 (RMA-RW) or Listing 3 (RMA-MCS).
     async fn root_release(&self, o: u32) -> Result<(), Error> {
         let Some(c) = self.counters else {
-            let succ = self.get(o, Layout::next(0)).await?;
+            let succ = self.get_next(o, 0).await?;
             return self.leave(0, o, succ, ACQUIRE_START + 1).await;
         };
         // Listing 8, lines 2-8.
@@ -645,7 +715,7 @@ impl<W: Words> Queues<W> {
             counters_reset = true;
         }
         // Lines 9-13.
-        let succ = self.get(o, Layout::next(0)).await?;
+        let succ = self.get_next(o, 0).await?;
         if succ == 0 && !counters_reset {
             self.reset_counters().await?;
             next_stat = MODE_CHANGE;
@@ -665,7 +735,7 @@ impl<W: Words> Queues<W> {
             }
             succ = self.wait_next(l, o).await?;
         }
-        self.pass(rank_of(succ), l, status).await
+        self.pass(o, rank_of(succ), l, status).await
     }
 
     /// `set_counters_to_WRITE` (Listing 6, lines 2-7), then (beyond the listing, 2) the wait
@@ -915,17 +985,18 @@ mod tests {
             let before = waits_here();
             for _ in 0..50 {
                 block_on(q.put(0, Layout::status(0), WAIT)).unwrap();
-                block_on(q.pass(0, 0, ACQUIRE_START)).unwrap();
-                assert_eq!(block_on(q.wait_status(0)).unwrap(), ACQUIRE_START);
+                block_on(q.pass(0, 0, 0, ACQUIRE_START)).unwrap();
+                assert_eq!(block_on(q.wait_status(0, 0)).unwrap(), ACQUIRE_START);
             }
             (waits_here().since(before).frames, q.take_queued_wakes())
         });
         assert_eq!((sent, queued), (0, 0), "wake frames sent and queued after 50 hand-offs seen while polling");
     }
 
-    /// A waiter that parked (its word marked) gets exactly one wake frame from the
-    /// hand-off, which ends its park, and none is left queued: on `shm`, rank 1 waits for
-    /// its STATUS; rank 0 passes it once the word is marked.
+    /// A waiter that parked (its predecessor's NEXT marked) gets exactly one wake frame
+    /// from the hand-off, which ends its park, and none is left queued: on `shm`, rank 1,
+    /// linked into rank 0's NEXT, waits for its STATUS; rank 0 passes it once its NEXT is
+    /// marked, reading its own word.
     #[cfg(feature = "ofi")]
     #[test]
     fn a_parked_waiter_gets_one_wake_frame() {
@@ -934,9 +1005,10 @@ mod tests {
                 let waiter = s.spawn(|| {
                     let lock = crate::dlock::DMcs::new(rts[1].world(), 0).unwrap();
                     block_on(lock.q.put(1, Layout::status(0), WAIT)).unwrap();
+                    block_on(lock.q.put(0, Layout::next(0), node(1))).unwrap();
                     rts[1].world().barrier().unwrap();
                     let before = waits_here();
-                    let status = block_on(lock.q.wait_status(0)).unwrap();
+                    let status = block_on(lock.q.wait_status(0, 0)).unwrap();
                     let waits = waits_here().since(before);
                     rts[1].world().barrier().unwrap();
                     (status, waits, lock.q.take_queued_wakes())
@@ -944,11 +1016,11 @@ mod tests {
                 let lock = crate::dlock::DMcs::new(rts[0].world(), 0).unwrap();
                 rts[0].world().barrier().unwrap();
                 let deadline = std::time::Instant::now() + Duration::from_secs(10);
-                while block_on(lock.q.get(1, Layout::status(0))).unwrap() != PARKED && std::time::Instant::now() < deadline {
+                while block_on(lock.q.get(0, Layout::next(0))).unwrap() != node(1) | NEXT_PARKED && std::time::Instant::now() < deadline {
                     std::thread::sleep(Duration::from_millis(1));
                 }
                 let before = waits_here();
-                block_on(lock.q.pass(1, 0, ACQUIRE_START)).unwrap();
+                block_on(lock.q.pass(0, 1, 0, ACQUIRE_START)).unwrap();
                 let sent = waits_here().since(before).frames;
                 rts[0].world().barrier().unwrap();
                 let (status, waits, queued) = waiter.join().unwrap();
@@ -985,11 +1057,11 @@ mod tests {
 
     /// A hand-off to a parked task wakes it without a nap of the task's: on `shm`, rank 0
     /// passes rank 1's STATUS 30 times, each time once rank 1's task (under an executor of
-    /// its own) marked it parked. The hand-offs' frames keep rank 1 busy, where a parked
-    /// task used to nap, and the hand-off (the swap of STATUS, an atomic rank 1's progress
-    /// serves, then the frame) waited for the naps, and the task's own pass after a nap took
-    /// the frame; the rank's stand-in now progresses while the task is parked, and the
-    /// frame's delivery wakes the task. Every park ends by its frame.
+    /// its own) marked rank 0's NEXT parked. The hand-offs' frames keep rank 1 busy, where a
+    /// parked task used to nap, and the task's own pass after a nap took the frame; the
+    /// rank's stand-in now progresses while the task is parked, and the frame's delivery
+    /// wakes the task (or the task's own pass before it parks takes it: the hand-off waits
+    /// for no progress of rank 1's). Every park ends by its frame, none by a check or nap.
     #[cfg(feature = "ofi")]
     #[test]
     fn a_hand_off_to_a_parked_task_needs_no_nap() {
@@ -1003,7 +1075,8 @@ mod tests {
                     futures::executor::block_on(async {
                         for _ in 0..HAND_OFFS {
                             lock.q.put(1, Layout::status(0), WAIT).await.unwrap();
-                            assert_eq!(lock.q.wait_status(0).await.unwrap(), ACQUIRE_START);
+                            lock.q.put(0, Layout::next(0), node(1)).await.unwrap();
+                            assert_eq!(lock.q.wait_status(0, 0).await.unwrap(), ACQUIRE_START);
                         }
                     });
                     let waits = waits_here().since(before);
@@ -1014,10 +1087,11 @@ mod tests {
                 rts[0].world().barrier().unwrap();
                 let deadline = std::time::Instant::now() + Duration::from_secs(20);
                 for _ in 0..HAND_OFFS {
-                    while block_on(lock.q.get(1, Layout::status(0))).unwrap() != PARKED && std::time::Instant::now() < deadline {
+                    while block_on(lock.q.get(0, Layout::next(0))).unwrap() != node(1) | NEXT_PARKED && std::time::Instant::now() < deadline
+                    {
                         std::thread::yield_now();
                     }
-                    block_on(lock.q.pass(1, 0, ACQUIRE_START)).unwrap();
+                    block_on(lock.q.pass(0, 1, 0, ACQUIRE_START)).unwrap();
                 }
                 rts[0].world().barrier().unwrap();
                 waiter.join().unwrap()
@@ -1025,6 +1099,46 @@ mod tests {
         });
         assert_eq!(waits.wakes, HAND_OFFS, "parks its frame ended: {waits:?}");
         // Under load a hand-off may outlast a check (10 ms), whose pass then takes the frame.
-        assert!(waits.delivered >= HAND_OFFS * 2 / 3, "frames delivered to the parked task by another thread: {waits:?}");
+        assert!(waits.passes <= HAND_OFFS / 3, "parks woken by something else than the frame: {waits:?}");
+    }
+
+    /// A hand-off to a parked waiter waits for no progress of the waiter's process (beyond
+    /// the listing, 7): on `shm`, rank 1 links itself into rank 0's NEXT, marks it parked,
+    /// and makes no progress until rank 0's pass returned; the pass writes its STATUS and
+    /// sends it one frame. (With the parked mark in STATUS, the pass was an atomic on rank
+    /// 1's word, which only rank 1's progress serves.)
+    #[cfg(feature = "ofi")]
+    #[test]
+    fn a_hand_off_waits_for_no_progress_of_the_parked_successor() {
+        let (passed, status, queued) = on_shm(2, "a hand-off to a successor that makes no progress", |rts| {
+            let (tx, rx) = mpsc::channel();
+            std::thread::scope(|s| {
+                let waiter = s.spawn(move || {
+                    let lock = crate::dlock::DMcs::new(rts[1].world(), 0).unwrap();
+                    block_on(lock.q.put(1, Layout::status(0), WAIT)).unwrap();
+                    block_on(lock.q.put(0, Layout::next(0), node(1) | NEXT_PARKED)).unwrap();
+                    rts[1].world().barrier().unwrap();
+                    // No progress of rank 1 until the pass returned (or 10 s went by).
+                    let passed = rx.recv_timeout(Duration::from_secs(10)).is_ok();
+                    let status = block_on(lock.q.get(1, Layout::status(0))).unwrap();
+                    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+                    let mut queued = 0;
+                    while queued == 0 && std::time::Instant::now() < deadline {
+                        queued = lock.q.take_queued_wakes();
+                    }
+                    rts[1].world().barrier().unwrap();
+                    (passed, status, queued)
+                });
+                let lock = crate::dlock::DMcs::new(rts[0].world(), 0).unwrap();
+                rts[0].world().barrier().unwrap();
+                block_on(lock.q.pass(0, 1, 0, ACQUIRE_START)).unwrap();
+                let _ = tx.send(());
+                rts[0].world().barrier().unwrap();
+                waiter.join().unwrap()
+            })
+        });
+        assert!(passed, "the pass waited for the successor's progress");
+        assert_eq!(status, ACQUIRE_START);
+        assert_eq!(queued, 1, "frames to the parked successor");
     }
 }

@@ -424,8 +424,9 @@ impl Drop for Wakes {
 }
 
 impl<const N: usize> Armed<'_, N> {
-    /// Waits as armed (after a check that failed).
-    pub(crate) async fn wait(self, backoff: &mut Backoff) {
+    /// Waits as armed (after a check that failed); returns whether a wake frame ended the
+    /// wait (the frame taken).
+    pub(crate) async fn wait(self, backoff: &mut Backoff) -> bool {
         match self {
             Armed::Snooze => backoff.snooze().await,
             Armed::Yield => {
@@ -438,7 +439,7 @@ impl<const N: usize> Armed<'_, N> {
                 for _ in 0..steps {
                     if mailbox.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1)).is_ok() {
                         count(|w| w.wakes += 1);
-                        return;
+                        return true;
                     }
                     YieldNow(false).await;
                 }
@@ -468,8 +469,10 @@ impl<const N: usize> Armed<'_, N> {
                     // The tasks parked on this leader check the word too.
                     relay.into_iter().for_each(Relay::wake_all);
                 }
+                return woken;
             }
         }
+        false
     }
 }
 
