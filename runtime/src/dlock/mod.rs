@@ -40,9 +40,11 @@
 //!
 //! - a queue node's STATUS (Listings 2, 4, 7: the spin for the hand-off): the rank passing
 //!   the level knows its successor and wakes it, if it parked: a waiter about to park marks
-//!   its STATUS parked (a compare-and-swap, which is also its check), and the passer's put
-//!   is an atomic swap that sends the frame only if it replaced the mark, so a hand-off its
-//!   successor saw while still polling costs no frame, nor its consumption;
+//!   the NEXT it linked itself into parked (a compare-and-swap at its predecessor's rank),
+//!   and the passer, after its put of STATUS, claims that NEXT with an atomic (on its own
+//!   rank's memory unless it inherited the node) that sends the frame only if it found the
+//!   mark, so a hand-off its successor saw while still polling costs no frame, and the
+//!   hand-off waits for no progress of the successor's process;
 //! - a node's NEXT (Listings 3, 5, 8: a releaser waiting for a successor that swapped the
 //!   tail to make itself known), the counters (Listing 9, lines 5-9: readers waiting for a
 //!   reset; Listing 7 with §3.3.3: a writer waiting for the readers to leave), the

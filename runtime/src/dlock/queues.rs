@@ -1105,8 +1105,7 @@ mod tests {
     /// A hand-off to a parked waiter waits for no progress of the waiter's process (beyond
     /// the listing, 7): on `shm`, rank 1 links itself into rank 0's NEXT, marks it parked,
     /// and makes no progress until rank 0's pass returned; the pass writes its STATUS and
-    /// sends it one frame. (With the parked mark in STATUS, the pass was an atomic on rank
-    /// 1's word, which only rank 1's progress serves.)
+    /// sends it one frame.
     #[cfg(feature = "ofi")]
     #[test]
     fn a_hand_off_waits_for_no_progress_of_the_parked_successor() {

@@ -172,8 +172,9 @@ pub(crate) fn arm<'a, const N: usize>(window: &'a Window<'_, u64>, backoff: &Bac
 /// made on, which no user message can match), tagged with the word waited for.
 ///
 /// - A word one known rank waits for (a queue node's STATUS): its writer, once the write is
-///   complete, sends that rank the frame ([`wake`](Self::wake)) if the waiter marked the
-///   word parked (`Queues::pass`: the write is an atomic swap, the mark a compare-and-swap).
+///   complete, sends that rank the frame ([`wake`](Self::wake)) if the waiter marked its
+///   predecessor's NEXT parked (`Queues::pass`: the write is a put, then an atomic claim of
+///   that NEXT; the mark a compare-and-swap of it).
 /// - A word that any of several ranks may wait for, changed by atomics (RMA-RW's counters,
 ///   the foMPI-style locks' word): a *watchers word* at the same rank holds a bit per rank
 ///   that waits. A waiter sets its rank's bit ([`watch`](Self::watch)) before it checks; a
@@ -483,9 +484,8 @@ impl<const N: usize> Armed<'_, N> {
 /// A queue lock's hand-off (`stand_in` given): the task makes one pass of the rank's
 /// progress, then parks on the receive's completion, the rank's doorbell (which a loss
 /// rings) and the check, counted in the rank's [`StandIn`] while parked: the stand-in waits
-/// as a blocked thread of the rank does, so the hand-off (on `shm` the passer's swap of
-/// STATUS, an atomic the task's rank serves, then the wake frame) is served while the task
-/// sleeps, and the frame's delivery wakes the task, whichever thread of the rank made the
+/// as a blocked thread of the rank does, so the hand-off's wake frame is delivered while
+/// the task sleeps, and the delivery wakes the task, whichever thread of the rank made the
 /// pass that delivered it. A task that napped and made a pass of its own after each nap
 /// let every hand-off wait for up to two naps.
 ///
