@@ -84,6 +84,9 @@ enum Pc {
     MarkParked,
     /// Parked: moves only once a wake frame came (and takes it).
     Parked,
+    /// Polls STATUS after a mark that failed with STATUS still `WAIT` (a broken protocol's
+    /// state): enabled once it is not.
+    PollStatus,
     GetOwners,
     AcqParent,
     MarkWrite,
@@ -364,11 +367,18 @@ impl Model {
                     p.pc = Pc::Parked;
                 } else {
                     // Claimed (or reset), so passed: STATUS holds what the passer put, and
-                    // nobody else changes it; the waiter's poll of it is this step's.
+                    // nobody else changes it; the waiter's poll of it is this step's. (Only
+                    // a broken protocol leaves it `WAIT`: then the waiter polls on.)
                     let status = mem[self.at(me, Layout::status(l))];
-                    debug_assert_ne!(status, WAIT, "a claim before its put");
-                    p.pc = self.passed(p, l, status);
+                    p.pc = if status == WAIT { Pc::PollStatus } else { self.passed(p, l, status) };
                 }
+            }
+            Pc::PollStatus => {
+                let status = mem[self.at(me, Layout::status(l))];
+                if status == WAIT {
+                    return None;
+                }
+                p.pc = self.passed(p, l, status);
             }
             Pc::Parked => {
                 if frames[i] == 0 {
