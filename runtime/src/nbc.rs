@@ -966,7 +966,11 @@ impl Direct<'_> {
             let step = self.store.steps.steps[i].clone();
             // Sends first, so that the peers get them a receive's posting earlier (a small
             // collective's messages go eagerly, or by a rendezvous that no send waits for;
-            // `got` keeps their order, the receives' after them).
+            // `got` keeps their order, the receives' after them). A send gone at once (eager,
+            // with room in the peer's inbox) is settled here, its buffer kept for the next
+            // message, and not waited for.
+            let mut settled = Settled::default();
+            let mut waited_sends = 0;
             for k in step.sends.clone() {
                 let out = &self.store.steps.sends[k];
                 let buf = if out.at.len() * size >= LEND_MIN_BYTES {
@@ -981,7 +985,12 @@ impl Direct<'_> {
                 } else {
                     Scratch::copy_from_spare(&mut self.store.spare, bytes_of(&data[out.at.clone()]))
                 };
-                let r = c.isend_on(coll, buf, out.to, tag)?;
+                let mut r = c.isend_on(coll, buf, out.to, tag)?;
+                if r.is_complete() {
+                    settled.take(r.take_parts(), None, size, &mut self.store.spare, |_, _| {});
+                    continue;
+                }
+                waited_sends += 1;
                 // SAFETY: dropped before this call returns (`store.reqs` is left empty), while
                 // the caller's borrow of `comm` holds.
                 self.store.reqs.push(unsafe { crate::request::unbound(r) });
@@ -1008,11 +1017,10 @@ impl Direct<'_> {
             // fast path (no list of results to fill and walk), else from `got`.
             let in_place = self.wait_step(&mut idle)?;
             let DirectStore { steps, reqs, got, spare, .. } = &mut *self.store;
-            let mut settled = Settled::default();
             let n = if in_place { reqs.len() } else { got.len() };
             for j in 0..n {
                 let part = if in_place { reqs[j].take_parts() } else { got[j].take() };
-                let recv = j.checked_sub(step.sends.len()).map(|k| &steps.recvs[step.recvs.start + k]);
+                let recv = j.checked_sub(waited_sends).map(|k| &steps.recvs[step.recvs.start + k]);
                 settled.take(part, recv, size, spare, |inc, b| {
                     // A lent receive landed in place.
                     if !b.is_lent() {
