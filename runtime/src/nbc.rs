@@ -1168,11 +1168,16 @@ const LEND_MIN_BYTES: usize = POOL_MIN_BYTES;
 /// Where in the data receive `inc` of `step` lands by itself, if it is large enough to be
 /// received there directly (as a lent buffer): a single landing that replaces a part no
 /// send of the step reads.
+/// A small one (the most) is told by its length alone.
+#[inline(always)]
 fn in_place_landing(steps: &StepPlan, step: &Step, inc: &Incoming, size: usize) -> Option<usize> {
+    if inc.len * size < LEND_MIN_BYTES {
+        return None;
+    }
     let [Landing { at, then: Then::Replace }] = steps.landings[inc.lands.clone()] else { return None };
     let part = at..at + inc.len;
     let apart = |o: &Outgoing| o.at.end <= part.start || part.end <= o.at.start;
-    (inc.len * size >= LEND_MIN_BYTES && steps.sends[step.sends.clone()].iter().all(apart)).then_some(at)
+    steps.sends[step.sends.clone()].iter().all(apart).then_some(at)
 }
 
 /// Before the requests of a failed step are dropped: where one holds a part of the caller's
