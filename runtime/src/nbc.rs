@@ -914,16 +914,16 @@ impl Settled {
     #[inline(always)]
     fn take(
         &mut self,
-        part: &mut Option<(Scratch<u8>, weft_sync::Outcome)>,
+        b: &mut Scratch<u8>,
+        o: weft_sync::Outcome,
         recv: Option<&Incoming>,
         size: usize,
         spare: &mut Vec<Vec<Unit>>,
         land: impl FnOnce(&Incoming, &Scratch<u8>),
     ) {
         // Read where it lies (a result is nine words), not moved in or out.
-        let Some((b, o)) = part else { return };
         if let Err(e) = o {
-            self.failed.get_or_insert(*e);
+            self.failed.get_or_insert(e);
         } else if let Some(inc) = recv.filter(|_| self.failed.is_none() && !self.mismatch) {
             if b.len() == inc.len * size {
                 land(inc, b);
@@ -986,7 +986,7 @@ impl Direct<'_> {
                 };
                 let mut r = c.isend_on(coll, buf, out.to, tag)?;
                 if r.is_complete() {
-                    settled.take(&mut r.take_parts(), None, size, &mut self.store.spare, |_, _| {});
+                    r.take_parts_with(|b, o| settled.take(b, o, None, size, &mut self.store.spare, |_, _| {}));
                     continue;
                 }
                 waited_sends += 1;
@@ -1018,20 +1018,20 @@ impl Direct<'_> {
             let DirectStore { steps, reqs, got, spare, .. } = &mut *self.store;
             let n = if in_place { reqs.len() } else { got.len() };
             for j in 0..n {
-                let mut taken;
-                let part = if in_place {
-                    taken = reqs[j].take_parts();
-                    &mut taken
-                } else {
-                    &mut got[j]
-                };
                 let recv = j.checked_sub(waited_sends).map(|k| &steps.recvs[step.recvs.start + k]);
-                settled.take(part, recv, size, spare, |inc, b| {
-                    // A lent receive landed in place.
-                    if !b.is_lent() {
-                        land(data, &steps.landings[inc.lands.clone()], b.elems(), combine);
-                    }
-                });
+                let mut settle = |b: &mut Scratch<u8>, o| {
+                    settled.take(b, o, recv, size, spare, |inc, b| {
+                        // A lent receive landed in place.
+                        if !b.is_lent() {
+                            land(data, &steps.landings[inc.lands.clone()], b.elems(), combine);
+                        }
+                    })
+                };
+                if in_place {
+                    reqs[j].take_parts_with(settle);
+                } else if let Some((b, o)) = &mut got[j] {
+                    settle(b, *o);
+                }
             }
             reqs.clear();
             got.clear();
