@@ -914,17 +914,16 @@ impl Settled {
     #[inline(always)]
     fn take(
         &mut self,
-        part: Option<(Scratch<u8>, weft_sync::Outcome)>,
+        b: &mut Scratch<u8>,
+        o: weft_sync::Outcome,
         recv: Option<&Incoming>,
         size: usize,
         spare: &mut Vec<Vec<Unit>>,
         land: impl FnOnce(&Incoming, &Scratch<u8>),
     ) {
-        // Read where it lies (a result is nine words), not moved out first.
-        let mut part = part;
-        let Some((b, o)) = &mut part else { return };
+        // Read where it lies (a result is nine words), not moved in or out.
         if let Err(e) = o {
-            self.failed.get_or_insert(*e);
+            self.failed.get_or_insert(e);
         } else if let Some(inc) = recv.filter(|_| self.failed.is_none() && !self.mismatch) {
             if b.len() == inc.len * size {
                 land(inc, b);
@@ -966,7 +965,11 @@ impl Direct<'_> {
             let step = self.store.steps.steps[i].clone();
             // Sends first, so that the peers get them a receive's posting earlier (a small
             // collective's messages go eagerly, or by a rendezvous that no send waits for;
-            // `got` keeps their order, the receives' after them).
+            // `got` keeps their order, the receives' after them). A send gone at once (eager,
+            // with room in the peer's inbox) is settled here, its buffer kept for the next
+            // message, and not waited for.
+            let mut settled = Settled::default();
+            let mut waited_sends = 0;
             for k in step.sends.clone() {
                 let out = &self.store.steps.sends[k];
                 let buf = if out.at.len() * size >= LEND_MIN_BYTES {
@@ -981,7 +984,12 @@ impl Direct<'_> {
                 } else {
                     Scratch::copy_from_spare(&mut self.store.spare, bytes_of(&data[out.at.clone()]))
                 };
-                let r = c.isend_on(coll, buf, out.to, tag)?;
+                let mut r = c.isend_on(coll, buf, out.to, tag)?;
+                if r.is_complete() {
+                    r.take_parts_with(|b, o| settled.take(b, o, None, size, &mut self.store.spare, |_, _| {}));
+                    continue;
+                }
+                waited_sends += 1;
                 // SAFETY: dropped before this call returns (`store.reqs` is left empty), while
                 // the caller's borrow of `comm` holds.
                 self.store.reqs.push(unsafe { crate::request::unbound(r) });
@@ -1008,17 +1016,22 @@ impl Direct<'_> {
             // fast path (no list of results to fill and walk), else from `got`.
             let in_place = self.wait_step(&mut idle)?;
             let DirectStore { steps, reqs, got, spare, .. } = &mut *self.store;
-            let mut settled = Settled::default();
             let n = if in_place { reqs.len() } else { got.len() };
             for j in 0..n {
-                let part = if in_place { reqs[j].take_parts() } else { got[j].take() };
-                let recv = j.checked_sub(step.sends.len()).map(|k| &steps.recvs[step.recvs.start + k]);
-                settled.take(part, recv, size, spare, |inc, b| {
-                    // A lent receive landed in place.
-                    if !b.is_lent() {
-                        land(data, &steps.landings[inc.lands.clone()], b.elems(), combine);
-                    }
-                });
+                let recv = j.checked_sub(waited_sends).map(|k| &steps.recvs[step.recvs.start + k]);
+                let mut settle = |b: &mut Scratch<u8>, o| {
+                    settled.take(b, o, recv, size, spare, |inc, b| {
+                        // A lent receive landed in place.
+                        if !b.is_lent() {
+                            land(data, &steps.landings[inc.lands.clone()], b.elems(), combine);
+                        }
+                    })
+                };
+                if in_place {
+                    reqs[j].take_parts_with(settle);
+                } else if let Some((b, o)) = &mut got[j] {
+                    settle(b, *o);
+                }
             }
             reqs.clear();
             got.clear();
@@ -1155,11 +1168,16 @@ const LEND_MIN_BYTES: usize = POOL_MIN_BYTES;
 /// Where in the data receive `inc` of `step` lands by itself, if it is large enough to be
 /// received there directly (as a lent buffer): a single landing that replaces a part no
 /// send of the step reads.
+/// A small one (the most) is told by its length alone.
+#[inline(always)]
 fn in_place_landing(steps: &StepPlan, step: &Step, inc: &Incoming, size: usize) -> Option<usize> {
+    if inc.len * size < LEND_MIN_BYTES {
+        return None;
+    }
     let [Landing { at, then: Then::Replace }] = steps.landings[inc.lands.clone()] else { return None };
     let part = at..at + inc.len;
     let apart = |o: &Outgoing| o.at.end <= part.start || part.end <= o.at.start;
-    (inc.len * size >= LEND_MIN_BYTES && steps.sends[step.sends.clone()].iter().all(apart)).then_some(at)
+    steps.sends[step.sends.clone()].iter().all(apart).then_some(at)
 }
 
 /// Before the requests of a failed step are dropped: where one holds a part of the caller's

@@ -272,22 +272,44 @@ impl<'c, B: Send + 'static> Request<'c, B> {
     /// requests reuse it).
     #[inline(always)]
     pub(crate) fn take_parts(&mut self) -> Option<(B, Outcome)> {
+        let outcome = self.settle()?;
+        Some((self.buf.take()?, outcome))
+    }
+
+    /// [`take_parts`](Self::take_parts) handing the buffer to `f` where it lies (a
+    /// collective's step reads a message in place), then dropping it: no result is moved
+    /// out. Nothing is called if pending or already taken.
+    #[inline(always)]
+    pub(crate) fn take_parts_with(&mut self, f: impl FnOnce(&mut B, Outcome)) {
+        if let Some(outcome) = self.settle() {
+            if let Some(buf) = self.buf.as_mut() {
+                f(buf, outcome);
+            }
+            drop(self.buf.take());
+        }
+    }
+
+    /// Settles a completed request where it lies, its buffer left in it: the outcome in
+    /// ranks here, a receive's buffer told what it holds, the operation recycled. `None` if
+    /// pending or already taken.
+    #[inline(always)]
+    fn settle(&mut self) -> Option<Outcome> {
         if self.sent {
             self.sent = false;
             if self.sent_cell.get().is_some() {
                 self.recycle_sent_cell();
             }
             let st = self.comm.local_status(self.status);
-            return self.buf.take().map(|buf| (buf, Ok(st)));
+            return self.buf.is_some().then_some(Ok(st));
         }
         let outcome = self.inner.as_ref()?.cell.outcome()?;
         let inner = self.inner.take()?;
         let outcome = self.comm.local_outcome(outcome);
-        let mut buf = self.buf.take()?;
+        let buf = self.buf.as_mut()?;
         // SAFETY: `outcome` is the completed cell's, read with acquire by `outcome()`.
-        unsafe { set_filled(self.filled, &mut buf, outcome) };
+        unsafe { set_filled(self.filled, buf, outcome) };
         recycle_completed(inner);
-        Some((buf, outcome))
+        Some(outcome)
     }
 
     /// Gives the cell made for a sent request (or a taken one) back to the pool.
