@@ -2862,10 +2862,15 @@ mod tests {
     /// Two ranks of an in-process `shm` world, or `None` (skipped) where `shm` is not
     /// available.
     fn shm_pair() -> Option<Arc<Vec<OfiRank>>> {
-        // libfabric's own paths: the same-host lane would carry the frames these tests need
-        // to go through a CRI's libfabric state.
-        let opts = OfiOptions { recv_slots: 16, send_slots: 8, same_host_lane: false, ..OfiOptions::default() };
-        match world(&opts, 2) {
+        shm_world(1, 2)
+    }
+
+    /// `n` ranks of `cris` CRIs each on libfabric's own paths (the same-host lane would
+    /// carry the frames these tests need to go through a CRI's libfabric state), or `None`
+    /// where shm is not available.
+    fn shm_world(cris: usize, n: u32) -> Option<Arc<Vec<OfiRank>>> {
+        let opts = OfiOptions { cris, recv_slots: 16, send_slots: 8, same_host_lane: false, ..OfiOptions::default() };
+        match world(&opts, n) {
             Ok(r) => Some(Arc::new(r)),
             Err(e) => {
                 eprintln!("skipped: shm not available here ({e})");
@@ -3068,14 +3073,7 @@ mod tests {
     /// polling its own CRI 1 serves the atomic within a bounded number of its polls.
     #[test]
     fn polls_of_another_cri_serve_the_rma_target_endpoint() {
-        let opts = OfiOptions { cris: 2, recv_slots: 16, send_slots: 8, same_host_lane: false, ..OfiOptions::default() };
-        let ranks = match world(&opts, 2) {
-            Ok(r) => Arc::new(r),
-            Err(e) => {
-                eprintln!("skipped: shm not available here ({e})");
-                return;
-            }
-        };
+        let Some(ranks) = shm_world(2, 2) else { return };
         /// The target's polls of CRI 1, a tenth of a millisecond apart at least.
         const POLLS: u32 = 5_000;
         let mut mem = vec![0u64; 1];
@@ -3119,14 +3117,7 @@ mod tests {
     /// the target registered one).
     #[test]
     fn reached_rma_targets_take_a_first_atomic_without_refusal() {
-        let opts = OfiOptions { cris: 2, recv_slots: 16, send_slots: 8, same_host_lane: false, ..OfiOptions::default() };
-        let ranks = match world(&opts, 3) {
-            Ok(r) => Arc::new(r),
-            Err(e) => {
-                eprintln!("skipped: shm not available here ({e})");
-                return;
-            }
-        };
+        let Some(ranks) = shm_world(2, 3) else { return };
         // Rank 1's watcher serves the handshakes and the reads.
         ranks[0].reach_rma_targets(&[1]).unwrap();
         let mut mem = vec![0u64; 1];
