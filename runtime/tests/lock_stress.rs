@@ -124,6 +124,7 @@ fn tas_exclusion() {
 fn tas_park_exclusion() {
     flat(TasPark::new());
     // The release's fence kept, as where the process did not register for `membarrier`.
+    assert!(!TasPark::with_fence(true).is_fenceless());
     flat(TasPark::with_fence(true));
     mixed(TasPark::new());
 }

@@ -64,12 +64,9 @@ use crate::loom::sync::atomic::{fence, AtomicU32, Ordering};
 /// Test-and-set that releases with a plain store and parks its waiters. Node: `()`.
 #[derive(Debug)]
 pub struct TasPark {
-    /// The lock word and the waiters' count, on one line: the release reads the count
-    /// right after storing the word.
+    /// The lock word, the waiters' count and the release's choice of fence, on one line:
+    /// the release reads the other two right after storing the word.
     words: CachePadded<Words>,
-    /// Whether the release may leave out its fence (module docs): the process registered
-    /// for `membarrier`, whose barrier the waiters run.
-    fenceless: bool,
     /// The futex under loom.
     #[cfg(loom)]
     futex: futex::Futex,
@@ -82,6 +79,9 @@ struct Words {
     locked: AtomicU32,
     /// Waiters that announced a sleep and have not left it yet.
     sleepers: AtomicU32,
+    /// Whether the release may leave out its fence (module docs): the process registered
+    /// for `membarrier`, whose barrier the waiters run.
+    fenceless: bool,
 }
 
 impl Default for TasPark {
@@ -101,8 +101,11 @@ impl TasPark {
     /// that elsewhere fences anyway).
     pub fn with_fence(fence: bool) -> Self {
         TasPark {
-            words: CachePadded::new(Words { locked: AtomicU32::new(0), sleepers: AtomicU32::new(0) }),
-            fenceless: !fence && weft_transport::membarrier::private_registered(),
+            words: CachePadded::new(Words {
+                locked: AtomicU32::new(0),
+                sleepers: AtomicU32::new(0),
+                fenceless: !fence && weft_transport::membarrier::private_registered(),
+            }),
             #[cfg(loom)]
             futex: futex::Futex::default(),
         }
@@ -115,7 +118,7 @@ impl TasPark {
 
     /// Whether releases go without a fence (module docs).
     pub fn is_fenceless(&self) -> bool {
-        self.fenceless
+        self.words.fenceless
     }
 
     #[inline]
@@ -152,7 +155,7 @@ impl TasPark {
         // SeqCst: the announcement and the barrier below order it before the load of
         // `locked` that the futex makes.
         w.sleepers.fetch_add(1, Ordering::SeqCst);
-        if self.fenceless {
+        if w.fenceless {
             weft_transport::membarrier::private_barrier();
         } else {
             fence(Ordering::SeqCst);
@@ -205,7 +208,7 @@ unsafe impl RawLock for TasPark {
         // Release: publish the critical section to the next Acquire exchange.
         w.locked.store(0, Ordering::Release);
         // The handshake's barrier (module docs): the waiters' `membarrier`, or this fence.
-        if self.fenceless {
+        if w.fenceless {
             compiler_fence(Ordering::SeqCst);
         } else {
             fence(Ordering::SeqCst);
@@ -231,6 +234,11 @@ unsafe impl RawTimedLock for TasPark {
 }
 
 super::flat_priority!(TasPark);
+
+// One line's worth of padding and nothing after it: a field outside `words` would double the
+// lock's size (its alignment is the padding's).
+#[cfg(not(loom))]
+const _: () = assert!(std::mem::size_of::<TasPark>() == std::mem::size_of::<CachePadded<Words>>());
 
 /// `FUTEX_WAIT` and `FUTEX_WAKE` on a `u32`, private to the process.
 #[cfg(not(loom))]
