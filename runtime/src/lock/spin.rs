@@ -60,7 +60,7 @@ impl SpinWait {
     #[inline]
     pub(crate) fn done(&self) -> bool {
         #[cfg(not(loom))]
-        return self.backoff.as_ref().is_none_or(crossbeam_utils::Backoff::is_completed);
+        return self.backoff.as_ref().map_or(true, crossbeam_utils::Backoff::is_completed);
         #[cfg(loom)]
         return true;
     }
