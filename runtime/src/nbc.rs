@@ -1015,25 +1015,15 @@ impl Direct<'_> {
             // fast path (no list of results to fill and walk), else from `got`.
             let in_place = self.wait_step(&mut idle)?;
             let DirectStore { steps, reqs, got, spare, .. } = &mut *self.store;
-            let n = if in_place { reqs.len() } else { got.len() };
-            for j in 0..n {
+            settle_step(reqs, got, in_place, |j, b, o| {
                 let recv = j.checked_sub(waited_sends).map(|k| &steps.recvs[step.recvs.start + k]);
-                let mut settle = |b: &mut Scratch<u8>, o| {
-                    settled.take(b, o, recv.map(|inc| inc.len * size), spare, |b| {
-                        // A lent receive landed in place.
-                        if let Some(inc) = recv.filter(|_| !b.is_lent()) {
-                            land(data, &steps.landings[inc.lands.clone()], b.elems(), combine);
-                        }
-                    })
-                };
-                if in_place {
-                    reqs[j].take_parts_with(settle);
-                } else if let Some((b, o)) = &mut got[j] {
-                    settle(b, *o);
-                }
-            }
-            reqs.clear();
-            got.clear();
+                settled.take(b, o, recv.map(|inc| inc.len * size), spare, |b| {
+                    // A lent receive landed in place.
+                    if let Some(inc) = recv.filter(|_| !b.is_lent()) {
+                        land(data, &steps.landings[inc.lands.clone()], b.elems(), combine);
+                    }
+                })
+            });
             settled.outcome(c)?;
         }
         if self.store.steps.fold {
@@ -1082,23 +1072,13 @@ impl Direct<'_> {
         }
         let in_place = self.wait_step(&mut Idle::default())?;
         let DirectStore { reqs, got, spare, .. } = &mut *self.store;
-        let n = if in_place { reqs.len() } else { got.len() };
-        for j in 0..n {
+        settle_step(reqs, got, in_place, |j, b, o| {
             // The receives follow the waited sends, in member order, this rank left out.
             let from = j.checked_sub(waited_sends).map(|k| if k < me { k } else { k + 1 });
-            let mut settle = |b: &mut Scratch<u8>, o| {
-                settled.take(b, o, from.map(|_| bytes), spare, |b| {
-                    combine(data, b.elems(), from.is_some_and(|i| i < me));
-                })
-            };
-            if in_place {
-                reqs[j].take_parts_with(settle);
-            } else if let Some((b, o)) = &mut got[j] {
-                settle(b, *o);
-            }
-        }
-        reqs.clear();
-        got.clear();
+            settled.take(b, o, from.map(|_| bytes), spare, |b| {
+                combine(data, b.elems(), from.is_some_and(|i| i < me));
+            })
+        });
         settled.outcome(c)
     }
 
@@ -1216,6 +1196,28 @@ impl Direct<'_> {
         }
         Err(comm.local_error(e))
     }
+}
+
+/// Settles a step's requests in their order, `each(j, buffer, outcome)` for the `j`-th: where
+/// they lie when the step ended on the fast path (`in_place`), else from `got`
+/// ([`Direct::wait_step`]); then empties both lists.
+#[inline(always)]
+fn settle_step(
+    reqs: &mut Vec<Request<'static, Scratch<u8>>>,
+    got: &mut Vec<Option<(Scratch<u8>, weft_sync::Outcome)>>,
+    in_place: bool,
+    mut each: impl FnMut(usize, &mut Scratch<u8>, weft_sync::Outcome),
+) {
+    let n = if in_place { reqs.len() } else { got.len() };
+    for j in 0..n {
+        if in_place {
+            reqs[j].take_parts_with(|b, o| each(j, b, o));
+        } else if let Some((b, o)) = &mut got[j] {
+            each(j, b, *o);
+        }
+    }
+    reqs.clear();
+    got.clear();
 }
 
 /// Messages of a collective run on the calling thread of at least this many bytes are sent

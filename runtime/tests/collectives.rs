@@ -313,20 +313,16 @@ fn a_rank_lost_during_a_small_blocking_allreduce_fails_it_on_every_survivor() {
             let mut rts = builder().build_local(n).unwrap();
             let last = rts.pop().unwrap();
             let out = std::thread::scope(|s| {
-                let hs: Vec<_> = rts
-                    .iter()
-                    .map(|rt| {
-                        s.spawn(move || {
-                            let c = rt.world();
-                            let mut y = [0u64; 4];
-                            [c.allreduce(&[1u64; 4], &mut y, Op::Sum), c.allreduce(&[1u64; 4], &mut y, Op::Sum)]
-                        })
+                let calls = s.spawn(|| {
+                    on_ranks(&rts, |rt| {
+                        let (c, mut y) = (rt.world(), [0u64; 4]);
+                        [c.allreduce(&[1u64; 4], &mut y, Op::Sum), c.allreduce(&[1u64; 4], &mut y, Op::Sum)]
                     })
-                    .collect();
+                });
                 // The last rank leaves while the others are in their first call.
                 std::thread::sleep(std::time::Duration::from_millis(20));
                 drop(last);
-                hs.into_iter().map(|h| h.join().unwrap()).collect::<Vec<_>>()
+                calls.join().unwrap()
             });
             let lost = Err(weft::Error::PeerLost { rank: n - 1 });
             for (r, got) in out.iter().enumerate() {
