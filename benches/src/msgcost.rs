@@ -9,6 +9,10 @@
 //! `-w 1` that is one hop of a ping-pong with both sides' CPU time and no waiting, to set
 //! against the transport layer alone (`transport/tests/ofi_pingpong.rs`).
 //!
+//! `--late-receives` turns the round around: rank 0 sends the window first, rank 1
+//! progresses until every frame is in (each queued as unexpected), then posts its receives,
+//! each finding its frame queued, and waits: the unexpected path of matching.
+//!
 //! Columns: `progress,size,window,ns_per_message` (median of `--runs`).
 
 use std::time::Instant;
@@ -42,6 +46,10 @@ pub struct Args {
     /// (`Builder::same_host_lane(false)`).
     #[arg(long)]
     no_same_host_lane: bool,
+    /// Sends first, receives posted once every frame has arrived (each queued as
+    /// unexpected, then found by its receive).
+    #[arg(long)]
+    late_receives: bool,
     #[command(flatten)]
     out: Output,
 }
@@ -55,8 +63,8 @@ pub fn run(a: &Args) -> Result<(), String> {
     }
     let mut table = Table::new(&["progress", "size", "window", "ns_per_message"], &a.out);
     a.out.note(&format!(
-        "# weft-bench msgcost: one thread drives both ranks; provider={} same_host_lane={} iterations={} runs={} (median)",
-        a.provider, !a.no_same_host_lane, a.iterations, a.runs
+        "# weft-bench msgcost: one thread drives both ranks; provider={} same_host_lane={} late_receives={} iterations={} runs={} (median)",
+        a.provider, !a.no_same_host_lane, a.late_receives, a.iterations, a.runs
     ));
     table.progress(modes.len() * sizes.len() * a.runs);
     table.print_header();
@@ -73,12 +81,12 @@ pub fn run(a: &Args) -> Result<(), String> {
                 .build_local(2)
                 .map_err(|e| e.to_string())?;
             // A first run warms the request pools, buffers and inboxes; it is not counted.
-            rounds(&rts, size, a.window, a.iterations / 10 + 1)?;
+            rounds(&rts, size, a.window, a.iterations / 10 + 1, a.late_receives)?;
             let mut ns = Vec::with_capacity(a.runs);
             for run in 0..a.runs {
                 table.step(|| format!("{mode}, {size} B, run {}", run + 1));
                 let t0 = Instant::now();
-                rounds(&rts, size, a.window, a.iterations)?;
+                rounds(&rts, size, a.window, a.iterations, a.late_receives)?;
                 ns.push(t0.elapsed().as_nanos() as f64 / (a.iterations * a.window) as f64);
             }
             table.row(vec![mode.to_string(), size.to_string(), a.window.to_string(), format!("{:.1}", median(&ns))]);
@@ -88,8 +96,9 @@ pub fn run(a: &Args) -> Result<(), String> {
     Ok(())
 }
 
-/// `n` rounds of `w` messages of `size` bytes from rank 0 to rank 1, checked.
-fn rounds(rts: &[Runtime], size: usize, w: usize, n: usize) -> Result<(), String> {
+/// `n` rounds of `w` messages of `size` bytes from rank 0 to rank 1, checked; with `late`,
+/// the receives posted after every frame has arrived.
+fn rounds(rts: &[Runtime], size: usize, w: usize, n: usize, late: bool) -> Result<(), String> {
     let e = |e: weft::Error| e.to_string();
     let (a, b) = (rts[0].world(), rts[1].world());
     let mut rbufs: Vec<Vec<u8>> = (0..w).map(|_| Vec::with_capacity(size)).collect();
@@ -97,13 +106,27 @@ fn rounds(rts: &[Runtime], size: usize, w: usize, n: usize) -> Result<(), String
     let mut recvs = Vec::with_capacity(w);
     let mut sends = Vec::with_capacity(w);
     for _ in 0..n {
+        if late {
+            for buf in sbufs.drain(..) {
+                sends.push(a.isend(buf, 1, 1).map_err(e)?);
+            }
+            weft::wait_all(&mut sends).map_err(e)?;
+            // Every frame is in rank 1's inbox: a pass at most per frame queues them all.
+            for _ in 0..=w {
+                if !rts[1].progress() {
+                    break;
+                }
+            }
+        }
         for buf in rbufs.drain(..) {
             recvs.push(b.irecv(buf, Source::Rank(0), Tag::Is(1)).map_err(e)?);
         }
         for buf in sbufs.drain(..) {
             sends.push(a.isend(buf, 1, 1).map_err(e)?);
         }
-        weft::wait_all(&mut sends).map_err(e)?;
+        if !late {
+            weft::wait_all(&mut sends).map_err(e)?;
+        }
         weft::wait_all(&mut recvs).map_err(e)?;
         for r in recvs.iter_mut() {
             let (buf, st) = r.take().ok_or("receive not complete after wait_all")?.map_err(e)?;
