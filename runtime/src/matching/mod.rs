@@ -1011,7 +1011,9 @@ impl MatchState {
     fn post_searching(&mut self, source: Source, tag: Tag, req: &Arc<Operation>, early: &mut Option<Frame>) {
         if !self.unexpected.is_empty() {
             if let Some(i) = self.unexpected.iter().position(|f| fits(source, tag, f.header.source, f.header.tag)) {
-                *early = self.unexpected.remove(i);
+                // Mostly the earliest frame queued: taken off the front, with none of a
+                // removal's moving of the others.
+                *early = if i == 0 { self.unexpected.pop_front() } else { self.unexpected.remove(i) };
                 return;
             }
         }
