@@ -1009,11 +1009,15 @@ impl MatchState {
     /// [`post_into`](Self::post_into) for every other posting.
     #[inline(never)]
     fn post_searching(&mut self, source: Source, tag: Tag, req: &Arc<Operation>, early: &mut Option<Frame>) {
-        if !self.unexpected.is_empty() {
-            if let Some(i) = self.unexpected.iter().position(|f| fits(source, tag, f.header.source, f.header.tag)) {
-                // Mostly the earliest frame queued: taken off the front, with none of a
-                // removal's moving of the others.
-                *early = if i == 0 { self.unexpected.pop_front() } else { self.unexpected.remove(i) };
+        if let Some(f) = self.unexpected.front() {
+            // Mostly the earliest frame queued fits: looked at first and taken off the front,
+            // with no walk set up and none of a removal's moving of the others.
+            if fits(source, tag, f.header.source, f.header.tag) {
+                *early = self.unexpected.pop_front();
+                return;
+            }
+            if let Some(i) = self.unexpected.iter().skip(1).position(|f| fits(source, tag, f.header.source, f.header.tag)) {
+                *early = self.unexpected.remove(i + 1);
                 return;
             }
         }
