@@ -986,9 +986,9 @@ impl MatchState {
         early
     }
 
-    /// A receive is posted: take the first fitting unexpected frame into `early` (left
-    /// untouched when there is none: no frame-sized copy on the common path), or queue the
-    /// receive.
+    /// A receive is posted: take the first fitting unexpected frame into `early` (empty on
+    /// entry; left untouched when there is none: no frame-sized copy on the common path), or
+    /// queue the receive.
     ///
     /// The common posting — nothing unexpected, a fully specified receive for the (source,
     /// tag) of the bin used last — is done here, in a function that saves few registers;
@@ -1009,9 +1009,12 @@ impl MatchState {
     /// [`post_into`](Self::post_into) for every other posting.
     #[inline(never)]
     fn post_searching(&mut self, source: Source, tag: Tag, req: &Arc<Operation>, early: &mut Option<Frame>) {
-        if let Some(f) = self.unexpected.front() {
+        debug_assert!(early.is_none(), "a receive posted with a frame already in hand");
+        if let (Some(f), true) = (self.unexpected.front(), early.is_none()) {
             // Mostly the earliest frame queued fits: looked at first and taken off the front,
-            // with no walk set up and none of a removal's moving of the others.
+            // with no walk set up and none of a removal's moving of the others. `early` is
+            // known empty here, so the frame is written into it with no drop of what it held
+            // (and no copy through the stack around one).
             if fits(source, tag, f.header.source, f.header.tag) {
                 *early = self.unexpected.pop_front();
                 return;
@@ -1130,6 +1133,36 @@ mod tests {
                 r
             })
             .collect()
+    }
+
+    /// Receives posted after their frames arrived take the earliest queued frame that fits:
+    /// the front one when it fits, otherwise the first fitting one further back (a named
+    /// source or tag skips other sources' and tags' earlier frames), and a wildcard the
+    /// earliest of all in arrival order; frames of one source are taken in their send order.
+    #[test]
+    fn late_receives_take_the_earliest_fitting_unexpected_frame() {
+        let f = |source: u32, tag: i32, seq: u32| Frame { header: Header::eager(0, source, tag, seq, 0), payload: Payload::Empty };
+        let mut m = MatchState::new(3, Order::Chan);
+        let mut out = Matches::default();
+        // Arrival order: (1, 7, #0), (2, 7, #0), (1, 8, #1), (2, 7, #1), (1, 7, #2).
+        for fr in [f(1, 7, 0), f(2, 7, 0), f(1, 8, 1), f(2, 7, 1), f(1, 7, 2)] {
+            m.arrive(fr, &mut out);
+        }
+        assert!(out.pairs.is_empty());
+        assert_eq!(m.counters.unexpected, 5);
+        let r = Arc::new(Operation::held());
+        let mut take = |source: Source, tag: Tag| m.post(source, tag, &r).map(|x| (x.header.source, x.header.tag, x.header.seq));
+        assert_eq!(take(Source::Rank(2), Tag::Is(7)), Some((2, 7, 0)), "behind the front, skipping source 1's frame");
+        assert_eq!(take(Source::Rank(1), Tag::Is(7)), Some((1, 7, 0)), "the front frame");
+        assert_eq!(take(Source::Any, Tag::Is(7)), Some((2, 7, 1)), "skipping the other tag's earlier frame");
+        assert_eq!(take(Source::Any, Tag::Any), Some((1, 8, 1)), "the earliest left");
+        assert_eq!(take(Source::Rank(2), Tag::Any), None, "source 2 has nothing left");
+        assert_eq!(take(Source::Rank(1), Tag::Any), Some((1, 7, 2)));
+        assert_eq!(m.frames_held(), 0);
+        // The receive that found nothing waits for source 2's next frame.
+        m.arrive(f(2, 9, 2), &mut out);
+        assert_eq!(out.pairs.len(), 1);
+        assert!(out.pairs[0].req.is(&r));
     }
 
     /// Frames that arrive in any order are paired with the receives in sequence order,
