@@ -61,6 +61,20 @@ echo "| wait and release | $release | taking the result, dropping the requests |
 echo "| the rest, inlined into the loop | $(per $((total - isend - irecv - wait - take - drop_)) $MSGS) | argument checks, \`wait_all\` around the progress pass, taking the results, request drops, the loop's buffer and request vectors |"
 echo "| **all** | **$(per "$total" $MSGS)** | |"
 
+# The same loop with the receives posted once every frame has arrived (`--late-receives`):
+# each frame queued as unexpected, then found by its receive.
+valgrind --tool=callgrind --callgrind-out-file="$DIR/late" --toggle-collect='weft_bench::msgcost::rounds*' \
+    "$BENCH" msgcost -w 128 -i 200 --runs 1 --progress concurrent --late-receives >/dev/null 2>&1
+L="$DIR/late"
+echo
+echo "Receives posted late (\`msgcost --late-receives\`), per message:"
+echo
+echo "| stage | weft |"
+echo "|---|---|"
+echo "| matching, queueing the frame (\`arrive_at\`) | $(per "$(incl "$L" 'matching/mod.rs:weft::matching::MatchState::arrive(_at)?$')" $MSGS) |"
+echo "| matching, the receive finding it (\`post_into\`) | $(per "$(incl "$L" 'matching/mod.rs:weft::matching::MatchState::post_into$')" $MSGS) |"
+echo "| **all** | **$(per "$(incl "$L" 'PROGRAM TOTALS')" $MSGS)** |"
+
 if command -v mpicc.openmpi >/dev/null && command -v mpirun.openmpi >/dev/null; then
     mpicc.openmpi -O2 -o "$DIR/multirate-mpi" benches/peers/multirate.c -lpthread
     (cd "$DIR" && OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_btl=self,vader OMPI_MCA_pml=ob1 \
