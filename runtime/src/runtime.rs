@@ -398,6 +398,7 @@ impl Builder {
                     schedules: crate::engine::Schedules::new(),
                     courier: Courier::new(me.clone()),
                     reads: RendezvousReads::new(),
+                    window_ends: Default::default(),
                     transport: ep,
                     config: config.clone(),
                 });

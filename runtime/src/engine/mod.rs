@@ -96,6 +96,8 @@ pub(crate) struct Engine {
     pub(crate) reads: RendezvousReads,
     /// Nonblocking collectives in flight (`schedules.rs`).
     pub(crate) schedules: Schedules,
+    /// The windows whose peers' `WindowEnd` notices this rank marks (`rma/ends.rs`).
+    pub(crate) window_ends: crate::rma::WindowEnds,
 }
 
 /// How long dropping a runtime keeps trying to send frames still deferred behind a full
