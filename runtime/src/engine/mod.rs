@@ -96,8 +96,9 @@ pub(crate) struct Engine {
     pub(crate) reads: RendezvousReads,
     /// Nonblocking collectives in flight (`schedules.rs`).
     pub(crate) schedules: Schedules,
-    /// The windows whose peers' `WindowEnd` notices this rank marks (`rma/ends.rs`).
-    pub(crate) window_ends: crate::rma::WindowEnds,
+    /// The windows whose peers' `WindowEnd` notices this rank marks: the API's one-sided
+    /// module's registry (`rma/ends.rs`), which handles those frames (`frames.rs`).
+    pub(crate) window_ends: Box<dyn std::any::Any + Send + Sync>,
 }
 
 /// How long dropping a runtime keeps trying to send frames still deferred behind a full

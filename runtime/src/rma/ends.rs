@@ -103,6 +103,11 @@ impl WindowEnds {
 }
 
 impl Engine {
+    /// This rank's registry of windows (installed with the engine by `runtime.rs`).
+    pub(super) fn window_ends(&self) -> &WindowEnds {
+        self.window_ends.downcast_ref().expect("the engine's window registry is `rma::WindowEnds`")
+    }
+
     /// Tells world rank `peer` that this rank ended its part `serial` of a window on
     /// `context`, from this thread's CRI: a frame this thread sends to the peer afterwards
     /// comes after it, so the peer's accesses once it received that frame fail.
@@ -115,6 +120,6 @@ impl Engine {
 
     /// A `WindowEnd` frame (`engine/frames.rs`): marks the part it names ended.
     pub(crate) fn window_ended(&self, h: &Header) {
-        self.window_ends.ended(h.source, h.context, h.cookie);
+        self.window_ends().ended(h.source, h.context, h.cookie);
     }
 }

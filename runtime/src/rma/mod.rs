@@ -211,7 +211,7 @@ impl<'a, T: Primitive> Window<'a, T> {
         if comm.is_freed() {
             return Err(Error::CommFreed);
         }
-        let ends = &comm.engine().window_ends;
+        let ends = comm.engine().window_ends();
         // Notices of peers that end their part before this rank's creation is over are kept.
         ends.begin(comm.context_id());
         // SAFETY: forwarded contract.
@@ -248,7 +248,7 @@ impl<'a, T: Primitive> Window<'a, T> {
             }
         };
         let d = mine.unwrap_or(RemoteWindow { rank: comm.world_of(comm.rank()), key: 0, base: 0, len: 0 });
-        let serial = if mine.is_some() { comm.engine().window_ends.next_serial() } else { 0 };
+        let serial = if mine.is_some() { comm.engine().window_ends().next_serial() } else { 0 };
         let descriptor =
             [d.key, d.base, d.len, (base as usize % 8) as u64, len as u64, size_of::<T>() as u64, u64::from(failed.is_none()), serial];
         // Every rank takes part even if its registration failed, so none waits forever.
@@ -653,7 +653,7 @@ impl<T: Primitive> Drop for Window<'_, T> {
         }
         let e = self.comm.engine();
         let me = self.rank();
-        e.window_ends.forget(me, self.parts.iter().map(|p| (p.remote.rank, p.serial)));
+        e.window_ends().forget(me, self.parts.iter().map(|p| (p.remote.rank, p.serial)));
         // SAFETY: from `Box::into_raw` in `Communicator::window`; this rank holds no other
         // reference, and the transport deregisters it before freeing it.
         let owned = self.owned.take().map(|words| unsafe { Box::from_raw(words) });

@@ -178,7 +178,13 @@ fn an_access_to_a_window_its_target_dropped_fails_and_messages_still_flow() {
             let swapped = w.compare_and_swap(1, 1, 0, 1);
             let shape = w.len_of(1);
             let took = start.elapsed();
-            for (what, e) in [("put", put.err()), ("flush", flush.err()), ("get", get.err()), ("fetch-and-op", fetched.err()), ("compare-and-swap", swapped.err())] {
+            for (what, e) in [
+                ("put", put.err()),
+                ("flush", flush.err()),
+                ("get", get.err()),
+                ("fetch-and-op", fetched.err()),
+                ("compare-and-swap", swapped.err()),
+            ] {
                 assert_eq!(e, Some(ENDED), "{what} on the window rank 1 {}", if freed { "freed" } else { "dropped" });
             }
             assert_eq!(shape, Ok(2), "the part's shape is still known");
