@@ -75,7 +75,8 @@ impl Engine {
             }
             if first.kind == FrameKind::WindowEnd {
                 // A peer ended its part of a window (`rma/ends.rs`).
-                self.window_ended(&matches.take(i).header);
+                let h = matches.take(i).header;
+                self.window_ends.ended(h.source, h.context, h.cookie);
                 i += 1;
                 continue;
             }

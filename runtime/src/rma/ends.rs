@@ -86,9 +86,11 @@ impl WindowEnds {
             }
         }
     }
+}
 
-    /// A peer's notice: world rank `source` ended its part `serial` of a window on
-    /// `context`.
+impl crate::engine::WindowEnds for WindowEnds {
+    /// A peer's notice (`engine/frames.rs`): world rank `source` ended its part `serial` of
+    /// a window on `context`.
     fn ended(&self, source: u32, context: u32, serial: u64) {
         let mut r = self.registry.lock();
         if let Some((marks, rank)) = r.parts.remove(&(source, serial)) {
@@ -100,12 +102,16 @@ impl WindowEnds {
         }
         // Otherwise this rank's window is gone already (or its creation failed here).
     }
+
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
+    }
 }
 
 impl Engine {
     /// This rank's registry of windows (installed with the engine by `runtime.rs`).
     pub(super) fn window_ends(&self) -> &WindowEnds {
-        self.window_ends.downcast_ref().expect("the engine's window registry is `rma::WindowEnds`")
+        self.window_ends.as_any().downcast_ref().expect("the engine's window registry is `rma::WindowEnds`")
     }
 
     /// Tells world rank `peer` that this rank ended its part `serial` of a window on
@@ -116,10 +122,5 @@ impl Engine {
         let n = self.transport.num_cris();
         let header = Header { kind: FrameKind::WindowEnd, context, cookie: serial, ..Header::eager(context, 0, 0, 0, 0) };
         self.send_control(peer, if k < n { k } else { k % n }, header);
-    }
-
-    /// A `WindowEnd` frame (`engine/frames.rs`): marks the part it names ended.
-    pub(crate) fn window_ended(&self, h: &Header) {
-        self.window_ends().ended(h.source, h.context, h.cookie);
     }
 }
