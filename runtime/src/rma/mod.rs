@@ -45,7 +45,7 @@
 //! the target's part of the window [`Error::OutOfWindow`]; a window whose communicator was
 //! freed [`Error::CommFreed`]; a target that is gone (lost, or finished) [`Error::PeerLost`];
 //! a target that ended its part `Error::InvalidArgument("the target rank ended its part of
-//! the window")` (below).
+//! the window")` (below), unless it is known gone since, which is `PeerLost`.
 //!
 //! # A window's end
 //!
@@ -329,9 +329,10 @@ impl<'a, T: Primitive> Window<'a, T> {
             return Err(Error::CommFreed);
         }
         let part = self.parts.get(rank as usize).ok_or(Error::RankOutOfRange { rank, size: self.size() })?;
-        // Acquire: pairs with the notice's store (`ends.rs`).
+        // Acquire: pairs with the notice's store (`ends.rs`). A target that ended its part
+        // and is gone since is lost: its loss, once known, names it whatever came first.
         if self.ended[rank as usize].load(Ordering::Acquire) {
-            return Err(WINDOW_ENDED);
+            return Err(if self.transport().is_alive(part.remote.rank) { WINDOW_ENDED } else { Error::PeerLost { rank } });
         }
         let out = Error::OutOfWindow { offset, len: count, window: part.len };
         if offset.checked_add(count).ok_or(out)? > part.len {
