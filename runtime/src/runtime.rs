@@ -398,6 +398,7 @@ impl Builder {
                     schedules: crate::engine::Schedules::new(),
                     courier: Courier::new(me.clone()),
                     reads: RendezvousReads::new(),
+                    window_ends: Box::new(crate::rma::WindowEnds::default()),
                     transport: ep,
                     config: config.clone(),
                 });

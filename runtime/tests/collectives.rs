@@ -326,7 +326,7 @@ fn a_rank_lost_during_a_small_blocking_allreduce_fails_it_on_every_survivor() {
             });
             let lost = Err(weft::Error::PeerLost { rank: n - 1 });
             for (r, got) in out.iter().enumerate() {
-                assert_eq!(got, &[lost.clone(), lost.clone()], "{n} ranks, rank {r}");
+                assert_eq!(got, &[lost, lost], "{n} ranks, rank {r}");
             }
         }
     });

@@ -2,8 +2,9 @@
 
 use std::fmt;
 
-/// What a frame carries.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// What a frame carries: a message (`Eager`, `Rts`) or a protocol frame (the kinds from
+/// `Fin` on).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 #[repr(u8)]
 pub enum FrameKind {
     /// A whole message (at most the eager threshold) in the payload.
@@ -13,6 +14,9 @@ pub enum FrameKind {
     Rts = 1,
     /// Rendezvous done: the receiver has read the data; `cookie` echoes the RTS cookie.
     Fin = 2,
+    /// The sender ended its part of a one-sided window: `context` names the window's
+    /// communicator, `cookie` the sender's serial of the part (the runtime's `rma`).
+    WindowEnd = 3,
 }
 
 /// The envelope of a frame: `(context id, source, tag, sequence)` plus protocol fields.

@@ -136,6 +136,22 @@
 //! not (yet) known lost waits a few seconds for the verdict (`reads::VERDICT_WAIT`): the
 //! failure of a read from a dead process is reported as the peer's loss.
 //!
+//! # A window's end
+//!
+//! A window's registration is not removed when its owner ends its part (drops the window, or
+//! frees it while a peer did not): a libfabric access to a removed key is no clear error —
+//! `tcp;ofi_rxm` 1.17's target logs `unknown key` (`ofi_mr_map_verify`) and `invalid rma
+//! iov received` and shuts the connection down, and the origin's flush waited out its 60 s
+//! deadline; on `shm` a fetch-and-op to a removed key never completed. The runtime tells
+//! the peers of the end (a `WindowEnd` frame), and accesses they post after it fail before
+//! they reach the transport; an access racing with it still reaches the key. So
+//! [`OfiRank::retire_window`] keeps the registration, retired, with the window's own memory,
+//! up to [`RETIRED_BYTES`] a rank (oldest deregistered and freed first): a racing access
+//! lands in memory nobody uses. Beyond the bound, or for memory a window borrowed (which
+//! goes back to its owner, deregistered at once), an access racing with the end meets the
+//! removed key as above: the runtime's `rma` docs make ending an exposed window while
+//! peers still target it the program's error, as `MPI_Win_free` is collective.
+//!
 //! # Lost peers
 //!
 //! A peer is marked lost by [`OfiRank::mark_lost`] (the bootstrap's monitor calls it when the
@@ -309,6 +325,18 @@ const RMA_TARGET_EP: usize = 0;
 /// Bytes of a rank's probe (module docs): one word, of which a reach reads one byte.
 const PROBE_LEN: usize = 8;
 
+/// Bytes of the retired windows' registrations a rank keeps (module docs, *A window's
+/// end*): beyond it, the oldest are deregistered and freed.
+const RETIRED_BYTES: usize = 64 << 20;
+
+/// A rank's retired window registrations, oldest first, with their memory (dropped in that
+/// order: deregistered before freed), and their bytes.
+#[derive(Default)]
+struct Retired {
+    kept: VecDeque<(MemoryRegion, Box<[u64]>)>,
+    bytes: usize,
+}
+
 const CTX_RECV: u64 = 1 << 56;
 const CTX_SEND: u64 = 2 << 56;
 const CTX_READ: u64 = 3 << 56;
@@ -393,7 +421,7 @@ fn le<const N: usize>(b: &[u8], at: usize) -> [u8; N] {
     w
 }
 
-/// Wire kind byte of a compact eager frame (the full ones use `FrameKind as u8`: 0, 1, 2).
+/// Wire kind byte of a compact eager frame (the full ones use `FrameKind as u8`: 0 to 3).
 const COMPACT_EAGER: u8 = 0x80;
 
 /// The wire header length for `h` in front of `data_len` payload bytes: compact for an
@@ -468,6 +496,7 @@ fn decode(b: &[u8]) -> Option<(Header, usize)> {
         0 => (FrameKind::Eager, WIRE_HEADER),
         1 => (FrameKind::Rts, WIRE_HEADER),
         2 => (FrameKind::Fin, WIRE_HEADER),
+        3 => (FrameKind::WindowEnd, WIRE_HEADER),
         COMPACT_EAGER => (FrameKind::Eager, COMPACT_HEADER),
         _ => return None,
     };
@@ -806,6 +835,7 @@ impl Opened {
             rma_reached: Mutex::new(Vec::new()),
             send_refused: AtomicBool::new(false),
             regions: Mutex::new(HashMap::new()),
+            retired: Mutex::new(Retired::default()),
             pool: ArrayQueue::new((self.opts.cris * self.opts.recv_slots * 2).clamp(64, 1 << 16)),
             doorbell: Doorbell::new(),
             waiter: waiter::Slot::new(lane.as_ref()).ok_or(Error::InvalidArgument("no eventfd for the rank's waiter"))?,
@@ -933,6 +963,9 @@ struct RankInner {
     closed: AtomicBool,
     /// Registrations of rendezvous send buffers and RMA windows, by key.
     regions: Mutex<HashMap<u64, MemoryRegion>>,
+    /// Registrations of windows that ended here, kept with their memory (module docs, *A
+    /// window's end*).
+    retired: Mutex<Retired>,
     /// A window was registered: peers' one-sided operations may wait in the
     /// [`RMA_TARGET_EP`]'s queue, which only reads of its CQ serve (`serve_rma_target`).
     rma_exposed: AtomicBool,
@@ -2141,6 +2174,27 @@ impl OfiRank {
         Ok(remote)
     }
 
+    /// Ends the registration `key` of a window whose owner ended its part (module docs, *A
+    /// window's end*): kept, with `memory` (the window's own), among the rank's retired
+    /// registrations, so that a peer's access racing with the end lands in memory nobody
+    /// uses; beyond [`RETIRED_BYTES`] the oldest are deregistered and freed. Without
+    /// `memory` (the window borrowed it) the registration is removed at once.
+    pub fn retire_window(&self, key: u64, memory: Option<Box<[u64]>>) {
+        let s = &*self.inner;
+        let mr = s.regions.lock().remove(&key);
+        let (Some(mr), Some(memory)) = (mr, memory) else { return };
+        let mut r = s.retired.lock();
+        r.bytes += memory.len() * 8;
+        r.kept.push_back((mr, memory));
+        while r.bytes > RETIRED_BYTES {
+            let Some((old_mr, old)) = r.kept.pop_front() else { break };
+            r.bytes -= old.len() * 8;
+            // Deregistered before its memory is freed.
+            drop(old_mr);
+            drop(old);
+        }
+    }
+
     /// Removes a registration (by key).
     pub fn deregister(&self, key: u64) {
         self.inner.regions.lock().remove(&key);
@@ -3065,6 +3119,38 @@ mod tests {
             assert!(slept < Duration::from_secs(1), "{provider}: woken after {slept:?}");
             assert!(ranks[1].take_waiter().is_some(), "{provider}: the role was given back");
         }
+    }
+
+    /// A window's end keeps its registration with its memory, retired: a peer's put, atomic
+    /// and flush after it land there and succeed (a removed key made a `shm` fetch-and-op wait
+    /// out its flush's deadline). Retired registrations stay within `RETIRED_BYTES`, the
+    /// oldest out first.
+    #[test]
+    fn retired_windows_take_late_accesses_within_their_bound() {
+        let Some(ranks) = shm_world(1, 2) else { return };
+        let mut keys = Vec::new();
+        for round in 0..3 {
+            let mut memory = vec![0u64; RETIRED_BYTES / 8 / 2].into_boxed_slice();
+            // SAFETY: `memory` goes to the transport with the registration (its heap storage
+            // does not move with the box), which deregisters it before freeing it.
+            let region = unsafe { ranks[1].register_window(memory.as_mut_ptr().cast(), RETIRED_BYTES / 2) }.unwrap();
+            keys.push(region.key);
+            ranks[1].retire_window(region.key, Some(memory));
+            if round == 0 {
+                let to = RemoteMem { rank: 1, region };
+                let value = 7u64.to_le_bytes();
+                // SAFETY: `value` lives until the flush below returned.
+                unsafe { ranks[0].put(0, &to, 8, &value) }.unwrap();
+                ranks[0].flush(0).unwrap();
+                assert_eq!(ranks[0].fetch_op(0, &to, 8, FetchOp::Sum, 1).unwrap(), 7, "the late put landed");
+            }
+            let r = ranks[1].inner.retired.lock();
+            assert!(r.bytes <= RETIRED_BYTES, "{} bytes retired", r.bytes);
+        }
+        let r = ranks[1].inner.retired.lock();
+        let kept: Vec<u64> = r.kept.iter().map(|(mr, _)| mr.key()).collect();
+        assert_eq!(kept, keys[1..], "the last two kept, the oldest out");
+        assert!(ranks[1].inner.regions.lock().is_empty(), "no live registration is left");
     }
 
     /// A peer's atomic on this rank's window waits in the queue of the endpoint one-sided

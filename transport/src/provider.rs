@@ -356,6 +356,24 @@ impl Transport {
         dispatch!(self, t => t.deregister(key))
     }
 
+    /// Ends this rank's registration `key` of a window, whose own memory, if it has any, is
+    /// `memory`. The embedded provider removes the key and frees the memory at once (a
+    /// later access fails with `InvalidArgument`); libfabric keeps the registration with the
+    /// memory, retired (within a bound, oldest out first), so that a peer's access racing
+    /// with the end lands harmlessly rather than making the target's provider refuse the key
+    /// (`ofi_provider`'s docs, *A window's end*). Memory the window borrowed (`None`) is
+    /// deregistered at once.
+    pub fn retire_window(&self, key: u64, memory: Option<Box<[u64]>>) {
+        match self {
+            Transport::Embedded(t) => {
+                t.deregister(key);
+                drop(memory);
+            }
+            #[cfg(feature = "ofi")]
+            Transport::Ofi(t) => t.retire_window(key, memory),
+        }
+    }
+
     /// Starts the rendezvous read of the sender's buffer that the `Rts` header `h` names
     /// into the `len` bytes at `dst`, without waiting for it: [`ReadStart::Done`] if the
     /// data is in place already (the embedded provider copies at once), else

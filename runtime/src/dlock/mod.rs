@@ -867,10 +867,12 @@ mod tests {
                 })
             })
         };
-        // The hand-off may land while the task checks its word (then no frame ends a park):
-        // up to 3 runs.
-        let waits = (0..2).map(|_| run()).find(|w| w.wakes > 0).unwrap_or_else(run);
-        assert!(waits.wakes >= 1, "no wake frame ended a park: {waits:?}");
+        // Whether the hand-off's frame or the task's own check ends the park is timing (the
+        // hand-off may land while the task checks its word, more often the busier the
+        // machine): `queues::tests::a_hand_off_waits_for_no_progress_of_the_parked_successor`
+        // shows the frame's part deterministically.
+        let waits = run();
+        assert!(waits.parks >= 1, "the task never parked: {waits:?}");
         assert!(waits.passes < 40, "the task polled on while its rank was busy: {waits:?}");
     }
 

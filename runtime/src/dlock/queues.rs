@@ -1055,16 +1055,18 @@ mod tests {
         assert_ne!(here[0], other[0], "ranks 0 and 1");
     }
 
-    /// A hand-off to a parked task wakes it without a nap of the task's: on `shm`, rank 0
-    /// passes rank 1's STATUS 30 times, each time once rank 1's task (under an executor of
-    /// its own) marked rank 0's NEXT parked. The hand-offs' frames keep rank 1 busy, where a
-    /// parked task used to nap, and the task's own pass after a nap took the frame; the
-    /// rank's stand-in now progresses while the task is parked, and the frame's delivery
-    /// wakes the task (or the task's own pass before it parks takes it: the hand-off waits
-    /// for no progress of rank 1's). Every park ends by its frame, none by a check or nap.
+    /// Hand-offs to a parked task, one after another: on `shm`, rank 0 passes rank 1's
+    /// STATUS 30 times, each time once rank 1's task (under an executor of its own) marked
+    /// rank 0's NEXT parked; every hand-off ends one of the task's parks, by the frame (the
+    /// rank's stand-in progresses while the task is parked and the frame's delivery wakes
+    /// it) or by the task's own pass (before it parks, or at a check when the machine is so
+    /// loaded that a hand-off outlasts a check's 10 ms). Which of the two, and whether the
+    /// task's polls before it marks NEXT reach the backoff's sleeps, is timing, not asserted
+    /// here: `a_hand_off_waits_for_no_progress_of_the_parked_successor` shows the frame's
+    /// part deterministically.
     #[cfg(feature = "ofi")]
     #[test]
-    fn a_hand_off_to_a_parked_task_needs_no_nap() {
+    fn hand_offs_to_a_parked_task_each_end_a_park() {
         const HAND_OFFS: u64 = 30;
         let waits = on_shm(2, "hand-offs to a parked task", |rts| {
             std::thread::scope(|s| {
@@ -1097,9 +1099,8 @@ mod tests {
                 waiter.join().unwrap()
             })
         });
-        assert_eq!(waits.wakes, HAND_OFFS, "parks its frame ended: {waits:?}");
-        // Under load a hand-off may outlast a check (10 ms), whose pass then takes the frame.
-        assert!(waits.passes <= HAND_OFFS / 3, "parks woken by something else than the frame: {waits:?}");
+        assert!(waits.parks >= HAND_OFFS, "hand-offs waited for without a park: {waits:?}");
+        assert!(waits.wakes + waits.passes >= HAND_OFFS, "parks neither woken nor checked: {waits:?}");
     }
 
     /// A hand-off to a parked waiter waits for no progress of the waiter's process (beyond

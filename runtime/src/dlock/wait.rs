@@ -18,7 +18,9 @@
 //!   watched word park on one leader's receive ([`Relay`]); with more than 64 ranks the
 //!   words other ranks' atomics change are polled with [`Backoff`]. While tasks are parked
 //!   on a queue lock's hand-off frames, a thread of the rank ([`StandIn`]) waits as a
-//!   blocked thread does, so the frame's delivery wakes the task whatever executor runs it.
+//!   blocked thread does, so the frame's delivery wakes the task whatever executor runs it;
+//!   it ends with the rank's last lock (a lock leaked with `mem::forget` keeps it, and the
+//!   rank's engine, until the process ends).
 //! - [`LocalLock`] orders the threads and tasks of one rank that share its queue nodes:
 //!   waiters are parked (tasks) or park their thread, and are woken by the release.
 
@@ -583,7 +585,9 @@ impl Future for WakeOrCheck<'_> {
 /// park on the doorbell as the rank's waiter, which the network wakes, `Progress::park`),
 /// for as long as any task of the rank is parked there (each counted on its sync object),
 /// and sleeps otherwise. One per rank, shared by its locks ([`of`](Self::of)); its thread
-/// starts at the first park, and ends when the rank's last lock is freed.
+/// starts at the first park, and ends when the rank's last lock is freed. A lock that is
+/// never dropped (leaked with `mem::forget`) keeps it: its thread, once started, then stays
+/// parked with the rank's engine (its progress hook) until the process ends.
 pub(crate) struct StandIn {
     /// One count per parked task, and whether the thread is to end.
     shared: Arc<(SyncObject<()>, AtomicBool)>,

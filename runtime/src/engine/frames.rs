@@ -73,6 +73,13 @@ impl Engine {
                 self.handle_fin(fin);
                 continue;
             }
+            if first.kind == FrameKind::WindowEnd {
+                // A peer ended its part of a window (`rma/ends.rs`).
+                let h = matches.take(i).header;
+                self.window_ends.ended(h.source, h.context, h.cookie);
+                i += 1;
+                continue;
+            }
             let ctx = first.context;
             let Some(comm) = self.context(ctx) else {
                 let frame = matches.take(i);
@@ -84,7 +91,7 @@ impl Engine {
             // This frame and those right behind it that go to the same matching state.
             let run = 1 + matches.frames[i + 1..n]
                 .iter()
-                .take_while(|f| f.header.kind != FrameKind::Fin && f.header.context == ctx && comm.part(f.header.tag) == part)
+                .take_while(|f| f.header.kind < FrameKind::Fin && f.header.context == ctx && comm.part(f.header.tag) == part)
                 .count();
             let (from, to) = (i, i + run);
             i = to;

@@ -96,6 +96,19 @@ pub(crate) struct Engine {
     pub(crate) reads: RendezvousReads,
     /// Nonblocking collectives in flight (`schedules.rs`).
     pub(crate) schedules: Schedules,
+    /// The windows whose peers' `WindowEnd` notices this rank marks: the API's one-sided
+    /// module's registry (`rma/ends.rs`), which handles those frames (`frames.rs`).
+    pub(crate) window_ends: Box<dyn WindowEnds>,
+}
+
+/// What the engine does with a peer's `WindowEnd` frame, given it by the layer that owns
+/// windows (installed with the engine by `runtime.rs`): the engine hands the frame on
+/// without naming that layer.
+pub(crate) trait WindowEnds: std::any::Any + Send + Sync {
+    /// World rank `source` ended its part `serial` of a window on communicator `context`.
+    fn ended(&self, source: u32, context: u32, serial: u64);
+    /// The registry itself, for the layer that installed it.
+    fn as_any(&self) -> &dyn std::any::Any;
 }
 
 /// How long dropping a runtime keeps trying to send frames still deferred behind a full

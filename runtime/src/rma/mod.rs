@@ -43,10 +43,38 @@
 //! Each check happens before anything is sent, so a refused operation reads or writes
 //! nothing: a rank outside the communicator is [`Error::RankOutOfRange`]; an access past
 //! the target's part of the window [`Error::OutOfWindow`]; a window whose communicator was
-//! freed [`Error::CommFreed`]; a target that is gone (lost, or finished) [`Error::PeerLost`].
+//! freed [`Error::CommFreed`]; a target that is gone (lost, or finished) [`Error::PeerLost`];
+//! a target that ended its part `Error::InvalidArgument("the target rank ended its part of
+//! the window")` (below), unless it is known gone since, which is `PeerLost`.
+//!
+//! # A window's end
+//!
+//! [`Window::free`] is collective, as `MPI_Win_free`: once it returned on every rank, no
+//! rank targets the window any more. Dropping a window ends this rank's part at once, on its
+//! own (as does `free` where a peer did not call it: an erroneous program). The rank then
+//! tells each peer (a `WindowEnd` frame from the dropping thread's CRI), and every access
+//! the peer posts to that part once the notice arrived — in particular after the peer
+//! received any message the dropping thread sent after the drop — fails at once with
+//! `Error::InvalidArgument("the target rank ended its part of the window")`, writing and
+//! reading nothing; messages between the ranks are untouched. Checking the mark is one load
+//! of local memory per access.
+//!
+//! An access that races with the notice (posted before it arrived) still reaches the
+//! target. The window's own memory ([`Communicator::window`]) is therefore not freed at
+//! once on libfabric: its registration is kept, retired, with the memory, up to 64 MiB a
+//! rank (the oldest deregistered and freed first), and a racing access lands there
+//! harmlessly (`tcp;ofi_rxm` would otherwise refuse the removed key and shut the whole
+//! connection down; `weft_transport`'s `ofi_provider`, *A window's end*). Beyond that
+//! bound, and always for memory lent with [`Communicator::expose`] — which goes back to its
+//! owner when the window is dropped, and is deregistered then — an access racing with the
+//! end is the program's error, as in MPI: end such a window with [`Window::free`] (or drop
+//! it only once no peer still targets it, e.g. after a barrier); otherwise the racing
+//! access may fail with a transport error, or on `tcp;ofi_rxm` take the connection to that
+//! peer down. On the embedded provider a racing access fails with `InvalidArgument`.
 
 use std::marker::PhantomData;
 use std::mem::size_of;
+use std::sync::atomic::Ordering;
 
 use parking_lot::MutexGuard;
 use weft_sync::Error;
@@ -56,8 +84,11 @@ use crate::buffer::Primitive;
 use crate::comm::Communicator;
 
 mod element;
+mod ends;
 
 pub use element::{AtomicElement, Op};
+pub(crate) use ends::WindowEnds;
+use ends::{EndMarks, WINDOW_ENDED};
 
 /// What a peer needs to target one rank's part of a window.
 #[derive(Clone, Copy, Debug)]
@@ -68,21 +99,25 @@ struct Part {
     misalign: usize,
     /// Number of elements.
     len: usize,
+    /// Its owner's serial of it (`ends.rs`; 0: nothing registered).
+    serial: u64,
 }
 
 /// Copies of the data of puts posted on one CRI and not yet flushed (`Cri::rma`).
 type Staged = Vec<Box<[u8]>>;
 
 /// How many `u64`s one rank contributes to the descriptor exchange.
-const DESCRIPTOR: usize = 7;
+const DESCRIPTOR: usize = 8;
 
 /// A window: `len` elements of `T` on every rank, read and written by any rank through
 /// one-sided operations (module docs). Created by [`Communicator::window`] or
-/// [`Communicator::expose`]; dropping it deregisters this rank's part (see
-/// [`free`](Self::free) for the collective end).
+/// [`Communicator::expose`]; dropping it ends this rank's part (see [`free`](Self::free)
+/// for the collective end, and the module docs, *A window's end*).
 pub struct Window<'a, T: Primitive> {
     comm: Communicator,
     parts: Vec<Part>,
+    /// Per rank: its owner ended its part (its notice came; module docs, *A window's end*).
+    ended: EndMarks,
     /// This rank's part: its first byte and whether it was registered (not when empty).
     base: *mut u8,
     registered: bool,
@@ -144,9 +179,10 @@ impl<'a, T: Primitive> Window<'a, T> {
         // SAFETY: forwarded contract.
         let r = unsafe { Self::register(comm, base, len, bytes) };
         match r {
-            Ok((parts, registered)) => Ok(Window {
+            Ok((parts, ended, registered)) => Ok(Window {
                 comm: comm.clone(),
                 parts,
+                ended,
                 base,
                 registered,
                 direct: matches!(comm.engine().transport, Transport::Embedded(_)),
@@ -165,15 +201,38 @@ impl<'a, T: Primitive> Window<'a, T> {
         }
     }
 
-    /// Registers this rank's part and exchanges the descriptors: the parts of every rank and
-    /// whether this rank's was registered. On failure nothing stays registered.
+    /// Registers this rank's part and exchanges the descriptors: the parts of every rank,
+    /// their end marks and whether this rank's was registered. On failure nothing stays
+    /// registered.
     ///
     /// # Safety
     /// As [`create`](Self::create).
-    unsafe fn register(comm: &Communicator, base: *mut u8, len: usize, bytes: usize) -> Result<(Vec<Part>, bool), Error> {
+    unsafe fn register(comm: &Communicator, base: *mut u8, len: usize, bytes: usize) -> Result<(Vec<Part>, EndMarks, bool), Error> {
         if comm.is_freed() {
             return Err(Error::CommFreed);
         }
+        let ends = comm.engine().window_ends();
+        // Notices of peers that end their part before this rank's creation is over are kept.
+        ends.begin(comm.context_id());
+        // SAFETY: forwarded contract.
+        let r = unsafe { Self::exchange(comm, base, len, bytes) };
+        match r {
+            Ok((parts, registered)) => {
+                let serials: Vec<(u32, u64)> = parts.iter().map(|p| (p.remote.rank, p.serial)).collect();
+                Ok((parts, ends.finish(comm.context_id(), comm.rank(), &serials), registered))
+            }
+            Err(e) => {
+                ends.abandon(comm.context_id());
+                Err(e)
+            }
+        }
+    }
+
+    /// [`register`](Self::register)'s registration and exchange.
+    ///
+    /// # Safety
+    /// As [`create`](Self::create).
+    unsafe fn exchange(comm: &Communicator, base: *mut u8, len: usize, bytes: usize) -> Result<(Vec<Part>, bool), Error> {
         let t = &comm.engine().transport;
         let mut failed = None;
         let mine = if bytes == 0 {
@@ -189,7 +248,9 @@ impl<'a, T: Primitive> Window<'a, T> {
             }
         };
         let d = mine.unwrap_or(RemoteWindow { rank: comm.world_of(comm.rank()), key: 0, base: 0, len: 0 });
-        let descriptor = [d.key, d.base, d.len, (base as usize % 8) as u64, len as u64, size_of::<T>() as u64, u64::from(failed.is_none())];
+        let serial = if mine.is_some() { comm.engine().window_ends().next_serial() } else { 0 };
+        let descriptor =
+            [d.key, d.base, d.len, (base as usize % 8) as u64, len as u64, size_of::<T>() as u64, u64::from(failed.is_none()), serial];
         // Every rank takes part even if its registration failed, so none waits forever.
         let mut all = vec![0u64; descriptor.len() * comm.size() as usize];
         let all = match comm.allgather(&descriptor, &mut all) {
@@ -215,6 +276,7 @@ impl<'a, T: Primitive> Window<'a, T> {
                 remote: RemoteWindow { rank: comm.world_of(rank as u32), key: c[0], base: c[1], len: c[2] },
                 misalign: c[3] as usize,
                 len: c[4] as usize,
+                serial: c[7],
             });
         }
         if let Err(e) = refused {
@@ -267,6 +329,11 @@ impl<'a, T: Primitive> Window<'a, T> {
             return Err(Error::CommFreed);
         }
         let part = self.parts.get(rank as usize).ok_or(Error::RankOutOfRange { rank, size: self.size() })?;
+        // Acquire: pairs with the notice's store (`ends.rs`). A target that ended its part
+        // and is gone since is lost: its loss, once known, names it whatever came first.
+        if self.ended[rank as usize].load(Ordering::Acquire) {
+            return Err(if self.transport().is_alive(part.remote.rank) { WINDOW_ENDED } else { Error::PeerLost { rank } });
+        }
         let out = Error::OutOfWindow { offset, len: count, window: part.len };
         if offset.checked_add(count).ok_or(out)? > part.len {
             return Err(out);
@@ -434,7 +501,9 @@ impl<'a, T: Primitive> Window<'a, T> {
         // of each target through this CRI is answered only after the target applied the
         // writes before it on the same connection: once it is back, the puts are at their
         // targets, as `MPI_Win_flush` promises.
-        let targets = std::mem::take(&mut *self.unflushed[k].lock());
+        let mut targets = std::mem::take(&mut *self.unflushed[k].lock());
+        // A target that ended its part is not read (an exposed part is deregistered).
+        targets.retain(|&r| !self.ended[r as usize].load(Ordering::Acquire));
         if !targets.is_empty() {
             let mut probes = vec![0u8; targets.len()].into_boxed_slice();
             let read_back = targets.iter().enumerate().try_for_each(|(i, &r)| {
@@ -479,8 +548,8 @@ impl<'a, T: Primitive> Window<'a, T> {
 
     /// Ends the window collectively (`MPI_Win_free`): completes this thread's puts, waits
     /// until every rank has reached `free` (so no peer targets this rank's part any more),
-    /// then deregisters. Dropping a window instead deregisters at once; a peer's later
-    /// access to this rank then fails.
+    /// then ends this rank's part. Dropping a window instead ends it at once; a peer's later
+    /// access to this rank then fails (module docs, *A window's end*).
     pub fn free(self) -> Result<(), Error> {
         self.flush_all()?;
         self.comm.barrier()
@@ -583,14 +652,20 @@ impl<T: Primitive> Drop for Window<'_, T> {
         for k in 0..self.comm.engine().cris.len() {
             let _ = self.flush_cri(k);
         }
+        let e = self.comm.engine();
+        let me = self.rank();
+        e.window_ends().forget(me, self.parts.iter().map(|p| (p.remote.rank, p.serial)));
+        // SAFETY: from `Box::into_raw` in `Communicator::window`; this rank holds no other
+        // reference, and the transport deregisters it before freeing it.
+        let owned = self.owned.take().map(|words| unsafe { Box::from_raw(words) });
         if self.registered {
-            // The key this rank registered; deregistered before the memory is freed.
-            self.transport().deregister(self.parts[self.rank() as usize].remote.key);
-        }
-        if let Some(words) = self.owned.take() {
-            // SAFETY: from `Box::into_raw` in `Communicator::window`, deregistered above;
-            // peers can no longer reach it and this rank holds no other reference.
-            drop(unsafe { Box::from_raw(words) });
+            // The peers learn of the end (module docs, *A window's end*); the registration
+            // is retired with the window's own memory.
+            let mine = &self.parts[me as usize];
+            for p in self.parts.iter().filter(|p| p.remote.rank != mine.remote.rank) {
+                e.tell_window_end(p.remote.rank, self.comm.context_id(), mine.serial);
+            }
+            self.transport().retire_window(mine.remote.key, owned);
         }
     }
 }

@@ -137,6 +137,166 @@ fn windows_dropped_at_once_do_not_hold_up_their_creation() {
     });
 }
 
+/// What an access to a part of a window its owner ended fails with (`weft::rma`, *A
+/// window's end*).
+const ENDED: Error = Error::InvalidArgument("the target rank ended its part of the window");
+
+/// An access to a window its target already dropped, or freed while this rank did not (an
+/// erroneous program: `free` is collective), fails at once with a clear error and writes
+/// nothing, once this rank received a message the target sent after the end; messages
+/// between the two ranks still flow afterwards, and a new window works. (On `tcp;ofi_rxm`
+/// the target's provider answered an access to the removed registration by shutting the
+/// connection down, and the origin's flush waited out its 60 s deadline.)
+#[test]
+fn an_access_to_a_window_its_target_dropped_fails_and_messages_still_flow() {
+    on_ranks(2, "access to a dropped window", |me, c| {
+        for freed in [false, true] {
+            let w: Window<'_, u64> = c.window(2).unwrap();
+            if me == 1 {
+                if freed {
+                    w.free().unwrap();
+                } else {
+                    drop(w);
+                }
+                barrier(c);
+                // Parks until rank 0 is done with the ended window.
+                assert_eq!(c.recv(Vec::<u8>::with_capacity(4), 0, 902).unwrap().0, b"done");
+                c.send(b"back".to_vec(), 0, 903).unwrap();
+                continue;
+            }
+            if freed {
+                // Rank 1's `free` waits for every rank: this barrier lets it return.
+                c.barrier().unwrap();
+            }
+            barrier(c);
+            let start = std::time::Instant::now();
+            let put = w.put(1, 0, &[7]);
+            let flush = w.flush(1);
+            let mut back = [0u64; 1];
+            let get = w.get(1, 0, &mut back);
+            let fetched = w.fetch_and_op(1, 1, 1, Op::Sum);
+            let swapped = w.compare_and_swap(1, 1, 0, 1);
+            let shape = w.len_of(1);
+            let took = start.elapsed();
+            for (what, e) in [
+                ("put", put.err()),
+                ("flush", flush.err()),
+                ("get", get.err()),
+                ("fetch-and-op", fetched.err()),
+                ("compare-and-swap", swapped.err()),
+            ] {
+                assert_eq!(e, Some(ENDED), "{what} on the window rank 1 {}", if freed { "freed" } else { "dropped" });
+            }
+            assert_eq!(shape, Ok(2), "the part's shape is still known");
+            assert!(took < std::time::Duration::from_secs(1), "the failed accesses took {took:?}");
+            // This rank's own part is untouched, and the other traffic between the ranks too.
+            w.put(0, 0, &[9]).unwrap();
+            w.flush(0).unwrap();
+            c.send(b"done".to_vec(), 1, 902).unwrap();
+            assert_eq!(c.recv(Vec::<u8>::with_capacity(4), 1, 903).unwrap().0, b"back");
+            drop(w);
+        }
+        // A window created afterwards reaches rank 1 again.
+        let w: Window<'_, u64> = c.window(2).unwrap();
+        w.put(1 - me, 0, &[u64::from(me) + 5]).unwrap();
+        w.flush(1 - me).unwrap();
+        let mut back = [0u64; 1];
+        w.get(1 - me, 0, &mut back).unwrap();
+        assert_eq!(back[0], u64::from(me) + 5);
+        w.free().unwrap();
+    });
+}
+
+/// Accesses racing with the target's drop of its window — posted while the notice of the
+/// end is on its way — either land (in the retired registration, on libfabric) or fail with
+/// the clear error; none breaks the connection: once the target's next message is here,
+/// accesses fail at once, and messages and a new window work. (On `tcp;ofi_rxm` an access
+/// to the removed registration made the target shut the connection down.)
+#[test]
+fn an_access_racing_with_the_end_of_its_window_does_not_break_the_connection() {
+    on_ranks(2, "access racing with a window's end", |me, c| {
+        let w: Window<'_, u64> = c.window(4).unwrap();
+        if me == 1 {
+            c.recv(Vec::<u8>::with_capacity(2), 0, 904).unwrap();
+            drop(w);
+            c.send(b"dropped".to_vec(), 0, 905).unwrap();
+        } else {
+            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+            let mut dropped = c.irecv(Vec::<u8>::with_capacity(8), 1, 905).unwrap();
+            let (mut landed, mut seen_end) = (0u32, false);
+            for i in 0u64.. {
+                let told = dropped.test();
+                let put = w.put(1, 0, &[i]).and_then(|()| w.flush(1));
+                let fetched = w.fetch_and_op(1, 1, 1, Op::Sum).map(|_| ());
+                for r in [put, fetched] {
+                    match r {
+                        Ok(()) => {
+                            assert!(!told, "an access after the target's next message landed");
+                            landed += 1;
+                        }
+                        Err(e) => {
+                            // The embedded provider removes the key at once: a racing access
+                            // finds it unknown there.
+                            let unknown = Error::InvalidArgument("unknown remote memory key");
+                            assert!(e == ENDED || (e == unknown && !told), "access {i}: {e:?}");
+                            seen_end = true;
+                        }
+                    }
+                }
+                if i == 0 {
+                    // The first accesses are in: the target drops now, while more go out.
+                    c.send(b"go".to_vec(), 1, 904).unwrap();
+                }
+                if told {
+                    break;
+                }
+                assert!(std::time::Instant::now() < deadline, "no notice of the end after {i} rounds of accesses");
+            }
+            assert!(landed >= 2 && seen_end, "{landed} accesses landed, end seen: {seen_end}");
+            assert_eq!(dropped.wait().unwrap().0, b"dropped");
+            drop(w);
+        }
+        // The connection serves messages and a new window.
+        barrier(c);
+        let w: Window<'_, u64> = c.window(1).unwrap();
+        assert_eq!(w.fetch_and_op(1 - me, 0, 1, Op::Sum).unwrap(), 0);
+        barrier(c);
+        let mut mine = [0u64; 1];
+        w.read_local(0, &mut mine).unwrap();
+        assert_eq!(mine[0], 1);
+        w.free().unwrap();
+    });
+}
+
+/// A window of exposed memory (`Communicator::expose`) gives the memory back to its owner
+/// when dropped, with what peers wrote before; a peer's access once the owner's next
+/// message is here fails with the clear error (an access racing with that drop is the
+/// program's error: `weft::rma`, *A window's end*).
+#[test]
+fn an_exposed_window_dropped_by_its_owner_fails_later_accesses_and_gives_its_memory_back() {
+    on_ranks(2, "dropped exposed window", |me, c| {
+        let mut memory = [0u64; 2];
+        let w = c.expose(&mut memory).unwrap();
+        if me == 0 {
+            w.put(1, 1, &[42]).unwrap();
+            w.flush(1).unwrap();
+        }
+        barrier(c);
+        if me == 1 {
+            drop(w);
+            assert_eq!(memory, [0, 42], "the owner has its memory back, with the peer's put");
+            barrier(c);
+        } else {
+            barrier(c);
+            let mut back = [0u64; 1];
+            assert_eq!(w.get(1, 1, &mut back), Err(ENDED));
+            assert_eq!(w.fetch_and_op(1, 0, 1, Op::Sum), Err(ENDED));
+            drop(w);
+        }
+        barrier(c);
+    });
+}
+
 #[test]
 fn a_window_of_a_communicator_whose_ranks_differ_from_the_world_targets_its_own_ranks() {
     // Ranks reversed: rank r of `rev` is world rank 2 - r.
