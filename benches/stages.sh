@@ -2,7 +2,8 @@
 # Instructions per 0-byte message, stage by stage, for weft (embedded provider, one thread
 # driving both ranks: weft-bench msgcost) and for Open MPI (vader, one process per side: the
 # C multirate peer, pairwise, 1 pair), counted by callgrind in the measured loop only. Prints
-# a markdown table (docs/BENCHMARKS.md, "CPU cost of a message: msgcost").
+# a markdown table (docs/BENCHMARKS.md, "CPU cost of a message: msgcost"), then the matching
+# of the same loop with its receives posted late (`msgcost --late-receives`).
 #
 #   benches/stages.sh [path/to/weft-bench]
 #
