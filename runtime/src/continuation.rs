@@ -1233,6 +1233,56 @@ mod tests {
         assert_eq!(*sums.lock().unwrap(), vec![1, 5 + 10, 40 + 780]);
     }
 
+    /// A pool callback queued on a worker's own queue (attached by a pool callback running on
+    /// that worker to a receive complete already) when its rank shuts down is dropped unrun by
+    /// the worker as it leaves, and counts down as `Cancelled`: no registry entry is needed to
+    /// reach it. (`tests/continuation_reentry.rs` has one queued on the pool's injector.)
+    #[test]
+    fn a_pool_callback_on_a_workers_queue_is_cancelled_at_shutdown() {
+        use crate::Runtime;
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        use std::sync::mpsc;
+        use std::time::{Duration, Instant};
+        let rts = Runtime::builder().env(false).cris(1).workers(1).build_local(2).unwrap();
+        let cr = Arc::new(rts[1].continuation_request());
+        let ran = Arc::new(AtomicUsize::new(0));
+        let (queued_tx, queued) = mpsc::channel();
+        {
+            let (a, b) = (rts[0].world(), rts[1].world());
+            let mut first = b.irecv(Vec::<u8>::with_capacity(1), 0u32, 1).unwrap();
+            let (comm, engine, c, second_ran) = (b.clone(), rts[1].engine.clone(), cr.clone(), ran.clone());
+            cr.attach(&mut first, Invoke::Pool, move |_| {
+                let deadline = Instant::now() + Duration::from_secs(10);
+                let mut second = comm.irecv(Vec::<u8>::with_capacity(1), 0u32, 2).unwrap();
+                while !second.test() && Instant::now() < deadline {}
+                // Complete already: queued at once, on this worker's own queue.
+                c.attach(&mut second, Invoke::Pool, move |_| {
+                    second_ran.fetch_add(1, Ordering::Relaxed);
+                })
+                .unwrap();
+                queued_tx.send(()).unwrap();
+                // Returns once the pool is shutting down (its worker then leaves its loop).
+                while engine.executor.get().is_some() && Instant::now() < deadline {
+                    std::thread::yield_now();
+                }
+            })
+            .unwrap();
+            a.send(vec![2u8], 1, 2).unwrap();
+            a.send(vec![1u8], 1, 1).unwrap();
+        }
+        // This thread completes the first receive (the pool starts with its callback's task).
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while queued.try_recv().is_err() {
+            assert!(Instant::now() < deadline, "the first callback did not run");
+            rts[1].progress();
+        }
+        assert_eq!(cr.pending(), 2, "the first callback runs, the second is queued");
+        drop(rts);
+        assert_eq!(cr.wait().unwrap_err(), Error::Cancelled);
+        assert_eq!(cr.pending(), 0);
+        assert_eq!(ran.load(Ordering::Relaxed), 0, "the queued callback never ran");
+    }
+
     /// A receive completed by the rank's courier (a peer lost while the courier sends the
     /// frames deferred behind its full inbox: the frames that peer sent are delivered first)
     /// runs its inline callback after the courier's pass let go of its locks, so the callback
