@@ -102,8 +102,9 @@ fn thread_usage() -> (u64, u64) {
 }
 
 /// What a thread used while it ran `f`, added to `into` (CPU ns, involuntary switches, wall
-/// ns).
-fn usage_of<R>(into: &[AtomicU64; 3], f: impl FnOnce() -> R) -> R {
+/// ns), if there is an `into` (`--lock-stats`: else `f` alone, no system call around it).
+fn usage_of<R>(into: Option<&[AtomicU64; 3]>, f: impl FnOnce() -> R) -> R {
+    let Some(into) = into else { return f() };
     let (cpu, lost) = thread_usage();
     let start = Instant::now();
     let r = f();
@@ -201,7 +202,7 @@ fn measure(mode: &str, threads: usize, n: usize, messages: usize, rate: f64, loc
         first_send.get_or_insert(start);
         // Completions the `sync` threads have claimed.
         let taken = AtomicUsize::new(0);
-        let (taken, seen, receivers) = (&taken, &seen, &receivers);
+        let (taken, seen, receivers) = (&taken, &seen, lock_stats.then_some(&receivers));
         std::thread::scope(|s| {
             match &round {
                 Round::Continuations => {
