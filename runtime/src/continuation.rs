@@ -472,8 +472,6 @@ struct PoolCall {
 // by the one that runs or cancels it, ordered by the run queue; never at once. The callback
 // is `Send` (`hold`).
 unsafe impl Sync for PoolCall {}
-// SAFETY: as above.
-unsafe impl Send for PoolCall {}
 
 /// A callback moved out of its [`PoolCall`] onto the stack of the thread that runs or drops
 /// it.
