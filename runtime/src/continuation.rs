@@ -465,8 +465,11 @@ struct PoolCall {
     f: UnsafeCell<Bytes<RECORD_BYTES>>,
     /// Runs (`true`) or drops the callback `f` holds, moved out to the address given; `None`
     /// while the task holds none.
-    finish: UnsafeCell<Option<unsafe fn(*mut u8, bool)>>,
+    finish: UnsafeCell<Option<Finish>>,
 }
+
+/// Runs (`true`) or drops the callback at the address given, of the type it was made for.
+type Finish = unsafe fn(*mut u8, bool);
 
 // SAFETY: `f` and `finish` are written by the thread that schedules the call and then read
 // by the one that runs or cancels it, ordered by the run queue; never at once. The callback
@@ -477,7 +480,7 @@ unsafe impl Sync for PoolCall {}
 /// it.
 struct Taken {
     f: Bytes<RECORD_BYTES>,
-    finish: unsafe fn(*mut u8, bool),
+    finish: Finish,
 }
 
 impl Taken {
