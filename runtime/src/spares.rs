@@ -9,7 +9,9 @@
 //! A thread keeps only as many as it has shown it takes: its limit starts at none and grows
 //! by a batch each time it found its own spares empty, up to its `MAX`, so a thread that
 //! only gives back (a progress thread completing the others' receives) hoards nothing and
-//! hands all on.
+//! hands all on. A thread's first batch becomes its spares, storage and all: a thread that
+//! completes a request or two and ends (a waiting thread spawned for a round) allocates
+//! nothing for them.
 //!
 //! Under loom the shared queue keeps nothing: an object made in one model execution must
 //! not reach the next.
