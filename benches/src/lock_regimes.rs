@@ -31,7 +31,7 @@ pub struct Args {
     #[arg(long, default_value = "latency,throughput")]
     regime: String,
     /// Protocols on the progress path ([Amer 2019] names).
-    #[arg(long, default_value = "tas,ticket,mcs,clh,hmcs,p-hmcs-mcs,p-mcs-mcs,p-mcs-hmcs,parking_lot,std")]
+    #[arg(long, default_value = "tas,ticket,mcs,clh,hmcs,p-hmcs-mcs,p-mcs-mcs,p-mcs-hmcs,parking_lot,std,tas_park")]
     protocol: String,
     /// Client (latency) or source/sink (throughput) threads.
     #[arg(short = 't', long = "threads", default_value = "1,2,4,8")]

@@ -111,6 +111,16 @@ pub(crate) fn allreduce_is_exchange(bytes: usize, n: u32) -> bool {
     n > 2 && n <= ALLREDUCE_EXCHANGE_RANKS && bytes <= ALLREDUCE_EXCHANGE_BYTES
 }
 
+/// Whether a blocking allreduce of `bytes` (some) on `n` ranks with an op of `kind` runs
+/// its exchange straight from the members' list (`Communicator::allreduce_exchange_direct`),
+/// with no stored plan: one exchange whose messages combine into the caller's data as they
+/// land, on 2 ranks (where it is recursive doubling's one step) or on up to
+/// [`ALLREDUCE_EXCHANGE_RANKS`] with an exact op. The messages are those of the plan
+/// ([`allreduce_into`]), so a rank taking it meets one running the plan.
+pub(crate) fn allreduce_is_exchange_direct(bytes: usize, n: u32, kind: OpKind) -> bool {
+    bytes > 0 && (n == 2 && bytes <= ALLREDUCE_EXCHANGE_BYTES || kind == OpKind::Exact && allreduce_is_exchange(bytes, n))
+}
+
 /// What an allreduce's plan may rely on of its op.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum OpKind {
@@ -666,6 +676,9 @@ impl Communicator {
         }
         recv.copy_from_slice(send);
         let (len, bytes) = (send.len(), std::mem::size_of_val(send));
+        if allreduce_is_exchange_direct(bytes, self.size(), kind) {
+            return self.allreduce_exchange_direct(recv, combine);
+        }
         let plan = |s: &mut StepPlan| allreduce_into(s, self, len, bytes, kind);
         // The plan is a function of these (the members fixed).
         self.run_direct(recv, DirectPlan::Allreduce { len, bytes, kind }, plan, combine)

@@ -73,7 +73,11 @@ named_enum!(MatchingMode, "matching mode", "WEFT_MATCHING", "per-comm" => Matchi
 
 macro_rules! lock_help {
     ($var:literal) => {
-        concat!("unknown lock protocol in ", $var, " (expected tas, ticket, mcs, clh, hmcs, std, parking_lot, or p-X-Y such as p-hmcs-mcs)")
+        concat!(
+            "unknown lock protocol in ",
+            $var,
+            " (expected tas, ticket, mcs, clh, hmcs, std, parking_lot, tas_park, or p-X-Y such as p-hmcs-mcs)"
+        )
     };
 }
 const LOCK_HELP_PROGRESS: &str = lock_help!("WEFT_LOCK_PROGRESS");
@@ -175,16 +179,18 @@ pub struct Locks {
     /// The one critical section of [`ProgressMode::Global`] (posting and progress), as
     /// MPICH's global lock. Default `p-mcs-mcs`.
     pub progress: LockKind,
-    /// Each CRI's lock (sending on it, polling it). Default `parking_lot`.
+    /// Each CRI's lock (sending on it, polling it). Default `tas_park` ([`TasPark`]).
+    ///
+    /// [`TasPark`]: crate::lock::TasPark
     pub cri: LockKind,
     /// Each matching engine's lock (one per communicator, or the one of
-    /// [`MatchingMode::Global`]). Default `parking_lot`.
+    /// [`MatchingMode::Global`]). Default `tas_park`.
     pub matching: LockKind,
 }
 
 impl Default for Locks {
     fn default() -> Self {
-        Locks { progress: LockKind::P_MCS_MCS, cri: LockKind::Flat(FlatKind::ParkingLot), matching: LockKind::Flat(FlatKind::ParkingLot) }
+        Locks { progress: LockKind::P_MCS_MCS, cri: LockKind::Flat(FlatKind::TasPark), matching: LockKind::Flat(FlatKind::TasPark) }
     }
 }
 

@@ -908,7 +908,7 @@ struct Settled {
 }
 
 impl Settled {
-    /// Settles one request's result (`recv`: its receive in the plan, for a receive):
+    /// Settles one request's result (`expect`: the bytes a receive expects, for a receive):
     /// lands a receive's message with `land` while nothing failed, and keeps its buffer in
     /// `spare`.
     #[inline(always)]
@@ -916,17 +916,16 @@ impl Settled {
         &mut self,
         b: &mut Scratch<u8>,
         o: weft_sync::Outcome,
-        recv: Option<&Incoming>,
-        size: usize,
+        expect: Option<usize>,
         spare: &mut Vec<Vec<Unit>>,
-        land: impl FnOnce(&Incoming, &Scratch<u8>),
+        land: impl FnOnce(&Scratch<u8>),
     ) {
         // Read where it lies (a result is nine words), not moved in or out.
         if let Err(e) = o {
             self.failed.get_or_insert(e);
-        } else if let Some(inc) = recv.filter(|_| self.failed.is_none() && !self.mismatch) {
-            if b.len() == inc.len * size {
-                land(inc, b);
+        } else if let Some(bytes) = expect.filter(|_| self.failed.is_none() && !self.mismatch) {
+            if b.len() == bytes {
+                land(b);
             } else {
                 self.mismatch = true;
             }
@@ -986,7 +985,7 @@ impl Direct<'_> {
                 };
                 let mut r = c.isend_on(coll, buf, out.to, tag)?;
                 if r.is_complete() {
-                    r.take_parts_with(|b, o| settled.take(b, o, None, size, &mut self.store.spare, |_, _| {}));
+                    r.take_parts_with(|b, o| settled.take(b, o, None, &mut self.store.spare, |_| {}));
                     continue;
                 }
                 waited_sends += 1;
@@ -1016,31 +1015,71 @@ impl Direct<'_> {
             // fast path (no list of results to fill and walk), else from `got`.
             let in_place = self.wait_step(&mut idle)?;
             let DirectStore { steps, reqs, got, spare, .. } = &mut *self.store;
-            let n = if in_place { reqs.len() } else { got.len() };
-            for j in 0..n {
+            settle_step(reqs, got, in_place, |j, b, o| {
                 let recv = j.checked_sub(waited_sends).map(|k| &steps.recvs[step.recvs.start + k]);
-                let mut settle = |b: &mut Scratch<u8>, o| {
-                    settled.take(b, o, recv, size, spare, |inc, b| {
-                        // A lent receive landed in place.
-                        if !b.is_lent() {
-                            land(data, &steps.landings[inc.lands.clone()], b.elems(), combine);
-                        }
-                    })
-                };
-                if in_place {
-                    reqs[j].take_parts_with(settle);
-                } else if let Some((b, o)) = &mut got[j] {
-                    settle(b, *o);
-                }
-            }
-            reqs.clear();
-            got.clear();
+                settled.take(b, o, recv.map(|inc| inc.len * size), spare, |b| {
+                    // A lent receive landed in place.
+                    if let Some(inc) = recv.filter(|_| !b.is_lent()) {
+                        land(data, &steps.landings[inc.lands.clone()], b.elems(), combine);
+                    }
+                })
+            });
             settled.outcome(c)?;
         }
         if self.store.steps.fold {
             fold_copies(data, self.store.steps.copies, combine);
         }
         Ok(())
+    }
+
+    /// One exchange of `data` (small, every member's the same length) with every other
+    /// member, each message combined into `data` as it is settled (`combine(ours, theirs,
+    /// theirs_first)`): the plan of [`reduce_exchange_into`](crate::coll_steps::reduce_exchange_into)
+    /// without copies (and, on two members, of recursive doubling), its messages the same,
+    /// walked straight from the members' list. No plan is written, looked up or read, no
+    /// step's ranges are cloned, and no message is tested for lending the caller's data (a
+    /// small one never does).
+    #[inline(always)]
+    fn exchange<T: Primitive>(&mut self, data: &mut [T], combine: &impl Fn(&mut [T], &[T], bool)) -> Result<(), Error> {
+        let (c, tag) = (self.comm, self.tag);
+        let coll = c.coll_state();
+        let (members, me) = (&**c.world_ranks(), c.rank() as usize);
+        let bytes = std::mem::size_of_val(data);
+        let mut settled = Settled::default();
+        let mut waited_sends = 0;
+        let st = &mut *self.store;
+        // Sends first, as `run` posts them; one gone at once is settled here.
+        for (i, &to) in members.iter().enumerate() {
+            if i == me {
+                continue;
+            }
+            let mut r = c.isend_on(coll, Scratch::copy_from_spare(&mut st.spare, bytes_of(data)), to, tag)?;
+            if r.is_complete() {
+                r.take_parts_with(|b, o| settled.take(b, o, None, &mut st.spare, |_| {}));
+                continue;
+            }
+            waited_sends += 1;
+            // SAFETY: dropped before this call returns (`store.reqs` is left empty), while
+            // the caller's borrow of `comm` holds.
+            st.reqs.push(unsafe { crate::request::unbound(r) });
+        }
+        for (i, &from) in members.iter().enumerate() {
+            if i != me {
+                let r = c.irecv_on(coll, Scratch::<u8>::from_spare(&mut st.spare, bytes), Source::Rank(from), Tag::Is(tag))?;
+                // SAFETY: as above.
+                st.reqs.push(unsafe { crate::request::unbound(r) });
+            }
+        }
+        let in_place = self.wait_step(&mut Idle::default())?;
+        let DirectStore { reqs, got, spare, .. } = &mut *self.store;
+        settle_step(reqs, got, in_place, |j, b, o| {
+            // The receives follow the waited sends, in member order, this rank left out.
+            let from = j.checked_sub(waited_sends).map(|k| if k < me { k } else { k + 1 });
+            settled.take(b, o, from.map(|_| bytes), spare, |b| {
+                combine(data, b.elems(), from.is_some_and(|i| i < me));
+            })
+        });
+        settled.outcome(c)
     }
 
     /// Waits for the step's requests (`store.reqs`): first by testing them between progress
@@ -1159,6 +1198,28 @@ impl Direct<'_> {
     }
 }
 
+/// Settles a step's requests in their order, `each(j, buffer, outcome)` for the `j`-th: where
+/// they lie when the step ended on the fast path (`in_place`), else from `got`
+/// ([`Direct::wait_step`]); then empties both lists.
+#[inline(always)]
+fn settle_step(
+    reqs: &mut Vec<Request<'static, Scratch<u8>>>,
+    got: &mut Vec<Option<(Scratch<u8>, weft_sync::Outcome)>>,
+    in_place: bool,
+    mut each: impl FnMut(usize, &mut Scratch<u8>, weft_sync::Outcome),
+) {
+    let n = if in_place { reqs.len() } else { got.len() };
+    for j in 0..n {
+        if in_place {
+            reqs[j].take_parts_with(|b, o| each(j, b, o));
+        } else if let Some((b, o)) = &mut got[j] {
+            each(j, b, *o);
+        }
+    }
+    reqs.clear();
+    got.clear();
+}
+
 /// Messages of a collective run on the calling thread of at least this many bytes are sent
 /// from the caller's data itself, and received straight into place where a receive only
 /// replaces a part of it (no copy of theirs into a scratch buffer, or out of one; on the
@@ -1241,6 +1302,28 @@ impl Communicator {
             data.copy_from_slice(&work[..data.len()]);
         }
         res
+    }
+}
+
+impl Communicator {
+    /// A small allreduce on the calling thread by one exchange ([`Direct::exchange`]), in
+    /// place in `data`: what [`run_direct`](Self::run_direct) does with the plan of
+    /// [`reduce_exchange_into`](crate::coll_steps::reduce_exchange_into) without copies, the
+    /// same messages under the same tags, failures told and listened for alike, minus the
+    /// plan's storage, lookup and walk. For an allreduce whose messages may combine in any
+    /// order, or on two members (its one message combined on the side its rank says).
+    pub(crate) fn allreduce_exchange_direct<T: Primitive>(
+        &self,
+        data: &mut [T],
+        combine: impl Fn(&mut [T], &[T], bool),
+    ) -> Result<(), Error> {
+        if self.is_freed() {
+            return Err(Error::CommFreed);
+        }
+        let store = DIRECT.try_with(std::cell::Cell::take).ok().flatten().unwrap_or_default();
+        let mut d = Direct { comm: self, tag: seq_tag(self.next_seq()), notice: None, store };
+        let res = d.exchange(data, &combine);
+        d.finish(res)
     }
 }
 

@@ -253,6 +253,85 @@ fn a_user_op_after_a_large_predefined_allreduce_of_its_length_keeps_rank_order()
     });
 }
 
+/// A small blocking allreduce of an exact type (one exchange walked from the members'
+/// list, no stored plan) meets the nonblocking form (the stored plan's exchange, under the
+/// same sequence of tags) of the other ranks in the same call: the ranks alternate the two
+/// forms call by call, and every call gives every rank the sequential result, at 2, 3, 4
+/// and 8 ranks and at 1 to `ALLREDUCE_EXCHANGE_BYTES` bytes, with a user receive of
+/// `Tag::Any` posted across them and matching none of their messages.
+#[test]
+fn a_small_blocking_allreduce_meets_the_planned_exchange_of_the_nonblocking_form() {
+    within(60, "small allreduce forms mixed across ranks", || {
+        for n in [2u32, 3, 4, 8] {
+            let rts = builder().build_local(n).unwrap();
+            for len in [1usize, 3, weft::ALLREDUCE_EXCHANGE_BYTES / 8] {
+                let input = |r: u32, k: usize| -> Vec<i64> {
+                    (0..len).map(|i| (i64::MAX / 3).wrapping_mul(i64::from(r) + 1).wrapping_sub((i * k) as i64)).collect()
+                };
+                let op = |k: usize| if k % 2 == 0 { Op::Sum } else { Op::Max };
+                let want = |k: usize| -> Vec<i64> {
+                    let f = if k % 2 == 0 { i64::wrapping_add } else { i64::max };
+                    (0..len).map(|i| (0..n).map(|r| input(r, k)[i]).reduce(f).unwrap()).collect()
+                };
+                let out: Vec<Vec<Vec<i64>>> = on_ranks(&rts, |rt| {
+                    let c = rt.world();
+                    let r = c.rank();
+                    let user = c.irecv(vec![0u8; 8], weft::Source::Any, weft::Tag::Any).unwrap();
+                    let got = (0..6)
+                        .map(|k| {
+                            if (r as usize + k) % 2 == 0 {
+                                let mut y = vec![0i64; len];
+                                c.allreduce(&input(r, k), &mut y, op(k)).unwrap();
+                                y
+                            } else {
+                                c.iallreduce(input(r, k), op(k)).unwrap().wait().unwrap().0
+                            }
+                        })
+                        .collect();
+                    assert!(!user.is_complete(), "rank {r}: a user receive of Tag::Any took a collective's message");
+                    drop(user);
+                    c.barrier().unwrap();
+                    got
+                });
+                for (r, got) in out.iter().enumerate() {
+                    for (k, v) in got.iter().enumerate() {
+                        assert_eq!(v, &want(k), "{n} ranks, {len} elements, rank {r}, call {k}");
+                    }
+                }
+            }
+        }
+    });
+}
+
+/// A rank lost during a small blocking allreduce (one exchange walked from the members'
+/// list) fails it with `PeerLost` on every survivor, at 2 and 8 ranks, and a call after it
+/// fails alike at once rather than wait.
+#[test]
+fn a_rank_lost_during_a_small_blocking_allreduce_fails_it_on_every_survivor() {
+    within(60, "a rank that leaves during a small allreduce", || {
+        for n in [2u32, 8] {
+            let mut rts = builder().build_local(n).unwrap();
+            let last = rts.pop().unwrap();
+            let out = std::thread::scope(|s| {
+                let calls = s.spawn(|| {
+                    on_ranks(&rts, |rt| {
+                        let (c, mut y) = (rt.world(), [0u64; 4]);
+                        [c.allreduce(&[1u64; 4], &mut y, Op::Sum), c.allreduce(&[1u64; 4], &mut y, Op::Sum)]
+                    })
+                });
+                // The last rank leaves while the others are in their first call.
+                std::thread::sleep(std::time::Duration::from_millis(20));
+                drop(last);
+                calls.join().unwrap()
+            });
+            let lost = Err(weft::Error::PeerLost { rank: n - 1 });
+            for (r, got) in out.iter().enumerate() {
+                assert_eq!(got, &[lost.clone(), lost.clone()], "{n} ranks, rank {r}");
+            }
+        }
+    });
+}
+
 /// `f(rank)` on a thread per rank of `rts`, the results by rank.
 fn on_ranks<T: Send>(rts: &[weft::Runtime], f: impl Fn(&weft::Runtime) -> T + Sync) -> Vec<T> {
     std::thread::scope(|s| {

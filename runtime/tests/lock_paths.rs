@@ -89,10 +89,10 @@ fn global_matching_lock_is_counted() {
 
 /// Lock statistics are kept only when asked for (an acquisition then writes no counter):
 /// off by default, every path's counts stay zero while messages flow; on, every path counts,
-/// under the default protocol (`parking_lot`) and a queue lock alike.
+/// under the default protocol (`tas_park`), `parking_lot` and a queue lock alike.
 #[test]
 fn lock_counts_only_when_asked() {
-    for kind in [LockKind::Flat(FlatKind::ParkingLot), LockKind::Flat(FlatKind::Mcs)] {
+    for kind in [LockKind::Flat(FlatKind::TasPark), LockKind::Flat(FlatKind::ParkingLot), LockKind::Flat(FlatKind::Mcs)] {
         for stats in [None, Some(false), Some(true)] {
             let mut b =
                 Runtime::builder().env(false).progress(ProgressMode::Global).lock(LockPath::Cri, kind).lock(LockPath::Matching, kind);

@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 
 use weft::lock::{
     Acquisition, Clh, Counted, DynLock, DynNode, FlatKind, Hmcs, LockKind, LockOptions, LockPath, Mcs, McsNode, Mutex, ParkingLot,
-    Priority, RawLock, RawPriorityLock, RawTimedLock, StdLock, Tas, Ticket, Topology,
+    Priority, RawLock, RawPriorityLock, RawTimedLock, StdLock, Tas, TasPark, Ticket, Topology,
 };
 
 /// Data touched only under the lock.
@@ -118,6 +118,52 @@ fn mixed<L: RawPriorityLock>(lock: L) {
 #[test]
 fn tas_exclusion() {
     flat(Tas::new());
+}
+
+#[test]
+fn tas_park_exclusion() {
+    flat(TasPark::new());
+    // The release's fence kept, as where the process did not register for `membarrier`.
+    assert!(!TasPark::with_fence(true).is_fenceless());
+    flat(TasPark::with_fence(true));
+    mixed(TasPark::new());
+}
+
+/// CPU time the calling thread has used.
+fn thread_cpu_time() -> Duration {
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: `ts` is a valid out-pointer for the call.
+    let rc = unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+    assert_eq!(rc, 0, "clock_gettime(CLOCK_THREAD_CPUTIME_ID)");
+    Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
+}
+
+/// A `TasPark` waiter on a lock held for long sleeps instead of spinning or yielding (with
+/// more threads than cores, a spinning waiter takes the holder's core), and the release wakes
+/// it: waiting 300 ms costs the waiter a small part of that in CPU time.
+#[test]
+fn tas_park_waiter_sleeps_and_is_woken() {
+    for lock in [TasPark::new(), TasPark::with_fence(true)] {
+        let lock = Arc::new(lock);
+        lock.lock(pin!(()).as_ref());
+        let l2 = lock.clone();
+        let (tx, rx) = mpsc::channel();
+        std::thread::spawn(move || {
+            let before = thread_cpu_time();
+            l2.lock(pin!(()).as_ref());
+            let used = thread_cpu_time() - before;
+            // SAFETY: acquired just above.
+            unsafe { l2.unlock(pin!(()).as_ref()) };
+            let _ = tx.send(used);
+        });
+        std::thread::sleep(Duration::from_millis(300));
+        assert!(rx.try_recv().is_err(), "acquired a held lock");
+        // SAFETY: acquired above.
+        unsafe { lock.unlock(pin!(()).as_ref()) };
+        let used = rx.recv_timeout(Duration::from_secs(20)).expect("the waiter was not woken by the release");
+        assert!(used < Duration::from_millis(30), "the waiter used {used:?} of CPU time waiting 300 ms");
+        assert!(!lock.is_locked());
+    }
 }
 
 #[test]
@@ -225,6 +271,7 @@ fn mutex_api_counts_exactly() {
     run::<Priority<Hmcs, Mcs>>();
     run::<ParkingLot>();
     run::<StdLock>();
+    run::<TasPark>();
 }
 
 #[test]
@@ -336,6 +383,7 @@ fn times_out<L: RawTimedLock + 'static>(lock: L) {
 #[test]
 fn try_lock_for_times_out() {
     times_out(Tas::new());
+    times_out(TasPark::new());
     times_out(Ticket::new());
     times_out(Mcs::new());
     times_out(Clh::new());
@@ -379,6 +427,7 @@ fn waits_without_deadline<L: RawTimedLock + Send + Sync + 'static>(lock: L, what
 #[test]
 fn try_lock_for_duration_max_waits_for_the_holder() {
     waits_without_deadline(Tas::new(), "tas");
+    waits_without_deadline(TasPark::new(), "tas_park");
     waits_without_deadline(Ticket::new(), "ticket");
     waits_without_deadline(Mcs::new(), "mcs");
     waits_without_deadline(Clh::new(), "clh");
@@ -426,6 +475,7 @@ fn lock_kind_names_round_trip() {
     }
     assert_eq!(" P-HMCS-MCS ".parse::<LockKind>(), Ok(LockKind::P_HMCS_MCS));
     assert_eq!("parking-lot".parse::<LockKind>(), Ok(LockKind::Flat(FlatKind::ParkingLot)));
+    assert_eq!("p-tas-park-mcs".parse::<LockKind>(), Ok(LockKind::Priority { high: FlatKind::TasPark, low: FlatKind::Mcs }));
     assert_eq!("p-parking_lot-mcs".parse::<LockKind>(), Ok(LockKind::Priority { high: FlatKind::ParkingLot, low: FlatKind::Mcs }));
     assert!(LockKind::P_MCS_MCS.is_priority());
 }

@@ -13,7 +13,7 @@ use loom::cell::UnsafeCell;
 use loom::sync::Arc;
 use loom::thread;
 
-use weft::lock::{Clh, Hmcs, Mcs, McsNode, Priority, RawLock, RawPriorityLock, Ticket, Topology};
+use weft::lock::{Clh, Hmcs, Mcs, McsNode, Priority, RawLock, RawPriorityLock, TasPark, Ticket, Topology};
 
 /// The lock under test and the data it protects.
 struct Guarded<L> {
@@ -67,6 +67,39 @@ fn bounded(preemptions: usize) -> loom::model::Builder {
     // Spin-waiting (a yield per round under loom) makes long paths with 2 waiters.
     b.max_branches = 100_000;
     b
+}
+
+/// `TasPark`'s release (a store, a fence, a load of the sleepers) against a waiter that
+/// announces its sleep and sleeps on the futex (a condition variable here): no waiter sleeps
+/// through the release that frees the lock (loom reports a deadlock).
+#[test]
+fn tas_park_two_threads() {
+    loom::model(|| {
+        let g = Guarded::new(TasPark::new());
+        let g2 = g.clone();
+        let t = thread::spawn(move || g2.bump((), 2, false, true));
+        g.bump((), 1, false, false);
+        t.join().unwrap();
+        assert_eq!(g.total(), 3);
+    });
+}
+
+#[test]
+fn tas_park_three_threads() {
+    bounded(2).check(|| {
+        let g = Guarded::new(TasPark::new());
+        let ts: Vec<_> = (0..2)
+            .map(|_| {
+                let g = g.clone();
+                thread::spawn(move || g.bump((), 1, false, false))
+            })
+            .collect();
+        g.bump((), 1, false, false);
+        for t in ts {
+            t.join().unwrap();
+        }
+        assert_eq!(g.total(), 3);
+    });
 }
 
 #[test]

@@ -21,7 +21,7 @@ mod doorbell;
 pub mod embedded;
 mod frame;
 pub(crate) mod loom;
-mod membarrier;
+pub mod membarrier;
 #[cfg(feature = "ofi")]
 pub mod ofi;
 #[cfg(feature = "ofi")]

@@ -64,7 +64,7 @@ pub(crate) fn global_registered() -> bool {
 
 /// Registers this process for `MEMBARRIER_CMD_PRIVATE_EXPEDITED` (once): whether it took, so
 /// that [`private_barrier`] orders the stores of every thread of this process.
-pub(crate) fn private_registered() -> bool {
+pub fn private_registered() -> bool {
     static REGISTERED: OnceLock<bool> = OnceLock::new();
     registered(&REGISTERED, PRIVATE_EXPEDITED, REGISTER_PRIVATE_EXPEDITED)
 }
@@ -78,6 +78,6 @@ pub(crate) fn global_barrier() {
 
 /// A full barrier on every CPU running a thread of this process; for a process that
 /// [`private_registered`].
-pub(crate) fn private_barrier() {
+pub fn private_barrier() {
     membarrier(PRIVATE_EXPEDITED);
 }

@@ -11,7 +11,7 @@ use std::str::FromStr;
 use std::time::Duration;
 
 use super::{
-    Clh, ClhNode, Hmcs, Mcs, McsNode, ParkingLot, Priority, RawLock, RawPriorityLock, RawTimedLock, StdLock, StdNode, Tas, Ticket,
+    Clh, ClhNode, Hmcs, Mcs, McsNode, ParkingLot, Priority, RawLock, RawPriorityLock, RawTimedLock, StdLock, StdNode, Tas, TasPark, Ticket,
     Topology, DEFAULT_HMCS_THRESHOLD,
 };
 
@@ -32,12 +32,22 @@ pub enum FlatKind {
     Std,
     /// [`ParkingLot`]: `parking_lot::RawMutex`.
     ParkingLot,
+    /// [`TasPark`]: test-and-set released by a plain store, whose waiters sleep.
+    TasPark,
 }
 
 impl FlatKind {
     /// Every flat protocol, in documentation order.
-    pub const ALL: [FlatKind; 7] =
-        [FlatKind::Tas, FlatKind::Ticket, FlatKind::Mcs, FlatKind::Clh, FlatKind::Hmcs, FlatKind::Std, FlatKind::ParkingLot];
+    pub const ALL: [FlatKind; 8] = [
+        FlatKind::Tas,
+        FlatKind::Ticket,
+        FlatKind::Mcs,
+        FlatKind::Clh,
+        FlatKind::Hmcs,
+        FlatKind::Std,
+        FlatKind::ParkingLot,
+        FlatKind::TasPark,
+    ];
 
     /// The name [`LockKind`] parses (`"tas"`, ..., `"parking_lot"`).
     pub fn name(self) -> &'static str {
@@ -49,6 +59,7 @@ impl FlatKind {
             FlatKind::Hmcs => "hmcs",
             FlatKind::Std => "std",
             FlatKind::ParkingLot => "parking_lot",
+            FlatKind::TasPark => "tas_park",
         }
     }
 
@@ -61,6 +72,7 @@ impl FlatKind {
             "hmcs" => FlatKind::Hmcs,
             "std" | "mutex" => FlatKind::Std,
             "parking_lot" | "parking-lot" | "parkinglot" => FlatKind::ParkingLot,
+            "tas_park" | "tas-park" => FlatKind::TasPark,
             _ => return None,
         })
     }
@@ -265,6 +277,7 @@ enum Flat {
     Hmcs(Hmcs),
     Std(StdLock),
     ParkingLot(ParkingLot),
+    TasPark(TasPark),
 }
 
 impl Flat {
@@ -280,6 +293,7 @@ impl Flat {
             }
             FlatKind::Std => Flat::Std(StdLock::new()),
             FlatKind::ParkingLot => Flat::ParkingLot(ParkingLot::new()),
+            FlatKind::TasPark => Flat::TasPark(TasPark::new()),
         }
     }
 }
@@ -324,6 +338,10 @@ macro_rules! dispatch {
                 $e
             }
             Flat::ParkingLot($l) => {
+                let $n = Pin::new(&());
+                $e
+            }
+            Flat::TasPark($l) => {
                 let $n = Pin::new(&());
                 $e
             }

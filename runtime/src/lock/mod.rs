@@ -17,6 +17,7 @@
 //! | [`RawPriorityLock`] | `lock_high` / `lock_low` (plain `lock` for flat protocols) |
 //! | [`Mutex`] | the one safe mutex over any [`RawLock`]: closure API and RAII guard |
 //! | [`Tas`], [`Ticket`], [`Mcs`], [`Clh`], [`Hmcs`] | the flat protocols of [Amer 2019, §2.3] |
+//! | [`TasPark`] | test-and-set released by a plain store, whose waiters sleep (the CRI and matching paths' default) |
 //! | [`Priority`] | TLP, [Amer 2019, Fig. 5], named `P-X-Y` (`p-hmcs-mcs`, `p-mcs-mcs`, ...) |
 //! | [`StdLock`], [`ParkingLot`] | `std::sync::Mutex` and `parking_lot` as raw locks (baselines) |
 //! | [`LockKind`], [`DynLock`] | a protocol by name (`"p-hmcs-mcs"`, `WEFT_LOCK_PROGRESS`), chosen at run time |
@@ -74,6 +75,7 @@ mod priority;
 mod spin;
 mod stats;
 mod tas;
+mod tas_park;
 mod ticket;
 mod topology;
 
@@ -86,6 +88,7 @@ pub use mutex::{Mutex, MutexGuard};
 pub use priority::{Priority, PriorityNode};
 pub use stats::{Acquisition, Counted, CountedNode, LockStats, LockStatsSnapshot};
 pub use tas::Tas;
+pub use tas_park::TasPark;
 pub use ticket::Ticket;
 pub use topology::{allowed_cpus, bind_thread_to_cpu, bind_to_cpu, Topology};
 
@@ -151,6 +154,7 @@ pub unsafe trait RawLock: Send + Sync {
 /// | protocol | `try_lock_for` |
 /// |---|---|
 /// | [`Tas`] | spin with backoff until the deadline: TAS waiters hold no place, so leaving is free |
+/// | [`TasPark`] | as [`Tas`] (a bounded wait does not sleep) |
 /// | [`Ticket`] | poll `try_lock` (a ticket, once drawn, cannot be given back: leaving would stall every later ticket) |
 /// | [`Mcs`], [`Clh`], [`Hmcs`] | poll `try_lock`: succeeds only when the queue is empty |
 /// | [`Priority`] | poll the high-priority `try_lock` |

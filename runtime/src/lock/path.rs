@@ -20,7 +20,7 @@
 //!
 //! [`weft::lock::Mutex`]: crate::lock::Mutex
 
-use crate::lock::{Acquisition, Counted, DynLock, FlatKind, LockKind, LockOptions, LockStatsSnapshot, Mutex, ParkingLot};
+use crate::lock::{Acquisition, Counted, DynLock, FlatKind, LockKind, LockOptions, LockStatsSnapshot, Mutex, TasPark};
 use crate::loom::sync::atomic::{AtomicU64, Ordering};
 
 /// What the path locks count ([`Config::lock_stats`], [`Config::lock_timing`]).
@@ -58,9 +58,9 @@ pub(crate) struct PathLock<T> {
 }
 
 /// The protocol behind a [`PathLock`], with or without its counters. The default of the CRI
-/// and matching paths, `parking_lot`, is held directly: through [`DynLock`] every
+/// and matching paths, [`TasPark`], is held directly: through [`DynLock`] every
 /// acquisition would build (and drop) a node with a field for each queue protocol, a cost
-/// paid twice per message on the path of one eager send and receive although `parking_lot`
+/// paid twice per message on the path of one eager send and receive although `TasPark`
 /// uses none of it. Without counters ([`Counting::Off`], the default) an acquisition writes
 /// no counter and builds no node for a start time: the counters' load-and-store, the check
 /// for timing and the start time's store and reset were about 9 instructions per
@@ -68,10 +68,10 @@ pub(crate) struct PathLock<T> {
 /// not boxed: a box would put a pointer chase on every acquisition of the other protocols.
 #[allow(clippy::large_enum_variant)]
 enum PathImp<T> {
-    /// `parking_lot` (no node), not counted.
-    Plain(Mutex<ParkingLot, T>),
-    /// `parking_lot`, counted.
-    PlainCounted(Mutex<Counted<ParkingLot>, T>),
+    /// [`TasPark`] (no node), not counted.
+    Plain(Mutex<TasPark, T>),
+    /// [`TasPark`], counted.
+    PlainCounted(Mutex<Counted<TasPark>, T>),
     /// Any other protocol, chosen at run time, not counted.
     Dyn(Mutex<DynLock, T>),
     /// Any other protocol, counted.
@@ -110,7 +110,7 @@ trait PathStats {
     }
 }
 
-impl PathStats for ParkingLot {}
+impl PathStats for TasPark {}
 
 impl PathStats for DynLock {}
 
@@ -141,10 +141,10 @@ impl<T> PathLock<T> {
                 Counted::new(lock)
             }
         }
-        let plain = matches!(kind, LockKind::Flat(FlatKind::ParkingLot));
+        let plain = matches!(kind, LockKind::Flat(FlatKind::TasPark));
         let m = match (plain, counting) {
-            (true, Counting::Off) => PathImp::Plain(Mutex::with_raw(ParkingLot::new(), value)),
-            (true, _) => PathImp::PlainCounted(Mutex::with_raw(counted(ParkingLot::new(), counting), value)),
+            (true, Counting::Off) => PathImp::Plain(Mutex::with_raw(TasPark::new(), value)),
+            (true, _) => PathImp::PlainCounted(Mutex::with_raw(counted(TasPark::new(), counting), value)),
             (false, Counting::Off) => PathImp::Dyn(Mutex::with_raw(DynLock::with_options(kind, opts), value)),
             (false, _) => PathImp::DynCounted(Mutex::with_raw(counted(DynLock::with_options(kind, opts), counting), value)),
         };

@@ -12,7 +12,8 @@
 //!   ~600 ns per two-thread hand-off.
 //!
 //! Both yield (`thread::yield_now`) on every round past their spin limit. The locks of this
-//! module never park; yielding keeps oversubscribed runs (more threads than cores, e.g. 16
+//! module other than [`TasPark`](super::TasPark) (which sleeps once its backoff is done,
+//! [`SpinWait::done`]) and the system baselines never park; yielding keeps oversubscribed runs (more threads than cores, e.g. 16
 //! threads on 2 cores) moving: a FIFO lock handed to a descheduled waiter costs a scheduler
 //! round, not a time slice of spinning.
 
@@ -52,6 +53,16 @@ impl SpinWait {
             #[cfg(not(loom))]
             spins: std::cell::Cell::new(0),
         }
+    }
+
+    /// Whether a [`SpinWait::new`] waiter has backed off as far as spinning and yielding
+    /// go, and should sleep instead ([`TasPark`](super::TasPark)); at once under loom.
+    #[inline]
+    pub(crate) fn done(&self) -> bool {
+        #[cfg(not(loom))]
+        return self.backoff.as_ref().map_or(true, crossbeam_utils::Backoff::is_completed);
+        #[cfg(loom)]
+        return true;
     }
 
     /// Waits one round: a backoff step, a single `spin_loop` hint, or a yield past the
