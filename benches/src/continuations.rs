@@ -57,7 +57,10 @@ pub struct Args {
     rate: f64,
     /// Count the receiving rank's lock acquisitions and parks, printed per configuration on
     /// stderr (CRI locks: acquisitions, contended, productive and unproductive polls;
-    /// matching locks: acquisitions, contended; parks, wakes).
+    /// matching locks: acquisitions, contended; parks, wakes), and where the time went: the
+    /// receiving threads' CPU time a message and the times they lost their core (involuntary
+    /// context switches; not for `task`, whose threads are the pool's), and the sender's
+    /// messages a second over its send loops (below the pace: the sender is the limit).
     #[arg(long)]
     lock_stats: bool,
     #[command(flatten)]
@@ -83,6 +86,34 @@ impl Seen {
         self.count.fetch_add(1, Ordering::Relaxed);
         self.seen_at.fetch_add(weft_sync::stamps::now_nanos(), Ordering::Relaxed);
     }
+}
+
+/// CPU time (ns) and involuntary context switches of the calling thread so far.
+fn thread_usage() -> (u64, u64) {
+    let mut ru = std::mem::MaybeUninit::<libc::rusage>::zeroed();
+    // SAFETY: `getrusage` only writes the struct it is given; all-zero is a valid `rusage`.
+    if unsafe { libc::getrusage(libc::RUSAGE_THREAD, ru.as_mut_ptr()) } != 0 {
+        return (0, 0);
+    }
+    // SAFETY: zeroed, then filled by `getrusage`.
+    let ru = unsafe { ru.assume_init() };
+    let ns = |t: libc::timeval| t.tv_sec as u64 * 1_000_000_000 + t.tv_usec as u64 * 1_000;
+    (ns(ru.ru_utime) + ns(ru.ru_stime), ru.ru_nivcsw as u64)
+}
+
+/// What a thread used while it ran `f`, added to `into` (CPU ns, involuntary switches, wall
+/// ns), if there is an `into` (`--lock-stats`: else `f` alone, no system call around it).
+fn usage_of<R>(into: Option<&[AtomicU64; 3]>, f: impl FnOnce() -> R) -> R {
+    let Some(into) = into else { return f() };
+    let (cpu, lost) = thread_usage();
+    let start = Instant::now();
+    let r = f();
+    let wall = start.elapsed().as_nanos() as u64;
+    let (cpu2, lost2) = thread_usage();
+    into[0].fetch_add(cpu2.saturating_sub(cpu), Ordering::Relaxed);
+    into[1].fetch_add(lost2.saturating_sub(lost), Ordering::Relaxed);
+    into[2].fetch_add(wall, Ordering::Relaxed);
+    r
 }
 
 /// A receive's result, for the ways that are given one.
@@ -161,6 +192,9 @@ fn measure(mode: &str, threads: usize, n: usize, messages: usize, rate: f64, loc
     let seen = Arc::new(Seen { t0: Instant::now(), count: AtomicUsize::new(0), nanos: AtomicU64::new(0), seen_at: AtomicU64::new(0) });
     let cr = rts[1].continuation_request();
     let mut first_send = None;
+    // The receiving threads' CPU time and lost cores; the sender's time in its send loops.
+    let receivers = [AtomicU64::new(0), AtomicU64::new(0), AtomicU64::new(0)];
+    let mut sending = std::time::Duration::ZERO;
     weft_sync::stamps::start();
     for _ in 0..rounds {
         let round = post(mode, &rts[1], b, n, &seen, &cr);
@@ -168,23 +202,25 @@ fn measure(mode: &str, threads: usize, n: usize, messages: usize, rate: f64, loc
         first_send.get_or_insert(start);
         // Completions the `sync` threads have claimed.
         let taken = AtomicUsize::new(0);
-        let (taken, seen) = (&taken, &seen);
+        let (taken, seen, receivers) = (&taken, &seen, lock_stats.then_some(&receivers));
         std::thread::scope(|s| {
             match &round {
                 Round::Continuations => {
                     for _ in 0..threads {
-                        s.spawn(|| cr.wait().expect("continuations"));
+                        s.spawn(|| usage_of(receivers, || cr.wait().expect("continuations")));
                     }
                 }
                 Round::Tasks(_) => {}
                 Round::Sync(sync, reqs) => {
                     for _ in 0..threads {
                         s.spawn(move || {
-                            while taken.fetch_add(1, Ordering::Relaxed) < n {
-                                let c = sync.wait_any().expect("a completion");
-                                let got = reqs[c.data].lock().expect("request").take().expect("complete");
-                                seen.record(&got.expect("receive").0);
-                            }
+                            usage_of(receivers, || {
+                                while taken.fetch_add(1, Ordering::Relaxed) < n {
+                                    let c = sync.wait_any().expect("a completion");
+                                    let got = reqs[c.data].lock().expect("request").take().expect("complete");
+                                    seen.record(&got.expect("receive").0);
+                                }
+                            })
                         });
                     }
                 }
@@ -192,6 +228,7 @@ fn measure(mode: &str, threads: usize, n: usize, messages: usize, rate: f64, loc
             // Paced: message `i` of the round leaves no earlier than `i / rate` after the first.
             let gap = if rate > 0.0 { 1e9 / rate } else { 0.0 };
             let first = seen.t0.elapsed().as_nanos() as u64;
+            let loop_start = Instant::now();
             for i in 0..n {
                 let due = first + (i as f64 * gap) as u64;
                 let mut now = seen.t0.elapsed().as_nanos() as u64;
@@ -201,6 +238,7 @@ fn measure(mode: &str, threads: usize, n: usize, messages: usize, rate: f64, loc
                 }
                 a.send(vec![now], 1, 1).expect("send");
             }
+            sending += loop_start.elapsed();
         });
         if let Round::Tasks(handles) = round {
             rts[1].block_on(async {
@@ -220,6 +258,17 @@ fn measure(mode: &str, threads: usize, n: usize, messages: usize, rate: f64, loc
              matching_lock {} acquired, {} contended; parks {}, wakes {}",
             cri.acquisitions, cri.contended, cri.productive, cri.unproductive, m.acquisitions, m.contended, c.parks, c.wakes
         );
+        let messages = (rounds * n) as f64;
+        let [cpu, lost, wall] = receivers.map(|r| r.into_inner());
+        if mode != "task" {
+            eprintln!(
+                "# {mode}, {threads} threads, {n} in flight: receiving threads' CPU {:.3} µs a message, on a core {:.0} % of \
+                 their waits, {lost} involuntary switches; sender {:.0} messages a second in its send loops",
+                cpu as f64 / messages / 1e3,
+                100.0 * cpu as f64 / wall.max(1) as f64,
+                messages / sending.as_secs_f64()
+            );
+        }
     }
     let count = seen.count.load(Ordering::Relaxed);
     if count != rounds * n {

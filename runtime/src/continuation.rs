@@ -38,7 +38,10 @@
 //! at the end of that pass, once the pass has released the CRI's lock (`deferred.rs`): the
 //! record keeps it meanwhile, with the request's outcome, linked into the thread's deferred
 //! callbacks, so the callback holds up no other thread that wants the CRI and may post on
-//! it.
+//! it. A pool continuation's callback then moves, with the request's result, into a reused
+//! task of the pool (`PoolCall`, a spare as records are, with room of its own for the
+//! callback): the record goes back before the task is queued, and the completing thread
+//! takes one spare, the task.
 //!
 //! A continuation of a set of requests (`attach_all`, `attach_any`) gives each request a
 //! *share* of one *set state*, which holds the set's callback and, for `attach_all`, a slot
@@ -78,7 +81,7 @@ pub enum Invoke {
     /// must not block or wait for requests (use [`Invoke::Pool`] for that).
     Inline,
     /// A task on the rank's pool ([`Runtime::spawn`]), queued at completion (a reused one,
-    /// with the callback in a record: none is allocated for it): the callback may take its
+    /// which keeps the callback itself: none is allocated for it): the callback may take its
     /// time, communicate and wait.
     Pool,
 }
@@ -436,94 +439,142 @@ fn run_counted<T>(mut countdown: Countdown, f: impl FnOnce(T), value: T) {
 
 /// Runs `f(value)` on rank `rank`'s pool, counting it down after it ran (dropped unrun at
 /// shutdown, or with the rank gone, it counts down as `Cancelled`): in a [`PoolCall`], a
-/// reusable task, with the callback in a record, so that in the steady state a pool
-/// continuation allocates nothing and touches no registry.
+/// reusable task that keeps the callback in its own storage, so that in the steady state a
+/// pool continuation allocates nothing, takes one spare (the task) and touches no registry.
 fn spawn_counted<T: Send + 'static>(rank: &Weak<Engine>, countdown: Countdown, f: impl FnOnce(T) + Send + 'static, value: T) {
     let Some(engine) = rank.upgrade() else { return };
     let Some(pool) = engine.executor.start(|| engine.clone()) else { return };
-    let call = take_spare(&POOL_CALLS, &SHARED_POOL_CALLS).unwrap_or_else(|| Arc::new(PoolCall { held: UnsafeCell::new(None) }));
-    let held = Held::new(move |()| run_counted(countdown, f, value));
+    let call = take_spare(&POOL_CALLS, &SHARED_POOL_CALLS).unwrap_or_else(|| Arc::new(PoolCall::new()));
+    let callback = move |()| run_counted(countdown, f, value);
     // SAFETY: a spare call is this thread's alone (the task that gave it back let go of it
-    // before it ran its callback); the queue's push publishes the write to the worker.
-    unsafe { *call.held.get() = Some(held) };
+    // before it ran its callback), and holds none; the queue's push publishes the write to
+    // the worker.
+    unsafe { call.hold(callback) };
     pool.schedule(call, crate::executor::Hint::Spawn);
 }
-
-/// A callback in a record with its type erased: run or dropped, once, by `finish`.
-struct Held {
-    record: NonNull<Record>,
-    /// Takes the callback out of `record` and gives the record back, then runs the callback
-    /// (`true`) or drops it unrun.
-    finish: unsafe fn(NonNull<Record>, bool),
-}
-
-impl Held {
-    /// `f` in a record (boxed first if it does not fit one).
-    fn new<F: FnOnce(()) + Send + 'static>(f: F) -> Held {
-        if InRecord::<(), F>::FITS {
-            InRecord::new(f).erase()
-        } else {
-            InRecord::new(Box::new(f)).erase()
-        }
-    }
-
-    /// Runs the callback (`run`), or drops it unrun.
-    fn finish(self, run: bool) {
-        let this = ManuallyDrop::new(self);
-        // SAFETY: `erase` made this handle of the record's callback, consumed here, once
-        // (not dropped after).
-        unsafe { (this.finish)(this.record, run) }
-    }
-}
-
-impl Drop for Held {
-    /// A callback dropped unrun (its task dropped without running or being cancelled)
-    /// counts down as `Cancelled` all the same, and gives its record back.
-    fn drop(&mut self) {
-        // SAFETY: as in `finish`; a handle that finished is not dropped.
-        unsafe { (self.finish)(self.record, false) }
-    }
-}
-
-// SAFETY: it owns a `Send` callback in its record (`InRecord`'s reasoning).
-unsafe impl Send for Held {}
 
 /// A pool continuation's task (`spawn_counted`): the rank's pool runs it as any task, but it
 /// never waits for a wake (its callback is a plain function), so it is always in a run queue
 /// or running, and shutdown reaches it there (a queued task is cancelled: the callback
-/// dropped unrun). Not in the pool's registry, and given back to the spares when it runs,
-/// before its callback does.
+/// dropped unrun). Not in the pool's registry (`executor/task.rs`, "Shutdown"). It keeps its
+/// callback in storage of its own (as a record does, `RECORD_BYTES`; a larger callback is
+/// boxed), and is given back to the spares when it runs, before its callback does, which
+/// then runs from the stack: a callback that attaches the next continuation reuses the task.
 struct PoolCall {
     /// The callback, from its scheduling until it runs or is cancelled.
-    held: UnsafeCell<Option<Held>>,
+    f: UnsafeCell<Bytes<RECORD_BYTES>>,
+    /// Runs (`true`) or drops the callback `f` holds, moved out to the address given; `None`
+    /// while the task holds none.
+    finish: UnsafeCell<Option<Finish>>,
 }
 
-// SAFETY: `held` is written by the thread that schedules the call and then read by the one
-// that runs or cancels it, ordered by the run queue; never at once.
+/// Runs (`true`) or drops the callback at the address given, of the type it was made for.
+type Finish = unsafe fn(*mut u8, bool);
+
+// SAFETY: `f` and `finish` are written by the thread that schedules the call and then read
+// by the one that runs or cancels it, ordered by the run queue; never at once. The callback
+// is `Send` (`hold`).
 unsafe impl Sync for PoolCall {}
 
+/// A callback moved out of its [`PoolCall`] onto the stack of the thread that runs or drops
+/// it.
+struct Taken {
+    f: Bytes<RECORD_BYTES>,
+    finish: Finish,
+}
+
+impl Taken {
+    /// Runs the callback (`run`), or drops it unrun.
+    fn finish(self, run: bool) {
+        let mut this = ManuallyDrop::new(self);
+        // SAFETY: `f` holds the callback `finish` was made for, consumed here once (`this`
+        // is not dropped after).
+        unsafe { (this.finish)(this.f.0.as_mut_ptr().cast(), run) }
+    }
+}
+
+impl Drop for Taken {
+    /// A callback dropped unrun counts down as `Cancelled` all the same.
+    fn drop(&mut self) {
+        // SAFETY: as in `finish`; a callback that finished is not dropped.
+        unsafe { (self.finish)(self.f.0.as_mut_ptr().cast(), false) }
+    }
+}
+
 impl PoolCall {
-    /// Takes the callback out and gives the call back to this thread's spares.
-    fn take(self: Arc<Self>) -> Option<Held> {
-        // SAFETY: the queue handed this call to this thread alone (struct docs).
-        let held = unsafe { (*self.held.get()).take() };
+    fn new() -> Self {
+        PoolCall { f: UnsafeCell::new(Bytes(MaybeUninit::uninit())), finish: UnsafeCell::new(None) }
+    }
+
+    /// Puts `f` in the task (boxed first if it does not fit).
+    ///
+    /// # Safety
+    /// The caller has the task to itself, and it holds no callback.
+    unsafe fn hold<F: FnOnce(()) + Send + 'static>(&self, f: F) {
+        // SAFETY: the caller's contract.
+        unsafe {
+            if InRecord::<(), F>::FITS {
+                self.put(f);
+            } else {
+                self.put(Box::new(f));
+            }
+        }
+    }
+
+    /// Puts `f`, which fits the task's storage, in the task.
+    ///
+    /// # Safety
+    /// As [`hold`](Self::hold).
+    unsafe fn put<F: FnOnce(()) + Send + 'static>(&self, f: F) {
+        /// Runs or drops the `F` at `at`.
+        unsafe fn finish<F: FnOnce(())>(at: *mut u8, run: bool) {
+            // SAFETY: `at` holds an `F` not taken yet, taken this once (`Taken::finish`).
+            let f = unsafe { at.cast::<F>().read() };
+            if run {
+                f(());
+            }
+        }
+        assert!(InRecord::<(), F>::FITS, "a callback larger than a pool continuation's task");
+        // SAFETY: the task is the caller's alone (contract); the storage is large and
+        // aligned enough for an `F` (checked above).
+        unsafe {
+            self.f.get().cast::<F>().write(f);
+            *self.finish.get() = Some(finish::<F>);
+        }
+    }
+
+    /// Moves the callback out and gives the task back to this thread's spares.
+    fn take(self: Arc<Self>) -> Option<Taken> {
+        // SAFETY: the queue handed this call to this thread alone (struct docs); the bytes of
+        // the callback are moved out (a move is a copy of them), once, as `finish` is taken.
+        let taken = unsafe { (*self.finish.get()).take().map(|finish| Taken { f: self.f.get().read(), finish }) };
         give_spare(&POOL_CALLS, self);
-        held
+        taken
+    }
+}
+
+impl Drop for PoolCall {
+    /// A task dropped holding its callback (no queue ran or cancelled it) drops it unrun.
+    fn drop(&mut self) {
+        if let Some(finish) = self.finish.get_mut().take() {
+            // SAFETY: `f` holds the callback `finish` was made for, moved out this once.
+            drop(Taken { f: unsafe { self.f.get().read() }, finish });
+        }
     }
 }
 
 impl crate::executor::Runnable for PoolCall {
     fn run(self: Arc<Self>) {
-        if let Some(h) = self.take() {
+        if let Some(t) = self.take() {
             // `run_counted` catches a panic of the callback: none reaches the worker.
-            h.finish(true);
+            t.finish(true);
         }
     }
 
     fn cancel(self: Arc<Self>) {
-        if let Some(h) = self.take() {
+        if let Some(t) = self.take() {
             // The callback's countdown, dropped unrun, reports `Cancelled`.
-            h.finish(false);
+            t.finish(false);
         }
     }
 
@@ -541,7 +592,7 @@ const POOL_CALLS_MAX: usize = 1024;
 static SHARED_POOL_CALLS: SharedSpares<Arc<PoolCall>> = SharedSpares::new(SHARED_SPARES_MAX);
 
 thread_local! {
-    /// A thread's spare pool-continuation tasks (as its records).
+    /// A thread's spare pool-continuation tasks (kept and handed on as its records are).
     static POOL_CALLS: Spares<Arc<PoolCall>, POOL_CALLS_MAX> = const { Spares::new(&SHARED_POOL_CALLS) };
 }
 
@@ -724,27 +775,6 @@ impl<A, F: FnOnce(A)> InRecord<A, F> {
             let f = Self::f(self.record).read();
             give_record(Box::from_raw(self.record.as_ptr()));
             f
-        }
-    }
-}
-
-impl<F: FnOnce(()) + Send> InRecord<(), F> {
-    /// This handle with its callback's type erased.
-    fn erase(self) -> Held {
-        let this = ManuallyDrop::new(self);
-        Held { record: this.record, finish: Self::finish }
-    }
-
-    /// [`Held::finish`] of a callback `F`.
-    ///
-    /// # Safety
-    /// Once per handle `erase` made: `record` holds an `F` not taken yet.
-    unsafe fn finish(record: NonNull<Record>, run: bool) {
-        let handle = InRecord::<(), F> { record, _f: PhantomData };
-        if run {
-            handle.take()(());
-        } else {
-            drop(handle);
         }
     }
 }
@@ -1231,6 +1261,86 @@ mod tests {
             }
         }
         assert_eq!(*sums.lock().unwrap(), vec![1, 5 + 10, 40 + 780]);
+    }
+
+    /// A pool continuation's callback waits in its task, not in a record: scheduling one
+    /// takes no record from the completing thread's spares (it took one, which went to the
+    /// spares of the thread that ran the callback).
+    #[test]
+    fn a_pool_continuation_takes_no_record() {
+        use crate::Runtime;
+        use std::time::{Duration, Instant};
+        let rts = Runtime::builder().env(false).cris(1).workers(1).build_local(2).unwrap();
+        let (a, b) = (rts[0].world(), rts[1].world());
+        let cr = rts[1].continuation_request();
+        let records = || SPARES.with(|s| s.len());
+        // Inline first: this thread then keeps a record or more.
+        for invoke in [Invoke::Inline, Invoke::Pool] {
+            a.send(vec![1u8], 1, 1).unwrap();
+            let mut r = b.irecv(Vec::<u8>::with_capacity(1), 0u32, 1).unwrap();
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while !r.test() {
+                assert!(Instant::now() < deadline, "the message never arrived");
+            }
+            let before = records();
+            // Complete already: run, or scheduled on the pool, at once by this thread.
+            cr.attach(&mut r, invoke, |res| assert_eq!(res.unwrap().0, vec![1])).unwrap();
+            if invoke == Invoke::Pool {
+                assert!(before > 0);
+                assert_eq!(records(), before, "a pool callback took a record");
+            }
+            cr.wait().unwrap();
+        }
+    }
+
+    /// A pool callback queued on a worker's own queue (attached by a pool callback running on
+    /// that worker to a receive complete already) when its rank shuts down is dropped unrun by
+    /// the worker as it leaves, and counts down as `Cancelled`: no registry entry is needed to
+    /// reach it. (`tests/continuation_reentry.rs` has one queued on the pool's injector.)
+    #[test]
+    fn a_pool_callback_on_a_workers_queue_is_cancelled_at_shutdown() {
+        use crate::Runtime;
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        use std::sync::mpsc;
+        use std::time::{Duration, Instant};
+        let rts = Runtime::builder().env(false).cris(1).workers(1).build_local(2).unwrap();
+        let cr = Arc::new(rts[1].continuation_request());
+        let ran = Arc::new(AtomicUsize::new(0));
+        let (queued_tx, queued) = mpsc::channel();
+        {
+            let (a, b) = (rts[0].world(), rts[1].world());
+            let mut first = b.irecv(Vec::<u8>::with_capacity(1), 0u32, 1).unwrap();
+            let (comm, engine, c, second_ran) = (b.clone(), rts[1].engine.clone(), cr.clone(), ran.clone());
+            cr.attach(&mut first, Invoke::Pool, move |_| {
+                let deadline = Instant::now() + Duration::from_secs(10);
+                let mut second = comm.irecv(Vec::<u8>::with_capacity(1), 0u32, 2).unwrap();
+                while !second.test() && Instant::now() < deadline {}
+                // Complete already: queued at once, on this worker's own queue.
+                c.attach(&mut second, Invoke::Pool, move |_| {
+                    second_ran.fetch_add(1, Ordering::Relaxed);
+                })
+                .unwrap();
+                queued_tx.send(()).unwrap();
+                // Returns once the pool is shutting down (its worker then leaves its loop).
+                while engine.executor.get().is_some() && Instant::now() < deadline {
+                    std::thread::yield_now();
+                }
+            })
+            .unwrap();
+            a.send(vec![2u8], 1, 2).unwrap();
+            a.send(vec![1u8], 1, 1).unwrap();
+        }
+        // This thread completes the first receive (the pool starts with its callback's task).
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while queued.try_recv().is_err() {
+            assert!(Instant::now() < deadline, "the first callback did not run");
+            rts[1].progress();
+        }
+        assert_eq!(cr.pending(), 2, "the first callback runs, the second is queued");
+        drop(rts);
+        assert_eq!(cr.wait().unwrap_err(), Error::Cancelled);
+        assert_eq!(cr.pending(), 0);
+        assert_eq!(ran.load(Ordering::Relaxed), 0, "the queued callback never ran");
     }
 
     /// A receive completed by the rank's courier (a peer lost while the courier sends the

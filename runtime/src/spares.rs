@@ -9,7 +9,9 @@
 //! A thread keeps only as many as it has shown it takes: its limit starts at none and grows
 //! by a batch each time it found its own spares empty, up to its `MAX`, so a thread that
 //! only gives back (a progress thread completing the others' receives) hoards nothing and
-//! hands all on.
+//! hands all on. A thread's first batch becomes its spares, storage and all: a thread that
+//! completes a request or two and ends (a waiting thread spawned for a round) allocates
+//! nothing for them.
 //!
 //! Under loom the shared queue keeps nothing: an object made in one model execution must
 //! not reach the next.
@@ -155,6 +157,12 @@ impl<T, const MAX: usize> Spares<T, MAX> {
         own.or_else(|| self.refill())
     }
 
+    /// The spares this thread keeps now.
+    #[cfg(test)]
+    pub(crate) fn len(&self) -> usize {
+        self.own.borrow().len()
+    }
+
     /// Takes a batch of another thread's spares into this thread's (empty) own, and one of
     /// them out. The thread ran out of its own: it keeps a batch more from now on.
     #[inline(never)]
@@ -163,6 +171,13 @@ impl<T, const MAX: usize> Spares<T, MAX> {
         let mut batch = self.shared.take_batch()?;
         let spare = batch.pop();
         let mut own = self.own.borrow_mut();
+        if own.capacity() == 0 {
+            // The thread's first refill: the batch, storage and all, becomes its spares. A
+            // thread that takes a few and ends (a waiting thread that completes a receive
+            // or two) allocates nothing for them, and gives the batch back whole.
+            *own = batch;
+            return spare;
+        }
         if own.capacity() < MAX {
             // Once per thread: room for every spare it keeps.
             let len = own.len();
@@ -182,7 +197,8 @@ impl<T, const MAX: usize> Spares<T, MAX> {
         let len = own.len();
         if len < self.keeps.get() {
             if len == own.capacity() {
-                // Once per thread: room for every spare it keeps.
+                // Once per thread (or once more, when its first refill's batch became its
+                // spares): room for every spare it keeps.
                 own.reserve_exact(MAX - len);
             }
             // SAFETY: `len < capacity`, so the slot is allocated and uninitialized; the
@@ -234,6 +250,10 @@ impl<T, const MAX: usize> Drop for Spares<T, MAX> {
             self.shared.give_batch(out);
         }
         let own = self.own.get_mut();
+        if own.capacity() == BATCH && !own.is_empty() {
+            // A batch it took at its first refill and kept as its own (`refill`).
+            self.shared.give_batch(std::mem::take(own));
+        }
         while !own.is_empty() {
             let mut batch = self.shared.take_empty();
             batch.extend(own.drain(own.len().saturating_sub(BATCH)..));
@@ -265,8 +285,10 @@ mod tests {
                 assert_eq!(s.own.borrow().len(), 0, "a thread that never took kept spares");
                 assert_eq!(GIVEN.batches().len(), 2, "what it gave back went on, in batches");
                 // It takes: a batch of the others', then its own until they run out.
-                let taken: Vec<u32> = std::iter::from_fn(|| s.take()).take(BATCH + 1).collect();
-                assert_eq!(taken.len(), BATCH + 1);
+                assert!(s.take().is_some());
+                assert_eq!(s.own.borrow().capacity(), BATCH, "a first refill allocates nothing: the batch is the storage");
+                let taken: Vec<u32> = std::iter::from_fn(|| s.take()).take(BATCH).collect();
+                assert_eq!(taken.len(), BATCH);
                 assert_eq!(s.keeps.get(), 2 * BATCH, "two refills, a batch each");
                 for i in 0..3 * BATCH as u32 {
                     s.keep(i);
@@ -309,9 +331,10 @@ mod tests {
                 // The batch handed on, and the one the first thread left when it ended.
                 assert_eq!(SHARED.batches().len(), 2);
                 let got: Vec<u32> = std::iter::from_fn(|| s.take()).take(BATCH).collect();
-                // The batch came whole: the queue was asked once.
+                // The batch came whole: the queue was asked once. The thread had no spares
+                // yet, so the batch, storage and all, became its own: nothing to give back.
                 assert_eq!(SHARED.batches().len(), 1);
-                assert_eq!(SHARED.empties().len(), 1, "the batch's storage goes back");
+                assert_eq!(SHARED.empties().len(), 0, "a first batch's storage is kept");
                 got
             })
         })

@@ -369,6 +369,38 @@ fn wait_all_vs_cancel() {
     });
 }
 
+/// (d''') A count taken ([`SyncObject::count_one`], a continuation attached) while another
+/// thread finishes the last one pending (a callback counted down): the pending count holds
+/// one reference to the object for all that is pending, taken as the count leaves zero and
+/// given back as it returns there, and here it may leave and return twice. The object lives
+/// until the last count is finished, also when the waiter drops its handle at once while the
+/// finisher still notifies (loom's `Arc` reports a release too many, or a leak); the waiter
+/// is woken (a lost wakeup is a loom deadlock) and returns only once both counts finished;
+/// each count is counted once: its error is reported by one `wait_all`, the next finds none.
+#[test]
+fn count_one_vs_last_finish() {
+    use loom::sync::atomic::{AtomicBool, Ordering};
+    model("count_one_vs_last_finish", || {
+        let sync = SyncObject::<()>::new();
+        let first = sync.count_one();
+        let finisher = thread::spawn(move || first.complete(Err(Error::Cancelled)));
+        let second = sync.count_one();
+        let finished = Arc::new(AtomicBool::new(false));
+        let f = finished.clone();
+        let second_finisher = thread::spawn(move || {
+            f.store(true, Ordering::Relaxed);
+            second.complete(Ok(Status::default()));
+        });
+        assert_eq!(sync.wait_all(), Err(Error::Cancelled), "the first count's error, once both finished");
+        assert!(finished.load(Ordering::Relaxed), "wait_all returned before the second count finished");
+        assert_eq!(sync.size(), 0);
+        assert_eq!(sync.wait_all(), Ok(()), "an error is reported once");
+        drop(sync);
+        finisher.join().unwrap();
+        second_finisher.join().unwrap();
+    });
+}
+
 /// (e) Waker registration in `poll_complete` races `complete`: the task is woken (or sees
 /// the completion while registering) and reads the completer's outcome.
 #[test]

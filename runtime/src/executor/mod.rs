@@ -8,7 +8,9 @@
 //! * `pool.rs` — the pool: a crossbeam-deque `Worker` per thread, one global `Injector`,
 //!   stealers; the worker loop (local queue, the injector every 61 ticks for fairness,
 //!   progress when idle, stealing, parking); shutdown when the last `Runtime` handle drops.
-//! * `registry.rs` — every live task, so shutdown cancels the ones waiting for a wake too.
+//! * `registry.rs` — every live task spawned as a future, so shutdown cancels the ones
+//!   waiting for a wake too (a task that never waits for one, a pool continuation's, is left
+//!   out: a queue always holds it until it runs; `task.rs`, "Shutdown").
 //! * `park.rs` — who sleeps and who wakes them: new tasks unpark one sleeping worker;
 //!   network activity (the transport's doorbell) wakes a worker that may progress.
 //! * `block_on.rs` — running a future on the calling thread ([`crate::Runtime::block_on`]).

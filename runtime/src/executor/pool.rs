@@ -15,7 +15,8 @@
 //! The pool starts at the first spawn (no threads for a runtime that never spawns) and
 //! stops when the last `Runtime` handle drops: the threads are joined and every task not
 //! yet complete is cancelled, queued or waiting for a wake (their join handles give
-//! [`JoinError::Cancelled`](super::JoinError); `registry.rs`).
+//! [`JoinError::Cancelled`](super::JoinError); `registry.rs`; a queued pool continuation's
+//! callback counts down as `Cancelled`).
 
 use std::cell::Cell;
 use std::future::Future;
@@ -152,7 +153,8 @@ pub(crate) struct Pool {
     pub(super) sleep: Sleepers,
     /// Set once at shutdown.
     shutdown: AtomicBool,
-    /// Every task spawned and not yet complete (cancelled at shutdown).
+    /// Every task spawned as a future and not yet complete (cancelled at shutdown); not the
+    /// pool continuations' tasks, which a queue always holds (`task.rs`, "Shutdown").
     pub(super) tasks: Registry,
 }
 

@@ -7,6 +7,8 @@
 //! the queues at shutdown never sees such a task, so its join handle would never resolve
 //! and its future — with everything it owns — would leak. The registry holds one reference
 //! to every task from spawn to completion; shutdown closes it and cancels what is left.
+//! Tasks that never wait for a wake (a pool continuation's) are left out: they are always in
+//! a run queue or running, where shutdown reaches them (`task.rs`, "Shutdown").
 //!
 //! The registry is touched on spawn and on completion only, never per poll: a slab per
 //! shard behind a mutex, the shard chosen by the task's address, so workers completing

@@ -16,8 +16,15 @@
 //!
 //! # Shutdown
 //!
-//! Every live task is in the pool's registry (`registry.rs`) from spawn to completion. At
-//! shutdown each one left is cancelled (`Runnable::shut_down`): an idle or queued task is
+//! Every live task spawned as a future is in the pool's registry (`registry.rs`) from spawn
+//! to completion. The one exception is a task that never waits for a wake, a pool
+//! continuation's (`PoolCall`, `continuation.rs`): it is queued when made and runs to its
+//! end once taken, so it is always in a run queue or running, never only in a waker, and
+//! shutdown reaches it where it is: the injector is drained, and a worker leaving its loop
+//! cancels what is left in its own queues (`Runnable::cancel`: the callback dropped unrun,
+//! counted down as `Cancelled`); one running then runs to its end. It binds no key
+//! (`Runnable::bind` does nothing), and spawning it touches no registry lock. At
+//! shutdown each registered task left is cancelled (`Runnable::shut_down`): an idle or queued task is
 //! claimed (`RUNNING` taken) and its future dropped at once; a task being polled — by a
 //! thread helping from inside a wait, or by the very thread shutting down — is marked
 //! `CANCELLED`, and its poller cancels it when the poll returns `Pending`. A queue's
