@@ -9,6 +9,8 @@ use std::fmt;
 use std::future::Future;
 use std::mem::ManuallyDrop;
 use std::pin::Pin;
+use std::ptr;
+use std::sync::atomic::{AtomicPtr, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
@@ -71,17 +73,13 @@ pub struct Request<'c, B: Send + 'static> {
     /// The buffer, dropped by [`Drop`] itself (only a request whose result was not taken
     /// has one: a taken request's drop is a few compares, not the fields' drop glue).
     buf: ManuallyDrop<Option<B>>,
-    /// For receives: sets the buffer's length to the bytes received (`RecvBuf::filled`).
-    filled: Option<unsafe fn(&mut B, usize)>,
-    /// A send that completed inside `isend` (an eager frame the transport took at once),
-    /// while `sent` is set: its status, and no inner — nothing else ever refers to it, so it
-    /// needs no pooled `Operation`, no completion cell and no reference count (about 150
-    /// instructions per message).
-    status: Status,
-    /// A completed cell for such a send, made only if someone asks for one (attaching it
+    /// A receive's `RecvBuf::filled`, or a sent request's status (see [`Extra`]).
+    extra: Extra<B>,
+    /// A completed cell for a sent request, made only if someone asks for one (attaching it
     /// to a sync object), or the cell of a request whose result was taken.
     /// Emptied by [`Drop`] itself, as `buf`.
-    sent_cell: ManuallyDrop<std::sync::OnceLock<Arc<Operation>>>,
+    sent_cell: MadeCell,
+    /// Which field of `extra` holds: `filled` for a receive, `status` for a sent request.
     kind: Kind,
     /// Whether `status` is a sent request's result still to be taken.
     sent: bool,
@@ -121,10 +119,10 @@ impl<B: Send + 'static> Request<'_, B> {
         match (&*self.inner, self.sent) {
             (Some(i), _) => &i.cell,
             (None, true) => {
-                let st = self.comm.local_status(self.status);
+                let st = self.comm.local_status(self.status());
                 &self.sent_cell.get_or_init(|| new_operation(|i| i.cell.reset_completed(Ok(st)))).cell
             }
-            (None, false) => consumed_cell(&self.sent_cell),
+            (None, false) => &self.sent_cell.get_or_init(consumed_operation).cell,
         }
     }
 
@@ -145,6 +143,69 @@ impl<B: Send + 'static> Request<'_, B> {
             to.cell.complete(ranks.outcome(o));
         };
         weft_sync::on_complete(&mut Cell(inner), Box::new(complete)).ok().map(|()| relay)
+    }
+}
+
+/// What a request needs beside its operation, by kind: a receive never completes inside
+/// `irecv` and a send fills no buffer, so one word pair serves both (a request is moved on
+/// every call that makes, stores or takes one).
+#[derive(Clone, Copy)]
+union Extra<B> {
+    /// For receives (`kind` is [`Kind::Recv`]): sets the buffer's length to the bytes
+    /// received (`RecvBuf::filled`).
+    filled: unsafe fn(&mut B, usize),
+    /// For sends: a send that completed inside `isend` (an eager frame the transport took
+    /// at once), while `sent` is set: its status, and no inner — nothing else ever refers
+    /// to it, so it needs no pooled `Operation`, no completion cell and no reference count
+    /// (about 150 instructions per message).
+    status: Status,
+}
+
+/// An operation made on first use and kept until taken, in one word (a `OnceLock` of an
+/// `Arc` takes two): a sent request's completed cell, or a taken request's.
+struct MadeCell(AtomicPtr<Operation>);
+
+impl MadeCell {
+    const fn new() -> Self {
+        MadeCell(AtomicPtr::new(ptr::null_mut()))
+    }
+
+    /// The operation, if made.
+    fn get(&self) -> Option<&Operation> {
+        // SAFETY: a non-null pointer is an `Arc::into_raw` the slot owns until `take`, which
+        // borrows the slot mutably, so the reference cannot outlive it.
+        unsafe { self.0.load(Ordering::Acquire).as_ref() }
+    }
+
+    /// The operation, made by `make` if not made yet (by this or another thread: a maker
+    /// that loses the race recycles its own).
+    fn get_or_init(&self, make: impl FnOnce() -> Arc<Operation>) -> &Operation {
+        if let Some(op) = self.get() {
+            return op;
+        }
+        let made = Arc::into_raw(make()).cast_mut();
+        match self.0.compare_exchange(ptr::null_mut(), made, Ordering::AcqRel, Ordering::Acquire) {
+            // SAFETY: as in `get`: the slot owns `made` now.
+            Ok(_) => unsafe { &*made },
+            Err(first) => {
+                // SAFETY: `made` is the `into_raw` above, not stored.
+                recycle(unsafe { Arc::from_raw(made) });
+                // SAFETY: as in `get`.
+                unsafe { &*first }
+            }
+        }
+    }
+
+    /// Whether the operation was made (no atomic access: the slot is borrowed mutably).
+    fn is_made(&mut self) -> bool {
+        !self.0.get_mut().is_null()
+    }
+
+    /// The operation, if made, the slot left empty.
+    fn take(&mut self) -> Option<Arc<Operation>> {
+        let p = std::mem::replace(self.0.get_mut(), ptr::null_mut());
+        // SAFETY: a non-null pointer is an `Arc::into_raw` the slot owned.
+        (!p.is_null()).then(|| unsafe { Arc::from_raw(p) })
     }
 }
 
@@ -175,7 +236,12 @@ unsafe fn set_filled<B>(filled: Option<unsafe fn(&mut B, usize)>, buf: &mut B, o
 /// error once, as for any completed request). One per request, not one shared by all: a
 /// cell delivers its completion once.
 pub(crate) fn consumed_cell(slot: &std::sync::OnceLock<Arc<Operation>>) -> &CompletionCell {
-    &slot.get_or_init(|| new_operation(|i| i.cell.reset_completed(Err(CONSUMED)))).cell
+    &slot.get_or_init(consumed_operation).cell
+}
+
+/// A pooled operation completed with [`CONSUMED`] (see [`consumed_cell`]).
+fn consumed_operation() -> Arc<Operation> {
+    new_operation(|i| i.cell.reset_completed(Err(CONSUMED)))
 }
 
 /// Extends a request's borrow of its communicator to `'static`, for a request kept beside a
@@ -192,35 +258,60 @@ pub(crate) unsafe fn unbound<B: Send + 'static>(r: Request<'_, B>) -> Request<'s
 }
 
 impl<'c, B: Send + 'static> Request<'c, B> {
-    /// Every field once; `filled` is set by `recv` for receives.
+    /// Every field once: `extra` as `kind` says (a receive's `filled` is set by `recv`).
     #[inline]
-    fn with(comm: &'c Communicator, inner: Option<Arc<Operation>>, buf: B, kind: Kind, sent: Option<Status>, part: usize) -> Self {
+    fn with(comm: &'c Communicator, inner: Option<Arc<Operation>>, buf: B, extra: Extra<B>, kind: Kind, sent: bool, part: usize) -> Self {
         Request {
             comm,
             inner: ManuallyDrop::new(inner),
             buf: ManuallyDrop::new(Some(buf)),
-            filled: None,
-            status: sent.unwrap_or_default(),
-            sent_cell: ManuallyDrop::new(std::sync::OnceLock::new()),
+            extra,
+            sent_cell: MadeCell::new(),
             kind,
-            sent: sent.is_some(),
+            sent,
             part: part as u16,
         }
     }
 
+    /// A send's request, its status not yet known.
+    fn sending(comm: &'c Communicator, inner: Option<Arc<Operation>>, buf: B, sent: Option<Status>, part: usize) -> Self {
+        let extra = Extra { status: sent.unwrap_or_default() };
+        Self::with(comm, inner, buf, extra, Kind::Send, sent.is_some(), part)
+    }
+
     pub(crate) fn send(comm: &'c Communicator, inner: Arc<Operation>, buf: B, part: usize) -> Self {
-        Self::with(comm, Some(inner), buf, Kind::Send, None, part)
+        Self::sending(comm, Some(inner), buf, None, part)
+    }
+
+    /// A sent request's status (meaningful while `sent` is set).
+    #[inline]
+    fn status(&self) -> Status {
+        match self.kind {
+            // SAFETY: a send's `extra` is its status (`sending`).
+            Kind::Send => unsafe { self.extra.status },
+            Kind::Recv => Status::default(),
+        }
+    }
+
+    /// A receive's `RecvBuf::filled`; `None` for a send.
+    #[inline]
+    fn filled(&self) -> Option<unsafe fn(&mut B, usize)> {
+        match self.kind {
+            Kind::Send => None,
+            // SAFETY: a receive's `extra` is its `filled` (`recv`).
+            Kind::Recv => Some(unsafe { self.extra.filled }),
+        }
     }
 
     /// A collective's request: `inner` completes when its schedule ends (`nbc.rs`), which
     /// fills `buf` first. Dropped in flight, it leaves `buf` to `inner` as a send does.
     pub(crate) fn collective(comm: &'c Communicator, inner: Arc<Operation>, buf: B) -> Self {
-        Self::with(comm, Some(inner), buf, Kind::Send, None, 0)
+        Self::sending(comm, Some(inner), buf, None, 0)
     }
 
     /// A send that completed before `isend` returned, with `status`.
     pub(crate) fn sent(comm: &'c Communicator, status: Status, buf: B) -> Self {
-        Self::with(comm, None, buf, Kind::Send, Some(status), 0)
+        Self::sending(comm, None, buf, Some(status), 0)
     }
 
     /// The tag partition the operation is matched in.
@@ -296,18 +387,19 @@ impl<'c, B: Send + 'static> Request<'c, B> {
     fn settle(&mut self) -> Option<Outcome> {
         if self.sent {
             self.sent = false;
-            if self.sent_cell.get().is_some() {
+            if self.sent_cell.is_made() {
                 self.recycle_sent_cell();
             }
-            let st = self.comm.local_status(self.status);
+            let st = self.comm.local_status(self.status());
             return self.buf.is_some().then_some(Ok(st));
         }
         let outcome = self.inner.as_ref()?.cell.outcome()?;
         let inner = self.inner.take()?;
         let outcome = self.comm.local_outcome(outcome);
+        let filled = self.filled();
         let buf = self.buf.as_mut()?;
         // SAFETY: `outcome` is the completed cell's, read with acquire by `outcome()`.
-        unsafe { set_filled(self.filled, buf, outcome) };
+        unsafe { set_filled(filled, buf, outcome) };
         recycle_completed(inner);
         Some(outcome)
     }
@@ -349,7 +441,7 @@ impl<'c, B: Send + 'static> Request<'c, B> {
             }
             return Ok(());
         };
-        let (Some(mut buf), filled, ranks) = (self.buf.take(), self.filled, self.comm.rank_map()) else { return Err(CONSUMED) };
+        let (Some(mut buf), filled, ranks) = (self.buf.take(), self.filled(), self.comm.rank_map()) else { return Err(CONSUMED) };
         // The callback keeps the buffer (the operation's area) until the operation is over,
         // as a dropped request's orphan slot does, and holds nothing of the runtime: an
         // operation dropped pending (the runtime shut down) drops it, running it with
@@ -372,7 +464,7 @@ impl<'c, B: Send + 'static> Request<'c, B> {
     /// The outcome without consuming the request (`None` while pending).
     pub fn outcome(&self) -> Option<Outcome> {
         match self.sent {
-            true => Some(Ok(self.comm.local_status(self.status))),
+            true => Some(Ok(self.comm.local_status(self.status()))),
             false => self.inner.as_ref().and_then(|i| i.cell.outcome()).map(|o| self.comm.local_outcome(o)),
         }
     }
@@ -490,9 +582,8 @@ impl<B: Send + 'static> crate::progress::Waitable for Request<'_, B> {
 
 impl<'c, B: RecvBuf> Request<'c, B> {
     pub(crate) fn recv(comm: &'c Communicator, inner: Arc<Operation>, buf: B, part: usize) -> Self {
-        let mut r = Self::with(comm, Some(inner), buf, Kind::Recv, None, part);
-        r.filled = Some(<B as RecvBuf>::filled);
-        r
+        let extra = Extra { filled: <B as RecvBuf>::filled };
+        Self::with(comm, Some(inner), buf, extra, Kind::Recv, false, part)
     }
 }
 
@@ -538,7 +629,7 @@ impl<B: Send + 'static> Drop for Request<'_, B> {
     /// in a few instructions, where it is dropped (`release` is out of line).
     #[inline]
     fn drop(&mut self) {
-        if self.inner.is_some() || self.buf.is_some() || self.sent_cell.get().is_some() {
+        if self.inner.is_some() || self.buf.is_some() || self.sent_cell.is_made() {
             self.release();
         }
     }
@@ -582,10 +673,10 @@ impl<B: Send + 'static> Request<'_, B> {
 #[cfg(test)]
 mod tests {
     /// A request is moved on every call that makes, stores or takes one: it stays at most
-    /// eleven words on 64-bit targets (rare-path state lives in its operation).
+    /// nine words on 64-bit targets (rare-path state lives in its operation).
     #[cfg(target_pointer_width = "64")]
     #[test]
     fn a_request_stays_small() {
-        assert!(std::mem::size_of::<super::Request<'static, Vec<u8>>>() <= 88);
+        assert!(std::mem::size_of::<super::Request<'static, Vec<u8>>>() <= 72);
     }
 }
