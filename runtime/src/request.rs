@@ -679,4 +679,23 @@ mod tests {
     fn a_request_stays_small() {
         assert!(std::mem::size_of::<super::Request<'static, Vec<u8>>>() <= 72);
     }
+
+    /// Threads that ask a request's made cell at once all get the same one (a loser of the
+    /// race gives its own back), and taking it leaves the slot empty.
+    #[test]
+    fn a_made_cell_is_made_once() {
+        let mut slot = super::MadeCell::new();
+        let addrs: Vec<usize> = std::thread::scope(|s| {
+            let slot = &slot;
+            let askers: Vec<_> =
+                (0..4).map(|_| s.spawn(move || std::ptr::from_ref(slot.get_or_init(super::consumed_operation)) as usize)).collect();
+            askers.into_iter().map(|a| a.join().unwrap()).collect()
+        });
+        assert!(addrs.windows(2).all(|w| w[0] == w[1]), "{addrs:?}");
+        assert!(slot.is_made());
+        let made = slot.take().unwrap();
+        assert_eq!(std::sync::Arc::as_ptr(&made) as usize, addrs[0]);
+        assert!(!slot.is_made() && slot.take().is_none());
+        super::recycle(made);
+    }
 }
