@@ -298,34 +298,61 @@ impl Communicator {
     /// Starts sending on context `st` to world rank `dest`.
     #[inline]
     pub(crate) fn isend_on<B: SendBuf>(&self, st: &CommState, buf: B, dest: u32, tag: i32) -> Result<Request<'_, B>, Error> {
-        self.post_send(st, buf, dest, tag, |e, _| e)
+        self.post_send(st, buf, (dest, tag), |e, _| e, |st, b| Request::sent(self, st, b), |r| r)
+    }
+
+    /// [`isend_on`](Self::isend_on) for a small collective's step: a send that went at
+    /// once hands its buffer and status to `gone` and makes no request (`None`); one still
+    /// in flight gives its request.
+    #[inline(always)]
+    pub(crate) fn isend_or_gone<B: SendBuf>(
+        &self,
+        st: &CommState,
+        buf: B,
+        dest: u32,
+        tag: i32,
+        gone: impl FnOnce(B, Status),
+    ) -> Result<Option<Request<'_, B>>, Error> {
+        self.post_send(
+            st,
+            buf,
+            (dest, tag),
+            |e, _| e,
+            |st, b| {
+                gone(b, st);
+                None
+            },
+            Some,
+        )
     }
 
     /// [`isend_on`](Self::isend_on), giving the buffer back with the error of a send that
     /// could not be posted (a persistent send keeps it for its next start).
     #[inline]
     pub(crate) fn isend_or_back<B: SendBuf>(&self, st: &CommState, buf: B, dest: u32, tag: i32) -> Result<Request<'_, B>, (Error, B)> {
-        self.post_send(st, buf, dest, tag, |e, b| (e, b))
+        self.post_send(st, buf, (dest, tag), |e, b| (e, b), |st, b| Request::sent(self, st, b), |r| r)
     }
 
     /// Posts a send on context `st` to world rank `dest`; a send that could not be posted
-    /// gives its error and buffer to `refused`. The eager path is inlined into the caller,
-    /// so that the request is built in the result the caller returns, not repacked from
-    /// another; a rendezvous goes out of line.
+    /// gives its error and buffer to `refused`, one gone at once its status and buffer to `sent`,
+    /// one in flight its request to `pending` (`to`: the destination and the tag). The eager
+    /// path is inlined into the caller, so that the request is built in the result the
+    /// caller returns, not repacked from another; a rendezvous goes out of line.
     #[inline(always)]
-    fn post_send<B: SendBuf, E>(
-        &self,
+    fn post_send<'c, B: SendBuf, E, R>(
+        &'c self,
         st: &CommState,
         buf: B,
-        dest: u32,
-        tag: i32,
+        (dest, tag): (u32, i32),
         refused: impl FnOnce(Error, B) -> E,
-    ) -> Result<Request<'_, B>, E> {
+        sent: impl FnOnce(Status, B) -> R,
+        pending: impl FnOnce(Request<'c, B>) -> R,
+    ) -> Result<R, E> {
         let s = &*self.engine;
         let bytes = buf.as_bytes();
         let len = bytes.len();
         if len > s.config.eager_threshold {
-            return self.isend_rendezvous(st, buf, dest, tag).map_err(|(e, b)| refused(e, b));
+            return self.isend_rendezvous(st, buf, dest, tag).map(pending).map_err(|(e, b)| refused(e, b));
         }
         let k = s.cri_for_thread();
         let header = self.send_header(st, k, dest, tag, len);
@@ -336,8 +363,10 @@ impl Communicator {
             Err(e) => return Err(refused(e, buf)),
         };
         Ok(match posted {
-            SendOutcome::Sent => Request::sent(self, Status { source: dest, tag, bytes: len }, buf),
-            SendOutcome::Deferred(inner) => Request::send(self, inner.expect("an eager deferral carries its request"), buf, st.part(tag)),
+            SendOutcome::Sent => sent(Status { source: dest, tag, bytes: len }, buf),
+            SendOutcome::Deferred(inner) => {
+                pending(Request::send(self, inner.expect("an eager deferral carries its request"), buf, st.part(tag)))
+            }
         })
     }
 

@@ -983,11 +983,10 @@ impl Direct<'_> {
                 } else {
                     Scratch::copy_from_spare(&mut self.store.spare, bytes_of(&data[out.at.clone()]))
                 };
-                let mut r = c.isend_on(coll, buf, out.to, tag)?;
-                if r.is_complete() {
-                    r.take_parts_with(|b, o| settled.take(b, o, None, &mut self.store.spare, |_| {}));
+                let spare = &mut self.store.spare;
+                let Some(r) = c.isend_or_gone(coll, buf, out.to, tag, |mut b, s| settled.take(&mut b, Ok(s), None, spare, |_| {}))? else {
                     continue;
-                }
+                };
                 waited_sends += 1;
                 // SAFETY: dropped before this call returns (`store.reqs` is left empty), while
                 // the caller's borrow of `comm` holds.
@@ -1053,11 +1052,11 @@ impl Direct<'_> {
             if i == me {
                 continue;
             }
-            let mut r = c.isend_on(coll, Scratch::copy_from_spare(&mut st.spare, bytes_of(data)), to, tag)?;
-            if r.is_complete() {
-                r.take_parts_with(|b, o| settled.take(b, o, None, &mut st.spare, |_| {}));
+            let buf = Scratch::copy_from_spare(&mut st.spare, bytes_of(data));
+            let spare = &mut st.spare;
+            let Some(r) = c.isend_or_gone(coll, buf, to, tag, |mut b, s| settled.take(&mut b, Ok(s), None, spare, |_| {}))? else {
                 continue;
-            }
+            };
             waited_sends += 1;
             // SAFETY: dropped before this call returns (`store.reqs` is left empty), while
             // the caller's borrow of `comm` holds.
