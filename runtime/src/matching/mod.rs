@@ -104,6 +104,13 @@ pub(crate) struct Posted {
     pub(crate) req: Held,
 }
 
+/// `bin.push_back(posted)` where `bin` is full, out of line (posting's rare path).
+#[cold]
+#[inline(never)]
+fn push_growing(bin: &mut VecDeque<Posted>, posted: Posted) {
+    bin.push_back(posted);
+}
+
 /// The bin key of a fully specified (source, tag).
 #[inline]
 fn bin_key(source: u32, tag: i32) -> u64 {
@@ -998,7 +1005,16 @@ impl MatchState {
         if let (true, Source::Rank(r), Tag::Is(t)) = (self.unexpected.is_empty(), source, tag) {
             let seq = self.post_seq;
             if let Some(bin) = self.bins.last_mut(bin_key(r, t)) {
-                bin.push_back(Posted { source, tag, seq, req: Held::of(req) });
+                // A bin with room takes the entry with no call on the way (growing is out
+                // of line), so its fields are stored straight into the bin, not assembled
+                // on the stack by narrow stores around the call and read back by wide
+                // loads (a load that waits for those stores to retire).
+                let posted = Posted { source, tag, seq, req: Held::of(req) };
+                if bin.len() < bin.capacity() {
+                    bin.push_back(posted);
+                } else {
+                    push_growing(bin, posted);
+                }
                 self.post_seq = seq + 1;
                 return;
             }
