@@ -1271,6 +1271,21 @@ mod tests {
         assert_eq!(m.unexpected.len(), 1);
     }
 
+    /// Receives posted into the bin used last, past its capacity (the bin grows out of line
+    /// while posting), pair with arriving frames in post order.
+    #[test]
+    fn a_growing_bin_pairs_in_post_order() {
+        let mut m = MatchState::new(2, Order::Overtake);
+        let mut out = Matches::default();
+        let posted: Vec<_> = (0..67).map(|_| post(&mut m, Source::Rank(1), Tag::Is(3)).0).collect();
+        for (i, want) in posted.iter().enumerate() {
+            m.arrive(gframe(1, 3, 0, 0), &mut out);
+            let got = out.pairs.pop().expect("paired");
+            assert!(got.req.is(want), "frame {i} pairs with the receive posted {i}th");
+        }
+        assert_eq!(m.frames_held(), 0);
+    }
+
     /// Receives under ever new tags (a collective's sequence numbers), each paired before
     /// the next is posted, reuse one bin: no bin per tag, no map entry.
     #[test]
