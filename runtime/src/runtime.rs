@@ -46,8 +46,9 @@ pub struct Runtime {
     exec: Arc<ExecGuard>,
 }
 
-/// Stops the rank's threads — the executor pool and the courier — when the last `Runtime`
-/// handle drops (communicators and requests keep the rank's state alive, not its threads).
+/// Stops the rank's threads — the executor pool, the courier, the distributed locks'
+/// stand-in — when the last `Runtime` handle drops (communicators and requests keep the
+/// rank's state alive, not its threads).
 struct ExecGuard {
     engine: Arc<Engine>,
 }
@@ -59,6 +60,7 @@ impl Drop for ExecGuard {
         self.engine.courier.stop();
         self.engine.executor.shutdown();
         self.engine.drop_schedules();
+        crate::dlock::stop_stand_in(&self.engine);
     }
 }
 

@@ -125,6 +125,20 @@ fn every_distributed_lock_excludes_across_processes_on_shm() {
     each_rank_says(3, "shm", &["--timeout", "120"], "locks", "locks ok: rank");
 }
 
+/// Every distributed lock across 3 processes, 4 tasks each on the rank's pool taking it 25
+/// times through `lock_async` (`read_async`, `write_async`): the tasks waiting for it are
+/// parked (on `shm`, hand-offs to them come as wake frames); exclusion checked by every
+/// holder, the count of non-atomic increments exact.
+#[test]
+fn every_distributed_lock_excludes_tasks_across_processes_on_shm() {
+    let (o, t) = job(3, "shm", &["--timeout", "120"], &[SELFTEST, "locks", "--tasks", "4", "25"]);
+    let s = text(&o);
+    assert!(o.status.success(), "locks with tasks at 3 ranks on shm failed or hung after {t:?}:\n{s}");
+    for r in 0..3 {
+        assert!(s.contains(&format!("[{r}] locks ok: rank {r} of 3, 4 tasks x 25 acquisitions")), "rank {r}:\n{s}");
+    }
+}
+
 /// The same at 8 processes of 2 threads each, 2 CRIs per rank, 40 acquisitions per thread:
 /// the ranks' threads issue their one-sided operations from two endpoints, and the locks'
 /// hand-offs must still be seen in order at each target (RMA-RW let a writer in beside

@@ -155,6 +155,12 @@ use queues::{node, Counters, Queues};
 use wait::{block_on, Backoff, LocalGuard, LocalLock, Wakes};
 pub use wait::{MAX_SLEEP, WAKE_ALARM, WAKE_CHECK};
 
+/// Ends the thread that stands in for the parked tasks of `engine`'s rank (its runtime is
+/// dropped), even where a lock of the rank was leaked.
+pub(crate) fn stop_stand_in(engine: &std::sync::Arc<crate::engine::Engine>) {
+    wait::StandIn::stop_rank(engine);
+}
+
 /// A lock's release, under way.
 type Releasing<'a> = Pin<Box<dyn Future<Output = Result<(), Error>> + Send + 'a>>;
 

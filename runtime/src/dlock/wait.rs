@@ -19,8 +19,8 @@
 //!   words other ranks' atomics change are polled with [`Backoff`]. While tasks are parked
 //!   on a queue lock's hand-off frames, a thread of the rank ([`StandIn`]) waits as a
 //!   blocked thread does, so the frame's delivery wakes the task whatever executor runs it;
-//!   it ends with the rank's last lock (a lock leaked with `mem::forget` keeps it, and the
-//!   rank's engine, until the process ends).
+//!   it ends with the rank's last lock, or when the rank's runtime is dropped (a lock
+//!   leaked with `mem::forget` keeps no thread).
 //! - [`LocalLock`] orders the threads and tasks of one rank that share its queue nodes:
 //!   waiters are parked (tasks) or park their thread, and are woken by the release.
 
@@ -585,22 +585,25 @@ impl Future for WakeOrCheck<'_> {
 /// park on the doorbell as the rank's waiter, which the network wakes, `Progress::park`),
 /// for as long as any task of the rank is parked there (each counted on its sync object),
 /// and sleeps otherwise. One per rank, shared by its locks ([`of`](Self::of)); its thread
-/// starts at the first park, and ends when the rank's last lock is freed. A lock that is
-/// never dropped (leaked with `mem::forget`) keeps it: its thread, once started, then stays
-/// parked with the rank's engine (its progress hook) until the process ends.
+/// starts at the first park, and ends when the rank's last lock is freed, or at the latest
+/// when the rank's runtime is dropped ([`stop_rank`](Self::stop_rank)): a lock that is
+/// never dropped (leaked with `mem::forget`) keeps the stand-in, not its thread, nor the
+/// thread's hold on the rank's engine (its progress hook).
 pub(crate) struct StandIn {
     /// One count per parked task, and whether the thread is to end.
     shared: Arc<(SyncObject<()>, AtomicBool)>,
     thread: Mutex<Option<std::thread::JoinHandle<()>>>,
 }
 
+/// The stand-ins of the ranks with live locks, by engine. An entry is removed when its
+/// rank's runtime is dropped ([`StandIn::stop_rank`]), and an engine is not freed while its
+/// entry's stand-in lives (its locks hold their communicators), so an address is not reused
+/// meanwhile.
+static RANKS: Mutex<Vec<(usize, std::sync::Weak<StandIn>)>> = Mutex::new(Vec::new());
+
 impl StandIn {
     /// The stand-in of `engine`'s rank: the one its live locks share, or a new one.
     fn of(engine: &Arc<crate::engine::Engine>) -> Arc<StandIn> {
-        /// The stand-ins of the ranks with live locks, by engine. An engine is not freed
-        /// while its stand-in lives (its thread holds the engine's progress hook once
-        /// started, and its locks their communicators), so an address is not reused meanwhile.
-        static RANKS: Mutex<Vec<(usize, std::sync::Weak<StandIn>)>> = Mutex::new(Vec::new());
         let key = Arc::as_ptr(engine) as usize;
         let mut ranks = RANKS.lock().unwrap_or_else(|e| e.into_inner());
         ranks.retain(|(_, s)| s.strong_count() > 0);
@@ -612,6 +615,36 @@ impl StandIn {
         s
     }
 
+    /// Ends the stand-in of `engine`'s rank, if it has one: its runtime is dropped (its
+    /// executor stopped, so no task of the pool is parked). The rank's locks that were
+    /// leaked keep their stand-in, which starts no thread any more (a task parked on them
+    /// later ends its park by its check).
+    pub(crate) fn stop_rank(engine: &Arc<crate::engine::Engine>) {
+        let key = Arc::as_ptr(engine) as usize;
+        let stand_in = {
+            let mut ranks = RANKS.lock().unwrap_or_else(|e| e.into_inner());
+            let at = ranks.iter().position(|(k, _)| *k == key);
+            at.and_then(|i| ranks.swap_remove(i).1.upgrade())
+        };
+        if let Some(s) = stand_in {
+            s.stop();
+        }
+    }
+
+    /// Ends the thread, and joins it unless a parked task's count is still held (a task's
+    /// future leaked while parked, or still parked under an executor that outlives the
+    /// runtime: the thread then ends once the count goes).
+    fn stop(&self) {
+        self.shared.1.store(true, Ordering::Release);
+        let thread = self.thread.lock().unwrap_or_else(|e| e.into_inner()).take();
+        if let Some(t) = thread {
+            t.thread().unpark();
+            if self.shared.0.size() == 0 {
+                let _ = t.join();
+            }
+        }
+    }
+
     /// Counts a parked task of `engine`'s rank until the returned count is dropped; starts
     /// the thread, or wakes it.
     fn stand(&self, engine: &Arc<crate::engine::Engine>) -> Counted<()> {
@@ -619,6 +652,8 @@ impl StandIn {
         let mut thread = self.thread.lock().unwrap_or_else(|e| e.into_inner());
         match thread.as_ref() {
             Some(t) => t.thread().unpark(),
+            // Stopped (its rank's runtime dropped): the task's check ends its park.
+            None if self.shared.1.load(Ordering::Acquire) => {}
             None => {
                 let (shared, hook) = (self.shared.clone(), crate::progress::sync_hook(engine));
                 let run = move || {
@@ -644,14 +679,7 @@ impl Drop for StandIn {
     /// Ends the thread: the rank's locks are freed, so no task is parked (each borrows one),
     /// unless a parked task's future was leaked (then the thread, waiting for it, is left).
     fn drop(&mut self) {
-        self.shared.1.store(true, Ordering::Release);
-        let thread = self.thread.get_mut().unwrap_or_else(|e| e.into_inner()).take();
-        if let Some(t) = thread {
-            t.thread().unpark();
-            if self.shared.0.size() == 0 {
-                let _ = t.join();
-            }
-        }
+        self.stop();
     }
 }
 

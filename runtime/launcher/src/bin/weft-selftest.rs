@@ -24,7 +24,7 @@
 //! | `order` | >= 2 | every rank sends 200 eager and rendezvous messages, interleaved on one tag, to the next rank on a ring; they arrive in send order |
 //! | `large` | >= 2 | every rank sends a 64 MiB message to the next rank on a ring, all at once (at 2 ranks: an exchange), contents checked |
 //! | `alltoall` | >= 2 | every rank sends 64 KiB (rendezvous) to every other at once, 40 rounds, contents checked |
-//! | `locks [ACQUISITIONS]` | >= 2 | every distributed lock of `weft::dlock` in turn (D-MCS, RMA-MCS, RMA-RW, foMPI-style spin and reader-writer), `--threads` threads per rank (default 2) taking it ACQUISITIONS times each (default 100; one in `--write-every` a write for the reader-writer locks, default 4): a writer increments a word on rank 0 non-atomically (get, add, put, flush), a reader reads it twice; words on rank 0 that count the writers and readers inside find any writer beside another holder; the final count is exact; each lock's line gives its time and the job's acquisitions per second |
+//! | `locks [ACQUISITIONS]` | >= 2 | every distributed lock of `weft::dlock` in turn (D-MCS, RMA-MCS, RMA-RW, foMPI-style spin and reader-writer), `--threads` threads per rank (default 2), or with `--tasks N` N tasks per rank on the runtime's pool through `lock_async` (`read_async`, `write_async`), taking it ACQUISITIONS times each (default 100; one in `--write-every` a write for the reader-writer locks, default 4): a writer increments a word on rank 0 non-atomically (get, add, put, flush), a reader reads it twice; words on rank 0 that count the writers and readers inside find any writer beside another holder; the final count is exact; each lock's line gives its time and the job's acquisitions per second |
 //! | `comms` | >= 2 | split into halves, `create_group` of the first and last rank, then the blocking collectives on both and persistent ones (a large allreduce, an allgather, a scan, each started twice), and two nonblocking allreduces and an alltoall outstanding at once |
 //! | `partitioned` | 2 | rank 0 sends rank 1 a partitioned message of 4 partitions of 64 KiB (above the eager threshold), each filled and marked ready by a thread of its own, in 4 rounds; rank 1 checks every word of every round, and rank 0 tells by the frames it receives per round whether rounds 2 on were written straight into rank 1's buffer (where the transport reaches its memory: the same-host lane) or sent as messages |
 //! | `rma` | >= 2 | one-sided windows: every rank puts into the next rank on a ring, adds 500 times to counters on rank 0 (a native 64-bit and an emulated 32-bit atomic) increments a word on rank 0 100 times under the D-MCS lock (`weft::dlock`, get and put), and takes the RMA-RW lock over the ranks' hosts 100 times (one in four a write that increments another word); the slots and the exact counts are checked |
@@ -42,6 +42,7 @@
 //! | `soak [MESSAGES]` | >= 2 | every rank's `--threads` threads send MESSAGES messages of random sizes (0 B to `--max-size`, default 4 MiB), tags and destinations, on a communicator that keeps order and one that allows overtaking; receivers take them with wildcards, and every byte, per-source order and exactly-once delivery are checked; fails after `--seconds`. `--local N` runs N ranks in this process on the embedded provider; `--kill-rank R` kills rank R halfway, and the survivors check that its requests complete or fail with `PeerLost` within 5 s while theirs arrive whole |
 
 use std::fmt;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 #[path = "../soak.rs"]
@@ -93,7 +94,7 @@ enum Check {
     Partitioned,
     /// [2+ ranks] one-sided windows: a put on a ring, 500 atomic adds and 100 D-MCS-locked increments per rank on rank 0
     Rma,
-    /// [2+ ranks] every distributed lock in turn, THREADS threads per rank each taking it ACQUISITIONS times; exclusion checked, final count exact
+    /// [2+ ranks] every distributed lock in turn, THREADS threads (or TASKS tasks, lock_async) per rank each taking it ACQUISITIONS times; exclusion checked, final count exact
     Locks {
         /// Acquisitions of each lock by each thread.
         #[arg(value_name = "ACQUISITIONS", default_value_t = 100)]
@@ -101,6 +102,9 @@ enum Check {
         /// Threads per rank.
         #[arg(long, default_value_t = 2)]
         threads: u32,
+        /// Tasks per rank instead of threads, on the runtime's pool, each taking the locks with `lock_async` (`read_async`, `write_async`).
+        #[arg(long, default_value_t = 0)]
+        tasks: u32,
         /// Every this many acquisitions of a reader-writer lock, one is a write.
         #[arg(long, default_value_t = 4)]
         write_every: u64,
@@ -772,40 +776,71 @@ fn rma(c: &Communicator) -> Res {
 /// the writers inside and the readers inside.
 const LOCK_WORDS: usize = 3;
 
-/// `locks`: every lock of `weft::dlock` in turn under [`lock_stress`]; prints each lock's
-/// acquisitions and time.
-fn locks(c: &Communicator, acquisitions: u64, threads: u32, write_every: u64) -> Res {
+/// The longest the tasks of a rank take one lock in the `locks` check's tasks mode before
+/// the check fails.
+const LOCK_TASKS_LIMIT: Duration = Duration::from_secs(60);
+
+/// A lock's critical section in a task: takes `$lock` (an `Arc`) with `$read().await` or
+/// `$write().await`, does [`LockWords::inside`], and releases with `unlock_async`.
+macro_rules! async_section {
+    ($lock:expr, $read:ident, $write:ident) => {{
+        let lock = $lock.clone();
+        move |w: Arc<Window<'static, u64>>, words: LockWords, write: bool| {
+            let lock = lock.clone();
+            async move {
+                let g = if write { lock.$write().await } else { lock.$read().await }.map_err(e)?;
+                let inside = words.inside(&w, write);
+                g.unlock_async().await.map_err(e)?;
+                inside
+            }
+        }
+    }};
+}
+
+/// `locks`: every lock of `weft::dlock` in turn under [`lock_stress`] (threads), or with
+/// `tasks` tasks per rank under [`lock_stress_tasks`]; prints each lock's acquisitions and
+/// time.
+fn locks(rt: &Runtime, c: &Communicator, acquisitions: u64, threads: u32, tasks: u32, write_every: u64) -> Res {
     if threads == 0 || write_every == 0 {
         return Err("locks: --threads and --write-every must be at least 1".into());
     }
     let (levels, t) = (Levels::hosts(), Thresholds { t_r: 4, ..Thresholds::default() });
-    let w: Window<'_, u64> = c.window(5 * LOCK_WORDS).map_err(e)?;
-    let p = StressParams { acquisitions, threads, write_every };
+    let w: Window<'static, u64> = c.window(5 * LOCK_WORDS).map_err(e)?;
     let home = c.size() - 1;
+    let dmcs = Arc::new(DMcs::new(c, home).map_err(e)?);
+    let mcs = Arc::new(RmaMcs::new(c, &levels, &t).map_err(e)?);
+    let rw = Arc::new(RmaRw::new(c, &levels, &t).map_err(e)?);
+    let spin = Arc::new(SpinLock::new(c, home).map_err(e)?);
+    let frw = Arc::new(FompiRw::new(c, home).map_err(e)?);
+    let w = Arc::new(w);
     let mut done = Vec::new();
-    let dmcs = DMcs::new(c, home).map_err(e)?;
-    done.push(lock_stress(c, &w, (0, "d-mcs"), &p.exclusive(), || dmcs.lock(), || dmcs.lock(), |g| g.unlock())?);
-    let mcs = RmaMcs::new(c, &levels, &t).map_err(e)?;
-    done.push(lock_stress(c, &w, (1, "rma-mcs"), &p.exclusive(), || mcs.lock(), || mcs.lock(), |g| g.unlock())?);
-    let rw = RmaRw::new(c, &levels, &t).map_err(e)?;
-    done.push(lock_stress(c, &w, (2, "rma-rw"), &p, || rw.read(), || rw.write(), |g| g.unlock())?);
-    let spin = SpinLock::new(c, home).map_err(e)?;
-    done.push(lock_stress(c, &w, (3, "fompi-spin"), &p.exclusive(), || spin.lock(), || spin.lock(), |g| g.unlock())?);
-    let frw = FompiRw::new(c, home).map_err(e)?;
-    done.push(lock_stress(c, &w, (4, "fompi-rw"), &p, || frw.read(), || frw.write(), |g| g.unlock())?);
+    let who = if tasks > 0 {
+        let p = StressParams { acquisitions, threads: tasks, write_every };
+        done.push(lock_stress_tasks(rt, c, &w, (0, "d-mcs"), &p.exclusive(), async_section!(dmcs, lock_async, lock_async))?);
+        done.push(lock_stress_tasks(rt, c, &w, (1, "rma-mcs"), &p.exclusive(), async_section!(mcs, lock_async, lock_async))?);
+        done.push(lock_stress_tasks(rt, c, &w, (2, "rma-rw"), &p, async_section!(rw, read_async, write_async))?);
+        done.push(lock_stress_tasks(rt, c, &w, (3, "fompi-spin"), &p.exclusive(), async_section!(spin, lock_async, lock_async))?);
+        done.push(lock_stress_tasks(rt, c, &w, (4, "fompi-rw"), &p, async_section!(frw, read_async, write_async))?);
+        format!("{tasks} tasks")
+    } else {
+        let p = StressParams { acquisitions, threads, write_every };
+        done.push(lock_stress(c, &w, (0, "d-mcs"), &p.exclusive(), || dmcs.lock(), || dmcs.lock(), |g| g.unlock())?);
+        done.push(lock_stress(c, &w, (1, "rma-mcs"), &p.exclusive(), || mcs.lock(), || mcs.lock(), |g| g.unlock())?);
+        done.push(lock_stress(c, &w, (2, "rma-rw"), &p, || rw.read(), || rw.write(), |g| g.unlock())?);
+        done.push(lock_stress(c, &w, (3, "fompi-spin"), &p.exclusive(), || spin.lock(), || spin.lock(), |g| g.unlock())?);
+        done.push(lock_stress(c, &w, (4, "fompi-rw"), &p, || frw.read(), || frw.write(), |g| g.unlock())?);
+        format!("{threads} threads")
+    };
     goodbye(c)?;
     drop((dmcs, mcs, rw, spin, frw));
-    w.free().map_err(e)?;
-    println!(
-        "locks ok: rank {} of {}, {threads} threads x {acquisitions} acquisitions of each lock: {}",
-        c.rank(),
-        c.size(),
-        done.join(", ")
-    );
+    Arc::into_inner(w).ok_or("locks: a task still holds the window")?.free().map_err(e)?;
+    println!("locks ok: rank {} of {}, {who} x {acquisitions} acquisitions of each lock: {}", c.rank(), c.size(), done.join(", "));
     Ok(())
 }
 
-/// How [`lock_stress`] takes a lock.
+/// How [`lock_stress`] takes a lock: `threads` threads (or tasks) per rank, each
+/// `acquisitions` times.
+#[derive(Clone, Copy)]
 struct StressParams {
     acquisitions: u64,
     threads: u32,
@@ -817,69 +852,121 @@ impl StressParams {
     fn exclusive(&self) -> StressParams {
         StressParams { write_every: 1, ..*self }
     }
+
+    /// Whether acquisition `i` of thread or task `t` on rank `rank` is a write.
+    fn writes(&self, i: u64, t: u64, rank: u32) -> bool {
+        (i + t + u64::from(rank)) % self.write_every == 0
+    }
+}
+
+/// The `locks` check's words of one lock on rank 0 (`LOCK_WORDS` from `LOCK_WORDS * slot`),
+/// and its name.
+#[derive(Clone, Copy)]
+struct LockWords {
+    count: usize,
+    writers: usize,
+    readers: usize,
+    name: &'static str,
+}
+
+impl LockWords {
+    fn new((slot, name): (usize, &'static str)) -> Self {
+        LockWords { count: LOCK_WORDS * slot, writers: LOCK_WORDS * slot + 1, readers: LOCK_WORDS * slot + 2, name }
+    }
+
+    fn fail(&self, what: String) -> String {
+        format!("{}: {what}", self.name)
+    }
+
+    /// What a holder does inside: a writer raises the writers inside, finds no other holder,
+    /// increments the count non-atomically (get, add, put, flush) and lowers the writers; a
+    /// reader raises the readers inside, finds no writer and reads the count twice, unchanged.
+    fn inside(&self, w: &Window<'_, u64>, write: bool) -> Res {
+        if write {
+            let others = w.fetch_and_op(0, self.writers, 1, Op::Sum).map_err(e)?;
+            let inside = w.fetch_and_op(0, self.readers, 0, Op::NoOp).map_err(e)?;
+            if others != 0 || inside != 0 {
+                return Err(self.fail(format!("a writer found {others} other writers and {inside} readers inside")));
+            }
+            let mut v = [0u64];
+            w.get(0, self.count, &mut v).map_err(e)?;
+            w.put(0, self.count, &[v[0] + 1]).map_err(e)?;
+            w.flush(0).map_err(e)?;
+            w.fetch_and_op(0, self.writers, u64::MAX, Op::Sum).map_err(e)?;
+            return Ok(());
+        }
+        w.fetch_and_op(0, self.readers, 1, Op::Sum).map_err(e)?;
+        let inside = w.fetch_and_op(0, self.writers, 0, Op::NoOp).map_err(e)?;
+        let (mut a, mut b) = ([0u64], [0u64]);
+        w.get(0, self.count, &mut a).map_err(e)?;
+        w.get(0, self.count, &mut b).map_err(e)?;
+        w.fetch_and_op(0, self.readers, u64::MAX, Op::Sum).map_err(e)?;
+        check(inside == 0 && a == b, || {
+            self.fail(format!("a reader found {inside} writers inside, and the count went from {} to {}", a[0], b[0]))
+        })
+    }
+
+    /// After every rank's holders are done: the count on rank 0 must be the writes of every
+    /// rank; returns the lock's line of the summary.
+    fn tally(&self, c: &Communicator, w: &Window<'_, u64>, p: &StressParams, writes: u64, took: Duration) -> Result<String, String> {
+        let mut all = [0u64];
+        c.allreduce(&[writes], &mut all, weft::Op::Sum).map_err(e)?;
+        if c.rank() == 0 {
+            let mut v = [0u64];
+            w.read_local(self.count, &mut v).map_err(e)?;
+            check(v[0] == all[0], || {
+                self.fail(format!("expected a count of {} writes, found {} (an update was lost: two writers were inside)", all[0], v[0]))
+            })?;
+        }
+        let n = u64::from(p.threads) * p.acquisitions;
+        // The job's rate: every rank's acquisitions over this rank's time (the ranks start
+        // together at the barrier and their times differ little).
+        let rate = (n * u64::from(c.size())) as f64 / took.as_secs_f64().max(1e-9);
+        Ok(format!("{} {n} ({writes} writes) in {:.2} s, {rate:.0} acquisitions/s in the job", self.name, took.as_secs_f64()))
+    }
+}
+
+/// The first failure of several holders (each failure with its time: a failing holder
+/// leaves its count in the words, so the others' checks fail after it), or the writes.
+fn first_failure(ends: Vec<Result<u64, (Instant, String)>>) -> Result<u64, String> {
+    let failed = ends.iter().filter(|r| r.is_err()).count();
+    match ends.iter().filter_map(|r| r.as_ref().err()).min_by_key(|(at, _)| *at) {
+        Some((_, first)) if failed > 1 => Err(format!("{first} (the first of {failed} holders that failed here)")),
+        Some((_, first)) => Err(first.clone()),
+        None => Ok(ends.into_iter().map(|r| r.unwrap_or(0)).sum()),
+    }
 }
 
 /// `p.threads` threads of this rank take a lock `p.acquisitions` times each, every
-/// `p.write_every`-th time with `write`, else with `read`. A writer increments word
-/// `LOCK_WORDS * slot` on rank 0 non-atomically (get, add, put, flush); a reader reads it
-/// twice and finds it unchanged. The next two words count the writers and the readers
-/// inside: each holder raises its own and finds the other (and, a writer, its own) as the
-/// lock allows. Then the count on rank 0 must be the writes of every rank. `lock` is the
-/// lock's slot of words and its name; returns its line of the summary.
+/// `p.write_every`-th time with `write`, else with `read`, and do [`LockWords::inside`]
+/// while they hold it; then [`LockWords::tally`]. `lock` is the lock's slot of words and its
+/// name.
 fn lock_stress<G>(
     c: &Communicator,
     w: &Window<'_, u64>,
-    (slot, name): (usize, &str),
+    lock: (usize, &'static str),
     p: &StressParams,
     read: impl Fn() -> Result<G, Error> + Sync,
     write: impl Fn() -> Result<G, Error> + Sync,
     unlock: impl Fn(G) -> Result<(), Error> + Sync,
 ) -> Result<String, String> {
-    let (count, writers, readers) = (LOCK_WORDS * slot, LOCK_WORDS * slot + 1, LOCK_WORDS * slot + 2);
-    let fail = |what: String| format!("{name}: {what}");
+    let words = LockWords::new(lock);
     c.barrier().map_err(e)?;
     let t0 = Instant::now();
     let writes: Result<u64, String> = std::thread::scope(|s| {
         let hs: Vec<_> = (0..u64::from(p.threads))
             .map(|t| {
-                let (read, write, unlock, fail) = (&read, &write, &unlock, &fail);
-                // A failing thread leaves its count in the words (it does not clean up), so
-                // the others' checks fail after it: it is the first failure that says what
-                // went wrong, and each carries its time.
+                let (read, write, unlock) = (&read, &write, &unlock);
                 s.spawn(move || -> Result<u64, (Instant, String)> {
                     let run = || -> Result<u64, String> {
                         let mut writes = 0;
                         for i in 0..p.acquisitions {
-                            if (i + t + u64::from(c.rank())) % p.write_every == 0 {
-                                let g = write().map_err(e)?;
-                                let others = w.fetch_and_op(0, writers, 1, Op::Sum).map_err(e)?;
-                                let inside = w.fetch_and_op(0, readers, 0, Op::NoOp).map_err(e)?;
-                                if others != 0 || inside != 0 {
-                                    return Err(fail(format!("a writer found {others} other writers and {inside} readers inside")));
-                                }
-                                let mut v = [0u64];
-                                w.get(0, count, &mut v).map_err(e)?;
-                                w.put(0, count, &[v[0] + 1]).map_err(e)?;
-                                w.flush(0).map_err(e)?;
-                                w.fetch_and_op(0, writers, u64::MAX, Op::Sum).map_err(e)?;
-                                unlock(g).map_err(e)?;
-                                writes += 1;
-                            } else {
-                                let g = read().map_err(e)?;
-                                w.fetch_and_op(0, readers, 1, Op::Sum).map_err(e)?;
-                                let inside = w.fetch_and_op(0, writers, 0, Op::NoOp).map_err(e)?;
-                                let (mut a, mut b) = ([0u64], [0u64]);
-                                w.get(0, count, &mut a).map_err(e)?;
-                                w.get(0, count, &mut b).map_err(e)?;
-                                w.fetch_and_op(0, readers, u64::MAX, Op::Sum).map_err(e)?;
-                                unlock(g).map_err(e)?;
-                                if inside != 0 || a != b {
-                                    return Err(fail(format!(
-                                        "a reader found {inside} writers inside, and the count went from {} to {}",
-                                        a[0], b[0]
-                                    )));
-                                }
-                            }
+                            let writing = p.writes(i, t, c.rank());
+                            let g = if writing { write() } else { read() }.map_err(e)?;
+                            let inside = words.inside(w, writing);
+                            unlock(g).map_err(e)?;
+                            inside?;
+                            writes += u64::from(writing);
                         }
                         Ok(writes)
                     };
@@ -887,31 +974,59 @@ fn lock_stress<G>(
                 })
             })
             .collect();
-        let ends: Vec<Result<u64, (Instant, String)>> =
-            hs.into_iter().map(|h| h.join().unwrap_or_else(|_| Err((Instant::now(), fail("a thread panicked".into()))))).collect();
-        let failed = ends.iter().filter(|r| r.is_err()).count();
-        match ends.iter().filter_map(|r| r.as_ref().err()).min_by_key(|(at, _)| *at) {
-            Some((_, first)) if failed > 1 => Err(format!("{first} (the first of {failed} threads that failed here)")),
-            Some((_, first)) => Err(first.clone()),
-            None => Ok(ends.into_iter().map(|r| r.unwrap_or(0)).sum()),
-        }
+        first_failure(
+            hs.into_iter().map(|h| h.join().unwrap_or_else(|_| Err((Instant::now(), words.fail("a thread panicked".into()))))).collect(),
+        )
     });
-    let writes = writes?;
     let took = t0.elapsed();
-    let mut all = [0u64];
-    c.allreduce(&[writes], &mut all, weft::Op::Sum).map_err(e)?;
-    if c.rank() == 0 {
-        let mut v = [0u64];
-        w.read_local(count, &mut v).map_err(e)?;
-        check(v[0] == all[0], || {
-            fail(format!("expected a count of {} writes, found {} (an update was lost: two writers were inside)", all[0], v[0]))
-        })?;
-    }
-    let n = u64::from(p.threads) * p.acquisitions;
-    // The job's rate: every rank's acquisitions over this rank's time (the ranks start
-    // together at the barrier and their times differ little).
-    let rate = (n * u64::from(c.size())) as f64 / took.as_secs_f64().max(1e-9);
-    Ok(format!("{name} {n} ({writes} writes) in {:.2} s, {rate:.0} acquisitions/s in the job", took.as_secs_f64()))
+    words.tally(c, w, p, writes?, took)
+}
+
+/// [`lock_stress`] with tasks: `p.threads` tasks of this rank on the runtime's pool
+/// ([`Runtime::spawn`]) take the lock `p.acquisitions` times each through its `_async`
+/// acquire (`section`, made by [`async_section!`]), so that the tasks waiting for it are
+/// parked, not their threads; each fails once [`LOCK_TASKS_LIMIT`] passed.
+fn lock_stress_tasks<S, F>(
+    rt: &Runtime,
+    c: &Communicator,
+    w: &Arc<Window<'static, u64>>,
+    lock: (usize, &'static str),
+    p: &StressParams,
+    section: S,
+) -> Result<String, String>
+where
+    S: Fn(Arc<Window<'static, u64>>, LockWords, bool) -> F + Clone + Send + 'static,
+    F: std::future::Future<Output = Res> + Send,
+{
+    let words = LockWords::new(lock);
+    c.barrier().map_err(e)?;
+    let t0 = Instant::now();
+    let deadline = t0 + LOCK_TASKS_LIMIT;
+    let tasks: Vec<_> = (0..u64::from(p.threads))
+        .map(|t| {
+            let (section, w, rank, p) = (section.clone(), w.clone(), c.rank(), *p);
+            rt.spawn(async move {
+                let mut writes = 0;
+                for i in 0..p.acquisitions {
+                    if Instant::now() > deadline {
+                        let m = format!("task {t}: {i} of {} acquisitions after {LOCK_TASKS_LIMIT:?}", p.acquisitions);
+                        return Err((Instant::now(), words.fail(m)));
+                    }
+                    let writing = p.writes(i, t, rank);
+                    section(w.clone(), words, writing).await.map_err(|m| (Instant::now(), m))?;
+                    writes += u64::from(writing);
+                }
+                Ok(writes)
+            })
+        })
+        .collect();
+    let ends = tasks
+        .into_iter()
+        .map(|h| rt.block_on(h).unwrap_or_else(|err| Err((Instant::now(), words.fail(format!("a task failed: {err}"))))))
+        .collect();
+    let writes = first_failure(ends);
+    let took = t0.elapsed();
+    words.tally(c, w, p, writes?, took)
 }
 
 /// `comms`: communicators over a subset of the ranks and the collectives on them, against
@@ -1311,7 +1426,7 @@ fn run_step(check: Check, rt: &Runtime, c: &Communicator) -> Res {
         Check::Alltoall => alltoall(c),
         Check::Partitioned => partitioned(rt, c),
         Check::Rma => rma(c),
-        Check::Locks { acquisitions, threads, write_every } => locks(c, acquisitions, threads, write_every),
+        Check::Locks { acquisitions, threads, tasks, write_every } => locks(rt, c, acquisitions, threads, tasks, write_every),
         Check::Comms => comms(c),
         Check::PeerLost => peer_lost(c),
         Check::PeerLostRead => peer_lost_read(rt, c),
