@@ -104,6 +104,13 @@ pub(crate) struct Posted {
     pub(crate) req: Held,
 }
 
+/// `bin.push_back(posted)` where `bin` is full, out of line (posting's rare path).
+#[cold]
+#[inline(never)]
+fn push_growing(bin: &mut VecDeque<Posted>, posted: Posted) {
+    bin.push_back(posted);
+}
+
 /// The bin key of a fully specified (source, tag).
 #[inline]
 fn bin_key(source: u32, tag: i32) -> u64 {
@@ -998,7 +1005,16 @@ impl MatchState {
         if let (true, Source::Rank(r), Tag::Is(t)) = (self.unexpected.is_empty(), source, tag) {
             let seq = self.post_seq;
             if let Some(bin) = self.bins.last_mut(bin_key(r, t)) {
-                bin.push_back(Posted { source, tag, seq, req: Held::of(req) });
+                // A bin with room takes the entry with no call on the way (growing is out
+                // of line), so its fields are stored straight into the bin, not assembled
+                // on the stack by narrow stores around the call and read back by wide
+                // loads (a load that waits for those stores to retire).
+                let posted = Posted { source, tag, seq, req: Held::of(req) };
+                if bin.len() < bin.capacity() {
+                    bin.push_back(posted);
+                } else {
+                    push_growing(bin, posted);
+                }
                 self.post_seq = seq + 1;
                 return;
             }
@@ -1253,6 +1269,21 @@ mod tests {
         m.arrive(gframe(1, 5, 0, 0), &mut out);
         assert!(out.pairs.is_empty(), "no receive left for tag 5");
         assert_eq!(m.unexpected.len(), 1);
+    }
+
+    /// Receives posted into the bin used last, past its capacity (the bin grows out of line
+    /// while posting), pair with arriving frames in post order.
+    #[test]
+    fn a_growing_bin_pairs_in_post_order() {
+        let mut m = MatchState::new(2, Order::Overtake);
+        let mut out = Matches::default();
+        let posted: Vec<_> = (0..67).map(|_| post(&mut m, Source::Rank(1), Tag::Is(3)).0).collect();
+        for (i, want) in posted.iter().enumerate() {
+            m.arrive(gframe(1, 3, 0, 0), &mut out);
+            let got = out.pairs.pop().expect("paired");
+            assert!(got.req.is(want), "frame {i} pairs with the receive posted {i}th");
+        }
+        assert_eq!(m.frames_held(), 0);
     }
 
     /// Receives under ever new tags (a collective's sequence numbers), each paired before
