@@ -1,8 +1,9 @@
 //! Failed starts of persistent requests allocate nothing again: a persistent collective
 //! whose start failed keeps the buffers of the messages that start left in flight, and a
 //! persistent send or receive whose start is refused keeps its buffer (counting global
-//! allocator; a binary of its own, as `zero_alloc.rs`, whose two tests count one at a
-//! time).
+//! allocator; the two tests count one at a time, one only allocations of a block's size and
+//! more, the other only its own thread's, so the harness's start of the other test is never
+//! counted).
 
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
