@@ -155,6 +155,13 @@ use queues::{node, Counters, Queues};
 use wait::{block_on, Backoff, LocalGuard, LocalLock, Wakes};
 pub use wait::{MAX_SLEEP, WAKE_ALARM, WAKE_CHECK};
 
+/// What a wait for a lock gives when a rank ended its part of the lock (dropped it: its
+/// window, [`crate::rma`]'s *A window's end*) while the wait could not go on: the holder
+/// that dropped its lock without releasing it (its guard forgotten), a rank ahead in a
+/// queue, or one whose write the wait needed, will never write (module docs, *Ranks that
+/// end their part*).
+pub const LOCK_ENDED: Error = Error::InvalidArgument("a rank ended its part of the lock (dropped it) while this rank waited for it");
+
 /// Ends the thread that stands in for the parked tasks of `engine`'s rank (its runtime is
 /// dropped), even where a lock of the rank was leaked.
 pub(crate) fn stop_stand_in(engine: &std::sync::Arc<crate::engine::Engine>) {
@@ -482,7 +489,9 @@ impl Central {
     /// provider), or, where the window signals no writes, parks until the word changes
     /// (each change's maker wakes the watchers, [`changed`](Self::changed)) or
     /// [`WAKE_CHECK`] ([`WAKE_ALARM`] for a thread) passed. Fails with what `gone` says
-    /// after a failed attempt. `(word, slot)`: the watchers word of the changes it needs.
+    /// after a failed attempt (`gone` and `attempt` see the ends of ranks' parts that this
+    /// rank's progress, made before each attempt once the waiter may park, handled).
+    /// `(word, slot)`: the watchers word of the changes it needs.
     async fn until(
         &self,
         (word, slot): (usize, usize),
@@ -496,6 +505,10 @@ impl Central {
                 Some(w) => w.arm_watched(&self.window, &backoff, &mut watching, (self.home, word, slot))?,
                 None => None,
             };
+            if backoff.parking() {
+                // The notices of ranks that ended their part are messages.
+                self.window.progress();
+            }
             wait::checked();
             if attempt()? {
                 return Ok(());
@@ -544,17 +557,29 @@ impl SpinLock {
     }
 
     /// One compare-and-swap: `true` if it took the word; `PeerLost` if the rank that
-    /// holds it is gone (it will never release).
+    /// holds it is gone, [`LOCK_ENDED`] if it ended its part of the lock (either way it
+    /// will never release). The end is known once its notice came, which the holder sent
+    /// after its release (if it made one) was complete at the word: a second
+    /// compare-and-swap, made after the end was seen, finds the word released then, and
+    /// the holder's still only if it never released.
     fn attempt(&self) -> Result<bool, Error> {
         let w = &self.c.window;
-        match w.compare_and_swap(self.c.home, 0, 0, node(w.rank()))? {
+        let me = node(w.rank());
+        match w.compare_and_swap(self.c.home, 0, 0, me)? {
             0 => Ok(true),
             holder => {
                 let rank = (holder - 1) as u32;
                 if w.peer_gone(rank) {
                     return Err(Error::PeerLost { rank });
                 }
-                Ok(false)
+                if !w.has_ended(rank) {
+                    return Ok(false);
+                }
+                match w.compare_and_swap(self.c.home, 0, 0, me)? {
+                    0 => Ok(true),
+                    again if again == holder => Err(LOCK_ENDED),
+                    _ => Ok(false),
+                }
             }
         }
     }
@@ -651,11 +676,24 @@ impl FompiRw {
         Ok(self.write_attempt()?.then(|| Guard::new(self, Mode::Exclusive, None)))
     }
 
-    /// `PeerLost` once a rank is gone: the word does not say whether it held the lock.
+    /// `PeerLost` once a rank is gone, [`LOCK_ENDED`] once a rank ended its part before an
+    /// attempt that failed: the word does not say whether that rank held the lock. (Its
+    /// release, if it made one, was complete at the word before its notice of the end
+    /// left it: an attempt after the notice came finds it.)
     async fn poll(&self, attempt: fn(&Self) -> Result<bool, Error>, mode: Mode) -> Result<FompiRwGuard<'_>, Error> {
-        let gone = || self.c.window.lost_peer().map_or(Ok(()), |rank| Err(Error::PeerLost { rank }));
+        let ended = std::sync::atomic::AtomicBool::new(false);
+        let gone = || match self.c.window.lost_peer() {
+            Some(rank) => Err(Error::PeerLost { rank }),
+            None if ended.load(std::sync::atomic::Ordering::Relaxed) => Err(LOCK_ENDED),
+            None => Ok(()),
+        };
         let watch = if mode == Mode::Shared { READERS_WATCHERS } else { WATCHERS };
-        self.c.until(watch, || attempt(self), gone).await?;
+        let attempt = || {
+            // Before the attempt: a rank that ended its part did so after its release.
+            ended.store(self.c.window.ended_peer().is_some(), std::sync::atomic::Ordering::Relaxed);
+            attempt(self)
+        };
+        self.c.until(watch, attempt, gone).await?;
         Ok(Guard::new(self, mode, None))
     }
 }

@@ -1001,6 +1001,14 @@ mod real {
             None
         }
 
+        fn ended_rank(&self, rank: u32) -> bool {
+            false
+        }
+
+        fn ended(&self, _: &Backoff) -> Option<u32> {
+            None
+        }
+
         fn as_window(&self) -> Option<&crate::rma::Window<'_, u64>> {
             None
         }
