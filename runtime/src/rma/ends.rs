@@ -15,7 +15,7 @@ use crate::engine::Engine;
 
 /// The error of an access to a part of a window its owner ended (dropped, or freed while
 /// this rank did not).
-pub(super) const WINDOW_ENDED: Error = Error::InvalidArgument("the target rank ended its part of the window");
+pub(crate) const WINDOW_ENDED: Error = Error::InvalidArgument("the target rank ended its part of the window");
 
 /// Per rank of a window: whether its owner ended its part (set by its notice); then one
 /// more, set after any of them (the one load of a wait that asks whether any did).

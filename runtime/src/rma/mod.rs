@@ -87,8 +87,9 @@ mod element;
 mod ends;
 
 pub use element::{AtomicElement, Op};
+use ends::EndMarks;
 pub(crate) use ends::WindowEnds;
-use ends::{EndMarks, WINDOW_ENDED};
+pub(crate) use ends::WINDOW_ENDED;
 
 /// What a peer needs to target one rank's part of a window.
 #[derive(Clone, Copy, Debug)]
