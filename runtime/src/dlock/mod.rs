@@ -89,6 +89,40 @@
 //! rank's place); a rank that finishes while others still use a lock it made counts as
 //! lost, as for a window.
 //!
+//! # Ranks that end their part
+//!
+//! Dropping a lock ends the rank's part of the lock's window (as dropping a window does,
+//! [`crate::rma`], *A window's end*): each peer is told, and its later accesses to that part
+//! fail. A rank that drops its lock while it holds it (its guard forgotten with
+//! `mem::forget`), or while it waits or is being passed the lock (a future of `lock_async`
+//! dropped), or while its node still holds a level others wait on, leaves waiters that no
+//! write will ever reach. So a wait whose check failed after this rank learned of such an
+//! end (a peer's notice is a message: a waiter past its first polls makes progress before
+//! each check, and a parked one checks again at least every [`WAKE_ALARM`]) fails with
+//! [`LOCK_ENDED`], as it does with `PeerLost` after a loss: as there, a rank cannot tell
+//! which ranks ahead of it in a queue, or inside as readers, will write its word. The
+//! spin lock's waiter fails only once the holder its word names ended its part. An access
+//! of the protocol to the ended part itself fails with
+//! `InvalidArgument("the target rank ended its part of the window")`.
+//!
+//! A rank that passed the lock (its put of the successor's STATUS, its claim of NEXT) and
+//! then at once drops its lock must not make the successor fail, though the notice and the
+//! put travel different paths (on `shm` the notice goes through the same-host lane, the
+//! put through libfabric RMA; on `tcp` each CRI has its own connection). The order is made
+//! at the ending rank: a window's drop first completes every put the rank issued at its
+//! target (each flush reads back from each target written through the CRI, which
+//! libfabric answers only after the writes before it on that path: on `shm` one command
+//! queue per target endpoint, applied in order; on `tcp;ofi_rxm` the puts are delivery
+//! complete and the read follows them on their connection; the embedded provider's
+//! operations are complete on return), and only then sends its notices; the protocol's
+//! puts were flushed the same way already, and its atomics are complete on return. The
+//! waiter reads the end marks *before* its check, so a check that follows a notice sees
+//! every write its sender made, the hand-off included, and takes the lock; the hand-off's
+//! mark of an ended predecessor's NEXT (which fails) reads STATUS instead
+//! (`Queues::wait_status`). A lock on which a rank ended its part is not usable after
+//! that (a wait of any rank fails): drop a lock only once no rank still uses it (after a
+//! barrier, or with a collective free of the program's own).
+//!
 //! # Machine levels
 //!
 //! [`Levels`] says which ranks share a machine element: [`Levels::hosts`] (ranks of one
@@ -305,12 +339,16 @@ fn try_exclusive<'a, L: Release>(q: &'a Queues, lock: &'a L) -> Result<Option<Gu
 macro_rules! queue_lock {
     ($t:ident, $guard:ident) => {
         impl $t {
-            /// Acquires the lock, waiting as long as it takes.
+            /// Acquires the lock, waiting as long as it takes: until it is passed to this
+            /// rank, or a wait fails: with `PeerLost` once a rank of the lock is lost, with
+            /// [`LOCK_ENDED`] once a rank ended its part of the lock (dropped it; module
+            /// docs, *Ranks that end their part*) and the lock did not come.
             pub fn lock(&self) -> Result<$guard<'_>, Error> {
                 block_on(self.lock_async())
             }
 
-            /// Acquires the lock, parking the task (not the thread) while it waits.
+            /// Acquires the lock, parking the task (not the thread) while it waits; fails
+            /// as [`lock`](Self::lock) does.
             pub async fn lock_async(&self) -> Result<$guard<'_>, Error> {
                 exclusive(&self.q, self).await
             }
@@ -408,7 +446,9 @@ impl RmaRw {
         Ok(RmaRw { q: Queues::new(comm, machine, t_l, Some(counters))? })
     }
 
-    /// Acquires the lock as a reader (Listing 9), waiting as long as it takes.
+    /// Acquires the lock as a reader (Listing 9), waiting as long as it takes (a wait
+    /// fails with `PeerLost` once a rank of the lock is lost, with [`LOCK_ENDED`] once a
+    /// rank ended its part of the lock; module docs, *Ranks that end their part*).
     pub fn read(&self) -> Result<RmaRwGuard<'_>, Error> {
         block_on(self.read_async())
     }
@@ -424,7 +464,8 @@ impl RmaRw {
         Ok(self.q.try_reader_acquire()?.then(|| Guard::new(self, Mode::Shared, None)))
     }
 
-    /// Acquires the lock as a writer (Listings 4 and 7), waiting as long as it takes.
+    /// Acquires the lock as a writer (Listings 4 and 7), waiting as long as it takes (fails
+    /// as [`read`](Self::read) does).
     pub fn write(&self) -> Result<RmaRwGuard<'_>, Error> {
         block_on(self.write_async())
     }
@@ -584,12 +625,15 @@ impl SpinLock {
         }
     }
 
-    /// Acquires the lock, polling until the word is free.
+    /// Acquires the lock, polling until the word is free; fails with `PeerLost` once the
+    /// rank holding it is lost, with [`LOCK_ENDED`] once that rank ended its part of the
+    /// lock (dropped it) without releasing (module docs, *Ranks that end their part*).
     pub fn lock(&self) -> Result<SpinGuard<'_>, Error> {
         block_on(self.lock_async())
     }
 
-    /// Acquires the lock, parking the task (not the thread) between polls.
+    /// Acquires the lock, parking the task (not the thread) between polls; fails as
+    /// [`lock`](Self::lock) does.
     pub async fn lock_async(&self) -> Result<SpinGuard<'_>, Error> {
         let local = self.local.lock().await;
         self.c.until(WATCHERS, || self.attempt(), || Ok(())).await?;
@@ -646,7 +690,9 @@ impl FompiRw {
         Ok(self.c.window.compare_and_swap(self.c.home, 0, 0, WRITER)? == 0)
     }
 
-    /// Acquires the lock as a reader, waiting as long as it takes.
+    /// Acquires the lock as a reader, waiting as long as it takes (a wait fails with
+    /// `PeerLost` once a rank of the lock is lost, with [`LOCK_ENDED`] once a rank ended
+    /// its part of the lock; module docs, *Ranks that end their part*).
     pub fn read(&self) -> Result<FompiRwGuard<'_>, Error> {
         block_on(self.read_async())
     }
@@ -661,7 +707,8 @@ impl FompiRw {
         Ok(self.read_attempt()?.then(|| Guard::new(self, Mode::Shared, None)))
     }
 
-    /// Acquires the lock as a writer, waiting as long as it takes.
+    /// Acquires the lock as a writer, waiting as long as it takes (fails as
+    /// [`read`](Self::read) does).
     pub fn write(&self) -> Result<FompiRwGuard<'_>, Error> {
         block_on(self.write_async())
     }
