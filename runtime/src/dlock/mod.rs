@@ -605,23 +605,28 @@ impl SpinLock {
     /// the holder's still only if it never released.
     fn attempt(&self) -> Result<bool, Error> {
         let w = &self.c.window;
-        let me = node(w.rank());
-        match w.compare_and_swap(self.c.home, 0, 0, me)? {
+        match w.compare_and_swap(self.c.home, 0, 0, node(w.rank()))? {
             0 => Ok(true),
-            holder => {
-                let rank = (holder - 1) as u32;
-                if w.peer_gone(rank) {
-                    return Err(Error::PeerLost { rank });
-                }
-                if !w.has_ended(rank) {
-                    return Ok(false);
-                }
-                match w.compare_and_swap(self.c.home, 0, 0, me)? {
-                    0 => Ok(true),
-                    again if again == holder => Err(LOCK_ENDED),
-                    _ => Ok(false),
-                }
-            }
+            holder => self.held_by(holder),
+        }
+    }
+
+    /// [`attempt`](Self::attempt) found the word held by `holder` (out of the acquisition's
+    /// fast path).
+    #[inline(never)]
+    fn held_by(&self, holder: u64) -> Result<bool, Error> {
+        let w = &self.c.window;
+        let rank = (holder - 1) as u32;
+        if w.peer_gone(rank) {
+            return Err(Error::PeerLost { rank });
+        }
+        if !w.has_ended(rank) {
+            return Ok(false);
+        }
+        match w.compare_and_swap(self.c.home, 0, 0, node(w.rank()))? {
+            0 => Ok(true),
+            again if again == holder => Err(LOCK_ENDED),
+            _ => Ok(false),
         }
     }
 

@@ -227,6 +227,7 @@ impl Words for Window<'_, u64> {
         self.has_ended(rank)
     }
 
+    #[inline(never)]
     fn ended(&self, backoff: &Backoff) -> Option<u32> {
         if backoff.parking() {
             self.progress();
