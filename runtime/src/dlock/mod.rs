@@ -261,6 +261,7 @@ impl<'a, L: Release> Guard<'a, L> {
     }
 
     /// Releases the lock, reporting a failure.
+    #[inline]
     pub fn unlock(mut self) -> Result<(), Error> {
         self.held = false;
         block_on(self.lock.release(self.mode))
