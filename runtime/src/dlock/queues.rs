@@ -111,7 +111,7 @@ macro_rules! until {
         loop {
             let armed = $arm;
             // Before the check: a rank that ended its part did so after its writes landed.
-            let ended = $q.window.ended(&$backoff);
+            let ended = $q.window.ended(&$backoff).is_some();
             checked();
             if let Some(v) = $check {
                 break v;
@@ -119,7 +119,7 @@ macro_rules! until {
             if let Some(rank) = $q.window.lost() {
                 return Err(Error::PeerLost { rank });
             }
-            if ended.is_some() {
+            if ended {
                 return Err(LOCK_ENDED);
             }
             $woken = armed.wait(&mut $backoff).await;
