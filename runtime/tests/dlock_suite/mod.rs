@@ -526,6 +526,18 @@ mod ended {
                             in_task(async { l.read_async().await?.unlock_async().await })
                         }),
                     ),
+                    // Tasks waiting on one watched word park on the one that leads them.
+                    (
+                        "RMA-RW, 20 reader tasks",
+                        one_ends(rts, "RMA-RW, 20 reader tasks", rma_rw, hold!(write), |l| {
+                            in_task(async {
+                                let all =
+                                    futures::future::join_all((0..20).map(|_| async { l.read_async().await?.unlock_async().await })).await;
+                                assert!(all.iter().all(|r| *r == all[0]), "every reader task fares alike: {all:?}");
+                                all[0]
+                            })
+                        }),
+                    ),
                     ("spin", one_ends(rts, "spin", spin, hold!(lock), |l| l.lock()?.unlock())),
                     (
                         "spin, a task",
