@@ -31,7 +31,12 @@
 //! properties, with the hand-off's mark and wake frame as the code does them (the waiter's
 //! wait on its frame a step at a time until one came). Such schedules meet, within a second, interleavings that threads meet once
 //! in 10^5 acquisitions (a reset taking a negative DEPART, beyond the listing 6 of
-//! `queues.rs`, let a writer in beside a reader).
+//! `queues.rs`, let a writer in beside a reader). There a process may also end its part of
+//! the words (drop its lock), right after its last release or while holding the lock: the
+//! others' accesses to its words then fail and their waits see the end, as on a window.
+//! The transcription leaves the end out: each of its steps would need a failing twin in
+//! every process, a second transcription of the code's error paths, where the schedules
+//! run those paths themselves.
 
 use std::collections::{HashMap, VecDeque};
 
@@ -1235,7 +1240,10 @@ mod real {
 /// with the waiters of hand-offs marking their predecessor's NEXT and parking on the wake frame as on
 /// libfabric (a lost wake-up leaves a process parked, a walk that does not finish; a second
 /// frame to a wait, or one left queued, fails too), two polling as elsewhere. The
-/// schedules are the same at every run (fixed seeds): 30 walks per lock in a debug build,
+/// schedules are the same at every run (fixed seeds). A process that drops its lock right
+/// after its last release (a hand-off, then its end) leaves the other taking the lock every
+/// time; one that drops it holding it leaves every other process's wait ending (with the
+/// lock, `LOCK_ENDED` or `WINDOW_ENDED`), none waiting for ever. 30 walks per lock in a debug build,
 /// 300 in release, `WEFT_MODEL_WALKS` to search longer. (Not under `--cfg loom`: the
 /// queues' local lock would take loom's atomics outside a loom model.)
 #[test]
