@@ -168,6 +168,21 @@ fn every_distributed_lock_excludes_across_4_processes_of_2_threads_on_tcp() {
     locks_of_2_threads_with_2_cris(4, "tcp");
 }
 
+/// A rank that drops a lock at once after releasing it, or while holding it (its guard
+/// forgotten), across 2 processes: the other, waiting for the lock (a thread, a task), gets
+/// it in the first case whichever of the hand-off and the notice of the end came first, and
+/// fails with `LOCK_ENDED` in the second instead of waiting for ever; every lock.
+#[test]
+fn a_lock_ended_by_its_holder_fails_its_waiter_across_processes_on_shm() {
+    each_rank_says(2, "shm", &["--timeout", "60"], "lock-ends", "lock-ends ok: rank");
+}
+
+/// The same on `tcp`.
+#[test]
+fn a_lock_ended_by_its_holder_fails_its_waiter_across_processes_on_tcp() {
+    each_rank_says(2, "tcp", &["--timeout", "60"], "lock-ends", "lock-ends ok: rank");
+}
+
 #[test]
 fn comms_at_4_ranks_on_shm() {
     comms_at_4("shm");

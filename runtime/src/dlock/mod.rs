@@ -89,6 +89,40 @@
 //! rank's place); a rank that finishes while others still use a lock it made counts as
 //! lost, as for a window.
 //!
+//! # Ranks that end their part
+//!
+//! Dropping a lock ends the rank's part of the lock's window (as dropping a window does,
+//! [`crate::rma`], *A window's end*): each peer is told, and its later accesses to that part
+//! fail. A rank that drops its lock while it holds it (its guard forgotten with
+//! `mem::forget`), or while it waits or is being passed the lock (a future of `lock_async`
+//! dropped), or while its node still holds a level others wait on, leaves waiters that no
+//! write will ever reach. So a wait whose check failed after this rank learned of such an
+//! end (a peer's notice is a message: a waiter past its first polls makes progress before
+//! each check, and a parked one checks again at least every [`WAKE_ALARM`]) fails with
+//! [`LOCK_ENDED`], as it does with `PeerLost` after a loss: as there, a rank cannot tell
+//! which ranks ahead of it in a queue, or inside as readers, will write its word. The
+//! spin lock's waiter fails only once the holder its word names ended its part. An access
+//! of the protocol to the ended part itself fails with
+//! `InvalidArgument("the target rank ended its part of the window")`.
+//!
+//! A rank that passed the lock (its put of the successor's STATUS, its claim of NEXT) and
+//! then at once drops its lock must not make the successor fail, though the notice and the
+//! put travel different paths (on `shm` the notice goes through the same-host lane, the
+//! put through libfabric RMA; on `tcp` each CRI has its own connection). The order is made
+//! at the ending rank: a window's drop first completes every put the rank issued at its
+//! target (each flush reads back from each target written through the CRI, which
+//! libfabric answers only after the writes before it on that path: on `shm` one command
+//! queue per target endpoint, applied in order; on `tcp;ofi_rxm` the puts are delivery
+//! complete and the read follows them on their connection; the embedded provider's
+//! operations are complete on return), and only then sends its notices; the protocol's
+//! puts were flushed the same way already, and its atomics are complete on return. The
+//! waiter reads the end marks *before* its check, so a check that follows a notice sees
+//! every write its sender made, the hand-off included, and takes the lock; the hand-off's
+//! mark of an ended predecessor's NEXT (which fails) reads STATUS instead
+//! (`Queues::wait_status`). A lock on which a rank ended its part is not usable after
+//! that (a wait of any rank fails): drop a lock only once no rank still uses it (after a
+//! barrier, or with a collective free of the program's own).
+//!
 //! # Machine levels
 //!
 //! [`Levels`] says which ranks share a machine element: [`Levels::hosts`] (ranks of one
@@ -155,6 +189,13 @@ use queues::{node, Counters, Queues};
 use wait::{block_on, Backoff, LocalGuard, LocalLock, Wakes};
 pub use wait::{MAX_SLEEP, WAKE_ALARM, WAKE_CHECK};
 
+/// What a wait for a lock gives when a rank ended its part of the lock (dropped it: its
+/// window, [`crate::rma`]'s *A window's end*) while the wait could not go on: the holder
+/// that dropped its lock without releasing it (its guard forgotten), a rank ahead in a
+/// queue, or one whose write the wait needed, will never write (module docs, *Ranks that
+/// end their part*).
+pub const LOCK_ENDED: Error = Error::InvalidArgument("a rank ended its part of the lock (dropped it) while this rank waited for it");
+
 /// Ends the thread that stands in for the parked tasks of `engine`'s rank (its runtime is
 /// dropped), even where a lock of the rank was leaked.
 pub(crate) fn stop_stand_in(engine: &std::sync::Arc<crate::engine::Engine>) {
@@ -220,6 +261,7 @@ impl<'a, L: Release> Guard<'a, L> {
     }
 
     /// Releases the lock, reporting a failure.
+    #[inline]
     pub fn unlock(mut self) -> Result<(), Error> {
         self.held = false;
         block_on(self.lock.release(self.mode))
@@ -298,12 +340,16 @@ fn try_exclusive<'a, L: Release>(q: &'a Queues, lock: &'a L) -> Result<Option<Gu
 macro_rules! queue_lock {
     ($t:ident, $guard:ident) => {
         impl $t {
-            /// Acquires the lock, waiting as long as it takes.
+            /// Acquires the lock, waiting as long as it takes: until it is passed to this
+            /// rank, or a wait fails: with `PeerLost` once a rank of the lock is lost, with
+            /// [`LOCK_ENDED`] once a rank ended its part of the lock (dropped it; module
+            /// docs, *Ranks that end their part*) and the lock did not come.
             pub fn lock(&self) -> Result<$guard<'_>, Error> {
                 block_on(self.lock_async())
             }
 
-            /// Acquires the lock, parking the task (not the thread) while it waits.
+            /// Acquires the lock, parking the task (not the thread) while it waits; fails
+            /// as [`lock`](Self::lock) does.
             pub async fn lock_async(&self) -> Result<$guard<'_>, Error> {
                 exclusive(&self.q, self).await
             }
@@ -401,7 +447,9 @@ impl RmaRw {
         Ok(RmaRw { q: Queues::new(comm, machine, t_l, Some(counters))? })
     }
 
-    /// Acquires the lock as a reader (Listing 9), waiting as long as it takes.
+    /// Acquires the lock as a reader (Listing 9), waiting as long as it takes (a wait
+    /// fails with `PeerLost` once a rank of the lock is lost, with [`LOCK_ENDED`] once a
+    /// rank ended its part of the lock; module docs, *Ranks that end their part*).
     pub fn read(&self) -> Result<RmaRwGuard<'_>, Error> {
         block_on(self.read_async())
     }
@@ -417,7 +465,8 @@ impl RmaRw {
         Ok(self.q.try_reader_acquire()?.then(|| Guard::new(self, Mode::Shared, None)))
     }
 
-    /// Acquires the lock as a writer (Listings 4 and 7), waiting as long as it takes.
+    /// Acquires the lock as a writer (Listings 4 and 7), waiting as long as it takes (fails
+    /// as [`read`](Self::read) does).
     pub fn write(&self) -> Result<RmaRwGuard<'_>, Error> {
         block_on(self.write_async())
     }
@@ -482,7 +531,9 @@ impl Central {
     /// provider), or, where the window signals no writes, parks until the word changes
     /// (each change's maker wakes the watchers, [`changed`](Self::changed)) or
     /// [`WAKE_CHECK`] ([`WAKE_ALARM`] for a thread) passed. Fails with what `gone` says
-    /// after a failed attempt. `(word, slot)`: the watchers word of the changes it needs.
+    /// after a failed attempt (`gone` and `attempt` see the ends of ranks' parts that this
+    /// rank's progress, made before each attempt once the waiter may park, handled).
+    /// `(word, slot)`: the watchers word of the changes it needs.
     async fn until(
         &self,
         (word, slot): (usize, usize),
@@ -496,6 +547,10 @@ impl Central {
                 Some(w) => w.arm_watched(&self.window, &backoff, &mut watching, (self.home, word, slot))?,
                 None => None,
             };
+            if backoff.parking() {
+                // The notices of ranks that ended their part are messages.
+                self.window.progress();
+            }
             wait::checked();
             if attempt()? {
                 return Ok(());
@@ -544,27 +599,47 @@ impl SpinLock {
     }
 
     /// One compare-and-swap: `true` if it took the word; `PeerLost` if the rank that
-    /// holds it is gone (it will never release).
+    /// holds it is gone, [`LOCK_ENDED`] if it ended its part of the lock (either way it
+    /// will never release). The end is known once its notice came, which the holder sent
+    /// after its release (if it made one) was complete at the word: a second
+    /// compare-and-swap, made after the end was seen, finds the word released then, and
+    /// the holder's still only if it never released.
     fn attempt(&self) -> Result<bool, Error> {
         let w = &self.c.window;
         match w.compare_and_swap(self.c.home, 0, 0, node(w.rank()))? {
             0 => Ok(true),
-            holder => {
-                let rank = (holder - 1) as u32;
-                if w.peer_gone(rank) {
-                    return Err(Error::PeerLost { rank });
-                }
-                Ok(false)
-            }
+            holder => self.held_by(holder),
         }
     }
 
-    /// Acquires the lock, polling until the word is free.
+    /// [`attempt`](Self::attempt) found the word held by `holder` (out of the acquisition's
+    /// fast path).
+    #[inline(never)]
+    fn held_by(&self, holder: u64) -> Result<bool, Error> {
+        let w = &self.c.window;
+        let rank = (holder - 1) as u32;
+        if w.peer_gone(rank) {
+            return Err(Error::PeerLost { rank });
+        }
+        if !w.has_ended(rank) {
+            return Ok(false);
+        }
+        match w.compare_and_swap(self.c.home, 0, 0, node(w.rank()))? {
+            0 => Ok(true),
+            again if again == holder => Err(LOCK_ENDED),
+            _ => Ok(false),
+        }
+    }
+
+    /// Acquires the lock, polling until the word is free; fails with `PeerLost` once the
+    /// rank holding it is lost, with [`LOCK_ENDED`] once that rank ended its part of the
+    /// lock (dropped it) without releasing (module docs, *Ranks that end their part*).
     pub fn lock(&self) -> Result<SpinGuard<'_>, Error> {
         block_on(self.lock_async())
     }
 
-    /// Acquires the lock, parking the task (not the thread) between polls.
+    /// Acquires the lock, parking the task (not the thread) between polls; fails as
+    /// [`lock`](Self::lock) does.
     pub async fn lock_async(&self) -> Result<SpinGuard<'_>, Error> {
         let local = self.local.lock().await;
         self.c.until(WATCHERS, || self.attempt(), || Ok(())).await?;
@@ -621,7 +696,9 @@ impl FompiRw {
         Ok(self.c.window.compare_and_swap(self.c.home, 0, 0, WRITER)? == 0)
     }
 
-    /// Acquires the lock as a reader, waiting as long as it takes.
+    /// Acquires the lock as a reader, waiting as long as it takes (a wait fails with
+    /// `PeerLost` once a rank of the lock is lost, with [`LOCK_ENDED`] once a rank ended
+    /// its part of the lock; module docs, *Ranks that end their part*).
     pub fn read(&self) -> Result<FompiRwGuard<'_>, Error> {
         block_on(self.read_async())
     }
@@ -636,7 +713,8 @@ impl FompiRw {
         Ok(self.read_attempt()?.then(|| Guard::new(self, Mode::Shared, None)))
     }
 
-    /// Acquires the lock as a writer, waiting as long as it takes.
+    /// Acquires the lock as a writer, waiting as long as it takes (fails as
+    /// [`read`](Self::read) does).
     pub fn write(&self) -> Result<FompiRwGuard<'_>, Error> {
         block_on(self.write_async())
     }
@@ -651,11 +729,24 @@ impl FompiRw {
         Ok(self.write_attempt()?.then(|| Guard::new(self, Mode::Exclusive, None)))
     }
 
-    /// `PeerLost` once a rank is gone: the word does not say whether it held the lock.
+    /// `PeerLost` once a rank is gone, [`LOCK_ENDED`] once a rank ended its part before an
+    /// attempt that failed: the word does not say whether that rank held the lock. (Its
+    /// release, if it made one, was complete at the word before its notice of the end
+    /// left it: an attempt after the notice came finds it.)
     async fn poll(&self, attempt: fn(&Self) -> Result<bool, Error>, mode: Mode) -> Result<FompiRwGuard<'_>, Error> {
-        let gone = || self.c.window.lost_peer().map_or(Ok(()), |rank| Err(Error::PeerLost { rank }));
+        let ended = std::sync::atomic::AtomicBool::new(false);
+        let gone = || match self.c.window.lost_peer() {
+            Some(rank) => Err(Error::PeerLost { rank }),
+            None if ended.load(std::sync::atomic::Ordering::Relaxed) => Err(LOCK_ENDED),
+            None => Ok(()),
+        };
         let watch = if mode == Mode::Shared { READERS_WATCHERS } else { WATCHERS };
-        self.c.until(watch, || attempt(self), gone).await?;
+        let attempt = || {
+            // Before the attempt: a rank that ended its part did so after its release.
+            ended.store(self.c.window.ended_peer().is_some(), std::sync::atomic::Ordering::Relaxed);
+            attempt(self)
+        };
+        self.c.until(watch, attempt, gone).await?;
         Ok(Guard::new(self, mode, None))
     }
 }

@@ -31,7 +31,12 @@
 //! properties, with the hand-off's mark and wake frame as the code does them (the waiter's
 //! wait on its frame a step at a time until one came). Such schedules meet, within a second, interleavings that threads meet once
 //! in 10^5 acquisitions (a reset taking a negative DEPART, beyond the listing 6 of
-//! `queues.rs`, let a writer in beside a reader).
+//! `queues.rs`, let a writer in beside a reader). There a process may also end its part of
+//! the words (drop its lock), right after its last release or while holding the lock: the
+//! others' accesses to its words then fail and their waits see the end, as on a window.
+//! The transcription leaves the end out: each of its steps would need a failing twin in
+//! every process, a second transcription of the code's error paths, where the schedules
+//! run those paths themselves.
 
 use std::collections::{HashMap, VecDeque};
 
@@ -864,7 +869,7 @@ fn rma_rw_writer_that_does_not_drain_breaks_exclusion() {
 mod real {
     use std::future::Future;
     use std::pin::Pin;
-    use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering::Relaxed};
+    use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering::Relaxed};
     use std::sync::Arc;
     use std::task::{Context, Poll, Waker};
 
@@ -874,7 +879,8 @@ mod real {
     use crate::dlock::levels::Machine;
     use crate::dlock::queues::{Counters, Layout, Queues, Words};
     use crate::dlock::wait::{Armed, Backoff, Wakes};
-    use crate::rma::{AtomicElement, Op};
+    use crate::dlock::LOCK_ENDED;
+    use crate::rma::{AtomicElement, Op, WINDOW_ENDED};
 
     /// One operation as the trace shows it: (process, what, target rank, offset, value
     /// written or read).
@@ -892,6 +898,9 @@ mod real {
         /// `WAKE_CHECK`); `u32::MAX`: never, so a lost wake-up leaves it parked.
         check_after: u32,
         mailboxes: Vec<AtomicU32>,
+        /// Per process: it ended its part (dropped its lock); every later access of
+        /// another process to its words fails, as a window's does.
+        ended: Vec<AtomicBool>,
         /// A wake frame sent to a word that already had one waiting: described.
         astray: Mutex<Option<String>>,
         trace: Mutex<std::collections::VecDeque<Traced>>,
@@ -906,6 +915,14 @@ mod real {
         /// The wake frames with tag `tag` come to `rank` and not taken.
         fn mailbox(&self, rank: u32, tag: usize) -> &AtomicU32 {
             &self.mailboxes[rank as usize * self.per_rank + tag]
+        }
+
+        /// `WINDOW_ENDED` if `rank`, not `me`, ended its part.
+        fn reach(&self, me: u32, rank: u32) -> Result<(), Error> {
+            if rank != me && self.ended[rank as usize].load(Relaxed) {
+                return Err(WINDOW_ENDED);
+            }
+            Ok(())
         }
 
         fn log(&self, op: Traced) {
@@ -953,6 +970,7 @@ mod real {
 
         async fn get(&self, rank: u32, offset: usize, out: &mut [u64]) -> Result<(), Error> {
             step().await;
+            self.mem.reach(self.rank, rank)?;
             for (k, o) in out.iter_mut().enumerate() {
                 *o = self.mem.at(rank, offset + k).load(Relaxed);
             }
@@ -966,6 +984,7 @@ mod real {
 
         async fn put(&self, rank: u32, offset: usize, data: &[u64]) -> Result<(), Error> {
             step().await;
+            self.mem.reach(self.rank, rank)?;
             for (k, &d) in data.iter().enumerate() {
                 self.mem.at(rank, offset + k).store(d, Relaxed);
             }
@@ -975,6 +994,7 @@ mod real {
 
         async fn fetch_and_op(&self, rank: u32, offset: usize, operand: u64, op: Op) -> Result<u64, Error> {
             step().await;
+            self.mem.reach(self.rank, rank)?;
             let w = self.mem.at(rank, offset);
             let old = w.load(Relaxed);
             w.store(u64::combine(old, operand, op).expect("an integer operation"), Relaxed);
@@ -984,6 +1004,7 @@ mod real {
 
         async fn compare_and_swap(&self, rank: u32, offset: usize, compare: u64, swap: u64) -> Result<u64, Error> {
             step().await;
+            self.mem.reach(self.rank, rank)?;
             let old = self.mem.at(rank, offset).compare_exchange(compare, swap, Relaxed, Relaxed).unwrap_or_else(|v| v);
             self.mem.log((self.rank, "cas", rank, offset, old));
             Ok(old)
@@ -999,6 +1020,16 @@ mod real {
 
         fn lost(&self) -> Option<u32> {
             None
+        }
+
+        fn ended_rank(&self, rank: u32) -> bool {
+            self.mem.ended[rank as usize].load(Relaxed)
+        }
+
+        /// Each of this process's operations is complete when its step is: a process that
+        /// ended did so after its writes, as a window's owner ends its part after its flush.
+        fn ended(&self, _: &Backoff) -> Option<u32> {
+            (0..self.size).find(|&r| r != self.rank && self.ended_rank(r))
         }
 
         fn as_window(&self) -> Option<&crate::rma::Window<'_, u64>> {
@@ -1028,6 +1059,28 @@ mod real {
         }
     }
 
+    impl ModelWords {
+        /// Ends this process's part (a step): the drop of its lock.
+        async fn end(&self) {
+            step().await;
+            self.mem.log((self.rank, "end", self.rank, 0, 0));
+            self.mem.ended[self.rank as usize].store(true, Relaxed);
+        }
+    }
+
+    /// How the last process ends its part of the lock's words at its last acquisition.
+    #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+    pub(super) enum End {
+        /// After its release (a hand-off, perhaps), at once: every other process must
+        /// still finish its acquisitions (with 2 processes, where the other needs nothing
+        /// of its part but the hand-off).
+        Released,
+        /// Holding the lock (its guard forgotten): every other process's acquisitions must
+        /// end, with the lock or `LOCK_ENDED` (or `WINDOW_ENDED`, an access to the ended
+        /// part), none waiting for ever.
+        Holding,
+    }
+
     /// A process's acquisitions, under way.
     type Process<'a> = Pin<Box<dyn Future<Output = Result<(), Error>> + 'a>>;
 
@@ -1051,6 +1104,8 @@ mod real {
         /// A waiter marks its predecessor's NEXT and parks on the hand-off's wake frame (libfabric);
         /// else it polls (the embedded provider's waits, which listen, are steps here).
         pub(super) frames: bool,
+        /// Whether, and how, the last process ends its part at its last acquisition.
+        pub(super) end: Option<End>,
     }
 
     /// Runs `walks` random schedules of `config` (xorshift from `seed`), each at most
@@ -1074,8 +1129,11 @@ mod real {
                 per_rank: Layout(n).words(),
                 frames: config.frames,
                 // Every other walk: a frame nobody waits for any more is left to be consumed.
-                check_after: if walk % 2 == 0 { u32::MAX } else { 64 },
+                // Where a process ends, a parked waiter's frame may never come: it checks
+                // again (its `WAKE_CHECK`, `WAKE_ALARM`).
+                check_after: if walk % 2 == 0 && config.end.is_none() { u32::MAX } else { 64 },
                 mailboxes: (0..words).map(|_| AtomicU32::new(0)).collect(),
+                ended: (0..config.procs).map(|_| AtomicBool::new(false)).collect(),
                 astray: Mutex::new(None),
                 trace: Mutex::new(Default::default()),
             });
@@ -1090,6 +1148,7 @@ mod real {
                 queues.iter().map(|q| Some(Box::pin(process(q, config, &inside)) as Process<'_>)).collect();
             let mut cx = Context::from_waker(Waker::noop());
             let mut left = steps;
+            let mut failed = None;
             let failure = loop {
                 let alive: Vec<usize> = (0..procs.len()).filter(|&i| procs[i].is_some()).collect();
                 if alive.is_empty() {
@@ -1103,8 +1162,12 @@ mod real {
                     left = left.saturating_sub(1);
                     let Some(f) = procs[i].as_mut() else { break };
                     if let Poll::Ready(r) = f.as_mut().poll(&mut cx) {
-                        r.expect("model operations do not fail");
                         procs[i] = None;
+                        match (r, config.end) {
+                            (Ok(()), _) => {}
+                            (Err(e), Some(End::Holding)) if e == LOCK_ENDED || e == WINDOW_ENDED => {}
+                            (Err(e), _) => failed = Some(format!("process {i} failed: {e:?}")),
+                        }
                     }
                     let (w, r) = (inside.writers.load(Relaxed), inside.readers.load(Relaxed));
                     if w > 1 || (w == 1 && r > 0) {
@@ -1118,9 +1181,16 @@ mod real {
                 if let Some(astray) = mem.astray.lock().take() {
                     break Some(astray);
                 }
+                if let Some(failed) = failed.take() {
+                    break Some(failed);
+                }
             };
-            // Every wait on a marked word consumed its frame, or the frames nobody took.
+            // Every wait on a marked word consumed its frame, or the frames nobody took (a
+            // wait that failed for an end may leave one: the lock is not used after it).
             let failure = failure.or_else(|| {
+                if config.end == Some(End::Holding) {
+                    return None;
+                }
                 let left = mem.mailboxes.iter().position(|m| m.load(Relaxed) != 0)?;
                 Some(format!("a wake frame left queued at process {}'s word {}", left / mem.per_rank, left % mem.per_rank))
             });
@@ -1147,10 +1217,18 @@ mod real {
             who.fetch_add(1, Relaxed);
             step().await;
             who.fetch_sub(1, Relaxed);
+            let ends = me == config.procs - 1 && j == config.rounds - 1;
+            if ends && config.end == Some(End::Holding) {
+                q.window.end().await;
+                return Ok(());
+            }
             if write {
                 q.writer_release().await?;
             } else {
                 q.reader_release().await?;
+            }
+            if ends && config.end == Some(End::Released) {
+                q.window.end().await;
             }
         }
         Ok(())
@@ -1162,44 +1240,87 @@ mod real {
 /// with the waiters of hand-offs marking their predecessor's NEXT and parking on the wake frame as on
 /// libfabric (a lost wake-up leaves a process parked, a walk that does not finish; a second
 /// frame to a wait, or one left queued, fails too), two polling as elsewhere. The
-/// schedules are the same at every run (fixed seeds): 30 walks per lock in a debug build,
+/// schedules are the same at every run (fixed seeds). A process that drops its lock right
+/// after its last release (a hand-off, then its end) leaves the other taking the lock every
+/// time; one that drops it holding it leaves every other process's wait ending (with the
+/// lock, `LOCK_ENDED` or `WINDOW_ENDED`), none waiting for ever. 30 walks per lock in a debug build,
 /// 300 in release, `WEFT_MODEL_WALKS` to search longer. (Not under `--cfg loom`: the
 /// queues' local lock would take loom's atomics outside a loom model.)
 #[test]
 #[cfg(not(loom))]
 fn the_protocols_code_under_random_schedules_excludes_and_finishes() {
-    use real::Config;
+    use real::{Config, End};
     let default = if cfg!(debug_assertions) { 30 } else { 300 };
     let walks: u32 = std::env::var("WEFT_MODEL_WALKS").ok().and_then(|v| v.parse().ok()).unwrap_or(default);
     let configs = [
         (
             "RMA-RW, 6 processes, one counter, T_R 2, T_W 2",
-            Config { sizes: vec![], procs: 6, t_l: vec![2], rw: Some((2, 6)), every: 4, rounds: 40, frames: true },
+            Config { sizes: vec![], procs: 6, t_l: vec![2], rw: Some((2, 6)), every: 4, rounds: 40, frames: true, end: None },
         ),
         (
             "RMA-RW, 8 processes, one counter, T_R 1, T_W 1",
-            Config { sizes: vec![], procs: 8, t_l: vec![1], rw: Some((1, 8)), every: 3, rounds: 30, frames: true },
+            Config { sizes: vec![], procs: 8, t_l: vec![1], rw: Some((1, 8)), every: 3, rounds: 30, frames: true, end: None },
         ),
         (
             "RMA-RW, 4 processes, a counter per rank",
-            Config { sizes: vec![], procs: 4, t_l: vec![3], rw: Some((1, 1)), every: 2, rounds: 40, frames: false },
+            Config { sizes: vec![], procs: 4, t_l: vec![3], rw: Some((1, 1)), every: 2, rounds: 40, frames: false, end: None },
         ),
         (
             "RMA-RW, 6 processes on 3 nodes, 3 counters",
-            Config { sizes: vec![2], procs: 6, t_l: vec![2, 2], rw: Some((2, 2)), every: 4, rounds: 30, frames: true },
+            Config { sizes: vec![2], procs: 6, t_l: vec![2, 2], rw: Some((2, 2)), every: 4, rounds: 30, frames: true, end: None },
         ),
         (
             "RMA-RW, 8 processes on 2 nodes, T_R 4",
-            Config { sizes: vec![4], procs: 8, t_l: vec![16], rw: Some((4, 4)), every: 4, rounds: 30, frames: true },
+            Config { sizes: vec![4], procs: 8, t_l: vec![16], rw: Some((4, 4)), every: 4, rounds: 30, frames: true, end: None },
         ),
         (
             "RMA-MCS, 8 processes, 2 nodes of 2 sockets",
-            Config { sizes: vec![2, 2], procs: 8, t_l: vec![1, 2, 2], rw: None, every: 1, rounds: 20, frames: true },
+            Config { sizes: vec![2, 2], procs: 8, t_l: vec![1, 2, 2], rw: None, every: 1, rounds: 20, frames: true, end: None },
         ),
-        ("D-MCS, 6 processes", Config { sizes: vec![], procs: 6, t_l: vec![1], rw: None, every: 1, rounds: 30, frames: false }),
+        ("D-MCS, 6 processes", Config { sizes: vec![], procs: 6, t_l: vec![1], rw: None, every: 1, rounds: 30, frames: false, end: None }),
         (
             "D-MCS, 6 processes, parked on wake frames",
-            Config { sizes: vec![], procs: 6, t_l: vec![1], rw: None, every: 1, rounds: 30, frames: true },
+            Config { sizes: vec![], procs: 6, t_l: vec![1], rw: None, every: 1, rounds: 30, frames: true, end: None },
+        ),
+        // A process that drops its lock at once after its last release (a hand-off, perhaps):
+        // the other takes the lock every time.
+        (
+            "D-MCS, 2 processes, parked on wake frames, one drops its lock after its release",
+            Config { sizes: vec![], procs: 2, t_l: vec![1], rw: None, every: 1, rounds: 20, frames: true, end: Some(End::Released) },
+        ),
+        (
+            "D-MCS, 2 processes, one drops its lock after its release",
+            Config { sizes: vec![], procs: 2, t_l: vec![1], rw: None, every: 1, rounds: 20, frames: false, end: Some(End::Released) },
+        ),
+        (
+            "RMA-MCS, 2 processes on 2 nodes, one drops its lock after its release",
+            Config { sizes: vec![1], procs: 2, t_l: vec![1, 2], rw: None, every: 1, rounds: 20, frames: true, end: Some(End::Released) },
+        ),
+        (
+            "RMA-RW, 2 processes, one drops its lock after its release",
+            Config {
+                sizes: vec![],
+                procs: 2,
+                t_l: vec![1],
+                rw: Some((1, 2)),
+                every: 2,
+                rounds: 20,
+                frames: true,
+                end: Some(End::Released),
+            },
+        ),
+        // A process that drops its lock while holding it: the others' waits end.
+        (
+            "D-MCS, 4 processes, one drops its lock holding it",
+            Config { sizes: vec![], procs: 4, t_l: vec![1], rw: None, every: 1, rounds: 10, frames: true, end: Some(End::Holding) },
+        ),
+        (
+            "RMA-MCS, 6 processes on 3 nodes, one drops its lock holding it",
+            Config { sizes: vec![2], procs: 6, t_l: vec![1, 2], rw: None, every: 1, rounds: 10, frames: true, end: Some(End::Holding) },
+        ),
+        (
+            "RMA-RW, 4 processes, one counter, one drops its lock holding it",
+            Config { sizes: vec![], procs: 4, t_l: vec![2], rw: Some((2, 4)), every: 2, rounds: 10, frames: true, end: Some(End::Holding) },
         ),
     ];
     for (seed, (what, config)) in configs.iter().enumerate() {

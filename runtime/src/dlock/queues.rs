@@ -72,6 +72,7 @@ use weft_sync::Error;
 
 use super::levels::Machine;
 use super::wait::{arm, block_on, checked, Armed, Backoff, LocalLock, Wakes, Watching};
+use super::LOCK_ENDED;
 use crate::comm::Communicator;
 use crate::rma::{Op, Window};
 
@@ -84,7 +85,14 @@ use crate::rma::{Op, Window};
 /// A check that failed while a rank of the lock's communicator is gone (lost or finished)
 /// ends the wait with `PeerLost` naming it: the write the wait is for may never come (the
 /// rank may have held the lock, or a place in a queue ahead), and a write that landed
-/// before its writer went was seen by the check. Every park ends within
+/// before its writer went was seen by the check. So does a check that failed after a rank
+/// ended its part of the lock's window (dropped the lock), with [`LOCK_ENDED`]: that rank
+/// writes nothing more, and every write it made landed before its notice of the end left
+/// it ([`Window::ended_peer`]), so a check made after the notice was seen (the end is
+/// sampled before the check) sees them all. A successor passed the lock by a rank that
+/// then at once dropped it therefore takes the lock, whichever of the hand-off's put
+/// (libfabric RMA) and the notice (a message, on `shm` through the same-host lane) reached
+/// it first. Every park ends within
 /// [`WAKE_ALARM`](super::WAKE_ALARM) of a loss: at once where the rank's doorbell or the
 /// written words' signals wake it (a task, the embedded provider), at its alarm where a
 /// thread waits for a wake frame as a blocked receive.
@@ -102,12 +110,17 @@ macro_rules! until {
         let mut $backoff = Backoff::new();
         loop {
             let armed = $arm;
+            // Before the check: a rank that ended its part did so after its writes landed.
+            let ended = $q.window.ended(&$backoff).is_some();
             checked();
             if let Some(v) = $check {
                 break v;
             }
             if let Some(rank) = $q.window.lost() {
                 return Err(Error::PeerLost { rank });
+            }
+            if ended {
+                return Err(LOCK_ENDED);
             }
             $woken = armed.wait(&mut $backoff).await;
         }
@@ -158,6 +171,14 @@ pub(super) trait Words: Send + Sync {
     /// A process that is gone (lost or finished), if any: a wait for a word it may have
     /// been about to write fails with `PeerLost` naming it.
     fn lost(&self) -> Option<u32>;
+    /// Whether process `rank` ended its part of the words, as far as this one knows.
+    fn ended_rank(&self, rank: u32) -> bool;
+    /// A process that ended its part of the words (dropped its lock), if any, as far as
+    /// this one knows, every write it made complete at its target: a wait whose check,
+    /// made after this said so, failed, fails with [`LOCK_ENDED`]. Once `backoff` passed
+    /// the first polls (the waiter may park next), this process first makes progress (the
+    /// notices of the ends are messages).
+    fn ended(&self, backoff: &Backoff) -> Option<u32>;
 }
 
 impl Words for Window<'_, u64> {
@@ -200,6 +221,18 @@ impl Words for Window<'_, u64> {
 
     fn lost(&self) -> Option<u32> {
         self.lost_peer()
+    }
+
+    fn ended_rank(&self, rank: u32) -> bool {
+        self.has_ended(rank)
+    }
+
+    #[inline(never)]
+    fn ended(&self, backoff: &Backoff) -> Option<u32> {
+        if backoff.parking() {
+            self.progress();
+        }
+        self.ended_peer()
     }
 
     fn as_window(&self) -> Option<&Window<'_, u64>> {
@@ -517,7 +550,14 @@ impl<W: Words> Queues<W> {
         }, {
             let me = node(p);
             if receiving && mark == Mark::Unmarked {
-                let old = self.window.compare_and_swap(pred, Layout::next(l), me, me | NEXT_PARKED).await?;
+                let old = match self.window.compare_and_swap(pred, Layout::next(l), me, me | NEXT_PARKED).await {
+                    Ok(old) => old,
+                    // The predecessor ended its part (it may have passed the lock, then
+                    // dropped it at once): no claim of its NEXT will send a frame. STATUS
+                    // says whether it passed, and, if not, the wait fails (`until!`).
+                    Err(_) if self.window.ended_rank(pred) => 0,
+                    Err(e) => return Err(e),
+                };
                 mark = if old == me { Mark::JustMarked } else { Mark::Passed };
             }
             match mark {
@@ -586,7 +626,12 @@ impl<W: Words> Queues<W> {
             if pred != 0 {
                 // Lines 8-12: make pred see us, wait until it passes the lock.
                 self.put(rank_of(pred), Layout::next(l), node(p)).await?;
-                self.notify(rank_of(pred), Layout(n).next_watch(l))?;
+                // A predecessor that ended its part since (it may have seen NEXT, passed
+                // the lock and dropped it at once) has no watchers left to wake.
+                match self.notify(rank_of(pred), Layout(n).next_watch(l)) {
+                    Err(_) if self.window.ended_rank(rank_of(pred)) => {}
+                    r => r?,
+                }
                 let status = self.wait_status(l, rank_of(pred)).await?;
                 if l == 0 {
                     // Listing 7, lines 14-17: the readers have the lock; take it back.

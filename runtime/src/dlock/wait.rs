@@ -53,8 +53,10 @@ pub const WAKE_CHECK: Duration = Duration::from_millis(10);
 
 /// The longest a thread parked on a wake frame waits before it checks its word again
 /// (its alarm): what bounds its wait where the frame never comes (its sender lost after
-/// the write, which the check then finds; or a rank lost, which the check reports). It
-/// waits as a blocked receive does, which a loss ends only once no peer is left.
+/// the write, which the check then finds; or a rank lost, or one that ended its part of
+/// the lock, which the check reports). It waits as a blocked receive does, which a loss
+/// ends only once no peer is left. A waiter parked on a word's signal (the embedded
+/// provider) checks again after this long too.
 pub const WAKE_ALARM: Duration = Duration::from_millis(100);
 
 /// Polls of a word ([`Armed`]) before the waiter parks on the word's signal (the first
@@ -449,7 +451,10 @@ impl<const N: usize> Armed<'_, N> {
             }
             Armed::Listen(listeners) => {
                 count(|w| w.parks += 1);
-                AnyOf(listeners.map(Some)).await;
+                // No write may come (a rank ended its part of the window: its notice is a
+                // message, which this park does not wait for): the check that follows the
+                // alarm makes progress first, and fails the wait once a rank ended.
+                AnyOf(listeners.map(Some), Sleep::new(WAKE_ALARM)).await;
             }
             Armed::Relayed(listener) => {
                 count(|w| w.parks += 1);
@@ -720,8 +725,8 @@ impl Wake for Alarm {
     }
 }
 
-/// Ready when one of its listeners is notified.
-struct AnyOf<'a, const N: usize>([Option<SignalListener<'a>>; N]);
+/// Ready when one of its listeners is notified, or its alarm's time came.
+struct AnyOf<'a, const N: usize>([Option<SignalListener<'a>>; N], Sleep);
 
 impl<const N: usize> Future for AnyOf<'_, N> {
     type Output = ();
@@ -731,7 +736,7 @@ impl<const N: usize> Future for AnyOf<'_, N> {
                 return Poll::Ready(());
             }
         }
-        Poll::Pending
+        Pin::new(&mut self.1).poll(cx)
     }
 }
 
@@ -788,6 +793,12 @@ impl Backoff {
     #[cfg_attr(loom, allow(dead_code))]
     pub(crate) fn polls(&self) -> u32 {
         self.0
+    }
+
+    /// Whether the first polls, which spin (a thread) or yield (a task), are over: the
+    /// waiter parks (or sleeps) after its next check.
+    pub(crate) fn parking(&self) -> bool {
+        self.0 >= SPIN_POLLS
     }
 
     /// The sleep after `n` polls (none for the first ones).

@@ -15,9 +15,10 @@ use crate::engine::Engine;
 
 /// The error of an access to a part of a window its owner ended (dropped, or freed while
 /// this rank did not).
-pub(super) const WINDOW_ENDED: Error = Error::InvalidArgument("the target rank ended its part of the window");
+pub(crate) const WINDOW_ENDED: Error = Error::InvalidArgument("the target rank ended its part of the window");
 
-/// Per rank of a window: whether its owner ended its part (set by its notice).
+/// Per rank of a window: whether its owner ended its part (set by its notice); then one
+/// more, set after any of them (the one load of a wait that asks whether any did).
 pub(super) type EndMarks = Arc<[AtomicBool]>;
 
 /// The windows of a rank whose peers' notices it marks (`Engine::window_ends`).
@@ -61,7 +62,7 @@ impl WindowEnds {
     /// world rank and serial; 0: nothing registered); `me` is this rank there. Returns the
     /// window's marks, with those of the notices that came early set.
     pub(super) fn finish(&self, context: u32, me: u32, parts: &[(u32, u64)]) -> EndMarks {
-        let marks: EndMarks = parts.iter().map(|_| AtomicBool::new(false)).collect();
+        let marks: EndMarks = (0..=parts.len()).map(|_| AtomicBool::new(false)).collect();
         let mut r = self.registry.lock();
         let early = r.creating.iter().position(|(c, _)| *c == context).map(|i| r.creating.swap_remove(i).1).unwrap_or_default();
         for (rank, &(world, serial)) in parts.iter().enumerate() {
@@ -70,6 +71,7 @@ impl WindowEnds {
             }
             if early.contains(&(world, serial)) {
                 marks[rank].store(true, Ordering::Release);
+                marks[parts.len()].store(true, Ordering::Release);
             }
             r.parts.insert((world, serial), (marks.clone(), rank as u32));
         }
@@ -97,6 +99,8 @@ impl crate::engine::WindowEnds for WindowEnds {
             // Release: an access that reads the mark comes after whatever the notice's
             // handling made visible (pairs with the load in `Window::target`).
             marks[rank as usize].store(true, Ordering::Release);
+            // After the rank's own mark: a load that finds this one finds that too.
+            marks[marks.len() - 1].store(true, Ordering::Release);
         } else if let Some((_, early)) = r.creating.iter_mut().find(|(c, _)| *c == context) {
             early.push((source, serial));
         }

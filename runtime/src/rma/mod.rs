@@ -87,8 +87,9 @@ mod element;
 mod ends;
 
 pub use element::{AtomicElement, Op};
+use ends::EndMarks;
 pub(crate) use ends::WindowEnds;
-use ends::{EndMarks, WINDOW_ENDED};
+pub(crate) use ends::WINDOW_ENDED;
 
 /// What a peer needs to target one rank's part of a window.
 #[derive(Clone, Copy, Debug)]
@@ -418,6 +419,31 @@ impl<'a, T: Primitive> Window<'a, T> {
         }
         let me = self.rank();
         (0..self.size()).find(|&r| r != me && !t.is_alive(self.parts[r as usize].remote.rank))
+    }
+
+    /// The lowest rank of the window that ended its part, as far as this rank knows (its
+    /// notice handled; module docs, *A window's end*), if any: one load while none did. A
+    /// rank ends its part only after the puts it issued through the window are complete at
+    /// their targets (`Drop`: a flush, with the read-back of `flush_cri`): a read of a word
+    /// made after this returned a rank sees every write that rank made to it.
+    pub(crate) fn ended_peer(&self) -> Option<u32> {
+        let (any, marks) = self.ended.split_last().expect("a mark per rank, then one for any");
+        if !any.load(Ordering::Acquire) {
+            return None;
+        }
+        marks.iter().position(|m| m.load(Ordering::Acquire)).map(|r| r as u32)
+    }
+
+    /// Whether `rank` ended its part of the window, as far as this rank knows (as
+    /// [`ended_peer`](Self::ended_peer)); `false` for a rank outside the window.
+    pub(crate) fn has_ended(&self, rank: u32) -> bool {
+        rank < self.size() && self.ended[rank as usize].load(Ordering::Acquire)
+    }
+
+    /// One pass of this rank's progress: handles, among others, the peers' notices of the
+    /// end of their parts that arrived (what a wait that may park asks before it does).
+    pub(crate) fn progress(&self) {
+        let _ = self.comm.engine().progress_once();
     }
 
     /// Whether `rank`'s process is gone (lost, or finished); `false` for a rank outside the

@@ -393,3 +393,185 @@ fn writers_and_readers_wait_for_each_other() {
         barrier(c);
     }
 }
+
+/// A rank that ends its part of a lock (drops it) while another waits for it.
+mod ended {
+    use std::time::{Duration, Instant};
+
+    use weft::dlock::{DMcs, FompiRw, Levels, RmaMcs, RmaRw, SpinLock, Thresholds, LOCK_ENDED};
+    use weft::{Communicator, Error, Runtime};
+
+    use super::barrier;
+    use crate::common::within;
+
+    /// How long rank 1 holds on once rank 0 is about to wait: rank 0 waits (parks) meanwhile.
+    const WAITING: Duration = Duration::from_millis(20);
+
+    /// The longest rank 0's wait may last after rank 1 dropped its lock.
+    const NOTICED: Duration = Duration::from_secs(2);
+
+    /// Ranks 0 and 1 of `rts` make a lock with `make` (its tails, counter and word on rank
+    /// 0); rank 1 runs `hold` (which takes the lock, runs its closure, then releases it or
+    /// forgets its guard), its closure waiting until rank 0 is about to wait and
+    /// [`WAITING`] more; rank 1 then drops its lock at once. Returns what rank 0's `wait`
+    /// gave, checked to have come within [`NOTICED`] of the drop.
+    fn one_ends<L>(
+        rts: &[Runtime],
+        what: &str,
+        make: fn(&Communicator) -> L,
+        hold: fn(&L, &dyn Fn()),
+        wait: fn(&L) -> Result<(), Error>,
+    ) -> Result<(), Error> {
+        std::thread::scope(|s| {
+            let holder = s.spawn(move || {
+                let c = rts[1].world();
+                let lock = make(c);
+                barrier(c);
+                hold(&lock, &|| {
+                    c.send(vec![0u8], 0, 901).unwrap();
+                    c.recv(Vec::<u8>::with_capacity(1), 0, 902).unwrap();
+                    std::thread::sleep(WAITING);
+                });
+                drop(lock);
+                Instant::now()
+            });
+            let c = rts[0].world();
+            let lock = make(c);
+            barrier(c);
+            c.recv(Vec::<u8>::with_capacity(1), 1, 901).unwrap();
+            c.send(vec![0u8], 1, 902).unwrap();
+            let outcome = wait(&lock);
+            let done = Instant::now();
+            let dropped = holder.join().unwrap();
+            assert!(done.saturating_duration_since(dropped) < NOTICED, "{what}: the wait took {:?} after the drop", done - dropped);
+            outcome
+        })
+    }
+
+    fn d_mcs(c: &Communicator) -> DMcs {
+        DMcs::new(c, 0).unwrap()
+    }
+
+    fn rma_mcs(c: &Communicator) -> RmaMcs {
+        RmaMcs::new(c, &Levels::flat(), &Thresholds::default()).unwrap()
+    }
+
+    /// Two levels: a node per rank, the machine's tail on rank 0.
+    fn rma_mcs_nodes(c: &Communicator) -> RmaMcs {
+        RmaMcs::new(c, &Levels::simulated(&[1]), &Thresholds::default()).unwrap()
+    }
+
+    fn rma_rw(c: &Communicator) -> RmaRw {
+        RmaRw::new(c, &Levels::flat(), &Thresholds::default()).unwrap()
+    }
+
+    fn spin(c: &Communicator) -> SpinLock {
+        SpinLock::new(c, 0).unwrap()
+    }
+
+    fn fompi(c: &Communicator) -> FompiRw {
+        FompiRw::new(c, 0).unwrap()
+    }
+
+    /// In a task of a one-thread tokio runtime on the waiting thread.
+    fn in_task<F: std::future::Future<Output = Result<(), Error>>>(f: F) -> Result<(), Error> {
+        tokio::runtime::Builder::new_current_thread().build().unwrap().block_on(f)
+    }
+
+    /// Each lock kind's holds (its guard released, or forgotten: `mem::forget`) and waits
+    /// (a thread, a task), `rounds` times each, on one world of 2 ranks: `(what, outcome)`
+    /// of [`one_ends`] with `release`, bounded in time.
+    fn every_lock(release: bool, rounds: u32) -> Vec<(&'static str, Result<(), Error>)> {
+        macro_rules! hold {
+            ($take:ident) => {
+                if release {
+                    |l, f| {
+                        let g = l.$take().unwrap();
+                        f();
+                        g.unlock().unwrap();
+                    }
+                } else {
+                    |l, f| {
+                        std::mem::forget(l.$take().unwrap());
+                        f();
+                    }
+                }
+            };
+        }
+        within(60, "a rank ends its part of a lock", move || {
+            let rts = super::super::builder().cris(1).build_local(2).unwrap();
+            let rts = &rts[..];
+            let mut outcomes = Vec::new();
+            for _ in 0..rounds {
+                outcomes.extend([
+                    ("D-MCS", one_ends(rts, "D-MCS", d_mcs, hold!(lock), |l| l.lock()?.unlock())),
+                    (
+                        "D-MCS, a task",
+                        one_ends(rts, "D-MCS, a task", d_mcs, hold!(lock), |l| {
+                            in_task(async { l.lock_async().await?.unlock_async().await })
+                        }),
+                    ),
+                    ("RMA-MCS", one_ends(rts, "RMA-MCS", rma_mcs, hold!(lock), |l| l.lock()?.unlock())),
+                    (
+                        "RMA-MCS, two levels, a task",
+                        one_ends(rts, "RMA-MCS, two levels, a task", rma_mcs_nodes, hold!(lock), |l| {
+                            in_task(async { l.lock_async().await?.unlock_async().await })
+                        }),
+                    ),
+                    ("RMA-RW writer", one_ends(rts, "RMA-RW writer", rma_rw, hold!(write), |l| l.write()?.unlock())),
+                    ("RMA-RW reader", one_ends(rts, "RMA-RW reader", rma_rw, hold!(write), |l| l.read()?.unlock())),
+                    (
+                        "RMA-RW reader, a task",
+                        one_ends(rts, "RMA-RW reader, a task", rma_rw, hold!(write), |l| {
+                            in_task(async { l.read_async().await?.unlock_async().await })
+                        }),
+                    ),
+                    // Tasks waiting on one watched word park on the one that leads them.
+                    (
+                        "RMA-RW, 20 reader tasks",
+                        one_ends(rts, "RMA-RW, 20 reader tasks", rma_rw, hold!(write), |l| {
+                            in_task(async {
+                                let all =
+                                    futures::future::join_all((0..20).map(|_| async { l.read_async().await?.unlock_async().await })).await;
+                                assert!(all.iter().all(|r| *r == all[0]), "every reader task fares alike: {all:?}");
+                                all[0]
+                            })
+                        }),
+                    ),
+                    ("spin", one_ends(rts, "spin", spin, hold!(lock), |l| l.lock()?.unlock())),
+                    (
+                        "spin, a task",
+                        one_ends(rts, "spin, a task", spin, hold!(lock), |l| in_task(async { l.lock_async().await?.unlock_async().await })),
+                    ),
+                    ("foMPI-RW writer", one_ends(rts, "foMPI-RW writer", fompi, hold!(write), |l| l.write()?.unlock())),
+                    (
+                        "foMPI-RW reader, a task",
+                        one_ends(rts, "foMPI-RW reader, a task", fompi, hold!(write), |l| {
+                            in_task(async { l.read_async().await?.unlock_async().await })
+                        }),
+                    ),
+                ]);
+            }
+            outcomes
+        })
+    }
+
+    /// A holder that drops its lock with its guard forgotten will never release: the
+    /// waiter, a thread or a task, fails with `LOCK_ENDED` instead of waiting for ever.
+    #[test]
+    fn a_waiter_fails_when_the_holder_ends_its_part() {
+        for (what, outcome) in every_lock(false, 1) {
+            assert_eq!(outcome, Err(LOCK_ENDED), "{what}");
+        }
+    }
+
+    /// A holder that released (passed the lock to the waiter, or freed its word) and then
+    /// dropped its lock at once: the waiter always gets the lock, whether the end's notice
+    /// or the release reached it first. Many times over.
+    #[test]
+    fn a_waiter_passed_the_lock_by_a_rank_that_ends_at_once_gets_it() {
+        for (what, outcome) in every_lock(true, 4) {
+            assert_eq!(outcome, Ok(()), "{what}");
+        }
+    }
+}

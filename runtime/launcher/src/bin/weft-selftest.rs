@@ -25,6 +25,7 @@
 //! | `large` | >= 2 | every rank sends a 64 MiB message to the next rank on a ring, all at once (at 2 ranks: an exchange), contents checked |
 //! | `alltoall` | >= 2 | every rank sends 64 KiB (rendezvous) to every other at once, 40 rounds, contents checked |
 //! | `locks [ACQUISITIONS]` | >= 2 | every distributed lock of `weft::dlock` in turn (D-MCS, RMA-MCS, RMA-RW, foMPI-style spin and reader-writer), `--threads` threads per rank (default 2), or with `--tasks N` N tasks per rank on the runtime's pool through `lock_async` (`read_async`, `write_async`), taking it ACQUISITIONS times each (default 100; one in `--write-every` a write for the reader-writer locks, default 4): a writer increments a word on rank 0 non-atomically (get, add, put, flush), a reader reads it twice; words on rank 0 that count the writers and readers inside find any writer beside another holder; the final count is exact; each lock's line gives its time and the job's acquisitions per second |
+//! | `lock-ends` | 2 | for every distributed lock, rank 1 takes it, tells rank 0 (which then waits for it, a thread, then a task) and drops its lock at once, after releasing it (rank 0 must get the lock) or with its guard forgotten (rank 0's wait must fail with `dlock::LOCK_ENDED`, within 2 s) |
 //! | `comms` | >= 2 | split into halves, `create_group` of the first and last rank, then the blocking collectives on both and persistent ones (a large allreduce, an allgather, a scan, each started twice), and two nonblocking allreduces and an alltoall outstanding at once |
 //! | `partitioned` | 2 | rank 0 sends rank 1 a partitioned message of 4 partitions of 64 KiB (above the eager threshold), each filled and marked ready by a thread of its own, in 4 rounds; rank 1 checks every word of every round, and rank 0 tells by the frames it receives per round whether rounds 2 on were written straight into rank 1's buffer (where the transport reaches its memory: the same-host lane) or sent as messages |
 //! | `rma` | >= 2 | one-sided windows: every rank puts into the next rank on a ring, adds 500 times to counters on rank 0 (a native 64-bit and an emulated 32-bit atomic) increments a word on rank 0 100 times under the D-MCS lock (`weft::dlock`, get and put), and takes the RMA-RW lock over the ranks' hosts 100 times (one in four a write that increments another word); the slots and the exact counts are checked |
@@ -109,6 +110,8 @@ enum Check {
         #[arg(long, default_value_t = 4)]
         write_every: u64,
     },
+    /// [2 ranks] rank 1 takes each distributed lock and drops it at once, released (rank 0, waiting, must get it) or not (its wait must fail with LOCK_ENDED)
+    LockEnds,
     /// [2+ ranks] split into halves, create_group of the first and last rank, then barrier, bcast, allreduce, allgather, reduce, gather, scatter, persistent allreduce, allgather and scan, and two iallreduces and an ialltoall at once
     Comms,
     /// [even ranks] pingpong, multirate, wildcard, order and large in turn
@@ -227,6 +230,7 @@ impl Check {
             Check::Partitioned => "partitioned",
             Check::Rma => "rma",
             Check::Locks { .. } => "locks",
+            Check::LockEnds => "lock-ends",
             Check::Comms => "comms",
             Check::All => "all",
             Check::PeerLost => "peer-lost",
@@ -263,6 +267,7 @@ impl Check {
             | Check::KillMidTransfer { .. }
             | Check::PeerFinished
             | Check::Netns
+            | Check::LockEnds
             | Check::Partitioned => Ranks::Two,
             Check::KillInWaitAll => Ranks::Three,
         }
@@ -293,6 +298,79 @@ impl Check {
             vec![self]
         }
     }
+}
+
+/// `lock-ends`: for every lock, in a thread then a task of rank 0, and with rank 1's
+/// release and without it, rank 1 takes the lock, tells rank 0, which then waits for it,
+/// lets it wait a little, then drops its lock at once. Released, the lock goes to rank 0
+/// (whichever of the hand-off and the notice of the end came first); not released, rank
+/// 0's wait fails with `LOCK_ENDED` within 2 s.
+fn lock_ends(rt: &Runtime, c: &Communicator) -> Res {
+    type Wait<L> = fn(&Runtime, &L) -> Result<(), Error>;
+    type Hold<L> = fn(&L, &dyn Fn() -> Res) -> Res;
+    /// One round: `hold` is rank 1's (it takes the lock, runs the closure, then releases
+    /// it or forgets its guard), `wait` rank 0's.
+    fn round<L>(
+        rt: &Runtime,
+        c: &Communicator,
+        make: fn(&Communicator) -> Result<L, Error>,
+        hold: Hold<L>,
+        wait: Wait<L>,
+        released: bool,
+    ) -> Res {
+        let lock = make(c).map_err(e)?;
+        c.barrier().map_err(e)?;
+        if c.rank() == 1 {
+            let r = hold(&lock, &|| {
+                c.send(vec![0u8], 0, 31).map_err(e)?;
+                c.recv(Vec::<u8>::with_capacity(1), 0, 32).map_err(e)?;
+                std::thread::sleep(Duration::from_millis(20));
+                Ok(())
+            });
+            drop(lock);
+            return r;
+        }
+        c.recv(Vec::<u8>::with_capacity(1), 1, 31).map_err(e)?;
+        c.send(vec![0u8], 1, 32).map_err(e)?;
+        let start = Instant::now();
+        let r = wait(rt, &lock);
+        let took = start.elapsed();
+        if released {
+            check(r.is_ok(), || format!("a lock rank 1 released before it dropped it: expected it, got {r:?}"))
+        } else {
+            check(r == Err(weft::dlock::LOCK_ENDED), || format!("a lock rank 1 dropped holding it: expected LOCK_ENDED, got {r:?}"))?;
+            check(took < Duration::from_secs(2), || format!("the wait failed only after {took:?}"))
+        }
+    }
+    macro_rules! every {
+        ($lock:ty, $make:expr, $take:ident, $take_async:ident) => {
+            for released in [true, false] {
+                let hold: Hold<$lock> = if released {
+                    |l, f| {
+                        let g = l.$take().map_err(e)?;
+                        f()?;
+                        g.unlock().map_err(e)
+                    }
+                } else {
+                    |l, f| {
+                        std::mem::forget(l.$take().map_err(e)?);
+                        f()
+                    }
+                };
+                round(rt, c, $make, hold, |_, l| l.$take()?.unlock(), released)?;
+                round(rt, c, $make, hold, |rt, l| rt.block_on(async { l.$take_async().await?.unlock_async().await }), released)?;
+            }
+        };
+    }
+    every!(DMcs, |c| DMcs::new(c, 0), lock, lock_async);
+    every!(RmaMcs, |c| RmaMcs::new(c, &Levels::flat(), &Thresholds::default()), lock, lock_async);
+    every!(RmaRw, |c| RmaRw::new(c, &Levels::flat(), &Thresholds::default()), write, write_async);
+    every!(RmaRw, |c| RmaRw::new(c, &Levels::flat(), &Thresholds::default()), write, read_async);
+    every!(SpinLock, |c| SpinLock::new(c, 0), lock, lock_async);
+    every!(FompiRw, |c| FompiRw::new(c, 0), write, read_async);
+    c.barrier().map_err(e)?;
+    println!("lock-ends ok: rank {} of {}", c.rank(), c.size());
+    Ok(())
 }
 
 /// What a check finds wrong: what it expected and what came.
@@ -1427,6 +1505,7 @@ fn run_step(check: Check, rt: &Runtime, c: &Communicator) -> Res {
         Check::Partitioned => partitioned(rt, c),
         Check::Rma => rma(c),
         Check::Locks { acquisitions, threads, tasks, write_every } => locks(rt, c, acquisitions, threads, tasks, write_every),
+        Check::LockEnds => lock_ends(rt, c),
         Check::Comms => comms(c),
         Check::PeerLost => peer_lost(c),
         Check::PeerLostRead => peer_lost_read(rt, c),
@@ -1678,7 +1757,7 @@ mod tests {
     fn help_lists_every_check_with_the_ranks_it_takes() {
         let help = Cli::command().render_help().to_string();
         let checks = every_check();
-        assert_eq!(checks.len(), 24, "{help}");
+        assert_eq!(checks.len(), 25, "{help}");
         for (name, check, about) in &checks {
             assert_eq!(check.name(), name);
             assert!(about.starts_with(check.ranks().tag()), "{name}: {about:?} should start with {}", check.ranks().tag());
