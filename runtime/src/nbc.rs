@@ -827,6 +827,10 @@ const DIRECT_POLLS: u32 = 64;
 /// a buffer on the stack ([`Communicator::allreduce_pair_direct`]).
 const PAIR_BYTES: usize = crate::coll::ALLREDUCE_EXCHANGE_BYTES;
 
+/// Every so many polls of a two-member allreduce ([`Communicator::allreduce_pair_direct`])
+/// the pass is a full one (the others look at the thread's own CRI alone).
+const PAIR_FULL_EVERY: u32 = 8;
+
 /// What a collective run on the calling thread keeps between calls, per thread: the last
 /// plan and what it was made for, its step's requests and what they gave. The requests are
 /// left empty by each call (they borrow the communicator, and never outlive it: see
@@ -1371,7 +1375,11 @@ impl Communicator {
             if polls > DIRECT_POLLS {
                 return self.pair_rest(tag, send, Some(recv), Ok(()), data, combine);
             }
-            if engine.progress_once().progressed() {
+            // The partner's frame lands on this thread's CRI: most polls look there alone,
+            // every `PAIR_FULL_EVERY`th (and every one while the send waits to leave) is
+            // a full pass.
+            let pass = if polls % PAIR_FULL_EVERY != 0 && send.is_none() { engine.progress_own() } else { engine.progress_once() };
+            if pass.progressed() {
                 continue;
             }
             // As `Direct::wait_step` waits.
