@@ -1356,7 +1356,7 @@ impl Communicator {
         // for first where it failed: `pair_rest`), and only the receive writes it; the bytes
         // are read once it completed with `bytes` of them.
         let rbuf = unsafe { Scratch::lent_for_recv(landing.as_mut_ptr().cast::<u8>(), bytes) };
-        let recv = match self.irecv_on(coll, rbuf, Source::Rank(peer), Tag::Is(tag)) {
+        let mut recv = match self.irecv_on(coll, rbuf, Source::Rank(peer), Tag::Is(tag)) {
             Ok(r) => r,
             Err(e) => return self.pair_rest(tag, None, None, Err(e), data, combine),
         };
@@ -1368,7 +1368,8 @@ impl Communicator {
             Err(e) => return self.pair_rest(tag, None, Some(recv), Err(e), data, combine),
         };
         let engine = self.engine();
-        let mut idle = Idle::default();
+        // Made at the first idle poll only.
+        let mut idle = None;
         let mut polls = 0;
         while !(recv.is_complete() && send.as_ref().is_none_or(Request::is_complete)) {
             polls += 1;
@@ -1383,7 +1384,7 @@ impl Communicator {
                 continue;
             }
             // As `Direct::wait_step` waits.
-            if idle.may_spin_long() {
+            if idle.get_or_insert_with(Idle::default).may_spin_long() {
                 std::hint::spin_loop();
             } else {
                 std::thread::yield_now();
@@ -1393,9 +1394,7 @@ impl Communicator {
         if let Some(mut s) = send {
             s.take_parts_with(|b, o| settled.take(b, o, None, &mut spare, |_| {}));
         }
-        let mut recv = recv;
         recv.take_parts_with(|b, o| settled.take(b, o, Some(bytes), &mut spare, |b| combine(data, b.elems(), me == 1)));
-        drop(recv);
         match settled.outcome(self) {
             Ok(()) => Ok(()),
             Err(e) => Direct::finish_noticed(self, tag, Err(e), None),
