@@ -1371,7 +1371,7 @@ impl Communicator {
         // Made at the first idle poll only.
         let mut idle = None;
         let mut polls = 0;
-        while !(recv.is_complete() && send.as_ref().is_none_or(Request::is_complete)) {
+        while !(recv.is_complete() && send.as_ref().map_or(true, Request::is_complete)) {
             polls += 1;
             if polls > DIRECT_POLLS {
                 return self.pair_rest(tag, send, Some(recv), Ok(()), data, combine);
