@@ -249,6 +249,7 @@ pub(crate) fn check_op<T: Reducible>(op: Op, sample: Option<&T>, what: &'static 
 /// `op` applied elementwise into `ours`: `op(theirs, ours)` if `theirs_first`, else
 /// `op(ours, theirs)` (`op` checked for the type). The op is chosen once, outside the loop,
 /// so that each loop is one operation over two slices, which the compiler vectorizes.
+#[inline]
 pub(crate) fn combine<T: Reducible>(op: Op, ours: &mut [T], theirs: &[T], theirs_first: bool) {
     /// The loop of one op.
     #[inline(always)]

@@ -823,6 +823,14 @@ impl Communicator {
 /// no receive from any source and no cancellation.
 const DIRECT_POLLS: u32 = 64;
 
+/// A two-member allreduce run on the calling thread of up to this many bytes receives into
+/// a buffer on the stack ([`Communicator::allreduce_pair_direct`]).
+const PAIR_BYTES: usize = crate::coll::ALLREDUCE_EXCHANGE_BYTES;
+
+/// Every so many polls of a two-member allreduce ([`Communicator::allreduce_pair_direct`])
+/// the pass is a full one (the others look at the thread's own CRI alone).
+const PAIR_FULL_EVERY: u32 = 8;
+
 /// What a collective run on the calling thread keeps between calls, per thread: the last
 /// plan and what it was made for, its step's requests and what they gave. The requests are
 /// left empty by each call (they borrow the communicator, and never outlive it: see
@@ -1012,7 +1020,7 @@ impl Direct<'_> {
             }
             // Each request's result is settled where it lies when the step ended on the
             // fast path (no list of results to fill and walk), else from `got`.
-            let in_place = self.wait_step(&mut idle)?;
+            let in_place = self.wait_step(&mut idle, DIRECT_POLLS)?;
             let DirectStore { steps, reqs, got, spare, .. } = &mut *self.store;
             settle_step(reqs, got, in_place, |j, b, o| {
                 let recv = j.checked_sub(waited_sends).map(|k| &steps.recvs[step.recvs.start + k]);
@@ -1069,7 +1077,7 @@ impl Direct<'_> {
                 st.reqs.push(unsafe { crate::request::unbound(r) });
             }
         }
-        let in_place = self.wait_step(&mut Idle::default())?;
+        let in_place = self.wait_step(&mut Idle::default(), DIRECT_POLLS)?;
         let DirectStore { reqs, got, spare, .. } = &mut *self.store;
         settle_step(reqs, got, in_place, |j, b, o| {
             // The receives follow the waited sends, in member order, this rank left out.
@@ -1083,14 +1091,14 @@ impl Direct<'_> {
 
     /// Waits for the step's requests (`store.reqs`): first by testing them between progress
     /// passes, which leaves them complete where they lie (`true`), then, still pending after
-    /// [`DIRECT_POLLS`] passes, with the receive for failure notices posted, as a blocking
+    /// `polls` passes ([`DIRECT_POLLS`]), with the receive for failure notices posted, as a blocking
     /// wait does, taking their results into `store.got` in their order as they complete
     /// (`false`). `Cancelled` if a notice came.
-    fn wait_step(&mut self, idle: &mut Idle) -> Result<bool, Error> {
+    fn wait_step(&mut self, idle: &mut Idle, polls: u32) -> Result<bool, Error> {
         let engine = self.comm.engine();
         let st = &mut *self.store;
         if self.notice.is_none() {
-            for _ in 0..DIRECT_POLLS {
+            for _ in 0..polls {
                 if st.reqs.iter().all(Request::is_complete) {
                     // Left where they lie, for the caller to take.
                     return Ok(true);
@@ -1319,9 +1327,114 @@ impl Communicator {
         if self.is_freed() {
             return Err(Error::CommFreed);
         }
+        if self.size() == 2 && std::mem::size_of_val(data) <= PAIR_BYTES {
+            return self.allreduce_pair_direct(data, &combine);
+        }
         let store = DIRECT.try_with(std::cell::Cell::take).ok().flatten().unwrap_or_default();
         let mut d = Direct { comm: self, tag: seq_tag(self.next_seq()), notice: None, store };
         let res = d.exchange(data, &combine);
+        d.finish(res)
+    }
+
+    /// [`allreduce_exchange_direct`](Self::allreduce_exchange_direct) on two members: the
+    /// exchange's one send and one receive, under the same tag, with nothing of the thread's
+    /// storage unless the step has to wait long or fails. The send goes from `data` itself
+    /// (a small send leaves at once, its bytes copied into the frame; one deferred is waited
+    /// for before `data` is written), the partner's message lands in a buffer on the stack,
+    /// and both requests are tested where they lie between progress passes. A step still
+    /// pending after [`DIRECT_POLLS`] passes, or one that failed, goes on as the exchange's
+    /// does ([`pair_rest`](Self::pair_rest)).
+    #[inline(always)]
+    fn allreduce_pair_direct<T: Primitive>(&self, data: &mut [T], combine: &impl Fn(&mut [T], &[T], bool)) -> Result<(), Error> {
+        let tag = seq_tag(self.next_seq());
+        let coll = self.coll_state();
+        let me = self.rank() as usize;
+        let peer = self.world_ranks()[1 - me];
+        let bytes = std::mem::size_of_val(data);
+        let mut landing = std::mem::MaybeUninit::<[Unit; PAIR_BYTES / std::mem::size_of::<Unit>()]>::uninit();
+        // SAFETY: `landing` outlives the receive (dropped before this call returns, waited
+        // for first where it failed: `pair_rest`), and only the receive writes it; the bytes
+        // are read once it completed with `bytes` of them.
+        let rbuf = unsafe { Scratch::lent_for_recv(landing.as_mut_ptr().cast::<u8>(), bytes) };
+        let mut recv = match self.irecv_on(coll, rbuf, Source::Rank(peer), Tag::Is(tag)) {
+            Ok(r) => r,
+            Err(e) => return self.pair_rest(tag, None, None, Err(e), data, combine),
+        };
+        // SAFETY: `data` is borrowed for this call, which waits for a deferred send before it
+        // writes `data` (or returns: `pair_rest`).
+        let sbuf = unsafe { Scratch::lent(data.as_mut_ptr().cast::<u8>(), bytes) };
+        let send = match self.isend_or_gone(coll, sbuf, peer, tag, |_, _| {}) {
+            Ok(s) => s,
+            Err(e) => return self.pair_rest(tag, None, Some(recv), Err(e), data, combine),
+        };
+        let engine = self.engine();
+        // Made at the first idle poll only.
+        let mut idle = None;
+        let mut polls = 0;
+        while !(recv.is_complete() && send.as_ref().map_or(true, Request::is_complete)) {
+            polls += 1;
+            if polls > DIRECT_POLLS {
+                return self.pair_rest(tag, send, Some(recv), Ok(()), data, combine);
+            }
+            // The partner's frame lands on this thread's CRI: most polls look there alone,
+            // every `PAIR_FULL_EVERY`th (and every one while the send waits to leave) is
+            // a full pass.
+            let pass = if polls % PAIR_FULL_EVERY != 0 && send.is_none() { engine.progress_own() } else { engine.progress_once() };
+            if pass.progressed() {
+                continue;
+            }
+            // As `Direct::wait_step` waits.
+            if idle.get_or_insert_with(Idle::default).may_spin_long() {
+                std::hint::spin_loop();
+            } else {
+                std::thread::yield_now();
+            }
+        }
+        let (mut settled, mut spare) = (Settled::default(), Vec::new());
+        if let Some(mut s) = send {
+            s.take_parts_with(|b, o| settled.take(b, o, None, &mut spare, |_| {}));
+        }
+        recv.take_parts_with(|b, o| settled.take(b, o, Some(bytes), &mut spare, |b| combine(data, b.elems(), me == 1)));
+        match settled.outcome(self) {
+            Ok(()) => Ok(()),
+            Err(e) => Direct::finish_noticed(self, tag, Err(e), None),
+        }
+    }
+
+    /// The rest of a two-member exchange ([`allreduce_pair_direct`](Self::allreduce_pair_direct))
+    /// whose requests are still pending after its polls (`res` is `Ok`), or that failed to
+    /// post one: the requests go to the thread's storage and the exchange's wait, failure
+    /// notices listened for, and the collective's outcome is the exchange's.
+    #[cold]
+    #[inline(never)]
+    fn pair_rest<T: Primitive>(
+        &self,
+        tag: i32,
+        send: Option<Request<'_, Scratch<u8>>>,
+        recv: Option<Request<'_, Scratch<u8>>>,
+        res: Result<(), Error>,
+        data: &mut [T],
+        combine: &impl Fn(&mut [T], &[T], bool),
+    ) -> Result<(), Error> {
+        let store = DIRECT.try_with(std::cell::Cell::take).ok().flatten().unwrap_or_default();
+        let mut d = Direct { comm: self, tag, notice: None, store };
+        // Both buffers are lent: nothing is dropped before it completed.
+        d.store.lent = true;
+        let waited_sends = usize::from(send.is_some());
+        // SAFETY: dropped before this call returns (`finish` leaves `store.reqs` empty), while
+        // the caller's borrow of `self` holds.
+        d.store.reqs.extend(send.into_iter().chain(recv).map(|r| unsafe { crate::request::unbound(r) }));
+        let res = res.and_then(|()| {
+            let in_place = d.wait_step(&mut Idle::default(), 0)?;
+            let (bytes, theirs_first) = (std::mem::size_of_val(data), self.rank() == 1);
+            let mut settled = Settled::default();
+            let DirectStore { reqs, got, spare, .. } = &mut *d.store;
+            settle_step(reqs, got, in_place, |j, b, o| {
+                let recv = j >= waited_sends;
+                settled.take(b, o, recv.then_some(bytes), spare, |b| combine(data, b.elems(), theirs_first));
+            });
+            settled.outcome(self)
+        });
         d.finish(res)
     }
 }

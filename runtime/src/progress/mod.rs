@@ -95,6 +95,22 @@ impl Engine {
         }
     }
 
+    /// A pass over the calling thread's own CRI alone, where `Concurrent` mode's pass would
+    /// walk it first: no deferred frames flushed, no other CRI walked and no collective
+    /// advanced, for a waiter that expects one frame there and makes full passes
+    /// ([`progress_once`](Self::progress_once)) besides. In the other modes, a full pass.
+    #[inline]
+    pub(crate) fn progress_own(&self) -> Pass {
+        if self.config.progress != ProgressMode::Concurrent {
+            return self.progress_once();
+        }
+        let mine = self.cri_for_thread();
+        if !self.transport.check_costs_a_poll() && !self.transport.has_frames(mine) {
+            return Pass::Idle;
+        }
+        Pass::of(crate::deferred::pass(|| self.cris[mine].lock.try_low(|c| self.progress_cri(mine, c)).unwrap_or(0)))
+    }
+
     /// Gives up ownership and hands it on: one parked waiter is woken to take over, and
     /// idle async pollers are woken in case frames arrived meanwhile.
     pub(crate) fn release_ownership(&self) {

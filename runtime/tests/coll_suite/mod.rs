@@ -202,6 +202,51 @@ fn collectives_on_a_split_communicator_and_apart_from_user_receives() {
     });
 }
 
+/// A small allreduce on two ranks (its send and receive tested where they lie) gets the
+/// sum, whichever rank comes late or calls the nonblocking form, and none of its messages
+/// matches a user receive for anything on the same communicator.
+#[test]
+fn a_two_rank_allreduce_meets_the_nonblocking_form_and_stays_apart_from_user_receives() {
+    within(60, "two-rank allreduce against iallreduce, late partners and Tag::Any", || {
+        let out = on_world(2, |r, c| {
+            let mut pending = c.irecv(Vec::<u8>::with_capacity(64), Source::Any, Tag::Any).unwrap();
+            let mut sums = Vec::new();
+            for k in 0..24u64 {
+                // Every third call one rank comes late (its partner waits past its polls);
+                // every other call one rank takes the nonblocking form.
+                if k % 3 == 2 && u64::from(r) == k % 2 {
+                    std::thread::sleep(std::time::Duration::from_millis(2));
+                }
+                let mine = [k * 10 + u64::from(r) + 1, u64::MAX - u64::from(r)];
+                let got = if k % 2 == 1 && u64::from(r) == (k / 2) % 2 {
+                    c.iallreduce(mine.to_vec(), Op::Sum).unwrap().wait().unwrap().0
+                } else {
+                    let mut recv = [0u64; 2];
+                    c.allreduce(&mine, &mut recv, Op::Sum).unwrap();
+                    recv.to_vec()
+                };
+                sums.push(got);
+            }
+            let mut cat = [0u64];
+            c.allreduce_with(&[u64::from(r) + 1], &mut cat, |a, b| a * 10 + b).unwrap();
+            assert!(!pending.test(), "a collective message matched a user receive");
+            // Both ranks checked before either sends its user message.
+            c.barrier().unwrap();
+            c.send_slice(&[r as u8], 1 - r, 7).unwrap();
+            let (got, st) = pending.wait().unwrap();
+            assert_eq!((got, st.source, st.tag), (vec![1 - r as u8], 1 - r, 7), "rank {r}");
+            (sums, cat[0])
+        });
+        for (r, (sums, cat)) in out.into_iter().enumerate() {
+            for (k, got) in sums.iter().enumerate() {
+                let k = k as u64;
+                assert_eq!(got, &[2 * k * 10 + 3, (u64::MAX - 1).wrapping_add(u64::MAX)], "rank {r}, call {k}");
+            }
+            assert_eq!(cat, 12, "rank {r}: the user op's operands in rank order");
+        }
+    });
+}
+
 #[test]
 fn collectives_refuse_bad_input() {
     within(60, "bad collective input", || {
@@ -796,7 +841,7 @@ fn ranks_that_pass_different_lengths_all_fail_and_none_hangs() {
 #[test]
 fn a_rank_lost_during_a_collective_fails_it_on_every_survivor() {
     within(60, "a rank that leaves during allreduce and barrier", || {
-        for n in [3u32, 4, 5] {
+        for n in [2u32, 3, 4, 5] {
             let mut rts = super::builder().build_local(n).unwrap();
             let last = rts.pop().unwrap();
             let out = std::thread::scope(|s| {
@@ -806,11 +851,13 @@ fn a_rank_lost_during_a_collective_fails_it_on_every_survivor() {
                         s.spawn(move || {
                             let c = rt.world();
                             let small = c.allreduce(&[1u32], &mut [0u32], Op::Sum);
+                            // Again, the rank known lost before the call.
+                            let again = c.allreduce(&[1u32], &mut [0u32], Op::Sum);
                             // The ring's threshold in u32s.
                             let long = vec![1u32; weft::ALLREDUCE_LONG_BYTES / 4];
                             let large = c.allreduce(&long, &mut long.clone(), Op::Sum);
                             let bar = c.barrier();
-                            (small, large, bar)
+                            ([small, again], large, bar)
                         })
                     })
                     .collect();
@@ -821,7 +868,7 @@ fn a_rank_lost_during_a_collective_fails_it_on_every_survivor() {
             });
             let lost = Err(Error::PeerLost { rank: n - 1 });
             for (r, (small, large, bar)) in out.into_iter().enumerate() {
-                assert_eq!((&small, &large, &bar), (&lost, &lost, &lost), "size {n}, rank {r}");
+                assert_eq!((&small, &large, &bar), (&[lost; 2], &lost, &lost), "size {n}, rank {r}");
             }
         }
     });
