@@ -16,21 +16,27 @@
 //!
 //! Position `p` lies in slot `p * SPREAD % cap` (`SPREAD` odd, so each lap fills every
 //! slot once): consecutive positions are `SPREAD` lines apart, not adjacent. A consumer
-//! that keeps up with its producer waits at the position the producer is about to write;
-//! with adjacent slots, the hardware's prefetchers on the consumer's core (the line pair,
-//! the stream ahead) pull in the lines of the next positions before the producer wrote
-//! them, and each then crosses between the cores twice. Spread out, they cross once:
-//! thread-mode multirate at 1 pair 1.02-1.04x with the two vCPUs close, about 1.15x with
-//! them apart, 2 pairs unchanged (a spread of 65 lines, a page and a line, gave 1.03x and
-//! 1.22x at 1 pair but 0.84x and 0.74x at 2). What the prefetchers did for a consumer
-//! behind its producer, the consumer does itself: once a batch has taken
-//! `PREFETCH_AFTER` values, it prefetches the slot `PREFETCH_AHEAD` positions past the next
-//! with each value it takes (a consumer keeping up takes fewer and pulls no unwritten line).
+//! that keeps up with its producer waits at the position the producer is about to write.
+//! With adjacent slots, the prefetchers of the consumer's core (the line pair, the stream
+//! ahead) may pull in the lines of the next positions before the producer wrote them,
+//! which then cross between the cores twice. Spread out, thread-mode multirate
+//! (`weft-bench multirate -t 1,2 --mode thread`, alternating builds, `chrt -r 1`, other
+//! jobs running) took 1.02x the rate at 1 pair with the two vCPUs close (13 of 15 runs
+//! faster) and 1.13x with them apart (9 of 9), and 0.97-0.99x at 2 pairs, for 6 more
+//! instructions a message (`benches/stages.sh`) and about 1.05x the time an item in
+//! `stream_versus_array_queue`. What the stream prefetcher did for a consumer behind its
+//! producer, the consumer does itself: once a batch has taken `PREFETCH_AFTER` values, it
+//! prefetches the slot `PREFETCH_AHEAD` positions past the next with each value it takes (a
+//! consumer that keeps up takes fewer, and pulls in no line still to be written). That
+//! prefetch with adjacent slots: 1.00x at 1 and 2 pairs. A spread of 65 lines (a page and a
+//! line) with it: 1.07-1.11x and 1.35x at 1 pair, but 0.83-0.85x and 0.70x at 2; without
+//! it, 1.03x and 1.22x at 1 pair.
 //!
 //! # Stamps
 //!
 //! Counters `head` and `tail` only grow (64-bit, never wrap in practice; the arithmetic
-//! wraps anyway). Slot `i` of lap `L` (position `p = i + L * cap`) has stamp
+//! wraps anyway). The slot of position `p` (lap `p / cap`; module docs, "Where positions
+//! lie") has stamp
 //!
 //! * `p`: free for the producer that claims position `p`;
 //! * `p + 1`: written, ready for the consumer at head `p`;
