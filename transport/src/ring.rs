@@ -591,4 +591,33 @@ mod model {
             assert!(got_in || seen, "the refused producer was neither let in nor seen");
         });
     }
+
+    /// Two producers refused by a full ring while the consumer empties it: each one left
+    /// out was seen, or the ring holds the other's value (the consumer's next pop, then its
+    /// look at the marks, sees it). No refused producer waits on an empty ring unseen.
+    #[test]
+    fn two_refused_producers_are_seen_or_a_value_waits() {
+        let mut b = loom::model::Builder::new();
+        b.preemption_bound = Some(3);
+        b.check(|| {
+            let q = Arc::new(Inbox::new(2));
+            q.push(0u32).unwrap();
+            q.push(0u32).unwrap();
+            let ps: Vec<_> = (0..2u32)
+                .map(|p| {
+                    let q = q.clone();
+                    loom::thread::spawn(move || match q.push(1 + p) {
+                        Ok(()) => true,
+                        Err(v) => q.refuse(1 << p, v).is_ok(),
+                    })
+                })
+                .collect();
+            assert_eq!(q.pop_batch(2, |v| assert_eq!(v, 0)), 2);
+            let seen = q.take_refused();
+            let got_in: Vec<bool> = ps.into_iter().map(|p| p.join().unwrap()).collect();
+            for p in 0..2 {
+                assert!(got_in[p] || seen & (1 << p) != 0 || q.has_next(), "producer {p} refused, unseen, with nothing queued");
+            }
+        });
+    }
 }
