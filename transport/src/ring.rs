@@ -21,14 +21,16 @@
 //! ahead) may pull in the lines of the next positions before the producer wrote them,
 //! which then cross between the cores twice. Spread out, thread-mode multirate
 //! (`weft-bench multirate -t 1,2 --mode thread`, alternating builds, `chrt -r 1`, other
-//! jobs running) took 1.02x the rate at 1 pair with the two vCPUs close (13 of 15 runs
-//! faster) and 1.13x with them apart (9 of 9), and 0.97-0.99x at 2 pairs, for 6 more
-//! instructions a message (`benches/stages.sh`) and about 1.05x the time an item in
-//! `stream_versus_array_queue`. What the stream prefetcher did for a consumer behind its
-//! producer, the consumer does itself: once a batch has taken `PREFETCH_AFTER` values, it
-//! prefetches the slot `PREFETCH_AHEAD` positions past the next with each value it takes (a
-//! consumer that keeps up takes fewer, and pulls in no line still to be written). That
-//! prefetch with adjacent slots: 1.00x at 1 and 2 pairs. A spread of 65 lines (a page and a
+//! jobs running; medians of per-run ratios) took 1.02x the rate at 1 pair with the two
+//! vCPUs close (18 of 21 runs faster) and 1.07x with them apart (21 of 21), 0.99x and
+//! 1.00x at 2 pairs, for 6 more instructions a message (`benches/stages.sh`) and about
+//! 1.05x the time an item in `stream_versus_array_queue`.
+//!
+//! What the stream prefetcher did for a consumer behind its producer, the consumer does
+//! itself: once a batch has taken `PREFETCH_AFTER` values, it prefetches the slot
+//! `PREFETCH_AHEAD` positions past the next with each value it takes (a consumer that keeps
+//! up takes fewer, and pulls in no line still to be written). That prefetch with adjacent
+//! slots: 1.00x at 1 and 2 pairs. A spread of 65 lines (a page and a
 //! line) with it: 1.07-1.11x and 1.35x at 1 pair, but 0.83-0.85x and 0.70x at 2; without
 //! it, 1.03x and 1.22x at 1 pair.
 //!
