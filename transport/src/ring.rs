@@ -284,13 +284,14 @@ impl<T> Inbox<T> {
 /// Asks for `slot`'s line in the cache (a hint: no access, whatever the slot holds).
 #[inline(always)]
 fn prefetch<T>(slot: &Slot<T>) {
-    #[cfg(all(target_arch = "x86_64", not(loom)))]
+    // Not under Miri: a cache hint means nothing to an interpreter.
+    #[cfg(all(target_arch = "x86_64", not(loom), not(miri)))]
     // SAFETY: a prefetch reads nothing architecturally and never faults.
     unsafe {
         use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
         _mm_prefetch::<_MM_HINT_T0>((slot as *const Slot<T>).cast());
     }
-    #[cfg(not(all(target_arch = "x86_64", not(loom))))]
+    #[cfg(not(all(target_arch = "x86_64", not(loom), not(miri))))]
     let _ = slot;
 }
 
