@@ -36,13 +36,13 @@ use crate::loom::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use crate::ring::Inbox;
 use crate::{Error, SendError};
 
-/// Most frames one CRI inbox may hold ([`EmbeddedOptions::inbox_capacity`]): 2^20, 128 MiB
-/// of slots (a slot is one cache-padded line, 128 bytes on x86-64). A deeper inbox only
-/// delays flow control; a size near `usize::MAX` could not even be counted.
+/// Most frames one CRI inbox may hold ([`EmbeddedOptions::inbox_capacity`]): 2^20, 64 MiB
+/// of slots (a slot is one 64-byte line). A deeper inbox only delays flow control; a size
+/// near `usize::MAX` could not even be counted.
 pub const MAX_INBOX_CAPACITY: usize = 1 << 20;
 
 /// Most inbox frames a fabric holds over all its ranks and CRIs (ranks x CRIs x inbox
-/// capacity): 2^27, 16 GiB of slots. The check turns a size no machine can allocate (a
+/// capacity): 2^27, 8 GiB of slots. The check turns a size no machine can allocate (a
 /// world of `u32::MAX` ranks) into an error instead of an aborted allocation.
 pub const MAX_FABRIC_FRAMES: usize = 1 << 27;
 

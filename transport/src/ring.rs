@@ -8,14 +8,37 @@
 //! line then travels between the cores on every frame). Here the consumer owns the head (a
 //! plain store) and never reads the tail: a slot's stamp alone says whether it holds the
 //! next frame (Vyukov's bounded queue, with the consumer side reduced to one thread), and
-//! each slot has cache lines of its own, so a producer filling slot `i + 1` does not steal
-//! the line the consumer reads slot `i` from. `tests::stream_versus_array_queue` measures
-//! the difference (docs/BENCHMARKS.md, "Inbox": about 2.3x per 56-byte frame on the 2-core VM).
+//! each slot has a cache line of its own, so a producer filling the next position does not
+//! steal the line the consumer reads the current one from. `tests::stream_versus_array_queue`
+//! measures the difference against crossbeam's queue (docs/BENCHMARKS.md, "Inbox").
+//!
+//! # Where positions lie
+//!
+//! Position `p` lies in slot `p * SPREAD % cap` (`SPREAD` odd, so each lap fills every
+//! slot once): consecutive positions are `SPREAD` lines apart, not adjacent. A consumer
+//! that keeps up with its producer waits at the position the producer is about to write.
+//! With adjacent slots, the prefetchers of the consumer's core (the line pair, the stream
+//! ahead) may pull in the lines of the next positions before the producer wrote them,
+//! which then cross between the cores twice. Spread out, thread-mode multirate
+//! (`weft-bench multirate -t 1,2 --mode thread`, alternating builds, `chrt -r 1`, other
+//! jobs running; medians of per-run ratios) took 1.02x the rate at 1 pair with the two
+//! vCPUs close (18 of 21 runs faster) and 1.07x with them apart (21 of 21), 0.99x and
+//! 1.00x at 2 pairs, for 6 more instructions a message (`benches/stages.sh`) and about
+//! 1.05x the time an item in `stream_versus_array_queue`.
+//!
+//! What the stream prefetcher did for a consumer behind its producer, the consumer does
+//! itself: once a batch has taken `PREFETCH_AFTER` values, it prefetches the slot
+//! `PREFETCH_AHEAD` positions past the next with each value it takes (a consumer that keeps
+//! up takes fewer, and pulls in no line still to be written). That prefetch with adjacent
+//! slots: 1.00x at 1 and 2 pairs. A spread of 65 lines (a page and a
+//! line) with it: 1.07-1.11x and 1.35x at 1 pair, but 0.83-0.85x and 0.70x at 2; without
+//! it, 1.03x and 1.22x at 1 pair.
 //!
 //! # Stamps
 //!
 //! Counters `head` and `tail` only grow (64-bit, never wrap in practice; the arithmetic
-//! wraps anyway). Slot `i` of lap `L` (position `p = i + L * cap`) has stamp
+//! wraps anyway). The slot of position `p` (lap `p / cap`; module docs, "Where positions
+//! lie") has stamp
 //!
 //! * `p`: free for the producer that claims position `p`;
 //! * `p + 1`: written, ready for the consumer at head `p`;
@@ -43,14 +66,44 @@ use crate::loom::cell::UnsafeCell;
 use crate::loom::sync::atomic::{fence, AtomicBool, AtomicU64, AtomicUsize, Ordering};
 
 /// One position of the ring: its stamp and the value it carries, on one 64-byte line (a
-/// packed embedded frame is 56 bytes). Not `CachePadded` (128 bytes on x86-64): a consumer
-/// streaming through 64-byte slots gets the next slot's line with the adjacent-line
-/// prefetch of the one it reads, and a stream of 56-byte items costs 16.5 ns an item
-/// instead of 19.5 (`stream_versus_array_queue`).
+/// packed embedded frame is 56 bytes). Not `CachePadded` (128 bytes on x86-64): the ring
+/// of a deep inbox takes half the memory, and the line beside a slot holds a position
+/// `SPREAD`'s inverse away (module docs, "Where positions lie"), not the next one.
 #[repr(align(64))]
 struct Slot<T> {
     stamp: AtomicUsize,
     value: UnsafeCell<MaybeUninit<T>>,
+}
+
+/// Lines between the slots of consecutive positions (module docs, "Where positions lie");
+/// odd, so that `p * SPREAD % cap` is a permutation of the slots for any power-of-two `cap`.
+const SPREAD: usize = 5;
+
+/// `SPREAD`'s inverse modulo 2^64: the first position slot `i` holds is `i * SPREAD_INV % cap`.
+const SPREAD_INV: usize = {
+    // Newton's iteration doubles the correct low bits each step; an odd number is its own
+    // inverse modulo 8 (3 bits), so 5 steps make 96 > 64.
+    let mut inv = SPREAD;
+    let mut k = 0;
+    while k < 5 {
+        inv = inv.wrapping_mul(2usize.wrapping_sub(SPREAD.wrapping_mul(inv)));
+        k += 1;
+    }
+    inv
+};
+const _: () = assert!(SPREAD % 2 == 1 && SPREAD.wrapping_mul(SPREAD_INV) == 1);
+
+/// Values a batch takes before the consumer prefetches ahead (module docs, "Where positions
+/// lie").
+const PREFETCH_AFTER: usize = 4;
+
+/// Positions past the next one to take whose slot the consumer prefetches.
+const PREFETCH_AHEAD: usize = 8;
+
+/// The slot of position `p` in a ring of `mask + 1` slots.
+#[inline(always)]
+fn slot_of(p: usize, mask: usize) -> usize {
+    p.wrapping_mul(SPREAD) & mask
 }
 
 /// A bounded many-producer, single-consumer queue; see the [module docs](self).
@@ -95,7 +148,13 @@ impl<T> Inbox<T> {
             tail: CachePadded::new(AtomicUsize::new(0)),
             consuming: CachePadded::new(AtomicBool::new(false)),
             refused: CachePadded::new(AtomicU64::new(0)),
-            slots: (0..cap).map(|i| Slot { stamp: AtomicUsize::new(i), value: UnsafeCell::new(MaybeUninit::uninit()) }).collect(),
+            // Stamp `p` for the first position `p` each slot holds (free for its producer).
+            slots: (0..cap)
+                .map(|i| Slot {
+                    stamp: AtomicUsize::new(i.wrapping_mul(SPREAD_INV) & (cap - 1)),
+                    value: UnsafeCell::new(MaybeUninit::uninit()),
+                })
+                .collect(),
             mask: cap - 1,
         }
     }
@@ -116,7 +175,7 @@ impl<T> Inbox<T> {
         // Relaxed: the tail only allocates positions; the slot's stamp carries the data.
         let mut t = self.tail.load(Ordering::Relaxed);
         loop {
-            let slot = &self.slots[t & self.mask];
+            let slot = &self.slots[slot_of(t, self.mask)];
             // Acquire: pairs with the consumer's Release after it read last lap's value.
             let stamp = slot.stamp.load(Ordering::Acquire);
             if stamp == t {
@@ -174,7 +233,7 @@ impl<T> Inbox<T> {
     pub(crate) fn has_next(&self) -> bool {
         let h = self.head.load(Ordering::Relaxed);
         // Acquire: a `true` is followed by a pop that reads the value.
-        self.slots[h & self.mask].stamp.load(Ordering::Acquire) == h.wrapping_add(1)
+        self.slots[slot_of(h, self.mask)].stamp.load(Ordering::Acquire) == h.wrapping_add(1)
     }
 
     /// Takes up to `max` values in order, handing each to `f`; returns how many. Another
@@ -193,8 +252,8 @@ impl<T> Inbox<T> {
         let mut h = self.head.load(Ordering::Relaxed);
         let mut n = 0;
         while n < max {
-            // SAFETY: `h & mask < mask + 1 == slots.len()` (`new`).
-            let slot = unsafe { slots.get_unchecked(h & mask) };
+            // SAFETY: `slot_of(h, mask) <= mask < slots.len()` (`new`).
+            let slot = unsafe { slots.get_unchecked(slot_of(h, mask)) };
             // Acquire: pairs with the producer's Release after it wrote the value.
             if slot.stamp.load(Ordering::Acquire) != h.wrapping_add(1) {
                 break;
@@ -210,12 +269,30 @@ impl<T> Inbox<T> {
             // more frames" while later ones wait.
             self.head.store(h, Ordering::Relaxed);
             n += 1;
+            if n >= PREFETCH_AFTER {
+                // SAFETY: as above.
+                prefetch(unsafe { slots.get_unchecked(slot_of(h.wrapping_add(PREFETCH_AHEAD), mask)) });
+            }
             f(value);
         }
         // Release: pairs with the next consumer's Acquire swap.
         self.consuming.store(false, Ordering::Release);
         n
     }
+}
+
+/// Asks for `slot`'s line in the cache (a hint: no access, whatever the slot holds).
+#[inline(always)]
+fn prefetch<T>(slot: &Slot<T>) {
+    // Not under Miri: a cache hint means nothing to an interpreter.
+    #[cfg(all(target_arch = "x86_64", not(loom), not(miri)))]
+    // SAFETY: a prefetch reads nothing architecturally and never faults.
+    unsafe {
+        use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
+        _mm_prefetch::<_MM_HINT_T0>((slot as *const Slot<T>).cast());
+    }
+    #[cfg(not(all(target_arch = "x86_64", not(loom), not(miri))))]
+    let _ = slot;
 }
 
 impl<T> Drop for Inbox<T> {
@@ -272,6 +349,55 @@ mod tests {
             assert_eq!(got, (0..4).map(|i| round * 10 + i).collect::<Vec<_>>());
             assert!(!q.has_next());
             assert_eq!(q.pop_batch(10, |_| panic!("empty")), 0);
+        }
+    }
+
+    /// Each lap fills every slot once, consecutive positions `SPREAD` lines apart, and a
+    /// slot's initial stamp is the first position it holds.
+    #[test]
+    fn positions_spread_over_every_slot() {
+        for cap in (0..=12).map(|k| 1usize << k) {
+            let q: Inbox<u8> = Inbox::new(cap);
+            let mask = cap - 1;
+            let mut seen = vec![false; cap];
+            for p in 0..cap {
+                let i = slot_of(p, mask);
+                assert!(!seen[i], "slot {i} twice in a lap of {cap}");
+                seen[i] = true;
+                assert_eq!(q.slots[i].stamp.load(Ordering::Relaxed), p, "slot {i} of {cap}");
+                assert_eq!(slot_of(p + cap, mask), i, "the next lap's position shares the slot");
+                if cap > SPREAD {
+                    assert_eq!(slot_of(p + 1, mask), (i + SPREAD) & mask);
+                }
+            }
+        }
+    }
+
+    /// FIFO order, fullness and the refusal marks through many laps of rings whose
+    /// positions do not lie in slot order.
+    #[test]
+    fn spread_rings_stay_fifo() {
+        for cap in [8usize, 16, 64] {
+            let q = Inbox::new(cap);
+            let mut next = 0u32;
+            let mut expect = 0u32;
+            for round in 0..10 {
+                while q.push(next).is_ok() {
+                    next += 1;
+                }
+                assert_eq!(next - expect, cap as u32, "full at capacity {cap}");
+                assert_eq!(q.refuse(1, next), Err(next));
+                let take = 1 + round % cap;
+                let mut got = Vec::new();
+                assert_eq!(q.pop_batch(take, |v| got.push(v)), take);
+                assert_eq!(got, (expect..expect + take as u32).collect::<Vec<_>>());
+                expect += take as u32;
+                assert_eq!(q.take_refused(), 1);
+            }
+            let mut got = Vec::new();
+            q.pop_batch(usize::MAX, |v| got.push(v));
+            assert_eq!(got, (expect..next).collect::<Vec<_>>());
+            assert!(!q.has_next());
         }
     }
 
@@ -466,6 +592,35 @@ mod model {
             let seen = got == 1 && q.take_refused() == 1;
             let got_in = p.join().unwrap();
             assert!(got_in || seen, "the refused producer was neither let in nor seen");
+        });
+    }
+
+    /// Two producers refused by a full ring while the consumer empties it: each one left
+    /// out was seen, or the ring holds the other's value (the consumer's next pop, then its
+    /// look at the marks, sees it). No refused producer waits on an empty ring unseen.
+    #[test]
+    fn two_refused_producers_are_seen_or_a_value_waits() {
+        let mut b = loom::model::Builder::new();
+        b.preemption_bound = Some(3);
+        b.check(|| {
+            let q = Arc::new(Inbox::new(2));
+            q.push(0u32).unwrap();
+            q.push(0u32).unwrap();
+            let ps: Vec<_> = (0..2u32)
+                .map(|p| {
+                    let q = q.clone();
+                    loom::thread::spawn(move || match q.push(1 + p) {
+                        Ok(()) => true,
+                        Err(v) => q.refuse(1 << p, v).is_ok(),
+                    })
+                })
+                .collect();
+            assert_eq!(q.pop_batch(2, |v| assert_eq!(v, 0)), 2);
+            let seen = q.take_refused();
+            let got_in: Vec<bool> = ps.into_iter().map(|p| p.join().unwrap()).collect();
+            for p in 0..2 {
+                assert!(got_in[p] || seen & (1 << p) != 0 || q.has_next(), "producer {p} refused, unseen, with nothing queued");
+            }
         });
     }
 }
