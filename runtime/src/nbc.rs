@@ -1352,20 +1352,23 @@ impl Communicator {
         let peer = self.world_ranks()[1 - me];
         let bytes = std::mem::size_of_val(data);
         let mut landing = std::mem::MaybeUninit::<[Unit; PAIR_BYTES / std::mem::size_of::<Unit>()]>::uninit();
+        // The send goes first: it is what the partner waits for, and the partner's frame,
+        // if it comes before the receive is posted, waits in the inbox until this thread's
+        // first pass, which follows the posting.
+        // SAFETY: `data` is borrowed for this call, which waits for a deferred send before it
+        // writes `data` (or returns: `pair_rest`).
+        let sbuf = unsafe { Scratch::lent(data.as_mut_ptr().cast::<u8>(), bytes) };
+        let send = match self.isend_or_gone(coll, sbuf, peer, tag, |_, _| {}) {
+            Ok(s) => s,
+            Err(e) => return self.pair_rest(tag, None, None, Err(e), data, combine),
+        };
         // SAFETY: `landing` outlives the receive (dropped before this call returns, waited
         // for first where it failed: `pair_rest`), and only the receive writes it; the bytes
         // are read once it completed with `bytes` of them.
         let rbuf = unsafe { Scratch::lent_for_recv(landing.as_mut_ptr().cast::<u8>(), bytes) };
         let mut recv = match self.irecv_on(coll, rbuf, Source::Rank(peer), Tag::Is(tag)) {
             Ok(r) => r,
-            Err(e) => return self.pair_rest(tag, None, None, Err(e), data, combine),
-        };
-        // SAFETY: `data` is borrowed for this call, which waits for a deferred send before it
-        // writes `data` (or returns: `pair_rest`).
-        let sbuf = unsafe { Scratch::lent(data.as_mut_ptr().cast::<u8>(), bytes) };
-        let send = match self.isend_or_gone(coll, sbuf, peer, tag, |_, _| {}) {
-            Ok(s) => s,
-            Err(e) => return self.pair_rest(tag, None, Some(recv), Err(e), data, combine),
+            Err(e) => return self.pair_rest(tag, send, None, Err(e), data, combine),
         };
         let engine = self.engine();
         // Made at the first idle poll only.
