@@ -53,7 +53,7 @@ impl SpinSlots {
         // Relaxed: a configuration value, written once (racing writers store the same value).
         match self.slots.load(Ordering::Relaxed) {
             usize::MAX => {
-                let n = std::thread::available_parallelism().map_or(1, |n| n.get());
+                let n = process_cpus();
                 self.slots.store(n, Ordering::Relaxed);
                 n
             }
@@ -290,6 +290,41 @@ fn parse_cpu_list(list: &str) -> Option<usize> {
     (n > 0).then_some(n)
 }
 
+/// The CPUs this process may run on, as a spin budget counts them. The budget is made at
+/// the first wait of any thread, and `available_parallelism` reads the calling thread's
+/// own affinity: a first waiter pinned to one core (each thread of a benchmark or of an
+/// application bound to its own CPU) would leave the whole process one slot, and every
+/// other waiter yielding at each idle pass while a core sits idle. On Linux the process's
+/// mask is its main thread's (`/proc/self/status`); a thread narrower than it is counted
+/// as the process, unless a CPU quota (which `available_parallelism` also reads) binds
+/// below the thread's own mask.
+fn process_cpus() -> usize {
+    let ours = std::thread::available_parallelism().map_or(1, |n| n.get());
+    #[cfg(target_os = "linux")]
+    {
+        let mask = |path: &str| {
+            let status = std::fs::read_to_string(path).ok()?;
+            status.lines().find_map(|l| l.strip_prefix("Cpus_allowed_list:")).and_then(parse_cpu_list)
+        };
+        if let (Some(process), Some(thread)) = (mask("/proc/self/status"), mask("/proc/thread-self/status")) {
+            return budget_of(ours, process, thread);
+        }
+    }
+    ours
+}
+
+/// The spin budget of a process whose CPUs number `process` (its mask), asked from a thread
+/// whose own mask holds `thread` and whose `available_parallelism` reads `ours` (the
+/// smaller of its mask and a CPU quota).
+fn budget_of(ours: usize, process: usize, thread: usize) -> usize {
+    if thread < process && ours >= thread {
+        // The thread's own mask, not a quota, is what bounds `ours`.
+        process
+    } else {
+        ours
+    }
+}
+
 /// The runnable count of a `/proc/loadavg` line ("0.25 0.32 0.15 2/78 27954").
 fn parse_runnable(line: &str) -> Option<usize> {
     line.split_whitespace().nth(3)?.split('/').next()?.parse().ok()
@@ -468,6 +503,42 @@ mod tests {
     /// Runs `f` on a thread of its own (each thread holds at most one slot).
     fn on_thread<R: Send>(f: impl FnOnce() -> R + Send) -> R {
         std::thread::scope(|s| s.spawn(f).join().unwrap())
+    }
+
+    /// A budget made by a thread pinned to one CPU counts the process's CPUs, not the
+    /// thread's one (it did: multirate's pinned sender and receiver shared one slot, and one
+    /// of them yielded at each idle pass while the other core was its own).
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn a_pinned_thread_makes_the_process_budget() {
+        let process = process_cpus();
+        let pinned = on_thread(|| {
+            // SAFETY: a zeroed `cpu_set_t` is an empty set; the call pins this thread only.
+            unsafe {
+                let mut set: libc::cpu_set_t = std::mem::zeroed();
+                libc::CPU_SET(0, &mut set);
+                if libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) != 0 {
+                    return None;
+                }
+            }
+            assert_eq!(std::thread::available_parallelism().map_or(1, |n| n.get()), 1, "the thread is pinned");
+            let budget = SpinSlots::new(usize::MAX);
+            Some(budget.slots())
+        });
+        if let Some(slots) = pinned {
+            assert_eq!(slots, process, "the process's CPUs, whichever thread asks first");
+        }
+    }
+
+    /// The budget's arithmetic: a narrower thread counts as its process, a quota below the
+    /// thread's mask still binds.
+    #[test]
+    fn the_budget_follows_the_process_mask_and_the_quota() {
+        assert_eq!(budget_of(1, 16, 1), 16, "a thread pinned to one of 16 CPUs");
+        assert_eq!(budget_of(16, 16, 16), 16);
+        assert_eq!(budget_of(2, 16, 16), 2, "a quota of 2 CPUs");
+        assert_eq!(budget_of(2, 16, 4), 2, "a quota below the thread's own 4");
+        assert_eq!(budget_of(1, 1, 1), 1, "a process bound to one CPU");
     }
 
     /// Two slots: two threads spin, a third yields; a slot comes back when its holder's spin
