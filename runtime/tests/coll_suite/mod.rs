@@ -203,8 +203,9 @@ fn collectives_on_a_split_communicator_and_apart_from_user_receives() {
 }
 
 /// A small allreduce on two ranks (its send and receive tested where they lie) gets the
-/// sum, whichever rank comes late or calls the nonblocking form, and none of its messages
-/// matches a user receive for anything on the same communicator.
+/// sum, whichever rank comes late or calls the nonblocking form, a barrier between calls
+/// (the same path, empty messages) meets the nonblocking barrier, and none of their
+/// messages matches a user receive for anything on the same communicator.
 #[test]
 fn a_two_rank_allreduce_meets_the_nonblocking_form_and_stays_apart_from_user_receives() {
     within(60, "two-rank allreduce against iallreduce, late partners and Tag::Any", || {
@@ -226,6 +227,13 @@ fn a_two_rank_allreduce_meets_the_nonblocking_form_and_stays_apart_from_user_rec
                     recv.to_vec()
                 };
                 sums.push(got);
+                // A barrier between calls, in its blocking or nonblocking form: one exchange of
+                // empty messages either way, which must meet the other's.
+                if k % 4 == 3 && u64::from(r) == (k / 4) % 2 {
+                    c.ibarrier().unwrap().wait().unwrap();
+                } else {
+                    c.barrier().unwrap();
+                }
             }
             let mut cat = [0u64];
             c.allreduce_with(&[u64::from(r) + 1], &mut cat, |a, b| a * 10 + b).unwrap();
