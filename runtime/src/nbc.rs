@@ -904,23 +904,6 @@ impl Idle {
         let Idle { backoff, long } = self;
         *long.get_or_insert_with(|| backoff.may_spin_long())
     }
-
-    /// What an idle pass does before the next: with a core for every runnable thread, poll
-    /// on. Else the peer the step waits for may be the thread without one, and the core is
-    /// given up, as Open MPI's progress loop does when oversubscribed
-    /// (`mpi_yield_when_idle`) — after the backoff's short spin while the process's spin
-    /// budget has a slot for this waiter ([`IdleBackoff::snooze`](weft_sync::IdleBackoff::snooze)):
-    /// a partner's frame is a few hundred nanoseconds away, a yield costs about a
-    /// microsecond on a KVM guest, and the budget has no slot where the ranks outnumber
-    /// the cores.
-    #[inline]
-    fn pause(&mut self) {
-        if self.may_spin_long() {
-            std::hint::spin_loop();
-        } else {
-            self.backoff.snooze();
-        }
-    }
 }
 
 /// What the requests of a collective's step gave, settled one by one: the first failure,
@@ -1123,7 +1106,14 @@ impl Direct<'_> {
                 if engine.progress_once().progressed() {
                     continue;
                 }
-                idle.pause();
+                // A core for every runnable thread: poll on. Else the peer this step waits
+                // for may be the thread without one: give ours up at once, as Open MPI's
+                // progress loop does when oversubscribed (`mpi_yield_when_idle`).
+                if idle.may_spin_long() {
+                    std::hint::spin_loop();
+                } else {
+                    std::thread::yield_now();
+                }
             }
             let c = self.comm;
             let r = c.irecv_on(c.coll_state(), Scratch::<u8>::for_recv(8), Source::Any, Tag::Is(self.tag - 1))?;
@@ -1397,7 +1387,11 @@ impl Communicator {
                 continue;
             }
             // As `Direct::wait_step` waits.
-            idle.get_or_insert_with(Idle::default).pause();
+            if idle.get_or_insert_with(Idle::default).may_spin_long() {
+                std::hint::spin_loop();
+            } else {
+                std::thread::yield_now();
+            }
         }
         let (mut settled, mut spare) = (Settled::default(), Vec::new());
         if let Some(mut s) = send {
