@@ -212,6 +212,16 @@ fn clock_lately() -> u64 {
 /// How often a thread checks that its CPU is its own (`cpu_is_ours`).
 const PROBE_EVERY_US: u64 = 1000;
 
+/// How soon a thread that found its CPU shared checks again. Such an answer is often the
+/// moment's (a process of the job still starting, a watcher woken, the load balancer about
+/// to move a thread), and while it holds every idle pass of the thread's collectives yields
+/// (about a microsecond on a KVM guest, where the partner's frame is a few hundred
+/// nanoseconds away): a 2-rank job of 2,000 small allreduces, whose first probe found the
+/// CPU shared, spent its whole millisecond so (0.36-0.49 µs a call against 0.25-0.28 once
+/// probed again). Where the CPU is shared for good the probe is the yield its waiter makes
+/// anyway.
+const PROBE_AGAIN_US: u64 = 100;
+
 /// A `sched_yield` that returns later than this ran another thread meanwhile (alone it
 /// returns in about 0.5 µs on a KVM guest; handing the CPU to a yielding thread and back
 /// takes 2.5 µs and more).
@@ -232,13 +242,14 @@ fn epoch_us() -> u64 {
 /// millisecond by timing one `sched_yield`: the machine-wide count (`Occupancy`) can read
 /// "spare" while two busy threads sit on one CPU and another idles (the load balancer moves
 /// one within milliseconds); spinning long there would hold the CPU from the very thread
-/// the spinner waits for. The probe's yield costs about 0.5 µs once per millisecond; a
-/// thread's first question probes at once. `now`: [`epoch_us`].
+/// the spinner waits for. The probe's yield costs about 0.5 µs once per millisecond (once
+/// per [`PROBE_AGAIN_US`] after it found the CPU shared); a thread's first question probes
+/// at once. `now`: [`epoch_us`].
 fn cpu_is_ours(now: u64) -> bool {
     PROBE
         .try_with(|p| {
             let (stamp, ours) = p.get();
-            if stamp != 0 && now.saturating_sub(stamp) < PROBE_EVERY_US {
+            if !probe_due(stamp, ours, now) {
                 return ours;
             }
             let t = Instant::now();
@@ -248,6 +259,12 @@ fn cpu_is_ours(now: u64) -> bool {
             ours
         })
         .unwrap_or(false)
+}
+
+/// Whether a thread whose last probe was stamped `stamp` (0: none yet) and found its CPU
+/// `ours` probes again at `now`.
+fn probe_due(stamp: u64, ours: bool, now: u64) -> bool {
+    stamp == 0 || now.saturating_sub(stamp) >= if ours { PROBE_EVERY_US } else { PROBE_AGAIN_US }
 }
 
 /// Threads runnable on the machine now (`/proc/loadavg`'s fourth field, before the `/`).
@@ -711,6 +728,26 @@ mod tests {
         on_thread(|| {
             cpu_is_ours(1);
             assert_eq!(PROBE.with(std::cell::Cell::get).0, 1, "no probe made by the thread's first question");
+        });
+    }
+
+    /// A probe that found the CPU shared is made again ten times sooner than one that found
+    /// it the thread's own.
+    #[test]
+    fn a_shared_cpu_is_probed_again_sooner() {
+        assert!(probe_due(0, false, 1), "the first question probes");
+        assert!(!probe_due(10, true, 10 + PROBE_AGAIN_US), "an own CPU keeps its answer");
+        assert!(probe_due(10, true, 10 + PROBE_EVERY_US));
+        assert!(!probe_due(10, false, 10 + PROBE_AGAIN_US - 1));
+        assert!(probe_due(10, false, 10 + PROBE_AGAIN_US), "a shared CPU is probed again soon");
+        on_thread(|| {
+            // Found shared just now: the answer holds within the shorter period, then a
+            // probe replaces it.
+            PROBE.with(|p| p.set((50, false)));
+            cpu_is_ours(50 + PROBE_AGAIN_US - 1);
+            assert_eq!(PROBE.with(std::cell::Cell::get).0, 50, "probed again too soon");
+            cpu_is_ours(50 + PROBE_AGAIN_US);
+            assert_eq!(PROBE.with(std::cell::Cell::get).0, 50 + PROBE_AGAIN_US, "not probed again after its period");
         });
     }
 
