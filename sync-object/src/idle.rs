@@ -523,8 +523,9 @@ mod tests {
     }
 
     /// A budget made by a thread pinned to one CPU counts the process's CPUs, not the
-    /// thread's one (it did: multirate's pinned sender and receiver shared one slot, and one
-    /// of them yielded at each idle pass while the other core was its own).
+    /// thread's one: multirate pins its sender and receiver, and with the first waiter's
+    /// one CPU as the budget they would share one slot, one of them yielding at each idle
+    /// pass while the other core is its own.
     #[cfg(target_os = "linux")]
     #[test]
     fn a_pinned_thread_makes_the_process_budget() {
