@@ -15,7 +15,7 @@
 //!
 //! | collective | small | large |
 //! |---|---|---|
-//! | `barrier` | dissemination: `ceil(log2 n)` rounds | — |
+//! | `barrier` | dissemination: `ceil(log2 n)` rounds (on 2 ranks its one step, which the blocking form takes by the 2-rank allreduce's path with empty messages) | — |
 //! | `bcast` | binomial tree | from [`BCAST_LONG_BYTES`] and [`BCAST_LONG_RANKS`] ranks: binomial scatter of `n` blocks, then a ring allgather (van de Geijn; MPICH's `scatter_ring_allgather`) |
 //! | `allreduce` | recursive doubling, ranks beyond a power of two folded in first; on 3 to [`ALLREDUCE_EXCHANGE_RANKS`] ranks and up to [`ALLREDUCE_EXCHANGE_BYTES`]: one exchange, every rank's data to every other at once, each rank combining all of them in rank order (one round of waiting instead of `log2 n`: on a host with fewer cores than ranks each round costs every rank a turn on a core) | from [`ALLREDUCE_LONG_BYTES`] with a predefined op and at least `n` elements: Rabenseifner's: a reduce-scatter by recursive halving, then an allgather by recursive doubling (`2 log2 p` steps over the largest power of two `p` of ranks, each rank beyond it folding its vector into a partner first and getting the result back at the end), sending about `2 (p-1)/p` times the data per rank, against `log2 p` times |
 //! | `reduce` | binomial tree | from [`REDUCE_LONG_BYTES`] with a predefined op, at least `n` elements and a power of two of ranks: a reduce-scatter by recursive halving, then a binomial gather of the reduced blocks ([Thakur 2005]) |
