@@ -904,6 +904,18 @@ impl Idle {
         let Idle { backoff, long } = self;
         *long.get_or_insert_with(|| backoff.may_spin_long())
     }
+
+    /// Between two idle passes: with a core for every runnable thread, poll on. Else the
+    /// peer the step waits for may be the thread without one: give ours up at once, as Open
+    /// MPI's progress loop does when oversubscribed (`mpi_yield_when_idle`).
+    #[inline]
+    fn pause(&mut self) {
+        if self.may_spin_long() {
+            std::hint::spin_loop();
+        } else {
+            std::thread::yield_now();
+        }
+    }
 }
 
 /// What the requests of a collective's step gave, settled one by one: the first failure,
@@ -1106,14 +1118,7 @@ impl Direct<'_> {
                 if engine.progress_once().progressed() {
                     continue;
                 }
-                // A core for every runnable thread: poll on. Else the peer this step waits
-                // for may be the thread without one: give ours up at once, as Open MPI's
-                // progress loop does when oversubscribed (`mpi_yield_when_idle`).
-                if idle.may_spin_long() {
-                    std::hint::spin_loop();
-                } else {
-                    std::thread::yield_now();
-                }
+                idle.pause();
             }
             let c = self.comm;
             let r = c.irecv_on(c.coll_state(), Scratch::<u8>::for_recv(8), Source::Any, Tag::Is(self.tag - 1))?;
@@ -1386,12 +1391,7 @@ impl Communicator {
             if pass.progressed() {
                 continue;
             }
-            // As `Direct::wait_step` waits.
-            if idle.get_or_insert_with(Idle::default).may_spin_long() {
-                std::hint::spin_loop();
-            } else {
-                std::thread::yield_now();
-            }
+            idle.get_or_insert_with(Idle::default).pause();
         }
         let (mut settled, mut spare) = (Settled::default(), Vec::new());
         if let Some(mut s) = send {

@@ -42,14 +42,20 @@ impl Engine {
         })
     }
 
+    /// Whether a waiter polls its dedicated CRI `mine`: it may hold frames, or checking
+    /// costs a poll anyway (libfabric: a CQ read under the CRI's state lock), where polling
+    /// directly takes the state lock once per frame instead of twice.
+    #[inline]
+    pub(crate) fn worth_polling(&self, mine: usize) -> bool {
+        self.transport.check_costs_a_poll() || self.transport.has_frames(mine)
+    }
+
     /// The walk of [`progress_concurrent`](Self::progress_concurrent).
     fn walk_concurrent(&self) -> usize {
         let n = self.cris.len();
         let mine = self.cri_for_thread();
         let mut count = self.flush_deferred();
-        // Where checking costs a poll (libfabric: a CQ read under the CRI's state lock), poll
-        // the dedicated CRI directly: one state-lock acquisition per frame instead of two.
-        if self.transport.check_costs_a_poll() || self.transport.has_frames(mine) {
+        if self.worth_polling(mine) {
             count += self.cris[mine].lock.try_low(|c| self.progress_cri(mine, c)).unwrap_or(0);
         }
         if count > 0 {

@@ -105,7 +105,7 @@ impl Engine {
             return self.progress_once();
         }
         let mine = self.cri_for_thread();
-        if !self.transport.check_costs_a_poll() && !self.transport.has_frames(mine) {
+        if !self.worth_polling(mine) {
             return Pass::Idle;
         }
         Pass::of(crate::deferred::pass(|| self.cris[mine].lock.try_low(|c| self.progress_cri(mine, c)).unwrap_or(0)))
