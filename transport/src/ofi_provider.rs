@@ -79,7 +79,10 @@
 //! async pollers. While the rank is idle, the watcher reads every CRI's CQ (which also
 //! drives the provider's progress, so a peer's RMA read of this rank's memory completes while
 //! all of this rank's threads sleep) and rings the doorbell when it staged frames; while the
-//! rank is active it stays out of the way (progress threads are polling). Between passes,
+//! rank is active it stays out of the way (progress threads are polling), asleep until the
+//! rank may first count as quiet, which the first thread to find it quiet makes sooner
+//! (`sleep_while_active`: on a host with more ranks than cores, watchers waking every
+//! millisecond left the kernel spreading the busy ranks unevenly). Between passes,
 //! while no thread is the waiter, it blocks on the CQ wait fds after `fi_trywait` when every
 //! CQ has one — for [`CQ_WAIT_MS`] when the rank goes quiet, doubling while the blocks time
 //! out, up to [`IDLE_WAIT_MS`] — else it sleeps, starting at 10 µs when the rank goes quiet
@@ -847,6 +850,7 @@ impl Opened {
             max_msg,
             last_active: AtomicU64::new(coarse_ms()),
             seen_activity: AtomicU64::new(0),
+            active_nap: AtomicBool::new(false),
             provider: self.opts.provider.clone(),
             rma_delivered: self.opts.provider != "shm",
             lane,
@@ -862,6 +866,8 @@ impl Opened {
             watcher_passes: AtomicU64::new(0),
             #[cfg(test)]
             idle_wait_ms: AtomicU64::new(0),
+            #[cfg(test)]
+            active_nap_ms: AtomicU64::new(0),
             #[cfg(test)]
             rma_refusals: AtomicU64::new(0),
         });
@@ -996,6 +1002,9 @@ struct RankInner {
     last_active: AtomicU64,
     /// The sum of the CRIs' `activity` counters when `recently_active` last looked.
     seen_activity: AtomicU64,
+    /// Set while the watcher sleeps through the rank's activity (`watch`): the first thread
+    /// to find the rank quiet ends that sleep (`any_frames`).
+    active_nap: AtomicBool,
     /// libfabric provider name.
     provider: String,
     /// Whether a put completes only once the target applied it (`FI_DELIVERY_COMPLETE`):
@@ -1033,6 +1042,10 @@ struct RankInner {
     /// sleep while the waiter blocks on them, in milliseconds (`idle_waits`).
     #[cfg(test)]
     idle_wait_ms: AtomicU64,
+    /// Tests: when not 0, the watcher's sleep through the rank's activity, in milliseconds
+    /// (`sleep_while_active`).
+    #[cfg(test)]
+    active_nap_ms: AtomicU64,
     /// Tests: one-sided posts the provider refused (`FI_EAGAIN`) and `rma_post` retried.
     #[cfg(test)]
     rma_refusals: AtomicU64,
@@ -1434,7 +1447,7 @@ impl RankInner {
                 // Progress threads poll the CQs themselves while the rank is active (they
                 // spin rather than park, see `any_frames`): stay out of their way, and poll
                 // fast again as soon as the rank goes quiet (a thread may park then).
-                std::thread::sleep(Duration::from_millis(1));
+                self.sleep_while_active();
                 sleep_us = MIN_SLEEP_US;
                 block_ms = first_block_ms;
                 held_since.fill(None);
@@ -1533,6 +1546,47 @@ impl RankInner {
                 l.wake_up();
             }
             self.waiter.woke();
+        }
+    }
+
+    /// The watcher's sleep while the rank is active: until the rank may first count as quiet
+    /// ([`ACTIVE_MS`] after its last frame), or until a thread finds it quiet before then
+    /// (`any_frames` ends the sleep through the watcher's `eventfd`: a thread may park
+    /// next). Not a sleep of a millisecond at a time: on a host with more rank processes than
+    /// cores, every rank's watcher waking each millisecond (8,000 wake-ups a second for 8
+    /// ranks) put its waking thread on a CPU at each turn, and the kernel's load balancer,
+    /// among those comings and goings, left the busy ranks unevenly spread (up to 7 of 8 on
+    /// one of 2 cores, where the job's collectives wait for the slowest).
+    ///
+    /// The flag is set before the rank's activity is looked at again, and a thread reads it
+    /// after it found the rank quiet: a thread that misses the flag found the rank quiet
+    /// before the watcher looked, which then finds it quiet too (unless frames came between,
+    /// and the rank is active again). At worst the sleep runs its [`ACTIVE_MS`].
+    fn sleep_while_active(&self) {
+        self.active_nap.store(true, Ordering::SeqCst);
+        let watcher_fd = self.waiter.watcher_fd();
+        #[allow(unused_mut)]
+        let mut ms = ACTIVE_MS;
+        #[cfg(test)]
+        if let n @ 1.. = self.active_nap_ms.load(Ordering::Relaxed) {
+            ms = n;
+        }
+        if self.recently_active() {
+            poll_fds(std::iter::once(watcher_fd), Duration::from_millis(ms));
+        }
+        self.active_nap.store(false, Ordering::Relaxed);
+        // What ended the sleep, or a same-host sender's write from before the rank was active
+        // (lane docs, *Waking the receiver*): drained, so that the next sleep sleeps.
+        lane::drain(watcher_fd);
+    }
+
+    /// Ends the watcher's [`sleep_while_active`](Self::sleep_while_active), if it sleeps so:
+    /// called by a thread that found the rank quiet.
+    #[inline]
+    fn end_active_nap(&self) {
+        // A load first: the common answer (no such sleep) costs no read-modify-write.
+        if self.active_nap.load(Ordering::SeqCst) && self.active_nap.swap(false, Ordering::SeqCst) {
+            self.waiter.wake_watcher();
         }
     }
 
@@ -2122,7 +2176,13 @@ impl OfiRank {
     /// flows.
     pub fn any_frames(&self) -> bool {
         // The clock first: during traffic it answers without reading any CQ.
-        self.inner.recently_active() || self.inner.reads.any_finished() || (0..self.inner.k).any(|k| self.has_frames(k))
+        if self.inner.recently_active() {
+            return true;
+        }
+        // Quiet: the caller may park next, and the watcher, asleep through the activity,
+        // covers the rank's descriptors again from now on.
+        self.inner.end_active_nap();
+        self.inner.reads.any_finished() || (0..self.inner.k).any(|k| self.has_frames(k))
     }
 
     /// Gives a consumed payload's buffer back to this rank's pool.
@@ -3353,6 +3413,89 @@ mod tests {
         ranks[1].poll(0, 64, |f| got.push(f.payload.as_slice().to_vec()));
         assert_eq!(got, vec![b"def".to_vec()]);
         assert!(passes < 600, "the watcher made {passes} passes in 300 ms while a frame waited in the lane");
+    }
+
+    /// A pair of ranks on `shm` with the same-host lane, or `None` (said) where there is none.
+    fn lane_pair() -> Option<Vec<OfiRank>> {
+        let opts = OfiOptions { provider: "shm".into(), recv_slots: 16, send_slots: 8, same_host_lane: true, ..OfiOptions::default() };
+        match world(&opts, 2) {
+            Ok(r) if r[1].same_host_lane() => Some(r),
+            Ok(_) => {
+                eprintln!("skipped: no same-host lane here");
+                None
+            }
+            Err(e) => {
+                eprintln!("skipped: shm not available here ({e})");
+                None
+            }
+        }
+    }
+
+    /// While frames flow, the watcher sleeps through the rank's activity [`ACTIVE_MS`] at a
+    /// time: over 300 ms of traffic a few tens of passes, where a watcher that looked every
+    /// millisecond made about 300 (on a host with more rank processes than cores, those
+    /// wake-ups left the kernel spreading the busy ranks unevenly).
+    #[test]
+    fn an_active_rank_wakes_its_watcher_rarely() {
+        let Some(ranks) = lane_pair() else { return };
+        a_frame_goes_through(&ranks);
+        let inner = &ranks[1].inner;
+        let (mut before, mut seq) = (None, 2);
+        let start = Instant::now();
+        while start.elapsed() < Duration::from_millis(350) {
+            // The first 50 ms make the rank active and let a watcher's sleep begun while
+            // it was quiet come to its end.
+            if before.is_none() && start.elapsed() >= Duration::from_millis(50) {
+                before = Some((inner.watcher_passes.load(Ordering::Relaxed), Instant::now()));
+            }
+            ranks[0].send(1, 0, eager(seq, 3), b"abc").expect("send");
+            seq += 1;
+            let (mut got, sent) = (0, Instant::now());
+            while got == 0 {
+                assert!(sent.elapsed() < Duration::from_secs(10), "a frame did not arrive");
+                ranks[1].poll(0, 64, |_| got += 1);
+            }
+            std::thread::sleep(Duration::from_micros(200));
+        }
+        let (b, t) = before.expect("a start");
+        let (passes, took) = (inner.watcher_passes.load(Ordering::Relaxed) - b, t.elapsed());
+        assert!(passes < 100, "the watcher made {passes} passes in {took:?} of traffic");
+    }
+
+    /// A thread that finds the rank quiet (`any_frames` answering `false`: it may park
+    /// next) ends the watcher's sleep through the activity at once, so that the watcher
+    /// covers the rank's descriptors from then on: here with that sleep 10 s long, the
+    /// watcher's next pass comes within a second of the thread's look.
+    #[test]
+    fn a_thread_that_finds_the_rank_quiet_wakes_the_watcher() {
+        let Some(ranks) = lane_pair() else { return };
+        let r = Arc::new(ranks);
+        let rr = r.clone();
+        within(60, "the watcher's wake-up by a quiet look", move || {
+            let inner = &rr[1].inner;
+            inner.active_nap_ms.store(10_000, Ordering::Relaxed);
+            a_frame_goes_through(&rr);
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while !inner.active_nap.load(Ordering::Relaxed) {
+                assert!(Instant::now() < deadline, "the watcher did not sleep through the activity");
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            // Quiet `ACTIVE_MS` after the activity was last counted (the first look may
+            // count the frame's poll, after the watcher's).
+            let (before, t0) = loop {
+                let (before, t0) = (inner.watcher_passes.load(Ordering::Relaxed), Instant::now());
+                if !rr[1].any_frames() {
+                    break (before, t0);
+                }
+                assert!(Instant::now() < deadline, "the rank did not go quiet");
+                std::thread::sleep(Duration::from_millis(1));
+            };
+            while inner.watcher_passes.load(Ordering::Relaxed) == before {
+                assert!(t0.elapsed() < Duration::from_secs(5), "the watcher slept on after a thread found the rank quiet");
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            assert!(t0.elapsed() < Duration::from_secs(1), "the watcher came {:?} after the look", t0.elapsed());
+        });
     }
 
     /// The watcher of an idle rank that finds a CRI's state lock held looks again within

@@ -70,7 +70,8 @@ impl Slot {
         self.watcher_fd.as_raw_fd()
     }
 
-    /// Ends the watcher's sleep (`close`).
+    /// Ends the watcher's sleep (`close`, a thread that found the rank quiet while the
+    /// watcher slept through its activity).
     pub(super) fn wake_watcher(&self) {
         lane::write_one(self.watcher_fd.as_raw_fd());
     }
