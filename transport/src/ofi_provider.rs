@@ -1565,14 +1565,8 @@ impl RankInner {
     fn sleep_while_active(&self) {
         self.active_nap.store(true, Ordering::SeqCst);
         let watcher_fd = self.waiter.watcher_fd();
-        #[allow(unused_mut)]
-        let mut ms = ACTIVE_MS;
-        #[cfg(test)]
-        if let n @ 1.. = self.active_nap_ms.load(Ordering::Relaxed) {
-            ms = n;
-        }
         if self.recently_active() {
-            poll_fds(std::iter::once(watcher_fd), Duration::from_millis(ms));
+            poll_fds(std::iter::once(watcher_fd), Duration::from_millis(self.active_nap_ms()));
         }
         self.active_nap.store(false, Ordering::Relaxed);
         // What ended the sleep, or a same-host sender's write from before the rank was active
@@ -1588,6 +1582,16 @@ impl RankInner {
         if self.active_nap.load(Ordering::SeqCst) && self.active_nap.swap(false, Ordering::SeqCst) {
             self.waiter.wake_watcher();
         }
+    }
+
+    /// How long the watcher sleeps through the rank's activity, in milliseconds:
+    /// [`ACTIVE_MS`]; tests may set it longer.
+    fn active_nap_ms(&self) -> u64 {
+        #[cfg(test)]
+        if let ms @ 1.. = self.active_nap_ms.load(Ordering::Relaxed) {
+            return ms;
+        }
+        ACTIVE_MS
     }
 
     /// The watcher's first and longest block on the CQs' wait fds, in milliseconds:
@@ -3468,9 +3472,7 @@ mod tests {
     /// watcher's next pass comes within a second of the thread's look.
     #[test]
     fn a_thread_that_finds_the_rank_quiet_wakes_the_watcher() {
-        let Some(ranks) = lane_pair() else { return };
-        let r = Arc::new(ranks);
-        let rr = r.clone();
+        let Some(rr) = lane_pair() else { return };
         within(60, "the watcher's wake-up by a quiet look", move || {
             let inner = &rr[1].inner;
             inner.active_nap_ms.store(10_000, Ordering::Relaxed);
