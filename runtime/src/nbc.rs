@@ -1056,8 +1056,10 @@ impl Direct<'_> {
     /// theirs_first)`): the plan of [`reduce_exchange_into`](crate::coll_steps::reduce_exchange_into)
     /// without copies (and, on two members, of recursive doubling), its messages the same,
     /// walked straight from the members' list. No plan is written, looked up or read, no
-    /// step's ranges are cloned, and no message is tested for lending the caller's data (a
-    /// small one never does).
+    /// step's ranges are cloned, and every send goes from `data` itself (a small send leaves
+    /// at once, its bytes copied into the frame; one deferred holds them until it leaves,
+    /// and nothing lands in `data` before every request of the step completed): no copy
+    /// into a scratch buffer per send.
     #[inline(always)]
     fn exchange<T: Primitive>(&mut self, data: &mut [T], combine: &impl Fn(&mut [T], &[T], bool)) -> Result<(), Error> {
         let (c, tag) = (self.comm, self.tag);
@@ -1068,11 +1070,16 @@ impl Direct<'_> {
         let mut waited_sends = 0;
         let st = &mut *self.store;
         // Sends first, as `run` posts them; one gone at once is settled here.
+        let at = data.as_mut_ptr().cast::<u8>();
         for (i, &to) in members.iter().enumerate() {
             if i == me {
                 continue;
             }
-            let buf = Scratch::copy_from_spare(&mut st.spare, bytes_of(data));
+            st.lent = true;
+            // SAFETY: the caller's data, borrowed for this call, which waits for every send
+            // (also when it fails: `settle_in_flight`, `st.lent` set); the received messages
+            // are combined into it only once the step's requests all completed.
+            let buf = unsafe { Scratch::lent(at, bytes) };
             let spare = &mut st.spare;
             let Some(r) = c.isend_or_gone(coll, buf, to, tag, |mut b, s| settled.take(&mut b, Ok(s), None, spare, |_| {}))? else {
                 continue;
