@@ -16,7 +16,7 @@
 //! | collective | small | large |
 //! |---|---|---|
 //! | `barrier` | dissemination: `ceil(log2 n)` rounds (on 2 ranks its one step, which the blocking form takes by the 2-rank allreduce's path with empty messages) | — |
-//! | `bcast` | binomial tree | from [`BCAST_LONG_BYTES`] and [`BCAST_LONG_RANKS`] ranks: binomial scatter of `n` blocks, then a ring allgather (van de Geijn; MPICH's `scatter_ring_allgather`) |
+//! | `bcast` | binomial tree (on 2 ranks its one message, which the blocking form of up to [`ALLREDUCE_EXCHANGE_BYTES`] sends from the root's data and receives into the other's directly, by the 2-rank allreduce's path) | from [`BCAST_LONG_BYTES`] and [`BCAST_LONG_RANKS`] ranks: binomial scatter of `n` blocks, then a ring allgather (van de Geijn; MPICH's `scatter_ring_allgather`) |
 //! | `allreduce` | recursive doubling, ranks beyond a power of two folded in first; on 3 to [`ALLREDUCE_EXCHANGE_RANKS`] ranks and up to [`ALLREDUCE_EXCHANGE_BYTES`]: one exchange, every rank's data to every other at once, each rank combining all of them in rank order (one round of waiting instead of `log2 n`: on a host with fewer cores than ranks each round costs every rank a turn on a core) | from [`ALLREDUCE_LONG_BYTES`] with a predefined op and at least `n` elements: Rabenseifner's: a reduce-scatter by recursive halving, then an allgather by recursive doubling (`2 log2 p` steps over the largest power of two `p` of ranks, each rank beyond it folding its vector into a partner first and getting the result back at the end), sending about `2 (p-1)/p` times the data per rank, against `log2 p` times |
 //! | `reduce` | binomial tree | from [`REDUCE_LONG_BYTES`] with a predefined op, at least `n` elements and a power of two of ranks: a reduce-scatter by recursive halving, then a binomial gather of the reduced blocks ([Thakur 2005]) |
 //! | `gather`, `scatter` (and `v`) | the root exchanges with every rank at once | — |
@@ -89,6 +89,14 @@ pub const REDUCE_LONG_BYTES: usize = 2048;
 /// Whether a broadcast of `bytes` on `n` ranks goes by scatter and allgather.
 pub(crate) fn bcast_is_long(bytes: usize, n: u32) -> bool {
     bytes >= BCAST_LONG_BYTES && n >= BCAST_LONG_RANKS
+}
+
+/// Whether a blocking broadcast of `bytes` on `n` ranks sends its one message straight
+/// (`Communicator::bcast_pair_direct`): on 2 ranks, some bytes and up to
+/// [`ALLREDUCE_EXCHANGE_BYTES`]. The message is the plan's ([`bcast_into`]), so a rank
+/// taking it meets one running the plan.
+pub(crate) fn bcast_is_pair_direct(bytes: usize, n: u32) -> bool {
+    n == 2 && bytes > 0 && bytes <= ALLREDUCE_EXCHANGE_BYTES && !bcast_is_long(bytes, n)
 }
 
 /// Whether an allreduce (with a predefined op) of `len` elements, `bytes` in all, on `n`
@@ -562,6 +570,9 @@ impl Communicator {
     /// passes the same length and root.
     pub fn bcast<T: Primitive>(&self, data: &mut [T], root: u32) -> Result<(), Error> {
         self.check_root(root)?;
+        if bcast_is_pair_direct(std::mem::size_of_val(data), self.size()) {
+            return self.bcast_pair_direct(data, root);
+        }
         let len = data.len();
         let long = bcast_is_long(std::mem::size_of_val(data), self.size());
         let plan = |s: &mut StepPlan| {

@@ -824,12 +824,23 @@ impl Communicator {
 const DIRECT_POLLS: u32 = 64;
 
 /// A two-member allreduce run on the calling thread of up to this many bytes receives into
-/// a buffer on the stack ([`Communicator::allreduce_pair_direct`]).
+/// a buffer on the stack ([`Communicator::pair_direct`]).
 const PAIR_BYTES: usize = crate::coll::ALLREDUCE_EXCHANGE_BYTES;
 
-/// Every so many polls of a two-member allreduce ([`Communicator::allreduce_pair_direct`])
-/// the pass is a full one (the others look at the thread's own CRI alone).
+/// Every so many polls of a two-member step ([`Communicator::pair_direct`]) the pass is a
+/// full one (the others look at the thread's own CRI alone).
 const PAIR_FULL_EVERY: u32 = 8;
+
+/// The one step of a collective on two members that [`Communicator::pair_direct`] runs.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Pair {
+    /// An allreduce's exchange: a send of the data and a receive combined into it.
+    Exchange,
+    /// A broadcast's root: a send of the data.
+    Send,
+    /// A broadcast's other member: a receive into the data.
+    ReceiveInPlace,
+}
 
 /// What a collective run on the calling thread keeps between calls, per thread: the last
 /// plan and what it was made for, its step's requests and what they gave. The requests are
@@ -1340,7 +1351,7 @@ impl Communicator {
             return Err(Error::CommFreed);
         }
         if self.size() == 2 && std::mem::size_of_val(data) <= PAIR_BYTES {
-            return self.allreduce_pair_direct(data, &combine);
+            return self.pair_direct(data, Pair::Exchange, &combine);
         }
         let store = DIRECT.try_with(std::cell::Cell::take).ok().flatten().unwrap_or_default();
         let mut d = Direct { comm: self, tag: seq_tag(self.next_seq()), notice: None, store };
@@ -1348,16 +1359,28 @@ impl Communicator {
         d.finish(res)
     }
 
-    /// [`allreduce_exchange_direct`](Self::allreduce_exchange_direct) on two members: the
-    /// exchange's one send and one receive, under the same tag, with nothing of the thread's
-    /// storage unless the step has to wait long or fails. The send goes from `data` itself
-    /// (a small send leaves at once, its bytes copied into the frame; one deferred is waited
-    /// for before `data` is written), the partner's message lands in a buffer on the stack,
-    /// and both requests are tested where they lie between progress passes. A step still
-    /// pending after [`DIRECT_POLLS`] passes, or one that failed, goes on as the exchange's
-    /// does ([`pair_rest`](Self::pair_rest)).
+    /// A small broadcast on two members, on the calling thread: the plan's one message
+    /// ([`bcast_into`](crate::coll_steps::bcast_into)), under the same tag, sent from the
+    /// root's `data` itself and received straight into the other's ([`pair_direct`](Self::pair_direct)).
+    pub(crate) fn bcast_pair_direct<T: Primitive>(&self, data: &mut [T], root: u32) -> Result<(), Error> {
+        if self.is_freed() {
+            return Err(Error::CommFreed);
+        }
+        let what = if self.rank() == root { Pair::Send } else { Pair::ReceiveInPlace };
+        self.pair_direct(data, what, &|_, _, _| {})
+    }
+
+    /// A collective's one step on two members ([`Pair`]): an allreduce's exchange
+    /// ([`allreduce_exchange_direct`](Self::allreduce_exchange_direct)), or a broadcast's one
+    /// message, under the call's tag, with nothing of the thread's storage unless the step
+    /// has to wait long or fails. A send goes from `data` itself (a small send leaves at
+    /// once, its bytes copied into the frame; one deferred is waited for before `data` is
+    /// written); the exchange's receive lands in a buffer on the stack and is combined
+    /// into `data`, the broadcast's lands in `data`; the requests are tested where they lie
+    /// between progress passes. A step still pending after [`DIRECT_POLLS`] passes, or one
+    /// that failed, goes on as the exchange's does ([`pair_rest`](Self::pair_rest)).
     #[inline(always)]
-    fn allreduce_pair_direct<T: Primitive>(&self, data: &mut [T], combine: &impl Fn(&mut [T], &[T], bool)) -> Result<(), Error> {
+    fn pair_direct<T: Primitive>(&self, data: &mut [T], what: Pair, combine: &impl Fn(&mut [T], &[T], bool)) -> Result<(), Error> {
         let tag = seq_tag(self.next_seq());
         let coll = self.coll_state();
         let me = self.rank() as usize;
@@ -1367,29 +1390,39 @@ impl Communicator {
         // The send goes first: it is what the partner waits for, and the partner's frame,
         // if it comes before the receive is posted, waits in the inbox until this thread's
         // first pass, which follows the posting.
-        // SAFETY: `data` is borrowed for this call, which waits for a deferred send before it
-        // writes `data` (or returns: `pair_rest`).
-        let sbuf = unsafe { Scratch::lent(data.as_mut_ptr().cast::<u8>(), bytes) };
-        let send = match self.isend_or_gone(coll, sbuf, peer, tag, |_, _| {}) {
-            Ok(s) => s,
-            Err(e) => return self.pair_rest(tag, None, None, Err(e), data, combine),
+        let send = if what == Pair::ReceiveInPlace {
+            None
+        } else {
+            // SAFETY: `data` is borrowed for this call, which waits for a deferred send
+            // before it writes `data` (or returns: `pair_rest`).
+            let sbuf = unsafe { Scratch::lent(data.as_mut_ptr().cast::<u8>(), bytes) };
+            match self.isend_or_gone(coll, sbuf, peer, tag, |_, _| {}) {
+                Ok(s) => s,
+                Err(e) => return self.pair_rest(tag, None, None, Err(e), data, combine),
+            }
         };
-        // SAFETY: `landing` outlives the receive (dropped before this call returns, waited
-        // for first where it failed: `pair_rest`), and only the receive writes it; the bytes
-        // are read once it completed with `bytes` of them.
-        let rbuf = unsafe { Scratch::lent_for_recv(landing.as_mut_ptr().cast::<u8>(), bytes) };
-        let mut recv = match self.irecv_on(coll, rbuf, Source::Rank(peer), Tag::Is(tag)) {
-            Ok(r) => r,
-            Err(e) => return self.pair_rest(tag, send, None, Err(e), data, combine),
+        let at = match what {
+            Pair::Send => None,
+            Pair::Exchange => Some(landing.as_mut_ptr().cast::<u8>()),
+            Pair::ReceiveInPlace => Some(data.as_mut_ptr().cast::<u8>()),
+        };
+        // SAFETY: `landing` and `data` outlive the receive (dropped or returned only after
+        // it completed, waited for first where it failed: `pair_rest`), and only the
+        // receive writes its place (the broadcast's `data` sends nothing); the bytes are
+        // read once it completed with `bytes` of them.
+        let recv = match at.map(|at| self.irecv_on(coll, unsafe { Scratch::lent_for_recv(at, bytes) }, Source::Rank(peer), Tag::Is(tag))) {
+            None => None,
+            Some(Ok(r)) => Some(r),
+            Some(Err(e)) => return self.pair_rest(tag, send, None, Err(e), data, combine),
         };
         let engine = self.engine();
         // Made at the first idle poll only.
         let mut idle = None;
         let mut polls = 0;
-        while !(recv.is_complete() && send.as_ref().map_or(true, Request::is_complete)) {
+        while !(recv.as_ref().map_or(true, Request::is_complete) && send.as_ref().map_or(true, Request::is_complete)) {
             polls += 1;
             if polls > DIRECT_POLLS {
-                return self.pair_rest(tag, send, Some(recv), Ok(()), data, combine);
+                return self.pair_rest(tag, send, recv, Ok(()), data, combine);
             }
             // The partner's frame lands on this thread's CRI: most polls look there alone,
             // every `PAIR_FULL_EVERY`th (and every one while the send waits to leave) is
@@ -1404,14 +1437,17 @@ impl Communicator {
         if let Some(mut s) = send {
             s.take_parts_with(|b, o| settled.take(b, o, None, &mut spare, |_| {}));
         }
-        recv.take_parts_with(|b, o| settled.take(b, o, Some(bytes), &mut spare, |b| combine(data, b.elems(), me == 1)));
+        if let Some(mut r) = recv {
+            // The broadcast's bytes are in `data` already; `combine` is a no-op there.
+            r.take_parts_with(|b, o| settled.take(b, o, Some(bytes), &mut spare, |b| combine(data, b.elems(), me == 1)));
+        }
         match settled.outcome(self) {
             Ok(()) => Ok(()),
             Err(e) => Direct::finish_noticed(self, tag, Err(e), None),
         }
     }
 
-    /// The rest of a two-member exchange ([`allreduce_pair_direct`](Self::allreduce_pair_direct))
+    /// The rest of a two-member step ([`pair_direct`](Self::pair_direct))
     /// whose requests are still pending after its polls (`res` is `Ok`), or that failed to
     /// post one: the requests go to the thread's storage and the exchange's wait, failure
     /// notices listened for, and the collective's outcome is the exchange's.
