@@ -202,6 +202,21 @@ fn collectives_on_a_split_communicator_and_apart_from_user_receives() {
     });
 }
 
+/// Runs `f` on rank `r` of two (`c`) with a receive for anything posted before it, which no
+/// collective message of `f`'s may match: checked after `f` on both ranks, then a user
+/// message from each to the other is what it takes.
+fn beside_a_user_receive<T>(r: u32, c: &Communicator, f: impl FnOnce() -> T) -> T {
+    let mut pending = c.irecv(Vec::<u8>::with_capacity(64), Source::Any, Tag::Any).unwrap();
+    let out = f();
+    assert!(!pending.test(), "a collective message matched a user receive");
+    // Both ranks checked before either sends its user message.
+    c.barrier().unwrap();
+    c.send_slice(&[r as u8], 1 - r, 7).unwrap();
+    let (got, st) = pending.wait().unwrap();
+    assert_eq!((got, st.source, st.tag), (vec![1 - r as u8], 1 - r, 7), "rank {r}");
+    out
+}
+
 /// A small allreduce on two ranks (its send and receive tested where they lie) gets the
 /// sum, whichever rank comes late or calls the nonblocking form, a barrier between calls
 /// (the same path, empty messages) meets the nonblocking barrier, and none of their
@@ -210,40 +225,35 @@ fn collectives_on_a_split_communicator_and_apart_from_user_receives() {
 fn a_two_rank_allreduce_meets_the_nonblocking_form_and_stays_apart_from_user_receives() {
     within(60, "two-rank allreduce against iallreduce, late partners and Tag::Any", || {
         let out = on_world(2, |r, c| {
-            let mut pending = c.irecv(Vec::<u8>::with_capacity(64), Source::Any, Tag::Any).unwrap();
-            let mut sums = Vec::new();
-            for k in 0..24u64 {
-                // Every third call one rank comes late (its partner waits past its polls);
-                // every other call one rank takes the nonblocking form.
-                if k % 3 == 2 && u64::from(r) == k % 2 {
-                    std::thread::sleep(std::time::Duration::from_millis(2));
+            beside_a_user_receive(r, c, || {
+                let mut sums = Vec::new();
+                for k in 0..24u64 {
+                    // Every third call one rank comes late (its partner waits past its polls);
+                    // every other call one rank takes the nonblocking form.
+                    if k % 3 == 2 && u64::from(r) == k % 2 {
+                        std::thread::sleep(std::time::Duration::from_millis(2));
+                    }
+                    let mine = [k * 10 + u64::from(r) + 1, u64::MAX - u64::from(r)];
+                    let got = if k % 2 == 1 && u64::from(r) == (k / 2) % 2 {
+                        c.iallreduce(mine.to_vec(), Op::Sum).unwrap().wait().unwrap().0
+                    } else {
+                        let mut recv = [0u64; 2];
+                        c.allreduce(&mine, &mut recv, Op::Sum).unwrap();
+                        recv.to_vec()
+                    };
+                    sums.push(got);
+                    // A barrier between calls, in its blocking or nonblocking form: one exchange of
+                    // empty messages either way, which must meet the other's.
+                    if k % 4 == 3 && u64::from(r) == (k / 4) % 2 {
+                        c.ibarrier().unwrap().wait().unwrap();
+                    } else {
+                        c.barrier().unwrap();
+                    }
                 }
-                let mine = [k * 10 + u64::from(r) + 1, u64::MAX - u64::from(r)];
-                let got = if k % 2 == 1 && u64::from(r) == (k / 2) % 2 {
-                    c.iallreduce(mine.to_vec(), Op::Sum).unwrap().wait().unwrap().0
-                } else {
-                    let mut recv = [0u64; 2];
-                    c.allreduce(&mine, &mut recv, Op::Sum).unwrap();
-                    recv.to_vec()
-                };
-                sums.push(got);
-                // A barrier between calls, in its blocking or nonblocking form: one exchange of
-                // empty messages either way, which must meet the other's.
-                if k % 4 == 3 && u64::from(r) == (k / 4) % 2 {
-                    c.ibarrier().unwrap().wait().unwrap();
-                } else {
-                    c.barrier().unwrap();
-                }
-            }
-            let mut cat = [0u64];
-            c.allreduce_with(&[u64::from(r) + 1], &mut cat, |a, b| a * 10 + b).unwrap();
-            assert!(!pending.test(), "a collective message matched a user receive");
-            // Both ranks checked before either sends its user message.
-            c.barrier().unwrap();
-            c.send_slice(&[r as u8], 1 - r, 7).unwrap();
-            let (got, st) = pending.wait().unwrap();
-            assert_eq!((got, st.source, st.tag), (vec![1 - r as u8], 1 - r, 7), "rank {r}");
-            (sums, cat[0])
+                let mut cat = [0u64];
+                c.allreduce_with(&[u64::from(r) + 1], &mut cat, |a, b| a * 10 + b).unwrap();
+                (sums, cat[0])
+            })
         });
         for (r, (sums, cat)) in out.into_iter().enumerate() {
             for (k, got) in sums.iter().enumerate() {
@@ -262,29 +272,25 @@ fn a_two_rank_allreduce_meets_the_nonblocking_form_and_stays_apart_from_user_rec
 fn a_two_rank_bcast_meets_the_nonblocking_form_and_stays_apart_from_user_receives() {
     within(60, "two-rank bcast against ibcast, late partners and Tag::Any", || {
         let out = on_world(2, |r, c| {
-            let mut pending = c.irecv(Vec::<u8>::with_capacity(64), Source::Any, Tag::Any).unwrap();
-            let mut got = Vec::new();
-            for k in 0..24u64 {
-                let root = (k % 2) as u32;
-                if k % 3 == 2 && u64::from(r) == (k / 3) % 2 {
-                    std::thread::sleep(std::time::Duration::from_millis(2));
+            beside_a_user_receive(r, c, || {
+                let mut got = Vec::new();
+                for k in 0..24u64 {
+                    let root = (k % 2) as u32;
+                    if k % 3 == 2 && u64::from(r) == (k / 3) % 2 {
+                        std::thread::sleep(std::time::Duration::from_millis(2));
+                    }
+                    // The root's data; the other rank's buffer holds something else before.
+                    let mut data = if r == root { [k * 7 + 1, u64::MAX - k, k] } else { [0, 0, 1] };
+                    if k % 4 == 1 && u64::from(r) == (k / 4) % 2 {
+                        let back = c.ibcast(data.to_vec(), root).unwrap().wait().unwrap().0;
+                        data.copy_from_slice(&back);
+                    } else {
+                        c.bcast(&mut data, root).unwrap();
+                    }
+                    got.push(data);
                 }
-                // The root's data; the other rank's buffer holds something else before.
-                let mut data = if r == root { [k * 7 + 1, u64::MAX - k, k] } else { [0, 0, 1] };
-                if k % 4 == 1 && u64::from(r) == (k / 4) % 2 {
-                    let back = c.ibcast(data.to_vec(), root).unwrap().wait().unwrap().0;
-                    data.copy_from_slice(&back);
-                } else {
-                    c.bcast(&mut data, root).unwrap();
-                }
-                got.push(data);
-            }
-            assert!(!pending.test(), "a collective message matched a user receive");
-            c.barrier().unwrap();
-            c.send_slice(&[r as u8], 1 - r, 7).unwrap();
-            let (user, st) = pending.wait().unwrap();
-            assert_eq!((user, st.source, st.tag), (vec![1 - r as u8], 1 - r, 7), "rank {r}");
-            got
+                got
+            })
         });
         for (r, got) in out.into_iter().enumerate() {
             for (k, data) in got.iter().enumerate() {
