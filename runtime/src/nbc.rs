@@ -1386,6 +1386,9 @@ impl Communicator {
         let me = self.rank() as usize;
         let peer = self.world_ranks()[1 - me];
         let bytes = std::mem::size_of_val(data);
+        // What a received message does to `data`: combined in, or nothing (a broadcast's
+        // lands in `data` itself, and is not read as a second slice beside it).
+        let land = (what == Pair::Exchange).then_some(combine);
         let mut landing = std::mem::MaybeUninit::<[Unit; PAIR_BYTES / std::mem::size_of::<Unit>()]>::uninit();
         // The send goes first: it is what the partner waits for, and the partner's frame,
         // if it comes before the receive is posted, waits in the inbox until this thread's
@@ -1398,7 +1401,7 @@ impl Communicator {
             let sbuf = unsafe { Scratch::lent(data.as_mut_ptr().cast::<u8>(), bytes) };
             match self.isend_or_gone(coll, sbuf, peer, tag, |_, _| {}) {
                 Ok(s) => s,
-                Err(e) => return self.pair_rest(tag, None, None, Err(e), data, combine),
+                Err(e) => return self.pair_rest(tag, None, None, Err(e), data, land),
             }
         };
         let at = match what {
@@ -1413,7 +1416,7 @@ impl Communicator {
         let recv = match at.map(|at| self.irecv_on(coll, unsafe { Scratch::lent_for_recv(at, bytes) }, Source::Rank(peer), Tag::Is(tag))) {
             None => None,
             Some(Ok(r)) => Some(r),
-            Some(Err(e)) => return self.pair_rest(tag, send, None, Err(e), data, combine),
+            Some(Err(e)) => return self.pair_rest(tag, send, None, Err(e), data, land),
         };
         let engine = self.engine();
         // Made at the first idle poll only.
@@ -1422,7 +1425,7 @@ impl Communicator {
         while !(recv.as_ref().map_or(true, Request::is_complete) && send.as_ref().map_or(true, Request::is_complete)) {
             polls += 1;
             if polls > DIRECT_POLLS {
-                return self.pair_rest(tag, send, recv, Ok(()), data, combine);
+                return self.pair_rest(tag, send, recv, Ok(()), data, land);
             }
             // The partner's frame lands on this thread's CRI: most polls look there alone,
             // every `PAIR_FULL_EVERY`th (and every one while the send waits to leave) is
@@ -1438,8 +1441,13 @@ impl Communicator {
             s.take_parts_with(|b, o| settled.take(b, o, None, &mut spare, |_| {}));
         }
         if let Some(mut r) = recv {
-            // The broadcast's bytes are in `data` already; `combine` is a no-op there.
-            r.take_parts_with(|b, o| settled.take(b, o, Some(bytes), &mut spare, |b| combine(data, b.elems(), me == 1)));
+            r.take_parts_with(|b, o| {
+                settled.take(b, o, Some(bytes), &mut spare, |b| {
+                    if let Some(f) = land {
+                        f(data, b.elems(), me == 1);
+                    }
+                })
+            });
         }
         match settled.outcome(self) {
             Ok(()) => Ok(()),
@@ -1450,7 +1458,8 @@ impl Communicator {
     /// The rest of a two-member step ([`pair_direct`](Self::pair_direct))
     /// whose requests are still pending after its polls (`res` is `Ok`), or that failed to
     /// post one: the requests go to the thread's storage and the exchange's wait, failure
-    /// notices listened for, and the collective's outcome is the exchange's.
+    /// notices listened for, and the collective's outcome is the exchange's. A received
+    /// message is combined into `data` by `land`, or is there already (`None`).
     #[cold]
     #[inline(never)]
     fn pair_rest<T: Primitive>(
@@ -1460,7 +1469,7 @@ impl Communicator {
         recv: Option<Request<'_, Scratch<u8>>>,
         res: Result<(), Error>,
         data: &mut [T],
-        combine: &impl Fn(&mut [T], &[T], bool),
+        land: Option<&impl Fn(&mut [T], &[T], bool)>,
     ) -> Result<(), Error> {
         let store = DIRECT.try_with(std::cell::Cell::take).ok().flatten().unwrap_or_default();
         let mut d = Direct { comm: self, tag, notice: None, store };
@@ -1477,7 +1486,11 @@ impl Communicator {
             let DirectStore { reqs, got, spare, .. } = &mut *d.store;
             settle_step(reqs, got, in_place, |j, b, o| {
                 let recv = j >= waited_sends;
-                settled.take(b, o, recv.then_some(bytes), spare, |b| combine(data, b.elems(), theirs_first));
+                settled.take(b, o, recv.then_some(bytes), spare, |b| {
+                    if let Some(f) = land {
+                        f(data, b.elems(), theirs_first);
+                    }
+                });
             });
             settled.outcome(self)
         });
