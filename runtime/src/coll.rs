@@ -93,10 +93,10 @@ pub(crate) fn bcast_is_long(bytes: usize, n: u32) -> bool {
 
 /// Whether a blocking broadcast of `bytes` on `n` ranks sends its one message straight
 /// (`Communicator::bcast_pair_direct`): on 2 ranks, some bytes and up to
-/// [`ALLREDUCE_EXCHANGE_BYTES`]. The message is the plan's ([`bcast_into`]), so a rank
-/// taking it meets one running the plan.
+/// [`ALLREDUCE_EXCHANGE_BYTES`] (never long on 2 ranks: [`BCAST_LONG_RANKS`]). The message
+/// is the plan's ([`bcast_into`]), so a rank taking it meets one running the plan.
 pub(crate) fn bcast_is_pair_direct(bytes: usize, n: u32) -> bool {
-    n == 2 && bytes > 0 && bytes <= ALLREDUCE_EXCHANGE_BYTES && !bcast_is_long(bytes, n)
+    n == 2 && bytes > 0 && bytes <= ALLREDUCE_EXCHANGE_BYTES
 }
 
 /// Whether an allreduce (with a predefined op) of `len` elements, `bytes` in all, on `n`
