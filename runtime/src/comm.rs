@@ -365,7 +365,7 @@ impl Communicator {
         Ok(match posted {
             SendOutcome::Sent => sent(Status { source: dest, tag, bytes: len }, buf),
             SendOutcome::Deferred(inner) => {
-                pending(Request::send(self, inner.expect("an eager deferral carries its request"), buf, st.part(tag)))
+                pending(Request::send(self, inner.expect("an eager deferral carries its request"), buf, st.part(dest, tag)))
             }
         })
     }
@@ -419,7 +419,7 @@ impl Communicator {
             unposted(inner, e);
             return Err((e, buf));
         }
-        Ok(Request::send(self, inner, buf, st.part(tag)))
+        Ok(Request::send(self, inner, buf, st.part(dest, tag)))
     }
 
     /// Starts receiving into `buf`'s capacity from `source` with `tag` (`MPI_Irecv`). The
@@ -503,14 +503,11 @@ impl Communicator {
     ) -> Result<Request<'_, B>, E> {
         let s = &*self.engine;
         let inner = recv_operation(st.context, &mut buf);
-        if tag == Tag::Any && st.needs_switch() {
-            s.finish_matches(s.main_path(|| s.switch_to_one_order(st)));
-        }
-        let part = st.part_of(tag);
+        s.lay_out_for(st, source, tag);
         // A frame already here is handed out through `early`, not the return values.
         let mut early = None;
         let posted = main_path_inline!(s, || {
-            s.with_matching_of(st, part, |m| {
+            s.with_matching_of(st, source, tag, |m| {
                 // Under the matching lock: `free` sets the flag before it drains the queues,
                 // so a receive posted here is either refused or drained (failed) by it.
                 if st.is_freed() {
@@ -534,7 +531,7 @@ impl Communicator {
         if let Some(frame) = early {
             s.finish_match(s.cri_for_thread(), Held::of(&inner), frame);
         }
-        Ok(Request::recv(self, inner, buf, part))
+        Ok(Request::recv(self, inner, buf, st.part_in(st.layout(), source, tag)))
     }
 
     /// Sends and waits (`MPI_Send`).
@@ -591,15 +588,12 @@ impl Communicator {
         }
         self.check_recv_tag(tag)?;
         let s = &*self.engine;
-        if tag == Tag::Any && self.p2p.needs_switch() {
-            s.finish_matches(s.main_path(|| s.switch_to_one_order(&self.p2p)));
-        }
+        s.lay_out_for(&self.p2p, source, tag);
         let _ = s.progress_once();
         // Read before the probe: a gone peer's frames were all delivered into matching before
         // it was marked gone, so a probe after this sees every one of them.
         let gone = s.lost_source(source);
-        let part = self.p2p.part_of(tag);
-        match s.main_path(|| s.with_matching_of(&self.p2p, part, |m| look(m, source, tag))) {
+        match s.main_path(|| s.with_matching_of(&self.p2p, source, tag, |m| look(m, source, tag))) {
             Some(found) => Ok(Some(found)),
             // Nothing queued, and only a gone peer could send it: it never will (a loop of
             // probes would poll for ever), as a receive would say.

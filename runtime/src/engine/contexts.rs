@@ -17,8 +17,8 @@ use weft_transport::Frame;
 
 use crate::config::{Assignment, MatchingMode};
 use crate::lock::path::{Counting, PathLock};
-use crate::loom::sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, Ordering};
-use crate::matching::{MatchState, Matches, Order, Tag};
+use crate::loom::sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, AtomicU8, Ordering};
+use crate::matching::{MatchState, Matches, Order, Source, Tag};
 
 use super::Engine;
 
@@ -132,12 +132,13 @@ pub(crate) struct CommState {
     ///
     /// [`Engine::switch_to_one_order`]: crate::engine::Engine::switch_to_one_order
     switchable: bool,
-    /// Set (under every partition lock) once this rank matches in one order: partition 0
-    /// holds every receive and frame from then on. Set from the start under
-    /// `MatchingMode::Global` (one state per communicator, ordered by `gseq`).
-    switched: AtomicBool,
-    /// Matching queues (`MatchingMode::PerComm`), one per tag partition, each on cache
-    /// lines of its own.
+    /// How this rank lays the communicator's messages out over its matching states (see
+    /// [`Layout`]); changed only forward, under every partition lock. [`Layout::One`] from
+    /// the start under `MatchingMode::Global` (one state per communicator, ordered by
+    /// `gseq`) on a switchable communicator.
+    layout: AtomicU8,
+    /// Matching queues (`MatchingMode::PerComm`), one per partition, each on cache lines of
+    /// its own.
     pub(crate) matching: Box<[CachePadded<PathLock<MatchState>>]>,
     /// How the matching states order frames (at creation; a switch turns partition 0 to
     /// `Order::Gseq`).
@@ -146,6 +147,31 @@ pub(crate) struct CommState {
 
 /// Tag partitions of a partitioned communicator.
 pub(crate) const TAG_PARTS: usize = 16;
+
+/// Where a rank matches the messages of a partitioned communicator: which of its
+/// [`TAG_PARTS`] matching states holds the receives and frames of a (source, tag).
+///
+/// A sender numbers its frames per tag partition, so a receiver may spread them further as
+/// long as every (source, tag partition) stays in one state: a source's frames of one tag
+/// partition are one sequence, whatever else shares their state. The layout moves only
+/// forward, each step under every partition lock, at most twice per communicator and rank:
+///
+/// * [`BySource`](Layout::BySource): state `(tag partition + source) mod TAG_PARTS`. The
+///   threads of a rank that each receive from a peer of their own under one tag (a halo
+///   exchange, [Goodell 2010, §VI-B]'s neighbour pattern) take different locks, which a
+///   partition by tag alone would put under one.
+/// * [`ByTag`](Layout::ByTag): state `tag partition`. A `Source::Any` receive or probe
+///   with a tag needs every source of its tag in one state: the first one at this rank
+///   moves each source's material by its own offset ([`MatchState::by_tag`]).
+/// * [`One`](Layout::One): state 0, ordered by `gseq` (the first `Tag::Any`,
+///   [`MatchState::merge`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u8)]
+pub(crate) enum Layout {
+    BySource = 0,
+    ByTag = 1,
+    One = 2,
+}
 
 /// Sequence counters per cache line.
 const SEQS_PER_LINE: usize = 16;
@@ -180,6 +206,13 @@ impl CommState {
         let seq_stride = (size as usize).div_ceil(SEQS_PER_LINE) * SEQS_PER_LINE;
         let rows = chans + usize::from(switchable);
         let one_state = engine.config.matching == MatchingMode::Global;
+        let layout = if switchable && one_state {
+            Layout::One
+        } else if parts > 1 && !one_state {
+            Layout::BySource
+        } else {
+            Layout::ByTag
+        };
         let order = if overtaking {
             Order::Overtake
         } else if switchable && one_state {
@@ -200,7 +233,7 @@ impl CommState {
             parts,
             no_any_tag,
             switchable,
-            switched: AtomicBool::new(switchable && one_state),
+            layout: AtomicU8::new(layout as u8),
             order,
             matching: (0..parts)
                 .map(|_| {
@@ -226,34 +259,48 @@ impl CommState {
         ((tag as u32).wrapping_mul(0x9E37_79B9) >> (32 - TAG_PARTS.trailing_zeros())) as usize
     }
 
-    /// The matching state (tag partition) where frames and receives of `tag` are matched
-    /// at this rank: the tag's partition, or 0 once the rank matches in one order. A hint
-    /// when read without the partition's lock: under it, [`is_switched`](Self::is_switched)
-    /// is exact (the switch holds every partition lock).
+    /// The matching state where frames and receives of `source` (a world rank) and `tag`
+    /// are matched at this rank: a hint when read without a partition lock (see
+    /// [`layout`](Self::layout)). For a send, `source` is its destination: a thread's sends
+    /// to a peer and its receives from it share one.
     #[inline]
-    pub(crate) fn part(&self, tag: i32) -> usize {
-        if self.parts == 1 || self.is_switched() {
+    pub(crate) fn part(&self, source: u32, tag: i32) -> usize {
+        self.part_in(self.layout(), Source::Rank(source), Tag::Is(tag))
+    }
+
+    /// The matching state of a receive or probe of `source` (a world rank, or `Any`) and
+    /// `tag` under `layout`. `Tag::Any` is matched in state 0 (refused on a `no_any_tag`
+    /// communicator, and a switchable one switches to [`Layout::One`] first); `Source::Any`
+    /// with a tag in the tag's partition (the communicator moves to [`Layout::ByTag`]
+    /// first).
+    #[inline]
+    pub(crate) fn part_in(&self, layout: Layout, source: Source, tag: Tag) -> usize {
+        if self.parts == 1 {
             return 0;
         }
-        self.tag_part(tag)
-    }
-
-    /// [`part`](Self::part) of a receive or probe (`Tag::Any` is matched in partition 0:
-    /// refused on a `no_any_tag` communicator, and a switchable one switches first).
-    #[inline]
-    pub(crate) fn part_of(&self, tag: Tag) -> usize {
-        match tag {
-            Tag::Is(t) => self.part(t),
-            Tag::Any => 0,
+        match (layout, source, tag) {
+            (Layout::One, ..) | (_, _, Tag::Any) => 0,
+            (Layout::BySource, Source::Rank(s), Tag::Is(t)) => (self.tag_part(t) + s as usize) & (TAG_PARTS - 1),
+            (_, _, Tag::Is(t)) => self.tag_part(t),
         }
     }
 
-    /// Whether this rank matches the communicator in one order (see `switched`).
+    /// The layout of this rank's matching states (see [`Layout`]). A hint when read without
+    /// a partition lock; under one it is exact (a change holds every partition lock, and
+    /// its release of that lock ordered the store before this load).
+    #[inline]
+    pub(crate) fn layout(&self) -> Layout {
+        match self.layout.load(Ordering::Relaxed) {
+            0 => Layout::BySource,
+            1 => Layout::ByTag,
+            _ => Layout::One,
+        }
+    }
+
+    /// Whether this rank matches the communicator in one order ([`Layout::One`]).
     #[inline]
     pub(crate) fn is_switched(&self) -> bool {
-        // Relaxed: a hint outside the partition locks; under one, the switch's release of
-        // that lock ordered the store before this load.
-        self.switched.load(Ordering::Relaxed)
+        self.layout() == Layout::One
     }
 
     /// Whether a `Tag::Any` receive or probe must first switch this rank to one order.
@@ -262,9 +309,17 @@ impl CommState {
         self.switchable && !self.is_switched()
     }
 
-    /// Marks the switch done (the caller holds every partition lock).
-    pub(crate) fn set_switched(&self) {
-        self.switched.store(true, Ordering::Release);
+    /// Whether a receive or probe from `Source::Any` must first move this rank's states to
+    /// [`Layout::ByTag`].
+    #[inline]
+    pub(crate) fn needs_by_tag(&self) -> bool {
+        self.layout() == Layout::BySource
+    }
+
+    /// Sets the layout (the caller holds every partition lock; layouts move forward).
+    fn set_layout(&self, layout: Layout) {
+        debug_assert!(layout as u8 >= self.layout.load(Ordering::Relaxed));
+        self.layout.store(layout as u8, Ordering::Release);
     }
 
     /// How a fresh matching state of this communicator orders frames.
@@ -423,32 +478,55 @@ impl Engine {
         }
     }
 
-    /// [`with_matching`](Self::with_matching) on the state where partition `part`'s
-    /// receives and frames are matched now: `part`, or 0 if the communicator switched to one
-    /// order after the caller chose `part` (checked under `part`'s lock, where it is exact).
-    /// `f` runs once; it is `FnMut` so that it can be lent to the first lock and still be
-    /// there for the second (a big capture such as a frame belongs outside it, borrowed).
+    /// [`with_matching`](Self::with_matching) on the state where receives and frames of
+    /// `source` (a world rank, or `Any`) and `tag` are matched now: the state of the layout
+    /// read before the lock, or, if the layout moved on before the lock was taken (checked
+    /// under it, where it is exact), the state of the new one. `f` runs once; it is `FnMut`
+    /// so that it can be lent to one lock and still be there for the next (a big capture
+    /// such as a frame belongs outside it, borrowed).
     #[inline]
-    pub(crate) fn with_matching_of<R>(&self, comm: &CommState, part: usize, f: impl FnMut(&mut MatchState) -> R) -> R {
-        self.matching_now::<R, false>(comm, part, f)
+    pub(crate) fn with_matching_of<R>(&self, comm: &CommState, source: Source, tag: Tag, f: impl FnMut(&mut MatchState) -> R) -> R {
+        self.matching_now::<R, false>(comm, source, tag, f)
     }
 
     /// [`with_matching_of`](Self::with_matching_of) with low priority, for arrivals.
     #[inline]
-    pub(crate) fn with_matching_of_low<R>(&self, comm: &CommState, part: usize, f: impl FnMut(&mut MatchState) -> R) -> R {
-        self.matching_now::<R, true>(comm, part, f)
+    pub(crate) fn with_matching_of_low<R>(&self, comm: &CommState, source: Source, tag: Tag, f: impl FnMut(&mut MatchState) -> R) -> R {
+        self.matching_now::<R, true>(comm, source, tag, f)
     }
 
     /// The redirect of [`with_matching_of`](Self::with_matching_of), with the priority
     /// chosen at compile time (`LOW`: [`with_matching_low`](Self::with_matching_low)).
     #[inline]
-    fn matching_now<R, const LOW: bool>(&self, comm: &CommState, part: usize, mut f: impl FnMut(&mut MatchState) -> R) -> R {
-        if part == 0 {
-            return self.lock_as::<R, LOW>(comm, 0, f);
+    fn matching_now<R, const LOW: bool>(&self, comm: &CommState, source: Source, tag: Tag, mut f: impl FnMut(&mut MatchState) -> R) -> R {
+        loop {
+            let layout = comm.layout();
+            let part = comm.part_in(layout, source, tag);
+            if layout == Layout::One || comm.parts() == 1 {
+                // The last layout: nothing moves on.
+                return self.lock_as::<R, LOW>(comm, part, f);
+            }
+            // At most two rounds more: the layout moves forward only.
+            if let Some(r) = self.lock_as::<_, LOW>(comm, part, |m| (comm.layout() == layout).then(|| f(m))) {
+                return r;
+            }
         }
-        match self.lock_as::<_, LOW>(comm, part, |m| (!comm.is_switched()).then(|| f(m))) {
-            Some(r) => r,
-            None => self.lock_as::<R, LOW>(comm, 0, f),
+    }
+
+    /// Runs `f` on every matching state of `comm` (one lock at a time) until it answers
+    /// `true`; whether one did. A pass during which the layout moved on (receives and
+    /// frames may have moved from a state not visited yet to one visited) is made again,
+    /// under the new layout (state 0 alone under [`Layout::One`]).
+    pub(crate) fn any_matching_state(&self, comm: &CommState, mut f: impl FnMut(&mut MatchState) -> bool) -> bool {
+        loop {
+            let layout = comm.layout();
+            let n = if layout == Layout::One { 1 } else { self.matching_parts(comm) };
+            if (0..n).any(|part| self.with_matching(comm, part, &mut f)) {
+                return true;
+            }
+            if comm.layout() == layout {
+                return false;
+            }
         }
     }
 
@@ -506,9 +584,37 @@ impl Engine {
         let mut out = Matches::default();
         self.while_partitioned(comm, |parts| {
             MatchState::merge(parts, &mut out);
-            comm.set_switched();
+            comm.set_layout(Layout::One);
         });
         out
+    }
+
+    /// Moves this rank's matching states of a partitioned communicator from
+    /// [`Layout::BySource`] to [`Layout::ByTag`] (`MatchState::by_tag`), once: the first
+    /// `Source::Any` receive or probe with a tag. No pair is made: a source's receives and
+    /// frames of one tag partition move together.
+    #[cold]
+    pub(crate) fn regroup_by_tag(&self, comm: &CommState) {
+        self.while_partitioned(comm, |parts| {
+            if comm.layout() == Layout::BySource {
+                MatchState::by_tag(parts);
+                comm.set_layout(Layout::ByTag);
+            }
+        });
+    }
+
+    /// Before a receive or probe of `source` and `tag` on `comm`: the layout it needs (one
+    /// order for `Tag::Any`, states by tag for `Source::Any`), if this rank's states are
+    /// not laid out so yet.
+    #[inline]
+    pub(crate) fn lay_out_for(&self, comm: &CommState, source: Source, tag: Tag) {
+        if tag == Tag::Any {
+            if comm.needs_switch() {
+                self.finish_matches(self.main_path(|| self.switch_to_one_order(comm)));
+            }
+        } else if source == Source::Any && comm.needs_by_tag() {
+            self.main_path(|| self.regroup_by_tag(comm));
+        }
     }
 
     /// Advances the processed-number windows of a partitioned communicator

@@ -13,8 +13,8 @@
 use weft_sync::{Error, Status};
 use weft_transport::{Frame, FrameKind, Header, Payload};
 
-use super::{CriLocal, Engine};
-use crate::matching::{message_len, Due, Matches};
+use super::{CriLocal, Engine, Layout};
+use crate::matching::{message_len, Due, Matches, Source, Tag};
 use crate::operation::Held;
 
 /// Frames taken from one inbox per progress call (bounded work per call).
@@ -87,16 +87,26 @@ impl Engine {
                 self.unknown_context(k, frame);
                 continue;
             };
-            let part = comm.part(first.tag);
-            // This frame and those right behind it that go to the same matching state.
+            let (source, tag) = (first.source, first.tag);
+            let layout = comm.layout();
+            let part = comm.part_in(layout, Source::Rank(source), Tag::Is(tag));
+            // This frame and those right behind it that go to the same matching state, under
+            // this layout and every later one (so the same source too while states are laid
+            // out by source: two sources' partitions that share a state now part later).
             let run = 1 + matches.frames[i + 1..n]
                 .iter()
-                .take_while(|f| f.header.kind < FrameKind::Fin && f.header.context == ctx && comm.part(f.header.tag) == part)
+                .take_while(|f| {
+                    let h = &f.header;
+                    h.kind < FrameKind::Fin
+                        && h.context == ctx
+                        && comm.part_in(layout, Source::Rank(h.source), Tag::Is(h.tag)) == part
+                        && (layout != Layout::BySource || h.source == source)
+                })
                 .count();
             let (from, to) = (i, i + run);
             i = to;
             let timing = self.config.match_timing.then(std::time::Instant::now);
-            let due = self.with_matching_of_low(comm, part, |m| {
+            let due = self.with_matching_of_low(comm, Source::Rank(source), Tag::Is(tag), |m| {
                 // Under the matching lock: `free` sets the flag before it drains the queues,
                 // so a frame is either refused here or drained (released) by `free`.
                 if comm.is_freed() {

@@ -36,7 +36,7 @@ mod schedules;
 
 #[cfg(test)]
 pub(crate) use contexts::COLLECT_AFTER;
-pub(crate) use contexts::{slot_of, CommState, ContextTable, MAX_GENERATIONS, SLOT_BITS, TAG_PARTS};
+pub(crate) use contexts::{slot_of, CommState, ContextTable, Layout, MAX_GENERATIONS, SLOT_BITS, TAG_PARTS};
 pub(crate) use courier::Courier;
 pub(crate) use cris::{pin_cri, thread_token, Cri, CriLocal};
 pub(crate) use outbox::{Outbox, SendOutcome};

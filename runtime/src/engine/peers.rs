@@ -198,11 +198,12 @@ impl Engine {
         {
             let _gate = self.contexts.gate.read();
             for comm in self.installed() {
-                // After a switch to one order (even one during the loop, which may move
-                // receives from a partition not visited yet) each visit goes to partition 0.
-                for part in 0..self.matching_parts(comm) {
-                    self.with_matching_of(comm, part, |m| m.fail_lost(&alive, any_alive, &mut failed));
-                }
+                // Every state, again if the layout moved on meanwhile (receives may have
+                // moved from a state not visited yet).
+                self.any_matching_state(comm, |m| {
+                    m.fail_lost(&alive, any_alive, &mut failed);
+                    false
+                });
             }
         }
         let n = failed.len();

@@ -904,6 +904,76 @@ impl MatchState {
         }
     }
 
+    /// Moves a communicator's states from the layout by source to the layout by tag
+    /// (`parts`: every state, locked by the caller; see `Layout` in the engine's context
+    /// table). State `j` holds of source `s` the tag partition `(j - s) mod n` alone, so all
+    /// it holds of `s` — the receives posted for it, its frames in every queue, its
+    /// reordering and its processed numbers — moves to state `(j - s) mod n`, together:
+    ///
+    /// * nothing pairs: a receive and a frame that fit each other were in one state before;
+    /// * every order within a source is kept (its frames of one partition come from one
+    ///   state, in their order); sources interleave freely, as MPI lets them;
+    /// * per source the states' processed-number windows are permuted, so they keep the
+    ///   base they share ([`trim`](Self::trim));
+    /// * no wildcard receive is posted yet (a `Source::Any` one asks for this move first, a
+    ///   `Tag::Any` one for the merge), and later posts are numbered above every receive
+    ///   moved.
+    pub(crate) fn by_tag(parts: &mut [&mut MatchState]) {
+        let n = parts.len();
+        // Where state `j`'s material of source `src` goes.
+        let target = |j: usize, src: usize| (j + n - src % n) % n;
+        let post_seq = parts.iter().map(|p| p.post_seq).max().unwrap_or(0);
+        let sources = parts.iter().map(|p| p.order.len().max(p.seen.len())).max().unwrap_or(0);
+        for src in (0..sources).filter(|src| src % n != 0) {
+            let order: Vec<Vec<Reorder>> = parts.iter_mut().map(|p| p.order.get_mut(src).map(std::mem::take).unwrap_or_default()).collect();
+            let seen: Vec<Seen> = parts.iter_mut().map(|p| p.seen.get_mut(src).map(std::mem::take).unwrap_or_default()).collect();
+            for (j, (o, w)) in order.into_iter().zip(seen).enumerate() {
+                let p = &mut parts[target(j, src)];
+                if !o.is_empty() {
+                    if p.order.len() <= src {
+                        p.order.resize_with(src + 1, Vec::new);
+                    }
+                    p.order[src] = o;
+                }
+                if w.base != 0 || !w.buf.is_empty() {
+                    if p.seen.len() <= src {
+                        p.seen.resize_with(src + 1, Seen::default);
+                    }
+                    p.seen[src] = w;
+                }
+            }
+        }
+        // Receives, and frames in arrival order (those of one source stay in theirs).
+        let mut bins: Vec<Vec<(u64, VecDeque<Posted>)>> = (0..n).map(|_| Vec::new()).collect();
+        let mut frames: Vec<[Vec<Frame>; 3]> = (0..n).map(|_| Default::default()).collect();
+        for (j, p) in parts.iter_mut().enumerate() {
+            debug_assert!(p.wild.is_empty(), "a wildcard receive is posted after the move");
+            for (key, bin) in p.bins.drain() {
+                bins[target(j, (key >> 32) as usize)].push((key, bin));
+            }
+            let mut keep = |q: usize, f: Frame| {
+                let t = target(j, f.header.source as usize);
+                if t == j {
+                    return Some(f);
+                }
+                frames[t][q].push(f);
+                None
+            };
+            p.unexpected = std::mem::take(&mut p.unexpected).into_iter().filter_map(|f| keep(0, f)).collect();
+            p.far = std::mem::take(&mut p.far).into_iter().filter_map(|f| keep(1, f)).collect();
+            p.parked = std::mem::take(&mut p.parked).into_iter().filter_map(|f| keep(2, f)).collect();
+        }
+        for (p, (bins, [unexpected, far, parked])) in parts.iter_mut().zip(bins.into_iter().zip(frames)) {
+            for (key, bin) in bins {
+                p.bins.entry(key).extend(bin);
+            }
+            p.unexpected.extend(unexpected);
+            p.far.extend(far);
+            p.parked.extend(parked);
+            p.post_seq = post_seq;
+        }
+    }
+
     /// A frame in turn (frame `at` of `out`, from `from` under `tag`) meets the earliest
     /// posted receive that fits it, or waits as unexpected. Inlined into its callers.
     #[inline(always)]

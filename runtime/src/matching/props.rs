@@ -1,7 +1,8 @@
 //! Property tests of the matching engine: random sequences of posts, arrivals (in any order,
 //! so frames come out of sequence), cancels, wildcards and merges of tag partitions, driven
 //! through [`MatchState`] the way the engine drives it (a state per tag partition until the
-//! first `Tag::Any`, trims and switches when a state asks for them), and checked after every
+//! first `Tag::Any`, or per tag partition and source until the first `Source::Any`; trims
+//! and switches when a state asks for them), and checked after every
 //! step against MPI's rules kept by a naive model of what was posted and what arrived:
 //!
 //! * a receive and the frame it gets fit each other;
@@ -26,8 +27,9 @@ use weft_transport::{Frame, FrameKind, Header, Payload};
 use super::{fits, Due, MatchState, Matches, Order, Source, Tag};
 use crate::operation::Operation;
 
-/// Ranks that send (the communicator's size).
-const SOURCES: u32 = 3;
+/// Ranks that send (the communicator's size; with [`PARTS`] states, sources 0 and 4 share
+/// an offset in the layout by source).
+const SOURCES: u32 = 5;
 /// Tags in use; with [`PARTS`] partitions, tags 0 and 4 share a partition.
 const TAGS: i32 = 6;
 /// Tag partitions of a partitioned state.
@@ -44,6 +46,9 @@ enum Step {
     Cancel(usize),
     /// Switch a partitioned state to one order now (what a `Tag::Any` probe does).
     Merge,
+    /// Move states laid out by source to the layout by tag now (what a `Source::Any` probe
+    /// does).
+    ByTag,
 }
 
 fn step() -> impl Strategy<Value = Step> {
@@ -52,6 +57,7 @@ fn step() -> impl Strategy<Value = Step> {
         4 => Just(Step::Arrive),
         1 => any::<usize>().prop_map(Step::Cancel),
         1 => Just(Step::Merge),
+        1 => Just(Step::ByTag),
     ]
 }
 
@@ -86,6 +92,8 @@ struct Recv {
 struct Harness {
     order: Order,
     parts: Vec<MatchState>,
+    /// States laid out by (tag partition + source), not by tag partition.
+    by_source: bool,
     switched: bool,
     frames: Vec<Sent>,
     /// Each frame's header, numbered as its sender numbers it.
@@ -98,7 +106,7 @@ struct Harness {
 }
 
 impl Harness {
-    fn new(order: Order, sent: &[(u32, i32)]) -> Self {
+    fn new(order: Order, by_source: bool, sent: &[(u32, i32)]) -> Self {
         let parts = if order == Order::Partition { PARTS } else { 1 };
         let mut seq: HashMap<(u32, usize), u32> = HashMap::new();
         let mut gseq: HashMap<u32, u32> = HashMap::new();
@@ -129,6 +137,7 @@ impl Harness {
         Harness {
             order,
             parts: (0..parts).map(|_| MatchState::new(SOURCES, order)).collect(),
+            by_source: by_source && parts > 1,
             switched: false,
             arrived: vec![false; frames.len()],
             paired_frame: vec![false; frames.len()],
@@ -140,12 +149,23 @@ impl Harness {
         }
     }
 
-    /// The state where `tag` is matched (the engine's `CommState::part`).
-    fn part(&self, tag: Tag) -> usize {
-        match tag {
-            Tag::Is(t) if !self.switched && self.parts.len() > 1 => t as usize % PARTS,
-            _ => 0,
+    /// The state where `source` and `tag` are matched (the engine's `CommState::part_in`).
+    fn part(&self, source: Source, tag: Tag) -> usize {
+        match (source, tag) {
+            _ if self.switched || self.parts.len() == 1 => 0,
+            (Source::Rank(s), Tag::Is(t)) if self.by_source => (t as usize % PARTS + s as usize) % PARTS,
+            (_, Tag::Is(t)) => t as usize % PARTS,
+            (_, Tag::Any) => 0,
         }
+    }
+
+    /// Moves states laid out by source to the layout by tag.
+    fn by_tag(&mut self) {
+        if self.by_source && !self.switched {
+            let mut refs: Vec<&mut MatchState> = self.parts.iter_mut().collect();
+            MatchState::by_tag(&mut refs);
+        }
+        self.by_source = false;
     }
 
     fn merge(&mut self) -> Result<(), TestCaseError> {
@@ -204,12 +224,14 @@ impl Harness {
     fn post(&mut self, source: Source, tag: Tag) -> Result<(), TestCaseError> {
         if tag == Tag::Any {
             self.merge()?;
+        } else if source == Source::Any {
+            self.by_tag();
         }
         let op = Arc::new(Operation::held());
         let r = self.recvs.len();
         self.by_op.insert(Arc::as_ptr(&op), r);
         self.recvs.push(Recv { source, tag, live: true });
-        let part = self.part(tag);
+        let part = self.part(source, tag);
         let mut early = None;
         self.parts[part].post_into(source, tag, &op, &mut early);
         self.ops.push(op);
@@ -222,7 +244,7 @@ impl Harness {
     fn arrive(&mut self, f: usize) -> Result<(), TestCaseError> {
         self.arrived[f] = true;
         let h = self.headers[f];
-        let part = self.part(Tag::Is(h.tag));
+        let part = self.part(Source::Rank(h.source), Tag::Is(h.tag));
         let mut out = Matches::default();
         self.parts[part].arrive(Frame { header: h, payload: Payload::Empty }, &mut out);
         self.pairs(out)?;
@@ -290,8 +312,8 @@ impl Harness {
 }
 
 /// Runs a sequence on a state ordered by `order`.
-fn run(order: Order, sent: &[(u32, i32)], arrivals: &[usize], steps: &[Step]) -> Result<(), TestCaseError> {
-    let mut h = Harness::new(order, sent);
+fn run(order: Order, by_source: bool, sent: &[(u32, i32)], arrivals: &[usize], steps: &[Step]) -> Result<(), TestCaseError> {
+    let mut h = Harness::new(order, by_source, sent);
     let mut next = 0;
     for s in steps {
         match *s {
@@ -308,6 +330,7 @@ fn run(order: Order, sent: &[(u32, i32)], arrivals: &[usize], steps: &[Step]) ->
             }
             Step::Cancel(n) => h.cancel(n)?,
             Step::Merge => h.merge()?,
+            Step::ByTag => h.by_tag(),
         }
     }
     h.finish(arrivals)
@@ -319,26 +342,34 @@ proptest! {
     /// One order per source (a communicator with one tag partition).
     #[test]
     fn one_order_matches_as_mpi_says((sent, arrivals, steps) in sequence()) {
-        run(Order::Chan, &sent, &arrivals, &steps)?;
+        run(Order::Chan, false, &sent, &arrivals, &steps)?;
     }
 
     /// Tag partitions matched apart until a `Tag::Any` (or a merge step) switches them to
     /// one order.
     #[test]
     fn partitions_and_their_merge_match_as_mpi_says((sent, arrivals, steps) in sequence()) {
-        run(Order::Partition, &sent, &arrivals, &steps)?;
+        run(Order::Partition, false, &sent, &arrivals, &steps)?;
+    }
+
+    /// States laid out by tag partition and source until a `Source::Any` (or a step) moves
+    /// them to the layout by tag, and a `Tag::Any` (or a step) to one order; the moves at
+    /// any point of a sequence.
+    #[test]
+    fn partitions_by_source_and_their_moves_match_as_mpi_says((sent, arrivals, steps) in sequence()) {
+        run(Order::Partition, true, &sent, &arrivals, &steps)?;
     }
 
     /// One state ordered by the number over every tag (`MatchingMode::Global`).
     #[test]
     fn the_global_order_matches_as_mpi_says((sent, arrivals, steps) in sequence()) {
-        run(Order::Gseq, &sent, &arrivals, &steps)?;
+        run(Order::Gseq, false, &sent, &arrivals, &steps)?;
     }
 
     /// Overtaking allowed: no order, but the earliest fitting receive still wins and
     /// nothing is lost.
     #[test]
     fn overtaking_loses_nothing((sent, arrivals, steps) in sequence()) {
-        run(Order::Overtake, &sent, &arrivals, &steps)?;
+        run(Order::Overtake, false, &sent, &arrivals, &steps)?;
     }
 }

@@ -155,8 +155,7 @@ impl Engine {
 
     /// Unposts a receive that has not matched yet. Returns whether it was unposted.
     pub(crate) fn cancel_recv(&self, comm: &crate::engine::CommState, inner: &Arc<crate::operation::Operation>) -> bool {
-        // The receive's tag is not kept: look in every tag partition (cancel is rare); after a
-        // switch to one order (even one during the loop) each look goes to partition 0.
-        self.main_path(|| (0..self.matching_parts(comm)).any(|part| self.with_matching_of(comm, part, |m| m.cancel(inner))))
+        // The receive's source and tag are not kept: look in every state (cancel is rare).
+        self.main_path(|| self.any_matching_state(comm, |m| m.cancel(inner)))
     }
 }

@@ -1112,6 +1112,131 @@ fn many_senders_then_wildcard_tag() {
 /// arrives has the length and content sent. The sender sends views into one buffer
 /// (`Bytes::slice`, at an odd offset), the receiver reuses one `BytesMut` for every
 /// message, largest first, so each receive must replace what the last one left.
+/// A receive of a `u32` within 10 s (a message that went to the wrong matching state fails
+/// the test instead of hanging it): the value and its status.
+fn recv_u32_within(c: &weft::Communicator, source: Source, tag: Tag) -> (u32, weft::Status) {
+    let mut r = c.irecv(Vec::<u8>::with_capacity(4), source, tag).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !r.test() {
+        assert!(Instant::now() < deadline, "no message for {source:?} {tag:?} within 10 s: delivered to the wrong queue?");
+    }
+    let (b, st) = r.wait().unwrap();
+    (u32::from_le_bytes(b[..4].try_into().unwrap()), st)
+}
+
+/// A rank matches each (source, tag partition) in a state of its own until its first
+/// `Source::Any` receive or probe with a tag, which lays the states out by tag. Three
+/// senders each stream one tag to one receiver; the receiver takes some of each by source
+/// (its states by source run apart, the rest queue as unexpected), has receives posted by
+/// source and tag before the move, then takes the rest with `Source::Any`: each source's
+/// messages in its send order, none lost; a receive posted before the move still beats a
+/// later wildcard one for its message, and one cancelled after the move leaves its message
+/// to the next receive.
+#[test]
+fn source_wildcard_after_traffic_by_source_keeps_send_order() {
+    const N: u32 = 200;
+    const SENDERS: u32 = 3;
+    for mode in MODES {
+        for asg in [Assignment::RoundRobin, Assignment::Dedicated] {
+            for mm in [MatchingMode::PerComm, MatchingMode::Global] {
+                let rts = super::builder().progress(mode).assignment(asg).matching(mm).cris(3).build_local(SENDERS + 1).unwrap();
+                // Set when the senders may go on (a flag with a deadline, not a barrier: a
+                // receiver that fails does not leave them waiting).
+                let phase = std::sync::atomic::AtomicBool::new(false);
+                let wait_phase = |phase: &std::sync::atomic::AtomicBool| {
+                    let deadline = Instant::now() + Duration::from_secs(20);
+                    while !phase.load(std::sync::atomic::Ordering::Acquire) && Instant::now() < deadline {
+                        std::thread::sleep(Duration::from_millis(1));
+                    }
+                };
+                let c = rts[SENDERS as usize].world();
+                let what = format!("{mode} {asg} {mm}");
+                std::thread::scope(|s| {
+                    for r in 0..SENDERS {
+                        let (w, phase, wait_phase) = (rts[r as usize].world(), &phase, &wait_phase);
+                        s.spawn(move || {
+                            send_all(w, SENDERS, (0..N).map(|i| (i.to_le_bytes().to_vec(), 7)));
+                            wait_phase(phase);
+                            if r == 2 {
+                                send_all(w, SENDERS, [90u32, 91].map(|v| (v.to_le_bytes().to_vec(), 9)));
+                            }
+                            if r == 0 {
+                                send_all(w, SENDERS, [(110u32.to_le_bytes().to_vec(), 11)]);
+                            }
+                        });
+                    }
+                    // Before the move: the first ten of each source by source, and two
+                    // receives left posted.
+                    for r in 0..SENDERS {
+                        for k in 0..10 {
+                            assert_eq!(recv_u32_within(c, Source::Rank(r), Tag::Is(7)).0, k, "{what}: source {r} out of order");
+                        }
+                    }
+                    let early = c.irecv(Vec::<u8>::with_capacity(4), 2u32, 9).unwrap();
+                    let cancelled = c.irecv(Vec::<u8>::with_capacity(4), 0u32, 11).unwrap();
+                    // The rest queue as unexpected, in their states by source.
+                    std::thread::sleep(Duration::from_millis(5));
+                    let late = c.irecv(Vec::<u8>::with_capacity(4), Source::Any, 9).unwrap(); // moves
+                    drop(cancelled);
+                    let mut next = [10u32; SENDERS as usize];
+                    for _ in 0..SENDERS * (N - 10) {
+                        let (v, st) = recv_u32_within(c, Source::Any, Tag::Is(7));
+                        assert_eq!(v, next[st.source as usize], "{what}: source {} out of order after the move", st.source);
+                        next[st.source as usize] += 1;
+                    }
+                    phase.store(true, std::sync::atomic::Ordering::Release);
+                    let val = |b: Vec<u8>| u32::from_le_bytes(b[..4].try_into().unwrap());
+                    assert_eq!(val(early.wait().unwrap().0), 90, "{what}: a receive posted before the move lost its place");
+                    assert_eq!(val(late.wait().unwrap().0), 91, "{what}");
+                    assert_eq!(recv_u32_within(c, Source::Rank(0), Tag::Is(11)).0, 110, "{what}: the cancelled receive's message was lost");
+                });
+                assert_eq!(c.iprobe(Source::Any, Tag::Any).unwrap(), None, "{what}: messages left over");
+            }
+        }
+    }
+}
+
+/// Threads of one rank that each receive from a peer of their own under one tag (matched
+/// in states of their own), while another thread of the rank receives from any source
+/// under a second tag: the move to the layout by tag happens amid their posts and the
+/// arrivals, and every message still comes once, in its source's send order.
+#[test]
+fn threads_by_source_meet_a_source_wildcard_midway() {
+    const N: u32 = 300;
+    const PEERS: u32 = 3;
+    for mode in MODES {
+        for asg in [Assignment::RoundRobin, Assignment::Dedicated] {
+            let rts = super::builder().progress(mode).assignment(asg).cris(PEERS as usize + 1).build_local(PEERS + 1).unwrap();
+            let c = rts[0].world();
+            let what = format!("{mode} {asg}");
+            std::thread::scope(|s| {
+                for p in 1..=PEERS {
+                    let w = rts[p as usize].world();
+                    // Every tenth message under tag 8 (the wildcard thread's).
+                    s.spawn(move || send_all(w, 0, (0..N).map(|i| (i.to_le_bytes().to_vec(), if i % 10 == 9 { 8 } else { 7 }))));
+                    let what = &what;
+                    s.spawn(move || {
+                        for i in (0..N).filter(|i| i % 10 != 9) {
+                            let (v, st) = recv_u32_within(c, Source::Rank(p), Tag::Is(7));
+                            assert_eq!((v, st.source), (i, p), "{what}: peer {p}'s messages out of order");
+                        }
+                    });
+                }
+                let what = &what;
+                s.spawn(move || {
+                    let mut next = vec![9u32; PEERS as usize + 1];
+                    for _ in 0..PEERS * N / 10 {
+                        let (v, st) = recv_u32_within(c, Source::Any, Tag::Is(8));
+                        assert_eq!(v, next[st.source as usize], "{what}: peer {}'s tag-8 messages out of order", st.source);
+                        next[st.source as usize] += 10;
+                    }
+                });
+            });
+            assert_eq!(c.iprobe(Source::Any, Tag::Any).unwrap(), None, "{what}: messages left over");
+        }
+    }
+}
+
 #[test]
 fn bytes_buffers_round_trip() {
     use bytes::{Bytes, BytesMut};
