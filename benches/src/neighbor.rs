@@ -56,6 +56,10 @@ pub struct Args {
     /// Repetitions (the median is reported); the schemes alternate.
     #[arg(long, default_value_t = 5)]
     runs: usize,
+    /// Count lock acquisitions (`Builder::lock_stats`) and print rank 0's matching-lock
+    /// acquisitions and contended ones after each run (to stderr, `#` lines).
+    #[arg(long)]
+    counters: bool,
     #[command(flatten)]
     out: Output,
     #[command(flatten)]
@@ -85,8 +89,9 @@ fn exchange(comm: &Communicator, counted: Option<&Arc<Communicator>>, peer: u32,
 
 /// One run: T threads on rank 0, a peer rank each; returns rank 0's messages sent per
 /// second over the timed iterations.
-fn measure(threads: usize, dup: bool, counted: bool, iterations: usize) -> Result<f64, String> {
-    let ranks = Runtime::builder().env(false).cris(threads).build_local(threads as u32 + 1).map_err(|e| e.to_string())?;
+fn measure(threads: usize, dup: bool, counted: bool, iterations: usize, counters: bool) -> Result<f64, String> {
+    let ranks =
+        Runtime::builder().env(false).cris(threads).lock_stats(counters).build_local(threads as u32 + 1).map_err(|e| e.to_string())?;
     // The communicator of each rank: its world or one dup (collective: every rank at once).
     let dups: Vec<Option<Communicator>> = std::thread::scope(|s| {
         let hs: Vec<_> = ranks.iter().map(|rt| s.spawn(move || dup.then(|| rt.world().dup()).transpose())).collect();
@@ -127,6 +132,16 @@ fn measure(threads: usize, dup: bool, counted: bool, iterations: usize) -> Resul
         for h in peers {
             h.join().map_err(joined)?.map_err(|e| e.to_string())?;
         }
+        if counters {
+            let m = ranks[0].counters().matching_lock;
+            eprintln!(
+                "# counters threads={threads} {} rank 0: matching-lock acquisitions {} contended {} ({:.2}%)",
+                if counted { "counted" } else { "borrowed" },
+                m.acquisitions,
+                m.contended,
+                100.0 * m.contended as f64 / m.acquisitions.max(1) as f64
+            );
+        }
         let first = spans.iter().map(|s| s.0).min().expect("at least one thread");
         let last = spans.iter().map(|s| s.1).max().expect("at least one thread");
         Ok((threads * iterations * PER_ITERATION) as f64 / (last - first).as_secs_f64())
@@ -161,7 +176,7 @@ pub fn run(args: &Args) -> Result<(), String> {
             for _ in 0..args.runs {
                 table.step(|| format!("{t} threads, {comm}"));
                 for (k, scheme) in schemes.iter().enumerate() {
-                    rates[k].push(measure(t, comm == "dup", scheme == "counted", args.iterations)?);
+                    rates[k].push(measure(t, comm == "dup", scheme == "counted", args.iterations, args.counters)?);
                 }
             }
             let counted = schemes.iter().position(|s| s == "counted");

@@ -504,10 +504,11 @@ impl Communicator {
         let s = &*self.engine;
         let inner = recv_operation(st.context, &mut buf);
         s.lay_out_for(st, source, tag);
+        let at = st.place(source, tag);
         // A frame already here is handed out through `early`, not the return values.
         let mut early = None;
         let posted = main_path_inline!(s, || {
-            s.with_matching_of(st, source, tag, |m| {
+            s.with_matching_of(st, at, source, tag, |m| {
                 // Under the matching lock: `free` sets the flag before it drains the queues,
                 // so a receive posted here is either refused or drained (failed) by it.
                 if st.is_freed() {
@@ -531,7 +532,7 @@ impl Communicator {
         if let Some(frame) = early {
             s.finish_match(s.cri_for_thread(), Held::of(&inner), frame);
         }
-        Ok(Request::recv(self, inner, buf, st.part_in(st.layout(), source, tag)))
+        Ok(Request::recv(self, inner, buf, at.part))
     }
 
     /// Sends and waits (`MPI_Send`).
@@ -593,7 +594,7 @@ impl Communicator {
         // Read before the probe: a gone peer's frames were all delivered into matching before
         // it was marked gone, so a probe after this sees every one of them.
         let gone = s.lost_source(source);
-        match s.main_path(|| s.with_matching_of(&self.p2p, source, tag, |m| look(m, source, tag))) {
+        match s.main_path(|| s.with_matching_of(&self.p2p, self.p2p.place(source, tag), source, tag, |m| look(m, source, tag))) {
             Some(found) => Ok(Some(found)),
             // Nothing queued, and only a gone peer could send it: it never will (a loop of
             // probes would poll for ever), as a receive would say.

@@ -133,7 +133,7 @@ pub(crate) struct CommState {
     /// [`Engine::switch_to_one_order`]: crate::engine::Engine::switch_to_one_order
     switchable: bool,
     /// How this rank lays the communicator's messages out over its matching states (see
-    /// [`Layout`]); changed only forward, under every partition lock. [`Layout::One`] from
+    /// [`Layout`]); changed only forward, under every partition lock. [`Layout::ONE`] from
     /// the start under `MatchingMode::Global` (one state per communicator, ordered by
     /// `gseq`) on a switchable communicator.
     layout: AtomicU8,
@@ -148,29 +148,49 @@ pub(crate) struct CommState {
 /// Tag partitions of a partitioned communicator.
 pub(crate) const TAG_PARTS: usize = 16;
 
-/// Where a rank matches the messages of a partitioned communicator: which of its
-/// [`TAG_PARTS`] matching states holds the receives and frames of a (source, tag).
+/// Where a rank matches the messages of a communicator: which of its matching states holds
+/// the receives and frames of a (source, tag).
 ///
 /// A sender numbers its frames per tag partition, so a receiver may spread them further as
 /// long as every (source, tag partition) stays in one state: a source's frames of one tag
-/// partition are one sequence, whatever else shares their state. The layout moves only
-/// forward, each step under every partition lock, at most twice per communicator and rank:
+/// partition are one sequence, whatever else shares their state. On a partitioned
+/// communicator ([`TAG_PARTS`] states) the layout moves only forward, each step under every
+/// partition lock, at most twice per communicator and rank:
 ///
-/// * [`BySource`](Layout::BySource): state `(tag partition + source) mod TAG_PARTS`. The
+/// * [`BY_SOURCE`](Layout::BY_SOURCE): state `(tag partition + source) mod TAG_PARTS`. The
 ///   threads of a rank that each receive from a peer of their own under one tag (a halo
 ///   exchange, [Goodell 2010, §VI-B]'s neighbour pattern) take different locks, which a
 ///   partition by tag alone would put under one.
-/// * [`ByTag`](Layout::ByTag): state `tag partition`. A `Source::Any` receive or probe
+/// * [`BY_TAG`](Layout::BY_TAG): state `tag partition`. A `Source::Any` receive or probe
 ///   with a tag needs every source of its tag in one state: the first one at this rank
 ///   moves each source's material by its own offset ([`MatchState::by_tag`]).
-/// * [`One`](Layout::One): state 0, ordered by `gseq` (the first `Tag::Any`,
-///   [`MatchState::merge`]).
+/// * [`ONE`](Layout::ONE): state 0, ordered by `gseq` (the first `Tag::Any`,
+///   [`MatchState::merge`]); from the start on a communicator with one state.
+///
+/// Bit 0 says whether the tag partition counts, bit 1 whether the source does: the state is
+/// one addition and two masks, no branch.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-#[repr(u8)]
-pub(crate) enum Layout {
-    BySource = 0,
-    ByTag = 1,
-    One = 2,
+pub(crate) struct Layout(u8);
+
+impl Layout {
+    pub(crate) const BY_SOURCE: Layout = Layout(0b11);
+    pub(crate) const BY_TAG: Layout = Layout(0b01);
+    pub(crate) const ONE: Layout = Layout(0b00);
+}
+
+/// A matching state chosen under a layout read without the partition locks
+/// ([`CommState::place`]); [`Engine::with_matching_of`] checks the layout under the lock.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Place {
+    pub(crate) layout: Layout,
+    pub(crate) part: usize,
+}
+
+/// The tag partition of `tag` on a partitioned communicator. Fibonacci hashing: tags that
+/// differ in low bits (one per thread, say) spread.
+#[inline]
+fn tag_hash(tag: i32) -> usize {
+    ((tag as u32).wrapping_mul(0x9E37_79B9) >> (32 - TAG_PARTS.trailing_zeros())) as usize
 }
 
 /// Sequence counters per cache line.
@@ -206,12 +226,13 @@ impl CommState {
         let seq_stride = (size as usize).div_ceil(SEQS_PER_LINE) * SEQS_PER_LINE;
         let rows = chans + usize::from(switchable);
         let one_state = engine.config.matching == MatchingMode::Global;
-        let layout = if switchable && one_state {
-            Layout::One
-        } else if parts > 1 && !one_state {
-            Layout::BySource
+        let layout = if parts == 1 || (switchable && one_state) {
+            Layout::ONE
+        } else if one_state {
+            // One state for every communicator (`global_match`): nothing to lay out.
+            Layout::BY_TAG
         } else {
-            Layout::ByTag
+            Layout::BY_SOURCE
         };
         let order = if overtaking {
             Order::Overtake
@@ -233,7 +254,7 @@ impl CommState {
             parts,
             no_any_tag,
             switchable,
-            layout: AtomicU8::new(layout as u8),
+            layout: AtomicU8::new(layout.0),
             order,
             matching: (0..parts)
                 .map(|_| {
@@ -255,8 +276,7 @@ impl CommState {
         if self.parts == 1 {
             return 0;
         }
-        // Fibonacci hashing: tags that differ in low bits (one per thread, say) spread.
-        ((tag as u32).wrapping_mul(0x9E37_79B9) >> (32 - TAG_PARTS.trailing_zeros())) as usize
+        tag_hash(tag)
     }
 
     /// The matching state where frames and receives of `source` (a world rank) and `tag`
@@ -268,21 +288,28 @@ impl CommState {
         self.part_in(self.layout(), Source::Rank(source), Tag::Is(tag))
     }
 
+    /// [`part_in`](Self::part_in) under the layout of now, with the layout.
+    #[inline]
+    pub(crate) fn place(&self, source: Source, tag: Tag) -> Place {
+        let layout = self.layout();
+        Place { layout, part: self.part_in(layout, source, tag) }
+    }
+
     /// The matching state of a receive or probe of `source` (a world rank, or `Any`) and
     /// `tag` under `layout`. `Tag::Any` is matched in state 0 (refused on a `no_any_tag`
-    /// communicator, and a switchable one switches to [`Layout::One`] first); `Source::Any`
-    /// with a tag in the tag's partition (the communicator moves to [`Layout::ByTag`]
+    /// communicator, and a switchable one switches to [`Layout::ONE`] first); `Source::Any`
+    /// with a tag in the tag's partition (the communicator moves to [`Layout::BY_TAG`]
     /// first).
     #[inline]
     pub(crate) fn part_in(&self, layout: Layout, source: Source, tag: Tag) -> usize {
-        if self.parts == 1 {
-            return 0;
-        }
-        match (layout, source, tag) {
-            (Layout::One, ..) | (_, _, Tag::Any) => 0,
-            (Layout::BySource, Source::Rank(s), Tag::Is(t)) => (self.tag_part(t) + s as usize) & (TAG_PARTS - 1),
-            (_, _, Tag::Is(t)) => self.tag_part(t),
-        }
+        let Tag::Is(t) = tag else { return 0 };
+        let s = match source {
+            Source::Rank(s) => s as usize,
+            Source::Any => 0,
+        };
+        let by_source = usize::from(layout.0 >> 1).wrapping_neg();
+        let by_tag = usize::from(layout.0 & 1).wrapping_neg() & (TAG_PARTS - 1);
+        (tag_hash(t) + (s & by_source)) & by_tag
     }
 
     /// The layout of this rank's matching states (see [`Layout`]). A hint when read without
@@ -290,17 +317,13 @@ impl CommState {
     /// its release of that lock ordered the store before this load).
     #[inline]
     pub(crate) fn layout(&self) -> Layout {
-        match self.layout.load(Ordering::Relaxed) {
-            0 => Layout::BySource,
-            1 => Layout::ByTag,
-            _ => Layout::One,
-        }
+        Layout(self.layout.load(Ordering::Relaxed))
     }
 
-    /// Whether this rank matches the communicator in one order ([`Layout::One`]).
+    /// Whether this rank matches the communicator in one state ([`Layout::ONE`]).
     #[inline]
     pub(crate) fn is_switched(&self) -> bool {
-        self.layout() == Layout::One
+        self.layout() == Layout::ONE
     }
 
     /// Whether a `Tag::Any` receive or probe must first switch this rank to one order.
@@ -310,16 +333,16 @@ impl CommState {
     }
 
     /// Whether a receive or probe from `Source::Any` must first move this rank's states to
-    /// [`Layout::ByTag`].
+    /// [`Layout::BY_TAG`].
     #[inline]
     pub(crate) fn needs_by_tag(&self) -> bool {
-        self.layout() == Layout::BySource
+        self.layout() == Layout::BY_SOURCE
     }
 
     /// Sets the layout (the caller holds every partition lock; layouts move forward).
     fn set_layout(&self, layout: Layout) {
-        debug_assert!(layout as u8 >= self.layout.load(Ordering::Relaxed));
-        self.layout.store(layout as u8, Ordering::Release);
+        debug_assert!(layout.0 < self.layout.load(Ordering::Relaxed));
+        self.layout.store(layout.0, Ordering::Release);
     }
 
     /// How a fresh matching state of this communicator orders frames.
@@ -479,35 +502,70 @@ impl Engine {
     }
 
     /// [`with_matching`](Self::with_matching) on the state where receives and frames of
-    /// `source` (a world rank, or `Any`) and `tag` are matched now: the state of the layout
-    /// read before the lock, or, if the layout moved on before the lock was taken (checked
-    /// under it, where it is exact), the state of the new one. `f` runs once; it is `FnMut`
-    /// so that it can be lent to one lock and still be there for the next (a big capture
-    /// such as a frame belongs outside it, borrowed).
+    /// `source` (a world rank, or `Any`) and `tag` are matched now: `at` (the caller's
+    /// [`CommState::place`] of them) if the layout it was chosen under still holds under
+    /// its lock (where the layout is exact), else the state of the new layout. `f` runs
+    /// once; it is `FnMut` so that it can be lent to one lock and still be there for the
+    /// next (a big capture such as a frame belongs outside it, borrowed).
     #[inline]
-    pub(crate) fn with_matching_of<R>(&self, comm: &CommState, source: Source, tag: Tag, f: impl FnMut(&mut MatchState) -> R) -> R {
-        self.matching_now::<R, false>(comm, source, tag, f)
+    pub(crate) fn with_matching_of<R>(
+        &self,
+        comm: &CommState,
+        at: Place,
+        source: Source,
+        tag: Tag,
+        f: impl FnMut(&mut MatchState) -> R,
+    ) -> R {
+        self.matching_now::<R, false>(comm, at, source, tag, f)
     }
 
     /// [`with_matching_of`](Self::with_matching_of) with low priority, for arrivals.
     #[inline]
-    pub(crate) fn with_matching_of_low<R>(&self, comm: &CommState, source: Source, tag: Tag, f: impl FnMut(&mut MatchState) -> R) -> R {
-        self.matching_now::<R, true>(comm, source, tag, f)
+    pub(crate) fn with_matching_of_low<R>(
+        &self,
+        comm: &CommState,
+        at: Place,
+        source: Source,
+        tag: Tag,
+        f: impl FnMut(&mut MatchState) -> R,
+    ) -> R {
+        self.matching_now::<R, true>(comm, at, source, tag, f)
     }
 
     /// The redirect of [`with_matching_of`](Self::with_matching_of), with the priority
     /// chosen at compile time (`LOW`: [`with_matching_low`](Self::with_matching_low)).
     #[inline]
-    fn matching_now<R, const LOW: bool>(&self, comm: &CommState, source: Source, tag: Tag, mut f: impl FnMut(&mut MatchState) -> R) -> R {
+    fn matching_now<R, const LOW: bool>(
+        &self,
+        comm: &CommState,
+        at: Place,
+        source: Source,
+        tag: Tag,
+        mut f: impl FnMut(&mut MatchState) -> R,
+    ) -> R {
+        if at.layout == Layout::ONE {
+            // The last layout: nothing moves on.
+            return self.lock_as::<R, LOW>(comm, at.part, f);
+        }
+        match self.lock_as::<_, LOW>(comm, at.part, |m| (comm.layout() == at.layout).then(|| f(m))) {
+            Some(r) => r,
+            None => self.matching_moved::<R, LOW>(comm, source, tag, f),
+        }
+    }
+
+    /// [`matching_now`](Self::matching_now) once the layout moved on after the caller chose
+    /// its state: again under the layout of now (at most twice more: layouts move forward
+    /// only). Out of line: once per communicator and rank at most, for a thread that raced
+    /// the move.
+    #[cold]
+    #[inline(never)]
+    fn matching_moved<R, const LOW: bool>(&self, comm: &CommState, source: Source, tag: Tag, mut f: impl FnMut(&mut MatchState) -> R) -> R {
         loop {
-            let layout = comm.layout();
-            let part = comm.part_in(layout, source, tag);
-            if layout == Layout::One || comm.parts() == 1 {
-                // The last layout: nothing moves on.
-                return self.lock_as::<R, LOW>(comm, part, f);
+            let at = comm.place(source, tag);
+            if at.layout == Layout::ONE {
+                return self.lock_as::<R, LOW>(comm, at.part, f);
             }
-            // At most two rounds more: the layout moves forward only.
-            if let Some(r) = self.lock_as::<_, LOW>(comm, part, |m| (comm.layout() == layout).then(|| f(m))) {
+            if let Some(r) = self.lock_as::<_, LOW>(comm, at.part, |m| (comm.layout() == at.layout).then(|| f(m))) {
                 return r;
             }
         }
@@ -516,11 +574,11 @@ impl Engine {
     /// Runs `f` on every matching state of `comm` (one lock at a time) until it answers
     /// `true`; whether one did. A pass during which the layout moved on (receives and
     /// frames may have moved from a state not visited yet to one visited) is made again,
-    /// under the new layout (state 0 alone under [`Layout::One`]).
+    /// under the new layout (state 0 alone under [`Layout::ONE`]).
     pub(crate) fn any_matching_state(&self, comm: &CommState, mut f: impl FnMut(&mut MatchState) -> bool) -> bool {
         loop {
             let layout = comm.layout();
-            let n = if layout == Layout::One { 1 } else { self.matching_parts(comm) };
+            let n = if layout == Layout::ONE { 1 } else { self.matching_parts(comm) };
             if (0..n).any(|part| self.with_matching(comm, part, &mut f)) {
                 return true;
             }
@@ -584,21 +642,21 @@ impl Engine {
         let mut out = Matches::default();
         self.while_partitioned(comm, |parts| {
             MatchState::merge(parts, &mut out);
-            comm.set_layout(Layout::One);
+            comm.set_layout(Layout::ONE);
         });
         out
     }
 
     /// Moves this rank's matching states of a partitioned communicator from
-    /// [`Layout::BySource`] to [`Layout::ByTag`] (`MatchState::by_tag`), once: the first
+    /// [`Layout::BY_SOURCE`] to [`Layout::BY_TAG`] (`MatchState::by_tag`), once: the first
     /// `Source::Any` receive or probe with a tag. No pair is made: a source's receives and
     /// frames of one tag partition move together.
     #[cold]
     pub(crate) fn regroup_by_tag(&self, comm: &CommState) {
         self.while_partitioned(comm, |parts| {
-            if comm.layout() == Layout::BySource {
+            if comm.layout() == Layout::BY_SOURCE {
                 MatchState::by_tag(parts);
-                comm.set_layout(Layout::ByTag);
+                comm.set_layout(Layout::BY_TAG);
             }
         });
     }
@@ -606,8 +664,16 @@ impl Engine {
     /// Before a receive or probe of `source` and `tag` on `comm`: the layout it needs (one
     /// order for `Tag::Any`, states by tag for `Source::Any`), if this rank's states are
     /// not laid out so yet.
-    #[inline]
+    #[inline(always)]
     pub(crate) fn lay_out_for(&self, comm: &CommState, source: Source, tag: Tag) {
+        if tag == Tag::Any || source == Source::Any {
+            self.lay_out_for_wildcard(comm, source, tag);
+        }
+    }
+
+    /// [`lay_out_for`](Self::lay_out_for) a wildcard receive or probe.
+    #[inline(never)]
+    fn lay_out_for_wildcard(&self, comm: &CommState, source: Source, tag: Tag) {
         if tag == Tag::Any {
             if comm.needs_switch() {
                 self.finish_matches(self.main_path(|| self.switch_to_one_order(comm)));

@@ -88,25 +88,26 @@ impl Engine {
                 continue;
             };
             let (source, tag) = (first.source, first.tag);
-            let layout = comm.layout();
-            let part = comm.part_in(layout, Source::Rank(source), Tag::Is(tag));
+            let at = comm.place(Source::Rank(source), Tag::Is(tag));
+            let (layout, part) = (at.layout, at.part);
             // This frame and those right behind it that go to the same matching state, under
-            // this layout and every later one (so the same source too while states are laid
-            // out by source: two sources' partitions that share a state now part later).
+            // this layout and every later one: of the same source and tag (a stream, the
+            // common case: two compares), or, unless states are laid out by source (where two
+            // sources' partitions that share a state now part later), of the same state.
             let run = 1 + matches.frames[i + 1..n]
                 .iter()
                 .take_while(|f| {
                     let h = &f.header;
                     h.kind < FrameKind::Fin
                         && h.context == ctx
-                        && comm.part_in(layout, Source::Rank(h.source), Tag::Is(h.tag)) == part
-                        && (layout != Layout::BySource || h.source == source)
+                        && ((h.source == source && h.tag == tag)
+                            || (layout != Layout::BY_SOURCE && comm.part_in(layout, Source::Rank(h.source), Tag::Is(h.tag)) == part))
                 })
                 .count();
             let (from, to) = (i, i + run);
             i = to;
             let timing = self.config.match_timing.then(std::time::Instant::now);
-            let due = self.with_matching_of_low(comm, Source::Rank(source), Tag::Is(tag), |m| {
+            let due = self.with_matching_of_low(comm, at, Source::Rank(source), Tag::Is(tag), |m| {
                 // Under the matching lock: `free` sets the flag before it drains the queues,
                 // so a frame is either refused here or drained (released) by `free`.
                 if comm.is_freed() {
