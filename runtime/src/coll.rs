@@ -99,6 +99,14 @@ pub(crate) fn bcast_is_pair_direct(bytes: usize, n: u32) -> bool {
     n == 2 && bytes > 0 && bytes <= ALLREDUCE_EXCHANGE_BYTES
 }
 
+/// Whether a blocking broadcast of `bytes` on `n` ranks walks its binomial tree straight
+/// (`Communicator::bcast_tree_direct`): on more than 2 ranks, some bytes and up to
+/// [`ALLREDUCE_EXCHANGE_BYTES`] (never long: [`BCAST_LONG_BYTES`] is above). Its messages
+/// are the plan's ([`bcast_into`]), so a rank taking it meets one running the plan.
+pub(crate) fn bcast_is_tree_direct(bytes: usize, n: u32) -> bool {
+    n > 2 && bytes > 0 && bytes <= ALLREDUCE_EXCHANGE_BYTES
+}
+
 /// Whether an allreduce (with a predefined op) of `len` elements, `bytes` in all, on `n`
 /// ranks goes by reduce-scatter and allgather.
 pub(crate) fn allreduce_is_long(bytes: usize, len: usize, n: u32) -> bool {
@@ -572,6 +580,9 @@ impl Communicator {
         self.check_root(root)?;
         if bcast_is_pair_direct(std::mem::size_of_val(data), self.size()) {
             return self.bcast_pair_direct(data, root);
+        }
+        if bcast_is_tree_direct(std::mem::size_of_val(data), self.size()) {
+            return self.bcast_tree_direct(data, root);
         }
         let len = data.len();
         let long = bcast_is_long(std::mem::size_of_val(data), self.size());

@@ -201,18 +201,27 @@ pub(crate) fn bcast_steps(comm: &Communicator, root: u32, len: usize) -> Steps {
 
 /// [`bcast_steps`] written into `s` (cleared).
 pub(crate) fn bcast_into(s: &mut Steps, comm: &Communicator, root: u32, len: usize) {
-    let n = comm.size();
-    let (vr, parent) = binomial(comm, root);
-    if parent < n {
-        s.step().recv(at(comm, vr - parent, root), 0..len, Then::Replace);
+    let (parent, mut children) = bcast_links(comm, root);
+    if let Some(p) = parent {
+        s.step().recv(p, 0..len, Then::Replace);
     }
-    let mut children = (0..parent.trailing_zeros()).rev().map(|b| 1 << b).filter(|&m| vr + m < n).map(|m| at(comm, vr + m, root));
     if let Some(first) = children.next() {
         s.step().send(first, 0..len);
         for w in children {
             s.send(w, 0..len);
         }
     }
+}
+
+/// This rank's links in the binomial tree of a broadcast from `root` (world ranks): the
+/// parent it receives from (none at the root), then the children it sends to, the farthest
+/// first. [`bcast_into`]'s plan and the direct small broadcast
+/// (`Communicator::bcast_tree_direct`) both walk it, so their messages are the same.
+pub(crate) fn bcast_links(comm: &Communicator, root: u32) -> (Option<u32>, impl Iterator<Item = u32> + '_) {
+    let n = comm.size();
+    let (vr, parent) = binomial(comm, root);
+    let children = (0..parent.trailing_zeros()).rev().map(|b| 1 << b).filter(move |&m| vr + m < n).map(move |m| at(comm, vr + m, root));
+    ((parent < n).then(|| at(comm, vr - parent, root)), children)
 }
 
 /// Binomial-tree reduction of `len` elements into `root`: each child's partial result

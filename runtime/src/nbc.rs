@@ -49,7 +49,7 @@ use std::task::{Context, Poll, Wake, Waker};
 use weft_sync::{Error, Status};
 
 use crate::buffer::{Primitive, RecvBuf, SendBuf};
-use crate::coll_steps::{fold_copies, land, Incoming, Landing, Outgoing, Step, Steps as StepPlan, Then};
+use crate::coll_steps::{bcast_links, fold_copies, land, Incoming, Landing, Outgoing, Step, Steps as StepPlan, Then};
 use crate::comm::Communicator;
 use crate::engine::Schedule;
 use crate::matching::{Source, Tag};
@@ -1119,6 +1119,58 @@ impl Direct<'_> {
         settled.outcome(c)
     }
 
+    /// A small broadcast from `root` (every member's `data` the same length): the plan of
+    /// [`bcast_into`](crate::coll_steps::bcast_into), its two steps walked straight from
+    /// the binomial tree ([`bcast_links`]). The parent's message is received into `data`
+    /// itself, and the children's messages go from it once it has landed: no plan, no copy
+    /// into a scratch buffer or out of one.
+    #[inline(always)]
+    fn bcast<T: Primitive>(&mut self, data: &mut [T], root: u32) -> Result<(), Error> {
+        let (c, tag) = (self.comm, self.tag);
+        let coll = c.coll_state();
+        let bytes = std::mem::size_of_val(data);
+        let at = data.as_mut_ptr().cast::<u8>();
+        let (parent, children) = bcast_links(c, root);
+        let mut idle = Idle::default();
+        if let Some(from) = parent {
+            let st = &mut *self.store;
+            st.lent = true;
+            // SAFETY: the caller's data, borrowed for this call, which waits for the receive
+            // (also when it fails: `settle_in_flight`, `st.lent` set); nothing reads or
+            // writes it before the receive completed.
+            let buf = unsafe { Scratch::lent_for_recv(at, bytes) };
+            let r = c.irecv_on(coll, buf, Source::Rank(from), Tag::Is(tag))?;
+            // SAFETY: dropped before this call returns (`store.reqs` is left empty), while
+            // the caller's borrow of `comm` holds.
+            st.reqs.push(unsafe { crate::request::unbound(r) });
+            let in_place = self.wait_step(&mut idle, DIRECT_POLLS)?;
+            let mut settled = Settled::default();
+            let DirectStore { reqs, got, spare, .. } = &mut *self.store;
+            settle_step(reqs, got, in_place, |_, b, o| settled.take(b, o, Some(bytes), spare, |_| {}));
+            settled.outcome(c)?;
+        }
+        let mut settled = Settled::default();
+        let st = &mut *self.store;
+        for to in children {
+            st.lent = true;
+            // SAFETY: as the receive's: the caller's data, which no request writes any more
+            // and which this call waits for every send of.
+            let buf = unsafe { Scratch::lent(at, bytes) };
+            let spare = &mut st.spare;
+            let Some(r) = c.isend_or_gone(coll, buf, to, tag, |mut b, s| settled.take(&mut b, Ok(s), None, spare, |_| {}))? else {
+                continue;
+            };
+            // SAFETY: as above.
+            st.reqs.push(unsafe { crate::request::unbound(r) });
+        }
+        if !self.store.reqs.is_empty() {
+            let in_place = self.wait_step(&mut idle, DIRECT_POLLS)?;
+            let DirectStore { reqs, got, spare, .. } = &mut *self.store;
+            settle_step(reqs, got, in_place, |_, b, o| settled.take(b, o, None, spare, |_| {}));
+        }
+        settled.outcome(c)
+    }
+
     /// Waits for the step's requests (`store.reqs`): first by testing them between progress
     /// passes, which leaves them complete where they lie (`true`), then, still pending after
     /// `polls` passes ([`DIRECT_POLLS`]), with the receive for failure notices posted, as a blocking
@@ -1356,6 +1408,21 @@ impl Communicator {
         let store = DIRECT.try_with(std::cell::Cell::take).ok().flatten().unwrap_or_default();
         let mut d = Direct { comm: self, tag: seq_tag(self.next_seq()), notice: None, store };
         let res = d.exchange(data, &combine);
+        d.finish(res)
+    }
+
+    /// A small broadcast on more than two members, on the calling thread
+    /// ([`Direct::bcast`]): what [`run_direct`](Self::run_direct) does with the plan of
+    /// [`bcast_into`](crate::coll_steps::bcast_into), the same messages under the same tag,
+    /// failures told and listened for alike, minus the plan's storage, lookup and walk and
+    /// the copies of the data into scratch buffers and out of them.
+    pub(crate) fn bcast_tree_direct<T: Primitive>(&self, data: &mut [T], root: u32) -> Result<(), Error> {
+        if self.is_freed() {
+            return Err(Error::CommFreed);
+        }
+        let store = DIRECT.try_with(std::cell::Cell::take).ok().flatten().unwrap_or_default();
+        let mut d = Direct { comm: self, tag: seq_tag(self.next_seq()), notice: None, store };
+        let res = d.bcast(data, root);
         d.finish(res)
     }
 

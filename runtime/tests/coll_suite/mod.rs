@@ -206,14 +206,16 @@ fn collectives_on_a_split_communicator_and_apart_from_user_receives() {
 /// collective message of `f`'s may match: checked after `f` on both ranks, then a user
 /// message from each to the other is what it takes.
 fn beside_a_user_receive<T>(r: u32, c: &Communicator, f: impl FnOnce() -> T) -> T {
+    let n = c.size();
     let mut pending = c.irecv(Vec::<u8>::with_capacity(64), Source::Any, Tag::Any).unwrap();
     let out = f();
     assert!(!pending.test(), "a collective message matched a user receive");
-    // Both ranks checked before either sends its user message.
+    // Every rank checked before any sends its user message, to the next rank.
     c.barrier().unwrap();
-    c.send_slice(&[r as u8], 1 - r, 7).unwrap();
+    c.send_slice(&[r as u8], (r + 1) % n, 7).unwrap();
     let (got, st) = pending.wait().unwrap();
-    assert_eq!((got, st.source, st.tag), (vec![1 - r as u8], 1 - r, 7), "rank {r}");
+    let from = (r + n - 1) % n;
+    assert_eq!((got, st.source, st.tag), (vec![from as u8], from, 7), "rank {r}");
     out
 }
 
@@ -299,6 +301,45 @@ fn a_two_rank_bcast_meets_the_nonblocking_form_and_stays_apart_from_user_receive
             }
         }
     });
+}
+
+/// A small broadcast on more than two ranks (its binomial tree walked straight: received
+/// into the caller's data, sent on from it) delivers the root's data from every root, on a
+/// power of two of ranks and not, whichever rank comes late or calls the nonblocking form,
+/// and none of its messages matches a user receive.
+#[test]
+fn a_small_bcast_on_many_ranks_meets_the_nonblocking_form_and_stays_apart_from_user_receives() {
+    for n in [3u32, 4, 5] {
+        within(60, "small bcast against ibcast on 3-5 ranks, late partners and Tag::Any", move || {
+            let out = on_world(n, |r, c| {
+                beside_a_user_receive(r, c, || {
+                    let mut got = Vec::new();
+                    for k in 0..30u64 {
+                        let root = (k % u64::from(n)) as u32;
+                        if k % 3 == 2 && u64::from(r) == (k / 3) % u64::from(n) {
+                            std::thread::sleep(std::time::Duration::from_millis(2));
+                        }
+                        // The root's data; the others' buffers hold something else before.
+                        let mut data = if r == root { [k * 7 + 1, u64::MAX - k, k] } else { [0, 0, 1] };
+                        if k % 4 == 1 && u64::from(r) == (k / 4) % u64::from(n) {
+                            let back = c.ibcast(data.to_vec(), root).unwrap().wait().unwrap().0;
+                            data.copy_from_slice(&back);
+                        } else {
+                            c.bcast(&mut data, root).unwrap();
+                        }
+                        got.push(data);
+                    }
+                    got
+                })
+            });
+            for (r, got) in out.into_iter().enumerate() {
+                for (k, data) in got.iter().enumerate() {
+                    let k = k as u64;
+                    assert_eq!(data, &[k * 7 + 1, u64::MAX - k, k], "{n} ranks: rank {r}, call {k}");
+                }
+            }
+        });
+    }
 }
 
 #[test]
