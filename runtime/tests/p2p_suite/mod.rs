@@ -958,7 +958,6 @@ fn mixed_batches_keep_order_per_communicator_and_tag() {
     }
 }
 
-/// A 3-byte receive that fails the test instead of hanging when its message went astray.
 /// Sends every `(payload, tag)` of `msgs` to `dest` without waiting, in order, then waits
 /// for them all (a sender thread of the tests below).
 fn send_all(c: &weft::Communicator, dest: u32, msgs: impl IntoIterator<Item = (Vec<u8>, i32)>) {
@@ -966,8 +965,14 @@ fn send_all(c: &weft::Communicator, dest: u32, msgs: impl IntoIterator<Item = (V
     weft::wait_all(&mut reqs).unwrap();
 }
 
+/// A 3-byte receive that fails the test instead of hanging when its message went astray.
 fn recv_within(c: &weft::Communicator, source: Source, tag: Tag) -> (Vec<u8>, weft::Status) {
-    let mut r = c.irecv(Vec::<u8>::with_capacity(3), source, tag).unwrap();
+    recv_bytes_within(c, 3, source, tag)
+}
+
+/// [`recv_within`] of up to `cap` bytes.
+fn recv_bytes_within(c: &weft::Communicator, cap: usize, source: Source, tag: Tag) -> (Vec<u8>, weft::Status) {
+    let mut r = c.irecv(Vec::<u8>::with_capacity(cap), source, tag).unwrap();
     let deadline = Instant::now() + Duration::from_secs(10);
     while !r.test() {
         assert!(Instant::now() < deadline, "no message for {source:?} {tag:?} within 10 s: delivered to the wrong queue?");
@@ -1112,15 +1117,9 @@ fn many_senders_then_wildcard_tag() {
 /// arrives has the length and content sent. The sender sends views into one buffer
 /// (`Bytes::slice`, at an odd offset), the receiver reuses one `BytesMut` for every
 /// message, largest first, so each receive must replace what the last one left.
-/// A receive of a `u32` within 10 s (a message that went to the wrong matching state fails
-/// the test instead of hanging it): the value and its status.
+/// [`recv_within`] of a `u32`: the value and its status.
 fn recv_u32_within(c: &weft::Communicator, source: Source, tag: Tag) -> (u32, weft::Status) {
-    let mut r = c.irecv(Vec::<u8>::with_capacity(4), source, tag).unwrap();
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while !r.test() {
-        assert!(Instant::now() < deadline, "no message for {source:?} {tag:?} within 10 s: delivered to the wrong queue?");
-    }
-    let (b, st) = r.wait().unwrap();
+    let (b, st) = recv_bytes_within(c, 4, source, tag);
     (u32::from_le_bytes(b[..4].try_into().unwrap()), st)
 }
 
