@@ -508,7 +508,7 @@ impl Communicator {
         // A frame already here is handed out through `early`, not the return values.
         let mut early = None;
         let posted = main_path_inline!(s, || {
-            s.with_matching_of(st, at, source, tag, |m| {
+            s.with_matching_of::<_, false>(st, at, source, tag, |m| {
                 // Under the matching lock: `free` sets the flag before it drains the queues,
                 // so a receive posted here is either refused or drained (failed) by it.
                 if st.is_freed() {
@@ -594,7 +594,8 @@ impl Communicator {
         // Read before the probe: a gone peer's frames were all delivered into matching before
         // it was marked gone, so a probe after this sees every one of them.
         let gone = s.lost_source(source);
-        match s.main_path(|| s.with_matching_of(&self.p2p, self.p2p.place(source, tag), source, tag, |m| look(m, source, tag))) {
+        match s.main_path(|| s.with_matching_of::<_, false>(&self.p2p, self.p2p.place(source, tag), source, tag, |m| look(m, source, tag)))
+        {
             Some(found) => Ok(Some(found)),
             // Nothing queued, and only a gone peer could send it: it never will (a loop of
             // probes would poll for ever), as a receive would say.

@@ -501,41 +501,15 @@ impl Engine {
         }
     }
 
-    /// [`with_matching`](Self::with_matching) on the state where receives and frames of
-    /// `source` (a world rank, or `Any`) and `tag` are matched now: `at` (the caller's
-    /// [`CommState::place`] of them) if the layout it was chosen under still holds under
-    /// its lock (where the layout is exact), else the state of the new layout. `f` runs
-    /// once; it is `FnMut` so that it can be lent to one lock and still be there for the
-    /// next (a big capture such as a frame belongs outside it, borrowed).
+    /// [`with_matching`](Self::with_matching) (with low priority if `LOW`, for arrivals:
+    /// [`with_matching_low`](Self::with_matching_low)) on the state where receives and
+    /// frames of `source` (a world rank, or `Any`) and `tag` are matched now: `at` (the
+    /// caller's [`CommState::place`] of them) if the layout it was chosen under still holds
+    /// under its lock (where the layout is exact), else the state of the new layout. `f`
+    /// runs once; it is `FnMut` so that it can be lent to one lock and still be there for
+    /// the next (a big capture such as a frame belongs outside it, borrowed).
     #[inline]
-    pub(crate) fn with_matching_of<R>(
-        &self,
-        comm: &CommState,
-        at: Place,
-        source: Source,
-        tag: Tag,
-        f: impl FnMut(&mut MatchState) -> R,
-    ) -> R {
-        self.matching_now::<R, false>(comm, at, source, tag, f)
-    }
-
-    /// [`with_matching_of`](Self::with_matching_of) with low priority, for arrivals.
-    #[inline]
-    pub(crate) fn with_matching_of_low<R>(
-        &self,
-        comm: &CommState,
-        at: Place,
-        source: Source,
-        tag: Tag,
-        f: impl FnMut(&mut MatchState) -> R,
-    ) -> R {
-        self.matching_now::<R, true>(comm, at, source, tag, f)
-    }
-
-    /// The redirect of [`with_matching_of`](Self::with_matching_of), with the priority
-    /// chosen at compile time (`LOW`: [`with_matching_low`](Self::with_matching_low)).
-    #[inline]
-    fn matching_now<R, const LOW: bool>(
+    pub(crate) fn with_matching_of<R, const LOW: bool>(
         &self,
         comm: &CommState,
         at: Place,
@@ -553,7 +527,7 @@ impl Engine {
         }
     }
 
-    /// [`matching_now`](Self::matching_now) once the layout moved on after the caller chose
+    /// [`with_matching_of`](Self::with_matching_of) once the layout moved on after the caller chose
     /// its state: again under the layout of now (at most twice more: layouts move forward
     /// only). Out of line: once per communicator and rank at most, for a thread that raced
     /// the move.

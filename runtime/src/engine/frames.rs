@@ -107,7 +107,7 @@ impl Engine {
             let (from, to) = (i, i + run);
             i = to;
             let timing = self.config.match_timing.then(std::time::Instant::now);
-            let due = self.with_matching_of_low(comm, at, Source::Rank(source), Tag::Is(tag), |m| {
+            let due = self.with_matching_of::<_, true>(comm, at, Source::Rank(source), Tag::Is(tag), |m| {
                 // Under the matching lock: `free` sets the flag before it drains the queues,
                 // so a frame is either refused here or drained (released) by `free`.
                 if comm.is_freed() {
