@@ -133,9 +133,10 @@ pub(crate) struct CommState {
     /// [`Engine::switch_to_one_order`]: crate::engine::Engine::switch_to_one_order
     switchable: bool,
     /// How this rank lays the communicator's messages out over its matching states (see
-    /// [`Layout`]); changed only forward, under every partition lock. [`Layout::ONE`] from
-    /// the start under `MatchingMode::Global` (one state per communicator, ordered by
-    /// `gseq`) on a switchable communicator.
+    /// [`Layout`]); changed only forward, under every partition lock. From the start:
+    /// [`Layout::BY_SOURCE`] on a partitioned communicator, [`Layout::ONE`] on one with one
+    /// state and, under `MatchingMode::Global` (one state per communicator, ordered by
+    /// `gseq`), on a switchable one; [`Layout::BY_TAG`] on the others under `Global`.
     layout: AtomicU8,
     /// Matching queues (`MatchingMode::PerComm`), one per partition, each on cache lines of
     /// its own.
@@ -527,10 +528,10 @@ impl Engine {
         }
     }
 
-    /// [`with_matching_of`](Self::with_matching_of) once the layout moved on after the caller chose
-    /// its state: again under the layout of now (at most twice more: layouts move forward
-    /// only). Out of line: once per communicator and rank at most, for a thread that raced
-    /// the move.
+    /// [`with_matching_of`](Self::with_matching_of) once the layout moved on after the
+    /// caller chose its state: again under the layout of now (at most twice more: layouts
+    /// move forward only). Out of line: a thread that raced a move comes here, at most twice
+    /// per communicator and rank.
     #[cold]
     #[inline(never)]
     fn matching_moved<R, const LOW: bool>(&self, comm: &CommState, source: Source, tag: Tag, mut f: impl FnMut(&mut MatchState) -> R) -> R {
@@ -646,6 +647,7 @@ impl Engine {
     }
 
     /// [`lay_out_for`](Self::lay_out_for) a wildcard receive or probe.
+    #[cold]
     #[inline(never)]
     fn lay_out_for_wildcard(&self, comm: &CommState, source: Source, tag: Tag) {
         if tag == Tag::Any {
