@@ -1196,9 +1196,10 @@ fn source_wildcard_after_traffic_by_source_keeps_send_order() {
 }
 
 /// Threads of one rank that each receive from a peer of their own under one tag (matched
-/// in states of their own), while another thread of the rank receives from any source
+/// in states of their own), while two other threads of the rank receive from any source
 /// under a second tag: the move to the layout by tag happens amid their posts and the
-/// arrivals, and every message still comes once, in its source's send order.
+/// arrivals (the two racing to make it), and every message still comes once, in its
+/// source's send order (a thread's receives from one source come in it).
 #[test]
 fn threads_by_source_meet_a_source_wildcard_midway() {
     const N: u32 = 300;
@@ -1208,28 +1209,51 @@ fn threads_by_source_meet_a_source_wildcard_midway() {
             let rts = super::builder().progress(mode).assignment(asg).cris(PEERS as usize + 1).build_local(PEERS + 1).unwrap();
             let c = rts[0].world();
             let what = format!("{mode} {asg}");
+            // Tag-7 messages received so far: the wildcard threads start midway.
+            let taken = std::sync::atomic::AtomicU32::new(0);
             std::thread::scope(|s| {
                 for p in 1..=PEERS {
                     let w = rts[p as usize].world();
                     // Every tenth message under tag 8 (the wildcard thread's).
                     s.spawn(move || send_all(w, 0, (0..N).map(|i| (i.to_le_bytes().to_vec(), if i % 10 == 9 { 8 } else { 7 }))));
-                    let what = &what;
+                    let (what, taken) = (&what, &taken);
                     s.spawn(move || {
                         for i in (0..N).filter(|i| i % 10 != 9) {
                             let (v, st) = recv_u32_within(c, Source::Rank(p), Tag::Is(7));
                             assert_eq!((v, st.source), (i, p), "{what}: peer {p}'s messages out of order");
+                            taken.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                         }
                     });
                 }
-                let what = &what;
-                s.spawn(move || {
-                    let mut next = vec![9u32; PEERS as usize + 1];
-                    for _ in 0..PEERS * N / 10 {
-                        let (v, st) = recv_u32_within(c, Source::Any, Tag::Is(8));
-                        assert_eq!(v, next[st.source as usize], "{what}: peer {}'s tag-8 messages out of order", st.source);
-                        next[st.source as usize] += 10;
+                let (what, taken) = (&what, &taken);
+                let wild: Vec<_> = (0..2)
+                    .map(|_| {
+                        s.spawn(move || {
+                            let deadline = Instant::now() + Duration::from_secs(10);
+                            while taken.load(std::sync::atomic::Ordering::Relaxed) < PEERS * N / 4 && Instant::now() < deadline {
+                                std::thread::yield_now();
+                            }
+                            let mut got = vec![Vec::new(); PEERS as usize + 1];
+                            for _ in 0..PEERS * N / 20 {
+                                let (v, st) = recv_u32_within(c, Source::Any, Tag::Is(8));
+                                let mine = &mut got[st.source as usize];
+                                assert!(mine.last().is_none_or(|&l| l < v), "{what}: peer {}'s tag-8 messages out of order", st.source);
+                                mine.push(v);
+                            }
+                            got
+                        })
+                    })
+                    .collect();
+                let mut all: Vec<Vec<u32>> = vec![Vec::new(); PEERS as usize + 1];
+                for h in wild {
+                    for (p, got) in h.join().unwrap().into_iter().enumerate() {
+                        all[p].extend(got);
                     }
-                });
+                }
+                for p in 1..=PEERS {
+                    all[p as usize].sort_unstable();
+                    assert_eq!(all[p as usize], (0..N).filter(|i| i % 10 == 9).collect::<Vec<_>>(), "{what}: peer {p}'s tag-8 messages");
+                }
             });
             assert_eq!(c.iprobe(Source::Any, Tag::Any).unwrap(), None, "{what}: messages left over");
         }
