@@ -900,7 +900,7 @@ fn ranks_that_pass_different_lengths_all_fail_and_none_hangs() {
 
 #[test]
 fn a_rank_lost_during_a_collective_fails_it_on_every_survivor() {
-    within(60, "a rank that leaves during allreduce and barrier", || {
+    within(60, "a rank that leaves during allreduce, barrier and bcast", || {
         for n in [2u32, 3, 4, 5] {
             let mut rts = super::builder().build_local(n).unwrap();
             let last = rts.pop().unwrap();
@@ -917,7 +917,12 @@ fn a_rank_lost_during_a_collective_fails_it_on_every_survivor() {
                             let long = vec![1u32; weft::ALLREDUCE_LONG_BYTES / 4];
                             let large = c.allreduce(&long, &mut long.clone(), Op::Sum);
                             let bar = c.barrier();
-                            ([small, again], large, bar)
+                            // A small bcast from rank 0 (its tree walked straight): the lost
+                            // rank's parent fails; a rank whose part of the tree is whole
+                            // may complete, with the root's data.
+                            let mut data = [u64::from(c.rank()) + 10; 3];
+                            let bc = c.bcast(&mut data, 0).map(|()| data);
+                            ([small, again], large, bar, bc)
                         })
                     })
                     .collect();
@@ -927,8 +932,14 @@ fn a_rank_lost_during_a_collective_fails_it_on_every_survivor() {
                 hs.into_iter().map(|h| h.join().unwrap()).collect::<Vec<_>>()
             });
             let lost = Err(Error::PeerLost { rank: n - 1 });
-            for (r, (small, large, bar)) in out.into_iter().enumerate() {
+            // The lost rank's parent in the binomial tree from rank 0: its lowest set bit cleared.
+            let parent = (n - 1) & (n - 2);
+            for (r, (small, large, bar, bc)) in out.into_iter().enumerate() {
                 assert_eq!((&small, &large, &bar), (&[lost; 2], &lost, &lost), "size {n}, rank {r}");
+                match bc {
+                    Ok(data) => assert!(r as u32 != parent && data == [10; 3], "size {n}, rank {r}: bcast gave {data:?}"),
+                    Err(e) => assert_eq!(Err::<(), _>(e), lost, "size {n}, rank {r}"),
+                }
             }
         }
     });
