@@ -364,9 +364,12 @@ impl Communicator {
         };
         Ok(match posted {
             SendOutcome::Sent => sent(Status { source: dest, tag, bytes: len }, buf),
-            SendOutcome::Deferred(inner) => {
-                pending(Request::send(self, inner.expect("an eager deferral carries its request"), buf, st.part(dest, tag)))
-            }
+            SendOutcome::Deferred(inner) => pending(Request::send(
+                self,
+                inner.expect("an eager deferral carries its request"),
+                buf,
+                st.place(Source::Rank(dest), Tag::Is(tag)).part,
+            )),
         })
     }
 
@@ -419,7 +422,7 @@ impl Communicator {
             unposted(inner, e);
             return Err((e, buf));
         }
-        Ok(Request::send(self, inner, buf, st.part(dest, tag)))
+        Ok(Request::send(self, inner, buf, st.place(Source::Rank(dest), Tag::Is(tag)).part))
     }
 
     /// Starts receiving into `buf`'s capacity from `source` with `tag` (`MPI_Irecv`). The

@@ -127,7 +127,7 @@ impl<'c> Message<'c> {
             inner.cell.complete(Err(Error::InvalidArgument("message already received")));
             return Request::recv(comm, inner, buf, 0);
         };
-        let part = st.part(frame.header.source, frame.header.tag);
+        let part = st.place(Source::Rank(frame.header.source), Tag::Is(frame.header.tag)).part;
         let s = comm.engine();
         s.finish_match(s.cri_for_thread(), crate::operation::Held::of(&inner), frame);
         Request::recv(comm, inner, buf, part)

@@ -280,16 +280,9 @@ impl CommState {
         tag_hash(tag)
     }
 
-    /// The matching state where frames and receives of `source` (a world rank) and `tag`
-    /// are matched at this rank: a hint when read without a partition lock (see
-    /// [`layout`](Self::layout)). For a send, `source` is its destination: a thread's sends
-    /// to a peer and its receives from it share one.
-    #[inline]
-    pub(crate) fn part(&self, source: u32, tag: i32) -> usize {
-        self.part_in(self.layout(), Source::Rank(source), Tag::Is(tag))
-    }
-
-    /// [`part_in`](Self::part_in) under the layout of now, with the layout.
+    /// [`part_in`](Self::part_in) under the layout of now, with the layout: a hint when read
+    /// without a partition lock (see [`layout`](Self::layout)). For a send, `source` is its
+    /// destination: a thread's sends to a peer and its receives from it share a state.
     #[inline]
     pub(crate) fn place(&self, source: Source, tag: Tag) -> Place {
         let layout = self.layout();
