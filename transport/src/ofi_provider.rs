@@ -168,6 +168,29 @@
 //! from `/dev/shm` at once ([`LossNotifier::launcher_lost`]): nothing else would, should the
 //! process be killed next.
 //!
+//! # A one-sided operation to a lost rank
+//!
+//! A CRI counts its one-sided operations with one libfabric counter, and a flush waits
+//! until the count of completions reaches the count posted. libfabric completes no
+//! operation whose target died before serving it: on `shm` the target's own progress
+//! serves atomics and writes, and a dead process makes none. A flush therefore watches its
+//! targets too: each CRI keeps the ranks it sent operations to since its count last came
+//! level, and once one of them is lost and the count has not moved for
+//! [`LOST_RMA_SETTLED`] (answers a dead rank sent before it died are read meanwhile, and a
+//! live target serves what was posted to it), the flush fails with `PeerLost` naming it.
+//! The operations still outstanding then are written off: later flushes of the CRI wait
+//! for the operations posted after them. An atomic's operands and result slot are kept
+//! (never freed) when its flush fails: libfabric may still read or write them.
+//!
+//! On `tcp;ofi_rxm` the CRI then goes on serving live ranks. An operation to a live rank
+//! that took longer than [`LOST_RMA_SETTLED`] to serve is written off with the lost rank's;
+//! its late completion counts for a later operation of the CRI, whose flush may then
+//! return before that operation completed. On `shm` an endpoint reads the answers to its
+//! operations in the order it sent them and stops at the first not yet given (libfabric's
+//! `smr_progress_resp`), so nothing it sends later completes: the CRI's later one-sided
+//! operations fail at once with `PeerLost` naming the lost rank (the rank's other CRIs, and
+//! its frames, which take the same-host lane, are untouched).
+//!
 //! # A CRI stuck in libfabric
 //!
 //! libfabric 1.17's `shm` provider guards each endpoint's command queue with a
@@ -324,6 +347,12 @@ const RELEASE_SAMPLE: Duration = Duration::from_millis(1);
 /// put could be applied after a later operation that depended on it (RMA-RW let a writer in
 /// beside another holder, 8 processes of 2 threads).
 const RMA_TARGET_EP: usize = 0;
+
+/// How long the count of a CRI's completed one-sided operations must stay still, once a
+/// rank they went to is lost, before a flush gives up on the rest (module docs, *A
+/// one-sided operation to a lost rank*): what a live target takes at most to serve an
+/// operation already posted, its progress made by its watcher if its threads are busy.
+const LOST_RMA_SETTLED: Duration = Duration::from_millis(100);
 
 /// Bytes of a rank's probe (module docs): one word, of which a reach reads one byte.
 const PROBE_LEN: usize = 8;
@@ -585,6 +614,17 @@ struct CriState {
     repost: Vec<u32>,
     /// Transport-level RMA operations posted on this CRI's counter.
     rma_issued: u64,
+    /// Of those, operations to lost ranks that a flush gave up on: libfabric completes
+    /// none of them (*A one-sided operation to a lost rank*), so the count a flush waits
+    /// for leaves them out.
+    rma_written_off: u64,
+    /// The ranks targeted since a flush last found every counted operation complete
+    /// (each once): where a lost rank may hold operations that will never complete.
+    rma_targets: Vec<u32>,
+    /// On `shm`, a lost rank whose operations were written off: the endpoint's later
+    /// completions queue behind their answers, which never come, so later operations fail
+    /// at once with `PeerLost` naming it.
+    rma_blocked_by: Option<u32>,
     /// Where this CRI is in each same-host ring it reads.
     heads: lane::Heads,
     /// Polls that found same-host frames (see `OfiRank::poll`).
@@ -608,6 +648,8 @@ struct CriEndpoint {
     /// inside libfabric (module docs). Threads then only try `st`, never wait for it; the
     /// next `reap` (whoever holds `st` again) clears it.
     stuck: AtomicBool,
+    /// `CriState::rma_blocked_by` is set: the CRI refuses one-sided operations.
+    rma_blocked: AtomicBool,
     /// Frames sent and polled through this CRI (see `note_activity`, `recently_active`).
     activity: AtomicU64,
     /// The spin lock of the endpoint's `shm` region (libfabric 1.17 only), to release when
@@ -804,11 +846,15 @@ impl Opened {
                         send_dst: vec![0; self.opts.send_slots].into_boxed_slice(),
                         repost: Vec::with_capacity(self.opts.recv_slots),
                         rma_issued: 0,
+                        rma_written_off: 0,
+                        rma_targets: Vec::new(),
+                        rma_blocked_by: None,
                         heads: lane.as_ref().map(|l| l.heads(i)).unwrap_or_default(),
                         lane_polls: 0,
                     }),
                     ready: AtomicBool::new(false),
                     stuck: AtomicBool::new(false),
+                    rma_blocked: AtomicBool::new(false),
                     activity: AtomicU64::new(0),
                     region_lock,
                     recv_mem: RawBuf::new(slot_size * self.opts.recv_slots),
@@ -2370,28 +2416,47 @@ impl OfiRank {
     /// Atomic fetch-and-op on the `u64` at `offset` of `at`'s region; returns the old value.
     /// Blocking (the result is needed).
     pub fn fetch_op(&self, cri: usize, at: &RemoteMem, offset: u64, op: FetchOp, operand: u64) -> Result<u64, Error> {
-        let mut result = 0u64;
-        let r = &mut result as *mut u64;
-        self.rma_post(cri, at, |ep, dest| {
-            // SAFETY: `operand` and `result` live on this frame, which does not return before
-            // the flush below has seen the operation complete.
-            unsafe { ep.fetch_atomic_u64(op, &operand, &mut *r, dest, &at.region, offset, 0) }
-        })?;
-        self.flush(cri)?;
-        Ok(result)
+        self.atomic(cri, at, operand, |ep, dest, operand, r| {
+            // SAFETY: the operand and the result's slot live until the operation completed
+            // (`atomic`).
+            unsafe { ep.fetch_atomic_u64(op, operand, &mut *r, dest, &at.region, offset, 0) }
+        })
     }
 
     /// Atomic compare-and-swap on the `u64` at `offset` of `at`'s region; returns the old
     /// value (the swap happened if it equals `compare`). Blocking.
     pub fn compare_swap(&self, cri: usize, at: &RemoteMem, offset: u64, compare: u64, swap: u64) -> Result<u64, Error> {
-        let mut result = 0u64;
-        let r = &mut result as *mut u64;
-        self.rma_post(cri, at, |ep, dest| {
+        self.atomic(cri, at, [compare, swap], |ep, dest, [compare, swap], r| {
             // SAFETY: as in `fetch_op`.
-            unsafe { ep.compare_swap_u64(&compare, &swap, &mut *r, dest, &at.region, offset, 0) }
-        })?;
+            unsafe { ep.compare_swap_u64(compare, swap, &mut *r, dest, &at.region, offset, 0) }
+        })
+    }
+
+    /// Posts on CRI `cri` the atomic that `post` makes of `operands` and a slot for its
+    /// result, and waits for it. Operands and slot are on the heap: a flush that failed
+    /// leaves the operation in flight, where libfabric may still read the operands and write
+    /// the result (the answer of a rank lost after it served the operation, read by a later
+    /// progress), so they are then kept, never freed.
+    fn atomic<O>(
+        &self,
+        cri: usize,
+        at: &RemoteMem,
+        operands: O,
+        post: impl Fn(&Endpoint, FiAddr, &O, *mut u64) -> Result<Post, OfiError>,
+    ) -> Result<u64, Error> {
+        let slots = Box::into_raw(Box::new((operands, 0u64)));
+        // SAFETY: `slots` is valid until freed below, and only libfabric writes the result
+        // until the operation completed.
+        let (operands, result) = unsafe { (&(*slots).0, &raw mut (*slots).1) };
+        if let Err(e) = self.rma_post(cri, at, |ep, dest| post(ep, dest, operands, result)) {
+            // Nothing posted.
+            // SAFETY: from `Box::into_raw` above, no longer used.
+            drop(unsafe { Box::from_raw(slots) });
+            return Err(e);
+        }
         self.flush(cri)?;
-        Ok(result)
+        // SAFETY: from `Box::into_raw` above; the operation completed.
+        Ok(unsafe { Box::from_raw(slots) }.1)
     }
 
     fn rma_post(&self, cri: usize, to: &RemoteMem, mut post: impl FnMut(&Endpoint, FiAddr) -> Result<Post, OfiError>) -> Result<(), Error> {
@@ -2429,9 +2494,15 @@ impl OfiRank {
             return Err(Error::PeerLost { rank: to.rank });
         }
         let Some(mut st) = s.lock_state(c) else { return Ok(false) };
+        if let Some(rank) = st.rma_blocked_by {
+            return Err(Error::PeerLost { rank });
+        }
         match post(&c.ep, s.addr(to.rank, RMA_TARGET_EP)) {
             Ok(Post::Posted) => {
                 st.rma_issued += 1;
+                if !st.rma_targets.contains(&to.rank) {
+                    st.rma_targets.push(to.rank);
+                }
                 drop(st);
                 // The target's progress serves `shm` atomics.
                 s.nudge(to.rank);
@@ -2541,7 +2612,9 @@ impl OfiRank {
     }
 
     /// Waits until every transport-level RMA operation posted on CRI `cri` has completed
-    /// (its counter reached the number issued). Fails if one of them failed.
+    /// (its counter reached the number issued). Fails if one of them failed, and with
+    /// `PeerLost` if one of them went to a rank lost since, which libfabric never completes
+    /// (module docs, *A one-sided operation to a lost rank*).
     pub fn flush(&self, cri: usize) -> Result<(), Error> {
         let s = &*self.inner;
         let c = s.cris.get(cri).ok_or(Error::InvalidArgument("CRI index out of range"))?;
@@ -2550,20 +2623,48 @@ impl OfiRank {
         // A CRI counted stuck may only be slow (its holder descheduled on a loaded machine):
         // as the posts, the flush retries until its deadline rather than failing at once —
         // an operation it reported failed may still have been applied at its target.
-        let issued = loop {
+        let (issued, written_off) = loop {
             if let Some(st) = s.lock_state(c) {
-                break st.rma_issued;
+                break (st.rma_issued, st.rma_written_off);
             }
             if Instant::now() > deadline {
                 return Err(Error::Transport { op: "rma flush", code: crate::ofi::errno::FI_EAGAIN });
             }
             std::thread::yield_now();
         };
+        let awaited = issued - written_off;
+        // Once a target is known lost: the count then, and since when it has not moved.
+        let mut lost: Option<(u32, u64, Instant)> = None;
         loop {
-            let done = counter.read();
-            let errs = counter.read_err();
-            if done + errs >= issued {
-                return if errs > 0 { Err(Error::Transport { op: "rma", code: crate::ofi::errno::FI_EINVAL }) } else { Ok(()) };
+            let done = counter.read() + counter.read_err();
+            if done >= awaited {
+                if let Some(mut st) = s.lock_state(c) {
+                    // Unless another thread posted since the flush began, every operation
+                    // counted is complete: none can be at a rank lost later.
+                    if done >= st.rma_issued - st.rma_written_off {
+                        st.rma_targets.clear();
+                    }
+                }
+                return if counter.read_err() > 0 {
+                    Err(Error::Transport { op: "rma", code: crate::ofi::errno::FI_EINVAL })
+                } else {
+                    Ok(())
+                };
+            }
+            if s.lost_epoch.load(Ordering::Acquire) != 0 {
+                lost = match lost {
+                    Some((rank, at, since)) if at == done => {
+                        if since.elapsed() >= LOST_RMA_SETTLED {
+                            return Err(self.write_off_rma(c, rank, awaited - done));
+                        }
+                        Some((rank, at, since))
+                    }
+                    Some((rank, ..)) => Some((rank, done, Instant::now())),
+                    None => s
+                        .lock_state(c)
+                        .and_then(|st| st.rma_targets.iter().copied().find(|&r| !s.is_alive(r)))
+                        .map(|r| (r, done, Instant::now())),
+                };
             }
             s.progress_while_waiting();
             if Instant::now() > deadline {
@@ -2571,6 +2672,31 @@ impl OfiRank {
             }
             std::thread::yield_now();
         }
+    }
+
+    /// Gives up on the `outstanding` operations of CRI `c` that a flush waited for once a
+    /// target of them, `rank`, is lost and the count settled (module docs, *A one-sided
+    /// operation to a lost rank*): later flushes wait for the operations after them only.
+    /// Returns the flush's error.
+    #[cold]
+    fn write_off_rma(&self, c: &CriEndpoint, rank: u32, outstanding: u64) -> Error {
+        let s = &*self.inner;
+        if let Some(mut st) = s.lock_state(c) {
+            st.rma_written_off += outstanding;
+            st.rma_targets.retain(|&r| s.is_alive(r));
+            if s.provider == "shm" {
+                st.rma_blocked_by.get_or_insert(rank);
+                // Relaxed: a hint for choosing a CRI; the state lock orders the refusal.
+                c.rma_blocked.store(true, Ordering::Relaxed);
+            }
+        }
+        Error::PeerLost { rank }
+    }
+
+    /// Whether CRI `cri` refuses one-sided operations: on `shm`, since operations of it
+    /// to a lost rank were given up (module docs, *A one-sided operation to a lost rank*).
+    pub fn rma_blocked(&self, cri: usize) -> bool {
+        self.inner.cris.get(cri).is_some_and(|c| c.rma_blocked.load(Ordering::Relaxed))
     }
 
     /// Whether rank `r` is not known to be lost.

@@ -568,6 +568,20 @@ impl Transport {
         }
     }
 
+    /// Whether CRI `cri` refuses one-sided operations for good: on libfabric's `shm`, once
+    /// operations of it to a lost rank were given up (`ofi_provider`, *A one-sided
+    /// operation to a lost rank*); never on the embedded provider.
+    pub fn rma_blocked(&self, cri: usize) -> bool {
+        match self {
+            Transport::Embedded(_) => {
+                let _ = cri;
+                false
+            }
+            #[cfg(feature = "ofi")]
+            Transport::Ofi(t) => t.rma_blocked(cri),
+        }
+    }
+
     /// The ranks on this rank's host as the launcher told them (PMIx's `PMIX_LOCAL_PEERS`),
     /// ascending, this one included; `None` where it did not (in-process worlds, `weftrun`,
     /// Slurm without PMIx).

@@ -185,6 +185,80 @@ fn rma_put_get_atomics_and_flush() {
     }
 }
 
+/// An atomic in flight to a rank that is lost before it served it: libfabric never
+/// completes it (`shm` serves atomics in the target's progress), so its flush fails with
+/// `PeerLost` soon after the loss instead of waiting out the flush's deadline. The CRI then
+/// serves the live ranks as before on `tcp;ofi_rxm`; on `shm`, whose endpoint reads its
+/// answers in order, it refuses at once, and the rank's other CRIs serve them.
+#[test]
+fn an_atomic_in_flight_to_a_rank_lost_fails_and_the_cri_goes_on() {
+    for p in PROVIDERS {
+        loopback();
+        let opts = OfiOptions {
+            provider: p.into(),
+            cris: 2,
+            eager_capacity: 1024,
+            recv_slots: 16,
+            send_slots: 8,
+            terms: Vec::new(),
+            same_host_lane: true,
+        };
+        let r = world(&opts, 3).unwrap();
+        let mut words = [[0u64; 2]; 3];
+        let [_, w1, w2] = &mut words;
+        // SAFETY: the words outlive their registrations (deregistered below).
+        let (k1, k2) = unsafe {
+            (r[1].register_window(w1.as_mut_ptr().cast(), 16).unwrap(), r[2].register_window(w2.as_mut_ptr().cast(), 16).unwrap())
+        };
+        let (to1, to2) = (RemoteMem { rank: 1, region: k1 }, RemoteMem { rank: 2, region: k2 });
+        // Both targets reached once, so that what follows waits on nothing but the loss.
+        assert_eq!(r[0].compare_swap(0, &to1, 0, 0, 1), Ok(0), "{p}");
+        assert_eq!(r[0].compare_swap(0, &to2, 0, 0, 1), Ok(0), "{p}");
+        // Rank 1 serves nothing from now on: its RMA endpoint's progress is held, as a
+        // killed process's is.
+        let hold = r[1].hold_cri_state(0);
+        let (outcome, after_loss) = std::thread::scope(|s| {
+            let cas = s.spawn(|| {
+                let out = r[0].compare_swap(0, &to1, 0, 1, 2);
+                (out, Instant::now())
+            });
+            std::thread::sleep(Duration::from_millis(200));
+            assert!(!cas.is_finished(), "{p}: an atomic to a rank that serves nothing completed");
+            r[0].mark_lost(1);
+            let lost_at = Instant::now();
+            let (out, at) = cas.join().unwrap();
+            (out, at.saturating_duration_since(lost_at))
+        });
+        assert_eq!(outcome, Err(Error::PeerLost { rank: 1 }), "{p}");
+        assert!(after_loss < Duration::from_secs(5), "{p}: the atomic ended {after_loss:?} after the loss");
+        // On `tcp;ofi_rxm` the same CRI goes on with the live rank: its flushes wait for its
+        // own operations. On `shm` nothing the endpoint sends completes any more (its
+        // answers queue behind the lost rank's): the CRI refuses at once, naming the lost
+        // rank, and the rank's other CRI serves the live rank.
+        let cri = if p == "shm" {
+            let t0 = Instant::now();
+            assert_eq!(r[0].compare_swap(0, &to2, 0, 1, 3), Err(Error::PeerLost { rank: 1 }), "{p}");
+            assert_eq!(r[0].fetch_op(0, &to2, 8, FetchOp::Sum, 5), Err(Error::PeerLost { rank: 1 }), "{p}");
+            assert!(t0.elapsed() < Duration::from_secs(1), "{p}: the refusals took {:?}", t0.elapsed());
+            1
+        } else {
+            0
+        };
+        assert_eq!(r[0].compare_swap(cri, &to2, 0, 1, 3), Ok(1), "{p}");
+        assert_eq!(r[0].fetch_op(cri, &to2, 8, FetchOp::Sum, 5), Ok(0), "{p}");
+        let value = 9u64.to_le_bytes();
+        // SAFETY: `value` lives until the flush below.
+        unsafe { r[0].put(cri, &to2, 8, &value) }.unwrap();
+        assert_eq!(r[0].flush(cri), Ok(()), "{p}");
+        assert_eq!(r[0].fetch_op(cri, &to2, 8, FetchOp::Read, 0), Ok(9), "{p}");
+        drop(hold);
+        r[2].deregister(k2.key);
+        r[1].deregister(k1.key);
+        drop(r);
+        assert_eq!(words[2], [3, 9], "{p}");
+    }
+}
+
 /// A rendezvous read: through libfabric, posted and reported later; through the same-host
 /// lane, one copy done when `start_read` returns. Either way the data arrives, and a lost
 /// peer fails what comes after at once.

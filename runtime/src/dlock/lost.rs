@@ -77,6 +77,19 @@ fn holder_lost<L: Send + Sync + 'static>(
     })
 }
 
+/// The release of a lock the waiter took once its holder was lost: `Ok`, or `PeerLost`
+/// naming the holder where the waiter's last atomic on the holder's word (taking its park's
+/// mark back) was in flight at the loss. libfabric's `shm` then answers nothing more that
+/// the waiter's CRI sends, and the test's runtimes have one CRI each (`weft_transport`'s
+/// `ofi_provider`, *A one-sided operation to a lost rank*).
+#[cfg(feature = "ofi")]
+fn released(unlocked: Result<(), Error>) -> Result<(), Error> {
+    match unlocked {
+        LOST => Ok(()),
+        other => other,
+    }
+}
+
 /// The hand-off's write of rank 0's STATUS at level 1 (Listing 3: passed, the count 1),
 /// flushed, without its wake frame: what a releaser lost between the two did. Written once
 /// the waiter is queued (the holder's NEXT names it, written after the waiter set its
@@ -147,13 +160,15 @@ fn a_waiter_on_libfabric_sees_a_write_that_landed_before_the_loss() {
     let p = Provider::Shm;
     let d_mcs_take: fn(&DMcs) = |l| std::mem::forget(l.lock().unwrap());
     let d_mcs_wait: fn(&DMcs) -> Result<(), Error> = |l| l.lock()?.unlock();
+    let d_mcs_taken: fn(&DMcs) -> Result<(), Error> = |l| released(l.lock()?.unlock());
     let passes: fn(&DMcs) = |l| passes_without_waking(&l.q);
-    assert_eq!(holder_lost("D-MCS, passed", p, d_mcs, d_mcs_take, Some(passes), d_mcs_wait), Ok(()));
+    assert_eq!(holder_lost("D-MCS, passed", p, d_mcs, d_mcs_take, Some(passes), d_mcs_taken), Ok(()));
     assert_eq!(holder_lost("D-MCS, lost", p, d_mcs, d_mcs_take, None, d_mcs_wait), LOST);
     let mcs_take: fn(&RmaMcs) = |l| std::mem::forget(l.lock().unwrap());
     let task: fn(&RmaMcs) -> Result<(), Error> = |l| in_task(async { l.lock_async().await?.unlock_async().await });
+    let task_taken: fn(&RmaMcs) -> Result<(), Error> = |l| in_task(async { released(l.lock_async().await?.unlock_async().await) });
     let passes: fn(&RmaMcs) = |l| passes_without_waking(&l.q);
-    assert_eq!(holder_lost("RMA-MCS task, passed", p, rma_mcs, mcs_take, Some(passes), task), Ok(()));
+    assert_eq!(holder_lost("RMA-MCS task, passed", p, rma_mcs, mcs_take, Some(passes), task_taken), Ok(()));
     assert_eq!(holder_lost("RMA-MCS task, lost", p, rma_mcs, mcs_take, None, task), LOST);
     // Tasks waiting on a watched word park on the one that leads them: its wait ends with
     // the loss, and so do theirs. 100 reader tasks behind the lost writer; a task of the

@@ -553,9 +553,11 @@ impl<W: Words> Queues<W> {
                 let old = match self.window.compare_and_swap(pred, Layout::next(l), me, me | NEXT_PARKED).await {
                     Ok(old) => old,
                     // The predecessor ended its part (it may have passed the lock, then
-                    // dropped it at once): no claim of its NEXT will send a frame. STATUS
-                    // says whether it passed, and, if not, the wait fails (`until!`).
+                    // dropped it at once), or is lost (it may have passed the lock before):
+                    // no claim of its NEXT will send a frame. STATUS says whether it
+                    // passed, and, if not, the wait fails (`until!`).
                     Err(_) if self.window.ended_rank(pred) => 0,
+                    Err(Error::PeerLost { rank }) if rank == pred => 0,
                     Err(e) => return Err(e),
                 };
                 mark = if old == me { Mark::JustMarked } else { Mark::Passed };

@@ -362,7 +362,7 @@ impl<'a, T: Primitive> Window<'a, T> {
         // SAFETY: `copy` is kept in the CRI's staged copies until a flush of the CRI
         // returned, or with the engine, after the transport; its heap storage does not move
         // with the box.
-        unsafe { t.put(k, &part.remote, at, &copy) }?;
+        unsafe { t.put(k, &part.remote, at, &copy) }.map_err(|e| self.comm.local_error(e))?;
         staged.push(copy);
         let mut targets = self.unflushed[k].lock();
         if !targets.contains(&rank) {
@@ -387,10 +387,10 @@ impl<'a, T: Primitive> Window<'a, T> {
         let (k, mut staged) = self.gate();
         // SAFETY: `landing` is untouched until the flush returned; if the flush fails, the
         // read may still land, so it is kept with the staged copies rather than freed.
-        unsafe { t.get(k, &part.remote, at, &mut landing) }?;
+        unsafe { t.get(k, &part.remote, at, &mut landing) }.map_err(|e| self.comm.local_error(e))?;
         if let Err(e) = t.flush(k) {
             staged.push(landing);
-            return Err(e);
+            return Err(self.comm.local_error(e));
         }
         staged.clear();
         drop(staged);
@@ -520,7 +520,7 @@ impl<'a, T: Primitive> Window<'a, T> {
         }
         let mut staged = self.comm.engine().cris[k].rma.lock();
         let t = self.transport();
-        t.flush(k)?;
+        t.flush(k).map_err(|e| self.comm.local_error(e))?;
         // On some providers a put's completion means only that its data left this rank
         // (`tcp;ofi_rxm`: transmit complete), and a later access through another CRI, whose
         // connection is not ordered with this one, could still find the old value. A read
@@ -541,7 +541,7 @@ impl<'a, T: Primitive> Window<'a, T> {
             });
             if let Err(e) = read_back.and_then(|()| t.flush(k)) {
                 staged.push(probes);
-                return Err(e);
+                return Err(self.comm.local_error(e));
             }
         }
         staged.clear();
@@ -550,12 +550,20 @@ impl<'a, T: Primitive> Window<'a, T> {
 
     /// The RMA gate of a CRI for this thread's next operation (libfabric): its own CRI's
     /// if free, else the first free one after it (a flush in progress on a CRI does not
-    /// hold up the others' threads), else its own once free; and that CRI.
+    /// hold up the others' threads), else its own once free; and that CRI. A CRI that
+    /// refuses one-sided operations (on `shm`, after a lost rank's were given up) is passed
+    /// over while another is left.
     fn gate(&self) -> (usize, MutexGuard<'_, Staged>) {
         let e = self.comm.engine();
+        let t = self.transport();
         let k = e.cri_for_thread();
         let n = e.cris.len();
-        (0..n).map(|i| (k + i) % n).find_map(|j| e.cris[j].rma.try_lock().map(|g| (j, g))).unwrap_or_else(|| (k, e.cris[k].rma.lock()))
+        let usable = |j: &usize| !t.rma_blocked(*j);
+        let order = || (0..n).map(|i| (k + i) % n).filter(usable);
+        order().find_map(|j| e.cris[j].rma.try_lock().map(|g| (j, g))).unwrap_or_else(|| {
+            let j = order().next().unwrap_or(k);
+            (j, e.cris[j].rma.lock())
+        })
     }
 
     /// Runs one transport atomic (which completes before it returns) on a CRI: under its
@@ -567,7 +575,7 @@ impl<'a, T: Primitive> Window<'a, T> {
             return op(t, self.comm.engine().cri_for_thread());
         }
         let (k, mut staged) = self.gate();
-        let r = op(t, k)?;
+        let r = op(t, k).map_err(|e| self.comm.local_error(e))?;
         staged.clear();
         Ok(r)
     }
@@ -708,8 +716,76 @@ fn bytes_of_mut<T: Primitive>(data: &mut [T]) -> &mut [u8] {
 
 #[cfg(all(test, feature = "ofi"))]
 mod tests {
-    use super::Window;
-    use crate::{Provider, Runtime};
+    use std::time::{Duration, Instant};
+
+    use super::{Op, Window};
+    use crate::rendezvous_faults::common::within;
+    use crate::{Error, Provider, Runtime};
+
+    /// An atomic in flight to a rank when it is lost, its target never serving it (on
+    /// `shm` a dead process's progress answers nothing): it fails with `PeerLost` naming the
+    /// rank in the window's communicator, within a second of the loss instead of the
+    /// transport's 60 s flush deadline, and the window goes on with the live ranks through
+    /// the rank's other CRI (the first one's later answers queue behind the lost rank's).
+    #[test]
+    fn an_atomic_in_flight_to_a_lost_rank_fails_and_the_window_goes_on() {
+        std::env::set_var("FI_TCP_IFACE", "lo");
+        std::env::set_var("FI_SOCKETS_IFACE", "lo");
+        let (outcome, after_loss) = within(60, "an atomic in flight to a lost rank", || {
+            let rts = &Runtime::builder().env(false).provider(Provider::Shm).cris(2).build_local(3).unwrap();
+            let ofi = |world: usize| match &rts[world].engine.transport {
+                weft_transport::Transport::Ofi(t) => t,
+                _ => unreachable!("an shm runtime"),
+            };
+            // World ranks 1, 0, 2 are ranks 0, 1, 2 of the window's communicator.
+            let key = |world: usize| [1, 0, 2][world];
+            let (held, done) = (std::sync::Barrier::new(3), std::sync::Barrier::new(3));
+            std::thread::scope(|s| {
+                for world in [1, 2] {
+                    let (held, done, ofi) = (&held, &done, &ofi);
+                    s.spawn(move || {
+                        let c = rts[world].world().split(Some(0), key(world)).unwrap().unwrap();
+                        let w: Window<'_, u64> = c.window(1).unwrap();
+                        // The lost rank serves nothing from here: its RMA endpoint's progress is
+                        // held, as a killed process's is.
+                        let hold = (world == 1).then(|| ofi(world).hold_cri_state(0));
+                        held.wait();
+                        done.wait();
+                        drop((hold, w));
+                    });
+                }
+                let c = rts[0].world().split(Some(0), key(0)).unwrap().unwrap();
+                let w: Window<'_, u64> = c.window(1).unwrap();
+                held.wait();
+                let (outcome, after_loss) = std::thread::scope(|s2| {
+                    let cas = s2.spawn(|| {
+                        let out = (w.compare_and_swap(0, 0, 0, 1), Instant::now());
+                        // The live rank, from the same thread (whose own CRI now refuses): through
+                        // the other CRI.
+                        assert_eq!(w.fetch_and_op(2, 0, 5, Op::Sum), Ok(0));
+                        assert_eq!(w.compare_and_swap(2, 0, 5, 7), Ok(5));
+                        w.put(2, 0, &[9]).unwrap();
+                        w.flush(2).unwrap();
+                        let mut back = [0u64];
+                        w.get(2, 0, &mut back).unwrap();
+                        assert_eq!(back, [9]);
+                        assert_eq!(w.compare_and_swap(0, 0, 0, 1), Err(Error::PeerLost { rank: 0 }), "the lost rank, refused at once");
+                        out
+                    });
+                    std::thread::sleep(Duration::from_millis(200));
+                    assert!(!cas.is_finished(), "an atomic to a rank that serves nothing completed");
+                    ofi(0).mark_lost(1);
+                    let lost_at = Instant::now();
+                    let (out, at) = cas.join().unwrap();
+                    (out, at.saturating_duration_since(lost_at))
+                });
+                done.wait();
+                (outcome, after_loss)
+            })
+        });
+        assert_eq!(outcome, Err(Error::PeerLost { rank: 0 }), "named by its rank in the window's communicator");
+        assert!(after_loss < Duration::from_secs(1), "the atomic ended {after_loss:?} after the loss");
+    }
 
     /// While a flush holds a CRI's RMA gate, a put goes out on another CRI (its copy is
     /// staged there) instead of adding to what the flush waits for; the next flush frees
