@@ -47,6 +47,16 @@
 //! a target that ended its part `Error::InvalidArgument("the target rank ended its part of
 //! the window")` (below), unless it is known gone since, which is `PeerLost`.
 //!
+//! An operation already posted to a rank that is lost before it served it never completes
+//! in libfabric. The flush that waits for it (an atomic's or a `get`'s own, or
+//! [`Window::flush`]) fails with `PeerLost` naming that rank, about 0.1 s after the loss is
+//! known, rather than waiting for ever. On libfabric's `shm` the CRI it went through then
+//! completes nothing more (its endpoint reads answers in order), so that CRI refuses
+//! one-sided operations from then on, with the same error, and the window sends through the
+//! rank's other CRIs: a runtime built with one CRI reaches no rank by RMA after such a loss.
+//! `weft_transport`'s `ofi_provider` docs, *A one-sided operation to a lost rank*, have the
+//! details.
+//!
 //! # A window's end
 //!
 //! [`Window::free`] is collective, as `MPI_Win_free`: once it returned on every rank, no
