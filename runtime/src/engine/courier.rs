@@ -39,9 +39,10 @@
 //!   A pass is bounded (try-locks, one flush), and so is the join.
 //!
 //! What counts as work is [`Engine::courier_work`], one small function: deferred frames,
-//! and the rendezvous reads in flight once one of them fills a receive its owner dropped
+//! the rendezvous reads in flight once one of them fills a receive its owner dropped
 //! (`reads.rs`: nobody waits for it, and its sender waits for the `Fin` the read's end
-//! sends). Any other work that only needs a pass of `flush_deferred` to finish (operations
+//! sends), and a lost peer no pass has handled yet (a deferred frame to it fails, and the
+//! frames it sent are still to be delivered). Any other work that only needs a pass of `flush_deferred` to finish (operations
 //! it drives in flight) belongs there too, with `summon_courier` called when it starts.
 
 use std::sync::{Arc, OnceLock, Weak};
@@ -180,12 +181,18 @@ fn run(engine: &Weak<Engine>) {
 
 impl Engine {
     /// Whether the rank has work that only a progress pass finishes and that its courier
-    /// does when no thread of the rank makes one: frames deferred behind full inboxes, and
-    /// rendezvous reads whose receives were dropped (their `Fin`s hold the senders).
+    /// does when no thread of the rank makes one: frames deferred behind full inboxes,
+    /// rendezvous reads whose receives were dropped (their `Fin`s hold the senders), and a
+    /// lost peer no pass has handled yet. The last matters where a deferred frame's send
+    /// fails because its destination is lost: the pass that sent it may have looked for
+    /// losses just before the loss was counted, and without it, the courier would park with
+    /// the frames that peer sent undelivered and the receives that needed it unfailed. The
+    /// loss rings the doorbell after it is counted, which wakes the courier registered for
+    /// room before that pass.
     #[inline]
     pub(crate) fn courier_work(&self) -> bool {
         // Acquire: pairs with the store in `defer` (the queue behind the flag).
-        self.outbox.pending.load(Ordering::Acquire) || self.reads_unattended()
+        self.outbox.pending.load(Ordering::Acquire) || self.reads_unattended() || self.loss_unhandled()
     }
 
     /// Starts the rank's courier at the first call and wakes it (see the module docs); call
@@ -254,5 +261,27 @@ mod tests {
         let state = Arc::downgrade(&rts[0].engine);
         drop(rts);
         assert!(state.upgrade().is_none(), "the rank's state outlived its runtime");
+    }
+
+    /// A lost peer that no pass has handled is the courier's work, until a pass handles it
+    /// (delivering what the peer sent, failing what needed it). A courier whose deferred
+    /// frame failed because its destination was lost, in a pass that had looked for losses
+    /// just before the loss was counted, otherwise parked for good with the loss unhandled:
+    /// the receive of the frame the lost peer had sent never completed.
+    #[test]
+    fn a_loss_no_pass_handled_is_the_couriers_work() {
+        let rts = Runtime::builder().env(false).cris(1).build_local(3).unwrap();
+        let (a, b) = (rts[0].world(), rts[1].world());
+        let mut r = b.irecv(Vec::<u8>::with_capacity(1), 0u32, 1).unwrap();
+        a.send(vec![7u8], 1, 1).unwrap();
+        assert!(!rts[1].engine.courier_work(), "work without a deferral or a loss");
+        rts[0].engine.transport.close();
+        assert!(rts[1].engine.courier_work(), "a loss no pass handled is not the courier's work");
+        assert!(rts[2].engine.courier_work(), "every rank that saw the loss has it to handle");
+        // The pass the courier makes: what the lost peer sent is delivered.
+        crate::deferred::pass(|| rts[1].engine.flush_deferred());
+        assert!(!rts[1].engine.courier_work(), "the handled loss is still work");
+        assert!(r.test(), "the frame the lost peer sent was not delivered by the pass");
+        assert_eq!(r.take().unwrap().unwrap().0, vec![7]);
     }
 }

@@ -133,6 +133,13 @@ impl Engine {
         self.fail_lost(seen, epoch)
     }
 
+    /// Whether the transport reported a lost (or finished) peer that no pass has handled
+    /// yet ([`handle_lost`](Self::handle_lost) not run since): work for the rank's courier.
+    #[inline]
+    pub(crate) fn loss_unhandled(&self) -> bool {
+        self.transport.lost_epoch() != self.peers.seen.load(Ordering::Relaxed)
+    }
+
     /// Which ranks a receive can still be matched by: `(alive(r), any peer alive, the first
     /// lost rank)` — what [`fail_lost`](Self::fail_lost) fails receives by, and what
     /// `Source::Any` reports as its lost rank.
