@@ -50,7 +50,8 @@
 //! An operation already posted to a rank that is lost before it served it never completes
 //! in libfabric. The flush that waits for it (an atomic's or a `get`'s own, or
 //! [`Window::flush`]) fails with `PeerLost` naming that rank, about 0.1 s after the loss is
-//! known, rather than waiting for ever. On libfabric's `shm` the CRI it went through then
+//! known, rather than waiting out the transport's 60 s deadline. On libfabric's `shm` the
+//! CRI it went through then
 //! completes nothing more (its endpoint reads answers in order), so that CRI refuses
 //! one-sided operations from then on, with the same error, and the window sends through the
 //! rank's other CRIs: a runtime built with one CRI reaches no rank by RMA after such a loss.
@@ -460,6 +461,13 @@ impl<'a, T: Primitive> Window<'a, T> {
     /// window.
     pub(crate) fn peer_gone(&self, rank: u32) -> bool {
         rank < self.size() && rank != self.rank() && !self.transport().is_alive(self.parts[rank as usize].remote.rank)
+    }
+
+    /// Whether one of this rank's CRIs refuses one-sided operations (on libfabric's `shm`,
+    /// since operations of it to a lost rank were given up: module docs).
+    #[cfg(all(test, feature = "ofi"))]
+    pub(crate) fn a_cri_refuses(&self) -> bool {
+        (0..self.comm.engine().cris.len()).any(|k| self.transport().rma_blocked(k))
     }
 
     /// Whether [`watch`](Self::watch) gives listeners: the transport signals writes (the
