@@ -2636,20 +2636,18 @@ impl OfiRank {
         // Once a target is known lost: the count then, and since when it has not moved.
         let mut lost: Option<(u32, u64, Instant)> = None;
         loop {
-            let done = counter.read() + counter.read_err();
+            let errs = counter.read_err();
+            let done = counter.read() + errs;
             if done >= awaited {
-                if let Some(mut st) = s.lock_state(c) {
-                    // Unless another thread posted since the flush began, every operation
-                    // counted is complete: none can be at a rank lost later.
+                // Unless another thread posted since the flush began, every operation
+                // counted is complete: none can be at a rank lost later. Only if the state
+                // is free at once (the list is only looked at once a rank is lost).
+                if let Some(mut st) = c.st.try_lock() {
                     if done >= st.rma_issued - st.rma_written_off {
                         st.rma_targets.clear();
                     }
                 }
-                return if counter.read_err() > 0 {
-                    Err(Error::Transport { op: "rma", code: crate::ofi::errno::FI_EINVAL })
-                } else {
-                    Ok(())
-                };
+                return if errs > 0 { Err(Error::Transport { op: "rma", code: crate::ofi::errno::FI_EINVAL }) } else { Ok(()) };
             }
             if s.lost_epoch.load(Ordering::Acquire) != 0 {
                 lost = match lost {
