@@ -1790,9 +1790,9 @@ impl RankInner {
     }
 
     /// Removes the `/dev/shm` names of this rank's `shm` regions (one per endpoint) while
-    /// the endpoints stay open: for a rank whose endpoints will not be closed (its launcher
-    /// is gone, or its watcher is caught in libfabric), so that no file is left behind
-    /// whenever the process ends. Mappings are unaffected; only a peer that has not mapped
+    /// the endpoints stay open: for a rank whose endpoints may not be closed (its launcher
+    /// is gone, it is closed while the program keeps it, or its watcher is caught in
+    /// libfabric), so that no file is left behind whenever the process ends. Mappings are unaffected; only a peer that has not mapped
     /// a region yet could not find it. Returns how many were removed.
     fn unlink_shm_regions(&self) -> usize {
         if self.provider != "shm" {
@@ -2767,7 +2767,7 @@ impl OfiRank {
     /// Bounded whatever libfabric does: stuck CRIs are not drained, and a watcher that has
     /// not stopped [`STUCK_AFTER`] after it was told to is caught inside libfabric (module
     /// docs) and left behind, keeping the rank's endpoints and buffers (it shares them)
-    /// until the process exits; their `shm` region names are removed now.
+    /// until the process exits. The rank's `shm` region names are removed in any case.
     pub fn close(&self) {
         self.inner.drain_sends();
         drop(self.monitor.lock().take());
@@ -2792,10 +2792,15 @@ impl OfiRank {
                     // Detached: it owns a reference to `inner`, which is never freed while
                     // it may still be inside libfabric.
                     drop(w);
-                    self.inner.unlink_shm_regions();
                 }
             }
         }
+        // The names of the rank's `shm` regions go now, not when its endpoints close: a
+        // closed rank is gone to its peers (they have mapped what they use of it), and its
+        // endpoints may never close — a watcher caught in libfabric keeps them, as does a
+        // handle of the rank the program keeps (a lost rank's lock in the tests) — so that no
+        // file stays behind in `/dev/shm` when the process ends.
+        self.inner.unlink_shm_regions();
         self.inner.doorbell.ring_all();
     }
 }
@@ -3259,6 +3264,22 @@ mod tests {
             std::thread::sleep(Duration::from_millis(5));
         }
         assert_eq!(Arc::strong_count(&inner), 2, "the watcher did not finish");
+    }
+
+    /// A closed rank that the program keeps (in the tests, a lost rank's lock forgotten
+    /// with its runtime) leaves no `shm` region name behind: `close` removes them, not the
+    /// endpoints' close, which may never come. Its peer's stay, and the rank still drops.
+    #[test]
+    fn a_closed_rank_kept_alive_leaves_no_region_names() {
+        let Some(ranks) = shm_pair() else { return };
+        let (mine, theirs) = (region_names(&ranks[0]), region_names(&ranks[1]));
+        assert_eq!((mine.len(), theirs.len()), (2, 2), "{mine:?} {theirs:?}");
+        ranks[1].close();
+        assert!(theirs.iter().all(|n| !std::path::Path::new(n).exists()), "left by the closed rank: {theirs:?}");
+        assert!(mine.iter().all(|n| std::path::Path::new(n).exists()), "the open rank's removed: {mine:?}");
+        assert!(!ranks[0].is_alive(1), "the peer does not count the closed rank lost");
+        drop(ranks);
+        assert!(mine.iter().all(|n| !std::path::Path::new(n).exists()), "left by a dropped rank: {mine:?}");
     }
 
     /// A thread parked as the rank's waiter is woken by the network itself, not by the
