@@ -85,7 +85,8 @@ use crate::rma::{Op, Window};
 /// A check that failed while a rank of the lock's communicator is gone (lost or finished)
 /// ends the wait with `PeerLost` naming it: the write the wait is for may never come (the
 /// rank may have held the lock, or a place in a queue ahead), and a write that landed
-/// before its writer went was seen by the check. So does a check that failed after a rank
+/// before its writer went was seen by the check, which is made after the loss was known
+/// (a loss learnt after a check that failed leads to one more check). So does a check that failed after a rank
 /// ended its part of the lock's window (dropped the lock), with [`LOCK_ENDED`]: that rank
 /// writes nothing more, and every write it made landed before its notice of the end left
 /// it ([`Window::ended_peer`]), so a check made after the notice was seen (the end is
@@ -110,13 +111,17 @@ macro_rules! until {
         let mut $backoff = Backoff::new();
         loop {
             let armed = $arm;
-            // Before the check: a rank that ended its part did so after its writes landed.
+            // Before the check: a rank that ended its part did so after its writes landed,
+            // and a rank known lost wrote nothing after: a check made after either was
+            // known sees every write it made. (A check made before a loss was known may
+            // have missed a write that landed just before it: it is made again.)
             let ended = $q.window.ended(&$backoff).is_some();
+            let lost = $q.window.lost();
             checked();
             if let Some(v) = $check {
                 break v;
             }
-            if let Some(rank) = $q.window.lost() {
+            if let Some(rank) = lost {
                 return Err(Error::PeerLost { rank });
             }
             if ended {
@@ -1005,6 +1010,136 @@ mod tests {
             assert_eq!(counts(q), (-1, -2));
             assert_eq!(block_on(q.active_readers(0)).unwrap(), 1);
         });
+    }
+
+    /// A rank's words whose first check of its STATUS at level 1 (reading `WAIT`) races
+    /// with the hand-off and the passer's loss: right after the read, the passer's put of
+    /// STATUS lands and the passer (rank 1) counts as lost.
+    struct RacedCheck<'a> {
+        window: Window<'a, u64>,
+        /// The race is still to come.
+        armed: std::sync::atomic::AtomicBool,
+        lost: std::sync::atomic::AtomicBool,
+    }
+
+    impl Words for RacedCheck<'_> {
+        fn rank(&self) -> u32 {
+            Words::rank(&self.window)
+        }
+
+        fn size(&self) -> u32 {
+            Words::size(&self.window)
+        }
+
+        async fn get(&self, rank: u32, offset: usize, out: &mut [u64]) -> Result<(), Error> {
+            Words::get(&self.window, rank, offset, out).await?;
+            let mine = rank == self.rank() && offset == Layout::status(0);
+            if mine && out.first() == Some(&WAIT) && self.armed.swap(false, std::sync::atomic::Ordering::Relaxed) {
+                // The passer's put (Listing 3: passed, the count 1), then its loss.
+                Words::put(&self.window, rank, offset, &[1]).await?;
+                self.lost.store(true, std::sync::atomic::Ordering::Relaxed);
+            }
+            Ok(())
+        }
+
+        async fn put_unflushed(&self, rank: u32, offset: usize, data: &[u64]) -> Result<(), Error> {
+            Words::put_unflushed(&self.window, rank, offset, data).await
+        }
+
+        async fn put(&self, rank: u32, offset: usize, data: &[u64]) -> Result<(), Error> {
+            Words::put(&self.window, rank, offset, data).await
+        }
+
+        async fn fetch_and_op(&self, rank: u32, offset: usize, operand: u64, op: Op) -> Result<u64, Error> {
+            Words::fetch_and_op(&self.window, rank, offset, operand, op).await
+        }
+
+        async fn compare_and_swap(&self, rank: u32, offset: usize, compare: u64, swap: u64) -> Result<u64, Error> {
+            Words::compare_and_swap(&self.window, rank, offset, compare, swap).await
+        }
+
+        fn arm<const N: usize>(&self, backoff: &Backoff, words: [(u32, usize); N]) -> Armed<'_, N> {
+            Words::arm(&self.window, backoff, words)
+        }
+
+        async fn pause(&self) {
+            Words::pause(&self.window).await;
+        }
+
+        fn as_window(&self) -> Option<&Window<'_, u64>> {
+            Some(&self.window)
+        }
+
+        fn lost(&self) -> Option<u32> {
+            self.lost.load(std::sync::atomic::Ordering::Relaxed).then_some(1)
+        }
+
+        fn ended_rank(&self, rank: u32) -> bool {
+            Words::ended_rank(&self.window, rank)
+        }
+
+        fn ended(&self, backoff: &Backoff) -> Option<u32> {
+            Words::ended(&self.window, backoff)
+        }
+
+        fn frames(&self, wakes: Option<&Wakes>) -> bool {
+            Words::frames(&self.window, wakes)
+        }
+
+        fn arm_frame<'a>(&'a self, wakes: Option<&'a Wakes>, backoff: &Backoff, tag: usize) -> Option<Armed<'a, 1>> {
+            Words::arm_frame(&self.window, wakes, backoff, tag)
+        }
+
+        fn wake(&self, wakes: Option<&Wakes>, rank: u32, tag: usize) -> Result<(), Error> {
+            Words::wake(&self.window, wakes, rank, tag)
+        }
+
+        fn drain(&self, wakes: Option<&Wakes>, tag: usize) {
+            Words::drain(&self.window, wakes, tag);
+        }
+    }
+
+    /// A waiter whose check of its STATUS read `WAIT` just before the hand-off's put landed,
+    /// the passer lost right after the put and before the waiter's look for losses, takes
+    /// the lock: the write landed before its writer went, and the wait looks for losses
+    /// before each check, so it checks once more. (It looked after the check, and failed
+    /// with `PeerLost` though the lock was passed to it.)
+    #[test]
+    fn a_check_that_raced_with_the_hand_off_and_the_loss_takes_the_lock() {
+        let (tx, rx) = mpsc::channel();
+        std::thread::spawn(move || {
+            let rts = Runtime::builder().env(false).build_local(2).unwrap();
+            let machine = |c: &Communicator| Levels::flat().resolve(c).unwrap().with_root_tail(1);
+            let outcome = std::thread::scope(|s| {
+                let (held_tx, held_rx) = mpsc::channel();
+                let (done_tx, done_rx) = mpsc::channel::<()>();
+                let rts = &rts;
+                s.spawn(move || {
+                    let c = rts[1].world();
+                    let q = Queues::new(c, machine(c), vec![1], None).unwrap();
+                    c.barrier().unwrap();
+                    block_on(q.writer_acquire()).unwrap();
+                    held_tx.send(()).unwrap();
+                    let _ = done_rx.recv();
+                });
+                let c = rts[0].world();
+                let window = c.window(Layout(1).words()).unwrap();
+                let wakes = Wakes::new(c, &window).unwrap();
+                assert!(wakes.is_none(), "the embedded window signals writes");
+                let raced = RacedCheck { window, armed: false.into(), lost: false.into() };
+                let q = Queues::on(raced, machine(c), vec![1], None).unwrap();
+                c.barrier().unwrap();
+                held_rx.recv().unwrap();
+                q.window.armed.store(true, std::sync::atomic::Ordering::Relaxed);
+                let outcome = block_on(q.writer_acquire());
+                assert!(!q.window.armed.load(std::sync::atomic::Ordering::Relaxed), "the check never raced");
+                done_tx.send(()).unwrap();
+                outcome
+            });
+            let _ = tx.send(outcome);
+        });
+        let outcome = rx.recv_timeout(Duration::from_secs(20)).unwrap_or_else(|_| panic!("hang: a check raced with a hand-off and a loss"));
+        assert_eq!(outcome, Ok(()), "the lock passed before the passer's loss was not taken");
     }
 
     /// Runs `f` on `ranks` ranks of `shm` in this process, on a thread bounded in time.
