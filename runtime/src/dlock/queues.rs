@@ -86,11 +86,11 @@ use crate::rma::{Op, Window};
 /// ends the wait with `PeerLost` naming it: the write the wait is for may never come (the
 /// rank may have held the lock, or a place in a queue ahead), and a write that landed
 /// before its writer went was seen by the check, which is made after the loss was known
-/// (a loss learnt after a check that failed leads to one more check). So does a check that failed after a rank
-/// ended its part of the lock's window (dropped the lock), with [`LOCK_ENDED`]: that rank
-/// writes nothing more, and every write it made landed before its notice of the end left
-/// it ([`Window::ended_peer`]), so a check made after the notice was seen (the end is
-/// sampled before the check) sees them all. A successor passed the lock by a rank that
+/// (a loss learnt after a check that failed leads to one more check). So does a check
+/// that failed after a rank ended its part of the lock's window (dropped the lock), with
+/// [`LOCK_ENDED`]: that rank writes nothing more, and every write it made landed before
+/// its notice of the end left it ([`Window::ended_peer`]), so a check made after the notice
+/// was seen (the end is sampled before the check) sees them all. A successor passed the lock by a rank that
 /// then at once dropped it therefore takes the lock, whichever of the hand-off's put
 /// (libfabric RMA) and the notice (a message, on `shm` through the same-host lane) reached
 /// it first. Every park ends within

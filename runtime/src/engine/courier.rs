@@ -42,8 +42,9 @@
 //! the rendezvous reads in flight once one of them fills a receive its owner dropped
 //! (`reads.rs`: nobody waits for it, and its sender waits for the `Fin` the read's end
 //! sends), and a lost peer no pass has handled yet (a deferred frame to it fails, and the
-//! frames it sent are still to be delivered). Any other work that only needs a pass of `flush_deferred` to finish (operations
-//! it drives in flight) belongs there too, with `summon_courier` called when it starts.
+//! frames it sent are still to be delivered). Any other work that only needs a pass of
+//! `flush_deferred` to finish (operations it drives in flight) belongs there too, with
+//! `summon_courier` called when it starts.
 
 use std::sync::{Arc, OnceLock, Weak};
 use std::task::Waker;
