@@ -23,12 +23,17 @@ fn libfabric_providers_need_the_ofi_feature() {
 }
 
 /// A wait longer than the park limit (50 ms) wakes by the safety net, which is counted; the
-/// message still arrives.
+/// message still arrives. The message leaves 150 ms after the receiver first parked (on a
+/// loaded machine its spins and yields before the park may take longer than a fixed delay).
 #[test]
 fn long_waits_count_park_timeouts() {
     let rts = builder().progress(weft::ProgressMode::Owner).cris(2).eager_threshold(4096).build_local(2).unwrap();
     std::thread::scope(|s| {
         s.spawn(|| {
+            let t0 = std::time::Instant::now();
+            while rts[1].counters().parks == 0 && t0.elapsed() < std::time::Duration::from_secs(10) {
+                std::thread::sleep(std::time::Duration::from_millis(1));
+            }
             std::thread::sleep(std::time::Duration::from_millis(150));
             rts[0].world().send(vec![5u8], 1, 0).unwrap();
         });
