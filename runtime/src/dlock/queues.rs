@@ -1014,12 +1014,26 @@ mod tests {
 
     /// A rank's words whose first check of its STATUS at level 1 (reading `WAIT`) races
     /// with the hand-off and the passer's loss: right after the read, the passer's put of
-    /// STATUS lands and the passer (rank 1) counts as lost.
+    /// STATUS lands and the passer (rank 1) counts as lost. With `at_mark`, the words have
+    /// wake frames (as on libfabric), and the race is with the waiter's mark of the
+    /// passer's NEXT instead: the put lands, the passer is lost, and the mark's
+    /// compare-and-swap fails with `PeerLost`.
     struct RacedCheck<'a> {
         window: Window<'a, u64>,
+        at_mark: bool,
         /// The race is still to come.
         armed: std::sync::atomic::AtomicBool,
         lost: std::sync::atomic::AtomicBool,
+    }
+
+    impl RacedCheck<'_> {
+        /// The passer's put of this rank's STATUS (Listing 3: passed, the count 1), then its
+        /// loss.
+        async fn passed_then_lost(&self) -> Result<(), Error> {
+            Words::put(&self.window, self.rank(), Layout::status(0), &[1]).await?;
+            self.lost.store(true, std::sync::atomic::Ordering::Relaxed);
+            Ok(())
+        }
     }
 
     impl Words for RacedCheck<'_> {
@@ -1034,10 +1048,8 @@ mod tests {
         async fn get(&self, rank: u32, offset: usize, out: &mut [u64]) -> Result<(), Error> {
             Words::get(&self.window, rank, offset, out).await?;
             let mine = rank == self.rank() && offset == Layout::status(0);
-            if mine && out.first() == Some(&WAIT) && self.armed.swap(false, std::sync::atomic::Ordering::Relaxed) {
-                // The passer's put (Listing 3: passed, the count 1), then its loss.
-                Words::put(&self.window, rank, offset, &[1]).await?;
-                self.lost.store(true, std::sync::atomic::Ordering::Relaxed);
+            if !self.at_mark && mine && out.first() == Some(&WAIT) && self.armed.swap(false, std::sync::atomic::Ordering::Relaxed) {
+                self.passed_then_lost().await?;
             }
             Ok(())
         }
@@ -1055,6 +1067,11 @@ mod tests {
         }
 
         async fn compare_and_swap(&self, rank: u32, offset: usize, compare: u64, swap: u64) -> Result<u64, Error> {
+            let mark = rank == 1 && offset == Layout::next(0) && swap & NEXT_PARKED != 0;
+            if self.at_mark && mark && self.armed.swap(false, std::sync::atomic::Ordering::Relaxed) {
+                self.passed_then_lost().await?;
+                return Err(Error::PeerLost { rank: 1 });
+            }
             Words::compare_and_swap(&self.window, rank, offset, compare, swap).await
         }
 
@@ -1083,10 +1100,14 @@ mod tests {
         }
 
         fn frames(&self, wakes: Option<&Wakes>) -> bool {
-            Words::frames(&self.window, wakes)
+            self.at_mark || Words::frames(&self.window, wakes)
         }
 
         fn arm_frame<'a>(&'a self, wakes: Option<&'a Wakes>, backoff: &Backoff, tag: usize) -> Option<Armed<'a, 1>> {
+            // A receive of the frame "posted": the waiter goes on to mark.
+            if self.at_mark {
+                return Some(Armed::Snooze);
+            }
             Words::arm_frame(&self.window, wakes, backoff, tag)
         }
 
@@ -1099,13 +1120,9 @@ mod tests {
         }
     }
 
-    /// A waiter whose check of its STATUS read `WAIT` just before the hand-off's put landed,
-    /// the passer lost right after the put and before the waiter's look for losses, takes
-    /// the lock: the write landed before its writer went, and the wait looks for losses
-    /// before each check, so it checks once more. (It looked after the check, and failed
-    /// with `PeerLost` though the lock was passed to it.)
-    #[test]
-    fn a_check_that_raced_with_the_hand_off_and_the_loss_takes_the_lock() {
+    /// Rank 0 waits for the lock rank 1 holds, on [`RacedCheck`] words (`at_mark` as given),
+    /// the race armed once rank 1 holds it; what the acquisition gave.
+    fn raced_acquisition(at_mark: bool) -> Result<(), Error> {
         let (tx, rx) = mpsc::channel();
         std::thread::spawn(move || {
             let rts = Runtime::builder().env(false).build_local(2).unwrap();
@@ -1126,20 +1143,37 @@ mod tests {
                 let window = c.window(Layout(1).words()).unwrap();
                 let wakes = Wakes::new(c, &window).unwrap();
                 assert!(wakes.is_none(), "the embedded window signals writes");
-                let raced = RacedCheck { window, armed: false.into(), lost: false.into() };
+                let raced = RacedCheck { window, at_mark, armed: false.into(), lost: false.into() };
                 let q = Queues::on(raced, machine(c), vec![1], None).unwrap();
                 c.barrier().unwrap();
                 held_rx.recv().unwrap();
                 q.window.armed.store(true, std::sync::atomic::Ordering::Relaxed);
                 let outcome = block_on(q.writer_acquire());
-                assert!(!q.window.armed.load(std::sync::atomic::Ordering::Relaxed), "the check never raced");
+                assert!(!q.window.armed.load(std::sync::atomic::Ordering::Relaxed), "the race never came");
                 done_tx.send(()).unwrap();
                 outcome
             });
             let _ = tx.send(outcome);
         });
-        let outcome = rx.recv_timeout(Duration::from_secs(20)).unwrap_or_else(|_| panic!("hang: a check raced with a hand-off and a loss"));
-        assert_eq!(outcome, Ok(()), "the lock passed before the passer's loss was not taken");
+        rx.recv_timeout(Duration::from_secs(20)).unwrap_or_else(|_| panic!("hang: a wait raced with a hand-off and a loss"))
+    }
+
+    /// A waiter whose check of its STATUS read `WAIT` just before the hand-off's put landed,
+    /// the passer lost right after the put and before the waiter's look for losses, takes
+    /// the lock: the write landed before its writer went, and the wait looks for losses
+    /// before each check, so it checks once more. (It looked after the check, and failed
+    /// with `PeerLost` though the lock was passed to it.)
+    #[test]
+    fn a_check_that_raced_with_the_hand_off_and_the_loss_takes_the_lock() {
+        assert_eq!(raced_acquisition(false), Ok(()), "the lock passed before the passer's loss was not taken");
+    }
+
+    /// A waiter about to park whose mark of its predecessor's NEXT fails because the
+    /// predecessor was lost after passing it the lock reads STATUS and takes the lock. (It
+    /// failed with the mark's `PeerLost`.)
+    #[test]
+    fn a_mark_that_failed_with_the_passers_loss_takes_the_lock() {
+        assert_eq!(raced_acquisition(true), Ok(()), "the lock passed before the passer's loss was not taken");
     }
 
     /// Runs `f` on `ranks` ranks of `shm` in this process, on a thread bounded in time.
