@@ -189,7 +189,12 @@
 //! operations in the order it sent them and stops at the first not yet given (libfabric's
 //! `smr_progress_resp`), so nothing it sends later completes: the CRI's later one-sided
 //! operations fail at once with `PeerLost` naming the lost rank (the rank's other CRIs, and
-//! its frames, which take the same-host lane, are untouched).
+//! its frames, which take the same-host lane, are untouched). Without the lane (`ofi-shm`),
+//! frames are libfabric sends, and one larger than `shm`'s inject size in flight to a rank
+//! when it is lost holds the CRI's later sends the same way: they are delivered, but their
+//! completions queue behind its answer, so the CRI's send slots are not freed and run out
+//! (with 8 slots, 7 more frames of 8,000 bytes to a live rank went, then none). That case
+//! is not handled: after a loss on `ofi-shm`, such a CRI sends nothing more.
 //!
 //! # A CRI stuck in libfabric
 //!
