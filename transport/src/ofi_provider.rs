@@ -2640,6 +2640,10 @@ impl OfiRank {
         let awaited = issued - written_off;
         // Once a target is known lost: the count then, and since when it has not moved.
         let mut lost: Option<(u32, u64, Instant)> = None;
+        // The lost epoch at the last look for a lost target: the targets are looked at again
+        // only when a rank is newly lost (none can be added while this flush waits: a post
+        // to a lost rank is refused).
+        let mut looked = 0;
         loop {
             let errs = counter.read_err();
             let done = counter.read() + errs;
@@ -2654,21 +2658,21 @@ impl OfiRank {
                 }
                 return if errs > 0 { Err(Error::Transport { op: "rma", code: crate::ofi::errno::FI_EINVAL }) } else { Ok(()) };
             }
-            if s.lost_epoch.load(Ordering::Acquire) != 0 {
-                lost = match lost {
-                    Some((rank, at, since)) if at == done => {
-                        if since.elapsed() >= LOST_RMA_SETTLED {
-                            return Err(self.write_off_rma(c, rank, awaited - done));
-                        }
-                        Some((rank, at, since))
+            let epoch = s.lost_epoch.load(Ordering::Acquire);
+            lost = match lost {
+                Some((rank, at, since)) if at == done => {
+                    if since.elapsed() >= LOST_RMA_SETTLED {
+                        return Err(self.write_off_rma(c, rank, awaited - done));
                     }
-                    Some((rank, ..)) => Some((rank, done, Instant::now())),
-                    None => s
-                        .lock_state(c)
-                        .and_then(|st| st.rma_targets.iter().copied().find(|&r| !s.is_alive(r)))
-                        .map(|r| (r, done, Instant::now())),
-                };
-            }
+                    Some((rank, at, since))
+                }
+                Some((rank, ..)) => Some((rank, done, Instant::now())),
+                None if epoch != looked => s.lock_state(c).and_then(|st| {
+                    looked = epoch;
+                    st.rma_targets.iter().copied().find(|&r| !s.is_alive(r)).map(|r| (r, done, Instant::now()))
+                }),
+                None => None,
+            };
             s.progress_while_waiting();
             if Instant::now() > deadline {
                 return Err(Error::Transport { op: "rma flush", code: crate::ofi::errno::FI_EAGAIN });
