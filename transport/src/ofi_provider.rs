@@ -232,6 +232,18 @@
 //!   until the process exits — they must outlive a thread still inside libfabric, and
 //!   closing an endpoint would take the same lock. Their `shm` region names are removed
 //!   from `/dev/shm` then, since no endpoint close will.
+//!
+//! # Region names
+//!
+//! libfabric's `shm` provider names each endpoint's region in `/dev/shm`
+//! (`<pid>:<uid>:<index>`, 16 MiB each with weft's queue sizes) and removes the name only
+//! when the endpoint closes. A name left behind holds its memory until the next reboot, so
+//! weft removes them itself wherever an endpoint may not close: at [`OfiRank::close`], when
+//! the job's launcher is gone, and when the process exits with ranks still open (a runtime
+//! kept to the end, `std::process::exit`, a handle forgotten: an `atexit` hook registered
+//! with the first `shm` rank). A process killed by a signal runs none of these; `weftrun`
+//! removes its ranks' names when they end and a dead process's at its start, and a process
+//! that gets a dead one's pid removes that one's before it opens its own.
 
 use std::collections::{HashMap, VecDeque};
 use std::ptr::NonNull;
@@ -705,9 +717,15 @@ impl Opened {
         let info = Info::query(&opts.provider).map_err(|e| transport_error(&e))?;
         if info.provider() == "shm" {
             // Before this process opens any region: files with its pid are a dead process's.
+            // And when it exits, whatever regions of its ranks are still open: a rank not
+            // dropped (a runtime kept to the end, `process::exit`, a handle forgotten) is
+            // never closed, and libfabric leaves the names to the file system.
             static STALE: std::sync::Once = std::sync::Once::new();
             STALE.call_once(|| {
                 remove_stale_shm_regions(std::process::id());
+                // SAFETY: `atexit` only records the function; a refusal (no room) leaves
+                // the names to `weftrun`'s sweep, as a killed process does.
+                unsafe { libc::atexit(unlink_regions_at_exit) };
             });
         }
         let per_rank = opts.cris + 1;
@@ -1874,14 +1892,20 @@ fn region_pid(name: &str) -> Option<u32> {
 /// returns how many. A process killed by a signal cannot unlink its regions, and a later
 /// process that gets the same pid then fails to enable its endpoints (`fi_enable`:
 /// `EBUSY`). Call it only for a pid whose process is gone, or for the calling process before
-/// it opens any region (`Opened::open` does, once per process; `weftrun` does for its ranks
-/// at the end).
+/// it opens any region (`Opened::open` does, once per process) or as it exits (its `atexit`
+/// hook; module docs, *Region names*); `weftrun` does for its ranks at the end.
 pub fn remove_stale_shm_regions(pid: u32) -> usize {
     let Ok(dir) = std::fs::read_dir("/dev/shm") else { return 0 };
     dir.filter_map(Result::ok)
         .filter(|e| e.file_name().to_str().is_some_and(|n| is_region_of(n, pid)))
         .filter(|e| std::fs::remove_file(e.path()).is_ok())
         .count()
+}
+
+/// Run by `exit`: removes the names of this process's `shm` regions still in `/dev/shm`
+/// (its ranks are ending with it; the peers that use a region have mapped it).
+extern "C" fn unlink_regions_at_exit() {
+    remove_stale_shm_regions(std::process::id());
 }
 
 /// Removes every `shm` region in `/dev/shm` (named as in [`remove_stale_shm_regions`])
@@ -3763,6 +3787,53 @@ mod tests {
         assert!(ranks[0].is_alive(0) && !ranks[0].is_alive(1));
         assert_ne!(ranks[0].lost_epoch(), epoch);
         assert_eq!(ranks[0].send(1, 0, eager(0, 3), b"abc"), Err(SendError::PeerLost));
+    }
+
+    /// Marks the output line of [`exit_child`]: its pid and its ranks' region names.
+    const EXIT_MARK: &str = "REGIONS-AT-EXIT";
+
+    /// Run by [`a_process_that_exits_with_ranks_open_leaves_no_region_names`] in a process
+    /// of its own: two ranks on `shm` exchange a frame, are kept open (never closed or
+    /// dropped) and the process exits.
+    #[test]
+    #[ignore = "run by a_process_that_exits_with_ranks_open_leaves_no_region_names"]
+    fn exit_child() {
+        let Some(ranks) = shm_pair() else {
+            println!("{EXIT_MARK} unavailable");
+            return;
+        };
+        a_frame_goes_through(&ranks);
+        let names: Vec<String> = ranks.iter().flat_map(region_names).collect();
+        assert!(names.iter().all(|n| std::path::Path::new(n).exists()), "{names:?}");
+        println!("{EXIT_MARK} {} {}", std::process::id(), names.join(" "));
+        std::mem::forget(ranks);
+        std::process::exit(0);
+    }
+
+    /// A process that ends with ranks still open (a runtime kept to the end, `exit` called,
+    /// a handle forgotten) leaves no `shm` region name in `/dev/shm`: libfabric removes a
+    /// name only when its endpoint closes, which such a process never does, and each name
+    /// holds a 16 MiB region of memory until the next reboot.
+    #[test]
+    fn a_process_that_exits_with_ranks_open_leaves_no_region_names() {
+        let out = std::process::Command::new(std::env::current_exe().expect("test binary path"))
+            .args(["ofi_provider::tests::exit_child", "--exact", "--ignored", "--nocapture", "--test-threads=1"])
+            .output()
+            .expect("run the child test");
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(out.status.success(), "child failed:\n{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+        let line = stdout.lines().find_map(|l| l.split_once(EXIT_MARK).map(|(_, r)| r.trim().to_string())).expect("child's result");
+        if line == "unavailable" {
+            eprintln!("skipped: shm not available here");
+            return;
+        }
+        let mut words = line.split(' ');
+        let pid: u32 = words.next().and_then(|p| p.parse().ok()).expect("child's pid");
+        let names: Vec<&str> = words.collect();
+        assert_eq!(names.len(), 4, "two ranks, a CRI and an RMA endpoint each: {names:?}");
+        assert!(names.iter().all(|n| n.starts_with(&format!("/dev/shm/{pid}:"))), "{names:?}");
+        let left: Vec<&&str> = names.iter().filter(|n| std::path::Path::new(n).exists()).collect();
+        assert!(left.is_empty(), "region names left by a process that exited: {left:?}");
     }
 
     /// Only names of the shape libfabric gives `shm` regions count as one process's.
