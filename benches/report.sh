@@ -137,7 +137,7 @@ bench "Communicator per pair (-c), no Tag::Any (--no-any-tag)" \
 "$BENCH" multirate -t 2,4,8 --mode thread,process --no-any-tag $(q "-i 1000 --runs 5" "-i 20 --runs 1") --markdown
 if [ "$OFI" = 1 ]; then
     bench "Thread mode against process mode, shm (one process per rank), Open MPI beside" \
-        "$BENCH" multirate --provider shm -t 1,2,4 --mode thread,process $(q "-i 200 --runs 3" "-i 10 --runs 1") $PEER \
+        "$BENCH" multirate --provider shm -t 1,2,4 --mode thread,process $(q "-i 1000 --runs 3" "-i 10 --runs 1") $PEER \
         --markdown --plot "$OUT/multirate-shm.svg"
     bench "The same through libfabric alone" \
         "$BENCH" multirate --provider ofi-shm -t 1,2,4 --mode thread,process $(q "-i 200 --runs 3" "-i 10 --runs 1") \
