@@ -1902,8 +1902,8 @@ pub fn remove_stale_shm_regions(pid: u32) -> usize {
         .count()
 }
 
-/// Run by `exit`: removes the names of this process's `shm` regions still in `/dev/shm`
-/// (its ranks are ending with it; the peers that use a region have mapped it).
+/// Run by `exit`: removes the names of this process's `shm` regions still in `/dev/shm`.
+/// Its ranks end with it: a peer that maps a region from then on would reach nobody.
 extern "C" fn unlink_regions_at_exit() {
     remove_stale_shm_regions(std::process::id());
 }
