@@ -83,6 +83,18 @@ impl SpinSlots {
     fn leave(&self) {
         self.spinning.fetch_sub(1, Ordering::Relaxed);
     }
+
+    /// Watches the machine from now on, `ranks` ranks of the job sharing its `cpus` CPUs:
+    /// more ranks than CPUs start it busy as of `now` ([`IdleBackoff::share_cores`]).
+    fn share_among(&self, ranks: usize, cpus: usize, now: u64) {
+        if ranks > cpus {
+            if let Some(m) = self.machine {
+                m.assume_busy(now);
+            }
+        }
+        // Relaxed: see `enter`.
+        self.watching.store(true, Ordering::Relaxed);
+    }
 }
 
 /// Whether the machine has a core for every runnable thread, sampled at most once per
@@ -148,6 +160,16 @@ impl Occupancy {
             self.stamp_us.store(now, Ordering::Relaxed);
         }
         self.spare.load(Ordering::Relaxed)
+    }
+
+    /// Records, as of `now` ([`epoch_us`]), the answer of [`BUSY_SAMPLES`] samples in a row
+    /// that found no core to spare; the next sample is taken a period on.
+    fn assume_busy(&self, now: u64) {
+        // Relaxed: a hint, as in `spare`. A sample racing this store leaves either answer,
+        // and the next one a period on corrects it.
+        self.spare.store(false, Ordering::Relaxed);
+        self.busy_in_a_row.store(BUSY_SAMPLES, Ordering::Relaxed);
+        self.stamp_us.store(now, Ordering::Relaxed);
     }
 
     /// The answer for a waiter about to take a spin slot: no only after [`BUSY_SAMPLES`]
@@ -469,19 +491,28 @@ impl IdleBackoff {
         self.budget.machine.unwrap_or(&OCCUPANCY).spare_at(now) && self.may_spin() && cpu_is_ours(now)
     }
 
-    /// Says that processes this one waits for (ranks of its job) run on the same host: from
-    /// then on no waiter of the process spins while the machine has more runnable threads
-    /// than cores. Each process's budget counts only its own spinners, so otherwise every
-    /// process of a job on an oversubscribed host would spin on the core the rank it waits
-    /// for needs (measured: multirate across 4-8 processes on 2 cores, 1.67-1.71x the
-    /// process-mode rate; 1 pair, 2 processes on 2 cores, unchanged). In one process the
-    /// budget alone already bounds the spinners, and is left so: the sync-object waits of
-    /// threads in one process lose by yielding there. weft's same-host lane calls it when
-    /// it meets ranks of other processes; a job on one host with the lane switched off
-    /// counts each process's spinners alone.
-    pub fn share_cores() {
-        // Relaxed: see `SpinSlots::enter`.
-        PROCESS.watching.store(true, Ordering::Relaxed);
+    /// Says that processes this one waits for (ranks of its job, `ranks` of them on this
+    /// host, this process's included) run on the same host: from then on no waiter of the
+    /// process spins while the machine has more runnable threads than cores. Each process's
+    /// budget counts only its own spinners, so otherwise every process of a job on an
+    /// oversubscribed host would spin on the core the rank it waits for needs (measured:
+    /// multirate across 4-8 processes on 2 cores, 1.67-1.71x the process-mode rate; 1 pair,
+    /// 2 processes on 2 cores, unchanged). In one process the budget alone already bounds
+    /// the spinners, and is left so: the sync-object waits of threads in one process lose by
+    /// yielding there. weft's same-host lane calls it when it meets ranks of other
+    /// processes; a job on one host with the lane switched off counts each process's
+    /// spinners alone.
+    ///
+    /// More ranks than the machine has CPUs oversubscribe it by themselves while they poll:
+    /// the process's waiters then start without spinning, as two busy samples
+    /// in a row would have left them, until a sample one period on finds a core to spare.
+    /// Otherwise the first samples, taken while the other ranks still start, read a machine
+    /// with cores to spare, and the job's first milliseconds (all of a short job) go to
+    /// spinning on the cores the awaited ranks need: an all-to-all of 1 KiB messages among 4
+    /// processes on 2 cores took 13-19 µs a round over its first hundred rounds and 6-8
+    /// after; started busy, 6-8 from its second round on.
+    pub fn share_cores(ranks: usize) {
+        PROCESS.share_among(ranks, machine_cpus(), epoch_us());
     }
 
     /// Whether [`share_cores`](Self::share_cores) was called in this process.
@@ -634,6 +665,37 @@ mod tests {
             w.snooze();
             assert!(w.spinning, "a process that shares its cores with no peer's process counts its slots alone");
         });
+    }
+
+    /// A process told that more ranks of its job than CPUs share the host starts without
+    /// spinning, before any sample of the machine (which, taken while the other ranks still
+    /// start, would read it spare), and samples it again a period on; one told of no more
+    /// ranks than CPUs lets the samples decide from the first.
+    #[test]
+    fn more_ranks_than_cpus_start_without_spinning() {
+        static CROWDED: Occupancy = Occupancy::sampled(true);
+        static ON_CROWDED: SpinSlots = SpinSlots::on_machine(2, &CROWDED, false);
+        static FITTING: Occupancy = Occupancy::sampled(true);
+        static ON_FITTING: SpinSlots = SpinSlots::on_machine(2, &FITTING, false);
+        // A second on: the waits below judge by an earlier clock, so however slowly this
+        // test runs, none of them is a period past the assumption.
+        let now = epoch_us() + 1_000_000;
+        ON_CROWDED.share_among(3, 2, now);
+        assert!(ON_CROWDED.watching.load(Ordering::Relaxed));
+        on_thread(|| {
+            for _ in 0..2 * SPARE_CLOCK_EVERY {
+                let mut w = IdleBackoff::with_budget(&ON_CROWDED);
+                w.snooze();
+                assert!(!w.spinning, "no slot for the ranks' first waits");
+            }
+        });
+        assert_eq!(CROWDED.stamp_us.load(Ordering::Relaxed), now, "no sample taken within the period");
+        CROWDED.spare(now + SAMPLE_EVERY_US);
+        assert_eq!(CROWDED.stamp_us.load(Ordering::Relaxed), now + SAMPLE_EVERY_US, "sampled again a period on");
+        ON_FITTING.share_among(2, 2, now);
+        assert!(ON_FITTING.watching.load(Ordering::Relaxed));
+        assert_eq!(FITTING.stamp_us.load(Ordering::Relaxed), 0, "the first question samples");
+        assert_eq!(FITTING.busy_in_a_row.load(Ordering::Relaxed), 0);
     }
 
     /// A wait nested in another on the same thread needs a second slot — unless the budget

@@ -507,10 +507,11 @@ impl Prepared {
         let mine: Box<[u32]> = (0..published.len() as u32).filter(|&r| here(r as usize).is_some()).collect();
         let readers = (0..self.layout.cris).map(|_| mine.clone()).collect();
         // Ranks of other processes share this host's cores: the process's waiters spin only
-        // while the machine has a core to spare (`IdleBackoff::share_cores`).
+        // while the machine has a core to spare, and not at first where the host has fewer
+        // CPUs than ranks (`IdleBackoff::share_cores`).
         let one_process = mine.iter().all(|&r| published[r as usize].is_some_and(|p| p.pid == std::process::id()));
         if !one_process {
-            weft_sync::IdleBackoff::share_cores();
+            weft_sync::IdleBackoff::share_cores(mine.len());
         }
         // The segment's header says the sleepers run a barrier wherever this process
         // registered for the global one; with every writer in this process, the private one
