@@ -191,10 +191,10 @@ else
         skip "the Open MPI columns: mpicc or mpirun not found (Debian openmpi-bin libopenmpi-dev)"
     fi
     bench "Round time against Open MPI, shm" \
-        "$BENCH" alltoall --provider shm -n 2,4,8 -s 1024,16384,65536 $(q "-r 50 --runs 3" "-r 2 --warmup 1 --runs 1") \
+        "$BENCH" alltoall --provider shm -n 2,4,8 -s 1024,16384,65536 $(q "-r 500 --runs 3" "-r 2 --warmup 1 --runs 1") \
         $MPI --markdown --plot "$OUT/alltoall.svg"
     bench "Round time against Open MPI, tcp" \
-        "$BENCH" alltoall --provider tcp -n 2,4,8 -s 1024,16384,65536 $(q "-r 50 --runs 3" "-r 2 --warmup 1 --runs 1") \
+        "$BENCH" alltoall --provider tcp -n 2,4,8 -s 1024,16384,65536 $(q "-r 500 --runs 3" "-r 2 --warmup 1 --runs 1") \
         $MPI --markdown
 fi
 
