@@ -16,7 +16,7 @@
 //! | collective | small | large |
 //! |---|---|---|
 //! | `barrier` | dissemination: `ceil(log2 n)` rounds (on 2 ranks its one step, which the blocking form takes by the 2-rank allreduce's path with empty messages) | — |
-//! | `bcast` | binomial tree (on 2 ranks its one message, which the blocking form of up to [`ALLREDUCE_EXCHANGE_BYTES`] sends from the root's data and receives into the other's directly, by the 2-rank allreduce's path) | from [`BCAST_LONG_BYTES`] and [`BCAST_LONG_RANKS`] ranks: binomial scatter of `n` blocks, then a ring allgather (van de Geijn; MPICH's `scatter_ring_allgather`) |
+//! | `bcast` | binomial tree (on 2 ranks its one message, which the blocking form of up to [`ALLREDUCE_EXCHANGE_BYTES`] sends from the root's data and receives into the other's directly, by the 2-rank allreduce's path) | from [`BCAST_LONG_BYTES`] and [`BCAST_LONG_RANKS`] ranks: the binomial tree pipelined in segments of [`BCAST_SEGMENT_BYTES`] ([Pjesivac-Grbovic 2007]); from [`BCAST_SCATTER_RANKS`] ranks, binomial scatter of `n` blocks, then a ring allgather (van de Geijn; MPICH's `scatter_ring_allgather`) |
 //! | `allreduce` | recursive doubling, ranks beyond a power of two folded in first; on 3 to [`ALLREDUCE_EXCHANGE_RANKS`] ranks and up to [`ALLREDUCE_EXCHANGE_BYTES`]: one exchange, every rank's data to every other at once, each rank combining all of them in rank order (one round of waiting instead of `log2 n`: on a host with fewer cores than ranks each round costs every rank a turn on a core) | from [`ALLREDUCE_LONG_BYTES`] with a predefined op and at least `n` elements: Rabenseifner's: a reduce-scatter by recursive halving, then an allgather by recursive doubling (`2 log2 p` steps over the largest power of two `p` of ranks, each rank beyond it folding its vector into a partner first and getting the result back at the end), sending about `2 (p-1)/p` times the data per rank, against `log2 p` times |
 //! | `reduce` | binomial tree | from [`REDUCE_LONG_BYTES`] with a predefined op, at least `n` elements and a power of two of ranks: a reduce-scatter by recursive halving, then a binomial gather of the reduced blocks ([Thakur 2005]) |
 //! | `gather`, `scatter` (and `v`) | the root exchanges with every rank at once | — |
@@ -77,6 +77,20 @@ use crate::request::Request;
 pub const BCAST_LONG_BYTES: usize = 12288;
 /// ... on at least this many ranks (MPICH's `MPIR_CVAR_BCAST_MIN_PROCS`).
 pub const BCAST_LONG_RANKS: u32 = 8;
+/// Long `bcast` messages on fewer than this many ranks go down the binomial tree pipelined
+/// in segments of [`BCAST_SEGMENT_BYTES`]; from this many ranks on, by scatter and
+/// allgather, which sends the root's data out about twice where the tree sends it once per
+/// level (MPICH's choice at every size, for networks; on one host of 2 cores the pipelined
+/// tree took 0.42-0.97x its time at 8 ranks, median 0.54, 64 KiB to 4 MiB).
+pub const BCAST_SCATTER_RANKS: u32 = 16;
+/// The segments of the pipelined broadcast: 512 KiB (1 MiB at 8 ranks on 2 cores: 0.41-0.49
+/// ms, against 0.44-0.59 with segments of 256 KiB and 0.53-0.67 with 128 KiB).
+pub const BCAST_SEGMENT_BYTES: usize = 512 << 10;
+
+/// [`BCAST_SEGMENT_BYTES`] in elements of `T`.
+pub(crate) fn bcast_segment<T>() -> usize {
+    (BCAST_SEGMENT_BYTES / std::mem::size_of::<T>().max(1)).max(1)
+}
 /// `allreduce` messages of at least this many bytes (and at least one element per rank) go
 /// by Rabenseifner's reduce-scatter and allgather, the ranks beyond a power of two folded in
 /// first (MPICH's `MPIR_CVAR_ALLREDUCE_SHORT_MSG_SIZE`).
@@ -568,7 +582,7 @@ impl Communicator {
         self.check_root(root)?;
         let long = bcast_is_long(std::mem::size_of_val(data), self.size());
         Ok(steps!(|s, work| if long {
-            s.run_in(&bcast_long_steps(s.comm, root, work.len()), work, |_, _, _| {}).await
+            s.run_in(&bcast_long_steps(s.comm, root, work.len(), bcast_segment::<T>()), work, |_, _, _| {}).await
         } else {
             s.bcast_binomial(work, root).await
         }))
@@ -588,7 +602,7 @@ impl Communicator {
         let long = bcast_is_long(std::mem::size_of_val(data), self.size());
         let plan = |s: &mut StepPlan| {
             if long {
-                bcast_long_into(s, self, root, len);
+                bcast_long_into(s, self, root, len, bcast_segment::<T>());
             } else {
                 bcast_into(s, self, root, len);
             }

@@ -29,7 +29,7 @@ use std::ops::Range;
 use weft_sync::Error;
 
 use crate::buffer::Primitive;
-use crate::coll::{block, span};
+use crate::coll::{block, span, BCAST_SCATTER_RANKS};
 use crate::comm::Communicator;
 use crate::nbc::{Sched, Scratch};
 
@@ -666,17 +666,22 @@ fn allgather_doubling(s: &mut Steps, (n, vr): (u32, u32), w: impl Fn(u32) -> u32
     }
 }
 
-/// Broadcast of `len` elements from `root` for large messages by scatter and allgather
-/// (van de Geijn; MPICH's `scatter_ring_allgather`): the root's `n` blocks go down a
+/// Broadcast of `len` elements from `root` for large messages, in segments of `seg`
+/// elements. On fewer than [`BCAST_SCATTER_RANKS`] ranks, the binomial tree pipelined by
+/// segment ([`bcast_pipelined_into`]); from there on, scatter and allgather (van de Geijn;
+/// MPICH's `scatter_ring_allgather`, [Thakur 2005]): the root's `n` blocks go down a
 /// binomial tree (each subtree gets the blocks of its ranks), then a ring gathers them
 /// everywhere.
-pub(crate) fn bcast_long_steps(comm: &Communicator, root: u32, len: usize) -> Steps {
-    made(|s| bcast_long_into(s, comm, root, len))
+pub(crate) fn bcast_long_steps(comm: &Communicator, root: u32, len: usize, seg: usize) -> Steps {
+    made(|s| bcast_long_into(s, comm, root, len, seg))
 }
 
 /// [`bcast_long_steps`] written into `s` (empty).
-pub(crate) fn bcast_long_into(s: &mut Steps, comm: &Communicator, root: u32, len: usize) {
+pub(crate) fn bcast_long_into(s: &mut Steps, comm: &Communicator, root: u32, len: usize, seg: usize) {
     let n = comm.size();
+    if n < BCAST_SCATTER_RANKS {
+        return bcast_pipelined_into(s, comm, root, len, seg);
+    }
     let (vr, parent) = binomial(comm, root);
     // The blocks of ranks `lo..hi` (from the root) as one range.
     let part = |lo: u32, hi: u32| block(len, n, lo).start..block(len, n, hi.min(n) - 1).end;
@@ -691,6 +696,38 @@ pub(crate) fn bcast_long_into(s: &mut Steps, comm: &Communicator, root: u32, len
         }
     }
     ring_allgather(s, comm, &blocks_of(len, n), root);
+}
+
+/// Broadcast of `len` elements from `root` down the binomial tree of [`bcast_into`],
+/// pipelined in segments of `seg` elements (as Open MPI's segmented tree broadcasts,
+/// [Pjesivac-Grbovic 2007]): step `k` receives segment `k` from the parent while it sends
+/// segment `k - 1` to every child, so a rank forwards the first half of a message while the
+/// second comes in. Every byte is still copied once into each rank, as in the whole-message
+/// tree; on a host the copies of a level overlap those of the next (8 ranks on 2 cores, 1
+/// MiB: 0.41-0.51 ms, against 0.66-0.98 by scatter and allgather, 0.60x by the median of
+/// alternated runs, and 0.93 down the tree unsegmented).
+pub(crate) fn bcast_pipelined_into(s: &mut Steps, comm: &Communicator, root: u32, len: usize, seg: usize) {
+    let (parent, children) = bcast_links(comm, root);
+    let children: Vec<u32> = children.collect();
+    let seg = seg.max(1);
+    let segment = |k: usize| k * seg..((k + 1) * seg).min(len);
+    let segments = len.div_ceil(seg);
+    for k in 0..=segments {
+        let from = parent.filter(|_| k < segments);
+        let forward = k > 0 && !children.is_empty();
+        if from.is_none() && !forward {
+            continue;
+        }
+        s.step();
+        if let Some(p) = from {
+            s.recv(p, segment(k), Then::Replace);
+        }
+        if forward {
+            for &c in &children {
+                s.send(c, segment(k - 1));
+            }
+        }
+    }
 }
 
 /// Reduction of `len` elements (at least one per rank) with a commutative op into `root` on

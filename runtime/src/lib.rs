@@ -221,7 +221,7 @@ mod wait;
 pub use buffer::{Primitive, RecvBuf, SendBuf};
 pub use coll::{
     Op, Reducible, ALLREDUCE_EXCHANGE_BYTES, ALLREDUCE_EXCHANGE_RANKS, ALLREDUCE_LONG_BYTES, BCAST_LONG_BYTES, BCAST_LONG_RANKS,
-    REDUCE_LONG_BYTES,
+    BCAST_SCATTER_RANKS, BCAST_SEGMENT_BYTES, REDUCE_LONG_BYTES,
 };
 pub use comm::{Assertions, Communicator};
 

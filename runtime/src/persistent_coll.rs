@@ -561,7 +561,7 @@ impl Communicator {
         self.check_root(root)?;
         self.agree([data.len() as u64, u64::from(root), 0])?;
         let steps = if bcast_is_long(std::mem::size_of_val(data.as_slice()), self.size()) {
-            bcast_long_steps(self, root, data.len())
+            bcast_long_steps(self, root, data.len(), crate::coll::bcast_segment::<T>())
         } else {
             bcast_steps(self, root, data.len())
         };

@@ -339,3 +339,42 @@ fn on_ranks<T: Send>(rts: &[weft::Runtime], f: impl Fn(&weft::Runtime) -> T + Sy
         hs.into_iter().map(|h| h.join().unwrap()).collect()
     })
 }
+
+/// From [`weft::BCAST_SCATTER_RANKS`] ranks a long broadcast goes by scatter and ring
+/// allgather: every root, blocking and nonblocking, on an uneven length.
+#[test]
+fn long_bcasts_on_many_ranks_take_scatter_and_allgather_and_agree() {
+    within(120, "bcast by scatter and allgather", || {
+        let n = weft::BCAST_SCATTER_RANKS;
+        let len = weft::BCAST_LONG_BYTES / 8 * 3 + 7;
+        let input = |r: u32| (0..len).map(|i| i64::from(r) * 1_000_003 - i as i64).collect::<Vec<i64>>();
+        let rts = builder().build_local(n).unwrap();
+        let out: Vec<Vec<(Vec<i64>, Vec<i64>)>> = std::thread::scope(|s| {
+            let hs: Vec<_> = rts
+                .iter()
+                .map(|rt| {
+                    s.spawn(move || {
+                        let c = rt.world();
+                        let r = c.rank();
+                        let got = (0..n)
+                            .map(|root| {
+                                let mut d = if r == root { input(root) } else { vec![0; len] };
+                                c.bcast(&mut d, root).unwrap();
+                                let nb = c.ibcast(if r == root { input(root) } else { vec![-1; len] }, root).unwrap().wait().unwrap().0;
+                                (d, nb)
+                            })
+                            .collect();
+                        c.barrier().unwrap();
+                        got
+                    })
+                })
+                .collect();
+            hs.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        for (r, per_root) in out.iter().enumerate() {
+            for (root, (d, nb)) in per_root.iter().enumerate() {
+                assert!(d == &input(root as u32) && nb == &input(root as u32), "rank {r}: bcast from {root}");
+            }
+        }
+    });
+}

@@ -565,6 +565,41 @@ fn large_messages_take_the_ring_and_scatter_algorithms_and_agree() {
 }
 
 #[test]
+fn large_bcasts_pipelined_in_segments_agree_at_every_root() {
+    within(180, "bcast of two and a half segments, blocking, nonblocking and persistent", || {
+        // Two whole segments and half of a third: each rank forwards segments while later
+        // ones come in, and the last is short.
+        let seg = weft::BCAST_SEGMENT_BYTES / 8;
+        let long = 2 * seg + seg / 2;
+        for n in [weft::BCAST_LONG_RANKS, weft::BCAST_LONG_RANKS + 1] {
+            assert!(n < weft::BCAST_SCATTER_RANKS, "sizes of the pipelined tree");
+            let out = on_world(n, |r, c| {
+                (0..n)
+                    .map(|root| {
+                        let mut d = if r == root { input(root, long) } else { vec![0; long] };
+                        c.bcast(&mut d, root).unwrap();
+                        let nb = c.ibcast(if r == root { input(root, long) } else { vec![-1; long] }, root).unwrap().wait().unwrap().0;
+                        let mut p = c.bcast_init(if r == root { input(root, long) } else { vec![-2; long] }, root).unwrap();
+                        p.start().unwrap();
+                        p.wait().unwrap();
+                        let persistent = p.buffer().unwrap().clone();
+                        (d, nb, persistent)
+                    })
+                    .collect::<Vec<_>>()
+            });
+            for (r, per_root) in out.iter().enumerate() {
+                for (root, (d, nb, persistent)) in per_root.iter().enumerate() {
+                    let want = input(root as u32, long);
+                    assert!(d == &want, "size {n}, rank {r}: bcast from {root}");
+                    assert!(nb == &want, "size {n}, rank {r}: ibcast from {root}");
+                    assert!(persistent == &want, "size {n}, rank {r}: persistent bcast from {root}");
+                }
+            }
+        }
+    });
+}
+
+#[test]
 fn large_reductions_match_a_sequential_reference_at_every_size_and_root() {
     within(180, "reduce and allreduce above their thresholds, sizes 1-8, every root", || {
         let long = weft::REDUCE_LONG_BYTES.max(weft::ALLREDUCE_LONG_BYTES) / 8 + 13;
