@@ -504,11 +504,11 @@ impl IdleBackoff {
     /// spinners alone.
     ///
     /// More ranks than the machine has CPUs oversubscribe it by themselves while they poll:
-    /// the process's waiters then start without spinning, as two busy samples
-    /// in a row would have left them, until a sample one period on finds a core to spare.
-    /// Otherwise the first samples, taken while the other ranks still start, read a machine
-    /// with cores to spare, and the job's first milliseconds (all of a short job) go to
-    /// spinning on the cores the awaited ranks need: an all-to-all of 1 KiB messages among 4
+    /// the process's waiters then start without spinning, as two busy samples in a row
+    /// would have left them, until a sample one period on finds a core to spare. Otherwise
+    /// the first samples, taken while the other ranks still start, read a machine with
+    /// cores to spare, and the job's first milliseconds (all of a short job) go to spinning
+    /// on the cores the awaited ranks need: an all-to-all of 1 KiB messages among 4
     /// processes on 2 cores took 13-19 µs a round over its first hundred rounds and 6-8
     /// after; started busy, 6-8 from its second round on.
     pub fn share_cores(ranks: usize) {
