@@ -44,8 +44,9 @@ pub struct Args {
     /// Bytes each rank sends to each other rank per round.
     #[arg(short = 's', long = "size", default_value = "65536")]
     size: String,
-    /// Timed rounds per run.
-    #[arg(short = 'r', long = "rounds", default_value_t = 50)]
+    /// Timed rounds per run (at a microsecond a round, a run of 50 would time mostly its
+    /// start).
+    #[arg(short = 'r', long = "rounds", default_value_t = 500)]
     rounds: usize,
     /// Untimed rounds before the timed ones: more than the 8 slots of a ring of large frames
     /// between two ranks on one host, whose first use in a job faults their pages in.
