@@ -344,36 +344,24 @@ fn on_ranks<T: Send>(rts: &[weft::Runtime], f: impl Fn(&weft::Runtime) -> T + Sy
 /// allgather: every root, blocking and nonblocking, on an uneven length.
 #[test]
 fn long_bcasts_on_many_ranks_take_scatter_and_allgather_and_agree() {
+    use coll_suite::{input, on_world};
     within(120, "bcast by scatter and allgather", || {
         let n = weft::BCAST_SCATTER_RANKS;
         let len = weft::BCAST_LONG_BYTES / 8 * 3 + 7;
-        let input = |r: u32| (0..len).map(|i| i64::from(r) * 1_000_003 - i as i64).collect::<Vec<i64>>();
-        let rts = builder().build_local(n).unwrap();
-        let out: Vec<Vec<(Vec<i64>, Vec<i64>)>> = std::thread::scope(|s| {
-            let hs: Vec<_> = rts
-                .iter()
-                .map(|rt| {
-                    s.spawn(move || {
-                        let c = rt.world();
-                        let r = c.rank();
-                        let got = (0..n)
-                            .map(|root| {
-                                let mut d = if r == root { input(root) } else { vec![0; len] };
-                                c.bcast(&mut d, root).unwrap();
-                                let nb = c.ibcast(if r == root { input(root) } else { vec![-1; len] }, root).unwrap().wait().unwrap().0;
-                                (d, nb)
-                            })
-                            .collect();
-                        c.barrier().unwrap();
-                        got
-                    })
+        let out = on_world(n, |r, c| {
+            (0..n)
+                .map(|root| {
+                    let mut d = if r == root { input(root, len) } else { vec![0; len] };
+                    c.bcast(&mut d, root).unwrap();
+                    let nb = c.ibcast(if r == root { input(root, len) } else { vec![-1; len] }, root).unwrap().wait().unwrap().0;
+                    (d, nb)
                 })
-                .collect();
-            hs.into_iter().map(|h| h.join().unwrap()).collect()
+                .collect::<Vec<_>>()
         });
         for (r, per_root) in out.iter().enumerate() {
             for (root, (d, nb)) in per_root.iter().enumerate() {
-                assert!(d == &input(root as u32) && nb == &input(root as u32), "rank {r}: bcast from {root}");
+                let want = input(root as u32, len);
+                assert!(d == &want && nb == &want, "rank {r}: bcast from {root}");
             }
         }
     });

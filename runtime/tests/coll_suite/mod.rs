@@ -17,7 +17,7 @@ const SIZES: [u32; 6] = [1, 2, 3, 4, 5, 8];
 /// Each rank ends with a barrier before the world is dropped: libfabric's `shm` provider,
 /// with every rank in one process, touches a closed peer's memory when a send to it (of more
 /// than its inject size) is still completing at the sender as that sender closes.
-fn on_world<T: Send>(n: u32, f: impl Fn(u32, &Communicator) -> T + Sync) -> Vec<T> {
+pub(super) fn on_world<T: Send>(n: u32, f: impl Fn(u32, &Communicator) -> T + Sync) -> Vec<T> {
     let rts = super::builder().build_local(n).unwrap();
     std::thread::scope(|s| {
         let hs: Vec<_> = rts
@@ -37,7 +37,7 @@ fn on_world<T: Send>(n: u32, f: impl Fn(u32, &Communicator) -> T + Sync) -> Vec<
 }
 
 /// Rank `r`'s input: `len` values that differ by rank and position.
-fn input(r: u32, len: usize) -> Vec<i64> {
+pub(super) fn input(r: u32, len: usize) -> Vec<i64> {
     (0..len).map(|i| (r as i64 + 1) * 1000 - i as i64 * (r as i64 % 3 + 1)).collect()
 }
 
