@@ -344,25 +344,7 @@ fn on_ranks<T: Send>(rts: &[weft::Runtime], f: impl Fn(&weft::Runtime) -> T + Sy
 /// allgather: every root, blocking and nonblocking, on an uneven length.
 #[test]
 fn long_bcasts_on_many_ranks_take_scatter_and_allgather_and_agree() {
-    use coll_suite::{input, on_world};
     within(120, "bcast by scatter and allgather", || {
-        let n = weft::BCAST_SCATTER_RANKS;
-        let len = weft::BCAST_LONG_BYTES / 8 * 3 + 7;
-        let out = on_world(n, |r, c| {
-            (0..n)
-                .map(|root| {
-                    let mut d = if r == root { input(root, len) } else { vec![0; len] };
-                    c.bcast(&mut d, root).unwrap();
-                    let nb = c.ibcast(if r == root { input(root, len) } else { vec![-1; len] }, root).unwrap().wait().unwrap().0;
-                    (d, nb)
-                })
-                .collect::<Vec<_>>()
-        });
-        for (r, per_root) in out.iter().enumerate() {
-            for (root, (d, nb)) in per_root.iter().enumerate() {
-                let want = input(root as u32, len);
-                assert!(d == &want && nb == &want, "rank {r}: bcast from {root}");
-            }
-        }
+        coll_suite::bcasts_agree_at_every_root(weft::BCAST_SCATTER_RANKS, weft::BCAST_LONG_BYTES / 8 * 3 + 7, false);
     });
 }
