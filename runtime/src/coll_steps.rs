@@ -152,11 +152,6 @@ impl Steps {
         self.landings.clear();
         (self.copies, self.result, self.fold) = (1, true, false);
     }
-
-    /// The longest send, and the longest receive.
-    pub(crate) fn longest(&self) -> (usize, usize) {
-        (self.sends.iter().map(|o| o.at.len()).max().unwrap_or(0), self.recvs.iter().map(|i| i.len).max().unwrap_or(0))
-    }
 }
 
 /// World rank of the rank `v` places after `root` on `comm`.

@@ -146,9 +146,9 @@ impl<T: Primitive> Out<T> {
     ///
     /// # Safety
     /// Called by the schedule's steps only, each slice dropped before the next is made and
-    /// before the request's cell completes; the transport never holds a pointer into it (the
-    /// steps send copies and receive into buffers of their own), so nothing touches it after
-    /// completion.
+    /// before the request's cell completes; the transport holds a pointer into it only for
+    /// a receive lent a part of it (`persistent_coll.rs`), which completes before the
+    /// request's cell does (the steps send copies), so nothing touches it after completion.
     #[allow(clippy::mut_from_ref)]
     pub(crate) unsafe fn slice(&self) -> &mut [T] {
         // SAFETY: `ptr` addresses `len` elements alive until the request's cell completes,
@@ -1306,14 +1306,14 @@ fn settle_step(
 /// from the caller's data itself, and received straight into place where a receive only
 /// replaces a part of it (no copy of theirs into a scratch buffer, or out of one; on the
 /// same host a large one is then a single copy, the receiver's read of the sender's data).
-const LEND_MIN_BYTES: usize = POOL_MIN_BYTES;
+pub(crate) const LEND_MIN_BYTES: usize = POOL_MIN_BYTES;
 
 /// Where in the data receive `inc` of `step` lands by itself, if it is large enough to be
 /// received there directly (as a lent buffer): a single landing that replaces a part no
 /// send of the step reads.
 /// A small one (the most) is told by its length alone.
 #[inline(always)]
-fn in_place_landing(steps: &StepPlan, step: &Step, inc: &Incoming, size: usize) -> Option<usize> {
+pub(crate) fn in_place_landing(steps: &StepPlan, step: &Step, inc: &Incoming, size: usize) -> Option<usize> {
     if inc.len * size < LEND_MIN_BYTES {
         return None;
     }

@@ -50,6 +50,9 @@ pub(crate) trait Plan<B: Send + 'static>: Send + Sync {
     /// Starts the collective over `buf` on `comm`; its request completes when it ends. A
     /// start that fails gives `buf` back with the error.
     fn start<'c>(&self, comm: &'c Communicator, buf: B) -> Result<Request<'c, B>, (Error, B)>;
+    /// Called with the buffer of a start that failed, before the request holds it again: a
+    /// collective whose message may still be read from it swaps it for a copy.
+    fn failed(&self, _buf: &mut B) {}
 }
 
 /// A persistent send or receive (`MPI_Send_init`, `MPI_Recv_init`), or a persistent
@@ -145,7 +148,9 @@ impl<'c, B: Send + 'static> Persistent<'c, B> {
         fn post<'c, B: Send + 'static>(_: &'c Communicator, buf: B, _: Op) -> Result<Request<'c, B>, (Error, B)> {
             Err((Error::InvalidArgument("a persistent collective posted as a point-to-point operation"), buf))
         }
-        Persistent { plan: Some(plan), ..Self::new(comm, Op::Coll, post::<B>, buf) }
+        let mut p = Self::new(comm, Op::Coll, post::<B>, buf);
+        p.plan = Some(plan);
+        p
     }
 
     /// Starts the operation (`MPI_Start`). An error if it is active already. A start that
@@ -257,11 +262,24 @@ impl<'c, B: Send + 'static> Persistent<'c, B> {
 
     /// A completed active operation's outcome, its buffer back in place.
     fn finish(&mut self) -> Option<Outcome> {
-        let (buf, outcome) = self.active.as_mut()?.take_parts()?;
+        let (mut buf, outcome) = self.active.as_mut()?.take_parts()?;
+        if let (Err(_), Some(plan)) = (outcome, &self.plan) {
+            plan.failed(&mut buf);
+        }
         self.active = None;
         self.buf = Some(buf);
         self.last = Some(outcome);
         Some(outcome)
+    }
+}
+
+impl<B: Send + 'static> Drop for Persistent<'_, B> {
+    fn drop(&mut self) {
+        // A collective that ended but was not waited for: its buffer goes as a wait would
+        // give it back (a failed start's may still be read by a send, `Plan::failed`).
+        if self.plan.is_some() && self.active.as_ref().is_some_and(Request::is_complete) {
+            self.finish();
+        }
     }
 }
 

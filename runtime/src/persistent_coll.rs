@@ -57,16 +57,24 @@
 //! power of two of ranks a reduce-scatter and gather. A start works in the user's buffer
 //! itself where the plan allows (its data is the result, or nothing lands on it), else in a
 //! working copy (a reduction's other ranks, whose buffers are left as they were; the prefix
-//! reductions, which keep a partial result beside the running one); each message goes
-//! through a buffer of its own, kept from init on.
+//! reductions, which keep a partial result beside the running one). Each message it sends
+//! goes from a copy of its own, kept from init on (a send cannot be withdrawn, and a start
+//! that fails gives the user's buffer back while a send of it may still be on its way to a
+//! member that failed too). A large message that only replaces a part of the working data
+//! which no send of its step reads is received straight into that part, as the blocking
+//! call receives it (on the same host a single copy); a start that fails ends only once
+//! such a receive has completed or been cancelled. Every other message is received into a
+//! buffer of its own, kept from init on, and lands from there.
 
 use std::ops::Range;
+use std::ptr::NonNull;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Weak};
 
 use parking_lot::Mutex;
 use weft_sync::{Error, Status};
 
-use crate::buffer::{Primitive, SendBuf};
+use crate::buffer::{Primitive, RecvBuf, SendBuf};
 use crate::coll::{allreduce_into, bcast_is_long, blocks, check_op, combine, even, reduce_is_long, Op, OpKind, Reducible};
 use crate::coll_steps::{
     allgather_steps, alltoall_steps, barrier_steps, bcast_long_steps, bcast_steps, fold_copies, gather_steps, land, reduce_long_steps,
@@ -75,7 +83,7 @@ use crate::coll_steps::{
 use crate::comm::Communicator;
 use crate::engine::Schedule;
 use crate::matching::{Source, Tag};
-use crate::nbc::{notice_error, send_notices, step_error, Out, MISMATCH, NOTICE_AFTER_POLLS};
+use crate::nbc::{in_place_landing, notice_error, send_notices, step_error, Out, LEND_MIN_BYTES, MISMATCH, NOTICE_AFTER_POLLS};
 use crate::operation::{new_operation, Operation};
 use crate::persistent::{Persistent, Plan};
 use crate::request::{unbound, Request};
@@ -95,7 +103,7 @@ struct Run<T: Primitive> {
     // The requests of the step in flight borrow `comm` (below): they come first, so they are
     // dropped before it.
     sends: Vec<Request<'static, Shared<T>>>,
-    recvs: Vec<Request<'static, Vec<T>>>,
+    recvs: Vec<Request<'static, Inbound<T>>>,
     /// The receive for a failure notice of another member (`nbc.rs`), posted once the start
     /// has been found waiting [`NOTICE_AFTER_POLLS`] times; its buffer between starts.
     notice: Option<Request<'static, Vec<u32>>>,
@@ -112,6 +120,14 @@ struct Run<T: Primitive> {
     /// The step in flight (or next), and whether its messages are posted.
     at: usize,
     posted: bool,
+    /// Whether a receive of the step in flight lands in the working data itself
+    /// ([`Inbound::Lent`]): then the start does not end before every receive of the step has
+    /// completed, also when it fails.
+    lent: bool,
+    /// Whether a send of the step in flight was lent a part of the working data
+    /// ([`Shared::Lent`]): a start that fails with one still in flight gives that memory up
+    /// ([`give_up_lent`](Run::give_up_lent)).
+    lends: bool,
     /// The working data, where the start does not work in the user's buffer itself
     /// (`in_place`); the copies for sends not in flight (each as long as the longest send),
     /// the buffers of receives not in flight (as long as the longest receive).
@@ -128,21 +144,85 @@ struct Run<T: Primitive> {
     status: Status,
     result: Result<(), Error>,
     /// Where the schedule goes back when a start ends (gone with the persistent request).
-    home: Weak<Mutex<Option<Box<Run<T>>>>>,
+    home: Weak<Home<T>>,
     /// Boxed: the requests above borrow it, so its address never changes.
     comm: Box<Communicator>,
 }
 
-/// The copy of a part of the working data that one step sends to one or more ranks (a
-/// binomial broadcast node's children share one, as the blocking broadcast's do).
-struct Shared<T>(Arc<Vec<T>>);
+/// What one send of a step sends: a part of the working data itself, lent to the send, if
+/// large ([`LEND_MIN_BYTES`], as the blocking collectives lend theirs: no copy, and on the
+/// same host the message is then a single copy); else a copy of the part, which the sends
+/// of the same part one after the other share (a binomial broadcast node's children).
+enum Shared<T> {
+    Copy(Arc<Vec<T>>),
+    Lent { at: NonNull<T>, len: usize },
+}
 
-// SAFETY: the `Vec`'s heap storage does not move while the `Arc` lives, and nothing writes
-// it while a send holds a share: a step fills a copy only when no send holds it
-// (`Arc::make_mut`, which copies otherwise).
+// SAFETY: a lent part is only read through this buffer, and stays where it is, unwritten,
+// while the send may read it (`SendBuf` below); the copy is an `Arc<Vec<T>>`.
+unsafe impl<T: Send + Sync> Send for Shared<T> {}
+
+// SAFETY: a copy: the `Vec`'s heap storage does not move while the `Arc` lives, and nothing
+// writes it while a send holds a share: a step fills a copy only when no send holds it
+// (`Arc::make_mut`, which copies otherwise). A lent part: nothing writes the working data
+// while a send of the step is in flight (a step's landings wait for all its messages, and
+// its lent receives lie apart from its sends, `in_place_landing`), and a start that fails
+// with such a send in flight gives the memory up for good (`Run::give_up_lent`).
 unsafe impl<T: Primitive> SendBuf for Shared<T> {
     fn as_bytes(&self) -> &[u8] {
-        self.0.as_bytes()
+        match self {
+            Shared::Copy(b) => b.as_bytes(),
+            // SAFETY: `len` elements of the working data at `at` (above), whose `T:
+            // Primitive` bytes are initialized.
+            Shared::Lent { at, len } => unsafe { std::slice::from_raw_parts(at.as_ptr().cast(), len * std::mem::size_of::<T>()) },
+        }
+    }
+}
+
+/// Where a step's receive goes: a buffer of the schedule's own, whose message then lands in
+/// the working data (`land`), or, for a large message that only replaces a part of the
+/// working data which no send of its step reads ([`in_place_landing`]), that part itself,
+/// lent to the receive (no copy out of a buffer of its own; on the same host the message is
+/// then a single copy, as the blocking call's).
+enum Inbound<T> {
+    Own(Vec<T>),
+    Lent { at: NonNull<T>, cap: usize, len: usize },
+}
+
+// SAFETY: a lent part is written only by the transport, through this buffer, while the
+// receive is in flight; the start that lent it does not end (nor the schedule drop, nor the
+// next step read or write the part) before the receive has completed (`Run::settled`).
+unsafe impl<T: Send> Send for Inbound<T> {}
+
+impl<T: Primitive> Inbound<T> {
+    /// The elements received.
+    fn len(&self) -> usize {
+        match self {
+            Inbound::Own(v) => v.len(),
+            Inbound::Lent { len, .. } => *len,
+        }
+    }
+}
+
+// SAFETY: an own buffer is a `Vec`'s (as `Vec`'s impl); a lent part is `cap` elements of the
+// working data, which stay where they are, untouched by anything else, until the receive
+// completed (above).
+unsafe impl<T: Primitive> RecvBuf for Inbound<T> {
+    fn elem_size(&self) -> usize {
+        std::mem::size_of::<T>().max(1)
+    }
+    fn spare(&mut self) -> (*mut u8, usize) {
+        match self {
+            Inbound::Own(v) => v.spare(),
+            Inbound::Lent { at, cap, .. } => (at.as_ptr().cast(), *cap * std::mem::size_of::<T>()),
+        }
+    }
+    unsafe fn filled(&mut self, bytes: usize) {
+        match self {
+            // SAFETY: the caller's contract.
+            Inbound::Own(v) => unsafe { v.filled(bytes) },
+            Inbound::Lent { len, .. } => *len = bytes / std::mem::size_of::<T>().max(1),
+        }
     }
 }
 
@@ -167,12 +247,28 @@ impl<T: Primitive> Run<T> {
             self.post_notice()?;
         }
         let c: &Communicator = &self.comm;
-        for inc in &self.plan.recvs[step.recvs] {
-            let mut b = self.scratch.pop().unwrap_or_default();
-            b.clear();
-            b.reserve(inc.len);
+        // The working data by address: once a receive is lent a part of it, the step only
+        // reads the parts its sends copy, which no lent receive overlaps (`in_place_landing`).
+        let data = NonNull::from(working(&mut self.work, &self.out, self.in_place));
+        for inc in &self.plan.recvs[step.recvs.clone()] {
+            let b = match in_place_landing(&self.plan, &step, inc, std::mem::size_of::<T>()) {
+                Some(at) => {
+                    self.lent = true;
+                    assert!(at + inc.len <= data.len(), "a landing lies in the working data");
+                    // SAFETY: within the working data (checked).
+                    Inbound::Lent { at: unsafe { data.cast::<T>().add(at) }, cap: inc.len, len: 0 }
+                }
+                None => {
+                    let mut b = self.scratch.pop().unwrap_or_default();
+                    b.clear();
+                    b.reserve(inc.len);
+                    Inbound::Own(b)
+                }
+            };
             let r = c.irecv_or_back(c.coll_state(), b, Source::Rank(inc.from), Tag::Is(self.tag)).map_err(|(e, b)| {
-                self.scratch.push(b);
+                if let Inbound::Own(b) = b {
+                    self.scratch.push(b);
+                }
                 e
             })?;
             // SAFETY: as for `notice`, for `recvs`.
@@ -181,6 +277,16 @@ impl<T: Primitive> Run<T> {
         // Sends of the same part one after the other share its copy.
         let mut last: Option<(Range<usize>, Arc<Vec<T>>)> = None;
         for o in &self.plan.sends[step.sends] {
+            assert!(o.at.end <= data.len(), "a send's part lies in the working data");
+            if o.at.len() * std::mem::size_of::<T>() >= LEND_MIN_BYTES {
+                self.lends = true;
+                // SAFETY: within the working data (checked); see `Shared`.
+                let b = Shared::Lent { at: unsafe { data.cast::<T>().add(o.at.start) }, len: o.at.len() };
+                let r = c.isend_on(c.coll_state(), b, o.to, self.tag)?;
+                // SAFETY: as for `notice`, for `sends`.
+                self.sends.push(unsafe { unbound(r) });
+                continue;
+            }
             let b = match &last {
                 Some((at, b)) if *at == o.at => b.clone(),
                 _ => {
@@ -188,12 +294,14 @@ impl<T: Primitive> Run<T> {
                     // Held by no send (`collect` keeps only the last share): no copy.
                     let v = Arc::make_mut(&mut b);
                     v.clear();
-                    v.extend_from_slice(&working(&mut self.work, &self.out, self.in_place)[o.at.clone()]);
+                    // SAFETY: within the working data (checked), alive for the start, and no
+                    // receive of the step writes this part (above).
+                    v.extend_from_slice(unsafe { std::slice::from_raw_parts(data.cast::<T>().add(o.at.start).as_ptr(), o.at.len()) });
                     last = Some((o.at.clone(), b.clone()));
                     b
                 }
             };
-            let r = match c.isend_on(c.coll_state(), Shared(b), o.to, self.tag) {
+            let r = match c.isend_on(c.coll_state(), Shared::Copy(b), o.to, self.tag) {
                 Ok(r) => r,
                 Err(e) => {
                     // The refused send dropped its share; the copy comes back if nothing else
@@ -230,38 +338,86 @@ impl<T: Primitive> Run<T> {
     fn reclaim(&mut self, all: bool) {
         let spare = &mut self.spare;
         self.sends.retain_mut(|r| match r.take_parts() {
-            Some((Shared(b), _)) => {
+            Some((Shared::Copy(b), _)) => {
                 if Arc::strong_count(&b) == 1 {
                     spare.push(b);
                 }
                 false
             }
+            Some(_) => false,
             None => !all,
         });
         let scratch = &mut self.scratch;
         self.recvs.retain_mut(|r| match r.take_parts() {
             Some((b, _)) => {
-                scratch.push(b);
+                if let Inbound::Own(b) = b {
+                    scratch.push(b);
+                }
                 false
             }
             None => !all,
         });
     }
 
+    /// Whether no receive of the step in flight may still write the working data: none was
+    /// lent a part of it, or every one has completed (those not yet matched are cancelled
+    /// here; a matched one completes once its message is in, or its sender is lost). A start
+    /// that fails ends only then, so that nothing lands in the user's buffer after it has
+    /// it back.
+    fn settled(&mut self) -> bool {
+        if !self.lent {
+            return true;
+        }
+        for r in &mut self.recvs {
+            r.cancel();
+        }
+        self.lent = self.recvs.iter().any(|r| !r.is_complete());
+        !self.lent
+    }
+
+    /// After a start that failed, or a schedule dropped in flight, with a send lent a part of
+    /// the working data still in flight: the send may read that part until its peer takes
+    /// the message, drops it or is lost — a member whose own start failed before it posted
+    /// the receive takes it only at its next start — so the memory is given up for good,
+    /// and stays where it is, unchanged, for as long as the process lives. The schedule's
+    /// own working data is leaked (the next start makes new); the user's buffer is swapped
+    /// for a copy as the request gives it back ([`CollPlan`]'s `failed`), or, with the
+    /// persistent request gone (`home` is `None`), leaked with the operation that holds it:
+    /// then `true`. The cost of a failure that leaves such a send behind, not of a start.
+    fn give_up_lent(&mut self, home: Option<&Home<T>>) -> bool {
+        if !std::mem::take(&mut self.lends) || self.sends.iter().all(Request::is_complete) {
+            return false;
+        }
+        if !self.in_place {
+            std::mem::forget(std::mem::take(&mut self.work));
+            return false;
+        }
+        match home {
+            Some(home) => {
+                home.swap.store(true, Ordering::Release);
+                false
+            }
+            None => true,
+        }
+    }
+
     /// Collects step `self.at`, complete: the send buffers back, the received data landed.
     fn collect(&mut self) -> Result<(), Error> {
         let mut res = Ok(());
         for mut r in self.sends.drain(..) {
-            if let Some((Shared(b), outcome)) = r.take_parts() {
+            if let Some((b, outcome)) = r.take_parts() {
                 // The last of the sends that shared a copy gives it back.
-                if Arc::strong_count(&b) == 1 {
-                    self.spare.push(b);
+                if let Shared::Copy(b) = b {
+                    if Arc::strong_count(&b) == 1 {
+                        self.spare.push(b);
+                    }
                 }
                 if let Err(e) = outcome {
                     res = res.and(Err(step_error(&self.comm, e)));
                 }
             }
         }
+        (self.lent, self.lends) = (false, false);
         let recvs = self.plan.steps[self.at].recvs.clone();
         for (mut r, inc) in self.recvs.drain(..).zip(&self.plan.recvs[recvs]) {
             let Some((got, outcome)) = r.take_parts() else { continue };
@@ -269,6 +425,8 @@ impl<T: Primitive> Run<T> {
             let used = match outcome {
                 Err(e) => Err(step_error(&self.comm, e)),
                 Ok(_) if got.len() != inc.len => Err(MISMATCH),
+                // Landed in place.
+                Ok(_) if matches!(got, Inbound::Lent { .. }) => Ok(()),
                 Ok(_) => {
                     let reducer = self.reducer;
                     let combine = |ours: &mut [T], theirs: &[T], theirs_first| {
@@ -276,11 +434,15 @@ impl<T: Primitive> Run<T> {
                             f(op, ours, theirs, theirs_first);
                         }
                     };
-                    land(working(&mut self.work, &self.out, self.in_place), &self.plan.landings[inc.lands.clone()], &got, &combine);
+                    if let Inbound::Own(got) = &got {
+                        land(working(&mut self.work, &self.out, self.in_place), &self.plan.landings[inc.lands.clone()], got, &combine);
+                    }
                     Ok(())
                 }
             };
-            self.scratch.push(got);
+            if let Inbound::Own(got) = got {
+                self.scratch.push(got);
+            }
             res = res.and(used);
         }
         res
@@ -321,7 +483,8 @@ impl<T: Primitive> Schedule for Run<T> {
             self.at += 1;
             self.posted = false;
         }
-        true
+        // A failed step's lent receives settle first.
+        self.settled()
     }
 
     fn finish(mut self: Box<Self>) {
@@ -363,38 +526,79 @@ impl<T: Primitive> Schedule for Run<T> {
             r.cancel();
         }
         self.reclaim(false);
+        let home = self.home.upgrade();
+        let leak = self.give_up_lent(home.as_deref());
         let (op, status) = (self.op.take(), self.status);
-        if let Some(home) = self.home.upgrade() {
-            *home.lock() = Some(self);
+        if let Some(home) = home {
+            *home.run.lock() = Some(self);
         }
         // Last: whoever waits for the request may start it again at once, and finds the
         // schedule home.
         if let Some(op) = op {
             op.cell.complete(result.map(|()| status));
+            if leak {
+                // It holds the user's buffer, which a send may still read.
+                std::mem::forget(op);
+            }
         }
     }
 }
 
 impl<T: Primitive> Drop for Run<T> {
     fn drop(&mut self) {
-        // Dropped in flight (the rank's last handle went): the start fails.
+        // Dropped in flight (the rank's last handle went): the start fails, once no receive
+        // may still write the user's buffer or the working data.
+        if !self.settled() {
+            let _ = crate::wait::wait_all(&mut self.recvs);
+        }
+        let leak = self.op.is_some() && self.give_up_lent(self.home.upgrade().as_deref());
         if let Some(op) = self.op.take() {
             op.cell.complete(Err(Error::Cancelled));
+            if leak {
+                std::mem::forget(op);
+            }
         }
     }
 }
 
+/// The most sends, and the most receives, of one step of `plan` that go through a buffer of
+/// their own (not lent a part of the working data, [`Shared`], [`Inbound`]), and the longest
+/// of each: the buffers a plan keeps from init on.
+fn own_buffers<T>(plan: &Steps) -> ((usize, usize), (usize, usize)) {
+    let size = std::mem::size_of::<T>();
+    let (mut sends, mut recvs) = ((0, 0), (0, 0));
+    let most = |(most, longest): (usize, usize), lens: &mut dyn Iterator<Item = usize>| {
+        let (n, l) = lens.fold((0, 0), |(n, l), len| (n + 1, l.max(len)));
+        (most.max(n), longest.max(l))
+    };
+    for step in &plan.steps {
+        sends = most(sends, &mut plan.sends[step.sends.clone()].iter().map(|o| o.at.len()).filter(|len| len * size < LEND_MIN_BYTES));
+        let own = plan.recvs[step.recvs.clone()].iter().filter(|inc| in_place_landing(plan, step, inc, size).is_none());
+        recvs = most(recvs, &mut own.map(|inc| inc.len));
+    }
+    (sends, recvs)
+}
+
+/// Where a persistent collective's schedule is between starts.
+struct Home<T: Primitive> {
+    run: Mutex<Option<Box<Run<T>>>>,
+    /// A start failed with a send of the user's buffer still in flight: the buffer its
+    /// request gives back is swapped for a copy ([`Run::give_up_lent`]).
+    swap: AtomicBool,
+}
+
 /// A persistent collective of elements `T`: its schedule, home between starts.
 struct CollPlan<T: Primitive> {
-    home: Arc<Mutex<Option<Box<Run<T>>>>>,
+    home: Arc<Home<T>>,
     len: usize,
 }
 
 impl<T: Primitive> CollPlan<T> {
     /// A plan of `plan` over `len` elements under the next sequence number of `comm`.
     fn new(comm: &Communicator, plan: Steps, len: usize, reducer: Option<Reducer<T>>) -> Self {
-        let ((sends, recvs), (longest_send, longest_recv)) = (plan.widest(), plan.longest());
-        let home = Arc::new(Mutex::new(None));
+        let (sends, recvs) = plan.widest();
+        let ((own_sends, longest_send), (own_recvs, longest_recv)) = own_buffers::<T>(&plan);
+        let home = Arc::new(Home { run: Mutex::new(None), swap: AtomicBool::new(false) });
         let run = Run {
             sends: Vec::with_capacity(sends),
             recvs: Vec::with_capacity(recvs),
@@ -404,10 +608,12 @@ impl<T: Primitive> CollPlan<T> {
             listens: true,
             at: 0,
             posted: false,
+            lent: false,
+            lends: false,
             work: Vec::with_capacity(if plan.in_place() { 0 } else { len * plan.copies }),
             in_place: false,
-            spare: (0..sends).map(|_| Arc::new(Vec::with_capacity(longest_send))).collect(),
-            scratch: (0..recvs).map(|_| Vec::with_capacity(longest_recv)).collect(),
+            spare: (0..own_sends).map(|_| Arc::new(Vec::with_capacity(longest_send))).collect(),
+            scratch: (0..own_recvs).map(|_| Vec::with_capacity(longest_recv)).collect(),
             plan,
             reducer,
             tag: comm.next_persistent_tag(),
@@ -418,7 +624,7 @@ impl<T: Primitive> CollPlan<T> {
             home: Arc::downgrade(&home),
             comm: Box::new(comm.clone()),
         };
-        *home.lock() = Some(Box::new(run));
+        *home.run.lock() = Some(Box::new(run));
         CollPlan { home, len }
     }
 
@@ -437,7 +643,7 @@ impl<T: Primitive> CollPlan<T> {
     /// completes.
     fn launch(&self, comm: &Communicator, data: &[T], out: Option<Out<T>>) -> Result<Arc<Operation>, Error> {
         self.check_len(comm, data.len())?;
-        let mut run = self.home.lock().take().ok_or(LOST)?;
+        let mut run = self.home.run.lock().take().ok_or(LOST)?;
         run.reclaim(true);
         let op = new_operation(|i| i.context = comm.coll_state().context);
         run.in_place = out.is_some() && run.plan.in_place();
@@ -466,6 +672,14 @@ impl<T: Primitive> Plan<Vec<T>> for CollPlan<T> {
         match self.launch(comm, &buf, Some(out)) {
             Ok(op) => Ok(Request::collective(comm, op, buf)),
             Err(e) => Err((e, buf)),
+        }
+    }
+    fn failed(&self, buf: &mut Vec<T>) {
+        if self.home.swap.swap(false, Ordering::Acquire) {
+            // A send of the failed start may still read the buffer: it is given up, and
+            // its data goes on in a copy.
+            let copy = buf.clone();
+            std::mem::forget(std::mem::replace(buf, copy));
         }
     }
 }

@@ -1,7 +1,8 @@
 //! Large collectives in the steady state allocate no large buffers: the blocking forms work
 //! in the caller's buffer and their steps take their message buffers from the collectives'
 //! pool of scratch buffers, so no call maps fresh memory (whose page faults cost more than
-//! the copies of a large message). One test in this binary: its allocator counts every
+//! the copies of a large message); a persistent one keeps no buffer for a large message.
+//! One test in this binary: its allocator counts every
 //! thread's allocations.
 
 use std::alloc::{GlobalAlloc, Layout, System};
@@ -161,4 +162,54 @@ fn large_collectives_allocate_no_large_buffers_in_the_steady_state() {
     // Of the ranks' own buffers, the four of 1 MiB count.
     let extra = LARGE_BYTES.load(Ordering::Relaxed).saturating_sub(n as usize * 4 * len * 8);
     assert_eq!(extra, 0, "bytes of whole-buffer allocations in 10 rounds of 1 MiB gatherv and scatterv on {n} ranks");
+    drop(rts);
+
+    // A persistent broadcast keeps no buffer for a large message, from its init on: the root
+    // sends from its buffer, the other rank receives straight into its own. Its starts
+    // allocate nothing large.
+    let pair = Runtime::builder().env(false).build_local(2).unwrap();
+    LARGE.store(16 << 10, Ordering::Relaxed);
+    let (init_bytes, start_bytes) = std::thread::scope(|s| {
+        let hs: Vec<_> = pair
+            .iter()
+            .map(|rt| {
+                s.spawn(move || {
+                    let c = rt.world();
+                    let data = vec![u64::from(c.rank()); len];
+                    c.barrier().unwrap();
+                    if c.rank() == 0 {
+                        LARGE_BYTES.store(0, Ordering::Relaxed);
+                        ARMED.store(true, Ordering::Relaxed);
+                    }
+                    c.barrier().unwrap();
+                    let mut p = c.bcast_init(data, 0).unwrap();
+                    c.barrier().unwrap();
+                    let init = (c.rank() == 0).then(|| LARGE_BYTES.swap(0, Ordering::Relaxed));
+                    c.barrier().unwrap();
+                    for round in 0..6u64 {
+                        if c.rank() == 0 {
+                            p.buffer_mut().unwrap().fill(round + 7);
+                        }
+                        p.start().unwrap();
+                        p.wait().unwrap();
+                        assert!(p.buffer().unwrap().iter().all(|&x| x == round + 7), "rank {}, start {round}", c.rank());
+                        if round == 0 {
+                            // The first start's rendezvous is not counted.
+                            c.barrier().unwrap();
+                            if c.rank() == 0 {
+                                LARGE_BYTES.store(0, Ordering::Relaxed);
+                            }
+                            c.barrier().unwrap();
+                        }
+                    }
+                    c.barrier().unwrap();
+                    init.map(|i| (i, LARGE_BYTES.load(Ordering::Relaxed)))
+                })
+            })
+            .collect();
+        hs.into_iter().filter_map(|h| h.join().unwrap()).next().unwrap()
+    });
+    ARMED.store(false, Ordering::Relaxed);
+    assert_eq!(init_bytes, 0, "bytes of large allocations in a 1 MiB bcast_init between 2 ranks");
+    assert_eq!(start_bytes, 0, "bytes of large allocations in 5 starts after the first of a 1 MiB persistent bcast between 2 ranks");
 }

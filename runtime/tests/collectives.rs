@@ -348,3 +348,59 @@ fn long_bcasts_on_many_ranks_take_scatter_and_allgather_and_agree() {
         coll_suite::bcasts_agree_at_every_root(weft::BCAST_SCATTER_RANKS, weft::BCAST_LONG_BYTES / 8 * 3 + 7, false);
     });
 }
+
+/// A persistent collective's large messages go from the user's buffer itself; a start that
+/// fails with one still unread (its peer failed before posting the receive, and takes it
+/// only at its next start) gives back a copy of the buffer, so that what the user writes
+/// into it then does not change what the message carries. A ring allgather of 64 KiB blocks
+/// on four ranks, the last lost: rank 2 fails first, its receive from rank 1 cancelled;
+/// rank 1's first message to it stays in flight when rank 1's start fails in turn; rank 1
+/// then overwrites its buffer, and rank 2's next start takes that message.
+#[test]
+fn a_message_of_a_failed_persistent_start_carries_the_data_of_its_start() {
+    use weft::{Communicator, Error, Persistent, Runtime};
+    const BLOCK: usize = 64 << 10;
+    within(60, "a failed persistent allgather's message in flight", || {
+        let mut rts = Runtime::builder().env(false).build_local(4).unwrap();
+        let last = rts.pop().unwrap();
+        let cs: Vec<Communicator> = rts.iter().map(|rt| rt.world().clone()).collect();
+        let data = |r: usize| {
+            let mut d = vec![0u8; 4 * BLOCK];
+            d[r * BLOCK..(r + 1) * BLOCK].fill(r as u8 + 1);
+            d
+        };
+        let mut ps: Vec<Persistent<'_, Vec<u8>>> = std::thread::scope(|s| {
+            let hs: Vec<_> = cs.iter().enumerate().map(|(r, c)| s.spawn(move || c.allgather_init(data(r)).unwrap())).collect();
+            drop(last.world().allgather_init(data(3)).unwrap());
+            hs.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        drop(last);
+        let lost = Err(Error::PeerLost { rank: 3 });
+        // Tests the started requests of `ranks` on this thread until each has ended.
+        let run = |ps: &mut [Persistent<'_, Vec<u8>>], ranks: &[usize]| {
+            for &r in ranks {
+                ps[r].start().unwrap();
+            }
+            let mut left: Vec<usize> = ranks.to_vec();
+            while !left.is_empty() {
+                left.retain(|&r| match ps[r].test() {
+                    Some(outcome) => {
+                        assert_eq!(outcome.map(drop), lost, "rank {r}");
+                        false
+                    }
+                    None => true,
+                });
+            }
+        };
+        run(&mut ps, &[2]);
+        run(&mut ps, &[0, 1]);
+        ps[1].buffer_mut().unwrap().fill(0xEE);
+        // Rank 2 takes in what came meanwhile (the message waits unmatched).
+        for _ in 0..100 {
+            assert_eq!(cs[2].iprobe(weft::Source::Any, weft::Tag::Any), Ok(None));
+        }
+        run(&mut ps, &[2]);
+        let got = &ps[2].buffer().unwrap()[BLOCK..2 * BLOCK];
+        assert!(got.iter().all(|&x| x == 2), "rank 1's block as rank 2 got it: {:?}", &got[..8]);
+    });
+}

@@ -1206,10 +1206,14 @@ fn a_persistent_collective_dropped_while_active_still_finishes() {
 
 /// A rank lost during a persistent collective fails its start on every survivor (those that
 /// waited for the lost rank, and, through the failure notices, those that waited for a
-/// survivor that failed): none hangs.
+/// survivor that failed): none hangs. A large broadcast from the lost rank, whose messages
+/// would land straight in the survivors' buffers, fails too, and once its wait has returned
+/// nothing writes the buffer any more.
 #[test]
 fn a_rank_lost_during_a_persistent_collective_fails_it_on_every_survivor() {
-    within(60, "a rank that leaves during persistent allreduce and barrier", || {
+    /// Elements of the large broadcast: above the size received in place.
+    const BIG: usize = 64 << 10;
+    within(60, "a rank that leaves during persistent allreduce, barrier and large bcast", || {
         for n in [3u32, 4, 5] {
             let mut rts = super::builder().build_local(n).unwrap();
             let last = rts.pop().unwrap();
@@ -1223,11 +1227,22 @@ fn a_rank_lost_during_a_persistent_collective_fails_it_on_every_survivor() {
                             let c = rt.world();
                             let mut sum = c.allreduce_init(vec![1u32], Op::Sum).unwrap();
                             let mut bar = c.barrier_init().unwrap();
+                            let mut big = c.bcast_init(vec![c.rank() as u8; BIG], n - 1).unwrap();
+                            big.start().unwrap();
                             ready.wait();
                             sum.start().unwrap();
                             let small = sum.wait().map(drop);
                             bar.start().unwrap();
-                            (small, bar.wait().map(drop))
+                            let bar = bar.wait().map(drop);
+                            let large = big.wait().map(drop);
+                            // What the failed start left in the buffer stays as it is.
+                            let left = big.buffer().unwrap().to_vec();
+                            let until = std::time::Instant::now() + std::time::Duration::from_millis(20);
+                            while std::time::Instant::now() < until {
+                                let _ = c.iprobe(Source::Any, Tag::Any);
+                            }
+                            assert!(big.buffer().unwrap() == &left[..], "size {n}, rank {}: written after its failed start", c.rank());
+                            (small, bar, large)
                         })
                     })
                     .collect();
@@ -1235,7 +1250,11 @@ fn a_rank_lost_during_a_persistent_collective_fails_it_on_every_survivor() {
                 // are in their starts.
                 {
                     let c = last.world();
-                    let inits = (c.allreduce_init(vec![1u32], Op::Sum).unwrap(), c.barrier_init().unwrap());
+                    let inits = (
+                        c.allreduce_init(vec![1u32], Op::Sum).unwrap(),
+                        c.barrier_init().unwrap(),
+                        c.bcast_init(vec![9u8; BIG], n - 1).unwrap(),
+                    );
                     ready.wait();
                     std::thread::sleep(std::time::Duration::from_millis(20));
                     drop(inits);
@@ -1244,8 +1263,8 @@ fn a_rank_lost_during_a_persistent_collective_fails_it_on_every_survivor() {
                 hs.into_iter().map(|h| h.join().unwrap()).collect::<Vec<_>>()
             });
             let lost = Err(Error::PeerLost { rank: n - 1 });
-            for (r, (small, bar)) in out.into_iter().enumerate() {
-                assert_eq!((&small, &bar), (&lost, &lost), "size {n}, rank {r}");
+            for (r, (small, bar, large)) in out.into_iter().enumerate() {
+                assert_eq!((&small, &bar, &large), (&lost, &lost, &lost), "size {n}, rank {r}");
             }
         }
     });
