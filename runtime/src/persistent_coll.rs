@@ -57,14 +57,15 @@
 //! power of two of ranks a reduce-scatter and gather. A start works in the user's buffer
 //! itself where the plan allows (its data is the result, or nothing lands on it), else in a
 //! working copy (a reduction's other ranks, whose buffers are left as they were; the prefix
-//! reductions, which keep a partial result beside the running one). Each message it sends
-//! goes from a copy of its own, kept from init on (a send cannot be withdrawn, and a start
-//! that fails gives the user's buffer back while a send of it may still be on its way to a
-//! member that failed too). A large message that only replaces a part of the working data
-//! which no send of its step reads is received straight into that part, as the blocking
-//! call receives it (on the same host a single copy); a start that fails ends only once
-//! such a receive has completed or been cancelled. Every other message is received into a
-//! buffer of its own, kept from init on, and lands from there.
+//! reductions, which keep a partial result beside the running one). As the blocking calls
+//! do (`nbc::LEND_MIN_BYTES`), a large message goes from the working data itself, and one
+//! that only replaces a part of the working data which no send of its step reads is
+//! received straight into that part: on the same host, a single copy. A start that fails
+//! ends only once such a receive has completed or been cancelled; a send cannot be
+//! withdrawn, and one still unread when its start fails (its peer failed too, before it
+//! posted the receive) may be read until the peer's next start, so that memory is given up
+//! (`Run::give_up_lent`): the user gets a copy of the buffer back. Every other message goes
+//! through a buffer of the schedule's own, kept from init on.
 
 use std::ops::Range;
 use std::ptr::NonNull;
@@ -129,8 +130,8 @@ struct Run<T: Primitive> {
     /// ([`give_up_lent`](Run::give_up_lent)).
     lends: bool,
     /// The working data, where the start does not work in the user's buffer itself
-    /// (`in_place`); the copies for sends not in flight (each as long as the longest send),
-    /// the buffers of receives not in flight (as long as the longest receive).
+    /// (`in_place`); the copies for small sends not in flight (each as long as the longest),
+    /// the buffers of receives not lent and not in flight (as long as the longest).
     work: Vec<T>,
     in_place: bool,
     spare: Vec<Arc<Vec<T>>>,
