@@ -337,6 +337,10 @@ impl<T: Primitive> Run<T> {
     /// dropped (the runtime keeps its buffer until it finishes), else it stays, for the next
     /// start to take back.
     fn reclaim(&mut self, all: bool) {
+        // After a start that ended well, nothing (the common case: two empty walks saved).
+        if self.sends.is_empty() && self.recvs.is_empty() {
+            return;
+        }
         let spare = &mut self.spare;
         self.sends.retain_mut(|r| match r.take_parts() {
             Some((Shared::Copy(b), _)) => {
