@@ -147,8 +147,10 @@ impl<T: Primitive> Out<T> {
     /// # Safety
     /// Called by the schedule's steps only, each slice dropped before the next is made and
     /// before the request's cell completes; the transport holds a pointer into it only for
-    /// a receive lent a part of it (`persistent_coll.rs`), which completes before the
-    /// request's cell does (the steps send copies), so nothing touches it after completion.
+    /// a message of a persistent collective lent a part of it (`persistent_coll.rs`): a
+    /// receive completes before the request's cell does, and a send still unread when its
+    /// start fails keeps the memory, the request getting a copy back (`Run::give_up_lent`),
+    /// so nothing touches the buffer the owner has after completion.
     #[allow(clippy::mut_from_ref)]
     pub(crate) unsafe fn slice(&self) -> &mut [T] {
         // SAFETY: `ptr` addresses `len` elements alive until the request's cell completes,
