@@ -79,7 +79,7 @@ use crate::buffer::{Primitive, RecvBuf, SendBuf};
 use crate::coll::{allreduce_into, bcast_is_long, blocks, check_op, combine, even, reduce_is_long, Op, OpKind, Reducible};
 use crate::coll_steps::{
     allgather_steps, alltoall_steps, barrier_steps, bcast_long_steps, bcast_steps, fold_copies, gather_steps, land, reduce_long_steps,
-    reduce_steps, scan_steps, scatter_steps, Steps,
+    reduce_steps, scan_steps, scatter_steps, Outgoing, Steps,
 };
 use crate::comm::Communicator;
 use crate::engine::Schedule;
@@ -178,6 +178,12 @@ unsafe impl<T: Primitive> SendBuf for Shared<T> {
             Shared::Lent { at, len } => unsafe { std::slice::from_raw_parts(at.as_ptr().cast(), len * std::mem::size_of::<T>()) },
         }
     }
+}
+
+/// Whether send `o` of elements `T` is lent its part of the working data ([`Shared::Lent`]),
+/// as the blocking collectives lend theirs.
+fn lent_send<T>(o: &Outgoing) -> bool {
+    o.at.len() * std::mem::size_of::<T>() >= LEND_MIN_BYTES
 }
 
 /// Where a step's receive goes: a buffer of the schedule's own, whose message then lands in
@@ -279,7 +285,7 @@ impl<T: Primitive> Run<T> {
         let mut last: Option<(Range<usize>, Arc<Vec<T>>)> = None;
         for o in &self.plan.sends[step.sends] {
             assert!(o.at.end <= data.len(), "a send's part lies in the working data");
-            if o.at.len() * std::mem::size_of::<T>() >= LEND_MIN_BYTES {
+            if lent_send::<T>(o) {
                 self.lends = true;
                 // SAFETY: within the working data (checked); see `Shared`.
                 let b = Shared::Lent { at: unsafe { data.cast::<T>().add(o.at.start) }, len: o.at.len() };
@@ -577,7 +583,7 @@ fn own_buffers<T>(plan: &Steps) -> ((usize, usize), (usize, usize)) {
         (most.max(n), longest.max(l))
     };
     for step in &plan.steps {
-        sends = most(sends, &mut plan.sends[step.sends.clone()].iter().map(|o| o.at.len()).filter(|len| len * size < LEND_MIN_BYTES));
+        sends = most(sends, &mut plan.sends[step.sends.clone()].iter().filter(|o| !lent_send::<T>(o)).map(|o| o.at.len()));
         let own = plan.recvs[step.recvs.clone()].iter().filter(|inc| in_place_landing(plan, step, inc, size).is_none());
         recvs = most(recvs, &mut own.map(|inc| inc.len));
     }
