@@ -24,15 +24,19 @@ incl() {
 }
 per() { awk -v a="$1" -v n="$2" 'BEGIN { printf "%.0f", a / n }'; }
 
-valgrind --tool=callgrind --callgrind-out-file="$DIR/weft" --toggle-collect='weft_bench::msgcost::rounds*' \
+# The loop as users build it: `isend` and `irecv` inlined into it.
+valgrind --tool=callgrind --callgrind-out-file="$DIR/built" --toggle-collect='weft_bench::msgcost::rounds*' \
     "$BENCH" msgcost -w 128 -i 200 --runs 1 --progress concurrent >/dev/null 2>&1
+built=$(incl "$DIR/built" 'PROGRAM TOTALS')
+# The stages: the same loop calling `isend` and `irecv` through functions of its own
+# (`--outlined`), whose inclusive costs make the request stages.
+valgrind --tool=callgrind --callgrind-out-file="$DIR/weft" --toggle-collect='weft_bench::msgcost::rounds*' \
+    "$BENCH" msgcost -w 128 -i 200 --runs 1 --progress concurrent --outlined >/dev/null 2>&1
 W="$DIR/weft"
 total=$(incl "$W" 'PROGRAM TOTALS')
-# `isend` and `irecv` are inlined into the loop (their argument checks count in the rest):
-# their inner halves, `isend_on` and `irecv_on`, make the stages.
-isend=$(incl "$W" 'comm.rs:weft::comm::Communicator::isend(_on)?$')
+isend=$(incl "$W" 'msgcost.rs:weft_bench::msgcost::isend_call$')
 tsend=$(incl "$W" 'transport/src/provider.rs:weft::(progress::send::.*post_frame.*|comm::Communicator::isend)$')
-irecv=$(incl "$W" 'comm.rs:weft::comm::Communicator::irecv(_on|_here)?$')
+irecv=$(incl "$W" 'msgcost.rs:weft_bench::msgcost::irecv_call$')
 post=$(incl "$W" 'matching/mod.rs:weft::matching::MatchState::post_into$')
 progress=$(incl "$W" 'engine/frames.rs:weft::engine::frames::.*progress_cri$')
 handle=$(incl "$W" 'engine/frames.rs:weft::engine::frames::.*handle_frames$')
@@ -46,9 +50,9 @@ drop_=$(( $(incl "$W" 'request.rs:<weft::request::Request<B> as core::ops::drop:
 
 echo "| stage | weft | what it covers |"
 echo "|---|---|---|"
-echo "| send request | $(per $((isend - tsend)) $MSGS) | \`isend_on\`: CRI, sequence number, operation, less the transport |"
+echo "| send request | $(per $((isend - tsend)) $MSGS) | \`isend\`: argument checks, CRI, sequence numbers, the request, less the transport |"
 echo "| transport, send | $(per "$tsend" $MSGS) | the frame into the peer's inbox, the doorbell |"
-echo "| receive request | $(per $((irecv - post)) $MSGS) | \`irecv_on\`: operation, matching lock, less the matching |"
+echo "| receive request | $(per $((irecv - post)) $MSGS) | \`irecv\`: argument checks, operation, matching lock, the request, less the matching |"
 echo "| matching | $(per $((post + arrive)) $MSGS) | posting the receive, pairing the arrived frame |"
 echo "| transport, receive | $(per $((progress - handle)) $MSGS) | taking the frame from the inbox |"
 # The pass's loop over its matches inlines the completion (`complete_match`): counted in
@@ -59,8 +63,9 @@ echo "| progress, other | $(per $((wait - progress + handle - arrive - finish)) 
 # `take` inlines into the loop, as does a taken request's drop: counted in the rest then.
 if [ $((take + drop_)) -gt 0 ]; then release=$(per $((take + drop_)) $MSGS); else release="(in the rest)"; fi
 echo "| wait and release | $release | taking the result, dropping the requests |"
-echo "| the rest, inlined into the loop | $(per $((total - isend - irecv - wait - take - drop_)) $MSGS) | argument checks, \`wait_all\` around the progress pass, taking the results, request drops, the loop's buffer and request vectors |"
+echo "| the rest, inlined into the loop | $(per $((total - isend - irecv - wait - take - drop_)) $MSGS) | \`wait_all\` around the progress pass, taking the results, request drops, the loop's buffer and request vectors |"
 echo "| **all** | **$(per "$total" $MSGS)** | |"
+echo "| **all, \`isend\` and \`irecv\` inlined into the loop (as built)** | **$(per "$built" $MSGS)** | |"
 
 # The same loop with the receives posted once every frame has arrived (`--late-receives`):
 # each frame queued as unexpected, then found by its receive.

@@ -17,7 +17,7 @@
 
 use std::time::Instant;
 
-use weft::{ProgressMode, Runtime, Source, Tag};
+use weft::{Communicator, ProgressMode, Request, Runtime, Source, Tag};
 
 use crate::report::{median, parse_list, Output, Table};
 
@@ -50,6 +50,11 @@ pub struct Args {
     /// unexpected, then found by its receive).
     #[arg(long)]
     late_receives: bool,
+    /// Calls `isend` and `irecv` through functions of their own, which the library inlines
+    /// into its callers otherwise: for `benches/stages.sh`, which counts each stage as a
+    /// function's inclusive cost.
+    #[arg(long, hide = true)]
+    outlined: bool,
     #[command(flatten)]
     out: Output,
 }
@@ -81,6 +86,7 @@ pub fn run(a: &Args) -> Result<(), String> {
                 .build_local(2)
                 .map_err(|e| e.to_string())?;
             // A first run warms the request pools, buffers and inboxes; it is not counted.
+            let rounds = if a.outlined { rounds::<true> } else { rounds::<false> };
             rounds(&rts, size, a.window, a.iterations / 10 + 1, a.late_receives)?;
             let mut ns = Vec::with_capacity(a.runs);
             for run in 0..a.runs {
@@ -97,8 +103,9 @@ pub fn run(a: &Args) -> Result<(), String> {
 }
 
 /// `n` rounds of `w` messages of `size` bytes from rank 0 to rank 1, checked; with `late`,
-/// the receives posted after every frame has arrived.
-fn rounds(rts: &[Runtime], size: usize, w: usize, n: usize, late: bool) -> Result<(), String> {
+/// the receives posted after every frame has arrived; `OUTLINED`: `isend` and `irecv`
+/// called through [`isend_call`] and [`irecv_call`].
+fn rounds<const OUTLINED: bool>(rts: &[Runtime], size: usize, w: usize, n: usize, late: bool) -> Result<(), String> {
     let e = |e: weft::Error| e.to_string();
     let (a, b) = (rts[0].world(), rts[1].world());
     let mut rbufs: Vec<Vec<u8>> = (0..w).map(|_| Vec::with_capacity(size)).collect();
@@ -108,7 +115,7 @@ fn rounds(rts: &[Runtime], size: usize, w: usize, n: usize, late: bool) -> Resul
     for _ in 0..n {
         if late {
             for buf in sbufs.drain(..) {
-                sends.push(a.isend(buf, 1, 1).map_err(e)?);
+                sends.push(if OUTLINED { isend_call(a, buf) } else { a.isend(buf, 1, 1) }.map_err(e)?);
             }
             weft::wait_all(&mut sends).map_err(e)?;
             // Every frame is in rank 1's inbox: a pass at most per frame queues them all.
@@ -119,10 +126,10 @@ fn rounds(rts: &[Runtime], size: usize, w: usize, n: usize, late: bool) -> Resul
             }
         }
         for buf in rbufs.drain(..) {
-            recvs.push(b.irecv(buf, Source::Rank(0), Tag::Is(1)).map_err(e)?);
+            recvs.push(if OUTLINED { irecv_call(b, buf) } else { b.irecv(buf, Source::Rank(0), Tag::Is(1)) }.map_err(e)?);
         }
         for buf in sbufs.drain(..) {
-            sends.push(a.isend(buf, 1, 1).map_err(e)?);
+            sends.push(if OUTLINED { isend_call(a, buf) } else { a.isend(buf, 1, 1) }.map_err(e)?);
         }
         if !late {
             weft::wait_all(&mut sends).map_err(e)?;
@@ -142,4 +149,16 @@ fn rounds(rts: &[Runtime], size: usize, w: usize, n: usize, late: bool) -> Resul
         sends.clear();
     }
     Ok(())
+}
+
+/// `isend` of the measured loop, as a function of its own (`--outlined`).
+#[inline(never)]
+fn isend_call(c: &Communicator, buf: Vec<u8>) -> Result<Request<'_, Vec<u8>>, weft::Error> {
+    c.isend(buf, 1, 1)
+}
+
+/// `irecv` of the measured loop, as a function of its own (`--outlined`).
+#[inline(never)]
+fn irecv_call(c: &Communicator, buf: Vec<u8>) -> Result<Request<'_, Vec<u8>>, weft::Error> {
+    c.irecv(buf, Source::Rank(0), Tag::Is(1))
 }
