@@ -127,3 +127,26 @@ fn multirate_transport_mode_needs_processes() {
     assert_eq!(out.status.code(), Some(2), "{out:?}");
     assert!(String::from_utf8_lossy(&out.stderr).contains("--mode transport runs real processes"), "{out:?}");
 }
+
+/// `benches/stages.sh` counts the stages of a message in `msgcost --outlined`, where
+/// `isend` and `irecv` are called through functions of the benchmark's own: the same loop,
+/// each receive's length checked against the size sent, as the inlined one runs.
+#[test]
+fn msgcost_outlined_runs_the_same_checked_loop() {
+    for extra in [&[][..], &["--outlined"][..], &["--outlined", "--late-receives"][..]] {
+        let args =
+            [&["msgcost", "--progress", "concurrent", "-s", "0,100", "-w", "16", "-i", "20", "--runs", "1", "--csv"][..], extra].concat();
+        let out = weft_bench(&args);
+        assert!(out.status.success(), "{args:?}: {}", String::from_utf8_lossy(&out.stderr));
+        let stdout = String::from_utf8(out.stdout).expect("utf-8");
+        let lines: Vec<&str> = stdout.lines().collect();
+        let header: Vec<&str> = lines[0].split(',').collect();
+        let ns = header.iter().position(|c| *c == "ns_per_message").expect("an ns_per_message column");
+        let size = header.iter().position(|c| *c == "size").expect("a size column");
+        let rows: Vec<Vec<&str>> = lines[1..].iter().map(|l| l.split(',').collect()).collect();
+        assert_eq!(rows.iter().map(|r| r[size]).collect::<Vec<_>>(), ["0", "100"], "{args:?}:\n{stdout}");
+        for r in &rows {
+            assert!(r[ns].parse::<f64>().is_ok_and(|v| v > 0.0), "{args:?}: {r:?}");
+        }
+    }
+}
