@@ -35,7 +35,7 @@ valgrind --tool=callgrind --callgrind-out-file="$DIR/weft" --toggle-collect='wef
 W="$DIR/weft"
 total=$(incl "$W" 'PROGRAM TOTALS')
 isend=$(incl "$W" 'msgcost.rs:weft_bench::msgcost::isend_call$')
-tsend=$(incl "$W" 'transport/src/provider.rs:weft::(progress::send::.*post_frame.*|comm::Communicator::isend)$')
+tsend=$(incl "$W" 'transport/src/provider.rs:weft::progress::send::.*post_frame.*$')
 irecv=$(incl "$W" 'msgcost.rs:weft_bench::msgcost::irecv_call$')
 post=$(incl "$W" 'matching/mod.rs:weft::matching::MatchState::post_into$')
 progress=$(incl "$W" 'engine/frames.rs:weft::engine::frames::.*progress_cri$')

@@ -436,16 +436,15 @@ impl<T: Primitive> Run<T> {
             let used = match outcome {
                 Err(e) => Err(step_error(&self.comm, e)),
                 Ok(_) if got.len() != inc.len => Err(MISMATCH),
-                // Landed in place.
-                Ok(_) if matches!(got, Inbound::Lent { .. }) => Ok(()),
                 Ok(_) => {
-                    let reducer = self.reducer;
-                    let combine = |ours: &mut [T], theirs: &[T], theirs_first| {
-                        if let Some((op, f)) = reducer {
-                            f(op, ours, theirs, theirs_first);
-                        }
-                    };
+                    // A lent receive landed in place already.
                     if let Inbound::Own(got) = &got {
+                        let reducer = self.reducer;
+                        let combine = |ours: &mut [T], theirs: &[T], theirs_first| {
+                            if let Some((op, f)) = reducer {
+                                f(op, ours, theirs, theirs_first);
+                            }
+                        };
                         land(working(&mut self.work, &self.out, self.in_place), &self.plan.landings[inc.lands.clone()], got, &combine);
                     }
                     Ok(())
