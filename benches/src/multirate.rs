@@ -894,7 +894,7 @@ fn sender(role: &Role<'_>, p: &Phases<'_>, strike: Strike) -> Result<Window, Str
         // Ready from every receiver.
         let mut readies: Vec<Request<'_, Vec<u8>>> = Vec::with_capacity(role.links.len());
         for (x, &(l, peer)) in role.links.iter().enumerate() {
-            readies.push(role.comm_of[x].irecv(ctl.pop().unwrap_or_default(), Source::Rank(peer), Tag::Is(tags(l).1)).map_err(e)?);
+            role.comm_of[x].irecv_into(&mut readies, ctl.pop().unwrap_or_default(), Source::Rank(peer), Tag::Is(tags(l).1)).map_err(e)?;
         }
         weft::wait_all(&mut readies).map_err(e)?;
         ctl.extend(readies.iter_mut().filter_map(|r| r.take()).filter_map(|r| r.ok()).map(|(b, _)| b));
@@ -903,7 +903,7 @@ fn sender(role: &Role<'_>, p: &Phases<'_>, strike: Strike) -> Result<Window, Str
         for (x, &(l, peer)) in role.links.iter().enumerate() {
             for _ in 0..p.w {
                 let b = bufs.pop().unwrap_or_default();
-                reqs.push(role.comm_of[x].isend(b, peer, tags(l).0).map_err(e)?);
+                role.comm_of[x].isend_into(&mut reqs, b, peer, tags(l).0).map_err(e)?;
             }
         }
         weft::wait_all(&mut reqs).map_err(e)?;
@@ -911,7 +911,7 @@ fn sender(role: &Role<'_>, p: &Phases<'_>, strike: Strike) -> Result<Window, Str
         // Acks.
         let mut acks: Vec<Request<'_, Vec<u8>>> = Vec::with_capacity(role.links.len());
         for (x, &(l, peer)) in role.links.iter().enumerate() {
-            acks.push(role.comm_of[x].irecv(ctl.pop().unwrap_or_default(), Source::Rank(peer), Tag::Is(tags(l).2)).map_err(e)?);
+            role.comm_of[x].irecv_into(&mut acks, ctl.pop().unwrap_or_default(), Source::Rank(peer), Tag::Is(tags(l).2)).map_err(e)?;
         }
         weft::wait_all(&mut acks).map_err(e)?;
         ctl.extend(acks.iter_mut().filter_map(|r| r.take()).filter_map(|r| r.ok()).map(|(b, _)| b));
@@ -931,7 +931,7 @@ fn receiver(role: &Role<'_>, p: &Phases<'_>, strike: Strike) -> Result<Window, S
         for (x, &(l, peer)) in role.links.iter().enumerate() {
             for _ in 0..p.w {
                 let b = bufs.pop().unwrap_or_else(|| Vec::with_capacity(size));
-                reqs.push(role.comm_of[x].irecv(b, Source::Rank(peer), Tag::Is(tags(l).0)).map_err(e)?);
+                role.comm_of[x].irecv_into(&mut reqs, b, Source::Rank(peer), Tag::Is(tags(l).0)).map_err(e)?;
             }
         }
         for (x, &(l, peer)) in role.links.iter().enumerate() {
@@ -1227,7 +1227,7 @@ fn transport_worker(p: &Point, a: &Args, provider: Provider, cpus: &[usize]) -> 
     let frame = |tag: i32, len: usize| crate::pingpong::eager_header(me, tag, len);
     let send = |counts: &mut [u64; 4], dst: u32, tag: i32, bytes: &[u8]| -> Result<(), String> {
         loop {
-            match rank.send(dst, 0, frame(tag, bytes.len()), bytes) {
+            match rank.send(dst, 0, &frame(tag, bytes.len()), bytes) {
                 Ok(()) => return Ok(()),
                 Err(SendError::WouldBlock) => poll(counts)?,
                 Err(err) => return Err(format!("--mode transport: send to rank {dst}: {err:?}")),

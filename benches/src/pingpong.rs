@@ -248,7 +248,7 @@ fn transport_worker(p: Provider, size: usize, iterations: usize, lane: bool) -> 
     // Bounded: a lost peer or a stuck provider ends the run with an error, not a hang.
     let deadline = Instant::now() + Duration::from_secs(120);
     let send = || loop {
-        match rank.send(other, 0, header, &data) {
+        match rank.send(other, 0, &header, &data) {
             Ok(()) => return Ok(()),
             Err(SendError::WouldBlock) if Instant::now() < deadline => {}
             Err(err) => return Err(format!("transport send: {err:?}")),

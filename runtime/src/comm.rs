@@ -299,6 +299,37 @@ impl Communicator {
         self.isend_on(&self.p2p, buf, self.world_of(dest), tag).map_err(|e| self.local_error(e))
     }
 
+    /// [`isend`](Self::isend), appending the request to `reqs` (as `MPI_Isend` writes its
+    /// request into the caller's array): on success `reqs` has one more element, on an
+    /// error it is unchanged (and `buf` dropped).
+    ///
+    /// The request is written straight into `reqs`'s storage. `reqs.push(comm.isend(..)?)`
+    /// builds it in a temporary and copies it over with 16-byte loads; each spans fields
+    /// written by narrower stores, so it cannot take its value from the store buffer and
+    /// waits until every older store has reached the cache, among them the frame's slot,
+    /// whose line the receiving core holds: a wait of a core-to-core transfer a message
+    /// in a loop of sends (docs/BENCHMARKS.md, "Message rate: multirate").
+    #[inline(always)]
+    pub fn isend_into<'c, B: SendBuf>(&'c self, reqs: &mut Vec<Request<'c, B>>, buf: B, dest: u32, tag: i32) -> Result<(), Error> {
+        self.check(dest, tag)?;
+        reqs.reserve(1);
+        let at = reqs.as_mut_ptr().wrapping_add(reqs.len());
+        // SAFETY (both writes): `reserve` made room for one element past the length, and
+        // nothing touches `reqs` until `set_len` below counts the element written.
+        self.post_send(
+            &self.p2p,
+            buf,
+            (self.world_of(dest), tag),
+            |e, _| e,
+            |st, b| unsafe { at.write(Request::sent(self, st, b)) },
+            |r| unsafe { at.write(r) },
+        )
+        .map_err(|e| self.local_error(e))?;
+        // SAFETY: the element past the length was written above.
+        unsafe { reqs.set_len(reqs.len() + 1) };
+        Ok(())
+    }
+
     /// Starts sending on context `st` to world rank `dest`.
     #[inline(always)]
     pub(crate) fn isend_on<B: SendBuf>(&self, st: &CommState, buf: B, dest: u32, tag: i32) -> Result<Request<'_, B>, Error> {
@@ -444,13 +475,38 @@ impl Communicator {
         self.irecv_here(buf, source, tag)
     }
 
+    /// [`irecv`](Self::irecv), appending the request to `reqs` (as `MPI_Irecv` writes its
+    /// request into the caller's array): on success `reqs` has one more element, on an
+    /// error it is unchanged (and `buf` dropped). The request is written straight into
+    /// `reqs`'s storage, not copied there from a temporary (see
+    /// [`isend_into`](Self::isend_into)).
+    #[inline(always)]
+    pub fn irecv_into<'c, B: RecvBuf>(
+        &'c self,
+        reqs: &mut Vec<Request<'c, B>>,
+        buf: B,
+        source: impl Into<Source>,
+        tag: impl Into<Tag>,
+    ) -> Result<(), Error> {
+        let tag = tag.into();
+        let source = self.check_recv(source.into(), tag)?;
+        reqs.reserve(1);
+        let at = reqs.as_mut_ptr().wrapping_add(reqs.len());
+        // SAFETY: `reserve` made room for one element past the length, and nothing touches
+        // `reqs` until `set_len` below counts the element written.
+        self.post_recv(&self.p2p, buf, source, tag, |e, _| self.local_error(e), |r| unsafe { at.write(r) })?;
+        // SAFETY: the element past the length was written above.
+        unsafe { reqs.set_len(reqs.len() + 1) };
+        Ok(())
+    }
+
     /// [`irecv_on`](Self::irecv_on) on the user context, an error naming ranks here: the
     /// request is built in the result `irecv` returns, not moved out of the inner call's
     /// result by an error's translation (72 bytes a receive), and inlined with `irecv`
     /// into the caller (see `isend`).
     #[inline(always)]
     fn irecv_here<B: RecvBuf>(&self, buf: B, source: Source, tag: Tag) -> Result<Request<'_, B>, Error> {
-        self.post_recv(&self.p2p, buf, source, tag, |e, _| self.local_error(e))
+        self.post_recv(&self.p2p, buf, source, tag, |e, _| self.local_error(e), |r| r)
     }
 
     /// A receive's source and tag, on a communicator not freed: the source as a world rank.
@@ -490,26 +546,28 @@ impl Communicator {
     /// Starts receiving on context `st` from `source` (a world rank).
     pub(crate) fn irecv_on<B: RecvBuf>(&self, st: &CommState, buf: B, source: Source, tag: Tag) -> Result<Request<'_, B>, Error> {
         // The request is built in the result returned, not repacked from another `Result`.
-        self.post_recv(st, buf, source, tag, |e, _| e)
+        self.post_recv(st, buf, source, tag, |e, _| e, |r| r)
     }
 
     /// [`irecv_on`](Self::irecv_on), giving the buffer back with the error of a receive that
     /// could not be posted (a persistent collective keeps it for its next start).
     pub(crate) fn irecv_or_back<B: RecvBuf>(&self, st: &CommState, buf: B, source: Source, tag: Tag) -> Result<Request<'_, B>, (Error, B)> {
-        self.post_recv(st, buf, source, tag, |e, b| (e, b))
+        self.post_recv(st, buf, source, tag, |e, b| (e, b), |r| r)
     }
 
     /// Posts a receive on context `st`; a receive that could not be posted gives its error
-    /// and buffer to `refused`.
+    /// and buffer to `refused`, one posted its request to `made` (which builds the
+    /// caller's result in place).
     #[inline(always)]
-    fn post_recv<B: RecvBuf, E>(
-        &self,
+    fn post_recv<'c, B: RecvBuf, E, R>(
+        &'c self,
         st: &CommState,
         mut buf: B,
         source: Source,
         tag: Tag,
         refused: impl FnOnce(Error, B) -> E,
-    ) -> Result<Request<'_, B>, E> {
+        made: impl FnOnce(Request<'c, B>) -> R,
+    ) -> Result<R, E> {
         let s = &*self.engine;
         let inner = recv_operation(st.context, &mut buf);
         s.lay_out_for(st, source, tag);
@@ -541,7 +599,7 @@ impl Communicator {
         if let Some(frame) = early {
             s.finish_match(s.cri_for_thread(), Held::of(&inner), frame);
         }
-        Ok(Request::recv(self, inner, buf, at.part))
+        Ok(made(Request::recv(self, inner, buf, at.part)))
     }
 
     /// Sends and waits (`MPI_Send`).

@@ -18,6 +18,7 @@ fn steady_state_paths_allocate_nothing() {
     eager_steady_state_allocates_nothing();
     a_wait_parked_over_finished_sends_allocates_nothing();
     late_receives_allocate_nothing();
+    requests_written_into_arrays_allocate_nothing();
 }
 
 /// Eager sends and receives, posted first and late, in every progress mode, once warm.
@@ -189,4 +190,39 @@ fn late_receives_allocate_nothing() {
         }
     });
     assert_eq!(n, 0, "allocations in 3,200 messages received late");
+}
+
+/// Requests written into the caller's arrays (`isend_into`, `irecv_into`) allocate nothing
+/// once the arrays have room: the arrays are reused, as a window of a message-rate loop.
+fn requests_written_into_arrays_allocate_nothing() {
+    let rts = Runtime::builder().env(false).progress(ProgressMode::Concurrent).cris(1).build_local(2).unwrap();
+    let (c0, c1) = (rts[0].world(), rts[1].world());
+    let mut sbufs: Vec<Vec<u8>> = (0..8).map(|_| vec![5u8; 8]).collect();
+    let mut rbufs: Vec<Vec<u8>> = (0..8).map(|_| Vec::with_capacity(8)).collect();
+    let mut sends = Vec::with_capacity(8);
+    let mut recvs = Vec::with_capacity(8);
+    let mut round = || {
+        for b in rbufs.drain(..) {
+            c1.irecv_into(&mut recvs, b, 0u32, 4).unwrap();
+        }
+        for b in sbufs.drain(..) {
+            c0.isend_into(&mut sends, b, 1, 4).unwrap();
+        }
+        weft::wait_all(&mut recvs).unwrap();
+        weft::wait_all(&mut sends).unwrap();
+        rbufs.extend(recvs.iter_mut().map(|r| r.take().unwrap().unwrap().0));
+        sbufs.extend(sends.iter_mut().map(|r| r.take().unwrap().unwrap().0));
+        assert!(rbufs.iter().all(|b| b[..] == [5u8; 8]));
+        recvs.clear();
+        sends.clear();
+    };
+    for _ in 0..2000 {
+        round();
+    }
+    let n = counting::allocations(|| {
+        for _ in 0..2000 {
+            round();
+        }
+    });
+    assert_eq!(n, 0, "allocations in 16,000 messages with their requests written into arrays");
 }

@@ -442,13 +442,13 @@ impl EmbeddedRank {
 
     /// Sends one frame with `data` as payload to CRI `dst_cri` of rank `dst`. The payload is
     /// copied: the send is complete when this returns `Ok`.
-    pub fn send(&self, dst: u32, dst_cri: usize, header: Header, data: &[u8]) -> Result<(), SendError> {
+    pub fn send(&self, dst: u32, dst_cri: usize, header: &Header, data: &[u8]) -> Result<(), SendError> {
         let peer = self.world.ranks.get(dst as usize).ok_or(SendError::PeerLost)?;
         // Acquire: pairs with `close`'s release; a closed peer must not get new frames.
         if !peer.alive.load(Ordering::Acquire) {
             return Err(SendError::PeerLost);
         }
-        if !Packed::fits(&header, data.len()) {
+        if !Packed::fits(header, data.len()) {
             return Err(SendError::Invalid(
                 "a frame with a payload carries no rendezvous fields, its len is the payload's, and no sender sets addr",
             ));
@@ -459,7 +459,7 @@ impl EmbeddedRank {
         // Packed in the slot the push claims (no copy of the packed frame through the
         // stack), and only then: a refused frame takes no pooled buffer.
         let packed = || {
-            Packed::pack(&header, data, || {
+            Packed::pack(header, data, || {
                 let mut buf = self.me().pool.pop().unwrap_or_default();
                 if buf.capacity() < data.len() {
                     buf.clear();
@@ -843,7 +843,7 @@ mod tests {
             (header(FrameKind::Eager, 200, 0, 0, 0), big),
         ];
         for (h, data) in &cases {
-            eps[0].send(1, 1, *h, data).unwrap();
+            eps[0].send(1, 1, h, data).unwrap();
             let mut got = Vec::new();
             assert_eq!(eps[1].poll(1, 8, |f| got.push(f)), 1);
             let f = got.pop().unwrap();
@@ -865,7 +865,7 @@ mod tests {
             (header(FrameKind::Eager, 200, 0, 0, 0), (0..200u32).map(|i| i as u8).collect()),
         ];
         for (h, data) in &cases {
-            eps[0].send(1, 0, *h, data).unwrap();
+            eps[0].send(1, 0, h, data).unwrap();
         }
         let already = Frame { header: header(FrameKind::Fin, 0, 0, 0, 0), payload: Payload::Empty };
         let mut got = vec![already];
@@ -886,9 +886,9 @@ mod tests {
     #[test]
     fn payload_with_rendezvous_fields_is_refused() {
         let eps = fabric(EmbeddedOptions { ranks: 2, ..EmbeddedOptions::default() }).unwrap();
-        assert!(matches!(eps[0].send(1, 0, header(FrameKind::Rts, 3, 0, 5, 8), b""), Err(SendError::Invalid(_))));
+        assert!(matches!(eps[0].send(1, 0, &header(FrameKind::Rts, 3, 0, 5, 8), b""), Err(SendError::Invalid(_))));
         for h in [header(FrameKind::Eager, 3, 1, 0, 0), header(FrameKind::Eager, 2, 0, 0, 0), header(FrameKind::Rts, 3, 0, 5, 0)] {
-            assert!(matches!(eps[0].send(1, 0, h, b"abc"), Err(SendError::Invalid(_))));
+            assert!(matches!(eps[0].send(1, 0, &h, b"abc"), Err(SendError::Invalid(_))));
         }
         assert!(!eps[1].has_frames(0));
     }
@@ -927,7 +927,7 @@ mod tests {
         // The largest eager capacity is accepted, and a pooled send allocates its buffer.
         let eps = fabric(EmbeddedOptions { eager_capacity: MAX_EAGER_CAPACITY, ..small }).unwrap();
         let data = [7u8; 100];
-        eps[0].send(1, 0, header(FrameKind::Eager, data.len() as u64, 0, 0, 0), &data).unwrap();
+        eps[0].send(1, 0, &header(FrameKind::Eager, data.len() as u64, 0, 0, 0), &data).unwrap();
         let mut got = Vec::new();
         assert_eq!(eps[1].poll(0, 4, |f| got.push(f)), 1);
         assert_eq!(got[0].payload.as_slice(), &data[..]);
@@ -955,7 +955,7 @@ mod tests {
 
         // One frame at a time, to each CRI in turn: only that CRI has it.
         for dst in [1, 0, 2] {
-            eps[0].send(1, dst, frame(0, 0, dst, 0), &[]).unwrap();
+            eps[0].send(1, dst, &frame(0, 0, dst, 0), &[]).unwrap();
             for other in (0..CRIS).filter(|&c| c != dst) {
                 assert!(!eps[1].has_frames(other), "a frame for CRI {dst} shows on CRI {other}");
                 assert!(poll_all(&eps[1], other).is_empty(), "a frame for CRI {dst} was polled from CRI {other}");
@@ -970,7 +970,7 @@ mod tests {
         for seq in 0..2 {
             for src_cri in 0..CRIS {
                 for dst in 0..CRIS {
-                    eps[0].send(1, dst, frame(0, src_cri, dst, seq), &[]).unwrap();
+                    eps[0].send(1, dst, &frame(0, src_cri, dst, seq), &[]).unwrap();
                 }
             }
         }
@@ -990,7 +990,7 @@ mod tests {
                     s.spawn(move || {
                         for seq in 0..N {
                             for dst in 0..CRIS {
-                                while let Err(e) = ep.send(1, dst, frame(rank, src_cri, dst, seq), &[]) {
+                                while let Err(e) = ep.send(1, dst, &frame(rank, src_cri, dst, seq), &[]) {
                                     assert!(matches!(e, SendError::WouldBlock), "{e:?}");
                                     std::thread::yield_now();
                                 }
@@ -1102,7 +1102,7 @@ mod tests {
         let eps = fabric(EmbeddedOptions { ranks: 2, eager_capacity: 16 * 1024, ..EmbeddedOptions::default() }).unwrap();
         let capacity_of_next = |len: usize| {
             let data = vec![7u8; len];
-            eps[0].send(1, 0, header(FrameKind::Eager, len as u64, 0, 0, 0), &data).unwrap();
+            eps[0].send(1, 0, &header(FrameKind::Eager, len as u64, 0, 0, 0), &data).unwrap();
             let mut got = Vec::new();
             eps[1].poll(0, 1, |f| got.push(f));
             let f = got.pop().unwrap();

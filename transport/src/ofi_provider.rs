@@ -2049,7 +2049,8 @@ impl OfiRank {
     /// index. The payload is copied (the same-host lane's slot, inject, or a send slot):
     /// the caller's buffer is free when this returns.
     #[inline]
-    pub fn send(&self, dst: u32, dst_cri: usize, header: Header, data: &[u8]) -> Result<(), SendError> {
+    pub fn send(&self, dst: u32, dst_cri: usize, header: &Header, data: &[u8]) -> Result<(), SendError> {
+        let header = *header;
         let s = &*self.inner;
         if !s.is_alive(dst) {
             return Err(SendError::PeerLost);
@@ -3049,7 +3050,7 @@ mod tests {
         while got < total && Instant::now() < deadline {
             // Up to 8 frames ahead: more than the repost batch (4), fewer than the slots.
             while sent < total && sent < got + 8 {
-                match ranks[0].send(1, 0, header(sent), &sent.to_le_bytes()) {
+                match ranks[0].send(1, 0, &header(sent), &sent.to_le_bytes()) {
                     Ok(()) => sent += 1,
                     Err(SendError::WouldBlock) => break,
                     Err(e) => panic!("send: {e:?}"),
@@ -3097,7 +3098,7 @@ mod tests {
             let deadline = Instant::now() + Duration::from_secs(10);
             for (h, data) in &cases {
                 // libfabric may refuse a first frame while it connects: retried.
-                while let Err(e) = ranks[0].send(1, 0, *h, data) {
+                while let Err(e) = ranks[0].send(1, 0, h, data) {
                     assert!(e == SendError::WouldBlock && Instant::now() < deadline, "send (lane {lane}): {e:?}");
                     ranks[0].has_frames(0);
                 }
@@ -3214,7 +3215,7 @@ mod tests {
             assert!(!r[1].has_frames(0), "a stuck CRI has no frames to wait for");
             // Above the inject size: the frame needs a send slot.
             let big = vec![7u8; 8192];
-            assert_eq!(r[1].send(0, 0, eager(0, big.len()), &big), Err(SendError::WouldBlock));
+            assert_eq!(r[1].send(0, 0, &eager(0, big.len()), &big), Err(SendError::WouldBlock));
             let again = t1.elapsed();
             drop(hold);
             (first, again)
@@ -3342,7 +3343,7 @@ mod tests {
                 std::thread::scope(|s| {
                     s.spawn(|| {
                         std::thread::sleep(Duration::from_millis(20));
-                        r[0].send(1, 0, eager(2, 3), b"def").expect("send");
+                        r[0].send(1, 0, &eager(2, 3), b"def").expect("send");
                     });
                     let t0 = Instant::now();
                     let mut woke = false;
@@ -3586,7 +3587,7 @@ mod tests {
         a_frame_goes_through(&ranks);
         // Quiet: past `ACTIVE_MS`, the watcher asleep on the lane.
         std::thread::sleep(Duration::from_millis(50));
-        ranks[0].send(1, 0, eager(2, 3), b"def").expect("send");
+        ranks[0].send(1, 0, &eager(2, 3), b"def").expect("send");
         let inner = &ranks[1].inner;
         let before = inner.watcher_passes.load(Ordering::Relaxed);
         std::thread::sleep(Duration::from_millis(300));
@@ -3630,7 +3631,7 @@ mod tests {
             if before.is_none() && start.elapsed() >= Duration::from_millis(50) {
                 before = Some((inner.watcher_passes.load(Ordering::Relaxed), Instant::now()));
             }
-            ranks[0].send(1, 0, eager(seq, 3), b"abc").expect("send");
+            ranks[0].send(1, 0, &eager(seq, 3), b"abc").expect("send");
             seq += 1;
             let (mut got, sent) = (0, Instant::now());
             while got == 0 {
@@ -3760,7 +3761,7 @@ mod tests {
         while got.is_empty() && Instant::now() < deadline {
             // The first frame may be refused while the provider sets up the connection.
             if !sent {
-                match ranks[0].send(1, 0, eager(1, 3), b"abc") {
+                match ranks[0].send(1, 0, &eager(1, 3), b"abc") {
                     Ok(()) => sent = true,
                     Err(SendError::WouldBlock) => {}
                     Err(e) => panic!("send: {e:?}"),
@@ -3786,7 +3787,7 @@ mod tests {
         assert!(theirs.iter().all(|n| std::path::Path::new(n).exists()), "another rank's removed: {theirs:?}");
         assert!(ranks[0].is_alive(0) && !ranks[0].is_alive(1));
         assert_ne!(ranks[0].lost_epoch(), epoch);
-        assert_eq!(ranks[0].send(1, 0, eager(0, 3), b"abc"), Err(SendError::PeerLost));
+        assert_eq!(ranks[0].send(1, 0, &eager(0, 3), b"abc"), Err(SendError::PeerLost));
     }
 
     /// Marks the output line of [`exit_child`]: its pid and its ranks' region names.

@@ -255,8 +255,14 @@ impl Transport {
     }
 
     /// Sends one frame to CRI `dst_cri` of `dst` (see the providers); the payload is copied.
+    ///
+    /// The header is borrowed, not moved: a header the caller just built is read where it
+    /// lies, field by field. Moved, it is copied with 16-byte loads, each spanning fields
+    /// written by narrower stores, which cannot take their values from the store buffer and
+    /// wait until every older store has reached the cache (the previous frame's slot among
+    /// them, whose line the receiving core holds).
     #[inline]
-    pub fn send(&self, dst: u32, dst_cri: usize, header: Header, data: &[u8]) -> Result<(), SendError> {
+    pub fn send(&self, dst: u32, dst_cri: usize, header: &Header, data: &[u8]) -> Result<(), SendError> {
         dispatch!(self, t => t.send(dst, dst_cri, header, data))
     }
 

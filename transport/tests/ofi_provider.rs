@@ -68,7 +68,7 @@ fn frames_flow_control_loses_nothing() {
                 // The sender pushes as fast as it can; every 64th attempt the receiver polls.
                 while sent < total {
                     let data = vec![(sent % 251) as u8; (sent as usize * 13) % 1000];
-                    match r[0].send(1, 1, header(sent, data.len()), &data) {
+                    match r[0].send(1, 1, &header(sent, data.len()), &data) {
                         Ok(()) => sent += 1,
                         Err(SendError::WouldBlock) => {
                             would_block += 1;
@@ -128,7 +128,7 @@ fn a_rank_without_the_same_host_lane_talks_to_one_with_it() {
             for seq in 0..20u32 {
                 let data = [seq as u8; 8];
                 let t0 = Instant::now();
-                while let Err(e) = r[from].send(to as u32, 0, header(seq, data.len()), &data) {
+                while let Err(e) = r[from].send(to as u32, 0, &header(seq, data.len()), &data) {
                     assert!(matches!(e, SendError::WouldBlock) && t0.elapsed() < DEADLINE, "{p}: {e:?}");
                     r[to].poll(0, 0, drop);
                 }
@@ -152,7 +152,7 @@ fn oversized_frame_is_refused_not_truncated() {
     for p in PROVIDERS {
         let r = pair(p, 16);
         let big = vec![0u8; 1025];
-        assert!(matches!(r[0].send(1, 0, header(0, big.len()), &big), Err(SendError::Invalid(_))));
+        assert!(matches!(r[0].send(1, 0, &header(0, big.len()), &big), Err(SendError::Invalid(_))));
     }
 }
 
@@ -272,7 +272,7 @@ fn rendezvous_read_and_lost_peer() {
         let mut rts = header(0, data.len());
         rts.kind = FrameKind::Rts;
         rts.key = key;
-        while let Err(e) = r[0].send(1, 0, rts, &[]) {
+        while let Err(e) = r[0].send(1, 0, &rts, &[]) {
             assert_eq!(e, SendError::WouldBlock);
         }
         let t0 = Instant::now();
@@ -331,7 +331,7 @@ fn rendezvous_read_and_lost_peer() {
         r[0].deregister(key);
         // Rank 0 is lost: everything towards it fails at once.
         assert!(!r[1].is_alive(0));
-        assert_eq!(r[1].send(0, 0, header(1, 0), &[]), Err(SendError::PeerLost));
+        assert_eq!(r[1].send(0, 0, &header(1, 0), &[]), Err(SendError::PeerLost));
         // SAFETY: nothing is posted when the read is refused.
         assert!(matches!(unsafe { r[1].start_read(&h, dst.as_mut_ptr(), dst.len(), 9) }, Err(Error::PeerLost { rank: 0 })));
     }

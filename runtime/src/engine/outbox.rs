@@ -129,7 +129,7 @@ impl Engine {
     pub(crate) fn send_control(&self, dst: u32, cri: usize, mut header: Header) {
         header.source = self.transport.rank();
         if !self.queued_to(dst) {
-            match self.transport.send(dst, cri, header, &[]) {
+            match self.transport.send(dst, cri, &header, &[]) {
                 Ok(()) | Err(SendError::PeerLost) | Err(SendError::Invalid(_)) => return,
                 Err(SendError::WouldBlock) => {}
             }
@@ -165,7 +165,7 @@ impl Engine {
                 // SAFETY: `post_frame`'s contract: the bytes stay valid until `complete` is
                 // completed (after the send) or, for payload-less frames, `len` is 0.
                 let data = unsafe { std::slice::from_raw_parts(d.ptr, d.len) };
-                let res = self.transport.send(d.dst, d.dst_cri, d.header, data);
+                let res = self.transport.send(d.dst, d.dst_cri, &d.header, data);
                 if let Err(SendError::WouldBlock) = res {
                     return true;
                 }

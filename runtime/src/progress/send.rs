@@ -50,7 +50,7 @@ impl Engine {
             loop {
                 let res = main_path_inline!(self, || {
                     self.cris[k].lock.high(|c| {
-                        let r = self.transport.send(dst, dst_cri, header, data);
+                        let r = self.transport.send(dst, dst_cri, &header, data);
                         if r.is_ok() {
                             c.counters.sent += 1;
                         }

@@ -1676,3 +1676,69 @@ fn one_poll_returns_while_frames_keep_arriving() {
         }
     }
 }
+
+/// Tests every request of `reqs` until all are complete; fails the test after `secs` seconds.
+fn complete_within<B: Send + 'static>(reqs: &mut [weft::Request<'_, B>], secs: u64, what: &str) {
+    let deadline = Instant::now() + Duration::from_secs(secs);
+    while !reqs.iter_mut().fold(true, |all, r| r.test() && all) {
+        assert!(Instant::now() < deadline, "{what}: not complete within {secs} s");
+    }
+}
+
+/// `isend_into` and `irecv_into` append their requests to the caller's vectors (growing
+/// from none), each at its place: eager sends gone at once, sends queued behind a full
+/// inbox, rendezvous sends in flight, receives; an argument error leaves the vector as it
+/// was and the requests in it valid.
+#[test]
+fn requests_written_into_arrays() {
+    let size = |i: usize| [0usize, 100, 8192][i % 3];
+    let payload = |i: usize| (0..size(i)).map(|k| (k + 3 * i) as u8).collect::<Vec<u8>>();
+    let n = 48;
+    for mode in MODES {
+        let rts = super::builder().progress(mode).cris(2).eager_threshold(4096).inbox_capacity(8).build_local(2).unwrap();
+        let (posted, all_posted) = std::sync::mpsc::channel::<()>();
+        let rts = &rts;
+        std::thread::scope(|s| {
+            s.spawn(move || {
+                let a = rts[0].world();
+                let mut sends = Vec::new();
+                for i in 0..n {
+                    a.isend_into(&mut sends, payload(i), 1, i as i32).unwrap();
+                    assert_eq!(sends.len(), i + 1);
+                }
+                assert_eq!(a.isend_into(&mut sends, vec![1u8], 2, 0), Err(Error::RankOutOfRange { rank: 2, size: 2 }));
+                assert_eq!(a.isend_into(&mut sends, vec![1u8], 1, -1).unwrap_err(), Error::InvalidTag { tag: -1, max: i32::MAX });
+                assert_eq!(sends.len(), n);
+                posted.send(()).unwrap();
+                complete_within(&mut sends, 20, &format!("{mode}: sends"));
+                for (i, r) in sends.iter_mut().enumerate() {
+                    let (b, st) = r.take().expect("complete").unwrap();
+                    assert_eq!(b, payload(i), "send {i} gave back another buffer");
+                    assert_eq!((st.source, st.tag, st.bytes), (1, i as i32, size(i)));
+                }
+            });
+            s.spawn(move || {
+                let b = rts[1].world();
+                let mut recvs = Vec::new();
+                for i in 0..n {
+                    b.irecv_into(&mut recvs, Vec::<u8>::with_capacity(size(i)), 0u32, i as i32).unwrap();
+                }
+                assert!(matches!(b.irecv_into(&mut recvs, Vec::new(), 5u32, 0), Err(Error::RankOutOfRange { .. })));
+                assert!(matches!(b.irecv_into(&mut recvs, Vec::new(), 0u32, -2), Err(Error::InvalidTag { .. })));
+                assert_eq!(recvs.len(), n);
+                // Nothing drains the inbox of 8 frames until every send is posted: the later
+                // eager sends are queued, and their requests pending.
+                all_posted.recv_timeout(Duration::from_secs(20)).expect("the sends are posted");
+                complete_within(&mut recvs, 20, &format!("{mode}: receives"));
+                for (i, r) in recvs.iter_mut().enumerate() {
+                    let (got, st) = r.take().expect("complete").unwrap();
+                    assert_eq!((st.source, st.tag, st.bytes), (0, i as i32, size(i)), "receive {i}");
+                    assert_eq!(got, payload(i), "receive {i}'s payload");
+                }
+            });
+        });
+        if rts[0].config().provider == weft::Provider::Embedded {
+            assert!(rts[0].counters().flow_control_waits > 0, "{mode}: no send was held back by the full inbox");
+        }
+    }
+}
