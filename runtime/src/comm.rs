@@ -314,14 +314,15 @@ impl Communicator {
         self.check(dest, tag)?;
         reqs.reserve(1);
         let at = reqs.as_mut_ptr().wrapping_add(reqs.len());
-        // SAFETY (both writes): `reserve` made room for one element past the length, and
-        // nothing touches `reqs` until `set_len` below counts the element written.
         self.post_send(
             &self.p2p,
             buf,
             (self.world_of(dest), tag),
             |e, _| e,
+            // SAFETY: `reserve` made room for one element past the length, and nothing
+            // touches `reqs` until `set_len` below counts the element written.
             |st, b| unsafe { at.write(Request::sent(self, st, b)) },
+            // SAFETY: as above.
             |r| unsafe { at.write(r) },
         )
         .map_err(|e| self.local_error(e))?;

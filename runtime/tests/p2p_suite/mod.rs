@@ -1680,7 +1680,15 @@ fn one_poll_returns_while_frames_keep_arriving() {
 /// Tests every request of `reqs` until all are complete; fails the test after `secs` seconds.
 fn complete_within<B: Send + 'static>(reqs: &mut [weft::Request<'_, B>], secs: u64, what: &str) {
     let deadline = Instant::now() + Duration::from_secs(secs);
-    while !reqs.iter_mut().fold(true, |all, r| r.test() && all) {
+    loop {
+        // Every request tested on each pass, not only up to the first incomplete one.
+        let mut all = true;
+        for r in reqs.iter_mut() {
+            all &= r.test();
+        }
+        if all {
+            return;
+        }
         assert!(Instant::now() < deadline, "{what}: not complete within {secs} s");
     }
 }
