@@ -2050,7 +2050,6 @@ impl OfiRank {
     /// the caller's buffer is free when this returns.
     #[inline]
     pub fn send(&self, dst: u32, dst_cri: usize, header: &Header, data: &[u8]) -> Result<(), SendError> {
-        let header = *header;
         let s = &*self.inner;
         if !s.is_alive(dst) {
             return Err(SendError::PeerLost);
@@ -2066,11 +2065,11 @@ impl OfiRank {
         // alone, inlined into the caller. The rest (libfabric, and an `Rts` whatever its way)
         // out of line.
         if header.kind != FrameKind::Rts {
-            if let Some(sent) = s.lane_send(dst, c, &header, data) {
+            if let Some(sent) = s.lane_send(dst, c, header, data) {
                 return sent;
             }
         }
-        self.send_frame(dst, c, header, data)
+        self.send_frame(dst, c, *header, data)
     }
 
     /// [`send`](Self::send) past its checks: to CRI `c` (below the CRI count) of `dst`
