@@ -28,6 +28,10 @@ per() { awk -v a="$1" -v n="$2" 'BEGIN { printf "%.0f", a / n }'; }
 valgrind --tool=callgrind --callgrind-out-file="$DIR/built" --toggle-collect='weft_bench::msgcost::rounds*' \
     "$BENCH" msgcost -w 128 -i 200 --runs 1 --progress concurrent >/dev/null 2>&1
 built=$(incl "$DIR/built" 'PROGRAM TOTALS')
+# The loop as multirate builds it: the requests written into their vectors in place.
+valgrind --tool=callgrind --callgrind-out-file="$DIR/into" --toggle-collect='weft_bench::msgcost::rounds*' \
+    "$BENCH" msgcost -w 128 -i 200 --runs 1 --progress concurrent --into >/dev/null 2>&1
+into=$(incl "$DIR/into" 'PROGRAM TOTALS')
 # The stages: the same loop calling `isend` and `irecv` through functions of its own
 # (`--outlined`), whose inclusive costs make the request stages.
 valgrind --tool=callgrind --callgrind-out-file="$DIR/weft" --toggle-collect='weft_bench::msgcost::rounds*' \
@@ -66,6 +70,7 @@ echo "| wait and release | $release | taking the result, dropping the requests |
 echo "| the rest, inlined into the loop | $(per $((total - isend - irecv - wait - take - drop_)) $MSGS) | \`wait_all\` around the progress pass, taking the results, request drops, the loop's buffer and request vectors |"
 echo "| **all** | **$(per "$total" $MSGS)** | |"
 echo "| **all, \`isend\` and \`irecv\` inlined into the loop (as built)** | **$(per "$built" $MSGS)** | |"
+echo "| **all, the requests written in place (\`isend_into\`, \`irecv_into\`: \`msgcost --into\`, as multirate)** | **$(per "$into" $MSGS)** | |"
 
 # The same loop with the receives posted once every frame has arrived (`--late-receives`):
 # each frame queued as unexpected, then found by its receive.

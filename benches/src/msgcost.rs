@@ -53,8 +53,12 @@ pub struct Args {
     /// Calls `isend` and `irecv` through functions of their own, which the library inlines
     /// into its callers otherwise: for `benches/stages.sh`, which counts each stage as a
     /// function's inclusive cost.
-    #[arg(long, hide = true)]
+    #[arg(long, hide = true, conflicts_with = "into")]
     outlined: bool,
+    /// Puts the requests into their vectors with `isend_into` and `irecv_into` (written in
+    /// place, as multirate does) instead of `push(isend(..))`.
+    #[arg(long)]
+    into: bool,
     #[command(flatten)]
     out: Output,
 }
@@ -86,7 +90,11 @@ pub fn run(a: &Args) -> Result<(), String> {
                 .build_local(2)
                 .map_err(|e| e.to_string())?;
             // A first run warms the request pools, buffers and inboxes; it is not counted.
-            let rounds = if a.outlined { rounds::<true> } else { rounds::<false> };
+            let rounds = match (a.outlined, a.into) {
+                (true, _) => rounds::<OUTLINED>,
+                (false, true) => rounds::<INTO>,
+                (false, false) => rounds::<PUSHED>,
+            };
             rounds(&rts, size, a.window, a.iterations / 10 + 1, a.late_receives)?;
             let mut ns = Vec::with_capacity(a.runs);
             for run in 0..a.runs {
@@ -102,10 +110,16 @@ pub fn run(a: &Args) -> Result<(), String> {
     Ok(())
 }
 
+/// How the loop makes its requests: `push(isend(..))`, ...
+const PUSHED: u8 = 0;
+/// ... the same through [`isend_call`] and [`irecv_call`] (`--outlined`), ...
+const OUTLINED: u8 = 1;
+/// ... or `isend_into` and `irecv_into` (`--into`).
+const INTO: u8 = 2;
+
 /// `n` rounds of `w` messages of `size` bytes from rank 0 to rank 1, checked; with `late`,
-/// the receives posted after every frame has arrived; `OUTLINED`: `isend` and `irecv`
-/// called through [`isend_call`] and [`irecv_call`].
-fn rounds<const OUTLINED: bool>(rts: &[Runtime], size: usize, w: usize, n: usize, late: bool) -> Result<(), String> {
+/// the receives posted after every frame has arrived; `HOW`: how the requests are made.
+fn rounds<const HOW: u8>(rts: &[Runtime], size: usize, w: usize, n: usize, late: bool) -> Result<(), String> {
     let e = |e: weft::Error| e.to_string();
     let (a, b) = (rts[0].world(), rts[1].world());
     let mut rbufs: Vec<Vec<u8>> = (0..w).map(|_| Vec::with_capacity(size)).collect();
@@ -115,7 +129,7 @@ fn rounds<const OUTLINED: bool>(rts: &[Runtime], size: usize, w: usize, n: usize
     for _ in 0..n {
         if late {
             for buf in sbufs.drain(..) {
-                sends.push(if OUTLINED { isend_call(a, buf) } else { a.isend(buf, 1, 1) }.map_err(e)?);
+                send::<HOW>(a, &mut sends, buf).map_err(e)?;
             }
             weft::wait_all(&mut sends).map_err(e)?;
             // Every frame is in rank 1's inbox: a pass at most per frame queues them all.
@@ -126,10 +140,14 @@ fn rounds<const OUTLINED: bool>(rts: &[Runtime], size: usize, w: usize, n: usize
             }
         }
         for buf in rbufs.drain(..) {
-            recvs.push(if OUTLINED { irecv_call(b, buf) } else { b.irecv(buf, Source::Rank(0), Tag::Is(1)) }.map_err(e)?);
+            match HOW {
+                OUTLINED => recvs.push(irecv_call(b, buf).map_err(e)?),
+                INTO => b.irecv_into(&mut recvs, buf, Source::Rank(0), Tag::Is(1)).map_err(e)?,
+                _ => recvs.push(b.irecv(buf, Source::Rank(0), Tag::Is(1)).map_err(e)?),
+            }
         }
         for buf in sbufs.drain(..) {
-            sends.push(if OUTLINED { isend_call(a, buf) } else { a.isend(buf, 1, 1) }.map_err(e)?);
+            send::<HOW>(a, &mut sends, buf).map_err(e)?;
         }
         if !late {
             weft::wait_all(&mut sends).map_err(e)?;
@@ -145,8 +163,22 @@ fn rounds<const OUTLINED: bool>(rts: &[Runtime], size: usize, w: usize, n: usize
         for r in sends.iter_mut() {
             sbufs.push(r.take().ok_or("send not complete after wait_all")?.map_err(e)?.0);
         }
+        if rbufs.len() != w || sbufs.len() != w {
+            return Err(format!("{} receives and {} sends came back of {w} each", rbufs.len(), sbufs.len()));
+        }
         recvs.clear();
         sends.clear();
+    }
+    Ok(())
+}
+
+/// One send of the measured loop to rank 1 with tag 1, its request made as `HOW` says.
+#[inline(always)]
+fn send<'c, const HOW: u8>(a: &'c Communicator, sends: &mut Vec<Request<'c, Vec<u8>>>, buf: Vec<u8>) -> Result<(), weft::Error> {
+    match HOW {
+        OUTLINED => sends.push(isend_call(a, buf)?),
+        INTO => a.isend_into(sends, buf, 1, 1)?,
+        _ => sends.push(a.isend(buf, 1, 1)?),
     }
     Ok(())
 }

@@ -129,11 +129,13 @@ fn multirate_transport_mode_needs_processes() {
 }
 
 /// `benches/stages.sh` counts the stages of a message in `msgcost --outlined`, where
-/// `isend` and `irecv` are called through functions of the benchmark's own: the same loop,
-/// each receive's length checked against the size sent, as the inlined one runs.
+/// `isend` and `irecv` are called through functions of the benchmark's own, and the loop as
+/// multirate builds it in `msgcost --into` (requests written in place): the same loop, each
+/// receive's length checked against the size sent, as the inlined one runs.
 #[test]
 fn msgcost_outlined_runs_the_same_checked_loop() {
-    for extra in [&[][..], &["--outlined"][..], &["--outlined", "--late-receives"][..]] {
+    for extra in [&[][..], &["--outlined"][..], &["--outlined", "--late-receives"][..], &["--into"][..], &["--into", "--late-receives"][..]]
+    {
         let args =
             [&["msgcost", "--progress", "concurrent", "-s", "0,100", "-w", "16", "-i", "20", "--runs", "1", "--csv"][..], extra].concat();
         let out = weft_bench(&args);
