@@ -3,12 +3,15 @@
  * iterations: weft-bench multirate --peer openmpi|mpich builds it with mpicc and runs it
  * with mpirun beside weft.
  *
- * usage: multirate-mpi PATTERN MODE PAIRS SIZE WINDOW ITERATIONS COMM_PER_PAIR
+ * usage: multirate-mpi PATTERN MODE PAIRS SIZE WINDOW ITERATIONS COMM_PER_PAIR [LEVEL]
  *   PATTERN: pairwise | one-to-many | many-to-one | many-to-many
  *   MODE:    process  (2T ranks of one thread: senders 0..T, receivers T..2T)
  *            thread   (2 ranks of T threads, MPI_THREAD_MULTIPLE: senders on rank 0)
  *            hybrid-P (2P ranks: the T senders in blocks over ranks 0..P, the receivers
  *                      over P..2P, several threads a rank with MPI_THREAD_MULTIPLE)
+ *   LEVEL:   needed   (the default: MPI_THREAD_SINGLE where a rank has one thread)
+ *            multiple (MPI_THREAD_MULTIPLE in every mode: a library's thread safety, which
+ *                      weft always has, paid by one thread a rank too)
  * Rank 0 prints "MSG_RATE <messages per second>": data messages over the time from the
  * first worker leaving the start barrier to the last one done.
  *
@@ -113,8 +116,8 @@ static void *work(void *arg) {
 }
 
 int main(int argc, char **argv) {
-    if (argc != 8) {
-        fprintf(stderr, "usage: %s PATTERN MODE PAIRS SIZE WINDOW ITERATIONS COMM_PER_PAIR\n", argv[0]);
+    if (argc != 8 && argc != 9) {
+        fprintf(stderr, "usage: %s PATTERN MODE PAIRS SIZE WINDOW ITERATIONS COMM_PER_PAIR [needed|multiple]\n", argv[0]);
         return 2;
     }
     const char *names[] = {"pairwise", "one-to-many", "many-to-one", "many-to-many"};
@@ -131,18 +134,23 @@ int main(int argc, char **argv) {
     window = atoi(argv[5]);
     iterations = atoi(argv[6]);
     comm_per_pair = atoi(argv[7]);
+    int always_multiple = argc == 9 && !strcmp(argv[8], "multiple");
+    if (argc == 9 && !always_multiple && strcmp(argv[8], "needed")) {
+        fprintf(stderr, "bad thread level %s (needed, multiple)\n", argv[8]);
+        return 2;
+    }
     if (pattern < 0 || per_side < 1 || pairs < 1 || size < 0 || window < 1 || iterations < 1) {
         fprintf(stderr, "bad arguments\n");
         return 2;
     }
     int provided, rank, nranks;
-    int threaded = per_rank > 1;
-    MPI_Init_thread(&argc, &argv, threaded ? MPI_THREAD_MULTIPLE : MPI_THREAD_SINGLE, &provided);
+    int threaded = per_rank > 1, required = threaded || always_multiple ? MPI_THREAD_MULTIPLE : MPI_THREAD_SINGLE;
+    MPI_Init_thread(&argc, &argv, required, &provided);
     MPI_Comm_rank(MPI_COMM_WORLD, &rank);
     MPI_Comm_size(MPI_COMM_WORLD, &nranks);
-    if (nranks != 2 * per_side || (threaded && provided < MPI_THREAD_MULTIPLE)) {
+    if (nranks != 2 * per_side || provided < required) {
         if (rank == 0)
-            fprintf(stderr, "needs %d ranks%s\n", 2 * per_side, threaded ? " and MPI_THREAD_MULTIPLE" : "");
+            fprintf(stderr, "needs %d ranks%s\n", 2 * per_side, required == MPI_THREAD_MULTIPLE ? " and MPI_THREAD_MULTIPLE" : "");
         MPI_Abort(MPI_COMM_WORLD, 2);
     }
     comms = malloc(sizeof(MPI_Comm) * (size_t)pairs * pairs);

@@ -131,6 +131,14 @@ pub struct Args {
     /// assertion; `-c` gives it a communicator per pair too.
     #[arg(long)]
     peer: Option<String>,
+    /// With `--peer`: also run the peer's rows of one thread a rank (process mode, and thread
+    /// mode at 1 pair) with `MPI_THREAD_MULTIPLE`, which they otherwise run without (they ask
+    /// for `MPI_THREAD_SINGLE`), beside the same weft run: what the library's thread safety
+    /// costs it, where weft is always thread safe. Columns `peer_multiple_rate` and
+    /// `ratio_multiple` (empty in rows whose peer runs several threads a rank, with
+    /// `MPI_THREAD_MULTIPLE` anyway).
+    #[arg(long, requires = "peer")]
+    peer_multiple: bool,
     /// On shm / tcp: the ranks in this process (`Builder::build_local`, as on the embedded
     /// provider) instead of a `weftrun` job: the same transport path without the process
     /// boundary, for comparison.
@@ -350,6 +358,9 @@ pub fn run(a: &Args) -> Result<(), String> {
     ];
     if peer.is_some() {
         columns.extend(["peer", "peer_rate", "ratio"]);
+        if a.peer_multiple {
+            columns.extend(["peer_multiple_rate", "ratio_multiple"]);
+        }
     }
     let mut table = Table::new(&columns, &a.out);
     a.out.note(&format!(
@@ -404,10 +415,21 @@ pub fn run(a: &Args) -> Result<(), String> {
                                     // which the paired ratio then cancels.
                                     let mut rates = vec![Vec::with_capacity(a.runs); modes.len()];
                                     let mut peer_rates = vec![Vec::with_capacity(a.runs); modes.len()];
+                                    let mut peer_multiple_rates = vec![Vec::with_capacity(a.runs); modes.len()];
                                     for run in 0..a.runs {
                                         for k in 0..modes.len() {
                                             let m = if run % 2 == 0 { k } else { modes.len() - 1 - k };
                                             let p = point(modes[m]);
+                                            // The peer's runs of this point: as the mode needs,
+                                            // then (`--peer-multiple`, one thread a rank) with
+                                            // `MPI_THREAD_MULTIPLE`.
+                                            let mut peers = |peer: &Peer| -> Result<(), String> {
+                                                peer_rates[m].push(peer_rate(peer, &p, a, provider, false)?);
+                                                if a.peer_multiple && peer_single_threaded(&p) {
+                                                    peer_multiple_rates[m].push(peer_rate(peer, &p, a, provider, true)?);
+                                                }
+                                                Ok(())
+                                            };
                                             table.step(|| format!("{} mode, {t} pairs, {pm}, run {}", modes[m].name(), run + 1));
                                             let weft = || {
                                                 plausible(cores, || {
@@ -423,12 +445,12 @@ pub fn run(a: &Args) -> Result<(), String> {
                                                 // odd ones: neither always runs on a machine
                                                 // the other just warmed.
                                                 Some(peer) if run % 2 == 1 => {
-                                                    peer_rates[m].push(peer_rate(peer, &p, a, provider)?);
+                                                    peers(peer)?;
                                                     rates[m].push(weft()?);
                                                 }
                                                 Some(peer) => {
                                                     rates[m].push(weft()?);
-                                                    peer_rates[m].push(peer_rate(peer, &p, a, provider)?);
+                                                    peers(peer)?;
                                                 }
                                                 None => rates[m].push(weft()?),
                                             }
@@ -467,6 +489,16 @@ pub fn run(a: &Args) -> Result<(), String> {
                                             row.push(peer.flavor().name().into());
                                             row.push(format!("{:.0}", median(&peer_rates[m])));
                                             row.push(format!("{:.2}", median(&r)));
+                                            if a.peer_multiple {
+                                                if peer_multiple_rates[m].is_empty() {
+                                                    row.extend([String::new(), String::new()]);
+                                                } else {
+                                                    let r: Vec<f64> =
+                                                        rates[m].iter().zip(&peer_multiple_rates[m]).map(|(x, y)| x / y).collect();
+                                                    row.push(format!("{:.0}", median(&peer_multiple_rates[m])));
+                                                    row.push(format!("{:.2}", median(&r)));
+                                                }
+                                            }
                                         }
                                         table.row(row);
                                     }
@@ -503,9 +535,17 @@ pub fn run(a: &Args) -> Result<(), String> {
     table.finish_with_plot(&chart, &a.plot)
 }
 
+/// Whether the MPI peer's version of `p` runs one thread a rank (and so asks for
+/// `MPI_THREAD_SINGLE` unless told otherwise): every mode where a rank holds one worker.
+fn peer_single_threaded(p: &Point) -> bool {
+    let mode = if p.mode == Mode::Transport { Mode::Process } else { p.mode };
+    !mode.threaded(p.pairs)
+}
+
 /// One run of the MPI peer's version of `p` (module docs of [`crate::mpi_peer`]); its rate.
-/// Against the embedded provider the peer runs over shared memory.
-fn peer_rate(peer: &Peer, p: &Point, a: &Args, provider: Provider) -> Result<f64, String> {
+/// Against the embedded provider the peer runs over shared memory. `multiple`: the peer asks
+/// for `MPI_THREAD_MULTIPLE` even with one thread a rank.
+fn peer_rate(peer: &Peer, p: &Point, a: &Args, provider: Provider, multiple: bool) -> Result<f64, String> {
     if p.pairs > u16::MAX as usize || p.size > i32::MAX as usize || p.window > i32::MAX as usize {
         return Err("--peer: pairs, size or window too large for the C peer".into());
     }
@@ -520,6 +560,7 @@ fn peer_rate(peer: &Peer, p: &Point, a: &Args, provider: Provider) -> Result<f64
         p.window.to_string(),
         a.iterations.to_string(),
         u8::from(a.comm_per_pair).to_string(),
+        if multiple { "multiple" } else { "needed" }.to_string(),
     ];
     peer.run(ranks, if provider == Provider::Tcp { Provider::Tcp } else { Provider::Shm }, a.peer_timeout, &args, "MSG_RATE")
 }

@@ -120,6 +120,42 @@ fn multirate_transport_mode_runs_beside_process_mode() {
     assert!(rows[0][13].parse::<f64>().is_ok_and(|v| v > 0.0), "transport / process: {stdout}");
 }
 
+/// `multirate --peer openmpi --peer-multiple`: the peer's rows of one thread a rank run a
+/// second time with `MPI_THREAD_MULTIPLE`, in two columns of their own; rows whose peer runs
+/// several threads a rank (`MPI_THREAD_MULTIPLE` anyway) leave them empty. Needs Open MPI
+/// (`openmpi-bin libopenmpi-dev`); without its `mpicc` there is no peer to run, and the
+/// test says so and checks only that the flag asks for `--peer`.
+#[test]
+fn multirate_peer_multiple_adds_the_thread_safe_peer() {
+    let out = weft_bench(&["multirate", "-t", "1", "-i", "5", "--runs", "1", "--peer-multiple"]);
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--peer <PEER>"), "{out:?}");
+    if std::process::Command::new("mpicc.openmpi").arg("--version").output().is_err() {
+        eprintln!("mpicc.openmpi not found: the peer's runs are not checked");
+        return;
+    }
+    let args =
+        ["multirate", "-t", "1,2", "--mode", "process,thread", "-i", "20", "--runs", "1", "--peer", "openmpi", "--peer-multiple", "--csv"];
+    let out = common::run_within(&args, Duration::from_secs(120)).expect("weft-bench multirate hung (killed after 120 s)");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let stdout = String::from_utf8(out.stdout).expect("utf-8");
+    let mut lines = stdout.lines();
+    let header: Vec<&str> = lines.next().expect("a header").split(',').collect();
+    let col = |name: &str| header.iter().position(|&c| c == name).unwrap_or_else(|| panic!("no column {name}: {stdout}"));
+    let (mode, pairs, rate, ratio) = (col("mode"), col("pairs"), col("peer_multiple_rate"), col("ratio_multiple"));
+    let rows: Vec<Vec<&str>> = lines.map(|l| l.split(',').collect()).collect();
+    assert_eq!(rows.len(), 4, "{stdout}");
+    for r in &rows {
+        let one_thread_a_rank = r[mode] == "process" || r[pairs] == "1";
+        if one_thread_a_rank {
+            assert!(r[rate].parse::<f64>().is_ok_and(|v| v > 0.0), "{r:?}");
+            assert!(r[ratio].parse::<f64>().is_ok_and(|v| v > 0.0), "{r:?}");
+        } else {
+            assert_eq!((r[rate], r[ratio]), ("", ""), "{r:?}");
+        }
+    }
+}
+
 /// The transport mode runs real processes: refused on the embedded provider, with a reason.
 #[test]
 fn multirate_transport_mode_needs_processes() {
