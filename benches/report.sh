@@ -121,6 +121,15 @@ echo
 bench "Thread mode against process mode, embedded provider, Open MPI beside" \
     "$BENCH" multirate -t 1,2,4,8 --mode thread,process $(q "-i 1000 --runs 3" "-i 20 --runs 1") $PEER \
     --markdown --plot "$OUT/multirate.svg"
+if [ -n "$PEER" ]; then
+    bench "The price of thread safety: Open MPI's one-thread-a-rank rows also with MPI_THREAD_MULTIPLE" \
+        "$BENCH" multirate -t 1 --mode thread,process $(q "-i 2000 --runs 9" "-i 20 --runs 1") $PEER --peer-multiple --markdown
+    if [ "$OFI" = 1 ]; then
+        bench "The same on shm" \
+            "$BENCH" multirate --provider shm -t 1,2 --mode thread,process $(q "-i 2000 --runs 9" "-i 10 --runs 1") $PEER \
+            --peer-multiple --markdown
+    fi
+fi
 if command -v mpicc.mpich >/dev/null && command -v mpirun.mpich >/dev/null; then
     bench "Thread mode against process mode, embedded provider, MPICH beside" \
         "$BENCH" multirate -t 1,2,4 --mode thread,process $(q "-i 1000 --runs 3" "-i 20 --runs 1") --peer mpich --markdown
