@@ -88,27 +88,33 @@ echo "| **all** | **$(per "$(incl "$L" 'PROGRAM TOTALS')" $MSGS)** |"
 
 if command -v mpicc.openmpi >/dev/null && command -v mpirun.openmpi >/dev/null; then
     mpicc.openmpi -O2 -o "$DIR/multirate-mpi" benches/peers/multirate.c -lpthread
-    (cd "$DIR" && OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_btl=self,vader OMPI_MCA_pml=ob1 \
-        mpirun.openmpi --oversubscribe --bind-to none -np 2 valgrind --tool=callgrind \
-        --callgrind-out-file="$DIR/ompi.%p" --toggle-collect=run_sender --toggle-collect=run_receiver \
-        ./multirate-mpi pairwise process 1 0 128 200 0 >/dev/null 2>&1)
-    # 200 timed and 10 warm-up iterations of 128 messages.
-    n=26880
-    s=0
-    r=0
-    m=0
-    for f in "$DIR"/ompi.*; do
-        s=$((s + $(incl "$f" 'PMPI_Isend$')))
-        r=$((r + $(incl "$f" 'PMPI_Irecv$')))
-        m=$((m + $(incl "$f" 'mca_pml_ob1_recv_frag_callback_match$')))
-    done
+    # `ompi LEVEL`: the instructions of MPI_Isend, MPI_Irecv and the matching of an arrived
+    # fragment, per message, with the peer asking for LEVEL (`needed`: MPI_THREAD_SINGLE
+    # here; `multiple`: MPI_THREAD_MULTIPLE, the thread safety every weft rank has).
+    ompi() {
+        rm -f "$DIR"/ompi.*
+        (cd "$DIR" && OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_btl=self,vader OMPI_MCA_pml=ob1 \
+            mpirun.openmpi --oversubscribe --bind-to none -np 2 valgrind --tool=callgrind \
+            --callgrind-out-file="$DIR/ompi.%p" --toggle-collect=run_sender --toggle-collect=run_receiver \
+            ./multirate-mpi pairwise process 1 0 128 200 0 "$1" >/dev/null 2>&1)
+        # 200 timed and 10 warm-up iterations of 128 messages.
+        local n=26880 s=0 r=0 m=0
+        for f in "$DIR"/ompi.*; do
+            s=$((s + $(incl "$f" 'PMPI_Isend$')))
+            r=$((r + $(incl "$f" 'PMPI_Irecv$')))
+            m=$((m + $(incl "$f" 'mca_pml_ob1_recv_frag_callback_match$')))
+        done
+        echo "$(per $s $n) $(per $r $n) $(per $m $n) $(per $((s + r + m)) $n)"
+    }
+    read -r s r m all <<<"$(ompi needed)"
+    read -r ms mr mm mall <<<"$(ompi multiple)"
     echo
-    echo "Open MPI 4.1.4 (vader, ob1), per message, the same way (\`benches/peers/multirate.c\`, 1 pair, one process per side):"
+    echo "Open MPI 4.1.4 (vader, ob1), per message, the same way (\`benches/peers/multirate.c\`, 1 pair, one process per side), as its process mode runs (\`MPI_THREAD_SINGLE\`) and asked for \`MPI_THREAD_MULTIPLE\`:"
     echo
-    echo "| stage | Open MPI |"
-    echo "|---|---|"
-    echo "| \`MPI_Isend\` (request, match header, the fragment into the peer's FIFO) | $(per $s $n) |"
-    echo "| \`MPI_Irecv\` (request, posting) | $(per $r $n) |"
-    echo "| matching an arrived fragment and completing the receive (\`mca_pml_ob1_recv_frag_callback_match\`) | $(per $m $n) |"
-    echo "| **these together** | **$(per $((s + r + m)) $n)** |"
+    echo "| stage | Open MPI | Open MPI, \`MPI_THREAD_MULTIPLE\` |"
+    echo "|---|---|---|"
+    echo "| \`MPI_Isend\` (request, match header, the fragment into the peer's FIFO) | $s | $ms |"
+    echo "| \`MPI_Irecv\` (request, posting) | $r | $mr |"
+    echo "| matching an arrived fragment and completing the receive (\`mca_pml_ob1_recv_frag_callback_match\`) | $m | $mm |"
+    echo "| **these together** | **$all** | **$mall** |"
 fi
