@@ -530,6 +530,17 @@ pub fn run(a: &Args) -> Result<(), String> {
         Some(p) => chart.y("peer_rate", p.flavor().title()),
         None => chart,
     };
+    // `--peer-multiple`: the peer's one-thread-a-rank rows with `MPI_THREAD_MULTIPLE`.
+    let chart = match (&peer, a.peer_multiple) {
+        (Some(p), true) => chart.y(
+            "peer_multiple_rate",
+            match p.flavor() {
+                Flavor::OpenMpi => "Open MPI, MPI_THREAD_MULTIPLE",
+                Flavor::Mpich => "MPICH, MPI_THREAD_MULTIPLE",
+            },
+        ),
+        _ => chart,
+    };
     // `--cris auto` gives thread mode T CRIs and process mode one: no line of its own then.
     let chart = if a.cris == "auto" { chart } else { chart.series("cris", "{} CRIs") };
     table.finish_with_plot(&chart, &a.plot)

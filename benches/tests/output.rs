@@ -134,8 +134,25 @@ fn multirate_peer_multiple_adds_the_thread_safe_peer() {
         eprintln!("mpicc.openmpi not found: the peer's runs are not checked");
         return;
     }
-    let args =
-        ["multirate", "-t", "1,2", "--mode", "process,thread", "-i", "20", "--runs", "1", "--peer", "openmpi", "--peer-multiple", "--csv"];
+    let dir = scratch("peer-multiple");
+    let svg = dir.join("multirate.svg");
+    let args = [
+        "multirate",
+        "-t",
+        "1,2",
+        "--mode",
+        "process,thread",
+        "-i",
+        "20",
+        "--runs",
+        "1",
+        "--peer",
+        "openmpi",
+        "--peer-multiple",
+        "--csv",
+        "--plot",
+        svg.to_str().unwrap(),
+    ];
     let out = common::run_within(&args, Duration::from_secs(120)).expect("weft-bench multirate hung (killed after 120 s)");
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let stdout = String::from_utf8(out.stdout).expect("utf-8");
@@ -154,6 +171,9 @@ fn multirate_peer_multiple_adds_the_thread_safe_peer() {
             assert_eq!((r[rate], r[ratio]), ("", ""), "{r:?}");
         }
     }
+    let svg = std::fs::read_to_string(&svg).expect("the plot was written");
+    assert!(svg.lines().any(|l| l.trim() == "Open MPI, MPI_THREAD_MULTIPLE, process mode"), "no line for the thread-safe peer in the plot");
+    let _ = std::fs::remove_dir_all(&dir);
 }
 
 /// The transport mode runs real processes: refused on the embedded provider, with a reason.
