@@ -44,14 +44,7 @@ fn eager_steady_state_allocates_nothing() {
         // Warm the pools and queues: 10,000 messages, past the first trim of the
         // communicator's processed-number windows (partitioned matching), which sizes the
         // windows of every tag partition once.
-        for _ in 0..5000 {
-            round(&mut sbuf, &mut tiny, &mut rbuf);
-        }
-        let n = counting::allocations(|| {
-            for _ in 0..10_000 {
-                round(&mut sbuf, &mut tiny, &mut rbuf);
-            }
-        });
+        let n = counting::allocations_after_warming(5000, 10_000, || round(&mut sbuf, &mut tiny, &mut rbuf));
         assert_eq!(n, 0, "{mode}: allocations in 20,000 steady-state eager messages");
     }
 }
@@ -144,7 +137,7 @@ fn late_receives_allocate_nothing() {
     let mut rbufs: Vec<Vec<u8>> = (0..2 * W).map(|_| Vec::with_capacity(8)).collect();
     let mut sends = Vec::with_capacity(2 * W);
     let mut recvs = Vec::with_capacity(2 * W);
-    let mut round = || {
+    let round = || {
         for (i, buf) in sbufs.drain(..).enumerate() {
             let (c, tag) = (if i % 2 == 0 { &c0 } else { &c2 }, 1 + (i / 2 % 2) as i32);
             sends.push(c.isend(buf, 1, tag).unwrap());
@@ -181,14 +174,7 @@ fn late_receives_allocate_nothing() {
     };
     // Warm past the first trim of the processed-number windows (partitioned matching: 8,192
     // numbers a source), which sizes them once.
-    for _ in 0..1100 {
-        round();
-    }
-    let n = counting::allocations(|| {
-        for _ in 0..200 {
-            round();
-        }
-    });
+    let n = counting::allocations_after_warming(1100, 200, round);
     assert_eq!(n, 0, "allocations in 3,200 messages received late");
 }
 
@@ -201,7 +187,7 @@ fn requests_written_into_arrays_allocate_nothing() {
     let mut rbufs: Vec<Vec<u8>> = (0..8).map(|_| Vec::with_capacity(8)).collect();
     let mut sends = Vec::with_capacity(8);
     let mut recvs = Vec::with_capacity(8);
-    let mut round = || {
+    let round = || {
         for b in rbufs.drain(..) {
             c1.irecv_into(&mut recvs, b, 0u32, 4).unwrap();
         }
@@ -216,13 +202,6 @@ fn requests_written_into_arrays_allocate_nothing() {
         recvs.clear();
         sends.clear();
     };
-    for _ in 0..2000 {
-        round();
-    }
-    let n = counting::allocations(|| {
-        for _ in 0..2000 {
-            round();
-        }
-    });
+    let n = counting::allocations_after_warming(2000, 2000, round);
     assert_eq!(n, 0, "allocations in 16,000 messages with their requests written into arrays");
 }

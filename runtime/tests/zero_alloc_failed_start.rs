@@ -101,7 +101,7 @@ fn refused_persistent_starts_keep_their_buffers() {
         from_lost.wait().unwrap();
         rts[0].progress();
     }
-    let mut round = || {
+    let round = || {
         recv.start().unwrap();
         send.start().unwrap();
         for p in to_lost.iter_mut() {
@@ -113,16 +113,9 @@ fn refused_persistent_starts_keep_their_buffers() {
         assert_eq!(recv.wait().unwrap().bytes, BIG);
         send.wait().unwrap();
     };
-    for _ in 0..50 {
-        round();
-    }
     // The calling thread's: it starts, is refused and waits; the pool's idle workers
     // park and wake as the machine's load has it.
-    let n = counting::allocations_on_this_thread(|| {
-        for _ in 0..200 {
-            round();
-        }
-    });
+    let n = counting::allocations_on_this_thread_after_warming(50, 200, round);
     assert_eq!(n, 0, "allocations in 200 rounds of refused persistent starts");
     assert_eq!(to_lost[1].buffer().map(Vec::len), Some(BIG));
 }

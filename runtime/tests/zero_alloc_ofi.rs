@@ -51,14 +51,7 @@ fn eager_steady_state_allocates_nothing_on_shm() {
         // Warm the pools and queues: 10,000 messages, past the first trim of the
         // communicator's processed-number windows (partitioned matching), which sizes the
         // windows of every tag partition once.
-        for _ in 0..5000 {
-            round(&mut sbuf, &mut tiny, &mut rbuf);
-        }
-        let n = counting::allocations(|| {
-            for _ in 0..10_000 {
-                round(&mut sbuf, &mut tiny, &mut rbuf);
-            }
-        });
+        let n = counting::allocations_after_warming(5000, 10_000, || round(&mut sbuf, &mut tiny, &mut rbuf));
         assert_eq!(n, 0, "{mode}: allocations in 20,000 steady-state eager messages");
     }
 }

@@ -17,7 +17,7 @@ fn persistent_starts_allocate_nothing() {
         let mut recv = c1.recv_init(Vec::<u8>::with_capacity(100), 0u32, 1).unwrap();
         let mut sends: Vec<_> = (0..4).map(|t| c0.send_init(vec![t as u8; 8], 1, 10 + t).unwrap()).collect();
         let mut recvs: Vec<_> = (0..4).map(|t| c1.recv_init(Vec::<u8>::with_capacity(8), 0u32, 10 + t).unwrap()).collect();
-        let mut round = || {
+        let round = || {
             recv.start().unwrap();
             send.start().unwrap();
             send.wait().unwrap();
@@ -29,14 +29,7 @@ fn persistent_starts_allocate_nothing() {
         };
         // Warm the pools and queues past the first trim of the processed-number windows
         // (as `zero_alloc.rs`).
-        for _ in 0..2000 {
-            round();
-        }
-        let n = counting::allocations(|| {
-            for _ in 0..2000 {
-                round();
-            }
-        });
+        let n = counting::allocations_after_warming(2000, 2000, round);
         assert_eq!(n, 0, "{mode}: allocations in 10,000 steady-state persistent starts");
         assert_eq!(recvs[3].buffer().unwrap(), &vec![3u8; 8]);
     }

@@ -80,6 +80,26 @@ pub(crate) fn allocations_on_this_thread(f: impl FnOnce()) -> usize {
     n
 }
 
+/// The allocations (by any thread) of `counted` calls of `round`, made after `warm` calls
+/// that bring the pools and queues to their steady state.
+#[allow(dead_code)] // Not every test binary that includes this module warms rounds.
+pub(crate) fn allocations_after_warming(warm: usize, counted: usize, mut round: impl FnMut()) -> usize {
+    for _ in 0..warm {
+        round();
+    }
+    allocations(|| (0..counted).for_each(|_| round()))
+}
+
+/// [`allocations_after_warming`], counting the calling thread's allocations only (see
+/// [`allocations_on_this_thread`]).
+#[allow(dead_code)] // Not every test binary that includes this module warms rounds.
+pub(crate) fn allocations_on_this_thread_after_warming(warm: usize, counted: usize, mut round: impl FnMut()) -> usize {
+    for _ in 0..warm {
+        round();
+    }
+    allocations_on_this_thread(|| (0..counted).for_each(|_| round()))
+}
+
 /// Looks out for the free of the allocation at `p` (one at a time): [`freed`] says whether
 /// it happened since.
 #[allow(dead_code)] // Not every test binary that includes this module watches a free.
